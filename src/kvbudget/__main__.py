@@ -1,0 +1,5 @@
+import sys
+
+from kvbudget.cli import main
+
+sys.exit(main())

@@ -1,0 +1,74 @@
+"""Element types a KV cache can be stored in, with their real storage sizes.
+
+Block types are llama.cpp's (ggml-common.h): a block of 32 values plus its scale(s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbudget.errors import KVBudgetError
+from kvbudget.units import cdiv
+
+
+@dataclass(frozen=True)
+class KVDtype:
+    """One storage type: `block_bytes` bytes hold `block_values` values."""
+
+    name: str
+    block_values: int
+    block_bytes: int
+    family: str  # "float" (a torch dtype), "fp8", "int8" or "block" (llama.cpp)
+
+    def bytes_for(self, n_values: int) -> int:
+        """Bytes to store n_values values (whole blocks)."""
+        return cdiv(n_values, self.block_values) * self.block_bytes
+
+    @property
+    def bits_per_value(self) -> float:
+        return 8 * self.block_bytes / self.block_values
+
+
+_TYPES = {
+    t.name: t
+    for t in (
+        KVDtype("float32", 1, 4, "float"),
+        KVDtype("float16", 1, 2, "float"),
+        KVDtype("bfloat16", 1, 2, "float"),
+        KVDtype("fp8_e4m3", 1, 1, "fp8"),
+        KVDtype("fp8_e5m2", 1, 1, "fp8"),
+        KVDtype("int8", 1, 1, "int8"),
+        KVDtype("q8_0", 32, 34, "block"),    # 32 int8 + fp16 scale
+        KVDtype("q4_0", 32, 18, "block"),    # 16 bytes of nibbles + fp16 scale
+        KVDtype("q4_1", 32, 20, "block"),    # + fp16 min
+        KVDtype("q5_0", 32, 22, "block"),    # + 4 bytes of high bits
+        KVDtype("q5_1", 32, 24, "block"),
+        KVDtype("iq4_nl", 32, 18, "block"),
+    )
+}
+_ALIASES = {
+    "fp32": "float32", "f32": "float32", "float": "float32",
+    "fp16": "float16", "f16": "float16", "half": "float16",
+    "bf16": "bfloat16",
+    "fp8": "fp8_e4m3", "e4m3": "fp8_e4m3", "float8_e4m3fn": "fp8_e4m3",
+    "e5m2": "fp8_e5m2", "float8_e5m2": "fp8_e5m2",
+}
+
+KV_DTYPE_CHOICES = ("auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8",
+                    "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+
+
+def get_dtype(name: str) -> KVDtype:
+    """Look up a storage type by name or alias (case-insensitive)."""
+    key = str(name).strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in _TYPES:
+        raise KVBudgetError(
+            f"unknown KV dtype {name!r}; choose one of: {', '.join(KV_DTYPE_CHOICES)}"
+        )
+    return _TYPES[key]
+
+
+def resolve_kv_dtype(name: str, model_dtype: str) -> KVDtype:
+    """'auto' means the model's own dtype; anything else is looked up."""
+    return get_dtype(model_dtype if str(name).strip().lower() == "auto" else name)

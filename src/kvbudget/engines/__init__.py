@@ -1,0 +1,18 @@
+"""Engines: one small module each, behind the seam in `base`."""
+
+from __future__ import annotations
+
+from kvbudget.engines.base import Allocation, CacheGroup, Engine
+from kvbudget.engines.hf import HF, HF_STATIC
+from kvbudget.errors import KVBudgetError
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (HF, HF_STATIC)}
+
+
+def get_engine(name: str) -> Engine:
+    if name not in ENGINES:
+        raise KVBudgetError(f"unknown engine {name!r}; choose one of: {', '.join(ENGINES)}")
+    return ENGINES[name]
+
+
+__all__ = ["Allocation", "CacheGroup", "Engine", "ENGINES", "get_engine"]

@@ -1,0 +1,94 @@
+"""Plain transformers (>= 5.19): what `DynamicCache` (default) or `StaticCache` holds.
+
+Measured against real caches in tests/test_exactness_transformers.py:
+- full attention: K and V `[batch, Hkv, T, D]` in the model's dtype;
+- sliding window and chunked local layers (DynamicSlidingWindowLayer): the last `window - 1` tokens
+  once the context reaches the window, all tokens before; a static cache keeps `min(window, T)`;
+- MLA (deepseek_v2/v3, kimi_k2): the latent (kv_lora_rank) in the keys slot and the shared rope key
+  in the values slot, one "head" each. transformers 4.x cached per-head K and V instead;
+- linear attention / Mamba: conv state of `conv_kernel` columns in the model's dtype and the recurrent
+  state in float32, per sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbudget.dtypes import KVDtype, get_dtype, resolve_kv_dtype
+from kvbudget.engines.base import Allocation, CacheGroup, check_tp, shard_evenly, shard_kv_heads
+from kvbudget.model.spec import LayerSpec, ModelSpec
+
+_FP32 = get_dtype("float32")
+
+
+@dataclass(frozen=True)
+class HFEngine:
+    name: str = "hf"
+    static: bool = False
+    description: str = "transformers >= 5.19 DynamicCache (the generate() default)"
+
+    def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1) -> Allocation:
+        check_tp(tp)
+        dtype = resolve_kv_dtype(kv_dtype, model.dtype)
+        # The conv state follows the activations: the KV dtype when it is a torch float type.
+        act = dtype if dtype.family == "float" else get_dtype(model.dtype)
+        groups: dict[tuple, list] = {}
+        for spec in model.layers:
+            group = self._group(spec, dtype, act, tp, model.name)
+            if group is not None:
+                key = (group.kind, group.bytes_per_token, group.token_cap, group.fixed_bytes, group.detail)
+                groups.setdefault(key, []).append(spec.layer)
+        notes = []
+        exact = dtype.family == "float"
+        if not exact:
+            notes.append(
+                f"estimate: transformers keeps no {dtype.name} DynamicCache; figures are the raw {dtype.name} "
+                "storage (its QuantizedCache adds scales and a full-precision residual, and refuses "
+                "sliding and hybrid models)"
+            )
+        if any(s.kind == "latent_attention" for s in model.layers):
+            notes.append("MLA as cached by transformers >= 5.19 (latent + rope key); 4.x expanded it per head")
+        return Allocation(
+            engine=self.name,
+            model=model.name,
+            kv_dtype=dtype,
+            tp=tp,
+            groups=tuple(
+                CacheGroup(kind, len(layers), bpt, cap, fixed, detail)
+                for (kind, bpt, cap, fixed, detail), layers in groups.items()
+            ),
+            exact=exact,
+            notes=tuple(notes),
+        )
+
+    def _group(self, spec: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str) -> CacheGroup | None:
+        kind = spec.kind
+        if kind in ("full_attention", "sliding_window", "chunked_local"):
+            heads = shard_kv_heads(spec.kv_heads, tp, where)
+            bpt = dtype.bytes_for(heads * spec.k_dim) + dtype.bytes_for(heads * spec.v_dim)
+            span = getattr(spec, "window", None) or getattr(spec, "chunk", None)
+            cap = None if span is None else (span if self.static else span - 1)
+            detail = f"{heads} KV heads x ({spec.k_dim} K + {spec.v_dim} V) x {dtype.name}"
+            if span is not None:
+                detail += f", keeps {cap} tokens"
+            return CacheGroup(kind, 1, bpt, cap, 0, detail)
+        if kind == "latent_attention":
+            bpt = dtype.bytes_for(spec.latent_dim) + dtype.bytes_for(spec.rope_dim)
+            return CacheGroup(kind, 1, bpt, None, 0,
+                              f"latent {spec.latent_dim} + rope key {spec.rope_dim} x {dtype.name}, every rank")
+        if kind == "recurrent_state":
+            channels = shard_evenly(spec.conv_channels, tp, "conv channels", where)
+            heads = shard_evenly(spec.heads, tp, "recurrent heads", where)
+            state = heads
+            for size in spec.state_shape[1:]:
+                state *= size
+            fixed = act.bytes_for(channels * spec.conv_kernel) + _FP32.bytes_for(state)
+            detail = (f"{spec.mixer}: conv {channels} x {spec.conv_kernel} x {act.name} + "
+                      f"state {'x'.join(map(str, (heads,) + spec.state_shape[1:]))} x float32")
+            return CacheGroup(kind, 1, 0, None, fixed, detail)
+        return None
+
+
+HF = HFEngine()
+HF_STATIC = HFEngine(name="hf-static", static=True,
+                     description="transformers >= 5.19 StaticCache sized to the context")

@@ -1,0 +1,63 @@
+"""Sizes: bytes inside, KiB/MiB/GiB (powers of 1024) only when shown to people."""
+
+from __future__ import annotations
+
+import re
+
+from kvbudget.errors import KVBudgetError
+
+KIB = 1024
+MIB = 1024**2
+GIB = 1024**3
+TIB = 1024**4
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": KIB, "mib": MIB, "gib": GIB, "tib": TIB,
+    "k": KIB, "m": MIB, "g": GIB, "t": TIB,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative integers."""
+    return -(-a // b)
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """'3.81GiB', '24GB', '24G' (= GiB), '1048576' -> bytes. GB is 10**9, GiB is 2**30."""
+    match = _SIZE_RE.match(str(text))
+    if not match or match.group(2).lower() not in _SIZE_UNITS:
+        raise KVBudgetError(
+            f"{what}: cannot read {text!r} as a size; write bytes or a number with a unit "
+            "such as 512MiB, 3.81GiB or 24GB"
+        )
+    value = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
+    if value <= 0:
+        raise KVBudgetError(f"{what}: {text!r} must be positive")
+    return int(value)
+
+
+def format_bytes(n: int | float) -> str:
+    """Human-readable binary size: 1536 -> '1.50 KiB'."""
+    n = float(n)
+    for unit, size in (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if abs(n) >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{int(n):,} B"
+
+
+def parse_positive_ints(text: str, what: str) -> tuple[int, ...]:
+    """'1,4,8' -> (1, 4, 8); every value must be a positive integer. Accepts 4k/32K = 4096/32768."""
+    values = []
+    for part in str(text).split(","):
+        part = part.strip()
+        m = re.fullmatch(r"([0-9]+)([kK]?)", part)
+        if not m:
+            raise KVBudgetError(f"{what}: {part!r} is not a positive integer (write e.g. 1,4,8 or 4k)")
+        value = int(m.group(1)) * (1024 if m.group(2) else 1)
+        if value <= 0:
+            raise KVBudgetError(f"{what}: {part!r} must be positive")
+        values.append(value)
+    return tuple(values)
