@@ -6,6 +6,8 @@ Measured against real caches in tests/test_exactness_transformers.py:
   once the context reaches the window, all tokens before; a static cache keeps `min(window, T)`;
 - MLA (deepseek_v2/v3, kimi_k2): the latent (kv_lora_rank) in the keys slot and the shared rope key
   in the values slot, one "head" each. transformers 4.x cached per-head K and V instead;
+- Falcon with more than one KV head (new_decoder_architecture: Falcon-40B/180B) repeats K and V to
+  every query head before caching them (modeling_falcon.py), so the cache holds num_attention_heads;
 - linear attention / Mamba: conv state of `conv_kernel` columns in the model's dtype and the recurrent
   state in float32, per sequence.
 """
@@ -34,7 +36,7 @@ class HFEngine:
         act = dtype if dtype.family == "float" else get_dtype(model.dtype)
         groups: dict[tuple, list] = {}
         for spec in model.layers:
-            group = self._group(spec, dtype, act, tp, model.name)
+            group = self._group(spec, dtype, act, tp, model.name, _falcon_repeat(model))
             if group is not None:
                 key = (group.kind, group.bytes_per_token, group.token_cap, group.fixed_bytes, group.detail)
                 groups.setdefault(key, []).append(spec.layer)
@@ -61,10 +63,11 @@ class HFEngine:
             notes=tuple(notes),
         )
 
-    def _group(self, spec: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str) -> CacheGroup | None:
+    def _group(self, spec: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str,
+               repeat_to: int | None) -> CacheGroup | None:
         kind = spec.kind
         if kind in ("full_attention", "sliding_window", "chunked_local"):
-            heads = shard_kv_heads(spec.kv_heads, tp, where)
+            heads = shard_kv_heads(repeat_to or spec.kv_heads, tp, where)
             bpt = dtype.bytes_for(heads * spec.k_dim) + dtype.bytes_for(heads * spec.v_dim)
             span = getattr(spec, "window", None) or getattr(spec, "chunk", None)
             cap = None if span is None else (span if self.static else span - 1)
@@ -87,6 +90,15 @@ class HFEngine:
                       f"state {'x'.join(map(str, (heads,) + spec.state_shape[1:]))} x float32")
             return CacheGroup(kind, 1, 0, None, fixed, detail)
         return None
+
+
+def _falcon_repeat(model: ModelSpec) -> int | None:
+    """transformers' Falcon caches K/V repeated to all query heads unless it is multi-query."""
+    if model.model_type != "falcon" or not model.attention_heads:
+        return None
+    if all(getattr(s, "kv_heads", 1) == 1 for s in model.layers):
+        return None
+    return model.attention_heads
 
 
 HF = HFEngine()

@@ -90,8 +90,9 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(set(FAMILY_DEFAULTS) | set(_TEXT_MODEL_TYPE
 class _Fields:
     """Reads fields from a config, then the family's defaults; names the field when one is missing."""
 
-    def __init__(self, cfg: dict, defaults: dict, where: str):
-        self.cfg, self.defaults, self.where = cfg, defaults, where
+    def __init__(self, cfg: dict, model_type: str, where: str):
+        self.cfg, self.model_type, self.where = cfg, model_type, where
+        self.defaults = FAMILY_DEFAULTS.get(model_type, {})
 
     def get(self, *names: str, default: Any = None) -> Any:
         for name in names:
@@ -129,7 +130,8 @@ def _standard_dims(f: _Fields) -> tuple[int, int, int]:
     """(layers, kv_heads, head_dim) for the llama-style field names."""
     layers = f.int("num_hidden_layers", "n_layer", "num_layers")
     heads = f.int("num_attention_heads", "n_head")
-    kv_heads = f.int("num_key_value_heads", default=heads)
+    # OPT has no grouped-query attention: transformers ignores a num_key_value_heads there.
+    kv_heads = heads if f.model_type == "opt" else f.int("num_key_value_heads", default=heads)
     head_dim = f.get("head_dim")
     if head_dim is None:
         head_dim = f.int("hidden_size", "n_embd", "d_model") // heads
@@ -299,10 +301,11 @@ def parse_config(config: dict, name: str = "model", source: str = "") -> ModelSp
         notes.append(f"{where}: model_type {mt!r} is not one kvbudget knows; "
                      "reading it as a standard decoder (num_hidden_layers, num_key_value_heads, head_dim, "
                      "sliding_window, layer_types)")
-    f = _Fields(cfg, FAMILY_DEFAULTS.get(mt, {}), where)
+    f = _Fields(cfg, mt, where)
     layers = _BUILDERS.get(mt, _attention_family)(mt, f)
     dtype, dtype_notes = _model_dtype(cfg, config, where)
     max_len = f.get("max_position_embeddings", "seq_length", "n_positions")
+    heads = f.get("num_attention_heads", "n_head")
     return ModelSpec(
         name=name,
         model_type=mt,
@@ -310,6 +313,7 @@ def parse_config(config: dict, name: str = "model", source: str = "") -> ModelSp
         dtype=dtype,
         max_position_embeddings=int(max_len) if max_len else None,
         layers=tuple(layers),
+        attention_heads=int(heads) if heads else None,
         source=source,
         warnings=tuple(notes + dtype_notes),
     )

@@ -106,6 +106,7 @@ class ModelSpec:
     dtype: str  # the model's own dtype name (float32/float16/bfloat16): what 'auto' means
     max_position_embeddings: int | None
     layers: tuple[LayerSpec, ...]
+    attention_heads: int | None = None  # query heads (num_attention_heads)
     source: str = ""
     warnings: tuple[str, ...] = field(default=())
 

@@ -1,0 +1,67 @@
+"""Scaled-down configs that keep each family's cache structure (head counts, head dims, window
+pattern, MLA dims, linear layers) small enough to run on a CPU in well under a second."""
+
+from __future__ import annotations
+
+WINDOW = 8  # sliding window / chunk used by the tiny models: contexts are chosen around it
+
+_BASE = dict(hidden_size=64, intermediate_size=64, vocab_size=128, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=2, torch_dtype="bfloat16")
+
+TINY = {
+    "llama": dict(_BASE, model_type="llama", head_dim=24),
+    "mistral": dict(_BASE, model_type="mistral", sliding_window=WINDOW),
+    "mixtral": dict(_BASE, model_type="mixtral", num_local_experts=4, num_experts_per_tok=2),
+    "qwen2": dict(_BASE, model_type="qwen2"),
+    "qwen2_sliding": dict(_BASE, model_type="qwen2", use_sliding_window=True, sliding_window=WINDOW,
+                          max_window_layers=2),
+    "qwen2_moe": dict(_BASE, model_type="qwen2_moe", num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=32, shared_expert_intermediate_size=32),
+    "qwen3": dict(_BASE, model_type="qwen3", head_dim=32),
+    "qwen3_moe": dict(_BASE, model_type="qwen3_moe", head_dim=32, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=32),
+    "qwen3_next": dict(_BASE, model_type="qwen3_next", head_dim=16, linear_num_key_heads=2,
+                       linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                       linear_conv_kernel_dim=4, full_attention_interval=2, num_experts=4,
+                       num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32),
+    "gemma": dict(_BASE, model_type="gemma", head_dim=32, num_key_value_heads=1),
+    "gemma2": dict(_BASE, model_type="gemma2", head_dim=32, sliding_window=WINDOW),
+    "gemma3_text": dict(_BASE, model_type="gemma3_text", head_dim=32, sliding_window=WINDOW,
+                        sliding_window_pattern=3, num_hidden_layers=6),
+    "phi3": dict(_BASE, model_type="phi3", sliding_window=WINDOW, pad_token_id=0),
+    "deepseek_v2": dict(_BASE, model_type="deepseek_v2", num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=None,
+                        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, moe_intermediate_size=32,
+                        n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1, n_group=1,
+                        topk_group=1),
+    "deepseek_v3": dict(_BASE, model_type="deepseek_v3", num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=16,
+                        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=24, moe_intermediate_size=32,
+                        n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1, n_group=1,
+                        topk_group=1),
+    "gpt_oss": dict(_BASE, model_type="gpt_oss", head_dim=16, sliding_window=WINDOW, num_local_experts=4,
+                    num_experts_per_tok=2),
+    "llama4_text": dict(_BASE, model_type="llama4_text", head_dim=16, attention_chunk_size=WINDOW,
+                        num_local_experts=2, num_experts_per_tok=1, intermediate_size_mlp=64,
+                        interleave_moe_layer_step=1, no_rope_layer_interval=2),
+    "falcon": dict(_BASE, model_type="falcon", multi_query=True, new_decoder_architecture=False),
+    "falcon_new_arch": dict(_BASE, model_type="falcon", new_decoder_architecture=True, num_kv_heads=2),
+    "falcon_h1": dict(_BASE, model_type="falcon_h1", num_hidden_layers=2, head_dim=16, mamba_d_ssm=64,
+                      mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_d_conv=4,
+                      mamba_chunk_size=8),
+    "jamba": dict(_BASE, model_type="jamba", num_experts=2, num_experts_per_tok=1, attn_layer_period=2,
+                  attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1, mamba_dt_rank=8,
+                  mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, use_mamba_kernels=False),
+    "opt": dict(_BASE, model_type="opt", ffn_dim=64, word_embed_proj_dim=64),
+    "cohere": dict(_BASE, model_type="cohere"),
+}
+
+# kimi_k2 is DeepSeek-V3's architecture under its own model_type (transformers runs it as deepseek_v3).
+TINY["kimi_k2"] = dict(TINY["deepseek_v3"], model_type="kimi_k2")
+
+# chatglm is remote code; transformers' own `glm` family is the same attention under standard names.
+CHATGLM = dict(model_type="chatglm", num_layers=4, num_attention_heads=4, multi_query_attention=True,
+               multi_query_group_num=2, kv_channels=16, hidden_size=64, ffn_hidden_size=64,
+               padded_vocab_size=128, seq_length=256, torch_dtype="bfloat16")
+CHATGLM_AS_GLM = dict(_BASE, model_type="glm", num_key_value_heads=2, head_dim=16, pad_token_id=0)
+
+# What transformers builds each tiny config as.
+TRANSFORMERS_TYPE = {"kimi_k2": "deepseek_v3", "qwen2_sliding": "qwen2", "falcon_new_arch": "falcon"}
