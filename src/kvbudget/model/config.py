@@ -36,8 +36,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3": {"num_hidden_layers": 32, "num_attention_heads": 32, "head_dim": 128, "hidden_size": 4096,
               "max_position_embeddings": 32768, "sliding_window": 4096, "max_window_layers": 28},
     "qwen3_moe": {"num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 4,
-                  "head_dim": 128, "hidden_size": 2048, "max_position_embeddings": 32768,
-                  "sliding_window": 4096},
+                  "hidden_size": 2048, "max_position_embeddings": 32768, "sliding_window": 4096},
     "qwen3_next": {"num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
                    "head_dim": 256, "hidden_size": 2048, "max_position_embeddings": 32768,
                    "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
@@ -95,8 +94,9 @@ class _Fields:
         self.defaults = FAMILY_DEFAULTS.get(model_type, {})
 
     def get(self, *names: str, default: Any = None) -> Any:
+        """The first of `names` the config sets (an explicit null counts), else the family default."""
         for name in names:
-            if self.cfg.get(name) is not None:
+            if name in self.cfg:
                 return self.cfg[name]
         for name in names:
             if self.defaults.get(name) is not None:
@@ -107,7 +107,7 @@ class _Fields:
         value = self.get(*names, default=default)
         if value is None:
             raise KVBudgetError(
-                f"{self.where}: config has no {names[0]!r}"
+                f"{self.where}: config has no value for {names[0]!r}"
                 + (f" (nor {', '.join(repr(n) for n in names[1:])})" if len(names) > 1 else "")
                 + "; the KV estimate needs it, so add it to the config"
             )

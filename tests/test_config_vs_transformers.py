@@ -1,0 +1,112 @@
+"""Config parsing checked against transformers' own configuration classes.
+
+For every bundled config whose model_type transformers knows, and for every family's bare defaults,
+our ModelSpec must say what transformers says: the layer types DynamicCache builds (its own
+`get_layer_types_and_kwargs`), the window or chunk per layer, KV heads, head dims, MLA dims.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+transformers = pytest.importorskip("transformers", reason="test extra: pip install -e '.[test]'")
+from transformers.cache_utils import get_layer_types_and_kwargs  # noqa: E402
+
+from kvbudget import catalog, load_model, parse_config  # noqa: E402
+from kvbudget.model.config import FAMILY_DEFAULTS  # noqa: E402
+
+# kimi_k2 is run by transformers as deepseek_v3; chatglm is remote code with no class to compare.
+AS_TYPE = {"kimi_k2": "deepseek_v3"}
+_KIND = {"full_attention": "full_attention", "sliding_attention": "sliding_window",
+         "chunked_attention": "chunked_local", "linear_attention": "recurrent_state"}
+
+
+def transformers_config(raw: dict):
+    outer_type = raw["model_type"]
+    mt = AS_TYPE.get(outer_type, outer_type)
+    kwargs = {k: v for k, v in raw.items() if k != "model_type"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = transformers.CONFIG_MAPPING[mt](**kwargs)
+    return config.get_text_config(decoder=True)
+
+
+def expected_layers(tc) -> list[tuple]:
+    """(layer, kind, kv_heads, k_dim, span) per cache, as transformers' modeling code sizes them."""
+    types, kwargs = get_layer_types_and_kwargs(tc)
+    heads = tc.num_attention_heads
+    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // heads
+    if tc.model_type == "falcon":
+        kv = tc.num_kv_heads if (tc.new_decoder_architecture or not tc.multi_query) else 1
+    else:
+        kv = getattr(tc, "num_key_value_heads", None) or heads
+    out = []
+    for i, (kind, kw) in enumerate(zip(types, kwargs)):
+        if kind == "hybrid":  # Falcon-H1: attention and a Mamba-2 mixer in one layer
+            out += [(i, "full_attention", kv, head_dim, None), (i, "recurrent_state", None, None, None)]
+        elif _KIND[kind] == "recurrent_state":
+            out.append((i, "recurrent_state", None, None, None))
+        elif hasattr(tc, "kv_lora_rank"):
+            out.append((i, "latent_attention", tc.kv_lora_rank, tc.qk_rope_head_dim, None))
+        else:
+            out.append((i, _KIND[kind], kv, head_dim, kw.get("sliding_window")))
+    return out
+
+
+def our_layers(spec) -> list[tuple]:
+    out = []
+    for s in spec.layers:
+        if s.kind == "recurrent_state":
+            out.append((s.layer, s.kind, None, None, None))
+        elif s.kind == "latent_attention":
+            out.append((s.layer, s.kind, s.latent_dim, s.rope_dim, None))
+        else:
+            out.append((s.layer, s.kind, s.kv_heads, s.k_dim, getattr(s, "window", None) or getattr(s, "chunk", None)))
+    return out
+
+
+BUNDLED = [e for e in catalog.entries()
+           if AS_TYPE.get(json.loads(e.path.read_text())["model_type"],
+                          json.loads(e.path.read_text())["model_type"]) in transformers.CONFIG_MAPPING]
+
+
+def test_most_of_the_catalog_has_an_oracle():
+    assert len(BUNDLED) >= len(catalog.entries()) - 1  # all but ChatGLM
+
+
+@pytest.mark.parametrize("entry", BUNDLED, ids=lambda e: e.name)
+def test_bundled_config_matches_transformers(entry):
+    raw = json.loads(entry.path.read_text())
+    tc = transformers_config(raw)
+    spec = load_model(entry.name)
+    assert our_layers(spec) == expected_layers(tc)
+    assert spec.max_position_embeddings == tc.max_position_embeddings
+
+
+FAMILIES = sorted(mt for mt in FAMILY_DEFAULTS if AS_TYPE.get(mt, mt) in transformers.CONFIG_MAPPING)
+
+
+def test_every_supported_family_is_checked():
+    assert set(FAMILY_DEFAULTS) - set(FAMILIES) == {"chatglm"}
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_family_defaults_match_transformers(model_type):
+    """A config that names only its model_type gets the defaults transformers gives it."""
+    raw = {"model_type": model_type, "torch_dtype": "bfloat16"}
+    tc = transformers_config(raw)
+    spec = parse_config(raw)
+    assert our_layers(spec) == expected_layers(tc)
+    assert spec.max_position_embeddings == tc.max_position_embeddings
+
+
+def test_gemma3_nested_text_config_takes_gemma3_text_defaults():
+    raw = json.loads(catalog.find("gemma-3-4b").path.read_text())
+    tc = transformers_config(raw)
+    assert (tc.num_key_value_heads, tc.head_dim) == (4, 256)
+    spec = load_model("gemma-3-4b")
+    assert {s.kv_heads for s in spec.layers} == {4}
+    assert sum(s.kind == "full_attention" for s in spec.layers) == 34 // 6
