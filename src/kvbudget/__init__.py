@@ -12,6 +12,7 @@ from kvbudget.errors import KVBudgetError
 from kvbudget.estimate import Estimate, Point, estimate
 from kvbudget.model.config import parse_config
 from kvbudget.model.load import load_model
+from kvbudget import catalog
 from kvbudget.model.spec import (
     ChunkedLocal,
     FullAttention,

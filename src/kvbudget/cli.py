@@ -81,11 +81,12 @@ def _render_estimate(result: Estimate, show_layers: bool) -> None:
         f"tensor parallel {alloc.tp} (per GPU), beams {result.beams}"
         + ("" if alloc.exact else "  [yellow]ESTIMATE (see notes)[/]")
     )
+    console.print(f"sizes in {UNITS_NOTE}")
     console.print(f"token tax: [bold]{result.bytes_per_token:,} bytes[/] ({format_bytes(result.bytes_per_token)}) "
                   f"per token per sequence before window caps; fixed state "
                   f"{format_bytes(result.fixed_bytes_per_sequence)} per sequence")
 
-    tax = Table(title=f"Token tax per generated token ({UNITS_NOTE})")
+    tax = Table(title="Token tax per generated token")
     tax.add_column("batch", justify="right")
     tax.add_column("sequences", justify="right")
     tax.add_column("per generated token", justify="right")
@@ -94,11 +95,11 @@ def _render_estimate(result: Estimate, show_layers: bool) -> None:
     console.print(tax)
 
     capped = any(p.kv_bytes != p.uncapped_kv_bytes for p in result.points)
-    table = Table(title=f"KV cache held ({UNITS_NOTE})")
+    table = Table(title="KV cache held")
     for name in ("context", "batch", "sequences", f"{alloc.engine} holds"):
         table.add_column(name, justify="right")
     if capped:
-        table.add_column("without window caps", justify="right")
+        table.add_column("no window cap", justify="right")
     table.add_column("per sequence", justify="right")
     for p in result.points:
         row = [f"{p.context:,}", str(p.batch), str(p.sequences), format_bytes(p.kv_bytes)]
@@ -110,7 +111,7 @@ def _render_estimate(result: Estimate, show_layers: bool) -> None:
 
     if show_layers:
         longest = max(result.contexts)
-        layers = Table(title=f"Per layer kind, one sequence ({UNITS_NOTE})")
+        layers = Table(title="Per layer kind, one sequence")
         for name in ("#", "kind", "layers", "bytes/token/layer", "keeps tokens", "fixed/layer",
                      f"at {longest:,} tokens"):
             layers.add_column(name, justify="left" if name == "kind" else "right")
@@ -139,13 +140,13 @@ def _run_models(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"Bundled models ({len(rows)}); provenance in `kvbudget models --json`")
-    for name in ("name", "Hub id", "type", "layers", "dtype", "max len", "cache layers"):
-        table.add_column(name)
+    table = Table(title=f"Bundled models ({len(rows)}); Hub ids and provenance: kvbudget models --json")
+    for name in ("name", "type", "layers", "dtype", "max len", "cache layers"):
+        table.add_column(name, no_wrap=name != "cache layers")
     for r in rows:
-        table.add_row(r["name"], r["hf_id"], r["model_type"], str(r["layers"]), r["dtype"],
+        table.add_row(r["name"], r["model_type"], str(r["layers"]), r["dtype"],
                       f"{r['max_position_embeddings']:,}" if r["max_position_embeddings"] else "-",
-                      ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in r["cache"].items()))
+                      ", ".join(f"{n} {k.split('_')[0]}" for k, n in r["cache"].items()))
     Console().print(table)
     return 0
 

@@ -46,13 +46,13 @@ def _from_hub(repo_id: str) -> Path:
     except RepositoryNotFoundError:
         hint = "" if os.environ.get("HF_TOKEN") else " (if it is private, set HF_TOKEN)"
         raise KVBudgetError(f"{repo_id}: no such model on the Hub{hint}; or name a catalog model (kvbudget models)") from None
-    except EntryNotFoundError:
-        raise KVBudgetError(f"{repo_id}: the repository has no config.json") from None
-    except LocalEntryNotFoundError:
+    except LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: test it first
         raise KVBudgetError(
             f"{repo_id}: config.json is not in the local Hugging Face cache and the Hub cannot be reached"
             " (HF_HUB_OFFLINE is set or there is no network); download it once online, or pass a file"
         ) from None
+    except EntryNotFoundError:
+        raise KVBudgetError(f"{repo_id}: the repository has no config.json") from None
     except (OSError, ValueError) as exc:
         raise KVBudgetError(f"{repo_id}: could not fetch config.json from the Hub: {exc}".splitlines()[0]) from None
 

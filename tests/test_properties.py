@@ -1,0 +1,78 @@
+"""Property tests: KV bytes are linear in batch, monotone in context, and caps only ever lower them."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvbudget import estimate, parse_config
+
+layer_kind = st.sampled_from(["full_attention", "sliding_attention", "chunked_attention"])
+
+
+@st.composite
+def configs(draw):
+    layers = draw(st.integers(1, 12))
+    kv_heads = draw(st.sampled_from([1, 2, 4, 8]))
+    cfg = {
+        "model_type": "custom_decoder",
+        "num_hidden_layers": layers,
+        "num_attention_heads": kv_heads * draw(st.sampled_from([1, 2, 4])),
+        "num_key_value_heads": kv_heads,
+        "head_dim": draw(st.sampled_from([32, 64, 80, 128, 256])),
+        "layer_types": draw(st.lists(layer_kind, min_size=layers, max_size=layers)),
+        "sliding_window": draw(st.integers(2, 5000)),
+        "attention_chunk_size": draw(st.integers(2, 5000)),
+        "torch_dtype": draw(st.sampled_from(["float16", "bfloat16", "float32"])),
+    }
+    return cfg
+
+
+dtypes = st.sampled_from(["auto", "fp8", "q8_0", "q4_0", "fp32"])
+engines = st.sampled_from(["hf", "hf-static"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(configs(), dtypes, engines, st.integers(1, 64), st.integers(1, 8), st.integers(1, 200_000))
+def test_linear_in_batch_and_beams(cfg, dtype, engine, batch, beams, context):
+    model = parse_config(cfg)
+    one = estimate(model, engine=engine, kv_dtype=dtype, batch=[1], context=[context]).points[0]
+    many = estimate(model, engine=engine, kv_dtype=dtype, batch=[batch], beams=beams, context=[context]).points[0]
+    assert many.kv_bytes == batch * beams * one.kv_bytes
+    assert many.uncapped_kv_bytes == batch * beams * one.uncapped_kv_bytes
+
+
+@settings(max_examples=150, deadline=None)
+@given(configs(), dtypes, engines, st.integers(1, 100_000), st.integers(1, 100_000))
+def test_monotone_in_context_and_caps_only_lower(cfg, dtype, engine, t1, t2):
+    short, long = sorted((t1, t2))
+    result = estimate(parse_config(cfg), engine=engine, kv_dtype=dtype, context=[short, long])
+    a, b = result.points
+    assert a.kv_bytes <= b.kv_bytes
+    assert b.kv_bytes - a.kv_bytes <= (long - short) * result.bytes_per_token
+    assert a.kv_bytes <= a.uncapped_kv_bytes and b.kv_bytes <= b.uncapped_kv_bytes
+    # Without caps the cache is exactly the token tax times the context.
+    assert b.uncapped_kv_bytes == long * result.bytes_per_token + result.fixed_bytes_per_sequence
+    if all(kind == "full_attention" for kind in cfg["layer_types"]):
+        assert b.kv_bytes == b.uncapped_kv_bytes
+
+
+@settings(max_examples=100, deadline=None)
+@given(configs(), st.integers(1, 10_000))
+def test_capped_layers_stop_growing_past_their_span(cfg, context):
+    model = parse_config(cfg)
+    spans = [getattr(s, "window", None) or getattr(s, "chunk", None) for s in model.layers]
+    if None in spans:
+        return
+    result = estimate(model, context=[max(spans) + context, max(spans) + 2 * context])
+    assert result.points[0].kv_bytes == result.points[1].kv_bytes
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from([1, 2, 4, 8, 16, 32]), st.sampled_from([1, 2, 4, 8, 16]))
+def test_tensor_parallel_shards_kv_heads(kv_heads, tp):
+    cfg = {"model_type": "llama", "num_hidden_layers": 4, "num_attention_heads": 32,
+           "num_key_value_heads": kv_heads, "head_dim": 128, "torch_dtype": "bfloat16"}
+    model = parse_config(cfg)
+    per_gpu = estimate(model, tp=tp).bytes_per_token
+    assert per_gpu == 4 * 2 * max(1, kv_heads // tp) * 128 * 2
