@@ -104,9 +104,11 @@ def test_unknown_model_type_with_standard_fields_warns(tmp_path, capsys):
            "num_key_value_heads": 2, "head_dim": 64, "torch_dtype": "bfloat16"}
     path = tmp_path / "c.json"
     path.write_text(json.dumps(cfg))
-    data = estimate_json(capsys, str(path))
-    assert data["bytes_per_token"] == 3 * 2 * 2 * 64 * 2
+    code, out, err = run(capsys, "estimate", str(path), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["bytes_per_token"] == 3 * 2 * 2 * 64 * 2
     assert any("brand_new" in n for n in data["notes"])
+    assert err.startswith("kvbudget: warning:") and "brand_new" in err
 
 
 def _write(tmp_path: Path, name: str, text: str | bytes) -> str:

@@ -62,6 +62,8 @@ def _run_estimate(args: argparse.Namespace) -> int:
         tp=_one(args.tp, "--tp"),
     )
     if args.json:
+        for warning in result.model.warnings:  # also in "notes"; stderr so that people see them
+            print(f"kvbudget: warning: {warning}", file=sys.stderr)
         print(json.dumps(result.to_dict(), indent=2))
     else:
         _render_estimate(result, args.layers)
