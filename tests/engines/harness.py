@@ -1,0 +1,102 @@
+"""Runs the real engines on tiny random-weight models and reads back what they allocated.
+
+The engines come from scripts/setup_engines.sh (cached under $KVBUDGET_ENGINES, default
+~/.cache/kvbudget-engines). Servers listen on 127.0.0.1 only and are always stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = Path(os.environ.get("KVBUDGET_ENGINES", Path.home() / ".cache" / "kvbudget-engines"))
+VLLM_PYTHON = ROOT / "vllm-venv" / "bin" / "python"
+LLAMA_SERVER = ROOT / "llama.cpp" / "bin" / "llama-server"
+MODELS = ROOT / "models"
+
+
+def require(path: Path) -> Path:
+    if not path.exists():
+        raise RuntimeError(f"{path} is missing: run scripts/setup_engines.sh first")
+    return path
+
+
+def model_folder(name: str, cfg: dict) -> Path:
+    """A tiny model folder for `cfg`, written once with the vLLM venv's transformers and cached."""
+    key = f"{name}-{hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:10]}"
+    out = MODELS / key
+    if not (out / "config.json").exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([str(require(VLLM_PYTHON)), str(HERE / "make_model.py"), json.dumps(cfg), str(out)],
+                       check=True, capture_output=True, text=True, timeout=600)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class VLLMRun:
+    ok: bool
+    labels: dict  # vllm:cache_config_info labels
+    log: str
+
+    def log_tokens(self) -> int:
+        m = re.search(r"KV cache size: ([\d,]+) tokens", self.log)
+        return int(m.group(1).replace(",", ""))
+
+    def log_concurrency(self) -> float:
+        m = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", self.log)
+        return float(m.group(2))
+
+    def estimated_max_model_len(self) -> int | None:
+        m = re.search(r"estimated maximum model length is (\d+)", self.log)
+        return int(m.group(1)) if m else None
+
+
+def run_vllm(model_dir: Path, kv_gib: float, max_model_len: int, *extra: str, timeout: float = 400) -> VLLMRun:
+    """Start vLLM's OpenAI server, read its cache config from /metrics and its log, stop it."""
+    port = free_port()
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib), VLLM_LOGGING_LEVEL="INFO",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    cmd = [str(require(VLLM_PYTHON)), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len), *extra]
+    log_path = model_dir.parent / f"vllm-{port}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    labels: dict = {}
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+                m = re.search(r"vllm:cache_config_info\{([^}]*)\}", text)
+                if m:
+                    labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+                    break
+            except OSError:
+                pass
+            time.sleep(1)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return VLLMRun(bool(labels), labels, log_path.read_text(errors="replace"))
