@@ -100,3 +100,60 @@ def run_vllm(model_dir: Path, kv_gib: float, max_model_len: int, *extra: str, ti
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     return VLLMRun(bool(labels), labels, log_path.read_text(errors="replace"))
+
+
+LLAMA_DIR = ROOT / "llama.cpp"
+_KV_LINE = re.compile(
+    r"(llama_kv_cache|llama_memory_recurrent): size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers, +(\d+)(?:/(\d+))? seqs[^)]*\), "
+    r"(?:K|R) \((\w+)\): +([\d.]+) MiB, (?:V|S) \((\w+)\): +([\d.]+) MiB")
+
+
+def gguf_file(name: str, cfg: dict) -> Path:
+    """The tiny model of `cfg` converted to GGUF (f32 weights) with llama.cpp's converter, cached."""
+    folder = model_folder(name, cfg)
+    out = folder / "model.gguf"
+    if not out.exists():
+        done = subprocess.run([str(require(VLLM_PYTHON)), str(HERE / "convert_gguf.py"), str(require(LLAMA_DIR)),
+                               str(folder), str(out)], capture_output=True, text=True, timeout=600)
+        if done.returncode:
+            raise RuntimeError(f"convert_hf_to_gguf failed for {name}: {done.stderr[-2000:]}")
+    return out
+
+
+@dataclass
+class LlamaRun:
+    ok: bool
+    caches: list  # one dict per "size = ..." line, in the order the server logged them
+    log: str
+
+
+def run_llama_server(gguf: Path, *args: str, timeout: float = 120) -> LlamaRun:
+    """Start llama-server with `args`, wait until its caches are logged and it listens, stop it."""
+    port = free_port()
+    cmd = [str(require(LLAMA_SERVER)), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+           "-lv", "4", "--log-colors", "off", *args]
+    log_path = gguf.parent / f"llama-{port}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline and proc.poll() is None:
+            if "llama_server: listening on" in log_path.read_text(errors="replace"):
+                break
+            time.sleep(0.3)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    text = log_path.read_text(errors="replace")
+    caches = [
+        {"kind": m[0], "mib": float(m[1]), "cells": int(m[2]), "layers": int(m[3]), "seqs": int(m[4]),
+         "streams": int(m[5]) if m[5] else 1, "k_type": m[6], "k_mib": float(m[7]), "v_type": m[8],
+         "v_mib": float(m[9])}
+        for m in _KV_LINE.findall(text)
+    ]
+    return LlamaRun("llama_server: listening on" in text, caches, text)

@@ -37,6 +37,8 @@ from kvbudget.model.spec import LayerSpec, ModelSpec
 from kvbudget.units import cdiv, format_bytes
 
 DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
+# MLA: FlashMLA on GPUs needs 64; the CPU reference MLA backend (x86 with AMX, as on our test machine) 16.
+MLA_BLOCK_SIZE = {"cuda": 64, "cpu": 16}
 KERNEL_BLOCK_ALIGNMENT = {"cuda": 16, "cpu": 16}  # smallest kernel block of the default attention backend
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # OpenAI server default below 70 GiB GPUs (8192 above)
 _FP32 = get_dtype("float32")
@@ -186,9 +188,13 @@ class VLLMEngine:
             raise KVBudgetError(f"{model.name}: Mamba layers of different sizes are not modelled for vLLM")
         state = states.pop() if states else 0
 
-        block = options.block_size or DEFAULT_BLOCK_SIZE[options.device]
+        mla = any(s.kind == "mla" for s in specs)
+        block = options.block_size or (MLA_BLOCK_SIZE if mla else DEFAULT_BLOCK_SIZE)[options.device]
         if options.block_size is not None and (block <= 0 or block % 16):
             raise KVBudgetError(f"--block-size {block}: vLLM block sizes are positive multiples of 16")
+        if mla and options.device == "cpu" and options.block_size is not None and block != MLA_BLOCK_SIZE["cpu"]:
+            raise KVBudgetError(f"--block-size {block}: vLLM's MLA backend on {options.device} needs "
+                                f"{MLA_BLOCK_SIZE[options.device]}")
         if state and attn_token:  # hybrid: raise the block size until an attention page covers a state page
             align = max(KERNEL_BLOCK_ALIGNMENT[options.device], block)
             needed = align * cdiv(state, align * attn_token)
