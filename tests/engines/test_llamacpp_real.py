@@ -40,7 +40,7 @@ MODELS = {
     "gpt_oss": cfg("gpt_oss", sliding_window=W),
     "llama4_text": cfg("llama4_text", attention_chunk_size=8192, no_rope_layer_interval=4),
     "deepseek_v3": cfg("deepseek_v3", topk_method="noaux_tc"),
-    "deepseek_v3-64": cfg("deepseek_v3", topk_method="noaux_tc", kv_lora_rank=56),
+    "deepseek_v3-64": cfg("deepseek_v3", topk_method="noaux_tc", kv_lora_rank=64, qk_rope_head_dim=32),
     "falcon_h1": cfg("falcon_h1", mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=32),
 }
 

@@ -165,7 +165,7 @@ def _check_block_fit(model: ModelSpec, dtype: KVDtype) -> None:
     for layer in model.layers:
         dims = [getattr(layer, "k_dim", None), getattr(layer, "v_dim", None)]
         if layer.kind == "latent_attention":
-            dims = [layer.latent_dim + layer.rope_dim]
+            dims = [layer.latent_dim + layer.rope_dim, layer.latent_dim]  # K row, and the latent V view
         for dim in dims:
             if dim and dim % dtype.block_values:
                 raise KVBudgetError(f"--kv-dtype {dtype.name}: llama.cpp needs the head dim ({dim}) to be a multiple "
