@@ -80,6 +80,25 @@ def test_quantized_dtype_is_labelled_an_estimate(capsys):
     assert "ESTIMATE" in out
 
 
+def test_capacity_json_contract(capsys):
+    data = estimate_json(capsys, "llama-3.1-8b", "--engine", "vllm", "--kv-memory", "3.81GiB",
+                         "--max-model-len", "8192", "--context", "8192")
+    cap = data["capacity"]
+    assert set(cap) >= {"kv_memory_bytes", "num_blocks", "kv_cache_tokens", "max_model_len", "max_concurrency",
+                        "fits", "estimated_max_model_len"}
+    assert cap["kv_memory_bytes"] == int(3.81 * 2**30)
+    assert cap["num_blocks"] == cap["kv_memory_bytes"] // (16 * 131_072)
+    assert cap["max_model_len"] == 8192 and cap["fits"] is True and cap["estimated_max_model_len"] is None
+    no_budget = estimate_json(capsys, "llama-3.1-8b", "--engine", "vllm", "--context", "8192")
+    assert no_budget["capacity"] is None
+
+
+def test_capacity_table_says_when_it_does_not_fit(capsys):
+    code, out, _ = run(capsys, "estimate", "llama-3.1-8b", "--engine", "vllm", "--kv-memory", "10GiB",
+                       "--max-model-len", "131072", "--context", "1024")
+    assert code == 0 and "does not fit" in out and "81,904" in out
+
+
 def test_models_lists_the_catalog(capsys):
     code, out, _ = run(capsys, "models", "--json")
     rows = json.loads(out)
@@ -142,6 +161,19 @@ BAD = {
     "tp the engine rejects": (lambda t: ["estimate", "llama-3.1-8b", "--tp", "3"], "tensor parallel size 3"),
     "tp splitting state": (lambda t: ["estimate", "jamba-1.5-mini", "--tp", "3"], "tensor parallel size 3"),
     "unknown flag": (lambda t: ["estimate", "llama-3.1-8b", "--frobnicate"], "unrecognized arguments"),
+    "zero kv memory": (lambda t: ["estimate", "llama-3.1-8b", "--kv-memory", "0"], "--kv-memory"),
+    "unreadable kv memory": (lambda t: ["estimate", "llama-3.1-8b", "--kv-memory", "lots"], "--kv-memory"),
+    "budget below one block": (lambda t: ["estimate", "llama-3.1-8b", "--engine", "vllm", "--kv-memory", "1MiB"],
+                               "block"),
+    "block size vllm rejects": (lambda t: ["estimate", "llama-3.1-8b", "--engine", "vllm", "--block-size", "24"],
+                                "--block-size 24"),
+    "zero max model len": (lambda t: ["estimate", "llama-3.1-8b", "--kv-memory", "1GiB", "--max-model-len", "0"],
+                           "--max-model-len"),
+    "tgi with mamba": (lambda t: ["estimate", "jamba-1.5-mini", "--engine", "tgi"], "recurrent"),
+    "llamacpp dtype": (lambda t: ["estimate", "llama-3.1-8b", "--engine", "llamacpp", "--kv-dtype", "fp8"],
+                       "llama.cpp cache types"),
+    "vllm block dtype": (lambda t: ["estimate", "llama-3.1-8b", "--engine", "vllm", "--kv-dtype", "q4_0"],
+                         "vLLM's KV cache dtypes"),
     "no command": (lambda t: [], "required"),
 }
 

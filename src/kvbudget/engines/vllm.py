@@ -179,6 +179,9 @@ class VLLMEngine:
         if not specs:
             raise KVBudgetError(f"{model.name}: no layer keeps a KV cache; vLLM allocates none")
 
+        if {"sliding", "chunked"} <= {s.kind for s in specs}:
+            raise KVBudgetError(f"{model.name}: vLLM does not support a model with both sliding-window and "
+                                "chunked local attention layers")
         attn = {s.token_bytes for s in specs if s.kind != "mamba"}
         if len(attn) > 1:
             raise KVBudgetError(f"{model.name}: attention layers of different sizes are not modelled for vLLM yet")

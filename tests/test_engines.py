@@ -1,0 +1,151 @@
+"""The serving engines' arithmetic on the bundled models: figures from the engines' own definitions.
+
+Real-engine agreement is in tests/engines/ (pytest -m engines); these tests pin the rules that hold
+for every model and the published figures quoted in the issue and the engines' logs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import kvbudget
+from kvbudget import KVBudgetError, estimate, load_model
+from kvbudget.engines import ENGINES, EngineOptions, get_engine
+from kvbudget.engines.llamacpp import LLAMACPP
+from kvbudget.engines.vllm import VLLM
+from kvbudget.units import GIB
+
+
+def cap(name, engine="vllm", kv=20 * GIB, max_len=None, **opts):
+    model = load_model(name)
+    return get_engine(engine).capacity(model, kv, max_len or model.max_position_embeddings,
+                                       options=EngineOptions(**opts))
+
+
+def test_every_engine_estimates_the_catalog_or_says_why():
+    for entry in kvbudget.catalog.entries():
+        model = load_model(entry.name)
+        for name in ENGINES:
+            try:
+                result = estimate(model, engine=name, context=[4096])
+            except KVBudgetError as exc:
+                assert name == "tgi" and "recurrent" in str(exc), (entry.name, name, exc)
+                continue
+            assert result.points[0].kv_bytes > 0, (entry.name, name)
+
+
+def test_deepseek_v3_latent_vs_expanded():
+    # vLLM caches the 576-wide latent (70,272 bytes/token, the same on every TP rank); TGI expands it.
+    assert estimate(load_model("deepseek-v3"), engine="vllm", tp=8).bytes_per_token == 70_272
+    assert estimate(load_model("deepseek-v3"), engine="tgi").bytes_per_token == 5_996_544
+    assert estimate(load_model("deepseek-v3"), engine="sglang").bytes_per_token == 70_272
+
+
+def test_vllm_uniform_model_blocks_and_concurrency():
+    c = cap("llama-3.1-8b", kv=20 * GIB, max_len=131072)
+    page = 16 * 8 * 256 * 2  # block 16, 8 KV heads, K+V 128 each, bf16
+    assert c.block_size == 16 and c.num_blocks == 20 * GIB // (32 * page)
+    assert c.max_concurrency == c.num_blocks / (131072 // 16)
+    assert c.kv_cache_tokens == int(c.max_concurrency * 131072)
+    assert c.fits
+
+
+def test_vllm_max_len_that_does_not_fit_gives_the_estimated_length():
+    c = cap("llama-3.1-8b", kv=10 * GIB, max_len=131072)
+    assert not c.fits
+    # One block is the null block; the rest hold the longest request, in whole blocks.
+    assert c.estimated_max_model_len == (c.num_blocks - 1) * 16
+    assert "estimated maximum model length is" in c.notes[0]
+
+
+def test_vllm_qwen3_next_raises_the_block_to_cover_the_state():
+    plan, _ = VLLM.plan(load_model("qwen3-next-80b-a3b"), "auto", 1, EngineOptions())
+    assert plan.block_size == 544  # 16 x cdiv(1,097,728 state bytes, 16 x 2,048 bytes per token)
+    assert plan.page == 544 * 2048
+    assert plan.group_size == 12 and plan.num_groups == 4  # 36 linear -> 3 groups, 12 full -> 1
+
+
+def test_vllm_prefix_caching_keeps_two_state_blocks():
+    on = cap("qwen3-next-80b-a3b", max_len=32768)
+    off = cap("qwen3-next-80b-a3b", max_len=32768, prefix_caching=False)
+    assert off.max_concurrency > on.max_concurrency
+    per_on = on.num_blocks / on.max_concurrency
+    per_off = off.num_blocks / off.max_concurrency
+    assert round(per_on - per_off) == 3  # one fewer block in each of the 3 linear-attention groups
+
+
+def test_vllm_sliding_window_reservation_grows_with_batched_tokens():
+    small = cap("gpt-oss-20b", max_len=131072, max_num_batched_tokens=2048)
+    large = cap("gpt-oss-20b", max_len=131072, max_num_batched_tokens=8192)
+    assert large.max_concurrency < small.max_concurrency
+
+
+def test_vllm_kv_cache_tokens_exceeds_physical_slots_for_windowed_models():
+    c = cap("gemma-2-9b", max_len=8192)
+    assert c.kv_cache_tokens > c.physical_token_slots
+
+
+def test_vllm_gemma3_pads_the_short_group():
+    plan, _ = VLLM.plan(load_model("gemma-3-1b"), "auto", 1, EngineOptions())
+    # 26 layers: 22 sliding, 4 full... group size 4: 6 sliding groups (24 slots, 2 padding) + 1 full group.
+    buckets = {spec.kind: (layers, groups) for spec, layers, groups in plan.buckets}
+    assert plan.group_size == min(layers for layers, _ in buckets.values())
+    padded = sum(groups * plan.group_size - layers for layers, groups in buckets.values())
+    assert padded > 0
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "tgi"])
+def test_budget_below_one_block_is_refused(engine):
+    with pytest.raises(KVBudgetError, match="--kv-memory"):
+        cap("llama-3.1-8b", engine=engine, kv=1000, max_len=4096)
+
+
+def test_block_sizes_the_engines_do_not_allow():
+    with pytest.raises(KVBudgetError, match="multiples of 16"):
+        cap("llama-3.1-8b", block_size=24)
+    with pytest.raises(KVBudgetError, match="TGI uses"):
+        cap("llama-3.1-8b", engine="tgi", block_size=32)
+    with pytest.raises(KVBudgetError, match="no KV blocks"):
+        cap("llama-3.1-8b", engine="llamacpp", block_size=16)
+    with pytest.raises(KVBudgetError, match="has no blocks"):
+        cap("llama-3.1-8b", engine="hf", block_size=16)
+
+
+def test_tensor_parallel_sizes_the_engines_reject():
+    with pytest.raises(KVBudgetError, match="one must divide the other"):
+        estimate(load_model("qwen2.5-7b"), engine="vllm", tp=7)  # 28 query heads split, 4 KV heads do not
+    with pytest.raises(KVBudgetError, match="attention heads"):
+        estimate(load_model("falcon-7b-instruct"), engine="vllm", tp=2)  # 71 query heads
+    with pytest.raises(KVBudgetError, match="llama.cpp splits layers"):
+        estimate(load_model("llama-3.1-8b"), engine="llamacpp", tp=2)
+
+
+def test_llamacpp_caches_mistral_window_in_full_and_honours_gemma2():
+    mistral = LLAMACPP.server_buffers(load_model("mistral-7b"), 32768)
+    assert [b.name for b in mistral] == ["kv"] and mistral[0].cells == 32768
+    gemma = LLAMACPP.server_buffers(load_model("gemma-2-9b"), 8192, 1)
+    assert [(b.name, b.cells) for b in gemma] == [("kv", 8192), ("kv_swa", 4608)]
+
+
+def test_llamacpp_q8_0_row_sizes():
+    # q8_0 stores 32 values in 34 bytes: Llama-3.1-8B's 1,024-wide K and V rows take 1,088 bytes each.
+    result = estimate(load_model("llama-3.1-8b"), engine="llamacpp", kv_dtype="q8_0", context=[256])
+    assert result.bytes_per_token == 32 * 2 * 1088
+    assert result.allocation.exact
+
+
+def test_llamacpp_pads_cells_to_256():
+    result = estimate(load_model("llama-3.1-8b"), engine="llamacpp", context=[1000, 1024, 1025])
+    per_cell = 32 * 2 * 1024 * 2
+    assert [p.kv_bytes for p in result.points] == [1024 * per_cell, 1024 * per_cell, 1280 * per_cell]
+
+
+def test_tgi_counts_blocks_and_reserves_block_zero():
+    c = cap("llama-3.1-8b", engine="tgi", kv=8 * GIB, max_len=8192)
+    assert c.num_blocks == 8 * GIB // 131_072 and c.block_size == 1
+    assert c.physical_token_slots == c.num_blocks - 1
+
+
+def test_sglang_token_pool():
+    c = cap("qwen3-32b", engine="sglang", kv=30 * GIB, max_len=32768)
+    assert c.kv_cache_tokens == 30 * GIB // (64 * 8 * 256 * 2)
