@@ -149,3 +149,21 @@ def test_tgi_counts_blocks_and_reserves_block_zero():
 def test_sglang_token_pool():
     c = cap("qwen3-32b", engine="sglang", kv=30 * GIB, max_len=32768)
     assert c.kv_cache_tokens == 30 * GIB // (64 * 8 * 256 * 2)
+
+
+@pytest.mark.parametrize("layers, pp, sizes", [(80, 4, [20, 20, 20, 20]), (10, 4, [2, 3, 3, 2]),
+                                               (61, 2, [31, 30]), (80, 3, [27, 27, 26])])
+def test_pipeline_stages_follow_get_pp_indices(layers, pp, sizes):
+    from kvbudget.engines.base import pipeline_stages
+
+    assert [len(r) for r in pipeline_stages(layers, pp)] == sizes
+
+
+def test_pipeline_parallel_reports_the_most_loaded_stage():
+    full = estimate(load_model("deepseek-v3"), engine="vllm", context=[4096])
+    staged = estimate(load_model("deepseek-v3"), engine="vllm", context=[4096], pp=2)
+    assert staged.bytes_per_token * 61 == full.bytes_per_token * 31
+    with pytest.raises(KVBudgetError, match="--pp"):
+        estimate(load_model("deepseek-v3"), engine="tgi", pp=2)
+    with pytest.raises(KVBudgetError, match="only 61 layers"):
+        estimate(load_model("deepseek-v3"), engine="vllm", pp=64)

@@ -36,6 +36,8 @@ def _build_parser() -> argparse.ArgumentParser:
     est.add_argument("--context", help="context lengths in tokens, e.g. 1024,4096,32k "
                                        "(default 1024,4096,8192,16384 and the model's maximum)")
     est.add_argument("--tp", default="1", help="tensor parallel size: numbers are per GPU (default 1)")
+    est.add_argument("--pp", default="1", help="pipeline parallel size (vllm, sglang): numbers for the most "
+                                               "loaded stage (default 1)")
     est.add_argument("--kv-memory", help="KV budget per GPU (e.g. 3.81GiB, 24GB, bytes): adds the engine's capacity")
     est.add_argument("--max-model-len", help="request length for --kv-memory (default: the model's maximum)")
     est.add_argument("--block-size", help="tokens per block (default: the engine's; vLLM raises it for hybrids)")
@@ -82,6 +84,7 @@ def _run_estimate(args: argparse.Namespace) -> int:
         options=_options(args),
         kv_memory=parse_size(args.kv_memory, "--kv-memory") if args.kv_memory else None,
         max_model_len=_one(args.max_model_len, "--max-model-len") if args.max_model_len else None,
+        pp=_one(args.pp, "--pp"),
     )
     if args.json:
         for warning in result.model.warnings:  # also in "notes"; stderr so that people see them

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from kvbudget.engines import Allocation, Capacity, EngineOptions, get_engine
+from kvbudget.engines.base import pipeline_stages
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 
@@ -99,6 +100,7 @@ def estimate(
     options: EngineOptions = EngineOptions(),
     kv_memory: int | None = None,
     max_model_len: int | None = None,
+    pp: int = 1,
 ) -> Estimate:
     """KV memory of `model` on `engine` for every batch x context (per GPU under tensor parallelism).
 
@@ -109,6 +111,9 @@ def estimate(
     contexts = _positive(context, "--context") if context is not None else default_contexts(model)
     (beams,) = _positive((beams,), "--beams")
     chosen = get_engine(engine)
+    full_model = model
+    if pp != 1:
+        model = _most_loaded_stage(model, chosen, pp, kv_dtype, tp, options)
     allocation = chosen.allocate(model, kv_dtype=kv_dtype, tp=tp, options=options)
     capacity = None
     if kv_memory is not None:
@@ -124,10 +129,28 @@ def estimate(
         for b in batches for t in contexts
     )
     notes = list(model.warnings) + list(allocation.notes)
+    if pp != 1:
+        stage_layers = sorted({spec.layer for spec in model.layers})
+        notes.append(f"pipeline parallel {pp}: figures for the most loaded stage, layers {stage_layers[0]}-"
+                     f"{stage_layers[-1]} (vLLM's get_pp_indices split)")
     longest = max(contexts)
     if model.max_position_embeddings and longest > model.max_position_embeddings:
         notes.append(f"context {longest} is beyond the model's max_position_embeddings "
                      f"({model.max_position_embeddings})")
     if capacity is not None:
         notes.extend(capacity.notes)
-    return Estimate(model, allocation, beams, batches, contexts, points, tuple(notes), capacity)
+    return Estimate(full_model, allocation, beams, batches, contexts, points, tuple(notes), capacity)
+
+
+def _most_loaded_stage(model: ModelSpec, engine, pp: int, kv_dtype: str, tp: int,
+                       options: EngineOptions) -> ModelSpec:
+    if not getattr(engine, "pipeline_parallel", False):
+        raise KVBudgetError(f"--pp: kvbudget models pipeline parallelism for vllm and sglang, not {engine.name}")
+    stages = [replace(model, layers=tuple(s for s in model.layers if s.layer in rng))
+              for rng in pipeline_stages(model.num_layers, pp)]
+
+    def load(stage: ModelSpec) -> tuple[int, int]:
+        alloc = engine.allocate(stage, kv_dtype=kv_dtype, tp=tp, options=options)
+        return alloc.bytes_per_token, alloc.fixed_bytes_per_sequence
+
+    return max(stages, key=load)

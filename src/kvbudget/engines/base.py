@@ -171,6 +171,20 @@ def _nearest_fit(kv_heads: int, tp: int) -> int:
     return min(fits, key=lambda n: (abs(n - tp), n))
 
 
+def pipeline_stages(num_layers: int, pp: int) -> list[range]:
+    """Layers per pipeline stage, as vLLM's get_pp_indices splits them: L // pp each, the remainder going
+    one by one to the stages before the last, starting from the second to last."""
+    if not isinstance(pp, int) or isinstance(pp, bool) or pp <= 0:
+        raise KVBudgetError(f"--pp: pipeline parallel size must be a positive integer, got {pp!r}")
+    if pp > num_layers:
+        raise KVBudgetError(f"--pp {pp}: the model has only {num_layers} layers to split")
+    sizes = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        sizes[-i] += 1
+    starts = [sum(sizes[:i]) for i in range(pp)]
+    return [range(start, start + size) for start, size in zip(starts, sizes)]
+
+
 def check_tp(tp: int) -> None:
     if not isinstance(tp, int) or isinstance(tp, bool) or tp <= 0:
         raise KVBudgetError(f"--tp: tensor parallel size must be a positive integer, got {tp!r}")

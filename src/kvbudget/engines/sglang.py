@@ -34,6 +34,7 @@ SOURCE_NOTE = "SGLang figures follow its source (not run here): windows cached i
 
 @dataclass(frozen=True)
 class SGLangEngine:
+    pipeline_parallel = True
     name: str = "sglang"
     description: str = "SGLang token pool (from its source; not run here)"
 

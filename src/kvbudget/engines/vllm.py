@@ -93,6 +93,7 @@ class Plan:
 
 @dataclass(frozen=True)
 class VLLMEngine:
+    pipeline_parallel = True
     name: str = "vllm"
     description: str = "vLLM v1 (0.32): paged blocks, hybrid groups, null block"
 
