@@ -48,6 +48,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """Stop a server and everything it started (its own process group)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 @dataclass
 class VLLMRun:
     ok: bool
@@ -92,13 +103,7 @@ def run_vllm(model_dir: Path, kv_gib: float, max_model_len: int, *extra: str, ti
                 pass
             time.sleep(1)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop(proc)
     return VLLMRun(bool(labels), labels, log_path.read_text(errors="replace"))
 
 
@@ -142,13 +147,7 @@ def run_llama_server(gguf: Path, *args: str, timeout: float = 120) -> LlamaRun:
                 break
             time.sleep(0.3)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop(proc)
     text = log_path.read_text(errors="replace")
     caches = [
         {"kind": m[0], "mib": float(m[1]), "cells": int(m[2]), "layers": int(m[3]), "seqs": int(m[4]),

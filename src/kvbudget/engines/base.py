@@ -166,6 +166,22 @@ def shard_evenly(size: int, tp: int, what: str, where: str) -> int:
     return size // tp
 
 
+def shard_recurrent(layer, tp: int, where: str, replicate_groups: bool = False) -> tuple[int, int, int]:
+    """(conv channels, heads, SSM state values) of one recurrent layer on one tensor-parallel rank.
+
+    `replicate_groups`: Mamba-2 B/C groups that do not split over tp are replicated to follow their heads
+    (vLLM's extra_groups_for_head_shards)."""
+    channels = layer.conv_channels
+    if replicate_groups and layer.mixer == "mamba2" and layer.groups % tp:
+        channels += 2 * (tp - layer.groups) * layer.state_shape[-1]
+    channels = shard_evenly(channels, tp, "conv channels", where)
+    heads = shard_evenly(layer.heads, tp, "recurrent heads", where)
+    state = heads
+    for size in layer.state_shape[1:]:
+        state *= size
+    return channels, heads, state
+
+
 def _nearest_fit(kv_heads: int, tp: int) -> int:
     fits = [n for n in range(1, 2 * max(kv_heads, tp) + 1) if kv_heads % n == 0 or n % kv_heads == 0]
     return min(fits, key=lambda n: (abs(n - tp), n))

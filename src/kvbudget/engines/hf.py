@@ -23,8 +23,8 @@ from kvbudget.engines.base import (
     Capacity,
     EngineOptions,
     check_tp,
-    shard_evenly,
     shard_kv_heads,
+    shard_recurrent,
     simple_capacity,
 )
 from kvbudget.errors import KVBudgetError
@@ -99,11 +99,7 @@ class HFEngine:
             return CacheGroup(kind, 1, bpt, None, 0,
                               f"latent {spec.latent_dim} + rope key {spec.rope_dim} x {dtype.name}, every rank")
         if kind == "recurrent_state":
-            channels = shard_evenly(spec.conv_channels, tp, "conv channels", where)
-            heads = shard_evenly(spec.heads, tp, "recurrent heads", where)
-            state = heads
-            for size in spec.state_shape[1:]:
-                state *= size
+            channels, heads, state = shard_recurrent(spec, tp, where)
             fixed = act.bytes_for(channels * spec.conv_kernel) + _FP32.bytes_for(state)
             detail = (f"{spec.mixer}: conv {channels} x {spec.conv_kernel} x {act.name} + "
                       f"state {'x'.join(map(str, (heads,) + spec.state_shape[1:]))} x float32")

@@ -29,6 +29,7 @@ from kvbudget.engines.base import (
     EngineOptions,
     check_tp,
     largest_fitting,
+    shard_recurrent,
 )
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import FullAttention, LayerSpec, ModelSpec
@@ -188,10 +189,8 @@ def _kv_rows(layer: LayerSpec) -> tuple[int, int]:
 
 def _recurrent_rows(layer: LayerSpec) -> tuple[int, int]:
     """Values per sequence in the r (conv) and s (SSM) rows of one recurrent layer."""
-    state = 1
-    for size in layer.state_shape:
-        state *= size
-    return (layer.conv_kernel - 1) * layer.conv_channels, state
+    channels, _, state = shard_recurrent(layer, 1, "")
+    return (layer.conv_kernel - 1) * channels, state
 
 
 def _group(layer: LayerSpec, dtype: KVDtype, where: str) -> tuple | None:

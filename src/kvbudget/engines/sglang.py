@@ -22,8 +22,8 @@ from kvbudget.engines.base import (
     EngineOptions,
     check_tp,
     largest_fitting,
-    shard_evenly,
     shard_kv_heads,
+    shard_recurrent,
 )
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
@@ -88,11 +88,7 @@ def _cell(layer, dtype: KVDtype, act: KVDtype, tp: int, where: str, page: int) -
         return (kind, dtype.bytes_for(layer.latent_dim + layer.rope_dim), 0,
                 f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, every rank", page)
     if kind == "recurrent_state":
-        channels = shard_evenly(layer.conv_channels, tp, "conv channels", where)
-        heads = shard_evenly(layer.heads, tp, "recurrent heads", where)
-        state = heads
-        for size in layer.state_shape[1:]:
-            state *= size
+        channels, heads, state = shard_recurrent(layer, tp, where)
         fixed = act.bytes_for(channels * (layer.conv_kernel - 1)) + _F32.bytes_for(state)
         return (kind, 0, fixed, f"{layer.mixer}: conv {channels} x {layer.conv_kernel - 1} x {act.name} + "
                                 f"float32 state", page)

@@ -29,8 +29,8 @@ from kvbudget.engines.base import (
     EngineOptions,
     check_tp,
     largest_fitting,
-    shard_evenly,
     shard_kv_heads,
+    shard_recurrent,
 )
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import LayerSpec, ModelSpec
@@ -232,14 +232,7 @@ def _vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype, tp:
         return _Spec("mla", token, 0, None, f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, "
                                             "on every TP rank")
     if kind == "recurrent_state":
-        channels = layer.conv_channels
-        if layer.mixer == "mamba2" and layer.groups % tp:
-            channels += 2 * (tp - layer.groups) * layer.state_shape[-1]  # groups replicated to match head shards
-        channels = shard_evenly(channels, tp, "conv channels", where)
-        heads = shard_evenly(layer.heads, tp, "recurrent heads", where)
-        state = heads
-        for size in layer.state_shape[1:]:
-            state *= size
+        channels, heads, state = shard_recurrent(layer, tp, where, replicate_groups=True)
         conv = act.bytes_for(channels * (layer.conv_kernel - 1))
         return _Spec("mamba", 0, conv + ssm.bytes_for(state), None,
                      f"{layer.mixer}: conv {channels} x {layer.conv_kernel - 1} x {act.name} + state "
