@@ -78,11 +78,15 @@ class VLLMRun:
         return int(m.group(1)) if m else None
 
 
-def run_vllm(model_dir: Path, kv_gib: float, max_model_len: int, *extra: str, timeout: float = 400) -> VLLMRun:
-    """Start vLLM's OpenAI server, read its cache config from /metrics and its log, stop it."""
+def run_vllm(model_dir: Path, kv_gib: int | None, max_model_len: int, *extra: str, timeout: float = 400) -> VLLMRun:
+    """Start vLLM's OpenAI server, read its cache config from /metrics and its log, stop it.
+
+    kv_gib sets VLLM_CPU_KVCACHE_SPACE (whole GiB only); None leaves the budget to `extra`
+    (e.g. --kv-cache-memory-bytes)."""
     port = free_port()
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(kv_gib), VLLM_LOGGING_LEVEL="INFO",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="INFO", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if kv_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_gib)
     cmd = [str(require(VLLM_PYTHON)), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len), *extra]
     log_path = model_dir.parent / f"vllm-{port}.log"

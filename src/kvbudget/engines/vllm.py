@@ -12,7 +12,8 @@ runs in tests/engines/test_vllm_real.py:
   `group_size x page` bytes and `num_blocks = kv_memory // that`;
 - one request of M tokens needs, per group: full and MLA `cdiv(M, B)` blocks; sliding window
   `cdiv(min(W - 1 + max_num_batched_tokens, M), B) + 1`; chunked local `cdiv(min(C + max_num_batched_tokens,
-  M), B)`; Mamba 1 block (2 with prefix caching, mamba_cache_mode "align");
+  M), B)`; Mamba 1 block (with prefix caching, mamba_cache_mode "align": 2, and 3 for Mamba-2 mixers,
+  which add a prefill checkpoint block);
 - it fits when those blocks x block bytes <= kv_memory - one block (the null block); max concurrency =
   num_blocks / blocks per request; the log prints int(max_concurrency x M) as "KV cache size: N tokens".
 """
@@ -53,6 +54,7 @@ class _Spec:
     state_bytes: int  # per sequence per layer (mamba), before padding
     span: int | None  # window or chunk
     detail: str
+    mixer: str = ""  # recurrent layers: "mamba", "mamba2", "gated_delta_net"
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ class Plan:
     group_size: int  # layers per group (padding included)
     buckets: tuple[tuple[_Spec, int, int], ...]  # (spec, real layers, groups)
     mnbt: int
-    mamba_blocks: int  # state blocks one request holds per Mamba group
+    prefix_caching: bool  # Mamba layers then keep checkpoint blocks (mamba_cache_mode "align")
 
     @property
     def num_groups(self) -> int:
@@ -86,9 +88,16 @@ class Plan:
             elif spec.kind == "chunked":
                 need = cdiv(min(spec.span + self.mnbt, max_model_len), b)
             else:  # mamba
-                need = self.mamba_blocks
+                need = self.mamba_blocks(spec)
             total += groups * need
         return total
+
+    def mamba_blocks(self, spec: _Spec) -> int:
+        """State blocks one request holds in a Mamba group: 1; with prefix caching ("align" mode) 2, and a
+        third prefill checkpoint block for Mamba-2 mixers (mamba_mixer2.py)."""
+        if not self.prefix_caching:
+            return 1
+        return 3 if spec.mixer == "mamba2" else 2
 
 
 @dataclass(frozen=True)
@@ -106,9 +115,9 @@ class VLLMEngine:
             padded = n_groups * plan.group_size
             detail = spec.detail + (f"; {padded - layers} padding layer(s)" if padded != layers else "")
             if spec.kind == "mamba":
-                groups.append(CacheGroup("recurrent_state", padded, 0, None, plan.page * plan.mamba_blocks,
-                                         detail + f"; page padded to {plan.page:,} B x {plan.mamba_blocks} block(s)",
-                                         b))
+                blocks = plan.mamba_blocks(spec)
+                groups.append(CacheGroup("recurrent_state", padded, 0, None, plan.page * blocks,
+                                         detail + f"; page padded to {plan.page:,} B x {blocks} block(s)", b))
                 continue
             cap = None
             if spec.kind == "sliding":
@@ -212,8 +221,7 @@ class VLLMEngine:
         smallest, largest = min(counts.values()), max(counts.values())
         group_size = largest if len(counts) == 1 or largest < 1.5 * smallest else smallest
         buckets = tuple((s, n, cdiv(n, group_size)) for s, n in counts.items())
-        mamba_blocks = 2 if options.prefix_caching else 1
-        return Plan(block, page, group_size, buckets, mnbt, mamba_blocks), dtype
+        return Plan(block, page, group_size, buckets, mnbt, options.prefix_caching), dtype
 
 
 def _vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype, tp: int, where: str) -> _Spec | None:
@@ -236,7 +244,7 @@ def _vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype, tp:
         conv = act.bytes_for(channels * (layer.conv_kernel - 1))
         return _Spec("mamba", 0, conv + ssm.bytes_for(state), None,
                      f"{layer.mixer}: conv {channels} x {layer.conv_kernel - 1} x {act.name} + state "
-                     f"{'x'.join(map(str, (heads,) + layer.state_shape[1:]))} x {ssm.name}")
+                     f"{'x'.join(map(str, (heads,) + layer.state_shape[1:]))} x {ssm.name}", layer.mixer)
     return None
 
 
