@@ -167,3 +167,13 @@ def test_pipeline_parallel_reports_the_most_loaded_stage():
         estimate(load_model("deepseek-v3"), engine="tgi", pp=2)
     with pytest.raises(KVBudgetError, match="only 61 layers"):
         estimate(load_model("deepseek-v3"), engine="vllm", pp=64)
+
+
+def test_vllm_state_blocks_per_request_by_mixer():
+    # With prefix caching vLLM keeps 2 state blocks per request, and Mamba-2 mixers a third checkpoint block.
+    for name, blocks in (("qwen3-next-80b-a3b", 2), ("jamba-1.5-mini", 2), ("falcon-h1-7b", 3)):
+        plan, _ = VLLM.plan(load_model(name), "auto", 1, EngineOptions())
+        (spec,) = [s for s, _, _ in plan.buckets if s.kind == "mamba"]
+        assert plan.mamba_blocks(spec) == blocks, name
+        plan, _ = VLLM.plan(load_model(name), "auto", 1, EngineOptions(prefix_caching=False))
+        assert plan.mamba_blocks(spec) == 1
