@@ -52,6 +52,34 @@ def _build_parser() -> argparse.ArgumentParser:
 
     models = sub.add_parser("models", help="list the bundled model catalog")
     models.add_argument("--json", action="store_true", help="print JSON")
+
+    pl = sub.add_parser("plan", help="will it fit: weights, KV budget, capacity, what to change")
+    pl.add_argument("model", help="catalog name, config.json, model folder or Hub id")
+    pl.add_argument("--engine", default="vllm", help=f"one of {', '.join(ENGINES)} (default vllm)")
+    pl.add_argument("--gpu", help="GPU from `kvbudget gpus` (e.g. H100-80GB)")
+    pl.add_argument("--gpu-memory", help="memory of one GPU (overrides --gpu's), e.g. 24GiB")
+    pl.add_argument("--gpus", help="GPUs in the deployment (default tp x pp)")
+    pl.add_argument("--tp", default="1", help="tensor parallel size (default 1)")
+    pl.add_argument("--pp", default="1", help="pipeline parallel size (default 1)")
+    pl.add_argument("--kv-dtype", default="auto", help="KV cache dtype (default auto)")
+    pl.add_argument("--max-model-len", help="request length (default: the model's maximum)")
+    pl.add_argument("--concurrency", default="1", help="requests at once, for the longest-context answer")
+    pl.add_argument("--beams", default="1", help="beams or samples per request (default 1)")
+    pl.add_argument("--weights", help="weight bytes per GPU (overrides the computed figure)")
+    pl.add_argument("--activation", help="activation peak (overrides the estimate)")
+    pl.add_argument("--overhead", help="non-torch memory and CUDA graphs (overrides the estimate)")
+    pl.add_argument("--utilization", help="the engine's memory fraction (vLLM gpu_memory_utilization, SGLang "
+                                          "mem_fraction_static, TGI cuda_memory_fraction)")
+    pl.add_argument("--kv-memory", help="use this KV budget per GPU instead of deriving it")
+    pl.add_argument("--block-size", help="tokens per block (engine default)")
+    pl.add_argument("--max-num-batched-tokens", help="vLLM: tokens per step (default 2048)")
+    pl.add_argument("--no-prefix-caching", action="store_true", help="vLLM: prefix caching off")
+    pl.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="vLLM backend (default cuda)")
+    pl.add_argument("--guard-config", help="write the degradation plan as YAML for `kvbudget guard`")
+    pl.add_argument("--json", action="store_true", help="print JSON (bytes) instead of tables")
+
+    g = sub.add_parser("gpus", help="list the GPU catalog")
+    g.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
 
@@ -190,13 +218,142 @@ def _run_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _size(text: str | None, what: str) -> int | None:
+    return parse_size(text, what) if text is not None else None
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from kvbudget.plan import guard_config_yaml, plan
+
+    util = None
+    if args.utilization is not None:
+        try:
+            util = float(args.utilization)
+        except ValueError:
+            raise KVBudgetError(f"--utilization: {args.utilization!r} is not a number between 0 and 1") from None
+    result = plan(
+        load_model(args.model), engine=args.engine, gpu=args.gpu, gpu_memory=_size(args.gpu_memory, "--gpu-memory"),
+        gpus=_one(args.gpus, "--gpus") if args.gpus else None, tp=_one(args.tp, "--tp"), pp=_one(args.pp, "--pp"),
+        kv_dtype=args.kv_dtype,
+        max_model_len=_one(args.max_model_len, "--max-model-len") if args.max_model_len else None,
+        concurrency=_one(args.concurrency, "--concurrency"), beams=_one(args.beams, "--beams"),
+        options=_options(args), weights=_size(args.weights, "--weights"),
+        activation=_size_or_zero(args.activation, "--activation"),
+        overhead=_size_or_zero(args.overhead, "--overhead"), utilization=util,
+        kv_memory=_size(args.kv_memory, "--kv-memory"),
+    )
+    if args.guard_config:
+        _write_atomically(args.guard_config, guard_config_yaml(result))
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        _render_plan(result)
+    return 0
+
+
+def _size_or_zero(text: str | None, what: str) -> int | None:
+    if text is not None and text.strip() in ("0", "0B", "0GiB", "0GB"):
+        return 0
+    return _size(text, what)
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """Write a whole file or nothing: a temporary file beside it, then a rename."""
+    import os
+    import tempfile
+
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise KVBudgetError(f"--guard-config: folder {folder} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".kvbudget-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise KVBudgetError(f"--guard-config: cannot write {path}: {exc.strerror or exc}") from None
+
+
+def _render_plan(p) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    w = p.weights
+    console.print(f"[bold]{p.model.name}[/] on [bold]{p.gpu}[/] x{p.tp * p.pp} (tp {p.tp}, pp {p.pp}) with "
+                  f"[bold]{p.engine}[/]; sizes in {UNITS_NOTE}")
+    console.print(f"parameters: {w.total_params / 1e9:,.2f}B total, {w.active_params / 1e9:,.2f}B active per token"
+                  + (f", +{w.mtp_params / 1e9:,.2f}B MTP" if w.mtp_params else ""))
+    stack = Table(title="Memory of one GPU")
+    for name in ("term", "size", "how"):
+        stack.add_column(name, justify="right" if name == "size" else "left")
+    for t in p.stack:
+        stack.add_row(t.name, format_bytes(t.bytes), ("[yellow]estimate[/]: " if t.estimate else "") + t.note)
+    console.print(stack)
+    cap = p.capacity
+    console.print(f"[bold]Capacity[/] for requests of {cap.max_model_len:,} tokens: "
+                  + (f"{cap.num_blocks:,} blocks of {cap.block_size}; " if cap.num_blocks is not None else "")
+                  + f"KV cache size {cap.kv_cache_tokens:,} tokens (as {p.engine} reports it), physical slots "
+                  f"{cap.physical_token_slots:,}; maximum concurrency {cap.max_concurrency:.2f}x")
+    console.print("  one request of max-model-len fits" if cap.fits else
+                  f"  [red]one request of {cap.max_model_len:,} tokens does not fit[/]; the longest that does: "
+                  f"{cap.estimated_max_model_len:,}")
+    if p.longest_context:
+        console.print(f"  longest context for {p.concurrency} request(s) at once: {p.longest_context:,} tokens")
+    console.print(f"  token tax: {format_bytes(p.estimate.bytes_per_token)} per token per sequence; fixed state "
+                  f"{format_bytes(p.estimate.fixed_bytes_per_sequence)} per sequence")
+    if p.roofline:
+        roof = Table(title=f"Decode roofline, {p.roofline[0].batch} sequence(s) (lower bound on step time)")
+        for name in ("context", "step", "tokens/s per sequence", "tokens/s total"):
+            roof.add_column(name, justify="right")
+        for r in p.roofline:
+            roof.add_row(f"{r.context:,}", f"{r.step_seconds * 1000:.2f} ms", f"{r.tokens_per_second:,.1f}",
+                         f"{r.aggregate_tokens_per_second:,.1f}")
+        console.print(roof)
+    levels = Table(title="Degradation plan (fractions of the KV budget)")
+    for name in ("level", "at", "KV bytes", "tokens in cache", "requests", "action"):
+        levels.add_column(name)
+    for lv in p.levels:
+        levels.add_row(lv.name, f"{lv.fraction:.0%}", format_bytes(lv.kv_bytes), f"{lv.tokens:,}",
+                       f"{lv.requests:.2f}", lv.meaning)
+    console.print(levels)
+    if p.recommendations:
+        console.print("[bold]What to change[/] (best first):")
+        for i, r in enumerate(p.recommendations, 1):
+            console.print(f"  {i}. {r.change}: {r.effect}")
+    for note in p.notes:
+        console.print(f"[yellow]note:[/] {note}")
+
+
+def _run_gpus(args: argparse.Namespace) -> int:
+    from kvbudget.gpus import gpus
+
+    rows = [g.__dict__ for g in gpus()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"GPUs ({len(rows)}); sources in `kvbudget gpus --json`")
+    for name in ("name", "memory", "bandwidth", "bf16 TFLOPS", "fp8 TFLOPS"):
+        table.add_column(name, no_wrap=True)
+    for g in gpus():
+        table.add_row(g.name, format_bytes(g.memory_bytes) + ("" if g.memory_basis.startswith("as") else " (nominal)"),
+                      f"{g.bandwidth_bytes_per_s / 1e9:,.0f} GB/s" if g.bandwidth_bytes_per_s else "-",
+                      f"{g.bf16_tflops:g}" if g.bf16_tflops else "-", f"{g.fp8_tflops:g}" if g.fp8_tflops else "-")
+    Console().print(table)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     try:
-        if args.command == "estimate":
-            code = _run_estimate(args)
-        else:
-            code = _run_models(args)
+        code = {"estimate": _run_estimate, "models": _run_models, "plan": _run_plan,
+                "gpus": _run_gpus}[args.command](args)
     except KVBudgetError as exc:
         print(f"kvbudget: error: {exc}", file=sys.stderr)
         return 2

@@ -47,7 +47,8 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
                "head_dim": 256, "hidden_size": 2304, "max_position_embeddings": 8192, "sliding_window": 4096},
     "gemma3_text": {"num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
                     "head_dim": 256, "hidden_size": 2304, "max_position_embeddings": 131072,
-                    "sliding_window": 4096, "sliding_window_pattern": 6},
+                    "sliding_window": 4096, "sliding_window_pattern": 6, "vocab_size": 262208,
+                    "intermediate_size": 9216},
     "phi3": {"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 3072,
              "max_position_embeddings": 4096},
     "deepseek_v2": {"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096,
@@ -283,17 +284,25 @@ def _model_dtype(cfg: dict, outer: dict, where: str) -> tuple[str, list[str]]:
     return name, []
 
 
+def text_config_of(config: dict) -> dict:
+    """The language model's part of a config (multimodal wrappers nest it under text_config)."""
+    return config["text_config"] if isinstance(config.get("text_config"), dict) else config
+
+
+def model_type_of(config: dict) -> str | None:
+    """The language model's model_type (gemma3 -> gemma3_text, llama4 -> llama4_text)."""
+    outer_type = config.get("model_type")
+    mt = text_config_of(config).get("model_type") or _TEXT_MODEL_TYPE.get(outer_type, outer_type)
+    return _TEXT_MODEL_TYPE.get(mt, mt)
+
+
 def parse_config(config: dict, name: str = "model", source: str = "") -> ModelSpec:
     """Turn a Hugging Face config dict into an engine-independent ModelSpec."""
     where = source or name
     if not isinstance(config, dict):
         raise KVBudgetError(f"{where}: a config must be a JSON object, got {type(config).__name__}")
-    cfg = config
-    outer_type = config.get("model_type")
-    if isinstance(config.get("text_config"), dict):
-        cfg = config["text_config"]
-    mt = cfg.get("model_type") or _TEXT_MODEL_TYPE.get(outer_type, outer_type)
-    mt = _TEXT_MODEL_TYPE.get(mt, mt)
+    cfg = text_config_of(config)
+    mt = model_type_of(config)
     if not mt:
         raise KVBudgetError(f"{where}: config has no 'model_type'; add it (for example \"llama\")")
     notes = []
@@ -316,4 +325,5 @@ def parse_config(config: dict, name: str = "model", source: str = "") -> ModelSp
         attention_heads=int(heads) if heads else None,
         source=source,
         warnings=tuple(notes + dtype_notes),
+        config=config,
     )

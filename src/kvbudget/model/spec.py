@@ -8,7 +8,7 @@ Sizes are element counts and shapes; bytes are the engines' business.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,7 @@ class ModelSpec:
     attention_heads: int | None = None  # query heads (num_attention_heads)
     source: str = ""
     warnings: tuple[str, ...] = field(default=())
+    config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # the config.json read
 
     def kinds(self) -> dict[str, int]:
         """How many cache specs of each kind the model has."""

@@ -1,0 +1,200 @@
+"""Parameter counts from a config, by part (embeddings, attention, MLP, experts, mixers, norms).
+
+An analytic count: what transformers would build for the config. It is checked against the published
+totals of the bundled models in tests/test_weights.py (within 2%). Exact byte counts come from safetensors
+headers instead (kvbudget.weights) when the checkpoint is at hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbudget.model.config import _Fields, model_type_of, text_config_of
+from kvbudget.model.spec import ModelSpec
+
+# transformers' default for tie_word_embeddings where the config leaves it out.
+_TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "opt", "falcon", "cohere"}
+
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """Parameters of one part of the model: `count` stored, `active` used per token."""
+
+    part: str  # "embedding", "lm_head", "attention", "mlp", "experts", "router", "shared_expert", "mixer", "norm", "mtp"
+    count: int
+    active: int
+    layer: int | None = None  # None: outside the decoder layers (embeddings, lm_head, final norm, MTP)
+
+    @property
+    def quantizable(self) -> bool:
+        """Linear weights that quantized checkpoints store quantized (not embeddings, norms, routers)."""
+        return self.part in ("attention", "mlp", "experts", "shared_expert", "mixer", "mtp")
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    groups: tuple[ParamGroup, ...]
+
+    @property
+    def total(self) -> int:
+        """Parameters of the model proper (multi-token-prediction modules excluded, as model cards count)."""
+        return sum(g.count for g in self.groups if g.part != "mtp")
+
+    @property
+    def active(self) -> int:
+        return sum(g.active for g in self.groups if g.part != "mtp")
+
+    @property
+    def mtp(self) -> int:
+        return sum(g.count for g in self.groups if g.part == "mtp")
+
+
+def count_parameters(model: ModelSpec) -> ParamCount:
+    """Analytic parameter count of `model` (built from its config.json)."""
+    cfg = text_config_of(model.config)
+    mt = model_type_of(model.config)
+    f = _Fields(cfg, mt, model.name)
+    hidden = f.int("hidden_size", "n_embd", "d_model")
+    vocab = f.int("vocab_size", "padded_vocab_size")
+    groups: list[ParamGroup] = []
+
+    def add(part: str, count: int, active: int | None = None, layer: int | None = None) -> None:
+        if count:
+            groups.append(ParamGroup(part, count, count if active is None else active, layer))
+
+    add("embedding", vocab * hidden)
+    if mt == "opt":
+        add("embedding", (f.int("max_position_embeddings") + 2) * hidden)
+    tied = f.get("tie_word_embeddings", default=mt in _TIED_BY_DEFAULT)
+    if not tied:
+        add("lm_head", vocab * hidden)
+    add("norm", hidden)
+
+    by_layer: dict[int, list] = {}
+    for spec in model.layers:
+        by_layer.setdefault(spec.layer, []).append(spec)
+    for i in range(model.num_layers):
+        for spec in by_layer.get(i, []):
+            if spec.kind == "recurrent_state":
+                add("mixer", _mixer(spec, f, hidden), layer=i)
+            elif spec.kind == "latent_attention":
+                add("attention", _mla(spec, f, hidden), layer=i)
+            elif spec.kind != "no_cache":
+                add("attention", _attention(spec, f, mt, hidden, model.attention_heads or 1), layer=i)
+        for part, count, active in _feed_forward(i, f, mt, hidden):
+            add(part, count, active, layer=i)
+        add("norm", 2 * hidden, layer=i)
+
+    mtp_layers = f.get("num_nextn_predict_layers", default=0) or 0
+    if mtp_layers and mt in ("deepseek_v3", "kimi_k2"):
+        last = model.num_layers - 1
+        per_layer = sum(g.count for g in groups if g.layer == last)
+        # each MTP module: a full decoder layer, two norms, the 2h -> h projection and its head norm
+        add("mtp", mtp_layers * (per_layer + 2 * hidden * hidden + 3 * hidden))
+    return ParamCount(tuple(groups))
+
+
+def _attention(spec, f: _Fields, mt: str, hidden: int, heads: int) -> int:
+    q_dim = heads * spec.k_dim
+    kv_dim = spec.kv_heads * (spec.k_dim + spec.v_dim)
+    o_in = heads * spec.v_dim
+    if mt == "qwen3_next":
+        q_dim *= 2  # gated attention: the query projection also produces the output gate
+    count = hidden * (q_dim + kv_dim) + o_in * hidden
+    if mt in ("qwen2", "qwen2_moe") or f.get("attention_bias") or f.get("add_qkv_bias") or mt == "opt":
+        count += heads * spec.k_dim + kv_dim
+        if mt == "opt" or (f.get("attention_bias") and mt == "gpt_oss"):
+            count += hidden  # output projection bias
+    if mt in ("qwen3", "qwen3_moe", "qwen3_next", "gemma3_text") or f.get("use_qk_norm"):
+        count += 2 * spec.k_dim
+    if mt == "gpt_oss":
+        count += heads  # attention sinks
+    return count
+
+
+def _mla(spec, f: _Fields, hidden: int) -> int:
+    heads = spec.heads
+    q_lora = f.get("q_lora_rank")
+    qk = spec.qk_nope_dim + spec.rope_dim
+    q = hidden * heads * qk if not q_lora else hidden * q_lora + q_lora + q_lora * heads * qk
+    kv_a = hidden * (spec.latent_dim + spec.rope_dim) + spec.latent_dim
+    kv_b = spec.latent_dim * heads * (spec.qk_nope_dim + spec.v_dim)
+    return q + kv_a + kv_b + heads * spec.v_dim * hidden
+
+
+def _mixer(spec, f: _Fields, hidden: int) -> int:
+    k = spec.conv_kernel
+    if spec.mixer == "gated_delta_net":
+        hv, dk, dv = spec.state_shape
+        hk_dk = (spec.conv_channels - hv * dv) // 2
+        return (hidden * (2 * hk_dk + 2 * hv * dv) + hidden * 2 * hv + spec.conv_channels * k
+                + 2 * hv + dv + hv * dv * hidden)
+    if spec.mixer == "mamba":
+        d_inner, d_state = spec.state_shape
+        dt_rank = f.get("mamba_dt_rank", default=-(-hidden // 16))
+        return (hidden * 2 * d_inner + d_inner * k + d_inner + d_inner * (dt_rank + 2 * d_state)
+                + dt_rank * d_inner + d_inner + d_inner * d_state + d_inner + d_inner * hidden + 3 * d_state)
+    # mamba2
+    n_heads, d_head, d_state = spec.state_shape
+    d_ssm = n_heads * d_head
+    return (hidden * (2 * d_ssm + 2 * spec.groups * d_state + n_heads) + spec.conv_channels * (k + 1)
+            + 3 * n_heads + d_ssm + d_ssm * hidden)
+
+
+def _feed_forward(i: int, f: _Fields, mt: str, hidden: int) -> list[tuple[str, int, int]]:
+    """(part, stored, active) of layer i's MLP or MoE block."""
+    gated = lambda inter: 3 * hidden * inter  # noqa: E731  gate, up, down
+    if mt == "opt":
+        ffn = f.int("ffn_dim")
+        return [("mlp", 2 * hidden * ffn + ffn + hidden, 2 * hidden * ffn + ffn + hidden)]
+    if mt == "falcon":
+        ffn = f.get("ffn_hidden_size", default=4 * hidden)
+        return [("mlp", 2 * hidden * ffn, 2 * hidden * ffn)]
+    if mt == "chatglm":
+        ffn = f.int("ffn_hidden_size")
+        return [("mlp", gated(ffn), gated(ffn))]
+
+    experts, top_k, expert_inter, shared_inter, moe = _moe_layout(i, f, mt, hidden)
+    if not moe:
+        inter = f.int("intermediate_size_mlp") if mt == "llama4_text" else f.int("intermediate_size")
+        return [("mlp", gated(inter), gated(inter))]
+    per_expert = gated(expert_inter)
+    router = hidden * experts
+    if mt == "gpt_oss":  # fused gate_up with biases, down with bias, router with bias
+        per_expert = hidden * 2 * expert_inter + 2 * expert_inter + expert_inter * hidden + hidden
+        router += experts
+    out = [("experts", experts * per_expert, top_k * per_expert), ("router", router, router)]
+    if shared_inter:
+        shared = gated(shared_inter) + (hidden if mt in ("qwen2_moe", "qwen3_next") else 0)
+        out.append(("shared_expert", shared, shared))
+    return out
+
+
+def _moe_layout(i: int, f: _Fields, mt: str, hidden: int) -> tuple[int, int, int, int, bool]:
+    """(experts, top_k, expert intermediate, shared intermediate, is this layer MoE)."""
+    if mt == "mixtral":
+        return f.int("num_local_experts"), f.int("num_experts_per_tok"), f.int("intermediate_size"), 0, True
+    if mt == "gpt_oss":
+        return (f.int("num_local_experts"), f.int("num_experts_per_tok", "experts_per_token"),
+                f.int("intermediate_size"), 0, True)
+    if mt in ("qwen2_moe", "qwen3_moe", "qwen3_next"):
+        experts = f.get("num_experts", default=0) or 0
+        step = f.get("decoder_sparse_step", default=1) or 1
+        moe = experts > 0 and i not in (f.get("mlp_only_layers") or []) and (i + 1) % step == 0
+        shared = f.get("shared_expert_intermediate_size", default=0) or 0
+        return experts, f.get("num_experts_per_tok", default=0), f.get("moe_intermediate_size", default=0), shared, moe
+    if mt in ("deepseek_v2", "deepseek_v3", "kimi_k2"):
+        experts = f.get("n_routed_experts") or 0
+        moe = bool(experts) and i >= (f.get("first_k_dense_replace") or 0) and i % (f.get("moe_layer_freq") or 1) == 0
+        inter = f.int("moe_intermediate_size") if experts else 0
+        return experts, f.get("num_experts_per_tok") or 0, inter, (f.get("n_shared_experts") or 0) * inter, moe
+    if mt == "llama4_text":
+        step = f.get("interleave_moe_layer_step", default=1) or 1
+        moe = (i + 1) % step == 0
+        inter = f.int("intermediate_size")
+        return f.int("num_local_experts"), f.int("num_experts_per_tok"), inter, inter, moe
+    if mt == "jamba":
+        experts = f.get("num_experts", default=1) or 1
+        moe = experts > 1 and i % f.int("expert_layer_period") == (f.get("expert_layer_offset") or 0)
+        return experts, f.get("num_experts_per_tok", default=1), f.int("intermediate_size"), 0, moe
+    return 0, 0, 0, 0, False

@@ -1,0 +1,143 @@
+"""Weight bytes: exact from safetensors headers when the checkpoint is at hand, else from the parameter
+count and the checkpoint's quantization (fp8 blocks, MXFP4 experts, int4/int8 groups)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvbudget.engines.base import pipeline_stages
+from kvbudget.errors import KVBudgetError
+from kvbudget.model.params import ParamCount, count_parameters
+from kvbudget.model.spec import ModelSpec
+
+# Bytes per element of the safetensors dtypes.
+SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+                           "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "U32": 4, "U16": 2,
+                           "F4": 0.5, "F6_E2M3": 0.75, "F6_E3M2": 0.75}
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class Weights:
+    total_params: int  # the model proper (MTP modules excluded)
+    active_params: int  # used per generated token (input embedding included)
+    mtp_params: int  # multi-token-prediction modules, loaded by engines only for speculative decoding
+    total_bytes: int  # the whole checkpoint without MTP
+    per_gpu_bytes: int  # on the most loaded GPU under tp x pp
+    active_bytes: int  # read per decode step (the roofline's weight term)
+    exact: bool  # True when read from safetensors headers
+    basis: str  # how the bytes were obtained, for people
+
+    def to_dict(self) -> dict:
+        return {"parameters": {"total": self.total_params, "active": self.active_params, "mtp": self.mtp_params},
+                "total_bytes": self.total_bytes, "per_gpu_bytes": self.per_gpu_bytes,
+                "active_bytes": self.active_bytes, "exact": self.exact, "basis": self.basis}
+
+
+def _bytes_per_param(model: ModelSpec) -> tuple[dict[str, float], str]:
+    """Bytes per parameter for quantizable linear weights, experts, and everything else."""
+    base = _DTYPE_BYTES.get(model.dtype, 2)
+    q = model.config.get("quantization_config") or {}
+    method = str(q.get("quant_method", "")).lower()
+    if not q:
+        return {"linear": base, "experts": base, "other": base}, f"{model.dtype} weights"
+    if method == "fp8":
+        block = q.get("weight_block_size") or [128, 128]
+        scale = 4 / (block[0] * block[1])  # one float32 scale per block
+        return ({"linear": 1 + scale, "experts": 1 + scale, "other": base},
+                f"fp8 linear weights with a float32 scale per {block[0]}x{block[1]} block, the rest {model.dtype}")
+    if method == "mxfp4":
+        return ({"linear": base, "experts": 4.25 / 8, "other": base},
+                f"MXFP4 experts (4-bit values + an 8-bit scale per 32), the rest {model.dtype}")
+    if method in ("awq", "gptq", "compressed-tensors"):
+        bits = q.get("bits") or q.get("w_bit") or 4
+        group = q.get("group_size") or q.get("q_group_size") or 128
+        per = bits / 8 + 2 / group + bits / 8 / group  # packed values, fp16 scale and packed zero per group
+        return ({"linear": per, "experts": per, "other": base},
+                f"{method} int{bits} linear weights, groups of {group} (fp16 scale + zero point), the rest {model.dtype}")
+    raise KVBudgetError(f"{model.name}: quantization method {method!r} is not modelled; pass --weights SIZE")
+
+
+def analytic_weights(model: ModelSpec, tp: int = 1, pp: int = 1) -> Weights:
+    """Weight bytes from the parameter count (an estimate unless the checkpoint is plain bf16/fp16)."""
+    counts = count_parameters(model)
+    per_param, basis = _bytes_per_param(model)
+
+    def size(group) -> float:
+        if group.part in ("experts",):
+            return group.count * per_param["experts"]
+        return group.count * (per_param["linear"] if group.quantizable else per_param["other"])
+
+    def active_size(group) -> float:
+        if group.part == "embedding":
+            return 0  # a lookup: one row per token, not read whole
+        rate = per_param["experts"] if group.part == "experts" else (
+            per_param["linear"] if group.quantizable else per_param["other"])
+        return group.active * rate
+
+    main = [g for g in counts.groups if g.part != "mtp"]
+    total = int(sum(size(g) for g in main))
+    per_gpu = _per_gpu(model, main, size, tp, pp)
+    return Weights(counts.total, counts.active, counts.mtp, total, per_gpu, int(sum(active_size(g) for g in main)),
+                   exact=False, basis=f"analytic: {basis}")
+
+
+def _per_gpu(model: ModelSpec, groups, size, tp: int, pp: int) -> int:
+    """The most loaded GPU: layers split by pipeline stage, then tensor-parallel ranks share each stage.
+    Embeddings and the LM head are vocabulary-parallel; norms and routers are replicated."""
+    stages = pipeline_stages(model.num_layers, pp)
+    loads = []
+    for index, stage in enumerate(stages):
+        load = 0.0
+        for g in groups:
+            if g.layer is None:
+                if g.part == "embedding" and index != 0 or g.part in ("lm_head", "norm") and index != pp - 1:
+                    continue
+            elif g.layer not in stage:
+                continue
+            load += size(g) / (tp if g.part not in ("norm", "router") else 1)
+        loads.append(load)
+    return int(max(loads))
+
+
+def safetensors_bytes(folder: Path) -> dict[str, int]:
+    """Bytes per safetensors dtype over every *.safetensors file in `folder`, from the headers alone."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise KVBudgetError(f"{folder}: no *.safetensors files to read weights from")
+    totals: dict[str, int] = {}
+    for path in files:
+        with open(path, "rb") as fh:
+            raw = fh.read(8)
+            if len(raw) != 8:
+                raise KVBudgetError(f"{path}: not a safetensors file (too short)")
+            (length,) = struct.unpack("<Q", raw)
+            try:
+                header = json.loads(fh.read(length))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise KVBudgetError(f"{path}: unreadable safetensors header") from None
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = info["data_offsets"]
+            totals[info["dtype"]] = totals.get(info["dtype"], 0) + (end - begin)
+    return totals
+
+
+def model_weights(model: ModelSpec, tp: int = 1, pp: int = 1) -> Weights:
+    """Exact bytes from the checkpoint's safetensors headers when the model came from a folder holding
+    them; otherwise the analytic estimate."""
+    analytic = analytic_weights(model, tp, pp)
+    folder = Path(model.source).parent if model.source.endswith("config.json") else None
+    if folder is None or not any(folder.glob("*.safetensors")):
+        return analytic
+    by_dtype = safetensors_bytes(folder)
+    total = sum(by_dtype.values())
+    scale = total / analytic.total_bytes if analytic.total_bytes else 1
+    detail = ", ".join(f"{dtype} {size:,} B" for dtype, size in sorted(by_dtype.items()))
+    return Weights(analytic.total_params, analytic.active_params, analytic.mtp_params, total,
+                   int(analytic.per_gpu_bytes * scale), int(analytic.active_bytes * scale), exact=True,
+                   basis=f"safetensors headers in {folder}: {detail}")
