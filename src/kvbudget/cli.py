@@ -78,6 +78,21 @@ def _build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--guard-config", help="write the degradation plan as YAML for `kvbudget guard`")
     pl.add_argument("--json", action="store_true", help="print JSON (bytes) instead of tables")
 
+    cmp_ = sub.add_parser("compare", help="models side by side: bytes per token, capacity, longest context")
+    cmp_.add_argument("models", nargs="+", help="two or more models (catalog names, files, folders, Hub ids)")
+    cmp_.add_argument("--engine", default="vllm", help=f"one of {', '.join(ENGINES)} (default vllm)")
+    cmp_.add_argument("--gpu", help="GPU from `kvbudget gpus`: adds KV budget, concurrency and longest context")
+    cmp_.add_argument("--gpu-memory", help="memory of one GPU instead of --gpu")
+    cmp_.add_argument("--context", default="8192", help="request length to compare at (default 8192)")
+    cmp_.add_argument("--kv-dtype", default="auto", help="KV cache dtype (default auto)")
+    cmp_.add_argument("--json", action="store_true", help="print JSON")
+
+    chk = sub.add_parser("check-log", help="an engine's startup log beside kvbudget's prediction")
+    chk.add_argument("log", help="startup log of vLLM or llama-server (- for stdin)")
+    chk.add_argument("--model", help="the model (catalog name, config.json, folder, Hub id) when the log's "
+                                     "model path is not readable here")
+    chk.add_argument("--json", action="store_true", help="print JSON")
+
     g = sub.add_parser("gpus", help="list the GPU catalog")
     g.add_argument("--json", action="store_true", help="print JSON")
     return parser
@@ -328,6 +343,81 @@ def _render_plan(p) -> None:
         console.print(f"[yellow]note:[/] {note}")
 
 
+def _run_compare(args: argparse.Namespace) -> int:
+    from kvbudget.plan import compare
+
+    if len(args.models) < 2:
+        raise KVBudgetError("compare: name at least two models")
+    rows = compare([load_model(m) for m in args.models], engine=args.engine, gpu=args.gpu,
+                   gpu_memory=_size(args.gpu_memory, "--gpu-memory"), context=_one(args.context, "--context"),
+                   kv_dtype=args.kv_dtype)
+    if args.json:
+        print(json.dumps([r.__dict__ for r in rows], indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{args.engine}, requests of {rows[0].context:,} tokens ({UNITS_NOTE})")
+    columns = ["model", "cache layers", "per token", "fixed/seq", "one request"]
+    if args.gpu or args.gpu_memory:
+        columns += ["KV budget", "concurrency", "longest context"]
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("model", "cache layers") else "right")
+    for r in rows:
+        cells = [r.model, ", ".join(f"{n} {k.split('_')[0]}" for k, n in r.cache.items()),
+                 format_bytes(r.bytes_per_token), format_bytes(r.fixed_bytes_per_sequence),
+                 format_bytes(r.kv_bytes_at_context)]
+        if args.gpu or args.gpu_memory:
+            cells += ([format_bytes(r.kv_memory_bytes), f"{r.max_concurrency:.2f}x",
+                       f"{r.longest_context:,}" if r.longest_context else "-"] if r.kv_memory_bytes else
+                      ["does not fit", "-", "-"])
+        table.add_row(*cells)
+    Console().print(table)
+    for r in rows:
+        if r.note:
+            Console().print(f"[yellow]note:[/] {r.note}")
+    return 0
+
+
+def _run_check_log(args: argparse.Namespace) -> int:
+    from kvbudget.checklog import check_log, detect_engine, model_in_log
+
+    if args.log == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            with open(args.log, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise KVBudgetError(f"{args.log}: cannot read it ({exc.strerror or exc})") from None
+    detect_engine(text)
+    source = args.model or model_in_log(text)
+    if source is None:
+        raise KVBudgetError("check-log: the log does not name its model; pass --model")
+    try:
+        model = load_model(source)
+    except KVBudgetError as exc:
+        if args.model:
+            raise
+        raise KVBudgetError(f"check-log: the log's model {source!r} cannot be read here ({exc}); pass --model") from None
+    result = check_log(text, model)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{result.engine} log vs kvbudget for {model.name}")
+    for name in ("quantity", "log", "kvbudget", "", "note"):
+        table.add_column(name)
+    for r in result.rows:
+        table.add_row(r.quantity, r.logged, r.predicted, "[green]ok[/]" if r.matches else "[red]differs[/]", r.note)
+    console = Console()
+    console.print("settings read from the log: " + ", ".join(f"{k}={v}" for k, v in result.settings.items()))
+    console.print(table)
+    return 0
+
+
 def _run_gpus(args: argparse.Namespace) -> int:
     from kvbudget.gpus import gpus
 
@@ -353,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     try:
         code = {"estimate": _run_estimate, "models": _run_models, "plan": _run_plan,
-                "gpus": _run_gpus}[args.command](args)
+                "gpus": _run_gpus, "compare": _run_compare,
+                "check-log": _run_check_log}[args.command](args)
     except KVBudgetError as exc:
         print(f"kvbudget: error: {exc}", file=sys.stderr)
         return 2

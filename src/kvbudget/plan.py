@@ -374,3 +374,41 @@ def guard_config_yaml(p: Plan) -> str:
             f"    requests: {level.requests:.2f}",
         ]
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One model's row in `kvbudget compare`."""
+
+    model: str
+    cache: dict  # layer kinds and how many
+    bytes_per_token: int
+    fixed_bytes_per_sequence: int
+    kv_bytes_at_context: int  # one sequence of `context` tokens
+    context: int
+    kv_memory_bytes: int | None  # with a GPU: the KV budget on it
+    max_concurrency: float | None  # requests of `context` tokens at once
+    longest_context: int | None  # the longest single request on one GPU (up to the model's maximum)
+    note: str = ""
+
+
+def compare(models: list[ModelSpec], engine: str = "vllm", gpu: str | None = None, gpu_memory: int | None = None,
+            context: int = 8192, kv_dtype: str = "auto", options: EngineOptions = EngineOptions()) -> tuple:
+    """Models side by side: bytes per token, and with a GPU, capacity and the longest context that fits."""
+    rows = []
+    for model in models:
+        est = estimate(model, engine=engine, kv_dtype=kv_dtype, context=[context], options=options)
+        budget = concurrency = longest = None
+        note = ""
+        if gpu or gpu_memory:
+            try:
+                p = plan(model, engine=engine, gpu=gpu, gpu_memory=gpu_memory, kv_dtype=kv_dtype,
+                         max_model_len=context, options=options, recommend=False)
+                budget, concurrency = p.kv_memory_bytes, p.capacity.max_concurrency
+                top = model.max_position_embeddings or context
+                longest = _longest_context(model, engine, budget, 1, top, kv_dtype, 1, 1, options)
+            except KVBudgetError as exc:
+                note = str(exc)
+        rows.append(Comparison(model.name, model.kinds(), est.bytes_per_token, est.fixed_bytes_per_sequence,
+                               est.points[0].kv_bytes, context, budget, concurrency, longest, note))
+    return tuple(rows)

