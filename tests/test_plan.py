@@ -179,3 +179,18 @@ def test_every_catalog_model_plans_on_a_large_gpu():
             assert "tensor parallel" in str(exc) or "attention heads" in str(exc), (entry.name, exc)
             continue
         assert p.kv_memory_bytes > 0 and p.capacity.max_concurrency > 0, entry.name
+
+
+@pytest.mark.parametrize("ext, magic", [(".png", b"\x89PNG"), (".svg", b"<?xml")])
+def test_plot_writes_a_picture(tmp_path, ext, magic, capsys):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / f"plan{ext}"
+    assert main(["plan", "gemma-2-9b", "--gpu", "L4", "--max-model-len", "8192", "--plot", str(out), "--json"]) == 0
+    assert out.read_bytes().startswith(magic)
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temporary file left behind
+
+
+def test_plot_bad_extension_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "plan.jpg"
+    assert main(["plan", "gemma-2-9b", "--gpu", "L4", "--plot", str(out)]) == 2
+    assert "png or .svg" in capsys.readouterr().err and not out.exists()

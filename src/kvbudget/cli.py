@@ -76,6 +76,7 @@ def _build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-prefix-caching", action="store_true", help="vLLM: prefix caching off")
     pl.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="vLLM backend (default cuda)")
     pl.add_argument("--guard-config", help="write the degradation plan as YAML for `kvbudget guard`")
+    pl.add_argument("--plot", help="write a picture (.png or .svg): GPU memory and KV bytes against context")
     pl.add_argument("--json", action="store_true", help="print JSON (bytes) instead of tables")
 
     cmp_ = sub.add_parser("compare", help="models side by side: bytes per token, capacity, longest context")
@@ -259,6 +260,10 @@ def _run_plan(args: argparse.Namespace) -> int:
     )
     if args.guard_config:
         _write_atomically(args.guard_config, guard_config_yaml(result))
+    if args.plot:
+        from kvbudget.plot import plot_plan
+
+        plot_plan(result, args.plot)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

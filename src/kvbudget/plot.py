@@ -1,0 +1,73 @@
+"""`kvbudget plan --plot FILE`: GPU memory as a stacked bar, and KV bytes against context with the budget
+line, so the point where it runs out is visible. matplotlib is an optional extra (kvbudget[plot])."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from kvbudget.errors import KVBudgetError
+from kvbudget.estimate import estimate
+from kvbudget.units import GIB
+
+
+def plot_plan(p, path: str) -> None:
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in (".png", ".svg"):
+        raise KVBudgetError(f"--plot {path}: write a .png or .svg file")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise KVBudgetError(f"--plot: folder {folder} does not exist")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise KVBudgetError("--plot needs matplotlib: pip install 'kvbudget[plot]'") from None
+
+    fig, (bar, curve) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [1, 3]})
+    terms = {t.name: t.bytes for t in p.stack}
+    total = terms["GPU memory"]
+    slices = [("weights", terms["weights"]), ("activation", terms["activation peak"]),
+              ("overhead", terms["overhead"]), ("KV budget", max(p.kv_memory_bytes, 0))]
+    slices.append(("not given to the engine", max(total - sum(v for _, v in slices), 0)))
+    bottom = 0.0
+    for name, value in slices:
+        bar.bar([p.gpu], [value / GIB], bottom=[bottom], label=f"{name} {value / GIB:.1f} GiB")
+        bottom += value / GIB
+    bar.set_ylabel("GiB (one GPU)")
+    bar.set_title("GPU memory")
+    bar.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, -0.45))
+
+    top = p.capacity.max_model_len
+    contexts = sorted({max(1, top * i // 40) for i in range(1, 41)})
+    sequences = p.estimate.points[0].sequences
+    dtypes = [p.estimate.allocation.kv_dtype.name]
+    alt = "q8_0" if p.engine == "llamacpp" else "fp8"
+    for dtype in dtypes + [alt]:
+        try:
+            est = estimate(p.model, engine=p.engine, kv_dtype=dtype, batch=[sequences], context=contexts, tp=p.tp,
+                           pp=p.pp)
+        except KVBudgetError:
+            continue
+        curve.plot(contexts, [pt.kv_bytes / GIB for pt in est.points],
+                   label=f"{est.allocation.kv_dtype.name} KV, {sequences} sequence(s)")
+        if dtype == dtypes[0] and any(pt.kv_bytes != pt.uncapped_kv_bytes for pt in est.points):
+            curve.plot(contexts, [pt.uncapped_kv_bytes / GIB for pt in est.points], linestyle=":",
+                       label="without window caps")
+    curve.axhline(p.kv_memory_bytes / GIB, color="red", linestyle="--", label="KV budget")
+    curve.set_xlabel("context (tokens per sequence)")
+    curve.set_ylabel("KV cache (GiB per GPU)")
+    curve.set_title(f"{p.model.name} on {p.engine}")
+    curve.legend(fontsize=8)
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=ext, prefix=".kvbudget-")
+    os.close(fd)
+    try:
+        fig.savefig(tmp)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
