@@ -194,3 +194,26 @@ def test_plot_bad_extension_writes_nothing(tmp_path, capsys):
     out = tmp_path / "plan.jpg"
     assert main(["plan", "gemma-2-9b", "--gpu", "L4", "--plot", str(out)]) == 2
     assert "png or .svg" in capsys.readouterr().err and not out.exists()
+
+
+def test_hub_weights_offline_are_labelled_not_silent(tmp_path, monkeypatch):
+    import json as _json
+
+    base = tmp_path / "models--acme--tiny"
+    rev = "0" * 40
+    (base / "refs").mkdir(parents=True)
+    (base / "refs" / "main").write_text(rev)
+    snap = base / "snapshots" / rev
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(_json.dumps({"model_type": "llama", "num_hidden_layers": 2,
+                                                    "num_attention_heads": 4, "hidden_size": 64,
+                                                    "intermediate_size": 128, "vocab_size": 100,
+                                                    "torch_dtype": "bfloat16"}))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    w = model_weights(load_model("acme/tiny"))
+    assert not w.exact and "could not be read" in w.basis

@@ -33,7 +33,7 @@ def gpus() -> tuple[GPU, ...]:
 
 def _make(g: dict) -> GPU:
     if g.get("memory_mib_reported"):
-        memory, basis = g["memory_mib_reported"] * MIB, "as the driver reports it"
+        memory, basis = g["memory_mib_reported"] * MIB, "as nvidia-smi reports it (public reports; not measured here)"
     else:
         memory, basis = int(g["memory_gb_nominal"] * GIB), "nominal (vendor figure, read as GiB)"
     bandwidth = g["bandwidth_gbps"] * 1e9 if g.get("bandwidth_gbps") else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvbudget.engines.base import pipeline_stages
@@ -127,17 +127,40 @@ def safetensors_bytes(folder: Path) -> dict[str, int]:
     return totals
 
 
+def hub_safetensors_bytes(repo_id: str) -> dict[str, int]:
+    """Bytes per dtype of a Hub repo's safetensors, from their headers (huggingface_hub; no weights fetched)."""
+    from huggingface_hub import get_safetensors_metadata
+
+    meta = get_safetensors_metadata(repo_id)
+    totals: dict[str, int] = {}
+    for dtype, count in meta.parameter_count.items():
+        totals[dtype] = totals.get(dtype, 0) + int(count * SAFETENSORS_DTYPE_BYTES.get(dtype, 2))
+    return totals
+
+
 def model_weights(model: ModelSpec, tp: int = 1, pp: int = 1) -> Weights:
     """Exact bytes from the checkpoint's safetensors headers when the model came from a folder holding
-    them; otherwise the analytic estimate."""
+    them, or from a Hub repo's safetensors metadata; otherwise the analytic estimate."""
     analytic = analytic_weights(model, tp, pp)
     folder = Path(model.source).parent if model.source.endswith("config.json") else None
+    if model.source.startswith("hub:"):
+        repo = model.source[4:]
+        try:
+            by_dtype = hub_safetensors_bytes(repo)
+        except Exception as exc:  # offline, gated, no safetensors: say so and use the analytic count
+            return replace(analytic, basis=f"{analytic.basis} (the Hub's safetensors metadata for {repo} could not "
+                                           f"be read: {type(exc).__name__})")
+        return _scaled(analytic, by_dtype, f"Hub safetensors metadata of {repo}")
     if folder is None or not any(folder.glob("*.safetensors")):
         return analytic
-    by_dtype = safetensors_bytes(folder)
+    return _scaled(analytic, safetensors_bytes(folder), f"safetensors headers in {folder}")
+
+
+def _scaled(analytic: Weights, by_dtype: dict[str, int], where: str) -> Weights:
+    """Exact total bytes; per-GPU and per-step shares in the analytic proportions."""
     total = sum(by_dtype.values())
     scale = total / analytic.total_bytes if analytic.total_bytes else 1
     detail = ", ".join(f"{dtype} {size:,} B" for dtype, size in sorted(by_dtype.items()))
     return Weights(analytic.total_params, analytic.active_params, analytic.mtp_params, total,
                    int(analytic.per_gpu_bytes * scale), int(analytic.active_bytes * scale), exact=True,
-                   basis=f"safetensors headers in {folder}: {detail}")
+                   basis=f"{where}: {detail}")
