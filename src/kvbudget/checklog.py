@@ -52,10 +52,12 @@ def detect_engine(text: str) -> str:
         return "llamacpp"
     if re.search(r"KV Cache is allocated\. #tokens", text):
         return "sglang"
+    if re.search(r"KV-cache blocks: \d+, size: \d+", text):
+        return "tgi"
     if re.search(r"KV cache size: [\d,]+ tokens|GPU blocks: \d+|Maximum concurrency for|V1 LLM engine", text):
         return "vllm"
-    raise KVBudgetError("check-log: found no vLLM, SGLang or llama.cpp KV cache lines in the log; pass a startup "
-                        "log (vLLM: 'KV cache size' / 'Maximum concurrency'; SGLang: 'KV Cache is allocated'; "
+    raise KVBudgetError("check-log: found no vLLM, SGLang, TGI or llama.cpp KV cache lines in the log; pass a "
+                        "startup log (vLLM: 'KV cache size' / 'Maximum concurrency'; SGLang: 'KV Cache is allocated'; TGI: 'KV-cache blocks'; "
                         "llama.cpp: 'llama_kv_cache: size')")
 
 
@@ -73,7 +75,27 @@ def model_in_log(text: str) -> str | None:
 
 def check_log(text: str, model: ModelSpec) -> LogCheck:
     engine = detect_engine(text)
-    return {"vllm": _check_vllm, "sglang": _check_sglang, "llamacpp": _check_llamacpp}[engine](text, model)
+    return {"vllm": _check_vllm, "sglang": _check_sglang, "llamacpp": _check_llamacpp,
+            "tgi": _check_tgi}[engine](text, model)
+
+
+def _check_tgi(text: str, model: ModelSpec) -> LogCheck:
+    """TGI prints its block count and size, and the max_batch_total_tokens they make; the budget they imply
+    follows from kvbudget's bytes per token for the model (every layer full, MLA expanded)."""
+    from kvbudget.engines.tgi import TGI
+
+    m = re.search(r"KV-cache blocks: (\d+), size: (\d+)", text)
+    blocks, size = int(m.group(1)), int(m.group(2))
+    shards = int(s.group(1)) if (s := re.search(r"(?:--num-shard|NUM_SHARD=|num_shard:?)[ =]?(\d+)", text)) else 1
+    rows = [Row("KV-cache blocks", f"{blocks:,} of {size}", "-", True, "read from the log")]
+    total = re.search(r"(?:max batch total tokens to|MAX_BATCH_TOTAL_TOKENS\W+)(\d+)", text)
+    if total:
+        rows.append(Row("max batch total tokens", f"{int(total.group(1)):,}", f"{blocks * size:,}",
+                        int(total.group(1)) == blocks * size, "TGI: blocks x block size"))
+    alloc = TGI.allocate(model, "auto", shards, EngineOptions(block_size=size if size in (1, 16, 256) else None))
+    rows.append(Row("KV memory per shard", "-", f"{blocks * size * alloc.bytes_per_token / GIB:.2f} GiB", True,
+                    f"implied by {alloc.bytes_per_token:,} bytes per token for {model.name}"))
+    return LogCheck("tgi", model_in_log(text), {"num_shard": shards, "block_size": size}, tuple(rows))
 
 
 def _check_sglang(text: str, model: ModelSpec) -> LogCheck:
@@ -128,7 +150,7 @@ def _check_vllm(text: str, model: ModelSpec) -> LogCheck:
 
     budget_text = None
     for pattern in (r"Explicitly set \(([\d.]+)/", r"Available KV cache memory: ([\d.]+) GiB",
-                    r"kv_cache_size=([\d.]+) ?GiB"):
+                    r"kv_cache_size=([\d.]+) ?GiB", r"reserved for KV Cache is ([\d.]+) ?GiB"):
         if m := re.search(pattern, text):
             budget_text = m.group(1)
             break
