@@ -88,7 +88,7 @@ def _check_tgi(text: str, model: ModelSpec) -> LogCheck:
     blocks, size = int(m.group(1)), int(m.group(2))
     shards = int(s.group(1)) if (s := re.search(r"(?:--num-shard|NUM_SHARD=|num_shard:?)[ =]?(\d+)", text)) else 1
     rows = [Row("KV-cache blocks", f"{blocks:,} of {size}", "-", True, "read from the log")]
-    total = re.search(r"(?:max batch total tokens to|MAX_BATCH_TOTAL_TOKENS\W+)(\d+)", text)
+    total = re.search(r"(?:max batch total tokens to\s+|MAX_BATCH_TOTAL_TOKENS\W+)(\d+)", text)
     if total:
         rows.append(Row("max batch total tokens", f"{int(total.group(1)):,}", f"{blocks * size:,}",
                         int(total.group(1)) == blocks * size, "TGI: blocks x block size"))
