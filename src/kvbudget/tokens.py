@@ -1,0 +1,333 @@
+"""Exact prompt lengths with the model's own tokenizer and chat template (`kvbudget tokens`).
+
+The prompt an engine caches is the rendered chat template, tokenized: vLLM renders it with transformers'
+`apply_chat_template` and tokenizes the text without adding special tokens again (the template carries them);
+llama-server renders the GGUF's copy of the same template and adds a BOS only when the vocabulary asks for
+one. transformers and tokenizers are an optional extra (kvbudget[tokens]).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from kvbudget import catalog
+from kvbudget.errors import KVBudgetError
+
+CHARS_PER_TOKEN = 4.0  # --approximate only, and labelled as such
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "config.json"]
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str  # "system", "document 1", "question", "message 2 (assistant)", "template"
+    tokens: int
+
+
+@dataclass(frozen=True)
+class PromptCount:
+    prompt_tokens: int
+    parts: tuple[Part, ...]
+    max_tokens: int | None
+    approximate: bool = False
+    templated: bool = True
+
+    def to_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "max_tokens": self.max_tokens,
+                "total_tokens": self.prompt_tokens + (self.max_tokens or 0),
+                "parts": [{"name": p.name, "tokens": p.tokens} for p in self.parts],
+                "approximate": self.approximate, "templated": self.templated}
+
+
+@dataclass(frozen=True)
+class Distribution:
+    count: int
+    mean: float
+    p50: int
+    p90: int
+    p99: int
+    max: int
+
+    def to_dict(self) -> dict:
+        return {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99, "max": self.max}
+
+
+@dataclass(frozen=True)
+class LogStats:
+    count: int
+    prompt_tokens: Distribution
+    total_tokens: Distribution  # prompt + max_tokens
+    approximate: bool = False
+
+    def to_dict(self) -> dict:
+        return {"count": self.count, "prompt_tokens": self.prompt_tokens.to_dict(),
+                "prompt_plus_max_tokens": self.total_tokens.to_dict(), "approximate": self.approximate}
+
+
+def distribution(values: array) -> Distribution:
+    """Count, mean and nearest-rank percentiles of token counts."""
+    if not len(values):
+        raise KVBudgetError("no requests to count")
+    ordered = sorted(values)
+    n = len(ordered)
+
+    def rank(p: float) -> int:
+        return ordered[max(0, math.ceil(p * n) - 1)]
+
+    return Distribution(n, sum(ordered) / n, rank(0.50), rank(0.90), rank(0.99), ordered[-1])
+
+
+class Counter:
+    """A model's tokenizer and chat template, or the character estimate with `approximate=True`."""
+
+    def __init__(self, source: str | os.PathLike | None, approximate: bool = False, engine: str = "vllm"):
+        self.approximate = approximate
+        self.engine = engine
+        self.tokenizer = None if approximate else load_tokenizer(source)
+        if engine not in ("vllm", "sglang", "tgi", "hf", "llamacpp"):
+            raise KVBudgetError(f"--engine {engine!r}: choose vllm, sglang, tgi, hf or llamacpp")
+
+    # --- counting ---------------------------------------------------------------------------------
+    def count_texts(self, texts: list[str]) -> list[int]:
+        """Tokens of plain texts (no special tokens added)."""
+        if self.approximate:
+            return [math.ceil(len(t) / CHARS_PER_TOKEN) for t in texts]
+        if not texts:
+            return []
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # the Rust tokenizer directly: batched, parallel, no Python id lists
+            return [len(e) for e in backend.encode_batch(texts, add_special_tokens=False)]
+        return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+    def render(self, messages: list[dict], template: bool = True) -> str:
+        if not template:
+            return "\n\n".join(str(m.get("content", "")) for m in messages)
+        if self.tokenizer.chat_template is None:
+            raise KVBudgetError("the tokenizer has no chat template; pass --no-template to count the raw text")
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # jinja errors, raise_exception() in templates
+            raise KVBudgetError(f"the chat template failed on these messages: {exc}".splitlines()[0]) from None
+
+    def _bos_extra(self) -> int:
+        """llama-server adds the vocabulary's BOS in front of the rendered prompt when it asks for one."""
+        if self.engine != "llamacpp" or self.approximate:
+            return 0
+        add_bos = getattr(self.tokenizer, "add_bos_token", False)
+        return 1 if add_bos and self.tokenizer.bos_token_id is not None else 0
+
+    def count_rendered(self, prompts: list[str]) -> list[int]:
+        extra = self._bos_extra()
+        return [n + extra for n in self.count_texts(prompts)]
+
+    def count_request(self, messages: list[dict], max_tokens: int | None = None, template: bool = True,
+                      names: list[str] | None = None) -> PromptCount:
+        """One chat request with the breakdown by message and the template's own overhead."""
+        _check_messages(messages, "request")
+        contents = [_content_text(m) for m in messages]
+        per_part = self.count_texts(contents)
+        if self.approximate:
+            total = sum(per_part)
+            parts = [Part(n, c) for n, c in zip(names or _names(messages), per_part)]
+            return PromptCount(total, tuple(parts), max_tokens, approximate=True, templated=False)
+        rendered = self.render([{**m, "content": c} for m, c in zip(messages, contents)], template)
+        total = self.count_rendered([rendered])[0]
+        parts = [Part(n, c) for n, c in zip(names or _names(messages), per_part)]
+        parts.append(Part("template" if template else "separators", total - sum(per_part)))
+        return PromptCount(total, tuple(parts), max_tokens, templated=template)
+
+    def count_documents(self, documents: list[tuple[str, str]], question: str | None, system: str | None,
+                        template: bool = True) -> PromptCount:
+        """A RAG prompt: system message, documents joined into the user message, then the question."""
+        pieces = [text for _, text in documents] + ([question] if question else [])
+        messages = ([{"role": "system", "content": system}] if system else []) + \
+                   [{"role": "user", "content": "\n\n".join(pieces)}]
+        counts = self.count_texts(([system] if system else []) + pieces)
+        names = (["system"] if system else []) + [name for name, _ in documents] + (["question"] if question else [])
+        if self.approximate:
+            return PromptCount(sum(counts), tuple(Part(n, c) for n, c in zip(names, counts)), None, approximate=True,
+                               templated=False)
+        rendered = self.render(messages, template)
+        total = self.count_rendered([rendered])[0]
+        parts = [Part(n, c) for n, c in zip(names, counts)]
+        parts.append(Part("template and separators", total - sum(counts)))
+        return PromptCount(total, tuple(parts), None, templated=template)
+
+    def count_jsonl(self, lines: Iterable[str], template: bool = True, batch: int = 256,
+                    progress=None) -> LogStats:
+        """Streams JSON Lines of chat requests: only token counts are kept, never the texts."""
+        prompts, totals = array("q"), array("q")
+        pending: list[tuple[list[dict], int]] = []
+
+        def flush() -> None:
+            if not pending:
+                return
+            if self.approximate:
+                counts = [sum(self.count_texts([_content_text(m) for m in msgs])) for msgs, _ in pending]
+            else:
+                counts = self.count_rendered([self.render(msgs, template) for msgs, _ in pending])
+            for n, (_, max_tokens) in zip(counts, pending):
+                prompts.append(n)
+                totals.append(n + max_tokens)
+            pending.clear()
+
+        for number, line in enumerate(lines, 1):
+            if progress is not None:
+                progress(len(line))
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                request = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise KVBudgetError(f"line {number}: invalid JSON ({exc.msg}); each line must be one chat "
+                                    "request object") from None
+            messages, max_tokens = _request_fields(request, f"line {number}")
+            pending.append(([{**m, "content": _content_text(m)} for m in messages], max_tokens or 0))
+            if len(pending) >= batch:
+                flush()
+        flush()
+        if not len(prompts):
+            raise KVBudgetError("the JSON Lines input holds no requests")
+        return LogStats(len(prompts), distribution(prompts), distribution(totals), self.approximate)
+
+
+def _names(messages: list[dict]) -> list[str]:
+    return [f"message {i} ({m.get('role', '?')})" for i, m in enumerate(messages, 1)]
+
+
+def _content_text(message: dict) -> str:
+    """A message's text: a string, or the text parts of an OpenAI content list."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    raise KVBudgetError(f"a message's content must be a string or a list of parts, not {type(content).__name__}")
+
+
+def _check_messages(messages, where: str) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise KVBudgetError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
+    for i, m in enumerate(messages, 1):
+        if not isinstance(m, dict) or "role" not in m:
+            raise KVBudgetError(f"{where}: message {i} needs a 'role' (system, user, assistant)")
+
+
+def _request_fields(request, where: str) -> tuple[list[dict], int | None]:
+    if not isinstance(request, dict) or "messages" not in request:
+        raise KVBudgetError(f"{where}: expected an OpenAI chat request object with 'messages'")
+    _check_messages(request["messages"], where)
+    max_tokens = request.get("max_tokens", request.get("max_completion_tokens"))
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0):
+        raise KVBudgetError(f"{where}: 'max_tokens' must be a non-negative integer")
+    return request["messages"], max_tokens
+
+
+def read_request(path: str, text: str) -> tuple[list[dict], int | None]:
+    try:
+        request = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise KVBudgetError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    return _request_fields(request, path)
+
+
+def load_tokenizer(source: str | os.PathLike | None):
+    """A fast tokenizer from a model folder, a Hub id (tokenizer files only) or a catalog name's Hub id."""
+    if source is None:
+        raise KVBudgetError("name a model whose tokenizer to use, or pass --approximate")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise KVBudgetError("counting tokens needs transformers: pip install 'kvbudget[tokens]'") from None
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    text = str(source)
+    path = Path(text).expanduser()
+    if path.is_file():
+        path = path.parent
+    if path.is_dir():
+        if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+            raise KVBudgetError(f"{path}: no tokenizer files (tokenizer.json / tokenizer_config.json) in this folder")
+        folder = path
+    else:
+        entry = catalog.find(text)
+        repo = entry.hf_id if entry else text
+        if repo.count("/") != 1:
+            raise KVBudgetError(f"{text!r} is not a model folder, a catalog name or a Hub id for a tokenizer")
+        folder = _hub_tokenizer(repo, text if entry else None)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder), use_fast=True)
+    except Exception as exc:
+        raise KVBudgetError(f"{folder}: could not load its tokenizer: {exc}".splitlines()[0]) from None
+    if not getattr(tok, "is_fast", False):
+        raise KVBudgetError(f"{folder}: only a slow tokenizer is available; kvbudget needs tokenizer.json")
+    return tok
+
+
+def _hub_tokenizer(repo: str, catalog_name: str | None) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    named = f"{catalog_name} ({repo})" if catalog_name else repo
+    try:
+        return Path(snapshot_download(repo, allow_patterns=TOKENIZER_FILES))
+    except GatedRepoError:
+        raise KVBudgetError(f"{named}: the tokenizer is in a gated repository; accept its licence on the Hub and "
+                            "set HF_TOKEN") from None
+    except RepositoryNotFoundError:
+        raise KVBudgetError(f"{named}: no such repository on the Hub (if it is private, set HF_TOKEN)") from None
+    except LocalEntryNotFoundError:
+        raise KVBudgetError(f"{named}: the tokenizer is not in the local Hugging Face cache and the Hub cannot be "
+                            "reached (offline); download it once online, pass a local folder, or use "
+                            "--approximate for a labelled character estimate") from None
+    except (OSError, ValueError) as exc:
+        raise KVBudgetError(f"{named}: could not fetch the tokenizer: {exc}".splitlines()[0]) from None
+
+
+def iter_lines(path: str) -> Iterator[str]:
+    """Lines of a (possibly huge) file, read lazily."""
+    try:
+        with open(path, encoding="utf-8", errors="strict") as fh:
+            yield from fh
+    except UnicodeDecodeError:
+        raise KVBudgetError(f"{path}: not UTF-8 text") from None
+    except OSError as exc:
+        raise KVBudgetError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def count_file(counter: Counter, path: str, template: bool = True) -> PromptCount:
+    """One prompt file: a chat request (.json) or a plain text document."""
+    text = "".join(iter_lines(path))
+    if path.endswith(".json"):
+        messages, max_tokens = read_request(path, text)
+        return counter.count_request(messages, max_tokens, template)
+    return counter.count_documents([(Path(path).name, text)], None, None, template)
+
+
+def prompt_context(tokenizer_source, path: str, max_new_tokens: int, approximate: bool = False,
+                   engine: str = "vllm") -> tuple[int, str]:
+    """T for estimate/plan from a prompt file: its exact length plus the tokens to generate."""
+    counter = Counter(tokenizer_source, approximate, engine)
+    count = count_file(counter, path)
+    new = count.max_tokens if count.max_tokens is not None and max_new_tokens is None else (max_new_tokens or 0)
+    label = "approximate " if approximate else ""
+    return count.prompt_tokens + new, f"context from {path}: {count.prompt_tokens:,} {label}prompt tokens + {new:,} new"
+
+
+def lengths_context(tokenizer_source, path: str, approximate: bool = False, engine: str = "vllm") -> tuple[int, str]:
+    """T for estimate/plan from a request log: the p99 of prompt + max_tokens (the mean is reported)."""
+    stats = Counter(tokenizer_source, approximate, engine).count_jsonl(iter_lines(path))
+    t = stats.total_tokens
+    label = " (approximate)" if approximate else ""
+    return t.p99, (f"context from {path}{label}: p99 of prompt + max_tokens over {stats.count:,} requests = {t.p99:,} "
+                   f"(mean {t.mean:,.0f}, max {t.max:,})")

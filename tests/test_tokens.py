@@ -1,0 +1,208 @@
+"""`kvbudget tokens`: exact counts against a real tokenizer and chat template, built offline."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+
+import pytest
+
+pytest.importorskip("transformers", reason="test extra: pip install -e '.[test]'")
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
+
+from kvbudget import KVBudgetError  # noqa: E402
+from kvbudget.cli import main  # noqa: E402
+from kvbudget.tokens import Counter, distribution  # noqa: E402
+
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+CORPUS = ["The quick brown fox jumps over the lazy dog.", "Retrieval augmented generation stitches passages.",
+          "KV caches grow with every token of every sequence.", "Bonjour, ça va? Ünïcödé tëxt and numbers 12345."]
+
+
+def render_by_hand(messages) -> str:
+    out = "".join(f"<|{m['role']}|>\n{m['content']}<|end|>\n" for m in messages)
+    return out + "<|assistant|>\n"
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tok")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    special = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<s>"]
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=special,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 50, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="<|end|>")
+    fast.chat_template = TEMPLATE
+    fast.save_pretrained(folder)
+    (folder / "raw-tokenizer.json").write_text(tok.to_str())
+    return folder
+
+
+@pytest.fixture(scope="module")
+def raw(tok_dir):
+    return Tokenizer.from_file(str(tok_dir / "raw-tokenizer.json"))
+
+
+def encode(raw, text: str) -> int:
+    return len(raw.encode(text, add_special_tokens=False).ids)
+
+
+MESSAGES = [{"role": "system", "content": "You answer from the passages."},
+            {"role": "user", "content": CORPUS[1] + "\n\n" + CORPUS[3] + "\nWhat grows?"}]
+
+
+def test_request_count_equals_encoding_the_rendered_template(tok_dir, raw):
+    result = Counter(tok_dir).count_request(MESSAGES, max_tokens=64)
+    assert result.prompt_tokens == encode(raw, render_by_hand(MESSAGES))
+    assert sum(p.tokens for p in result.parts) == result.prompt_tokens
+    assert [p.name for p in result.parts] == ["message 1 (system)", "message 2 (user)", "template"]
+    assert result.parts[0].tokens == encode(raw, MESSAGES[0]["content"])
+    assert result.parts[-1].tokens > 0  # role markers, separators, the generation prompt
+
+
+def test_documents_question_system(tok_dir, raw):
+    docs = [("a.txt", CORPUS[0]), ("b.txt", CORPUS[2])]
+    result = Counter(tok_dir).count_documents(docs, "Why?", "Be brief.")
+    user = "\n\n".join([CORPUS[0], CORPUS[2], "Why?"])
+    expected = encode(raw, render_by_hand([{"role": "system", "content": "Be brief."},
+                                           {"role": "user", "content": user}]))
+    assert result.prompt_tokens == expected
+    assert [p.name for p in result.parts] == ["system", "a.txt", "b.txt", "question", "template and separators"]
+    raw_only = Counter(tok_dir).count_documents(docs, "Why?", None, template=False)
+    assert raw_only.prompt_tokens == encode(raw, user)
+
+
+def test_llamacpp_adds_the_vocabularys_bos(tok_dir):
+    vllm = Counter(tok_dir, engine="vllm")
+    llama = Counter(tok_dir, engine="llamacpp")
+    assert llama.count_request(MESSAGES).prompt_tokens == vllm.count_request(MESSAGES).prompt_tokens
+    llama.tokenizer.add_bos_token = True  # as a vocabulary with tokenizer.ggml.add_bos_token does
+    assert llama.count_request(MESSAGES).prompt_tokens == vllm.count_request(MESSAGES).prompt_tokens + 1
+
+
+def _write_log(path, lines, raw=None):
+    expected_prompt, expected_total = [], []
+    with path.open("w") as fh:
+        for i in range(lines):
+            msgs = [{"role": "user", "content": (CORPUS[i % 4] + " ") * (1 + i % 17)}]
+            fh.write(json.dumps({"messages": msgs, "max_tokens": 10 * (i % 7)}) + "\n")
+            if raw is not None:
+                n = encode(raw, render_by_hand(msgs))
+                expected_prompt.append(n)
+                expected_total.append(n + 10 * (i % 7))
+    return expected_prompt, expected_total
+
+
+def _peak(counter, path):
+    from kvbudget.tokens import iter_lines
+
+    tracemalloc.start()
+    stats = counter.count_jsonl(iter_lines(str(path)), batch=128)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return stats, peak
+
+
+def test_jsonl_distribution_is_exact(tok_dir, raw, tmp_path):
+    from array import array
+
+    path = tmp_path / "log.jsonl"
+    expected_prompt, expected_total = _write_log(path, 3000, raw)
+    stats = Counter(tok_dir).count_jsonl(__import__("kvbudget.tokens").tokens.iter_lines(str(path)))
+    assert stats.count == 3000
+    assert stats.prompt_tokens == distribution(array("q", expected_prompt))
+    assert stats.total_tokens == distribution(array("q", expected_total))
+
+
+def test_jsonl_memory_does_not_grow_with_the_file(tok_dir, tmp_path):
+    small, large = tmp_path / "small.jsonl", tmp_path / "large.jsonl"
+    _write_log(small, 2000)
+    _write_log(large, 16000)
+    counter = Counter(tok_dir)
+    _, small_peak = _peak(counter, small)
+    stats, large_peak = _peak(counter, large)
+    assert stats.count == 16000
+    # 8x the file, but only the 8-byte counts per request grow: nothing like 8x the peak
+    assert large_peak < small_peak + 16000 * 2 * 8 * 2
+
+
+def test_distribution_nearest_rank():
+    from array import array
+
+    d = distribution(array("q", range(1, 101)))
+    assert (d.count, d.mean, d.p50, d.p90, d.p99, d.max) == (100, 50.5, 50, 90, 99, 100)
+
+
+def test_cli_json_contracts(tok_dir, tmp_path, capsys):
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps({"messages": MESSAGES, "max_tokens": 100}))
+    assert main(["tokens", str(tok_dir), str(req), "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert set(one) >= {"prompt_tokens", "parts"} and one["total_tokens"] == one["prompt_tokens"] + 100
+    log = tmp_path / "log.jsonl"
+    log.write_text("\n".join(json.dumps({"messages": MESSAGES, "max_tokens": k}) for k in (1, 2, 3)) + "\n")
+    assert main(["tokens", str(tok_dir), str(log), "--json"]) == 0
+    many = json.loads(capsys.readouterr().out)
+    assert many["count"] == 3 and set(many["prompt_tokens"]) >= {"mean", "p50", "p90", "p99", "max"}
+    assert many["prompt_tokens"]["max"] == one["prompt_tokens"]
+
+
+def test_estimate_and_plan_take_counted_lengths(tok_dir, tmp_path, capsys):
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "hidden_size": 64, "intermediate_size": 128, "vocab_size": 600, "max_position_embeddings": 4096,
+           "torch_dtype": "bfloat16"}
+    (tok_dir / "config.json").write_text(json.dumps(cfg))
+    req = tmp_path / "req.json"
+    req.write_text(json.dumps({"messages": MESSAGES, "max_tokens": 100}))
+    prompt = Counter(tok_dir).count_request(MESSAGES).prompt_tokens
+    assert main(["estimate", str(tok_dir), "--prompt-file", str(req), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [p["context"] for p in data["points"]] == [prompt + 100]
+    assert main(["estimate", str(tok_dir), "--prompt-file", str(req), "--max-new-tokens", "7", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["points"][0]["context"] == prompt + 7
+    log = tmp_path / "log.jsonl"
+    log.write_text("\n".join(json.dumps({"messages": MESSAGES, "max_tokens": k}) for k in range(100)) + "\n")
+    assert main(["plan", str(tok_dir), "--gpu", "L4", "--lengths-from", str(log), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["capacity"]["max_model_len"] == prompt + 98  # nearest-rank p99 of max_tokens 0..99
+    assert any("p99" in n and "mean" in n for n in planned["notes"])
+
+
+def test_approximate_is_labelled(tmp_path, capsys):
+    doc = tmp_path / "doc.txt"
+    doc.write_text("x" * 400)
+    assert main(["tokens", "llama-3.1-8b", str(doc), "--approximate", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["approximate"] is True and data["prompt_tokens"] == 100
+    assert main(["tokens", "llama-3.1-8b", str(doc), "--approximate"]) == 0
+    assert "approximate" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("make_argv, expected", [
+    (lambda t, d: ["tokens", str(t), str(d / "bad.jsonl")], "line 2: invalid JSON"),
+    (lambda t, d: ["tokens", str(d)], "no tokenizer files"),
+    (lambda t, d: ["tokens", str(t), str(d / "nomsg.json")], "'messages'"),
+    (lambda t, d: ["tokens", str(t), str(d / "missing.txt")], "cannot read"),
+    (lambda t, d: ["estimate", "llama-3.1-8b", "--max-new-tokens", "5"], "goes with --prompt-file"),
+])
+def test_bad_input(tok_dir, tmp_path, capsys, make_argv, expected):
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"messages": MESSAGES}) + "\n{oops\n")
+    (tmp_path / "nomsg.json").write_text(json.dumps({"prompt": "hi"}))
+    assert main(make_argv(tok_dir, tmp_path)) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and expected in err, err
+
+
+def test_offline_hub_tokenizer_says_how_to_fix(tmp_path, monkeypatch):
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(KVBudgetError, match="not in the local Hugging Face cache.*--approximate"):
+        Counter("llama-3.1-8b")
