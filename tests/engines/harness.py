@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import contextmanager
 import os
 import re
 import signal
@@ -78,6 +79,51 @@ class VLLMRun:
         return int(m.group(1)) if m else None
 
 
+@contextmanager
+def vllm_server(model_dir: Path, kv_gib: int | None, max_model_len: int, *extra: str, timeout: float = 400):
+    """A running vLLM OpenAI server on loopback: yields its base URL once /v1/models answers."""
+    port = free_port()
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="INFO", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if kv_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_gib)
+    cmd = [str(require(VLLM_PYTHON)), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len), *extra]
+    log_path = model_dir.parent / f"vllm-{port}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/v1/models", proc, timeout, log_path)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float, log_path: Path) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log_path.read_text(errors='replace')[-2000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(1)
+    raise RuntimeError(f"server did not answer {url} within {timeout} s")
+
+
+def chat(base_url: str, messages: list, max_tokens: int = 1) -> dict:
+    """One chat completion over plain HTTP; returns the response object."""
+    body = json.dumps({"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0}).encode()
+    with urllib.request.urlopen(urllib.request.Request(
+            f"{base_url}/v1/models", headers={"Content-Type": "application/json"}), timeout=30) as r:
+        served = json.loads(r.read())["data"][0]["id"]
+    body = json.dumps({"model": served, "messages": messages, "max_tokens": max_tokens, "temperature": 0}).encode()
+    req = urllib.request.Request(f"{base_url}/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())
+
+
 def run_vllm(model_dir: Path, kv_gib: int | None, max_model_len: int, *extra: str, timeout: float = 400) -> VLLMRun:
     """Start vLLM's OpenAI server, read its cache config from /metrics and its log, stop it.
 
@@ -134,6 +180,21 @@ class LlamaRun:
     ok: bool
     caches: list  # one dict per "size = ..." line, in the order the server logged them
     log: str
+
+
+@contextmanager
+def llama_server(gguf: Path, *args: str, timeout: float = 120):
+    """A running llama-server on loopback: yields its base URL once /v1/models answers."""
+    port = free_port()
+    cmd = [str(require(LLAMA_SERVER)), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), *args]
+    log_path = gguf.parent / f"llama-{port}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/v1/models", proc, timeout, log_path)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
 
 
 def run_llama_server(gguf: Path, *args: str, timeout: float = 120) -> LlamaRun:
