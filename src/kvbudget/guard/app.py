@@ -1,0 +1,285 @@
+"""The guard's ASGI app: OpenAI-compatible routes in front of one or more engine replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from kvbudget.guard.policy import Policy, Replica, decide
+from kvbudget.guard.signals import Predictor, approximate_prompt_tokens, observed_usage
+
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
+              "transfer-encoding", "upgrade", "content-length", "host", "content-encoding"}
+PRIORITY_HEADER = "x-kvbudget-priority"
+log = logging.getLogger("kvbudget.guard")
+
+
+@dataclass
+class GuardConfig:
+    upstreams: list[str]
+    engine: str = "vllm"
+    policy: Policy = field(default_factory=Policy)
+    predictor: Predictor | None = None
+    count_prompt: object = None  # callable(body) -> prompt tokens; None: characters / 4
+    api_keys: frozenset[str] = frozenset()
+    max_body_bytes: int = 4 * 2**20
+    connect_timeout: float = 5.0
+    first_byte_timeout: float = 600.0
+    idle_timeout: float = 120.0
+    poll_interval: float = 1.0
+    decision_log: object = None  # a file-like for JSON lines; None: stderr
+
+
+def _error(status: int, message: str, kind: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status,
+                        headers=headers)
+
+
+class Guard:
+    def __init__(self, config: GuardConfig):
+        self.config = config
+        self.replicas = [Replica(url.rstrip("/")) for url in config.upstreams]
+        self.held: dict[str, dict[int, int]] = {r.url: {} for r in self.replicas}  # request id -> predicted bytes
+        self.ids = itertools.count()
+        self.client: httpx.AsyncClient | None = None
+        self.polled = False
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.decisions = Counter("kvbudget_guard_decisions_total", "Requests by level and action",
+                                 ["level", "action"], registry=r)
+        self.observed_g = Gauge("kvbudget_guard_observed_usage", "Engine-reported KV usage (0-1)", ["replica"],
+                                registry=r)
+        self.predicted_g = Gauge("kvbudget_guard_predicted_usage", "Predicted KV usage of requests in flight (0-1)",
+                                 ["replica"], registry=r)
+        self.level_g = Gauge("kvbudget_guard_level", "Current level per replica (0-3)", ["replica"], registry=r)
+        self.staleness_g = Gauge("kvbudget_guard_metrics_age_seconds", "Age of the last successful scrape",
+                                 ["replica"], registry=r)
+        self.scrape_failures = Counter("kvbudget_guard_scrape_failures_total", "Failed metric scrapes", ["replica"],
+                                       registry=r)
+        self.upstream_errors = Counter("kvbudget_guard_upstream_errors_total", "Upstream failures", ["replica", "kind"],
+                                       registry=r)
+        self.added_latency = Histogram("kvbudget_guard_added_latency_seconds", "Time the guard adds before forwarding",
+                                       buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05), registry=r)
+        self.in_flight_g = Gauge("kvbudget_guard_in_flight", "Requests in flight", ["replica"], registry=r)
+
+    # --- signals ----------------------------------------------------------------------------------
+    async def poll_once(self) -> None:
+        for replica in self.replicas:
+            try:
+                if self.config.engine == "llamacpp":
+                    resp = await self.client.get(f"{replica.url}/slots", timeout=self.config.connect_timeout)
+                    value = observed_usage("llamacpp", slots=resp.json()) if resp.status_code == 200 else None
+                    if resp.status_code != 200:  # /slots can be disabled; the server is still alive
+                        health = await self.client.get(f"{replica.url}/health", timeout=self.config.connect_timeout)
+                        resp.raise_for_status() if health.status_code != 200 else None
+                else:
+                    resp = await self.client.get(f"{replica.url}/metrics", timeout=self.config.connect_timeout)
+                    resp.raise_for_status()
+                    value = observed_usage(self.config.engine, metrics_text=resp.text)
+                replica.healthy = True
+                if value is not None:
+                    replica.observed, replica.observed_at = value, time.monotonic()
+                    self.observed_g.labels(replica.url).set(value)
+                else:
+                    self.scrape_failures.labels(replica.url).inc()
+            except httpx.TransportError:
+                replica.healthy = False
+                self.scrape_failures.labels(replica.url).inc()
+            except (httpx.HTTPStatusError, ValueError):
+                self.scrape_failures.labels(replica.url).inc()
+            if replica.observed is not None:
+                self.staleness_g.labels(replica.url).set(time.monotonic() - replica.observed_at)
+            self.level_g.labels(replica.url).set(replica.level)
+        self.polled = True
+
+    async def poll_forever(self) -> None:
+        while True:
+            try:
+                await self.poll_once()
+            except Exception:  # never let the poller die
+                log.exception("metrics poll failed")
+            await asyncio.sleep(self.config.poll_interval)
+
+    def _set_predicted(self, url: str) -> None:
+        replica = next(r for r in self.replicas if r.url == url)
+        if self.config.predictor is not None:
+            replica.predicted = self.config.predictor.fraction(sum(self.held[url].values()))
+            self.predicted_g.labels(url).set(replica.predicted)
+        replica.in_flight = len(self.held[url])
+        self.in_flight_g.labels(url).set(replica.in_flight)
+
+    # --- decisions ---------------------------------------------------------------------------------
+    def _log(self, **fields) -> None:
+        line = json.dumps({"ts": round(time.time(), 3), **fields})
+        out = self.config.decision_log or sys.stderr
+        print(line, file=out, flush=True)
+
+    async def completions(self, request: Request) -> Response:
+        start = time.perf_counter()
+        if self.config.api_keys:
+            token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+            if token not in self.config.api_keys:
+                return _error(401, "invalid or missing API key for the guard", "authentication_error")
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > self.config.max_body_bytes:
+                return _error(413, f"request body over {self.config.max_body_bytes} bytes", "invalid_request_error")
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError
+        except ValueError:
+            return _error(400, "the request body is not a JSON object", "invalid_request_error")
+        priority = request.headers.get(PRIORITY_HEADER, "").lower() == "high"
+        tried: set[str] = set()
+        while True:
+            candidates = [r for r in self.replicas if r.url not in tried]
+            decision = decide(body, candidates, self.config.policy, priority)
+            self.decisions.labels(str(decision.level), decision.action).inc()
+            self._log(event="decision", path=request.url.path, action=decision.action, level=decision.level,
+                      replica=decision.replica, pressure=round(decision.pressure, 4), changes=list(decision.changes),
+                      reason=decision.reason, priority=priority)
+            if decision.action == "reject":
+                status = 503
+                return _error(status, f"the KV cache is nearly full ({decision.reason}); retry later",
+                              "server_overloaded", headers={"Retry-After": str(self.config.policy.retry_after_s)})
+            response = await self._forward(request, decision, start)
+            if response is not None:
+                return response
+            tried.add(decision.replica)  # could not connect: try another replica once
+            if len(tried) == len(self.replicas):
+                return _error(502, "no upstream could be reached", "upstream_unreachable")
+
+    async def _forward(self, request: Request, decision, start: float) -> Response | None:
+        body = decision.body
+        rid = next(self.ids)
+        prompt = (self.config.count_prompt or approximate_prompt_tokens)(body)
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or \
+            self.config.policy.default_max_tokens
+        samples = max(int(body.get("n", 1) or 1), int(body.get("best_of", 1) or 1))
+        if self.config.predictor is not None:
+            self.held[decision.replica][rid] = self.config.predictor.request_bytes(prompt, max_tokens, samples)
+        else:
+            self.held[decision.replica][rid] = 0
+        self._set_predicted(decision.replica)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | {"authorization"}}
+        if "authorization" in request.headers and not self.config.api_keys:
+            headers["authorization"] = request.headers["authorization"]
+        timeout = httpx.Timeout(connect=self.config.connect_timeout, read=self.config.first_byte_timeout,
+                                write=self.config.connect_timeout, pool=self.config.connect_timeout)
+        upstream_request = self.client.build_request("POST", decision.replica + request.url.path,
+                                                     content=json.dumps(body).encode(), headers=headers,
+                                                     timeout=timeout)
+
+        def release() -> None:
+            self.held[decision.replica].pop(rid, None)
+            self._set_predicted(decision.replica)
+
+        self.added_latency.observe(time.perf_counter() - start)
+        try:
+            upstream = await self.client.send(upstream_request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout):
+            release()
+            self.upstream_errors.labels(decision.replica, "connect").inc()
+            next(r for r in self.replicas if r.url == decision.replica).healthy = False
+            return None
+        except httpx.TimeoutException:
+            release()
+            self.upstream_errors.labels(decision.replica, "timeout").inc()
+            return _error(504, "the upstream did not answer in time", "upstream_timeout")
+        except httpx.TransportError as exc:
+            release()
+            self.upstream_errors.labels(decision.replica, "transport").inc()
+            return _error(502, f"the upstream failed: {type(exc).__name__}", "upstream_error")
+        out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+        if decision.changes:
+            out_headers["x-kvbudget-changes"] = "; ".join(decision.changes)
+        out_headers["x-kvbudget-level"] = str(decision.level)
+        streaming = "text/event-stream" in upstream.headers.get("content-type", "")
+        if not streaming:
+            try:
+                content = await upstream.aread()
+            except httpx.HTTPError:
+                self.upstream_errors.labels(decision.replica, "read").inc()
+                return _error(502, "the upstream closed the connection mid-response", "upstream_error")
+            finally:
+                await upstream.aclose()
+                release()
+            return Response(content, status_code=upstream.status_code, headers=out_headers)
+
+        idle = self.config.idle_timeout
+
+        async def relay():
+            try:
+                iterator = upstream.aiter_raw().__aiter__()
+                while True:
+                    try:
+                        chunk = await asyncio.wait_for(iterator.__anext__(), timeout=idle)
+                    except StopAsyncIteration:
+                        break
+                    yield chunk
+            except (httpx.HTTPError, asyncio.TimeoutError) as exc:
+                self.upstream_errors.labels(decision.replica, "stream").inc()
+                error = {"error": {"message": f"the upstream stream ended abnormally ({type(exc).__name__})",
+                                   "type": "upstream_error", "code": 502}}
+                yield f"data: {json.dumps(error)}\n\n".encode()
+            finally:
+                await upstream.aclose()
+                release()
+
+        return StreamingResponse(relay(), status_code=upstream.status_code, headers=out_headers)
+
+    async def models(self, request: Request) -> Response:
+        for replica in sorted(self.replicas, key=lambda r: not r.healthy):
+            try:
+                resp = await self.client.get(f"{replica.url}/v1/models", timeout=self.config.connect_timeout)
+                return Response(resp.content, status_code=resp.status_code,
+                                headers={"content-type": resp.headers.get("content-type", "application/json")})
+            except httpx.TransportError:
+                replica.healthy = False
+        return _error(502, "no upstream could be reached", "upstream_unreachable")
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(generate_latest(self.registry), media_type="text/plain; version=0.0.4")
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        ready = self.polled and any(r.healthy for r in self.replicas)
+        return JSONResponse({"ready": ready, "replicas": [
+            {"url": r.url, "healthy": r.healthy, "level": r.level, "observed": r.observed, "predicted": r.predicted,
+             "in_flight": r.in_flight} for r in self.replicas]}, status_code=200 if ready else 503)
+
+    def app(self) -> Starlette:
+        async def lifespan(app):
+            self.client = httpx.AsyncClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
+            await self.poll_once()
+            task = asyncio.create_task(self.poll_forever())
+            try:
+                yield
+            finally:
+                task.cancel()
+                await self.client.aclose()
+
+        return Starlette(routes=[
+            Route("/v1/chat/completions", self.completions, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+        ], lifespan=lifespan)

@@ -1,0 +1,159 @@
+"""The three-level survival switch, as pure functions over replica states and request bodies.
+
+Level 1 (default 70% of the KV budget): log, and cap max_tokens / max_completion_tokens.
+Level 2 (85%): also force a single sample (n=1, best_of=1, no beam search).
+Level 3 (95%): reject new requests with 503 and Retry-After; admitted requests finish.
+A high-priority request is admitted up to `priority_reject`. Levels rise at once and fall only
+`hysteresis` below their threshold, so the switch does not flap.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+
+from kvbudget.errors import KVBudgetError
+
+
+@dataclass(frozen=True)
+class Policy:
+    warn: float = 0.70
+    single: float = 0.85
+    reject: float = 0.95
+    priority_reject: float = 0.99  # high-priority requests are rejected only above this
+    hysteresis: float = 0.05
+    max_tokens_cap: int | None = None  # level >= 1: a fixed cap on max_tokens ...
+    max_tokens_fraction: float = 0.5  # ... or this fraction of what the request asked for
+    default_max_tokens: int = 1024  # what a request without max_tokens is assumed to ask for
+    staleness_s: float = 10.0  # observed usage older than this is not trusted
+    fail_open: bool = True  # stale metrics: keep serving on the prediction (True) or reject (False)
+    retry_after_s: int = 5
+
+    def __post_init__(self):
+        if not 0 < self.warn < self.single < self.reject <= self.priority_reject <= 1:
+            raise KVBudgetError("guard thresholds must rise: 0 < warn < single < reject <= priority_reject <= 1")
+        if not 0 <= self.hysteresis < self.warn:
+            raise KVBudgetError("guard hysteresis must be >= 0 and below the warn threshold")
+
+    @property
+    def thresholds(self) -> tuple[float, float, float]:
+        return self.warn, self.single, self.reject
+
+
+@dataclass
+class Replica:
+    """What the guard knows about one upstream."""
+
+    url: str
+    observed: float | None = None  # the engine's own KV usage, 0..1
+    observed_at: float = 0.0  # time.monotonic() of the last successful scrape
+    predicted: float = 0.0  # what the requests in flight will hold at the end of their generation, 0..1
+    in_flight: int = 0
+    healthy: bool = True
+    level: int = 0  # with hysteresis
+
+    def fresh(self, policy: Policy, now: float) -> bool:
+        return self.observed is not None and now - self.observed_at <= policy.staleness_s
+
+    def pressure(self, policy: Policy, now: float) -> float:
+        """The larger of observed (when fresh) and predicted usage."""
+        observed = self.observed if self.fresh(policy, now) else 0.0
+        return max(observed or 0.0, self.predicted)
+
+
+def level_for(pressure: float, previous: int, policy: Policy) -> int:
+    """The level for this pressure: up at once, down only below threshold - hysteresis."""
+    up = sum(pressure >= t for t in policy.thresholds)
+    if up >= previous:
+        return up
+    down = sum(pressure >= t - policy.hysteresis for t in policy.thresholds)
+    return max(up, min(previous, down))
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "forward" or "reject"
+    level: int
+    replica: str | None
+    body: dict | None  # the (rewritten) request body to forward
+    changes: tuple[str, ...] = ()
+    reason: str = ""
+    pressure: float = 0.0
+    rejected_status: int = 503
+
+
+def choose_replica(replicas: list[Replica], policy: Policy, now: float) -> tuple[Replica | None, str]:
+    """The healthy replica with the most headroom (ties: fewest in flight)."""
+    usable = [r for r in replicas if r.healthy]
+    if not usable:
+        return None, "no healthy upstream"
+    fresh = [r for r in usable if r.fresh(policy, now)]
+    if not fresh and not policy.fail_open:
+        return None, "upstream metrics are stale (fail-closed)"
+    pool = fresh or usable  # fail-open: the prediction alone still guards
+    best = min(pool, key=lambda r: (r.pressure(policy, now), r.in_flight))
+    return best, "" if fresh else "upstream metrics are stale; acting on predicted usage (fail-open)"
+
+
+def rewrite(body: dict, level: int, policy: Policy) -> tuple[dict, tuple[str, ...]]:
+    """The request body as the level allows it, and what changed."""
+    if level < 1:
+        return body, ()
+    out = copy.copy(body)
+    changes = []
+    for key in ("max_tokens", "max_completion_tokens"):
+        if key in out or (key == "max_tokens" and "max_completion_tokens" not in out):
+            asked = out.get(key)
+            asked = policy.default_max_tokens if asked is None else asked
+            cap = policy.max_tokens_cap if policy.max_tokens_cap is not None else max(
+                1, int(asked * policy.max_tokens_fraction))
+            if asked > cap:
+                out[key] = cap
+                changes.append(f"{key} {asked}->{cap}")
+    if level >= 2:
+        for key, value in (("n", 1), ("best_of", 1)):
+            if out.get(key, 1) != value:
+                changes.append(f"{key} {out[key]}->{value}")
+                out[key] = value
+        if out.get("use_beam_search"):
+            out["use_beam_search"] = False
+            changes.append("use_beam_search true->false")
+    return out, tuple(changes)
+
+
+def decide(body: dict, replicas: list[Replica], policy: Policy, priority: bool = False,
+           now: float | None = None) -> Decision:
+    """Route, rewrite or reject one request."""
+    now = time.monotonic() if now is None else now
+    replica, note = choose_replica(replicas, policy, now)
+    if replica is None:
+        return Decision("reject", 3, None, None, reason=note)
+    pressure = replica.pressure(policy, now)
+    replica.level = level_for(pressure, replica.level, policy)
+    limit = policy.priority_reject if priority else policy.reject
+    if replica.level >= 3 and (not priority or pressure >= limit):
+        return Decision("reject", 3, replica.url, None, reason=f"KV usage {pressure:.0%} at or above "
+                        f"{limit:.0%}", pressure=pressure)
+    level = min(replica.level, 2)
+    new_body, changes = rewrite(body, level, policy)
+    return Decision("forward", level, replica.url, new_body, changes, note, pressure)
+
+
+def policy_from_config(config: dict, **overrides) -> Policy:
+    """A Policy from `kvbudget plan --guard-config` YAML (levels, hysteresis) or a guard YAML."""
+    kwargs = {}
+    for level in config.get("levels", []):
+        name = {"warn": "warn", "single-beam": "single", "reject": "reject"}.get(level.get("name"))
+        if name:
+            kwargs[name] = float(level["threshold"])
+    for key in ("hysteresis", "priority_reject", "max_tokens_cap", "max_tokens_fraction", "staleness_s",
+                "fail_open", "retry_after_s", "default_max_tokens"):
+        if key in config:
+            kwargs[key] = config[key]
+    kwargs.update({k: v for k, v in overrides.items() if v is not None})
+    return Policy(**kwargs)
+
+
+__all__ = ["Decision", "Policy", "Replica", "choose_replica", "decide", "level_for", "policy_from_config",
+           "rewrite"]
