@@ -124,6 +124,26 @@ def _build_parser() -> argparse.ArgumentParser:
                                                                "(4 per token), labelled as an estimate")
     tk.add_argument("--json", action="store_true", help="print JSON")
 
+    gd = sub.add_parser("guard", help="KV-aware OpenAI-compatible proxy with three degradation levels")
+    gd.add_argument("--upstream", action="append", default=[], help="engine base URL (repeatable)")
+    gd.add_argument("--config", help="YAML: upstreams, engine, thresholds (e.g. from kvbudget plan --guard-config)")
+    gd.add_argument("--engine", help="vllm, sglang, llamacpp or tgi (default vllm, or the config's)")
+    gd.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to listen on (default 127.0.0.1:8080)")
+    gd.add_argument("--model", help="the served model (catalog name, config, folder, Hub id) for predictions")
+    gd.add_argument("--kv-memory", help="KV budget per replica for predictions (default: the config's)")
+    gd.add_argument("--tokenizer", help="tokenizer for exact prompt lengths (default: characters / 4)")
+    gd.add_argument("--api-key", action="append", default=[], help="accept only these bearer tokens (repeatable)")
+    gd.add_argument("--max-tokens-cap", help="level 1 caps max_tokens at this (default: half of what was asked)")
+    gd.add_argument("--poll-interval", default="1", help="seconds between metric scrapes (default 1)")
+    gd.add_argument("--staleness", default="10", help="seconds after which scraped usage is stale (default 10)")
+    gd.add_argument("--fail-closed", action="store_true", help="reject when metrics are stale (default: act on "
+                                                               "the prediction)")
+
+    al = sub.add_parser("alerts", help="Prometheus alert rules and a Grafana dashboard for the three levels")
+    al.add_argument("--engine", default="vllm", help="vllm, sglang, tgi or llamacpp (default vllm)")
+    al.add_argument("--guard-config", help="take the thresholds from this guard YAML")
+    al.add_argument("--out", default=".", help="folder for kvbudget-alerts.yaml and kvbudget-dashboard.json")
+
     g = sub.add_parser("gpus", help="list the GPU catalog")
     g.add_argument("--json", action="store_true", help="print JSON")
     return parser
@@ -567,6 +587,66 @@ def _render_stats(stats, path: str) -> None:
     Console().print(table)
 
 
+def _read_yaml(path: str, what: str) -> dict:
+    try:
+        import yaml
+    except ImportError:
+        raise KVBudgetError(f"{what} needs PyYAML: pip install 'kvbudget[guard]'") from None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+    except OSError as exc:
+        raise KVBudgetError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise KVBudgetError(f"{path}: invalid YAML: {exc}".splitlines()[0]) from None
+    if not isinstance(data, dict):
+        raise KVBudgetError(f"{path}: expected a YAML mapping")
+    return data
+
+
+def _run_alerts(args: argparse.Namespace) -> int:
+    import os
+
+    from kvbudget.guard.alerts import alert_rules, dashboard
+
+    thresholds = {}
+    if args.guard_config:
+        for level in _read_yaml(args.guard_config, "--guard-config").get("levels", []):
+            key = {"warn": "warn", "single-beam": "single", "reject": "reject"}.get(level.get("name"))
+            if key:
+                thresholds[key] = float(level["threshold"])
+    if not os.path.isdir(args.out):
+        raise KVBudgetError(f"--out: folder {args.out} does not exist")
+    rules, board = alert_rules(args.engine, thresholds), dashboard(args.engine, thresholds)
+    _write_atomically(os.path.join(args.out, "kvbudget-alerts.yaml"), rules)
+    _write_atomically(os.path.join(args.out, "kvbudget-dashboard.json"), board)
+    print(f"wrote {os.path.join(args.out, 'kvbudget-alerts.yaml')} and {os.path.join(args.out, 'kvbudget-dashboard.json')}")
+    return 0
+
+
+def _run_guard(args: argparse.Namespace) -> int:
+    from kvbudget.guard.server import build_guard, serve
+
+    config = _read_yaml(args.config, "--config") if args.config else {}
+    try:
+        poll, stale = float(args.poll_interval), float(args.staleness)
+    except ValueError:
+        raise KVBudgetError("--poll-interval and --staleness take seconds (numbers)") from None
+    guard, notes = build_guard(
+        upstreams=args.upstream or config.get("upstreams", []), engine=args.engine or config.get("engine", "vllm"),
+        config=config, model=args.model or config.get("model"),
+        kv_memory=_size(args.kv_memory, "--kv-memory"), tokenizer=args.tokenizer, api_keys=args.api_key,
+        max_tokens_cap=_one(args.max_tokens_cap, "--max-tokens-cap") if args.max_tokens_cap else None,
+        poll_interval=poll, staleness=stale, fail_open=not args.fail_closed)
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise KVBudgetError(f"--listen: {args.listen!r} is not HOST:PORT")
+    for note in notes:
+        print(f"kvbudget guard: {note}", file=sys.stderr)
+    serve(guard, host, int(port))
+    return 0
+
+
 def _run_gpus(args: argparse.Namespace) -> int:
     from kvbudget.gpus import gpus
 
@@ -593,7 +673,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = {"estimate": _run_estimate, "models": _run_models, "plan": _run_plan,
                 "gpus": _run_gpus, "compare": _run_compare,
-                "check-log": _run_check_log, "tokens": _run_tokens}[args.command](args)
+                "check-log": _run_check_log, "tokens": _run_tokens, "guard": _run_guard,
+                "alerts": _run_alerts}[args.command](args)
     except KVBudgetError as exc:
         print(f"kvbudget: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,86 @@
+"""Assembling and serving a guard from command-line settings: upstreams, engine, model, budget, policy."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from kvbudget.engines import get_engine
+from kvbudget.errors import KVBudgetError
+from kvbudget.guard.app import Guard, GuardConfig
+from kvbudget.guard.policy import policy_from_config
+from kvbudget.guard.signals import Predictor
+
+ENGINES = ("vllm", "sglang", "llamacpp", "tgi")
+
+
+def _served_model(upstream: str) -> str | None:
+    try:
+        with urllib.request.urlopen(f"{upstream.rstrip('/')}/v1/models", timeout=5) as resp:
+            return json.loads(resp.read())["data"][0]["id"]
+    except Exception:
+        return None
+
+
+def build_guard(upstreams: list[str], engine: str = "vllm", config: dict | None = None, model: str | None = None,
+                kv_memory: int | None = None, tokenizer: str | None = None, api_keys: list[str] = (),
+                max_tokens_cap: int | None = None, poll_interval: float = 1.0, staleness: float = 10.0,
+                fail_open: bool = True, decision_log=None) -> tuple[Guard, list[str]]:
+    """A Guard and the notes to print at start (what it predicts with, and what it cannot)."""
+    from kvbudget.model.load import load_model
+
+    config = config or {}
+    if not upstreams:
+        raise KVBudgetError("guard: name at least one --upstream URL (or 'upstreams' in --config)")
+    for url in upstreams:
+        if not url.startswith(("http://", "https://")):
+            raise KVBudgetError(f"--upstream {url!r}: must be an http:// or https:// URL")
+    if engine not in ENGINES:
+        raise KVBudgetError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
+    policy = policy_from_config(config, max_tokens_cap=max_tokens_cap, staleness_s=staleness, fail_open=fail_open)
+    notes = []
+    source = model or _served_model(upstreams[0])
+    predictor = None
+    budget = kv_memory or config.get("kv_budget_bytes")
+    if source is None:
+        notes.append("no model given and the upstream did not name one: acting on observed usage alone")
+    else:
+        try:
+            spec = load_model(source)
+        except KVBudgetError as exc:
+            spec = None
+            notes.append(f"model {source!r} cannot be resolved here ({exc}); acting on observed usage alone")
+        if spec is not None and budget:
+            predictor = Predictor(get_engine(engine).allocate(spec), int(budget))
+            notes.append(f"predicting with {spec.name} on {engine}: {predictor.allocation.bytes_per_token:,} bytes "
+                         f"per token, KV budget {int(budget):,} bytes per replica")
+        elif spec is not None:
+            notes.append("no KV budget (--kv-memory or kv_budget_bytes in --config): acting on observed usage alone")
+    count_prompt = None
+    if tokenizer:
+        from kvbudget.tokens import Counter
+
+        counter = Counter(tokenizer, engine="llamacpp" if engine == "llamacpp" else "vllm")
+
+        def count_prompt(body: dict) -> int:
+            if isinstance(body.get("messages"), list):
+                return counter.count_request(body["messages"]).prompt_tokens
+            return counter.count_texts([str(body.get("prompt", ""))])[0]
+
+        notes.append(f"prompt lengths from the tokenizer in {tokenizer}")
+    else:
+        notes.append("prompt lengths estimated from characters (4 per token); pass --tokenizer for exact counts")
+    guard = Guard(GuardConfig(upstreams=list(upstreams), engine=engine, policy=policy, predictor=predictor,
+                              count_prompt=count_prompt, api_keys=frozenset(api_keys), poll_interval=poll_interval,
+                              decision_log=decision_log))
+    return guard, notes
+
+
+def serve(guard: Guard, host: str, port: int) -> None:
+    try:
+        import uvicorn
+    except ImportError:
+        raise KVBudgetError("the guard needs starlette, uvicorn and httpx: pip install 'kvbudget[guard]'") from None
+    # uvicorn drains in-flight requests on SIGTERM (up to timeout_graceful_shutdown) before it exits.
+    uvicorn.run(guard.app(), host=host, port=port, log_level="warning", timeout_graceful_shutdown=30,
+                access_log=False)

@@ -1,0 +1,89 @@
+"""A minimal OpenAI-style upstream with a settable KV gauge, and helpers to serve ASGI apps on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.routing import Route
+
+
+class FakeEngine:
+    def __init__(self, usage: float = 0.1):
+        self.usage = usage
+        self.metrics_fail = False
+        self.die_midstream = False
+        self.slow_stream = 0.0  # seconds between chunks
+        self.bodies: list[dict] = []
+
+    def app(self) -> Starlette:
+        async def metrics(request):
+            if self.metrics_fail:
+                return PlainTextResponse("boom", status_code=500)
+            return PlainTextResponse(f'vllm:kv_cache_usage_perc{{engine="0"}} {self.usage}\n')
+
+        async def models(request):
+            return JSONResponse({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+        async def chat(request):
+            body = await request.json()
+            self.bodies.append(body)
+            if body.get("stream"):
+                async def events():
+                    for i in range(5):
+                        if self.slow_stream:
+                            await asyncio.sleep(self.slow_stream)
+                        if self.die_midstream and i == 2:
+                            raise RuntimeError("engine died")
+                        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "tiny",
+                                 "choices": [{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}]}
+                        yield f"data: {json.dumps(chunk)}\n\n"
+                    yield "data: [DONE]\n\n"
+                return StreamingResponse(events(), media_type="text/event-stream")
+            n = body.get("n", 1)
+            return JSONResponse({"id": "c", "object": "chat.completion", "created": 0, "model": "tiny",
+                                 "choices": [{"index": i, "message": {"role": "assistant", "content": "ok"},
+                                              "finish_reason": "stop"} for i in range(n)],
+                                 "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+
+        return Starlette(routes=[Route("/metrics", metrics), Route("/v1/models", models),
+                                 Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """An ASGI app served by uvicorn in a thread on 127.0.0.1."""
+
+    def __init__(self, app, port: int | None = None):
+        self.port = port or free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
+                                                    lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.time() + 10
+        while not self.server.started:
+            if time.time() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(10)

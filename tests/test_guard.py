@@ -1,0 +1,284 @@
+"""The serving guard: policy tables, and the proxy driven by the official openai client against a local
+upstream whose KV gauge the tests set (faults included). Real-engine runs are in tests/engines/."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+from guard_fixtures import FakeEngine, Served, free_port  # noqa: E402
+from kvbudget import KVBudgetError  # noqa: E402
+from kvbudget.guard.policy import Policy, Replica, decide, level_for, rewrite  # noqa: E402
+from kvbudget.guard.server import build_guard  # noqa: E402
+from kvbudget.guard.signals import observed_usage, parse_prometheus  # noqa: E402
+
+P = Policy()
+NOW = 1000.0
+
+
+def replica(observed=None, predicted=0.0, age=0.0, healthy=True, in_flight=0, url="http://a"):
+    return Replica(url, observed, NOW - age, predicted, in_flight, healthy)
+
+
+BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "n": 3, "best_of": 3}
+
+# (replica states, priority, expected action, level, changes)
+POLICY_TABLE = [
+    ([replica(0.10)], False, "forward", 0, ()),
+    ([replica(0.72)], False, "forward", 1, ("max_tokens 400->200",)),
+    ([replica(0.20, predicted=0.74)], False, "forward", 1, ("max_tokens 400->200",)),  # prediction leads
+    ([replica(0.86)], False, "forward", 2, ("max_tokens 400->200", "n 3->1", "best_of 3->1")),
+    ([replica(0.96)], False, "reject", 3, ()),
+    ([replica(0.96)], True, "forward", 2, ("max_tokens 400->200", "n 3->1", "best_of 3->1")),  # priority
+    ([replica(0.995)], True, "reject", 3, ()),
+    ([replica(0.96, age=60)], False, "forward", 0, ()),  # stale observation ignored (fail-open)
+    ([replica(0.5, healthy=False)], False, "reject", 3, ()),  # nobody healthy
+]
+
+
+@pytest.mark.parametrize("states, priority, action, level, changes", POLICY_TABLE)
+def test_policy_table(states, priority, action, level, changes):
+    d = decide(BODY, states, P, priority, now=NOW)
+    assert (d.action, d.level, d.changes) == (action, level, changes)
+    if action == "forward":
+        assert d.body["max_tokens"] <= BODY["max_tokens"] and BODY["max_tokens"] == 400  # input untouched
+
+
+def test_routing_picks_headroom_then_fewest_in_flight():
+    a, b, c = replica(0.5, url="a"), replica(0.2, in_flight=9, url="b"), replica(0.2, in_flight=1, url="c")
+    assert decide(BODY, [a, b, c], P, now=NOW).replica == "c"
+    stale = replica(0.0, age=60, url="stale")
+    assert decide(BODY, [a, stale], P, now=NOW).replica == "a"  # a fresh replica beats a stale one
+
+
+def test_fail_closed_rejects_on_stale_metrics():
+    closed = Policy(fail_open=False)
+    assert decide(BODY, [replica(0.1, age=60)], closed, now=NOW).action == "reject"
+
+
+@pytest.mark.parametrize("pressures, levels", [
+    ([0.96, 0.93, 0.91, 0.89, 0.5], [3, 3, 3, 2, 0]),
+    ([0.72, 0.68, 0.66, 0.64], [1, 1, 1, 0]),
+    ([0.10, 0.90], [0, 2]),
+])
+def test_hysteresis(pressures, levels):
+    level, seen = 0, []
+    for p in pressures:
+        level = level_for(p, level, P)
+        seen.append(level)
+    assert seen == levels
+
+
+def test_rewrite_variants():
+    body = {"max_completion_tokens": 1000, "use_beam_search": True, "n": 1}
+    out, changes = rewrite(body, 2, Policy(max_tokens_cap=64))
+    assert out["max_completion_tokens"] == 64 and out["use_beam_search"] is False
+    assert "max_tokens" not in out
+    out, _ = rewrite({}, 1, P)  # no max_tokens: the default is assumed and capped
+    assert out["max_tokens"] == P.default_max_tokens // 2
+
+
+def test_policy_rejects_bad_thresholds():
+    with pytest.raises(KVBudgetError):
+        Policy(warn=0.9, single=0.8)
+
+
+def test_observed_usage_parsers():
+    assert parse_prometheus('vllm:kv_cache_usage_perc{a="1"} 0.25\nvllm:kv_cache_usage_perc{a="2"} 0.5\n',
+                            "vllm:kv_cache_usage_perc") == 0.5
+    assert observed_usage("vllm", "vllm:gpu_cache_usage_perc 0.3\n") == 0.3  # the old name still read
+    assert observed_usage("sglang", "sglang:token_usage 0.4\n") == 0.4
+    assert observed_usage("tgi", "tgi_batch_current_max_tokens 50\ntgi_batch_max_total_tokens 200\n") == 0.25
+    assert observed_usage("llamacpp", slots=[{"n_ctx": 100, "n_past": 30}, {"n_ctx": 100, "n_past": 10}]) == 0.2
+
+
+# --- the proxy, end to end ---------------------------------------------------------------------------
+
+@pytest.fixture
+def engine():
+    fake = FakeEngine()
+    with Served(fake.app()) as served:
+        fake.url = served.url
+        yield fake
+
+
+def guard_for(urls, log=None, **kw):
+    guard, notes = build_guard(urls, "vllm", poll_interval=0.05, staleness=kw.pop("staleness", 2.0),
+                               decision_log=log or io.StringIO(), **kw)
+    return guard, notes
+
+
+def client(url, **kw):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=20, **kw)
+
+
+def settle():
+    time.sleep(0.25)  # a few poll intervals
+
+
+def test_levels_through_the_proxy(engine):
+    log = io.StringIO()
+    guard, notes = guard_for([engine.url], log)
+    assert any("observed usage alone" in n for n in notes)
+    with Served(guard.app()) as g:
+        c = client(g.url)
+        msgs = [{"role": "user", "content": "hello"}]
+        c.chat.completions.create(model="tiny", messages=msgs, max_tokens=100, n=2)
+        assert engine.bodies[-1]["max_tokens"] == 100 and engine.bodies[-1]["n"] == 2
+        engine.usage = 0.75
+        settle()
+        raw = c.chat.completions.with_raw_response.create(model="tiny", messages=msgs, max_tokens=100)
+        assert engine.bodies[-1]["max_tokens"] == 50 and raw.headers["x-kvbudget-level"] == "1"
+        engine.usage = 0.9
+        settle()
+        c.chat.completions.create(model="tiny", messages=msgs, max_tokens=100, n=3)
+        assert engine.bodies[-1]["n"] == 1 and engine.bodies[-1]["max_tokens"] == 50
+        engine.usage = 0.97
+        settle()
+        before = len(engine.bodies)
+        with pytest.raises(openai.APIStatusError) as err:
+            c.chat.completions.create(model="tiny", messages=msgs, max_tokens=100)
+        assert err.value.status_code == 503 and err.value.response.headers["retry-after"] == "5"
+        assert len(engine.bodies) == before  # never reached the engine
+        high = client(g.url, default_headers={"x-kvbudget-priority": "high"})
+        high.chat.completions.create(model="tiny", messages=msgs, max_tokens=100)
+        assert len(engine.bodies) == before + 1
+        metrics = httpx.get(f"{g.url}/metrics").text
+        assert 'kvbudget_guard_decisions_total{action="reject",level="3"} 1.0' in metrics
+        assert "kvbudget_guard_observed_usage" in metrics
+        assert httpx.get(f"{g.url}/readyz").status_code == 200
+        assert c.models.list().data[0].id == "tiny"
+    lines = [json.loads(line) for line in log.getvalue().splitlines()]
+    assert {line["action"] for line in lines} == {"forward", "reject"}
+    assert all("hello" not in json.dumps(line) for line in lines)  # no prompt text in the decision log
+
+
+def test_streaming_passes_chunks_through(engine):
+    guard, _ = guard_for([engine.url])
+    with Served(guard.app()) as g:
+        stream = client(g.url).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "s"}],
+                                                       stream=True)
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
+        assert text == "t0 t1 t2 t3 t4 "
+
+
+def test_upstream_dying_mid_stream_ends_the_clients_stream(engine):
+    engine.die_midstream = True
+    guard, _ = guard_for([engine.url])
+    with Served(guard.app()) as g:
+        stream = client(g.url).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "s"}],
+                                                       stream=True)
+        got = []
+        with pytest.raises(openai.APIError):
+            for chunk in stream:
+                got.append(chunk.choices[0].delta.content)
+        assert got == ["t0 ", "t1 "]
+        assert "kvbudget_guard_in_flight{replica=" in httpx.get(f"{g.url}/metrics").text
+
+
+def test_unreachable_upstream_is_502():
+    dead = f"http://127.0.0.1:{free_port()}"
+    guard, _ = guard_for([dead])
+    with Served(guard.app()) as g:
+        with pytest.raises(openai.APIStatusError) as err:
+            client(g.url).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        assert err.value.status_code in (502, 503)
+        assert httpx.get(f"{g.url}/readyz").status_code == 503
+
+
+def test_retry_on_another_replica_only_when_unreachable(engine):
+    dead = f"http://127.0.0.1:{free_port()}"
+    guard, _ = guard_for([dead, engine.url])
+    guard.replicas[0].healthy = True  # as if the dead one had looked fine at the last poll
+    with Served(guard.app()) as g:
+        guard.replicas[0].healthy = True
+        client(g.url).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        assert engine.bodies  # reached the live replica
+
+
+def test_bad_requests(engine):
+    guard, _ = guard_for([engine.url])
+    guard.config.max_body_bytes = 1000
+    with Served(guard.app()) as g:
+        assert httpx.post(f"{g.url}/v1/chat/completions", content=b"{oops").status_code == 400
+        assert httpx.post(f"{g.url}/v1/chat/completions", content=b"[1]").status_code == 400
+        big = json.dumps({"messages": [{"role": "user", "content": "x" * 5000}]}).encode()
+        assert httpx.post(f"{g.url}/v1/chat/completions", content=big).status_code == 413
+
+
+def test_api_keys(engine):
+    guard, _ = guard_for([engine.url], api_keys=["s3cret"])
+    with Served(guard.app()) as g:
+        with pytest.raises(openai.AuthenticationError):
+            client(g.url).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        ok = openai.OpenAI(base_url=f"{g.url}/v1", api_key="s3cret", max_retries=0)
+        ok.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+
+
+def test_stale_metrics_fail_open_and_fail_closed(engine):
+    engine.usage = 0.97
+    guard, _ = guard_for([engine.url], staleness=0.3)
+    closed, _ = guard_for([engine.url], staleness=0.3, fail_open=False)
+    with Served(guard.app()) as g, Served(closed.app()) as gc:
+        settle()
+        engine.metrics_fail = True
+        time.sleep(0.6)
+        msgs = [{"role": "user", "content": "x"}]
+        client(g.url).chat.completions.create(model="m", messages=msgs)  # fail-open: stale 97% not trusted
+        with pytest.raises(openai.APIStatusError) as err:
+            client(gc.url).chat.completions.create(model="m", messages=msgs)
+        assert err.value.status_code == 503
+        assert "kvbudget_guard_scrape_failures_total" in httpx.get(f"{g.url}/metrics").text
+
+
+def test_prediction_catches_a_burst_before_the_gauge(engine):
+    """Requests in flight raise the predicted usage: later ones are capped, then rejected, although the
+    engine's own gauge still reads 10%."""
+    engine.slow_stream = 0.3
+    budget = 131_072 * 10_000  # Llama-3.1-8B: room for 10,000 tokens
+    guard, notes = guard_for([engine.url], model="llama-3.1-8b", kv_memory=budget)
+    assert any("predicting with llama-3.1-8b" in n for n in notes)
+    with Served(guard.app()) as g:
+        c = client(g.url)
+        msgs = [{"role": "user", "content": "x"}]
+        streams = [c.chat.completions.create(model="m", messages=msgs, max_tokens=2_400, stream=True)
+                   for _ in range(3)]  # 3 x ~2,400 tokens held: about 72% predicted
+        r = c.chat.completions.with_raw_response.create(model="m", messages=msgs, max_tokens=2_400)
+        assert r.headers["x-kvbudget-level"] == "1"
+        more = [c.chat.completions.create(model="m", messages=msgs, max_tokens=2_400, stream=True)
+                for _ in range(2)]
+        with pytest.raises(openai.APIStatusError):
+            c.chat.completions.create(model="m", messages=msgs, max_tokens=2_400)
+        for s in streams + more:
+            for _ in s:
+                pass
+        time.sleep(0.1)
+        assert guard.replicas[0].predicted == 0.0  # released when the streams finished
+
+
+def test_guard_cli_errors(capsys):
+    from kvbudget.cli import main
+
+    assert main(["guard"]) == 2
+    assert "--upstream" in capsys.readouterr().err
+    assert main(["guard", "--upstream", "ftp://x"]) == 2
+    assert main(["guard", "--upstream", "http://127.0.0.1:1", "--engine", "foo"]) == 2
+    assert main(["alerts", "--engine", "nope", "--out", "/tmp"]) == 2
+
+
+def test_alerts_files(tmp_path, capsys):
+    yaml = pytest.importorskip("yaml")
+    from kvbudget.cli import main
+
+    assert main(["alerts", "--engine", "sglang", "--out", str(tmp_path)]) == 0
+    rules = yaml.safe_load((tmp_path / "kvbudget-alerts.yaml").read_text())
+    exprs = [r["expr"] for r in rules["groups"][0]["rules"]]
+    assert exprs == [f"max by (instance) (sglang:token_usage) >= {t}" for t in (0.7, 0.85, 0.95)]
+    board = json.loads((tmp_path / "kvbudget-dashboard.json").read_text())
+    assert board["panels"][0]["targets"][0]["expr"] == "max by (instance) (sglang:token_usage)"
