@@ -20,10 +20,13 @@ class FakeEngine:
         self.metrics_fail = False
         self.die_midstream = False
         self.slow_stream = 0.0  # seconds between chunks
+        self.slow_metrics = 0.0  # seconds before /metrics answers
         self.bodies: list[dict] = []
 
     def app(self) -> Starlette:
         async def metrics(request):
+            if self.slow_metrics:
+                await asyncio.sleep(self.slow_metrics)
             if self.metrics_fail:
                 return PlainTextResponse("boom", status_code=500)
             return PlainTextResponse(f'vllm:kv_cache_usage_perc{{engine="0"}} {self.usage}\n')

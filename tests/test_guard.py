@@ -282,3 +282,62 @@ def test_alerts_files(tmp_path, capsys):
     assert exprs == [f"max by (instance) (sglang:token_usage) >= {t}" for t in (0.7, 0.85, 0.95)]
     board = json.loads((tmp_path / "kvbudget-dashboard.json").read_text())
     assert board["panels"][0]["targets"][0]["expr"] == "max by (instance) (sglang:token_usage)"
+
+
+def test_slow_metrics_endpoint_counts_as_a_failed_scrape(engine):
+    engine.usage = 0.97
+    guard, _ = guard_for([engine.url], staleness=0.3)
+    guard.config.connect_timeout = 0.2
+    with Served(guard.app()) as g:
+        settle()
+        engine.slow_metrics = 1.0
+        time.sleep(1.5)
+        client(g.url).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])  # stale: open
+        assert "kvbudget_guard_scrape_failures_total" in httpx.get(f"{g.url}/metrics").text
+        engine.slow_metrics = 0.0
+
+
+def test_client_disconnecting_mid_stream_releases_the_request(engine):
+    engine.slow_stream = 0.2
+    guard, _ = guard_for([engine.url], model="llama-3.1-8b", kv_memory=131_072 * 10_000)
+    with Served(guard.app()) as g:
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3000, "stream": True}
+        with httpx.stream("POST", f"{g.url}/v1/chat/completions", json=body, timeout=10) as r:
+            next(r.iter_raw())
+            assert guard.replicas[0].in_flight == 1 and guard.replicas[0].predicted > 0.29
+        deadline = time.time() + 5
+        while guard.replicas[0].in_flight and time.time() < deadline:
+            time.sleep(0.05)
+        assert guard.replicas[0].in_flight == 0 and guard.replicas[0].predicted == 0.0
+
+
+def test_sigterm_drains_in_flight_requests(engine, tmp_path):
+    """The guard process finishes a stream already admitted before it exits on SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+
+    engine.slow_stream = 0.3
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kvbudget", "guard", "--upstream", engine.url, "--listen",
+                             f"127.0.0.1:{port}", "--poll-interval", "0.1"], stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 20
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.1)
+        stream = client(f"http://127.0.0.1:{port}").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], stream=True)
+        first = next(iter(stream))
+        proc.send_signal(signal.SIGTERM)
+        rest = [chunk.choices[0].delta.content for chunk in stream]
+        assert first.choices[0].delta.content == "t0 " and rest == ["t1 ", "t2 ", "t3 ", "t4 "]
+        assert proc.wait(15) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has drained
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -94,10 +94,10 @@ class Guard:
                     self.observed_g.labels(replica.url).set(value)
                 else:
                     self.scrape_failures.labels(replica.url).inc()
-            except httpx.TransportError:
+            except (httpx.ConnectError, httpx.ConnectTimeout):  # nobody listening: not healthy
                 replica.healthy = False
                 self.scrape_failures.labels(replica.url).inc()
-            except (httpx.HTTPStatusError, ValueError):
+            except (httpx.HTTPError, ValueError):  # slow or broken metrics: the usage goes stale
                 self.scrape_failures.labels(replica.url).inc()
             if replica.observed is not None:
                 self.staleness_g.labels(replica.url).set(time.monotonic() - replica.observed_at)
@@ -153,9 +153,12 @@ class Guard:
                       replica=decision.replica, pressure=round(decision.pressure, 4), changes=list(decision.changes),
                       reason=decision.reason, priority=priority)
             if decision.action == "reject":
-                status = 503
-                return _error(status, f"the KV cache is nearly full ({decision.reason}); retry later",
-                              "server_overloaded", headers={"Retry-After": str(self.config.policy.retry_after_s)})
+                retry = {"Retry-After": str(self.config.policy.retry_after_s)}
+                if decision.replica is None:
+                    return _error(503, f"no upstream can take the request: {decision.reason}", "server_unavailable",
+                                  headers=retry)
+                return _error(503, f"the KV cache is nearly full ({decision.reason}); retry later",
+                              "server_overloaded", headers=retry)
             response = await self._forward(request, decision, start)
             if response is not None:
                 return response

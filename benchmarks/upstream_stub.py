@@ -1,0 +1,32 @@
+"""A minimal OpenAI-style upstream for the guard benchmark: constant small answers, a /metrics gauge."""
+
+import sys
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.routing import Route
+
+ANSWER = {"id": "c", "object": "chat.completion", "created": 0, "model": "stub",
+          "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+          "usage": {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9}}
+
+
+async def chat(request):
+    await request.body()
+    return JSONResponse(ANSWER)
+
+
+async def metrics(request):
+    return PlainTextResponse('vllm:kv_cache_usage_perc{engine="0"} 0.1\n')
+
+
+async def models(request):
+    return JSONResponse({"object": "list", "data": [{"id": "stub"}]})
+
+
+app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/metrics", metrics),
+                        Route("/v1/models", models)])
+
+if __name__ == "__main__":
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="error", access_log=False)
