@@ -26,9 +26,9 @@ def observed_usage(engine: str, metrics_text: str | None = None, slots: list | N
     if engine == "llamacpp":
         if not slots:
             return None
-        used = sum(s.get("n_past", s.get("n_ctx_used", 0)) or 0 for s in slots if isinstance(s, dict))
-        total = sum(s.get("n_ctx", 0) or 0 for s in slots if isinstance(s, dict))
-        return used / total if total else None
+        slots = [s for s in slots if isinstance(s, dict)]
+        total = sum(s.get("n_ctx", 0) or 0 for s in slots)
+        return sum(_slot_tokens(s) for s in slots) / total if total else None
     if metrics_text is None:
         return None
     if engine == "tgi":
@@ -40,6 +40,16 @@ def observed_usage(engine: str, metrics_text: str | None = None, slots: list | N
         if value is not None:
             return value
     return None
+
+
+def _slot_tokens(slot: dict) -> int:
+    """Tokens a busy llama-server slot holds: its prompt plus what it has decoded (n_past in older builds)."""
+    if "n_past" in slot:
+        return slot["n_past"] or 0
+    if not slot.get("is_processing"):
+        return 0
+    decoded = sum(t.get("n_decoded", 0) for t in slot.get("next_token", []) if isinstance(t, dict))
+    return (slot.get("n_prompt_tokens") or 0) + decoded
 
 
 class Predictor:

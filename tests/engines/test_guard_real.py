@@ -1,0 +1,77 @@
+"""The guard in front of real engines, driven by the official openai client (pytest -m engines).
+
+A tiny model with a deliberately small KV budget: concurrent long requests push the predicted usage across
+the three levels; the test asserts the capped, forced-single and rejected requests and that every admitted
+request completes."""
+
+from __future__ import annotations
+
+import io
+
+import openai
+import pytest
+
+from guard_fixtures import Served
+from harness import gguf_file, llama_server, model_folder, vllm_server
+from kvbudget.engines.llamacpp import LLAMACPP
+from kvbudget.guard.server import build_guard
+from kvbudget.model.load import load_model
+from test_prompt_tokens_real import CONFIG
+
+pytestmark = pytest.mark.engines
+
+MSGS = [{"role": "user", "content": "hello world"}]
+
+
+def drive(guard_url: str, extra: dict) -> tuple[list, list, int]:
+    """Open streams one after another until the guard rejects; return (responses, changes, rejected)."""
+    client = openai.OpenAI(base_url=f"{guard_url}/v1", api_key="x", max_retries=0, timeout=600)
+    opened, changes, rejected = [], [], 0
+    for i in range(8):
+        try:
+            raw = client.chat.completions.with_raw_response.create(
+                model="m", messages=MSGS, max_tokens=900, n=2 if i == 5 else 1, stream=True, extra_body=extra)
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 503 and exc.response.headers["retry-after"]
+            rejected += 1
+            break
+        changes.append(raw.headers.get("x-kvbudget-changes", ""))
+        opened.append(raw.parse())
+    finished = []
+    for stream in opened:
+        reasons = [c.choices[0].finish_reason for c in stream if c.choices and c.choices[0].finish_reason]
+        finished.append(reasons[-1] if reasons else None)
+    return finished, changes, rejected
+
+
+def test_guard_in_front_of_vllm():
+    folder = model_folder("llama-hd32", CONFIG)
+    budget = 40 * 128 * 1024  # 40 blocks of 128 tokens at 1,024 bytes per token
+    with vllm_server(folder, None, 1024, "--kv-cache-memory-bytes", str(budget)) as url:
+        guard, notes = build_guard([url], "vllm", model=str(folder), kv_memory=budget, tokenizer=str(folder),
+                                   poll_interval=0.2, decision_log=io.StringIO())
+        with Served(guard.app()) as g:
+            finished, changes, rejected = drive(g.url, {"ignore_eos": True})
+    # 4 requests of ~910 tokens hold 8 blocks each (80%); the 5th is capped, the 6th also forced to one sample
+    assert changes[:4] == ["", "", "", ""]
+    assert "max_tokens 900->450" in changes[4]
+    assert "n 2->1" in changes[5]
+    assert rejected == 1
+    assert finished == ["length"] * len(finished) and len(finished) == 6
+
+
+def test_guard_in_front_of_llama_server():
+    folder = model_folder("llama-hd32", CONFIG)
+    spec = load_model(folder)
+    budget = sum(b.total_bytes for b in LLAMACPP.server_buffers(spec, 4096, 4))
+    with llama_server(gguf_file("llama-hd32", CONFIG), "-c", "4096", "-np", "4", "--jinja") as url:
+        guard, notes = build_guard([url], "llamacpp", model=str(folder), kv_memory=budget, tokenizer=str(folder),
+                                   poll_interval=0.2, decision_log=io.StringIO())
+        with Served(guard.app()) as g:
+            finished, changes, rejected = drive(g.url, {"ignore_eos": True})
+    # each slot is 1,024 cells (25%): three fill 75%, the 4th is capped to 512 cells, the 5th capped and
+    # forced to one sample, the 6th rejected; the 5th waits for a free slot and still completes
+    assert changes[:3] == ["", "", ""]
+    assert "max_tokens 900->450" in changes[3]
+    assert rejected == 1
+    assert all(reason == "length" for reason in finished) and len(finished) >= 4
