@@ -136,6 +136,8 @@ def _build_parser() -> argparse.ArgumentParser:
     gd.add_argument("--max-tokens-cap", help="level 1 caps max_tokens at this (default: half of what was asked)")
     gd.add_argument("--poll-interval", default="1", help="seconds between metric scrapes (default 1)")
     gd.add_argument("--staleness", default="10", help="seconds after which scraped usage is stale (default 10)")
+    gd.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="vLLM backend the upstream runs (block size for predictions; default cuda)")
     gd.add_argument("--fail-closed", action="store_true", help="reject when metrics are stale (default: act on "
                                                                "the prediction)")
 
@@ -637,7 +639,7 @@ def _run_guard(args: argparse.Namespace) -> int:
         config=config, model=args.model or config.get("model"),
         kv_memory=_size(args.kv_memory, "--kv-memory"), tokenizer=args.tokenizer, api_keys=args.api_key,
         max_tokens_cap=_one(args.max_tokens_cap, "--max-tokens-cap") if args.max_tokens_cap else None,
-        poll_interval=poll, staleness=stale, fail_open=not args.fail_closed)
+        poll_interval=poll, staleness=stale, fail_open=not args.fail_closed, device=args.device)
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
         raise KVBudgetError(f"--listen: {args.listen!r} is not HOST:PORT")

@@ -26,11 +26,12 @@ MSGS = [{"role": "user", "content": "hello world"}]
 def drive(guard_url: str, extra: dict) -> tuple[list, list, int]:
     """Open streams one after another until the guard rejects; return (responses, changes, rejected)."""
     client = openai.OpenAI(base_url=f"{guard_url}/v1", api_key="x", max_retries=0, timeout=600)
+    model = client.models.list().data[0].id  # /v1/models through the guard
     opened, changes, rejected = [], [], 0
     for i in range(8):
         try:
             raw = client.chat.completions.with_raw_response.create(
-                model="m", messages=MSGS, max_tokens=900, n=2 if i == 5 else 1, stream=True, extra_body=extra)
+                model=model, messages=MSGS, max_tokens=900, n=2 if i == 5 else 1, stream=True, extra_body=extra)
         except openai.APIStatusError as exc:
             assert exc.status_code == 503 and exc.response.headers["retry-after"]
             rejected += 1
@@ -48,8 +49,9 @@ def test_guard_in_front_of_vllm():
     folder = model_folder("llama-hd32", CONFIG)
     budget = 40 * 128 * 1024  # 40 blocks of 128 tokens at 1,024 bytes per token
     with vllm_server(folder, None, 1024, "--kv-cache-memory-bytes", str(budget)) as url:
+        log = io.StringIO()
         guard, notes = build_guard([url], "vllm", model=str(folder), kv_memory=budget, tokenizer=str(folder),
-                                   poll_interval=0.2, decision_log=io.StringIO())
+                                   poll_interval=0.2, decision_log=log, device="cpu")
         with Served(guard.app()) as g:
             finished, changes, rejected = drive(g.url, {"ignore_eos": True})
     # 4 requests of ~910 tokens hold 8 blocks each (80%); the 5th is capped, the 6th also forced to one sample

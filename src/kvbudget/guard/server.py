@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from kvbudget.engines import get_engine
+from kvbudget.engines import EngineOptions, get_engine
 from kvbudget.errors import KVBudgetError
 from kvbudget.guard.app import Guard, GuardConfig
 from kvbudget.guard.policy import policy_from_config
@@ -25,7 +25,7 @@ def _served_model(upstream: str) -> str | None:
 def build_guard(upstreams: list[str], engine: str = "vllm", config: dict | None = None, model: str | None = None,
                 kv_memory: int | None = None, tokenizer: str | None = None, api_keys: list[str] = (),
                 max_tokens_cap: int | None = None, poll_interval: float = 1.0, staleness: float = 10.0,
-                fail_open: bool = True, decision_log=None) -> tuple[Guard, list[str]]:
+                fail_open: bool = True, decision_log=None, device: str = "cuda") -> tuple[Guard, list[str]]:
     """A Guard and the notes to print at start (what it predicts with, and what it cannot)."""
     from kvbudget.model.load import load_model
 
@@ -51,7 +51,8 @@ def build_guard(upstreams: list[str], engine: str = "vllm", config: dict | None 
             spec = None
             notes.append(f"model {source!r} cannot be resolved here ({exc}); acting on observed usage alone")
         if spec is not None and budget:
-            predictor = Predictor(get_engine(engine).allocate(spec), int(budget))
+            options = EngineOptions(device=device) if engine == "vllm" else EngineOptions()
+            predictor = Predictor(get_engine(engine).allocate(spec, options=options), int(budget))
             notes.append(f"predicting with {spec.name} on {engine}: {predictor.allocation.bytes_per_token:,} bytes "
                          f"per token, KV budget {int(budget):,} bytes per replica")
         elif spec is not None:
