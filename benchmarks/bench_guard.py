@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=300)
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--repeat", type=int, default=3, help="alternating direct/guard rounds; medians reported")
     args = parser.parse_args()
     up_port, guard_port = free_port(), free_port()
     upstream = subprocess.Popen([sys.executable, str(HERE / "upstream_stub.py"), str(up_port)])
@@ -101,20 +102,25 @@ def main() -> None:
         wait(f"{direct}/v1/models")
         wait(f"{proxied}/healthz")
         asyncio.run(fixed_rate(proxied, 50, 1))  # warm up
-        results = {}
-        for name, url in (("direct", direct), ("guard", proxied)):
-            lat = asyncio.run(fixed_rate(url, args.rate, args.seconds))
-            rps = asyncio.run(closed_loop(url, args.concurrency, 5))
-            results[name] = (lat, rps)
+        rounds = {"direct": [], "guard": []}
+        for _ in range(args.repeat):
+            for name, url in (("direct", direct), ("guard", proxied)):
+                lat = asyncio.run(fixed_rate(url, args.rate, args.seconds))
+                rps = asyncio.run(closed_loop(url, args.concurrency, 5))
+                rounds[name].append((statistics.median(lat), pct(lat, 0.99), rps))
         print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-              f"{args.rate} requests/s for {args.seconds:g} s ({int(args.rate * args.seconds)} requests), "
-              "non-streaming chat completions on loopback")
-        for name, (lat, rps) in results.items():
-            print(f"{name:6s}: p50 {statistics.median(lat) * 1000:.2f} ms, p99 {pct(lat, 0.99) * 1000:.2f} ms; "
-                  f"closed-loop throughput {rps:,.0f} requests/s at concurrency {args.concurrency}")
-        d, g = results["direct"], results["guard"]
-        print(f"added by the guard: p50 {(statistics.median(g[0]) - statistics.median(d[0])) * 1000:.2f} ms, "
-              f"p99 {(pct(g[0], 0.99) - pct(d[0], 0.99)) * 1000:.2f} ms; throughput {g[1] / d[1]:.0%} of direct")
+              f"{args.rate} requests/s for {args.seconds:g} s ({int(args.rate * args.seconds)} requests) per round, "
+              f"{args.repeat} alternating rounds, medians over rounds; non-streaming chat completions on loopback, "
+              "load generator, guard and upstream sharing the machine")
+        med = {name: [statistics.median(r[i] for r in rs) for i in range(3)] for name, rs in rounds.items()}
+        for name, (p50, p99, rps) in med.items():
+            print(f"{name:6s}: p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms; closed-loop throughput "
+                  f"{rps:,.0f} requests/s at concurrency {args.concurrency}")
+        added99 = [(g[1] - d[1]) * 1000 for d, g in zip(rounds["direct"], rounds["guard"])]
+        print(f"added by the guard: p50 {(med['guard'][0] - med['direct'][0]) * 1000:.2f} ms, p99 "
+              f"{(med['guard'][1] - med['direct'][1]) * 1000:.2f} ms (per round: "
+              f"{', '.join(f'{a:.2f}' for a in added99)} ms); throughput {med['guard'][2] / med['direct'][2]:.0%} "
+              "of direct")
         metrics = urllib.request.urlopen(f"{proxied}/metrics").read().decode()
         count = sum(float(l.split()[-1]) for l in metrics.splitlines()
                     if l.startswith("kvbudget_guard_added_latency_seconds_count"))

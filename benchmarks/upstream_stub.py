@@ -29,4 +29,5 @@ app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), R
                         Route("/v1/models", models)])
 
 if __name__ == "__main__":
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="error", access_log=False)
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="error", access_log=False, loop="uvloop",
+                http="httptools")

@@ -159,14 +159,14 @@ class Guard:
                                   headers=retry)
                 return _error(503, f"the KV cache is nearly full ({decision.reason}); retry later",
                               "server_overloaded", headers=retry)
-            response = await self._forward(request, decision, start)
+            response = await self._forward(request, decision, start, raw)
             if response is not None:
                 return response
             tried.add(decision.replica)  # could not connect: try another replica once
             if len(tried) == len(self.replicas):
                 return _error(502, "no upstream could be reached", "upstream_unreachable")
 
-    async def _forward(self, request: Request, decision, start: float) -> Response | None:
+    async def _forward(self, request: Request, decision, start: float, raw: bytes) -> Response | None:
         body = decision.body
         rid = next(self.ids)
         prompt = (self.config.count_prompt or approximate_prompt_tokens)(body)
@@ -183,9 +183,9 @@ class Guard:
             headers["authorization"] = request.headers["authorization"]
         timeout = httpx.Timeout(connect=self.config.connect_timeout, read=self.config.first_byte_timeout,
                                 write=self.config.connect_timeout, pool=self.config.connect_timeout)
+        payload = raw if not decision.changes else json.dumps(body).encode()  # untouched bodies go as they came
         upstream_request = self.client.build_request("POST", decision.replica + request.url.path,
-                                                     content=json.dumps(body).encode(), headers=headers,
-                                                     timeout=timeout)
+                                                     content=payload, headers=headers, timeout=timeout)
 
         def release() -> None:
             self.held[decision.replica].pop(rid, None)

@@ -83,5 +83,13 @@ def serve(guard: Guard, host: str, port: int) -> None:
     except ImportError:
         raise KVBudgetError("the guard needs starlette, uvicorn and httpx: pip install 'kvbudget[guard]'") from None
     # uvicorn drains in-flight requests on SIGTERM (up to timeout_graceful_shutdown) before it exits.
+    fast = {}
+    try:  # the fast event loop and HTTP parser when installed (kvbudget[guard] brings them)
+        import httptools  # noqa: F401
+        import uvloop  # noqa: F401
+
+        fast = {"loop": "uvloop", "http": "httptools"}
+    except ImportError:
+        pass
     uvicorn.run(guard.app(), host=host, port=port, log_level="warning", timeout_graceful_shutdown=30,
-                access_log=False)
+                access_log=False, **fast)
