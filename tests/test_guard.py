@@ -346,3 +346,14 @@ def test_sigterm_drains_in_flight_requests(engine, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_yaml_config_sets_thresholds_and_limits():
+    config = {"levels": [{"name": "warn", "threshold": 0.5}, {"name": "single-beam", "threshold": 0.6},
+                         {"name": "reject", "threshold": 0.7}], "hysteresis": 0.02, "max_body_bytes": 1234,
+              "idle_timeout": 7.0, "kv_budget_bytes": 131_072 * 1000, "api_keys": ["k"]}
+    guard, notes = build_guard(["http://127.0.0.1:9"], "vllm", config=config, model="llama-3.1-8b")
+    assert guard.config.policy.thresholds == (0.5, 0.6, 0.7) and guard.config.policy.hysteresis == 0.02
+    assert guard.config.max_body_bytes == 1234 and guard.config.idle_timeout == 7.0
+    assert guard.config.api_keys == frozenset({"k"})
+    assert guard.config.predictor.budget == 131_072 * 1000

@@ -71,9 +71,12 @@ def build_guard(upstreams: list[str], engine: str = "vllm", config: dict | None 
         notes.append(f"prompt lengths from the tokenizer in {tokenizer}")
     else:
         notes.append("prompt lengths estimated from characters (4 per token); pass --tokenizer for exact counts")
+    limits = {key: config[key] for key in ("max_body_bytes", "connect_timeout", "first_byte_timeout",
+                                           "idle_timeout") if key in config}
     guard = Guard(GuardConfig(upstreams=list(upstreams), engine=engine, policy=policy, predictor=predictor,
-                              count_prompt=count_prompt, api_keys=frozenset(api_keys), poll_interval=poll_interval,
-                              decision_log=decision_log))
+                              count_prompt=count_prompt, api_keys=frozenset(api_keys) | frozenset(
+                                  config.get("api_keys", [])), poll_interval=poll_interval,
+                              decision_log=decision_log, **limits))
     return guard, notes
 
 
