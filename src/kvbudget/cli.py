@@ -627,7 +627,10 @@ def _run_alerts(args: argparse.Namespace) -> int:
 
 
 def _run_guard(args: argparse.Namespace) -> int:
-    from kvbudget.guard.server import build_guard, serve
+    try:
+        from kvbudget.guard.server import build_guard, serve
+    except ImportError as exc:
+        raise KVBudgetError(f"the guard needs {exc.name}: pip install 'kvbudget[guard]'") from None
 
     config = _read_yaml(args.config, "--config") if args.config else {}
     try:
