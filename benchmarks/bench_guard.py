@@ -91,12 +91,18 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=3, help="alternating direct/guard rounds; medians reported")
+    parser.add_argument("--pin", action="store_true", help="load generator on CPU 0, upstream and guard on CPU 1 "
+                                                           "(Linux), so the generator does not compete with them")
     args = parser.parse_args()
     up_port, guard_port = free_port(), free_port()
     upstream = subprocess.Popen([sys.executable, str(HERE / "upstream_stub.py"), str(up_port)])
     guard = subprocess.Popen([sys.executable, "-m", "kvbudget", "guard", "--upstream", f"http://127.0.0.1:{up_port}",
                               "--listen", f"127.0.0.1:{guard_port}", "--model", "llama-3.1-8b", "--kv-memory",
                               "40GiB"], stderr=subprocess.DEVNULL)
+    if args.pin:
+        os.sched_setaffinity(0, {0})
+        for proc in (upstream, guard):
+            os.sched_setaffinity(proc.pid, {1})
     try:
         direct, proxied = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{guard_port}"
         wait(f"{direct}/v1/models")
@@ -111,7 +117,8 @@ def main() -> None:
         print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
               f"{args.rate} requests/s for {args.seconds:g} s ({int(args.rate * args.seconds)} requests) per round, "
               f"{args.repeat} alternating rounds, medians over rounds; non-streaming chat completions on loopback, "
-              "load generator, guard and upstream sharing the machine")
+              + ("load generator on CPU 0, upstream and guard on CPU 1" if args.pin else
+                 "load generator, guard and upstream sharing the machine"))
         med = {name: [statistics.median(r[i] for r in rs) for i in range(3)] for name, rs in rounds.items()}
         for name, (p50, p99, rps) in med.items():
             print(f"{name:6s}: p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms; closed-loop throughput "

@@ -132,11 +132,16 @@ class Guard:
             token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
             if token not in self.config.api_keys:
                 return _error(401, "invalid or missing API key for the guard", "authentication_error")
-        raw = b""
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.config.max_body_bytes:
+            return _error(413, f"request body over {self.config.max_body_bytes} bytes", "invalid_request_error")
+        chunks, size = [], 0
         async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > self.config.max_body_bytes:
+            size += len(chunk)
+            if size > self.config.max_body_bytes:
                 return _error(413, f"request body over {self.config.max_body_bytes} bytes", "invalid_request_error")
+            chunks.append(chunk)
+        raw = b"".join(chunks)
         try:
             body = json.loads(raw)
             if not isinstance(body, dict):
