@@ -14,7 +14,7 @@ from kvbudget.engines.base import largest_fitting
 from kvbudget.errors import KVBudgetError
 from kvbudget.estimate import Estimate, estimate
 from kvbudget.gpus import GPU, find_gpu, gpus as all_gpus
-from kvbudget.model.config import _Fields, model_type_of, text_config_of
+from kvbudget.model.config import Fields, model_type_of, text_config_of
 from kvbudget.model.spec import ModelSpec
 from kvbudget.units import GIB, format_bytes
 from kvbudget.weights import Weights, model_weights
@@ -118,7 +118,7 @@ def activation_estimate(model: ModelSpec, tokens: int) -> int:
     """Peak activation of a profiling forward pass over `tokens` tokens (an estimate): hidden states,
     attention and MLP intermediates in 2 bytes per value, plus float32 logits for the sampled sequences."""
     cfg = text_config_of(model.config)
-    f = _Fields(cfg, model_type_of(model.config) or "", model.name)
+    f = Fields(cfg, model_type_of(model.config) or "", model.name)
     hidden = f.int("hidden_size", "n_embd", "d_model")
     vocab = f.int("vocab_size", "padded_vocab_size")
     inter = f.get("intermediate_size", "ffn_hidden_size", "ffn_dim", default=4 * hidden) or 4 * hidden

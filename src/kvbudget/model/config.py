@@ -87,7 +87,7 @@ _DTYPE_NAMES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat1
 SUPPORTED_MODEL_TYPES = tuple(sorted(set(FAMILY_DEFAULTS) | set(_TEXT_MODEL_TYPE)))
 
 
-class _Fields:
+class Fields:
     """Reads fields from a config, then the family's defaults; names the field when one is missing."""
 
     def __init__(self, cfg: dict, model_type: str, where: str):
@@ -117,7 +117,7 @@ class _Fields:
         return value
 
 
-def _attention(i: int, kind: str, f: _Fields, kv_heads: int, head_dim: int) -> LayerSpec:
+def _attention(i: int, kind: str, f: Fields, kv_heads: int, head_dim: int) -> LayerSpec:
     if kind in ("full_attention", "attention", "global"):
         return FullAttention(i, kv_heads, head_dim, head_dim)
     if kind in ("sliding_attention", "local", "sliding"):
@@ -127,7 +127,7 @@ def _attention(i: int, kind: str, f: _Fields, kv_heads: int, head_dim: int) -> L
     raise KVBudgetError(f"{f.where}: layer {i} has layer type {kind!r}, which kvbudget does not know")
 
 
-def _standard_dims(f: _Fields) -> tuple[int, int, int]:
+def _standard_dims(f: Fields) -> tuple[int, int, int]:
     """(layers, kv_heads, head_dim) for the llama-style field names."""
     layers = f.int("num_hidden_layers", "n_layer", "num_layers")
     heads = f.int("num_attention_heads", "n_head")
@@ -139,7 +139,7 @@ def _standard_dims(f: _Fields) -> tuple[int, int, int]:
     return layers, kv_heads, head_dim
 
 
-def _generic_types(f: _Fields, layers: int) -> list[str]:
+def _generic_types(f: Fields, layers: int) -> list[str]:
     """transformers' rule when a config has no layer_types: a window or a chunk applies to every layer."""
     if f.get("sliding_window") is not None:
         return ["sliding_attention"] * layers
@@ -148,7 +148,7 @@ def _generic_types(f: _Fields, layers: int) -> list[str]:
     return ["full_attention"] * layers
 
 
-def _layer_types(mt: str, f: _Fields, layers: int) -> list[str]:
+def _layer_types(mt: str, f: Fields, layers: int) -> list[str]:
     given = f.cfg.get("layer_types")
     if given is not None:
         if not isinstance(given, list) or len(given) != layers:
@@ -181,12 +181,12 @@ def _layer_types(mt: str, f: _Fields, layers: int) -> list[str]:
     return _generic_types(f, layers)
 
 
-def _attention_family(mt: str, f: _Fields) -> list[LayerSpec]:
+def _attention_family(mt: str, f: Fields) -> list[LayerSpec]:
     layers, kv_heads, head_dim = _standard_dims(f)
     return [_attention(i, kind, f, kv_heads, head_dim) for i, kind in enumerate(_layer_types(mt, f, layers))]
 
 
-def _falcon(mt: str, f: _Fields) -> list[LayerSpec]:
+def _falcon(mt: str, f: Fields) -> list[LayerSpec]:
     layers = f.int("num_hidden_layers", "n_layer")
     heads = f.int("num_attention_heads", "n_head")
     head_dim = f.int("hidden_size") // heads
@@ -199,7 +199,7 @@ def _falcon(mt: str, f: _Fields) -> list[LayerSpec]:
     return [FullAttention(i, kv_heads, head_dim, head_dim) for i in range(layers)]
 
 
-def _chatglm(mt: str, f: _Fields) -> list[LayerSpec]:
+def _chatglm(mt: str, f: Fields) -> list[LayerSpec]:
     layers = f.int("num_layers", "num_hidden_layers")
     heads = f.int("num_attention_heads")
     kv_heads = f.int("multi_query_group_num") if f.get("multi_query_attention") else heads
@@ -207,7 +207,7 @@ def _chatglm(mt: str, f: _Fields) -> list[LayerSpec]:
     return [FullAttention(i, kv_heads, head_dim, head_dim) for i in range(layers)]
 
 
-def _latent(mt: str, f: _Fields) -> list[LayerSpec]:
+def _latent(mt: str, f: Fields) -> list[LayerSpec]:
     layers = f.int("num_hidden_layers")
     heads = f.int("num_attention_heads")
     dims = dict(latent_dim=f.int("kv_lora_rank"), rope_dim=f.int("qk_rope_head_dim"), heads=heads,
@@ -215,14 +215,14 @@ def _latent(mt: str, f: _Fields) -> list[LayerSpec]:
     return [LatentAttention(layer=i, **dims) for i in range(layers)]
 
 
-def _gated_delta_net(i: int, f: _Fields) -> RecurrentState:
+def _gated_delta_net(i: int, f: Fields) -> RecurrentState:
     hk, dk = f.int("linear_num_key_heads"), f.int("linear_key_head_dim")
     hv, dv = f.int("linear_num_value_heads"), f.int("linear_value_head_dim")
     return RecurrentState(i, "gated_delta_net", conv_channels=2 * hk * dk + hv * dv,
                           conv_kernel=f.int("linear_conv_kernel_dim"), state_shape=(hv, dk, dv), heads=hv)
 
 
-def _qwen3_next(mt: str, f: _Fields) -> list[LayerSpec]:
+def _qwen3_next(mt: str, f: Fields) -> list[LayerSpec]:
     layers, kv_heads, head_dim = _standard_dims(f)
     types = f.cfg.get("layer_types") or [
         "linear_attention" if (i + 1) % f.int("full_attention_interval") else "full_attention"
@@ -231,7 +231,7 @@ def _qwen3_next(mt: str, f: _Fields) -> list[LayerSpec]:
             for i, kind in enumerate(types)]
 
 
-def _jamba(mt: str, f: _Fields) -> list[LayerSpec]:
+def _jamba(mt: str, f: Fields) -> list[LayerSpec]:
     layers, kv_heads, head_dim = _standard_dims(f)
     period, offset = f.int("attn_layer_period"), f.get("attn_layer_offset", default=0)
     d_inner = f.int("mamba_expand") * f.int("hidden_size")
@@ -246,7 +246,7 @@ def _jamba(mt: str, f: _Fields) -> list[LayerSpec]:
     return specs
 
 
-def _falcon_h1(mt: str, f: _Fields) -> list[LayerSpec]:
+def _falcon_h1(mt: str, f: Fields) -> list[LayerSpec]:
     layers, kv_heads, head_dim = _standard_dims(f)
     d_ssm = f.get("mamba_d_ssm") or f.int("mamba_expand") * f.int("hidden_size")
     n_heads, groups, d_state = f.int("mamba_n_heads"), f.int("mamba_n_groups"), f.int("mamba_d_state")
@@ -262,7 +262,7 @@ def _falcon_h1(mt: str, f: _Fields) -> list[LayerSpec]:
     return specs
 
 
-_BUILDERS: dict[str, Callable[[str, _Fields], list[LayerSpec]]] = {
+_BUILDERS: dict[str, Callable[[str, Fields], list[LayerSpec]]] = {
     "falcon": _falcon,
     "chatglm": _chatglm,
     "deepseek_v2": _latent,
@@ -310,7 +310,7 @@ def parse_config(config: dict, name: str = "model", source: str = "") -> ModelSp
         notes.append(f"{where}: model_type {mt!r} is not one kvbudget knows; "
                      "reading it as a standard decoder (num_hidden_layers, num_key_value_heads, head_dim, "
                      "sliding_window, layer_types)")
-    f = _Fields(cfg, mt, where)
+    f = Fields(cfg, mt, where)
     layers = _BUILDERS.get(mt, _attention_family)(mt, f)
     dtype, dtype_notes = _model_dtype(cfg, config, where)
     max_len = f.get("max_position_embeddings", "seq_length", "n_positions")

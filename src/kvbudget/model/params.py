@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbudget.model.config import _Fields, model_type_of, text_config_of
+from kvbudget.model.config import Fields, model_type_of, text_config_of
 from kvbudget.model.spec import ModelSpec
 
 # transformers' default for tie_word_embeddings where the config leaves it out.
@@ -53,7 +53,7 @@ def count_parameters(model: ModelSpec) -> ParamCount:
     """Analytic parameter count of `model` (built from its config.json)."""
     cfg = text_config_of(model.config)
     mt = model_type_of(model.config)
-    f = _Fields(cfg, mt, model.name)
+    f = Fields(cfg, mt, model.name)
     hidden = f.int("hidden_size", "n_embd", "d_model")
     vocab = f.int("vocab_size", "padded_vocab_size")
     groups: list[ParamGroup] = []
@@ -94,7 +94,7 @@ def count_parameters(model: ModelSpec) -> ParamCount:
     return ParamCount(tuple(groups))
 
 
-def _attention(spec, f: _Fields, mt: str, hidden: int, heads: int) -> int:
+def _attention(spec, f: Fields, mt: str, hidden: int, heads: int) -> int:
     q_dim = heads * spec.k_dim
     kv_dim = spec.kv_heads * (spec.k_dim + spec.v_dim)
     o_in = heads * spec.v_dim
@@ -112,7 +112,7 @@ def _attention(spec, f: _Fields, mt: str, hidden: int, heads: int) -> int:
     return count
 
 
-def _mla(spec, f: _Fields, hidden: int) -> int:
+def _mla(spec, f: Fields, hidden: int) -> int:
     heads = spec.heads
     q_lora = f.get("q_lora_rank")
     qk = spec.qk_nope_dim + spec.rope_dim
@@ -122,7 +122,7 @@ def _mla(spec, f: _Fields, hidden: int) -> int:
     return q + kv_a + kv_b + heads * spec.v_dim * hidden
 
 
-def _mixer(spec, f: _Fields, hidden: int) -> int:
+def _mixer(spec, f: Fields, hidden: int) -> int:
     k = spec.conv_kernel
     if spec.mixer == "gated_delta_net":
         hv, dk, dv = spec.state_shape
@@ -141,7 +141,7 @@ def _mixer(spec, f: _Fields, hidden: int) -> int:
             + 3 * n_heads + d_ssm + d_ssm * hidden)
 
 
-def _feed_forward(i: int, f: _Fields, mt: str, hidden: int) -> list[tuple[str, int, int]]:
+def _feed_forward(i: int, f: Fields, mt: str, hidden: int) -> list[tuple[str, int, int]]:
     """(part, stored, active) of layer i's MLP or MoE block."""
     gated = lambda inter: 3 * hidden * inter  # noqa: E731  gate, up, down
     if mt == "opt":
@@ -170,7 +170,7 @@ def _feed_forward(i: int, f: _Fields, mt: str, hidden: int) -> list[tuple[str, i
     return out
 
 
-def _moe_layout(i: int, f: _Fields, mt: str, hidden: int) -> tuple[int, int, int, int, bool]:
+def _moe_layout(i: int, f: Fields, mt: str, hidden: int) -> tuple[int, int, int, int, bool]:
     """(experts, top_k, expert intermediate, shared intermediate, is this layer MoE)."""
     if mt == "mixtral":
         return f.int("num_local_experts"), f.int("num_experts_per_tok"), f.int("intermediate_size"), 0, True
