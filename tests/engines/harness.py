@@ -79,9 +79,8 @@ class VLLMRun:
         return int(m.group(1)) if m else None
 
 
-@contextmanager
-def vllm_server(model_dir: Path, kv_gib: int | None, max_model_len: int, *extra: str, timeout: float = 400):
-    """A running vLLM OpenAI server on loopback: yields its base URL once /v1/models answers."""
+def _launch_vllm(model_dir: Path, kv_gib: int | None, max_model_len: int, extra: tuple):
+    """Start vLLM's OpenAI server on a free loopback port; its log goes beside the model folder."""
     port = free_port()
     env = dict(os.environ, VLLM_LOGGING_LEVEL="INFO", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if kv_gib is not None:
@@ -91,6 +90,13 @@ def vllm_server(model_dir: Path, kv_gib: int | None, max_model_len: int, *extra:
     log_path = model_dir.parent / f"vllm-{port}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return proc, port, log_path
+
+
+@contextmanager
+def vllm_server(model_dir: Path, kv_gib: int | None, max_model_len: int, *extra: str, timeout: float = 400):
+    """A running vLLM OpenAI server on loopback: yields its base URL once /v1/models answers."""
+    proc, port, log_path = _launch_vllm(model_dir, kv_gib, max_model_len, extra)
     try:
         _wait_http(f"http://127.0.0.1:{port}/v1/models", proc, timeout, log_path)
         yield f"http://127.0.0.1:{port}"
@@ -113,7 +119,6 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float, log_path: Path)
 
 def chat(base_url: str, messages: list, max_tokens: int = 1) -> dict:
     """One chat completion over plain HTTP; returns the response object."""
-    body = json.dumps({"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0}).encode()
     with urllib.request.urlopen(urllib.request.Request(
             f"{base_url}/v1/models", headers={"Content-Type": "application/json"}), timeout=30) as r:
         served = json.loads(r.read())["data"][0]["id"]
@@ -129,15 +134,7 @@ def run_vllm(model_dir: Path, kv_gib: int | None, max_model_len: int, *extra: st
 
     kv_gib sets VLLM_CPU_KVCACHE_SPACE (whole GiB only); None leaves the budget to `extra`
     (e.g. --kv-cache-memory-bytes)."""
-    port = free_port()
-    env = dict(os.environ, VLLM_LOGGING_LEVEL="INFO", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    if kv_gib is not None:
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_gib)
-    cmd = [str(require(VLLM_PYTHON)), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len), *extra]
-    log_path = model_dir.parent / f"vllm-{port}.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc, port, log_path = _launch_vllm(model_dir, kv_gib, max_model_len, extra)
     labels: dict = {}
     try:
         deadline = time.time() + timeout
