@@ -22,6 +22,7 @@ from kvbudget.guard.signals import Predictor, approximate_prompt_tokens, observe
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "content-length", "host", "content-encoding"}
+_HOP_BY_HOP_RAW = {name.encode() for name in HOP_BY_HOP}
 PRIORITY_HEADER = "x-kvbudget-priority"
 log = logging.getLogger("kvbudget.guard")
 
@@ -154,7 +155,7 @@ class Guard:
             candidates = [r for r in self.replicas if r.url not in tried]
             decision = decide(body, candidates, self.config.policy, priority)
             self.decisions.labels(str(decision.level), decision.action).inc()
-            self._log(event="decision", path=request.url.path, action=decision.action, level=decision.level,
+            self._log(event="decision", path=request.scope["path"], action=decision.action, level=decision.level,
                       replica=decision.replica, pressure=round(decision.pressure, 4), changes=list(decision.changes),
                       reason=decision.reason, priority=priority)
             if decision.action == "reject":
@@ -183,13 +184,13 @@ class Guard:
         else:
             self.held[decision.replica][rid] = 0
         self._set_predicted(decision.replica)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | {"authorization"}}
-        if "authorization" in request.headers and not self.config.api_keys:
-            headers["authorization"] = request.headers["authorization"]
+        # raw header pairs, filtered once: cheaper than rebuilding and re-normalising a mapping per request
+        drop = _HOP_BY_HOP_RAW if not self.config.api_keys else _HOP_BY_HOP_RAW | {b"authorization"}
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() not in drop]
         timeout = httpx.Timeout(connect=self.config.connect_timeout, read=self.config.first_byte_timeout,
                                 write=self.config.connect_timeout, pool=self.config.connect_timeout)
         payload = raw if not decision.changes else json.dumps(body).encode()  # untouched bodies go as they came
-        upstream_request = self.client.build_request("POST", decision.replica + request.url.path,
+        upstream_request = self.client.build_request("POST", decision.replica + request.scope["path"],
                                                      content=payload, headers=headers, timeout=timeout)
 
         def release() -> None:
@@ -212,10 +213,10 @@ class Guard:
             release()
             self.upstream_errors.labels(decision.replica, "transport").inc()
             return _error(502, f"the upstream failed: {type(exc).__name__}", "upstream_error")
-        out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+        out_headers = [(k, v) for k, v in upstream.headers.raw if k.lower() not in _HOP_BY_HOP_RAW]
         if decision.changes:
-            out_headers["x-kvbudget-changes"] = "; ".join(decision.changes)
-        out_headers["x-kvbudget-level"] = str(decision.level)
+            out_headers.append((b"x-kvbudget-changes", "; ".join(decision.changes).encode()))
+        out_headers.append((b"x-kvbudget-level", str(decision.level).encode()))
         streaming = "text/event-stream" in upstream.headers.get("content-type", "")
         if not streaming:
             try:
@@ -226,7 +227,9 @@ class Guard:
             finally:
                 await upstream.aclose()
                 release()
-            return Response(content, status_code=upstream.status_code, headers=out_headers)
+            response = Response(content, status_code=upstream.status_code)
+            response.raw_headers.extend(out_headers)
+            return response
 
         idle = self.config.idle_timeout
 
@@ -248,7 +251,9 @@ class Guard:
                 await upstream.aclose()
                 release()
 
-        return StreamingResponse(relay(), status_code=upstream.status_code, headers=out_headers)
+        response = StreamingResponse(relay(), status_code=upstream.status_code)
+        response.raw_headers.extend(out_headers)
+        return response
 
     async def models(self, request: Request) -> Response:
         for replica in sorted(self.replicas, key=lambda r: not r.healthy):
