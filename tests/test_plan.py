@@ -11,7 +11,7 @@ from kvbudget import KVBudgetError, load_model
 from kvbudget.cli import main
 from kvbudget.gpus import find_gpu, gpus
 from kvbudget.model.params import count_parameters
-from kvbudget.plan import guard_config_yaml, plan
+from kvbudget.plan import plan
 from kvbudget.units import GIB
 from kvbudget.weights import analytic_weights, model_weights
 

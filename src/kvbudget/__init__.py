@@ -26,7 +26,7 @@ from kvbudget.model.spec import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Allocation", "CacheGroup", "ChunkedLocal", "ENGINES", "Estimate", "FullAttention", "KVBudgetError",
+    "Allocation", "CacheGroup", "ChunkedLocal", "catalog", "ENGINES", "Estimate", "FullAttention", "KVBudgetError",
     "KVDtype", "LatentAttention", "ModelSpec", "NoCache", "Point", "RecurrentState", "SlidingWindow",
     "estimate", "get_dtype", "get_engine", "load_model", "parse_config",
 ]

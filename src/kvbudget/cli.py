@@ -504,7 +504,7 @@ def _run_check_log(args: argparse.Namespace) -> int:
 
 
 def _run_tokens(args: argparse.Namespace) -> int:
-    from kvbudget.tokens import Counter, count_file, iter_lines, read_request
+    from kvbudget.tokens import Counter, iter_lines, read_request
 
     counter = Counter(args.model, approximate=args.approximate, engine=args.engine)
     template = not args.no_template

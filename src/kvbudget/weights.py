@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kvbudget.engines.base import pipeline_stages
 from kvbudget.errors import KVBudgetError
-from kvbudget.model.params import ParamCount, count_parameters
+from kvbudget.model.params import count_parameters
 from kvbudget.model.spec import ModelSpec
 
 # Bytes per element of the safetensors dtypes.

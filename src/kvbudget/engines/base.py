@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvbudget.dtypes import KVDtype
+from kvbudget.dtypes import KVDtype, resolve_kv_dtype
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 from kvbudget.units import cdiv
@@ -199,6 +199,19 @@ def pipeline_stages(num_layers: int, pp: int) -> list[range]:
         sizes[-i] += 1
     starts = [sum(sizes[:i]) for i in range(pp)]
     return [range(start, start + size) for start, size in zip(starts, sizes)]
+
+
+def serving_kv_dtype(model: ModelSpec, kv_dtype: str, tp: int, engine: str, accepted: str) -> KVDtype:
+    """The checks every serving engine makes first: a valid tp, query heads that split evenly over it, and a
+    KV dtype it can store (a torch float type or fp8; `accepted` names them in the error)."""
+    check_tp(tp)
+    if model.attention_heads and model.attention_heads % tp:
+        raise KVBudgetError(f"{model.name}: {engine} needs the {model.attention_heads} attention heads to split "
+                            f"evenly over tensor parallel size {tp}")
+    dtype = resolve_kv_dtype(kv_dtype, model.dtype)
+    if dtype.family not in ("float", "fp8"):
+        raise KVBudgetError(f"--kv-dtype {kv_dtype}: {engine}'s KV cache dtypes are {accepted}")
+    return dtype
 
 
 def check_tp(tp: int) -> None:

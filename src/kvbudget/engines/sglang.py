@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbudget.dtypes import KVDtype, get_dtype, resolve_kv_dtype
+from kvbudget.dtypes import KVDtype, get_dtype
 from kvbudget.engines.base import (
     Allocation,
     CacheGroup,
     Capacity,
     EngineOptions,
-    check_tp,
+    serving_kv_dtype,
     largest_fitting,
     shard_kv_heads,
     shard_recurrent,
@@ -40,10 +40,7 @@ class SGLangEngine:
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
-        check_tp(tp)
-        dtype = resolve_kv_dtype(kv_dtype, model.dtype)
-        if dtype.family not in ("float", "fp8"):
-            raise KVBudgetError(f"--kv-dtype {kv_dtype}: SGLang's KV cache dtypes are auto, bf16, fp16, fp32 and fp8")
+        dtype = serving_kv_dtype(model, kv_dtype, tp, "SGLang", "auto, bf16, fp16, fp32 and fp8")
         page = options.block_size or 1
         act = get_dtype(model.dtype)
         groups: dict[tuple, int] = {}

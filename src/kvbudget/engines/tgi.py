@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbudget.dtypes import resolve_kv_dtype
-from kvbudget.engines.base import Allocation, CacheGroup, Capacity, EngineOptions, check_tp, largest_fitting
+from kvbudget.engines.base import Allocation, CacheGroup, Capacity, EngineOptions, largest_fitting, serving_kv_dtype
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 from kvbudget.units import cdiv
@@ -30,16 +29,10 @@ class TGIEngine:
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
-        check_tp(tp)
-        dtype = resolve_kv_dtype(kv_dtype, model.dtype)
-        if dtype.family not in ("float", "fp8"):
-            raise KVBudgetError(f"--kv-dtype {kv_dtype}: TGI's KV cache dtypes are auto and fp8 (e4m3 / e5m2)")
+        dtype = serving_kv_dtype(model, kv_dtype, tp, "TGI", "auto and fp8 (e4m3 / e5m2)")
         block = options.block_size or 1
         if block not in BLOCK_SIZES:
             raise KVBudgetError(f"--block-size {block}: TGI uses 1 (flashinfer), 16 (paged) or 256 (flashdecoding)")
-        if model.attention_heads and model.attention_heads % tp:
-            raise KVBudgetError(f"{model.name}: TGI needs the {model.attention_heads} attention heads to split "
-                                f"evenly over {tp} shards")
         groups: dict[tuple, int] = {}
         for layer in model.layers:
             if layer.kind == "recurrent_state":

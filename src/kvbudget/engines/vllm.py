@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbudget.dtypes import KVDtype, get_dtype, resolve_kv_dtype
+from kvbudget.dtypes import KVDtype, get_dtype
 from kvbudget.engines.base import (
     Allocation,
     CacheGroup,
     Capacity,
     EngineOptions,
-    check_tp,
+    serving_kv_dtype,
     largest_fitting,
     shard_kv_heads,
     shard_recurrent,
@@ -168,18 +168,10 @@ class VLLMEngine:
     # --- layout -------------------------------------------------------------------------------
 
     def plan(self, model: ModelSpec, kv_dtype: str, tp: int, options: EngineOptions) -> tuple[Plan, KVDtype]:
-        check_tp(tp)
         if options.device not in DEFAULT_BLOCK_SIZE:
             raise KVBudgetError(f"--device: {options.device!r} is not one of {', '.join(DEFAULT_BLOCK_SIZE)}")
-        dtype = resolve_kv_dtype(kv_dtype, model.dtype)
-        if dtype.family not in ("float", "fp8"):
-            raise KVBudgetError(
-                f"--kv-dtype {kv_dtype}: vLLM's KV cache dtypes are auto, float16, bfloat16, float32 and "
-                "fp8 (e4m3 / e5m2); llama.cpp block types belong to --engine llamacpp"
-            )
-        if model.attention_heads and tp > 1 and model.attention_heads % tp:
-            raise KVBudgetError(f"{model.name}: vLLM needs the {model.attention_heads} attention heads to split "
-                                f"evenly over tensor parallel size {tp}")
+        dtype = serving_kv_dtype(model, kv_dtype, tp, "vLLM", "auto, float16, bfloat16, float32 and fp8 "
+                                 "(e4m3 / e5m2); llama.cpp block types belong to --engine llamacpp")
         mnbt = options.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
         if mnbt <= 0:
             raise KVBudgetError("--max-num-batched-tokens must be positive")

@@ -16,7 +16,6 @@ from kvbudget.model.spec import (
     LatentAttention,
     LayerSpec,
     ModelSpec,
-    NoCache,
     RecurrentState,
     SlidingWindow,
 )
