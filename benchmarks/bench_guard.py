@@ -18,8 +18,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import httpx
-
 HERE = Path(__file__).resolve().parent
 BODY = json.dumps({"model": "stub", "messages": [{"role": "user", "content": "hello there"}],
                    "max_tokens": 16}).encode()
@@ -42,47 +40,92 @@ def wait(url: str) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-async def fixed_rate(url: str, rate: int, seconds: float) -> list[float]:
-    latencies: list[float] = []
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=200)) as client:
-        async def one():
-            start = time.perf_counter()
-            r = await client.post(f"{url}/v1/chat/completions", content=BODY,
-                                  headers={"content-type": "application/json"})
-            r.raise_for_status()
-            latencies.append(time.perf_counter() - start)
+class Client:
+    """A minimal keep-alive HTTP/1.1 load generator (asyncio streams, one request per connection at a time):
+    it costs a fraction of what an httpx client does, so the generator disturbs the measurement less."""
 
-        tasks = []
-        begin = time.perf_counter()
-        for i in range(int(rate * seconds)):
-            delay = begin + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one()))
-        await asyncio.gather(*tasks)
-    return latencies
+    def __init__(self, url: str):
+        host, port = url.removeprefix("http://").split(":")
+        self.host, self.port = host, int(port)
+        self.idle: list = []
+        self.request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (f"{host}:{port}".encode(), len(BODY), BODY))
+
+    async def post(self) -> None:
+        for attempt in range(2):
+            reused = bool(self.idle)
+            reader, writer = self.idle.pop() if reused else await asyncio.open_connection(self.host, self.port)
+            try:
+                writer.write(self.request)
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                writer.close()
+                if reused and attempt == 0:  # the server closed an idle keep-alive connection
+                    continue
+                raise
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise RuntimeError(head.split(b"\r\n")[0].decode())
+            length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                          if line.startswith(b"content-length:"))
+            await reader.readexactly(length)
+            self.idle.append((reader, writer))
+            return
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+
+
+async def fixed_rate(url: str, rate: int, seconds: float) -> tuple[list[float], float]:
+    """Latencies of rate x seconds requests sent on a fixed schedule, and the achieved requests/s."""
+    client, latencies = Client(url), []
+
+    async def one():
+        start = time.perf_counter()
+        await client.post()
+        latencies.append(time.perf_counter() - start)
+
+    tasks = []
+    begin = time.perf_counter()
+    for i in range(int(rate * seconds)):
+        delay = begin + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one()))
+    await asyncio.gather(*tasks)
+    achieved = len(latencies) / (time.perf_counter() - begin)
+    client.close()
+    return latencies, achieved
 
 
 async def closed_loop(url: str, concurrency: int, seconds: float) -> float:
-    done = 0
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=concurrency)) as client:
-        stop = time.perf_counter() + seconds
+    """Requests/s with `concurrency` requests always outstanding: the saturation throughput."""
+    client, done = Client(url), 0
+    stop = time.perf_counter() + seconds
 
-        async def worker():
-            nonlocal done
-            while time.perf_counter() < stop:
-                r = await client.post(f"{url}/v1/chat/completions", content=BODY,
-                                      headers={"content-type": "application/json"})
-                r.raise_for_status()
-                done += 1
+    async def worker():
+        nonlocal done
+        while time.perf_counter() < stop:
+            await client.post()
+            done += 1
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    client.close()
     return done / seconds
 
 
 def pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[max(0, int(round(p * len(ordered))) - 1)]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -94,6 +137,12 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true", help="load generator on CPU 0, upstream and guard on CPU 1 "
                                                            "(Linux), so the generator does not compete with them")
     args = parser.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
     up_port, guard_port = free_port(), free_port()
     upstream = subprocess.Popen([sys.executable, str(HERE / "upstream_stub.py"), str(up_port)])
     guard = subprocess.Popen([sys.executable, "-m", "kvbudget", "guard", "--upstream", f"http://127.0.0.1:{up_port}",
@@ -103,36 +152,47 @@ def main() -> None:
         os.sched_setaffinity(0, {0})
         for proc in (upstream, guard):
             os.sched_setaffinity(proc.pid, {1})
+    n = int(args.rate * args.seconds)
     try:
         direct, proxied = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{guard_port}"
         wait(f"{direct}/v1/models")
         wait(f"{proxied}/healthz")
         asyncio.run(fixed_rate(proxied, 50, 1))  # warm up
         rounds = {"direct": [], "guard": []}
+        cpu = {"upstream": 0.0, "guard": 0.0}
         for _ in range(args.repeat):
             for name, url in (("direct", direct), ("guard", proxied)):
-                lat = asyncio.run(fixed_rate(url, args.rate, args.seconds))
+                before = cpu_seconds(upstream.pid), cpu_seconds(guard.pid)
+                lat, achieved = asyncio.run(fixed_rate(url, args.rate, args.seconds))
+                if name == "guard":
+                    cpu["upstream"] += cpu_seconds(upstream.pid) - before[0]
+                    cpu["guard"] += cpu_seconds(guard.pid) - before[1]
                 rps = asyncio.run(closed_loop(url, args.concurrency, 5))
-                rounds[name].append((statistics.median(lat), pct(lat, 0.99), rps))
+                rounds[name].append((statistics.median(lat), pct(lat, 0.99), achieved, rps))
         print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-              f"{args.rate} requests/s for {args.seconds:g} s ({int(args.rate * args.seconds)} requests) per round, "
-              f"{args.repeat} alternating rounds, medians over rounds; non-streaming chat completions on loopback, "
+              f"{args.rate} requests/s for {args.seconds:g} s ({n} requests) per round, {args.repeat} alternating "
+              "rounds, medians over rounds; non-streaming chat completions on loopback, "
               + ("load generator on CPU 0, upstream and guard on CPU 1" if args.pin else
                  "load generator, guard and upstream sharing the machine"))
-        med = {name: [statistics.median(r[i] for r in rs) for i in range(3)] for name, rs in rounds.items()}
-        for name, (p50, p99, rps) in med.items():
-            print(f"{name:6s}: p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms; closed-loop throughput "
-                  f"{rps:,.0f} requests/s at concurrency {args.concurrency}")
+        med = {name: [statistics.median(r[i] for r in rs) for i in range(4)] for name, rs in rounds.items()}
+        for name, (p50, p99, achieved, rps) in med.items():
+            print(f"{name:6s}: p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms, {achieved:.1f} requests/s achieved; "
+                  f"saturation {rps:,.0f} requests/s at concurrency {args.concurrency}")
         added99 = [(g[1] - d[1]) * 1000 for d, g in zip(rounds["direct"], rounds["guard"])]
         print(f"added by the guard: p50 {(med['guard'][0] - med['direct'][0]) * 1000:.2f} ms, p99 "
               f"{(med['guard'][1] - med['direct'][1]) * 1000:.2f} ms (per round: "
-              f"{', '.join(f'{a:.2f}' for a in added99)} ms); throughput {med['guard'][2] / med['direct'][2]:.0%} "
-              "of direct")
+              f"{', '.join(f'{a:.2f}' for a in added99)} ms); throughput at {args.rate} requests/s "
+              f"{med['guard'][2] / med['direct'][2]:.0%} of direct; saturation throughput "
+              f"{med['guard'][3] / med['direct'][3]:.0%} of direct")
+        if cpu["guard"]:
+            total = n * args.repeat
+            print(f"CPU per proxied request at {args.rate} requests/s: guard {cpu['guard'] / total * 1e6:.0f} us, "
+                  f"upstream stub {cpu['upstream'] / total * 1e6:.0f} us")
         metrics = urllib.request.urlopen(f"{proxied}/metrics").read().decode()
-        count = sum(float(l.split()[-1]) for l in metrics.splitlines()
-                    if l.startswith("kvbudget_guard_added_latency_seconds_count"))
-        total = sum(float(l.split()[-1]) for l in metrics.splitlines()
-                    if l.startswith("kvbudget_guard_added_latency_seconds_sum"))
+        count = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                    if line.startswith("kvbudget_guard_added_latency_seconds_count"))
+        total = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                    if line.startswith("kvbudget_guard_added_latency_seconds_sum"))
         print(f"guard's own measure of the time it adds before forwarding: mean {total / count * 1000:.3f} ms "
               f"over {count:,.0f} requests")
     finally:

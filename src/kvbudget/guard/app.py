@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -10,7 +11,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -19,10 +19,12 @@ from starlette.routing import Route
 
 from kvbudget.guard.policy import Policy, Replica, decide
 from kvbudget.guard.signals import Predictor, approximate_prompt_tokens, observed_usage
+from kvbudget.guard.upstream import ConnectFailed, Pool, UpstreamError, UpstreamTimeout
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-              "transfer-encoding", "upgrade", "content-length", "host", "content-encoding"}
+              "transfer-encoding", "upgrade", "content-length", "host"}
 _HOP_BY_HOP_RAW = {name.encode() for name in HOP_BY_HOP}
+_NOT_RELAYED = _HOP_BY_HOP_RAW | {b"date", b"server"}  # the guard's own server sets these on its responses
 PRIORITY_HEADER = "x-kvbudget-priority"
 log = logging.getLogger("kvbudget.guard")
 
@@ -54,7 +56,7 @@ class Guard:
         self.replicas = [Replica(url.rstrip("/")) for url in config.upstreams]
         self.held: dict[str, dict[int, int]] = {r.url: {} for r in self.replicas}  # request id -> predicted bytes
         self.ids = itertools.count()
-        self.client: httpx.AsyncClient | None = None
+        self.pool: Pool | None = None  # made in the app's lifespan, on its event loop
         self.polled = False
         self.registry = CollectorRegistry()
         r = self.registry
@@ -78,27 +80,30 @@ class Guard:
     # --- signals ----------------------------------------------------------------------------------
     async def poll_once(self) -> None:
         for replica in self.replicas:
+            timeout = self.config.connect_timeout
             try:
                 if self.config.engine == "llamacpp":
-                    resp = await self.client.get(f"{replica.url}/slots", timeout=self.config.connect_timeout)
-                    value = observed_usage("llamacpp", slots=resp.json()) if resp.status_code == 200 else None
-                    if resp.status_code != 200:  # /slots can be disabled; the server is still alive
-                        health = await self.client.get(f"{replica.url}/health", timeout=self.config.connect_timeout)
-                        resp.raise_for_status() if health.status_code != 200 else None
+                    status, body, _ = await self.pool.get(f"{replica.url}/slots", timeout)
+                    value = observed_usage("llamacpp", slots=json.loads(body)) if status == 200 else None
+                    if status != 200:  # /slots can be disabled; the server is still alive
+                        health, _, _ = await self.pool.get(f"{replica.url}/health", timeout)
+                        if health != 200:
+                            raise UpstreamError(f"/health answered {health}")
                 else:
-                    resp = await self.client.get(f"{replica.url}/metrics", timeout=self.config.connect_timeout)
-                    resp.raise_for_status()
-                    value = observed_usage(self.config.engine, metrics_text=resp.text)
+                    status, body, _ = await self.pool.get(f"{replica.url}/metrics", timeout)
+                    if status != 200:
+                        raise UpstreamError(f"/metrics answered {status}")
+                    value = observed_usage(self.config.engine, metrics_text=body.decode("utf-8", "replace"))
                 replica.healthy = True
                 if value is not None:
                     replica.observed, replica.observed_at = value, time.monotonic()
                     self.observed_g.labels(replica.url).set(value)
                 else:
                     self.scrape_failures.labels(replica.url).inc()
-            except (httpx.ConnectError, httpx.ConnectTimeout):  # nobody listening: not healthy
+            except ConnectFailed:  # nobody listening: not healthy
                 replica.healthy = False
                 self.scrape_failures.labels(replica.url).inc()
-            except (httpx.HTTPError, ValueError):  # slow or broken metrics: the usage goes stale
+            except (UpstreamError, ValueError):  # slow or broken metrics: the usage goes stale
                 self.scrape_failures.labels(replica.url).inc()
             if replica.observed is not None:
                 self.staleness_g.labels(replica.url).set(time.monotonic() - replica.observed_at)
@@ -187,11 +192,9 @@ class Guard:
         # raw header pairs, filtered once: cheaper than rebuilding and re-normalising a mapping per request
         drop = _HOP_BY_HOP_RAW if not self.config.api_keys else _HOP_BY_HOP_RAW | {b"authorization"}
         headers = [(k, v) for k, v in request.headers.raw if k.lower() not in drop]
-        timeout = httpx.Timeout(connect=self.config.connect_timeout, read=self.config.first_byte_timeout,
-                                write=self.config.connect_timeout, pool=self.config.connect_timeout)
         payload = raw if not decision.changes else json.dumps(body).encode()  # untouched bodies go as they came
-        upstream_request = self.client.build_request("POST", decision.replica + request.scope["path"],
-                                                     content=payload, headers=headers, timeout=timeout)
+        scope = request.scope
+        target = scope["path"] + ("?" + scope["query_string"].decode() if scope.get("query_string") else "")
 
         def release() -> None:
             self.held[decision.replica].pop(rid, None)
@@ -199,70 +202,69 @@ class Guard:
 
         self.added_latency.observe(time.perf_counter() - start)
         try:
-            upstream = await self.client.send(upstream_request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout):
+            upstream = await self.pool.send("POST", decision.replica, target, headers, payload,
+                                            self.config.first_byte_timeout)
+        except ConnectFailed:
             release()
             self.upstream_errors.labels(decision.replica, "connect").inc()
             next(r for r in self.replicas if r.url == decision.replica).healthy = False
             return None
-        except httpx.TimeoutException:
+        except UpstreamTimeout:
             release()
             self.upstream_errors.labels(decision.replica, "timeout").inc()
             return _error(504, "the upstream did not answer in time", "upstream_timeout")
-        except httpx.TransportError as exc:
+        except UpstreamError as exc:
             release()
             self.upstream_errors.labels(decision.replica, "transport").inc()
-            return _error(502, f"the upstream failed: {type(exc).__name__}", "upstream_error")
-        out_headers = [(k, v) for k, v in upstream.headers.raw if k.lower() not in _HOP_BY_HOP_RAW]
+            return _error(502, f"the upstream failed: {exc}", "upstream_error")
+        except BaseException:  # the client went away while the upstream was thinking
+            release()
+            raise
+        out_headers = [(k, v) for k, v in upstream.headers if k.lower() not in _NOT_RELAYED]
         if decision.changes:
             out_headers.append((b"x-kvbudget-changes", "; ".join(decision.changes).encode()))
         out_headers.append((b"x-kvbudget-level", str(decision.level).encode()))
-        streaming = "text/event-stream" in upstream.headers.get("content-type", "")
-        if not streaming:
+        idle = self.config.idle_timeout
+        if b"text/event-stream" not in (upstream.header(b"content-type") or b""):
             try:
-                content = await upstream.aread()
-            except httpx.HTTPError:
+                content = await upstream.read(idle)
+            except UpstreamError:
                 self.upstream_errors.labels(decision.replica, "read").inc()
                 return _error(502, "the upstream closed the connection mid-response", "upstream_error")
             finally:
-                await upstream.aclose()
+                upstream.close()
                 release()
-            response = Response(content, status_code=upstream.status_code)
+            response = Response(content, status_code=upstream.status)
             response.raw_headers.extend(out_headers)
             return response
 
-        idle = self.config.idle_timeout
-
         async def relay():
             try:
-                iterator = upstream.aiter_raw().__aiter__()
-                while True:
-                    try:
-                        chunk = await asyncio.wait_for(iterator.__anext__(), timeout=idle)
-                    except StopAsyncIteration:
-                        break
+                async for chunk in upstream.chunks(idle):
                     yield chunk
-            except (httpx.HTTPError, asyncio.TimeoutError) as exc:
+            except UpstreamError as exc:
                 self.upstream_errors.labels(decision.replica, "stream").inc()
-                error = {"error": {"message": f"the upstream stream ended abnormally ({type(exc).__name__})",
+                error = {"error": {"message": f"the upstream stream ended abnormally ({exc})",
                                    "type": "upstream_error", "code": 502}}
                 yield f"data: {json.dumps(error)}\n\n".encode()
             finally:
-                await upstream.aclose()
+                upstream.close()
                 release()
 
-        response = StreamingResponse(relay(), status_code=upstream.status_code)
+        response = StreamingResponse(relay(), status_code=upstream.status)
         response.raw_headers.extend(out_headers)
         return response
 
     async def models(self, request: Request) -> Response:
         for replica in sorted(self.replicas, key=lambda r: not r.healthy):
             try:
-                resp = await self.client.get(f"{replica.url}/v1/models", timeout=self.config.connect_timeout)
-                return Response(resp.content, status_code=resp.status_code,
-                                headers={"content-type": resp.headers.get("content-type", "application/json")})
-            except httpx.TransportError:
+                status, body, kind = await self.pool.get(f"{replica.url}/v1/models", self.config.connect_timeout)
+                return Response(body, status_code=status, headers={"content-type": (
+                    kind or b"application/json").decode("latin-1")})
+            except ConnectFailed:
                 replica.healthy = False
+            except UpstreamError:
+                pass
         return _error(502, "no upstream could be reached", "upstream_unreachable")
 
     async def metrics(self, request: Request) -> Response:
@@ -278,15 +280,16 @@ class Guard:
              "in_flight": r.in_flight} for r in self.replicas]}, status_code=200 if ready else 503)
 
     def app(self) -> Starlette:
+        @contextlib.asynccontextmanager
         async def lifespan(app):
-            self.client = httpx.AsyncClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
+            self.pool = Pool(connect_timeout=self.config.connect_timeout)
             await self.poll_once()
             task = asyncio.create_task(self.poll_forever())
             try:
                 yield
             finally:
                 task.cancel()
-                await self.client.aclose()
+                self.pool.close()
 
         return Starlette(routes=[
             Route("/v1/chat/completions", self.completions, methods=["POST"]),
