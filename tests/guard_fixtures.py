@@ -68,10 +68,11 @@ def free_port() -> int:
 class Served:
     """An ASGI app served by uvicorn in a thread on 127.0.0.1."""
 
-    def __init__(self, app, port: int | None = None):
+    def __init__(self, app, port: int | None = None, ssl_files: tuple | None = None):
         self.port = port or free_port()
+        tls = {"ssl_certfile": str(ssl_files[0]), "ssl_keyfile": str(ssl_files[1])} if ssl_files else {}
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
-                                                    lifespan="on"))
+                                                    lifespan="on", **tls))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property

@@ -217,6 +217,28 @@ def test_bad_requests(engine):
         assert httpx.post(f"{g.url}/v1/chat/completions", content=big).status_code == 413
 
 
+def test_headers_relayed_and_hop_by_hop_dropped(engine):
+    """A client's Expect: 100-continue is answered by the guard, not forwarded (the upstream would answer 100
+    first); the upstream's content type reaches the client once, with the guard's level."""
+    import socket
+
+    guard, _ = guard_for([engine.url])
+    with Served(guard.app()) as g:
+        body = json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4}).encode()
+        with socket.create_connection(("127.0.0.1", g.port), timeout=10) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n"
+                         b"expect: 100-continue\r\ncontent-length: %d\r\n\r\n" % len(body))
+            assert sock.recv(1024).startswith(b"HTTP/1.1 100")
+            sock.sendall(body)
+            answer = b""
+            while b'"usage"' not in answer:
+                answer += sock.recv(65536)
+        head = answer.split(b"\r\n\r\n")[0].lower()
+        assert head.startswith(b"http/1.1 200") and head.count(b"content-type: application/json") == 1
+        assert head.count(b"\r\nserver:") <= 1 and b"x-kvbudget-level: 0" in head
+        assert engine.bodies[-1]["max_tokens"] == 4
+
+
 def test_api_keys(engine):
     guard, _ = guard_for([engine.url], api_keys=["s3cret"])
     with Served(guard.app()) as g:
@@ -308,7 +330,8 @@ def test_client_disconnecting_mid_stream_releases_the_request(engine):
     with Served(guard.app()) as g:
         body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3000, "stream": True}
         with httpx.stream("POST", f"{g.url}/v1/chat/completions", json=body, timeout=10) as r:
-            next(r.iter_raw())
+            chunks = r.iter_raw()  # held: a dropped iterator would close the stream at once
+            next(chunks)
             assert guard.replicas[0].in_flight == 1 and guard.replicas[0].predicted > 0.29
         deadline = time.time() + 5
         while guard.replicas[0].in_flight and time.time() < deadline:

@@ -22,7 +22,7 @@ from kvbudget.guard.signals import Predictor, approximate_prompt_tokens, observe
 from kvbudget.guard.upstream import ConnectFailed, Pool, UpstreamError, UpstreamTimeout
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-              "transfer-encoding", "upgrade", "content-length", "host"}
+              "transfer-encoding", "upgrade", "content-length", "host", "expect"}
 _HOP_BY_HOP_RAW = {name.encode() for name in HOP_BY_HOP}
 _NOT_RELAYED = _HOP_BY_HOP_RAW | {b"date", b"server"}  # the guard's own server sets these on its responses
 PRIORITY_HEADER = "x-kvbudget-priority"

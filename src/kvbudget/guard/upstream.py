@@ -54,7 +54,7 @@ class _Connection(asyncio.Protocol):
         self.headers: list[tuple[bytes, bytes]] = []
         self.chunks: deque[bytes] = deque()
         self.buffered = 0
-        self.head_done = self.complete = self.received = self.paused = self.keep_alive = False
+        self.head_done = self.complete = self.received = self.paused = self.keep_alive = self.interim = False
         self.error: str | None = None
         self.waiter: asyncio.Future | None = None
 
@@ -85,6 +85,10 @@ class _Connection(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        if self.parser.get_status_code() < 200:  # an interim answer (100 Continue): the real one follows
+            self.headers.clear()
+            self.interim = True
+            return
         self.head_done = True
         self.keep_alive = self.parser.should_keep_alive()  # only meaningful while the message is being read
 
@@ -96,6 +100,9 @@ class _Connection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
+        if self.interim:
+            self.interim = False
+            return
         self.complete = True
 
     def _wake(self) -> None:
@@ -137,7 +144,7 @@ class Response:
     """An upstream response whose head has arrived; the body is read with `chunks()` or `read()`.
     Always `close()` it: a complete keep-alive response returns its connection to the pool."""
 
-    def __init__(self, pool: "Pool", key: tuple, conn: _Connection):
+    def __init__(self, pool: Pool, key: tuple, conn: _Connection):
         self._pool, self._key, self._conn = pool, key, conn
         self.status = conn.parser.get_status_code()
         self.headers = conn.headers
@@ -181,13 +188,14 @@ class Pool:
     """Keep-alive connections per origin (most recently used first), each carrying one request at a time.
     Idle connections are dropped after `keepalive_s`, below the 5 s uvicorn-based engines keep them."""
 
-    def __init__(self, connect_timeout: float = 5.0, keepalive_s: float = 4.0, max_idle: int = 64):
+    def __init__(self, connect_timeout: float = 5.0, keepalive_s: float = 4.0, max_idle: int = 64,
+                 ssl_context: ssl.SSLContext | None = None):
         self.connect_timeout = connect_timeout
         self.keepalive_s = keepalive_s
         self.max_idle = max_idle
         self._idle: dict[tuple, list[_Connection]] = {}
         self._origins: dict[str, tuple] = {}
-        self._ssl: ssl.SSLContext | None = None
+        self._ssl = ssl_context  # https:// upstreams; default: the system's CAs (SSL_CERT_FILE is honoured)
 
     def _origin(self, base: str) -> tuple:
         """((scheme, host, port), host header, path prefix) of a base URL, parsed once."""
