@@ -65,14 +65,28 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
 
 
-def test_keep_alive_connection_is_reused_and_request_is_framed():
+def answering(*parts: bytes, pause: float = 0.0, linger: float = 0.0):
+    """A handler that reads one request, writes `parts` with `pause` s between them, and stays `linger` s."""
     async def handler(reader, writer, log):
-        while True:
-            await log.request(reader)
-            writer.write(OK)
+        await log.request(reader)
+        for i, part in enumerate(parts):
+            await asyncio.sleep(pause if i else 0)
+            writer.write(part)
+            await writer.drain()
+        await asyncio.sleep(linger)
 
+    return handler
+
+
+async def keep_answering(reader, writer, log):
+    while True:
+        await log.request(reader)
+        writer.write(OK)
+
+
+def test_keep_alive_connection_is_reused_and_request_is_framed():
     async def main():
-        async with Script(handler) as server:
+        async with Script(keep_answering) as server:
             pool = Pool()
             for _ in range(3):
                 status, body, _ = await post(pool, server.url, b'{"model": "m"}')
@@ -114,14 +128,8 @@ def test_chunked_response_streams_before_it_ends():
 
 
 def test_interim_100_continue_is_skipped():
-    async def handler(reader, writer, log):
-        await log.request(reader)
-        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        await writer.drain()
-        await asyncio.sleep(0.2)  # a separate packet: the client must wait past the interim answer
-        writer.write(b"HTTP/1.1 201 Created\r\nx-final: yes\r\ncontent-length: 2\r\n\r\n{}")
-        await writer.drain()
-        await asyncio.sleep(1)
+    handler = answering(b"HTTP/1.1 100 Continue\r\n\r\n",  # the final answer in a later packet
+                        b"HTTP/1.1 201 Created\r\nx-final: yes\r\ncontent-length: 2\r\n\r\n{}", pause=0.2, linger=1)
 
     async def main():
         async with Script(handler) as server:
@@ -132,10 +140,7 @@ def test_interim_100_continue_is_skipped():
 
 
 def test_response_framed_by_close_is_complete_and_not_reused():
-    async def handler(reader, writer, log):
-        await log.request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it")
-        await writer.drain()
+    handler = answering(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it")
 
     async def main():
         async with Script(handler) as server:
@@ -147,30 +152,14 @@ def test_response_framed_by_close_is_complete_and_not_reused():
     run(main())
 
 
-def test_connection_closing_mid_body_is_an_error():
-    async def handler(reader, writer, log):
-        await log.request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly part")
-        await writer.drain()
-
+@pytest.mark.parametrize("answer, error", [
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly part", "mid-response"),  # closes early
+    (b"SMTP ready\r\n\r\n", "unparsable"),
+])
+def test_broken_answers_are_errors(answer, error):
     async def main():
-        async with Script(handler) as server:
-            with pytest.raises(UpstreamError, match="mid-response"):
-                await post(Pool(), server.url)
-
-    run(main())
-
-
-def test_garbage_answer_is_an_error():
-    async def handler(reader, writer, log):
-        await log.request(reader)
-        writer.write(b"SMTP ready\r\n\r\n")
-        await writer.drain()
-        await asyncio.sleep(1)
-
-    async def main():
-        async with Script(handler) as server:
-            with pytest.raises(UpstreamError, match="unparsable"):
+        async with Script(answering(answer)) as server:
+            with pytest.raises(UpstreamError, match=error):
                 await post(Pool(), server.url)
 
     run(main())
@@ -187,9 +176,7 @@ def test_refused_connection_is_connect_failed():
 
 
 def test_first_byte_timeout_is_not_retried():
-    async def handler(reader, writer, log):
-        await log.request(reader)
-        await asyncio.sleep(5)
+    handler = answering(linger=5)
 
     async def main():
         async with Script(handler) as server:
@@ -203,10 +190,7 @@ def test_first_byte_timeout_is_not_retried():
 
 
 def test_idle_stream_timeout():
-    async def handler(reader, writer, log):
-        await log.request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n")
-        await asyncio.sleep(5)
+    handler = answering(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n", linger=5)
 
     async def main():
         async with Script(handler) as server:
@@ -242,13 +226,8 @@ def test_kept_alive_connection_the_upstream_dropped_is_retried_once_on_a_new_one
 
 
 def test_idle_connections_expire():
-    async def handler(reader, writer, log):
-        while True:
-            await log.request(reader)
-            writer.write(OK)
-
     async def main():
-        async with Script(handler) as server:
+        async with Script(keep_answering) as server:
             pool = Pool(keepalive_s=0.1)
             await post(pool, server.url)
             await asyncio.sleep(0.2)
