@@ -19,8 +19,7 @@ import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BODY = json.dumps({"model": "stub", "messages": [{"role": "user", "content": "hello there"}],
-                   "max_tokens": 16}).encode()
+REQUEST = {"model": "stub", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 16}
 
 
 def free_port() -> int:
@@ -44,14 +43,16 @@ class Client:
     """A minimal keep-alive HTTP/1.1 load generator (asyncio streams, one request per connection at a time):
     it costs a fraction of what an httpx client does, so the generator disturbs the measurement less."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, stream: bool = False):
         host, port = url.removeprefix("http://").split(":")
         self.host, self.port = host, int(port)
         self.idle: list = []
+        body = json.dumps({**REQUEST, "stream": stream}).encode()
         self.request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\n"
-                        b"content-length: %d\r\n\r\n%s" % (f"{host}:{port}".encode(), len(BODY), BODY))
+                        b"content-length: %d\r\n\r\n%s" % (f"{host}:{port}".encode(), len(body), body))
 
-    async def post(self) -> None:
+    async def post(self) -> float:
+        """Send one request, read the whole answer; the perf_counter() when its first body bytes arrived."""
         for attempt in range(2):
             reused = bool(self.idle)
             reader, writer = self.idle.pop() if reused else await asyncio.open_connection(self.host, self.port)
@@ -65,25 +66,33 @@ class Client:
                 raise
             if not head.startswith(b"HTTP/1.1 200"):
                 raise RuntimeError(head.split(b"\r\n")[0].decode())
-            length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
-                          if line.startswith(b"content-length:"))
-            await reader.readexactly(length)
+            lines = head.lower().split(b"\r\n")
+            if b"transfer-encoding: chunked" in lines:  # a stream: chunks until the empty one
+                first = None
+                while size := int(await reader.readuntil(b"\r\n"), 16):
+                    await reader.readexactly(size + 2)
+                    first = first or time.perf_counter()
+                await reader.readexactly(2)
+            else:
+                await reader.readexactly(next(int(line.split(b":")[1]) for line in lines
+                                              if line.startswith(b"content-length:")))
+                first = time.perf_counter()
             self.idle.append((reader, writer))
-            return
+            return first
 
     def close(self) -> None:
         for _, writer in self.idle:
             writer.close()
 
 
-async def fixed_rate(url: str, rate: int, seconds: float) -> tuple[list[float], float]:
-    """Latencies of rate x seconds requests sent on a fixed schedule, and the achieved requests/s."""
-    client, latencies = Client(url), []
+async def fixed_rate(url: str, rate: int, seconds: float, stream: bool) -> tuple[list[float], float]:
+    """Latencies (to the first event, for streams) of rate x seconds requests sent on a fixed schedule, and the
+    achieved requests/s."""
+    client, latencies = Client(url, stream), []
 
     async def one():
         start = time.perf_counter()
-        await client.post()
-        latencies.append(time.perf_counter() - start)
+        latencies.append(await client.post() - start)
 
     tasks = []
     begin = time.perf_counter()
@@ -98,9 +107,9 @@ async def fixed_rate(url: str, rate: int, seconds: float) -> tuple[list[float], 
     return latencies, achieved
 
 
-async def closed_loop(url: str, concurrency: int, seconds: float) -> float:
+async def closed_loop(url: str, concurrency: int, seconds: float, stream: bool) -> float:
     """Requests/s with `concurrency` requests always outstanding: the saturation throughput."""
-    client, done = Client(url), 0
+    client, done = Client(url, stream), 0
     stop = time.perf_counter() + seconds
 
     async def worker():
@@ -134,6 +143,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=3, help="alternating direct/guard rounds; medians reported")
+    parser.add_argument("--stream", action="store_true", help="streamed (SSE) answers; latency to the first event")
     parser.add_argument("--pin", action="store_true", help="load generator on CPU 0, upstream and guard on CPU 1 "
                                                            "(Linux), so the generator does not compete with them")
     args = parser.parse_args()
@@ -157,21 +167,23 @@ def main() -> None:
         direct, proxied = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{guard_port}"
         wait(f"{direct}/v1/models")
         wait(f"{proxied}/healthz")
-        asyncio.run(fixed_rate(proxied, 50, 1))  # warm up
+        asyncio.run(fixed_rate(proxied, 50, 1, args.stream))  # warm up
         rounds = {"direct": [], "guard": []}
         cpu = {"upstream": 0.0, "guard": 0.0}
         for _ in range(args.repeat):
             for name, url in (("direct", direct), ("guard", proxied)):
                 before = cpu_seconds(upstream.pid), cpu_seconds(guard.pid)
-                lat, achieved = asyncio.run(fixed_rate(url, args.rate, args.seconds))
+                lat, achieved = asyncio.run(fixed_rate(url, args.rate, args.seconds, args.stream))
                 if name == "guard":
                     cpu["upstream"] += cpu_seconds(upstream.pid) - before[0]
                     cpu["guard"] += cpu_seconds(guard.pid) - before[1]
-                rps = asyncio.run(closed_loop(url, args.concurrency, 5))
+                rps = asyncio.run(closed_loop(url, args.concurrency, 5, args.stream))
                 rounds[name].append((statistics.median(lat), pct(lat, 0.99), achieved, rps))
         print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
               f"{args.rate} requests/s for {args.seconds:g} s ({n} requests) per round, {args.repeat} alternating "
-              "rounds, medians over rounds; non-streaming chat completions on loopback, "
+              "rounds, medians over rounds; "
+              + ("streamed chat completions (latency to the first event)" if args.stream else
+                 "non-streaming chat completions") + " on loopback, "
               + ("load generator on CPU 0, upstream and guard on CPU 1" if args.pin else
                  "load generator, guard and upstream sharing the machine"))
         med = {name: [statistics.median(r[i] for r in rs) for i in range(4)] for name, rs in rounds.items()}

@@ -1,10 +1,12 @@
-"""A minimal OpenAI-style upstream for the guard benchmark: constant small answers, a /metrics gauge."""
+"""A minimal OpenAI-style upstream for the guard benchmark: constant small answers (streamed as a few SSE
+events when asked), a /metrics gauge."""
 
+import json
 import sys
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.responses import JSONResponse, PlainTextResponse
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
 ANSWER = {"id": "c", "object": "chat.completion", "created": 0, "model": "stub",
@@ -12,8 +14,19 @@ ANSWER = {"id": "c", "object": "chat.completion", "created": 0, "model": "stub",
           "usage": {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9}}
 
 
+CHUNK = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "stub",
+         "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": None}]}
+
+
 async def chat(request):
-    await request.body()
+    body = await request.json()
+    if body.get("stream"):
+        async def events():
+            for _ in range(4):
+                yield f"data: {json.dumps(CHUNK)}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
     return JSONResponse(ANSWER)
 
 
