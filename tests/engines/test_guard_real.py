@@ -23,15 +23,18 @@ pytestmark = pytest.mark.engines
 MSGS = [{"role": "user", "content": "hello world"}]
 
 
+MAX_TOKENS = 3600  # long enough (seconds of decoding) that every stream is still generating when the last opens
+
+
 def drive(guard_url: str, extra: dict) -> tuple[list, list, int]:
-    """Open streams one after another until the guard rejects; return (responses, changes, rejected)."""
+    """Open streams one after another until the guard rejects; return (finish reasons, changes, rejected)."""
     client = openai.OpenAI(base_url=f"{guard_url}/v1", api_key="x", max_retries=0, timeout=600)
     model = client.models.list().data[0].id  # /v1/models through the guard
     opened, changes, rejected = [], [], 0
     for i in range(8):
         try:
             raw = client.chat.completions.with_raw_response.create(
-                model=model, messages=MSGS, max_tokens=900, n=2 if i == 5 else 1, stream=True, extra_body=extra)
+                model=model, messages=MSGS, max_tokens=MAX_TOKENS, n=2 if i == 5 else 1, stream=True, extra_body=extra)
         except openai.APIStatusError as exc:
             assert exc.status_code == 503 and exc.response.headers["retry-after"]
             rejected += 1
@@ -47,33 +50,35 @@ def drive(guard_url: str, extra: dict) -> tuple[list, list, int]:
 
 def test_guard_in_front_of_vllm():
     folder = model_folder("llama-hd32", CONFIG)
-    budget = 40 * 128 * 1024  # 40 blocks of 128 tokens at 1,024 bytes per token
-    with vllm_server(folder, None, 1024, "--kv-cache-memory-bytes", str(budget)) as url:
+    budget = 145 * 128 * 1024  # 145 blocks of 128 tokens at 1,024 bytes per token
+    with vllm_server(folder, None, 4096, "--kv-cache-memory-bytes", str(budget)) as url:
         log = io.StringIO()
         guard, notes = build_guard([url], "vllm", model=str(folder), kv_memory=budget, tokenizer=str(folder),
                                    poll_interval=0.2, decision_log=log, device="cpu")
         with Served(guard.app()) as g:
             finished, changes, rejected = drive(g.url, {"ignore_eos": True})
-    # 4 requests of ~910 tokens hold 8 blocks each (80%); the 5th is capped, the 6th also forced to one sample
-    assert changes[:4] == ["", "", "", ""]
-    assert "max_tokens 900->450" in changes[4]
-    assert "n 2->1" in changes[5]
-    assert rejected == 1
+    # 4 requests of ~3,610 tokens hold 29 blocks each (80%); the 5th is capped (15 blocks, 90%), the 6th also
+    # forced to one sample (101%), the 7th rejected
+    assert changes[:4] == ["", "", "", ""], log.getvalue()
+    assert "max_tokens 3600->1800" in changes[4], log.getvalue()
+    assert "n 2->1" in changes[5], log.getvalue()
+    assert rejected == 1, log.getvalue()
     assert finished == ["length"] * len(finished) and len(finished) == 6
 
 
 def test_guard_in_front_of_llama_server():
     folder = model_folder("llama-hd32", CONFIG)
     spec = load_model(folder)
-    budget = sum(b.total_bytes for b in LLAMACPP.server_buffers(spec, 4096, 4))
-    with llama_server(gguf_file("llama-hd32", CONFIG), "-c", "4096", "-np", "4", "--jinja") as url:
+    budget = sum(b.total_bytes for b in LLAMACPP.server_buffers(spec, 16384, 4))
+    with llama_server(gguf_file("llama-hd32", CONFIG), "-c", "16384", "-np", "4", "--jinja") as url:
+        log = io.StringIO()
         guard, notes = build_guard([url], "llamacpp", model=str(folder), kv_memory=budget, tokenizer=str(folder),
-                                   poll_interval=0.2, decision_log=io.StringIO())
+                                   poll_interval=0.2, decision_log=log)
         with Served(guard.app()) as g:
             finished, changes, rejected = drive(g.url, {"ignore_eos": True})
-    # each slot is 1,024 cells (25%): three fill 75%, the 4th is capped to 512 cells, the 5th capped and
-    # forced to one sample, the 6th rejected; the 5th waits for a free slot and still completes
-    assert changes[:3] == ["", "", ""]
-    assert "max_tokens 900->450" in changes[3]
-    assert rejected == 1
+    # each slot is 4,096 cells (25%): three fill 75%, the 4th is capped, the 5th capped and forced to one
+    # sample, the 6th rejected; the 5th waits for a free slot and still completes
+    assert changes[:3] == ["", "", ""], log.getvalue()
+    assert "max_tokens 3600->1800" in changes[3], log.getvalue()
+    assert rejected == 1, log.getvalue()
     assert all(reason == "length" for reason in finished) and len(finished) >= 4
