@@ -1,11 +1,12 @@
 """The guard's HTTP/1.1 client for its upstreams: keep-alive connections pooled per origin, responses parsed
 by httptools (the C parser uvicorn uses), bodies handed on chunk by chunk as they arrive.
 
-Why not httpx: on the 2-core benchmark machine httpx with its httpcore pool spent about 1 ms of CPU per
-proxied request (a pool scan with a readability syscall per idle connection, and its request and header
-models), more than the 2 ms p99 budget allows once the machine is busy; this client spends about a tenth of
-that. It does only what the guard needs: one request per connection at a time, bodies already in memory,
-http:// and https:// upstreams, content-length, chunked and read-until-close responses.
+Why not httpx: on the 2-core benchmark machine the guard spent 1,300-1,600 us of CPU per proxied request
+with httpx, most of it in httpcore's pool (a scan with a readability syscall per idle connection) and
+httpx's request and header models; with this client the whole guard spends 440-500 us
+(benchmarks/bench_guard.py). It does only what the guard needs: one request per connection at a time,
+bodies already in memory, http:// and https:// upstreams, content-length, chunked and read-until-close
+responses.
 """
 
 from __future__ import annotations
@@ -24,19 +25,13 @@ HIGH_WATER = 1 << 20  # buffered response bytes before reading from the upstream
 class UpstreamError(Exception):
     """The upstream failed after the connection was made: closed early, sent something unparsable."""
 
-    kind = "transport"
-
 
 class ConnectFailed(UpstreamError):
     """Nobody could be connected to (refused, unreachable, or the connect timed out)."""
 
-    kind = "connect"
-
 
 class UpstreamTimeout(UpstreamError):
     """Connected, but the upstream sent nothing within the time allowed (first byte, or between chunks)."""
-
-    kind = "timeout"
 
 
 class _Connection(asyncio.Protocol):
