@@ -21,10 +21,9 @@ from kvbudget.guard.policy import Policy, Replica, decide
 from kvbudget.guard.signals import Predictor, approximate_prompt_tokens, observed_usage
 from kvbudget.guard.upstream import ConnectFailed, Pool, UpstreamError, UpstreamTimeout
 
-HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-              "transfer-encoding", "upgrade", "content-length", "host", "expect"}
-_HOP_BY_HOP_RAW = {name.encode() for name in HOP_BY_HOP}
-_NOT_RELAYED = _HOP_BY_HOP_RAW | {b"date", b"server"}  # the guard's own server sets these on its responses
+HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailers",
+              b"transfer-encoding", b"upgrade", b"content-length", b"host", b"expect"}
+NOT_RELAYED = HOP_BY_HOP | {b"date", b"server"}  # the guard's own server sets these on its responses
 PRIORITY_HEADER = "x-kvbudget-priority"
 log = logging.getLogger("kvbudget.guard")
 
@@ -57,6 +56,8 @@ class Guard:
         self.held: dict[str, dict[int, int]] = {r.url: {} for r in self.replicas}  # request id -> predicted bytes
         self.ids = itertools.count()
         self.pool: Pool | None = None  # made in the app's lifespan, on its event loop
+        # request headers kept from the upstream: hop-by-hop ones, and the guard's own API key
+        self.not_forwarded = HOP_BY_HOP | ({b"authorization"} if config.api_keys else set())
         self.polled = False
         self.registry = CollectorRegistry()
         r = self.registry
@@ -190,8 +191,7 @@ class Guard:
             self.held[decision.replica][rid] = 0
         self._set_predicted(decision.replica)
         # raw header pairs, filtered once: cheaper than rebuilding and re-normalising a mapping per request
-        drop = _HOP_BY_HOP_RAW if not self.config.api_keys else _HOP_BY_HOP_RAW | {b"authorization"}
-        headers = [(k, v) for k, v in request.headers.raw if k.lower() not in drop]
+        headers = [(k, v) for k, v in request.scope["headers"] if k not in self.not_forwarded]  # ASGI: lowercase
         payload = raw if not decision.changes else json.dumps(body).encode()  # untouched bodies go as they came
         scope = request.scope
         target = scope["path"] + ("?" + scope["query_string"].decode() if scope.get("query_string") else "")
@@ -220,7 +220,7 @@ class Guard:
         except BaseException:  # the client went away while the upstream was thinking
             release()
             raise
-        out_headers = [(k, v) for k, v in upstream.headers if k.lower() not in _NOT_RELAYED]
+        out_headers = [(k, v) for k, v in upstream.headers if k.lower() not in NOT_RELAYED]
         if decision.changes:
             out_headers.append((b"x-kvbudget-changes", "; ".join(decision.changes).encode()))
         out_headers.append((b"x-kvbudget-level", str(decision.level).encode()))
