@@ -19,7 +19,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from kvbudget.tokens import Counter, iter_lines
+from kvbudget.tokens import PromptCounter, iter_lines
 
 WORDS = ("the quick brown fox jumps over lazy dog retrieval augmented generation passages cache tokens "
          "memory sequence layer attention window context budget engine request latency throughput").split()
@@ -63,7 +63,7 @@ def main() -> None:
         make_tokenizer(folder)
         lines = make_log(log, args.mb)
         size = log.stat().st_size
-        counter = Counter(folder)
+        counter = PromptCounter(folder)
         start = time.perf_counter()
         stats = counter.count_jsonl(iter_lines(str(log)))
         seconds = time.perf_counter() - start

@@ -66,7 +66,7 @@ def test_check_log_cli_json_and_stdin(capsys, monkeypatch):
 
 @pytest.mark.parametrize("argv, expected", [
     (["check-log", "/no/such.log"], "cannot read"),
-    (["check-log", str(LOGS / "README.md"), "--model", "llama-3.1-8b"], "no vLLM, SGLang, TGI or llama.cpp"),
+    (["check-log", str(LOGS / "README.md"), "--model", "llama-3.1-8b"], "found no KV cache lines of a known engine"),
     (["check-log", str(LOGS / "vllm-cpu-0.32-gemma2-local-global.log")], "cannot be read here"),
 ])
 def test_check_log_bad_input(argv, expected, capsys):

@@ -174,14 +174,13 @@ BAD = {
                        "llama.cpp cache types"),
     "vllm block dtype": (lambda t: ["estimate", "llama-3.1-8b", "--engine", "vllm", "--kv-dtype", "q4_0"],
                          "vLLM's KV cache dtypes"),
-    "no command": (lambda t: [], "required"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_is_one_line_and_exit_2(case, tmp_path, capsys):
     make_argv, expected = BAD[case]
-    with pytest.raises(SystemExit) if case in ("unknown flag", "no command") else _nothing() as exc:
+    with pytest.raises(SystemExit) if case == "unknown flag" else _nothing() as exc:
         code = main(make_argv(tmp_path))
     if exc is not None and hasattr(exc, "value"):
         code = exc.value.code
@@ -235,3 +234,11 @@ def test_hub_id_from_the_cache_offline(tmp_path):
                              capture_output=True, text=True, timeout=60, env=env)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
     assert "not in the local Hugging Face cache" in missing.stderr
+
+
+def test_no_command_prints_help(capsys):
+    assert main([]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "usage: kvbudget" in out
+    for command in ("estimate", "plan", "compare", "check-log", "tokens", "guard", "alerts", "models", "gpus"):
+        assert command in out

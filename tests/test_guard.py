@@ -95,12 +95,14 @@ def test_observed_usage_parsers():
     assert observed_usage("vllm", "vllm:gpu_cache_usage_perc 0.3\n") == 0.3  # the old name still read
     assert observed_usage("sglang", "sglang:token_usage 0.4\n") == 0.4
     assert observed_usage("tgi", "tgi_batch_current_max_tokens 50\ntgi_batch_max_total_tokens 200\n") == 0.25
-    assert observed_usage("llamacpp", slots=[{"n_ctx": 100, "n_past": 30}, {"n_ctx": 100, "n_past": 10}]) == 0.2
+    old_slots = [{"n_ctx": 100, "n_past": 30}, {"n_ctx": 100, "n_past": 10}]
+    assert observed_usage("llamacpp", json.dumps(old_slots)) == 0.2
     # the /slots of current llama-server: prompt + decoded tokens of the busy slots
     slots = [{"id": 0, "n_ctx": 2048, "is_processing": False},
              {"id": 1, "n_ctx": 2048, "is_processing": True, "n_prompt_tokens": 25,
               "next_token": [{"n_decoded": 999}]}]
-    assert observed_usage("llamacpp", slots=slots) == 1024 / 4096
+    assert observed_usage("llamacpp", json.dumps(slots)) == 1024 / 4096
+    assert observed_usage("hf", "") is None  # a library publishes no usage
 
 
 # --- the proxy, end to end ---------------------------------------------------------------------------

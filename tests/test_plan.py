@@ -11,9 +11,9 @@ from kvbudget import KVBudgetError, load_model
 from kvbudget.cli import main
 from kvbudget.gpus import find_gpu, gpus
 from kvbudget.model.params import count_parameters
-from kvbudget.plan import plan
+from kvbudget.planner import plan
 from kvbudget.units import GIB
-from kvbudget.weights import analytic_weights, model_weights
+from kvbudget.model.weights import analytic_weights, model_weights
 
 # Published totals (model cards / papers) the analytic count must reproduce within 2%.
 PUBLISHED_TOTALS = {
@@ -55,7 +55,7 @@ def test_weights_per_gpu_under_parallelism():
     one = analytic_weights(model)
     tp8 = analytic_weights(model, tp=8)
     assert abs(tp8.per_gpu_bytes * 8 / one.total_bytes - 1) < 0.001  # only norms are replicated
-    pp2 = analytic_weights(model, pp=2)
+    pp2 = analytic_weights(model, stages=kvbudget.get_engine("vllm").pipeline_stages(model.num_layers, 2))
     assert 0.45 < pp2.per_gpu_bytes / one.total_bytes < 0.55
 
 

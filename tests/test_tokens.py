@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 from kvbudget import KVBudgetError  # noqa: E402
 from kvbudget.cli import main  # noqa: E402
-from kvbudget.tokens import Counter, distribution  # noqa: E402
+from kvbudget.tokens import PromptCounter, distribution  # noqa: E402
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
@@ -57,7 +57,7 @@ MESSAGES = [{"role": "system", "content": "You answer from the passages."},
 
 
 def test_request_count_equals_encoding_the_rendered_template(tok_dir, raw):
-    result = Counter(tok_dir).count_request(MESSAGES, max_tokens=64)
+    result = PromptCounter(tok_dir).count_request(MESSAGES, max_tokens=64)
     assert result.prompt_tokens == encode(raw, render_by_hand(MESSAGES))
     assert sum(p.tokens for p in result.parts) == result.prompt_tokens
     assert [p.name for p in result.parts] == ["message 1 (system)", "message 2 (user)", "template"]
@@ -67,19 +67,19 @@ def test_request_count_equals_encoding_the_rendered_template(tok_dir, raw):
 
 def test_documents_question_system(tok_dir, raw):
     docs = [("a.txt", CORPUS[0]), ("b.txt", CORPUS[2])]
-    result = Counter(tok_dir).count_documents(docs, "Why?", "Be brief.")
+    result = PromptCounter(tok_dir).count_documents(docs, "Why?", "Be brief.")
     user = "\n\n".join([CORPUS[0], CORPUS[2], "Why?"])
     expected = encode(raw, render_by_hand([{"role": "system", "content": "Be brief."},
                                            {"role": "user", "content": user}]))
     assert result.prompt_tokens == expected
     assert [p.name for p in result.parts] == ["system", "a.txt", "b.txt", "question", "template and separators"]
-    raw_only = Counter(tok_dir).count_documents(docs, "Why?", None, template=False)
+    raw_only = PromptCounter(tok_dir).count_documents(docs, "Why?", None, template=False)
     assert raw_only.prompt_tokens == encode(raw, user)
 
 
 def test_llamacpp_adds_the_vocabularys_bos(tok_dir):
-    vllm = Counter(tok_dir, engine="vllm")
-    llama = Counter(tok_dir, engine="llamacpp")
+    vllm = PromptCounter(tok_dir, engine="vllm")
+    llama = PromptCounter(tok_dir, engine="llamacpp")
     assert llama.count_request(MESSAGES).prompt_tokens == vllm.count_request(MESSAGES).prompt_tokens
     llama.tokenizer.add_bos_token = True  # as a vocabulary with tokenizer.ggml.add_bos_token does
     assert llama.count_request(MESSAGES).prompt_tokens == vllm.count_request(MESSAGES).prompt_tokens + 1
@@ -113,7 +113,7 @@ def test_jsonl_distribution_is_exact(tok_dir, raw, tmp_path):
 
     path = tmp_path / "log.jsonl"
     expected_prompt, expected_total = _write_log(path, 3000, raw)
-    stats = Counter(tok_dir).count_jsonl(__import__("kvbudget.tokens").tokens.iter_lines(str(path)))
+    stats = PromptCounter(tok_dir).count_jsonl(__import__("kvbudget.tokens").tokens.iter_lines(str(path)))
     assert stats.count == 3000
     assert stats.prompt_tokens == distribution(array("q", expected_prompt))
     assert stats.total_tokens == distribution(array("q", expected_total))
@@ -123,7 +123,7 @@ def test_jsonl_memory_does_not_grow_with_the_file(tok_dir, tmp_path):
     small, large = tmp_path / "small.jsonl", tmp_path / "large.jsonl"
     _write_log(small, 2000)
     _write_log(large, 16000)
-    counter = Counter(tok_dir)
+    counter = PromptCounter(tok_dir)
     _, small_peak = _peak(counter, small)
     stats, large_peak = _peak(counter, large)
     assert stats.count == 16000
@@ -159,7 +159,7 @@ def test_estimate_and_plan_take_counted_lengths(tok_dir, tmp_path, capsys):
     (tok_dir / "config.json").write_text(json.dumps(cfg))
     req = tmp_path / "req.json"
     req.write_text(json.dumps({"messages": MESSAGES, "max_tokens": 100}))
-    prompt = Counter(tok_dir).count_request(MESSAGES).prompt_tokens
+    prompt = PromptCounter(tok_dir).count_request(MESSAGES).prompt_tokens
     assert main(["estimate", str(tok_dir), "--prompt-file", str(req), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [p["context"] for p in data["points"]] == [prompt + 100]
@@ -204,5 +204,5 @@ def test_offline_hub_tokenizer_says_how_to_fix(tmp_path, monkeypatch):
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(KVBudgetError, match="not in the local Hugging Face cache.*--approximate"):
-        Counter("llama-3.1-8b")
+    with pytest.raises(KVBudgetError, match="not in the local Hugging Face cache.*approximate=True"):
+        PromptCounter("llama-3.1-8b")

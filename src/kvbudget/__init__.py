@@ -4,29 +4,58 @@
     >>> model = kvbudget.load_model("llama-3.1-8b")
     >>> kvbudget.estimate(model, batch=[1, 8], context=[4096]).bytes_per_token
     131072
+
+The public API: `load_model` (a catalog name, config file, model folder, Hub id or config dict -> ModelSpec),
+`estimate` (the memory map on one engine), `plan` (weights, budget, capacity and advice on a GPU), `compare`
+(models side by side), `count_prompt` (exact prompt tokens), and the types they return. Engines are named by
+their registered names (`ENGINES`) or passed as `Engine` objects; `register` adds one. Every error is a
+`KVBudgetError`, subclassed by what went wrong.
 """
 
+from kvbudget import catalog
 from kvbudget.dtypes import KVDtype, get_dtype
-from kvbudget.engines import ENGINES, Allocation, CacheGroup, get_engine
-from kvbudget.errors import KVBudgetError
-from kvbudget.estimate import Estimate, Point, estimate
+from kvbudget.engines import (
+    ENGINES,
+    Allocation,
+    CacheGroup,
+    Capacity,
+    Engine,
+    EngineOptions,
+    get_engine,
+    register,
+)
+from kvbudget.errors import (
+    BudgetError,
+    ConfigError,
+    EngineRuleError,
+    KVBudgetError,
+    TokenizerError,
+    UnsupportedArchitectureError,
+    UpstreamConfigError,
+)
+from kvbudget.estimator import Estimate, Point, estimate
 from kvbudget.model.config import parse_config
 from kvbudget.model.load import load_model
-from kvbudget import catalog
 from kvbudget.model.spec import (
+    Attention,
     ChunkedLocal,
     FullAttention,
     LatentAttention,
+    LayerSpec,
     ModelSpec,
     NoCache,
     RecurrentState,
     SlidingWindow,
 )
+from kvbudget.planner import Comparison, Plan, compare, plan
+from kvbudget.tokens import PromptCount, count_prompt
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Allocation", "CacheGroup", "ChunkedLocal", "catalog", "ENGINES", "Estimate", "FullAttention", "KVBudgetError",
-    "KVDtype", "LatentAttention", "ModelSpec", "NoCache", "Point", "RecurrentState", "SlidingWindow",
-    "estimate", "get_dtype", "get_engine", "load_model", "parse_config",
+    "Allocation", "Attention", "BudgetError", "CacheGroup", "Capacity", "ChunkedLocal", "Comparison", "ConfigError",
+    "ENGINES", "Engine", "EngineOptions", "EngineRuleError", "Estimate", "FullAttention", "KVBudgetError", "KVDtype",
+    "LatentAttention", "LayerSpec", "ModelSpec", "NoCache", "Plan", "Point", "PromptCount", "RecurrentState",
+    "SlidingWindow", "TokenizerError", "UnsupportedArchitectureError", "UpstreamConfigError", "catalog", "compare",
+    "count_prompt", "estimate", "get_dtype", "get_engine", "load_model", "parse_config", "plan", "register",
 ]

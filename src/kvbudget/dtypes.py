@@ -63,9 +63,8 @@ def get_dtype(name: str) -> KVDtype:
     key = str(name).strip().lower()
     key = _ALIASES.get(key, key)
     if key not in _TYPES:
-        raise KVBudgetError(
-            f"unknown KV dtype {name!r}; choose one of: {', '.join(KV_DTYPE_CHOICES)}"
-        )
+        raise KVBudgetError(f"kv_dtype: unknown KV dtype {name!r}; choose one of: {', '.join(KV_DTYPE_CHOICES)}",
+                            param="kv_dtype")
     return _TYPES[key]
 
 

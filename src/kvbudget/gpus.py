@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
+from typing import Any
+
 from kvbudget.errors import KVBudgetError
 from kvbudget.units import GIB, MIB
 
@@ -14,6 +16,7 @@ from kvbudget.units import GIB, MIB
 @dataclass(frozen=True)
 class GPU:
     name: str
+    vendor: str  # "NVIDIA", "AMD", or "" for a card described only by its memory
     memory_bytes: int
     memory_basis: str  # "reported by the driver" or "nominal"
     bandwidth_bytes_per_s: float | None
@@ -23,7 +26,7 @@ class GPU:
 
 
 @lru_cache(maxsize=1)
-def _catalog() -> dict:
+def _catalog() -> dict[str, Any]:
     return json.loads((resources.files("kvbudget") / "data" / "gpus.json").read_text(encoding="utf-8"))
 
 
@@ -31,18 +34,26 @@ def gpus() -> tuple[GPU, ...]:
     return tuple(_make(g) for g in _catalog()["gpus"])
 
 
-def _make(g: dict) -> GPU:
+def _make(g: dict[str, Any]) -> GPU:
     if g.get("memory_mib_reported"):
         memory, basis = g["memory_mib_reported"] * MIB, "as nvidia-smi reports it (public reports; not measured here)"
     else:
         memory, basis = int(g["memory_gb_nominal"] * GIB), "nominal (vendor figure, read as GiB)"
     bandwidth = g["bandwidth_gbps"] * 1e9 if g.get("bandwidth_gbps") else None
-    return GPU(g["name"], memory, basis, bandwidth, g.get("bf16_tflops") or g.get("fp16_tflops"),
+    return GPU(g["name"], g.get("vendor", ""), memory, basis, bandwidth, g.get("bf16_tflops") or g.get("fp16_tflops"),
                g.get("fp8_tflops"), g["source"])
 
 
 def _key(text: str) -> str:
     return text.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def custom_gpu(memory_bytes: int, like: GPU | None = None) -> GPU:
+    """A GPU given by its memory alone, or a catalog card with its memory replaced."""
+    if like is None:
+        return GPU("custom", "", memory_bytes, "given", None, None, None, "given memory")
+    return GPU(like.name, like.vendor, memory_bytes, "given", like.bandwidth_bytes_per_s, like.bf16_tflops,
+               like.fp8_tflops, f"{like.source}; memory given")
 
 
 def find_gpu(name: str) -> GPU:
@@ -51,4 +62,4 @@ def find_gpu(name: str) -> GPU:
         if key in {_key(g["name"]), *(_key(a) for a in g.get("aliases", ()))}:
             return _make(g)
     known = ", ".join(g["name"] for g in _catalog()["gpus"])
-    raise KVBudgetError(f"--gpu: unknown GPU {name!r}; choose one of {known}, or pass --gpu-memory SIZE")
+    raise KVBudgetError(f"gpu: unknown GPU {name!r}; choose one of {known}, or give gpu_memory", param="gpu")

@@ -7,30 +7,31 @@ import os
 import tempfile
 
 from kvbudget.errors import KVBudgetError
-from kvbudget.estimate import estimate
+from kvbudget.estimator import estimate
+from kvbudget.planner import Plan
 from kvbudget.units import GIB
 
 
-def plot_plan(p, path: str) -> None:
+def plot_plan(p: Plan, path: str) -> None:
+    """Write the plan's picture to `path` (.png or .svg), whole or not at all."""
     ext = os.path.splitext(path)[1].lower()
     if ext not in (".png", ".svg"):
-        raise KVBudgetError(f"--plot {path}: write a .png or .svg file")
+        raise KVBudgetError(f"plot {path}: write a .png or .svg file", param="plot")
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
-        raise KVBudgetError(f"--plot: folder {folder} does not exist")
+        raise KVBudgetError(f"plot: folder {folder} does not exist", param="plot")
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise KVBudgetError("--plot needs matplotlib: pip install 'kvbudget[plot]'") from None
+        raise KVBudgetError("plot: drawing needs matplotlib: pip install 'kvbudget[plot]'", param="plot") from None
 
     fig, (bar, curve) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [1, 3]})
-    terms = {t.name: t.bytes for t in p.stack}
-    total = terms["GPU memory"]
-    slices = [("weights", terms["weights"]), ("activation", terms["activation peak"]),
-              ("overhead", terms["overhead"]), ("KV budget", max(p.kv_memory_bytes, 0))]
+    total = p.term_bytes("gpu")
+    slices = [("weights", p.term_bytes("weights")), ("activation", p.term_bytes("activation")),
+              ("overhead", p.term_bytes("overhead")), ("KV budget", max(p.kv_memory_bytes, 0))]
     slices.append(("not given to the engine", max(total - sum(v for _, v in slices), 0)))
     bottom = 0.0
     for name, value in slices:
@@ -44,11 +45,11 @@ def plot_plan(p, path: str) -> None:
     contexts = sorted({max(1, top * i // 40) for i in range(1, 41)})
     sequences = p.estimate.points[0].sequences
     dtypes = [p.estimate.allocation.kv_dtype.name]
-    alt = "q8_0" if p.engine == "llamacpp" else "fp8"
-    for dtype in dtypes + [alt]:
+    cheaper = p.engine.cheaper_kv_dtype(p.estimate.allocation.kv_dtype)
+    for dtype in dtypes + ([cheaper] if cheaper else []):
         try:
             est = estimate(p.model, engine=p.engine, kv_dtype=dtype, batch=[sequences], context=contexts, tp=p.tp,
-                           pp=p.pp)
+                           pp=p.pp, options=p.options)
         except KVBudgetError:
             continue
         curve.plot(contexts, [pt.kv_bytes / GIB for pt in est.points],
@@ -59,7 +60,7 @@ def plot_plan(p, path: str) -> None:
     curve.axhline(p.kv_memory_bytes / GIB, color="red", linestyle="--", label="KV budget")
     curve.set_xlabel("context (tokens per sequence)")
     curve.set_ylabel("KV cache (GiB per GPU)")
-    curve.set_title(f"{p.model.name} on {p.engine}")
+    curve.set_title(f"{p.model.name} on {p.engine.name}")
     curve.legend(fontsize=8)
     fig.tight_layout()
     fd, tmp = tempfile.mkstemp(dir=folder, suffix=ext, prefix=".kvbudget-")

@@ -14,10 +14,12 @@ import os
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from kvbudget import catalog
-from kvbudget.errors import KVBudgetError
+from kvbudget.engines import Engine, get_engine
+from kvbudget.errors import TokenizerError
 
 CHARS_PER_TOKEN = 4.0  # --approximate only, and labelled as such
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
@@ -73,7 +75,7 @@ class LogStats:
 def distribution(values: array) -> Distribution:
     """Count, mean and nearest-rank percentiles of token counts."""
     if not len(values):
-        raise KVBudgetError("no requests to count")
+        raise TokenizerError("no requests to count")
     ordered = sorted(values)
     n = len(ordered)
 
@@ -83,15 +85,17 @@ def distribution(values: array) -> Distribution:
     return Distribution(n, sum(ordered) / n, rank(0.50), rank(0.90), rank(0.99), ordered[-1])
 
 
-class Counter:
-    """A model's tokenizer and chat template, or the character estimate with `approximate=True`."""
+class PromptCounter:
+    """A model's tokenizer and chat template, or the character estimate with `approximate=True`.
 
-    def __init__(self, source: str | os.PathLike | None, approximate: bool = False, engine: str = "vllm"):
+    `engine` (a registered name or an Engine) decides how the rendered prompt is tokenized: llama-server adds
+    the vocabulary's BOS in front of it when the vocabulary asks for one; the others count the template as is."""
+
+    def __init__(self, source: str | os.PathLike[str] | None, approximate: bool = False,
+                 engine: str | Engine = "vllm"):
         self.approximate = approximate
-        self.engine = engine
-        self.tokenizer = None if approximate else load_tokenizer(source)
-        if engine not in ("vllm", "sglang", "tgi", "hf", "llamacpp"):
-            raise KVBudgetError(f"--engine {engine!r}: choose vllm, sglang, tgi, hf or llamacpp")
+        self.engine = get_engine(engine)
+        self.tokenizer: Any = None if approximate else load_tokenizer(source)
 
     # --- counting ---------------------------------------------------------------------------------
     def count_texts(self, texts: list[str]) -> list[int]:
@@ -109,15 +113,15 @@ class Counter:
         if not template:
             return "\n\n".join(str(m.get("content", "")) for m in messages)
         if self.tokenizer.chat_template is None:
-            raise KVBudgetError("the tokenizer has no chat template; pass --no-template to count the raw text")
+            raise TokenizerError("the tokenizer has no chat template; count the raw text instead (template=False)")
         try:
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # jinja errors, raise_exception() in templates
-            raise KVBudgetError(f"the chat template failed on these messages: {exc}".splitlines()[0]) from None
+            raise TokenizerError(f"the chat template failed on these messages: {exc}".splitlines()[0]) from None
 
     def _bos_extra(self) -> int:
-        """llama-server adds the vocabulary's BOS in front of the rendered prompt when it asks for one."""
-        if self.engine != "llamacpp" or self.approximate:
+        """One token when the engine adds the vocabulary's BOS in front of the rendered prompt and it asks for one."""
+        if not self.engine.prompt_adds_bos or self.approximate:
             return 0
         add_bos = getattr(self.tokenizer, "add_bos_token", False)
         return 1 if add_bos and self.tokenizer.bos_token_id is not None else 0
@@ -160,7 +164,7 @@ class Counter:
         return PromptCount(total, tuple(parts), None, templated=template)
 
     def count_jsonl(self, lines: Iterable[str], template: bool = True, batch: int = 256,
-                    progress=None) -> LogStats:
+                    progress: Callable[[int], object] | None = None) -> LogStats:
         """Streams JSON Lines of chat requests: only token counts are kept, never the texts."""
         prompts, totals = array("q"), array("q")
         pending: list[tuple[list[dict], int]] = []
@@ -186,7 +190,7 @@ class Counter:
             try:
                 request = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise KVBudgetError(f"line {number}: invalid JSON ({exc.msg}); each line must be one chat "
+                raise TokenizerError(f"line {number}: invalid JSON ({exc.msg}); each line must be one chat "
                                     "request object") from None
             messages, max_tokens = _request_fields(request, f"line {number}")
             pending.append(([{**m, "content": _content_text(m)} for m in messages], max_tokens or 0))
@@ -194,7 +198,7 @@ class Counter:
                 flush()
         flush()
         if not len(prompts):
-            raise KVBudgetError("the JSON Lines input holds no requests")
+            raise TokenizerError("the JSON Lines input holds no requests")
         return LogStats(len(prompts), distribution(prompts), distribution(totals), self.approximate)
 
 
@@ -211,24 +215,24 @@ def _content_text(message: dict) -> str:
         return content
     if isinstance(content, list):
         return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    raise KVBudgetError(f"a message's content must be a string or a list of parts, not {type(content).__name__}")
+    raise TokenizerError(f"a message's content must be a string or a list of parts, not {type(content).__name__}")
 
 
 def _check_messages(messages, where: str) -> None:
     if not isinstance(messages, list) or not messages:
-        raise KVBudgetError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
+        raise TokenizerError(f"{where}: 'messages' must be a non-empty list of {{'role', 'content'}} objects")
     for i, m in enumerate(messages, 1):
         if not isinstance(m, dict) or "role" not in m:
-            raise KVBudgetError(f"{where}: message {i} needs a 'role' (system, user, assistant)")
+            raise TokenizerError(f"{where}: message {i} needs a 'role' (system, user, assistant)")
 
 
 def _request_fields(request, where: str) -> tuple[list[dict], int | None]:
     if not isinstance(request, dict) or "messages" not in request:
-        raise KVBudgetError(f"{where}: expected an OpenAI chat request object with 'messages'")
+        raise TokenizerError(f"{where}: expected an OpenAI chat request object with 'messages'")
     _check_messages(request["messages"], where)
     max_tokens = request.get("max_tokens", request.get("max_completion_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0):
-        raise KVBudgetError(f"{where}: 'max_tokens' must be a non-negative integer")
+        raise TokenizerError(f"{where}: 'max_tokens' must be a non-negative integer")
     return request["messages"], max_tokens
 
 
@@ -236,18 +240,18 @@ def read_request(path: str, text: str) -> tuple[list[dict], int | None]:
     try:
         request = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise KVBudgetError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        raise TokenizerError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     return _request_fields(request, path)
 
 
 def load_tokenizer(source: str | os.PathLike | None):
     """A fast tokenizer from a model folder, a Hub id (tokenizer files only) or a catalog name's Hub id."""
     if source is None:
-        raise KVBudgetError("name a model whose tokenizer to use, or pass --approximate")
+        raise TokenizerError("name a model whose tokenizer to use, or estimate from characters (approximate=True)")
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise KVBudgetError("counting tokens needs transformers: pip install 'kvbudget[tokens]'") from None
+        raise TokenizerError("counting tokens needs transformers: pip install 'kvbudget[tokens]'") from None
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -257,20 +261,20 @@ def load_tokenizer(source: str | os.PathLike | None):
         path = path.parent
     if path.is_dir():
         if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
-            raise KVBudgetError(f"{path}: no tokenizer files (tokenizer.json / tokenizer_config.json) in this folder")
+            raise TokenizerError(f"{path}: no tokenizer files (tokenizer.json / tokenizer_config.json) in this folder")
         folder = path
     else:
         entry = catalog.find(text)
         repo = entry.hf_id if entry else text
         if repo.count("/") != 1:
-            raise KVBudgetError(f"{text!r} is not a model folder, a catalog name or a Hub id for a tokenizer")
+            raise TokenizerError(f"{text!r} is not a model folder, a catalog name or a Hub id for a tokenizer")
         folder = _hub_tokenizer(repo, text if entry else None)
     try:
         tok = AutoTokenizer.from_pretrained(str(folder), use_fast=True)
     except Exception as exc:
-        raise KVBudgetError(f"{folder}: could not load its tokenizer: {exc}".splitlines()[0]) from None
+        raise TokenizerError(f"{folder}: could not load its tokenizer: {exc}".splitlines()[0]) from None
     if not getattr(tok, "is_fast", False):
-        raise KVBudgetError(f"{folder}: only a slow tokenizer is available; kvbudget needs tokenizer.json")
+        raise TokenizerError(f"{folder}: only a slow tokenizer is available; kvbudget needs tokenizer.json")
     return tok
 
 
@@ -282,16 +286,16 @@ def _hub_tokenizer(repo: str, catalog_name: str | None) -> Path:
     try:
         return Path(snapshot_download(repo, allow_patterns=TOKENIZER_FILES))
     except GatedRepoError:
-        raise KVBudgetError(f"{named}: the tokenizer is in a gated repository; accept its licence on the Hub and "
+        raise TokenizerError(f"{named}: the tokenizer is in a gated repository; accept its licence on the Hub and "
                             "set HF_TOKEN") from None
     except RepositoryNotFoundError:
-        raise KVBudgetError(f"{named}: no such repository on the Hub (if it is private, set HF_TOKEN)") from None
+        raise TokenizerError(f"{named}: no such repository on the Hub (if it is private, set HF_TOKEN)") from None
     except LocalEntryNotFoundError:
-        raise KVBudgetError(f"{named}: the tokenizer is not in the local Hugging Face cache and the Hub cannot be "
+        raise TokenizerError(f"{named}: the tokenizer is not in the local Hugging Face cache and the Hub cannot be "
                             "reached (offline); download it once online, pass a local folder, or use "
-                            "--approximate for a labelled character estimate") from None
+                            "a labelled character estimate (approximate=True)") from None
     except (OSError, ValueError) as exc:
-        raise KVBudgetError(f"{named}: could not fetch the tokenizer: {exc}".splitlines()[0]) from None
+        raise TokenizerError(f"{named}: could not fetch the tokenizer: {exc}".splitlines()[0]) from None
 
 
 def iter_lines(path: str) -> Iterator[str]:
@@ -300,12 +304,12 @@ def iter_lines(path: str) -> Iterator[str]:
         with open(path, encoding="utf-8", errors="strict") as fh:
             yield from fh
     except UnicodeDecodeError:
-        raise KVBudgetError(f"{path}: not UTF-8 text") from None
+        raise TokenizerError(f"{path}: not UTF-8 text") from None
     except OSError as exc:
-        raise KVBudgetError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+        raise TokenizerError(f"{path}: cannot read it ({exc.strerror or exc})") from None
 
 
-def count_file(counter: Counter, path: str, template: bool = True) -> PromptCount:
+def count_file(counter: PromptCounter, path: str, template: bool = True) -> PromptCount:
     """One prompt file: a chat request (.json) or a plain text document."""
     text = "".join(iter_lines(path))
     if path.endswith(".json"):
@@ -314,20 +318,33 @@ def count_file(counter: Counter, path: str, template: bool = True) -> PromptCoun
     return counter.count_documents([(Path(path).name, text)], None, None, template)
 
 
-def prompt_context(tokenizer_source, path: str, max_new_tokens: int, approximate: bool = False,
-                   engine: str = "vllm") -> tuple[int, str]:
+def prompt_context(tokenizer_source: str | None, path: str, max_new_tokens: int | None, approximate: bool = False,
+                   engine: str | Engine = "vllm") -> tuple[int, str]:
     """T for estimate/plan from a prompt file: its exact length plus the tokens to generate."""
-    counter = Counter(tokenizer_source, approximate, engine)
+    counter = PromptCounter(tokenizer_source, approximate, engine)
     count = count_file(counter, path)
     new = count.max_tokens if count.max_tokens is not None and max_new_tokens is None else (max_new_tokens or 0)
     label = "approximate " if approximate else ""
     return count.prompt_tokens + new, f"context from {path}: {count.prompt_tokens:,} {label}prompt tokens + {new:,} new"
 
 
-def lengths_context(tokenizer_source, path: str, approximate: bool = False, engine: str = "vllm") -> tuple[int, str]:
+def lengths_context(tokenizer_source: str | None, path: str, approximate: bool = False,
+                    engine: str | Engine = "vllm") -> tuple[int, str]:
     """T for estimate/plan from a request log: the p99 of prompt + max_tokens (the mean is reported)."""
-    stats = Counter(tokenizer_source, approximate, engine).count_jsonl(iter_lines(path))
+    stats = PromptCounter(tokenizer_source, approximate, engine).count_jsonl(iter_lines(path))
     t = stats.total_tokens
     label = " (approximate)" if approximate else ""
     return t.p99, (f"context from {path}{label}: p99 of prompt + max_tokens over {stats.count:,} requests = {t.p99:,} "
                    f"(mean {t.mean:,.0f}, max {t.max:,})")
+
+
+def count_prompt(tokenizer: str | os.PathLike[str] | None, messages: list[dict[str, Any]] | str,
+                 max_tokens: int | None = None, engine: str | Engine = "vllm", template: bool = True,
+                 approximate: bool = False) -> PromptCount:
+    """Tokens of one prompt as `engine` caches it: chat `messages` rendered with the tokenizer's template, or a
+    plain string. `tokenizer` is a model folder, a Hub id or a catalog name; `approximate=True` estimates from
+    characters instead (4 per token) and says so in the result."""
+    counter = PromptCounter(tokenizer, approximate=approximate, engine=engine)
+    if isinstance(messages, str):
+        return counter.count_documents([("text", messages)], None, None, template)
+    return counter.count_request(messages, max_tokens, template)

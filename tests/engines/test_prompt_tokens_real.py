@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness import chat, gguf_file, llama_server, model_folder, vllm_server
-from kvbudget.tokens import Counter
+from kvbudget.tokens import PromptCounter
 from tiny_configs import TINY
 
 pytestmark = pytest.mark.engines
@@ -24,7 +24,7 @@ REQUESTS = [
 
 def test_vllm_prompt_tokens_match():
     folder = model_folder("llama-hd32", CONFIG)
-    counter = Counter(folder, engine="vllm")
+    counter = PromptCounter(folder, engine="vllm")
     with vllm_server(folder, 1, 2048) as url:
         for messages in REQUESTS:
             reported = chat(url, messages)["usage"]["prompt_tokens"]
@@ -33,7 +33,7 @@ def test_vllm_prompt_tokens_match():
 
 def test_llama_server_prompt_tokens_match():
     folder = model_folder("llama-hd32", CONFIG)
-    counter = Counter(folder, engine="llamacpp")
+    counter = PromptCounter(folder, engine="llamacpp")
     with llama_server(gguf_file("llama-hd32", CONFIG), "-c", "4096", "-np", "1", "--jinja") as url:
         for messages in REQUESTS:
             reported = chat(url, messages)["usage"]["prompt_tokens"]

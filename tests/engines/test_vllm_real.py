@@ -91,7 +91,7 @@ def test_vllm_jamba_page_padding_before_the_cpu_failure():
     assert not run.ok
     logged = re.search(r"Padding mamba page size by ([\d.]+)%", run.log)
     assert logged, run.log[-2000:]
-    plan, _ = VLLM.plan(kvbudget.parse_config(config), "auto", 1, EngineOptions(device="cpu"))
+    plan, _ = VLLM.layout(kvbudget.parse_config(config), "auto", 1, EngineOptions(device="cpu"))
     (state,) = {spec.state_bytes for spec, _, _ in plan.buckets if spec.kind == "mamba"}
     assert logged.group(1) == f"{100 * (plan.page - state) / state:.2f}"
 

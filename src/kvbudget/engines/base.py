@@ -1,19 +1,29 @@
-"""The engine seam: what every engine module returns, and the rules they share.
+"""The engine seam: what every engine answers, what it returns, and the rules engines share.
 
 An engine turns a ModelSpec into an Allocation: groups of layers it stores alike, each with bytes per
-token, the most tokens a sequence keeps there, and fixed bytes per sequence. Everything downstream
-(estimate, and later planner, guard, simulator) reads Allocations and never redoes this math.
+token, the most tokens a sequence keeps there, and fixed bytes per sequence. It also owns every other fact
+about itself that kvbudget uses: its serving defaults on a GPU, how it splits pipeline stages, the cheaper KV
+dtype it offers, whether it honours windows, its usage gauge, how it counts a prompt, and its startup log.
+Everything downstream (estimate, plan, tokens, guard, alerts, check-log) asks the engine and never keeps an
+engine list or an engine branch of its own.
+
+A new engine subclasses `Engine`, implements `allocate()` and `capacity()`, overrides the facts that differ
+from the defaults here, and registers itself (`kvbudget.engines.register`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+import re
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, TypeVar
 
 from kvbudget.dtypes import KVDtype, resolve_kv_dtype
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import EngineRuleError, KVBudgetError
 from kvbudget.model.spec import ModelSpec
-from kvbudget.units import cdiv
+from kvbudget.units import GIB, cdiv
+
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(frozen=True)
@@ -30,7 +40,7 @@ class EngineOptions:
 class CacheGroup:
     """Layers of one kind that an engine stores alike (numbers per layer, on the most loaded GPU)."""
 
-    kind: str
+    kind: str  # the layer kind's label (model.spec), or the kind the engine stores it as
     layers: int  # including padding layers an engine allocates for alignment
     bytes_per_token: int  # per layer, per cached token
     token_cap: int | None  # the most tokens one sequence keeps per layer; None = grows with context
@@ -45,6 +55,29 @@ class CacheGroup:
     def sequence_bytes(self, context: int, capped: bool = True) -> int:
         held = self.tokens_held(context) if capped else cdiv(context, self.block_size) * self.block_size
         return self.layers * (self.bytes_per_token * held + self.fixed_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "layers": self.layers, "bytes_per_token_per_layer": self.bytes_per_token,
+                "token_cap": self.token_cap, "fixed_bytes_per_layer": self.fixed_bytes, "detail": self.detail}
+
+
+def count_alike(items: Iterable[K | None]) -> dict[K, int]:
+    """How many times each item occurs, in first-seen order (None skipped)."""
+    counts: dict[K, int] = {}
+    for item in items:
+        if item is not None:
+            counts[item] = counts.get(item, 0) + 1
+    return counts
+
+
+def group_layers(per_layer: Iterable[CacheGroup | None]) -> tuple[CacheGroup, ...]:
+    """One CacheGroup per distinct per-layer group (everything but `layers` equal), layer counts summed."""
+    counts: dict[CacheGroup, int] = {}
+    for group in per_layer:
+        if group is not None:
+            key = replace(group, layers=1)
+            counts[key] = counts.get(key, 0) + group.layers
+    return tuple(replace(group, layers=n) for group, n in counts.items())
 
 
 @dataclass(frozen=True)
@@ -94,7 +127,7 @@ class Capacity:
     estimated_max_model_len: int | None  # the longest request that fits, when one of max_model_len does not
     notes: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "kv_memory_bytes": self.kv_memory_bytes,
             "num_blocks": self.num_blocks,
@@ -108,15 +141,120 @@ class Capacity:
         }
 
 
-class Engine(Protocol):
-    name: str
-    description: str
+@dataclass(frozen=True)
+class Serving:
+    """How an engine serves on one GPU with its defaults: the planner's inputs, each with where it comes from."""
 
+    memory_fraction: float  # the share of GPU memory the engine takes
+    memory_knob: str  # the engine's name for that share, for people
+    prefill_tokens: int  # tokens of the largest forward pass it plans for (0: activations outside its share)
+    prefill_note: str
+    max_num_seqs: int  # sequences one step samples (float32 logits in the profiling run)
+    overhead_bytes: int  # non-torch memory and captured graphs: an estimate
+    overhead_note: str
+    options: EngineOptions  # the options with this engine's defaults for this GPU filled in
+
+
+@dataclass(frozen=True)
+class UsageGauge:
+    """Where a running engine publishes its KV usage and how to read it as a 0..1 fraction."""
+
+    path: str  # "/metrics" (Prometheus text) or "/slots" (llama-server's JSON)
+    read: Callable[[str], float | None]  # the body of `path` -> usage, or None when it holds no figure
+    promql: str  # the same usage as a PromQL expression per instance, for alert rules
+    health_path: str | None = None  # when `path` may be disabled: the liveness endpoint to try
+
+
+@dataclass(frozen=True)
+class LogRow:
+    quantity: str
+    logged: str
+    predicted: str
+    matches: bool
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class LogCheck:
+    """An engine's startup log beside kvbudget's prediction for the same settings."""
+
+    engine: str
+    model_in_log: str | None  # the model path or name the log names
+    settings: dict[str, Any]
+    rows: tuple[LogRow, ...]
+
+    @property
+    def all_match(self) -> bool:
+        return all(r.matches for r in self.rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "model_in_log": self.model_in_log, "settings": self.settings,
+                "all_match": self.all_match, "rows": [r.__dict__ for r in self.rows]}
+
+
+# Estimates used where an engine's figure is not known exactly (each labelled "estimate" where it is shown,
+# each overridable in plan()): CUDA context, cuBLAS workspaces and NCCL buffers outside torch's allocator, and
+# the memory of captured CUDA graphs. vLLM's own startup logs put both in the hundreds of MiB for 7-70B models.
+NON_TORCH_ESTIMATE = GIB // 2
+CUDA_GRAPH_ESTIMATE = GIB // 2
+# Rows of float32 logits the largest forward pass keeps (vLLM's profiling run samples max_num_seqs sequences; 256
+# is its default below 70 GiB). Engines without a figure of their own use the same: an estimate.
+DEFAULT_SAMPLED_ROWS = 256
+
+
+@dataclass(frozen=True)
+class Engine:
+    """The base every engine derives from: the defaults here hold for an engine that is a library, not a server.
+
+    Subclasses set `name` and `description` and implement `allocate()` and `capacity()`."""
+
+    name: str = "engine"
+    description: str = ""
+
+    exact_log_formats: ClassVar[tuple[str, ...]] = ()  # regexes that identify this engine's startup log
+    serves: ClassVar[bool] = False  # a server with metrics and a memory fraction (not a library)
+    prompt_adds_bos: ClassVar[bool] = False  # adds the vocabulary's BOS before the rendered chat prompt
+    usage: ClassVar[UsageGauge | None] = None
+
+    # --- memory -------------------------------------------------------------------------------------
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
-                 options: EngineOptions = EngineOptions()) -> Allocation: ...
+                 options: EngineOptions = EngineOptions()) -> Allocation:
+        raise NotImplementedError
 
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
-                 tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity: ...
+                 tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
+        raise NotImplementedError
+
+    def pipeline_stages(self, num_layers: int, pp: int) -> list[range]:
+        """Layers per pipeline stage; engines that do not split layers this way refuse pp > 1."""
+        check_positive(pp, "pp", "pipeline parallel size")
+        if pp != 1:
+            raise EngineRuleError(f"pp: kvbudget models pipeline parallelism for engines that split layers into "
+                                  f"stages, not {self.name}", param="pp")
+        return [range(num_layers)]
+
+    # --- serving ------------------------------------------------------------------------------------
+    def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
+                gpu_name: str = "") -> Serving:
+        """Defaults on a GPU of `gpu_memory` bytes. A library takes what is free and runs the prompt whole."""
+        tokens = min(max_model_len, 4096)
+        return Serving(1.0, "all free memory", tokens, f"a prompt of {tokens} tokens in one forward pass",
+                       DEFAULT_SAMPLED_ROWS, NON_TORCH_ESTIMATE, "non-torch memory (estimate)", options)
+
+    def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
+        """A KV dtype this engine stores in fewer bytes than `current`, or None."""
+        return None
+
+    def honours_windows(self, model: ModelSpec) -> bool:
+        """Whether sliding-window and chunked layers keep only their window here (else cached in full)."""
+        return True
+
+    # --- logs ---------------------------------------------------------------------------------------
+    def reads_log(self, text: str) -> bool:
+        return any(re.search(p, text) for p in self.exact_log_formats)
+
+    def check_log(self, text: str, model: ModelSpec) -> LogCheck:
+        raise KVBudgetError(f"check-log: kvbudget reads no {self.name} logs")
 
 
 def simple_capacity(alloc: Allocation, kv_memory: int, max_model_len: int, note: str) -> Capacity:
@@ -126,13 +264,13 @@ def simple_capacity(alloc: Allocation, kv_memory: int, max_model_len: int, note:
     fits = per_request <= kv_memory
     longest = None
     if not fits:
-        longest = _largest(lambda n: alloc.sequence_bytes(n) <= kv_memory, max_model_len)
+        longest = largest_fitting(lambda n: alloc.sequence_bytes(n) <= kv_memory, max_model_len)
     slots = kv_memory // alloc.bytes_per_token if alloc.bytes_per_token else 0
     return Capacity(alloc.engine, kv_memory, None, None, int(concurrency * max_model_len), slots,
                     max_model_len, concurrency, fits, longest, (note,))
 
 
-def _largest(ok, upper: int) -> int:
+def largest_fitting(ok: Callable[[int], bool], upper: int) -> int:
     """The largest n in [1, upper] with ok(n) (ok is monotone), or 0 when even 1 fails."""
     if not ok(1):
         return 0
@@ -146,54 +284,12 @@ def _largest(ok, upper: int) -> int:
     return lo
 
 
-largest_fitting = _largest
-
-
-def shard_kv_heads(kv_heads: int, tp: int, where: str) -> int:
-    """KV heads on one tensor-parallel rank: heads split evenly, or replicated when tp > kv_heads."""
-    if kv_heads % tp and tp % kv_heads:
-        raise KVBudgetError(
-            f"{where}: tensor parallel size {tp} does not fit {kv_heads} KV heads; "
-            f"one must divide the other (try --tp {_nearest_fit(kv_heads, tp)})"
-        )
-    return max(1, kv_heads // tp)
-
-
-def shard_evenly(size: int, tp: int, what: str, where: str) -> int:
-    """A dimension split across tensor-parallel ranks, which must divide evenly."""
-    if size % tp:
-        raise KVBudgetError(f"{where}: {what} ({size}) does not split evenly over tensor parallel size {tp}")
-    return size // tp
-
-
-def shard_recurrent(layer, tp: int, where: str, replicate_groups: bool = False) -> tuple[int, int, int]:
-    """(conv channels, heads, SSM state values) of one recurrent layer on one tensor-parallel rank.
-
-    `replicate_groups`: Mamba-2 B/C groups that do not split over tp are replicated to follow their heads
-    (vLLM's extra_groups_for_head_shards)."""
-    channels = layer.conv_channels
-    if replicate_groups and layer.mixer == "mamba2" and layer.groups % tp:
-        channels += 2 * (tp - layer.groups) * layer.state_shape[-1]
-    channels = shard_evenly(channels, tp, "conv channels", where)
-    heads = shard_evenly(layer.heads, tp, "recurrent heads", where)
-    state = heads
-    for size in layer.state_shape[1:]:
-        state *= size
-    return channels, heads, state
-
-
-def _nearest_fit(kv_heads: int, tp: int) -> int:
-    fits = [n for n in range(1, 2 * max(kv_heads, tp) + 1) if kv_heads % n == 0 or n % kv_heads == 0]
-    return min(fits, key=lambda n: (abs(n - tp), n))
-
-
-def pipeline_stages(num_layers: int, pp: int) -> list[range]:
-    """Layers per pipeline stage, as vLLM's get_pp_indices splits them: L // pp each, the remainder going
-    one by one to the stages before the last, starting from the second to last."""
-    if not isinstance(pp, int) or isinstance(pp, bool) or pp <= 0:
-        raise KVBudgetError(f"--pp: pipeline parallel size must be a positive integer, got {pp!r}")
+def layer_stages(num_layers: int, pp: int) -> list[range]:
+    """Layers per pipeline stage, as vLLM's get_pp_indices splits them (SGLang's split is the same): L // pp
+    each, the remainder going one by one to the stages before the last, starting from the second to last."""
+    check_positive(pp, "pp", "pipeline parallel size")
     if pp > num_layers:
-        raise KVBudgetError(f"--pp {pp}: the model has only {num_layers} layers to split")
+        raise EngineRuleError(f"pp {pp}: the model has only {num_layers} layers to split", param="pp")
     sizes = [num_layers // pp] * pp
     for i in range(2, num_layers % pp + 2):
         sizes[-i] += 1
@@ -201,19 +297,30 @@ def pipeline_stages(num_layers: int, pp: int) -> list[range]:
     return [range(start, start + size) for start, size in zip(starts, sizes)]
 
 
+def check_positive(value: object, param: str, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise KVBudgetError(f"{param}: {what} must be a positive integer, got {value!r}", param=param)
+    return value
+
+
 def serving_kv_dtype(model: ModelSpec, kv_dtype: str, tp: int, engine: str, accepted: str) -> KVDtype:
     """The checks every serving engine makes first: a valid tp, query heads that split evenly over it, and a
     KV dtype it can store (a torch float type or fp8; `accepted` names them in the error)."""
-    check_tp(tp)
+    check_positive(tp, "tp", "tensor parallel size")
     if model.attention_heads and model.attention_heads % tp:
-        raise KVBudgetError(f"{model.name}: {engine} needs the {model.attention_heads} attention heads to split "
-                            f"evenly over tensor parallel size {tp}")
+        raise EngineRuleError(f"tp: {model.name}: {engine} needs the {model.attention_heads} attention heads to "
+                              f"split evenly over tensor parallel size {tp}", param="tp")
     dtype = resolve_kv_dtype(kv_dtype, model.dtype)
     if dtype.family not in ("float", "fp8"):
-        raise KVBudgetError(f"--kv-dtype {kv_dtype}: {engine}'s KV cache dtypes are {accepted}")
+        raise EngineRuleError(f"kv_dtype {kv_dtype}: {engine}'s KV cache dtypes are {accepted}", param="kv_dtype")
     return dtype
 
 
-def check_tp(tp: int) -> None:
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp <= 0:
-        raise KVBudgetError(f"--tp: tensor parallel size must be a positive integer, got {tp!r}")
+def fp8_if_wider(current: KVDtype) -> str | None:
+    """fp8 where the cache is stored in 2 or 4 bytes per value (the serving engines' cheaper dtype)."""
+    return "fp8" if current.block_values == 1 and current.block_bytes > 1 else None
+
+
+__all__ = ["Allocation", "CacheGroup", "Capacity", "Engine", "EngineOptions", "LogCheck", "LogRow", "Serving",
+           "UsageGauge", "count_alike", "group_layers", "largest_fitting", "layer_stages",
+           "serving_kv_dtype", "simple_capacity"]

@@ -21,38 +21,35 @@ from kvbudget.engines.base import (
     Allocation,
     CacheGroup,
     Capacity,
+    Engine,
     EngineOptions,
-    check_tp,
-    shard_kv_heads,
-    shard_recurrent,
+    check_positive,
+    group_layers,
     simple_capacity,
 )
-from kvbudget.errors import KVBudgetError
-from kvbudget.model.spec import LayerSpec, ModelSpec
+from kvbudget.errors import EngineRuleError
+from kvbudget.model.spec import Attention, LatentAttention, LayerSpec, ModelSpec, RecurrentState
 
 _FP32 = get_dtype("float32")
 
 
 @dataclass(frozen=True)
-class HFEngine:
+class HFEngine(Engine):
     name: str = "hf"
-    static: bool = False
     description: str = "transformers >= 5.19 DynamicCache (the generate() default)"
+    static: bool = False
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
-        check_tp(tp)
+        check_positive(tp, "tp", "tensor parallel size")
         if options.block_size is not None:
-            raise KVBudgetError(f"--block-size: the {self.name} engine has no blocks; leave it out")
+            raise EngineRuleError(f"block_size: the {self.name} engine has no blocks; leave it out",
+                                  param="block_size")
         dtype = resolve_kv_dtype(kv_dtype, model.dtype)
         # The conv state follows the activations: the KV dtype when it is a torch float type.
         act = dtype if dtype.family == "float" else get_dtype(model.dtype)
-        groups: dict[tuple, list] = {}
-        for spec in model.layers:
-            group = self._group(spec, dtype, act, tp, model.name, _falcon_repeat(model))
-            if group is not None:
-                key = (group.kind, group.bytes_per_token, group.token_cap, group.fixed_bytes, group.detail)
-                groups.setdefault(key, []).append(spec.layer)
+        repeat_to = _falcon_repeat(model)
+        groups = group_layers(self._group(spec, dtype, act, tp, model.name, repeat_to) for spec in model.layers)
         notes = []
         exact = dtype.family == "float"
         if not exact:
@@ -61,20 +58,10 @@ class HFEngine:
                 "storage (its QuantizedCache adds scales and a full-precision residual, and refuses "
                 "sliding and hybrid models)"
             )
-        if any(s.kind == "latent_attention" for s in model.layers):
+        if model.has_latent:
             notes.append("MLA as cached by transformers >= 5.19 (latent + rope key); 4.x expanded it per head")
-        return Allocation(
-            engine=self.name,
-            model=model.name,
-            kv_dtype=dtype,
-            tp=tp,
-            groups=tuple(
-                CacheGroup(kind, len(layers), bpt, cap, fixed, detail)
-                for (kind, bpt, cap, fixed, detail), layers in groups.items()
-            ),
-            exact=exact,
-            notes=tuple(notes),
-        )
+        return Allocation(engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=groups, exact=exact,
+                          notes=tuple(notes))
 
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
@@ -84,26 +71,25 @@ class HFEngine:
 
     def _group(self, spec: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str,
                repeat_to: int | None) -> CacheGroup | None:
-        kind = spec.kind
-        if kind in ("full_attention", "sliding_window", "chunked_local"):
-            heads = shard_kv_heads(repeat_to or spec.kv_heads, tp, where)
-            bpt = dtype.bytes_for(heads * spec.k_dim) + dtype.bytes_for(heads * spec.v_dim)
-            span = getattr(spec, "window", None) or getattr(spec, "chunk", None)
+        if isinstance(spec, Attention):
+            k, v = spec.kv_values(tp, where, heads=repeat_to)
+            heads = spec.kv_heads_per_rank(tp, where, heads=repeat_to)
+            span = spec.token_span
             cap = None if span is None else (span if self.static else span - 1)
             detail = f"{heads} KV heads x ({spec.k_dim} K + {spec.v_dim} V) x {dtype.name}"
-            if span is not None:
+            if cap is not None:
                 detail += f", keeps {cap} tokens"
-            return CacheGroup(kind, 1, bpt, cap, 0, detail)
-        if kind == "latent_attention":
+            return CacheGroup(spec.kind, 1, dtype.bytes_for(k) + dtype.bytes_for(v), cap, 0, detail)
+        if isinstance(spec, LatentAttention):
             bpt = dtype.bytes_for(spec.latent_dim) + dtype.bytes_for(spec.rope_dim)
-            return CacheGroup(kind, 1, bpt, None, 0,
+            return CacheGroup(spec.kind, 1, bpt, None, 0,
                               f"latent {spec.latent_dim} + rope key {spec.rope_dim} x {dtype.name}, every rank")
-        if kind == "recurrent_state":
-            channels, heads, state = shard_recurrent(spec, tp, where)
+        if isinstance(spec, RecurrentState):
+            channels, heads, state = spec.per_rank(tp, where)
             fixed = act.bytes_for(channels * spec.conv_kernel) + _FP32.bytes_for(state)
             detail = (f"{spec.mixer}: conv {channels} x {spec.conv_kernel} x {act.name} + "
-                      f"state {'x'.join(map(str, (heads,) + spec.state_shape[1:]))} x float32")
-            return CacheGroup(kind, 1, 0, None, fixed, detail)
+                      f"state {spec.state_text(heads)} x float32")
+            return CacheGroup(spec.kind, 1, 0, None, fixed, detail)
         return None
 
 
@@ -111,7 +97,7 @@ def _falcon_repeat(model: ModelSpec) -> int | None:
     """transformers' Falcon caches K/V repeated to all query heads unless it is multi-query."""
     if model.model_type != "falcon" or not model.attention_heads:
         return None
-    if all(getattr(s, "kv_heads", 1) == 1 for s in model.layers):
+    if all(not isinstance(s, Attention) or s.kv_heads == 1 for s in model.layers):
         return None
     return model.attention_heads
 

@@ -19,21 +19,38 @@ The memory map's "batch x context" is the server started with `-np batch -c batc
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from kvbudget.dtypes import KVDtype, get_dtype, resolve_kv_dtype
 from kvbudget.engines.base import (
+    NON_TORCH_ESTIMATE,
     Allocation,
     CacheGroup,
     Capacity,
+    Engine,
     EngineOptions,
-    check_tp,
+    LogCheck,
+    LogRow,
+    Serving,
+    UsageGauge,
+    check_positive,
+    group_layers,
     largest_fitting,
-    shard_recurrent,
 )
-from kvbudget.errors import KVBudgetError
-from kvbudget.model.spec import FullAttention, LayerSpec, ModelSpec
-from kvbudget.units import cdiv
+from kvbudget.engines.metrics import slots_usage
+from kvbudget.errors import EngineRuleError, KVBudgetError
+from kvbudget.model.spec import (
+    Attention,
+    ChunkedLocal,
+    FullAttention,
+    LatentAttention,
+    LayerSpec,
+    ModelSpec,
+    RecurrentState,
+    SlidingWindow,
+)
+from kvbudget.units import MIB, cdiv
 
 CELL_PAD = 256
 N_UBATCH = 512  # llama-server default physical batch
@@ -42,7 +59,11 @@ LLAMA4_CHUNK = 8192  # src/models/llama4.cpp sets n_swa = 8192 whatever the conf
 # Mistral-7B-v0.1 (llama arch) and Phi-3 ("Phi SWA is currently disabled") included, is cached in full.
 HONOURS_WINDOW = frozenset({"gemma2", "gemma3_text", "gpt_oss", "llama4_text"})
 _F32 = get_dtype("float32")
+_F16 = get_dtype("float16")
 _TYPES = ("float32", "float16", "bfloat16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+# the cache type names llama.cpp logs and takes (-ctk / -ctv)
+_LOG_TYPES = {"f16": "float16", "f32": "float32", "bf16": "bfloat16", "q8_0": "q8_0", "q4_0": "q4_0",
+              "q4_1": "q4_1", "q5_0": "q5_0", "q5_1": "q5_1", "iq4_nl": "iq4_nl"}
 
 
 def pad(n: int) -> int:
@@ -66,31 +87,33 @@ class Buffer:
 
 
 @dataclass(frozen=True)
-class LlamaCppEngine:
+class LlamaCppEngine(Engine):
     name: str = "llamacpp"
     description: str = "llama.cpp llama-server: whole buffer up front, cells padded to 256"
 
+    serves = True
+    prompt_adds_bos = True  # llama-server adds the vocabulary's BOS in front of the rendered prompt
+    # No KV gauge in /metrics (llamacpp:kv_cache_usage_ratio was removed): /slots, which may be disabled.
+    usage = UsageGauge("/slots", slots_usage, "max by (replica) (kvbudget_guard_observed_usage)",
+                       health_path="/health")
+    exact_log_formats = (r"llama_kv_cache", r"llama_context:", r"llama_model_loader")
+
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
-        check_tp(tp)
+        check_positive(tp, "tp", "tensor parallel size")
         if tp != 1:
-            raise KVBudgetError("--tp: llama.cpp splits layers across GPUs (--split-mode), not KV heads; use --tp 1")
+            raise EngineRuleError("tp: llama.cpp splits layers across GPUs (--split-mode), not KV heads; use 1",
+                                  param="tp")
         if options.block_size is not None:
-            raise KVBudgetError("--block-size: llama.cpp has no KV blocks (cells are padded to 256); leave it out")
+            raise EngineRuleError("block_size: llama.cpp has no KV blocks (cells are padded to 256); leave it out",
+                                  param="block_size")
         dtype = self._dtype(kv_dtype, model)
         _check_block_fit(model, dtype)
-        groups: dict[tuple, int] = {}
-        for layer in model.layers:
-            group = _group(_as_cached(layer, model), dtype, model.name)
-            if group is not None:
-                groups[group] = groups.get(group, 0) + 1
+        groups = group_layers(_group(_as_cached(layer, model), dtype) for layer in model.layers)
         notes = ["llama.cpp: cells padded to 256 per slot; the memory map is `-np batch -c batch x context`"]
         if dtype.family == "block":
             notes.append("a quantized V cache needs flash attention (-fa on)")
-        return Allocation(self.name, model.name, dtype, tp,
-                          tuple(CacheGroup(kind, n, bpt, cap, fixed, detail, block)
-                                for (kind, bpt, cap, fixed, detail, block), n in groups.items()),
-                          notes=tuple(notes))
+        return Allocation(self.name, model.name, dtype, tp, groups, notes=tuple(notes))
 
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
@@ -108,11 +131,23 @@ class LlamaCppEngine:
                         (f"llama.cpp allocates up front: -np {max(slots, 1)} -c {cells or pad(max_model_len)} "
                          f"fills this budget with slots of {pad(max_model_len)} cells",))
 
+    def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
+                gpu_name: str = "") -> Serving:
+        base = super().serving(gpu_memory, max_model_len, options)
+        return Serving(1.0, "all free memory", N_UBATCH, f"compute buffers for n_ubatch ({N_UBATCH}) tokens",
+                       base.max_num_seqs, NON_TORCH_ESTIMATE, "non-torch memory (estimate)", options)
+
+    def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
+        return "q8_0" if current.block_values == 1 and current.block_bytes > 1 else None
+
+    def honours_windows(self, model: ModelSpec) -> bool:
+        return model.model_type in HONOURS_WINDOW
+
     def server_buffers(self, model: ModelSpec, n_ctx: int, n_parallel: int = 1, kv_dtype: str = "auto",
                        unified: bool = False, swa_full: bool = False, n_ubatch: int = N_UBATCH) -> tuple[Buffer, ...]:
         """The caches `llama-server -c n_ctx -np n_parallel [--kv-unified] [--swa-full]` allocates."""
         if n_ctx <= 0 or n_parallel <= 0 or n_ubatch <= 0:
-            raise KVBudgetError("llama.cpp: -c, -np and -ub must be positive")
+            raise KVBudgetError("llama.cpp: n_ctx (-c), n_parallel (-np) and n_ubatch (-ub) must be positive")
         dtype = self._dtype(kv_dtype, model)
         _check_block_fit(model, dtype)
         total = pad(n_ctx)
@@ -124,18 +159,17 @@ class LlamaCppEngine:
         kv: dict[str, list[int]] = {}
         for layer in model.layers:
             layer = _as_cached(layer, model)
-            kind = layer.kind
-            if kind == "recurrent_state":
+            if isinstance(layer, RecurrentState):
                 r, s_ = _recurrent_rows(layer)
                 entry = kv.setdefault("recurrent", [max(1, n_parallel), 1, 0, 0, 0])
                 entry[2] += 1
                 entry[3] += _F32.bytes_for(r) * entry[0]
                 entry[4] += _F32.bytes_for(s_) * entry[0]
                 continue
-            if kind == "no_cache":
+            if not isinstance(layer, (Attention, LatentAttention)):
                 continue
-            if kind in ("sliding_window", "chunked_local"):
-                span = layer.window if kind == "sliding_window" else LLAMA4_CHUNK
+            if isinstance(layer, (SlidingWindow, ChunkedLocal)):
+                span = layer.window if isinstance(layer, SlidingWindow) else LLAMA4_CHUNK
                 n = swa_cells or pad(min(total if unified else cells,
                                          span * (n_parallel if unified else 1) + n_ubatch))
                 name = "kv_swa"
@@ -151,12 +185,15 @@ class LlamaCppEngine:
 
     def _dtype(self, kv_dtype: str, model: ModelSpec) -> KVDtype:
         if str(kv_dtype).lower() == "auto":
-            return get_dtype("float16")  # llama-server's default -ctk/-ctv f16, whatever the weights
+            return _F16  # llama-server's default -ctk/-ctv f16, whatever the weights
         dtype = resolve_kv_dtype(kv_dtype, model.dtype)
         if dtype.name not in _TYPES:
-            raise KVBudgetError(f"--kv-dtype {kv_dtype}: llama.cpp cache types are f32, f16, bf16, q8_0, q4_0, "
-                                "q4_1, q5_0, q5_1 and iq4_nl")
+            raise EngineRuleError(f"kv_dtype {kv_dtype}: llama.cpp cache types are f32, f16, bf16, q8_0, q4_0, "
+                                  "q4_1, q5_0, q5_1 and iq4_nl", param="kv_dtype")
         return dtype
+
+    def check_log(self, text: str, model: ModelSpec) -> LogCheck:
+        return _check_log(self, text, model)
 
 
 def _check_block_fit(model: ModelSpec, dtype: KVDtype) -> None:
@@ -164,58 +201,105 @@ def _check_block_fit(model: ModelSpec, dtype: KVDtype) -> None:
     if dtype.block_values == 1:
         return
     for layer in model.layers:
-        dims = [getattr(layer, "k_dim", None), getattr(layer, "v_dim", None)]
-        if layer.kind == "latent_attention":
-            dims = [layer.latent_dim + layer.rope_dim, layer.latent_dim]  # K row, and the latent V view
+        if isinstance(layer, LatentAttention):
+            dims = [layer.values_per_token, layer.latent_dim]  # K row, and the latent V view
+        elif isinstance(layer, Attention):
+            dims = [layer.k_dim, layer.v_dim]
+        else:
+            continue
         for dim in dims:
-            if dim and dim % dtype.block_values:
-                raise KVBudgetError(f"--kv-dtype {dtype.name}: llama.cpp needs the head dim ({dim}) to be a multiple "
-                                    f"of the {dtype.block_values}-value block; choose f16, bf16 or f32")
+            if dim % dtype.block_values:
+                raise EngineRuleError(f"kv_dtype {dtype.name}: llama.cpp needs the head dim ({dim}) to be a multiple "
+                                      f"of the {dtype.block_values}-value block; choose f16, bf16 or f32",
+                                      param="kv_dtype")
 
 
 def _as_cached(layer: LayerSpec, model: ModelSpec) -> LayerSpec:
     """The layer as llama.cpp caches it: windows it does not honour become full attention."""
-    if layer.kind in ("sliding_window", "chunked_local") and model.model_type not in HONOURS_WINDOW:
+    if isinstance(layer, (SlidingWindow, ChunkedLocal)) and model.model_type not in HONOURS_WINDOW:
         return FullAttention(layer.layer, layer.kv_heads, layer.k_dim, layer.v_dim)
     return layer
 
 
-def _kv_rows(layer: LayerSpec) -> tuple[int, int]:
+def _kv_rows(layer: Attention | LatentAttention) -> tuple[int, int]:
     """Values per cell in the K and V rows of one layer (MLA: one K row, no V)."""
-    if layer.kind == "latent_attention":
-        return layer.latent_dim + layer.rope_dim, 0
-    return layer.kv_heads * layer.k_dim, layer.kv_heads * layer.v_dim
+    if isinstance(layer, LatentAttention):
+        return layer.values_per_token, 0
+    return layer.kv_values(1, "")
 
 
-def _recurrent_rows(layer: LayerSpec) -> tuple[int, int]:
+def _recurrent_rows(layer: RecurrentState) -> tuple[int, int]:
     """Values per sequence in the r (conv) and s (SSM) rows of one recurrent layer."""
-    channels, _, state = shard_recurrent(layer, 1, "")
+    channels, _, state = layer.per_rank(1, "")
     return (layer.conv_kernel - 1) * channels, state
 
 
-def _group(layer: LayerSpec, dtype: KVDtype, where: str) -> tuple | None:
-    kind = layer.kind
-    if kind in ("full_attention", "sliding_window", "chunked_local"):
+def _group(layer: LayerSpec, dtype: KVDtype) -> CacheGroup | None:
+    if isinstance(layer, Attention):
         k, v = _kv_rows(layer)
-        bpt = dtype.bytes_for(k) + dtype.bytes_for(v)
         cap = None
         detail = f"{layer.kv_heads} KV heads x ({layer.k_dim} K + {layer.v_dim} V) x {dtype.name}"
-        if kind == "sliding_window":
+        if isinstance(layer, SlidingWindow):
             cap = pad(layer.window + N_UBATCH)
             detail += f", window {layer.window}: {cap} cells per slot"
-        if kind == "chunked_local":  # llama4.cpp puts them in the SWA cache with n_swa fixed at 8192
+        if isinstance(layer, ChunkedLocal):  # llama4.cpp puts them in the SWA cache with n_swa fixed at 8192
             cap = pad(LLAMA4_CHUNK + N_UBATCH)
             detail += f", chunked (llama.cpp uses {LLAMA4_CHUNK}): {cap} cells per slot"
-        return (kind, bpt, cap, 0, detail, CELL_PAD)
-    if kind == "latent_attention":
-        bpt = dtype.bytes_for(_kv_rows(layer)[0])
-        return (kind, bpt, None, 0, f"K row of {layer.latent_dim} + {layer.rope_dim} x {dtype.name}, no V", CELL_PAD)
-    if kind == "recurrent_state":
+        return CacheGroup(layer.kind, 1, dtype.bytes_for(k) + dtype.bytes_for(v), cap, 0, detail, CELL_PAD)
+    if isinstance(layer, LatentAttention):
+        return CacheGroup(layer.kind, 1, dtype.bytes_for(layer.values_per_token), None, 0,
+                          f"K row of {layer.latent_dim} + {layer.rope_dim} x {dtype.name}, no V", CELL_PAD)
+    if isinstance(layer, RecurrentState):
         r, state = _recurrent_rows(layer)
         fixed = _F32.bytes_for(r) + _F32.bytes_for(state)
-        return (kind, 0, None, fixed, f"{layer.mixer}: r {layer.conv_kernel - 1} x {layer.conv_channels} + "
-                                     f"s {'x'.join(map(str, layer.state_shape))}, f32, one cell per sequence", CELL_PAD)
+        return CacheGroup(layer.kind, 1, 0, None, fixed, f"{layer.mixer}: r {layer.conv_kernel - 1} x "
+                          f"{layer.conv_channels} + s {'x'.join(map(str, layer.state_shape))}, f32, one cell per "
+                          "sequence", CELL_PAD)
     return None
+
+
+_LLAMA_LINE = re.compile(r"(llama_kv_cache|llama_memory_recurrent): size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) "
+                         r"layers, +(\d+)(?:/(\d+))? seqs[^)]*\), (?:K|R) \((\w+)\): +([\d.]+) MiB, (?:V|S) "
+                         r"\((\w+)\): +([\d.]+) MiB")
+
+
+def _check_log(engine: LlamaCppEngine, text: str, model: ModelSpec) -> LogCheck:
+    """llama-server's `llama_kv_cache` / `llama_memory_recurrent` lines beside server_buffers() for its settings."""
+    def setting(name: str) -> str | None:
+        m = re.search(rf"llama_context: {name} += (\S+)", text)
+        return m.group(1) if m else None
+
+    n_ctx, n_seq = setting("n_ctx"), setting("n_seq_max")
+    if n_ctx is None or n_seq is None:
+        raise KVBudgetError("check-log: the llama.cpp log lacks 'llama_context: n_ctx' / 'n_seq_max' lines; "
+                            "run llama-server with -lv 4 (or --verbose)")
+    unified = setting("kv_unified") == "true"
+    n_ubatch = int(setting("n_ubatch") or N_UBATCH)
+    swa_full = "using full-size SWA cache" in text
+    lines = _LLAMA_LINE.findall(text)
+    if not lines:
+        raise KVBudgetError("check-log: no 'llama_kv_cache: size = ...' line in the llama.cpp log")
+    k_type = _LOG_TYPES.get(lines[0][6], lines[0][6])
+    # n_ctx as logged is already padded and multiplied out; the per-slot size follows from it.
+    ours = engine.server_buffers(model, int(n_ctx), int(n_seq), k_type, unified=unified, swa_full=swa_full,
+                                 n_ubatch=n_ubatch)
+    kv_ours = [b for b in ours if b.name != "recurrent"] + [b for b in ours if b.name == "recurrent"]
+    rows = []
+    logged_order = [x for x in lines if x[0] == "llama_kv_cache"] + [x for x in lines if x[0] != "llama_kv_cache"]
+    if len(logged_order) != len(kv_ours):
+        rows.append(LogRow("caches", str(len(logged_order)), str(len(kv_ours)), False,
+                           "different cache structure (windows or recurrent layers handled differently)"))
+    for line, buf in zip(logged_order, kv_ours):
+        label = {"kv": "KV cache", "kv_swa": "SWA KV cache", "recurrent": "recurrent state"}[buf.name]
+        rows.append(LogRow(f"{label}: cells", line[2], str(buf.cells), int(line[2]) == buf.cells))
+        rows.append(LogRow(f"{label}: layers", line[3], str(buf.layers), int(line[3]) == buf.layers))
+        logged_mib = line[1]
+        ours_mib = f"{buf.total_bytes / MIB:.2f}"
+        rows.append(LogRow(f"{label}: size", f"{logged_mib} MiB", f"{ours_mib} MiB",
+                           f"{float(logged_mib):.2f}" == ours_mib, "llama.cpp prints two decimals of MiB"))
+    settings = {"n_ctx": int(n_ctx), "n_seq_max": int(n_seq), "kv_unified": unified, "swa_full": swa_full,
+                "cache_type_k": k_type, "n_ubatch": n_ubatch}
+    return LogCheck("llamacpp", None, settings, tuple(rows))
 
 
 LLAMACPP = LlamaCppEngine()

@@ -12,6 +12,7 @@ memory_pool.py); not run here (no CPU build), so every SGLang figure is labelled
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from kvbudget.dtypes import KVDtype, get_dtype
@@ -19,39 +20,46 @@ from kvbudget.engines.base import (
     Allocation,
     CacheGroup,
     Capacity,
+    Engine,
     EngineOptions,
-    serving_kv_dtype,
+    LogCheck,
+    LogRow,
+    Serving,
+    UsageGauge,
+    fp8_if_wider,
+    group_layers,
     largest_fitting,
-    shard_kv_heads,
-    shard_recurrent,
+    layer_stages,
+    serving_kv_dtype,
 )
-from kvbudget.errors import KVBudgetError
-from kvbudget.model.spec import ModelSpec
+from kvbudget.engines.metrics import first_gauge
+from kvbudget.errors import BudgetError, KVBudgetError, UnsupportedArchitectureError
+from kvbudget.model.spec import Attention, FullAttention, LatentAttention, LayerSpec, ModelSpec, RecurrentState
+from kvbudget.units import GIB
 
 _F32 = get_dtype("float32")
 SOURCE_NOTE = "SGLang figures follow its source (not run here): windows cached in full, page size 1"
+# mem_fraction_static comes from a reserved-memory formula in server_args.py; about 0.88 on 80 GB cards (notes).
+MEM_FRACTION_STATIC = 0.88
 
 
 @dataclass(frozen=True)
-class SGLangEngine:
-    pipeline_parallel = True
+class SGLangEngine(Engine):
     name: str = "sglang"
     description: str = "SGLang token pool (from its source; not run here)"
+
+    serves = True
+    usage = UsageGauge("/metrics", lambda text: first_gauge(text, ("sglang:token_usage",)),
+                       "max by (instance) (sglang:token_usage)")
+    exact_log_formats = (r"KV Cache is allocated\. #tokens",)
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
         dtype = serving_kv_dtype(model, kv_dtype, tp, "SGLang", "auto, bf16, fp16, fp32 and fp8")
         page = options.block_size or 1
         act = get_dtype(model.dtype)
-        groups: dict[tuple, int] = {}
-        for layer in model.layers:
-            key = _cell(layer, dtype, act, tp, model.name, page)
-            if key:
-                groups[key] = groups.get(key, 0) + 1
-        return Allocation(self.name, model.name, dtype, tp,
-                          tuple(CacheGroup(kind, n, bpt, None, fixed, detail, page)
-                                for (kind, bpt, fixed, detail, page), n in groups.items()),
-                          exact=False, notes=(SOURCE_NOTE,))
+        groups = group_layers(_cell(layer, dtype, act, tp, model.name, page) for layer in model.layers)
+        return Allocation(self.name, model.name, dtype, tp, groups, exact=False, notes=(SOURCE_NOTE,))
 
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
@@ -60,11 +68,12 @@ class SGLangEngine:
         cell = alloc.bytes_per_token
         fixed = alloc.fixed_bytes_per_sequence
         if cell == 0:
-            raise KVBudgetError(f"{model.name}: no attention layer; SGLang's token pool is not what limits it")
+            raise UnsupportedArchitectureError(f"{model.name}: no attention layer; SGLang's token pool is not what "
+                                               "limits it")
         tokens = kv_memory // cell // page * page
         if tokens < page:
-            raise KVBudgetError(f"--kv-memory: {kv_memory} bytes is less than one page of {page} token(s) "
-                                f"({cell * page} bytes)")
+            raise BudgetError(f"kv_memory: {kv_memory} bytes is less than one page of {page} token(s) "
+                              f"({cell * page} bytes)", param="kv_memory")
         concurrency = tokens / max_model_len
         if fixed:  # recurrent state slots come out of the same memory
             concurrency = kv_memory / (cell * max_model_len + fixed)
@@ -73,22 +82,77 @@ class SGLangEngine:
         return Capacity(self.name, kv_memory, None, page, tokens, tokens, max_model_len, concurrency, fits,
                         longest, (f"SGLang log: KV Cache is allocated. #tokens: {tokens}", SOURCE_NOTE))
 
+    def kv_buffers(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1) -> tuple[int, int]:
+        """Bytes per token of SGLang's K buffer and of its V buffer on one rank (MLA: latent, rope key)."""
+        dtype = serving_kv_dtype(model, kv_dtype, tp, "SGLang", "auto, bf16, fp16, fp32 and fp8")
+        k_bytes = v_bytes = 0
+        for layer in model.layers:
+            k, v = _kv_values(layer, tp, model.name)
+            k_bytes += dtype.bytes_for(k) if k else 0
+            v_bytes += dtype.bytes_for(v) if v else 0
+        return k_bytes, v_bytes
 
-def _cell(layer, dtype: KVDtype, act: KVDtype, tp: int, where: str, page: int) -> tuple | None:
-    kind = layer.kind
-    if kind in ("full_attention", "sliding_window", "chunked_local"):
-        heads = shard_kv_heads(layer.kv_heads, tp, where)
-        bpt = dtype.bytes_for(heads * (layer.k_dim + layer.v_dim))
-        return ("full_attention", bpt, 0, f"{heads} KV heads x ({layer.k_dim} K + {layer.v_dim} V) x {dtype.name}"
-                + (" (window cached in full)" if kind != "full_attention" else ""), page)
-    if kind == "latent_attention":
-        return (kind, dtype.bytes_for(layer.latent_dim + layer.rope_dim), 0,
-                f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, every rank", page)
-    if kind == "recurrent_state":
-        channels, heads, state = shard_recurrent(layer, tp, where)
+    def pipeline_stages(self, num_layers: int, pp: int) -> list[range]:
+        return layer_stages(num_layers, pp)
+
+    def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
+                gpu_name: str = "") -> Serving:
+        return Serving(MEM_FRACTION_STATIC, "mem_fraction_static default", 0,
+                       "SGLang keeps activations in the (1 - mem_fraction_static) it leaves aside", 0, 0,
+                       "inside the share SGLang leaves aside", options)
+
+    def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
+        return fp8_if_wider(current)
+
+    def honours_windows(self, model: ModelSpec) -> bool:
+        return False
+
+    def check_log(self, text: str, model: ModelSpec) -> LogCheck:
+        """SGLang prints its pool in tokens and the K and V buffer sizes ("GB" meaning GiB) per rank."""
+        m = re.search(r"#tokens: (\d+), K size: ([\d.]+) GB, V size: ([\d.]+) GB", text)
+        if not m:
+            raise KVBudgetError("check-log: the SGLang log lacks 'KV Cache is allocated. #tokens: N, K size: ..., "
+                                "V size'")
+        tokens, k_logged, v_logged = int(m.group(1)), m.group(2), m.group(3)
+        tp = int(t.group(1)) if (t := re.search(r"(?:--tp(?:-size)?|tp_size=)[ =]?(\d+)", text)) else 1
+        dtype = d.group(1) if (d := re.search(r"--kv-cache-dtype[ =](\w+)", text)) else "auto"
+        k_bytes, v_bytes = self.kv_buffers(model, dtype, tp)
+        k_ours, v_ours = f"{tokens * k_bytes / GIB:.2f}", f"{tokens * v_bytes / GIB:.2f}"
+        rows = (
+            LogRow("pool (tokens)", f"{tokens:,}", "-", True, "read from the log; kvbudget checks its buffer sizes"),
+            LogRow("K buffer per rank", f"{k_logged} GB", f"{k_ours} GiB", f"{float(k_logged):.2f}" == k_ours,
+                   "SGLang's 'GB' are GiB"),
+            LogRow("V buffer per rank", f"{v_logged} GB", f"{v_ours} GiB", f"{float(v_logged):.2f}" == v_ours,
+                   "SGLang's 'GB' are GiB"),
+            LogRow("KV memory per rank", "-", f"{tokens * (k_bytes + v_bytes) / GIB:.2f} GiB", True,
+                   "the budget this pool implies"),
+        )
+        return LogCheck("sglang", None, {"tp": tp, "kv_cache_dtype": dtype}, rows)
+
+
+def _kv_values(layer: LayerSpec, tp: int, where: str) -> tuple[int, int]:
+    """Values per token in the K and V buffers (MLA: the latent in K, the rope key in V, on every rank)."""
+    if isinstance(layer, Attention):
+        return layer.kv_values(tp, where)
+    if isinstance(layer, LatentAttention):
+        return layer.latent_dim, layer.rope_dim
+    return 0, 0
+
+
+def _cell(layer: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str, page: int) -> CacheGroup | None:
+    if isinstance(layer, Attention):
+        k, v = layer.kv_values(tp, where)
+        detail = layer.describe(tp, where, dtype.name) + (
+            " (window cached in full)" if layer.token_span is not None else "")
+        return CacheGroup(FullAttention.kind, 1, dtype.bytes_for(k + v), None, 0, detail, page)
+    if isinstance(layer, LatentAttention):
+        return CacheGroup(layer.kind, 1, dtype.bytes_for(layer.values_per_token), None, 0,
+                          f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, every rank", page)
+    if isinstance(layer, RecurrentState):
+        channels, heads, state = layer.per_rank(tp, where)
         fixed = act.bytes_for(channels * (layer.conv_kernel - 1)) + _F32.bytes_for(state)
-        return (kind, 0, fixed, f"{layer.mixer}: conv {channels} x {layer.conv_kernel - 1} x {act.name} + "
-                                f"float32 state", page)
+        return CacheGroup(layer.kind, 1, 0, None, fixed, f"{layer.mixer}: conv {channels} x {layer.conv_kernel - 1} "
+                                                         f"x {act.name} + float32 state", page)
     return None
 
 

@@ -11,50 +11,57 @@ so every TGI figure is labelled "from the source":
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from kvbudget.engines.base import Allocation, CacheGroup, Capacity, EngineOptions, largest_fitting, serving_kv_dtype
-from kvbudget.errors import KVBudgetError
-from kvbudget.model.spec import ModelSpec
-from kvbudget.units import cdiv
+from kvbudget.dtypes import KVDtype
+from kvbudget.engines.base import (
+    NON_TORCH_ESTIMATE,
+    Allocation,
+    CacheGroup,
+    Capacity,
+    Engine,
+    EngineOptions,
+    LogCheck,
+    LogRow,
+    Serving,
+    UsageGauge,
+    fp8_if_wider,
+    group_layers,
+    largest_fitting,
+    serving_kv_dtype,
+)
+from kvbudget.engines.metrics import gauge_ratio
+from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
+from kvbudget.model.spec import Attention, FullAttention, LatentAttention, LayerSpec, ModelSpec, RecurrentState
+from kvbudget.units import GIB, cdiv
 
-BLOCK_SIZES = (1, 16, 256)
+BLOCK_SIZES = (1, 16, 256)  # flashinfer (the default), paged, flashdecoding
 SOURCE_NOTE = "TGI figures follow its source (not run here): every layer full, MLA expanded per head"
+CUDA_MEMORY_FRACTION = 0.9  # free memory counts (1 - 0.9 x cuda_memory_fraction) as reserved; fraction 1.0
+MAX_BATCH_PREFILL_TOKENS = 4096  # the warm-up forward pass (launcher default)
 
 
 @dataclass(frozen=True)
-class TGIEngine:
+class TGIEngine(Engine):
     name: str = "tgi"
     description: str = "TGI paged blocks after warm-up (from its source; not run here)"
+
+    serves = True
+    usage = UsageGauge("/metrics", lambda text: gauge_ratio(text, "tgi_batch_current_max_tokens",
+                                                            "tgi_batch_max_total_tokens"),
+                       "max by (instance) (tgi_batch_current_max_tokens / tgi_batch_max_total_tokens)")
+    exact_log_formats = (r"KV-cache blocks: \d+, size: \d+",)
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
         dtype = serving_kv_dtype(model, kv_dtype, tp, "TGI", "auto and fp8 (e4m3 / e5m2)")
         block = options.block_size or 1
         if block not in BLOCK_SIZES:
-            raise KVBudgetError(f"--block-size {block}: TGI uses 1 (flashinfer), 16 (paged) or 256 (flashdecoding)")
-        groups: dict[tuple, int] = {}
-        for layer in model.layers:
-            if layer.kind == "recurrent_state":
-                raise KVBudgetError(f"{model.name}: TGI does not serve models with recurrent (Mamba / linear "
-                                    "attention) layers")
-            if layer.kind == "latent_attention":
-                heads = max(1, layer.heads // tp)
-                width = layer.expanded_k_dim  # V padded to the K width
-                detail = f"MLA expanded: {heads} heads x ({width} K + {width} V, padded) x {dtype.name}"
-            elif layer.kind == "no_cache":
-                continue
-            else:
-                heads = max(1, layer.kv_heads // tp)
-                width = max(layer.k_dim, layer.v_dim)
-                detail = f"{heads} KV heads x ({width} K + {width} V) x {dtype.name}" + (
-                    " (window cached in full)" if layer.kind != "full_attention" else "")
-            key = ("full_attention", 2 * dtype.bytes_for(heads * width), detail)
-            groups[key] = groups.get(key, 0) + 1
-        return Allocation(self.name, model.name, dtype, tp,
-                          tuple(CacheGroup(kind, n, bpt, None, 0, detail, block)
-                                for (kind, bpt, detail), n in groups.items()),
-                          exact=False, notes=(SOURCE_NOTE,))
+            raise EngineRuleError(f"block_size {block}: TGI uses 1 (flashinfer), 16 (paged) or 256 (flashdecoding)",
+                                  param="block_size")
+        groups = group_layers(_group(layer, dtype, tp, model.name, block) for layer in model.layers)
+        return Allocation(self.name, model.name, dtype, tp, groups, exact=False, notes=(SOURCE_NOTE,))
 
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
@@ -63,8 +70,8 @@ class TGIEngine:
         block_bytes = alloc.bytes_per_token * block
         num_blocks = kv_memory // block_bytes
         if num_blocks < 2:
-            raise KVBudgetError(f"--kv-memory: {kv_memory} bytes holds {num_blocks} TGI block(s) of "
-                                f"{block_bytes} bytes; block 0 is reserved, so at least 2 are needed")
+            raise BudgetError(f"kv_memory: {kv_memory} bytes holds {num_blocks} TGI block(s) of "
+                              f"{block_bytes} bytes; block 0 is reserved, so at least 2 are needed", param="kv_memory")
         usable = num_blocks - 1
         per_request = cdiv(max_model_len, block)
         fits = per_request <= usable
@@ -74,6 +81,57 @@ class TGIEngine:
                         usable / per_request, fits, longest,
                         (f"TGI log: KV-cache blocks: {num_blocks}, size: {block}; "
                          f"max_batch_total_tokens {tokens}", SOURCE_NOTE))
+
+    def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
+                gpu_name: str = "") -> Serving:
+        base = super().serving(gpu_memory, max_model_len, options)
+        return Serving(CUDA_MEMORY_FRACTION, "0.9 x cuda_memory_fraction default", MAX_BATCH_PREFILL_TOKENS,
+                       f"warm-up pass over max_batch_prefill_tokens ({MAX_BATCH_PREFILL_TOKENS})",
+                       base.max_num_seqs, NON_TORCH_ESTIMATE, "non-torch memory (estimate)", options)
+
+    def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
+        return fp8_if_wider(current)
+
+    def honours_windows(self, model: ModelSpec) -> bool:
+        return False
+
+    def check_log(self, text: str, model: ModelSpec) -> LogCheck:
+        """TGI prints its block count and size, and the max_batch_total_tokens they make; the budget they imply
+        follows from kvbudget's bytes per token for the model (every layer full, MLA expanded)."""
+        m = re.search(r"KV-cache blocks: (\d+), size: (\d+)", text)
+        if m is None:
+            raise KVBudgetError("check-log: the TGI log lacks 'KV-cache blocks: N, size: B'")
+        blocks, size = int(m.group(1)), int(m.group(2))
+        shards = int(s.group(1)) if (s := re.search(r"(?:--num-shard|NUM_SHARD=|num_shard:?)[ =]?(\d+)", text)) \
+            else 1
+        rows = [LogRow("KV-cache blocks", f"{blocks:,} of {size}", "-", True, "read from the log")]
+        total = re.search(r"(?:max batch total tokens to\s+|MAX_BATCH_TOTAL_TOKENS\W+)(\d+)", text)
+        if total:
+            rows.append(LogRow("max batch total tokens", f"{int(total.group(1)):,}", f"{blocks * size:,}",
+                               int(total.group(1)) == blocks * size, "TGI: blocks x block size"))
+        alloc = self.allocate(model, "auto", shards, EngineOptions(block_size=size if size in BLOCK_SIZES else None))
+        rows.append(LogRow("KV memory per shard", "-", f"{blocks * size * alloc.bytes_per_token / GIB:.2f} GiB", True,
+                           f"implied by {alloc.bytes_per_token:,} bytes per token for {model.name}"))
+        return LogCheck("tgi", None, {"num_shard": shards, "block_size": size}, tuple(rows))
+
+
+def _group(layer: LayerSpec, dtype: KVDtype, tp: int, where: str, block: int) -> CacheGroup | None:
+    if isinstance(layer, RecurrentState):
+        raise UnsupportedArchitectureError(f"{where}: TGI does not serve models with recurrent (Mamba / linear "
+                                           "attention) layers")
+    if isinstance(layer, LatentAttention):
+        # every shard holds its share of the heads, each expanded to the K width (V padded to it)
+        heads = max(1, layer.heads // tp)
+        width = layer.expanded_k_dim
+        detail = f"MLA expanded: {heads} heads x ({width} K + {width} V, padded) x {dtype.name}"
+    elif isinstance(layer, Attention):
+        heads = layer.kv_heads_per_rank(tp, where)
+        width = max(layer.k_dim, layer.v_dim)
+        detail = f"{heads} KV heads x ({width} K + {width} V) x {dtype.name}" + (
+            " (window cached in full)" if layer.token_span is not None else "")
+    else:
+        return None
+    return CacheGroup(FullAttention.kind, 1, 2 * dtype.bytes_for(heads * width), None, 0, detail, block)
 
 
 TGI = TGIEngine()

@@ -20,45 +20,75 @@ runs in tests/engines/test_vllm_real.py:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 from kvbudget.dtypes import KVDtype, get_dtype
 from kvbudget.engines.base import (
+    CUDA_GRAPH_ESTIMATE,
+    NON_TORCH_ESTIMATE,
     Allocation,
     CacheGroup,
     Capacity,
+    Engine,
     EngineOptions,
-    serving_kv_dtype,
+    LogCheck,
+    LogRow,
+    Serving,
+    UsageGauge,
+    count_alike,
+    fp8_if_wider,
     largest_fitting,
-    shard_kv_heads,
-    shard_recurrent,
+    layer_stages,
+    serving_kv_dtype,
 )
-from kvbudget.errors import KVBudgetError
-from kvbudget.model.spec import LayerSpec, ModelSpec
-from kvbudget.units import cdiv, format_bytes
+from kvbudget.engines.metrics import first_gauge
+from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
+from kvbudget.model.spec import (
+    Attention,
+    ChunkedLocal,
+    LatentAttention,
+    LayerSpec,
+    ModelSpec,
+    RecurrentState,
+    SlidingWindow,
+)
+from kvbudget.units import GIB, cdiv, format_bytes
 
 DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
 # MLA: FlashMLA on GPUs needs 64; the CPU reference MLA backend (x86 with AMX, as on our test machine) 16.
 MLA_BLOCK_SIZE = {"cuda": 64, "cpu": 16}
 KERNEL_BLOCK_ALIGNMENT = {"cuda": 16, "cpu": 16}  # smallest kernel block of the default attention backend
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # OpenAI server default below 70 GiB GPUs (8192 above)
+# EngineArgs defaults of the OpenAI server (vllm/engine/arg_utils.py, 0.32): GPUs with >= 70 GiB other than the
+# A100 get 8192 batched tokens and 1024 sequences; smaller ones (and A100s) 2048 and 256. Without a GPU in
+# view (estimate), the smaller figure.
+LARGE_GPU_BYTES = 70 * GIB
+MAX_NUM_BATCHED_TOKENS = {"large": 8192, "small": 2048}
+MAX_NUM_SEQS = {"large": 1024, "small": 256}
+DEFAULT_MAX_NUM_BATCHED_TOKENS = MAX_NUM_BATCHED_TOKENS["small"]
+GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py default in 0.32 (0.9 before)
 _FP32 = get_dtype("float32")
+
+
+def _large(gpu_memory: int, gpu_name: str) -> bool:
+    return gpu_memory >= LARGE_GPU_BYTES and "a100" not in gpu_name.lower()
 
 
 @dataclass(frozen=True)
 class _Spec:
-    """vLLM's view of one layer: kind, bytes per token (attention) or state bytes (Mamba), window."""
+    """vLLM's view of one layer: its kind of spec, bytes per token (attention) or state bytes (Mamba), window."""
 
-    kind: str  # "full", "sliding", "chunked", "mla", "mamba"
+    kind: str  # vLLM's spec classes: "full", "sliding", "chunked", "mla", "mamba"
     token_bytes: int  # per token per layer (attention kinds)
     state_bytes: int  # per sequence per layer (mamba), before padding
     span: int | None  # window or chunk
     detail: str
+    label: str  # the layer kind as kvbudget names it
     mixer: str = ""  # recurrent layers: "mamba", "mamba2", "gated_delta_net"
 
 
 @dataclass(frozen=True)
-class Plan:
+class Layout:
     """How vLLM lays a model out: block size, page, and its layer groups."""
 
     block_size: int
@@ -77,20 +107,19 @@ class Plan:
         """One block of the shared pool: a page for every layer of a group."""
         return self.group_size * self.page
 
-    def blocks_per_request(self, max_model_len: int) -> int:
+    def blocks_needed(self, spec: _Spec, max_model_len: int) -> int:
+        """Blocks one request of `max_model_len` tokens needs in one group of `spec` layers."""
         b = self.block_size
-        total = 0
-        for spec, _, groups in self.buckets:
-            if spec.kind in ("full", "mla"):
-                need = cdiv(max_model_len, b)
-            elif spec.kind == "sliding":
-                need = cdiv(min(spec.span - 1 + self.mnbt, max_model_len), b) + 1
-            elif spec.kind == "chunked":
-                need = cdiv(min(spec.span + self.mnbt, max_model_len), b)
-            else:  # mamba
-                need = self.mamba_blocks(spec)
-            total += groups * need
-        return total
+        if spec.kind == "sliding":
+            return cdiv(min((spec.span or 0) - 1 + self.mnbt, max_model_len), b) + 1
+        if spec.kind == "chunked":
+            return cdiv(min((spec.span or 0) + self.mnbt, max_model_len), b)
+        if spec.kind == "mamba":
+            return self.mamba_blocks(spec)
+        return cdiv(max_model_len, b)
+
+    def blocks_per_request(self, max_model_len: int) -> int:
+        return sum(groups * self.blocks_needed(spec, max_model_len) for spec, _, groups in self.buckets)
 
     def mamba_blocks(self, spec: _Spec) -> int:
         """State blocks one request holds in a Mamba group: 1; with prefix caching ("align" mode) 2, and a
@@ -100,57 +129,60 @@ class Plan:
         return 3 if spec.mixer == "mamba2" else 2
 
 
+def _usage(text: str) -> float | None:
+    # the new name, then the one before 0.9.2 (removed in 0.12)
+    return first_gauge(text, ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"))
+
+
 @dataclass(frozen=True)
-class VLLMEngine:
-    pipeline_parallel = True
+class VLLMEngine(Engine):
     name: str = "vllm"
     description: str = "vLLM v1 (0.32): paged blocks, hybrid groups, null block"
 
+    serves = True
+    usage = UsageGauge("/metrics", _usage, "max by (instance) (vllm:kv_cache_usage_perc)")
+    exact_log_formats = (r"KV cache size: [\d,]+ tokens", r"GPU blocks: \d+", r"Maximum concurrency for",
+                         r"V1 LLM engine")
+
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
-        plan, dtype = self.plan(model, kv_dtype, tp, options)
-        b = plan.block_size
+        layout, dtype = self.layout(model, kv_dtype, tp, options)
+        b = layout.block_size
         groups = []
-        for spec, layers, n_groups in plan.buckets:
-            padded = n_groups * plan.group_size
+        for spec, layers, n_groups in layout.buckets:
+            padded = n_groups * layout.group_size
             detail = spec.detail + (f"; {padded - layers} padding layer(s)" if padded != layers else "")
             if spec.kind == "mamba":
-                blocks = plan.mamba_blocks(spec)
-                groups.append(CacheGroup("recurrent_state", padded, 0, None, plan.page * blocks,
-                                         detail + f"; page padded to {plan.page:,} B x {blocks} block(s)", b))
+                blocks = layout.mamba_blocks(spec)
+                groups.append(CacheGroup(spec.label, padded, 0, None, layout.page * blocks,
+                                         detail + f"; page padded to {layout.page:,} B x {blocks} block(s)", b))
                 continue
-            cap = None
-            if spec.kind == "sliding":
-                cap = b * (cdiv(spec.span - 1 + plan.mnbt, b) + 1)
-            elif spec.kind == "chunked":
-                cap = b * cdiv(spec.span + plan.mnbt, b)
-            kind = {"full": "full_attention", "mla": "latent_attention", "sliding": "sliding_window",
-                    "chunked": "chunked_local"}[spec.kind]
-            groups.append(CacheGroup(kind, padded, plan.page // b, cap, 0, detail, b))
+            cap = None if spec.kind in ("full", "mla") else b * layout.blocks_needed(spec, 1 << 62)
+            groups.append(CacheGroup(spec.label, padded, layout.page // b, cap, 0, detail, b))
         return Allocation(
             engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=tuple(groups),
             notes=(f"vLLM: blocks of {b} tokens; sliding and chunked layers at the reservation vLLM admits "
-                   f"requests against (max_num_batched_tokens {plan.mnbt})",),
+                   f"requests against (max_num_batched_tokens {layout.mnbt})",),
         )
 
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
-        plan, _ = self.plan(model, kv_dtype, tp, options)
-        block_bytes = plan.block_bytes
+        layout, _ = self.layout(model, kv_dtype, tp, options)
+        block_bytes = layout.block_bytes
         num_blocks = kv_memory // block_bytes
         usable = kv_memory - block_bytes  # the null block
         if num_blocks < 2 or usable <= 0:
-            raise KVBudgetError(
-                f"--kv-memory: {format_bytes(kv_memory)} holds {num_blocks} block(s) of {format_bytes(block_bytes)}; "
-                "vLLM needs the null block plus at least one more (vLLM: 'No available memory for the cache blocks')"
-            )
-        per_request = plan.blocks_per_request(max_model_len)
+            raise BudgetError(
+                f"kv_memory: {format_bytes(kv_memory)} holds {num_blocks} block(s) of {format_bytes(block_bytes)}; "
+                "vLLM needs the null block plus at least one more (vLLM: 'No available memory for the cache blocks')",
+                param="kv_memory")
+        per_request = layout.blocks_per_request(max_model_len)
         concurrency = num_blocks / per_request
         fits = per_request * block_bytes <= usable
         longest = None
         notes = []
         if not fits:
-            longest = largest_fitting(lambda n: plan.blocks_per_request(n) * block_bytes <= usable, max_model_len)
+            longest = largest_fitting(lambda n: layout.blocks_per_request(n) * block_bytes <= usable, max_model_len)
             notes.append(
                 f"vLLM would refuse to start: to serve at least one request with the model's max seq len "
                 f"({max_model_len}), ({per_request * block_bytes / 2**30:.2f} GiB KV cache is needed, which is "
@@ -158,48 +190,67 @@ class VLLMEngine:
                 f"memory, the estimated maximum model length is {longest}."
             )
         return Capacity(
-            engine=self.name, kv_memory_bytes=kv_memory, num_blocks=num_blocks, block_size=plan.block_size,
+            engine=self.name, kv_memory_bytes=kv_memory, num_blocks=num_blocks, block_size=layout.block_size,
             kv_cache_tokens=int(concurrency * max_model_len),
-            physical_token_slots=num_blocks // plan.num_groups * plan.block_size,
+            physical_token_slots=num_blocks // layout.num_groups * layout.block_size,
             max_model_len=max_model_len, max_concurrency=concurrency, fits=fits,
             estimated_max_model_len=longest, notes=tuple(notes),
         )
 
+    def pipeline_stages(self, num_layers: int, pp: int) -> list[range]:
+        return layer_stages(num_layers, pp)
+
+    def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
+                gpu_name: str = "") -> Serving:
+        size = "large" if _large(gpu_memory, gpu_name) else "small"
+        mnbt = options.max_num_batched_tokens or MAX_NUM_BATCHED_TOKENS[size]
+        return Serving(GPU_MEMORY_UTILIZATION, "gpu_memory_utilization default", mnbt,
+                       f"profiling pass over max_num_batched_tokens ({mnbt})", MAX_NUM_SEQS[size],
+                       NON_TORCH_ESTIMATE + CUDA_GRAPH_ESTIMATE, "non-torch memory and CUDA graphs (estimate)",
+                       replace(options, max_num_batched_tokens=mnbt))
+
+    def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
+        return fp8_if_wider(current)
+
     # --- layout -------------------------------------------------------------------------------
 
-    def plan(self, model: ModelSpec, kv_dtype: str, tp: int, options: EngineOptions) -> tuple[Plan, KVDtype]:
+    def layout(self, model: ModelSpec, kv_dtype: str, tp: int, options: EngineOptions) -> tuple[Layout, KVDtype]:
         if options.device not in DEFAULT_BLOCK_SIZE:
-            raise KVBudgetError(f"--device: {options.device!r} is not one of {', '.join(DEFAULT_BLOCK_SIZE)}")
+            raise EngineRuleError(f"device: {options.device!r} is not one of {', '.join(DEFAULT_BLOCK_SIZE)}",
+                                  param="device")
         dtype = serving_kv_dtype(model, kv_dtype, tp, "vLLM", "auto, float16, bfloat16, float32 and fp8 "
-                                 "(e4m3 / e5m2); llama.cpp block types belong to --engine llamacpp")
+                                 "(e4m3 / e5m2); llama.cpp block types belong to the llamacpp engine")
         mnbt = options.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
         if mnbt <= 0:
-            raise KVBudgetError("--max-num-batched-tokens must be positive")
+            raise KVBudgetError("max_num_batched_tokens must be positive", param="max_num_batched_tokens")
         act = get_dtype(model.dtype)
         ssm = _FP32 if options.device == "cpu" else act  # the CPU backend keeps SSM state in float32
         specs = [s for s in (_vllm_spec(layer, dtype, act, ssm, tp, model.name) for layer in model.layers) if s]
         if not specs:
-            raise KVBudgetError(f"{model.name}: no layer keeps a KV cache; vLLM allocates none")
+            raise UnsupportedArchitectureError(f"{model.name}: no layer keeps a KV cache; vLLM allocates none")
 
         if {"sliding", "chunked"} <= {s.kind for s in specs}:
-            raise KVBudgetError(f"{model.name}: vLLM does not support a model with both sliding-window and "
-                                "chunked local attention layers")
+            raise UnsupportedArchitectureError(f"{model.name}: vLLM does not support a model with both "
+                                               "sliding-window and chunked local attention layers")
         attn = {s.token_bytes for s in specs if s.kind != "mamba"}
         if len(attn) > 1:
-            raise KVBudgetError(f"{model.name}: attention layers of different sizes are not modelled for vLLM yet")
+            raise UnsupportedArchitectureError(f"{model.name}: attention layers of different sizes are not "
+                                               "modelled for vLLM yet")
         attn_token = attn.pop() if attn else 0
         states = {s.state_bytes for s in specs if s.kind == "mamba"}
         if len(states) > 1:
-            raise KVBudgetError(f"{model.name}: Mamba layers of different sizes are not modelled for vLLM")
+            raise UnsupportedArchitectureError(f"{model.name}: Mamba layers of different sizes are not modelled "
+                                               "for vLLM")
         state = states.pop() if states else 0
 
         mla = any(s.kind == "mla" for s in specs)
         block = options.block_size or (MLA_BLOCK_SIZE if mla else DEFAULT_BLOCK_SIZE)[options.device]
         if options.block_size is not None and (block <= 0 or block % 16):
-            raise KVBudgetError(f"--block-size {block}: vLLM block sizes are positive multiples of 16")
+            raise EngineRuleError(f"block_size {block}: vLLM block sizes are positive multiples of 16",
+                                  param="block_size")
         if mla and options.device == "cpu" and options.block_size is not None and block != MLA_BLOCK_SIZE["cpu"]:
-            raise KVBudgetError(f"--block-size {block}: vLLM's MLA backend on {options.device} needs "
-                                f"{MLA_BLOCK_SIZE[options.device]}")
+            raise EngineRuleError(f"block_size {block}: vLLM's MLA backend on {options.device} needs "
+                                  f"{MLA_BLOCK_SIZE[options.device]}", param="block_size")
         if state and attn_token:  # hybrid: raise the block size until an attention page covers a state page
             align = max(KERNEL_BLOCK_ALIGNMENT[options.device], block)
             needed = align * cdiv(state, align * attn_token)
@@ -207,37 +258,119 @@ class VLLMEngine:
             block = max(block, needed)
         page = block * attn_token if attn_token else state
 
-        counts: dict[_Spec, int] = {}
-        for s in specs:
-            counts[s] = counts.get(s, 0) + 1
+        counts = count_alike(specs)
         smallest, largest = min(counts.values()), max(counts.values())
         group_size = largest if len(counts) == 1 or largest < 1.5 * smallest else smallest
         buckets = tuple((s, n, cdiv(n, group_size)) for s, n in counts.items())
-        return Plan(block, page, group_size, buckets, mnbt, options.prefix_caching), dtype
+        return Layout(block, page, group_size, buckets, mnbt, options.prefix_caching), dtype
+
+    # --- startup logs -------------------------------------------------------------------------
+
+    def check_log(self, text: str, model: ModelSpec) -> LogCheck:
+        return _check_log(self, text, model)
 
 
 def _vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype, tp: int, where: str) -> _Spec | None:
-    kind = layer.kind
-    if kind in ("full_attention", "sliding_window", "chunked_local"):
-        heads = shard_kv_heads(layer.kv_heads, tp, where)
-        token = dtype.bytes_for(heads * (layer.k_dim + layer.v_dim))
-        short = {"full_attention": "full", "sliding_window": "sliding", "chunked_local": "chunked"}[kind]
-        span = getattr(layer, "window", None) or getattr(layer, "chunk", None)
-        detail = f"{heads} KV heads x ({layer.k_dim} K + {layer.v_dim} V) x {dtype.name}"
+    if isinstance(layer, Attention):
+        k, v = layer.kv_values(tp, where)
+        short = "sliding" if isinstance(layer, SlidingWindow) else "chunked" if isinstance(layer, ChunkedLocal) \
+            else "full"
+        span = layer.token_span
+        detail = layer.describe(tp, where, dtype.name)
         if span:
             detail += f", {'window' if short == 'sliding' else 'chunk'} {span}"
-        return _Spec(short, token, 0, span, detail)
-    if kind == "latent_attention":
-        token = dtype.bytes_for(layer.latent_dim + layer.rope_dim)
-        return _Spec("mla", token, 0, None, f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, "
-                                            "on every TP rank")
-    if kind == "recurrent_state":
-        channels, heads, state = shard_recurrent(layer, tp, where, replicate_groups=True)
+        return _Spec(short, dtype.bytes_for(k + v), 0, span, detail, layer.kind)
+    if isinstance(layer, LatentAttention):
+        return _Spec("mla", dtype.bytes_for(layer.values_per_token), 0, None,
+                     f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, on every TP rank", layer.kind)
+    if isinstance(layer, RecurrentState):
+        channels, heads, state = layer.per_rank(tp, where, replicate_groups=True)
         conv = act.bytes_for(channels * (layer.conv_kernel - 1))
         return _Spec("mamba", 0, conv + ssm.bytes_for(state), None,
                      f"{layer.mixer}: conv {channels} x {layer.conv_kernel - 1} x {act.name} + state "
-                     f"{'x'.join(map(str, (heads,) + layer.state_shape[1:]))} x {ssm.name}", layer.mixer)
+                     f"{layer.state_text(heads)} x {ssm.name}", layer.kind, layer.mixer)
     return None
+
+
+def _num(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def _span(a: int | None, b: int | None) -> str:
+    return f"{a:,}" if a == b else f"{a:,}-{b:,}"
+
+
+def _check_log(engine: VLLMEngine, text: str, model: ModelSpec) -> LogCheck:
+    """vLLM V0 and V1, GPU and CPU builds: the settings and KV budget it printed, and what it made of them."""
+    from kvbudget.model.weights import model_weights
+
+    conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
+    seq = re.search(r"max_seq_len=(\d+)", text)
+    max_len = int(_num(conc.group(1))) if conc else int(seq.group(1)) if seq else None
+    if max_len is None:
+        raise KVBudgetError("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens')")
+    cpu = bool(re.search(r"CPU KV cache size|device_config=cpu", text))
+    tp = int(m.group(1)) if (m := re.search(r"tensor_parallel_size=(\d+)", text)) else 1
+    pp = int(m.group(1)) if (m := re.search(r"pipeline_parallel_size=(\d+)", text)) else 1
+    kv_dtype = m.group(1) if (m := re.search(r"kv_cache_dtype=(\w+)", text)) else "auto"
+    prefix = not re.search(r"enable_prefix_caching=False", text)
+    mnbt = int(m.group(1)) if (m := re.search(r"max_num_batched_tokens=(\d+)", text)) else None
+
+    budget_text = None
+    for pattern in (r"Explicitly set \(([\d.]+)/", r"Available KV cache memory: ([\d.]+) GiB",
+                    r"kv_cache_size=([\d.]+) ?GiB", r"reserved for KV Cache is ([\d.]+) ?GiB"):
+        if m := re.search(pattern, text):
+            budget_text = m.group(1)
+            break
+    if budget_text is None:
+        raise KVBudgetError("check-log: the vLLM log states no KV budget ('Available KV cache memory' or "
+                            "'kv_cache_size=' or 'Explicitly set'); run vLLM at INFO level")
+    decimals = len(budget_text.split(".")[1]) if "." in budget_text else 0
+    half_step = 0.5 * 10 ** -decimals
+    value = float(budget_text)
+    exact = cpu and value == int(value)  # VLLM_CPU_KVCACHE_SPACE is whole GiB
+    lo, hi = (value, value) if exact else (max(value - half_step, 0), value + half_step)
+    options = EngineOptions(device="cpu" if cpu else "cuda", prefix_caching=prefix, max_num_batched_tokens=mnbt)
+
+    def cap(gib: float) -> Capacity:
+        return engine.capacity(model, int(gib * GIB), max_len, kv_dtype=kv_dtype, tp=tp, options=options)
+
+    low, high = cap(lo), cap(hi)
+    rounding = "" if exact else f"the log rounds the budget to {decimals} decimals of GiB: a range of predictions"
+    rows = [LogRow("KV budget", f"{budget_text} GiB", f"{lo:g}-{hi:g} GiB" if not exact else f"{value:g} GiB",
+                   True, "read from the log")]
+    blocks = re.search(r"GPU blocks: (\d+)", text)
+    if blocks and low.num_blocks is not None and high.num_blocks is not None:
+        n = int(blocks.group(1))
+        rows.append(LogRow("blocks", f"{n:,}", _span(low.num_blocks, high.num_blocks),
+                           low.num_blocks <= n <= high.num_blocks, rounding))
+    tokens = re.search(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens", text)
+    if tokens:
+        n = int(_num(tokens.group(1)))
+        rows.append(LogRow("KV cache size (tokens)", f"{n:,}", _span(low.kv_cache_tokens, high.kv_cache_tokens),
+                           low.kv_cache_tokens <= n <= high.kv_cache_tokens, rounding))
+    if conc:
+        logged = conc.group(2)
+        lo_c, hi_c = f"{low.max_concurrency:.2f}", f"{high.max_concurrency:.2f}"
+        ok = float(lo_c) <= float(logged) <= float(hi_c)
+        rows.append(LogRow(f"max concurrency at {max_len:,} tokens", f"{logged}x",
+                           f"{lo_c}x" if lo_c == hi_c else f"{lo_c}-{hi_c}x", ok, rounding))
+    weights = re.search(r"(?:Loading model weights took|Model loading took) ([\d.]+) G", text)
+    if weights:
+        w = model_weights(model, tp, engine.pipeline_stages(model.num_layers, pp))
+        logged_bytes = float(weights.group(1)) * GIB
+        diff = w.per_gpu_bytes / logged_bytes - 1
+        rows.append(LogRow("weights per GPU", f"{float(weights.group(1)):.2f} GiB",
+                           f"{w.per_gpu_bytes / GIB:.2f} GiB", abs(diff) < 0.02,
+                           f"{diff:+.1%}: vLLM measures allocated memory (buffers, padding); kvbudget counts "
+                           "parameters"))
+    raised = re.search(r"Setting attention block size to (\d+) tokens", text)
+    if raised:
+        rows.append(LogRow("block size", raised.group(1), str(low.block_size), int(raised.group(1)) == low.block_size,
+                           "raised so that one attention page covers a Mamba state page"))
+    settings = {"max_model_len": max_len, "device": options.device, "tp": tp, "pp": pp, "kv_cache_dtype": kv_dtype,
+                "prefix_caching": prefix}
+    return LogCheck("vllm", None, settings, tuple(rows))
 
 
 VLLM = VLLMEngine()

@@ -5,52 +5,52 @@ from __future__ import annotations
 
 import json
 
+from kvbudget.engines import Engine, get_engine, serving_engines
 from kvbudget.errors import KVBudgetError
-
-# The engine's own KV usage as a 0-1 expression (llama.cpp has no gauge: the guard's own metric stands in).
-USAGE_EXPR = {
-    "vllm": "max by (instance) (vllm:kv_cache_usage_perc)",
-    "sglang": "max by (instance) (sglang:token_usage)",
-    "tgi": "max by (instance) (tgi_batch_current_max_tokens / tgi_batch_max_total_tokens)",
-    "llamacpp": "max by (replica) (kvbudget_guard_observed_usage)",
-}
-LEVELS = (("KVCacheWarn", "warn", 0.70, "warning", "cap max_new_tokens"),
-          ("KVCacheSingleSample", "single", 0.85, "warning", "force a single beam / sample"),
-          ("KVCacheReject", "reject", 0.95, "critical", "new requests are being rejected with 503"))
+from kvbudget.guard.levels import LEVELS
 
 
-def alert_rules(engine: str, thresholds: dict[str, float] | None = None, for_: str = "1m") -> str:
-    if engine not in USAGE_EXPR:
-        raise KVBudgetError(f"--engine {engine!r}: choose one of {', '.join(USAGE_EXPR)}")
+def _usage_expr(engine: str | Engine) -> tuple[str, str]:
+    chosen = get_engine(engine)
+    if chosen.usage is None:
+        names = ", ".join(e.name for e in serving_engines())
+        raise KVBudgetError(f"engine {chosen.name!r}: it publishes no KV usage to alert on; choose one of {names}",
+                            param="engine")
+    return chosen.name, chosen.usage.promql
+
+
+def alert_rules(engine: str | Engine, thresholds: dict[str, float] | None = None, for_: str = "1m") -> str:
+    """Prometheus alerting rules, one per level, on the engine's own KV usage; `thresholds` by level name."""
+    name, expr = _usage_expr(engine)
     thresholds = thresholds or {}
     lines = ["# Prometheus alerting rules written by `kvbudget alerts`", "groups:", "  - name: kvbudget-kv-cache",
              "    rules:"]
-    for alert, key, default, severity, meaning in LEVELS:
-        value = thresholds.get(key, default)
+    for level in LEVELS:
+        value = thresholds.get(level.name, level.threshold)
         lines += [
-            f"      - alert: {alert}",
-            f"        expr: {USAGE_EXPR[engine]} >= {value}",
+            f"      - alert: {level.alert}",
+            f"        expr: {expr} >= {value}",
             f"        for: {for_}",
             "        labels:",
-            f"          severity: {severity}",
+            f"          severity: {level.severity}",
             "        annotations:",
-            f"          summary: \"KV cache at {{{{ $value | humanizePercentage }}}} on {{{{ $labels.instance }}}}\"",
-            f"          description: \"{engine} KV usage is at or above {value:.0%}: {meaning}.\"",
+            "          summary: \"KV cache at {{ $value | humanizePercentage }} on {{ $labels.instance }}\"",
+            f"          description: \"{name} KV usage is at or above {value:.0%}: {level.meaning}.\"",
         ]
     return "\n".join(lines) + "\n"
 
 
-def dashboard(engine: str, thresholds: dict[str, float] | None = None) -> str:
-    if engine not in USAGE_EXPR:
-        raise KVBudgetError(f"--engine {engine!r}: choose one of {', '.join(USAGE_EXPR)}")
+def dashboard(engine: str | Engine, thresholds: dict[str, float] | None = None) -> str:
+    """A Grafana dashboard: the engine's KV usage with the levels as thresholds, and the guard's own signals."""
+    name, expr = _usage_expr(engine)
     thresholds = thresholds or {}
-    steps = [{"color": "green", "value": None}] + [
-        {"color": color, "value": thresholds.get(key, default)}
-        for (_, key, default, _, _), color in zip(LEVELS, ("yellow", "orange", "red"))]
+    steps: list[dict[str, object]] = [{"color": "green", "value": None}] + [
+        {"color": color, "value": thresholds.get(level.name, level.threshold)}
+        for level, color in zip(LEVELS, ("yellow", "orange", "red"))]
     panels = [
-        {"id": 1, "type": "timeseries", "title": f"{engine} KV cache usage",
+        {"id": 1, "type": "timeseries", "title": f"{name} KV cache usage",
          "gridPos": {"h": 9, "w": 16, "x": 0, "y": 0},
-         "targets": [{"expr": USAGE_EXPR[engine], "refId": "A"}],
+         "targets": [{"expr": expr, "refId": "A"}],
          "fieldConfig": {"defaults": {"unit": "percentunit", "min": 0, "max": 1,
                                       "thresholds": {"mode": "absolute", "steps": steps}}}},
         {"id": 2, "type": "timeseries", "title": "guard: observed vs predicted usage",
@@ -63,5 +63,5 @@ def dashboard(engine: str, thresholds: dict[str, float] | None = None) -> str:
          "gridPos": {"h": 9, "w": 8, "x": 16, "y": 0},
          "targets": [{"expr": "sum by (level, action) (rate(kvbudget_guard_decisions_total[1m]))", "refId": "A"}]},
     ]
-    return json.dumps({"title": f"kvbudget: {engine} KV cache", "uid": f"kvbudget-{engine}", "schemaVersion": 39,
+    return json.dumps({"title": f"kvbudget: {name} KV cache", "uid": f"kvbudget-{name}", "schemaVersion": 39,
                        "time": {"from": "now-1h", "to": "now"}, "panels": panels}, indent=2) + "\n"

@@ -13,16 +13,21 @@ import copy
 import time
 from dataclasses import dataclass
 
-from kvbudget.errors import KVBudgetError
+from typing import Any
+
+from kvbudget.errors import UpstreamConfigError
+from kvbudget.guard.levels import HYSTERESIS, LEVELS, find_level
+
+_DEFAULT = {level.key: level.threshold for level in LEVELS}
 
 
 @dataclass(frozen=True)
 class Policy:
-    warn: float = 0.70
-    single: float = 0.85
-    reject: float = 0.95
+    warn: float = _DEFAULT["warn"]
+    single: float = _DEFAULT["single"]
+    reject: float = _DEFAULT["reject"]
     priority_reject: float = 0.99  # high-priority requests are rejected only above this
-    hysteresis: float = 0.05
+    hysteresis: float = HYSTERESIS
     max_tokens_cap: int | None = None  # level >= 1: a fixed cap on max_tokens ...
     max_tokens_fraction: float = 0.5  # ... or this fraction of what the request asked for
     default_max_tokens: int = 1024  # what a request without max_tokens is assumed to ask for
@@ -30,11 +35,12 @@ class Policy:
     fail_open: bool = True  # stale metrics: keep serving on the prediction (True) or reject (False)
     retry_after_s: int = 5
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not 0 < self.warn < self.single < self.reject <= self.priority_reject <= 1:
-            raise KVBudgetError("guard thresholds must rise: 0 < warn < single < reject <= priority_reject <= 1")
+            raise UpstreamConfigError("guard thresholds must rise: 0 < warn < single < reject <= priority_reject "
+                                      "<= 1")
         if not 0 <= self.hysteresis < self.warn:
-            raise KVBudgetError("guard hysteresis must be >= 0 and below the warn threshold")
+            raise UpstreamConfigError("guard hysteresis must be >= 0 and below the warn threshold")
 
     @property
     def thresholds(self) -> tuple[float, float, float]:
@@ -76,11 +82,10 @@ class Decision:
     action: str  # "forward" or "reject"
     level: int
     replica: str | None
-    body: dict | None  # the (rewritten) request body to forward
+    body: dict[str, Any] | None  # the (rewritten) request body to forward
     changes: tuple[str, ...] = ()
     reason: str = ""
     pressure: float = 0.0
-    rejected_status: int = 503
 
 
 def choose_replica(replicas: list[Replica], policy: Policy, now: float) -> tuple[Replica | None, str]:
@@ -96,7 +101,7 @@ def choose_replica(replicas: list[Replica], policy: Policy, now: float) -> tuple
     return best, "" if fresh else "upstream metrics are stale; acting on predicted usage (fail-open)"
 
 
-def rewrite(body: dict, level: int, policy: Policy) -> tuple[dict, tuple[str, ...]]:
+def rewrite(body: dict[str, Any], level: int, policy: Policy) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The request body as the level allows it, and what changed."""
     if level < 1:
         return body, ()
@@ -122,7 +127,7 @@ def rewrite(body: dict, level: int, policy: Policy) -> tuple[dict, tuple[str, ..
     return out, tuple(changes)
 
 
-def decide(body: dict, replicas: list[Replica], policy: Policy, priority: bool = False,
+def decide(body: dict[str, Any], replicas: list[Replica], policy: Policy, priority: bool = False,
            now: float | None = None) -> Decision:
     """Route, rewrite or reject one request."""
     now = time.monotonic() if now is None else now
@@ -140,13 +145,27 @@ def decide(body: dict, replicas: list[Replica], policy: Policy, priority: bool =
     return Decision("forward", level, replica.url, new_body, changes, note, pressure)
 
 
-def policy_from_config(config: dict, **overrides) -> Policy:
-    """A Policy from `kvbudget plan --guard-config` YAML (levels, hysteresis) or a guard YAML."""
-    kwargs = {}
-    for level in config.get("levels", []):
-        name = {"warn": "warn", "single-beam": "single", "reject": "reject"}.get(level.get("name"))
-        if name:
-            kwargs[name] = float(level["threshold"])
+def policy_from_config(config: dict[str, Any], **overrides: Any) -> Policy:
+    """A Policy from `kvbudget plan --guard-config` YAML (levels, hysteresis) or a guard YAML.
+
+    Each entry of `levels` names its level by `name` or `action` (both as the plan writes them); when it gives
+    both they must agree, and an entry naming no known level is refused rather than ignored."""
+    kwargs: dict[str, Any] = {}
+    for i, entry in enumerate(config.get("levels") or [], 1):
+        if not isinstance(entry, dict):
+            raise UpstreamConfigError(f"levels: entry {i} must be a mapping with name/action and threshold")
+        by_name, by_action = find_level(name=entry.get("name")), find_level(action=entry.get("action"))
+        if by_name and by_action and by_name != by_action:
+            raise UpstreamConfigError(f"levels: entry {i} names level {entry.get('name')!r} but action "
+                                      f"{entry.get('action')!r}, which belongs to {by_action.name!r}")
+        level = by_name or by_action
+        if level is None:
+            known = ", ".join(f"{lv.name} ({lv.action})" for lv in LEVELS)
+            raise UpstreamConfigError(f"levels: entry {i} names no known level; use one of {known}")
+        try:
+            kwargs[level.key] = float(entry["threshold"])
+        except (KeyError, TypeError, ValueError):
+            raise UpstreamConfigError(f"levels: entry {i} ({level.name}) needs a numeric threshold") from None
     for key in ("hysteresis", "priority_reject", "max_tokens_cap", "max_tokens_fraction", "staleness_s",
                 "fail_open", "retry_after_s", "default_max_tokens"):
         if key in config:

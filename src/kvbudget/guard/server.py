@@ -5,14 +5,14 @@ from __future__ import annotations
 import gc
 import json
 import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any, TextIO
 
-from kvbudget.engines import EngineOptions, get_engine
-from kvbudget.errors import KVBudgetError
+from kvbudget.engines import Engine, EngineOptions, get_engine, serving_engines
+from kvbudget.errors import KVBudgetError, UpstreamConfigError
 from kvbudget.guard.app import Guard, GuardConfig
 from kvbudget.guard.policy import policy_from_config
 from kvbudget.guard.signals import Predictor
-
-ENGINES = ("vllm", "sglang", "llamacpp", "tgi")
 
 
 def _served_model(upstream: str) -> str | None:
@@ -23,21 +23,26 @@ def _served_model(upstream: str) -> str | None:
         return None
 
 
-def build_guard(upstreams: list[str], engine: str = "vllm", config: dict | None = None, model: str | None = None,
-                kv_memory: int | None = None, tokenizer: str | None = None, api_keys: list[str] = (),
-                max_tokens_cap: int | None = None, poll_interval: float = 1.0, staleness: float = 10.0,
-                fail_open: bool = True, decision_log=None, device: str = "cuda") -> tuple[Guard, list[str]]:
+def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dict[str, Any] | None = None,
+                model: str | None = None, kv_memory: int | None = None, tokenizer: str | None = None,
+                api_keys: Sequence[str] = (), max_tokens_cap: int | None = None, poll_interval: float = 1.0,
+                staleness: float = 10.0, fail_open: bool = True, decision_log: TextIO | None = None,
+                device: str = "cuda") -> tuple[Guard, list[str]]:
     """A Guard and the notes to print at start (what it predicts with, and what it cannot)."""
     from kvbudget.model.load import load_model
 
     config = config or {}
     if not upstreams:
-        raise KVBudgetError("guard: name at least one --upstream URL (or 'upstreams' in --config)")
+        raise UpstreamConfigError("upstream: name at least one upstream URL (or 'upstreams' in the config)",
+                                  param="upstream")
     for url in upstreams:
         if not url.startswith(("http://", "https://")):
-            raise KVBudgetError(f"--upstream {url!r}: must be an http:// or https:// URL")
-    if engine not in ENGINES:
-        raise KVBudgetError(f"--engine {engine!r}: choose one of {', '.join(ENGINES)}")
+            raise UpstreamConfigError(f"upstream {url!r}: must be an http:// or https:// URL", param="upstream")
+    chosen = get_engine(engine)
+    if chosen not in serving_engines():
+        names = ", ".join(e.name for e in serving_engines())
+        raise KVBudgetError(f"engine {chosen.name!r}: the guard fronts a serving engine with a KV usage gauge; "
+                            f"choose one of {names}", param="engine")
     policy = policy_from_config(config, max_tokens_cap=max_tokens_cap, staleness_s=staleness, fail_open=fail_open)
     notes = []
     source = model or _served_model(upstreams[0])
@@ -52,19 +57,19 @@ def build_guard(upstreams: list[str], engine: str = "vllm", config: dict | None 
             spec = None
             notes.append(f"model {source!r} cannot be resolved here ({exc}); acting on observed usage alone")
         if spec is not None and budget:
-            options = EngineOptions(device=device) if engine == "vllm" else EngineOptions()
-            predictor = Predictor(get_engine(engine).allocate(spec, options=options), int(budget))
-            notes.append(f"predicting with {spec.name} on {engine}: {predictor.allocation.bytes_per_token:,} bytes "
+            # the upstream's device matters where the engine's block size depends on it (vLLM's CPU backend)
+            predictor = Predictor(chosen.allocate(spec, options=EngineOptions(device=device)), int(budget))
+            notes.append(f"predicting with {spec.name} on {chosen.name}: {predictor.allocation.bytes_per_token:,} bytes "
                          f"per token, KV budget {int(budget):,} bytes per replica")
         elif spec is not None:
             notes.append("no KV budget (--kv-memory or kv_budget_bytes in --config): acting on observed usage alone")
-    count_prompt = None
+    count_prompt: Callable[[dict[str, Any]], int] | None = None
     if tokenizer:
-        from kvbudget.tokens import Counter
+        from kvbudget.tokens import PromptCounter
 
-        counter = Counter(tokenizer, engine="llamacpp" if engine == "llamacpp" else "vllm")
+        counter = PromptCounter(tokenizer, engine=chosen)
 
-        def count_prompt(body: dict) -> int:
+        def count_prompt(body: dict[str, Any]) -> int:
             if isinstance(body.get("messages"), list):
                 return counter.count_request(body["messages"]).prompt_tokens
             return counter.count_texts([str(body.get("prompt", ""))])[0]
@@ -74,7 +79,7 @@ def build_guard(upstreams: list[str], engine: str = "vllm", config: dict | None 
         notes.append("prompt lengths estimated from characters (4 per token); pass --tokenizer for exact counts")
     limits = {key: config[key] for key in ("max_body_bytes", "connect_timeout", "first_byte_timeout",
                                            "idle_timeout") if key in config}
-    guard = Guard(GuardConfig(upstreams=list(upstreams), engine=engine, policy=policy, predictor=predictor,
+    guard = Guard(GuardConfig(upstreams=list(upstreams), engine=chosen, policy=policy, predictor=predictor,
                               count_prompt=count_prompt, api_keys=frozenset(api_keys) | frozenset(
                                   config.get("api_keys", [])), poll_interval=poll_interval,
                               decision_log=decision_log, **limits))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import ConfigError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
     ChunkedLocal,
     FullAttention,
@@ -83,13 +83,12 @@ _TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 _DTYPE_NAMES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
                 "fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16",
                 "float": "float32"}
-SUPPORTED_MODEL_TYPES = tuple(sorted(set(FAMILY_DEFAULTS) | set(_TEXT_MODEL_TYPE)))
 
 
 class Fields:
     """Reads fields from a config, then the family's defaults; names the field when one is missing."""
 
-    def __init__(self, cfg: dict, model_type: str, where: str):
+    def __init__(self, cfg: dict[str, Any], model_type: str, where: str):
         self.cfg, self.model_type, self.where = cfg, model_type, where
         self.defaults = FAMILY_DEFAULTS.get(model_type, {})
 
@@ -103,16 +102,16 @@ class Fields:
                 return self.defaults[name]
         return default
 
-    def int(self, *names: str, default: int | None = None) -> int:
+    def int(self, *names: str, default: int | None = None) -> int:  # noqa: A003
         value = self.get(*names, default=default)
         if value is None:
-            raise KVBudgetError(
+            raise ConfigError(
                 f"{self.where}: config has no value for {names[0]!r}"
                 + (f" (nor {', '.join(repr(n) for n in names[1:])})" if len(names) > 1 else "")
                 + "; the KV estimate needs it, so add it to the config"
             )
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise KVBudgetError(f"{self.where}: {names[0]!r} is {value!r}; it must be a positive integer")
+            raise ConfigError(f"{self.where}: {names[0]!r} is {value!r}; it must be a positive integer")
         return value
 
 
@@ -123,7 +122,7 @@ def _attention(i: int, kind: str, f: Fields, kv_heads: int, head_dim: int) -> La
         return SlidingWindow(i, kv_heads, head_dim, head_dim, f.int("sliding_window", "sliding_window_size"))
     if kind == "chunked_attention":
         return ChunkedLocal(i, kv_heads, head_dim, head_dim, f.int("attention_chunk_size"))
-    raise KVBudgetError(f"{f.where}: layer {i} has layer type {kind!r}, which kvbudget does not know")
+    raise UnsupportedArchitectureError(f"{f.where}: layer {i} has layer type {kind!r}, which kvbudget does not know")
 
 
 def _standard_dims(f: Fields) -> tuple[int, int, int]:
@@ -151,7 +150,7 @@ def _layer_types(mt: str, f: Fields, layers: int) -> list[str]:
     given = f.cfg.get("layer_types")
     if given is not None:
         if not isinstance(given, list) or len(given) != layers:
-            raise KVBudgetError(f"{f.where}: 'layer_types' must be a list of {layers} entries, one per layer")
+            raise ConfigError(f"{f.where}: 'layer_types' must be a list of {layers} entries, one per layer")
         return list(given)
     if mt in ("qwen2", "qwen3"):
         if not f.get("use_sliding_window", default=False):
@@ -279,7 +278,7 @@ def _model_dtype(cfg: dict, outer: dict, where: str) -> tuple[str, list[str]]:
         return "float16", [f"{where}: config names no torch_dtype; assuming float16 (pass --kv-dtype to choose)"]
     name = _DTYPE_NAMES.get(str(raw).replace("torch.", "").lower())
     if name is None:
-        raise KVBudgetError(f"{where}: torch_dtype {raw!r} is not float32, float16 or bfloat16")
+        raise ConfigError(f"{where}: torch_dtype {raw!r} is not float32, float16 or bfloat16")
     return name, []
 
 
@@ -299,11 +298,11 @@ def parse_config(config: dict, name: str = "model", source: str = "") -> ModelSp
     """Turn a Hugging Face config dict into an engine-independent ModelSpec."""
     where = source or name
     if not isinstance(config, dict):
-        raise KVBudgetError(f"{where}: a config must be a JSON object, got {type(config).__name__}")
+        raise ConfigError(f"{where}: a config must be a JSON object, got {type(config).__name__}")
     cfg = text_config_of(config)
     mt = model_type_of(config)
     if not mt:
-        raise KVBudgetError(f"{where}: config has no 'model_type'; add it (for example \"llama\")")
+        raise ConfigError(f"{where}: config has no 'model_type'; add it (for example \"llama\")")
     notes = []
     if mt not in FAMILY_DEFAULTS:
         notes.append(f"{where}: model_type {mt!r} is not one kvbudget knows; "

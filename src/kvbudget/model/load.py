@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from kvbudget import catalog
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import ConfigError
 from kvbudget.model.config import parse_config
 from kvbudget.model.spec import ModelSpec
 
@@ -16,13 +16,13 @@ def read_json(path: Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise KVBudgetError(f"{path}: cannot read it ({exc.strerror or exc}); check the path and permissions") from None
+        raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc}); check the path and permissions") from None
     except UnicodeDecodeError:
-        raise KVBudgetError(f"{path}: not a UTF-8 text file; pass a config.json") from None
+        raise ConfigError(f"{path}: not a UTF-8 text file; pass a config.json") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise KVBudgetError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+        raise ConfigError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
 
 
 def _from_hub(repo_id: str) -> Path:
@@ -36,25 +36,25 @@ def _from_hub(repo_id: str) -> Path:
             RepositoryNotFoundError,
         )
     except ImportError:  # pragma: no cover - a declared dependency
-        raise KVBudgetError("huggingface_hub is not installed; pip install huggingface_hub") from None
+        raise ConfigError("huggingface_hub is not installed; pip install huggingface_hub") from None
     try:
         return Path(hf_hub_download(repo_id, "config.json"))
     except GatedRepoError:
-        raise KVBudgetError(
+        raise ConfigError(
             f"{repo_id}: the repository is gated; accept its licence on the Hub and set HF_TOKEN"
         ) from None
     except RepositoryNotFoundError:
         hint = "" if os.environ.get("HF_TOKEN") else " (if it is private, set HF_TOKEN)"
-        raise KVBudgetError(f"{repo_id}: no such model on the Hub{hint}; or name a catalog model (kvbudget models)") from None
+        raise ConfigError(f"{repo_id}: no such model on the Hub{hint}; or name a catalog model (kvbudget models)") from None
     except LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: test it first
-        raise KVBudgetError(
+        raise ConfigError(
             f"{repo_id}: config.json is not in the local Hugging Face cache and the Hub cannot be reached"
             " (HF_HUB_OFFLINE is set or there is no network); download it once online, or pass a file"
         ) from None
     except EntryNotFoundError:
-        raise KVBudgetError(f"{repo_id}: the repository has no config.json") from None
+        raise ConfigError(f"{repo_id}: the repository has no config.json") from None
     except (OSError, ValueError) as exc:
-        raise KVBudgetError(f"{repo_id}: could not fetch config.json from the Hub: {exc}".splitlines()[0]) from None
+        raise ConfigError(f"{repo_id}: could not fetch config.json from the Hub: {exc}".splitlines()[0]) from None
 
 
 def load_model(source: str | os.PathLike | dict, name: str | None = None) -> ModelSpec:
@@ -69,15 +69,15 @@ def load_model(source: str | os.PathLike | dict, name: str | None = None) -> Mod
     if path.is_dir():
         config_path = path / "config.json"
         if not config_path.is_file():
-            raise KVBudgetError(f"{path}: folder has no config.json; pass a config file or a model folder")
+            raise ConfigError(f"{path}: folder has no config.json; pass a config file or a model folder")
         return parse_config(read_json(config_path), name=name or path.name, source=str(config_path))
     if path.exists() or text.endswith(".json") or text.startswith((".", "/", "~")):
         if not path.is_file():
-            raise KVBudgetError(f"{path}: no such file; pass a config.json, a model folder, a catalog name or a Hub id")
+            raise ConfigError(f"{path}: no such file; pass a config.json, a model folder, a catalog name or a Hub id")
         return parse_config(read_json(path), name=name or path.stem, source=str(path))
     if text.count("/") == 1 and all(text.split("/")):
         return parse_config(read_json(_from_hub(text)), name=name or text, source=f"hub:{text}")
-    raise KVBudgetError(
+    raise ConfigError(
         f"{text!r} is not a catalog model, a file, a folder or a Hub id (org/name); "
         "run `kvbudget models` for the catalog"
     )

