@@ -102,7 +102,7 @@ class LlamaCppEngine(Engine):
                  options: EngineOptions = EngineOptions()) -> Allocation:
         check_positive(tp, "tp", "tensor parallel size")
         if tp != 1:
-            raise EngineRuleError("tp: llama.cpp splits layers across GPUs (--split-mode), not KV heads; use 1",
+            raise EngineRuleError("tp: llama.cpp splits layers across GPUs (its split mode), not KV heads; use 1",
                                   param="tp")
         if options.block_size is not None:
             raise EngineRuleError("block_size: llama.cpp has no KV blocks (cells are padded to 256); leave it out",

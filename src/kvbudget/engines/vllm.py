@@ -59,19 +59,26 @@ DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
 # MLA: FlashMLA on GPUs needs 64; the CPU reference MLA backend (x86 with AMX, as on our test machine) 16.
 MLA_BLOCK_SIZE = {"cuda": 64, "cpu": 16}
 KERNEL_BLOCK_ALIGNMENT = {"cuda": 16, "cpu": 16}  # smallest kernel block of the default attention backend
-# EngineArgs defaults of the OpenAI server (vllm/engine/arg_utils.py, 0.32): GPUs with >= 70 GiB other than the
-# A100 get 8192 batched tokens and 1024 sequences; smaller ones (and A100s) 2048 and 256. Without a GPU in
-# view (estimate), the smaller figure.
+# The OpenAI server's defaults (EngineArgs.get_batch_defaults in vllm/engine/arg_utils.py, 0.32), by the GPU's
+# total memory: (max_num_batched_tokens, max_num_seqs). A100s stay in the small tier whatever their memory; the
+# CPU backend takes (2048, 128) per rank (world size 1 here). Without a GPU in view (estimate) the small tier.
+BATCH_DEFAULTS = {"huge": (16384, 1024), "large": (8192, 1024), "small": (2048, 256), "cpu": (2048, 128)}
+HUGE_GPU_BYTES = 160 * GIB
 LARGE_GPU_BYTES = 70 * GIB
-MAX_NUM_BATCHED_TOKENS = {"large": 8192, "small": 2048}
-MAX_NUM_SEQS = {"large": 1024, "small": 256}
-DEFAULT_MAX_NUM_BATCHED_TOKENS = MAX_NUM_BATCHED_TOKENS["small"]
+DEFAULT_MAX_NUM_BATCHED_TOKENS = BATCH_DEFAULTS["small"][0]
 GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py default in 0.32 (0.9 before)
 _FP32 = get_dtype("float32")
 
 
-def _large(gpu_memory: int, gpu_name: str) -> bool:
-    return gpu_memory >= LARGE_GPU_BYTES and "a100" not in gpu_name.lower()
+def batch_defaults(gpu_memory: int, gpu_name: str = "", device: str = "cuda") -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM's OpenAI server picks for a GPU of `gpu_memory` bytes."""
+    if device == "cpu":
+        return BATCH_DEFAULTS["cpu"]
+    if gpu_memory >= HUGE_GPU_BYTES:
+        return BATCH_DEFAULTS["huge"]
+    if gpu_memory >= LARGE_GPU_BYTES and "a100" not in gpu_name.lower():
+        return BATCH_DEFAULTS["large"]
+    return BATCH_DEFAULTS["small"]
 
 
 @dataclass(frozen=True)
@@ -202,10 +209,10 @@ class VLLMEngine(Engine):
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "") -> Serving:
-        size = "large" if _large(gpu_memory, gpu_name) else "small"
-        mnbt = options.max_num_batched_tokens or MAX_NUM_BATCHED_TOKENS[size]
+        default_tokens, max_num_seqs = batch_defaults(gpu_memory, gpu_name, options.device)
+        mnbt = options.max_num_batched_tokens or default_tokens
         return Serving(GPU_MEMORY_UTILIZATION, "gpu_memory_utilization default", mnbt,
-                       f"profiling pass over max_num_batched_tokens ({mnbt})", MAX_NUM_SEQS[size],
+                       f"profiling pass over max_num_batched_tokens ({mnbt})", max_num_seqs,
                        NON_TORCH_ESTIMATE + CUDA_GRAPH_ESTIMATE, "non-torch memory and CUDA graphs (estimate)",
                        replace(options, max_num_batched_tokens=mnbt))
 

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from kvbudget.errors import ConfigError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
+    Attention,
     ChunkedLocal,
     FullAttention,
     LatentAttention,
@@ -115,14 +116,24 @@ class Fields:
         return value
 
 
-def _attention(i: int, kind: str, f: Fields, kv_heads: int, head_dim: int) -> LayerSpec:
-    if kind in ("full_attention", "attention", "global"):
+# The `layer_types` values of configs (transformers' vocabulary and older synonyms) and the kind each becomes.
+_LAYER_TYPES: dict[str, type[Attention]] = {
+    "full_attention": FullAttention, "attention": FullAttention, "global": FullAttention,
+    "sliding_attention": SlidingWindow, "local": SlidingWindow, "sliding": SlidingWindow,
+    "chunked_attention": ChunkedLocal,
+}
+
+
+def _attention(i: int, layer_type: str, f: Fields, kv_heads: int, head_dim: int) -> LayerSpec:
+    kind = _LAYER_TYPES.get(layer_type)
+    if kind is FullAttention:
         return FullAttention(i, kv_heads, head_dim, head_dim)
-    if kind in ("sliding_attention", "local", "sliding"):
+    if kind is SlidingWindow:
         return SlidingWindow(i, kv_heads, head_dim, head_dim, f.int("sliding_window", "sliding_window_size"))
-    if kind == "chunked_attention":
+    if kind is ChunkedLocal:
         return ChunkedLocal(i, kv_heads, head_dim, head_dim, f.int("attention_chunk_size"))
-    raise UnsupportedArchitectureError(f"{f.where}: layer {i} has layer type {kind!r}, which kvbudget does not know")
+    raise UnsupportedArchitectureError(f"{f.where}: layer {i} has layer type {layer_type!r}, which kvbudget does not "
+                                       "know")
 
 
 def _standard_dims(f: Fields) -> tuple[int, int, int]:

@@ -1,0 +1,146 @@
+"""The shape of the code: engines are plug-ins, and nothing outside them keeps engine or layer-kind knowledge."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import kvbudget
+from kvbudget.cli import main
+from kvbudget.engines import ENGINES, Allocation, CacheGroup, Capacity, Engine, EngineOptions, register
+from kvbudget.engines.base import UsageGauge, group_layers, simple_capacity
+from kvbudget.engines.metrics import first_gauge
+from kvbudget.model.spec import Attention, ModelSpec
+
+SRC = Path(kvbudget.__file__).parent
+KINDS = ("full_attention", "sliding_window", "chunked_local", "latent_attention", "recurrent_state", "no_cache")
+
+
+@dataclass(frozen=True)
+class ToyEngine(Engine):
+    """A made-up server: attention K and V in one byte per value, blocks of 4 tokens, every other kind skipped."""
+
+    name: str = "toy"
+    description: str = "a toy engine defined in a test"
+
+    serves = True
+    prompt_adds_bos = True
+    usage = UsageGauge("/metrics", lambda text: first_gauge(text, ("toy:kv_usage",)), "max by (instance) (toy:kv_usage)")
+
+    def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
+                 options: EngineOptions = EngineOptions()) -> Allocation:
+        groups = group_layers(
+            CacheGroup(spec.kind, 1, sum(spec.kv_values(tp, model.name)), None, 0, "int8 K + V", 4)
+            if isinstance(spec, Attention) else None for spec in model.layers)
+        return Allocation(self.name, model.name, kvbudget.get_dtype("int8"), tp, groups, exact=False)
+
+    def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
+                 tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
+        return simple_capacity(self.allocate(model, kv_dtype, tp, options), kv_memory, max_model_len, "toy pool")
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    engine = ToyEngine()
+    monkeypatch.setattr("kvbudget.engines.ENGINES", dict(ENGINES))  # registration undone after the test
+    import kvbudget.engines as engines
+
+    register(engine)
+    assert engines.ENGINES["toy"] is engine
+    return engine
+
+
+def test_an_engine_object_works_without_registration():
+    model = kvbudget.load_model("llama-3.1-8b")  # 32 layers, 8 KV heads of 128 (its config.json)
+    result = kvbudget.estimate(model, engine=ToyEngine(), context=[10])
+    assert result.bytes_per_token == 32 * 8 * (128 + 128) * 1
+    assert result.points[0].kv_bytes == 12 * result.bytes_per_token  # 10 tokens held in blocks of 4
+    assert result.allocation.engine == "toy" and not result.allocation.exact
+
+
+def test_a_registered_toy_engine_serves_every_consumer(toy, tmp_path, capsys):
+    model = kvbudget.load_model("llama-3.1-8b")
+    # the planner: the base serving defaults (a whole GPU, non-torch estimate), capacity from the toy pool
+    p = kvbudget.plan(model, engine="toy", gpu_memory=80 * 2**30, weights=16 * 2**30, max_model_len=4096)
+    assert p.engine is toy and p.capacity.max_concurrency == p.kv_memory_bytes / (4096 * 65536)
+    # the command line, by name
+    assert main(["estimate", "llama-3.1-8b", "--engine", "toy", "--json", "--context", "4"]) == 0
+    assert json.loads(capsys.readouterr().out)["points"][0]["kv_bytes"] == 4 * 65536
+    # alerts on the engine's own gauge
+    assert main(["alerts", "--engine", "toy", "--out", str(tmp_path)]) == 0
+    assert "max by (instance) (toy:kv_usage) >= 0.7" in (tmp_path / "kvbudget-alerts.yaml").read_text()
+    # the guard reads the toy's gauge
+    from kvbudget.guard.signals import observed_usage
+
+    assert observed_usage("toy", "toy:kv_usage 0.42\n") == 0.42
+    # the token counter follows its BOS rule
+    counter = kvbudget.tokens.PromptCounter(None, approximate=True, engine="toy")
+    assert counter.engine is toy and counter.engine.prompt_adds_bos
+
+
+def test_unknown_engine_is_a_one_line_error_everywhere(capsys):
+    # `plan --engine foo` used to end in a KeyError traceback
+    for argv in (["plan", "llama-3.1-8b", "--engine", "foo", "--gpu", "H100-80GB"],
+                 ["estimate", "llama-3.1-8b", "--engine", "foo"],
+                 ["compare", "llama-3.1-8b", "mistral-7b", "--engine", "foo"],
+                 ["alerts", "--engine", "foo"]):
+        assert main(argv) == 2, argv
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and "--engine" in err and "unknown engine 'foo'" in err, err
+    with pytest.raises(kvbudget.KVBudgetError) as exc:
+        kvbudget.plan(kvbudget.load_model("llama-3.1-8b"), engine="foo", gpu="H100-80GB")
+    assert exc.value.param == "engine" and "--" not in str(exc.value)
+
+
+def _python(path: Path) -> str:
+    """Source without comments and docstring-only lines (what the code does, not what it says)."""
+    return "\n".join(line.split("#")[0] for line in path.read_text().splitlines())
+
+
+def _outside(*allowed: str) -> list[Path]:
+    return [p for p in SRC.rglob("*.py") if not any(str(p.relative_to(SRC)).startswith(a) for a in allowed)]
+
+
+def test_no_kind_string_is_compared_outside_the_spec_and_engines():
+    pattern = re.compile(r"\.kind\s*(==|!=|\bin\b)|(==|!=|\bin)\s*\(?\s*\"(" + "|".join(KINDS) + ")\"")
+    offenders = [f"{p.relative_to(SRC)}:{i}" for p in _outside("engines", "model/spec.py")
+                 for i, line in enumerate(_python(p).splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
+
+
+def test_no_engine_name_is_compared_outside_the_engines():
+    names = "|".join(re.escape(n) for n in ENGINES)
+    pattern = re.compile(rf"(==|!=|\bin)\s*[\(\[{{]?\s*\"({names})\"|\"({names})\"\s*:")
+    offenders = [f"{p.relative_to(SRC)}:{i}: {line.strip()}" for p in _outside("engines")
+                 for i, line in enumerate(_python(p).splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
+
+
+def test_the_raw_config_is_read_only_inside_model():
+    pattern = re.compile(r"\b(?!(args|self|guard)\.)\w+\.config\b(?!\s*import)")
+    offenders = [f"{p.relative_to(SRC)}:{i}: {line.strip()}" for p in _outside("model")
+                 for i, line in enumerate(_python(p).splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
+
+
+def test_library_errors_name_parameters_not_flags():
+    """Messages raised by the library (outside the CLI) never name a command-line flag."""
+    flag = re.compile(r"(Error|raise \w+)\((f?\"[^\"]*--[a-z][a-z-]+)")
+    offenders = [f"{p.relative_to(SRC)}:{i}" for p in _outside("cli") for i, line in
+                 enumerate(_python(p).splitlines(), 1) if flag.search(line)]
+    assert offenders == []
+
+
+def test_public_api():
+    for name in ("load_model", "estimate", "plan", "compare", "count_prompt", "EngineOptions", "Capacity",
+                 "KVBudgetError", "ConfigError", "UnsupportedArchitectureError", "EngineRuleError", "BudgetError",
+                 "TokenizerError", "UpstreamConfigError", "Engine", "register"):
+        assert name in kvbudget.__all__ and getattr(kvbudget, name).__doc__, name
+    assert callable(kvbudget.estimate) and callable(kvbudget.plan)  # functions, not modules of the same name
+    for error in ("ConfigError", "EngineRuleError", "BudgetError", "TokenizerError", "UpstreamConfigError"):
+        assert issubclass(getattr(kvbudget, error), kvbudget.KVBudgetError)
+    assert issubclass(kvbudget.UnsupportedArchitectureError, kvbudget.ConfigError)

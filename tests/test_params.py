@@ -1,0 +1,92 @@
+"""Parameter counts and weight bytes from configs and checkpoints (kvbudget.model.params, kvbudget.model.weights)."""
+
+from __future__ import annotations
+
+import pytest
+
+import kvbudget
+from kvbudget import KVBudgetError, load_model
+from kvbudget.model.params import count_parameters
+from kvbudget.units import GIB
+from kvbudget.model.weights import analytic_weights, model_weights
+
+# Published totals (model cards / papers) the analytic count must reproduce within 2%.
+PUBLISHED_TOTALS = {
+    "llama-3.1-8b": 8.03e9, "llama-3.1-70b": 70.6e9, "llama-3.1-405b": 405.9e9, "mixtral-8x7b": 46.7e9,
+    "deepseek-v3": 671e9, "gpt-oss-20b": 20.9e9, "gpt-oss-120b": 116.8e9, "qwen3-next-80b-a3b": 80e9,
+    "kimi-k2": 1.04e12, "qwen3-235b-a22b": 235e9, "deepseek-v2": 236e9, "deepseek-v2-lite": 15.7e9,
+    "llama-4-scout": 109e9, "jamba-1.5-mini": 52e9, "mistral-7b": 7.24e9, "gemma-2-9b": 9.24e9,
+    "gemma-2-27b": 27.2e9, "qwen2.5-72b": 72.7e9, "yi-34b": 34.4e9, "glm-4-9b-chat": 9.4e9, "opt-13b": 12.85e9,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_TOTALS))
+def test_analytic_parameter_count_matches_published_totals(name):
+    total = count_parameters(load_model(name)).total
+    assert abs(total / PUBLISHED_TOTALS[name] - 1) < 0.02, f"{name}: {total / 1e9:.2f}B"
+
+
+def test_moe_active_parameters():
+    # Mixtral: 12.9B active (2 of 8 experts); DeepSeek-V3: 37B; Qwen3-235B-A22B: 22B (model cards).
+    for name, active in (("mixtral-8x7b", 12.9e9), ("deepseek-v3", 37e9), ("qwen3-235b-a22b", 22e9)):
+        assert abs(count_parameters(load_model(name)).active / active - 1) < 0.02, name
+
+
+def test_deepseek_v3_mtp_module_counted_apart():
+    counts = count_parameters(load_model("deepseek-v3"))
+    assert 10e9 < counts.mtp < 15e9  # the 14B of the 685B upload is MTP layer + shared embedding and head
+
+
+def test_quantized_checkpoints():
+    # gpt-oss-20b: MXFP4 experts make its checkpoint about 12.8 GiB; DeepSeek-V3 fp8 about 1 byte per param.
+    assert abs(analytic_weights(load_model("gpt-oss-20b")).total_bytes / (12.8 * GIB) - 1) < 0.03
+    ds = analytic_weights(load_model("deepseek-v3"))
+    assert 1.0 < ds.total_bytes / ds.total_params < 1.01
+    assert "fp8" in ds.basis and not ds.exact
+
+
+def test_weights_per_gpu_under_parallelism():
+    model = load_model("llama-3.1-70b")
+    one = analytic_weights(model)
+    tp8 = analytic_weights(model, tp=8)
+    assert abs(tp8.per_gpu_bytes * 8 / one.total_bytes - 1) < 0.001  # only norms are replicated
+    pp2 = analytic_weights(model, stages=kvbudget.get_engine("vllm").pipeline_stages(model.num_layers, 2))
+    assert 0.45 < pp2.per_gpu_bytes / one.total_bytes < 0.55
+
+
+def test_exact_weights_from_safetensors_headers(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = dict(model_type="llama", hidden_size=64, intermediate_size=96, vocab_size=256, num_hidden_layers=3,
+               num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, torch_dtype="bfloat16")
+    config = transformers.CONFIG_MAPPING["llama"](**{k: v for k, v in cfg.items() if k != "model_type"})
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    spec = load_model(tmp_path)
+    w = model_weights(spec)
+    assert w.exact and "safetensors" in w.basis
+    assert w.total_bytes == 2 * sum(p.numel() for p in model.parameters())
+    assert analytic_weights(spec).total_bytes == w.total_bytes  # the analytic count agrees exactly here
+
+
+def test_hub_weights_offline_are_labelled_not_silent(tmp_path, monkeypatch):
+    import json as _json
+
+    base = tmp_path / "models--acme--tiny"
+    rev = "0" * 40
+    (base / "refs").mkdir(parents=True)
+    (base / "refs" / "main").write_text(rev)
+    snap = base / "snapshots" / rev
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(_json.dumps({"model_type": "llama", "num_hidden_layers": 2,
+                                                    "num_attention_heads": 4, "hidden_size": 64,
+                                                    "intermediate_size": 128, "vocab_size": 100,
+                                                    "torch_dtype": "bfloat16"}))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as c
+
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
+    w = model_weights(load_model("acme/tiny"))
+    assert not w.exact and "could not be read" in w.basis
