@@ -12,7 +12,6 @@ import pytest
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-from guard_fixtures import FakeEngine, Served, free_port  # noqa: E402
 from kvbudget import KVBudgetError  # noqa: E402
 from kvbudget.guard.policy import Policy, Replica, decide, level_for, rewrite  # noqa: E402
 from kvbudget.guard.server import build_guard  # noqa: E402
@@ -108,11 +107,8 @@ def test_observed_usage_parsers():
 # --- the proxy, end to end ---------------------------------------------------------------------------
 
 @pytest.fixture
-def engine():
-    fake = FakeEngine()
-    with Served(fake.app()) as served:
-        fake.url = served.url
-        yield fake
+def engine(fake_engine):
+    return fake_engine
 
 
 def guard_for(urls, log=None, **kw):
@@ -129,11 +125,11 @@ def settle():
     time.sleep(0.25)  # a few poll intervals
 
 
-def test_levels_through_the_proxy(engine):
+def test_levels_through_the_proxy(engine, serve):
     log = io.StringIO()
     guard, notes = guard_for([engine.url], log)
     assert any("observed usage alone" in n for n in notes)
-    with Served(guard.app()) as g:
+    with serve(guard.app()) as g:
         c = client(g.url)
         msgs = [{"role": "user", "content": "hello"}]
         c.chat.completions.create(model="tiny", messages=msgs, max_tokens=100, n=2)
@@ -166,19 +162,19 @@ def test_levels_through_the_proxy(engine):
     assert all("hello" not in json.dumps(line) for line in lines)  # no prompt text in the decision log
 
 
-def test_streaming_passes_chunks_through(engine):
+def test_streaming_passes_chunks_through(engine, serve):
     guard, _ = guard_for([engine.url])
-    with Served(guard.app()) as g:
+    with serve(guard.app()) as g:
         stream = client(g.url).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "s"}],
                                                        stream=True)
         text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
         assert text == "t0 t1 t2 t3 t4 "
 
 
-def test_upstream_dying_mid_stream_ends_the_clients_stream(engine):
+def test_upstream_dying_mid_stream_ends_the_clients_stream(engine, serve):
     engine.die_midstream = True
     guard, _ = guard_for([engine.url])
-    with Served(guard.app()) as g:
+    with serve(guard.app()) as g:
         stream = client(g.url).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "s"}],
                                                        stream=True)
         got = []
@@ -189,43 +185,43 @@ def test_upstream_dying_mid_stream_ends_the_clients_stream(engine):
         assert "kvbudget_guard_in_flight{replica=" in httpx.get(f"{g.url}/metrics").text
 
 
-def test_unreachable_upstream_is_502():
+def test_unreachable_upstream_is_502(serve, free_port):
     dead = f"http://127.0.0.1:{free_port()}"
     guard, _ = guard_for([dead])
-    with Served(guard.app()) as g:
+    with serve(guard.app()) as g:
         with pytest.raises(openai.APIStatusError) as err:
             client(g.url).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         assert err.value.status_code in (502, 503)
         assert httpx.get(f"{g.url}/readyz").status_code == 503
 
 
-def test_retry_on_another_replica_only_when_unreachable(engine):
+def test_retry_on_another_replica_only_when_unreachable(engine, serve, free_port):
     dead = f"http://127.0.0.1:{free_port()}"
     guard, _ = guard_for([dead, engine.url])
     guard.replicas[0].healthy = True  # as if the dead one had looked fine at the last poll
-    with Served(guard.app()) as g:
+    with serve(guard.app()) as g:
         guard.replicas[0].healthy = True
         client(g.url).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         assert engine.bodies  # reached the live replica
 
 
-def test_bad_requests(engine):
+def test_bad_requests(engine, serve):
     guard, _ = guard_for([engine.url])
     guard.config.max_body_bytes = 1000
-    with Served(guard.app()) as g:
+    with serve(guard.app()) as g:
         assert httpx.post(f"{g.url}/v1/chat/completions", content=b"{oops").status_code == 400
         assert httpx.post(f"{g.url}/v1/chat/completions", content=b"[1]").status_code == 400
         big = json.dumps({"messages": [{"role": "user", "content": "x" * 5000}]}).encode()
         assert httpx.post(f"{g.url}/v1/chat/completions", content=big).status_code == 413
 
 
-def test_headers_relayed_and_hop_by_hop_dropped(engine):
+def test_headers_relayed_and_hop_by_hop_dropped(engine, serve):
     """A client's Expect: 100-continue is answered by the guard, not forwarded (the upstream would answer 100
     first); the upstream's content type reaches the client once, with the guard's level."""
     import socket
 
     guard, _ = guard_for([engine.url])
-    with Served(guard.app()) as g:
+    with serve(guard.app()) as g:
         body = json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4}).encode()
         with socket.create_connection(("127.0.0.1", g.port), timeout=10) as sock:
             sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: g\r\ncontent-type: application/json\r\n"
@@ -241,20 +237,20 @@ def test_headers_relayed_and_hop_by_hop_dropped(engine):
         assert engine.bodies[-1]["max_tokens"] == 4
 
 
-def test_api_keys(engine):
+def test_api_keys(engine, serve):
     guard, _ = guard_for([engine.url], api_keys=["s3cret"])
-    with Served(guard.app()) as g:
+    with serve(guard.app()) as g:
         with pytest.raises(openai.AuthenticationError):
             client(g.url).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         ok = openai.OpenAI(base_url=f"{g.url}/v1", api_key="s3cret", max_retries=0)
         ok.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
 
 
-def test_stale_metrics_fail_open_and_fail_closed(engine):
+def test_stale_metrics_fail_open_and_fail_closed(engine, serve):
     engine.usage = 0.97
     guard, _ = guard_for([engine.url], staleness=0.3)
     closed, _ = guard_for([engine.url], staleness=0.3, fail_open=False)
-    with Served(guard.app()) as g, Served(closed.app()) as gc:
+    with serve(guard.app()) as g, serve(closed.app()) as gc:
         settle()
         engine.metrics_fail = True
         time.sleep(0.6)
@@ -266,14 +262,14 @@ def test_stale_metrics_fail_open_and_fail_closed(engine):
         assert "kvbudget_guard_scrape_failures_total" in httpx.get(f"{g.url}/metrics").text
 
 
-def test_prediction_catches_a_burst_before_the_gauge(engine):
+def test_prediction_catches_a_burst_before_the_gauge(engine, serve):
     """Requests in flight raise the predicted usage: later ones are capped, then rejected, although the
     engine's own gauge still reads 10%."""
     engine.slow_stream = 0.3
     budget = 131_072 * 10_000  # Llama-3.1-8B: room for 10,000 tokens
     guard, notes = guard_for([engine.url], model="llama-3.1-8b", kv_memory=budget)
     assert any("predicting with llama-3.1-8b" in n for n in notes)
-    with Served(guard.app()) as g:
+    with serve(guard.app()) as g:
         c = client(g.url)
         msgs = [{"role": "user", "content": "x"}]
         streams = [c.chat.completions.create(model="m", messages=msgs, max_tokens=2_400, stream=True)
@@ -313,11 +309,11 @@ def test_alerts_files(tmp_path, capsys):
     assert board["panels"][0]["targets"][0]["expr"] == "max by (instance) (sglang:token_usage)"
 
 
-def test_slow_metrics_endpoint_counts_as_a_failed_scrape(engine):
+def test_slow_metrics_endpoint_counts_as_a_failed_scrape(engine, serve):
     engine.usage = 0.97
     guard, _ = guard_for([engine.url], staleness=0.3)
     guard.config.connect_timeout = 0.2
-    with Served(guard.app()) as g:
+    with serve(guard.app()) as g:
         settle()
         engine.slow_metrics = 1.0
         time.sleep(1.5)
@@ -326,10 +322,10 @@ def test_slow_metrics_endpoint_counts_as_a_failed_scrape(engine):
         engine.slow_metrics = 0.0
 
 
-def test_client_disconnecting_mid_stream_releases_the_request(engine):
+def test_client_disconnecting_mid_stream_releases_the_request(engine, serve):
     engine.slow_stream = 0.2
     guard, _ = guard_for([engine.url], model="llama-3.1-8b", kv_memory=131_072 * 10_000)
-    with Served(guard.app()) as g:
+    with serve(guard.app()) as g:
         body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3000, "stream": True}
         with httpx.stream("POST", f"{g.url}/v1/chat/completions", json=body, timeout=10) as r:
             chunks = r.iter_raw()  # held: a dropped iterator would close the stream at once
@@ -341,7 +337,7 @@ def test_client_disconnecting_mid_stream_releases_the_request(engine):
         assert guard.replicas[0].in_flight == 0 and guard.replicas[0].predicted == 0.0
 
 
-def test_sigterm_drains_in_flight_requests(engine, tmp_path):
+def test_sigterm_drains_in_flight_requests(engine, tmp_path, free_port):
     """The guard process finishes a stream already admitted before it exits on SIGTERM."""
     import signal
     import subprocess

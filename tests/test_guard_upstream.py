@@ -10,7 +10,6 @@ import time
 import pytest
 
 pytest.importorskip("httptools")
-from guard_fixtures import FakeEngine, Served  # noqa: E402
 from kvbudget.guard.upstream import ConnectFailed, Pool, UpstreamError, UpstreamTimeout  # noqa: E402
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
@@ -261,7 +260,7 @@ def test_large_body_read_slowly_arrives_whole():
     run(main())
 
 
-def test_against_uvicorn_over_http_and_tls(tmp_path):
+def test_against_uvicorn_over_http_and_tls(tmp_path, serve, fake_engine_class):
     trustme = pytest.importorskip("trustme")
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")
@@ -270,8 +269,8 @@ def test_against_uvicorn_over_http_and_tls(tmp_path):
     cert.private_key_pem.write_to_path(key_file)
     client_ctx = ssl.create_default_context()
     ca.configure_trust(client_ctx)
-    engine = FakeEngine(usage=0.25)
-    with Served(engine.app()) as plain, Served(engine.app(), ssl_files=(cert_file, key_file)) as secure:
+    engine = fake_engine_class(usage=0.25)
+    with serve(engine.app()) as plain, serve(engine.app(), ssl_files=(cert_file, key_file)) as secure:
         async def main(url, ctx):
             pool = Pool(ssl_context=ctx)
             status, body, kind = await pool.get(f"{url}/metrics", 5)

@@ -11,7 +11,6 @@ import io
 import openai
 import pytest
 
-from guard_fixtures import Served
 from harness import gguf_file, llama_server, model_folder, vllm_server
 from kvbudget.engines.llamacpp import LLAMACPP
 from kvbudget.guard.server import build_guard
@@ -48,14 +47,14 @@ def drive(guard_url: str, extra: dict) -> tuple[list, list, int]:
     return finished, changes, rejected
 
 
-def test_guard_in_front_of_vllm():
+def test_guard_in_front_of_vllm(serve):
     folder = model_folder("llama-hd32", CONFIG)
     budget = 145 * 128 * 1024  # 145 blocks of 128 tokens at 1,024 bytes per token
     with vllm_server(folder, None, 4096, "--kv-cache-memory-bytes", str(budget)) as url:
         log = io.StringIO()
         guard, notes = build_guard([url], "vllm", model=str(folder), kv_memory=budget, tokenizer=str(folder),
                                    poll_interval=0.2, decision_log=log, device="cpu")
-        with Served(guard.app()) as g:
+        with serve(guard.app()) as g:
             finished, changes, rejected = drive(g.url, {"ignore_eos": True})
     # 4 requests of ~3,610 tokens hold 29 blocks each (80%); the 5th is capped (15 blocks, 90%), the 6th also
     # forced to one sample (101%), the 7th rejected
@@ -66,7 +65,7 @@ def test_guard_in_front_of_vllm():
     assert finished == ["length"] * len(finished) and len(finished) == 6
 
 
-def test_guard_in_front_of_llama_server():
+def test_guard_in_front_of_llama_server(serve):
     folder = model_folder("llama-hd32", CONFIG)
     spec = load_model(folder)
     budget = sum(b.total_bytes for b in LLAMACPP.server_buffers(spec, 16384, 4))
@@ -74,7 +73,7 @@ def test_guard_in_front_of_llama_server():
         log = io.StringIO()
         guard, notes = build_guard([url], "llamacpp", model=str(folder), kv_memory=budget, tokenizer=str(folder),
                                    poll_interval=0.2, decision_log=log)
-        with Served(guard.app()) as g:
+        with serve(guard.app()) as g:
             finished, changes, rejected = drive(g.url, {"ignore_eos": True})
     # each slot is 4,096 cells (25%): three fill 75%, the 4th is capped, the 5th capped and forced to one
     # sample, the 6th rejected; the 5th waits for a free slot and still completes

@@ -1,4 +1,5 @@
-"""A minimal OpenAI-style upstream with a settable KV gauge, and helpers to serve ASGI apps on loopback."""
+"""Shared fixtures: a scriptable OpenAI-style upstream (`fake_engine`), serving any ASGI app on loopback
+(`serve`), and free ports (`free_port`). The guard's dependencies are imported when a fixture is used."""
 
 from __future__ import annotations
 
@@ -7,11 +8,10 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
+from typing import Any
 
-import uvicorn
-from starlette.applications import Starlette
-from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from starlette.routing import Route
+import pytest
 
 
 class FakeEngine:
@@ -23,7 +23,11 @@ class FakeEngine:
         self.slow_metrics = 0.0  # seconds before /metrics answers
         self.bodies: list[dict] = []
 
-    def app(self) -> Starlette:
+    def app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+        from starlette.routing import Route
+
         async def metrics(request):
             if self.slow_metrics:
                 await asyncio.sleep(self.slow_metrics)
@@ -59,7 +63,7 @@ class FakeEngine:
                                  Route("/v1/chat/completions", chat, methods=["POST"])])
 
 
-def free_port() -> int:
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -69,7 +73,9 @@ class Served:
     """An ASGI app served by uvicorn in a thread on 127.0.0.1."""
 
     def __init__(self, app, port: int | None = None, ssl_files: tuple | None = None):
-        self.port = port or free_port()
+        self.port = port or _free_port()
+        import uvicorn
+
         tls = {"ssl_certfile": str(ssl_files[0]), "ssl_keyfile": str(ssl_files[1])} if ssl_files else {}
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
                                                     lifespan="on", **tls))
@@ -91,3 +97,30 @@ class Served:
     def __exit__(self, *exc):
         self.server.should_exit = True
         self.thread.join(10)
+
+
+@pytest.fixture
+def free_port() -> Callable[[], int]:
+    """A function giving a port nobody listens on (yet) on 127.0.0.1."""
+    return _free_port
+
+
+@pytest.fixture
+def serve() -> Callable[..., Served]:
+    """`with serve(app) as s:` runs an ASGI app on loopback (s.url) until the block ends."""
+    return Served
+
+
+@pytest.fixture
+def fake_engine() -> Iterator[FakeEngine]:
+    """A served upstream with a settable KV gauge (`.usage`) and scriptable faults."""
+    fake = FakeEngine()
+    with Served(fake.app()) as served:
+        fake.url = served.url
+        yield fake
+
+
+@pytest.fixture
+def fake_engine_class() -> type[FakeEngine]:
+    """The upstream class itself, for tests that serve it their own way (TLS, several copies)."""
+    return FakeEngine
