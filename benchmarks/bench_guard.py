@@ -125,7 +125,7 @@ async def closed_loop(url: str, concurrency: int, seconds: float, stream: bool) 
 
 def pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
-    return ordered[max(0, int(round(p * len(ordered))) - 1)]
+    return ordered[max(0, round(p * len(ordered)) - 1)]
 
 
 def cpu_seconds(pid: int) -> float:

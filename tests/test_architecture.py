@@ -29,7 +29,8 @@ class ToyEngine(Engine):
 
     serves = True
     prompt_adds_bos = True
-    usage = UsageGauge("/metrics", lambda text: first_gauge(text, ("toy:kv_usage",)), "max by (instance) (toy:kv_usage)")
+    usage = UsageGauge("/metrics", lambda text: first_gauge(text, ("toy:kv_usage",)),
+                       "max by (instance) (toy:kv_usage)")
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:

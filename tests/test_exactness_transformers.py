@@ -12,8 +12,9 @@ import pytest
 torch = pytest.importorskip("torch", reason="test extra: pip install -e '.[test]'")
 transformers = pytest.importorskip("transformers")
 
-import kvbudget  # noqa: E402
 from tiny_configs import CHATGLM, CHATGLM_AS_GLM, TINY, TRANSFORMERS_TYPE, WINDOW  # noqa: E402
+
+import kvbudget  # noqa: E402
 
 # Tensors a cache layer may hold; anything else makes the test fail so that nothing goes uncounted.
 CACHE_TENSORS = {"keys", "values", "conv_states", "recurrent_states"}
@@ -105,6 +106,7 @@ def test_chatglm_reads_like_transformers_glm():
 
 def test_float32_model_dtype():
     cfg = dict(TINY["qwen3_next"], torch_dtype="float32")
-    config = transformers.CONFIG_MAPPING["qwen3_next"](**{k: v for k, v in cfg.items() if k not in ("model_type", "torch_dtype")})
+    kwargs = {k: v for k, v in cfg.items() if k not in ("model_type", "torch_dtype")}
+    config = transformers.CONFIG_MAPPING["qwen3_next"](**kwargs)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     assert ours(cfg, 11) == cache_bytes(forward_cache(model, 11))

@@ -10,7 +10,7 @@ import time
 import pytest
 
 pytest.importorskip("httptools")
-from kvbudget.guard.upstream import ConnectFailed, Pool, UpstreamError, UpstreamTimeout  # noqa: E402
+from kvbudget.guard.upstream import ConnectFailed, Pool, UpstreamError, UpstreamTimeout
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 import kvbudget
-from kvbudget import KVBudgetError, load_model
+from kvbudget import load_model
 from kvbudget.model.params import count_parameters
-from kvbudget.units import GIB
 from kvbudget.model.weights import analytic_weights, model_weights
+from kvbudget.units import GIB
 
 # Published totals (model cards / papers) the analytic count must reproduce within 2%.
 PUBLISHED_TOTALS = {

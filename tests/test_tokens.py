@@ -8,12 +8,12 @@ import tracemalloc
 import pytest
 
 pytest.importorskip("transformers", reason="test extra: pip install -e '.[test]'")
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
 
-from kvbudget import KVBudgetError  # noqa: E402
-from kvbudget.cli import main  # noqa: E402
-from kvbudget.tokens import PromptCounter, distribution  # noqa: E402
+from kvbudget import KVBudgetError
+from kvbudget.cli import main
+from kvbudget.tokens import PromptCounter, distribution
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")

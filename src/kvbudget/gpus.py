@@ -6,7 +6,6 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
-
 from typing import Any
 
 from kvbudget.errors import KVBudgetError

@@ -150,10 +150,11 @@ class _Inputs:
 
     def plan(self, **changes: Any) -> Plan | None:
         """The plan with `changes` (no recommendations), or None where the engine refuses it."""
-        args = dict(model=self.model, engine=self.engine, gpu=self.gpu, gpu_memory=self.gpu_memory, tp=self.tp,
-                    pp=self.pp, kv_dtype=self.kv_dtype, max_model_len=self.max_model_len, options=self.options,
-                    weights=self.weights, activation=self.activation, overhead=self.overhead,
-                    utilization=self.utilization, beams=1, recommend=False)
+        args: dict[str, Any] = dict(
+            model=self.model, engine=self.engine, gpu=self.gpu, gpu_memory=self.gpu_memory, tp=self.tp, pp=self.pp,
+            kv_dtype=self.kv_dtype, max_model_len=self.max_model_len, options=self.options, weights=self.weights,
+            activation=self.activation, overhead=self.overhead, utilization=self.utilization, beams=1,
+            recommend=False)
         args.update(changes)
         try:
             return plan(**args)
@@ -202,6 +203,7 @@ def plan(
                             "max_model_len", param="max_model_len")
     notes: list[str] = []
 
+    given_options = options  # alternatives on other GPUs take their own defaults
     serving = chosen.serving(card.memory_bytes, max_len, options, gpu_name=card.name)
     options = serving.options
     w = model_weights(model, tp, chosen.pipeline_stages(model.num_layers, pp))
@@ -228,7 +230,7 @@ def plan(
                          int(cap.physical_token_slots * lv.threshold), cap.max_concurrency * lv.threshold / beams,
                          lv.action, lv.meaning)
                    for lv in LEVELS)
-    inputs = _Inputs(model, chosen, gpu, gpu_memory, tp, pp, kv_dtype, max_len, options, weights, activation,
+    inputs = _Inputs(model, chosen, gpu, gpu_memory, tp, pp, kv_dtype, max_len, given_options, weights, activation,
                      overhead, utilization)
     recs = _recommend(inputs, card, beams, cap, result) if recommend else ()
     notes += list(result.notes)
@@ -259,7 +261,8 @@ def _budget(model: ModelSpec, serving: Serving, card: GPU, w: Weights, activatio
     usable = int(card.memory_bytes * util)
     kv = usable - w.per_gpu_bytes - act - other
     stack = (
-        Term("gpu", "GPU memory", card.memory_bytes, card.memory_basis.startswith("nominal"), f"{card.name}, {card.memory_basis}"),
+        Term("gpu", "GPU memory", card.memory_bytes, card.memory_basis.startswith("nominal"),
+             f"{card.name}, {card.memory_basis}"),
         Term("share", f"engine share ({util:g})", usable, utilization is None and util != 1.0,
              serving.memory_knob if utilization is None else "given (utilization)"),
         Term("weights", "weights", w.per_gpu_bytes, not w.exact, w.basis),
@@ -268,7 +271,8 @@ def _budget(model: ModelSpec, serving: Serving, card: GPU, w: Weights, activatio
              else "given (activation)"),
         Term("overhead", "overhead", other, overhead is None,
              f"{serving.overhead_note}; overhead overrides" if overhead is None else "given (overhead)"),
-        Term("kv", "KV budget", kv, activation is None or overhead is None or not w.exact, "what is left for the KV cache"),
+        Term("kv", "KV budget", kv, activation is None or overhead is None or not w.exact,
+             "what is left for the KV cache"),
     )
     return stack, kv
 

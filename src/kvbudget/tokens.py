@@ -12,9 +12,9 @@ import json
 import math
 import os
 from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from kvbudget import catalog
@@ -138,11 +138,11 @@ class PromptCounter:
         per_part = self.count_texts(contents)
         if self.approximate:
             total = sum(per_part)
-            parts = [Part(n, c) for n, c in zip(names or _names(messages), per_part)]
+            parts = [Part(n, c) for n, c in zip(names or _names(messages), per_part, strict=True)]
             return PromptCount(total, tuple(parts), max_tokens, approximate=True, templated=False)
-        rendered = self.render([{**m, "content": c} for m, c in zip(messages, contents)], template)
+        rendered = self.render([{**m, "content": c} for m, c in zip(messages, contents, strict=True)], template)
         total = self.count_rendered([rendered])[0]
-        parts = [Part(n, c) for n, c in zip(names or _names(messages), per_part)]
+        parts = [Part(n, c) for n, c in zip(names or _names(messages), per_part, strict=True)]
         parts.append(Part("template" if template else "separators", total - sum(per_part)))
         return PromptCount(total, tuple(parts), max_tokens, templated=template)
 
@@ -155,11 +155,12 @@ class PromptCounter:
         counts = self.count_texts(([system] if system else []) + pieces)
         names = (["system"] if system else []) + [name for name, _ in documents] + (["question"] if question else [])
         if self.approximate:
-            return PromptCount(sum(counts), tuple(Part(n, c) for n, c in zip(names, counts)), None, approximate=True,
+            parts = [Part(n, c) for n, c in zip(names, counts, strict=True)]
+            return PromptCount(sum(counts), tuple(parts), None, approximate=True,
                                templated=False)
         rendered = self.render(messages, template)
         total = self.count_rendered([rendered])[0]
-        parts = [Part(n, c) for n, c in zip(names, counts)]
+        parts = [Part(n, c) for n, c in zip(names, counts, strict=True)]
         parts.append(Part("template and separators", total - sum(counts)))
         return PromptCount(total, tuple(parts), None, templated=template)
 
@@ -176,7 +177,7 @@ class PromptCounter:
                 counts = [sum(self.count_texts([_content_text(m) for m in msgs])) for msgs, _ in pending]
             else:
                 counts = self.count_rendered([self.render(msgs, template) for msgs, _ in pending])
-            for n, (_, max_tokens) in zip(counts, pending):
+            for n, (_, max_tokens) in zip(counts, pending, strict=True):
                 prompts.append(n)
                 totals.append(n + max_tokens)
             pending.clear()

@@ -39,7 +39,7 @@ def parse_size(text: str, what: str = "size") -> int:
     return int(value)
 
 
-def format_bytes(n: int | float) -> str:
+def format_bytes(n: float) -> str:
     """Human-readable binary size: 1536 -> '1.50 KiB'."""
     n = float(n)
     for unit, size in (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import contextmanager
 import os
 import re
 import signal
@@ -16,6 +15,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,7 +156,8 @@ def run_vllm(model_dir: Path, kv_gib: int | None, max_model_len: int, *extra: st
 
 LLAMA_DIR = ROOT / "llama.cpp"
 _KV_LINE = re.compile(
-    r"(llama_kv_cache|llama_memory_recurrent): size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers, +(\d+)(?:/(\d+))? seqs[^)]*\), "
+    r"(llama_kv_cache|llama_memory_recurrent): size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) layers, "
+    r"+(\d+)(?:/(\d+))? seqs[^)]*\), "
     r"(?:K|R) \((\w+)\): +([\d.]+) MiB, (?:V|S) \((\w+)\): +([\d.]+) MiB")
 
 

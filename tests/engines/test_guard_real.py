@@ -10,12 +10,12 @@ import io
 
 import openai
 import pytest
-
 from harness import gguf_file, llama_server, model_folder, vllm_server
+from test_prompt_tokens_real import CONFIG
+
 from kvbudget.engines.llamacpp import LLAMACPP
 from kvbudget.guard.server import build_guard
 from kvbudget.model.load import load_model
-from test_prompt_tokens_real import CONFIG
 
 pytestmark = pytest.mark.engines
 

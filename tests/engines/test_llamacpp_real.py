@@ -16,11 +16,11 @@ their llama.cpp figures are from the source only (README accuracy table).
 from __future__ import annotations
 
 import pytest
+from harness import gguf_file, run_llama_server
+from tiny_configs import TINY
 
 import kvbudget
-from harness import gguf_file, run_llama_server
 from kvbudget.engines.llamacpp import LLAMACPP
-from tiny_configs import TINY
 
 pytestmark = pytest.mark.engines
 

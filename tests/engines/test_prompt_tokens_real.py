@@ -5,10 +5,10 @@ the GGUF converter stored, with its own template engine and vocabulary rules."""
 from __future__ import annotations
 
 import pytest
-
 from harness import chat, gguf_file, llama_server, model_folder, vllm_server
-from kvbudget.tokens import PromptCounter
 from tiny_configs import TINY
+
+from kvbudget.tokens import PromptCounter
 
 pytestmark = pytest.mark.engines
 

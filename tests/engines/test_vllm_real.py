@@ -16,12 +16,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from harness import model_folder, run_vllm
+from tiny_configs import TINY
 
 import kvbudget
-from harness import model_folder, run_vllm
 from kvbudget.engines import EngineOptions
 from kvbudget.engines.vllm import VLLM
-from tiny_configs import TINY
 
 pytestmark = pytest.mark.engines
 

@@ -22,7 +22,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run_models(args: argparse.Namespace) -> int:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for entry in catalog.entries():
         spec = load_model(entry.name)
         rows.append({"name": entry.name, "hf_id": entry.hf_id, "model_type": spec.model_type,

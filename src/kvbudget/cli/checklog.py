@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     except KVBudgetError as exc:
         if args.model:
             raise
-        raise KVBudgetError(f"check-log: the log's model {source!r} cannot be read here ({exc}); pass --model") from None
+        raise KVBudgetError(f"check-log: the log's model {source!r} cannot be read here ({exc}); "
+                            "pass --model") from None
     result = check_log(text, model)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         pp=one(args.pp, "--pp"),
     )
     if counted_note:
-        result = replace(result, notes=result.notes + (counted_note,))
+        result = replace(result, notes=(*result.notes, counted_note))
     if args.json:
         for warning in result.model.warnings:  # also in "notes"; stderr so that people see them
             warn(warning)

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         kv_memory=size(args.kv_memory, "--kv-memory"),
     )
     if counted_note:
-        result = replace(result, notes=result.notes + (counted_note,))
+        result = replace(result, notes=(*result.notes, counted_note))
     if args.guard_config:
         write_atomically(args.guard_config, guard_config_yaml(result), "--guard-config")
     if args.plot:
@@ -139,8 +139,8 @@ def render(p: Plan) -> None:
     out.print(levels)
     if p.recommendations:
         out.print("[bold]What to change[/] (best first):")
-        for i, r in enumerate(p.recommendations, 1):
-            out.print(f"  {i}. {r.change}: {r.effect}")
+        for i, rec in enumerate(p.recommendations, 1):
+            out.print(f"  {i}. {rec.change}: {rec.effect}")
     for note in p.notes:
         out.print(f"[yellow]note:[/] {note}")
 

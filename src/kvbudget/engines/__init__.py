@@ -42,5 +42,17 @@ def serving_engines() -> tuple[Engine, ...]:
     return tuple(e for e in ENGINES.values() if e.serves and e.usage is not None)
 
 
-__all__ = ["Allocation", "CacheGroup", "Capacity", "Engine", "EngineOptions", "ENGINES", "LogCheck", "LogRow",
-           "Serving", "get_engine", "register", "serving_engines"]
+__all__ = [
+    "ENGINES",
+    "Allocation",
+    "CacheGroup",
+    "Capacity",
+    "Engine",
+    "EngineOptions",
+    "LogCheck",
+    "LogRow",
+    "Serving",
+    "get_engine",
+    "register",
+    "serving_engines",
+]

@@ -294,7 +294,7 @@ def layer_stages(num_layers: int, pp: int) -> list[range]:
     for i in range(2, num_layers % pp + 2):
         sizes[-i] += 1
     starts = [sum(sizes[:i]) for i in range(pp)]
-    return [range(start, start + size) for start, size in zip(starts, sizes)]
+    return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
 
 
 def check_positive(value: object, param: str, what: str) -> int:

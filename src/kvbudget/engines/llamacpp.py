@@ -289,7 +289,7 @@ def _check_log(engine: LlamaCppEngine, text: str, model: ModelSpec) -> LogCheck:
     if len(logged_order) != len(kv_ours):
         rows.append(LogRow("caches", str(len(logged_order)), str(len(kv_ours)), False,
                            "different cache structure (windows or recurrent layers handled differently)"))
-    for line, buf in zip(logged_order, kv_ours):
+    for line, buf in zip(logged_order, kv_ours, strict=False):  # a cache too few is a row above
         label = {"kv": "KV cache", "kv_swa": "SWA KV cache", "recurrent": "recurrent state"}[buf.name]
         rows.append(LogRow(f"{label}: cells", line[2], str(buf.cells), int(line[2]) == buf.cells))
         rows.append(LogRow(f"{label}: layers", line[3], str(buf.layers), int(line[3]) == buf.layers))

@@ -149,7 +149,7 @@ def _cell(layer: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str, p
         return CacheGroup(layer.kind, 1, dtype.bytes_for(layer.values_per_token), None, 0,
                           f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, every rank", page)
     if isinstance(layer, RecurrentState):
-        channels, heads, state = layer.per_rank(tp, where)
+        channels, _, state = layer.per_rank(tp, where)
         fixed = act.bytes_for(channels * (layer.conv_kernel - 1)) + _F32.bytes_for(state)
         return CacheGroup(layer.kind, 1, 0, None, fixed, f"{layer.mixer}: conv {channels} x {layer.conv_kernel - 1} "
                                                          f"x {act.name} + float32 state", page)

@@ -44,9 +44,10 @@ def dashboard(engine: str | Engine, thresholds: dict[str, float] | None = None) 
     """A Grafana dashboard: the engine's KV usage with the levels as thresholds, and the guard's own signals."""
     name, expr = _usage_expr(engine)
     thresholds = thresholds or {}
-    steps: list[dict[str, object]] = [{"color": "green", "value": None}] + [
+    steps: list[dict[str, object]] = [{"color": "green", "value": None}]
+    steps += [
         {"color": color, "value": thresholds.get(level.name, level.threshold)}
-        for level, color in zip(LEVELS, ("yellow", "orange", "red"))]
+        for level, color in zip(LEVELS, ("yellow", "orange", "red"), strict=True)]
     panels = [
         {"id": 1, "type": "timeseries", "title": f"{name} KV cache usage",
          "gridPos": {"h": 9, "w": 16, "x": 0, "y": 0},

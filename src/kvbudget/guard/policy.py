@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
-
 from typing import Any
 
 from kvbudget.errors import UpstreamConfigError

@@ -59,7 +59,8 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
         if spec is not None and budget:
             # the upstream's device matters where the engine's block size depends on it (vLLM's CPU backend)
             predictor = Predictor(chosen.allocate(spec, options=EngineOptions(device=device)), int(budget))
-            notes.append(f"predicting with {spec.name} on {chosen.name}: {predictor.allocation.bytes_per_token:,} bytes "
+            per_token = predictor.allocation.bytes_per_token
+            notes.append(f"predicting with {spec.name} on {chosen.name}: {per_token:,} bytes "
                          f"per token, KV budget {int(budget):,} bytes per replica")
         elif spec is not None:
             notes.append("no KV budget (--kv-memory or kv_budget_bytes in --config): acting on observed usage alone")

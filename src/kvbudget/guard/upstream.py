@@ -15,6 +15,7 @@ import asyncio
 import ssl
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import httptools
@@ -39,7 +40,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set by connection_made
         self.lost = False
         self.idle_since = 0.0
         self._reset()
@@ -140,7 +141,8 @@ class Response:
     Always `close()` it: a complete keep-alive response returns its connection to the pool."""
 
     def __init__(self, pool: Pool, key: tuple, conn: _Connection):
-        self._pool, self._key, self._conn = pool, key, conn
+        self._pool, self._key = pool, key
+        self._conn: _Connection | None = conn
         self.status = conn.parser.get_status_code()
         self.headers = conn.headers
         self._done = False
@@ -148,10 +150,12 @@ class Response:
     def header(self, name: bytes) -> bytes | None:
         return next((v for k, v in self.headers if k.lower() == name), None)
 
-    async def chunks(self, idle_timeout: float):
+    async def chunks(self, idle_timeout: float) -> AsyncIterator[bytes]:
         """The body as it arrives; UpstreamTimeout after `idle_timeout` s of silence, UpstreamError if the
         connection ends before the response does."""
         conn = self._conn
+        if conn is None:
+            raise UpstreamError("the response was already closed")
         while True:
             if conn.chunks:
                 yield conn.take_chunks()

@@ -7,7 +7,8 @@ chunked, latent, recurrent or cache-free.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from kvbudget.errors import ConfigError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
@@ -103,7 +104,7 @@ class Fields:
                 return self.defaults[name]
         return default
 
-    def int(self, *names: str, default: int | None = None) -> int:  # noqa: A003
+    def int(self, *names: str, default: int | None = None) -> int:
         value = self.get(*names, default=default)
         if value is None:
             raise ConfigError(
@@ -300,9 +301,9 @@ def text_config_of(config: dict) -> dict:
 
 def model_type_of(config: dict) -> str | None:
     """The language model's model_type (gemma3 -> gemma3_text, llama4 -> llama4_text)."""
-    outer_type = config.get("model_type")
-    mt = text_config_of(config).get("model_type") or _TEXT_MODEL_TYPE.get(outer_type, outer_type)
-    return _TEXT_MODEL_TYPE.get(mt, mt)
+    outer_type = str(config.get("model_type") or "")
+    mt = str(text_config_of(config).get("model_type") or _TEXT_MODEL_TYPE.get(outer_type, outer_type))
+    return _TEXT_MODEL_TYPE.get(mt, mt) or None
 
 
 def parse_config(config: dict, name: str = "model", source: str = "") -> ModelSpec:

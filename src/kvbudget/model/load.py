@@ -45,7 +45,8 @@ def _from_hub(repo_id: str) -> Path:
         ) from None
     except RepositoryNotFoundError:
         hint = "" if os.environ.get("HF_TOKEN") else " (if it is private, set HF_TOKEN)"
-        raise ConfigError(f"{repo_id}: no such model on the Hub{hint}; or name a catalog model (kvbudget models)") from None
+        raise ConfigError(f"{repo_id}: no such model on the Hub{hint}; or name a catalog model "
+                          "(kvbudget models)") from None
     except LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: test it first
         raise ConfigError(
             f"{repo_id}: config.json is not in the local Hugging Face cache and the Hub cannot be reached"

@@ -20,7 +20,8 @@ _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "opt", "falcon", "cohere"}
 class ParamGroup:
     """Parameters of one part of the model: `count` stored, `active` used per token."""
 
-    part: str  # "embedding", "lm_head", "attention", "mlp", "experts", "router", "shared_expert", "mixer", "norm", "mtp"
+    # "embedding", "lm_head", "attention", "mlp", "experts", "router", "shared_expert", "mixer", "norm" or "mtp"
+    part: str
     count: int
     active: int
     layer: int | None = None  # None: outside the decoder layers (embeddings, lm_head, final norm, MTP)
@@ -150,7 +151,7 @@ def _mla(spec: LatentAttention, f: Fields, hidden: int) -> int:
 def _mixer(spec: RecurrentState, f: Fields, hidden: int) -> int:
     k = spec.conv_kernel
     if spec.mixer == "gated_delta_net":
-        hv, dk, dv = spec.state_shape
+        hv, _, dv = spec.state_shape
         hk_dk = (spec.conv_channels - hv * dv) // 2
         return (hidden * (2 * hk_dk + 2 * hv * dv) + hidden * 2 * hv + spec.conv_channels * k
                 + 2 * hv + dv + hv * dv * hidden)

@@ -170,7 +170,7 @@ class RecurrentState(LayerSpec):
         return channels, heads, state
 
     def state_text(self, heads: int) -> str:
-        return "x".join(map(str, (heads,) + self.state_shape[1:]))
+        return "x".join(map(str, (heads, *self.state_shape[1:])))
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,8 @@ def _bytes_per_param(model: ModelSpec) -> tuple[dict[str, float], str]:
         group = q.get("group_size") or q.get("q_group_size") or 128
         per = bits / 8 + 2 / group + bits / 8 / group  # packed values, fp16 scale and packed zero per group
         return ({"linear": per, "experts": per, "other": base},
-                f"{method} int{bits} linear weights, groups of {group} (fp16 scale + zero point), the rest {model.dtype}")
+                f"{method} int{bits} linear weights, groups of {group} (fp16 scale + zero point), "
+                f"the rest {model.dtype}")
     raise ConfigError(f"{model.name}: quantization method {method!r} is not modelled; give the weight bytes "
                       "(weights)", param="weights")
 
@@ -99,7 +100,7 @@ def _per_gpu(groups: list[ParamGroup], size: Callable[[ParamGroup], float], tp: 
         load = 0.0
         for g in groups:
             if g.layer is None:
-                if g.part == "embedding" and index != 0 or g.part in ("lm_head", "norm") and index != pp - 1:
+                if (g.part == "embedding" and index != 0) or (g.part in ("lm_head", "norm") and index != pp - 1):
                     continue
             elif g.layer not in stage:
                 continue
