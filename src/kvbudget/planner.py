@@ -65,9 +65,19 @@ class Roofline:
 
 @dataclass(frozen=True)
 class Recommendation:
-    change: str
+    parameters: dict[str, Any]  # what to change, in plan()'s parameter names ({"tp": 4}, {"model": "..."})
+    note: str  # what else to know about the change ("4 GPUs", "a model of similar size")
     effect: str
     gain: float  # factor on maximum concurrency (1.0 = no change)
+
+    @property
+    def change(self) -> str:
+        text = ", ".join(f"{key}={value}" for key, value in self.parameters.items())
+        return f"{text} ({self.note})" if self.note else text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parameters": self.parameters, "note": self.note, "change": self.change, "effect": self.effect,
+                "gain": self.gain}
 
 
 @dataclass(frozen=True)
@@ -117,7 +127,7 @@ class Plan:
             "longest_context_for_concurrency": self.longest_context,
             "roofline": [r.__dict__ for r in self.roofline],
             "degradation": [level.__dict__ for level in self.levels],
-            "recommendations": [r.__dict__ for r in self.recommendations],
+            "recommendations": [r.to_dict() for r in self.recommendations],
             "notes": list(self.notes),
         }
 
@@ -299,7 +309,7 @@ def _similar_models(inputs: _Inputs, result: Estimate, base: float) -> list[Reco
             if gain > 1.0001:
                 kinds = ", ".join(sorted(other.kinds()))
                 found.append(Recommendation(
-                    f"a model of similar size: {entry.name}",
+                    {"model": entry.name}, "a model of similar size",
                     f"{alt.estimate.bytes_per_token:,} bytes per token ({kinds}); "
                     f"{alt.capacity.max_concurrency:.2f}x requests of {alt.capacity.max_model_len:,} tokens", gain))
     return sorted(found, key=lambda r: -r.gain)[:2]
@@ -339,37 +349,37 @@ def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Es
     recs: list[Recommendation] = []
     engine, tp, pp = inputs.engine, inputs.tp, inputs.pp
 
-    def add(change: str, other: Plan | None, extra: str = "") -> None:
+    def add(parameters: dict[str, Any], note: str, other: Plan | None, extra: str = "") -> None:
         if other is None:
             return
         gain = other.capacity.max_concurrency / base if base else float("inf")
         if gain > 1.0001 or (not cap.fits and other.capacity.fits):
             effect = f"{other.capacity.max_concurrency:.2f}x requests of {other.capacity.max_model_len:,} tokens " \
                      f"(now {base:.2f}x)"
-            recs.append(Recommendation(change, effect + extra, gain))
+            recs.append(Recommendation(parameters, note, effect + extra, gain))
 
     cheaper = engine.cheaper_kv_dtype(result.allocation.kv_dtype)
     if cheaper:
-        add(f"--kv-dtype {cheaper}", inputs.plan(kv_dtype=cheaper),
+        add({"kv_dtype": cheaper}, "", inputs.plan(kv_dtype=cheaper),
             "; check quality on your own data first (KV quantization)")
     if not cap.fits and cap.estimated_max_model_len:
         if inputs.plan(max_model_len=cap.estimated_max_model_len) is not None:
-            recs.append(Recommendation(f"--max-model-len {cap.estimated_max_model_len}",
+            recs.append(Recommendation({"max_model_len": cap.estimated_max_model_len}, "",
                                        "the longest request that fits on this budget", 1.0))
     for new_tp in (2 * tp, 4 * tp):
-        add(f"--tp {new_tp} ({new_tp * pp} GPUs)", inputs.plan(tp=new_tp))
+        add({"tp": new_tp}, f"{new_tp * pp} GPUs", inputs.plan(tp=new_tp))
     bigger = sorted((g for g in all_gpus() if g.memory_bytes >= BIGGER_GPU_STEP * card.memory_bytes
                      and (not card.vendor or g.vendor == card.vendor)), key=lambda g: g.memory_bytes)
     if bigger:
-        add(f"--gpu {bigger[0].name}", inputs.plan(gpu=bigger[0].name, gpu_memory=None))
+        add({"gpu": bigger[0].name}, "", inputs.plan(gpu=bigger[0].name, gpu_memory=None))
     if inputs.model.has_windows and not engine.honours_windows(inputs.model):
         for other in serving_engines():
             if other.honours_windows(inputs.model):
-                add(f"--engine {other.name} (honours the model's sliding window)", inputs.plan(engine=other))
+                add({"engine": other.name}, "honours the model's sliding window", inputs.plan(engine=other))
                 break
     recs.extend(_similar_models(inputs, result, base))
     if beams > 1:
-        recs.append(Recommendation("no beam search (--beams 1)", f"{beams}x the requests: every beam is a sequence",
+        recs.append(Recommendation({"beams": 1}, "no beam search", f"{beams}x the requests: every beam is a sequence",
                                    float(beams)))
     recs.sort(key=lambda r: -r.gain)
     return tuple(recs)

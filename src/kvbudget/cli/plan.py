@@ -15,6 +15,7 @@ from kvbudget.cli.common import (
     console,
     counted_context,
     engine_options,
+    flag,
     one,
     optional_one,
     size,
@@ -23,7 +24,7 @@ from kvbudget.cli.common import (
 )
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.load import load_model
-from kvbudget.planner import Plan, compare, guard_config_yaml, plan
+from kvbudget.planner import Plan, Recommendation, compare, guard_config_yaml, plan
 from kvbudget.units import format_bytes
 
 
@@ -140,7 +141,7 @@ def render(p: Plan) -> None:
     if p.recommendations:
         out.print("[bold]What to change[/] (best first):")
         for i, rec in enumerate(p.recommendations, 1):
-            out.print(f"  {i}. {rec.change}: {rec.effect}")
+            out.print(f"  {i}. {change_text(rec)}: {rec.effect}")
     for note in p.notes:
         out.print(f"[yellow]note:[/] {note}")
 
@@ -176,3 +177,11 @@ def run_compare(args: argparse.Namespace) -> int:
         if r.note:
             console().print(f"[yellow]note:[/] {r.note}")
     return 0
+
+
+def change_text(rec: Recommendation) -> str:
+    """A recommendation as the flags that make it: `--tp 4 (4 GPUs)`; another model by its name."""
+    if "model" in rec.parameters:
+        return f"{rec.note}: {rec.parameters['model']}"
+    flags = " ".join(f"{flag(key)} {value}" for key, value in rec.parameters.items())
+    return f"{flags} ({rec.note})" if rec.note else flags

@@ -1,6 +1,6 @@
 """SGLang: one token pool sized from the memory left after weights (`mem_fraction_static`).
 
-From SGLang's source as summarised in shared/notes/engine-memory-facts.md (model_runner_kv_cache_mixin.py,
+From SGLang's source (python/sglang/srt/model_executor/model_runner_kv_cache_mixin.py,
 memory_pool.py); not run here (no CPU build), so every SGLang figure is labelled "from the source":
 
 - a token cell holds `Hkv_rank x (Dk + Dv) x s` per layer; MLA `(kv_lora_rank + rope) x s` on every rank;

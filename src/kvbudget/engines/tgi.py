@@ -1,6 +1,6 @@
 """Hugging Face TGI (text-generation-inference; maintenance mode since Dec 2025): paged blocks after warm-up.
 
-From TGI's source as summarised in shared/notes/engine-memory-facts.md (flash_causal_lm.py); not run here,
+From TGI's source (server/text_generation_server/models/flash_causal_lm.py); not run here,
 so every TGI figure is labelled "from the source":
 
 - a block holds `L x B x Hkv_shard x D x 2 x s` bytes; B = 1 with flashinfer (default), 256 with

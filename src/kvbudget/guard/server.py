@@ -63,7 +63,7 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
             notes.append(f"predicting with {spec.name} on {chosen.name}: {per_token:,} bytes "
                          f"per token, KV budget {int(budget):,} bytes per replica")
         elif spec is not None:
-            notes.append("no KV budget (--kv-memory or kv_budget_bytes in --config): acting on observed usage alone")
+            notes.append("no KV budget (kv_memory, or kv_budget_bytes in the config): acting on observed usage alone")
     count_prompt: Callable[[dict[str, Any]], int] | None = None
     if tokenizer:
         from kvbudget.tokens import PromptCounter
@@ -77,7 +77,7 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
 
         notes.append(f"prompt lengths from the tokenizer in {tokenizer}")
     else:
-        notes.append("prompt lengths estimated from characters (4 per token); pass --tokenizer for exact counts")
+        notes.append("prompt lengths estimated from characters (4 per token); give a tokenizer for exact counts")
     limits = {key: config[key] for key in ("max_body_bytes", "connect_timeout", "first_byte_timeout",
                                            "idle_timeout") if key in config}
     guard = Guard(GuardConfig(upstreams=list(upstreams), engine=chosen, policy=policy, predictor=predictor,

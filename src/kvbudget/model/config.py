@@ -287,7 +287,7 @@ _BUILDERS: dict[str, Callable[[str, Fields], list[LayerSpec]]] = {
 def _model_dtype(cfg: dict, outer: dict, where: str) -> tuple[str, list[str]]:
     raw = cfg.get("torch_dtype") or cfg.get("dtype") or outer.get("torch_dtype") or outer.get("dtype")
     if raw is None:
-        return "float16", [f"{where}: config names no torch_dtype; assuming float16 (pass --kv-dtype to choose)"]
+        return "float16", [f"{where}: config names no torch_dtype; assuming float16 (choose the KV dtype to override)"]
     name = _DTYPE_NAMES.get(str(raw).replace("torch.", "").lower())
     if name is None:
         raise ConfigError(f"{where}: torch_dtype {raw!r} is not float32, float16 or bfloat16")
