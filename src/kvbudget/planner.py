@@ -277,7 +277,7 @@ def _budget(model: ModelSpec, serving: Serving, card: GPU, w: Weights, activatio
              serving.memory_knob if utilization is None else "given (utilization)"),
         Term("weights", "weights", w.per_gpu_bytes, not w.exact, w.basis),
         Term("activation", "activation peak", act, activation is None,
-             f"{serving.prefill_note} (estimate; activation overrides)" if activation is None
+             f"{serving.prefill_note}; activation overrides" if activation is None
              else "given (activation)"),
         Term("overhead", "overhead", other, overhead is None,
              f"{serving.overhead_note}; overhead overrides" if overhead is None else "given (overhead)"),

@@ -20,8 +20,12 @@ UNITS_NOTE = "KiB/MiB/GiB are powers of 1024"
 # Library hints that name a parameter by value, and the flag that says the same on the command line.
 _HINTS = {"(approximate=True)": "(--approximate)", "(template=False)": "(--no-template)",
           "give max_model_len": "pass --max-model-len", "give gpu_memory": "pass --gpu-memory SIZE",
-          "(weights)": "(--weights SIZE)", "kvbudget.gpus.gpus() lists them": "kvbudget gpus lists them",
-          "'upstreams' in the config": "'upstreams' in --config"}
+          "kvbudget.gpus.gpus() lists them": "kvbudget gpus lists them",
+          "'upstreams' in the config": "'upstreams' in --config",
+          "activation overrides": "--activation overrides", "overhead overrides": "--overhead overrides",
+          "given (utilization)": "--utilization", "given (weights)": "--weights", "given (kv_memory)": "--kv-memory",
+          "given (activation)": "--activation", "given (overhead)": "--overhead",
+          "(weights)": "(--weights SIZE)"}  # after "given (weights)"
 
 
 def flag(param: str) -> str:
@@ -33,9 +37,14 @@ def cli_message(exc: KVBudgetError) -> str:
     message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     if exc.param and message.startswith(exc.param):
         message = flag(exc.param) + message[len(exc.param):]
-    for hint, text in _HINTS.items():
-        message = message.replace(hint, text)
-    return message
+    return cli_text(message)
+
+
+def cli_text(text: str) -> str:
+    """Library text that names a parameter by value, as the command line says it."""
+    for hint, replacement in _HINTS.items():
+        text = text.replace(hint, replacement)
+    return text
 
 
 class Parser(argparse.ArgumentParser):

@@ -12,6 +12,7 @@ from kvbudget.cli.common import (
     add_counted_lengths,
     add_engine_knobs,
     add_model_engine,
+    cli_text,
     console,
     counted_context,
     engine_options,
@@ -109,7 +110,7 @@ def render(p: Plan) -> None:
     for name in ("term", "size", "how"):
         stack.add_column(name, justify="right" if name == "size" else "left")
     for t in p.stack:
-        stack.add_row(t.name, format_bytes(t.bytes), ("[yellow]estimate[/]: " if t.estimate else "") + t.note)
+        stack.add_row(t.name, format_bytes(t.bytes), ("[yellow]estimate[/]: " if t.estimate else "") + cli_text(t.note))
     out.print(stack)
     cap = p.capacity
     out.print(f"[bold]Capacity[/] for requests of {cap.max_model_len:,} tokens: "

@@ -239,7 +239,7 @@ class Engine:
         """Defaults on a GPU of `gpu_memory` bytes. A library takes what is free and runs the prompt whole."""
         tokens = min(max_model_len, 4096)
         return Serving(1.0, "all free memory", tokens, f"a prompt of {tokens} tokens in one forward pass",
-                       DEFAULT_SAMPLED_ROWS, NON_TORCH_ESTIMATE, "non-torch memory (estimate)", options)
+                       DEFAULT_SAMPLED_ROWS, NON_TORCH_ESTIMATE, "non-torch memory", options)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         """A KV dtype this engine stores in fewer bytes than `current`, or None."""

@@ -135,7 +135,7 @@ class LlamaCppEngine(Engine):
                 gpu_name: str = "") -> Serving:
         base = super().serving(gpu_memory, max_model_len, options)
         return Serving(1.0, "all free memory", N_UBATCH, f"compute buffers for n_ubatch ({N_UBATCH}) tokens",
-                       base.max_num_seqs, NON_TORCH_ESTIMATE, "non-torch memory (estimate)", options)
+                       base.max_num_seqs, NON_TORCH_ESTIMATE, "non-torch memory", options)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return "q8_0" if current.block_values == 1 and current.block_bytes > 1 else None

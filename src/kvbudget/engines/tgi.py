@@ -87,7 +87,7 @@ class TGIEngine(Engine):
         base = super().serving(gpu_memory, max_model_len, options)
         return Serving(CUDA_MEMORY_FRACTION, "0.9 x cuda_memory_fraction default", MAX_BATCH_PREFILL_TOKENS,
                        f"warm-up pass over max_batch_prefill_tokens ({MAX_BATCH_PREFILL_TOKENS})",
-                       base.max_num_seqs, NON_TORCH_ESTIMATE, "non-torch memory (estimate)", options)
+                       base.max_num_seqs, NON_TORCH_ESTIMATE, "non-torch memory", options)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return fp8_if_wider(current)

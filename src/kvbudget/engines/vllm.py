@@ -213,7 +213,7 @@ class VLLMEngine(Engine):
         mnbt = options.max_num_batched_tokens or default_tokens
         return Serving(GPU_MEMORY_UTILIZATION, "gpu_memory_utilization default", mnbt,
                        f"profiling pass over max_num_batched_tokens ({mnbt})", max_num_seqs,
-                       NON_TORCH_ESTIMATE + CUDA_GRAPH_ESTIMATE, "non-torch memory and CUDA graphs (estimate)",
+                       NON_TORCH_ESTIMATE + CUDA_GRAPH_ESTIMATE, "non-torch memory and CUDA graphs",
                        replace(options, max_num_batched_tokens=mnbt))
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
