@@ -85,6 +85,20 @@ def test_llamacpp_adds_the_vocabularys_bos(tok_dir):
     assert llama.count_request(MESSAGES).prompt_tokens == vllm.count_request(MESSAGES).prompt_tokens + 1
 
 
+def test_every_registered_engine_is_accepted(tok_dir, raw, capsys):
+    # hf-static used to be refused; the engines' own BOS rule decides, so the library engines count like vLLM
+    expected = encode(raw, render_by_hand(MESSAGES))
+    for engine in kvbudget.ENGINES:
+        if not kvbudget.get_engine(engine).prompt_adds_bos:
+            assert PromptCounter(tok_dir, engine=engine).count_request(MESSAGES).prompt_tokens == expected, engine
+    request = tok_dir.parent / "request.json"
+    request.write_text(json.dumps({"messages": MESSAGES}))
+    assert main(["tokens", str(tok_dir), str(request), "--engine", "hf-static", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["prompt_tokens"] == expected
+    assert main(["tokens", str(tok_dir), str(request), "--engine", "nope"]) == 2
+    assert "--engine: unknown engine 'nope'" in capsys.readouterr().err
+
+
 def _write_log(path, lines, raw=None):
     expected_prompt, expected_total = [], []
     with path.open("w") as fh:
