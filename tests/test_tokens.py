@@ -11,6 +11,7 @@ pytest.importorskip("transformers", reason="test extra: pip install -e '.[test]'
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+import kvbudget
 from kvbudget import KVBudgetError
 from kvbudget.cli import main
 from kvbudget.tokens import PromptCounter, distribution
