@@ -12,6 +12,8 @@ their registered names (`ENGINES`) or passed as `Engine` objects; `register` add
 `KVBudgetError`, subclassed by what went wrong.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from kvbudget import catalog
 from kvbudget.dtypes import KVDtype, get_dtype
 from kvbudget.engines import (
@@ -47,8 +49,24 @@ from kvbudget.model.spec import (
     RecurrentState,
     SlidingWindow,
 )
-from kvbudget.planner import Comparison, Plan, compare, plan
-from kvbudget.tokens import PromptCount, count_prompt
+
+if TYPE_CHECKING:
+    from kvbudget.planner import Comparison, Plan, compare, plan
+    from kvbudget.tokens import PromptCount, count_prompt
+
+# The planner and the token counter load on first use: `kvbudget estimate` does not need them at start-up.
+_LAZY = {"Comparison": "kvbudget.planner", "Plan": "kvbudget.planner", "compare": "kvbudget.planner",
+         "plan": "kvbudget.planner", "PromptCount": "kvbudget.tokens", "count_prompt": "kvbudget.tokens"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kvbudget' has no attribute {name!r}")
 
 __version__ = "0.1.0"
 

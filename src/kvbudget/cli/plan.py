@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvbudget.cli.common import (
     UNITS_NOTE,
@@ -25,8 +25,10 @@ from kvbudget.cli.common import (
 )
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.load import load_model
-from kvbudget.planner import Plan, Recommendation, compare, guard_config_yaml, plan
 from kvbudget.units import format_bytes
+
+if TYPE_CHECKING:
+    from kvbudget.planner import Plan, Recommendation
 
 
 def add_parser(sub: Any) -> None:
@@ -63,6 +65,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvbudget.planner import guard_config_yaml, plan
+
     counted, counted_note = counted_context(args)
     if counted and args.max_model_len:
         raise KVBudgetError("give --max-model-len or a counted length (--prompt-file / --lengths-from), not both")
@@ -148,6 +152,8 @@ def render(p: Plan) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    from kvbudget.planner import compare
+
     if len(args.models) < 2:
         raise KVBudgetError("compare: name at least two models")
     rows = compare([load_model(m) for m in args.models], engine=args.engine, gpu=args.gpu,

@@ -6,12 +6,14 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvbudget.cli.common import console
 from kvbudget.engines import ENGINES
 from kvbudget.errors import KVBudgetError
-from kvbudget.tokens import LogStats
+
+if TYPE_CHECKING:
+    from kvbudget.tokens import LogStats
 
 
 def add_parser(sub: Any) -> None:

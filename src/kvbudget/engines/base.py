@@ -71,13 +71,9 @@ def count_alike(items: Iterable[K | None]) -> dict[K, int]:
 
 
 def group_layers(per_layer: Iterable[CacheGroup | None]) -> tuple[CacheGroup, ...]:
-    """One CacheGroup per distinct per-layer group (everything but `layers` equal), layer counts summed."""
-    counts: dict[CacheGroup, int] = {}
-    for group in per_layer:
-        if group is not None:
-            key = replace(group, layers=1)
-            counts[key] = counts.get(key, 0) + group.layers
-    return tuple(replace(group, layers=n) for group, n in counts.items())
+    """One CacheGroup per distinct group of one layer each (`layers=1`), with the layers counted, in order."""
+    counts = count_alike(per_layer)
+    return tuple(group if n == group.layers else replace(group, layers=n * group.layers) for group, n in counts.items())
 
 
 @dataclass(frozen=True)

@@ -72,8 +72,8 @@ class HFEngine(Engine):
     def _group(self, spec: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str,
                repeat_to: int | None) -> CacheGroup | None:
         if isinstance(spec, Attention):
-            k, v = spec.kv_values(tp, where, heads=repeat_to)
             heads = spec.kv_heads_per_rank(tp, where, heads=repeat_to)
+            k, v = heads * spec.k_dim, heads * spec.v_dim
             span = spec.token_span
             cap = None if span is None else (span if self.static else span - 1)
             detail = f"{heads} KV heads x ({spec.k_dim} K + {spec.v_dim} V) x {dtype.name}"
