@@ -30,6 +30,7 @@ def test_plan_json_contract(capsys):
     assert data["parameters"]["total"] == count_parameters(load_model("llama-3.1-8b")).total
     gpu = find_gpu("H100-80GB").memory_bytes
     stack = {t["name"]: t["bytes"] for t in data["stack"]}
+    assert [t["key"] for t in data["stack"]] == ["gpu", "share", "weights", "activation", "overhead", "kv"]
     others = data["weights_bytes"] + stack["activation peak"] + stack["overhead"]
     assert data["kv_memory_bytes"] == int(gpu * 0.92) - others
     assert data["capacity"]["num_blocks"] == data["kv_memory_bytes"] // (32 * 16 * 8 * 256 * 2)

@@ -117,7 +117,8 @@ class Plan:
                            "mtp": self.weights.mtp_params},
             "weights_bytes": self.weights.per_gpu_bytes,
             "weights": self.weights.to_dict(),
-            "stack": [{"name": t.name, "bytes": t.bytes, "estimate": t.estimate, "note": t.note} for t in self.stack],
+            "stack": [{"key": t.key, "name": t.name, "bytes": t.bytes, "estimate": t.estimate, "note": t.note}
+                      for t in self.stack],
             "kv_memory_bytes": self.kv_memory_bytes,
             "capacity": self.capacity.to_dict(),
             "fits": self.fits,

@@ -30,9 +30,12 @@ def plot_plan(p: Plan, path: str) -> None:
 
     fig, (bar, curve) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [1, 3]})
     total = p.term_bytes("gpu")
-    slices = [("weights", p.term_bytes("weights")), ("activation", p.term_bytes("activation")),
-              ("overhead", p.term_bytes("overhead")), ("KV budget", max(p.kv_memory_bytes, 0))]
-    slices.append(("not given to the engine", max(total - sum(v for _, v in slices), 0)))
+    keys = {t.key for t in p.stack}
+    slices = [(name, p.term_bytes(key)) for key, name in (("weights", "weights"), ("activation", "activation"),
+                                                          ("overhead", "overhead")) if key in keys]
+    slices.append(("KV budget", max(p.kv_memory_bytes, 0)))
+    rest = "not given to the engine" if "weights" in keys else "the rest (not broken down: KV budget given)"
+    slices.append((rest, max(total - sum(v for _, v in slices), 0)))
     bottom = 0.0
     for name, value in slices:
         bar.bar([p.gpu], [value / GIB], bottom=[bottom], label=f"{name} {value / GIB:.1f} GiB")
