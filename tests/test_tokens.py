@@ -204,6 +204,10 @@ def test_approximate_is_labelled(tmp_path, capsys):
     (lambda t, d: ["tokens", str(t), str(d / "nomsg.json")], "'messages'"),
     (lambda t, d: ["tokens", str(t), str(d / "missing.txt")], "cannot read"),
     (lambda t, d: ["estimate", "llama-3.1-8b", "--max-new-tokens", "5"], "goes with --prompt-file"),
+    (lambda t, d: ["estimate", str(t), "--prompt-file", str(d / "nomsg.json"), "--context", "10"],
+     "give --context or a counted length"),
+    (lambda t, d: ["plan", str(t), "--gpu", "L4", "--lengths-from", str(d / "bad.jsonl"), "--max-model-len", "99"],
+     "give --max-model-len or a counted length"),
 ])
 def test_bad_input(tok_dir, tmp_path, capsys, make_argv, expected):
     (tmp_path / "bad.jsonl").write_text(json.dumps({"messages": MESSAGES}) + "\n{oops\n")

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvbudget.engines import Allocation, Capacity, Engine, EngineOptions, get_engine
+from kvbudget.engines.base import check_positive
 from kvbudget.errors import ConfigError, KVBudgetError
 from kvbudget.model.spec import ModelSpec
 
@@ -75,10 +76,7 @@ def positive_ints(values: Iterable[int], param: str) -> tuple[int, ...]:
     values = tuple(values)
     if not values:
         raise KVBudgetError(f"{param}: give at least one value", param=param)
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise KVBudgetError(f"{param}: {v!r} is not a positive integer", param=param)
-    return values
+    return tuple(check_positive(v, param, "each value") for v in values)
 
 
 def default_contexts(model: ModelSpec) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvbudget.engines import Capacity, Engine, EngineOptions, get_engine, serving_engines
-from kvbudget.engines.base import Serving, largest_fitting
+from kvbudget.engines.base import Serving, check_positive, largest_fitting
 from kvbudget.errors import BudgetError, KVBudgetError
 from kvbudget.estimator import Estimate, estimate
 from kvbudget.gpus import GPU, custom_gpu, find_gpu
@@ -201,9 +201,9 @@ def plan(
     """
     chosen = get_engine(engine)
     card = _card(gpu, gpu_memory)
-    for value, param in ((tp, "tp"), (pp, "pp"), (concurrency, "concurrency"), (beams, "beams")):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise KVBudgetError(f"{param}: must be a positive integer, got {value!r}", param=param)
+    for value, param, what in ((tp, "tp", "tensor parallel size"), (pp, "pp", "pipeline parallel size"),
+                               (concurrency, "concurrency", "requests at once"), (beams, "beams", "beams")):
+        check_positive(value, param, what)
     gpus = gpus or tp * pp
     if tp * pp > gpus:
         raise KVBudgetError(f"gpus {gpus}: tensor parallel {tp} x pipeline parallel {pp} needs {tp * pp} GPUs",

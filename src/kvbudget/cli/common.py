@@ -114,10 +114,13 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
     )
 
 
-def counted_context(args: argparse.Namespace) -> tuple[int | None, str | None]:
-    """T from --prompt-file or --lengths-from, counted with the real tokenizer (or labelled as approximate)."""
+def counted_context(args: argparse.Namespace, instead_of: str) -> tuple[int | None, str | None]:
+    """T from --prompt-file or --lengths-from, counted with the real tokenizer (or labelled as approximate);
+    `instead_of` is the flag a counted length replaces, refused when both are given."""
     if args.prompt_file and args.lengths_from:
         raise KVBudgetError("give --prompt-file or --lengths-from, not both")
+    if (args.prompt_file or args.lengths_from) and getattr(args, instead_of[2:].replace("-", "_")):
+        raise KVBudgetError(f"give {instead_of} or a counted length (--prompt-file / --lengths-from), not both")
     if not (args.prompt_file or args.lengths_from):
         if args.max_new_tokens:
             raise KVBudgetError("--max-new-tokens goes with --prompt-file")

@@ -20,7 +20,6 @@ from kvbudget.cli.common import (
     size,
     warn,
 )
-from kvbudget.errors import KVBudgetError
 from kvbudget.estimator import Estimate, estimate
 from kvbudget.model.load import load_model
 from kvbudget.units import format_bytes, parse_positive_ints
@@ -46,9 +45,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    counted, counted_note = counted_context(args)
-    if counted and args.context:
-        raise KVBudgetError("give --context or a counted length (--prompt-file / --lengths-from), not both")
+    counted, counted_note = counted_context(args, "--context")
     result = estimate(
         load_model(args.model),
         engine=args.engine,

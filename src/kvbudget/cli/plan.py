@@ -67,9 +67,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvbudget.planner import guard_config_yaml, plan
 
-    counted, counted_note = counted_context(args)
-    if counted and args.max_model_len:
-        raise KVBudgetError("give --max-model-len or a counted length (--prompt-file / --lengths-from), not both")
+    counted, counted_note = counted_context(args, "--max-model-len")
     util = None
     if args.utilization is not None:
         try:

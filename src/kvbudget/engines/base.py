@@ -312,9 +312,9 @@ def serving_kv_dtype(model: ModelSpec, kv_dtype: str, tp: int, engine: str, acce
     return dtype
 
 
-def fp8_if_wider(current: KVDtype) -> str | None:
-    """fp8 where the cache is stored in 2 or 4 bytes per value (the serving engines' cheaper dtype)."""
-    return "fp8" if current.block_values == 1 and current.block_bytes > 1 else None
+def cheaper_if_wider(current: KVDtype, cheaper: str) -> str | None:
+    """`cheaper` (an engine's 8-bit cache type) where the cache is stored in 2 or 4 bytes per value."""
+    return cheaper if current.block_values == 1 and current.block_bytes > 1 else None
 
 
 __all__ = ["Allocation", "CacheGroup", "Capacity", "Engine", "EngineOptions", "LogCheck", "LogRow", "Serving",

@@ -72,16 +72,16 @@ class HFEngine(Engine):
     def _group(self, spec: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str,
                repeat_to: int | None) -> CacheGroup | None:
         if isinstance(spec, Attention):
-            heads = spec.kv_heads_per_rank(tp, where, heads=repeat_to)
-            k, v = heads * spec.k_dim, heads * spec.v_dim
+            k, v = spec.kv_values(tp, where, heads=repeat_to)
             span = spec.token_span
             cap = None if span is None else (span if self.static else span - 1)
-            detail = f"{heads} KV heads x ({spec.k_dim} K + {spec.v_dim} V) x {dtype.name}"
+            detail = spec.describe(tp, where, dtype.name, heads=repeat_to)
             if cap is not None:
                 detail += f", keeps {cap} tokens"
             return CacheGroup(spec.kind, 1, dtype.bytes_for(k) + dtype.bytes_for(v), cap, 0, detail)
         if isinstance(spec, LatentAttention):
-            bpt = dtype.bytes_for(spec.latent_dim) + dtype.bytes_for(spec.rope_dim)
+            latent, rope = spec.kv_values(tp, where)
+            bpt = dtype.bytes_for(latent) + dtype.bytes_for(rope)
             return CacheGroup(spec.kind, 1, bpt, None, 0,
                               f"latent {spec.latent_dim} + rope key {spec.rope_dim} x {dtype.name}, every rank")
         if isinstance(spec, RecurrentState):

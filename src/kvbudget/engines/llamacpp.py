@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from kvbudget.dtypes import KVDtype, get_dtype, resolve_kv_dtype
 from kvbudget.engines.base import (
+    DEFAULT_SAMPLED_ROWS,
     NON_TORCH_ESTIMATE,
     Allocation,
     CacheGroup,
@@ -34,6 +35,7 @@ from kvbudget.engines.base import (
     LogRow,
     Serving,
     UsageGauge,
+    cheaper_if_wider,
     check_positive,
     group_layers,
     largest_fitting,
@@ -133,12 +135,11 @@ class LlamaCppEngine(Engine):
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "") -> Serving:
-        base = super().serving(gpu_memory, max_model_len, options)
         return Serving(1.0, "all free memory", N_UBATCH, f"compute buffers for n_ubatch ({N_UBATCH}) tokens",
-                       base.max_num_seqs, NON_TORCH_ESTIMATE, "non-torch memory", options)
+                       DEFAULT_SAMPLED_ROWS, NON_TORCH_ESTIMATE, "non-torch memory", options)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
-        return "q8_0" if current.block_values == 1 and current.block_bytes > 1 else None
+        return cheaper_if_wider(current, "q8_0")
 
     def honours_windows(self, model: ModelSpec) -> bool:
         return model.model_type in HONOURS_WINDOW
@@ -238,7 +239,7 @@ def _group(layer: LayerSpec, dtype: KVDtype) -> CacheGroup | None:
     if isinstance(layer, Attention):
         k, v = _kv_rows(layer)
         cap = None
-        detail = f"{layer.kv_heads} KV heads x ({layer.k_dim} K + {layer.v_dim} V) x {dtype.name}"
+        detail = layer.describe(1, "", dtype.name)
         if isinstance(layer, SlidingWindow):
             cap = pad(layer.window + N_UBATCH)
             detail += f", window {layer.window}: {cap} cells per slot"

@@ -26,7 +26,7 @@ from kvbudget.engines.base import (
     LogRow,
     Serving,
     UsageGauge,
-    fp8_if_wider,
+    cheaper_if_wider,
     group_layers,
     largest_fitting,
     layer_stages,
@@ -87,9 +87,10 @@ class SGLangEngine(Engine):
         dtype = serving_kv_dtype(model, kv_dtype, tp, "SGLang", "auto, bf16, fp16, fp32 and fp8")
         k_bytes = v_bytes = 0
         for layer in model.layers:
-            k, v = _kv_values(layer, tp, model.name)
-            k_bytes += dtype.bytes_for(k) if k else 0
-            v_bytes += dtype.bytes_for(v) if v else 0
+            if isinstance(layer, (Attention, LatentAttention)):  # MLA: the latent in K, the rope key in V
+                k, v = layer.kv_values(tp, model.name)
+                k_bytes += dtype.bytes_for(k)
+                v_bytes += dtype.bytes_for(v)
         return k_bytes, v_bytes
 
     def pipeline_stages(self, num_layers: int, pp: int) -> list[range]:
@@ -102,7 +103,7 @@ class SGLangEngine(Engine):
                        "inside the share SGLang leaves aside", options)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
-        return fp8_if_wider(current)
+        return cheaper_if_wider(current, "fp8")
 
     def honours_windows(self, model: ModelSpec) -> bool:
         return False
@@ -128,15 +129,6 @@ class SGLangEngine(Engine):
                    "the budget this pool implies"),
         )
         return LogCheck("sglang", None, {"tp": tp, "kv_cache_dtype": dtype}, rows)
-
-
-def _kv_values(layer: LayerSpec, tp: int, where: str) -> tuple[int, int]:
-    """Values per token in the K and V buffers (MLA: the latent in K, the rope key in V, on every rank)."""
-    if isinstance(layer, Attention):
-        return layer.kv_values(tp, where)
-    if isinstance(layer, LatentAttention):
-        return layer.latent_dim, layer.rope_dim
-    return 0, 0
 
 
 def _cell(layer: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str, page: int) -> CacheGroup | None:

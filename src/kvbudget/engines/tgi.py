@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from kvbudget.dtypes import KVDtype
 from kvbudget.engines.base import (
+    DEFAULT_SAMPLED_ROWS,
     NON_TORCH_ESTIMATE,
     Allocation,
     CacheGroup,
@@ -26,7 +27,7 @@ from kvbudget.engines.base import (
     LogRow,
     Serving,
     UsageGauge,
-    fp8_if_wider,
+    cheaper_if_wider,
     group_layers,
     largest_fitting,
     serving_kv_dtype,
@@ -84,13 +85,12 @@ class TGIEngine(Engine):
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "") -> Serving:
-        base = super().serving(gpu_memory, max_model_len, options)
         return Serving(CUDA_MEMORY_FRACTION, "0.9 x cuda_memory_fraction default", MAX_BATCH_PREFILL_TOKENS,
                        f"warm-up pass over max_batch_prefill_tokens ({MAX_BATCH_PREFILL_TOKENS})",
-                       base.max_num_seqs, NON_TORCH_ESTIMATE, "non-torch memory", options)
+                       DEFAULT_SAMPLED_ROWS, NON_TORCH_ESTIMATE, "non-torch memory", options)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
-        return fp8_if_wider(current)
+        return cheaper_if_wider(current, "fp8")
 
     def honours_windows(self, model: ModelSpec) -> bool:
         return False

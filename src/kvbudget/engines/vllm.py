@@ -36,8 +36,8 @@ from kvbudget.engines.base import (
     LogRow,
     Serving,
     UsageGauge,
+    cheaper_if_wider,
     count_alike,
-    fp8_if_wider,
     largest_fitting,
     layer_stages,
     serving_kv_dtype,
@@ -217,7 +217,7 @@ class VLLMEngine(Engine):
                        replace(options, max_num_batched_tokens=mnbt))
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
-        return fp8_if_wider(current)
+        return cheaper_if_wider(current, "fp8")
 
     # --- layout -------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ is the label people and the JSON output see.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from kvbudget.errors import EngineRuleError
@@ -36,7 +36,6 @@ class LayerSpec:
     layer: int
 
     kind: ClassVar[str] = "layer"
-    caches_tokens: ClassVar[bool] = False  # grows with the context (attention kinds)
 
     @property
     def token_span(self) -> int | None:
@@ -51,8 +50,6 @@ class Attention(LayerSpec):
     kv_heads: int
     k_dim: int
     v_dim: int
-
-    caches_tokens: ClassVar[bool] = True
 
     def kv_heads_per_rank(self, tp: int, where: str, heads: int | None = None) -> int:
         """KV heads on one tensor-parallel rank: split evenly, or replicated when tp > heads (the rule vLLM,
@@ -69,8 +66,8 @@ class Attention(LayerSpec):
         h = self.kv_heads_per_rank(tp, where, heads)
         return h * self.k_dim, h * self.v_dim
 
-    def describe(self, tp: int, where: str, dtype: str) -> str:
-        h = self.kv_heads_per_rank(tp, where)
+    def describe(self, tp: int, where: str, dtype: str, heads: int | None = None) -> str:
+        h = self.kv_heads_per_rank(tp, where, heads)
         return f"{h} KV heads x ({self.k_dim} K + {self.v_dim} V) x {dtype}"
 
 
@@ -123,8 +120,6 @@ class LatentAttention(LayerSpec):
     v_dim: int
 
     kind: ClassVar[str] = "latent_attention"
-    caches_tokens: ClassVar[bool] = True
-    shared_across_tp: ClassVar[bool] = True  # every rank holds the whole latent
 
     @property
     def expanded_k_dim(self) -> int:
@@ -134,6 +129,11 @@ class LatentAttention(LayerSpec):
     def values_per_token(self) -> int:
         """Latent plus rope key: what one token adds to this layer, on every rank."""
         return self.latent_dim + self.rope_dim
+
+    def kv_values(self, tp: int, where: str) -> tuple[int, int]:
+        """The latent (K slot) and the rope key (V slot) one token adds: shared by every tensor-parallel rank,
+        so the same whatever `tp`."""
+        return self.latent_dim, self.rope_dim
 
 
 @dataclass(frozen=True)
@@ -218,6 +218,4 @@ class ModelSpec:
 
     def stage(self, layers: range) -> ModelSpec:
         """The part of the model a pipeline stage holds: the specs of `layers`."""
-        from dataclasses import replace
-
         return replace(self, layers=tuple(s for s in self.layers if s.layer in layers))
