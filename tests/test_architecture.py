@@ -79,7 +79,9 @@ def test_a_registered_toy_engine_serves_every_consumer(toy, tmp_path, capsys):
 
     assert observed_usage("toy", "toy:kv_usage 0.42\n") == 0.42
     # the token counter follows its BOS rule
-    counter = kvbudget.tokens.PromptCounter(None, approximate=True, engine="toy")
+    from kvbudget.tokens import PromptCounter
+
+    counter = PromptCounter(None, approximate=True, engine="toy")
     assert counter.engine is toy and counter.engine.prompt_adds_bos
 
 

@@ -20,10 +20,9 @@ def detect_engine(text: str) -> Engine:
     for engine in ENGINES.values():
         if engine.reads_log(text):
             return engine
-    readers = ", ".join(e.name for e in ENGINES.values() if e.exact_log_formats)
-    raise KVBudgetError(f"check-log: found no KV cache lines of a known engine ({readers}) in the log; pass a "
-                        "startup log (vLLM: 'KV cache size' / 'Maximum concurrency'; SGLang: 'KV Cache is allocated'; "
-                        "TGI: 'KV-cache blocks'; llama.cpp: 'llama_kv_cache: size')")
+    readers = ", ".join(e.name for e in ENGINES.values() if e.log_signatures)
+    raise KVBudgetError(f"check-log: found no KV cache lines of a known engine ({readers}) in the log; pass the "
+                        "engine's startup log at INFO level (llama-server: -lv 4)")
 
 
 def model_in_log(text: str) -> str | None:

@@ -207,7 +207,7 @@ class Engine:
     name: str = "engine"
     description: str = ""
 
-    exact_log_formats: ClassVar[tuple[str, ...]] = ()  # regexes that identify this engine's startup log
+    log_signatures: ClassVar[tuple[str, ...]] = ()  # regexes that identify this engine's startup log
     serves: ClassVar[bool] = False  # a server with metrics and a memory fraction (not a library)
     prompt_adds_bos: ClassVar[bool] = False  # adds the vocabulary's BOS before the rendered chat prompt
     usage: ClassVar[UsageGauge | None] = None
@@ -247,7 +247,7 @@ class Engine:
 
     # --- logs ---------------------------------------------------------------------------------------
     def reads_log(self, text: str) -> bool:
-        return any(re.search(p, text) for p in self.exact_log_formats)
+        return any(re.search(p, text) for p in self.log_signatures)
 
     def check_log(self, text: str, model: ModelSpec) -> LogCheck:
         raise KVBudgetError(f"check-log: kvbudget reads no {self.name} logs")

@@ -98,7 +98,7 @@ class LlamaCppEngine(Engine):
     # No KV gauge in /metrics (llamacpp:kv_cache_usage_ratio was removed): /slots, which may be disabled.
     usage = UsageGauge("/slots", slots_usage, "max by (replica) (kvbudget_guard_observed_usage)",
                        health_path="/health")
-    exact_log_formats = (r"llama_kv_cache", r"llama_context:", r"llama_model_loader")
+    log_signatures = (r"llama_kv_cache", r"llama_context:", r"llama_model_loader")
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:

@@ -51,7 +51,7 @@ class SGLangEngine(Engine):
     serves = True
     usage = UsageGauge("/metrics", lambda text: first_gauge(text, ("sglang:token_usage",)),
                        "max by (instance) (sglang:token_usage)")
-    exact_log_formats = (r"KV Cache is allocated\. #tokens",)
+    log_signatures = (r"KV Cache is allocated\. #tokens",)
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:

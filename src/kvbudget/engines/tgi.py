@@ -52,7 +52,7 @@ class TGIEngine(Engine):
     usage = UsageGauge("/metrics", lambda text: gauge_ratio(text, "tgi_batch_current_max_tokens",
                                                             "tgi_batch_max_total_tokens"),
                        "max by (instance) (tgi_batch_current_max_tokens / tgi_batch_max_total_tokens)")
-    exact_log_formats = (r"KV-cache blocks: \d+, size: \d+",)
+    log_signatures = (r"KV-cache blocks: \d+, size: \d+",)
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:

@@ -148,7 +148,7 @@ class VLLMEngine(Engine):
 
     serves = True
     usage = UsageGauge("/metrics", _usage, "max by (instance) (vllm:kv_cache_usage_perc)")
-    exact_log_formats = (r"KV cache size: [\d,]+ tokens", r"GPU blocks: \d+", r"Maximum concurrency for",
+    log_signatures = (r"KV cache size: [\d,]+ tokens", r"GPU blocks: \d+", r"Maximum concurrency for",
                          r"V1 LLM engine")
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
