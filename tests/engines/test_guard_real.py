@@ -7,6 +7,9 @@ request completes."""
 from __future__ import annotations
 
 import io
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -25,26 +28,46 @@ MSGS = [{"role": "user", "content": "hello world"}]
 MAX_TOKENS = 3600  # long enough (seconds of decoding) that every stream is still generating when the last opens
 
 
-def drive(guard_url: str, extra: dict) -> tuple[list, list, int]:
-    """Open streams one after another until the guard rejects; return (finish reasons, changes, rejected)."""
+def _decisions(log: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in log.getvalue().splitlines() if '"event": "decision"' in line]
+
+
+def drive(guard_url: str, extra: dict, log: io.StringIO) -> tuple[list, list, int]:
+    """Open streams one after another until the guard rejects; return (finish reasons, changes, rejected).
+
+    The next request is sent as soon as the guard has decided the previous one (it decides on arrival, before
+    the upstream answers), not when the upstream's answer starts: otherwise a slow first token from a busy
+    engine let earlier streams finish, and release their hold, before the later requests arrived."""
     client = openai.OpenAI(base_url=f"{guard_url}/v1", api_key="x", max_retries=0, timeout=600)
     model = client.models.list().data[0].id  # /v1/models through the guard
-    opened, changes, rejected = [], [], 0
-    for i in range(8):
+
+    def open_stream(i: int):
         try:
-            raw = client.chat.completions.with_raw_response.create(
-                model=model, messages=MSGS, max_tokens=MAX_TOKENS, n=2 if i == 5 else 1, stream=True, extra_body=extra)
+            return client.chat.completions.with_raw_response.create(
+                model=model, messages=MSGS, max_tokens=MAX_TOKENS, n=2 if i == 5 else 1, stream=True,
+                extra_body=extra)
         except openai.APIStatusError as exc:
             assert exc.status_code == 503 and exc.response.headers["retry-after"]
-            rejected += 1
-            break
-        changes.append(raw.headers.get("x-kvbudget-changes", ""))
-        opened.append(raw.parse())
+            return None
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        futures = []
+        for i in range(8):
+            futures.append(pool.submit(open_stream, i))
+            deadline = time.monotonic() + 60
+            while len(_decisions(log)) < i + 1:
+                assert time.monotonic() < deadline, log.getvalue()
+                time.sleep(0.01)
+            if _decisions(log)[-1]["action"] == "reject":
+                break
+        raws = [f.result() for f in futures]
+    opened = [raw for raw in raws if raw is not None]
+    changes = [raw.headers.get("x-kvbudget-changes", "") for raw in opened]
     finished = []
-    for stream in opened:
+    for stream in (raw.parse() for raw in opened):
         reasons = [c.choices[0].finish_reason for c in stream if c.choices and c.choices[0].finish_reason]
         finished.append(reasons[-1] if reasons else None)
-    return finished, changes, rejected
+    return finished, changes, len(raws) - len(opened)
 
 
 def test_guard_in_front_of_vllm(serve):
@@ -55,7 +78,7 @@ def test_guard_in_front_of_vllm(serve):
         guard, notes = build_guard([url], "vllm", model=str(folder), kv_memory=budget, tokenizer=str(folder),
                                    poll_interval=0.2, decision_log=log, device="cpu")
         with serve(guard.app()) as g:
-            finished, changes, rejected = drive(g.url, {"ignore_eos": True})
+            finished, changes, rejected = drive(g.url, {"ignore_eos": True}, log)
     # 4 requests of ~3,610 tokens hold 29 blocks each (80%); the 5th is capped (15 blocks, 90%), the 6th also
     # forced to one sample (101%), the 7th rejected
     assert changes[:4] == ["", "", "", ""], log.getvalue()
@@ -74,7 +97,7 @@ def test_guard_in_front_of_llama_server(serve):
         guard, notes = build_guard([url], "llamacpp", model=str(folder), kv_memory=budget, tokenizer=str(folder),
                                    poll_interval=0.2, decision_log=log)
         with serve(guard.app()) as g:
-            finished, changes, rejected = drive(g.url, {"ignore_eos": True})
+            finished, changes, rejected = drive(g.url, {"ignore_eos": True}, log)
     # each slot is 4,096 cells (25%): three fill 75%, the 4th is capped, the 5th capped and forced to one
     # sample, the 6th rejected; the 5th waits for a free slot and still completes
     assert changes[:3] == ["", "", ""], log.getvalue()
