@@ -7,6 +7,7 @@ request completes."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,9 @@ from kvbudget.model.load import load_model
 pytestmark = pytest.mark.engines
 
 MSGS = [{"role": "user", "content": "hello world"}]
+# The engine's API server on the 2-core test machine sometimes stops accepting for 5-8 s while it streams:
+# longer than the guard's default 5 s connect timeout, which then (rightly) answers 502.
+SLOW_MACHINE = {"connect_timeout": 30.0}
 
 
 MAX_TOKENS = 3600  # long enough (seconds of decoding) that every stream is still generating when the last opens
@@ -70,15 +74,30 @@ def drive(guard_url: str, extra: dict, log: io.StringIO) -> tuple[list, list, in
     return finished, changes, len(raws) - len(opened)
 
 
+def drive_overlapping(guard_url: str, extra: dict, log: io.StringIO, attempts: int = 3) -> tuple[list, list, int]:
+    """drive(), repeated (up to `attempts` times) until the requests overlapped as the scenario needs: the
+    guard's pressure never fell between its decisions. On the 2-core test machine a busy engine sometimes
+    stalls for seconds and early streams finish before later requests arrive; such a run says nothing about
+    the guard, so it is run again rather than judged."""
+    for _ in range(attempts):
+        start = len(_decisions(log))
+        result = drive(guard_url, extra, log)
+        pressures = [d["pressure"] for d in _decisions(log)[start:]]
+        if all(b >= a for a, b in itertools.pairwise(pressures)):
+            return result
+        time.sleep(15)  # let the streams of the failed attempt drain (they ran to their end in drive())
+    raise AssertionError(f"the requests never overlapped in {attempts} attempts:\n{log.getvalue()}")
+
+
 def test_guard_in_front_of_vllm(serve):
     folder = model_folder("llama-hd32", CONFIG)
     budget = 145 * 128 * 1024  # 145 blocks of 128 tokens at 1,024 bytes per token
     with vllm_server(folder, None, 4096, "--kv-cache-memory-bytes", str(budget)) as url:
         log = io.StringIO()
         guard, notes = build_guard([url], "vllm", model=str(folder), kv_memory=budget, tokenizer=str(folder),
-                                   poll_interval=0.2, decision_log=log, device="cpu")
+                                   poll_interval=0.2, decision_log=log, device="cpu", config=SLOW_MACHINE)
         with serve(guard.app()) as g:
-            finished, changes, rejected = drive(g.url, {"ignore_eos": True}, log)
+            finished, changes, rejected = drive_overlapping(g.url, {"ignore_eos": True}, log)
     # 4 requests of ~3,610 tokens hold 29 blocks each (80%); the 5th is capped (15 blocks, 90%), the 6th also
     # forced to one sample (101%), the 7th rejected
     assert changes[:4] == ["", "", "", ""], log.getvalue()
@@ -95,9 +114,9 @@ def test_guard_in_front_of_llama_server(serve):
     with llama_server(gguf_file("llama-hd32", CONFIG), "-c", "16384", "-np", "4", "--jinja") as url:
         log = io.StringIO()
         guard, notes = build_guard([url], "llamacpp", model=str(folder), kv_memory=budget, tokenizer=str(folder),
-                                   poll_interval=0.2, decision_log=log)
+                                   poll_interval=0.2, decision_log=log, config=SLOW_MACHINE)
         with serve(guard.app()) as g:
-            finished, changes, rejected = drive(g.url, {"ignore_eos": True}, log)
+            finished, changes, rejected = drive_overlapping(g.url, {"ignore_eos": True}, log)
     # each slot is 4,096 cells (25%): three fill 75%, the 4th is capped, the 5th capped and forced to one
     # sample, the 6th rejected; the 5th waits for a free slot and still completes
     assert changes[:3] == ["", "", ""], log.getvalue()
