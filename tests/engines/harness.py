@@ -219,3 +219,48 @@ def run_llama_server(gguf: Path, *args: str, timeout: float = 120) -> LlamaRun:
         for m in _KV_LINE.findall(text)
     ]
     return LlamaRun("llama_server: listening on" in text, caches, text)
+
+
+def replay_on_vllm(model_dir: Path, max_model_len: int, requests: list, *extra: str,
+                   timeout: float = 600) -> list[dict]:
+    """Send `requests` — (seconds after the first, prompt token ids, max_tokens) — to a real vLLM server that
+    records its scheduler's decisions (recording_scheduler.py), and return those records in order."""
+    import threading
+
+    log_path = model_dir.parent / f"schedule-{os.getpid()}-{time.time_ns()}.jsonl"
+    os.environ["KVBUDGET_SCHEDULE_LOG"] = str(log_path)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    try:
+        with vllm_server(model_dir, None, max_model_len, "--scheduler-cls",
+                         "recording_scheduler.RecordingScheduler", *extra) as url:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as r:
+                served = json.loads(r.read())["data"][0]["id"]
+            errors: list = []
+
+            def send(prompt: list, max_tokens: int) -> None:
+                body = json.dumps({"model": served, "prompt": prompt, "max_tokens": max_tokens,
+                                   "ignore_eos": True, "temperature": 0}).encode()
+                req = urllib.request.Request(f"{url}/v1/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+                try:
+                    with urllib.request.urlopen(req, timeout=timeout) as r:
+                        got = json.loads(r.read())["usage"]["completion_tokens"]
+                    if got != max_tokens:
+                        errors.append(f"asked for {max_tokens} tokens, got {got}")
+                except OSError as e:
+                    errors.append(repr(e))
+
+            threads = []
+            start = time.monotonic()
+            for at, prompt, max_tokens in requests:
+                time.sleep(max(0.0, start + at - time.monotonic()))
+                t = threading.Thread(target=send, args=(prompt, max_tokens))
+                t.start()
+                threads.append(t)
+            for t in threads:
+                t.join(timeout)
+            if errors:
+                raise RuntimeError(f"{len(errors)} requests failed: {errors[:3]}")
+    finally:
+        os.environ.pop("KVBUDGET_SCHEDULE_LOG", None)
+    return [json.loads(line) for line in log_path.read_text().splitlines()]

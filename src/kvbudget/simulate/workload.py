@@ -1,0 +1,237 @@
+"""Workloads for the simulator: real traces, our own JSONL, OpenAI request logs, synthetic arrivals.
+
+Every reader yields `Request`s in arrival order, one line at a time (a trace is never held whole), and names
+the file and line of anything it cannot read. Arrival times are seconds from the trace's first request.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from kvbudget.errors import KVBudgetError
+
+MOONCAKE_BLOCK = 512  # tokens per hash id in the Mooncake traces (FAST'25 release README)
+AZURE_CREDIT = "Azure LLM inference trace 2023, Microsoft Azure Public Dataset (CC-BY-4.0)"
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: when it arrives, how long its prompt is, how many tokens it generates.
+
+    `prefix` names the prompt's shared pieces from its start, as (content id, tokens): two requests whose pieces
+    agree hold identical tokens there, so the prefix cache can reuse them; the rest of the prompt is unique.
+    """
+
+    arrival: float  # seconds
+    prompt_tokens: int
+    output_tokens: int
+    prefix: tuple[tuple[Any, int], ...] = ()
+    id: str = ""
+
+    @property
+    def shared_tokens(self) -> int:
+        return sum(n for _, n in self.prefix)
+
+
+class TraceError(KVBudgetError):
+    """A trace line that cannot be read."""
+
+    def __init__(self, path: str, line: int, what: str) -> None:
+        super().__init__(f"{path}:{line}: {what}", param="trace")
+
+
+def _count(value: Any, path: str, line: int, field: str, allow_zero: bool = False) -> int:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TraceError(path, line, f"{field} {value!r} is not a number") from None
+    if not math.isfinite(number) or number != int(number) or number < (0 if allow_zero else 1):
+        least = "a whole number ≥ 0" if allow_zero else "a whole number ≥ 1"
+        raise TraceError(path, line, f"{field} {value!r} must be {least}")
+    return int(number)
+
+
+def _seconds(value: Any, path: str, line: int, field: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TraceError(path, line, f"{field} {value!r} is not a number") from None
+    if not math.isfinite(number) or number < 0:
+        raise TraceError(path, line, f"{field} {value!r} must be a time ≥ 0")
+    return number
+
+
+def _ordered(requests: Iterator[tuple[int, Request]], path: str) -> Iterator[Request]:
+    """Rebase arrivals on the first request and insist on arrival order (simulating needs it)."""
+    first: float | None = None
+    last = 0.0
+    for line, r in requests:
+        if first is None:
+            first = r.arrival
+        at = r.arrival - first
+        if at < last - 1e-9:
+            raise TraceError(path, line, f"arrives at {r.arrival} s, before the line above it; sort the trace by "
+                             "arrival time")
+        last = at
+        yield Request(at, r.prompt_tokens, r.output_tokens, r.prefix, r.id)
+
+
+def read_azure(path: str | Path) -> Iterator[Request]:
+    """The Azure LLM inference trace CSV: TIMESTAMP (date and time), ContextTokens, GeneratedTokens."""
+    name = str(path)
+
+    def rows() -> Iterator[tuple[int, Request]]:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            want = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
+            if header is None or [h.strip() for h in header[:3]] != want:
+                raise TraceError(name, 1, f"expected the Azure trace header {','.join(want)}, found {header}")
+            for row in reader:
+                line = reader.line_num
+                if len(row) < 3:
+                    raise TraceError(name, line, f"expected 3 columns, found {len(row)}")
+                try:
+                    stamp = datetime.fromisoformat(row[0].strip()[:26]).replace(tzinfo=timezone.utc).timestamp()
+                except ValueError:
+                    raise TraceError(name, line, f"TIMESTAMP {row[0]!r} is not a date and time") from None
+                yield line, Request(stamp, _count(row[1], name, line, "ContextTokens"),
+                                    _count(row[2], name, line, "GeneratedTokens"), id=f"{line}")
+
+    return _ordered(rows(), name)
+
+
+def read_jsonl(path: str | Path) -> Iterator[Request]:
+    """Mooncake's JSONL (timestamp ms, input_length, output_length, hash_ids per 512 tokens) or ours:
+    {"arrival": s, "prompt_tokens": n, "output_tokens": n, "prefix": "id", "prefix_tokens": n, "id": "..."}."""
+    name = str(path)
+
+    def rows() -> Iterator[tuple[int, Request]]:
+        with open(path, encoding="utf-8") as f:
+            for line, text in enumerate(f, 1):
+                if not text.strip():
+                    continue
+                try:
+                    obj = json.loads(text)
+                except json.JSONDecodeError as e:
+                    raise TraceError(name, line, f"not JSON ({e.msg})") from None
+                if not isinstance(obj, dict):
+                    raise TraceError(name, line, "expected a JSON object")
+                yield line, (_mooncake(obj, name, line) if "input_length" in obj else _ours(obj, name, line))
+
+    return _ordered(rows(), name)
+
+
+def _mooncake(obj: dict, path: str, line: int) -> Request:
+    for field in ("timestamp", "input_length", "output_length"):
+        if field not in obj:
+            raise TraceError(path, line, f"Mooncake line without {field!r}")
+    prompt = _count(obj["input_length"], path, line, "input_length")
+    ids = obj.get("hash_ids", [])
+    if not isinstance(ids, list) or len(ids) * MOONCAKE_BLOCK < prompt:
+        raise TraceError(path, line, f"hash_ids must list one id per {MOONCAKE_BLOCK} prompt tokens")
+    pieces = tuple((("mc", h), min(MOONCAKE_BLOCK, prompt - i * MOONCAKE_BLOCK))
+                   for i, h in enumerate(ids) if i * MOONCAKE_BLOCK < prompt)
+    return Request(_seconds(obj["timestamp"], path, line, "timestamp") / 1000, prompt,
+                   _count(obj["output_length"], path, line, "output_length"), pieces, str(line))
+
+
+def _ours(obj: dict, path: str, line: int) -> Request:
+    for field in ("arrival", "prompt_tokens", "output_tokens"):
+        if field not in obj:
+            raise TraceError(path, line, f"missing {field!r} (a line needs arrival, prompt_tokens, output_tokens)")
+    prompt = _count(obj["prompt_tokens"], path, line, "prompt_tokens")
+    pieces: tuple[tuple[Any, int], ...] = ()
+    if "prefix" in obj:
+        shared = _count(obj.get("prefix_tokens"), path, line, "prefix_tokens")
+        if shared > prompt:
+            raise TraceError(path, line, f"prefix_tokens {shared} is longer than prompt_tokens {prompt}")
+        pieces = ((("id", str(obj["prefix"])), shared),)
+    return Request(_seconds(obj["arrival"], path, line, "arrival"), prompt,
+                   _count(obj["output_tokens"], path, line, "output_tokens"), pieces, str(obj.get("id", line)))
+
+
+def read_trace(path: str | Path) -> Iterator[Request]:
+    """A trace by its contents: the Azure CSV, or JSONL (Mooncake's or ours)."""
+    p = Path(path)
+    try:
+        with open(p, encoding="utf-8") as f:
+            head = f.readline()
+    except OSError as e:
+        raise KVBudgetError(f"trace {path}: {e.strerror or e}", param="trace") from None
+    except UnicodeDecodeError:
+        raise TraceError(str(path), 1, "not text (expected the Azure CSV or JSONL)") from None
+    if head.startswith("TIMESTAMP"):
+        return read_azure(p)
+    if head.lstrip().startswith("{"):
+        return read_jsonl(p)
+    raise TraceError(str(path), 1, "not a trace: expected the Azure CSV header (TIMESTAMP,ContextTokens,"
+                     "GeneratedTokens) or JSON lines")
+
+
+def rescale(requests: Iterable[Request], rate_scale: float = 1.0, start: int = 0,
+            count: int | None = None) -> Iterator[Request]:
+    """Replay `count` requests from the `start`-th, arriving `rate_scale` times as often (times divided by it)."""
+    if rate_scale <= 0:
+        raise KVBudgetError(f"rate_scale {rate_scale} must be > 0", param="rate_scale")
+    first: float | None = None
+    for i, r in enumerate(requests):
+        if i < start:
+            continue
+        if count is not None and i >= start + count:
+            return
+        if first is None:
+            first = r.arrival
+        yield Request((r.arrival - first) / rate_scale, r.prompt_tokens, r.output_tokens, r.prefix, r.id)
+
+
+# -- synthetic ---------------------------------------------------------------------------------------------------
+
+Lengths = Callable[[random.Random], tuple[int, int]]
+
+
+def fixed_lengths(prompt: int, output: int) -> Lengths:
+    return lambda rng: (prompt, output)
+
+
+def exponential_lengths(prompt_mean: float, output_mean: float, max_total: int | None = None) -> Lengths:
+    """Geometric (discrete exponential) lengths with these means, each at least 1, clipped to `max_total`."""
+    def draw(rng: random.Random) -> tuple[int, int]:
+        p = max(1, round(rng.expovariate(1 / prompt_mean)))
+        o = max(1, round(rng.expovariate(1 / output_mean)))
+        if max_total is not None and p + o > max_total:
+            p = min(p, max_total - 1)
+            o = max_total - p
+        return p, o
+    return draw
+
+
+def sampled_lengths(pool: Sequence[tuple[int, int]]) -> Lengths:
+    """(prompt, output) pairs drawn with replacement from a trace's requests."""
+    if not pool:
+        raise KVBudgetError("the trace to sample lengths from has no requests", param="lengths")
+    return lambda rng: pool[rng.randrange(len(pool))]
+
+
+def synthetic(rate: float, count: int, lengths: Lengths, seed: int = 0, cv: float = 1.0) -> Iterator[Request]:
+    """`count` requests arriving at `rate` per second: Poisson (cv = 1) or gamma inter-arrivals of that
+    coefficient of variation (cv > 1 bursty, < 1 regular)."""
+    if rate <= 0 or count < 1 or cv <= 0:
+        raise KVBudgetError(f"synthetic arrivals need rate > 0, count ≥ 1 and cv > 0 (got {rate}, {count}, {cv})",
+                            param="rate")
+    rng = random.Random(seed)
+    shape = 1 / (cv * cv)
+    t = 0.0
+    for i in range(count):
+        if i:
+            t += rng.gammavariate(shape, 1 / (rate * shape))
+        p, o = lengths(rng)
+        yield Request(t, p, o, id=str(i))

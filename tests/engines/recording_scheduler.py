@@ -1,0 +1,49 @@
+"""A vLLM scheduler that writes down what the real one decides, for the simulator's exactness tests.
+
+vLLM loads it with `--scheduler-cls recording_scheduler.RecordingScheduler` (this folder on PYTHONPATH) and it
+appends one JSON line per event to $KVBUDGET_SCHEDULE_LOG: each request added (its prompt token ids and
+max_tokens), each schedule() call (tokens per request in vLLM's order, the requests it preempted, free blocks and
+the usage gauge after it), and each request finished. It changes no decision: every method calls vLLM's own.
+"""
+
+import json
+import os
+
+from vllm.v1.core.sched.scheduler import Scheduler
+
+
+class RecordingScheduler(Scheduler):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._log = open(os.environ["KVBUDGET_SCHEDULE_LOG"], "a", buffering=1)  # noqa: SIM115
+        self._preempted = []
+        pool = self.kv_cache_manager.block_pool
+        self._write({"start": True, "num_gpu_blocks": pool.num_gpu_blocks,
+                     "block_size": self.block_size, "max_num_seqs": self.max_num_running_reqs,
+                     "max_num_batched_tokens": self.max_num_scheduled_tokens,
+                     "prefix_caching": self.kv_cache_manager.enable_caching,
+                     "groups": len(self.kv_cache_config.kv_cache_groups)})
+
+    def _write(self, obj):
+        self._log.write(json.dumps(obj) + "\n")
+
+    def add_request(self, request):
+        super().add_request(request)
+        self._write({"add": request.request_id, "prompt": list(request.prompt_token_ids),
+                     "max_tokens": request.max_tokens})
+
+    def _preempt_request(self, request, *args, **kwargs):
+        self._preempted.append(request.request_id)
+        return super()._preempt_request(request, *args, **kwargs)
+
+    def schedule(self, *args, **kwargs):
+        self._preempted = []
+        out = super().schedule(*args, **kwargs)
+        self._write({"step": list(out.num_scheduled_tokens.items()), "preempted": self._preempted,
+                     "free": self.kv_cache_manager.block_pool.get_num_free_blocks(),
+                     "usage": self.kv_cache_manager.usage})
+        return out
+
+    def _free_request(self, request, *args, **kwargs):
+        self._write({"finished": request.request_id, "output_tokens": request.num_output_tokens})
+        return super()._free_request(request, *args, **kwargs)

