@@ -20,10 +20,9 @@ Sliding windows, Mamba state and spec decoding are not modelled here (see `suppo
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import OrderedDict, deque
-from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any
 
 from kvbudget.simulate.workload import Request
 from kvbudget.units import cdiv
@@ -40,71 +39,96 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
 
 
+UNIQUE = 1 << 62  # keys of blocks past a request's shared pieces: above every hash(), so never equal to one
+
+
 class Seq:
     """One request inside the scheduler (mutable; the scheduler owns it)."""
 
-    __slots__ = ("uid", "request", "prompt", "max_out", "out", "computed", "blocks", "ncached", "keys", "pieces",
-                 "preemptions", "hit_tokens", "recomputed", "first_token", "finished", "scheduled_at")
+    __slots__ = ("uid", "request", "prompt", "max_out", "end", "out", "computed", "blocks", "ncached", "pieces",
+                 "chains", "ends", "shared", "preemptions", "hit_tokens", "recomputed", "first_token", "finished")
 
     def __init__(self, uid: int, request: Request) -> None:
         self.uid = uid
         self.request = request
         self.prompt = request.prompt_tokens
         self.max_out = request.output_tokens
+        self.end = request.output_tokens  # outputs at which it finishes (the scheduler caps it at max_model_len)
         self.out = 0  # tokens generated so far
         self.computed = 0  # vLLM's num_computed_tokens
         self.blocks: list[int] = []
         self.ncached = 0  # blocks already keyed
-        self.keys: list[int] = []
         self.pieces = request.prefix
+        self.chains: list[int] = []  # per piece: a hash of the whole pieces before it
+        self.ends: list[int] = []  # per piece: the token it ends at
+        self.shared = request.shared_tokens
         self.preemptions = 0
         self.hit_tokens = 0  # prefix-cache hits at first admission
         self.recomputed = 0  # tokens computed again after preemptions
         self.first_token: float | None = None
         self.finished: float | None = None
-        self.scheduled_at: float | None = None
 
     @property
     def num_tokens(self) -> int:
         return self.prompt + self.out
 
     def key(self, j: int, block_size: int) -> int:
-        """The chained content key of block j: equal for two requests exactly when their tokens agree up to the
-        block's end (shared pieces by content id, the rest unique to this request)."""
-        keys = self.keys
-        while len(keys) <= j:
-            i = len(keys)
-            start, end = i * block_size, (i + 1) * block_size
-            desc: list[tuple[Hashable, int, int]] = []
-            at = 0
-            for pid, n in self.pieces:
-                if at >= end:
-                    break
-                if at + n > start:
-                    desc.append((pid, max(start, at) - at, min(end, at + n) - at))
-                at += n
-            if end > at:
-                desc.append((("seq", self.uid), max(start, at) - at, end - at))
-            keys.append(hash((keys[-1] if keys else 0, tuple(desc))))
-        return keys[j]
+        """The content key of block j: equal for two requests exactly when their tokens agree up to the block's
+        end (vLLM chains a hash over the tokens of every block; the same relation, from content ids). A block
+        within the shared pieces is keyed by the chain of whole pieces before the one its end falls in, that
+        piece's id and the offset of the end in it; a block reaching past the pieces holds tokens of this
+        request only, so it can only ever equal this request's own block j (re-found after a preemption)."""
+        end = (j + 1) * block_size
+        if end > self.shared:
+            return UNIQUE + (self.uid << 24) + j
+        if not self.chains:
+            self._chain()
+        q = bisect_left(self.ends, end)
+        pid, n = self.pieces[q]
+        return hash((self.chains[q], pid, end - self.ends[q] + n))
+
+    def _chain(self) -> None:
+        at, chain = 0, 0
+        for pid, n in self.pieces:
+            self.chains.append(chain)
+            at += n
+            self.ends.append(at)
+            chain = hash((chain, pid, n))
 
 
-class BlockPool:
-    """vLLM's block pool: a free queue in eviction order and a map from content key to cached blocks."""
+class CountingPool:
+    """The block pool without prefix caching: no block is ever looked up or kept for reuse, so which block is
+    which changes nothing that can be observed, and the pool only counts (every block id is 0)."""
 
-    def __init__(self, num_blocks: int, caching: bool) -> None:
-        self.caching = caching
-        self.ref = [0] * num_blocks
-        self.key: list[int | None] = [None] * num_blocks
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))  # 0: null block
-        self.cached: dict[int, list[int]] = {}
-        self.usable = num_blocks - 1
+    caching = False
 
-    def num_free(self) -> int:
-        return len(self.free)
+    def __init__(self, num_blocks: int) -> None:
+        self.usable = num_blocks - 1  # block 0 is vLLM's null block
+        self.nfree = self.usable
 
     def usage(self) -> float:
-        return 1.0 - len(self.free) / self.usable if self.usable else 0.0
+        return 1.0 - self.nfree / self.usable
+
+    def take(self, n: int) -> list[int]:
+        self.nfree -= n
+        return [0] * n
+
+    def release(self, ordered: list[int]) -> None:
+        self.nfree += len(ordered)
+
+
+class BlockPool(CountingPool):
+    """vLLM's block pool with prefix caching: a free queue in eviction order and a map from content key to
+    cached blocks."""
+
+    caching = True
+
+    def __init__(self, num_blocks: int) -> None:
+        super().__init__(num_blocks)
+        self.ref = [0] * num_blocks
+        self.key: list[int | None] = [None] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
+        self.cached: dict[int, list[int]] = {}
 
     def lookup(self, key: int) -> int | None:
         blocks = self.cached.get(key)
@@ -113,12 +137,14 @@ class BlockPool:
     def take(self, n: int) -> list[int]:
         """get_new_blocks: n blocks from the front of the free queue, their keys evicted."""
         out = []
+        free, key, ref = self.free, self.key, self.ref
         for _ in range(n):
-            b, _ = self.free.popitem(last=False)
-            if self.caching and self.key[b] is not None:
+            b, _ = free.popitem(last=False)
+            if key[b] is not None:
                 self._evict(b)
-            self.ref[b] = 1
+            ref[b] = 1
             out.append(b)
+        self.nfree -= n
         return out
 
     def _evict(self, b: int) -> None:
@@ -134,6 +160,7 @@ class BlockPool:
         for b in blocks:
             if self.ref[b] == 0:
                 del self.free[b]
+                self.nfree -= 1
             self.ref[b] += 1
 
     def store(self, b: int, key: int) -> None:
@@ -143,19 +170,22 @@ class BlockPool:
     def release(self, ordered: list[int]) -> None:
         """free_blocks: `ordered` by eviction priority; unkeyed to the front, keyed to the tail."""
         first, last = [], []
+        ref, key = self.ref, self.key
         for b in ordered:
-            self.ref[b] -= 1
-            if self.ref[b] == 0:
-                (last if self.caching and self.key[b] is not None else first).append(b)
+            ref[b] -= 1
+            if ref[b] == 0:
+                (first if key[b] is None else last).append(b)
         free = self.free
         for b in reversed(first):
             free[b] = None
             free.move_to_end(b, last=False)
         for b in last:
             free[b] = None
+        self.nfree += len(first) + len(last)
 
     def evictable(self, blocks: list[int]) -> int:
-        return sum(1 for b in blocks if self.ref[b] == 0)
+        ref = self.ref
+        return sum(1 for b in blocks if ref[b] == 0)
 
 
 @dataclass(frozen=True)
@@ -174,11 +204,13 @@ class Step:
 
 
 class VLLMScheduler:
-    """The reference: one schedule() and one update() per engine step, exactly as vLLM 0.32 decides them."""
+    """The reference: one schedule() and one update() per engine step, exactly as vLLM 0.32 decides them; and
+    `decode_run`, which takes a run of pure decode steps at once with the same outcome."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.cfg = config
-        self.pool = BlockPool(config.num_blocks, config.prefix_caching)
+        self.cache: BlockPool | None = BlockPool(config.num_blocks) if config.prefix_caching else None
+        self.pool: CountingPool = self.cache or CountingPool(config.num_blocks)
         self.running: list[Seq] = []
         self.waiting: deque[Seq] = deque()
         self._uid = 0
@@ -188,6 +220,7 @@ class VLLMScheduler:
 
     def add(self, request: Request) -> Seq:
         seq = Seq(self._uid, request)
+        seq.end = min(seq.max_out, self.cfg.max_model_len - seq.prompt)
         self._uid += 1
         self.waiting.append(seq)
         return seq
@@ -198,54 +231,71 @@ class VLLMScheduler:
     # -- allocation (KVCacheManager.allocate_slots for one full-attention group) --------------------------------
 
     def _cache(self, s: Seq, tokens: int) -> None:
-        full = tokens // self.cfg.block_size
+        """Key the blocks that `tokens` fill (cache_blocks)."""
+        assert self.cache is not None
         bs = self.cfg.block_size
+        full = tokens // bs
         for j in range(s.ncached, full):
-            self.pool.store(s.blocks[j], s.key(j, bs))
+            self.cache.store(s.blocks[j], s.key(j, bs))
         if full > s.ncached:
             s.ncached = full
 
     def _grow(self, s: Seq, n: int) -> bool:
-        """A running request's next n tokens."""
+        """Blocks for a running request's next n tokens; False when the pool cannot give them."""
         cfg = self.cfg
         need = cdiv(min(s.computed + n, cfg.max_model_len), cfg.block_size) - len(s.blocks)
-        if need > len(self.pool.free):
+        if need > self.pool.nfree:
             return False
         if need > 0:
             s.blocks += self.pool.take(need)
-        if self.pool.caching:
+        if self.cache is not None:
             self._cache(s, min(s.computed + n, s.num_tokens))
         return True
+
+    def _needs(self, s: Seq, n: int, hits: list[int]) -> tuple[int, int]:
+        """Free blocks a waiting request needs: for its whole sequence, and for the n tokens it computes now
+        (cache hits sitting idle in the free queue count: taking them removes them from it)."""
+        cfg = self.cfg
+        bs = cfg.block_size
+        evictable = self.cache.evictable(hits) if self.cache is not None and hits else 0
+        whole = max(cdiv(min(s.num_tokens, cfg.max_model_len), bs) - len(hits), 0) + evictable
+        now = max(cdiv(min(len(hits) * bs + n, cfg.max_model_len), bs) - len(hits), 0) + evictable
+        return whole, now
 
     def _admit(self, s: Seq, n: int, hits: list[int]) -> bool:
         """A waiting request with `hits` cached blocks and n tokens to compute now; its whole sequence must fit."""
         cfg, pool = self.cfg, self.pool
-        bs = cfg.block_size
-        hit = len(hits) * bs
-        evictable = pool.evictable(hits)
-        whole = max(cdiv(min(s.num_tokens, cfg.max_model_len), bs) - len(hits), 0) + evictable
-        now = max(cdiv(min(hit + n, cfg.max_model_len), bs) - len(hits), 0) + evictable
-        free = len(pool.free)
-        if whole > free or now > free:
+        whole, now = self._needs(s, n, hits)
+        if whole > pool.nfree or now > pool.nfree:
             return False
+        hit = len(hits) * cfg.block_size
         if hits:
-            pool.touch(hits)
+            assert self.cache is not None
+            self.cache.touch(hits)
         s.blocks = list(hits)
         s.ncached = len(hits)
-        new = cdiv(min(hit + n, cfg.max_model_len), bs) - len(s.blocks)
+        new = cdiv(min(hit + n, cfg.max_model_len), cfg.block_size) - len(s.blocks)
         if new > 0:
             s.blocks += pool.take(new)
-        if pool.caching:
+        if self.cache is not None:
             self._cache(s, min(hit + n, s.num_tokens))
         return True
 
+    def _first_chunk(self, s: Seq, hits: list[int], budget: int, threshold: int) -> int:
+        n = s.num_tokens - len(hits) * self.cfg.block_size
+        if 0 < threshold < n:
+            n = threshold
+        return min(n, budget)
+
     def _hits(self, s: Seq) -> list[int]:
-        if not self.pool.caching:
+        """The longest run of cached blocks from the start, never covering the last known token."""
+        cache = self.cache
+        if cache is None:
             return []
         bs = self.cfg.block_size
         out = []
         for j in range((s.num_tokens - 1) // bs):
-            b = self.pool.lookup(s.key(j, bs))
+            b = cache.lookup(s.key(j, bs))
             if b is None:
                 break
             out.append(b)
@@ -268,6 +318,7 @@ class VLLMScheduler:
 
     def schedule(self) -> Step:
         cfg = self.cfg
+        bs = cfg.block_size
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[Seq, int]] = []
         preempted: list[Seq] = []
@@ -275,26 +326,28 @@ class VLLMScheduler:
         eligible = len(self.running) + len(self.waiting)
         threshold = cfg.long_prefill_token_threshold if eligible > 1 else 0
         running = self.running
+        caching = self.cache is not None
         i = 0
         while i < len(running) and budget > 0:
             s = running[i]
-            n = s.num_tokens - s.computed
+            n = s.prompt + s.out - s.computed
             if 0 < threshold < n:
                 n = threshold
             n = min(n, budget, cfg.max_model_len - s.computed - 1)
             if n <= 0:
                 i += 1
                 continue
-            ok = self._grow(s, n)
-            while not ok:
-                victim = running.pop()
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is s:
-                    break
+            if caching or s.computed + n > len(s.blocks) * bs:  # (a decode step inside its last block: no-op)
                 ok = self._grow(s, n)
-            if not ok:
-                break
+                while not ok:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim is s:
+                        break
+                    ok = self._grow(s, n)
+                if not ok:
+                    break
             scheduled.append((s, n))
             budget -= n
             i += 1
@@ -304,14 +357,11 @@ class VLLMScheduler:
             while budget > 0 and waiting and len(running) < cfg.max_num_seqs:
                 s = waiting[0]
                 hits = self._hits(s)
-                hit = len(hits) * cfg.block_size
-                n = s.num_tokens - hit
-                if 0 < threshold < n:
-                    n = threshold
-                n = min(n, budget)
+                n = self._first_chunk(s, hits, budget, threshold)
                 if not self._admit(s, n, hits):
                     break
                 waiting.popleft()
+                hit = len(hits) * bs
                 if s.preemptions == 0:
                     s.hit_tokens = hit
                     self.hit_tokens += hit
@@ -324,28 +374,116 @@ class VLLMScheduler:
 
         for s, n in scheduled:
             s.computed += n
-        return Step(tuple(scheduled), tuple(preempted), tuple(admitted), len(self.pool.free), self.pool.usage())
+        return Step(tuple(scheduled), tuple(preempted), tuple(admitted), self.pool.nfree, self.pool.usage())
 
     def update(self, step: Step, now: float = 0.0) -> list[Seq]:
         """After the model ran the step: requests whose known tokens are all computed sample one token; those
         at their output length (or the model's maximum length) finish and free their blocks, in step order."""
         done = []
-        max_len = self.cfg.max_model_len
         for s, _ in step.scheduled:
-            if s.computed >= s.num_tokens:
+            if s.computed >= s.prompt + s.out:
                 s.out += 1
                 if s.first_token is None:
                     s.first_token = now
-                if s.out >= s.max_out or s.num_tokens >= max_len:
+                if s.out >= s.end:
                     s.finished = now
                     self._free(s)
                     done.append(s)
         if done:
-            gone = {id(s) for s in done}
-            self.running = [s for s in self.running if id(s) not in gone]
+            self.running = [s for s in self.running if s.finished is None]
         return done
 
+    # -- the fast path: runs of pure decode steps ------------------------------------------------------------
 
-def supports(kinds: Any) -> str | None:
-    """Why this scheduler cannot simulate a model with these layer kinds (None when it can)."""
-    return None
+    def decode_run_limit(self) -> int:
+        """How many steps from now are certain to be pure decode — every running request computes its one new
+        token, nothing is admitted or preempted — so they can be taken at once (0 when none). The last of them
+        may finish requests."""
+        cfg, running = self.cfg, self.running
+        r = len(running)
+        if not r or r > cfg.max_num_batched_tokens:
+            return 0
+        limit = cfg.max_model_len
+        for s in running:
+            out = s.out
+            if s.computed != s.prompt + out - 1 or not out:  # (a prefill chunk can end one token short)
+                return 0
+            if s.end - out < limit:
+                limit = s.end - out
+        if self.waiting and r < cfg.max_num_seqs and cfg.max_num_batched_tokens > r:
+            # the head of the queue must stay blocked: free blocks only fall during a decode run
+            head = self.waiting[0]
+            hits = self._hits(head)
+            threshold = cfg.long_prefill_token_threshold  # more than one request is eligible here
+            whole, now = self._needs(head, self._first_chunk(head, hits, cfg.max_num_batched_tokens - r, threshold),
+                                     hits)
+            if whole <= self.pool.nfree and now <= self.pool.nfree:
+                return 0
+        free = self.pool.nfree
+        if self._blocks_for(limit) <= free:
+            return limit
+        lo, hi = 0, limit  # the longest run whose new blocks fit: a preemption is taken one step at a time
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._blocks_for(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _blocks_for(self, k: int) -> int:
+        bs = self.cfg.block_size
+        total = 0
+        for s in self.running:
+            need = -(-(s.computed + k) // bs) - len(s.blocks)
+            if need > 0:
+                total += need
+        return total
+
+    def context_tokens(self) -> int:
+        """Tokens every running request attends over in its next decode step, summed."""
+        return sum(s.computed for s in self.running) + len(self.running)
+
+    def new_blocks_by_step(self, k: int) -> list[int]:
+        """Blocks taken in each of the next k decode steps."""
+        bs = self.cfg.block_size
+        counts = [0] * k
+        for s in self.running:
+            j = len(s.blocks) * bs - s.computed
+            if j < 0:
+                j = 0
+            while j < k:
+                counts[j] += 1
+                j += bs
+        return counts
+
+    def decode_run(self, k: int, now: float = 0.0) -> list[Seq]:
+        """Take k pure decode steps at once (k from `decode_run_limit`, or fewer): the same blocks in the same
+        order, the same cache keys, and the same requests finished (in the last step, at `now`) as k calls of
+        schedule() and update()."""
+        bs = self.cfg.block_size
+        running, cache = self.running, self.cache
+        if cache is not None:  # block identities matter: take them in vLLM's order (step, then running order)
+            wants = sorted((j, i) for i, s in enumerate(running)
+                           for j in range(max(0, len(s.blocks) * bs - s.computed), k, bs))
+            for _, i in wants:
+                running[i].blocks += cache.take(1)
+        done = []
+        pool = self.pool
+        for s in running:
+            computed = s.computed + k
+            if cache is None:
+                need = -(-computed // bs) - len(s.blocks)
+                if need > 0:
+                    s.blocks += pool.take(need)
+            s.computed = computed
+            s.out += k
+            if cache is not None:
+                self._cache(s, computed)
+            if s.out >= s.end:
+                s.finished = now
+                self._free(s)
+                done.append(s)
+        if done:
+            self.running = [s for s in running if s.finished is None]
+        return done

@@ -1,0 +1,342 @@
+"""`simulate`: a workload through an engine's scheduler and KV allocator, on a clock from the time model.
+
+The memory comes from the planner (the same budget, blocks and block size `kvbudget plan` reports); the
+scheduler decides each step exactly as the engine does; the time model says how long each step takes. Requests
+are read from the workload as the clock reaches them, so a trace of any length streams through.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvbudget.engines import Engine, EngineOptions, get_engine
+from kvbudget.errors import KVBudgetError
+from kvbudget.model.spec import FullAttention, LatentAttention, ModelSpec, NoCache
+from kvbudget.simulate.timing import TimeModel
+from kvbudget.simulate.vllm import SchedulerConfig, Seq, VLLMScheduler
+from kvbudget.simulate.workload import Request
+
+NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
+SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
+
+
+@dataclass(frozen=True)
+class Percentiles:
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+    max: float
+
+    @staticmethod
+    def of(values: array) -> Percentiles | None:
+        if not values:
+            return None
+        s = sorted(values)
+
+        def q(p: float) -> float:  # nearest rank
+            return s[min(len(s) - 1, max(0, math.ceil(p * len(s)) - 1))]
+
+        return Percentiles(q(0.5), q(0.9), q(0.99), sum(s) / len(s), s[-1])
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The engine's state after the first step at or past each sampling instant."""
+
+    time: float
+    usage: float  # vLLM's KV cache usage gauge (0..1)
+    running: int
+    waiting: int
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What was simulated: the engine's memory and scheduler settings, and where each came from."""
+
+    engine: str
+    model: str
+    num_blocks: int
+    block_size: int
+    kv_memory_bytes: int | None
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    prefix_caching: bool
+    long_prefill_token_threshold: int
+    gpu: str | None
+    time_model: TimeModel
+
+
+@dataclass(frozen=True)
+class Simulation:
+    setup: Setup
+    requests: int
+    completed: int
+    duration_s: float
+    steps: int
+    ttft: Percentiles | None
+    tpot: Percentiles | None
+    e2e: Percentiles | None
+    requests_per_s: float
+    output_tokens_per_s: float
+    prompt_tokens: int
+    output_tokens: int
+    preemptions: int
+    preempted_requests: int
+    recomputed_tokens: int
+    prefix_hit_tokens: int
+    prefix_queried_tokens: int
+    peak_usage: float
+    mean_usage: float  # time-weighted
+    peak_running: int
+    peak_waiting: int
+    timeline: tuple[Sample, ...]
+    fast_steps: int  # steps taken by the fast path (decode runs)
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else None
+
+    def to_dict(self) -> dict[str, Any]:
+        def pct(p: Percentiles | None) -> dict[str, float] | None:
+            return None if p is None else dict(p.__dict__)
+
+        setup = dict(self.setup.__dict__)
+        setup["time_model"] = self.setup.time_model.to_dict()
+        return {
+            "setup": setup, "requests": self.requests, "completed": self.completed, "duration_s": self.duration_s,
+            "steps": self.steps, "ttft_s": pct(self.ttft), "tpot_s": pct(self.tpot), "e2e_s": pct(self.e2e),
+            "requests_per_s": self.requests_per_s, "output_tokens_per_s": self.output_tokens_per_s,
+            "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
+            "preemptions": self.preemptions, "preempted_requests": self.preempted_requests,
+            "recomputed_tokens": self.recomputed_tokens, "prefix_hit_tokens": self.prefix_hit_tokens,
+            "prefix_queried_tokens": self.prefix_queried_tokens, "prefix_hit_rate": self.prefix_hit_rate,
+            "peak_usage": self.peak_usage, "mean_usage": self.mean_usage, "peak_running": self.peak_running,
+            "peak_waiting": self.peak_waiting, "fast_steps": self.fast_steps, "notes": list(self.notes),
+            "timeline": [s.__dict__ for s in self.timeline],
+        }
+
+
+def check_model(model: ModelSpec) -> None:
+    """The simulator keeps one full-attention cache group; refuse what it does not model, saying so."""
+    other = sorted({type(spec).__name__ for spec in model.layers
+                    if not isinstance(spec, FullAttention | LatentAttention | NoCache)})
+    if other:
+        raise KVBudgetError(f"simulate: {model.name} has {', '.join(other)} layers; the simulator models full "
+                            "attention (and MLA) only so far — sliding windows and state caches are not simulated",
+                            param="model")
+
+
+def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None = None, gpu_memory: int | None = None,
+              kv_memory: int | None = None, num_blocks: int | None = None, tp: int = 1, pp: int = 1,
+              kv_dtype: str = "auto", max_model_len: int | None = None, block_size: int | None = None,
+              device: str = "cuda", max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+              prefix_caching: bool = True, long_prefill_token_threshold: int = 0,
+              time_model: TimeModel | None = None) -> Setup:
+    """The memory and scheduler settings from the planner and the engine's defaults, and the default time model."""
+    from kvbudget.gpus import find_gpu
+    from kvbudget.planner import plan
+
+    chosen = get_engine(engine)
+    if chosen.name != "vllm":
+        raise KVBudgetError(f"engine {chosen.name}: the simulator follows vLLM's scheduler only so far",
+                            param="engine")
+    check_model(model)
+    options = EngineOptions(block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
+                            prefix_caching=prefix_caching, device=device)
+    max_len = max_model_len or model.max_position_embeddings
+    if gpu is None and gpu_memory is None:
+        if kv_memory is None and num_blocks is None:
+            raise KVBudgetError("simulate: give a GPU (gpu or gpu_memory), a KV budget (kv_memory) or num_blocks",
+                                param="gpu")
+        # no GPU: the budget is given, and vLLM's scheduler defaults are those of a GPU under 70 GiB
+        p = plan(model, engine=chosen, gpu_memory=NO_GPU_MEMORY, tp=tp, pp=pp, kv_dtype=kv_dtype,
+                 max_model_len=max_len, options=options, kv_memory=kv_memory or NO_GPU_MEMORY, recommend=False)
+        card = None
+    else:
+        p = plan(model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, tp=tp, pp=pp, kv_dtype=kv_dtype,
+                 max_model_len=max_len, options=options, kv_memory=kv_memory, recommend=False)
+        card = find_gpu(gpu) if gpu else None
+    cap = p.capacity
+    assert cap.num_blocks is not None and cap.block_size is not None
+    blocks = num_blocks if num_blocks is not None else cap.num_blocks
+    if blocks < 2 or (blocks - 1) * cap.block_size < max_len:
+        raise KVBudgetError(f"simulate: {blocks} blocks of {cap.block_size} tokens cannot hold one request of "
+                            f"max_model_len {max_len}; give more memory or a shorter max_model_len",
+                            param="num_blocks")
+    serving = chosen.serving(p.gpu_memory_bytes, max_len, options, gpu_name=p.gpu)
+    seqs = max_num_seqs or serving.max_num_seqs
+    mnbt = p.options.max_num_batched_tokens or serving.prefill_tokens
+    if time_model is None:
+        time_model = _roofline(p, card)
+    return Setup(chosen.name, model.name, blocks, cap.block_size, None if num_blocks is not None else
+                 p.kv_memory_bytes, seqs, mnbt, max_len, prefix_caching, long_prefill_token_threshold,
+                 p.gpu if card or gpu_memory else None, time_model)
+
+
+def _roofline(p: Any, card: Any) -> TimeModel:
+    if card is None or not card.bandwidth_bytes_per_s or not card.bf16_tflops:
+        raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
+                            "FLOPS), or a time model given or calibrated (--calibrate)", param="gpu")
+    return TimeModel(weight_bytes=p.weights.active_bytes / p.tp, kv_bytes_per_token=p.estimate.bytes_per_token,
+                     flops_per_token=2 * p.weights.active_params / p.tp, bandwidth=card.bandwidth_bytes_per_s,
+                     peak_flops=card.bf16_tflops * 1e12)
+
+
+def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | None = None, fast: bool = True,
+             sample_interval: float = SAMPLE_INTERVAL_S, on_step: Callable[[float, int, float, int, int], None]
+             | None = None, progress: Callable[[int], None] | None = None, **settings: Any) -> Simulation:
+    """Run `workload` through vLLM's scheduler. `settings` are `setup_for`'s (engine, gpu, kv_memory, ...) unless
+    a `setup` is given. `fast` takes runs of pure decode steps at once (the result is identical; see tests).
+    `on_step(time, tokens, usage, running, waiting)` is called after every step (for a timeline file)."""
+    s = setup or setup_for(model, **settings)
+    sched = VLLMScheduler(SchedulerConfig(s.num_blocks, s.block_size, s.max_num_seqs, s.max_num_batched_tokens,
+                                          s.max_model_len, s.prefix_caching, s.long_prefill_token_threshold))
+    return _Run(s, sched, workload, fast, sample_interval, on_step, progress).result()
+
+
+class _Run:
+    """The clock loop, with its running totals."""
+
+    def __init__(self, setup: Setup, sched: VLLMScheduler, workload: Iterable[Request], fast: bool,
+                 interval: float, on_step: Callable[..., None] | None, progress: Callable[[int], None] | None):
+        self.setup, self.sched, self.fast = setup, sched, fast
+        self.interval, self.on_step, self.progress = interval, on_step, progress
+        self.tm = setup.time_model
+        self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
+        self.t = 0.0
+        self.steps = self.fast_steps = 0
+        self.requests = self.completed = self.prompt_tokens = self.output_tokens = 0
+        self.preempted_requests = self.recomputed = 0
+        self.usage_time = 0.0  # integral of usage over time
+        self.peak_usage = 0.0
+        self.peak_running = self.peak_waiting = 0
+        self.timeline: list[Sample] = []
+        self.next_sample = 0.0
+        self.loop(iter(workload))
+
+    def admit(self, arrivals: Iterator[Request], pending: Request | None) -> Request | None:
+        while pending is not None and pending.arrival <= self.t:
+            if pending.prompt_tokens + 1 > self.setup.max_model_len:
+                raise KVBudgetError(f"request {pending.id or self.requests + 1}: a prompt of {pending.prompt_tokens} "
+                                    f"tokens does not fit max_model_len {self.setup.max_model_len} (the engine "
+                                    "rejects it); raise max_model_len or filter the trace", param="trace")
+            self.sched.add(pending)
+            self.requests += 1
+            self.prompt_tokens += pending.prompt_tokens
+            if self.progress is not None and self.requests % 1000 == 0:
+                self.progress(self.requests)
+            pending = next(arrivals, None)
+        return pending
+
+    def loop(self, arrivals: Iterator[Request]) -> None:
+        sched, tm = self.sched, self.tm
+        pending = next(arrivals, None)
+        while True:
+            pending = self.admit(arrivals, pending)
+            if not sched.has_work():
+                if pending is None:
+                    return
+                self.t = max(self.t, pending.arrival)
+                continue
+            k = sched.decode_run_limit() if self.fast else 0
+            if k:
+                self.decode_run(k, pending.arrival if pending is not None else math.inf)
+                continue
+            step = sched.schedule()
+            ctx = sum(q.computed for q, _ in step.scheduled)
+            self.after_step(tm.step_seconds(step.tokens, ctx), step.tokens, step.usage)
+            self.finish(sched.update(step, self.t))
+
+    def decode_run(self, k: int, arrival: float) -> None:
+        """Up to k pure decode steps, stopping after the one that ends at or past the next arrival. The clock
+        and the running totals advance step by step, as `after_step` would, without a call per step."""
+        sched = self.sched
+        r = len(sched.running)
+        takes = sched.new_blocks_by_step(k)
+        weights, per_context, per_token, overhead = self.tm.coefficients()
+        context = sched.context_tokens()
+        compute = per_token * r
+        free, usable = sched.pool.nfree, sched.pool.usable
+        usage = 1.0 - free / usable
+        t, usage_time, next_sample = self.t, self.usage_time, self.next_sample
+        running, waiting = r, len(sched.waiting)
+        on_step = self.on_step
+        done = 0
+        while done < k:
+            if takes[done]:
+                free -= takes[done]
+                usage = 1.0 - free / usable
+            read = weights + per_context * context  # (as step_seconds computes it, to the last bit)
+            dt = (read if read > compute else compute) + overhead
+            context += r
+            t += dt
+            usage_time += usage * dt
+            done += 1
+            if t >= next_sample:
+                self.timeline.append(Sample(t, usage, running, waiting))
+                next_sample = (math.floor(t / self.interval) + 1) * self.interval
+            if on_step is not None:
+                on_step(t, r, usage, running, waiting)
+            if t >= arrival:
+                break
+        self.t, self.usage_time, self.next_sample = t, usage_time, next_sample
+        self.steps += done
+        self.fast_steps += done
+        if usage > self.peak_usage:
+            self.peak_usage = usage
+        self.peak_running = max(self.peak_running, running)
+        self.peak_waiting = max(self.peak_waiting, waiting)
+        self.finish(sched.decode_run(done, t))
+
+    def after_step(self, dt: float, tokens: int, usage: float) -> None:
+        self.t += dt
+        self.steps += 1
+        self.usage_time += usage * dt
+        if usage > self.peak_usage:
+            self.peak_usage = usage
+        running, waiting = len(self.sched.running), len(self.sched.waiting)
+        if running > self.peak_running:
+            self.peak_running = running
+        if waiting > self.peak_waiting:
+            self.peak_waiting = waiting
+        if self.t >= self.next_sample:
+            self.timeline.append(Sample(self.t, usage, running, waiting))
+            self.next_sample = (math.floor(self.t / self.interval) + 1) * self.interval
+        if self.on_step is not None:
+            self.on_step(self.t, tokens, usage, running, waiting)
+
+    def finish(self, done: list[Seq]) -> None:
+        for q in done:
+            arrival = q.request.arrival
+            assert q.first_token is not None and q.finished is not None
+            self.ttft.append(q.first_token - arrival)
+            self.e2e.append(q.finished - arrival)
+            if q.out > 1:
+                self.tpot.append((q.finished - q.first_token) / (q.out - 1))
+            self.completed += 1
+            self.output_tokens += q.out
+            if q.preemptions:
+                self.preempted_requests += 1
+                self.recomputed += q.recomputed
+
+    def result(self) -> Simulation:
+        sched = self.sched
+        duration = self.t
+        notes = []
+        if self.setup.time_model.basis == "roofline estimate":
+            notes.append("times are estimates: a roofline over the GPU's datasheet peaks with assumed efficiencies "
+                         "(calibrate with measured steps); the scheduling itself is exact")
+        return Simulation(self.setup, self.requests, self.completed, duration, self.steps,
+                          Percentiles.of(self.ttft), Percentiles.of(self.tpot), Percentiles.of(self.e2e),
+                          self.completed / duration if duration else 0.0,
+                          self.output_tokens / duration if duration else 0.0, self.prompt_tokens, self.output_tokens,
+                          sched.preemptions, self.preempted_requests, self.recomputed, sched.hit_tokens,
+                          sched.queried_tokens, self.peak_usage, self.usage_time / duration if duration else 0.0,
+                          self.peak_running, self.peak_waiting, tuple(self.timeline), self.fast_steps, tuple(notes))

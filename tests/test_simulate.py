@@ -1,0 +1,160 @@
+"""The simulator: its fast path against its step-by-step reference, vLLM's rules on hand-made cases, readers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvbudget
+from kvbudget import KVBudgetError
+from kvbudget.simulate.run import simulate
+from kvbudget.simulate.vllm import SchedulerConfig, VLLMScheduler
+from kvbudget.simulate.workload import Request, read_trace, rescale, synthetic, exponential_lengths
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+LLAMA = kvbudget.load_model("llama-3.1-8b")
+
+
+@st.composite
+def workloads(draw):
+    n = draw(st.integers(1, 40))
+    t = 0.0
+    out = []
+    for i in range(n):
+        t += draw(st.floats(0, 0.5))
+        prompt = draw(st.integers(1, 600))
+        shared = draw(st.integers(0, prompt))
+        prefix = ((("p", draw(st.integers(0, 3))), shared),) if shared else ()
+        out.append(Request(t, prompt, draw(st.integers(1, 300)), prefix, str(i)))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(workloads(), st.integers(8, 200), st.sampled_from([16, 32]), st.integers(1, 64),
+       st.sampled_from([64, 256, 2048]), st.booleans(), st.sampled_from([0, 48]))
+def test_fast_path_equals_the_reference_step_by_step(requests, blocks, block_size, seqs, budget, caching,
+                                                     threshold):
+    """Every step's time, tokens, usage, running and waiting, and every result, identical with and without the
+    fast path, whatever the trace and budget (tight budgets preempt; caching re-finds shared pieces)."""
+    max_len = min((blocks - 1) * block_size, 1024)
+    requests = [r for r in requests if r.prompt_tokens < max_len]
+    setup = _setup(blocks, block_size, seqs, budget, max_len, caching, threshold)
+    runs = {}
+    for fast in (True, False):
+        steps: list = []
+        result = simulate(LLAMA, iter(requests), setup=setup, fast=fast,
+                          on_step=lambda *a, steps=steps: steps.append(a))
+        runs[fast] = (replace(result, fast_steps=0), steps)
+    assert runs[True] == runs[False]
+
+
+def _setup(blocks, block_size, seqs, budget, max_len, caching, threshold=0):
+    from kvbudget.simulate.run import setup_for
+
+    base = setup_for(LLAMA, gpu="H100", max_model_len=max_len, block_size=block_size)
+    return replace(base, num_blocks=blocks, max_num_seqs=seqs, max_num_batched_tokens=budget,
+                   prefix_caching=caching, long_prefill_token_threshold=threshold)
+
+
+def _sched(blocks, block_size=16, seqs=256, budget=2048, max_len=1024, caching=True):
+    return VLLMScheduler(SchedulerConfig(blocks, block_size, seqs, budget, max_len, caching))
+
+
+def test_running_request_that_cannot_grow_preempts_the_last_admitted():
+    s = _sched(blocks=5, block_size=16, caching=False)  # 4 usable blocks
+    a = s.add(Request(0, 32, 10))
+    b = s.add(Request(0, 16, 10))
+    c = s.add(Request(0, 16, 10))
+    step = s.schedule()  # a: 2 blocks, b and c: 1 each; the pool is full
+    assert [(q.uid, n) for q, n in step.scheduled] == [(a.uid, 32), (b.uid, 16), (c.uid, 16)]
+    s.update(step)
+    step = s.schedule()
+    # a's 33rd token needs a third block: c (admitted last) is preempted for it; b's 17th token then needs a
+    # second block, and b is now the last running request: it preempts itself
+    assert [q.uid for q in step.preempted] == [c.uid, b.uid]
+    assert [(q.uid, n) for q, n in step.scheduled] == [(a.uid, 1)]
+    assert list(s.waiting) == [b, c] and b.computed == 0 and b.out == 1  # recomputed with its sampled token
+    assert step.usage == 1 - 1 / 4
+
+
+def test_waiting_request_needs_its_whole_prompt_to_fit():
+    s = _sched(blocks=6, block_size=16, budget=32, caching=False)  # 5 usable blocks; 32 tokens a step
+    s.add(Request(0, 64, 5))  # 4 blocks, in two chunks of 32
+    s.update(s.schedule())
+    late = s.add(Request(0, 40, 5))  # needs 3 blocks; only 1 would be free once the first finishes its prompt
+    step = s.schedule()
+    assert late not in [q for q, _ in step.scheduled]
+
+
+def test_prefix_hit_never_covers_the_last_token_and_idle_hits_count_as_free():
+    s = _sched(blocks=20, block_size=16)
+    shared = ((("sys", 0), 64),)
+    first = s.add(Request(0, 64, 1, shared))
+    s.update(s.schedule())  # finishes: its 4 keyed blocks go idle to the free queue's tail
+    assert first.finished is not None and s.pool.nfree == 19
+    again = s.add(Request(0, 64, 1, shared))
+    step = s.schedule()
+    assert again.hit_tokens == 48  # 3 of 4 blocks: the last token is always computed
+    assert step.scheduled[0][1] == 16
+
+
+def test_fast_path_runs_on_a_real_trace_and_keeps_memory_to_the_requests():
+    r = simulate(LLAMA, rescale(read_trace(TRACES / "AzureLLMInferenceTrace_conv.csv"), count=500), gpu="H100")
+    assert r.completed == r.requests == 500
+    assert r.fast_steps > r.steps / 2
+    assert r.ttft is not None and r.ttft.p50 <= r.ttft.p90 <= r.ttft.p99 <= r.ttft.max
+
+
+@pytest.mark.parametrize("text, where", [
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\nnot a date,1,2\n", ":3: TIMESTAMP"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,abc,44\n", ":2: ContextTokens 'abc'"),
+    ('{"arrival": 0, "prompt_tokens": 5, "output_tokens": 2}\n{"arrival": 1, "prompt_tokens": 0, '
+     '"output_tokens": 2}\n', ":2: prompt_tokens 0"),
+    ('{"arrival": 1, "prompt_tokens": 5, "output_tokens": 2}\n{"arrival": 0.5, "prompt_tokens": 5, '
+     '"output_tokens": 2}\n', ":2: arrives"),
+    ('{"timestamp": 0, "input_length": 1000, "output_length": 3, "hash_ids": [1]}\n', ":1: hash_ids"),
+    ('{"arrival": 0, "prompt_tokens": 5}\n', ":1: missing 'output_tokens'"),
+    ("{not json\n", ":1: not JSON"),
+    ("hello\n", ":1: not a trace"),
+])
+def test_a_bad_trace_line_is_named_by_file_and_line(tmp_path, text, where):
+    path = tmp_path / "trace.txt"
+    path.write_text(text)
+    with pytest.raises(KVBudgetError) as e:
+        list(read_trace(path))
+    assert f"{path}{where}" in str(e.value)
+
+
+def test_readers_take_the_real_traces_whole():
+    azure = list(read_trace(TRACES / "AzureLLMInferenceTrace_conv.csv"))
+    assert len(azure) == 19366 and azure[0].arrival == 0 and azure[0].prompt_tokens == 374
+    assert f"{len(azure) / azure[-1].arrival:.2f}" == "5.53"  # requests per second, as shared/traces/README says
+    moon = list(read_trace(TRACES / "mooncake_conversation_trace.jsonl"))
+    assert len(moon) == 12031
+    assert moon[0].shared_tokens == moon[0].prompt_tokens == 6758  # hash ids cover the prompt
+    ours = Path(TRACES.parent / "nonexistent.jsonl")
+    with pytest.raises(KVBudgetError, match="nonexistent.jsonl"):
+        list(read_trace(ours))
+
+
+def test_own_jsonl_with_a_shared_prefix(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text("\n".join(json.dumps(o) for o in [
+        {"arrival": 0.5, "prompt_tokens": 300, "output_tokens": 20, "prefix": "sys", "prefix_tokens": 256},
+        {"arrival": 0.7, "prompt_tokens": 400, "output_tokens": 20, "prefix": "sys", "prefix_tokens": 256}]))
+    reqs = list(read_trace(path))
+    assert [r.arrival for r in reqs] == [0, pytest.approx(0.2)]
+    r = simulate(LLAMA, iter(reqs), gpu="H100")
+    assert r.prefix_hit_tokens == 256 and r.prefix_queried_tokens == 700
+
+
+def test_synthetic_poisson_has_the_asked_rate():
+    reqs = list(synthetic(10.0, 5000, exponential_lengths(100, 50), seed=1))
+    rate = len(reqs) / reqs[-1].arrival
+    assert 9.5 < rate < 10.5
+    assert 95 < sum(r.prompt_tokens for r in reqs) / len(reqs) < 105
