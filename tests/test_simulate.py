@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 import kvbudget
 from kvbudget import KVBudgetError
-from kvbudget.simulate.run import simulate
-from kvbudget.simulate.vllm import SchedulerConfig, VLLMScheduler
-from kvbudget.simulate.workload import Request, read_trace, rescale, synthetic, exponential_lengths
+from kvbudget.simulation.run import simulate
+from kvbudget.simulation.vllm import SchedulerConfig, VLLMScheduler
+from kvbudget.simulation.workload import Request, read_trace, rescale, synthetic, exponential_lengths
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 LLAMA = kvbudget.load_model("llama-3.1-8b")
@@ -54,7 +54,7 @@ def test_fast_path_equals_the_reference_step_by_step(requests, blocks, block_siz
 
 
 def _setup(blocks, block_size, seqs, budget, max_len, caching, threshold=0):
-    from kvbudget.simulate.run import setup_for
+    from kvbudget.simulation.run import setup_for
 
     base = setup_for(LLAMA, gpu="H100", max_model_len=max_len, block_size=block_size)
     return replace(base, num_blocks=blocks, max_num_seqs=seqs, max_num_batched_tokens=budget,

@@ -7,7 +7,8 @@
 
 The public API: `load_model` (a catalog name, config file, model folder, Hub id or config dict -> ModelSpec),
 `estimate` (the memory map on one engine), `plan` (weights, budget, capacity and advice on a GPU), `compare`
-(models side by side), `count_prompt` (exact prompt tokens), and the types they return. Engines are named by
+(models side by side), `count_prompt` (exact prompt tokens), `simulate` (traffic through the engine's scheduler
+and allocator; workloads and searches in `kvbudget.simulation`), and the types they return. Engines are named by
 their registered names (`ENGINES`) or passed as `Engine` objects; `register` adds one. Every error is a
 `KVBudgetError`, subclassed by what went wrong.
 """
@@ -52,11 +53,13 @@ from kvbudget.model.spec import (
 
 if TYPE_CHECKING:
     from kvbudget.planner import Comparison, Plan, compare, plan
+    from kvbudget.simulation import Simulation, simulate
     from kvbudget.tokens import PromptCount, count_prompt
 
 # The planner and the token counter load on first use: `kvbudget estimate` does not need them at start-up.
 _LAZY = {"Comparison": "kvbudget.planner", "Plan": "kvbudget.planner", "compare": "kvbudget.planner",
-         "plan": "kvbudget.planner", "PromptCount": "kvbudget.tokens", "count_prompt": "kvbudget.tokens"}
+         "plan": "kvbudget.planner", "PromptCount": "kvbudget.tokens", "count_prompt": "kvbudget.tokens",
+         "simulate": "kvbudget.simulation", "Simulation": "kvbudget.simulation"}
 
 
 def __getattr__(name: str) -> Any:
@@ -95,6 +98,7 @@ __all__ = [
     "Point",
     "PromptCount",
     "RecurrentState",
+    "Simulation",
     "SlidingWindow",
     "TokenizerError",
     "UnsupportedArchitectureError",
@@ -109,4 +113,5 @@ __all__ = [
     "parse_config",
     "plan",
     "register",
+    "simulate",
 ]

@@ -20,8 +20,8 @@ from tiny_configs import TINY
 
 import kvbudget
 from kvbudget.engines import EngineOptions
-from kvbudget.simulate.vllm import SchedulerConfig, VLLMScheduler
-from kvbudget.simulate.workload import Request, read_trace, rescale
+from kvbudget.simulation.vllm import SchedulerConfig, VLLMScheduler
+from kvbudget.simulation.workload import Request, read_trace, rescale
 
 pytestmark = pytest.mark.engines
 

@@ -24,7 +24,7 @@ from bisect import bisect_left
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from kvbudget.simulate.workload import Request
+from kvbudget.simulation.workload import Request
 from kvbudget.units import cdiv
 
 
@@ -227,6 +227,16 @@ class VLLMScheduler:
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
+
+    def usage(self) -> float:
+        return self.pool.usage()
+
+    def memory(self) -> tuple[int, int, int]:
+        """(token states, reservation, internal fragmentation) in token slots: cached tokens of the running
+        requests, nothing reserved ahead, and the unfilled rest of the blocks in use."""
+        states = sum(s.computed for s in self.running)
+        held = (self.pool.usable - self.pool.nfree) * self.cfg.block_size
+        return states, 0, max(0, held - states)
 
     # -- allocation (KVCacheManager.allocate_slots for one full-attention group) --------------------------------
 

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbudget.engines import Engine, EngineOptions, get_engine
+from kvbudget.engines.vllm import VLLMEngine
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import FullAttention, LatentAttention, ModelSpec, NoCache
-from kvbudget.simulate.timing import TimeModel
-from kvbudget.simulate.vllm import SchedulerConfig, Seq, VLLMScheduler
-from kvbudget.simulate.workload import Request
+from kvbudget.simulation.contiguous import POLICIES, ContiguousScheduler
+from kvbudget.simulation.timing import TimeModel
+from kvbudget.simulation.vllm import SchedulerConfig, Seq, VLLMScheduler
+from kvbudget.simulation.workload import Request
 
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
 SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
@@ -33,7 +35,7 @@ class Percentiles:
     max: float
 
     @staticmethod
-    def of(values: array) -> Percentiles | None:
+    def of(values: array | tuple[float, ...]) -> Percentiles | None:
         if not values:
             return None
         s = sorted(values)
@@ -44,6 +46,15 @@ class Percentiles:
         return Percentiles(q(0.5), q(0.9), q(0.99), sum(s) / len(s), s[-1])
 
 
+def check_metric(name: str) -> tuple[str, str]:
+    """A latency's name split into what and which statistic; an error names the choices."""
+    kind, _, stat = name.partition("_")
+    if kind not in ("ttft", "tpot", "e2e") or stat not in ("p50", "p90", "p99", "mean", "max"):
+        raise KVBudgetError(f"slo {name}: name a latency as ttft|tpot|e2e _ p50|p90|p99|mean|max, e.g. ttft_p99",
+                            param="slo")
+    return kind, stat
+
+
 @dataclass(frozen=True)
 class Sample:
     """The engine's state after the first step at or past each sampling instant."""
@@ -52,6 +63,16 @@ class Sample:
     usage: float  # vLLM's KV cache usage gauge (0..1)
     running: int
     waiting: int
+
+
+@dataclass(frozen=True)
+class MemoryShares:
+    """Where the KV cache's token slots went, averaged over the run's time (the PagedAttention paper's Fig. 2)."""
+
+    token_states: float  # slots holding cached tokens
+    reservation: float  # reserved for tokens a request will still generate (contiguous allocators)
+    internal: float  # held but never to be filled (past a request's final length, or the rest of a block)
+    other: float  # free: idle, or holes too small for the next reservation (external fragmentation)
 
 
 @dataclass(frozen=True)
@@ -70,6 +91,15 @@ class Setup:
     long_prefill_token_threshold: int
     gpu: str | None
     time_model: TimeModel
+    bytes_per_token: int = 0  # KV bytes per token on the most loaded GPU
+    allocator: str = "paged"  # or contiguous-max / contiguous-pow2 / contiguous-oracle
+
+    @property
+    def token_slots(self) -> int:
+        """Tokens the KV cache holds: whole blocks for paging; the budget over bytes per token when contiguous."""
+        if self.allocator == "paged" or not self.kv_memory_bytes:
+            return (self.num_blocks - 1) * self.block_size
+        return self.kv_memory_bytes // self.bytes_per_token
 
 
 @dataclass(frozen=True)
@@ -95,9 +125,18 @@ class Simulation:
     mean_usage: float  # time-weighted
     peak_running: int
     peak_waiting: int
+    memory: MemoryShares
     timeline: tuple[Sample, ...]
     fast_steps: int  # steps taken by the fast path (decode runs)
     notes: tuple[str, ...] = field(default=())
+    ttft_sorted: tuple[float, ...] = field(default=(), repr=False)  # every request's, for distributions
+    e2e_sorted: tuple[float, ...] = field(default=(), repr=False)
+
+    def metric(self, name: str) -> float | None:
+        """A latency figure by name: ttft|tpot|e2e _ p50|p90|p99|mean|max (seconds)."""
+        kind, stat = check_metric(name)
+        pct = {"ttft": self.ttft, "tpot": self.tpot, "e2e": self.e2e}[kind]
+        return None if pct is None else float(getattr(pct, stat))
 
     @property
     def prefix_hit_rate(self) -> float | None:
@@ -118,7 +157,7 @@ class Simulation:
             "recomputed_tokens": self.recomputed_tokens, "prefix_hit_tokens": self.prefix_hit_tokens,
             "prefix_queried_tokens": self.prefix_queried_tokens, "prefix_hit_rate": self.prefix_hit_rate,
             "peak_usage": self.peak_usage, "mean_usage": self.mean_usage, "peak_running": self.peak_running,
-            "peak_waiting": self.peak_waiting, "fast_steps": self.fast_steps, "notes": list(self.notes),
+            "peak_waiting": self.peak_waiting, "memory": dict(self.memory.__dict__), "fast_steps": self.fast_steps, "notes": list(self.notes),
             "timeline": [s.__dict__ for s in self.timeline],
         }
 
@@ -138,13 +177,13 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               kv_dtype: str = "auto", max_model_len: int | None = None, block_size: int | None = None,
               device: str = "cuda", max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
               prefix_caching: bool = True, long_prefill_token_threshold: int = 0,
-              time_model: TimeModel | None = None) -> Setup:
+              time_model: TimeModel | None = None, allocator: str = "paged") -> Setup:
     """The memory and scheduler settings from the planner and the engine's defaults, and the default time model."""
     from kvbudget.gpus import find_gpu
     from kvbudget.planner import plan
 
     chosen = get_engine(engine)
-    if chosen.name != "vllm":
+    if not isinstance(chosen, VLLMEngine):
         raise KVBudgetError(f"engine {chosen.name}: the simulator follows vLLM's scheduler only so far",
                             param="engine")
     check_model(model)
@@ -175,9 +214,12 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
     mnbt = p.options.max_num_batched_tokens or serving.prefill_tokens
     if time_model is None:
         time_model = _roofline(p, card)
+    if allocator != "paged" and allocator.removeprefix("contiguous-") not in POLICIES:
+        raise KVBudgetError(f"allocator {allocator}: choose paged, "
+                            f"{', '.join('contiguous-' + p for p in POLICIES)}", param="allocator")
     return Setup(chosen.name, model.name, blocks, cap.block_size, None if num_blocks is not None else
                  p.kv_memory_bytes, seqs, mnbt, max_len, prefix_caching, long_prefill_token_threshold,
-                 p.gpu if card or gpu_memory else None, time_model)
+                 p.gpu if card or gpu_memory else None, time_model, p.estimate.bytes_per_token, allocator)
 
 
 def _roofline(p: Any, card: Any) -> TimeModel:
@@ -196,15 +238,20 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
     a `setup` is given. `fast` takes runs of pure decode steps at once (the result is identical; see tests).
     `on_step(time, tokens, usage, running, waiting)` is called after every step (for a timeline file)."""
     s = setup or setup_for(model, **settings)
-    sched = VLLMScheduler(SchedulerConfig(s.num_blocks, s.block_size, s.max_num_seqs, s.max_num_batched_tokens,
-                                          s.max_model_len, s.prefix_caching, s.long_prefill_token_threshold))
+    config = SchedulerConfig(s.num_blocks, s.block_size, s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len,
+                             s.prefix_caching, s.long_prefill_token_threshold)
+    sched: VLLMScheduler | ContiguousScheduler
+    if s.allocator == "paged":
+        sched = VLLMScheduler(config)
+    else:
+        sched = ContiguousScheduler(config, s.token_slots, s.allocator.removeprefix("contiguous-"))
     return _Run(s, sched, workload, fast, sample_interval, on_step, progress).result()
 
 
 class _Run:
     """The clock loop, with its running totals."""
 
-    def __init__(self, setup: Setup, sched: VLLMScheduler, workload: Iterable[Request], fast: bool,
+    def __init__(self, setup: Setup, sched: VLLMScheduler | ContiguousScheduler, workload: Iterable[Request], fast: bool,
                  interval: float, on_step: Callable[..., None] | None, progress: Callable[[int], None] | None):
         self.setup, self.sched, self.fast = setup, sched, fast
         self.interval, self.on_step, self.progress = interval, on_step, progress
@@ -215,6 +262,7 @@ class _Run:
         self.requests = self.completed = self.prompt_tokens = self.output_tokens = 0
         self.preempted_requests = self.recomputed = 0
         self.usage_time = 0.0  # integral of usage over time
+        self.slot_time = [0.0, 0.0, 0.0]  # integrals of token states, reservation, internal fragmentation
         self.peak_usage = 0.0
         self.peak_running = self.peak_waiting = 0
         self.timeline: list[Sample] = []
@@ -247,18 +295,24 @@ class _Run:
                 continue
             k = sched.decode_run_limit() if self.fast else 0
             if k:
-                self.decode_run(k, pending.arrival if pending is not None else math.inf)
+                assert isinstance(sched, VLLMScheduler)
+                self.decode_run(sched, k, pending.arrival if pending is not None else math.inf)
                 continue
             step = sched.schedule()
             ctx = sum(q.computed for q, _ in step.scheduled)
-            self.after_step(tm.step_seconds(step.tokens, ctx), step.tokens, step.usage)
+            dt = tm.step_seconds(step.tokens, ctx)
+            slots = self.slot_time
+            for i, held in enumerate(sched.memory()):
+                slots[i] += held * dt
+            self.after_step(dt, step.tokens, step.usage)
             self.finish(sched.update(step, self.t))
 
-    def decode_run(self, k: int, arrival: float) -> None:
+    def decode_run(self, sched: VLLMScheduler, k: int, arrival: float) -> None:
         """Up to k pure decode steps, stopping after the one that ends at or past the next arrival. The clock
         and the running totals advance step by step, as `after_step` would, without a call per step."""
-        sched = self.sched
         r = len(sched.running)
+        bs = sched.cfg.block_size
+        states_time, internal_time = self.slot_time[0], self.slot_time[2]
         takes = sched.new_blocks_by_step(k)
         weights, per_context, per_token, overhead = self.tm.coefficients()
         context = sched.context_tokens()
@@ -275,9 +329,12 @@ class _Run:
                 usage = 1.0 - free / usable
             read = weights + per_context * context  # (as step_seconds computes it, to the last bit)
             dt = (read if read > compute else compute) + overhead
-            context += r
             t += dt
             usage_time += usage * dt
+            states_time += context * dt  # the cached tokens are the context attended over
+            held = (usable - free) * bs - context
+            internal_time += (held if held > 0 else 0) * dt
+            context += r
             done += 1
             if t >= next_sample:
                 self.timeline.append(Sample(t, usage, running, waiting))
@@ -287,6 +344,7 @@ class _Run:
             if t >= arrival:
                 break
         self.t, self.usage_time, self.next_sample = t, usage_time, next_sample
+        self.slot_time[0], self.slot_time[2] = states_time, internal_time
         self.steps += done
         self.fast_steps += done
         if usage > self.peak_usage:
@@ -339,4 +397,12 @@ class _Run:
                           self.output_tokens / duration if duration else 0.0, self.prompt_tokens, self.output_tokens,
                           sched.preemptions, self.preempted_requests, self.recomputed, sched.hit_tokens,
                           sched.queried_tokens, self.peak_usage, self.usage_time / duration if duration else 0.0,
-                          self.peak_running, self.peak_waiting, tuple(self.timeline), self.fast_steps, tuple(notes))
+                          self.peak_running, self.peak_waiting, self._shares(duration), tuple(self.timeline),
+                          self.fast_steps, tuple(notes), tuple(sorted(self.ttft)), tuple(sorted(self.e2e)))
+
+    def _shares(self, duration: float) -> MemoryShares:
+        if not duration:
+            return MemoryShares(0.0, 0.0, 0.0, 1.0)
+        slots = self.setup.token_slots
+        states, reserve, internal = (x / duration / slots for x in self.slot_time)
+        return MemoryShares(states, reserve, internal, 1.0 - states - reserve - internal)

@@ -1,0 +1,117 @@
+"""Questions answered by many simulations: the highest rate that meets latency objectives, and sweeps."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvbudget.errors import KVBudgetError
+from kvbudget.model.spec import ModelSpec
+from kvbudget.simulation.run import Simulation, check_metric, simulate
+from kvbudget.simulation.workload import Request
+
+Workload = Callable[[float], Iterable[Request]]  # a rate scale -> the requests at that rate
+
+
+def parse_slo(text: str) -> dict[str, float]:
+    """'ttft_p99=2s,tpot_p99=100ms' -> {'ttft_p99': 2.0, 'tpot_p99': 0.1}."""
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, value = part.partition("=")
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*", value)
+        if not eq or not m:
+            raise KVBudgetError(f"slo {part!r}: write NAME=SECONDS, e.g. ttft_p99=2s,tpot_p99=100ms", param="slo")
+        out[name.strip()] = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+    if not out:
+        raise KVBudgetError("slo: give at least one objective, e.g. ttft_p99=2s", param="slo")
+    return out
+
+
+def meets(sim: Simulation, slo: Mapping[str, float]) -> bool:
+    """Every objective met, and every request served (a run that leaves requests unfinished meets nothing)."""
+    if sim.completed < sim.requests:
+        return False
+    for name, limit in slo.items():
+        value = sim.metric(name)
+        if value is None or value > limit:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class RateSearch:
+    rate_scale: float  # the highest scale found that meets the objectives (0 when none does)
+    best: Simulation | None
+    tried: tuple[tuple[float, bool], ...]  # (scale, met) in the order tried
+
+
+def find_max_rate(model: ModelSpec, workload: Workload, slo: Mapping[str, float], precision: float = 0.02,
+                  start: float = 1.0, **settings: Any) -> RateSearch:
+    """The highest rate scale (arrivals this many times as often) whose simulation meets `slo`: doubling or
+    halving from `start` to bracket it, then bisecting to `precision` (relative)."""
+    for name in slo:  # a bad name fails now, not after the first run
+        check_metric(name)
+    tried: list[tuple[float, bool]] = []
+    runs: dict[float, Simulation] = {}
+
+    def ok(scale: float) -> bool:
+        sim = simulate(model, workload(scale), **settings)
+        runs[scale] = sim
+        met = meets(sim, slo)
+        tried.append((scale, met))
+        return met
+
+    lo, hi = 0.0, start
+    if ok(start):
+        lo = start
+        while True:
+            hi = lo * 2
+            if not ok(hi):
+                break
+            lo = hi
+            if lo > 1e6:
+                raise KVBudgetError("find-max-rate: every rate meets the objectives; they cannot bind",
+                                    param="slo")
+    else:
+        while True:
+            hi_failed = hi
+            hi = hi / 2
+            if hi < start / 1024:
+                return RateSearch(0.0, None, tuple(tried))
+            if ok(hi):
+                lo, hi = hi, hi_failed
+                break
+    while (hi - lo) / hi > precision:
+        mid = (lo + hi) / 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return RateSearch(lo, runs[lo], tuple(tried))
+
+
+SWEEPABLE = {"tp": int, "pp": int, "kv-dtype": str, "max-num-seqs": int, "max-num-batched-tokens": int,
+             "block-size": int, "allocator": str, "gpu": str, "max-model-len": int,
+             "long-prefill-token-threshold": int, "prefix-caching": lambda v: v.lower() in ("1", "true", "on", "yes"),
+             "rate-scale": float}
+
+
+def parse_sweep(items: Sequence[str]) -> list[dict[str, Any]]:
+    """['tp=1,2', 'kv-dtype=auto,fp8'] -> one settings dict per combination (parameter names as the API's)."""
+    axes: list[list[tuple[str, Any]]] = []
+    for item in items:
+        key, eq, values = item.partition("=")
+        key = key.strip()
+        if not eq or key not in SWEEPABLE or not values.strip():
+            raise KVBudgetError(f"sweep {item!r}: write NAME=V1,V2 with NAME one of {', '.join(SWEEPABLE)}",
+                                param="sweep")
+        convert = SWEEPABLE[key]
+        try:
+            axes.append([(key.replace("-", "_"), convert(v.strip())) for v in values.split(",") if v.strip()])
+        except ValueError:
+            raise KVBudgetError(f"sweep {item!r}: {values!r} are not all valid values of {key}", param="sweep") \
+                from None
+    return [dict(combo) for combo in itertools.product(*axes)]
