@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import TYPE_CHECKING, Any
 
 from kvbudget.errors import KVBudgetError
 from kvbudget.estimator import estimate
 from kvbudget.planner import Plan
 from kvbudget.units import GIB
 
+if TYPE_CHECKING:
+    from kvbudget.simulation import Simulation
 
-def plot_plan(p: Plan, path: str) -> None:
-    """Write the plan's picture to `path` (.png or .svg), whole or not at all."""
+
+def _pyplot(path: str) -> Any:
+    """matplotlib's pyplot, once the path is known to be writable as .png or .svg."""
     ext = os.path.splitext(path)[1].lower()
     if ext not in (".png", ".svg"):
         raise KVBudgetError(f"plot {path}: write a .png or .svg file", param="plot")
@@ -27,7 +31,26 @@ def plot_plan(p: Plan, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise KVBudgetError("plot: drawing needs matplotlib: pip install 'kvbudget[plot]'", param="plot") from None
+    return plt
 
+
+def _save(plt: Any, fig: Any, path: str) -> None:
+    """Write the figure whole or not at all: a temporary file beside it, then a rename."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=os.path.splitext(path)[1].lower(), prefix=".kvbudget-")
+    os.close(fd)
+    try:
+        fig.savefig(tmp)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def plot_plan(p: Plan, path: str) -> None:
+    """Write the plan's picture to `path` (.png or .svg), whole or not at all."""
+    plt = _pyplot(path)
     fig, (bar, curve) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [1, 3]})
     total = p.term_bytes("gpu")
     keys = {t.key for t in p.stack}
@@ -66,12 +89,40 @@ def plot_plan(p: Plan, path: str) -> None:
     curve.set_title(f"{p.model.name} on {p.engine.name}")
     curve.legend(fontsize=8)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=ext, prefix=".kvbudget-")
-    os.close(fd)
-    try:
-        fig.savefig(tmp)
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    _save(plt, fig, path)
+
+
+def plot_simulation(sim: Simulation, path: str, caption: str = "") -> None:
+    """A simulation's picture: KV usage over time, running and waiting requests, latency distributions;
+    `caption` (a trace's credit) goes under it."""
+    plt = _pyplot(path)
+    s = sim.setup
+    fig, (usage, queues, cdf) = plt.subplots(1, 3, figsize=(15, 4.5))
+    times = [x.time for x in sim.timeline]
+    usage.plot(times, [100 * x.usage for x in sim.timeline], color="tab:red", linewidth=0.8)
+    usage.set_ylim(0, 105)
+    usage.set_xlabel("simulated time (s)")
+    usage.set_ylabel("KV cache usage (%)")
+    usage.set_title(f"KV usage: peak {sim.peak_usage:.0%}, mean {sim.mean_usage:.0%}")
+    queues.plot(times, [x.running for x in sim.timeline], label="running", linewidth=0.8)
+    queues.plot(times, [x.waiting for x in sim.timeline], label="waiting", linewidth=0.8)
+    queues.set_xlabel("simulated time (s)")
+    queues.set_ylabel("requests")
+    queues.set_title(f"queues: {sim.preemptions:,} preemptions")
+    queues.legend(fontsize=8)
+    for name, values in (("time to first token", sim.ttft_sorted), ("end to end", sim.e2e_sorted)):
+        if values:
+            n = len(values)
+            cdf.plot(values, [(i + 1) / n for i in range(n)], label=name)
+    cdf.set_xscale("log")
+    cdf.set_xlabel("seconds (log scale; times are " + ("estimates)" if "estimate" in s.time_model.basis
+                                                        else "calibrated)"))
+    cdf.set_ylabel("fraction of requests")
+    cdf.set_title("latency distribution")
+    cdf.legend(fontsize=8)
+    fig.suptitle(f"{s.model} on {s.engine} ({s.allocator}), {s.gpu or 'no GPU named'}: {s.num_blocks:,} blocks of "
+                 f"{s.block_size}; {sim.requests:,} requests", fontsize=10)
+    if caption:
+        fig.text(0.5, 0.01, caption, ha="center", fontsize=8, color="dimgray")
+    fig.tight_layout(rect=(0, 0.04 if caption else 0, 1, 1))
+    _save(plt, fig, path)

@@ -372,7 +372,7 @@ class VLLMScheduler:
                     break
                 waiting.popleft()
                 hit = len(hits) * bs
-                if s.preemptions == 0:
+                if s.preemptions == 0 and caching:
                     s.hit_tokens = hit
                     self.hit_tokens += hit
                     self.queried_tokens += s.num_tokens

@@ -1,0 +1,283 @@
+"""`kvbudget simulate`: a trace or synthetic traffic through vLLM's scheduler and KV allocator."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+from kvbudget.cli.common import (
+    add_engine_knobs,
+    add_model_engine,
+    console,
+    engine_options,
+    one,
+    optional_one,
+    size,
+    write_atomically,
+)
+from kvbudget.errors import KVBudgetError
+from kvbudget.model.load import load_model
+from kvbudget.units import format_bytes
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("simulate", help="replay traffic through the engine's scheduler and KV allocator")
+    add_model_engine(p, "vllm")
+    w = p.add_argument_group("workload (a trace, or synthetic arrivals)")
+    w.add_argument("--trace", help="Azure LLM inference trace CSV, Mooncake JSONL or our JSONL "
+                                   "(arrival, prompt_tokens, output_tokens[, prefix, prefix_tokens])")
+    w.add_argument("--rate", help="synthetic: requests per second (Poisson, or gamma with --cv)")
+    w.add_argument("--requests", default="1000", help="synthetic: how many requests (default 1000)")
+    w.add_argument("--cv", default="1", help="synthetic: coefficient of variation of inter-arrival times "
+                                             "(1 Poisson, >1 bursty)")
+    w.add_argument("--prompt-tokens", default="161", help="synthetic: mean prompt length (exponential; default "
+                                                          "161, ShareGPT's mean in the PagedAttention paper)")
+    w.add_argument("--output-tokens", default="338", help="synthetic: mean output length (default 338)")
+    w.add_argument("--lengths-from-trace", help="synthetic: draw (prompt, output) pairs from this trace instead")
+    w.add_argument("--seed", default="0", help="synthetic: random seed (default 0)")
+    w.add_argument("--rate-scale", default="1", help="replay arrivals this many times as fast (default 1)")
+    w.add_argument("--slice", help="START:COUNT requests of the trace (e.g. 0:1000)")
+    m = p.add_argument_group("memory (as `kvbudget plan`)")
+    m.add_argument("--gpu", help="GPU from `kvbudget gpus` (its memory, bandwidth and FLOPS)")
+    m.add_argument("--gpu-memory", help="memory of one GPU (overrides --gpu's)")
+    m.add_argument("--kv-memory", help="KV budget per GPU instead of deriving it")
+    m.add_argument("--num-blocks", help="the engine's KV blocks instead of a budget")
+    m.add_argument("--tp", default="1", help="tensor parallel size (default 1)")
+    m.add_argument("--pp", default="1", help="pipeline parallel size (default 1)")
+    m.add_argument("--max-model-len", help="longest request (default: the model's maximum)")
+    m.add_argument("--allocator", default="paged", help="paged (the engine's), or the PagedAttention paper's "
+                                                        "baselines contiguous-max|contiguous-pow2|contiguous-oracle")
+    add_engine_knobs(m)
+    s = p.add_argument_group("scheduler (default: the engine's for the GPU)")
+    s.add_argument("--max-num-seqs", help="requests running at once")
+    s.add_argument("--long-prefill-token-threshold", default="0", help="cut prompts longer than this into chunks "
+                                                                         "of it while others wait (default 0: off)")
+    o = p.add_argument_group("answers")
+    o.add_argument("--json", action="store_true", help="print JSON (seconds, bytes) instead of tables")
+    o.add_argument("--timeline", help="write every step to this CSV file (time, tokens, usage, running, waiting)")
+    o.add_argument("--plot", help="write a picture (.png or .svg): KV usage, queues and latency distributions")
+    o.add_argument("--find-max-rate", action="store_true", help="the highest --rate-scale meeting --slo")
+    o.add_argument("--slo", help="objectives for --find-max-rate, e.g. ttft_p99=2s,tpot_p99=100ms")
+    o.add_argument("--sweep", nargs="+", metavar="NAME=V1,V2", help="a table over settings, e.g. tp=1,2 "
+                                                                   "kv-dtype=auto,fp8 (rate-scale too)")
+    o.add_argument("--reference", action="store_true", help="step by step, without the fast path (same answer)")
+    p.set_defaults(run=run)
+
+
+def _workload(args: argparse.Namespace) -> Callable[[float], Iterable[Any]]:
+    """A function of the rate scale giving a fresh stream of requests (a sweep or search replays it)."""
+    from kvbudget.simulation import (
+        exponential_lengths,
+        read_trace,
+        rescale,
+        sampled_lengths,
+        synthetic,
+    )
+
+    if bool(args.trace) == bool(args.rate):
+        raise KVBudgetError("simulate: give --trace FILE or --rate N (synthetic arrivals), one of them")
+    start, count = 0, None
+    if args.slice:
+        first, colon, n = args.slice.partition(":")
+        try:
+            start, count = int(first or 0), int(n) if n else None
+        except ValueError:
+            raise KVBudgetError(f"--slice {args.slice!r}: write START:COUNT, e.g. 0:1000") from None
+        if not colon or start < 0 or (count is not None and count < 1):
+            raise KVBudgetError(f"--slice {args.slice!r}: write START:COUNT, e.g. 0:1000")
+    if args.trace:
+        path = args.trace
+        list(rescale(read_trace(path), 1.0, 0, 1))  # a missing or foreign file fails before any run
+        return lambda scale: rescale(read_trace(path), scale, start, count)
+    rate, cv = _positive(args.rate, "--rate"), _positive(args.cv, "--cv")
+    n, seed = one(args.requests, "--requests"), int(args.seed)
+    if args.lengths_from_trace:
+        pool = [(r.prompt_tokens, r.output_tokens) for r in read_trace(args.lengths_from_trace)]
+        lengths = sampled_lengths(pool)
+    else:
+        lengths = exponential_lengths(_positive(args.prompt_tokens, "--prompt-tokens"),
+                                      _positive(args.output_tokens, "--output-tokens"))
+    return lambda scale: rescale(synthetic(rate, n, lengths, seed, cv), scale, start, count)
+
+
+def _positive(text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise KVBudgetError(f"{what}: {text!r} must be a number above 0")
+    return value
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    options = engine_options(args)
+    return {"engine": args.engine, "gpu": args.gpu, "gpu_memory": size(args.gpu_memory, "--gpu-memory"),
+            "kv_memory": size(args.kv_memory, "--kv-memory"), "num_blocks": optional_one(args.num_blocks,
+                                                                                          "--num-blocks"),
+            "tp": one(args.tp, "--tp"), "pp": one(args.pp, "--pp"), "kv_dtype": args.kv_dtype,
+            "max_model_len": optional_one(args.max_model_len, "--max-model-len"), "block_size": options.block_size,
+            "device": options.device, "max_num_seqs": optional_one(args.max_num_seqs, "--max-num-seqs"),
+            "max_num_batched_tokens": options.max_num_batched_tokens, "prefix_caching": options.prefix_caching,
+            "long_prefill_token_threshold": int(args.long_prefill_token_threshold), "allocator": args.allocator}
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvbudget.simulation import find_max_rate, parse_slo, parse_sweep, setup_for, simulate
+
+    model = load_model(args.model)
+    workload = _workload(args)
+    settings = _settings(args)
+    scale = _positive(args.rate_scale, "--rate-scale")
+    if args.find_max_rate and args.sweep:
+        raise KVBudgetError("simulate: --find-max-rate and --sweep go separately")
+    if args.slo and not args.find_max_rate:
+        raise KVBudgetError("--slo goes with --find-max-rate")
+    if args.sweep:
+        return _sweep(args, model, workload, settings, parse_sweep(args.sweep), scale)
+    setup = setup_for(model, **settings)
+    if args.find_max_rate:
+        if not args.slo:
+            raise KVBudgetError("--find-max-rate needs --slo, e.g. ttft_p99=2s,tpot_p99=100ms")
+        slo = parse_slo(args.slo)
+        found = find_max_rate(model, workload, slo, start=scale, setup=setup, fast=not args.reference)
+        if args.json:
+            print(json.dumps({"rate_scale": found.rate_scale, "slo": slo, "tried": found.tried,
+                              "best": found.best.to_dict() if found.best else None}, indent=2))
+        else:
+            _print_search(found, slo)
+        return 0
+    rows: list[str] = []
+    on_step = None
+    if args.timeline:
+        rows.append("time_s,tokens,kv_usage,running,waiting")
+        on_step = lambda t, tokens, usage, r, w: rows.append(f"{t:.6f},{tokens},{usage:.6f},{r},{w}")  # noqa: E731
+    progress = _progress() if not args.json and sys.stderr.isatty() else None
+    sim = simulate(model, workload(scale), setup=setup, fast=not args.reference, on_step=on_step,
+                   progress=progress)
+    if progress is not None:
+        print(file=sys.stderr)
+    if args.timeline:
+        write_atomically(args.timeline, "\n".join(rows) + "\n", "--timeline")
+    if args.plot:
+        from kvbudget.plot import plot_simulation
+
+        plot_simulation(sim, args.plot, _credit(args))
+    if args.json:
+        print(json.dumps(sim.to_dict(), indent=2))
+    else:
+        _print(sim, args)
+    return 0
+
+
+def _progress() -> Callable[[int], None]:
+    def show(n: int) -> None:
+        print(f"\rsimulated {n:,} requests", end="", file=sys.stderr, flush=True)
+    return show
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:,.1f} ms" if value < 1 else f"{value:,.2f} s"
+
+
+def _short(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.1f}s"
+
+
+def _print(sim: Any, args: argparse.Namespace) -> None:
+    from rich.table import Table
+
+    s = sim.setup
+    out = console()
+    budget = f"{format_bytes(s.kv_memory_bytes)} KV, " if s.kv_memory_bytes else ""
+    out.print(f"[bold]{s.model}[/bold] on {s.engine} ({s.allocator}), {s.gpu or 'no GPU named'}: {budget}"
+              f"{s.num_blocks:,} blocks of {s.block_size} tokens; max_num_seqs {s.max_num_seqs}, "
+              f"max_num_batched_tokens {s.max_num_batched_tokens}, prefix caching "
+              f"{'on' if s.prefix_caching else 'off'}")
+    out.print(f"{sim.requests:,} requests ({sim.completed:,} completed) in {sim.duration_s:,.1f} s simulated, "
+              f"{sim.steps:,} steps: {sim.requests_per_s:,.2f} requests/s, {sim.output_tokens_per_s:,.0f} output "
+              "tokens/s")
+    t = Table(title="latency (times: estimate)" if "estimate" in s.time_model.basis else "latency")
+    for col in ("", "p50", "p90", "p99", "mean", "max"):
+        t.add_column(col, justify="right" if col else "left")
+    for name, pct in (("time to first token", sim.ttft), ("time per output token", sim.tpot),
+                      ("end to end", sim.e2e)):
+        if pct is not None:
+            t.add_row(name, *(_ms(getattr(pct, k)) for k in ("p50", "p90", "p99", "mean", "max")))
+    out.print(t)
+    mem = sim.memory
+    hit = f"{sim.prefix_hit_rate:.1%}" if sim.prefix_hit_rate is not None else "-"
+    out.print(f"KV cache: peak usage {sim.peak_usage:.1%}, time-averaged {sim.mean_usage:.1%}; slots: token states "
+              f"{mem.token_states:.1%}, reserved ahead {mem.reservation:.1%}, internal fragmentation "
+              f"{mem.internal:.1%}, free {mem.other:.1%}")
+    out.print(f"queues: peak running {sim.peak_running:,}, peak waiting {sim.peak_waiting:,}; preemptions "
+              f"{sim.preemptions:,} ({sim.preempted_requests:,} requests, {sim.recomputed_tokens:,} tokens "
+              f"recomputed); prefix-cache hits {hit} of prompt tokens")
+    for note in sim.notes:
+        out.print(f"note: {note}")
+    if _credit(args):
+        out.print(f"trace: {_credit(args)}")
+
+
+def _credit(args: argparse.Namespace) -> str:
+    """The credit a trace's licence asks for wherever results from it are shown."""
+    from kvbudget.simulation import AZURE_CREDIT
+
+    used = [args.trace, args.lengths_from_trace]
+    return AZURE_CREDIT if any(p and "AzureLLMInferenceTrace" in p for p in used) else ""
+
+
+def _print_search(found: Any, slo: dict[str, float]) -> None:
+    out = console()
+    objectives = ", ".join(f"{k} ≤ {_ms(v)}" for k, v in slo.items())
+    if found.best is None:
+        out.print(f"no rate scale down to {min(s for s, _ in found.tried):.4g}x meets {objectives}")
+        return
+    b = found.best
+    out.print(f"highest rate scale meeting {objectives}: [bold]{found.rate_scale:.3g}x[/bold] "
+              f"({b.requests_per_s:,.2f} requests/s served; TTFT p99 {_ms(b.ttft.p99 if b.ttft else None)}, "
+              f"TPOT p99 {_ms(b.tpot.p99 if b.tpot else None)}) after {len(found.tried)} simulations")
+    for note in b.notes:
+        out.print(f"note: {note}")
+
+
+def _sweep(args: argparse.Namespace, model: Any, workload: Any, settings: dict[str, Any],
+           combos: list[dict[str, Any]], scale: float) -> int:
+    from rich import box
+    from rich.table import Table
+
+    from kvbudget.simulation import simulate
+
+    results = []
+    swept_scale = any("rate_scale" in c for c in combos)
+    for combo in combos:
+        run_scale = combo.pop("rate_scale", scale)
+        sim = simulate(model, workload(run_scale), fast=not args.reference, **{**settings, **combo})
+        results.append(({**combo, "rate_scale": run_scale}, sim))
+    if args.json:
+        print(json.dumps([{"settings": c, "result": replace(s, timeline=()).to_dict()} for c, s in results],
+                         indent=2))
+        return 0
+    keys = [k for k in results[0][0] if k != "rate_scale" or swept_scale]
+    t = Table(title=f"{model.name}: sweep (KV tokens, p99 latencies" + (", times estimated)" if results[0][1].notes
+                                                                         else ")"),
+              box=box.SIMPLE_HEAD, padding=(0, 1, 0, 1), pad_edge=False, collapse_padding=True)
+    for k in keys:
+        t.add_column({"rate_scale": "rate"}.get(k, k.replace("_", "-")), no_wrap=True)
+    for col in ("tokens", "TTFT", "TPOT", "E2E", "req/s", "peak", "preempt"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for combo, sim in results:
+        t.add_row(*(str(combo[k]).removeprefix("contiguous-") for k in keys), f"{sim.setup.token_slots:,}",
+                  _short(sim.ttft.p99 if sim.ttft else None), _short(sim.tpot.p99 if sim.tpot else None),
+                  _short(sim.e2e.p99 if sim.e2e else None), f"{sim.requests_per_s:,.2f}", f"{sim.peak_usage:.0%}",
+                  f"{sim.preemptions:,}")
+    console().print(t)
+    return 0
