@@ -14,7 +14,7 @@ import kvbudget
 from kvbudget import KVBudgetError
 from kvbudget.simulation.run import simulate
 from kvbudget.simulation.vllm import SchedulerConfig, VLLMScheduler
-from kvbudget.simulation.workload import Request, read_trace, rescale, synthetic, exponential_lengths
+from kvbudget.simulation.workload import Request, exponential_lengths, read_trace, rescale, synthetic
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 LLAMA = kvbudget.load_model("llama-3.1-8b")
@@ -158,3 +158,77 @@ def test_synthetic_poisson_has_the_asked_rate():
     rate = len(reqs) / reqs[-1].arrival
     assert 9.5 < rate < 10.5
     assert 95 < sum(r.prompt_tokens for r in reqs) / len(reqs) < 105
+
+
+# -- the command line -----------------------------------------------------------------------------------------
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from kvbudget.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+AZURE = str(TRACES / "AzureLLMInferenceTrace_conv.csv")
+
+
+def test_cli_json_timeline_and_plot_agree_with_the_api(capsys, tmp_path):
+    timeline, picture = tmp_path / "steps.csv", tmp_path / "sim.png"
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", "--trace", AZURE, "--slice", "100:400",
+                         "--no-prefix-caching", "--json", "--timeline", str(timeline), "--plot", str(picture))
+    assert code == 0, err
+    data = json.loads(out)
+    api = simulate(LLAMA, rescale(read_trace(AZURE), start=100, count=400), gpu="H100", prefix_caching=False)
+    assert data["requests"] == api.requests == 400
+    assert data["ttft_s"]["p99"] == api.ttft.p99 and data["preemptions"] == api.preemptions
+    rows = timeline.read_text().splitlines()
+    assert rows[0] == "time_s,tokens,kv_usage,running,waiting" and len(rows) == api.steps + 1
+    assert float(rows[-1].split(",")[0]) == pytest.approx(api.duration_s, abs=1e-6)
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_table_credits_the_azure_trace(capsys):
+    code, out, _ = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", "--trace", AZURE, "--slice", "0:50")
+    assert code == 0
+    assert "Microsoft Azure Public Dataset" in out and "time to first token" in out
+
+
+def test_cli_sweep_and_rate_search(capsys):
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "1", "--requests", "60",
+                         "--max-model-len", "8192", "--sweep", "kv-dtype=auto,fp8", "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert [r["settings"]["kv_dtype"] for r in rows] == ["auto", "fp8"]
+    # an fp8 cache holds twice the tokens in the same budget
+    slots = [r["result"]["setup"]["num_blocks"] for r in rows]
+    assert slots[1] == pytest.approx(2 * slots[0], rel=0.01)
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", "--trace", AZURE, "--slice", "0:300",
+                         "--find-max-rate", "--slo", "ttft_p99=500ms", "--json")
+    assert code == 0, err
+    found = json.loads(out)
+    met = [scale for scale, ok in found["tried"] if ok]
+    failed = [scale for scale, ok in found["tried"] if not ok]
+    assert found["rate_scale"] == max(met) and found["best"]["ttft_s"]["p99"] <= 0.5
+    assert min(failed) > found["rate_scale"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rate", "0"], "--rate: '0' must be a number above 0"),
+    (["--trace", "x.csv", "--rate", "2"], "give --trace FILE or --rate N"),
+    (["--rate", "2", "--slice", "abc"], "--slice 'abc'"),
+    (["--rate", "2", "--allocator", "buddy"], "--allocator buddy: choose paged"),
+    (["--rate", "2", "--find-max-rate"], "--find-max-rate needs --slo"),
+    (["--rate", "2", "--find-max-rate", "--slo", "ttft=2s"], "--slo ttft: name a latency"),
+    (["--rate", "2", "--sweep", "colour=red"], "--sweep 'colour=red'"),
+    (["--trace", "/nonexistent/trace.csv"], "trace /nonexistent/trace.csv"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_models_the_simulator_does_not_model_are_refused(capsys):
+    code, _, err = cli(capsys, "simulate", "mistral-7b", "--gpu", "H100", "--rate", "1")
+    assert code == 2 and "SlidingWindow" in err

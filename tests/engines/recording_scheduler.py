@@ -15,7 +15,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 class RecordingScheduler(Scheduler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._log = open(os.environ["KVBUDGET_SCHEDULE_LOG"], "a", buffering=1)  # noqa: SIM115
+        self._log = open(os.environ["KVBUDGET_SCHEDULE_LOG"], "a", buffering=1)
         self._preempted = []
         pool = self.kv_cache_manager.block_pool
         self._write({"start": True, "num_gpu_blocks": pool.num_gpu_blocks,

@@ -110,8 +110,7 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
             assert [ids[s.uid] for s in step.preempted] == rec["preempted"], where
             assert step.free_blocks == rec["free"], where
             assert step.usage == pytest.approx(rec["usage"], abs=1e-12), where
-            for s in sim.update(step):
-                pass
+            sim.update(step)
             steps += 1
             preemptions += len(step.preempted)
     assert not sim.has_work()

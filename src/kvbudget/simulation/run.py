@@ -157,7 +157,8 @@ class Simulation:
             "recomputed_tokens": self.recomputed_tokens, "prefix_hit_tokens": self.prefix_hit_tokens,
             "prefix_queried_tokens": self.prefix_queried_tokens, "prefix_hit_rate": self.prefix_hit_rate,
             "peak_usage": self.peak_usage, "mean_usage": self.mean_usage, "peak_running": self.peak_running,
-            "peak_waiting": self.peak_waiting, "memory": dict(self.memory.__dict__), "fast_steps": self.fast_steps, "notes": list(self.notes),
+            "peak_waiting": self.peak_waiting, "memory": dict(self.memory.__dict__), "fast_steps": self.fast_steps,
+            "notes": list(self.notes),
             "timeline": [s.__dict__ for s in self.timeline],
         }
 
@@ -190,6 +191,9 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
     options = EngineOptions(block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
                             prefix_caching=prefix_caching, device=device)
     max_len = max_model_len or model.max_position_embeddings
+    if not max_len:
+        raise KVBudgetError(f"max_model_len: {model.name}'s config has no max_position_embeddings; give "
+                            "max_model_len", param="max_model_len")
     if gpu is None and gpu_memory is None:
         if kv_memory is None and num_blocks is None:
             raise KVBudgetError("simulate: give a GPU (gpu or gpu_memory), a KV budget (kv_memory) or num_blocks",
@@ -251,8 +255,9 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
 class _Run:
     """The clock loop, with its running totals."""
 
-    def __init__(self, setup: Setup, sched: VLLMScheduler | ContiguousScheduler, workload: Iterable[Request], fast: bool,
-                 interval: float, on_step: Callable[..., None] | None, progress: Callable[[int], None] | None):
+    def __init__(self, setup: Setup, sched: VLLMScheduler | ContiguousScheduler, workload: Iterable[Request],
+                 fast: bool, interval: float, on_step: Callable[..., None] | None,
+                 progress: Callable[[int], None] | None):
         self.setup, self.sched, self.fast = setup, sched, fast
         self.interval, self.on_step, self.progress = interval, on_step, progress
         self.tm = setup.time_model

@@ -93,7 +93,8 @@ def find_max_rate(model: ModelSpec, workload: Workload, slo: Mapping[str, float]
     return RateSearch(lo, runs[lo], tuple(tried))
 
 
-SWEEPABLE = {"tp": int, "pp": int, "kv-dtype": str, "max-num-seqs": int, "max-num-batched-tokens": int,
+SWEEPABLE: dict[str, Callable[[str], Any]] = {
+    "tp": int, "pp": int, "kv-dtype": str, "max-num-seqs": int, "max-num-batched-tokens": int,
              "block-size": int, "allocator": str, "gpu": str, "max-model-len": int,
              "long-prefill-token-threshold": int, "prefix-caching": lambda v: v.lower() in ("1", "true", "on", "yes"),
              "rate-scale": float}

@@ -45,8 +45,26 @@ UNIQUE = 1 << 62  # keys of blocks past a request's shared pieces: above every h
 class Seq:
     """One request inside the scheduler (mutable; the scheduler owns it)."""
 
-    __slots__ = ("uid", "request", "prompt", "max_out", "end", "out", "computed", "blocks", "ncached", "pieces",
-                 "chains", "ends", "shared", "preemptions", "hit_tokens", "recomputed", "first_token", "finished")
+    __slots__ = (
+        "blocks",
+        "chains",
+        "computed",
+        "end",
+        "ends",
+        "finished",
+        "first_token",
+        "hit_tokens",
+        "max_out",
+        "ncached",
+        "out",
+        "pieces",
+        "preemptions",
+        "prompt",
+        "recomputed",
+        "request",
+        "shared",
+        "uid",
+    )
 
     def __init__(self, uid: int, request: Request) -> None:
         self.uid = uid
@@ -169,7 +187,8 @@ class BlockPool(CountingPool):
 
     def release(self, ordered: list[int]) -> None:
         """free_blocks: `ordered` by eviction priority; unkeyed to the front, keyed to the tail."""
-        first, last = [], []
+        first: list[int] = []
+        last: list[int] = []
         ref, key = self.ref, self.key
         for b in ordered:
             ref[b] -= 1

@@ -1,0 +1,64 @@
+"""Times `kvbudget.simulate` on the real traces: the Azure conversation trace (19,366 requests, one hour) on
+Llama-3.1-8B / H100 without prefix caching, and the Mooncake conversation trace with prefix caching; the fast
+path and the step-by-step reference; and peak Python memory against the trace length (the trace is streamed).
+Prints figures; asserts nothing. Trace: Azure LLM inference trace 2023, Microsoft Azure Public Dataset.
+
+    python benchmarks/bench_simulate.py [--runs 3] [--mooncake-requests 12031]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+import tracemalloc
+from pathlib import Path
+
+import kvbudget
+from kvbudget.simulation import read_trace, rescale, simulate
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+AZURE = TRACES / "AzureLLMInferenceTrace_conv.csv"
+MOONCAKE = TRACES / "mooncake_conversation_trace.jsonl"
+
+
+def timed(runs: int, make, **kw):
+    times, result = [], None
+    for _ in range(runs):
+        start = time.perf_counter()
+        result = simulate(MODEL, make(), gpu="H100", **kw)
+        times.append(time.perf_counter() - start)
+    return min(times), statistics.median(times), result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--mooncake-requests", type=int, default=12031)
+    ap.add_argument("--mooncake-rate-scale", type=float, default=1.0)
+    a = ap.parse_args()
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}")
+    best, median, r = timed(a.runs, lambda: read_trace(AZURE), prefix_caching=False)
+    print(f"Azure conv, {r.requests:,} requests, {r.steps:,} steps ({r.fast_steps:,} in decode runs), no prefix "
+          f"caching: best {best:.2f} s, median {median:.2f} s = {r.requests / best:,.0f} requests/s")
+    best, median, r = timed(1, lambda: read_trace(AZURE), prefix_caching=False, fast=False)
+    print(f"  the same step by step (reference): {best:.2f} s = {r.requests / best:,.0f} requests/s")
+    best, median, r = timed(max(1, a.runs - 2), lambda: rescale(read_trace(MOONCAKE), a.mooncake_rate_scale,
+                                                                count=a.mooncake_requests))
+    print(f"Mooncake conv, {r.requests:,} requests, prefix caching (hit rate {r.prefix_hit_rate:.1%}, peak "
+          f"waiting {r.peak_waiting:,}): best {best:.2f} s = {r.requests / best:,.0f} requests/s")
+    for count in (2000, 19366):
+        tracemalloc.start()
+        simulate(MODEL, rescale(read_trace(AZURE), count=count), gpu="H100", prefix_caching=False)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        print(f"  peak Python memory, Azure first {count:,} requests: {peak / 2**20:.1f} MiB")
+
+
+MODEL = kvbudget.load_model("llama-3.1-8b")
+
+if __name__ == "__main__":
+    main()
