@@ -3,11 +3,13 @@
 vLLM loads it with `--scheduler-cls recording_scheduler.RecordingScheduler` (this folder on PYTHONPATH) and it
 appends one JSON line per event to $KVBUDGET_SCHEDULE_LOG: each request added (its prompt token ids and
 max_tokens), each schedule() call (tokens per request in vLLM's order, the requests it preempted, free blocks and
-the usage gauge after it), and each request finished. It changes no decision: every method calls vLLM's own.
+the usage gauge after it, the monotonic time it started), and each request finished. It changes no
+decision: every method calls vLLM's own.
 """
 
 import json
 import os
+import time
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -38,8 +40,9 @@ class RecordingScheduler(Scheduler):
 
     def schedule(self, *args, **kwargs):
         self._preempted = []
+        started = time.monotonic()
         out = super().schedule(*args, **kwargs)
-        self._write({"step": list(out.num_scheduled_tokens.items()), "preempted": self._preempted,
+        self._write({"step": list(out.num_scheduled_tokens.items()), "preempted": self._preempted, "t": started,
                      "free": self.kv_cache_manager.block_pool.get_num_free_blocks(),
                      "usage": self.kv_cache_manager.usage})
         return out

