@@ -232,3 +232,52 @@ def test_cli_bad_input_is_one_line_and_exit_2(capsys, argv, message):
 def test_models_the_simulator_does_not_model_are_refused(capsys):
     code, _, err = cli(capsys, "simulate", "mistral-7b", "--gpu", "H100", "--rate", "1")
     assert code == 2 and "SlidingWindow" in err
+
+
+def _recorder_log(path: Path, law) -> None:
+    """A log as kvbudget.simulation.recorder writes it, its steps taking law(tokens, context) seconds."""
+    t, lines = 100.0, ['{"start": true}', '{"add": "a", "prompt": [1], "max_tokens": 5}']
+    for i in range(60):
+        tokens, context = (1 + (i % 7) * 40, 300 + 97 * i) if i % 3 else (8, 50 + i)
+        lines.append(json.dumps({"step": [["a", tokens]], "preempted": [], "t": t, "tokens": tokens,
+                                 "context": context, "free": 1, "usage": 0.5}))
+        if i == 30:
+            lines.append('{"add": "b", "prompt": [1], "max_tokens": 5}')  # idle time may follow: not a step time
+            t += 50
+        t += law(tokens, context)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_calibration_recovers_a_known_step_time_law(tmp_path, capsys):
+    from kvbudget.simulation import setup_for
+    from kvbudget.simulation.timing import read_measured_steps
+
+    log = tmp_path / "steps.jsonl"
+    _recorder_log(log, lambda tokens, context: 0.004 + 2e-6 * context)
+    steps = read_measured_steps(log)
+    assert len(steps) == 58  # 60 steps, less the last (no next start) and the one before the arrival
+    setup = setup_for(LLAMA, kv_memory=2**31, max_model_len=8192, measured=steps)
+    for context in (100, 5000, 40000):
+        assert setup.time_model.step_seconds(1, context) == pytest.approx(0.004 + 2e-6 * context, rel=1e-6)
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--kv-memory", "2GiB", "--max-model-len", "8192",
+                         "--rate", "1", "--requests", "20", "--calibrate", str(log), "--json")
+    assert code == 0, err
+    assert json.loads(out)["setup"]["time_model"]["basis"] == "calibrated on 58 measured steps"
+
+
+def test_a_time_model_is_needed(capsys, tmp_path):
+    code, _, err = cli(capsys, "simulate", "llama-3.1-8b", "--kv-memory", "1GiB", "--max-model-len", "4096",
+                       "--rate", "1")
+    assert code == 2 and "--calibrate" in err
+    bad = tmp_path / "steps.jsonl"
+    bad.write_text('{"step": [], "t": 1}\n')
+    code, _, err = cli(capsys, "simulate", "llama-3.1-8b", "--kv-memory", "1GiB", "--rate", "1", "--calibrate",
+                       str(bad))
+    assert code == 2 and f"{bad}:1: a step without tokens" in err
+
+
+def test_a_request_that_can_never_be_scheduled_is_an_error_not_a_hang():
+    """Without chunked prefill (the contiguous baselines) a prompt longer than a step's token budget never runs."""
+    with pytest.raises(KVBudgetError, match="can never be scheduled"):
+        simulate(LLAMA, iter([Request(0, 3000, 5)]), gpu="H100", max_model_len=8192, max_num_batched_tokens=2048,
+                 allocator="contiguous-oracle")

@@ -224,15 +224,25 @@ def run_llama_server(gguf: Path, *args: str, timeout: float = 120) -> LlamaRun:
 def replay_on_vllm(model_dir: Path, max_model_len: int, requests: list, *extra: str,
                    timeout: float = 600) -> list[dict]:
     """Send `requests` — (seconds after the first, prompt token ids, max_tokens) — to a real vLLM server that
-    records its scheduler's decisions (recording_scheduler.py), and return those records in order."""
+    records its scheduler's decisions (kvbudget.simulation.recorder), and return those records in order."""
     import threading
 
+    import kvbudget
+
     log_path = model_dir.parent / f"schedule-{os.getpid()}-{time.time_ns()}.jsonl"
+    # vLLM's environment imports kvbudget's recorder: this kvbudget alone goes on its path (a folder holding a
+    # link to the package), not the rest of this environment's packages
+    link_dir = model_dir.parent / f"kvbudget-path-{os.getpid()}"
+    link_dir.mkdir(exist_ok=True)
+    link = link_dir / "kvbudget"
+    if not link.exists():
+        link.symlink_to(Path(kvbudget.__file__).resolve().parent, target_is_directory=True)
+    saved = {k: os.environ.get(k) for k in ("KVBUDGET_SCHEDULE_LOG", "PYTHONPATH")}
     os.environ["KVBUDGET_SCHEDULE_LOG"] = str(log_path)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = str(link_dir)
     try:
         with vllm_server(model_dir, None, max_model_len, "--scheduler-cls",
-                         "recording_scheduler.RecordingScheduler", *extra) as url:
+                         "kvbudget.simulation.recorder.RecordingScheduler", *extra) as url:
             with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as r:
                 served = json.loads(r.read())["data"][0]["id"]
             errors: list = []
@@ -262,5 +272,9 @@ def replay_on_vllm(model_dir: Path, max_model_len: int, requests: list, *extra: 
             if errors:
                 raise RuntimeError(f"{len(errors)} requests failed: {errors[:3]}")
     finally:
-        os.environ.pop("KVBUDGET_SCHEDULE_LOG", None)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     return [json.loads(line) for line in log_path.read_text().splitlines()]

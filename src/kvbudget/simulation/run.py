@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,7 @@ from kvbudget.engines.vllm import VLLMEngine
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import FullAttention, LatentAttention, ModelSpec, NoCache
 from kvbudget.simulation.contiguous import POLICIES, ContiguousScheduler
-from kvbudget.simulation.timing import TimeModel
+from kvbudget.simulation.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
 from kvbudget.simulation.vllm import SchedulerConfig, Seq, VLLMScheduler
 from kvbudget.simulation.workload import Request
 
@@ -178,7 +178,8 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               kv_dtype: str = "auto", max_model_len: int | None = None, block_size: int | None = None,
               device: str = "cuda", max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
               prefix_caching: bool = True, long_prefill_token_threshold: int = 0,
-              time_model: TimeModel | None = None, allocator: str = "paged") -> Setup:
+              time_model: TimeModel | None = None, allocator: str = "paged",
+              measured: Sequence[MeasuredStep] | None = None) -> Setup:
     """The memory and scheduler settings from the planner and the engine's defaults, and the default time model."""
     from kvbudget.gpus import find_gpu
     from kvbudget.planner import plan
@@ -216,8 +217,13 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
     serving = chosen.serving(p.gpu_memory_bytes, max_len, options, gpu_name=p.gpu)
     seqs = max_num_seqs or serving.max_num_seqs
     mnbt = p.options.max_num_batched_tokens or serving.prefill_tokens
-    if time_model is None:
+    if measured is not None:
+        time_model = calibrate(measured)
+    elif time_model is None:
         time_model = _roofline(p, card)
+    if time_model.basis == NOMINAL:
+        raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
+                            "FLOPS), or measured steps to calibrate it (--calibrate)", param="gpu")
     if allocator != "paged" and allocator.removeprefix("contiguous-") not in POLICIES:
         raise KVBudgetError(f"allocator {allocator}: choose paged, "
                             f"{', '.join('contiguous-' + p for p in POLICIES)}", param="allocator")
@@ -227,12 +233,12 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
 
 
 def _roofline(p: Any, card: Any) -> TimeModel:
-    if card is None or not card.bandwidth_bytes_per_s or not card.bf16_tflops:
-        raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
-                            "FLOPS), or a time model given or calibrated (--calibrate)", param="gpu")
-    return TimeModel(weight_bytes=p.weights.active_bytes / p.tp, kv_bytes_per_token=p.estimate.bytes_per_token,
-                     flops_per_token=2 * p.weights.active_params / p.tp, bandwidth=card.bandwidth_bytes_per_s,
-                     peak_flops=card.bf16_tflops * 1e12)
+    """The roofline over the card's datasheet peaks; without them, nominal peaks (only a calibration helps)."""
+    figures = card is not None and card.bandwidth_bytes_per_s and card.bf16_tflops
+    return TimeModel.roofline(p.weights.active_bytes / p.tp, p.estimate.bytes_per_token,
+                              2 * p.weights.active_params / p.tp, card.bandwidth_bytes_per_s if figures else 1e12,
+                              card.bf16_tflops * 1e12 if figures else 1e12,
+                              "roofline estimate" if figures else NOMINAL)
 
 
 def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | None = None, fast: bool = True,
@@ -304,6 +310,12 @@ class _Run:
                 self.decode_run(sched, k, pending.arrival if pending is not None else math.inf)
                 continue
             step = sched.schedule()
+            if not step.tokens:
+                head = sched.waiting[0].request
+                raise KVBudgetError(f"request {head.id or self.requests}: a prompt of {head.prompt_tokens} tokens "
+                                    f"can never be scheduled (max_num_batched_tokens "
+                                    f"{self.setup.max_num_batched_tokens}, allocator {self.setup.allocator}); "
+                                    "raise max_num_batched_tokens or filter the trace", param="trace")
             ctx = sum(q.computed for q, _ in step.scheduled)
             dt = tm.step_seconds(step.tokens, ctx)
             slots = self.slot_time
@@ -319,7 +331,9 @@ class _Run:
         bs = sched.cfg.block_size
         states_time, internal_time = self.slot_time[0], self.slot_time[2]
         takes = sched.new_blocks_by_step(k)
-        weights, per_context, per_token, overhead = self.tm.coefficients()
+        tm = self.tm
+        weights, per_context, per_token, overhead = tm.weights, tm.per_context, tm.per_token, tm.overhead
+        summed = tm.bound == "sum"
         context = sched.context_tokens()
         compute = per_token * r
         free, usable = sched.pool.nfree, sched.pool.usable
@@ -333,7 +347,10 @@ class _Run:
                 free -= takes[done]
                 usage = 1.0 - free / usable
             read = weights + per_context * context  # (as step_seconds computes it, to the last bit)
-            dt = (read if read > compute else compute) + overhead
+            if summed:
+                dt = read + compute + overhead
+            else:
+                dt = (read if read > compute else compute) + overhead
             t += dt
             usage_time += usage * dt
             states_time += context * dt  # the cached tokens are the context attended over
@@ -396,6 +413,9 @@ class _Run:
         if self.setup.time_model.basis == "roofline estimate":
             notes.append("times are estimates: a roofline over the GPU's datasheet peaks with assumed efficiencies "
                          "(calibrate with measured steps); the scheduling itself is exact")
+        else:
+            notes.append(f"times from a time model {self.setup.time_model.basis}: an estimate whose error the "
+                         "README states; the scheduling itself is exact")
         return Simulation(self.setup, self.requests, self.completed, duration, self.steps,
                           Percentiles.of(self.ttft), Percentiles.of(self.tpot), Percentiles.of(self.e2e),
                           self.completed / duration if duration else 0.0,

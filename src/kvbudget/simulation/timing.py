@@ -1,15 +1,19 @@
-"""How long one engine step takes: a roofline over the GPU catalog's peak figures, with efficiency factors.
+"""How long one engine step takes: a roofline over the GPU catalog's peak figures, or a fit to measured steps.
 
-Scheduling is exact; time is not. A step reads the active weights once and every scheduled request's KV cache,
-and does about 2 FLOPs per active parameter per token; it takes the longer of the two at the card's peak times
-an efficiency, plus a fixed overhead. The defaults below are estimates (labelled so everywhere they are shown);
-`calibrate` fits them to measured step times.
+Scheduling is exact; time is not. By default a step reads the active weights once and every scheduled request's
+KV cache, and does about 2 FLOPs per active parameter per token: it takes the longer of the two at the card's
+datasheet peaks times an efficiency, plus a fixed overhead. The efficiencies and overhead below are estimates
+(labelled so wherever times are shown). `calibrate` fits a step time to measured steps instead: a fixed part,
+a part per token attended over and a part per token computed, added (the form a least-squares fit can pin down
+from what a recorder sees).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from pathlib import Path
 
 from kvbudget.errors import KVBudgetError
 
@@ -18,33 +22,37 @@ from kvbudget.errors import KVBudgetError
 BANDWIDTH_EFFICIENCY = 0.7
 COMPUTE_EFFICIENCY = 0.5
 STEP_OVERHEAD_S = 0.002
+NOMINAL = "nominal peaks (no GPU figures)"
 
 
 @dataclass(frozen=True)
 class TimeModel:
-    weight_bytes: float  # read once per step (active weights on one GPU)
-    kv_bytes_per_token: float  # read per cached token attended to, on one GPU
-    flops_per_token: float  # per scheduled token, on one GPU
-    bandwidth: float  # bytes/s, datasheet peak
-    peak_flops: float  # FLOP/s, datasheet peak
-    bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY
-    compute_efficiency: float = COMPUTE_EFFICIENCY
-    overhead: float = STEP_OVERHEAD_S
-    basis: str = "roofline estimate"  # or "calibrated on ..."
+    """A step's seconds from its tokens and the tokens it attends over:
+    `max(weights + per_context * context, per_token * tokens) + overhead` (roofline), or the sum of the terms
+    (calibrated)."""
+
+    weights: float  # seconds to read the weights once
+    per_context: float  # seconds per cached token attended over
+    per_token: float  # seconds per token computed
+    overhead: float  # seconds per step
+    bound: str = "max"  # "max" (roofline: the slower of reading and computing) or "sum" (calibrated)
+    basis: str = "roofline estimate"
+
+    @classmethod
+    def roofline(cls, weight_bytes: float, kv_bytes_per_token: float, flops_per_token: float, bandwidth: float,
+                 peak_flops: float, basis: str = "roofline estimate") -> TimeModel:
+        read = bandwidth * BANDWIDTH_EFFICIENCY
+        return cls(weight_bytes / read, kv_bytes_per_token / read, flops_per_token / (peak_flops *
+                                                                                      COMPUTE_EFFICIENCY),
+                   STEP_OVERHEAD_S, "max", basis)
 
     def step_seconds(self, tokens: int, context_tokens: int) -> float:
         """One step computing `tokens` new tokens while attending over `context_tokens` cached ones."""
-        weights, per_context, per_token, overhead = self.coefficients()
-        read = weights + per_context * context_tokens
-        compute = per_token * tokens
-        return (read if read > compute else compute) + overhead
-
-    def coefficients(self) -> tuple[float, float, float, float]:
-        """(weights read, read per context token, compute per token, overhead), in seconds: a step takes
-        max(weights + per_context * context, per_token * tokens) + overhead."""
-        read = self.bandwidth * self.bandwidth_efficiency
-        return (self.weight_bytes / read, self.kv_bytes_per_token / read,
-                self.flops_per_token / (self.peak_flops * self.compute_efficiency), self.overhead)
+        read = self.weights + self.per_context * context_tokens
+        compute = self.per_token * tokens
+        if self.bound == "sum":
+            return read + compute + self.overhead
+        return (read if read > compute else compute) + self.overhead
 
     def to_dict(self) -> dict[str, float | str]:
         return dict(self.__dict__)
@@ -57,43 +65,66 @@ class MeasuredStep:
     seconds: float
 
 
-def calibrate(model: TimeModel, steps: Sequence[MeasuredStep], source: str = "measured steps") -> TimeModel:
-    """The efficiencies and overhead that best fit measured steps (least squares on the step time).
+def read_measured_steps(path: str | Path) -> list[MeasuredStep]:
+    """Step times from a log of kvbudget's vLLM recorder (kvbudget.simulation.recorder): each step that the next
+    one followed directly (no request arrived between, so the engine was not idle), timed start to start."""
+    name = str(path)
+    out: list[MeasuredStep] = []
+    before: tuple[int, int, float] | None = None
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line, text in enumerate(f, 1):
+                try:
+                    rec = json.loads(text)
+                except json.JSONDecodeError as e:
+                    raise KVBudgetError(f"{name}:{line}: not JSON ({e.msg})", param="calibrate") from None
+                if not isinstance(rec, dict):
+                    raise KVBudgetError(f"{name}:{line}: expected a JSON object", param="calibrate")
+                if "add" in rec:  # the engine may have been idle before it
+                    before = None
+                if "step" not in rec:
+                    continue
+                try:
+                    tokens, context, t = int(rec["tokens"]), int(rec["context"]), float(rec["t"])
+                except (KeyError, TypeError, ValueError):
+                    raise KVBudgetError(f"{name}:{line}: a step without tokens, context and t; record with "
+                                        "kvbudget.simulation.recorder", param="calibrate") from None
+                if before is not None and t > before[2]:
+                    out.append(MeasuredStep(before[0], before[1], t - before[2]))
+                before = (tokens, context, t) if tokens else None
+    except OSError as e:
+        raise KVBudgetError(f"calibrate {name}: {e.strerror or e}", param="calibrate") from None
+    return out
 
-    Each step is read-bound or compute-bound under the current factors; the fit is linear in 1/efficiency and
-    the overhead, so it is solved exactly, then repeated until the bound each step falls on stops changing."""
+
+def calibrate(steps: Sequence[MeasuredStep], source: str = "measured steps") -> TimeModel:
+    """The step time that best fits measured steps (least squares, no negative part):
+    overhead + per_context * context + per_token * tokens."""
     if len(steps) < 3:
         raise KVBudgetError(f"calibrate: {len(steps)} measured steps; at least 3 are needed", param="calibrate")
-    current = model
-    for _ in range(10):
-        rows, ys = [], []
-        for s in steps:
-            read = (current.weight_bytes + current.kv_bytes_per_token * s.context_tokens) / current.bandwidth
-            compute = current.flops_per_token * s.tokens / current.peak_flops
-            bound_read = read / current.bandwidth_efficiency >= compute / current.compute_efficiency
-            rows.append((read if bound_read else 0.0, 0.0 if bound_read else compute, 1.0))
-            ys.append(s.seconds)
-        a, b, c = _least_squares(rows, ys)
-        fitted = replace(current, bandwidth_efficiency=1 / a if a > 0 else current.bandwidth_efficiency,
-                         compute_efficiency=1 / b if b > 0 else current.compute_efficiency, overhead=max(c, 0.0),
-                         basis=f"calibrated on {len(steps)} {source}")
-        if fitted == current:
+    rows = [(1.0, float(s.context_tokens), float(s.tokens)) for s in steps]
+    ys = [s.seconds for s in steps]
+    used = [0, 1, 2]
+    while True:
+        fit = _least_squares([tuple(r[j] for j in used) for r in rows], ys)
+        negative = [j for j, v in zip(used, fit, strict=True) if v < 0]
+        if not negative:
             break
-        current = fitted
-    return current
+        used.remove(negative[0])
+    coef = dict(zip(used, fit, strict=True))
+    return TimeModel(0.0, coef.get(1, 0.0), coef.get(2, 0.0), coef.get(0, 0.0), "sum",
+                     f"calibrated on {len(steps)} {source}")
 
 
-def _least_squares(rows: list[tuple[float, float, float]], ys: list[float]) -> tuple[float, float, float]:
-    """Solve the 3x3 normal equations (columns that are all zero get coefficient 0)."""
-    n = 3
-    used = [j for j in range(n) if any(r[j] for r in rows)]
-    m = [[sum(r[i] * r[j] for r in rows) for j in used] for i in used]
-    v = [sum(r[i] * y for r, y in zip(rows, ys, strict=True)) for i in used]
-    k = len(used)
-    for col in range(k):  # Gaussian elimination with partial pivoting
+def _least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float]:
+    """Solve the normal equations by Gaussian elimination with partial pivoting."""
+    k = len(rows[0]) if rows else 0
+    m = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
+    v = [sum(r[i] * y for r, y in zip(rows, ys, strict=True)) for i in range(k)]
+    for col in range(k):
         pivot = max(range(col, k), key=lambda r: abs(m[r][col]))
         if abs(m[pivot][col]) < 1e-30:
-            raise KVBudgetError("calibrate: the measured steps do not vary enough to fit the time model",
+            raise KVBudgetError("calibrate: the measured steps do not vary enough to fit a step time",
                                 param="calibrate")
         m[col], m[pivot] = m[pivot], m[col]
         v[col], v[pivot] = v[pivot], v[col]
@@ -102,7 +133,4 @@ def _least_squares(rows: list[tuple[float, float, float]], ys: list[float]) -> t
                 f = m[r][col] / m[col][col]
                 m[r] = [x - f * y for x, y in zip(m[r], m[col], strict=True)]
                 v[r] -= f * v[col]
-    out = [0.0] * n
-    for idx, j in enumerate(used):
-        out[j] = v[idx] / m[idx][idx]
-    return out[0], out[1], out[2]
+    return [v[i] / m[i][i] for i in range(k)]

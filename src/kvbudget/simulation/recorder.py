@@ -1,17 +1,19 @@
-"""A vLLM scheduler that writes down what the real one decides, for the simulator's exactness tests.
+"""A vLLM scheduler that writes down what the real one decides: for the simulator's exactness tests, and for
+`kvbudget simulate --calibrate` (measured step times on your own hardware).
 
-vLLM loads it with `--scheduler-cls recording_scheduler.RecordingScheduler` (this folder on PYTHONPATH) and it
-appends one JSON line per event to $KVBUDGET_SCHEDULE_LOG: each request added (its prompt token ids and
-max_tokens), each schedule() call (tokens per request in vLLM's order, the requests it preempted, free blocks and
-the usage gauge after it, the monotonic time it started), and each request finished. It changes no
-decision: every method calls vLLM's own.
+Run vLLM with kvbudget importable (installed in vLLM's environment, or on PYTHONPATH) and
+    KVBUDGET_SCHEDULE_LOG=steps.jsonl vllm serve MODEL --scheduler-cls kvbudget.simulation.recorder.RecordingScheduler
+It appends one JSON line per event: each request added (its prompt token ids and max_tokens), each schedule()
+call (tokens per request in vLLM's order, the requests it preempted, free blocks and the usage gauge after it,
+the tokens the scheduled requests attend over, the monotonic time it started), and each request finished. It
+changes no decision: every method calls vLLM's own. Only vLLM's engine process imports this module.
 """
 
 import json
 import os
 import time
 
-from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.core.sched.scheduler import Scheduler  # type: ignore[import-not-found]
 
 
 class RecordingScheduler(Scheduler):
@@ -42,7 +44,9 @@ class RecordingScheduler(Scheduler):
         self._preempted = []
         started = time.monotonic()
         out = super().schedule(*args, **kwargs)
+        context = sum(self.requests[r].num_computed_tokens for r in out.num_scheduled_tokens)
         self._write({"step": list(out.num_scheduled_tokens.items()), "preempted": self._preempted, "t": started,
+                     "tokens": out.total_num_scheduled_tokens, "context": context,
                      "free": self.kv_cache_manager.block_pool.get_num_free_blocks(),
                      "usage": self.kv_cache_manager.usage})
         return out
