@@ -281,3 +281,27 @@ def test_a_request_that_can_never_be_scheduled_is_an_error_not_a_hang():
     with pytest.raises(KVBudgetError, match="can never be scheduled"):
         simulate(LLAMA, iter([Request(0, 3000, 5)]), gpu="H100", max_model_len=8192, max_num_batched_tokens=2048,
                  allocator="contiguous-oracle")
+
+
+def test_the_guard_in_the_loop_is_the_guards_own_admission(tmp_path):
+    """With the guard in front, overload turns into 503s and caps instead of queues and preemptions; its YAML's
+    thresholds are the ones acting (a higher reject threshold rejects less); every forwarded request completes."""
+    import yaml
+
+    from kvbudget.planner import guard_config_yaml, plan
+
+    p = plan(LLAMA, gpu="L4", max_model_len=8192)
+    config = yaml.safe_load(guard_config_yaml(p))
+    trace = lambda: rescale(read_trace(AZURE), count=1500)  # noqa: E731
+    settings = {"gpu": "L4", "max_model_len": 8192, "prefix_caching": False}
+    bare = simulate(LLAMA, trace(), **settings)
+    guarded = simulate(LLAMA, trace(), guard_config=config, **settings)
+    g = guarded.guard
+    assert g is not None and bare.guard is None
+    assert sum(g.forwarded.values()) + g.rejected == guarded.requests == bare.requests
+    assert guarded.completed == sum(g.forwarded.values())
+    assert g.rejected > 0 and g.capped > 0 and g.forwarded[2] > 0
+    assert guarded.preemptions < bare.preemptions and guarded.peak_waiting < bare.peak_waiting
+    looser = dict(config, levels=[dict(lv, threshold=t) for lv, t in zip(config["levels"], (0.8, 0.9, 0.99),
+                                                                          strict=True)])
+    assert simulate(LLAMA, trace(), guard_config=looser, **settings).guard.rejected < g.rejected

@@ -66,6 +66,10 @@ def add_parser(sub: Any) -> None:
                                                                    "kv-dtype=auto,fp8 (rate-scale too)")
     o.add_argument("--calibrate", help="fit the time model to measured steps: a log of vLLM run with "
                                        "--scheduler-cls kvbudget.simulation.recorder.RecordingScheduler")
+    o.add_argument("--guard-config", help="put `kvbudget guard` in front of the engine with this YAML (e.g. from "
+                                          "`kvbudget plan --guard-config`): its own code decides every arrival")
+    o.add_argument("--guard-poll-interval", default="1", help="seconds between the guard's scrapes of the usage "
+                                                              "gauge (default 1, as the guard's)")
     o.add_argument("--reference", action="store_true", help="step by step, without the fast path (same answer)")
     p.set_defaults(run=run)
 
@@ -104,6 +108,15 @@ def _workload(args: argparse.Namespace) -> Callable[[float], Iterable[Any]]:
         lengths = exponential_lengths(_positive(args.prompt_tokens, "--prompt-tokens"),
                                       _positive(args.output_tokens, "--output-tokens"))
     return lambda scale: rescale(synthetic(rate, n, lengths, seed, cv), scale, start, count)
+
+
+def _guard(args: argparse.Namespace) -> dict[str, Any]:
+    if not args.guard_config:
+        return {}
+    from kvbudget.cli.common import read_yaml
+
+    return {"guard_config": read_yaml(args.guard_config, "--guard-config"),
+            "guard_poll_interval": _positive(args.guard_poll_interval, "--guard-poll-interval")}
 
 
 def _positive(text: str, what: str) -> float:
@@ -149,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.slo:
             raise KVBudgetError("--find-max-rate needs --slo, e.g. ttft_p99=2s,tpot_p99=100ms")
         slo = parse_slo(args.slo)
-        found = find_max_rate(model, workload, slo, start=scale, setup=setup, fast=not args.reference)
+        found = find_max_rate(model, workload, slo, start=scale, setup=setup, fast=not args.reference,
+                              **_guard(args))
         if args.json:
             print(json.dumps({"rate_scale": found.rate_scale, "slo": slo, "tried": found.tried,
                               "best": found.best.to_dict() if found.best else None}, indent=2))
@@ -163,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         on_step = lambda t, tokens, usage, r, w: rows.append(f"{t:.6f},{tokens},{usage:.6f},{r},{w}")  # noqa: E731
     progress = _progress() if not args.json and sys.stderr.isatty() else None
     sim = simulate(model, workload(scale), setup=setup, fast=not args.reference, on_step=on_step,
-                   progress=progress)
+                   progress=progress, **_guard(args))
     if progress is not None:
         print(file=sys.stderr)
     if args.timeline:
@@ -226,6 +240,12 @@ def _print(sim: Any, args: argparse.Namespace) -> None:
     out.print(f"queues: peak running {sim.peak_running:,}, peak waiting {sim.peak_waiting:,}; preemptions "
               f"{sim.preemptions:,} ({sim.preempted_requests:,} requests, {sim.recomputed_tokens:,} tokens "
               f"recomputed); prefix-cache hits {hit} of prompt tokens")
+    if sim.guard is not None:
+        g = sim.guard
+        out.print(f"guard: forwarded {sum(g.forwarded.values()):,} (untouched {g.forwarded[0]:,}, at the cap level "
+                  f"{g.forwarded[1]:,}, forced to one sample {g.forwarded[2]:,}), rejected {g.rejected:,} with 503; "
+                  f"caps shortened {g.capped:,} requests by {g.tokens_cut:,} output tokens; its predicted usage "
+                  f"peaked at {g.peak_predicted:.0%}")
     for note in sim.notes:
         out.print(f"note: {note}")
     if _credit(args):
@@ -265,7 +285,7 @@ def _sweep(args: argparse.Namespace, model: Any, workload: Any, settings: dict[s
     swept_scale = any("rate_scale" in c for c in combos)
     for combo in combos:
         run_scale = combo.pop("rate_scale", scale)
-        sim = simulate(model, workload(run_scale), fast=not args.reference, **{**settings, **combo})
+        sim = simulate(model, workload(run_scale), fast=not args.reference, **_guard(args), **{**settings, **combo})
         results.append(({**combo, "rate_scale": run_scale}, sim))
     if args.json:
         print(json.dumps([{"settings": c, "result": replace(s, timeline=()).to_dict()} for c, s in results],

@@ -19,9 +19,11 @@ class Admission:
         self.held: dict[str, dict[int, int]] = {r.url: {} for r in replicas}  # request id -> predicted bytes
         self.ids = itertools.count()
 
-    def decide(self, body: dict[str, Any], priority: bool, tried: set[str]) -> Decision:
+    def decide(self, body: dict[str, Any], priority: bool, tried: set[str], now: float | None = None) -> Decision:
+        """`now` (default: the monotonic clock) is the time metrics ages are measured against; the simulator
+        passes its own clock."""
         candidates = [r for r in self.replicas if r.url not in tried]
-        decision = decide(body, candidates, self.policy, priority)
+        decision = decide(body, candidates, self.policy, priority, now)
         self.metrics.decisions.labels(str(decision.level), decision.action).inc()
         return decision
 

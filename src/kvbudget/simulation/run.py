@@ -13,11 +13,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvbudget.engines import Engine, EngineOptions, get_engine
+from kvbudget.engines import Allocation, Engine, EngineOptions, get_engine
 from kvbudget.engines.vllm import VLLMEngine
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import FullAttention, LatentAttention, ModelSpec, NoCache
 from kvbudget.simulation.contiguous import POLICIES, ContiguousScheduler
+from kvbudget.simulation.guarded import GuardInLoop, GuardReport
 from kvbudget.simulation.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
 from kvbudget.simulation.vllm import SchedulerConfig, Seq, VLLMScheduler
 from kvbudget.simulation.workload import Request
@@ -93,6 +94,7 @@ class Setup:
     time_model: TimeModel
     bytes_per_token: int = 0  # KV bytes per token on the most loaded GPU
     allocator: str = "paged"  # or contiguous-max / contiguous-pow2 / contiguous-oracle
+    allocation: Allocation | None = field(default=None, repr=False, compare=False)  # the engine's, for the guard
 
     @property
     def token_slots(self) -> int:
@@ -131,6 +133,7 @@ class Simulation:
     notes: tuple[str, ...] = field(default=())
     ttft_sorted: tuple[float, ...] = field(default=(), repr=False)  # every request's, for distributions
     e2e_sorted: tuple[float, ...] = field(default=(), repr=False)
+    guard: GuardReport | None = None  # what the guard in the loop did
 
     def metric(self, name: str) -> float | None:
         """A latency figure by name: ttft|tpot|e2e _ p50|p90|p99|mean|max (seconds)."""
@@ -158,7 +161,7 @@ class Simulation:
             "prefix_queried_tokens": self.prefix_queried_tokens, "prefix_hit_rate": self.prefix_hit_rate,
             "peak_usage": self.peak_usage, "mean_usage": self.mean_usage, "peak_running": self.peak_running,
             "peak_waiting": self.peak_waiting, "memory": dict(self.memory.__dict__), "fast_steps": self.fast_steps,
-            "notes": list(self.notes),
+            "notes": list(self.notes), "guard": self.guard.to_dict() if self.guard else None,
             "timeline": [s.__dict__ for s in self.timeline],
         }
 
@@ -229,7 +232,8 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
                             f"{', '.join('contiguous-' + p for p in POLICIES)}", param="allocator")
     return Setup(chosen.name, model.name, blocks, cap.block_size, None if num_blocks is not None else
                  p.kv_memory_bytes, seqs, mnbt, max_len, prefix_caching, long_prefill_token_threshold,
-                 p.gpu if card or gpu_memory else None, time_model, p.estimate.bytes_per_token, allocator)
+                 p.gpu if card or gpu_memory else None, time_model, p.estimate.bytes_per_token, allocator,
+                 p.estimate.allocation)
 
 
 def _roofline(p: Any, card: Any) -> TimeModel:
@@ -243,10 +247,14 @@ def _roofline(p: Any, card: Any) -> TimeModel:
 
 def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | None = None, fast: bool = True,
              sample_interval: float = SAMPLE_INTERVAL_S, on_step: Callable[[float, int, float, int, int], None]
-             | None = None, progress: Callable[[int], None] | None = None, **settings: Any) -> Simulation:
+             | None = None, progress: Callable[[int], None] | None = None, guard_config: dict[str, Any] | None = None,
+             guard_poll_interval: float = 1.0, **settings: Any) -> Simulation:
     """Run `workload` through vLLM's scheduler. `settings` are `setup_for`'s (engine, gpu, kv_memory, ...) unless
     a `setup` is given. `fast` takes runs of pure decode steps at once (the result is identical; see tests).
-    `on_step(time, tokens, usage, running, waiting)` is called after every step (for a timeline file)."""
+    `on_step(time, tokens, usage, running, waiting)` is called after every step (for a timeline file).
+    `guard_config` (a guard YAML as a dict, e.g. from `kvbudget plan --guard-config`) puts the guard's own
+    admission in front of the engine: it decides every arrival, scraping the usage gauge every
+    `guard_poll_interval` seconds."""
     s = setup or setup_for(model, **settings)
     config = SchedulerConfig(s.num_blocks, s.block_size, s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len,
                              s.prefix_caching, s.long_prefill_token_threshold)
@@ -255,7 +263,10 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
         sched = VLLMScheduler(config)
     else:
         sched = ContiguousScheduler(config, s.token_slots, s.allocator.removeprefix("contiguous-"))
-    return _Run(s, sched, workload, fast, sample_interval, on_step, progress).result()
+    guard = None
+    if guard_config is not None:
+        guard = GuardInLoop(guard_config, s.allocation, s.kv_memory_bytes, guard_poll_interval)
+    return _Run(s, sched, workload, fast, sample_interval, on_step, progress, guard).result()
 
 
 class _Run:
@@ -263,8 +274,9 @@ class _Run:
 
     def __init__(self, setup: Setup, sched: VLLMScheduler | ContiguousScheduler, workload: Iterable[Request],
                  fast: bool, interval: float, on_step: Callable[..., None] | None,
-                 progress: Callable[[int], None] | None):
-        self.setup, self.sched, self.fast = setup, sched, fast
+                 progress: Callable[[int], None] | None, guard: GuardInLoop | None = None):
+        self.setup, self.sched, self.fast, self.guard = setup, sched, fast, guard
+        self.releases: dict[int, Callable[[], None]] = {}  # the guard's hold on each admitted request
         self.interval, self.on_step, self.progress = interval, on_step, progress
         self.tm = setup.time_model
         self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
@@ -286,8 +298,14 @@ class _Run:
                 raise KVBudgetError(f"request {pending.id or self.requests + 1}: a prompt of {pending.prompt_tokens} "
                                     f"tokens does not fit max_model_len {self.setup.max_model_len} (the engine "
                                     "rejects it); raise max_model_len or filter the trace", param="trace")
-            self.sched.add(pending)
             self.requests += 1
+            if self.guard is None:
+                self.sched.add(pending)
+            else:
+                self.guard.observe(self.t, self.sched.usage())
+                admitted = self.guard.admit(pending, self.t)
+                if admitted is not None:
+                    self.releases[self.sched.add(admitted[0]).uid] = admitted[1]
             self.prompt_tokens += pending.prompt_tokens
             if self.progress is not None and self.requests % 1000 == 0:
                 self.progress(self.requests)
@@ -394,6 +412,8 @@ class _Run:
 
     def finish(self, done: list[Seq]) -> None:
         for q in done:
+            if self.releases:
+                self.releases.pop(q.uid, lambda: None)()
             arrival = q.request.arrival
             assert q.first_token is not None and q.finished is not None
             self.ttft.append(q.first_token - arrival)
@@ -423,7 +443,8 @@ class _Run:
                           sched.preemptions, self.preempted_requests, self.recomputed, sched.hit_tokens,
                           sched.queried_tokens, self.peak_usage, self.usage_time / duration if duration else 0.0,
                           self.peak_running, self.peak_waiting, self._shares(duration), tuple(self.timeline),
-                          self.fast_steps, tuple(notes), tuple(sorted(self.ttft)), tuple(sorted(self.e2e)))
+                          self.fast_steps, tuple(notes), tuple(sorted(self.ttft)), tuple(sorted(self.e2e)),
+                          self.guard.report() if self.guard else None)
 
     def _shares(self, duration: float) -> MemoryShares:
         if not duration:

@@ -35,6 +35,7 @@ class Request:
     output_tokens: int
     prefix: tuple[tuple[Any, int], ...] = ()
     id: str = ""
+    max_tokens: int | None = None  # what the client asked for, where known (output_tokens <= max_tokens)
 
     @property
     def shared_tokens(self) -> int:
@@ -81,7 +82,7 @@ def _ordered(requests: Iterator[tuple[int, Request]], path: str) -> Iterator[Req
             raise TraceError(path, line, f"arrives at {r.arrival} s, before the line above it; sort the trace by "
                              "arrival time")
         last = at
-        yield Request(at, r.prompt_tokens, r.output_tokens, r.prefix, r.id)
+        yield Request(at, r.prompt_tokens, r.output_tokens, r.prefix, r.id, r.max_tokens)
 
 
 def read_azure(path: str | Path) -> Iterator[Request]:
@@ -111,7 +112,8 @@ def read_azure(path: str | Path) -> Iterator[Request]:
 
 def read_jsonl(path: str | Path) -> Iterator[Request]:
     """Mooncake's JSONL (timestamp ms, input_length, output_length, hash_ids per 512 tokens) or ours:
-    {"arrival": s, "prompt_tokens": n, "output_tokens": n, "prefix": "id", "prefix_tokens": n, "id": "..."}."""
+    {"arrival": s, "prompt_tokens": n, "output_tokens": n, "prefix": "id", "prefix_tokens": n, "id": "...",
+    "max_tokens": n (what the client asked for; the guard in the loop predicts with it)}."""
     name = str(path)
 
     def rows() -> Iterator[tuple[int, Request]]:
@@ -155,8 +157,14 @@ def _ours(obj: dict, path: str, line: int) -> Request:
         if shared > prompt:
             raise TraceError(path, line, f"prefix_tokens {shared} is longer than prompt_tokens {prompt}")
         pieces = ((("id", str(obj["prefix"])), shared),)
-    return Request(_seconds(obj["arrival"], path, line, "arrival"), prompt,
-                   _count(obj["output_tokens"], path, line, "output_tokens"), pieces, str(obj.get("id", line)))
+    output = _count(obj["output_tokens"], path, line, "output_tokens")
+    asked = None
+    if obj.get("max_tokens") is not None:
+        asked = _count(obj["max_tokens"], path, line, "max_tokens")
+        if asked < output:
+            raise TraceError(path, line, f"max_tokens {asked} is below output_tokens {output}")
+    return Request(_seconds(obj["arrival"], path, line, "arrival"), prompt, output, pieces,
+                   str(obj.get("id", line)), asked)
 
 
 def read_trace(path: str | Path) -> Iterator[Request]:
@@ -190,7 +198,8 @@ def rescale(requests: Iterable[Request], rate_scale: float = 1.0, start: int = 0
             return
         if first is None:
             first = r.arrival
-        yield Request((r.arrival - first) / rate_scale, r.prompt_tokens, r.output_tokens, r.prefix, r.id)
+        yield Request((r.arrival - first) / rate_scale, r.prompt_tokens, r.output_tokens, r.prefix, r.id,
+                      r.max_tokens)
 
 
 # -- synthetic ---------------------------------------------------------------------------------------------------

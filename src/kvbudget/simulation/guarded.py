@@ -1,0 +1,85 @@
+"""The guard in the loop: `kvbudget guard`'s own admission code deciding each simulated arrival.
+
+The guard's `Admission` (policy, predictor, levels with hysteresis) sees every request as it arrives, with the
+engine's usage gauge as the guard would have scraped it (every `poll_interval` seconds of simulated time) and
+its own prediction of what the requests in flight will hold. A rejected request never reaches the engine; a
+capped one generates at most its new max_tokens. Nothing here decides anything itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvbudget.errors import KVBudgetError
+from kvbudget.simulation.workload import Request
+
+
+@dataclass(frozen=True)
+class GuardReport:
+    """What the guard did: decisions by level and action, and what its caps took away."""
+
+    forwarded: dict[int, int]  # level -> requests forwarded at it (0 untouched, 1 capped, 2 single sample)
+    rejected: int
+    capped: int  # requests whose max_tokens the guard lowered below what they would have generated
+    tokens_cut: int  # output tokens those caps removed
+    peak_predicted: float  # the guard's predicted usage, at its highest when it decided
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"forwarded": {str(k): v for k, v in self.forwarded.items()}, "rejected": self.rejected,
+                "capped": self.capped, "tokens_cut": self.tokens_cut, "peak_predicted": self.peak_predicted}
+
+
+class GuardInLoop:
+    def __init__(self, config: dict[str, Any], allocation: Any, kv_budget: int | None, poll_interval: float = 1.0):
+        try:
+            from kvbudget.guard.admission import Admission
+            from kvbudget.guard.metrics import GuardMetrics
+            from kvbudget.guard.policy import Replica, policy_from_config
+            from kvbudget.guard.signals import Predictor
+        except ImportError:
+            raise KVBudgetError("guard_config: the guard in the loop needs the guard's packages: "
+                                "pip install 'kvbudget[guard]'", param="guard_config") from None
+        budget = config.get("kv_budget_bytes") or kv_budget
+        if not budget:
+            raise KVBudgetError("guard_config: no kv_budget_bytes in it and no KV budget to predict against",
+                                param="guard_config")
+        self.replica = Replica("simulated")
+        self._prompt = 0
+        self.admission = Admission([self.replica], policy_from_config(config), Predictor(allocation, int(budget)),
+                                   lambda body: self._prompt, GuardMetrics())
+        self.poll_interval = poll_interval
+        self.next_poll = 0.0
+        self.forwarded = {0: 0, 1: 0, 2: 0}
+        self.rejected = self.capped = self.tokens_cut = 0
+        self.peak_predicted = 0.0
+
+    def observe(self, now: float, usage: float) -> None:
+        """The guard's scrape of the engine's gauge, when one is due."""
+        if now >= self.next_poll:
+            self.replica.observed = usage
+            self.replica.observed_at = now
+            self.next_poll = now + self.poll_interval
+
+    def admit(self, r: Request, now: float) -> tuple[Request, Callable[[], None]] | None:
+        """The request as the guard forwards it and the release of its predicted bytes, or None (503)."""
+        asked = r.max_tokens or r.output_tokens
+        self._prompt = r.prompt_tokens
+        decision = self.admission.decide({"max_tokens": asked}, False, set(), now=now)
+        self.peak_predicted = max(self.peak_predicted, self.replica.predicted)
+        if decision.action == "reject":
+            self.rejected += 1
+            return None
+        assert decision.body is not None
+        self.forwarded[decision.level] += 1
+        release = self.admission.hold(decision)
+        allowed = int(decision.body.get("max_tokens") or asked)
+        if allowed < r.output_tokens:
+            self.capped += 1
+            self.tokens_cut += r.output_tokens - allowed
+            r = Request(r.arrival, r.prompt_tokens, allowed, r.prefix, r.id, allowed)
+        return r, release
+
+    def report(self) -> GuardReport:
+        return GuardReport(dict(self.forwarded), self.rejected, self.capped, self.tokens_cut, self.peak_predicted)
