@@ -151,6 +151,7 @@ class Simulation:
 
         setup = dict(self.setup.__dict__)
         setup["time_model"] = self.setup.time_model.to_dict()
+        setup.pop("allocation")
         return {
             "setup": setup, "requests": self.requests, "completed": self.completed, "duration_s": self.duration_s,
             "steps": self.steps, "ttft_s": pct(self.ttft), "tpot_s": pct(self.tpot), "e2e_s": pct(self.e2e),
