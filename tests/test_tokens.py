@@ -225,3 +225,24 @@ def test_offline_hub_tokenizer_says_how_to_fix(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(KVBudgetError, match="not in the local Hugging Face cache.*approximate=True"):
         PromptCounter("llama-3.1-8b")
+
+
+def test_simulate_a_request_log_with_exact_prompt_lengths(tok_dir, raw, tmp_path, capsys):
+    """`kvbudget simulate --request-log`: each prompt as the engine caches it (template rendered, counted), each
+    output its max_tokens, arrivals from the lines; a line without max_tokens draws its output."""
+    requests = [{"messages": [{"role": "user", "content": CORPUS[i % 4] * (i + 1)}], "max_tokens": 20 + i,
+                 "arrival": i * 0.5} for i in range(6)]
+    log = tmp_path / "requests.jsonl"
+    log.write_text("\n".join(json.dumps(r) for r in requests) + "\n")
+    argv = ["simulate", "llama-3.1-8b", "--gpu", "H100", "--max-model-len", "4096", "--request-log", str(log),
+            "--tokenizer", str(tok_dir), "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["requests"] == data["completed"] == 6
+    assert data["prompt_tokens"] == sum(encode(raw, render_by_hand(r["messages"])) for r in requests)
+    assert data["output_tokens"] == sum(r["max_tokens"] for r in requests)
+    del requests[2]["arrival"]
+    log.write_text("\n".join(json.dumps(r) for r in requests) + "\n")
+    assert main(argv) == 2
+    assert f"{log}:3: no 'arrival'" in capsys.readouterr().err
+    assert main(argv + ["--rate", "2"]) == 0  # arrivals at a rate instead

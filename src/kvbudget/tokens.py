@@ -164,22 +164,19 @@ class PromptCounter:
         parts.append(Part("template and separators", total - sum(counts)))
         return PromptCount(total, tuple(parts), None, templated=template)
 
-    def count_jsonl(self, lines: Iterable[str], template: bool = True, batch: int = 256,
-                    progress: Callable[[int], object] | None = None) -> LogStats:
-        """Streams JSON Lines of chat requests: only token counts are kept, never the texts."""
-        prompts, totals = array("q"), array("q")
-        pending: list[tuple[list[dict], int]] = []
+    def count_lines(self, lines: Iterable[str], template: bool = True, batch: int = 256,
+                    progress: Callable[[int], object] | None = None) -> Iterator[tuple[int, int | None, dict]]:
+        """Streams JSON Lines of chat requests: (prompt tokens, max_tokens, the request) per request, counted in
+        batches; a bad line names its number."""
+        pending: list[tuple[list[dict], int | None, dict]] = []
 
-        def flush() -> None:
-            if not pending:
-                return
+        def flush() -> Iterator[tuple[int, int | None, dict]]:
             if self.approximate:
-                counts = [sum(self.count_texts([_content_text(m) for m in msgs])) for msgs, _ in pending]
+                counts = [sum(self.count_texts([_content_text(m) for m in msgs])) for msgs, _, _ in pending]
             else:
-                counts = self.count_rendered([self.render(msgs, template) for msgs, _ in pending])
-            for n, (_, max_tokens) in zip(counts, pending, strict=True):
-                prompts.append(n)
-                totals.append(n + max_tokens)
+                counts = self.count_rendered([self.render(msgs, template) for msgs, _, _ in pending])
+            for n, (_, max_tokens, request) in zip(counts, pending, strict=True):
+                yield n, max_tokens, request
             pending.clear()
 
         for number, line in enumerate(lines, 1):
@@ -194,10 +191,19 @@ class PromptCounter:
                 raise TokenizerError(f"line {number}: invalid JSON ({exc.msg}); each line must be one chat "
                                     "request object") from None
             messages, max_tokens = _request_fields(request, f"line {number}")
-            pending.append(([{**m, "content": _content_text(m)} for m in messages], max_tokens or 0))
+            pending.append(([{**m, "content": _content_text(m)} for m in messages], max_tokens, request))
             if len(pending) >= batch:
-                flush()
-        flush()
+                yield from flush()
+        if pending:
+            yield from flush()
+
+    def count_jsonl(self, lines: Iterable[str], template: bool = True, batch: int = 256,
+                    progress: Callable[[int], object] | None = None) -> LogStats:
+        """Streams JSON Lines of chat requests: only token counts are kept, never the texts."""
+        prompts, totals = array("q"), array("q")
+        for n, max_tokens, _ in self.count_lines(lines, template, batch, progress):
+            prompts.append(n)
+            totals.append(n + (max_tokens or 0))
         if not len(prompts):
             raise TokenizerError("the JSON Lines input holds no requests")
         return LogStats(len(prompts), distribution(prompts), distribution(totals), self.approximate)

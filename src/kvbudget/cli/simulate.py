@@ -30,6 +30,11 @@ def add_parser(sub: Any) -> None:
     w = p.add_argument_group("workload (a trace, or synthetic arrivals)")
     w.add_argument("--trace", help="Azure LLM inference trace CSV, Mooncake JSONL or our JSONL "
                                    "(arrival, prompt_tokens, output_tokens[, prefix, prefix_tokens])")
+    w.add_argument("--request-log", help="an OpenAI chat request log (JSON Lines): prompt lengths counted with the "
+                                         "model's tokenizer, outputs of max_tokens (else drawn with mean "
+                                         "--output-tokens), arrivals from each line's 'arrival' or at --rate")
+    w.add_argument("--tokenizer", help="--request-log: where the tokenizer is (default: the model argument)")
+    w.add_argument("--approximate", action="store_true", help="--request-log: lengths from characters, labelled")
     w.add_argument("--rate", help="synthetic: requests per second (Poisson, or gamma with --cv)")
     w.add_argument("--requests", default="1000", help="synthetic: how many requests (default 1000)")
     w.add_argument("--cv", default="1", help="synthetic: coefficient of variation of inter-arrival times "
@@ -84,8 +89,11 @@ def _workload(args: argparse.Namespace) -> Callable[[float], Iterable[Any]]:
         synthetic,
     )
 
-    if bool(args.trace) == bool(args.rate):
-        raise KVBudgetError("simulate: give --trace FILE or --rate N (synthetic arrivals), one of them")
+    if args.request_log:
+        if args.trace:
+            raise KVBudgetError("simulate: give --trace or --request-log, not both")
+    elif bool(args.trace) == bool(args.rate):
+        raise KVBudgetError("simulate: give --trace FILE, --request-log FILE or --rate N (synthetic arrivals)")
     start, count = 0, None
     if args.slice:
         first, colon, n = args.slice.partition(":")
@@ -99,8 +107,17 @@ def _workload(args: argparse.Namespace) -> Callable[[float], Iterable[Any]]:
         path = args.trace
         list(rescale(read_trace(path), 1.0, 0, 1))  # a missing or foreign file fails before any run
         return lambda scale: rescale(read_trace(path), scale, start, count)
-    rate, cv = _positive(args.rate, "--rate"), _positive(args.cv, "--cv")
-    n, seed = one(args.requests, "--requests"), int(args.seed)
+    cv, seed = _positive(args.cv, "--cv"), int(args.seed)
+    if args.request_log:
+        from kvbudget.simulation.workload import request_log
+        from kvbudget.tokens import PromptCounter
+
+        counter = PromptCounter(args.tokenizer or args.model, args.approximate, args.engine)
+        outputs = exponential_lengths(1, _positive(args.output_tokens, "--output-tokens"))
+        log, log_rate = args.request_log, _positive(args.rate, "--rate") if args.rate else None
+        return lambda scale: rescale(request_log(log, counter, outputs, log_rate, seed, cv), scale, start, count)
+    rate = _positive(args.rate, "--rate")
+    n = one(args.requests, "--requests")
     if args.lengths_from_trace:
         pool = [(r.prompt_tokens, r.output_tokens) for r in read_trace(args.lengths_from_trace)]
         lengths = sampled_lengths(pool)
@@ -248,6 +265,8 @@ def _print(sim: Any, args: argparse.Namespace) -> None:
                   f"peaked at {g.peak_predicted:.0%}")
     for note in sim.notes:
         out.print(f"note: {note}")
+    if args.request_log and args.approximate:
+        out.print("note: prompt lengths are approximate (characters / 4), not counted with the tokenizer")
     if _credit(args):
         out.print(f"trace: {_credit(args)}")
 

@@ -202,6 +202,42 @@ def rescale(requests: Iterable[Request], rate_scale: float = 1.0, start: int = 0
                       r.max_tokens)
 
 
+def request_log(path: str | Path, counter: Any, lengths: Lengths, rate: float | None = None, seed: int = 0,
+                cv: float = 1.0) -> Iterator[Request]:
+    """An OpenAI chat request log (JSON Lines, as `kvbudget tokens` reads it) with prompt lengths counted exactly
+    by `counter` (a `kvbudget.tokens.PromptCounter`). A request generates its max_tokens (or
+    max_completion_tokens); one without either draws an output length from `lengths`. Arrivals come from each
+    line's "arrival" (seconds) where every line has one, else at `rate` per second (Poisson, or gamma of `cv`)."""
+    from kvbudget.tokens import iter_lines
+
+    name = str(path)
+    rng = random.Random(seed)
+    gaps = _gaps(rate, cv, rng) if rate is not None else None
+
+    def rows() -> Iterator[tuple[int, Request]]:
+        t = 0.0
+        for line, (prompt, max_tokens, body) in enumerate(counter.count_lines(iter_lines(name)), 1):
+            if gaps is None:
+                if "arrival" not in body:
+                    raise TraceError(name, line, "no 'arrival' (seconds) in this request: give every line one, "
+                                     "or a rate for synthetic arrivals")
+                t = _seconds(body["arrival"], name, line, "arrival")
+            elif line > 1:
+                t += next(gaps)
+            output = max_tokens if max_tokens else lengths(rng)[1]
+            yield line, Request(t, max(prompt, 1), output, id=str(body.get("id", line)), max_tokens=max_tokens)
+
+    return _ordered(rows(), name)
+
+
+def _gaps(rate: float, cv: float, rng: random.Random) -> Iterator[float]:
+    if rate <= 0 or cv <= 0:
+        raise KVBudgetError(f"arrivals need rate > 0 and cv > 0 (got {rate}, {cv})", param="rate")
+    shape = 1 / (cv * cv)
+    while True:
+        yield rng.gammavariate(shape, 1 / (rate * shape))
+
+
 # -- synthetic ---------------------------------------------------------------------------------------------------
 
 Lengths = Callable[[random.Random], tuple[int, int]]
@@ -237,10 +273,10 @@ def synthetic(rate: float, count: int, lengths: Lengths, seed: int = 0, cv: floa
         raise KVBudgetError(f"synthetic arrivals need rate > 0, count ≥ 1 and cv > 0 (got {rate}, {count}, {cv})",
                             param="rate")
     rng = random.Random(seed)
-    shape = 1 / (cv * cv)
+    gaps = _gaps(rate, cv, rng)
     t = 0.0
     for i in range(count):
         if i:
-            t += rng.gammavariate(shape, 1 / (rate * shape))
+            t += next(gaps)
         p, o = lengths(rng)
         yield Request(t, p, o, id=str(i))
