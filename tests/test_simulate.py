@@ -215,7 +215,7 @@ def test_cli_sweep_and_rate_search(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--rate", "0"], "--rate: '0' must be a number above 0"),
-    (["--trace", "x.csv", "--rate", "2"], "give --trace FILE or --rate N"),
+    (["--trace", "x.csv", "--rate", "2"], "give --trace FILE, --request-log FILE or --rate N"),
     (["--rate", "2", "--slice", "abc"], "--slice 'abc'"),
     (["--rate", "2", "--allocator", "buddy"], "--allocator buddy: choose paged"),
     (["--rate", "2", "--find-max-rate"], "--find-max-rate needs --slo"),
