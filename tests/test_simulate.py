@@ -30,7 +30,7 @@ def workloads(draw):
         prompt = draw(st.integers(1, 600))
         shared = draw(st.integers(0, prompt))
         prefix = ((("p", draw(st.integers(0, 3))), shared),) if shared else ()
-        out.append(Request(t, prompt, draw(st.integers(1, 300)), prefix, str(i)))
+        out.append(Request(t, prompt, draw(st.integers(1, 300)), prefix, str(i), n=draw(st.sampled_from([1, 1, 2, 3]))))
     return out
 
 

@@ -223,7 +223,7 @@ def run_llama_server(gguf: Path, *args: str, timeout: float = 120) -> LlamaRun:
 
 def replay_on_vllm(model_dir: Path, max_model_len: int, requests: list, *extra: str,
                    timeout: float = 600) -> list[dict]:
-    """Send `requests` — (seconds after the first, prompt token ids, max_tokens) — to a real vLLM server that
+    """Send `requests` — (seconds after the first, prompt token ids, max_tokens, n) — to a real vLLM server that
     records its scheduler's decisions (kvbudget.simulation.recorder), and return those records in order."""
     import threading
 
@@ -247,24 +247,24 @@ def replay_on_vllm(model_dir: Path, max_model_len: int, requests: list, *extra: 
                 served = json.loads(r.read())["data"][0]["id"]
             errors: list = []
 
-            def send(prompt: list, max_tokens: int) -> None:
-                body = json.dumps({"model": served, "prompt": prompt, "max_tokens": max_tokens,
-                                   "ignore_eos": True, "temperature": 0}).encode()
+            def send(prompt: list, max_tokens: int, n: int) -> None:
+                body = json.dumps({"model": served, "prompt": prompt, "max_tokens": max_tokens, "n": n,
+                                   "ignore_eos": True, "temperature": 1.0 if n > 1 else 0}).encode()
                 req = urllib.request.Request(f"{url}/v1/completions", data=body,
                                              headers={"Content-Type": "application/json"})
                 try:
                     with urllib.request.urlopen(req, timeout=timeout) as r:
                         got = json.loads(r.read())["usage"]["completion_tokens"]
-                    if got != max_tokens:
-                        errors.append(f"asked for {max_tokens} tokens, got {got}")
+                    if got != max_tokens * n:
+                        errors.append(f"asked for {n} x {max_tokens} tokens, got {got}")
                 except OSError as e:
                     errors.append(repr(e))
 
             threads = []
             start = time.monotonic()
-            for at, prompt, max_tokens in requests:
+            for at, prompt, max_tokens, n in requests:
                 time.sleep(max(0.0, start + at - time.monotonic()))
-                t = threading.Thread(target=send, args=(prompt, max_tokens))
+                t = threading.Thread(target=send, args=(prompt, max_tokens, n))
                 t.start()
                 threads.append(t)
             for t in threads:

@@ -24,7 +24,7 @@ import kvbudget
 from kvbudget.engines import EngineOptions
 from kvbudget.simulation.timing import MeasuredStep, calibrate, read_measured_steps
 from kvbudget.simulation.vllm import SchedulerConfig, VLLMScheduler
-from kvbudget.simulation.workload import Request, read_trace, rescale
+from kvbudget.simulation.workload import Request, read_trace, rescale, samples
 
 pytestmark = pytest.mark.engines
 
@@ -69,7 +69,8 @@ def mooncake_slice(count: int, piece: int = 128) -> list[Request]:
 
 def shared_prefixes(count: int) -> list[Request]:
     """Six system prompts of three blocks each, unique questions after them, and every fifth request an exact
-    repeat of a four-block prompt (a full-prompt hit must still recompute its last block)."""
+    repeat of a four-block prompt (a full-prompt hit must still recompute its last block); every seventh asks
+    for n = 3 samples (vLLM runs three sequences sharing the prompt)."""
     rng = random.Random(11)
     out = []
     for i in range(count):
@@ -78,7 +79,8 @@ def shared_prefixes(count: int) -> list[Request]:
             continue
         system = rng.randrange(6)
         prompt = 384 + rng.randrange(10, 200)
-        out.append(Request(i * 0.05, prompt, rng.randrange(100, 300), ((("system", system), 384),)))
+        out.append(Request(i * 0.05, prompt, rng.randrange(100, 300), ((("system", system), 384),),
+                           n=3 if i % 7 == 6 else 1))
     return out
 
 
@@ -103,7 +105,7 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
                                         start["max_num_batched_tokens"], MAX_LEN, prefix_caching, threshold))
     by_prompt: dict[tuple, list[Request]] = {}  # identical prompts (repeats) in the order they were sent
     for i, r in enumerate(requests):
-        by_prompt.setdefault(tuple(prompt_ids(r, i)), []).append(r)
+        by_prompt.setdefault(tuple(prompt_ids(r, i)), []).extend(samples(r, i))  # n > 1: n sequences
     ids: dict[int, str] = {}
     steps = preemptions = 0
     measured: list[MeasuredStep] = []
@@ -134,7 +136,7 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
     if prefix_caching:
         assert sim.hit_tokens > 0
     finished = [rec for rec in records if "finished" in rec]
-    assert len(finished) == len(requests)
+    assert len(finished) == sum(r.n for r in requests)
     log = Path(tempfile.mkdtemp()) / "steps.jsonl"
     log.write_text("".join(json.dumps(rec) + "\n" for rec in records))
     assert read_measured_steps(log) == measured  # what `kvbudget simulate --calibrate` reads
@@ -142,7 +144,7 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
 
 
 def run(requests: list[Request], *extra: str, prefix_caching: bool) -> list[dict]:
-    sends = [(r.arrival, prompt_ids(r, i), r.output_tokens) for i, r in enumerate(requests)]
+    sends = [(r.arrival, prompt_ids(r, i), r.output_tokens, r.n) for i, r in enumerate(requests)]
     folder = model_folder("sim-llama", CONFIG)
     return replay_on_vllm(folder, MAX_LEN, sends, "--kv-cache-memory-bytes", str(KV_BYTES),
                           *(() if prefix_caching else ("--no-enable-prefix-caching",)), *extra)

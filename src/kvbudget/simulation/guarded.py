@@ -23,7 +23,7 @@ class GuardReport:
     forwarded: dict[int, int]  # level -> requests forwarded at it (0 untouched, 1 capped, 2 single sample)
     rejected: int
     capped: int  # requests whose max_tokens the guard lowered below what they would have generated
-    tokens_cut: int  # output tokens those caps removed
+    tokens_cut: int  # output tokens those caps removed (per sample kept)
     peak_predicted: float  # the guard's predicted usage, at its highest when it decided
 
     def to_dict(self) -> dict[str, Any]:
@@ -66,7 +66,7 @@ class GuardInLoop:
         """The request as the guard forwards it and the release of its predicted bytes, or None (503)."""
         asked = r.max_tokens or r.output_tokens
         self._prompt = r.prompt_tokens
-        decision = self.admission.decide({"max_tokens": asked}, False, set(), now=now)
+        decision = self.admission.decide({"max_tokens": asked, "n": r.n}, False, set(), now=now)
         self.peak_predicted = max(self.peak_predicted, self.replica.predicted)
         if decision.action == "reject":
             self.rejected += 1
@@ -75,10 +75,12 @@ class GuardInLoop:
         self.forwarded[decision.level] += 1
         release = self.admission.hold(decision)
         allowed = int(decision.body.get("max_tokens") or asked)
+        n = int(decision.body.get("n") or 1)
         if allowed < r.output_tokens:
             self.capped += 1
-            self.tokens_cut += r.output_tokens - allowed
-            r = Request(r.arrival, r.prompt_tokens, allowed, r.prefix, r.id, allowed)
+            self.tokens_cut += (r.output_tokens - allowed) * n
+        if allowed < r.output_tokens or n != r.n:
+            r = Request(r.arrival, r.prompt_tokens, min(allowed, r.output_tokens), r.prefix, r.id, allowed, n)
         return r, release
 
     def report(self) -> GuardReport:

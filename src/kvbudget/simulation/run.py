@@ -21,7 +21,7 @@ from kvbudget.simulation.contiguous import POLICIES, ContiguousScheduler
 from kvbudget.simulation.guarded import GuardInLoop, GuardReport
 from kvbudget.simulation.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
 from kvbudget.simulation.vllm import SchedulerConfig, Seq, VLLMScheduler
-from kvbudget.simulation.workload import Request
+from kvbudget.simulation.workload import Request, samples
 
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
 SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
@@ -278,6 +278,7 @@ class _Run:
                  progress: Callable[[int], None] | None, guard: GuardInLoop | None = None):
         self.setup, self.sched, self.fast, self.guard = setup, sched, fast, guard
         self.releases: dict[int, Callable[[], None]] = {}  # the guard's hold on each admitted request
+        self.families: dict[int, list[Any]] = {}  # child uid -> its request's [left, first token, finish, release]
         self.interval, self.on_step, self.progress = interval, on_step, progress
         self.tm = setup.time_model
         self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
@@ -301,17 +302,30 @@ class _Run:
                                     "rejects it); raise max_model_len or filter the trace", param="trace")
             self.requests += 1
             if self.guard is None:
-                self.sched.add(pending)
+                self.add(pending)
             else:
                 self.guard.observe(self.t, self.sched.usage())
                 admitted = self.guard.admit(pending, self.t)
                 if admitted is not None:
-                    self.releases[self.sched.add(admitted[0]).uid] = admitted[1]
+                    self.add(*admitted)
             self.prompt_tokens += pending.prompt_tokens
             if self.progress is not None and self.requests % 1000 == 0:
                 self.progress(self.requests)
             pending = next(arrivals, None)
         return pending
+
+    def add(self, r: Request, release: Callable[[], None] | None = None) -> None:
+        """The request to the scheduler: one sequence, or n > 1 children as vLLM's engine fans a request out
+        (`samples`: added one after another, the prefix cache sharing the prompt). `release` (the guard's hold)
+        runs when the request's last sequence finishes."""
+        if r.n == 1:
+            uid = self.sched.add(r).uid
+            if release is not None:
+                self.releases[uid] = release
+            return
+        family: list[Any] = [r.n, math.inf, 0.0, release]  # children left, first token, last finish, release
+        for child in samples(r, self.requests):
+            self.families[self.sched.add(child).uid] = family
 
     def loop(self, arrivals: Iterator[Request]) -> None:
         sched, tm = self.sched, self.tm
@@ -417,12 +431,24 @@ class _Run:
                 self.releases.pop(q.uid, lambda: None)()
             arrival = q.request.arrival
             assert q.first_token is not None and q.finished is not None
-            self.ttft.append(q.first_token - arrival)
-            self.e2e.append(q.finished - arrival)
             if q.out > 1:
                 self.tpot.append((q.finished - q.first_token) / (q.out - 1))
-            self.completed += 1
             self.output_tokens += q.out
+            family = self.families.pop(q.uid, None) if self.families else None
+            if family is None:
+                self.ttft.append(q.first_token - arrival)
+                self.e2e.append(q.finished - arrival)
+                self.completed += 1
+            else:  # one of n samples: the request's first token is its first child's, its end its last child's
+                family[0] -= 1
+                family[1] = min(family[1], q.first_token)
+                family[2] = max(family[2], q.finished)
+                if not family[0]:
+                    self.ttft.append(family[1] - arrival)
+                    self.e2e.append(family[2] - arrival)
+                    self.completed += 1
+                    if family[3] is not None:
+                        family[3]()
             if q.preemptions:
                 self.preempted_requests += 1
                 self.recomputed += q.recomputed

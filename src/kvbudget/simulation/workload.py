@@ -36,10 +36,22 @@ class Request:
     prefix: tuple[tuple[Any, int], ...] = ()
     id: str = ""
     max_tokens: int | None = None  # what the client asked for, where known (output_tokens <= max_tokens)
+    n: int = 1  # samples (vLLM runs n > 1 as n child sequences sharing the prompt)
 
     @property
     def shared_tokens(self) -> int:
         return sum(n for _, n in self.prefix)
+
+
+def samples(r: Request, key: Any) -> list[Request]:
+    """A request of n > 1 samples as the n sequences vLLM's engine runs: the same prompt (its unique part now a
+    piece named by `key`, so the prefix cache can share it) and each its own output."""
+    if r.n == 1:
+        return [r]
+    shared = r.shared_tokens
+    prompt = r.prefix + (((("prompt", key), r.prompt_tokens - shared),) if r.prompt_tokens > shared else ())
+    child = Request(r.arrival, r.prompt_tokens, r.output_tokens, prompt, r.id, r.max_tokens)
+    return [child] * r.n
 
 
 class TraceError(KVBudgetError):
@@ -82,7 +94,7 @@ def _ordered(requests: Iterator[tuple[int, Request]], path: str) -> Iterator[Req
             raise TraceError(path, line, f"arrives at {r.arrival} s, before the line above it; sort the trace by "
                              "arrival time")
         last = at
-        yield Request(at, r.prompt_tokens, r.output_tokens, r.prefix, r.id, r.max_tokens)
+        yield Request(at, r.prompt_tokens, r.output_tokens, r.prefix, r.id, r.max_tokens, r.n)
 
 
 def read_azure(path: str | Path) -> Iterator[Request]:
@@ -113,7 +125,7 @@ def read_azure(path: str | Path) -> Iterator[Request]:
 def read_jsonl(path: str | Path) -> Iterator[Request]:
     """Mooncake's JSONL (timestamp ms, input_length, output_length, hash_ids per 512 tokens) or ours:
     {"arrival": s, "prompt_tokens": n, "output_tokens": n, "prefix": "id", "prefix_tokens": n, "id": "...",
-    "max_tokens": n (what the client asked for; the guard in the loop predicts with it)}."""
+    "max_tokens": n (what the client asked for; the guard in the loop predicts with it), "n": samples}."""
     name = str(path)
 
     def rows() -> Iterator[tuple[int, Request]]:
@@ -163,8 +175,9 @@ def _ours(obj: dict, path: str, line: int) -> Request:
         asked = _count(obj["max_tokens"], path, line, "max_tokens")
         if asked < output:
             raise TraceError(path, line, f"max_tokens {asked} is below output_tokens {output}")
+    n = _count(obj.get("n", 1), path, line, "n")
     return Request(_seconds(obj["arrival"], path, line, "arrival"), prompt, output, pieces,
-                   str(obj.get("id", line)), asked)
+                   str(obj.get("id", line)), asked, n)
 
 
 def read_trace(path: str | Path) -> Iterator[Request]:
@@ -199,7 +212,7 @@ def rescale(requests: Iterable[Request], rate_scale: float = 1.0, start: int = 0
         if first is None:
             first = r.arrival
         yield Request((r.arrival - first) / rate_scale, r.prompt_tokens, r.output_tokens, r.prefix, r.id,
-                      r.max_tokens)
+                      r.max_tokens, r.n)
 
 
 def request_log(path: str | Path, counter: Any, lengths: Lengths, rate: float | None = None, seed: int = 0,
@@ -225,7 +238,8 @@ def request_log(path: str | Path, counter: Any, lengths: Lengths, rate: float | 
             elif line > 1:
                 t += next(gaps)
             output = max_tokens if max_tokens else lengths(rng)[1]
-            yield line, Request(t, max(prompt, 1), output, id=str(body.get("id", line)), max_tokens=max_tokens)
+            n = _count(body.get("n", 1), name, line, "n")
+            yield line, Request(t, max(prompt, 1), output, id=str(body.get("id", line)), max_tokens=max_tokens, n=n)
 
     return _ordered(rows(), name)
 
