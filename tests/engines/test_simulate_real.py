@@ -11,6 +11,7 @@ usage gauge. Arrival timing on a real server is not reproducible, so the test co
 from __future__ import annotations
 
 import json
+import math
 import random
 import tempfile
 from dataclasses import dataclass
@@ -22,8 +23,9 @@ from tiny_configs import TINY
 
 import kvbudget
 from kvbudget.engines import EngineOptions
+from kvbudget.engines.vllm import VLLM
 from kvbudget.simulation.timing import MeasuredStep, calibrate, read_measured_steps
-from kvbudget.simulation.vllm import SchedulerConfig, VLLMScheduler
+from kvbudget.simulation.vllm import HybridScheduler, SchedulerConfig, VLLMScheduler
 from kvbudget.simulation.workload import Request, read_trace, rescale, samples
 
 pytestmark = pytest.mark.engines
@@ -87,22 +89,29 @@ def shared_prefixes(count: int) -> list[Request]:
 @dataclass
 class Replay:
     preemptions: int
+    min_free: int  # the fewest free blocks after any step
     measured: list[MeasuredStep]  # steps followed at once by the next one: (tokens, context, seconds)
 
 
 def replay_in_simulator(records: list[dict], requests: list[Request], prefix_caching: bool,
-                        threshold: int = 0) -> Replay:
+                        threshold: int = 0, config: dict = CONFIG, kv_bytes: int = KV_BYTES) -> Replay:
     """Feed the simulator what the engine saw, in the same order; assert every step equal."""
     start = records[0]
-    assert "start" in start and start["groups"] == 1
-    model = kvbudget.parse_config(CONFIG)
-    cap = kvbudget.estimate(model, engine="vllm", kv_memory=KV_BYTES, max_model_len=MAX_LEN,
-                            options=EngineOptions(device="cpu", prefix_caching=prefix_caching),
+    model = kvbudget.parse_config(config)
+    options = EngineOptions(device="cpu", prefix_caching=prefix_caching,
+                            max_num_batched_tokens=start["max_num_batched_tokens"])
+    cap = kvbudget.estimate(model, engine="vllm", kv_memory=kv_bytes, max_model_len=MAX_LEN, options=options,
                             context=[MAX_LEN]).capacity
-    assert (cap.num_blocks, cap.block_size) == (start["num_gpu_blocks"], start["block_size"])
+    groups = VLLM.block_groups(model, MAX_LEN, options=options)
+    # the scheduler's block size is the lcm of its groups' (a state group's is max_model_len without caching)
+    assert (cap.num_blocks, math.lcm(*(g.block_size for g in groups))) == (start["num_gpu_blocks"],
+                                                                          start["block_size"])
+    assert sorted(g.block_size for g in groups) == sorted(start["group_block_sizes"])
     assert start["prefix_caching"] is prefix_caching
-    sim = VLLMScheduler(SchedulerConfig(cap.num_blocks, cap.block_size, start["max_num_seqs"],
-                                        start["max_num_batched_tokens"], MAX_LEN, prefix_caching, threshold))
+    sched_config = SchedulerConfig(cap.num_blocks, cap.block_size, start["max_num_seqs"],
+                                   start["max_num_batched_tokens"], MAX_LEN, prefix_caching, threshold)
+    sim = VLLMScheduler(sched_config) if len(groups) == 1 and groups[0].kind == "full" else \
+        HybridScheduler(sched_config, groups)
     by_prompt: dict[tuple, list[Request]] = {}  # identical prompts (repeats) in the order they were sent
     for i, r in enumerate(requests):
         by_prompt.setdefault(tuple(prompt_ids(r, i)), []).extend(samples(r, i))  # n > 1: n sequences
@@ -140,14 +149,51 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
     log = Path(tempfile.mkdtemp()) / "steps.jsonl"
     log.write_text("".join(json.dumps(rec) + "\n" for rec in records))
     assert read_measured_steps(log) == measured  # what `kvbudget simulate --calibrate` reads
-    return Replay(preemptions, measured)
+    return Replay(preemptions, min(r["free"] for r in records if "step" in r), measured)
 
 
-def run(requests: list[Request], *extra: str, prefix_caching: bool) -> list[dict]:
+def run(requests: list[Request], *extra: str, prefix_caching: bool, config: dict = CONFIG, name: str = "sim-llama",
+        kv_bytes: int = KV_BYTES) -> list[dict]:
     sends = [(r.arrival, prompt_ids(r, i), r.output_tokens, r.n) for i, r in enumerate(requests)]
-    folder = model_folder("sim-llama", CONFIG)
-    return replay_on_vllm(folder, MAX_LEN, sends, "--kv-cache-memory-bytes", str(KV_BYTES),
+    folder = model_folder(name, config)
+    return replay_on_vllm(folder, MAX_LEN, sends, "--kv-cache-memory-bytes", str(kv_bytes),
                           *(() if prefix_caching else ("--no-enable-prefix-caching",)), *extra)
+
+
+def blocks_budget(config: dict, blocks: int, mnbt: int) -> int:
+    """KV bytes that give vLLM `blocks` blocks for this model on the CPU backend."""
+    layout, _ = VLLM.layout(kvbudget.parse_config(config), "auto", 1,
+                            EngineOptions(device="cpu", prefix_caching=False, max_num_batched_tokens=mnbt))
+    return blocks * layout.block_bytes
+
+
+# Hybrid models, without prefix caching: head dims the CPU kernels take (32; 128 for gated delta); a window of
+# 300 tokens, longer than the CPU block of 128 (so windows free blocks as they slide); a budget per model small
+# enough that requests are preempted
+HYBRIDS = {
+    "gemma2-local-global": (dict(TINY["gemma2"], vocab_size=320, max_position_embeddings=8192, sliding_window=300),
+                            60),
+    "mistral-all-sliding": (dict(TINY["mistral"], vocab_size=320, max_position_embeddings=8192, sliding_window=300,
+                                 head_dim=32, num_attention_heads=2), 20),
+    "qwen3-next-linear-attention": (dict(TINY["qwen3_next"], vocab_size=320, max_position_embeddings=8192,
+                                         head_dim=32, linear_key_head_dim=128, linear_value_head_dim=128), 10),
+}
+
+
+@pytest.mark.parametrize("name", list(HYBRIDS))
+def test_hybrid_models_without_prefix_caching_step_for_step(name):
+    """Sliding-window groups free blocks as the window slides and admit against their cap; state groups hold
+    one block per request. Steps of 512 tokens, so that prompts are chunked, and few blocks, so they run out."""
+    config, blocks = HYBRIDS[name]
+    kv = blocks_budget(config, blocks, 512)
+    requests = azure_slice(24)
+    records = run(requests, "--max-num-batched-tokens", "512", prefix_caching=False, config=config,
+                  name=f"sim-{name}", kv_bytes=kv)
+    replay = replay_in_simulator(records, requests, prefix_caching=False, config=config, kv_bytes=kv)
+    assert replay.min_free <= 1  # the pool ran out: requests waited for blocks
+    # gemma2's full-attention layers grow until requests are preempted; all-sliding and Qwen3-Next requests
+    # (1,152-token attention blocks) stop growing, so they queue instead
+    assert replay.preemptions > 0 or name != "gemma2-local-global"
 
 
 @pytest.fixture(scope="module")

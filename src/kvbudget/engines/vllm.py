@@ -136,6 +136,17 @@ class Layout:
         return 3 if spec.mixer == "mamba2" else 2
 
 
+@dataclass(frozen=True)
+class BlockGroup:
+    """One KV cache group as vLLM's scheduler allocates it, for the simulator: what it keeps of a request."""
+
+    kind: str  # "full" (every token; MLA too), "sliding" (the last span - 1), "chunked" (the current chunk),
+    #            "state" (Mamba / linear attention: one block per request without prefix caching)
+    span: int  # window or chunk (0 for full and state)
+    block_size: int  # tokens per block (max_model_len for state groups: vLLM's mamba_block_size then)
+    admission_cap: int | None  # blocks a request is admitted against at most (sliding and chunked)
+
+
 def _usage(text: str) -> float | None:
     # the new name, then the one before 0.9.2 (removed in 0.12)
     return first_gauge(text, ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"))
@@ -171,6 +182,23 @@ class VLLMEngine(Engine):
             notes=(f"vLLM: blocks of {b} tokens; sliding and chunked layers at the reservation vLLM admits "
                    f"requests against (max_num_batched_tokens {layout.mnbt})",),
         )
+
+    def block_groups(self, model: ModelSpec, max_model_len: int, kv_dtype: str = "auto", tp: int = 1,
+                     options: EngineOptions = EngineOptions()) -> tuple[BlockGroup, ...]:
+        """The KV cache groups vLLM's scheduler allocates a request's blocks in (one pool, one block per group
+        per block of tokens), in its order."""
+        layout, _ = self.layout(model, kv_dtype, tp, options)
+        b = layout.block_size
+        out = []
+        for spec, _, n_groups in layout.buckets:
+            if spec.kind == "mamba":
+                group = BlockGroup("state", 0, b if layout.prefix_caching else max_model_len, None)
+            elif spec.kind in ("sliding", "chunked"):
+                group = BlockGroup(spec.kind, spec.span or 0, b, layout.blocks_needed(spec, max_model_len))
+            else:
+                group = BlockGroup("full", 0, b, None)
+            out += [group] * n_groups
+        return tuple(out)
 
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:

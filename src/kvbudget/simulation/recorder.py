@@ -26,7 +26,8 @@ class RecordingScheduler(Scheduler):
                      "block_size": self.block_size, "max_num_seqs": self.max_num_running_reqs,
                      "max_num_batched_tokens": self.max_num_scheduled_tokens,
                      "prefix_caching": self.kv_cache_manager.enable_caching,
-                     "groups": len(self.kv_cache_config.kv_cache_groups)})
+                     "groups": len(self.kv_cache_config.kv_cache_groups),
+                     "group_block_sizes": [g.kv_cache_spec.block_size for g in self.kv_cache_config.kv_cache_groups]})
 
     def _write(self, obj):
         self._log.write(json.dumps(obj) + "\n")

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbudget.engines import Allocation, Engine, EngineOptions, get_engine
-from kvbudget.engines.vllm import VLLMEngine
+from kvbudget.engines.vllm import BlockGroup, VLLMEngine
 from kvbudget.errors import KVBudgetError
-from kvbudget.model.spec import FullAttention, LatentAttention, ModelSpec, NoCache
+from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation.contiguous import POLICIES, ContiguousScheduler
 from kvbudget.simulation.guarded import GuardInLoop, GuardReport
 from kvbudget.simulation.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
-from kvbudget.simulation.vllm import SchedulerConfig, Seq, VLLMScheduler
+from kvbudget.simulation.vllm import HybridScheduler, SchedulerConfig, Seq, VLLMScheduler
 from kvbudget.simulation.workload import Request, samples
 
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
@@ -95,6 +95,11 @@ class Setup:
     bytes_per_token: int = 0  # KV bytes per token on the most loaded GPU
     allocator: str = "paged"  # or contiguous-max / contiguous-pow2 / contiguous-oracle
     allocation: Allocation | None = field(default=None, repr=False, compare=False)  # the engine's, for the guard
+    groups: tuple[BlockGroup, ...] = ()  # the engine's KV cache groups (empty: one full-attention group)
+
+    @property
+    def hybrid(self) -> bool:
+        return any(g.kind != "full" for g in self.groups) or len({g.block_size for g in self.groups}) > 1
 
     @property
     def token_slots(self) -> int:
@@ -167,16 +172,6 @@ class Simulation:
         }
 
 
-def check_model(model: ModelSpec) -> None:
-    """The simulator keeps one full-attention cache group; refuse what it does not model, saying so."""
-    other = sorted({type(spec).__name__ for spec in model.layers
-                    if not isinstance(spec, FullAttention | LatentAttention | NoCache)})
-    if other:
-        raise KVBudgetError(f"simulate: {model.name} has {', '.join(other)} layers; the simulator models full "
-                            "attention (and MLA) only so far — sliding windows and state caches are not simulated",
-                            param="model")
-
-
 def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None = None, gpu_memory: int | None = None,
               kv_memory: int | None = None, num_blocks: int | None = None, tp: int = 1, pp: int = 1,
               kv_dtype: str = "auto", max_model_len: int | None = None, block_size: int | None = None,
@@ -192,7 +187,6 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
     if not isinstance(chosen, VLLMEngine):
         raise KVBudgetError(f"engine {chosen.name}: the simulator follows vLLM's scheduler only so far",
                             param="engine")
-    check_model(model)
     options = EngineOptions(block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
                             prefix_caching=prefix_caching, device=device)
     max_len = max_model_len or model.max_position_embeddings
@@ -228,13 +222,22 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
     if time_model.basis == NOMINAL:
         raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
                             "FLOPS), or measured steps to calibrate it (--calibrate)", param="gpu")
+    groups = chosen.block_groups(model, max_len, kv_dtype, tp, options)
+    if any(g.kind != "full" for g in groups) and prefix_caching:
+        kinds = ", ".join(sorted({g.kind for g in groups} - {"full"}))
+        raise KVBudgetError(f"prefix_caching: {model.name} has {kinds} cache groups; the simulator follows them "
+                            "without prefix caching only so far: pass --no-prefix-caching (prefix_caching=False)",
+                            param="prefix_caching")
+    if any(g.kind != "full" for g in groups) and allocator != "paged":
+        raise KVBudgetError(f"allocator {allocator}: the contiguous baselines model full attention only",
+                            param="allocator")
     if allocator != "paged" and allocator.removeprefix("contiguous-") not in POLICIES:
         raise KVBudgetError(f"allocator {allocator}: choose paged, "
                             f"{', '.join('contiguous-' + p for p in POLICIES)}", param="allocator")
     return Setup(chosen.name, model.name, blocks, cap.block_size, None if num_blocks is not None else
                  p.kv_memory_bytes, seqs, mnbt, max_len, prefix_caching, long_prefill_token_threshold,
                  p.gpu if card or gpu_memory else None, time_model, p.estimate.bytes_per_token, allocator,
-                 p.estimate.allocation)
+                 p.estimate.allocation, groups)
 
 
 def _roofline(p: Any, card: Any) -> TimeModel:
@@ -260,7 +263,9 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
     config = SchedulerConfig(s.num_blocks, s.block_size, s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len,
                              s.prefix_caching, s.long_prefill_token_threshold)
     sched: VLLMScheduler | ContiguousScheduler
-    if s.allocator == "paged":
+    if s.allocator == "paged" and s.hybrid:
+        sched = HybridScheduler(config, s.groups)
+    elif s.allocator == "paged":
         sched = VLLMScheduler(config)
     else:
         sched = ContiguousScheduler(config, s.token_slots, s.allocator.removeprefix("contiguous-"))

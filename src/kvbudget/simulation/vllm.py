@@ -24,6 +24,8 @@ from bisect import bisect_left
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from kvbudget.engines.vllm import BlockGroup
+from kvbudget.errors import KVBudgetError
 from kvbudget.simulation.workload import Request
 from kvbudget.units import cdiv
 
@@ -53,6 +55,7 @@ class Seq:
         "ends",
         "finished",
         "first_token",
+        "held",
         "hit_tokens",
         "max_out",
         "ncached",
@@ -63,6 +66,7 @@ class Seq:
         "recomputed",
         "request",
         "shared",
+        "tables",
         "uid",
     )
 
@@ -85,6 +89,8 @@ class Seq:
         self.recomputed = 0  # tokens computed again after preemptions
         self.first_token: float | None = None
         self.finished: float | None = None
+        self.tables: list[int] = []  # hybrid models: per group, block-table length (freed entries included)
+        self.held: list[int] = []  # ... and the blocks it really holds
 
     @property
     def num_tokens(self) -> int:
@@ -226,6 +232,8 @@ class VLLMScheduler:
     """The reference: one schedule() and one update() per engine step, exactly as vLLM 0.32 decides them; and
     `decode_run`, which takes a run of pure decode steps at once with the same outcome."""
 
+    hybrid = False
+
     def __init__(self, config: SchedulerConfig) -> None:
         self.cfg = config
         self.cache: BlockPool | None = BlockPool(config.num_blocks) if config.prefix_caching else None
@@ -355,7 +363,7 @@ class VLLMScheduler:
         eligible = len(self.running) + len(self.waiting)
         threshold = cfg.long_prefill_token_threshold if eligible > 1 else 0
         running = self.running
-        caching = self.cache is not None
+        always = self.cache is not None or self.hybrid  # else a decode step inside its last block is a no-op
         i = 0
         while i < len(running) and budget > 0:
             s = running[i]
@@ -366,7 +374,7 @@ class VLLMScheduler:
             if n <= 0:
                 i += 1
                 continue
-            if caching or s.computed + n > len(s.blocks) * bs:  # (a decode step inside its last block: no-op)
+            if always or s.computed + n > len(s.blocks) * bs:
                 ok = self._grow(s, n)
                 while not ok:
                     victim = running.pop()
@@ -391,7 +399,7 @@ class VLLMScheduler:
                     break
                 waiting.popleft()
                 hit = len(hits) * bs
-                if s.preemptions == 0 and caching:
+                if s.preemptions == 0 and self.cache is not None:
                     s.hit_tokens = hit
                     self.hit_tokens += hit
                     self.queried_tokens += s.num_tokens
@@ -516,3 +524,89 @@ class VLLMScheduler:
         if done:
             self.running = [s for s in running if s.finished is None]
         return done
+
+
+class HybridScheduler(VLLMScheduler):
+    """vLLM's scheduler over several KV cache groups in one pool (sliding-window, chunked-local and Mamba /
+    linear-attention layers beside full attention), without prefix caching. Each group keeps its own block table
+    per request: full groups every block; sliding-window groups free the blocks wholly before the window and
+    chunked groups those before the current chunk, each time the request is allocated for (vLLM's
+    `remove_skipped_blocks`, before it counts what the step needs); state groups one block per request (vLLM's
+    mamba block size is max_model_len without prefix caching). A waiting request is admitted against each
+    sliding or chunked group's cap (the startup sizer's), not its whole prompt. No fast path yet."""
+
+    hybrid = True
+
+    def __init__(self, config: SchedulerConfig, groups: tuple[BlockGroup, ...]) -> None:
+        if config.prefix_caching:
+            raise KVBudgetError("simulate: prefix caching with sliding-window, chunked or state groups is not "
+                                "simulated yet; pass --no-prefix-caching (prefix_caching=False)",
+                                param="prefix_caching")
+        super().__init__(config)
+        self.groups = groups
+
+    def _skip(self, s: Seq) -> None:
+        """Free what the windows have left behind (on the tokens computed so far)."""
+        computed = s.computed
+        for g, group in enumerate(self.groups):
+            if group.kind == "sliding":
+                skipped = computed - group.span + 1
+            elif group.kind == "chunked":
+                skipped = computed // group.span * group.span
+            else:
+                continue
+            if skipped <= 0:
+                continue
+            nulls = s.tables[g] - s.held[g]  # freed entries are always at the front of the table
+            freed = min(skipped // group.block_size, s.tables[g]) - nulls
+            if freed > 0:
+                s.held[g] -= freed
+                self.pool.nfree += freed
+
+    def _wants(self, s: Seq, tokens: int) -> list[int]:
+        max_len = self.cfg.max_model_len
+        return [max(cdiv(min(tokens, max_len), g.block_size) - s.tables[g_i], 0)
+                for g_i, g in enumerate(self.groups)]
+
+    def _take(self, s: Seq, wants: list[int]) -> None:
+        for g, n in enumerate(wants):
+            s.tables[g] += n
+            s.held[g] += n
+        self.pool.nfree -= sum(wants)
+
+    def _grow(self, s: Seq, n: int) -> bool:
+        self._skip(s)
+        wants = self._wants(s, s.computed + n)
+        if sum(wants) > self.pool.nfree:
+            return False
+        self._take(s, wants)
+        return True
+
+    def _needs(self, s: Seq, n: int, hits: list[int]) -> tuple[int, int]:
+        max_len = self.cfg.max_model_len
+        whole = 0
+        for g in self.groups:
+            blocks = cdiv(min(s.num_tokens, max_len), g.block_size)
+            whole += blocks if g.admission_cap is None else min(blocks, g.admission_cap)
+        now = sum(cdiv(min(n, max_len), g.block_size) for g in self.groups)
+        return whole, now
+
+    def _admit(self, s: Seq, n: int, hits: list[int]) -> bool:
+        whole, now = self._needs(s, n, hits)
+        if whole > self.pool.nfree or now > self.pool.nfree:
+            return False
+        s.tables = [0] * len(self.groups)
+        s.held = [0] * len(self.groups)
+        self._take(s, self._wants(s, n))
+        return True
+
+    def _free(self, s: Seq) -> None:
+        self.pool.nfree += sum(s.held)
+        s.tables, s.held = [], []
+
+    def decode_run_limit(self) -> int:
+        return 0
+
+    def memory(self) -> tuple[int, int, int]:
+        """Blocks in use, in token slots of the pool's block size (groups differ in what a block holds)."""
+        return (self.pool.usable - self.pool.nfree) * self.cfg.block_size, 0, 0
