@@ -229,9 +229,19 @@ def test_cli_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     assert err.count("\n") == 1 and message in err, err
 
 
-def test_models_the_simulator_does_not_model_are_refused(capsys):
+def test_windows_and_state_groups_are_simulated_without_prefix_caching(capsys):
     code, _, err = cli(capsys, "simulate", "mistral-7b", "--gpu", "H100", "--rate", "1")
-    assert code == 2 and "SlidingWindow" in err
+    assert code == 2 and "sliding cache groups" in err and "--no-prefix-caching" in err
+    gemma = kvbudget.load_model("gemma-2-9b")
+    run = lambda window: simulate(  # noqa: E731
+        replace(gemma, layers=tuple(replace(spec, window=window) if hasattr(spec, "window") else spec
+                                    for spec in gemma.layers)),
+        synthetic(4, 300, exponential_lengths(3000, 300, 8000), seed=2), gpu="L40S", max_model_len=8192,
+        prefix_caching=False)
+    narrow, wide = run(512), run(4096)
+    assert narrow.completed == wide.completed == 300
+    # a narrower window holds fewer blocks per request: fewer preemptions, less waiting
+    assert narrow.preemptions <= wide.preemptions and narrow.e2e.p99 <= wide.e2e.p99
 
 
 def _recorder_log(path: Path, law) -> None:

@@ -49,11 +49,11 @@ def prompt_ids(r: Request, unique: int) -> list[int]:
     return ids + tokens(("unique", unique), r.prompt_tokens - len(ids))
 
 
-def azure_slice(count: int) -> list[Request]:
+def azure_slice(count: int, longest: int = 700) -> list[Request]:
     """Real lengths from the Azure conversation trace, shortened to fit a 1,024-token model, arriving 20x faster."""
     out = []
     for r in rescale(read_trace(TRACES / "AzureLLMInferenceTrace_conv.csv"), rate_scale=20, count=count):
-        prompt = min(r.prompt_tokens, 700)
+        prompt = min(r.prompt_tokens, longest)
         out.append(Request(r.arrival, prompt, min(r.output_tokens, 150, MAX_LEN - prompt - 1)))
     return out
 
@@ -183,11 +183,12 @@ HYBRIDS = {
 @pytest.mark.parametrize("name", list(HYBRIDS))
 def test_hybrid_models_without_prefix_caching_step_for_step(name):
     """Sliding-window groups free blocks as the window slides and admit against their cap; state groups hold
-    one block per request. Steps of 512 tokens, so that prompts are chunked, and few blocks, so they run out."""
+    one block per request. Steps of 256 tokens, so that prompts are chunked and a sliding group's admission cap
+    (6 blocks) binds on prompts of up to 900 tokens, and few blocks, so they run out."""
     config, blocks = HYBRIDS[name]
-    kv = blocks_budget(config, blocks, 512)
-    requests = azure_slice(24)
-    records = run(requests, "--max-num-batched-tokens", "512", prefix_caching=False, config=config,
+    kv = blocks_budget(config, blocks, 256)
+    requests = azure_slice(24, longest=900)
+    records = run(requests, "--max-num-batched-tokens", "256", prefix_caching=False, config=config,
                   name=f"sim-{name}", kv_bytes=kv)
     replay = replay_in_simulator(records, requests, prefix_caching=False, config=config, kv_bytes=kv)
     assert replay.min_free <= 1  # the pool ran out: requests waited for blocks

@@ -22,6 +22,7 @@ from kvbudget.simulation.guarded import GuardInLoop, GuardReport
 from kvbudget.simulation.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
 from kvbudget.simulation.vllm import HybridScheduler, SchedulerConfig, Seq, VLLMScheduler
 from kvbudget.simulation.workload import Request, samples
+from kvbudget.units import cdiv
 
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
 SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
@@ -157,6 +158,7 @@ class Simulation:
         setup = dict(self.setup.__dict__)
         setup["time_model"] = self.setup.time_model.to_dict()
         setup.pop("allocation")
+        setup["groups"] = [dict(g.__dict__) for g in self.setup.groups]
         return {
             "setup": setup, "requests": self.requests, "completed": self.completed, "duration_s": self.duration_s,
             "steps": self.steps, "ttft_s": pct(self.ttft), "tpot_s": pct(self.tpot), "e2e_s": pct(self.e2e),
@@ -208,10 +210,12 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
     cap = p.capacity
     assert cap.num_blocks is not None and cap.block_size is not None
     blocks = num_blocks if num_blocks is not None else cap.num_blocks
-    if blocks < 2 or (blocks - 1) * cap.block_size < max_len:
-        raise KVBudgetError(f"simulate: {blocks} blocks of {cap.block_size} tokens cannot hold one request of "
-                            f"max_model_len {max_len}; give more memory or a shorter max_model_len",
-                            param="num_blocks")
+    groups = chosen.block_groups(model, max_len, kv_dtype, tp, options)
+    need = sum(min(cdiv(max_len, g.block_size), g.admission_cap or 1 << 62) for g in groups)
+    if blocks - 1 < need:
+        raise KVBudgetError(f"simulate: {blocks} blocks (one is vLLM's null block) cannot hold one request of "
+                            f"max_model_len {max_len}, which needs {need}: vLLM would refuse to start; give more "
+                            "memory or a shorter max_model_len", param="num_blocks" if num_blocks else "kv_memory")
     serving = chosen.serving(p.gpu_memory_bytes, max_len, options, gpu_name=p.gpu)
     seqs = max_num_seqs or serving.max_num_seqs
     mnbt = p.options.max_num_batched_tokens or serving.prefill_tokens
@@ -222,7 +226,6 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
     if time_model.basis == NOMINAL:
         raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
                             "FLOPS), or measured steps to calibrate it (--calibrate)", param="gpu")
-    groups = chosen.block_groups(model, max_len, kv_dtype, tp, options)
     if any(g.kind != "full" for g in groups) and prefix_caching:
         kinds = ", ".join(sorted({g.kind for g in groups} - {"full"}))
         raise KVBudgetError(f"prefix_caching: {model.name} has {kinds} cache groups; the simulator follows them "
