@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 import kvbudget
 from kvbudget import KVBudgetError
 from kvbudget.simulation.run import simulate
-from kvbudget.simulation.vllm import SchedulerConfig, VLLMScheduler
+from kvbudget.simulation.seq import SchedulerConfig
+from kvbudget.simulation.vllm import VLLMScheduler
 from kvbudget.simulation.workload import Request, exponential_lengths, read_trace, rescale, synthetic
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"

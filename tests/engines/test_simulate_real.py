@@ -24,8 +24,9 @@ from tiny_configs import TINY
 import kvbudget
 from kvbudget.engines import EngineOptions
 from kvbudget.engines.vllm import VLLM
+from kvbudget.simulation.seq import SchedulerConfig
 from kvbudget.simulation.timing import MeasuredStep, calibrate, read_measured_steps
-from kvbudget.simulation.vllm import HybridScheduler, SchedulerConfig, VLLMScheduler
+from kvbudget.simulation.vllm import HybridScheduler, VLLMScheduler
 from kvbudget.simulation.workload import Request, read_trace, rescale, samples
 
 pytestmark = pytest.mark.engines
@@ -134,7 +135,8 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
             assert step.free_blocks == rec["free"], where
             assert step.usage == pytest.approx(rec["usage"], abs=1e-12), where
             context = sum(q.computed for q, _ in step.scheduled)
-            assert (step.tokens, context) == (rec["tokens"], rec["context"]), where
+            assert (step.tokens, step.context) == (rec["tokens"], rec["context"]) == (sum(n for _, n in step.scheduled),
+                                                                                      context), where
             if previous is not None:
                 measured.append(MeasuredStep(previous[0], previous[1], rec["t"] - previous[2]))
             previous = (step.tokens, context, rec["t"]) if step.tokens else None

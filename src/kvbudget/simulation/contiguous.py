@@ -14,11 +14,8 @@ including external fragmentation: holes no waiting request fits).
 
 from __future__ import annotations
 
-from collections import deque
-
 from kvbudget.errors import KVBudgetError
-from kvbudget.simulation.vllm import SchedulerConfig, Seq, Step
-from kvbudget.simulation.workload import Request
+from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step, commit
 
 POLICIES = ("max", "pow2", "oracle")
 
@@ -100,31 +97,18 @@ class Buddy:
         self.arena[start] = (base, arena_order)
 
 
-class ContiguousScheduler:
+class ContiguousScheduler(Queues):
     """Orca-style scheduling over reservations; the same interface as VLLMScheduler for the clock loop."""
 
     def __init__(self, config: SchedulerConfig, slots: int, policy: str) -> None:
         if policy not in POLICIES:
             raise KVBudgetError(f"allocator contiguous-{policy}: choose one of "
                                 f"{', '.join('contiguous-' + p for p in POLICIES)}", param="allocator")
-        self.cfg, self.slots, self.policy = config, slots, policy
+        super().__init__(config)
+        self.slots, self.policy = slots, policy
         self.space: FirstFit | Buddy = Buddy(slots) if policy == "pow2" else FirstFit(slots)
-        self.running: list[Seq] = []
-        self.waiting: deque[Seq] = deque()
         self.where: dict[int, tuple[int, int]] = {}  # uid -> (start, reserved slots)
         self.reserved = 0
-        self._uid = 0
-        self.preemptions = self.hit_tokens = self.queried_tokens = 0
-
-    def add(self, request: Request) -> Seq:
-        seq = Seq(self._uid, request)
-        seq.end = min(seq.max_out, self.cfg.max_model_len - seq.prompt)
-        self._uid += 1
-        self.waiting.append(seq)
-        return seq
-
-    def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
 
     def reservation(self, s: Seq) -> int:
         total = s.prompt + s.end
@@ -169,23 +153,10 @@ class ContiguousScheduler:
             admitted.append(s)
             scheduled.append((s, s.prompt))
             budget -= s.prompt
-        for s, n in scheduled:
-            s.computed += n
-        return Step(tuple(scheduled), (), tuple(admitted), self.slots - self.reserved, self.usage())
+        tokens, context = commit(scheduled)
+        return Step(tuple(scheduled), (), tuple(admitted), self.slots - self.reserved, self.usage(), tokens, context)
 
-    def update(self, step: Step, now: float = 0.0) -> list[Seq]:
-        done = []
-        for s, _ in step.scheduled:
-            if s.computed >= s.prompt + s.out:
-                s.out += 1
-                if s.first_token is None:
-                    s.first_token = now
-                if s.out >= s.end:
-                    s.finished = now
-                    start, size = self.where.pop(s.uid)
-                    self.space.free(start, size)
-                    self.reserved -= size
-                    done.append(s)
-        if done:
-            self.running = [s for s in self.running if s.finished is None]
-        return done
+    def _free(self, s: Seq) -> None:
+        start, size = self.where.pop(s.uid)
+        self.space.free(start, size)
+        self.reserved -= size

@@ -19,8 +19,9 @@ from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation.contiguous import POLICIES, ContiguousScheduler
 from kvbudget.simulation.guarded import GuardInLoop, GuardReport
+from kvbudget.simulation.seq import SchedulerConfig, Seq
 from kvbudget.simulation.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
-from kvbudget.simulation.vllm import HybridScheduler, SchedulerConfig, Seq, VLLMScheduler
+from kvbudget.simulation.vllm import HybridScheduler, VLLMScheduler
 from kvbudget.simulation.workload import Request, samples
 from kvbudget.units import cdiv
 
@@ -357,11 +358,11 @@ class _Run:
                                     f"can never be scheduled (max_num_batched_tokens "
                                     f"{self.setup.max_num_batched_tokens}, allocator {self.setup.allocator}); "
                                     "raise max_num_batched_tokens or filter the trace", param="trace")
-            ctx = sum(q.computed for q, _ in step.scheduled)
-            dt = tm.step_seconds(step.tokens, ctx)
+            dt = tm.step_seconds(step.tokens, step.context)
             slots = self.slot_time
             for i, held in enumerate(sched.memory()):
-                slots[i] += held * dt
+                if held:
+                    slots[i] += held * dt
             self.after_step(dt, step.tokens, step.usage)
             self.finish(sched.update(step, self.t))
 
@@ -383,10 +384,12 @@ class _Run:
         running, waiting = r, len(sched.waiting)
         on_step = self.on_step
         done = 0
-        while done < k:
-            if takes[done]:
-                free -= takes[done]
+        held = (usable - free) * bs
+        for take in takes:
+            if take:
+                free -= take
                 usage = 1.0 - free / usable
+                held = (usable - free) * bs
             read = weights + per_context * context  # (as step_seconds computes it, to the last bit)
             if summed:
                 dt = read + compute + overhead
@@ -395,8 +398,8 @@ class _Run:
             t += dt
             usage_time += usage * dt
             states_time += context * dt  # the cached tokens are the context attended over
-            held = (usable - free) * bs - context
-            internal_time += (held if held > 0 else 0) * dt
+            if held > context:
+                internal_time += (held - context) * dt
             context += r
             done += 1
             if t >= next_sample:

@@ -20,104 +20,12 @@ Sliding windows, Mamba state and spec decoding are not modelled here (see `suppo
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections import OrderedDict, deque
-from dataclasses import dataclass
+from collections import OrderedDict
 
 from kvbudget.engines.vllm import BlockGroup
 from kvbudget.errors import KVBudgetError
-from kvbudget.simulation.workload import Request
+from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step, commit
 from kvbudget.units import cdiv
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    num_blocks: int  # vLLM's num_gpu_blocks, the null block included
-    block_size: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    prefix_caching: bool = True
-    long_prefill_token_threshold: int = 0
-
-
-UNIQUE = 1 << 62  # keys of blocks past a request's shared pieces: above every hash(), so never equal to one
-
-
-class Seq:
-    """One request inside the scheduler (mutable; the scheduler owns it)."""
-
-    __slots__ = (
-        "blocks",
-        "chains",
-        "computed",
-        "end",
-        "ends",
-        "finished",
-        "first_token",
-        "held",
-        "hit_tokens",
-        "max_out",
-        "ncached",
-        "out",
-        "pieces",
-        "preemptions",
-        "prompt",
-        "recomputed",
-        "request",
-        "shared",
-        "tables",
-        "uid",
-    )
-
-    def __init__(self, uid: int, request: Request) -> None:
-        self.uid = uid
-        self.request = request
-        self.prompt = request.prompt_tokens
-        self.max_out = request.output_tokens
-        self.end = request.output_tokens  # outputs at which it finishes (the scheduler caps it at max_model_len)
-        self.out = 0  # tokens generated so far
-        self.computed = 0  # vLLM's num_computed_tokens
-        self.blocks: list[int] = []
-        self.ncached = 0  # blocks already keyed
-        self.pieces = request.prefix
-        self.chains: list[int] = []  # per piece: a hash of the whole pieces before it
-        self.ends: list[int] = []  # per piece: the token it ends at
-        self.shared = request.shared_tokens
-        self.preemptions = 0
-        self.hit_tokens = 0  # prefix-cache hits at first admission
-        self.recomputed = 0  # tokens computed again after preemptions
-        self.first_token: float | None = None
-        self.finished: float | None = None
-        self.tables: list[int] = []  # hybrid models: per group, block-table length (freed entries included)
-        self.held: list[int] = []  # ... and the blocks it really holds
-
-    @property
-    def num_tokens(self) -> int:
-        return self.prompt + self.out
-
-    def key(self, j: int, block_size: int) -> int:
-        """The content key of block j: equal for two requests exactly when their tokens agree up to the block's
-        end (vLLM chains a hash over the tokens of every block; the same relation, from content ids). A block
-        within the shared pieces is keyed by the chain of whole pieces before the one its end falls in, that
-        piece's id and the offset of the end in it; a block reaching past the pieces holds tokens of this
-        request only, so it can only ever equal this request's own block j (re-found after a preemption)."""
-        end = (j + 1) * block_size
-        if end > self.shared:
-            return UNIQUE + (self.uid << 24) + j
-        if not self.chains:
-            self._chain()
-        q = bisect_left(self.ends, end)
-        pid, n = self.pieces[q]
-        return hash((self.chains[q], pid, end - self.ends[q] + n))
-
-    def _chain(self) -> None:
-        at, chain = 0, 0
-        for pid, n in self.pieces:
-            self.chains.append(chain)
-            at += n
-            self.ends.append(at)
-            chain = hash((chain, pid, n))
 
 
 class CountingPool:
@@ -213,47 +121,16 @@ class BlockPool(CountingPool):
         return sum(1 for b in blocks if ref[b] == 0)
 
 
-@dataclass(frozen=True)
-class Step:
-    """What one schedule() call decided."""
-
-    scheduled: tuple[tuple[Seq, int], ...]  # (request, tokens) in vLLM's order: running first, then admitted
-    preempted: tuple[Seq, ...]
-    admitted: tuple[Seq, ...]
-    free_blocks: int  # after scheduling
-    usage: float  # vLLM's kv_cache_usage after scheduling
-
-    @property
-    def tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
-
-
-class VLLMScheduler:
+class VLLMScheduler(Queues):
     """The reference: one schedule() and one update() per engine step, exactly as vLLM 0.32 decides them; and
     `decode_run`, which takes a run of pure decode steps at once with the same outcome."""
 
     hybrid = False
 
     def __init__(self, config: SchedulerConfig) -> None:
-        self.cfg = config
+        super().__init__(config)
         self.cache: BlockPool | None = BlockPool(config.num_blocks) if config.prefix_caching else None
         self.pool: CountingPool = self.cache or CountingPool(config.num_blocks)
-        self.running: list[Seq] = []
-        self.waiting: deque[Seq] = deque()
-        self._uid = 0
-        self.preemptions = 0
-        self.hit_tokens = 0  # prompt tokens served from the prefix cache (first admissions)
-        self.queried_tokens = 0  # prompt tokens looked up (first admissions)
-
-    def add(self, request: Request) -> Seq:
-        seq = Seq(self._uid, request)
-        seq.end = min(seq.max_out, self.cfg.max_model_len - seq.prompt)
-        self._uid += 1
-        self.waiting.append(seq)
-        return seq
-
-    def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
 
     def usage(self) -> float:
         return self.pool.usage()
@@ -409,26 +286,9 @@ class VLLMScheduler:
                 scheduled.append((s, n))
                 budget -= n
 
-        for s, n in scheduled:
-            s.computed += n
-        return Step(tuple(scheduled), tuple(preempted), tuple(admitted), self.pool.nfree, self.pool.usage())
-
-    def update(self, step: Step, now: float = 0.0) -> list[Seq]:
-        """After the model ran the step: requests whose known tokens are all computed sample one token; those
-        at their output length (or the model's maximum length) finish and free their blocks, in step order."""
-        done = []
-        for s, _ in step.scheduled:
-            if s.computed >= s.prompt + s.out:
-                s.out += 1
-                if s.first_token is None:
-                    s.first_token = now
-                if s.out >= s.end:
-                    s.finished = now
-                    self._free(s)
-                    done.append(s)
-        if done:
-            self.running = [s for s in self.running if s.finished is None]
-        return done
+        tokens, context = commit(scheduled)
+        return Step(tuple(scheduled), tuple(preempted), tuple(admitted), self.pool.nfree, self.pool.usage(), tokens,
+                    context)
 
     # -- the fast path: runs of pure decode steps ------------------------------------------------------------
 
