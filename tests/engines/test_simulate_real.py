@@ -111,7 +111,7 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
     assert start["prefix_caching"] is prefix_caching
     sched_config = SchedulerConfig(cap.num_blocks, cap.block_size, start["max_num_seqs"],
                                    start["max_num_batched_tokens"], MAX_LEN, prefix_caching, threshold)
-    sim = VLLMScheduler(sched_config) if len(groups) == 1 and groups[0].kind == "full" else \
+    sim = VLLMScheduler(sched_config) if len(groups) == 1 and groups[0].keeps_all else \
         HybridScheduler(sched_config, groups)
     by_prompt: dict[tuple, list[Request]] = {}  # identical prompts (repeats) in the order they were sent
     for i, r in enumerate(requests):

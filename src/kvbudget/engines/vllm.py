@@ -146,6 +146,25 @@ class BlockGroup:
     block_size: int  # tokens per block (max_model_len for state groups: vLLM's mamba_block_size then)
     admission_cap: int | None  # blocks a request is admitted against at most (sliding and chunked)
 
+    @property
+    def keeps_all(self) -> bool:
+        """Whether the group holds every token's block for the request's whole life (full attention)."""
+        return self.kind == "full"
+
+    def skipped_tokens(self, computed: int) -> int:
+        """Leading tokens the group no longer needs once `computed` are computed (vLLM's get_num_skipped_tokens):
+        those before the window, or before the current chunk."""
+        if self.kind == "sliding":
+            return max(0, computed - self.span + 1)
+        if self.kind == "chunked":
+            return computed // self.span * self.span
+        return 0
+
+    def admission_blocks(self, tokens: int) -> int:
+        """Blocks a waiting request of `tokens` is admitted against (capped for windowed groups)."""
+        blocks = cdiv(tokens, self.block_size)
+        return blocks if self.admission_cap is None else min(blocks, self.admission_cap)
+
 
 def _usage(text: str) -> float | None:
     # the new name, then the one before 0.9.2 (removed in 0.12)

@@ -23,7 +23,6 @@ from kvbudget.simulation.seq import SchedulerConfig, Seq
 from kvbudget.simulation.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
 from kvbudget.simulation.vllm import HybridScheduler, VLLMScheduler
 from kvbudget.simulation.workload import Request, samples
-from kvbudget.units import cdiv
 
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
 SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
@@ -101,7 +100,7 @@ class Setup:
 
     @property
     def hybrid(self) -> bool:
-        return any(g.kind != "full" for g in self.groups) or len({g.block_size for g in self.groups}) > 1
+        return not all(g.keeps_all for g in self.groups) or len({g.block_size for g in self.groups}) > 1
 
     @property
     def token_slots(self) -> int:
@@ -212,7 +211,7 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
     assert cap.num_blocks is not None and cap.block_size is not None
     blocks = num_blocks if num_blocks is not None else cap.num_blocks
     groups = chosen.block_groups(model, max_len, kv_dtype, tp, options)
-    need = sum(min(cdiv(max_len, g.block_size), g.admission_cap or 1 << 62) for g in groups)
+    need = sum(g.admission_blocks(max_len) for g in groups)
     if blocks - 1 < need:
         raise KVBudgetError(f"simulate: {blocks} blocks (one is vLLM's null block) cannot hold one request of "
                             f"max_model_len {max_len}, which needs {need}: vLLM would refuse to start; give more "
@@ -227,12 +226,13 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
     if time_model.basis == NOMINAL:
         raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
                             "FLOPS), or measured steps to calibrate it (--calibrate)", param="gpu")
-    if any(g.kind != "full" for g in groups) and prefix_caching:
-        kinds = ", ".join(sorted({g.kind for g in groups} - {"full"}))
+    windowed = sorted({g.kind for g in groups if not g.keeps_all})
+    if windowed and prefix_caching:
+        kinds = ", ".join(windowed)
         raise KVBudgetError(f"prefix_caching: {model.name} has {kinds} cache groups; the simulator follows them "
                             "without prefix caching only so far: pass --no-prefix-caching (prefix_caching=False)",
                             param="prefix_caching")
-    if any(g.kind != "full" for g in groups) and allocator != "paged":
+    if windowed and allocator != "paged":
         raise KVBudgetError(f"allocator {allocator}: the contiguous baselines model full attention only",
                             param="allocator")
     if allocator != "paged" and allocator.removeprefix("contiguous-") not in POLICIES:

@@ -409,12 +409,7 @@ class HybridScheduler(VLLMScheduler):
         """Free what the windows have left behind (on the tokens computed so far)."""
         computed = s.computed
         for g, group in enumerate(self.groups):
-            if group.kind == "sliding":
-                skipped = computed - group.span + 1
-            elif group.kind == "chunked":
-                skipped = computed // group.span * group.span
-            else:
-                continue
+            skipped = group.skipped_tokens(computed)
             if skipped <= 0:
                 continue
             nulls = s.tables[g] - s.held[g]  # freed entries are always at the front of the table
@@ -444,10 +439,7 @@ class HybridScheduler(VLLMScheduler):
 
     def _needs(self, s: Seq, n: int, hits: list[int]) -> tuple[int, int]:
         max_len = self.cfg.max_model_len
-        whole = 0
-        for g in self.groups:
-            blocks = cdiv(min(s.num_tokens, max_len), g.block_size)
-            whole += blocks if g.admission_cap is None else min(blocks, g.admission_cap)
+        whole = sum(g.admission_blocks(min(s.num_tokens, max_len)) for g in self.groups)
         now = sum(cdiv(min(n, max_len), g.block_size) for g in self.groups)
         return whole, now
 
