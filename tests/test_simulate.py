@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import kvbudget
 from kvbudget import KVBudgetError
-from kvbudget.simulation.run import simulate
+from kvbudget.simulation.run import Percentiles, simulate
 from kvbudget.simulation.seq import SchedulerConfig
 from kvbudget.simulation.vllm import VLLMScheduler
 from kvbudget.simulation.workload import Request, exponential_lengths, read_trace, rescale, synthetic
@@ -316,3 +316,40 @@ def test_the_guard_in_the_loop_is_the_guards_own_admission(tmp_path):
     looser = dict(config, levels=[dict(lv, threshold=t) for lv, t in zip(config["levels"], (0.8, 0.9, 0.99),
                                                                           strict=True)])
     assert simulate(LLAMA, trace(), guard_config=looser, **settings).guard.rejected < g.rejected
+
+
+def _bench_file(path: Path, setup, seed: int) -> None:
+    """A `vllm bench serve --save-detailed` result for requests served under `setup`'s time model."""
+    rows: list = []
+    simulate(LLAMA, synthetic(3, 300, exponential_lengths(600, 150, 8000), seed=seed), setup=setup,
+             on_finish=lambda r, ttft, tpot, e2e: rows.append((r, ttft, tpot)))
+    path.write_text(json.dumps({
+        "start_times": [1000 + r.arrival for r, _, _ in rows], "input_lens": [r.prompt_tokens for r, _, _ in rows],
+        "output_lens": [r.output_tokens for r, _, _ in rows], "ttfts": [t for _, t, _ in rows],
+        "itls": [[p] * (r.output_tokens - 1) if p else [] for r, _, p in rows], "errors": [""] * len(rows)}))
+
+
+def test_calibration_on_a_benchmark_runs_requests_predicts_another_run(tmp_path, capsys):
+    """Fit on one run's measured TTFT / inter-token latencies, predict a run of other requests: the step time
+    behind both is a known law the fit never sees."""
+    from kvbudget.simulation import TimeModel, setup_for
+    from kvbudget.simulation.fit import calibrate_requests, initial_model, read_bench_result
+
+    truth = replace(setup_for(LLAMA, gpu="L4", max_model_len=8192),
+                    time_model=TimeModel(0.0, 3e-7, 6e-5, 0.006, "sum", "truth"))
+    _bench_file(tmp_path / "fit.json", truth, seed=1)
+    _bench_file(tmp_path / "other.json", truth, seed=2)
+    bench = read_bench_result(tmp_path / "fit.json")
+    fitted = calibrate_requests(LLAMA, bench, replace(truth, time_model=initial_model(bench)))
+    assert fitted.basis == "calibrated on 300 benchmark requests"
+    other = read_bench_result(tmp_path / "other.json")
+    ours = simulate(LLAMA, iter(other.requests), setup=replace(truth, time_model=fitted))
+    ttft, tpot = Percentiles.of(other.ttft), Percentiles.of(other.tpot)
+    assert ours.ttft.p50 == pytest.approx(ttft.p50, rel=0.05) and ours.ttft.p90 == pytest.approx(ttft.p90, rel=0.05)
+    assert ours.tpot.p50 == pytest.approx(tpot.p50, rel=0.05)
+    # the fixed and the per-context parts trade off against each other: the tail of TPOT is matched loosely
+    assert ours.tpot.p90 == pytest.approx(tpot.p90, rel=0.3)
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "8192", "--rate",
+                         "2", "--requests", "50", "--calibrate", str(tmp_path / "fit.json"), "--json")
+    assert code == 0, err
+    assert json.loads(out)["setup"]["time_model"]["basis"] == "calibrated on 300 benchmark requests"

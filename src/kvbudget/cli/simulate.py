@@ -69,8 +69,10 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--slo", help="objectives for --find-max-rate, e.g. ttft_p99=2s,tpot_p99=100ms")
     o.add_argument("--sweep", nargs="+", metavar="NAME=V1,V2", help="a table over settings, e.g. tp=1,2 "
                                                                    "kv-dtype=auto,fp8 (rate-scale too)")
-    o.add_argument("--calibrate", help="fit the time model to measured steps: a log of vLLM run with "
-                                       "--scheduler-cls kvbudget.simulation.recorder.RecordingScheduler")
+    o.add_argument("--calibrate", help="fit the time model to measured timings: a `vllm bench serve "
+                                       "--save-result --save-detailed` JSON (per-request TTFT and ITL), or a log of "
+                                       "vLLM run with --scheduler-cls kvbudget.simulation.recorder."
+                                       "RecordingScheduler (step times)")
     o.add_argument("--guard-config", help="put `kvbudget guard` in front of the engine with this YAML (e.g. from "
                                           "`kvbudget plan --guard-config`): its own code decides every arrival")
     o.add_argument("--guard-poll-interval", default="1", help="seconds between the guard's scrapes of the usage "
@@ -127,6 +129,18 @@ def _workload(args: argparse.Namespace) -> Callable[[float], Iterable[Any]]:
     return lambda scale: rescale(synthetic(rate, n, lengths, seed, cv), scale, start, count)
 
 
+def _calibrated(model: Any, path: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """The time model from --calibrate: fitted to a benchmark run's requests, or to recorded steps."""
+    from kvbudget.simulation import setup_for
+    from kvbudget.simulation.fit import BenchRun, calibrate_requests, initial_model, read_calibration
+
+    found = read_calibration(path)
+    if not isinstance(found, BenchRun):
+        return {"measured": found}
+    base = setup_for(model, **settings, time_model=initial_model(found))
+    return {"time_model": calibrate_requests(model, found, base)}
+
+
 def _guard(args: argparse.Namespace) -> dict[str, Any]:
     if not args.guard_config:
         return {}
@@ -147,8 +161,6 @@ def _positive(text: str, what: str) -> float:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    from kvbudget.simulation.timing import read_measured_steps
-
     options = engine_options(args)
     return {"engine": args.engine, "gpu": args.gpu, "gpu_memory": size(args.gpu_memory, "--gpu-memory"),
             "kv_memory": size(args.kv_memory, "--kv-memory"), "num_blocks": optional_one(args.num_blocks,
@@ -157,8 +169,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
             "max_model_len": optional_one(args.max_model_len, "--max-model-len"), "block_size": options.block_size,
             "device": options.device, "max_num_seqs": optional_one(args.max_num_seqs, "--max-num-seqs"),
             "max_num_batched_tokens": options.max_num_batched_tokens, "prefix_caching": options.prefix_caching,
-            "long_prefill_token_threshold": int(args.long_prefill_token_threshold), "allocator": args.allocator,
-            "measured": read_measured_steps(args.calibrate) if args.calibrate else None}
+            "long_prefill_token_threshold": int(args.long_prefill_token_threshold), "allocator": args.allocator}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,6 +178,8 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     workload = _workload(args)
     settings = _settings(args)
+    if args.calibrate:
+        settings.update(_calibrated(model, args.calibrate, settings))
     scale = _positive(args.rate_scale, "--rate-scale")
     if args.find_max_rate and args.sweep:
         raise KVBudgetError("simulate: --find-max-rate and --sweep go separately")

@@ -139,6 +139,7 @@ class Simulation:
     notes: tuple[str, ...] = field(default=())
     ttft_sorted: tuple[float, ...] = field(default=(), repr=False)  # every request's, for distributions
     e2e_sorted: tuple[float, ...] = field(default=(), repr=False)
+    tpot_sorted: tuple[float, ...] = field(default=(), repr=False)
     guard: GuardReport | None = None  # what the guard in the loop did
 
     def metric(self, name: str) -> float | None:
@@ -256,10 +257,12 @@ def _roofline(p: Any, card: Any) -> TimeModel:
 def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | None = None, fast: bool = True,
              sample_interval: float = SAMPLE_INTERVAL_S, on_step: Callable[[float, int, float, int, int], None]
              | None = None, progress: Callable[[int], None] | None = None, guard_config: dict[str, Any] | None = None,
-             guard_poll_interval: float = 1.0, **settings: Any) -> Simulation:
+             guard_poll_interval: float = 1.0, on_finish: Callable[[Request, float, float | None, float], None]
+             | None = None, **settings: Any) -> Simulation:
     """Run `workload` through vLLM's scheduler. `settings` are `setup_for`'s (engine, gpu, kv_memory, ...) unless
     a `setup` is given. `fast` takes runs of pure decode steps at once (the result is identical; see tests).
-    `on_step(time, tokens, usage, running, waiting)` is called after every step (for a timeline file).
+    `on_step(time, tokens, usage, running, waiting)` is called after every step (for a timeline file);
+    `on_finish(request, ttft, tpot, e2e)` for every sequence that completes (tpot None for one output token).
     `guard_config` (a guard YAML as a dict, e.g. from `kvbudget plan --guard-config`) puts the guard's own
     admission in front of the engine: it decides every arrival, scraping the usage gauge every
     `guard_poll_interval` seconds."""
@@ -276,7 +279,8 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
     guard = None
     if guard_config is not None:
         guard = GuardInLoop(guard_config, s.allocation, s.kv_memory_bytes, guard_poll_interval)
-    return _Run(s, sched, workload, fast, sample_interval, on_step, progress, guard).result()
+    run = _Run(s, sched, workload, fast, sample_interval, on_step, progress, guard, on_finish)
+    return run.result()
 
 
 class _Run:
@@ -284,11 +288,12 @@ class _Run:
 
     def __init__(self, setup: Setup, sched: VLLMScheduler | ContiguousScheduler, workload: Iterable[Request],
                  fast: bool, interval: float, on_step: Callable[..., None] | None,
-                 progress: Callable[[int], None] | None, guard: GuardInLoop | None = None):
+                 progress: Callable[[int], None] | None, guard: GuardInLoop | None = None,
+                 on_finish: Callable[..., None] | None = None):
         self.setup, self.sched, self.fast, self.guard = setup, sched, fast, guard
         self.releases: dict[int, Callable[[], None]] = {}  # the guard's hold on each admitted request
         self.families: dict[int, list[Any]] = {}  # child uid -> its request's [left, first token, finish, release]
-        self.interval, self.on_step, self.progress = interval, on_step, progress
+        self.interval, self.on_step, self.progress, self.on_finish = interval, on_step, progress, on_finish
         self.tm = setup.time_model
         self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
         self.t = 0.0
@@ -442,8 +447,11 @@ class _Run:
                 self.releases.pop(q.uid, lambda: None)()
             arrival = q.request.arrival
             assert q.first_token is not None and q.finished is not None
-            if q.out > 1:
-                self.tpot.append((q.finished - q.first_token) / (q.out - 1))
+            tpot = (q.finished - q.first_token) / (q.out - 1) if q.out > 1 else None
+            if tpot is not None:
+                self.tpot.append(tpot)
+            if self.on_finish is not None:
+                self.on_finish(q.request, q.first_token - arrival, tpot, q.finished - arrival)
             self.output_tokens += q.out
             family = self.families.pop(q.uid, None) if self.families else None
             if family is None:
@@ -481,8 +489,9 @@ class _Run:
                           sched.preemptions, self.preempted_requests, self.recomputed, sched.hit_tokens,
                           sched.queried_tokens, self.peak_usage, self.usage_time / duration if duration else 0.0,
                           self.peak_running, self.peak_waiting, self._shares(duration), tuple(self.timeline),
-                          self.fast_steps, tuple(notes), tuple(sorted(self.ttft)), tuple(sorted(self.e2e)),
-                          self.guard.report() if self.guard else None)
+                          self.fast_steps, tuple(notes), ttft_sorted=tuple(sorted(self.ttft)),
+                          e2e_sorted=tuple(sorted(self.e2e)), tpot_sorted=tuple(sorted(self.tpot)),
+                          guard=self.guard.report() if self.guard else None)
 
     def _shares(self, duration: float) -> MemoryShares:
         if not duration:

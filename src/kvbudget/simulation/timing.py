@@ -106,7 +106,7 @@ def calibrate(steps: Sequence[MeasuredStep], source: str = "measured steps") -> 
     ys = [s.seconds for s in steps]
     used = [0, 1, 2]
     while True:
-        fit = _least_squares([tuple(r[j] for j in used) for r in rows], ys)
+        fit = least_squares([tuple(r[j] for j in used) for r in rows], ys)
         negative = [j for j, v in zip(used, fit, strict=True) if v < 0]
         if not negative:
             break
@@ -116,7 +116,7 @@ def calibrate(steps: Sequence[MeasuredStep], source: str = "measured steps") -> 
                      f"calibrated on {len(steps)} {source}")
 
 
-def _least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float]:
+def least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float]:
     """Solve the normal equations by Gaussian elimination with partial pivoting."""
     k = len(rows[0]) if rows else 0
     m = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]
