@@ -108,7 +108,10 @@ def plot_simulation(sim: Simulation, path: str, caption: str = "") -> None:
     queues.plot(times, [x.waiting for x in sim.timeline], label="waiting", linewidth=0.8)
     queues.set_xlabel("simulated time (s)")
     queues.set_ylabel("requests")
-    queues.set_title(f"queues: {sim.preemptions:,} preemptions")
+    title = f"queues: {sim.preemptions:,} preemption{'' if sim.preemptions == 1 else 's'}"
+    if sim.guard is not None:
+        title += f"; the guard rejected {sim.guard.rejected:,}, capped {sim.guard.capped:,}"
+    queues.set_title(title)
     queues.legend(fontsize=8)
     for name, values in (("time to first token", sim.ttft_sorted), ("end to end", sim.e2e_sorted)):
         if values:
@@ -120,8 +123,10 @@ def plot_simulation(sim: Simulation, path: str, caption: str = "") -> None:
     cdf.set_ylabel("fraction of requests")
     cdf.set_title("latency distribution")
     cdf.legend(fontsize=8)
-    fig.suptitle(f"{s.model} on {s.engine} ({s.allocator}), {s.gpu or 'no GPU named'}: {s.num_blocks:,} blocks of "
-                 f"{s.block_size}; {sim.requests:,} requests", fontsize=10)
+    memory = (f"{s.num_blocks:,} blocks of {s.block_size}" if s.allocator == "paged" else
+              f"{s.token_slots:,} token slots")
+    fig.suptitle(f"{s.model} on {s.engine} ({s.allocator}), {s.gpu or 'no GPU named'}: {memory}; "
+                 f"{sim.requests:,} requests", fontsize=10)
     if caption:
         fig.text(0.5, 0.01, caption, ha="center", fontsize=8, color="dimgray")
     fig.tight_layout(rect=(0, 0.04 if caption else 0, 1, 1))

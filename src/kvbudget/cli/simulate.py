@@ -247,8 +247,10 @@ def _print(sim: Any, args: argparse.Namespace) -> None:
     s = sim.setup
     out = console()
     budget = f"{format_bytes(s.kv_memory_bytes)} KV, " if s.kv_memory_bytes else ""
+    memory = (f"{s.num_blocks:,} blocks of {s.block_size} tokens" if s.allocator == "paged" else
+              f"{s.token_slots:,} token slots")
     out.print(f"[bold]{s.model}[/bold] on {s.engine} ({s.allocator}), {s.gpu or 'no GPU named'}: {budget}"
-              f"{s.num_blocks:,} blocks of {s.block_size} tokens; max_num_seqs {s.max_num_seqs}, "
+              f"{memory}; max_num_seqs {s.max_num_seqs}, "
               f"max_num_batched_tokens {s.max_num_batched_tokens}, prefix caching "
               f"{'on' if s.prefix_caching else 'off'}")
     out.print(f"{sim.requests:,} requests ({sim.completed:,} completed) in {sim.duration_s:,.1f} s simulated, "
