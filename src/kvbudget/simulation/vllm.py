@@ -60,33 +60,32 @@ class BlockPool(CountingPool):
         self.ref = [0] * num_blocks
         self.key: list[int | None] = [None] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
-        self.cached: dict[int, list[int]] = {}
+        self.cached: dict[int, int | list[int]] = {}  # key -> its block, or its blocks in insertion order
 
     def lookup(self, key: int) -> int | None:
         blocks = self.cached.get(key)
-        return blocks[0] if blocks else None
+        return blocks[0] if isinstance(blocks, list) else blocks
 
     def take(self, n: int) -> list[int]:
         """get_new_blocks: n blocks from the front of the free queue, their keys evicted."""
         out = []
-        free, key, ref = self.free, self.key, self.ref
+        free, key, ref, cached = self.free, self.key, self.ref, self.cached
         for _ in range(n):
             b, _ = free.popitem(last=False)
-            if key[b] is not None:
-                self._evict(b)
+            k = key[b]
+            if k is not None:  # evict its key
+                holders = cached[k]
+                if isinstance(holders, list):
+                    holders.remove(b)
+                    if len(holders) == 1:
+                        cached[k] = holders[0]
+                else:
+                    del cached[k]
+                key[b] = None
             ref[b] = 1
             out.append(b)
         self.nfree -= n
         return out
-
-    def _evict(self, b: int) -> None:
-        k = self.key[b]
-        assert k is not None
-        holders = self.cached[k]
-        holders.remove(b)
-        if not holders:
-            del self.cached[k]
-        self.key[b] = None
 
     def touch(self, blocks: list[int]) -> None:
         for b in blocks:
@@ -97,7 +96,13 @@ class BlockPool(CountingPool):
 
     def store(self, b: int, key: int) -> None:
         self.key[b] = key
-        self.cached.setdefault(key, []).append(b)
+        holders = self.cached.get(key)
+        if holders is None:
+            self.cached[key] = b
+        elif isinstance(holders, list):
+            holders.append(b)
+        else:
+            self.cached[key] = [holders, b]
 
     def release(self, ordered: list[int]) -> None:
         """free_blocks: `ordered` by eviction priority; unkeyed to the front, keyed to the tail."""
@@ -146,13 +151,16 @@ class VLLMScheduler(Queues):
 
     def _cache(self, s: Seq, tokens: int) -> None:
         """Key the blocks that `tokens` fill (cache_blocks)."""
-        assert self.cache is not None
+        cache = self.cache
+        assert cache is not None
         bs = self.cfg.block_size
         full = tokens // bs
+        if full <= s.ncached:
+            return
+        store, key, blocks = cache.store, s.key, s.blocks
         for j in range(s.ncached, full):
-            self.cache.store(s.blocks[j], s.key(j, bs))
-        if full > s.ncached:
-            s.ncached = full
+            store(blocks[j], key(j, bs))
+        s.ncached = full
 
     def _grow(self, s: Seq, n: int) -> bool:
         """Blocks for a running request's next n tokens; False when the pool cannot give them."""
