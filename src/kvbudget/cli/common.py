@@ -25,6 +25,7 @@ _HINTS = {"(approximate=True)": "(--approximate)", "(template=False)": "(--no-te
           "activation overrides": "--activation overrides", "overhead overrides": "--overhead overrides",
           "given (utilization)": "--utilization", "given (weights)": "--weights", "given (kv_memory)": "--kv-memory",
           "given (activation)": "--activation", "given (overhead)": "--overhead",
+          "(measured / time_model)": "(--calibrate FILE)", "(prefix_caching=False)": "(--no-prefix-caching)",
           "(weights)": "(--weights SIZE)"}  # after "given (weights)"
 
 

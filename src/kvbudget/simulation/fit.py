@@ -64,7 +64,7 @@ def read_bench_result(path: str | Path) -> BenchRun:
         raise KVBudgetError(f"calibrate {name}: not a JSON benchmark result ({e})", param="calibrate") from None
     fields = ("start_times", "input_lens", "output_lens", "ttfts", "itls")
     if not isinstance(data, dict) or any(not isinstance(data.get(f), list) for f in fields):
-        raise KVBudgetError(f"calibrate {name}: expected `vllm bench serve --save-detailed` results with "
+        raise KVBudgetError(f"calibrate {name}: expected a `vllm bench serve` result saved in detail, with "
                             f"{', '.join(fields)}", param="calibrate")
     n = len(data["start_times"])
     if any(len(data[f]) != n for f in fields):

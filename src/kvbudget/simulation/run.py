@@ -226,12 +226,12 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
         time_model = _roofline(p, card)
     if time_model.basis == NOMINAL:
         raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
-                            "FLOPS), or measured steps to calibrate it (--calibrate)", param="gpu")
+                            "FLOPS), or measured timings to calibrate it (measured / time_model)", param="gpu")
     windowed = sorted({g.kind for g in groups if not g.keeps_all})
     if windowed and prefix_caching:
         kinds = ", ".join(windowed)
-        raise KVBudgetError(f"prefix_caching: {model.name} has {kinds} cache groups; the simulator follows them "
-                            "without prefix caching only so far: pass --no-prefix-caching (prefix_caching=False)",
+        raise KVBudgetError(f"simulate: {model.name} has {kinds} cache groups; the simulator follows them "
+                            "without prefix caching only so far (prefix_caching=False)",
                             param="prefix_caching")
     if windowed and allocator != "paged":
         raise KVBudgetError(f"allocator {allocator}: the contiguous baselines model full attention only",

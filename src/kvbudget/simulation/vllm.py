@@ -408,7 +408,7 @@ class HybridScheduler(VLLMScheduler):
     def __init__(self, config: SchedulerConfig, groups: tuple[BlockGroup, ...]) -> None:
         if config.prefix_caching:
             raise KVBudgetError("simulate: prefix caching with sliding-window, chunked or state groups is not "
-                                "simulated yet; pass --no-prefix-caching (prefix_caching=False)",
+                                "simulated yet (prefix_caching=False)",
                                 param="prefix_caching")
         super().__init__(config)
         self.groups = groups
