@@ -175,9 +175,10 @@ AZURE = str(TRACES / "AzureLLMInferenceTrace_conv.csv")
 
 
 def test_cli_json_timeline_and_plot_agree_with_the_api(capsys, tmp_path):
-    timeline, picture = tmp_path / "steps.csv", tmp_path / "sim.png"
+    timeline, picture, each = tmp_path / "steps.csv", tmp_path / "sim.png", tmp_path / "requests.csv"
     code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", "--trace", AZURE, "--slice", "100:400",
-                         "--no-prefix-caching", "--json", "--timeline", str(timeline), "--plot", str(picture))
+                         "--no-prefix-caching", "--json", "--timeline", str(timeline), "--plot", str(picture),
+                         "--per-request", str(each))
     assert code == 0, err
     data = json.loads(out)
     api = simulate(LLAMA, rescale(read_trace(AZURE), start=100, count=400), gpu="H100", prefix_caching=False)
@@ -187,6 +188,11 @@ def test_cli_json_timeline_and_plot_agree_with_the_api(capsys, tmp_path):
     assert rows[0] == "time_s,tokens,kv_usage,running,waiting" and len(rows) == api.steps + 1
     assert float(rows[-1].split(",")[0]) == pytest.approx(api.duration_s, abs=1e-6)
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    done = [line.split(",") for line in each.read_text().splitlines()[1:]]
+    assert len(done) == 400
+    assert sorted(float(row[4]) for row in done) == pytest.approx(list(api.ttft_sorted), abs=1e-6)
+    trace_rows = list(rescale(read_trace(AZURE), start=100, count=400))
+    assert sorted(int(row[2]) for row in done) == sorted(r.prompt_tokens for r in trace_rows)
 
 
 def test_cli_table_credits_the_azure_trace(capsys):

@@ -64,6 +64,8 @@ def add_parser(sub: Any) -> None:
     o = p.add_argument_group("answers")
     o.add_argument("--json", action="store_true", help="print JSON (seconds, bytes) instead of tables")
     o.add_argument("--timeline", help="write every step to this CSV file (time, tokens, usage, running, waiting)")
+    o.add_argument("--per-request", help="write every completed sequence to this CSV file (id, arrival, prompt "
+                                         "and output tokens, TTFT, TPOT, end-to-end seconds)")
     o.add_argument("--plot", help="write a picture (.png or .svg): KV usage, queues and latency distributions")
     o.add_argument("--find-max-rate", action="store_true", help="the highest --rate-scale meeting --slo")
     o.add_argument("--slo", help="objectives for --find-max-rate, e.g. ttft_p99=2s,tpot_p99=100ms")
@@ -205,13 +207,22 @@ def run(args: argparse.Namespace) -> int:
     if args.timeline:
         rows.append("time_s,tokens,kv_usage,running,waiting")
         on_step = lambda t, tokens, usage, r, w: rows.append(f"{t:.6f},{tokens},{usage:.6f},{r},{w}")  # noqa: E731
+    done: list[str] = []
+    on_finish = None
+    if args.per_request:
+        done.append("id,arrival_s,prompt_tokens,output_tokens,ttft_s,tpot_s,e2e_s")
+        on_finish = lambda r, ttft, tpot, e2e: done.append(  # noqa: E731
+            f"{r.id},{r.arrival:.6f},{r.prompt_tokens},{r.output_tokens},{ttft:.6f},"
+            f"{'' if tpot is None else f'{tpot:.6f}'},{e2e:.6f}")
     progress = _progress() if not args.json and sys.stderr.isatty() else None
     sim = simulate(model, workload(scale), setup=setup, fast=not args.reference, on_step=on_step,
-                   progress=progress, **_guard(args))
+                   progress=progress, on_finish=on_finish, **_guard(args))
     if progress is not None:
         print(file=sys.stderr)
     if args.timeline:
         write_atomically(args.timeline, "\n".join(rows) + "\n", "--timeline")
+    if args.per_request:
+        write_atomically(args.per_request, "\n".join(done) + "\n", "--per-request")
     if args.plot:
         from kvbudget.plot import plot_simulation
 
