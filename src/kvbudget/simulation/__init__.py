@@ -15,7 +15,6 @@ from kvbudget.simulation.workload import (
     AZURE_CREDIT,
     Request,
     exponential_lengths,
-    fixed_lengths,
     read_azure,
     read_jsonl,
     read_trace,
@@ -26,7 +25,7 @@ from kvbudget.simulation.workload import (
 
 __all__ = [
     "AZURE_CREDIT", "MeasuredStep", "MemoryShares", "Percentiles", "RateSearch", "Request", "Sample", "Setup",
-    "Simulation", "TimeModel", "calibrate", "exponential_lengths", "find_max_rate", "fixed_lengths", "meets",
+    "Simulation", "TimeModel", "calibrate", "exponential_lengths", "find_max_rate", "meets",
     "parse_slo", "parse_sweep", "read_azure", "read_jsonl", "read_trace", "rescale", "sampled_lengths",
     "setup_for", "simulate", "synthetic",
 ]

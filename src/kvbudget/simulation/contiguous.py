@@ -133,7 +133,6 @@ class ContiguousScheduler(Queues):
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[Seq, int]] = [(s, 1) for s in self.running[:budget]]
         budget -= len(scheduled)
-        admitted = []
         while self.waiting and len(self.running) < cfg.max_num_seqs:
             s = self.waiting[0]
             if s.prompt > budget:
@@ -150,11 +149,10 @@ class ContiguousScheduler(Queues):
             self.where[s.uid] = (start, size)
             self.reserved += size
             self.running.append(s)
-            admitted.append(s)
             scheduled.append((s, s.prompt))
             budget -= s.prompt
         tokens, context = commit(scheduled)
-        return Step(tuple(scheduled), (), tuple(admitted), self.slots - self.reserved, self.usage(), tokens, context)
+        return Step(tuple(scheduled), (), self.slots - self.reserved, self.usage(), tokens, context)
 
     def _free(self, s: Seq) -> None:
         start, size = self.where.pop(s.uid)

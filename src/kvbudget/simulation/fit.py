@@ -133,7 +133,7 @@ FACTORS = (4.0, 2.0, 1.4, 1.15, 1.05, 1.02)
 
 def _model(params: list[float], basis: str) -> TimeModel:
     overhead, per_context, per_token = params
-    return TimeModel(0.0, per_context, per_token, overhead, "sum", basis)
+    return TimeModel.fitted(overhead, per_context, per_token, basis)
 
 
 def _loss(model: ModelSpec, bench: BenchRun, setup: Setup, params: list[float]) -> float:

@@ -37,7 +37,6 @@ class Seq:
         "first_token",
         "held",
         "hit_tokens",
-        "max_out",
         "ncached",
         "out",
         "pieces",
@@ -54,7 +53,6 @@ class Seq:
         self.uid = uid
         self.request = request
         self.prompt = request.prompt_tokens
-        self.max_out = request.output_tokens
         self.end = request.output_tokens  # outputs at which it finishes (the scheduler caps it at max_model_len)
         self.out = 0  # tokens generated so far
         self.computed = 0  # vLLM's num_computed_tokens
@@ -106,7 +104,6 @@ class Step:
 
     scheduled: tuple[tuple[Seq, int], ...]  # (request, tokens) in vLLM's order: running first, then admitted
     preempted: tuple[Seq, ...]
-    admitted: tuple[Seq, ...]
     free_blocks: int  # after scheduling
     usage: float  # vLLM's kv_cache_usage after scheduling
     tokens: int = 0  # scheduled, summed
@@ -137,7 +134,7 @@ class Queues:
 
     def add(self, request: Request) -> Seq:
         seq = Seq(self._uid, request)
-        seq.end = min(seq.max_out, self.cfg.max_model_len - seq.prompt)
+        seq.end = min(seq.end, self.cfg.max_model_len - seq.prompt)
         self._uid += 1
         self.waiting.append(seq)
         return seq

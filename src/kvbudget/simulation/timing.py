@@ -46,6 +46,11 @@ class TimeModel:
                                                                                       COMPUTE_EFFICIENCY),
                    STEP_OVERHEAD_S, "max", basis)
 
+    @classmethod
+    def fitted(cls, overhead: float, per_context: float, per_token: float, basis: str) -> TimeModel:
+        """A calibrated step time: the three parts added."""
+        return cls(0.0, per_context, per_token, overhead, "sum", basis)
+
     def step_seconds(self, tokens: int, context_tokens: int) -> float:
         """One step computing `tokens` new tokens while attending over `context_tokens` cached ones."""
         read = self.weights + self.per_context * context_tokens
@@ -106,17 +111,17 @@ def calibrate(steps: Sequence[MeasuredStep], source: str = "measured steps") -> 
     ys = [s.seconds for s in steps]
     used = [0, 1, 2]
     while True:
-        fit = least_squares([tuple(r[j] for j in used) for r in rows], ys)
+        fit = _least_squares([tuple(r[j] for j in used) for r in rows], ys)
         negative = [j for j, v in zip(used, fit, strict=True) if v < 0]
         if not negative:
             break
         used.remove(negative[0])
     coef = dict(zip(used, fit, strict=True))
-    return TimeModel(0.0, coef.get(1, 0.0), coef.get(2, 0.0), coef.get(0, 0.0), "sum",
-                     f"calibrated on {len(steps)} {source}")
+    return TimeModel.fitted(coef.get(0, 0.0), coef.get(1, 0.0), coef.get(2, 0.0),
+                            f"calibrated on {len(steps)} {source}")
 
 
-def least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float]:
+def _least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float]:
     """Solve the normal equations by Gaussian elimination with partial pivoting."""
     k = len(rows[0]) if rows else 0
     m = [[sum(r[i] * r[j] for r in rows) for j in range(k)] for i in range(k)]

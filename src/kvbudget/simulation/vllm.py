@@ -244,7 +244,6 @@ class VLLMScheduler(Queues):
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[Seq, int]] = []
         preempted: list[Seq] = []
-        admitted: list[Seq] = []
         eligible = len(self.running) + len(self.waiting)
         threshold = cfg.long_prefill_token_threshold if eligible > 1 else 0
         running = self.running
@@ -290,12 +289,11 @@ class VLLMScheduler(Queues):
                     self.queried_tokens += s.num_tokens
                 running.append(s)
                 s.computed = hit
-                admitted.append(s)
                 scheduled.append((s, n))
                 budget -= n
 
         tokens, context = commit(scheduled)
-        return Step(tuple(scheduled), tuple(preempted), tuple(admitted), self.pool.nfree, self.pool.usage(), tokens,
+        return Step(tuple(scheduled), tuple(preempted), self.pool.nfree, self.pool.usage(), tokens,
                     context)
 
     # -- the fast path: runs of pure decode steps ------------------------------------------------------------

@@ -257,10 +257,6 @@ def _gaps(rate: float, cv: float, rng: random.Random) -> Iterator[float]:
 Lengths = Callable[[random.Random], tuple[int, int]]
 
 
-def fixed_lengths(prompt: int, output: int) -> Lengths:
-    return lambda rng: (prompt, output)
-
-
 def exponential_lengths(prompt_mean: float, output_mean: float, max_total: int | None = None) -> Lengths:
     """Geometric (discrete exponential) lengths with these means, each at least 1, clipped to `max_total`."""
     def draw(rng: random.Random) -> tuple[int, int]:
