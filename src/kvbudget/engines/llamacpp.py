@@ -56,6 +56,7 @@ from kvbudget.units import MIB, cdiv
 
 CELL_PAD = 256
 N_UBATCH = 512  # llama-server default physical batch
+N_BATCH = 2048  # llama-server default logical batch (-b)
 LLAMA4_CHUNK = 8192  # src/models/llama4.cpp sets n_swa = 8192 whatever the config says
 # Architectures whose sliding windows llama.cpp honours (swa_type set in src/models/*.cpp); every other one,
 # Mistral-7B-v0.1 (llama arch) and Phi-3 ("Phi SWA is currently disabled") included, is cached in full.
@@ -183,6 +184,15 @@ class LlamaCppEngine(Engine):
             entry[4] += dtype.bytes_for(v) * n * streams if v else 0
         order = ("kv", "kv_swa", "recurrent")  # the order llama.cpp creates and logs them
         return tuple(Buffer(name, *kv[name]) for name in order if name in kv)
+
+    def slot_context(self, model: ModelSpec, context: int, n_parallel: int, unified: bool = False) -> tuple[int, int]:
+        """`llama-server -np n_parallel -c n_parallel x context [--kv-unified]`: (n_ctx_slot, the cells of the
+        shared pool, 0 with a stream per slot). n_ctx is padded to 256 cells, each stream to 256 more
+        (llama_context: n_ctx_seq); a slot's context is capped at the model's training length."""
+        n_ctx = pad(n_parallel * context)
+        per_seq = n_ctx if unified else pad(n_ctx // n_parallel)
+        trained = model.max_position_embeddings or per_seq
+        return min(per_seq, trained), n_ctx if unified else 0
 
     def _dtype(self, kv_dtype: str, model: ModelSpec) -> KVDtype:
         if str(kv_dtype).lower() == "auto":

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbudget.engines import Allocation, Engine, EngineOptions, get_engine
+from kvbudget.engines.llamacpp import N_BATCH, LlamaCppEngine
 from kvbudget.engines.vllm import BlockGroup, VLLMEngine
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation.contiguous import POLICIES, ContiguousScheduler
 from kvbudget.simulation.guarded import GuardInLoop, GuardReport
+from kvbudget.simulation.llamacpp import LlamaServerScheduler
 from kvbudget.simulation.seq import SchedulerConfig, Seq
 from kvbudget.simulation.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
 from kvbudget.simulation.vllm import HybridScheduler, VLLMScheduler
@@ -104,7 +106,10 @@ class Setup:
 
     @property
     def token_slots(self) -> int:
-        """Tokens the KV cache holds: whole blocks for paging; the budget over bytes per token when contiguous."""
+        """Tokens the KV cache holds: whole blocks for paging (llama.cpp: cells, one per "block"); the budget over
+        bytes per token when contiguous."""
+        if self.allocator.startswith("slots"):
+            return self.num_blocks
         if self.allocator == "paged" or not self.kv_memory_bytes:
             return (self.num_blocks - 1) * self.block_size
         return self.kv_memory_bytes // self.bytes_per_token
@@ -141,6 +146,7 @@ class Simulation:
     e2e_sorted: tuple[float, ...] = field(default=(), repr=False)
     tpot_sorted: tuple[float, ...] = field(default=(), repr=False)
     guard: GuardReport | None = None  # what the guard in the loop did
+    failed: int = 0  # requests the engine answered with an error (llama.cpp's unified cache when it overflows)
 
     def metric(self, name: str) -> float | None:
         """A latency figure by name: ttft|tpot|e2e _ p50|p90|p99|mean|max (seconds)."""
@@ -170,7 +176,7 @@ class Simulation:
             "prefix_queried_tokens": self.prefix_queried_tokens, "prefix_hit_rate": self.prefix_hit_rate,
             "peak_usage": self.peak_usage, "mean_usage": self.mean_usage, "peak_running": self.peak_running,
             "peak_waiting": self.peak_waiting, "memory": dict(self.memory.__dict__), "fast_steps": self.fast_steps,
-            "notes": list(self.notes), "guard": self.guard.to_dict() if self.guard else None,
+            "failed": self.failed, "notes": list(self.notes), "guard": self.guard.to_dict() if self.guard else None,
             "timeline": [s.__dict__ for s in self.timeline],
         }
 
@@ -181,23 +187,33 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               device: str = "cuda", max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
               prefix_caching: bool = True, long_prefill_token_threshold: int = 0,
               time_model: TimeModel | None = None, allocator: str = "paged",
-              measured: Sequence[MeasuredStep] | None = None) -> Setup:
+              measured: Sequence[MeasuredStep] | None = None, kv_unified: bool = False) -> Setup:
     """The memory and scheduler settings from the planner and the engine's defaults, and the default time model."""
     from kvbudget.gpus import find_gpu
     from kvbudget.planner import plan
 
     chosen = get_engine(engine)
-    if not isinstance(chosen, VLLMEngine):
-        raise KVBudgetError(f"engine {chosen.name}: the simulator follows vLLM's scheduler only so far",
-                            param="engine")
-    options = EngineOptions(block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
+    slots = isinstance(chosen, LlamaCppEngine)
+    if not isinstance(chosen, VLLMEngine) and not slots:
+        raise KVBudgetError(f"engine {chosen.name}: the simulator follows vLLM's and llama.cpp's schedulers only "
+                            "so far", param="engine")
+    if slots and num_blocks is not None:
+        raise KVBudgetError("num_blocks: llama.cpp has no KV blocks; give its slots (max_num_seqs, -np) and their "
+                            "context (max_model_len)", param="num_blocks")
+    if slots and (allocator != "paged" or long_prefill_token_threshold):
+        raise KVBudgetError("llama.cpp: its slots are the allocator and it has no long-prefill threshold; leave "
+                            "allocator and long_prefill_token_threshold out", param="allocator")
+    if kv_unified and not slots:
+        raise KVBudgetError("kv_unified: a llama.cpp setting (one cell pool for all slots)", param="kv_unified")
+    options = EngineOptions(block_size=block_size, max_num_batched_tokens=None if slots else max_num_batched_tokens,
                             prefix_caching=prefix_caching, device=device)
     max_len = max_model_len or model.max_position_embeddings
     if not max_len:
         raise KVBudgetError(f"max_model_len: {model.name}'s config has no max_position_embeddings; give "
                             "max_model_len", param="max_model_len")
+    budget = gpu is not None or gpu_memory is not None or kv_memory is not None
     if gpu is None and gpu_memory is None:
-        if kv_memory is None and num_blocks is None:
+        if kv_memory is None and num_blocks is None and not (slots and max_num_seqs):
             raise KVBudgetError("simulate: give a GPU (gpu or gpu_memory), a KV budget (kv_memory) or num_blocks",
                                 param="gpu")
         # no GPU: the budget is given, and vLLM's scheduler defaults are those of a GPU under 70 GiB
@@ -208,6 +224,29 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
         p = plan(model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, tp=tp, pp=pp, kv_dtype=kv_dtype,
                  max_model_len=max_len, options=options, kv_memory=kv_memory, recommend=False)
         card = find_gpu(gpu) if gpu else None
+    if measured is not None:
+        time_model = calibrate(measured)
+    elif time_model is None:
+        time_model = _roofline(p, card)
+    if time_model.basis == NOMINAL:
+        raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
+                            "FLOPS), or measured timings to calibrate it (measured / time_model)", param="gpu")
+    gpu_name = p.gpu if card or gpu_memory else None
+    kv_bytes = p.kv_memory_bytes if budget else None
+    if slots:
+        assert isinstance(chosen, LlamaCppEngine)
+        fit = int(p.capacity.max_concurrency) if budget else None
+        n = max_num_seqs or fit or 0
+        if not n or (fit is not None and n > fit):
+            raise KVBudgetError(f"simulate: the KV budget holds {fit or 0} llama.cpp slot(s) of {max_len} cells; "
+                                f"{'-np ' + str(n) + ' would fail to allocate' if n else 'nothing to serve with'}: "
+                                "give more memory, fewer slots or a shorter context",
+                                param="max_num_seqs" if n else "kv_memory")
+        n_ctx_slot, pool = chosen.slot_context(model, max_len, n, kv_unified)
+        return Setup(chosen.name, model.name, pool or n * n_ctx_slot, 1, kv_bytes, n,
+                     max_num_batched_tokens or N_BATCH, n_ctx_slot, prefix_caching, 0, gpu_name, time_model,
+                     p.estimate.bytes_per_token, "slots-unified" if kv_unified else "slots", p.estimate.allocation)
+    assert isinstance(chosen, VLLMEngine)
     cap = p.capacity
     assert cap.num_blocks is not None and cap.block_size is not None
     blocks = num_blocks if num_blocks is not None else cap.num_blocks
@@ -220,13 +259,6 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
     serving = chosen.serving(p.gpu_memory_bytes, max_len, options, gpu_name=p.gpu)
     seqs = max_num_seqs or serving.max_num_seqs
     mnbt = p.options.max_num_batched_tokens or serving.prefill_tokens
-    if measured is not None:
-        time_model = calibrate(measured)
-    elif time_model is None:
-        time_model = _roofline(p, card)
-    if time_model.basis == NOMINAL:
-        raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
-                            "FLOPS), or measured timings to calibrate it (measured / time_model)", param="gpu")
     windowed = sorted({g.kind for g in groups if not g.keeps_all})
     if windowed and prefix_caching:
         kinds = ", ".join(windowed)
@@ -241,8 +273,7 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
                             f"{', '.join('contiguous-' + p for p in POLICIES)}", param="allocator")
     return Setup(chosen.name, model.name, blocks, cap.block_size, None if num_blocks is not None else
                  p.kv_memory_bytes, seqs, mnbt, max_len, prefix_caching, long_prefill_token_threshold,
-                 p.gpu if card or gpu_memory else None, time_model, p.estimate.bytes_per_token, allocator,
-                 p.estimate.allocation, groups)
+                 gpu_name, time_model, p.estimate.bytes_per_token, allocator, p.estimate.allocation, groups)
 
 
 def _roofline(p: Any, card: Any) -> TimeModel:
@@ -269,8 +300,10 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
     s = setup or setup_for(model, **settings)
     config = SchedulerConfig(s.num_blocks, s.block_size, s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len,
                              s.prefix_caching, s.long_prefill_token_threshold)
-    sched: VLLMScheduler | ContiguousScheduler
-    if s.allocator == "paged" and s.hybrid:
+    sched: VLLMScheduler | ContiguousScheduler | LlamaServerScheduler
+    if s.allocator.startswith("slots"):
+        sched = LlamaServerScheduler(config, s.num_blocks if s.allocator == "slots-unified" else 0)
+    elif s.allocator == "paged" and s.hybrid:
         sched = HybridScheduler(config, s.groups)
     elif s.allocator == "paged":
         sched = VLLMScheduler(config)
@@ -286,8 +319,8 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
 class _Run:
     """The clock loop, with its running totals."""
 
-    def __init__(self, setup: Setup, sched: VLLMScheduler | ContiguousScheduler, workload: Iterable[Request],
-                 fast: bool, interval: float, on_step: Callable[..., None] | None,
+    def __init__(self, setup: Setup, sched: VLLMScheduler | ContiguousScheduler | LlamaServerScheduler,
+                 workload: Iterable[Request], fast: bool, interval: float, on_step: Callable[..., None] | None,
                  progress: Callable[[int], None] | None, guard: GuardInLoop | None = None,
                  on_finish: Callable[..., None] | None = None):
         self.setup, self.sched, self.fast, self.guard = setup, sched, fast, guard
@@ -332,6 +365,9 @@ class _Run:
         """The request to the scheduler: one sequence, or n > 1 children as vLLM's engine fans a request out
         (`samples`: added one after another, the prefix cache sharing the prompt). `release` (the guard's hold)
         runs when the request's last sequence finishes."""
+        if r.n > 1 and self.setup.allocator.startswith("slots"):
+            raise KVBudgetError(f"request {r.id or self.requests}: n={r.n}: llama.cpp's child tasks (n > 1) are not "
+                                "simulated; give n 1", param="trace")
         if r.n == 1:
             uid = self.sched.add(r).uid
             if release is not None:
@@ -357,7 +393,7 @@ class _Run:
                 self.decode_run(sched, k, pending.arrival if pending is not None else math.inf)
                 continue
             step = sched.schedule()
-            if not step.tokens:
+            if not step.tokens and not step.failed:
                 head = sched.waiting[0].request
                 raise KVBudgetError(f"request {head.id or self.requests}: a prompt of {head.prompt_tokens} tokens "
                                     f"can never be scheduled (max_num_batched_tokens "
@@ -370,6 +406,8 @@ class _Run:
                     slots[i] += held * dt
             self.after_step(dt, step.tokens, step.usage)
             self.finish(sched.update(step, self.t))
+            if step.failed:
+                self.fail(sched.failed[-step.failed:])
 
     def decode_run(self, sched: VLLMScheduler, k: int, arrival: float) -> None:
         """Up to k pure decode steps, stopping after the one that ends at or past the next arrival. The clock
@@ -441,6 +479,13 @@ class _Run:
         if self.on_step is not None:
             self.on_step(self.t, tokens, usage, running, waiting)
 
+    def fail(self, failed: list[Seq]) -> None:
+        """Requests the engine answered with an error: they end without completing."""
+        for q in failed:
+            if self.releases:
+                self.releases.pop(q.uid, lambda: None)()
+            self.output_tokens += q.out
+
     def finish(self, done: list[Seq]) -> None:
         for q in done:
             if self.releases:
@@ -491,7 +536,7 @@ class _Run:
                           self.peak_running, self.peak_waiting, self._shares(duration), tuple(self.timeline),
                           self.fast_steps, tuple(notes), ttft_sorted=tuple(sorted(self.ttft)),
                           e2e_sorted=tuple(sorted(self.e2e)), tpot_sorted=tuple(sorted(self.tpot)),
-                          guard=self.guard.report() if self.guard else None)
+                          guard=self.guard.report() if self.guard else None, failed=len(sched.failed))
 
     def _shares(self, duration: float) -> MemoryShares:
         if not duration:

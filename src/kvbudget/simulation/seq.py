@@ -108,6 +108,7 @@ class Step:
     usage: float  # vLLM's kv_cache_usage after scheduling
     tokens: int = 0  # scheduled, summed
     context: int = 0  # tokens the scheduled requests attend over (their computed tokens after the step), summed
+    failed: int = 0  # requests the engine answered with an error in this step
 
 
 def commit(scheduled: list[tuple[Seq, int]]) -> tuple[int, int]:
@@ -131,6 +132,7 @@ class Queues:
         self.preemptions = 0
         self.hit_tokens = 0  # prompt tokens served from the prefix cache (first admissions)
         self.queried_tokens = 0  # prompt tokens looked up (first admissions)
+        self.failed: list[Seq] = []  # requests the engine answered with an error
 
     def add(self, request: Request) -> Seq:
         seq = Seq(self._uid, request)

@@ -1,0 +1,261 @@
+"""llama.cpp's server (`llama-server`) loop, iteration for iteration: slots, not blocks.
+
+What it follows, from tools/server/server-context.cpp and server-queue.cpp of the llama.cpp copy in
+llama-cpp-python 0.3.36 (`process_single_task`, `get_available_slot`, `update_slots`, `decode`,
+`try_clear_idle_slots`, `post_decode`, `release`):
+- `-np N` slots, each serving one request start to finish; no preemption. A request arriving when no slot is idle
+  is deferred (FIFO); each slot release moves the oldest deferred request to the *front* of the task queue, so
+  two releases in one iteration serve the later-moved one first.
+- An idle slot is chosen by prompt similarity first (the longest common prefix with the slot's cached tokens over
+  the new prompt's length, above 0.1), else the least recently released (never-used slots tie; the last wins).
+- Each iteration: one token for every generating slot (in slot order), then prompt tokens of the slots still
+  processing their prompts, in slot order, until the batch holds `n_batch` (2,048) tokens. A slot's cached
+  tokens are reused up to the common prefix with its new prompt, at least one token always computed.
+- A request stops at its output length or when its cached tokens + 1 reach the slot's context (`n_ctx_slot`,
+  truncated; context shift is off by default). A prompt of `n_ctx_slot` tokens or more is rejected at once.
+- Own streams (the default with an explicit `-np`): a slot's cells are its own and never run out. A unified
+  cache (`--kv-unified`, llama-server's default when `-np` is left to auto): one pool of cells shared by all
+  slots, idle slots keeping their cached prompts; a sub-batch that does not fit purges one idle slot and retries,
+  else halves the sub-batch, and at one token fails every busy slot ("Context size has been exceeded").
+Not modelled: the host-RAM prompt cache (`--cache-ram`; run with `--cache-ram 0` to compare), speculative
+decoding, context shift, multimodal chunks, child tasks (`n` > 1).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step
+from kvbudget.simulation.workload import Request
+
+SIMILARITY = 0.1  # --slot-prompt-similarity default
+
+
+class Slot:
+    """One llama-server slot (mutable; the scheduler owns it). Ordered by id."""
+
+    __slots__ = ("cached", "content", "id", "last_used", "seq", "started")
+
+    def __init__(self, i: int) -> None:
+        self.id = i
+        self.seq: Seq | None = None  # the request it serves (None: idle)
+        self.started = False  # True until its first prompt tokens are batched (SLOT_STATE_STARTED)
+        self.cached = 0  # tokens in its cache (kept while idle)
+        self.content: Seq | None = None  # whose tokens those are
+        self.last_used: tuple[int, int] = (-1, 0)  # (iteration, slot) of its last release
+
+    def __lt__(self, other: Slot) -> bool:
+        return self.id < other.id
+
+
+class LlamaServerScheduler(Queues):
+    """`cfg.max_num_seqs` slots of `cfg.max_model_len` cells (n_ctx_slot), `cfg.max_num_batched_tokens` the
+    logical batch (n_batch); `pool` the cells of the unified cache (0: every slot has its own stream)."""
+
+    hybrid = False
+
+    def __init__(self, config: SchedulerConfig, pool: int = 0) -> None:
+        super().__init__(config)
+        self.slots = [Slot(i) for i in range(config.max_num_seqs)]
+        self.pool = pool
+        self.cells = pool or config.max_num_seqs * config.max_model_len
+        self.incoming: deque[Seq] = deque()  # the task queue: arrivals, and deferred tasks moved to its front
+        self.slot_of: dict[int, Slot] = {}  # uid -> the slot serving it
+        self.iteration = 0
+        self.purges = 0
+
+    # -- the task queue ---------------------------------------------------------------------------------------
+
+    def add(self, request: Request) -> Seq:
+        seq = super().add(request)
+        self.waiting.pop()
+        self.incoming.append(seq)
+        return seq
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.incoming)  # (deferred tasks wait for a release)
+
+    def _lcp(self, slot: Slot, seq: Seq) -> int:
+        """Tokens the slot's cache and the new prompt share from the start (shared prefix pieces only)."""
+        old = slot.content
+        if old is None or not slot.cached or not self.cfg.prefix_caching:  # (cache_prompt off)
+            return 0
+        common = 0
+        for (a, n), (b, m) in zip(old.pieces, seq.pieces, strict=False):
+            if a != b:
+                break
+            common += min(n, m)
+            if n != m:
+                break
+        return min(common, old.shared, seq.shared, slot.cached, seq.prompt)
+
+    def _available(self, seq: Seq) -> Slot | None:
+        best, best_f = None, 0.0
+        for slot in self.slots:
+            if slot.seq is None and slot.cached:
+                f = self._lcp(slot, seq) / seq.prompt
+                if f > best_f and f > SIMILARITY:
+                    best, best_f = slot, f
+        if best is not None:
+            return best
+        for slot in self.slots:
+            if slot.seq is None and (best is None or slot.last_used <= best.last_used):
+                best = slot
+        return best
+
+    def _process_tasks(self) -> None:
+        while self.incoming:
+            seq = self.incoming.popleft()
+            slot = self._available(seq)
+            if slot is None:
+                self.waiting.append(seq)
+                continue
+            slot.seq, slot.started = seq, True
+            self.slot_of[seq.uid] = slot
+            self.running.append(seq)
+
+    # -- one iteration ----------------------------------------------------------------------------------------
+
+    def schedule(self) -> Step:
+        self.iteration += 1
+        self._process_tasks()
+        cfg = self.cfg
+        n_batch = cfg.max_num_batched_tokens
+        batch: list[tuple[Slot, int]] = []
+        size = 0
+        for slot in self.slots:  # generating slots: one token each
+            s = slot.seq
+            if s is not None and not slot.started and s.computed >= s.prompt:
+                batch.append((slot, 1))
+                size += 1
+        for slot in self.slots:  # then prompts, until the batch is full
+            if size >= n_batch:
+                break
+            s = slot.seq
+            if s is None or (not slot.started and s.computed >= s.prompt):
+                continue
+            if slot.started:
+                slot.started = False
+                past = self._lcp(slot, s)
+                if past == s.prompt:
+                    past -= 1  # at least one token is evaluated
+                slot.cached, slot.content = past, s  # the rest of its old cache is removed
+                s.computed = s.hit_tokens = past
+                self.hit_tokens += past
+                self.queried_tokens += s.prompt
+            n = min(s.prompt - s.computed, n_batch - size)
+            batch.append((slot, n))
+            size += n
+        done = self._decode(size) if self.pool else size
+        scheduled: list[tuple[Seq, int]] = []
+        tokens = context = at = 0
+        for slot, n in batch:
+            s = slot.seq
+            assert s is not None
+            if at + n > done:  # its output token was not decoded: the iteration failed before it
+                break
+            at += n
+            s.computed += n
+            slot.cached += n
+            tokens += n
+            context += s.computed
+            scheduled.append((s, n))
+        failed = len(self.failed)
+        if done < size:
+            self._fail(scheduled)
+        busy = sum(slot.seq.computed for slot in self.slots if slot.seq is not None)
+        return Step(tuple(scheduled), (), self.cells - busy, busy / self.cells, tokens, context,
+                    len(self.failed) - failed)
+
+    def _decode(self, size: int) -> int:
+        """The batch through llama_decode in sub-batches of n_batch on the unified cache: tokens decoded."""
+        full = self.cfg.max_num_batched_tokens
+        used = sum(slot.cached for slot in self.slots)
+        off, n_batch = 0, full
+        while off < size:
+            n = min(n_batch, size - off)
+            if used + n <= self.pool:
+                used += n
+                off += n
+                n_batch = full
+            elif self._purge():
+                used = sum(slot.cached for slot in self.slots)
+            elif n_batch == 1:
+                return off
+            else:
+                n_batch //= 2
+        return size
+
+    def _purge(self) -> bool:
+        """try_clear_idle_slots: drop the first idle slot's cached tokens."""
+        for slot in self.slots:
+            if slot.seq is None and slot.cached:
+                slot.cached, slot.content = 0, None
+                self.purges += 1
+                return True
+        return False
+
+    def _fail(self, decoded: list[tuple[Seq, int]]) -> None:
+        """"Context size has been exceeded": every busy slot gets an error and is cleared, except the requests
+        whose last token was sampled in a sub-batch that succeeded (they finished before the failure)."""
+        finishing = {s.uid for s, _ in decoded if s.computed >= s.prompt + s.out and s.out + 1 >= s.end}
+        for slot in self.slots:
+            s = slot.seq
+            if s is None or s.uid in finishing:
+                continue
+            self.failed.append(s)
+            self.running.remove(s)
+            del self.slot_of[s.uid]
+            self._release(slot)
+            slot.cached, slot.content = 0, None
+
+    def _release(self, slot: Slot) -> None:
+        slot.seq = None
+        slot.started = False
+        slot.last_used = (self.iteration, slot.id)
+        if self.waiting:  # pop_deferred_task: the oldest deferred task to the front of the queue
+            self.incoming.appendleft(self.waiting.popleft())
+
+    def update(self, step: Step, now: float = 0.0) -> list[Seq]:
+        """Sample one token for every request whose tokens are all computed; release the finished slots in slot
+        order (post_decode)."""
+        done = []
+        for s, _ in step.scheduled:
+            if s.computed >= s.prompt + s.out:
+                s.out += 1
+                if s.first_token is None:
+                    s.first_token = now
+                if s.out >= s.end:
+                    s.finished = now
+                    done.append(s)
+        if done:
+            slots = sorted(self.slot_of.pop(s.uid) for s in done)
+            for slot in slots:
+                self._release(slot)
+            self.running = [s for s in self.running if s.finished is None]
+        return done
+
+    def _free(self, s: Seq) -> None:  # (update releases slots itself)
+        raise AssertionError("llama.cpp slots are released in update()")
+
+    def usage(self) -> float:
+        return sum(slot.seq.computed for slot in self.slots if slot.seq is not None) / self.cells
+
+    def decode_run_limit(self) -> int:
+        return 0
+
+    def memory(self) -> tuple[int, int, int]:
+        """(token states, reservation, internal fragmentation) in cells. Own streams reserve a whole slot per
+        request, as Orca's max allocation does: cells it will still fill, and cells past its final length;
+        a unified pool reserves nothing."""
+        states = reserved = internal = 0
+        for slot in self.slots:
+            s = slot.seq
+            if s is None:
+                continue
+            states += s.computed
+            if not self.pool:
+                last = s.prompt + s.end - 1  # cached tokens when it stops (the last sampled is never fed)
+                reserved += max(0, last - s.computed)
+                internal += self.cfg.max_model_len - max(last, s.computed)
+        return states, reserved, internal
