@@ -58,7 +58,9 @@ def add_parser(sub: Any) -> None:
                                                         "baselines contiguous-max|contiguous-pow2|contiguous-oracle")
     add_engine_knobs(m)
     s = p.add_argument_group("scheduler (default: the engine's for the GPU)")
-    s.add_argument("--max-num-seqs", help="requests running at once")
+    s.add_argument("--max-num-seqs", help="requests running at once (llama.cpp: its slots, -np)")
+    s.add_argument("--kv-unified", action="store_true", help="llama.cpp: one cell pool shared by all slots "
+                   "(llama-server's default when -np is left to auto)")
     s.add_argument("--long-prefill-token-threshold", default="0", help="cut prompts longer than this into chunks "
                                                                          "of it while others wait (default 0: off)")
     o = p.add_argument_group("answers")
@@ -171,7 +173,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
             "max_model_len": optional_one(args.max_model_len, "--max-model-len"), "block_size": options.block_size,
             "device": options.device, "max_num_seqs": optional_one(args.max_num_seqs, "--max-num-seqs"),
             "max_num_batched_tokens": options.max_num_batched_tokens, "prefix_caching": options.prefix_caching,
-            "long_prefill_token_threshold": int(args.long_prefill_token_threshold), "allocator": args.allocator}
+            "long_prefill_token_threshold": int(args.long_prefill_token_threshold), "allocator": args.allocator,
+            "kv_unified": args.kv_unified}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -258,12 +261,17 @@ def _print(sim: Any, args: argparse.Namespace) -> None:
     s = sim.setup
     out = console()
     budget = f"{format_bytes(s.kv_memory_bytes)} KV, " if s.kv_memory_bytes else ""
-    memory = (f"{s.num_blocks:,} blocks of {s.block_size} tokens" if s.allocator == "paged" else
-              f"{s.token_slots:,} token slots")
+    if s.allocator.startswith("slots"):
+        pool = "one pool of" if s.allocator == "slots-unified" else "in all:"
+        memory = (f"-np {s.max_num_seqs} slots of {s.max_model_len:,} cells ({pool} {s.token_slots:,} cells); "
+                  f"n_batch {s.max_num_batched_tokens}, prompt cache {'on' if s.prefix_caching else 'off'}")
+    else:
+        memory = (f"{s.num_blocks:,} blocks of {s.block_size} tokens" if s.allocator == "paged" else
+                  f"{s.token_slots:,} token slots")
+        memory += (f"; max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens}, prefix "
+                   f"caching {'on' if s.prefix_caching else 'off'}")
     out.print(f"[bold]{s.model}[/bold] on {s.engine} ({s.allocator}), {s.gpu or 'no GPU named'}: {budget}"
-              f"{memory}; max_num_seqs {s.max_num_seqs}, "
-              f"max_num_batched_tokens {s.max_num_batched_tokens}, prefix caching "
-              f"{'on' if s.prefix_caching else 'off'}")
+              f"{memory}")
     out.print(f"{sim.requests:,} requests ({sim.completed:,} completed) in {sim.duration_s:,.1f} s simulated, "
               f"{sim.steps:,} steps: {sim.requests_per_s:,.2f} requests/s, {sim.output_tokens_per_s:,.0f} output "
               "tokens/s")
@@ -283,6 +291,9 @@ def _print(sim: Any, args: argparse.Namespace) -> None:
     out.print(f"queues: peak running {sim.peak_running:,}, peak waiting {sim.peak_waiting:,}; preemptions "
               f"{sim.preemptions:,} ({sim.preempted_requests:,} requests, {sim.recomputed_tokens:,} tokens "
               f"recomputed); prefix-cache hits {hit} of prompt tokens")
+    if sim.failed:
+        out.print(f"[red]failed: {sim.failed:,} requests got an error from the engine[/red] (the shared cell pool "
+                  "ran out: llama.cpp fails every busy request when one token no longer fits)")
     if sim.guard is not None:
         g = sim.guard
         out.print(f"guard: forwarded {sum(g.forwarded.values()):,} (untouched {g.forwarded[0]:,}, at the cap level "
