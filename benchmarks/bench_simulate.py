@@ -1,6 +1,6 @@
 """Times `kvbudget.simulate` on the real traces: the Azure conversation trace (19,366 requests, one hour) on
-Llama-3.1-8B / H100 without prefix caching, and the Mooncake conversation trace with prefix caching; the fast
-path and the step-by-step reference; and peak Python memory against the trace length (the trace is streamed).
+Llama-3.1-8B / H100 without prefix caching (vLLM, and llama.cpp's slots), and the Mooncake conversation trace with prefix caching; the fast
+path and the step-by-step reference; llama.cpp's slots; and peak Python memory against the trace length (the trace is streamed).
 Prints figures; asserts nothing. Trace: Azure LLM inference trace 2023, Microsoft Azure Public Dataset.
 
     python benchmarks/bench_simulate.py [--runs 3] [--mooncake-requests 12031]
@@ -50,6 +50,11 @@ def main() -> None:
                                                                 count=a.mooncake_requests))
     print(f"Mooncake conv, {r.requests:,} requests, prefix caching (hit rate {r.prefix_hit_rate:.1%}, peak "
           f"waiting {r.peak_waiting:,}): best {best:.2f} s = {r.requests / best:,.0f} requests/s")
+    for slots, unified in ((None, False), (8, False), (16, True)):
+        best, median, r = timed(1, lambda: read_trace(AZURE), engine="llamacpp", max_model_len=16384,
+                                max_num_seqs=slots, kv_unified=unified)
+        print(f"Azure conv on llama.cpp, {r.setup.max_num_seqs} slots{' (unified)' if unified else ''}: "
+              f"{best:.2f} s = {r.requests / best:,.0f} requests/s")
     for count in (2000, 19366):
         tracemalloc.start()
         simulate(MODEL, rescale(read_trace(AZURE), count=count), gpu="H100", prefix_caching=False)
