@@ -1,7 +1,7 @@
 """Times `kvbudget.simulate` on the real traces: the Azure conversation trace (19,366 requests, one hour) on
-Llama-3.1-8B / H100 without prefix caching (vLLM, and llama.cpp's slots), and the Mooncake conversation trace with prefix caching; the fast
-path and the step-by-step reference; llama.cpp's slots; and peak Python memory against the trace length (the trace is streamed).
-Prints figures; asserts nothing. Trace: Azure LLM inference trace 2023, Microsoft Azure Public Dataset.
+Llama-3.1-8B / H100 without prefix caching (vLLM, fast path and step-by-step reference; llama.cpp's slots), and
+the Mooncake conversation trace with prefix caching; and peak Python memory against the trace length (the trace
+is streamed). Prints figures; asserts nothing. Trace: Azure LLM inference trace 2023, Microsoft Azure Public Dataset.
 
     python benchmarks/bench_simulate.py [--runs 3] [--mooncake-requests 12031]
 """
