@@ -442,3 +442,24 @@ def test_cli_llamacpp_slots_and_their_errors(capsys):
         assert code == 2 and err.count("\n") == 1 and message in err, err
     code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "1", "--kv-unified")
     assert code == 2 and "--kv-unified: a llama.cpp setting" in err, err
+
+
+def test_beam_search_runs_rounds_of_one_token_requests_through_the_prefix_cache(tmp_path):
+    """vLLM's API-layer beam search: the prompt alone, then `n` requests a round, each of the prompt and its
+    beam's tokens; with 16-token blocks each round's requests find all but the last partial block cached."""
+    trace = tmp_path / "beams.jsonl"
+    trace.write_text(json.dumps({"arrival": 0, "prompt_tokens": 100, "output_tokens": 20, "n": 4,
+                                 "beam_search": True}) + "\n")
+    model = kvbudget.load_model("llama-3.1-8b")
+    r = simulate(model, read_trace(trace), gpu="H100", max_model_len=4096, block_size=16)
+    assert r.completed == 1 and r.output_tokens == 1 + 4 * 19  # engine tokens: one per request
+    assert r.ttft == r.e2e  # not streamed: the answer comes whole
+    # round k (k >= 1) sends 4 prompts of 100 + k tokens; all whole blocks of the first 100 + k - 1 are cached
+    queried = 100 + sum(4 * (100 + k) for k in range(1, 20))
+    hits = sum(4 * ((100 + k - 1) // 16 * 16) for k in range(1, 20))
+    assert (r.prefix_queried_tokens, r.prefix_hit_tokens) == (queried, hits)
+    assert r.steps == 20  # one engine step a round: every round's requests prefill together and finish
+    trace.write_text(json.dumps({"arrival": 0, "prompt_tokens": 100, "output_tokens": 20, "n": 4,
+                                 "beam_search": "yes"}) + "\n")
+    with pytest.raises(KVBudgetError, match="beams.jsonl:1: beam_search 'yes' must be true or false"):
+        list(read_trace(trace))

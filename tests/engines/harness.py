@@ -223,8 +223,9 @@ def run_llama_server(gguf: Path, *args: str, timeout: float = 120) -> LlamaRun:
 
 def replay_on_vllm(model_dir: Path, max_model_len: int, requests: list, *extra: str,
                    timeout: float = 600) -> list[dict]:
-    """Send `requests` — (seconds after the first, prompt token ids, max_tokens, n) — to a real vLLM server that
-    records its scheduler's decisions (kvbudget.simulation.recorder), and return those records in order."""
+    """Send `requests` — (seconds after the first, prompt token ids, max_tokens, n[, beam search]) — to a real vLLM
+    server that records its scheduler's decisions (kvbudget.simulation.recorder), and return those records in
+    order."""
     import threading
 
     import kvbudget
@@ -247,9 +248,10 @@ def replay_on_vllm(model_dir: Path, max_model_len: int, requests: list, *extra: 
                 served = json.loads(r.read())["data"][0]["id"]
             errors: list = []
 
-            def send(prompt: list, max_tokens: int, n: int) -> None:
+            def send(prompt: list, max_tokens: int, n: int, beams: bool = False) -> None:
                 body = json.dumps({"model": served, "prompt": prompt, "max_tokens": max_tokens, "n": n,
-                                   "ignore_eos": True, "temperature": 1.0 if n > 1 else 0}).encode()
+                                   "ignore_eos": True, "temperature": 1.0 if n > 1 and not beams else 0,
+                                   "use_beam_search": beams}).encode()
                 req = urllib.request.Request(f"{url}/v1/completions", data=body,
                                              headers={"Content-Type": "application/json"})
                 try:
@@ -262,9 +264,9 @@ def replay_on_vllm(model_dir: Path, max_model_len: int, requests: list, *extra: 
 
             threads = []
             start = time.monotonic()
-            for at, prompt, max_tokens, n in requests:
+            for at, *request in requests:
                 time.sleep(max(0.0, start + at - time.monotonic()))
-                t = threading.Thread(target=send, args=(prompt, max_tokens, n))
+                t = threading.Thread(target=send, args=tuple(request))
                 t.start()
                 threads.append(t)
             for t in threads:

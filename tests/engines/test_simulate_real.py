@@ -15,6 +15,7 @@ import math
 import random
 import tempfile
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from tiny_configs import TINY
 import kvbudget
 from kvbudget.engines import EngineOptions
 from kvbudget.engines.vllm import VLLM
+from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.seq import SchedulerConfig
 from kvbudget.simulation.timing import MeasuredStep, calibrate, read_measured_steps
 from kvbudget.simulation.vllm import HybridScheduler, VLLMScheduler
@@ -95,8 +97,11 @@ class Replay:
 
 
 def replay_in_simulator(records: list[dict], requests: list[Request], prefix_caching: bool,
-                        threshold: int = 0, config: dict = CONFIG, kv_bytes: int = KV_BYTES) -> Replay:
-    """Feed the simulator what the engine saw, in the same order; assert every step equal."""
+                        threshold: int = 0, config: dict = CONFIG, kv_bytes: int = KV_BYTES,
+                        tokens_as_content: bool = False) -> Replay:
+    """Feed the simulator what the engine saw, in the same order; assert every step equal. `tokens_as_content`:
+    every request the engine got is given as its own token ids (one prefix piece a token), for requests that
+    the API layer makes (beam search's rounds)."""
     start = records[0]
     model = kvbudget.parse_config(config)
     options = EngineOptions(device="cpu", prefix_caching=prefix_caching,
@@ -121,7 +126,11 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
     measured: list[MeasuredStep] = []
     previous: tuple[int, int, float] | None = None  # the step before, while no request arrived since
     for rec in records[1:]:
-        if "add" in rec:
+        if "add" in rec and tokens_as_content:
+            r = Request(0, len(rec["prompt"]), rec["max_tokens"], tuple((t, 1) for t in rec["prompt"]))
+            ids[sim.add(r).uid] = rec["add"]
+            previous = None
+        elif "add" in rec:
             r = by_prompt[tuple(rec["prompt"])].pop(0)
             assert rec["max_tokens"] == r.output_tokens
             ids[sim.add(r).uid] = rec["add"]
@@ -147,7 +156,8 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
     if prefix_caching:
         assert sim.hit_tokens > 0
     finished = [rec for rec in records if "finished" in rec]
-    assert len(finished) == sum(r.n for r in requests)
+    assert len(finished) == (sum("add" in rec for rec in records) if tokens_as_content else
+                             sum(r.n for r in requests))
     log = Path(tempfile.mkdtemp()) / "steps.jsonl"
     log.write_text("".join(json.dumps(rec) + "\n" for rec in records))
     assert read_measured_steps(log) == measured  # what `kvbudget simulate --calibrate` reads
@@ -195,6 +205,50 @@ def test_hybrid_models_without_prefix_caching_step_for_step(name):
     replay = replay_in_simulator(records, requests, prefix_caching=False, config=config, kv_bytes=kv)
     print(f"{name}: {replay.preemptions} preemptions")
     assert replay.min_free <= 1  # the pool ran out: requests waited for blocks (or were preempted)
+
+
+def test_beam_search_rounds_step_for_step():
+    """vLLM's API-layer beam search (use_beam_search, 3 beams, 12 tokens) beside plain requests, prefix caching
+    on: the engine gets the prompt alone, then one request per beam per round (prompt + the beam's tokens,
+    max_tokens 1), each round once the last request of the one before has finished: the rounds `BeamSearch`
+    makes. Every step is scheduled as the simulator schedules it, the real beams' tokens as the content (which
+    beams survive depends on the model; the simulator draws them)."""
+    rng = random.Random(5)
+    requests = []
+    for i in range(16):
+        beam = i % 3 == 0
+        requests.append(Request(i * 0.05, rng.randrange(100, 400), 12 if beam else rng.randrange(20, 120),
+                                ((("system", i % 2), 128),), n=3 if beam else 1, beam_search=beam))
+    sends = [(r.arrival, prompt_ids(r, i), r.output_tokens, r.n, r.beam_search) for i, r in enumerate(requests)]
+    records = replay_on_vllm(model_folder("sim-llama", CONFIG), MAX_LEN, sends, "--kv-cache-memory-bytes",
+                             str(KV_BYTES))
+    replay = replay_in_simulator(records, requests, prefix_caching=True, tokens_as_content=True)
+    adds = [rec for rec in records if "add" in rec]
+    for i, r in enumerate(requests):
+        if not r.beam_search:
+            continue
+        prompt = prompt_ids(r, i)
+        mine = [rec for rec in adds if rec["prompt"][:len(prompt)] == prompt]
+        search = BeamSearch(r, i)
+        rounds = [[q.prompt_tokens for q in search.requests(0.0)]]
+        while True:
+            following = None
+            for _ in rounds[-1]:
+                following = search.finished_one(0.0)
+            if following is None:
+                break
+            rounds.append([q.prompt_tokens for q in following])
+        assert [len(rec["prompt"]) for rec in mine] == [n for lengths in rounds for n in lengths]
+        assert all(rec["max_tokens"] == 1 for rec in mine)
+        # each round goes in after every request of the round before has finished
+        at = {rec["add"]: k for k, rec in enumerate(records) if "add" in rec}
+        done = {rec["finished"]: k for k, rec in enumerate(records) if "finished" in rec}
+        k = 0
+        for before, after in pairwise(rounds):
+            first_after = min(at[rec["add"]] for rec in mine[k + len(before):k + len(before) + len(after)])
+            assert all(done[rec["add"]] < first_after for rec in mine[k:k + len(before)])
+            k += len(before)
+    print(f"beam search: {replay.preemptions} preemptions, {len(adds)} engine requests")
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from kvbudget.engines.llamacpp import N_BATCH, LlamaCppEngine
 from kvbudget.engines.vllm import BlockGroup, VLLMEngine
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
+from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.contiguous import POLICIES, ContiguousScheduler
 from kvbudget.simulation.guarded import GuardInLoop, GuardReport
 from kvbudget.simulation.llamacpp import LlamaServerScheduler
@@ -326,6 +327,8 @@ class _Run:
         self.setup, self.sched, self.fast, self.guard = setup, sched, fast, guard
         self.releases: dict[int, Callable[[], None]] = {}  # the guard's hold on each admitted request
         self.families: dict[int, list[Any]] = {}  # child uid -> its request's [left, first token, finish, release]
+        self.beams: dict[int, BeamSearch] = {}  # engine request uid -> the beam search it belongs to
+        self.searches = 0
         self.interval, self.on_step, self.progress, self.on_finish = interval, on_step, progress, on_finish
         self.tm = setup.time_model
         self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
@@ -368,6 +371,17 @@ class _Run:
         if r.n > 1 and self.setup.allocator.startswith("slots"):
             raise KVBudgetError(f"request {r.id or self.requests}: n={r.n}: llama.cpp's child tasks (n > 1) are not "
                                 "simulated; give n 1", param="trace")
+        if r.beam_search:
+            if r.prompt_tokens + r.output_tokens > self.setup.max_model_len:
+                raise KVBudgetError(f"request {r.id or self.requests}: beam search to {r.output_tokens} tokens after a "
+                                    f"prompt of {r.prompt_tokens} does not fit max_model_len "
+                                    f"{self.setup.max_model_len}; raise max_model_len or filter the trace",
+                                    param="trace")
+            search = BeamSearch(r, self.requests, release)
+            self.searches += 1
+            for child in search.requests(self.t):
+                self.beams[self.sched.add(child).uid] = search
+            return
         if r.n == 1:
             uid = self.sched.add(r).uid
             if release is not None:
@@ -479,6 +493,28 @@ class _Run:
         if self.on_step is not None:
             self.on_step(self.t, tokens, usage, running, waiting)
 
+    def _beam_finished(self, search: BeamSearch, now: float) -> None:
+        """An engine request of a beam search finished: the next round goes in now; after the last round the
+        request is answered (beam search is not streamed: its first token arrives with the whole answer)."""
+        following = search.finished_one(now)
+        if following is None:
+            r = search.request
+            e2e = now - r.arrival
+            assert search.first_round_end is not None
+            tpot = (now - search.first_round_end) / (r.output_tokens - 1) if r.output_tokens > 1 else None
+            self.ttft.append(e2e)
+            self.e2e.append(e2e)
+            if tpot is not None:
+                self.tpot.append(tpot)
+            self.completed += 1
+            if self.on_finish is not None:
+                self.on_finish(r, e2e, tpot, e2e)
+            if search.release is not None:
+                search.release()
+            return
+        for child in following:
+            self.beams[self.sched.add(child).uid] = search
+
     def fail(self, failed: list[Seq]) -> None:
         """Requests the engine answered with an error: they end without completing."""
         for q in failed:
@@ -490,14 +526,21 @@ class _Run:
         for q in done:
             if self.releases:
                 self.releases.pop(q.uid, lambda: None)()
-            arrival = q.request.arrival
             assert q.first_token is not None and q.finished is not None
+            self.output_tokens += q.out
+            if q.preemptions:
+                self.preempted_requests += 1
+                self.recomputed += q.recomputed
+            search = self.beams.pop(q.uid, None) if self.beams else None
+            if search is not None:
+                self._beam_finished(search, q.finished)
+                continue
+            arrival = q.request.arrival
             tpot = (q.finished - q.first_token) / (q.out - 1) if q.out > 1 else None
             if tpot is not None:
                 self.tpot.append(tpot)
             if self.on_finish is not None:
                 self.on_finish(q.request, q.first_token - arrival, tpot, q.finished - arrival)
-            self.output_tokens += q.out
             family = self.families.pop(q.uid, None) if self.families else None
             if family is None:
                 self.ttft.append(q.first_token - arrival)
@@ -513,9 +556,6 @@ class _Run:
                     self.completed += 1
                     if family[3] is not None:
                         family[3]()
-            if q.preemptions:
-                self.preempted_requests += 1
-                self.recomputed += q.recomputed
 
     def result(self) -> Simulation:
         sched = self.sched

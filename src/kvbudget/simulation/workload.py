@@ -11,7 +11,7 @@ import json
 import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,8 @@ class Request:
     prefix: tuple[tuple[Any, int], ...] = ()
     id: str = ""
     max_tokens: int | None = None  # what the client asked for, where known (output_tokens <= max_tokens)
-    n: int = 1  # samples (vLLM runs n > 1 as n child sequences sharing the prompt)
+    n: int = 1  # samples (vLLM runs n > 1 as n child sequences sharing the prompt); the beam width with beams
+    beam_search: bool = False  # vLLM's API-layer beam search (use_beam_search): one engine request per beam per token
 
     @property
     def shared_tokens(self) -> int:
@@ -94,7 +95,7 @@ def _ordered(requests: Iterator[tuple[int, Request]], path: str) -> Iterator[Req
             raise TraceError(path, line, f"arrives at {r.arrival} s, before the line above it; sort the trace by "
                              "arrival time")
         last = at
-        yield Request(at, r.prompt_tokens, r.output_tokens, r.prefix, r.id, r.max_tokens, r.n)
+        yield replace(r, arrival=at)
 
 
 def read_azure(path: str | Path) -> Iterator[Request]:
@@ -125,7 +126,8 @@ def read_azure(path: str | Path) -> Iterator[Request]:
 def read_jsonl(path: str | Path) -> Iterator[Request]:
     """Mooncake's JSONL (timestamp ms, input_length, output_length, hash_ids per 512 tokens) or ours:
     {"arrival": s, "prompt_tokens": n, "output_tokens": n, "prefix": "id", "prefix_tokens": n, "id": "...",
-    "max_tokens": n (what the client asked for; the guard in the loop predicts with it), "n": samples}."""
+    "max_tokens": n (what the client asked for; the guard in the loop predicts with it), "n": samples (the beam
+    width with "beam_search": true)}."""
     name = str(path)
 
     def rows() -> Iterator[tuple[int, Request]]:
@@ -177,7 +179,13 @@ def _ours(obj: dict, path: str, line: int) -> Request:
             raise TraceError(path, line, f"max_tokens {asked} is below output_tokens {output}")
     n = _count(obj.get("n", 1), path, line, "n")
     return Request(_seconds(obj["arrival"], path, line, "arrival"), prompt, output, pieces,
-                   str(obj.get("id", line)), asked, n)
+                   str(obj.get("id", line)), asked, n, _flag(obj.get("beam_search", False), path, line))
+
+
+def _flag(value: Any, path: str, line: int) -> bool:
+    if not isinstance(value, bool):
+        raise TraceError(path, line, f"beam_search {value!r} must be true or false")
+    return value
 
 
 def read_trace(path: str | Path) -> Iterator[Request]:
@@ -211,8 +219,7 @@ def rescale(requests: Iterable[Request], rate_scale: float = 1.0, start: int = 0
             return
         if first is None:
             first = r.arrival
-        yield Request((r.arrival - first) / rate_scale, r.prompt_tokens, r.output_tokens, r.prefix, r.id,
-                      r.max_tokens, r.n)
+        yield replace(r, arrival=(r.arrival - first) / rate_scale)
 
 
 def request_log(path: str | Path, counter: Any, lengths: Lengths, rate: float | None = None, seed: int = 0,
@@ -239,7 +246,9 @@ def request_log(path: str | Path, counter: Any, lengths: Lengths, rate: float | 
                 t += next(gaps)
             output = max_tokens if max_tokens else lengths(rng)[1]
             n = _count(body.get("n", 1), name, line, "n")
-            yield line, Request(t, max(prompt, 1), output, id=str(body.get("id", line)), max_tokens=max_tokens, n=n)
+            beams = _flag(body.get("use_beam_search", False), name, line)
+            yield line, Request(t, max(prompt, 1), output, id=str(body.get("id", line)), max_tokens=max_tokens, n=n,
+                                beam_search=beams)
 
     return _ordered(rows(), name)
 
