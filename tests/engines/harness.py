@@ -225,7 +225,7 @@ def replay_on_vllm(model_dir: Path, max_model_len: int, requests: list, *extra: 
                    timeout: float = 600) -> list[dict]:
     """Send `requests` — (seconds after the first, prompt token ids, max_tokens, n[, beam search]) — to a real vLLM
     server that records its scheduler's decisions (kvbudget.simulation.recorder), and return those records in
-    order."""
+    order, then {"metrics": its /metrics text at the end}."""
     import threading
 
     import kvbudget
@@ -273,10 +273,12 @@ def replay_on_vllm(model_dir: Path, max_model_len: int, requests: list, *extra: 
                 t.join(timeout)
             if errors:
                 raise RuntimeError(f"{len(errors)} requests failed: {errors[:3]}")
+            with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+                metrics = r.read().decode()
     finally:
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    return [json.loads(line) for line in log_path.read_text().splitlines()]
+    return [json.loads(line) for line in log_path.read_text().splitlines()] + [{"metrics": metrics}]

@@ -94,6 +94,9 @@ class Replay:
     preemptions: int
     min_free: int  # the fewest free blocks after any step
     measured: list[MeasuredStep]  # steps followed at once by the next one: (tokens, context, seconds)
+    metrics: str = ""  # the server's /metrics after the run
+    requests: tuple = ()  # what was sent
+    start: dict | None = None  # the recorder's first record: the engine's settings
 
 
 def replay_in_simulator(records: list[dict], requests: list[Request], prefix_caching: bool,
@@ -159,9 +162,11 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
     assert len(finished) == (sum("add" in rec for rec in records) if tokens_as_content else
                              sum(r.n for r in requests))
     log = Path(tempfile.mkdtemp()) / "steps.jsonl"
-    log.write_text("".join(json.dumps(rec) + "\n" for rec in records))
+    log.write_text("".join(json.dumps(rec) + "\n" for rec in records if "metrics" not in rec))
     assert read_measured_steps(log) == measured  # what `kvbudget simulate --calibrate` reads
-    return Replay(preemptions, min(r["free"] for r in records if "step" in r), measured)
+    metrics = next((r["metrics"] for r in records if "metrics" in r), "")
+    return Replay(preemptions, min(r["free"] for r in records if "step" in r), measured, metrics, tuple(requests),
+                  start)
 
 
 def run(requests: list[Request], *extra: str, prefix_caching: bool, config: dict = CONFIG, name: str = "sim-llama",
@@ -303,3 +308,40 @@ def test_step_times_calibrated_on_one_run_predict_the_others(azure_run, mooncake
         print(f"{name}: {len(errors)} steps, median step error {errors[len(errors) // 2]:.1%}, p90 "
               f"{errors[9 * len(errors) // 10]:.1%}; busy time {total:.2f} s measured, {predicted:.2f} s predicted")
         assert abs(predicted - total) / total < 0.5
+
+
+def test_latency_histograms_calibrate_on_one_run_predict_the_other(azure_run, mooncake_run, tmp_path):
+    """`--calibrate metrics.txt`: fitted on one run's /metrics (vLLM's TTFT and time-per-output-token histograms,
+    and their exact means) with the requests it was sent, the other run's mean TTFT and TPOT are predicted (its
+    own histograms' means are the truth). Timing is the estimate: the figures are printed for the README; the
+    bounds only catch a fit gone wrong."""
+    from kvbudget.simulation import setup_for, simulate
+    from kvbudget.simulation.fit import TPOT_METRIC, TTFT_METRIC, calibrate_requests, initial_model, read_metrics
+
+    model = kvbudget.parse_config(CONFIG)
+
+    def mean(text: str, metric: str) -> float:
+        def total(kind: str) -> float:
+            return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith(f"{metric}_{kind}"))
+        return total("sum") / total("count")
+
+    def setup(run: Replay, caching: bool, time_model):
+        assert run.start is not None
+        return setup_for(model, kv_memory=KV_BYTES, device="cpu", max_model_len=MAX_LEN, prefix_caching=caching,
+                         max_num_seqs=run.start["max_num_seqs"],
+                         max_num_batched_tokens=run.start["max_num_batched_tokens"], time_model=time_model)
+
+    errors = []
+    for fit, other, caching in ((azure_run, mooncake_run, (False, True)), (mooncake_run, azure_run, (True, False))):
+        path = tmp_path / "metrics.txt"
+        path.write_text(fit.metrics)
+        bench = read_metrics(path, fit.requests)
+        fitted = calibrate_requests(model, bench, setup(fit, caching[0], initial_model(bench)))
+        sim = simulate(model, iter(other.requests), setup=setup(other, caching[1], fitted))
+        ttft = sim.ttft.mean / mean(other.metrics, TTFT_METRIC) - 1
+        singles = sum(1 for r in other.requests if r.output_tokens == 1)
+        tpot = sum(sim.tpot_sorted) / (len(sim.tpot_sorted) + singles) / mean(other.metrics, TPOT_METRIC) - 1
+        errors.append((ttft, tpot))
+    print("mean TTFT and TPOT error, fitted on the other run:", *(f"{t:+.0%} / {p:+.0%}" for t, p in errors))
+    assert all(abs(t) < 1.0 and abs(p) < 1.0 for t, p in errors)

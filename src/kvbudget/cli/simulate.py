@@ -74,8 +74,9 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--sweep", nargs="+", metavar="NAME=V1,V2", help="a table over settings, e.g. tp=1,2 "
                                                                    "kv-dtype=auto,fp8 (rate-scale too)")
     o.add_argument("--calibrate", help="fit the time model to measured timings: a `vllm bench serve "
-                                       "--save-result --save-detailed` JSON (per-request TTFT and ITL), or a log of "
-                                       "vLLM run with --scheduler-cls kvbudget.simulation.recorder."
+                                       "--save-result --save-detailed` JSON (per-request TTFT and ITL), a scrape of "
+                                       "vLLM's /metrics after it served --trace (its latency histograms), or a "
+                                       "log of vLLM run with --scheduler-cls kvbudget.simulation.recorder."
                                        "RecordingScheduler (step times)")
     o.add_argument("--guard-config", help="put `kvbudget guard` in front of the engine with this YAML (e.g. from "
                                           "`kvbudget plan --guard-config`): its own code decides every arrival")
@@ -133,12 +134,14 @@ def _workload(args: argparse.Namespace) -> Callable[[float], Iterable[Any]]:
     return lambda scale: rescale(synthetic(rate, n, lengths, seed, cv), scale, start, count)
 
 
-def _calibrated(model: Any, path: str, settings: dict[str, Any]) -> dict[str, Any]:
-    """The time model from --calibrate: fitted to a benchmark run's requests, or to recorded steps."""
+def _calibrated(model: Any, path: str, settings: dict[str, Any], served: Callable[[], Iterable[Any]] | None
+                ) -> dict[str, Any]:
+    """The time model from --calibrate: fitted to a benchmark run's requests, to vLLM's latency histograms for
+    the trace it served, or to recorded steps."""
     from kvbudget.simulation import setup_for
     from kvbudget.simulation.fit import BenchRun, calibrate_requests, initial_model, read_calibration
 
-    found = read_calibration(path)
+    found = read_calibration(path, served)
     if not isinstance(found, BenchRun):
         return {"measured": found}
     base = setup_for(model, **settings, time_model=initial_model(found))
@@ -184,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
     workload = _workload(args)
     settings = _settings(args)
     if args.calibrate:
-        settings.update(_calibrated(model, args.calibrate, settings))
+        settings.update(_calibrated(model, args.calibrate, settings,
+                                    (lambda: workload(1.0)) if args.trace or args.request_log else None))
     scale = _positive(args.rate_scale, "--rate-scale")
     if args.find_max_rate and args.sweep:
         raise KVBudgetError("simulate: --find-max-rate and --sweep go separately")

@@ -1,5 +1,6 @@
 """Calibrating the time model on a benchmark run's per-request timings (`vllm bench serve --save-result
---save-detailed`): the step-time parts that make the simulated latencies match the measured ones.
+--save-detailed`), or on the latency histograms of vLLM's /metrics after it served a known trace: the step-time
+parts that make the simulated latencies match the measured ones.
 
 The run's own requests (start times, prompt and output lengths) are replayed through the simulator, and the
 three parts of a calibrated step (a fixed part, a part per token attended over, a part per token computed) are
@@ -12,7 +13,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
+from bisect import bisect_right
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,6 +26,30 @@ from kvbudget.simulation.run import Setup, simulate
 from kvbudget.simulation.timing import MeasuredStep, TimeModel, read_measured_steps
 from kvbudget.simulation.workload import Request
 
+MEAN_WEIGHT = 10.0  # the mean (_sum / _count) is exact, the buckets coarse: the fit leans on the mean
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A Prometheus histogram of one latency: cumulative fractions at its finite bounds, and its exact mean."""
+
+    bounds: tuple[float, ...]
+    fractions: tuple[float, ...]  # of the observations at or below each bound
+    mean: float  # _sum / _count
+
+    def gap(self, values: tuple[float, ...], zeros: int = 0) -> float:
+        """How far sorted `values` (and `zeros` observations of 0) are from it: squared differences of the
+        cumulative fractions at the bounds, plus the squared log ratio of the means."""
+        n = len(values) + zeros
+        if not n:
+            return math.inf
+        mean = sum(values) / n
+        if not mean > 0 or not self.mean > 0:
+            return math.inf
+        shape = sum(((zeros + bisect_right(values, b)) / n - f) ** 2 for b, f in zip(self.bounds, self.fractions,
+                                                                                     strict=True))
+        return shape + MEAN_WEIGHT * math.log(mean / self.mean) ** 2
+
 
 @dataclass(frozen=True)
 class BenchRun:
@@ -30,6 +58,7 @@ class BenchRun:
     requests: tuple[Request, ...]  # in arrival order; id = their index
     measured: tuple[tuple[float, float | None], ...]  # per request: TTFT, mean inter-token latency (seconds)
     failed: int  # requests the run reports errors for (left out)
+    histograms: tuple[Histogram, Histogram] | None = None  # from /metrics: TTFT and time per output token
 
     @property
     def ttft(self) -> tuple[float, ...]:
@@ -40,17 +69,104 @@ class BenchRun:
         return tuple(sorted(p for _, p in self.measured if p is not None))
 
 
-def read_calibration(path: str | Path) -> BenchRun | list[MeasuredStep]:
-    """What `--calibrate` was given: a benchmark result (one JSON object with start_times) or a recorder log."""
+TTFT_METRIC = "vllm:time_to_first_token_seconds"
+TPOT_METRIC = "vllm:request_time_per_output_token_seconds"  # per request: decode time / (outputs - 1), 0 for one
+
+
+def read_calibration(path: str | Path, served: Callable[[], Iterable[Request]] | None = None
+                     ) -> BenchRun | list[MeasuredStep]:
+    """What `--calibrate` was given: a benchmark result (one JSON object with start_times), a scrape of vLLM's
+    /metrics (`served` gives the requests it served), or a recorder log."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
+        data = json.loads(text)
     except OSError as e:
         raise KVBudgetError(f"calibrate {path}: {e.strerror or e}", param="calibrate") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
-        data = None  # JSON Lines (or not JSON at all: the recorder-log reader names the line)
+        data = None  # JSON Lines, Prometheus text (or neither: the recorder-log reader names the line)
     if isinstance(data, dict) and "start_times" in data:
         return read_bench_result(path)
+    if data is None and f"{TTFT_METRIC}_bucket" in text:
+        if served is None:
+            raise KVBudgetError(f"calibrate {path}: vLLM's metrics say how long requests took, not which requests; "
+                                "give the trace the server served (trace)", param="calibrate")
+        return read_metrics(path, tuple(served()))
     return read_measured_steps(path)
+
+
+def read_metrics(path: str | Path, requests: tuple[Request, ...]) -> BenchRun:
+    """A Prometheus scrape of vLLM's /metrics taken after it served exactly `requests` (from a fresh start): the
+    TTFT and per-request time-per-output-token histograms, spread into one value per request by interpolating
+    within buckets (as Prometheus's histogram_quantile does)."""
+    name = str(path)
+    text = Path(path).read_text(encoding="utf-8")
+    ttft = _histogram(text, TTFT_METRIC, name)
+    tpot = _histogram(text, TPOT_METRIC, name)
+    n = len(requests)
+    for metric, buckets in ((TTFT_METRIC, ttft), (TPOT_METRIC, tpot)):
+        if round(buckets[-1][1]) != n:
+            raise KVBudgetError(f"calibrate {name}: {metric} counts {buckets[-1][1]:.0f} requests, the trace has "
+                                f"{n}: scrape a server started fresh that served exactly this trace",
+                                param="calibrate")
+    if n < 3:
+        raise KVBudgetError(f"calibrate {name}: {n} requests; at least 3 are needed", param="calibrate")
+    singles = _singles(requests)
+    ttfts = _spread(ttft, n)
+    tpots = _spread(tpot, n)[singles:]
+    measured = tuple((t, tpots[i] if i < len(tpots) else None) for i, t in enumerate(ttfts))
+    histograms = (_summary(text, TTFT_METRIC, ttft, name), _summary(text, TPOT_METRIC, tpot, name))
+    return BenchRun(tuple(requests), measured, 0, histograms)
+
+
+def _singles(requests: Iterable[Request]) -> int:
+    """Requests of one output token: vLLM observes a time per output token of 0 for them."""
+    return sum(1 for r in requests if r.output_tokens <= 1)
+
+
+def _summary(text: str, metric: str, buckets: list[tuple[float, float]], name: str) -> Histogram:
+    total = sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(metric)}_sum(?:{{[^}}]*}})? ([0-9.eE+-]+)$",
+                                                          text, re.M))
+    count = buckets[-1][1]
+    if not total > 0:
+        raise KVBudgetError(f"calibrate {name}: no {metric}_sum", param="calibrate")
+    finite = [(b, c) for b, c in buckets if b != math.inf]
+    return Histogram(tuple(b for b, _ in finite), tuple(c / count for _, c in finite), total / count)
+
+
+def _histogram(text: str, metric: str, name: str) -> list[tuple[float, float]]:
+    """(upper bound, cumulative count) of a histogram, summed over its label sets (one per engine)."""
+    counts: dict[float, float] = {}
+    pattern = rf"^{re.escape(metric)}_bucket{{([^}}]*)}} ([0-9.eE+-]+|NaN)$"
+    for m in re.finditer(pattern, text, re.M):
+        le = re.search(r'le="([^"]+)"', m.group(1))
+        if le is None:
+            continue
+        bound = math.inf if le.group(1) == "+Inf" else float(le.group(1))
+        counts[bound] = counts.get(bound, 0.0) + float(m.group(2))
+    if math.inf not in counts:
+        raise KVBudgetError(f"calibrate {name}: no {metric} histogram (its _bucket lines with le=\"+Inf\")",
+                            param="calibrate")
+    return sorted(counts.items())
+
+
+def _spread(buckets: list[tuple[float, float]], n: int) -> list[float]:
+    """n values at the ranks (i + 1/2) / n of a histogram: linear within a bucket, the highest finite bound in
+    the +Inf bucket."""
+    out = []
+    finite = [b for b, _ in buckets if b != math.inf]
+    top = finite[-1] if finite else 0.0
+    j, lower, below = 0, 0.0, 0.0
+    for i in range(n):
+        rank = (i + 0.5) / n * buckets[-1][1]
+        while buckets[j][1] < rank:
+            lower, below = buckets[j][0], buckets[j][1]
+            j += 1
+        upper, count = buckets[j]
+        if upper == math.inf:
+            out.append(top)
+        else:
+            out.append(lower + (upper - lower) * (rank - below) / (count - below) if count > below else upper)
+    return out
 
 
 def read_bench_result(path: str | Path) -> BenchRun:
@@ -138,6 +254,10 @@ def _model(params: list[float], basis: str) -> TimeModel:
 
 def _loss(model: ModelSpec, bench: BenchRun, setup: Setup, params: list[float]) -> float:
     sim = simulate(model, iter(bench.requests), setup=replace(setup, time_model=_model(params, "trial")))
+    if bench.histograms is not None:
+        ttft, tpot = bench.histograms
+        return ttft.gap(sim.ttft_sorted) + tpot.gap(sim.tpot_sorted, _singles(bench.requests)) + \
+            (len(bench.requests) - sim.completed) ** 2 / len(bench.requests)
     return _gap(sim.ttft_sorted, bench.ttft) + _gap(sim.tpot_sorted, bench.tpot)
 
 
