@@ -28,7 +28,7 @@ from kvbudget.engines.vllm import VLLM
 from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.seq import SchedulerConfig
 from kvbudget.simulation.timing import MeasuredStep, calibrate, read_measured_steps
-from kvbudget.simulation.vllm import HybridScheduler, VLLMScheduler
+from kvbudget.simulation.vllm import CachedHybridScheduler, HybridScheduler, VLLMScheduler
 from kvbudget.simulation.workload import Request, read_trace, rescale, samples
 
 pytestmark = pytest.mark.engines
@@ -119,8 +119,13 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
     assert start["prefix_caching"] is prefix_caching
     sched_config = SchedulerConfig(cap.num_blocks, cap.block_size, start["max_num_seqs"],
                                    start["max_num_batched_tokens"], MAX_LEN, prefix_caching, threshold)
-    sim = VLLMScheduler(sched_config) if len(groups) == 1 and groups[0].keeps_all else \
-        HybridScheduler(sched_config, groups)
+    if len(groups) == 1 and groups[0].keeps_all:
+        sim: VLLMScheduler = VLLMScheduler(sched_config)
+    else:  # the groups in vLLM's order: windows as SlidingWindowSpec, full attention as FullAttentionSpec
+        kinds = {"sliding": "SlidingWindowSpec", "full": "FullAttentionSpec"}
+        if prefix_caching:
+            assert [kinds.get(g.kind, g.kind) for g in groups] == start["group_kinds"]
+        sim = (CachedHybridScheduler if prefix_caching else HybridScheduler)(sched_config, groups)
     by_prompt: dict[tuple, list[Request]] = {}  # identical prompts (repeats) in the order they were sent
     for i, r in enumerate(requests):
         by_prompt.setdefault(tuple(prompt_ids(r, i)), []).extend(samples(r, i))  # n > 1: n sequences
@@ -254,6 +259,22 @@ def test_beam_search_rounds_step_for_step():
             assert all(done[rec["add"]] < first_after for rec in mine[k:k + len(before)])
             k += len(before)
     print(f"beam search: {replay.preemptions} preemptions, {len(adds)} engine requests")
+
+
+@pytest.mark.parametrize("name", ["gemma2-local-global", "mistral-all-sliding"])
+def test_windowed_models_with_prefix_caching_step_for_step(name):
+    """Sliding windows with prefix caching (vLLM's default): six shared system prompts, repeated prompts and n = 3
+    requests on Gemma-2 (local/global) and all-sliding Mistral, windows of 300 tokens over 128-token blocks, few
+    blocks: hits found from the right within the window, windows keying only the blocks before the prompt's end,
+    skipped blocks going back to the free queue keyed, every step as the engine decided it."""
+    config, blocks = HYBRIDS[name]
+    kv = blocks_budget(config, blocks, 256)
+    requests = shared_prefixes(30)
+    records = run(requests, "--max-num-batched-tokens", "256", prefix_caching=True, config=config,
+                  name=f"sim-{name}", kv_bytes=kv)
+    replay = replay_in_simulator(records, requests, prefix_caching=True, config=config, kv_bytes=kv)
+    print(f"{name} with prefix caching: {replay.preemptions} preemptions")
+    assert replay.min_free <= 1
 
 
 @pytest.fixture(scope="module")

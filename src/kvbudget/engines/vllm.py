@@ -165,6 +165,30 @@ class BlockGroup:
         blocks = cdiv(tokens, self.block_size)
         return blocks if self.admission_cap is None else min(blocks, self.admission_cap)
 
+    @property
+    def hit_run(self) -> int | None:
+        """With prefix caching, how many cached blocks a hit must end with (SlidingWindowManager: the window
+        less one token), found from the right; None: the whole prefix from the first block (full attention)."""
+        return cdiv(self.span - 1, self.block_size) if self.kind == "sliding" else None
+
+    @property
+    def cacheable(self) -> bool:
+        """Whether the simulator follows this group with prefix caching (full and sliding-window groups)."""
+        return self.kind in ("full", "sliding")
+
+    def keyed_blocks(self, start: int, end: int, boundaries: tuple[int, ...]) -> range | list[int]:
+        """Which of the full blocks [start, end) vLLM keys for prefix caching: every one for full attention; for
+        a sliding window only the `hit_run` blocks ending at each replay boundary (the last prompt token, and a
+        shared-prefix junction) — prefix_cache_retention_interval is 0 by default (reachable_block_mask)."""
+        run = self.hit_run
+        if run is None:
+            return range(start, end)
+        out: set[int] = set()
+        for boundary in boundaries:
+            last = boundary // self.block_size
+            out.update(range(max(start, last - run), min(end, last)))
+        return sorted(out)
+
 
 def _usage(text: str) -> float | None:
     # the new name, then the one before 0.9.2 (removed in 0.12)

@@ -27,7 +27,8 @@ class RecordingScheduler(Scheduler):
                      "max_num_batched_tokens": self.max_num_scheduled_tokens,
                      "prefix_caching": self.kv_cache_manager.enable_caching,
                      "groups": len(self.kv_cache_config.kv_cache_groups),
-                     "group_block_sizes": [g.kv_cache_spec.block_size for g in self.kv_cache_config.kv_cache_groups]})
+                     "group_block_sizes": [g.kv_cache_spec.block_size for g in self.kv_cache_config.kv_cache_groups],
+                     "group_kinds": [type(g.kv_cache_spec).__name__ for g in self.kv_cache_config.kv_cache_groups]})
 
     def _write(self, obj):
         self._log.write(json.dumps(obj) + "\n")

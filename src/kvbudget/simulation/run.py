@@ -24,7 +24,7 @@ from kvbudget.simulation.guarded import GuardInLoop, GuardReport
 from kvbudget.simulation.llamacpp import LlamaServerScheduler
 from kvbudget.simulation.seq import SchedulerConfig, Seq
 from kvbudget.simulation.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
-from kvbudget.simulation.vllm import HybridScheduler, VLLMScheduler
+from kvbudget.simulation.vllm import CachedHybridScheduler, HybridScheduler, VLLMScheduler
 from kvbudget.simulation.workload import Request, samples
 
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
@@ -261,11 +261,13 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
     seqs = max_num_seqs or serving.max_num_seqs
     mnbt = p.options.max_num_batched_tokens or serving.prefill_tokens
     windowed = sorted({g.kind for g in groups if not g.keeps_all})
-    if windowed and prefix_caching:
+    followed = all(g.cacheable for g in groups) and len({g.block_size for g in groups}) == 1 and \
+        len({g.span for g in groups if not g.keeps_all}) <= 1
+    if windowed and prefix_caching and not followed:
         kinds = ", ".join(windowed)
-        raise KVBudgetError(f"simulate: {model.name} has {kinds} cache groups; the simulator follows them "
-                            "without prefix caching only so far (prefix_caching=False)",
-                            param="prefix_caching")
+        raise KVBudgetError(f"simulate: {model.name} has {kinds} cache groups; with prefix caching the simulator "
+                            "follows full-attention and sliding-window groups of one block size and one window "
+                            "only so far (prefix_caching=False)", param="prefix_caching")
     if windowed and allocator != "paged":
         raise KVBudgetError(f"allocator {allocator}: the contiguous baselines model full attention only",
                             param="allocator")
@@ -305,7 +307,7 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
     if s.allocator.startswith("slots"):
         sched = LlamaServerScheduler(config, s.num_blocks if s.allocator == "slots-unified" else 0)
     elif s.allocator == "paged" and s.hybrid:
-        sched = HybridScheduler(config, s.groups)
+        sched = (CachedHybridScheduler if s.prefix_caching else HybridScheduler)(config, s.groups)
     elif s.allocator == "paged":
         sched = VLLMScheduler(config)
     else:

@@ -35,8 +35,10 @@ class Seq:
         "ends",
         "finished",
         "first_token",
+        "group_blocks",
         "held",
         "hit_tokens",
+        "junction",
         "ncached",
         "out",
         "pieces",
@@ -69,6 +71,8 @@ class Seq:
         self.finished: float | None = None
         self.tables: list[int] = []  # hybrid models: per group, block-table length (freed entries included)
         self.held: list[int] = []  # ... and the blocks it really holds
+        self.group_blocks: list[list[int]] = []  # hybrid models with prefix caching: per group, its block table
+        self.junction = 0  # ... the shared-prefix junction vLLM pins (shared_prefix_boundary), in tokens
 
     @property
     def num_tokens(self) -> int:

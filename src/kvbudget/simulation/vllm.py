@@ -392,6 +392,15 @@ class VLLMScheduler(Queues):
         return done
 
 
+class GroupHits(list):
+    """A hybrid request's prefix-cache hit: as a list, one placeholder per hit block (what the shared scheduler
+    code counts); `by_group` the hit blocks per group (0 for a window's skipped blocks); `junction` the longer
+    hit one group had, which vLLM pins for caching (shared_prefix_boundary), in tokens, or 0."""
+
+    by_group: list[list[int]]
+    junction: int
+
+
 class HybridScheduler(VLLMScheduler):
     """vLLM's scheduler over several KV cache groups in one pool (sliding-window, chunked-local and Mamba /
     linear-attention layers beside full attention), without prefix caching. Each group keeps its own block table
@@ -404,9 +413,8 @@ class HybridScheduler(VLLMScheduler):
     hybrid = True
 
     def __init__(self, config: SchedulerConfig, groups: tuple[BlockGroup, ...]) -> None:
-        if config.prefix_caching:
-            raise KVBudgetError("simulate: prefix caching with sliding-window, chunked or state groups is not "
-                                "simulated yet (prefix_caching=False)",
+        if config.prefix_caching and type(self) is HybridScheduler:
+            raise KVBudgetError("simulate: HybridScheduler runs without prefix caching; CachedHybridScheduler with it",
                                 param="prefix_caching")
         super().__init__(config)
         self.groups = groups
@@ -467,4 +475,182 @@ class HybridScheduler(VLLMScheduler):
 
     def memory(self) -> tuple[int, int, int]:
         """Blocks in use, in token slots of the pool's block size (groups differ in what a block holds)."""
+        return (self.pool.usable - self.pool.nfree) * self.cfg.block_size, 0, 0
+
+
+class CachedHybridScheduler(HybridScheduler):
+    """Full-attention and sliding-window groups with prefix caching (vLLM's HybridKVCacheCoordinator, or the
+    unitary one when every group is a window), one block size for all groups. Each group keeps a block table of
+    real blocks from the one pool, keyed by content and group:
+    - a hit is the full groups' longest cached prefix, then within it the windows' rightmost run of `hit_run`
+      cached blocks (from the first block when shorter), the full groups cut to it (one pass: vLLM's "simple
+      hybrid"); the full groups' longer hit is pinned as a junction for caching;
+    - a window keys only the blocks ending at the prompt's last token (and the junction); full groups key all;
+    - blocks a window leaves behind are freed last-first before each allocation; a request frees its groups in
+      order, each table last-first;
+    - admission counts, per group, the blocks beyond the larger of the skipped and the hit blocks (windows
+      capped) plus the hit blocks idle in the free queue."""
+
+    def __init__(self, config: SchedulerConfig, groups: tuple[BlockGroup, ...]) -> None:
+        spans = {g.span for g in groups if g.hit_run is not None}
+        if not all(g.cacheable for g in groups) or len({g.block_size for g in groups}) > 1 or len(spans) > 1:
+            raise KVBudgetError("simulate: prefix caching is simulated with full-attention and sliding-window "
+                                "groups of one block size and one window; this model has chunked or state "
+                                "groups, or several (prefix_caching=False)", param="prefix_caching")
+        super().__init__(config, groups)
+        assert self.cache is not None
+        self.pool_ = self.cache
+        self.full = [i for i, g in enumerate(groups) if g.hit_run is None]
+        self.windows = [i for i, g in enumerate(groups) if g.hit_run is not None]
+
+    @staticmethod
+    def _gkey(key: int, group: int) -> int:
+        return hash((key, group))
+
+    def _lookup_all(self, key: int, groups: list[int]) -> list[int] | None:
+        out = []
+        for g in groups:
+            b = self.pool_.lookup(self._gkey(key, g))
+            if b is None:
+                return None
+            out.append(b)
+        return out
+
+    def _hits(self, s: Seq) -> GroupHits:
+        bs = self.cfg.block_size
+        limit = (s.num_tokens - 1) // bs  # blocks: hits never cover the last known token
+        by_group: list[list[int]] = [[] for _ in self.groups]
+        hit = limit
+        longest = 0
+        if self.full:
+            n = 0
+            while n < limit:
+                found = self._lookup_all(s.key(n, bs), self.full)
+                if found is None:
+                    break
+                for g, b in zip(self.full, found, strict=True):
+                    by_group[g].append(b)
+                n += 1
+            hit = longest = n
+        if self.windows:
+            run_needed = self.groups[self.windows[0]].hit_run
+            assert run_needed is not None
+            run, start, found_run = 0, 0, False
+            blocks: dict[int, list[int]] = {}
+            for i in range(hit - 1, -1, -1):
+                found = self._lookup_all(s.key(i, bs), self.windows)
+                if found is None:
+                    run = 0
+                    continue
+                blocks[i] = found
+                run += 1
+                if run >= run_needed:
+                    start, found_run = i, True
+                    break
+            if not found_run:
+                start = 0  # a run from the first block counts even when shorter
+            hit = start + run
+            for k, g in enumerate(self.windows):
+                by_group[g] = [0] * start + [blocks[i][k] for i in range(start, hit)]
+            longest = max(longest, hit)
+        for g in self.full:
+            del by_group[g][hit:]
+        out = GroupHits(range(hit))
+        out.by_group = by_group
+        out.junction = longest * bs if longest > hit else 0
+        return out
+
+    def _group_needs(self, g: int, tokens: int, hits: list[int], hit_tokens: int, capped: bool) -> int:
+        """get_num_blocks_to_allocate for a request not yet allocated: blocks beyond the skipped and hit ones,
+        plus the hit blocks it would take off the free queue."""
+        group = self.groups[g]
+        required = group.admission_blocks(tokens) if capped else cdiv(tokens, group.block_size)
+        skipped = group.skipped_tokens(hit_tokens) // group.block_size
+        new = max(required - max(skipped, len(hits)), 0)
+        ref = self.pool_.ref
+        return new + sum(1 for b in hits[skipped:] if b and ref[b] == 0)
+
+    def _needs(self, s: Seq, n: int, hits: list[int]) -> tuple[int, int]:
+        assert isinstance(hits, GroupHits)
+        max_len = self.cfg.max_model_len
+        hit = len(hits) * self.cfg.block_size
+        whole = sum(self._group_needs(g, min(s.num_tokens, max_len), h, hit, True)
+                    for g, h in enumerate(hits.by_group))
+        now = sum(self._group_needs(g, min(hit + n, max_len), h, hit, False) for g, h in enumerate(hits.by_group))
+        return whole, now
+
+    def _admit(self, s: Seq, n: int, hits: list[int]) -> bool:
+        assert isinstance(hits, GroupHits)
+        whole, now = self._needs(s, n, hits)
+        if whole > self.pool.nfree or now > self.pool.nfree:
+            return False
+        bs = self.cfg.block_size
+        hit = len(hits) * bs
+        s.junction = hits.junction
+        s.group_blocks = []
+        for g, group in enumerate(self.groups):  # the hit blocks, touched group by group
+            skipped = group.skipped_tokens(hit) // bs
+            kept = hits.by_group[g][skipped:]
+            self.pool_.touch([b for b in kept if b])
+            s.group_blocks.append([0] * skipped + kept)
+        s.held = [len(t) for t in s.group_blocks]  # blocks already keyed, per group
+        self._allocate(s, min(hit + n, self.cfg.max_model_len))
+        self._key(s, min(hit + n, s.num_tokens))
+        return True
+
+    def _allocate(self, s: Seq, tokens: int) -> None:
+        bs = self.cfg.block_size
+        for table in s.group_blocks:
+            need = cdiv(tokens, bs) - len(table)
+            if need > 0:
+                table += self.pool_.take(need)
+
+    def _key(self, s: Seq, tokens: int) -> None:
+        """cache_blocks: key the full blocks up to `tokens` in each group (a window only its reachable ones)."""
+        bs = self.cfg.block_size
+        end = tokens // bs
+        boundaries = (s.prompt - 1, s.junction) if s.junction else (s.prompt - 1,)
+        for g, group in enumerate(self.groups):
+            start = s.held[g]
+            if end <= start:
+                continue
+            table = s.group_blocks[g]
+            for j in group.keyed_blocks(start, end, boundaries):
+                if table[j]:
+                    self.pool_.store(table[j], self._gkey(s.key(j, bs), g))
+            s.held[g] = end
+
+    def _skip(self, s: Seq) -> None:
+        """remove_skipped_blocks: each window frees the blocks wholly behind it, the last one first."""
+        bs = self.cfg.block_size
+        for g in self.windows:
+            table = s.group_blocks[g]
+            upto = min(self.groups[g].skipped_tokens(s.computed) // bs, len(table))
+            freed = []
+            for j in range(upto - 1, -1, -1):
+                if not table[j]:
+                    break
+                freed.append(table[j])
+                table[j] = 0
+            if freed:
+                self.pool_.release(freed)
+
+    def _grow(self, s: Seq, n: int) -> bool:
+        self._skip(s)
+        max_len = self.cfg.max_model_len
+        tokens = min(s.computed + n, max_len)
+        bs = self.cfg.block_size
+        need = sum(max(cdiv(tokens, bs) - len(t), 0) for t in s.group_blocks)
+        if need > self.pool.nfree:
+            return False
+        self._allocate(s, tokens)
+        self._key(s, min(s.computed + n, s.num_tokens))
+        return True
+
+    def _free(self, s: Seq) -> None:
+        for table in s.group_blocks:
+            self.pool_.release([b for b in reversed(table) if b])
+        s.group_blocks, s.held = [], []
+
+    def memory(self) -> tuple[int, int, int]:
         return (self.pool.usable - self.pool.nfree) * self.cfg.block_size, 0, 0
