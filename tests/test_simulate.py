@@ -238,8 +238,10 @@ def test_cli_bad_input_is_one_line_and_exit_2(capsys, argv, message):
 
 
 def test_windows_and_state_groups_are_simulated_without_prefix_caching(capsys):
-    code, _, err = cli(capsys, "simulate", "mistral-7b", "--gpu", "H100", "--rate", "1")
-    assert code == 2 and "sliding cache groups" in err and "--no-prefix-caching" in err
+    code, _, err = cli(capsys, "simulate", "qwen3-next-80b-a3b", "--gpu", "H200", "--tp", "2", "--rate", "1")
+    assert code == 2 and "state cache groups" in err and "--no-prefix-caching" in err
+    code, _, err = cli(capsys, "simulate", "mistral-7b", "--gpu", "H100", "--rate", "1", "--requests", "20")
+    assert code == 0, err  # sliding windows are simulated with prefix caching too
     gemma = kvbudget.load_model("gemma-2-9b")
     run = lambda window: simulate(  # noqa: E731
         replace(gemma, layers=tuple(replace(spec, window=window) if hasattr(spec, "window") else spec
@@ -526,3 +528,25 @@ def test_beam_search_runs_rounds_of_one_token_requests_through_the_prefix_cache(
                                  "beam_search": "yes"}) + "\n")
     with pytest.raises(KVBudgetError, match="beams.jsonl:1: beam_search 'yes' must be true or false"):
         list(read_trace(trace))
+
+
+def test_a_window_hit_is_found_from_the_right_and_windows_key_only_the_prompts_tail():
+    """Gemma-2-like groups (a 300-token window, full attention; 128-token blocks): a 1,024-token prompt leaves
+    all 8 of its blocks keyed in the full group but only the window's 3 blocks before its last token (blocks
+    4-6; 7 holds the last token) in the sliding one. A longer prompt on the same 1,024 tokens then hits 8 full
+    blocks, the windows' rightmost run of 3 ends at block 7, so the hit is 7 blocks (896 tokens), the full
+    group's 8th pinned as the junction; the window's table starts with 4 skipped (null) blocks."""
+    from kvbudget.engines.vllm import BlockGroup
+    from kvbudget.simulation.vllm import CachedHybridScheduler
+
+    groups = (BlockGroup("sliding", 300, 128, 6), BlockGroup("full", 0, 128, None))
+    sim = CachedHybridScheduler(SchedulerConfig(200, 128, 8, 2048, 4096), groups)
+    first = sim.add(Request(0, 1024, 1, (("system", 1024),)))
+    sim.update(sim.schedule())
+    assert first.finished is not None
+    second = sim.add(Request(0, 1124, 5, (("system", 1024),)))
+    step = sim.schedule()
+    assert second.hit_tokens == 896 and step.scheduled == ((second, 1124 - 896),)
+    assert second.junction == 1024
+    window, full = second.group_blocks
+    assert window[:4] == [0, 0, 0, 0] and all(window[4:7]) and len(full) == 9
