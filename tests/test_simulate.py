@@ -55,6 +55,33 @@ def test_fast_path_equals_the_reference_step_by_step(requests, blocks, block_siz
     assert runs[True] == runs[False]
 
 
+@settings(max_examples=40, deadline=None)
+@given(workloads(), st.integers(20, 200), st.sampled_from([16, 32]), st.integers(1, 64),
+       st.sampled_from([64, 256, 2048]), st.sampled_from([40, 100, 300]),
+       st.sampled_from(["gemma-2-9b", "mistral-7b", "qwen3-next-80b-a3b"]), st.sampled_from([0, 48]))
+def test_hybrid_fast_path_equals_the_reference_step_by_step(requests, blocks, block_size, seqs, budget, window,
+                                                            name, threshold):
+    """The same for sliding-window and linear-attention hybrids without prefix caching: windows free blocks as
+    they slide, so free blocks rise during a decode run too."""
+    from kvbudget.simulation.run import setup_for
+
+    model = kvbudget.load_model(name)
+    model = replace(model, layers=tuple(replace(spec, window=window) if hasattr(spec, "window") else spec
+                                        for spec in model.layers))
+    max_len = min((blocks - 1) * block_size // 3, 1024)
+    requests = [replace(r, n=1) for r in requests if r.prompt_tokens < max_len]
+    base = setup_for(model, gpu="H200", tp=2, max_model_len=max_len, block_size=block_size, prefix_caching=False)
+    setup = replace(base, num_blocks=blocks, max_num_seqs=seqs, max_num_batched_tokens=budget,
+                    long_prefill_token_threshold=threshold)
+    runs = {}
+    for fast in (True, False):
+        steps: list = []
+        result = simulate(model, iter(requests), setup=setup, fast=fast,
+                          on_step=lambda *a, steps=steps: steps.append(a))
+        runs[fast] = (replace(result, fast_steps=0), steps)
+    assert runs[True] == runs[False]
+
+
 def _setup(blocks, block_size, seqs, budget, max_len, caching, threshold=0):
     from kvbudget.simulation.run import setup_for
 

@@ -165,6 +165,16 @@ class BlockGroup:
         blocks = cdiv(tokens, self.block_size)
         return blocks if self.admission_cap is None else min(blocks, self.admission_cap)
 
+    def next_skip_change(self, computed: int) -> int | None:
+        """The smallest computed-token count above `computed` at which the group lets one more block go
+        (skipped_tokens // block_size grows); None when it never does (full attention, state)."""
+        if self.kind == "sliding":
+            return max(computed + 1, (self.skipped_tokens(computed) // self.block_size + 1) * self.block_size
+                       + self.span - 1)
+        if self.kind == "chunked":
+            return (computed // self.span + 1) * self.span
+        return None
+
     @property
     def hit_run(self) -> int | None:
         """With prefix caching, how many cached blocks a hit must end with (SlidingWindowManager: the window

@@ -432,6 +432,7 @@ class _Run:
         bs = sched.cfg.block_size
         states_time, internal_time = self.slot_time[0], self.slot_time[2]
         takes = sched.new_blocks_by_step(k)
+        blocks_as_states = sched.hybrid
         tm = self.tm
         weights, per_context, per_token, overhead = tm.weights, tm.per_context, tm.per_token, tm.overhead
         summed = tm.bound == "sum"
@@ -444,11 +445,14 @@ class _Run:
         on_step = self.on_step
         done = 0
         held = (usable - free) * bs
+        peak = self.peak_usage
         for take in takes:
             if take:
                 free -= take
                 usage = 1.0 - free / usable
                 held = (usable - free) * bs
+                if usage > peak:  # (hybrid windows free blocks: usage can fall within a run)
+                    peak = usage
             read = weights + per_context * context  # (as step_seconds computes it, to the last bit)
             if summed:
                 dt = read + compute + overhead
@@ -456,9 +460,12 @@ class _Run:
                 dt = (read if read > compute else compute) + overhead
             t += dt
             usage_time += usage * dt
-            states_time += context * dt  # the cached tokens are the context attended over
-            if held > context:
-                internal_time += (held - context) * dt
+            if blocks_as_states:  # hybrid groups: every block in use counts as token states (see memory())
+                states_time += held * dt
+            else:
+                states_time += context * dt  # the cached tokens are the context attended over
+                if held > context:
+                    internal_time += (held - context) * dt
             context += r
             done += 1
             if t >= next_sample:
@@ -472,8 +479,7 @@ class _Run:
         self.slot_time[0], self.slot_time[2] = states_time, internal_time
         self.steps += done
         self.fast_steps += done
-        if usage > self.peak_usage:
-            self.peak_usage = usage
+        self.peak_usage = peak
         self.peak_running = max(self.peak_running, running)
         self.peak_waiting = max(self.peak_waiting, waiting)
         self.finish(sched.decode_run(done, t))

@@ -11,7 +11,7 @@ import json
 import math
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -95,7 +95,7 @@ def _ordered(requests: Iterator[tuple[int, Request]], path: str) -> Iterator[Req
             raise TraceError(path, line, f"arrives at {r.arrival} s, before the line above it; sort the trace by "
                              "arrival time")
         last = at
-        yield replace(r, arrival=at)
+        yield Request(at, r.prompt_tokens, r.output_tokens, r.prefix, r.id, r.max_tokens, r.n, r.beam_search)
 
 
 def read_azure(path: str | Path) -> Iterator[Request]:
@@ -219,7 +219,8 @@ def rescale(requests: Iterable[Request], rate_scale: float = 1.0, start: int = 0
             return
         if first is None:
             first = r.arrival
-        yield replace(r, arrival=(r.arrival - first) / rate_scale)
+        yield Request((r.arrival - first) / rate_scale, r.prompt_tokens, r.output_tokens, r.prefix, r.id,
+                      r.max_tokens, r.n, r.beam_search)
 
 
 def request_log(path: str | Path, counter: Any, lengths: Lengths, rate: float | None = None, seed: int = 0,
