@@ -50,6 +50,16 @@ def main() -> None:
                                                                 count=a.mooncake_requests))
     print(f"Mooncake conv, {r.requests:,} requests, prefix caching (hit rate {r.prefix_hit_rate:.1%}, peak "
           f"waiting {r.peak_waiting:,}): best {best:.2f} s = {r.requests / best:,.0f} requests/s")
+    for name, gpu, tp, count, max_len in (("gpt-oss-20b", "H100", 1, None, None),
+                                          ("qwen3-next-80b-a3b", "H200", 2, None, None),
+                                          ("gemma-2-9b", "H100", 1, 5000, 8192)):
+        model = kvbudget.load_model(name)
+        start = time.perf_counter()
+        r = simulate(model, rescale(read_trace(AZURE), count=count), gpu=gpu, tp=tp, max_model_len=max_len,
+                     prefix_caching=False)
+        took = time.perf_counter() - start
+        print(f"Azure conv on {name} (hybrid, fast path), {r.requests:,} requests: {took:.2f} s = "
+              f"{r.requests / took:,.0f} requests/s")
     for slots, unified in ((None, False), (8, False), (16, True)):
         best, median, r = timed(1, lambda: read_trace(AZURE), engine="llamacpp", max_model_len=16384,
                                 max_num_seqs=slots, kv_unified=unified)
