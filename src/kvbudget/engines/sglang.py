@@ -82,6 +82,19 @@ class SGLangEngine(Engine):
         return Capacity(self.name, kv_memory, None, page, tokens, tokens, max_model_len, concurrency, fits,
                         longest, (f"SGLang log: KV Cache is allocated. #tokens: {tokens}", SOURCE_NOTE))
 
+    def scheduler_defaults(self, tokens: int, context_len: int, gpu_memory: int | None) -> tuple[int, int]:
+        """(chunked_prefill_size, max_running_requests) as SGLang 0.5.23 picks them: the chunk by the GPU's
+        memory (arg_groups/memory_hook.py), the request cap from the token pool
+        (mem_cache/kv_cache_configurator.py resolve_max_num_reqs)."""
+        mib = gpu_memory / 2**20 if gpu_memory else None
+        if mib is None:
+            chunk = 4096
+        else:
+            chunk = next(size for limit, size in ((20 * 1024, 2048), (60 * 1024, 4096), (160 * 1024, 8192),
+                                                   (float("inf"), 16384)) if mib < limit)
+        estimated = max(min(int(tokens / context_len * 512), 4096), 2048)
+        return chunk, min(estimated, tokens // 2)
+
     def kv_buffers(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1) -> tuple[int, int]:
         """Bytes per token of SGLang's K buffer and of its V buffer on one rank (MLA: latent, rope key)."""
         dtype = serving_kv_dtype(model, kv_dtype, tp, "SGLang", "auto, bf16, fp16, fp32 and fp8")

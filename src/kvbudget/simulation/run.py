@@ -15,6 +15,7 @@ from typing import Any
 
 from kvbudget.engines import Allocation, Engine, EngineOptions, get_engine
 from kvbudget.engines.llamacpp import N_BATCH, LlamaCppEngine
+from kvbudget.engines.sglang import SGLangEngine
 from kvbudget.engines.vllm import BlockGroup, VLLMEngine
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
@@ -23,6 +24,7 @@ from kvbudget.simulation.contiguous import POLICIES, ContiguousScheduler
 from kvbudget.simulation.guarded import GuardInLoop, GuardReport
 from kvbudget.simulation.llamacpp import LlamaServerScheduler
 from kvbudget.simulation.seq import SchedulerConfig, Seq
+from kvbudget.simulation.sglang import SGLangScheduler
 from kvbudget.simulation.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
 from kvbudget.simulation.vllm import CachedHybridScheduler, HybridScheduler, VLLMScheduler
 from kvbudget.simulation.workload import Request, samples
@@ -100,6 +102,7 @@ class Setup:
     allocator: str = "paged"  # or contiguous-max / contiguous-pow2 / contiguous-oracle
     allocation: Allocation | None = field(default=None, repr=False, compare=False)  # the engine's, for the guard
     groups: tuple[BlockGroup, ...] = ()  # the engine's KV cache groups (empty: one full-attention group)
+    scheduling: str = "the scheduling itself is exact"  # how far the scheduler is verified
 
     @property
     def hybrid(self) -> bool:
@@ -109,7 +112,7 @@ class Setup:
     def token_slots(self) -> int:
         """Tokens the KV cache holds: whole blocks for paging (llama.cpp: cells, one per "block"); the budget over
         bytes per token when contiguous."""
-        if self.allocator.startswith("slots"):
+        if self.allocator.startswith("slots") or self.allocator == "tokens":
             return self.num_blocks
         if self.allocator == "paged" or not self.kv_memory_bytes:
             return (self.num_blocks - 1) * self.block_size
@@ -195,9 +198,14 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
 
     chosen = get_engine(engine)
     slots = isinstance(chosen, LlamaCppEngine)
-    if not isinstance(chosen, VLLMEngine) and not slots:
-        raise KVBudgetError(f"engine {chosen.name}: the simulator follows vLLM's and llama.cpp's schedulers only "
-                            "so far", param="engine")
+    pool = isinstance(chosen, SGLangEngine)
+    if not isinstance(chosen, VLLMEngine) and not slots and not pool:
+        raise KVBudgetError(f"engine {chosen.name}: the simulator follows vLLM's, llama.cpp's and SGLang's "
+                            "schedulers only so far", param="engine")
+    if pool and (num_blocks is not None or allocator != "paged" or long_prefill_token_threshold):
+        raise KVBudgetError("SGLang: its token pool is the allocator (no blocks) and it has no long-prefill "
+                            "threshold; leave num_blocks, allocator and long_prefill_token_threshold out",
+                            param="engine")
     if slots and num_blocks is not None:
         raise KVBudgetError("num_blocks: llama.cpp has no KV blocks; give its slots (max_num_seqs, -np) and their "
                             "context (max_model_len)", param="num_blocks")
@@ -234,6 +242,18 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
                             "FLOPS), or measured timings to calibrate it (measured / time_model)", param="gpu")
     gpu_name = p.gpu if card or gpu_memory else None
     kv_bytes = p.kv_memory_bytes if budget else None
+    if pool:
+        assert isinstance(chosen, SGLangEngine)
+        if p.estimate.allocation.fixed_bytes_per_sequence:
+            raise KVBudgetError(f"simulate: {model.name} keeps recurrent state per request; SGLang's state pool is "
+                                "not simulated yet", param="engine")
+        tokens = p.capacity.kv_cache_tokens
+        chunk, rows = chosen.scheduler_defaults(tokens, max_len, p.gpu_memory_bytes if card or gpu_memory else None)
+        return Setup(chosen.name, model.name, tokens, 1, kv_bytes, max_num_seqs or rows,
+                     max_num_batched_tokens or chunk, max_len, prefix_caching, 0, gpu_name, time_model,
+                     p.estimate.bytes_per_token, "tokens", p.estimate.allocation,
+                     scheduling="the scheduling follows SGLang 0.5.23's source and is not checked against a running "
+                                "SGLang: an estimate")
     if slots:
         assert isinstance(chosen, LlamaCppEngine)
         fit = int(p.capacity.max_concurrency) if budget else None
@@ -243,10 +263,12 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
                                 f"{'-np ' + str(n) + ' would fail to allocate' if n else 'nothing to serve with'}: "
                                 "give more memory, fewer slots or a shorter context",
                                 param="max_num_seqs" if n else "kv_memory")
-        n_ctx_slot, pool = chosen.slot_context(model, max_len, n, kv_unified)
-        return Setup(chosen.name, model.name, pool or n * n_ctx_slot, 1, kv_bytes, n,
+        n_ctx_slot, shared = chosen.slot_context(model, max_len, n, kv_unified)
+        return Setup(chosen.name, model.name, shared or n * n_ctx_slot, 1, kv_bytes, n,
                      max_num_batched_tokens or N_BATCH, n_ctx_slot, prefix_caching, 0, gpu_name, time_model,
-                     p.estimate.bytes_per_token, "slots-unified" if kv_unified else "slots", p.estimate.allocation)
+                     p.estimate.bytes_per_token, "slots-unified" if kv_unified else "slots", p.estimate.allocation,
+                     scheduling="the scheduling follows llama-server's loop exactly; its host-RAM prompt cache "
+                                "(--cache-ram) is not simulated")
     assert isinstance(chosen, VLLMEngine)
     cap = p.capacity
     assert cap.num_blocks is not None and cap.block_size is not None
@@ -303,9 +325,11 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
     s = setup or setup_for(model, **settings)
     config = SchedulerConfig(s.num_blocks, s.block_size, s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len,
                              s.prefix_caching, s.long_prefill_token_threshold)
-    sched: VLLMScheduler | ContiguousScheduler | LlamaServerScheduler
+    sched: VLLMScheduler | ContiguousScheduler | LlamaServerScheduler | SGLangScheduler
     if s.allocator.startswith("slots"):
         sched = LlamaServerScheduler(config, s.num_blocks if s.allocator == "slots-unified" else 0)
+    elif s.allocator == "tokens":
+        sched = SGLangScheduler(config)
     elif s.allocator == "paged" and s.hybrid:
         sched = (CachedHybridScheduler if s.prefix_caching else HybridScheduler)(config, s.groups)
     elif s.allocator == "paged":
@@ -322,7 +346,8 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
 class _Run:
     """The clock loop, with its running totals."""
 
-    def __init__(self, setup: Setup, sched: VLLMScheduler | ContiguousScheduler | LlamaServerScheduler,
+    def __init__(self, setup: Setup, sched: VLLMScheduler | ContiguousScheduler | LlamaServerScheduler |
+                 SGLangScheduler,
                  workload: Iterable[Request], fast: bool, interval: float, on_step: Callable[..., None] | None,
                  progress: Callable[[int], None] | None, guard: GuardInLoop | None = None,
                  on_finish: Callable[..., None] | None = None):
@@ -571,10 +596,10 @@ class _Run:
         notes = []
         if self.setup.time_model.basis == "roofline estimate":
             notes.append("times are estimates: a roofline over the GPU's datasheet peaks with assumed efficiencies "
-                         "(calibrate with measured steps); the scheduling itself is exact")
+                         f"(calibrate with measured steps); {self.setup.scheduling}")
         else:
             notes.append(f"times from a time model {self.setup.time_model.basis}: an estimate whose error the "
-                         "README states; the scheduling itself is exact")
+                         f"README states; {self.setup.scheduling}")
         return Simulation(self.setup, self.requests, self.completed, duration, self.steps,
                           Percentiles.of(self.ttft), Percentiles.of(self.tpot), Percentiles.of(self.e2e),
                           self.completed / duration if duration else 0.0,
