@@ -653,3 +653,21 @@ def test_cli_sglang_is_labelled_an_estimate(capsys):
     assert any("SGLang 0.5.23's source" in n and "estimate" in n for n in r["notes"])
     code, _, err = cli(capsys, "simulate", "falcon-h1-7b", "--engine", "sglang", "--gpu", "H100", "--rate", "2")
     assert code == 2 and "recurrent state" in err, err
+
+
+def test_a_chunked_local_hit_needs_only_the_current_chunk():
+    """Llama-4-like groups (256-token chunks, full attention; 128-token blocks): a request whose first 1,024
+    tokens are cached hits all 8 full blocks, and the chunked group needs none of its blocks (the hit ends where
+    a chunk starts), so the hit is 1,024 tokens and its chunked table is 8 skipped (null) blocks."""
+    from kvbudget.engines.vllm import BlockGroup
+    from kvbudget.simulation.vllm import CachedHybridScheduler
+
+    groups = (BlockGroup("chunked", 256, 128, 4), BlockGroup("full", 0, 128, None))
+    sim = CachedHybridScheduler(SchedulerConfig(200, 128, 8, 2048, 4096), groups)
+    sim.add(Request(0, 1024, 1, (("system", 1024),)))
+    sim.update(sim.schedule())
+    second = sim.add(Request(0, 1124, 5, (("system", 1024),)))
+    step = sim.schedule()
+    assert second.hit_tokens == 1024 and step.scheduled == ((second, 100),)
+    chunked, full = second.group_blocks
+    assert chunked[:8] == [0] * 8 and len(full) == 9

@@ -122,7 +122,8 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
     if len(groups) == 1 and groups[0].keeps_all:
         sim: VLLMScheduler = VLLMScheduler(sched_config)
     else:  # the groups in vLLM's order: windows as SlidingWindowSpec, full attention as FullAttentionSpec
-        kinds = {"sliding": "SlidingWindowSpec", "full": "FullAttentionSpec"}
+        kinds = {"sliding": "SlidingWindowSpec", "full": "FullAttentionSpec",
+                 "chunked": "ChunkedLocalAttentionSpec"}
         if prefix_caching:
             assert [kinds.get(g.kind, g.kind) for g in groups] == start["group_kinds"]
         sim = (CachedHybridScheduler if prefix_caching else HybridScheduler)(sched_config, groups)
@@ -261,13 +262,17 @@ def test_beam_search_rounds_step_for_step():
     print(f"beam search: {replay.preemptions} preemptions, {len(adds)} engine requests")
 
 
-@pytest.mark.parametrize("name", ["gemma2-local-global", "mistral-all-sliding"])
+CHUNKED = {"llama4-chunked-local": (dict(TINY["llama4_text"], vocab_size=320, max_position_embeddings=8192,
+                                          head_dim=32, num_attention_heads=2, attention_chunk_size=256), 40)}
+
+
+@pytest.mark.parametrize("name", ["gemma2-local-global", "mistral-all-sliding", "llama4-chunked-local"])
 def test_windowed_models_with_prefix_caching_step_for_step(name):
     """Sliding windows with prefix caching (vLLM's default): six shared system prompts, repeated prompts and n = 3
     requests on Gemma-2 (local/global) and all-sliding Mistral, windows of 300 tokens over 128-token blocks, few
     blocks: hits found from the right within the window, windows keying only the blocks before the prompt's end,
     skipped blocks going back to the free queue keyed, every step as the engine decided it."""
-    config, blocks = HYBRIDS[name]
+    config, blocks = {**HYBRIDS, **CHUNKED}[name]
     kv = blocks_budget(config, blocks, 256)
     requests = shared_prefixes(30)
     records = run(requests, "--max-num-batched-tokens", "256", prefix_caching=True, config=config,

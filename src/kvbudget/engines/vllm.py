@@ -183,8 +183,15 @@ class BlockGroup:
 
     @property
     def cacheable(self) -> bool:
-        """Whether the simulator follows this group with prefix caching (full and sliding-window groups)."""
-        return self.kind in ("full", "sliding")
+        """Whether the simulator follows this group with prefix caching (full, sliding-window and chunked)."""
+        return self.kind in ("full", "sliding", "chunked")
+
+    def chunk_start(self, tokens: int) -> int | None:
+        """For a chunked group, the first block of the chunk a hit of `tokens` ends in: blocks before it count
+        as computed without a lookup (ChunkedLocalAttentionManager); None for other groups."""
+        if self.kind != "chunked":
+            return None
+        return (tokens // self.span * self.span if tokens > 0 else 0) // self.block_size
 
     def keyed_blocks(self, start: int, end: int, boundaries: tuple[int, ...]) -> range | list[int]:
         """Which of the full blocks [start, end) vLLM keys for prefix caching: every one for full attention; for

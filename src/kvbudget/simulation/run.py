@@ -284,12 +284,12 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
     mnbt = p.options.max_num_batched_tokens or serving.prefill_tokens
     windowed = sorted({g.kind for g in groups if not g.keeps_all})
     followed = all(g.cacheable for g in groups) and len({g.block_size for g in groups}) == 1 and \
-        len({g.span for g in groups if not g.keeps_all}) <= 1
+        len({(g.kind, g.span) for g in groups if not g.keeps_all}) <= 1
     if windowed and prefix_caching and not followed:
         kinds = ", ".join(windowed)
         raise KVBudgetError(f"simulate: {model.name} has {kinds} cache groups; with prefix caching the simulator "
-                            "follows full-attention and sliding-window groups of one block size and one window "
-                            "only so far (prefix_caching=False)", param="prefix_caching")
+                            "follows full-attention groups and one kind of window (sliding or chunked) of one "
+                            "block size only so far (prefix_caching=False)", param="prefix_caching")
     if windowed and allocator != "paged":
         raise KVBudgetError(f"allocator {allocator}: the contiguous baselines model full attention only",
                             param="allocator")

@@ -615,16 +615,18 @@ class CachedHybridScheduler(HybridScheduler):
       capped) plus the hit blocks idle in the free queue."""
 
     def __init__(self, config: SchedulerConfig, groups: tuple[BlockGroup, ...]) -> None:
-        spans = {g.span for g in groups if g.hit_run is not None}
-        if not all(g.cacheable for g in groups) or len({g.block_size for g in groups}) > 1 or len(spans) > 1:
-            raise KVBudgetError("simulate: prefix caching is simulated with full-attention and sliding-window "
-                                "groups of one block size and one window; this model has chunked or state "
-                                "groups, or several (prefix_caching=False)", param="prefix_caching")
+        local = {(g.span, g.hit_run is not None) for g in groups if not g.keeps_all}
+        if not all(g.cacheable for g in groups) or len({g.block_size for g in groups}) > 1 or len(local) > 1:
+            raise KVBudgetError("simulate: prefix caching is simulated with full-attention groups and one kind of "
+                                "window (sliding or chunked) of one block size; this model has state groups, or "
+                                "several (prefix_caching=False)", param="prefix_caching")
         super().__init__(config, groups)
         assert self.cache is not None
         self.pool_ = self.cache
-        self.full = [i for i, g in enumerate(groups) if g.hit_run is None]
+        self.full = [i for i, g in enumerate(groups) if g.keeps_all]
         self.windows = [i for i, g in enumerate(groups) if g.hit_run is not None]
+        self.chunks = [i for i, g in enumerate(groups) if g.chunk_start(0) is not None]
+        self.local = self.windows + self.chunks  # the groups that let blocks go
 
     @staticmethod
     def _gkey(key: int, group: int) -> int:
@@ -675,6 +677,21 @@ class CachedHybridScheduler(HybridScheduler):
             hit = start + run
             for k, g in enumerate(self.windows):
                 by_group[g] = [0] * start + [blocks[i][k] for i in range(start, hit)]
+            longest = max(longest, hit)
+        if self.chunks:  # the current chunk's cached blocks, left to right; the chunks before it are not needed
+            first = self.groups[self.chunks[0]].chunk_start(hit * bs if self.full else s.num_tokens - 1)
+            assert first is not None
+            run = 0
+            found_blocks: list[list[int]] = []
+            for i in range(first, hit):
+                found = self._lookup_all(s.key(i, bs), self.chunks)
+                if found is None:
+                    break
+                found_blocks.append(found)
+                run += 1
+            hit = first + run
+            for k, g in enumerate(self.chunks):
+                by_group[g] = [0] * first + [blocks_[k] for blocks_ in found_blocks]
             longest = max(longest, hit)
         for g in self.full:
             del by_group[g][hit:]
@@ -746,7 +763,7 @@ class CachedHybridScheduler(HybridScheduler):
     def _skip(self, s: Seq) -> None:
         """remove_skipped_blocks: each window frees the blocks wholly behind it, the last one first."""
         bs = self.cfg.block_size
-        for g in self.windows:
+        for g in self.local:
             table = s.group_blocks[g]
             upto = min(self.groups[g].skipped_tokens(s.computed) // bs, len(table))
             freed = []
