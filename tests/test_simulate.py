@@ -671,3 +671,24 @@ def test_a_chunked_local_hit_needs_only_the_current_chunk():
     assert second.hit_tokens == 1024 and step.scheduled == ((second, 100),)
     chunked, full = second.group_blocks
     assert chunked[:8] == [0] * 8 and len(full) == 9
+
+
+def test_llamacpp_host_ram_prompt_cache_saves_a_slot_and_loads_the_best_saved_prompt():
+    """llama-server's --cache-ram: with one slot, a request on another system prompt takes the slot (least
+    recently used), which saves the first request's cache to RAM; a third request on the first system prompt
+    then loads it back (it keeps 100 of its 101 tokens, over a quarter) and computes only its own tokens."""
+    from kvbudget.simulation.llamacpp import PromptCache
+
+    sim = LlamaServerScheduler(SchedulerConfig(0, 1, 1, 512, 512), 0, PromptCache(8 << 30, 1024, 512))
+    for system, prompt in (("a", 100), ("b", 100), ("a", 120)):
+        seq = sim.add(Request(0, prompt, 2, ((system, 100),)))
+        while sim.has_work():
+            sim.update(sim.schedule())
+    assert seq.hit_tokens == 100  # from RAM: the slot itself held system prompt b
+    assert [(c.prompt, n) for c, n in sim.ram.entries] == [(100, 101)]  # b's cache, saved when a's was loaded
+    no_ram = LlamaServerScheduler(SchedulerConfig(0, 1, 1, 512, 512), 0)
+    for system, prompt in (("a", 100), ("b", 100), ("a", 120)):
+        seq = no_ram.add(Request(0, prompt, 2, ((system, 100),)))
+        while no_ram.has_work():
+            no_ram.update(no_ram.schedule())
+    assert seq.hit_tokens == 0

@@ -26,7 +26,7 @@ from tiny_configs import TINY
 
 import kvbudget
 from kvbudget.engines.llamacpp import LLAMACPP
-from kvbudget.simulation.llamacpp import LlamaServerScheduler
+from kvbudget.simulation.llamacpp import LlamaServerScheduler, PromptCache
 from kvbudget.simulation.seq import SchedulerConfig
 from kvbudget.simulation.workload import Request, read_trace, rescale
 
@@ -71,8 +71,8 @@ def serve(requests: list[Request], *args: str) -> str:
     """Send the requests to llama-server at their arrival times; its -lv 5 log."""
     gguf = gguf_file("sim-llama", CONFIG)
     errors: list[str] = []
-    with llama_server(gguf, "-b", str(N_BATCH), "-ub", str(N_BATCH), "--cache-ram", "0", "-lv", "5",
-                      "--log-colors", "off", "-t", "2", *args) as url:
+    with llama_server(gguf, "-b", str(N_BATCH), "-ub", str(N_BATCH), "-lv", "5", "--log-colors", "off", "-t", "2",
+                      *args) as url:
         def send(i: int, r: Request) -> None:
             body = json.dumps({"prompt": prompt_ids(r, i), "n_predict": r.output_tokens, "ignore_eos": True,
                                "temperature": 0, "cache_prompt": True}).encode()
@@ -134,11 +134,13 @@ def parse(log: str) -> tuple[dict[int, int], list[dict]]:
     return prompts, its[1:]
 
 
-def replay(requests: list[Request], log: str, slots: int, context: int, unified: bool) -> dict:
+def replay(requests: list[Request], log: str, slots: int, context: int, unified: bool, cache_ram: int) -> dict:
     """The simulator through the server's iterations; every iteration must match. Returns counts."""
     model = kvbudget.parse_config(CONFIG)
     n_ctx_slot, pool = LLAMACPP.slot_context(model, context, slots, unified)
     assert f"n_ctx_slot = {n_ctx_slot}" in log
+    per_token = LLAMACPP.allocate(model).bytes_per_token
+    ram = PromptCache(cache_ram << 20, per_token, pool or slots * n_ctx_slot) if cache_ram else None
     prompts, its = parse(log)
     by_length = {r.prompt_tokens: r for r in requests}
     assert len(by_length) == len(requests)  # prompt lengths name the requests
@@ -148,7 +150,7 @@ def replay(requests: list[Request], log: str, slots: int, context: int, unified:
     assert len(tasks) == len(requests)
     left = [r.prompt_tokens for r in requests if r.prompt_tokens not in set(prompts.values())]
     prompts.update(zip([t for t in tasks if t not in prompts], left, strict=True))
-    sim = LlamaServerScheduler(SchedulerConfig(0, 1, slots, N_BATCH, n_ctx_slot), pool)
+    sim = LlamaServerScheduler(SchedulerConfig(0, 1, slots, N_BATCH, n_ctx_slot), pool, ram)
     task_of: dict[int, int] = {}  # uid -> server task id
     counts = dict(iterations=0, deferred=0, hits=0, truncated=0, purges=0, failed=0)
     for k, it in enumerate(its, 1):
@@ -187,25 +189,30 @@ def replay(requests: list[Request], log: str, slots: int, context: int, unified:
     return counts
 
 
-def test_own_streams_iteration_for_iteration():
-    """-np 3, 256 cells a slot: deferral, LRU and similarity slot choice, chunked prompts, truncation."""
+@pytest.mark.parametrize("cache_ram", [0, 8192])
+def test_own_streams_iteration_for_iteration(cache_ram):
+    """-np 3, 256 cells a slot: deferral, LRU and similarity slot choice, chunked prompts, truncation; with the
+    host-RAM prompt cache off, and on (llama-server's default 8,192 MiB: slots taken for new tasks save their
+    cache and load the saved one that serves the new prompt best)."""
     requests = azure_requests(18, 230, 90)
-    log = serve(requests, "-np", "3", "-c", str(3 * 256), "--no-kv-unified")
-    counts = replay(requests, log, 3, 256, unified=False)
+    log = serve(requests, "-np", "3", "-c", str(3 * 256), "--no-kv-unified", "--cache-ram", str(cache_ram))
+    counts = replay(requests, log, 3, 256, unified=False, cache_ram=cache_ram)
     print(counts)
     assert counts["deferred"] > 0 and counts["hits"] > 0 and counts["truncated"] > 0
 
 
-def test_unified_cache_purges_and_fails_iteration_for_iteration():
-    """--kv-unified, -np 3 over 512 cells: idle slots keep their caches until a batch needs the cells (purged one
-    at a time), and when even one token does not fit every busy request fails ("Context size has been
-    exceeded"), as on the real server."""
+@pytest.mark.parametrize("cache_ram", [0, 8192])
+def test_unified_cache_purges_and_fails_iteration_for_iteration(cache_ram):
+    """--kv-unified, -np 3 over 512 cells: without the prompt cache idle slots keep their caches until a batch
+    needs the cells (purged one at a time); with it (the default) every launch saves the idle slots to RAM and
+    clears them. When even one token does not fit, every busy request fails ("Context size has been exceeded"),
+    as on the real server."""
     # two requests first, whose slots then sit idle holding 481 of the 512 cells; then the Azure ones, the
     # first alone for 50 ms (it has to purge an idle slot to fit its prompt)
     requests = [Request(0.0, 231 + i, 10) for i in range(2)]
     requests += [Request(0.3 + r.arrival + 0.05 * (i > 0), r.prompt_tokens, r.output_tokens, r.prefix)
                  for i, r in enumerate(azure_requests(18, 230, 150))]
-    log = serve(requests, "-np", "3", "-c", "512", "--kv-unified")
-    counts = replay(requests, log, 3, 512 // 3, unified=True)
+    log = serve(requests, "-np", "3", "-c", "512", "--kv-unified", "--cache-ram", str(cache_ram))
+    counts = replay(requests, log, 3, 512 // 3, unified=True, cache_ram=cache_ram)
     print(counts)
-    assert counts["purges"] > 0 and counts["failed"] > 0
+    assert counts["failed"] > 0 and (counts["purges"] > 0 if not cache_ram else True)

@@ -26,7 +26,8 @@ _HINTS = {"(approximate=True)": "(--approximate)", "(template=False)": "(--no-te
           "given (utilization)": "--utilization", "given (weights)": "--weights", "given (kv_memory)": "--kv-memory",
           "given (activation)": "--activation", "given (overhead)": "--overhead",
           "(measured / time_model)": "(--calibrate FILE)", "(prefix_caching=False)": "(--no-prefix-caching)",
-          "(max_num_seqs, -np)": "(--max-num-seqs)", "give the trace the server served (trace)":
+          "(max_num_seqs, -np)": "(--max-num-seqs)",
+          "give the trace the server served (trace)":
           "give the trace the server served (--trace FILE)", "(max_model_len)": "(--max-model-len)",
           "(weights)": "(--weights SIZE)"}  # after "given (weights)"
 

@@ -61,6 +61,7 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--max-num-seqs", help="requests running at once (llama.cpp: its slots, -np)")
     s.add_argument("--kv-unified", action="store_true", help="llama.cpp: one cell pool shared by all slots "
                    "(llama-server's default when -np is left to auto)")
+    s.add_argument("--cache-ram", help="llama.cpp: the host-RAM prompt cache in MiB (default 8192; 0 turns it off)")
     s.add_argument("--long-prefill-token-threshold", default="0", help="cut prompts longer than this into chunks "
                                                                          "of it while others wait (default 0: off)")
     o = p.add_argument_group("answers")
@@ -157,6 +158,14 @@ def _guard(args: argparse.Namespace) -> dict[str, Any]:
             "guard_poll_interval": _positive(args.guard_poll_interval, "--guard-poll-interval")}
 
 
+def _mib(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise KVBudgetError(f"--cache-ram: {text!r} must be a whole number of MiB (0 turns the cache off)")
+    return int(text)
+
+
 def _positive(text: str, what: str) -> float:
     try:
         value = float(text)
@@ -177,7 +186,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
             "device": options.device, "max_num_seqs": optional_one(args.max_num_seqs, "--max-num-seqs"),
             "max_num_batched_tokens": options.max_num_batched_tokens, "prefix_caching": options.prefix_caching,
             "long_prefill_token_threshold": int(args.long_prefill_token_threshold), "allocator": args.allocator,
-            "kv_unified": args.kv_unified}
+            "kv_unified": args.kv_unified, "cache_ram": _mib(args.cache_ram)}
 
 
 def run(args: argparse.Namespace) -> int:

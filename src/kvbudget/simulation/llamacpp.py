@@ -31,6 +31,97 @@ from kvbudget.simulation.workload import Request
 SIMILARITY = 0.1  # --slot-prompt-similarity default
 
 
+def common_prefix(content: Seq | None, cached: int, seq: Seq) -> int:
+    """Tokens `cached` tokens of `content` share with the prompt of seq from the start (shared pieces only)."""
+    if content is None or not cached:
+        return 0
+    common = 0
+    for (a, n), (b, m) in zip(content.pieces, seq.pieces, strict=False):
+        if a != b:
+            break
+        common += min(n, m)
+        if n != m:
+            break
+    return min(common, content.shared, seq.shared, cached, seq.prompt)
+
+
+def contains(content: Seq, cached: int, other: Seq | None, other_cached: int) -> bool:
+    """Whether the first `cached` tokens of content are a prefix of other's first `other_cached`."""
+    if other is None or cached > other_cached:
+        return False
+    if content is other:
+        return True
+    common = 0
+    for (a, n), (b, m) in zip(content.pieces, other.pieces, strict=False):
+        if a != b:
+            break
+        common += min(n, m)
+        if n != m:
+            break
+    return min(common, content.shared, other.shared) >= cached
+
+
+class PromptCache:
+    """llama-server's host-RAM prompt cache (`--cache-ram`, 8,192 MiB by default; server_prompt_cache): slot
+    caches saved when a slot is taken for a new task, the best saved one loaded into it (and dropped from
+    RAM), the oldest dropped past the size limit. An entry's size is taken as its tokens times the KV bytes
+    per token (llama.cpp adds a small header: an estimate)."""
+
+    def __init__(self, limit_bytes: int, bytes_per_token: int, n_ctx: int) -> None:
+        self.limit = limit_bytes
+        self.per_token = max(1, bytes_per_token)
+        self.n_ctx = n_ctx
+        self.entries: deque[tuple[Seq, int]] = deque()  # (whose tokens, how many), oldest first
+
+    def _size(self) -> int:
+        return sum(n for _, n in self.entries) * self.per_token
+
+    def save(self, content: Seq | None, cached: int) -> None:
+        if content is None or not cached:
+            return
+        if any(contains(content, cached, c, n) for c, n in self.entries):
+            return  # already held whole
+        state = cached * self.per_token
+        if self.limit and state > self.limit:
+            return
+        self.entries = deque((c, n) for c, n in self.entries if not contains(c, n, content, cached))
+        while self.entries and self.limit and self._size() + state > self.limit:
+            self.entries.popleft()
+        self.entries.append((content, cached))
+        self._update()
+
+    def _update(self) -> None:
+        while self.entries and self.limit and self._size() > self.limit:
+            self.entries.popleft()
+        tokens_limit = max(self.n_ctx, self.limit // self.per_token) if self.limit else self.n_ctx
+        while self.entries and sum(n for _, n in self.entries) > tokens_limit:
+            self.entries.popleft()
+
+    def load(self, content: Seq | None, cached: int, seq: Seq, room: int | None = None) -> tuple[Seq | None, int]:
+        """The slot's cache after looking for a saved one that keeps more of itself and covers more of seq. A
+        saved cache longer than `room` free cells cannot be restored: the load fails, the slot is cleared and
+        the entry stays saved."""
+        lcp = common_prefix(content, cached, seq)
+        keep = lcp / cached if cached else -1.0
+        sim = lcp / seq.prompt
+        best = None
+        for entry in self.entries:
+            c, n = entry
+            here = common_prefix(c, n, seq)
+            keep_here = here / n
+            if keep_here < 0.25:
+                continue
+            if keep < keep_here and sim < here / seq.prompt:
+                keep, sim, best = keep_here, here / seq.prompt, entry
+        if best is None:
+            return content, cached
+        if room is not None and best[1] > room:
+            return None, 0
+        self.entries.remove(best)
+        self._update()
+        return best
+
+
 class Slot:
     """One llama-server slot (mutable; the scheduler owns it). Ordered by id."""
 
@@ -54,8 +145,9 @@ class LlamaServerScheduler(Queues):
 
     hybrid = False
 
-    def __init__(self, config: SchedulerConfig, pool: int = 0) -> None:
+    def __init__(self, config: SchedulerConfig, pool: int = 0, ram: PromptCache | None = None) -> None:
         super().__init__(config)
+        self.ram = ram  # the host-RAM prompt cache (--cache-ram), or None
         self.slots = [Slot(i) for i in range(config.max_num_seqs)]
         self.pool = pool
         self.cells = pool or config.max_num_seqs * config.max_model_len
@@ -77,19 +169,13 @@ class LlamaServerScheduler(Queues):
 
     def _lcp(self, slot: Slot, seq: Seq) -> int:
         """Tokens the slot's cache and the new prompt share from the start (shared prefix pieces only)."""
-        old = slot.content
-        if old is None or not slot.cached or not self.cfg.prefix_caching:  # (cache_prompt off)
+        if not self.cfg.prefix_caching:  # (cache_prompt off)
             return 0
-        common = 0
-        for (a, n), (b, m) in zip(old.pieces, seq.pieces, strict=False):
-            if a != b:
-                break
-            common += min(n, m)
-            if n != m:
-                break
-        return min(common, old.shared, seq.shared, slot.cached, seq.prompt)
+        return common_prefix(slot.content, slot.cached, seq)
 
-    def _available(self, seq: Seq) -> Slot | None:
+    def _available(self, seq: Seq) -> tuple[Slot | None, bool]:
+        """get_available_slot: the slot, and whether the host-RAM prompt cache is consulted for it (a slot chosen
+        least recently used, or by similarity but keeping less than half its cache)."""
         best, best_f = None, 0.0
         for slot in self.slots:
             if slot.seq is None and slot.cached:
@@ -97,22 +183,31 @@ class LlamaServerScheduler(Queues):
                 if f > best_f and f > SIMILARITY:
                     best, best_f = slot, f
         if best is not None:
-            return best
+            return best, best_f * seq.prompt / best.cached < 0.5
         for slot in self.slots:
             if slot.seq is None and (best is None or slot.last_used <= best.last_used):
                 best = slot
-        return best
+        return best, True
 
     def _process_tasks(self) -> None:
         while self.incoming:
             seq = self.incoming.popleft()
-            slot = self._available(seq)
+            slot, consult = self._available(seq)
             if slot is None:
                 self.waiting.append(seq)
                 continue
+            if consult and self.ram is not None:
+                self.ram.save(slot.content, slot.cached)
+                room = self.pool - sum(o.cached for o in self.slots if o is not slot) if self.pool else None
+                slot.content, slot.cached = self.ram.load(slot.content, slot.cached, seq, room)
             slot.seq, slot.started = seq, True
             self.slot_of[seq.uid] = slot
             self.running.append(seq)
+            if self.ram is not None and self.pool:  # --cache-idle-slots: idle slots saved, and cleared (unified)
+                for idle in self.slots:
+                    if idle.seq is None:
+                        self.ram.save(idle.content, idle.cached)
+                        idle.content, idle.cached = None, 0
 
     # -- one iteration ----------------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbudget.engines import Allocation, Engine, EngineOptions, get_engine
-from kvbudget.engines.llamacpp import N_BATCH, LlamaCppEngine
+from kvbudget.engines.llamacpp import CACHE_RAM_MIB, N_BATCH, LlamaCppEngine
 from kvbudget.engines.sglang import SGLangEngine
 from kvbudget.engines.vllm import BlockGroup, VLLMEngine
 from kvbudget.errors import KVBudgetError
@@ -22,7 +22,7 @@ from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.contiguous import POLICIES, ContiguousScheduler
 from kvbudget.simulation.guarded import GuardInLoop, GuardReport
-from kvbudget.simulation.llamacpp import LlamaServerScheduler
+from kvbudget.simulation.llamacpp import LlamaServerScheduler, PromptCache
 from kvbudget.simulation.seq import SchedulerConfig, Seq
 from kvbudget.simulation.sglang import SGLangScheduler
 from kvbudget.simulation.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
@@ -103,6 +103,7 @@ class Setup:
     allocation: Allocation | None = field(default=None, repr=False, compare=False)  # the engine's, for the guard
     groups: tuple[BlockGroup, ...] = ()  # the engine's KV cache groups (empty: one full-attention group)
     scheduling: str = "the scheduling itself is exact"  # how far the scheduler is verified
+    prompt_cache_bytes: int = 0  # llama.cpp's host-RAM prompt cache (--cache-ram)
 
     @property
     def hybrid(self) -> bool:
@@ -191,7 +192,8 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               device: str = "cuda", max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
               prefix_caching: bool = True, long_prefill_token_threshold: int = 0,
               time_model: TimeModel | None = None, allocator: str = "paged",
-              measured: Sequence[MeasuredStep] | None = None, kv_unified: bool = False) -> Setup:
+              measured: Sequence[MeasuredStep] | None = None, kv_unified: bool = False,
+              cache_ram: int | None = None) -> Setup:
     """The memory and scheduler settings from the planner and the engine's defaults, and the default time model."""
     from kvbudget.gpus import find_gpu
     from kvbudget.planner import plan
@@ -214,6 +216,9 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
                             "allocator and long_prefill_token_threshold out", param="allocator")
     if kv_unified and not slots:
         raise KVBudgetError("kv_unified: a llama.cpp setting (one cell pool for all slots)", param="kv_unified")
+    if cache_ram is not None and (not slots or cache_ram < 0):
+        raise KVBudgetError("cache_ram: llama.cpp's host-RAM prompt cache, in MiB (0 turns it off); other "
+                            "engines have none", param="cache_ram")
     options = EngineOptions(block_size=block_size, max_num_batched_tokens=None if slots else max_num_batched_tokens,
                             prefix_caching=prefix_caching, device=device)
     max_len = max_model_len or model.max_position_embeddings
@@ -267,8 +272,9 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
         return Setup(chosen.name, model.name, shared or n * n_ctx_slot, 1, kv_bytes, n,
                      max_num_batched_tokens or N_BATCH, n_ctx_slot, prefix_caching, 0, gpu_name, time_model,
                      p.estimate.bytes_per_token, "slots-unified" if kv_unified else "slots", p.estimate.allocation,
-                     scheduling="the scheduling follows llama-server's loop exactly; its host-RAM prompt cache "
-                                "(--cache-ram) is not simulated")
+                     scheduling="the scheduling follows llama-server's loop exactly (the host-RAM prompt cache's "
+                                "size limit in bytes is an estimate)",
+                     prompt_cache_bytes=(CACHE_RAM_MIB if cache_ram is None else cache_ram) << 20)
     assert isinstance(chosen, VLLMEngine)
     cap = p.capacity
     assert cap.num_blocks is not None and cap.block_size is not None
@@ -327,7 +333,8 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
                              s.prefix_caching, s.long_prefill_token_threshold)
     sched: VLLMScheduler | ContiguousScheduler | LlamaServerScheduler | SGLangScheduler
     if s.allocator.startswith("slots"):
-        sched = LlamaServerScheduler(config, s.num_blocks if s.allocator == "slots-unified" else 0)
+        ram = PromptCache(s.prompt_cache_bytes, s.bytes_per_token, s.num_blocks) if s.prompt_cache_bytes else None
+        sched = LlamaServerScheduler(config, s.num_blocks if s.allocator == "slots-unified" else 0, ram)
     elif s.allocator == "tokens":
         sched = SGLangScheduler(config)
     elif s.allocator == "paged" and s.hybrid:
