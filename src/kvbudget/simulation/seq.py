@@ -93,6 +93,26 @@ class Seq:
         pid, n = self.pieces[q]
         return hash((self.chains[q], pid, end - self.ends[q] + n))
 
+    def keys(self, lo: int, hi: int, block_size: int) -> list[int]:
+        """key(j, block_size) for j in [lo, hi), in one pass over the pieces."""
+        out: list[int] = []
+        shared = self.shared
+        if not self.chains:
+            self._chain()
+        ends, chains, pieces = self.ends, self.chains, self.pieces
+        q = 0
+        for j in range(lo, hi):
+            end = (j + 1) * block_size
+            if end > shared:
+                base = UNIQUE + (self.uid << 24)
+                out.extend(range(base + j, base + hi))
+                break
+            if not q or ends[q] < end:
+                q = bisect_left(ends, end, q)
+            pid, n = pieces[q]
+            out.append(hash((chains[q], pid, end - ends[q] + n)))
+        return out
+
     def _chain(self) -> None:
         at, chain = 0, 0
         for pid, n in self.pieces:

@@ -104,6 +104,19 @@ class BlockPool(CountingPool):
         else:
             self.cached[key] = [holders, b]
 
+    def store_many(self, blocks: list[int], keys: list[int]) -> None:
+        """store() for each (block, key) pair, in order."""
+        key, cached = self.key, self.cached
+        setdefault = cached.setdefault
+        for b, k in zip(blocks, keys, strict=True):
+            key[b] = k
+            holders = setdefault(k, b)
+            if holders != b:  # another block already holds the key: keep them in insertion order
+                if isinstance(holders, list):
+                    holders.append(b)
+                else:
+                    cached[k] = [holders, b]
+
     def release(self, ordered: list[int]) -> None:
         """free_blocks: `ordered` by eviction priority; unkeyed to the front, keyed to the tail."""
         first: list[int] = []
@@ -157,9 +170,7 @@ class VLLMScheduler(Queues):
         full = tokens // bs
         if full <= s.ncached:
             return
-        store, key, blocks = cache.store, s.key, s.blocks
-        for j in range(s.ncached, full):
-            store(blocks[j], key(j, bs))
+        cache.store_many(s.blocks[s.ncached:full], s.keys(s.ncached, full, bs))
         s.ncached = full
 
     def _grow(self, s: Seq, n: int) -> bool:
