@@ -31,34 +31,30 @@ from kvbudget.simulation.workload import Request
 SIMILARITY = 0.1  # --slot-prompt-similarity default
 
 
-def common_prefix(content: Seq | None, cached: int, seq: Seq) -> int:
-    """Tokens `cached` tokens of `content` share with the prompt of seq from the start (shared pieces only)."""
-    if content is None or not cached:
-        return 0
+def _shared(a: Seq, b: Seq) -> int:
+    """Tokens two requests' contents agree on from the start (their shared pieces)."""
     common = 0
-    for (a, n), (b, m) in zip(content.pieces, seq.pieces, strict=False):
-        if a != b:
+    for (p, n), (q, m) in zip(a.pieces, b.pieces, strict=False):
+        if p != q:
             break
         common += min(n, m)
         if n != m:
             break
-    return min(common, content.shared, seq.shared, cached, seq.prompt)
+    return min(common, a.shared, b.shared)
+
+
+def common_prefix(content: Seq | None, cached: int, seq: Seq) -> int:
+    """Tokens `cached` tokens of `content` share with the prompt of seq from the start."""
+    if content is None or not cached:
+        return 0
+    return min(_shared(content, seq), cached, seq.prompt)
 
 
 def contains(content: Seq, cached: int, other: Seq | None, other_cached: int) -> bool:
     """Whether the first `cached` tokens of content are a prefix of other's first `other_cached`."""
     if other is None or cached > other_cached:
         return False
-    if content is other:
-        return True
-    common = 0
-    for (a, n), (b, m) in zip(content.pieces, other.pieces, strict=False):
-        if a != b:
-            break
-        common += min(n, m)
-        if n != m:
-            break
-    return min(common, content.shared, other.shared) >= cached
+    return content is other or _shared(content, other) >= cached
 
 
 class PromptCache:
@@ -311,27 +307,13 @@ class LlamaServerScheduler(Queues):
         if self.waiting:  # pop_deferred_task: the oldest deferred task to the front of the queue
             self.incoming.appendleft(self.waiting.popleft())
 
-    def update(self, step: Step, now: float = 0.0) -> list[Seq]:
-        """Sample one token for every request whose tokens are all computed; release the finished slots in slot
-        order (post_decode)."""
-        done = []
-        for s, _ in step.scheduled:
-            if s.computed >= s.prompt + s.out:
-                s.out += 1
-                if s.first_token is None:
-                    s.first_token = now
-                if s.out >= s.end:
-                    s.finished = now
-                    done.append(s)
-        if done:
-            slots = sorted(self.slot_of.pop(s.uid) for s in done)
-            for slot in slots:
-                self._release(slot)
-            self.running = [s for s in self.running if s.finished is None]
-        return done
+    def _free_finished(self, done: list[Seq]) -> None:
+        """post_decode releases the finished requests' slots in slot order."""
+        for slot in sorted(self.slot_of.pop(s.uid) for s in done):
+            self._release(slot)
 
-    def _free(self, s: Seq) -> None:  # (update releases slots itself)
-        raise AssertionError("llama.cpp slots are released in update()")
+    def _free(self, s: Seq) -> None:  # (slots are released by _free_finished)
+        raise AssertionError("llama.cpp slots are released in slot order by _free_finished()")
 
     def usage(self) -> float:
         return sum(slot.seq.computed for slot in self.slots if slot.seq is not None) / self.cells

@@ -182,8 +182,13 @@ class Queues:
                     s.first_token = now
                 if s.out >= s.end:
                     s.finished = now
-                    self._free(s)
                     done.append(s)
         if done:
+            self._free_finished(done)
             self.running = [s for s in self.running if s.finished is None]
         return done
+
+    def _free_finished(self, done: list[Seq]) -> None:
+        """Free the finished requests' memory, in step order."""
+        for s in done:
+            self._free(s)
