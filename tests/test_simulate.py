@@ -46,13 +46,7 @@ def test_fast_path_equals_the_reference_step_by_step(requests, blocks, block_siz
     max_len = min((blocks - 1) * block_size, 1024)
     requests = [r for r in requests if r.prompt_tokens < max_len]
     setup = _setup(blocks, block_size, seqs, budget, max_len, caching, threshold)
-    runs = {}
-    for fast in (True, False):
-        steps: list = []
-        result = simulate(LLAMA, iter(requests), setup=setup, fast=fast,
-                          on_step=lambda *a, steps=steps: steps.append(a))
-        runs[fast] = (replace(result, fast_steps=0), steps)
-    assert runs[True] == runs[False]
+    assert _both_ways(LLAMA, requests, setup)
 
 
 @settings(max_examples=40, deadline=None)
@@ -73,13 +67,18 @@ def test_hybrid_fast_path_equals_the_reference_step_by_step(requests, blocks, bl
     base = setup_for(model, gpu="H200", tp=2, max_model_len=max_len, block_size=block_size, prefix_caching=False)
     setup = replace(base, num_blocks=blocks, max_num_seqs=seqs, max_num_batched_tokens=budget,
                     long_prefill_token_threshold=threshold)
+    assert _both_ways(model, requests, setup)
+
+
+def _both_ways(model, requests, setup) -> bool:
+    """Whether the fast path and the reference give the same steps and the same result."""
     runs = {}
     for fast in (True, False):
         steps: list = []
         result = simulate(model, iter(requests), setup=setup, fast=fast,
                           on_step=lambda *a, steps=steps: steps.append(a))
         runs[fast] = (replace(result, fast_steps=0), steps)
-    assert runs[True] == runs[False]
+    return runs[True] == runs[False]
 
 
 def _setup(blocks, block_size, seqs, budget, max_len, caching, threshold=0):
