@@ -127,6 +127,8 @@ def plot_simulation(sim: Simulation, path: str, caption: str = "") -> None:
               f"{s.token_slots:,} token slots")
     fig.suptitle(f"{s.model} on {s.engine} ({s.allocator}), {s.gpu or 'no GPU named'}: {memory}; "
                  f"{sim.requests:,} requests", fontsize=10)
+    if "estimate" in s.scheduling:  # a scheduler followed from source only says so on the picture too
+        caption = "; ".join(x for x in (s.scheduling, caption) if x)
     if caption:
         fig.text(0.5, 0.01, caption, ha="center", fontsize=8, color="dimgray")
     fig.tight_layout(rect=(0, 0.04 if caption else 0, 1, 1))
