@@ -116,9 +116,6 @@ class ContiguousScheduler(Queues):
             return self.cfg.max_model_len
         return _pow2(total) if self.policy == "pow2" else total
 
-    def decode_run_limit(self) -> int:
-        return 0
-
     def usage(self) -> float:
         return self.reserved / self.slots
 

@@ -139,8 +139,6 @@ class LlamaServerScheduler(Queues):
     """`cfg.max_num_seqs` slots of `cfg.max_model_len` cells (n_ctx_slot), `cfg.max_num_batched_tokens` the
     logical batch (n_batch); `pool` the cells of the unified cache (0: every slot has its own stream)."""
 
-    hybrid = False
-
     def __init__(self, config: SchedulerConfig, pool: int = 0, ram: PromptCache | None = None) -> None:
         super().__init__(config)
         self.ram = ram  # the host-RAM prompt cache (--cache-ram), or None
@@ -317,9 +315,6 @@ class LlamaServerScheduler(Queues):
 
     def usage(self) -> float:
         return sum(slot.seq.computed for slot in self.slots if slot.seq is not None) / self.cells
-
-    def decode_run_limit(self) -> int:
-        return 0
 
     def memory(self) -> tuple[int, int, int]:
         """(token states, reservation, internal fragmentation) in cells. Own streams reserve a whole slot per

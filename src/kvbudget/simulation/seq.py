@@ -148,6 +148,8 @@ def commit(scheduled: list[tuple[Seq, int]]) -> tuple[int, int]:
 class Queues:
     """Running and waiting requests; a scheduler adds `schedule()` and `_free()`."""
 
+    hybrid = False  # whether memory() counts every block in use as token states (several KV cache groups)
+
     def __init__(self, config: SchedulerConfig) -> None:
         self.cfg = config
         self.running: list[Seq] = []
@@ -170,6 +172,10 @@ class Queues:
 
     def _free(self, s: Seq) -> None:
         raise NotImplementedError
+
+    def decode_run_limit(self) -> int:
+        """How many steps can be taken at once by the fast path (0: none; schedulers that have one say more)."""
+        return 0
 
     def update(self, step: Step, now: float = 0.0) -> list[Seq]:
         """After the model ran the step: requests whose known tokens are all computed sample one token; those

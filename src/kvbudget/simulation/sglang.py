@@ -91,8 +91,8 @@ class RadixCache:
                 break
         return matched, node
 
-    def insert(self, s: Seq, tokens: int) -> tuple[int, Node]:
-        """Cache the first `tokens` of s: (tokens newly cached, the last node)."""
+    def insert(self, s: Seq, tokens: int) -> Node:
+        """Cache the first `tokens` of s (those already cached stay as they are); the last node."""
         self.clock += 1
         node, added = self.root, 0
         for key, n in self.path(s, tokens):
@@ -107,7 +107,7 @@ class RadixCache:
             child.last = self.clock
             node = child
         self.size += added
-        return added, node
+        return node
 
     def lock(self, node: Node) -> None:
         while node is not self.root:
@@ -153,8 +153,6 @@ class SGLangScheduler(Queues):
     """`cfg.num_blocks` token slots (block size 1), `cfg.max_num_seqs` requests at most, chunked prefill of
     `cfg.max_num_batched_tokens`; prefix caching (the radix cache) unless `cfg.prefix_caching` is off."""
 
-    hybrid = False
-
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
         self.tree = RadixCache()
@@ -173,16 +171,21 @@ class SGLangScheduler(Queues):
     def available(self) -> int:
         return self.total - self.tree.size - self.owned
 
-    def usage(self) -> float:
-        return 1.0 - (self.available + self.tree.evictable) / self.total
+    @property
+    def used(self) -> int:
+        """Slots neither free nor held by evictable cache (sglang:num_used_tokens)."""
+        return self.total - self.available - self.tree.evictable
 
-    def _alloc(self, tokens: int) -> bool:
+    def usage(self) -> float:
+        return self.used / self.total
+
+    def _alloc(self, tokens: int) -> None:
+        """Slots for `tokens`, evicting the cache as needed (admission has made sure they exist)."""
         if self.available < tokens:
             self.tree.evict(tokens - self.available)
         if self.available < tokens:
-            return False
+            raise AssertionError("SGLang admission let in a prefill the pool cannot hold")
         self.owned += tokens
-        return True
 
     def _max_new(self, s: Seq) -> int:
         asked = s.request.max_tokens or s.end
@@ -265,9 +268,8 @@ class SGLangScheduler(Queues):
                 break
             if remaining_total() <= 0 or self.available + self.tree.evictable - current <= 0:
                 break  # no capacity left (budget_state: NO_TOKEN)
-        for _, n in batch:  # the batch's slots (evicting the cache as needed; admission saw to it)
-            if not self._alloc(n):
-                raise AssertionError("SGLang admission let in a prefill the pool cannot hold")
+        for _, n in batch:
+            self._alloc(n)
         return batch
 
     def _decode(self) -> Step:
@@ -321,7 +323,7 @@ class SGLangScheduler(Queues):
         for s, _ in step.scheduled:  # a chunk leaves the request's computed tokens in the cache
             if s is self.chunked and self.cfg.prefix_caching:
                 mine = s.computed - self.cached[s.uid]
-                _, node = self.tree.insert(s, s.computed)
+                node = self.tree.insert(s, s.computed)
                 self.owned -= mine
                 self.tree.lock(node)
                 self.tree.unlock(self.nodes[s.uid])
@@ -329,8 +331,5 @@ class SGLangScheduler(Queues):
                 self.cached[s.uid] = s.computed
         return super().update(step, now)
 
-    def decode_run_limit(self) -> int:
-        return 0
-
     def memory(self) -> tuple[int, int, int]:
-        return self.total - self.available - self.tree.evictable, 0, 0
+        return self.used, 0, 0

@@ -143,8 +143,6 @@ class VLLMScheduler(Queues):
     """The reference: one schedule() and one update() per engine step, exactly as vLLM 0.32 decides them; and
     `decode_run`, which takes a run of pure decode steps at once with the same outcome."""
 
-    hybrid = False
-
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
         self.cache: BlockPool | None = BlockPool(config.num_blocks) if config.prefix_caching else None
@@ -382,7 +380,6 @@ class VLLMScheduler(Queues):
                            for j in range(max(0, len(s.blocks) * bs - s.computed), k, bs))
             for _, i in wants:
                 running[i].blocks += cache.take(1)
-        done = []
         pool = self.pool
         for s in running:
             computed = s.computed + k
@@ -394,12 +391,16 @@ class VLLMScheduler(Queues):
             s.out += k
             if cache is not None:
                 self._cache(s, computed)
-            if s.out >= s.end:
-                s.finished = now
-                self._free(s)
-                done.append(s)
+        return self._end_run(now)
+
+    def _end_run(self, now: float) -> list[Seq]:
+        """The requests a decode run took to their output length finish at its last step, in running order."""
+        done = [s for s in self.running if s.out >= s.end]
         if done:
-            self.running = [s for s in running if s.finished is None]
+            for s in done:
+                s.finished = now
+            self._free_finished(done)
+            self.running = [s for s in self.running if s.finished is None]
         return done
 
 
@@ -591,7 +592,6 @@ class HybridScheduler(VLLMScheduler):
         _, plans, _, _ = self._planned_for(k)
         self._planned = None
         self._lookahead = max(16, min(LOOKAHEAD, 4 * k))  # about as far as the last run went, with room
-        done = []
         pool = self.pool
         for s, per in zip(self.running, plans, strict=True):
             for (g, members), (takes, frees) in zip(self._distinct, per, strict=True):
@@ -603,13 +603,7 @@ class HybridScheduler(VLLMScheduler):
                 pool.nfree += (freed - taken) * len(members)
             s.computed += k
             s.out += k
-            if s.out >= s.end:
-                s.finished = now
-                self._free(s)
-                done.append(s)
-        if done:
-            self.running = [s for s in self.running if s.finished is None]
-        return done
+        return self._end_run(now)
 
 
 class CachedHybridScheduler(HybridScheduler):
@@ -802,9 +796,6 @@ class CachedHybridScheduler(HybridScheduler):
         for table in s.group_blocks:
             self.pool_.release([b for b in reversed(table) if b])
         s.group_blocks, s.held = [], []
-
-    def memory(self) -> tuple[int, int, int]:
-        return (self.pool.usable - self.pool.nfree) * self.cfg.block_size, 0, 0
 
     def decode_run_limit(self) -> int:
         return 0  # no fast path with prefix caching on hybrids yet
