@@ -554,6 +554,9 @@ def test_beam_search_runs_rounds_of_one_token_requests_through_the_prefix_cache(
                                  "beam_search": "yes"}) + "\n")
     with pytest.raises(KVBudgetError, match="beams.jsonl:1: beam_search 'yes' must be true or false"):
         list(read_trace(trace))
+    with pytest.raises(KVBudgetError, match="beam search is simulated as vLLM's API layer runs it, not on llamacpp"):
+        simulate(model, [Request(0, 100, 20, n=4, beam_search=True)], engine="llamacpp", gpu="H100",
+                 max_model_len=4096)
 
 
 def test_a_window_hit_is_found_from_the_right_and_windows_key_only_the_prompts_tail():

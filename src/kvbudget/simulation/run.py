@@ -29,6 +29,7 @@ from kvbudget.simulation.timing import NOMINAL, MeasuredStep, TimeModel, calibra
 from kvbudget.simulation.vllm import CachedHybridScheduler, HybridScheduler, VLLMScheduler
 from kvbudget.simulation.workload import Request, samples
 
+Scheduler = VLLMScheduler | ContiguousScheduler | LlamaServerScheduler | SGLangScheduler
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
 SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
 
@@ -331,7 +332,7 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
     s = setup or setup_for(model, **settings)
     config = SchedulerConfig(s.num_blocks, s.block_size, s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len,
                              s.prefix_caching, s.long_prefill_token_threshold)
-    sched: VLLMScheduler | ContiguousScheduler | LlamaServerScheduler | SGLangScheduler
+    sched: Scheduler
     if s.allocator.startswith("slots"):
         ram = PromptCache(s.prompt_cache_bytes, s.bytes_per_token, s.num_blocks) if s.prompt_cache_bytes else None
         sched = LlamaServerScheduler(config, s.num_blocks if s.allocator == "slots-unified" else 0, ram)
@@ -353,16 +354,14 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
 class _Run:
     """The clock loop, with its running totals."""
 
-    def __init__(self, setup: Setup, sched: VLLMScheduler | ContiguousScheduler | LlamaServerScheduler |
-                 SGLangScheduler,
-                 workload: Iterable[Request], fast: bool, interval: float, on_step: Callable[..., None] | None,
+    def __init__(self, setup: Setup, sched: Scheduler, workload: Iterable[Request], fast: bool, interval: float,
+                 on_step: Callable[..., None] | None,
                  progress: Callable[[int], None] | None, guard: GuardInLoop | None = None,
                  on_finish: Callable[..., None] | None = None):
         self.setup, self.sched, self.fast, self.guard = setup, sched, fast, guard
         self.releases: dict[int, Callable[[], None]] = {}  # the guard's hold on each admitted request
         self.families: dict[int, list[Any]] = {}  # child uid -> its request's [left, first token, finish, release]
         self.beams: dict[int, BeamSearch] = {}  # engine request uid -> the beam search it belongs to
-        self.searches = 0
         self.interval, self.on_step, self.progress, self.on_finish = interval, on_step, progress, on_finish
         self.tm = setup.time_model
         self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
@@ -402,17 +401,19 @@ class _Run:
         """The request to the scheduler: one sequence, or n > 1 children as vLLM's engine fans a request out
         (`samples`: added one after another, the prefix cache sharing the prompt). `release` (the guard's hold)
         runs when the request's last sequence finishes."""
-        if r.n > 1 and self.setup.allocator.startswith("slots"):
+        if r.n > 1 and not r.beam_search and self.setup.allocator.startswith("slots"):
             raise KVBudgetError(f"request {r.id or self.requests}: n={r.n}: llama.cpp's child tasks (n > 1) are not "
                                 "simulated; give n 1", param="trace")
         if r.beam_search:
+            if self.setup.allocator != "paged":
+                raise KVBudgetError(f"request {r.id or self.requests}: beam search is simulated as vLLM's API layer "
+                                    f"runs it, not on {self.setup.engine} ({self.setup.allocator})", param="trace")
             if r.prompt_tokens + r.output_tokens > self.setup.max_model_len:
                 raise KVBudgetError(f"request {r.id or self.requests}: beam search to {r.output_tokens} tokens after a "
                                     f"prompt of {r.prompt_tokens} does not fit max_model_len "
                                     f"{self.setup.max_model_len}; raise max_model_len or filter the trace",
                                     param="trace")
             search = BeamSearch(r, self.requests, release)
-            self.searches += 1
             for child in search.requests(self.t):
                 self.beams[self.sched.add(child).uid] = search
             return
