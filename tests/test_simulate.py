@@ -681,7 +681,7 @@ def test_llamacpp_host_ram_prompt_cache_saves_a_slot_and_loads_the_best_saved_pr
     then loads it back (it keeps 100 of its 101 tokens, over a quarter) and computes only its own tokens."""
     from kvbudget.simulation.llamacpp import PromptCache
 
-    sim = LlamaServerScheduler(SchedulerConfig(0, 1, 1, 512, 512), 0, PromptCache(8 << 30, 1024, 512))
+    sim = LlamaServerScheduler(SchedulerConfig(0, 1, 1, 512, 512), 0, PromptCache(8 << 30, 1024))
     for system, prompt in (("a", 100), ("b", 100), ("a", 120)):
         seq = sim.add(Request(0, prompt, 2, ((system, 100),)))
         while sim.has_work():

@@ -140,7 +140,7 @@ def replay(requests: list[Request], log: str, slots: int, context: int, unified:
     n_ctx_slot, pool = LLAMACPP.slot_context(model, context, slots, unified)
     assert f"n_ctx_slot = {n_ctx_slot}" in log
     per_token = LLAMACPP.allocate(model).bytes_per_token
-    ram = PromptCache(cache_ram << 20, per_token, pool or slots * n_ctx_slot) if cache_ram else None
+    ram = PromptCache(cache_ram << 20, per_token) if cache_ram else None
     prompts, its = parse(log)
     by_length = {r.prompt_tokens: r for r in requests}
     assert len(by_length) == len(requests)  # prompt lengths name the requests

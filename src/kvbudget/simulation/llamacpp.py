@@ -63,35 +63,26 @@ class PromptCache:
     RAM), the oldest dropped past the size limit. An entry's size is taken as its tokens times the KV bytes
     per token (llama.cpp adds a small header: an estimate)."""
 
-    def __init__(self, limit_bytes: int, bytes_per_token: int, n_ctx: int) -> None:
-        self.limit = limit_bytes
-        self.per_token = max(1, bytes_per_token)
-        self.n_ctx = n_ctx
+    def __init__(self, limit_bytes: int, bytes_per_token: int) -> None:
+        # a saved prompt's size is proportional to its tokens, so the byte limit is a token limit (it is always
+        # the tighter of llama.cpp's two: its token limit is at least this one)
+        self.max_tokens = limit_bytes // max(1, bytes_per_token)
         self.entries: deque[tuple[Seq, int]] = deque()  # (whose tokens, how many), oldest first
-
-    def _size(self) -> int:
-        return sum(n for _, n in self.entries) * self.per_token
+        self.tokens = 0  # held, summed
 
     def save(self, content: Seq | None, cached: int) -> None:
-        if content is None or not cached:
+        """alloc: keep the slot's cache unless it is held whole already or larger than the cache; drop the
+        saved ones it contains, then the oldest until it fits."""
+        if content is None or not cached or cached > self.max_tokens:
             return
         if any(contains(content, cached, c, n) for c, n in self.entries):
-            return  # already held whole
-        state = cached * self.per_token
-        if self.limit and state > self.limit:
             return
-        self.entries = deque((c, n) for c, n in self.entries if not contains(c, n, content, cached))
-        while self.entries and self.limit and self._size() + state > self.limit:
-            self.entries.popleft()
+        kept = deque((c, n) for c, n in self.entries if not contains(c, n, content, cached))
+        self.entries, self.tokens = kept, sum(n for _, n in kept)
+        while self.entries and self.tokens + cached > self.max_tokens:
+            self.tokens -= self.entries.popleft()[1]
         self.entries.append((content, cached))
-        self._update()
-
-    def _update(self) -> None:
-        while self.entries and self.limit and self._size() > self.limit:
-            self.entries.popleft()
-        tokens_limit = max(self.n_ctx, self.limit // self.per_token) if self.limit else self.n_ctx
-        while self.entries and sum(n for _, n in self.entries) > tokens_limit:
-            self.entries.popleft()
+        self.tokens += cached
 
     def load(self, content: Seq | None, cached: int, seq: Seq, room: int | None = None) -> tuple[Seq | None, int]:
         """The slot's cache after looking for a saved one that keeps more of itself and covers more of seq. A
@@ -114,7 +105,7 @@ class PromptCache:
         if room is not None and best[1] > room:
             return None, 0
         self.entries.remove(best)
-        self._update()
+        self.tokens -= best[1]
         return best
 
 
@@ -153,8 +144,7 @@ class LlamaServerScheduler(Queues):
     # -- the task queue ---------------------------------------------------------------------------------------
 
     def add(self, request: Request) -> Seq:
-        seq = super().add(request)
-        self.waiting.pop()
+        seq = self._seq(request)  # into the task queue; `waiting` holds the deferred tasks
         self.incoming.append(seq)
         return seq
 

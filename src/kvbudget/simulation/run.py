@@ -334,7 +334,7 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
                              s.prefix_caching, s.long_prefill_token_threshold)
     sched: Scheduler
     if s.allocator.startswith("slots"):
-        ram = PromptCache(s.prompt_cache_bytes, s.bytes_per_token, s.num_blocks) if s.prompt_cache_bytes else None
+        ram = PromptCache(s.prompt_cache_bytes, s.bytes_per_token) if s.prompt_cache_bytes else None
         sched = LlamaServerScheduler(config, s.num_blocks if s.allocator == "slots-unified" else 0, ram)
     elif s.allocator == "tokens":
         sched = SGLangScheduler(config)

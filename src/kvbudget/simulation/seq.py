@@ -161,10 +161,15 @@ class Queues:
         self.failed: list[Seq] = []  # requests the engine answered with an error
 
     def add(self, request: Request) -> Seq:
+        seq = self._seq(request)
+        self.waiting.append(seq)
+        return seq
+
+    def _seq(self, request: Request) -> Seq:
+        """The request as a sequence of this scheduler (its output capped at the model's maximum length)."""
         seq = Seq(self._uid, request)
         seq.end = min(seq.end, self.cfg.max_model_len - seq.prompt)
         self._uid += 1
-        self.waiting.append(seq)
         return seq
 
     def has_work(self) -> bool:
