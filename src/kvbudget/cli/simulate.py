@@ -305,8 +305,8 @@ def _print(sim: Any, args: argparse.Namespace) -> None:
               f"{sim.preemptions:,} ({sim.preempted_requests:,} requests, {sim.recomputed_tokens:,} tokens "
               f"recomputed); prefix-cache hits {hit} of prompt tokens")
     if sim.failed:
-        out.print(f"[red]failed: {sim.failed:,} requests got an error from the engine[/red] (the shared cell pool "
-                  "ran out: llama.cpp fails every busy request when one token no longer fits)")
+        out.print(f"[red]failed: {sim.failed:,} requests got an error from the engine[/red] (its KV memory ran "
+                  "out: llama.cpp's unified pool fails every busy request when one token no longer fits)")
     if sim.guard is not None:
         g = sim.guard
         out.print(f"guard: forwarded {sum(g.forwarded.values()):,} (untouched {g.forwarded[0]:,}, at the cap level "
