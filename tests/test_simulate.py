@@ -694,3 +694,149 @@ def test_llamacpp_host_ram_prompt_cache_saves_a_slot_and_loads_the_best_saved_pr
         while no_ram.has_work():
             no_ram.update(no_ram.schedule())
     assert seq.hit_tokens == 0
+
+
+class QueuePool:
+    """vLLM's free block queue and hash map block by block (what `BlockPool` replaced; the oracle): one ordered
+    queue of every free block, unkeyed ones freed to its front, keyed ones to its tail, blocks taken from its
+    front with their key evicted."""
+
+    def __init__(self, num_blocks: int) -> None:
+        from collections import OrderedDict
+
+        self.nfree = self.usable = num_blocks - 1
+        self.ref = [0] * num_blocks
+        self.key: list = [None] * num_blocks
+        self.free = OrderedDict((b, None) for b in range(1, num_blocks))
+        self.cached: dict = {}  # key -> its holders in insertion order
+
+    def usage(self) -> float:
+        return 1.0 - self.nfree / self.usable
+
+    def lookup(self, key):
+        holders = self.cached.get(key)
+        return holders[0] if holders else None
+
+    def find(self, keys) -> list[int]:
+        out = []
+        for k in keys:
+            if k not in self.cached:
+                break
+            out.append(self.cached[k][0])
+        return out
+
+    def take(self, n: int) -> list[int]:
+        out = []
+        for _ in range(n):
+            b, _ = self.free.popitem(last=False)
+            if self.key[b] is not None:
+                self.cached[self.key[b]].remove(b)
+                if not self.cached[self.key[b]]:
+                    del self.cached[self.key[b]]
+                self.key[b] = None
+            self.ref[b] = 1
+            out.append(b)
+        self.nfree -= n
+        return out
+
+    def touch(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if self.ref[b] == 0:
+                del self.free[b]
+                self.nfree -= 1
+            self.ref[b] += 1
+
+    def store(self, b: int, key) -> None:
+        self.key[b] = key
+        self.cached.setdefault(key, []).append(b)
+
+    def store_many(self, blocks, keys) -> None:
+        for b, k in zip(blocks, keys, strict=True):
+            self.store(b, k)
+
+    def release(self, ordered: list[int]) -> None:
+        first, last = [], []
+        for b in ordered:
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                (first if self.key[b] is None else last).append(b)
+        for b in reversed(first):
+            self.free[b] = None
+            self.free.move_to_end(b, last=False)
+        for b in last:
+            self.free[b] = None
+        self.nfree += len(first) + len(last)
+
+    def evictable(self, blocks: list[int]) -> int:
+        return sum(1 for b in blocks if self.ref[b] == 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 40), st.randoms(use_true_random=False))
+def test_block_pool_equals_vllms_queue_block_by_block(blocks, rng):
+    """`BlockPool` (runs, a stack of unkeyed blocks, a keyed queue with gaps) against the block-by-block queue,
+    over 200 random operations: requests take blocks, key them (small key space, so two blocks often hold one
+    key), find runs of keys and take the blocks back (from the queue or from another request), and free them.
+    Free counts, which keys are cached, what each lookup finds (block ids paired as they are handed out) and
+    what is evictable agree."""
+    from kvbudget.simulation.vllm import BlockPool
+
+    new, old = BlockPool(blocks), QueuePool(blocks)
+    held: dict[int, list[tuple[int, int]]] = {}  # request -> its blocks (new id, old id)
+    keyed: dict[int, int] = {}  # request -> how many of its blocks are keyed
+    pair: dict[int, int] = {}  # new id -> old id, for blocks currently handed out or cached
+    for _ in range(200):
+        op, r, n, k = rng.choice("tshr"), rng.randint(0, 5), rng.randint(0, 12), rng.randint(0, 6)
+        mine = held.setdefault(r, [])
+        if op == "t" and n <= new.nfree:
+            taken = list(zip(new.take(n), old.take(n), strict=True))
+            pair.update(taken)
+            mine += taken
+        elif op == "s" and keyed.get(r, 0) < len(mine):  # key the next few blocks: keys k, k+1, ...
+            lo = keyed.get(r, 0)
+            hi = min(len(mine), lo + max(n, 1))
+            run = mine[lo:hi]
+            new.store_many([b for b, _ in run], [("k", k + i) for i in range(len(run))])
+            old.store_many([b for _, b in run], [("k", k + i) for i in range(len(run))])
+            keyed[r] = hi
+        elif op == "h" and not mine:  # a new request finds keys k, k+1, ... and takes the blocks
+            found = []
+            for i in range(n):
+                b, c = new.lookup(("k", k + i)), old.lookup(("k", k + i))
+                assert (b is None) == (c is None)
+                if b is None:
+                    break
+                assert pair[b] == c
+                found.append((b, c))
+            assert new.evictable([b for b, _ in found]) == old.evictable([c for _, c in found])
+            new.touch([b for b, _ in found])
+            old.touch([c for _, c in found])
+            mine += found
+            keyed[r] = len(found)
+        elif op == "r" and mine:
+            new.release([b for b, _ in reversed(mine)])
+            old.release([c for _, c in reversed(mine)])
+            held[r], keyed[r] = [], 0
+        assert new.nfree == old.nfree
+        for i in range(20):
+            b, c = new.lookup(("k", i)), old.lookup(("k", i))
+            assert (b is None and c is None) or pair[b] == c
+
+
+@settings(max_examples=40, deadline=None)
+@given(workloads(), st.integers(8, 200), st.sampled_from([16, 32]), st.integers(1, 64),
+       st.sampled_from([64, 256, 2048]))
+def test_simulations_with_the_block_pool_equal_those_with_vllms_queue(requests, blocks, block_size, seqs, budget):
+    """Whole simulations with prefix caching, step for step, the same with either pool."""
+    from unittest import mock
+
+    max_len = min((blocks - 1) * block_size, 1024)
+    requests = [r for r in requests if r.prompt_tokens < max_len]
+    setup = _setup(blocks, block_size, seqs, budget, max_len, True)
+    runs = []
+    for pool in (None, QueuePool):
+        steps: list = []
+        with mock.patch("kvbudget.simulation.vllm.BlockPool", pool) if pool else mock.patch.dict({}):
+            result = simulate(LLAMA, iter(requests), setup=setup, on_step=lambda *a, steps=steps: steps.append(a))
+        runs.append((result, steps))
+    assert runs[0] == runs[1]

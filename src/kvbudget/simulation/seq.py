@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import chain
 
 from kvbudget.simulation.workload import Request
 
@@ -21,7 +23,7 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
 
 
-UNIQUE = 1 << 62  # keys of blocks past a request's shared pieces: above every hash(), so never equal to one
+MASK = (1 << 64) - 1  # piece hashes as unsigned 64-bit numbers
 
 
 class Seq:
@@ -47,6 +49,7 @@ class Seq:
         "recomputed",
         "request",
         "shared",
+        "starts",
         "tables",
         "uid",
     )
@@ -61,7 +64,8 @@ class Seq:
         self.blocks: list[int] = []
         self.ncached = 0  # blocks already keyed
         self.pieces = request.prefix
-        self.chains: list[int] = []  # per piece: a hash of the whole pieces before it
+        self.chains: list[int] = []  # per piece: its base key (see key())
+        self.starts: list[int] = []  # per piece: the token it starts at
         self.ends: list[int] = []  # per piece: the token it ends at
         self.shared = request.shared_tokens
         self.preemptions = 0
@@ -82,41 +86,52 @@ class Seq:
         """The content key of block j: equal for two requests exactly when their tokens agree up to the block's
         end (vLLM chains a hash over the tokens of every block; the same relation, from content ids). A block
         within the shared pieces is keyed by the chain of whole pieces before the one its end falls in, that
-        piece's id and the offset of the end in it; a block reaching past the pieces holds tokens of this
-        request only, so it can only ever equal this request's own block j (re-found after a preemption)."""
+        piece's id (together: the piece's even base) and the offset of the end in it; a block reaching past the
+        pieces holds tokens of this request only, so it can only ever equal this request's own block j
+        (re-found after a preemption): an odd key from the request's id. Consecutive blocks of one piece have
+        keys in arithmetic progression, so `keys` makes them as ranges."""
         end = (j + 1) * block_size
         if end > self.shared:
-            return UNIQUE + (self.uid << 24) + j
+            return ((self.uid << 24) + j) * 2 + 1
         if not self.chains:
             self._chain()
         q = bisect_left(self.ends, end)
-        pid, n = self.pieces[q]
-        return hash((self.chains[q], pid, end - self.ends[q] + n))
+        return self.chains[q] + 2 * (end - self.starts[q])
 
     def keys(self, lo: int, hi: int, block_size: int) -> list[int]:
-        """key(j, block_size) for j in [lo, hi), in one pass over the pieces."""
-        out: list[int] = []
-        shared = self.shared
+        """key(j, block_size) for j in [lo, hi)."""
+        return list(chain.from_iterable(self.key_runs(lo, hi, block_size)))
+
+    def key_runs(self, lo: int, hi: int, block_size: int) -> Iterator[range]:
+        """The keys of blocks lo to hi - 1 as ranges, one per piece (and one for the blocks past the pieces)."""
+        if lo >= hi:
+            return
         if not self.chains:
             self._chain()
-        ends, chains, pieces = self.ends, self.chains, self.pieces
-        q = 0
-        for j in range(lo, hi):
-            end = (j + 1) * block_size
-            if end > shared:
-                base = UNIQUE + (self.uid << 24)
-                out.extend(range(base + j, base + hi))
-                break
-            if not q or ends[q] < end:
-                q = bisect_left(ends, end, q)
-            pid, n = pieces[q]
-            out.append(hash((chains[q], pid, end - ends[q] + n)))
-        return out
+        bs = block_size
+        unique = min(self.shared // bs, hi)  # blocks from here on reach past the pieces
+        if lo < unique:
+            ends, starts, bases = self.ends, self.starts, self.chains
+            q = bisect_left(ends, (lo + 1) * bs)
+            j = lo
+            while j < unique:
+                stop = min(ends[q] // bs, unique)
+                if stop > j:
+                    first = bases[q] + 2 * ((j + 1) * bs - starts[q])
+                    yield range(first, first + 2 * bs * (stop - j), 2 * bs)
+                    j = stop
+                q += 1
+        if hi > unique:
+            base = (self.uid << 24) * 2 + 1
+            yield range(base + 2 * max(lo, unique), base + 2 * hi, 2)
 
     def _chain(self) -> None:
+        """Per piece: its base key (a hash of the whole pieces before it and its id, made even and shifted past
+        every offset) and the tokens it starts and ends at."""
         at, chain = 0, 0
         for pid, n in self.pieces:
-            self.chains.append(chain)
+            self.chains.append((hash((chain, pid)) & MASK) << 33)
+            self.starts.append(at)
             at += n
             self.ends.append(at)
             chain = hash((chain, pid, n))

@@ -20,7 +20,9 @@ Sliding windows, Mamba state and spec decoding are not modelled here (see `suppo
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from bisect import bisect_left, insort
+from collections.abc import Iterable
+from itertools import chain, takewhile
 
 from kvbudget.engines.vllm import BlockGroup
 from kvbudget.errors import KVBudgetError
@@ -51,7 +53,15 @@ class CountingPool:
 
 class BlockPool(CountingPool):
     """vLLM's block pool with prefix caching: a free queue in eviction order and a map from content key to
-    cached blocks."""
+    cached blocks.
+
+    vLLM's free queue always holds the blocks without a key first (the pool starts with none keyed, and freed
+    blocks without a key go to its front) and then the keyed ones, least recently freed first (freed keyed blocks
+    go to its tail; a block keeps its key until it is taken). Blocks without a key cannot be told apart by
+    anything the scheduler sees, so they are kept as a stack (`spare`); the keyed ones as a list read from `head`
+    on, where a block taken back by a cache hit leaves its entry behind as a gap (`gaps`, absolute positions).
+    Runs of blocks are taken, freed and keyed with list and dict operations rather than block by block.
+    `tests/test_simulate.py` checks it against a block-by-block copy of vLLM's queue."""
 
     caching = True
 
@@ -59,80 +69,138 @@ class BlockPool(CountingPool):
         super().__init__(num_blocks)
         self.ref = [0] * num_blocks
         self.key: list[int | None] = [None] * num_blocks
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
-        self.cached: dict[int, int | list[int]] = {}  # key -> its block, or its blocks in insertion order
+        self.spare = list(range(num_blocks - 1, 0, -1))  # free blocks without a key
+        self.queue: list[int] = []  # free keyed blocks in eviction order, from `head`, with gaps
+        self.head = 0
+        self.base = 0  # the absolute position of queue[0]
+        self.at = [-1] * num_blocks  # a free keyed block's absolute position in the queue
+        self.gaps: list[int] = []  # absolute positions of entries whose block was taken back, sorted
+        self.cached: dict[int, int] = {}  # key -> the first block that holds it
+        self.more: dict[int, list[int]] = {}  # key -> the blocks that hold it after the first, in order
 
     def lookup(self, key: int) -> int | None:
-        blocks = self.cached.get(key)
-        return blocks[0] if isinstance(blocks, list) else blocks
+        return self.cached.get(key)
+
+    def find(self, keys: Iterable[int]) -> list[int]:
+        """The blocks holding the longest run of cached keys from the first."""
+        cached = self.cached
+        return [cached[k] for k in takewhile(cached.__contains__, keys)]
 
     def take(self, n: int) -> list[int]:
         """get_new_blocks: n blocks from the front of the free queue, their keys evicted."""
-        out = []
-        free, key, ref, cached = self.free, self.key, self.ref, self.cached
-        for _ in range(n):
-            b, _ = free.popitem(last=False)
-            k = key[b]
-            if k is not None:  # evict its key
-                holders = cached[k]
-                if isinstance(holders, list):
-                    holders.remove(b)
-                    if len(holders) == 1:
-                        cached[k] = holders[0]
-                else:
-                    del cached[k]
-                key[b] = None
+        spare = self.spare
+        if len(spare) >= n:
+            out = spare[len(spare) - n:]
+            del spare[len(spare) - n:]
+        else:
+            out = spare[:]
+            spare.clear()
+            out += self._evict(n - len(out))
+        ref = self.ref
+        for b in out:
             ref[b] = 1
-            out.append(b)
         self.nfree -= n
         return out
 
+    def _evict(self, n: int) -> list[int]:
+        """The n blocks at the front of the keyed queue, their keys dropped."""
+        queue, gaps = self.queue, self.gaps
+        out: list[int] = []
+        while len(out) < n:
+            lo = self.head
+            hi = lo + n - len(out)
+            self.head = hi
+            run = queue[lo:hi]
+            start = self.base + lo
+            if gaps and gaps[0] < start + len(run):  # skip the entries taken back
+                cut = bisect_left(gaps, start + len(run))
+                skip = set(gaps[:cut])
+                del gaps[:cut]
+                run = [b for i, b in enumerate(run, start) if i not in skip]
+            out += run
+        if self.head > 4096 and 2 * self.head > len(queue):
+            del queue[:self.head]
+            self.base += self.head
+            self.head = 0
+        key, cached, more = self.key, self.cached, self.more
+        keys: list[int] = [key[b] for b in out]  # type: ignore[misc]  # queued blocks are all keyed
+        if not more or more.keys().isdisjoint(keys):  # each block its key's only holder
+            for k in keys:
+                del cached[k]
+        else:
+            for b, k in zip(out, keys, strict=True):
+                self._drop(b, k)
+        for b in out:
+            key[b] = None
+        return out
+
+    def _drop(self, b: int, k: int) -> None:
+        cached, more = self.cached, self.more
+        later = more.get(k)
+        if cached[k] == b:
+            if later:
+                cached[k] = later.pop(0)
+                if not later:
+                    del more[k]
+            else:
+                del cached[k]
+        else:
+            assert later is not None
+            later.remove(b)
+            if not later:
+                del more[k]
+
     def touch(self, blocks: list[int]) -> None:
+        ref, at, gaps = self.ref, self.at, self.gaps
         for b in blocks:
-            if self.ref[b] == 0:
-                del self.free[b]
+            if ref[b] == 0:  # a keyed block in the free queue
+                insort(gaps, at[b])
                 self.nfree -= 1
-            self.ref[b] += 1
+            ref[b] += 1
 
     def store(self, b: int, key: int) -> None:
-        self.key[b] = key
-        holders = self.cached.get(key)
-        if holders is None:
-            self.cached[key] = b
-        elif isinstance(holders, list):
-            holders.append(b)
-        else:
-            self.cached[key] = [holders, b]
+        self.store_many([b], [key])
 
     def store_many(self, blocks: list[int], keys: list[int]) -> None:
-        """store() for each (block, key) pair, in order."""
-        key, cached = self.key, self.cached
-        setdefault = cached.setdefault
+        """Key each block, in order; a key already held keeps its first holder (vLLM's map holds them all)."""
+        own = self.key
         for b, k in zip(blocks, keys, strict=True):
-            key[b] = k
-            holders = setdefault(k, b)
-            if holders != b:  # another block already holds the key: keep them in insertion order
-                if isinstance(holders, list):
-                    holders.append(b)
-                else:
-                    cached[k] = [holders, b]
+            own[b] = k
+        cached = self.cached
+        if cached.keys().isdisjoint(keys):
+            cached.update(zip(keys, blocks, strict=True))
+            return
+        for b, k in zip(blocks, keys, strict=True):
+            first = cached.setdefault(k, b)
+            if first != b:
+                self.more.setdefault(k, []).append(b)
 
     def release(self, ordered: list[int]) -> None:
         """free_blocks: `ordered` by eviction priority; unkeyed to the front, keyed to the tail."""
-        first: list[int] = []
-        last: list[int] = []
         ref, key = self.ref, self.key
+        freed = []
         for b in ordered:
-            ref[b] -= 1
-            if ref[b] == 0:
-                (first if key[b] is None else last).append(b)
-        free = self.free
-        for b in reversed(first):
-            free[b] = None
-            free.move_to_end(b, last=False)
-        for b in last:
-            free[b] = None
-        self.nfree += len(first) + len(last)
+            r = ref[b] - 1
+            ref[b] = r
+            if not r:
+                freed.append(b)
+        keys = [key[b] for b in freed]
+        unkeyed = keys.count(None)
+        if not unkeyed:
+            keyed = freed
+        elif unkeyed == 1 and keys[0] is None:  # the usual: a request's last block, not yet full
+            self.spare.append(freed[0])
+            keyed = freed[1:]
+        else:
+            self.spare += [b for b, k in zip(freed, keys, strict=True) if k is None]
+            keyed = [b for b, k in zip(freed, keys, strict=True) if k is not None]
+        at, queue = self.at, self.queue
+        p = self.base + len(queue)
+        for b in keyed:
+            at[b] = p
+            p += 1
+        queue += keyed
+        self.nfree += len(freed)
 
     def evictable(self, blocks: list[int]) -> int:
         ref = self.ref
@@ -224,13 +292,7 @@ class VLLMScheduler(Queues):
         if cache is None:
             return []
         bs = self.cfg.block_size
-        out = []
-        for j in range((s.num_tokens - 1) // bs):
-            b = cache.lookup(s.key(j, bs))
-            if b is None:
-                break
-            out.append(b)
-        return out
+        return cache.find(chain.from_iterable(s.key_runs(0, (s.num_tokens - 1) // bs, bs)))
 
     def _free(self, s: Seq) -> None:
         self.pool.release(s.blocks[::-1])
