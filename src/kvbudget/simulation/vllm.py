@@ -67,13 +67,13 @@ class BlockPool(CountingPool):
 
     def __init__(self, num_blocks: int) -> None:
         super().__init__(num_blocks)
-        self.ref = [0] * num_blocks
         self.key: list[int | None] = [None] * num_blocks
+        self.shared: dict[int, int] = {}  # a held block -> how many requests hold it beyond one
         self.spare = list(range(num_blocks - 1, 0, -1))  # free blocks without a key
         self.queue: list[int] = []  # free keyed blocks in eviction order, from `head`, with gaps
         self.head = 0
         self.base = 0  # the absolute position of queue[0]
-        self.at = [-1] * num_blocks  # a free keyed block's absolute position in the queue
+        self.at = [-1] * num_blocks  # a free keyed block's absolute position in the queue; -1 for the others
         self.gaps: list[int] = []  # absolute positions of entries whose block was taken back, sorted
         self.cached: dict[int, int] = {}  # key -> the first block that holds it
         self.more: dict[int, list[int]] = {}  # key -> the blocks that hold it after the first, in order
@@ -96,9 +96,6 @@ class BlockPool(CountingPool):
             out = spare[:]
             spare.clear()
             out += self._evict(n - len(out))
-        ref = self.ref
-        for b in out:
-            ref[b] = 1
         self.nfree -= n
         return out
 
@@ -122,7 +119,7 @@ class BlockPool(CountingPool):
             del queue[:self.head]
             self.base += self.head
             self.head = 0
-        key, cached, more = self.key, self.cached, self.more
+        key, at, cached, more = self.key, self.at, self.cached, self.more
         keys: list[int] = [key[b] for b in out]  # type: ignore[misc]  # queued blocks are all keyed
         if not more or more.keys().isdisjoint(keys):  # each block its key's only holder
             for k in keys:
@@ -132,6 +129,7 @@ class BlockPool(CountingPool):
                 self._drop(b, k)
         for b in out:
             key[b] = None
+            at[b] = -1
         return out
 
     def _drop(self, b: int, k: int) -> None:
@@ -151,12 +149,14 @@ class BlockPool(CountingPool):
                 del more[k]
 
     def touch(self, blocks: list[int]) -> None:
-        ref, at, gaps = self.ref, self.at, self.gaps
+        at, gaps, shared = self.at, self.gaps, self.shared
         for b in blocks:
-            if ref[b] == 0:  # a keyed block in the free queue
+            if at[b] >= 0:  # a keyed block in the free queue
                 insort(gaps, at[b])
+                at[b] = -1
                 self.nfree -= 1
-            ref[b] += 1
+            else:  # held already: one more holder
+                shared[b] = shared.get(b, 0) + 1
 
     def store(self, b: int, key: int) -> None:
         self.store_many([b], [key])
@@ -177,13 +177,18 @@ class BlockPool(CountingPool):
 
     def release(self, ordered: list[int]) -> None:
         """free_blocks: `ordered` by eviction priority; unkeyed to the front, keyed to the tail."""
-        ref, key = self.ref, self.key
-        freed = []
-        for b in ordered:
-            r = ref[b] - 1
-            ref[b] = r
-            if not r:
-                freed.append(b)
+        shared = self.shared
+        common = shared.keys() & ordered if shared else None
+        if not common:  # each block held by this request alone
+            freed = ordered
+        else:  # blocks other requests hold too stay held
+            for b in common:
+                if shared[b] > 1:
+                    shared[b] -= 1
+                else:
+                    del shared[b]
+            freed = [b for b in ordered if b not in common]
+        key = self.key
         keys = [key[b] for b in freed]
         unkeyed = keys.count(None)
         if not unkeyed:
@@ -203,8 +208,9 @@ class BlockPool(CountingPool):
         self.nfree += len(freed)
 
     def evictable(self, blocks: list[int]) -> int:
-        ref = self.ref
-        return sum(1 for b in blocks if ref[b] == 0)
+        """How many of these keyed blocks sit in the free queue (no request holds them)."""
+        at = self.at
+        return sum(1 for b in blocks if at[b] >= 0)
 
 
 class VLLMScheduler(Queues):
@@ -318,7 +324,7 @@ class VLLMScheduler(Queues):
         eligible = len(self.running) + len(self.waiting)
         threshold = cfg.long_prefill_token_threshold if eligible > 1 else 0
         running = self.running
-        always = self.cache is not None or self.hybrid  # else a decode step inside its last block is a no-op
+        hybrid, caching = self.hybrid, self.cache is not None
         i = 0
         while i < len(running) and budget > 0:
             s = running[i]
@@ -329,7 +335,9 @@ class VLLMScheduler(Queues):
             if n <= 0:
                 i += 1
                 continue
-            if always or s.computed + n > len(s.blocks) * bs:
+            # (a step inside the last block that fills none is a no-op for one group)
+            if (hybrid or s.computed + n > len(s.blocks) * bs
+                    or caching and min(s.computed + n, s.num_tokens) // bs > s.ncached):
                 ok = self._grow(s, n)
                 while not ok:
                     victim = running.pop()
@@ -437,11 +445,15 @@ class VLLMScheduler(Queues):
         schedule() and update()."""
         bs = self.cfg.block_size
         running, cache = self.running, self.cache
-        if cache is not None:  # block identities matter: take them in vLLM's order (step, then running order)
-            wants = sorted((j, i) for i, s in enumerate(running)
-                           for j in range(max(0, len(s.blocks) * bs - s.computed), k, bs))
-            for _, i in wants:
-                running[i].blocks += cache.take(1)
+        if cache is not None:  # no hits during the run: all its new blocks at once (the same ones evicted; once
+            # taken, which request has which cannot be told apart)
+            needs = [max(-(-(s.computed + k) // bs) - len(s.blocks), 0) for s in running]
+            new = cache.take(sum(needs))
+            at = 0
+            for s, need in zip(running, needs, strict=True):
+                if need:
+                    s.blocks += new[at:at + need]
+                    at += need
         pool = self.pool
         for s in running:
             computed = s.computed + k
@@ -774,8 +786,7 @@ class CachedHybridScheduler(HybridScheduler):
         required = group.admission_blocks(tokens) if capped else cdiv(tokens, group.block_size)
         skipped = group.skipped_tokens(hit_tokens) // group.block_size
         new = max(required - max(skipped, len(hits)), 0)
-        ref = self.pool_.ref
-        return new + sum(1 for b in hits[skipped:] if b and ref[b] == 0)
+        return new + self.pool_.evictable([b for b in hits[skipped:] if b])
 
     def _needs(self, s: Seq, n: int, hits: list[int]) -> tuple[int, int]:
         assert isinstance(hits, GroupHits)
