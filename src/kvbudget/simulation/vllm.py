@@ -337,7 +337,7 @@ class VLLMScheduler(Queues):
                 continue
             # (a step inside the last block that fills none is a no-op for one group)
             if (hybrid or s.computed + n > len(s.blocks) * bs
-                    or caching and min(s.computed + n, s.num_tokens) // bs > s.ncached):
+                    or (caching and min(s.computed + n, s.num_tokens) // bs > s.ncached)):
                 ok = self._grow(s, n)
                 while not ok:
                     victim = running.pop()
