@@ -333,8 +333,12 @@ def test_step_times_calibrated_on_one_run_predict_the_others(azure_run, mooncake
         predicted = sum(fitted.step_seconds(m.tokens, m.context_tokens) for m in replay.measured)
         print(f"{name}: {len(errors)} steps, median step error {errors[len(errors) // 2]:.1%}, p90 "
               f"{errors[9 * len(errors) // 10]:.1%}; busy time {total:.2f} s measured, {predicted:.2f} s predicted")
-        # least squares on its own steps; other runs only within a factor of two (CPU step times are noisy)
-        assert abs(predicted - total) / total < (0.1 if replay is azure_run else 1.0)
+        # least squares on its own steps; other runs only against a fit gone wrong (CPU step times are noisy:
+        # a CI run saw +54%)
+        if replay is azure_run:
+            assert abs(predicted - total) / total < 0.1
+        else:
+            assert 1 / 3 < predicted / total < 3
 
 
 def test_latency_histograms_calibrate_on_one_run_predict_the_other(azure_run, mooncake_run, tmp_path):
