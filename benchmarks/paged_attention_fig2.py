@@ -5,18 +5,21 @@ The paper's setting (§6.1-6.2): OPT-13B on one A100-40GB, 12 GB of KV cache (80
 token slots), ShareGPT requests (mean 161 prompt and 338 output tokens), Poisson arrivals. Its figures for the
 share of KV memory holding token states: Orca (Max) 20.4%, Orca (Pow2) 26.8%, Orca (Oracle) 38.2%, vLLM 96.3%.
 ShareGPT itself is not on this machine: lengths here are geometric with the paper's means, capped at 2,048
-tokens. Arrivals saturate every system (a queue builds), as the paper's comparison at equal load does for the
+tokens, or (`--lengths FILE`, made by `sharegpt_lengths.py`) drawn from real ShareGPT conversations tokenized as
+OPT does. Arrivals saturate every system (a queue builds), as the paper's comparison at equal load does for the
 baselines. Prints figures; asserts nothing.
 
-    python benchmarks/paged_attention_fig2.py [--rate 4] [--requests 2000] [--seed 0]
+    python benchmarks/paged_attention_fig2.py [--rate 4] [--requests 2000] [--seed 0] [--lengths FILE.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import kvbudget
 from kvbudget.simulation import exponential_lengths, simulate, synthetic
+from kvbudget.simulation.workload import sampled_lengths
 
 PAPER = {"contiguous-max": 20.4, "contiguous-pow2": 26.8, "contiguous-oracle": 38.2, "paged": 96.3}
 NAMES = {"contiguous-max": "Orca (Max)", "contiguous-pow2": "Orca (Pow2)", "contiguous-oracle": "Orca (Oracle)",
@@ -28,14 +31,21 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=4.0)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lengths", help="JSON list of [prompt, output] pairs (sharegpt_lengths.py)")
     a = ap.parse_args()
     model = kvbudget.load_model("opt-13b")
-    print(f"OPT-13B, A100-40GB, 12 GiB KV, {a.requests} requests at {a.rate}/s (Poisson), geometric lengths "
-          "(means 161 / 338, capped at 2,048)")
+    if a.lengths:
+        with open(a.lengths, encoding="utf-8") as f:
+            lengths = sampled_lengths([tuple(pair) for pair in json.load(f)])
+        where = f"lengths drawn from {a.lengths}"
+    else:
+        lengths = exponential_lengths(161, 338, 2048)
+        where = "geometric lengths (means 161 / 338, capped at 2,048)"
+    print(f"OPT-13B, A100-40GB, 12 GiB KV, {a.requests} requests at {a.rate}/s (Poisson), {where}")
     print(f"{'system':<15} {'slots':>6} {'token states':>13} {'paper':>6} {'reserved':>9} {'internal':>9} "
           f"{'free/ext.':>9} {'mean running':>13}")
     for allocator in PAPER:
-        sim = simulate(model, synthetic(a.rate, a.requests, exponential_lengths(161, 338, 2048), a.seed),
+        sim = simulate(model, synthetic(a.rate, a.requests, lengths, a.seed),
                        gpu="A100-40GB", kv_memory=12 * 2**30, max_model_len=2048, allocator=allocator)
         m = sim.memory
         running = sum(s.running for s in sim.timeline) / max(1, len(sim.timeline))
