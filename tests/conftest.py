@@ -21,6 +21,7 @@ class FakeEngine:
         self.die_midstream = False
         self.slow_stream = 0.0  # seconds between chunks
         self.slow_metrics = 0.0  # seconds before /metrics answers
+        self.trickle_metrics = 0.0  # seconds between the bytes of /metrics (its body padded to 100 bytes)
         self.bodies: list[dict] = []
 
     def app(self) -> Any:
@@ -33,7 +34,14 @@ class FakeEngine:
                 await asyncio.sleep(self.slow_metrics)
             if self.metrics_fail:
                 return PlainTextResponse("boom", status_code=500)
-            return PlainTextResponse(f'vllm:kv_cache_usage_perc{{engine="0"}} {self.usage}\n')
+            text = f'vllm:kv_cache_usage_perc{{engine="0"}} {self.usage}\n'
+            if self.trickle_metrics:
+                async def trickle():
+                    for ch in text.ljust(100, "#"):
+                        await asyncio.sleep(self.trickle_metrics)
+                        yield ch.encode()
+                return StreamingResponse(trickle(), media_type="text/plain")
+            return PlainTextResponse(text)
 
         async def models(request):
             return JSONResponse({"object": "list", "data": [{"id": "tiny", "object": "model"}]})

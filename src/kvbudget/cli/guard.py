@@ -22,6 +22,8 @@ def add_parser(sub: Any) -> None:
     gd.add_argument("--model", help="the served model (catalog name, config, folder, Hub id) for predictions")
     gd.add_argument("--kv-memory", help="KV budget per replica for predictions (default: the config's)")
     gd.add_argument("--tokenizer", help="tokenizer for exact prompt lengths (default: characters / 4)")
+    gd.add_argument("--max-model-len", help="the upstream's context length, what a request without max_tokens may "
+                                            "fill (default: its /v1/models, else the model's config)")
     gd.add_argument("--api-key", action="append", default=[], help="accept only these bearer tokens (repeatable)")
     gd.add_argument("--max-tokens-cap", help="level 1 caps max_tokens at this (default: half of what was asked)")
     gd.add_argument("--poll-interval", default="1", help="seconds between metric scrapes (default 1)")
@@ -75,7 +77,8 @@ def run_guard(args: argparse.Namespace) -> int:
         config=config, model=args.model or config.get("model"),
         kv_memory=size(args.kv_memory, "--kv-memory"), tokenizer=args.tokenizer, api_keys=args.api_key,
         max_tokens_cap=one(args.max_tokens_cap, "--max-tokens-cap") if args.max_tokens_cap else None,
-        poll_interval=poll, staleness=stale, fail_open=not args.fail_closed, device=args.device)
+        poll_interval=poll, staleness=stale, fail_open=not args.fail_closed, device=args.device,
+        max_model_len=one(args.max_model_len, "--max-model-len") if args.max_model_len else None)
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
         raise KVBudgetError(f"--listen: {args.listen!r} is not HOST:PORT")

@@ -199,6 +199,40 @@ DEFAULT_SAMPLED_ROWS = 256
 
 
 @dataclass(frozen=True)
+class OutputLimit:
+    """How an engine's OpenAI-compatible server reads a request's output limit: the fields it takes, first
+    present first, and what it generates up to when none is given (the guard predicts with the same rule)."""
+
+    chat: tuple[str, ...]  # /v1/chat/completions fields, in the order the engine prefers them
+    completions: tuple[str, ...]  # /v1/completions fields
+    completions_default: int | None  # an absent limit on /v1/completions; None: up to the end of the context
+    zero_is_absent: bool = False  # the engine reads `a or b`: a 0 falls through to the next field
+    negative_is_absent: bool = False  # llama.cpp: -1 asks for no limit
+    source: str = ""
+
+    def tokens(self, body: dict[str, Any], chat: bool, remaining: int | None) -> int | None:
+        """Output tokens a (validated) request may generate with `remaining` tokens of context left (None: not
+        known, and then None for a request that sets no limit)."""
+        asked: int | None = None
+        for name in self.chat if chat else self.completions:
+            value = body.get(name)
+            if value is None or (self.zero_is_absent and value == 0) or (self.negative_is_absent and value < 0):
+                continue
+            asked = value
+            break
+        if asked is None and not chat:
+            asked = self.completions_default
+        if asked is None:
+            return None if remaining is None else max(0, remaining)
+        return max(0, asked if remaining is None else min(asked, remaining))
+
+
+# OpenAI's own API: max_completion_tokens replaced max_tokens on chat; completions default to 16 tokens
+OPENAI_OUTPUT_LIMIT = OutputLimit(("max_completion_tokens", "max_tokens"), ("max_tokens",), 16,
+                                  source="the OpenAI API reference")
+
+
+@dataclass(frozen=True)
 class Engine:
     """The base every engine derives from: the defaults here hold for an engine that is a library, not a server.
 
@@ -211,6 +245,7 @@ class Engine:
     serves: ClassVar[bool] = False  # a server with metrics and a memory fraction (not a library)
     prompt_adds_bos: ClassVar[bool] = False  # adds the vocabulary's BOS before the rendered chat prompt
     usage: ClassVar[UsageGauge | None] = None
+    output_limit: ClassVar[OutputLimit] = OPENAI_OUTPUT_LIMIT  # how its server reads a request's output limit
 
     # --- memory -------------------------------------------------------------------------------------
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,

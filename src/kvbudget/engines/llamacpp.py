@@ -33,6 +33,7 @@ from kvbudget.engines.base import (
     EngineOptions,
     LogCheck,
     LogRow,
+    OutputLimit,
     Serving,
     UsageGauge,
     cheaper_if_wider,
@@ -100,6 +101,11 @@ class LlamaCppEngine(Engine):
     # No KV gauge in /metrics (llamacpp:kv_cache_usage_ratio was removed): /slots, which may be disabled.
     usage = UsageGauge("/slots", slots_usage, "max by (replica) (kvbudget_guard_observed_usage)",
                        health_path="/health")
+    # n_predict, else its aliases max_completion_tokens then max_tokens, on both routes; -1 (the default) generates
+    # until the slot's context is full
+    output_limit = OutputLimit(("n_predict", "max_completion_tokens", "max_tokens"),
+                               ("n_predict", "max_completion_tokens", "max_tokens"), None, negative_is_absent=True,
+                               source="llama.cpp tools/server/server-schema.cpp (n_predict and its aliases)")
     log_signatures = (r"llama_kv_cache", r"llama_context:", r"llama_model_loader")
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,

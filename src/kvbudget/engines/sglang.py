@@ -24,6 +24,7 @@ from kvbudget.engines.base import (
     EngineOptions,
     LogCheck,
     LogRow,
+    OutputLimit,
     Serving,
     UsageGauge,
     cheaper_if_wider,
@@ -51,6 +52,10 @@ class SGLangEngine(Engine):
     serves = True
     usage = UsageGauge("/metrics", lambda text: first_gauge(text, ("sglang:token_usage",)),
                        "max by (instance) (sglang:token_usage)")
+    # chat: `max_completion_tokens or max_tokens` (a 0 falls through); none: clipped to the context and the KV
+    # memory by the scheduler; completions: max_tokens, 16 by default
+    output_limit = OutputLimit(("max_completion_tokens", "max_tokens"), ("max_tokens",), 16, zero_is_absent=True,
+                               source="sglang 0.5.23 srt/entrypoints/openai/protocol.py, managers/scheduler.py")
     log_signatures = (r"KV Cache is allocated\. #tokens",)
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,

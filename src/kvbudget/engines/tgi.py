@@ -25,6 +25,7 @@ from kvbudget.engines.base import (
     EngineOptions,
     LogCheck,
     LogRow,
+    OutputLimit,
     Serving,
     UsageGauge,
     cheaper_if_wider,
@@ -52,6 +53,9 @@ class TGIEngine(Engine):
     usage = UsageGauge("/metrics", lambda text: gauge_ratio(text, "tgi_batch_current_max_tokens",
                                                             "tgi_batch_max_total_tokens"),
                        "max by (instance) (tgi_batch_current_max_tokens / tgi_batch_max_total_tokens)")
+    # max_tokens (TGI reads no max_completion_tokens); none: max_total_tokens less the input
+    output_limit = OutputLimit(("max_tokens",), ("max_tokens",), None,
+                               source="text-generation-inference router/src/lib.rs (ChatRequest), validation.rs")
     log_signatures = (r"KV-cache blocks: \d+, size: \d+",)
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,

@@ -34,6 +34,7 @@ from kvbudget.engines.base import (
     EngineOptions,
     LogCheck,
     LogRow,
+    OutputLimit,
     Serving,
     UsageGauge,
     cheaper_if_wider,
@@ -219,6 +220,11 @@ class VLLMEngine(Engine):
 
     serves = True
     usage = UsageGauge("/metrics", _usage, "max by (instance) (vllm:kv_cache_usage_perc)")
+    # chat: max_completion_tokens when not null, else max_tokens; none: up to max_model_len (or lower where the
+    # model's generation_config says so: the guard takes the bound); completions: max_tokens, 16 by default
+    output_limit = OutputLimit(("max_completion_tokens", "max_tokens"), ("max_tokens",), 16,
+                               source="vllm 0.32 entrypoints/openai/chat_completion/serving.py (get_max_tokens), "
+                                      "completion/protocol.py")
     log_signatures = (r"KV cache size: [\d,]+ tokens", r"GPU blocks: \d+", r"Maximum concurrency for",
                          r"V1 LLM engine")
 

@@ -1,4 +1,5 @@
-"""Admission: the policy's decision for one request, and the predicted bytes of every request in flight."""
+"""Admission: the policy's decision for one request, with the request's own predicted bytes counted, and the
+predicted bytes of every request in flight."""
 
 from __future__ import annotations
 
@@ -6,37 +7,68 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+from kvbudget.engines import Engine
 from kvbudget.guard.metrics import GuardMetrics
 from kvbudget.guard.policy import Decision, Policy, Replica, decide
+from kvbudget.guard.request import Asked
 from kvbudget.guard.signals import Predictor, approximate_prompt_tokens
 
 
 class Admission:
     def __init__(self, replicas: list[Replica], policy: Policy, predictor: Predictor | None,
-                 count_prompt: Callable[[dict[str, Any]], int] | None, metrics: GuardMetrics):
+                 count_prompt: Callable[[dict[str, Any]], int] | None, metrics: GuardMetrics, engine: Engine,
+                 max_model_len: int | None = None):
         self.replicas, self.policy, self.predictor, self.metrics = replicas, policy, predictor, metrics
         self.count_prompt = count_prompt or approximate_prompt_tokens
+        self.engine, self.max_model_len = engine, max_model_len
         self.held: dict[str, dict[int, int]] = {r.url: {} for r in replicas}  # request id -> predicted bytes
         self.ids = itertools.count()
 
-    def decide(self, body: dict[str, Any], priority: bool, tried: set[str], now: float | None = None) -> Decision:
-        """`now` (default: the monotonic clock) is the time metrics ages are measured against; the simulator
-        passes its own clock."""
+    def prompt_tokens(self, body: dict[str, Any], asked: Asked) -> list[int]:
+        """Each prompt's tokens: token ids counted, text by the tokenizer (or the estimate)."""
+        if asked.chat:
+            return [self.count_prompt(body)]
+        return [p if isinstance(p, int) else self.count_prompt({"prompt": p}) for p in asked.prompts]
+
+    def request_bytes(self, body: dict[str, Any], asked: Asked, prompts: list[int]) -> int:
+        """What the request will hold once every sequence has generated all it may: its output limit read as
+        the engine reads it (an absent one: the rest of the context, when the context length is known)."""
+        if self.predictor is None:
+            return 0
+        samples = max(body.get("n") or 1, body.get("best_of") or 1)  # the body as rewritten
+        total = 0
+        for prompt in prompts:
+            remaining = None if self.max_model_len is None else self.max_model_len - prompt
+            output = self.engine.output_limit.tokens(body, asked.chat, remaining)
+            total += self.predictor.request_bytes(prompt, self.policy.default_max_tokens if output is None
+                                                  else output, samples)
+        return total
+
+    def decide(self, body: dict[str, Any], asked: Asked, prompts: list[int], priority: bool, tried: set[str],
+               now: float | None = None) -> Decision:
+        """The policy's decision with this request counted. `prompts` from `prompt_tokens` (empty without a
+        predictor); `now` (default: the monotonic clock) is the time metrics ages are measured against; the
+        simulator passes its own clock."""
         candidates = [r for r in self.replicas if r.url not in tried]
-        decision = decide(body, candidates, self.policy, priority, now)
+        cost = None
+        if self.predictor is not None:
+            predictor = self.predictor
+
+            def cost(rewritten: dict[str, Any]) -> float:
+                return predictor.fraction(self.request_bytes(rewritten, asked, prompts))
+
+        rule = self.engine.output_limit
+        fields = tuple(dict.fromkeys(rule.chat + rule.completions))  # every field it reads, capped alike
+        decision = decide(body, candidates, self.policy, priority, now, cost, fields)
         self.metrics.decisions.labels(str(decision.level), decision.action).inc()
         return decision
 
-    def hold(self, decision: Decision) -> Callable[[], None]:
+    def hold(self, decision: Decision, asked: Asked, prompts: list[int]) -> Callable[[], None]:
         """Count the forwarded request's predicted bytes against its replica; returns the release."""
         url, body = decision.replica, decision.body
         assert url is not None and body is not None  # a forward decision
         rid = next(self.ids)
-        prompt = self.count_prompt(body)
-        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or self.policy.default_max_tokens
-        samples = max(int(body.get("n", 1) or 1), int(body.get("best_of", 1) or 1))
-        held = self.predictor.request_bytes(prompt, max_tokens, samples) if self.predictor is not None else 0
-        self.held[url][rid] = held
+        self.held[url][rid] = self.request_bytes(body, asked, prompts)
         self._update(url)
 
         def release() -> None:

@@ -22,6 +22,7 @@ from kvbudget.guard.metrics import GuardMetrics
 from kvbudget.guard.policy import Policy, Replica
 from kvbudget.guard.poller import Poller
 from kvbudget.guard.relay import HOP_BY_HOP, error, relay
+from kvbudget.guard.request import Asked, BadRequest, parse_json, read_request
 from kvbudget.guard.signals import Predictor
 from kvbudget.guard.upstream import ConnectFailed, Pool, UpstreamError
 
@@ -35,6 +36,7 @@ class GuardConfig:
     policy: Policy = field(default_factory=Policy)
     predictor: Predictor | None = None
     count_prompt: Callable[[dict[str, Any]], int] | None = None  # prompt tokens of a body; None: characters / 4
+    max_model_len: int | None = None  # the upstream's context length: what a request without a limit may fill
     api_keys: frozenset[str] = frozenset()
     max_body_bytes: int = 4 * 2**20
     connect_timeout: float = 5.0
@@ -54,8 +56,10 @@ class Guard:
         # request headers kept from the upstream: hop-by-hop ones, and the guard's own API key
         self.not_forwarded = HOP_BY_HOP | ({b"authorization"} if config.api_keys else set())
         self.metrics = GuardMetrics()
-        self.admission = Admission(self.replicas, config.policy, config.predictor, config.count_prompt, self.metrics)
-        self.poller = Poller(get_engine(config.engine), self.replicas, self.metrics, config.connect_timeout,
+        self.engine = get_engine(config.engine)
+        self.admission = Admission(self.replicas, config.policy, config.predictor, config.count_prompt, self.metrics,
+                                   self.engine, config.max_model_len)
+        self.poller = Poller(self.engine, self.replicas, self.metrics, config.connect_timeout,
                              config.poll_interval)
 
     def _log(self, **fields: Any) -> None:
@@ -80,11 +84,10 @@ class Guard:
             chunks.append(chunk)
         raw = b"".join(chunks)
         try:
-            body = json.loads(raw)
-            if not isinstance(body, dict):
-                raise ValueError
-        except ValueError:
-            return error(400, "the request body is not a JSON object", "invalid_request_error")
+            body = parse_json(raw)
+            request.state.asked = read_request(body, chat=request.scope["path"] == "/v1/chat/completions")
+        except BadRequest as exc:
+            return error(400, str(exc), "invalid_request_error", param=exc.param)
         request.state.raw = raw
         return body
 
@@ -94,13 +97,16 @@ class Guard:
         if isinstance(body, Response):
             return body
         raw: bytes = request.state.raw
+        asked: Asked = request.state.asked
+        prompts = self.admission.prompt_tokens(body, asked) if self.admission.predictor is not None else []
         priority = request.headers.get(PRIORITY_HEADER, "").lower() == "high"
         tried: set[str] = set()
         while True:
-            decision = self.admission.decide(body, priority, tried)
+            decision = self.admission.decide(body, asked, prompts, priority, tried)
             self._log(event="decision", path=request.scope["path"], action=decision.action, level=decision.level,
-                      replica=decision.replica, pressure=round(decision.pressure, 4), changes=list(decision.changes),
-                      reason=decision.reason, priority=priority)
+                      replica=decision.replica, pressure=round(decision.pressure, 4),
+                      with_request=round(decision.total, 4), changes=list(decision.changes), reason=decision.reason,
+                      priority=priority)
             if decision.action == "reject" or decision.replica is None or decision.body is None:
                 retry = {"Retry-After": str(self.config.policy.retry_after_s)}
                 if decision.replica is None:
@@ -108,7 +114,7 @@ class Guard:
                                  headers=retry)
                 return error(503, f"the KV cache is nearly full ({decision.reason}); retry later",
                              "server_overloaded", headers=retry)
-            release = self.admission.hold(decision)
+            release = self.admission.hold(decision, asked, prompts)
             # raw header pairs, filtered once: cheaper than rebuilding and re-normalising a mapping per request
             headers = [(k, v) for k, v in request.scope["headers"] if k not in self.not_forwarded]  # lowercase
             payload = raw if not decision.changes else json.dumps(decision.body).encode()  # untouched: as received

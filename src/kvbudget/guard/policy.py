@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,7 +85,8 @@ class Decision:
     body: dict[str, Any] | None  # the (rewritten) request body to forward
     changes: tuple[str, ...] = ()
     reason: str = ""
-    pressure: float = 0.0
+    pressure: float = 0.0  # the replica's, before this request
+    total: float = 0.0  # ... with this request (as rewritten) counted
 
 
 def choose_replica(replicas: list[Replica], policy: Policy, now: float) -> tuple[Replica | None, str]:
@@ -100,24 +102,41 @@ def choose_replica(replicas: list[Replica], policy: Policy, now: float) -> tuple
     return best, "" if fresh else "upstream metrics are stale; acting on predicted usage (fail-open)"
 
 
-def rewrite(body: dict[str, Any], level: int, policy: Policy) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The request body as the level allows it, and what changed."""
+OUTPUT_FIELDS = ("max_tokens", "max_completion_tokens")  # OpenAI's; an engine's own list comes from its rule
+
+
+def rewrite(body: dict[str, Any], level: int, policy: Policy,
+            fields: tuple[str, ...] = OUTPUT_FIELDS) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The request body as the level allows it, and what changed. At level 1 every output-limit field the
+    engine reads (`fields`) is capped; a request that sets none (null, or llama.cpp's -1) is given the cap of
+    `default_max_tokens` in each field it names, else in max_tokens."""
     if level < 1:
         return body, ()
     out = copy.copy(body)
     changes = []
-    for key in ("max_tokens", "max_completion_tokens"):
-        if key in out or (key == "max_tokens" and "max_completion_tokens" not in out):
-            asked = out.get(key)
-            asked = policy.default_max_tokens if asked is None else asked
-            cap = policy.max_tokens_cap if policy.max_tokens_cap is not None else max(
-                1, int(asked * policy.max_tokens_fraction))
-            if asked > cap:
-                out[key] = cap
-                changes.append(f"{key} {asked}->{cap}")
+    def cap_of(asked: int) -> int:
+        if policy.max_tokens_cap is not None:
+            return policy.max_tokens_cap
+        return max(1, int(asked * policy.max_tokens_fraction))
+
+    limited = False
+    for key in fields:
+        asked = out.get(key)
+        if asked is None or asked < 0:
+            continue
+        limited = True
+        cap = cap_of(asked)
+        if asked > cap:
+            out[key] = cap
+            changes.append(f"{key} {asked}->{cap}")
+    if not limited:
+        cap = cap_of(policy.default_max_tokens)
+        for key in [k for k in fields if k in out] or ["max_tokens"]:
+            changes.append(f"{key} {out.get(key, 'unset')}->{cap}")
+            out[key] = cap
     if level >= 2:
         for key, value in (("n", 1), ("best_of", 1)):
-            if out.get(key, 1) != value:
+            if out.get(key, 1) not in (None, value):
                 changes.append(f"{key} {out[key]}->{value}")
                 out[key] = value
         if out.get("use_beam_search"):
@@ -127,8 +146,11 @@ def rewrite(body: dict[str, Any], level: int, policy: Policy) -> tuple[dict[str,
 
 
 def decide(body: dict[str, Any], replicas: list[Replica], policy: Policy, priority: bool = False,
-           now: float | None = None) -> Decision:
-    """Route, rewrite or reject one request."""
+           now: float | None = None, cost: Callable[[dict[str, Any]], float] | None = None,
+           fields: tuple[str, ...] = OUTPUT_FIELDS) -> Decision:
+    """Route, rewrite or reject one request. `cost` is what a body would add to its replica's predicted usage:
+    the request is judged with itself counted, at the lowest level (from its replica's) whose rewriting lets it
+    stay below that level's next threshold; one that does not fit even at level 2 is rejected."""
     now = time.monotonic() if now is None else now
     replica, note = choose_replica(replicas, policy, now)
     if replica is None:
@@ -136,12 +158,21 @@ def decide(body: dict[str, Any], replicas: list[Replica], policy: Policy, priori
     pressure = replica.pressure(policy, now)
     replica.level = level_for(pressure, replica.level, policy)
     limit = policy.priority_reject if priority else policy.reject
-    if replica.level >= 3 and (not priority or pressure >= limit):
-        return Decision("reject", 3, replica.url, None, reason=f"KV usage {pressure:.0%} at or above "
-                        f"{limit:.0%}", pressure=pressure)
-    level = min(replica.level, 2)
-    new_body, changes = rewrite(body, level, policy)
-    return Decision("forward", level, replica.url, new_body, changes, note, pressure)
+    total = pressure
+    for level in range(replica.level, 4):
+        new_body, changes = rewrite(body, min(level, 2), policy, fields)
+        total = pressure + (cost(new_body) if cost is not None else 0.0)
+        if level == 3:
+            if not priority or total >= limit:
+                reason = (f"KV usage {pressure:.0%} at or above {limit:.0%}" if replica.level >= 3 and
+                          (not priority or pressure >= limit) else
+                          f"this request would take the KV cache to {total:.0%} even with its output capped and "
+                          "one sample")
+                return Decision("reject", 3, replica.url, None, reason=reason, pressure=pressure, total=total)
+            return Decision("forward", 2, replica.url, new_body, changes, note, pressure, total)
+        if sum(total >= t for t in policy.thresholds) <= level:
+            return Decision("forward", level, replica.url, new_body, changes, note, pressure, total)
+    raise AssertionError("unreachable: level 3 always decides")
 
 
 def policy_from_config(config: dict[str, Any], **overrides: Any) -> Policy:

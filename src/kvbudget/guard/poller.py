@@ -15,47 +15,62 @@ log = logging.getLogger("kvbudget.guard")
 
 
 class Poller:
+    """Each replica is scraped on its own schedule, every `interval` seconds, each scrape bounded by `timeout` in
+    all (not per read): a replica whose metrics hang or trickle goes stale alone, and the others are still read."""
+
     def __init__(self, engine: Engine, replicas: list[Replica], metrics: GuardMetrics, timeout: float,
                  interval: float):
         self.engine, self.replicas, self.metrics = engine, replicas, metrics
         self.timeout, self.interval = timeout, interval
-        self.polled = False  # at least one round done
+        self.polled = False  # every replica scraped (or given up on) at least once
 
     async def poll_once(self, pool: Pool) -> None:
-        gauge = self.engine.usage
-        for replica in self.replicas:
-            try:
-                value = None
-                if gauge is not None:
-                    status, body, _ = await pool.get(f"{replica.url}{gauge.path}", self.timeout)
-                    if status == 200:
-                        value = gauge.read(body.decode("utf-8", "replace"))
-                    elif gauge.health_path is None:
-                        raise UpstreamError(f"{gauge.path} answered {status}")
-                    else:  # the usage endpoint can be disabled; the server may still be alive
-                        health, _, _ = await pool.get(f"{replica.url}{gauge.health_path}", self.timeout)
-                        if health != 200:
-                            raise UpstreamError(f"{gauge.health_path} answered {health}")
-                replica.healthy = True
-                if value is not None:
-                    replica.observed, replica.observed_at = value, time.monotonic()
-                    self.metrics.observed.labels(replica.url).set(value)
-                else:
-                    self.metrics.scrape_failures.labels(replica.url).inc()
-            except ConnectFailed:  # nobody listening: not healthy
-                replica.healthy = False
-                self.metrics.scrape_failures.labels(replica.url).inc()
-            except (UpstreamError, ValueError):  # slow or broken metrics: the usage goes stale
-                self.metrics.scrape_failures.labels(replica.url).inc()
-            if replica.observed is not None:
-                self.metrics.metrics_age.labels(replica.url).set(time.monotonic() - replica.observed_at)
-            self.metrics.level.labels(replica.url).set(replica.level)
+        """One scrape of every replica, side by side."""
+        await asyncio.gather(*(self.poll_replica(pool, r) for r in self.replicas))
         self.polled = True
 
+    async def poll_replica(self, pool: Pool, replica: Replica) -> None:
+        try:
+            await asyncio.wait_for(self._scrape(pool, replica), self.timeout)
+        except asyncio.TimeoutError:  # slow or trickling metrics: the usage goes stale
+            self.metrics.scrape_failures.labels(replica.url).inc()
+        if replica.observed is not None:  # the age of the last complete scrape
+            self.metrics.metrics_age.labels(replica.url).set(time.monotonic() - replica.observed_at)
+        self.metrics.level.labels(replica.url).set(replica.level)
+
+    async def _scrape(self, pool: Pool, replica: Replica) -> None:
+        gauge = self.engine.usage
+        try:
+            value = None
+            if gauge is not None:
+                status, body, _ = await pool.get(f"{replica.url}{gauge.path}", self.timeout)
+                if status == 200:
+                    value = gauge.read(body.decode("utf-8", "replace"))
+                elif gauge.health_path is None:
+                    raise UpstreamError(f"{gauge.path} answered {status}")
+                else:  # the usage endpoint can be disabled; the server may still be alive
+                    health, _, _ = await pool.get(f"{replica.url}{gauge.health_path}", self.timeout)
+                    if health != 200:
+                        raise UpstreamError(f"{gauge.health_path} answered {health}")
+            replica.healthy = True
+            if value is not None:
+                replica.observed, replica.observed_at = value, time.monotonic()
+                self.metrics.observed.labels(replica.url).set(value)
+            else:
+                self.metrics.scrape_failures.labels(replica.url).inc()
+        except ConnectFailed:  # nobody listening: not healthy
+            replica.healthy = False
+            self.metrics.scrape_failures.labels(replica.url).inc()
+        except (UpstreamError, ValueError):  # broken metrics: the usage goes stale
+            self.metrics.scrape_failures.labels(replica.url).inc()
+
     async def poll_forever(self, pool: Pool) -> None:
+        await asyncio.gather(*(self._poll_forever(pool, r) for r in self.replicas))
+
+    async def _poll_forever(self, pool: Pool, replica: Replica) -> None:
         while True:
             try:
-                await self.poll_once(pool)
+                await self.poll_replica(pool, replica)
             except Exception:  # never let the poller die
-                log.exception("metrics poll failed")
+                log.exception("metrics poll of %s failed", replica.url)
             await asyncio.sleep(self.interval)

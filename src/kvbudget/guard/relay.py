@@ -16,10 +16,11 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-autho
 NOT_RELAYED = HOP_BY_HOP | {b"date", b"server"}  # the guard's own server sets these on its responses
 
 
-def error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    """An OpenAI-style error answer."""
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status,
-                        headers=headers)
+def error(status: int, message: str, kind: str, headers: dict[str, str] | None = None,
+          param: str | None = None) -> JSONResponse:
+    """An OpenAI-style error answer (`param`: the request field at fault)."""
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                        status_code=status, headers=headers)
 
 
 async def relay(pool: Pool, decision: Decision, target: str, headers: list[tuple[bytes, bytes]], payload: bytes,

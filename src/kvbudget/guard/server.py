@@ -15,19 +15,22 @@ from kvbudget.guard.policy import policy_from_config
 from kvbudget.guard.signals import Predictor
 
 
-def _served_model(upstream: str) -> str | None:
+def _served_model(upstream: str) -> tuple[str | None, int | None]:
+    """The upstream's model name and, where its /v1/models says (vLLM, SGLang), its context length."""
     try:
         with urllib.request.urlopen(f"{upstream.rstrip('/')}/v1/models", timeout=5) as resp:
-            return json.loads(resp.read())["data"][0]["id"]
+            entry = json.loads(resp.read())["data"][0]
     except Exception:
-        return None
+        return None, None
+    length = entry.get("max_model_len")
+    return entry.get("id"), length if isinstance(length, int) and not isinstance(length, bool) else None
 
 
 def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dict[str, Any] | None = None,
                 model: str | None = None, kv_memory: int | None = None, tokenizer: str | None = None,
                 api_keys: Sequence[str] = (), max_tokens_cap: int | None = None, poll_interval: float = 1.0,
                 staleness: float = 10.0, fail_open: bool = True, decision_log: TextIO | None = None,
-                device: str = "cuda") -> tuple[Guard, list[str]]:
+                device: str = "cuda", max_model_len: int | None = None) -> tuple[Guard, list[str]]:
     """A Guard and the notes to print at start (what it predicts with, and what it cannot)."""
     from kvbudget.model.load import load_model
 
@@ -45,7 +48,9 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
                             f"choose one of {names}", param="engine")
     policy = policy_from_config(config, max_tokens_cap=max_tokens_cap, staleness_s=staleness, fail_open=fail_open)
     notes = []
-    source = model or _served_model(upstreams[0])
+    served, served_length = _served_model(upstreams[0]) if model is None or max_model_len is None else (None, None)
+    source = model or served
+    context = max_model_len or config.get("max_model_len") or served_length
     predictor = None
     budget = kv_memory or config.get("kv_budget_bytes")
     if source is None:
@@ -64,6 +69,15 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
                          f"per token, KV budget {int(budget):,} bytes per replica")
         elif spec is not None:
             notes.append("no KV budget (kv_memory, or kv_budget_bytes in the config): acting on observed usage alone")
+        if predictor is not None and context is None and spec is not None and spec.max_position_embeddings:
+            context = spec.max_position_embeddings
+            notes.append(f"context length {context:,} from the model's config (the upstream did not say; give "
+                         "max_model_len if it serves less)")
+    if predictor is not None and context is None:
+        notes.append(f"no context length known: a request without max_tokens is predicted at "
+                     f"{policy.default_max_tokens:,} output tokens (give max_model_len)")
+    elif predictor is not None:
+        notes.append(f"a request without an output limit is predicted to fill the context ({context:,} tokens)")
     count_prompt: Callable[[dict[str, Any]], int] | None = None
     if tokenizer:
         from kvbudget.tokens import PromptCounter
@@ -81,7 +95,8 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
     limits = {key: config[key] for key in ("max_body_bytes", "connect_timeout", "first_byte_timeout",
                                            "idle_timeout") if key in config}
     guard = Guard(GuardConfig(upstreams=list(upstreams), engine=chosen, policy=policy, predictor=predictor,
-                              count_prompt=count_prompt, api_keys=frozenset(api_keys) | frozenset(
+                              count_prompt=count_prompt, max_model_len=context,
+                              api_keys=frozenset(api_keys) | frozenset(
                                   config.get("api_keys", [])), poll_interval=poll_interval,
                               decision_log=decision_log, **limits))
     return guard, notes

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kvbudget.engines import Engine
 from kvbudget.errors import KVBudgetError
 from kvbudget.simulation.workload import Request
 
@@ -32,11 +33,13 @@ class GuardReport:
 
 
 class GuardInLoop:
-    def __init__(self, config: dict[str, Any], allocation: Any, kv_budget: int | None, poll_interval: float = 1.0):
+    def __init__(self, config: dict[str, Any], allocation: Any, kv_budget: int | None, engine: Engine,
+                 max_model_len: int, poll_interval: float = 1.0):
         try:
             from kvbudget.guard.admission import Admission
             from kvbudget.guard.metrics import GuardMetrics
             from kvbudget.guard.policy import Replica, policy_from_config
+            from kvbudget.guard.request import Asked
             from kvbudget.guard.signals import Predictor
         except ImportError:
             raise KVBudgetError("guard_config: the guard in the loop needs the guard's packages: "
@@ -46,9 +49,9 @@ class GuardInLoop:
             raise KVBudgetError("guard_config: no kv_budget_bytes in it and no KV budget to predict against",
                                 param="guard_config")
         self.replica = Replica("simulated")
-        self._prompt = 0
+        self.asked = Asked((), 1, True)  # a chat request: max_tokens and n, the prompt counted already
         self.admission = Admission([self.replica], policy_from_config(config), Predictor(allocation, int(budget)),
-                                   lambda body: self._prompt, GuardMetrics())
+                                   None, GuardMetrics(), engine, max_model_len)
         self.poll_interval = poll_interval
         self.next_poll = 0.0
         self.forwarded = {0: 0, 1: 0, 2: 0}
@@ -65,15 +68,15 @@ class GuardInLoop:
     def admit(self, r: Request, now: float) -> tuple[Request, Callable[[], None]] | None:
         """The request as the guard forwards it and the release of its predicted bytes, or None (503)."""
         asked = r.max_tokens or r.output_tokens
-        self._prompt = r.prompt_tokens
-        decision = self.admission.decide({"max_tokens": asked, "n": r.n}, False, set(), now=now)
+        prompts = [r.prompt_tokens]
+        decision = self.admission.decide({"max_tokens": asked, "n": r.n}, self.asked, prompts, False, set(), now=now)
         self.peak_predicted = max(self.peak_predicted, self.replica.predicted)
         if decision.action == "reject":
             self.rejected += 1
             return None
         assert decision.body is not None
         self.forwarded[decision.level] += 1
-        release = self.admission.hold(decision)
+        release = self.admission.hold(decision, self.asked, prompts)
         allowed = int(decision.body.get("max_tokens") or asked)
         n = int(decision.body.get("n") or 1)
         if allowed < r.output_tokens:

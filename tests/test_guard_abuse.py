@@ -1,0 +1,241 @@
+"""The guard against requests built to hurt it or to slip past its prediction (issue 12), each a regression test
+that failed on the guard before the fix: on loopback, with a local upstream whose KV gauge the tests set."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import time
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+from kvbudget.engines import get_engine  # noqa: E402
+from kvbudget.guard.admission import Admission  # noqa: E402
+from kvbudget.guard.metrics import GuardMetrics  # noqa: E402
+from kvbudget.guard.policy import Policy, Replica, decide  # noqa: E402
+from kvbudget.guard.request import BadRequest, parse_json, read_request  # noqa: E402
+from kvbudget.guard.server import build_guard  # noqa: E402
+from kvbudget.guard.signals import Predictor  # noqa: E402
+from kvbudget.model.load import load_model  # noqa: E402
+
+LLAMA = load_model("llama-3.1-8b")  # 131,072 bytes per token on vLLM
+CONTEXT = 32_768
+BUDGET = 131_072 * 100_000  # room for 100,000 tokens
+
+
+def admission(engine: str, max_model_len: int | None = CONTEXT, prompt: int = 100) -> Admission:
+    chosen = get_engine(engine)
+    return Admission([Replica("a")], Policy(), Predictor(chosen.allocate(LLAMA), BUDGET), lambda body: prompt,
+                     GuardMetrics(), chosen, max_model_len)
+
+
+def predicted_tokens(engine: str, body: dict, chat: bool = True, max_model_len: int | None = CONTEXT,
+                     prompt: int = 100) -> int:
+    """What the guard predicts a request holds, as tokens (prompt + output, summed over its sequences), from
+    the bytes it holds: the engine's blocks round each sequence up, so whole-block lengths are used below."""
+    a = admission(engine, max_model_len, prompt)
+    asked = read_request(body, chat)
+    held = a.request_bytes(body, asked, a.prompt_tokens(body, asked))
+    assert a.predictor is not None
+    per_token = a.predictor.allocation.bytes_per_token
+    assert held % per_token == 0
+    return held // per_token
+
+
+def blocks(engine: str, *tokens: int) -> int:
+    """Those sequence lengths as the engine holds them (whole blocks), in tokens."""
+    allocation = get_engine(engine).allocate(LLAMA)
+    return sum(allocation.sequence_bytes(t) for t in tokens) // allocation.bytes_per_token
+
+
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+# --- item 4: the prediction reads a request as the engine does ----------------------------------------
+
+@pytest.mark.parametrize("engine, body, tokens", [
+    # vLLM and SGLang: max_completion_tokens wins over max_tokens (the guard used to read max_tokens first)
+    ("vllm", {"max_tokens": 1, "max_completion_tokens": 6000}, 100 + 6000),
+    ("sglang", {"max_tokens": 1, "max_completion_tokens": 6000}, 100 + 6000),
+    ("sglang", {"max_tokens": 300, "max_completion_tokens": 0}, 100 + 300),  # `a or b`: a 0 falls through
+    # llama.cpp: n_predict, then its aliases; -1 asks for no limit
+    ("llamacpp", {"n_predict": 5000, "max_tokens": 10}, 100 + 5000),
+    ("llamacpp", {"n_predict": -1, "max_tokens": 10}, 100 + 10),
+    ("llamacpp", {"n_predict": -1}, CONTEXT),
+    # TGI reads max_tokens only
+    ("tgi", {"max_completion_tokens": 6000}, CONTEXT),
+    # no limit at all: the rest of the context (the guard used to assume 1,024 tokens)
+    ("vllm", {}, CONTEXT),
+    # a limit past the context: the engine stops at the context
+    ("vllm", {"max_tokens": 10**9}, CONTEXT),
+])
+def test_the_output_limit_is_read_as_the_engine_reads_it(engine, body, tokens):
+    assert predicted_tokens(engine, {"messages": MSGS, **body}) == blocks(engine, tokens)
+
+
+def test_completions_default_and_token_id_prompts_are_counted():
+    # /v1/completions without max_tokens: 16 tokens on vLLM (OpenAI's legacy default), the context on llama.cpp
+    assert predicted_tokens("vllm", {"prompt": "x"}, chat=False) == blocks("vllm", 100 + 16)
+    assert predicted_tokens("llamacpp", {"prompt": "x"}, chat=False) == blocks("llamacpp", CONTEXT)
+    # token ids count as themselves (they used to count as 0), one sequence per prompt of a batch
+    ids = list(range(5000))
+    assert predicted_tokens("vllm", {"prompt": ids, "max_tokens": 10}, chat=False) == blocks("vllm", 5010)
+    assert predicted_tokens("vllm", {"prompt": [ids, ids[:100]], "max_tokens": 10},
+                            chat=False) == blocks("vllm", 5010, 110)
+    assert predicted_tokens("vllm", {"prompt": ["a", "b", "c"], "max_tokens": 10},
+                            chat=False) == blocks("vllm", 110, 110, 110)
+
+
+def test_without_a_context_length_an_absent_limit_is_the_policys_default():
+    assert predicted_tokens("vllm", {"messages": MSGS}, max_model_len=None) == blocks(
+        "vllm", 100 + Policy().default_max_tokens)
+    assert predicted_tokens("vllm", {"messages": MSGS, "max_tokens": 50_000},
+                            max_model_len=None) == blocks("vllm", 100 + 50_000)
+
+
+def test_the_cap_lands_on_the_field_the_engine_reads():
+    """llama.cpp reads n_predict before max_tokens: capping only max_tokens would let the request through."""
+    a = admission("llamacpp")
+    a.replicas[0].observed, a.replicas[0].observed_at = 0.72, 0.0
+    body = {"messages": MSGS, "n_predict": 4000, "max_tokens": 4000}
+    asked = read_request(body, True)
+    d = a.decide(body, asked, a.prompt_tokens(body, asked), False, set(), now=0.0)
+    assert d.level == 1 and d.body["n_predict"] == 2000 and d.body["max_tokens"] == 2000
+    unlimited = {"messages": MSGS, "n_predict": -1}
+    d = a.decide(unlimited, read_request(unlimited, True), [100], False, set(), now=0.0)
+    assert d.body["n_predict"] == Policy().default_max_tokens // 2, d.changes
+
+
+# --- item 3: the request being decided is part of its own prediction ------------------------------------
+
+def test_a_request_too_big_alone_is_capped_or_rejected():
+    """max_tokens 120,000 alone is 120% of a 100,000-token budget: it used to be admitted at 0% (and every
+    other client then got 503 while it ran). Now it is capped (half: 60%), and a request that does not fit even
+    capped and with one sample is rejected, saying why."""
+    cost = lambda body: body.get("max_tokens", 0) / 100_000  # noqa: E731
+    d = decide({"max_tokens": 120_000}, [Replica("a")], Policy(), now=0.0, cost=cost)
+    assert (d.action, d.level, d.body["max_tokens"]) == ("forward", 1, 60_000)
+    assert d.pressure == 0.0 and d.total == pytest.approx(0.6)
+    d = decide({"max_tokens": 400_000}, [Replica("a")], Policy(), now=0.0, cost=cost)
+    assert d.action == "reject" and "even with its output capped" in d.reason and d.total >= 0.95
+    # a request of two samples that fits only as one is forced to one (level 2) rather than rejected
+    cost2 = lambda body: body.get("n", 1) * 0.30  # noqa: E731
+    d = decide({"max_tokens": 10, "n": 2}, [Replica("a", predicted=0.40)], Policy(), now=0.0, cost=cost2)
+    assert (d.action, d.level, d.body["n"]) == ("forward", 2, 1)
+
+
+def test_a_huge_request_through_the_proxy_leaves_room_for_others(fake_engine, serve):
+    log = io.StringIO()
+    fake_engine.usage = 0.0
+    budget = 131_072 * 10_000  # 10,000 tokens
+    guard, _ = build_guard([fake_engine.url], "vllm", model="llama-3.1-8b", kv_memory=budget, poll_interval=0.05,
+                           decision_log=log, max_model_len=100_000)
+    with serve(guard.app()) as g:
+        c = openai.OpenAI(base_url=f"{g.url}/v1", api_key="x", max_retries=0, timeout=20)
+        with pytest.raises(openai.APIStatusError) as err:  # 300% of the budget; capped and single still 150%
+            c.chat.completions.create(model="m", messages=MSGS, max_tokens=30_000)
+        assert err.value.status_code == 503 and "even with its output capped" in err.value.message
+        r = c.chat.completions.with_raw_response.create(model="m", messages=MSGS, max_tokens=12_000)
+        assert r.headers["x-kvbudget-level"] == "1" and fake_engine.bodies[-1]["max_tokens"] == 6_000
+        c.chat.completions.create(model="m", messages=MSGS, max_tokens=100)  # others are still served
+    decisions = [json.loads(line) for line in log.getvalue().splitlines() if '"decision"' in line]
+    assert [d["action"] for d in decisions] == ["reject", "forward", "forward"]
+    assert decisions[1]["with_request"] == pytest.approx(0.6, abs=0.01)
+
+
+# --- item 5: malformed fields are a 400 naming the field, and the connection survives --------------------
+
+BAD = [
+    ({"messages": MSGS, "max_tokens": "abc"}, "max_tokens"),
+    ({"messages": MSGS, "max_completion_tokens": 1.5}, "max_completion_tokens"),
+    ({"messages": MSGS, "n": "x"}, "n"),
+    ({"messages": MSGS, "n": 0}, "n"),
+    ({"messages": MSGS, "best_of": True}, "best_of"),
+    ({"messages": MSGS, "max_tokens": -5}, "max_tokens"),
+    ({"messages": MSGS, "stream": "yes"}, "stream"),
+    ({"messages": "hello"}, "messages"),
+    ({"messages": [{"role": "user", "content": 7}]}, "messages"),
+    ({"messages": []}, "messages"),
+]
+
+
+@pytest.mark.parametrize("body, field", BAD)
+def test_malformed_fields_are_named(body, field):
+    with pytest.raises(BadRequest) as err:
+        read_request(body, chat=True)
+    assert err.value.param == field and field in str(err.value)
+
+
+def test_nan_and_bad_prompts_are_refused():
+    with pytest.raises(BadRequest, match="NaN"):
+        parse_json(b'{"messages": [], "max_tokens": NaN}')
+    with pytest.raises(BadRequest, match="Infinity"):
+        parse_json(b'{"temperature": Infinity}')
+    for prompt in ([1, "a"], [], [[1], "a"], [-1], {"a": 1}, None, [[True]]):
+        with pytest.raises(BadRequest) as err:
+            read_request({"prompt": prompt}, chat=False)
+        assert err.value.param == "prompt"
+
+
+def _http(sock: socket.socket, body: bytes) -> tuple[int, dict]:
+    """One keep-alive request on an open socket; (status, JSON body)."""
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, rest = data.split(b"\r\n\r\n", 1)
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return int(head.split()[1]), json.loads(rest[:length])
+
+
+def test_bad_fields_get_400_and_keep_the_connection(fake_engine, serve):
+    """`max_tokens: "abc"`, NaN, `n: "x"` used to raise inside the guard: a plain-text 500 with a traceback,
+    and the keep-alive connection reset. Now each is an OpenAI-style 400 naming the field, on every level, and
+    the next request on the same connection is served."""
+    guard, _ = build_guard([fake_engine.url], "vllm", model="llama-3.1-8b", kv_memory=BUDGET, poll_interval=0.05,
+                           decision_log=io.StringIO())
+    fake_engine.usage = 0.9  # level 2: the bodies are rewritten, where the old guard compared "abc" > cap
+    with serve(guard.app()) as g:
+        host, port = g.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            for raw, field in ((b'{"messages": [], "max_tokens": "abc"}', "max_tokens"),
+                               (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": NaN}', None),
+                               (b'{"messages": [{"role": "user", "content": "x"}], "n": "x"}', "n")):
+                status, answer = _http(sock, raw)
+                assert status == 400 and answer["error"]["type"] == "invalid_request_error", answer
+                if field:
+                    assert answer["error"]["param"] in (field, "messages"), answer
+            status, answer = _http(sock, json.dumps({"messages": MSGS, "max_tokens": 10}).encode())
+            assert status == 200 and answer["object"] == "chat.completion"
+
+
+# --- item 6: one slow replica's metrics do not blind the guard to the others ----------------------------
+
+def test_a_trickling_replica_goes_stale_alone(fake_engine, fake_engine_class, serve):
+    """Replica A's /metrics sends a byte every 0.2 s (20 s in all): a per-read timeout never fires, and the
+    guard used to poll replicas one after another, so it read nothing from B while A trickled. Each replica is
+    now scraped on its own, each scrape bounded in all: B's rise is seen at once, A's scrapes fail and its
+    metrics age grows."""
+    slow = fake_engine_class(usage=0.1)
+    slow.trickle_metrics = 0.2
+    with serve(slow.app()) as a:
+        slow.url = a.url
+        guard, _ = build_guard([a.url, fake_engine.url], "vllm", poll_interval=0.05, decision_log=io.StringIO(),
+                               config={"connect_timeout": 1.0})
+        with serve(guard.app()) as g:
+            fake_engine.usage = 0.97
+            time.sleep(0.6)
+            assert guard.replicas[1].observed == 0.97  # within 0.6 s (A's trickle lasts 20 s)
+            time.sleep(1.5)
+            text = httpx.get(f"{g.url}/metrics").text
+            failures = [line for line in text.splitlines()
+                        if line.startswith("kvbudget_guard_scrape_failures_total") and a.url in line]
+            assert failures and float(failures[0].rsplit(" ", 1)[1]) >= 1, text
