@@ -80,13 +80,14 @@ def _free_port() -> int:
 class Served:
     """An ASGI app served by uvicorn in a thread on 127.0.0.1."""
 
-    def __init__(self, app, port: int | None = None, ssl_files: tuple | None = None):
+    def __init__(self, app, port: int | None = None, ssl_files: tuple | None = None, config=None):
+        """`config`: a function of the port giving the uvicorn Config to serve with (else the app's default)."""
         self.port = port or _free_port()
         import uvicorn
 
         tls = {"ssl_certfile": str(ssl_files[0]), "ssl_keyfile": str(ssl_files[1])} if ssl_files else {}
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
-                                                    lifespan="on", **tls))
+        self.server = uvicorn.Server(config(self.port) if config else uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_level="error", lifespan="on", **tls))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property

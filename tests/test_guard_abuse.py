@@ -13,6 +13,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
+from kvbudget import KVBudgetError  # noqa: E402
 from kvbudget.engines import get_engine  # noqa: E402
 from kvbudget.guard.admission import Admission  # noqa: E402
 from kvbudget.guard.metrics import GuardMetrics  # noqa: E402
@@ -239,3 +240,97 @@ def test_a_trickling_replica_goes_stale_alone(fake_engine, fake_engine_class, se
             failures = [line for line in text.splitlines()
                         if line.startswith("kvbudget_guard_scrape_failures_total") and a.url in line]
             assert failures and float(failures[0].rsplit(" ", 1)[1]) >= 1, text
+
+
+# --- items 1 and 2: connections that never finish a request, and unbounded headers ----------------------
+
+def serve_guard(serve, guard):
+    """The guard as `kvbudget guard` serves it: its own HTTP protocol with the connection limits."""
+    from kvbudget.guard.server import server_config
+
+    return serve(None, config=lambda port: server_config(guard, "127.0.0.1", port))
+
+
+def guard_with_limits(fake_engine, log, **limits):
+    guard, _ = build_guard([fake_engine.url], "vllm", poll_interval=0.05, decision_log=log, config=limits)
+    return guard
+
+
+def test_idle_connections_are_capped_and_timed_out(fake_engine, serve):
+    """Idle sockets used to be held for ever and uncapped: ~1,100 of them and nobody got an answer, /healthz
+    included. Now the connection past the cap is answered 503 at once, idle ones are closed with 408 when their
+    request line and headers are late, and the guard answers again."""
+    log = io.StringIO()
+    guard = guard_with_limits(fake_engine, log, max_connections=20, header_timeout=1.0)
+    with serve_guard(serve, guard) as g:
+        idle = [socket.create_connection(("127.0.0.1", g.port), timeout=5) for _ in range(20)]
+        extra = socket.create_connection(("127.0.0.1", g.port), timeout=5)
+        assert extra.recv(4096).startswith(b"HTTP/1.1 503")  # answered at once, not left hanging
+        started = time.monotonic()
+        for sock in idle:
+            answer = sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 408") and sock.recv(4096) == b""  # then closed
+        assert time.monotonic() - started < 3
+        assert httpx.get(f"{g.url}/healthz").status_code == 200
+        text = httpx.get(f"{g.url}/metrics").text
+        assert 'kvbudget_guard_connections_refused_total{reason="too_many_connections"} 1.0' in text
+        assert 'kvbudget_guard_connections_refused_total{reason="header_timeout"} 20.0' in text
+        for sock in [*idle, extra]:
+            sock.close()
+    assert log.getvalue().count('"event": "connection_refused"') == 21
+
+
+def test_slow_headers_and_slow_bodies_are_cut(fake_engine, serve):
+    guard = guard_with_limits(fake_engine, io.StringIO(), header_timeout=0.5, body_timeout=0.5)
+    with serve_guard(serve, guard) as g:
+        with socket.create_connection(("127.0.0.1", g.port), timeout=5) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # the rest of the headers never comes
+            time.sleep(0.1)
+            sock.sendall(b"X-Slow: 1\r\n")  # a byte now and then used to keep it open for ever
+            assert sock.recv(4096).startswith(b"HTTP/1.1 408")
+        with socket.create_connection(("127.0.0.1", g.port), timeout=5) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+            answer = b"".join(iter(lambda: sock.recv(4096), b""))  # to the close the answer announces
+            assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive" in answer
+        # a keep-alive connection is given the same time for its next request's headers
+        with socket.create_connection(("127.0.0.1", g.port), timeout=5) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = b""
+            while not first.endswith(b'{"status":"ok"}'):
+                first += sock.recv(4096)
+            assert first.startswith(b"HTTP/1.1 200")
+            sock.sendall(b"GET /healthz HTTP/1.1\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 408")
+
+
+def test_oversized_headers_are_refused_before_they_are_read(fake_engine, serve):
+    """A 64 MiB header used to take 14 s, stall /healthz and be forwarded upstream; four at once took 599 MB."""
+    guard = guard_with_limits(fake_engine, io.StringIO(), max_header_bytes=16_384)
+    with serve_guard(serve, guard) as g:
+        with socket.create_connection(("127.0.0.1", g.port), timeout=5) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            try:
+                for _ in range(64):  # up to 4 MiB: the guard answers and closes long before
+                    sock.sendall(b"a" * 65536)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            answer = b""
+            try:
+                answer = sock.recv(4096)
+            except ConnectionResetError:
+                pass
+            assert answer.startswith(b"HTTP/1.1 431") or answer == b""
+        assert httpx.get(f"{g.url}/healthz").status_code == 200
+        assert not fake_engine.bodies  # nothing reached the upstream
+        text = httpx.get(f"{g.url}/metrics").text
+        assert 'kvbudget_guard_connections_refused_total{reason="headers_too_large"} 1.0' in text
+        ok = httpx.get(f"{g.url}/healthz", headers={"X-Fine": "b" * 8000})
+        assert ok.status_code == 200  # headers under the limit pass
+
+
+def test_connection_limits_are_checked_in_the_config():
+    for bad in ({"max_connections": 0}, {"header_timeout": "fast"}, {"max_header_bytes": 1.5},
+                {"body_timeout": True}):
+        with pytest.raises(KVBudgetError) as err:
+            build_guard(["http://127.0.0.1:9"], "vllm", config=bad)
+        assert next(iter(bad)) in str(err.value)

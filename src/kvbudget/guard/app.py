@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from kvbudget.engines import Engine, get_engine
 from kvbudget.guard.admission import Admission
+from kvbudget.guard.limits import ConnectionLimits
 from kvbudget.guard.metrics import GuardMetrics
 from kvbudget.guard.policy import Policy, Replica
 from kvbudget.guard.poller import Poller
@@ -42,6 +43,7 @@ class GuardConfig:
     connect_timeout: float = 5.0
     first_byte_timeout: float = 600.0
     idle_timeout: float = 120.0
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     poll_interval: float = 1.0
     decision_log: TextIO | None = None  # a file-like for JSON lines; None: stderr
 
@@ -76,12 +78,24 @@ class Guard:
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.config.max_body_bytes:
             return error(413, f"request body over {self.config.max_body_bytes} bytes", "invalid_request_error")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.config.max_body_bytes:
+        chunks: list[bytes] = []
+
+        async def read() -> bool:
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.config.max_body_bytes:
+                    return False
+                chunks.append(chunk)
+            return True
+
+        try:
+            if not await asyncio.wait_for(read(), self.config.limits.body_timeout):
                 return error(413, f"request body over {self.config.max_body_bytes} bytes", "invalid_request_error")
-            chunks.append(chunk)
+        except asyncio.TimeoutError:
+            self.metrics.connections_refused.labels("body_timeout").inc()
+            return error(408, f"the request body did not arrive within {self.config.limits.body_timeout:g} s",
+                         "invalid_request_error", headers={"connection": "close"})
         raw = b"".join(chunks)
         try:
             body = parse_json(raw)

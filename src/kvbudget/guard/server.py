@@ -11,6 +11,7 @@ from typing import Any, TextIO
 from kvbudget.engines import Engine, EngineOptions, get_engine, serving_engines
 from kvbudget.errors import KVBudgetError, UpstreamConfigError
 from kvbudget.guard.app import Guard, GuardConfig
+from kvbudget.guard.limits import ConnectionLimits
 from kvbudget.guard.policy import policy_from_config
 from kvbudget.guard.signals import Predictor
 
@@ -92,8 +93,9 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
         notes.append(f"prompt lengths from the tokenizer in {tokenizer}")
     else:
         notes.append("prompt lengths estimated from characters (4 per token); give a tokenizer for exact counts")
-    limits = {key: config[key] for key in ("max_body_bytes", "connect_timeout", "first_byte_timeout",
-                                           "idle_timeout") if key in config}
+    limits: dict[str, Any] = {key: config[key] for key in ("max_body_bytes", "connect_timeout",
+                                                           "first_byte_timeout", "idle_timeout") if key in config}
+    limits["limits"] = connection_limits(config)
     guard = Guard(GuardConfig(upstreams=list(upstreams), engine=chosen, policy=policy, predictor=predictor,
                               count_prompt=count_prompt, max_model_len=context,
                               api_keys=frozenset(api_keys) | frozenset(
@@ -102,11 +104,48 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
     return guard, notes
 
 
-def serve(guard: Guard, host: str, port: int) -> None:
+def connection_limits(config: dict[str, Any]) -> ConnectionLimits:
+    """The connection limits from the config, each a positive number; max_connections defaults to what the
+    process's file-descriptor limit leaves room for (900 under the usual 1,024, at most 10,000)."""
+    values: dict[str, Any] = {}
+    for key in ("header_timeout", "max_header_bytes", "max_connections", "body_timeout"):
+        if key in config:
+            value = config[key]
+            whole = key.startswith("max_")
+            if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) or value <= 0:
+                raise UpstreamConfigError(f"{key}: must be a positive {'whole number' if whole else 'number'} "
+                                          f"(got {value!r})", param=key)
+            values[key] = value
+    if "max_connections" not in values:
+        soft = 1024
+        try:
+            import resource
+
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            soft = 10_124 if limit == resource.RLIM_INFINITY else limit
+        except (ImportError, ValueError, OSError):  # no resource module (Windows): the usual limit
+            pass
+        values["max_connections"] = max(16, min(10_000, soft - 124))
+    return ConnectionLimits(**values)
+
+
+def server_config(guard: Guard, host: str, port: int, loop: str = "asyncio") -> Any:
+    """The uvicorn configuration the guard serves with: its connection limits in the HTTP protocol, access log
+    off, 30 s to drain admitted requests on SIGTERM."""
     try:
         import uvicorn
     except ImportError:
         raise KVBudgetError("the guard needs starlette, uvicorn and httptools: pip install 'kvbudget[guard]'") from None
+    from kvbudget.guard.limits import protocol_for
+
+    protocol = protocol_for(guard.config.limits, guard.metrics, guard.config.decision_log)
+    return uvicorn.Config(guard.app(), host=host, port=port, log_level="warning", timeout_graceful_shutdown=30,
+                          access_log=False, loop=loop, http=protocol)
+
+
+def serve(guard: Guard, host: str, port: int) -> None:
+    import uvicorn
+
     # uvicorn drains in-flight requests on SIGTERM (up to timeout_graceful_shutdown) before it exits.
     try:  # uvloop is the faster event loop where it exists (kvbudget[guard] brings it; not on Windows)
         import uvloop  # noqa: F401
@@ -114,7 +153,7 @@ def serve(guard: Guard, host: str, port: int) -> None:
         loop = "uvloop"
     except ImportError:
         loop = "asyncio"
+    config = server_config(guard, host, port, loop)
     gc.collect()
     gc.freeze()  # what start-up loaded is never garbage: keep it out of the collector's full passes
-    uvicorn.run(guard.app(), host=host, port=port, log_level="warning", timeout_graceful_shutdown=30,
-                access_log=False, loop=loop, http="httptools")
+    uvicorn.Server(config).run()

@@ -1,0 +1,115 @@
+"""Connection limits: what keeps clients that never finish a request from taking the guard down.
+
+uvicorn's HTTP protocol (on httptools) times out idle keep-alive connections but not a connection that is slow to
+send its request line and headers, and it bounds neither the headers' size nor the number of open connections.
+The guard's protocol adds the three, each logged and counted when it acts:
+- a request's line and headers must arrive within `header_timeout` seconds of the connection opening or of the
+  previous response ending (else 408 and the connection closed);
+- they may be at most `max_header_bytes` bytes (else 431, closed);
+- at most `max_connections` connections are open at once: one more is answered 503 and closed at once (so
+  `/healthz` keeps answering while idle sockets pile up, and the file-descriptor limit is never reached).
+A slow body is bounded by the app (`body_timeout`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from kvbudget.guard.metrics import GuardMetrics
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    header_timeout: float = 10.0  # seconds for a request line and headers
+    max_header_bytes: int = 64 * 1024  # request line and headers
+    max_connections: int = 900  # open at once (below the usual 1,024 file descriptors)
+    body_timeout: float = 60.0  # seconds for a whole request body
+
+
+def _answer(status: int, reason: str, message: str) -> bytes:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                 "code": status}}).encode()
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            f"connection: close\r\n\r\n").encode() + body
+
+
+def protocol_for(limits: ConnectionLimits, metrics: GuardMetrics, log: TextIO | None = None) -> type:
+    """uvicorn's httptools protocol with the guard's connection limits (pass it as uvicorn's `http`)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    def refuse(protocol: HttpToolsProtocol, why: str, status: int, reason: str, message: str) -> None:
+        metrics.connections_refused.labels(why).inc()
+        print(json.dumps({"ts": round(time.time(), 3), "event": "connection_refused", "reason": why,
+                          "client": (protocol.client or ("", 0))[0]}), file=log or sys.stderr, flush=True)
+        if not protocol.transport.is_closing():
+            protocol.transport.write(_answer(status, reason, message))
+            protocol.transport.close()
+
+    class GuardProtocol(HttpToolsProtocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._header_timer: asyncio.TimerHandle | None = None
+            self._header_bytes = 0
+            self._reading_headers = True
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            metrics.connections.set(len(self.connections))
+            if len(self.connections) > limits.max_connections:
+                refuse(self, "too_many_connections", 503, "Service Unavailable",
+                       f"the guard holds its limit of {limits.max_connections} open connections; retry later")
+                return
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+            metrics.connections.set(len(self.connections))
+
+        def data_received(self, data: bytes) -> None:
+            if self._reading_headers:
+                self._header_bytes += len(data)
+                if self._header_bytes > limits.max_header_bytes and b"\r\n\r\n" not in data:
+                    refuse(self, "headers_too_large", 431, "Request Header Fields Too Large",
+                           f"request line and headers over {limits.max_header_bytes} bytes")
+                    return
+            super().data_received(data)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._reading_headers = True
+
+        def on_headers_complete(self) -> None:
+            self._reading_headers = False
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._header_bytes = 0
+            self._reading_headers = True
+            self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(limits.header_timeout, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self._reading_headers:
+                refuse(self, "header_timeout", 408, "Request Timeout",
+                       f"no complete request line and headers within {limits.header_timeout:g} s")
+
+    return GuardProtocol
+
+
+__all__ = ["ConnectionLimits", "protocol_for"]
