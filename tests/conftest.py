@@ -23,6 +23,8 @@ class FakeEngine:
         self.slow_metrics = 0.0  # seconds before /metrics answers
         self.trickle_metrics = 0.0  # seconds between the bytes of /metrics (its body padded to 100 bytes)
         self.bodies: list[dict] = []
+        self.headers: list[dict[str, str]] = []  # each chat request's headers, as received
+        self.status = 200  # what chat answers (a 5xx to play a failing engine)
 
     def app(self) -> Any:
         from starlette.applications import Starlette
@@ -49,6 +51,9 @@ class FakeEngine:
         async def chat(request):
             body = await request.json()
             self.bodies.append(body)
+            self.headers.append(dict(request.headers))
+            if self.status != 200:
+                return JSONResponse({"error": {"message": "engine failure"}}, status_code=self.status)
             if body.get("stream"):
                 async def events():
                     for i in range(5):

@@ -155,7 +155,7 @@ def test_levels_through_the_proxy(engine, serve):
         metrics = httpx.get(f"{g.url}/metrics").text
         assert 'kvbudget_guard_decisions_total{action="reject",level="3"} 1.0' in metrics
         assert "kvbudget_guard_observed_usage" in metrics
-        assert httpx.get(f"{g.url}/readyz").status_code == 200
+        assert httpx.get(f"{g.url}/readyz").status_code == 503  # level 3 rejects new requests: out of rotation
         assert c.models.list().data[0].id == "tiny"
     lines = [json.loads(line) for line in log.getvalue().splitlines()]
     assert {line["action"] for line in lines} == {"forward", "reject"}
@@ -364,6 +364,7 @@ def test_sigterm_drains_in_flight_requests(engine, tmp_path, free_port):
         rest = [chunk.choices[0].delta.content for chunk in stream]
         assert first.choices[0].delta.content == "t0 " and rest == ["t1 ", "t2 ", "t3 ", "t4 "]
         assert proc.wait(15) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has drained
+        assert f"kvbudget guard: listening on http://127.0.0.1:{port}" in proc.stderr.read().decode()
     finally:
         if proc.poll() is None:
             proc.kill()

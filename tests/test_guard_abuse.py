@@ -334,3 +334,102 @@ def test_connection_limits_are_checked_in_the_config():
         with pytest.raises(KVBudgetError) as err:
             build_guard(["http://127.0.0.1:9"], "vllm", config=bad)
         assert next(iter(bad)) in str(err.value)
+
+
+# --- item 7: the lesser holes ----------------------------------------------------------------------------
+
+def test_impossible_gauges_are_failed_scrapes_and_readyz_never_500s(fake_engine, serve):
+    """An infinite gauge made /readyz answer 500 (JSON cannot hold it); a negative one was taken as usage."""
+    for value in (float("inf"), -0.5, float("nan")):
+        fake_engine.usage = value
+        guard, _ = build_guard([fake_engine.url], "vllm", poll_interval=0.05, decision_log=io.StringIO())
+        with serve(guard.app()) as g:
+            time.sleep(0.2)
+            r = httpx.get(f"{g.url}/readyz")
+            assert r.status_code == 503 and r.json()["replicas"][0]["observed"] is None, (value, r.text)
+            assert 'kvbudget_guard_scrape_failures_total{replica="' in httpx.get(f"{g.url}/metrics").text
+
+
+def test_readyz_is_not_ready_while_everything_is_rejected(fake_engine, serve):
+    fake_engine.usage = 0.5
+    guard, _ = build_guard([fake_engine.url], "vllm", poll_interval=0.05, decision_log=io.StringIO())
+    with serve(guard.app()) as g:
+        time.sleep(0.2)
+        assert httpx.get(f"{g.url}/readyz").status_code == 200
+        fake_engine.usage = 0.97  # level 3: every new request is rejected
+        time.sleep(0.3)
+        assert httpx.get(f"{g.url}/readyz").status_code == 503
+
+
+def test_bearer_scheme_connection_headers_and_no_redirects(fake_engine, serve):
+    guard, _ = build_guard([fake_engine.url], "vllm", api_keys=["k1"], poll_interval=0.05,
+                           decision_log=io.StringIO())
+    body = {"messages": MSGS, "max_tokens": 4}
+    with serve(guard.app()) as g:
+        url = f"{g.url}/v1/chat/completions"
+        assert httpx.post(url, json=body, headers={"Authorization": "bearer k1"}).status_code == 200  # any case
+        assert httpx.post(url, json=body, headers={"Authorization": "Basic k1"}).status_code == 401
+        assert httpx.post(url, json=body, headers={"Authorization": "Bearerk1"}).status_code == 401
+        # a header the client names in Connection is hop-by-hop: not forwarded
+        httpx.post(url, json=body, headers={"Authorization": "Bearer k1", "Connection": "keep-alive, X-Secret",
+                                            "X-Secret": "s", "X-Kept": "1"})
+        assert "x-secret" not in fake_engine.headers[-1] and fake_engine.headers[-1]["x-kept"] == "1"
+        # a trailing slash used to redirect to a Location built from the client's Host header
+        r = httpx.post(url + "/", json=body, headers={"Authorization": "Bearer k1", "Host": "evil.example"})
+        assert r.status_code == 404 and "location" not in r.headers
+
+
+def test_unreachable_upstreams_and_upstream_failures_are_counted_as_such(fake_engine, serve, free_port):
+    dead = f"http://127.0.0.1:{free_port()}"
+    guard, _ = build_guard([dead], "vllm", poll_interval=0.05, decision_log=io.StringIO())
+    with serve(guard.app()) as g:
+        assert httpx.post(f"{g.url}/v1/chat/completions", json={"messages": MSGS}).status_code == 503
+        text = httpx.get(f"{g.url}/metrics").text
+        assert 'kvbudget_guard_decisions_total{action="unavailable",level="none"} 1.0' in text
+        assert 'level="3"' not in text  # not a full cache
+    fake_engine.status = 500
+    guard, _ = build_guard([fake_engine.url], "vllm", poll_interval=0.05, decision_log=io.StringIO())
+    with serve(guard.app()) as g:
+        assert httpx.post(f"{g.url}/v1/chat/completions", json={"messages": MSGS}).status_code == 500
+        text = httpx.get(f"{g.url}/metrics").text
+        assert 'kind="status_500"' in text
+
+
+def test_alert_rules_read_the_old_gauge_name_too():
+    from kvbudget.guard.alerts import alert_rules
+
+    assert "vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc" in alert_rules("vllm")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("127.0.0.1:99999", "port from 1 to 65535"),
+    ("127.0.0.1:0", "port from 1 to 65535"),
+    ("::1:8080", "brackets"),
+    ("localhost", "HOST:PORT"),
+])
+def test_listen_addresses_are_checked(text, message, capsys):
+    from kvbudget.cli import main
+
+    assert main(["guard", "--upstream", "http://127.0.0.1:9", "--listen", text]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_listen_on_ipv6_and_a_taken_port(free_port):
+    from kvbudget.guard.server import bind, listen_address
+
+    assert listen_address("[::1]:8080") == ("::1", 8080) and listen_address(":8080") == ("0.0.0.0", 8080)
+    try:
+        sock = bind("::1", free_port())
+    except KVBudgetError as exc:  # a machine without IPv6 loopback says so in one line
+        assert "::1" in str(exc)
+    else:
+        assert sock.family == socket.AF_INET6
+        with pytest.raises(KVBudgetError, match="cannot listen on ::1"):
+            bind("::1", sock.getsockname()[1])
+        sock.close()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(KVBudgetError, match="another program may hold the port"):
+            bind("127.0.0.1", taken.getsockname()[1])

@@ -63,10 +63,11 @@ def run_alerts(args: argparse.Namespace) -> int:
 
 def run_guard(args: argparse.Namespace) -> int:
     try:
-        from kvbudget.guard.server import build_guard, serve
+        from kvbudget.guard.server import build_guard, listen_address, serve
     except ImportError as exc:
         raise KVBudgetError(f"the guard needs {exc.name}: pip install 'kvbudget[guard]'") from None
 
+    host, port = listen_address(args.listen)
     config = read_yaml(args.config, "--config") if args.config else {}
     try:
         poll, stale = float(args.poll_interval), float(args.staleness)
@@ -79,10 +80,7 @@ def run_guard(args: argparse.Namespace) -> int:
         max_tokens_cap=one(args.max_tokens_cap, "--max-tokens-cap") if args.max_tokens_cap else None,
         poll_interval=poll, staleness=stale, fail_open=not args.fail_closed, device=args.device,
         max_model_len=one(args.max_model_len, "--max-model-len") if args.max_model_len else None)
-    host, _, port = args.listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise KVBudgetError(f"--listen: {args.listen!r} is not HOST:PORT")
     for note in notes:
         print(f"kvbudget guard: {note}", file=sys.stderr)
-    serve(guard, host, int(port))
+    serve(guard, host, port, announce=lambda line: print(f"kvbudget guard: {line}", file=sys.stderr, flush=True))
     return 0

@@ -72,8 +72,8 @@ class Guard:
     async def _body(self, request: Request) -> dict[str, Any] | Response:
         """The request's JSON object, or the error answer (401, 413, 400)."""
         if self.config.api_keys:
-            token = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-            if token not in self.config.api_keys:
+            scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+            if scheme.lower() != "bearer" or token.strip() not in self.config.api_keys:
                 return error(401, "invalid or missing API key for the guard", "authentication_error")
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.config.max_body_bytes:
@@ -130,7 +130,11 @@ class Guard:
                              "server_overloaded", headers=retry)
             release = self.admission.hold(decision, asked, prompts)
             # raw header pairs, filtered once: cheaper than rebuilding and re-normalising a mapping per request
-            headers = [(k, v) for k, v in request.scope["headers"] if k not in self.not_forwarded]  # lowercase
+            dropped = self.not_forwarded
+            for k, v in request.scope["headers"]:  # the headers a client names in Connection are hop-by-hop too
+                if k == b"connection":
+                    dropped = dropped | {t.strip().lower().encode("latin-1") for t in v.decode("latin-1").split(",")}
+            headers = [(k, v) for k, v in request.scope["headers"] if k not in dropped]  # lowercase
             payload = raw if not decision.changes else json.dumps(decision.body).encode()  # untouched: as received
             scope = request.scope
             target = scope["path"] + ("?" + scope["query_string"].decode() if scope.get("query_string") else "")
@@ -143,6 +147,7 @@ class Guard:
             next(r for r in self.replicas if r.url == decision.replica).healthy = False
             tried.add(decision.replica)  # could not connect: try another replica once
             if len(tried) == len(self.replicas):
+                self.metrics.upstream_errors.labels("all", "unreachable").inc()
                 return error(502, "no upstream could be reached", "upstream_unreachable")
 
     async def models(self, request: Request) -> Response:
@@ -156,6 +161,7 @@ class Guard:
                 replica.healthy = False
             except UpstreamError:
                 pass
+        self.metrics.upstream_errors.labels("all", "unreachable").inc()
         return error(502, "no upstream could be reached", "upstream_unreachable")
 
     async def metrics_route(self, request: Request) -> Response:
@@ -165,7 +171,11 @@ class Guard:
         return JSONResponse({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        ready = self.poller.polled and any(r.healthy for r in self.replicas)
+        # ready while some replica is healthy, has a usable gauge reading (or the engine has none) and is
+        # below level 3: a guard rejecting everything, or reading garbage, should be taken out of rotation
+        gauge, policy, now = self.engine.usage is not None, self.config.policy, time.monotonic()
+        ready = self.poller.polled and any(r.healthy and r.pressure(policy, now) < policy.reject and
+                                           (r.observed is not None or not gauge) for r in self.replicas)
         return JSONResponse({"ready": ready, "replicas": [
             {"url": r.url, "healthy": r.healthy, "level": r.level, "observed": r.observed, "predicted": r.predicted,
              "in_flight": r.in_flight} for r in self.replicas]}, status_code=200 if ready else 503)
@@ -182,7 +192,7 @@ class Guard:
                 task.cancel()
                 pool.close()
 
-        return Starlette(routes=[
+        app = Starlette(routes=[
             Route("/v1/chat/completions", self.completions, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
@@ -190,3 +200,5 @@ class Guard:
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
         ], lifespan=lifespan)
+        app.router.redirect_slashes = False  # a redirect would be built from the client's Host header
+        return app

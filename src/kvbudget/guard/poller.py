@@ -46,6 +46,8 @@ class Poller:
                 status, body, _ = await pool.get(f"{replica.url}{gauge.path}", self.timeout)
                 if status == 200:
                     value = gauge.read(body.decode("utf-8", "replace"))
+                    if value is not None and not 0.0 <= value <= 1.5:  # NaN, infinite, negative: not a usage
+                        raise UpstreamError(f"{gauge.path} reads an impossible usage {value}")
                 elif gauge.health_path is None:
                     raise UpstreamError(f"{gauge.path} answered {status}")
                 else:  # the usage endpoint can be disabled; the server may still be alive

@@ -46,6 +46,8 @@ async def relay(pool: Pool, decision: Decision, target: str, headers: list[tuple
     except BaseException:  # the client went away while the upstream was thinking
         release()
         raise
+    if upstream.status >= 500:  # relayed as it is, and counted
+        metrics.upstream_errors.labels(url, f"status_{upstream.status}").inc()
     out_headers = [(k, v) for k, v in upstream.headers if k.lower() not in NOT_RELAYED]
     if decision.changes:
         out_headers.append((b"x-kvbudget-changes", "; ".join(decision.changes).encode()))

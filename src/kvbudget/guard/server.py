@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import socket
 import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
@@ -143,7 +144,40 @@ def server_config(guard: Guard, host: str, port: int, loop: str = "asyncio") -> 
                           access_log=False, loop=loop, http=protocol)
 
 
-def serve(guard: Guard, host: str, port: int) -> None:
+def listen_address(text: str) -> tuple[str, int]:
+    """HOST:PORT, [IPv6]:PORT or :PORT (all interfaces) for --listen, checked."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise KVBudgetError(f"listen: {text!r} is not HOST:PORT with a port from 1 to 65535 (IPv6: [::1]:8080)",
+                            param="listen")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise KVBudgetError(f"listen: {text!r}: put an IPv6 address in brackets, as [::1]:{port}", param="listen")
+    return host or "0.0.0.0", int(port)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here so that a taken port or an unknown address is a one-line error."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise KVBudgetError(f"listen: {host!r} is not an address of this machine ({exc.strerror})",
+                            param="listen") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)  # (uvicorn's backlog) listening now: a second guard on the port fails here
+    except OSError as exc:
+        sock.close()
+        raise KVBudgetError(f"listen: cannot listen on {host}:{port}: {exc.strerror} (another program may hold "
+                            "the port; choose another)", param="listen") from None
+    return sock
+
+
+def serve(guard: Guard, host: str, port: int, announce: Callable[[str], None] | None = None) -> None:
     import uvicorn
 
     # uvicorn drains in-flight requests on SIGTERM (up to timeout_graceful_shutdown) before it exits.
@@ -153,7 +187,10 @@ def serve(guard: Guard, host: str, port: int) -> None:
         loop = "uvloop"
     except ImportError:
         loop = "asyncio"
+    sock = bind(host, port)
     config = server_config(guard, host, port, loop)
+    shown = f"[{host}]" if ":" in host else host
+    (announce or print)(f"listening on http://{shown}:{sock.getsockname()[1]}")
     gc.collect()
     gc.freeze()  # what start-up loaded is never garbage: keep it out of the collector's full passes
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=[sock])
