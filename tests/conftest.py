@@ -25,6 +25,10 @@ class FakeEngine:
         self.bodies: list[dict] = []
         self.headers: list[dict[str, str]] = []  # each chat request's headers, as received
         self.status = 200  # what chat answers (a 5xx to play a failing engine)
+        self.answer_padding = 0  # bytes of padding in a non-streamed chat answer
+        self.metrics_padding = 0  # bytes of comment lines appended to /metrics
+        self.slow_answer = 0.0  # seconds before a non-streamed chat answer
+        self.abandoned = 0  # non-streamed chat requests whose client (the guard) left before the answer
 
     def app(self) -> Any:
         from starlette.applications import Starlette
@@ -37,6 +41,8 @@ class FakeEngine:
             if self.metrics_fail:
                 return PlainTextResponse("boom", status_code=500)
             text = f'vllm:kv_cache_usage_perc{{engine="0"}} {self.usage}\n'
+            if self.metrics_padding:
+                text += "#" * self.metrics_padding + "\n"
             if self.trickle_metrics:
                 async def trickle():
                     for ch in text.ljust(100, "#"):
@@ -67,7 +73,15 @@ class FakeEngine:
                     yield "data: [DONE]\n\n"
                 return StreamingResponse(events(), media_type="text/event-stream")
             n = body.get("n", 1)
+            waited = 0.0
+            while waited < self.slow_answer:
+                await asyncio.sleep(0.02)
+                waited += 0.02
+                if await request.is_disconnected():
+                    self.abandoned += 1
+                    return PlainTextResponse("", status_code=499)
             return JSONResponse({"id": "c", "object": "chat.completion", "created": 0, "model": "tiny",
+                                 "padding": "x" * self.answer_padding,
                                  "choices": [{"index": i, "message": {"role": "assistant", "content": "ok"},
                                               "finish_reason": "stop"} for i in range(n)],
                                  "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})

@@ -433,3 +433,54 @@ def test_listen_on_ipv6_and_a_taken_port(free_port):
         taken.listen()
         with pytest.raises(KVBudgetError, match="another program may hold the port"):
             bind("127.0.0.1", taken.getsockname()[1])
+
+
+def test_with_keys_operational_endpoints_are_closed_and_priority_belongs_to_a_key(fake_engine, serve):
+    """With --api-key, /metrics, /readyz (which names the upstreams) and /v1/models were open to anyone, and
+    anyone could send the priority header."""
+    fake_engine.usage = 0.97  # level 3: only priority is served
+    guard, _ = build_guard([fake_engine.url], "vllm", api_keys=["plain"], priority_keys=["vip"],
+                           poll_interval=0.05, decision_log=io.StringIO())
+    with serve(guard.app()) as g:
+        time.sleep(0.2)
+        assert httpx.get(f"{g.url}/metrics").status_code == 401
+        assert httpx.get(f"{g.url}/v1/models").status_code == 401
+        assert httpx.get(f"{g.url}/readyz").json() == {"ready": False}  # readiness, not the upstream URLs
+        assert "replicas" in httpx.get(f"{g.url}/readyz", headers={"Authorization": "Bearer plain"}).json()
+        assert httpx.get(f"{g.url}/healthz").status_code == 200  # liveness stays open
+        url, body = f"{g.url}/v1/chat/completions", {"messages": MSGS, "max_tokens": 4}
+        header = {"Authorization": "Bearer plain", "x-kvbudget-priority": "high"}
+        assert httpx.post(url, json=body, headers=header).status_code == 503  # the header alone: not priority
+        assert httpx.post(url, json=body, headers={"Authorization": "Bearer vip"}).status_code == 200
+
+
+def test_oversized_upstream_answers_and_metrics_are_not_buffered(fake_engine, serve):
+    """A 300 MiB upstream answer used to be held whole (651 MB RSS); now the guard stops at its limit."""
+    fake_engine.answer_padding = 3 * 2**20
+    guard, _ = build_guard([fake_engine.url], "vllm", poll_interval=0.05, decision_log=io.StringIO(),
+                           config={"max_response_bytes": 2**20})
+    with serve(guard.app()) as g:
+        r = httpx.post(f"{g.url}/v1/chat/completions", json={"messages": MSGS, "max_tokens": 4})
+        assert r.status_code == 502 and "over 1048576 bytes" in r.json()["error"]["message"]
+        fake_engine.answer_padding = 0
+        assert httpx.post(f"{g.url}/v1/chat/completions", json={"messages": MSGS}).status_code == 200
+        fake_engine.metrics_padding = 17 * 2**20  # over the 16 MiB a scrape may hold
+        time.sleep(0.5)
+        assert guard.replicas[0].observed_at < time.monotonic() - 0.3  # no scrape completed since
+
+
+def test_a_client_leaving_a_non_streamed_request_cancels_it_upstream(fake_engine, serve):
+    """An abandoned non-streaming request used to run to its end upstream, holding its KV cache."""
+    fake_engine.slow_answer = 3.0
+    guard, _ = build_guard([fake_engine.url], "vllm", model="llama-3.1-8b", kv_memory=BUDGET, poll_interval=0.05,
+                           decision_log=io.StringIO())
+    with serve(guard.app()) as g:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{g.url}/v1/chat/completions", json={"messages": MSGS, "max_tokens": 4}, timeout=0.3)
+        deadline = time.monotonic() + 2
+        while fake_engine.abandoned == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fake_engine.abandoned == 1  # the upstream saw the guard leave, long before its 3 s answer
+        assert guard.replicas[0].predicted == 0.0 and guard.replicas[0].in_flight == 0  # released
+        fake_engine.slow_answer = 0.0
+        assert httpx.post(f"{g.url}/v1/chat/completions", json={"messages": MSGS}).status_code == 200

@@ -25,6 +25,9 @@ def add_parser(sub: Any) -> None:
     gd.add_argument("--max-model-len", help="the upstream's context length, what a request without max_tokens may "
                                             "fill (default: its /v1/models, else the model's config)")
     gd.add_argument("--api-key", action="append", default=[], help="accept only these bearer tokens (repeatable)")
+    gd.add_argument("--priority-key", action="append", default=[],
+                    help="bearer tokens whose requests are high priority (repeatable; with keys, the "
+                         "x-kvbudget-priority header is ignored)")
     gd.add_argument("--max-tokens-cap", help="level 1 caps max_tokens at this (default: half of what was asked)")
     gd.add_argument("--poll-interval", default="1", help="seconds between metric scrapes (default 1)")
     gd.add_argument("--staleness", default="10", help="seconds after which scraped usage is stale (default 10)")
@@ -77,6 +80,7 @@ def run_guard(args: argparse.Namespace) -> int:
         upstreams=args.upstream or config.get("upstreams", []), engine=args.engine or config.get("engine", "vllm"),
         config=config, model=args.model or config.get("model"),
         kv_memory=size(args.kv_memory, "--kv-memory"), tokenizer=args.tokenizer, api_keys=args.api_key,
+        priority_keys=args.priority_key,
         max_tokens_cap=one(args.max_tokens_cap, "--max-tokens-cap") if args.max_tokens_cap else None,
         poll_interval=poll, staleness=stale, fail_open=not args.fail_closed, device=args.device,
         max_model_len=one(args.max_model_len, "--max-model-len") if args.max_model_len else None)

@@ -39,10 +39,12 @@ class GuardConfig:
     count_prompt: Callable[[dict[str, Any]], int] | None = None  # prompt tokens of a body; None: characters / 4
     max_model_len: int | None = None  # the upstream's context length: what a request without a limit may fill
     api_keys: frozenset[str] = frozenset()
+    priority_keys: frozenset[str] = frozenset()  # keys whose requests are high priority (also accepted keys)
     max_body_bytes: int = 4 * 2**20
     connect_timeout: float = 5.0
     first_byte_timeout: float = 600.0
     idle_timeout: float = 120.0
+    max_response_bytes: int = 64 * 2**20  # a non-streamed upstream answer the guard holds to relay
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     poll_interval: float = 1.0
     decision_log: TextIO | None = None  # a file-like for JSON lines; None: stderr
@@ -56,7 +58,7 @@ class Guard:
         self.replicas = [Replica(url.rstrip("/")) for url in config.upstreams]
         self.pool: Pool | None = None  # made in the app's lifespan, on its event loop
         # request headers kept from the upstream: hop-by-hop ones, and the guard's own API key
-        self.not_forwarded = HOP_BY_HOP | ({b"authorization"} if config.api_keys else set())
+        self.not_forwarded = HOP_BY_HOP | ({b"authorization"} if config.api_keys or config.priority_keys else set())
         self.metrics = GuardMetrics()
         self.engine = get_engine(config.engine)
         self.admission = Admission(self.replicas, config.policy, config.predictor, config.count_prompt, self.metrics,
@@ -69,12 +71,30 @@ class Guard:
         out = self.config.decision_log or sys.stderr
         print(line, file=out, flush=True)
 
+    def _key(self, request: Request) -> str | None:
+        """The request's bearer token when it is one of the guard's keys, else None."""
+        scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+        token = token.strip()
+        keys = self.config.api_keys | self.config.priority_keys
+        return token if scheme.lower() == "bearer" and token in keys else None
+
+    def _denied(self, request: Request) -> Response | None:
+        """401 when the guard has keys and the request carries none of them."""
+        if (self.config.api_keys or self.config.priority_keys) and self._key(request) is None:
+            return error(401, "invalid or missing API key for the guard", "authentication_error")
+        return None
+
+    def _priority(self, request: Request) -> bool:
+        """With keys, priority is the key's (a priority key); without, the x-kvbudget-priority header's."""
+        if self.config.api_keys or self.config.priority_keys:
+            return self._key(request) in self.config.priority_keys
+        return request.headers.get(PRIORITY_HEADER, "").lower() == "high"
+
     async def _body(self, request: Request) -> dict[str, Any] | Response:
         """The request's JSON object, or the error answer (401, 413, 400)."""
-        if self.config.api_keys:
-            scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
-            if scheme.lower() != "bearer" or token.strip() not in self.config.api_keys:
-                return error(401, "invalid or missing API key for the guard", "authentication_error")
+        denied = self._denied(request)
+        if denied is not None:
+            return denied
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.config.max_body_bytes:
             return error(413, f"request body over {self.config.max_body_bytes} bytes", "invalid_request_error")
@@ -113,7 +133,7 @@ class Guard:
         raw: bytes = request.state.raw
         asked: Asked = request.state.asked
         prompts = self.admission.prompt_tokens(body, asked) if self.admission.predictor is not None else []
-        priority = request.headers.get(PRIORITY_HEADER, "").lower() == "high"
+        priority = self._priority(request)
         tried: set[str] = set()
         while True:
             decision = self.admission.decide(body, asked, prompts, priority, tried)
@@ -140,8 +160,15 @@ class Guard:
             target = scope["path"] + ("?" + scope["query_string"].decode() if scope.get("query_string") else "")
             self.metrics.added_latency.observe(time.perf_counter() - start)
             assert self.pool is not None
-            response = await relay(self.pool, decision, target, headers, payload, release, self.metrics,
-                                   self.config.first_byte_timeout, self.config.idle_timeout)
+            forwarding = relay(self.pool, decision, target, headers, payload, release, self.metrics,
+                               self.config.first_byte_timeout, self.config.idle_timeout,
+                               self.config.max_response_bytes)
+            if body.get("stream"):  # a streamed answer notices the client leaving while it streams
+                response = await forwarding
+            else:  # the whole answer is awaited: a client that leaves meanwhile cancels the upstream request
+                response = await self._unless_client_leaves(request, forwarding)
+                if response is None and request.state.left:
+                    return Response(status_code=499)
             if response is not None:
                 return response
             next(r for r in self.replicas if r.url == decision.replica).healthy = False
@@ -150,7 +177,33 @@ class Guard:
                 self.metrics.upstream_errors.labels("all", "unreachable").inc()
                 return error(502, "no upstream could be reached", "upstream_unreachable")
 
+    async def _unless_client_leaves(self, request: Request, forwarding: Any) -> Response | None:
+        """The relay's answer, or None with `request.state.left` set when the client disconnects first (the
+        relay is cancelled, which closes the upstream connection: the engine aborts the request)."""
+        request.state.left = False
+        relay_task = asyncio.ensure_future(forwarding)
+
+        async def disconnected() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        watch = asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait((relay_task, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not relay_task.done():
+                relay_task.cancel()
+                request.state.left = True
+                self.metrics.upstream_errors.labels("all", "client_left").inc()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await relay_task
+            watch.cancel()
+        return None if request.state.left else relay_task.result()
+
     async def models(self, request: Request) -> Response:
+        denied = self._denied(request)
+        if denied is not None:
+            return denied
         assert self.pool is not None
         for replica in sorted(self.replicas, key=lambda r: not r.healthy):
             try:
@@ -165,6 +218,9 @@ class Guard:
         return error(502, "no upstream could be reached", "upstream_unreachable")
 
     async def metrics_route(self, request: Request) -> Response:
+        denied = self._denied(request)
+        if denied is not None:
+            return denied
         return Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     async def healthz(self, request: Request) -> Response:
@@ -176,6 +232,8 @@ class Guard:
         gauge, policy, now = self.engine.usage is not None, self.config.policy, time.monotonic()
         ready = self.poller.polled and any(r.healthy and r.pressure(policy, now) < policy.reject and
                                            (r.observed is not None or not gauge) for r in self.replicas)
+        if self._denied(request) is not None:  # probes without the key learn readiness, not the upstreams
+            return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
         return JSONResponse({"ready": ready, "replicas": [
             {"url": r.url, "healthy": r.healthy, "level": r.level, "observed": r.observed, "predicted": r.predicted,
              "in_flight": r.in_flight} for r in self.replicas]}, status_code=200 if ready else 503)

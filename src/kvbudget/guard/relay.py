@@ -25,7 +25,7 @@ def error(status: int, message: str, kind: str, headers: dict[str, str] | None =
 
 async def relay(pool: Pool, decision: Decision, target: str, headers: list[tuple[bytes, bytes]], payload: bytes,
                 release: Callable[[], None], metrics: GuardMetrics, first_byte_timeout: float,
-                idle_timeout: float) -> Response | None:
+                idle_timeout: float, max_response_bytes: int = 64 * 2**20) -> Response | None:
     """The upstream's answer, or None when its replica could not be connected to (the caller may retry)."""
     url = decision.replica
     assert url is not None
@@ -54,10 +54,10 @@ async def relay(pool: Pool, decision: Decision, target: str, headers: list[tuple
     out_headers.append((b"x-kvbudget-level", str(decision.level).encode()))
     if b"text/event-stream" not in (upstream.header(b"content-type") or b""):
         try:
-            content = await upstream.read(idle_timeout)
-        except UpstreamError:
+            content = await upstream.read(idle_timeout, max_response_bytes)
+        except UpstreamError as exc:
             metrics.upstream_errors.labels(url, "read").inc()
-            return error(502, "the upstream closed the connection mid-response", "upstream_error")
+            return error(502, f"the upstream's answer could not be relayed: {exc}", "upstream_error")
         finally:
             upstream.close()
             release()

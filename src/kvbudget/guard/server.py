@@ -30,7 +30,8 @@ def _served_model(upstream: str) -> tuple[str | None, int | None]:
 
 def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dict[str, Any] | None = None,
                 model: str | None = None, kv_memory: int | None = None, tokenizer: str | None = None,
-                api_keys: Sequence[str] = (), max_tokens_cap: int | None = None, poll_interval: float = 1.0,
+                api_keys: Sequence[str] = (), priority_keys: Sequence[str] = (), max_tokens_cap: int | None = None,
+                poll_interval: float = 1.0,
                 staleness: float = 10.0, fail_open: bool = True, decision_log: TextIO | None = None,
                 device: str = "cuda", max_model_len: int | None = None) -> tuple[Guard, list[str]]:
     """A Guard and the notes to print at start (what it predicts with, and what it cannot)."""
@@ -95,12 +96,14 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
     else:
         notes.append("prompt lengths estimated from characters (4 per token); give a tokenizer for exact counts")
     limits: dict[str, Any] = {key: config[key] for key in ("max_body_bytes", "connect_timeout",
-                                                           "first_byte_timeout", "idle_timeout") if key in config}
+                                                           "first_byte_timeout", "idle_timeout",
+                                                           "max_response_bytes") if key in config}
     limits["limits"] = connection_limits(config)
     guard = Guard(GuardConfig(upstreams=list(upstreams), engine=chosen, policy=policy, predictor=predictor,
                               count_prompt=count_prompt, max_model_len=context,
-                              api_keys=frozenset(api_keys) | frozenset(
-                                  config.get("api_keys", [])), poll_interval=poll_interval,
+                              api_keys=frozenset(api_keys) | frozenset(config.get("api_keys", [])),
+                              priority_keys=frozenset(priority_keys) | frozenset(config.get("priority_keys", [])),
+                              poll_interval=poll_interval,
                               decision_log=decision_log, **limits))
     return guard, notes
 

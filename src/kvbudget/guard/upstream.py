@@ -170,8 +170,15 @@ class Response:
             else:
                 await conn.wait(idle_timeout)
 
-    async def read(self, idle_timeout: float) -> bytes:
-        return b"".join([chunk async for chunk in self.chunks(idle_timeout)])
+    async def read(self, idle_timeout: float, max_bytes: int | None = None) -> bytes:
+        """The whole body; UpstreamError (the connection closed) once it passes `max_bytes`."""
+        parts, size = [], 0
+        async for chunk in self.chunks(idle_timeout):
+            size += len(chunk)
+            if max_bytes is not None and size > max_bytes:
+                raise UpstreamError(f"the upstream's answer is over {max_bytes} bytes")
+            parts.append(chunk)
+        return b"".join(parts)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -272,14 +279,15 @@ class Pool:
                 raise
             return Response(self, key, conn)
 
-    async def get(self, url: str, timeout: float) -> tuple[int, bytes, bytes | None]:
-        """GET a whole (small) resource: status, body and content type; errors as in `send`."""
+    async def get(self, url: str, timeout: float, max_bytes: int = 16 * 2**20) -> tuple[int, bytes, bytes | None]:
+        """GET a whole (small) resource, at most `max_bytes`: status, body and content type; errors as in
+        `send`."""
         parts = urlsplit(url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         response = await self.send("GET", f"{parts.scheme}://{parts.netloc}", target, [(b"accept", b"*/*")], b"",
                                    timeout)
         try:
-            return response.status, await response.read(timeout), response.header(b"content-type")
+            return response.status, await response.read(timeout, max_bytes), response.header(b"content-type")
         finally:
             response.close()
 
