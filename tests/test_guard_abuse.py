@@ -484,3 +484,38 @@ def test_a_client_leaving_a_non_streamed_request_cancels_it_upstream(fake_engine
         assert guard.replicas[0].predicted == 0.0 and guard.replicas[0].in_flight == 0  # released
         fake_engine.slow_answer = 0.0
         assert httpx.post(f"{g.url}/v1/chat/completions", json={"messages": MSGS}).status_code == 200
+
+
+def test_streams_longer_than_the_shutdown_grace_end_with_an_error_event(fake_engine, tmp_path, free_port):
+    """A stream still running when SIGTERM's grace runs out used to be cut with no error event and no [DONE]."""
+    import signal
+    import subprocess
+    import sys
+
+    fake_engine.slow_stream = 0.6  # 5 chunks: 3 s, longer than the 1.5 s grace
+    config = tmp_path / "guard.yaml"
+    config.write_text("shutdown_grace: 1.5\n")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kvbudget", "guard", "--upstream", fake_engine.url, "--listen",
+                             f"127.0.0.1:{port}", "--config", str(config)], stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 20
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.time() < deadline
+                time.sleep(0.1)
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", timeout=20,
+                          json={"messages": MSGS, "stream": True}) as r:
+            lines = r.iter_lines()
+            first = next(line for line in lines if line)
+            proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line]
+        assert first.startswith("data: {") and rest[-1] == "data: [DONE]"
+        assert "server_shutting_down" in rest[-2], rest
+        proc.wait(15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

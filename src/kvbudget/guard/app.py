@@ -45,6 +45,7 @@ class GuardConfig:
     first_byte_timeout: float = 600.0
     idle_timeout: float = 120.0
     max_response_bytes: int = 64 * 2**20  # a non-streamed upstream answer the guard holds to relay
+    shutdown_grace: float = 30.0  # seconds admitted requests get to finish after SIGTERM
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     poll_interval: float = 1.0
     decision_log: TextIO | None = None  # a file-like for JSON lines; None: stderr
@@ -57,6 +58,8 @@ class Guard:
         self.config = config
         self.replicas = [Replica(url.rstrip("/")) for url in config.upstreams]
         self.pool: Pool | None = None  # made in the app's lifespan, on its event loop
+        self.closing = asyncio.Event()  # set shortly before the shutdown grace runs out: streams end cleanly
+        self.loop: asyncio.AbstractEventLoop | None = None  # the app's, once it has started
         # request headers kept from the upstream: hop-by-hop ones, and the guard's own API key
         self.not_forwarded = HOP_BY_HOP | ({b"authorization"} if config.api_keys or config.priority_keys else set())
         self.metrics = GuardMetrics()
@@ -162,7 +165,7 @@ class Guard:
             assert self.pool is not None
             forwarding = relay(self.pool, decision, target, headers, payload, release, self.metrics,
                                self.config.first_byte_timeout, self.config.idle_timeout,
-                               self.config.max_response_bytes)
+                               self.config.max_response_bytes, self.closing)
             if body.get("stream"):  # a streamed answer notices the client leaving while it streams
                 response = await forwarding
             else:  # the whole answer is awaited: a client that leaves meanwhile cancels the upstream request
@@ -176,6 +179,16 @@ class Guard:
             if len(tried) == len(self.replicas):
                 self.metrics.upstream_errors.labels("all", "unreachable").inc()
                 return error(502, "no upstream could be reached", "upstream_unreachable")
+
+    def begin_shutdown(self) -> None:
+        """SIGTERM: streams still running when the grace is nearly over end with an error event and [DONE]
+        rather than being cut (called from the signal handler; thread-safe)."""
+        loop = self.loop
+        if loop is None:
+            return
+        grace = self.config.shutdown_grace
+        margin = min(5.0, grace / 3)
+        loop.call_soon_threadsafe(loop.call_later, max(0.0, grace - margin), self.closing.set)
 
     async def _unless_client_leaves(self, request: Request, forwarding: Any) -> Response | None:
         """The relay's answer, or None with `request.state.left` set when the client disconnects first (the
@@ -242,6 +255,7 @@ class Guard:
         @contextlib.asynccontextmanager
         async def lifespan(app: Starlette) -> AsyncIterator[None]:
             self.pool = pool = Pool(connect_timeout=self.config.connect_timeout)
+            self.loop = asyncio.get_running_loop()
             await self.poller.poll_once(pool)
             task = asyncio.create_task(self.poller.poll_forever(pool))
             try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 
@@ -25,7 +26,8 @@ def error(status: int, message: str, kind: str, headers: dict[str, str] | None =
 
 async def relay(pool: Pool, decision: Decision, target: str, headers: list[tuple[bytes, bytes]], payload: bytes,
                 release: Callable[[], None], metrics: GuardMetrics, first_byte_timeout: float,
-                idle_timeout: float, max_response_bytes: int = 64 * 2**20) -> Response | None:
+                idle_timeout: float, max_response_bytes: int = 64 * 2**20,
+                closing: asyncio.Event | None = None) -> Response | None:
     """The upstream's answer, or None when its replica could not be connected to (the caller may retry)."""
     url = decision.replica
     assert url is not None
@@ -69,6 +71,12 @@ async def relay(pool: Pool, decision: Decision, target: str, headers: list[tuple
         try:
             async for chunk in upstream.chunks(idle_timeout):
                 yield chunk
+                if closing is not None and closing.is_set():  # the guard is stopping: end the stream properly
+                    metrics.upstream_errors.labels(url, "shutdown").inc()
+                    cut = {"error": {"message": "the guard is shutting down; this answer was cut short",
+                                     "type": "server_shutting_down", "code": 503}}
+                    yield f"data: {json.dumps(cut)}\n\ndata: [DONE]\n\n".encode()
+                    return
         except UpstreamError as exc:
             metrics.upstream_errors.labels(url, "stream").inc()
             failure = {"error": {"message": f"the upstream stream ended abnormally ({exc})",

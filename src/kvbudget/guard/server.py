@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import socket
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -97,7 +98,7 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
         notes.append("prompt lengths estimated from characters (4 per token); give a tokenizer for exact counts")
     limits: dict[str, Any] = {key: config[key] for key in ("max_body_bytes", "connect_timeout",
                                                            "first_byte_timeout", "idle_timeout",
-                                                           "max_response_bytes") if key in config}
+                                                           "max_response_bytes", "shutdown_grace") if key in config}
     limits["limits"] = connection_limits(config)
     guard = Guard(GuardConfig(upstreams=list(upstreams), engine=chosen, policy=policy, predictor=predictor,
                               count_prompt=count_prompt, max_model_len=context,
@@ -143,8 +144,9 @@ def server_config(guard: Guard, host: str, port: int, loop: str = "asyncio") -> 
     from kvbudget.guard.limits import protocol_for
 
     protocol = protocol_for(guard.config.limits, guard.metrics, guard.config.decision_log)
-    return uvicorn.Config(guard.app(), host=host, port=port, log_level="warning", timeout_graceful_shutdown=30,
-                          access_log=False, loop=loop, http=protocol)
+    return uvicorn.Config(guard.app(), host=host, port=port, log_level="warning",
+                          timeout_graceful_shutdown=math.ceil(guard.config.shutdown_grace), access_log=False,
+                          loop=loop, http=protocol)
 
 
 def listen_address(text: str) -> tuple[str, int]:
@@ -196,4 +198,11 @@ def serve(guard: Guard, host: str, port: int, announce: Callable[[str], None] | 
     (announce or print)(f"listening on http://{shown}:{sock.getsockname()[1]}")
     gc.collect()
     gc.freeze()  # what start-up loaded is never garbage: keep it out of the collector's full passes
-    uvicorn.Server(config).run(sockets=[sock])
+
+    class GuardServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not self.should_exit:
+                guard.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+    GuardServer(config).run(sockets=[sock])
