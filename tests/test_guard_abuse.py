@@ -519,3 +519,14 @@ def test_streams_longer_than_the_shutdown_grace_end_with_an_error_event(fake_eng
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_full_fresh_replica_does_not_refuse_what_a_stale_one_could_take():
+    """A replica whose metrics hang goes stale; requests were then all judged on the fresh one and refused at
+    97% although the other was nearly empty. Fail-open, the stale replica takes them on its prediction."""
+    fresh_full = Replica("full", observed=0.97, observed_at=1000.0)
+    stale = Replica("stale", observed=0.10, observed_at=0.0, predicted=0.05)
+    d = decide({"max_tokens": 10}, [fresh_full, stale], Policy(), now=1000.0)
+    assert (d.action, d.replica) == ("forward", "stale") and "fail-open" in d.reason
+    d = decide({"max_tokens": 10}, [fresh_full, stale], Policy(fail_open=False), now=1000.0)
+    assert d.action == "reject" and d.replica == "full"

@@ -155,6 +155,22 @@ def decide(body: dict[str, Any], replicas: list[Replica], policy: Policy, priori
     replica, note = choose_replica(replicas, policy, now)
     if replica is None:
         return Decision("reject", 3, None, None, reason=note)
+    decision = _decide_on(replica, note, body, policy, priority, now, cost, fields)
+    if decision.action == "reject" and policy.fail_open and replica.fresh(policy, now):
+        # the fresh replicas are full: a replica whose metrics have gone stale may still take it, on its
+        # prediction alone (fail-open), rather than every request being refused while its gauge hangs
+        stale = [r for r in replicas if r.healthy and not r.fresh(policy, now)]
+        if stale:
+            other = min(stale, key=lambda r: (r.pressure(policy, now), r.in_flight))
+            second = _decide_on(other, "upstream metrics are stale; acting on predicted usage (fail-open)", body,
+                                policy, priority, now, cost, fields)
+            if second.action == "forward":
+                return second
+    return decision
+
+
+def _decide_on(replica: Replica, note: str, body: dict[str, Any], policy: Policy, priority: bool, now: float,
+               cost: Callable[[dict[str, Any]], float] | None, fields: tuple[str, ...]) -> Decision:
     pressure = replica.pressure(policy, now)
     replica.level = level_for(pressure, replica.level, policy)
     limit = policy.priority_reject if priority else policy.reject
