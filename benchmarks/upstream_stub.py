@@ -1,6 +1,8 @@
 """A minimal OpenAI-style upstream for the guard benchmark: constant small answers (streamed as a few SSE
-events when asked), a /metrics gauge."""
+events when asked), a /metrics gauge; a request's "fault" field plays an engine failing (500, dying
+mid-stream, slow)."""
 
+import asyncio
 import json
 import sys
 
@@ -20,9 +22,18 @@ CHUNK = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "s
 
 async def chat(request):
     body = await request.json()
+    fault = body.get("fault")  # the soak benchmark's faults: "500", "die" (mid-stream), "slow" (1 s)
+    if fault == "500":
+        return JSONResponse({"error": {"message": "engine failure"}}, status_code=500)
+    if fault == "slow":
+        await asyncio.sleep(1.0)
     if body.get("stream"):
         async def events():
-            for _ in range(4):
+            for i in range(4):
+                if fault == "die" and i == 2:
+                    raise RuntimeError("the engine died mid-stream")
+                if fault == "slow":
+                    await asyncio.sleep(0.2)
                 yield f"data: {json.dumps(CHUNK)}\n\n"
             yield "data: [DONE]\n\n"
 
