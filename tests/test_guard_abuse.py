@@ -530,3 +530,27 @@ def test_a_full_fresh_replica_does_not_refuse_what_a_stale_one_could_take():
     assert (d.action, d.replica) == ("forward", "stale") and "fail-open" in d.reason
     d = decide({"max_tokens": 10}, [fresh_full, stale], Policy(fail_open=False), now=1000.0)
     assert d.action == "reject" and d.replica == "full"
+
+
+def test_a_taken_port_is_a_one_line_error_from_the_cli(capsys):
+    """It used to exit 3 with uvicorn's own message."""
+    from kvbudget.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["guard", "--upstream", "http://127.0.0.1:9", "--listen", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "another program may hold the port" in err[-1] and not any("Traceback" in line for line in err)
+
+
+def test_no_reachable_upstream_is_a_counted_502(fake_engine, serve, free_port):
+    guard, _ = build_guard([f"http://127.0.0.1:{free_port()}"], "vllm", poll_interval=60,
+                           decision_log=io.StringIO())
+    with serve(guard.app()) as g:
+        guard.replicas[0].healthy = True  # as if it had answered its last scrape
+        r = httpx.post(f"{g.url}/v1/chat/completions", json={"messages": MSGS})
+        assert r.status_code == 502
+        assert 'kvbudget_guard_upstream_errors_total{kind="unreachable",replica="all"} 1.0' in httpx.get(
+            f"{g.url}/metrics").text
