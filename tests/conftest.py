@@ -134,6 +134,39 @@ def free_port() -> Callable[[], int]:
 
 
 @pytest.fixture
+def guard_process() -> Callable[..., Any]:
+    """`with guard_process(*args) as (proc, url):` runs `kvbudget guard --listen 127.0.0.1:PORT *args` as a
+    process (stderr piped) until /healthz answers, and kills it if the block leaves it running."""
+    import contextlib
+    import subprocess
+    import sys
+
+    import httpx
+
+    @contextlib.contextmanager
+    def run(*args: str) -> Iterator[tuple[subprocess.Popen, str]]:
+        url = f"http://127.0.0.1:{_free_port()}"
+        proc = subprocess.Popen([sys.executable, "-m", "kvbudget", "guard", "--listen", url.removeprefix("http://"),
+                                 *args], stderr=subprocess.PIPE)
+        try:
+            deadline = time.time() + 20
+            while True:
+                try:
+                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    if time.time() > deadline:
+                        raise
+                    time.sleep(0.1)
+            yield proc, url
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+    return run
+
+
+@pytest.fixture
 def serve() -> Callable[..., Served]:
     """`with serve(app) as s:` runs an ASGI app on loopback (s.url) until the block ends."""
     return Served

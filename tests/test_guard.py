@@ -337,37 +337,20 @@ def test_client_disconnecting_mid_stream_releases_the_request(engine, serve):
         assert guard.replicas[0].in_flight == 0 and guard.replicas[0].predicted == 0.0
 
 
-def test_sigterm_drains_in_flight_requests(engine, tmp_path, free_port):
+def test_sigterm_drains_in_flight_requests(engine, guard_process):
     """The guard process finishes a stream already admitted before it exits on SIGTERM."""
     import signal
-    import subprocess
-    import sys
 
     engine.slow_stream = 0.3
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kvbudget", "guard", "--upstream", engine.url, "--listen",
-                             f"127.0.0.1:{port}", "--poll-interval", "0.1"], stderr=subprocess.PIPE)
-    try:
-        deadline = time.time() + 20
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.1)
-        stream = client(f"http://127.0.0.1:{port}").chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "x"}], stream=True)
+    with guard_process("--upstream", engine.url, "--poll-interval", "0.1") as (proc, url):
+        stream = client(url).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                                     stream=True)
         first = next(iter(stream))
         proc.send_signal(signal.SIGTERM)
         rest = [chunk.choices[0].delta.content for chunk in stream]
         assert first.choices[0].delta.content == "t0 " and rest == ["t1 ", "t2 ", "t3 ", "t4 "]
         assert proc.wait(15) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has drained
-        assert f"kvbudget guard: listening on http://127.0.0.1:{port}" in proc.stderr.read().decode()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        assert f"kvbudget guard: listening on {url}" in proc.stderr.read().decode()
 
 
 def test_yaml_config_sets_thresholds_and_limits():

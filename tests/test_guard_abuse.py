@@ -486,28 +486,15 @@ def test_a_client_leaving_a_non_streamed_request_cancels_it_upstream(fake_engine
         assert httpx.post(f"{g.url}/v1/chat/completions", json={"messages": MSGS}).status_code == 200
 
 
-def test_streams_longer_than_the_shutdown_grace_end_with_an_error_event(fake_engine, tmp_path, free_port):
+def test_streams_longer_than_the_shutdown_grace_end_with_an_error_event(fake_engine, tmp_path, guard_process):
     """A stream still running when SIGTERM's grace runs out used to be cut with no error event and no [DONE]."""
     import signal
-    import subprocess
-    import sys
 
     fake_engine.slow_stream = 0.6  # 5 chunks: 3 s, longer than the 1.5 s grace
     config = tmp_path / "guard.yaml"
     config.write_text("shutdown_grace: 1.5\n")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kvbudget", "guard", "--upstream", fake_engine.url, "--listen",
-                             f"127.0.0.1:{port}", "--config", str(config)], stderr=subprocess.PIPE)
-    try:
-        deadline = time.time() + 20
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                assert time.time() < deadline
-                time.sleep(0.1)
-        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", timeout=20,
+    with guard_process("--upstream", fake_engine.url, "--config", str(config)) as (proc, url):
+        with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=20,
                           json={"messages": MSGS, "stream": True}) as r:
             lines = r.iter_lines()
             first = next(line for line in lines if line)
@@ -516,9 +503,6 @@ def test_streams_longer_than_the_shutdown_grace_end_with_an_error_event(fake_eng
         assert first.startswith("data: {") and rest[-1] == "data: [DONE]"
         assert "server_shutting_down" in rest[-2], rest
         proc.wait(15)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
 
 
 def test_a_full_fresh_replica_does_not_refuse_what_a_stale_one_could_take():
