@@ -16,7 +16,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REQUEST = {"model": "stub", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 16}
@@ -85,6 +87,18 @@ class Client:
             writer.close()
 
 
+async def on_schedule(rate: float, count: int, start: Callable[[], Awaitable[Any]]) -> list[Any]:
+    """`count` calls of `start`, one every 1/rate seconds whatever the earlier ones are doing; their results."""
+    tasks = []
+    begin = time.perf_counter()
+    for i in range(count):
+        delay = begin + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(start()))
+    return await asyncio.gather(*tasks)
+
+
 async def fixed_rate(url: str, rate: int, seconds: float, stream: bool) -> tuple[list[float], float]:
     """Latencies (to the first event, for streams) of rate x seconds requests sent on a fixed schedule, and the
     achieved requests/s."""
@@ -94,14 +108,8 @@ async def fixed_rate(url: str, rate: int, seconds: float, stream: bool) -> tuple
         start = time.perf_counter()
         latencies.append(await client.post() - start)
 
-    tasks = []
     begin = time.perf_counter()
-    for i in range(int(rate * seconds)):
-        delay = begin + i / rate - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one()))
-    await asyncio.gather(*tasks)
+    await on_schedule(rate, int(rate * seconds), one)
     achieved = len(latencies) / (time.perf_counter() - begin)
     client.close()
     return latencies, achieved

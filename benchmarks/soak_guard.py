@@ -26,7 +26,7 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_guard import free_port, pct, wait  # noqa: E402
+from bench_guard import free_port, on_schedule, pct, wait  # noqa: E402
 
 MSGS = [{"role": "user", "content": "hello there"}]
 MIX = [("normal", 60), ("stream", 15), ("leave_stream", 5), ("leave_answer", 4), ("bad_field", 5),
@@ -106,14 +106,9 @@ async def soak(url: str, port: int, rate: float, seconds: float) -> tuple[collec
     idle: list = []
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=50)
     async with httpx.AsyncClient(timeout=10, limits=limits) as client:
-        tasks = []
-        begin = time.perf_counter()
-        for i in range(int(rate * seconds)):
-            delay = begin + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(rng.choice(kinds), client, url, port, idle)))
-        for kind, ok, took in await asyncio.gather(*tasks):
+        results = await on_schedule(rate, int(rate * seconds),
+                                    lambda: one(rng.choice(kinds), client, url, port, idle))
+        for kind, ok, took in results:
             outcomes[(kind, ok)] += 1
             if ok:
                 latencies[kind].append(took)
