@@ -18,7 +18,8 @@ def add_parser(sub: Any) -> None:
     gd.add_argument("--upstream", action="append", default=[], help="engine base URL (repeatable)")
     gd.add_argument("--config", help="YAML: upstreams, engine, thresholds (e.g. from kvbudget plan --guard-config)")
     gd.add_argument("--engine", help=f"one of {names} (default vllm, or the config's)")
-    gd.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to listen on (default 127.0.0.1:8080)")
+    gd.add_argument("--listen", default="127.0.0.1:8080",
+                    help="HOST:PORT, [IPv6]:PORT or :PORT (all interfaces) to listen on (default 127.0.0.1:8080)")
     gd.add_argument("--model", help="the served model (catalog name, config, folder, Hub id) for predictions")
     gd.add_argument("--kv-memory", help="KV budget per replica for predictions (default: the config's)")
     gd.add_argument("--tokenizer", help="tokenizer for exact prompt lengths (default: characters / 4)")
