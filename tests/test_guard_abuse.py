@@ -538,3 +538,18 @@ def test_no_reachable_upstream_is_a_counted_502(fake_engine, serve, free_port):
         assert r.status_code == 502
         assert 'kvbudget_guard_upstream_errors_total{kind="unreachable",replica="all"} 1.0' in httpx.get(
             f"{g.url}/metrics").text
+
+
+def test_the_header_limit_counts_headers_only(fake_engine, serve):
+    """A large header ending in the same read as the blank line is refused too; a body in the same read as
+    headers under the limit is not counted against it."""
+    guard = guard_with_limits(fake_engine, io.StringIO(), max_header_bytes=16_384)
+    with serve_guard(serve, guard) as g:
+        with socket.create_connection(("127.0.0.1", g.port), timeout=5) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 431")
+        body = json.dumps({"messages": [{"role": "user", "content": "x" * 60_000}], "max_tokens": 4}).encode()
+        with socket.create_connection(("127.0.0.1", g.port), timeout=5) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")

@@ -54,6 +54,7 @@ def protocol_for(limits: ConnectionLimits, metrics: GuardMetrics, log: TextIO | 
             super().__init__(*args, **kwargs)
             self._header_timer: asyncio.TimerHandle | None = None
             self._header_bytes = 0
+            self._tail = b""  # the last bytes of the headers so far (a blank line may span two reads)
             self._reading_headers = True
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -71,9 +72,12 @@ def protocol_for(limits: ConnectionLimits, metrics: GuardMetrics, log: TextIO | 
             metrics.connections.set(len(self.connections))
 
         def data_received(self, data: bytes) -> None:
-            if self._reading_headers:
-                self._header_bytes += len(data)
-                if self._header_bytes > limits.max_header_bytes and b"\r\n\r\n" not in data:
+            if self._reading_headers:  # count the bytes up to the blank line that ends the headers
+                seen = self._tail + data
+                end = seen.find(b"\r\n\r\n")
+                self._header_bytes += len(data) if end < 0 else max(0, end + 4 - len(self._tail))
+                self._tail = seen[-3:]
+                if self._header_bytes > limits.max_header_bytes:
                     refuse(self, "headers_too_large", 431, "Request Header Fields Too Large",
                            f"request line and headers over {limits.max_header_bytes} bytes")
                     return
@@ -91,6 +95,7 @@ def protocol_for(limits: ConnectionLimits, metrics: GuardMetrics, log: TextIO | 
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._header_bytes = 0
+            self._tail = b""
             self._reading_headers = True
             self._arm()
 
