@@ -10,7 +10,7 @@ from typing import Any
 from kvbudget.engines import Engine
 from kvbudget.guard.metrics import GuardMetrics
 from kvbudget.guard.policy import Decision, Policy, Replica, decide
-from kvbudget.guard.request import Asked
+from kvbudget.guard.request import Asked, samples
 from kvbudget.guard.signals import Predictor, approximate_prompt_tokens
 
 
@@ -35,13 +35,13 @@ class Admission:
         the engine reads it (an absent one: the rest of the context, when the context length is known)."""
         if self.predictor is None:
             return 0
-        samples = max(body.get("n") or 1, body.get("best_of") or 1)  # the body as rewritten
+        sequences = samples(body)  # the body as rewritten
         total = 0
         for prompt in prompts:
             remaining = None if self.max_model_len is None else self.max_model_len - prompt
             output = self.engine.output_limit.tokens(body, asked.chat, remaining)
             total += self.predictor.request_bytes(prompt, self.policy.default_max_tokens if output is None
-                                                  else output, samples)
+                                                  else output, sequences)
         return total
 
     def decide(self, body: dict[str, Any], asked: Asked, prompts: list[int], priority: bool, tried: set[str],

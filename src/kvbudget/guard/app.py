@@ -61,7 +61,8 @@ class Guard:
         self.closing = asyncio.Event()  # set shortly before the shutdown grace runs out: streams end cleanly
         self.loop: asyncio.AbstractEventLoop | None = None  # the app's, once it has started
         # request headers kept from the upstream: hop-by-hop ones, and the guard's own API key
-        self.not_forwarded = HOP_BY_HOP | ({b"authorization"} if config.api_keys or config.priority_keys else set())
+        self.keys = config.api_keys | config.priority_keys  # every key the guard accepts (none: open)
+        self.not_forwarded = HOP_BY_HOP | ({b"authorization"} if self.keys else set())
         self.metrics = GuardMetrics()
         self.engine = get_engine(config.engine)
         self.admission = Admission(self.replicas, config.policy, config.predictor, config.count_prompt, self.metrics,
@@ -78,18 +79,17 @@ class Guard:
         """The request's bearer token when it is one of the guard's keys, else None."""
         scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
         token = token.strip()
-        keys = self.config.api_keys | self.config.priority_keys
-        return token if scheme.lower() == "bearer" and token in keys else None
+        return token if scheme.lower() == "bearer" and token in self.keys else None
 
     def _denied(self, request: Request) -> Response | None:
         """401 when the guard has keys and the request carries none of them."""
-        if (self.config.api_keys or self.config.priority_keys) and self._key(request) is None:
+        if self.keys and self._key(request) is None:
             return error(401, "invalid or missing API key for the guard", "authentication_error")
         return None
 
     def _priority(self, request: Request) -> bool:
         """With keys, priority is the key's (a priority key); without, the x-kvbudget-priority header's."""
-        if self.config.api_keys or self.config.priority_keys:
+        if self.keys:
             return self._key(request) in self.config.priority_keys
         return request.headers.get(PRIORITY_HEADER, "").lower() == "high"
 
@@ -169,8 +169,8 @@ class Guard:
             if body.get("stream"):  # a streamed answer notices the client leaving while it streams
                 response = await forwarding
             else:  # the whole answer is awaited: a client that leaves meanwhile cancels the upstream request
-                response = await self._unless_client_leaves(request, forwarding)
-                if response is None and request.state.left:
+                left, response = await self._unless_client_leaves(forwarding, request)
+                if left:
                     return Response(status_code=499)
             if response is not None:
                 return response
@@ -190,10 +190,9 @@ class Guard:
         margin = min(5.0, grace / 3)
         loop.call_soon_threadsafe(loop.call_later, max(0.0, grace - margin), self.closing.set)
 
-    async def _unless_client_leaves(self, request: Request, forwarding: Any) -> Response | None:
-        """The relay's answer, or None with `request.state.left` set when the client disconnects first (the
-        relay is cancelled, which closes the upstream connection: the engine aborts the request)."""
-        request.state.left = False
+    async def _unless_client_leaves(self, forwarding: Any, request: Request) -> tuple[bool, Response | None]:
+        """(False, the relay's answer), or (True, None) when the client disconnects first: the relay is
+        cancelled, which closes the upstream connection, and the engine aborts the request."""
         relay_task = asyncio.ensure_future(forwarding)
 
         async def disconnected() -> None:
@@ -204,14 +203,14 @@ class Guard:
         try:
             await asyncio.wait((relay_task, watch), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            if not relay_task.done():
+            left = not relay_task.done()
+            if left:
                 relay_task.cancel()
-                request.state.left = True
                 self.metrics.upstream_errors.labels("all", "client_left").inc()
                 with contextlib.suppress(asyncio.CancelledError):
                     await relay_task
             watch.cancel()
-        return None if request.state.left else relay_task.result()
+        return (True, None) if left else (False, relay_task.result())
 
     async def models(self, request: Request) -> Response:
         denied = self._denied(request)

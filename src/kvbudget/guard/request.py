@@ -23,9 +23,8 @@ class BadRequest(KVBudgetError):
 
 @dataclass(frozen=True)
 class Asked:
-    prompts: tuple[Any, ...]  # per sequence family the engine runs: its token count (token ids) or the text to count
-    samples: int  # sequences per prompt: n, best_of or the beam width, whichever is larger
-    chat: bool
+    chat: bool  # /v1/chat/completions: its messages are one prompt
+    prompts: tuple[str | int, ...] = ()  # /v1/completions: per prompt, its text (to count) or its token-id count
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -56,11 +55,18 @@ def read_request(body: dict[str, Any], chat: bool) -> Asked:
         value = body.get(name)
         if value is not None and not isinstance(value, bool):
             raise BadRequest(f"{name} must be true or false, not {_kind(value)}", param=name)
-    samples = max(body.get("n") or 1, body.get("best_of") or 1)
-    return Asked(_messages(body) if chat else _prompts(body), samples, chat)
+    if chat:
+        _check_messages(body)
+        return Asked(True)
+    return Asked(False, _prompts(body))
 
 
-def _messages(body: dict[str, Any]) -> tuple[Any, ...]:
+def samples(body: dict[str, Any]) -> int:
+    """Sequences per prompt of a (validated) body: n, best_of or the beam width, whichever is larger."""
+    return max(body.get("n") or 1, body.get("best_of") or 1)
+
+
+def _check_messages(body: dict[str, Any]) -> None:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list of message objects", param="messages")
@@ -73,10 +79,9 @@ def _messages(body: dict[str, Any]) -> tuple[Any, ...]:
                              param="messages")
         if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
             raise BadRequest(f"messages[{i}].content parts must be objects", param="messages")
-    return (messages,)
 
 
-def _prompts(body: dict[str, Any]) -> tuple[Any, ...]:
+def _prompts(body: dict[str, Any]) -> tuple[str | int, ...]:
     """One entry per prompt: a string (to count) or the number of token ids."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
@@ -103,4 +108,4 @@ def _kind(value: Any) -> str:
             dict: "an object"}.get(type(value), type(value).__name__)
 
 
-__all__ = ["Asked", "BadRequest", "parse_json", "read_request"]
+__all__ = ["Asked", "BadRequest", "parse_json", "read_request", "samples"]

@@ -96,16 +96,15 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
         notes.append(f"prompt lengths from the tokenizer in {tokenizer}")
     else:
         notes.append("prompt lengths estimated from characters (4 per token); give a tokenizer for exact counts")
-    limits: dict[str, Any] = {key: config[key] for key in ("max_body_bytes", "connect_timeout",
-                                                           "first_byte_timeout", "idle_timeout",
-                                                           "max_response_bytes", "shutdown_grace") if key in config}
-    limits["limits"] = connection_limits(config)
+    settings: dict[str, Any] = {key: config[key] for key in ("max_body_bytes", "connect_timeout",
+                                                             "first_byte_timeout", "idle_timeout",
+                                                             "max_response_bytes", "shutdown_grace") if key in config}
     guard = Guard(GuardConfig(upstreams=list(upstreams), engine=chosen, policy=policy, predictor=predictor,
                               count_prompt=count_prompt, max_model_len=context,
                               api_keys=frozenset(api_keys) | frozenset(config.get("api_keys", [])),
                               priority_keys=frozenset(priority_keys) | frozenset(config.get("priority_keys", [])),
                               poll_interval=poll_interval,
-                              decision_log=decision_log, **limits))
+                              decision_log=decision_log, limits=connection_limits(config), **settings))
     return guard, notes
 
 

@@ -49,7 +49,7 @@ class GuardInLoop:
             raise KVBudgetError("guard_config: no kv_budget_bytes in it and no KV budget to predict against",
                                 param="guard_config")
         self.replica = Replica("simulated")
-        self.asked = Asked((), 1, True)  # a chat request: max_tokens and n, the prompt counted already
+        self.asked = Asked(chat=True)  # a chat request: max_tokens and n, the prompt counted already
         self.admission = Admission([self.replica], policy_from_config(config), Predictor(allocation, int(budget)),
                                    None, GuardMetrics(), engine, max_model_len)
         self.poll_interval = poll_interval
