@@ -54,12 +54,13 @@ def drive(guard_url: str, extra: dict, log: io.StringIO) -> tuple[list, list, in
             assert exc.status_code == 503 and exc.response.headers["retry-after"]
             return None
 
+    before = len(_decisions(log))  # decisions of earlier attempts (drive_overlapping) are not this one's
     with ThreadPoolExecutor(max_workers=8) as pool:
         futures = []
         for i in range(8):
             futures.append(pool.submit(open_stream, i))
             deadline = time.monotonic() + 60
-            while len(_decisions(log)) < i + 1:
+            while len(_decisions(log)) < before + i + 1:
                 assert time.monotonic() < deadline, log.getvalue()
                 time.sleep(0.01)
             if _decisions(log)[-1]["action"] == "reject":
