@@ -23,15 +23,27 @@ LLAMA = kvbudget.load_model("llama-3.1-8b")
 
 
 @st.composite
-def workloads(draw):
+def workloads(draw, chains=False):
+    """Random traces; with `chains`, prompts share chains of up to three pieces (few ids and lengths, so two
+    requests often agree on a chain's start and differ after it)."""
     n = draw(st.integers(1, 40))
     t = 0.0
     out = []
     for i in range(n):
         t += draw(st.floats(0, 0.5))
         prompt = draw(st.integers(1, 600))
-        shared = draw(st.integers(0, prompt))
-        prefix = ((("p", draw(st.integers(0, 3))), shared),) if shared else ()
+        if chains:
+            pieces, at = [], 0
+            for _ in range(draw(st.integers(0, 3))):
+                length = min(draw(st.sampled_from([16, 40, 100, 200])), prompt - at)
+                if length <= 0:
+                    break
+                pieces.append((("p", draw(st.integers(0, 2))), length))
+                at += length
+            prefix = tuple(pieces)
+        else:
+            shared = draw(st.integers(0, prompt))
+            prefix = ((("p", draw(st.integers(0, 3))), shared),) if shared else ()
         out.append(Request(t, prompt, draw(st.integers(1, 300)), prefix, str(i), n=draw(st.sampled_from([1, 1, 2, 3]))))
     return out
 
@@ -774,12 +786,13 @@ class QueuePool:
 @settings(max_examples=200, deadline=None)
 @given(st.integers(2, 40), st.randoms(use_true_random=False))
 def test_block_pool_equals_vllms_queue_block_by_block(blocks, rng):
-    """`BlockPool` (runs, a stack of unkeyed blocks, a keyed queue with gaps) against the block-by-block queue,
+    """`BlockPool` (block ids: a stack of unkeyed blocks, a keyed queue with gaps; the hybrid scheduler's pool)
+    against the block-by-block queue,
     over 200 random operations: requests take blocks, key them (small key space, so two blocks often hold one
     key), find runs of keys and take the blocks back (from the queue or from another request), and free them.
     Free counts, which keys are cached, what each lookup finds (block ids paired as they are handed out) and
     what is evictable agree."""
-    from kvbudget.simulation.vllm import BlockPool
+    from kvbudget.simulation.pool import BlockPool
 
     new, old = BlockPool(blocks), QueuePool(blocks)
     held: dict[int, list[tuple[int, int]]] = {}  # request -> its blocks (new id, old id)
@@ -789,7 +802,7 @@ def test_block_pool_equals_vllms_queue_block_by_block(blocks, rng):
         op, r, n, k = rng.choice("tshr"), rng.randint(0, 5), rng.randint(0, 12), rng.randint(0, 6)
         mine = held.setdefault(r, [])
         if op == "t" and n <= new.nfree:
-            taken = list(zip(new.take(n), old.take(n), strict=True))
+            taken = list(zip(new.take_ids(n), old.take(n), strict=True))
             pair.update(taken)
             mine += taken
         elif op == "s" and keyed.get(r, 0) < len(mine):  # key the next few blocks: keys k, k+1, ...
@@ -814,7 +827,7 @@ def test_block_pool_equals_vllms_queue_block_by_block(blocks, rng):
             mine += found
             keyed[r] = len(found)
         elif op == "r" and mine:
-            new.release([b for b, _ in reversed(mine)])
+            new.release_ids([b for b, _ in reversed(mine)])
             old.release([c for _, c in reversed(mine)])
             held[r], keyed[r] = [], 0
         assert new.nfree == old.nfree
@@ -823,10 +836,132 @@ def test_block_pool_equals_vllms_queue_block_by_block(blocks, rng):
             assert (b is None and c is None) or pair[b] == c
 
 
+class BlockByBlock:
+    """`RunPool`'s interface over the block-by-block queue: block ids in per-request tables, one key (line, j)
+    per block."""
+
+    caching = True
+
+    def __init__(self, num_blocks: int) -> None:
+        self.q = QueuePool(num_blocks)
+        self.usable = self.q.usable
+        self.tables: dict[int, list[int]] = {}  # request uid -> its block ids
+        self.keyed: dict[int, int] = {}  # request uid -> how many of its blocks are keyed
+
+    @property
+    def nfree(self) -> int:
+        return self.q.nfree
+
+    def usage(self) -> float:
+        return self.q.usage()
+
+    def find(self, segments):
+        from kvbudget.simulation.pool import Hits
+
+        found = []
+        for line, a, b in segments:
+            for j in range(a, b):
+                block = self.q.lookup((line, j))
+                if block is None:
+                    return Hits(found, len(found))
+                found.append(block)
+        return Hits(found, len(found))
+
+    def evictable(self, hits) -> int:
+        return self.q.evictable(hits.parts)
+
+    def touch(self, s, hits) -> None:
+        self.q.touch(hits.parts)
+        self.tables[s.uid] = list(hits.parts)
+        self.keyed[s.uid] = len(hits.parts)
+
+    def take(self, s, n: int) -> None:
+        self.tables.setdefault(s.uid, []).extend(self.q.take(n))
+
+    def store(self, s, segments) -> None:
+        keys = [(line, j) for line, a, b in segments for j in range(a, b)]
+        lo = self.keyed.get(s.uid, 0)
+        self.q.store_many(self.tables[s.uid][lo:lo + len(keys)], keys)
+        self.keyed[s.uid] = lo + len(keys)
+
+    def release(self, s, blocks: int) -> None:
+        table = self.tables.pop(s.uid, [])
+        assert len(table) == blocks
+        self.keyed.pop(s.uid, None)
+        self.q.release(table[::-1])
+
+
+class Holder:
+    def __init__(self, uid: int) -> None:
+        self.uid = uid
+        self.runs: list = []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 40), st.randoms(use_true_random=False))
+def test_run_pool_equals_vllms_queue_block_by_block(blocks, rng):
+    """`RunPool` (runs of blocks per line, a linked queue of free runs, unkeyed blocks only counted) against the
+    block-by-block queue, over 200 random operations in the scheduler's protocol: a request is admitted with the
+    longest cached run of its keys (taken off the queue or shared with another request), takes new blocks, keys
+    them in order, and frees its whole table. Requests follow one of two chains of three 4-block lines, then a
+    line of their own, so lines are shared, and two requests keying the same blocks at once hold one key twice.
+    Free counts, and what every lookup finds (blocks and how many of them are idle), agree."""
+    from kvbudget.simulation.pool import RunPool
+
+    new, old = RunPool(blocks), BlockByBlock(blocks)
+    holders = [Holder(i) for i in range(6)]
+    plan = {h.uid: rng.randrange(2) for h in holders}  # the chain each request follows
+    nblocks = dict.fromkeys(plan, 0)
+    keyed = dict.fromkeys(plan, 0)
+
+    def segments(uid: int, lo: int, hi: int):
+        chain = plan[uid]
+        for q in range(4):
+            a, b = max(lo, 4 * q), min(hi, 4 * q + 4) if q < 3 else hi
+            if a < b:
+                yield ((chain, q) if q < 3 else ~uid), a, b
+
+    def probe(uid: int, limit: int = 20):
+        found = [pool.find(segments(uid, 0, limit)) for pool in (new, old)]
+        assert len(found[0]) == len(found[1])
+        assert new.evictable(found[0]) == old.evictable(found[1])
+        return found[0], found[1]
+
+    for _ in range(300):
+        op, h, n = rng.choice("htsr"), rng.choice(holders), rng.randint(1, 8)
+        uid = h.uid
+        if op == "h" and not nblocks[uid]:
+            plan[uid] = rng.randrange(2)
+            hits, hits_old = probe(uid, rng.randint(0, 20))  # hits stop short of the last token: anywhere
+            if new.evictable(hits) + n <= new.nfree:
+                new.touch(h, hits)
+                old.touch(h, hits_old)
+                nblocks[uid] = keyed[uid] = len(hits)
+                new.take(h, n)
+                old.take(h, n)
+                nblocks[uid] += n
+        elif op == "t" and nblocks[uid] and n <= new.nfree:
+            new.take(h, n)
+            old.take(h, n)
+            nblocks[uid] += n
+        elif op == "s" and keyed[uid] < nblocks[uid]:
+            hi = min(nblocks[uid], keyed[uid] + n)
+            new.store(h, segments(uid, keyed[uid], hi))
+            old.store(h, segments(uid, keyed[uid], hi))
+            keyed[uid] = hi
+        elif op == "r" and nblocks[uid]:
+            new.release(h, nblocks[uid])
+            old.release(h, nblocks[uid])
+            nblocks[uid] = keyed[uid] = 0
+        assert new.nfree == old.nfree
+        for other in holders:
+            probe(other.uid)
+
+
 @settings(max_examples=40, deadline=None)
-@given(workloads(), st.integers(8, 200), st.sampled_from([16, 32]), st.integers(1, 64),
+@given(workloads(chains=True), st.integers(8, 200), st.sampled_from([16, 32]), st.integers(1, 64),
        st.sampled_from([64, 256, 2048]))
-def test_simulations_with_the_block_pool_equal_those_with_vllms_queue(requests, blocks, block_size, seqs, budget):
+def test_simulations_with_the_run_pool_equal_those_with_vllms_queue(requests, blocks, block_size, seqs, budget):
     """Whole simulations with prefix caching, step for step, the same with either pool."""
     from unittest import mock
 
@@ -834,9 +969,9 @@ def test_simulations_with_the_block_pool_equal_those_with_vllms_queue(requests, 
     requests = [r for r in requests if r.prompt_tokens < max_len]
     setup = _setup(blocks, block_size, seqs, budget, max_len, True)
     runs = []
-    for pool in (None, QueuePool):
+    for pool in (None, BlockByBlock):
         steps: list = []
-        with mock.patch("kvbudget.simulation.vllm.BlockPool", pool) if pool else mock.patch.dict({}):
+        with mock.patch("kvbudget.simulation.vllm.RunPool", pool) if pool else mock.patch.dict({}):
             result = simulate(LLAMA, iter(requests), setup=setup, on_step=lambda *a, steps=steps: steps.append(a))
         runs.append((result, steps))
     assert runs[0] == runs[1]

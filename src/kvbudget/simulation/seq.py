@@ -7,9 +7,12 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import chain
+from typing import TYPE_CHECKING
 
 from kvbudget.simulation.workload import Request
+
+if TYPE_CHECKING:
+    from kvbudget.simulation.pool import Run
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,6 @@ class Seq:
     """One request inside the scheduler (mutable; the scheduler owns it)."""
 
     __slots__ = (
-        "blocks",
         "chains",
         "computed",
         "end",
@@ -41,6 +43,7 @@ class Seq:
         "held",
         "hit_tokens",
         "junction",
+        "nblocks",
         "ncached",
         "out",
         "pieces",
@@ -48,6 +51,7 @@ class Seq:
         "prompt",
         "recomputed",
         "request",
+        "runs",
         "shared",
         "starts",
         "tables",
@@ -61,8 +65,9 @@ class Seq:
         self.end = request.output_tokens  # outputs at which it finishes (the scheduler caps it at max_model_len)
         self.out = 0  # tokens generated so far
         self.computed = 0  # vLLM's num_computed_tokens
-        self.blocks: list[int] = []
+        self.nblocks = 0  # its block table's length (one full-attention group)
         self.ncached = 0  # blocks already keyed
+        self.runs: list[Run] = []  # with prefix caching: its keyed blocks as runs of the pool (see pool.py)
         self.pieces = request.prefix
         self.chains: list[int] = []  # per piece: its base key (see key())
         self.starts: list[int] = []  # per piece: the token it starts at
@@ -88,8 +93,8 @@ class Seq:
         within the shared pieces is keyed by the chain of whole pieces before the one its end falls in, that
         piece's id (together: the piece's even base) and the offset of the end in it; a block reaching past the
         pieces holds tokens of this request only, so it can only ever equal this request's own block j
-        (re-found after a preemption): an odd key from the request's id. Consecutive blocks of one piece have
-        keys in arithmetic progression, so `keys` makes them as ranges."""
+        (re-found after a preemption): an odd key from the request's id. (The hybrid scheduler's keys; `segments`
+        gives the same relation by runs.)"""
         end = (j + 1) * block_size
         if end > self.shared:
             return ((self.uid << 24) + j) * 2 + 1
@@ -98,12 +103,11 @@ class Seq:
         q = bisect_left(self.ends, end)
         return self.chains[q] + 2 * (end - self.starts[q])
 
-    def keys(self, lo: int, hi: int, block_size: int) -> list[int]:
-        """key(j, block_size) for j in [lo, hi)."""
-        return list(chain.from_iterable(self.key_runs(lo, hi, block_size)))
-
-    def key_runs(self, lo: int, hi: int, block_size: int) -> Iterator[range]:
-        """The keys of blocks lo to hi - 1 as ranges, one per piece (and one for the blocks past the pieces)."""
+    def segments(self, lo: int, hi: int, block_size: int) -> Iterator[tuple[int, int, int]]:
+        """Blocks lo to hi - 1 by line, as (line, first block, end block): the blocks whose end falls in one shared
+        piece are that piece's line (its base key: the same for every request with the same pieces up to it, and
+        block j holds the same tokens in all of them); the blocks reaching past the pieces are the request's own
+        line (~uid, negative). Block j of line L is the pool's content key (L, j)."""
         if lo >= hi:
             return
         if not self.chains:
@@ -111,19 +115,17 @@ class Seq:
         bs = block_size
         unique = min(self.shared // bs, hi)  # blocks from here on reach past the pieces
         if lo < unique:
-            ends, starts, bases = self.ends, self.starts, self.chains
+            ends, bases = self.ends, self.chains
             q = bisect_left(ends, (lo + 1) * bs)
             j = lo
             while j < unique:
                 stop = min(ends[q] // bs, unique)
                 if stop > j:
-                    first = bases[q] + 2 * ((j + 1) * bs - starts[q])
-                    yield range(first, first + 2 * bs * (stop - j), 2 * bs)
+                    yield bases[q], j, stop
                     j = stop
                 q += 1
         if hi > unique:
-            base = (self.uid << 24) * 2 + 1
-            yield range(base + 2 * max(lo, unique), base + 2 * hi, 2)
+            yield ~self.uid, max(lo, unique), hi
 
     def _chain(self) -> None:
         """Per piece: its base key (a hash of the whole pieces before it and its id, made even and shifted past

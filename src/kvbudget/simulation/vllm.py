@@ -20,197 +20,13 @@ Sliding windows, Mamba state and spec decoding are not modelled here (see `suppo
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-from collections.abc import Iterable
-from itertools import chain, takewhile
+from collections.abc import Sized
 
 from kvbudget.engines.vllm import BlockGroup
 from kvbudget.errors import KVBudgetError
+from kvbudget.simulation.pool import NO_HITS, BlockPool, CountingPool, Hits, RunPool
 from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step, commit
 from kvbudget.units import cdiv
-
-
-class CountingPool:
-    """The block pool without prefix caching: no block is ever looked up or kept for reuse, so which block is
-    which changes nothing that can be observed, and the pool only counts (every block id is 0)."""
-
-    caching = False
-
-    def __init__(self, num_blocks: int) -> None:
-        self.usable = num_blocks - 1  # block 0 is vLLM's null block
-        self.nfree = self.usable
-
-    def usage(self) -> float:
-        return 1.0 - self.nfree / self.usable
-
-    def take(self, n: int) -> list[int]:
-        self.nfree -= n
-        return [0] * n
-
-    def release(self, ordered: list[int]) -> None:
-        self.nfree += len(ordered)
-
-
-class BlockPool(CountingPool):
-    """vLLM's block pool with prefix caching: a free queue in eviction order and a map from content key to
-    cached blocks.
-
-    vLLM's free queue always holds the blocks without a key first (the pool starts with none keyed, and freed
-    blocks without a key go to its front) and then the keyed ones, least recently freed first (freed keyed blocks
-    go to its tail; a block keeps its key until it is taken). Blocks without a key cannot be told apart by
-    anything the scheduler sees, so they are kept as a stack (`spare`); the keyed ones as a list read from `head`
-    on, where a block taken back by a cache hit leaves its entry behind as a gap (`gaps`, absolute positions).
-    Runs of blocks are taken, freed and keyed with list and dict operations rather than block by block.
-    `tests/test_simulate.py` checks it against a block-by-block copy of vLLM's queue."""
-
-    caching = True
-
-    def __init__(self, num_blocks: int) -> None:
-        super().__init__(num_blocks)
-        self.key: list[int | None] = [None] * num_blocks
-        self.shared: dict[int, int] = {}  # a held block -> how many requests hold it beyond one
-        self.spare = list(range(num_blocks - 1, 0, -1))  # free blocks without a key
-        self.queue: list[int] = []  # free keyed blocks in eviction order, from `head`, with gaps
-        self.head = 0
-        self.base = 0  # the absolute position of queue[0]
-        self.at = [-1] * num_blocks  # a free keyed block's absolute position in the queue; -1 for the others
-        self.gaps: list[int] = []  # absolute positions of entries whose block was taken back, sorted
-        self.cached: dict[int, int] = {}  # key -> the first block that holds it
-        self.more: dict[int, list[int]] = {}  # key -> the blocks that hold it after the first, in order
-
-    def lookup(self, key: int) -> int | None:
-        return self.cached.get(key)
-
-    def find(self, keys: Iterable[int]) -> list[int]:
-        """The blocks holding the longest run of cached keys from the first."""
-        cached = self.cached
-        return [cached[k] for k in takewhile(cached.__contains__, keys)]
-
-    def take(self, n: int) -> list[int]:
-        """get_new_blocks: n blocks from the front of the free queue, their keys evicted."""
-        spare = self.spare
-        if len(spare) >= n:
-            out = spare[len(spare) - n:]
-            del spare[len(spare) - n:]
-        else:
-            out = spare[:]
-            spare.clear()
-            out += self._evict(n - len(out))
-        self.nfree -= n
-        return out
-
-    def _evict(self, n: int) -> list[int]:
-        """The n blocks at the front of the keyed queue, their keys dropped."""
-        queue, gaps = self.queue, self.gaps
-        out: list[int] = []
-        while len(out) < n:
-            lo = self.head
-            hi = lo + n - len(out)
-            self.head = hi
-            run = queue[lo:hi]
-            start = self.base + lo
-            if gaps and gaps[0] < start + len(run):  # skip the entries taken back
-                cut = bisect_left(gaps, start + len(run))
-                skip = set(gaps[:cut])
-                del gaps[:cut]
-                run = [b for i, b in enumerate(run, start) if i not in skip]
-            out += run
-        if self.head > 4096 and 2 * self.head > len(queue):
-            del queue[:self.head]
-            self.base += self.head
-            self.head = 0
-        key, at, cached, more = self.key, self.at, self.cached, self.more
-        keys: list[int] = [key[b] for b in out]  # type: ignore[misc]  # queued blocks are all keyed
-        if not more or more.keys().isdisjoint(keys):  # each block its key's only holder
-            for k in keys:
-                del cached[k]
-        else:
-            for b, k in zip(out, keys, strict=True):
-                self._drop(b, k)
-        for b in out:
-            key[b] = None
-            at[b] = -1
-        return out
-
-    def _drop(self, b: int, k: int) -> None:
-        cached, more = self.cached, self.more
-        later = more.get(k)
-        if cached[k] == b:
-            if later:
-                cached[k] = later.pop(0)
-                if not later:
-                    del more[k]
-            else:
-                del cached[k]
-        else:
-            assert later is not None
-            later.remove(b)
-            if not later:
-                del more[k]
-
-    def touch(self, blocks: list[int]) -> None:
-        at, gaps, shared = self.at, self.gaps, self.shared
-        for b in blocks:
-            if at[b] >= 0:  # a keyed block in the free queue
-                insort(gaps, at[b])
-                at[b] = -1
-                self.nfree -= 1
-            else:  # held already: one more holder
-                shared[b] = shared.get(b, 0) + 1
-
-    def store(self, b: int, key: int) -> None:
-        self.store_many([b], [key])
-
-    def store_many(self, blocks: list[int], keys: list[int]) -> None:
-        """Key each block, in order; a key already held keeps its first holder (vLLM's map holds them all)."""
-        own = self.key
-        for b, k in zip(blocks, keys, strict=True):
-            own[b] = k
-        cached = self.cached
-        if cached.keys().isdisjoint(keys):
-            cached.update(zip(keys, blocks, strict=True))
-            return
-        for b, k in zip(blocks, keys, strict=True):
-            first = cached.setdefault(k, b)
-            if first != b:
-                self.more.setdefault(k, []).append(b)
-
-    def release(self, ordered: list[int]) -> None:
-        """free_blocks: `ordered` by eviction priority; unkeyed to the front, keyed to the tail."""
-        shared = self.shared
-        common = shared.keys() & ordered if shared else None
-        if not common:  # each block held by this request alone
-            freed = ordered
-        else:  # blocks other requests hold too stay held
-            for b in common:
-                if shared[b] > 1:
-                    shared[b] -= 1
-                else:
-                    del shared[b]
-            freed = [b for b in ordered if b not in common]
-        key = self.key
-        keys = [key[b] for b in freed]
-        unkeyed = keys.count(None)
-        if not unkeyed:
-            keyed = freed
-        elif unkeyed == 1 and keys[0] is None:  # the usual: a request's last block, not yet full
-            self.spare.append(freed[0])
-            keyed = freed[1:]
-        else:
-            self.spare += [b for b, k in zip(freed, keys, strict=True) if k is None]
-            keyed = [b for b, k in zip(freed, keys, strict=True) if k is not None]
-        at, queue = self.at, self.queue
-        p = self.base + len(queue)
-        for b in keyed:
-            at[b] = p
-            p += 1
-        queue += keyed
-        self.nfree += len(freed)
-
-    def evictable(self, blocks: list[int]) -> int:
-        """How many of these keyed blocks sit in the free queue (no request holds them)."""
-        at = self.at
-        return sum(1 for b in blocks if at[b] >= 0)
 
 
 class VLLMScheduler(Queues):
@@ -219,8 +35,12 @@ class VLLMScheduler(Queues):
 
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
-        self.cache: BlockPool | None = BlockPool(config.num_blocks) if config.prefix_caching else None
-        self.pool: CountingPool = self.cache or CountingPool(config.num_blocks)
+        self.caching = config.prefix_caching
+        self.pool = self._new_pool()
+        self.cache = self.pool if isinstance(self.pool, RunPool) else None
+
+    def _new_pool(self) -> CountingPool:
+        return RunPool(self.cfg.num_blocks) if self.caching else CountingPool(self.cfg.num_blocks)
 
     def usage(self) -> float:
         return self.pool.usage()
@@ -242,68 +62,72 @@ class VLLMScheduler(Queues):
         full = tokens // bs
         if full <= s.ncached:
             return
-        cache.store_many(s.blocks[s.ncached:full], s.keys(s.ncached, full, bs))
+        cache.store(s, s.segments(s.ncached, full, bs))
         s.ncached = full
 
     def _grow(self, s: Seq, n: int) -> bool:
         """Blocks for a running request's next n tokens; False when the pool cannot give them."""
         cfg = self.cfg
-        need = cdiv(min(s.computed + n, cfg.max_model_len), cfg.block_size) - len(s.blocks)
+        need = cdiv(min(s.computed + n, cfg.max_model_len), cfg.block_size) - s.nblocks
         if need > self.pool.nfree:
             return False
         if need > 0:
-            s.blocks += self.pool.take(need)
+            self.pool.take(s, need)
+            s.nblocks += need
         if self.cache is not None:
             self._cache(s, min(s.computed + n, s.num_tokens))
         return True
 
-    def _needs(self, s: Seq, n: int, hits: list[int]) -> tuple[int, int]:
+    def _needs(self, s: Seq, n: int, hits: Sized) -> tuple[int, int]:
         """Free blocks a waiting request needs: for its whole sequence, and for the n tokens it computes now
         (cache hits sitting idle in the free queue count: taking them removes them from it)."""
         cfg = self.cfg
         bs = cfg.block_size
-        evictable = self.cache.evictable(hits) if self.cache is not None and hits else 0
-        whole = max(cdiv(min(s.num_tokens, cfg.max_model_len), bs) - len(hits), 0) + evictable
-        now = max(cdiv(min(len(hits) * bs + n, cfg.max_model_len), bs) - len(hits), 0) + evictable
+        hit = len(hits)
+        evictable = 0
+        if hit and self.cache is not None:
+            assert isinstance(hits, Hits)
+            evictable = self.cache.evictable(hits)
+        whole = max(cdiv(min(s.num_tokens, cfg.max_model_len), bs) - hit, 0) + evictable
+        now = max(cdiv(min(hit * bs + n, cfg.max_model_len), bs) - hit, 0) + evictable
         return whole, now
 
-    def _admit(self, s: Seq, n: int, hits: list[int]) -> bool:
+    def _admit(self, s: Seq, n: int, hits: Sized) -> bool:
         """A waiting request with `hits` cached blocks and n tokens to compute now; its whole sequence must fit."""
         cfg, pool = self.cfg, self.pool
         whole, now = self._needs(s, n, hits)
         if whole > pool.nfree or now > pool.nfree:
             return False
-        hit = len(hits) * cfg.block_size
-        if hits:
-            assert self.cache is not None
-            self.cache.touch(hits)
-        s.blocks = list(hits)
-        s.ncached = len(hits)
-        new = cdiv(min(hit + n, cfg.max_model_len), cfg.block_size) - len(s.blocks)
+        hit = len(hits)
+        if hit:
+            assert self.cache is not None and isinstance(hits, Hits)
+            self.cache.touch(s, hits)
+        s.nblocks = s.ncached = hit
+        new = cdiv(min(hit * cfg.block_size + n, cfg.max_model_len), cfg.block_size) - hit
         if new > 0:
-            s.blocks += pool.take(new)
+            pool.take(s, new)
+            s.nblocks += new
         if self.cache is not None:
-            self._cache(s, min(hit + n, s.num_tokens))
+            self._cache(s, min(hit * cfg.block_size + n, s.num_tokens))
         return True
 
-    def _first_chunk(self, s: Seq, hits: list[int], budget: int, threshold: int) -> int:
+    def _first_chunk(self, s: Seq, hits: Sized, budget: int, threshold: int) -> int:
         n = s.num_tokens - len(hits) * self.cfg.block_size
         if 0 < threshold < n:
             n = threshold
         return min(n, budget)
 
-    def _hits(self, s: Seq) -> list[int]:
+    def _hits(self, s: Seq) -> Sized:
         """The longest run of cached blocks from the start, never covering the last known token."""
         cache = self.cache
         if cache is None:
-            return []
+            return NO_HITS
         bs = self.cfg.block_size
-        return cache.find(chain.from_iterable(s.key_runs(0, (s.num_tokens - 1) // bs, bs)))
+        return cache.find(s.segments(0, (s.num_tokens - 1) // bs, bs))
 
     def _free(self, s: Seq) -> None:
-        self.pool.release(s.blocks[::-1])
-        s.blocks = []
-        s.ncached = 0
+        self.pool.release(s, s.nblocks)
+        s.nblocks = s.ncached = 0
 
     def _preempt(self, s: Seq) -> None:
         self._free(s)
@@ -324,7 +148,7 @@ class VLLMScheduler(Queues):
         eligible = len(self.running) + len(self.waiting)
         threshold = cfg.long_prefill_token_threshold if eligible > 1 else 0
         running = self.running
-        hybrid, caching = self.hybrid, self.cache is not None
+        hybrid, caching = self.hybrid, self.caching
         i = 0
         while i < len(running) and budget > 0:
             s = running[i]
@@ -336,7 +160,7 @@ class VLLMScheduler(Queues):
                 i += 1
                 continue
             # (a step inside the last block that fills none is a no-op for one group)
-            if (hybrid or s.computed + n > len(s.blocks) * bs
+            if (hybrid or s.computed + n > s.nblocks * bs
                     or (caching and min(s.computed + n, s.num_tokens) // bs > s.ncached)):
                 ok = self._grow(s, n)
                 while not ok:
@@ -362,7 +186,7 @@ class VLLMScheduler(Queues):
                     break
                 waiting.popleft()
                 hit = len(hits) * bs
-                if s.preemptions == 0 and self.cache is not None:
+                if s.preemptions == 0 and self.caching:
                     s.hit_tokens = hit
                     self.hit_tokens += hit
                     self.queried_tokens += s.num_tokens
@@ -417,7 +241,7 @@ class VLLMScheduler(Queues):
         bs = self.cfg.block_size
         total = 0
         for s in self.running:
-            need = -(-(s.computed + k) // bs) - len(s.blocks)
+            need = -(-(s.computed + k) // bs) - s.nblocks
             if need > 0:
                 total += need
         return total
@@ -431,7 +255,7 @@ class VLLMScheduler(Queues):
         bs = self.cfg.block_size
         counts = [0] * k
         for s in self.running:
-            j = len(s.blocks) * bs - s.computed
+            j = s.nblocks * bs - s.computed
             if j < 0:
                 j = 0
             while j < k:
@@ -444,27 +268,18 @@ class VLLMScheduler(Queues):
         order, the same cache keys, and the same requests finished (in the last step, at `now`) as k calls of
         schedule() and update()."""
         bs = self.cfg.block_size
-        running, cache = self.running, self.cache
-        if cache is not None:  # no hits during the run: all its new blocks at once (the same ones evicted; once
-            # taken, which request has which cannot be told apart)
-            needs = [max(-(-(s.computed + k) // bs) - len(s.blocks), 0) for s in running]
-            new = cache.take(sum(needs))
-            at = 0
-            for s, need in zip(running, needs, strict=True):
-                if need:
-                    s.blocks += new[at:at + need]
-                    at += need
-        pool = self.pool
+        running, cache, pool = self.running, self.cache, self.pool
+        for s in running:  # no hits during the run: all its new blocks first (the same ones evicted; once taken,
+            # which request has which cannot be told apart)
+            need = -(-(s.computed + k) // bs) - s.nblocks
+            if need > 0:
+                pool.take(s, need)
+                s.nblocks += need
         for s in running:
-            computed = s.computed + k
-            if cache is None:
-                need = -(-computed // bs) - len(s.blocks)
-                if need > 0:
-                    s.blocks += pool.take(need)
-            s.computed = computed
+            s.computed += k
             s.out += k
             if cache is not None:
-                self._cache(s, computed)
+                self._cache(s, s.computed)
         return self._end_run(now)
 
     def _end_run(self, now: float) -> list[Seq]:
@@ -543,13 +358,13 @@ class HybridScheduler(VLLMScheduler):
         self._take(s, wants)
         return True
 
-    def _needs(self, s: Seq, n: int, hits: list[int]) -> tuple[int, int]:
+    def _needs(self, s: Seq, n: int, hits: Sized) -> tuple[int, int]:
         max_len = self.cfg.max_model_len
         whole = sum(g.admission_blocks(min(s.num_tokens, max_len)) for g in self.groups)
         now = sum(cdiv(min(n, max_len), g.block_size) for g in self.groups)
         return whole, now
 
-    def _admit(self, s: Seq, n: int, hits: list[int]) -> bool:
+    def _admit(self, s: Seq, n: int, hits: Sized) -> bool:
         whole, now = self._needs(s, n, hits)
         if whole > self.pool.nfree or now > self.pool.nfree:
             return False
@@ -718,12 +533,15 @@ class CachedHybridScheduler(HybridScheduler):
                                 "window (sliding or chunked) of one block size; this model has state groups, or "
                                 "several (prefix_caching=False)", param="prefix_caching")
         super().__init__(config, groups)
-        assert self.cache is not None
-        self.pool_ = self.cache
+        assert isinstance(self.pool, BlockPool)
+        self.pool_: BlockPool = self.pool
         self.full = [i for i, g in enumerate(groups) if g.keeps_all]
         self.windows = [i for i, g in enumerate(groups) if g.hit_run is not None]
         self.chunks = [i for i, g in enumerate(groups) if g.chunk_start(0) is not None]
         self.local = self.windows + self.chunks  # the groups that let blocks go
+
+    def _new_pool(self) -> CountingPool:
+        return BlockPool(self.cfg.num_blocks)
 
     @staticmethod
     def _gkey(key: int, group: int) -> int:
@@ -806,7 +624,7 @@ class CachedHybridScheduler(HybridScheduler):
         new = max(required - max(skipped, len(hits)), 0)
         return new + self.pool_.evictable([b for b in hits[skipped:] if b])
 
-    def _needs(self, s: Seq, n: int, hits: list[int]) -> tuple[int, int]:
+    def _needs(self, s: Seq, n: int, hits: Sized) -> tuple[int, int]:
         assert isinstance(hits, GroupHits)
         max_len = self.cfg.max_model_len
         hit = len(hits) * self.cfg.block_size
@@ -815,7 +633,7 @@ class CachedHybridScheduler(HybridScheduler):
         now = sum(self._group_needs(g, min(hit + n, max_len), h, hit, False) for g, h in enumerate(hits.by_group))
         return whole, now
 
-    def _admit(self, s: Seq, n: int, hits: list[int]) -> bool:
+    def _admit(self, s: Seq, n: int, hits: Sized) -> bool:
         assert isinstance(hits, GroupHits)
         whole, now = self._needs(s, n, hits)
         if whole > self.pool.nfree or now > self.pool.nfree:
@@ -839,7 +657,7 @@ class CachedHybridScheduler(HybridScheduler):
         for table in s.group_blocks:
             need = cdiv(tokens, bs) - len(table)
             if need > 0:
-                table += self.pool_.take(need)
+                table += self.pool_.take_ids(need)
 
     def _key(self, s: Seq, tokens: int) -> None:
         """cache_blocks: key the full blocks up to `tokens` in each group (a window only its reachable ones)."""
@@ -869,7 +687,7 @@ class CachedHybridScheduler(HybridScheduler):
                 freed.append(table[j])
                 table[j] = 0
             if freed:
-                self.pool_.release(freed)
+                self.pool_.release_ids(freed)
 
     def _grow(self, s: Seq, n: int) -> bool:
         self._skip(s)
@@ -885,7 +703,7 @@ class CachedHybridScheduler(HybridScheduler):
 
     def _free(self, s: Seq) -> None:
         for table in s.group_blocks:
-            self.pool_.release([b for b in reversed(table) if b])
+            self.pool_.release_ids([b for b in reversed(table) if b])
         s.group_blocks, s.held = [], []
 
     def decode_run_limit(self) -> int:
