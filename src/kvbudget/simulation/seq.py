@@ -3,9 +3,8 @@ and the queues with what happens after a step (tokens sampled, requests finished
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,6 +42,8 @@ class Seq:
         "held",
         "hit_tokens",
         "junction",
+        "line_ends",
+        "lines",
         "nblocks",
         "ncached",
         "out",
@@ -72,6 +73,8 @@ class Seq:
         self.chains: list[int] = []  # per piece: its base key (see key())
         self.starts: list[int] = []  # per piece: the token it starts at
         self.ends: list[int] = []  # per piece: the token it ends at
+        self.lines: list[tuple[int, int, int]] = []  # the pieces' (line, first block, end block) (see segments())
+        self.line_ends: list[int] = []  # ... their end blocks
         self.shared = request.shared_tokens
         self.preemptions = 0
         self.hit_tokens = 0  # prefix-cache hits at first admission
@@ -103,29 +106,40 @@ class Seq:
         q = bisect_left(self.ends, end)
         return self.chains[q] + 2 * (end - self.starts[q])
 
-    def segments(self, lo: int, hi: int, block_size: int) -> Iterator[tuple[int, int, int]]:
+    def segments(self, lo: int, hi: int, block_size: int) -> list[tuple[int, int, int]]:
         """Blocks lo to hi - 1 by line, as (line, first block, end block): the blocks whose end falls in one shared
         piece are that piece's line (its base key: the same for every request with the same pieces up to it, and
         block j holds the same tokens in all of them); the blocks reaching past the pieces are the request's own
         line (~uid, negative). Block j of line L is the pool's content key (L, j)."""
-        if lo >= hi:
-            return
+        unique = min(self.shared // block_size, hi)  # blocks from here on reach past the pieces
+        if lo >= unique:
+            return [(~self.uid, lo, hi)] if lo < hi else []
+        if not self.lines:
+            self._lines(block_size)
+        ends = self.line_ends
+        first, last = bisect_right(ends, lo), bisect_left(ends, unique)
+        out = self.lines[first:last + 1]
+        line, a, b = out[0]
+        if a < lo:
+            out[0] = (line, lo, b)
+        line, a, b = out[-1]
+        if b > unique:
+            out[-1] = (line, a, unique)
+        if hi > unique:
+            out.append((~self.uid, unique, hi))
+        return out
+
+    def _lines(self, block_size: int) -> None:
+        """The shared pieces' lines over blocks 0 to shared // block_size, once (the block size is the run's)."""
         if not self.chains:
             self._chain()
-        bs = block_size
-        unique = min(self.shared // bs, hi)  # blocks from here on reach past the pieces
-        if lo < unique:
-            ends, bases = self.ends, self.chains
-            q = bisect_left(ends, (lo + 1) * bs)
-            j = lo
-            while j < unique:
-                stop = min(ends[q] // bs, unique)
-                if stop > j:
-                    yield bases[q], j, stop
-                    j = stop
-                q += 1
-        if hi > unique:
-            yield ~self.uid, max(lo, unique), hi
+        j, unique = 0, self.shared // block_size
+        for base, end in zip(self.chains, self.ends, strict=True):
+            stop = min(end // block_size, unique)
+            if stop > j:
+                self.lines.append((base, j, stop))
+                self.line_ends.append(stop)
+                j = stop
 
     def _chain(self) -> None:
         """Per piece: its base key (a hash of the whole pieces before it and its id, made even and shifted past

@@ -75,7 +75,7 @@ class VLLMScheduler(Queues):
             self.pool.take(s, need)
             s.nblocks += need
         if self.cache is not None:
-            self._cache(s, min(s.computed + n, s.num_tokens))
+            self._cache(s, s.computed + n)  # (n never passes the known tokens)
         return True
 
     def _needs(self, s: Seq, n: int, hits: Sized) -> tuple[int, int]:
@@ -148,20 +148,24 @@ class VLLMScheduler(Queues):
         eligible = len(self.running) + len(self.waiting)
         threshold = cfg.long_prefill_token_threshold if eligible > 1 else 0
         running = self.running
-        hybrid, caching = self.hybrid, self.caching
+        hybrid, caching, last = self.hybrid, self.caching, cfg.max_model_len - 1
         i = 0
         while i < len(running) and budget > 0:
             s = running[i]
-            n = s.prompt + s.out - s.computed
+            c = s.computed
+            n = s.prompt + s.out - c
             if 0 < threshold < n:
                 n = threshold
-            n = min(n, budget, cfg.max_model_len - s.computed - 1)
+            if n > budget:
+                n = budget
+            if n > last - c:
+                n = last - c
             if n <= 0:
                 i += 1
                 continue
-            # (a step inside the last block that fills none is a no-op for one group)
-            if (hybrid or s.computed + n > s.nblocks * bs
-                    or (caching and min(s.computed + n, s.num_tokens) // bs > s.ncached)):
+            # (a step inside the last block that fills none is a no-op for one group; n never passes the known
+            # tokens)
+            if hybrid or c + n > s.nblocks * bs or (caching and (c + n) // bs > s.ncached):
                 ok = self._grow(s, n)
                 while not ok:
                     victim = running.pop()
@@ -278,7 +282,7 @@ class VLLMScheduler(Queues):
         for s in running:
             s.computed += k
             s.out += k
-            if cache is not None:
+            if cache is not None and s.computed // bs > s.ncached:
                 self._cache(s, s.computed)
         return self._end_run(now)
 

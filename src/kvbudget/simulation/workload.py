@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -152,10 +153,10 @@ def _mooncake(obj: dict, path: str, line: int) -> Request:
             raise TraceError(path, line, f"Mooncake line without {field!r}")
     prompt = _count(obj["input_length"], path, line, "input_length")
     ids = obj.get("hash_ids", [])
-    if not isinstance(ids, list) or len(ids) * MOONCAKE_BLOCK < prompt:
-        raise TraceError(path, line, f"hash_ids must list one id per {MOONCAKE_BLOCK} prompt tokens")
-    pieces = tuple((("mc", h), min(MOONCAKE_BLOCK, prompt - i * MOONCAKE_BLOCK))
-                   for i, h in enumerate(ids) if i * MOONCAKE_BLOCK < prompt)
+    if not isinstance(ids, list) or len(ids) * MOONCAKE_BLOCK < prompt or not all(type(h) is int for h in ids):
+        raise TraceError(path, line, f"hash_ids must list one integer id per {MOONCAKE_BLOCK} prompt tokens")
+    whole, rest = divmod(prompt, MOONCAKE_BLOCK)  # pieces by id (ints: no other reader's ids are ints)
+    pieces = tuple(zip(ids[:whole], repeat(MOONCAKE_BLOCK))) + (((ids[whole], rest),) if rest else ())
     return Request(_seconds(obj["timestamp"], path, line, "timestamp") / 1000, prompt,
                    _count(obj["output_length"], path, line, "output_length"), pieces, str(line))
 
