@@ -4,10 +4,12 @@ contiguous reservations (Orca Max / Pow2 / Oracle) against paging, averaged over
 The paper's setting (§6.1-6.2): OPT-13B on one A100-40GB, 12 GB of KV cache (800 KiB per token: about 15.7k
 token slots), ShareGPT requests (mean 161 prompt and 338 output tokens), Poisson arrivals. Its figures for the
 share of KV memory holding token states: Orca (Max) 20.4%, Orca (Pow2) 26.8%, Orca (Oracle) 38.2%, vLLM 96.3%.
-ShareGPT itself is not on this machine: lengths here are geometric with the paper's means, capped at 2,048
-tokens, or (`--lengths FILE`, made by `sharegpt_lengths.py`) drawn from real ShareGPT conversations tokenized as
-OPT does. Arrivals saturate every system (a queue builds), as the paper's comparison at equal load does for the
-baselines. Prints figures; asserts nothing.
+The baselines follow the paper's §6.1: its own Orca placing reservations with the buddy allocation algorithm, Pow2
+reserving the prompt plus the output rounded up to a power of two. ShareGPT itself is not on this machine:
+lengths here are geometric with the paper's means, capped at 2,048 tokens, or (`--lengths FILE`, made by
+`sharegpt_lengths.py`) drawn from real ShareGPT conversations tokenized as OPT does. Arrivals saturate every
+system (a queue builds; with real lengths use `--rate 8` for vLLM), as the paper's comparison at equal load does.
+Prints figures; asserts nothing.
 
     python benchmarks/paged_attention_fig2.py [--rate 4] [--requests 2000] [--seed 0] [--lengths FILE.json]
 """

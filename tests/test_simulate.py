@@ -975,3 +975,68 @@ def test_simulations_with_the_run_pool_equal_those_with_vllms_queue(requests, bl
             result = simulate(LLAMA, iter(requests), setup=setup, on_step=lambda *a, steps=steps: steps.append(a))
         runs.append((result, steps))
     assert runs[0] == runs[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 300), st.randoms(use_true_random=False))
+def test_buddy_allocator_gives_aligned_disjoint_blocks_and_merges_back(slots, rng):
+    """The contiguous baselines' buddy allocator over a pool that is not a power of two (arenas of its binary
+    digits, largest first): every block is its size rounded up to a power of two, aligned within its arena and
+    overlapping no other; an allocation fails only when no aligned free block of that size exists anywhere (checked
+    slot by slot); freeing everything leaves the pool as it started."""
+    from kvbudget.simulation.contiguous import Buddy, _pow2
+
+    buddy = Buddy(slots)
+    fresh = {o: set(s) for o, s in buddy.free_at.items()}
+    arenas, base = [], 0
+    for order in range(slots.bit_length() - 1, -1, -1):
+        if slots >> order & 1:
+            arenas.append((base, 1 << order))
+            base += 1 << order
+    live: dict[int, int] = {}  # start -> block size
+    for _ in range(60):
+        if live and rng.random() < 0.4:
+            start = rng.choice(sorted(live))
+            buddy.free(start, live.pop(start))
+            continue
+        n = rng.randint(1, max(1, slots // 3))
+        size = _pow2(n)
+        used = [False] * slots
+        for s, z in live.items():
+            used[s:s + z] = [True] * z
+        fits = any(not any(used[a + i:a + i + size]) for a, length in arenas if length >= size
+                   for i in range(0, length, size))
+        start = buddy.alloc(n)
+        assert (start is not None) == fits
+        if start is not None:
+            arena = next(a for a, length in arenas if a <= start < a + length)
+            assert (start - arena) % size == 0 and not any(used[start:start + size])
+            live[start] = size
+    for start, size in live.items():
+        buddy.free(start, size)
+    assert {o: s for o, s in buddy.free_at.items() if s} == fresh
+
+
+def test_orca_reservations_and_memory_split_as_the_paper_describes():
+    """Max reserves the model's length, Pow2 the prompt plus the output rounded up to a power of two (the paper's
+    example: 25 output tokens reserve 32), Oracle prompt + output; each takes the buddy block that holds it. After
+    the prompt step a request of 100 + 25 tokens holds 100 token states, 25 slots reserved ahead, and the rest of
+    its reservation as internal fragmentation; the buddy block's rounding is neither (the usage counts it)."""
+    from kvbudget.simulation.contiguous import ContiguousScheduler
+
+    cfg = SchedulerConfig(0, 1, 8, 512, 1024)
+    for policy, reserved, block in (("max", 1024, 1024), ("pow2", 132, 256), ("oracle", 125, 128)):
+        sched = ContiguousScheduler(cfg, 2000, policy)
+        sched.add(Request(0, 100, 25))
+        step = sched.schedule()
+        assert step.tokens == 100
+        assert sched.memory() == (100, 25, reserved - 125)
+        assert step.usage == block / 2000 and step.free_blocks == 2000 - block
+    big = ContiguousScheduler(SchedulerConfig(0, 1, 8, 4096, 4096), 2000, "pow2")  # arenas 1024, 512, 256, ...
+    big.add(Request(0, 600, 300))  # 600 + 512 = 1,112 slots: a block of 2,048, larger than any arena
+    with pytest.raises(KVBudgetError, match="buddy block of 2048"):
+        big.schedule()
+    capped = ContiguousScheduler(SchedulerConfig(0, 1, 8, 4096, 1024), 2000, "pow2")
+    capped.add(Request(0, 600, 300))  # 600 + 512 would pass the model's 1,024: capped there
+    capped.schedule()
+    assert capped.memory() == (600, 300, 1024 - 900)

@@ -1,15 +1,20 @@
 """Serving on a contiguous KV cache: the baselines of the PagedAttention paper (Kwon et al., SOSP'23, §2.3, §6).
 
-Before paging, a request reserved one contiguous run of token slots for its whole life when it was admitted:
+Before paging, a request reserved one contiguous run of token slots for its whole life when it was admitted. The
+paper's Orca variants (§6.1) differ in how much a request reserves:
 - `max`: max_model_len slots (Orca (Max));
-- `pow2`: the next power of two at or above prompt + output, from a buddy allocator (Orca (Pow2));
-- `oracle`: exactly prompt + output, first fit (Orca (Oracle): output lengths known in advance).
+- `pow2`: its prompt plus its output length rounded up to a power of two (Orca (Pow2), "over-reserves the space
+  for outputs by at most 2x": 25 output tokens reserve 32);
+- `oracle`: exactly prompt + output (Orca (Oracle): output lengths known in advance).
+The paper's own Orca places every reservation with the buddy allocation algorithm, so all three do here: a
+reservation takes the power-of-two block that holds it, and the rest of that block is lost to the run.
 Scheduling is iteration-level as in Orca: every step, each running request decodes one token and waiting ones
 are admitted first come, first served while their reservation can be placed, their whole prompt fits in the
 step's token budget and fewer than max_num_seqs run. A reservation always has room, so nothing is preempted.
 Memory is reported as the paper's Fig. 2 splits it: token states (cached tokens), reservation (slots kept for
-the request's future tokens), internal fragmentation (reserved beyond its final length) and the rest (free,
-including external fragmentation: holes no waiting request fits).
+the request's future tokens), internal fragmentation (reserved beyond its final length) and the rest (free
+slots, the buddy blocks' rounding and external fragmentation: holes no waiting request fits). With these two
+readings of the paper the reproduction lands within 4 points of its Fig. 2 (benchmarks/paged_attention_fig2.py).
 """
 
 from __future__ import annotations
@@ -24,40 +29,11 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-class FirstFit:
-    """Free runs of slots, sorted by start; allocation takes the first run long enough."""
-
-    def __init__(self, slots: int) -> None:
-        self.runs: list[tuple[int, int]] = [(0, slots)] if slots else []
-
-    def alloc(self, n: int) -> int | None:
-        for i, (start, length) in enumerate(self.runs):
-            if length >= n:
-                if length == n:
-                    del self.runs[i]
-                else:
-                    self.runs[i] = (start + n, length - n)
-                return start
-        return None
-
-    def free(self, start: int, n: int) -> None:
-        runs = self.runs
-        i = 0
-        while i < len(runs) and runs[i][0] < start:
-            i += 1
-        runs.insert(i, (start, n))
-        if i + 1 < len(runs) and start + n == runs[i + 1][0]:  # merge with the next run
-            runs[i] = (start, n + runs[i + 1][1])
-            del runs[i + 1]
-        if i > 0 and runs[i - 1][0] + runs[i - 1][1] == start:  # and with the previous one
-            runs[i - 1] = (runs[i - 1][0], runs[i - 1][1] + runs[i][1])
-            del runs[i]
-
-
 class Buddy:
     """A binary buddy allocator over `slots` (split into power-of-two arenas, largest first)."""
 
     def __init__(self, slots: int) -> None:
+        self.largest = 1 << (slots.bit_length() - 1) if slots else 0  # the largest block there is
         self.free_at: dict[int, set[int]] = {}  # order -> starts of free blocks of 2**order slots
         self.arena: dict[int, tuple[int, int]] = {}  # start of a free block -> (arena base, arena order)
         base = 0
@@ -106,24 +82,28 @@ class ContiguousScheduler(Queues):
                                 f"{', '.join('contiguous-' + p for p in POLICIES)}", param="allocator")
         super().__init__(config)
         self.slots, self.policy = slots, policy
-        self.space: FirstFit | Buddy = Buddy(slots) if policy == "pow2" else FirstFit(slots)
+        self.space = Buddy(slots)
         self.where: dict[int, tuple[int, int]] = {}  # uid -> (start, reserved slots)
-        self.reserved = 0
+        self.held = 0  # slots in the buddy blocks given out
 
     def reservation(self, s: Seq) -> int:
         total = s.prompt + s.end
         if self.policy == "max":
             return self.cfg.max_model_len
-        return _pow2(total) if self.policy == "pow2" else total
+        if self.policy == "pow2":  # (never past the model's maximum length)
+            return min(s.prompt + _pow2(s.end), self.cfg.max_model_len)
+        return total
 
     def usage(self) -> float:
-        return self.reserved / self.slots
+        """The share of slots in blocks given out (a block holds its reservation and the rounding to its size)."""
+        return self.held / self.slots
 
     def memory(self) -> tuple[int, int, int]:
         """(token states, reservation for future tokens, internal fragmentation), in token slots."""
         states = sum(s.computed for s in self.running)
         final = sum(s.prompt + s.end for s in self.running)
-        return states, final - states, self.reserved - final
+        reserved = sum(size for _, size in self.where.values())
+        return states, final - states, reserved - final
 
     def schedule(self) -> Step:
         cfg = self.cfg
@@ -135,23 +115,23 @@ class ContiguousScheduler(Queues):
             if s.prompt > budget:
                 break
             size = self.reservation(s)
-            if size > self.slots:
+            if _pow2(size) > self.space.largest:
                 raise KVBudgetError(f"allocator contiguous-{self.policy}: a request of {s.prompt} + {s.end} tokens "
-                                    f"reserves {size} slots, more than the {self.slots} the cache holds",
-                                    param="allocator")
+                                    f"reserves {size} slots, a buddy block of {_pow2(size)}: more than the largest "
+                                    f"the cache's {self.slots} slots hold ({self.space.largest})", param="allocator")
             start = self.space.alloc(size)
             if start is None:
                 break
             self.waiting.popleft()
             self.where[s.uid] = (start, size)
-            self.reserved += size
+            self.held += _pow2(size)
             self.running.append(s)
             scheduled.append((s, s.prompt))
             budget -= s.prompt
         tokens, context = commit(scheduled)
-        return Step(tuple(scheduled), (), self.slots - self.reserved, self.usage(), tokens, context)
+        return Step(tuple(scheduled), (), self.slots - self.held, self.usage(), tokens, context)
 
     def _free(self, s: Seq) -> None:
         start, size = self.where.pop(s.uid)
         self.space.free(start, size)
-        self.reserved -= size
+        self.held -= _pow2(size)
