@@ -298,9 +298,11 @@ def _print(sim: Any, args: argparse.Namespace) -> None:
     out.print(t)
     mem = sim.memory
     hit = f"{sim.prefix_hit_rate:.1%}" if sim.prefix_hit_rate is not None else "-"
+    contiguous = sim.setup.allocator.startswith("contiguous")
+    rest = "other (free, buddy-block rounding, holes)" if contiguous else "free"
     out.print(f"KV cache: peak usage {sim.peak_usage:.1%}, time-averaged {sim.mean_usage:.1%}; slots: token states "
               f"{mem.token_states:.1%}, reserved ahead {mem.reservation:.1%}, internal fragmentation "
-              f"{mem.internal:.1%}, free {mem.other:.1%}")
+              f"{mem.internal:.1%}, {rest} {mem.other:.1%}")
     out.print(f"queues: peak running {sim.peak_running:,}, peak waiting {sim.peak_waiting:,}; preemptions "
               f"{sim.preemptions:,} ({sim.preempted_requests:,} requests, {sim.recomputed_tokens:,} tokens "
               f"recomputed); prefix-cache hits {hit} of prompt tokens")
