@@ -158,6 +158,8 @@ def test_fast_path_runs_on_a_real_trace_and_keeps_memory_to_the_requests():
     ('{"arrival": 1, "prompt_tokens": 5, "output_tokens": 2}\n{"arrival": 0.5, "prompt_tokens": 5, '
      '"output_tokens": 2}\n', ":2: arrives"),
     ('{"timestamp": 0, "input_length": 1000, "output_length": 3, "hash_ids": [1]}\n', ":1: hash_ids"),
+    ('{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, [2]]}\n', ":1: hash_ids must list "
+     "one integer id"),
     ('{"arrival": 0, "prompt_tokens": 5}\n', ":1: missing 'output_tokens'"),
     ("{not json\n", ":1: not JSON"),
     ("hello\n", ":1: not a trace"),
