@@ -899,6 +899,40 @@ class Holder:
         self.runs: list = []
 
 
+@settings(max_examples=40, deadline=None)
+@given(workloads(chains=True), st.integers(20, 200), st.sampled_from([16, 32]), st.integers(1, 64),
+       st.sampled_from([64, 256, 2048]), st.sampled_from([40, 100, 300]),
+       st.sampled_from(["gemma-2-9b", "mistral-7b", "llama-4-scout"]))
+def test_windowed_caching_skips_only_steps_that_change_nothing(requests, blocks, block_size, seqs, budget, window,
+                                                               name):
+    """With prefix caching on windowed models a running request's step skips allocation when no window lets a
+    block go and no block is needed or fills (`_moves`); every step is the same as allocating every time."""
+    from unittest import mock
+
+    from kvbudget.simulation.run import setup_for
+    from kvbudget.simulation.vllm import CachedHybridScheduler
+
+    model = kvbudget.load_model(name)
+    model = replace(model, layers=tuple(replace(spec, window=window) if hasattr(spec, "window") else
+                                        replace(spec, chunk=window) if hasattr(spec, "chunk") else spec
+                                        for spec in model.layers))
+    max_len = min((blocks - 1) * block_size // 3, 1024)
+    requests = [r for r in requests if r.prompt_tokens < max_len]
+    base = setup_for(model, gpu="H200", tp=8, max_model_len=max_len, block_size=block_size)
+    setup = replace(base, num_blocks=blocks, max_num_seqs=seqs, max_num_batched_tokens=budget)
+    runs = []
+    for always in (False, True):
+        steps: list = []
+        with mock.patch.object(CachedHybridScheduler, "_moves", lambda *a: True) if always else mock.patch.dict({}):
+            try:
+                result = simulate(model, iter(requests), setup=setup,
+                                  on_step=lambda *a, steps=steps: steps.append(a))
+            except KVBudgetError as e:  # a pool too small for a prompt's blocks in every group: the same both ways
+                result = str(e)
+        runs.append((result, steps))
+    assert runs[0] == runs[1]
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.integers(2, 40), st.randoms(use_true_random=False))
 def test_run_pool_equals_vllms_queue_block_by_block(blocks, rng):

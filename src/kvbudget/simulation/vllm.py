@@ -137,6 +137,13 @@ class VLLMScheduler(Queues):
         self.preemptions += 1
         self.waiting.appendleft(s)
 
+    def _moves(self, s: Seq, end: int) -> bool:
+        """Whether allocating for a running request's step to `end` tokens may change anything (else the step
+        skips `_grow`): for one full-attention group, when it needs a block or fills one (`end` never passes the
+        known tokens)."""
+        bs = self.cfg.block_size
+        return end > s.nblocks * bs or (self.caching and end // bs > s.ncached)
+
     # -- one step -----------------------------------------------------------------------------------------------
 
     def schedule(self) -> Step:
@@ -148,7 +155,7 @@ class VLLMScheduler(Queues):
         eligible = len(self.running) + len(self.waiting)
         threshold = cfg.long_prefill_token_threshold if eligible > 1 else 0
         running = self.running
-        hybrid, caching, last = self.hybrid, self.caching, cfg.max_model_len - 1
+        last = cfg.max_model_len - 1
         i = 0
         while i < len(running) and budget > 0:
             s = running[i]
@@ -163,9 +170,7 @@ class VLLMScheduler(Queues):
             if n <= 0:
                 i += 1
                 continue
-            # (a step inside the last block that fills none is a no-op for one group; n never passes the known
-            # tokens)
-            if hybrid or c + n > s.nblocks * bs or (caching and (c + n) // bs > s.ncached):
+            if self._moves(s, c + n):
                 ok = self._grow(s, n)
                 while not ok:
                     victim = running.pop()
@@ -329,6 +334,11 @@ class HybridScheduler(VLLMScheduler):
         self._groups_by_kind: list[tuple[int, list[int]]] | None = None
         self._planned: tuple[int, list, list[int], list[int]] | None = None
         self._lookahead = LOOKAHEAD
+
+    def _moves(self, s: Seq, end: int) -> bool:
+        """Whether allocating for a running request's step to `end` tokens may change anything (else the step
+        skips `_grow`)."""
+        return True
 
     def _skip(self, s: Seq) -> None:
         """Free what the windows have left behind (on the tokens computed so far)."""
@@ -692,6 +702,19 @@ class CachedHybridScheduler(HybridScheduler):
                 table[j] = 0
             if freed:
                 self.pool_.release_ids(freed)
+
+    def _moves(self, s: Seq, end: int) -> bool:
+        """No window lets a block go (the block behind each window's edge is already freed), no block is needed
+        and none fills: then `_grow` would change nothing (all tables have one length)."""
+        bs = self.cfg.block_size
+        tables = s.group_blocks
+        if cdiv(min(end, self.cfg.max_model_len), bs) > len(tables[0]) or end // bs > min(s.held):
+            return True
+        for g in self.local:
+            upto = min(self.groups[g].skipped_tokens(s.computed) // bs, len(tables[g]))
+            if upto and tables[g][upto - 1]:
+                return True
+        return False
 
     def _grow(self, s: Seq, n: int) -> bool:
         self._skip(s)
