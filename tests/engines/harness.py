@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -281,4 +282,7 @@ def replay_on_vllm(model_dir: Path, max_model_len: int, requests: list, *extra: 
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    return [json.loads(line) for line in log_path.read_text().splitlines()] + [{"metrics": metrics}]
+    records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    log_path.unlink()  # (read once: the engines' cache keeps models, not a log per run)
+    shutil.rmtree(link_dir, ignore_errors=True)
+    return records + [{"metrics": metrics}]
