@@ -711,9 +711,9 @@ def test_llamacpp_host_ram_prompt_cache_saves_a_slot_and_loads_the_best_saved_pr
 
 
 class QueuePool:
-    """vLLM's free block queue and hash map block by block (what `BlockPool` replaced; the oracle): one ordered
-    queue of every free block, unkeyed ones freed to its front, keyed ones to its tail, blocks taken from its
-    front with their key evicted."""
+    """vLLM's free block queue and hash map block by block (the oracle for `BlockPool` and, through
+    `BlockByBlock`, `RunPool`): one ordered queue of every free block, unkeyed ones freed to its front, keyed ones
+    to its tail, blocks taken from its front with their key evicted."""
 
     def __init__(self, num_blocks: int) -> None:
         from collections import OrderedDict

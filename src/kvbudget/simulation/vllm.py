@@ -15,7 +15,9 @@ What it follows, from vllm/v1/core in the 0.32 wheel (sched/scheduler.py `schedu
 - freed blocks go back to the free queue in reverse order: unkeyed ones to its front, keyed ones to its tail;
   new blocks come from the front, evicting their key (least recently used first);
 - the usage gauge: 1 - free / (blocks - 1) (one block is vLLM's null block; idle cached blocks count as free).
-Sliding windows, Mamba state and spec decoding are not modelled here (see `supports`).
+The block pool itself is in pool.py. Several KV cache groups (sliding-window, chunked-local, Mamba /
+linear-attention state) are `HybridScheduler` and `CachedHybridScheduler` below; speculative decoding is not
+modelled.
 """
 
 from __future__ import annotations
