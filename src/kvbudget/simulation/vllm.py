@@ -37,9 +37,9 @@ class VLLMScheduler(Queues):
 
     def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
-        self.caching = config.prefix_caching
+        self.caching = config.prefix_caching  # (counts hits; the hybrid scheduler caches with its own pool)
         self.pool = self._new_pool()
-        self.cache = self.pool if isinstance(self.pool, RunPool) else None
+        self.cache = self.pool if isinstance(self.pool, RunPool) else None  # this scheduler's caching pool
 
     def _new_pool(self) -> CountingPool:
         return RunPool(self.cfg.num_blocks) if self.caching else CountingPool(self.cfg.num_blocks)
@@ -105,12 +105,13 @@ class VLLMScheduler(Queues):
             assert self.cache is not None and isinstance(hits, Hits)
             self.cache.touch(s, hits)
         s.nblocks = s.ncached = hit
-        new = cdiv(min(hit * cfg.block_size + n, cfg.max_model_len), cfg.block_size) - hit
+        end = hit * cfg.block_size + n  # tokens computed after this step
+        new = cdiv(min(end, cfg.max_model_len), cfg.block_size) - hit
         if new > 0:
             pool.take(s, new)
             s.nblocks += new
         if self.cache is not None:
-            self._cache(s, min(hit * cfg.block_size + n, s.num_tokens))
+            self._cache(s, min(end, s.num_tokens))
         return True
 
     def _first_chunk(self, s: Seq, hits: Sized, budget: int, threshold: int) -> int:
@@ -338,9 +339,7 @@ class HybridScheduler(VLLMScheduler):
         self._lookahead = LOOKAHEAD
 
     def _moves(self, s: Seq, end: int) -> bool:
-        """Whether allocating for a running request's step to `end` tokens may change anything (else the step
-        skips `_grow`)."""
-        return True
+        return True  # (every group's step is planned by _grow)
 
     def _skip(self, s: Seq) -> None:
         """Free what the windows have left behind (on the tokens computed so far)."""
