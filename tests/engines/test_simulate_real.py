@@ -124,7 +124,7 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
         sim: VLLMScheduler = VLLMScheduler(sched_config)
     else:  # the groups in vLLM's order: windows as SlidingWindowSpec, full attention as FullAttentionSpec
         kinds = {"sliding": "SlidingWindowSpec", "full": "FullAttentionSpec",
-                 "chunked": "ChunkedLocalAttentionSpec"}
+                 "chunked": "ChunkedLocalAttentionSpec", "state": "MambaSpec"}
         if prefix_caching:
             assert [kinds.get(g.kind, g.kind) for g in groups] == start["group_kinds"]
         sim = (CachedHybridScheduler if prefix_caching else HybridScheduler)(sched_config, groups)

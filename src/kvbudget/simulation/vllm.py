@@ -22,7 +22,7 @@ modelled.
 
 from __future__ import annotations
 
-from collections.abc import Sized
+from collections.abc import Callable, Sized
 
 from kvbudget.engines.vllm import BlockGroup
 from kvbudget.errors import KVBudgetError
@@ -40,6 +40,7 @@ class VLLMScheduler(Queues):
         self.caching = config.prefix_caching  # (counts hits; the hybrid scheduler caches with its own pool)
         self.pool = self._new_pool()
         self.cache = self.pool if isinstance(self.pool, RunPool) else None  # this scheduler's caching pool
+        self._align: Callable[[Seq, int, int], int] | None = None  # clips chunks: (request, tokens, hit tokens)
 
     def _new_pool(self) -> CountingPool:
         return RunPool(self.cfg.num_blocks) if self.caching else CountingPool(self.cfg.num_blocks)
@@ -159,6 +160,7 @@ class VLLMScheduler(Queues):
         threshold = cfg.long_prefill_token_threshold if eligible > 1 else 0
         running = self.running
         last = cfg.max_model_len - 1
+        align = self._align
         i = 0
         while i < len(running) and budget > 0:
             s = running[i]
@@ -170,6 +172,8 @@ class VLLMScheduler(Queues):
                 n = budget
             if n > last - c:
                 n = last - c
+            if align is not None:
+                n = align(s, n, 0)
             if n <= 0:
                 i += 1
                 continue
@@ -194,6 +198,10 @@ class VLLMScheduler(Queues):
                 s = waiting[0]
                 hits = self._hits(s)
                 n = self._first_chunk(s, hits, budget, threshold)
+                if align is not None:
+                    n = align(s, n, len(hits) * bs)
+                    if n == 0:
+                        break
                 if not self._admit(s, n, hits):
                     break
                 waiting.popleft()
@@ -549,22 +557,63 @@ class CachedHybridScheduler(HybridScheduler):
     checkpoint wrote it), as did an exact repeat of a 1,674-token prompt (its second block never filled, so never
     keyed); no partial hits at 128 tokens in this setting."""
 
+    @staticmethod
+    def follows(groups: tuple[BlockGroup, ...]) -> bool:
+        """Whether these groups are simulated with prefix caching: one block size; full attention beside one kind
+        of window (sliding or chunked) or beside state groups without a prefill checkpoint block."""
+        local = {(g.kind, g.span) for g in groups if not g.keeps_all}
+        return all(g.cacheable for g in groups) and len({g.block_size for g in groups}) == 1 and len(local) <= 1
+
     def __init__(self, config: SchedulerConfig, groups: tuple[BlockGroup, ...]) -> None:
-        local = {(g.span, g.hit_run is not None) for g in groups if not g.keeps_all}
-        if not all(g.cacheable for g in groups) or len({g.block_size for g in groups}) > 1 or len(local) > 1:
-            raise KVBudgetError("simulate: prefix caching is simulated with full-attention groups and one kind of "
-                                "window (sliding or chunked) of one block size; this model has state groups, or "
-                                "several (prefix_caching=False)", param="prefix_caching")
+        if not self.follows(groups):
+            raise KVBudgetError("simulate: prefix caching is simulated with full-attention groups beside one kind "
+                                "of window (sliding or chunked) or beside linear-attention / Mamba state groups "
+                                "without a prefill checkpoint block, all of one block size; this model has "
+                                "others (prefix_caching=False)", param="prefix_caching")
         super().__init__(config, groups)
         assert isinstance(self.pool, BlockPool)
         self.pool_: BlockPool = self.pool
         self.full = [i for i, g in enumerate(groups) if g.keeps_all]
         self.windows = [i for i, g in enumerate(groups) if g.hit_run is not None]
         self.chunks = [i for i, g in enumerate(groups) if g.chunk_start(0) is not None]
-        self.local = self.windows + self.chunks  # the groups that let blocks go
+        self.local = self.windows + self.chunks  # the groups that let blocks go as they slide
+        self.states = [i for i, g in enumerate(groups) if g.kind == "state"]
+        self._this_step: set[int] = set()  # state blocks keyed in the current step (no hits on them yet)
+        if self.states:
+            self._align = self._align_chunk
 
     def _new_pool(self) -> CountingPool:
         return BlockPool(self.cfg.num_blocks)
+
+    def schedule(self) -> Step:
+        self._this_step.clear()  # (new_step_starts)
+        return super().schedule()
+
+    def _align_chunk(self, s: Seq, n: int, hit: int) -> int:
+        """Scheduler._mamba_block_aligned_split: a prefill chunk of n tokens (after `hit` cached ones) is cut to
+        end where a state can be kept: at a block boundary (to nothing when it does not reach one and a block
+        fits in a step), at the next boundary when it starts inside a block, at the last boundary before the
+        last known token, and at the block-floored shared-prefix junction."""
+        start = s.computed + hit
+        tokens = s.num_tokens
+        prefill_end = max(s.prompt, tokens - 1)
+        if start >= prefill_end:
+            return n
+        cfg = self.cfg
+        bs = self.groups[self.states[0]].chunk_align
+        end = start + n
+        if end < prefill_end:
+            most = cfg.max_num_batched_tokens
+            if cfg.long_prefill_token_threshold > 0:
+                most = min(most, cfg.long_prefill_token_threshold)
+            aligned = end // bs * bs
+            if aligned > start or bs <= most:
+                end = aligned
+        junction = s.junction
+        stops = ((start // bs + 1) * bs if start % bs else 0, (tokens - 1) // bs * bs,
+                 start + (junction - start) // bs * bs if start < junction < end else 0)
+        end = min((x for x in stops if start < x < end), default=end)
+        return max(end - start, 0)
 
     @staticmethod
     def _gkey(key: int, group: int) -> int:
@@ -616,6 +665,15 @@ class CachedHybridScheduler(HybridScheduler):
             for k, g in enumerate(self.windows):
                 by_group[g] = [0] * start + [blocks[i][k] for i in range(start, hit)]
             longest = max(longest, hit)
+        if self.states:  # the rightmost cached state within the full groups' hit (MambaManager, right to left)
+            hit = 0
+            for i in range(longest - 1, -1, -1):
+                found = self._lookup_all(s.key(i, bs), self.states)
+                if found is not None:
+                    for k, g in enumerate(self.states):
+                        by_group[g] = [0] * i + [found[k]]
+                    hit = i + 1
+                    break
         if self.chunks:  # the current chunk's cached blocks, left to right; the chunks before it are not needed
             first = self.groups[self.chunks[0]].chunk_start(hit * bs if self.full else s.num_tokens - 1)
             assert first is not None
@@ -635,13 +693,16 @@ class CachedHybridScheduler(HybridScheduler):
             del by_group[g][hit:]
         out = GroupHits(range(hit))
         out.by_group = by_group
-        out.junction = longest * bs if longest > hit else 0
+        out.junction = s.junction = longest * bs if longest > hit else 0  # (vLLM sets it at the lookup)
         return out
 
     def _group_needs(self, g: int, tokens: int, hits: list[int], hit_tokens: int, capped: bool) -> int:
         """get_num_blocks_to_allocate for a request not yet allocated: blocks beyond the skipped and hit ones,
         plus the hit blocks it would take off the free queue."""
         group = self.groups[g]
+        if group.kind == "state":  # align mode: the running state's block, nulls before it (MambaManager)
+            new = cdiv(tokens, group.block_size) - len(hits)
+            return min(new, 1) + self.pool_.evictable([b for b in hits if b])
         required = group.admission_blocks(tokens) if capped else cdiv(tokens, group.block_size)
         skipped = group.skipped_tokens(hit_tokens) // group.block_size
         new = max(required - max(skipped, len(hits)), 0)
@@ -651,6 +712,9 @@ class CachedHybridScheduler(HybridScheduler):
         assert isinstance(hits, GroupHits)
         max_len = self.cfg.max_model_len
         hit = len(hits) * self.cfg.block_size
+        if self.states and hit and self._gkey(s.key(len(hits) - 1, self.cfg.block_size), self.states[0]) in \
+                self._this_step:  # a state keyed in this step: vLLM defers the request to the next one
+            return self.cfg.num_blocks + 1, self.cfg.num_blocks + 1
         whole = sum(self._group_needs(g, min(s.num_tokens, max_len), h, hit, True)
                     for g, h in enumerate(hits.by_group))
         now = sum(self._group_needs(g, min(hit + n, max_len), h, hit, False) for g, h in enumerate(hits.by_group))
@@ -671,35 +735,72 @@ class CachedHybridScheduler(HybridScheduler):
             self.pool_.touch([b for b in kept if b])
             s.group_blocks.append([0] * skipped + kept)
         s.held = [len(t) for t in s.group_blocks]  # blocks already keyed, per group
+        s.state = [-1, 0]
         self._allocate(s, min(hit + n, self.cfg.max_model_len))
         self._key(s, min(hit + n, s.num_tokens))
         return True
 
     def _allocate(self, s: Seq, tokens: int) -> None:
-        bs = self.cfg.block_size
-        for table in s.group_blocks:
-            need = cdiv(tokens, bs) - len(table)
-            if need > 0:
-                table += self.pool_.take_ids(need)
+        """allocate_new_blocks, group by group: full and window groups every block up to `tokens`; a state group
+        (align mode) only the block holding the running state, nulls before it, remembering the block that held
+        the state until now (freed by the next `_skip`)."""
+        required = cdiv(tokens, self.cfg.block_size)
+        states = self.states
+        if states and len(s.group_blocks[states[0]]) < required:  # the state moves on to a new block
+            s.state[0] = len(s.group_blocks[states[0]]) - 1
+        for g, table in enumerate(s.group_blocks):
+            prev = len(table)
+            if required <= prev:
+                continue
+            if g in states and prev < required - 1:
+                table += [0] * (required - 1 - prev)
+            table += self.pool_.take_ids(required - len(table))
 
     def _key(self, s: Seq, tokens: int) -> None:
         """cache_blocks: key the full blocks up to `tokens` in each group (a window only its reachable ones)."""
         bs = self.cfg.block_size
         end = tokens // bs
         boundaries = (s.prompt - 1, s.junction) if s.junction else (s.prompt - 1,)
+        if self.states and 0 < end == (s.prompt - 1) // bs:  # the prompt's last boundary (_cache_partial_tail_
+            for g in self.states:                            # block) counts as keyed in this step, even again
+                if s.group_blocks[g][end - 1]:
+                    self._this_step.add(self._gkey(s.key(end - 1, bs), g))
         for g, group in enumerate(self.groups):
             start = s.held[g]
             if end <= start:
                 continue
             table = s.group_blocks[g]
+            state = group.kind == "state"
             for j in group.keyed_blocks(start, end, boundaries):
                 if table[j]:
-                    self.pool_.store(table[j], self._gkey(s.key(j, bs), g))
+                    key = self._gkey(s.key(j, bs), g)
+                    self.pool_.store(table[j], key)
+                    if state:
+                        self._this_step.add(key)
             s.held[g] = end
 
     def _skip(self, s: Seq) -> None:
-        """remove_skipped_blocks: each window frees the blocks wholly behind it, the last one first."""
+        """remove_skipped_blocks: each window frees the blocks wholly behind it, the last one first; a state group
+        (align mode) frees the states before its last computed token's block that it has not retired yet, then
+        the block that held the state before the last allocation once the state has moved past it."""
         bs = self.cfg.block_size
+        if self.states:
+            c, state = s.computed, s.state
+            first, last = state[1], (c - 1) // bs
+            previous = state[0]
+            for g in self.states:
+                table = s.group_blocks[g]
+                upto = min(last, len(table))
+                if c > 1 and first < upto:
+                    freed = [table[j] for j in range(upto - 1, first - 1, -1) if table[j]]
+                    for j in range(first, upto):
+                        table[j] = 0
+                    if freed:
+                        self.pool_.release_ids(freed)
+                    state[1] = upto
+                if 0 <= previous < cdiv(c, bs) - 1 and table[previous]:
+                    self.pool_.release_ids([table[previous]])
+                    table[previous] = 0
         for g in self.local:
             table = s.group_blocks[g]
             upto = min(self.groups[g].skipped_tokens(s.computed) // bs, len(table))
@@ -715,6 +816,8 @@ class CachedHybridScheduler(HybridScheduler):
     def _moves(self, s: Seq, end: int) -> bool:
         """No window lets a block go (the block behind each window's edge is already freed), no block is needed
         and none fills: then `_grow` would change nothing (all tables have one length)."""
+        if self.states:
+            return True
         bs = self.cfg.block_size
         tables = s.group_blocks
         if cdiv(min(end, self.cfg.max_model_len), bs) > len(tables[0]) or end // bs > min(s.held):
