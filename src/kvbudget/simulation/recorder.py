@@ -28,7 +28,11 @@ class RecordingScheduler(Scheduler):
                      "prefix_caching": self.kv_cache_manager.enable_caching,
                      "groups": len(self.kv_cache_config.kv_cache_groups),
                      "group_block_sizes": [g.kv_cache_spec.block_size for g in self.kv_cache_config.kv_cache_groups],
-                     "group_kinds": [type(g.kv_cache_spec).__name__ for g in self.kv_cache_config.kv_cache_groups]})
+                     "group_kinds": [type(g.kv_cache_spec).__name__ for g in self.kv_cache_config.kv_cache_groups],
+                     "hash_block_size": getattr(self, "hash_block_size", None),
+                     "mamba_align": getattr(self, "need_mamba_block_aligned_split", None),
+                     "mamba_partial_hits": getattr(self, "mamba_partial_cache_hit", None),
+                     "mamba_checkpoint_blocks": getattr(self, "mamba_has_prefill_checkpoint_blocks", None)})
 
     def _write(self, obj):
         self._log.write(json.dumps(obj) + "\n")

@@ -290,13 +290,13 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
     seqs = max_num_seqs or serving.max_num_seqs
     mnbt = p.options.max_num_batched_tokens or serving.prefill_tokens
     windowed = sorted({g.kind for g in groups if not g.keeps_all})
-    followed = all(g.cacheable for g in groups) and len({g.block_size for g in groups}) == 1 and \
-        len({(g.kind, g.span) for g in groups if not g.keeps_all}) <= 1
-    if windowed and prefix_caching and not followed:
+    if windowed and prefix_caching and not CachedHybridScheduler.follows(groups):
         kinds = ", ".join(windowed)
         raise KVBudgetError(f"simulate: {model.name} has {kinds} cache groups; with prefix caching the simulator "
-                            "follows full-attention groups and one kind of window (sliding or chunked) of one "
-                            "block size only so far (prefix_caching=False)", param="prefix_caching")
+                            "follows full-attention groups beside one kind of window (sliding or chunked) or "
+                            "beside linear-attention / Mamba state groups without a prefill checkpoint block (not "
+                            "Mamba-2 mixers), of one block size, so far (prefix_caching=False)",
+                            param="prefix_caching")
     if windowed and allocator != "paged":
         raise KVBudgetError(f"allocator {allocator}: the contiguous baselines model full attention only",
                             param="allocator")

