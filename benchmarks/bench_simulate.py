@@ -60,6 +60,13 @@ def main() -> None:
         took = time.perf_counter() - start
         print(f"Azure conv on {name} (hybrid, fast path), {r.requests:,} requests: {took:.2f} s = "
               f"{r.requests / took:,.0f} requests/s")
+    for name, gpu, tp, count in (("gpt-oss-20b", "H100", 1, 3000), ("qwen3-next-80b-a3b", "H200", 2, 3000)):
+        model = kvbudget.load_model(name)
+        start = time.perf_counter()
+        r = simulate(model, rescale(read_trace(AZURE), count=count), gpu=gpu, tp=tp)
+        took = time.perf_counter() - start
+        print(f"Azure conv on {name} (hybrid, prefix caching, step by step), {r.requests:,} requests: "
+              f"{took:.2f} s = {r.requests / took:,.0f} requests/s")
     for slots, unified in ((None, False), (8, False), (16, True)):
         best, median, r = timed(1, lambda: read_trace(AZURE), engine="llamacpp", max_model_len=16384,
                                 max_num_seqs=slots, kv_unified=unified)

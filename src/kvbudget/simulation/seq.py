@@ -86,8 +86,8 @@ class Seq:
         self.held: list[int] = []  # ... and the blocks it really holds
         self.group_blocks: list[list[int]] = []  # hybrid models with prefix caching: per group, its block table
         self.junction = 0  # ... the shared-prefix junction vLLM pins (shared_prefix_boundary), in tokens
-        self.state = [-1, 0, 0]  # ... state groups (align mode): the previous state block's index (-1: none),
-        #                           the blocks retired so far, whether it has been allocated for
+        self.state = [-1, 0, 0, 0]  # ... state groups (align mode): the previous state block's index (-1: none),
+        #                              the blocks retired so far, and this step's checkpoint (tokens, index; 0)
 
     @property
     def num_tokens(self) -> int:

