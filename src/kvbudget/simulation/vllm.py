@@ -773,8 +773,13 @@ class CachedHybridScheduler(HybridScheduler):
         the state until now (freed by the next `_skip`)."""
         required = cdiv(tokens, self.cfg.block_size)
         states = self.states
+        if not states:
+            for table in s.group_blocks:
+                if required > len(table):
+                    table += self.pool_.take_ids(required - len(table))
+            return
         checkpoint = s.state[2] > 0  # (a checkpoint block at s.state[3], before the running state's)
-        if states and (len(s.group_blocks[states[0]]) < required or checkpoint):  # the state moves on
+        if len(s.group_blocks[states[0]]) < required or checkpoint:  # the state moves on
             s.state[0] = len(s.group_blocks[states[0]]) - 1
         for g, table in enumerate(s.group_blocks):
             prev = len(table)
@@ -797,7 +802,7 @@ class CachedHybridScheduler(HybridScheduler):
             if end <= start:
                 continue
             table = s.group_blocks[g]
-            state = group.keeps_state
+            state = g in self.states
             for j in group.keyed_blocks(start, end, boundaries):
                 if table[j]:
                     key = self._gkey(s.key(j, bs), g)
@@ -885,12 +890,11 @@ class CachedHybridScheduler(HybridScheduler):
         max_len = self.cfg.max_model_len
         tokens = min(s.computed + n, max_len)
         bs = self.cfg.block_size
-        need = 0
-        for g, table in enumerate(s.group_blocks):
-            if g in self.states:
-                need += self._state_blocks(s, table, tokens, s.computed, [], False)
-            else:
-                need += max(cdiv(tokens, bs) - len(table), 0)
+        if self.states:
+            need = sum(self._state_blocks(s, table, tokens, s.computed, [], False) if g in self.states else
+                       max(cdiv(tokens, bs) - len(table), 0) for g, table in enumerate(s.group_blocks))
+        else:
+            need = sum(max(cdiv(tokens, bs) - len(t), 0) for t in s.group_blocks)
         if need > self.pool.nfree:
             return False
         self._allocate(s, tokens)
