@@ -6,10 +6,10 @@ from __future__ import annotations
 import sys
 
 from kvbudget import __version__
-from kvbudget.cli import catalog, checklog, common, estimate, guard, plan, simulate, tokens
+from kvbudget.cli import catalog, checklog, common, estimate, guard, plan, quality, simulate, tokens
 from kvbudget.errors import KVBudgetError
 
-COMMANDS = (estimate, catalog, plan, simulate, checklog, tokens, guard)
+COMMANDS = (estimate, catalog, plan, simulate, checklog, tokens, guard, quality)
 
 
 def build_parser() -> common.Parser:

