@@ -90,14 +90,14 @@ def smollm2():
 def test_the_untouched_cache_reproduces_the_models_own_logits(smollm2):
     """The baseline runs through our cache class; its distributions equal the model's own forward pass bit for
     bit, and an f32 'format' (no change) scores KL 0 and full agreement."""
-    from kvbudget.quality.measure import compare, log_probs
+    from kvbudget.quality.measure import compare, log_probs, windows
 
-    model, tokenizer, _ = smollm2
+    model, tokenizer = smollm2.model, smollm2.tokenizer
     ids = tokenizer(PROSE.read_text()[:3000], add_special_tokens=False)["input_ids"][:200]
     with torch.inference_mode():
         own = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), dim=-1)
     assert torch.equal(log_probs(model, ids, None), own)
-    [same] = compare(model, ids, [Variant("f32", "f32")], context=100)
+    [same] = compare(model, list(windows(ids, 100)), [Variant("f32", "f32")])
     assert same.kl_max == 0 and same.top1.value == 1 and same.perplexity == same.base_perplexity
     assert same.windows == 2 and same.tokens == 200
 
@@ -106,12 +106,12 @@ def test_smollm2_on_real_prose_ranks_the_formats(smollm2):
     """On 2 windows of 256 tokens of the GPL's text: q8_0 costs little (KL under 0.01, top-1 above 95%), q4_0 a
     lot more (KL above ten times q8_0's, top-1 below 90%); keeping V at q8_0 while K drops to q4_0 lands in
     between. (A 135M model on one text: the ranking, not the figures, is what carries over.)"""
-    from kvbudget.quality.measure import compare
+    from kvbudget.quality.measure import compare, windows
 
-    model, tokenizer, _ = smollm2
+    model, tokenizer = smollm2.model, smollm2.tokenizer
     ids = tokenizer(PROSE.read_text(), add_special_tokens=False)["input_ids"]
-    q8, q4, mixed = compare(model, ids, [Variant("q8_0", "q8_0"), Variant("q4_0", "q4_0"),
-                                         Variant("q4_0", "q8_0")], context=256, max_windows=2)
+    q8, q4, mixed = compare(model, list(windows(ids, 256, 2)), [Variant("q8_0", "q8_0"), Variant("q4_0", "q4_0"),
+                                                                Variant("q4_0", "q8_0")])
     assert q8.kl_mean.value < 0.01 and q8.top1.value > 0.95
     assert q4.kl_mean.value > 10 * q8.kl_mean.value and q4.top1.value < 0.9
     assert q8.kl_mean.value < mixed.kl_mean.value < q4.kl_mean.value

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,16 @@ def bundled_gguf() -> Path:
     return target
 
 
-def load_model(source: str) -> tuple[Any, Any, str]:
-    """(model in float32 on the CPU, tokenizer, a name) from a folder, a .gguf file or the bundled name."""
+@dataclass(frozen=True)
+class Loaded:
+    model: Any  # transformers, float32, on the CPU
+    tokenizer: Any
+    name: str
+    gguf: Path | None  # the file it came from, for llama.cpp
+
+
+def load_model(source: str) -> Loaded:
+    """The model from a folder, a .gguf file or the bundled name."""
     try:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -74,7 +83,7 @@ def load_model(source: str) -> tuple[Any, Any, str]:
         except (ValueError, OSError, KeyError) as exc:
             raise KVBudgetError(f"{source}: transformers cannot load this GGUF ({str(exc).splitlines()[0]})") from None
         model.eval()
-        return model, tokenizer, BUNDLED if source == BUNDLED else path.name
+        return Loaded(model, tokenizer, BUNDLED if source == BUNDLED else path.name, path)
     if not path.is_dir():
         raise KVBudgetError(f"{source}: not a model folder or a .gguf file (or {BUNDLED}, the bundled test model)")
     if not (path / "config.json").is_file():
@@ -85,7 +94,7 @@ def load_model(source: str) -> tuple[Any, Any, str]:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return model, tokenizer, BUNDLED if source == BUNDLED else path.name
+    return Loaded(model, tokenizer, path.name, None)
 
 
 def _need(*modules: str) -> None:
@@ -94,9 +103,9 @@ def _need(*modules: str) -> None:
         raise KVBudgetError(f"loading a GGUF file needs {' and '.join(missing)}: pip install {' '.join(missing)}")
 
 
-def read_tokens(tokenizer: Any, files: list[str]) -> list[int]:
-    """The data as one stream of token ids: plain text files as they are; a .jsonl of chat requests rendered
-    with the model's chat template, one request after another."""
+def read_text(tokenizer: Any, files: list[str]) -> str:
+    """The data as one text: plain text files as they are; a .jsonl of chat requests rendered with the model's
+    chat template, one request after another."""
     from kvbudget.tokens import iter_lines, read_request
 
     texts: list[str] = []
@@ -112,9 +121,7 @@ def read_tokens(tokenizer: Any, files: list[str]) -> list[int]:
                 texts.append(tokenizer.apply_chat_template(messages, tokenize=False))
         else:
             texts.append("".join(iter_lines(name)))
-    ids: list[int] = []
-    for text in texts:
-        ids += tokenizer(text, add_special_tokens=False)["input_ids"]
-    if not ids:
+    text = "".join(texts)
+    if not text.strip():
         raise KVBudgetError(f"--data: {', '.join(files)} holds no text")
-    return ids
+    return text

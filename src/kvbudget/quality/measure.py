@@ -109,24 +109,25 @@ def windows(ids: Sequence[int], context: int, limit: int | None = None) -> Itera
         yield list(ids[i * context:(i + 1) * context])
 
 
-def compare(model: Any, ids: Sequence[int], variants: Sequence[Variant], context: int,
-            max_windows: int | None = None, progress: Callable[[int, int], None] | None = None
-            ) -> list[VariantResult]:
-    """Each variant against the untouched cache over the text's windows; the baseline runs once per window."""
+def compare(model: Any, chunks: Sequence[Sequence[int]], variants: Sequence[Variant], first: int = 0,
+            progress: Callable[[int, int], None] | None = None) -> list[VariantResult]:
+    """Each variant against the untouched cache over the windows; the baseline runs once per window. Positions
+    before `first` in each window are context only (llama-perplexity scores the second half); the last position
+    has no next token, so perplexity stops before it."""
     tallies = {v: Tally() for v in variants}
-    chunks = list(windows(ids, context, max_windows))
     for w, chunk in enumerate(chunks):
-        base = log_probs(model, chunk, None)
-        target = torch.tensor(chunk[1:])
-        base_nll = -base[:-1].gather(1, target[:, None])[:, 0]
+        base = log_probs(model, chunk, None)[first:]
+        target = torch.tensor(chunk[first + 1:])
+        n = len(target)
+        base_nll = -base[:n].gather(1, target[:, None])[:, 0]
         top = base.argmax(dim=-1)
         p = base.exp()
         for v in variants:
-            q = log_probs(model, chunk, v)
+            q = log_probs(model, chunk, v)[first:]
             t = tallies[v]
             t.kl.append((p * (base - q)).sum(dim=-1).clamp(min=0))
             t.agree.append((q.argmax(dim=-1) == top).to(torch.float32))
-            t.nll.append(-q[:-1].gather(1, target[:, None])[:, 0])
+            t.nll.append(-q[:n].gather(1, target[:, None])[:, 0])
             t.base_nll.append(base_nll)
         if progress is not None:
             progress(w + 1, len(chunks))
