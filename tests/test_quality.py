@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvbudget.cli import main
+from kvbudget.errors import KVBudgetError
 from kvbudget.quality import ggml, scaled
 from kvbudget.quality.formats import Variant
 
@@ -76,8 +77,9 @@ def test_variants_parse_and_refuse():
     assert Variant.parse("q8_0") == Variant("q8_0", "q8_0")
     assert Variant.parse("k=q8_0,v=q4_0").name == "k=q8_0,v=q4_0"
     for bad in ("q3_k", "k=q8_0", "k=q8_0,v=nope"):
-        with pytest.raises(Exception, match="kv-dtype"):
+        with pytest.raises(KVBudgetError, match="^kv_dtype") as exc:
             Variant.parse(bad)
+        assert exc.value.param == "kv_dtype"
 
 
 @pytest.fixture(scope="module")
@@ -96,25 +98,25 @@ def test_the_untouched_cache_reproduces_the_models_own_logits(smollm2):
     ids = tokenizer(PROSE.read_text()[:3000], add_special_tokens=False)["input_ids"][:200]
     with torch.inference_mode():
         own = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0].float(), dim=-1)
-    assert torch.equal(log_probs(model, ids, None), own)
-    [same] = compare(model, list(windows(ids, 100)), [Variant("f32", "f32")])
+    assert torch.equal(log_probs(smollm2, ids, None), own)
+    [same] = compare(smollm2, list(windows(ids, 100)), [Variant("f32", "f32")])
     assert same.kl_max == 0 and same.top1.value == 1 and same.perplexity == same.base_perplexity
     assert same.windows == 2 and same.tokens == 200
 
 
 def test_smollm2_on_real_prose_ranks_the_formats(smollm2):
     """On 2 windows of 256 tokens of the GPL's text: q8_0 costs little (KL under 0.01, top-1 above 95%), q4_0 a
-    lot more (KL above ten times q8_0's, top-1 below 90%); keeping V at q8_0 while K drops to q4_0 lands in
-    between. (A 135M model on one text: the ranking, not the figures, is what carries over.)"""
+    lot more (KL above ten times q8_0's, top-1 below 90%); keeping K at q8_0 while V drops to q4_0 lands in
+    between, nearer q8_0 (on this model K carries most of the loss). (A 135M model on one text: the ranking,
+    not the figures, is what carries over.)"""
     from kvbudget.quality.measure import compare, windows
 
-    model, tokenizer = smollm2.model, smollm2.tokenizer
-    ids = tokenizer(PROSE.read_text(), add_special_tokens=False)["input_ids"]
-    q8, q4, mixed = compare(model, list(windows(ids, 256, 2)), [Variant("q8_0", "q8_0"), Variant("q4_0", "q4_0"),
-                                                                Variant("q4_0", "q8_0")])
+    ids = smollm2.tokenizer(PROSE.read_text(), add_special_tokens=False)["input_ids"]
+    q8, q4, mixed = compare(smollm2, list(windows(ids, 256, 2)), [Variant("q8_0", "q8_0"), Variant("q4_0", "q4_0"),
+                                                                Variant("q8_0", "q4_0")])
     assert q8.kl_mean.value < 0.01 and q8.top1.value > 0.95
     assert q4.kl_mean.value > 10 * q8.kl_mean.value and q4.top1.value < 0.9
-    assert q8.kl_mean.value < mixed.kl_mean.value < q4.kl_mean.value
+    assert q8.kl_mean.value < mixed.kl_mean.value < q4.kl_mean.value / 2
     assert q4.perplexity > q8.perplexity
 
 
@@ -133,7 +135,7 @@ def test_cli_table_and_json(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--kv-dtype", "q3_k"], "kv-dtype 'q3_k'"),
+    (["--kv-dtype", "q3_k"], "--kv-dtype 'q3_k'"),
     (["--context", "100000"], "--context 100000: longer than"),
     (["--context", "1"], "--context 1"),
 ])

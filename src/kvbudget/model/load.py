@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from kvbudget import catalog
 from kvbudget.errors import ConfigError
@@ -56,6 +57,15 @@ def _from_hub(repo_id: str) -> Path:
         raise ConfigError(f"{repo_id}: the repository has no config.json") from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{repo_id}: could not fetch config.json from the Hub: {exc}".splitlines()[0]) from None
+
+
+def from_transformers(model: Any, name: str, dtype: str | None = None) -> ModelSpec:
+    """The ModelSpec of a loaded transformers model (its config object), with `dtype` standing for the weights'
+    own dtype when the loaded one is not it (a GGUF file dequantized to float32)."""
+    config = model.config.to_dict()
+    if dtype is not None:
+        config["torch_dtype"] = config["dtype"] = dtype
+    return parse_config(config, name=name, source="transformers")
 
 
 def load_model(source: str | os.PathLike | dict, name: str | None = None) -> ModelSpec:

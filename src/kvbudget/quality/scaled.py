@@ -18,7 +18,7 @@ import torch
 @dataclass(frozen=True)
 class ScaledType:
     name: str
-    kind: str  # "fp8" (one scale per layer) or "per_token_head"
+    per_token_head: bool  # a scale per token and head (else one per layer)
     target: torch.dtype  # float8_e4m3fn, float8_e5m2 or int8
 
     @property
@@ -30,7 +30,7 @@ class ScaledType:
     def round_trip(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
         """x (..., head_dim), as the attention kernel reads it back from the cache, in x's dtype."""
         v = x.to(torch.float32)
-        if self.kind == "per_token_head":
+        if self.per_token_head:
             s = torch.clamp(v.abs().amax(dim=-1, keepdim=True) / self.limit, min=1e-6)
         else:
             s = torch.tensor(scale, dtype=torch.float32)
@@ -42,8 +42,8 @@ class ScaledType:
         return (q * s).to(x.dtype)
 
 
-TYPES = {t.name: t for t in (ScaledType("fp8", "fp8", torch.float8_e4m3fn),
-                             ScaledType("fp8_e4m3", "fp8", torch.float8_e4m3fn),
-                             ScaledType("fp8_e5m2", "fp8", torch.float8_e5m2),
-                             ScaledType("int8_per_token_head", "per_token_head", torch.int8),
-                             ScaledType("fp8_per_token_head", "per_token_head", torch.float8_e4m3fn))}
+TYPES = {t.name: t for t in (ScaledType("fp8", False, torch.float8_e4m3fn),
+                             ScaledType("fp8_e4m3", False, torch.float8_e4m3fn),
+                             ScaledType("fp8_e5m2", False, torch.float8_e5m2),
+                             ScaledType("int8_per_token_head", True, torch.int8),
+                             ScaledType("fp8_per_token_head", True, torch.float8_e4m3fn))}

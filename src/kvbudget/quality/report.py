@@ -1,0 +1,187 @@
+"""`kvbudget.quality.run`: the whole comparison as one call (what the CLI prints and `--json` writes).
+
+The model and data come in; out come the transformers path's figures for each cache format, the real engine's
+where one runs (`engine` names a kvbudget engine; llama.cpp runs `llama-perplexity` on a GGUF), the memory each
+format takes in that engine (bytes per token from the engine's allocator, requests at once from the planner when
+a GPU is given), and a one-line verdict on what the data supports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import kvbudget
+from kvbudget.errors import KVBudgetError
+from kvbudget.model.spec import Attention
+from kvbudget.quality import llamacpp, load, measure
+from kvbudget.quality.formats import Variant, store
+
+# engines whose real binary kvbudget quality can drive, by kvbudget engine name
+REAL_ENGINES: dict[str, Callable[..., Any]] = {llamacpp.NAME: llamacpp.Perplexity}
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What one format costs in the engine: bytes per token (all layers), and requests at once on the GPU."""
+
+    engine: str
+    bytes_per_token: int | None  # None: the engine does not store this format
+    gain: float | None  # tokens in the same memory, against the engine's default cache
+    requests: float | None  # requests of max_model_len at once (a GPU given)
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "bytes_per_token": self.bytes_per_token, "gain": self.gain,
+                "requests": self.requests, "note": self.note}
+
+
+@dataclass(frozen=True)
+class Report:
+    model: str
+    context: int
+    data: tuple[str, ...]
+    matmul: str  # how the linear layers took their inputs
+    results: tuple[measure.VariantResult, ...]
+    engine: str | None = None
+    real: tuple[llamacpp.EngineResult, ...] | None = None  # the real engine's figures, same order
+    memory: tuple[Memory, ...] | None = None
+    first: int = 0  # positions before this in each window were context only
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.results, self.context)
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"model": self.model, "context": self.context, "data": list(self.data),
+                               "matmul": self.matmul, "scored_from": self.first,
+                               "results": [r.to_dict() for r in self.results], "verdict": self.verdict,
+                               "notes": list(self.notes)}
+        if self.memory is not None:
+            for entry, mem in zip(doc["results"], self.memory, strict=True):
+                entry["memory"] = mem.to_dict()
+        if self.real is not None:
+            doc["engine"] = self.engine
+            doc["real_engine"] = [r.to_dict() for r in self.real]
+        return doc
+
+
+def verdict(results: Sequence[measure.VariantResult], context: int) -> str:
+    """What the data supports, by the lower end of each format's top-1 interval, and how much data it was."""
+    first = results[0]
+    parts = []
+    for r in results:
+        low = r.top1.low
+        word = ("indistinguishable here" if low >= 0.995 else "small" if low >= 0.97 else
+                "visible" if low >= 0.9 else "large")
+        parts.append(f"{r.variant} {word} (top token changed at {1 - r.top1.value:.1%})")
+    amount = f"{first.windows} window{'s' * (first.windows != 1)} of {context:,} tokens"
+    caution = "; too little data for a firm answer (give more text)" if first.windows < 4 else ""
+    return f"Cost of each format on {amount}: " + ", ".join(parts) + caution + "."
+
+
+def check_model(spec: kvbudget.ModelSpec) -> None:
+    """The transformers path passes attention K and V through the formats; other cache kinds it cannot."""
+    others = sorted({s.kind for s in spec.layers if not isinstance(s, Attention)})
+    if others:
+        raise KVBudgetError(f"model: {spec.name} has {', '.join(others)} layers; kvbudget quality measures "
+                            "attention K/V caches only", param="model")
+
+
+def memory(spec: kvbudget.ModelSpec, variants: Sequence[Variant], engine: str, gpu: str | None,
+           gpu_memory: int | None, max_model_len: int, weights: int | None) -> tuple[Memory, ...]:
+    """Each format's memory in `engine` (its allocator and planner; K and V in different formats are not
+    modelled by the engines here)."""
+    reference = kvbudget.estimate(spec, engine=engine, kv_dtype="auto").bytes_per_token
+    out = []
+    for v in variants:
+        if v.k != v.v:
+            out.append(Memory(engine, None, None, None, "K and V apart: not modelled"))
+            continue
+        try:
+            per_token = kvbudget.estimate(spec, engine=engine, kv_dtype=v.k).bytes_per_token
+        except KVBudgetError as exc:
+            out.append(Memory(engine, None, None, None, str(exc).split(";")[0]))
+            continue
+        requests = None
+        if gpu is not None or gpu_memory is not None:
+            plan = kvbudget.plan(spec, engine=engine, gpu=gpu, gpu_memory=gpu_memory, kv_dtype=v.k,
+                                 max_model_len=max_model_len, weights=weights, recommend=False)
+            requests = plan.capacity.max_concurrency if plan.capacity is not None else 0.0
+        out.append(Memory(engine, per_token, reference / per_token, requests))
+    return tuple(out)
+
+
+def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] = ("f16", "q8_0", "q4_0"),
+        context: int = 512, windows: int | None = None, engine: str | None = None, gpu: str | None = None,
+        gpu_memory: int | None = None, max_model_len: int | None = None,
+        progress: Callable[[str, int, int], None] | None = None) -> Report:
+    """Compare each cache format in `kv_dtypes` with the untouched cache on the text of the `data` files.
+
+    `model`: a model folder, a .gguf file, the bundled test model's name, or an already loaded model. `engine`
+    (a kvbudget engine name) adds that engine's memory for each format and, where kvbudget can drive the real
+    engine (llama.cpp on a GGUF), its own figures on the same windows. `progress(stage, done, total)` is called
+    as the work advances."""
+    variants = [Variant.parse(v) for v in kv_dtypes]
+    if not variants:
+        raise KVBudgetError("kv_dtypes: give at least one format", param="kv_dtypes")
+    real = REAL_ENGINES.get(engine) if engine is not None else None
+    if engine is not None:
+        kvbudget.get_engine(engine)  # an unknown name fails here, before the model loads
+    least = 4 if real is not None else 2
+    if context < least:
+        raise KVBudgetError(f"context {context}: a window needs at least {least} tokens", param="context")
+    if windows is not None and windows < 1:
+        raise KVBudgetError(f"windows {windows}: give at least 1", param="windows")
+    if not data:
+        raise KVBudgetError("data: give at least one file", param="data")
+    loaded = model if isinstance(model, load.Loaded) else load.load_model(model)
+    spec = loaded.spec
+    check_model(spec)
+    if spec.max_position_embeddings and context > spec.max_position_embeddings:
+        raise KVBudgetError(f"context {context}: longer than {loaded.name}'s {spec.max_position_embeddings:,} "
+                            "positions", param="context")
+    attention = [s for s in spec.layers if isinstance(s, Attention)]
+    for v in variants:  # refuse a format that cannot be stored before running anything
+        for s in attention:
+            store(v.k, s.k_dim, "k"), store(v.v, s.v_dim, "v")
+    if real is not None and loaded.gguf is None:
+        raise KVBudgetError(f"engine {engine}: {loaded.name} is not a .gguf file; llama.cpp runs GGUF models",
+                            param="engine")
+    text = load.read_text(loaded.tokenizer, list(data))
+    notes = [f"linear layers without an input rule (left in float): {', '.join(loaded.unmodelled)}"] \
+        if loaded.unmodelled else []
+
+    def step(stage: str) -> Callable[[int, int], None]:
+        return lambda done, total: progress(stage, done, total) if progress is not None else None
+
+    engine_results = None
+    first = 0
+    if real is not None:
+        assert loaded.gguf is not None
+        step("llama-perplexity: baseline")(0, len(variants) + 1)
+        runner = real(loaded.gguf, text, context, windows)
+        try:
+            engine_results = []
+            for i, v in enumerate(variants):
+                step(f"llama-perplexity: {v.name}")(i + 1, len(variants) + 1)
+                engine_results.append(runner.compare(v))
+            chunks = [list(map(int, row)) for row in runner.tokens]
+        finally:
+            runner.close()
+        first = context // 2  # llama-perplexity scores the second half of each chunk
+    else:
+        ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) < context:
+            raise KVBudgetError(f"data: {len(ids):,} tokens, fewer than one window of {context}; give more text "
+                                "or a shorter context", param="data")
+        chunks = list(measure.windows(ids, context, windows))
+    results = measure.compare(loaded, chunks, variants, first=first, progress=step("transformers"))
+    mem = None
+    if engine is not None:
+        weights = loaded.gguf.stat().st_size if loaded.gguf is not None else None
+        mem = memory(spec, variants, engine, gpu, gpu_memory, max_model_len or context, weights)
+    return Report(loaded.name, context, tuple(data), loaded.matmul, tuple(results), engine,
+                  tuple(engine_results) if engine_results is not None else None, mem, first, tuple(notes))
