@@ -89,11 +89,20 @@ def smollm2():
     return load_model(BUNDLED)
 
 
-def test_the_untouched_cache_reproduces_the_models_own_logits(smollm2):
+@pytest.fixture(scope="module")
+def plain():
+    """The same model in float32 arithmetic throughout (not as llama.cpp computes)."""
+    from kvbudget.quality.load import BUNDLED, load_model
+
+    return load_model(BUNDLED, as_engine=False)
+
+
+def test_the_untouched_cache_reproduces_the_models_own_logits(plain):
     """The baseline runs through our cache class; its distributions equal the model's own forward pass bit for
     bit, and an f32 'format' (no change) scores KL 0 and full agreement."""
     from kvbudget.quality.measure import compare, log_probs, windows
 
+    smollm2 = plain
     model, tokenizer = smollm2.model, smollm2.tokenizer
     ids = tokenizer(PROSE.read_text()[:3000], add_special_tokens=False)["input_ids"][:200]
     with torch.inference_mode():
@@ -131,13 +140,17 @@ def test_cli_table_and_json(capsys, tmp_path):
     assert main(["quality", "smollm2-135m-instruct", "--data", str(text), "--context", "128", "--windows", "1",
                  "--kv-dtype", "q8_0"]) == 0
     table = capsys.readouterr().out
-    assert "q8_0" in table and "top-1 agree" in table and "your own model" in " ".join(table.split())
+    assert "q8_0" in table and "top-1 %" in table and "your own model" in " ".join(table.split())
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--kv-dtype", "q3_k"], "--kv-dtype 'q3_k'"),
     (["--context", "100000"], "--context 100000: longer than"),
     (["--context", "1"], "--context 1"),
+    (["--gpu", "L4"], "--gpu: requests at once need an engine"),
+    (["--generate", "-1"], "--generate -1"),
+    (["--plot", "/nonexistent/q.png"], "--plot: folder /nonexistent does not exist"),
+    (["--engine", "nope"], "unknown engine 'nope'"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, message):
     text = tmp_path / "prose.txt"
@@ -160,3 +173,112 @@ def test_cli_refuses_models_and_data_it_cannot_use(capsys, tmp_path):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-1e5, 1e5, width=32), min_size=64, max_size=64), st.sampled_from([1e-6, 1.0, 3e3]))
+def test_the_fast_q8_0_round_trip_equals_the_byte_path(values, scale):
+    x = torch.tensor(values, dtype=torch.float32).reshape(2, 32) * scale
+    fast, bytes_path = ggml.q8_0_round_trip(x), torch.from_numpy(ggml.TYPES["q8_0"].round_trip(x.numpy()))
+    torch.testing.assert_close(fast, bytes_path, rtol=0, atol=0, equal_nan=True)  # (a scale past f16: inf, nan)
+
+
+def test_llamacpps_arithmetic_follows_the_files_tensor_types(smollm2, plain):
+    """Every linear layer finds its GGUF tensor (30 layers x 7, and the output layer through the tied token
+    embedding), with the types the file holds (read here with gguf's reader); the rounding of their inputs
+    changes the logits; the untouched cache is f16 as llama.cpp keeps an f32 one, so f16 costs exactly 0."""
+    import gguf
+
+    from kvbudget.quality.matmul import weight_types
+    from kvbudget.quality.measure import compare, windows
+
+    types = weight_types(smollm2.model, smollm2.gguf)
+    reader = gguf.GGUFReader(str(smollm2.gguf))
+    held = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert len(types) == 30 * 7 + 1
+    assert types["model.layers.7.self_attn.k_proj"] == held["blk.7.attn_k.weight"]
+    assert types["model.layers.29.mlp.down_proj"] == held["blk.29.ffn_down.weight"]
+    assert types["lm_head"] == held["token_embd.weight"] and "output.weight" not in held
+    assert smollm2.as_llamacpp and smollm2.baseline == "f16" and not plain.as_llamacpp
+    ids = smollm2.tokenizer(PROSE.read_text()[:3000], add_special_tokens=False)["input_ids"][:128]
+    with torch.inference_mode():
+        assert not torch.equal(smollm2.model(input_ids=torch.tensor([ids])).logits,
+                               plain.model(input_ids=torch.tensor([ids])).logits)
+    f16, f32 = compare(smollm2, [ids], [Variant("f16", "f16"), Variant("f32", "f32")])
+    assert f16.kl_max == 0 and f32.kl_max == 0
+    [f16_plain] = compare(plain, list(windows(ids, 128)), [Variant("f16", "f16")])
+    assert f16_plain.kl_max > 0
+
+
+def test_the_dequantized_copy_is_the_gguf_model(smollm2):
+    """The float32 folder kept after the first load gives the same logits and tokens as loading the GGUF."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = smollm2.gguf
+    direct = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    text = PROSE.read_text()[:2000]
+    ids = tokenizer(text)["input_ids"]
+    assert ids == smollm2.tokenizer(text)["input_ids"]
+    from kvbudget.quality.load import BUNDLED, load_model
+
+    copy = load_model(BUNDLED, as_engine=False).model
+    with torch.inference_mode():
+        assert torch.equal(direct(input_ids=torch.tensor([ids[:200]])).logits,
+                           copy(input_ids=torch.tensor([ids[:200]])).logits)
+
+
+def test_memory_joins_the_engines_bytes(smollm2, tmp_path):
+    """SmolLM2: 30 layers x 3 KV heads x 64 x (K + V) per token = 11,520 values: 23,040 bytes in f16, 12,240 in
+    llama.cpp's q8_0 (34 bytes per 32 values), 11,520 in vLLM's fp8, which stores no q8_0."""
+    from kvbudget.quality.report import run
+
+    text = tmp_path / "prose.txt"
+    text.write_text(PROSE.read_text()[:3000])
+    report = run(smollm2, [str(text)], ["f16", "q8_0", "fp8"], context=128, windows=1, engine="vllm", gpu="L4")
+    f16, q8, fp8 = report.memory
+    assert (f16.bytes_per_token, f16.gain) == (23_040, 1.0)
+    assert fp8.bytes_per_token == 11_520 and fp8.gain == 2.0 and fp8.requests > f16.requests > 0
+    assert q8.bytes_per_token is None and "kv_dtype q8_0" in q8.note
+    from kvbudget.quality.report import memory
+
+    q8_cpp, mixed = memory(smollm2.spec, [Variant("q8_0", "q8_0"), Variant("q8_0", "q4_0")], "llamacpp", None, None,
+                           128, None)
+    assert q8_cpp.bytes_per_token == 12_240 and abs(q8_cpp.gain - 23_040 / 12_240) < 1e-12
+    assert mixed.bytes_per_token is None
+    doc = report.to_dict()
+    assert doc["results"][2]["memory"]["bytes_per_token"] == 11_520 and "verdict" in doc
+
+
+def test_generation_needle_and_layers(smollm2):
+    """Greedy generation: f16 is the untouched cache here, so it never differs; q4_0 differs within 24 tokens
+    for most prompts. Needle: SmolLM2 finds the passkey in 256-token windows of the GPL with the untouched
+    cache (a real capability: a slicing error would score 0). Per layer: f16 in one layer costs exactly 0,
+    q4_0 something in every layer."""
+    from kvbudget.quality import needle
+    from kvbudget.quality.measure import divergence, layer_kl, windows
+
+    ids = smollm2.tokenizer(PROSE.read_text(), add_special_tokens=False)["input_ids"]
+    prompts = [ids[i * 300:i * 300 + 100] for i in range(4)]
+    f16, q4 = divergence(smollm2, prompts, [Variant("f16", "f16"), Variant("q4_0", "q4_0")], 24)
+    assert f16.first == (None,) * 4 and f16.median is None
+    assert sum(f is not None for f in q4.first) >= 3
+    cases = needle.haystacks(smollm2, ids, 256, 1)
+    assert len(cases) == len(needle.DEPTHS) and all(len(c[1]) == 256 for c in cases)
+    assert smollm2.tokenizer.decode(cases[0][1]).count("passkey is") == 3  # twice in the needle, once asked
+    untouched, _ = needle.needle(smollm2, ids, 256, [Variant("q8_0", "q8_0")], trials=1)
+    assert untouched.variant == "untouched" and untouched.accuracy >= 0.8
+    chunks = list(windows(ids, 128, 1))
+    assert layer_kl(smollm2, chunks, Variant("f16", "f16")) == [0.0] * 30
+    assert all(k > 0 for k in layer_kl(smollm2, chunks, Variant("q4_0", "q4_0")))
+
+
+def test_cli_extra_measures_and_plot(capsys, tmp_path):
+    text = tmp_path / "prose.txt"
+    text.write_text(PROSE.read_text()[:6000])
+    png = tmp_path / "quality.png"
+    assert main(["quality", "smollm2-135m-instruct", "--data", str(text), "--context", "128", "--windows", "2",
+                 "--kv-dtype", "f16", "q4_0", "--generate", "8", "--layers", "q4_0", "--plot", str(png)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "greedy generation first differs" in out and "in one layer at a time" in out and f"wrote {png}" in out
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"

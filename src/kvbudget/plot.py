@@ -13,6 +13,7 @@ from kvbudget.planner import Plan
 from kvbudget.units import GIB
 
 if TYPE_CHECKING:
+    from kvbudget.quality.report import Report
     from kvbudget.simulation import Simulation
 
 
@@ -132,4 +133,57 @@ def plot_simulation(sim: Simulation, path: str, caption: str = "") -> None:
     if caption:
         fig.text(0.5, 0.01, caption, ha="center", fontsize=8, color="dimgray")
     fig.tight_layout(rect=(0, 0.04 if caption else 0, 1, 1))
+    _save(plt, fig, path)
+
+
+def plot_quality(report: Report, path: str) -> None:
+    """`kvbudget quality --plot FILE`: each format's KL and top-1 change against its memory (bits per value,
+    or the engine's bytes per token), KL by position in the window, and per-layer KL when measured."""
+    from kvbudget.quality.formats import bits_per_value
+
+    plt = _pyplot(path)
+    panels = 3 if report.layers is not None else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.4))
+    ax = axes[0]
+    positive = [r.kl_mean.value for r in report.results if r.kl_mean.value > 0]
+    floor = min(positive) / 10 if positive else 1e-6  # where a KL of exactly 0 is drawn
+    for i, r in enumerate(report.results):
+        x, y = bits_per_value(r.variant), max(r.kl_mean.value, floor)
+        low, high = max(r.kl_mean.low, floor), max(r.kl_mean.high, floor)
+        ax.errorbar([x], [y], yerr=[[y - low], [high - y]], fmt="o", capsize=3, color=f"C{i}")
+        kl = f"KL {r.kl_mean.value:.2g}" if r.kl_mean.value else "KL 0"
+        ax.annotate(f"{r.variant}: {kl}, top-1 changed {1 - r.top1.value:.1%}", (x, y), textcoords="offset points",
+                    xytext=(6, -3), fontsize=7.5)
+    ax.set_yscale("log")
+    ax.set_xlabel("bits per stored value (K and V mean, block scales included)")
+    ax.set_xlim(0, 36)
+    ax.set_ylabel("mean KL against the untouched cache (nats)")
+    ax.set_title("cost against memory (95% intervals over windows)", fontsize=10)
+    ax.set_xticks([4, 8, 16, 32])
+    ax.grid(alpha=0.3)
+    ax = axes[1]
+    for i, r in enumerate(report.results):
+        values = list(r.kl_by_position)
+        if not values:
+            continue
+        width = max(1, len(values) // 32)
+        means = [sum(values[i:i + width]) / len(values[i:i + width]) for i in range(0, len(values), width)]
+        ax.plot([report.first + j + width / 2 for j in range(0, len(values), width)], means, label=r.variant,
+                color=f"C{i}")
+    ax.set_yscale("log")
+    ax.set_xlabel("position in the window (tokens)")
+    ax.set_ylabel("mean KL (nats)")
+    ax.set_title(f"KL by position, mean over {report.results[0].windows} windows", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    if report.layers is not None:
+        ax = axes[2]
+        ax.bar(range(len(report.layers)), report.layers, color="tab:red")
+        ax.set_xlabel("attention layer")
+        ax.set_ylabel("mean KL (nats)")
+        ax.set_title(f"{report.layers_variant} in one layer at a time", fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(f"{report.model}: what each KV cache format costs ({report.context:,}-token windows)",
+                 fontsize=11)
+    fig.tight_layout()
     _save(plt, fig, path)

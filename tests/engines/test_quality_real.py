@@ -62,7 +62,7 @@ def test_without_the_engines_matmul_rounding_q8_0_looks_ten_times_cheaper(both):
     falls to about a tenth of llama.cpp's KL. llama.cpp's rounding of every matmul input turns the cache's tiny
     changes into whole rounding steps: its q8_0 figure is mostly that floor, which is why quality.matmul exists."""
     _, chunks, (e8, e4), _ = both
-    plain = load.load_model(load.BUNDLED, engine_matmul=False)
+    plain = load.load_model(load.BUNDLED, as_engine=False)
     o8, o4 = measure.compare(plain, chunks, [Variant("q8_0", "q8_0"), Variant("q4_0", "q4_0")], first=256)
     print(f"float32 matmuls: q8_0 KL {o8.kl_mean.value:.5f}, q4_0 KL {o4.kl_mean.value:.5f}")
     assert e8.kl_mean > 5 * o8.kl_mean.value

@@ -9,7 +9,6 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvbudget.cli.common import console, size
-from kvbudget.errors import KVBudgetError
 
 
 def add_parser(sub: Any) -> None:
@@ -32,6 +31,15 @@ def add_parser(sub: Any) -> None:
     q.add_argument("--gpu-memory", metavar="SIZE", help="GPU memory instead of --gpu (e.g. 24GiB)")
     q.add_argument("--max-model-len", type=int, metavar="N",
                    help="request length for requests at once (default: --context)")
+    q.add_argument("--generate", type=int, default=0, metavar="N",
+                   help="also generate N tokens greedily from the first half of each window and say where each "
+                        "format's generation first differs")
+    q.add_argument("--needle", type=int, default=0, metavar="TRIALS",
+                   help="also a needle test: a passkey hidden in your text at depths 10-90%% of --context, TRIALS "
+                        "passkeys per depth")
+    q.add_argument("--layers", metavar="FORMAT",
+                   help="also per-layer sensitivity: FORMAT in one layer at a time (at most two windows)")
+    q.add_argument("--plot", metavar="FILE", help="draw cost against memory and KL by position (.png or .svg)")
     q.add_argument("--json", action="store_true", help="print JSON")
     q.set_defaults(run=run)
 
@@ -39,8 +47,6 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvbudget.quality.report import run as measure
 
-    if (args.gpu or args.gpu_memory) and not args.engine:
-        raise KVBudgetError("--gpu: requests at once need --engine too (e.g. --engine vllm)")
     out = console()
     live = not args.json and out.is_terminal
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -50,60 +56,101 @@ def run(args: argparse.Namespace) -> int:
         def progress(stage: str, done: int, total: int) -> None:
             bar.update(task, description=stage, completed=done, total=total)
 
+        if args.plot:
+            from kvbudget.plot import _pyplot
+
+            _pyplot(args.plot)  # a bad path or a missing matplotlib fails before the long part
         report = measure(args.model, args.data, args.kv_dtype or ("f16", "q8_0", "q4_0"), args.context,
                          args.windows, args.engine, args.gpu, size(args.gpu_memory, "--gpu-memory"),
-                         args.max_model_len, progress)
+                         args.max_model_len, args.generate, args.needle, args.layers, progress=progress)
+    if args.plot:
+        from kvbudget.plot import plot_quality
+
+        plot_quality(report, args.plot)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0
     render(report)
+    if args.plot:
+        console().print(f"wrote {args.plot}")
     return 0
 
 
 def render(report: Any) -> None:
+    from rich import box
     from rich.table import Table
 
     first = report.results[0]
-    scored = f", scoring positions {report.first:,} on" if report.first else ""
-    table = Table(title=f"{report.model}: each KV cache format against the untouched cache, {first.windows} "
-                        f"windows of {report.context:,} tokens{scored} ({first.tokens:,} positions)")
-    columns = ["format", "KL mean", "KL p99", "KL max", "top-1 agree", "perplexity"]
-    if report.memory is not None:
-        columns += ["bytes/token", "x tokens"] + (["requests"] if any(m.requests is not None
-                                                                       for m in report.memory) else [])
+    scored = f", positions {report.first:,} on" if report.first else ""
+    table = Table(title=f"{report.model}: KV cache formats against the untouched cache\n{first.windows} windows "
+                        f"of {report.context:,} tokens{scored} ({first.tokens:,} scored)", box=box.SIMPLE_HEAD)
+    memory = report.memory is not None
+    columns = ["format", "KL mean", "top-1 %", "ppl"] if memory else \
+        ["format", "KL mean", "KL p99", "KL max", "top-1 %", "ppl"]
+    requests = memory and any(m.requests is not None for m in report.memory)
+    if memory:
+        columns += ["B/tok", "x tok"] + (["reqs"] if requests else [])  # (p99, max: in --json)
     for column in columns:
-        table.add_column(column, justify="left" if column == "format" else "right")
+        table.add_column(column, justify="left" if column == "format" else "right", no_wrap=True)
     for i, r in enumerate(report.results):
         kl_half = (r.kl_mean.high - r.kl_mean.low) / 2
-        top_half = (r.top1.high - r.top1.low) / 2
-        row = [r.variant, f"{r.kl_mean.value:.2g} ±{kl_half:.1g}", f"{r.kl_p99:.2g}", f"{r.kl_max:.2g}",
-               f"{r.top1.value:.1%} ±{top_half:.1%}", f"{r.perplexity:.2f} {r.perplexity_change:+.1%}"]
-        if report.memory is not None:
+        top_half = (r.top1.high - r.top1.low) / 2 * 100
+        row = [r.variant, f"{r.kl_mean.value:.2g}±{kl_half:.1g}"]
+        if not memory:
+            row += [f"{r.kl_p99:.2g}", f"{r.kl_max:.2g}"]
+        row += [f"{r.top1.value * 100:.1f}±{top_half:.1f}", f"{r.perplexity_change:+.1%}"]
+        if memory:
             m = report.memory[i]
             row += [f"{m.bytes_per_token:,}" if m.bytes_per_token else "—", f"{m.gain:.2f}x" if m.gain else "—"]
-            if "requests" in columns:
-                row.append(f"{m.requests:.1f}" if m.requests is not None else "—")
+            if requests:
+                row.append(f"{m.requests:,.0f}" if m.requests is not None else "—")
         table.add_row(*row)
     out = console()
     out.print(table)
     if report.real is not None:
-        real = Table(title=f"the same windows in the real engine ({report.engine}: llama-perplexity, flash "
-                           "attention, f32 baseline cache)")
-        for column in ("format", "KL mean", "KL p99", "KL max", "top-1 agree", "perplexity", "KL vs ours"):
-            real.add_column(column, justify="left" if column == "format" else "right")
+        real = Table(title=f"the same windows in {report.engine} (llama-perplexity, f32 baseline cache)",
+                     box=box.SIMPLE_HEAD)
+        for column in ("format", "KL mean", "KL p99", "top-1 %", "ppl", "KL/ours"):
+            real.add_column(column, justify="left" if column == "format" else "right", no_wrap=True)
         for e, r in zip(report.real, report.results, strict=True):
             ratio = e.kl_mean / r.kl_mean.value if r.kl_mean.value else float("nan")
-            real.add_row(e.variant, f"{e.kl_mean:.2g}", f"{e.kl_p99:.2g}", f"{e.kl_max:.2g}", f"{e.top1:.1%}",
-                         f"{e.perplexity:.2f} {e.perplexity / e.base_perplexity - 1:+.1%}", f"x{ratio:.2f}")
+            real.add_row(e.variant, f"{e.kl_mean:.2g}", f"{e.kl_p99:.2g}", f"{e.top1 * 100:.1f}",
+                         f"{e.perplexity / e.base_perplexity - 1:+.1%}", f"{ratio:.2f}")
         out.print(real)
-    if report.memory is not None:
+    if report.divergence is not None:
+        d0 = report.divergence[0]
+        out.print(f"Greedy generation, {d0.tokens} tokens from each of {d0.prompts} prompts (-: no difference):")
+        for d in report.divergence:
+            firsts = " ".join("-" if f is None else str(f) for f in d.first)
+            median = "none differ" if d.median is None else f"median {d.median:g}"
+            out.print(f"{d.variant}: greedy generation first differs at token {firsts} ({median})")
+    if report.needle is not None:
+        needle = Table(title=f"needle test: passkey found, of {report.needle[0].trials} per depth",
+                       box=box.SIMPLE_HEAD)
+        needle.add_column("cache")
+        for depth in report.needle[0].depths:
+            needle.add_column(f"{depth:.0%}", justify="right")
+        needle.add_column("all", justify="right")
+        for n in report.needle:
+            needle.add_row(n.variant, *(str(c) for c in n.correct), f"{n.accuracy:.0%}")
+        out.print(needle)
+    if report.layers is not None:
+        ranked = sorted(range(len(report.layers)), key=lambda i: -report.layers[i])[:5]
+        out.print(f"{report.layers_variant} in one layer at a time: most KL in layers "
+                  + ", ".join(f"{i} ({report.layers[i]:.2g})" for i in ranked)
+                  + f"; least {min(report.layers):.2g}")
+    if memory:
         for m, r in zip(report.memory, report.results, strict=True):
             if m.note:
                 out.print(f"{r.variant}: no memory figure ({m.note})")
     for note in report.notes:
         out.print(note)
-    out.print(f"Baseline perplexity {first.base_perplexity:.2f}; linear layers {report.matmul}. KL: of the "
-              "next-token distributions against the untouched cache (nats); ±: half the 95% interval from "
-              "resampling whole windows.")
-    out.print(report.verdict + " This is this model on this text: check your own model on your own traffic "
-              "before production.")
+    legend = (f"KL: nats, of the next-token distributions; ±: half the 95% interval over windows; ppl: "
+              f"perplexity against {first.base_perplexity:.2f}")
+    if memory:
+        legend += f"; B/tok: bytes per token in {report.engine}; x tok: tokens in the same memory against its " \
+                  "default cache"
+        if requests:
+            legend += f"; reqs: requests of {report.max_model_len:,} tokens at once"
+    out.print(legend + f". Linear layers {report.matmul}.")
+    out.print(report.verdict + " A small model on one text: check your own model on your own traffic.")

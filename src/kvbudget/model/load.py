@@ -63,9 +63,23 @@ def from_transformers(model: Any, name: str, dtype: str | None = None) -> ModelS
     """The ModelSpec of a loaded transformers model (its config object), with `dtype` standing for the weights'
     own dtype when the loaded one is not it (a GGUF file dequantized to float32)."""
     config = model.config.to_dict()
+    if "gguf" in str((config.get("quantization_config") or {}).get("quant_method", "")).lower():
+        del config["quantization_config"]  # transformers' mark of a GGUF load: its weights are the file's bytes
     if dtype is not None:
         config["torch_dtype"] = config["dtype"] = dtype
     return parse_config(config, name=name, source="transformers")
+
+
+def save_dequantized(model: Any, folder: Path) -> None:
+    """A transformers model loaded from a GGUF file (dequantized), saved as a plain model folder: its config
+    without the GGUF mark and its float weights in safetensors (save_pretrained refuses GGUF-loaded models)."""
+    from safetensors.torch import save_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    save_model(model, str(folder / "model.safetensors"))
 
 
 def load_model(source: str | os.PathLike | dict, name: str | None = None) -> ModelSpec:

@@ -71,13 +71,35 @@ def _blocks(kind: ggml.BlockType, n: int) -> Callable[[torch.Tensor], torch.Tens
     return blocks
 
 
-def query_store(k_name: str, head_dim: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
+def query_store(k_name: str, head_dim: int, llamacpp: bool = False) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """What llama.cpp's attention does to Q against a K cache of one of its block types: Q (rotated with K)
     goes into 8-bit blocks for the integer dot product (ggml-cpu ops.cpp, flash attention: `q_to_vec_dot`, the
-    K type's vec_dot_type q8_0, or q8_1 with the same codes for q4_1 / q5_1); None for the other formats."""
-    if k_name not in ggml.TYPES:
-        return None
-    return _blocks(ggml.TYPES["q8_0"], rotation(head_dim, "k"))
+    K type's vec_dot_type q8_0, or q8_1 with the same codes for q4_1 / q5_1). With `llamacpp` (llama.cpp's
+    arithmetic throughout) Q also goes to f16 against an f16 or f32 K (an f32 cache is cast to f16 for flash
+    attention: llama-graph.cpp) and to bf16 against bf16. None: Q as it is."""
+    if k_name in ggml.TYPES:
+        return _blocks(ggml.TYPES["q8_0"], rotation(head_dim, "k"))
+    if llamacpp and k_name in FLOATS:
+        half = torch.bfloat16 if k_name == "bf16" else torch.float16
+        return lambda x: x.to(half).to(x.dtype)
+    return None
+
+
+def as_llamacpp_keeps(name: str) -> str:
+    """The format llama.cpp's flash attention reads a cache type as: f32 is cast to f16 (llama-graph.cpp)."""
+    return "f16" if name == "f32" else name
+
+
+def bits_per_value(name: str) -> float:
+    """Storage bits per K or V value of a format ('k=..,v=..': the mean of the two), scales included."""
+    if "=" in name:
+        v = Variant.parse(name)
+        return (bits_per_value(v.k) + bits_per_value(v.v)) / 2
+    if name in FLOATS:
+        return float(torch.finfo(FLOATS[name]).bits)
+    if name in ggml.TYPES:
+        return 8 * ggml.TYPES[name].nbytes / ggml.BLOCK
+    return 8.0  # vLLM's 8-bit formats (per-token scales aside)
 
 
 @dataclass(frozen=True)

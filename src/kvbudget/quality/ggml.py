@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 BLOCK = 32
 
@@ -103,3 +104,14 @@ class BlockType:
 TYPES = {t.name: t for t in (BlockType("q8_0", 8, False, 34), BlockType("q4_0", 4, False, 18),
                              BlockType("q4_1", 4, True, 20), BlockType("q5_0", 5, False, 22),
                              BlockType("q5_1", 5, True, 24))}
+
+
+def q8_0_round_trip(x: torch.Tensor) -> torch.Tensor:
+    """q8_0's round trip in torch, without the bytes: the same float32 steps as `TYPES["q8_0"].round_trip`
+    (equal to it bit for bit, tested), several times faster; for the matmul inputs of every layer."""
+    blocks = x.to(torch.float32).reshape(-1, BLOCK)
+    d = blocks.abs().amax(dim=1) / 127
+    inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+    scaled = blocks * inv[:, None]
+    codes = torch.trunc(scaled + torch.copysign(torch.full_like(scaled, 0.5), scaled))
+    return (codes * d.to(torch.float16).to(torch.float32)[:, None]).reshape(x.shape).to(x.dtype)

@@ -4,8 +4,10 @@ dequantizes, or the bundled test model) and the user's text as token ids."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,7 +18,7 @@ from typing import Any
 
 import kvbudget
 from kvbudget.errors import KVBudgetError
-from kvbudget.model.load import from_transformers
+from kvbudget.model.load import from_transformers, save_dequantized
 from kvbudget.model.spec import ModelSpec
 from kvbudget.quality import matmul
 
@@ -64,12 +66,19 @@ class Loaded:
     gguf: Path | None  # the file it came from, for llama.cpp
     spec: ModelSpec  # what its cache holds, for the checks and the memory columns
     matmul: str = "float32"  # how the linear layers take their inputs (a GGUF's: as llama.cpp rounds them)
+    as_llamacpp: bool = False  # llama.cpp's arithmetic: matmul inputs, Q's conversion, f32 caches kept as f16
     unmodelled: tuple[str, ...] = ()  # linear layers whose weight type has no input rule (left in float)
 
+    @property
+    def baseline(self) -> str:
+        """The format of the untouched cache: f32, which llama.cpp's flash attention keeps as f16."""
+        return "f16" if self.as_llamacpp else "f32"
 
-def load_model(source: str, engine_matmul: bool = True) -> Loaded:
+
+def load_model(source: str, as_engine: bool = True) -> Loaded:
     """The model from a folder, a .gguf file or the bundled name. A GGUF model's linear layers round their inputs
-    as llama.cpp's matmuls do for each weight type (quality.matmul) unless `engine_matmul` is False."""
+    as llama.cpp's matmuls do for each weight type (quality.matmul), and attention converts Q and keeps an f32
+    cache as llama.cpp's does (quality.formats), unless `as_engine` is False."""
     try:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -84,22 +93,35 @@ def load_model(source: str, engine_matmul: bool = True) -> Loaded:
         if not path.is_file():
             raise KVBudgetError(f"{source}: no such GGUF file")
         _need("gguf", "accelerate")
-        try:  # transformers dequantizes every tensor to float32 (a few seconds for a small model)
-            with open(os.devnull, "w") as quiet, contextlib.redirect_stderr(quiet):  # (its own progress bar)
-                model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-                tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        except (ValueError, OSError, KeyError) as exc:
-            raise KVBudgetError(f"{source}: transformers cannot load this GGUF ({str(exc).splitlines()[0]})") from None
+        converted = _converted(path)
+        if (converted / "config.json").is_file():  # dequantized once before: a plain folder loads in seconds
+            model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(converted)
+        else:
+            try:  # transformers dequantizes every tensor to float32 (half a minute for SmolLM2 on 2 cores)
+                with open(os.devnull, "w") as quiet, contextlib.redirect_stderr(quiet):  # (its progress bar)
+                    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                                 dtype=torch.float32)
+                    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            except (ValueError, OSError, KeyError) as exc:
+                raise KVBudgetError(f"{source}: transformers cannot load this GGUF "
+                                    f"({str(exc).splitlines()[0]})") from None
+            part = converted.with_name(converted.name + ".part")
+            shutil.rmtree(part, ignore_errors=True)
+            save_dequantized(model, part)
+            tokenizer.save_pretrained(part)
+            shutil.rmtree(converted, ignore_errors=True)
+            part.rename(converted)
         model.eval()
         name = BUNDLED if source == BUNDLED else path.name
         spec = from_transformers(model, name, dtype="float16")  # (llama.cpp caches f16 unless told otherwise)
-        if not engine_matmul:
+        if not as_engine:
             return Loaded(model, tokenizer, name, path, spec)
         types = matmul.weight_types(model, path)
         unmodelled = matmul.engine_inputs(model, types)
         kinds = ", ".join(sorted(set(types.values())))
         return Loaded(model, tokenizer, name, path, spec, f"as llama.cpp rounds inputs to {kinds} weights",
-                      tuple(unmodelled))
+                      True, tuple(unmodelled))
     if not path.is_dir():
         raise KVBudgetError(f"{source}: not a model folder or a .gguf file (or {BUNDLED}, the bundled test model)")
     if not (path / "config.json").is_file():
@@ -112,6 +134,13 @@ def load_model(source: str, engine_matmul: bool = True) -> Loaded:
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return Loaded(model, tokenizer, path.name, None, spec)
+
+
+def _converted(gguf_file: Path) -> Path:
+    """Where the dequantized float32 copy of a GGUF file is kept (keyed by its name, size and time)."""
+    st = gguf_file.stat()
+    key = hashlib.sha256(f"{gguf_file.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir() / "converted" / f"{gguf_file.stem}-{key}"
 
 
 def _need(*modules: str) -> None:

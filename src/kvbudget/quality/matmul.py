@@ -27,10 +27,6 @@ _BLOCK_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}  # vec_dot_type q8_0 / q
 _HALF = {"F16": torch.float16, "BF16": torch.bfloat16}
 
 
-def _q8_0(x: torch.Tensor) -> torch.Tensor:
-    return torch.from_numpy(ggml.TYPES["q8_0"].round_trip(x.detach().to(torch.float32).numpy())).to(x.dtype)
-
-
 def weight_types(model: Any, gguf_file: Path) -> dict[str, str]:
     """The GGUF tensor type of each nn.Linear's weight in `model` (transformers' module names), found through
     gguf-py's name map; the output layer falls back to the token embedding when the file ties them."""
@@ -66,7 +62,7 @@ def engine_inputs(model: Any, types: dict[str, str]) -> list[str]:
         if kind is None:
             continue
         if kind in _BLOCK_TYPES:
-            module.register_forward_pre_hook(lambda _m, args: (_q8_0(args[0]), *args[1:]))
+            module.register_forward_pre_hook(lambda _m, args: (ggml.q8_0_round_trip(args[0]), *args[1:]))
         elif kind in _HALF:
             half = _HALF[kind]
             module.register_forward_pre_hook(lambda _m, args, h=half: (args[0].to(h).to(args[0].dtype), *args[1:]))

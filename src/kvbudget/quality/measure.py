@@ -21,7 +21,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from kvbudget.model.spec import Attention, ModelSpec
-from kvbudget.quality.formats import Variant, query_store, store
+from kvbudget.quality.formats import Variant, as_llamacpp_keeps, query_store, store
 from kvbudget.quality.load import Loaded
 
 Store = Callable[[torch.Tensor], torch.Tensor]
@@ -43,26 +43,29 @@ class StoredLayer(DynamicLayer):
         return super().update(key_states, value_states, *args, **kwargs)
 
 
-def cache_for(spec: ModelSpec, variant: Variant | None, only: int | None = None) -> Cache:
+def cache_for(spec: ModelSpec, variant: Variant | None, only: int | None = None,
+              base: Variant | None = None) -> Cache:
     """A cache for one forward pass: every attention layer through the variant's formats (None: untouched), or
-    only layer `only`."""
+    only layer `only` and the others in `base`'s."""
     layers: list[Any] = []
     for s in spec.layers:
-        if variant is None or not isinstance(s, Attention) or (only is not None and s.layer != only):
+        use = base if only is not None and s.layer != only else variant
+        if use is None or not isinstance(s, Attention):
             layers.append(StoredLayer(None, None))
         else:
-            layers.append(StoredLayer(store(variant.k, s.k_dim, "k"), store(variant.v, s.v_dim, "v")))
+            layers.append(StoredLayer(store(use.k, s.k_dim, "k"), store(use.v, s.v_dim, "v")))
     return Cache(layers=layers)
 
 
-_QUERY: list[Store | None] = [None]  # what the attention of the forward pass running now does to Q
+# what the attention of the forward pass running now does to Q, by layer index
+_QUERY: list[dict[int, Store | None]] = [{}]
 
 
 def _attention(module: Any, query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     """transformers' sdpa attention, with Q passed through the engine's conversion first (if any)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    convert = _QUERY[0]
+    convert = _QUERY[0].get(getattr(module, "layer_idx", -1))
     return sdpa_attention_forward(module, convert(query) if convert is not None else query, *args, **kwargs)
 
 
@@ -79,20 +82,40 @@ def _use_our_attention(model: Any) -> None:
         _OURS.add(model)
 
 
+def effective(loaded: Loaded, variant: Variant | None) -> Variant | None:
+    """The variant as the engine keeps it (None: the untouched cache, which is `loaded.baseline`)."""
+    if not loaded.as_llamacpp:
+        return variant
+    v = variant or Variant(loaded.baseline, loaded.baseline)
+    return Variant(as_llamacpp_keeps(v.k), as_llamacpp_keeps(v.v))
+
+
+def _queries(loaded: Loaded, variant: Variant | None, only: int | None = None,
+             base: Variant | None = None) -> dict[int, Store | None]:
+    """Q's conversion in each attention layer, following that layer's K format (as cache_for assigns them)."""
+    out: dict[int, Store | None] = {}
+    for s in loaded.spec.layers:
+        if isinstance(s, Attention):
+            use = base if only is not None and s.layer != only else variant
+            out[s.layer] = query_store(use.k, s.k_dim, loaded.as_llamacpp) if use is not None else None
+    return out
+
+
 def log_probs(loaded: Loaded, ids: Sequence[int], variant: Variant | None, only: int | None = None) -> torch.Tensor:
-    """Log-softmax of the next-token logits at every position of one window, float32 [tokens, vocab]."""
+    """Log-softmax of the next-token logits at every position of one window, float32 [tokens, vocab]; `only`:
+    the variant in that layer alone, the others untouched."""
     model, spec = loaded.model, loaded.spec
     _use_our_attention(model)
-    k_dims = {s.k_dim for s in spec.layers if isinstance(s, Attention)}
-    _QUERY[0] = query_store(variant.k, k_dims.pop()) if variant is not None and len(k_dims) == 1 else None
+    variant, base = effective(loaded, variant), effective(loaded, None)
+    _QUERY[0] = _queries(loaded, variant, only, base)
     try:
         with torch.inference_mode(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # (transformers renames past_key_values in 5.40)
-            out = model(input_ids=torch.tensor([list(ids)]), past_key_values=cache_for(spec, variant, only),
+            out = model(input_ids=torch.tensor([list(ids)]), past_key_values=cache_for(spec, variant, only, base),
                         use_cache=True)
             return torch.log_softmax(out.logits[0].to(torch.float32), dim=-1)
     finally:
-        _QUERY[0] = None
+        _QUERY[0] = {}
 
 
 @dataclass
@@ -123,6 +146,7 @@ class VariantResult:
     top1: Interval  # share of positions whose most likely token is unchanged
     perplexity: float
     base_perplexity: float
+    kl_by_position: tuple[float, ...] = ()  # mean KL over windows at each scored position, in order
 
     @property
     def perplexity_change(self) -> float:
@@ -133,7 +157,8 @@ class VariantResult:
                 "kl_mean": self.kl_mean.value, "kl_mean_ci95": [self.kl_mean.low, self.kl_mean.high],
                 "kl_p99": self.kl_p99, "kl_max": self.kl_max, "top1_agreement": self.top1.value,
                 "top1_ci95": [self.top1.low, self.top1.high], "perplexity": self.perplexity,
-                "base_perplexity": self.base_perplexity, "perplexity_change": self.perplexity_change}
+                "base_perplexity": self.base_perplexity, "perplexity_change": self.perplexity_change,
+                "kl_by_position": list(self.kl_by_position)}
 
 
 def windows(ids: Sequence[int], context: int, limit: int | None = None) -> Iterator[list[int]]:
@@ -172,9 +197,10 @@ def compare(loaded: Loaded, chunks: Sequence[Sequence[int]], variants: Sequence[
 
 def _result(variant: Variant, t: Tally) -> VariantResult:
     kl = torch.cat(t.kl)
+    by_position = torch.stack(t.kl).mean(dim=0).tolist() if len({len(x) for x in t.kl}) == 1 else []
     return VariantResult(variant.name, len(kl), len(t.kl), _bootstrap(t.kl), float(torch.quantile(kl, 0.99)),
                          float(kl.max()), _bootstrap(t.agree), math.exp(float(torch.cat(t.nll).mean())),
-                         math.exp(float(torch.cat(t.base_nll).mean())))
+                         math.exp(float(torch.cat(t.base_nll).mean())), tuple(by_position))
 
 
 def _bootstrap(per_window: list[torch.Tensor], rounds: int = 1000) -> Interval:
@@ -192,3 +218,82 @@ def _bootstrap(per_window: list[torch.Tensor], rounds: int = 1000) -> Interval:
         means.append(sum(sums[i] for i in pick) / sum(counts[i] for i in pick))
     means.sort()
     return Interval(value, means[int(0.025 * rounds)], means[int(0.975 * rounds) - 1])
+
+
+def layer_kl(loaded: Loaded, chunks: Sequence[Sequence[int]], variant: Variant, first: int = 0,
+             progress: Callable[[int, int], None] | None = None) -> list[float]:
+    """Mean KL against the untouched cache with the variant in one layer at a time (the others untouched), for
+    each attention layer in order: which layers carry the loss."""
+    layers = [s.layer for s in loaded.spec.layers if isinstance(s, Attention)]
+    bases = [log_probs(loaded, chunk, None)[first:] for chunk in chunks]
+    out = []
+    for i, layer in enumerate(layers):
+        total, count = 0.0, 0
+        for chunk, base in zip(chunks, bases, strict=True):
+            q = log_probs(loaded, chunk, variant, only=layer)[first:]
+            total += float((base.exp() * (base - q)).sum(dim=-1).clamp(min=0).sum())
+            count += len(base)
+        out.append(total / count)
+        if progress is not None:
+            progress(i + 1, len(layers))
+    return out
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where greedy generation with the variant's cache first leaves the untouched cache's."""
+
+    variant: str
+    prompts: int
+    tokens: int  # tokens generated per prompt
+    first: tuple[int | None, ...]  # per prompt: index of the first different token, None if none in `tokens`
+
+    @property
+    def median(self) -> float | None:
+        """The median first difference, counting a prompt that never differs as `tokens` (None: none differ)."""
+        if all(f is None for f in self.first):
+            return None
+        values = sorted(self.tokens if f is None else f for f in self.first)
+        mid = len(values) // 2
+        return float(values[mid]) if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"variant": self.variant, "prompts": self.prompts, "tokens": self.tokens,
+                "first_difference": list(self.first), "median": self.median}
+
+
+def greedy(loaded: Loaded, prompt: Sequence[int], tokens: int, variant: Variant | None = None) -> list[int]:
+    """Greedy generation as a server runs it: the prompt in one pass, then one token at a time, every K and V
+    stored in the variant's format (None: untouched)."""
+    model, spec = loaded.model, loaded.spec
+    _use_our_attention(model)
+    use = effective(loaded, variant)
+    _QUERY[0] = _queries(loaded, use)
+    cache = cache_for(spec, use)
+    out: list[int] = []
+    try:
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            ids = list(prompt)
+            for _ in range(tokens):
+                logits = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True).logits
+                ids = [int(logits[0, -1].argmax())]
+                out.extend(ids)
+    finally:
+        _QUERY[0] = {}
+    return out
+
+
+def divergence(loaded: Loaded, prompts: Sequence[Sequence[int]], variants: Sequence[Variant], tokens: int,
+               progress: Callable[[int, int], None] | None = None) -> list[Divergence]:
+    """For each prompt, greedy generation of `tokens` tokens with the untouched cache and with each variant's:
+    the index of the first token that differs."""
+    firsts: dict[Variant, list[int | None]] = {v: [] for v in variants}
+    for n, prompt in enumerate(prompts):
+        base = greedy(loaded, prompt, tokens)
+        for v in variants:
+            own = greedy(loaded, prompt, tokens, v)
+            firsts[v].append(next((i for i, (a, b) in enumerate(zip(own, base, strict=True)) if a != b), None))
+        if progress is not None:
+            progress(n + 1, len(prompts))
+    return [Divergence(v.name, len(prompts), tokens, tuple(firsts[v])) for v in variants]

@@ -15,8 +15,9 @@ from typing import Any
 import kvbudget
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import Attention
-from kvbudget.quality import llamacpp, load, measure
+from kvbudget.quality import llamacpp, load, measure, needle
 from kvbudget.quality.formats import Variant, store
+from kvbudget.quality.needle import NeedleResult
 
 # engines whose real binary kvbudget quality can drive, by kvbudget engine name
 REAL_ENGINES: dict[str, Callable[..., Any]] = {llamacpp.NAME: llamacpp.Perplexity}
@@ -48,7 +49,12 @@ class Report:
     real: tuple[llamacpp.EngineResult, ...] | None = None  # the real engine's figures, same order
     memory: tuple[Memory, ...] | None = None
     first: int = 0  # positions before this in each window were context only
+    max_model_len: int = 0  # the request length of the requests column
     notes: tuple[str, ...] = field(default=())
+    divergence: tuple[measure.Divergence, ...] | None = None
+    needle: tuple[NeedleResult, ...] | None = None  # the untouched cache first, then each format
+    layers: tuple[float, ...] | None = None  # mean KL with `layers_variant` in one attention layer at a time
+    layers_variant: str | None = None
 
     @property
     def verdict(self) -> str:
@@ -60,8 +66,15 @@ class Report:
                                "results": [r.to_dict() for r in self.results], "verdict": self.verdict,
                                "notes": list(self.notes)}
         if self.memory is not None:
+            doc["max_model_len"] = self.max_model_len
             for entry, mem in zip(doc["results"], self.memory, strict=True):
                 entry["memory"] = mem.to_dict()
+        if self.divergence is not None:
+            doc["greedy_divergence"] = [d.to_dict() for d in self.divergence]
+        if self.needle is not None:
+            doc["needle"] = [n.to_dict() for n in self.needle]
+        if self.layers is not None:
+            doc["layers"] = {"variant": self.layers_variant, "kl_mean": list(self.layers)}
         if self.real is not None:
             doc["engine"] = self.engine
             doc["real_engine"] = [r.to_dict() for r in self.real]
@@ -69,17 +82,20 @@ class Report:
 
 
 def verdict(results: Sequence[measure.VariantResult], context: int) -> str:
-    """What the data supports, by the lower end of each format's top-1 interval, and how much data it was."""
+    """What the data supports: how often each format changes the most likely next token, and whether that is
+    within the interval of the least costly format measured; how much data it was."""
     first = results[0]
+    best = max(results, key=lambda r: r.top1.value)
     parts = []
     for r in results:
-        low = r.top1.low
-        word = ("indistinguishable here" if low >= 0.995 else "small" if low >= 0.97 else
-                "visible" if low >= 0.9 else "large")
-        parts.append(f"{r.variant} {word} (top token changed at {1 - r.top1.value:.1%})")
+        part = f"{r.variant} {1 - r.top1.value:.1%}"
+        if r is not best:
+            part += f" (as {best.variant}, within the intervals)" if r.top1.high >= best.top1.low else \
+                f" ({(best.top1.value - r.top1.value) * 100:.1f} points more than {best.variant})"
+        parts.append(part)
     amount = f"{first.windows} window{'s' * (first.windows != 1)} of {context:,} tokens"
-    caution = "; too little data for a firm answer (give more text)" if first.windows < 4 else ""
-    return f"Cost of each format on {amount}: " + ", ".join(parts) + caution + "."
+    caution = " Too little data for a firm answer: give more text." if first.windows < 4 else ""
+    return f"Top token changed on {amount}: " + ", ".join(parts) + "." + caution
 
 
 def check_model(spec: kvbudget.ModelSpec) -> None:
@@ -116,14 +132,17 @@ def memory(spec: kvbudget.ModelSpec, variants: Sequence[Variant], engine: str, g
 
 def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] = ("f16", "q8_0", "q4_0"),
         context: int = 512, windows: int | None = None, engine: str | None = None, gpu: str | None = None,
-        gpu_memory: int | None = None, max_model_len: int | None = None,
+        gpu_memory: int | None = None, max_model_len: int | None = None, generate: int = 0,
+        needle_trials: int = 0, layers: str | None = None,
         progress: Callable[[str, int, int], None] | None = None) -> Report:
     """Compare each cache format in `kv_dtypes` with the untouched cache on the text of the `data` files.
 
     `model`: a model folder, a .gguf file, the bundled test model's name, or an already loaded model. `engine`
     (a kvbudget engine name) adds that engine's memory for each format and, where kvbudget can drive the real
     engine (llama.cpp on a GGUF), its own figures on the same windows. `progress(stage, done, total)` is called
-    as the work advances."""
+    as the work advances. Optional measures: `generate` tokens of greedy generation from the first half of each
+    window (where each format's generation first differs), a needle test with `needle_trials` passkeys per
+    depth, and per-layer sensitivity of the format `layers` (one layer at a time, over at most two windows)."""
     variants = [Variant.parse(v) for v in kv_dtypes]
     if not variants:
         raise KVBudgetError("kv_dtypes: give at least one format", param="kv_dtypes")
@@ -137,6 +156,10 @@ def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] 
         raise KVBudgetError(f"windows {windows}: give at least 1", param="windows")
     if not data:
         raise KVBudgetError("data: give at least one file", param="data")
+    for value, param in ((generate, "generate"), (needle_trials, "needle_trials")):
+        if value < 0:
+            raise KVBudgetError(f"{param} {value}: give 0 (off) or more", param=param)
+    layer_variant = Variant.parse(layers) if layers is not None else None
     loaded = model if isinstance(model, load.Loaded) else load.load_model(model)
     spec = loaded.spec
     check_model(spec)
@@ -150,6 +173,12 @@ def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] 
     if real is not None and loaded.gguf is None:
         raise KVBudgetError(f"engine {engine}: {loaded.name} is not a .gguf file; llama.cpp runs GGUF models",
                             param="engine")
+    mem = None
+    if engine is not None:  # before the long part: a bad GPU or length fails now
+        weights = loaded.gguf.stat().st_size if loaded.gguf is not None else None
+        mem = memory(spec, variants, engine, gpu, gpu_memory, max_model_len or context, weights)
+    elif gpu is not None or gpu_memory is not None:
+        raise KVBudgetError("gpu: requests at once need an engine too (e.g. vllm)", param="gpu")
     text = load.read_text(loaded.tokenizer, list(data))
     notes = [f"linear layers without an input rule (left in float): {', '.join(loaded.unmodelled)}"] \
         if loaded.unmodelled else []
@@ -179,9 +208,15 @@ def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] 
                                 "or a shorter context", param="data")
         chunks = list(measure.windows(ids, context, windows))
     results = measure.compare(loaded, chunks, variants, first=first, progress=step("transformers"))
-    mem = None
-    if engine is not None:
-        weights = loaded.gguf.stat().st_size if loaded.gguf is not None else None
-        mem = memory(spec, variants, engine, gpu, gpu_memory, max_model_len or context, weights)
+    div = measure.divergence(loaded, [c[:context // 2] for c in chunks], variants, generate,
+                             step(f"greedy generation, {generate} tokens")) if generate else None
+    hay = [t for c in chunks for t in c]
+    found = needle.needle(loaded, hay, context, variants, needle_trials, step("needle test")) \
+        if needle_trials else None
+    per_layer = measure.layer_kl(loaded, chunks[:2], layer_variant, first, step(f"{layers}, layer by layer")) \
+        if layer_variant is not None else None
     return Report(loaded.name, context, tuple(data), loaded.matmul, tuple(results), engine,
-                  tuple(engine_results) if engine_results is not None else None, mem, first, tuple(notes))
+                  tuple(engine_results) if engine_results is not None else None, mem, first,
+                  max_model_len or context, tuple(notes), tuple(div) if div is not None else None,
+                  tuple(found) if found is not None else None, tuple(per_layer) if per_layer is not None else None,
+                  layer_variant.name if layer_variant is not None else None)
