@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kvbudget.cli import main
 from kvbudget.errors import KVBudgetError
-from kvbudget.quality import ggml, scaled
+from kvbudget.quality import ggml, measure, scaled
 from kvbudget.quality.formats import Variant
 
 PROSE = Path("/usr/share/common-licenses/GPL-3")
@@ -36,9 +36,52 @@ def test_block_types_write_ggmls_reference_bytes():
         qtype = getattr(gguf.GGMLQuantizationType, name.upper())
         for x in cases:
             ours = kind.quantize(x)
-            ref = quantize(x, qtype).reshape(ours.shape)
+            if name == "iq4_nl":  # gguf.quants has no iq4_nl quantizer: a line-by-line port of ggml's C below
+                ref = np.stack([_iq4_nl_reference(block) for block in x.reshape(-1, 32)])
+            else:
+                ref = quantize(x, qtype).reshape(ours.shape)
             assert np.array_equal(ours, ref), name
             assert np.array_equal(kind.dequantize(ours).reshape(x.shape), dequantize(ref, qtype).reshape(x.shape))
+
+
+def _iq4_nl_reference(x: np.ndarray) -> np.ndarray:
+    """ggml-quants.c's quantize_row_iq4_nl_impl for one block as quantize_row_iq4_nl_ref calls it (no weights,
+    ntry = -1), one float32 operation at a time; codes of a zero block 0 (ggml leaves them unset)."""
+    f = np.float32
+    values = [f(v) for v in ggml.NonLinear.LEVELS]
+
+    def best_index(v: np.float32) -> int:
+        if v <= values[0]:
+            return 0
+        if v >= values[15]:
+            return 15
+        lo, hi = 0, 15
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if v < values[mid]:
+                hi = mid
+            else:
+                lo = mid
+        return lo if v - values[lo] < values[hi] - v else hi
+
+    amax, big = f(0), f(0)
+    for v in x:
+        if abs(v) > amax:
+            amax, big = abs(v), v
+    codes = [0] * 32
+    d = f(0)
+    if amax >= f(1e-15):
+        inv = f(1) / (big / values[0])
+        sum_qx, sum_q2 = f(0), f(0)
+        for j, v in enumerate(x):
+            codes[j] = best_index(inv * v)
+            q = values[codes[j]]
+            w = v * v
+            sum_qx = f(sum_qx + w * q * v)
+            sum_q2 = f(sum_q2 + w * q * q)
+        d = sum_qx / sum_q2 if sum_q2 > 0 else f(0)
+    packed = [codes[j] | (codes[j + 16] << 4) for j in range(16)]
+    return np.concatenate([np.array([d], np.float16).view(np.uint8), np.array(packed, np.uint8)])
 
 
 @settings(max_examples=60, deadline=None)
@@ -50,6 +93,11 @@ def test_block_round_trips_stay_within_the_format_step(values, name):
     kind = ggml.TYPES[name]
     data = kind.quantize(x)
     d = abs(float(data[0, 0:2].copy().view(np.float16)[0]))
+    if name == "iq4_nl":  # codes picked at d0 = max/-127 (half the widest gap between levels: 12), then refit
+        d0 = float(np.abs(x).max()) / 127
+        bound = 12 * d0 + 127 * abs(d - d0) + 2.0**-10 * 127 * d + 1e-30
+        assert np.abs(kind.round_trip(x) - x).max() <= bound
+        return
     m = abs(float(data[0, 2:4].copy().view(np.float16)[0])) if kind.offset else 0.0
     step = 0.5 if kind.bits == 8 or kind.offset else 1.0
     levels = (1 << kind.bits) - 1
@@ -151,6 +199,7 @@ def test_cli_table_and_json(capsys, tmp_path):
     (["--generate", "-1"], "--generate -1"),
     (["--plot", "/nonexistent/q.png"], "--plot: folder /nonexistent does not exist"),
     (["--engine", "nope"], "unknown engine 'nope'"),
+    (["--kv-dtype", "q8_0", "--kv-scales", "dynamic"], "--kv-scales dynamic: none of the formats"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, message):
     text = tmp_path / "prose.txt"
@@ -282,3 +331,27 @@ def test_cli_extra_measures_and_plot(capsys, tmp_path):
     out = " ".join(capsys.readouterr().out.split())
     assert "greedy generation first differs" in out and "in one layer at a time" in out and f"wrote {png}" in out
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_dynamic_scales_are_vllms_rule_and_reach_the_cache(smollm2):
+    """--kv-scales dynamic: each layer's scales are max|K| / 200 and max|V| / 100 over the first window, K after
+    RoPE: checked against the model's own transformers cache; and the scales change what fp8 gives back (an
+    earlier version lost them on the way to the cache and printed the uncalibrated figures twice)."""
+    from dataclasses import replace
+
+    from transformers import DynamicCache
+
+    ids = smollm2.tokenizer(PROSE.read_text(), add_special_tokens=False)["input_ids"][:128]
+    scales = measure.dynamic_scales(smollm2, ids)
+    own = DynamicCache()
+    with torch.inference_mode():
+        smollm2.model(input_ids=torch.tensor([ids]), past_key_values=own, use_cache=True)
+    assert len(scales) == len(own.layers) == 30
+    for (k, v), layer in zip(scales, own.layers, strict=True):
+        assert k == pytest.approx(float(layer.keys.abs().max()) / 200, rel=1e-6)
+        assert v == pytest.approx(float(layer.values.abs().max()) / 100, rel=1e-6)
+    fp8 = Variant("fp8", "fp8")
+    one, dynamic = measure.compare(smollm2, [ids], [fp8, replace(fp8, scales=scales)])
+    assert dynamic.variant == "fp8 dyn"
+    assert one.kl_mean.value != dynamic.kl_mean.value
+    assert dynamic.kl_mean.value < 0.1

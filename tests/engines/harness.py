@@ -182,13 +182,15 @@ class LlamaRun:
 
 
 @contextmanager
-def llama_server(gguf: Path, *args: str, timeout: float = 120):
-    """A running llama-server on loopback: yields its base URL once /v1/models answers."""
+def llama_server(gguf: Path, *args: str, timeout: float = 120, env: dict | None = None, logs: Path | None = None):
+    """A running llama-server on loopback: yields its base URL once /v1/models answers. `env`: variables added to
+    the server's environment; `logs`: the folder for its log (default: beside the model)."""
     port = free_port()
     cmd = [str(require(LLAMA_SERVER)), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), *args]
-    log_path = gguf.parent / f"llama-{port}.log"
+    log_path = (logs or gguf.parent) / f"llama-{port}.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, **(env or {})})
     try:
         _wait_http(f"http://127.0.0.1:{port}/v1/models", proc, timeout, log_path)
         yield f"http://127.0.0.1:{port}"

@@ -39,6 +39,9 @@ def add_parser(sub: Any) -> None:
                         "passkeys per depth")
     q.add_argument("--layers", metavar="FORMAT",
                    help="also per-layer sensitivity: FORMAT in one layer at a time (at most two windows)")
+    q.add_argument("--kv-scales", choices=("1", "dynamic"), default="1",
+                   help="scales of vLLM's fp8 formats: 1 (vLLM's default, uncalibrated) or dynamic (per layer from "
+                        "the first window: max|K|/200, max|V|/100, as vLLM's calculate_kv_scales did)")
     q.add_argument("--plot", metavar="FILE", help="draw cost against memory and KL by position (.png or .svg)")
     q.add_argument("--json", action="store_true", help="print JSON")
     q.set_defaults(run=run)
@@ -62,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
             _pyplot(args.plot)  # a bad path or a missing matplotlib fails before the long part
         report = measure(args.model, args.data, args.kv_dtype or ("f16", "q8_0", "q4_0"), args.context,
                          args.windows, args.engine, args.gpu, size(args.gpu_memory, "--gpu-memory"),
-                         args.max_model_len, args.generate, args.needle, args.layers, progress=progress)
+                         args.max_model_len, args.generate, args.needle, args.layers, args.kv_scales,
+                         progress=progress)
     if args.plot:
         from kvbudget.plot import plot_quality
 

@@ -38,10 +38,11 @@ def rotation(head_dim: int, half: str) -> int:
     return n
 
 
-def store(name: str, head_dim: int, half: str = "k") -> Callable[[torch.Tensor], torch.Tensor]:
+def store(name: str, head_dim: int, half: str = "k", scale: float = 1.0) -> Callable[[torch.Tensor], torch.Tensor]:
     """A function from K or V ([batch, heads, tokens, head_dim], float) to what attention effectively reads back
     (for llama.cpp's block types after its rotation: rotating Q with K, and V's output back, leaves attention
-    unchanged but for what the quantizer does to the rotated values)."""
+    unchanged but for what the quantizer does to the rotated values). `scale`: the layer's scale for vLLM's
+    per-tensor formats (fp8*)."""
     if name in FLOATS:
         target = FLOATS[name]
         return lambda x: x.to(target).to(x.dtype)
@@ -52,7 +53,8 @@ def store(name: str, head_dim: int, half: str = "k") -> Callable[[torch.Tensor],
                                 "it divides, or a vLLM format", param="kv_dtype")
         return _blocks(ggml.TYPES[name], rotation(head_dim, half))
     if name in scaled.TYPES:
-        return scaled.TYPES[name].round_trip
+        kind = scaled.TYPES[name]
+        return lambda x: kind.round_trip(x, scale)
     raise KVBudgetError(f"kv_dtype {name!r}: choose from {', '.join(NAMES)}", param="kv_dtype")
 
 
@@ -108,10 +110,20 @@ class Variant:
 
     k: str
     v: str
+    scales: tuple[tuple[float, float], ...] | None = None  # (K, V) scale per layer (None: 1.0, uncalibrated)
 
     @property
     def name(self) -> str:
-        return self.k if self.k == self.v else f"k={self.k},v={self.v}"
+        plain = self.k if self.k == self.v else f"k={self.k},v={self.v}"
+        return f"{plain} dyn" if self.scales is not None else plain
+
+    @property
+    def scaled(self) -> bool:
+        """Whether K or V is in one of vLLM's formats with one scale per layer (fp8, fp8_e4m3, fp8_e5m2)."""
+        return any(name in scaled.TYPES and not scaled.TYPES[name].per_token_head for name in (self.k, self.v))
+
+    def scale(self, layer: int, half: str) -> float:
+        return 1.0 if self.scales is None else self.scales[layer][0 if half == "k" else 1]
 
     @classmethod
     def parse(cls, text: str) -> Variant:

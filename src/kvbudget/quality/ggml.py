@@ -9,6 +9,9 @@ four-bit codes pack value j into the low nibble of byte j and value j + 16 into 
 of the 5-bit types sit in a little-endian uint32, bit j for value j. The arithmetic is float32 with the scale's
 reciprocal taken before d is rounded to float16 (as the C code does); a zero block gets d = 0 and zero codes.
 Dequantization: q8_0 d·c; q4_0 d·(c - 8); q5_0 d·(c - 16); q4_1 / q5_1 d·c + m.
+
+iq4_nl (`NonLinear`) maps 4-bit codes to a fixed table of 16 levels instead of a uniform grid; its scale is a
+weighted least-squares fit (see `NonLinear`).
 """
 
 from __future__ import annotations
@@ -101,9 +104,58 @@ class BlockType:
             return d, d, np.minimum(2 * half - 1, codes.astype(np.int32))
 
 
+@dataclass(frozen=True)
+class NonLinear(BlockType):
+    """iq4_nl: a float16 scale d, then 32 four-bit indices into LEVELS (packed as q4_0's), value d·LEVELS[i].
+
+    The cache's quantizer is `quantize_row_iq4_nl_ref` (ggml-cpu's from_float for this type), which runs
+    `quantize_row_iq4_nl_impl` with no importance weights and ntry = -1, so no search over scales:
+    1. the value of largest magnitude `max` (the first one); a block with max|x| < 1e-15 gets d = 0;
+    2. indices: the level nearest x·(1/d0) with d0 = max / LEVELS[0] (`best_index_int8`: a tie goes to the upper);
+    3. d = Σ w·q·x / Σ w·q² over those levels q with weights w = x² (float32 sums in index order), stored as
+       float16; the indices are not recomputed with the final d."""
+
+    LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+    def _codes(self, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        levels = np.array(self.LEVELS, dtype=np.float32)
+        rows = np.arange(len(blocks))
+        first = np.abs(blocks).argmax(axis=1)
+        extreme = blocks[rows, first]
+        live = np.abs(extreme) >= np.float32(1e-15)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            d0 = extreme / levels[0]
+            inv = np.where(live, np.float32(1) / d0, np.float32(0)).astype(np.float32)
+            scaled = blocks * inv[:, None]
+            # best_index_int8: the bracketing pair by binary search, then the nearer (the lower on a tie)
+            upper = np.clip(np.searchsorted(levels, scaled, side="right"), 1, 15)
+            lower = upper - 1
+            pick_lower = (scaled - levels[lower]) < (levels[upper] - scaled)
+            codes = np.where(scaled <= levels[0], 0, np.where(scaled >= levels[15], 15,
+                                                              np.where(pick_lower, lower, upper)))
+            q = levels[codes]
+            sum_qx = np.zeros(len(blocks), dtype=np.float32)
+            sum_q2 = np.zeros(len(blocks), dtype=np.float32)
+            for j in range(BLOCK):  # float32, in index order, as the C loop adds
+                x = blocks[:, j]
+                wq = (x * x) * q[:, j]
+                sum_qx = sum_qx + wq * x
+                sum_q2 = sum_q2 + wq * q[:, j]
+            d = np.where(live & (sum_q2 > 0), sum_qx / sum_q2, np.float32(0)).astype(np.float32)
+        codes = np.where(live[:, None], codes, 0)
+        return d, d, codes.astype(np.int32)
+
+    def dequantize(self, data: np.ndarray) -> np.ndarray:
+        data = np.asarray(data, dtype=np.uint8).reshape(-1, self.nbytes)
+        d = data[:, 0:2].copy().view(np.float16).astype(np.float32)
+        qs = data[:, 2:18].astype(np.int32)
+        codes = np.concatenate([qs & 0xF, qs >> 4], axis=1)
+        return d * np.array(self.LEVELS, dtype=np.float32)[codes]
+
+
 TYPES = {t.name: t for t in (BlockType("q8_0", 8, False, 34), BlockType("q4_0", 4, False, 18),
                              BlockType("q4_1", 4, True, 20), BlockType("q5_0", 5, False, 22),
-                             BlockType("q5_1", 5, True, 24))}
+                             BlockType("q5_1", 5, True, 24), NonLinear("iq4_nl", 4, False, 18))}
 
 
 def q8_0_round_trip(x: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ import random
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -53,8 +53,33 @@ def cache_for(spec: ModelSpec, variant: Variant | None, only: int | None = None,
         if use is None or not isinstance(s, Attention):
             layers.append(StoredLayer(None, None))
         else:
-            layers.append(StoredLayer(store(use.k, s.k_dim, "k"), store(use.v, s.v_dim, "v")))
+            layers.append(StoredLayer(store(use.k, s.k_dim, "k", use.scale(s.layer, "k")),
+                                      store(use.v, s.v_dim, "v", use.scale(s.layer, "v"))))
     return Cache(layers=layers)
+
+
+# vLLM's divisors for scales computed at run time (vllm/envs.py K_SCALE_CONSTANT, V_SCALE_CONSTANT)
+K_SCALE_CONSTANT, V_SCALE_CONSTANT = 200.0, 100.0
+
+
+def dynamic_scales(loaded: Loaded, ids: Sequence[int]) -> tuple[tuple[float, float], ...]:
+    """Per-layer (K, V) scales as vLLM's `calculate_kv_scales` computed them (Attention.calc_kv_scales in vLLM
+    0.6-0.11; gone by 0.32, which runs with scale 1.0 or the checkpoint's): max|K| / 200 and max|V| / 100 over
+    the first batch the engine runs (K after RoPE), then fixed. Here the first batch is the window `ids`."""
+    peaks: list[list[float]] = [[0.0, 0.0] for _ in loaded.spec.layers]
+
+    def recorder(layer: int, half: int) -> Store:
+        def record(x: torch.Tensor) -> torch.Tensor:
+            peaks[layer][half] = max(peaks[layer][half], float(x.detach().abs().max()))
+            return x
+        return record
+
+    cache = Cache(layers=[StoredLayer(recorder(i, 0), recorder(i, 1)) for i in range(len(loaded.spec.layers))])
+    _use_our_attention(loaded.model)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        loaded.model(input_ids=torch.tensor([list(ids)]), past_key_values=cache, use_cache=True)
+    return tuple((k / K_SCALE_CONSTANT or 1.0, v / V_SCALE_CONSTANT or 1.0) for k, v in peaks)
 
 
 # what the attention of the forward pass running now does to Q, by layer index
@@ -87,7 +112,7 @@ def effective(loaded: Loaded, variant: Variant | None) -> Variant | None:
     if not loaded.as_llamacpp:
         return variant
     v = variant or Variant(loaded.baseline, loaded.baseline)
-    return Variant(as_llamacpp_keeps(v.k), as_llamacpp_keeps(v.v))
+    return replace(v, k=as_llamacpp_keeps(v.k), v=as_llamacpp_keeps(v.v))
 
 
 def _queries(loaded: Loaded, variant: Variant | None, only: int | None = None,

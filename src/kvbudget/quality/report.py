@@ -9,7 +9,7 @@ a GPU is given), and a one-line verdict on what the data supports.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import kvbudget
@@ -133,7 +133,7 @@ def memory(spec: kvbudget.ModelSpec, variants: Sequence[Variant], engine: str, g
 def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] = ("f16", "q8_0", "q4_0"),
         context: int = 512, windows: int | None = None, engine: str | None = None, gpu: str | None = None,
         gpu_memory: int | None = None, max_model_len: int | None = None, generate: int = 0,
-        needle_trials: int = 0, layers: str | None = None,
+        needle_trials: int = 0, layers: str | None = None, kv_scales: str = "1",
         progress: Callable[[str, int, int], None] | None = None) -> Report:
     """Compare each cache format in `kv_dtypes` with the untouched cache on the text of the `data` files.
 
@@ -142,10 +142,18 @@ def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] 
     engine (llama.cpp on a GGUF), its own figures on the same windows. `progress(stage, done, total)` is called
     as the work advances. Optional measures: `generate` tokens of greedy generation from the first half of each
     window (where each format's generation first differs), a needle test with `needle_trials` passkeys per
-    depth, and per-layer sensitivity of the format `layers` (one layer at a time, over at most two windows)."""
+    depth, and per-layer sensitivity of the format `layers` (one layer at a time, over at most two windows).
+    `kv_scales`: "1" (vLLM's default for its fp8 formats: no calibration) or "dynamic" (per-layer scales from the
+    first window, as vLLM's calculate_kv_scales computed them; measure.dynamic_scales)."""
     variants = [Variant.parse(v) for v in kv_dtypes]
     if not variants:
         raise KVBudgetError("kv_dtypes: give at least one format", param="kv_dtypes")
+    if kv_scales not in ("1", "dynamic"):
+        raise KVBudgetError(f"kv_scales {kv_scales!r}: choose 1 (uncalibrated) or dynamic", param="kv_scales")
+    if kv_scales == "dynamic" and not any(v.scaled for v in variants):
+        raise KVBudgetError("kv_scales dynamic: none of the formats has a per-layer scale; it applies to vLLM's "
+                            "fp8, fp8_e4m3 and fp8_e5m2", param="kv_scales")
+
     real = REAL_ENGINES.get(engine) if engine is not None else None
     if engine is not None:
         kvbudget.get_engine(engine)  # an unknown name fails here, before the model loads
@@ -207,6 +215,11 @@ def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] 
             raise KVBudgetError(f"data: {len(ids):,} tokens, fewer than one window of {context}; give more text "
                                 "or a shorter context", param="data")
         chunks = list(measure.windows(ids, context, windows))
+    if kv_scales == "dynamic":
+        scales = measure.dynamic_scales(loaded, chunks[0])
+        variants = [replace(v, scales=scales) if v.scaled else v for v in variants]
+        if layer_variant is not None and layer_variant.scaled:
+            layer_variant = replace(layer_variant, scales=scales)
     results = measure.compare(loaded, chunks, variants, first=first, progress=step("transformers"))
     div = measure.divergence(loaded, [c[:context // 2] for c in chunks], variants, generate,
                              step(f"greedy generation, {generate} tokens")) if generate else None
