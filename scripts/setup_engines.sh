@@ -31,7 +31,11 @@ if [ ! -x "$llama/bin/llama-server" ] || [ ! -x "$llama/bin/llama-perplexity" ] 
   tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
   src="$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)"
   if [ ! -x "$llama/bin/llama-server" ] || [ ! -x "$llama/bin/llama-perplexity" ]; then
-    cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+    # AMX off: some virtual machines report AMX in cpuid but do not grant the tiles (ggml's AMX matmul then
+    # dies with SIGILL on `tilezero`); the AVX-512 kernels compute the same integer dot products.
+    cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
+          -DCMAKE_C_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
+          -DCMAKE_CXX_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
           -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
           -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF > "$work/cmake.log"
     cmake --build "$work/build" --target llama-server llama-perplexity -j "$(nproc)" > "$work/build.log"

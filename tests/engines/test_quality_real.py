@@ -166,7 +166,7 @@ def test_our_quantizers_write_the_bytes_llama_cpp_keeps_in_its_cache(f32_cache, 
 def test_the_rotated_cache_is_the_rotation_then_the_quantizer(f32_cache):
     """With llama.cpp's default rotation on, a q4_0 cache holds quantize(x·H) for each 64-value group (order 64
     for SmolLM2's K and V): our rotation in float32 then our quantizer give the saved blocks, all but those whose
-    scale the last bit of a different summation order moves."""
+    scale the last bit of a different summation order moves (measured: all of them equal)."""
     folder, (positions, k32, v32) = f32_cache
     _, k, v = _saved_cache(load.bundled_gguf(), folder, "q4_0", rotate=True)
     h = formats.hadamard(64).numpy()

@@ -87,7 +87,8 @@ def render(report: Any) -> None:
     first = report.results[0]
     scored = f", positions {report.first:,} on" if report.first else ""
     table = Table(title=f"{report.model}: KV cache formats against the untouched cache\n{first.windows} windows "
-                        f"of {report.context:,} tokens{scored} ({first.tokens:,} scored)", box=box.SIMPLE_HEAD)
+                        f"of {report.context:,} tokens{scored} ({first.tokens:,} scored)", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
     memory = report.memory is not None
     columns = ["format", "KL mean", "top-1 %", "ppl"] if memory else \
         ["format", "KL mean", "KL p99", "KL max", "top-1 %", "ppl"]
@@ -113,7 +114,7 @@ def render(report: Any) -> None:
     out.print(table)
     if report.real is not None:
         real = Table(title=f"the same windows in {report.engine} (llama-perplexity, f32 baseline cache)",
-                     box=box.SIMPLE_HEAD)
+                     box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         for column in ("format", "KL mean", "KL p99", "top-1 %", "ppl", "KL/ours"):
             real.add_column(column, justify="left" if column == "format" else "right", no_wrap=True)
         for e, r in zip(report.real, report.results, strict=True):
