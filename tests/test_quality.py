@@ -355,3 +355,41 @@ def test_dynamic_scales_are_vllms_rule_and_reach_the_cache(smollm2):
     assert dynamic.variant == "fp8 dyn"
     assert one.kl_mean.value != dynamic.kl_mean.value
     assert dynamic.kl_mean.value < 0.1
+
+
+def test_transformers_quantized_caches_run_as_transformers_runs_them(plain):
+    """quanto_int4 / quanto_int2 / hqq_int4 are transformers' own QuantizedCache: greedy generation through ours
+    equals model.generate(cache_implementation="quantized") token for token; teacher-forced decoding with an
+    untouched cache reproduces the single pass; the prompt (read in one pass) is untouched and only decoded
+    positions pay, int2 far more than int4."""
+    from kvbudget.quality.hf_cache import TYPES
+
+    ids = plain.tokenizer(PROSE.read_text(), add_special_tokens=False)["input_ids"][:80]
+    quanto4 = Variant.parse("quanto_int4")
+    assert quanto4.backend is TYPES["quanto_int4"]
+    with torch.inference_mode():
+        theirs = plain.model.generate(torch.tensor([ids[:40]]), max_new_tokens=8, do_sample=False,
+                                      cache_implementation="quantized",
+                                      cache_config={"backend": "quanto", "nbits": 4})[0, 40:].tolist()
+    assert measure.greedy(plain, ids[:40], 8, quanto4) == theirs
+
+    single = measure.log_probs(plain, ids, None)
+    untouched = measure.decode_log_probs(plain, ids, None, 40)
+    assert torch.allclose(single, untouched, atol=1e-4)
+    kl = {}
+    for name in ("quanto_int4", "quanto_int2", "hqq_int4"):
+        q = measure.decode_log_probs(plain, ids, TYPES[name], 40)
+        assert torch.equal(q[:40], untouched[:40]), name
+        kl[name] = float((untouched.exp() * (untouched - q)).sum(dim=-1)[40:].mean())
+    assert 0 < kl["quanto_int4"] < 1 and 0 < kl["hqq_int4"] < 1
+    assert kl["quanto_int2"] > 3 * kl["quanto_int4"]
+
+
+def test_transformers_quantized_caches_refuse_what_they_cannot_do():
+    for text, message in (("k=quanto_int4,v=q8_0", "stores K and V alike"),):
+        with pytest.raises(KVBudgetError, match=message):
+            Variant.parse(text)
+    from kvbudget.quality.report import run
+
+    with pytest.raises(KVBudgetError, match="no per-layer setting"):
+        run("smollm2-135m-instruct", [str(PROSE)], ["quanto_int4"], layers="quanto_int4")

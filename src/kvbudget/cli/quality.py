@@ -118,9 +118,9 @@ def render(report: Any) -> None:
         for column in ("format", "KL mean", "KL p99", "top-1 %", "ppl", "KL/ours"):
             real.add_column(column, justify="left" if column == "format" else "right", no_wrap=True)
         for e, r in zip(report.real, report.results, strict=True):
-            ratio = e.kl_mean / r.kl_mean.value if r.kl_mean.value else float("nan")
-            real.add_row(e.variant, f"{e.kl_mean:.2g}", f"{e.kl_p99:.2g}", f"{e.top1 * 100:.1f}",
-                         f"{e.perplexity / e.base_perplexity - 1:+.1%}", f"{ratio:.2f}")
+            ratio = f"{e.kl_mean / r.kl_mean.value:.2f}" if r.kl_mean.value > 1e-9 else "—"
+            real.add_row(e.variant, f"{max(e.kl_mean, 0.0):.2g}", f"{e.kl_p99:.2g}", f"{e.top1 * 100:.1f}",
+                         f"{e.perplexity / e.base_perplexity - 1:+.1%}", ratio)
         out.print(real)
     if report.divergence is not None:
         d0 = report.divergence[0]

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import torch
 
 from kvbudget.errors import KVBudgetError
-from kvbudget.quality import ggml, scaled
+from kvbudget.quality import ggml, hf_cache, scaled
 
 FLOATS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-NAMES = (*FLOATS, *ggml.TYPES, *scaled.TYPES)
+NAMES = (*FLOATS, *ggml.TYPES, *scaled.TYPES, *hf_cache.TYPES)
 
 
 def hadamard(n: int) -> torch.Tensor:
@@ -55,6 +55,9 @@ def store(name: str, head_dim: int, half: str = "k", scale: float = 1.0) -> Call
     if name in scaled.TYPES:
         kind = scaled.TYPES[name]
         return lambda x: kind.round_trip(x, scale)
+    if name in hf_cache.TYPES:
+        raise KVBudgetError(f"kv_dtype {name}: transformers' whole cache, not a per-layer format (measure.py "
+                            "runs it as its own cache)", param="kv_dtype")
     raise KVBudgetError(f"kv_dtype {name!r}: choose from {', '.join(NAMES)}", param="kv_dtype")
 
 
@@ -101,6 +104,8 @@ def bits_per_value(name: str) -> float:
         return float(torch.finfo(FLOATS[name]).bits)
     if name in ggml.TYPES:
         return 8 * ggml.TYPES[name].nbytes / ggml.BLOCK
+    if name in hf_cache.TYPES:
+        return hf_cache.TYPES[name].bits_per_value
     return 8.0  # vLLM's 8-bit formats (per-token scales aside)
 
 
@@ -116,6 +121,11 @@ class Variant:
     def name(self) -> str:
         plain = self.k if self.k == self.v else f"k={self.k},v={self.v}"
         return f"{plain} dyn" if self.scales is not None else plain
+
+    @property
+    def backend(self) -> hf_cache.Backend | None:
+        """transformers' QuantizedCache backend this variant is, if it is one (then K and V are the same)."""
+        return hf_cache.TYPES.get(self.k)
 
     @property
     def scaled(self) -> bool:
@@ -144,5 +154,8 @@ class Variant:
             if half not in NAMES:
                 raise KVBudgetError(f"kv_dtype {text!r}: {half!r} is not a format; choose from {', '.join(NAMES)}",
                                     param="kv_dtype")
+            if half in hf_cache.TYPES and parts["k"] != parts["v"]:
+                raise KVBudgetError(f"kv_dtype {text!r}: {half} is transformers' whole cache; it stores K and V "
+                                    "alike", param="kv_dtype")
         return cls(parts["k"], parts["v"])
 

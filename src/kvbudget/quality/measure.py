@@ -22,6 +22,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from kvbudget.model.spec import Attention, ModelSpec
 from kvbudget.quality.formats import Variant, as_llamacpp_keeps, query_store, store
+from kvbudget.quality.hf_cache import Backend
 from kvbudget.quality.load import Loaded
 
 Store = Callable[[torch.Tensor], torch.Tensor]
@@ -195,6 +196,24 @@ def windows(ids: Sequence[int], context: int, limit: int | None = None) -> Itera
         yield list(ids[i * context:(i + 1) * context])
 
 
+def decode_log_probs(loaded: Loaded, ids: Sequence[int], backend: Backend | None, start: int) -> torch.Tensor:
+    """Log-softmax at every position of one window as transformers' generate() computes them, teacher-forced:
+    ids[:start] in one pass (the prompt), then one token per step, in `backend`'s QuantizedCache (None: an
+    untouched cache, the same steps). [tokens, vocab], float32."""
+    model = loaded.model
+    _use_our_attention(model)
+    _QUERY[0] = {}
+    cache = backend.cache(model.config) if backend is not None else cache_for(loaded.spec, None)
+    rows = []
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        rows.append(model(input_ids=torch.tensor([list(ids[:start])]), past_key_values=cache,
+                          use_cache=True).logits[0])
+        for token in ids[start:]:
+            rows.append(model(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True).logits[0])
+    return torch.log_softmax(torch.cat(rows).to(torch.float32), dim=-1)
+
+
 def compare(loaded: Loaded, chunks: Sequence[Sequence[int]], variants: Sequence[Variant], first: int = 0,
             progress: Callable[[int, int], None] | None = None) -> list[VariantResult]:
     """Each variant against the untouched cache over the windows; the baseline runs once per window. Positions
@@ -202,14 +221,19 @@ def compare(loaded: Loaded, chunks: Sequence[Sequence[int]], variants: Sequence[
     has no next token, so perplexity stops before it."""
     tallies = {v: Tally() for v in variants}
     for w, chunk in enumerate(chunks):
-        base = log_probs(loaded, chunk, None)[first:]
         target = torch.tensor(chunk[first + 1:])
         n = len(target)
-        base_nll = -base[:n].gather(1, target[:, None])[:, 0]
-        top = base.argmax(dim=-1)
-        p = base.exp()
+        bases: dict[bool, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         for v in variants:
-            q = log_probs(loaded, chunk, v)[first:]
+            decoded = v.backend is not None  # transformers' QuantizedCache: against the same protocol untouched
+            if decoded not in bases:
+                split = first or len(chunk) // 2
+                base = (decode_log_probs(loaded, chunk, None, split) if decoded else log_probs(loaded, chunk, None))
+                base = base[first:]
+                bases[decoded] = (base, base.exp(), base.argmax(dim=-1), -base[:n].gather(1, target[:, None])[:, 0])
+            base, p, top, base_nll = bases[decoded]
+            q = (decode_log_probs(loaded, chunk, v.backend, first or len(chunk) // 2) if v.backend is not None
+                 else log_probs(loaded, chunk, v))[first:]
             t = tallies[v]
             t.kl.append((p * (base - q)).sum(dim=-1).clamp(min=0))
             t.agree.append((q.argmax(dim=-1) == top).to(torch.float32))
@@ -287,14 +311,19 @@ class Divergence:
                 "first_difference": list(self.first), "median": self.median}
 
 
-def greedy(loaded: Loaded, prompt: Sequence[int], tokens: int, variant: Variant | None = None) -> list[int]:
+def greedy(loaded: Loaded, prompt: Sequence[int], tokens: int, variant: Variant | None = None,
+           plain: bool = False) -> list[int]:
     """Greedy generation as a server runs it: the prompt in one pass, then one token at a time, every K and V
-    stored in the variant's format (None: untouched)."""
+    stored in the variant's format (None: untouched, as the engine keeps it; with `plain`, as transformers does)."""
     model, spec = loaded.model, loaded.spec
     _use_our_attention(model)
-    use = effective(loaded, variant)
-    _QUERY[0] = _queries(loaded, use)
-    cache = cache_for(spec, use)
+    if variant is not None and variant.backend is not None:
+        _QUERY[0], cache = {}, variant.backend.cache(model.config)
+    elif plain:
+        _QUERY[0], cache = {}, cache_for(spec, None)
+    else:
+        use = effective(loaded, variant)
+        _QUERY[0], cache = _queries(loaded, use), cache_for(spec, use)
     out: list[int] = []
     try:
         with torch.inference_mode(), warnings.catch_warnings():
@@ -315,9 +344,11 @@ def divergence(loaded: Loaded, prompts: Sequence[Sequence[int]], variants: Seque
     the index of the first token that differs."""
     firsts: dict[Variant, list[int | None]] = {v: [] for v in variants}
     for n, prompt in enumerate(prompts):
-        base = greedy(loaded, prompt, tokens)
+        engine = greedy(loaded, prompt, tokens)
+        plain = greedy(loaded, prompt, tokens, plain=True) if any(v.backend for v in variants) else engine
         for v in variants:
             own = greedy(loaded, prompt, tokens, v)
+            base = plain if v.backend is not None else engine
             firsts[v].append(next((i for i, (a, b) in enumerate(zip(own, base, strict=True)) if a != b), None))
         if progress is not None:
             progress(n + 1, len(prompts))
