@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from kvbudget.errors import KVBudgetError
 from kvbudget.quality import formats, load, measure
 from kvbudget.quality.formats import Variant
 
@@ -45,6 +46,24 @@ def main() -> None:
     measure.compare(loaded, chunks, VARIANTS)
     total = time.perf_counter() - start
     print(f"compare, {len(VARIANTS)} formats x {len(chunks) * 512:,} tokens (baseline once per window): {total:.1f} s")
+    for name in ("iq4_nl",):
+        fn = formats.store(name, 64)
+        start = time.perf_counter()
+        for _ in range(30 * 2):
+            fn(k)
+        print(f"  {name} quantizer, one window's K and V in all 30 layers: {time.perf_counter() - start:.2f} s")
+    try:
+        backend = Variant.parse("quanto_int4").backend
+        assert backend is not None
+        backend.cache(loaded.spec)
+    except KVBudgetError as exc:
+        print(f"transformers' QuantizedCache: skipped ({exc})")
+        return
+    for name, use in (("untouched", None), ("quanto_int4", backend)):
+        start = time.perf_counter()
+        measure.decode_log_probs(loaded, chunks[0], use, 256)
+        print(f"one window decoded token by token after 256 in one pass, {name} cache: "
+              f"{time.perf_counter() - start:.1f} s")
 
 
 if __name__ == "__main__":

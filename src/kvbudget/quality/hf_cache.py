@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvbudget.errors import KVBudgetError
+from kvbudget.model.spec import FullAttention, ModelSpec
 
 
 @dataclass(frozen=True)
@@ -27,12 +28,18 @@ class Backend:
     package: str  # the pip package it needs
     module: str  # the module that tells it is installed
 
-    def cache(self, config: Any) -> Any:
-        """A fresh transformers QuantizedCache for a model of this config."""
-        from transformers.cache_utils import QuantizedCache
+    def cache(self, spec: ModelSpec) -> Any:
+        """A fresh cache for the model of `spec`, built as transformers' QuantizedCache builds it (one
+        quantized layer of the backend per layer, the layer's defaults but `nbits`; full attention only)."""
+        from transformers.cache_utils import Cache, HQQQuantizedLayer, QuantoQuantizedLayer
 
         self.require()
-        return QuantizedCache(self.backend, config, nbits=self.nbits)
+        others = sorted({type(s).__name__ for s in spec.layers if not isinstance(s, FullAttention)})
+        if others:
+            raise KVBudgetError(f"kv_dtype {self.name}: transformers' QuantizedCache takes full-attention models "
+                                f"only; {spec.name} has {', '.join(others)} layers", param="kv_dtype")
+        kind = QuantoQuantizedLayer if self.backend == "quanto" else HQQQuantizedLayer
+        return Cache(layers=[kind(nbits=self.nbits) for _ in spec.layers])
 
     def require(self) -> None:
         if importlib.util.find_spec(self.module) is None:

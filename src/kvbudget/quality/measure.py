@@ -203,7 +203,7 @@ def decode_log_probs(loaded: Loaded, ids: Sequence[int], backend: Backend | None
     model = loaded.model
     _use_our_attention(model)
     _QUERY[0] = {}
-    cache = backend.cache(model.config) if backend is not None else cache_for(loaded.spec, None)
+    cache = backend.cache(loaded.spec) if backend is not None else cache_for(loaded.spec, None)
     rows = []
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
@@ -318,7 +318,7 @@ def greedy(loaded: Loaded, prompt: Sequence[int], tokens: int, variant: Variant 
     model, spec = loaded.model, loaded.spec
     _use_our_attention(model)
     if variant is not None and variant.backend is not None:
-        _QUERY[0], cache = {}, variant.backend.cache(model.config)
+        _QUERY[0], cache = {}, variant.backend.cache(spec)
     elif plain:
         _QUERY[0], cache = {}, cache_for(spec, None)
     else:

@@ -177,7 +177,7 @@ def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] 
     attention = [s for s in spec.layers if isinstance(s, Attention)]
     for v in variants:  # refuse a format that cannot be stored before running anything
         if v.backend is not None:
-            v.backend.require()
+            v.backend.cache(spec)  # the package is there and the model has full attention only
             if real is not None:
                 raise KVBudgetError(f"kv_dtype {v.name}: transformers' own cache; {engine} cannot run it (leave "
                                     "out the engine, or this format)", param="kv_dtype")
