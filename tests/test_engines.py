@@ -50,6 +50,26 @@ def test_vllm_uniform_model_blocks_and_concurrency():
     assert c.fits
 
 
+def test_vllm_per_token_head_caches_store_scales_beside_each_head():
+    """vLLM 0.32's Triton backend (customize_spec): per token and KV head, K's and V's codes (one byte each, half
+    a byte for int4) and two float32 scales. Llama-3.1-8B: 32 layers x 8 heads x (128 + 128 + 8) = 67,584 bytes
+    per token for int8 and fp8, 32 x 8 x (64 + 64 + 8) = 34,816 for int4; Qwen3-Next keeps its linear-attention
+    state as before. MLA models, the CPU backend and other engines refuse them."""
+    model = load_model("llama-3.1-8b")
+    for name, per_head in (("int8_per_token_head", 264), ("fp8_per_token_head", 264), ("int4_per_token_head", 136)):
+        assert estimate(model, engine="vllm", kv_dtype=name).bytes_per_token == 32 * 8 * per_head
+        assert estimate(model, engine="vllm", kv_dtype=name, tp=2).bytes_per_token == 32 * 4 * per_head
+    hybrid = load_model("qwen3-next-80b-a3b")
+    auto = estimate(hybrid, engine="vllm", kv_dtype="fp8").points[0]
+    head = estimate(hybrid, engine="vllm", kv_dtype="int8_per_token_head").points[0]
+    assert head.kv_bytes > auto.kv_bytes
+    for kw, message in (({"model": load_model("deepseek-v3")}, "latent"), ({"options": EngineOptions(device="cpu")},
+                        "CPU attention backend"), ({"engine": "sglang"}, "SGLang"), ({"engine": "hf"}, "vLLM cache")):
+        args = {"model": model, "engine": "vllm", "kv_dtype": "int8_per_token_head", **kw}
+        with pytest.raises(KVBudgetError, match=message):
+            estimate(args.pop("model"), **args)
+
+
 def test_vllm_max_len_that_does_not_fit_gives_the_estimated_length():
     c = cap("llama-3.1-8b", kv=10 * GIB, max_len=131072)
     assert not c.fits

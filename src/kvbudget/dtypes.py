@@ -18,7 +18,8 @@ class KVDtype:
     name: str
     block_values: int
     block_bytes: int
-    family: str  # "float" (a torch dtype), "fp8", "int8" or "block" (llama.cpp)
+    family: str  # "float" (a torch dtype), "fp8", "int8", "block" (llama.cpp) or "per_token_head" (vLLM)
+    head_scale_bytes: int = 0  # per token and KV head: the scales stored beside K's and V's codes
 
     def bytes_for(self, n_values: int) -> int:
         """Bytes to store n_values values (whole blocks)."""
@@ -44,6 +45,11 @@ _TYPES = {
         KVDtype("q5_0", 32, 22, "block"),    # + 4 bytes of high bits
         KVDtype("q5_1", 32, 24, "block"),
         KVDtype("iq4_nl", 32, 18, "block"),
+        # vLLM 0.32 (v1/attention/backends/triton_attn.py, customize_spec): one float32 scale for K and one for V
+        # per token and head, inline after the head's codes; int4 packs two codes a byte
+        KVDtype("int8_per_token_head", 1, 1, "per_token_head", 8),
+        KVDtype("fp8_per_token_head", 1, 1, "per_token_head", 8),
+        KVDtype("int4_per_token_head", 2, 1, "per_token_head", 8),
     )
 }
 _ALIASES = {
@@ -55,7 +61,8 @@ _ALIASES = {
 }
 
 KV_DTYPE_CHOICES = ("auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8",
-                    "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+                    "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "int8_per_token_head",
+                    "fp8_per_token_head", "int4_per_token_head")
 
 
 def get_dtype(name: str) -> KVDtype:

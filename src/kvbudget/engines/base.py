@@ -334,15 +334,16 @@ def check_positive(value: object, param: str, what: str) -> int:
     return value
 
 
-def serving_kv_dtype(model: ModelSpec, kv_dtype: str, tp: int, engine: str, accepted: str) -> KVDtype:
+def serving_kv_dtype(model: ModelSpec, kv_dtype: str, tp: int, engine: str, accepted: str,
+                     families: tuple[str, ...] = ("float", "fp8")) -> KVDtype:
     """The checks every serving engine makes first: a valid tp, query heads that split evenly over it, and a
-    KV dtype it can store (a torch float type or fp8; `accepted` names them in the error)."""
+    KV dtype it can store (of `families`: a torch float type or fp8 by default; `accepted` names them)."""
     check_positive(tp, "tp", "tensor parallel size")
     if model.attention_heads and model.attention_heads % tp:
         raise EngineRuleError(f"tp: {model.name}: {engine} needs the {model.attention_heads} attention heads to "
                               f"split evenly over tensor parallel size {tp}", param="tp")
     dtype = resolve_kv_dtype(kv_dtype, model.dtype)
-    if dtype.family not in ("float", "fp8"):
+    if dtype.family not in families:
         raise EngineRuleError(f"kv_dtype {kv_dtype}: {engine}'s KV cache dtypes are {accepted}", param="kv_dtype")
     return dtype
 

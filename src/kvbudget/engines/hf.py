@@ -46,6 +46,9 @@ class HFEngine(Engine):
             raise EngineRuleError(f"block_size: the {self.name} engine has no blocks; leave it out",
                                   param="block_size")
         dtype = resolve_kv_dtype(kv_dtype, model.dtype)
+        if dtype.family == "per_token_head":
+            raise EngineRuleError(f"kv_dtype {kv_dtype}: a vLLM cache format; transformers has no such cache "
+                                  "(its quantized caches: kvbudget quality's quanto_* / hqq_*)", param="kv_dtype")
         # The conv state follows the activations: the KV dtype when it is a torch float type.
         act = dtype if dtype.family == "float" else get_dtype(model.dtype)
         repeat_to = _falcon_repeat(model)

@@ -328,8 +328,13 @@ class VLLMEngine(Engine):
         if options.device not in DEFAULT_BLOCK_SIZE:
             raise EngineRuleError(f"device: {options.device!r} is not one of {', '.join(DEFAULT_BLOCK_SIZE)}",
                                   param="device")
-        dtype = serving_kv_dtype(model, kv_dtype, tp, "vLLM", "auto, float16, bfloat16, float32 and fp8 "
-                                 "(e4m3 / e5m2); llama.cpp block types belong to the llamacpp engine")
+        dtype = serving_kv_dtype(model, kv_dtype, tp, "vLLM", "auto, float16, bfloat16, float32, fp8 "
+                                 "(e4m3 / e5m2) and int8 / fp8 / int4_per_token_head; llama.cpp block types "
+                                 "belong to the llamacpp engine", ("float", "fp8", "per_token_head"))
+        if dtype.family == "per_token_head" and options.device == "cpu":
+            raise EngineRuleError(f"kv_dtype {kv_dtype}: vLLM's CPU attention backend stores auto and fp8 only "
+                                  "(cpu_attn.py); per-token-head caches need its Triton backend on a GPU",
+                                  param="kv_dtype")
         mnbt = options.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
         if mnbt <= 0:
             raise KVBudgetError("max_num_batched_tokens must be positive", param="max_num_batched_tokens")
@@ -389,7 +394,13 @@ def _vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype, tp:
         detail = layer.describe(tp, where, dtype.name)
         if span:
             detail += f", {'window' if short == 'sliding' else 'chunk'} {span}"
-        return _Spec(short, dtype.bytes_for(k + v), 0, span, detail, layer.kind)
+        scales = layer.kv_heads_per_rank(tp, where) * dtype.head_scale_bytes
+        if scales:
+            detail += f", + {dtype.head_scale_bytes} B of scales per head"
+        return _Spec(short, dtype.bytes_for(k + v) + scales, 0, span, detail, layer.kind)
+    if isinstance(layer, LatentAttention) and dtype.family == "per_token_head":
+        raise EngineRuleError(f"kv_dtype {dtype.name}: {where} has latent (MLA) attention; vLLM's per-token-head "
+                              "caches are for attention with K and V heads", param="kv_dtype")
     if isinstance(layer, LatentAttention):
         return _Spec("mla", dtype.bytes_for(layer.values_per_token), 0, None,
                      f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, on every TP rank", layer.kind)
