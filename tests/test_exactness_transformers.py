@@ -110,3 +110,49 @@ def test_float32_model_dtype():
     config = transformers.CONFIG_MAPPING["qwen3_next"](**kwargs)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     assert ours(cfg, 11) == cache_bytes(forward_cache(model, 11))
+
+
+def _stored_bytes(obj, seen: set) -> int:
+    """Bytes of every plain tensor reachable from a quantized cache's attributes (quanto's packed tensors are
+    tensor subclasses holding plain ones; HQQ keeps a tensor and a dict of metadata)."""
+    if isinstance(obj, torch.Tensor) and type(obj) is torch.Tensor:
+        if id(obj) in seen:
+            return 0
+        seen.add(id(obj))
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (list, tuple)):
+        return sum(_stored_bytes(x, seen) for x in obj)
+    if isinstance(obj, dict):
+        return sum(_stored_bytes(x, seen) for x in obj.values())
+    if hasattr(obj, "__dict__") and not isinstance(obj, type):
+        return sum(_stored_bytes(x, seen) for x in vars(obj).values())
+    return 0
+
+
+@pytest.mark.parametrize("backend, nbits, name", [("quanto", 4, "quanto_int4"), ("quanto", 2, "quanto_int2"),
+                                                 ("hqq", 4, "hqq_int4")])
+def test_quantized_cache_matches_transformers(backend, nbits, name):
+    """transformers' QuantizedCache (the real quanto / HQQ packages) on a bf16 llama: after a 300-token prompt it
+    holds exactly our bytes per token x 300 (codes, scale and zero point per 64 values); after 127 more tokens
+    decoded one at a time (the largest residual before it folds them in) exactly our estimate at 427 tokens, whose
+    fixed part is that residual in bf16."""
+    from transformers.cache_utils import QuantizedCache
+
+    cfg = dict(TINY["llama"], head_dim=64, torch_dtype="bfloat16")
+    model = build("llama-64", cfg)
+    spec = kvbudget.parse_config(cfg)
+    per_token = kvbudget.estimate(spec, engine="hf", kv_dtype=name).bytes_per_token
+    cache = QuantizedCache(backend, model.config, nbits=nbits)
+    ids = torch.randint(3, 120, (1, 427), generator=torch.Generator().manual_seed(1))
+
+    def stored() -> int:
+        seen: set = set()
+        return sum(_stored_bytes(layer._quantized_keys, seen) + _stored_bytes(layer._quantized_values, seen)
+                   + _stored_bytes(layer.keys, seen) + _stored_bytes(layer.values, seen) for layer in cache.layers)
+
+    with torch.no_grad():
+        model(input_ids=ids[:, :300], past_key_values=cache, use_cache=True)
+        assert stored() == per_token * 300
+        for i in range(300, 427):
+            model(input_ids=ids[:, i:i + 1], past_key_values=cache, use_cache=True)
+    assert stored() == kvbudget.estimate(spec, engine="hf", kv_dtype=name, context=[427]).points[0].kv_bytes

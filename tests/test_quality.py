@@ -295,6 +295,12 @@ def test_memory_joins_the_engines_bytes(smollm2, tmp_path):
                            128, None)
     assert q8_cpp.bytes_per_token == 12_240 and abs(q8_cpp.gain - 23_040 / 12_240) < 1e-12
     assert mixed.bytes_per_token is None
+    # vLLM's per-token-head formats: + two float32 scales per token and head (30 x 3 x 8 bytes);
+    # transformers' quanto int4: 4-bit codes + a bf16 scale and zero point per 64 values (30 x 6 x 4 bytes)
+    pth, quanto = memory(smollm2.spec, [Variant.parse("int8_per_token_head")], "vllm", None, None, 128, None)[0], \
+        memory(smollm2.spec, [Variant.parse("quanto_int4")], "hf", None, None, 128, None)[0]
+    assert pth.bytes_per_token == 11_520 + 30 * 3 * 8
+    assert quanto.bytes_per_token == 11_520 // 2 + 30 * 6 * 4
     doc = report.to_dict()
     assert doc["results"][2]["memory"]["bytes_per_token"] == 11_520 and "verdict" in doc
 

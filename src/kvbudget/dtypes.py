@@ -18,7 +18,8 @@ class KVDtype:
     name: str
     block_values: int
     block_bytes: int
-    family: str  # "float" (a torch dtype), "fp8", "int8", "block" (llama.cpp) or "per_token_head" (vLLM)
+    family: str  # "float" (a torch dtype), "fp8", "int8", "block" (llama.cpp), "per_token_head" (vLLM) or
+    # "hf_quantized" (transformers' QuantizedCache)
     head_scale_bytes: int = 0  # per token and KV head: the scales stored beside K's and V's codes
 
     def bytes_for(self, n_values: int) -> int:
@@ -50,6 +51,12 @@ _TYPES = {
         KVDtype("int8_per_token_head", 1, 1, "per_token_head", 8),
         KVDtype("fp8_per_token_head", 1, 1, "per_token_head", 8),
         KVDtype("int4_per_token_head", 2, 1, "per_token_head", 8),
+        # transformers' QuantizedCache (quanto / HQQ): packed codes; the hf engine adds a scale and a zero point
+        # in the model's dtype per group of 64 values and the full-precision residual
+        KVDtype("quanto_int4", 2, 1, "hf_quantized"),
+        KVDtype("quanto_int2", 4, 1, "hf_quantized"),
+        KVDtype("hqq_int4", 2, 1, "hf_quantized"),
+        KVDtype("hqq_int2", 4, 1, "hf_quantized"),
     )
 }
 _ALIASES = {
@@ -62,7 +69,8 @@ _ALIASES = {
 
 KV_DTYPE_CHOICES = ("auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8",
                     "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "int8_per_token_head",
-                    "fp8_per_token_head", "int4_per_token_head")
+                    "fp8_per_token_head", "int4_per_token_head", "quanto_int4", "quanto_int2", "hqq_int4",
+                    "hqq_int2")
 
 
 def get_dtype(name: str) -> KVDtype:

@@ -28,7 +28,7 @@ from kvbudget.engines.base import (
     simple_capacity,
 )
 from kvbudget.errors import EngineRuleError
-from kvbudget.model.spec import Attention, LatentAttention, LayerSpec, ModelSpec, RecurrentState
+from kvbudget.model.spec import Attention, FullAttention, LatentAttention, LayerSpec, ModelSpec, RecurrentState
 
 _FP32 = get_dtype("float32")
 
@@ -55,7 +55,18 @@ class HFEngine(Engine):
         groups = group_layers(self._group(spec, dtype, act, tp, model.name, repeat_to) for spec in model.layers)
         notes = []
         exact = dtype.family == "float"
-        if not exact:
+        if dtype.family == "hf_quantized":
+            others = sorted({type(s).__name__ for s in model.layers if not isinstance(s, FullAttention)})
+            if others or self.static:
+                raise EngineRuleError(f"kv_dtype {kv_dtype}: transformers' QuantizedCache is a dynamic cache for "
+                                      f"full-attention models only; {model.name} has {', '.join(others)} layers"
+                                      if others else f"kv_dtype {kv_dtype}: a dynamic cache; use the hf engine",
+                                      param="kv_dtype")
+            notes.append(f"upper bound: {dtype.name} codes with a {act.name} scale and zero point per 64 values, "
+                         f"plus the largest residual, {RESIDUAL - 1} recent tokens per layer in {act.name} (the fixed "
+                         "part; exact after a prompt and at that residual); each decoding step also dequantizes "
+                         "one layer's whole cache at a time, beside it")
+        elif not exact:
             notes.append(
                 f"estimate: transformers keeps no {dtype.name} DynamicCache; figures are the raw {dtype.name} "
                 "storage (its QuantizedCache adds scales and a full-precision residual, and refuses "
@@ -81,6 +92,10 @@ class HFEngine(Engine):
             detail = spec.describe(tp, where, dtype.name, heads=repeat_to)
             if cap is not None:
                 detail += f", keeps {cap} tokens"
+            if dtype.family == "hf_quantized":  # codes, 2 x (scale, zero) per 64 values, the residual
+                quantized = dtype.bytes_for(k) + dtype.bytes_for(v) + 2 * act.bytes_for((k + v) // GROUP)
+                full = act.bytes_for(k + v)
+                return CacheGroup(spec.kind, 1, quantized, cap, (RESIDUAL - 1) * (full - quantized), detail)
             return CacheGroup(spec.kind, 1, dtype.bytes_for(k) + dtype.bytes_for(v), cap, 0, detail)
         if isinstance(spec, LatentAttention):
             latent, rope = spec.kv_values(tp, where)
@@ -94,6 +109,10 @@ class HFEngine(Engine):
                       f"state {spec.state_text(heads)} x float32")
             return CacheGroup(spec.kind, 1, 0, None, fixed, detail)
         return None
+
+
+# transformers' QuantizedLayer defaults (cache_utils.py): q_group_size 64, residual_length 128
+GROUP, RESIDUAL = 64, 128
 
 
 def _falcon_repeat(model: ModelSpec) -> int | None:

@@ -1,7 +1,8 @@
 """A needle test built from the user's own text: a random five-digit passkey stated once at a depth of the
 context (10% to 90%), the user's text around it, and the question at the end. The model answers if its most
 likely token at each position of the passkey's digits is the right one (scored in one pass, teacher-forced: the
-same as greedy generation of the answer). Run with the untouched cache and with each format."""
+same as greedy generation of the answer). Run with the untouched cache and with each format; transformers'
+QuantizedCache formats read the prompt in one pass and the answer one token at a time, as they generate."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 from kvbudget.errors import KVBudgetError
 from kvbudget.quality.formats import Variant
 from kvbudget.quality.load import Loaded
-from kvbudget.quality.measure import log_probs
+from kvbudget.quality.measure import decode_log_probs, log_probs
 
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 NEEDLE = " The secret passkey is {key}. Remember it: the passkey is {key}. "
@@ -74,7 +75,11 @@ def needle(loaded: Loaded, ids: Sequence[int], context: int, variants: Sequence[
     for n, (depth, prompt, answer) in enumerate(cases):
         target = prompt[-answer:]
         for i, v in enumerate(runs):
-            top = log_probs(loaded, prompt, v)[-answer - 1:-1].argmax(dim=-1).tolist()
+            if v is not None and v.backend is not None:  # the question in one pass, the answer token by token
+                scores = decode_log_probs(loaded, prompt, v.backend, len(prompt) - answer)
+            else:
+                scores = log_probs(loaded, prompt, v)
+            top = scores[-answer - 1:-1].argmax(dim=-1).tolist()
             correct[i][depth] += top == target
         if progress is not None:
             progress(n + 1, len(cases))

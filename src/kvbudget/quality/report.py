@@ -235,12 +235,8 @@ def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] 
     div = measure.divergence(loaded, [c[:context // 2] for c in chunks], variants, generate,
                              step(f"greedy generation, {generate} tokens")) if generate else None
     hay = [t for c in chunks for t in c]
-    passed = [v for v in variants if v.backend is None]
-    if needle_trials and len(passed) < len(variants):
-        notes.append("needle test: transformers' QuantizedCache formats left out (the passkey's question is read "
-                     "in one pass, which their cache does not change)")
-    found = needle.needle(loaded, hay, context, passed, needle_trials, step("needle test")) \
-        if needle_trials and passed else None
+    found = needle.needle(loaded, hay, context, variants, needle_trials, step("needle test")) \
+        if needle_trials else None
     per_layer = measure.layer_kl(loaded, chunks[:2], layer_variant, first, step(f"{layers}, layer by layer")) \
         if layer_variant is not None else None
     return Report(loaded.name, context, tuple(data), loaded.matmul, tuple(results), engine,
