@@ -390,6 +390,14 @@ def test_transformers_quantized_caches_run_as_transformers_runs_them(plain):
     assert 0 < kl["quanto_int4"] < 1 and 0 < kl["hqq_int4"] < 1
     assert kl["quanto_int2"] > 3 * kl["quanto_int4"]
 
+    # the needle's answer is decoded token by token through the quantized cache: int2 loses passkeys the
+    # untouched cache finds (read in one pass, as a plain forward would, it could not lose any)
+    from kvbudget.quality.needle import needle
+
+    hay = plain.tokenizer(PROSE.read_text(), add_special_tokens=False)["input_ids"]
+    untouched_found, int2_found = needle(plain, hay, 256, [Variant.parse("quanto_int2")], trials=1)
+    assert untouched_found.accuracy >= 0.8 and int2_found.accuracy < untouched_found.accuracy
+
 
 def test_transformers_quantized_caches_refuse_what_they_cannot_do():
     for text, message in (("k=quanto_int4,v=q8_0", "stores K and V alike"),):
