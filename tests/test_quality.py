@@ -407,3 +407,25 @@ def test_transformers_quantized_caches_refuse_what_they_cannot_do():
 
     with pytest.raises(KVBudgetError, match="no per-layer setting"):
         run("smollm2-135m-instruct", [str(PROSE)], ["quanto_int4"], layers="quanto_int4")
+
+
+def test_a_model_folder_and_chat_requests(smollm2, tmp_path, capsys):
+    """`kvbudget quality FOLDER --data requests.jsonl`: a plain transformers folder (the dequantized copy of the
+    bundled model: config.json, safetensors, tokenizer) in float32 arithmetic, and OpenAI-style chat requests
+    rendered with the model's chat template, one after another."""
+    from kvbudget.quality.load import _converted, read_text
+
+    folder = _converted(smollm2.gguf)
+    assert (folder / "config.json").is_file()
+    paragraphs = [p for p in PROSE.read_text().split("\n\n") if len(p) > 200][:12]
+    chats = tmp_path / "requests.jsonl"
+    chats.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": p}], "max_tokens": 32})
+                               for p in paragraphs) + "\n")
+    text = read_text(smollm2.tokenizer, [str(chats)])
+    assert text.count("<|im_start|>user") == len(paragraphs) and paragraphs[3] in text
+    assert main(["quality", str(folder), "--data", str(chats), "--context", "128", "--windows", "2",
+                 "--kv-dtype", "q8_0", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["model"] == folder.name and "llama.cpp" not in doc["matmul"]
+    (q8,) = doc["results"]
+    assert q8["windows"] == 2 and q8["tokens"] == 2 * 128 and 0 < q8["kl_mean"] < 0.05
