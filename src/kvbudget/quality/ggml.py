@@ -127,7 +127,7 @@ class NonLinear(BlockType):
             d0 = extreme / levels[0]
             inv = np.where(live, np.float32(1) / d0, np.float32(0)).astype(np.float32)
             scaled = blocks * inv[:, None]
-            # best_index_int8: the bracketing pair by binary search, then the nearer (the lower on a tie)
+            # best_index_int8: the bracketing pair by binary search, then the nearer (the upper on a tie)
             upper = np.clip(np.searchsorted(levels, scaled, side="right"), 1, 15)
             lower = upper - 1
             pick_lower = (scaled - levels[lower]) < (levels[upper] - scaled)

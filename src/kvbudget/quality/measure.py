@@ -50,13 +50,25 @@ def cache_for(spec: ModelSpec, variant: Variant | None, only: int | None = None,
     only layer `only` and the others in `base`'s."""
     layers: list[Any] = []
     for s in spec.layers:
-        use = base if only is not None and s.layer != only else variant
+        use = _layer_use(s.layer, variant, only, base)
         if use is None or not isinstance(s, Attention):
             layers.append(StoredLayer(None, None))
         else:
             layers.append(StoredLayer(store(use.k, s.k_dim, "k", use.scale(s.layer, "k")),
                                       store(use.v, s.v_dim, "v", use.scale(s.layer, "v"))))
     return Cache(layers=layers)
+
+
+def _layer_use(layer: int, variant: Variant | None, only: int | None, base: Variant | None) -> Variant | None:
+    """The variant layer `layer` stores in: `variant`, or with `only` set, `base` everywhere but that layer."""
+    return base if only is not None and layer != only else variant
+
+
+def _forward(model: Any, ids: Sequence[int], cache: Cache) -> torch.Tensor:
+    """One forward pass over `ids` (batch 1) into `cache`: the logits [tokens, vocab]."""
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # (transformers renames past_key_values in 5.40)
+        return model(input_ids=torch.tensor([list(ids)]), past_key_values=cache, use_cache=True).logits[0]
 
 
 # vLLM's divisors for scales computed at run time (vllm/envs.py K_SCALE_CONSTANT, V_SCALE_CONSTANT)
@@ -77,9 +89,7 @@ def dynamic_scales(loaded: Loaded, ids: Sequence[int]) -> tuple[tuple[float, flo
 
     cache = Cache(layers=[StoredLayer(recorder(i, 0), recorder(i, 1)) for i in range(len(loaded.spec.layers))])
     _use_our_attention(loaded.model)
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        loaded.model(input_ids=torch.tensor([list(ids)]), past_key_values=cache, use_cache=True)
+    _forward(loaded.model, ids, cache)
     return tuple((k / K_SCALE_CONSTANT or 1.0, v / V_SCALE_CONSTANT or 1.0) for k, v in peaks)
 
 
@@ -122,7 +132,7 @@ def _queries(loaded: Loaded, variant: Variant | None, only: int | None = None,
     out: dict[int, Store | None] = {}
     for s in loaded.spec.layers:
         if isinstance(s, Attention):
-            use = base if only is not None and s.layer != only else variant
+            use = _layer_use(s.layer, variant, only, base)
             out[s.layer] = query_store(use.k, s.k_dim, loaded.as_llamacpp) if use is not None else None
     return out
 
@@ -135,11 +145,7 @@ def log_probs(loaded: Loaded, ids: Sequence[int], variant: Variant | None, only:
     variant, base = effective(loaded, variant), effective(loaded, None)
     _QUERY[0] = _queries(loaded, variant, only, base)
     try:
-        with torch.inference_mode(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # (transformers renames past_key_values in 5.40)
-            out = model(input_ids=torch.tensor([list(ids)]), past_key_values=cache_for(spec, variant, only, base),
-                        use_cache=True)
-            return torch.log_softmax(out.logits[0].to(torch.float32), dim=-1)
+        return torch.log_softmax(_forward(model, ids, cache_for(spec, variant, only, base)).to(torch.float32), dim=-1)
     finally:
         _QUERY[0] = {}
 
@@ -204,13 +210,7 @@ def decode_log_probs(loaded: Loaded, ids: Sequence[int], backend: Backend | None
     _use_our_attention(model)
     _QUERY[0] = {}
     cache = backend.cache(loaded.spec) if backend is not None else cache_for(loaded.spec, None)
-    rows = []
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        rows.append(model(input_ids=torch.tensor([list(ids[:start])]), past_key_values=cache,
-                          use_cache=True).logits[0])
-        for token in ids[start:]:
-            rows.append(model(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True).logits[0])
+    rows = [_forward(model, ids[:start], cache)] + [_forward(model, [token], cache) for token in ids[start:]]
     return torch.log_softmax(torch.cat(rows).to(torch.float32), dim=-1)
 
 
@@ -223,16 +223,16 @@ def compare(loaded: Loaded, chunks: Sequence[Sequence[int]], variants: Sequence[
     for w, chunk in enumerate(chunks):
         target = torch.tensor(chunk[first + 1:])
         n = len(target)
+        split = first or len(chunk) // 2  # where transformers' QuantizedCache formats start decoding
         bases: dict[bool, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         for v in variants:
             decoded = v.backend is not None  # transformers' QuantizedCache: against the same protocol untouched
             if decoded not in bases:
-                split = first or len(chunk) // 2
                 base = (decode_log_probs(loaded, chunk, None, split) if decoded else log_probs(loaded, chunk, None))
                 base = base[first:]
                 bases[decoded] = (base, base.exp(), base.argmax(dim=-1), -base[:n].gather(1, target[:, None])[:, 0])
             base, p, top, base_nll = bases[decoded]
-            q = (decode_log_probs(loaded, chunk, v.backend, first or len(chunk) // 2) if v.backend is not None
+            q = (decode_log_probs(loaded, chunk, v.backend, split) if v.backend is not None
                  else log_probs(loaded, chunk, v))[first:]
             t = tallies[v]
             t.kl.append((p * (base - q)).sum(dim=-1).clamp(min=0))
@@ -326,13 +326,10 @@ def greedy(loaded: Loaded, prompt: Sequence[int], tokens: int, variant: Variant 
         _QUERY[0], cache = _queries(loaded, use), cache_for(spec, use)
     out: list[int] = []
     try:
-        with torch.inference_mode(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            ids = list(prompt)
-            for _ in range(tokens):
-                logits = model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True).logits
-                ids = [int(logits[0, -1].argmax())]
-                out.extend(ids)
+        ids = list(prompt)
+        for _ in range(tokens):
+            ids = [int(_forward(model, ids, cache)[-1].argmax())]
+            out.extend(ids)
     finally:
         _QUERY[0] = {}
     return out
