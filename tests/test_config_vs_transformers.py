@@ -21,7 +21,7 @@ from kvbudget.model.config import FAMILY_DEFAULTS  # noqa: E402
 # kimi_k2 is run by transformers as deepseek_v3; chatglm is remote code with no class to compare.
 AS_TYPE = {"kimi_k2": "deepseek_v3"}
 _KIND = {"full_attention": "full_attention", "sliding_attention": "sliding_window",
-         "chunked_attention": "chunked_local", "linear_attention": "recurrent_state"}
+         "chunked_attention": "chunked_local", "linear_attention": "recurrent_state", "dummy": "no_cache"}
 
 
 def transformers_config(raw: dict):
@@ -47,8 +47,11 @@ def expected_layers(tc) -> list[tuple]:
     for i, (kind, kw) in enumerate(zip(types, kwargs)):
         if kind == "hybrid":  # Falcon-H1: attention and a Mamba-2 mixer in one layer
             out += [(i, "full_attention", kv, head_dim, None), (i, "recurrent_state", None, None, None)]
-        elif _KIND[kind] == "recurrent_state":
-            out.append((i, "recurrent_state", None, None, None))
+        elif _KIND.get(kind) in ("recurrent_state", "no_cache"):  # dummy: nothing cached (KV shared, or an MLP)
+            out.append((i, _KIND[kind], None, None, None))
+        elif kind == "indexed_attention":  # DeepSeek-V3.2: the MLA latent and the indexer's keys
+            out += [(i, "latent_attention", tc.kv_lora_rank, tc.qk_rope_head_dim, None),
+                    (i, "indexer_keys", tc.index_head_dim, None, None)]
         elif hasattr(tc, "kv_lora_rank"):
             out.append((i, "latent_attention", tc.kv_lora_rank, tc.qk_rope_head_dim, None))
         else:
@@ -59,8 +62,10 @@ def expected_layers(tc) -> list[tuple]:
 def our_layers(spec) -> list[tuple]:
     out = []
     for s in spec.layers:
-        if s.kind == "recurrent_state":
-            out.append((s.layer, s.kind, None, None, None))
+        if s.kind in ("recurrent_state", "no_cache", "shared_kv"):
+            out.append((s.layer, "no_cache" if s.kind == "shared_kv" else s.kind, None, None, None))
+        elif s.kind == "indexer_keys":
+            out.append((s.layer, s.kind, s.dim, None, None))
         elif s.kind == "latent_attention":
             out.append((s.layer, s.kind, s.latent_dim, s.rope_dim, None))
         else:
@@ -95,8 +100,9 @@ def test_every_supported_family_is_checked():
 
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_family_defaults_match_transformers(model_type):
-    """A config that names only its model_type gets the defaults transformers gives it."""
-    raw = {"model_type": model_type, "torch_dtype": "bfloat16"}
+    """A config that names only its model_type and layer count gets the defaults transformers gives it."""
+    layers = transformers_config({"model_type": model_type}).num_hidden_layers
+    raw = {"model_type": model_type, "num_hidden_layers": layers, "torch_dtype": "bfloat16"}
     tc = transformers_config(raw)
     spec = parse_config(raw)
     assert our_layers(spec) == expected_layers(tc)

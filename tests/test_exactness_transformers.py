@@ -17,7 +17,7 @@ from tiny_configs import CHATGLM, CHATGLM_AS_GLM, TINY, TRANSFORMERS_TYPE, WINDO
 import kvbudget  # noqa: E402
 
 # Tensors a cache layer may hold; anything else makes the test fail so that nothing goes uncounted.
-CACHE_TENSORS = {"keys", "values", "conv_states", "recurrent_states"}
+CACHE_TENSORS = {"keys", "values", "conv_states", "recurrent_states", "indexer_keys"}
 BATCH = 2
 CONTEXTS = (WINDOW - 3, WINDOW - 1, WINDOW, WINDOW + 5, 3 * WINDOW + 1)
 

@@ -54,6 +54,43 @@ TINY = {
     "cohere": dict(_BASE, model_type="cohere"),
 }
 
+# 2025-2026 families
+_LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+               linear_conv_kernel_dim=4)
+TINY.update({
+    "qwen3_5_text": dict(_BASE, model_type="qwen3_5_text", head_dim=16, mamba_ssm_dtype="float32",
+                         layer_types=["linear_attention", "full_attention"] * 2, **_LINEAR),
+    "qwen3_5_moe_text": dict(_BASE, model_type="qwen3_5_moe_text", head_dim=16, full_attention_interval=2,
+                             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                             shared_expert_intermediate_size=32, **_LINEAR),
+    "gemma3n_text": dict(_BASE, model_type="gemma3n_text", head_dim=16, num_hidden_layers=6, sliding_window=WINDOW,
+                         num_kv_shared_layers=2, layer_types=["sliding_attention", "sliding_attention",
+                                                              "full_attention"] * 2,
+                         hidden_size_per_layer_input=8, vocab_size_per_layer_input=128, laurel_rank=4,
+                         altup_num_inputs=4, activation_sparsity_pattern=[0.0] * 6),
+    "kimi_linear": dict(_BASE, model_type="kimi_linear", num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=8,
+                        qk_nope_head_dim=16, v_head_dim=16, num_experts=4, num_experts_per_token=2,
+                        moe_intermediate_size=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                        linear_attn_config={"kda_layers": [1, 2, 4], "full_attn_layers": [3], "num_heads": 4,
+                                            "head_dim": 16, "short_conv_kernel_size": 4}),
+    "deepseek_v32": dict(TINY["deepseek_v3"], model_type="deepseek_v32", index_head_dim=16, index_n_heads=2,
+                         index_topk=4),
+    "nemotron_h": dict(_BASE, model_type="nemotron_h", head_dim=16, layers_block_type=["mamba", "attention", "mlp",
+                                                                                       "mamba"],
+                       ssm_state_size=8, mamba_num_heads=4, mamba_head_dim=8, n_groups=2, conv_kernel=4, expand=2),
+    "nemotron_h_pattern": dict(_BASE, model_type="nemotron_h", head_dim=16, hybrid_override_pattern="M*-ME",
+                               num_hidden_layers=5, ssm_state_size=8, mamba_num_heads=4, mamba_head_dim=8,
+                               n_groups=2, conv_kernel=4, expand=2, n_routed_experts=4, num_experts_per_tok=2,
+                               moe_intermediate_size=32, moe_shared_expert_intermediate_size=32),
+    "granitemoehybrid": dict(_BASE, model_type="granitemoehybrid", layer_types=["mamba", "attention", "mamba",
+                                                                                "mamba"],
+                             mamba_n_heads=4, mamba_n_groups=1, mamba_d_state=8, mamba_d_head=32, mamba_d_conv=4,
+                             mamba_expand=2, num_local_experts=2, num_experts_per_tok=1),
+    "minimax_m2": dict(_BASE, model_type="minimax_m2", head_dim=16, num_local_experts=4, num_experts_per_tok=2),
+    "glm4_moe": dict(_BASE, model_type="glm4_moe", head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                     moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1),
+})
+
 # kimi_k2 is DeepSeek-V3's architecture under its own model_type (transformers runs it as deepseek_v3).
 TINY["kimi_k2"] = dict(TINY["deepseek_v3"], model_type="kimi_k2")
 
@@ -64,4 +101,5 @@ CHATGLM = dict(model_type="chatglm", num_layers=4, num_attention_heads=4, multi_
 CHATGLM_AS_GLM = dict(_BASE, model_type="glm", num_key_value_heads=2, head_dim=16, pad_token_id=0)
 
 # What transformers builds each tiny config as.
-TRANSFORMERS_TYPE = {"kimi_k2": "deepseek_v3", "qwen2_sliding": "qwen2", "falcon_new_arch": "falcon"}
+TRANSFORMERS_TYPE = {"kimi_k2": "deepseek_v3", "qwen2_sliding": "qwen2", "falcon_new_arch": "falcon",
+                     "nemotron_h_pattern": "nemotron_h"}

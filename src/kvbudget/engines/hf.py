@@ -28,7 +28,15 @@ from kvbudget.engines.base import (
     simple_capacity,
 )
 from kvbudget.errors import EngineRuleError
-from kvbudget.model.spec import Attention, FullAttention, LatentAttention, LayerSpec, ModelSpec, RecurrentState
+from kvbudget.model.spec import (
+    Attention,
+    FullAttention,
+    IndexerKeys,
+    LatentAttention,
+    LayerSpec,
+    ModelSpec,
+    RecurrentState,
+)
 
 _FP32 = get_dtype("float32")
 
@@ -102,6 +110,9 @@ class HFEngine(Engine):
             bpt = dtype.bytes_for(latent) + dtype.bytes_for(rope)
             return CacheGroup(spec.kind, 1, bpt, None, 0,
                               f"latent {spec.latent_dim} + rope key {spec.rope_dim} x {dtype.name}, every rank")
+        if isinstance(spec, IndexerKeys):  # DynamicIndexedLayer.indexer_keys [batch, T, dim]
+            return CacheGroup(spec.kind, 1, dtype.bytes_for(spec.dim), None, 0,
+                              f"indexer key {spec.dim} x {dtype.name}, every rank")
         if isinstance(spec, RecurrentState):
             channels, heads, state = spec.per_rank(tp, where)
             fixed = act.bytes_for(channels * spec.conv_kernel) + _FP32.bytes_for(state)

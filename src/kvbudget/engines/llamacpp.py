@@ -42,11 +42,12 @@ from kvbudget.engines.base import (
     largest_fitting,
 )
 from kvbudget.engines.metrics import slots_usage
-from kvbudget.errors import EngineRuleError, KVBudgetError
+from kvbudget.errors import EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
     Attention,
     ChunkedLocal,
     FullAttention,
+    IndexerKeys,
     LatentAttention,
     LayerSpec,
     ModelSpec,
@@ -62,7 +63,7 @@ CACHE_RAM_MIB = 8192  # llama-server default host-RAM prompt cache (--cache-ram)
 LLAMA4_CHUNK = 8192  # src/models/llama4.cpp sets n_swa = 8192 whatever the config says
 # Architectures whose sliding windows llama.cpp honours (swa_type set in src/models/*.cpp); every other one,
 # Mistral-7B-v0.1 (llama arch) and Phi-3 ("Phi SWA is currently disabled") included, is cached in full.
-HONOURS_WINDOW = frozenset({"gemma2", "gemma3_text", "gpt_oss", "llama4_text"})
+HONOURS_WINDOW = frozenset({"gemma2", "gemma3_text", "gemma3n_text", "gpt_oss", "llama4_text"})
 _F32 = get_dtype("float32")
 _F16 = get_dtype("float16")
 _TYPES = ("float32", "float16", "bfloat16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
@@ -234,6 +235,10 @@ def _check_block_fit(model: ModelSpec, dtype: KVDtype) -> None:
 
 def _as_cached(layer: LayerSpec, model: ModelSpec) -> LayerSpec:
     """The layer as llama.cpp caches it: windows it does not honour become full attention."""
+    if isinstance(layer, IndexerKeys):
+        raise UnsupportedArchitectureError(f"{model.name}: llama.cpp keeps DeepSeek-V3.2's indexer keys in a cache of "
+                                           "its own (llama-kv-cache-dsa.cpp), which kvbudget does not model yet; use "
+                                           "the vllm or hf engine")
     if isinstance(layer, (SlidingWindow, ChunkedLocal)) and model.model_type not in HONOURS_WINDOW:
         return FullAttention(layer.layer, layer.kv_heads, layer.k_dim, layer.v_dim)
     return layer

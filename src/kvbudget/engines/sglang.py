@@ -35,7 +35,15 @@ from kvbudget.engines.base import (
 )
 from kvbudget.engines.metrics import first_gauge
 from kvbudget.errors import BudgetError, KVBudgetError, UnsupportedArchitectureError
-from kvbudget.model.spec import Attention, FullAttention, LatentAttention, LayerSpec, ModelSpec, RecurrentState
+from kvbudget.model.spec import (
+    Attention,
+    FullAttention,
+    IndexerKeys,
+    LatentAttention,
+    LayerSpec,
+    ModelSpec,
+    RecurrentState,
+)
 from kvbudget.units import GIB
 
 _F32 = get_dtype("float32")
@@ -150,6 +158,9 @@ class SGLangEngine(Engine):
 
 
 def _cell(layer: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str, page: int) -> CacheGroup | None:
+    if isinstance(layer, IndexerKeys):
+        raise UnsupportedArchitectureError(f"{where}: kvbudget does not model SGLang's sparse-attention indexer "
+                                           "cache yet; use the vllm or hf engine")
     if isinstance(layer, Attention):
         k, v = layer.kv_values(tp, where)
         detail = layer.describe(tp, where, dtype.name) + (

@@ -35,7 +35,15 @@ from kvbudget.engines.base import (
 )
 from kvbudget.engines.metrics import gauge_ratio
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
-from kvbudget.model.spec import Attention, FullAttention, LatentAttention, LayerSpec, ModelSpec, RecurrentState
+from kvbudget.model.spec import (
+    Attention,
+    FullAttention,
+    IndexerKeys,
+    LatentAttention,
+    LayerSpec,
+    ModelSpec,
+    RecurrentState,
+)
 from kvbudget.units import GIB, cdiv
 
 BLOCK_SIZES = (1, 16, 256)  # flashinfer (the default), paged, flashdecoding
@@ -120,6 +128,9 @@ class TGIEngine(Engine):
 
 
 def _group(layer: LayerSpec, dtype: KVDtype, tp: int, where: str, block: int) -> CacheGroup | None:
+    if isinstance(layer, IndexerKeys):
+        raise UnsupportedArchitectureError(f"{where}: kvbudget does not model TGI's sparse-attention indexer "
+                                           "cache yet; use the vllm or hf engine")
     if isinstance(layer, RecurrentState):
         raise UnsupportedArchitectureError(f"{where}: TGI does not serve models with recurrent (Mamba / linear "
                                            "attention) layers")

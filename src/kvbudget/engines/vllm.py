@@ -48,6 +48,7 @@ from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, Unsuppo
 from kvbudget.model.spec import (
     Attention,
     ChunkedLocal,
+    IndexerKeys,
     LatentAttention,
     LayerSpec,
     ModelSpec,
@@ -67,6 +68,7 @@ BATCH_DEFAULTS = {"huge": (16384, 1024), "large": (8192, 1024), "small": (2048, 
 HUGE_GPU_BYTES = 160 * GIB
 LARGE_GPU_BYTES = 70 * GIB
 DEFAULT_MAX_NUM_BATCHED_TOKENS = BATCH_DEFAULTS["small"][0]
+INDEXER_QUANT_BLOCK = 128  # DeepSeek-V3.2's indexer keys: one float32 scale per 128 fp8 values
 GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py default in 0.32 (0.9 before)
 _FP32 = get_dtype("float32")
 
@@ -105,6 +107,9 @@ class Layout:
     buckets: tuple[tuple[_Spec, int, int], ...]  # (spec, real layers, groups)
     mnbt: int
     prefix_caching: bool  # Mamba layers then keep checkpoint blocks (mamba_cache_mode "align")
+    # One group of layers that all keep every token but differ in size (DeepSeek-V3.2: MLA latent + indexer keys;
+    # vLLM's UniformTypeKVCacheSpecs): each distinct spec and its layer count; their pages add up to `page`.
+    members: tuple[tuple[_Spec, int], ...] = ()
 
     @property
     def num_groups(self) -> int:
@@ -236,8 +241,9 @@ class VLLMEngine(Engine):
                  options: EngineOptions = EngineOptions()) -> Allocation:
         layout, dtype = self.layout(model, kv_dtype, tp, options)
         b = layout.block_size
-        groups = []
-        for spec, layers, n_groups in layout.buckets:
+        groups = [CacheGroup(spec.label, layers, spec.token_bytes, None, 0, spec.detail + "; one block holds a page of "
+                             "every layer (vLLM's UniformTypeKVCacheSpecs)", b) for spec, layers in layout.members]
+        for spec, layers, n_groups in () if layout.members else layout.buckets:
             padded = n_groups * layout.group_size
             detail = spec.detail + (f"; {padded - layers} padding layer(s)" if padded != layers else "")
             if spec.kind == "mamba":
@@ -339,7 +345,7 @@ class VLLMEngine(Engine):
         if mnbt <= 0:
             raise KVBudgetError("max_num_batched_tokens must be positive", param="max_num_batched_tokens")
         act = get_dtype(model.dtype)
-        ssm = _FP32 if options.device == "cpu" else act  # the CPU backend keeps SSM state in float32
+        ssm = _FP32 if options.device == "cpu" else None  # the CPU backend keeps SSM state in float32
         specs = [s for s in (_vllm_spec(layer, dtype, act, ssm, tp, model.name) for layer in model.layers) if s]
         if not specs:
             raise UnsupportedArchitectureError(f"{model.name}: no layer keeps a KV cache; vLLM allocates none")
@@ -348,10 +354,12 @@ class VLLMEngine(Engine):
             raise UnsupportedArchitectureError(f"{model.name}: vLLM does not support a model with both "
                                                "sliding-window and chunked local attention layers")
         attn = {s.token_bytes for s in specs if s.kind != "mamba"}
-        if len(attn) > 1:
-            raise UnsupportedArchitectureError(f"{model.name}: attention layers of different sizes are not "
-                                               "modelled for vLLM yet")
-        attn_token = attn.pop() if attn else 0
+        # layers that all keep every token may differ in size: one group whose block holds a page of each
+        uniform_type = len(attn) > 1 and {s.kind for s in specs} <= {"full", "mla"}
+        if len(attn) > 1 and not uniform_type:
+            raise UnsupportedArchitectureError(f"{model.name}: attention layers of different sizes beside windowed or "
+                                               "Mamba layers are not modelled for vLLM yet")
+        attn_token = 0 if uniform_type else attn.pop() if attn else 0
         states = {s.state_bytes for s in specs if s.kind == "mamba"}
         if len(states) > 1:
             raise UnsupportedArchitectureError(f"{model.name}: Mamba layers of different sizes are not modelled "
@@ -374,6 +382,10 @@ class VLLMEngine(Engine):
         page = block * attn_token if attn_token else state
 
         counts = count_alike(specs)
+        if uniform_type:
+            page = block * sum(s.token_bytes * n for s, n in counts.items())
+            return Layout(block, page, 1, ((specs[0], len(specs), 1),), mnbt, options.prefix_caching,
+                          tuple(counts.items())), dtype
         smallest, largest = min(counts.values()), max(counts.values())
         group_size = largest if len(counts) == 1 or largest < 1.5 * smallest else smallest
         buckets = tuple((s, n, cdiv(n, group_size)) for s, n in counts.items())
@@ -385,7 +397,8 @@ class VLLMEngine(Engine):
         return _check_log(self, text, model)
 
 
-def _vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype, tp: int, where: str) -> _Spec | None:
+def _vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype | None, tp: int,
+               where: str) -> _Spec | None:
     if isinstance(layer, Attention):
         k, v = layer.kv_values(tp, where)
         short = "sliding" if isinstance(layer, SlidingWindow) else "chunked" if isinstance(layer, ChunkedLocal) \
@@ -404,13 +417,27 @@ def _vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype, tp:
     if isinstance(layer, LatentAttention):
         return _Spec("mla", dtype.bytes_for(layer.values_per_token), 0, None,
                      f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, on every TP rank", layer.kind)
+    if isinstance(layer, IndexerKeys):  # fp8 values and a float32 scale per block of 128 (deepseek_v2.py Indexer)
+        width = layer.dim + layer.dim // INDEXER_QUANT_BLOCK * 4
+        return _Spec("mla", width, 0, None, f"indexer key {layer.dim} x fp8 + float32 scale per {INDEXER_QUANT_BLOCK} "
+                     f"values = {width} B, on every TP rank", layer.kind)
     if isinstance(layer, RecurrentState):
         channels, heads, state = layer.per_rank(tp, where, replicate_groups=True)
         conv = act.bytes_for(channels * (layer.conv_kernel - 1))
+        ssm = ssm or recurrent_state_dtype(layer, act)
         return _Spec("mamba", 0, conv + ssm.bytes_for(state), None,
                      f"{layer.mixer}: conv {channels} x {layer.conv_kernel - 1} x {act.name} + state "
                      f"{layer.state_text(heads)} x {ssm.name}", layer.kind, layer.mixer)
     return None
+
+
+def recurrent_state_dtype(layer: RecurrentState, act: KVDtype) -> KVDtype:
+    """The dtype vLLM's GPU backends keep a recurrent state in with --mamba-ssm-cache-dtype auto: what the config
+    declares (Qwen3.5's mamba_ssm_dtype, models/config.py; Nemotron-H's mamba_ssm_cache_dtype, float32 when
+    absent), float32 for KDA (mamba_utils.kda_state_dtype), else the conv state's, the model dtype."""
+    if layer.state_dtype is not None:
+        return get_dtype(layer.state_dtype)
+    return _FP32 if layer.mixer == "kda" else act
 
 
 def _num(text: str) -> float:

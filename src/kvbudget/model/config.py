@@ -7,6 +7,7 @@ chunked, latent, recurrent or cache-free.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -15,84 +16,129 @@ from kvbudget.model.spec import (
     Attention,
     ChunkedLocal,
     FullAttention,
+    IndexerKeys,
     LatentAttention,
     LayerSpec,
     ModelSpec,
+    NoCache,
     RecurrentState,
+    SharedKV,
     SlidingWindow,
 )
 
 # Defaults of transformers' configuration classes, for the fields the cache depends on.
 FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096,
+    "llama": {"num_attention_heads": 32, "hidden_size": 4096,
               "max_position_embeddings": 2048},
-    "mistral": {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "mistral": {"num_attention_heads": 32, "num_key_value_heads": 8,
                 "hidden_size": 4096, "max_position_embeddings": 131072, "sliding_window": 4096},
-    "mixtral": {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "mixtral": {"num_attention_heads": 32, "num_key_value_heads": 8,
                 "hidden_size": 4096, "max_position_embeddings": 131072},
-    "qwen2": {"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096,
+    "qwen2": {"num_attention_heads": 32, "hidden_size": 4096,
               "max_position_embeddings": 32768, "sliding_window": 4096, "max_window_layers": 28},
-    "qwen2_moe": {"num_hidden_layers": 24, "num_attention_heads": 16, "hidden_size": 2048,
+    "qwen2_moe": {"num_attention_heads": 16, "hidden_size": 2048,
                   "max_position_embeddings": 32768, "sliding_window": 4096, "max_window_layers": 28},
-    "qwen3": {"num_hidden_layers": 32, "num_attention_heads": 32, "head_dim": 128, "hidden_size": 4096,
+    "qwen3": {"num_attention_heads": 32, "head_dim": 128, "hidden_size": 4096,
               "max_position_embeddings": 32768, "sliding_window": 4096, "max_window_layers": 28},
-    "qwen3_moe": {"num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 4,
+    "qwen3_moe": {"num_attention_heads": 32, "num_key_value_heads": 4,
                   "hidden_size": 2048, "max_position_embeddings": 32768, "sliding_window": 4096},
-    "qwen3_next": {"num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
+    "qwen3_next": {"num_attention_heads": 16, "num_key_value_heads": 2,
                    "head_dim": 256, "hidden_size": 2048, "max_position_embeddings": 32768,
                    "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
                    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128},
-    "gemma": {"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "gemma": {"num_attention_heads": 16, "num_key_value_heads": 16,
               "head_dim": 256, "hidden_size": 3072, "max_position_embeddings": 8192},
-    "gemma2": {"num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "gemma2": {"num_attention_heads": 8, "num_key_value_heads": 4,
                "head_dim": 256, "hidden_size": 2304, "max_position_embeddings": 8192, "sliding_window": 4096},
-    "gemma3_text": {"num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "gemma3_text": {"num_attention_heads": 8, "num_key_value_heads": 4,
                     "head_dim": 256, "hidden_size": 2304, "max_position_embeddings": 131072,
                     "sliding_window": 4096, "sliding_window_pattern": 6, "vocab_size": 262208,
                     "intermediate_size": 9216},
-    "phi3": {"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 3072,
+    "phi3": {"num_attention_heads": 32, "hidden_size": 3072,
              "max_position_embeddings": 4096},
-    "deepseek_v2": {"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096,
+    "deepseek_v2": {"num_attention_heads": 32, "hidden_size": 4096,
                     "max_position_embeddings": 2048, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
                     "qk_nope_head_dim": 128, "v_head_dim": 128},
-    "deepseek_v3": {"num_hidden_layers": 61, "num_attention_heads": 128, "hidden_size": 7168,
+    "deepseek_v3": {"num_attention_heads": 128, "hidden_size": 7168,
                     "max_position_embeddings": 4096, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
                     "qk_nope_head_dim": 128, "v_head_dim": 128},
-    "gpt_oss": {"num_hidden_layers": 36, "num_attention_heads": 64, "num_key_value_heads": 8,
+    "gpt_oss": {"num_attention_heads": 64, "num_key_value_heads": 8,
                 "head_dim": 64, "hidden_size": 2880, "max_position_embeddings": 131072, "sliding_window": 128},
-    "llama4_text": {"num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8,
+    "llama4_text": {"num_attention_heads": 40, "num_key_value_heads": 8,
                     "head_dim": 128, "hidden_size": 5120, "max_position_embeddings": 131072,
                     "attention_chunk_size": 8192, "no_rope_layer_interval": 4},
-    "falcon": {"num_hidden_layers": 32, "num_attention_heads": 71, "hidden_size": 4544,
+    "falcon": {"num_attention_heads": 71, "hidden_size": 4544,
                "max_position_embeddings": 2048, "multi_query": True, "new_decoder_architecture": False},
-    "falcon_h1": {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "falcon_h1": {"num_attention_heads": 32, "num_key_value_heads": 8,
                   "hidden_size": 4096, "max_position_embeddings": 8192, "mamba_d_conv": 4,
                   "mamba_d_state": 256, "mamba_expand": 2, "mamba_n_heads": 128, "mamba_n_groups": 1,
                   "mamba_d_ssm": 1024},
-    "jamba": {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "jamba": {"num_attention_heads": 32, "num_key_value_heads": 8,
               "hidden_size": 4096, "max_position_embeddings": 262144, "mamba_d_conv": 4,
               "mamba_d_state": 16, "mamba_expand": 2, "attn_layer_period": 8, "attn_layer_offset": 4},
-    "opt": {"num_hidden_layers": 12, "num_attention_heads": 12, "hidden_size": 768,
+    "opt": {"num_attention_heads": 12, "hidden_size": 768,
             "max_position_embeddings": 2048},
-    "cohere": {"num_hidden_layers": 40, "num_attention_heads": 64, "hidden_size": 8192,
+    "cohere": {"num_attention_heads": 64, "hidden_size": 8192,
                "max_position_embeddings": 8192},
     "chatglm": {},
+    # 2025-2026 families (transformers 5.24's configuration classes)
+    "qwen3_5_text": {"num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256,
+                     "hidden_size": 4096, "max_position_embeddings": 32768, "full_attention_interval": 4,
+                     "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+                     "linear_num_value_heads": 32, "linear_value_head_dim": 128},
+    "qwen3_5_moe_text": {"num_attention_heads": 16, "num_key_value_heads": 2,
+                         "head_dim": 256, "hidden_size": 2048, "max_position_embeddings": 32768,
+                         "full_attention_interval": 4, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+                         "linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_value_head_dim": 128},
+    "deepseek_v32": {"num_attention_heads": 128, "hidden_size": 7168,
+                     "max_position_embeddings": 163840, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+                     "qk_nope_head_dim": 128, "v_head_dim": 128, "index_head_dim": 128},
+    "kimi_linear": {"num_attention_heads": 32, "hidden_size": 2304,
+                    "max_position_embeddings": 1048576, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+                    "qk_nope_head_dim": 128, "v_head_dim": 128, "linear_conv_kernel_dim": 4, "linear_num_heads": 32,
+                    "linear_head_dim": 128},
+    "glm4_moe": {"num_attention_heads": 96, "num_key_value_heads": 8, "hidden_size": 4096,
+                 "max_position_embeddings": 131072},
+    "minimax_m2": {"num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
+                   "hidden_size": 3072, "max_position_embeddings": 196608},
+    "gemma3n_text": {"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
+                     "hidden_size": 2048, "max_position_embeddings": 32768, "sliding_window": 512,
+                     "num_kv_shared_layers": 15},
+    "nemotron_h": {"num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                   "hidden_size": 4096, "max_position_embeddings": 4096, "mamba_num_heads": 128,
+                   "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
+                   "mamba_ssm_cache_dtype": "float32", "hybrid_override_pattern": "ME*-"},
+    "granitemoehybrid": {"num_attention_heads": 32, "num_key_value_heads": 32,
+                         "hidden_size": 4096, "max_position_embeddings": 2048, "mamba_n_heads": 128,
+                         "mamba_d_head": 64, "mamba_d_state": 256, "mamba_n_groups": 1, "mamba_d_conv": 4,
+                         "mamba_expand": 2},
 }
 FAMILY_DEFAULTS["kimi_k2"] = FAMILY_DEFAULTS["deepseek_v3"]
 
+# Families transformers knows whose cache kvbudget does not model yet: an error that says so, never a guess.
+NOT_MODELLED = {
+    "deepseek_v4": "DeepSeek-V4's compressed sparse attention (compress_rates, a sliding window beside compressed "
+                   "and indexed caches)",
+    "minimax": "MiniMax-M1 / Text-01's lightning (linear) attention layers",
+    "glm_moe_dsa": "GLM's DeepSeek-style sparse attention with an indexer",
+}
+
 # Multimodal wrappers whose language model sits under `text_config`.
-_TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
+_TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "llama4": "llama4_text", "qwen3_5": "qwen3_5_text",
+                    "qwen3_5_moe": "qwen3_5_moe_text", "gemma3n": "gemma3n_text"}
 _DTYPE_NAMES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
                 "fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16",
                 "float": "float32"}
 
 
 class Fields:
-    """Reads fields from a config, then the family's defaults; names the field when one is missing."""
+    """Reads fields from a config, then the family's defaults (each one taken is remembered, so that the estimate
+    can say so); names the field when one is missing. The layer count never comes from a default."""
 
     def __init__(self, cfg: dict[str, Any], model_type: str, where: str):
         self.cfg, self.model_type, self.where = cfg, model_type, where
         self.defaults = FAMILY_DEFAULTS.get(model_type, {})
+        self.defaulted: dict[str, Any] = {}
 
     def get(self, *names: str, default: Any = None) -> Any:
         """The first of `names` the config sets (an explicit null counts), else the family default."""
@@ -101,6 +147,7 @@ class Fields:
                 return self.cfg[name]
         for name in names:
             if self.defaults.get(name) is not None:
+                self.defaulted[name] = self.defaults[name]
                 return self.defaults[name]
         return default
 
@@ -178,6 +225,8 @@ def _layer_types(mt: str, f: Fields, layers: int) -> list[str]:
         return ["sliding_attention" if f.get("use_sliding_window", default=False) else "full_attention"] * layers
     if mt in ("gemma2", "gpt_oss"):
         return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if mt == "gemma3n_text":
+        return ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(layers)]
     if mt == "gemma3_text":
         pattern = f.int("sliding_window_pattern")
         return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
@@ -186,7 +235,8 @@ def _layer_types(mt: str, f: Fields, layers: int) -> list[str]:
             int((i + 1) % f.int("no_rope_layer_interval") != 0) for i in range(layers)]
         chunked = f.get("attention_chunk_size") is not None
         return ["chunked_attention" if r and chunked else "full_attention" for r in rope]
-    if mt in ("gemma", "llama", "cohere", "opt", "falcon", "chatglm", "deepseek_v2", "deepseek_v3", "kimi_k2"):
+    if mt in ("gemma", "llama", "cohere", "opt", "falcon", "chatglm", "deepseek_v2", "deepseek_v3", "kimi_k2",
+              "glm4_moe", "minimax_m2"):
         return ["full_attention"] * layers
     return _generic_types(f, layers)
 
@@ -217,19 +267,109 @@ def _chatglm(mt: str, f: Fields) -> list[LayerSpec]:
     return [FullAttention(i, kv_heads, head_dim, head_dim) for i in range(layers)]
 
 
+def _latent_layer(i: int, f: Fields) -> LatentAttention:
+    return LatentAttention(i, latent_dim=f.int("kv_lora_rank"), rope_dim=f.int("qk_rope_head_dim"),
+                           heads=f.int("num_attention_heads"), qk_nope_dim=f.int("qk_nope_head_dim"),
+                           v_dim=f.int("v_head_dim"))
+
+
 def _latent(mt: str, f: Fields) -> list[LayerSpec]:
-    layers = f.int("num_hidden_layers")
-    heads = f.int("num_attention_heads")
-    dims = dict(latent_dim=f.int("kv_lora_rank"), rope_dim=f.int("qk_rope_head_dim"), heads=heads,
-                qk_nope_dim=f.int("qk_nope_head_dim"), v_dim=f.int("v_head_dim"))
-    return [LatentAttention(layer=i, **dims) for i in range(layers)]
+    specs: list[LayerSpec] = []
+    for i in range(f.int("num_hidden_layers")):
+        specs.append(_latent_layer(i, f))
+        if mt == "deepseek_v32":  # the lightning indexer keeps one key per token beside the latent
+            specs.append(IndexerKeys(i, f.int("index_head_dim")))
+    return specs
+
+
+def _state_dtype(f: Fields, *names: str) -> str | None:
+    raw = f.get(*names)
+    if raw is None:
+        return None
+    name = _DTYPE_NAMES.get(str(raw).replace("torch.", "").lower())
+    if name is None:
+        raise ConfigError(f"{f.where}: {names[0]!r} is {raw!r}; it must be float32, float16 or bfloat16")
+    return name
 
 
 def _gated_delta_net(i: int, f: Fields) -> RecurrentState:
     hk, dk = f.int("linear_num_key_heads"), f.int("linear_key_head_dim")
     hv, dv = f.int("linear_num_value_heads"), f.int("linear_value_head_dim")
     return RecurrentState(i, "gated_delta_net", conv_channels=2 * hk * dk + hv * dv,
-                          conv_kernel=f.int("linear_conv_kernel_dim"), state_shape=(hv, dk, dv), heads=hv)
+                          conv_kernel=f.int("linear_conv_kernel_dim"), state_shape=(hv, dk, dv), heads=hv,
+                          state_dtype=_state_dtype(f, "mamba_ssm_dtype"))
+
+
+def _kimi_linear(mt: str, f: Fields) -> list[LayerSpec]:
+    """Kimi-Linear: MLA layers between Kimi delta attention (KDA) layers, listed 1-based in linear_attn_config."""
+    layers = f.int("num_hidden_layers")
+    lin = f.cfg.get("linear_attn_config") or {}
+    if not isinstance(lin, dict):
+        raise ConfigError(f"{f.where}: 'linear_attn_config' must be an object")
+    heads, dim = int(lin.get("num_heads") or f.int("linear_num_heads")), int(lin.get("head_dim") or
+                                                                              f.int("linear_head_dim"))
+    kernel = int(lin.get("short_conv_kernel_size") or f.int("linear_conv_kernel_dim"))
+    if "kda_layers" in lin and "full_attn_layers" in lin:
+        full = {int(n) - 1 for n in lin["full_attn_layers"]}
+    else:  # transformers' rule without the lists: every fourth layer after the first is MLA
+        full = {i for i in range(layers) if i and i % 4 == 0}
+    return [_latent_layer(i, f) if i in full else
+            RecurrentState(i, "kda", conv_channels=3 * heads * dim, conv_kernel=kernel, state_shape=(heads, dim, dim),
+                           heads=heads) for i in range(layers)]
+
+
+def _gemma3n(mt: str, f: Fields) -> list[LayerSpec]:
+    """Gemma-3n: the last num_kv_shared_layers read the K/V of the last earlier layer of their own type."""
+    layers = _attention_family(mt, f)
+    shared = f.get("num_kv_shared_layers", default=0) or 0
+    first_shared = len(layers) - int(shared)
+    out: list[LayerSpec] = list(layers[:first_shared])
+    for spec in layers[first_shared:]:
+        source = max(s.layer for s in layers[:first_shared] if type(s) is type(spec))
+        out.append(SharedKV(spec.layer, source))
+    return out
+
+
+# Block kinds of the Mamba-2 hybrids: Nemotron-H's hybrid_override_pattern letters and the names of the lists
+# (layers_block_type / layer_types) of Nemotron-H and Granite-4.
+_HYBRID_BLOCKS = {"M": "mamba", "*": "attention", "-": "none", "E": "none", "mamba": "mamba",
+                  "linear_attention": "mamba", "attention": "attention", "full_attention": "attention",
+                  "mlp": "none", "moe": "none"}
+
+
+def _mamba2_hybrid(mt: str, f: Fields) -> list[LayerSpec]:
+    """Nemotron-H and Granite-4 (granitemoehybrid): each layer is a Mamba-2 mixer, attention or an MLP."""
+    if mt == "nemotron_h":
+        blocks = f.cfg.get("layers_block_type") or list(str(f.get("hybrid_override_pattern")))
+        heads, d_head = f.int("mamba_num_heads"), f.int("mamba_head_dim")
+        d_state, groups, d_conv = f.int("ssm_state_size"), f.int("n_groups"), f.int("conv_kernel")
+        state_dtype = _state_dtype(f, "mamba_ssm_cache_dtype")
+    else:
+        blocks = f.cfg.get("layer_types") or f.cfg.get("layers_block_type") or ["mamba"] * f.int("num_hidden_layers")
+        heads, d_head = f.int("mamba_n_heads"), f.int("mamba_d_head")
+        d_state, groups, d_conv = f.int("mamba_d_state"), f.int("mamba_n_groups"), f.int("mamba_d_conv")
+        state_dtype = None
+    layers = f.int("num_hidden_layers")
+    if len(blocks) != layers:
+        raise ConfigError(f"{f.where}: the layer pattern has {len(blocks)} entries for {layers} layers")
+    heads_attn = f.int("num_attention_heads")
+    kv_heads = f.int("num_key_value_heads", default=heads_attn)
+    head_dim = f.get("head_dim", "attention_head_dim") or f.int("hidden_size") // heads_attn
+    specs: list[LayerSpec] = []
+    for i, block in enumerate(blocks):
+        kind = _HYBRID_BLOCKS.get(str(block))
+        if kind is None:
+            raise UnsupportedArchitectureError(f"{f.where}: layer {i} is a {block!r} block, which kvbudget does not "
+                                               "know")
+        if kind == "mamba":
+            specs.append(RecurrentState(i, "mamba2", conv_channels=heads * d_head + 2 * groups * d_state,
+                                        conv_kernel=d_conv, state_shape=(heads, d_head, d_state), heads=heads,
+                                        groups=groups, state_dtype=state_dtype))
+        elif kind == "attention":
+            specs.append(FullAttention(i, kv_heads, head_dim, head_dim))
+        else:
+            specs.append(NoCache(i))
+    return specs
 
 
 def _qwen3_next(mt: str, f: Fields) -> list[LayerSpec]:
@@ -279,6 +419,13 @@ _BUILDERS: dict[str, Callable[[str, Fields], list[LayerSpec]]] = {
     "deepseek_v3": _latent,
     "kimi_k2": _latent,
     "qwen3_next": _qwen3_next,
+    "qwen3_5_text": _qwen3_next,
+    "qwen3_5_moe_text": _qwen3_next,
+    "deepseek_v32": _latent,
+    "kimi_linear": _kimi_linear,
+    "gemma3n_text": _gemma3n,
+    "nemotron_h": _mamba2_hybrid,
+    "granitemoehybrid": _mamba2_hybrid,
     "jamba": _jamba,
     "falcon_h1": _falcon_h1,
 }
@@ -292,6 +439,30 @@ def _model_dtype(cfg: dict, outer: dict, where: str) -> tuple[str, list[str]]:
     if name is None:
         raise ConfigError(f"{where}: torch_dtype {raw!r} is not float32, float16 or bfloat16")
     return name, []
+
+
+# Config fields of caches a standard decoder does not keep, by what they describe. An unknown model_type that
+# has any of them is refused rather than read as a plain decoder.
+_UNMODELLED_FIELDS = (
+    ("MLA", re.compile(r"^(kv_lora_rank|q_lora_rank|qk_rope_head_dim|qk_nope_head_dim)$")),
+    ("indexer", re.compile(r"^index_(head_dim|n_heads|topk)$|indexer")),
+    ("compression", re.compile(r"compress")),
+    ("linear attention", re.compile(r"^linear_(num_|key_|value_|conv_|attn_|head_dim)|^full_attention_interval$")),
+    ("Mamba", re.compile(r"mamba|^ssm_|_ssm_|^d_state$|^conv_kernel$|^hybrid_override_pattern$|^layers_block_type$|"
+                         r"^attn_layer_(period|offset)$")),
+    ("KV sharing", re.compile(r"kv_shar|shared_kv|^num_kv_shared")),
+)
+
+
+def unmodelled_fields(cfg: dict) -> list[str]:
+    """'field (what it is)' for each config field that describes a cache beyond standard K/V attention."""
+    out = []
+    for name in cfg:
+        for what, pattern in _UNMODELLED_FIELDS:
+            if pattern.search(str(name)):
+                out.append(f"{name} ({what})")
+                break
+    return out
 
 
 def text_config_of(config: dict) -> dict:
@@ -315,13 +486,24 @@ def parse_config(config: dict, name: str = "model", source: str = "") -> ModelSp
     mt = model_type_of(config)
     if not mt:
         raise ConfigError(f"{where}: config has no 'model_type'; add it (for example \"llama\")")
+    if mt in NOT_MODELLED:
+        raise UnsupportedArchitectureError(f"{where}: model_type {mt!r} uses {NOT_MODELLED[mt]}, whose cache kvbudget "
+                                           "does not model yet; no estimate rather than a wrong one")
     notes = []
     if mt not in FAMILY_DEFAULTS:
+        special = unmodelled_fields(cfg)
+        if special:
+            raise UnsupportedArchitectureError(
+                f"{where}: model_type {mt!r} is not one kvbudget knows, and its config has fields of a cache a "
+                f"standard decoder does not keep ({', '.join(special)}); kvbudget will not guess its size")
         notes.append(f"{where}: model_type {mt!r} is not one kvbudget knows; "
                      "reading it as a standard decoder (num_hidden_layers, num_key_value_heads, head_dim, "
                      "sliding_window, layer_types)")
     f = Fields(cfg, mt, where)
     layers = _BUILDERS.get(mt, _attention_family)(mt, f)
+    if f.defaulted:
+        notes.append(f"{where}: not set in the config, so transformers' {mt} defaults are used: "
+                     + ", ".join(f"{k}={v}" for k, v in f.defaulted.items()))
     dtype, dtype_notes = _model_dtype(cfg, config, where)
     max_len = f.get("max_position_embeddings", "seq_length", "n_positions")
     heads = f.get("num_attention_heads", "n_head")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvbudget.errors import ConfigError
 from kvbudget.model.config import Fields, model_type_of, text_config_of
-from kvbudget.model.spec import Attention, LatentAttention, ModelSpec, RecurrentState
+from kvbudget.model.spec import Attention, LatentAttention, ModelSpec, NoCache, RecurrentState
 
 # transformers' default for tie_word_embeddings where the config leaves it out.
 _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "opt", "falcon", "cohere"}
@@ -76,10 +77,20 @@ def activation_widths(model: ModelSpec) -> Widths:
     return Widths(hidden, vocab, int(inter))
 
 
+# Families whose weights follow another family's rules (the same projections under a new model_type).
+_SAME_WEIGHTS_AS = {"qwen3_5_text": "qwen3_next", "qwen3_5_moe_text": "qwen3_next", "deepseek_v32": "deepseek_v3",
+                    "glm4_moe": "deepseek_v3", "minimax_m2": "mixtral"}
+# Families whose weights kvbudget does not count yet (their KV is modelled; pass the weight bytes to plan).
+_UNCOUNTED = {"kimi_linear", "granitemoehybrid", "gemma3n_text"}
+
+
 def count_parameters(model: ModelSpec) -> ParamCount:
     """Analytic parameter count of `model` (built from its config.json)."""
     f = _fields(model)
-    mt = f.model_type
+    mt = _SAME_WEIGHTS_AS.get(f.model_type, f.model_type)
+    if mt in _UNCOUNTED:
+        raise ConfigError(f"weights: kvbudget does not count {f.model_type} parameters yet ({model.name}); pass the "
+                          "weight bytes per GPU (plan --weights SIZE)", param="weights")
     hidden = f.int("hidden_size", "n_embd", "d_model")
     vocab = f.int("vocab_size", "padded_vocab_size")
     groups: list[ParamGroup] = []
@@ -107,6 +118,10 @@ def count_parameters(model: ModelSpec) -> ParamCount:
                 add("attention", _mla(spec, f, hidden), layer=i)
             elif isinstance(spec, Attention):
                 add("attention", _attention(spec, f, mt, hidden, model.attention_heads or 1), layer=i)
+        single_block = mt == "nemotron_h"  # each layer is a mixer, attention or an MLP, never two of them
+        if single_block and not all(isinstance(spec, NoCache) for spec in by_layer.get(i, [])):
+            add("norm", hidden, layer=i)
+            continue
         for part, count, active in _feed_forward(i, f, mt, hidden):
             add(part, count, active, layer=i)
         add("norm", 2 * hidden, layer=i)
@@ -179,6 +194,9 @@ def _feed_forward(i: int, f: Fields, mt: str, hidden: int) -> list[tuple[str, in
     if mt == "chatglm":
         ffn = f.int("ffn_hidden_size")
         return [("mlp", gated(ffn), gated(ffn))]
+    if mt == "nemotron_h":  # relu2 MLP: up and down only
+        ffn = f.int("intermediate_size")
+        return [("mlp", 2 * hidden * ffn, 2 * hidden * ffn)]
 
     experts, top_k, expert_inter, shared_inter, moe = _moe_layout(i, f, mt, hidden)
     if not moe:

@@ -145,12 +145,15 @@ class RecurrentState(LayerSpec):
     tensor parallelism splits.
     """
 
-    mixer: str  # "mamba", "mamba2" or "gated_delta_net"
+    mixer: str  # "mamba", "mamba2", "gated_delta_net" or "kda" (Kimi delta attention)
     conv_channels: int
     conv_kernel: int
     state_shape: tuple[int, ...]
     heads: int
     groups: int = 1  # Mamba-2 B/C groups (conv channels = d_ssm + 2 x groups x d_state)
+    # The dtype the config declares for the recurrent (SSM) state (Qwen3.5's mamba_ssm_dtype, Nemotron-H's
+    # mamba_ssm_cache_dtype); None when it declares none and each engine keeps its own default.
+    state_dtype: str | None = None
 
     kind: ClassVar[str] = "recurrent_state"
 
@@ -174,10 +177,30 @@ class RecurrentState(LayerSpec):
 
 
 @dataclass(frozen=True)
+class IndexerKeys(LayerSpec):
+    """The key cache of a sparse-attention indexer (DeepSeek-V3.2's lightning indexer): one `dim`-wide key per
+    token beside the layer's MLA latent, the same on every tensor-parallel rank."""
+
+    dim: int
+
+    kind: ClassVar[str] = "indexer_keys"
+
+
+@dataclass(frozen=True)
 class NoCache(LayerSpec):
     """A layer that caches nothing."""
 
     kind: ClassVar[str] = "no_cache"
+
+
+@dataclass(frozen=True)
+class SharedKV(NoCache):
+    """A layer that reads the K and V of an earlier layer (`source`) and caches nothing of its own (Gemma-3n's
+    last `num_kv_shared_layers`)."""
+
+    source: int
+
+    kind: ClassVar[str] = "shared_kv"
 
 
 WINDOWED = (SlidingWindow, ChunkedLocal)

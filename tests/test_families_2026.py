@@ -1,0 +1,136 @@
+"""This year's architectures (issue 14): what their configs say, what vLLM allocates for them, and the configs
+kvbudget refuses rather than misreads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import kvbudget
+from kvbudget import load_model, parse_config
+from kvbudget.cli import main
+from kvbudget.engines import ENGINES, EngineOptions
+from kvbudget.errors import ConfigError, UnsupportedArchitectureError
+from kvbudget.units import GIB, cdiv
+
+VLLM = ENGINES["vllm"]
+
+
+def _deepseek_v32() -> dict:
+    """DeepSeek-V3's config with the V3.2 indexer fields (index_head_dim 128, 64 heads, top 2048)."""
+    cfg = json.loads(kvbudget.catalog.find("deepseek-v3").path.read_text())
+    return dict(cfg, model_type="deepseek_v32", architectures=["DeepseekV32ForCausalLM"], index_head_dim=128,
+                index_n_heads=64, index_topk=2048)
+
+
+def test_deepseek_v32_keeps_an_indexer_key_beside_each_latent():
+    spec = parse_config(_deepseek_v32(), "ds32")
+    assert spec.kinds() == {"latent_attention": 61, "indexer_keys": 61}
+    hf = kvbudget.estimate(spec, engine="hf", batch=[1], context=[1000])
+    # transformers' DynamicIndexedLayer: latent 512 + rope 64 + indexer key 128, bf16, per token and layer
+    assert hf.bytes_per_token == 61 * (512 + 64 + 128) * 2
+
+
+def test_deepseek_v32_on_vllm_is_one_group_whose_block_holds_both_pages():
+    """vLLM's UniformTypeKVCacheSpecs: one group; a block holds every layer's MLA page (576 x bf16) and indexer
+    page (128 fp8 + a float32 scale per 128 values = 132 B); FlashMLA's 64-token blocks."""
+    spec = parse_config(_deepseek_v32(), "ds32")
+    budget, max_len = 40 * GIB, 65536
+    cap = VLLM.capacity(spec, budget, max_len)
+    block_bytes = 64 * 61 * (576 * 2 + 132)
+    assert cap.block_size == 64 and cap.num_blocks == budget // block_bytes
+    assert cap.physical_token_slots == cap.num_blocks * 64
+    assert cap.kv_cache_tokens == int(cap.num_blocks / cdiv(max_len, 64) * max_len)
+    # the plain V3 (no indexer) fits more blocks in the same budget
+    assert VLLM.capacity(load_model("deepseek-v3"), budget, max_len).num_blocks == budget // (64 * 61 * 576 * 2)
+
+
+@pytest.mark.parametrize("engine", ["llamacpp", "sglang", "tgi"])
+def test_engines_without_an_indexer_model_refuse_deepseek_v32(engine):
+    with pytest.raises(UnsupportedArchitectureError, match="indexer"):
+        kvbudget.estimate(parse_config(_deepseek_v32(), "ds32"), engine=engine, batch=[1], context=[1024])
+
+
+def test_qwen3_5_state_dtype_comes_from_the_config():
+    """Qwen3.5 declares mamba_ssm_dtype float32, which vLLM adopts (models/config.py): with it kvbudget reproduces
+    two real vLLM 0.24 logs of Qwen3.6-35B-A3B (club-3090 issues #612 and #652: fp8 KV, 131,072 tokens,
+    max_num_batched_tokens 8192, prefix caching): 5.98 GiB -> 567,978 tokens, 4.33x; 6.01 GiB -> 569,878, 4.35x."""
+    model = load_model("qwen3.5-35b-a3b")
+    assert {s.state_dtype for s in model.layers if s.kind == "recurrent_state"} == {"float32"}
+    options = EngineOptions(max_num_batched_tokens=8192)
+    for gib, tokens, conc in ((5.98, 567_978, "4.33"), (6.01, 569_878, "4.35")):
+        cap = VLLM.capacity(model, int(gib * GIB), 131072, kv_dtype="fp8", options=options)
+        assert (cap.kv_cache_tokens, f"{cap.max_concurrency:.2f}") == (tokens, conc)
+    # the same config without the field keeps the state in bf16, and misses the logs
+    raw = json.loads(kvbudget.catalog.find("qwen3.5-35b-a3b").path.read_text())
+    del raw["text_config"]["mamba_ssm_dtype"]
+    cap = VLLM.capacity(parse_config(raw), int(5.98 * GIB), 131072, kv_dtype="fp8", options=options)
+    assert cap.kv_cache_tokens != 567_978
+
+
+def test_nemotron_h_layers_from_its_pattern():
+    model = load_model("nemotron-h-8b")
+    assert model.kinds() == {"recurrent_state": 24, "full_attention": 4, "no_cache": 24}
+    attention = [s for s in model.layers if s.kind == "full_attention"]
+    assert {(s.kv_heads, s.k_dim) for s in attention} == {(8, 128)}  # attention_head_dim, the remote-code name
+    # vLLM's NemotronH default SSM cache dtype is float32 (transformers' config default too)
+    assert {s.state_dtype for s in model.layers if s.kind == "recurrent_state"} == {"float32"}
+
+
+def test_gemma3n_shared_layers_cache_nothing():
+    raw = {"model_type": "gemma3n_text", "num_hidden_layers": 35, "torch_dtype": "bfloat16"}
+    model = parse_config(raw)
+    assert model.kinds() == {"sliding_window": 16, "full_attention": 4, "shared_kv": 15}
+    shared = [s for s in model.layers if s.kind == "shared_kv"]
+    assert all(s.source < 20 for s in shared)
+
+
+# --- configs kvbudget refuses ------------------------------------------------------------------------
+
+_STANDARD = {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "hidden_size": 512}
+
+
+@pytest.mark.parametrize("extra, named", [
+    ({"kv_lora_rank": 512, "qk_rope_head_dim": 64}, "kv_lora_rank (MLA)"),
+    ({"index_head_dim": 128}, "index_head_dim (indexer)"),
+    ({"compress_rates": {"a": 4}}, "compress_rates (compression)"),
+    ({"linear_num_value_heads": 32}, "linear_num_value_heads (linear attention)"),
+    ({"mamba_d_state": 16}, "mamba_d_state (Mamba)"),
+    ({"hybrid_override_pattern": "M*M*"}, "hybrid_override_pattern (Mamba)"),
+    ({"num_kv_shared_layers": 2}, "num_kv_shared_layers (KV sharing)"),
+])
+def test_unknown_type_with_fields_of_another_cache_is_refused(extra, named):
+    with pytest.raises(UnsupportedArchitectureError) as err:
+        parse_config(dict(_STANDARD, model_type="mystery_lm", **extra), "mystery")
+    assert named in str(err.value) and "mystery_lm" in str(err.value)
+
+
+def test_unknown_type_with_standard_fields_still_reads_with_a_warning():
+    model = parse_config(dict(_STANDARD, model_type="mystery_lm", torch_dtype="bfloat16"), "mystery")
+    assert model.kinds() == {"full_attention": 4}
+    assert any("not one kvbudget knows" in w for w in model.warnings)
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v4", "minimax"])
+def test_known_families_kvbudget_does_not_model_are_refused(model_type):
+    with pytest.raises(UnsupportedArchitectureError, match="does not model yet"):
+        parse_config(dict(_STANDARD, model_type=model_type))
+
+
+def test_the_layer_count_never_comes_from_a_default():
+    with pytest.raises(ConfigError, match="num_hidden_layers"):
+        parse_config({"model_type": "llama", "hidden_size": 4096})
+
+
+def test_defaults_taken_are_said():
+    model = load_model("gemma-3-4b")  # its real config leaves the head counts to transformers' defaults
+    assert any("num_attention_heads=8" in w for w in model.warnings)
+
+
+def test_cli_refusal_is_one_line_and_exit_2(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dict(_STANDARD, model_type="mystery_lm", mamba_d_state=16)))
+    assert main(["estimate", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "mamba_d_state" in err
