@@ -28,6 +28,66 @@ def _model(ref: str):
     return load_model(LOGS / ref if ref.endswith(".json") else ref)
 
 
+CORPUS = json.loads((LOGS / "corpus.json").read_text())["logs"]
+
+
+@pytest.mark.parametrize("entry", CORPUS, ids=lambda e: e["file"])
+def test_corpus_of_real_logs(entry, capsys):
+    """Every log of the corpus reaches its verdict through the CLI: exact (exit 0, every row agrees), differs
+    (exit 1, a likely cause named) or unchecked (exit 2, one line saying what the log lacks)."""
+    assert entry["source"] and entry["licence"]
+    model = str(LOGS / entry["model"]) if entry["model"].endswith(".json") else entry["model"]
+    argv = ["check-log", str(LOGS / entry["file"]), "--model", model, "--json"]
+    status = main(argv + [f"--{k.replace('_', '-')}={v}" for k, v in entry.get("given", {}).items()])
+    out, err = capsys.readouterr()
+    if entry["verdict"] == "unchecked":
+        assert status == 2 and out == "" and entry["reason"] in err and err.count("\n") == 1
+        return
+    data = json.loads(out)
+    assert data["engine"] == entry["engine"]
+    assert status == (0 if entry["verdict"] == "exact" else 1)
+    assert data["all_match"] == (entry["verdict"] == "exact"), [r for r in data["rows"] if not r["matches"]]
+    if entry["verdict"] == "differs":
+        assert any(entry["cause"] in c for c in data["likely_causes"])
+
+
+def test_corpus_files_all_listed():
+    listed = {e["file"] for e in CORPUS}
+    assert listed == {p.name for p in LOGS.glob("*.log")}
+
+
+def test_a_mismatch_exits_1_and_names_its_cause(capsys):
+    """The fp8 log read as a bf16 cache: the rows differ by about 2x, and the cause is named with its size."""
+    log = str(LOGS / "vllm-0.24-club3090-612-qwen3.6-35b-a3b-fp8.log")
+    assert main(["check-log", log, "--model", "qwen3.5-35b-a3b", "--kv-cache-dtype", "auto", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert not data["all_match"] and data["likely_causes"][0].startswith("the cache is fp8")
+    assert main(["check-log", str(LOGS / "vllm-issue-12330-llama-3-8b-a100-40gb.log"), "--model", "llama-3.1-8b",
+                 "--tp", "2", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert any(c.startswith("tensor parallel size 1") for c in data["likely_causes"])
+
+
+def test_settings_the_log_lacks_are_shown_as_assumed(capsys):
+    log = str(LOGS / "vllm-issue-10517-llama-3.1-8b-29k-refused.log")
+    assert main(["check-log", log, "--model", "llama-3.1-8b", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"tp", "kv_cache_dtype"} <= set(data["assumed"]) and "tp" not in data["settings"]
+    assert main(["check-log", log, "--model", "llama-3.1-8b", "--tp", "1", "--kv-cache-dtype", "auto",
+                 "--engine-version", "0.6.4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["settings"]["tp"] == 1 and "tp" not in data["assumed"] and data["settings"]["engine_version"] == "0.6.4"
+
+
+def test_structured_logging_is_read(capsys, tmp_path):
+    """vLLM's structured log format (level=INFO name=... msg="...") carries the same messages."""
+    plain = (LOGS / "vllm-0.24-club3090-612-qwen3.6-35b-a3b-fp8.log").read_text().splitlines()
+    structured = tmp_path / "structured.log"
+    structured.write_text("\n".join(f'level=INFO name=vllm msg="{line.split("] ", 1)[-1]}"' for line in plain))
+    assert main(["check-log", str(structured), "--model", "qwen3.5-35b-a3b", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["all_match"]
+
+
 @pytest.mark.parametrize("log, model, engine", CASES)
 def test_real_logs_agree_with_predictions(log, model, engine):
     result = check_log((LOGS / log).read_text(), _model(model))
@@ -50,6 +110,16 @@ def test_a_wrong_model_shows_up_as_differences():
     assert not result.all_match
     result = check_log((LOGS / "sglang-issue-vllm-21348-qwen3-235b-tp4.log").read_text(), load_model("qwen3-32b"))
     assert not result.all_match
+
+
+def test_vllm_token_count_meaning_follows_the_version():
+    """<= 0.19 printed num_blocks // groups x block size, >= 0.24 int(concurrency x max_model_len): for a hybrid
+    they differ, and a log read under the wrong version's meaning disagrees."""
+    text = (LOGS / "vllm-0.24-club3090-612-qwen3.6-35b-a3b-fp8.log").read_text()
+    model = load_model("qwen3.5-35b-a3b")
+    assert check_log(text, model).all_match
+    old = check_log(text, model, {"engine_version": "0.19.0"})
+    assert not old.all_match and any(c.startswith("vLLM >= 0.24") for c in old.causes)
 
 
 def test_check_log_cli_json_and_stdin(capsys, monkeypatch):

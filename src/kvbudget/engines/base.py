@@ -14,8 +14,8 @@ from the defaults here, and registers itself (`kvbudget.engines.register`).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
 
 from kvbudget.dtypes import KVDtype, resolve_kv_dtype
@@ -34,6 +34,9 @@ class EngineOptions:
     max_num_batched_tokens: int | None = None  # vLLM: tokens in flight per step
     prefix_caching: bool = True
     device: str = "cuda"  # "cuda" or "cpu" (vLLM's CPU backend differs in block size and state dtype)
+    # vLLM's hybrid KV cache manager (on since 0.9; --disable-hybrid-kv-cache-manager turns it off): without it
+    # sliding-window and chunked layers are sized as full attention
+    hybrid_allocator: bool = True
 
 
 @dataclass(frozen=True)
@@ -176,8 +179,10 @@ class LogCheck:
 
     engine: str
     model_in_log: str | None  # the model path or name the log names
-    settings: dict[str, Any]
+    settings: dict[str, Any]  # read from the log, or given by the user
     rows: tuple[LogRow, ...]
+    assumed: dict[str, Any] = field(default_factory=dict)  # settings the log does not state: the engine's default
+    causes: tuple[str, ...] = ()  # when rows differ: what would make them agree, most likely first
 
     @property
     def all_match(self) -> bool:
@@ -185,7 +190,8 @@ class LogCheck:
 
     def to_dict(self) -> dict[str, Any]:
         return {"engine": self.engine, "model_in_log": self.model_in_log, "settings": self.settings,
-                "all_match": self.all_match, "rows": [r.__dict__ for r in self.rows]}
+                "assumed": self.assumed, "all_match": self.all_match, "rows": [r.__dict__ for r in self.rows],
+                "likely_causes": list(self.causes)}
 
 
 # Estimates used where an engine's figure is not known exactly (each labelled "estimate" where it is shown,
@@ -284,7 +290,8 @@ class Engine:
     def reads_log(self, text: str) -> bool:
         return any(re.search(p, text) for p in self.log_signatures)
 
-    def check_log(self, text: str, model: ModelSpec) -> LogCheck:
+    def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
+        """The log's KV figures beside kvbudget's; `given`: settings the user states that the log does not."""
         raise KVBudgetError(f"check-log: kvbudget reads no {self.name} logs")
 
 

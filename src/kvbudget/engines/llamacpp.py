@@ -20,7 +20,9 @@ The memory map's "batch x context" is the server started with `-np batch -c batc
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kvbudget.dtypes import KVDtype, get_dtype, resolve_kv_dtype
 from kvbudget.engines.base import (
@@ -107,7 +109,7 @@ class LlamaCppEngine(Engine):
     output_limit = OutputLimit(("n_predict", "max_completion_tokens", "max_tokens"),
                                ("n_predict", "max_completion_tokens", "max_tokens"), None, negative_is_absent=True,
                                source="llama.cpp tools/server/server-schema.cpp (n_predict and its aliases)")
-    log_signatures = (r"llama_kv_cache", r"llama_context:", r"llama_model_loader")
+    log_signatures = (r"llama_kv_cache", r"llama_context:", r"llama_model_loader", r"llama_new_context_with_model")
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
@@ -211,7 +213,7 @@ class LlamaCppEngine(Engine):
                                   "q4_1, q5_0, q5_1 and iq4_nl", param="kv_dtype")
         return dtype
 
-    def check_log(self, text: str, model: ModelSpec) -> LogCheck:
+    def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         return _check_log(self, text, model)
 
 
@@ -281,8 +283,9 @@ def _group(layer: LayerSpec, dtype: KVDtype) -> CacheGroup | None:
     return None
 
 
-_LLAMA_LINE = re.compile(r"(llama_kv_cache|llama_memory_recurrent): size = +([\d.]+) MiB \( *(\d+) cells, +(\d+) "
-                         r"layers, +(\d+)(?:/(\d+))? seqs[^)]*\), (?:K|R) \((\w+)\): +([\d.]+) MiB, (?:V|S) "
+_LLAMA_LINE = re.compile(r"(llama_kv_cache(?:_unified)?|llama_memory_recurrent): size = +([\d.]+) MiB "
+                         r"\( *(\d+) cells, +(\d+) layers, +(\d+)(?:/(\d+))? seqs[^)]*\), "
+                         r"(?:K|R) \((\w+)\): +([\d.]+) MiB, (?:V|S) "
                          r"\((\w+)\): +([\d.]+) MiB")
 
 
@@ -292,6 +295,9 @@ def _check_log(engine: LlamaCppEngine, text: str, model: ModelSpec) -> LogCheck:
         m = re.search(rf"llama_context: {name} += (\S+)", text)
         return m.group(1) if m else None
 
+    old = _OLD_KV_SELF.search(text)
+    if old and not _LLAMA_LINE.search(text):
+        return _check_old_log(engine, text, model, old)
     n_ctx, n_seq = setting("n_ctx"), setting("n_seq_max")
     if n_ctx is None or n_seq is None:
         raise KVBudgetError("check-log: the llama.cpp log lacks 'llama_context: n_ctx' / 'n_seq_max' lines; "
@@ -308,7 +314,8 @@ def _check_log(engine: LlamaCppEngine, text: str, model: ModelSpec) -> LogCheck:
                                  n_ubatch=n_ubatch)
     kv_ours = [b for b in ours if b.name != "recurrent"] + [b for b in ours if b.name == "recurrent"]
     rows = []
-    logged_order = [x for x in lines if x[0] == "llama_kv_cache"] + [x for x in lines if x[0] != "llama_kv_cache"]
+    kv_lines = [x for x in lines if x[0].startswith("llama_kv_cache")]  # llama_kv_cache_unified in 2025 builds
+    logged_order = kv_lines + [x for x in lines if not x[0].startswith("llama_kv_cache")]
     if len(logged_order) != len(kv_ours):
         rows.append(LogRow("caches", str(len(logged_order)), str(len(kv_ours)), False,
                            "different cache structure (windows or recurrent layers handled differently)"))
@@ -323,6 +330,39 @@ def _check_log(engine: LlamaCppEngine, text: str, model: ModelSpec) -> LogCheck:
     settings = {"n_ctx": int(n_ctx), "n_seq_max": int(n_seq), "kv_unified": unified, "swa_full": swa_full,
                 "cache_type_k": k_type, "n_ubatch": n_ubatch}
     return LogCheck("llamacpp", None, settings, tuple(rows))
+
+
+# Builds of 2024 to mid-2025 (before llama_kv_cache_unified): one cache of kv_size cells for every sequence.
+_OLD_KV_INIT = re.compile(r"llama_kv_cache_init: kv_size = (\d+),.*?type_k = '(\w+)', type_v = '(\w+)', "
+                          r"n_layer = (\d+)")
+_OLD_KV_SELF = re.compile(r"KV self size\s*=\s*([\d.]+) MiB, K \((\w+)\):\s*([\d.]+) MiB, V \((\w+)\):\s*([\d.]+) MiB")
+
+
+def _check_old_log(engine: LlamaCppEngine, text: str, model: ModelSpec, kv_self: re.Match) -> LogCheck:
+    """llama.cpp's `llama_new_context_with_model: KV self size` line (one unified cache of kv_size cells; no
+    SWA cache in those builds' log)."""
+    init = _OLD_KV_INIT.search(text)
+    n_ctx_line = re.search(r"llama_new_context_with_model: n_ctx\s+=\s*(\d+)", text)
+    cells = int(init.group(1)) if init else int(n_ctx_line.group(1)) if n_ctx_line else None
+    if cells is None:
+        raise KVBudgetError("check-log: the llama.cpp log has a 'KV self size' line but neither 'kv_size =' nor "
+                            "'n_ctx =': include the llama_kv_cache_init or llama_new_context_with_model lines")
+    k_type, v_type = kv_self.group(2), kv_self.group(4)
+    if k_type != v_type:
+        raise KVBudgetError(f"check-log: K ({k_type}) and V ({v_type}) cache types differ; kvbudget checks one type")
+    buffers = engine.server_buffers(model, cells, 1, _LOG_TYPES.get(k_type, k_type), unified=True)
+    kv = [b for b in buffers if b.name != "recurrent"]
+    k_mib, v_mib = sum(b.k_bytes for b in kv) / MIB, sum(b.v_bytes for b in kv) / MIB
+    rows = [LogRow("cells", f"{cells:,}", f"{kv[0].cells:,}" if kv else "-", bool(kv) and kv[0].cells == cells)]
+    if init:
+        layers = sum(b.layers for b in kv)
+        rows.append(LogRow("layers", init.group(4), str(layers), int(init.group(4)) == layers))
+    for label, logged, ours in (("K", kv_self.group(3), k_mib), ("V", kv_self.group(5), v_mib),
+                                ("KV self size", kv_self.group(1), k_mib + v_mib)):
+        rows.append(LogRow(f"{label} ({k_type})", f"{logged} MiB", f"{ours:.2f} MiB", f"{float(logged):.2f}" ==
+                           f"{ours:.2f}", "llama.cpp prints two decimals of MiB"))
+    return LogCheck("llamacpp", None, {"n_ctx": cells, "cache_type": k_type, "format": "llama_kv_cache_init (2024-25)"},
+                    tuple(rows))
 
 
 LLAMACPP = LlamaCppEngine()

@@ -13,7 +13,9 @@ memory_pool.py); not run here (no CPU build), so every SGLang figure is labelled
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kvbudget.dtypes import KVDtype, get_dtype
 from kvbudget.engines.base import (
@@ -134,7 +136,7 @@ class SGLangEngine(Engine):
     def honours_windows(self, model: ModelSpec) -> bool:
         return False
 
-    def check_log(self, text: str, model: ModelSpec) -> LogCheck:
+    def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         """SGLang prints its pool in tokens and the K and V buffer sizes ("GB" meaning GiB) per rank."""
         m = re.search(r"#tokens: (\d+), K size: ([\d.]+) GB, V size: ([\d.]+) GB", text)
         if not m:

@@ -12,7 +12,9 @@ so every TGI figure is labelled "from the source":
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kvbudget.dtypes import KVDtype
 from kvbudget.engines.base import (
@@ -107,7 +109,7 @@ class TGIEngine(Engine):
     def honours_windows(self, model: ModelSpec) -> bool:
         return False
 
-    def check_log(self, text: str, model: ModelSpec) -> LogCheck:
+    def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         """TGI prints its block count and size, and the max_batch_total_tokens they make; the budget they imply
         follows from kvbudget's bytes per token for the model (every layer full, MLA expanded)."""
         m = re.search(r"KV-cache blocks: (\d+), size: (\d+)", text)

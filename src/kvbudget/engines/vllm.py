@@ -21,7 +21,9 @@ runs in tests/engines/test_vllm_real.py:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kvbudget.dtypes import KVDtype, get_dtype
 from kvbudget.engines.base import (
@@ -347,6 +349,10 @@ class VLLMEngine(Engine):
         act = get_dtype(model.dtype)
         ssm = _FP32 if options.device == "cpu" else None  # the CPU backend keeps SSM state in float32
         specs = [s for s in (_vllm_spec(layer, dtype, act, ssm, tp, model.name) for layer in model.layers) if s]
+        if not options.hybrid_allocator:  # without the hybrid manager every window is sized as full attention
+            specs = [replace(s, kind="full", span=None, label="full_attention",
+                             detail=re.split(r", (?:window|chunk) ", s.detail)[0])
+                     if s.kind in ("sliding", "chunked") else s for s in specs]
         if not specs:
             raise UnsupportedArchitectureError(f"{model.name}: no layer keeps a KV cache; vLLM allocates none")
 
@@ -393,8 +399,8 @@ class VLLMEngine(Engine):
 
     # --- startup logs -------------------------------------------------------------------------
 
-    def check_log(self, text: str, model: ModelSpec) -> LogCheck:
-        return _check_log(self, text, model)
+    def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
+        return _check_log(self, text, model, dict(given or {}))
 
 
 def _vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype | None, tp: int,
@@ -448,21 +454,107 @@ def _span(a: int | None, b: int | None) -> str:
     return f"{a:,}" if a == b else f"{a:,}-{b:,}"
 
 
-def _check_log(engine: VLLMEngine, text: str, model: ModelSpec) -> LogCheck:
-    """vLLM V0 and V1, GPU and CPU builds: the settings and KV budget it printed, and what it made of them."""
-    from kvbudget.model.weights import model_weights
+# --- startup logs ------------------------------------------------------------------------------------
+# What changed in the numbers vLLM prints, by version (each from that version's source or a real log):
+# - "GPU KV cache size: N tokens" was num_blocks // kv cache groups x block size (PR #13596, 0.7.3) up to at
+#   least 0.19 (issue #40691: a Qwen3.5 log of 0.19 whose N is not concurrency x max_model_len); by 0.24 it is
+#   int(max concurrency x max_model_len) (PR #40694's formula; real 0.24 logs of Qwen3.6-35B-A3B agree).
+# - before 0.9 there was no hybrid KV cache manager: sliding-window and chunked layers were sized as full attention
+#   (0.9.0 added it; --disable-hybrid-kv-cache-manager brings the old sizing back).
+SLOTS_UNTIL, CONCURRENCY_FROM = (0, 19), (0, 24)
+HYBRID_ALLOCATOR_FROM = (0, 9)
 
-    conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
-    seq = re.search(r"max_seq_len=(\d+)", text)
-    max_len = int(_num(conc.group(1))) if conc else int(seq.group(1)) if seq else None
-    if max_len is None:
-        raise KVBudgetError("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens')")
+
+def parse_version(text: str) -> tuple[int, ...] | None:
+    """(major, minor) of a version string such as 0.8.5 or v0.24.0: the releases the table above names."""
+    m = re.match(r"v?(\d+)\.(\d+)", text.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _setting(text: str, *names: str) -> str | None:
+    """A setting as vLLM logs it: key=value in its config line, 'key': value in its non-default args, or a
+    --key value flag on the command line."""
+    for name in names:
+        flag = name.replace("_", "-")
+        for pattern in (rf"\b{name}=([\w.\-]+)", rf"'{name}': '?([\w.\-]+)'?", rf"--{flag}[ =]([\w.\-]+)"):
+            if m := re.search(pattern, text):
+                return m.group(1)
+    return None
+
+
+def _truthy(value: str) -> bool:
+    return value.lower() in ("true", "1", "yes")
+
+
+@dataclass(frozen=True)
+class _LogSettings:
+    max_len: int
+    device: str
+    tp: int
+    pp: int
+    kv_dtype: str
+    prefix: bool
+    mnbt: int | None
+    version: tuple[int, ...] | None
+    hybrid: bool
+
+
+def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Match | None
+                   ) -> tuple[_LogSettings, dict, dict]:
+    read: dict = {}
+    assumed: dict = {}
+
+    def pick(key: str, value: object, default: object) -> object:
+        if key in given and given[key] is not None:
+            read[key] = given[key]
+            return given[key]
+        if value is not None:
+            read[key] = value
+            return value
+        assumed[key] = "the engine's default" if default is None else default
+        return default
+
+    max_len_text = (conc.group(1).replace(",", "") if conc else refusal.group(1) if refusal else
+                    _setting(text, "max_seq_len", "max_model_len"))
+    if max_len_text is None and given.get("max_model_len") is None:
+        raise KVBudgetError("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens', "
+                            "'max_seq_len=' or 'max_model_len'); pass --max-model-len")
+    max_len = int(pick("max_model_len", max_len_text, 0))  # type: ignore[call-overload]
     cpu = bool(re.search(r"CPU KV cache size|device_config=cpu", text))
-    tp = int(m.group(1)) if (m := re.search(r"tensor_parallel_size=(\d+)", text)) else 1
-    pp = int(m.group(1)) if (m := re.search(r"pipeline_parallel_size=(\d+)", text)) else 1
-    kv_dtype = m.group(1) if (m := re.search(r"kv_cache_dtype=(\w+)", text)) else "auto"
-    prefix = not re.search(r"enable_prefix_caching=False", text)
-    mnbt = int(m.group(1)) if (m := re.search(r"max_num_batched_tokens=(\d+)", text)) else None
+    read["device"] = "cpu" if cpu else "cuda"
+    tp = int(pick("tp", _setting(text, "tensor_parallel_size"), 1))  # type: ignore[call-overload]
+    pp = int(pick("pp", _setting(text, "pipeline_parallel_size"), 1))  # type: ignore[call-overload]
+    kv = str(pick("kv_cache_dtype", _setting(text, "kv_cache_dtype"), "auto"))
+    prefix_text = _setting(text, "enable_prefix_caching")
+    prefix = pick("prefix_caching", None if prefix_text is None else _truthy(prefix_text), True)
+    mnbt_text = _setting(text, "max_num_batched_tokens")
+    mnbt = pick("max_num_batched_tokens", mnbt_text, None)
+    version_text = (given.get("engine_version") or
+                    (m.group(1) if (m := re.search(r"LLM engine \(v([\d.]+)", text) or
+                                    re.search(r"vLLM (?:API server )?version:? v?(\d+\.\d+[\d.]*)", text)) else None))
+    version = parse_version(version_text) if version_text else None
+    if version_text:
+        read["engine_version"] = version_text
+    else:
+        assumed["engine_version"] = "unknown (pass --engine-version)"
+    hybrid_off = _setting(text, "disable_hybrid_kv_cache_manager")
+    hybrid = not (hybrid_off is not None and _truthy(hybrid_off)) and not (version and version < HYBRID_ALLOCATOR_FROM)
+    settings = _LogSettings(max_len, "cpu" if cpu else "cuda", tp, pp, kv, bool(prefix),
+                            int(mnbt) if mnbt is not None else None, version, hybrid)  # type: ignore[call-overload]
+    return settings, read, assumed
+
+
+def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | None = None) -> LogCheck:
+    """vLLM V0 and V1, GPU and CPU builds, plain or structured logging: the settings and KV budget it printed
+    (or the refusal it printed), and what kvbudget makes of them."""
+    given = dict(given or {})
+    conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
+    refusal = re.search(r"max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, which is larger than the "
+                        r"available KV cache memory \(([\d.]+) GiB\)(?:\. Based on the available memory, the estimated "
+                        r"maximum model length is (\d+))?", text)
+    v0_refusal = re.search(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored "
+                           r"in KV cache \((\d+)\)", text)
+    st, read, assumed = _read_settings(text, given, refusal or v0_refusal, conc)
 
     budget_text = None
     for pattern in (r"Explicitly set \(([\d.]+)/", r"Available KV cache memory: ([\d.]+) GiB",
@@ -470,55 +562,164 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec) -> LogCheck:
         if m := re.search(pattern, text):
             budget_text = m.group(1)
             break
+    budget_from_refusal = budget_text is None and refusal is not None
+    if budget_from_refusal and refusal:
+        budget_text = refusal.group(3)
     if budget_text is None:
-        raise KVBudgetError("check-log: the vLLM log states no KV budget ('Available KV cache memory' or "
-                            "'kv_cache_size=' or 'Explicitly set'); run vLLM at INFO level")
+        raise KVBudgetError("check-log: the vLLM log states no KV budget ('Available KV cache memory', "
+                            "'kv_cache_size=', 'Explicitly set' or a refusal naming the available memory); run vLLM "
+                            "at INFO level")
     decimals = len(budget_text.split(".")[1]) if "." in budget_text else 0
-    half_step = 0.5 * 10 ** -decimals
     value = float(budget_text)
-    exact = cpu and value == int(value)  # VLLM_CPU_KVCACHE_SPACE is whole GiB
+    exact = st.device == "cpu" and value == int(value)  # VLLM_CPU_KVCACHE_SPACE is whole GiB
+    half_step = 0.5 * 10 ** -decimals
     lo, hi = (value, value) if exact else (max(value - half_step, 0), value + half_step)
-    options = EngineOptions(device="cpu" if cpu else "cuda", prefix_caching=prefix, max_num_batched_tokens=mnbt)
 
-    def cap(gib: float) -> Capacity:
-        return engine.capacity(model, int(gib * GIB), max_len, kv_dtype=kv_dtype, tp=tp, options=options)
+    def rows_for(s: _LogSettings) -> list[LogRow]:
+        options = EngineOptions(device=s.device, prefix_caching=s.prefix, max_num_batched_tokens=s.mnbt,
+                                hybrid_allocator=s.hybrid)
+        # the refusal names the memory left after the null block: add one block back for the budget
+        extra = engine.layout(model, s.kv_dtype, s.tp, options)[0].block_bytes if budget_from_refusal else 0
 
-    low, high = cap(lo), cap(hi)
-    rounding = "" if exact else f"the log rounds the budget to {decimals} decimals of GiB: a range of predictions"
-    rows = [LogRow("KV budget", f"{budget_text} GiB", f"{lo:g}-{hi:g} GiB" if not exact else f"{value:g} GiB",
-                   True, "read from the log")]
-    blocks = re.search(r"GPU blocks: (\d+)", text)
-    if blocks and low.num_blocks is not None and high.num_blocks is not None:
-        n = int(blocks.group(1))
-        rows.append(LogRow("blocks", f"{n:,}", _span(low.num_blocks, high.num_blocks),
-                           low.num_blocks <= n <= high.num_blocks, rounding))
-    tokens = re.search(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens", text)
-    if tokens:
-        n = int(_num(tokens.group(1)))
-        rows.append(LogRow("KV cache size (tokens)", f"{n:,}", _span(low.kv_cache_tokens, high.kv_cache_tokens),
-                           low.kv_cache_tokens <= n <= high.kv_cache_tokens, rounding))
-    if conc:
-        logged = conc.group(2)
-        lo_c, hi_c = f"{low.max_concurrency:.2f}", f"{high.max_concurrency:.2f}"
-        ok = float(lo_c) <= float(logged) <= float(hi_c)
-        rows.append(LogRow(f"max concurrency at {max_len:,} tokens", f"{logged}x",
-                           f"{lo_c}x" if lo_c == hi_c else f"{lo_c}-{hi_c}x", ok, rounding))
-    weights = re.search(r"(?:Loading model weights took|Model loading took) ([\d.]+) G", text)
-    if weights:
-        w = model_weights(model, tp, engine.pipeline_stages(model.num_layers, pp))
-        logged_bytes = float(weights.group(1)) * GIB
-        diff = w.per_gpu_bytes / logged_bytes - 1
-        rows.append(LogRow("weights per GPU", f"{float(weights.group(1)):.2f} GiB",
-                           f"{w.per_gpu_bytes / GIB:.2f} GiB", abs(diff) < 0.02,
-                           f"{diff:+.1%}: vLLM measures allocated memory (buffers, padding); kvbudget counts "
-                           "parameters"))
-    raised = re.search(r"Setting attention block size to (\d+) tokens", text)
-    if raised:
-        rows.append(LogRow("block size", raised.group(1), str(low.block_size), int(raised.group(1)) == low.block_size,
-                           "raised so that one attention page covers a Mamba state page"))
-    settings = {"max_model_len": max_len, "device": options.device, "tp": tp, "pp": pp, "kv_cache_dtype": kv_dtype,
-                "prefix_caching": prefix}
-    return LogCheck("vllm", None, settings, tuple(rows))
+        def cap(gib: float) -> Capacity:
+            return engine.capacity(model, int(gib * GIB) + extra, s.max_len, kv_dtype=s.kv_dtype, tp=s.tp,
+                                   options=options)
+
+        def last_stage(gib: float) -> Capacity:  # the most loaded stage holds the first layers' share
+            if s.pp == 1:
+                return cap(gib)
+            stage = model.stage(engine.pipeline_stages(model.num_layers, s.pp)[0])
+            return engine.capacity(stage, int(gib * GIB) + extra, s.max_len, kv_dtype=s.kv_dtype, tp=s.tp,
+                                   options=options)
+
+        low, high = last_stage(lo), last_stage(hi)
+        rounding = "" if exact else f"the log rounds the budget to {decimals} decimals of GiB: a range of predictions"
+        out = [LogRow("KV budget", f"{budget_text} GiB", f"{lo:g}-{hi:g} GiB" if not exact else f"{value:g} GiB",
+                      True, "read from the refusal message" if budget_from_refusal else "read from the log")]
+        blocks = re.search(r"GPU blocks: (\d+)", text)
+        if blocks and low.num_blocks is not None and high.num_blocks is not None:
+            n = int(blocks.group(1))
+            out.append(LogRow("blocks", f"{n:,}", _span(low.num_blocks, high.num_blocks),
+                              low.num_blocks <= n <= high.num_blocks, rounding))
+        tokens = re.search(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens", text)
+        if tokens:
+            n = int(_num(tokens.group(1)))
+            slots = (low.physical_token_slots, high.physical_token_slots)
+            by_conc = (low.kv_cache_tokens, high.kv_cache_tokens)
+            if s.version is not None and s.version <= SLOTS_UNTIL:
+                meaning, ranges = "num_blocks // groups x block size (vLLM <= 0.19)", [slots]
+            elif s.version is not None and s.version >= CONCURRENCY_FROM:
+                meaning, ranges = "int(concurrency x max_model_len) (vLLM >= 0.24)", [by_conc]
+            else:
+                meaning, ranges = "either meaning: this version's is not known to kvbudget", [slots, by_conc]
+            ok = any(a <= n <= b for a, b in ranges)
+            shown = " or ".join(_span(a, b) for a, b in dict.fromkeys(ranges))
+            out.append(LogRow("KV cache size (tokens)", f"{n:,}", shown, ok, meaning))
+        if conc:
+            logged = conc.group(2)
+            lo_c, hi_c = f"{low.max_concurrency:.2f}", f"{high.max_concurrency:.2f}"
+            out.append(LogRow(f"max concurrency at {s.max_len:,} tokens", f"{logged}x",
+                              f"{lo_c}x" if lo_c == hi_c else f"{lo_c}-{hi_c}x",
+                              float(lo_c) <= float(logged) <= float(hi_c), rounding))
+        if refusal:
+            needed = refusal.group(2)
+            ours = f"{_needed_gib(engine, model, s, options):.2f}"
+            out.append(LogRow("refused: KV cache needed", f"{needed} GiB", f"{ours} GiB", needed == ours,
+                              "one request of max_model_len"))
+            out.append(LogRow("refused: fits", "no", "yes" if high.fits else "no", not low.fits))
+            if refusal.group(4):
+                n = int(refusal.group(4))
+                longest = {c.estimated_max_model_len for c in (low, high)}
+                out.append(LogRow("estimated maximum model length", f"{n:,}",
+                                  " / ".join(f"{x:,}" for x in sorted(v or 0 for v in longest)), n in longest))
+        if v0_refusal:
+            n = int(v0_refusal.group(2))
+            out.append(LogRow("refused: tokens the cache holds", f"{n:,}",
+                              _span(low.physical_token_slots, high.physical_token_slots),
+                              low.physical_token_slots <= n <= high.physical_token_slots,
+                              "vLLM V0: blocks x block size"))
+            out.append(LogRow("refused: fits", "no", "yes" if high.fits else "no", not low.fits,
+                              "vLLM V0: max_model_len beyond the tokens the blocks hold"))
+        weights = re.search(r"(?:Loading model weights took|Model loading took) ([\d.]+) G", text)
+        if weights and model.config:
+            from kvbudget.model.weights import model_weights
+
+            try:
+                w = model_weights(model, s.tp, engine.pipeline_stages(model.num_layers, s.pp))
+            except KVBudgetError:
+                w = None
+            if w is not None:
+                logged_bytes = float(weights.group(1)) * GIB
+                diff = w.per_gpu_bytes / logged_bytes - 1
+                out.append(LogRow("weights per GPU", f"{float(weights.group(1)):.2f} GiB",
+                                  f"{w.per_gpu_bytes / GIB:.2f} GiB", abs(diff) < 0.02,
+                                  f"{diff:+.1%}: vLLM measures allocated memory (buffers, padding, quantized "
+                                  "checkpoints); kvbudget counts parameters"))
+        raised = re.search(r"Setting attention block size to (\d+) tokens", text)
+        if raised:
+            out.append(LogRow("block size", raised.group(1), str(low.block_size),
+                              int(raised.group(1)) == low.block_size,
+                              "raised so that one attention page covers a Mamba state page"))
+        return out
+
+    rows = rows_for(st)
+    causes: list[str] = []
+    kv_rows = [r for r in rows if r.quantity != "weights per GPU"]
+    if not all(r.matches for r in kv_rows):
+        causes = _likely_causes(st, assumed, rows_for)
+    settings = {"max_model_len": st.max_len, "device": st.device, "tp": st.tp, "pp": st.pp,
+                "kv_cache_dtype": st.kv_dtype, "prefix_caching": st.prefix,
+                "engine_version": read.get("engine_version"), "hybrid_allocator": st.hybrid}
+    if st.mnbt is not None:
+        settings["max_num_batched_tokens"] = st.mnbt
+    shown = {k: v for k, v in settings.items() if k not in assumed}
+    return LogCheck("vllm", None, shown, tuple(rows), assumed, tuple(causes))
+
+
+def _needed_gib(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, options: EngineOptions) -> float:
+    layout, _ = engine.layout(model, s.kv_dtype, s.tp, options)
+    return layout.blocks_per_request(s.max_len) * layout.block_bytes / GIB
+
+
+def _likely_causes(st: _LogSettings, assumed: dict, rows_for: Callable[[_LogSettings], list[LogRow]]) -> list[str]:
+    """Alternative settings, the assumed ones first, under which the KV rows agree: each a likely cause, with the
+    size of its effect on the first row that differed."""
+    alternatives: list[tuple[str, _LogSettings]] = []
+    if "kv_cache_dtype" in assumed or st.kv_dtype == "auto":
+        alternatives.append(("the cache is fp8 (--kv-cache-dtype fp8), not the model dtype",
+                             replace(st, kv_dtype="fp8")))
+    if st.kv_dtype != "auto":
+        alternatives.append(("the cache is in the model dtype (kv_cache_dtype auto)", replace(st, kv_dtype="auto")))
+    for tp in (1, 2, 4, 8):
+        if tp != st.tp:
+            alternatives.append((f"tensor parallel size {tp}, not {st.tp} (the log's budget is one rank's)",
+                                 replace(st, tp=tp)))
+    for pp in (2, 4):
+        if pp != st.pp:
+            alternatives.append((f"pipeline parallel size {pp}: the budget is one stage's", replace(st, pp=pp)))
+    alternatives.append(("sliding-window layers sized as full attention (vLLM < 0.9, or "
+                         "--disable-hybrid-kv-cache-manager)" if st.hybrid else
+                         "the hybrid KV cache manager was on (sliding windows sized to their reservation)",
+                         replace(st, hybrid=not st.hybrid)))
+    alternatives.append(("prefix caching " + ("off" if st.prefix else "on"), replace(st, prefix=not st.prefix)))
+    for version, label in (((0, 18), "vLLM 0.9-0.19 (its token count: physical slots)"),
+                           ((0, 24), "vLLM >= 0.24 (its token count: concurrency x max_model_len)")):
+        if st.version != version:  # the version as a whole: its token count and its window sizing
+            alternatives.append((label + ", not the version read or given",
+                                 replace(st, version=version, hybrid=True)))
+    base = {r.quantity: r for r in rows_for(st)}
+    causes = []
+    for label, alt in alternatives:
+        try:
+            rows = [r for r in rows_for(alt) if r.quantity != "weights per GPU"]
+        except KVBudgetError:
+            continue
+        if rows and all(r.matches for r in rows):
+            first = next((r for r in rows if r.quantity in base and not base[r.quantity].matches), None)
+            effect = f" ({first.quantity}: {base[first.quantity].predicted} -> {first.predicted})" if first else ""
+            causes.append(label + effect)
+    return causes or ["none of the known causes (dtype, tensor/pipeline parallel size, window sizing, prefix "
+                      "caching, the version's token count) makes the rows agree: check the model and its config"]
 
 
 VLLM = VLLMEngine()
