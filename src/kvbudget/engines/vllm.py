@@ -518,7 +518,7 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
                     _setting(text, "max_seq_len", "max_model_len"))
     if max_len_text is None and given.get("max_model_len") is None:
         raise KVBudgetError("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens', "
-                            "'max_seq_len=' or 'max_model_len'); pass --max-model-len")
+                            "'max_seq_len=' or 'max_model_len'); give max_model_len")
     max_len = int(pick("max_model_len", max_len_text, 0))  # type: ignore[call-overload]
     cpu = bool(re.search(r"CPU KV cache size|device_config=cpu", text))
     read["device"] = "cpu" if cpu else "cuda"
@@ -536,7 +536,7 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
     if version_text:
         read["engine_version"] = version_text
     else:
-        assumed["engine_version"] = "unknown (pass --engine-version)"
+        assumed["engine_version"] = "unknown"
     hybrid_off = _setting(text, "disable_hybrid_kv_cache_manager")
     hybrid = not (hybrid_off is not None and _truthy(hybrid_off)) and not (version and version < HYBRID_ALLOCATOR_FROM)
     settings = _LogSettings(max_len, "cpu" if cpu else "cuda", tp, pp, kv, bool(prefix),
@@ -641,7 +641,7 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
             out.append(LogRow("refused: fits", "no", "yes" if high.fits else "no", not low.fits,
                               "vLLM V0: max_model_len beyond the tokens the blocks hold"))
         weights = re.search(r"(?:Loading model weights took|Model loading took) ([\d.]+) G", text)
-        if weights and model.config:
+        if weights:
             from kvbudget.model.weights import model_weights
 
             try:

@@ -89,8 +89,8 @@ def count_parameters(model: ModelSpec) -> ParamCount:
     f = _fields(model)
     mt = _SAME_WEIGHTS_AS.get(f.model_type, f.model_type)
     if mt in _UNCOUNTED:
-        raise ConfigError(f"weights: kvbudget does not count {f.model_type} parameters yet ({model.name}); pass the "
-                          "weight bytes per GPU (plan --weights SIZE)", param="weights")
+        raise ConfigError(f"weights: kvbudget does not count {f.model_type} parameters yet ({model.name}); give the "
+                          "weight bytes per GPU (plan's weights)", param="weights")
     hidden = f.int("hidden_size", "n_embd", "d_model")
     vocab = f.int("vocab_size", "padded_vocab_size")
     groups: list[ParamGroup] = []
