@@ -666,7 +666,7 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
     causes: list[str] = []
     kv_rows = [r for r in rows if r.quantity != "weights per GPU"]
     if not all(r.matches for r in kv_rows):
-        causes = _likely_causes(st, assumed, rows_for)
+        causes = _likely_causes(st, assumed, rows_for, rows)
     settings = {"max_model_len": st.max_len, "device": st.device, "tp": st.tp, "pp": st.pp,
                 "kv_cache_dtype": st.kv_dtype, "prefix_caching": st.prefix,
                 "engine_version": read.get("engine_version"), "hybrid_allocator": st.hybrid}
@@ -681,7 +681,8 @@ def _needed_gib(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, options: 
     return layout.blocks_per_request(s.max_len) * layout.block_bytes / GIB
 
 
-def _likely_causes(st: _LogSettings, assumed: dict, rows_for: Callable[[_LogSettings], list[LogRow]]) -> list[str]:
+def _likely_causes(st: _LogSettings, assumed: dict, rows_for: Callable[[_LogSettings], list[LogRow]],
+                   rows: list[LogRow]) -> list[str]:
     """Alternative settings, the assumed ones first, under which the KV rows agree: each a likely cause, with the
     size of its effect on the first row that differed."""
     alternatives: list[tuple[str, _LogSettings]] = []
@@ -707,15 +708,15 @@ def _likely_causes(st: _LogSettings, assumed: dict, rows_for: Callable[[_LogSett
         if st.version != version:  # the version as a whole: its token count and its window sizing
             alternatives.append((label + ", not the version read or given",
                                  replace(st, version=version, hybrid=True)))
-    base = {r.quantity: r for r in rows_for(st)}
+    base = {r.quantity: r for r in rows}  # the rows under the settings read
     causes = []
     for label, alt in alternatives:
         try:
-            rows = [r for r in rows_for(alt) if r.quantity != "weights per GPU"]
+            alt_rows = [r for r in rows_for(alt) if r.quantity != "weights per GPU"]
         except KVBudgetError:
             continue
-        if rows and all(r.matches for r in rows):
-            first = next((r for r in rows if r.quantity in base and not base[r.quantity].matches), None)
+        if alt_rows and all(r.matches for r in alt_rows):
+            first = next((r for r in alt_rows if r.quantity in base and not base[r.quantity].matches), None)
             effect = f" ({first.quantity}: {base[first.quantity].predicted} -> {first.predicted})" if first else ""
             causes.append(label + effect)
     return causes or ["none of the known causes (dtype, tensor/pipeline parallel size, window sizing, prefix "
