@@ -137,26 +137,40 @@ class SGLangEngine(Engine):
         return False
 
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
-        """SGLang prints its pool in tokens and the K and V buffer sizes ("GB" meaning GiB) per rank."""
-        m = re.search(r"#tokens: (\d+), K size: ([\d.]+) GB, V size: ([\d.]+) GB", text)
-        if not m:
+        """SGLang prints its pool in tokens and the buffer sizes per rank ("GB" meaning GiB): K and V apart for
+        multi-head pools, one "KV size" for MLA pools (latent and rope key in one buffer)."""
+        split = re.search(r"#tokens: (\d+), K size: ([\d.]+) GB, V size: ([\d.]+) GB", text)
+        joint = re.search(r"#tokens: (\d+), KV size: ([\d.]+) GB", text)
+        if not (split or joint):
             raise KVBudgetError("check-log: the SGLang log lacks 'KV Cache is allocated. #tokens: N, K size: ..., "
-                                "V size'")
-        tokens, k_logged, v_logged = int(m.group(1)), m.group(2), m.group(3)
-        tp = int(t.group(1)) if (t := re.search(r"(?:--tp(?:-size)?|tp_size=)[ =]?(\d+)", text)) else 1
-        dtype = d.group(1) if (d := re.search(r"--kv-cache-dtype[ =](\w+)", text)) else "auto"
+                                "V size' (or 'KV size' for MLA models)")
+        given = dict(given or {})
+        tokens = int((split or joint).group(1))  # type: ignore[union-attr]
+        tp_text = t.group(1) if (t := re.search(r"(?:--tp(?:-size)?|tp_size=)[ =]?(\d+)", text)) else None
+        tp = int(given.get("tp") or tp_text or 1)
+        dtype_text = d.group(1) if (d := re.search(r"--kv-cache-dtype[ =](\w+)", text)) else None
+        dtype = str(given.get("kv_cache_dtype") or dtype_text or "auto")
+        assumed = {k: v for k, v, found in (("tp", 1, given.get("tp") or tp_text),
+                                            ("kv_cache_dtype", "auto", given.get("kv_cache_dtype") or dtype_text))
+                   if not found}
         k_bytes, v_bytes = self.kv_buffers(model, dtype, tp)
-        k_ours, v_ours = f"{tokens * k_bytes / GIB:.2f}", f"{tokens * v_bytes / GIB:.2f}"
-        rows = (
-            LogRow("pool (tokens)", f"{tokens:,}", "-", True, "read from the log; kvbudget checks its buffer sizes"),
-            LogRow("K buffer per rank", f"{k_logged} GB", f"{k_ours} GiB", f"{float(k_logged):.2f}" == k_ours,
-                   "SGLang's 'GB' are GiB"),
-            LogRow("V buffer per rank", f"{v_logged} GB", f"{v_ours} GiB", f"{float(v_logged):.2f}" == v_ours,
-                   "SGLang's 'GB' are GiB"),
-            LogRow("KV memory per rank", "-", f"{tokens * (k_bytes + v_bytes) / GIB:.2f} GiB", True,
-                   "the budget this pool implies"),
-        )
-        return LogCheck("sglang", None, {"tp": tp, "kv_cache_dtype": dtype}, rows)
+        note = "SGLang's 'GB' are GiB"
+
+        def row(label: str, logged: str, per_token: int) -> LogRow:
+            ours = f"{tokens * per_token / GIB:.2f}"
+            return LogRow(label, f"{logged} GB", f"{ours} GiB", f"{float(logged):.2f}" == ours, note)
+
+        pool = LogRow("pool (tokens)", f"{tokens:,}", "-", True, "read from the log; kvbudget checks its buffer sizes")
+        buffers: tuple[LogRow, ...]
+        if split:
+            buffers = (row("K buffer per rank", split.group(2), k_bytes),
+                       row("V buffer per rank", split.group(3), v_bytes))
+        else:
+            buffers = (row("KV buffer per rank", joint.group(2), k_bytes + v_bytes),)  # type: ignore[union-attr]
+        rows = (pool, *buffers, LogRow("KV memory per rank", "-", f"{tokens * (k_bytes + v_bytes) / GIB:.2f} GiB",
+                                       True, "the budget this pool implies"))
+        settings = {k: v for k, v in (("tp", tp), ("kv_cache_dtype", dtype)) if k not in assumed}
+        return LogCheck("sglang", None, settings, rows, assumed)
 
 
 def _cell(layer: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str, page: int) -> CacheGroup | None:

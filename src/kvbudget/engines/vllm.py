@@ -237,7 +237,9 @@ class VLLMEngine(Engine):
                                source="vllm 0.32 entrypoints/openai/chat_completion/serving.py (get_max_tokens), "
                                       "completion/protocol.py")
     log_signatures = (r"KV cache size: [\d,]+ tokens", r"GPU blocks: \d+", r"Maximum concurrency for",
-                         r"V1 LLM engine")
+                         r"V1 LLM engine",
+                      r"Available KV cache memory: -?[\d.]+ GiB", r"KV cache is needed, which is larger than",
+                      r"larger than the maximum number of tokens that can be stored in KV cache")
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
@@ -549,11 +551,16 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
     (or the refusal it printed), and what kvbudget makes of them."""
     given = dict(given or {})
     conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
-    refusal = re.search(r"max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, which is larger than the "
+    flat = re.sub(r"\s+", " ", text)  # refusal messages wrap when pasted
+    refusal = re.search(r"max seq len \((\d+)\), \(?([\d.]+) GiB KV cache is needed, which is larger than the "
                         r"available KV cache memory \(([\d.]+) GiB\)(?:\. Based on the available memory, the estimated "
-                        r"maximum model length is (\d+))?", text)
+                        r"maximum model length is (\d+))?", flat)
     v0_refusal = re.search(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored "
-                           r"in KV cache \((\d+)\)", text)
+                           r"in KV cache \((\d+)\)", flat)
+    if (m := re.search(r"Available KV cache memory: (-[\d.]+) GiB", text)):
+        raise KVBudgetError(f"check-log: the log's KV budget is negative ({m.group(1)} GiB): the weights and the "
+                            "profiled activations left no memory for a cache, so there is no cache to check; raise "
+                            "gpu_memory_utilization, shorten max_model_len or spread the model over more GPUs")
     st, read, assumed = _read_settings(text, given, refusal or v0_refusal, conc)
 
     budget_text = None
@@ -629,9 +636,8 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
             out.append(LogRow("refused: fits", "no", "yes" if high.fits else "no", not low.fits))
             if refusal.group(4):
                 n = int(refusal.group(4))
-                longest = {c.estimated_max_model_len for c in (low, high)}
-                out.append(LogRow("estimated maximum model length", f"{n:,}",
-                                  " / ".join(f"{x:,}" for x in sorted(v or 0 for v in longest)), n in longest))
+                a, b = (low.estimated_max_model_len or 0), (high.estimated_max_model_len or 0)
+                out.append(LogRow("estimated maximum model length", f"{n:,}", _span(a, b), a <= n <= b, rounding))
         if v0_refusal:
             n = int(v0_refusal.group(2))
             out.append(LogRow("refused: tokens the cache holds", f"{n:,}",
