@@ -119,7 +119,7 @@ def test_vllm_token_count_meaning_follows_the_version():
     model = load_model("qwen3.5-35b-a3b")
     assert check_log(text, model).all_match
     old = check_log(text, model, {"engine_version": "0.19.0"})
-    assert not old.all_match and any(c.startswith("vLLM >= 0.24") for c in old.causes)
+    assert not old.all_match and any(c.startswith("vLLM >= 0.20") for c in old.causes)
 
 
 def test_check_log_cli_json_and_stdin(capsys, monkeypatch):

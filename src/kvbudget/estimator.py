@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from kvbudget.engines import Allocation, Capacity, Engine, EngineOptions, get_engine
@@ -108,7 +108,7 @@ def estimate(
     (beams,) = positive_ints((beams,), "beams")
     chosen = get_engine(engine)
     full_model = model
-    if pp != 1:
+    if pp != 1 or options.pp_layer_partition is not None:
         model = most_loaded_stage(model, chosen, pp, kv_dtype, tp, options)
     allocation = chosen.allocate(model, kv_dtype=kv_dtype, tp=tp, options=options)
     capacity = None
@@ -121,6 +121,12 @@ def estimate(
             max_model_len = model.max_position_embeddings
         (max_model_len,) = positive_ints((max_model_len,), "max_model_len")
         capacity = chosen.capacity(model, kv_memory, max_model_len, kv_dtype=kv_dtype, tp=tp, options=options)
+        checked = chosen.checked_model(full_model, model, options) if pp != 1 else model
+        if checked is not model:  # the start-up check weighs the whole model against this rank's budget
+            whole = chosen.capacity(checked, kv_memory, max_model_len, kv_dtype=kv_dtype, tp=tp, options=options)
+            said = f"{chosen.name} weighs the whole model's KV against one rank's budget at start-up (vLLM 0.14-0.16):"
+            capacity = replace(capacity, fits=whole.fits, estimated_max_model_len=whole.estimated_max_model_len,
+                               notes=(*capacity.notes, said, *whole.notes))
     points = tuple(
         Point(b, b * beams, t, allocation.kv_bytes(b * beams, t), allocation.kv_bytes(b * beams, t, capped=False))
         for b in batches for t in contexts
@@ -142,7 +148,7 @@ def estimate(
 def most_loaded_stage(model: ModelSpec, engine: Engine, pp: int, kv_dtype: str, tp: int,
                       options: EngineOptions) -> ModelSpec:
     """The pipeline stage (as the engine splits layers) whose cache is largest."""
-    stages = [model.stage(rng) for rng in engine.pipeline_stages(model.num_layers, pp)]
+    stages = [model.stage(rng) for rng in engine.pipeline_stages(model.num_layers, pp, options.pp_layer_partition)]
 
     def load(stage: ModelSpec) -> tuple[int, int]:
         alloc = engine.allocate(stage, kv_dtype=kv_dtype, tp=tp, options=options)

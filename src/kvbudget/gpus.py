@@ -22,6 +22,7 @@ class GPU:
     bf16_tflops: float | None
     fp8_tflops: float | None
     source: str
+    compute_capability: str | None = None  # NVIDIA's ("9.0"); None for other vendors and custom cards
 
 
 @lru_cache(maxsize=1)
@@ -40,7 +41,7 @@ def _make(g: dict[str, Any]) -> GPU:
         memory, basis = int(g["memory_gb_nominal"] * GIB), "nominal (vendor figure, read as GiB)"
     bandwidth = g["bandwidth_gbps"] * 1e9 if g.get("bandwidth_gbps") else None
     return GPU(g["name"], g.get("vendor", ""), memory, basis, bandwidth, g.get("bf16_tflops") or g.get("fp16_tflops"),
-               g.get("fp8_tflops"), g["source"])
+               g.get("fp8_tflops"), g["source"], g.get("compute_capability"))
 
 
 def _key(text: str) -> str:
@@ -52,7 +53,7 @@ def custom_gpu(memory_bytes: int, like: GPU | None = None) -> GPU:
     if like is None:
         return GPU("custom", "", memory_bytes, "given", None, None, None, "given memory")
     return GPU(like.name, like.vendor, memory_bytes, "given", like.bandwidth_bytes_per_s, like.bf16_tflops,
-               like.fp8_tflops, f"{like.source}; memory given")
+               like.fp8_tflops, f"{like.source}; memory given", like.compute_capability)
 
 
 def find_gpu(name: str) -> GPU:

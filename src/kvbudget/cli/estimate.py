@@ -45,6 +45,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    options = engine_options(args)  # first: it reads the release off --engine NAME@VERSION
     counted, counted_note = counted_context(args, "--context")
     result = estimate(
         load_model(args.model),
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         context=(counted,) if counted else parse_positive_ints(args.context, "--context") if args.context else None,
         beams=one(args.beams, "--beams"),
         tp=one(args.tp, "--tp"),
-        options=engine_options(args),
+        options=options,
         kv_memory=size(args.kv_memory, "--kv-memory"),
         max_model_len=optional_one(args.max_model_len, "--max-model-len"),
         pp=one(args.pp, "--pp"),

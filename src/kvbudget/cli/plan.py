@@ -16,6 +16,7 @@ from kvbudget.cli.common import (
     console,
     counted_context,
     engine_options,
+    engine_release,
     flag,
     one,
     optional_one,
@@ -23,6 +24,7 @@ from kvbudget.cli.common import (
     size_or_zero,
     write_atomically,
 )
+from kvbudget.engines import EngineOptions
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.load import load_model
 from kvbudget.units import format_bytes
@@ -67,6 +69,7 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvbudget.planner import guard_config_yaml, plan
 
+    options = engine_options(args)  # first: it reads the release off --engine NAME@VERSION
     counted, counted_note = counted_context(args, "--max-model-len")
     util = None
     if args.utilization is not None:
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         gpus=optional_one(args.gpus, "--gpus"), tp=one(args.tp, "--tp"), pp=one(args.pp, "--pp"),
         kv_dtype=args.kv_dtype, max_model_len=counted or optional_one(args.max_model_len, "--max-model-len"),
         concurrency=one(args.concurrency, "--concurrency"), beams=one(args.beams, "--beams"),
-        options=engine_options(args), weights=size(args.weights, "--weights"),
+        options=options, weights=size(args.weights, "--weights"),
         activation=size_or_zero(args.activation, "--activation"),
         overhead=size_or_zero(args.overhead, "--overhead"), utilization=util,
         kv_memory=size(args.kv_memory, "--kv-memory"),
@@ -154,9 +157,10 @@ def run_compare(args: argparse.Namespace) -> int:
 
     if len(args.models) < 2:
         raise KVBudgetError("compare: name at least two models")
+    release = engine_release(args)
     rows = compare([load_model(m) for m in args.models], engine=args.engine, gpu=args.gpu,
                    gpu_memory=size(args.gpu_memory, "--gpu-memory"), context=one(args.context, "--context"),
-                   kv_dtype=args.kv_dtype)
+                   kv_dtype=args.kv_dtype, options=EngineOptions(engine_version=release))
     if args.json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
         return 0

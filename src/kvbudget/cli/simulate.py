@@ -178,6 +178,9 @@ def _positive(text: str, what: str) -> float:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     options = engine_options(args)
+    if options.engine_version or options.attention_backend or options.pp_layer_partition:
+        raise KVBudgetError("simulate follows vLLM 0.32's scheduler and allocator on one rank: --engine vllm@VERSION, "
+                            "--attention-backend and --pp-layer-partition are for estimate and plan")
     return {"engine": args.engine, "gpu": args.gpu, "gpu_memory": size(args.gpu_memory, "--gpu-memory"),
             "kv_memory": size(args.kv_memory, "--kv-memory"), "num_blocks": optional_one(args.num_blocks,
                                                                                           "--num-blocks"),

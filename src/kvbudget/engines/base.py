@@ -37,6 +37,10 @@ class EngineOptions:
     # vLLM's hybrid KV cache manager (on since 0.9; --disable-hybrid-kv-cache-manager turns it off): without it
     # sliding-window and chunked layers are sized as full attention
     hybrid_allocator: bool = True
+    engine_version: tuple[int, int] | None = None  # the release modelled, (major, minor); None: the newest
+    attention_backend: str | None = None  # vLLM's MLA backend (FLASHMLA, TRITON_MLA, ...); None: its choice
+    compute_capability: str | None = None  # the GPU's ("9.0"), where the engine's choices depend on it
+    pp_layer_partition: tuple[int, ...] | None = None  # layers per pipeline stage (vLLM's VLLM_PP_LAYER_PARTITION)
 
 
 @dataclass(frozen=True)
@@ -262,13 +266,27 @@ class Engine:
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
         raise NotImplementedError
 
-    def pipeline_stages(self, num_layers: int, pp: int) -> list[range]:
+    def pipeline_stages(self, num_layers: int, pp: int, partition: tuple[int, ...] | None = None) -> list[range]:
         """Layers per pipeline stage; engines that do not split layers this way refuse pp > 1."""
         check_positive(pp, "pp", "pipeline parallel size")
+        if partition is not None:
+            raise EngineRuleError(f"pp_layer_partition: {self.name} takes no layer partition (vLLM's "
+                                  "VLLM_PP_LAYER_PARTITION)", param="pp_layer_partition")
         if pp != 1:
             raise EngineRuleError(f"pp: kvbudget models pipeline parallelism for engines that split layers into "
                                   f"stages, not {self.name}", param="pp")
         return [range(num_layers)]
+
+    def parse_release(self, version: str) -> tuple[int, int]:
+        """EngineOptions.engine_version for `version` ("0.8.5"); engines that model one release refuse others."""
+        raise EngineRuleError(f"engine_version {version}: kvbudget models one release of {self.name}; give the "
+                              "engine without a version", param="engine_version")
+
+    def checked_model(self, model: ModelSpec, stage: ModelSpec, options: EngineOptions = EngineOptions()
+                      ) -> ModelSpec:
+        """What the engine's start-up check weighs against one rank's budget under pipeline parallelism: the
+        rank's own `stage` (vLLM 0.14-0.16 weighed the whole `model`)."""
+        return stage
 
     # --- serving ------------------------------------------------------------------------------------
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
@@ -322,14 +340,20 @@ def largest_fitting(ok: Callable[[int], bool], upper: int) -> int:
     return lo
 
 
-def layer_stages(num_layers: int, pp: int) -> list[range]:
+def layer_stages(num_layers: int, pp: int, partition: tuple[int, ...] | None = None) -> list[range]:
     """Layers per pipeline stage, as vLLM's get_pp_indices splits them (SGLang's split is the same): L // pp
-    each, the remainder going one by one to the stages before the last, starting from the second to last."""
+    each, the remainder going one by one to the stages before the last, starting from the second to last; or
+    `partition`, the layers of each stage in order (vLLM's VLLM_PP_LAYER_PARTITION, checked as vLLM does)."""
     check_positive(pp, "pp", "pipeline parallel size")
     if pp > num_layers:
         raise EngineRuleError(f"pp {pp}: the model has only {num_layers} layers to split", param="pp")
-    sizes = [num_layers // pp] * pp
-    for i in range(2, num_layers % pp + 2):
+    if partition is not None:
+        if len(partition) != pp or any(n <= 0 for n in partition) or sum(partition) != num_layers:
+            raise EngineRuleError(f"pp_layer_partition {','.join(map(str, partition))}: give {pp} positive layer "
+                                  f"counts (one per pipeline stage) that add up to the model's {num_layers} layers",
+                                  param="pp_layer_partition")
+    sizes = list(partition) if partition is not None else [num_layers // pp] * pp
+    for i in range(2, (num_layers % pp + 2) if partition is None else 2):
         sizes[-i] += 1
     starts = [sum(sizes[:i]) for i in range(pp)]
     return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]

@@ -36,7 +36,7 @@ from kvbudget.engines.base import (
     serving_kv_dtype,
 )
 from kvbudget.engines.metrics import first_gauge
-from kvbudget.errors import BudgetError, KVBudgetError, UnsupportedArchitectureError
+from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
     Attention,
     FullAttention,
@@ -121,7 +121,10 @@ class SGLangEngine(Engine):
                 v_bytes += dtype.bytes_for(v)
         return k_bytes, v_bytes
 
-    def pipeline_stages(self, num_layers: int, pp: int) -> list[range]:
+    def pipeline_stages(self, num_layers: int, pp: int, partition: tuple[int, ...] | None = None) -> list[range]:
+        if partition is not None:
+            raise EngineRuleError("pp_layer_partition: SGLang splits layers evenly; a partition is vLLM's "
+                                  "(VLLM_PP_LAYER_PARTITION)", param="pp_layer_partition")
         return layer_stages(num_layers, pp)
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),

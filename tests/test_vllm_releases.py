@@ -1,0 +1,190 @@
+"""vLLM releases: what each era allocated, reported and checked (engines/vllm_releases.py), and the per-rank
+truth under pipeline parallelism (layer partitions, the smallest rank, the whole-model check of 0.14-0.16).
+
+Expected figures are worked from the formulas in each release's source (cited in vllm_releases.py), not from
+kvbudget's output."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvbudget import estimate, load_model, plan
+from kvbudget.cli import main
+from kvbudget.engines import ENGINES, EngineOptions
+from kvbudget.engines.base import layer_stages
+from kvbudget.engines.vllm_releases import Release, parse_release
+from kvbudget.errors import EngineRuleError
+from kvbudget.units import GIB, cdiv
+
+VLLM = ENGINES["vllm"]
+
+
+def opts(version: tuple[int, int] | None = None, **kw: object) -> EngineOptions:
+    return EngineOptions(engine_version=version, **kw)  # type: ignore[arg-type]
+
+
+def test_v0_before_mla_pads_deepseek_heads_to_256_and_has_no_null_block():
+    """vLLM 0.6 (V0): a block is 16 tokens x 27 layers x (K + V) x 16 heads x 256 (192 padded) x bf16; GPU blocks
+    = budget // block, CPU blocks = 4 GiB // block; it refuses when the blocks hold fewer than max_model_len."""
+    lite = load_model("deepseek-v2-lite")
+    block = 16 * 27 * 2 * 16 * 256 * 2
+    budget = 10 * GIB
+    cap = VLLM.capacity(lite, budget, 32768, options=opts((0, 6)))
+    assert cap.block_size == 16 and cap.num_blocks == budget // block
+    slots = budget // block * 16
+    assert cap.physical_token_slots == cap.kv_cache_tokens == slots
+    assert cap.max_concurrency == pytest.approx(slots / 32768)
+    assert not cap.fits and cap.estimated_max_model_len == slots
+    assert any(f"# CPU blocks: {4 * GIB // block}" in n for n in cap.notes)
+    assert any(f"maximum number of tokens that can be stored in KV cache ({slots})" in n for n in cap.notes)
+    # exactly enough blocks for one request fits in V0 (no null block) but not in V1
+    exact = cdiv(4096, 16) * block
+    assert VLLM.capacity(lite, exact, 4096, options=opts((0, 6))).fits
+
+
+def test_v0_mla_aligns_the_latent_to_256_bytes():
+    """vLLM 0.7 (V0 with MLA): one entry of 512 + 64 values x bf16 = 1,152 B, aligned to 1,280 B per token and
+    layer (cache_engine.py align_to_256bytes)."""
+    lite = load_model("deepseek-v2-lite")
+    assert VLLM.allocate(lite, options=opts((0, 7))).bytes_per_token == 27 * 1280
+    assert VLLM.allocate(lite).bytes_per_token == 27 * 1152  # V1: no alignment
+
+
+@pytest.mark.parametrize(("version", "capability", "kv", "block"), [
+    ((0, 7), "9.0", "auto", 16),  # before FlashMLA
+    ((0, 8), "9.0", "auto", 64),  # FlashMLA on Hopper
+    ((0, 8), "8.9", "auto", 16),  # Triton MLA on an L4
+    ((0, 12), "10.0", "auto", 128),  # CUTLASS MLA on Blackwell
+    ((0, 16), "10.0", "auto", 64),  # FlashInfer MLA (qk_nope_head_dim 128)
+    ((0, 18), "9.0", "auto", 16),  # FlashAttention MLA's preferred 16
+    ((0, 32), "9.0", "fp8", 64),  # FlashAttention MLA stores no fp8: FlashMLA
+    ((0, 32), "10.0", "auto", 32),  # FlashInfer MLA's smallest
+    ((0, 32), "12.0", "auto", 16),  # Triton MLA on an RTX 5090
+])
+def test_mla_block_size_follows_the_release_and_the_gpu(version, capability, kv, block):
+    v3 = load_model("deepseek-v3")
+    cap = VLLM.capacity(v3, 40 * GIB, 16384, kv_dtype=kv, options=opts(version, compute_capability=capability))
+    assert cap.block_size == block
+    entry = 576 * (1 if kv == "fp8" else 2)
+    if version < (0, 8):  # V0 aligns each token's entry to 256 bytes
+        entry = cdiv(entry, 256) * 256
+    assert cap.num_blocks == 40 * GIB // (block * 61 * entry)
+
+
+def test_an_mla_backend_given_wins_and_an_unknown_one_is_refused():
+    v3 = load_model("deepseek-v3")
+    assert VLLM.capacity(v3, GIB, 4096, options=opts(attention_backend="CUTLASS_MLA")).block_size == 128
+    assert VLLM.capacity(v3, GIB, 4096, options=opts((0, 17), attention_backend="FLASHINFER_MLA")).block_size == 64
+    with pytest.raises(EngineRuleError, match="FLASH_ATTN"):
+        VLLM.capacity(v3, GIB, 4096, options=opts(attention_backend="FLASH_ATTN"))
+
+
+def test_the_plan_takes_the_mla_block_size_from_the_gpu():
+    v2 = load_model("deepseek-v2-lite")
+    on_h100 = plan(v2, engine="vllm", gpu="H100-80GB", max_model_len=8192, options=opts((0, 8)))
+    on_a100 = plan(v2, engine="vllm", gpu="A100-80GB", max_model_len=8192, options=opts((0, 8)))
+    assert on_h100.capacity.block_size == 64
+    assert on_a100.capacity.block_size == 16
+
+
+def test_before_0_9_sliding_windows_are_sized_as_full():
+    gemma = load_model("gemma-2-9b")
+    old = VLLM.capacity(gemma, 8 * GIB, 8192, options=opts((0, 8)))
+    new = VLLM.capacity(gemma, 8 * GIB, 8192, options=opts((0, 9)))
+    per_token_all_layers = 42 * 2 * 8 * 256 * 2
+    assert old.num_blocks == 8 * GIB // (16 * per_token_all_layers)
+    assert new.max_concurrency > old.max_concurrency
+
+
+def test_the_token_count_is_slots_up_to_0_19_and_concurrency_from_0_20():
+    gpt = load_model("gpt-oss-20b")  # sliding + full groups: the two counts differ
+    old = VLLM.capacity(gpt, 8 * GIB, 32768, options=opts((0, 19)))
+    new = VLLM.capacity(gpt, 8 * GIB, 32768, options=opts((0, 20)))
+    assert old.kv_cache_tokens == old.physical_token_slots
+    assert new.kv_cache_tokens == int(new.max_concurrency * 32768) != new.physical_token_slots
+
+
+def test_the_null_block_enters_the_start_up_check_from_0_29():
+    llama = load_model("llama-3.1-8b")
+    block = 16 * 32 * 2 * 8 * 128 * 2
+    budget = cdiv(8192, 16) * block  # exactly one request's blocks
+    assert VLLM.capacity(llama, budget, 8192, options=opts((0, 28))).fits
+    assert not VLLM.capacity(llama, budget, 8192, options=opts((0, 29))).fits
+
+
+def test_gpu_memory_utilization_default_by_release():
+    llama = load_model("llama-3.1-8b")
+
+    def share(p: object) -> str:
+        return next(t.name for t in p.stack if t.key == "share")  # type: ignore[attr-defined]
+
+    assert share(plan(llama, engine="vllm", gpu="L4", max_model_len=4096, options=opts((0, 19)))) == \
+        "engine share (0.9)"
+    assert share(plan(llama, engine="vllm", gpu="L4", max_model_len=4096)) == "engine share (0.92)"
+
+
+def test_layer_partitions_are_checked_as_vllm_checks_them():
+    assert layer_stages(48, 2, (16, 32)) == [range(0, 16), range(16, 48)]
+    assert layer_stages(10, 4) == [range(0, 2), range(2, 5), range(5, 8), range(8, 10)]
+    for bad in ((16, 31), (48,), (0, 48)):
+        with pytest.raises(EngineRuleError, match="pp_layer_partition"):
+            layer_stages(48, 2, bad)
+    with pytest.raises(EngineRuleError, match="partition"):
+        ENGINES["sglang"].pipeline_stages(48, 2, (16, 32))
+
+
+def test_pipeline_capacity_is_the_most_loaded_rank_and_0_15_weighs_the_whole_model():
+    """Qwen3-30B-A3B over two stages of 16 and 32 layers, 3.18 GiB per rank, 262,144 tokens: every rank gets the
+    blocks of the 32-layer one; vLLM 0.15 checked all 48 layers against the budget (vllm issue #34076)."""
+    model = load_model("qwen3-30b-a3b")
+    budget, max_len = int(3.18 * GIB), 262144
+    per_layer = 16 * 4 * 128 * 2 * 2  # a block's page per layer
+    new = estimate(model, engine="vllm", pp=2, options=opts(pp_layer_partition=(16, 32)), kv_memory=budget,
+                   max_model_len=max_len)
+    assert new.capacity.num_blocks == budget // (32 * per_layer)
+    assert new.capacity.estimated_max_model_len == (budget - 32 * per_layer) // (32 * per_layer) * 16
+    old = estimate(model, engine="vllm", pp=2, options=opts((0, 15), pp_layer_partition=(16, 32)),
+                   kv_memory=budget, max_model_len=max_len)
+    assert old.capacity.num_blocks == new.capacity.num_blocks
+    assert old.capacity.estimated_max_model_len == budget // (48 * per_layer) * 16
+    assert any("whole model" in n for n in old.notes)
+
+
+def test_check_log_takes_the_smallest_rank_budget():
+    text = ("(Worker_TP0 pid=1) INFO [gpu_worker.py:298] Available KV cache memory: 9.00 GiB\n"
+            "(Worker_TP1 pid=2) INFO [gpu_worker.py:298] Available KV cache memory: 7.50 GiB\n"
+            "INFO [kv_cache_utils.py:1319] GPU KV cache size: {tokens:,} tokens\n"
+            "INFO [kv_cache_utils.py:1324] Maximum concurrency for 32,768 tokens per request: 1.00x\n")
+    page = 16 * 48 * 4 * 128 * 2 * 2  # Qwen2.5-14B-like 48 x 8 KV heads over TP 2
+    tokens = int(7.50 * GIB) // page * 16
+    result = VLLM.check_log(text.replace("{tokens:,}", f"{tokens:,}"), load_model("qwen3-30b-a3b"),
+                            {"tp": 1, "engine_version": "0.19"})
+    budget_row = result.rows[0]
+    assert budget_row.logged == "7.50 GiB" and "smallest of 2" in budget_row.note
+
+
+def test_parse_release_and_the_cli_refuse_what_is_not_modelled(capsys):
+    assert parse_release("v0.8.5") == (0, 8) and parse_release("0.15.2rc1.dev93") == (0, 15)
+    with pytest.raises(EngineRuleError):
+        parse_release("0.4.3")
+    with pytest.raises(EngineRuleError):
+        parse_release("latest")
+    assert Release((0, 15)).whole_model_check and not Release((0, 17)).whole_model_check
+    for argv in (["estimate", "llama-3.1-8b", "--engine", "llamacpp@b5000"],
+                 ["estimate", "llama-3.1-8b", "--engine", "vllm@0.3"],
+                 ["estimate", "llama-3.1-8b", "--engine", "vllm", "--pp", "2", "--pp-layer-partition", "10,10"],
+                 ["simulate", "llama-3.1-8b", "--engine", "vllm@0.8", "--rate", "1", "--kv-memory", "1GiB"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_estimate_cli_with_a_release(capsys):
+    assert main(["estimate", "deepseek-v2-lite", "--engine", "vllm@0.6", "--kv-memory", "10GiB",
+                 "--max-model-len", "32768", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    block = 16 * 27 * 2 * 16 * 256 * 2
+    assert data["capacity"]["num_blocks"] == 10 * GIB // block
+    assert data["bytes_per_token"] == 27 * 2 * 16 * 256 * 2
