@@ -48,7 +48,7 @@ def test_deepseek_v32_on_vllm_is_one_group_whose_block_holds_both_pages():
         budget // (64 * 61 * 576 * 2)
 
 
-@pytest.mark.parametrize("engine", ["llamacpp", "sglang", "tgi"])
+@pytest.mark.parametrize("engine", ["llamacpp", "tgi"])
 def test_engines_without_an_indexer_model_refuse_deepseek_v32(engine):
     with pytest.raises(UnsupportedArchitectureError, match="indexer"):
         kvbudget.estimate(parse_config(_deepseek_v32(), "ds32"), engine=engine, batch=[1], context=[1024])
@@ -161,3 +161,15 @@ def test_check_log_under_an_old_version_names_the_window_sizing():
     result = check_log(text, model, {"engine_version": "0.8.5"})
     assert not result.all_match
     assert any(c.startswith("vLLM >= 0.20") for c in result.causes)
+
+
+def test_sglang_keeps_deepseek_v32_in_its_nsa_pool():
+    """SGLang's NSATokenToKVPool (memory_pool.py, 0.5.3): 64-token pages; fp8: a 656-byte latent row (512 fp8 + 4
+    float32 scales + 64 bf16 rope) and 132 bytes of indexer keys per token and layer; bf16: 576 x 2 + 132."""
+    spec = parse_config(_deepseek_v32(), "ds32")
+    sglang = ENGINES["sglang"]
+    fp8 = sglang.allocate(spec, kv_dtype="fp8")
+    assert fp8.bytes_per_token == 61 * (656 + 132) and {g.block_size for g in fp8.groups} == {64}
+    assert sglang.allocate(spec).bytes_per_token == 61 * (576 * 2 + 132)
+    on_b200 = sglang.allocate(spec, options=EngineOptions(compute_capability="10.0"))
+    assert on_b200.kv_dtype.name.startswith("fp8")  # SGLang sets fp8 for NSA on Blackwell

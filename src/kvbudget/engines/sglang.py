@@ -7,14 +7,18 @@ memory_pool.py); not run here (no CPU build), so every SGLang figure is labelled
 - `max_total_num_tokens = kv_memory // cell`, rounded down to the page size (default 1);
 - Gemma-2/3, gpt-oss and Mistral-style windows are cached in full (its hybrid SWA pool is off for them);
   we treat every window that way;
-- Mamba / gated-delta-net state in float32 with kernel - 1 conv columns, one slot per running request.
+- Mamba / gated-delta-net state in float32 with kernel - 1 conv columns, one slot per running request;
+- DeepSeek-V3.2 (NSA pool, mem_cache/memory_pool.py of 0.5.3): pages of 64; an fp8 latent row of 656 bytes
+  (512 fp8 + 4 float32 scales + 64 bf16 rope values) or the bf16 576; beside it the indexer keys, 128 fp8 + a
+  float32 scale per 128 = 132 bytes per token and layer; SGLang makes the cache fp8 on compute capability 10.x
+  (server_args.py). Buffers hold `size + page_size` rows.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvbudget.dtypes import KVDtype, get_dtype
@@ -70,11 +74,19 @@ class SGLangEngine(Engine):
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
-        dtype = serving_kv_dtype(model, kv_dtype, tp, "SGLang", "auto, bf16, fp16, fp32 and fp8")
-        page = options.block_size or 1
+        dtype = self._dtype(model, kv_dtype, tp, options)
+        page = options.block_size or (NSA_PAGE if _nsa(model) else 1)
         act = get_dtype(model.dtype)
-        groups = group_layers(_cell(layer, dtype, act, tp, model.name, page) for layer in model.layers)
-        return Allocation(self.name, model.name, dtype, tp, groups, exact=False, notes=(SOURCE_NOTE,))
+        groups = group_layers(_cell(layer, dtype, act, tp, model.name, page, _nsa(model)) for layer in model.layers)
+        notes = (SOURCE_NOTE,) + ((f"DeepSeek sparse attention (NSA): pages of {NSA_PAGE}; SGLang makes the cache "
+                                   "fp8 on compute capability 10.x",) if _nsa(model) else ())
+        return Allocation(self.name, model.name, dtype, tp, groups, exact=False, notes=notes)
+
+    def _dtype(self, model: ModelSpec, kv_dtype: str, tp: int, options: EngineOptions) -> KVDtype:
+        if kv_dtype == "auto" and _nsa(model) and options.compute_capability and \
+                int(options.compute_capability.split(".")[0]) >= 10:
+            kv_dtype = "fp8"  # server_args.py: "Setting KV cache dtype to fp8." for NSA on Blackwell
+        return serving_kv_dtype(model, kv_dtype, tp, "SGLang", "auto, bf16, fp16, fp32 and fp8")
 
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
@@ -110,16 +122,22 @@ class SGLangEngine(Engine):
         estimated = max(min(int(tokens / context_len * 512), 4096), 2048)
         return chunk, min(estimated, tokens // 2)
 
-    def kv_buffers(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1) -> tuple[int, int]:
-        """Bytes per token of SGLang's K buffer and of its V buffer on one rank (MLA: latent, rope key)."""
-        dtype = serving_kv_dtype(model, kv_dtype, tp, "SGLang", "auto, bf16, fp16, fp32 and fp8")
-        k_bytes = v_bytes = 0
+    def kv_buffers(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
+                   options: EngineOptions = EngineOptions()) -> tuple[int, int, int]:
+        """Bytes per token of SGLang's K buffer, its V buffer and its indexer-key buffer on one rank (MLA: latent
+        and rope key; an fp8 NSA latent row of 656 bytes holds both)."""
+        dtype = self._dtype(model, kv_dtype, tp, options)
+        k_bytes = v_bytes = index_bytes = 0
         for layer in model.layers:
-            if isinstance(layer, (Attention, LatentAttention)):  # MLA: the latent in K, the rope key in V
+            if isinstance(layer, LatentAttention) and _nsa(model) and dtype.name.startswith("fp8"):
+                k_bytes += NSA_FP8_ROW
+            elif isinstance(layer, (Attention, LatentAttention)):  # MLA: the latent in K, the rope key in V
                 k, v = layer.kv_values(tp, model.name)
                 k_bytes += dtype.bytes_for(k)
                 v_bytes += dtype.bytes_for(v)
-        return k_bytes, v_bytes
+            elif isinstance(layer, IndexerKeys):
+                index_bytes += _index_row(layer)
+        return k_bytes, v_bytes, index_bytes
 
     def pipeline_stages(self, num_layers: int, pp: int, partition: tuple[int, ...] | None = None) -> list[range]:
         if partition is not None:
@@ -141,7 +159,8 @@ class SGLangEngine(Engine):
 
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         """SGLang prints its pool in tokens and the buffer sizes per rank ("GB" meaning GiB): K and V apart for
-        multi-head pools, one "KV size" for MLA pools (latent and rope key in one buffer)."""
+        multi-head pools, one "KV size" for MLA pools (latent and rope key in one buffer; for DeepSeek-V3.2 the
+        indexer keys too since October 2025, sglang PR #11309). Buffers hold `tokens + page_size` rows."""
         split = re.search(r"#tokens: (\d+), K size: ([\d.]+) GB, V size: ([\d.]+) GB", text)
         joint = re.search(r"#tokens: (\d+), KV size: ([\d.]+) GB", text)
         if not (split or joint):
@@ -151,17 +170,19 @@ class SGLangEngine(Engine):
         tokens = int((split or joint).group(1))  # type: ignore[union-attr]
         tp_text = t.group(1) if (t := re.search(r"(?:--tp(?:-size)?|tp_size=)[ =]?(\d+)", text)) else None
         tp = int(given.get("tp") or tp_text or 1)
-        dtype_text = d.group(1) if (d := re.search(r"--kv-cache-dtype[ =](\w+)", text)) else None
+        dtype_text = d.group(1) if (d := re.search(r"--kv-cache-dtype[ =](\w+)", text)) else (
+            "fp8" if "Setting KV cache dtype to fp8" in text else None)
         dtype = str(given.get("kv_cache_dtype") or dtype_text or "auto")
         assumed = {k: v for k, v, found in (("tp", 1, given.get("tp") or tp_text),
                                             ("kv_cache_dtype", "auto", given.get("kv_cache_dtype") or dtype_text))
                    if not found}
-        k_bytes, v_bytes = self.kv_buffers(model, dtype, tp)
+        k_bytes, v_bytes, index_bytes = self.kv_buffers(model, dtype, tp)
+        rows_held = tokens + (NSA_PAGE if _nsa(model) else 1)  # buffers keep a page (page size 1: a row) more
         note = "SGLang's 'GB' are GiB"
 
-        def row(label: str, logged: str, per_token: int) -> LogRow:
-            ours = f"{tokens * per_token / GIB:.2f}"
-            return LogRow(label, f"{logged} GB", f"{ours} GiB", f"{float(logged):.2f}" == ours, note)
+        def row(label: str, logged: str, per_token: int, why: str = note) -> LogRow:
+            ours = f"{rows_held * per_token / GIB:.2f}"
+            return LogRow(label, f"{logged} GB", f"{ours} GiB", f"{float(logged):.2f}" == ours, why)
 
         pool = LogRow("pool (tokens)", f"{tokens:,}", "-", True, "read from the log; kvbudget checks its buffer sizes")
         buffers: tuple[LogRow, ...]
@@ -169,17 +190,43 @@ class SGLangEngine(Engine):
             buffers = (row("K buffer per rank", split.group(2), k_bytes),
                        row("V buffer per rank", split.group(3), v_bytes))
         else:
-            buffers = (row("KV buffer per rank", joint.group(2), k_bytes + v_bytes),)  # type: ignore[union-attr]
-        rows = (pool, *buffers, LogRow("KV memory per rank", "-", f"{tokens * (k_bytes + v_bytes) / GIB:.2f} GiB",
-                                       True, "the budget this pool implies"))
+            logged = joint.group(2)  # type: ignore[union-attr]
+            buffers = (row("KV buffer per rank", logged, k_bytes + v_bytes),)
+            if index_bytes:  # the log counts the indexer keys from PR #11309 on
+                with_index = row("KV buffer per rank", logged, k_bytes + v_bytes + index_bytes,
+                                 note + "; with the indexer keys (SGLang after PR #11309, October 2025)")
+                buffers = (with_index,) if with_index.matches else (replace(
+                    buffers[0], note=note + "; without the indexer keys (SGLang <= 0.5.3)"),)
+        total = k_bytes + v_bytes + index_bytes
+        rows = (pool, *buffers, LogRow("KV memory per rank", "-", f"{rows_held * total / GIB:.2f} GiB", True,
+                                       "the budget this pool implies" + (", indexer keys included" if index_bytes
+                                                                         else "")))
         settings = {k: v for k, v in (("tp", tp), ("kv_cache_dtype", dtype)) if k not in assumed}
         return LogCheck("sglang", None, settings, rows, assumed)
 
 
-def _cell(layer: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str, page: int) -> CacheGroup | None:
+NSA_PAGE = 64  # SGLang forces 64-token pages for DeepSeek's sparse attention (server_args.py)
+NSA_FP8_ROW = 656  # an fp8 NSA latent row: 512 fp8 values, 4 float32 scales, 64 bf16 rope values
+INDEX_QUANT_BLOCK = 128
+
+
+def _nsa(model: ModelSpec) -> bool:
+    return any(isinstance(layer, IndexerKeys) for layer in model.layers)
+
+
+def _index_row(layer: IndexerKeys) -> int:
+    """Bytes per token of one layer's indexer keys: fp8 values and a float32 scale per 128 (memory_pool.py)."""
+    return layer.dim + layer.dim // INDEX_QUANT_BLOCK * 4
+
+
+def _cell(layer: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str, page: int,
+          nsa: bool) -> CacheGroup | None:
     if isinstance(layer, IndexerKeys):
-        raise UnsupportedArchitectureError(f"{where}: kvbudget does not model SGLang's sparse-attention indexer "
-                                           "cache yet; use the vllm or hf engine")
+        return CacheGroup(layer.kind, 1, _index_row(layer), None, 0, f"indexer key {layer.dim} x fp8 + float32 scale "
+                          f"per {INDEX_QUANT_BLOCK} = {_index_row(layer)} B, every rank", page)
+    if isinstance(layer, LatentAttention) and nsa and dtype.name.startswith("fp8"):
+        return CacheGroup(layer.kind, 1, NSA_FP8_ROW, None, 0, f"fp8 latent {layer.latent_dim} + 4 float32 scales + "
+                          f"rope {layer.rope_dim} x bf16 = {NSA_FP8_ROW} B, every rank", page)
     if isinstance(layer, Attention):
         k, v = layer.kv_values(tp, where)
         detail = layer.describe(tp, where, dtype.name) + (

@@ -408,7 +408,7 @@ class VLLMEngine(Engine):
 
         mla = any(s.kind == "mla" for s in specs)
         notes: tuple[str, ...] = ()
-        block = options.block_size or DEFAULT_BLOCK_SIZE[options.device]
+        block = options.block_size or (16 if rel.v0 else DEFAULT_BLOCK_SIZE[options.device])  # V0: 16 (no IPEX)
         if mla and options.device == "cpu":
             if options.block_size is not None and block != CPU_MLA_BLOCK_SIZE:
                 raise EngineRuleError(f"block_size {block}: vLLM's MLA backend on cpu needs {CPU_MLA_BLOCK_SIZE}",
@@ -583,7 +583,7 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
         raise KVBudgetError("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens', "
                             "'max_seq_len=' or 'max_model_len'); give max_model_len")
     max_len = int(pick("max_model_len", max_len_text, 0))  # type: ignore[call-overload]
-    cpu = bool(re.search(r"CPU KV cache size|device_config=cpu", text))
+    cpu = bool(re.search(r"CPU KV cache size|device_config=cpu|VLLM_CPU_KVCACHE_SPACE", text))
     read["device"] = "cpu" if cpu else "cuda"
     tp = int(pick("tp", _setting(text, "tensor_parallel_size"), 1))  # type: ignore[call-overload]
     pp = int(pick("pp", _setting(text, "pipeline_parallel_size"), 1))  # type: ignore[call-overload]
@@ -593,7 +593,7 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
     mnbt_text = _setting(text, "max_num_batched_tokens")
     mnbt = pick("max_num_batched_tokens", mnbt_text, None)
     version_text = (given.get("engine_version") or
-                    (m.group(1) if (m := re.search(r"LLM engine \(v([\d.]+)", text) or
+                    (m.group(1) if (m := re.search(r"LLM engine \(v(\d+\.\d+(?:\.\d+)?)", text) or
                                     re.search(r"vLLM (?:API server )?version:? v?(\d+\.\d+[\d.]*)", text)) else None))
     version = parse_release(str(version_text)) if version_text else None
     if version_text:
@@ -653,6 +653,21 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
     budget_from_refusal = not budgets and refusal is not None
     if budget_from_refusal and refusal:
         budgets = [refusal.group(3)]
+    if not budgets and st.device == "cpu":  # the CPU backend's budget is VLLM_CPU_KVCACHE_SPACE (GiB), 4 unset
+        space = re.search(r"VLLM_CPU_KVCACHE_SPACE[= ]['\"]?(\d+)", text)
+        budgets = [space.group(1) if space else "4"]
+        if not space:
+            assumed["VLLM_CPU_KVCACHE_SPACE"] = "4 GiB (vLLM's default when unset)"
+    cpu_blocks = re.search(r"# CPU blocks: (\d+)", text)
+    if (cpu_blocks or v0_refusal) and (st.version is None or st.version >= (0, 8)):
+        # only V0 printed CPU (swap) blocks and this refusal; 0.8-0.10 still ran V0 on request (and on CPUs)
+        if st.version is None:
+            assumed["engine_version"] = "V0 (< 0.8: the log prints V0's CPU blocks or refusal)"
+        else:
+            read["engine"] = "V0 (its CPU blocks or refusal)"
+        st = replace(st, version=(0, 7) if st.version else (0, 6), hybrid=False)
+    if not budgets and cpu_blocks:
+        return _v0_check_without_budget(engine, text, model, st, assumed, v0_refusal, conc, int(cpu_blocks.group(1)))
     if not budgets:
         raise KVBudgetError("check-log: the vLLM log states no KV budget ('Available KV cache memory', "
                             "'kv_cache_size=', 'Explicitly set' or a refusal naming the available memory); run vLLM "
@@ -741,6 +756,8 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
                               "vLLM V0: blocks x block size"))
             out.append(LogRow("refused: fits", "no", "yes" if high.fits else "no", not low.fits,
                               "vLLM V0: max_model_len beyond the tokens the blocks hold"))
+        if cpu_blocks and rel.v0:
+            out.append(_cpu_blocks_row(engine, model, s, int(cpu_blocks.group(1))))
         weights = re.search(r"(?:Loading model weights took|Model loading took) ([\d.]+) G", text)
         if weights:
             from kvbudget.model.weights import model_weights
@@ -779,6 +796,45 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
         settings["attention_backend"] = st.backend
     shown = {k: v for k, v in settings.items() if k not in assumed}
     return LogCheck("vllm", None, shown, tuple(rows), assumed, tuple(causes))
+
+
+def _cpu_blocks_row(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, logged: int) -> LogRow:
+    """V0's CPU blocks: its 4 GiB swap space over one block of every layer on one rank: the model's shape, the
+    tensor parallel size and the dtype, checked without the GPU budget."""
+    block = engine.layout(model, s.kv_dtype, s.tp, s.options())[0].block_bytes
+    ours = SWAP_SPACE // block
+    return LogRow("CPU blocks (4 GiB swap space)", f"{logged:,}", f"{ours:,}", logged == ours,
+                  f"4 GiB // {format_bytes(block)} per block (vLLM V0's default --swap-space)")
+
+
+def _v0_check_without_budget(engine: VLLMEngine, text: str, model: ModelSpec, st: _LogSettings, assumed: dict,
+                             v0_refusal: re.Match | None, conc: re.Match | None, cpu_blocks: int) -> LogCheck:
+    """A V0 log without its GPU budget: the CPU blocks, and what the GPU blocks it printed mean."""
+    rows = [_cpu_blocks_row(engine, model, st, cpu_blocks)]
+    gpu = re.search(r"GPU blocks: (\d+)", text)
+    block_size = engine.layout(model, st.kv_dtype, st.tp, st.options())[0].block_size
+    if gpu and v0_refusal:
+        n, held = int(v0_refusal.group(2)), int(gpu.group(1)) * block_size
+        rows.append(LogRow("refused: tokens the cache holds", f"{n:,}", f"{held:,}", n == held,
+                           f"the log's GPU blocks x {block_size} (the budget is not printed)"))
+    if gpu and conc:
+        logged, ours = conc.group(2), f"{int(gpu.group(1)) * block_size / st.max_len:.2f}"
+        rows.append(LogRow(f"max concurrency at {st.max_len:,} tokens", f"{logged}x", f"{ours}x", logged == ours,
+                           f"the log's GPU blocks x {block_size} / max_model_len"))
+    causes: tuple[str, ...] = ()
+    if not all(r.matches for r in rows):
+        alternatives = [(f"tensor parallel size {tp}, not {st.tp}", replace(st, tp=tp)) for tp in (1, 2, 4, 8)
+                        if tp != st.tp]
+        alternatives += [("the cache is fp8", replace(st, kv_dtype="fp8"))] if st.kv_dtype == "auto" else []
+        alternatives += [("vLLM 0.7 (V0 with MLA)", replace(st, version=(0, 7)))] if st.version != (0, 7) else []
+        causes = tuple(label for label, alt in alternatives
+                       if _cpu_blocks_row(engine, model, alt, cpu_blocks).matches) or (
+            "none of the known causes (tensor parallel size, dtype, MLA) makes the CPU blocks agree: check the "
+            "model and --swap-space",)
+    settings = {"max_model_len": st.max_len, "tp": st.tp, "kv_cache_dtype": st.kv_dtype}
+    shown = {k: v for k, v in settings.items() if k not in assumed}
+    assumed = {**assumed, "KV budget": "not printed: the CPU blocks are checked instead"}
+    return LogCheck("vllm", None, shown, tuple(rows), assumed, causes)
 
 
 def _needed_gib(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, options: EngineOptions) -> float:
