@@ -579,7 +579,7 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
 
     max_len_text = (conc.group(1).replace(",", "") if conc else refusal.group(1) if refusal else
                     _setting(text, "max_seq_len", "max_model_len"))
-    if max_len_text is None and given.get("max_model_len") is None:
+    if max_len_text is None and given.get("max_model_len") is None and not re.search(r"# CPU blocks: \d+", text):
         raise KVBudgetError("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens', "
                             "'max_seq_len=' or 'max_model_len'); give max_model_len")
     max_len = int(pick("max_model_len", max_len_text, 0))  # type: ignore[call-overload]
@@ -668,6 +668,9 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
         st = replace(st, version=(0, 7) if st.version else (0, 6), hybrid=False)
     if not budgets and cpu_blocks:
         return _v0_check_without_budget(engine, text, model, st, assumed, v0_refusal, conc, int(cpu_blocks.group(1)))
+    if not st.max_len:
+        raise KVBudgetError("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens', "
+                            "'max_seq_len=' or 'max_model_len'); give max_model_len")
     if not budgets:
         raise KVBudgetError("check-log: the vLLM log states no KV budget ('Available KV cache memory', "
                             "'kv_cache_size=', 'Explicitly set' or a refusal naming the available memory); run vLLM "
@@ -832,8 +835,10 @@ def _v0_check_without_budget(engine: VLLMEngine, text: str, model: ModelSpec, st
             "none of the known causes (tensor parallel size, dtype, MLA) makes the CPU blocks agree: check the "
             "model and --swap-space",)
     settings = {"max_model_len": st.max_len, "tp": st.tp, "kv_cache_dtype": st.kv_dtype}
-    shown = {k: v for k, v in settings.items() if k not in assumed}
+    shown = {k: v for k, v in settings.items() if k not in assumed and v}
     assumed = {**assumed, "KV budget": "not printed: the CPU blocks are checked instead"}
+    if not st.max_len:
+        assumed["max_model_len"] = "not in the log (these rows do not need it)"
     return LogCheck("vllm", None, shown, tuple(rows), assumed, causes)
 
 
