@@ -10,6 +10,7 @@ from typing import Any
 from kvbudget.cli.common import console
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.load import load_model
+from kvbudget.units import parse_positive_ints
 
 
 def add_parser(sub: Any) -> None:
@@ -26,6 +27,9 @@ def add_parser(sub: Any) -> None:
     given.add_argument("--pp", type=int, help="pipeline parallel size")
     given.add_argument("--kv-cache-dtype", help="auto, fp8, ...")
     given.add_argument("--max-num-batched-tokens", type=int)
+    given.add_argument("--pp-layer-partition", help="vLLM's VLLM_PP_LAYER_PARTITION, e.g. 16,32")
+    given.add_argument("--attention-backend", help="vLLM's MLA backend: FLASHMLA, CUTLASS_MLA, FLASHINFER_MLA, "
+                                                  "FLASH_ATTN_MLA, TRITON_MLA")
     chk.set_defaults(run=run)
 
 
@@ -53,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
                             "pass --model") from None
     given = {"engine_version": args.engine_version, "max_model_len": args.max_model_len, "tp": args.tp,
              "pp": args.pp, "kv_cache_dtype": args.kv_cache_dtype,
-             "max_num_batched_tokens": args.max_num_batched_tokens}
+             "max_num_batched_tokens": args.max_num_batched_tokens, "pp_layer_partition": args.pp_layer_partition,
+             "attention_backend": args.attention_backend}
+    if args.pp_layer_partition:
+        parse_positive_ints(args.pp_layer_partition, "--pp-layer-partition")
     for name in ("max_model_len", "tp", "pp", "max_num_batched_tokens"):
         if given[name] is not None and given[name] <= 0:
             raise KVBudgetError(f"--{name.replace('_', '-')}: {given[name]} is not positive")

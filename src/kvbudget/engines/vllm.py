@@ -423,6 +423,9 @@ class VLLMEngine(Engine):
         if options.block_size is not None and (block <= 0 or block % 16):
             raise EngineRuleError(f"block_size {block}: vLLM block sizes are positive multiples of 16",
                                   param="block_size")
+        if state and options.prefix_caching and not rel.hybrid_prefix_caching:
+            notes += ("vLLM < 0.26 leaves prefix caching off for hybrid models unless enabled: these figures have it "
+                      "on (--no-prefix-caching for that default)",)
         if rel.v0 and len({(s.kind, s.token_bytes, s.state_bytes) for s in specs}) > 1:
             raise UnsupportedArchitectureError(f"{model.name}: vLLM V0 (< 0.8) with layers of different kinds or "
                                                "sizes is not modelled; give a V1 release (0.8 or later)")
@@ -562,8 +565,8 @@ class _LogSettings:
                              attention_backend=self.backend, pp_layer_partition=self.partition)
 
 
-def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Match | None
-                   ) -> tuple[_LogSettings, dict, dict]:
+def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Match | None,
+                   hybrid_model: bool = False) -> tuple[_LogSettings, dict, dict]:
     read: dict = {}
     assumed: dict = {}
 
@@ -588,10 +591,6 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
     tp = int(pick("tp", _setting(text, "tensor_parallel_size"), 1))  # type: ignore[call-overload]
     pp = int(pick("pp", _setting(text, "pipeline_parallel_size"), 1))  # type: ignore[call-overload]
     kv = str(pick("kv_cache_dtype", _setting(text, "kv_cache_dtype"), "auto"))
-    prefix_text = _setting(text, "enable_prefix_caching")
-    prefix = pick("prefix_caching", None if prefix_text is None else _truthy(prefix_text), True)
-    mnbt_text = _setting(text, "max_num_batched_tokens")
-    mnbt = pick("max_num_batched_tokens", mnbt_text, None)
     version_text = (given.get("engine_version") or
                     (m.group(1) if (m := re.search(r"LLM engine \(v(\d+\.\d+(?:\.\d+)?)", text) or
                                     re.search(r"vLLM (?:API server )?version:? v?(\d+\.\d+[\d.]*)", text)) else None))
@@ -600,6 +599,14 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
         read["engine_version"] = version_text
     else:
         assumed["engine_version"] = "unknown"
+    prefix_text = _setting(text, "enable_prefix_caching")
+    no_prefix = re.search(r"--no-enable-prefix-caching\b", text)
+    # hybrid models ran without prefix caching by default before 0.26
+    prefix_default = not (hybrid_model and version is not None and not Release(version).hybrid_prefix_caching)
+    prefix = pick("prefix_caching", False if no_prefix else None if prefix_text is None else _truthy(prefix_text),
+                  prefix_default)
+    mnbt_text = _setting(text, "max_num_batched_tokens", "max_num_batched_token")
+    mnbt = pick("max_num_batched_tokens", mnbt_text, None)
     partition = None
     if pp > 1:
         part_text = given.get("pp_layer_partition") or (
@@ -647,7 +654,8 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
         raise KVBudgetError(f"check-log: the log's KV budget is negative ({m.group(1)} GiB): the weights and the "
                             "profiled activations left no memory for a cache, so there is no cache to check; raise "
                             "gpu_memory_utilization, shorten max_model_len or spread the model over more GPUs")
-    st, read, assumed = _read_settings(text, given, refusal or v0_refusal, conc)
+    st, read, assumed = _read_settings(text, given, refusal or v0_refusal, conc,
+                                       any(isinstance(layer, RecurrentState) for layer in model.layers))
 
     budgets = _rank_budgets(text)
     budget_from_refusal = not budgets and refusal is not None
@@ -671,6 +679,9 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
     if not st.max_len:
         raise KVBudgetError("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens', "
                             "'max_seq_len=' or 'max_model_len'); give max_model_len")
+    tokens_line = re.search(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens", text)
+    if not budgets and tokens_line and conc and st.version is not None:
+        return _v1_check_without_budget(engine, model, st, assumed, int(_num(tokens_line.group(1))), conc.group(2))
     if not budgets:
         raise KVBudgetError("check-log: the vLLM log states no KV budget ('Available KV cache memory', "
                             "'kv_cache_size=', 'Explicitly set' or a refusal naming the available memory); run vLLM "
@@ -691,14 +702,9 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
         extra = (engine.layout(stages[0], s.kv_dtype, s.tp, options)[0].block_bytes
                  if budget_from_refusal and rel.null_block_in_check and not rel.v0 else 0)
 
-        def cap(gib: float, whole: bool = False) -> Capacity:
-            """What the smallest rank holds (vLLM gives every rank that many blocks); `whole`: what the start-up
-            check weighs (the whole model in 0.14-0.16)."""
+        def cap(gib: float) -> Capacity:
+            """What the smallest rank holds (vLLM gives every rank that many blocks)."""
             budget = int(gib * GIB) + extra
-            if whole:
-                checked = engine.checked_model(model, stages[0], options)
-                if checked is model and s.pp > 1:
-                    return engine.capacity(model, budget, s.max_len, kv_dtype=s.kv_dtype, tp=s.tp, options=options)
             per_stage = [engine.capacity(stage, budget, s.max_len, kv_dtype=s.kv_dtype, tp=s.tp, options=options)
                          for stage in stages]
             return min(per_stage, key=lambda c: (c.num_blocks or 0, c.estimated_max_model_len or s.max_len))
@@ -735,14 +741,16 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
                               f"{lo_c}x" if lo_c == hi_c else f"{lo_c}-{hi_c}x",
                               float(lo_c) <= float(logged) <= float(hi_c), rounding))
         if refusal:
-            wlow, whigh = cap(lo, whole=True), cap(hi, whole=True)
             checked = engine.checked_model(model, stages[0], options) if s.pp > 1 else stages[0]
-            weighed = "the whole model (vLLM 0.14-0.16 under pipeline parallelism)" if (
-                checked is model and s.pp > 1) else "one request of max_model_len"
-            needed = refusal.group(2)
+            whole = checked is model and s.pp > 1
+            weighed = "the whole model (vLLM 0.14-0.16 under pipeline parallelism)" if whole else (
+                "one request of max_model_len" + (" on the first rank short of memory" if s.pp > 1 else ""))
             # each rank checks its own layers in rank order and the first short one raises (0.17 on, <= 0.13)
-            weighed_model = checked if checked is model else next(
+            weighed_model = checked if whole else next(
                 (m for m in stages if _needed_gib(engine, m, s, options) > hi), stages[0])
+            wlow, whigh = (engine.capacity(weighed_model, int(g * GIB) + extra, s.max_len, kv_dtype=s.kv_dtype,
+                                           tp=s.tp, options=options) for g in (lo, hi))
+            needed = refusal.group(2)
             ours = f"{_needed_gib(engine, weighed_model, s, options):.2f}"
             out.append(LogRow("refused: KV cache needed", f"{needed} GiB", f"{ours} GiB",
                               f"{float(needed):.2f}" == ours, weighed))
@@ -840,6 +848,47 @@ def _v0_check_without_budget(engine: VLLMEngine, text: str, model: ModelSpec, st
     if not st.max_len:
         assumed["max_model_len"] = "not in the log (these rows do not need it)"
     return LogCheck("vllm", None, shown, tuple(rows), assumed, causes)
+
+
+def _v1_blocks_rows(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, tokens: int, logged: str) -> list[LogRow]:
+    """A V1 log without its budget: the blocks its token count implies (under the release's meaning of that count)
+    and the concurrency those blocks give, beside the concurrency it printed."""
+    layout, _ = engine.layout(model, st.kv_dtype, st.tp, st.options())
+    per_request = layout.blocks_per_request(st.max_len)
+    if release(st.options()).reports_slots:  # tokens = blocks // groups x block size
+        first = tokens // layout.block_size * layout.num_groups
+        blocks = range(first, first + layout.num_groups)
+        meaning = f"blocks // {layout.num_groups} groups x {layout.block_size} (vLLM <= 0.19)"
+    else:  # tokens = int(blocks / per_request x max_len)
+        guess = tokens * per_request // st.max_len
+        blocks = range(max(guess - 2, 1), guess + 3)
+        blocks = range(min(b for b in blocks if int(b / per_request * st.max_len) == tokens) if any(
+            int(b / per_request * st.max_len) == tokens for b in blocks) else guess, 1 + max(
+            (b for b in blocks if int(b / per_request * st.max_len) == tokens), default=guess))
+        meaning = "int(concurrency x max_model_len) (vLLM >= 0.20)"
+    shown = {f"{b / per_request:.2f}" for b in blocks}
+    return [LogRow("GPU blocks (from the token count)", f"{tokens:,} tokens", _span(blocks[0], blocks[-1]), True,
+                   meaning + "; the budget is not printed"),
+            LogRow(f"max concurrency at {st.max_len:,} tokens", f"{logged}x", " / ".join(sorted(shown)) + "x",
+                   logged in shown, f"those blocks / {per_request} blocks per request")]
+
+
+def _v1_check_without_budget(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, assumed: dict, tokens: int,
+                             logged: str) -> LogCheck:
+    rows = _v1_blocks_rows(engine, model, st, tokens, logged)
+    causes: tuple[str, ...] = ()
+    if not all(r.matches for r in rows):
+        alternatives = [("prefix caching " + ("off" if st.prefix else "on"), replace(st, prefix=not st.prefix))]
+        alternatives += [(f"tensor parallel size {tp}, not {st.tp}", replace(st, tp=tp)) for tp in (1, 2, 4, 8)
+                         if tp != st.tp]
+        causes = tuple(label for label, alt in alternatives
+                       if all(r.matches for r in _v1_blocks_rows(engine, model, alt, tokens, logged))) or (
+            "none of the known causes (prefix caching, tensor parallel size) makes the rows agree",)
+    settings = {"max_model_len": st.max_len, "tp": st.tp, "kv_cache_dtype": st.kv_dtype, "prefix_caching": st.prefix,
+                "engine_version": f"{st.version[0]}.{st.version[1]}" if st.version else None}
+    shown = {k: v for k, v in settings.items() if k not in assumed}
+    return LogCheck("vllm", None, shown, tuple(rows), {**assumed, "KV budget": "not printed: the token count and "
+                                                        "the concurrency are checked against each other"}, causes)
 
 
 def _needed_gib(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, options: EngineOptions) -> float:

@@ -26,6 +26,9 @@ which agree on every point below.
   in 0.20 (config/cache.py).
 - from 0.29 the start-up check plans against the blocks left after the null block (kv_cache_utils.py "Reserve
   the null block"); before, against the whole budget.
+- prefix caching is on by default for hybrid (Mamba / linear-attention) models from 0.26; up to 0.25 they ran
+  without it unless asked (config/model.py is_prefix_caching_supported: "Hybrid models do not support prefix
+  caching since the feature is still experimental"), so their state groups held one block per request.
 """
 
 from __future__ import annotations
@@ -77,6 +80,11 @@ class Release:
     @property
     def null_block_in_check(self) -> bool:
         return self.version >= (0, 29)
+
+    @property
+    def hybrid_prefix_caching(self) -> bool:
+        """Whether prefix caching is on by default for hybrid models."""
+        return self.version >= (0, 26)
 
     @property
     def gpu_memory_utilization(self) -> float:
