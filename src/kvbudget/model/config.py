@@ -309,7 +309,7 @@ def _kimi_linear(mt: str, f: Fields) -> list[LayerSpec]:
     heads, dim = int(lin.get("num_heads") or f.int("linear_num_heads")), int(lin.get("head_dim") or
                                                                               f.int("linear_head_dim"))
     kernel = int(lin.get("short_conv_kernel_size") or f.int("linear_conv_kernel_dim"))
-    if "kda_layers" in lin and "full_attn_layers" in lin:
+    if "full_attn_layers" in lin:  # 1-based; kda_layers lists the rest
         full = {int(n) - 1 for n in lin["full_attn_layers"]}
     else:  # transformers' rule without the lists: every fourth layer after the first is MLA
         full = {i for i in range(layers) if i and i % 4 == 0}
