@@ -172,7 +172,8 @@ def test_parse_release_and_the_cli_refuse_what_is_not_modelled(capsys):
     with pytest.raises(EngineRuleError):
         parse_release("latest")
     assert Release((0, 15)).whole_model_check and not Release((0, 17)).whole_model_check
-    for argv in (["estimate", "llama-3.1-8b", "--engine", "llamacpp@b5000"],
+    for argv in (["estimate", "llama-3.1-8b", "--engine", "llamacpp@b900"],
+                 ["estimate", "llama-3.1-8b", "--engine", "llamacpp@latest"],
                  ["estimate", "llama-3.1-8b", "--engine", "vllm@0.3"],
                  ["estimate", "llama-3.1-8b", "--engine", "vllm", "--pp", "2", "--pp-layer-partition", "10,10"],
                  ["simulate", "llama-3.1-8b", "--engine", "vllm@0.8", "--rate", "1", "--kv-memory", "1GiB"]):

@@ -12,7 +12,7 @@ from typing import Any
 
 from kvbudget.engines import Capacity, Engine, EngineOptions, get_engine, serving_engines
 from kvbudget.engines.base import Serving, check_positive, largest_fitting
-from kvbudget.errors import BudgetError, KVBudgetError
+from kvbudget.errors import BudgetError, ConfigError, KVBudgetError
 from kvbudget.estimator import Estimate, estimate
 from kvbudget.gpus import GPU, custom_gpu, find_gpu
 from kvbudget.gpus import gpus as all_gpus
@@ -219,9 +219,16 @@ def plan(
         options = replace(options, compute_capability=card.compute_capability)
     serving = chosen.serving(card.memory_bytes, max_len, options, gpu_name=card.name)
     options = serving.options
-    w = model_weights(model, tp, chosen.pipeline_stages(model.num_layers, pp, options.pp_layer_partition))
+    try:
+        w = model_weights(model, tp, chosen.pipeline_stages(model.num_layers, pp, options.pp_layer_partition))
+    except ConfigError:
+        if weights is None:
+            raise
+        # a family whose parameters kvbudget cannot count: the given bytes are all there is (read in full per step)
+        w = Weights(0, 0, 0, weights * tp * pp, weights, weights * tp * pp, True,
+                    f"given (weights); {model.model_type} parameters not counted")
     if weights is not None:
-        w = replace(w, per_gpu_bytes=weights, exact=True, basis="given (weights)")
+        w = replace(w, per_gpu_bytes=weights, exact=True, basis=w.basis if w.total_params == 0 else "given (weights)")
     stack, kv_budget = _budget(model, serving, card, w, activation, overhead, utilization)
     if kv_memory is not None:
         stack = (stack[0], Term("kv", "KV budget (given)", kv_memory, False, "given (kv_memory)"))
@@ -297,12 +304,20 @@ def _similar_models(inputs: _Inputs, result: Estimate, base: float) -> list[Reco
     from kvbudget.model.params import count_parameters
 
     model = inputs.model
-    size = count_parameters(model).total
+    try:
+        size = count_parameters(model).total
+    except ConfigError:  # no size of its own to compare with
+        return []
     found = []
     for entry in catalog.entries():
         other = load_model(entry.name)
-        if (entry.name == model.name or (other.max_position_embeddings or 0) < inputs.max_model_len
-                or abs(count_parameters(other).total / size - 1) > SIMILAR_SIZE):
+        if entry.name == model.name or (other.max_position_embeddings or 0) < inputs.max_model_len:
+            continue
+        try:
+            other_size = count_parameters(other).total
+        except ConfigError:  # a family kvbudget cannot count yet has no size to compare
+            continue
+        if abs(other_size / size - 1) > SIMILAR_SIZE:
             continue
         alt = inputs.plan(model=other)
         if alt is None:

@@ -116,7 +116,7 @@ def size_or_zero(text: str | None, what: str) -> int | None:
     return size(text, what)
 
 
-def engine_release(args: argparse.Namespace) -> tuple[int, int] | None:
+def engine_release(args: argparse.Namespace) -> tuple[int, ...] | None:
     """The release `--engine NAME@VERSION` names (args.engine becomes NAME); None for the newest."""
     name, at, version = args.engine.partition("@")
     args.engine = name

@@ -109,8 +109,11 @@ def render(p: Plan) -> None:
     w = p.weights
     out.print(f"[bold]{p.model.name}[/] on [bold]{p.gpu}[/] x{p.tp * p.pp} (tp {p.tp}, pp {p.pp}) with "
                   f"[bold]{p.engine.name}[/]; sizes in {UNITS_NOTE}")
-    out.print(f"parameters: {w.total_params / 1e9:,.2f}B total, {w.active_params / 1e9:,.2f}B active per token"
+    if w.total_params:
+        out.print(f"parameters: {w.total_params / 1e9:,.2f}B total, {w.active_params / 1e9:,.2f}B active per token"
                   + (f", +{w.mtp_params / 1e9:,.2f}B MTP" if w.mtp_params else ""))
+    else:
+        out.print(f"parameters: not counted ({w.basis})")
     stack = Table(title="Memory of one GPU")
     for name in ("term", "size", "how"):
         stack.add_column(name, justify="right" if name == "size" else "left")

@@ -37,8 +37,8 @@ class EngineOptions:
     # vLLM's hybrid KV cache manager (on since 0.9; --disable-hybrid-kv-cache-manager turns it off): without it
     # sliding-window and chunked layers are sized as full attention
     hybrid_allocator: bool = True
-    engine_version: tuple[int, int] | None = None  # the release modelled, (major, minor); None: the newest
-    attention_backend: str | None = None  # vLLM's MLA backend (FLASHMLA, TRITON_MLA, ...); None: its choice
+    engine_version: tuple[int, ...] | None = None  # the release modelled: vLLM (major, minor), llama.cpp (build,)
+    attention_backend: str | None = None  # vLLM: MLA backend (FLASHMLA, ...); llama.cpp: flash or no-flash (-fa)
     compute_capability: str | None = None  # the GPU's ("9.0"), where the engine's choices depend on it
     pp_layer_partition: tuple[int, ...] | None = None  # layers per pipeline stage (vLLM's VLLM_PP_LAYER_PARTITION)
 
@@ -277,7 +277,7 @@ class Engine:
                                   f"stages, not {self.name}", param="pp")
         return [range(num_layers)]
 
-    def parse_release(self, version: str) -> tuple[int, int]:
+    def parse_release(self, version: str) -> tuple[int, ...]:
         """EngineOptions.engine_version for `version` ("0.8.5"); engines that model one release refuse others."""
         raise EngineRuleError(f"engine_version {version}: kvbudget models one release of {self.name}; give the "
                               "engine without a version", param="engine_version")

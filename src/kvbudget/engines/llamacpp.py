@@ -14,7 +14,9 @@ tests/engines/test_llamacpp_real.py:
 - recurrent layers (Mamba, gated delta net) keep f32 state: `(d_conv - 1) x channels` plus the SSM state,
   one cell per sequence.
 
-The memory map's "batch x context" is the server started with `-np batch -c batch x context`.
+The memory map's "batch x context" is the server started with `-np batch -c batch x context`. Older builds
+(`--engine llamacpp@b5500`) padded to 32 cells without flash attention, cached sliding windows in full and had
+one stream for every sequence: engines/llamacpp_releases.py.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from kvbudget.engines.base import (
     group_layers,
     largest_fitting,
 )
+from kvbudget.engines.llamacpp_releases import N_BATCH, NEWEST, Release, parse_build
 from kvbudget.engines.metrics import slots_usage
 from kvbudget.errors import EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
@@ -60,7 +63,6 @@ from kvbudget.units import MIB, cdiv
 
 CELL_PAD = 256
 N_UBATCH = 512  # llama-server default physical batch
-N_BATCH = 2048  # llama-server default logical batch (-b)
 CACHE_RAM_MIB = 8192  # llama-server default host-RAM prompt cache (--cache-ram)
 LLAMA4_CHUNK = 8192  # src/models/llama4.cpp sets n_swa = 8192 whatever the config says
 # Architectures whose sliding windows llama.cpp honours (swa_type set in src/models/*.cpp); every other one,
@@ -74,8 +76,25 @@ _LOG_TYPES = {"f16": "float16", "f32": "float32", "bf16": "bfloat16", "q8_0": "q
               "q4_1": "q4_1", "q5_0": "q5_0", "q5_1": "q5_1", "iq4_nl": "iq4_nl"}
 
 
-def pad(n: int) -> int:
-    return cdiv(n, CELL_PAD) * CELL_PAD
+def pad(n: int, to: int = CELL_PAD) -> int:
+    return cdiv(n, to) * to
+
+
+def release_of(options: EngineOptions) -> Release:
+    return Release(options.engine_version[0]) if options.engine_version else Release()
+
+
+def flash_attn_of(options: EngineOptions, release: Release) -> bool:
+    """-fa as given by attention_backend ("flash" / "no-flash"), else the build's default."""
+    backend = options.attention_backend
+    if backend is None:
+        return release.flash_attn_default
+    if backend.lower() in ("flash", "fa", "on"):
+        return True
+    if backend.lower() in ("no-flash", "off"):
+        return False
+    raise EngineRuleError(f"attention_backend {backend!r}: for llama.cpp give flash (-fa on) or no-flash (-fa off)",
+                          param="attention_backend")
 
 
 @dataclass(frozen=True)
@@ -122,8 +141,13 @@ class LlamaCppEngine(Engine):
                                   param="block_size")
         dtype = self._dtype(kv_dtype, model)
         _check_block_fit(model, dtype)
-        groups = group_layers(_group(_as_cached(layer, model), dtype) for layer in model.layers)
-        notes = ["llama.cpp: cells padded to 256 per slot; the memory map is `-np batch -c batch x context`"]
+        release = release_of(options)
+        cell_pad = release.padding(flash_attn_of(options, release))
+        swa_cells = release.swa_batch(N_UBATCH) if release.own_swa_cache else None
+        groups = group_layers(_group(_as_cached(layer, model, release), dtype, cell_pad, swa_cells)
+                              for layer in model.layers)
+        notes = [f"llama.cpp: cells padded to {cell_pad} per slot; the memory map is `-np batch -c batch x context`",
+                 *release.notes()]
         if dtype.family == "block":
             notes.append("a quantized V cache needs flash attention (-fa on)")
         return Allocation(self.name, model.name, dtype, tp, groups, notes=tuple(notes))
@@ -132,17 +156,19 @@ class LlamaCppEngine(Engine):
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
         """How many slots of max_model_len tokens (`-np`, own streams) fit in kv_memory."""
         alloc = self.allocate(model, kv_dtype, tp, options)
+        release = release_of(options)
+        to = release.padding(flash_attn_of(options, release))
         per_slot = alloc.sequence_bytes(max_model_len)
         slots = kv_memory // per_slot if per_slot else 0
         fits = slots >= 1
         longest = None if fits else largest_fitting(lambda n: alloc.sequence_bytes(n) <= kv_memory, max_model_len)
         if longest is not None:
-            longest = longest // CELL_PAD * CELL_PAD  # n_ctx is padded up to 256: the largest that still fits
-        cells = pad(max_model_len) * slots
-        return Capacity(self.name, kv_memory, None, CELL_PAD, cells, cells, max_model_len,
+            longest = longest // to * to  # n_ctx is padded up: the largest that still fits
+        cells = pad(max_model_len, to) * slots
+        return Capacity(self.name, kv_memory, None, to, cells, cells, max_model_len,
                         kv_memory / per_slot if per_slot else float("inf"), fits, longest,
-                        (f"llama.cpp allocates up front: -np {max(slots, 1)} -c {cells or pad(max_model_len)} "
-                         f"fills this budget with slots of {pad(max_model_len)} cells",))
+                        (f"llama.cpp allocates up front: -np {max(slots, 1)} -c {cells or pad(max_model_len, to)} "
+                         f"fills this budget with slots of {pad(max_model_len, to)} cells",))
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "") -> Serving:
@@ -155,22 +181,31 @@ class LlamaCppEngine(Engine):
     def honours_windows(self, model: ModelSpec) -> bool:
         return model.model_type in HONOURS_WINDOW
 
+    def parse_release(self, version: str) -> tuple[int, ...]:
+        return (parse_build(version),)
+
     def server_buffers(self, model: ModelSpec, n_ctx: int, n_parallel: int = 1, kv_dtype: str = "auto",
-                       unified: bool = False, swa_full: bool = False, n_ubatch: int = N_UBATCH) -> tuple[Buffer, ...]:
-        """The caches `llama-server -c n_ctx -np n_parallel [--kv-unified] [--swa-full]` allocates."""
+                       unified: bool = False, swa_full: bool = False, n_ubatch: int = N_UBATCH,
+                       release: Release = NEWEST, flash_attn: bool | None = None,
+                       n_batch: int = N_BATCH) -> tuple[Buffer, ...]:
+        """The caches `llama-server -c n_ctx -np n_parallel [--kv-unified] [--swa-full]` of `release` allocates."""
         if n_ctx <= 0 or n_parallel <= 0 or n_ubatch <= 0:
             raise KVBudgetError("llama.cpp: n_ctx (-c), n_parallel (-np) and n_ubatch (-ub) must be positive")
         dtype = self._dtype(kv_dtype, model)
         _check_block_fit(model, dtype)
-        total = pad(n_ctx)
+        to = release.padding(release.flash_attn_default if flash_attn is None else flash_attn)
+        unified = unified or not release.streams  # before per-sequence streams, one stream held every sequence
         if unified:
-            cells, streams = total, 1
-        else:
-            cells, streams = pad(total // n_parallel), n_parallel
+            cells, streams = pad(n_ctx, to), 1
+        elif release.pads_total_first:  # llama_context: n_ctx_seq = pad(pad(n_ctx) / np)
+            cells, streams = pad(pad(n_ctx, to) // n_parallel, to), n_parallel
+        else:  # create_memory: n_ctx_per_stream = pad(ceil(n_ctx / np))
+            cells, streams = pad(cdiv(n_ctx, n_parallel), to), n_parallel
         swa_cells = cells if swa_full else None
+        swa_batch = release.swa_batch(n_ubatch, n_batch)
         kv: dict[str, list[int]] = {}
         for layer in model.layers:
-            layer = _as_cached(layer, model)
+            layer = _as_cached(layer, model, release)
             if isinstance(layer, RecurrentState):
                 r, s_ = _recurrent_rows(layer)
                 entry = kv.setdefault("recurrent", [max(1, n_parallel), 1, 0, 0, 0])
@@ -182,8 +217,7 @@ class LlamaCppEngine(Engine):
                 continue
             if isinstance(layer, (SlidingWindow, ChunkedLocal)):
                 span = layer.window if isinstance(layer, SlidingWindow) else LLAMA4_CHUNK
-                n = swa_cells or pad(min(total if unified else cells,
-                                         span * (n_parallel if unified else 1) + n_ubatch))
+                n = swa_cells or min(cells, pad(span * (n_parallel if unified else 1) + swa_batch, to))
                 name = "kv_swa"
             else:
                 n, name = cells, "kv"
@@ -214,7 +248,7 @@ class LlamaCppEngine(Engine):
         return dtype
 
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
-        return _check_log(self, text, model)
+        return _check_log(self, text, model, given or {})
 
 
 def _check_block_fit(model: ModelSpec, dtype: KVDtype) -> None:
@@ -235,13 +269,15 @@ def _check_block_fit(model: ModelSpec, dtype: KVDtype) -> None:
                                       param="kv_dtype")
 
 
-def _as_cached(layer: LayerSpec, model: ModelSpec) -> LayerSpec:
-    """The layer as llama.cpp caches it: windows it does not honour become full attention."""
+def _as_cached(layer: LayerSpec, model: ModelSpec, release: Release) -> LayerSpec:
+    """The layer as llama.cpp caches it: windows it does not honour (any, before the build had an SWA cache)
+    become full attention."""
     if isinstance(layer, IndexerKeys):
         raise UnsupportedArchitectureError(f"{model.name}: llama.cpp keeps DeepSeek-V3.2's indexer keys in a cache of "
                                            "its own (llama-kv-cache-dsa.cpp), which kvbudget does not model yet; use "
                                            "the vllm or hf engine")
-    if isinstance(layer, (SlidingWindow, ChunkedLocal)) and model.model_type not in HONOURS_WINDOW:
+    if isinstance(layer, (SlidingWindow, ChunkedLocal)) and (model.model_type not in HONOURS_WINDOW
+                                                             or not release.own_swa_cache):
         return FullAttention(layer.layer, layer.kv_heads, layer.k_dim, layer.v_dim)
     return layer
 
@@ -259,27 +295,28 @@ def _recurrent_rows(layer: RecurrentState) -> tuple[int, int]:
     return (layer.conv_kernel - 1) * channels, state
 
 
-def _group(layer: LayerSpec, dtype: KVDtype) -> CacheGroup | None:
+def _group(layer: LayerSpec, dtype: KVDtype, to: int, swa_batch: int | None) -> CacheGroup | None:
+    """One layer's cache per slot: cells padded to `to`; a window's cache holds window + swa_batch cells."""
     if isinstance(layer, Attention):
         k, v = _kv_rows(layer)
         cap = None
         detail = layer.describe(1, "", dtype.name)
-        if isinstance(layer, SlidingWindow):
-            cap = pad(layer.window + N_UBATCH)
+        if isinstance(layer, SlidingWindow) and swa_batch is not None:
+            cap = pad(layer.window + swa_batch, to)
             detail += f", window {layer.window}: {cap} cells per slot"
-        if isinstance(layer, ChunkedLocal):  # llama4.cpp puts them in the SWA cache with n_swa fixed at 8192
-            cap = pad(LLAMA4_CHUNK + N_UBATCH)
+        if isinstance(layer, ChunkedLocal) and swa_batch is not None:  # llama4.cpp: the SWA cache, n_swa 8192
+            cap = pad(LLAMA4_CHUNK + swa_batch, to)
             detail += f", chunked (llama.cpp uses {LLAMA4_CHUNK}): {cap} cells per slot"
-        return CacheGroup(layer.kind, 1, dtype.bytes_for(k) + dtype.bytes_for(v), cap, 0, detail, CELL_PAD)
+        return CacheGroup(layer.kind, 1, dtype.bytes_for(k) + dtype.bytes_for(v), cap, 0, detail, to)
     if isinstance(layer, LatentAttention):
         return CacheGroup(layer.kind, 1, dtype.bytes_for(layer.values_per_token), None, 0,
-                          f"K row of {layer.latent_dim} + {layer.rope_dim} x {dtype.name}, no V", CELL_PAD)
+                          f"K row of {layer.latent_dim} + {layer.rope_dim} x {dtype.name}, no V", to)
     if isinstance(layer, RecurrentState):
         r, state = _recurrent_rows(layer)
         fixed = _F32.bytes_for(r) + _F32.bytes_for(state)
         return CacheGroup(layer.kind, 1, 0, None, fixed, f"{layer.mixer}: r {layer.conv_kernel - 1} x "
                           f"{layer.conv_channels} + s {'x'.join(map(str, layer.state_shape))}, f32, one cell per "
-                          "sequence", CELL_PAD)
+                          "sequence", to)
     return None
 
 
@@ -289,33 +326,80 @@ _LLAMA_LINE = re.compile(r"(llama_kv_cache(?:_unified)?|llama_memory_recurrent):
                          r"\((\w+)\): +([\d.]+) MiB")
 
 
-def _check_log(engine: LlamaCppEngine, text: str, model: ModelSpec) -> LogCheck:
-    """llama-server's `llama_kv_cache` / `llama_memory_recurrent` lines beside server_buffers() for its settings."""
+# Builds standing for each era when a log names no build (engines/llamacpp_releases.py), newest first.
+_ERA_BUILDS = (NEWEST, Release(6900), Release(6300), Release(6000), Release(5700), Release(5500), Release(5000))
+_BUILD_LINE = re.compile(r"(?:^|\n)\s*(?:build|version): (\d+) \(")
+_FLASH = {"0": False, "false": False, "disabled": False, "1": True, "true": True, "enabled": True, "auto": True}
+
+
+def _check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mapping[str, Any]) -> LogCheck:
+    """llama-server's `llama_kv_cache` / `llama_memory_recurrent` lines beside server_buffers() for its settings
+    and build: the log's `build:` line, --engine-version, or else each era's rules in turn."""
     def setting(name: str) -> str | None:
         m = re.search(rf"llama_context: {name} += (\S+)", text)
         return m.group(1) if m else None
 
+    build_text = given.get("engine_version")
+    build_line = _BUILD_LINE.search(text)
+    if build_text is None and build_line:
+        build_text = build_line.group(1)
+    releases = (Release(parse_build(str(build_text))),) if build_text else _ERA_BUILDS
+    flash_text = setting("flash_attn") or (re.search(r"flash_attn\s+=\s+(\S+)", text) or [None, None])[1]
+    if flash_text is not None and flash_text.lower() not in _FLASH:
+        raise KVBudgetError(f"check-log: 'flash_attn = {flash_text}' in the llama.cpp log is not a value kvbudget "
+                            "knows (0, 1, auto, enabled, disabled)")
+    flash = _FLASH[flash_text.lower()] if flash_text is not None else None
     old = _OLD_KV_SELF.search(text)
     if old and not _LLAMA_LINE.search(text):
-        return _check_old_log(engine, text, model, old)
+        return _check_old_log(engine, text, model, old, flash)
     n_ctx, n_seq = setting("n_ctx"), setting("n_seq_max")
     if n_ctx is None or n_seq is None:
         raise KVBudgetError("check-log: the llama.cpp log lacks 'llama_context: n_ctx' / 'n_seq_max' lines; "
                             "run llama-server with -lv 4 (or --verbose)")
     unified = setting("kv_unified") == "true"
     n_ubatch = int(setting("n_ubatch") or N_UBATCH)
+    n_batch = int(setting("n_batch") or N_BATCH)
     swa_full = "using full-size SWA cache" in text
     lines = _LLAMA_LINE.findall(text)
     if not lines:
         raise KVBudgetError("check-log: no 'llama_kv_cache: size = ...' line in the llama.cpp log")
     k_type = _LOG_TYPES.get(lines[0][6], lines[0][6])
-    # n_ctx as logged is already padded and multiplied out; the per-slot size follows from it.
-    ours = engine.server_buffers(model, int(n_ctx), int(n_seq), k_type, unified=unified, swa_full=swa_full,
-                                 n_ubatch=n_ubatch)
-    kv_ours = [b for b in ours if b.name != "recurrent"] + [b for b in ours if b.name == "recurrent"]
-    rows = []
     kv_lines = [x for x in lines if x[0].startswith("llama_kv_cache")]  # llama_kv_cache_unified in 2025 builds
     logged_order = kv_lines + [x for x in lines if not x[0].startswith("llama_kv_cache")]
+    # the log states these lines in every build that prints them; the era decides the rest
+    plausible = [r for r in releases if (setting("kv_unified") is not None) == r.streams  # printed from #14363
+                 and (setting("n_ctx_seq") is None or r.pads_total_first)
+                 and (setting("n_ctx_per_seq") is None or not r.pads_total_first)
+                 and ("_iswa" not in text or r.own_swa_cache)] or list(releases)
+    for release in plausible:
+        rows = _buffer_rows(engine.server_buffers(model, int(n_ctx), int(n_seq), k_type, unified=unified,
+                                                  swa_full=swa_full, n_ubatch=n_ubatch, release=release,
+                                                  flash_attn=flash, n_batch=n_batch), logged_order)
+        if all(r.matches for r in rows):
+            break
+    else:
+        release = plausible[0]
+        rows = _buffer_rows(engine.server_buffers(model, int(n_ctx), int(n_seq), k_type, unified=unified,
+                                                  swa_full=swa_full, n_ubatch=n_ubatch, release=release,
+                                                  flash_attn=flash, n_batch=n_batch), logged_order)
+    settings: dict[str, Any] = {"n_ctx": int(n_ctx), "n_seq_max": int(n_seq), "kv_unified": unified,
+                                "swa_full": swa_full, "cache_type_k": k_type, "n_ubatch": n_ubatch}
+    assumed: dict[str, Any] = {}
+    if build_text:
+        settings["build"] = f"b{release.build}"
+    else:
+        assumed["build"] = ("the newest" if release.build == _ERA_BUILDS[0].build
+                            else f"an era like b{release.build} (the log names no build; --engine-version)")
+    if flash is None:
+        assumed["flash_attn"] = release.flash_attn_default
+    else:
+        settings["flash_attn"] = flash
+    return LogCheck("llamacpp", None, settings, tuple(rows), assumed)
+
+
+def _buffer_rows(ours: tuple[Buffer, ...], logged_order: list[tuple[str, ...]]) -> list[LogRow]:
+    kv_ours = [b for b in ours if b.name != "recurrent"] + [b for b in ours if b.name == "recurrent"]
+    rows = []
     if len(logged_order) != len(kv_ours):
         rows.append(LogRow("caches", str(len(logged_order)), str(len(kv_ours)), False,
                            "different cache structure (windows or recurrent layers handled differently)"))
@@ -327,9 +411,7 @@ def _check_log(engine: LlamaCppEngine, text: str, model: ModelSpec) -> LogCheck:
         ours_mib = f"{buf.total_bytes / MIB:.2f}"
         rows.append(LogRow(f"{label}: size", f"{logged_mib} MiB", f"{ours_mib} MiB",
                            f"{float(logged_mib):.2f}" == ours_mib, "llama.cpp prints two decimals of MiB"))
-    settings = {"n_ctx": int(n_ctx), "n_seq_max": int(n_seq), "kv_unified": unified, "swa_full": swa_full,
-                "cache_type_k": k_type, "n_ubatch": n_ubatch}
-    return LogCheck("llamacpp", None, settings, tuple(rows))
+    return rows
 
 
 # Builds of 2024 to mid-2025 (before llama_kv_cache_unified): one cache of kv_size cells for every sequence.
@@ -338,7 +420,8 @@ _OLD_KV_INIT = re.compile(r"llama_kv_cache_init: kv_size = (\d+),.*?type_k = '(\
 _OLD_KV_SELF = re.compile(r"KV self size\s*=\s*([\d.]+) MiB, K \((\w+)\):\s*([\d.]+) MiB, V \((\w+)\):\s*([\d.]+) MiB")
 
 
-def _check_old_log(engine: LlamaCppEngine, text: str, model: ModelSpec, kv_self: re.Match) -> LogCheck:
+def _check_old_log(engine: LlamaCppEngine, text: str, model: ModelSpec, kv_self: re.Match,
+                   flash: bool | None) -> LogCheck:
     """llama.cpp's `llama_new_context_with_model: KV self size` line (one unified cache of kv_size cells; no
     SWA cache in those builds' log)."""
     init = _OLD_KV_INIT.search(text)
@@ -350,7 +433,8 @@ def _check_old_log(engine: LlamaCppEngine, text: str, model: ModelSpec, kv_self:
     k_type, v_type = kv_self.group(2), kv_self.group(4)
     if k_type != v_type:
         raise KVBudgetError(f"check-log: K ({k_type}) and V ({v_type}) cache types differ; kvbudget checks one type")
-    buffers = engine.server_buffers(model, cells, 1, _LOG_TYPES.get(k_type, k_type), unified=True)
+    buffers = engine.server_buffers(model, cells, 1, _LOG_TYPES.get(k_type, k_type), unified=True,
+                                    release=_ERA_BUILDS[-1], flash_attn=flash)
     kv = [b for b in buffers if b.name != "recurrent"]
     k_mib, v_mib = sum(b.k_bytes for b in kv) / MIB, sum(b.v_bytes for b in kv) / MIB
     rows = [LogRow("cells", f"{cells:,}", f"{kv[0].cells:,}" if kv else "-", bool(kv) and kv[0].cells == cells)]

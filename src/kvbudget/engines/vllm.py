@@ -454,7 +454,8 @@ class VLLMEngine(Engine):
 
 def release(options: EngineOptions) -> Release:
     """The vLLM release `options` model: their engine_version, else the newest."""
-    return Release(min(options.engine_version or NEWEST, NEWEST))
+    major, minor = min(options.engine_version or NEWEST, NEWEST)[:2]
+    return Release((major, minor))
 
 
 def _vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype | None, tp: int,
