@@ -371,17 +371,13 @@ def _check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappi
                  and (setting("n_ctx_seq") is None or r.pads_total_first)
                  and (setting("n_ctx_per_seq") is None or not r.pads_total_first)
                  and ("_iswa" not in text or r.own_swa_cache)] or list(releases)
-    for release in plausible:
-        rows = _buffer_rows(engine.server_buffers(model, int(n_ctx), int(n_seq), k_type, unified=unified,
+    def rows_for(release: Release) -> list[LogRow]:
+        return _buffer_rows(engine.server_buffers(model, int(n_ctx), int(n_seq), k_type, unified=unified,
                                                   swa_full=swa_full, n_ubatch=n_ubatch, release=release,
                                                   flash_attn=flash, n_batch=n_batch), logged_order)
-        if all(r.matches for r in rows):
-            break
-    else:
-        release = plausible[0]
-        rows = _buffer_rows(engine.server_buffers(model, int(n_ctx), int(n_seq), k_type, unified=unified,
-                                                  swa_full=swa_full, n_ubatch=n_ubatch, release=release,
-                                                  flash_attn=flash, n_batch=n_batch), logged_order)
+
+    checked = [(r, rows_for(r)) for r in plausible]  # the first era that reproduces every line, else the newest
+    release, rows = next(((r, rows) for r, rows in checked if all(x.matches for x in rows)), checked[0])
     settings: dict[str, Any] = {"n_ctx": int(n_ctx), "n_seq_max": int(n_seq), "kv_unified": unified,
                                 "swa_full": swa_full, "cache_type_k": k_type, "n_ubatch": n_ubatch}
     assumed: dict[str, Any] = {}
