@@ -160,3 +160,16 @@ def test_compare_gqa_vs_mha_and_swa(capsys):
 def test_compare_needs_two_models(capsys):
     assert main(["compare", "llama-3.1-8b"]) == 2
     assert "at least two" in capsys.readouterr().err
+
+
+def test_builds_and_dtypes_stated_in_other_forms_are_read_not_assumed(capsys):
+    """WasmEdge's plugin states the llama.cpp build as LLAMA_BUILD_NUMBER; SGLang states the cache dtype in its
+    server_args line. Both are settings read from the log, not assumed ones."""
+    log = str(LOGS / "wasmedge-b5640-runwasi-demo-llama-3.2-1b-q5_k_m.log")
+    assert main(["check-log", log, "--model", "llama-3.2-1b", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["settings"]["build"] == "b5640" and "build" not in data["assumed"]
+    log = str(LOGS / "sglang-0.4.3-llms-in-clouds-qwq-32b-tp4-l4.log")
+    assert main(["check-log", log, "--model", "qwen2.5-32b", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["settings"] == {"tp": 4, "kv_cache_dtype": "auto"} and not data["assumed"]

@@ -18,10 +18,8 @@ VLLM = ENGINES["vllm"]
 
 
 def _deepseek_v32() -> dict:
-    """DeepSeek-V3's config with the V3.2 indexer fields (index_head_dim 128, 64 heads, top 2048)."""
-    cfg = json.loads(kvbudget.catalog.find("deepseek-v3").path.read_text())
-    return dict(cfg, model_type="deepseek_v32", architectures=["DeepseekV32ForCausalLM"], index_head_dim=128,
-                index_n_heads=64, index_topk=2048)
+    """DeepSeek-V3.2's real config (the catalog's): V3's MLA dims with the indexer (index_head_dim 128, 64 heads)."""
+    return json.loads(kvbudget.catalog.find("deepseek-v3.2").path.read_text())
 
 
 def test_deepseek_v32_keeps_an_indexer_key_beside_each_latent():

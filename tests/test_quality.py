@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvbudget.cli import main
@@ -86,6 +86,7 @@ def _iq4_nl_reference(x: np.ndarray) -> np.ndarray:
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(-1e4, 1e4, width=32), min_size=32, max_size=32), st.sampled_from(sorted(ggml.TYPES)))
+@example([0.0] * 28 + [3531.0, 9851.0, -8963.0, -9855.0], "iq4_nl")
 def test_block_round_trips_stay_within_the_format_step(values, name):
     """Each value comes back within about one step of its block's scale (half a step for q8_0 and the _1 types,
     a whole one at the top of the symmetric 4/5-bit range, where the code is clamped), plus float16 rounding."""
@@ -93,9 +94,11 @@ def test_block_round_trips_stay_within_the_format_step(values, name):
     kind = ggml.TYPES[name]
     data = kind.quantize(x)
     d = abs(float(data[0, 0:2].copy().view(np.float16)[0]))
-    if name == "iq4_nl":  # codes picked at d0 = max/-127 (half the widest gap between levels: 12), then refit
+    if name == "iq4_nl":  # codes picked at d0 = max/-127, then refit. A value in [-127, 127] x d0 is at most 14
+        # steps of d0 from its level: the widest gap (89 to 113) halves to 12, but above the top positive level, 113,
+        # values reach 127 when the block's largest magnitude is negative (found by hypothesis: 9851 beside -9855)
         d0 = float(np.abs(x).max()) / 127
-        bound = 12 * d0 + 127 * abs(d - d0) + 2.0**-10 * 127 * d + 1e-30
+        bound = 14 * d0 + 127 * abs(d - d0) + 2.0**-10 * 127 * d + 1e-30
         assert np.abs(kind.round_trip(x) - x).max() <= bound
         return
     m = abs(float(data[0, 2:4].copy().view(np.float16)[0])) if kind.offset else 0.0

@@ -321,14 +321,15 @@ def _group(layer: LayerSpec, dtype: KVDtype, to: int, swa_batch: int | None) -> 
 
 
 _LLAMA_LINE = re.compile(r"(llama_kv_cache(?:_unified)?|llama_memory_recurrent): size = +([\d.]+) MiB "
-                         r"\( *(\d+) cells, +(\d+) layers, +(\d+)(?:/(\d+))? seqs[^)]*\), "
+                         r"\( *(\d+) cells, +(\d+) layers, +(\d+)(?:/ *(\d+))? seqs[^)]*\), "
                          r"(?:K|R) \((\w+)\): +([\d.]+) MiB, (?:V|S) "
                          r"\((\w+)\): +([\d.]+) MiB")
 
 
 # Builds standing for each era when a log names no build (engines/llamacpp_releases.py), newest first.
 _ERA_BUILDS = (NEWEST, Release(6900), Release(6300), Release(6000), Release(5700), Release(5500), Release(5000))
-_BUILD_LINE = re.compile(r"(?:^|\n)\s*(?:build|version): (\d+) \(")
+# llama.cpp's own `build: 5935 (2adf8d83)`; WasmEdge's GGML plugin prints `LLAMA_BUILD_NUMBER 5640`.
+_BUILD_LINE = re.compile(r"(?:(?:^|\n)\s*(?:build|version): |LLAMA_BUILD_NUMBER )(\d+)\b")
 _FLASH = {"0": False, "false": False, "disabled": False, "1": True, "true": True, "enabled": True, "auto": True}
 
 
@@ -410,8 +411,10 @@ def _buffer_rows(ours: tuple[Buffer, ...], logged_order: list[tuple[str, ...]]) 
     return rows
 
 
-# Builds of 2024 to mid-2025 (before llama_kv_cache_unified): one cache of kv_size cells for every sequence.
-_OLD_KV_INIT = re.compile(r"llama_kv_cache_init: kv_size = (\d+),.*?type_k = '(\w+)', type_v = '(\w+)', "
+# Builds of 2024 to mid-2025 (before llama_kv_cache_unified): one cache of kv_size cells for every sequence. The
+# lines were `llama_kv_cache_init:` / `llama_new_context_with_model:` until the llama_context refactor of spring
+# 2025, then `init:` / `llama_context:` for a few weeks before llama_kv_cache_unified.
+_OLD_KV_INIT = re.compile(r"(?:llama_kv_cache_)?init: kv_size = (\d+),.*?type_k = '(\w+)', type_v = '(\w+)', "
                           r"n_layer = (\d+)")
 _OLD_KV_SELF = re.compile(r"KV self size\s*=\s*([\d.]+) MiB, K \((\w+)\):\s*([\d.]+) MiB, V \((\w+)\):\s*([\d.]+) MiB")
 
@@ -421,7 +424,7 @@ def _check_old_log(engine: LlamaCppEngine, text: str, model: ModelSpec, kv_self:
     """llama.cpp's `llama_new_context_with_model: KV self size` line (one unified cache of kv_size cells; no
     SWA cache in those builds' log)."""
     init = _OLD_KV_INIT.search(text)
-    n_ctx_line = re.search(r"llama_new_context_with_model: n_ctx\s+=\s*(\d+)", text)
+    n_ctx_line = re.search(r"(?:llama_new_context_with_model|llama_context): n_ctx\s+=\s*(\d+)", text)
     cells = int(init.group(1)) if init else int(n_ctx_line.group(1)) if n_ctx_line else None
     if cells is None:
         raise KVBudgetError("check-log: the llama.cpp log has a 'KV self size' line but neither 'kv_size =' nor "

@@ -170,7 +170,7 @@ class SGLangEngine(Engine):
         tokens = int((split or joint).group(1))  # type: ignore[union-attr]
         tp_text = t.group(1) if (t := re.search(r"(?:--tp(?:-size)?|tp_size=)[ =]?(\d+)", text)) else None
         tp = int(given.get("tp") or tp_text or 1)
-        dtype_text = d.group(1) if (d := re.search(r"--kv-cache-dtype[ =](\w+)", text)) else (
+        dtype_text = d.group(1) if (d := re.search(r"(?:--kv-cache-dtype[ =]|kv_cache_dtype=')(\w+)", text)) else (
             "fp8" if "Setting KV cache dtype to fp8" in text else None)
         dtype = str(given.get("kv_cache_dtype") or dtype_text or "auto")
         assumed = {k: v for k, v, found in (("tp", 1, given.get("tp") or tp_text),

@@ -245,7 +245,7 @@ class VLLMEngine(Engine):
     output_limit = OutputLimit(("max_completion_tokens", "max_tokens"), ("max_tokens",), 16,
                                source="vllm 0.32 entrypoints/openai/chat_completion/serving.py (get_max_tokens), "
                                       "completion/protocol.py")
-    log_signatures = (r"KV cache size: [\d,]+ tokens", r"GPU blocks: \d+", r"Maximum concurrency for",
+    log_signatures = (r"KV cache size: +[\d,]+ tokens", r"GPU blocks: \d+", r"Maximum concurrency for",
                          r"V1 LLM engine",
                       r"Available KV cache memory: -?[\d.]+ GiB", r"KV cache is needed, which is larger than",
                       r"larger than the maximum number of tokens that can be stored in KV cache")
@@ -680,7 +680,7 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
     if not st.max_len:
         raise KVBudgetError("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens', "
                             "'max_seq_len=' or 'max_model_len'); give max_model_len")
-    tokens_line = re.search(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens", text)
+    tokens_line = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
     if not budgets and tokens_line and conc and st.version is not None:
         return _v1_check_without_budget(engine, model, st, assumed, int(_num(tokens_line.group(1))), conc.group(2))
     if not budgets:
@@ -721,7 +721,7 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
             n = int(blocks.group(1))
             out.append(LogRow("blocks", f"{n:,}", _span(low.num_blocks, high.num_blocks),
                               low.num_blocks <= n <= high.num_blocks, rounding))
-        tokens = re.search(r"(?:GPU|CPU) KV cache size: ([\d,]+) tokens", text)
+        tokens = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
         if tokens:
             n = int(_num(tokens.group(1)))
             slots = (low.physical_token_slots, high.physical_token_slots)
