@@ -38,6 +38,9 @@ def expected_layers(tc) -> list[tuple]:
     """(layer, kind, kv_heads, k_dim, span) per cache, as transformers' modeling code sizes them."""
     types, kwargs = get_layer_types_and_kwargs(tc)
     heads = tc.num_attention_heads
+    per_layer = getattr(tc, "per_layer_config", None)  # Gemma 4: head dims and KV heads that vary by layer
+    if per_layer is not None:
+        tc.allow_global_per_layer_attribute_access = True
     head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // heads
     if tc.model_type == "falcon":
         kv = tc.num_kv_heads if (tc.new_decoder_architecture or not tc.multi_query) else 1
@@ -54,6 +57,9 @@ def expected_layers(tc) -> list[tuple]:
                     (i, "indexer_keys", tc.index_head_dim, None, None)]
         elif hasattr(tc, "kv_lora_rank"):
             out.append((i, "latent_attention", tc.kv_lora_rank, tc.qk_rope_head_dim, None))
+        elif per_layer is not None:
+            layer = per_layer[i]
+            out.append((i, _KIND[kind], layer.num_key_value_heads, layer.head_dim, kw.get("sliding_window")))
         else:
             out.append((i, _KIND[kind], kv, head_dim, kw.get("sliding_window")))
     return out

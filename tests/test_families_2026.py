@@ -171,3 +171,36 @@ def test_sglang_keeps_deepseek_v32_in_its_nsa_pool():
     assert sglang.allocate(spec).bytes_per_token == 61 * (576 * 2 + 132)
     on_b200 = sglang.allocate(spec, options=EngineOptions(compute_capability="10.0"))
     assert on_b200.kv_dtype.name.startswith("fp8")  # SGLang sets fp8 for NSA on Blackwell
+
+
+def test_gemma4_global_layers_have_their_own_heads_and_dims():
+    """Gemma 4 (26B-A4B's real config): sliding layers 8 KV heads x 256, global layers 2 x 512 (attention_k_eq_v:
+    num_global_key_value_heads and global_head_dim); transformers caches K and V for both."""
+    spec = load_model("gemma-4-26b-a4b")
+    assert spec.kinds() == {"sliding_window": 25, "full_attention": 5}
+    assert kvbudget.estimate(spec, engine="hf", context=[1000]).bytes_per_token == 25 * 8 * 256 * 4 + 5 * 2 * 512 * 4
+
+
+def test_gemma4_on_vllm_unifies_pages_by_block_size():
+    """vLLM's unify_kv_cache_spec_page_size: a sliding page (16 tokens x 8 x 256 x K,V x bf16 = 131,072 B) is
+    twice a global one, so global layers get 32-token blocks; groups of 5 layers (25 sliding -> 5 groups, 5
+    global -> 1); a request of 65,536 tokens needs 5 x (cdiv(1023 + 2048, 16) + 1) + cdiv(65536, 32) blocks."""
+    spec = load_model("gemma-4-26b-a4b")
+    budget, max_len = 40 * GIB, 65536
+    cap = VLLM.capacity(spec, budget, max_len)
+    block_bytes = 5 * 16 * 8 * 256 * 2 * 2
+    assert cap.num_blocks == budget // block_bytes
+    per_request = 5 * (cdiv(1023 + 2048, 16) + 1) + cdiv(max_len, 32)
+    assert cap.max_concurrency == cap.num_blocks / per_request
+    assert cap.kv_cache_tokens == int(cap.num_blocks / per_request * max_len)
+    groups = VLLM.block_groups(spec, max_len)
+    assert [g.block_size for g in groups].count(32) == 1 and len(groups) == 6
+
+
+def test_gemma4_before_vllm_0_26_and_on_unchecked_engines_is_refused():
+    spec = load_model("gemma-4-26b-a4b")
+    with pytest.raises(UnsupportedArchitectureError, match="0.26"):
+        VLLM.capacity(spec, 40 * GIB, 8192, options=EngineOptions(engine_version=(0, 25)))
+    for engine in ("llamacpp", "sglang", "tgi"):
+        with pytest.raises(UnsupportedArchitectureError, match="Gemma 4"):
+            kvbudget.estimate(spec, engine=engine, context=[1024])

@@ -68,6 +68,12 @@ TINY.update({
                                                               "full_attention"] * 2,
                          hidden_size_per_layer_input=8, vocab_size_per_layer_input=128, laurel_rank=4,
                          altup_num_inputs=4, activation_sparsity_pattern=[0.0] * 6),
+    # Gemma 4: sliding layers of 2 x 16, global layers of 1 KV head x 32 (attention_k_eq_v), the last two layers
+    # sharing (one of each type)
+    "gemma4_text": dict(_BASE, model_type="gemma4_text", head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+                        attention_k_eq_v=True, num_hidden_layers=6, sliding_window=WINDOW, num_kv_shared_layers=2,
+                        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+                        hidden_size_per_layer_input=8, vocab_size_per_layer_input=128),
     "kimi_linear": dict(_BASE, model_type="kimi_linear", num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=8,
                         qk_nope_head_dim=16, v_head_dim=16, num_experts=4, num_experts_per_token=2,
                         moe_intermediate_size=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
 
 from kvbudget.dtypes import KVDtype, resolve_kv_dtype
-from kvbudget.errors import EngineRuleError, KVBudgetError
+from kvbudget.errors import EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import ModelSpec
 from kvbudget.units import GIB, cdiv
 
@@ -256,6 +256,16 @@ class Engine:
     prompt_adds_bos: ClassVar[bool] = False  # adds the vocabulary's BOS before the rendered chat prompt
     usage: ClassVar[UsageGauge | None] = None
     output_limit: ClassVar[OutputLimit] = OPENAI_OUTPUT_LIMIT  # how its server reads a request's output limit
+    # Families this engine runs whose cache kvbudget has not checked against the engine's own code: model_type ->
+    # what is not known. They are refused rather than sized by the general rules.
+    unchecked_families: ClassVar[dict[str, str]] = {}
+
+    def refuse_unchecked(self, model: ModelSpec) -> None:
+        """Raise for a family in `unchecked_families`: no figure rather than an unverified one."""
+        why = self.unchecked_families.get(model.model_type)
+        if why:
+            raise UnsupportedArchitectureError(f"{model.name}: {why}, so kvbudget does not size it for "
+                                               f"{self.name} yet; use the vllm or hf engine")
 
     # --- memory -------------------------------------------------------------------------------------
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from kvbudget.dtypes import KVDtype, get_dtype, resolve_kv_dtype
 from kvbudget.engines.base import (
@@ -116,6 +116,9 @@ class Buffer:
 @dataclass(frozen=True)
 class LlamaCppEngine(Engine):
     name: str = "llamacpp"
+    unchecked_families: ClassVar[dict[str, str]] = {
+        "gemma4_text": ("Gemma 4's global layers (attention_k_eq_v: V is a normalised copy of K) have not been checked "
+                        "against llama.cpp's own cache")}
     description: str = "llama.cpp llama-server: whole buffer up front, cells padded to 256"
 
     serves = True
@@ -132,6 +135,7 @@ class LlamaCppEngine(Engine):
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
+        self.refuse_unchecked(model)
         check_positive(tp, "tp", "tensor parallel size")
         if tp != 1:
             raise EngineRuleError("tp: llama.cpp splits layers across GPUs (its split mode), not KV heads; use 1",
@@ -155,6 +159,7 @@ class LlamaCppEngine(Engine):
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
         """How many slots of max_model_len tokens (`-np`, own streams) fit in kv_memory."""
+        self.refuse_unchecked(model)
         alloc = self.allocate(model, kv_dtype, tp, options)
         release = release_of(options)
         to = release.padding(flash_attn_of(options, release))
@@ -189,6 +194,7 @@ class LlamaCppEngine(Engine):
                        release: Release = NEWEST, flash_attn: bool | None = None,
                        n_batch: int = N_BATCH) -> tuple[Buffer, ...]:
         """The caches `llama-server -c n_ctx -np n_parallel [--kv-unified] [--swa-full]` of `release` allocates."""
+        self.refuse_unchecked(model)
         if n_ctx <= 0 or n_parallel <= 0 or n_ubatch <= 0:
             raise KVBudgetError("llama.cpp: n_ctx (-c), n_parallel (-np) and n_ubatch (-ub) must be positive")
         dtype = self._dtype(kv_dtype, model)

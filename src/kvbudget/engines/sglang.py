@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from kvbudget.dtypes import KVDtype, get_dtype
 from kvbudget.engines.base import (
@@ -61,6 +61,9 @@ MEM_FRACTION_STATIC = 0.88
 @dataclass(frozen=True)
 class SGLangEngine(Engine):
     name: str = "sglang"
+    unchecked_families: ClassVar[dict[str, str]] = {
+        "gemma4_text": ("Gemma 4's sliding and global layers of different sizes have not been checked "
+                        "against SGLang's pools")}
     description: str = "SGLang token pool (from its source; not run here)"
 
     serves = True
@@ -74,6 +77,7 @@ class SGLangEngine(Engine):
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
+        self.refuse_unchecked(model)
         dtype = self._dtype(model, kv_dtype, tp, options)
         page = options.block_size or (NSA_PAGE if _nsa(model) else 1)
         act = get_dtype(model.dtype)
@@ -90,6 +94,7 @@ class SGLangEngine(Engine):
 
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
+        self.refuse_unchecked(model)
         alloc = self.allocate(model, kv_dtype, tp, options)
         page = options.block_size or 1
         cell = alloc.bytes_per_token
@@ -126,6 +131,7 @@ class SGLangEngine(Engine):
                    options: EngineOptions = EngineOptions()) -> tuple[int, int, int]:
         """Bytes per token of SGLang's K buffer, its V buffer and its indexer-key buffer on one rank (MLA: latent
         and rope key; an fp8 NSA latent row of 656 bytes holds both)."""
+        self.refuse_unchecked(model)
         dtype = self._dtype(model, kv_dtype, tp, options)
         k_bytes = v_bytes = index_bytes = 0
         for layer in model.layers:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from kvbudget.dtypes import KVDtype
 from kvbudget.engines.base import (
@@ -57,6 +57,9 @@ MAX_BATCH_PREFILL_TOKENS = 4096  # the warm-up forward pass (launcher default)
 @dataclass(frozen=True)
 class TGIEngine(Engine):
     name: str = "tgi"
+    unchecked_families: ClassVar[dict[str, str]] = {
+        "gemma4_text": ("Gemma 4's sliding and global layers of different sizes have not been checked "
+                        "against TGI's cache")}
     description: str = "TGI paged blocks after warm-up (from its source; not run here)"
 
     serves = True
@@ -70,6 +73,7 @@ class TGIEngine(Engine):
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
+        self.refuse_unchecked(model)
         dtype = serving_kv_dtype(model, kv_dtype, tp, "TGI", "auto and fp8 (e4m3 / e5m2)")
         block = options.block_size or 1
         if block not in BLOCK_SIZES:
@@ -80,6 +84,7 @@ class TGIEngine(Engine):
 
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
+        self.refuse_unchecked(model)
         alloc = self.allocate(model, kv_dtype, tp, options)
         block = options.block_size or 1
         block_bytes = alloc.bytes_per_token * block

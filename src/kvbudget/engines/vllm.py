@@ -121,6 +121,13 @@ class Layout:
     # vLLM's UniformTypeKVCacheSpecs): each distinct spec and its layer count; their pages add up to `page`.
     members: tuple[tuple[_Spec, int], ...] = ()
     notes: tuple[str, ...] = ()  # choices made for the release or GPU (the MLA block size and why)
+    # Attention layers whose pages differ (Gemma 4: sliding 8 x 256 beside global 2 x 512): vLLM's
+    # unify_kv_cache_spec_page_size raises the smaller spec's block size until its page equals the largest.
+    spec_blocks: tuple[tuple[_Spec, int], ...] = ()
+
+    def block_of(self, spec: _Spec) -> int:
+        """Tokens per block in the groups of `spec` (the block size unless unify raised it)."""
+        return next((b for s, b in self.spec_blocks if s == spec), self.block_size)
 
     @property
     def num_groups(self) -> int:
@@ -133,7 +140,7 @@ class Layout:
 
     def blocks_needed(self, spec: _Spec, max_model_len: int) -> int:
         """Blocks one request of `max_model_len` tokens needs in one group of `spec` layers."""
-        b = self.block_size
+        b = self.block_of(spec)
         if spec.kind == "sliding":
             return cdiv(min((spec.span or 0) - 1 + self.mnbt, max_model_len), b) + 1
         if spec.kind == "chunked":
@@ -264,8 +271,11 @@ class VLLMEngine(Engine):
                 groups.append(CacheGroup(spec.label, padded, 0, None, layout.page * blocks,
                                          detail + f"; page padded to {layout.page:,} B x {blocks} block(s)", b))
                 continue
-            cap = None if spec.kind in ("full", "mla") else b * layout.blocks_needed(spec, 1 << 62)
-            groups.append(CacheGroup(spec.label, padded, layout.page // b, cap, 0, detail, b))
+            sb = layout.block_of(spec)
+            cap = None if spec.kind in ("full", "mla") else sb * layout.blocks_needed(spec, 1 << 62)
+            if sb != b:
+                detail += f"; blocks of {sb} tokens (page {layout.page:,} B, as the largest layer's)"
+            groups.append(CacheGroup(spec.label, padded, layout.page // sb, cap, 0, detail, sb))
         return Allocation(
             engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=tuple(groups),
             notes=(f"vLLM: blocks of {b} tokens; sliding and chunked layers at the reservation vLLM admits "
@@ -288,9 +298,10 @@ class VLLMEngine(Engine):
                 group = BlockGroup("state", 0, b if layout.prefix_caching else max_model_len, None,
                                    layout.mamba_blocks(spec) > 2, align if layout.prefix_caching else 0)
             elif spec.kind in ("sliding", "chunked"):
-                group = BlockGroup(spec.kind, spec.span or 0, b, layout.blocks_needed(spec, max_model_len))
+                group = BlockGroup(spec.kind, spec.span or 0, layout.block_of(spec),
+                                   layout.blocks_needed(spec, max_model_len))
             else:
-                group = BlockGroup("full", 0, b, None)
+                group = BlockGroup("full", 0, layout.block_of(spec), None)
             out += [group] * n_groups
         return tuple(out)
 
@@ -396,10 +407,17 @@ class VLLMEngine(Engine):
         attn = {s.token_bytes for s in specs if s.kind != "mamba"}
         # layers that all keep every token may differ in size: one group whose block holds a page of each
         uniform_type = len(attn) > 1 and {s.kind for s in specs} <= {"full", "mla"}
-        if len(attn) > 1 and not uniform_type:
-            raise UnsupportedArchitectureError(f"{model.name}: attention layers of different sizes beside windowed or "
-                                               "Mamba layers are not modelled for vLLM yet")
-        attn_token = 0 if uniform_type else attn.pop() if attn else 0
+        # windowed and full layers of different sizes (Gemma 4): pages unified by block size
+        unified = len(attn) > 1 and not uniform_type and {s.kind for s in specs} <= {"full", "sliding", "chunked"}
+        if len(attn) > 1 and not (uniform_type or unified):
+            raise UnsupportedArchitectureError(f"{model.name}: attention layers of different sizes beside "
+                                               "Mamba or MLA layers are not modelled for vLLM yet")
+        if unified and not rel.unified_attention_pages:
+            raise UnsupportedArchitectureError(
+                f"{model.name}: attention layers of different sizes (Gemma 4) are modelled from vLLM 0.26's rules "
+                "on; earlier releases sized them otherwise (vllm-project/vllm#43308: about 10x fewer tokens on 0.20; "
+                "#49878: 40% less memory per token on 0.25.1) for reasons not traced here")
+        attn_token = 0 if uniform_type else max(attn) if attn else 0
         states = {s.state_bytes for s in specs if s.kind == "mamba"}
         if len(states) > 1:
             raise UnsupportedArchitectureError(f"{model.name}: Mamba layers of different sizes are not modelled "
@@ -436,6 +454,10 @@ class VLLMEngine(Engine):
             block = max(block, needed)
         page = block * attn_token if attn_token else state
 
+        spec_blocks: tuple[tuple[_Spec, int], ...] = ()
+        if unified:  # unify_kv_cache_spec_page_size: raise a smaller page's block size; pad it when that cannot
+            spec_blocks = tuple((s, block * page // (block * s.token_bytes) if page % (block * s.token_bytes) == 0
+                                 else block) for s in dict.fromkeys(specs) if s.token_bytes != attn_token)
         counts = count_alike(specs)
         if uniform_type:
             page = block * sum(s.token_bytes * n for s, n in counts.items())
@@ -444,7 +466,8 @@ class VLLMEngine(Engine):
         smallest, largest = min(counts.values()), max(counts.values())
         group_size = largest if len(counts) == 1 or largest < 1.5 * smallest else smallest
         buckets = tuple((s, n, cdiv(n, group_size)) for s, n in counts.items())
-        return Layout(block, page, group_size, buckets, mnbt, options.prefix_caching, notes=notes), dtype
+        return Layout(block, page, group_size, buckets, mnbt, options.prefix_caching, notes=notes,
+                      spec_blocks=spec_blocks), dtype
 
     # --- startup logs -------------------------------------------------------------------------
 

@@ -29,6 +29,10 @@ which agree on every point below.
 - prefix caching is on by default for hybrid (Mamba / linear-attention) models from 0.26; up to 0.25 they ran
   without it unless asked (config/model.py is_prefix_caching_supported: "Hybrid models do not support prefix
   caching since the feature is still experimental"), so their state groups held one block per request.
+- attention layers whose pages differ (Gemma 4's sliding and global layers) share one pool because
+  unify_kv_cache_spec_page_size raises the smaller page's block size to match the largest (v1/core/
+  kv_cache_utils.py, the same in 0.26.0 and 0.32); kvbudget models that from 0.26. Users report other sizes on
+  0.20 (vllm-project/vllm#43308) and 0.25.1 (#49878), not traced here, so earlier releases are refused.
 """
 
 from __future__ import annotations
@@ -84,6 +88,12 @@ class Release:
     @property
     def hybrid_prefix_caching(self) -> bool:
         """Whether prefix caching is on by default for hybrid models."""
+        return self.version >= (0, 26)
+
+    @property
+    def unified_attention_pages(self) -> bool:
+        """Whether kvbudget models attention layers of different page sizes (Gemma 4) for this release: from 0.26,
+        whose unify_kv_cache_spec_page_size (raise the smaller page's block size, else pad it) 0.32 keeps."""
         return self.version >= (0, 26)
 
     @property

@@ -104,6 +104,9 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3n_text": {"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256,
                      "hidden_size": 2048, "max_position_embeddings": 32768, "sliding_window": 512,
                      "num_kv_shared_layers": 15},
+    "gemma4_text": {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512,
+                    "hidden_size": 2304, "max_position_embeddings": 131072, "sliding_window": 512,
+                    "num_kv_shared_layers": 0, "attention_k_eq_v": False},
     "nemotron_h": {"num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
                    "hidden_size": 4096, "max_position_embeddings": 4096, "mamba_num_heads": 128,
                    "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
@@ -125,7 +128,7 @@ NOT_MODELLED = {
 
 # Multimodal wrappers whose language model sits under `text_config`.
 _TEXT_MODEL_TYPE = {"gemma3": "gemma3_text", "llama4": "llama4_text", "qwen3_5": "qwen3_5_text",
-                    "qwen3_5_moe": "qwen3_5_moe_text", "gemma3n": "gemma3n_text"}
+                    "qwen3_5_moe": "qwen3_5_moe_text", "gemma3n": "gemma3n_text", "gemma4": "gemma4_text"}
 _DTYPE_NAMES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16",
                 "fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "half": "float16",
                 "float": "float32"}
@@ -227,6 +230,9 @@ def _layer_types(mt: str, f: Fields, layers: int) -> list[str]:
         return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
     if mt == "gemma3n_text":
         return ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(layers)]
+    if mt == "gemma4_text":  # Gemma4TextConfig: five sliding layers to one global, and the last layer is global
+        return ["full_attention" if (i + 1) % 6 == 0 or i == layers - 1 else "sliding_attention"
+                for i in range(layers)]
     if mt == "gemma3_text":
         pattern = f.int("sliding_window_pattern")
         return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
@@ -320,14 +326,40 @@ def _kimi_linear(mt: str, f: Fields) -> list[LayerSpec]:
 
 def _gemma3n(mt: str, f: Fields) -> list[LayerSpec]:
     """Gemma-3n: the last num_kv_shared_layers read the K/V of the last earlier layer of their own type."""
-    layers = _attention_family(mt, f)
-    shared = f.get("num_kv_shared_layers", default=0) or 0
+    return _shared_tail(_attention_family(mt, f), f.get("num_kv_shared_layers", default=0) or 0)
+
+
+def _shared_tail(layers: list[LayerSpec], shared: int) -> list[LayerSpec]:
+    """The last `shared` layers read the K/V of the last earlier layer of their own type (Gemma-3n, Gemma 4)."""
     first_shared = len(layers) - int(shared)
     out: list[LayerSpec] = list(layers[:first_shared])
     for spec in layers[first_shared:]:
         source = max(s.layer for s in layers[:first_shared] if type(s) is type(spec))
         out.append(SharedKV(spec.layer, source))
     return out
+
+
+def _gemma4(mt: str, f: Fields) -> list[LayerSpec]:
+    """Gemma 4: sliding layers of num_key_value_heads x head_dim; global layers of global_head_dim, with
+    num_global_key_value_heads when attention_k_eq_v (V is then a normalised copy of K, still cached as a tensor of
+    its own in transformers and vLLM); per_layer_config overrides either; the last num_kv_shared_layers share."""
+    layers = f.int("num_hidden_layers")
+    kv_heads, head_dim = f.int("num_key_value_heads"), f.int("head_dim")
+    global_kv = kv_heads
+    if f.get("attention_k_eq_v", default=True) and f.get("num_global_key_value_heads") is not None:
+        global_kv = f.int("num_global_key_value_heads")
+    overrides = f.cfg.get("per_layer_config")
+    if overrides is not None and not isinstance(overrides, dict):
+        raise ConfigError(f"{f.where}: 'per_layer_config' must be an object of layer index -> fields")
+    specs: list[LayerSpec] = []
+    for i, layer_type in enumerate(_layer_types(mt, f, layers)):
+        is_global = _LAYER_TYPES.get(layer_type) is FullAttention
+        heads, dim = (global_kv, f.int("global_head_dim")) if is_global and overrides is None else (kv_heads, head_dim)
+        if overrides is not None:
+            layer = overrides.get(str(i), overrides.get(i)) or {}
+            heads, dim = int(layer.get("num_key_value_heads", kv_heads)), int(layer.get("head_dim", head_dim))
+        specs.append(_attention(i, layer_type, f, heads, dim))
+    return _shared_tail(specs, f.get("num_kv_shared_layers", default=0) or 0)
 
 
 # Block kinds of the Mamba-2 hybrids: Nemotron-H's hybrid_override_pattern letters and the names of the lists
@@ -424,6 +456,7 @@ _BUILDERS: dict[str, Callable[[str, Fields], list[LayerSpec]]] = {
     "deepseek_v32": _latent,
     "kimi_linear": _kimi_linear,
     "gemma3n_text": _gemma3n,
+    "gemma4_text": _gemma4,
     "nemotron_h": _mamba2_hybrid,
     "granitemoehybrid": _mamba2_hybrid,
     "jamba": _jamba,
