@@ -38,7 +38,8 @@ def expected_layers(tc) -> list[tuple]:
     """(layer, kind, kv_heads, k_dim, span) per cache, as transformers' modeling code sizes them."""
     types, kwargs = get_layer_types_and_kwargs(tc)
     heads = tc.num_attention_heads
-    per_layer = getattr(tc, "per_layer_config", None)  # Gemma 4: head dims and KV heads that vary by layer
+    # Gemma 4: head dims and KV heads that vary by layer (transformers' per-layer configs)
+    per_layer = tc.per_layer_config if tc.model_type == "gemma4_text" else None
     if per_layer is not None:
         tc.allow_global_per_layer_attribute_access = True
     head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // heads
