@@ -150,7 +150,7 @@ BAD = {
     "unknown layer type": (lambda t: ["estimate", _write(t, "lt.json", json.dumps(
         {"model_type": "x", "num_hidden_layers": 1, "num_attention_heads": 2, "head_dim": 8,
          "layer_types": ["weird"]}))], "'weird'"),
-    "unknown model": (lambda t: ["estimate", "no-such-model"], "not a catalog model"),
+    "unknown model": (lambda t: ["estimate", "no-such-model"], "not a file, a folder, a catalog model"),
     "unknown engine": (lambda t: ["estimate", "llama-3.1-8b", "--engine", "tensorrt"], "unknown engine"),
     "unknown dtype": (lambda t: ["estimate", "llama-3.1-8b", "--kv-dtype", "fp6"], "unknown KV dtype"),
     "zero batch": (lambda t: ["estimate", "llama-3.1-8b", "--batch", "0"], "--batch"),

@@ -108,7 +108,6 @@ def test_gpu_catalog():
     (["plan", "llama-3.1-8b", "--gpu", "H1000"], "unknown GPU"),
     (["plan", "llama-3.1-8b"], "--gpu"),
     (["plan", "llama-3.1-8b", "--gpu", "L4", "--tp", "4", "--gpus", "2"], "needs 4 GPUs"),
-    (["plan", "llama-3.1-70b", "--gpu", "L4"], "leave no KV budget"),
     (["plan", "llama-3.1-8b", "--gpu", "L4", "--utilization", "1.5"], "--utilization"),
     (["plan", "llama-3.1-8b", "--gpu", "L4", "--utilization", "most"], "--utilization"),
     (["plan", "llama-3.1-8b", "--gpu", "L4", "--tp", "3"], "tensor parallel size 3"),
@@ -210,3 +209,40 @@ def test_plan_yaml_round_trips_through_the_guard_policy(tmp_path, capsys):
     assert main(["plan", "qwen3-8b", "--gpu", "A100-80GB", "--guard-config", str(out), "--json"]) == 0
     policy = policy_from_config(yaml.safe_load(out.read_text()))
     assert policy.thresholds == tuple(level.threshold for level in LEVELS)
+
+
+def test_no_kv_budget_is_an_answer_with_the_change_that_makes_room(capsys):
+    """Llama-3.1-70B's 131 GiB of bf16 weights on one L4 (issue 15): not bad input but a plan that does not fit,
+    printed in full (JSON too, fits false, exit 0), with the smallest tensor parallel size that leaves a KV budget."""
+    assert main(["plan", "llama-3.1-70b", "--gpu", "L4", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["fits"] is False and answer["kv_memory_bytes"] < 0
+    tps = [r["parameters"]["tp"] for r in answer["recommendations"] if "tp" in r["parameters"]]
+    assert tps == [8]  # 131.42 GiB / 8 leaves room on 22.49 GiB; 4 does not
+    assert "V100-32GB" not in {r["parameters"].get("gpu") for r in answer["recommendations"]}
+    assert main(["plan", "llama-3.1-70b", "--gpu", "L4"]) == 0
+    assert "does not fit" in capsys.readouterr().out
+
+
+def test_the_change_that_makes_vllm_start_comes_first(capsys):
+    """qwen3-8b on an RTX 4090 (issue 15): vLLM refuses 40,960 tokens on 5.51 GiB; --max-model-len 40112 starts it and
+    costs no hardware, so it is first; a model of another class (MoE, hybrid with a different active size) is not
+    offered as 'similar'."""
+    assert main(["plan", "qwen3-8b", "--gpu", "RTX-4090", "--json"]) == 0
+    recs = json.loads(capsys.readouterr().out)["recommendations"]
+    assert recs[0]["parameters"] == {"max_model_len": 40112} and recs[0]["makes_it_fit"]
+    assert all("similar" not in r["note"] or "dense" in r["note"] for r in recs)
+
+
+def test_similar_models_share_the_class_and_the_active_size(capsys):
+    """A dense 70B is no peer of Jamba-1.5-Mini (12B active of 52B) or any MoE."""
+    assert main(["plan", "llama-3.1-70b", "--gpu", "H100-80GB", "--tp", "2", "--json"]) == 0
+    recs = json.loads(capsys.readouterr().out)["recommendations"]
+    assert not [r for r in recs if r["parameters"].get("model") in ("jamba-1.5-mini", "qwen3-30b-a3b", "mixtral-8x7b")]
+
+
+def test_tensor_parallel_past_one_node_is_labelled():
+    from kvbudget.planner import _gpus_note
+
+    assert _gpus_note(8, 1) == "8 GPUs"
+    assert _gpus_note(16, 1).startswith("16 GPUs on 2 nodes of 8: tensor parallel across nodes")

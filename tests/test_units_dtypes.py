@@ -59,3 +59,12 @@ def test_parse_positive_ints():
     assert parse_positive_ints("4k,32K", "--context") == (4096, 32768)
     with pytest.raises(KVBudgetError, match="--batch"):
         parse_positive_ints("1,,2", "--batch")
+
+
+def test_context_lengths_as_people_write_them():
+    """1M and 1.5k are context lengths users type (issue 15): powers of 1024, whole numbers only."""
+    assert parse_positive_ints("1M,1.5k,0.5k,2m", "--context") == (1_048_576, 1536, 512, 2_097_152)
+    with pytest.raises(KVBudgetError, match="1.3k.* not a whole number"):
+        parse_positive_ints("1.3k", "--context")
+    with pytest.raises(KVBudgetError, match="1.5k or 1M"):
+        parse_positive_ints("1.5G", "--context")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -41,3 +43,36 @@ def find(name: str) -> CatalogEntry | None:
         if key in (_key(entry.name), _key(entry.hf_id)):
             return entry
     return None
+
+
+_SUFFIXES = re.compile(r"-(instruct|chat|it|hf|base|bf16|fp8|awq|gptq|gguf|\d{4})$")
+
+
+def _stem(name: str) -> str:
+    """A model name without its owner, variant suffixes and punctuation: 'meta-llama/Llama-3.1-8B-Instruct' ->
+    'llama318b'."""
+    tail = name.strip().lower().split("/")[-1]
+    while (trimmed := _SUFFIXES.sub("", tail)) != tail:
+        tail = trimmed
+    return re.sub(r"[^a-z0-9]", "", tail)
+
+
+def similar(name: str, limit: int = 3) -> list[str]:
+    """Catalog names close to `name` (typos, a missing dot or dash, an -Instruct Hub id of a catalog model)."""
+    by_stem: dict[str, str] = {}
+    for entry in entries():
+        by_stem.setdefault(_stem(entry.name), entry.name)
+        by_stem.setdefault(_stem(entry.hf_id), entry.name)
+    stem = _stem(name)
+    if stem in by_stem:
+        return [by_stem[stem]]
+    scored = sorted(((difflib.SequenceMatcher(None, stem, s).ratio(), s) for s in by_stem), reverse=True)
+    best = scored[0][0] if scored else 0.0
+    close = [s for ratio, s in scored if ratio >= max(0.75, best - 0.05)]
+    return list(dict.fromkeys(by_stem[c] for c in close))[:limit]
+
+
+def did_you_mean(name: str) -> str:
+    """' (did you mean llama-3.1-8b?)' or ''."""
+    names = similar(name)
+    return f" (did you mean {' or '.join(names)}?)" if names else ""

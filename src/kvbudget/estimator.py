@@ -8,7 +8,7 @@ from typing import Any
 
 from kvbudget.engines import Allocation, Capacity, Engine, EngineOptions, get_engine
 from kvbudget.engines.base import check_positive
-from kvbudget.errors import ConfigError, KVBudgetError
+from kvbudget.errors import ConfigError, EngineRuleError, KVBudgetError
 from kvbudget.model.spec import ModelSpec
 
 DEFAULT_CONTEXTS = (1024, 4096, 8192, 16384)
@@ -107,6 +107,12 @@ def estimate(
     contexts = positive_ints(context, "context") if context is not None else default_contexts(model)
     (beams,) = positive_ints((beams,), "beams")
     chosen = get_engine(engine)
+    (tp,) = positive_ints((tp,), "tp")
+    heads = model.attention_heads
+    if heads and heads % tp:  # every engine here splits the query heads evenly across ranks
+        fits = [t for t in range(1, heads + 1) if heads % t == 0 and t <= tp]
+        raise EngineRuleError(f"tp: tensor parallel size {tp} does not divide {model.name}'s {heads} attention heads "
+                              f"(the nearest that does: {fits[-1]})", param="tp")
     full_model = model
     if pp != 1 or options.pp_layer_partition is not None:
         model = most_loaded_stage(model, chosen, pp, kv_dtype, tp, options)

@@ -23,6 +23,12 @@ class GPU:
     fp8_tflops: float | None
     source: str
     compute_capability: str | None = None  # NVIDIA's ("9.0"); None for other vendors and custom cards
+    fp16_tflops: float | None = None  # dense fp16 tensor throughput (T4 and V100 have fp16 but no bf16)
+
+    @property
+    def half_tflops(self) -> float | None:
+        """Dense 16-bit tensor throughput the card has: bf16's, else fp16's (what a bf16 model runs as there)."""
+        return self.bf16_tflops or self.fp16_tflops
 
 
 @lru_cache(maxsize=1)
@@ -40,8 +46,8 @@ def _make(g: dict[str, Any]) -> GPU:
     else:
         memory, basis = int(g["memory_gb_nominal"] * GIB), "nominal (vendor figure, read as GiB)"
     bandwidth = g["bandwidth_gbps"] * 1e9 if g.get("bandwidth_gbps") else None
-    return GPU(g["name"], g.get("vendor", ""), memory, basis, bandwidth, g.get("bf16_tflops") or g.get("fp16_tflops"),
-               g.get("fp8_tflops"), g["source"], g.get("compute_capability"))
+    return GPU(g["name"], g.get("vendor", ""), memory, basis, bandwidth, g.get("bf16_tflops"), g.get("fp8_tflops"),
+               g["source"], g.get("compute_capability"), g.get("fp16_tflops"))
 
 
 def _key(text: str) -> str:
@@ -53,7 +59,7 @@ def custom_gpu(memory_bytes: int, like: GPU | None = None) -> GPU:
     if like is None:
         return GPU("custom", "", memory_bytes, "given", None, None, None, "given memory")
     return GPU(like.name, like.vendor, memory_bytes, "given", like.bandwidth_bytes_per_s, like.bf16_tflops,
-               like.fp8_tflops, f"{like.source}; memory given", like.compute_capability)
+               like.fp8_tflops, f"{like.source}; memory given", like.compute_capability, like.fp16_tflops)
 
 
 def find_gpu(name: str) -> GPU:

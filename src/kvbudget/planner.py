@@ -23,13 +23,16 @@ from kvbudget.model.weights import Weights, model_weights
 from kvbudget.units import format_bytes
 
 # Recommendation heuristics (kvbudget's choices, not engine facts):
-# a catalog model counts as "of similar size" within this fraction of the total parameters ...
+# a catalog model counts as "of similar size" within this fraction of the parameters active per token (and of the
+# total, for mixture-of-experts models), and only beside models of its own class (dense or MoE) ...
 SIMILAR_SIZE = 0.35
 # ... and is worth naming when its cache per token is at most this fraction of the model's.
 SMALLER_CACHE = 0.75
 # The "larger GPU" offered is the smallest card of the same vendor with at least this much more memory: a step
 # worth a migration (it skips near-twins such as H100-80GB -> H100-NVL's 94 GB).
 BIGGER_GPU_STEP = 1.4
+# GPUs in one server (HGX / MI300X platforms, cloud GPU instances): tensor parallelism beyond it spans nodes.
+NODE_GPUS = 8
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class Recommendation:
     note: str  # what else to know about the change ("4 GPUs", "a model of similar size")
     effect: str
     gain: float  # factor on maximum concurrency (1.0 = no change)
+    makes_it_fit: bool = False  # the deployment does not fit (or start) now and would with this change
 
     @property
     def change(self) -> str:
@@ -77,7 +81,16 @@ class Recommendation:
 
     def to_dict(self) -> dict[str, Any]:
         return {"parameters": self.parameters, "note": self.note, "change": self.change, "effect": self.effect,
-                "gain": self.gain}
+                "gain": self.gain, "makes_it_fit": self.makes_it_fit}
+
+
+class NoKVBudget(BudgetError):
+    """The weights and the engine's other memory leave nothing for the KV cache: not bad input but an answer, which
+    `answer` holds (what was asked, the memory stack, fits False, the changes that would make it fit)."""
+
+    def __init__(self, message: str, answer: dict[str, Any]):
+        super().__init__(message)
+        self.answer = answer
 
 
 @dataclass(frozen=True)
@@ -233,12 +246,22 @@ def plan(
     if kv_memory is not None:
         stack = (stack[0], Term("kv", "KV budget (given)", kv_memory, False, "given (kv_memory)"))
         kv_budget = kv_memory
+    inputs = _Inputs(model, chosen, gpu, gpu_memory, tp, pp, kv_dtype, max_len, given_options, weights, activation,
+                     overhead, utilization)
     if kv_budget <= 0:
-        raise BudgetError(
-            f"{model.name} on {card.name}: weights ({format_bytes(w.per_gpu_bytes)} per GPU) and the engine's other "
-            f"memory leave no KV budget out of {format_bytes(card.memory_bytes)}; try tensor parallel size "
-            f"{tp * 2}, a larger GPU, or a quantized checkpoint"
-        )
+        advice = _make_room(inputs, card) if recommend else ()
+        first = (f"; {advice[0].change}: {advice[0].effect}" if advice else
+                 "; no larger tensor parallel size or GPU makes room: a quantized checkpoint (give its size as weights)"
+                 if recommend else "; `kvbudget plan` says what makes room")
+        message = (f"{model.name} on {card.name}: weights ({format_bytes(w.per_gpu_bytes)} per GPU) and the engine's "
+                   f"other memory leave no KV budget out of {format_bytes(card.memory_bytes)}{first}")
+        raise NoKVBudget(message, {
+            "model": model.name, "engine": chosen.name, "gpu": card.name, "gpu_memory_bytes": card.memory_bytes,
+            "tp": tp, "pp": pp, "weights_bytes": w.per_gpu_bytes, "weights": w.to_dict(),
+            "stack": [{"key": t.key, "name": t.name, "bytes": t.bytes, "estimate": t.estimate, "note": t.note}
+                      for t in stack],
+            "kv_memory_bytes": kv_budget, "fits": False, "reason": message,
+            "recommendations": [r.to_dict() for r in advice]})
     result = estimate(model, engine=chosen, kv_dtype=kv_dtype, batch=[concurrency], beams=beams,
                       context=sorted({1024, 4096, 16384, max_len} - {0}), tp=tp, pp=pp, options=options,
                       kv_memory=kv_budget, max_model_len=max_len)
@@ -250,8 +273,6 @@ def plan(
                          int(cap.physical_token_slots * lv.threshold), cap.max_concurrency * lv.threshold / beams,
                          lv.action, lv.meaning)
                    for lv in LEVELS)
-    inputs = _Inputs(model, chosen, gpu, gpu_memory, tp, pp, kv_dtype, max_len, given_options, weights, activation,
-                     overhead, utilization)
     recs = _recommend(inputs, card, beams, cap, result) if recommend else ()
     notes += list(result.notes)
     if card.bandwidth_bytes_per_s is None:
@@ -305,19 +326,21 @@ def _similar_models(inputs: _Inputs, result: Estimate, base: float) -> list[Reco
 
     model = inputs.model
     try:
-        size = count_parameters(model).total
+        own = count_parameters(model)
     except ConfigError:  # no size of its own to compare with
         return []
+    moe = own.active < own.total
     found = []
     for entry in catalog.entries():
         other = load_model(entry.name)
         if entry.name == model.name or (other.max_position_embeddings or 0) < inputs.max_model_len:
             continue
         try:
-            other_size = count_parameters(other).total
+            theirs = count_parameters(other)
         except ConfigError:  # a family kvbudget cannot count yet has no size to compare
             continue
-        if abs(other_size / size - 1) > SIMILAR_SIZE:
+        if (theirs.active < theirs.total) != moe or abs(theirs.active / own.active - 1) > SIMILAR_SIZE or \
+                (moe and abs(theirs.total / own.total - 1) > SIMILAR_SIZE):
             continue
         alt = inputs.plan(model=other)
         if alt is None:
@@ -327,7 +350,8 @@ def _similar_models(inputs: _Inputs, result: Estimate, base: float) -> list[Reco
             if gain > 1.0001:
                 kinds = ", ".join(sorted(other.kinds()))
                 found.append(Recommendation(
-                    {"model": entry.name}, "a model of similar size",
+                    {"model": entry.name}, f"a {'MoE' if moe else 'dense'} model of similar size "
+                    f"({theirs.active / 1e9:.1f}B active)",
                     f"{alt.estimate.bytes_per_token:,} bytes per token ({kinds}); "
                     f"{alt.capacity.max_concurrency:.2f}x requests of {alt.capacity.max_model_len:,} tokens", gain))
     return sorted(found, key=lambda r: -r.gain)[:2]
@@ -361,33 +385,88 @@ def _roofline(result: Estimate, w: Weights, card: GPU, sequences: int, tp: int, 
     return tuple(rows)
 
 
+def _gpus_note(tp: int, pp: int) -> str:
+    """'4 GPUs', or, past one server, '16 GPUs on 2 nodes of 8: tensor parallel across nodes needs ...'."""
+    n = tp * pp
+    if n <= NODE_GPUS:
+        return f"{n} GPUs"
+    nodes = -(-n // NODE_GPUS)
+    across = "tensor parallel across nodes needs InfiniBand-class links; pipeline parallel across nodes is the " \
+             "usual split" if tp > NODE_GPUS else "pipeline stages on separate nodes"
+    return f"{n} GPUs on {nodes} nodes of {NODE_GPUS}: {across}"
+
+
+def _larger_gpus(card: GPU) -> list[GPU]:
+    """Cards of the same vendor with clearly more memory and no older (NVIDIA: a compute capability at least the
+    card's, so no V100 for an L4), smallest first."""
+    def newer(g: GPU) -> bool:
+        if not (card.compute_capability and g.compute_capability):
+            return True
+        return tuple(map(int, g.compute_capability.split("."))) >= tuple(map(int, card.compute_capability.split(".")))
+    return sorted((g for g in all_gpus() if g.memory_bytes >= BIGGER_GPU_STEP * card.memory_bytes
+                   and (not card.vendor or g.vendor == card.vendor) and newer(g)), key=lambda g: g.memory_bytes)
+
+
+def _tp_steps(inputs: _Inputs) -> list[int]:
+    """Larger tensor parallel sizes worth trying (powers of two up to 4 nodes) that divide the attention heads."""
+    heads = inputs.model.attention_heads
+    return [t for t in (inputs.tp * 2 ** k for k in range(1, 6)) if t * inputs.pp <= 4 * NODE_GPUS
+            and (not heads or heads % t == 0)]
+
+
+def _make_room(inputs: _Inputs, card: GPU) -> tuple[Recommendation, ...]:
+    """With no KV budget at all: the smallest tensor parallel size, and the smallest larger GPU, that leave one."""
+    recs: list[Recommendation] = []
+    if inputs.engine.serves:  # a library (transformers) runs on one device here
+        for new_tp in _tp_steps(inputs):
+            other = inputs.plan(tp=new_tp)
+            if other is not None:
+                recs.append(Recommendation({"tp": new_tp}, _gpus_note(new_tp, inputs.pp), _fit_effect(other), 1.0,
+                                           other.fits))
+                break
+    for g in _larger_gpus(card):
+        other = inputs.plan(gpu=g.name, gpu_memory=None)
+        if other is not None:
+            recs.append(Recommendation({"gpu": g.name}, "", _fit_effect(other), 1.0, other.fits))
+            break
+    return tuple(sorted(recs, key=_order))
+
+
+def _fit_effect(other: Plan) -> str:
+    cap = other.capacity
+    return (f"{cap.max_concurrency:.2f}x requests of {cap.max_model_len:,} tokens" if cap.fits else
+            f"a KV budget of {format_bytes(other.kv_memory_bytes)}, requests up to {cap.estimated_max_model_len:,} "
+            "tokens")
+
+
 def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Estimate) -> tuple[Recommendation, ...]:
     """Concrete changes and their computed effect on the maximum concurrency, best first."""
     base = cap.max_concurrency
     recs: list[Recommendation] = []
-    engine, tp, pp = inputs.engine, inputs.tp, inputs.pp
+    engine, pp = inputs.engine, inputs.pp
 
     def add(parameters: dict[str, Any], note: str, other: Plan | None, extra: str = "") -> None:
         if other is None:
             return
         gain = other.capacity.max_concurrency / base if base else float("inf")
-        if gain > 1.0001 or (not cap.fits and other.capacity.fits):
+        makes_it_fit = not cap.fits and other.capacity.fits
+        if gain > 1.0001 or makes_it_fit:
             effect = f"{other.capacity.max_concurrency:.2f}x requests of {other.capacity.max_model_len:,} tokens " \
                      f"(now {base:.2f}x)"
-            recs.append(Recommendation(parameters, note, effect + extra, gain))
+            recs.append(Recommendation(parameters, note, effect + extra, gain, makes_it_fit))
 
+    if not cap.fits and cap.estimated_max_model_len:  # the one change that makes the engine start as it is
+        if inputs.plan(max_model_len=cap.estimated_max_model_len) is not None:
+            recs.append(Recommendation({"max_model_len": cap.estimated_max_model_len}, "",
+                                       "the longest request that fits on this budget", 1.0, True))
     cheaper = engine.cheaper_kv_dtype(result.allocation.kv_dtype)
     if cheaper:
         add({"kv_dtype": cheaper}, "", inputs.plan(kv_dtype=cheaper),
             "; check quality on your own data first (KV quantization)")
-    if not cap.fits and cap.estimated_max_model_len:
-        if inputs.plan(max_model_len=cap.estimated_max_model_len) is not None:
-            recs.append(Recommendation({"max_model_len": cap.estimated_max_model_len}, "",
-                                       "the longest request that fits on this budget", 1.0))
-    for new_tp in (2 * tp, 4 * tp):
-        add({"tp": new_tp}, f"{new_tp * pp} GPUs", inputs.plan(tp=new_tp))
-    bigger = sorted((g for g in all_gpus() if g.memory_bytes >= BIGGER_GPU_STEP * card.memory_bytes
-                     and (not card.vendor or g.vendor == card.vendor)), key=lambda g: g.memory_bytes)
+    if engine.serves:  # tensor parallelism is a serving engine's (kvbudget runs transformers on one device)
+        for new_tp in _tp_steps(inputs)[:2]:
+            add({"tp": new_tp}, _gpus_note(new_tp, pp), inputs.plan(tp=new_tp))
+    bigger = _larger_gpus(card)
     if bigger:
         add({"gpu": bigger[0].name}, "", inputs.plan(gpu=bigger[0].name, gpu_memory=None))
     if inputs.model.has_windows and not engine.honours_windows(inputs.model):
@@ -399,8 +478,19 @@ def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Es
     if beams > 1:
         recs.append(Recommendation({"beams": 1}, "no beam search", f"{beams}x the requests: every beam is a sequence",
                                    float(beams)))
-    recs.sort(key=lambda r: -r.gain)
+    recs.sort(key=_order)
     return tuple(recs)
+
+
+# What a change costs, cheapest first: a setting, then more or other hardware, then another model.
+_COST = {"max_model_len": 0, "kv_dtype": 1, "engine": 1, "beams": 1, "tp": 2, "gpu": 2, "model": 3}
+
+
+def _order(r: Recommendation) -> tuple[bool, int, bool, float]:
+    """First the changes that make the deployment start (or fit) at all, cheapest first; then the largest gains,
+    those that need more than one server after the rest."""
+    cost = min((_COST.get(key, 2) for key in r.parameters), default=2)
+    return (not r.makes_it_fit, cost if r.makes_it_fit else 0, "nodes of" in r.note, -r.gain)
 
 
 def guard_config_yaml(p: Plan) -> str:
@@ -450,24 +540,30 @@ class Comparison:
 
 def compare(models: list[ModelSpec], engine: str | Engine = "vllm", gpu: str | None = None,
             gpu_memory: int | None = None, context: int = 8192, kv_dtype: str = "auto",
-            options: EngineOptions = EngineOptions()) -> tuple[Comparison, ...]:
-    """Models side by side: bytes per token, and with a GPU, capacity and the longest context that fits."""
+            options: EngineOptions = EngineOptions(), tp: int = 1) -> tuple[Comparison, ...]:
+    """Models side by side: bytes per token per GPU at tensor parallel size `tp`, and with a GPU, capacity and the
+    longest context that fits. A model whose maximum length is below `context` is computed at `context` anyway,
+    with a note saying so."""
     chosen = get_engine(engine)
     rows = []
     for model in models:
-        est = estimate(model, engine=chosen, kv_dtype=kv_dtype, context=[context], options=options)
+        est = estimate(model, engine=chosen, kv_dtype=kv_dtype, context=[context], options=options, tp=tp)
         budget = longest = None
         concurrency: float | None = None
-        note = ""
+        notes = []
+        if model.max_position_embeddings and model.max_position_embeddings < context:
+            notes.append(f"{model.name} is trained for {model.max_position_embeddings:,} tokens, fewer than the "
+                         f"{context:,} compared here")
         if gpu or gpu_memory:
             try:
-                p = plan(model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, kv_dtype=kv_dtype,
+                p = plan(model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, kv_dtype=kv_dtype, tp=tp,
                          max_model_len=context, options=options, recommend=False)
                 budget, concurrency = p.kv_memory_bytes, p.capacity.max_concurrency
                 top = model.max_position_embeddings or context
-                longest = _longest_context(model, chosen, budget, 1, top, kv_dtype, 1, 1, p.options)
+                longest = _longest_context(model, chosen, budget, 1, top, kv_dtype, tp, 1, p.options)
             except KVBudgetError as exc:
-                note = str(exc)
+                notes.append(str(exc))
+        note = "; ".join(notes)
         rows.append(Comparison(model.name, model.kinds(), est.bytes_per_token, est.fixed_bytes_per_sequence,
                                est.points[0].kv_bytes, context, budget, concurrency, longest, note))
     return tuple(rows)

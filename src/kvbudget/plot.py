@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.errors import KVBudgetError
 from kvbudget.estimator import estimate
+from kvbudget.files import publish
 from kvbudget.planner import Plan
 from kvbudget.units import GIB
 
@@ -42,7 +43,7 @@ def _save(plt: Any, fig: Any, path: str) -> None:
     os.close(fd)
     try:
         fig.savefig(tmp)
-        os.replace(tmp, path)
+        publish(tmp, path)
     finally:
         plt.close(fig)
         if os.path.exists(tmp):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvbudget import catalog
+from kvbudget import catalog, hub
 from kvbudget.engines import Engine, get_engine
 from kvbudget.errors import TokenizerError
 
@@ -274,7 +274,8 @@ def load_tokenizer(source: str | os.PathLike | None):
         entry = catalog.find(text)
         repo = entry.hf_id if entry else text
         if repo.count("/") != 1:
-            raise TokenizerError(f"{text!r} is not a model folder, a catalog name or a Hub id for a tokenizer")
+            raise TokenizerError(f"{text!r} is not a model folder, a catalog name or a Hub id for a tokenizer"
+                                 f"{catalog.did_you_mean(text)}")
         folder = _hub_tokenizer(repo, text if entry else None)
     try:
         tok = AutoTokenizer.from_pretrained(str(folder), use_fast=True)
@@ -290,17 +291,19 @@ def _hub_tokenizer(repo: str, catalog_name: str | None) -> Path:
     from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     named = f"{catalog_name} ({repo})" if catalog_name else repo
+    offline = hub.offline_reason()
     try:
-        return Path(snapshot_download(repo, allow_patterns=TOKENIZER_FILES))
+        return Path(snapshot_download(repo, allow_patterns=TOKENIZER_FILES, local_files_only=offline is not None))
     except GatedRepoError:
         raise TokenizerError(f"{named}: the tokenizer is in a gated repository; accept its licence on the Hub and "
                             "set HF_TOKEN") from None
     except RepositoryNotFoundError:
         raise TokenizerError(f"{named}: no such repository on the Hub (if it is private, set HF_TOKEN)") from None
     except LocalEntryNotFoundError:
+        meant = "" if catalog_name else catalog.did_you_mean(repo)
         raise TokenizerError(f"{named}: the tokenizer is not in the local Hugging Face cache and the Hub cannot be "
-                            "reached (offline); download it once online, pass a local folder, or use "
-                            "a labelled character estimate (approximate=True)") from None
+                            f"reached ({offline or 'no network'}){meant}; download it once online, pass a local "
+                            "folder, or use a labelled character estimate (approximate=True)") from None
     except (OSError, ValueError) as exc:
         raise TokenizerError(f"{named}: could not fetch the tokenizer: {exc}".splitlines()[0]) from None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from kvbudget.errors import KVBudgetError
 
@@ -49,14 +50,18 @@ def format_bytes(n: float) -> str:
 
 
 def parse_positive_ints(text: str, what: str) -> tuple[int, ...]:
-    """'1,4,8' -> (1, 4, 8); every value must be a positive integer. Accepts 4k/32K = 4096/32768."""
+    """'1,4,8' -> (1, 4, 8); every value must be a positive integer. Accepts k and M as powers of 1024 (4k = 4096,
+    1.5k = 1536, 1M = 1,048,576), as context lengths are written; a fraction must come out whole."""
     values = []
     for part in str(text).split(","):
         part = part.strip()
-        m = re.fullmatch(r"([0-9]+)([kK]?)", part)
+        m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kKmM]?)", part)
         if not m:
-            raise KVBudgetError(f"{what}: {part!r} is not a positive integer (write e.g. 1,4,8 or 4k)")
-        value = int(m.group(1)) * (1024 if m.group(2) else 1)
+            raise KVBudgetError(f"{what}: {part!r} is not a positive integer (write e.g. 1,4,8, 4k, 1.5k or 1M)")
+        exact = Fraction(m.group(1)) * {"": 1, "k": 1024, "m": 1024**2}[m.group(2).lower()]
+        if exact.denominator != 1:
+            raise KVBudgetError(f"{what}: {part!r} is {float(exact):,.2f}, not a whole number of tokens")
+        value = int(exact)
         if value <= 0:
             raise KVBudgetError(f"{what}: {part!r} must be positive")
         values.append(value)

@@ -58,8 +58,9 @@ def run_gpus(args: argparse.Namespace) -> int:
     for name in ("name", "memory", "bandwidth", "bf16 TFLOPS", "fp8 TFLOPS"):
         table.add_column(name, no_wrap=True)
     for g in gpus():
+        half = f"{g.bf16_tflops:g}" if g.bf16_tflops else f"- (fp16 {g.fp16_tflops:g})" if g.fp16_tflops else "-"
         table.add_row(g.name, format_bytes(g.memory_bytes) + ("" if g.memory_basis.startswith("as") else " (nominal)"),
                       f"{g.bandwidth_bytes_per_s / 1e9:,.0f} GB/s" if g.bandwidth_bytes_per_s else "-",
-                      f"{g.bf16_tflops:g}" if g.bf16_tflops else "-", f"{g.fp8_tflops:g}" if g.fp8_tflops else "-")
+                      half, f"{g.fp8_tflops:g}" if g.fp8_tflops else "-")
     console().print(table)
     return 0

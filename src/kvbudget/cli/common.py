@@ -13,6 +13,8 @@ from typing import Any
 from kvbudget.dtypes import KV_DTYPE_CHOICES
 from kvbudget.engines import ENGINES, EngineOptions, get_engine
 from kvbudget.errors import KVBudgetError
+from kvbudget.files import publish
+from kvbudget.model.load import RESOLUTION_ORDER
 from kvbudget.units import parse_positive_ints, parse_size
 
 UNITS_NOTE = "KiB/MiB/GiB are powers of 1024"
@@ -57,10 +59,12 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_model_engine(p: argparse.ArgumentParser, default_engine: str, many: bool = False) -> None:
+    order = "; read as " + ", else ".join(RESOLUTION_ORDER)
     if many:
-        p.add_argument("models", nargs="+", help="two or more models (catalog names, files, folders, Hub ids)")
+        p.add_argument("models", nargs="+", help="two or more models (config.json files, model folders, catalog "
+                       f"names, Hub ids){order}")
     else:
-        p.add_argument("model", help="catalog name (kvbudget models), config.json, model folder or Hub id")
+        p.add_argument("model", help=f"a config.json, a model folder, a catalog name or a Hub id{order}")
     p.add_argument("--engine", default=default_engine, help=f"one of {', '.join(ENGINES)} (default {default_engine}); "
                                                            "vllm@0.8 models that vLLM release (0.5 to 0.32)")
     p.add_argument("--kv-dtype", default="auto", help=f"one of {', '.join(KV_DTYPE_CHOICES)} (default auto)")
@@ -158,13 +162,63 @@ def counted_context(args: argparse.Namespace, instead_of: str) -> tuple[int | No
 
 
 def console() -> Any:
+    """rich's Console without its number highlighter (which coloured 131,072 as three tokens), whose tables fit the
+    terminal: numbers never wrap or get cut, text columns wrap instead (fit_table)."""
     from rich.console import Console
+    from rich.table import Table
 
-    return Console()
+    class FittingConsole(Console):
+        def print(self, *objects: Any, **kwargs: Any) -> None:
+            for obj in objects:
+                if isinstance(obj, Table):
+                    fit_table(obj, self.width)
+            super().print(*objects, **kwargs)
+
+    return FittingConsole(highlight=False)
+
+
+def fit_table(table: Any, width: int) -> None:
+    """A table wider than the terminal is laid out by hand: a lighter box (no vertical rules); each number column as
+    wide as its widest cell (numbers never wrap or get cut; headers wrap between words); text columns share what is
+    left and wrap. Tables that fit are left as they are. Cells never end in an ellipsis."""
+    from rich.cells import cell_len
+
+    def plain(cell: Any) -> str:
+        return cell.plain if hasattr(cell, "plain") else str(cell)
+
+    def longest_line(texts: list[str]) -> int:
+        return max((cell_len(line) for t in texts for line in t.split("\n")), default=0)
+
+    for column in table.columns:
+        column.overflow = "fold"
+    columns = table.columns
+    natural = [max(longest_line([plain(c) for c in col._cells]), longest_line([plain(col.header)])) for col in columns]
+    if table.box is None or sum(natural) + 3 * len(columns) + 1 <= width:
+        return
+    table.box, table.padding, table.pad_edge, table.show_edge = None, (0, 1), False, False
+    table.header_style = "bold underline"
+    gaps = 2 * (len(columns) - 1)  # a space of padding either side
+    numbers = [i for i, col in enumerate(columns) if col.justify == "right"]
+    words = [i for i in range(len(columns)) if i not in numbers]
+    # a number column is as wide as its widest number; words in it ("does not fit") may wrap
+    cells = {i: longest_line([t for t in map(plain, columns[i]._cells) if any(ch.isdigit() for ch in t)]) or 1
+             for i in numbers}
+    fixed = {i: max(cells[i], max((cell_len(w) for w in plain(columns[i].header).split()), default=0))
+             for i in numbers}
+    if sum(fixed.values()) + gaps + 6 * len(words) > width:  # headers fold inside words before numbers do
+        fixed = dict(cells)
+    room = width - gaps - sum(fixed.values())
+    for n, i in enumerate(sorted(words, key=lambda i: natural[i])):  # short text whole, the longest wraps most
+        share = max(6, room // (len(words) - n))
+        fixed[i] = min(natural[i], share) if n < len(words) - 1 else max(6, room)
+        room -= fixed[i]
+    for i, col in enumerate(columns):
+        col.width = fixed[i]
 
 
 def write_atomically(path: str, text: str, what: str) -> None:
-    """Write a whole file or nothing: a temporary file beside it, then a rename."""
+    """Write a whole file or nothing (a temporary file beside it, then a rename), with the mode a new file gets
+    (0644 under the usual umask), and say on stderr where it went."""
     target = os.path.abspath(path)
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):
@@ -173,11 +227,16 @@ def write_atomically(path: str, text: str, what: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        os.replace(tmp, target)
+        publish(tmp, target)
     except OSError as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise KVBudgetError(f"{what}: cannot write {path}: {exc.strerror or exc}") from None
+    wrote(path, what)
+
+
+def wrote(path: str, what: str) -> None:
+    print(f"kvbudget: wrote {path} ({what})", file=sys.stderr)
 
 
 def read_yaml(path: str, what: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from kvbudget.cli.common import (
     size,
     size_or_zero,
     write_atomically,
+    wrote,
 )
 from kvbudget.engines import EngineOptions
 from kvbudget.errors import KVBudgetError
@@ -62,12 +63,13 @@ def add_parser(sub: Any) -> None:
     cmp_.add_argument("--gpu", help="GPU from `kvbudget gpus`: adds KV budget, concurrency and longest context")
     cmp_.add_argument("--gpu-memory", help="memory of one GPU instead of --gpu")
     cmp_.add_argument("--context", default="8192", help="request length to compare at (default 8192)")
+    cmp_.add_argument("--tp", default="1", help="tensor parallel size for every model (default 1)")
     cmp_.add_argument("--json", action="store_true", help="print JSON")
     cmp_.set_defaults(run=run_compare)
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvbudget.planner import guard_config_yaml, plan
+    from kvbudget.planner import NoKVBudget, guard_config_yaml
 
     options = engine_options(args)  # first: it reads the release off --engine NAME@VERSION
     counted, counted_note = counted_context(args, "--max-model-len")
@@ -77,7 +79,34 @@ def run(args: argparse.Namespace) -> int:
             util = float(args.utilization)
         except ValueError:
             raise KVBudgetError(f"--utilization: {args.utilization!r} is not a number between 0 and 1") from None
-    result = plan(
+    try:
+        result = _plan(args, options, counted, util)
+    except NoKVBudget as exc:  # "does not fit" is an answer: said in full, exit 0
+        if args.json:
+            print(json.dumps(exc.answer, indent=2))
+        else:
+            render_no_budget(exc.answer)
+        return 0
+    if counted_note:
+        result = replace(result, notes=(*result.notes, counted_note))
+    if args.guard_config:
+        write_atomically(args.guard_config, guard_config_yaml(result), "--guard-config")
+    if args.plot:
+        from kvbudget.plot import plot_plan
+
+        plot_plan(result, args.plot)
+        wrote(args.plot, "--plot")
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        render(result)
+    return 0
+
+
+def _plan(args: argparse.Namespace, options: EngineOptions, counted: int | None, util: float | None) -> Plan:
+    from kvbudget.planner import plan
+
+    return plan(
         load_model(args.model), engine=args.engine, gpu=args.gpu, gpu_memory=size(args.gpu_memory, "--gpu-memory"),
         gpus=optional_one(args.gpus, "--gpus"), tp=one(args.tp, "--tp"), pp=one(args.pp, "--pp"),
         kv_dtype=args.kv_dtype, max_model_len=counted or optional_one(args.max_model_len, "--max-model-len"),
@@ -87,19 +116,26 @@ def run(args: argparse.Namespace) -> int:
         overhead=size_or_zero(args.overhead, "--overhead"), utilization=util,
         kv_memory=size(args.kv_memory, "--kv-memory"),
     )
-    if counted_note:
-        result = replace(result, notes=(*result.notes, counted_note))
-    if args.guard_config:
-        write_atomically(args.guard_config, guard_config_yaml(result), "--guard-config")
-    if args.plot:
-        from kvbudget.plot import plot_plan
 
-        plot_plan(result, args.plot)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+
+def render_no_budget(answer: dict[str, Any]) -> None:
+    """A deployment that leaves no KV budget: the memory stack and the changes that make room."""
+    from kvbudget.planner import Recommendation
+
+    out = console()
+    out.print(f"[bold]{answer['model']}[/] on [bold]{answer['gpu']}[/] x{answer['tp'] * answer['pp']} (tp "
+              f"{answer['tp']}, pp {answer['pp']}) with [bold]{answer['engine']}[/]: [red]does not fit[/]")
+    for t in answer["stack"]:
+        out.print(f"  {t['name']}: {format_bytes(t['bytes'])}" + (" (estimate)" if t["estimate"] else ""))
+    out.print("  the weights and the engine's other memory leave no KV budget")
+    if answer["recommendations"]:
+        out.print("[bold]What to change[/] (best first):")
+        recs = [Recommendation(r["parameters"], r["note"], r["effect"], r["gain"], r["makes_it_fit"])
+                for r in answer["recommendations"]]
+        out.print(hanging([(f"  {i}.", f"{change_text(rec)}: {rec.effect}") for i, rec in enumerate(recs, 1)]))
     else:
-        render(result)
-    return 0
+        out.print("  no larger tensor parallel size or GPU makes room: a quantized checkpoint (give its size with "
+                  "--weights)")
 
 
 def render(p: Plan) -> None:
@@ -142,17 +178,29 @@ def render(p: Plan) -> None:
         out.print(roof)
     levels = Table(title="Degradation plan (fractions of the KV budget)")
     for name in ("level", "at", "KV bytes", "tokens in cache", "requests", "action"):
-        levels.add_column(name)
+        levels.add_column(name, justify="left" if name in ("level", "action") else "right")
     for lv in p.levels:
         levels.add_row(lv.name, f"{lv.fraction:.0%}", format_bytes(lv.kv_bytes), f"{lv.tokens:,}",
                        f"{lv.requests:.2f}", lv.meaning)
     out.print(levels)
     if p.recommendations:
         out.print("[bold]What to change[/] (best first):")
-        for i, rec in enumerate(p.recommendations, 1):
-            out.print(f"  {i}. {change_text(rec)}: {rec.effect}")
-    for note in p.notes:
-        out.print(f"[yellow]note:[/] {note}")
+        out.print(hanging([(f"  {i}.", f"{change_text(rec)}: {rec.effect}")
+                           for i, rec in enumerate(p.recommendations, 1)]))
+    if p.notes:
+        out.print(hanging([("[yellow]note:[/]", cli_text(note)) for note in p.notes]))
+
+
+def hanging(items: list[tuple[str, str]]) -> Any:
+    """Numbered or labelled lines whose wrapped text stays indented under itself."""
+    from rich.table import Table
+
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    for label, text in items:
+        grid.add_row(label, text)
+    return grid
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -163,16 +211,16 @@ def run_compare(args: argparse.Namespace) -> int:
     release = engine_release(args)
     rows = compare([load_model(m) for m in args.models], engine=args.engine, gpu=args.gpu,
                    gpu_memory=size(args.gpu_memory, "--gpu-memory"), context=one(args.context, "--context"),
-                   kv_dtype=args.kv_dtype, options=EngineOptions(engine_version=release))
+                   kv_dtype=args.kv_dtype, options=EngineOptions(engine_version=release), tp=one(args.tp, "--tp"))
     if args.json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
         return 0
     from rich.table import Table
 
     table = Table(title=f"{args.engine}, requests of {rows[0].context:,} tokens ({UNITS_NOTE})")
-    columns = ["model", "cache layers", "per token", "fixed/seq", "one request"]
+    columns = ["model", "cache layers", "per token", "fixed per seq", "one request"]
     if args.gpu or args.gpu_memory:
-        columns += ["KV budget", "concurrency", "longest context"]
+        columns += ["KV budget", "max requests", "longest context"]
     for name in columns:
         table.add_column(name, justify="left" if name in ("model", "cache layers") else "right")
     for r in rows:

@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvbudget.cli.common import console, size
+from kvbudget.cli.common import console, size, wrote
 
 
 def add_parser(sub: Any) -> None:
@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         from kvbudget.plot import plot_quality
 
         plot_quality(report, args.plot)
+        wrote(args.plot, "--plot")
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0

@@ -18,6 +18,7 @@ from kvbudget.cli.common import (
     optional_one,
     size,
     write_atomically,
+    wrote,
 )
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.load import load_model
@@ -246,6 +247,7 @@ def run(args: argparse.Namespace) -> int:
         from kvbudget.plot import plot_simulation
 
         plot_simulation(sim, args.plot, _credit(args))
+        wrote(args.plot, "--plot")
     if args.json:
         print(json.dumps(sim.to_dict(), indent=2))
     else:

@@ -276,10 +276,12 @@ class VLLMEngine(Engine):
             if sb != b:
                 detail += f"; blocks of {sb} tokens (page {layout.page:,} B, as the largest layer's)"
             groups.append(CacheGroup(spec.label, padded, layout.page // sb, cap, 0, detail, sb))
+        windowed = (f"; sliding and chunked layers at the reservation vLLM admits requests against "
+                    f"(max_num_batched_tokens {layout.mnbt})")
         return Allocation(
             engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=tuple(groups),
-            notes=(f"vLLM: blocks of {b} tokens; sliding and chunked layers at the reservation vLLM admits "
-                   f"requests against (max_num_batched_tokens {layout.mnbt})",),
+            notes=(f"vLLM: blocks of {b} tokens" + (windowed if any(
+                spec.kind in ("sliding", "chunked") for spec, _, _ in layout.buckets) else ""),),
         )
 
     def block_groups(self, model: ModelSpec, max_model_len: int, kv_dtype: str = "auto", tp: int = 1,

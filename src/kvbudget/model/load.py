@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvbudget import catalog
+from kvbudget import catalog, hub
 from kvbudget.errors import ConfigError
 from kvbudget.model.config import parse_config
 from kvbudget.model.spec import ModelSpec
@@ -38,20 +38,21 @@ def _from_hub(repo_id: str) -> Path:
         )
     except ImportError:  # pragma: no cover - a declared dependency
         raise ConfigError("huggingface_hub is not installed; pip install huggingface_hub") from None
+    offline = hub.offline_reason()
     try:
-        return Path(hf_hub_download(repo_id, "config.json"))
+        return Path(hf_hub_download(repo_id, "config.json", local_files_only=offline is not None))
     except GatedRepoError:
         raise ConfigError(
             f"{repo_id}: the repository is gated; accept its licence on the Hub and set HF_TOKEN"
         ) from None
     except RepositoryNotFoundError:
         hint = "" if os.environ.get("HF_TOKEN") else " (if it is private, set HF_TOKEN)"
-        raise ConfigError(f"{repo_id}: no such model on the Hub{hint}; or name a catalog model "
-                          "(kvbudget models)") from None
+        raise ConfigError(f"{repo_id}: no such model on the Hub{hint}{catalog.did_you_mean(repo_id)}; or name a "
+                          "catalog model (kvbudget models)") from None
     except LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: test it first
         raise ConfigError(
             f"{repo_id}: config.json is not in the local Hugging Face cache and the Hub cannot be reached"
-            " (HF_HUB_OFFLINE is set or there is no network); download it once online, or pass a file"
+            f" ({offline or 'no network'}){catalog.did_you_mean(repo_id)}; download it once online, or pass a file"
         ) from None
     except EntryNotFoundError:
         raise ConfigError(f"{repo_id}: the repository has no config.json") from None
@@ -82,27 +83,31 @@ def save_dequantized(model: Any, folder: Path) -> None:
     save_model(model, str(folder / "model.safetensors"))
 
 
+RESOLUTION_ORDER = ("an existing file or folder", "a catalog name (kvbudget models)", "a Hub id (org/name)")
+
+
 def load_model(source: str | os.PathLike | dict, name: str | None = None) -> ModelSpec:
-    """A ModelSpec from a catalog name, a config.json path, a model folder, a Hub id, or a config dict."""
+    """A ModelSpec from, in this order: an existing config.json or model folder, a catalog name, a Hub id (its
+    config.json through huggingface_hub's cache; offline, only that cache), or a config dict."""
     if isinstance(source, dict):
         return parse_config(source, name=name or "model", source="<dict>")
     text = str(source)
-    entry = catalog.find(text)
-    if entry is not None:
-        return parse_config(read_json(entry.path), name=entry.name, source=f"catalog:{entry.name}")
     path = Path(text).expanduser()
     if path.is_dir():
         config_path = path / "config.json"
         if not config_path.is_file():
             raise ConfigError(f"{path}: folder has no config.json; pass a config file or a model folder")
         return parse_config(read_json(config_path), name=name or path.name, source=str(config_path))
-    if path.exists() or text.endswith(".json") or text.startswith((".", "/", "~")):
-        if not path.is_file():
-            raise ConfigError(f"{path}: no such file; pass a config.json, a model folder, a catalog name or a Hub id")
+    if path.is_file():
         return parse_config(read_json(path), name=name or path.stem, source=str(path))
+    entry = catalog.find(text)
+    if entry is not None:
+        return parse_config(read_json(entry.path), name=entry.name, source=f"catalog:{entry.name}")
+    if text.endswith(".json") or text.startswith((".", "/", "~")):
+        raise ConfigError(f"{path}: no such file; pass a config.json, a model folder, a catalog name or a Hub id")
     if text.count("/") == 1 and all(text.split("/")):
         return parse_config(read_json(_from_hub(text)), name=name or text, source=f"hub:{text}")
     raise ConfigError(
-        f"{text!r} is not a catalog model, a file, a folder or a Hub id (org/name); "
+        f"{text!r} is not a file, a folder, a catalog model or a Hub id (org/name){catalog.did_you_mean(text)}; "
         "run `kvbudget models` for the catalog"
     )

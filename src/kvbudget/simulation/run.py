@@ -314,10 +314,10 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
 
 def _roofline(p: Any, card: Any) -> TimeModel:
     """The roofline over the card's datasheet peaks; without them, nominal peaks (only a calibration helps)."""
-    figures = card is not None and card.bandwidth_bytes_per_s and card.bf16_tflops
+    figures = card is not None and card.bandwidth_bytes_per_s and card.half_tflops
     return TimeModel.roofline(p.weights.active_bytes / p.tp, p.estimate.bytes_per_token,
                               2 * p.weights.active_params / p.tp, card.bandwidth_bytes_per_s if figures else 1e12,
-                              card.bf16_tflops * 1e12 if figures else 1e12,
+                              card.half_tflops * 1e12 if figures else 1e12,
                               "roofline estimate" if figures else NOMINAL)
 
 
