@@ -105,3 +105,31 @@ def test_gpu_data_says_what_software_sees(monkeypatch, capsys):
     assert gcd.name == "MI250X-GCD" and gcd.memory_bytes == 64 * 2**30
     out = run80(monkeypatch, capsys, ["gpus"])
     assert "- (fp16 65)" in out and "MI250X-GCD" in out
+
+
+def test_a_bad_line_in_a_request_log_is_counted_and_skipped(tmp_path, capsys):
+    log = tmp_path / "requests.jsonl"
+    log.write_text('{"messages":[{"role":"user","content":"hello there"}],"max_tokens":5}\nnot json\n{"foo":1}\n'
+                   '{"messages":[{"role":"user","content":"second one"}]}\n')
+    assert main(["tokens", "--approximate", "x", str(log), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["count"] == 2 and stats["skipped_lines"] == 2
+    assert [s["line"] for s in stats["skipped"]] == [2, 3] and "invalid JSON" in stats["skipped"][0]["why"]
+    assert main(["tokens", "--approximate", "x", str(log)]) == 0
+    assert "skipped 2 line(s)" in capsys.readouterr().out
+
+
+def test_loading_a_tokenizer_is_announced_on_a_terminal(offline, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    main(["tokens", "meta-llama/Llama-3.1-8B-Instruct", "/usr/share/common-licenses/Apache-2.0"])
+    assert "loading the tokenizer of meta-llama/Llama-3.1-8B-Instruct" in capsys.readouterr().err
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    from kvbudget import hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub.offline_reason.cache_clear()
+    yield
+    hub.offline_reason.cache_clear()

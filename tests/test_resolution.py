@@ -36,7 +36,7 @@ def test_offline_hub_id_names_the_catalog_model(offline, capsys):
 
 
 def test_offline_tokens_fail_the_same_way(offline, capsys):
-    assert main(["tokens", "meta-llama/Llama-3.1-8B-Instruct", "/usr/share/common-licenses/MIT"]) == 2
+    assert main(["tokens", "meta-llama/Llama-3.1-8B-Instruct", "/usr/share/common-licenses/Apache-2.0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "HF_HUB_OFFLINE is set" in err and "did you mean llama-3.1-8b?" in err
 
@@ -56,4 +56,5 @@ def test_the_help_states_the_order(capsys):
     with pytest.raises(SystemExit):
         main(["estimate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "an existing file or folder, else a catalog name (kvbudget models), else a Hub id" in out
+    assert ("an existing file (config.json or .gguf) or folder, else a catalog name (kvbudget models), else a Hub "
+            "id") in out

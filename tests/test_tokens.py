@@ -199,7 +199,7 @@ def test_approximate_is_labelled(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("make_argv, expected", [
-    (lambda t, d: ["tokens", str(t), str(d / "bad.jsonl")], "line 2: invalid JSON"),
+    (lambda t, d: ["tokens", str(t), str(d / "allbad.jsonl")], "no requests (1 bad line(s); line 1: invalid JSON"),
     (lambda t, d: ["tokens", str(d)], "no tokenizer files"),
     (lambda t, d: ["tokens", str(t), str(d / "nomsg.json")], "'messages'"),
     (lambda t, d: ["tokens", str(t), str(d / "missing.txt")], "cannot read"),
@@ -211,6 +211,7 @@ def test_approximate_is_labelled(tmp_path, capsys):
 ])
 def test_bad_input(tok_dir, tmp_path, capsys, make_argv, expected):
     (tmp_path / "bad.jsonl").write_text(json.dumps({"messages": MESSAGES}) + "\n{oops\n")
+    (tmp_path / "allbad.jsonl").write_text("{oops\n")
     (tmp_path / "nomsg.json").write_text(json.dumps({"prompt": "hi"}))
     assert main(make_argv(tok_dir, tmp_path)) == 2
     out, err = capsys.readouterr()

@@ -60,16 +60,22 @@ class Distribution:
         return {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99, "max": self.max}
 
 
+SKIPPED_SHOWN = 10  # bad lines of a request log named in full; the rest are counted
+
+
 @dataclass(frozen=True)
 class LogStats:
     count: int
     prompt_tokens: Distribution
     total_tokens: Distribution  # prompt + max_tokens
     approximate: bool = False
+    skipped: tuple[tuple[int, str], ...] = ()  # (line number, why) of lines that are not a chat request
 
     def to_dict(self) -> dict:
         return {"count": self.count, "prompt_tokens": self.prompt_tokens.to_dict(),
-                "prompt_plus_max_tokens": self.total_tokens.to_dict(), "approximate": self.approximate}
+                "prompt_plus_max_tokens": self.total_tokens.to_dict(), "approximate": self.approximate,
+                "skipped_lines": len(self.skipped),
+                "skipped": [{"line": n, "why": why} for n, why in self.skipped[:SKIPPED_SHOWN]]}
 
 
 def distribution(values: array) -> Distribution:
@@ -165,9 +171,11 @@ class PromptCounter:
         return PromptCount(total, tuple(parts), None, templated=template)
 
     def count_lines(self, lines: Iterable[str], template: bool = True, batch: int = 256,
-                    progress: Callable[[int], object] | None = None) -> Iterator[tuple[int, int | None, dict]]:
+                    progress: Callable[[int], object] | None = None,
+                    skipped: list[tuple[int, str]] | None = None) -> Iterator[tuple[int, int | None, dict]]:
         """Streams JSON Lines of chat requests: (prompt tokens, max_tokens, the request) per request, counted in
-        batches; a bad line names its number."""
+        batches. A bad line is an error naming its number, or, given a `skipped` list, is recorded there (number,
+        why) and passed over."""
         pending: list[tuple[list[dict], int | None, dict]] = []
 
         def flush() -> Iterator[tuple[int, int | None, dict]]:
@@ -186,12 +194,19 @@ class PromptCounter:
             if not line:
                 continue
             try:
-                request = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TokenizerError(f"line {number}: invalid JSON ({exc.msg}); each line must be one chat "
-                                    "request object") from None
-            messages, max_tokens = _request_fields(request, f"line {number}")
-            pending.append(([{**m, "content": _content_text(m)} for m in messages], max_tokens, request))
+                try:
+                    request = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise TokenizerError(f"line {number}: invalid JSON ({exc.msg}); each line must be one chat "
+                                        "request object") from None
+                messages, max_tokens = _request_fields(request, f"line {number}")
+                parts = [{**m, "content": _content_text(m)} for m in messages]
+            except TokenizerError as exc:
+                if skipped is None:
+                    raise
+                skipped.append((number, str(exc).removeprefix(f"line {number}: ")))
+                continue
+            pending.append((parts, max_tokens, request))
             if len(pending) >= batch:
                 yield from flush()
         if pending:
@@ -201,12 +216,14 @@ class PromptCounter:
                     progress: Callable[[int], object] | None = None) -> LogStats:
         """Streams JSON Lines of chat requests: only token counts are kept, never the texts."""
         prompts, totals = array("q"), array("q")
-        for n, max_tokens, _ in self.count_lines(lines, template, batch, progress):
+        skipped: list[tuple[int, str]] = []
+        for n, max_tokens, _ in self.count_lines(lines, template, batch, progress, skipped):
             prompts.append(n)
             totals.append(n + (max_tokens or 0))
         if not len(prompts):
-            raise TokenizerError("the JSON Lines input holds no requests")
-        return LogStats(len(prompts), distribution(prompts), distribution(totals), self.approximate)
+            first = f" ({len(skipped)} bad line(s); line {skipped[0][0]}: {skipped[0][1]})" if skipped else ""
+            raise TokenizerError(f"the JSON Lines input holds no requests{first}")
+        return LogStats(len(prompts), distribution(prompts), distribution(totals), self.approximate, tuple(skipped))
 
 
 def _names(messages: list[dict]) -> list[str]:
@@ -264,6 +281,12 @@ def load_tokenizer(source: str | os.PathLike | None):
     transformers.logging.set_verbosity_error()
     text = str(source)
     path = Path(text).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":  # the tokenizer and chat template the file carries
+        try:
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, use_fast=True)
+        except Exception as exc:
+            raise TokenizerError(f"{path}: could not load the tokenizer it carries: {exc}".splitlines()[0]) from None
+        return tok
     if path.is_file():
         path = path.parent
     if path.is_dir():

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 def add_parser(sub: Any) -> None:
     tk = sub.add_parser("tokens", help="exact prompt lengths with the model's tokenizer and chat template")
-    tk.add_argument("model", help="model folder, Hub id, or catalog name (its Hub id) for the tokenizer")
+    tk.add_argument("model", help="a .gguf file, a model folder, a Hub id, or a catalog name (its Hub id) for the "
+                                  "tokenizer")
     tk.add_argument("files", nargs="*", help="text files (documents), a chat request .json, a .jsonl log, "
                                             "or - for stdin")
     tk.add_argument("--question", help="the question after the documents")
@@ -35,6 +36,8 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvbudget.tokens import PromptCounter, iter_lines, read_request
 
+    if not args.approximate and sys.stderr.isatty():  # loading takes seconds: say what is happening
+        print(f"kvbudget: loading the tokenizer of {args.model} ...", file=sys.stderr, flush=True)
     counter = PromptCounter(args.model, approximate=args.approximate, engine=args.engine)
     template = not args.no_template
     files = args.files or ["-"]
@@ -107,10 +110,19 @@ def progress_lines(path: str, iter_lines: Callable[[str], Iterator[str]]) -> Ite
 def render_stats(stats: LogStats, path: str) -> None:
     from rich.table import Table
 
+    from kvbudget.tokens import SKIPPED_SHOWN
+
     label = " (approximate)" if stats.approximate else ""
     table = Table(title=f"{stats.count:,} requests in {path}{label}")
     for name in ("", "mean", "p50", "p90", "p99", "max"):
         table.add_column(name, justify="right" if name else "left")
     for name, d in (("prompt tokens", stats.prompt_tokens), ("prompt + max_tokens", stats.total_tokens)):
         table.add_row(name, f"{d.mean:,.1f}", f"{d.p50:,}", f"{d.p90:,}", f"{d.p99:,}", f"{d.max:,}")
-    console().print(table)
+    out = console()
+    out.print(table)
+    if stats.skipped:
+        out.print(f"[yellow]skipped {len(stats.skipped):,} line(s)[/] that are not a chat request, not counted:")
+        for number, why in stats.skipped[:SKIPPED_SHOWN]:
+            out.print(f"  line {number}: {why}")
+        if len(stats.skipped) > SKIPPED_SHOWN:
+            out.print(f"  ... and {len(stats.skipped) - SKIPPED_SHOWN:,} more")

@@ -10,6 +10,7 @@ from typing import Any
 from kvbudget import catalog, hub
 from kvbudget.errors import ConfigError
 from kvbudget.model.config import parse_config
+from kvbudget.model.gguf import read_gguf
 from kvbudget.model.spec import ModelSpec
 
 
@@ -83,7 +84,8 @@ def save_dequantized(model: Any, folder: Path) -> None:
     save_model(model, str(folder / "model.safetensors"))
 
 
-RESOLUTION_ORDER = ("an existing file or folder", "a catalog name (kvbudget models)", "a Hub id (org/name)")
+RESOLUTION_ORDER = ("an existing file (config.json or .gguf) or folder", "a catalog name (kvbudget models)",
+                    "a Hub id (org/name)")
 
 
 def load_model(source: str | os.PathLike | dict, name: str | None = None) -> ModelSpec:
@@ -98,12 +100,15 @@ def load_model(source: str | os.PathLike | dict, name: str | None = None) -> Mod
         if not config_path.is_file():
             raise ConfigError(f"{path}: folder has no config.json; pass a config file or a model folder")
         return parse_config(read_json(config_path), name=name or path.name, source=str(config_path))
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        config, _ = read_gguf(path)
+        return parse_config(config, name=name or path.stem, source=f"gguf:{path}")
     if path.is_file():
         return parse_config(read_json(path), name=name or path.stem, source=str(path))
     entry = catalog.find(text)
     if entry is not None:
         return parse_config(read_json(entry.path), name=entry.name, source=f"catalog:{entry.name}")
-    if text.endswith(".json") or text.startswith((".", "/", "~")):
+    if text.endswith((".json", ".gguf")) or text.startswith((".", "/", "~")):
         raise ConfigError(f"{path}: no such file; pass a config.json, a model folder, a catalog name or a Hub id")
     if text.count("/") == 1 and all(text.split("/")):
         return parse_config(read_json(_from_hub(text)), name=name or text, source=f"hub:{text}")

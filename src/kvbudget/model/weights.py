@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvbudget import hub
 from kvbudget.errors import ConfigError, KVBudgetError
 from kvbudget.model.params import ParamGroup, count_parameters
 from kvbudget.model.spec import ModelSpec
@@ -149,8 +150,17 @@ def model_weights(model: ModelSpec, tp: int = 1, stages: Sequence[range] | None 
     them, or from a Hub repo's safetensors metadata; otherwise the analytic estimate."""
     analytic = analytic_weights(model, tp, stages)
     folder = Path(model.source).parent if model.source.endswith("config.json") else None
+    if model.source.startswith("gguf:"):  # the file's own tensors, quantized as they are
+        from kvbudget.model.gguf import read_gguf
+
+        path = Path(model.source[5:])
+        return _scaled(analytic, read_gguf(path)[1], f"GGUF tensors in {path.name}")
     if model.source.startswith("hub:"):
         repo = model.source[4:]
+        offline = hub.offline_reason()
+        if offline:
+            return replace(analytic, basis=f"{analytic.basis} (the Hub's safetensors metadata for {repo} was not "
+                                           f"read: {offline})")
         try:
             by_dtype = hub_safetensors_bytes(repo)
         except Exception as exc:  # offline, gated, no safetensors: say so and use the analytic count
