@@ -133,3 +133,15 @@ def offline(monkeypatch):
     hub.offline_reason.cache_clear()
     yield
     hub.offline_reason.cache_clear()
+
+
+def test_huge_inputs_are_refused_or_printed_readably(capsys):
+    from kvbudget.units import format_bytes
+
+    assert format_bytes(3 * 2**60) == "3.00 EiB" and format_bytes(5 * 2**50) == "5.00 PiB"
+    assert main(["estimate", "llama-3.1-8b", "--context", "2048M"]) == 2
+    assert "beyond any deployment" in capsys.readouterr().err
+    assert main(["estimate", "llama-3.1-405b", "--batch", "16000000", "--context", "1M"]) == 0
+    out = capsys.readouterr().out
+    assert "16,000,000" in out and "7.51 EiB" in out
+    assert not re.search(r"\d{1,3}(,\d{3}){2,}\.\d\d [KMGTPE]iB", out)  # no 119,209,289,550.78 TiB

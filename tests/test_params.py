@@ -93,5 +93,11 @@ def test_hub_weights_offline_are_labelled_not_silent(tmp_path, monkeypatch):
 
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
-    w = model_weights(load_model("acme/tiny"))
-    assert not w.exact and "could not be read" in w.basis
+    from kvbudget import hub
+
+    hub.offline_reason.cache_clear()  # found once per process; this test sets HF_HUB_OFFLINE
+    try:
+        w = model_weights(load_model("acme/tiny"))
+    finally:
+        hub.offline_reason.cache_clear()
+    assert not w.exact and "was not read: HF_HUB_OFFLINE is set" in w.basis

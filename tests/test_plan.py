@@ -246,3 +246,15 @@ def test_tensor_parallel_past_one_node_is_labelled():
 
     assert _gpus_note(8, 1) == "8 GPUs"
     assert _gpus_note(16, 1).startswith("16 GPUs on 2 nodes of 8: tensor parallel across nodes")
+
+
+def test_gpus_are_replicas_of_the_tp_pp_group(capsys):
+    """--gpus 8 at tp 2 is four data-parallel replicas, each with its own KV cache (issue 15: --gpus did nothing)."""
+    assert main(["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--tp", "2", "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert main(["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--tp", "2", "--gpus", "8", "--json"]) == 0
+    four = json.loads(capsys.readouterr().out)
+    assert (one["replicas"], four["replicas"], four["gpus"]) == (1, 4, 8)
+    assert four["total_max_concurrency"] == 4 * one["capacity"]["max_concurrency"]
+    assert main(["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--tp", "2", "--gpus", "7"]) == 2
+    assert "not a whole number of replicas" in capsys.readouterr().err

@@ -71,6 +71,11 @@ class Estimate:
         }
 
 
+# Inputs beyond these are typos, not deployments (10M-token contexts exist; a billion does not).
+MAX_CONTEXT = 2**30
+MAX_BATCH = 2**24
+
+
 def positive_ints(values: Iterable[int], param: str) -> tuple[int, ...]:
     """The values, each checked to be a positive integer (the error names `param`)."""
     values = tuple(values)
@@ -105,6 +110,10 @@ def estimate(
     """
     batches = positive_ints(batch, "batch")
     contexts = positive_ints(context, "context") if context is not None else default_contexts(model)
+    for values, param, limit in ((batches, "batch", MAX_BATCH), (contexts, "context", MAX_CONTEXT)):
+        if max(values) > limit:
+            raise KVBudgetError(f"{param}: {max(values):,} is beyond any deployment kvbudget sizes (at most "
+                                f"{limit:,}); check the units", param=param)
     (beams,) = positive_ints((beams,), "beams")
     chosen = get_engine(engine)
     (tp,) = positive_ints((tp,), "tp")
@@ -144,8 +153,8 @@ def estimate(
                      f"{stage_layers[-1]} ({chosen.name}'s split)")
     longest = max(contexts)
     if model.max_position_embeddings and longest > model.max_position_embeddings:
-        notes.append(f"context {longest} is beyond the model's max_position_embeddings "
-                     f"({model.max_position_embeddings})")
+        notes.append(f"context {longest:,} is beyond the model's max_position_embeddings "
+                     f"({model.max_position_embeddings:,})")
     if capacity is not None:
         notes.extend(capacity.notes)
     return Estimate(full_model, allocation, beams, batches, contexts, points, tuple(notes), capacity)

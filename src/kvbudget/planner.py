@@ -113,10 +113,16 @@ class Plan:
     recommendations: tuple[Recommendation, ...]
     notes: tuple[str, ...]
     options: EngineOptions = EngineOptions()  # what the plan ran with, the engine's defaults for the GPU filled in
+    replicas: int = 1  # data-parallel copies of the deployment: gpus // (tp x pp)
 
     @property
     def fits(self) -> bool:
         return self.capacity.fits
+
+    @property
+    def total_concurrency(self) -> float:
+        """Requests of max-model-len at once over every replica (each replica has its own KV cache)."""
+        return self.replicas * self.capacity.max_concurrency
 
     def term_bytes(self, key: str) -> int:
         """Bytes of one slice of the memory stack (0 when the plan has no such slice, e.g. with kv_memory)."""
@@ -138,6 +144,8 @@ class Plan:
             "bytes_per_token": self.estimate.bytes_per_token,
             "fixed_bytes_per_sequence": self.estimate.fixed_bytes_per_sequence,
             "concurrency": self.concurrency,
+            "gpus": self.replicas * self.tp * self.pp, "replicas": self.replicas,
+            "total_max_concurrency": self.total_concurrency,
             "longest_context_for_concurrency": self.longest_context,
             "roofline": [r.__dict__ for r in self.roofline],
             "degradation": [level.__dict__ for level in self.levels],
@@ -221,6 +229,10 @@ def plan(
     if tp * pp > gpus:
         raise KVBudgetError(f"gpus {gpus}: tensor parallel {tp} x pipeline parallel {pp} needs {tp * pp} GPUs",
                             param="gpus")
+    if gpus % (tp * pp):
+        raise KVBudgetError(f"gpus {gpus}: not a whole number of replicas of tensor parallel {tp} x pipeline "
+                            f"parallel {pp} ({tp * pp} GPUs each); give a multiple of {tp * pp}", param="gpus")
+    replicas = gpus // (tp * pp)
     max_len = max_model_len or model.max_position_embeddings
     if not max_len:
         raise KVBudgetError(f"max_model_len: {model.name}'s config has no max_position_embeddings; give "
@@ -277,8 +289,12 @@ def plan(
     notes += list(result.notes)
     if card.bandwidth_bytes_per_s is None:
         notes.append(f"{card.name}: no bandwidth figure, so no decode roofline")
+    if replicas > 1:
+        notes.append(f"{gpus} GPUs: {replicas} replicas of {tp * pp} (data parallel), each with its own KV cache: "
+                     f"{replicas * cap.max_concurrency:.2f}x requests of {max_len:,} tokens in all, behind a load "
+                     "balancer (vLLM --data-parallel-size, or one server per replica)")
     return Plan(model, chosen, card.name, card.memory_bytes, tp, pp, w, stack, kv_budget, cap, result,
-                concurrency, longest, roof, levels, recs, tuple(notes), options)
+                concurrency, longest, roof, levels, recs, tuple(notes), options, replicas)
 
 
 def _card(gpu: str | None, gpu_memory: int | None) -> GPU:

@@ -8,7 +8,6 @@ import tempfile
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.errors import KVBudgetError
-from kvbudget.estimator import estimate
 from kvbudget.files import publish
 from kvbudget.planner import Plan
 from kvbudget.units import GIB
@@ -51,45 +50,58 @@ def _save(plt: Any, fig: Any, path: str) -> None:
 
 
 def plot_plan(p: Plan, path: str) -> None:
-    """Write the plan's picture to `path` (.png or .svg), whole or not at all."""
+    """Write the plan's picture to `path` (.png or .svg), whole or not at all: one GPU's memory as a labelled stack,
+    and how many requests fit at once against their length, for the plan's KV dtype and the cheaper one the engine
+    offers (the engine's own capacity at each length, on this KV budget)."""
     plt = _pyplot(path)
-    fig, (bar, curve) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [1, 3]})
+    fig, (bar, curve) = plt.subplots(1, 2, figsize=(11, 4.8), gridspec_kw={"width_ratios": [1, 2.6]})
     total = p.term_bytes("gpu")
     keys = {t.key for t in p.stack}
     slices = [(name, p.term_bytes(key)) for key, name in (("weights", "weights"), ("activation", "activation"),
                                                           ("overhead", "overhead")) if key in keys]
     slices.append(("KV budget", max(p.kv_memory_bytes, 0)))
-    rest = "not given to the engine" if "weights" in keys else "the rest (not broken down: KV budget given)"
+    rest = "not given to the engine" if "weights" in keys else "the rest (KV budget given)"
     slices.append((rest, max(total - sum(v for _, v in slices), 0)))
+    colours = {"weights": "tab:blue", "activation": "tab:orange", "overhead": "tab:green", "KV budget": "tab:red"}
     bottom = 0.0
     for name, value in slices:
-        bar.bar([p.gpu], [value / GIB], bottom=[bottom], label=f"{name} {value / GIB:.1f} GiB")
-        bottom += value / GIB
+        height = value / GIB
+        bar.bar([0], [height], bottom=[bottom], width=0.6, color=colours.get(name, "tab:gray"),
+                edgecolor="white")
+        if height >= 0.08 * total / GIB:  # label the slice in it; thin slices are named under the bar
+            bar.text(0, bottom + height / 2, f"{name}\n{height:.1f} GiB", ha="center", va="center", fontsize=9,
+                     color="white")
+        bottom += height
+    small = [f"{name} {value / GIB:.2f} GiB" for name, value in slices if 0 < value < 0.08 * total]
+    bar.set_xticks([0], [f"{p.gpu}\n" + "\n".join(small)], fontsize=8)
     bar.set_ylabel("GiB (one GPU)")
-    bar.set_title("GPU memory")
-    bar.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, -0.45))
+    bar.set_title(f"GPU memory ({total / GIB:.1f} GiB)")
 
     top = p.capacity.max_model_len
-    contexts = sorted({max(1, top * i // 40) for i in range(1, 41)})
-    sequences = p.estimate.points[0].sequences
+    lengths = sorted({max(256, int(top * 2 ** (-k / 4))) for k in range(0, 41)})
     dtypes = [p.estimate.allocation.kv_dtype.name]
     cheaper = p.engine.cheaper_kv_dtype(p.estimate.allocation.kv_dtype)
     for dtype in dtypes + ([cheaper] if cheaper else []):
         try:
-            est = estimate(p.model, engine=p.engine, kv_dtype=dtype, batch=[sequences], context=contexts, tp=p.tp,
-                           pp=p.pp, options=p.options)
+            counts = [p.engine.capacity(p.estimate.model, p.kv_memory_bytes, n, kv_dtype=dtype, tp=p.tp,
+                                        options=p.options).max_concurrency for n in lengths]
         except KVBudgetError:
             continue
-        curve.plot(contexts, [pt.kv_bytes / GIB for pt in est.points],
-                   label=f"{est.allocation.kv_dtype.name} KV, {sequences} sequence(s)")
-        if dtype == dtypes[0] and any(pt.kv_bytes != pt.uncapped_kv_bytes for pt in est.points):
-            curve.plot(contexts, [pt.uncapped_kv_bytes / GIB for pt in est.points], linestyle=":",
-                       label="without window caps")
-    curve.axhline(p.kv_memory_bytes / GIB, color="red", linestyle="--", label="KV budget")
-    curve.set_xlabel("context (tokens per sequence)")
-    curve.set_ylabel("KV cache (GiB per GPU)")
-    curve.set_title(f"{p.model.name} on {p.engine.name}")
-    curve.legend(fontsize=8)
+        curve.plot(lengths, counts, marker=".", label=f"{dtype} KV cache")
+    curve.axvline(top, color="gray", linestyle=":", label=f"max-model-len {top:,}")
+    curve.axhline(1, color="red", linestyle="--", label="one request (below: it does not fit)")
+    curve.set_xscale("log", base=2)
+    curve.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter
+
+    curve.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1024:g}k" if x >= 1024 else f"{x:g}"))
+    curve.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    curve.set_xlabel("request length (tokens), log scale")
+    curve.set_ylabel("requests at once (log scale)")
+    curve.set_title(f"{p.model.name} on {p.engine.name}: requests that fit a {p.kv_memory_bytes / GIB:.1f} GiB "
+                    "KV budget", fontsize=10)
+    curve.grid(True, which="major", alpha=0.3)
+    curve.legend(fontsize=9)
     fig.tight_layout()
     _save(plt, fig, path)
 

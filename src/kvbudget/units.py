@@ -43,9 +43,11 @@ def parse_size(text: str, what: str = "size") -> int:
 def format_bytes(n: float) -> str:
     """Human-readable binary size: 1536 -> '1.50 KiB'."""
     n = float(n)
-    for unit, size in (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+    for unit, size in (("EiB", 1024 * 1024 * TIB), ("PiB", 1024 * TIB), ("TiB", TIB), ("GiB", GIB), ("MiB", MIB),
+                       ("KiB", KIB)):
         if abs(n) >= size:
-            return f"{n / size:,.2f} {unit}"
+            value = n / size
+            return f"{value:,.2f} {unit}" if abs(value) < 10_000 else f"{value:.3g} {unit}"
     return f"{int(n):,} B"
 
 

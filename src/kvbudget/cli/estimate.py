@@ -93,7 +93,7 @@ def render(result: Estimate, show_layers: bool) -> None:
     tax.add_column("sequences", justify="right")
     tax.add_column("per generated token", justify="right")
     for b in result.batches:
-        tax.add_row(str(b), str(b * result.beams), format_bytes(result.token_tax(b)))
+        tax.add_row(f"{b:,}", f"{b * result.beams:,}", format_bytes(result.token_tax(b)))
     out.print(tax)
 
     capped = any(p.kv_bytes != p.uncapped_kv_bytes for p in result.points)
@@ -104,7 +104,7 @@ def render(result: Estimate, show_layers: bool) -> None:
         table.add_column("no window cap", justify="right")
     table.add_column("per sequence", justify="right")
     for p in result.points:
-        row = [f"{p.context:,}", str(p.batch), str(p.sequences), format_bytes(p.kv_bytes)]
+        row = [f"{p.context:,}", f"{p.batch:,}", f"{p.sequences:,}", format_bytes(p.kv_bytes)]
         if capped:
             row.append(format_bytes(p.uncapped_kv_bytes))
         row.append(format_bytes(p.kv_bytes // p.sequences))

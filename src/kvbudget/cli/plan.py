@@ -39,7 +39,7 @@ def add_parser(sub: Any) -> None:
     add_model_engine(pl, "vllm")
     pl.add_argument("--gpu", help="GPU from `kvbudget gpus` (e.g. H100-80GB)")
     pl.add_argument("--gpu-memory", help="memory of one GPU (overrides --gpu's), e.g. 24GiB")
-    pl.add_argument("--gpus", help="GPUs in the deployment (default tp x pp)")
+    pl.add_argument("--gpus", help="GPUs in the deployment: replicas of tp x pp (data parallel; default tp x pp)")
     pl.add_argument("--tp", default="1", help="tensor parallel size (default 1)")
     pl.add_argument("--pp", default="1", help="pipeline parallel size (default 1)")
     pl.add_argument("--max-model-len", help="request length (default: the model's maximum)")
@@ -143,8 +143,9 @@ def render(p: Plan) -> None:
 
     out = console()
     w = p.weights
-    out.print(f"[bold]{p.model.name}[/] on [bold]{p.gpu}[/] x{p.tp * p.pp} (tp {p.tp}, pp {p.pp}) with "
-                  f"[bold]{p.engine.name}[/]; sizes in {UNITS_NOTE}")
+    dp = f", {p.replicas} replicas" if p.replicas > 1 else ""
+    out.print(f"[bold]{p.model.name}[/] on [bold]{p.gpu}[/] x{p.tp * p.pp * p.replicas} (tp {p.tp}, pp {p.pp}{dp}) "
+              f"with [bold]{p.engine.name}[/]; sizes in {UNITS_NOTE}")
     if w.total_params:
         out.print(f"parameters: {w.total_params / 1e9:,.2f}B total, {w.active_params / 1e9:,.2f}B active per token"
                   + (f", +{w.mtp_params / 1e9:,.2f}B MTP" if w.mtp_params else ""))
@@ -157,10 +158,11 @@ def render(p: Plan) -> None:
         stack.add_row(t.name, format_bytes(t.bytes), ("[yellow]estimate[/]: " if t.estimate else "") + cli_text(t.note))
     out.print(stack)
     cap = p.capacity
+    reported = (f"KV cache size {cap.kv_cache_tokens:,} tokens (as {p.engine.name} reports it), physical slots "
+                if p.engine.reports_kv_size else "physical token slots ")
     out.print(f"[bold]Capacity[/] for requests of {cap.max_model_len:,} tokens: "
-                  + (f"{cap.num_blocks:,} blocks of {cap.block_size}; " if cap.num_blocks is not None else "")
-                  + f"KV cache size {cap.kv_cache_tokens:,} tokens (as {p.engine.name} reports it), physical slots "
-                  f"{cap.physical_token_slots:,}; maximum concurrency {cap.max_concurrency:.2f}x")
+              + (f"{cap.num_blocks:,} blocks of {cap.block_size}; " if cap.num_blocks is not None else "")
+              + f"{reported}{cap.physical_token_slots:,}; maximum concurrency {cap.max_concurrency:.2f}x")
     out.print("  one request of max-model-len fits" if cap.fits else
                   f"  [red]one request of {cap.max_model_len:,} tokens does not fit[/]; the longest that does: "
                   f"{cap.estimated_max_model_len:,}")

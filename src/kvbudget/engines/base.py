@@ -259,6 +259,7 @@ class Engine:
     # Families this engine runs whose cache kvbudget has not checked against the engine's own code: model_type ->
     # what is not known. They are refused rather than sized by the general rules.
     unchecked_families: ClassVar[dict[str, str]] = {}
+    reports_kv_size: ClassVar[bool] = True  # prints its KV cache size at start-up (transformers prints nothing)
 
     def refuse_unchecked(self, model: ModelSpec) -> None:
         """Raise for a family in `unchecked_families`: no figure rather than an unverified one."""

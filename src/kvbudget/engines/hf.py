@@ -15,6 +15,7 @@ Measured against real caches in tests/test_exactness_transformers.py:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from kvbudget.dtypes import KVDtype, get_dtype, resolve_kv_dtype
 from kvbudget.engines.base import (
@@ -44,6 +45,7 @@ _FP32 = get_dtype("float32")
 @dataclass(frozen=True)
 class HFEngine(Engine):
     name: str = "hf"
+    reports_kv_size: ClassVar[bool] = False
     description: str = "transformers >= 5.19 DynamicCache (the generate() default)"
     static: bool = False
 

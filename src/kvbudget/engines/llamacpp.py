@@ -59,7 +59,7 @@ from kvbudget.model.spec import (
     RecurrentState,
     SlidingWindow,
 )
-from kvbudget.units import MIB, cdiv
+from kvbudget.units import MIB, cdiv, format_bytes
 
 CELL_PAD = 256
 N_UBATCH = 512  # llama-server default physical batch
@@ -170,10 +170,12 @@ class LlamaCppEngine(Engine):
         if longest is not None:
             longest = longest // to * to  # n_ctx is padded up: the largest that still fits
         cells = pad(max_model_len, to) * slots
-        return Capacity(self.name, kv_memory, None, to, cells, cells, max_model_len,
-                        kv_memory / per_slot if per_slot else float("inf"), fits, longest,
+        used = alloc.kv_bytes(max(slots, 1), max_model_len)
+        # whole slots: llama-server allocates -np of them up front, so 2.09 slots' worth of memory serves 2
+        return Capacity(self.name, kv_memory, None, to, cells, cells, max_model_len, float(slots), fits, longest,
                         (f"llama.cpp allocates up front: -np {max(slots, 1)} -c {cells or pad(max_model_len, to)} "
-                         f"fills this budget with slots of {pad(max_model_len, to)} cells",))
+                         f"(slots of {pad(max_model_len, to):,} cells) takes {format_bytes(used)} of this "
+                         f"{format_bytes(kv_memory)} budget",))
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "") -> Serving:
