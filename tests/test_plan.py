@@ -258,3 +258,17 @@ def test_gpus_are_replicas_of_the_tp_pp_group(capsys):
     assert four["total_max_concurrency"] == 4 * one["capacity"]["max_concurrency"]
     assert main(["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--tp", "2", "--gpus", "7"]) == 2
     assert "not a whole number of replicas" in capsys.readouterr().err
+
+
+def test_roofline_adds_the_tensor_parallel_all_reduces(capsys):
+    """DeepSeek-V3 on 8 H200s (issue 15: 1,004 tokens/s ignored the all-reduces): two per layer of one bf16 hidden
+    vector (7168) per sequence, a ring over half of NVLink's 900 GB/s both-ways figure, plus 10 us each."""
+    from kvbudget.planner import ALL_REDUCE_LATENCY
+
+    assert main(["plan", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--json"]) == 0
+    roof = json.loads(capsys.readouterr().out)["roofline"]
+    one = 2 * 7 / 8 * 7168 * 2 / 450e9 + ALL_REDUCE_LATENCY["link"]
+    assert roof[0]["all_reduce_seconds"] == pytest.approx(2 * 61 * one)
+    assert roof[0]["step_seconds"] == pytest.approx(roof[0]["memory_seconds"] + roof[0]["all_reduce_seconds"])
+    assert main(["plan", "llama-3.1-8b", "--gpu", "H200", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["roofline"][0]["all_reduce_seconds"] == 0

@@ -33,6 +33,9 @@ SMALLER_CACHE = 0.75
 BIGGER_GPU_STEP = 1.4
 # GPUs in one server (HGX / MI300X platforms, cloud GPU instances): tensor parallelism beyond it spans nodes.
 NODE_GPUS = 8
+# Fixed cost of one small all-reduce in a decode step (seconds): kvbudget's assumption for NVLink / Infinity Fabric
+# and for GPUs that only share a PCIe switch, not a measurement; the roofline labels its all-reduce term an estimate.
+ALL_REDUCE_LATENCY = {"link": 10e-6, "pcie": 25e-6}
 
 
 @dataclass(frozen=True)
@@ -61,9 +64,11 @@ class Level:
 class Roofline:
     context: int
     batch: int
-    step_seconds: float  # lower bound: bytes read per decode step / HBM bandwidth
+    step_seconds: float  # memory time (bytes read per decode step / HBM bandwidth) + all_reduce_seconds
     tokens_per_second: float  # per sequence
     aggregate_tokens_per_second: float
+    memory_seconds: float = 0.0  # the lower bound: weights and KV read once per step
+    all_reduce_seconds: float = 0.0  # tensor parallel: two all-reduces per layer (an estimate; 0 without tp)
 
 
 @dataclass(frozen=True)
@@ -388,16 +393,34 @@ def _longest_context(model: ModelSpec, engine: Engine, kv_budget: int, sequences
     return best or None
 
 
+def all_reduce_seconds(model: ModelSpec, card: GPU, tp: int, sequences: int) -> float:
+    """An estimate of one decode step's tensor-parallel communication: two all-reduces per layer (after attention
+    and after the MLP) of one bf16 hidden vector per sequence, each a ring (2 (tp - 1) / tp of it sent each way
+    over half the card's both-ways link) plus a fixed latency (ALL_REDUCE_LATENCY: kvbudget's assumption)."""
+    if tp == 1 or card.interconnect_bytes_per_s is None:
+        return 0.0
+    hidden = activation_widths(model).hidden
+    message = sequences * hidden * 2
+    latency = ALL_REDUCE_LATENCY["pcie" if "PCIe" in (card.interconnect or "").split(" (")[0] else "link"]
+    one = 2 * (tp - 1) / tp * message / (card.interconnect_bytes_per_s / 2) + latency
+    return 2 * model.num_layers * one
+
+
 def _roofline(result: Estimate, w: Weights, card: GPU, sequences: int, tp: int, max_len: int) -> tuple[Roofline, ...]:
     if card.bandwidth_bytes_per_s is None:
         return ()
+    try:
+        comm = all_reduce_seconds(result.model, card, tp, sequences)
+    except ConfigError:  # no hidden size to send: the memory bound alone
+        comm = 0.0
     rows = []
     for context in sorted({1024, 4096, 16384, 32768, max_len}):
         if context > max_len:
             continue
         read = w.active_bytes / tp + result.allocation.kv_bytes(sequences, context)
-        step = read / card.bandwidth_bytes_per_s
-        rows.append(Roofline(context, sequences, step, 1 / step, sequences / step))
+        memory = read / card.bandwidth_bytes_per_s
+        step = memory + comm
+        rows.append(Roofline(context, sequences, step, 1 / step, sequences / step, memory, comm))
     return tuple(rows)
 
 

@@ -171,11 +171,18 @@ def render(p: Plan) -> None:
     out.print(f"  token tax: {format_bytes(p.estimate.bytes_per_token)} per token per sequence; fixed state "
                   f"{format_bytes(p.estimate.fixed_bytes_per_sequence)} per sequence")
     if p.roofline:
-        roof = Table(title=f"Decode roofline, {p.roofline[0].batch} sequence(s) (lower bound on step time)")
-        for name in ("context", "step", "tokens/s per sequence", "tokens/s total"):
+        comm = p.roofline[0].all_reduce_seconds > 0
+        title = f"Decode roofline, {p.roofline[0].batch} sequence(s): " + (
+            "memory read at HBM bandwidth (a lower bound) + tensor-parallel all-reduces (an estimate)" if comm else
+            "memory read at HBM bandwidth (a lower bound on step time)")
+        roof = Table(title=title)
+        names = ("context", "memory", "all-reduce", "step", "tokens/s per sequence", "tokens/s total") if comm else \
+            ("context", "step", "tokens/s per sequence", "tokens/s total")
+        for name in names:
             roof.add_column(name, justify="right")
         for r in p.roofline:
-            roof.add_row(f"{r.context:,}", f"{r.step_seconds * 1000:.2f} ms", f"{r.tokens_per_second:,.1f}",
+            split = [f"{r.memory_seconds * 1000:.2f} ms", f"{r.all_reduce_seconds * 1000:.2f} ms"] if comm else []
+            roof.add_row(f"{r.context:,}", *split, f"{r.step_seconds * 1000:.2f} ms", f"{r.tokens_per_second:,.1f}",
                          f"{r.aggregate_tokens_per_second:,.1f}")
         out.print(roof)
     levels = Table(title="Degradation plan (fractions of the KV budget)")
