@@ -272,3 +272,24 @@ def test_roofline_adds_the_tensor_parallel_all_reduces(capsys):
     assert roof[0]["step_seconds"] == pytest.approx(roof[0]["memory_seconds"] + roof[0]["all_reduce_seconds"])
     assert main(["plan", "llama-3.1-8b", "--gpu", "H200", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["roofline"][0]["all_reduce_seconds"] == 0
+
+
+def test_data_parallel_attention_with_expert_parallelism(capsys):
+    """DeepSeek-V3 on 8 H200s: under tp 8 every rank holds the same MLA latent (one GPU's worth of KV for the
+    whole group); as 8 data-parallel attention ranks sharing the experts, each rank keeps its own cache, at the
+    price of every rank holding the non-expert weights whole (issue 15: no DP-attention or EP options)."""
+    assert main(["plan", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--json"]) == 0
+    tp8 = json.loads(capsys.readouterr().out)
+    assert main(["plan", "deepseek-v3", "--gpu", "H200", "--gpus", "8", "--expert-parallel", "--json"]) == 0
+    dp8 = json.loads(capsys.readouterr().out)
+    assert dp8["replicas"] == 8 and dp8["total_max_concurrency"] == 8 * dp8["capacity"]["max_concurrency"]
+    assert tp8["weights_bytes"] < dp8["weights_bytes"] < tp8["weights"]["total_bytes"] / 4
+    assert dp8["total_max_concurrency"] > 4 * tp8["total_max_concurrency"]
+    first = tp8["recommendations"][0]
+    assert first["parameters"] == {"tp": 1, "gpus": 8, "expert_parallel": True}
+    assert first["gain"] == pytest.approx(dp8["total_max_concurrency"] / tp8["total_max_concurrency"])
+    assert main(["plan", "llama-3.1-70b", "--gpu", "H100-80GB", "--gpus", "4", "--expert-parallel"]) == 2
+    assert "no routed experts" in capsys.readouterr().err
+    assert main(["plan", "qwen3-30b-a3b", "--engine", "llamacpp", "--gpu", "L4", "--gpus", "2",
+                 "--expert-parallel"]) == 2
+    assert "no expert parallelism" in capsys.readouterr().err

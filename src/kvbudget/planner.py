@@ -12,12 +12,12 @@ from typing import Any
 
 from kvbudget.engines import Capacity, Engine, EngineOptions, get_engine, serving_engines
 from kvbudget.engines.base import Serving, check_positive, largest_fitting
-from kvbudget.errors import BudgetError, ConfigError, KVBudgetError
+from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetError
 from kvbudget.estimator import Estimate, estimate
 from kvbudget.gpus import GPU, custom_gpu, find_gpu
 from kvbudget.gpus import gpus as all_gpus
 from kvbudget.guard.levels import HYSTERESIS, LEVELS
-from kvbudget.model.params import activation_widths
+from kvbudget.model.params import activation_widths, count_parameters
 from kvbudget.model.spec import ModelSpec
 from kvbudget.model.weights import Weights, model_weights
 from kvbudget.units import format_bytes
@@ -184,6 +184,8 @@ class _Inputs:
     activation: int | None
     overhead: int | None
     utilization: float | None
+    gpus: int | None = None
+    expert_parallel: bool = False
 
     def plan(self, **changes: Any) -> Plan | None:
         """The plan with `changes` (no recommendations), or None where the engine refuses it."""
@@ -191,7 +193,7 @@ class _Inputs:
             model=self.model, engine=self.engine, gpu=self.gpu, gpu_memory=self.gpu_memory, tp=self.tp, pp=self.pp,
             kv_dtype=self.kv_dtype, max_model_len=self.max_model_len, options=self.options, weights=self.weights,
             activation=self.activation, overhead=self.overhead, utilization=self.utilization, beams=1,
-            recommend=False)
+            recommend=False, gpus=self.gpus if "tp" not in changes else None, expert_parallel=self.expert_parallel)
         args.update(changes)
         try:
             return plan(**args)
@@ -218,12 +220,17 @@ def plan(
     utilization: float | None = None,
     kv_memory: int | None = None,
     recommend: bool = True,
+    expert_parallel: bool = False,
 ) -> Plan:
     """Will `model` fit on this GPU with this engine, how many requests, how long a context, what to change.
 
     `gpu` names a card of the catalog (`kvbudget.gpus.gpus()`); `gpu_memory` (bytes) overrides its memory or
     stands alone. `weights`, `activation`, `overhead` (bytes) and `utilization` (the engine's memory fraction)
     override the computed or estimated terms; `kv_memory` skips the budget arithmetic altogether.
+    `gpus` beyond tp x pp are data-parallel replicas, each with its own KV cache; with `expert_parallel` they are the
+    data-parallel attention ranks of one expert-parallel group (an MoE model's routed experts spread over all
+    `gpus`, the rest of the model on every rank: vLLM --data-parallel-size --enable-expert-parallel, SGLang
+    --enable-dp-attention).
     """
     chosen = get_engine(engine)
     card = _card(gpu, gpu_memory)
@@ -250,7 +257,14 @@ def plan(
     serving = chosen.serving(card.memory_bytes, max_len, options, gpu_name=card.name)
     options = serving.options
     try:
-        w = model_weights(model, tp, chosen.pipeline_stages(model.num_layers, pp, options.pp_layer_partition))
+        if expert_parallel and not chosen.expert_parallel:
+            raise EngineRuleError(f"expert_parallel: {chosen.name} has no expert parallelism kvbudget models (vLLM "
+                                  "and SGLang do)", param="expert_parallel")
+        w = model_weights(model, tp, chosen.pipeline_stages(model.num_layers, pp, options.pp_layer_partition),
+                          ep=replicas if expert_parallel else 1)
+        if expert_parallel and not any(g.part == "experts" for g in count_parameters(model).groups):
+            raise EngineRuleError(f"expert_parallel: {model.name} has no routed experts to spread",
+                                  param="expert_parallel")
     except ConfigError:
         if weights is None:
             raise
@@ -264,7 +278,7 @@ def plan(
         stack = (stack[0], Term("kv", "KV budget (given)", kv_memory, False, "given (kv_memory)"))
         kv_budget = kv_memory
     inputs = _Inputs(model, chosen, gpu, gpu_memory, tp, pp, kv_dtype, max_len, given_options, weights, activation,
-                     overhead, utilization)
+                     overhead, utilization, gpus if gpus != tp * pp else None, expert_parallel)
     if kv_budget <= 0:
         advice = _make_room(inputs, card) if recommend else ()
         first = (f"; {advice[0].change}: {advice[0].effect}" if advice else
@@ -294,7 +308,12 @@ def plan(
     notes += list(result.notes)
     if card.bandwidth_bytes_per_s is None:
         notes.append(f"{card.name}: no bandwidth figure, so no decode roofline")
-    if replicas > 1:
+    if replicas > 1 and expert_parallel:
+        notes.append(f"{gpus} GPUs: {replicas} data-parallel attention ranks of {tp * pp}, each with its own KV cache, "
+                     f"sharing the routed experts (expert parallel over {gpus}): {replicas * cap.max_concurrency:.2f}x "
+                     f"requests of {max_len:,} tokens in all (vLLM --data-parallel-size {replicas} "
+                     f"--enable-expert-parallel; SGLang --enable-dp-attention --dp {replicas})")
+    elif replicas > 1:
         notes.append(f"{gpus} GPUs: {replicas} replicas of {tp * pp} (data parallel), each with its own KV cache: "
                      f"{replicas * cap.max_concurrency:.2f}x requests of {max_len:,} tokens in all, behind a load "
                      "balancer (vLLM --data-parallel-size, or one server per replica)")
@@ -343,7 +362,6 @@ def _similar_models(inputs: _Inputs, result: Estimate, base: float) -> list[Reco
     """Catalog models of similar size whose KV cache per token is clearly smaller."""
     from kvbudget import catalog
     from kvbudget.model.load import load_model
-    from kvbudget.model.params import count_parameters
 
     model = inputs.model
     try:
@@ -480,17 +498,18 @@ def _fit_effect(other: Plan) -> str:
 
 def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Estimate) -> tuple[Recommendation, ...]:
     """Concrete changes and their computed effect on the maximum concurrency, best first."""
-    base = cap.max_concurrency
-    recs: list[Recommendation] = []
     engine, pp = inputs.engine, inputs.pp
+    replicas = (inputs.gpus or inputs.tp * pp) // (inputs.tp * pp)
+    base = cap.max_concurrency * replicas  # requests at once over every replica
+    recs: list[Recommendation] = []
 
     def add(parameters: dict[str, Any], note: str, other: Plan | None, extra: str = "") -> None:
         if other is None:
             return
-        gain = other.capacity.max_concurrency / base if base else float("inf")
+        gain = other.total_concurrency / base if base else float("inf")
         makes_it_fit = not cap.fits and other.capacity.fits
         if gain > 1.0001 or makes_it_fit:
-            effect = f"{other.capacity.max_concurrency:.2f}x requests of {other.capacity.max_model_len:,} tokens " \
+            effect = f"{other.total_concurrency:.2f}x requests of {other.capacity.max_model_len:,} tokens " \
                      f"(now {base:.2f}x)"
             recs.append(Recommendation(parameters, note, effect + extra, gain, makes_it_fit))
 
@@ -508,6 +527,12 @@ def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Es
     bigger = _larger_gpus(card)
     if bigger:
         add({"gpu": bigger[0].name}, "", inputs.plan(gpu=bigger[0].name, gpu_memory=None))
+    if engine.expert_parallel and inputs.tp > 1 and not inputs.expert_parallel:
+        # the same GPUs as data-parallel attention ranks sharing the experts: each keeps its own KV cache
+        gpus = inputs.tp * pp * replicas
+        add({"tp": 1, "gpus": gpus, "expert_parallel": True}, f"data-parallel attention over {gpus} GPUs with "
+            f"expert parallelism: vLLM --data-parallel-size {gpus // pp} --enable-expert-parallel, SGLang "
+            "--enable-dp-attention", inputs.plan(tp=1, gpus=gpus, expert_parallel=True))
     if inputs.model.has_windows and not engine.honours_windows(inputs.model):
         for other in serving_engines():
             if other.honours_windows(inputs.model):

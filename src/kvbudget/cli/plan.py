@@ -40,6 +40,9 @@ def add_parser(sub: Any) -> None:
     pl.add_argument("--gpu", help="GPU from `kvbudget gpus` (e.g. H100-80GB)")
     pl.add_argument("--gpu-memory", help="memory of one GPU (overrides --gpu's), e.g. 24GiB")
     pl.add_argument("--gpus", help="GPUs in the deployment: replicas of tp x pp (data parallel; default tp x pp)")
+    pl.add_argument("--expert-parallel", action="store_true",
+                    help="with --gpus: the replicas are data-parallel attention ranks sharing an MoE's experts "
+                         "(vLLM --data-parallel-size N --enable-expert-parallel; SGLang --enable-dp-attention)")
     pl.add_argument("--tp", default="1", help="tensor parallel size (default 1)")
     pl.add_argument("--pp", default="1", help="pipeline parallel size (default 1)")
     pl.add_argument("--max-model-len", help="request length (default: the model's maximum)")
@@ -114,7 +117,7 @@ def _plan(args: argparse.Namespace, options: EngineOptions, counted: int | None,
         options=options, weights=size(args.weights, "--weights"),
         activation=size_or_zero(args.activation, "--activation"),
         overhead=size_or_zero(args.overhead, "--overhead"), utilization=util,
-        kv_memory=size(args.kv_memory, "--kv-memory"),
+        kv_memory=size(args.kv_memory, "--kv-memory"), expert_parallel=args.expert_parallel,
     )
 
 
@@ -252,5 +255,5 @@ def change_text(rec: Recommendation) -> str:
     """A recommendation as the flags that make it: `--tp 4 (4 GPUs)`; another model by its name."""
     if "model" in rec.parameters:
         return f"{rec.note}: {rec.parameters['model']}"
-    flags = " ".join(f"{flag(key)} {value}" for key, value in rec.parameters.items())
+    flags = " ".join(flag(key) if value is True else f"{flag(key)} {value}" for key, value in rec.parameters.items())
     return f"{flags} ({rec.note})" if rec.note else flags

@@ -260,6 +260,7 @@ class Engine:
     # what is not known. They are refused rather than sized by the general rules.
     unchecked_families: ClassVar[dict[str, str]] = {}
     reports_kv_size: ClassVar[bool] = True  # prints its KV cache size at start-up (transformers prints nothing)
+    expert_parallel: ClassVar[bool] = False  # spreads an MoE's experts over data-parallel attention ranks
 
     def refuse_unchecked(self, model: ModelSpec) -> None:
         """Raise for a family in `unchecked_families`: no figure rather than an unverified one."""

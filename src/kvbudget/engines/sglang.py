@@ -61,6 +61,7 @@ MEM_FRACTION_STATIC = 0.88
 @dataclass(frozen=True)
 class SGLangEngine(Engine):
     name: str = "sglang"
+    expert_parallel: ClassVar[bool] = True  # vLLM --enable-expert-parallel, SGLang --enable-dp-attention --ep
     unchecked_families: ClassVar[dict[str, str]] = {
         "gemma4_text": ("Gemma 4's sliding and global layers of different sizes have not been checked "
                         "against SGLang's pools")}

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from kvbudget.dtypes import KVDtype, get_dtype
 from kvbudget.engines.base import (
@@ -243,6 +243,7 @@ def _usage(text: str) -> float | None:
 @dataclass(frozen=True)
 class VLLMEngine(Engine):
     name: str = "vllm"
+    expert_parallel: ClassVar[bool] = True  # vLLM --enable-expert-parallel, SGLang --enable-dp-attention --ep
     description: str = "vLLM v1 (0.32): paged blocks, hybrid groups, null block"
 
     serves = True

@@ -65,10 +65,12 @@ def _bytes_per_param(model: ModelSpec) -> tuple[dict[str, float], str]:
                       "(weights)", param="weights")
 
 
-def analytic_weights(model: ModelSpec, tp: int = 1, stages: Sequence[range] | None = None) -> Weights:
+def analytic_weights(model: ModelSpec, tp: int = 1, stages: Sequence[range] | None = None, ep: int = 1) -> Weights:
     """Weight bytes from the parameter count (an estimate unless the checkpoint is plain bf16/fp16).
 
-    `stages`: the layers of each pipeline stage, as the engine splits them (default: one stage)."""
+    `stages`: the layers of each pipeline stage, as the engine splits them (default: one stage). `ep`: expert
+    parallelism over `ep` data-parallel attention ranks: routed experts are spread over tp x ep GPUs, the rest
+    is replicated on each rank (and split by tp)."""
     counts = count_parameters(model)
     per_param, basis = _bytes_per_param(model)
 
@@ -86,13 +88,13 @@ def analytic_weights(model: ModelSpec, tp: int = 1, stages: Sequence[range] | No
 
     main = [g for g in counts.groups if g.part != "mtp"]
     total = int(sum(size(g) for g in main))
-    per_gpu = _per_gpu(main, size, tp, stages or [range(model.num_layers)])
+    per_gpu = _per_gpu(main, size, tp, stages or [range(model.num_layers)], ep)
     return Weights(counts.total, counts.active, counts.mtp, total, per_gpu, int(sum(active_size(g) for g in main)),
                    exact=False, basis=f"analytic: {basis}")
 
 
 def _per_gpu(groups: list[ParamGroup], size: Callable[[ParamGroup], float], tp: int,
-             stages: Sequence[range]) -> int:
+             stages: Sequence[range], ep: int = 1) -> int:
     """The most loaded GPU: layers split by pipeline stage, then tensor-parallel ranks share each stage.
     Embeddings and the LM head are vocabulary-parallel; norms and routers are replicated."""
     pp = len(stages)
@@ -105,7 +107,7 @@ def _per_gpu(groups: list[ParamGroup], size: Callable[[ParamGroup], float], tp: 
                     continue
             elif g.layer not in stage:
                 continue
-            load += size(g) / (tp if g.part not in ("norm", "router") else 1)
+            load += size(g) / (1 if g.part in ("norm", "router") else tp * ep if g.part == "experts" else tp)
         loads.append(load)
     return int(max(loads))
 
@@ -145,10 +147,10 @@ def hub_safetensors_bytes(repo_id: str) -> dict[str, int]:
     return totals
 
 
-def model_weights(model: ModelSpec, tp: int = 1, stages: Sequence[range] | None = None) -> Weights:
+def model_weights(model: ModelSpec, tp: int = 1, stages: Sequence[range] | None = None, ep: int = 1) -> Weights:
     """Exact bytes from the checkpoint's safetensors headers when the model came from a folder holding
-    them, or from a Hub repo's safetensors metadata; otherwise the analytic estimate."""
-    analytic = analytic_weights(model, tp, stages)
+    them, or from a Hub repo's safetensors metadata; otherwise the analytic estimate (`ep`: analytic_weights')."""
+    analytic = analytic_weights(model, tp, stages, ep)
     folder = Path(model.source).parent if model.source.endswith("config.json") else None
     if model.source.startswith("gguf:"):  # the file's own tensors, quantized as they are
         from kvbudget.model.gguf import read_gguf
