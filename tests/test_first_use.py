@@ -145,3 +145,41 @@ def test_huge_inputs_are_refused_or_printed_readably(capsys):
     out = capsys.readouterr().out
     assert "16,000,000" in out and "7.51 EiB" in out
     assert not re.search(r"\d{1,3}(,\d{3}){2,}\.\d\d [KMGTPE]iB", out)  # no 119,209,289,550.78 TiB
+
+
+def test_transformers_plans_offer_no_tensor_parallelism_and_report_slots(monkeypatch, capsys):
+    """kvbudget runs transformers on one device: no --tp advice, and no 'KV cache size as hf reports it'
+    (transformers reports nothing): the physical token slots."""
+    assert main(["plan", "qwen3-8b", "--engine", "hf", "--gpu", "L4", "--json"]) == 0
+    recs = json.loads(capsys.readouterr().out)["recommendations"]
+    assert not [r for r in recs if "tp" in r["parameters"]]
+    out = run80(monkeypatch, capsys, ["plan", "qwen3-8b", "--engine", "hf", "--gpu", "L4"])
+    assert "physical token slots" in out and "as hf reports it" not in out
+
+
+def test_llamacpp_capacity_counts_whole_slots(capsys):
+    """llama-server allocates -np whole slots up front: 2.09 slots' worth of memory serves 2 (issue 15: 1.43x
+    with -np 1, and a slot that 'fills this budget' while using 5.6 of 8.05 GiB)."""
+    assert main(["plan", "llama-3.1-8b", "--engine", "llamacpp", "--gpu", "RTX-4090", "--max-model-len", "32k",
+                 "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    cap = plan["capacity"]
+    assert cap["max_concurrency"] == int(cap["max_concurrency"]) == 2
+    assert any("takes 8.00 GiB of this" in n for n in plan["notes"])
+
+
+def test_the_window_note_only_where_there_are_windows(capsys):
+    assert main(["estimate", "llama-3.1-8b", "--engine", "vllm", "--json"]) == 0
+    assert not [n for n in json.loads(capsys.readouterr().out)["notes"] if "sliding" in n]
+    assert main(["estimate", "gemma-2-9b", "--engine", "vllm", "--json"]) == 0
+    assert [n for n in json.loads(capsys.readouterr().out)["notes"] if "sliding" in n]
+
+
+def test_check_log_fits_80_columns(monkeypatch, capsys):
+    from pathlib import Path
+
+    log = Path(__file__).parent / "data" / "logs" / "vllm-0.24-aws-samples-qwen3-coder-30b-tp4-l40s.log"
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["check-log", str(log), "--model", "qwen3-30b-a3b", "--engine-version", "0.24"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80 and "…" not in out and "1,037,152" in out
