@@ -185,3 +185,14 @@ def fake_engine() -> Iterator[FakeEngine]:
 def fake_engine_class() -> type[FakeEngine]:
     """The upstream class itself, for tests that serve it their own way (TLS, several copies)."""
     return FakeEngine
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """The Hub taken as unreachable (HF_HUB_OFFLINE), with kvbudget's once-per-process answer renewed around it."""
+    from kvbudget import hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub.offline_reason.cache_clear()
+    yield
+    hub.offline_reason.cache_clear()

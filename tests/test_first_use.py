@@ -125,15 +125,6 @@ def test_loading_a_tokenizer_is_announced_on_a_terminal(offline, capsys, monkeyp
     assert "loading the tokenizer of meta-llama/Llama-3.1-8B-Instruct" in capsys.readouterr().err
 
 
-@pytest.fixture
-def offline(monkeypatch):
-    from kvbudget import hub
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    hub.offline_reason.cache_clear()
-    yield
-    hub.offline_reason.cache_clear()
-
 
 def test_huge_inputs_are_refused_or_printed_readably(capsys):
     from kvbudget.units import format_bytes

@@ -7,17 +7,9 @@ import json
 
 import pytest
 
-from kvbudget import catalog, hub, load_model
+from kvbudget import catalog, load_model
 from kvbudget.cli import main
 from kvbudget.errors import ConfigError
-
-
-@pytest.fixture
-def offline(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    hub.offline_reason.cache_clear()
-    yield
-    hub.offline_reason.cache_clear()
 
 
 def test_an_existing_folder_wins_over_the_catalog_name(tmp_path, monkeypatch):
