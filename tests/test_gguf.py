@@ -53,6 +53,33 @@ def test_its_weights_are_its_tensor_bytes(tmp_path, capsys):
     assert "GGUF tensors in tiny.gguf" in plan["weights"]["basis"]
 
 
+def test_a_deepseek2_gguf_reads_as_mla(tmp_path):
+    """llama.cpp's newer DeepSeek GGUFs: key_length = latent + rope (576), per-head dims in key_length_mla (192)
+    and value_length_mla (128); the cache is the latent and the rope key, 576 values per token and layer."""
+    w = gguf.GGUFWriter(str(tmp_path / "ds.gguf"), "deepseek2")
+    w.add_block_count(3)
+    w.add_context_length(163840)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(128)
+    w.add_head_count(16)
+    w.add_head_count_kv(1)
+    w.add_key_length(576)
+    w.add_value_length(512)
+    w.add_uint32("deepseek2.attention.key_length_mla", 192)
+    w.add_uint32("deepseek2.attention.value_length_mla", 128)
+    w.add_uint32("deepseek2.attention.kv_lora_rank", 512)
+    w.add_uint32("deepseek2.rope.dimension_count", 64)
+    w.add_vocab_size(128)
+    w.add_tensor("token_embd.weight", np.zeros((128, 64), dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    spec = load_model(str(tmp_path / "ds.gguf"))
+    assert spec.kinds() == {"latent_attention": 3}
+    assert estimate(spec, engine="vllm").bytes_per_token == 3 * 576 * 2
+
+
 def test_what_a_gguf_cannot_say_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="K and V head sizes differ"):
         load_model(str(write_gguf(tmp_path / "mla.gguf", value_dim=16)))

@@ -246,6 +246,7 @@ def test_tensor_parallel_past_one_node_is_labelled():
 
     assert _gpus_note(8, 1) == "8 GPUs"
     assert _gpus_note(16, 1).startswith("16 GPUs on 2 nodes of 8: tensor parallel across nodes")
+    assert _gpus_note(32, 1, 72) == "32 GPUs"  # a GB200 NVL72 rack is one NVLink domain
 
 
 def test_gpus_are_replicas_of_the_tp_pp_group(capsys):

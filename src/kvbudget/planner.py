@@ -31,8 +31,6 @@ SMALLER_CACHE = 0.75
 # The "larger GPU" offered is the smallest card of the same vendor with at least this much more memory: a step
 # worth a migration (it skips near-twins such as H100-80GB -> H100-NVL's 94 GB).
 BIGGER_GPU_STEP = 1.4
-# GPUs in one server (HGX / MI300X platforms, cloud GPU instances): tensor parallelism beyond it spans nodes.
-NODE_GPUS = 8
 # Fixed cost of one small all-reduce in a decode step (seconds): kvbudget's assumption for NVLink / Infinity Fabric
 # and for GPUs that only share a PCIe switch, not a measurement; the roofline labels its all-reduce term an estimate.
 ALL_REDUCE_LATENCY = {"link": 10e-6, "pcie": 25e-6}
@@ -442,15 +440,15 @@ def _roofline(result: Estimate, w: Weights, card: GPU, sequences: int, tp: int, 
     return tuple(rows)
 
 
-def _gpus_note(tp: int, pp: int) -> str:
-    """'4 GPUs', or, past one server, '16 GPUs on 2 nodes of 8: tensor parallel across nodes needs ...'."""
+def _gpus_note(tp: int, pp: int, node: int = 8) -> str:
+    """'4 GPUs', or, past one server of `node` GPUs, '16 GPUs on 2 nodes of 8: tensor parallel across nodes ...'."""
     n = tp * pp
-    if n <= NODE_GPUS:
+    if n <= node:
         return f"{n} GPUs"
-    nodes = -(-n // NODE_GPUS)
+    nodes = -(-n // node)
     across = "tensor parallel across nodes needs InfiniBand-class links; pipeline parallel across nodes is the " \
-             "usual split" if tp > NODE_GPUS else "pipeline stages on separate nodes"
-    return f"{n} GPUs on {nodes} nodes of {NODE_GPUS}: {across}"
+             "usual split" if tp > node else "pipeline stages on separate nodes"
+    return f"{n} GPUs on {nodes} nodes of {node}: {across}"
 
 
 def _larger_gpus(card: GPU) -> list[GPU]:
@@ -464,10 +462,10 @@ def _larger_gpus(card: GPU) -> list[GPU]:
                    and (not card.vendor or g.vendor == card.vendor) and newer(g)), key=lambda g: g.memory_bytes)
 
 
-def _tp_steps(inputs: _Inputs) -> list[int]:
+def _tp_steps(inputs: _Inputs, card: GPU) -> list[int]:
     """Larger tensor parallel sizes worth trying (powers of two up to 4 nodes) that divide the attention heads."""
     heads = inputs.model.attention_heads
-    return [t for t in (inputs.tp * 2 ** k for k in range(1, 6)) if t * inputs.pp <= 4 * NODE_GPUS
+    return [t for t in (inputs.tp * 2 ** k for k in range(1, 8)) if t * inputs.pp <= 4 * card.gpus_per_node
             and (not heads or heads % t == 0)]
 
 
@@ -475,10 +473,11 @@ def _make_room(inputs: _Inputs, card: GPU) -> tuple[Recommendation, ...]:
     """With no KV budget at all: the smallest tensor parallel size, and the smallest larger GPU, that leave one."""
     recs: list[Recommendation] = []
     if inputs.engine.serves:  # a library (transformers) runs on one device here
-        for new_tp in _tp_steps(inputs):
+        for new_tp in _tp_steps(inputs, card):
             other = inputs.plan(tp=new_tp)
             if other is not None:
-                recs.append(Recommendation({"tp": new_tp}, _gpus_note(new_tp, inputs.pp), _fit_effect(other), 1.0,
+                recs.append(Recommendation({"tp": new_tp}, _gpus_note(new_tp, inputs.pp, card.gpus_per_node),
+                                           _fit_effect(other), 1.0,
                                            other.fits))
                 break
     for g in _larger_gpus(card):
@@ -522,8 +521,8 @@ def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Es
         add({"kv_dtype": cheaper}, "", inputs.plan(kv_dtype=cheaper),
             "; check quality on your own data first (KV quantization)")
     if engine.serves:  # tensor parallelism is a serving engine's (kvbudget runs transformers on one device)
-        for new_tp in _tp_steps(inputs)[:2]:
-            add({"tp": new_tp}, _gpus_note(new_tp, pp), inputs.plan(tp=new_tp))
+        for new_tp in _tp_steps(inputs, card)[:2]:
+            add({"tp": new_tp}, _gpus_note(new_tp, pp, card.gpus_per_node), inputs.plan(tp=new_tp))
     bigger = _larger_gpus(card)
     if bigger:
         add({"gpu": bigger[0].name}, "", inputs.plan(gpu=bigger[0].name, gpu_memory=None))

@@ -12,7 +12,7 @@ from kvbudget.errors import ConfigError
 # GGUF general.architecture -> transformers model_type, for the families whose cache kvbudget reads from those keys
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe",
                  "gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3_text", "phi3": "phi3", "command-r": "cohere",
-                 "gpt-oss": "gpt_oss"}
+                 "gpt-oss": "gpt_oss", "deepseek2": "deepseek_v3"}
 
 # config.json field <- GGUF key under the architecture's prefix
 _FIELDS = (("num_hidden_layers", "block_count"), ("hidden_size", "embedding_length"),
@@ -63,7 +63,9 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
             value = value[0]
         config[name] = value
     value_length = _value(reader, f"{arch}.attention.value_length")
-    if value_length is not None and config.get("head_dim") not in (None, value_length):
+    if arch == "deepseek2":  # MLA: the latent and the rope key are what is cached
+        _mla_fields(reader, config, value_length, path)
+    elif value_length is not None and config.get("head_dim") not in (None, value_length):
         raise ConfigError(f"{path}: K and V head sizes differ ({config['head_dim']} and {value_length}); pass the "
                           "model's config.json")
     if "vocab_size" not in config and (tokens := reader.fields.get("tokenizer.ggml.tokens")) is not None:
@@ -77,3 +79,29 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     for tensor in reader.tensors:
         by_type[tensor.tensor_type.name] = by_type.get(tensor.tensor_type.name, 0) + int(tensor.n_bytes)
     return config, by_type
+
+
+def _mla_fields(reader: Any, config: dict[str, Any], value_length: int | None, path: Path) -> None:
+    """DeepSeek's MLA dims: llama.cpp's converter writes key_length = nope + rope per head, or, since MLA is cached
+    as the latent (2025), key_length_mla / value_length_mla for the per-head dims and key_length = latent + rope."""
+    rope = _value(reader, "deepseek2.rope.dimension_count")
+    latent = _value(reader, "deepseek2.attention.kv_lora_rank")
+    if rope is None or latent is None:
+        raise ConfigError(f"{path}: a deepseek2 GGUF without rope.dimension_count or attention.kv_lora_rank; pass the "
+                          "model's config.json")
+    key = _value(reader, "deepseek2.attention.key_length_mla") or config.pop("head_dim", None)
+    value = _value(reader, "deepseek2.attention.value_length_mla") or value_length
+    config.pop("head_dim", None)
+    if key is None or value is None:
+        raise ConfigError(f"{path}: a deepseek2 GGUF without its per-head key and value lengths")
+    config.update(kv_lora_rank=latent, qk_rope_head_dim=rope, qk_nope_head_dim=key - rope, v_head_dim=value,
+                  q_lora_rank=_value(reader, "deepseek2.attention.q_lora_rank"))
+    dense = _value(reader, "deepseek2.leading_dense_block_count")
+    if dense is not None:
+        config["first_k_dense_replace"] = dense
+    if (experts := config.pop("num_local_experts", None)) is not None:
+        config["n_routed_experts"] = experts
+        config.pop("num_experts", None)
+    shared = _value(reader, "deepseek2.expert_shared_count")
+    if shared is not None:
+        config["n_shared_experts"] = shared
