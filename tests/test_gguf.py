@@ -80,6 +80,27 @@ def test_a_deepseek2_gguf_reads_as_mla(tmp_path):
     assert estimate(spec, engine="vllm").bytes_per_token == 3 * 576 * 2
 
 
+def test_a_gguf_sliding_window_pattern_is_read(tmp_path):
+    """gemma3 GGUFs: a window of 512 on five layers of six (the pattern llama.cpp and transformers both use; a
+    per-layer flag array, where a converter writes one, wins)."""
+    w = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "gemma3")
+    for add, value in ((w.add_block_count, 6), (w.add_context_length, 32768), (w.add_embedding_length, 64),
+                       (w.add_feed_forward_length, 128), (w.add_head_count, 4), (w.add_head_count_kv, 1),
+                       (w.add_key_length, 256), (w.add_value_length, 256), (w.add_vocab_size, 128),
+                       (w.add_sliding_window, 512)):
+        add(value)
+    w.add_array("gemma3.attention.sliding_window_pattern", [True, False, True, True, True, False])
+    w.add_tensor("token_embd.weight", np.zeros((128, 64), dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    spec = load_model(str(tmp_path / "g.gguf"))
+    assert [s.kind for s in spec.layers] == ["sliding_window", "full_attention", "sliding_window", "sliding_window",
+                                             "sliding_window", "full_attention"]
+    assert {s.window for s in spec.layers if s.kind == "sliding_window"} == {512}
+
+
 def test_what_a_gguf_cannot_say_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="K and V head sizes differ"):
         load_model(str(write_gguf(tmp_path / "mla.gguf", value_dim=16)))

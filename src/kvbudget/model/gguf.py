@@ -62,6 +62,11 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
                                   "these GGUF files from a config.json only")
             value = value[0]
         config[name] = value
+    pattern = _value(reader, f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pattern, list):  # one flag per layer (newer converters): true where the layer is windowed
+        config["layer_types"] = ["sliding_attention" if bool(x) else "full_attention" for x in pattern]
+    elif pattern is not None:  # every n-th layer global (gemma3's 6)
+        config["sliding_window_pattern"] = int(pattern)
     value_length = _value(reader, f"{arch}.attention.value_length")
     if arch == "deepseek2":  # MLA: the latent and the rope key are what is cached
         _mla_fields(reader, config, value_length, path)
