@@ -179,6 +179,8 @@ class SGLangEngine(Engine):
         tp = int(given.get("tp") or tp_text or 1)
         dtype_text = d.group(1) if (d := re.search(r"(?:--kv-cache-dtype[ =]|kv_cache_dtype=')(\w+)", text)) else (
             "fp8" if "Setting KV cache dtype to fp8" in text else None)
+        if (used := re.search(r"Using KV cache dtype: torch\.(\w+)", text)) is not None:  # what SGLang settled on
+            dtype_text = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}.get(used.group(1), used.group(1))
         dtype = str(given.get("kv_cache_dtype") or dtype_text or "auto")
         assumed = {k: v for k, v, found in (("tp", 1, given.get("tp") or tp_text),
                                             ("kv_cache_dtype", "auto", given.get("kv_cache_dtype") or dtype_text))
