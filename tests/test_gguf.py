@@ -16,6 +16,15 @@ from kvbudget.quality.load import bundled_gguf
 gguf = pytest.importorskip("gguf")  # a test dependency: always installed by .ci/run
 
 
+def _finish(w):
+    """An embedding table (every GGUF has one), then the header, metadata and tensors to disk."""
+    w.add_tensor("token_embd.weight", np.zeros((128, 64), dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_gguf(path, arch="qwen3", **meta):
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(meta.get("layers", 4))
@@ -28,12 +37,8 @@ def write_gguf(path, arch="qwen3", **meta):
     w.add_value_length(meta.get("value_dim", meta.get("head_dim", 32)))
     w.add_vocab_size(128)
     w.add_file_type(1)  # F16
-    w.add_tensor("token_embd.weight", np.zeros((128, 64), dtype=np.float16))
     w.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _finish(w)
     return path
 
 
@@ -70,11 +75,7 @@ def test_a_deepseek2_gguf_reads_as_mla(tmp_path):
     w.add_uint32("deepseek2.attention.kv_lora_rank", 512)
     w.add_uint32("deepseek2.rope.dimension_count", 64)
     w.add_vocab_size(128)
-    w.add_tensor("token_embd.weight", np.zeros((128, 64), dtype=np.float16))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _finish(w)
     spec = load_model(str(tmp_path / "ds.gguf"))
     assert spec.kinds() == {"latent_attention": 3}
     assert estimate(spec, engine="vllm").bytes_per_token == 3 * 576 * 2
@@ -90,11 +91,7 @@ def test_a_gguf_sliding_window_pattern_is_read(tmp_path):
                        (w.add_sliding_window, 512)):
         add(value)
     w.add_array("gemma3.attention.sliding_window_pattern", [True, False, True, True, True, False])
-    w.add_tensor("token_embd.weight", np.zeros((128, 64), dtype=np.float16))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    _finish(w)
     spec = load_model(str(tmp_path / "g.gguf"))
     assert [s.kind for s in spec.layers] == ["sliding_window", "full_attention", "sliding_window", "sliding_window",
                                              "sliding_window", "full_attention"]
