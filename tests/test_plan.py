@@ -224,6 +224,21 @@ def test_no_kv_budget_is_an_answer_with_the_change_that_makes_room(capsys):
     assert "does not fit" in capsys.readouterr().out
 
 
+def test_a_larger_gpu_is_never_a_consumer_card_for_a_datacenter_one(capsys):
+    """Llama-3.1-8B at 131,072 tokens under transformers on an L4: the larger card offered is the datacenter L40S
+    (48 GB), not the RTX-5090 whose 32 GB come first by size (GeForce cards are not for datacenter deployment);
+    from an RTX 4090 a datacenter card is still a step up."""
+    from kvbudget.gpus import find_gpu
+    from kvbudget.planner import _larger_gpus
+
+    assert main(["plan", "llama-3.1-8b", "--engine", "hf", "--gpu", "L4", "--json"]) == 0
+    offered = [r["parameters"]["gpu"] for r in json.loads(capsys.readouterr().out)["recommendations"]
+               if "gpu" in r["parameters"]]
+    assert offered == ["L40S"]
+    assert all(g.segment != "consumer" for g in _larger_gpus(find_gpu("L4")))
+    assert _larger_gpus(find_gpu("RTX-4090"))[0].name == "L40S"
+
+
 def test_the_change_that_makes_vllm_start_comes_first(capsys):
     """qwen3-8b on an RTX 4090 (issue 15): vLLM refuses 40,960 tokens on 5.51 GiB; --max-model-len 40112 starts it and
     costs no hardware, so it is first; a model of another class (MoE, hybrid with a different active size) is not

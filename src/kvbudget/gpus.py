@@ -27,6 +27,7 @@ class GPU:
     interconnect: str | None = None  # how GPUs of a server talk: NVLink, Infinity Fabric, or the PCIe slot
     interconnect_bytes_per_s: float | None = None  # per GPU, both directions together (datasheet figure)
     gpus_per_node: int = 8  # GPUs on one server's interconnect (HGX boards, cloud instances; GB200 NVL72: 72)
+    segment: str = ""  # "datacenter", "workstation" or "consumer" as the vendor sells it; "" for custom cards
 
     @property
     def half_tflops(self) -> float | None:
@@ -51,7 +52,8 @@ def _make(g: dict[str, Any]) -> GPU:
     bandwidth = g["bandwidth_gbps"] * 1e9 if g.get("bandwidth_gbps") else None
     return GPU(g["name"], g.get("vendor", ""), memory, basis, bandwidth, g.get("bf16_tflops"), g.get("fp8_tflops"),
                g["source"], g.get("compute_capability"), g.get("fp16_tflops"), g.get("interconnect"),
-               g["interconnect_gbps"] * 1e9 if g.get("interconnect_gbps") else None, g.get("gpus_per_node", 8))
+               g["interconnect_gbps"] * 1e9 if g.get("interconnect_gbps") else None, g.get("gpus_per_node", 8),
+               g.get("segment", ""))
 
 
 def _key(text: str) -> str:
@@ -64,7 +66,7 @@ def custom_gpu(memory_bytes: int, like: GPU | None = None) -> GPU:
         return GPU("custom", "", memory_bytes, "given", None, None, None, "given memory")
     return GPU(like.name, like.vendor, memory_bytes, "given", like.bandwidth_bytes_per_s, like.bf16_tflops,
                like.fp8_tflops, f"{like.source}; memory given", like.compute_capability, like.fp16_tflops,
-               like.interconnect, like.interconnect_bytes_per_s, like.gpus_per_node)
+               like.interconnect, like.interconnect_bytes_per_s, like.gpus_per_node, like.segment)
 
 
 def find_gpu(name: str) -> GPU:

@@ -451,15 +451,23 @@ def _gpus_note(tp: int, pp: int, node: int = 8) -> str:
     return f"{n} GPUs on {nodes} nodes of {node}: {across}"
 
 
+# A larger card is offered in the card's own segment or a higher one: never a consumer card for a datacenter one.
+_SEGMENT_RANK = {"consumer": 0, "workstation": 1, "datacenter": 2}
+
+
 def _larger_gpus(card: GPU) -> list[GPU]:
-    """Cards of the same vendor with clearly more memory and no older (NVIDIA: a compute capability at least the
-    card's, so no V100 for an L4), smallest first."""
+    """Cards of the same vendor with clearly more memory, no older (NVIDIA: a compute capability at least the
+    card's, so no V100 for an L4) and of no lower segment (no RTX-5090 for an L4), smallest first."""
     def newer(g: GPU) -> bool:
         if not (card.compute_capability and g.compute_capability):
             return True
         return tuple(map(int, g.compute_capability.split("."))) >= tuple(map(int, card.compute_capability.split(".")))
+
+    def same_or_higher_segment(g: GPU) -> bool:
+        return _SEGMENT_RANK.get(g.segment, 0) >= _SEGMENT_RANK.get(card.segment, 0)
     return sorted((g for g in all_gpus() if g.memory_bytes >= BIGGER_GPU_STEP * card.memory_bytes
-                   and (not card.vendor or g.vendor == card.vendor) and newer(g)), key=lambda g: g.memory_bytes)
+                   and (not card.vendor or g.vendor == card.vendor) and newer(g) and same_or_higher_segment(g)),
+                  key=lambda g: g.memory_bytes)
 
 
 def _tp_steps(inputs: _Inputs, card: GPU) -> list[int]:
