@@ -56,6 +56,23 @@ def test_corpus_files_all_listed():
     assert listed == {p.name for p in LOGS.glob("*.log")}
 
 
+def test_one_ranks_budget_is_named_as_a_cause_only_where_ranks_exist(tmp_path, capsys):
+    """vllm#21348 prints one rank's 8.11 GiB at TP 4 and 1.1% fewer tokens than that holds: a smaller rank (8.02 GiB,
+    as vLLM sizes every rank to the smallest) is the cause named, with its size. The same lines at TP 1 have no
+    other rank to blame; nor does a budget 10% off, beyond what one rank's profile explains."""
+    log = LOGS / "vllm-issue-21348-qwen3-235b-tp4.log"
+    args = ["--model", "qwen3-235b-a22b", "--max-model-len", "40960", "--json"]
+    assert main(["check-log", str(log), "--tp", "4", *args]) == 1
+    causes = json.loads(capsys.readouterr().out)["likely_causes"]
+    assert causes[0].startswith("the log prints one rank's budget (8.11 GiB)") and "8.02 GiB (-1.1%)" in causes[0]
+    far = tmp_path / "far.log"
+    far.write_text(log.read_text().replace("178,880", "162,000"))
+    assert main(["check-log", str(far), "--tp", "4", *args]) == 1
+    assert not any("one rank's budget" in c for c in json.loads(capsys.readouterr().out)["likely_causes"])
+    assert main(["check-log", str(log), "--tp", "1", *args]) == 1
+    assert not any("one rank's budget" in c for c in json.loads(capsys.readouterr().out)["likely_causes"])
+
+
 def test_a_mismatch_exits_1_and_names_its_cause(capsys):
     """The fp8 log read as a bf16 cache: the rows differ by about 2x, and the cause is named with its size."""
     log = str(LOGS / "vllm-0.24-club3090-612-qwen3.6-35b-a3b-fp8.log")

@@ -718,9 +718,11 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
     value = float(budget_text)
     exact = st.device == "cpu" and value == int(value)  # VLLM_CPU_KVCACHE_SPACE is whole GiB
     half_step = 0.5 * 10 ** -decimals
-    lo, hi = (value, value) if exact else (max(value - half_step, 0), value + half_step)
+    lo_logged, hi_logged = (value, value) if exact else (max(value - half_step, 0), value + half_step)
 
-    def rows_for(s: _LogSettings) -> list[LogRow]:
+    def rows_for(s: _LogSettings, span: tuple[float, float] | None = None) -> list[LogRow]:
+        """The rows under settings `s`, for the logged budget's range or another rank's `span` (GiB)."""
+        lo, hi = span or (lo_logged, hi_logged)
         options = s.options()
         rel = release(options)
         stages = [model] if s.pp == 1 else [model.stage(r) for r in engine.pipeline_stages(
@@ -823,6 +825,9 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
     kv_rows = [r for r in rows if r.quantity != "weights per GPU"]
     if not all(r.matches for r in kv_rows):
         causes = _likely_causes(st, assumed, rows_for, rows, model)
+        if len(budgets) == 1 and st.tp * st.pp > 1 and not budget_from_refusal and not exact:
+            causes = _smaller_rank(st, rows_for, value, half_step) + [c for c in causes if "none of" not in c]
+            causes = causes or _likely_causes(st, assumed, rows_for, rows, model)
     settings = {"max_model_len": st.max_len, "device": st.device, "tp": st.tp, "pp": st.pp,
                 "kv_cache_dtype": st.kv_dtype, "prefix_caching": st.prefix,
                 "engine_version": read.get("engine_version"), "hybrid_allocator": st.hybrid}
@@ -921,6 +926,22 @@ def _v1_check_without_budget(engine: VLLMEngine, model: ModelSpec, st: _LogSetti
 def _needed_gib(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, options: EngineOptions) -> float:
     layout, _ = engine.layout(model, s.kv_dtype, s.tp, options)
     return layout.blocks_per_request(s.max_len) * layout.block_bytes / GIB
+
+
+def _smaller_rank(st: _LogSettings, rows_for: Callable[..., list[LogRow]], value: float, half_step: float,
+                  reach: float = 0.05) -> list[str]:
+    """The log prints one rank's budget, and vLLM gives every rank the smallest rank's blocks: the largest budget
+    within `reach` below the printed one (in the log's own rounding steps) under which every row agrees, if any."""
+    steps = int(value * reach / (2 * half_step))
+    for k in range(1, steps + 1):
+        other = round(value - 2 * half_step * k, 6)
+        rows = [r for r in rows_for(st, (max(other - half_step, 0), other + half_step))
+                if r.quantity != "weights per GPU"]
+        if all(r.matches for r in rows):
+            return [f"the log prints one rank's budget ({value:g} GiB) and vLLM sizes every rank's cache to the "
+                    f"smallest rank's: a rank with {other:g} GiB ({other / value - 1:+.1%}) gives the log's rows "
+                    "(the other ranks' lines are not in the excerpt)"]
+    return []
 
 
 def _likely_causes(st: _LogSettings, assumed: dict, rows_for: Callable[[_LogSettings], list[LogRow]],
