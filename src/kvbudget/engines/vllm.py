@@ -826,8 +826,8 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
     if not all(r.matches for r in kv_rows):
         causes = _likely_causes(st, assumed, rows_for, rows, model)
         if len(budgets) == 1 and st.tp * st.pp > 1 and not budget_from_refusal and not exact:
-            causes = _smaller_rank(st, rows_for, value, half_step) + [c for c in causes if "none of" not in c]
-            causes = causes or _likely_causes(st, assumed, rows_for, rows, model)
+            rank = _smaller_rank(st, rows_for, value, half_step)  # first; it replaces "none of the known causes"
+            causes = rank + [c for c in causes if not (rank and c.startswith("none of"))]
     settings = {"max_model_len": st.max_len, "device": st.device, "tp": st.tp, "pp": st.pp,
                 "kv_cache_dtype": st.kv_dtype, "prefix_caching": st.prefix,
                 "engine_version": read.get("engine_version"), "hybrid_allocator": st.hybrid}
