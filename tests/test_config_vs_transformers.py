@@ -56,6 +56,12 @@ def expected_layers(tc) -> list[tuple]:
         elif kind == "indexed_attention":  # DeepSeek-V3.2: the MLA latent and the indexer's keys
             out += [(i, "latent_attention", tc.kv_lora_rank, tc.qk_rope_head_dim, None),
                     (i, "indexer_keys", tc.index_head_dim, None, None)]
+        elif kind in ("compressed_sparse_attention", "heavily_compressed_attention"):  # DeepSeek-V4
+            rate = tc.compress_rates[kind]
+            out += [(i, "sliding_window", 1, head_dim, tc.sliding_window),
+                    (i, "compressed", rate, head_dim, "attention")]
+            if kind == "compressed_sparse_attention":  # DeepseekV4CSACache: the indexer's own compressor
+                out.append((i, "compressed", rate, tc.index_head_dim, "indexer"))
         elif hasattr(tc, "kv_lora_rank"):
             out.append((i, "latent_attention", tc.kv_lora_rank, tc.qk_rope_head_dim, None))
         elif per_layer is not None:
@@ -73,6 +79,8 @@ def our_layers(spec) -> list[tuple]:
             out.append((s.layer, "no_cache" if s.kind == "shared_kv" else s.kind, None, None, None))
         elif s.kind == "indexer_keys":
             out.append((s.layer, s.kind, s.dim, None, None))
+        elif s.kind == "compressed":
+            out.append((s.layer, s.kind, s.rate, s.dim, s.role))
         elif s.kind == "latent_attention":
             out.append((s.layer, s.kind, s.latent_dim, s.rope_dim, None))
         else:

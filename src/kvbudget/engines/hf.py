@@ -9,7 +9,13 @@ Measured against real caches in tests/test_exactness_transformers.py:
 - Falcon with more than one KV head (new_decoder_architecture: Falcon-40B/180B) repeats K and V to
   every query head before caching them (modeling_falcon.py), so the cache holds num_attention_heads;
 - linear attention / Mamba: conv state of `conv_kernel` columns in the model's dtype and the recurrent
-  state in float32, per sequence.
+  state in float32, per sequence;
+- DeepSeek-V4 (DeepseekV4CSACache / DeepseekV4HCACache): the window's shared K=V vector once (`values` is
+  `keys`) on compressed layers, twice on the plain sliding layers (DynamicSlidingWindowLayer stores
+  update(kv, kv) as two tensors); per compressor, `T // rate` entries, the key and gate projections of the
+  `T % rate` tokens of the window still open (`buffer_kv`, `buffer_gate`), and with overlap the last closed
+  window's first half (`overlap_kv` in the model's dtype, `overlap_gate` in float32 after the float32 position
+  bias), held once a window has closed.
 """
 
 from __future__ import annotations
@@ -28,9 +34,10 @@ from kvbudget.engines.base import (
     group_layers,
     simple_capacity,
 )
-from kvbudget.errors import EngineRuleError
+from kvbudget.errors import EngineRuleError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
     Attention,
+    Compressed,
     FullAttention,
     IndexerKeys,
     LatentAttention,
@@ -48,6 +55,7 @@ class HFEngine(Engine):
     reports_kv_size: ClassVar[bool] = False
     description: str = "transformers >= 5.19 DynamicCache (the generate() default)"
     static: bool = False
+    layer_kinds: ClassVar[tuple[type[LayerSpec], ...]] = (*Engine.layer_kinds, Compressed)
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
@@ -61,8 +69,15 @@ class HFEngine(Engine):
                                   "(its quantized caches: kvbudget quality's quanto_* / hqq_*)", param="kv_dtype")
         # The conv state follows the activations: the KV dtype when it is a torch float type.
         act = dtype if dtype.family == "float" else get_dtype(model.dtype)
+        self.refuse_unchecked(model)
         repeat_to = _falcon_repeat(model)
-        groups = group_layers(self._group(spec, dtype, act, tp, model.name, repeat_to) for spec in model.layers)
+        compressing = {s.layer for s in model.layers if isinstance(s, Compressed)}
+        if compressing and self.static:
+            raise UnsupportedArchitectureError(f"{model.name}: transformers' StaticCache cannot hold a compressor's "
+                                               "state (DeepSeek-V4 generates with its own dynamic cache layers); use "
+                                               "the hf engine")
+        groups = group_layers(self._group(spec, dtype, act, tp, model.name, repeat_to, spec.layer in compressing)
+                              for spec in model.layers)
         notes = []
         exact = dtype.family == "float"
         if dtype.family == "hf_quantized":
@@ -94,12 +109,16 @@ class HFEngine(Engine):
                                "transformers has no block pool: whole sequences of max_model_len in the budget")
 
     def _group(self, spec: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str,
-               repeat_to: int | None) -> CacheGroup | None:
+               repeat_to: int | None, compressing: bool) -> CacheGroup | None:
         if isinstance(spec, Attention):
             k, v = spec.kv_values(tp, where, heads=repeat_to)
+            detail = spec.describe(tp, where, dtype.name, heads=repeat_to)
+            if v == 0:  # one shared K=V vector: V4's own cache layers keep it once, DynamicSlidingWindowLayer twice
+                detail = (f"{k} shared K=V x {dtype.name}" + ("" if compressing else
+                          ", stored twice (DynamicSlidingWindowLayer keeps update(kv, kv) as keys and values)"))
+                v = 0 if compressing else k
             span = spec.token_span
             cap = None if span is None else (span if self.static else span - 1)
-            detail = spec.describe(tp, where, dtype.name, heads=repeat_to)
             if cap is not None:
                 detail += f", keeps {cap} tokens"
             if dtype.family == "hf_quantized":  # codes, 2 x (scale, zero) per 64 values, the residual
@@ -115,6 +134,15 @@ class HFEngine(Engine):
         if isinstance(spec, IndexerKeys):  # DynamicIndexedLayer.indexer_keys [batch, T, dim]
             return CacheGroup(spec.kind, 1, dtype.bytes_for(spec.dim), None, 0,
                               f"indexer key {spec.dim} x {dtype.name}, every rank")
+        if isinstance(spec, Compressed):
+            pending = 2 * act.bytes_for(spec.width)  # buffer_kv and buffer_gate of the open window's tokens
+            primed = spec.rate * (act.bytes_for(spec.dim) + _FP32.bytes_for(spec.dim)) if spec.overlap else 0
+            detail = (f"{spec.role} entry {spec.dim} x {dtype.name} per {spec.rate} tokens; open window "
+                      f"2 x {spec.width} x {act.name} per token"
+                      + (f"; last window's overlap {spec.rate} x {spec.dim} x ({act.name} + float32)"
+                         if primed else ""))
+            return CacheGroup(spec.label, 1, dtype.bytes_for(spec.dim), None, 0, detail,
+                              tokens_per_state=spec.rate, pending_bytes_per_token=pending, primed_bytes=primed)
         if isinstance(spec, RecurrentState):
             channels, heads, state = spec.per_rank(tp, where)
             fixed = act.bytes_for(channels * spec.conv_kernel) + _FP32.bytes_for(state)

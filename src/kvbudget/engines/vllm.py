@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from kvbudget.dtypes import KVDtype, get_dtype
 from kvbudget.engines.base import (
@@ -49,11 +49,13 @@ from kvbudget.engines.base import (
     serving_kv_dtype,
 )
 from kvbudget.engines.metrics import first_gauge
+from kvbudget.engines.vllm_packed import PackedLayout, check_packed_options, packed_layout, packed_specs
 from kvbudget.engines.vllm_releases import NEWEST, SWAP_SPACE, Release, parse_release
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
     Attention,
     ChunkedLocal,
+    Compressed,
     FullAttention,
     IndexerKeys,
     LatentAttention,
@@ -160,6 +162,21 @@ class Layout:
         return 3 if spec.mixer == "mamba2" else 2
 
 
+class PoolLayout(Protocol):
+    """What sizing the shared block pool needs of a layout (Layout, or PackedLayout for DeepSeek-V4)."""
+
+    @property
+    def block_bytes(self) -> int: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def num_groups(self) -> int: ...
+
+    def blocks_per_request(self, max_model_len: int) -> int: ...
+
+
 @dataclass(frozen=True)
 class BlockGroup:
     """One KV cache group as vLLM's scheduler allocates it, for the simulator: what it keeps of a request."""
@@ -244,6 +261,7 @@ def _usage(text: str) -> float | None:
 class VLLMEngine(Engine):
     name: str = "vllm"
     expert_parallel: ClassVar[bool] = True  # vLLM --enable-expert-parallel, SGLang --enable-dp-attention --ep
+    layer_kinds: ClassVar[tuple[type[LayerSpec], ...]] = (*Engine.layer_kinds, Compressed)
     description: str = "vLLM v1 (0.32): paged blocks, hybrid groups, null block"
 
     serves = True
@@ -260,6 +278,8 @@ class VLLMEngine(Engine):
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
+        if _is_packed(model):
+            return self._packed_allocation(model, kv_dtype, tp, options)
         layout, dtype = self.layout(model, kv_dtype, tp, options)
         b = layout.block_size
         groups = [CacheGroup(spec.label, layers, spec.token_bytes, None, 0, spec.detail + "; one block holds a page of "
@@ -289,6 +309,9 @@ class VLLMEngine(Engine):
                      options: EngineOptions = EngineOptions()) -> tuple[BlockGroup, ...]:
         """The KV cache groups vLLM's scheduler allocates a request's blocks in (one pool, one block per group
         per block of tokens), in its order."""
+        if _is_packed(model):
+            raise UnsupportedArchitectureError(f"{model.name}: the simulator does not model vLLM's DeepSeek-V4 groups "
+                                               "(compressed caches, bounded window replay) yet; estimate and plan do")
         layout, _ = self.layout(model, kv_dtype, tp, options)
         b = layout.block_size
         out = []
@@ -310,6 +333,9 @@ class VLLMEngine(Engine):
 
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
+        if _is_packed(model):
+            packed, _ = self.pool(model, kv_dtype, tp, options)
+            return self._pool_capacity(packed, kv_memory, max_model_len, release(options), [])
         layout, _ = self.layout(model, kv_dtype, tp, options)
         rel = release(options)
         block_bytes = layout.block_bytes
@@ -328,6 +354,14 @@ class VLLMEngine(Engine):
                              f"than the maximum number of tokens that can be stored in KV cache ({slots}).")
             return Capacity(self.name, kv_memory, num_blocks, layout.block_size, slots, slots, max_model_len,
                             slots / max_model_len, fits, None if fits else slots, tuple(notes))
+        return self._pool_capacity(layout, kv_memory, max_model_len, rel, notes)
+
+    def _pool_capacity(self, layout: PoolLayout, kv_memory: int, max_model_len: int, rel: Release,
+                       notes: list[str]) -> Capacity:
+        """V1's sizing of one shared pool: blocks, the null block, the start-up check and the concurrency."""
+        block_bytes = layout.block_bytes
+        num_blocks = kv_memory // block_bytes
+        slots = num_blocks // layout.num_groups * layout.block_size
         usable = kv_memory - block_bytes  # the null block
         if num_blocks < 2 or usable <= 0:
             raise BudgetError(
@@ -353,6 +387,43 @@ class VLLMEngine(Engine):
             physical_token_slots=slots, max_model_len=max_model_len, max_concurrency=concurrency, fits=fits,
             estimated_max_model_len=longest, notes=tuple(notes),
         )
+
+    def pool(self, model: ModelSpec, kv_dtype: str, tp: int, options: EngineOptions) -> tuple[PoolLayout, KVDtype]:
+        """The layout the shared block pool is sized by: vLLM's packed groups for DeepSeek-V4, else layout()."""
+        if not _is_packed(model):
+            return self.layout(model, kv_dtype, tp, options)
+        self.refuse_unchecked(model)
+        dtype = serving_kv_dtype(model, kv_dtype, tp, "vLLM", "auto and fp8 (its fp8_ds_mla format) for DeepSeek-V4",
+                                 ("float", "fp8"))
+        check_packed_options(dtype.family, kv_dtype, options.block_size)
+        if release(options).version < NEWEST:
+            raise UnsupportedArchitectureError(f"{model.name}: vLLM's DeepSeek-V4 layout is modelled from "
+                                               f"{NEWEST[0]}.{NEWEST[1]}'s source only; give --engine vllm")
+        mnbt = options.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+        if mnbt <= 0:
+            raise KVBudgetError("max_num_batched_tokens must be positive", param="max_num_batched_tokens")
+        return packed_layout(packed_specs(model), mnbt, model.name), get_dtype("fp8")
+
+    def _packed_allocation(self, model: ModelSpec, kv_dtype: str, tp: int, options: EngineOptions) -> Allocation:
+        """Each group as what a request of T tokens takes from the shared pool: whole pool blocks (the widest
+        group's pages), one per block of tokens, windows at the reservation vLLM admits requests against."""
+        layout, dtype = self.pool(model, kv_dtype, tp, options)
+        assert isinstance(layout, PackedLayout)
+        groups = []
+        for g in layout.groups:
+            cap = None if g.kind == "full" else g.block_size * layout.blocks_needed(g, 1 << 62)
+            members = "; ".join(f"{n} x {spec.label} ({spec.detail}; page {spec.page:,} B)" for spec, n in g.pages)
+            labels = list(dict.fromkeys(spec.label for spec, _ in g.pages))
+            label = labels[0] if len(labels) == 1 else "compressed_kv_and_indexer_keys" if g.kind == "full" \
+                else "compressor_states"
+            groups.append(CacheGroup(label, 1, layout.block_bytes, cap, 0,
+                                     f"{g.block_size}-token blocks of {members}; each block takes a pool block of "
+                                     f"{layout.block_bytes:,} B", g.block_size, tokens_per_state=g.block_size))
+        return Allocation(engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=tuple(groups),
+                          notes=(f"vLLM's packed DeepSeek-V4 layout: {layout.num_groups} groups in one pool of "
+                                 f"{layout.block_bytes:,}-byte blocks (fp8_ds_mla); windows at the reservation vLLM "
+                                 f"admits requests against (max_num_batched_tokens {layout.mnbt}); the same on every "
+                                 "tensor-parallel rank",))
 
     def pipeline_stages(self, num_layers: int, pp: int, partition: tuple[int, ...] | None = None) -> list[range]:
         return layer_stages(num_layers, pp, partition)
@@ -380,6 +451,11 @@ class VLLMEngine(Engine):
     # --- layout -------------------------------------------------------------------------------
 
     def layout(self, model: ModelSpec, kv_dtype: str, tp: int, options: EngineOptions) -> tuple[Layout, KVDtype]:
+        self.refuse_unchecked(model)
+        if _is_packed(model):
+            raise UnsupportedArchitectureError(f"{model.name}: vLLM (V1, 0.32) packs DeepSeek-V4's caches in groups of "
+                                               "different page sizes; that layout is sized by pool(), and earlier "
+                                               "releases are not modelled")
         if options.device not in DEFAULT_BLOCK_SIZE:
             raise EngineRuleError(f"device: {options.device!r} is not one of {', '.join(DEFAULT_BLOCK_SIZE)}",
                                   param="device")
@@ -476,6 +552,11 @@ class VLLMEngine(Engine):
 
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         return _check_log(self, text, model, dict(given or {}))
+
+
+def _is_packed(model: ModelSpec) -> bool:
+    """Whether vLLM lays the model out in packed groups of different page sizes (DeepSeek-V4's compressed caches)."""
+    return any(isinstance(s, Compressed) for s in model.layers)
 
 
 def release(options: EngineOptions) -> Release:
@@ -728,7 +809,7 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
         stages = [model] if s.pp == 1 else [model.stage(r) for r in engine.pipeline_stages(
             model.num_layers, s.pp, s.partition)]
         # the refusal names the memory left after the null block (0.29 on): add one block back for the budget
-        extra = (engine.layout(stages[0], s.kv_dtype, s.tp, options)[0].block_bytes
+        extra = (engine.pool(stages[0], s.kv_dtype, s.tp, options)[0].block_bytes
                  if budget_from_refusal and rel.null_block_in_check and not rel.v0 else 0)
 
         def cap(gib: float) -> Capacity:
@@ -885,7 +966,7 @@ def _v0_check_without_budget(engine: VLLMEngine, text: str, model: ModelSpec, st
 def _v1_blocks_rows(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, tokens: int, logged: str) -> list[LogRow]:
     """A V1 log without its budget: the blocks its token count implies (under the release's meaning of that count)
     and the concurrency those blocks give, beside the concurrency it printed."""
-    layout, _ = engine.layout(model, st.kv_dtype, st.tp, st.options())
+    layout, _ = engine.pool(model, st.kv_dtype, st.tp, st.options())
     per_request = layout.blocks_per_request(st.max_len)
     if release(st.options()).reports_slots:  # tokens = blocks // groups x block size
         first = tokens // layout.block_size * layout.num_groups
@@ -924,7 +1005,7 @@ def _v1_check_without_budget(engine: VLLMEngine, model: ModelSpec, st: _LogSetti
 
 
 def _needed_gib(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, options: EngineOptions) -> float:
-    layout, _ = engine.layout(model, s.kv_dtype, s.tp, options)
+    layout, _ = engine.pool(model, s.kv_dtype, s.tp, options)
     return layout.blocks_per_request(s.max_len) * layout.block_bytes / GIB
 
 

@@ -15,6 +15,7 @@ from kvbudget.errors import ConfigError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
     Attention,
     ChunkedLocal,
+    Compressed,
     FullAttention,
     IndexerKeys,
     LatentAttention,
@@ -118,10 +119,12 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 FAMILY_DEFAULTS["kimi_k2"] = FAMILY_DEFAULTS["deepseek_v3"]
 
+FAMILY_DEFAULTS["deepseek_v4"] = {  # DeepseekV4Config (transformers 5.24)
+    "num_attention_heads": 64, "hidden_size": 4096, "max_position_embeddings": 1048576, "head_dim": 512,
+    "sliding_window": 128, "index_head_dim": 128}
+
 # Families transformers knows whose cache kvbudget does not model yet: an error that says so, never a guess.
 NOT_MODELLED = {
-    "deepseek_v4": "DeepSeek-V4's compressed sparse attention (compress_rates, a sliding window beside compressed "
-                   "and indexed caches)",
     "minimax": "MiniMax-M1 / Text-01's lightning (linear) attention layers",
     "glm_moe_dsa": "GLM's DeepSeek-style sparse attention with an indexer",
 }
@@ -362,6 +365,46 @@ def _gemma4(mt: str, f: Fields) -> list[LayerSpec]:
     return _shared_tail(specs, f.get("num_kv_shared_layers", default=0) or 0)
 
 
+# DeepSeek-V4's layer types and their compress_ratios numbers (0: the sliding window only)
+_V4_TYPES = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
+_V4_RATE_DEFAULTS = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+
+
+def _deepseek_v4(mt: str, f: Fields) -> list[LayerSpec]:
+    """DeepSeek-V4: every layer attends to a sliding window of one shared K=V vector (head_dim) per token; CSA layers
+    add one compressed entry per 4 tokens (overlapping windows) and the lightning indexer's compressed keys, HCA layers
+    one entry per 128 tokens. The per-layer plan is `layer_types` with `compress_rates` (transformers' names) or
+    `compress_ratios` (DeepSeek's: one number per layer, the MTP layers after the model's own)."""
+    layers, dim, window = f.int("num_hidden_layers"), f.int("head_dim"), f.int("sliding_window")
+    types = f.cfg.get("layer_types")
+    if types is None:
+        ratios = f.cfg.get("compress_ratios")
+        if ratios is None:  # transformers' default plan: two HCA layers, then CSA and HCA in turn
+            types = ["heavily_compressed_attention"] * min(layers, 2) + [
+                "compressed_sparse_attention" if i % 2 else "heavily_compressed_attention" for i in range(layers - 2)]
+        else:
+            if not isinstance(ratios, list) or len(ratios) < layers or any(r not in _V4_TYPES for r in ratios):
+                raise ConfigError(f"{f.where}: 'compress_ratios' must list 0, 4 or 128 for each of the {layers} "
+                                  "layers")
+            types = [_V4_TYPES[r] for r in ratios]
+    if not isinstance(types, list) or len(types) < layers:
+        raise ConfigError(f"{f.where}: 'layer_types' must list the attention type of each of the {layers} layers")
+    rates = dict(_V4_RATE_DEFAULTS, **(f.cfg.get("compress_rates") or {}))
+    specs: list[LayerSpec] = []
+    for i, kind in enumerate(types[:layers]):
+        if kind == "sliding_attention":
+            specs.append(SlidingWindow(i, 1, dim, 0, window))
+            continue
+        if kind not in rates:
+            raise UnsupportedArchitectureError(f"{f.where}: layer {i} has layer type {kind!r}, which kvbudget does "
+                                               "not know for deepseek_v4")
+        rate, overlap = int(rates[kind]), kind == "compressed_sparse_attention"
+        specs += [SlidingWindow(i, 1, dim, 0, window), Compressed(i, rate, dim, overlap)]
+        if overlap:  # CSA: the indexer compresses its own keys at the same rate, with the same overlap
+            specs.append(Compressed(i, rate, f.int("index_head_dim"), overlap, role="indexer"))
+    return specs
+
+
 # Block kinds of the Mamba-2 hybrids: Nemotron-H's hybrid_override_pattern letters and the names of the lists
 # (layers_block_type / layer_types) of Nemotron-H and Granite-4.
 _HYBRID_BLOCKS = {"M": "mamba", "*": "attention", "-": "none", "E": "none", "mamba": "mamba",
@@ -455,6 +498,7 @@ _BUILDERS: dict[str, Callable[[str, Fields], list[LayerSpec]]] = {
     "qwen3_5_moe_text": _qwen3_next,
     "deepseek_v32": _latent,
     "kimi_linear": _kimi_linear,
+    "deepseek_v4": _deepseek_v4,
     "gemma3n_text": _gemma3n,
     "gemma4_text": _gemma4,
     "nemotron_h": _mamba2_hybrid,

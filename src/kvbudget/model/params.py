@@ -81,7 +81,7 @@ def activation_widths(model: ModelSpec) -> Widths:
 _SAME_WEIGHTS_AS = {"qwen3_5_text": "qwen3_next", "qwen3_5_moe_text": "qwen3_next", "deepseek_v32": "deepseek_v3",
                     "glm4_moe": "deepseek_v3", "minimax_m2": "mixtral"}
 # Families whose weights kvbudget does not count yet (their KV is modelled; pass the weight bytes to plan).
-_UNCOUNTED = {"kimi_linear", "granitemoehybrid", "gemma3n_text", "gemma4_text"}
+_UNCOUNTED = {"kimi_linear", "granitemoehybrid", "gemma3n_text", "gemma4_text", "deepseek_v4"}
 
 
 def count_parameters(model: ModelSpec) -> ParamCount:

@@ -45,7 +45,8 @@ class LayerSpec:
 
 @dataclass(frozen=True)
 class Attention(LayerSpec):
-    """K and V for every token: K is `kv_heads x k_dim`, V is `kv_heads x v_dim` per token."""
+    """K and V for every token: K is `kv_heads x k_dim`, V is `kv_heads x v_dim` per token. `v_dim` 0: the values
+    are the keys, one vector per token and head (DeepSeek-V4's shared-KV multi-query attention)."""
 
     kv_heads: int
     k_dim: int
@@ -184,6 +185,31 @@ class IndexerKeys(LayerSpec):
     dim: int
 
     kind: ClassVar[str] = "indexer_keys"
+
+
+@dataclass(frozen=True)
+class Compressed(LayerSpec):
+    """A compressed cache (DeepSeek-V4): one `dim`-wide entry for every `rate` tokens, the same on every
+    tensor-parallel rank. A compressor makes each entry from the projections of the tokens of its window: a key
+    series and a gate series, `width` values each per token. With `overlap` an entry reads two windows, the current
+    one and the previous one (DeepSeek-V4's CSA, whose projections are twice as wide); without, one (HCA).
+    `role` is "attention" (the compressed K=V the layer attends to) or "indexer" (the lightning indexer's keys)."""
+
+    rate: int
+    dim: int
+    overlap: bool
+    role: str = "attention"
+
+    kind: ClassVar[str] = "compressed"
+
+    @property
+    def label(self) -> str:
+        return f"compressed_{'indexer_keys' if self.role == 'indexer' else 'kv'}_1_in_{self.rate}"
+
+    @property
+    def width(self) -> int:
+        """Values of each of the two projections (key and gate) one token feeds the compressor."""
+        return (2 if self.overlap else 1) * self.dim
 
 
 @dataclass(frozen=True)
