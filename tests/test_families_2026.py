@@ -283,3 +283,15 @@ def test_engines_without_deepseek_v4_refuse_it(engine, capsys):
     assert main(["estimate", "deepseek-v4-flash", "--engine", engine]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "deepseek-v4-flash" in err
+
+
+@pytest.mark.parametrize("target", [3, 130, 5000, 7777])
+def test_deepseek_v4_longest_request_on_transformers_is_the_largest_that_fits(target):
+    """Within each 128 tokens the open windows make transformers' V4 cache rise and fall (104 open HCA tokens cost
+    more than the entry they become), so the longest request is searched by whole periods, then within one: it is
+    the largest length whose bytes fit, checked against every length."""
+    model = load_model("deepseek-v4-flash")
+    alloc = ENGINES["hf"].allocate(model)
+    budget = alloc.sequence_bytes(target)
+    capacity = ENGINES["hf"].capacity(model, budget, 20_000)
+    assert capacity.estimated_max_model_len == max(n for n in range(1, 20_001) if alloc.sequence_bytes(n) <= budget)

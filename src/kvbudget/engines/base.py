@@ -13,6 +13,7 @@ from the defaults here, and registers itself (`kvbudget.engines.register`).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -370,7 +371,19 @@ def simple_capacity(alloc: Allocation, kv_memory: int, max_model_len: int, note:
     fits = per_request <= kv_memory
     longest = None
     if not fits:
-        longest = largest_fitting(lambda n: alloc.sequence_bytes(n) <= kv_memory, max_model_len)
+        def ok(n: int) -> bool:
+            return alloc.sequence_bytes(n) <= kv_memory
+
+        # A compressor's open window makes the bytes rise and fall within each period of its states' tokens; at
+        # whole periods they only grow, and within a period they never fall below its start: find the last period
+        # that starts within the budget, then the last length in it that fits.
+        period = math.lcm(*(g.tokens_per_state for g in alloc.groups))
+        if period == 1:
+            longest = largest_fitting(ok, max_model_len)
+        else:
+            start = period * largest_fitting(lambda k: ok(k * period), max_model_len // period)
+            longest = max((n for n in range(max(start, 1), min(max_model_len, start + period - 1) + 1) if ok(n)),
+                          default=0)
     slots = kv_memory // alloc.bytes_per_token if alloc.bytes_per_token else 0
     return Capacity(alloc.engine, kv_memory, None, None, int(concurrency * max_model_len), slots,
                     max_model_len, concurrency, fits, longest, (note,))
