@@ -190,3 +190,14 @@ def test_builds_and_dtypes_stated_in_other_forms_are_read_not_assumed(capsys):
     assert main(["check-log", log, "--model", "qwen2.5-32b", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["settings"] == {"tp": 4, "kv_cache_dtype": "auto"} and not data["assumed"]
+
+
+def test_a_setting_that_is_not_a_number_is_one_line(tmp_path, capsys):
+    """A log whose tensor_parallel_size is not a number gets the one-line error naming the flag, not a traceback."""
+    log = tmp_path / "odd.log"
+    log.write_text("INFO [gpu_worker.py:298] Available KV cache memory: 18.78 GiB\n"
+                   "INFO [kv_cache_utils.py:1305] GPU KV cache size: 175,856 tokens\n"
+                   "non-default args: {'max_model_len': 1024, 'tensor_parallel_size': 'auto'}\n")
+    assert main(["check-log", str(log), "--model", "qwen3-1.7b"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--tp" in err

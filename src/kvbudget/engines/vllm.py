@@ -638,8 +638,17 @@ def _setting(text: str, *names: str) -> str | None:
         flag = name.replace("_", "-")
         for pattern in (rf"\b{name}=([\w.\-]+)", rf"'{name}': '?([\w.\-]+)'?", rf"--{flag}[ =]([\w.\-]+)"):
             if m := re.search(pattern, text):
-                return m.group(1)
+                return m.group(1).rstrip(".")  # "... with max_num_batched_tokens=512." ends a sentence
     return None
+
+
+def _whole(key: str, value: object) -> int:
+    """A setting that must be a whole number, as the log (or the user) gave it."""
+    try:
+        return int(str(value).replace(",", ""))
+    except ValueError:
+        raise KVBudgetError(f"check-log: {key} reads {value!r}, not a whole number; give --{key.replace('_', '-')}",
+                            param=key) from None
 
 
 def _truthy(value: str) -> bool:
@@ -693,11 +702,11 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
     if max_len_text is None and given.get("max_model_len") is None and not re.search(r"# CPU blocks: \d+", text):
         raise KVBudgetError("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens', "
                             "'max_seq_len=' or 'max_model_len'); give max_model_len")
-    max_len = int(pick("max_model_len", max_len_text, 0))  # type: ignore[call-overload]
+    max_len = _whole("max_model_len", pick("max_model_len", max_len_text, 0))
     cpu = bool(re.search(r"CPU KV cache size|device_config=cpu|VLLM_CPU_KVCACHE_SPACE", text))
     read["device"] = "cpu" if cpu else "cuda"
-    tp = int(pick("tp", _setting(text, "tensor_parallel_size"), 1))  # type: ignore[call-overload]
-    pp = int(pick("pp", _setting(text, "pipeline_parallel_size"), 1))  # type: ignore[call-overload]
+    tp = _whole("tp", pick("tp", _setting(text, "tensor_parallel_size"), 1))
+    pp = _whole("pp", pick("pp", _setting(text, "pipeline_parallel_size"), 1))
     kv = str(pick("kv_cache_dtype", _setting(text, "kv_cache_dtype"), "auto"))
     version_text = (given.get("engine_version") or
                     (m.group(1) if (m := re.search(r"LLM engine \(v(\d+\.\d+(?:\.\d+)?)", text) or
@@ -732,7 +741,7 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
     hybrid = not (hybrid_off is not None and _truthy(hybrid_off)) and not (
         version and not Release(version).hybrid_allocator)
     settings = _LogSettings(max_len, "cpu" if cpu else "cuda", tp, pp, kv, bool(prefix),
-                            int(mnbt) if mnbt is not None else None, version, hybrid,  # type: ignore[call-overload]
+                            _whole("max_num_batched_tokens", mnbt) if mnbt is not None else None, version, hybrid,
                             partition, backend)
     return settings, read, assumed
 
