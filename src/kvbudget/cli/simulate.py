@@ -51,6 +51,8 @@ def add_parser(sub: Any) -> None:
     m.add_argument("--gpu", help="GPU from `kvbudget gpus` (its memory, bandwidth and FLOPS)")
     m.add_argument("--gpu-memory", help="memory of one GPU (overrides --gpu's)")
     m.add_argument("--kv-memory", help="KV budget per GPU instead of deriving it")
+    m.add_argument("--weights", help="weight bytes per GPU (overrides the computed figure; needed where kvbudget "
+                                     "does not count the family's parameters)")
     m.add_argument("--num-blocks", help="the engine's KV blocks instead of a budget")
     m.add_argument("--tp", default="1", help="tensor parallel size (default 1)")
     m.add_argument("--pp", default="1", help="pipeline parallel size (default 1)")
@@ -183,7 +185,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         raise KVBudgetError("simulate follows vLLM 0.32's scheduler and allocator on one rank: --engine vllm@VERSION, "
                             "--attention-backend and --pp-layer-partition are for estimate and plan")
     return {"engine": args.engine, "gpu": args.gpu, "gpu_memory": size(args.gpu_memory, "--gpu-memory"),
-            "kv_memory": size(args.kv_memory, "--kv-memory"), "num_blocks": optional_one(args.num_blocks,
+            "kv_memory": size(args.kv_memory, "--kv-memory"), "weights": size(args.weights, "--weights"),
+            "num_blocks": optional_one(args.num_blocks,
                                                                                           "--num-blocks"),
             "tp": one(args.tp, "--tp"), "pp": one(args.pp, "--pp"), "kv_dtype": args.kv_dtype,
             "max_model_len": optional_one(args.max_model_len, "--max-model-len"), "block_size": options.block_size,

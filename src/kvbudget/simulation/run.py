@@ -194,8 +194,9 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               prefix_caching: bool = True, long_prefill_token_threshold: int = 0,
               time_model: TimeModel | None = None, allocator: str = "paged",
               measured: Sequence[MeasuredStep] | None = None, kv_unified: bool = False,
-              cache_ram: int | None = None) -> Setup:
-    """The memory and scheduler settings from the planner and the engine's defaults, and the default time model."""
+              cache_ram: int | None = None, weights: int | None = None) -> Setup:
+    """The memory and scheduler settings from the planner and the engine's defaults, and the default time model.
+    `weights` (bytes per GPU) replaces the parameter count where kvbudget has none."""
     from kvbudget.gpus import find_gpu
     from kvbudget.planner import plan
 
@@ -233,11 +234,12 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
                                 param="gpu")
         # no GPU: the budget is given, and vLLM's scheduler defaults are those of a GPU under 70 GiB
         p = plan(model, engine=chosen, gpu_memory=NO_GPU_MEMORY, tp=tp, pp=pp, kv_dtype=kv_dtype,
-                 max_model_len=max_len, options=options, kv_memory=kv_memory or NO_GPU_MEMORY, recommend=False)
+                 max_model_len=max_len, options=options, kv_memory=kv_memory or NO_GPU_MEMORY, recommend=False,
+                 weights=weights)
         card = None
     else:
         p = plan(model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, tp=tp, pp=pp, kv_dtype=kv_dtype,
-                 max_model_len=max_len, options=options, kv_memory=kv_memory, recommend=False)
+                 max_model_len=max_len, options=options, kv_memory=kv_memory, recommend=False, weights=weights)
         card = find_gpu(gpu) if gpu else None
     if measured is not None:
         time_model = calibrate(measured)
