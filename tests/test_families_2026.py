@@ -309,3 +309,74 @@ def test_simulate_takes_weights_for_uncounted_families_and_refuses_deepseek_v4(c
     assert main(["simulate", "deepseek-v4-flash", "--weights", "150GiB", *trace]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "simulator does not model" in err
+
+
+# --- speculative decoding with the model's MTP layers (vLLM) ----------------------------------------------------
+
+
+def test_qwen3_5_mtp_on_vllm_by_hand():
+    """Qwen3.5-27B at TP 2, fp8, 3 draft tokens, by hand from vLLM's source: the drafter's MTP layer is a 17th
+    attention layer (2 heads x 256 x (K + V) x 1 B = 1,024 B per token); the GDN conv state keeps 3 + 3 columns
+    (5,120 channels x 6 x 2 B) beside the 24 x 128 x 128 float32 state: 1,634,304 B, so the block is raised to
+    16 x cdiv(1,634,304, 16 x 1,024) = 1,600 tokens; 48 GDN layers in 3 groups of 17; a request of 262,144 tokens
+    takes 3 x (2 + 3) state blocks and cdiv(262,144, 1,600) = 164 attention blocks."""
+    model = load_model("qwen3.5-27b")
+    assert [(s.kind, s.layer) for s in model.draft_layers] == [("full_attention", 64)]
+    est = kvbudget.estimate(model, engine="vllm", tp=2, kv_dtype="fp8", kv_memory=int(5.33 * GIB),
+                            max_model_len=262_144, options=EngineOptions(num_speculative_tokens=3), context=[4096])
+    cap = est.capacity
+    assert cap.block_size == 1600
+    assert cap.num_blocks == int(5.33 * GIB) // (17 * 1600 * 1024) == 205
+    assert cap.max_concurrency == 205 / (3 * 5 + 164)
+    assert cap.kv_cache_tokens == 300_220  # what club-3090#594's vLLM 0.24 printed
+    plain = kvbudget.estimate(model, engine="vllm", tp=2, kv_dtype="fp8", kv_memory=int(5.33 * GIB),
+                              max_model_len=262_144, context=[4096]).capacity
+    assert plain.block_size == 1568 and plain.kv_cache_tokens != cap.kv_cache_tokens
+
+
+def test_speculative_decoding_is_refused_where_it_is_not_modelled(capsys):
+    options = EngineOptions(num_speculative_tokens=2)
+    with pytest.raises(kvbudget.KVBudgetError, match="vLLM only"):
+        kvbudget.estimate(load_model("qwen3.5-27b"), engine="sglang", options=options)
+    with pytest.raises(UnsupportedArchitectureError, match="no MTP layers"):
+        kvbudget.estimate(load_model("llama-3.1-8b"), engine="vllm", options=options)
+    with pytest.raises(kvbudget.KVBudgetError, match="pipeline"):
+        kvbudget.estimate(load_model("qwen3.5-27b"), engine="vllm", pp=2, options=options)
+    with pytest.raises(kvbudget.KVBudgetError, match="0.20"):
+        kvbudget.estimate(load_model("qwen3.5-27b"), engine="vllm", options=EngineOptions(num_speculative_tokens=2,
+                                                                                        engine_version=(0, 19)))
+    assert main(["estimate", "qwen3.5-27b", "--engine", "hf", "--num-speculative-tokens", "3"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize("line, tokens", [
+    ("Initializing a V1 LLM engine (v0.24.0) with config: model='m', speculative_config=SpeculativeConfig("
+     "method='mtp', model='m', num_spec_tokens=3), tokenizer='m', tensor_parallel_size=2, kv_cache_dtype=fp8, "
+     "enable_prefix_caching=True", 3),
+    ("non-default args: {'tensor_parallel_size': 2, 'kv_cache_dtype': 'fp8', 'enable_prefix_caching': True, "
+     "'speculative_config': {'method': 'mtp', 'num_speculative_tokens': 3}}", 3),
+    ("non-default args: {'tensor_parallel_size': 2, 'kv_cache_dtype': 'fp8', 'enable_prefix_caching': True}", 0),
+])
+def test_check_log_reads_the_speculative_config(tmp_path, capsys, line, tokens):
+    """The two places vLLM states its speculative config; with 3 MTP draft tokens 5.33 GiB holds 300,220 tokens."""
+    log = tmp_path / "spec.log"
+    log.write_text(f"INFO 07-06 10:43:59 [api_utils.py:339] version 0.24.0\n{line}\n"
+                   "INFO [gpu_worker.py:508] Available KV cache memory: 5.33 GiB\n"
+                   "INFO [kv_cache_utils.py:2146] GPU KV cache size: 300,220 tokens\n"
+                   "INFO [kv_cache_utils.py:2147] Maximum concurrency for 262,144 tokens per request: 1.15x\n")
+    status = main(["check-log", str(log), "--model", "qwen3.5-27b", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert status == (0 if tokens == 3 else 1)
+    assert data["settings"].get("num_speculative_tokens", 0) == tokens
+
+
+def test_check_log_refuses_a_drafter_it_does_not_model(tmp_path, capsys):
+    log = tmp_path / "dflash.log"
+    log.write_text("non-default args: {'tensor_parallel_size': 2, 'speculative_config': {'method': 'dflash', "
+                   "'model': 'd', 'num_speculative_tokens': 7}}\n"
+                   "INFO [gpu_worker.py:508] Available KV cache memory: 5.33 GiB\n"
+                   "INFO [kv_cache_utils.py:2146] GPU KV cache size: 300,220 tokens\n"
+                   "INFO [kv_cache_utils.py:2147] Maximum concurrency for 262,144 tokens per request: 1.15x\n")
+    assert main(["check-log", str(log), "--model", "qwen3.5-27b"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'dflash'" in err

@@ -30,6 +30,8 @@ def add_parser(sub: Any) -> None:
     given.add_argument("--pp-layer-partition", help="vLLM's VLLM_PP_LAYER_PARTITION, e.g. 16,32")
     given.add_argument("--attention-backend", help="vLLM's MLA backend: FLASHMLA, CUTLASS_MLA, FLASHINFER_MLA, "
                                                   "FLASH_ATTN_MLA, TRITON_MLA")
+    given.add_argument("--num-speculative-tokens", type=int,
+                       help="vLLM: draft tokens per step with the model's MTP layers (speculative_config)")
     chk.set_defaults(run=run)
 
 
@@ -58,9 +60,11 @@ def run(args: argparse.Namespace) -> int:
     given = {"engine_version": args.engine_version, "max_model_len": args.max_model_len, "tp": args.tp,
              "pp": args.pp, "kv_cache_dtype": args.kv_cache_dtype,
              "max_num_batched_tokens": args.max_num_batched_tokens, "pp_layer_partition": args.pp_layer_partition,
-             "attention_backend": args.attention_backend}
+             "attention_backend": args.attention_backend, "num_speculative_tokens": args.num_speculative_tokens}
     if args.pp_layer_partition:
         parse_positive_ints(args.pp_layer_partition, "--pp-layer-partition")
+    if args.num_speculative_tokens is not None and args.num_speculative_tokens < 0:
+        raise KVBudgetError(f"--num-speculative-tokens: {args.num_speculative_tokens} is negative")
     for name in ("max_model_len", "tp", "pp", "max_num_batched_tokens"):
         if given[name] is not None and given[name] <= 0:
             raise KVBudgetError(f"--{name.replace('_', '-')}: {given[name]} is not positive")

@@ -85,6 +85,8 @@ def add_engine_knobs(p: argparse.ArgumentParser) -> None:
                                               "FLASH_ATTN_MLA or TRITON_MLA (default: what vLLM picks for the GPU)")
     p.add_argument("--pp-layer-partition", help="vLLM: layers per pipeline stage, e.g. 16,32 "
                                                "(VLLM_PP_LAYER_PARTITION; default: vLLM's even split)")
+    p.add_argument("--num-speculative-tokens", help="vLLM: draft tokens per step when drafting with the model's "
+                                                   "own MTP layers (speculative_config method mtp; default none)")
 
 
 def add_counted_lengths(p: argparse.ArgumentParser) -> None:
@@ -138,6 +140,8 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
         engine_version=engine_release(args),
         attention_backend=args.attention_backend,
         pp_layer_partition=tuple(parse_positive_ints(partition, "--pp-layer-partition")) if partition else None,
+        num_speculative_tokens=optional_one(getattr(args, "num_speculative_tokens", None),
+                                            "--num-speculative-tokens") or 0,
     )
 
 

@@ -50,6 +50,9 @@ class EngineOptions:
     attention_backend: str | None = None  # vLLM: MLA backend (FLASHMLA, ...); llama.cpp: flash or no-flash (-fa)
     compute_capability: str | None = None  # the GPU's ("9.0"), where the engine's choices depend on it
     pp_layer_partition: tuple[int, ...] | None = None  # layers per pipeline stage (vLLM's VLLM_PP_LAYER_PARTITION)
+    # Speculative decoding with the model's own MTP layers (vLLM's speculative_config method "mtp"): tokens drafted
+    # per step; 0 is none
+    num_speculative_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -295,9 +298,14 @@ class Engine:
     layer_kinds: ClassVar[tuple[type[LayerSpec], ...]] = (Attention, LatentAttention, IndexerKeys, RecurrentState,
                                                           NoCache)
 
-    def refuse_unchecked(self, model: ModelSpec) -> None:
-        """Raise for a family in `unchecked_families`, or a layer of a kind this engine does not size: no figure
-        rather than an unverified one."""
+    speculative: ClassVar[bool] = False  # sizes the caches speculative decoding adds (num_speculative_tokens)
+
+    def refuse_unchecked(self, model: ModelSpec, options: EngineOptions | None = None) -> None:
+        """Raise for a family in `unchecked_families`, or a layer of a kind this engine does not size, or options it
+        does not model: no figure rather than an unverified one."""
+        if options is not None and options.num_speculative_tokens and not self.speculative:
+            raise EngineRuleError(f"num_speculative_tokens: speculative decoding's caches are modelled for vLLM only, "
+                                  f"not {self.name}; leave it out", param="num_speculative_tokens")
         why = self.unchecked_families.get(model.model_type)
         if why:
             raise UnsupportedArchitectureError(f"{model.name}: {why}, so kvbudget does not size it for "

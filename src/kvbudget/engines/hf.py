@@ -69,7 +69,7 @@ class HFEngine(Engine):
                                   "(its quantized caches: kvbudget quality's quanto_* / hqq_*)", param="kv_dtype")
         # The conv state follows the activations: the KV dtype when it is a torch float type.
         act = dtype if dtype.family == "float" else get_dtype(model.dtype)
-        self.refuse_unchecked(model)
+        self.refuse_unchecked(model, options)
         repeat_to = _falcon_repeat(model)
         compressing = {s.layer for s in model.layers if isinstance(s, Compressed)}
         if compressing and self.static:

@@ -135,7 +135,7 @@ class LlamaCppEngine(Engine):
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
-        self.refuse_unchecked(model)
+        self.refuse_unchecked(model, options)
         check_positive(tp, "tp", "tensor parallel size")
         if tp != 1:
             raise EngineRuleError("tp: llama.cpp splits layers across GPUs (its split mode), not KV heads; use 1",
@@ -159,7 +159,7 @@ class LlamaCppEngine(Engine):
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
         """How many slots of max_model_len tokens (`-np`, own streams) fit in kv_memory."""
-        self.refuse_unchecked(model)
+        self.refuse_unchecked(model, options)
         alloc = self.allocate(model, kv_dtype, tp, options)
         release = release_of(options)
         to = release.padding(flash_attn_of(options, release))

@@ -78,7 +78,7 @@ class SGLangEngine(Engine):
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
-        self.refuse_unchecked(model)
+        self.refuse_unchecked(model, options)
         dtype = self._dtype(model, kv_dtype, tp, options)
         page = options.block_size or (NSA_PAGE if _nsa(model) else 1)
         act = get_dtype(model.dtype)
@@ -95,7 +95,7 @@ class SGLangEngine(Engine):
 
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
-        self.refuse_unchecked(model)
+        self.refuse_unchecked(model, options)
         alloc = self.allocate(model, kv_dtype, tp, options)
         page = options.block_size or 1
         cell = alloc.bytes_per_token
@@ -132,7 +132,7 @@ class SGLangEngine(Engine):
                    options: EngineOptions = EngineOptions()) -> tuple[int, int, int]:
         """Bytes per token of SGLang's K buffer, its V buffer and its indexer-key buffer on one rank (MLA: latent
         and rope key; an fp8 NSA latent row of 656 bytes holds both)."""
-        self.refuse_unchecked(model)
+        self.refuse_unchecked(model, options)
         dtype = self._dtype(model, kv_dtype, tp, options)
         k_bytes = v_bytes = index_bytes = 0
         for layer in model.layers:

@@ -73,7 +73,7 @@ class TGIEngine(Engine):
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
-        self.refuse_unchecked(model)
+        self.refuse_unchecked(model, options)
         dtype = serving_kv_dtype(model, kv_dtype, tp, "TGI", "auto and fp8 (e4m3 / e5m2)")
         block = options.block_size or 1
         if block not in BLOCK_SIZES:
@@ -84,7 +84,7 @@ class TGIEngine(Engine):
 
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
-        self.refuse_unchecked(model)
+        self.refuse_unchecked(model, options)
         alloc = self.allocate(model, kv_dtype, tp, options)
         block = options.block_size or 1
         block_bytes = alloc.bytes_per_token * block

@@ -126,6 +126,7 @@ class Layout:
     # Attention layers whose pages differ (Gemma 4: sliding 8 x 256 beside global 2 x 512): vLLM's
     # unify_kv_cache_spec_page_size raises the smaller spec's block size until its page equals the largest.
     spec_blocks: tuple[tuple[_Spec, int], ...] = ()
+    speculative_blocks: int = 0  # state blocks a request keeps per Mamba group for its draft tokens
 
     def block_of(self, spec: _Spec) -> int:
         """Tokens per block in the groups of `spec` (the block size unless unify raised it)."""
@@ -156,10 +157,11 @@ class Layout:
 
     def mamba_blocks(self, spec: _Spec) -> int:
         """State blocks one request holds in a Mamba group: 1; with prefix caching ("align" mode) 2, and a
-        third prefill checkpoint block for Mamba-2 mixers (mamba_mixer2.py)."""
+        third prefill checkpoint block for Mamba-2 mixers (mamba_mixer2.py); one more per draft token under
+        speculative decoding (MambaSpec.num_speculative_blocks)."""
         if not self.prefix_caching:
-            return 1
-        return 3 if spec.mixer == "mamba2" else 2
+            return 1 + self.speculative_blocks
+        return (3 if spec.mixer == "mamba2" else 2) + self.speculative_blocks
 
 
 class PoolLayout(Protocol):
@@ -262,6 +264,7 @@ class VLLMEngine(Engine):
     name: str = "vllm"
     expert_parallel: ClassVar[bool] = True  # vLLM --enable-expert-parallel, SGLang --enable-dp-attention --ep
     layer_kinds: ClassVar[tuple[type[LayerSpec], ...]] = (*Engine.layer_kinds, Compressed)
+    speculative: ClassVar[bool] = True
     description: str = "vLLM v1 (0.32): paged blocks, hybrid groups, null block"
 
     serves = True
@@ -312,6 +315,9 @@ class VLLMEngine(Engine):
         if _is_packed(model):
             raise UnsupportedArchitectureError(f"{model.name}: the simulator does not model vLLM's DeepSeek-V4 groups "
                                                "(compressed caches, bounded window replay) yet; estimate and plan do")
+        if options.num_speculative_tokens:
+            raise UnsupportedArchitectureError("num_speculative_tokens: the simulator does not model speculative "
+                                               "decoding (draft tokens, acceptance); estimate and plan size its caches")
         layout, _ = self.layout(model, kv_dtype, tp, options)
         b = layout.block_size
         out = []
@@ -388,11 +394,31 @@ class VLLMEngine(Engine):
             estimated_max_model_len=longest, notes=tuple(notes),
         )
 
+    def _draft_layers(self, model: ModelSpec, options: EngineOptions, rel: Release) -> tuple[LayerSpec, ...]:
+        """The caches speculative decoding with the model's own MTP layers adds (vLLM registers the drafter's
+        attention layers after the model's): the MTP layers as the config declares them."""
+        if options.num_speculative_tokens < 0:
+            raise KVBudgetError("num_speculative_tokens must not be negative", param="num_speculative_tokens")
+        if rel.v0 or rel.version < (0, 20):
+            raise EngineRuleError("num_speculative_tokens: speculative decoding's caches are modelled from vLLM "
+                                  "0.20's rules on", param="num_speculative_tokens")
+        if not model.draft_layers:
+            raise UnsupportedArchitectureError(
+                f"{model.name}: num_speculative_tokens: its config declares no MTP layers kvbudget models (drafting "
+                "with the model's own MTP layers is modelled for Qwen3.5 / 3.6; other drafters' caches are not)")
+        if any(isinstance(s, (SlidingWindow, ChunkedLocal)) for s in model.layers) and len(model.draft_layers) > 1:
+            raise UnsupportedArchitectureError(f"{model.name}: several MTP modules beside windowed layers (vLLM then "
+                                               "keeps extra tokens in every window) are not modelled")
+        return model.draft_layers
+
     def pool(self, model: ModelSpec, kv_dtype: str, tp: int, options: EngineOptions) -> tuple[PoolLayout, KVDtype]:
         """The layout the shared block pool is sized by: vLLM's packed groups for DeepSeek-V4, else layout()."""
         if not _is_packed(model):
             return self.layout(model, kv_dtype, tp, options)
         self.refuse_unchecked(model)
+        if options.num_speculative_tokens:
+            raise UnsupportedArchitectureError(f"{model.name}: num_speculative_tokens: the caches of DeepSeek-V4's MTP "
+                                               "drafter are not modelled")
         dtype = serving_kv_dtype(model, kv_dtype, tp, "vLLM", "auto and fp8 (its fp8_ds_mla format) for DeepSeek-V4",
                                  ("float", "fp8"))
         check_packed_options(dtype.family, kv_dtype, options.block_size)
@@ -472,7 +498,10 @@ class VLLMEngine(Engine):
         act = get_dtype(model.dtype)
         rel = release(options)
         ssm = _FP32 if options.device == "cpu" else None  # the CPU backend keeps SSM state in float32
-        specs = [s for s in (_vllm_spec(layer, dtype, act, ssm, tp, model.name, rel) for layer in model.layers) if s]
+        spec_tokens = options.num_speculative_tokens
+        layers = model.layers + (self._draft_layers(model, options, rel) if spec_tokens else ())
+        specs = [s for s in (_vllm_spec(layer, dtype, act, ssm, tp, model.name, rel, spec_tokens)
+                             for layer in layers) if s]
         if not (options.hybrid_allocator and rel.hybrid_allocator):  # every window sized as full attention
             specs = [replace(s, kind="full", span=None, label="full_attention",
                              detail=re.split(r", (?:window|chunk) ", s.detail)[0])
@@ -520,6 +549,11 @@ class VLLMEngine(Engine):
         if options.block_size is not None and (block <= 0 or block % 16):
             raise EngineRuleError(f"block_size {block}: vLLM block sizes are positive multiples of 16",
                                   param="block_size")
+        if spec_tokens:
+            notes += (f"speculative decoding with the model's MTP layers, {spec_tokens} draft tokens: the drafter's "
+                      f"{len(model.draft_layers)} attention layer(s) beside the model's"
+                      + (f"; {spec_tokens} more conv columns and state blocks per request in every recurrent layer"
+                         if state_specs_present(specs) else ""),)
         if state and options.prefix_caching and not rel.hybrid_prefix_caching:
             notes += ("vLLM < 0.26 leaves prefix caching off for hybrid models unless enabled: these figures have it "
                       "on (--no-prefix-caching for that default)",)
@@ -541,17 +575,22 @@ class VLLMEngine(Engine):
         if uniform_type:
             page = block * sum(s.token_bytes * n for s, n in counts.items())
             return Layout(block, page, 1, ((specs[0], len(specs), 1),), mnbt, options.prefix_caching,
-                          tuple(counts.items()), notes), dtype
+                          tuple(counts.items()), notes, speculative_blocks=spec_tokens), dtype
         smallest, largest = min(counts.values()), max(counts.values())
         group_size = largest if len(counts) == 1 or largest < 1.5 * smallest else smallest
         buckets = tuple((s, n, cdiv(n, group_size)) for s, n in counts.items())
         return Layout(block, page, group_size, buckets, mnbt, options.prefix_caching, notes=notes,
+                      speculative_blocks=spec_tokens,
                       spec_blocks=spec_blocks), dtype
 
     # --- startup logs -------------------------------------------------------------------------
 
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         return _check_log(self, text, model, dict(given or {}))
+
+
+def state_specs_present(specs: list[_Spec]) -> bool:
+    return any(s.kind == "mamba" for s in specs)
 
 
 def _is_packed(model: ModelSpec) -> bool:
@@ -566,7 +605,7 @@ def release(options: EngineOptions) -> Release:
 
 
 def _vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype | None, tp: int,
-               where: str, rel: Release) -> _Spec | None:
+               where: str, rel: Release, spec_tokens: int = 0) -> _Spec | None:
     if isinstance(layer, Attention):
         k, v = layer.kv_values(tp, where)
         short = "sliding" if isinstance(layer, SlidingWindow) else "chunked" if isinstance(layer, ChunkedLocal) \
@@ -600,10 +639,11 @@ def _vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype | No
                      f"values = {width} B, on every TP rank", layer.kind)
     if isinstance(layer, RecurrentState):
         channels, heads, state = layer.per_rank(tp, where, replicate_groups=True)
-        conv = act.bytes_for(channels * (layer.conv_kernel - 1))
+        columns = layer.conv_kernel - 1 + spec_tokens  # the conv state also holds the draft tokens' columns
+        conv = act.bytes_for(channels * columns)
         ssm = ssm or recurrent_state_dtype(layer, act)
         return _Spec("mamba", 0, conv + ssm.bytes_for(state), None,
-                     f"{layer.mixer}: conv {channels} x {layer.conv_kernel - 1} x {act.name} + state "
+                     f"{layer.mixer}: conv {channels} x {columns} x {act.name} + state "
                      f"{layer.state_text(heads)} x {ssm.name}", layer.kind, layer.mixer)
     return None
 
@@ -675,11 +715,13 @@ class _LogSettings:
     hybrid: bool
     partition: tuple[int, ...] | None = None
     backend: str | None = None
+    spec_tokens: int = 0  # speculative decoding with the model's MTP layers: draft tokens per step
 
     def options(self) -> EngineOptions:
         return EngineOptions(device=self.device, prefix_caching=self.prefix, max_num_batched_tokens=self.mnbt,
                              hybrid_allocator=self.hybrid, engine_version=self.version,
-                             attention_backend=self.backend, pp_layer_partition=self.partition)
+                             attention_backend=self.backend, pp_layer_partition=self.partition,
+                             num_speculative_tokens=self.spec_tokens)
 
 
 def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Match | None,
@@ -737,13 +779,37 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
         (name for name, pattern in _BACKEND_LINES.items() if re.search(pattern, text)), None)
     if backend:
         read["attention_backend"] = backend
+    spec_tokens = _speculative_tokens(text, given, read)
     hybrid_off = _setting(text, "disable_hybrid_kv_cache_manager")
     hybrid = not (hybrid_off is not None and _truthy(hybrid_off)) and not (
         version and not Release(version).hybrid_allocator)
     settings = _LogSettings(max_len, "cpu" if cpu else "cuda", tp, pp, kv, bool(prefix),
                             _whole("max_num_batched_tokens", mnbt) if mnbt is not None else None, version, hybrid,
-                            partition, backend)
+                            partition, backend, spec_tokens)
     return settings, read, assumed
+
+
+def _speculative_tokens(text: str, given: dict, read: dict) -> int:
+    """Draft tokens per step when the log drafts with the model's MTP layers ('speculative_config': {'method':
+    'mtp', 'num_speculative_tokens': N} in its arguments, or SpeculativeConfig(method='mtp', ..., num_spec_tokens=N)
+    in its engine line); 0 without a speculative config. Other drafters are refused: their caches are not modelled."""
+    if given.get("num_speculative_tokens") is not None:
+        read["num_speculative_tokens"] = given["num_speculative_tokens"]
+        return _whole("num_speculative_tokens", given["num_speculative_tokens"])
+    method = re.search(r"'speculative_config': \{[^}]*'method': '([\w-]+)'|SpeculativeConfig\(method='([\w-]+)'", text)
+    if not method:
+        return 0
+    name = method.group(1) or method.group(2)
+    if name != "mtp":
+        raise UnsupportedArchitectureError(f"check-log: the log drafts with speculative method {name!r}, whose "
+                                           "caches kvbudget does not model (only the model's own MTP layers)")
+    tokens = re.search(r"'speculative_config': \{[^}]*'num_speculative_tokens': (\d+)|num_spec_tokens=(\d+)", text)
+    if not tokens:
+        raise KVBudgetError("check-log: the log drafts with MTP but names no num_speculative_tokens; give "
+                            "--num-speculative-tokens", param="num_speculative_tokens")
+    value = int(tokens.group(1) or tokens.group(2))
+    read["num_speculative_tokens"] = value
+    return value
 
 
 def _rank_budgets(text: str) -> list[str]:
@@ -797,6 +863,22 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
         raise KVBudgetError("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens', "
                             "'max_seq_len=' or 'max_model_len'); give max_model_len")
     tokens_line = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
+    if not budgets and tokens_line and conc and st.version is None:
+        # no release named: the token count means int(concurrency x max_model_len) from 0.20, blocks // groups x
+        # block size before; where the count and the concurrency agree under one meaning only, that is the era
+        tokens = int(_num(tokens_line.group(1)))
+        def agree(version: tuple[int, int]) -> bool:
+            try:
+                rows = _v1_blocks_rows(engine, model, replace(st, version=version), tokens, conc.group(2))
+            except KVBudgetError:  # a setting that release does not have (speculative decoding before 0.20)
+                return False
+            return all(r.matches for r in rows)
+
+        eras = [(version, label) for version, label in (((0, 32), ">= 0.20"), ((0, 19), "<= 0.19")) if agree(version)]
+        if len(eras) == 1:
+            st = replace(st, version=eras[0][0])
+            assumed["engine_version"] = (f"{eras[0][1]} (not in the log; the only era under which its token count "
+                                         "and concurrency agree)")
     if not budgets and tokens_line and conc and st.version is not None:
         return _v1_check_without_budget(engine, model, st, assumed, int(_num(tokens_line.group(1))), conc.group(2))
     if not budgets:
@@ -927,6 +1009,8 @@ def _check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | No
         settings["pp_layer_partition"] = ",".join(map(str, st.partition))
     if st.backend is not None:
         settings["attention_backend"] = st.backend
+    if st.spec_tokens:
+        settings["num_speculative_tokens"] = st.spec_tokens
     shown = {k: v for k, v in settings.items() if k not in assumed}
     return LogCheck("vllm", None, shown, tuple(rows), assumed, tuple(causes))
 
@@ -1008,6 +1092,8 @@ def _v1_check_without_budget(engine: VLLMEngine, model: ModelSpec, st: _LogSetti
             "none of the known causes (prefix caching, tensor parallel size) makes the rows agree",)
     settings = {"max_model_len": st.max_len, "tp": st.tp, "kv_cache_dtype": st.kv_dtype, "prefix_caching": st.prefix,
                 "engine_version": f"{st.version[0]}.{st.version[1]}" if st.version else None}
+    if st.spec_tokens:
+        settings["num_speculative_tokens"] = st.spec_tokens
     shown = {k: v for k, v in settings.items() if k not in assumed}
     return LogCheck("vllm", None, shown, tuple(rows), {**assumed, "KV budget": "not printed: the token count and "
                                                         "the concurrency are checked against each other"}, causes)

@@ -508,6 +508,18 @@ _BUILDERS: dict[str, Callable[[str, Fields], list[LayerSpec]]] = {
 }
 
 
+def _draft_layers(mt: str, f: Fields, first: int) -> tuple[LayerSpec, ...]:
+    """The MTP layers a config declares, as the caches they keep (Qwen3.5 / 3.6: mtp_num_hidden_layers full-
+    attention decoder layers with the model's own heads, vLLM's qwen3_5_mtp.py)."""
+    if mt not in ("qwen3_5_text", "qwen3_5_moe_text"):
+        return ()
+    count = f.cfg.get("mtp_num_hidden_layers") or 0
+    if not isinstance(count, int) or count < 0:
+        raise ConfigError(f"{f.where}: 'mtp_num_hidden_layers' is {count!r}; it must be a whole number")
+    _, kv_heads, head_dim = _standard_dims(f)
+    return tuple(FullAttention(first + i, kv_heads, head_dim, head_dim) for i in range(count))
+
+
 def _model_dtype(cfg: dict, outer: dict, where: str) -> tuple[str, list[str]]:
     raw = cfg.get("torch_dtype") or cfg.get("dtype") or outer.get("torch_dtype") or outer.get("dtype")
     if raw is None:
@@ -578,6 +590,7 @@ def parse_config(config: dict, name: str = "model", source: str = "") -> ModelSp
                      "sliding_window, layer_types)")
     f = Fields(cfg, mt, where)
     layers = _BUILDERS.get(mt, _attention_family)(mt, f)
+    draft = _draft_layers(mt, f, max(spec.layer for spec in layers) + 1)
     if f.defaulted:
         notes.append(f"{where}: not set in the config, so transformers' {mt} defaults are used: "
                      + ", ".join(f"{k}={v}" for k, v in f.defaulted.items()))
@@ -595,4 +608,5 @@ def parse_config(config: dict, name: str = "model", source: str = "") -> ModelSp
         source=source,
         warnings=tuple(notes + dtype_notes),
         config=config,
+        draft_layers=draft,
     )

@@ -245,6 +245,9 @@ class ModelSpec:
     attention_heads: int | None = None  # query heads (num_attention_heads)
     source: str = ""
     warnings: tuple[str, ...] = field(default=())
+    # The caches of the model's own multi-token-prediction (MTP) layers, numbered after its layers: what a serving
+    # engine adds when it drafts with them (speculative decoding, method "mtp"); empty where the config names none
+    draft_layers: tuple[LayerSpec, ...] = ()
     # The config.json this came from. Only kvbudget.model reads it (parameters, weights, activation widths);
     # everything downstream asks those functions.
     config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
