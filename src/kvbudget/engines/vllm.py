@@ -800,7 +800,7 @@ def _speculative_tokens(text: str, given: dict, read: dict) -> int:
     if not method:
         return 0
     name = method.group(1) or method.group(2)
-    if name != "mtp":
+    if name != "mtp" and not name.endswith("_mtp"):  # older releases named it per family: qwen3_next_mtp, ...
         raise UnsupportedArchitectureError(f"check-log: the log drafts with speculative method {name!r}, whose "
                                            "caches kvbudget does not model (only the model's own MTP layers)")
     tokens = re.search(r"'speculative_config': \{[^}]*'num_speculative_tokens': (\d+)|num_spec_tokens=(\d+)", text)
