@@ -168,3 +168,21 @@ def test_vllm_deepseek_v4_without_csa_fails_to_start_as_we_say():
     assert not run.ok and "page size is not divisible by the maximum page size" in run.log
     with pytest.raises(kvbudget.KVBudgetError, match="no CSA"):
         predict(config, GIB, 4096, {})
+
+
+# Qwen3-Next drafting with its own MTP layer (speculative decoding, method mtp): vLLM adds the drafter's attention
+# layer and, per GDN layer, a conv column and a state block per draft token. The tiny checkpoint has no MTP weights,
+# so vLLM makes them itself (--load-format dummy).
+MTP = dict(cfg("qwen3_next"), architectures=["Qwen3NextForCausalLM"], num_nextn_predict_layers=1, _config_only=True)
+
+
+def test_vllm_mtp_speculative_decoding():
+    run = run_vllm(model_folder("qwen3-next-mtp", MTP), 1, 4096, "--load-format", "dummy",
+                   "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}')
+    assert run.ok, run.log[-3000:]
+    ours = predict(MTP, GIB, 4096, {"num_speculative_tokens": 2})
+    assert ours.num_blocks == int(run.labels["num_gpu_blocks"])
+    assert ours.kv_cache_tokens == int(run.labels["kv_cache_size_tokens"]) == run.log_tokens()
+    assert ours.max_concurrency == pytest.approx(float(run.labels["kv_cache_max_concurrency"]), rel=1e-12)
+    # without the drafter kvbudget would say twice as many requests fit
+    assert predict(MTP, GIB, 4096, {}).max_concurrency > 1.9 * ours.max_concurrency

@@ -509,13 +509,16 @@ _BUILDERS: dict[str, Callable[[str, Fields], list[LayerSpec]]] = {
 
 
 def _draft_layers(mt: str, f: Fields, first: int) -> tuple[LayerSpec, ...]:
-    """The MTP layers a config declares, as the caches they keep (Qwen3.5 / 3.6: mtp_num_hidden_layers full-
-    attention decoder layers with the model's own heads, vLLM's qwen3_5_mtp.py)."""
-    if mt not in ("qwen3_5_text", "qwen3_5_moe_text"):
+    """The MTP layers a config declares, as the caches they keep: full-attention decoder layers with the model's
+    own heads (Qwen3.5 / 3.6: mtp_num_hidden_layers, vLLM's qwen3_5_mtp.py; Qwen3-Next: num_nextn_predict_layers,
+    qwen3_next_mtp.py)."""
+    field = {"qwen3_5_text": "mtp_num_hidden_layers", "qwen3_5_moe_text": "mtp_num_hidden_layers",
+             "qwen3_next": "num_nextn_predict_layers"}.get(mt)
+    if field is None:
         return ()
-    count = f.cfg.get("mtp_num_hidden_layers") or 0
+    count = f.cfg.get(field) or 0
     if not isinstance(count, int) or count < 0:
-        raise ConfigError(f"{f.where}: 'mtp_num_hidden_layers' is {count!r}; it must be a whole number")
+        raise ConfigError(f"{f.where}: {field!r} is {count!r}; it must be a whole number")
     _, kv_heads, head_dim = _standard_dims(f)
     return tuple(FullAttention(first + i, kv_heads, head_dim, head_dim) for i in range(count))
 
