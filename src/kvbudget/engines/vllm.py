@@ -405,8 +405,8 @@ class VLLMEngine(Engine):
         if not model.draft_layers:
             raise UnsupportedArchitectureError(
                 f"{model.name}: num_speculative_tokens: its config declares no MTP layers kvbudget models (drafting "
-                "with the model's own MTP layers is modelled for Qwen3.5 / 3.6 and Qwen3-Next; other drafters' caches are "
-                "not)")
+                "with the model's own MTP layers is modelled for Qwen3.5 / 3.6 and Qwen3-Next; other drafters' caches "
+                "are not)")
         if any(isinstance(s, (SlidingWindow, ChunkedLocal)) for s in model.layers) and len(model.draft_layers) > 1:
             raise UnsupportedArchitectureError(f"{model.name}: several MTP modules beside windowed layers (vLLM then "
                                                "keeps extra tokens in every window) are not modelled")
