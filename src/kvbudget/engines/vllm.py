@@ -554,7 +554,7 @@ class VLLMEngine(Engine):
             notes += (f"speculative decoding with the model's MTP layers, {spec_tokens} draft tokens: the drafter's "
                       f"{len(model.draft_layers)} attention layer(s) beside the model's"
                       + (f"; {spec_tokens} more conv columns and state blocks per request in every recurrent layer"
-                         if state_specs_present(specs) else ""),)
+                         if state else ""),)
         if state and options.prefix_caching and not rel.hybrid_prefix_caching:
             notes += ("vLLM < 0.26 leaves prefix caching off for hybrid models unless enabled: these figures have it "
                       "on (--no-prefix-caching for that default)",)
@@ -588,10 +588,6 @@ class VLLMEngine(Engine):
 
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         return _check_log(self, text, model, dict(given or {}))
-
-
-def state_specs_present(specs: list[_Spec]) -> bool:
-    return any(s.kind == "mamba" for s in specs)
 
 
 def _is_packed(model: ModelSpec) -> bool:
