@@ -186,8 +186,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
                             "--attention-backend and --pp-layer-partition are for estimate and plan")
     return {"engine": args.engine, "gpu": args.gpu, "gpu_memory": size(args.gpu_memory, "--gpu-memory"),
             "kv_memory": size(args.kv_memory, "--kv-memory"), "weights": size(args.weights, "--weights"),
-            "num_blocks": optional_one(args.num_blocks,
-                                                                                          "--num-blocks"),
+            "num_blocks": optional_one(args.num_blocks, "--num-blocks"),
             "tp": one(args.tp, "--tp"), "pp": one(args.pp, "--pp"), "kv_dtype": args.kv_dtype,
             "max_model_len": optional_one(args.max_model_len, "--max-model-len"), "block_size": options.block_size,
             "device": options.device, "max_num_seqs": optional_one(args.max_num_seqs, "--max-num-seqs"),

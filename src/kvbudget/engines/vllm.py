@@ -426,10 +426,7 @@ class VLLMEngine(Engine):
         if release(options).version < NEWEST:
             raise UnsupportedArchitectureError(f"{model.name}: vLLM's DeepSeek-V4 layout is modelled from "
                                                f"{NEWEST[0]}.{NEWEST[1]}'s source only; give --engine vllm")
-        mnbt = options.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
-        if mnbt <= 0:
-            raise KVBudgetError("max_num_batched_tokens must be positive", param="max_num_batched_tokens")
-        return packed_layout(packed_specs(model), mnbt, model.name), get_dtype("fp8")
+        return packed_layout(packed_specs(model), _mnbt(options), model.name), get_dtype("fp8")
 
     def _packed_allocation(self, model: ModelSpec, kv_dtype: str, tp: int, options: EngineOptions) -> Allocation:
         """Each group as what a request of T tokens takes from the shared pool: whole pool blocks (the widest
@@ -493,9 +490,7 @@ class VLLMEngine(Engine):
             raise EngineRuleError(f"kv_dtype {kv_dtype}: vLLM's CPU attention backend stores auto and fp8 only "
                                   "(cpu_attn.py); per-token-head caches need its Triton backend on a GPU",
                                   param="kv_dtype")
-        mnbt = options.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
-        if mnbt <= 0:
-            raise KVBudgetError("max_num_batched_tokens must be positive", param="max_num_batched_tokens")
+        mnbt = _mnbt(options)
         act = get_dtype(model.dtype)
         rel = release(options)
         ssm = _FP32 if options.device == "cpu" else None  # the CPU backend keeps SSM state in float32
@@ -588,6 +583,14 @@ class VLLMEngine(Engine):
 
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         return _check_log(self, text, model, dict(given or {}))
+
+
+def _mnbt(options: EngineOptions) -> int:
+    """The chunk of prompt tokens one step schedules: the option, else vLLM's default."""
+    mnbt = options.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    if mnbt <= 0:
+        raise KVBudgetError("max_num_batched_tokens must be positive", param="max_num_batched_tokens")
+    return mnbt
 
 
 def _is_packed(model: ModelSpec) -> bool:

@@ -508,12 +508,16 @@ _BUILDERS: dict[str, Callable[[str, Fields], list[LayerSpec]]] = {
 }
 
 
+# The config field that counts a family's MTP layers
+_MTP_LAYERS_FIELD = {"qwen3_5_text": "mtp_num_hidden_layers", "qwen3_5_moe_text": "mtp_num_hidden_layers",
+                     "qwen3_next": "num_nextn_predict_layers"}
+
+
 def _draft_layers(mt: str, f: Fields, first: int) -> tuple[LayerSpec, ...]:
     """The MTP layers a config declares, as the caches they keep: full-attention decoder layers with the model's
     own heads (Qwen3.5 / 3.6: mtp_num_hidden_layers, vLLM's qwen3_5_mtp.py; Qwen3-Next: num_nextn_predict_layers,
     qwen3_next_mtp.py)."""
-    field = {"qwen3_5_text": "mtp_num_hidden_layers", "qwen3_5_moe_text": "mtp_num_hidden_layers",
-             "qwen3_next": "num_nextn_predict_layers"}.get(mt)
+    field = _MTP_LAYERS_FIELD.get(mt)
     if field is None:
         return ()
     count = f.cfg.get(field) or 0
