@@ -201,3 +201,16 @@ def test_a_setting_that_is_not_a_number_is_one_line(tmp_path, capsys):
     assert main(["check-log", str(log), "--model", "qwen3-1.7b"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--tp" in err
+
+
+def test_aphrodite_reserved_line_is_the_budget(tmp_path, capsys):
+    """Aphrodite (a vLLM V0 fork, sonar#1320) prints 'Reserved for KV cache: 10.53 GiB': read as the budget, its 4,314
+    GPU blocks are checked (2.5 MiB blocks of Mistral-Nemo's 40 x 8 x 128 cache), and a budget 5% off is caught."""
+    log = LOGS / "aphrodite-sonar-1320-pixtral-12b-main.log"
+    args = ["--model", "mistral-nemo-12b", "--max-model-len", "8192", "--json"]
+    assert main(["check-log", str(log), *args]) == 0
+    rows = {r["quantity"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["blocks"]["logged"] == "4,314" and rows["KV budget"]["logged"] == "10.53 GiB"
+    off = tmp_path / "off.log"
+    off.write_text(log.read_text().replace("Reserved for KV cache: 10.53", "Reserved for KV cache: 11.06"))
+    assert main(["check-log", str(off), *args]) == 1

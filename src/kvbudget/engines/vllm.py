@@ -815,7 +815,8 @@ def _speculative_tokens(text: str, given: dict, read: dict) -> int:
 def _rank_budgets(text: str) -> list[str]:
     """Every rank's 'Available KV cache memory' (or V0's kv_cache_size / reserved line), as printed."""
     for pattern in (r"Explicitly set \(([\d.]+)/", r"Available KV cache memory: ([\d.]+) GiB",
-                    r"kv_cache_size=([\d.]+) ?GiB", r"reserved for KV Cache is ([\d.]+) ?GiB"):
+                    r"kv_cache_size=([\d.]+) ?GiB", r"reserved for KV Cache is ([\d.]+) ?GiB",
+                    r"Reserved for KV cache: ([\d.]+) GiB"):  # the last: Aphrodite, a V0 fork
         found = re.findall(pattern, text)
         if found:
             return found
