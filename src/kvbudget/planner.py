@@ -142,6 +142,7 @@ class Plan:
             "stack": [{"key": t.key, "name": t.name, "bytes": t.bytes, "estimate": t.estimate, "note": t.note}
                       for t in self.stack],
             "kv_memory_bytes": self.kv_memory_bytes,
+            "exact": self.estimate.allocation.exact,  # the engine's allocation (False: labelled an estimate)
             "capacity": self.capacity.to_dict(),
             "fits": self.fits,
             "bytes_per_token": self.estimate.bytes_per_token,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import sys
 
 from kvbudget import __version__
-from kvbudget.cli import catalog, checklog, common, estimate, guard, plan, quality, simulate, tokens
+from kvbudget.cli import catalog, checklog, common, estimate, guard, plan, quality, simulate, tokens, web
 from kvbudget.errors import KVBudgetError
 
-COMMANDS = (estimate, catalog, plan, simulate, checklog, tokens, guard, quality)
+COMMANDS = (estimate, catalog, plan, simulate, checklog, tokens, guard, quality, web)
 
 
 def build_parser() -> common.Parser:
@@ -23,11 +23,11 @@ def build_parser() -> common.Parser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:  # `kvbudget` alone: what it can do
-        parser.print_help()
-        return 0
     try:
+        args = parser.parse_args(argv)
+        if args.command is None:  # `kvbudget` alone: what it can do
+            parser.print_help()
+            return 0
         code: int = args.run(args)
     except KVBudgetError as exc:
         print(f"kvbudget: error: {common.cli_message(exc)}", file=sys.stderr)

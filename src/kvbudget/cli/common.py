@@ -53,9 +53,13 @@ def cli_text(text: str) -> str:
     return text
 
 
+class UsageError(KVBudgetError):
+    """Arguments the parser refuses (an unknown flag, a missing argument): main prints it in one line, exit 2."""
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]  # one line, exit 2, no usage dump
-        self.exit(2, f"kvbudget: error: {message} (see `{self.prog} --help`)\n")
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
 def add_model_engine(p: argparse.ArgumentParser, default_engine: str, many: bool = False) -> None:

@@ -44,7 +44,8 @@ def add_parser(sub: Any) -> None:
     est.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def compute(args: argparse.Namespace) -> Estimate:
+    """The estimate the arguments ask for (its `to_dict()` is what --json prints, and what `kvbudget web` serves)."""
     options = engine_options(args)  # first: it reads the release off --engine NAME@VERSION
     counted, counted_note = counted_context(args, "--context")
     result = estimate(
@@ -60,8 +61,11 @@ def run(args: argparse.Namespace) -> int:
         max_model_len=optional_one(args.max_model_len, "--max-model-len"),
         pp=one(args.pp, "--pp"),
     )
-    if counted_note:
-        result = replace(result, notes=(*result.notes, counted_note))
+    return replace(result, notes=(*result.notes, counted_note)) if counted_note else result
+
+
+def run(args: argparse.Namespace) -> int:
+    result = compute(args)
     if args.json:
         for warning in result.model.warnings:  # also in "notes"; stderr so that people see them
             warn(warning)

@@ -71,8 +71,10 @@ def add_parser(sub: Any) -> None:
     cmp_.set_defaults(run=run_compare)
 
 
-def run(args: argparse.Namespace) -> int:
-    from kvbudget.planner import NoKVBudget, guard_config_yaml
+def compute(args: argparse.Namespace) -> Plan | dict[str, Any]:
+    """The plan the arguments ask for, or (a deployment that leaves no KV budget) the answer saying so with the
+    changes that make room. `as_json` of it is what --json prints, and what `kvbudget web` serves."""
+    from kvbudget.planner import NoKVBudget
 
     options = engine_options(args)  # first: it reads the release off --engine NAME@VERSION
     counted, counted_note = counted_context(args, "--max-model-len")
@@ -85,13 +87,24 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = _plan(args, options, counted, util)
     except NoKVBudget as exc:  # "does not fit" is an answer: said in full, exit 0
+        return exc.answer
+    return replace(result, notes=(*result.notes, counted_note)) if counted_note else result
+
+
+def as_json(result: Plan | dict[str, Any]) -> dict[str, Any]:
+    return result if isinstance(result, dict) else result.to_dict()
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvbudget.planner import guard_config_yaml
+
+    result = compute(args)
+    if isinstance(result, dict):
         if args.json:
-            print(json.dumps(exc.answer, indent=2))
+            print(json.dumps(result, indent=2))
         else:
-            render_no_budget(exc.answer)
+            render_no_budget(result)
         return 0
-    if counted_note:
-        result = replace(result, notes=(*result.notes, counted_note))
     if args.guard_config:
         write_atomically(args.guard_config, guard_config_yaml(result), "--guard-config")
     if args.plot:
@@ -100,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         plot_plan(result, args.plot)
         wrote(args.plot, "--plot")
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps(as_json(result), indent=2))
     else:
         render(result)
     return 0
@@ -215,15 +228,20 @@ def hanging(items: list[tuple[str, str]]) -> Any:
     return grid
 
 
-def run_compare(args: argparse.Namespace) -> int:
+def compare_rows(args: argparse.Namespace) -> list[Any]:
+    """The comparison the arguments ask for (each row's `__dict__` is what --json prints and `kvbudget web` serves)."""
     from kvbudget.planner import compare
 
     if len(args.models) < 2:
         raise KVBudgetError("compare: name at least two models")
     release = engine_release(args)
-    rows = compare([load_model(m) for m in args.models], engine=args.engine, gpu=args.gpu,
+    return compare([load_model(m) for m in args.models], engine=args.engine, gpu=args.gpu,
                    gpu_memory=size(args.gpu_memory, "--gpu-memory"), context=one(args.context, "--context"),
                    kv_dtype=args.kv_dtype, options=EngineOptions(engine_version=release), tp=one(args.tp, "--tp"))
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    rows = compare_rows(args)
     if args.json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
         return 0

@@ -195,9 +195,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
             "kv_unified": args.kv_unified, "cache_ram": _mib(args.cache_ram)}
 
 
-def run(args: argparse.Namespace) -> int:
-    from kvbudget.simulation import find_max_rate, parse_slo, parse_sweep, setup_for, simulate
-
+def _prepared(args: argparse.Namespace) -> tuple[Any, Callable[[float], Iterable[Any]], dict[str, Any], float]:
+    """(model, workload by rate scale, settings, rate scale) of the arguments, checked."""
     model = load_model(args.model)
     workload = _workload(args)
     settings = _settings(args)
@@ -209,15 +208,32 @@ def run(args: argparse.Namespace) -> int:
         raise KVBudgetError("simulate: --find-max-rate and --sweep go separately")
     if args.slo and not args.find_max_rate:
         raise KVBudgetError("--slo goes with --find-max-rate")
-    if args.sweep:
-        return _sweep(args, model, workload, settings, parse_sweep(args.sweep), scale)
+    return model, workload, settings, scale
+
+
+def simulation(args: argparse.Namespace, on_step: Callable[..., None] | None = None,
+               progress: Callable[[int], None] | None = None, on_finish: Callable[..., None] | None = None) -> Any:
+    """One simulated run of the arguments (its `to_dict()` is what --json prints, and what `kvbudget web` serves)."""
+    from kvbudget.simulation import setup_for, simulate
+
+    model, workload, settings, scale = _prepared(args)
     setup = setup_for(model, **settings)
-    if args.find_max_rate:
+    return simulate(model, workload(scale), setup=setup, fast=not args.reference, on_step=on_step,
+                    progress=progress, on_finish=on_finish, **_guard(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvbudget.simulation import find_max_rate, parse_slo, parse_sweep, setup_for
+
+    if args.sweep or args.find_max_rate:
+        model, workload, settings, scale = _prepared(args)
+        if args.sweep:
+            return _sweep(args, model, workload, settings, parse_sweep(args.sweep), scale)
         if not args.slo:
             raise KVBudgetError("--find-max-rate needs --slo, e.g. ttft_p99=2s,tpot_p99=100ms")
         slo = parse_slo(args.slo)
-        found = find_max_rate(model, workload, slo, start=scale, setup=setup, fast=not args.reference,
-                              **_guard(args))
+        found = find_max_rate(model, workload, slo, start=scale, setup=setup_for(model, **settings),
+                              fast=not args.reference, **_guard(args))
         if args.json:
             print(json.dumps({"rate_scale": found.rate_scale, "slo": slo, "tried": found.tried,
                               "best": found.best.to_dict() if found.best else None}, indent=2))
@@ -237,8 +253,7 @@ def run(args: argparse.Namespace) -> int:
             f"{r.id},{r.arrival:.6f},{r.prompt_tokens},{r.output_tokens},{ttft:.6f},"
             f"{'' if tpot is None else f'{tpot:.6f}'},{e2e:.6f}")
     progress = _progress() if not args.json and sys.stderr.isatty() else None
-    sim = simulate(model, workload(scale), setup=setup, fast=not args.reference, on_step=on_step,
-                   progress=progress, on_finish=on_finish, **_guard(args))
+    sim = simulation(args, on_step=on_step, progress=progress, on_finish=on_finish)
     if progress is not None:
         print(file=sys.stderr)
     if args.timeline:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,22 @@ def save_dequantized(model: Any, folder: Path) -> None:
     save_model(model, str(folder / "model.safetensors"))
 
 
+# The folders a model argument may name files in: None (the default) lets it name any file. `kvbudget web` narrows
+# it to its upload folder, so that what a request names is read as a catalog name or a Hub id, never a server file.
+readable_roots: ContextVar[tuple[Path, ...] | None] = ContextVar("kvbudget_readable_roots", default=None)
+
+
+def _may_read(path: Path) -> bool:
+    roots = readable_roots.get()
+    if roots is None:
+        return True
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError):
+        return False
+    return any(resolved.is_relative_to(root) for root in roots)
+
+
 RESOLUTION_ORDER = ("an existing file (config.json or .gguf) or folder", "a catalog name (kvbudget models)",
                     "a Hub id (org/name)")
 
@@ -95,15 +112,16 @@ def load_model(source: str | os.PathLike | dict, name: str | None = None) -> Mod
         return parse_config(source, name=name or "model", source="<dict>")
     text = str(source)
     path = Path(text).expanduser()
-    if path.is_dir():
+    readable = _may_read(path)
+    if readable and path.is_dir():
         config_path = path / "config.json"
         if not config_path.is_file():
             raise ConfigError(f"{path}: folder has no config.json; pass a config file or a model folder")
         return parse_config(read_json(config_path), name=name or path.name, source=str(config_path))
-    if path.is_file() and path.suffix.lower() == ".gguf":
+    if readable and path.is_file() and path.suffix.lower() == ".gguf":
         config, _ = read_gguf(path)
         return parse_config(config, name=name or path.stem, source=f"gguf:{path}")
-    if path.is_file():
+    if readable and path.is_file():
         return parse_config(read_json(path), name=name or path.stem, source=str(path))
     entry = catalog.find(text)
     if entry is not None:

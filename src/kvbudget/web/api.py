@@ -1,0 +1,332 @@
+"""What `kvbudget web` answers: every /api/ answer is a CLI command run on the request's parameters.
+
+A request's parameters become the command's own arguments (`/api/estimate?model=llama-3.1-8b&tp=2` is
+`kvbudget estimate llama-3.1-8b --tp 2 --json`), read by the CLI's parser and answered by the function whose
+result --json prints: one code path, so the page shows the CLI's numbers. Only parameters that read and write
+nothing of the server's are taken; files come as uploads (a config.json, a GGUF header, a trace, a quality
+report) into the server's own folder, named by their content."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from kvbudget.cli import common
+from kvbudget.cli import estimate as estimate_cli
+from kvbudget.cli import plan as plan_cli
+from kvbudget.cli import simulate as simulate_cli
+from kvbudget.errors import ConfigError, KVBudgetError
+from kvbudget.units import MIB
+
+# Bundled traces: name -> (file under data/traces, what it is, the credit its licence asks for)
+TRACES = {
+    "azure-conv-2023": ("AzureLLMInferenceTrace_conv.csv", "Azure LLM inference trace 2023, conversation: 19,366 "
+                        "requests in one hour", "Azure LLM inference trace 2023, Microsoft Azure Public Dataset"),
+    "azure-code-2023": ("AzureLLMInferenceTrace_code.csv", "Azure LLM inference trace 2023, coding: 8,819 requests "
+                        "in one hour", "Azure LLM inference trace 2023, Microsoft Azure Public Dataset"),
+}
+
+# CLI options a request may not set: they read or write the server's files, or change only the terminal output
+_NOT_FROM_REQUESTS = {"json", "plot", "guard_config", "prompt_file", "lengths_from", "tokenizer", "approximate",
+                      "max_new_tokens", "trace", "request_log", "lengths_from_trace", "timeline", "per_request",
+                      "calibrate", "sweep", "find_max_rate", "slo", "reference", "layers", "guard_poll_interval"}
+_TRUE, _FALSE = {"1", "true", "on", "yes"}, {"0", "false", "off", "no"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask of the server."""
+
+    config_bytes: int = 1 * MIB  # an uploaded config.json
+    gguf_header_bytes: int = 32 * MIB  # the first bytes of a GGUF file: its metadata and tensor table
+    gguf_file_bytes: int = 2**40  # the size the header's file claims (its tensors are never sent)
+    trace_bytes: int = 16 * MIB
+    report_bytes: int = 4 * MIB  # a `kvbudget quality --json` report
+    uploads: int = 200  # files kept; the oldest go first
+    query_chars: int = 8192
+    simulate_seconds: float = 60.0
+    simulate_requests: int = 50_000
+    simulations_at_once: int = 2
+
+
+class WebError(KVBudgetError):
+    """A request the page should show next to `field` (None: at the top), with an HTTP status."""
+
+    def __init__(self, message: str, field: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.field, self.status = field, status
+
+
+class Uploads:
+    """Uploaded files in one folder, named by their content's hash (an upload's id is `upload:NAME`)."""
+
+    SUFFIXES = {"model": (".json", ".gguf"), "trace": (".csv", ".jsonl"), "report": (".json",)}
+
+    def __init__(self, folder: Path, limits: Limits):
+        self.folder, self.limits = folder.resolve(), limits
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+
+    def cap(self, kind: str, filename: str) -> int:
+        """Bytes an upload of this kind and name may have."""
+        suffix = self._suffix(kind, filename)
+        return {".gguf": self.limits.gguf_header_bytes, ".csv": self.limits.trace_bytes,
+                ".jsonl": self.limits.trace_bytes}.get(suffix, self.limits.config_bytes if kind == "model"
+                                                       else self.limits.report_bytes)
+
+    def _suffix(self, kind: str, filename: str) -> str:
+        suffixes = self.SUFFIXES.get(kind)
+        if suffixes is None:
+            raise WebError(f"upload: kind {kind!r} is not one of {', '.join(self.SUFFIXES)}", "kind")
+        suffix = Path(filename).suffix.lower()
+        if suffix not in suffixes:
+            raise WebError(f"{filename or 'the file'}: a {kind} upload is a {' or '.join(suffixes)} file", kind)
+        return suffix
+
+    def put(self, kind: str, filename: str, data: bytes, file_size: int | None = None) -> Path:
+        """Keep the bytes; a GGUF header becomes a sparse file of the size the whole file has, so that its tensor
+        table reads as the file's (the tensors themselves are never sent)."""
+        suffix = self._suffix(kind, filename)
+        if suffix == ".gguf" and (file_size is None or not len(data) <= file_size <= self.limits.gguf_file_bytes):
+            raise WebError(f"{filename}: give the GGUF file's whole size (X-File-Size), at least the bytes sent and "
+                           f"at most {self.limits.gguf_file_bytes:,}", kind)
+        digest = hashlib.sha256(data + str(file_size).encode()).hexdigest()[:24]
+        path = self.folder / f"{kind}-{digest}{suffix}"
+        with self._lock:
+            if not path.exists():
+                partial = path.with_suffix(".part")
+                partial.write_bytes(data)
+                if suffix == ".gguf":
+                    with partial.open("r+b") as f:
+                        f.truncate(file_size)
+                partial.replace(path)
+                self._evict()
+        return path
+
+    def _evict(self) -> None:
+        kept = sorted(self.folder.glob("*-*.*"), key=lambda p: p.stat().st_mtime)
+        for old in kept[:max(0, len(kept) - self.limits.uploads)]:
+            old.unlink(missing_ok=True)
+
+    def path(self, ref: str, kind: str, field: str) -> Path:
+        name = ref.removeprefix("upload:")
+        if not re.fullmatch(rf"{kind}-[0-9a-f]{{24}}\.[a-z]+", name) or not (self.folder / name).is_file():
+            raise WebError(f"{ref}: no such upload on this server (uploads last as long as the server; upload "
+                           "the file again)", field)
+        return self.folder / name
+
+
+def _parsers() -> dict[str, argparse.ArgumentParser]:
+    """The CLI's own parser of each command the API runs."""
+
+    class Collect:
+        def __init__(self) -> None:
+            self.parsers: dict[str, argparse.ArgumentParser] = {}
+
+        def add_parser(self, name: str, help: str | None = None, **kwargs: Any) -> argparse.ArgumentParser:
+            self.parsers[name] = common.Parser(prog=f"kvbudget {name}", **kwargs)
+            return self.parsers[name]
+
+    collect = Collect()
+    for module in (estimate_cli, plan_cli, simulate_cli):
+        module.add_parser(collect)
+    return collect.parsers
+
+
+PARSERS = _parsers()
+
+
+def _options(command: str) -> dict[str, argparse.Action]:
+    """The options a request may give `command`, by name (the CLI's flag without dashes, underscores for -)."""
+    return {a.dest: a for a in PARSERS[command]._actions
+            if a.option_strings and a.dest not in _NOT_FROM_REQUESTS and a.dest != "help"}
+
+
+OPTIONS = {command: _options(command) for command in PARSERS}
+
+
+def _model_ref(value: str, uploads: Uploads) -> str:
+    if value.startswith("upload:"):
+        return str(uploads.path(value, "model", "model"))
+    if value.startswith(("/", "~", ".")) or "\\" in value or ".." in value or value.endswith((".json", ".gguf")):
+        raise WebError(f"{value}: the page reads catalog names, Hub ids (org/name) and uploaded files, not the "
+                       "server's files; upload the config.json or GGUF instead", "model")
+    return value
+
+
+def argv(command: str, params: Iterable[tuple[str, str]], uploads: Uploads, taken: tuple[str, ...] = ()) -> list[str]:
+    """The CLI arguments a request's parameters stand for (positional models first); `taken` are parameters the
+    caller reads itself."""
+    options, models, flags = OPTIONS[command], [], []
+    seen: set[str] = set()
+    for key, value in params:
+        value = value.strip()
+        if key in taken:
+            continue
+        if key == "model":
+            if value:
+                models.append(_model_ref(value, uploads))
+            continue
+        action = options.get(key)
+        if action is None:
+            known = ", ".join(["model", *taken, *sorted(options)])
+            raise WebError(f"unknown parameter {key!r} for {command}; known: {known}")
+        if key in seen:
+            raise WebError(f"{key}: given twice; give it once", key)
+        seen.add(key)
+        if action.nargs == 0:  # a switch
+            if value.lower() in _TRUE:
+                flags.append(action.option_strings[0])
+            elif value.lower() not in _FALSE and value:
+                raise WebError(f"{key}: {value!r} is not on or off (1 or 0)", key)
+        elif value:
+            if action.choices is not None and value not in action.choices:
+                raise WebError(f"{key}: {value!r} is not one of {', '.join(map(str, action.choices))}", key)
+            flags += [action.option_strings[0], value]
+    if not models:
+        raise WebError("model: choose a model (a catalog name, a Hub id or an upload)", "model")
+    if command != "compare" and len(models) > 1:
+        raise WebError(f"model: {command} takes one model; the compare view takes several", "model")
+    return [*models, *flags, "--json"]
+
+
+def parse(command: str, arguments: list[str]) -> argparse.Namespace:
+    return PARSERS[command].parse_args(arguments)
+
+
+# The field a CLI message is about: its flag at the start, or a parameter the library named.
+_FLAG = re.compile(r"^(?:argument )?--([a-z][a-z0-9-]*)")
+
+
+def field_of(exc: KVBudgetError) -> str | None:
+    if isinstance(exc, WebError):
+        return exc.field
+    if exc.param:
+        return exc.param
+    found = _FLAG.match(common.cli_message(exc))
+    if found:
+        return found.group(1).replace("-", "_")
+    return "model" if isinstance(exc, ConfigError) else None
+
+
+def error_body(exc: KVBudgetError) -> dict[str, Any]:
+    """The CLI's one-line message, and the field it is about."""
+    return {"error": common.cli_message(exc), "field": field_of(exc)}
+
+
+class Simulations:
+    """At most `limits.simulations_at_once` at a time, each stopped past its time or request limit."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self._slots = threading.BoundedSemaphore(limits.simulations_at_once)
+
+    def run(self, go: Callable[[Callable[[int], None]], Any]) -> Any:
+        if not self._slots.acquire(blocking=False):
+            raise WebError("simulate: the server is running other simulations; try again in a few seconds",
+                           status=503)
+        deadline = time.monotonic() + self.limits.simulate_seconds
+
+        def progress(requests: int) -> None:
+            if requests > self.limits.simulate_requests:
+                raise WebError(f"slice: the workload has more than {self.limits.simulate_requests:,} requests, the "
+                               "page's limit; give slice=START:COUNT or fewer requests", "slice")
+            if time.monotonic() > deadline:
+                raise WebError(f"simulate: ran past the page's {self.limits.simulate_seconds:g} s limit; simulate "
+                               "fewer requests (slice) or run `kvbudget simulate` yourself", "slice")
+        try:
+            return go(progress)
+        finally:
+            self._slots.release()
+
+
+def trace_path(value: str, uploads: Uploads) -> Path:
+    if value.startswith("upload:"):
+        return uploads.path(value, "trace", "trace")
+    if value not in TRACES:
+        raise WebError(f"trace: {value!r} is not one of {', '.join(TRACES)} or an upload", "trace")
+    return Path(str(resources.files("kvbudget") / "data" / "traces" / TRACES[value][0]))
+
+
+def estimate(params: list[tuple[str, str]], uploads: Uploads) -> Any:
+    return estimate_cli.compute(parse("estimate", argv("estimate", params, uploads))).to_dict()
+
+
+def plan_result(params: list[tuple[str, str]], uploads: Uploads) -> Any:
+    """`plan`'s answer (a Plan, or the no-budget answer as a dict) of the request's plan parameters."""
+    return plan_cli.compute(parse("plan", argv("plan", params, uploads)))
+
+
+def plan(params: list[tuple[str, str]], uploads: Uploads) -> Any:
+    return plan_cli.as_json(plan_result(params, uploads))
+
+
+def compare(params: list[tuple[str, str]], uploads: Uploads) -> Any:
+    return [row.__dict__ for row in plan_cli.compare_rows(parse("compare", argv("compare", params, uploads)))]
+
+
+def guard_yaml(params: list[tuple[str, str]], uploads: Uploads) -> str:
+    from kvbudget.planner import guard_config_yaml
+
+    result = plan_result(params, uploads)
+    if isinstance(result, dict):
+        raise WebError("guard: the deployment leaves no KV budget, so there is no plan to guard; change what the "
+                       "plan recommends first", "model")
+    return guard_config_yaml(result)
+
+
+def simulate(params: list[tuple[str, str]], uploads: Uploads, simulations: Simulations) -> Any:
+    """One simulated run; `trace` names a bundled trace or an upload (none: synthetic arrivals at `rate`), and
+    `guard=1` puts the guard in front with the plan of the same settings (`kvbudget plan --guard-config`)."""
+    given = dict(params)
+    arguments = argv("simulate", params, uploads, taken=("trace", "guard"))
+    if given.get("trace"):
+        arguments[-1:-1] = ["--trace", str(trace_path(given["trace"], uploads))]
+    if given.get("requests", "").isdigit() and int(given["requests"]) > simulations.limits.simulate_requests:
+        raise WebError(f"requests: at most {simulations.limits.simulate_requests:,} on this page", "requests")
+    if given.get("guard", "").lower() in _TRUE:
+        plan_keys = set(OPTIONS["plan"])
+        config = guard_yaml([(k, v) for k, v in params if k == "model" or k in plan_keys], uploads)
+        path = uploads.folder / f"guard-{hashlib.sha256(config.encode()).hexdigest()[:24]}.yaml"
+        path.write_text(config)
+        arguments[-1:-1] = ["--guard-config", str(path)]
+    args = parse("simulate", arguments)
+    return simulations.run(lambda progress: simulate_cli.simulation(args, progress=progress)).to_dict()
+
+
+_REPORT_FIELDS = {"model": str, "context": int, "data": list, "matmul": str, "results": list, "verdict": str,
+                  "notes": list}
+_RESULT_FIELDS = {"variant": str, "tokens": int, "windows": int, "kl_mean": float, "top1_agreement": float,
+                  "perplexity_change": float}
+
+
+def quality_report(path: Path) -> dict[str, Any]:
+    """A report `kvbudget quality --json` wrote, checked against that contract."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WebError(f"report: not the JSON `kvbudget quality --json` writes ({exc})".splitlines()[0],
+                       "report") from None
+    if not isinstance(doc, dict):
+        raise WebError("report: not the JSON `kvbudget quality --json` writes (an object)", "report")
+    for where, fields, obj in [("report", _REPORT_FIELDS, doc),
+                               *((f"results[{i}]", _RESULT_FIELDS, r) for i, r in enumerate(doc.get("results", [])))]:
+        if not isinstance(obj, dict):
+            raise WebError(f"report: {where} is not an object", "report")
+        for name, kind in fields.items():
+            value = obj.get(name)
+            if not isinstance(value, kind) and not (kind is float and isinstance(value, int)):
+                raise WebError(f"report: {where}.{name} is missing or not a {kind.__name__}: not a report of "
+                               "`kvbudget quality --json`", "report")
+    if not doc["results"]:
+        raise WebError("report: it has no results", "report")
+    return doc
