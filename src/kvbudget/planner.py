@@ -317,7 +317,7 @@ def plan(
                      f"{replicas * cap.max_concurrency:.2f}x requests of {max_len:,} tokens in all, behind a load "
                      "balancer (vLLM --data-parallel-size, or one server per replica)")
     return Plan(model, chosen, card.name, card.memory_bytes, tp, pp, w, stack, kv_budget, cap, result,
-                concurrency, longest, roof, levels, recs, tuple(notes), options, replicas)
+                concurrency, longest, roof, levels, recs, tuple(dict.fromkeys(notes)), options, replicas)
 
 
 def _card(gpu: str | None, gpu_memory: int | None) -> GPU:

@@ -218,9 +218,16 @@ def field_of(exc: KVBudgetError) -> str | None:
     return "model" if isinstance(exc, ConfigError) else None
 
 
-def error_body(exc: KVBudgetError) -> dict[str, Any]:
-    """The CLI's one-line message, and the field it is about."""
-    return {"error": common.cli_message(exc), "field": field_of(exc)}
+def error_body(exc: KVBudgetError, uploads: Uploads | None = None, names: dict[str, str] | None = None
+               ) -> dict[str, Any]:
+    """The CLI's one-line message, and the field it is about; an upload's path on the server shows as the name it
+    was uploaded with (`names`) or its id."""
+    message = common.cli_message(exc)
+    for path, name in (names or {}).items():
+        message = message.replace(path, name)
+    if uploads is not None:
+        message = message.replace(f"{uploads.folder}/", "upload:")
+    return {"error": message, "field": field_of(exc)}
 
 
 class Simulations:

@@ -47,9 +47,9 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(json.dumps(data), status_code=status, media_type="application/json", headers=_HEADERS)
 
 
-def _error(exc: KVBudgetError) -> Response:
+def _error(exc: KVBudgetError, uploads: api.Uploads, names: dict[str, str] | None = None) -> Response:
     status = exc.status if isinstance(exc, api.WebError) else 400
-    return _json(api.error_body(exc), status)
+    return _json(api.error_body(exc, uploads, names), status)
 
 
 def create_app(upload_dir: Path | None = None, limits: api.Limits | None = None,
@@ -100,14 +100,14 @@ def create_app(upload_dir: Path | None = None, limits: api.Limits | None = None,
             try:
                 return _json(await run_in_threadpool(confined, work, params(request)))
             except KVBudgetError as exc:
-                return _error(exc)
+                return _error(exc, uploads)
         return handle
 
     async def guard_yaml(request: Request) -> Response:
         try:
             text = await run_in_threadpool(confined, api.guard_yaml, params(request), uploads)
         except KVBudgetError as exc:
-            return _error(exc)
+            return _error(exc, uploads)
         return Response(text, media_type="application/yaml",
                         headers={**_HEADERS, "Content-Disposition": 'attachment; filename="guard.yaml"'})
 
@@ -120,11 +120,12 @@ def create_app(upload_dir: Path | None = None, limits: api.Limits | None = None,
             path = uploads.path(given.get("report", ""), "report", "report")
             return _json(await run_in_threadpool(api.quality_report, path))
         except KVBudgetError as exc:
-            return _error(exc)
+            return _error(exc, uploads)
 
     async def upload(request: Request) -> Response:
+        kind, name = request.query_params.get("kind", ""), request.query_params.get("name", "")
+        path = None
         try:
-            kind, name = request.query_params.get("kind", ""), request.query_params.get("name", "")
             cap = uploads.cap(kind, name)
             size_header = request.headers.get("x-file-size")
             file_size = int(size_header) if size_header and size_header.isdigit() else None
@@ -151,7 +152,7 @@ def create_app(upload_dir: Path | None = None, limits: api.Limits | None = None,
                 await run_in_threadpool(api.quality_report, path)
             return _json(answer)
         except KVBudgetError as exc:
-            return _error(exc)
+            return _error(exc, uploads, {str(path): name} if path else None)
 
     routes = [
         Route("/", page), Route("/static/{name}", static), Route("/api/choices", choices),

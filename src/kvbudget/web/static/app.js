@@ -213,11 +213,11 @@ function legend(items) {
 // Memory of one GPU as one stacked bar (the plan's stack).
 function stackChart(plan) {
   const total = plan.gpu_memory_bytes;
-  const terms = plan.stack.filter((t) => t.key !== "gpu" && t.key !== "share");
+  const terms = plan.stack.filter((t) => t.key !== "gpu" && t.key !== "share" && t.bytes > 0);
   const used = terms.reduce((a, t) => a + t.bytes, 0);
   const rest = Math.max(0, total - used);
   const parts = [...terms.map((t, i) => ({ ...t, color: COLORS[i % COLORS.length] })),
-    ...(rest > 0 ? [{ key: "rest", name: "left outside the engine's share", bytes: rest, color: "#c9ced4" }] : [])];
+    ...(rest > 0 ? [{ key: "rest", name: "left outside the engine's share", bytes: rest, color: "#c9ced4", light: true }] : [])];
   const width = chartWidth(), W = width - 2, height = 46;
   const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, role: "img",
     "aria-label": `Memory of one GPU, ${fmtBytes(total)}: ` + parts.map((p) => `${p.name} ${fmtBytes(p.bytes)}`).join(", ") },
@@ -227,7 +227,7 @@ function stackChart(plan) {
     const w = (p.bytes / Math.max(total, used)) * W;
     svg.append(s("rect", { x, y: 4, width: Math.max(w, 0), height: 30, fill: p.color, stroke: "#fff", "stroke-width": 1,
       "data-term": p.key }, s("title", {}, `${p.name}: ${fmtBytes(p.bytes)}`)));
-    if (w > 70) svg.append(s("text", { x: x + 5, y: 24, fill: "#fff", class: "onbar" }, fmtBytes(p.bytes)));
+    if (w > 70) svg.append(s("text", { x: x + 5, y: 24, class: p.light ? "onlight" : "onbar" }, fmtBytes(p.bytes)));
     x += w;
   }
   const fig = h("figure", {}, svg, legend(parts.map((p) => ({ box: true, color: p.color,
