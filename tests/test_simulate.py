@@ -1144,3 +1144,21 @@ def test_orca_reservations_and_memory_split_as_the_paper_describes():
     capped.add(Request(0, 600, 300))  # 600 + 512 would pass the model's 1,024: capped there
     capped.schedule()
     assert capped.memory() == (600, 300, 1024 - 900)
+
+
+def test_latency_over_time_partitions_the_completions():
+    """The latency timeline cuts the run into equal windows of completions: every completed request is in exactly
+    one, and the windows' extremes are the run's."""
+    from kvbudget.simulation.run import LATENCY_WINDOWS
+
+    r = simulate(LLAMA, rescale(read_trace(TRACES / "AzureLLMInferenceTrace_conv.csv"), count=800), gpu="L4",
+                 max_model_len=16384)
+    windows = r.latency_timeline
+    assert len(windows) == LATENCY_WINDOWS
+    assert sum(w.completed for w in windows) == r.completed
+    assert windows[0].start == 0 and abs(windows[-1].end - r.duration_s) < 1e-9
+    assert all(a.end == b.start for a, b in zip(windows, windows[1:]))
+    assert max(w.e2e.max for w in windows if w.e2e) == r.e2e.max
+    assert max(w.ttft.max for w in windows if w.ttft) == r.ttft.max
+    assert min(w.ttft.p50 for w in windows if w.ttft) <= r.ttft.p50 <= max(w.ttft.p50 for w in windows if w.ttft)
+    assert r.to_dict()["latency_timeline"][0]["completed"] == windows[0].completed

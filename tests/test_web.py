@@ -14,7 +14,7 @@ from kvbudget.web import api
 from kvbudget.web.app import create_app
 
 LOGS = Path(__file__).parent / "data" / "logs"
-TRACES = Path(__file__).parents[2] / "shared" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
 @pytest.fixture

@@ -243,6 +243,7 @@ def test_a_simulation_over_a_bundled_trace(server, browser):
     text = browser.find_element("id", "view-simulate").text
     assert "Guard decisions" in text and "Microsoft Azure Public Dataset" in text
     assert browser.find_elements("css selector", "#view-simulate path[data-series='waiting']")
+    assert browser.find_elements("css selector", "#view-simulate path[data-series='ttft-p99']")
     shot(browser, "simulate-azure-conv-guard")
     # a changed setting marks the answer stale until the simulation runs again
     set_field(browser, "slice", "0:500")

@@ -39,8 +39,13 @@ def model_folder(name: str, cfg: dict) -> Path:
     out = MODELS / key
     if not (out / "config.json").exists():
         out.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(require(VLLM_PYTHON)), str(HERE / "make_model.py"), json.dumps(cfg), str(out)],
+        partial = out.with_name(f"{key}.part-{os.getpid()}")  # tests run in parallel workers: write, then rename
+        subprocess.run([str(require(VLLM_PYTHON)), str(HERE / "make_model.py"), json.dumps(cfg), str(partial)],
                        check=True, capture_output=True, text=True, timeout=600)
+        try:
+            partial.rename(out)
+        except OSError:  # another worker made it first
+            shutil.rmtree(partial, ignore_errors=True)
     return out
 
 

@@ -228,7 +228,7 @@ def hanging(items: list[tuple[str, str]]) -> Any:
     return grid
 
 
-def compare_rows(args: argparse.Namespace) -> list[Any]:
+def compare_rows(args: argparse.Namespace) -> tuple[Any, ...]:
     """The comparison the arguments ask for (each row's `__dict__` is what --json prints and `kvbudget web` serves)."""
     from kvbudget.planner import compare
 

@@ -54,6 +54,41 @@ class Percentiles:
         return Percentiles(q(0.5), q(0.9), q(0.99), sum(s) / len(s), s[-1])
 
 
+LATENCY_WINDOWS = 60  # latency percentiles over time: the run cut into this many windows of completions
+
+
+@dataclass(frozen=True)
+class LatencyWindow:
+    """The requests that completed in [start, end): how many, and their TTFT and end-to-end percentiles."""
+
+    start: float
+    end: float
+    completed: int
+    ttft: Percentiles | None
+    e2e: Percentiles | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"start": self.start, "end": self.end, "completed": self.completed,
+                "ttft_s": None if self.ttft is None else dict(self.ttft.__dict__),
+                "e2e_s": None if self.e2e is None else dict(self.e2e.__dict__)}
+
+
+def latency_windows(finished: array | tuple[float, ...], ttft: array | tuple[float, ...],
+                    e2e: array | tuple[float, ...], duration: float, count: int = LATENCY_WINDOWS
+                    ) -> tuple[LatencyWindow, ...]:
+    """Completions (finish time, TTFT, end to end) cut into `count` equal windows of the run."""
+    if not duration or not finished:
+        return ()
+    width = duration / count
+    groups: list[tuple[list[float], list[float]]] = [([], []) for _ in range(count)]
+    for t, a, b in zip(finished, ttft, e2e, strict=True):
+        group = groups[min(count - 1, int(t / width))]
+        group[0].append(a)
+        group[1].append(b)
+    return tuple(LatencyWindow(i * width, (i + 1) * width, len(a), Percentiles.of(tuple(a)), Percentiles.of(tuple(b)))
+                 for i, (a, b) in enumerate(groups))
+
+
 def check_metric(name: str) -> tuple[str, str]:
     """A latency's name split into what and which statistic; an error names the choices."""
     kind, _, stat = name.partition("_")
@@ -153,6 +188,7 @@ class Simulation:
     tpot_sorted: tuple[float, ...] = field(default=(), repr=False)
     guard: GuardReport | None = None  # what the guard in the loop did
     failed: int = 0  # requests the engine answered with an error (llama.cpp's unified cache when it overflows)
+    latency_timeline: tuple[LatencyWindow, ...] = ()  # TTFT and end-to-end percentiles over the run
 
     def metric(self, name: str) -> float | None:
         """A latency figure by name: ttft|tpot|e2e _ p50|p90|p99|mean|max (seconds)."""
@@ -184,6 +220,7 @@ class Simulation:
             "peak_waiting": self.peak_waiting, "memory": dict(self.memory.__dict__), "fast_steps": self.fast_steps,
             "failed": self.failed, "notes": list(self.notes), "guard": self.guard.to_dict() if self.guard else None,
             "timeline": [s.__dict__ for s in self.timeline],
+            "latency_timeline": [w.to_dict() for w in self.latency_timeline],
         }
 
 
@@ -372,6 +409,7 @@ class _Run:
         self.interval, self.on_step, self.progress, self.on_finish = interval, on_step, progress, on_finish
         self.tm = setup.time_model
         self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
+        self.finished_at = array("d")  # each completed request's end, beside its ttft and e2e
         self.t = 0.0
         self.steps = self.fast_steps = 0
         self.requests = self.completed = self.prompt_tokens = self.output_tokens = 0
@@ -552,6 +590,7 @@ class _Run:
             tpot = (now - search.first_round_end) / (r.output_tokens - 1) if r.output_tokens > 1 else None
             self.ttft.append(e2e)
             self.e2e.append(e2e)
+            self.finished_at.append(now)
             if tpot is not None:
                 self.tpot.append(tpot)
             self.completed += 1
@@ -593,6 +632,7 @@ class _Run:
             if family is None:
                 self.ttft.append(q.first_token - arrival)
                 self.e2e.append(q.finished - arrival)
+                self.finished_at.append(q.finished)
                 self.completed += 1
             else:  # one of n samples: the request's first token is its first child's, its end its last child's
                 family[0] -= 1
@@ -601,6 +641,7 @@ class _Run:
                 if not family[0]:
                     self.ttft.append(family[1] - arrival)
                     self.e2e.append(family[2] - arrival)
+                    self.finished_at.append(family[2])
                     self.completed += 1
                     if family[3] is not None:
                         family[3]()
@@ -624,7 +665,8 @@ class _Run:
                           self.peak_running, self.peak_waiting, self._shares(duration), tuple(self.timeline),
                           self.fast_steps, tuple(notes), ttft_sorted=tuple(sorted(self.ttft)),
                           e2e_sorted=tuple(sorted(self.e2e)), tpot_sorted=tuple(sorted(self.tpot)),
-                          guard=self.guard.report() if self.guard else None, failed=len(sched.failed))
+                          guard=self.guard.report() if self.guard else None, failed=len(sched.failed),
+                          latency_timeline=latency_windows(self.finished_at, self.ttft, self.e2e, duration))
 
     def _shares(self, duration: float) -> MemoryShares:
         if not duration:

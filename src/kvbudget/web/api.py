@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from kvbudget.cli import common
 from kvbudget.cli import estimate as estimate_cli
@@ -69,7 +69,8 @@ class WebError(KVBudgetError):
 class Uploads:
     """Uploaded files in one folder, named by their content's hash (an upload's id is `upload:NAME`)."""
 
-    SUFFIXES = {"model": (".json", ".gguf"), "trace": (".csv", ".jsonl"), "report": (".json",)}
+    SUFFIXES: ClassVar[dict[str, tuple[str, ...]]] = {"model": (".json", ".gguf"), "trace": (".csv", ".jsonl"),
+                                                      "report": (".json",)}
 
     def __init__(self, folder: Path, limits: Limits):
         self.folder, self.limits = folder.resolve(), limits

@@ -444,6 +444,21 @@ async function renderSimulate(gen, run) {
         { name: "waiting", color: COLORS[1], dash: DASHES[1], points: tl.map((x) => [x.time, x.waiting]) }], height: 240 }),
     legend([{ color: COLORS[2], label: "running" }, { color: COLORS[1], dash: DASHES[1], label: "waiting" }])));
   }
+  const lt = (sim.latency_timeline || []).filter((w) => w.ttft_s);
+  if (lt.length > 1) {
+    const mid = (w) => (w.start + w.end) / 2;
+    const top = Math.max(...lt.map((w) => w.e2e_s.p99)) * 1.05;
+    out.push(h("h3", {}, "Latency over time ", badge("estimate", `times: ${st.time_model.basis || "estimated"}`)),
+      h("figure", {}, lineChart({ title: "Latency percentiles of the requests completing in each window", xs: [0, sim.duration_s],
+        xLog: false, xLabel: "simulated time (s)", yMax: top, yLabel: "seconds", yFormat: (v) => `${+v.toFixed(2)}`,
+        series: [{ name: "ttft-p50", color: COLORS[0], points: lt.map((w) => [mid(w), w.ttft_s.p50]) },
+          { name: "ttft-p99", color: COLORS[0], dash: DASHES[1], points: lt.map((w) => [mid(w), w.ttft_s.p99]) },
+          { name: "e2e-p50", color: COLORS[3], points: lt.map((w) => [mid(w), w.e2e_s.p50]) },
+          { name: "e2e-p99", color: COLORS[3], dash: DASHES[1], points: lt.map((w) => [mid(w), w.e2e_s.p99]) }], height: 240 }),
+      legend([{ color: COLORS[0], label: "time to first token p50" }, { color: COLORS[0], dash: DASHES[1], label: "p99" },
+        { color: COLORS[3], label: "end to end p50" }, { color: COLORS[3], dash: DASHES[1], label: "p99" }]),
+      h("figcaption", {}, `Each point: the requests completing in one ${fixed(lt[0].end - lt[0].start, 1)} s window.`)));
+  }
   if (sim.guard) {
     const g = sim.guard, f = g.forwarded;
     out.push(h("h3", {}, "Guard decisions"), table(["decision", "requests"], [
