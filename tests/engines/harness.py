@@ -92,7 +92,8 @@ def _launch_vllm(model_dir: Path, kv_gib: int | None, max_model_len: int, extra:
     if kv_gib is not None:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_gib)
     cmd = [str(require(VLLM_PYTHON)), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len), *extra]
+           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
+           "--enforce-eager", *extra]  # no torch.compile: half of each start on CPU, and nothing a test measures
     log_path = model_dir.parent / f"vllm-{port}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
