@@ -322,10 +322,10 @@ def quality_report(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WebError(f"report: not the JSON `kvbudget quality --json` writes ({exc})".splitlines()[0],
+        raise WebError(f"report: not the JSON report `kvbudget quality` writes ({exc})".splitlines()[0],
                        "report") from None
     if not isinstance(doc, dict):
-        raise WebError("report: not the JSON `kvbudget quality --json` writes (an object)", "report")
+        raise WebError("report: not the JSON report `kvbudget quality` writes (an object)", "report")
     for where, fields, obj in [("report", _REPORT_FIELDS, doc),
                                *((f"results[{i}]", _RESULT_FIELDS, r) for i, r in enumerate(doc.get("results", [])))]:
         if not isinstance(obj, dict):
@@ -333,8 +333,8 @@ def quality_report(path: Path) -> dict[str, Any]:
         for name, kind in fields.items():
             value = obj.get(name)
             if not isinstance(value, kind) and not (kind is float and isinstance(value, int)):
-                raise WebError(f"report: {where}.{name} is missing or not a {kind.__name__}: not a report of "
-                               "`kvbudget quality --json`", "report")
+                raise WebError(f"report: {where}.{name} is missing or not a {kind.__name__}: not a JSON report "
+                               "`kvbudget quality` wrote", "report")
     if not doc["results"]:
         raise WebError("report: it has no results", "report")
     return doc
