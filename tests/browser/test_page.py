@@ -157,11 +157,14 @@ def test_a_control_changes_the_numbers(server, browser):
     assert after != before
     assert after == (format_bytes(plan["kv_memory_bytes"]), f"{plan['capacity']['max_concurrency']:.2f}x")
     assert "tp=2" in browser.current_url
-    # a recommendation applied with its button becomes the state
-    button = browser.find_element("css selector", "#recommendations button")
-    button.click()
+    # a recommendation applied with its button becomes the controls' state and the link's
+    first = browser.find_element("css selector", "#recommendations li")
+    key, _, rest = first.find_element("css selector", "strong").text.partition("=")
+    wanted = rest.split(" ")[0]
+    first.find_element("css selector", "button").click()
     settle(browser, "#kv-chart svg")
-    assert browser.current_url != server + "/"
+    assert browser.find_element("id", key).get_attribute("value") == wanted
+    assert f"{key}={wanted}" in urllib.parse.unquote(browser.current_url)
 
 
 def test_a_shared_link_gives_the_same_view(server, browser):
