@@ -447,17 +447,16 @@ async function renderSimulate(gen, run) {
   const lt = (sim.latency_timeline || []).filter((w) => w.ttft_s);
   if (lt.length > 1) {
     const mid = (w) => (w.start + w.end) / 2;
-    const top = Math.max(...lt.map((w) => w.e2e_s.p99)) * 1.05;
-    out.push(h("h3", {}, "Latency over time ", badge("estimate", `times: ${st.time_model.basis || "estimated"}`)),
-      h("figure", {}, lineChart({ title: "Latency percentiles of the requests completing in each window", xs: [0, sim.duration_s],
-        xLog: false, xLabel: "simulated time (s)", yMax: top, yLabel: "seconds", yFormat: (v) => `${+v.toFixed(2)}`,
-        series: [{ name: "ttft-p50", color: COLORS[0], points: lt.map((w) => [mid(w), w.ttft_s.p50]) },
-          { name: "ttft-p99", color: COLORS[0], dash: DASHES[1], points: lt.map((w) => [mid(w), w.ttft_s.p99]) },
-          { name: "e2e-p50", color: COLORS[3], points: lt.map((w) => [mid(w), w.e2e_s.p50]) },
-          { name: "e2e-p99", color: COLORS[3], dash: DASHES[1], points: lt.map((w) => [mid(w), w.e2e_s.p99]) }], height: 240 }),
-      legend([{ color: COLORS[0], label: "time to first token p50" }, { color: COLORS[0], dash: DASHES[1], label: "p99" },
-        { color: COLORS[3], label: "end to end p50" }, { color: COLORS[3], dash: DASHES[1], label: "p99" }]),
-      h("figcaption", {}, `Each point: the requests completing in one ${fixed(lt[0].end - lt[0].start, 1)} s window.`)));
+    out.push(h("h3", {}, "Latency over time ", badge("estimate", `times: ${st.time_model.basis || "estimated"}`)));
+    for (const [key, what, color] of [["ttft_s", "time to first token", COLORS[0]], ["e2e_s", "end to end", COLORS[3]]]) {
+      out.push(h("figure", {}, lineChart({ title: `${what}: p50 and p99 of the requests completing in each window`,
+        xs: [0, sim.duration_s], xLog: false, xLabel: "simulated time (s)", yMax: Math.max(...lt.map((w) => w[key].p99)) * 1.05 || 1,
+        yLabel: `${what} (s)`, yFormat: (v) => `${+v.toFixed(2)}`, height: 200,
+        series: [{ name: `${key.split("_")[0]}-p50`, color, points: lt.map((w) => [mid(w), w[key].p50]) },
+          { name: `${key.split("_")[0]}-p99`, color, dash: DASHES[1], points: lt.map((w) => [mid(w), w[key].p99]) }] }),
+      legend([{ color, label: `${what} p50` }, { color, dash: DASHES[1], label: "p99" }])));
+    }
+    out.push(h("p", { class: "help" }, `Each point: the requests completing in one ${fixed(lt[0].end - lt[0].start, 1)} s window.`));
   }
   if (sim.guard) {
     const g = sim.guard, f = g.forwarded;
