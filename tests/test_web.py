@@ -122,24 +122,22 @@ def test_no_request_names_a_server_file(client, model):
     assert "not the server's files" in r.json()["error"]
 
 
-def test_a_relative_path_that_exists_is_not_read(client, monkeypatch):
-    """A Hub-id-shaped name that happens to be a folder of the server (here tests/data with a config.json in it)
-    is looked up as a Hub id, never read from disk."""
-    monkeypatch.chdir(LOGS.parent)
-    Path("logs").exists()
+def test_a_relative_path_that_exists_is_not_read(client, monkeypatch, tmp_path, capsys):
+    """A name that happens to be a model folder of the server's (here ./confined with a config.json) is read by the
+    CLI but, from the page, only looked up as a catalog name or Hub id."""
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    r = client.get("/api/estimate?model=logs/gpt-oss-swa.config")  # exists as logs/gpt-oss-swa.config.json's stem
+    (tmp_path / "confined").mkdir()
+    (tmp_path / "confined" / "config.json").write_text((LOGS / "gpt-oss-swa.config.json").read_text())
+    assert main(["estimate", "confined", "--json"]) == 0  # the CLI reads the folder
+    capsys.readouterr()
+    r = client.get("/api/estimate?model=confined")
+    assert r.status_code == 400 and "catalog" in r.json()["error"]  # the page does not
+    (tmp_path / "org").mkdir()
+    (tmp_path / "org" / "name").mkdir()
+    (tmp_path / "org" / "name" / "config.json").write_text((LOGS / "gpt-oss-swa.config.json").read_text())
+    r = client.get("/api/estimate?model=org/name")  # Hub-id-shaped: looked up on the Hub (offline here)
     assert r.status_code == 400 and "Hub" in r.json()["error"]
-    folder = LOGS.parent / "confined"
-    folder.mkdir(exist_ok=True)
-    try:
-        (folder / "config.json").write_text((LOGS / "gpt-oss-swa.config.json").read_text())
-        assert main(["estimate", "confined", "--json"]) == 0  # the CLI reads the folder
-        r = client.get("/api/estimate?model=confined")
-        assert r.status_code == 400 and "catalog" in r.json()["error"]  # the page does not
-    finally:
-        (folder / "config.json").unlink()
-        folder.rmdir()
 
 
 def test_unknown_and_file_parameters_are_refused(client):
