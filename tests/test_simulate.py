@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -1157,7 +1158,7 @@ def test_latency_over_time_partitions_the_completions():
     assert len(windows) == LATENCY_WINDOWS
     assert sum(w.completed for w in windows) == r.completed
     assert windows[0].start == 0 and abs(windows[-1].end - r.duration_s) < 1e-9
-    assert all(a.end == b.start for a, b in zip(windows, windows[1:]))
+    assert all(a.end == b.start for a, b in itertools.pairwise(windows))
     assert max(w.e2e.max for w in windows if w.e2e) == r.e2e.max
     assert max(w.ttft.max for w in windows if w.ttft) == r.ttft.max
     assert min(w.ttft.p50 for w in windows if w.ttft) <= r.ttft.p50 <= max(w.ttft.p50 for w in windows if w.ttft)
