@@ -77,10 +77,8 @@ function readURL() {
   const q = new URLSearchParams(location.search);
   state = { ...DEFAULTS };
   if (q.toString()) for (const k of FIELDS) if (!["engine", "kv_dtype"].includes(k)) state[k] = "";  // a link says what it means
-  if (q.has("view") || !q.toString()) state.view = q.get("view") || "plan";
   for (const [k, v] of q) if (k === "view" || FIELDS.includes(k)) state[k] = v;
   if (!VIEWS.includes(state.view)) state.view = "plan";
-  if (q.toString() && !q.has("view")) state.view = "plan";
 }
 function writeURL() {
   const q = new URLSearchParams({ view: state.view });
@@ -389,15 +387,16 @@ async function renderCompare(gen) {
           p.longest_context_for_concurrency ? int(p.longest_context_for_concurrency) : "–",
           p.capacity.fits ? "fits" : "does not fit"]), [1, 2, 3, 4, 5]));
 }
-function barChart(items) {
+// Horizontal bars: [label, value] pairs, values written with `format`.
+function barChart(items, format = fmtBytes) {
   const width = chartWidth(), rowH = 26, left = Math.min(170, width * 0.35), W = width - left - 80, height = items.length * rowH + 8;
-  const max = Math.max(1, ...items.map(([, v]) => v));
-  const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": items.map(([k, v]) => `${k} ${fmtBytes(v)}`).join(", ") });
+  const max = Math.max(1e-12, ...items.map(([, v]) => v));
+  const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": items.map(([k, v]) => `${k} ${format(v)}`).join(", ") });
   items.forEach(([k, v], i) => {
     const y = 4 + i * rowH;
     svg.append(s("text", { x: left - 8, y: y + 16, "text-anchor": "end" }, k.length > 24 ? `${k.slice(0, 23)}…` : k),
       s("rect", { x: left, y: y + 3, width: (v / max) * W, height: rowH - 8, fill: COLORS[i % COLORS.length] }),
-      s("text", { x: left + (v / max) * W + 6, y: y + 16 }, fmtBytes(v)));
+      s("text", { x: left + (v / max) * W + 6, y: y + 16 }, format(v)));
   });
   return svg;
 }
@@ -479,26 +478,13 @@ async function renderQuality(gen) {
   const mem = r.results.some((x) => x.memory);
   view.replaceChildren(h("h2", {}, `${r.model}: KV cache formats against the untouched cache`),
     h("p", {}, `${r.results[0].windows} windows of ${int(r.context)} tokens (${int(r.results[0].tokens)} scored)`),
-    h("figure", {}, klChart(r.results),
+    h("figure", {}, barChart(r.results.map((x) => [x.variant, x.kl_mean]), (v) => v.toPrecision(2)),
       h("figcaption", {}, "Mean KL divergence of the next-token distribution (nats) per cache format.")),
     table(["format", "KL mean", "top-1 agreement", "perplexity", ...(mem ? ["bytes/token", "tokens vs default"] : [])],
       r.results.map((x) => [x.variant, x.kl_mean.toPrecision(2), pct(x.top1_agreement), `${x.perplexity_change >= 0 ? "+" : ""}${pct(x.perplexity_change)}`,
         ...(mem ? [x.memory && x.memory.bytes_per_token ? int(x.memory.bytes_per_token) : "–", x.memory && x.memory.gain ? times(x.memory.gain) : "–"] : [])]), [1, 2, 3, 4, 5]),
     h("p", {}, h("strong", {}, r.verdict)), notes(r.notes));
 }
-function klChart(results) {
-  const width = chartWidth(), rowH = 26, left = Math.min(170, width * 0.35), W = width - left - 70, height = results.length * rowH + 8;
-  const max = Math.max(1e-12, ...results.map((x) => x.kl_mean));
-  const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": "KL mean per format" });
-  results.forEach((x, i) => {
-    const y = 4 + i * rowH;
-    svg.append(s("text", { x: left - 8, y: y + 16, "text-anchor": "end" }, x.variant),
-      s("rect", { x: left, y: y + 3, width: (x.kl_mean / max) * W, height: rowH - 8, fill: COLORS[i % COLORS.length] }),
-      s("text", { x: left + (x.kl_mean / max) * W + 6, y: y + 16 }, x.kl_mean.toPrecision(2)));
-  });
-  return svg;
-}
-
 // ---- uploads -------------------------------------------------------------------------------------------------
 async function upload(kind, file, field) {
   clearErrors();
