@@ -1163,3 +1163,29 @@ def test_latency_over_time_partitions_the_completions():
     assert max(w.ttft.max for w in windows if w.ttft) == r.ttft.max
     assert min(w.ttft.p50 for w in windows if w.ttft) <= r.ttft.p50 <= max(w.ttft.p50 for w in windows if w.ttft)
     assert r.to_dict()["latency_timeline"][0]["completed"] == windows[0].completed
+
+
+def test_sweep_backends_give_the_single_process_answer(capsys):
+    argv = ("simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "2", "--requests", "80", "--max-model-len", "8192",
+            "--sweep", "kv-dtype=auto,fp8", "rate-scale=1,4", "--json")
+    answers = {}
+    for backend in ("serial", "process"):
+        code, out, err = cli(capsys, *argv, "--backend", backend)
+        assert code == 0, err
+        answers[backend] = json.loads(out)
+    assert answers["process"] == answers["serial"]
+    assert [(r["settings"]["kv_dtype"], r["settings"]["rate_scale"]) for r in answers["serial"]] == [
+        ("auto", 1.0), ("auto", 4.0), ("fp8", 1.0), ("fp8", 4.0)]
+    assert len({r["result"]["requests_per_s"] for r in answers["serial"]}) > 1  # the settings did change the runs
+
+
+def test_run_all_keeps_order_and_reports_progress():
+    from kvbudget.simulation.parallel import run_all
+
+    for backend in ("serial", "process"):
+        seen: list[tuple[int, int]] = []
+        out = run_all(divmod, [(17, 5), (9, 2), (100, 7)], backend, lambda done, total: seen.append((done, total)))
+        assert out == [(3, 2), (4, 1), (14, 2)]
+        assert seen == [(1, 3), (2, 3), (3, 3)]
+    with pytest.raises(KVBudgetError, match="backend 'ray=': choose process"):
+        run_all(divmod, [(1, 1)], "ray=")

@@ -77,6 +77,9 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--slo", help="objectives for --find-max-rate, e.g. ttft_p99=2s,tpot_p99=100ms")
     o.add_argument("--sweep", nargs="+", metavar="NAME=V1,V2", help="a table over settings, e.g. tp=1,2 "
                                                                    "kv-dtype=auto,fp8 (rate-scale too)")
+    o.add_argument("--backend", default="process", help="where --sweep runs its simulations: process (a pool on "
+                                                         "this machine, the default), serial, ray (a local Ray) or "
+                                                         "ray=ADDRESS (a running Ray cluster, e.g. ray=auto)")
     o.add_argument("--calibrate", help="fit the time model to measured timings: a `vllm bench serve "
                                        "--save-result --save-detailed` JSON (per-request TTFT and ITL), a scrape of "
                                        "vLLM's /metrics after it served --trace (its latency histograms), or a "
@@ -226,9 +229,13 @@ def run(args: argparse.Namespace) -> int:
     from kvbudget.simulation import find_max_rate, parse_slo, parse_sweep, setup_for
 
     if args.sweep or args.find_max_rate:
+        if args.sweep:
+            from kvbudget.simulation.parallel import check_backend
+
+            check_backend(args.backend)
         model, workload, settings, scale = _prepared(args)
         if args.sweep:
-            return _sweep(args, model, workload, settings, parse_sweep(args.sweep), scale)
+            return _sweep(args, model, settings, parse_sweep(args.sweep))
         if not args.slo:
             raise KVBudgetError("--find-max-rate needs --slo, e.g. ttft_p99=2s,tpot_p99=100ms")
         slo = parse_slo(args.slo)
@@ -367,21 +374,39 @@ def _print_search(found: Any, slo: dict[str, float]) -> None:
         out.print(f"note: {note}")
 
 
-def _sweep(args: argparse.Namespace, model: Any, workload: Any, settings: dict[str, Any],
-           combos: list[dict[str, Any]], scale: float) -> int:
+def sweep_point(args: argparse.Namespace, model: Any, settings: dict[str, Any],
+                combo: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """One configuration of a sweep, (its settings, its simulation without the timeline); a module-level function
+    of plain data, so that a process pool or a Ray worker can run it (the workload is rebuilt there)."""
+    from kvbudget.simulation import simulate
+
+    combo = dict(combo)
+    run_scale = combo.pop("rate_scale", _positive(args.rate_scale, "--rate-scale"))
+    sim = simulate(model, _workload(args)(run_scale), fast=not args.reference, **_guard(args),
+                   **{**settings, **combo})
+    return {**combo, "rate_scale": run_scale}, replace(sim, timeline=())
+
+
+def _task_progress(done: int, total: int) -> None:
+    width = 30
+    bar = "#" * (width * done // total)
+    print(f"\rsweep [{bar:<{width}}] {done}/{total} configurations", end="", file=sys.stderr, flush=True)
+
+
+def _sweep(args: argparse.Namespace, model: Any, settings: dict[str, Any], combos: list[dict[str, Any]]) -> int:
     from rich import box
     from rich.table import Table
 
-    from kvbudget.simulation import simulate
+    from kvbudget.simulation.parallel import run_all
 
-    results = []
     swept_scale = any("rate_scale" in c for c in combos)
-    for combo in combos:
-        run_scale = combo.pop("rate_scale", scale)
-        sim = simulate(model, workload(run_scale), fast=not args.reference, **_guard(args), **{**settings, **combo})
-        results.append(({**combo, "rate_scale": run_scale}, sim))
+    calls = [(args, model, settings, combo) for combo in combos]
+    shown = not args.json and sys.stderr.isatty()
+    results = run_all(sweep_point, calls, args.backend, _task_progress if shown else None)
+    if shown:
+        print(file=sys.stderr)
     if args.json:
-        print(json.dumps([{"settings": c, "result": replace(s, timeline=()).to_dict()} for c, s in results],
+        print(json.dumps([{"settings": c, "result": s.to_dict()} for c, s in results],
                          indent=2))
         return 0
     keys = [k for k in results[0][0] if k != "rate_scale" or swept_scale]
