@@ -362,3 +362,34 @@ def test_yaml_config_sets_thresholds_and_limits():
     assert guard.config.max_body_bytes == 1234 and guard.config.idle_timeout == 7.0
     assert guard.config.api_keys == frozenset({"k"})
     assert guard.config.predictor.budget == 131_072 * 1000
+
+
+def test_alert_firings_follow_prometheus_for_semantics():
+    from kvbudget.guard.alerts import Firing, _values, firings
+
+    # scraped every 15 s; at or above 0.7 from 30 s: pending, firing once it has held 60 s (at 90 s), gone at 150 s
+    usage = [0.1, 0.2, 0.7, 0.8, 0.9, 0.75, 0.71, 0.7, 0.69, 0.9, 0.9]
+    assert firings(usage, 15, 0.7, "W") == [Firing("W", 90, 120)]
+    assert firings(usage, 15, 0.7, "W")[0].end_s == 8 * 15
+    assert firings([0.9] * 5, 15, 0.7, "W") == [Firing("W", 60, None)]  # still firing at the end
+    assert firings([0.9, 0.1] * 10, 15, 0.7, "W") == []  # flapping never holds
+    assert _values([0, 0, 0, 0.5, 1, 1]) == "0+0x2 0.5 1+0x1"
+
+
+def test_prometheus_series_file_and_its_errors(tmp_path, capsys):
+    import yaml
+
+    from kvbudget.cli import main
+
+    target = tmp_path / "series.yaml"
+    assert main(["simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "4", "--requests", "200", "--max-model-len",
+                 "8192", "--prometheus-series", str(target), "--json"]) == 0
+    err = capsys.readouterr().err
+    loaded = yaml.safe_load(target.read_text())
+    names = [s["series"] for s in loaded["tests"][0]["input_series"]]
+    assert names == ['vllm:kv_cache_usage_perc{instance="simulated"}', 'vllm:num_requests_running{instance="simulated"}',
+                     'vllm:num_requests_waiting{instance="simulated"}']
+    assert "alerts of `kvbudget alerts` in this run:" in err
+    assert main(["simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "4", "--prometheus-series", str(target),
+                 "--prometheus-interval", "0"]) == 2
+    assert "--prometheus-interval: '0' must be a number above 0" in capsys.readouterr().err

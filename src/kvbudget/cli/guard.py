@@ -46,14 +46,9 @@ def add_parser(sub: Any) -> None:
 
 
 def run_alerts(args: argparse.Namespace) -> int:
-    from kvbudget.guard.alerts import alert_rules, dashboard
-    from kvbudget.guard.levels import LEVELS
-    from kvbudget.guard.policy import policy_from_config
+    from kvbudget.guard.alerts import alert_rules, dashboard, thresholds_of
 
-    thresholds = {}
-    if args.guard_config:
-        policy = policy_from_config(read_yaml(args.guard_config, "--guard-config"))
-        thresholds = {level.name: getattr(policy, level.key) for level in LEVELS}
+    thresholds = thresholds_of(read_yaml(args.guard_config, "--guard-config")) if args.guard_config else {}
     if not os.path.isdir(args.out):
         raise KVBudgetError(f"--out: folder {args.out} does not exist")
     rules, board = alert_rules(args.engine, thresholds), dashboard(args.engine, thresholds)

@@ -20,6 +20,7 @@ from kvbudget.cli.common import (
     write_atomically,
     wrote,
 )
+from kvbudget.engines import get_engine
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.load import load_model
 from kvbudget.units import format_bytes
@@ -72,6 +73,11 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--timeline", help="write every step to this CSV file (time, tokens, usage, running, waiting)")
     o.add_argument("--per-request", help="write every completed sequence to this CSV file (id, arrival, prompt "
                                          "and output tokens, TTFT, TPOT, end-to-end seconds)")
+    o.add_argument("--prometheus-series", metavar="FILE", help="write the run's KV usage and request gauges, as "
+                   "the engine publishes them, in a `promtool test rules` file, with when each alert of `kvbudget "
+                   "alerts` fires (thresholds from --guard-config when given)")
+    o.add_argument("--prometheus-interval", default="15", help="seconds between scrapes in --prometheus-series "
+                                                               "(default 15)")
     o.add_argument("--plot", help="write a picture (.png or .svg): KV usage, queues and latency distributions")
     o.add_argument("--find-max-rate", action="store_true", help="the highest --rate-scale meeting --slo")
     o.add_argument("--slo", help="objectives for --find-max-rate, e.g. ttft_p99=2s,tpot_p99=100ms")
@@ -207,6 +213,10 @@ def _prepared(args: argparse.Namespace) -> tuple[Any, Callable[[float], Iterable
         settings.update(_calibrated(model, args.calibrate, settings,
                                     (lambda: workload(1.0)) if args.trace or args.request_log else None))
     scale = _positive(args.rate_scale, "--rate-scale")
+    if args.prometheus_series:
+        _positive(args.prometheus_interval, "--prometheus-interval")
+        if get_engine(args.engine).queue_gauges is None:
+            raise KVBudgetError(f"--prometheus-series: {args.engine} publishes no request gauges to write")
     if args.find_max_rate and args.sweep:
         raise KVBudgetError("simulate: --find-max-rate and --sweep go separately")
     if args.slo and not args.find_max_rate:
@@ -267,6 +277,8 @@ def run(args: argparse.Namespace) -> int:
         write_atomically(args.timeline, "\n".join(rows) + "\n", "--timeline")
     if args.per_request:
         write_atomically(args.per_request, "\n".join(done) + "\n", "--per-request")
+    if args.prometheus_series:
+        _write_series(args, sim)
     if args.plot:
         from kvbudget.plot import plot_simulation
 
@@ -277,6 +289,24 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print(sim, args)
     return 0
+
+
+def _write_series(args: argparse.Namespace, sim: Any) -> None:
+    from kvbudget.guard.alerts import promtool_test, thresholds_of
+
+    thresholds = thresholds_of(_guard(args)["guard_config"]) if args.guard_config else {}
+    text, fired = promtool_test(sim.setup.engine, [(s.time, s.usage, s.running, s.waiting) for s in sim.timeline],
+                                sim.duration_s, _positive(args.prometheus_interval, "--prometheus-interval"),
+                                thresholds)
+    write_atomically(args.prometheus_series, text, "--prometheus-series")
+    when = "; ".join(f"{f.alert} {_clock(f.start_s)}-{_clock(f.end_s) if f.end_s is not None else 'end'}"
+                     for f in fired) or "no alert fires"
+    print(f"kvbudget: alerts of `kvbudget alerts` in this run: {when}", file=sys.stderr)
+
+
+def _clock(seconds: float) -> str:
+    minutes, s = divmod(round(seconds), 60)
+    return f"{minutes}m{s:02d}s"
 
 
 def _progress() -> Callable[[int], None]:

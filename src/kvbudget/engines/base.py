@@ -198,6 +198,8 @@ class UsageGauge:
     read: Callable[[str], float | None]  # the body of `path` -> usage, or None when it holds no figure
     promql: str  # the same usage as a PromQL expression per instance, for alert rules
     health_path: str | None = None  # when `path` may be disabled: the liveness endpoint to try
+    series: str | None = None  # the one gauge `promql` reads (for simulated series); None where it is a ratio
+    by: str = "instance"  # the label `promql` keeps: one alert per value of it
 
 
 @dataclass(frozen=True)
@@ -287,6 +289,7 @@ class Engine:
     serves: ClassVar[bool] = False  # a server with metrics and a memory fraction (not a library)
     prompt_adds_bos: ClassVar[bool] = False  # adds the vocabulary's BOS before the rendered chat prompt
     usage: ClassVar[UsageGauge | None] = None
+    queue_gauges: ClassVar[tuple[str, str] | None] = None  # its /metrics gauges of requests (running, waiting)
     output_limit: ClassVar[OutputLimit] = OPENAI_OUTPUT_LIMIT  # how its server reads a request's output limit
     # Families this engine runs whose cache kvbudget has not checked against the engine's own code: model_type ->
     # what is not known. They are refused rather than sized by the general rules.

@@ -124,8 +124,10 @@ class LlamaCppEngine(Engine):
     serves = True
     prompt_adds_bos = True  # llama-server adds the vocabulary's BOS in front of the rendered prompt
     # No KV gauge in /metrics (llamacpp:kv_cache_usage_ratio was removed): /slots, which may be disabled.
+    # The alerts read the guard's scrape of /slots, labelled by replica.
     usage = UsageGauge("/slots", slots_usage, "max by (replica) (kvbudget_guard_observed_usage)",
-                       health_path="/health")
+                       health_path="/health", series="kvbudget_guard_observed_usage", by="replica")
+    queue_gauges = ("llamacpp:requests_processing", "llamacpp:requests_deferred")  # llama-server --metrics
     # n_predict, else its aliases max_completion_tokens then max_tokens, on both routes; -1 (the default) generates
     # until the slot's context is full
     output_limit = OutputLimit(("n_predict", "max_completion_tokens", "max_tokens"),

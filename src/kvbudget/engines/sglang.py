@@ -69,7 +69,8 @@ class SGLangEngine(Engine):
 
     serves = True
     usage = UsageGauge("/metrics", lambda text: first_gauge(text, ("sglang:token_usage",)),
-                       "max by (instance) (sglang:token_usage)")
+                       "max by (instance) (sglang:token_usage)", series="sglang:token_usage")
+    queue_gauges = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
     # chat: `max_completion_tokens or max_tokens` (a 0 falls through); none: clipped to the context and the KV
     # memory by the scheduler; completions: max_tokens, 16 by default
     output_limit = OutputLimit(("max_completion_tokens", "max_tokens"), ("max_tokens",), 16, zero_is_absent=True,

@@ -66,6 +66,7 @@ class TGIEngine(Engine):
     usage = UsageGauge("/metrics", lambda text: gauge_ratio(text, "tgi_batch_current_max_tokens",
                                                             "tgi_batch_max_total_tokens"),
                        "max by (instance) (tgi_batch_current_max_tokens / tgi_batch_max_total_tokens)")
+    queue_gauges = ("tgi_batch_current_size", "tgi_queue_size")
     # max_tokens (TGI reads no max_completion_tokens); none: max_total_tokens less the input
     output_limit = OutputLimit(("max_tokens",), ("max_tokens",), None,
                                source="text-generation-inference router/src/lib.rs (ChatRequest), validation.rs")

@@ -268,7 +268,9 @@ class VLLMEngine(Engine):
     description: str = "vLLM v1 (0.32): paged blocks, hybrid groups, null block"
 
     serves = True
-    usage = UsageGauge("/metrics", _usage, "max by (instance) (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)")
+    usage = UsageGauge("/metrics", _usage, "max by (instance) (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)",
+                       series="vllm:kv_cache_usage_perc")
+    queue_gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting")
     # chat: max_completion_tokens when not null, else max_tokens; none: up to max_model_len (or lower where the
     # model's generation_config says so: the guard takes the bound); completions: max_tokens, 16 by default
     output_limit = OutputLimit(("max_completion_tokens", "max_tokens"), ("max_tokens",), 16,
