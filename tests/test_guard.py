@@ -387,8 +387,8 @@ def test_prometheus_series_file_and_its_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     loaded = yaml.safe_load(target.read_text())
     names = [s["series"] for s in loaded["tests"][0]["input_series"]]
-    assert names == ['vllm:kv_cache_usage_perc{instance="simulated"}', 'vllm:num_requests_running{instance="simulated"}',
-                     'vllm:num_requests_waiting{instance="simulated"}']
+    assert names == [f'vllm:{name}{{instance="simulated"}}' for name in ("kv_cache_usage_perc", "num_requests_running",
+                                                                          "num_requests_waiting")]
     assert "alerts of `kvbudget alerts` in this run:" in err
     assert main(["simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "4", "--prometheus-series", str(target),
                  "--prometheus-interval", "0"]) == 2

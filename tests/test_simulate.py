@@ -1184,7 +1184,8 @@ def test_run_all_keeps_order_and_reports_progress():
 
     for backend in ("serial", "process"):
         seen: list[tuple[int, int]] = []
-        out = run_all(divmod, [(17, 5), (9, 2), (100, 7)], backend, lambda done, total: seen.append((done, total)))
+        out = run_all(divmod, [(17, 5), (9, 2), (100, 7)], backend, lambda done, total, seen=seen: seen.append(
+            (done, total)))
         assert out == [(3, 2), (4, 1), (14, 2)]
         assert seen == [(1, 3), (2, 3), (3, 3)]
     with pytest.raises(KVBudgetError, match="backend 'ray=': choose process"):

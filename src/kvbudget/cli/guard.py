@@ -34,6 +34,13 @@ def add_parser(sub: Any) -> None:
     gd.add_argument("--staleness", default="10", help="seconds after which scraped usage is stale (default 10)")
     gd.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="vLLM backend the upstream runs (block size for predictions; default cuda)")
+    gd.add_argument("--sidecar", action="store_true",
+                    help="one per engine replica, beside it: requests pass untouched (a router in front decides), "
+                         "/metrics adds observed, predicted and kvbudget_guard_kv_usage to the engine's own, "
+                         "/readyz fails at level 3")
+    gd.add_argument("--ext-proc", metavar="HOST:PORT",
+                    help="also serve the policy as an Envoy external processor (gRPC) on this address: body "
+                         "rewrites at levels 1-2, 503 at level 3; needs kvbudget[extproc]")
     gd.add_argument("--fail-closed", action="store_true", help="reject when metrics are stale (default: act on "
                                                                "the prediction)")
     gd.set_defaults(run=run_guard)
@@ -67,6 +74,21 @@ def run_guard(args: argparse.Namespace) -> int:
         raise KVBudgetError(f"the guard needs {exc.name}: pip install 'kvbudget[guard]'") from None
 
     host, port = listen_address(args.listen)
+    ext_proc = None
+    if args.ext_proc:
+        try:
+            import grpc  # noqa: F401
+            from envoy.service.ext_proc.v3 import external_processor_pb2_grpc  # noqa: F401
+        except ImportError as exc:
+            raise KVBudgetError(f"--ext-proc needs {exc.name}: pip install 'kvbudget[extproc]'") from None
+        from kvbudget.guard.server import bind
+
+        try:
+            ext_proc = listen_address(args.ext_proc)
+            bind(*ext_proc).close()  # a taken port or a foreign address fails here, in one line
+        except KVBudgetError as exc:
+            raise KVBudgetError(str(exc).replace("listen:", "--ext-proc:", 1)) from None
+
     config = read_yaml(args.config, "--config") if args.config else {}
     try:
         poll, stale = float(args.poll_interval), float(args.staleness)
@@ -79,7 +101,8 @@ def run_guard(args: argparse.Namespace) -> int:
         priority_keys=args.priority_key,
         max_tokens_cap=one(args.max_tokens_cap, "--max-tokens-cap") if args.max_tokens_cap else None,
         poll_interval=poll, staleness=stale, fail_open=not args.fail_closed, device=args.device,
-        max_model_len=one(args.max_model_len, "--max-model-len") if args.max_model_len else None)
+        max_model_len=one(args.max_model_len, "--max-model-len") if args.max_model_len else None,
+        sidecar=args.sidecar, ext_proc=ext_proc)
     for note in notes:
         print(f"kvbudget guard: {note}", file=sys.stderr)
     serve(guard, host, port, announce=lambda line: print(f"kvbudget guard: {line}", file=sys.stderr, flush=True))

@@ -7,8 +7,8 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from starlette.applications import Starlette
@@ -17,10 +17,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kvbudget.engines import Engine, get_engine
+from kvbudget.errors import UpstreamConfigError
 from kvbudget.guard.admission import Admission
 from kvbudget.guard.limits import ConnectionLimits
 from kvbudget.guard.metrics import GuardMetrics
-from kvbudget.guard.policy import Policy, Replica
+from kvbudget.guard.policy import Decision, Policy, Replica
 from kvbudget.guard.poller import Poller
 from kvbudget.guard.relay import HOP_BY_HOP, error, relay
 from kvbudget.guard.request import Asked, BadRequest, parse_json, read_request
@@ -28,6 +29,7 @@ from kvbudget.guard.signals import Predictor
 from kvbudget.guard.upstream import ConnectFailed, Pool, UpstreamError
 
 PRIORITY_HEADER = "x-kvbudget-priority"
+DENIED = "invalid or missing API key for the guard"
 
 
 @dataclass
@@ -49,6 +51,10 @@ class GuardConfig:
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     poll_interval: float = 1.0
     decision_log: TextIO | None = None  # a file-like for JSON lines; None: stderr
+    # one replica's sidecar: requests pass untouched (the router in front decides), predicted and counted; its
+    # /metrics adds the guard's gauges to a fresh copy of the engine's own
+    sidecar: bool = False
+    ext_proc: tuple[str, int] | None = None  # (host, port): also serve the policy as an Envoy external processor
 
 
 class Guard:
@@ -56,6 +62,9 @@ class Guard:
 
     def __init__(self, config: GuardConfig):
         self.config = config
+        if config.sidecar and len(config.upstreams) != 1:
+            raise UpstreamConfigError("sidecar: a sidecar fronts exactly one engine replica; give one upstream",
+                                      param="upstream")
         self.replicas = [Replica(url.rstrip("/")) for url in config.upstreams]
         self.pool: Pool | None = None  # made in the app's lifespan, on its event loop
         self.closing = asyncio.Event()  # set shortly before the shutdown grace runs out: streams end cleanly
@@ -75,23 +84,29 @@ class Guard:
         out = self.config.decision_log or sys.stderr
         print(line, file=out, flush=True)
 
-    def _key(self, request: Request) -> str | None:
-        """The request's bearer token when it is one of the guard's keys, else None."""
-        scheme, _, token = request.headers.get("authorization", "").strip().partition(" ")
+    def key(self, authorization: str) -> str | None:
+        """The bearer token of an Authorization header when it is one of the guard's keys, else None."""
+        scheme, _, token = authorization.strip().partition(" ")
         token = token.strip()
         return token if scheme.lower() == "bearer" and token in self.keys else None
 
     def _denied(self, request: Request) -> Response | None:
         """401 when the guard has keys and the request carries none of them."""
-        if self.keys and self._key(request) is None:
-            return error(401, "invalid or missing API key for the guard", "authentication_error")
+        if self.keys and self.key(request.headers.get("authorization", "")) is None:
+            return error(401, DENIED, "authentication_error")
         return None
 
-    def _priority(self, request: Request) -> bool:
+    def priority(self, headers: Mapping[str, str]) -> bool:
         """With keys, priority is the key's (a priority key); without, the x-kvbudget-priority header's."""
         if self.keys:
-            return self._key(request) in self.config.priority_keys
-        return request.headers.get(PRIORITY_HEADER, "").lower() == "high"
+            return self.key(headers.get("authorization", "")) in self.config.priority_keys
+        return headers.get(PRIORITY_HEADER, "").lower() == "high"
+
+    def refusal(self, decision: Decision) -> tuple[str, str]:
+        """The 503's message and error type for a rejected request."""
+        if decision.replica is None:
+            return f"no upstream can take the request: {decision.reason}", "server_unavailable"
+        return f"the KV cache is nearly full ({decision.reason}); retry later", "server_overloaded"
 
     async def _body(self, request: Request) -> dict[str, Any] | Response:
         """The request's JSON object, or the error answer (401, 413, 400)."""
@@ -136,21 +151,13 @@ class Guard:
         raw: bytes = request.state.raw
         asked: Asked = request.state.asked
         prompts = self.admission.prompt_tokens(body, asked) if self.admission.predictor is not None else []
-        priority = self._priority(request)
+        priority = self.priority(request.headers)
         tried: set[str] = set()
         while True:
-            decision = self.admission.decide(body, asked, prompts, priority, tried)
-            self._log(event="decision", path=request.scope["path"], action=decision.action, level=decision.level,
-                      replica=decision.replica, pressure=round(decision.pressure, 4),
-                      with_request=round(decision.total, 4), changes=list(decision.changes), reason=decision.reason,
-                      priority=priority)
+            decision = self.judge(request.scope["path"], body, asked, prompts, priority, tried)
             if decision.action == "reject" or decision.replica is None or decision.body is None:
-                retry = {"Retry-After": str(self.config.policy.retry_after_s)}
-                if decision.replica is None:
-                    return error(503, f"no upstream can take the request: {decision.reason}", "server_unavailable",
-                                 headers=retry)
-                return error(503, f"the KV cache is nearly full ({decision.reason}); retry later",
-                             "server_overloaded", headers=retry)
+                message, kind = self.refusal(decision)
+                return error(503, message, kind, headers={"Retry-After": str(self.config.policy.retry_after_s)})
             release = self.admission.hold(decision, asked, prompts)
             # raw header pairs, filtered once: cheaper than rebuilding and re-normalising a mapping per request
             dropped = self.not_forwarded
@@ -179,6 +186,36 @@ class Guard:
             if len(tried) == len(self.replicas):
                 self.metrics.upstream_errors.labels("all", "unreachable").inc()
                 return error(502, "no upstream could be reached", "upstream_unreachable")
+
+    def judge(self, path: str, body: dict[str, Any], asked: Asked, prompts: list[int], priority: bool,
+              tried: set[str]) -> Decision:
+        """The admission decision for a request, logged; a sidecar forwards the request as sent whatever the level
+        (it logs what the guard would have done as `advice`)."""
+        decision = self.admission.decide(body, asked, prompts, priority, tried)
+        advice = {}
+        if self.config.sidecar:
+            advice = {"advice": decision.action, "advised_changes": list(decision.changes)}
+            decision = replace(decision, action="forward", replica=self.replicas[0].url, body=body, changes=())
+        self._log(event="decision", path=path, action=decision.action, level=decision.level,
+                  replica=decision.replica, pressure=round(decision.pressure, 4),
+                  with_request=round(decision.total, 4), changes=list(decision.changes), reason=decision.reason,
+                  priority=priority, **advice)
+        return decision
+
+    def settle(self) -> None:
+        """Every replica's level and usage gauge brought up to now (staleness and hysteresis move with time)."""
+        policy, now = self.config.policy, time.monotonic()
+        for r in self.replicas:
+            self.metrics.usage.labels(r.url).set(r.settle(policy, now))
+            self.metrics.level.labels(r.url).set(r.level)
+
+    def ready(self) -> bool:
+        """Some replica healthy, below level 3, with a usable gauge reading (or the engine has none): a guard
+        rejecting everything, or reading garbage, should be taken out of rotation."""
+        self.settle()
+        gauge = self.engine.usage is not None
+        return self.poller.polled and any(r.healthy and r.level < 3 and (r.observed is not None or not gauge)
+                                          for r in self.replicas)
 
     def begin_shutdown(self) -> None:
         """SIGTERM: streams still running when the grace is nearly over end with an error event and [DONE]
@@ -233,17 +270,22 @@ class Guard:
         denied = self._denied(request)
         if denied is not None:
             return denied
-        return Response(self.metrics.exposition(), media_type="text/plain; version=0.0.4")
+        engine = b""
+        if self.config.sidecar:  # scraped now, so a router reading this sees the engine as it is
+            assert self.pool is not None
+            replica = self.replicas[0]
+            await self.poller.poll_replica(self.pool, replica)
+            engine = replica.exposition.removesuffix(b"# EOF\n")
+            if engine and not engine.endswith(b"\n"):
+                engine += b"\n"
+        self.settle()
+        return Response(engine + self.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     async def healthz(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        # ready while some replica is healthy, has a usable gauge reading (or the engine has none) and is
-        # below level 3: a guard rejecting everything, or reading garbage, should be taken out of rotation
-        gauge, policy, now = self.engine.usage is not None, self.config.policy, time.monotonic()
-        ready = self.poller.polled and any(r.healthy and r.pressure(policy, now) < policy.reject and
-                                           (r.observed is not None or not gauge) for r in self.replicas)
+        ready = self.ready()
         if self._denied(request) is not None:  # probes without the key learn readiness, not the upstreams
             return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
         return JSONResponse({"ready": ready, "replicas": [
@@ -257,9 +299,16 @@ class Guard:
             self.loop = asyncio.get_running_loop()
             await self.poller.poll_once(pool)
             task = asyncio.create_task(self.poller.poll_forever(pool))
+            processor = None
+            if self.config.ext_proc is not None:
+                from kvbudget.guard.extproc import start
+
+                processor = await start(self, *self.config.ext_proc)
             try:
                 yield
             finally:
+                if processor is not None:
+                    await processor.stop(min(5.0, self.config.shutdown_grace))
                 task.cancel()
                 pool.close()
 

@@ -58,6 +58,7 @@ class Replica:
     in_flight: int = 0
     healthy: bool = True
     level: int = 0  # with hysteresis
+    exposition: bytes = b""  # the body of the last complete scrape of its /metrics (a sidecar republishes it)
 
     def fresh(self, policy: Policy, now: float) -> bool:
         return self.observed is not None and now - self.observed_at <= policy.staleness_s
@@ -66,6 +67,12 @@ class Replica:
         """The larger of observed (when fresh) and predicted usage."""
         observed = self.observed if self.fresh(policy, now) else 0.0
         return max(observed or 0.0, self.predicted)
+
+    def settle(self, policy: Policy, now: float) -> float:
+        """The pressure now, with the level brought up to date (with hysteresis); returns the pressure."""
+        pressure = self.pressure(policy, now)
+        self.level = level_for(pressure, self.level, policy)
+        return pressure
 
 
 def level_for(pressure: float, previous: int, policy: Policy) -> int:
@@ -171,8 +178,7 @@ def decide(body: dict[str, Any], replicas: list[Replica], policy: Policy, priori
 
 def _decide_on(replica: Replica, note: str, body: dict[str, Any], policy: Policy, priority: bool, now: float,
                cost: Callable[[dict[str, Any]], float] | None, fields: tuple[str, ...]) -> Decision:
-    pressure = replica.pressure(policy, now)
-    replica.level = level_for(pressure, replica.level, policy)
+    pressure = replica.settle(policy, now)
     limit = policy.priority_reject if priority else policy.reject
     total = pressure
     for level in range(replica.level, 4):

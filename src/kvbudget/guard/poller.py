@@ -44,6 +44,7 @@ class Poller:
             value = None
             if gauge is not None:
                 status, body, _ = await pool.get(f"{replica.url}{gauge.path}", self.timeout)
+                replica.exposition = body if status == 200 and gauge.path == "/metrics" else b""
                 if status == 200:
                     value = gauge.read(body.decode("utf-8", "replace"))
                     if value is not None and not 0.0 <= value <= 1.5:  # NaN, infinite, negative: not a usage
@@ -61,9 +62,10 @@ class Poller:
             else:
                 self.metrics.scrape_failures.labels(replica.url).inc()
         except ConnectFailed:  # nobody listening: not healthy
-            replica.healthy = False
+            replica.healthy, replica.exposition = False, b""
             self.metrics.scrape_failures.labels(replica.url).inc()
         except (UpstreamError, ValueError):  # broken metrics: the usage goes stale
+            replica.exposition = b""
             self.metrics.scrape_failures.labels(replica.url).inc()
 
     async def poll_forever(self, pool: Pool) -> None:

@@ -17,11 +17,15 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-autho
 NOT_RELAYED = HOP_BY_HOP | {b"date", b"server"}  # the guard's own server sets these on its responses
 
 
+def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict[str, object]:
+    """An OpenAI-style error object (`param`: the request field at fault)."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
 def error(status: int, message: str, kind: str, headers: dict[str, str] | None = None,
           param: str | None = None) -> JSONResponse:
-    """An OpenAI-style error answer (`param`: the request field at fault)."""
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                        status_code=status, headers=headers)
+    """An OpenAI-style error answer."""
+    return JSONResponse(error_body(status, message, kind, param), status_code=status, headers=headers)
 
 
 async def relay(pool: Pool, decision: Decision, target: str, headers: list[tuple[bytes, bytes]], payload: bytes,

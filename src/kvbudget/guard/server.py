@@ -34,7 +34,8 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
                 api_keys: Sequence[str] = (), priority_keys: Sequence[str] = (), max_tokens_cap: int | None = None,
                 poll_interval: float = 1.0,
                 staleness: float = 10.0, fail_open: bool = True, decision_log: TextIO | None = None,
-                device: str = "cuda", max_model_len: int | None = None) -> tuple[Guard, list[str]]:
+                device: str = "cuda", max_model_len: int | None = None, sidecar: bool = False,
+                ext_proc: tuple[str, int] | None = None) -> tuple[Guard, list[str]]:
     """A Guard and the notes to print at start (what it predicts with, and what it cannot)."""
     from kvbudget.model.load import load_model
 
@@ -103,7 +104,7 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
                               count_prompt=count_prompt, max_model_len=context,
                               api_keys=frozenset(api_keys) | frozenset(config.get("api_keys", [])),
                               priority_keys=frozenset(priority_keys) | frozenset(config.get("priority_keys", [])),
-                              poll_interval=poll_interval,
+                              poll_interval=poll_interval, sidecar=sidecar, ext_proc=ext_proc,
                               decision_log=decision_log, limits=connection_limits(config), **settings))
     return guard, notes
 
@@ -181,6 +182,10 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _shown(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
 def serve(guard: Guard, host: str, port: int, announce: Callable[[str], None] | None = None) -> None:
     import uvicorn
 
@@ -193,8 +198,11 @@ def serve(guard: Guard, host: str, port: int, announce: Callable[[str], None] | 
         loop = "asyncio"
     sock = bind(host, port)
     config = server_config(guard, host, port, loop)
-    shown = f"[{host}]" if ":" in host else host
+    shown = _shown(host)
     (announce or print)(f"listening on http://{shown}:{sock.getsockname()[1]}")
+    if guard.config.ext_proc is not None:
+        ext_host, ext_port = guard.config.ext_proc
+        (announce or print)(f"Envoy external processor (gRPC) on {_shown(ext_host)}:{ext_port}")
     gc.collect()
     gc.freeze()  # what start-up loaded is never garbage: keep it out of the collector's full passes
 
