@@ -346,3 +346,56 @@ def test_cli_serves_ext_proc_and_sidecar(guard_process, fake_engine, free_port):
                          capture_output=True, text=True, timeout=60)
     assert two.returncode == 2 and "a sidecar fronts exactly one engine replica" in two.stderr
     assert "Traceback" not in two.stderr
+
+
+# --- the README's configurations ---------------------------------------------------------------------------------
+
+def readme_yaml_blocks() -> list[dict]:
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text[text.index("## Running in a cluster"):text.index("## Python API")]
+    return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", section, re.S)]
+
+
+def test_readme_envoy_config_is_a_valid_envoy_bootstrap():
+    """Parsed with Envoy's own protos (xds-protos): a field misspelt or misplaced, or a wrong @type, fails."""
+    import envoy.extensions.filters.http.ext_proc.v3.ext_proc_pb2 as ext_proc_config
+    import envoy.extensions.filters.http.router.v3.router_pb2  # noqa: F401 (registers the Any type)
+    import envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 as hcm
+    import envoy.extensions.upstreams.http.v3.http_protocol_options_pb2  # noqa: F401
+    from envoy.config.bootstrap.v3.bootstrap_pb2 import Bootstrap
+    from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+    from google.protobuf import json_format
+
+    envoy_config = next(b for b in readme_yaml_blocks() if "static_resources" in b)
+    bootstrap = json_format.ParseDict(envoy_config, Bootstrap())
+    manager = hcm.HttpConnectionManager()
+    bootstrap.static_resources.listeners[0].filter_chains[0].filters[0].typed_config.Unpack(manager)
+    processor = ext_proc_config.ExternalProcessor()
+    manager.http_filters[0].typed_config.Unpack(processor)
+    # what the processor needs: the whole body in one message, and the response's headers for x-kvbudget-level
+    assert processor.processing_mode.request_body_mode == ProcessingMode.BUFFERED
+    assert processor.processing_mode.response_header_mode == ProcessingMode.SEND
+    kvbudget_cluster, engines = bootstrap.static_resources.clusters
+    from kvbudget.guard.extproc import ENDPOINT_HEADER
+
+    assert engines.original_dst_lb_config.http_header_name == ENDPOINT_HEADER
+    assert processor.grpc_service.envoy_grpc.cluster_name == kvbudget_cluster.name
+
+
+def test_readme_router_config_reads_the_gauge_the_sidecar_exports():
+    from kvbudget.guard.metrics import GuardMetrics
+
+    picker = next(b for b in readme_yaml_blocks() if b.get("kind") == "EndpointPickerConfig")
+    extractor = next(p for p in picker["plugins"] if p["type"] == "core-metrics-extractor")["parameters"]
+    spec = extractor["engineConfigs"][0]["kvUsageSpec"]
+    exported = {m.name for m in GuardMetrics().registry.collect()}
+    assert spec in exported and spec == "kvbudget_guard_kv_usage"
+    assert extractor["defaultEngine"] == extractor["engineConfigs"][0]["name"]
+    names = {p.get("name", p["type"]) for p in picker["plugins"]}
+    refs = {r["pluginRef"] for prof in picker["schedulingProfiles"] for r in prof["plugins"]}
+    assert refs <= names and picker["saturationDetector"]["pluginRef"] in names

@@ -90,6 +90,26 @@ def drive_overlapping(guard_url: str, extra: dict, log: io.StringIO, attempts: i
     raise AssertionError(f"the requests never overlapped in {attempts} attempts:\n{log.getvalue()}")
 
 
+def check_sidecar(url: str, folder, budget: int, serve) -> None:
+    """A sidecar in front of the real vLLM: its /metrics is vLLM's own exposition with the guard's gauges after
+    it, and parses as one (as a router's scraper parses it); a request passes through untouched and completes."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    log = io.StringIO()
+    side, _ = build_guard([url], "vllm", model=str(folder), kv_memory=budget, poll_interval=0.2, decision_log=log,
+                          device="cpu", config=SLOW_MACHINE, sidecar=True)
+    with serve(side.app()) as s:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="x", max_retries=0, timeout=600)
+        model = client.models.list().data[0].id
+        done = client.chat.completions.create(model=model, messages=MSGS, max_tokens=20)
+        assert done.choices[0].finish_reason in ("length", "stop")
+        names = {f.name for f in text_string_to_metric_families(httpx.get(f"{s.url}/metrics", timeout=30).text)}
+    assert {"vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+            "kvbudget_guard_kv_usage", "kvbudget_guard_predicted_usage"} <= names
+    assert _decisions(log)[-1]["action"] == "forward" and _decisions(log)[-1]["changes"] == []
+
+
 def test_guard_in_front_of_vllm(serve):
     folder = model_folder("llama-hd32", CONFIG)
     budget = 145 * 128 * 1024  # 145 blocks of 128 tokens at 1,024 bytes per token
@@ -99,6 +119,7 @@ def test_guard_in_front_of_vllm(serve):
                                    poll_interval=0.2, decision_log=log, device="cpu", config=SLOW_MACHINE)
         with serve(guard.app()) as g:
             finished, changes, rejected = drive_overlapping(g.url, {"ignore_eos": True}, log)
+        check_sidecar(url, folder, budget, serve)
     # each request of ~3,610 tokens holds 29 blocks (20%), and is judged with itself counted: 3 fit (60%), the
     # 4th would reach 80% and is capped (15 blocks: 70%), the 5th capped too (81%), the 6th (two samples, 101%
     # capped) forced to one sample as well (91%), the 7th rejected (101% even so). On the 2-core machine the

@@ -94,12 +94,12 @@ class Processor(pb_grpc.ExternalProcessorServicer):
                 release()
 
     def _decide(self, headers: dict[str, str], part: Any) -> tuple[pb.ProcessingResponse, Any, int | None]:
-        g = self.guard
+        guard = self.guard
         start = time.perf_counter()
-        if g.keys and g.key(headers.get("authorization", "")) is None:
+        if guard.keys and guard.key(headers.get("authorization", "")) is None:
             return _immediate(401, error_body(401, DENIED, "authentication_error")), None, None
-        if not part.end_of_stream or len(part.body) > g.config.max_body_bytes:
-            limit = g.config.max_body_bytes
+        if not part.end_of_stream or len(part.body) > guard.config.max_body_bytes:
+            limit = guard.config.max_body_bytes
             return _immediate(413, error_body(413, f"request body over {limit} bytes, or not buffered whole "
                                                    "(set request_body_mode: BUFFERED)", "invalid_request_error"),
                               details="kvbudget: body not whole"), None, None
@@ -109,14 +109,14 @@ class Processor(pb_grpc.ExternalProcessorServicer):
             asked = read_request(body, chat=ROUTES[path])
         except BadRequest as exc:
             return _immediate(400, error_body(400, str(exc), "invalid_request_error", exc.param)), None, None
-        prompts = g.admission.prompt_tokens(body, asked) if g.admission.predictor is not None else []
-        decision = g.judge(path, body, asked, prompts, g.priority(headers), set())
+        prompts = guard.admission.prompt_tokens(body, asked) if guard.admission.predictor is not None else []
+        decision = guard.judge(path, body, asked, prompts, guard.priority(headers), set())
         if decision.action == "reject" or decision.replica is None or decision.body is None:
-            message, kind = g.refusal(decision)
-            retry = str(g.config.policy.retry_after_s)
+            message, kind = guard.refusal(decision)
+            retry = str(guard.config.policy.retry_after_s)
             return _immediate(503, error_body(503, message, kind), (("retry-after", retry),),
                               details=f"kvbudget: level {decision.level}"), None, decision.level
-        release = g.admission.hold(decision, asked, prompts)
+        release = guard.admission.hold(decision, asked, prompts)
         target = urlsplit(decision.replica)
         endpoint = f"{target.hostname}:{target.port or (443 if target.scheme == 'https' else 80)}"
         set_headers = [(ENDPOINT_HEADER, endpoint), ("x-kvbudget-level", str(decision.level))]
@@ -124,7 +124,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):
         if decision.changes:
             new_body = json.dumps(decision.body).encode()
             set_headers.append(("content-length", str(len(new_body))))
-        g.metrics.added_latency.observe(time.perf_counter() - start)
+        guard.metrics.added_latency.observe(time.perf_counter() - start)
         return _continue("request_body", *set_headers, body=new_body), release, decision.level
 
 

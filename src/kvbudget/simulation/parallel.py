@@ -20,7 +20,7 @@ def check_backend(text: str) -> tuple[str, str | None]:
     kind, eq, address = text.partition("=")
     if kind not in ("process", "serial", "ray") or (eq and (kind != "ray" or not address.strip())):
         raise KVBudgetError(f"backend {text!r}: choose process (the default), serial, ray (a local Ray) or "
-                            "ray=ADDRESS (e.g. ray=auto, ray=10.0.0.5:6379, ray=ray://head:10001)", param="backend")
+                            "ray=ADDRESS (e.g. ray=auto, ray=10.0.0.5:6379)", param="backend")
     return kind, address.strip() or None
 
 
