@@ -364,7 +364,7 @@ def readme_yaml_blocks() -> list[dict]:
 def test_readme_envoy_config_is_a_valid_envoy_bootstrap():
     """Parsed with Envoy's own protos (xds-protos): a field misspelt or misplaced, or a wrong @type, fails."""
     import envoy.extensions.filters.http.ext_proc.v3.ext_proc_pb2 as ext_proc_config
-    import envoy.extensions.filters.http.router.v3.router_pb2  # noqa: F401 (registers the Any type)
+    import envoy.extensions.filters.http.router.v3.router_pb2
     import envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2 as hcm
     import envoy.extensions.upstreams.http.v3.http_protocol_options_pb2  # noqa: F401
     from envoy.config.bootstrap.v3.bootstrap_pb2 import Bootstrap

@@ -203,3 +203,32 @@ def test_vllm_state_blocks_per_request_by_mixer():
         assert plan.mamba_blocks(spec) == blocks, name
         plan, _ = VLLM.layout(load_model(name), "auto", 1, EngineOptions(prefix_caching=False))
         assert plan.mamba_blocks(spec) == 1
+
+
+def test_cached_allocations_never_answer_for_other_inputs():
+    """estimate() remembers allocations and capacities by input: each changed input must still change the answer,
+    and every answer must equal the engine's own, computed afresh."""
+    import kvbudget
+    from kvbudget.engines import EngineOptions, get_engine
+
+    model = kvbudget.load_model("gemma-2-27b")
+    seen = set()
+    for engine, dtype, tp, options in [("vllm", "auto", 1, EngineOptions()), ("vllm", "fp8", 1, EngineOptions()),
+                                       ("vllm", "auto", 2, EngineOptions()),
+                                       ("vllm", "auto", 1, EngineOptions(block_size=32)),
+                                       ("sglang", "auto", 1, EngineOptions()), ("vllm", "auto", 1, EngineOptions())]:
+        for _ in range(2):  # the second call is a cache hit
+            got = kvbudget.estimate(model, engine, dtype, batch=[3], context=[1000, 70000], tp=tp, options=options,
+                                    kv_memory=20 * 2**30, max_model_len=32768)
+            fresh = get_engine(engine).allocate(model, kv_dtype=dtype, tp=tp, options=options)
+            assert got.allocation == fresh
+            assert [p.kv_bytes for p in got.points] == [3 * sum(g.sequence_bytes(t) for g in fresh.groups)
+                                                        for t in (1000, 70000)]
+            assert got.capacity == get_engine(engine).capacity(model, 20 * 2**30, 32768, kv_dtype=dtype, tp=tp,
+                                                               options=options)
+        a = got.allocation
+        seen.add((a.engine, a.kv_dtype.name, a.tp, got.points[1].kv_bytes, got.capacity.kv_cache_tokens))
+    assert len(seen) == 5  # the repeated first configuration adds nothing; every other one is its own
+    other = kvbudget.load_model("gemma-2-27b")  # an equal model in another object
+    assert kvbudget.estimate(other, "vllm", batch=[3], context=[1000, 70000]).points == \
+        kvbudget.estimate(model, "vllm", batch=[3], context=[1000, 70000]).points

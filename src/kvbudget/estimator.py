@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 from kvbudget.engines import Allocation, Capacity, Engine, EngineOptions, get_engine
 from kvbudget.engines.base import check_positive
@@ -14,8 +14,7 @@ from kvbudget.model.spec import ModelSpec
 DEFAULT_CONTEXTS = (1024, 4096, 8192, 16384)
 
 
-@dataclass(frozen=True)
-class Point:
+class Point(NamedTuple):  # a tuple: sweeps build hundreds of thousands of these
     batch: int  # requests
     sequences: int  # batch x beams: the sequences actually cached
     context: int  # tokens per sequence
@@ -64,7 +63,7 @@ class Estimate:
             "fixed_bytes_per_sequence": self.fixed_bytes_per_sequence,
             "token_tax": [{"batch": b, "sequences": b * self.beams, "bytes_per_token": self.token_tax(b)}
                           for b in self.batches],
-            "points": [asdict(p) for p in self.points],
+            "points": [p._asdict() for p in self.points],
             "layers": [g.to_dict() for g in alloc.groups],
             "capacity": self.capacity.to_dict() if self.capacity else None,
             "notes": list(self.notes),
@@ -76,12 +75,51 @@ MAX_CONTEXT = 2**30
 MAX_BATCH = 2**24
 
 
+# What engines make of a model depends only on these immutable inputs; sweeps (the planner's advice, `simulate
+# --sweep`, the web page's sliders) ask for the same ones thousands of times. Keyed by identity, with the objects
+# kept in the entry so an id cannot be reused while it is cached (equal options in another object: a miss).
+_CACHE_SIZE = 256
+_allocations: dict[tuple[Any, ...], tuple[Engine, ModelSpec, EngineOptions, Allocation]] = {}
+_capacities: dict[tuple[Any, ...], tuple[Engine, ModelSpec, EngineOptions, Capacity]] = {}
+
+
+def allocation_of(engine: Engine, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
+                  options: EngineOptions = EngineOptions()) -> Allocation:
+    """`engine.allocate(...)`, remembered for the same engine, model object, dtype, tp and options."""
+    key = (id(engine), id(model), kv_dtype, tp, id(options))
+    hit = _allocations.get(key)
+    if hit is not None:
+        return hit[3]
+    allocation = engine.allocate(model, kv_dtype=kv_dtype, tp=tp, options=options)
+    if len(_allocations) >= _CACHE_SIZE:
+        _allocations.clear()
+    _allocations[key] = (engine, model, options, allocation)
+    return allocation
+
+
+def capacity_of(engine: Engine, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
+                tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
+    """`engine.capacity(...)`, remembered like `allocation_of`."""
+    key = (id(engine), id(model), kv_memory, max_model_len, kv_dtype, tp, id(options))
+    hit = _capacities.get(key)
+    if hit is not None:
+        return hit[3]
+    capacity = engine.capacity(model, kv_memory, max_model_len, kv_dtype=kv_dtype, tp=tp, options=options)
+    if len(_capacities) >= _CACHE_SIZE:
+        _capacities.clear()
+    _capacities[key] = (engine, model, options, capacity)
+    return capacity
+
+
 def positive_ints(values: Iterable[int], param: str) -> tuple[int, ...]:
     """The values, each checked to be a positive integer (the error names `param`)."""
     values = tuple(values)
     if not values:
         raise KVBudgetError(f"{param}: give at least one value", param=param)
-    return tuple(check_positive(v, param, "each value") for v in values)
+    for v in values:
+        if type(v) is not int or v < 1:  # the slow path, with its precise error
+            return tuple(check_positive(v, param, "each value") for v in values)
+    return values
 
 
 def default_contexts(model: ModelSpec) -> tuple[int, ...]:
@@ -110,13 +148,16 @@ def estimate(
     """
     batches = positive_ints(batch, "batch")
     contexts = positive_ints(context, "context") if context is not None else default_contexts(model)
-    for values, param, limit in ((batches, "batch", MAX_BATCH), (contexts, "context", MAX_CONTEXT)):
-        if max(values) > limit:
-            raise KVBudgetError(f"{param}: {max(values):,} is beyond any deployment kvbudget sizes (at most "
+    longest = max(contexts)
+    for most, param, limit in ((max(batches), "batch", MAX_BATCH), (longest, "context", MAX_CONTEXT)):
+        if most > limit:
+            raise KVBudgetError(f"{param}: {most:,} is beyond any deployment kvbudget sizes (at most "
                                 f"{limit:,}); check the units", param=param)
-    (beams,) = positive_ints((beams,), "beams")
+    if type(beams) is not int or beams < 1:
+        (beams,) = positive_ints((beams,), "beams")
     chosen = get_engine(engine)
-    (tp,) = positive_ints((tp,), "tp")
+    if type(tp) is not int or tp < 1:
+        (tp,) = positive_ints((tp,), "tp")
     heads = model.attention_heads
     if heads and heads % tp:  # every engine here splits the query heads evenly across ranks
         fits = [t for t in range(1, heads + 1) if heads % t == 0 and t <= tp]
@@ -128,7 +169,7 @@ def estimate(
             raise KVBudgetError("num_speculative_tokens: speculative decoding under pipeline parallelism (which stage "
                                 "holds the drafter's caches) is not modelled; give pp 1", param="pp")
         model = most_loaded_stage(model, chosen, pp, kv_dtype, tp, options)
-    allocation = chosen.allocate(model, kv_dtype=kv_dtype, tp=tp, options=options)
+    allocation = allocation_of(chosen, model, kv_dtype, tp, options)
     capacity = None
     if kv_memory is not None:
         (kv_memory,) = positive_ints((kv_memory,), "kv_memory")
@@ -138,23 +179,21 @@ def estimate(
                                   "max_model_len", param="max_model_len")
             max_model_len = model.max_position_embeddings
         (max_model_len,) = positive_ints((max_model_len,), "max_model_len")
-        capacity = chosen.capacity(model, kv_memory, max_model_len, kv_dtype=kv_dtype, tp=tp, options=options)
+        capacity = capacity_of(chosen, model, kv_memory, max_model_len, kv_dtype, tp, options)
         checked = chosen.checked_model(full_model, model, options) if pp != 1 else model
         if checked is not model:  # the start-up check weighs the whole model against this rank's budget
             whole = chosen.capacity(checked, kv_memory, max_model_len, kv_dtype=kv_dtype, tp=tp, options=options)
             said = f"{chosen.name} weighs the whole model's KV against one rank's budget at start-up (vLLM 0.14-0.16):"
             capacity = replace(capacity, fits=whole.fits, estimated_max_model_len=whole.estimated_max_model_len,
                                notes=(*capacity.notes, said, *whole.notes))
-    points = tuple(
-        Point(b, b * beams, t, allocation.kv_bytes(b * beams, t), allocation.kv_bytes(b * beams, t, capped=False))
-        for b in batches for t in contexts
-    )
-    notes = list(model.warnings) + list(allocation.notes)
+    held = [(t, allocation.sequence_bytes(t), allocation.sequence_bytes(t, capped=False)) for t in contexts]
+    points = tuple(Point(b, b * beams, t, b * beams * capped, b * beams * uncapped)  # Allocation.kv_bytes, per row
+                   for b in batches for t, capped, uncapped in held)
+    notes = [*model.warnings, *allocation.notes]
     if pp != 1:
         stage_layers = sorted({spec.layer for spec in model.layers})
         notes.append(f"pipeline parallel {pp}: figures for the most loaded stage, layers {stage_layers[0]}-"
                      f"{stage_layers[-1]} ({chosen.name}'s split)")
-    longest = max(contexts)
     if model.max_position_embeddings and longest > model.max_position_embeddings:
         notes.append(f"context {longest:,} is beyond the model's max_position_embeddings "
                      f"({model.max_position_embeddings:,})")

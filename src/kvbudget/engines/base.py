@@ -126,6 +126,9 @@ class Allocation:
     groups: tuple[CacheGroup, ...]
     exact: bool = True
     notes: tuple[str, ...] = ()
+    # sequence_bytes by (context, capped): planners, sweeps and the guard ask for the same lengths again and again
+    _memo: dict[tuple[int, bool], int] = field(default_factory=dict, init=False, repr=False, compare=False,
+                                               hash=False)
 
     @property
     def bytes_per_token(self) -> int:
@@ -139,7 +142,13 @@ class Allocation:
 
     def sequence_bytes(self, context: int, capped: bool = True) -> int:
         """Bytes one sequence of `context` tokens holds; `capped=False` ignores windows and chunks."""
-        return sum(g.sequence_bytes(context, capped) for g in self.groups)
+        memo = self._memo
+        held = memo.get((context, capped))
+        if held is None:
+            if len(memo) >= 4096:
+                memo.clear()
+            held = memo[context, capped] = sum(g.sequence_bytes(context, capped) for g in self.groups)
+        return held
 
     def kv_bytes(self, sequences: int, context: int, capped: bool = True) -> int:
         """Bytes `sequences` sequences of `context` tokens each hold."""
