@@ -213,10 +213,10 @@ def test_cached_allocations_never_answer_for_other_inputs():
 
     model = kvbudget.load_model("gemma-2-27b")
     seen = set()
-    for engine, dtype, tp, options in [("vllm", "auto", 1, EngineOptions()), ("vllm", "fp8", 1, EngineOptions()),
-                                       ("vllm", "auto", 2, EngineOptions()),
-                                       ("vllm", "auto", 1, EngineOptions(block_size=32)),
-                                       ("sglang", "auto", 1, EngineOptions()), ("vllm", "auto", 1, EngineOptions())]:
+    same = EngineOptions()  # one object, as a sweep passes it: only the other inputs tell the calls apart
+    for engine, dtype, tp, options in [("vllm", "auto", 1, same), ("vllm", "fp8", 1, same), ("vllm", "auto", 2, same),
+                                       ("vllm", "auto", 1, EngineOptions(block_size=32)), ("sglang", "auto", 1, same),
+                                       ("vllm", "auto", 1, EngineOptions())]:
         for _ in range(2):  # the second call is a cache hit
             got = kvbudget.estimate(model, engine, dtype, batch=[3], context=[1000, 70000], tp=tp, options=options,
                                     kv_memory=20 * 2**30, max_model_len=32768)
