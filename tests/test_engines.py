@@ -229,6 +229,9 @@ def test_cached_allocations_never_answer_for_other_inputs():
         a = got.allocation
         seen.add((a.engine, a.kv_dtype.name, a.tp, got.points[1].kv_bytes, got.capacity.kv_cache_tokens))
     assert len(seen) == 5  # the repeated first configuration adds nothing; every other one is its own
+    for memory, length in ((20 * 2**30, 8192), (10 * 2**30, 8192)):  # the budget and length are inputs too
+        got = kvbudget.estimate(model, "vllm", options=same, kv_memory=memory, max_model_len=length).capacity
+        assert got == get_engine("vllm").capacity(model, memory, length, options=same)
     other = kvbudget.load_model("gemma-2-27b")  # an equal model in another object
     assert kvbudget.estimate(other, "vllm", batch=[3], context=[1000, 70000]).points == \
         kvbudget.estimate(model, "vllm", batch=[3], context=[1000, 70000]).points
