@@ -1,5 +1,7 @@
 """Tokens per second of `kvbudget tokens` over a generated JSON Lines request log of at least 100 MB
-(streamed, chat template applied). Prints figures; asserts nothing.
+(streamed, chat template applied), beside its limit: the tokenizer's own `encode_batch` over the same prompts
+rendered beforehand (what counting costs if reading, parsing and rendering were free). Prints figures; asserts
+nothing.
 
     python benchmarks/bench_tokens.py [--mb 100]
 """
@@ -12,6 +14,7 @@ import os
 import platform
 import random
 import resource
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -57,6 +60,7 @@ def make_log(path: Path, megabytes: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mb", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder, log = Path(tmp) / "tok", Path(tmp) / "requests.jsonl"
@@ -64,17 +68,44 @@ def main() -> None:
         lines = make_log(log, args.mb)
         size = log.stat().st_size
         counter = PromptCounter(folder)
-        start = time.perf_counter()
+        rendered = [counter.render(json.loads(line)["messages"]) for line in iter_lines(str(log))]
+        backend = counter.tokenizer.backend_tokenizer
+
+        def ours() -> tuple[float, float]:
+            start = time.perf_counter()
+            stats = counter.count_jsonl(iter_lines(str(log)))
+            return stats.prompt_tokens.mean * stats.count, time.perf_counter() - start
+
+        def raw(name: str) -> tuple[float, float]:  # the Rust tokenizer alone, pre-rendered, batches of 256
+            encode = getattr(backend, name)
+            start = time.perf_counter()
+            counted = sum(len(e) for i in range(0, len(rendered), 256)
+                          for e in encode(rendered[i:i + 256], add_special_tokens=False))
+            return counted, time.perf_counter() - start
+
+        runs: dict[str, list[float]] = {"ours": [], "encode_batch": [], "encode_batch_fast": []}
+        counts = set()
+        for _ in range(args.rounds):  # alternating, so a slow spell of the machine hits every one alike
+            for name, times in runs.items():
+                counted, seconds = ours() if name == "ours" else raw(name)
+                times.append(seconds)
+                counts.add(round(counted))
+        assert len(counts) == 1, counts  # the same counts every way
+        tokens = counts.pop()
+        seconds = statistics.median(runs["ours"])
         stats = counter.count_jsonl(iter_lines(str(log)))
-        seconds = time.perf_counter() - start
-        tokens = stats.prompt_tokens.mean * stats.count
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
         print(f"log: {size / 2**20:,.0f} MiB, {lines:,} chat requests")
         print(f"counted {tokens:,.0f} prompt tokens in {seconds:.1f} s: {tokens / seconds:,.0f} tokens/s, "
               f"{stats.count / seconds:,.0f} requests/s, {size / 2**20 / seconds:.1f} MiB/s")
         print(f"prompt tokens: mean {stats.prompt_tokens.mean:,.0f}, p99 {stats.prompt_tokens.p99:,}; "
-              f"peak RSS of the process {rss:,.0f} MiB")
+              f"peak RSS of the process {rss:,.0f} MiB (the limit's pre-rendered prompts included)")
+        limit = tokens / statistics.median(runs["encode_batch"])
+        fast = tokens / statistics.median(runs["encode_batch_fast"])
+        print(f"limit: tokenizers' encode_batch on the pre-rendered prompts {limit:,.0f} tokens/s "
+              f"(encode_batch_fast {fast:,.0f}); kvbudget tokens / limit = {tokens / seconds / limit:.2f} "
+              f"(target >= 1.2); medians of {args.rounds} alternating rounds")
 
 
 if __name__ == "__main__":

@@ -247,3 +247,22 @@ def test_simulate_a_request_log_with_exact_prompt_lengths(tok_dir, raw, tmp_path
     assert main(argv) == 2
     assert f"{log}:3: no 'arrival'" in capsys.readouterr().err
     assert main(argv + ["--rate", "2"]) == 0  # arrivals at a rate instead
+
+
+def test_pipelined_counts_come_out_in_order_and_equal_the_raw_encoder(tok_dir, raw):
+    """count_lines encodes one batch while it renders the next: every request's count, in the input's order,
+    equals the raw tokenizer's `encode` of its rendered prompt (which also checks encode_batch_fast's lengths),
+    bad lines passed over where they are."""
+    lines, expected = [], []
+    for i in range(700):  # batches of 64: ten full ones and a remainder
+        if i % 97 == 5:
+            lines.append("{not json")
+            continue
+        msgs = [{"role": "user", "content": (CORPUS[i % 4] + " ") * (1 + i % 13)}]
+        lines.append(json.dumps({"messages": msgs, "max_tokens": i}))
+        expected.append((encode(raw, render_by_hand(msgs)), i))
+    skipped: list = []
+    got = [(n, max_tokens) for n, max_tokens, _ in PromptCounter(tok_dir).count_lines(lines, batch=64,
+                                                                                        skipped=skipped)]
+    assert got == expected
+    assert [number for number, _ in skipped] == [i + 1 for i in range(700) if i % 97 == 5]

@@ -13,6 +13,7 @@ import math
 import os
 from array import array
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,9 @@ class PromptCounter:
             return []
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None:  # the Rust tokenizer directly: batched, parallel, no Python id lists
-            return [len(e) for e in backend.encode_batch(texts, add_special_tokens=False)]
+            # encode_batch_fast (tokenizers >= 0.20) skips the character offsets; the ids, so the counts, are the same
+            encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+            return [len(e) for e in encode(texts, add_special_tokens=False)]
         return [len(ids) for ids in self.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
     def render(self, messages: list[dict], template: bool = True) -> str:
@@ -124,6 +127,18 @@ class PromptCounter:
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # jinja errors, raise_exception() in templates
             raise TokenizerError(f"the chat template failed on these messages: {exc}".splitlines()[0]) from None
+
+    def render_many(self, conversations: list[list[dict]], template: bool = True) -> list[str]:
+        """`render` of each conversation, the template applied to them as one batch (less overhead per request);
+        when the batch fails, one by one, so the error is the failing request's."""
+        if template and conversations and self.tokenizer.chat_template is not None:
+            try:
+                rendered = self.tokenizer.apply_chat_template(conversations, tokenize=False, add_generation_prompt=True)
+                if isinstance(rendered, list) and len(rendered) == len(conversations):
+                    return rendered
+            except Exception:  # rendered again one by one below, which names the error
+                pass
+        return [self.render(messages, template) for messages in conversations]
 
     def _bos_extra(self) -> int:
         """One token when the engine adds the vocabulary's BOS in front of the rendered prompt and it asks for one."""
@@ -177,40 +192,61 @@ class PromptCounter:
         batches. A bad line is an error naming its number, or, given a `skipped` list, is recorded there (number,
         why) and passed over."""
         pending: list[tuple[list[dict], int | None, dict]] = []
+        # A pipeline of two: while the tokenizer encodes one batch (in Rust, on its own threads, without the GIL)
+        # this thread reads and renders the next. Results come out in the input's order.
+        encoding: tuple[Future[list[int]], list[tuple[list[dict], int | None, dict]]] | None = None
+        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvbudget-tokens")
+
+        def drain() -> Iterator[tuple[int, int | None, dict]]:
+            nonlocal encoding
+            if encoding is not None:
+                future, batch_of = encoding
+                encoding = None
+                for n, (_, max_tokens, request) in zip(future.result(), batch_of, strict=True):
+                    yield n, max_tokens, request
 
         def flush() -> Iterator[tuple[int, int | None, dict]]:
-            if self.approximate:
-                counts = [sum(self.count_texts([_content_text(m) for m in msgs])) for msgs, _, _ in pending]
-            else:
-                counts = self.count_rendered([self.render(msgs, template) for msgs, _, _ in pending])
-            for n, (_, max_tokens, request) in zip(counts, pending, strict=True):
-                yield n, max_tokens, request
+            nonlocal encoding
+            batch_of = list(pending)
             pending.clear()
+            if self.approximate:
+                counts = [sum(self.count_texts([_content_text(m) for m in msgs])) for msgs, _, _ in batch_of]
+                yield from drain()
+                for n, (_, max_tokens, request) in zip(counts, batch_of, strict=True):
+                    yield n, max_tokens, request
+                return
+            rendered = self.render_many([msgs for msgs, _, _ in batch_of], template)  # while the last batch encodes
+            yield from drain()
+            encoding = (worker.submit(self.count_rendered, rendered), batch_of)
 
-        for number, line in enumerate(lines, 1):
-            if progress is not None:
-                progress(len(line))
-            line = line.strip()
-            if not line:
-                continue
-            try:
+        try:
+            for number, line in enumerate(lines, 1):
+                if progress is not None:
+                    progress(len(line))
+                line = line.strip()
+                if not line:
+                    continue
                 try:
-                    request = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise TokenizerError(f"line {number}: invalid JSON ({exc.msg}); each line must be one chat "
-                                        "request object") from None
-                messages, max_tokens = _request_fields(request, f"line {number}")
-                parts = [{**m, "content": _content_text(m)} for m in messages]
-            except TokenizerError as exc:
-                if skipped is None:
-                    raise
-                skipped.append((number, str(exc).removeprefix(f"line {number}: ")))
-                continue
-            pending.append((parts, max_tokens, request))
-            if len(pending) >= batch:
+                    try:
+                        request = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise TokenizerError(f"line {number}: invalid JSON ({exc.msg}); each line must be one chat "
+                                            "request object") from None
+                    messages, max_tokens = _request_fields(request, f"line {number}")
+                    parts = [{**m, "content": _content_text(m)} for m in messages]
+                except TokenizerError as exc:
+                    if skipped is None:
+                        raise
+                    skipped.append((number, str(exc).removeprefix(f"line {number}: ")))
+                    continue
+                pending.append((parts, max_tokens, request))
+                if len(pending) >= batch:
+                    yield from flush()
+            if pending:
                 yield from flush()
-        if pending:
-            yield from flush()
+            yield from drain()
+        finally:
+            worker.shutdown(wait=True, cancel_futures=True)
 
     def count_jsonl(self, lines: Iterable[str], template: bool = True, batch: int = 256,
                     progress: Callable[[int], object] | None = None) -> LogStats:
