@@ -13,63 +13,87 @@ their registered names (`ENGINES`) or passed as `Engine` objects; `register` add
 `KVBudgetError`, subclassed by what went wrong.
 """
 
-from typing import TYPE_CHECKING, Any
+from __future__ import annotations
 
-from kvbudget import catalog
-from kvbudget.dtypes import KVDtype, get_dtype
-from kvbudget.engines import (
-    ENGINES,
-    Allocation,
-    CacheGroup,
-    Capacity,
-    Engine,
-    EngineOptions,
-    get_engine,
-    register,
-)
-from kvbudget.errors import (
-    BudgetError,
-    ConfigError,
-    EngineRuleError,
-    KVBudgetError,
-    TokenizerError,
-    UnsupportedArchitectureError,
-    UpstreamConfigError,
-)
-from kvbudget.estimator import Estimate, Point, estimate
-from kvbudget.model.config import parse_config
-from kvbudget.model.load import load_model
-from kvbudget.model.spec import (
-    Attention,
-    ChunkedLocal,
-    FullAttention,
-    LatentAttention,
-    LayerSpec,
-    ModelSpec,
-    NoCache,
-    RecurrentState,
-    SlidingWindow,
-)
-
+TYPE_CHECKING = False  # typing's own flag, without importing typing (mypy reads this name the same way)
 if TYPE_CHECKING:
+    from typing import Any
+
+    from kvbudget import catalog
+    from kvbudget.dtypes import KVDtype, get_dtype
+    from kvbudget.engines import (
+        ENGINES,
+        Allocation,
+        CacheGroup,
+        Capacity,
+        Engine,
+        EngineOptions,
+        get_engine,
+        register,
+    )
+    from kvbudget.errors import (
+        BudgetError,
+        ConfigError,
+        EngineRuleError,
+        KVBudgetError,
+        TokenizerError,
+        UnsupportedArchitectureError,
+        UpstreamConfigError,
+    )
+    from kvbudget.estimator import Estimate, Point, estimate
+    from kvbudget.model.config import parse_config
+    from kvbudget.model.load import load_model
+    from kvbudget.model.spec import (
+        Attention,
+        ChunkedLocal,
+        FullAttention,
+        LatentAttention,
+        LayerSpec,
+        ModelSpec,
+        NoCache,
+        RecurrentState,
+        SlidingWindow,
+    )
     from kvbudget.planner import Comparison, Plan, compare, plan
     from kvbudget.simulation import Simulation, simulate
     from kvbudget.tokens import PromptCount, count_prompt
 
-# The planner and the token counter load on first use: `kvbudget estimate` does not need them at start-up.
-_LAZY = {"Comparison": "kvbudget.planner", "Plan": "kvbudget.planner", "compare": "kvbudget.planner",
-         "plan": "kvbudget.planner", "PromptCount": "kvbudget.tokens", "count_prompt": "kvbudget.tokens",
-         "simulate": "kvbudget.simulation", "Simulation": "kvbudget.simulation"}
+# Every public name loads on first use, so that `import kvbudget` costs next to nothing and a command imports
+# only what it runs (`kvbudget estimate` never loads the planner, the guard or the other engines).
+_WHERE = {
+    "kvbudget.dtypes": ("KVDtype", "get_dtype"),
+    "kvbudget.engines": ("ENGINES", "Allocation", "CacheGroup", "Capacity", "Engine", "EngineOptions", "get_engine",
+                         "register"),
+    "kvbudget.errors": ("BudgetError", "ConfigError", "EngineRuleError", "KVBudgetError", "TokenizerError",
+                        "UnsupportedArchitectureError", "UpstreamConfigError"),
+    "kvbudget.estimator": ("Estimate", "Point", "estimate"),
+    "kvbudget.model.config": ("parse_config",),
+    "kvbudget.model.load": ("load_model",),
+    "kvbudget.model.spec": ("Attention", "ChunkedLocal", "FullAttention", "LatentAttention", "LayerSpec",
+                            "ModelSpec", "NoCache", "RecurrentState", "SlidingWindow"),
+    "kvbudget.planner": ("Comparison", "Plan", "compare", "plan"),
+    "kvbudget.simulation": ("Simulation", "simulate"),
+    "kvbudget.tokens": ("PromptCount", "count_prompt"),
+}
+_LAZY = {name: module for module, names in _WHERE.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name == "catalog":
+        value = importlib.import_module("kvbudget.catalog")
+    elif name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'kvbudget' has no attribute {name!r}")
+    else:
+        raise AttributeError(f"module 'kvbudget' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __version__ = "0.1.0"
 

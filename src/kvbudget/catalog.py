@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 
-_DATA = Path(str(resources.files("kvbudget") / "data" / "models"))
+_DATA = Path(__file__).parent / "data" / "models"  # package data beside the module
 
 
 @dataclass(frozen=True)
@@ -45,14 +43,14 @@ def find(name: str) -> CatalogEntry | None:
     return None
 
 
-_SUFFIXES = re.compile(r"-(instruct|chat|it|hf|base|bf16|fp8|awq|gptq|gguf|\d{4})$")
+_SUFFIXES = r"-(instruct|chat|it|hf|base|bf16|fp8|awq|gptq|gguf|\d{4})$"  # compiled (and cached) by re on use
 
 
 def _stem(name: str) -> str:
     """A model name without its owner, variant suffixes and punctuation: 'meta-llama/Llama-3.1-8B-Instruct' ->
     'llama318b'."""
     tail = name.strip().lower().split("/")[-1]
-    while (trimmed := _SUFFIXES.sub("", tail)) != tail:
+    while (trimmed := re.sub(_SUFFIXES, "", tail)) != tail:
         tail = trimmed
     return re.sub(r"[^a-z0-9]", "", tail)
 
@@ -66,6 +64,8 @@ def similar(name: str, limit: int = 3) -> list[str]:
     stem = _stem(name)
     if stem in by_stem:
         return [by_stem[stem]]
+    import difflib  # only when a name was not found
+
     scored = sorted(((difflib.SequenceMatcher(None, stem, s).ratio(), s) for s in by_stem), reverse=True)
     best = scored[0][0] if scored else 0.0
     close = [s for ratio, s in scored if ratio >= max(0.75, best - 0.05)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from fractions import Fraction
 
 from kvbudget.errors import KVBudgetError
 
@@ -18,7 +17,7 @@ _SIZE_UNITS = {
     "kib": KIB, "mib": MIB, "gib": GIB, "tib": TIB,
     "k": KIB, "m": MIB, "g": GIB, "t": TIB,
 }
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE_RE = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$"  # compiled (and cached) by re on first use
 
 
 def cdiv(a: int, b: int) -> int:
@@ -28,7 +27,7 @@ def cdiv(a: int, b: int) -> int:
 
 def parse_size(text: str, what: str = "size") -> int:
     """'3.81GiB', '24GB', '24G' (= GiB), '1048576' -> bytes. GB is 10**9, GiB is 2**30."""
-    match = _SIZE_RE.match(str(text))
+    match = re.match(_SIZE_RE, str(text))
     if not match or match.group(2).lower() not in _SIZE_UNITS:
         raise KVBudgetError(
             f"{what}: cannot read {text!r} as a size; write bytes or a number with a unit "
@@ -60,10 +59,12 @@ def parse_positive_ints(text: str, what: str) -> tuple[int, ...]:
         m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kKmM]?)", part)
         if not m:
             raise KVBudgetError(f"{what}: {part!r} is not a positive integer (write e.g. 1,4,8, 4k, 1.5k or 1M)")
-        exact = Fraction(m.group(1)) * {"": 1, "k": 1024, "m": 1024**2}[m.group(2).lower()]
-        if exact.denominator != 1:
-            raise KVBudgetError(f"{what}: {part!r} is {float(exact):,.2f}, not a whole number of tokens")
-        value = int(exact)
+        whole, _, fraction = m.group(1).partition(".")  # exact: 1.5k = 15 x 1024 / 10
+        numerator = int(whole + fraction) * {"": 1, "k": 1024, "m": 1024**2}[m.group(2).lower()]
+        if numerator % 10 ** len(fraction):
+            raise KVBudgetError(f"{what}: {part!r} is {numerator / 10 ** len(fraction):,.2f}, not a whole number of "
+                                "tokens")
+        value = numerator // 10 ** len(fraction)
         if value <= 0:
             raise KVBudgetError(f"{what}: {part!r} must be positive")
         values.append(value)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from typing import Any
 
 from kvbudget.dtypes import KV_DTYPE_CHOICES
@@ -231,6 +230,8 @@ def write_atomically(path: str, text: str, what: str) -> None:
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):
         raise KVBudgetError(f"{what}: folder {folder} does not exist")
+    import tempfile
+
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".kvbudget-")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -5,27 +5,58 @@ Adding an engine is one module with an `Engine` subclass and one `register()` ca
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, Mapping
+
 from kvbudget.engines.base import Allocation, CacheGroup, Capacity, Engine, EngineOptions, LogCheck, LogRow, Serving
-from kvbudget.engines.hf import HF, HF_STATIC
-from kvbudget.engines.llamacpp import LLAMACPP
-from kvbudget.engines.sglang import SGLANG
-from kvbudget.engines.tgi import TGI
-from kvbudget.engines.vllm import VLLM
 from kvbudget.errors import KVBudgetError
 
-ENGINES: dict[str, Engine] = {}
+# The built-in engines by name, loaded on first use (a command that runs one engine imports only its module).
+BUILT_IN = {"hf": ("kvbudget.engines.hf", "HF"), "hf-static": ("kvbudget.engines.hf", "HF_STATIC"),
+            "vllm": ("kvbudget.engines.vllm", "VLLM"), "sglang": ("kvbudget.engines.sglang", "SGLANG"),
+            "llamacpp": ("kvbudget.engines.llamacpp", "LLAMACPP"), "tgi": ("kvbudget.engines.tgi", "TGI")}
+
+
+class Registry(Mapping[str, Engine]):
+    """Engines by name, in registration order: the built-in ones imported when first looked up."""
+
+    def __init__(self) -> None:
+        self._names: list[str] = list(BUILT_IN)
+        self._loaded: dict[str, Engine] = {}
+
+    def __getitem__(self, name: str) -> Engine:
+        engine = self._loaded.get(name)
+        if engine is None:
+            if name not in BUILT_IN:
+                raise KeyError(name)
+            module, attr = BUILT_IN[name]
+            engine = self._loaded[name] = getattr(importlib.import_module(module), attr)
+        return engine
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._loaded or name in BUILT_IN
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def add(self, engine: Engine) -> None:
+        self._loaded[engine.name] = engine
+        if engine.name not in self._names:
+            self._names.append(engine.name)
+
+
+ENGINES = Registry()
 
 
 def register(engine: Engine) -> Engine:
     """Make `engine` known by its name to estimate(), plan() and the command line."""
     if not isinstance(engine, Engine):
         raise TypeError(f"{engine!r} is not a kvbudget.engines.Engine")
-    ENGINES[engine.name] = engine
+    ENGINES.add(engine)
     return engine
-
-
-for _engine in (HF, HF_STATIC, VLLM, SGLANG, LLAMACPP, TGI):
-    register(_engine)
 
 
 def get_engine(engine: str | Engine) -> Engine:
@@ -51,6 +82,7 @@ __all__ = [
     "EngineOptions",
     "LogCheck",
     "LogRow",
+    "Registry",
     "Serving",
     "get_engine",
     "register",

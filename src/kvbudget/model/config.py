@@ -539,14 +539,14 @@ def _model_dtype(cfg: dict, outer: dict, where: str) -> tuple[str, list[str]]:
 
 # Config fields of caches a standard decoder does not keep, by what they describe. An unknown model_type that
 # has any of them is refused rather than read as a plain decoder.
-_UNMODELLED_FIELDS = (
-    ("MLA", re.compile(r"^(kv_lora_rank|q_lora_rank|qk_rope_head_dim|qk_nope_head_dim)$")),
-    ("indexer", re.compile(r"^index_(head_dim|n_heads|topk)$|indexer")),
-    ("compression", re.compile(r"compress")),
-    ("linear attention", re.compile(r"^linear_(num_|key_|value_|conv_|attn_|head_dim)|^full_attention_interval$")),
-    ("Mamba", re.compile(r"mamba|^ssm_|_ssm_|^d_state$|^conv_kernel$|^hybrid_override_pattern$|^layers_block_type$|"
-                         r"^attn_layer_(period|offset)$")),
-    ("KV sharing", re.compile(r"kv_shar|shared_kv|^num_kv_shared")),
+_UNMODELLED_FIELDS = (  # patterns as text: re compiles and caches them on first use, not at import
+    ("MLA", r"^(kv_lora_rank|q_lora_rank|qk_rope_head_dim|qk_nope_head_dim)$"),
+    ("indexer", r"^index_(head_dim|n_heads|topk)$|indexer"),
+    ("compression", r"compress"),
+    ("linear attention", r"^linear_(num_|key_|value_|conv_|attn_|head_dim)|^full_attention_interval$"),
+    ("Mamba", r"mamba|^ssm_|_ssm_|^d_state$|^conv_kernel$|^hybrid_override_pattern$|^layers_block_type$|"
+              r"^attn_layer_(period|offset)$"),
+    ("KV sharing", r"kv_shar|shared_kv|^num_kv_shared"),
 )
 
 
@@ -555,7 +555,7 @@ def unmodelled_fields(cfg: dict) -> list[str]:
     out = []
     for name in cfg:
         for what, pattern in _UNMODELLED_FIELDS:
-            if pattern.search(str(name)):
+            if re.search(pattern, str(name)):
                 out.append(f"{name} ({what})")
                 break
     return out

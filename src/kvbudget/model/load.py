@@ -8,10 +8,9 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from kvbudget import catalog, hub
+from kvbudget import catalog
 from kvbudget.errors import ConfigError
 from kvbudget.model.config import parse_config
-from kvbudget.model.gguf import read_gguf
 from kvbudget.model.spec import ModelSpec
 
 
@@ -40,6 +39,8 @@ def _from_hub(repo_id: str) -> Path:
         )
     except ImportError:  # pragma: no cover - a declared dependency
         raise ConfigError("huggingface_hub is not installed; pip install huggingface_hub") from None
+    from kvbudget import hub
+
     offline = hub.offline_reason()
     try:
         return Path(hf_hub_download(repo_id, "config.json", local_files_only=offline is not None))
@@ -119,6 +120,8 @@ def load_model(source: str | os.PathLike | dict, name: str | None = None) -> Mod
             raise ConfigError(f"{path}: folder has no config.json; pass a config file or a model folder")
         return parse_config(read_json(config_path), name=name or path.name, source=str(config_path))
     if readable and path.is_file() and path.suffix.lower() == ".gguf":
+        from kvbudget.model.gguf import read_gguf
+
         config, _ = read_gguf(path)
         return parse_config(config, name=name or path.stem, source=f"gguf:{path}")
     if readable and path.is_file():
