@@ -233,7 +233,8 @@ class PromptCounter:
                         raise TokenizerError(f"line {number}: invalid JSON ({exc.msg}); each line must be one chat "
                                             "request object") from None
                     messages, max_tokens = _request_fields(request, f"line {number}")
-                    parts = [{**m, "content": _content_text(m)} for m in messages]
+                    parts = [m if isinstance(m.get("content"), str) else {**m, "content": _content_text(m)}
+                             for m in messages]
                 except TokenizerError as exc:
                     if skipped is None:
                         raise
