@@ -96,6 +96,8 @@ def test_sidecar_readyz_is_out_at_level_3_and_back_below_the_hysteresis(fake_eng
         assert httpx.get(f"{side.url}/readyz").status_code == 503
         # the sidecar still forwards what the router sends it (the router decides)
         assert httpx.post(f"{side.url}/v1/chat/completions", json=chat(max_tokens=5), timeout=20).status_code == 200
+        # counted as what was done: forwarded, at level 3
+        assert 'kvbudget_guard_decisions_total{action="forward",level="3"} 1.0' in httpx.get(f"{side.url}/metrics").text
         fake_engine.usage = 0.92  # below 95% but not below 95% - 5%: still level 3
         settle()
         assert httpx.get(f"{side.url}/readyz").status_code == 503

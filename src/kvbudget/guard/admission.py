@@ -59,11 +59,7 @@ class Admission:
 
         rule = self.engine.output_limit
         fields = tuple(dict.fromkeys(rule.chat + rule.completions))  # every field it reads, capped alike
-        decision = decide(body, candidates, self.policy, priority, now, cost, fields)
-        # a rejection because no replica can be reached is not a full cache: counted apart from level 3
-        level = "none" if decision.replica is None else str(decision.level)
-        self.metrics.decisions.labels(level, decision.action if decision.replica else "unavailable").inc()
-        return decision
+        return decide(body, candidates, self.policy, priority, now, cost, fields)
 
     def hold(self, decision: Decision, asked: Asked, prompts: list[int]) -> Callable[[], None]:
         """Count the forwarded request's predicted bytes against its replica; returns the release."""
