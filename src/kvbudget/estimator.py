@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from kvbudget.engines import Allocation, Capacity, Engine, EngineOptions, get_engine
 from kvbudget.engines.base import check_positive
@@ -12,6 +12,7 @@ from kvbudget.errors import ConfigError, EngineRuleError, KVBudgetError
 from kvbudget.model.spec import ModelSpec
 
 DEFAULT_CONTEXTS = (1024, 4096, 8192, 16384)
+T = TypeVar("T")
 
 
 class Point(NamedTuple):  # a tuple: sweeps build hundreds of thousands of these
@@ -79,36 +80,37 @@ MAX_BATCH = 2**24
 # --sweep`, the web page's sliders) ask for the same ones thousands of times. Keyed by identity, with the objects
 # kept in the entry so an id cannot be reused while it is cached (equal options in another object: a miss).
 _CACHE_SIZE = 256
-_allocations: dict[tuple[Any, ...], tuple[Engine, ModelSpec, EngineOptions, Allocation]] = {}
-_capacities: dict[tuple[Any, ...], tuple[Engine, ModelSpec, EngineOptions, Capacity]] = {}
+_allocations: dict[tuple[Any, ...], tuple[tuple[Any, ...], Allocation]] = {}
+_capacities: dict[tuple[Any, ...], tuple[tuple[Any, ...], Capacity]] = {}
+
+
+def _remembered(table: dict[tuple[Any, ...], tuple[tuple[Any, ...], T]], key: tuple[Any, ...],
+                kept: tuple[Any, ...], make: Callable[[], T]) -> T:
+    """`make()`, or what it gave before for `key`; `kept` holds the objects whose ids are in the key."""
+    hit = table.get(key)
+    if hit is not None:
+        return hit[1]
+    value = make()
+    if len(table) >= _CACHE_SIZE:
+        table.clear()
+    table[key] = (kept, value)
+    return value
 
 
 def allocation_of(engine: Engine, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                   options: EngineOptions = EngineOptions()) -> Allocation:
     """`engine.allocate(...)`, remembered for the same engine, model object, dtype, tp and options."""
-    key = (id(engine), id(model), kv_dtype, tp, id(options))
-    hit = _allocations.get(key)
-    if hit is not None:
-        return hit[3]
-    allocation = engine.allocate(model, kv_dtype=kv_dtype, tp=tp, options=options)
-    if len(_allocations) >= _CACHE_SIZE:
-        _allocations.clear()
-    _allocations[key] = (engine, model, options, allocation)
-    return allocation
+    return _remembered(_allocations, (id(engine), id(model), kv_dtype, tp, id(options)), (engine, model, options),
+                       lambda: engine.allocate(model, kv_dtype=kv_dtype, tp=tp, options=options))
 
 
 def capacity_of(engine: Engine, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                 tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
     """`engine.capacity(...)`, remembered like `allocation_of`."""
-    key = (id(engine), id(model), kv_memory, max_model_len, kv_dtype, tp, id(options))
-    hit = _capacities.get(key)
-    if hit is not None:
-        return hit[3]
-    capacity = engine.capacity(model, kv_memory, max_model_len, kv_dtype=kv_dtype, tp=tp, options=options)
-    if len(_capacities) >= _CACHE_SIZE:
-        _capacities.clear()
-    _capacities[key] = (engine, model, options, capacity)
-    return capacity
+    return _remembered(_capacities, (id(engine), id(model), kv_memory, max_model_len, kv_dtype, tp, id(options)),
+                       (engine, model, options),
+                       lambda: engine.capacity(model, kv_memory, max_model_len, kv_dtype=kv_dtype, tp=tp,
+                                               options=options))
 
 
 def positive_ints(values: Iterable[int], param: str) -> tuple[int, ...]:
@@ -153,11 +155,9 @@ def estimate(
         if most > limit:
             raise KVBudgetError(f"{param}: {most:,} is beyond any deployment kvbudget sizes (at most "
                                 f"{limit:,}); check the units", param=param)
-    if type(beams) is not int or beams < 1:
-        (beams,) = positive_ints((beams,), "beams")
+    (beams,) = positive_ints((beams,), "beams")
     chosen = get_engine(engine)
-    if type(tp) is not int or tp < 1:
-        (tp,) = positive_ints((tp,), "tp")
+    (tp,) = positive_ints((tp,), "tp")
     heads = model.attention_heads
     if heads and heads % tp:  # every engine here splits the query heads evenly across ranks
         fits = [t for t in range(1, heads + 1) if heads % t == 0 and t <= tp]

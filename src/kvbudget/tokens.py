@@ -209,15 +209,14 @@ class PromptCounter:
             nonlocal encoding
             batch_of = list(pending)
             pending.clear()
+            conversations = [msgs for msgs, _, _ in batch_of]
             if self.approximate:
-                counts = [sum(self.count_texts([_content_text(m) for m in msgs])) for msgs, _, _ in batch_of]
-                yield from drain()
-                for n, (_, max_tokens, request) in zip(counts, batch_of, strict=True):
-                    yield n, max_tokens, request
-                return
-            rendered = self.render_many([msgs for msgs, _, _ in batch_of], template)  # while the last batch encodes
+                job = worker.submit(lambda: [sum(self.count_texts([_content_text(m) for m in msgs]))
+                                             for msgs in conversations])
+            else:  # rendered while the last batch encodes; queued behind it on the one worker
+                job = worker.submit(self.count_rendered, self.render_many(conversations, template))
             yield from drain()
-            encoding = (worker.submit(self.count_rendered, rendered), batch_of)
+            encoding = (job, batch_of)
 
         try:
             for number, line in enumerate(lines, 1):

@@ -24,11 +24,6 @@ def _gauge(engine: str | Engine) -> tuple[str, UsageGauge]:
     return chosen.name, chosen.usage
 
 
-def _usage_expr(engine: str | Engine) -> tuple[str, str]:
-    name, gauge = _gauge(engine)
-    return name, gauge.promql
-
-
 def thresholds_of(guard_config: dict[str, object]) -> dict[str, float]:
     """Each level's threshold by name, as a guard YAML (e.g. from `kvbudget plan --guard-config`) sets them."""
     from kvbudget.guard.policy import policy_from_config
@@ -69,7 +64,8 @@ def alert_rules(engine: str | Engine, thresholds: dict[str, float] | None = None
 
 def dashboard(engine: str | Engine, thresholds: dict[str, float] | None = None) -> str:
     """A Grafana dashboard: the engine's KV usage with the levels as thresholds, and the guard's own signals."""
-    name, expr = _usage_expr(engine)
+    name, gauge = _gauge(engine)
+    expr = gauge.promql
     thresholds = thresholds or {}
     steps: list[dict[str, object]] = [{"color": "green", "value": None}]
     steps += [
@@ -178,6 +174,10 @@ def promtool_test(engine: str | Engine, samples: Sequence[tuple[float, float, in
         lines += [f"      - series: '{metric}{label}'", f"        values: '{_values(points)}'"]
     found: list[Firing] = []
     tests: list[str] = []
+
+    def none_firing(at_s: float, alert: str) -> list[str]:
+        return [f"      - eval_time: {at_s:g}s", f"        alertname: {alert}", "        exp_alerts: []"]
+
     for level in LEVELS:
         value = thresholds.get(level.name, level.threshold)
         episodes = firings(usage, interval_s, value, level.alert)
@@ -190,10 +190,8 @@ def promtool_test(engine: str | Engine, samples: Sequence[tuple[float, float, in
                       f"              summary: \"KV cache at {_humanize_percentage(usage[at])} on {instance}\"",
                       f"              description: \"{_description(name, value, level.meaning)}\""]
             if episode.end_s is not None:
-                tests += [f"      - eval_time: {episode.end_s:g}s", f"        alertname: {level.alert}",
-                          "        exp_alerts: []"]
+                tests += none_firing(episode.end_s, level.alert)
         if not episodes:  # never fired: checked at the end of the run
-            tests += [f"      - eval_time: {(ticks - 1) * interval_s:g}s", f"        alertname: {level.alert}",
-                      "        exp_alerts: []"]
+            tests += none_firing((ticks - 1) * interval_s, level.alert)
     lines += ["    alert_rule_test:", *tests]
     return "\n".join(lines) + "\n", found
