@@ -124,6 +124,13 @@ def positive_ints(values: Iterable[int], param: str) -> tuple[int, ...]:
     return values
 
 
+def positive_int(value: int, param: str) -> int:
+    """One positive integer (the error names `param`)."""
+    if type(value) is int and value >= 1:
+        return value
+    return positive_ints((value,), param)[0]
+
+
 def default_contexts(model: ModelSpec) -> tuple[int, ...]:
     """1024, 4096, 8192, 16384 and the model's own maximum length."""
     extra = (model.max_position_embeddings,) if model.max_position_embeddings else ()
@@ -155,9 +162,9 @@ def estimate(
         if most > limit:
             raise KVBudgetError(f"{param}: {most:,} is beyond any deployment kvbudget sizes (at most "
                                 f"{limit:,}); check the units", param=param)
-    (beams,) = positive_ints((beams,), "beams")
+    beams = positive_int(beams, "beams")
     chosen = get_engine(engine)
-    (tp,) = positive_ints((tp,), "tp")
+    tp = positive_int(tp, "tp")
     heads = model.attention_heads
     if heads and heads % tp:  # every engine here splits the query heads evenly across ranks
         fits = [t for t in range(1, heads + 1) if heads % t == 0 and t <= tp]
@@ -172,13 +179,13 @@ def estimate(
     allocation = allocation_of(chosen, model, kv_dtype, tp, options)
     capacity = None
     if kv_memory is not None:
-        (kv_memory,) = positive_ints((kv_memory,), "kv_memory")
+        kv_memory = positive_int(kv_memory, "kv_memory")
         if max_model_len is None:
             if not model.max_position_embeddings:
                 raise ConfigError(f"max_model_len: {model.name}'s config has no max_position_embeddings; give "
                                   "max_model_len", param="max_model_len")
             max_model_len = model.max_position_embeddings
-        (max_model_len,) = positive_ints((max_model_len,), "max_model_len")
+        max_model_len = positive_int(max_model_len, "max_model_len")
         capacity = capacity_of(chosen, model, kv_memory, max_model_len, kv_dtype, tp, options)
         checked = chosen.checked_model(full_model, model, options) if pp != 1 else model
         if checked is not model:  # the start-up check weighs the whole model against this rank's budget

@@ -61,6 +61,9 @@ def register(engine: Engine) -> Engine:
 
 def get_engine(engine: str | Engine) -> Engine:
     """A registered engine by name, or the engine object itself."""
+    loaded = ENGINES._loaded.get(engine) if type(engine) is str else None  # the common case, first
+    if loaded is not None:
+        return loaded
     if isinstance(engine, Engine):
         return engine
     if engine not in ENGINES:
