@@ -13,8 +13,10 @@ OTHER_SUBSYSTEMS = {"kvbudget.planner", "kvbudget.guard", "kvbudget.simulation",
                     "kvbudget.quality", "kvbudget.checklog", "kvbudget.hub", "kvbudget.plot", "kvbudget.gpus"}
 ENGINE_MODULES = {"kvbudget.engines.hf", "kvbudget.engines.vllm", "kvbudget.engines.sglang",
                   "kvbudget.engines.llamacpp", "kvbudget.engines.tgi"}
-# standard library the paths below have no use for (decimal came with fractions, socket with the Hub client)
-UNNEEDED_STDLIB = {"importlib.resources", "fractions", "decimal", "tempfile", "difflib", "socket"}
+# standard library the paths below have no use for (decimal came with fractions, socket with the Hub client,
+# shutil with argparse's own terminal-width lookup; a catalog name is read without pathlib)
+UNNEEDED_STDLIB = {"importlib.resources", "fractions", "decimal", "tempfile", "difflib", "socket", "pathlib",
+                   "shutil"}
 
 
 def imported(code: str) -> set[str]:

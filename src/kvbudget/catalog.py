@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-_DATA = Path(__file__).parent / "data" / "models"  # package data beside the module
+if TYPE_CHECKING:
+    from pathlib import Path
+
+_DATA = os.path.join(os.path.dirname(__file__), "data", "models")  # package data beside the module
 
 
 @dataclass(frozen=True)
@@ -20,13 +24,20 @@ class CatalogEntry:
     note: str  # caveats of the copy
 
     @property
+    def file_path(self) -> str:
+        return os.path.join(_DATA, self.file)
+
+    @property
     def path(self) -> Path:
-        return _DATA / self.file
+        from pathlib import Path
+
+        return Path(self.file_path)
 
 
 @lru_cache(maxsize=1)
 def entries() -> tuple[CatalogEntry, ...]:
-    index = json.loads((_DATA / "index.json").read_text(encoding="utf-8"))
+    with open(os.path.join(_DATA, "index.json"), encoding="utf-8") as fh:
+        index = json.load(fh)
     return tuple(CatalogEntry(**item) for item in index["models"])
 
 

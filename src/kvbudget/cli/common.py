@@ -56,7 +56,31 @@ class UsageError(KVBudgetError):
     """Arguments the parser refuses (an unknown flag, a missing argument): main prints it in one line, exit 2."""
 
 
+def terminal_width() -> int:
+    """shutil.get_terminal_size()'s columns (COLUMNS, else the terminal's, else 80) without importing shutil."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help layout, given the width: left to itself it imports shutil (and its archive modules) to ask,
+    once for every option a parser adds."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position, width or terminal_width())
+
+
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # type: ignore[override]  # one line, exit 2, no usage dump
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 

@@ -5,18 +5,21 @@ from __future__ import annotations
 import json
 import os
 from contextvars import ContextVar
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvbudget import catalog
 from kvbudget.errors import ConfigError
 from kvbudget.model.config import parse_config
 from kvbudget.model.spec import ModelSpec
 
+if TYPE_CHECKING:
+    from pathlib import Path  # imported where a path is read: a catalog name needs no pathlib
 
-def read_json(path: Path) -> dict:
+
+def read_json(path: str | os.PathLike[str]) -> dict:
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc}); check the path and permissions") from None
     except UnicodeDecodeError:
@@ -43,6 +46,8 @@ def _from_hub(repo_id: str) -> Path:
 
     offline = hub.offline_reason()
     try:
+        from pathlib import Path
+
         return Path(hf_hub_download(repo_id, "config.json", local_files_only=offline is not None))
     except GatedRepoError:
         raise ConfigError(
@@ -102,6 +107,25 @@ def _may_read(path: Path) -> bool:
     return any(resolved.is_relative_to(root) for root in roots)
 
 
+def _from_path(path: Path, name: str | None) -> ModelSpec | None:
+    """A config.json, a model folder or a GGUF file, or None where `path` is outside the readable roots."""
+    if not _may_read(path):
+        return None
+    if path.is_dir():
+        config_path = path / "config.json"
+        if not config_path.is_file():
+            raise ConfigError(f"{path}: folder has no config.json; pass a config file or a model folder")
+        return parse_config(read_json(config_path), name=name or path.name, source=str(config_path))
+    if not path.is_file():  # a device or a pipe: not a model, read no further
+        return None
+    if path.suffix.lower() == ".gguf":
+        from kvbudget.model.gguf import read_gguf
+
+        config, _ = read_gguf(path)
+        return parse_config(config, name=name or path.stem, source=f"gguf:{path}")
+    return parse_config(read_json(path), name=name or path.stem, source=str(path))
+
+
 RESOLUTION_ORDER = ("an existing file (config.json or .gguf) or folder", "a catalog name (kvbudget models)",
                     "a Hub id (org/name)")
 
@@ -112,25 +136,18 @@ def load_model(source: str | os.PathLike | dict, name: str | None = None) -> Mod
     if isinstance(source, dict):
         return parse_config(source, name=name or "model", source="<dict>")
     text = str(source)
-    path = Path(text).expanduser()
-    readable = _may_read(path)
-    if readable and path.is_dir():
-        config_path = path / "config.json"
-        if not config_path.is_file():
-            raise ConfigError(f"{path}: folder has no config.json; pass a config file or a model folder")
-        return parse_config(read_json(config_path), name=name or path.name, source=str(config_path))
-    if readable and path.is_file() and path.suffix.lower() == ".gguf":
-        from kvbudget.model.gguf import read_gguf
+    if os.path.exists(os.path.expanduser(text)):
+        from pathlib import Path
 
-        config, _ = read_gguf(path)
-        return parse_config(config, name=name or path.stem, source=f"gguf:{path}")
-    if readable and path.is_file():
-        return parse_config(read_json(path), name=name or path.stem, source=str(path))
+        model = _from_path(Path(text).expanduser(), name)
+        if model is not None:
+            return model
     entry = catalog.find(text)
     if entry is not None:
-        return parse_config(read_json(entry.path), name=entry.name, source=f"catalog:{entry.name}")
+        return parse_config(read_json(entry.file_path), name=entry.name, source=f"catalog:{entry.name}")
     if text.endswith((".json", ".gguf")) or text.startswith((".", "/", "~")):
-        raise ConfigError(f"{path}: no such file; pass a config.json, a model folder, a catalog name or a Hub id")
+        raise ConfigError(f"{os.path.expanduser(text)}: no such file; pass a config.json, a model folder, a catalog "
+                          "name or a Hub id")
     if text.count("/") == 1 and all(text.split("/")):
         return parse_config(read_json(_from_hub(text)), name=name or text, source=f"hub:{text}")
     raise ConfigError(
