@@ -100,7 +100,11 @@ def _remembered(table: dict[tuple[Any, ...], tuple[tuple[Any, ...], T]], key: tu
 def allocation_of(engine: Engine, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                   options: EngineOptions = EngineOptions()) -> Allocation:
     """`engine.allocate(...)`, remembered for the same engine, model object, dtype, tp and options."""
-    return _remembered(_allocations, (id(engine), id(model), kv_dtype, tp, id(options)), (engine, model, options),
+    key = (id(engine), id(model), kv_dtype, tp, id(options))
+    hit = _allocations.get(key)  # the sweep's case, without building the closure below
+    if hit is not None:
+        return hit[1]
+    return _remembered(_allocations, key, (engine, model, options),
                        lambda: engine.allocate(model, kv_dtype=kv_dtype, tp=tp, options=options))
 
 
@@ -158,10 +162,12 @@ def estimate(
     batches = positive_ints(batch, "batch")
     contexts = positive_ints(context, "context") if context is not None else default_contexts(model)
     longest = max(contexts)
-    for most, param, limit in ((max(batches), "batch", MAX_BATCH), (longest, "context", MAX_CONTEXT)):
-        if most > limit:
-            raise KVBudgetError(f"{param}: {most:,} is beyond any deployment kvbudget sizes (at most "
-                                f"{limit:,}); check the units", param=param)
+    most_batch = max(batches)
+    if most_batch > MAX_BATCH or longest > MAX_CONTEXT:
+        param, most, limit = (("batch", most_batch, MAX_BATCH) if most_batch > MAX_BATCH
+                              else ("context", longest, MAX_CONTEXT))
+        raise KVBudgetError(f"{param}: {most:,} is beyond any deployment kvbudget sizes (at most {limit:,}); "
+                            "check the units", param=param)
     beams = positive_int(beams, "beams")
     chosen = get_engine(engine)
     tp = positive_int(tp, "tp")
