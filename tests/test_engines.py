@@ -120,6 +120,16 @@ def test_vllm_gemma3_pads_the_short_group():
     assert padded > 0
 
 
+@pytest.mark.parametrize("kwargs, param", [({"batch": [1, 2**24 + 1]}, "batch"), ({"context": [2**30 + 1]}, "context"),
+                                           ({"beams": 0}, "beams"), ({"tp": True}, "tp"), ({"beams": 2.0}, "beams"),
+                                           ({"kv_memory": -1}, "kv_memory"), ({"max_model_len": "4096",
+                                                                               "kv_memory": GIB}, "max_model_len")])
+def test_out_of_range_arguments_name_their_parameter(kwargs, param):
+    with pytest.raises(KVBudgetError) as exc:
+        estimate(load_model("mistral-7b"), "vllm", **kwargs)
+    assert exc.value.param == param and str(exc.value).startswith(param)
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "tgi"])
 def test_budget_below_one_block_is_refused(engine):
     with pytest.raises(kvbudget.BudgetError, match="^kv_memory") as exc:
