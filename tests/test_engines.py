@@ -245,3 +245,18 @@ def test_cached_allocations_never_answer_for_other_inputs():
     other = kvbudget.load_model("gemma-2-27b")  # an equal model in another object
     assert kvbudget.estimate(other, "vllm", batch=[3], context=[1000, 70000]).points == \
         kvbudget.estimate(model, "vllm", batch=[3], context=[1000, 70000]).points
+
+
+def test_the_estimates_own_init_takes_every_field_in_order():
+    import dataclasses
+    import inspect
+
+    from kvbudget.estimator import Estimate
+
+    fields = [f.name for f in dataclasses.fields(Estimate)]
+    assert list(inspect.signature(Estimate.__init__).parameters)[1:] == fields
+    result = estimate(load_model("mistral-7b"), "vllm", context=[4096])
+    assert dataclasses.replace(result, notes=("x",)).notes == ("x",)
+    assert result == estimate(load_model("mistral-7b"), "vllm", context=[4096])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.beams = 2  # type: ignore[misc]

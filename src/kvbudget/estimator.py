@@ -23,7 +23,7 @@ class Point(NamedTuple):  # a tuple: sweeps build hundreds of thousands of these
     uncapped_kv_bytes: int  # the same without any window or chunk cap
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Estimate:
     model: ModelSpec
     allocation: Allocation
@@ -33,6 +33,14 @@ class Estimate:
     points: tuple[Point, ...]
     notes: tuple[str, ...]
     capacity: Capacity | None = None  # what the engine makes of a KV budget, when one was given
+
+    def __init__(self, model: ModelSpec, allocation: Allocation, beams: int, batches: tuple[int, ...],
+                 contexts: tuple[int, ...], points: tuple[Point, ...], notes: tuple[str, ...],
+                 capacity: Capacity | None = None) -> None:
+        # the generated frozen __init__ sets each field through object.__setattr__: half of this in one call
+        # (estimate() builds one per call, and sweeps call it thousands of times)
+        self.__dict__.update(model=model, allocation=allocation, beams=beams, batches=batches, contexts=contexts,
+                             points=points, notes=notes, capacity=capacity)
 
     @property
     def bytes_per_token(self) -> int:
