@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, TypeVar
 
@@ -92,13 +92,9 @@ _allocations: dict[tuple[Any, ...], tuple[tuple[Any, ...], Allocation]] = {}
 _capacities: dict[tuple[Any, ...], tuple[tuple[Any, ...], Capacity]] = {}
 
 
-def _remembered(table: dict[tuple[Any, ...], tuple[tuple[Any, ...], T]], key: tuple[Any, ...],
-                kept: tuple[Any, ...], make: Callable[[], T]) -> T:
-    """`make()`, or what it gave before for `key`; `kept` holds the objects whose ids are in the key."""
-    hit = table.get(key)
-    if hit is not None:
-        return hit[1]
-    value = make()
+def _remember(table: dict[tuple[Any, ...], tuple[tuple[Any, ...], T]], key: tuple[Any, ...],
+              kept: tuple[Any, ...], value: T) -> T:
+    """Keep `value` under `key` (`kept` holds the objects whose ids are in the key) and return it."""
     if len(table) >= _CACHE_SIZE:
         table.clear()
     table[key] = (kept, value)
@@ -109,20 +105,22 @@ def allocation_of(engine: Engine, model: ModelSpec, kv_dtype: str = "auto", tp: 
                   options: EngineOptions = EngineOptions()) -> Allocation:
     """`engine.allocate(...)`, remembered for the same engine, model object, dtype, tp and options."""
     key = (id(engine), id(model), kv_dtype, tp, id(options))
-    hit = _allocations.get(key)  # the sweep's case, without building the closure below
+    hit = _allocations.get(key)
     if hit is not None:
         return hit[1]
-    return _remembered(_allocations, key, (engine, model, options),
-                       lambda: engine.allocate(model, kv_dtype=kv_dtype, tp=tp, options=options))
+    return _remember(_allocations, key, (engine, model, options),
+                     engine.allocate(model, kv_dtype=kv_dtype, tp=tp, options=options))
 
 
 def capacity_of(engine: Engine, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                 tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
     """`engine.capacity(...)`, remembered like `allocation_of`."""
-    return _remembered(_capacities, (id(engine), id(model), kv_memory, max_model_len, kv_dtype, tp, id(options)),
-                       (engine, model, options),
-                       lambda: engine.capacity(model, kv_memory, max_model_len, kv_dtype=kv_dtype, tp=tp,
-                                               options=options))
+    key = (id(engine), id(model), kv_memory, max_model_len, kv_dtype, tp, id(options))
+    hit = _capacities.get(key)
+    if hit is not None:
+        return hit[1]
+    return _remember(_capacities, key, (engine, model, options),
+                     engine.capacity(model, kv_memory, max_model_len, kv_dtype=kv_dtype, tp=tp, options=options))
 
 
 def positive_ints(values: Iterable[int], param: str) -> tuple[int, ...]:

@@ -61,14 +61,13 @@ def register(engine: Engine) -> Engine:
 
 def get_engine(engine: str | Engine) -> Engine:
     """A registered engine by name, or the engine object itself."""
-    loaded = ENGINES._loaded.get(engine) if type(engine) is str else None  # the common case, first
-    if loaded is not None:
-        return loaded
     if isinstance(engine, Engine):
         return engine
-    if engine not in ENGINES:
-        raise KVBudgetError(f"engine: unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}", param="engine")
-    return ENGINES[engine]
+    try:
+        return ENGINES[engine]
+    except KeyError:
+        raise KVBudgetError(f"engine: unknown engine {engine!r}; choose one of: {', '.join(ENGINES)}",
+                            param="engine") from None
 
 
 def serving_engines() -> tuple[Engine, ...]:

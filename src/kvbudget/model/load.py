@@ -136,17 +136,18 @@ def load_model(source: str | os.PathLike | dict, name: str | None = None) -> Mod
     if isinstance(source, dict):
         return parse_config(source, name=name or "model", source="<dict>")
     text = str(source)
-    if os.path.exists(os.path.expanduser(text)):
+    expanded = os.path.expanduser(text)
+    if os.path.exists(expanded):
         from pathlib import Path
 
-        model = _from_path(Path(text).expanduser(), name)
+        model = _from_path(Path(expanded), name)
         if model is not None:
             return model
     entry = catalog.find(text)
     if entry is not None:
         return parse_config(read_json(entry.file_path), name=entry.name, source=f"catalog:{entry.name}")
     if text.endswith((".json", ".gguf")) or text.startswith((".", "/", "~")):
-        raise ConfigError(f"{os.path.expanduser(text)}: no such file; pass a config.json, a model folder, a catalog "
+        raise ConfigError(f"{expanded}: no such file; pass a config.json, a model folder, a catalog "
                           "name or a Hub id")
     if text.count("/") == 1 and all(text.split("/")):
         return parse_config(read_json(_from_hub(text)), name=name or text, source=f"hub:{text}")
