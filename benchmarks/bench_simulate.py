@@ -18,8 +18,9 @@ from pathlib import Path
 
 import kvbudget
 from kvbudget.simulation import read_trace, rescale, simulate
+from kvbudget.traces import find as bundled_trace
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = Path(bundled_trace("azure-conv-2023").path).parent  # the traces bundled in the package
 AZURE = TRACES / "AzureLLMInferenceTrace_conv.csv"
 MOONCAKE = TRACES / "mooncake_conversation_trace.jsonl"
 

@@ -18,8 +18,9 @@ from kvbudget.simulation.run import Percentiles, simulate
 from kvbudget.simulation.seq import SchedulerConfig
 from kvbudget.simulation.vllm import VLLMScheduler
 from kvbudget.simulation.workload import Request, exponential_lengths, read_trace, rescale, synthetic
+from kvbudget.traces import find as bundled_trace
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = Path(bundled_trace("azure-conv-2023").path).parent  # the traces bundled in the package
 LLAMA = kvbudget.load_model("llama-3.1-8b")
 
 

@@ -10,11 +10,12 @@ import pytest
 from starlette.testclient import TestClient
 
 from kvbudget.cli import main
+from kvbudget.traces import find as bundled_trace
 from kvbudget.web import api
 from kvbudget.web.app import create_app
 
 LOGS = Path(__file__).parent / "data" / "logs"
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = Path(bundled_trace("azure-conv-2023").path).parent  # the traces bundled in the package
 
 
 @pytest.fixture
@@ -249,7 +250,7 @@ def test_the_page_and_its_files(client):
     assert client.get("/static/index.html").status_code == 404
     choices = client.get("/api/choices").json()
     assert "llama-3.1-8b" in [m["name"] for m in choices["models"]] and "vllm" in choices["engines"]
-    assert {t["name"] for t in choices["traces"]} == set(api.TRACES)
+    assert [t["name"] for t in choices["traces"]] == ["azure-conv-2023", "azure-code-2023", "mooncake-conv"]
 
 
 def test_a_loopback_server_answers_only_loopback_names(tmp_path):
@@ -259,9 +260,15 @@ def test_a_loopback_server_answers_only_loopback_names(tmp_path):
     assert client.get("/api/choices", headers={"host": "attacker.example"}).status_code == 400
 
 
-def test_the_bundled_traces_are_the_shared_ones():
-    for name, (file, _, _) in api.TRACES.items():
-        assert api.trace_path(name, None).read_bytes() == (TRACES / file).read_bytes()  # type: ignore[arg-type]
+def test_the_page_offers_the_bundled_traces_by_name_and_nothing_else(tmp_path):
+    from kvbudget.simulation import read_trace
+
+    for name, requests in (("azure-conv-2023", 19_366), ("azure-code-2023", 8_819), ("mooncake-conv", 12_031)):
+        path = api.trace_path(name, None)  # type: ignore[arg-type]
+        assert path.is_file() and sum(1 for _ in read_trace(path)) == requests
+    for bad in ("AzureLLMInferenceTrace_conv.csv", "../gpus.json", str(TRACES / "AzureLLMInferenceTrace_conv.csv")):
+        with pytest.raises(api.WebError, match="trace: .* is not one of azure-conv-2023"):
+            api.trace_path(bad, None)  # type: ignore[arg-type]
 
 
 def test_web_command_refuses_a_bad_address(capsys):

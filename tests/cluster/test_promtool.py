@@ -13,9 +13,10 @@ import pytest
 import yaml
 
 from kvbudget.guard.levels import LEVELS
+from kvbudget.traces import find as bundled_trace
 
 pytestmark = pytest.mark.cluster
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+TRACES = Path(bundled_trace("azure-conv-2023").path).parent  # the traces bundled in the package
 
 
 def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

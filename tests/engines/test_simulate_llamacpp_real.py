@@ -29,10 +29,11 @@ from kvbudget.engines.llamacpp import LLAMACPP
 from kvbudget.simulation.llamacpp import LlamaServerScheduler, PromptCache
 from kvbudget.simulation.seq import SchedulerConfig
 from kvbudget.simulation.workload import Request, read_trace, rescale
+from kvbudget.traces import find as bundled_trace
 
 pytestmark = pytest.mark.engines
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+TRACES = Path(bundled_trace("azure-conv-2023").path).parent  # the traces bundled in the package
 CONFIG = dict(TINY["llama"], vocab_size=320, max_position_embeddings=8192, head_dim=32, num_attention_heads=2)
 N_BATCH = 64
 

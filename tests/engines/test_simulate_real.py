@@ -30,10 +30,11 @@ from kvbudget.simulation.seq import SchedulerConfig
 from kvbudget.simulation.timing import MeasuredStep, calibrate, read_measured_steps
 from kvbudget.simulation.vllm import CachedHybridScheduler, HybridScheduler, VLLMScheduler
 from kvbudget.simulation.workload import Request, read_trace, rescale, samples
+from kvbudget.traces import find as bundled_trace
 
 pytestmark = pytest.mark.engines
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+TRACES = Path(bundled_trace("azure-conv-2023").path).parent  # the traces bundled in the package
 # head_dim 32: the CPU attention kernel rejects the tiny default of 24
 CONFIG = dict(TINY["llama"], vocab_size=320, max_position_embeddings=8192, head_dim=32, num_attention_heads=2)
 MAX_LEN = 1024

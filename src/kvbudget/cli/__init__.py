@@ -12,8 +12,8 @@ from kvbudget.errors import KVBudgetError
 
 COMMANDS = ("estimate", "catalog", "plan", "simulate", "checklog", "tokens", "guard", "quality", "web")  # modules
 # each command's module: a run builds (so imports) only its own command's parser
-MODULE_OF = {"estimate": "estimate", "models": "catalog", "gpus": "catalog", "plan": "plan", "compare": "plan",
-             "simulate": "simulate", "check-log": "checklog", "tokens": "tokens", "guard": "guard",
+MODULE_OF = {"estimate": "estimate", "models": "catalog", "gpus": "catalog", "traces": "catalog", "plan": "plan",
+             "compare": "plan", "simulate": "simulate", "check-log": "checklog", "tokens": "tokens", "guard": "guard",
              "alerts": "guard", "quality": "quality", "web": "web"}
 
 

@@ -1,4 +1,4 @@
-"""`kvbudget models` and `kvbudget gpus`: the bundled catalogs."""
+"""`kvbudget models`, `kvbudget gpus` and `kvbudget traces`: the bundled catalogs."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ def add_parser(sub: Any) -> None:
     g = sub.add_parser("gpus", help="list the GPU catalog")
     g.add_argument("--json", action="store_true", help="print JSON")
     g.set_defaults(run=run_gpus)
+    t = sub.add_parser("traces", help="list the bundled request traces (for simulate --trace NAME)")
+    t.add_argument("--json", action="store_true", help="print JSON")
+    t.set_defaults(run=run_traces)
 
 
 def run_models(args: argparse.Namespace) -> int:
@@ -62,5 +65,24 @@ def run_gpus(args: argparse.Namespace) -> int:
         table.add_row(g.name, format_bytes(g.memory_bytes) + ("" if g.memory_basis.startswith("as") else " (nominal)"),
                       f"{g.bandwidth_bytes_per_s / 1e9:,.0f} GB/s" if g.bandwidth_bytes_per_s else "-",
                       half, f"{g.fp8_tflops:g}" if g.fp8_tflops else "-")
+    console().print(table)
+    return 0
+
+
+def run_traces(args: argparse.Namespace) -> int:
+    from kvbudget.traces import bundled
+
+    rows = [{**t.__dict__, "path": t.path} for t in bundled()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"Bundled traces ({len(rows)}): kvbudget simulate MODEL --trace NAME")
+    table.add_column("name", no_wrap=True)
+    for name in ("what", "licence and credit"):
+        table.add_column(name)
+    for r in rows:
+        table.add_row(r["name"], r["what"], f"{r['licence']}: {r['credit']}")
     console().print(table)
     return 0

@@ -383,11 +383,13 @@ def _print(sim: Any, args: argparse.Namespace) -> None:
 
 
 def _credit(args: argparse.Namespace) -> str:
-    """The credit a trace's licence asks for wherever results from it are shown."""
-    from kvbudget.simulation import AZURE_CREDIT
+    """The credit a bundled trace's licence asks for wherever results from it are shown (also for a copy of one)."""
+    import os
 
-    used = [args.trace, args.lengths_from_trace]
-    return AZURE_CREDIT if any(p and "AzureLLMInferenceTrace" in p for p in used) else ""
+    from kvbudget.traces import find
+
+    found = [find(os.path.basename(p)) for p in (args.trace, args.lengths_from_trace) if p]
+    return "; ".join(dict.fromkeys(f"{t.credit} ({t.licence})" for t in found if t))
 
 
 def _print_search(found: Any, slo: dict[str, float]) -> None:

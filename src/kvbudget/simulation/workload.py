@@ -20,7 +20,6 @@ from typing import Any
 from kvbudget.errors import KVBudgetError
 
 MOONCAKE_BLOCK = 512  # tokens per hash id in the Mooncake traces (FAST'25 release README)
-AZURE_CREDIT = "Azure LLM inference trace 2023, Microsoft Azure Public Dataset (CC-BY-4.0)"
 
 
 @dataclass(frozen=True)
@@ -190,8 +189,11 @@ def _flag(value: Any, path: str, line: int) -> bool:
 
 
 def read_trace(path: str | Path) -> Iterator[Request]:
-    """A trace by its contents: the Azure CSV, or JSONL (Mooncake's or ours)."""
-    p = Path(path)
+    """A trace by its contents: the Azure CSV, or JSONL (Mooncake's or ours); `path` may name a bundled trace
+    (`azure-conv-2023`, see `kvbudget traces`)."""
+    from kvbudget.traces import resolve
+
+    p = Path(resolve(str(path)))
     try:
         with open(p, encoding="utf-8") as f:
             head = f.readline()

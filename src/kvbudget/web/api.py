@@ -16,24 +16,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
 
+from kvbudget import traces
 from kvbudget.cli import common
 from kvbudget.cli import estimate as estimate_cli
 from kvbudget.cli import plan as plan_cli
 from kvbudget.cli import simulate as simulate_cli
 from kvbudget.errors import ConfigError, KVBudgetError
 from kvbudget.units import MIB
-
-# Bundled traces: name -> (file under data/traces, what it is, the credit its licence asks for)
-TRACES = {
-    "azure-conv-2023": ("AzureLLMInferenceTrace_conv.csv", "Azure LLM inference trace 2023, conversation: 19,366 "
-                        "requests in one hour", "Azure LLM inference trace 2023, Microsoft Azure Public Dataset"),
-    "azure-code-2023": ("AzureLLMInferenceTrace_code.csv", "Azure LLM inference trace 2023, coding: 8,819 requests "
-                        "in one hour", "Azure LLM inference trace 2023, Microsoft Azure Public Dataset"),
-}
 
 # CLI options a request may not set: they read or write the server's files, or change only the terminal output
 _NOT_FROM_REQUESTS = {"json", "plot", "guard_config", "prompt_file", "lengths_from", "tokenizer", "approximate",
@@ -260,9 +252,11 @@ class Simulations:
 def trace_path(value: str, uploads: Uploads) -> Path:
     if value.startswith("upload:"):
         return uploads.path(value, "trace", "trace")
-    if value not in TRACES:
-        raise WebError(f"trace: {value!r} is not one of {', '.join(TRACES)} or an upload", "trace")
-    return Path(str(resources.files("kvbudget") / "data" / "traces" / TRACES[value][0]))
+    entry = traces.find(value)
+    if entry is None or value != entry.name:
+        names = ", ".join(t.name for t in traces.bundled())
+        raise WebError(f"trace: {value!r} is not one of {names} or an upload", "trace")
+    return Path(entry.path)
 
 
 def estimate(params: list[tuple[str, str]], uploads: Uploads) -> Any:

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from kvbudget import catalog
+from kvbudget import catalog, traces
 from kvbudget.dtypes import KV_DTYPE_CHOICES
 from kvbudget.engines import ENGINES
 from kvbudget.errors import KVBudgetError
@@ -89,7 +89,7 @@ def create_app(upload_dir: Path | None = None, limits: api.Limits | None = None,
             "models": [{"name": e.name, "hf_id": e.hf_id} for e in catalog.entries()],
             "gpus": [{"name": g.name, "memory_bytes": g.memory_bytes} for g in gpus()],
             "engines": list(ENGINES), "kv_dtypes": list(KV_DTYPE_CHOICES),
-            "traces": [{"name": k, "what": v[1], "credit": v[2]} for k, v in api.TRACES.items()],
+            "traces": [{"name": t.name, "what": t.what, "credit": t.credit} for t in traces.bundled()],
             "limits": {"simulate_seconds": limits.simulate_seconds, "simulate_requests": limits.simulate_requests,
                        "config_bytes": limits.config_bytes, "gguf_header_bytes": limits.gguf_header_bytes,
                        "trace_bytes": limits.trace_bytes, "report_bytes": limits.report_bytes},
