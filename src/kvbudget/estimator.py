@@ -149,7 +149,7 @@ def default_contexts(model: ModelSpec) -> tuple[int, ...]:
 
 def estimate(
     model: ModelSpec,
-    engine: str | Engine = "hf",
+    engine: str | Engine = "vllm",
     kv_dtype: str = "auto",
     batch: tuple[int, ...] | list[int] = (1,),
     context: tuple[int, ...] | list[int] | None = None,

@@ -53,7 +53,7 @@ class Level:
     fraction: float
     kv_bytes: int
     tokens: int  # tokens in the cache at this level
-    requests: float  # concurrent requests of max_model_len at this level
+    requests: int  # whole requests of max_model_len held at once at this level (rounded down)
     action: str  # machine name the guard acts on
     meaning: str  # for people
 
@@ -76,6 +76,14 @@ class Recommendation:
     effect: str
     gain: float  # factor on maximum concurrency (1.0 = no change)
     makes_it_fit: bool = False  # the deployment does not fit (or start) now and would with this change
+    more_gpus: int = 0  # GPUs the change adds to the deployment (0: a setting, another model, or other GPUs)
+
+    @property
+    def cost(self) -> str:
+        """What the change costs in hardware, in words."""
+        if self.more_gpus:
+            return f"{self.more_gpus} more GPU{'s' if self.more_gpus > 1 else ''}"
+        return "other GPUs" if "gpu" in self.parameters else "no new hardware"
 
     @property
     def change(self) -> str:
@@ -84,7 +92,7 @@ class Recommendation:
 
     def to_dict(self) -> dict[str, Any]:
         return {"parameters": self.parameters, "note": self.note, "change": self.change, "effect": self.effect,
-                "gain": self.gain, "makes_it_fit": self.makes_it_fit}
+                "gain": self.gain, "makes_it_fit": self.makes_it_fit, "more_gpus": self.more_gpus, "cost": self.cost}
 
 
 class NoKVBudget(BudgetError):
@@ -300,7 +308,7 @@ def plan(
     longest = _longest_context(model, chosen, kv_budget, concurrency * beams, max_len, kv_dtype, tp, pp, options)
     roof = _roofline(result, w, card, concurrency * beams, tp, max_len)
     levels = tuple(Level(lv.name, lv.threshold, int(kv_budget * lv.threshold),
-                         int(cap.physical_token_slots * lv.threshold), cap.max_concurrency * lv.threshold / beams,
+                         int(cap.physical_token_slots * lv.threshold), int(cap.max_concurrency * lv.threshold / beams),
                          lv.action, lv.meaning)
                    for lv in LEVELS)
     recs = _recommend(inputs, card, beams, cap, result) if recommend else ()
@@ -486,8 +494,8 @@ def _make_room(inputs: _Inputs, card: GPU) -> tuple[Recommendation, ...]:
             other = inputs.plan(tp=new_tp)
             if other is not None:
                 recs.append(Recommendation({"tp": new_tp}, _gpus_note(new_tp, inputs.pp, card.gpus_per_node),
-                                           _fit_effect(other), 1.0,
-                                           other.fits))
+                                           _fit_effect(other), 1.0, other.fits,
+                                           (new_tp - inputs.tp) * inputs.pp))
                 break
     for g in _larger_gpus(card):
         other = inputs.plan(gpu=g.name, gpu_memory=None)
@@ -511,7 +519,7 @@ def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Es
     base = cap.max_concurrency * replicas  # requests at once over every replica
     recs: list[Recommendation] = []
 
-    def add(parameters: dict[str, Any], note: str, other: Plan | None, extra: str = "") -> None:
+    def add(parameters: dict[str, Any], note: str, other: Plan | None, extra: str = "", more_gpus: int = 0) -> None:
         if other is None:
             return
         gain = other.total_concurrency / base if base else float("inf")
@@ -519,7 +527,7 @@ def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Es
         if gain > 1.0001 or makes_it_fit:
             effect = f"{other.total_concurrency:.2f}x requests of {other.capacity.max_model_len:,} tokens " \
                      f"(now {base:.2f}x)"
-            recs.append(Recommendation(parameters, note, effect + extra, gain, makes_it_fit))
+            recs.append(Recommendation(parameters, note, effect + extra, gain, makes_it_fit, more_gpus))
 
     if not cap.fits and cap.estimated_max_model_len:  # the one change that makes the engine start as it is
         if inputs.plan(max_model_len=cap.estimated_max_model_len) is not None:
@@ -531,7 +539,8 @@ def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Es
             "; check quality on your own data first (KV quantization)")
     if engine.serves:  # tensor parallelism is a serving engine's (kvbudget runs transformers on one device)
         for new_tp in _tp_steps(inputs, card)[:2]:
-            add({"tp": new_tp}, _gpus_note(new_tp, pp, card.gpus_per_node), inputs.plan(tp=new_tp))
+            add({"tp": new_tp}, _gpus_note(new_tp, pp, card.gpus_per_node), inputs.plan(tp=new_tp),
+                more_gpus=(new_tp - inputs.tp) * pp * replicas)
     bigger = _larger_gpus(card)
     if bigger:
         add({"gpu": bigger[0].name}, "", inputs.plan(gpu=bigger[0].name, gpu_memory=None))
@@ -554,15 +563,17 @@ def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Es
     return tuple(recs)
 
 
-# What a change costs, cheapest first: a setting, then more or other hardware, then another model.
-_COST = {"max_model_len": 0, "kv_dtype": 1, "engine": 1, "beams": 1, "tp": 2, "gpu": 2, "model": 3}
+# What a change costs, cheapest first: a setting of the engine (on the same GPUs), then other or more hardware,
+# then another model.
+_COST = {"max_model_len": 0, "kv_dtype": 1, "engine": 1, "beams": 1, "expert_parallel": 1, "tp": 2, "gpu": 2,
+         "model": 3}
 
 
-def _order(r: Recommendation) -> tuple[bool, int, bool, float]:
-    """First the changes that make the deployment start (or fit) at all, cheapest first; then the largest gains,
-    those that need more than one server after the rest."""
+def _order(r: Recommendation) -> tuple[bool, int, int, float]:
+    """First the changes that make the deployment start (or fit) at all; then the rest. Each part cheapest first:
+    settings before hardware, fewer added GPUs before more, then the largest gain."""
     cost = min((_COST.get(key, 2) for key in r.parameters), default=2)
-    return (not r.makes_it_fit, cost if r.makes_it_fit else 0, "nodes of" in r.note, -r.gain)
+    return (not r.makes_it_fit, cost, r.more_gpus, -r.gain)
 
 
 def guard_config_yaml(p: Plan) -> str:
@@ -589,7 +600,7 @@ def guard_config_yaml(p: Plan) -> str:
             f"    action: {level.action}",
             f"    kv_bytes: {level.kv_bytes}",
             f"    tokens: {level.tokens}",
-            f"    requests: {level.requests:.2f}",
+            f"    requests: {level.requests}",
         ]
     return "\n".join(lines) + "\n"
 

@@ -21,7 +21,7 @@ def build_parser(command: str | None = None) -> common.Parser:
     """The parser of every command, or only of `command`'s module when it names one."""
     parser = common.Parser(prog="kvbudget", description="Exact KV-cache memory for LLM serving.")
     parser.add_argument("--version", action="version", version=f"kvbudget {__version__}")
-    sub = parser.add_subparsers(dest="command", parser_class=common.Parser, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", parser_class=common.CommandParser, metavar="COMMAND")
     for module in (MODULE_OF[command],) if command in MODULE_OF else COMMANDS:
         importlib.import_module(f"kvbudget.cli.{module}").add_parser(sub)
     return parser

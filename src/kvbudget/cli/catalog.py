@@ -37,11 +37,12 @@ def run_models(args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    table = Table(title=f"Bundled models ({len(rows)}); Hub ids and provenance: kvbudget models --json")
-    for name in ("name", "type", "layers", "dtype", "max len", "cache layers"):
-        table.add_column(name, no_wrap=name != "cache layers")
+    table = Table(title=f"Bundled models ({len(rows)}); dtypes, Hub ids and provenance: kvbudget models --json")
+    table.add_column("name", no_wrap=True)
+    for name in ("type", "layers", "max len", "cache layers"):
+        table.add_column(name, justify="right" if name in ("layers", "max len") else "left")
     for r in rows:
-        table.add_row(r["name"], r["model_type"], str(r["layers"]), r["dtype"],
+        table.add_row(r["name"], r["model_type"], str(r["layers"]),
                       f"{r['max_position_embeddings']:,}" if r["max_position_embeddings"] else "-",
                       ", ".join(f"{n} {k.split('_')[0]}" for k, n in r["cache"].items()))
     console().print(table)
@@ -57,12 +58,14 @@ def run_gpus(args: argparse.Namespace) -> int:
         return 0
     from rich.table import Table
 
-    table = Table(title=f"GPUs ({len(rows)}); sources in `kvbudget gpus --json`")
-    for name in ("name", "memory", "bandwidth", "bf16 TFLOPS", "fp8 TFLOPS"):
-        table.add_column(name, no_wrap=True)
+    table = Table(title=f"GPUs ({len(rows)}); sources in `kvbudget gpus --json`",
+                  caption="* nominal memory (the datasheet's); † fp16 (no bf16 on this GPU)")
+    table.add_column("name", no_wrap=True)
+    for name in ("memory", "bandwidth", "bf16 TFLOPS", "fp8 TFLOPS"):
+        table.add_column(name, justify="right")
     for g in gpus():
-        half = f"{g.bf16_tflops:g}" if g.bf16_tflops else f"- (fp16 {g.fp16_tflops:g})" if g.fp16_tflops else "-"
-        table.add_row(g.name, format_bytes(g.memory_bytes) + ("" if g.memory_basis.startswith("as") else " (nominal)"),
+        half = f"{g.bf16_tflops:g}" if g.bf16_tflops else f"{g.fp16_tflops:g}†" if g.fp16_tflops else "-"
+        table.add_row(g.name, format_bytes(g.memory_bytes) + ("" if g.memory_basis.startswith("as") else "*"),
                       f"{g.bandwidth_bytes_per_s / 1e9:,.0f} GB/s" if g.bandwidth_bytes_per_s else "-",
                       half, f"{g.fp8_tflops:g}" if g.fp8_tflops else "-")
     console().print(table)

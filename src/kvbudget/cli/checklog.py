@@ -8,8 +8,8 @@ import sys
 from typing import Any
 
 from kvbudget.cli.common import console
+from kvbudget.cli.common import load as common_load
 from kvbudget.errors import KVBudgetError
-from kvbudget.model.load import load_model
 from kvbudget.units import parse_positive_ints
 
 
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if source is None:
         raise KVBudgetError("check-log: the log does not name its model; pass --model")
     try:
-        model = load_model(source)
+        model = common_load(source)
     except KVBudgetError as exc:
         if args.model:
             raise

@@ -85,6 +85,22 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
+class CommandParser(Parser):
+    """A command's parser: options may come anywhere among its positional arguments
+    (`kvbudget tokens MODEL --no-template FILE`), as argparse's intermixed parsing reads them."""
+
+    _parsing = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._parsing:  # the intermixed parse calls back into this method, twice
+            return super().parse_known_args(args, namespace)
+        self._parsing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._parsing = False
+
+
 def add_model_engine(p: argparse.ArgumentParser, default_engine: str, many: bool = False) -> None:
     order = "; read as " + ", else ".join(RESOLUTION_ORDER)
     if many:
@@ -95,6 +111,17 @@ def add_model_engine(p: argparse.ArgumentParser, default_engine: str, many: bool
     p.add_argument("--engine", default=default_engine, help=f"one of {', '.join(ENGINES)} (default {default_engine}); "
                                                            "vllm@0.8 models that vLLM release (0.5 to 0.32)")
     p.add_argument("--kv-dtype", default="auto", help=f"one of {', '.join(KV_DTYPE_CHOICES)} (default auto)")
+
+
+def load(source: str) -> Any:
+    """The model a command names, saying on stderr when a Hub id was read from the bundled catalog."""
+    from kvbudget.model.load import load_model
+
+    spec = load_model(source)
+    if "/" in source and spec.source.startswith("catalog:") and not os.path.exists(source):
+        warn(f"{source}: read from the bundled catalog copy ({spec.name}; `kvbudget models --json` says where "
+             "it came from), not fetched from the Hub; pass a config.json to use another revision")
+    return spec
 
 
 def add_engine_knobs(p: argparse.ArgumentParser) -> None:
@@ -210,8 +237,9 @@ def console() -> Any:
 
 def fit_table(table: Any, width: int) -> None:
     """A table wider than the terminal is laid out by hand: a lighter box (no vertical rules); each number column as
-    wide as its widest cell (numbers never wrap or get cut; headers wrap between words); text columns share what is
-    left and wrap. Tables that fit are left as they are. Cells never end in an ellipsis."""
+    wide as its widest cell (numbers never wrap or get cut; headers wrap between words), and so is each no_wrap text
+    column (names); the other text columns share what is left and wrap. Tables that fit are left as they are.
+    Cells never end in an ellipsis."""
     from rich.cells import cell_len
 
     def plain(cell: Any) -> str:
@@ -230,7 +258,8 @@ def fit_table(table: Any, width: int) -> None:
     table.header_style = "bold underline"
     gaps = 2 * (len(columns) - 1)  # a space of padding either side
     numbers = [i for i, col in enumerate(columns) if col.justify == "right"]
-    words = [i for i in range(len(columns)) if i not in numbers]
+    whole = [i for i, col in enumerate(columns) if col.no_wrap and i not in numbers]  # names: never cut or wrapped
+    words = [i for i in range(len(columns)) if i not in numbers and i not in whole]
     # a number column is as wide as its widest number; words in it ("does not fit") may wrap
     cells = {i: longest_line([t for t in map(plain, columns[i]._cells) if any(ch.isdigit() for ch in t)]) or 1
              for i in numbers}
@@ -238,6 +267,7 @@ def fit_table(table: Any, width: int) -> None:
              for i in numbers}
     if sum(fixed.values()) + gaps + 6 * len(words) > width:  # headers fold inside words before numbers do
         fixed = dict(cells)
+    fixed.update({i: natural[i] for i in whole})
     room = width - gaps - sum(fixed.values())
     for n, i in enumerate(sorted(words, key=lambda i: natural[i])):  # short text whole, the longest wraps most
         share = max(6, room // (len(words) - n))

@@ -20,14 +20,14 @@ from kvbudget.cli.common import (
     size,
     warn,
 )
+from kvbudget.cli.common import load as common_load
 from kvbudget.estimator import Estimate, estimate
-from kvbudget.model.load import load_model
 from kvbudget.units import format_bytes, parse_positive_ints
 
 
 def add_parser(sub: Any) -> None:
     est = sub.add_parser("estimate", help="KV memory map of one model on one engine")
-    add_model_engine(est, "hf")
+    add_model_engine(est, "vllm")
     est.add_argument("--batch", default="1", help="batch sizes, comma-separated (default 1)")
     est.add_argument("--beams", default="1", help="beams or samples per request (default 1)")
     est.add_argument("--context", help="context lengths in tokens, e.g. 1024,4096,32k "
@@ -49,7 +49,7 @@ def compute(args: argparse.Namespace) -> Estimate:
     options = engine_options(args)  # first: it reads the release off --engine NAME@VERSION
     counted, counted_note = counted_context(args, "--context")
     result = estimate(
-        load_model(args.model),
+        common_load(args.model),
         engine=args.engine,
         kv_dtype=args.kv_dtype,
         batch=parse_positive_ints(args.batch, "--batch"),

@@ -56,14 +56,15 @@ def run_alerts(args: argparse.Namespace) -> int:
     from kvbudget.guard.alerts import alert_rules, dashboard, thresholds_of
 
     thresholds = thresholds_of(read_yaml(args.guard_config, "--guard-config")) if args.guard_config else {}
-    if not os.path.isdir(args.out):
-        raise KVBudgetError(f"--out: folder {args.out} does not exist")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise KVBudgetError(f"--out {args.out}: a file, not a folder; name a folder (it is created if missing)")
     rules, board = alert_rules(args.engine, thresholds), dashboard(args.engine, thresholds)
-    rules_path = os.path.join(args.out, "kvbudget-alerts.yaml")
-    board_path = os.path.join(args.out, "kvbudget-dashboard.json")
-    write_atomically(rules_path, rules, "--out")
-    write_atomically(board_path, board, "--out")
-    print(f"wrote {rules_path} and {board_path}")
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as exc:
+        raise KVBudgetError(f"--out {args.out}: cannot create the folder ({exc.strerror or exc})") from None
+    write_atomically(os.path.join(args.out, "kvbudget-alerts.yaml"), rules, "--out")  # each says where it went
+    write_atomically(os.path.join(args.out, "kvbudget-dashboard.json"), board, "--out")
     return 0
 
 

@@ -25,9 +25,9 @@ from kvbudget.cli.common import (
     write_atomically,
     wrote,
 )
+from kvbudget.cli.common import load as common_load
 from kvbudget.engines import EngineOptions
 from kvbudget.errors import KVBudgetError
-from kvbudget.model.load import load_model
 from kvbudget.units import format_bytes
 
 if TYPE_CHECKING:
@@ -59,6 +59,8 @@ def add_parser(sub: Any) -> None:
     pl.add_argument("--plot", help="write a picture (.png or .svg): GPU memory and KV bytes against context")
     add_counted_lengths(pl)
     pl.add_argument("--json", action="store_true", help="print JSON (bytes) instead of tables")
+    pl.add_argument("--check", action="store_true", help="exit 1 when the deployment does not fit (for CI): no KV "
+                                                        "budget, or one request of --max-model-len does not fit")
     pl.set_defaults(run=run)
 
     cmp_ = sub.add_parser("compare", help="models side by side: bytes per token, capacity, longest context")
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(result, indent=2))
         else:
             render_no_budget(result)
-        return 0
+        return 1 if args.check else 0
     if args.guard_config:
         write_atomically(args.guard_config, guard_config_yaml(result), "--guard-config")
     if args.plot:
@@ -116,14 +118,14 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(as_json(result), indent=2))
     else:
         render(result)
-    return 0
+    return 1 if args.check and not result.fits else 0
 
 
 def _plan(args: argparse.Namespace, options: EngineOptions, counted: int | None, util: float | None) -> Plan:
     from kvbudget.planner import plan
 
     return plan(
-        load_model(args.model), engine=args.engine, gpu=args.gpu, gpu_memory=size(args.gpu_memory, "--gpu-memory"),
+        common_load(args.model), engine=args.engine, gpu=args.gpu, gpu_memory=size(args.gpu_memory, "--gpu-memory"),
         gpus=optional_one(args.gpus, "--gpus"), tp=one(args.tp, "--tp"), pp=one(args.pp, "--pp"),
         kv_dtype=args.kv_dtype, max_model_len=counted or optional_one(args.max_model_len, "--max-model-len"),
         concurrency=one(args.concurrency, "--concurrency"), beams=one(args.beams, "--beams"),
@@ -145,10 +147,11 @@ def render_no_budget(answer: dict[str, Any]) -> None:
         out.print(f"  {t['name']}: {format_bytes(t['bytes'])}" + (" (estimate)" if t["estimate"] else ""))
     out.print("  the weights and the engine's other memory leave no KV budget")
     if answer["recommendations"]:
-        out.print("[bold]What to change[/] (best first):")
-        recs = [Recommendation(r["parameters"], r["note"], r["effect"], r["gain"], r["makes_it_fit"])
+        out.print("[bold]What to change[/] (cheapest first):")
+        recs = [Recommendation(r["parameters"], r["note"], r["effect"], r["gain"], r["makes_it_fit"], r["more_gpus"])
                 for r in answer["recommendations"]]
-        out.print(hanging([(f"  {i}.", f"{change_text(rec)}: {rec.effect}") for i, rec in enumerate(recs, 1)]))
+        out.print(hanging([(f"  {i}.", f"{change_text(rec)} ({rec.cost}): {rec.effect}")
+                           for i, rec in enumerate(recs, 1)]))
     else:
         out.print("  no larger tensor parallel size or GPU makes room: a quantized checkpoint (give its size with "
                   "--weights)")
@@ -206,11 +209,11 @@ def render(p: Plan) -> None:
         levels.add_column(name, justify="left" if name in ("level", "action") else "right")
     for lv in p.levels:
         levels.add_row(lv.name, f"{lv.fraction:.0%}", format_bytes(lv.kv_bytes), f"{lv.tokens:,}",
-                       f"{lv.requests:.2f}", lv.meaning)
+                       f"{lv.requests:,}", lv.meaning)
     out.print(levels)
     if p.recommendations:
-        out.print("[bold]What to change[/] (best first):")
-        out.print(hanging([(f"  {i}.", f"{change_text(rec)}: {rec.effect}")
+        out.print("[bold]What to change[/] (cheapest first):")
+        out.print(hanging([(f"  {i}.", f"{change_text(rec)} ({rec.cost}): {rec.effect}")
                            for i, rec in enumerate(p.recommendations, 1)]))
     if p.notes:
         out.print(hanging([("[yellow]note:[/]", cli_text(note)) for note in p.notes]))
@@ -235,7 +238,7 @@ def compare_rows(args: argparse.Namespace) -> tuple[Any, ...]:
     if len(args.models) < 2:
         raise KVBudgetError("compare: name at least two models")
     release = engine_release(args)
-    return compare([load_model(m) for m in args.models], engine=args.engine, gpu=args.gpu,
+    return compare([common_load(m) for m in args.models], engine=args.engine, gpu=args.gpu,
                    gpu_memory=size(args.gpu_memory, "--gpu-memory"), context=one(args.context, "--context"),
                    kv_dtype=args.kv_dtype, options=EngineOptions(engine_version=release), tp=one(args.tp, "--tp"))
 
@@ -250,7 +253,7 @@ def run_compare(args: argparse.Namespace) -> int:
     table = Table(title=f"{args.engine}, requests of {rows[0].context:,} tokens ({UNITS_NOTE})")
     columns = ["model", "cache layers", "per token", "fixed per seq", "one request"]
     if args.gpu or args.gpu_memory:
-        columns += ["KV budget", "max requests", "longest context"]
+        columns += ["KV budget", "max requests", "longest single request"]
     for name in columns:
         table.add_column(name, justify="left" if name in ("model", "cache layers") else "right")
     for r in rows:
@@ -270,8 +273,8 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def change_text(rec: Recommendation) -> str:
-    """A recommendation as the flags that make it: `--tp 4 (4 GPUs)`; another model by its name."""
+    """A recommendation as the flags that make it: `--tp 4, 4 GPUs`; another model by its name."""
     if "model" in rec.parameters:
-        return f"{rec.note}: {rec.parameters['model']}"
+        return f"{rec.parameters['model']}, {rec.note}"
     flags = " ".join(flag(key) if value is True else f"{flag(key)} {value}" for key, value in rec.parameters.items())
-    return f"{flags} ({rec.note})" if rec.note else flags
+    return f"{flags}, {rec.note}" if rec.note else flags

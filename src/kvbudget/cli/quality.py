@@ -9,6 +9,7 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvbudget.cli.common import console, size, wrote
+from kvbudget.errors import KVBudgetError
 
 
 def add_parser(sub: Any) -> None:
@@ -47,7 +48,54 @@ def add_parser(sub: Any) -> None:
     q.set_defaults(run=run)
 
 
+def check(args: argparse.Namespace) -> None:
+    """Refuse bad arguments before torch or the model loads (both take seconds)."""
+    import importlib.util
+    import os
+
+    from kvbudget.engines import get_engine
+    from kvbudget.gpus import find_gpu
+    from kvbudget.quality import names
+    from kvbudget.quality.load import BUNDLED
+
+    for text in args.kv_dtype or ():
+        names.split(text)
+    if args.layers is not None:
+        names.split(args.layers)
+    if args.kv_scales == "dynamic" and not any(f in names.PER_LAYER_SCALED
+                                               for text in args.kv_dtype or () for f in names.split(text)):
+        raise KVBudgetError("--kv-scales dynamic: none of the formats has a per-layer scale; it applies to vLLM's "
+                            "fp8, fp8_e4m3 and fp8_e5m2")
+    for value, flag in ((args.context, "--context"), (args.windows, "--windows")):
+        if value is not None and value < 1:
+            raise KVBudgetError(f"{flag} {value}: give at least 1")
+    for value, flag in ((args.generate, "--generate"), (args.needle, "--needle")):
+        if value < 0:
+            raise KVBudgetError(f"{flag} {value}: give 0 (off) or more")
+    if args.max_model_len is not None and args.max_model_len < 1:
+        raise KVBudgetError(f"--max-model-len {args.max_model_len}: give at least 1")
+    for path in args.data:
+        if not os.path.isfile(path):
+            raise KVBudgetError(f"--data {path}: no such file")
+    if args.model != BUNDLED and not os.path.exists(args.model):
+        raise KVBudgetError(f"{args.model}: not a model folder or a .gguf file (or {BUNDLED}, the bundled test "
+                            "model)")
+    if args.engine is not None:
+        get_engine(args.engine)
+    if args.gpu is not None:
+        find_gpu(args.gpu)
+    size(args.gpu_memory, "--gpu-memory")
+    if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+        raise KVBudgetError(f"--plot {args.plot}: folder {os.path.dirname(os.path.abspath(args.plot))} does not "
+                            "exist")
+    missing = [m for m in ("torch", "transformers", "numpy", "gguf") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise KVBudgetError(f"quality needs {', '.join(missing)}: pip install 'kvbudget[quality]' (on a machine "
+                            "without a GPU, install the CPU build of torch first; see the quality guide)")
+
+
 def run(args: argparse.Namespace) -> int:
+    check(args)
     from kvbudget.quality.report import run as measure
 
     out = console()

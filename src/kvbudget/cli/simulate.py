@@ -20,9 +20,9 @@ from kvbudget.cli.common import (
     write_atomically,
     wrote,
 )
+from kvbudget.cli.common import load as common_load
 from kvbudget.engines import get_engine
 from kvbudget.errors import KVBudgetError
-from kvbudget.model.load import load_model
 from kvbudget.units import format_bytes
 
 
@@ -206,7 +206,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _prepared(args: argparse.Namespace) -> tuple[Any, Callable[[float], Iterable[Any]], dict[str, Any], float]:
     """(model, workload by rate scale, settings, rate scale) of the arguments, checked."""
-    model = load_model(args.model)
+    model = common_load(args.model)
     workload = _workload(args)
     settings = _settings(args)
     if args.calibrate:

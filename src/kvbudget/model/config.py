@@ -123,6 +123,14 @@ FAMILY_DEFAULTS["deepseek_v4"] = {  # DeepseekV4Config (transformers 5.24)
     "num_attention_heads": 64, "hidden_size": 4096, "max_position_embeddings": 1048576, "head_dim": 512,
     "sliding_window": 128, "index_head_dim": 128}
 
+# The dimensions every real config states: a config without one is an error naming it, never the default of the
+# family's configuration class (a Qwen2.5-32B config without its 40 heads would take LlamaConfig's 32 and give
+# head_dim 160 instead of 128). Other defaults are the configuration classes' own, and the estimate notes each.
+NEVER_DEFAULTED = frozenset({"num_attention_heads", "hidden_size"})
+# ... except where published checkpoints leave one to their class: google/gemma-3-4b-it's text_config states no
+# num_attention_heads and runs with Gemma3TextConfig's 8.
+RELIED_ON = frozenset({("gemma3_text", "num_attention_heads")})
+
 # Families transformers knows whose cache kvbudget does not model yet: an error that says so, never a guess.
 NOT_MODELLED = {
     "minimax": "MiniMax-M1 / Text-01's lightning (linear) attention layers",
@@ -152,7 +160,8 @@ class Fields:
             if name in self.cfg:
                 return self.cfg[name]
         for name in names:
-            if self.defaults.get(name) is not None:
+            if self.defaults.get(name) is not None and (name not in NEVER_DEFAULTED
+                                                        or (self.model_type, name) in RELIED_ON):
                 self.defaulted[name] = self.defaults[name]
                 return self.defaults[name]
         return default

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import torch
 
 from kvbudget.errors import KVBudgetError
-from kvbudget.quality import ggml, hf_cache, scaled
+from kvbudget.quality import ggml, hf_cache, names, scaled
+from kvbudget.quality.names import NAMES
 
 FLOATS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
-NAMES = (*FLOATS, *ggml.TYPES, *scaled.TYPES, *hf_cache.TYPES)
 
 
 def hadamard(n: int) -> torch.Tensor:
@@ -138,24 +138,5 @@ class Variant:
     @classmethod
     def parse(cls, text: str) -> Variant:
         """'q8_0' (both) or 'k=q8_0,v=q4_0'."""
-        text = text.strip()
-        if "=" not in text:
-            if text not in NAMES:
-                raise KVBudgetError(f"kv_dtype {text!r}: choose from {', '.join(NAMES)}, or k=...,v=...",
-                                    param="kv_dtype")
-            return cls(text, text)
-        parts: dict[str, str] = {}
-        for piece in text.split(","):
-            half, _, value = piece.rpartition("=")
-            parts[half.strip()] = value.strip()
-        if set(parts) != {"k", "v"}:
-            raise KVBudgetError(f"kv_dtype {text!r}: give both halves as k=FORMAT,v=FORMAT", param="kv_dtype")
-        for half in parts.values():
-            if half not in NAMES:
-                raise KVBudgetError(f"kv_dtype {text!r}: {half!r} is not a format; choose from {', '.join(NAMES)}",
-                                    param="kv_dtype")
-            if half in hf_cache.TYPES and parts["k"] != parts["v"]:
-                raise KVBudgetError(f"kv_dtype {text!r}: {half} is transformers' whole cache; it stores K and V "
-                                    "alike", param="kv_dtype")
-        return cls(parts["k"], parts["v"])
+        return cls(*names.split(text))
 

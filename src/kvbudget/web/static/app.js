@@ -273,7 +273,7 @@ function planSummary(plan) {
   out.push(recommendations(plan.recommendations));
   out.push(h("h3", {}, "Degradation levels (for kvbudget guard)"),
     table(["level", "at", "KV bytes", "tokens", "requests", "what the guard does"],
-      plan.degradation.map((l) => [l.name, `${Math.round(l.fraction * 100)}%`, fmtBytes(l.kv_bytes), int(l.tokens), fixed(l.requests, 2), l.meaning]), [1, 2, 3, 4]),
+      plan.degradation.map((l) => [l.name, `${Math.round(l.fraction * 100)}%`, fmtBytes(l.kv_bytes), int(l.tokens), int(l.requests), l.meaning]), [1, 2, 3, 4]),
     h("p", {}, h("a", { class: "button", id: "guard-yaml", href: `/api/guard.yaml?${params(PLAN_KEYS)}`, download: "guard.yaml" }, "Download the guard YAML")));
   if (plan.roofline && plan.roofline.length) {
     out.push(h("h3", {}, "Decode step ", badge("estimate", "a lower bound from datasheet bandwidth")),
@@ -366,7 +366,7 @@ async function renderCompare(gen) {
     const max = Math.max(...rows.map((r) => r.kv_bytes_at_context));
     out.push(h("figure", {}, barChart(rows.map((r) => [r.model, r.kv_bytes_at_context])),
       h("figcaption", {}, `KV cache of one request of ${int(rows[0].context)} tokens (${fmtBytes(max)} at most).`)));
-    out.push(table(["model", "cache layers", "per token", "fixed per seq", "one request", ...(gpu ? ["KV budget", "requests at once", "longest context"] : [])],
+    out.push(table(["model", "cache layers", "per token", "fixed per seq", "one request", ...(gpu ? ["KV budget", "requests at once", "longest single request"] : [])],
       rows.map((r) => [r.model, Object.entries(r.cache).map(([k, n]) => `${n} ${k.split("_")[0]}`).join(", "),
         fmtBytes(r.bytes_per_token), fmtBytes(r.fixed_bytes_per_sequence), fmtBytes(r.kv_bytes_at_context),
         ...(gpu ? (r.kv_memory_bytes ? [fmtBytes(r.kv_memory_bytes), times(r.max_concurrency), r.longest_context ? int(r.longest_context) : "–"] : ["does not fit", "–", "–"]) : [])]),
@@ -376,10 +376,10 @@ async function renderCompare(gen) {
     out.push(h("p", { class: "help" }, "Name models to compare with (left), or compare engines below."));
   }
   view.replaceChildren(...out, h("h2", {}, `Engines for ${state.model}`), h("p", { class: "status busy" }, "planning on every engine…"));
-  const plans = await Promise.all([...CHART_ENGINES, "hf"].map((engine) => api("plan", params(PLAN_KEYS, { engine }))
+  const plans = await Promise.all([...CHART_ENGINES, "hf"].map((engine) => api("plan", params(PLAN_KEYS, { engine, concurrency: "1" }))
     .then((p) => ({ engine, p }), (err) => ({ engine, error: err.message }))));
   if (gen !== generation) return;
-  view.lastChild.replaceWith(table(["engine", "KV budget", "blocks", "KV cache size", "requests at once", "longest context", ""],
+  view.lastChild.replaceWith(table(["engine", "KV budget", "blocks", "KV cache size", "requests at once", "longest single request", ""],
     plans.map(({ engine, p, error }) => error ? [engine, h("span", { class: "error" }, error), "", "", "", "", ""]
       : !p.capacity ? [engine, "no KV budget", "–", "–", "–", "–", ""]
         : [h("span", {}, `${engine} `, exactBadge(p.exact)), fmtBytes(p.kv_memory_bytes), p.capacity.num_blocks != null ? `${int(p.capacity.num_blocks)} × ${p.capacity.block_size}` : "–",
