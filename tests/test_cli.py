@@ -72,11 +72,11 @@ def test_table_output(capsys):
 
 
 def test_quantized_dtype_is_labelled_an_estimate(capsys):
-    data = estimate_json(capsys, "llama-3.1-8b", "--kv-dtype", "q8_0")
+    data = estimate_json(capsys, "llama-3.1-8b", "--engine", "hf", "--kv-dtype", "q8_0")
     assert data["exact"] is False
     assert data["bytes_per_token"] == 2 * 32 * (8 * 128 // 32) * 34
     assert any("estimate" in n for n in data["notes"])
-    code, out, _ = run(capsys, "estimate", "llama-3.1-8b", "--kv-dtype", "q8_0")
+    code, out, _ = run(capsys, "estimate", "llama-3.1-8b", "--engine", "hf", "--kv-dtype", "q8_0")
     assert "ESTIMATE" in out
 
 

@@ -16,7 +16,8 @@ transformers = pytest.importorskip("transformers", reason="test extra: pip insta
 from transformers.cache_utils import get_layer_types_and_kwargs  # noqa: E402
 
 from kvbudget import catalog, load_model, parse_config  # noqa: E402
-from kvbudget.model.config import FAMILY_DEFAULTS  # noqa: E402
+from kvbudget.errors import ConfigError  # noqa: E402
+from kvbudget.model.config import FAMILY_DEFAULTS, RELIED_ON  # noqa: E402
 
 # kimi_k2 is run by transformers as deepseek_v3; chatglm is remote code with no class to compare.
 AS_TYPE = {"kimi_k2": "deepseek_v3"}
@@ -115,9 +116,17 @@ def test_every_supported_family_is_checked():
 
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_family_defaults_match_transformers(model_type):
-    """A config that names only its model_type and layer count gets the defaults transformers gives it."""
-    layers = transformers_config({"model_type": model_type}).num_hidden_layers
+    """A config that names its model_type, layer count and the two dimensions every real config states gets the
+    defaults transformers gives it for the rest; without those two it is an error naming the field."""
+    bare = transformers_config({"model_type": model_type})
+    layers = bare.num_hidden_layers
     raw = {"model_type": model_type, "num_hidden_layers": layers, "torch_dtype": "bfloat16"}
+    if (model_type, "num_attention_heads") not in RELIED_ON and model_type != "deepseek_v4":  # V4 reads head_dim
+        with pytest.raises(ConfigError, match="'num_attention_heads'|'hidden_size'"):
+            parse_config(raw)
+    for name in ("num_attention_heads", "hidden_size"):
+        if getattr(bare, name, None) is not None:
+            raw[name] = getattr(bare, name)
     tc = transformers_config(raw)
     spec = parse_config(raw)
     assert our_layers(spec) == expected_layers(tc)

@@ -79,7 +79,8 @@ def test_nemotron_h_layers_from_its_pattern():
 
 
 def test_gemma3n_shared_layers_cache_nothing():
-    raw = {"model_type": "gemma3n_text", "num_hidden_layers": 35, "torch_dtype": "bfloat16"}
+    raw = {"model_type": "gemma3n_text", "num_hidden_layers": 35, "torch_dtype": "bfloat16", "num_attention_heads": 8,
+           "hidden_size": 2048}
     model = parse_config(raw)
     assert model.kinds() == {"sliding_window": 16, "full_attention": 4, "shared_kv": 15}
     shared = [s for s in model.layers if s.kind == "shared_kv"]

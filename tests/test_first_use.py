@@ -104,7 +104,7 @@ def test_gpu_data_says_what_software_sees(monkeypatch, capsys):
     assert (t4.bf16_tflops, t4.half_tflops, v100.bf16_tflops, v100.half_tflops) == (None, 65, None, 125)
     assert gcd.name == "MI250X-GCD" and gcd.memory_bytes == 64 * 2**30
     out = run80(monkeypatch, capsys, ["gpus"])
-    assert "- (fp16 65)" in out and "MI250X-GCD" in out
+    assert "65†" in out and "† fp16 (no bf16 on this GPU)" in out and "MI250X-GCD" in out
 
 
 def test_a_bad_line_in_a_request_log_is_counted_and_skipped(tmp_path, capsys):

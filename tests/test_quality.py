@@ -200,7 +200,7 @@ def test_cli_table_and_json(capsys, tmp_path):
     (["--context", "1"], "--context 1"),
     (["--gpu", "L4"], "--gpu: requests at once need an engine"),
     (["--generate", "-1"], "--generate -1"),
-    (["--plot", "/nonexistent/q.png"], "--plot: folder /nonexistent does not exist"),
+    (["--plot", "/nonexistent/q.png"], "--plot /nonexistent/q.png: folder /nonexistent does not exist"),
     (["--engine", "nope"], "unknown engine 'nope'"),
     (["--kv-dtype", "q8_0", "--kv-scales", "dynamic"], "--kv-scales dynamic: none of the formats"),
 ])
@@ -220,7 +220,7 @@ def test_cli_refuses_models_and_data_it_cannot_use(capsys, tmp_path):
     (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
     cases = [(["quality", str(folder), "--data", str(empty)], "no weights"),
              (["quality", "smollm2-135m-instruct", "--data", str(empty)], "holds no text"),
-             (["quality", str(tmp_path / "missing.gguf"), "--data", str(empty)], "no such GGUF file")]
+             (["quality", str(tmp_path / "missing.gguf"), "--data", str(empty)], "not a model folder or a .gguf")]
     for argv, message in cases:
         assert main(argv) == 2
         err = capsys.readouterr().err

@@ -269,9 +269,14 @@ def fit_table(table: Any, width: int) -> None:
         fixed = dict(cells)
     fixed.update({i: natural[i] for i in whole})
     room = width - gaps - sum(fixed.values())
+    # a text column is at least as wide as its longest word (up to 12) where that leaves room, else 6
+    least = {i: max(6, min(12, max((cell_len(w) for c in columns[i]._cells for w in plain(c).split()), default=0)))
+             for i in words}
+    if sum(least.values()) > room:
+        least = dict.fromkeys(words, 6)
     for n, i in enumerate(sorted(words, key=lambda i: natural[i])):  # short text whole, the longest wraps most
-        share = max(6, room // (len(words) - n))
-        fixed[i] = min(natural[i], share) if n < len(words) - 1 else max(6, room)
+        share = max(least[i], room // (len(words) - n))
+        fixed[i] = min(natural[i], share) if n < len(words) - 1 else max(least[i], room)
         room -= fixed[i]
     for i, col in enumerate(columns):
         col.width = fixed[i]

@@ -255,7 +255,8 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.gpu or args.gpu_memory:
         columns += ["KV budget", "max requests", "longest single request"]
     for name in columns:
-        table.add_column(name, justify="left" if name in ("model", "cache layers") else "right")
+        table.add_column(name, justify="left" if name in ("model", "cache layers") else "right",
+                         no_wrap=name == "model")  # names are never cut or wrapped
     for r in rows:
         cells = [r.model, ", ".join(f"{n} {k.split('_')[0]}" for k, n in r.cache.items()),
                  format_bytes(r.bytes_per_token), format_bytes(r.fixed_bytes_per_sequence),
