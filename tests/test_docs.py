@@ -146,8 +146,8 @@ def run_bash(example: Example, tmp_path: Path) -> None:
 
 
 def run_python(example: Example, tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-c", example.body], cwd=folder(tmp_path, example.page), env=environment(tmp_path),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", example.body], cwd=folder(tmp_path, example.page),
+                          env=environment(tmp_path), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{example.id}:\n{done.stdout}{done.stderr}"
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 import kvbudget
-from functools import partial
-
 from kvbudget import load_model
 from kvbudget.units import MIB
 
