@@ -350,7 +350,7 @@ def test_cli_serves_ext_proc_and_sidecar(guard_process, fake_engine, free_port):
     assert "Traceback" not in two.stderr
 
 
-# --- the README's configurations ---------------------------------------------------------------------------------
+# --- the cluster guide's configurations ---------------------------------------------------------------------------
 
 def readme_yaml_blocks() -> list[dict]:
     import re
@@ -358,12 +358,11 @@ def readme_yaml_blocks() -> list[dict]:
 
     import yaml
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text[text.index("## Running in a cluster"):text.index("## Python API")]
-    return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", section, re.S)]
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "cluster.md").read_text()
+    return [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
 
 
-def test_readme_envoy_config_is_a_valid_envoy_bootstrap():
+def test_the_guides_envoy_config_is_a_valid_envoy_bootstrap():
     """Parsed with Envoy's own protos (xds-protos): a field misspelt or misplaced, or a wrong @type, fails."""
     import envoy.extensions.filters.http.ext_proc.v3.ext_proc_pb2 as ext_proc_config
     import envoy.extensions.filters.http.router.v3.router_pb2

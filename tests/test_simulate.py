@@ -177,7 +177,7 @@ def test_a_bad_trace_line_is_named_by_file_and_line(tmp_path, text, where):
 def test_readers_take_the_real_traces_whole():
     azure = list(read_trace(TRACES / "AzureLLMInferenceTrace_conv.csv"))
     assert len(azure) == 19366 and azure[0].arrival == 0 and azure[0].prompt_tokens == 374
-    assert f"{len(azure) / azure[-1].arrival:.2f}" == "5.53"  # requests per second, as shared/traces/README says
+    assert f"{len(azure) / azure[-1].arrival:.2f}" == "5.53"  # requests per second, as the trace README says
     moon = list(read_trace(TRACES / "mooncake_conversation_trace.jsonl"))
     assert len(moon) == 12031
     assert moon[0].shared_tokens == moon[0].prompt_tokens == 6758  # hash ids cover the prompt

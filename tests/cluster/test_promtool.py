@@ -125,13 +125,13 @@ def test_a_replayed_trace_fires_what_kvbudget_says(tmp_path, guard):
     assert promtool("test", "rules", "shifted.yaml", cwd=tmp_path).returncode != 0
 
 
-def test_readme_prometheus_config_passes_promtool(tmp_path):
-    """The README's prometheus.yml, beside the rules `kvbudget alerts` writes, as `promtool check config` reads it."""
+def test_the_guides_prometheus_config_passes_promtool(tmp_path):
+    """The cluster guide's prometheus.yml, beside the rules `kvbudget alerts` writes, as `promtool check config`
+    reads it."""
     import re
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("## Running in a cluster"):readme.index("## Python API")]
-    config = next(b for b in re.findall(r"```yaml\n(.*?)```", section, re.S) if "scrape_configs" in b)
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "cluster.md").read_text()
+    config = next(b for b in re.findall(r"```yaml\n(.*?)```", guide, re.S) if "scrape_configs" in b)
     (tmp_path / "rules").mkdir()
     assert kvbudget("alerts", "--out", "rules", cwd=tmp_path).returncode == 0
     (tmp_path / "prometheus.yml").write_text(config)

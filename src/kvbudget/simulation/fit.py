@@ -6,7 +6,7 @@ The run's own requests (start times, prompt and output lengths) are replayed thr
 three parts of a calibrated step (a fixed part, a part per token attended over, a part per token computed) are
 searched, by coordinate steps in log space, to bring the simulated TTFT and time-per-output-token
 distributions (quantile by quantile, as log ratios) closest to the measured ones. The scheduling in each replay
-is exact; the fit is as good as the three-part step time can be, and the README says how good that is.
+is exact; the fit is as good as the three-part step time can be, and the docs' accuracy page says how good that is.
 """
 
 from __future__ import annotations

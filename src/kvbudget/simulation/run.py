@@ -655,7 +655,7 @@ class _Run:
                          f"(calibrate with measured steps); {self.setup.scheduling}")
         else:
             notes.append(f"times from a time model {self.setup.time_model.basis}: an estimate whose error the "
-                         f"README states; {self.setup.scheduling}")
+                         f"accuracy page of the docs states; {self.setup.scheduling}")
         return Simulation(self.setup, self.requests, self.completed, duration, self.steps,
                           Percentiles.of(self.ttft), Percentiles.of(self.tpot), Percentiles.of(self.e2e),
                           self.completed / duration if duration else 0.0,

@@ -376,15 +376,18 @@ async function renderCompare(gen) {
     out.push(h("p", { class: "help" }, "Name models to compare with (left), or compare engines below."));
   }
   view.replaceChildren(...out, h("h2", {}, `Engines for ${state.model}`), h("p", { class: "status busy" }, "planning on every engine…"));
-  const plans = await Promise.all([...CHART_ENGINES, "hf"].map((engine) => api("plan", params(PLAN_KEYS, { engine, concurrency: "1" }))
-    .then((p) => ({ engine, p }), (err) => ({ engine, error: err.message }))));
+  // "longest single request" as in the models table: one request, up to the model's maximum (not the context asked)
+  const single = (engine) => { const q = params(PLAN_KEYS, { engine, concurrency: "1" }); q.delete("max_model_len"); return q; };
+  const plans = await Promise.all([...CHART_ENGINES, "hf"].map((engine) => Promise.all([api("plan", params(PLAN_KEYS, { engine })),
+    api("plan", single(engine)).catch(() => null)])
+    .then(([p, one]) => ({ engine, p, longest: one && one.longest_context_for_concurrency }), (err) => ({ engine, error: err.message }))));
   if (gen !== generation) return;
   view.lastChild.replaceWith(table(["engine", "KV budget", "blocks", "KV cache size", "requests at once", "longest single request", ""],
-    plans.map(({ engine, p, error }) => error ? [engine, h("span", { class: "error" }, error), "", "", "", "", ""]
+    plans.map(({ engine, p, longest, error }) => error ? [engine, h("span", { class: "error" }, error), "", "", "", "", ""]
       : !p.capacity ? [engine, "no KV budget", "–", "–", "–", "–", ""]
         : [h("span", {}, `${engine} `, exactBadge(p.exact)), fmtBytes(p.kv_memory_bytes), p.capacity.num_blocks != null ? `${int(p.capacity.num_blocks)} × ${p.capacity.block_size}` : "–",
           `${int(p.capacity.kv_cache_tokens)} tokens`, times(p.capacity.max_concurrency),
-          p.longest_context_for_concurrency ? int(p.longest_context_for_concurrency) : "–",
+          longest ? int(longest) : "–",
           p.capacity.fits ? "fits" : "does not fit"]), [1, 2, 3, 4, 5]));
 }
 // Horizontal bars: [label, value] pairs, values written with `format`.
