@@ -286,12 +286,12 @@ function planSummary(plan) {
 
 const APPLIES = { tp: "tp", pp: "pp", kv_dtype: "kv_dtype", max_model_len: "max_model_len", gpu: "gpu", model: "model", engine: "engine" };
 function recommendations(recs) {
-  const box = h("div", { id: "recommendations" }, h("h3", {}, "What to change"));
+  const box = h("div", { id: "recommendations" }, h("h3", {}, "What to change (cheapest first)"));
   if (!recs || !recs.length) { box.append(h("p", {}, "Nothing to change: no larger tensor parallel size or GPU would help.")); return box; }
   box.append(h("ol", { class: "recs" }, recs.map((r) => {
     const keys = Object.keys(r.parameters);
     const can = keys.every((k) => APPLIES[k]);
-    return h("li", {}, h("strong", {}, r.change), `: ${r.effect}`, can ? h("button", { type: "button", onclick: () => {
+    return h("li", {}, h("strong", {}, r.change), ` (${r.cost}): ${r.effect}`, can ? h("button", { type: "button", onclick: () => {
       for (const k of keys) state[APPLIES[k]] = String(r.parameters[k]);
       toControls(); update();
     } }, "apply") : null);
@@ -366,7 +366,8 @@ async function renderCompare(gen) {
     const max = Math.max(...rows.map((r) => r.kv_bytes_at_context));
     out.push(h("figure", {}, barChart(rows.map((r) => [r.model, r.kv_bytes_at_context])),
       h("figcaption", {}, `KV cache of one request of ${int(rows[0].context)} tokens (${fmtBytes(max)} at most).`)));
-    out.push(table(["model", "cache layers", "per token", "fixed per seq", "one request", ...(gpu ? ["KV budget", "requests at once", "longest single request"] : [])],
+    if (gpu) out.push(h("p", { class: "help" }, "Longest request, in both tables: the longest single request that fits on the GPU, up to the model's maximum."));
+    out.push(table(["model", "cache layers", "per token", "fixed per seq", "one request", ...(gpu ? ["KV budget", "requests at once", "longest request"] : [])],
       rows.map((r) => [r.model, Object.entries(r.cache).map(([k, n]) => `${n} ${k.split("_")[0]}`).join(", "),
         fmtBytes(r.bytes_per_token), fmtBytes(r.fixed_bytes_per_sequence), fmtBytes(r.kv_bytes_at_context),
         ...(gpu ? (r.kv_memory_bytes ? [fmtBytes(r.kv_memory_bytes), times(r.max_concurrency), r.longest_context ? int(r.longest_context) : "–"] : ["does not fit", "–", "–"]) : [])]),
@@ -382,7 +383,7 @@ async function renderCompare(gen) {
     api("plan", single(engine)).catch(() => null)])
     .then(([p, one]) => ({ engine, p, longest: one && one.longest_context_for_concurrency }), (err) => ({ engine, error: err.message }))));
   if (gen !== generation) return;
-  view.lastChild.replaceWith(table(["engine", "KV budget", "blocks", "KV cache size", "requests at once", "longest single request", ""],
+  view.lastChild.replaceWith(table(["engine", "KV budget", "blocks", "KV cache size", "requests at once", "longest request", ""],
     plans.map(({ engine, p, longest, error }) => error ? [engine, h("span", { class: "error" }, error), "", "", "", "", ""]
       : !p.capacity ? [engine, "no KV budget", "–", "–", "–", "–", ""]
         : [h("span", {}, `${engine} `, exactBadge(p.exact)), fmtBytes(p.kv_memory_bytes), p.capacity.num_blocks != null ? `${int(p.capacity.num_blocks)} × ${p.capacity.block_size}` : "–",
