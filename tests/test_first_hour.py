@@ -69,12 +69,26 @@ def test_tokens_takes_the_bundled_test_model_by_the_name_quality_takes():
     assert tok("Hello world")["input_ids"]  # SmolLM2's own tokenizer, from the GGUF
 
 
-def quality_error(args: list[str]) -> tuple[int, str, list[str]]:
-    """`kvbudget quality ARGS` in a fresh interpreter: exit status, stderr, and which heavy modules it loaded."""
+def cli_error(command: str, args: list[str]) -> tuple[int, str, list[str]]:
+    """`kvbudget COMMAND ARGS` in a fresh interpreter: exit status, stderr, and which heavy modules it loaded."""
     code = ("import sys\nfrom kvbudget.cli import main\ncode = main(sys.argv[1:])\n"
             "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))\nsys.exit(code)")
-    done = subprocess.run([sys.executable, "-c", code, "quality", *args], capture_output=True, text=True, timeout=60)
-    return done.returncode, done.stderr.strip(), json.loads(done.stdout.strip().replace("'", '"'))
+    done = subprocess.run([sys.executable, "-c", code, command, *args], capture_output=True, text=True, timeout=60)
+    return done.returncode, done.stderr.strip(), json.loads(done.stdout.strip().splitlines()[-1].replace("'", '"'))
+
+
+def quality_error(args: list[str]) -> tuple[int, str, list[str]]:
+    return cli_error("quality", args)
+
+
+def test_tokens_refuses_a_missing_file_before_the_tokenizer_loads(tmp_path):
+    for args in (["smollm2-135m-instruct", str(tmp_path / "none.txt")],
+                 ["smollm2-135m-instruct", str(tmp_path), "--engine", "vlm"],
+                 ["smollm2-135m-instruct", "--system", f"@{tmp_path / 'none.txt'}", str(tmp_path)]):
+        code, err, loaded = cli_error("tokens", args)
+        assert code == 2 and loaded == [] and err.startswith("kvbudget: error:") and err.count("\n") == 0, err
+    code, err, loaded = cli_error("plan", ["llama-3.1-8b", "--gpu", "L4", "--prompt-file", str(tmp_path / "p.txt")])
+    assert code == 2 and loaded == [] and "p.txt: cannot read it" in err
 
 
 def test_quality_refuses_bad_arguments_before_torch_loads(tmp_path):

@@ -382,6 +382,18 @@ def iter_lines(path: str) -> Iterator[str]:
         raise TokenizerError(f"{path}: cannot read it ({exc.strerror or exc})") from None
 
 
+def check_readable(*paths: str) -> None:
+    """Fail as reading would (one line naming the file), before a tokenizer takes seconds to load."""
+    for path in paths:
+        if path == "-":
+            continue
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise TokenizerError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+
+
 def count_file(counter: PromptCounter, path: str, template: bool = True) -> PromptCount:
     """One prompt file: a chat request (.json) or a plain text document."""
     text = "".join(iter_lines(path))
@@ -394,6 +406,7 @@ def count_file(counter: PromptCounter, path: str, template: bool = True) -> Prom
 def prompt_context(tokenizer_source: str | None, path: str, max_new_tokens: int | None, approximate: bool = False,
                    engine: str | Engine = "vllm") -> tuple[int, str]:
     """T for estimate/plan from a prompt file: its exact length plus the tokens to generate."""
+    check_readable(path)
     counter = PromptCounter(tokenizer_source, approximate, engine)
     count = count_file(counter, path)
     new = count.max_tokens if count.max_tokens is not None and max_new_tokens is None else (max_new_tokens or 0)
@@ -404,6 +417,7 @@ def prompt_context(tokenizer_source: str | None, path: str, max_new_tokens: int 
 def lengths_context(tokenizer_source: str | None, path: str, approximate: bool = False,
                     engine: str | Engine = "vllm") -> tuple[int, str]:
     """T for estimate/plan from a request log: the p99 of prompt + max_tokens (the mean is reported)."""
+    check_readable(path)
     stats = PromptCounter(tokenizer_source, approximate, engine).count_jsonl(iter_lines(path))
     t = stats.total_tokens
     label = " (approximate)" if approximate else ""

@@ -34,8 +34,11 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvbudget.tokens import PromptCounter, iter_lines, read_request
+    from kvbudget.engines import get_engine
+    from kvbudget.tokens import PromptCounter, check_readable, iter_lines, read_request
 
+    get_engine(args.engine)  # a bad engine or file is refused before the tokenizer loads (seconds)
+    check_readable(*(args.files or ["-"]), *([args.system[1:]] if args.system and args.system.startswith("@") else []))
     if not args.approximate and sys.stderr.isatty():  # loading takes seconds: say what is happening
         print(f"kvbudget: loading the tokenizer of {args.model} ...", file=sys.stderr, flush=True)
     counter = PromptCounter(args.model, approximate=args.approximate, engine=args.engine)
