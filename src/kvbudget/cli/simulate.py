@@ -130,8 +130,9 @@ def _workload(args: argparse.Namespace) -> Callable[[float], Iterable[Any]]:
     cv, seed = _positive(args.cv, "--cv"), int(args.seed)
     if args.request_log:
         from kvbudget.simulation.workload import request_log
-        from kvbudget.tokens import PromptCounter
+        from kvbudget.tokens import PromptCounter, check_readable
 
+        check_readable(args.request_log)  # before the tokenizer loads (seconds)
         counter = PromptCounter(args.tokenizer or args.model, args.approximate, args.engine)
         outputs = exponential_lengths(1, _positive(args.output_tokens, "--output-tokens"))
         log, log_rate = args.request_log, _positive(args.rate, "--rate") if args.rate else None
