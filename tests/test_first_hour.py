@@ -89,7 +89,8 @@ def test_tokens_refuses_a_missing_file_before_the_tokenizer_loads(tmp_path):
         assert code == 2 and loaded == [] and err.startswith("kvbudget: error:") and err.count("\n") == 0, err
     code, err, loaded = cli_error("plan", ["llama-3.1-8b", "--gpu", "L4", "--prompt-file", str(tmp_path / "p.txt")])
     assert code == 2 and loaded == [] and "p.txt: cannot read it" in err
-    code, err, loaded = cli_error("simulate", ["llama-3.1-8b", "--gpu", "L4", "--request-log", str(tmp_path / "r.jsonl")])
+    log = str(tmp_path / "r.jsonl")
+    code, err, loaded = cli_error("simulate", ["llama-3.1-8b", "--gpu", "L4", "--request-log", log])
     assert code == 2 and loaded == [] and "r.jsonl: cannot read it" in err
 
 
