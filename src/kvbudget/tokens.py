@@ -317,9 +317,9 @@ def load_tokenizer(source: str | os.PathLike | None):
     transformers.logging.set_verbosity_error()
     text = str(source)
     path = Path(text).expanduser()
-    if text.strip().lower() == "smollm2-135m-instruct" and not path.exists():  # the model `quality` takes by name
-        from kvbudget.quality.load import bundled_gguf
+    from kvbudget.quality.load import BUNDLED, bundled_gguf  # the test model `quality` takes by name
 
+    if text.strip().lower() == BUNDLED and not path.exists():
         path = bundled_gguf()
     if path.is_file() and path.suffix.lower() == ".gguf":  # the tokenizer and chat template the file carries
         try:

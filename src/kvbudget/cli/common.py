@@ -118,7 +118,7 @@ def load(source: str) -> Any:
     from kvbudget.model.load import load_model
 
     spec = load_model(source)
-    if "/" in source and spec.source.startswith("catalog:") and not os.path.exists(source):
+    if "/" in source and spec.source.startswith("catalog:"):  # a file of that name would have been read first
         warn(f"{source}: read from the bundled catalog copy ({spec.name}; `kvbudget models --json` says where "
              "it came from), not fetched from the Hub; pass a config.json to use another revision")
     return spec
