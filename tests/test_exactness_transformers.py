@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 from tiny_configs import CHATGLM, CHATGLM_AS_GLM, TINY, TRANSFORMERS_TYPE, WINDOW  # noqa: E402
 
 import kvbudget  # noqa: E402
+import kvbudget.cli  # noqa: E402
 
 # Tensors a cache layer may hold; anything else makes the test fail so that nothing goes uncounted.
 CACHE_TENSORS = {"keys", "values", "conv_states", "recurrent_states", "indexer_keys",
@@ -59,9 +60,28 @@ def forward_cache(model, context: int, batch: int = BATCH):
     return getattr(out, "cache", None) or out.past_key_values
 
 
+# the release installed: the engine models what it caches (Falcon's new architecture changed in 5.25)
+INSTALLED = tuple(int(p) for p in transformers.__version__.split(".")[:2])
+
+
 def ours(cfg: dict, context: int, batch: int = BATCH, engine: str = "hf") -> int:
     model = kvbudget.parse_config(cfg)
-    return kvbudget.estimate(model, engine=engine, batch=[batch], context=[context]).points[0].kv_bytes
+    options = kvbudget.EngineOptions(engine_version=INSTALLED)
+    return kvbudget.estimate(model, engine=engine, batch=[batch], context=[context], options=options).points[0].kv_bytes
+
+
+def test_falcon_new_architecture_by_transformers_release(capsys):
+    """Up to 5.24 the cache holds K/V repeated to the 4 query heads; from 5.25 the 2 KV heads (the test above
+    checks whichever release is installed against its real cache)."""
+    model = kvbudget.parse_config(TINY["falcon_new_arch"])
+
+    def per_token(release: tuple[int, int] | None) -> int:
+        return kvbudget.estimate(model, engine="hf", options=kvbudget.EngineOptions(engine_version=release)
+                                 ).bytes_per_token
+    assert per_token((5, 24)) == 2 * per_token((5, 25)) == 2 * per_token(None)
+    assert kvbudget.cli.main(["estimate", "falcon-7b-instruct", "--engine", "hf@5.24", "--json"]) == 0
+    assert kvbudget.cli.main(["estimate", "falcon-7b-instruct", "--engine", "hf@4.57"]) == 2
+    assert "kvbudget models transformers 5.19 and newer" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", sorted(TINY))

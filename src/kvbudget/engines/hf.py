@@ -6,8 +6,10 @@ Measured against real caches in tests/test_exactness_transformers.py:
   once the context reaches the window, all tokens before; a static cache keeps `min(window, T)`;
 - MLA (deepseek_v2/v3, kimi_k2): the latent (kv_lora_rank) in the keys slot and the shared rope key
   in the values slot, one "head" each. transformers 4.x cached per-head K and V instead;
-- Falcon with more than one KV head (new_decoder_architecture: Falcon-40B/180B) repeats K and V to
-  every query head before caching them (modeling_falcon.py), so the cache holds num_attention_heads;
+- Falcon with more than one KV head (new_decoder_architecture: Falcon-40B/180B): up to 5.24 it repeats K and V to
+  every query head before caching them (models/falcon/modeling_falcon.py), so the cache holds
+  num_attention_heads; from 5.25 the attention repeats them after the cache (`repeat_kv` in
+  `eager_attention_forward`), which holds the KV heads. `hf@5.24` models the older releases;
 - linear attention / Mamba: conv state of `conv_kernel` columns in the model's dtype and the recurrent
   state in float32, per sequence;
 - DeepSeek-V4 (DeepseekV4CSACache / DeepseekV4HCACache): the window's shared K=V vector once (`values` is
@@ -57,6 +59,18 @@ class HFEngine(Engine):
     static: bool = False
     layer_kinds: ClassVar[tuple[type[LayerSpec], ...]] = (*Engine.layer_kinds, Compressed)
 
+    def parse_release(self, version: str) -> tuple[int, ...]:
+        """A transformers release, "5.24" or "5.24.0", from 5.19 on (`--engine hf@5.24`)."""
+        parts = version.strip().split(".")
+        if len(parts) < 2 or not all(p.isdigit() for p in parts[:2]):
+            raise EngineRuleError(f"engine_version {version}: write a transformers release, e.g. 5.24",
+                                  param="engine_version")
+        found = (int(parts[0]), int(parts[1]))
+        if found < OLDEST:
+            raise EngineRuleError(f"engine_version {version}: kvbudget models transformers {OLDEST[0]}.{OLDEST[1]} "
+                                  "and newer (4.x cached MLA per head)", param="engine_version")
+        return found
+
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
         check_positive(tp, "tp", "tensor parallel size")
@@ -70,7 +84,7 @@ class HFEngine(Engine):
         # The conv state follows the activations: the KV dtype when it is a torch float type.
         act = dtype if dtype.family == "float" else get_dtype(model.dtype)
         self.refuse_unchecked(model, options)
-        repeat_to = _falcon_repeat(model)
+        repeat_to = _falcon_repeat(model, options.engine_version or NEWEST)
         compressing = {s.layer for s in model.layers if isinstance(s, Compressed)}
         if compressing and self.static:
             raise UnsupportedArchitectureError(f"{model.name}: transformers' StaticCache cannot hold a compressor's "
@@ -156,9 +170,14 @@ class HFEngine(Engine):
 GROUP, RESIDUAL = 64, 128
 
 
-def _falcon_repeat(model: ModelSpec) -> int | None:
-    """transformers' Falcon caches K/V repeated to all query heads unless it is multi-query."""
-    if model.model_type != "falcon" or not model.attention_heads:
+# The transformers releases the engine tells apart (major, minor): the newest modelled, and the first release whose
+# Falcon caches its KV heads rather than K/V repeated to every query head.
+OLDEST, NEWEST, FALCON_KV_HEADS = (5, 19), (5, 25), (5, 25)
+
+
+def _falcon_repeat(model: ModelSpec, release: tuple[int, ...]) -> int | None:
+    """Up to 5.24 transformers' Falcon caches K/V repeated to all query heads unless it is multi-query."""
+    if model.model_type != "falcon" or not model.attention_heads or release >= FALCON_KV_HEADS:
         return None
     if all(not isinstance(s, Attention) or s.kv_heads == 1 for s in model.layers):
         return None
