@@ -62,10 +62,7 @@ def check(args: argparse.Namespace) -> None:
         names.split(text)
     if args.layers is not None:
         names.split(args.layers)
-    if args.kv_scales == "dynamic" and not any(f in names.PER_LAYER_SCALED
-                                               for text in args.kv_dtype or () for f in names.split(text)):
-        raise KVBudgetError("--kv-scales dynamic: none of the formats has a per-layer scale; it applies to vLLM's "
-                            "fp8, fp8_e4m3 and fp8_e5m2")
+    names.check_scales(args.kv_dtype or (), args.kv_scales)
     for value, flag in ((args.context, "--context"), (args.windows, "--windows")):
         if value is not None and value < 1:
             raise KVBudgetError(f"{flag} {value}: give at least 1")

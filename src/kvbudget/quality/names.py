@@ -13,6 +13,15 @@ CACHE_FORMATS = ("quanto_int4", "quanto_int2", "hqq_int4", "hqq_int2")  # transf
 NAMES = (*FLOAT_FORMATS, *BLOCK_FORMATS, *SCALED_FORMATS, *CACHE_FORMATS)
 
 
+def check_scales(kv_dtypes: tuple[str, ...] | list[str], kv_scales: str) -> None:
+    """`kv_scales`: "1" or "dynamic", which needs a format with one scale per layer among `kv_dtypes`."""
+    if kv_scales not in ("1", "dynamic"):
+        raise KVBudgetError(f"kv_scales {kv_scales!r}: choose 1 (uncalibrated) or dynamic", param="kv_scales")
+    if kv_scales == "dynamic" and not any(f in PER_LAYER_SCALED for text in kv_dtypes for f in split(text)):
+        raise KVBudgetError("kv_scales dynamic: none of the formats has a per-layer scale; it applies to vLLM's "
+                            "fp8, fp8_e4m3 and fp8_e5m2", param="kv_scales")
+
+
 def split(text: str) -> tuple[str, str]:
     """(K's format, V's format) of 'q8_0' (both) or 'k=q8_0,v=q4_0'."""
     text = text.strip()

@@ -15,7 +15,7 @@ from typing import Any
 import kvbudget
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import Attention
-from kvbudget.quality import llamacpp, load, measure, needle
+from kvbudget.quality import llamacpp, load, measure, names, needle
 from kvbudget.quality.formats import Variant, store
 from kvbudget.quality.needle import NeedleResult
 
@@ -148,11 +148,7 @@ def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] 
     variants = [Variant.parse(v) for v in kv_dtypes]
     if not variants:
         raise KVBudgetError("kv_dtypes: give at least one format", param="kv_dtypes")
-    if kv_scales not in ("1", "dynamic"):
-        raise KVBudgetError(f"kv_scales {kv_scales!r}: choose 1 (uncalibrated) or dynamic", param="kv_scales")
-    if kv_scales == "dynamic" and not any(v.scaled for v in variants):
-        raise KVBudgetError("kv_scales dynamic: none of the formats has a per-layer scale; it applies to vLLM's "
-                            "fp8, fp8_e4m3 and fp8_e5m2", param="kv_scales")
+    names.check_scales(list(kv_dtypes), kv_scales)
 
     real = REAL_ENGINES.get(engine) if engine is not None else None
     if engine is not None:
