@@ -64,7 +64,8 @@ def cases() -> list[list[str]]:
          "--kv-unified", "--rate", "2", "--requests", "100"],
         ["llama-3.1-8b", "--gpu", "L4", "--max-model-len", "16k", "--trace", "azure-conv-2023", "--slice",
          "0:300"],
-        ["llama-3.1-8b", "--gpu", "H100-80GB", "--max-model-len", "128k", "--trace", "mooncake-conv", "--slice", "0:100"],
+        ["llama-3.1-8b", "--gpu", "H100-80GB", "--max-model-len", "128k", "--trace", "mooncake-conv",
+         "--slice", "0:100"],
         ["gemma-2-9b", "--gpu", "H100-80GB", "--max-model-len", "8k", "--rate", "4", "--requests", "200",
          "--no-prefix-caching"],
         ["llama-3.1-8b", "--engine", "hf", "--gpu", "L4", "--rate", "2", "--requests", "10"],
@@ -101,7 +102,8 @@ def web() -> dict[str, object]:
                "/api/simulate?model=llama-3.1-8b&gpu=L4&max_model_len=16k&trace=azure-conv-2023&slice=0:200",
                "/api/simulate?model=llama-3.1-8b&gpu=L4&max_model_len=16k&rate=3&requests=200&guard=1",
                "/api/plan?model=llama-3.1-8b&gpu=H900", "/api/plan?model=llama-3.1-8b&gpu_memory=lots",
-               "/api/estimate?model=llama-3.1-8b&tp=3", "/api/estimate?model=../x", "/api/estimate?model=llama-3.1-8b&x=1",
+               "/api/estimate?model=llama-3.1-8b&tp=3", "/api/estimate?model=../x",
+               "/api/estimate?model=llama-3.1-8b&x=1",
                "/api/simulate?model=llama-3.1-8b&engine=hf&gpu=L4", "/api/plan?model=llama-3.1-8b&engine=foo&gpu=L4"]
     return {q: (lambda r: [r.status_code, r.text])(client.get(q)) for q in queries}
 
