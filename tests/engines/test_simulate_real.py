@@ -25,10 +25,10 @@ from tiny_configs import TINY
 import kvbudget
 from kvbudget.engines import EngineOptions
 from kvbudget.engines.vllm import VLLM
+from kvbudget.engines.vllm.scheduler import CachedHybridScheduler, HybridScheduler, VLLMScheduler
 from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.seq import SchedulerConfig
 from kvbudget.simulation.timing import MeasuredStep, calibrate, read_measured_steps
-from kvbudget.simulation.vllm import CachedHybridScheduler, HybridScheduler, VLLMScheduler
 from kvbudget.simulation.workload import Request, read_trace, rescale, samples
 from kvbudget.traces import find as bundled_trace
 

@@ -24,7 +24,7 @@ from tiny_configs import TINY
 import kvbudget
 from kvbudget.engines import EngineOptions
 from kvbudget.engines.vllm import VLLM
-from kvbudget.engines.vllm_packed import packed_layout, packed_specs
+from kvbudget.engines.vllm.packed import packed_layout, packed_specs
 
 pytestmark = pytest.mark.engines
 

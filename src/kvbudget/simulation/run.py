@@ -14,19 +14,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbudget.engines import Allocation, Engine, EngineOptions, get_engine
-from kvbudget.engines.llamacpp import CACHE_RAM_MIB, N_BATCH, LlamaCppEngine
+from kvbudget.engines.llamacpp.engine import CACHE_RAM_MIB, N_BATCH, LlamaCppEngine
+from kvbudget.engines.llamacpp.scheduler import LlamaServerScheduler, PromptCache
 from kvbudget.engines.sglang import SGLangEngine
-from kvbudget.engines.vllm import BlockGroup, VLLMEngine
+from kvbudget.engines.sglang.scheduler import SGLangScheduler
+from kvbudget.engines.vllm import VLLMEngine
+from kvbudget.engines.vllm.blocks import BlockGroup
+from kvbudget.engines.vllm.contiguous import POLICIES, ContiguousScheduler
+from kvbudget.engines.vllm.scheduler import CachedHybridScheduler, HybridScheduler, VLLMScheduler
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation.beam import BeamSearch
-from kvbudget.simulation.contiguous import POLICIES, ContiguousScheduler
 from kvbudget.simulation.guarded import GuardInLoop, GuardReport
-from kvbudget.simulation.llamacpp import LlamaServerScheduler, PromptCache
 from kvbudget.simulation.seq import SchedulerConfig, Seq
-from kvbudget.simulation.sglang import SGLangScheduler
 from kvbudget.simulation.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
-from kvbudget.simulation.vllm import CachedHybridScheduler, HybridScheduler, VLLMScheduler
 from kvbudget.simulation.workload import Request, samples
 
 Scheduler = VLLMScheduler | ContiguousScheduler | LlamaServerScheduler | SGLangScheduler

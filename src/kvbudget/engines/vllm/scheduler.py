@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sized
 
-from kvbudget.engines.vllm import BlockGroup
+from kvbudget.engines.vllm.blocks import BlockGroup
+from kvbudget.engines.vllm.pool import NO_HITS, BlockPool, CountingPool, Hits, RunPool
 from kvbudget.errors import KVBudgetError
-from kvbudget.simulation.pool import NO_HITS, BlockPool, CountingPool, Hits, RunPool
 from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step, commit
 from kvbudget.units import cdiv
 

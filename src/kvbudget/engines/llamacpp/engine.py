@@ -16,7 +16,7 @@ tests/engines/test_llamacpp_real.py:
 
 The memory map's "batch x context" is the server started with `-np batch -c batch x context`. Older builds
 (`--engine llamacpp@b5500`) padded to 32 cells without flash attention, cached sliding windows in full and had
-one stream for every sequence: engines/llamacpp_releases.py.
+one stream for every sequence: engines/llamacpp/releases.py.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from kvbudget.engines.base import (
     group_layers,
     largest_fitting,
 )
-from kvbudget.engines.llamacpp_releases import N_BATCH, NEWEST, Release, parse_build
+from kvbudget.engines.llamacpp.releases import N_BATCH, NEWEST, Release, parse_build
 from kvbudget.engines.metrics import slots_usage
 from kvbudget.errors import EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
@@ -336,7 +336,7 @@ _LLAMA_LINE = re.compile(r"(llama_kv_cache(?:_unified)?|llama_memory_recurrent):
                          r"\((\w+)\): +([\d.]+) MiB")
 
 
-# Builds standing for each era when a log names no build (engines/llamacpp_releases.py), newest first.
+# Builds standing for each era when a log names no build (engines/llamacpp/releases.py), newest first.
 _ERA_BUILDS = (NEWEST, Release(6900), Release(6300), Release(6000), Release(5700), Release(5500), Release(5000))
 # llama.cpp's own `build: 5935 (2adf8d83)`; WasmEdge's GGML plugin prints `LLAMA_BUILD_NUMBER 5640`.
 _BUILD_LINE = re.compile(r"(?:(?:^|\n)\s*(?:build|version): |LLAMA_BUILD_NUMBER )(\d+)\b")

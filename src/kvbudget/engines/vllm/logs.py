@@ -1,0 +1,534 @@
+"""Reading vLLM's startup logs back: the settings it printed, its KV figures beside kvbudget's for the same
+settings, and the likely causes where they differ. What each release printed and checked is in releases.py."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
+from kvbudget.engines.vllm.releases import SWAP_SPACE, Release, parse_release, release
+from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError
+from kvbudget.model.spec import LatentAttention, ModelSpec, RecurrentState
+from kvbudget.units import GIB, format_bytes
+
+if TYPE_CHECKING:
+    from kvbudget.engines.vllm.engine import VLLMEngine
+
+
+def _num(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def _span(a: int | None, b: int | None) -> str:
+    return f"{a:,}" if a == b else f"{a:,}-{b:,}"
+
+
+
+
+# --- startup logs ------------------------------------------------------------------------------------
+
+
+def _setting(text: str, *names: str) -> str | None:
+    """A setting as vLLM logs it: key=value in its config line, 'key': value in its non-default args, or a
+    --key value flag on the command line."""
+    for name in names:
+        flag = name.replace("_", "-")
+        for pattern in (rf"\b{name}=([\w.\-]+)", rf"'{name}': '?([\w.\-]+)'?", rf"--{flag}[ =]([\w.\-]+)"):
+            if m := re.search(pattern, text):
+                return m.group(1).rstrip(".")  # "... with max_num_batched_tokens=512." ends a sentence
+    return None
+
+
+def _whole(key: str, value: object) -> int:
+    """A setting that must be a whole number, as the log (or the user) gave it."""
+    try:
+        return int(str(value).replace(",", ""))
+    except ValueError:
+        raise KVBudgetError(f"check-log: {key} reads {value!r}, not a whole number; give --{key.replace('_', '-')}",
+                            param=key) from None
+
+
+def _truthy(value: str) -> bool:
+    return value.lower() in ("true", "1", "yes")
+
+
+# The MLA backend a log names ("Using FlashMLA backend", "Forcing kv cache block size to 64 for FlashMLA
+# backend", "Setting kv cache block size to 32 for FLASHINFER_MLA backend(s)").
+_BACKEND_LINES = {"FLASHMLA": r"FlashMLA backend|FLASHMLA backend", "TRITON_MLA": r"Triton MLA backend|TRITON_MLA",
+                  "CUTLASS_MLA": r"CUTLASS_?MLA backend", "FLASHINFER_MLA": r"FlashInfer ?MLA backend|FLASHINFER_MLA",
+                  "FLASH_ATTN_MLA": r"FlashAttention ?MLA backend|FLASH_ATTN_MLA"}
+
+
+@dataclass(frozen=True)
+class _LogSettings:
+    max_len: int
+    device: str
+    tp: int
+    pp: int
+    kv_dtype: str
+    prefix: bool
+    mnbt: int | None
+    version: tuple[int, int] | None
+    hybrid: bool
+    partition: tuple[int, ...] | None = None
+    backend: str | None = None
+    spec_tokens: int = 0  # speculative decoding with the model's MTP layers: draft tokens per step
+
+    def options(self) -> EngineOptions:
+        return EngineOptions(device=self.device, prefix_caching=self.prefix, max_num_batched_tokens=self.mnbt,
+                             hybrid_allocator=self.hybrid, engine_version=self.version,
+                             attention_backend=self.backend, pp_layer_partition=self.partition,
+                             num_speculative_tokens=self.spec_tokens)
+
+
+def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Match | None,
+                   hybrid_model: bool = False) -> tuple[_LogSettings, dict, dict]:
+    read: dict = {}
+    assumed: dict = {}
+
+    def pick(key: str, value: object, default: object) -> object:
+        if key in given and given[key] is not None:
+            read[key] = given[key]
+            return given[key]
+        if value is not None:
+            read[key] = value
+            return value
+        assumed[key] = "the engine's default" if default is None else default
+        return default
+
+    max_len_text = (conc.group(1).replace(",", "") if conc else refusal.group(1) if refusal else
+                    _setting(text, "max_seq_len", "max_model_len"))
+    if max_len_text is None and given.get("max_model_len") is None and not re.search(r"# CPU blocks: \d+", text):
+        raise KVBudgetError("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens', "
+                            "'max_seq_len=' or 'max_model_len'); give max_model_len")
+    max_len = _whole("max_model_len", pick("max_model_len", max_len_text, 0))
+    cpu = bool(re.search(r"CPU KV cache size|device_config=cpu|VLLM_CPU_KVCACHE_SPACE", text))
+    read["device"] = "cpu" if cpu else "cuda"
+    tp = _whole("tp", pick("tp", _setting(text, "tensor_parallel_size"), 1))
+    pp = _whole("pp", pick("pp", _setting(text, "pipeline_parallel_size"), 1))
+    kv = str(pick("kv_cache_dtype", _setting(text, "kv_cache_dtype"), "auto"))
+    version_text = (given.get("engine_version") or
+                    (m.group(1) if (m := re.search(r"LLM engine \(v(\d+\.\d+(?:\.\d+)?)", text) or
+                                    re.search(r"vLLM (?:API server )?version:? v?(\d+\.\d+[\d.]*)", text)) else None))
+    version = parse_release(str(version_text)) if version_text else None
+    if version_text:
+        read["engine_version"] = version_text
+    else:
+        assumed["engine_version"] = "unknown"
+    prefix_text = _setting(text, "enable_prefix_caching")
+    no_prefix = re.search(r"--no-enable-prefix-caching\b", text)
+    # hybrid models ran without prefix caching by default before 0.26
+    prefix_default = not (hybrid_model and version is not None and not Release(version).hybrid_prefix_caching)
+    prefix = pick("prefix_caching", False if no_prefix else None if prefix_text is None else _truthy(prefix_text),
+                  prefix_default)
+    mnbt_text = _setting(text, "max_num_batched_tokens", "max_num_batched_token")
+    mnbt = pick("max_num_batched_tokens", mnbt_text, None)
+    partition = None
+    if pp > 1:
+        part_text = given.get("pp_layer_partition") or (
+            m.group(1) if (m := re.search(r"VLLM_PP_LAYER_PARTITION=['\"]?([\d,]+)", text)) else None)
+        if part_text:
+            read["pp_layer_partition"] = part_text
+            partition = tuple(int(x) for x in str(part_text).split(","))
+        else:
+            assumed["pp_layer_partition"] = "vLLM's even split"
+    backend = given.get("attention_backend") or next(
+        (name for name, pattern in _BACKEND_LINES.items() if re.search(pattern, text)), None)
+    if backend:
+        read["attention_backend"] = backend
+    spec_tokens = _speculative_tokens(text, given, read)
+    hybrid_off = _setting(text, "disable_hybrid_kv_cache_manager")
+    hybrid = not (hybrid_off is not None and _truthy(hybrid_off)) and not (
+        version and not Release(version).hybrid_allocator)
+    settings = _LogSettings(max_len, "cpu" if cpu else "cuda", tp, pp, kv, bool(prefix),
+                            _whole("max_num_batched_tokens", mnbt) if mnbt is not None else None, version, hybrid,
+                            partition, backend, spec_tokens)
+    return settings, read, assumed
+
+
+def _speculative_tokens(text: str, given: dict, read: dict) -> int:
+    """Draft tokens per step when the log drafts with the model's MTP layers ('speculative_config': {'method':
+    'mtp', 'num_speculative_tokens': N} in its arguments, or SpeculativeConfig(method='mtp', ..., num_spec_tokens=N)
+    in its engine line); 0 without a speculative config. Other drafters are refused: their caches are not modelled."""
+    if given.get("num_speculative_tokens") is not None:
+        read["num_speculative_tokens"] = given["num_speculative_tokens"]
+        return _whole("num_speculative_tokens", given["num_speculative_tokens"])
+    method = re.search(r"'speculative_config': \{[^}]*'method': '([\w-]+)'|SpeculativeConfig\(method='([\w-]+)'", text)
+    if not method:
+        return 0
+    name = method.group(1) or method.group(2)
+    if name != "mtp" and not name.endswith("_mtp"):  # older releases named it per family: qwen3_next_mtp, ...
+        raise UnsupportedArchitectureError(f"check-log: the log drafts with speculative method {name!r}, whose "
+                                           "caches kvbudget does not model (only the model's own MTP layers)")
+    tokens = re.search(r"'speculative_config': \{[^}]*'num_speculative_tokens': (\d+)|num_spec_tokens=(\d+)", text)
+    if not tokens:
+        raise KVBudgetError("check-log: the log drafts with MTP but names no num_speculative_tokens; give "
+                            "--num-speculative-tokens", param="num_speculative_tokens")
+    value = int(tokens.group(1) or tokens.group(2))
+    read["num_speculative_tokens"] = value
+    return value
+
+
+def _rank_budgets(text: str) -> list[str]:
+    """Every rank's 'Available KV cache memory' (or V0's kv_cache_size / reserved line), as printed."""
+    for pattern in (r"Explicitly set \(([\d.]+)/", r"Available KV cache memory: ([\d.]+) GiB",
+                    r"kv_cache_size=([\d.]+) ?GiB", r"reserved for KV Cache is ([\d.]+) ?GiB",
+                    r"Reserved for KV cache: ([\d.]+) GiB"):  # the last: Aphrodite, a V0 fork
+        found = re.findall(pattern, text)
+        if found:
+            return found
+    return []
+
+
+def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | None = None) -> LogCheck:
+    """vLLM V0 and V1, GPU and CPU builds, plain or structured logging: the settings and KV budget it printed
+    (or the refusal it printed), and what kvbudget makes of them under that release's rules."""
+    given = dict(given or {})
+    conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
+    flat = re.sub(r"\s+", " ", text)  # refusal messages wrap when pasted
+    refusal = re.search(r"max seq len \((\d+)\), \(?([\d.]+) GiB KV cache is needed, which is larger than the "
+                        r"available KV cache memory \(([\d.]+) GiB\)(?:\. Based on the available memory, the estimated "
+                        r"maximum model length is (\d+))?", flat)
+    v0_refusal = re.search(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored "
+                           r"in KV cache \((\d+)\)", flat)
+    if m := re.search(r"Available KV cache memory: (-[\d.]+) GiB", text):
+        raise KVBudgetError(f"check-log: the log's KV budget is negative ({m.group(1)} GiB): the weights and the "
+                            "profiled activations left no memory for a cache, so there is no cache to check; raise "
+                            "gpu_memory_utilization, shorten max_model_len or spread the model over more GPUs")
+    st, read, assumed = _read_settings(text, given, refusal or v0_refusal, conc,
+                                       any(isinstance(layer, RecurrentState) for layer in model.layers))
+
+    budgets = _rank_budgets(text)
+    budget_from_refusal = not budgets and refusal is not None
+    if budget_from_refusal and refusal:
+        budgets = [refusal.group(3)]
+    if not budgets and st.device == "cpu":  # the CPU backend's budget is VLLM_CPU_KVCACHE_SPACE (GiB), 4 unset
+        space = re.search(r"VLLM_CPU_KVCACHE_SPACE[= ]['\"]?(\d+)", text)
+        budgets = [space.group(1) if space else "4"]
+        if not space:
+            assumed["VLLM_CPU_KVCACHE_SPACE"] = "4 GiB (vLLM's default when unset)"
+    cpu_blocks = re.search(r"# CPU blocks: (\d+)", text)
+    if (cpu_blocks or v0_refusal) and (st.version is None or st.version >= (0, 8)):
+        # only V0 printed CPU (swap) blocks and this refusal; 0.8-0.10 still ran V0 on request (and on CPUs)
+        if st.version is None:
+            assumed["engine_version"] = "V0 (< 0.8: the log prints V0's CPU blocks or refusal)"
+        else:
+            read["engine"] = "V0 (its CPU blocks or refusal)"
+        st = replace(st, version=(0, 7) if st.version else (0, 6), hybrid=False)
+    if not budgets and cpu_blocks:
+        return _v0_check_without_budget(engine, text, model, st, assumed, v0_refusal, conc, int(cpu_blocks.group(1)))
+    if not st.max_len:
+        raise KVBudgetError("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens', "
+                            "'max_seq_len=' or 'max_model_len'); give max_model_len")
+    tokens_line = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
+    if not budgets and tokens_line and conc and st.version is None:
+        # no release named: the token count means int(concurrency x max_model_len) from 0.20, blocks // groups x
+        # block size before; where the count and the concurrency agree under one meaning only, that is the era
+        tokens = int(_num(tokens_line.group(1)))
+        def agree(version: tuple[int, int]) -> bool:
+            try:
+                rows = _v1_blocks_rows(engine, model, replace(st, version=version), tokens, conc.group(2))
+            except KVBudgetError:  # a setting that release does not have (speculative decoding before 0.20)
+                return False
+            return all(r.matches for r in rows)
+
+        eras = [(version, label) for version, label in (((0, 32), ">= 0.20"), ((0, 19), "<= 0.19")) if agree(version)]
+        if len(eras) == 1:
+            st = replace(st, version=eras[0][0])
+            assumed["engine_version"] = (f"{eras[0][1]} (not in the log; the only era under which its token count "
+                                         "and concurrency agree)")
+    if not budgets and tokens_line and conc and st.version is not None:
+        return _v1_check_without_budget(engine, model, st, assumed, int(_num(tokens_line.group(1))), conc.group(2))
+    if not budgets:
+        raise KVBudgetError("check-log: the vLLM log states no KV budget ('Available KV cache memory', "
+                            "'kv_cache_size=', 'Explicitly set' or a refusal naming the available memory); run vLLM "
+                            "at INFO level")
+    budget_text = min(budgets, key=float)  # vLLM sizes every rank's cache to the smallest rank's
+    decimals = len(budget_text.split(".")[1]) if "." in budget_text else 0
+    value = float(budget_text)
+    exact = st.device == "cpu" and value == int(value)  # VLLM_CPU_KVCACHE_SPACE is whole GiB
+    half_step = 0.5 * 10 ** -decimals
+    lo_logged, hi_logged = (value, value) if exact else (max(value - half_step, 0), value + half_step)
+
+    def rows_for(s: _LogSettings, span: tuple[float, float] | None = None) -> list[LogRow]:
+        """The rows under settings `s`, for the logged budget's range or another rank's `span` (GiB)."""
+        lo, hi = span or (lo_logged, hi_logged)
+        options = s.options()
+        rel = release(options)
+        stages = [model] if s.pp == 1 else [model.stage(r) for r in engine.pipeline_stages(
+            model.num_layers, s.pp, s.partition)]
+        # the refusal names the memory left after the null block (0.29 on): add one block back for the budget
+        extra = (engine.pool(stages[0], s.kv_dtype, s.tp, options)[0].block_bytes
+                 if budget_from_refusal and rel.null_block_in_check and not rel.v0 else 0)
+
+        def cap(gib: float) -> Capacity:
+            """What the smallest rank holds (vLLM gives every rank that many blocks)."""
+            budget = int(gib * GIB) + extra
+            per_stage = [engine.capacity(stage, budget, s.max_len, kv_dtype=s.kv_dtype, tp=s.tp, options=options)
+                         for stage in stages]
+            return min(per_stage, key=lambda c: (c.num_blocks or 0, c.estimated_max_model_len or s.max_len))
+
+        low, high = cap(lo), cap(hi)
+        rounding = "" if exact else f"the log rounds the budget to {decimals} decimals of GiB: a range of predictions"
+        shown_budget = f"{lo:g}-{hi:g} GiB" if not exact else f"{value:g} GiB"
+        source = "read from the refusal message" if budget_from_refusal else "read from the log" + (
+            f": the smallest of {len(budgets)} ranks' budgets" if len(budgets) > 1 else "")
+        out = [LogRow("KV budget", f"{budget_text} GiB", shown_budget, True, source)]
+        blocks = re.search(r"GPU blocks: (\d+)", text)
+        if blocks and low.num_blocks is not None and high.num_blocks is not None:
+            n = int(blocks.group(1))
+            out.append(LogRow("blocks", f"{n:,}", _span(low.num_blocks, high.num_blocks),
+                              low.num_blocks <= n <= high.num_blocks, rounding))
+        tokens = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
+        if tokens:
+            n = int(_num(tokens.group(1)))
+            slots = (low.physical_token_slots, high.physical_token_slots)
+            by_conc = (low.kv_cache_tokens, high.kv_cache_tokens)
+            if s.version is not None and rel.reports_slots:
+                meaning, ranges = "num_blocks // groups x block size (vLLM <= 0.19)", [slots]
+            elif s.version is not None:
+                meaning, ranges = "int(concurrency x max_model_len) (vLLM >= 0.20)", [by_conc]
+            else:
+                meaning, ranges = "either meaning: the log names no version", [slots, by_conc]
+            ok = any(a <= n <= b for a, b in ranges)
+            shown = " or ".join(_span(a, b) for a, b in dict.fromkeys(ranges))
+            out.append(LogRow("KV cache size (tokens)", f"{n:,}", shown, ok, meaning))
+        if conc:
+            logged = conc.group(2)
+            lo_c, hi_c = f"{low.max_concurrency:.2f}", f"{high.max_concurrency:.2f}"
+            out.append(LogRow(f"max concurrency at {s.max_len:,} tokens", f"{logged}x",
+                              f"{lo_c}x" if lo_c == hi_c else f"{lo_c}-{hi_c}x",
+                              float(lo_c) <= float(logged) <= float(hi_c), rounding))
+        if refusal:
+            checked = engine.checked_model(model, stages[0], options) if s.pp > 1 else stages[0]
+            whole = checked is model and s.pp > 1
+            weighed = "the whole model (vLLM 0.14-0.16 under pipeline parallelism)" if whole else (
+                "one request of max_model_len" + (" on the first rank short of memory" if s.pp > 1 else ""))
+            # each rank checks its own layers in rank order and the first short one raises (0.17 on, <= 0.13)
+            weighed_model = checked if whole else next(
+                (m for m in stages if _needed_gib(engine, m, s, options) > hi), stages[0])
+            wlow, whigh = (engine.capacity(weighed_model, int(g * GIB) + extra, s.max_len, kv_dtype=s.kv_dtype,
+                                           tp=s.tp, options=options) for g in (lo, hi))
+            needed = refusal.group(2)
+            ours = f"{_needed_gib(engine, weighed_model, s, options):.2f}"
+            out.append(LogRow("refused: KV cache needed", f"{needed} GiB", f"{ours} GiB",
+                              f"{float(needed):.2f}" == ours, weighed))
+            out.append(LogRow("refused: fits", "no", "yes" if whigh.fits else "no", not wlow.fits))
+            if refusal.group(4):
+                n = int(refusal.group(4))
+                a, b = (wlow.estimated_max_model_len or 0), (whigh.estimated_max_model_len or 0)
+                out.append(LogRow("estimated maximum model length", f"{n:,}", _span(a, b), a <= n <= b, rounding))
+        if v0_refusal:
+            n = int(v0_refusal.group(2))
+            out.append(LogRow("refused: tokens the cache holds", f"{n:,}",
+                              _span(low.physical_token_slots, high.physical_token_slots),
+                              low.physical_token_slots <= n <= high.physical_token_slots,
+                              "vLLM V0: blocks x block size"))
+            out.append(LogRow("refused: fits", "no", "yes" if high.fits else "no", not low.fits,
+                              "vLLM V0: max_model_len beyond the tokens the blocks hold"))
+        if cpu_blocks and rel.v0:
+            out.append(_cpu_blocks_row(engine, model, s, int(cpu_blocks.group(1))))
+        weights = re.search(r"(?:Loading model weights took|Model loading took) ([\d.]+) G", text)
+        if weights:
+            from kvbudget.model.weights import model_weights
+
+            try:
+                w = model_weights(model, s.tp, engine.pipeline_stages(model.num_layers, s.pp, s.partition))
+            except KVBudgetError:
+                w = None
+            if w is not None:
+                logged_bytes = float(weights.group(1)) * GIB
+                diff = w.per_gpu_bytes / logged_bytes - 1
+                out.append(LogRow("weights per GPU", f"{float(weights.group(1)):.2f} GiB",
+                                  f"{w.per_gpu_bytes / GIB:.2f} GiB", abs(diff) < 0.02,
+                                  f"{diff:+.1%}: vLLM measures allocated memory (buffers, padding, quantized "
+                                  "checkpoints); kvbudget counts parameters"))
+        raised = re.search(r"Setting attention block size to (\d+) tokens", text)
+        if raised:
+            out.append(LogRow("block size", raised.group(1), str(low.block_size),
+                              int(raised.group(1)) == low.block_size,
+                              "raised so that one attention page covers a Mamba state page"))
+        return out
+
+    rows = rows_for(st)
+    causes: list[str] = []
+    kv_rows = [r for r in rows if r.quantity != "weights per GPU"]
+    if not all(r.matches for r in kv_rows):
+        causes = _likely_causes(st, assumed, rows_for, rows, model)
+        if len(budgets) == 1 and st.tp * st.pp > 1 and not budget_from_refusal and not exact:
+            rank = _smaller_rank(st, rows_for, value, half_step)  # first; it replaces "none of the known causes"
+            causes = rank + [c for c in causes if not (rank and c.startswith("none of"))]
+    settings = {"max_model_len": st.max_len, "device": st.device, "tp": st.tp, "pp": st.pp,
+                "kv_cache_dtype": st.kv_dtype, "prefix_caching": st.prefix,
+                "engine_version": read.get("engine_version"), "hybrid_allocator": st.hybrid}
+    if st.mnbt is not None:
+        settings["max_num_batched_tokens"] = st.mnbt
+    if st.partition is not None:
+        settings["pp_layer_partition"] = ",".join(map(str, st.partition))
+    if st.backend is not None:
+        settings["attention_backend"] = st.backend
+    if st.spec_tokens:
+        settings["num_speculative_tokens"] = st.spec_tokens
+    shown = {k: v for k, v in settings.items() if k not in assumed}
+    return LogCheck("vllm", None, shown, tuple(rows), assumed, tuple(causes))
+
+
+def _cpu_blocks_row(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, logged: int) -> LogRow:
+    """V0's CPU blocks: its 4 GiB swap space over one block of every layer on one rank: the model's shape, the
+    tensor parallel size and the dtype, checked without the GPU budget."""
+    block = engine.layout(model, s.kv_dtype, s.tp, s.options())[0].block_bytes
+    ours = SWAP_SPACE // block
+    return LogRow("CPU blocks (4 GiB swap space)", f"{logged:,}", f"{ours:,}", logged == ours,
+                  f"4 GiB // {format_bytes(block)} per block (vLLM V0's default --swap-space)")
+
+
+def _v0_check_without_budget(engine: VLLMEngine, text: str, model: ModelSpec, st: _LogSettings, assumed: dict,
+                             v0_refusal: re.Match | None, conc: re.Match | None, cpu_blocks: int) -> LogCheck:
+    """A V0 log without its GPU budget: the CPU blocks, and what the GPU blocks it printed mean."""
+    rows = [_cpu_blocks_row(engine, model, st, cpu_blocks)]
+    gpu = re.search(r"GPU blocks: (\d+)", text)
+    block_size = engine.layout(model, st.kv_dtype, st.tp, st.options())[0].block_size
+    if gpu and v0_refusal:
+        n, held = int(v0_refusal.group(2)), int(gpu.group(1)) * block_size
+        rows.append(LogRow("refused: tokens the cache holds", f"{n:,}", f"{held:,}", n == held,
+                           f"the log's GPU blocks x {block_size} (the budget is not printed)"))
+    if gpu and conc:
+        logged, ours = conc.group(2), f"{int(gpu.group(1)) * block_size / st.max_len:.2f}"
+        rows.append(LogRow(f"max concurrency at {st.max_len:,} tokens", f"{logged}x", f"{ours}x", logged == ours,
+                           f"the log's GPU blocks x {block_size} / max_model_len"))
+    causes: tuple[str, ...] = ()
+    if not all(r.matches for r in rows):
+        alternatives = [(f"tensor parallel size {tp}, not {st.tp}", replace(st, tp=tp)) for tp in (1, 2, 4, 8)
+                        if tp != st.tp]
+        alternatives += [("the cache is fp8", replace(st, kv_dtype="fp8"))] if st.kv_dtype == "auto" else []
+        alternatives += [("vLLM 0.7 (V0 with MLA)", replace(st, version=(0, 7)))] if st.version != (0, 7) else []
+        causes = tuple(label for label, alt in alternatives
+                       if _cpu_blocks_row(engine, model, alt, cpu_blocks).matches) or (
+            "none of the known causes (tensor parallel size, dtype, MLA) makes the CPU blocks agree: check the "
+            "model and --swap-space",)
+    settings = {"max_model_len": st.max_len, "tp": st.tp, "kv_cache_dtype": st.kv_dtype}
+    shown = {k: v for k, v in settings.items() if k not in assumed and v}
+    assumed = {**assumed, "KV budget": "not printed: the CPU blocks are checked instead"}
+    if not st.max_len:
+        assumed["max_model_len"] = "not in the log (these rows do not need it)"
+    return LogCheck("vllm", None, shown, tuple(rows), assumed, causes)
+
+
+def _v1_blocks_rows(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, tokens: int, logged: str) -> list[LogRow]:
+    """A V1 log without its budget: the blocks its token count implies (under the release's meaning of that count)
+    and the concurrency those blocks give, beside the concurrency it printed."""
+    layout, _ = engine.pool(model, st.kv_dtype, st.tp, st.options())
+    per_request = layout.blocks_per_request(st.max_len)
+    if release(st.options()).reports_slots:  # tokens = blocks // groups x block size
+        first = tokens // layout.block_size * layout.num_groups
+        blocks = range(first, first + layout.num_groups)
+        meaning = f"blocks // {layout.num_groups} groups x {layout.block_size} (vLLM <= 0.19)"
+    else:  # tokens = int(blocks / per_request x max_len)
+        guess = tokens * per_request // st.max_len
+        blocks = range(max(guess - 2, 1), guess + 3)
+        blocks = range(min(b for b in blocks if int(b / per_request * st.max_len) == tokens) if any(
+            int(b / per_request * st.max_len) == tokens for b in blocks) else guess, 1 + max(
+            (b for b in blocks if int(b / per_request * st.max_len) == tokens), default=guess))
+        meaning = "int(concurrency x max_model_len) (vLLM >= 0.20)"
+    shown = {f"{b / per_request:.2f}" for b in blocks}
+    return [LogRow("GPU blocks (from the token count)", f"{tokens:,} tokens", _span(blocks[0], blocks[-1]), True,
+                   meaning + "; the budget is not printed"),
+            LogRow(f"max concurrency at {st.max_len:,} tokens", f"{logged}x", " / ".join(sorted(shown)) + "x",
+                   logged in shown, f"those blocks / {per_request} blocks per request")]
+
+
+def _v1_check_without_budget(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, assumed: dict, tokens: int,
+                             logged: str) -> LogCheck:
+    rows = _v1_blocks_rows(engine, model, st, tokens, logged)
+    causes: tuple[str, ...] = ()
+    if not all(r.matches for r in rows):
+        alternatives = [("prefix caching " + ("off" if st.prefix else "on"), replace(st, prefix=not st.prefix))]
+        alternatives += [(f"tensor parallel size {tp}, not {st.tp}", replace(st, tp=tp)) for tp in (1, 2, 4, 8)
+                         if tp != st.tp]
+        causes = tuple(label for label, alt in alternatives
+                       if all(r.matches for r in _v1_blocks_rows(engine, model, alt, tokens, logged))) or (
+            "none of the known causes (prefix caching, tensor parallel size) makes the rows agree",)
+    settings = {"max_model_len": st.max_len, "tp": st.tp, "kv_cache_dtype": st.kv_dtype, "prefix_caching": st.prefix,
+                "engine_version": f"{st.version[0]}.{st.version[1]}" if st.version else None}
+    if st.spec_tokens:
+        settings["num_speculative_tokens"] = st.spec_tokens
+    shown = {k: v for k, v in settings.items() if k not in assumed}
+    return LogCheck("vllm", None, shown, tuple(rows), {**assumed, "KV budget": "not printed: the token count and "
+                                                        "the concurrency are checked against each other"}, causes)
+
+
+def _needed_gib(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, options: EngineOptions) -> float:
+    layout, _ = engine.pool(model, s.kv_dtype, s.tp, options)
+    return layout.blocks_per_request(s.max_len) * layout.block_bytes / GIB
+
+
+def _smaller_rank(st: _LogSettings, rows_for: Callable[..., list[LogRow]], value: float, half_step: float,
+                  reach: float = 0.05) -> list[str]:
+    """The log prints one rank's budget, and vLLM gives every rank the smallest rank's blocks: the largest budget
+    within `reach` below the printed one (in the log's own rounding steps) under which every row agrees, if any."""
+    steps = int(value * reach / (2 * half_step))
+    for k in range(1, steps + 1):
+        other = round(value - 2 * half_step * k, 6)
+        rows = [r for r in rows_for(st, (max(other - half_step, 0), other + half_step))
+                if r.quantity != "weights per GPU"]
+        if all(r.matches for r in rows):
+            return [f"the log prints one rank's budget ({value:g} GiB) and vLLM sizes every rank's cache to the "
+                    f"smallest rank's: a rank with {other:g} GiB ({other / value - 1:+.1%}) gives the log's rows "
+                    "(the other ranks' lines are not in the excerpt)"]
+    return []
+
+
+def _likely_causes(st: _LogSettings, assumed: dict, rows_for: Callable[[_LogSettings], list[LogRow]],
+                   rows: list[LogRow], model: ModelSpec) -> list[str]:
+    """Alternative settings, the assumed ones first, under which the KV rows agree: each a likely cause, with the
+    size of its effect on the first row that differed."""
+    alternatives: list[tuple[str, _LogSettings]] = []
+    if "kv_cache_dtype" in assumed or st.kv_dtype == "auto":
+        alternatives.append(("the cache is fp8 (--kv-cache-dtype fp8), not the model dtype",
+                             replace(st, kv_dtype="fp8")))
+    if st.kv_dtype != "auto":
+        alternatives.append(("the cache is in the model dtype (kv_cache_dtype auto)", replace(st, kv_dtype="auto")))
+    for tp in (1, 2, 4, 8):
+        if tp != st.tp:
+            alternatives.append((f"tensor parallel size {tp}, not {st.tp} (the log's budget is one rank's)",
+                                 replace(st, tp=tp)))
+    for pp in (2, 4):
+        if pp != st.pp:
+            alternatives.append((f"pipeline parallel size {pp}: the budget is one stage's", replace(st, pp=pp,
+                                                                                                   partition=None)))
+    alternatives.append(("sliding-window layers sized as full attention (vLLM < 0.9, or "
+                         "--disable-hybrid-kv-cache-manager)" if st.hybrid else
+                         "the hybrid KV cache manager was on (sliding windows sized to their reservation)",
+                         replace(st, hybrid=not st.hybrid)))
+    alternatives.append(("prefix caching " + ("off" if st.prefix else "on"), replace(st, prefix=not st.prefix)))
+    if any(isinstance(layer, LatentAttention) for layer in model.layers) and st.backend is None:
+        for backend, label in (("FLASHMLA", "FlashMLA's 64-token blocks"), ("TRITON_MLA", "16-token MLA blocks"),
+                               ("CUTLASS_MLA", "CUTLASS MLA's 128-token blocks"),
+                               ("FLASHINFER_MLA", "FlashInfer MLA's blocks")):
+            alternatives.append((f"the MLA backend was {backend} ({label}; --attention-backend)",
+                                 replace(st, backend=backend)))
+    for version, label in (((0, 6), "vLLM V0 (< 0.8: blocks of every layer, no null block)"),
+                           ((0, 8), "vLLM 0.8 (no hybrid manager, FlashMLA)"),
+                           ((0, 15), "vLLM 0.14-0.16 (the whole model checked under pipeline parallelism)"),
+                           ((0, 19), "vLLM 0.9-0.19 (its token count: physical slots)"),
+                           ((0, 24), "vLLM >= 0.20 (its token count: concurrency x max_model_len)")):
+        if st.version != version:  # the version as a whole: its token count, sizing and checks
+            alternatives.append((label + ", not the version read or given",
+                                 replace(st, version=version, hybrid=Release(version).hybrid_allocator)))
+    base = {r.quantity: r for r in rows}  # the rows under the settings read
+    causes = []
+    for label, alt in alternatives:
+        try:
+            alt_rows = [r for r in rows_for(alt) if r.quantity != "weights per GPU"]
+        except KVBudgetError:
+            continue
+        if alt_rows and all(r.matches for r in alt_rows):
+            first = next((r for r in alt_rows if r.quantity in base and not base[r.quantity].matches), None)
+            effect = f" ({first.quantity}: {base[first.quantity].predicted} -> {first.predicted})" if first else ""
+            causes.append(label + effect)
+    return causes or ["none of the known causes (dtype, tensor/pipeline parallel size, window sizing, prefix "
+                      "caching, MLA backend, the version's rules) makes the rows agree: check the model and its "
+                      "config"]
