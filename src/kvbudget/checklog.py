@@ -1,7 +1,7 @@
 """`kvbudget check-log`: an engine's startup log beside kvbudget's prediction for the same settings.
 
-Which engine wrote the log, and how to read it, is each engine's own knowledge (`Engine.reads_log` and
-`Engine.check_log`); this module finds the engine and the model the log names.
+Which engine wrote the log, and how to read it, is each engine's own knowledge (the `ReadsLogs` capability:
+`reads_log` and `check_log`); this module finds the engine and the model the log names.
 """
 
 from __future__ import annotations
@@ -12,18 +12,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvbudget.engines import ENGINES, Engine, LogCheck
+from kvbudget.engines import ENGINES, LogCheck, ReadsLogs
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 
 
-def detect_engine(text: str) -> Engine:
+def detect_engine(text: str) -> ReadsLogs:
     """The registered engine whose startup log this is."""
-    for engine in ENGINES.values():
+    readers = [e for e in ENGINES.values() if isinstance(e, ReadsLogs)]
+    for engine in readers:
         if engine.reads_log(text):
             return engine
-    readers = ", ".join(e.name for e in ENGINES.values() if e.log_signatures)
-    raise KVBudgetError(f"check-log: found no KV cache lines of a known engine ({readers}) in the log; pass the "
+    names = ", ".join(e.name for e in readers)
+    raise KVBudgetError(f"check-log: found no KV cache lines of a known engine ({names}) in the log; pass the "
                         "engine's startup log at INFO level (llama-server: -lv 4)")
 
 

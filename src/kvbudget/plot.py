@@ -137,9 +137,7 @@ def plot_simulation(sim: Simulation, path: str, caption: str = "") -> None:
     cdf.set_ylabel("fraction of requests")
     cdf.set_title("latency distribution")
     cdf.legend(fontsize=8)
-    memory = (f"{s.num_blocks:,} blocks of {s.block_size}" if s.allocator == "paged" else
-              f"{s.token_slots:,} token slots")
-    fig.suptitle(f"{s.model} on {s.engine} ({s.allocator}), {s.gpu or 'no GPU named'}: {memory}; "
+    fig.suptitle(f"{s.model} on {s.engine} ({s.allocator}), {s.gpu or 'no GPU named'}: {s.describe(short=True)}; "
                  f"{sim.requests:,} requests", fontsize=10)
     if "estimate" in s.scheduling:  # a scheduler followed from source only says so on the picture too
         caption = "; ".join(x for x in (s.scheduling, caption) if x)

@@ -334,17 +334,8 @@ def _print(sim: Any, args: argparse.Namespace) -> None:
     s = sim.setup
     out = console()
     budget = f"{format_bytes(s.kv_memory_bytes)} KV, " if s.kv_memory_bytes else ""
-    if s.allocator.startswith("slots"):
-        pool = "one pool of" if s.allocator == "slots-unified" else "in all:"
-        memory = (f"-np {s.max_num_seqs} slots of {s.max_model_len:,} cells ({pool} {s.token_slots:,} cells); "
-                  f"n_batch {s.max_num_batched_tokens}, prompt cache {'on' if s.prefix_caching else 'off'}")
-    else:
-        memory = (f"{s.num_blocks:,} blocks of {s.block_size} tokens" if s.allocator == "paged" else
-                  f"{s.token_slots:,} token slots")
-        memory += (f"; max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens}, prefix "
-                   f"caching {'on' if s.prefix_caching else 'off'}")
     out.print(f"[bold]{s.model}[/bold] on {s.engine} ({s.allocator}), {s.gpu or 'no GPU named'}: {budget}"
-              f"{memory}")
+              f"{s.describe()}")
     out.print(f"{sim.requests:,} requests ({sim.completed:,} completed) in {sim.duration_s:,.1f} s simulated, "
               f"{sim.steps:,} steps: {sim.requests_per_s:,.2f} requests/s, {sim.output_tokens_per_s:,.0f} output "
               "tokens/s")
@@ -358,8 +349,7 @@ def _print(sim: Any, args: argparse.Namespace) -> None:
     out.print(t)
     mem = sim.memory
     hit = f"{sim.prefix_hit_rate:.1%}" if sim.prefix_hit_rate is not None else "-"
-    contiguous = sim.setup.allocator.startswith("contiguous")
-    rest = "other (free, buddy-block rounding, holes)" if contiguous else "free"
+    rest = s.free_label
     out.print(f"KV cache: peak usage {sim.peak_usage:.1%}, time-averaged {sim.mean_usage:.1%}; slots: token states "
               f"{mem.token_states:.1%}, reserved ahead {mem.reservation:.1%}, internal fragmentation "
               f"{mem.internal:.1%}, {rest} {mem.other:.1%}")

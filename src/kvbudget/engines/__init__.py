@@ -8,7 +8,18 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 
-from kvbudget.engines.base import Allocation, CacheGroup, Capacity, Engine, EngineOptions, LogCheck, LogRow, Serving
+from kvbudget.engines.base import (
+    Allocation,
+    CacheGroup,
+    Capacity,
+    Engine,
+    EngineOptions,
+    LogCheck,
+    LogRow,
+    ReadsLogs,
+    Serving,
+    Simulator,
+)
 from kvbudget.errors import KVBudgetError
 
 # The built-in engines by name, loaded on first use (a command that runs one engine imports only its module).
@@ -84,8 +95,10 @@ __all__ = [
     "EngineOptions",
     "LogCheck",
     "LogRow",
+    "ReadsLogs",
     "Registry",
     "Serving",
+    "Simulator",
     "get_engine",
     "register",
     "serving_engines",

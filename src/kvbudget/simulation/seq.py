@@ -6,12 +6,9 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, ClassVar
 
 from kvbudget.simulation.workload import Request
-
-if TYPE_CHECKING:
-    from kvbudget.engines.vllm.pool import Run
 
 
 @dataclass(frozen=True)
@@ -69,7 +66,7 @@ class Seq:
         self.computed = 0  # vLLM's num_computed_tokens
         self.nblocks = 0  # its block table's length (one full-attention group)
         self.ncached = 0  # blocks already keyed
-        self.runs: list[Run] = []  # with prefix caching: its keyed blocks as runs of the pool (see pool.py)
+        self.runs: list[Any] = []  # with prefix caching: its keyed blocks as runs of vLLM's pool (pool.Run)
         self.pieces = request.prefix
         self.chains: list[int] = []  # per piece: its base key (see key())
         self.starts: list[int] = []  # per piece: the token it starts at
@@ -180,9 +177,12 @@ def commit(scheduled: list[tuple[Seq, int]]) -> tuple[int, int]:
 
 
 class Queues:
-    """Running and waiting requests; a scheduler adds `schedule()` and `_free()`."""
+    """Running and waiting requests; a scheduler adds `schedule()`, `_free()`, `usage()` and `memory()`, and one
+    with a fast path for runs of pure decode steps the methods after `decode_run_limit()`."""
 
     hybrid = False  # whether memory() counts every block in use as token states (several KV cache groups)
+    beam_search: ClassVar[bool] = False  # runs beam search as vLLM's API layer does (rounds of engine requests)
+    no_samples: ClassVar[str | None] = None  # why requests of n > 1 samples are not simulated here (None: they are)
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.cfg = config
@@ -212,9 +212,36 @@ class Queues:
     def _free(self, s: Seq) -> None:
         raise NotImplementedError
 
+    def schedule(self) -> Step:
+        raise NotImplementedError
+
+    def usage(self) -> float:
+        """The engine's KV cache usage gauge (0..1)."""
+        raise NotImplementedError
+
+    def memory(self) -> tuple[int, int, int]:
+        """(token states, reservation, internal fragmentation) in token slots."""
+        raise NotImplementedError
+
     def decode_run_limit(self) -> int:
         """How many steps can be taken at once by the fast path (0: none; schedulers that have one say more)."""
         return 0
+
+    def new_blocks_by_step(self, k: int) -> list[int]:
+        """The fast path: blocks the running requests take at each of the next k decode steps."""
+        raise NotImplementedError
+
+    def context_tokens(self) -> int:
+        """The fast path: tokens the running requests attend over."""
+        raise NotImplementedError
+
+    def free_blocks(self) -> tuple[int, int]:
+        """The fast path: (free, usable) blocks of the pool."""
+        raise NotImplementedError
+
+    def decode_run(self, k: int, now: float = 0.0) -> list[Seq]:
+        """The fast path: k pure decode steps at once; the requests that finished."""
+        raise NotImplementedError
 
     def update(self, step: Step, now: float = 0.0) -> list[Seq]:
         """After the model ran the step: requests whose known tokens are all computed sample one token; those

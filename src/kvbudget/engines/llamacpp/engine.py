@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvbudget.dtypes import KVDtype, get_dtype, resolve_kv_dtype
 from kvbudget.engines.base import (
@@ -60,6 +60,9 @@ from kvbudget.model.spec import (
     SlidingWindow,
 )
 from kvbudget.units import MIB, cdiv, format_bytes
+
+if TYPE_CHECKING:
+    from kvbudget.engines.llamacpp.simulator import LlamaCppSimulator
 
 CELL_PAD = 256
 N_UBATCH = 512  # llama-server default physical batch
@@ -256,6 +259,11 @@ class LlamaCppEngine(Engine):
             raise EngineRuleError(f"kv_dtype {kv_dtype}: llama.cpp cache types are f32, f16, bf16, q8_0, q4_0, "
                                   "q4_1, q5_0, q5_1 and iq4_nl", param="kv_dtype")
         return dtype
+
+    def simulator(self) -> LlamaCppSimulator:
+        from kvbudget.engines.llamacpp.simulator import LlamaCppSimulator
+
+        return LlamaCppSimulator(self)
 
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         return _check_log(self, text, model, given or {})

@@ -130,6 +130,8 @@ class LlamaServerScheduler(Queues):
     """`cfg.max_num_seqs` slots of `cfg.max_model_len` cells (n_ctx_slot), `cfg.max_num_batched_tokens` the
     logical batch (n_batch); `pool` the cells of the unified cache (0: every slot has its own stream)."""
 
+    no_samples = "llama.cpp's child tasks (n > 1) are not simulated"
+
     def __init__(self, config: SchedulerConfig, pool: int = 0, ram: PromptCache | None = None) -> None:
         super().__init__(config)
         self.ram = ram  # the host-RAM prompt cache (--cache-ram), or None

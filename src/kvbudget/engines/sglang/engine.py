@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvbudget.dtypes import KVDtype, get_dtype
 from kvbudget.engines.base import (
@@ -51,6 +51,9 @@ from kvbudget.model.spec import (
     RecurrentState,
 )
 from kvbudget.units import GIB
+
+if TYPE_CHECKING:
+    from kvbudget.engines.sglang.simulator import SGLangSimulator
 
 _F32 = get_dtype("float32")
 SOURCE_NOTE = "SGLang figures follow its source (not run here): windows cached in full, page size 1"
@@ -164,6 +167,11 @@ class SGLangEngine(Engine):
 
     def honours_windows(self, model: ModelSpec) -> bool:
         return False
+
+    def simulator(self) -> SGLangSimulator:
+        from kvbudget.engines.sglang.simulator import SGLangSimulator
+
+        return SGLangSimulator(self)
 
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         """SGLang prints its pool in tokens and the buffer sizes per rank ("GB" meaning GiB): K and V apart for

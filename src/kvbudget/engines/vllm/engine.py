@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from kvbudget.dtypes import KVDtype, get_dtype
 from kvbudget.engines.base import (
@@ -65,6 +65,9 @@ from kvbudget.model.spec import (
     SlidingWindow,
 )
 from kvbudget.units import GIB, cdiv, format_bytes
+
+if TYPE_CHECKING:
+    from kvbudget.engines.vllm.simulator import VLLMSimulator
 
 DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
 # MLA on CPU: the reference backend (x86 with AMX, as on our test machine) takes 16; on GPUs the block size
@@ -507,6 +510,11 @@ class VLLMEngine(Engine):
                       spec_blocks=spec_blocks), dtype
 
     # --- startup logs -------------------------------------------------------------------------
+
+    def simulator(self) -> VLLMSimulator:
+        from kvbudget.engines.vllm.simulator import VLLMSimulator
+
+        return VLLMSimulator(self)
 
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         from kvbudget.engines.vllm.logs import check_log

@@ -45,8 +45,13 @@ class VLLMScheduler(Queues):
     def _new_pool(self) -> CountingPool:
         return RunPool(self.cfg.num_blocks) if self.caching else CountingPool(self.cfg.num_blocks)
 
+    beam_search = True
+
     def usage(self) -> float:
         return self.pool.usage()
+
+    def free_blocks(self) -> tuple[int, int]:
+        return self.pool.nfree, self.pool.usable
 
     def memory(self) -> tuple[int, int, int]:
         """(token states, reservation, internal fragmentation) in token slots: cached tokens of the running

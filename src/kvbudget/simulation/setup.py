@@ -1,0 +1,132 @@
+"""What the simulator is asked (`SimulationAsk`) and what it runs (`Setup`): the types an engine's scheduler model
+(`kvbudget.engines.base.Simulator`) reads and writes. Engine-independent: an engine fills in a Setup with its own
+rules and builds its scheduler from it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from kvbudget.engines.base import Allocation, Engine, EngineOptions
+from kvbudget.errors import KVBudgetError
+from kvbudget.model.spec import ModelSpec
+from kvbudget.simulation.seq import SchedulerConfig
+from kvbudget.simulation.timing import MeasuredStep, TimeModel
+
+if TYPE_CHECKING:
+    from kvbudget.engines.base import Simulator
+    from kvbudget.planner import Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulationAsk:
+    """`setup_for`'s arguments: the memory and scheduler settings a simulation is asked for (None: the engine's
+    default, or the planner's)."""
+
+    model: ModelSpec
+    engine: Engine
+    gpu: str | None = None
+    gpu_memory: int | None = None
+    kv_memory: int | None = None
+    num_blocks: int | None = None
+    tp: int = 1
+    pp: int = 1
+    kv_dtype: str = "auto"
+    max_model_len: int | None = None
+    block_size: int | None = None
+    device: str = "cuda"
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    prefix_caching: bool = True
+    long_prefill_token_threshold: int = 0
+    time_model: TimeModel | None = None
+    allocator: str = "paged"
+    measured: Sequence[MeasuredStep] | None = None
+    kv_unified: bool = False
+    cache_ram: int | None = None
+    weights: int | None = None
+
+    @property
+    def budget_given(self) -> bool:
+        """Whether the KV budget is stated (a GPU, its memory or the budget itself)."""
+        return self.gpu is not None or self.gpu_memory is not None or self.kv_memory is not None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Planned:
+    """What the simulator settles before the engine fills in its setup: the plan of the ask's settings, and the
+    parts every engine shares."""
+
+    plan: Plan
+    options: EngineOptions  # what the plan was asked with (the engine's `Simulator.options`)
+    max_model_len: int
+    time_model: TimeModel
+    gpu: str | None  # the GPU's name where one was given (a catalog card or its memory)
+    kv_memory: int | None  # the KV budget where one was given
+
+
+HIDDEN = {"json": False}  # a field to_dict() leaves out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setup:
+    """What was simulated: the engine's memory and scheduler settings, and where each came from."""
+
+    engine: str
+    model: str
+    num_blocks: int
+    block_size: int
+    kv_memory_bytes: int | None
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    prefix_caching: bool
+    long_prefill_token_threshold: int
+    gpu: str | None
+    time_model: TimeModel
+    bytes_per_token: int = 0  # KV bytes per token on the most loaded GPU
+    allocator: str = "paged"  # the engine's name for its allocator (vLLM: or contiguous-max / -pow2 / -oracle)
+    allocation: Allocation | None = field(default=None, repr=False, compare=False, metadata=HIDDEN)  # the guard's
+    groups: tuple[Any, ...] = ()  # the engine's KV cache groups as its scheduler keeps them (data classes)
+    scheduling: str = "the scheduling itself is exact"  # how far the scheduler is verified
+    prompt_cache_bytes: int = 0  # llama.cpp's host-RAM prompt cache (--cache-ram)
+    # the engine's scheduler model, which builds the scheduler for this setup
+    simulator: Simulator = field(repr=False, compare=False, metadata=HIDDEN)
+
+    @property
+    def token_slots(self) -> int:
+        """Tokens the KV cache holds, as the engine counts its memory."""
+        return self.simulator.token_slots(self)
+
+    def describe(self, short: bool = False) -> str:
+        """The engine's memory and scheduler settings in words (`short`: the memory alone)."""
+        return self.simulator.describe(self, short)
+
+    @property
+    def free_label(self) -> str:
+        """What the engine's unused token slots are, in words."""
+        return self.simulator.free_label(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("json", True)}
+        out["time_model"] = self.time_model.to_dict()
+        out["groups"] = [dict(g.__dict__) for g in self.groups]
+        return out
+
+
+def config_of(setup: Setup) -> SchedulerConfig:
+    """The settings every scheduler reads, from a setup."""
+    return SchedulerConfig(setup.num_blocks, setup.block_size, setup.max_num_seqs, setup.max_num_batched_tokens,
+                           setup.max_model_len, setup.prefix_caching, setup.long_prefill_token_threshold)
+
+
+def refuse_slot_settings(ask: SimulationAsk) -> None:
+    """Raise for the settings of llama.cpp's slots, for an engine without them."""
+    if ask.kv_unified:
+        raise KVBudgetError("kv_unified: a llama.cpp setting (one cell pool for all slots)", param="kv_unified")
+    if ask.cache_ram is not None:
+        raise KVBudgetError(CACHE_RAM, param="cache_ram")
+
+
+CACHE_RAM = "cache_ram: llama.cpp's host-RAM prompt cache, in MiB (0 turns it off); other engines have none"
