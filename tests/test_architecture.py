@@ -15,6 +15,9 @@ from kvbudget.engines import ENGINES, Allocation, CacheGroup, Capacity, Engine, 
 from kvbudget.engines.base import UsageGauge, group_layers, simple_capacity
 from kvbudget.engines.metrics import first_gauge
 from kvbudget.model.spec import Attention, ModelSpec
+from kvbudget.simulation import Request, simulate
+from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step, commit
+from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, config_of
 
 SRC = Path(kvbudget.__file__).parent
 KINDS = ("full_attention", "sliding_window", "chunked_local", "latent_attention", "recurrent_state", "no_cache")
@@ -42,6 +45,80 @@ class ToyEngine(Engine):
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
         return simple_capacity(self.allocate(model, kv_dtype, tp, options), kv_memory, max_model_len, "toy pool")
+
+
+class ToyScheduler(Queues):
+    """Admits a waiting request whole when its prompt and output fit the free tokens; each step decodes every
+    running request and prefills the admitted ones."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        super().__init__(config)
+        self.free = config.num_blocks
+        self.held: dict[int, int] = {}
+
+    def usage(self) -> float:
+        return 1 - self.free / self.cfg.num_blocks
+
+    def memory(self) -> tuple[int, int, int]:
+        states = sum(s.computed for s in self.running)
+        return states, sum(self.held.values()) - states, 0
+
+    def schedule(self) -> Step:
+        scheduled = [(s, 1) for s in self.running]
+        while self.waiting and self.waiting[0].prompt + self.waiting[0].end <= self.free:
+            s = self.waiting.popleft()
+            self.held[s.uid] = s.prompt + s.end
+            self.free -= self.held[s.uid]
+            self.running.append(s)
+            scheduled.append((s, s.prompt))
+        tokens, context = commit(scheduled)
+        return Step(tuple(scheduled), (), self.free, self.usage(), tokens, context)
+
+    def _free(self, s: Seq) -> None:
+        self.free += self.held.pop(s.uid)
+
+
+class ToySimulator:
+    """The toy's scheduler model: its token slots are the budget over its bytes per token."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def options(self, ask: SimulationAsk) -> EngineOptions:
+        if ask.num_blocks is not None:
+            raise kvbudget.KVBudgetError("num_blocks: the toy has no blocks", param="num_blocks")
+        return EngineOptions()
+
+    def sized_without_budget(self, ask: SimulationAsk) -> bool:
+        return False
+
+    def setup(self, ask: SimulationAsk, planned: Planned) -> Setup:
+        p = planned.plan
+        return Setup(engine=self.engine.name, model=ask.model.name, num_blocks=p.capacity.physical_token_slots,
+                     block_size=1, kv_memory_bytes=planned.kv_memory, max_num_seqs=64, max_num_batched_tokens=4096,
+                     max_model_len=planned.max_model_len, prefix_caching=False, long_prefill_token_threshold=0,
+                     gpu=planned.gpu, time_model=planned.time_model, bytes_per_token=p.estimate.bytes_per_token,
+                     allocator="toy-reserve", allocation=p.estimate.allocation, simulator=self)
+
+    def scheduler(self, setup: Setup) -> Queues:
+        return ToyScheduler(config_of(setup))
+
+    def token_slots(self, setup: Setup) -> int:
+        return setup.num_blocks
+
+    def describe(self, setup: Setup, short: bool = False) -> str:
+        return f"{setup.num_blocks:,} toy slots"
+
+    def free_label(self, setup: Setup) -> str:
+        return "free"
+
+
+@dataclass(frozen=True)
+class SimulatedToy(ToyEngine):
+    name: str = "toy-sim"
+
+    def simulator(self) -> ToySimulator:
+        return ToySimulator(self)
 
 
 @pytest.fixture
@@ -84,6 +161,42 @@ def test_a_registered_toy_engine_serves_every_consumer(toy, tmp_path, capsys):
 
     counter = PromptCounter(None, approximate=True, engine="toy")
     assert counter.engine is toy and counter.engine.prompt_adds_bos
+
+
+def test_a_registered_toy_engine_without_a_scheduler_model_is_refused_in_one_line(toy, capsys):
+    model = kvbudget.load_model("llama-3.1-8b")
+    with pytest.raises(kvbudget.KVBudgetError) as exc:
+        simulate(model, [], engine="toy", gpu="L4")
+    assert exc.value.param == "engine" and "toy" in str(exc.value)
+    assert main(["simulate", "llama-3.1-8b", "--engine", "toy", "--gpu", "L4", "--rate", "1", "--requests", "3"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "--engine toy" in err, err
+
+
+def test_a_registered_toy_engine_with_a_scheduler_model_is_simulated(monkeypatch, capsys):
+    import kvbudget.engines as engines
+
+    monkeypatch.setattr("kvbudget.engines.ENGINES", engines.Registry())
+    register(SimulatedToy())
+    model = kvbudget.load_model("llama-3.1-8b")  # the toy keeps 32 x 8 x 256 = 65,536 bytes per token
+    # 330 tokens of KV budget hold three requests of 100 + 10 tokens: ten arriving at once run three at a time
+    work = [Request(0.0, 100, 10) for _ in range(10)]
+    sim = simulate(model, work, engine="toy-sim", gpu="L4", kv_memory=330 * 65536, max_model_len=4096)
+    assert sim.setup.engine == "toy-sim" and sim.setup.num_blocks == sim.setup.token_slots == 330
+    assert sim.completed == 10 and sim.peak_running == 3 and sim.peak_waiting == 7
+    assert sim.output_tokens == 100 and sim.peak_usage == 1.0
+    # the one-line refusal of a setting the toy's scheduler model has no meaning for, before any heavy work
+    with pytest.raises(kvbudget.KVBudgetError) as exc:
+        simulate(model, work, engine="toy-sim", gpu="L4", num_blocks=10)
+    assert exc.value.param == "num_blocks"
+    # the command line, by name
+    assert main(["simulate", "llama-3.1-8b", "--engine", "toy-sim", "--gpu", "L4", "--kv-memory", "256MiB",
+                 "--max-model-len", "4096", "--rate", "2", "--requests", "20", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["completed"] == 20 and data["setup"]["allocator"] == "toy-reserve"
+    assert main(["simulate", "llama-3.1-8b", "--engine", "toy-sim", "--gpu", "L4", "--kv-memory", "256MiB",
+                 "--max-model-len", "4096", "--rate", "2", "--requests", "20"]) == 0
+    assert "toy-sim (toy-reserve), L4: 256.00 MiB KV, 4,096 toy slots" in capsys.readouterr().out
 
 
 def test_unknown_engine_is_a_one_line_error_everywhere(capsys):

@@ -317,7 +317,7 @@ def load_tokenizer(source: str | os.PathLike | None):
     transformers.logging.set_verbosity_error()
     text = str(source)
     path = Path(text).expanduser()
-    from kvbudget.quality.load import BUNDLED, bundled_gguf  # the test model `quality` takes by name
+    from kvbudget.bundled import BUNDLED, bundled_gguf  # the test model `quality` takes by name
 
     if text.strip().lower() == BUNDLED and not path.exists():
         path = bundled_gguf()

@@ -53,10 +53,10 @@ def check(args: argparse.Namespace) -> None:
     import importlib.util
     import os
 
+    from kvbudget.bundled import BUNDLED
     from kvbudget.engines import get_engine
     from kvbudget.gpus import find_gpu
     from kvbudget.quality import names
-    from kvbudget.quality.load import BUNDLED
 
     for text in args.kv_dtype or ():
         names.split(text)

@@ -66,7 +66,6 @@ if TYPE_CHECKING:
 
 CELL_PAD = 256
 N_UBATCH = 512  # llama-server default physical batch
-CACHE_RAM_MIB = 8192  # llama-server default host-RAM prompt cache (--cache-ram)
 LLAMA4_CHUNK = 8192  # src/models/llama4.cpp sets n_swa = 8192 whatever the config says
 # Architectures whose sliding windows llama.cpp honours (swa_type set in src/models/*.cpp); every other one,
 # Mistral-7B-v0.1 (llama arch) and Phi-3 ("Phi SWA is currently disabled") included, is cached in full.

@@ -55,6 +55,7 @@ PAD_256 = Change("#17046", "2025-11-06", 6969, 7000, "the cache size is padded t
 CHANGES = (SWA_CACHE, SWA_UBATCH, STREAMS, FA_AUTO, NO_PAD, PAD_256)
 NEWEST_BUILD = 10_000_000  # "the newest build": every change above included
 N_BATCH = 2048  # llama-server's default -b
+CACHE_RAM_MIB = 8192  # llama-server's default host-RAM prompt cache (--cache-ram)
 
 
 @dataclass(frozen=True)

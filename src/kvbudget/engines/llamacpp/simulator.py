@@ -3,14 +3,19 @@ unified pool), with the host-RAM prompt cache."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvbudget.engines.base import EngineOptions
-from kvbudget.engines.llamacpp.engine import CACHE_RAM_MIB, N_BATCH, LlamaCppEngine
+from kvbudget.engines.llamacpp.releases import CACHE_RAM_MIB, N_BATCH
 from kvbudget.engines.llamacpp.scheduler import LlamaServerScheduler, PromptCache
 from kvbudget.errors import KVBudgetError
 from kvbudget.simulation.seq import Queues
 from kvbudget.simulation.setup import CACHE_RAM, Planned, Setup, SimulationAsk, config_of
 
 SLOTS, UNIFIED = "slots", "slots-unified"
+
+if TYPE_CHECKING:
+    from kvbudget.engines.llamacpp.engine import LlamaCppEngine
 
 
 class LlamaCppSimulator:

@@ -3,12 +3,16 @@ the prefill chunk and the running requests."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvbudget.engines.base import EngineOptions
-from kvbudget.engines.sglang.engine import SGLangEngine
 from kvbudget.engines.sglang.scheduler import SGLangScheduler
 from kvbudget.errors import KVBudgetError
 from kvbudget.simulation.seq import Queues
 from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, config_of, refuse_slot_settings
+
+if TYPE_CHECKING:
+    from kvbudget.engines.sglang.engine import SGLangEngine
 
 
 class SGLangSimulator:

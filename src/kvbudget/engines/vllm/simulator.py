@@ -3,9 +3,10 @@ schedulers (plain, hybrid, hybrid with prefix caching, or a contiguous baseline)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvbudget.engines.base import EngineOptions
 from kvbudget.engines.vllm.contiguous import POLICIES, ContiguousScheduler
-from kvbudget.engines.vllm.engine import VLLMEngine
 from kvbudget.engines.vllm.scheduler import CachedHybridScheduler, HybridScheduler, VLLMScheduler
 from kvbudget.errors import KVBudgetError
 from kvbudget.simulation.seq import Queues
@@ -13,6 +14,9 @@ from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, config_of, 
 
 PAGED = "paged"
 CONTIGUOUS = "contiguous-"
+
+if TYPE_CHECKING:
+    from kvbudget.engines.vllm.engine import VLLMEngine
 
 
 class VLLMSimulator:
