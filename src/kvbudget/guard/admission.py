@@ -5,20 +5,26 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from kvbudget.engines import Engine
-from kvbudget.guard.metrics import GuardMetrics
 from kvbudget.guard.policy import Decision, Policy, Replica, decide
 from kvbudget.guard.request import Asked, samples
 from kvbudget.guard.signals import Predictor, approximate_prompt_tokens
 
 
+class Observer(Protocol):
+    """What watches admission (the guard's Prometheus metrics; the simulator's guard has none)."""
+
+    def held(self, replica: str, predicted: float | None, in_flight: int) -> None:
+        """A replica's predicted usage (None without a predictor) and requests in flight, after a change."""
+
+
 class Admission:
     def __init__(self, replicas: list[Replica], policy: Policy, predictor: Predictor | None,
-                 count_prompt: Callable[[dict[str, Any]], int] | None, metrics: GuardMetrics, engine: Engine,
+                 count_prompt: Callable[[dict[str, Any]], int] | None, observer: Observer | None, engine: Engine,
                  max_model_len: int | None = None):
-        self.replicas, self.policy, self.predictor, self.metrics = replicas, policy, predictor, metrics
+        self.replicas, self.policy, self.predictor, self.observer = replicas, policy, predictor, observer
         self.count_prompt = count_prompt or approximate_prompt_tokens
         self.engine, self.max_model_len = engine, max_model_len
         self.held: dict[str, dict[int, int]] = {r.url: {} for r in replicas}  # request id -> predicted bytes
@@ -79,6 +85,6 @@ class Admission:
         replica = next(r for r in self.replicas if r.url == url)
         if self.predictor is not None:
             replica.predicted = self.predictor.fraction(sum(self.held[url].values()))
-            self.metrics.predicted.labels(url).set(replica.predicted)
         replica.in_flight = len(self.held[url])
-        self.metrics.in_flight.labels(url).set(replica.in_flight)
+        if self.observer is not None:
+            self.observer.held(url, replica.predicted if self.predictor is not None else None, replica.in_flight)

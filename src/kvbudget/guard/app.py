@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from starlette.applications import Starlette
@@ -18,18 +17,14 @@ from starlette.routing import Route
 
 from kvbudget.engines import Engine, get_engine
 from kvbudget.errors import UpstreamConfigError
-from kvbudget.guard.admission import Admission
+from kvbudget.guard.gate import Gate, Pending, Refusal
 from kvbudget.guard.limits import ConnectionLimits
 from kvbudget.guard.metrics import GuardMetrics
-from kvbudget.guard.policy import Decision, Policy, Replica
+from kvbudget.guard.policy import Policy, Replica
 from kvbudget.guard.poller import Poller
 from kvbudget.guard.relay import HOP_BY_HOP, error, relay
-from kvbudget.guard.request import Asked, BadRequest, parse_json, read_request
 from kvbudget.guard.signals import Predictor
 from kvbudget.guard.upstream import ConnectFailed, Pool, UpstreamError
-
-PRIORITY_HEADER = "x-kvbudget-priority"
-DENIED = "invalid or missing API key for the guard"
 
 
 @dataclass
@@ -58,7 +53,8 @@ class GuardConfig:
 
 
 class Guard:
-    """The OpenAI routes: authentication and limits here; admission, polling, metrics and relay in their modules."""
+    """The OpenAI routes over HTTP: body limits here; the admission pipeline in `gate`, polling, metrics and relay
+    in their modules."""
 
     def __init__(self, config: GuardConfig):
         self.config = config
@@ -69,47 +65,27 @@ class Guard:
         self.pool: Pool | None = None  # made in the app's lifespan, on its event loop
         self.closing = asyncio.Event()  # set shortly before the shutdown grace runs out: streams end cleanly
         self.loop: asyncio.AbstractEventLoop | None = None  # the app's, once it has started
-        # request headers kept from the upstream: hop-by-hop ones, and the guard's own API key
-        self.keys = config.api_keys | config.priority_keys  # every key the guard accepts (none: open)
-        self.not_forwarded = HOP_BY_HOP | ({b"authorization"} if self.keys else set())
         self.metrics = GuardMetrics()
         self.engine = get_engine(config.engine)
-        self.admission = Admission(self.replicas, config.policy, config.predictor, config.count_prompt, self.metrics,
-                                   self.engine, config.max_model_len)
+        self.gate = Gate(config, self.replicas, self.metrics, self.engine)
+        # request headers kept from the upstream: hop-by-hop ones, and the guard's own API key
+        self.not_forwarded = HOP_BY_HOP | ({b"authorization"} if self.gate.keys else set())
         self.poller = Poller(self.engine, self.replicas, self.metrics, config.connect_timeout,
                              config.poll_interval)
 
-    def _log(self, **fields: Any) -> None:
-        line = json.dumps({"ts": round(time.time(), 3), **fields})
-        out = self.config.decision_log or sys.stderr
-        print(line, file=out, flush=True)
-
-    def key(self, authorization: str) -> str | None:
-        """The bearer token of an Authorization header when it is one of the guard's keys, else None."""
-        scheme, _, token = authorization.strip().partition(" ")
-        token = token.strip()
-        return token if scheme.lower() == "bearer" and token in self.keys else None
+    @staticmethod
+    def refused(refusal: Refusal) -> Response:
+        """A refusal as an OpenAI-style error answer."""
+        headers = None if refusal.retry_after is None else {"Retry-After": str(refusal.retry_after)}
+        return error(refusal.status, refusal.message, refusal.kind, headers=headers, param=refusal.param)
 
     def _denied(self, request: Request) -> Response | None:
         """401 when the guard has keys and the request carries none of them."""
-        if self.keys and self.key(request.headers.get("authorization", "")) is None:
-            return error(401, DENIED, "authentication_error")
-        return None
+        refusal = self.gate.authorize(request.headers)
+        return None if refusal is None else self.refused(refusal)
 
-    def priority(self, headers: Mapping[str, str]) -> bool:
-        """With keys, priority is the key's (a priority key); without, the x-kvbudget-priority header's."""
-        if self.keys:
-            return self.key(headers.get("authorization", "")) in self.config.priority_keys
-        return headers.get(PRIORITY_HEADER, "").lower() == "high"
-
-    def refusal(self, decision: Decision) -> tuple[str, str]:
-        """The 503's message and error type for a rejected request."""
-        if decision.replica is None:
-            return f"no upstream can take the request: {decision.reason}", "server_unavailable"
-        return f"the KV cache is nearly full ({decision.reason}); retry later", "server_overloaded"
-
-    async def _body(self, request: Request) -> dict[str, Any] | Response:
-        """The request's JSON object, or the error answer (401, 413, 400)."""
+    async def _body(self, request: Request) -> Pending | Response:
+        """The request read and counted, or the error answer (401, 413, 408, 400)."""
         denied = self._denied(request)
         if denied is not None:
             return denied
@@ -135,30 +111,25 @@ class Guard:
             return error(408, f"the request body did not arrive within {self.config.limits.body_timeout:g} s",
                          "invalid_request_error", headers={"connection": "close"})
         raw = b"".join(chunks)
-        try:
-            body = parse_json(raw)
-            request.state.asked = read_request(body, chat=request.scope["path"] == "/v1/chat/completions")
-        except BadRequest as exc:
-            return error(400, str(exc), "invalid_request_error", param=exc.param)
+        pending = self.gate.read(request.scope["path"], raw, request.headers)
+        if isinstance(pending, Refusal):
+            return self.refused(pending)
         request.state.raw = raw
-        return body
+        return pending
 
     async def completions(self, request: Request) -> Response:
         start = time.perf_counter()
-        body = await self._body(request)
-        if isinstance(body, Response):
-            return body
+        pending = await self._body(request)
+        if isinstance(pending, Response):
+            return pending
         raw: bytes = request.state.raw
-        asked: Asked = request.state.asked
-        prompts = self.admission.prompt_tokens(body, asked) if self.admission.predictor is not None else []
-        priority = self.priority(request.headers)
         tried: set[str] = set()
         while True:
-            decision = self.judge(request.scope["path"], body, asked, prompts, priority, tried)
-            if decision.action == "reject" or decision.replica is None or decision.body is None:
-                message, kind = self.refusal(decision)
-                return error(503, message, kind, headers={"Retry-After": str(self.config.policy.retry_after_s)})
-            release = self.admission.hold(decision, asked, prompts)
+            admitted = self.gate.admit(pending, tried)
+            if isinstance(admitted, Refusal):
+                return self.refused(admitted)
+            decision, release = admitted.decision, admitted.release
+            assert decision.replica is not None and decision.body is not None
             # raw header pairs, filtered once: cheaper than rebuilding and re-normalising a mapping per request
             dropped = self.not_forwarded
             for k, v in request.scope["headers"]:  # the headers a client names in Connection are hop-by-hop too
@@ -173,7 +144,7 @@ class Guard:
             forwarding = relay(self.pool, decision, target, headers, payload, release, self.metrics,
                                self.config.first_byte_timeout, self.config.idle_timeout,
                                self.config.max_response_bytes, self.closing)
-            if body.get("stream"):  # a streamed answer notices the client leaving while it streams
+            if pending.body.get("stream"):  # a streamed answer notices the client leaving while it streams
                 response = await forwarding
             else:  # the whole answer is awaited: a client that leaves meanwhile cancels the upstream request
                 left, response = await self._unless_client_leaves(forwarding, request)
@@ -186,24 +157,6 @@ class Guard:
             if len(tried) == len(self.replicas):
                 self.metrics.upstream_errors.labels("all", "unreachable").inc()
                 return error(502, "no upstream could be reached", "upstream_unreachable")
-
-    def judge(self, path: str, body: dict[str, Any], asked: Asked, prompts: list[int], priority: bool,
-              tried: set[str]) -> Decision:
-        """The admission decision for a request, logged; a sidecar forwards the request as sent whatever the level
-        (it logs what the guard would have done as `advice`)."""
-        decision = self.admission.decide(body, asked, prompts, priority, tried)
-        advice = {}
-        if self.config.sidecar:
-            advice = {"advice": decision.action, "advised_changes": list(decision.changes)}
-            decision = replace(decision, action="forward", replica=self.replicas[0].url, body=body, changes=())
-        # what was done, by level; a rejection because no replica can be reached is not a full cache
-        level = "none" if decision.replica is None else str(decision.level)
-        self.metrics.decisions.labels(level, decision.action if decision.replica else "unavailable").inc()
-        self._log(event="decision", path=path, action=decision.action, level=decision.level,
-                  replica=decision.replica, pressure=round(decision.pressure, 4),
-                  with_request=round(decision.total, 4), changes=list(decision.changes), reason=decision.reason,
-                  priority=priority, **advice)
-        return decision
 
     def settle(self) -> None:
         """Every replica's level and usage gauge brought up to now (staleness and hysteresis move with time)."""
@@ -306,7 +259,7 @@ class Guard:
             if self.config.ext_proc is not None:
                 from kvbudget.guard.extproc import start
 
-                processor = await start(self, *self.config.ext_proc)
+                processor = await start(self.gate, *self.config.ext_proc)
             try:
                 yield
             finally:

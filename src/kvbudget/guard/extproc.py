@@ -2,7 +2,7 @@
 
 Envoy opens one processing stream per HTTP request and sends its phases in order: the request headers, then, with
 `request_body_mode: BUFFERED`, the whole body in one message, then (as configured) the response's headers, body
-and trailers. For a completion request this processor makes the proxy's own decision (`Guard.judge`): levels 1-2
+and trailers. For a completion request this processor runs the proxy's own admission pipeline (`gate`): levels 1-2
 answer the body phase with the rewritten body (and its new content-length), level 3 with an `ImmediateResponse`
 503 and Retry-After. The chosen replica is named in `x-gateway-destination-endpoint` (the inference extension's
 header, for an ORIGINAL_DST cluster) and the level in `x-kvbudget-level`. The request's predicted bytes are held
@@ -23,11 +23,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from envoy.type.v3.http_status_pb2 import HttpStatus
 
-from kvbudget.guard.app import DENIED, Guard
+from kvbudget.guard.gate import ROUTES, Gate, Refusal
 from kvbudget.guard.relay import error_body
-from kvbudget.guard.request import BadRequest, parse_json, read_request
 
-ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}  # path -> chat
 ENDPOINT_HEADER = "x-gateway-destination-endpoint"
 
 
@@ -65,8 +63,8 @@ def _continue(phase: str, *headers: tuple[str, str], body: bytes | None = None) 
 class Processor(pb_grpc.ExternalProcessorServicer):
     """One guard's decisions for Envoy's processing streams."""
 
-    def __init__(self, guard: Guard):
-        self.guard = guard
+    def __init__(self, gate: Gate):
+        self.gate = gate
 
     async def Process(self, request_iterator: AsyncIterator[pb.ProcessingRequest],
                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ProcessingResponse]:
@@ -94,29 +92,24 @@ class Processor(pb_grpc.ExternalProcessorServicer):
                 release()
 
     def _decide(self, headers: dict[str, str], part: Any) -> tuple[pb.ProcessingResponse, Any, int | None]:
-        guard = self.guard
+        gate = self.gate
         start = time.perf_counter()
-        if guard.keys and guard.key(headers.get("authorization", "")) is None:
-            return _immediate(401, error_body(401, DENIED, "authentication_error")), None, None
-        if not part.end_of_stream or len(part.body) > guard.config.max_body_bytes:
-            limit = guard.config.max_body_bytes
+        refusal = gate.authorize(headers)
+        if refusal is not None:
+            return _refused(refusal), None, None
+        if not part.end_of_stream or len(part.body) > gate.config.max_body_bytes:
+            limit = gate.config.max_body_bytes
             return _immediate(413, error_body(413, f"request body over {limit} bytes, or not buffered whole "
                                                    "(set request_body_mode: BUFFERED)", "invalid_request_error"),
                               details="kvbudget: body not whole"), None, None
-        path = headers[":path"].split("?")[0]
-        try:
-            body = parse_json(part.body)
-            asked = read_request(body, chat=ROUTES[path])
-        except BadRequest as exc:
-            return _immediate(400, error_body(400, str(exc), "invalid_request_error", exc.param)), None, None
-        prompts = guard.admission.prompt_tokens(body, asked) if guard.admission.predictor is not None else []
-        decision = guard.judge(path, body, asked, prompts, guard.priority(headers), set())
-        if decision.action == "reject" or decision.replica is None or decision.body is None:
-            message, kind = guard.refusal(decision)
-            retry = str(guard.config.policy.retry_after_s)
-            return _immediate(503, error_body(503, message, kind), (("retry-after", retry),),
-                              details=f"kvbudget: level {decision.level}"), None, decision.level
-        release = guard.admission.hold(decision, asked, prompts)
+        pending = gate.read(headers[":path"].split("?")[0], part.body, headers)
+        if isinstance(pending, Refusal):
+            return _refused(pending), None, None
+        admitted = gate.admit(pending, set())
+        if isinstance(admitted, Refusal):
+            return _refused(admitted), None, admitted.level
+        decision = admitted.decision
+        assert decision.replica is not None and decision.body is not None
         target = urlsplit(decision.replica)
         endpoint = f"{target.hostname}:{target.port or (443 if target.scheme == 'https' else 80)}"
         set_headers = [(ENDPOINT_HEADER, endpoint), ("x-kvbudget-level", str(decision.level))]
@@ -124,14 +117,23 @@ class Processor(pb_grpc.ExternalProcessorServicer):
         if decision.changes:
             new_body = json.dumps(decision.body).encode()
             set_headers.append(("content-length", str(len(new_body))))
-        guard.metrics.added_latency.observe(time.perf_counter() - start)
-        return _continue("request_body", *set_headers, body=new_body), release, decision.level
+        gate.metrics.added_latency.observe(time.perf_counter() - start)
+        return _continue("request_body", *set_headers, body=new_body), admitted.release, decision.level
 
 
-async def start(guard: Guard, host: str, port: int) -> grpc.aio.Server:
+def _refused(refusal: Refusal) -> pb.ProcessingResponse:
+    """A refusal as Envoy's immediate response (a 503 says its level and when to retry)."""
+    body = error_body(refusal.status, refusal.message, refusal.kind, refusal.param)
+    if refusal.retry_after is None:
+        return _immediate(refusal.status, body)
+    return _immediate(refusal.status, body, (("retry-after", str(refusal.retry_after)),),
+                      details=f"kvbudget: level {refusal.level}")
+
+
+async def start(gate: Gate, host: str, port: int) -> grpc.aio.Server:
     """The processor serving on host:port (started; stop it with `await server.stop(grace)`)."""
     server = grpc.aio.server()
-    pb_grpc.add_ExternalProcessorServicer_to_server(Processor(guard), server)
+    pb_grpc.add_ExternalProcessorServicer_to_server(Processor(gate), server)
     shown = f"[{host}]" if ":" in host else host
     server.add_insecure_port(f"{shown}:{port}")
     await server.start()

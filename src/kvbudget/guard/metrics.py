@@ -33,5 +33,11 @@ class GuardMetrics:
                                            "Client connections closed by a limit (too many, slow or large headers, "
                                            "slow body)", ["reason"], registry=r)
 
+    def held(self, replica: str, predicted: float | None, in_flight: int) -> None:
+        """Admission's observer: a replica's predicted usage and requests in flight."""
+        if predicted is not None:
+            self.predicted.labels(replica).set(predicted)
+        self.in_flight.labels(replica).set(in_flight)
+
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

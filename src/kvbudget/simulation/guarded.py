@@ -35,15 +35,11 @@ class GuardReport:
 class GuardInLoop:
     def __init__(self, config: dict[str, Any], allocation: Any, kv_budget: int | None, engine: Engine,
                  max_model_len: int, poll_interval: float = 1.0):
-        try:
-            from kvbudget.guard.admission import Admission
-            from kvbudget.guard.metrics import GuardMetrics
-            from kvbudget.guard.policy import Replica, policy_from_config
-            from kvbudget.guard.request import Asked
-            from kvbudget.guard.signals import Predictor
-        except ImportError:
-            raise KVBudgetError("guard_config: the guard in the loop needs the guard's packages: "
-                                "pip install 'kvbudget[guard]'", param="guard_config") from None
+        from kvbudget.guard.admission import Admission
+        from kvbudget.guard.policy import Replica, policy_from_config
+        from kvbudget.guard.request import Asked
+        from kvbudget.guard.signals import Predictor
+
         budget = config.get("kv_budget_bytes") or kv_budget
         if not budget:
             raise KVBudgetError("guard_config: no kv_budget_bytes in it and no KV budget to predict against",
@@ -51,7 +47,7 @@ class GuardInLoop:
         self.replica = Replica("simulated")
         self.asked = Asked(chat=True)  # a chat request: max_tokens and n, the prompt counted already
         self.admission = Admission([self.replica], policy_from_config(config), Predictor(allocation, int(budget)),
-                                   None, GuardMetrics(), engine, max_model_len)
+                                   None, None, engine, max_model_len)
         self.poll_interval = poll_interval
         self.next_poll = 0.0
         self.forwarded = {0: 0, 1: 0, 2: 0}

@@ -1,0 +1,129 @@
+"""The guard's one admission pipeline, whatever carries the request: the API key, the request read and counted,
+the decision (logged and counted), and the hold on the chosen replica. The HTTP proxy and sidecar (`app`) and the
+Envoy external processor (`extproc`) are adapters: they turn what their transport gives into `Gate.read` and
+`Gate.admit` calls and a `Refusal` into their own error answer."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from kvbudget.engines import Engine
+from kvbudget.guard.admission import Admission
+from kvbudget.guard.metrics import GuardMetrics
+from kvbudget.guard.policy import Decision, Replica
+from kvbudget.guard.request import Asked, BadRequest, parse_json, read_request
+
+if TYPE_CHECKING:
+    from kvbudget.guard.app import GuardConfig
+
+PRIORITY_HEADER = "x-kvbudget-priority"
+DENIED = "invalid or missing API key for the guard"
+ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}  # the paths admission decides: path -> chat
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request the guard answers itself: the status, the OpenAI-style error, and for a 503 the level and the
+    seconds a client should wait."""
+
+    status: int
+    message: str
+    kind: str
+    param: str | None = None
+    level: int | None = None
+    retry_after: int | None = None
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A request read, validated and counted, waiting for its decision."""
+
+    path: str
+    body: dict[str, Any]
+    asked: Asked
+    prompts: list[int]  # each prompt's tokens (empty without a predictor)
+    priority: bool
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request the guard forwards: the decision (replica, body as rewritten) and the release of its hold."""
+
+    decision: Decision
+    release: Callable[[], None]
+
+
+class Gate:
+    def __init__(self, config: GuardConfig, replicas: list[Replica], metrics: GuardMetrics, engine: Engine):
+        self.config, self.replicas, self.metrics = config, replicas, metrics
+        self.keys = config.api_keys | config.priority_keys  # every key the guard accepts (none: open)
+        self.admission = Admission(replicas, config.policy, config.predictor, config.count_prompt, metrics, engine,
+                                   config.max_model_len)
+
+    def _log(self, **fields: Any) -> None:
+        line = json.dumps({"ts": round(time.time(), 3), **fields})
+        print(line, file=self.config.decision_log or sys.stderr, flush=True)
+
+    def key(self, authorization: str) -> str | None:
+        """The bearer token of an Authorization header when it is one of the guard's keys, else None."""
+        scheme, _, token = authorization.strip().partition(" ")
+        token = token.strip()
+        return token if scheme.lower() == "bearer" and token in self.keys else None
+
+    def authorize(self, headers: Mapping[str, str]) -> Refusal | None:
+        """401 when the guard has keys and the request carries none of them."""
+        if self.keys and self.key(headers.get("authorization", "")) is None:
+            return Refusal(401, DENIED, "authentication_error")
+        return None
+
+    def priority(self, headers: Mapping[str, str]) -> bool:
+        """With keys, priority is the key's (a priority key); without, the x-kvbudget-priority header's."""
+        if self.keys:
+            return self.key(headers.get("authorization", "")) in self.config.priority_keys
+        return headers.get(PRIORITY_HEADER, "").lower() == "high"
+
+    def read(self, path: str, raw: bytes, headers: Mapping[str, str]) -> Pending | Refusal:
+        """The request's JSON body checked as the engine would check it, its prompts counted (400 when it is not
+        a request the engine takes)."""
+        try:
+            body = parse_json(raw)
+            asked = read_request(body, chat=ROUTES[path])
+        except BadRequest as exc:
+            return Refusal(400, str(exc), "invalid_request_error", exc.param)
+        prompts = self.admission.prompt_tokens(body, asked) if self.admission.predictor is not None else []
+        return Pending(path, body, asked, prompts, self.priority(headers))
+
+    def admit(self, pending: Pending, tried: set[str]) -> Admitted | Refusal:
+        """The decision for a read request among the replicas not `tried`: a 503, or the request held against the
+        chosen replica until its release runs."""
+        decision = self.judge(pending, tried)
+        if decision.action == "reject" or decision.replica is None or decision.body is None:
+            if decision.replica is None:
+                message, kind = f"no upstream can take the request: {decision.reason}", "server_unavailable"
+            else:
+                message, kind = f"the KV cache is nearly full ({decision.reason}); retry later", "server_overloaded"
+            return Refusal(503, message, kind, level=decision.level, retry_after=self.config.policy.retry_after_s)
+        return Admitted(decision, self.admission.hold(decision, pending.asked, pending.prompts))
+
+    def judge(self, pending: Pending, tried: set[str]) -> Decision:
+        """The admission decision for a request, logged; a sidecar forwards the request as sent whatever the level
+        (it logs what the guard would have done as `advice`)."""
+        body = pending.body
+        decision = self.admission.decide(body, pending.asked, pending.prompts, pending.priority, tried)
+        advice = {}
+        if self.config.sidecar:
+            advice = {"advice": decision.action, "advised_changes": list(decision.changes)}
+            decision = replace(decision, action="forward", replica=self.replicas[0].url, body=body, changes=())
+        # what was done, by level; a rejection because no replica can be reached is not a full cache
+        level = "none" if decision.replica is None else str(decision.level)
+        self.metrics.decisions.labels(level, decision.action if decision.replica else "unavailable").inc()
+        self._log(event="decision", path=pending.path, action=decision.action, level=decision.level,
+                  replica=decision.replica, pressure=round(decision.pressure, 4),
+                  with_request=round(decision.total, 4), changes=list(decision.changes), reason=decision.reason,
+                  priority=pending.priority, **advice)
+        return decision
