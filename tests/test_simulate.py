@@ -280,7 +280,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(capsys, argv, message):
 
 
 def test_windows_and_state_groups_are_simulated_with_and_without_prefix_caching(capsys):
-    from kvbudget.engines.vllm.blocks import BlockGroup
+    from kvbudget.engines.vllm.blocks import BlockGroup, SlidingGroup, StateGroup
     from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
 
     code, out, err = cli(capsys, "simulate", "qwen3-next-80b-a3b", "--gpu", "H200", "--tp", "2", "--rate", "1",
@@ -288,7 +288,8 @@ def test_windows_and_state_groups_are_simulated_with_and_without_prefix_caching(
     assert code == 0 and "the scheduling itself is exact" in " ".join(out.split()), err  # gated delta net
     code, out, err = cli(capsys, "simulate", "falcon-h1-7b", "--gpu", "H200", "--rate", "1", "--requests", "20")
     assert code == 0 and "Mamba-2" in out and "an estimate" in " ".join(out.split()), err  # from source
-    mixed = (BlockGroup("sliding", 300, 128, 6), BlockGroup("state", 0, 128, None), BlockGroup("full", 0, 128, None))
+    mixed = (SlidingGroup(span=300, block_size=128, admission_cap=6), StateGroup(block_size=128),
+             BlockGroup(block_size=128))
     with pytest.raises(KVBudgetError, match="prefix_caching=False"):
         CachedHybridScheduler(SchedulerConfig(200, 128, 8, 2048, 4096), mixed)
     code, _, err = cli(capsys, "simulate", "mistral-7b", "--gpu", "H100", "--rate", "1", "--requests", "20")
@@ -591,10 +592,10 @@ def test_state_groups_with_prefix_caching_as_vllm_cpu_ran_a_probe():
     its tokens passed 1,152, then 3 when the state block before was freed at the next allocation; a later
     prompt sharing its first 1,500 tokens hit one block (1,152 tokens), and so did an exact repeat of a
     1,674-token prompt (a state is kept only at the prompt's last whole block)."""
-    from kvbudget.engines.vllm.blocks import BlockGroup
+    from kvbudget.engines.vllm.blocks import BlockGroup, StateGroup
     from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
 
-    groups = (BlockGroup("state", 0, 1152, None, False, 128), BlockGroup("full", 0, 1152, None))
+    groups = (StateGroup(block_size=1152, chunk_align=128), BlockGroup(block_size=1152))
     sim = CachedHybridScheduler(SchedulerConfig(113, 1152, 256, 512, 4096), groups)
     first = sim.add(Request(0, 1600, 1, (("a", 1500), ("b", 100))))
     chunks, held = [], []
@@ -622,11 +623,11 @@ def test_mamba2_checkpoint_blocks_as_vllms_source_describes():
     chunk holding a checkpoint block for the state at 512 and the running state's block (5 blocks with full
     attention's 3), where a gated delta net stops at 512 first; the checkpoint is keyed and freed at the next
     allocation; a later prompt on the same 560 tokens hits 512."""
-    from kvbudget.engines.vllm.blocks import BlockGroup
+    from kvbudget.engines.vllm.blocks import BlockGroup, StateGroup
     from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
 
     def run(checkpoint: bool) -> tuple[list[int], list[int], int]:
-        groups = (BlockGroup("full", 0, 256, None), BlockGroup("state", 0, 256, None, checkpoint, 128))
+        groups = (BlockGroup(block_size=256), StateGroup(block_size=256, checkpoint=checkpoint, chunk_align=128))
         sim = CachedHybridScheduler(SchedulerConfig(100, 256, 8, 1024, 4096), groups)
         sim.add(Request(0, 563, 3, (("a", 560), ("b", 3))))
         chunks, held = [], []
@@ -649,10 +650,10 @@ def test_a_window_hit_is_found_from_the_right_and_windows_key_only_the_prompts_t
     4-6; 7 holds the last token) in the sliding one. A longer prompt on the same 1,024 tokens then hits 8 full
     blocks, the windows' rightmost run of 3 ends at block 7, so the hit is 7 blocks (896 tokens), the full
     group's 8th pinned as the junction; the window's table starts with 4 skipped (null) blocks."""
-    from kvbudget.engines.vllm.blocks import BlockGroup
+    from kvbudget.engines.vllm.blocks import BlockGroup, SlidingGroup
     from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
 
-    groups = (BlockGroup("sliding", 300, 128, 6), BlockGroup("full", 0, 128, None))
+    groups = (SlidingGroup(span=300, block_size=128, admission_cap=6), BlockGroup(block_size=128))
     sim = CachedHybridScheduler(SchedulerConfig(200, 128, 8, 2048, 4096), groups)
     first = sim.add(Request(0, 1024, 1, (("system", 1024),)))
     sim.update(sim.schedule())
@@ -745,10 +746,10 @@ def test_a_chunked_local_hit_needs_only_the_current_chunk():
     """Llama-4-like groups (256-token chunks, full attention; 128-token blocks): a request whose first 1,024
     tokens are cached hits all 8 full blocks, and the chunked group needs none of its blocks (the hit ends where
     a chunk starts), so the hit is 1,024 tokens and its chunked table is 8 skipped (null) blocks."""
-    from kvbudget.engines.vllm.blocks import BlockGroup
+    from kvbudget.engines.vllm.blocks import BlockGroup, ChunkedGroup
     from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
 
-    groups = (BlockGroup("chunked", 256, 128, 4), BlockGroup("full", 0, 128, None))
+    groups = (ChunkedGroup(span=256, block_size=128, admission_cap=4), BlockGroup(block_size=128))
     sim = CachedHybridScheduler(SchedulerConfig(200, 128, 8, 2048, 4096), groups)
     sim.add(Request(0, 1024, 1, (("system", 1024),)))
     sim.update(sim.schedule())

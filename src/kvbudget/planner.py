@@ -16,7 +16,7 @@ from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetE
 from kvbudget.estimator import Estimate, estimate
 from kvbudget.gpus import GPU, custom_gpu, find_gpu
 from kvbudget.gpus import gpus as all_gpus
-from kvbudget.guard.levels import HYSTERESIS, LEVELS
+from kvbudget.guard.levels import LEVELS, write_config
 from kvbudget.model.params import activation_widths, count_parameters
 from kvbudget.model.spec import ModelSpec
 from kvbudget.model.weights import Weights, model_weights
@@ -577,32 +577,11 @@ def _order(r: Recommendation) -> tuple[bool, int, int, float]:
 
 
 def guard_config_yaml(p: Plan) -> str:
-    """The degradation plan as YAML for `kvbudget guard` (written without a YAML library; plain scalars)."""
-    lines = [
-        "# kvbudget guard configuration, written by `kvbudget plan --guard-config`",
-        f"# {p.model.name} on {p.gpu} with {p.engine.name}; thresholds are fractions of the KV budget.",
-        f"model: {p.model.name}",
-        f"engine: {p.engine.name}",
-        f"gpu: {p.gpu}",
-        f"tp: {p.tp}",
-        f"kv_budget_bytes: {p.kv_memory_bytes}",
-        f"kv_cache_tokens: {p.capacity.physical_token_slots}",
-        f"bytes_per_token: {p.estimate.bytes_per_token}",
-        f"fixed_bytes_per_sequence: {p.estimate.fixed_bytes_per_sequence}",
-        f"max_model_len: {p.capacity.max_model_len}",
-        f"hysteresis: {HYSTERESIS}",
-        "levels:",
-    ]
-    for level in p.levels:
-        lines += [
-            f"  - name: {level.name}",
-            f"    threshold: {level.fraction}",
-            f"    action: {level.action}",
-            f"    kv_bytes: {level.kv_bytes}",
-            f"    tokens: {level.tokens}",
-            f"    requests: {level.requests}",
-        ]
-    return "\n".join(lines) + "\n"
+    """The degradation plan as the guard's YAML configuration (`kvbudget guard --config`)."""
+    return write_config(model=p.model.name, engine=p.engine.name, gpu=p.gpu, tp=p.tp, kv_budget_bytes=p.kv_memory_bytes,
+                        kv_cache_tokens=p.capacity.physical_token_slots, bytes_per_token=p.estimate.bytes_per_token,
+                        fixed_bytes_per_sequence=p.estimate.fixed_bytes_per_sequence,
+                        max_model_len=p.capacity.max_model_len, levels=p.levels)
 
 
 @dataclass(frozen=True)

