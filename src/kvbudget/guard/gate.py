@@ -26,7 +26,7 @@ DENIED = "invalid or missing API key for the guard"
 ROUTES = {"/v1/chat/completions": True, "/v1/completions": False}  # the paths admission decides: path -> chat
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Refusal:
     """A request the guard answers itself: the status, the OpenAI-style error, and for a 503 the level and the
     seconds a client should wait."""
@@ -78,7 +78,7 @@ class Gate:
     def authorize(self, headers: Mapping[str, str]) -> Refusal | None:
         """401 when the guard has keys and the request carries none of them."""
         if self.keys and self.key(headers.get("authorization", "")) is None:
-            return Refusal(401, DENIED, "authentication_error")
+            return Refusal(status=401, message=DENIED, kind="authentication_error")
         return None
 
     def priority(self, headers: Mapping[str, str]) -> bool:
@@ -94,7 +94,7 @@ class Gate:
             body = parse_json(raw)
             asked = read_request(body, chat=ROUTES[path])
         except BadRequest as exc:
-            return Refusal(400, str(exc), "invalid_request_error", exc.param)
+            return Refusal(status=400, message=str(exc), kind="invalid_request_error", param=exc.param)
         prompts = self.admission.prompt_tokens(body, asked) if self.admission.predictor is not None else []
         return Pending(path, body, asked, prompts, self.priority(headers))
 
@@ -107,7 +107,8 @@ class Gate:
                 message, kind = f"no upstream can take the request: {decision.reason}", "server_unavailable"
             else:
                 message, kind = f"the KV cache is nearly full ({decision.reason}); retry later", "server_overloaded"
-            return Refusal(503, message, kind, level=decision.level, retry_after=self.config.policy.retry_after_s)
+            return Refusal(status=503, message=message, kind=kind, level=decision.level,
+                           retry_after=self.config.policy.retry_after_s)
         return Admitted(decision, self.admission.hold(decision, pending.asked, pending.prompts))
 
     def judge(self, pending: Pending, tried: set[str]) -> Decision:

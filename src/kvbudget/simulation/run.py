@@ -111,7 +111,7 @@ class MemoryShares:
     other: float  # free: idle, or holes too small for the next reservation (external fragmentation)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Simulation:
     setup: Setup
     requests: int
@@ -532,17 +532,23 @@ class _Run:
         else:
             notes.append(f"times from a time model {self.setup.time_model.basis}: an estimate whose error the "
                          f"accuracy page of the docs states; {self.setup.scheduling}")
-        return Simulation(self.setup, self.requests, self.completed, duration, self.steps,
-                          Percentiles.of(self.ttft), Percentiles.of(self.tpot), Percentiles.of(self.e2e),
-                          self.completed / duration if duration else 0.0,
-                          self.output_tokens / duration if duration else 0.0, self.prompt_tokens, self.output_tokens,
-                          sched.preemptions, self.preempted_requests, self.recomputed, sched.hit_tokens,
-                          sched.queried_tokens, self.peak_usage, self.usage_time / duration if duration else 0.0,
-                          self.peak_running, self.peak_waiting, self._shares(duration), tuple(self.timeline),
-                          self.fast_steps, tuple(notes), ttft_sorted=tuple(sorted(self.ttft)),
-                          e2e_sorted=tuple(sorted(self.e2e)), tpot_sorted=tuple(sorted(self.tpot)),
-                          guard=self.guard.report() if self.guard else None, failed=len(sched.failed),
-                          latency_timeline=latency_windows(self.finished_at, self.ttft, self.e2e, duration))
+
+        def per_s(amount: float) -> float:  # over the run's duration
+            return amount / duration if duration else 0.0
+
+        return Simulation(
+            setup=self.setup, requests=self.requests, completed=self.completed, duration_s=duration, steps=self.steps,
+            ttft=Percentiles.of(self.ttft), tpot=Percentiles.of(self.tpot), e2e=Percentiles.of(self.e2e),
+            requests_per_s=per_s(self.completed), output_tokens_per_s=per_s(self.output_tokens),
+            prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens, preemptions=sched.preemptions,
+            preempted_requests=self.preempted_requests, recomputed_tokens=self.recomputed,
+            prefix_hit_tokens=sched.hit_tokens, prefix_queried_tokens=sched.queried_tokens,
+            peak_usage=self.peak_usage, mean_usage=per_s(self.usage_time), peak_running=self.peak_running,
+            peak_waiting=self.peak_waiting, memory=self._shares(duration), timeline=tuple(self.timeline),
+            fast_steps=self.fast_steps, notes=tuple(notes), ttft_sorted=tuple(sorted(self.ttft)),
+            e2e_sorted=tuple(sorted(self.e2e)), tpot_sorted=tuple(sorted(self.tpot)),
+            guard=self.guard.report() if self.guard else None, failed=len(sched.failed),
+            latency_timeline=latency_windows(self.finished_at, self.ttft, self.e2e, duration))
 
     def _shares(self, duration: float) -> MemoryShares:
         if not duration:

@@ -54,6 +54,12 @@ class Hits:
 
 
 NO_HITS = Hits([], 0)
+NULL_BLOCKS = 1  # block 0 of vLLM's pool is its null block, never handed out (block_pool.py)
+
+
+def usable_blocks(num_blocks: int) -> int:
+    """The blocks of a pool of `num_blocks` that requests can hold: all but the null block."""
+    return num_blocks - NULL_BLOCKS
 
 
 class CountingPool:
@@ -63,7 +69,7 @@ class CountingPool:
     caching = False
 
     def __init__(self, num_blocks: int) -> None:
-        self.usable = num_blocks - 1  # block 0 is vLLM's null block
+        self.usable = usable_blocks(num_blocks)
         self.nfree = self.usable
 
     def usage(self) -> float:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from kvbudget.engines.base import EngineOptions
 from kvbudget.engines.vllm.contiguous import POLICIES, ContiguousScheduler
+from kvbudget.engines.vllm.pool import usable_blocks
 from kvbudget.engines.vllm.scheduler import CachedHybridScheduler, HybridScheduler, VLLMScheduler
 from kvbudget.errors import KVBudgetError
 from kvbudget.simulation.seq import Queues
@@ -41,7 +42,7 @@ class VLLMSimulator:
         blocks = ask.num_blocks if ask.num_blocks is not None else cap.num_blocks
         groups = self.engine.block_groups(model, max_len, ask.kv_dtype, ask.tp, planned.options)
         need = sum(g.admission_blocks(max_len) for g in groups)
-        if blocks - 1 < need:
+        if usable_blocks(blocks) < need:
             raise KVBudgetError(f"simulate: {blocks} blocks (one is vLLM's null block) cannot hold one request of "
                                 f"max_model_len {max_len}, which needs {need}: vLLM would refuse to start; give more "
                                 "memory or a shorter max_model_len",
@@ -90,7 +91,7 @@ class VLLMSimulator:
     def token_slots(self, setup: Setup) -> int:
         """Whole blocks but the null block when paged; the budget over bytes per token when contiguous."""
         if setup.allocator == PAGED or not setup.kv_memory_bytes:
-            return (setup.num_blocks - 1) * setup.block_size
+            return usable_blocks(setup.num_blocks) * setup.block_size
         return setup.kv_memory_bytes // setup.bytes_per_token
 
     def describe(self, setup: Setup, short: bool = False) -> str:
