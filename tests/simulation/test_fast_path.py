@@ -1,0 +1,147 @@
+"""The simulator's fast path (runs of pure decode steps, windowed caching skips) gives the reference's answer, step for
+step."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from simkit import LLAMA, TRACES, BlockByBlock
+
+import kvbudget
+from kvbudget import KVBudgetError
+from kvbudget.simulation.run import simulate
+from kvbudget.simulation.workload import Request, read_trace, rescale
+
+
+@st.composite
+def workloads(draw, chains=False):
+    """Random traces; with `chains`, prompts share chains of up to three pieces (few ids and lengths, so two
+    requests often agree on a chain's start and differ after it)."""
+    n = draw(st.integers(1, 40))
+    t = 0.0
+    out = []
+    for i in range(n):
+        t += draw(st.floats(0, 0.5))
+        prompt = draw(st.integers(1, 600))
+        if chains:
+            pieces, at = [], 0
+            for _ in range(draw(st.integers(0, 3))):
+                length = min(draw(st.sampled_from([16, 40, 100, 200])), prompt - at)
+                if length <= 0:
+                    break
+                pieces.append((("p", draw(st.integers(0, 2))), length))
+                at += length
+            prefix = tuple(pieces)
+        else:
+            shared = draw(st.integers(0, prompt))
+            prefix = ((("p", draw(st.integers(0, 3))), shared),) if shared else ()
+        out.append(Request(t, prompt, draw(st.integers(1, 300)), prefix, str(i), n=draw(st.sampled_from([1, 1, 2, 3]))))
+    return out
+
+@settings(max_examples=60, deadline=None)
+@given(workloads(), st.integers(8, 200), st.sampled_from([16, 32]), st.integers(1, 64),
+       st.sampled_from([64, 256, 2048]), st.booleans(), st.sampled_from([0, 48]))
+def test_fast_path_equals_the_reference_step_by_step(requests, blocks, block_size, seqs, budget, caching,
+                                                     threshold):
+    """Every step's time, tokens, usage, running and waiting, and every result, identical with and without the
+    fast path, whatever the trace and budget (tight budgets preempt; caching re-finds shared pieces)."""
+    max_len = min((blocks - 1) * block_size, 1024)
+    requests = [r for r in requests if r.prompt_tokens < max_len]
+    setup = _setup(blocks, block_size, seqs, budget, max_len, caching, threshold)
+    assert _both_ways(LLAMA, requests, setup)
+
+@settings(max_examples=40, deadline=None)
+@given(workloads(), st.integers(20, 200), st.sampled_from([16, 32]), st.integers(1, 64),
+       st.sampled_from([64, 256, 2048]), st.sampled_from([40, 100, 300]),
+       st.sampled_from(["gemma-2-9b", "mistral-7b", "qwen3-next-80b-a3b"]), st.sampled_from([0, 48]))
+def test_hybrid_fast_path_equals_the_reference_step_by_step(requests, blocks, block_size, seqs, budget, window,
+                                                            name, threshold):
+    """The same for sliding-window and linear-attention hybrids without prefix caching: windows free blocks as
+    they slide, so free blocks rise during a decode run too."""
+    from kvbudget.simulation.run import setup_for
+
+    model = kvbudget.load_model(name)
+    model = replace(model, layers=tuple(replace(spec, window=window) if hasattr(spec, "window") else spec
+                                        for spec in model.layers))
+    max_len = min((blocks - 1) * block_size // 3, 1024)
+    requests = [replace(r, n=1) for r in requests if r.prompt_tokens < max_len]
+    base = setup_for(model, gpu="H200", tp=2, max_model_len=max_len, block_size=block_size, prefix_caching=False)
+    setup = replace(base, num_blocks=blocks, max_num_seqs=seqs, max_num_batched_tokens=budget,
+                    long_prefill_token_threshold=threshold)
+    assert _both_ways(model, requests, setup)
+
+def _both_ways(model, requests, setup) -> bool:
+    """Whether the fast path and the reference give the same steps and the same result."""
+    runs = {}
+    for fast in (True, False):
+        steps: list = []
+        result = simulate(model, iter(requests), setup=setup, fast=fast,
+                          on_step=lambda *a, steps=steps: steps.append(a))
+        runs[fast] = (replace(result, fast_steps=0), steps)
+    return runs[True] == runs[False]
+
+def _setup(blocks, block_size, seqs, budget, max_len, caching, threshold=0):
+    from kvbudget.simulation.run import setup_for
+
+    base = setup_for(LLAMA, gpu="H100", max_model_len=max_len, block_size=block_size)
+    return replace(base, num_blocks=blocks, max_num_seqs=seqs, max_num_batched_tokens=budget,
+                   prefix_caching=caching, long_prefill_token_threshold=threshold)
+
+def test_fast_path_runs_on_a_real_trace_and_keeps_memory_to_the_requests():
+    r = simulate(LLAMA, rescale(read_trace(TRACES / "AzureLLMInferenceTrace_conv.csv"), count=500), gpu="H100")
+    assert r.completed == r.requests == 500
+    assert r.fast_steps > r.steps / 2
+    assert r.ttft is not None and r.ttft.p50 <= r.ttft.p90 <= r.ttft.p99 <= r.ttft.max
+
+@settings(max_examples=40, deadline=None)
+@given(workloads(chains=True), st.integers(20, 200), st.sampled_from([16, 32]), st.integers(1, 64),
+       st.sampled_from([64, 256, 2048]), st.sampled_from([40, 100, 300]),
+       st.sampled_from(["gemma-2-9b", "mistral-7b", "llama-4-scout"]))
+def test_windowed_caching_skips_only_steps_that_change_nothing(requests, blocks, block_size, seqs, budget, window,
+                                                               name):
+    """With prefix caching on windowed models a running request's step skips allocation when no window lets a
+    block go and no block is needed or fills (`_moves`); every step is the same as allocating every time."""
+    from unittest import mock
+
+    from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
+    from kvbudget.simulation.run import setup_for
+
+    model = kvbudget.load_model(name)
+    model = replace(model, layers=tuple(replace(spec, window=window) if hasattr(spec, "window") else
+                                        replace(spec, chunk=window) if hasattr(spec, "chunk") else spec
+                                        for spec in model.layers))
+    max_len = min((blocks - 1) * block_size // 3, 1024)
+    requests = [r for r in requests if r.prompt_tokens < max_len]
+    base = setup_for(model, gpu="H200", tp=8, max_model_len=max_len, block_size=block_size)
+    setup = replace(base, num_blocks=blocks, max_num_seqs=seqs, max_num_batched_tokens=budget)
+    runs = []
+    for always in (False, True):
+        steps: list = []
+        with mock.patch.object(CachedHybridScheduler, "_moves", lambda *a: True) if always else mock.patch.dict({}):
+            try:
+                result = simulate(model, iter(requests), setup=setup,
+                                  on_step=lambda *a, steps=steps: steps.append(a))
+            except KVBudgetError as e:  # a pool too small for a prompt's blocks in every group: the same both ways
+                result = str(e)
+        runs.append((result, steps))
+    assert runs[0] == runs[1]
+
+@settings(max_examples=40, deadline=None)
+@given(workloads(chains=True), st.integers(8, 200), st.sampled_from([16, 32]), st.integers(1, 64),
+       st.sampled_from([64, 256, 2048]))
+def test_simulations_with_the_run_pool_equal_those_with_vllms_queue(requests, blocks, block_size, seqs, budget):
+    """Whole simulations with prefix caching, step for step, the same with either pool."""
+    from unittest import mock
+
+    max_len = min((blocks - 1) * block_size, 1024)
+    requests = [r for r in requests if r.prompt_tokens < max_len]
+    setup = _setup(blocks, block_size, seqs, budget, max_len, True)
+    runs = []
+    for pool in (None, BlockByBlock):
+        steps: list = []
+        with mock.patch("kvbudget.engines.vllm.scheduler.RunPool", pool) if pool else mock.patch.dict({}):
+            result = simulate(LLAMA, iter(requests), setup=setup, on_step=lambda *a, steps=steps: steps.append(a))
+        runs.append((result, steps))
+    assert runs[0] == runs[1]

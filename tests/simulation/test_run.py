@@ -1,0 +1,82 @@
+"""The simulation loop: the time model it needs, requests it refuses, the guard in the loop, latency over time, running
+many."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from simkit import AZURE, LLAMA, TRACES, cli
+
+from kvbudget import KVBudgetError
+from kvbudget.simulation.run import simulate
+from kvbudget.simulation.workload import Request, read_trace, rescale
+
+
+def test_a_time_model_is_needed(capsys, tmp_path):
+    code, _, err = cli(capsys, "simulate", "llama-3.1-8b", "--kv-memory", "1GiB", "--max-model-len", "4096",
+                       "--rate", "1")
+    assert code == 2 and "--calibrate" in err
+    bad = tmp_path / "steps.jsonl"
+    bad.write_text('{"step": [], "t": 1}\n')
+    code, _, err = cli(capsys, "simulate", "llama-3.1-8b", "--kv-memory", "1GiB", "--rate", "1", "--calibrate",
+                       str(bad))
+    assert code == 2 and f"{bad}:1: a step without tokens" in err
+
+def test_a_request_that_can_never_be_scheduled_is_an_error_not_a_hang():
+    """Without chunked prefill (the contiguous baselines) a prompt longer than a step's token budget never runs."""
+    with pytest.raises(KVBudgetError, match="can never be scheduled"):
+        simulate(LLAMA, iter([Request(0, 3000, 5)]), gpu="H100", max_model_len=8192, max_num_batched_tokens=2048,
+                 allocator="contiguous-oracle")
+
+def test_the_guard_in_the_loop_is_the_guards_own_admission(tmp_path):
+    """With the guard in front, overload turns into 503s and caps instead of queues and preemptions; its YAML's
+    thresholds are the ones acting (a higher reject threshold rejects less); every forwarded request completes."""
+    import yaml
+
+    from kvbudget.planner import guard_config_yaml, plan
+
+    p = plan(LLAMA, gpu="L4", max_model_len=8192)
+    config = yaml.safe_load(guard_config_yaml(p))
+    trace = lambda: rescale(read_trace(AZURE), count=1500)  # noqa: E731
+    settings = {"gpu": "L4", "max_model_len": 8192, "prefix_caching": False}
+    bare = simulate(LLAMA, trace(), **settings)
+    guarded = simulate(LLAMA, trace(), guard_config=config, **settings)
+    g = guarded.guard
+    assert g is not None and bare.guard is None
+    assert sum(g.forwarded.values()) + g.rejected == guarded.requests == bare.requests
+    assert guarded.completed == sum(g.forwarded.values())
+    assert g.rejected > 0 and g.capped > 0 and g.forwarded[2] > 0
+    assert guarded.preemptions < bare.preemptions and guarded.peak_waiting < bare.peak_waiting
+    looser = dict(config, levels=[dict(lv, threshold=t) for lv, t in zip(config["levels"], (0.8, 0.9, 0.99),
+                                                                          strict=True)])
+    assert simulate(LLAMA, trace(), guard_config=looser, **settings).guard.rejected < g.rejected
+
+def test_latency_over_time_partitions_the_completions():
+    """The latency timeline cuts the run into equal windows of completions: every completed request is in exactly
+    one, and the windows' extremes are the run's."""
+    from kvbudget.simulation.run import LATENCY_WINDOWS
+
+    r = simulate(LLAMA, rescale(read_trace(TRACES / "AzureLLMInferenceTrace_conv.csv"), count=800), gpu="L4",
+                 max_model_len=16384)
+    windows = r.latency_timeline
+    assert len(windows) == LATENCY_WINDOWS
+    assert sum(w.completed for w in windows) == r.completed
+    assert windows[0].start == 0 and abs(windows[-1].end - r.duration_s) < 1e-9
+    assert all(a.end == b.start for a, b in itertools.pairwise(windows))
+    assert max(w.e2e.max for w in windows if w.e2e) == r.e2e.max
+    assert max(w.ttft.max for w in windows if w.ttft) == r.ttft.max
+    assert min(w.ttft.p50 for w in windows if w.ttft) <= r.ttft.p50 <= max(w.ttft.p50 for w in windows if w.ttft)
+    assert r.to_dict()["latency_timeline"][0]["completed"] == windows[0].completed
+
+def test_run_all_keeps_order_and_reports_progress():
+    from kvbudget.simulation.parallel import run_all
+
+    for backend in ("serial", "process"):
+        seen: list[tuple[int, int]] = []
+        out = run_all(divmod, [(17, 5), (9, 2), (100, 7)], backend, lambda done, total, seen=seen: seen.append(
+            (done, total)))
+        assert out == [(3, 2), (4, 1), (14, 2)]
+        assert seen == [(1, 3), (2, 3), (3, 3)]
+    with pytest.raises(KVBudgetError, match="backend 'ray=': choose process"):
+        run_all(divmod, [(1, 1)], "ray=")
