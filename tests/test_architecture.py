@@ -398,7 +398,7 @@ def test_the_cycle_finder_can_fail():
 
 
 # Today's exceptions to "no module over 600 lines, no function over 80": this list may only shrink.
-LONG_MODULES = {"engines/vllm/scheduler.py": 920, "model/config.py": 630, "planner.py": 655}
+LONG_MODULES = {"model/config.py": 630, "planner.py": 655}
 LONG_FUNCTIONS = {"engines/vllm/engine.py:layout": 104, "engines/vllm/logs.py:check_log": 191,
                   "engines/vllm/logs.py:rows_for": 99, "planner.py:plan": 118, "quality/report.py:run": 110,
                   "web/app.py:create_app": 113}

@@ -25,7 +25,9 @@ from tiny_configs import TINY
 import kvbudget
 from kvbudget.engines import EngineOptions
 from kvbudget.engines.vllm import VLLM
-from kvbudget.engines.vllm.scheduler import CachedHybridScheduler, HybridScheduler, VLLMScheduler
+from kvbudget.engines.vllm.cached import CachedHybridScheduler
+from kvbudget.engines.vllm.hybrid import HybridScheduler
+from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.seq import SchedulerConfig
 from kvbudget.simulation.timing import MeasuredStep, calibrate, read_measured_steps

@@ -105,7 +105,7 @@ def test_windowed_caching_skips_only_steps_that_change_nothing(requests, blocks,
     block go and no block is needed or fills (`_moves`); every step is the same as allocating every time."""
     from unittest import mock
 
-    from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
+    from kvbudget.engines.vllm.cached import CachedHybridScheduler
     from kvbudget.simulation.run import setup_for
 
     model = kvbudget.load_model(name)

