@@ -399,8 +399,7 @@ def test_the_cycle_finder_can_fail():
 
 # Today's exceptions to "no module over 600 lines, no function over 80": this list may only shrink.
 LONG_MODULES = {"model/config.py": 630, "planner.py": 655}
-LONG_FUNCTIONS = {"engines/vllm/engine.py:layout": 104, "engines/vllm/logs.py:check_log": 191,
-                  "engines/vllm/logs.py:rows_for": 99, "planner.py:plan": 118, "quality/report.py:run": 110,
+LONG_FUNCTIONS = {"engines/vllm/engine.py:layout": 104, "planner.py:plan": 118, "quality/report.py:run": 110,
                   "web/app.py:create_app": 113}
 MODULE_LINES, FUNCTION_LINES = 600, 80
 
@@ -408,20 +407,20 @@ MODULE_LINES, FUNCTION_LINES = 600, 80
 def test_rooms_a_newcomer_can_read():
     import ast
 
-    too_long = {}
+    sizes = {}
     for path in SRC.rglob("*.py"):
         where = str(path.relative_to(SRC))
-        lines = len(path.read_text().splitlines())
-        if lines > LONG_MODULES.get(where, MODULE_LINES):
-            too_long[where] = lines
+        sizes[where] = len(path.read_text().splitlines())
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                length = (node.end_lineno or node.lineno) - node.lineno + 1
                 key = f"{where}:{node.name}"
-                if length > LONG_FUNCTIONS.get(key, FUNCTION_LINES):
-                    too_long[key] = length
+                sizes[key] = max(sizes.get(key, 0), (node.end_lineno or node.lineno) - node.lineno + 1)
+    too_long = {k: n for k, n in sizes.items()
+                if n > (LONG_FUNCTIONS.get(k, FUNCTION_LINES) if ":" in k else LONG_MODULES.get(k, MODULE_LINES))}
     assert too_long == {}, "split these, or (never) raise their allowance"
-    assert all((SRC / k.split(":")[0]).exists() for k in [*LONG_MODULES, *LONG_FUNCTIONS]), "drop gone entries"
+    fixed = [k for k in [*LONG_MODULES, *LONG_FUNCTIONS]
+             if sizes.get(k, 0) <= (FUNCTION_LINES if ":" in k else MODULE_LINES)]
+    assert fixed == [], "these are short enough now: drop them from the allow-list"
 
 
 def test_the_public_names_are_one_list():

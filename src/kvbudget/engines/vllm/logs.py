@@ -183,24 +183,170 @@ def _rank_budgets(text: str) -> list[str]:
     return []
 
 
+class _Log:
+    """One vLLM log read once: the lines check-log compares, and (once `budget` is set) the KV budget it printed,
+    with the range of budgets its rounding allows."""
+
+    def __init__(self, engine: VLLMEngine, text: str, model: ModelSpec) -> None:
+        self.engine, self.text, self.model = engine, text, model
+        self.conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
+        flat = re.sub(r"\s+", " ", text)  # refusal messages wrap when pasted
+        self.refusal = re.search(r"max seq len \((\d+)\), \(?([\d.]+) GiB KV cache is needed, which is larger "
+                                 r"than the available KV cache memory \(([\d.]+) GiB\)(?:\. Based on the available "
+                                 r"memory, the estimated maximum model length is (\d+))?", flat)
+        self.v0_refusal = re.search(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be "
+                                    r"stored in KV cache \((\d+)\)", flat)
+        self.cpu_blocks = re.search(r"# CPU blocks: (\d+)", text)
+        self.budgets: list[str] = []
+        self.from_refusal = False
+
+    def budget(self, budgets: list[str], from_refusal: bool, device: str) -> None:
+        """The ranks' budgets as logged (GiB, as text); the smallest is what every rank gets."""
+        self.budgets, self.from_refusal = budgets, from_refusal
+        self.budget_text = min(budgets, key=float)  # vLLM sizes every rank's cache to the smallest rank's
+        self.decimals = len(self.budget_text.split(".")[1]) if "." in self.budget_text else 0
+        self.value = float(self.budget_text)
+        self.exact = device == "cpu" and self.value == int(self.value)  # VLLM_CPU_KVCACHE_SPACE is whole GiB
+        self.half_step = 0.5 * 10 ** -self.decimals
+        self.logged = (self.value, self.value) if self.exact else (max(self.value - self.half_step, 0),
+                                                                   self.value + self.half_step)
+
+    def rows(self, s: _LogSettings, span: tuple[float, float] | None = None) -> list[LogRow]:
+        """The rows under settings `s`, for the logged budget's range or another rank's `span` (GiB)."""
+        engine, model = self.engine, self.model
+        lo, hi = span or self.logged
+        options = s.options()
+        rel = release(options)
+        stages = [model] if s.pp == 1 else [model.stage(r) for r in engine.pipeline_stages(
+            model.num_layers, s.pp, s.partition)]
+        # the refusal names the memory left after the null block (0.29 on): add one block back for the budget
+        extra = (engine.pool(stages[0], s.kv_dtype, s.tp, options)[0].block_bytes
+                 if self.from_refusal and rel.null_block_in_check and not rel.v0 else 0)
+
+        def cap(gib: float) -> Capacity:
+            """What the smallest rank holds (vLLM gives every rank that many blocks)."""
+            budget = int(gib * GIB) + extra
+            per_stage = [engine.capacity(stage, budget, s.max_len, kv_dtype=s.kv_dtype, tp=s.tp, options=options)
+                         for stage in stages]
+            return min(per_stage, key=lambda c: (c.num_blocks or 0, c.estimated_max_model_len or s.max_len))
+
+        low, high = cap(lo), cap(hi)
+        rounding = "" if self.exact else (f"the log rounds the budget to {self.decimals} decimals of GiB: a range of "
+                                          "predictions")
+        shown_budget = f"{lo:g}-{hi:g} GiB" if not self.exact else f"{self.value:g} GiB"
+        source = "read from the refusal message" if self.from_refusal else "read from the log" + (
+            f": the smallest of {len(self.budgets)} ranks' budgets" if len(self.budgets) > 1 else "")
+        out = [LogRow("KV budget", f"{self.budget_text} GiB", shown_budget, True, source)]
+        out += self._capacity_rows(s, rel, low, high, rounding)
+        if self.refusal:
+            out += self._refusal_rows(s, options, stages, extra, (lo, hi), rounding)
+        if self.v0_refusal:
+            n = int(self.v0_refusal.group(2))
+            out.append(LogRow("refused: tokens the cache holds", f"{n:,}",
+                              _span(low.physical_token_slots, high.physical_token_slots),
+                              low.physical_token_slots <= n <= high.physical_token_slots,
+                              "vLLM V0: blocks x block size"))
+            out.append(LogRow("refused: fits", "no", "yes" if high.fits else "no", not low.fits,
+                              "vLLM V0: max_model_len beyond the tokens the blocks hold"))
+        if self.cpu_blocks and rel.v0:
+            out.append(_cpu_blocks_row(engine, model, s, int(self.cpu_blocks.group(1))))
+        out += self._weights_rows(s)
+        raised = re.search(r"Setting attention block size to (\d+) tokens", self.text)
+        if raised:
+            out.append(LogRow("block size", raised.group(1), str(low.block_size),
+                              int(raised.group(1)) == low.block_size,
+                              "raised so that one attention page covers a Mamba state page"))
+        return out
+
+    def _capacity_rows(self, s: _LogSettings, rel: Release, low: Capacity, high: Capacity, rounding: str
+                       ) -> list[LogRow]:
+        """The blocks, the token count (in the meaning of the release) and the concurrency the log printed."""
+        out = []
+        blocks = re.search(r"GPU blocks: (\d+)", self.text)
+        if blocks and low.num_blocks is not None and high.num_blocks is not None:
+            n = int(blocks.group(1))
+            out.append(LogRow("blocks", f"{n:,}", _span(low.num_blocks, high.num_blocks),
+                              low.num_blocks <= n <= high.num_blocks, rounding))
+        tokens = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", self.text)
+        if tokens:
+            n = int(_num(tokens.group(1)))
+            slots = (low.physical_token_slots, high.physical_token_slots)
+            by_conc = (low.kv_cache_tokens, high.kv_cache_tokens)
+            if s.version is not None and rel.reports_slots:
+                meaning, ranges = "num_blocks // groups x block size (vLLM <= 0.19)", [slots]
+            elif s.version is not None:
+                meaning, ranges = "int(concurrency x max_model_len) (vLLM >= 0.20)", [by_conc]
+            else:
+                meaning, ranges = "either meaning: the log names no version", [slots, by_conc]
+            ok = any(a <= n <= b for a, b in ranges)
+            shown = " or ".join(_span(a, b) for a, b in dict.fromkeys(ranges))
+            out.append(LogRow("KV cache size (tokens)", f"{n:,}", shown, ok, meaning))
+        if self.conc:
+            logged = self.conc.group(2)
+            lo_c, hi_c = f"{low.max_concurrency:.2f}", f"{high.max_concurrency:.2f}"
+            out.append(LogRow(f"max concurrency at {s.max_len:,} tokens", f"{logged}x",
+                              f"{lo_c}x" if lo_c == hi_c else f"{lo_c}-{hi_c}x",
+                              float(lo_c) <= float(logged) <= float(hi_c), rounding))
+        return out
+
+    def _refusal_rows(self, s: _LogSettings, options: EngineOptions, stages: list[ModelSpec], extra: int,
+                      span: tuple[float, float], rounding: str) -> list[LogRow]:
+        """V1's refusal: the memory one request needs, that it does not fit, and the longest that would."""
+        assert self.refusal is not None
+        engine, model = self.engine, self.model
+        lo, hi = span
+        checked = engine.checked_model(model, stages[0], options) if s.pp > 1 else stages[0]
+        whole = checked is model and s.pp > 1
+        weighed = "the whole model (vLLM 0.14-0.16 under pipeline parallelism)" if whole else (
+            "one request of max_model_len" + (" on the first rank short of memory" if s.pp > 1 else ""))
+        # each rank checks its own layers in rank order and the first short one raises (0.17 on, <= 0.13)
+        weighed_model = checked if whole else next(
+            (m for m in stages if _needed_gib(engine, m, s, options) > hi), stages[0])
+        wlow, whigh = (engine.capacity(weighed_model, int(g * GIB) + extra, s.max_len, kv_dtype=s.kv_dtype,
+                                       tp=s.tp, options=options) for g in (lo, hi))
+        needed = self.refusal.group(2)
+        ours = f"{_needed_gib(engine, weighed_model, s, options):.2f}"
+        out = [LogRow("refused: KV cache needed", f"{needed} GiB", f"{ours} GiB", f"{float(needed):.2f}" == ours,
+                      weighed),
+               LogRow("refused: fits", "no", "yes" if whigh.fits else "no", not wlow.fits)]
+        if self.refusal.group(4):
+            n = int(self.refusal.group(4))
+            a, b = (wlow.estimated_max_model_len or 0), (whigh.estimated_max_model_len or 0)
+            out.append(LogRow("estimated maximum model length", f"{n:,}", _span(a, b), a <= n <= b, rounding))
+        return out
+
+    def _weights_rows(self, s: _LogSettings) -> list[LogRow]:
+        """The weights vLLM says it loaded beside kvbudget's count (an estimate: shown, never a mismatch of the
+        cache)."""
+        weights = re.search(r"(?:Loading model weights took|Model loading took) ([\d.]+) G", self.text)
+        if not weights:
+            return []
+        from kvbudget.model.weights import model_weights
+
+        model = self.model
+        try:
+            w = model_weights(model, s.tp, self.engine.pipeline_stages(model.num_layers, s.pp, s.partition))
+        except KVBudgetError:
+            return []
+        logged_bytes = float(weights.group(1)) * GIB
+        diff = w.per_gpu_bytes / logged_bytes - 1
+        return [LogRow("weights per GPU", f"{float(weights.group(1)):.2f} GiB", f"{w.per_gpu_bytes / GIB:.2f} GiB",
+                       abs(diff) < 0.02, f"{diff:+.1%}: vLLM measures allocated memory (buffers, padding, quantized "
+                       "checkpoints); kvbudget counts parameters")]
+
+
 def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | None = None) -> LogCheck:
     """vLLM V0 and V1, GPU and CPU builds, plain or structured logging: the settings and KV budget it printed
     (or the refusal it printed), and what kvbudget makes of them under that release's rules."""
     given = dict(given or {})
-    conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
-    flat = re.sub(r"\s+", " ", text)  # refusal messages wrap when pasted
-    refusal = re.search(r"max seq len \((\d+)\), \(?([\d.]+) GiB KV cache is needed, which is larger than the "
-                        r"available KV cache memory \(([\d.]+) GiB\)(?:\. Based on the available memory, the estimated "
-                        r"maximum model length is (\d+))?", flat)
-    v0_refusal = re.search(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored "
-                           r"in KV cache \((\d+)\)", flat)
+    log = _Log(engine, text, model)
+    conc, refusal, v0_refusal, cpu_blocks = log.conc, log.refusal, log.v0_refusal, log.cpu_blocks
     if m := re.search(r"Available KV cache memory: (-[\d.]+) GiB", text):
         raise KVBudgetError(f"check-log: the log's KV budget is negative ({m.group(1)} GiB): the weights and the "
                             "profiled activations left no memory for a cache, so there is no cache to check; raise "
                             "gpu_memory_utilization, shorten max_model_len or spread the model over more GPUs")
     st, read, assumed = _read_settings(text, given, refusal or v0_refusal, conc,
                                        any(isinstance(layer, RecurrentState) for layer in model.layers))
-
     budgets = _rank_budgets(text)
     budget_from_refusal = not budgets and refusal is not None
     if budget_from_refusal and refusal:
@@ -210,7 +356,6 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
         budgets = [space.group(1) if space else "4"]
         if not space:
             assumed["VLLM_CPU_KVCACHE_SPACE"] = "4 GiB (vLLM's default when unset)"
-    cpu_blocks = re.search(r"# CPU blocks: (\d+)", text)
     if (cpu_blocks or v0_refusal) and (st.version is None or st.version >= (0, 8)):
         # only V0 printed CPU (swap) blocks and this refusal; 0.8-0.10 still ran V0 on request (and on CPUs)
         if st.version is None:
@@ -225,142 +370,46 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
                             "'max_seq_len=' or 'max_model_len'); give max_model_len")
     tokens_line = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
     if not budgets and tokens_line and conc and st.version is None:
-        # no release named: the token count means int(concurrency x max_model_len) from 0.20, blocks // groups x
-        # block size before; where the count and the concurrency agree under one meaning only, that is the era
-        tokens = int(_num(tokens_line.group(1)))
-        def agree(version: tuple[int, int]) -> bool:
-            try:
-                rows = _v1_blocks_rows(engine, model, replace(st, version=version), tokens, conc.group(2))
-            except KVBudgetError:  # a setting that release does not have (speculative decoding before 0.20)
-                return False
-            return all(r.matches for r in rows)
-
-        eras = [(version, label) for version, label in (((0, 32), ">= 0.20"), ((0, 19), "<= 0.19")) if agree(version)]
-        if len(eras) == 1:
-            st = replace(st, version=eras[0][0])
-            assumed["engine_version"] = (f"{eras[0][1]} (not in the log; the only era under which its token count "
-                                         "and concurrency agree)")
+        st = _era_of_the_token_count(engine, model, st, assumed, int(_num(tokens_line.group(1))), conc.group(2))
     if not budgets and tokens_line and conc and st.version is not None:
         return _v1_check_without_budget(engine, model, st, assumed, int(_num(tokens_line.group(1))), conc.group(2))
     if not budgets:
         raise KVBudgetError("check-log: the vLLM log states no KV budget ('Available KV cache memory', "
                             "'kv_cache_size=', 'Explicitly set' or a refusal naming the available memory); run vLLM "
                             "at INFO level")
-    budget_text = min(budgets, key=float)  # vLLM sizes every rank's cache to the smallest rank's
-    decimals = len(budget_text.split(".")[1]) if "." in budget_text else 0
-    value = float(budget_text)
-    exact = st.device == "cpu" and value == int(value)  # VLLM_CPU_KVCACHE_SPACE is whole GiB
-    half_step = 0.5 * 10 ** -decimals
-    lo_logged, hi_logged = (value, value) if exact else (max(value - half_step, 0), value + half_step)
-
-    def rows_for(s: _LogSettings, span: tuple[float, float] | None = None) -> list[LogRow]:
-        """The rows under settings `s`, for the logged budget's range or another rank's `span` (GiB)."""
-        lo, hi = span or (lo_logged, hi_logged)
-        options = s.options()
-        rel = release(options)
-        stages = [model] if s.pp == 1 else [model.stage(r) for r in engine.pipeline_stages(
-            model.num_layers, s.pp, s.partition)]
-        # the refusal names the memory left after the null block (0.29 on): add one block back for the budget
-        extra = (engine.pool(stages[0], s.kv_dtype, s.tp, options)[0].block_bytes
-                 if budget_from_refusal and rel.null_block_in_check and not rel.v0 else 0)
-
-        def cap(gib: float) -> Capacity:
-            """What the smallest rank holds (vLLM gives every rank that many blocks)."""
-            budget = int(gib * GIB) + extra
-            per_stage = [engine.capacity(stage, budget, s.max_len, kv_dtype=s.kv_dtype, tp=s.tp, options=options)
-                         for stage in stages]
-            return min(per_stage, key=lambda c: (c.num_blocks or 0, c.estimated_max_model_len or s.max_len))
-
-        low, high = cap(lo), cap(hi)
-        rounding = "" if exact else f"the log rounds the budget to {decimals} decimals of GiB: a range of predictions"
-        shown_budget = f"{lo:g}-{hi:g} GiB" if not exact else f"{value:g} GiB"
-        source = "read from the refusal message" if budget_from_refusal else "read from the log" + (
-            f": the smallest of {len(budgets)} ranks' budgets" if len(budgets) > 1 else "")
-        out = [LogRow("KV budget", f"{budget_text} GiB", shown_budget, True, source)]
-        blocks = re.search(r"GPU blocks: (\d+)", text)
-        if blocks and low.num_blocks is not None and high.num_blocks is not None:
-            n = int(blocks.group(1))
-            out.append(LogRow("blocks", f"{n:,}", _span(low.num_blocks, high.num_blocks),
-                              low.num_blocks <= n <= high.num_blocks, rounding))
-        tokens = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
-        if tokens:
-            n = int(_num(tokens.group(1)))
-            slots = (low.physical_token_slots, high.physical_token_slots)
-            by_conc = (low.kv_cache_tokens, high.kv_cache_tokens)
-            if s.version is not None and rel.reports_slots:
-                meaning, ranges = "num_blocks // groups x block size (vLLM <= 0.19)", [slots]
-            elif s.version is not None:
-                meaning, ranges = "int(concurrency x max_model_len) (vLLM >= 0.20)", [by_conc]
-            else:
-                meaning, ranges = "either meaning: the log names no version", [slots, by_conc]
-            ok = any(a <= n <= b for a, b in ranges)
-            shown = " or ".join(_span(a, b) for a, b in dict.fromkeys(ranges))
-            out.append(LogRow("KV cache size (tokens)", f"{n:,}", shown, ok, meaning))
-        if conc:
-            logged = conc.group(2)
-            lo_c, hi_c = f"{low.max_concurrency:.2f}", f"{high.max_concurrency:.2f}"
-            out.append(LogRow(f"max concurrency at {s.max_len:,} tokens", f"{logged}x",
-                              f"{lo_c}x" if lo_c == hi_c else f"{lo_c}-{hi_c}x",
-                              float(lo_c) <= float(logged) <= float(hi_c), rounding))
-        if refusal:
-            checked = engine.checked_model(model, stages[0], options) if s.pp > 1 else stages[0]
-            whole = checked is model and s.pp > 1
-            weighed = "the whole model (vLLM 0.14-0.16 under pipeline parallelism)" if whole else (
-                "one request of max_model_len" + (" on the first rank short of memory" if s.pp > 1 else ""))
-            # each rank checks its own layers in rank order and the first short one raises (0.17 on, <= 0.13)
-            weighed_model = checked if whole else next(
-                (m for m in stages if _needed_gib(engine, m, s, options) > hi), stages[0])
-            wlow, whigh = (engine.capacity(weighed_model, int(g * GIB) + extra, s.max_len, kv_dtype=s.kv_dtype,
-                                           tp=s.tp, options=options) for g in (lo, hi))
-            needed = refusal.group(2)
-            ours = f"{_needed_gib(engine, weighed_model, s, options):.2f}"
-            out.append(LogRow("refused: KV cache needed", f"{needed} GiB", f"{ours} GiB",
-                              f"{float(needed):.2f}" == ours, weighed))
-            out.append(LogRow("refused: fits", "no", "yes" if whigh.fits else "no", not wlow.fits))
-            if refusal.group(4):
-                n = int(refusal.group(4))
-                a, b = (wlow.estimated_max_model_len or 0), (whigh.estimated_max_model_len or 0)
-                out.append(LogRow("estimated maximum model length", f"{n:,}", _span(a, b), a <= n <= b, rounding))
-        if v0_refusal:
-            n = int(v0_refusal.group(2))
-            out.append(LogRow("refused: tokens the cache holds", f"{n:,}",
-                              _span(low.physical_token_slots, high.physical_token_slots),
-                              low.physical_token_slots <= n <= high.physical_token_slots,
-                              "vLLM V0: blocks x block size"))
-            out.append(LogRow("refused: fits", "no", "yes" if high.fits else "no", not low.fits,
-                              "vLLM V0: max_model_len beyond the tokens the blocks hold"))
-        if cpu_blocks and rel.v0:
-            out.append(_cpu_blocks_row(engine, model, s, int(cpu_blocks.group(1))))
-        weights = re.search(r"(?:Loading model weights took|Model loading took) ([\d.]+) G", text)
-        if weights:
-            from kvbudget.model.weights import model_weights
-
-            try:
-                w = model_weights(model, s.tp, engine.pipeline_stages(model.num_layers, s.pp, s.partition))
-            except KVBudgetError:
-                w = None
-            if w is not None:
-                logged_bytes = float(weights.group(1)) * GIB
-                diff = w.per_gpu_bytes / logged_bytes - 1
-                out.append(LogRow("weights per GPU", f"{float(weights.group(1)):.2f} GiB",
-                                  f"{w.per_gpu_bytes / GIB:.2f} GiB", abs(diff) < 0.02,
-                                  f"{diff:+.1%}: vLLM measures allocated memory (buffers, padding, quantized "
-                                  "checkpoints); kvbudget counts parameters"))
-        raised = re.search(r"Setting attention block size to (\d+) tokens", text)
-        if raised:
-            out.append(LogRow("block size", raised.group(1), str(low.block_size),
-                              int(raised.group(1)) == low.block_size,
-                              "raised so that one attention page covers a Mamba state page"))
-        return out
-
-    rows = rows_for(st)
+    log.budget(budgets, budget_from_refusal, st.device)
+    rows = log.rows(st)
     causes: list[str] = []
     kv_rows = [r for r in rows if r.quantity != "weights per GPU"]
     if not all(r.matches for r in kv_rows):
-        causes = _likely_causes(st, assumed, rows_for, rows, model)
-        if len(budgets) == 1 and st.tp * st.pp > 1 and not budget_from_refusal and not exact:
-            rank = _smaller_rank(st, rows_for, value, half_step)  # first; it replaces "none of the known causes"
+        causes = _likely_causes(st, assumed, log.rows, rows, model)
+        if len(budgets) == 1 and st.tp * st.pp > 1 and not budget_from_refusal and not log.exact:
+            rank = _smaller_rank(st, log.rows, log.value, log.half_step)  # first; replaces "none of the known causes"
             causes = rank + [c for c in causes if not (rank and c.startswith("none of"))]
+    return LogCheck("vllm", None, _shown_settings(st, read, assumed), tuple(rows), assumed, tuple(causes))
+
+
+def _era_of_the_token_count(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, assumed: dict, tokens: int,
+                            concurrency: str) -> _LogSettings:
+    """No release named: the token count means int(concurrency x max_model_len) from 0.20, blocks // groups x
+    block size before; where the count and the concurrency agree under one meaning only, that is the era."""
+    def agree(version: tuple[int, int]) -> bool:
+        try:
+            rows = _v1_blocks_rows(engine, model, replace(st, version=version), tokens, concurrency)
+        except KVBudgetError:  # a setting that release does not have (speculative decoding before 0.20)
+            return False
+        return all(r.matches for r in rows)
+
+    eras = [(version, label) for version, label in (((0, 32), ">= 0.20"), ((0, 19), "<= 0.19")) if agree(version)]
+    if len(eras) != 1:
+        return st
+    assumed["engine_version"] = (f"{eras[0][1]} (not in the log; the only era under which its token count "
+                                 "and concurrency agree)")
+    return replace(st, version=eras[0][0])
+
+
+def _shown_settings(st: _LogSettings, read: dict, assumed: dict) -> dict:
+    """The settings the check ran under that the log (or the user) stated: the assumed ones are shown apart."""
     settings = {"max_model_len": st.max_len, "device": st.device, "tp": st.tp, "pp": st.pp,
                 "kv_cache_dtype": st.kv_dtype, "prefix_caching": st.prefix,
                 "engine_version": read.get("engine_version"), "hybrid_allocator": st.hybrid}
@@ -372,8 +421,7 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
         settings["attention_backend"] = st.backend
     if st.spec_tokens:
         settings["num_speculative_tokens"] = st.spec_tokens
-    shown = {k: v for k, v in settings.items() if k not in assumed}
-    return LogCheck("vllm", None, shown, tuple(rows), assumed, tuple(causes))
+    return {k: v for k, v in settings.items() if k not in assumed}
 
 
 def _cpu_blocks_row(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, logged: int) -> LogRow:
