@@ -1,7 +1,7 @@
 """vLLM releases: what each era allocated, reported and checked (engines/vllm/releases.py), and the per-rank
 truth under pipeline parallelism (layer partitions, the smallest rank, the whole-model check of 0.14-0.16).
 
-Expected figures are worked from the formulas in each release's source (cited in vllm_releases.py), not from
+Expected figures are worked from the formulas in each release's source (cited in engines/vllm/releases.py), not from
 kvbudget's output."""
 
 from __future__ import annotations
