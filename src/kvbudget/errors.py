@@ -1,10 +1,33 @@
 """kvbudget's errors: one tree, each message saying what was wrong, where, and how to fix it.
 
 Messages name the library's parameters (`tp`, `kv_memory`, `block_size`), never command-line flags; an error
-about one parameter starts with its name and carries it in `param`, and the CLI shows it as that flag.
+about one parameter starts with its name and carries it in `param`, and the CLI shows it as that flag. A message
+that names other parameters in its middle marks each with `named()`: `str()` reads them as the library's names,
+and each front end spells them its own way (`kvbudget.commands.spelling`).
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+MARK = "\x1f"  # around a parameter named inside a message: MARK name MARK metavar MARK
+_NAMED = re.compile(f"{MARK}([a-z_]+){MARK}([^{MARK}]*){MARK}")
+
+
+def named(param: str, metavar: str = "") -> str:
+    """`param` named inside an error message: the library reads it as its name, the command line as its flag
+    (followed by `metavar`, e.g. FILE, where the flag takes a value the message stands for)."""
+    return f"{MARK}{param}{MARK}{metavar}{MARK}"
+
+
+def spell(message: str, spelling: Callable[[str, str], str] | None = None) -> str:
+    """A message with its named parameters spelled by `spelling(param, metavar)` (default: their names)."""
+    if MARK not in message:
+        return message
+    if spelling is None:
+        return _NAMED.sub(lambda m: m.group(1), message)
+    return _NAMED.sub(lambda m: spelling(m.group(1), m.group(2)), message)
 
 
 class KVBudgetError(ValueError):
@@ -13,6 +36,9 @@ class KVBudgetError(ValueError):
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
         self.param = param
+
+    def __str__(self) -> str:
+        return spell(super().__str__())
 
 
 class ConfigError(KVBudgetError):
@@ -40,4 +66,4 @@ class UpstreamConfigError(KVBudgetError):
 
 
 __all__ = ["BudgetError", "ConfigError", "EngineRuleError", "KVBudgetError", "TokenizerError",
-           "UnsupportedArchitectureError", "UpstreamConfigError"]
+           "UnsupportedArchitectureError", "UpstreamConfigError", "named", "spell"]

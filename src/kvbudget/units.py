@@ -31,11 +31,11 @@ def parse_size(text: str, what: str = "size") -> int:
     if not match or match.group(2).lower() not in _SIZE_UNITS:
         raise KVBudgetError(
             f"{what}: cannot read {text!r} as a size; write bytes or a number with a unit "
-            "such as 512MiB, 3.81GiB or 24GB"
+            "such as 512MiB, 3.81GiB or 24GB", _param(what)
         )
     value = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
     if value <= 0:
-        raise KVBudgetError(f"{what}: {text!r} must be positive")
+        raise KVBudgetError(f"{what}: {text!r} must be positive", _param(what))
     return int(value)
 
 
@@ -58,14 +58,20 @@ def parse_positive_ints(text: str, what: str) -> tuple[int, ...]:
         part = part.strip()
         m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kKmM]?)", part)
         if not m:
-            raise KVBudgetError(f"{what}: {part!r} is not a positive integer (write e.g. 1,4,8, 4k, 1.5k or 1M)")
+            raise KVBudgetError(f"{what}: {part!r} is not a positive integer (write e.g. 1,4,8, 4k, 1.5k or 1M)",
+                                _param(what))
         whole, _, fraction = m.group(1).partition(".")  # exact: 1.5k = 15 x 1024 / 10
         numerator = int(whole + fraction) * {"": 1, "k": 1024, "m": 1024**2}[m.group(2).lower()]
         if numerator % 10 ** len(fraction):
             raise KVBudgetError(f"{what}: {part!r} is {numerator / 10 ** len(fraction):,.2f}, not a whole number of "
-                                "tokens")
+                                "tokens", _param(what))
         value = numerator // 10 ** len(fraction)
         if value <= 0:
-            raise KVBudgetError(f"{what}: {part!r} must be positive")
+            raise KVBudgetError(f"{what}: {part!r} must be positive", _param(what))
         values.append(value)
     return tuple(values)
+
+
+def _param(what: str) -> str | None:
+    """The parameter a reader's `what` names (None where it is a description or a command-line flag)."""
+    return what if what.isidentifier() else None

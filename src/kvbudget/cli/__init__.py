@@ -8,6 +8,7 @@ import sys
 
 from kvbudget import __version__
 from kvbudget.cli import common
+from kvbudget.commands import spelling
 from kvbudget.errors import KVBudgetError
 
 COMMANDS = ("estimate", "catalog", "plan", "simulate", "checklog", "tokens", "guard", "quality", "web")  # modules
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         code: int = args.run(args)
     except KVBudgetError as exc:
-        print(f"kvbudget: error: {common.cli_message(exc)}", file=sys.stderr)
+        print(f"kvbudget: error: {spelling.message(exc)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `kvbudget ... | head`
         return 0

@@ -1,6 +1,7 @@
 """What the commands share: the parser class, option groups, argument readers, output and file writing.
 
-The library's errors name parameters (`tp`, `kv_memory`); `cli_message` shows them as the flags people typed."""
+The library's errors name parameters (`tp`, `kv_memory`); `kvbudget.commands.spelling` shows them as the flags
+people typed."""
 
 from __future__ import annotations
 
@@ -17,40 +18,6 @@ from kvbudget.model.load import RESOLUTION_ORDER
 from kvbudget.units import parse_positive_ints, parse_size
 
 UNITS_NOTE = "KiB/MiB/GiB are powers of 1024"
-
-# Library hints that name a parameter by value, and the flag that says the same on the command line.
-_HINTS = {"(approximate=True)": "(--approximate)", "(template=False)": "(--no-template)",
-          "give max_model_len": "pass --max-model-len", "give gpu_memory": "pass --gpu-memory SIZE",
-          "kvbudget.gpus.gpus() lists them": "kvbudget gpus lists them",
-          "'upstreams' in the config": "'upstreams' in --config",
-          "activation overrides": "--activation overrides", "overhead overrides": "--overhead overrides",
-          "given (utilization)": "--utilization", "given (weights)": "--weights", "given (kv_memory)": "--kv-memory",
-          "given (activation)": "--activation", "given (overhead)": "--overhead",
-          "(measured / time_model)": "(--calibrate FILE)", "(prefix_caching=False)": "(--no-prefix-caching)",
-          "(max_num_seqs, -np)": "(--max-num-seqs)",
-          "give the trace the server served (trace)":
-          "give the trace the server served (--trace FILE)", "(max_model_len)": "(--max-model-len)",
-          "(weights)": "(--weights SIZE)"}  # after "given (weights)"
-
-
-def flag(param: str) -> str:
-    return "--" + param.replace("_", "-")
-
-
-def cli_message(exc: KVBudgetError) -> str:
-    """The error as one line in command-line terms: the parameter at fault shown as its flag."""
-    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if exc.param and message.startswith(exc.param):
-        message = flag(exc.param) + message[len(exc.param):]
-    return cli_text(message)
-
-
-def cli_text(text: str) -> str:
-    """Library text that names a parameter by value, as the command line says it."""
-    for hint, replacement in _HINTS.items():
-        text = text.replace(hint, replacement)
-    return text
-
 
 class UsageError(KVBudgetError):
     """Arguments the parser refuses (an unknown flag, a missing argument): main prints it in one line, exit 2."""

@@ -12,12 +12,10 @@ from kvbudget.cli.common import (
     add_counted_lengths,
     add_engine_knobs,
     add_model_engine,
-    cli_text,
     console,
     counted_context,
     engine_options,
     engine_release,
-    flag,
     one,
     optional_one,
     size,
@@ -26,6 +24,7 @@ from kvbudget.cli.common import (
     wrote,
 )
 from kvbudget.cli.common import load as common_load
+from kvbudget.commands import spelling
 from kvbudget.engines import EngineOptions
 from kvbudget.errors import KVBudgetError
 from kvbudget.units import format_bytes
@@ -174,7 +173,8 @@ def render(p: Plan) -> None:
     for name in ("term", "size", "how"):
         stack.add_column(name, justify="right" if name == "size" else "left")
     for t in p.stack:
-        stack.add_row(t.name, format_bytes(t.bytes), ("[yellow]estimate[/]: " if t.estimate else "") + cli_text(t.note))
+        estimated = "[yellow]estimate[/]: " if t.estimate else ""
+        stack.add_row(t.name, format_bytes(t.bytes), estimated + spelling.text(t.note))
     out.print(stack)
     cap = p.capacity
     reported = (f"KV cache size {cap.kv_cache_tokens:,} tokens (as {p.engine.name} reports it), physical slots "
@@ -216,7 +216,7 @@ def render(p: Plan) -> None:
         out.print(hanging([(f"  {i}.", f"{change_text(rec)} ({rec.cost}): {rec.effect}")
                            for i, rec in enumerate(p.recommendations, 1)]))
     if p.notes:
-        out.print(hanging([("[yellow]note:[/]", cli_text(note)) for note in p.notes]))
+        out.print(hanging([("[yellow]note:[/]", spelling.text(note)) for note in p.notes]))
 
 
 def hanging(items: list[tuple[str, str]]) -> Any:
@@ -277,5 +277,6 @@ def change_text(rec: Recommendation) -> str:
     """A recommendation as the flags that make it: `--tp 4, 4 GPUs`; another model by its name."""
     if "model" in rec.parameters:
         return f"{rec.parameters['model']}, {rec.note}"
+    flag = spelling.flag
     flags = " ".join(flag(key) if value is True else f"{flag(key)} {value}" for key, value in rec.parameters.items())
     return f"{flags}, {rec.note}" if rec.note else flags

@@ -24,6 +24,7 @@ from kvbudget.cli import common
 from kvbudget.cli import estimate as estimate_cli
 from kvbudget.cli import plan as plan_cli
 from kvbudget.cli import simulate as simulate_cli
+from kvbudget.commands import spelling
 from kvbudget.errors import ConfigError, KVBudgetError
 from kvbudget.units import MIB
 
@@ -205,7 +206,7 @@ def field_of(exc: KVBudgetError) -> str | None:
         return exc.field
     if exc.param:
         return exc.param
-    found = _FLAG.match(common.cli_message(exc))
+    found = _FLAG.match(spelling.message(exc))
     if found:
         return found.group(1).replace("-", "_")
     return "model" if isinstance(exc, ConfigError) else None
@@ -215,7 +216,7 @@ def error_body(exc: KVBudgetError, uploads: Uploads | None = None, names: dict[s
                ) -> dict[str, Any]:
     """The CLI's one-line message, and the field it is about; an upload's path on the server shows as the name it
     was uploaded with (`names`) or its id."""
-    message = common.cli_message(exc)
+    message = spelling.message(exc)
     for path, name in (names or {}).items():
         message = message.replace(path, name)
     if uploads is not None:
