@@ -10,6 +10,7 @@ import os
 import sys
 from typing import Any
 
+from kvbudget.commands.spelling import flag
 from kvbudget.dtypes import KV_DTYPE_CHOICES
 from kvbudget.engines import ENGINES, EngineOptions, get_engine
 from kvbudget.errors import KVBudgetError
@@ -66,6 +67,37 @@ class CommandParser(Parser):
             return self.parse_known_intermixed_args(args, namespace)
         finally:
             self._parsing = False
+
+
+def add_options(p: argparse.ArgumentParser, request: type) -> None:
+    """The flags of a command, from its request's description (kvbudget.commands.options)."""
+    from kvbudget.commands.options import options
+
+    groups: dict[str, Any] = {}
+    for name, default, opt in options(request):
+        target = p if opt.group is None else groups.setdefault(opt.group, p.add_argument_group(opt.group))
+        how: dict[str, Any] = {"help": opt.text}
+        if opt.metavar:
+            how["metavar"] = opt.metavar
+        if opt.many:
+            how["nargs"] = "+"
+        if opt.positional:
+            target.add_argument(name, **how)
+            continue
+        if default is False:
+            how["action"] = "store_true"
+        elif default is not None:
+            how["default"] = default
+        if opt.choices:
+            how["choices"] = opt.choices
+        target.add_argument(flag(name), **how)
+
+
+def request_of(request: type, args: argparse.Namespace) -> Any:
+    """The command's request from its parsed arguments."""
+    from dataclasses import fields
+
+    return request(**{f.name: getattr(args, f.name) for f in fields(request)})
 
 
 def add_model_engine(p: argparse.ArgumentParser, default_engine: str, many: bool = False) -> None:

@@ -4,64 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from typing import Any
 
-from kvbudget.cli.common import (
-    UNITS_NOTE,
-    add_counted_lengths,
-    add_engine_knobs,
-    add_model_engine,
-    console,
-    counted_context,
-    engine_options,
-    one,
-    optional_one,
-    size,
-    warn,
-)
-from kvbudget.cli.common import load as common_load
-from kvbudget.estimator import Estimate, estimate
-from kvbudget.units import format_bytes, parse_positive_ints
+from kvbudget.cli.common import UNITS_NOTE, add_options, console, request_of, warn
+from kvbudget.commands.estimate import EstimateRequest, answer
+from kvbudget.estimator import Estimate
+from kvbudget.units import format_bytes
 
 
 def add_parser(sub: Any) -> None:
     est = sub.add_parser("estimate", help="KV memory map of one model on one engine")
-    add_model_engine(est, "vllm")
-    est.add_argument("--batch", default="1", help="batch sizes, comma-separated (default 1)")
-    est.add_argument("--beams", default="1", help="beams or samples per request (default 1)")
-    est.add_argument("--context", help="context lengths in tokens, e.g. 1024,4096,32k "
-                                       "(default 1024,4096,8192,16384 and the model's maximum)")
-    est.add_argument("--tp", default="1", help="tensor parallel size: numbers are per GPU (default 1)")
-    est.add_argument("--pp", default="1", help="pipeline parallel size (vllm, sglang): numbers for the most "
-                                               "loaded stage (default 1)")
-    est.add_argument("--kv-memory", help="KV budget per GPU (e.g. 3.81GiB, 24GB, bytes): adds the engine's capacity")
-    est.add_argument("--max-model-len", help="request length for --kv-memory (default: the model's maximum)")
-    add_engine_knobs(est)
-    est.add_argument("--layers", action="store_true", help="show the per-layer-kind breakdown")
-    add_counted_lengths(est)
-    est.add_argument("--json", action="store_true", help="print JSON (bytes) instead of tables")
+    add_options(est, EstimateRequest)
     est.set_defaults(run=run)
 
 
 def compute(args: argparse.Namespace) -> Estimate:
-    """The estimate the arguments ask for (its `to_dict()` is what --json prints, and what `kvbudget web` serves)."""
-    options = engine_options(args)  # first: it reads the release off --engine NAME@VERSION
-    counted, counted_note = counted_context(args, "--context")
-    result = estimate(
-        common_load(args.model),
-        engine=args.engine,
-        kv_dtype=args.kv_dtype,
-        batch=parse_positive_ints(args.batch, "--batch"),
-        context=(counted,) if counted else parse_positive_ints(args.context, "--context") if args.context else None,
-        beams=one(args.beams, "--beams"),
-        tp=one(args.tp, "--tp"),
-        options=options,
-        kv_memory=size(args.kv_memory, "--kv-memory"),
-        max_model_len=optional_one(args.max_model_len, "--max-model-len"),
-        pp=one(args.pp, "--pp"),
-    )
-    return replace(result, notes=(*result.notes, counted_note)) if counted_note else result
+    """The estimate the arguments ask for (its `to_dict()` is what --json prints)."""
+    return answer(request_of(EstimateRequest, args))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,75 @@
+"""`estimate`: the memory map of one model on one engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from kvbudget.commands.options import (
+    COUNTED,
+    DEVICES,
+    KNOBS,
+    counted_context,
+    engine_field,
+    engine_options,
+    kv_dtype_field,
+    load,
+    model_field,
+    one,
+    option,
+    optional_one,
+    size,
+)
+from kvbudget.estimator import Estimate, estimate
+from kvbudget.units import parse_positive_ints
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimateRequest:
+    """What `estimate` is asked, as given."""
+
+    model: str = model_field()
+    engine: str = engine_field("vllm")
+    kv_dtype: str = kv_dtype_field()
+    batch: str = option("batch sizes, comma-separated (default 1)", "1")
+    beams: str = option("beams or samples per request (default 1)", "1")
+    context: str | None = option("context lengths in tokens, e.g. 1024,4096,32k (default 1024,4096,8192,16384 and "
+                                 "the model's maximum)")
+    tp: str = option("tensor parallel size: numbers are per GPU (default 1)", "1")
+    pp: str = option("pipeline parallel size (vllm, sglang): numbers for the most loaded stage (default 1)", "1")
+    kv_memory: str | None = option("KV budget per GPU (e.g. 3.81GiB, 24GB, bytes): adds the engine's capacity")
+    max_model_len: str | None = option("request length for --kv-memory (default: the model's maximum)")
+    block_size: str | None = option(KNOBS["block_size"])
+    max_num_batched_tokens: str | None = option(KNOBS["max_num_batched_tokens"])
+    no_prefix_caching: bool = option(KNOBS["no_prefix_caching"], False)
+    device: str = option(KNOBS["device"], "cuda", choices=DEVICES)
+    disable_hybrid_kv_cache_manager: bool = option(KNOBS["disable_hybrid_kv_cache_manager"], False)
+    attention_backend: str | None = option(KNOBS["attention_backend"])
+    pp_layer_partition: str | None = option(KNOBS["pp_layer_partition"])
+    num_speculative_tokens: str | None = option(KNOBS["num_speculative_tokens"])
+    layers: bool = option("show the per-layer-kind breakdown", False, web=False)
+    prompt_file: str | None = option(COUNTED["prompt_file"], web=False)
+    max_new_tokens: str | None = option(COUNTED["max_new_tokens"], web=False)
+    lengths_from: str | None = option(COUNTED["lengths_from"], web=False)
+    tokenizer: str | None = option(COUNTED["tokenizer"], web=False)
+    approximate: bool = option(COUNTED["approximate"], False, web=False)
+    json: bool = option("print JSON (bytes) instead of tables", False, web=False)
+
+
+def answer(ask: EstimateRequest) -> Estimate:
+    """The estimate a request asks for (its `to_dict()` is what --json prints and the web page serves)."""
+    engine, options = engine_options(ask)  # first: it reads the release off engine NAME@VERSION
+    counted, counted_note = counted_context(ask, engine, "context")
+    result = estimate(
+        load(ask.model),
+        engine=engine,
+        kv_dtype=ask.kv_dtype,
+        batch=parse_positive_ints(ask.batch, "batch"),
+        context=(counted,) if counted else parse_positive_ints(ask.context, "context") if ask.context else None,
+        beams=one(ask.beams, "beams"),
+        tp=one(ask.tp, "tp"),
+        options=options,
+        kv_memory=size(ask.kv_memory, "kv_memory"),
+        max_model_len=optional_one(ask.max_model_len, "max_model_len"),
+        pp=one(ask.pp, "pp"),
+    )
+    return replace(result, notes=(*result.notes, counted_note)) if counted_note else result
