@@ -4,29 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from kvbudget.cli.common import (
-    UNITS_NOTE,
-    add_counted_lengths,
-    add_engine_knobs,
-    add_model_engine,
-    console,
-    counted_context,
-    engine_options,
-    engine_release,
-    one,
-    optional_one,
-    size,
-    size_or_zero,
-    write_atomically,
-    wrote,
-)
-from kvbudget.cli.common import load as common_load
+from kvbudget.cli.common import UNITS_NOTE, add_options, console, request_of, write_atomically, wrote
 from kvbudget.commands import spelling
-from kvbudget.engines import EngineOptions
-from kvbudget.errors import KVBudgetError
+from kvbudget.commands.plan import CompareRequest, PlanRequest, answer, as_json, compare_rows
 from kvbudget.units import format_bytes
 
 if TYPE_CHECKING:
@@ -35,65 +17,17 @@ if TYPE_CHECKING:
 
 def add_parser(sub: Any) -> None:
     pl = sub.add_parser("plan", help="will it fit: weights, KV budget, capacity, what to change")
-    add_model_engine(pl, "vllm")
-    pl.add_argument("--gpu", help="GPU from `kvbudget gpus` (e.g. H100-80GB)")
-    pl.add_argument("--gpu-memory", help="memory of one GPU (overrides --gpu's), e.g. 24GiB")
-    pl.add_argument("--gpus", help="GPUs in the deployment: replicas of tp x pp (data parallel; default tp x pp)")
-    pl.add_argument("--expert-parallel", action="store_true",
-                    help="with --gpus: the replicas are data-parallel attention ranks sharing an MoE's experts "
-                         "(vLLM --data-parallel-size N --enable-expert-parallel; SGLang --enable-dp-attention)")
-    pl.add_argument("--tp", default="1", help="tensor parallel size (default 1)")
-    pl.add_argument("--pp", default="1", help="pipeline parallel size (default 1)")
-    pl.add_argument("--max-model-len", help="request length (default: the model's maximum)")
-    pl.add_argument("--concurrency", default="1", help="requests at once, for the longest-context answer")
-    pl.add_argument("--beams", default="1", help="beams or samples per request (default 1)")
-    pl.add_argument("--weights", help="weight bytes per GPU (overrides the computed figure)")
-    pl.add_argument("--activation", help="activation peak (overrides the estimate)")
-    pl.add_argument("--overhead", help="non-torch memory and CUDA graphs (overrides the estimate)")
-    pl.add_argument("--utilization", help="the engine's memory fraction (vLLM gpu_memory_utilization, SGLang "
-                                          "mem_fraction_static, TGI cuda_memory_fraction)")
-    pl.add_argument("--kv-memory", help="use this KV budget per GPU instead of deriving it")
-    add_engine_knobs(pl)
-    pl.add_argument("--guard-config", help="write the degradation plan as YAML for `kvbudget guard`")
-    pl.add_argument("--plot", help="write a picture (.png or .svg): GPU memory and KV bytes against context")
-    add_counted_lengths(pl)
-    pl.add_argument("--json", action="store_true", help="print JSON (bytes) instead of tables")
-    pl.add_argument("--check", action="store_true", help="exit 1 when the deployment does not fit (for CI): no KV "
-                                                        "budget, or one request of --max-model-len does not fit")
+    add_options(pl, PlanRequest)
     pl.set_defaults(run=run)
 
     cmp_ = sub.add_parser("compare", help="models side by side: bytes per token, capacity, longest context")
-    add_model_engine(cmp_, "vllm", many=True)
-    cmp_.add_argument("--gpu", help="GPU from `kvbudget gpus`: adds KV budget, concurrency and longest context")
-    cmp_.add_argument("--gpu-memory", help="memory of one GPU instead of --gpu")
-    cmp_.add_argument("--context", default="8192", help="request length to compare at (default 8192)")
-    cmp_.add_argument("--tp", default="1", help="tensor parallel size for every model (default 1)")
-    cmp_.add_argument("--json", action="store_true", help="print JSON")
+    add_options(cmp_, CompareRequest)
     cmp_.set_defaults(run=run_compare)
 
 
 def compute(args: argparse.Namespace) -> Plan | dict[str, Any]:
-    """The plan the arguments ask for, or (a deployment that leaves no KV budget) the answer saying so with the
-    changes that make room. `as_json` of it is what --json prints, and what `kvbudget web` serves."""
-    from kvbudget.planner import NoKVBudget
-
-    options = engine_options(args)  # first: it reads the release off --engine NAME@VERSION
-    counted, counted_note = counted_context(args, "--max-model-len")
-    util = None
-    if args.utilization is not None:
-        try:
-            util = float(args.utilization)
-        except ValueError:
-            raise KVBudgetError(f"--utilization: {args.utilization!r} is not a number between 0 and 1") from None
-    try:
-        result = _plan(args, options, counted, util)
-    except NoKVBudget as exc:  # "does not fit" is an answer: said in full, exit 0
-        return exc.answer
-    return replace(result, notes=(*result.notes, counted_note)) if counted_note else result
-
-
-def as_json(result: Plan | dict[str, Any]) -> dict[str, Any]:
-    return result if isinstance(result, dict) else result.to_dict()
+    """The plan the arguments ask for (`as_json` of it is what --json prints)."""
+    return answer(request_of(PlanRequest, args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,21 +52,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         render(result)
     return 1 if args.check and not result.fits else 0
-
-
-def _plan(args: argparse.Namespace, options: EngineOptions, counted: int | None, util: float | None) -> Plan:
-    from kvbudget.planner import plan
-
-    return plan(
-        common_load(args.model), engine=args.engine, gpu=args.gpu, gpu_memory=size(args.gpu_memory, "--gpu-memory"),
-        gpus=optional_one(args.gpus, "--gpus"), tp=one(args.tp, "--tp"), pp=one(args.pp, "--pp"),
-        kv_dtype=args.kv_dtype, max_model_len=counted or optional_one(args.max_model_len, "--max-model-len"),
-        concurrency=one(args.concurrency, "--concurrency"), beams=one(args.beams, "--beams"),
-        options=options, weights=size(args.weights, "--weights"),
-        activation=size_or_zero(args.activation, "--activation"),
-        overhead=size_or_zero(args.overhead, "--overhead"), utilization=util,
-        kv_memory=size(args.kv_memory, "--kv-memory"), expert_parallel=args.expert_parallel,
-    )
 
 
 def render_no_budget(answer: dict[str, Any]) -> None:
@@ -231,26 +150,15 @@ def hanging(items: list[tuple[str, str]]) -> Any:
     return grid
 
 
-def compare_rows(args: argparse.Namespace) -> tuple[Any, ...]:
-    """The comparison the arguments ask for (each row's `__dict__` is what --json prints and `kvbudget web` serves)."""
-    from kvbudget.planner import compare
-
-    if len(args.models) < 2:
-        raise KVBudgetError("compare: name at least two models")
-    release = engine_release(args)
-    return compare([common_load(m) for m in args.models], engine=args.engine, gpu=args.gpu,
-                   gpu_memory=size(args.gpu_memory, "--gpu-memory"), context=one(args.context, "--context"),
-                   kv_dtype=args.kv_dtype, options=EngineOptions(engine_version=release), tp=one(args.tp, "--tp"))
-
-
 def run_compare(args: argparse.Namespace) -> int:
-    rows = compare_rows(args)
+    rows = compare_rows(request_of(CompareRequest, args))
+    engine = args.engine.partition("@")[0]
     if args.json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
         return 0
     from rich.table import Table
 
-    table = Table(title=f"{args.engine}, requests of {rows[0].context:,} tokens ({UNITS_NOTE})")
+    table = Table(title=f"{engine}, requests of {rows[0].context:,} tokens ({UNITS_NOTE})")
     columns = ["model", "cache layers", "per token", "fixed per seq", "one request"]
     if args.gpu or args.gpu_memory:
         columns += ["KV budget", "max requests", "longest single request"]

@@ -1,14 +1,13 @@
-"""What `kvbudget web` answers: every /api/ answer is a CLI command run on the request's parameters.
+"""What `kvbudget web` answers: every /api/ answer is a command's request answered by the library.
 
-A request's parameters become the command's own arguments (`/api/estimate?model=llama-3.1-8b&tp=2` is
-`kvbudget estimate llama-3.1-8b --tp 2 --json`), read by the CLI's parser and answered by the function whose
-result --json prints: one code path, so the page shows the CLI's numbers. Only parameters that read and write
-nothing of the server's are taken; files come as uploads (a config.json, a GGUF header, a trace, a quality
-report) into the server's own folder, named by their content."""
+A request's parameters are the command's own options (`/api/estimate?model=llama-3.1-8b&tp=2` asks what
+`kvbudget estimate llama-3.1-8b --tp 2 --json` asks): both front ends build the same typed request from the same
+description of its fields (`kvbudget.commands`) and print or serve the same answer, so the page shows the CLI's
+numbers. Only options that read and write nothing of the server's are taken; files come as uploads (a
+config.json, a GGUF header, a trace, a quality report) into the server's own folder, named by their content."""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import re
@@ -20,18 +19,17 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kvbudget import traces
-from kvbudget.cli import common
-from kvbudget.cli import estimate as estimate_cli
-from kvbudget.cli import plan as plan_cli
-from kvbudget.cli import simulate as simulate_cli
 from kvbudget.commands import spelling
+from kvbudget.commands.estimate import EstimateRequest
+from kvbudget.commands.estimate import answer as estimate_answer
+from kvbudget.commands.options import Option, options
+from kvbudget.commands.plan import CompareRequest, PlanRequest, as_json, compare_rows
+from kvbudget.commands.plan import answer as plan_answer
+from kvbudget.commands.simulate import SimulateRequest
+from kvbudget.commands.simulate import simulation as simulation_answer
 from kvbudget.errors import ConfigError, KVBudgetError
 from kvbudget.units import MIB
 
-# CLI options a request may not set: they read or write the server's files, or change only the terminal output
-_NOT_FROM_REQUESTS = {"json", "plot", "guard_config", "prompt_file", "lengths_from", "tokenizer", "approximate",
-                      "max_new_tokens", "trace", "request_log", "lengths_from_trace", "timeline", "per_request",
-                      "calibrate", "sweep", "find_max_rate", "slo", "reference", "layers", "guard_poll_interval"}
 _TRUE, _FALSE = {"1", "true", "on", "yes"}, {"0", "false", "off", "no"}
 
 
@@ -119,33 +117,18 @@ class Uploads:
         return self.folder / name
 
 
-def _parsers() -> dict[str, argparse.ArgumentParser]:
-    """The CLI's own parser of each command the API runs."""
-
-    class Collect:
-        def __init__(self) -> None:
-            self.parsers: dict[str, argparse.ArgumentParser] = {}
-
-        def add_parser(self, name: str, help: str | None = None, **kwargs: Any) -> argparse.ArgumentParser:
-            self.parsers[name] = common.Parser(prog=f"kvbudget {name}", **kwargs)
-            return self.parsers[name]
-
-    collect = Collect()
-    for module in (estimate_cli, plan_cli, simulate_cli):
-        module.add_parser(collect)
-    return collect.parsers
+REQUESTS: dict[str, type] = {"estimate": EstimateRequest, "plan": PlanRequest, "compare": CompareRequest,
+                             "simulate": SimulateRequest}
 
 
-PARSERS = _parsers()
+def _options(command: str) -> dict[str, tuple[Any, Option]]:
+    """The options a request may give `command`, by name, with their defaults: those that read and write nothing
+    of the server's (the command's model aside)."""
+    return {name: (default, opt) for name, default, opt in options(REQUESTS[command])
+            if opt.web and not opt.positional}
 
 
-def _options(command: str) -> dict[str, argparse.Action]:
-    """The options a request may give `command`, by name (the CLI's flag without dashes, underscores for -)."""
-    return {a.dest: a for a in PARSERS[command]._actions
-            if a.option_strings and a.dest not in _NOT_FROM_REQUESTS and a.dest != "help"}
-
-
-OPTIONS = {command: _options(command) for command in PARSERS}
+OPTIONS = {command: _options(command) for command in REQUESTS}
 
 
 def _model_ref(value: str, uploads: Uploads) -> str:
@@ -157,10 +140,11 @@ def _model_ref(value: str, uploads: Uploads) -> str:
     return value
 
 
-def argv(command: str, params: Iterable[tuple[str, str]], uploads: Uploads, taken: tuple[str, ...] = ()) -> list[str]:
-    """The CLI arguments a request's parameters stand for (positional models first); `taken` are parameters the
-    caller reads itself."""
-    options, models, flags = OPTIONS[command], [], []
+def request(command: str, params: Iterable[tuple[str, str]], uploads: Uploads, taken: tuple[str, ...] = (),
+            given: dict[str, Any] | None = None) -> Any:
+    """The command's request a web request's parameters stand for; `taken` are parameters the caller reads
+    itself, `given` what it sets from them."""
+    known_options, models, values = OPTIONS[command], [], dict(given or {})
     seen: set[str] = set()
     for key, value in params:
         value = value.strip()
@@ -170,52 +154,46 @@ def argv(command: str, params: Iterable[tuple[str, str]], uploads: Uploads, take
             if value:
                 models.append(_model_ref(value, uploads))
             continue
-        action = options.get(key)
-        if action is None:
-            known = ", ".join(["model", *taken, *sorted(options)])
+        if key not in known_options:
+            known = ", ".join(["model", *taken, *sorted(known_options)])
             raise WebError(f"unknown parameter {key!r} for {command}; known: {known}")
         if key in seen:
             raise WebError(f"{key}: given twice; give it once", key)
         seen.add(key)
-        if action.nargs == 0:  # a switch
+        default, opt = known_options[key]
+        if default is False:  # a switch
             if value.lower() in _TRUE:
-                flags.append(action.option_strings[0])
+                values[key] = True
             elif value.lower() not in _FALSE and value:
                 raise WebError(f"{key}: {value!r} is not on or off (1 or 0)", key)
         elif value:
-            if action.choices is not None and value not in action.choices:
-                raise WebError(f"{key}: {value!r} is not one of {', '.join(map(str, action.choices))}", key)
-            flags += [action.option_strings[0], value]
+            if opt.choices is not None and value not in opt.choices:
+                raise WebError(f"{key}: {value!r} is not one of {', '.join(map(str, opt.choices))}", key)
+            values[key] = value
     if not models:
         raise WebError("model: choose a model (a catalog name, a Hub id or an upload)", "model")
     if command != "compare" and len(models) > 1:
         raise WebError(f"model: {command} takes one model; the compare view takes several", "model")
-    return [*models, *flags, "--json"]
-
-
-def parse(command: str, arguments: list[str]) -> argparse.Namespace:
-    return PARSERS[command].parse_args(arguments)
-
-
-# The field a CLI message is about: its flag at the start, or a parameter the library named.
-_FLAG = re.compile(r"^(?:argument )?--([a-z][a-z0-9-]*)")
+    if command == "compare":
+        values["models"] = tuple(models)
+    else:
+        values["model"] = models[0]
+    return REQUESTS[command](**values)
 
 
 def field_of(exc: KVBudgetError) -> str | None:
+    """The field an error is about: the page's own, or the parameter the library named."""
     if isinstance(exc, WebError):
         return exc.field
     if exc.param:
         return exc.param
-    found = _FLAG.match(spelling.message(exc))
-    if found:
-        return found.group(1).replace("-", "_")
     return "model" if isinstance(exc, ConfigError) else None
 
 
 def error_body(exc: KVBudgetError, uploads: Uploads | None = None, names: dict[str, str] | None = None
                ) -> dict[str, Any]:
-    """The CLI's one-line message, and the field it is about; an upload's path on the server shows as the name it
-    was uploaded with (`names`) or its id."""
+    """The error in one line as the command line says it (the page takes the same names), and the field it is
+    about; an upload's path on the server shows as the name it was uploaded with (`names`) or its id."""
     message = spelling.message(exc)
     for path, name in (names or {}).items():
         message = message.replace(path, name)
@@ -261,20 +239,20 @@ def trace_path(value: str, uploads: Uploads) -> Path:
 
 
 def estimate(params: list[tuple[str, str]], uploads: Uploads) -> Any:
-    return estimate_cli.compute(parse("estimate", argv("estimate", params, uploads))).to_dict()
+    return estimate_answer(request("estimate", params, uploads)).to_dict()
 
 
 def plan_result(params: list[tuple[str, str]], uploads: Uploads) -> Any:
     """`plan`'s answer (a Plan, or the no-budget answer as a dict) of the request's plan parameters."""
-    return plan_cli.compute(parse("plan", argv("plan", params, uploads)))
+    return plan_answer(request("plan", params, uploads))
 
 
 def plan(params: list[tuple[str, str]], uploads: Uploads) -> Any:
-    return plan_cli.as_json(plan_result(params, uploads))
+    return as_json(plan_result(params, uploads))
 
 
 def compare(params: list[tuple[str, str]], uploads: Uploads) -> Any:
-    return [row.__dict__ for row in plan_cli.compare_rows(parse("compare", argv("compare", params, uploads)))]
+    return [row.__dict__ for row in compare_rows(request("compare", params, uploads))]
 
 
 def guard_yaml(params: list[tuple[str, str]], uploads: Uploads) -> str:
@@ -291,9 +269,10 @@ def simulate(params: list[tuple[str, str]], uploads: Uploads, simulations: Simul
     """One simulated run; `trace` names a bundled trace or an upload (none: synthetic arrivals at `rate`), and
     `guard=1` puts the guard in front with the plan of the same settings (`kvbudget plan --guard-config`)."""
     given = dict(params)
-    arguments = argv("simulate", params, uploads, taken=("trace", "guard"))
+    request("simulate", params, uploads, taken=("trace", "guard"))  # every parameter checked first
+    chosen: dict[str, Any] = {}
     if given.get("trace"):
-        arguments[-1:-1] = ["--trace", str(trace_path(given["trace"], uploads))]
+        chosen["trace"] = str(trace_path(given["trace"], uploads))
     if given.get("requests", "").isdigit() and int(given["requests"]) > simulations.limits.simulate_requests:
         raise WebError(f"requests: at most {simulations.limits.simulate_requests:,} on this page", "requests")
     if given.get("guard", "").lower() in _TRUE:
@@ -301,9 +280,9 @@ def simulate(params: list[tuple[str, str]], uploads: Uploads, simulations: Simul
         config = guard_yaml([(k, v) for k, v in params if k == "model" or k in plan_keys], uploads)
         path = uploads.folder / f"guard-{hashlib.sha256(config.encode()).hexdigest()[:24]}.yaml"
         path.write_text(config)
-        arguments[-1:-1] = ["--guard-config", str(path)]
-    args = parse("simulate", arguments)
-    return simulations.run(lambda progress: simulate_cli.simulation(args, progress=progress)).to_dict()
+        chosen["guard_config"] = str(path)
+    ask = request("simulate", params, uploads, taken=("trace", "guard"), given=chosen)
+    return simulations.run(lambda progress: simulation_answer(ask, progress=progress)).to_dict()
 
 
 _REPORT_FIELDS = {"model": str, "context": int, "data": list, "matmul": str, "results": list, "verdict": str,

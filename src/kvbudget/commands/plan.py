@@ -1,0 +1,133 @@
+"""`plan` (will it fit: weights, KV budget, capacity, what to change) and `compare` (models side by side)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from kvbudget.commands.options import (
+    COUNTED,
+    DEVICES,
+    KNOBS,
+    counted_context,
+    engine_field,
+    engine_options,
+    engine_release,
+    kv_dtype_field,
+    load,
+    model_field,
+    one,
+    option,
+    optional_one,
+    size,
+    size_or_zero,
+)
+from kvbudget.engines import EngineOptions
+from kvbudget.errors import KVBudgetError
+
+if TYPE_CHECKING:
+    from kvbudget.planner import Comparison, Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest:
+    """What `plan` is asked, as given."""
+
+    model: str = model_field()
+    engine: str = engine_field("vllm")
+    kv_dtype: str = kv_dtype_field()
+    gpu: str | None = option("GPU from `kvbudget gpus` (e.g. H100-80GB)")
+    gpu_memory: str | None = option("memory of one GPU (overrides --gpu's), e.g. 24GiB")
+    gpus: str | None = option("GPUs in the deployment: replicas of tp x pp (data parallel; default tp x pp)")
+    expert_parallel: bool = option("with --gpus: the replicas are data-parallel attention ranks sharing an MoE's "
+                                   "experts (vLLM --data-parallel-size N --enable-expert-parallel; SGLang "
+                                   "--enable-dp-attention)", False)
+    tp: str = option("tensor parallel size (default 1)", "1")
+    pp: str = option("pipeline parallel size (default 1)", "1")
+    max_model_len: str | None = option("request length (default: the model's maximum)")
+    concurrency: str = option("requests at once, for the longest-context answer", "1")
+    beams: str = option("beams or samples per request (default 1)", "1")
+    weights: str | None = option("weight bytes per GPU (overrides the computed figure)")
+    activation: str | None = option("activation peak (overrides the estimate)")
+    overhead: str | None = option("non-torch memory and CUDA graphs (overrides the estimate)")
+    utilization: str | None = option("the engine's memory fraction (vLLM gpu_memory_utilization, SGLang "
+                                     "mem_fraction_static, TGI cuda_memory_fraction)")
+    kv_memory: str | None = option("use this KV budget per GPU instead of deriving it")
+    block_size: str | None = option(KNOBS["block_size"])
+    max_num_batched_tokens: str | None = option(KNOBS["max_num_batched_tokens"])
+    no_prefix_caching: bool = option(KNOBS["no_prefix_caching"], False)
+    device: str = option(KNOBS["device"], "cuda", choices=DEVICES)
+    disable_hybrid_kv_cache_manager: bool = option(KNOBS["disable_hybrid_kv_cache_manager"], False)
+    attention_backend: str | None = option(KNOBS["attention_backend"])
+    pp_layer_partition: str | None = option(KNOBS["pp_layer_partition"])
+    num_speculative_tokens: str | None = option(KNOBS["num_speculative_tokens"])
+    guard_config: str | None = option("write the degradation plan as YAML for `kvbudget guard`", web=False)
+    plot: str | None = option("write a picture (.png or .svg): GPU memory and KV bytes against context", web=False)
+    prompt_file: str | None = option(COUNTED["prompt_file"], web=False)
+    max_new_tokens: str | None = option(COUNTED["max_new_tokens"], web=False)
+    lengths_from: str | None = option(COUNTED["lengths_from"], web=False)
+    tokenizer: str | None = option(COUNTED["tokenizer"], web=False)
+    approximate: bool = option(COUNTED["approximate"], False, web=False)
+    json: bool = option("print JSON (bytes) instead of tables", False, web=False)
+    check: bool = option("exit 1 when the deployment does not fit (for CI): no KV budget, or one request of "
+                         "--max-model-len does not fit", False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareRequest:
+    """What `compare` is asked, as given."""
+
+    models: tuple[str, ...] = model_field(many=True)
+    engine: str = engine_field("vllm")
+    kv_dtype: str = kv_dtype_field()
+    gpu: str | None = option("GPU from `kvbudget gpus`: adds KV budget, concurrency and longest context")
+    gpu_memory: str | None = option("memory of one GPU instead of --gpu")
+    context: str = option("request length to compare at (default 8192)", "8192")
+    tp: str = option("tensor parallel size for every model (default 1)", "1")
+    json: bool = option("print JSON", False, web=False)
+
+
+def answer(ask: PlanRequest) -> Plan | dict[str, Any]:
+    """The plan a request asks for, or (a deployment that leaves no KV budget) the answer saying so with the
+    changes that make room. `as_json` of it is what --json prints and the web page serves."""
+    from kvbudget.planner import NoKVBudget, plan
+
+    engine, options = engine_options(ask)  # first: it reads the release off engine NAME@VERSION
+    counted, counted_note = counted_context(ask, engine, "max_model_len")
+    utilization = None
+    if ask.utilization is not None:
+        try:
+            utilization = float(ask.utilization)
+        except ValueError:
+            raise KVBudgetError(f"utilization: {ask.utilization!r} is not a number between 0 and 1",
+                                param="utilization") from None
+    try:
+        result = plan(
+            load(ask.model), engine=engine, gpu=ask.gpu, gpu_memory=size(ask.gpu_memory, "gpu_memory"),
+            gpus=optional_one(ask.gpus, "gpus"), tp=one(ask.tp, "tp"), pp=one(ask.pp, "pp"),
+            kv_dtype=ask.kv_dtype, max_model_len=counted or optional_one(ask.max_model_len, "max_model_len"),
+            concurrency=one(ask.concurrency, "concurrency"), beams=one(ask.beams, "beams"),
+            options=options, weights=size(ask.weights, "weights"),
+            activation=size_or_zero(ask.activation, "activation"),
+            overhead=size_or_zero(ask.overhead, "overhead"), utilization=utilization,
+            kv_memory=size(ask.kv_memory, "kv_memory"), expert_parallel=ask.expert_parallel,
+        )
+    except NoKVBudget as exc:  # "does not fit" is an answer: said in full
+        return exc.answer
+    return replace(result, notes=(*result.notes, counted_note)) if counted_note else result
+
+
+def as_json(result: Plan | dict[str, Any]) -> dict[str, Any]:
+    return result if isinstance(result, dict) else result.to_dict()
+
+
+def compare_rows(ask: CompareRequest) -> tuple[Comparison, ...]:
+    """The comparison a request asks for (each row's `__dict__` is what --json prints and the web page serves)."""
+    from kvbudget.planner import compare
+
+    if len(ask.models) < 2:
+        raise KVBudgetError("compare: name at least two models")
+    engine, release = engine_release(ask.engine)
+    return compare([load(m) for m in ask.models], engine=engine, gpu=ask.gpu,
+                   gpu_memory=size(ask.gpu_memory, "gpu_memory"), context=one(ask.context, "context"),
+                   kv_dtype=ask.kv_dtype, options=EngineOptions(engine_version=release), tp=one(ask.tp, "tp"))

@@ -1,0 +1,259 @@
+"""`simulate`: a trace or synthetic traffic through the engine's scheduler and KV allocator."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvbudget.commands.options import (
+    DEVICES,
+    KNOBS,
+    engine_field,
+    engine_options,
+    kv_dtype_field,
+    load,
+    model_field,
+    one,
+    option,
+    optional_one,
+    positive,
+    size,
+)
+from kvbudget.engines import get_engine
+from kvbudget.errors import KVBudgetError, named
+
+WORKLOAD, MEMORY = "workload (a trace, or synthetic arrivals)", "memory (as `kvbudget plan`)"
+SCHEDULER, ANSWERS = "scheduler (default: the engine's for the GPU)", "answers"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulateRequest:
+    """What `simulate` is asked, as given."""
+
+    model: str = model_field()
+    engine: str = engine_field("vllm")
+    kv_dtype: str = kv_dtype_field()
+    trace: str | None = option("Azure LLM inference trace CSV, Mooncake JSONL or our JSONL (arrival, prompt_tokens, "
+                               "output_tokens[, prefix, prefix_tokens])", group=WORKLOAD, web=False)
+    request_log: str | None = option("an OpenAI chat request log (JSON Lines): prompt lengths counted with the "
+                                     "model's tokenizer, outputs of max_tokens (else drawn with mean "
+                                     "--output-tokens), arrivals from each line's 'arrival' or at --rate",
+                                     group=WORKLOAD, web=False)
+    tokenizer: str | None = option("--request-log: where the tokenizer is (default: the model argument)",
+                                   group=WORKLOAD, web=False)
+    approximate: bool = option("--request-log: lengths from characters, labelled", False, group=WORKLOAD, web=False)
+    rate: str | None = option("synthetic: requests per second (Poisson, or gamma with --cv)", group=WORKLOAD)
+    requests: str = option("synthetic: how many requests (default 1000)", "1000", group=WORKLOAD)
+    cv: str = option("synthetic: coefficient of variation of inter-arrival times (1 Poisson, >1 bursty)", "1",
+                     group=WORKLOAD)
+    prompt_tokens: str = option("synthetic: mean prompt length (exponential; default 161, ShareGPT's mean in the "
+                                "PagedAttention paper)", "161", group=WORKLOAD)
+    output_tokens: str = option("synthetic: mean output length (default 338)", "338", group=WORKLOAD)
+    lengths_from_trace: str | None = option("synthetic: draw (prompt, output) pairs from this trace instead",
+                                            group=WORKLOAD, web=False)
+    seed: str = option("synthetic: random seed (default 0)", "0", group=WORKLOAD)
+    rate_scale: str = option("replay arrivals this many times as fast (default 1)", "1", group=WORKLOAD)
+    slice: str | None = option("START:COUNT requests of the trace (e.g. 0:1000)", group=WORKLOAD)
+    gpu: str | None = option("GPU from `kvbudget gpus` (its memory, bandwidth and FLOPS)", group=MEMORY)
+    gpu_memory: str | None = option("memory of one GPU (overrides --gpu's)", group=MEMORY)
+    kv_memory: str | None = option("KV budget per GPU instead of deriving it", group=MEMORY)
+    weights: str | None = option("weight bytes per GPU (overrides the computed figure; needed where kvbudget does "
+                                 "not count the family's parameters)", group=MEMORY)
+    num_blocks: str | None = option("the engine's KV blocks instead of a budget", group=MEMORY)
+    tp: str = option("tensor parallel size (default 1)", "1", group=MEMORY)
+    pp: str = option("pipeline parallel size (default 1)", "1", group=MEMORY)
+    max_model_len: str | None = option("longest request (default: the model's maximum)", group=MEMORY)
+    allocator: str = option("paged (the engine's), or the PagedAttention paper's baselines "
+                            "contiguous-max|contiguous-pow2|contiguous-oracle", "paged", group=MEMORY)
+    block_size: str | None = option(KNOBS["block_size"], group=MEMORY)
+    max_num_batched_tokens: str | None = option(KNOBS["max_num_batched_tokens"], group=MEMORY)
+    no_prefix_caching: bool = option(KNOBS["no_prefix_caching"], False, group=MEMORY)
+    device: str = option(KNOBS["device"], "cuda", choices=DEVICES, group=MEMORY)
+    disable_hybrid_kv_cache_manager: bool = option(KNOBS["disable_hybrid_kv_cache_manager"], False, group=MEMORY)
+    attention_backend: str | None = option(KNOBS["attention_backend"], group=MEMORY)
+    pp_layer_partition: str | None = option(KNOBS["pp_layer_partition"], group=MEMORY)
+    num_speculative_tokens: str | None = option(KNOBS["num_speculative_tokens"], group=MEMORY)
+    max_num_seqs: str | None = option("requests running at once (llama.cpp: its slots, -np)", group=SCHEDULER)
+    kv_unified: bool = option("llama.cpp: one cell pool shared by all slots (llama-server's default when -np is "
+                              "left to auto)", False, group=SCHEDULER)
+    cache_ram: str | None = option("llama.cpp: the host-RAM prompt cache in MiB (default 8192; 0 turns it off)",
+                                   group=SCHEDULER)
+    long_prefill_token_threshold: str = option("cut prompts longer than this into chunks of it while others wait "
+                                               "(default 0: off)", "0", group=SCHEDULER)
+    json: bool = option("print JSON (seconds, bytes) instead of tables", False, group=ANSWERS, web=False)
+    timeline: str | None = option("write every step to this CSV file (time, tokens, usage, running, waiting)",
+                                  group=ANSWERS, web=False)
+    per_request: str | None = option("write every completed sequence to this CSV file (id, arrival, prompt and "
+                                     "output tokens, TTFT, TPOT, end-to-end seconds)", group=ANSWERS, web=False)
+    prometheus_series: str | None = option("write the run's KV usage and request gauges, as the engine publishes "
+                                           "them, in a `promtool test rules` file, with when each alert of "
+                                           "`kvbudget alerts` fires (thresholds from --guard-config when given)",
+                                           metavar="FILE", group=ANSWERS)
+    prometheus_interval: str = option("seconds between scrapes in --prometheus-series (default 15)", "15",
+                                      group=ANSWERS)
+    plot: str | None = option("write a picture (.png or .svg): KV usage, queues and latency distributions",
+                              group=ANSWERS, web=False)
+    find_max_rate: bool = option("the highest --rate-scale meeting --slo", False, group=ANSWERS, web=False)
+    slo: str | None = option("objectives for --find-max-rate, e.g. ttft_p99=2s,tpot_p99=100ms", group=ANSWERS,
+                             web=False)
+    sweep: Sequence[str] | None = option("a table over settings, e.g. tp=1,2 kv-dtype=auto,fp8 (rate-scale too)",
+                                         many=True, metavar="NAME=V1,V2", group=ANSWERS, web=False)
+    backend: str = option("where --sweep runs its simulations: process (a pool on this machine, the default), "
+                          "serial, ray (a local Ray) or ray=ADDRESS (a running Ray cluster, e.g. ray=auto)",
+                          "process", group=ANSWERS)
+    calibrate: str | None = option("fit the time model to measured timings: a `vllm bench serve --save-result "
+                                   "--save-detailed` JSON (per-request TTFT and ITL), a scrape of vLLM's /metrics "
+                                   "after it served --trace (its latency histograms), or a log of vLLM run with "
+                                   "--scheduler-cls kvbudget.simulation.recorder.RecordingScheduler (step times)",
+                                   group=ANSWERS, web=False)
+    guard_config: str | None = option("put `kvbudget guard` in front of the engine with this YAML (e.g. from "
+                                      "`kvbudget plan --guard-config`): its own code decides every arrival",
+                                      group=ANSWERS, web=False)
+    guard_poll_interval: str = option("seconds between the guard's scrapes of the usage gauge (default 1, as the "
+                                      "guard's)", "1", group=ANSWERS, web=False)
+    reference: bool = option("step by step, without the fast path (same answer)", False, group=ANSWERS, web=False)
+
+
+def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
+    """A function of the rate scale giving a fresh stream of requests (a sweep or search replays it)."""
+    from kvbudget.simulation import exponential_lengths, read_trace, rescale, sampled_lengths, synthetic
+
+    if ask.request_log:
+        if ask.trace:
+            raise KVBudgetError(f"simulate: give {named('trace')} or {named('request_log')}, not both")
+    elif bool(ask.trace) == bool(ask.rate):
+        raise KVBudgetError(f"simulate: give {named('trace', 'FILE')}, {named('request_log', 'FILE')} or "
+                            f"{named('rate', 'N')} (synthetic arrivals)")
+    start, count = 0, None
+    if ask.slice:
+        first, colon, n = ask.slice.partition(":")
+        try:
+            start, count = int(first or 0), int(n) if n else None
+        except ValueError:
+            raise KVBudgetError(f"slice {ask.slice!r}: write START:COUNT, e.g. 0:1000", param="slice") from None
+        if not colon or start < 0 or (count is not None and count < 1):
+            raise KVBudgetError(f"slice {ask.slice!r}: write START:COUNT, e.g. 0:1000", param="slice")
+    if ask.trace:
+        path = ask.trace
+        list(rescale(read_trace(path), 1.0, 0, 1))  # a missing or foreign file fails before any run
+        return lambda scale: rescale(read_trace(path), scale, start, count)
+    cv, seed = positive(ask.cv, "cv"), int(ask.seed)
+    if ask.request_log:
+        from kvbudget.simulation.workload import request_log
+        from kvbudget.tokens import PromptCounter, check_readable
+
+        check_readable(ask.request_log)  # before the tokenizer loads (seconds)
+        counter = PromptCounter(ask.tokenizer or ask.model, ask.approximate, ask.engine)
+        outputs = exponential_lengths(1, positive(ask.output_tokens, "output_tokens"))
+        log, log_rate = ask.request_log, positive(ask.rate, "rate") if ask.rate else None
+        return lambda scale: rescale(request_log(log, counter, outputs, log_rate, seed, cv), scale, start, count)
+    assert ask.rate is not None
+    rate = positive(ask.rate, "rate")
+    total = one(ask.requests, "requests")
+    if ask.lengths_from_trace:
+        pool = [(r.prompt_tokens, r.output_tokens) for r in read_trace(ask.lengths_from_trace)]
+        lengths = sampled_lengths(pool)
+    else:
+        lengths = exponential_lengths(positive(ask.prompt_tokens, "prompt_tokens"),
+                                      positive(ask.output_tokens, "output_tokens"))
+    return lambda scale: rescale(synthetic(rate, total, lengths, seed, cv), scale, start, count)
+
+
+def _calibrated(model: Any, path: str, settings: dict[str, Any], served: Callable[[], Iterable[Any]] | None
+                ) -> dict[str, Any]:
+    """The time model from calibrate: fitted to a benchmark run's requests, to vLLM's latency histograms for the
+    trace it served, or to recorded steps."""
+    from kvbudget.simulation import setup_for
+    from kvbudget.simulation.fit import BenchRun, calibrate_requests, initial_model, read_calibration
+
+    found = read_calibration(path, served)
+    if not isinstance(found, BenchRun):
+        return {"measured": found}
+    base = setup_for(model, **settings, time_model=initial_model(found))
+    return {"time_model": calibrate_requests(model, found, base)}
+
+
+def read_yaml(path: str, param: str) -> dict[str, Any]:
+    """A YAML mapping from a file (the guard's configuration), its errors naming the file or the parameter."""
+    try:
+        import yaml
+    except ImportError:
+        raise KVBudgetError(f"{param} needs PyYAML: pip install 'kvbudget[guard]'", param=param) from None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+    except OSError as exc:
+        raise KVBudgetError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise KVBudgetError(f"{path}: invalid YAML: {exc}".splitlines()[0]) from None
+    if not isinstance(data, dict):
+        raise KVBudgetError(f"{path}: expected a YAML mapping")
+    return data
+
+
+def guard_settings(ask: SimulateRequest) -> dict[str, Any]:
+    """simulate()'s guard arguments: the guard's configuration read from its file, and its poll interval."""
+    if not ask.guard_config:
+        return {}
+    return {"guard_config": read_yaml(ask.guard_config, "guard_config"),
+            "guard_poll_interval": positive(ask.guard_poll_interval, "guard_poll_interval")}
+
+
+def _mib(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.isdigit():
+        raise KVBudgetError(f"cache_ram: {text!r} must be a whole number of MiB (0 turns the cache off)",
+                            param="cache_ram")
+    return int(text)
+
+
+def settings(ask: SimulateRequest) -> dict[str, Any]:
+    """setup_for()'s arguments of a request."""
+    engine, options = engine_options(ask)
+    if options.engine_version or options.attention_backend or options.pp_layer_partition:
+        raise KVBudgetError(f"simulate follows vLLM 0.32's scheduler and allocator on one rank: "
+                            f"{named('engine', 'vllm@VERSION')}, {named('attention_backend')} and "
+                            f"{named('pp_layer_partition')} are for estimate and plan")
+    return {"engine": engine, "gpu": ask.gpu, "gpu_memory": size(ask.gpu_memory, "gpu_memory"),
+            "kv_memory": size(ask.kv_memory, "kv_memory"), "weights": size(ask.weights, "weights"),
+            "num_blocks": optional_one(ask.num_blocks, "num_blocks"),
+            "tp": one(ask.tp, "tp"), "pp": one(ask.pp, "pp"), "kv_dtype": ask.kv_dtype,
+            "max_model_len": optional_one(ask.max_model_len, "max_model_len"), "block_size": options.block_size,
+            "device": options.device, "max_num_seqs": optional_one(ask.max_num_seqs, "max_num_seqs"),
+            "max_num_batched_tokens": options.max_num_batched_tokens, "prefix_caching": options.prefix_caching,
+            "long_prefill_token_threshold": int(ask.long_prefill_token_threshold), "allocator": ask.allocator,
+            "kv_unified": ask.kv_unified, "cache_ram": _mib(ask.cache_ram)}
+
+
+def prepared(ask: SimulateRequest) -> tuple[Any, Callable[[float], Iterable[Any]], dict[str, Any], float]:
+    """(model, workload by rate scale, setup_for's settings, rate scale) of a request, checked."""
+    model = load(ask.model)
+    stream = workload(ask)
+    found = settings(ask)
+    if ask.calibrate:
+        found.update(_calibrated(model, ask.calibrate, found,
+                                 (lambda: stream(1.0)) if ask.trace or ask.request_log else None))
+    scale = positive(ask.rate_scale, "rate_scale")
+    if ask.prometheus_series:
+        positive(ask.prometheus_interval, "prometheus_interval")
+        if get_engine(found["engine"]).queue_gauges is None:
+            raise KVBudgetError(f"prometheus_series: {found['engine']} publishes no request gauges to write",
+                                param="prometheus_series")
+    if ask.find_max_rate and ask.sweep:
+        raise KVBudgetError(f"simulate: {named('find_max_rate')} and {named('sweep')} go separately")
+    if ask.slo and not ask.find_max_rate:
+        raise KVBudgetError(f"slo goes with {named('find_max_rate')}", param="slo")
+    return model, stream, found, scale
+
+
+def simulation(ask: SimulateRequest, on_step: Callable[..., None] | None = None,
+               progress: Callable[[int], None] | None = None, on_finish: Callable[..., None] | None = None) -> Any:
+    """One simulated run of a request (its `to_dict()` is what --json prints and the web page serves)."""
+    from kvbudget.simulation import setup_for, simulate
+
+    model, stream, found, scale = prepared(ask)
+    setup = setup_for(model, **found)
+    return simulate(model, stream(scale), setup=setup, fast=not ask.reference, on_step=on_step,
+                    progress=progress, on_finish=on_finish, **guard_settings(ask))
