@@ -85,7 +85,26 @@ def cases() -> list[list[str]]:
                 ["simulate", "llama-3.1-8b", "--engine", "llamacpp", "--gpu", "L4", "--num-blocks", "10"],
                 ["simulate", "gemma-2-9b", "--gpu", "L4", "--allocator", "contiguous-max"],
                 ["simulate", "llama-3.1-8b", "--kv-unified", "--gpu", "L4"],
-                ["estimate", "llama-3.1-8b", "--kv-dtype", "q4_0"], ["alerts", "--engine", "foo"]):
+                ["estimate", "llama-3.1-8b", "--kv-dtype", "q4_0"], ["alerts", "--engine", "foo"],
+                ["estimate", "llama-3.1-8b", "--prompt-file", "a", "--lengths-from", "b"],
+                ["estimate", "llama-3.1-8b", "--prompt-file", "a", "--context", "4k"],
+                ["estimate", "llama-3.1-8b", "--max-new-tokens", "5"], ["estimate", "llama-3.1-8b", "--batch", "0"],
+                ["estimate", "llama-3.1-8b", "--tp", "1,2"], ["estimate", "llama-3.1-8b", "--kv-memory", "x"],
+                ["plan", "llama-3.1-8b", "--gpu", "L4", "--utilization", "abc"],
+                ["plan", "llama-3.1-8b", "--gpu", "L4", "--gpus", "0"], ["compare", "llama-3.1-8b"],
+                ["compare", "llama-3.1-8b", "mistral-7b", "--engine", "vllm@0.8", "--gpu", "L4"],
+                ["simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "1", "--slo", "ttft_p99=1s"],
+                ["simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "1", "--find-max-rate", "--sweep", "tp=1,2"],
+                ["simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "1", "--engine", "vllm@0.8"],
+                ["simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "1", "--slice", "x"],
+                ["simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "1", "--cache-ram", "x"],
+                ["simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "1", "--cv", "0"],
+                ["simulate", "llama-3.1-8b", "--gpu", "L4", "--trace", "azure-conv-2023", "--request-log", "x"],
+                ["simulate", "llama-3.1-8b", "--gpu", "L4"],
+                ["simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "1", "--guard-config", "/nonexistent.yaml"],
+                ["simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "1", "--engine", "tgi", "--prometheus-series",
+                 "/tmp/x"],
+                ["guard", "--upstream", "http://127.0.0.1:1", "--kv-memory", "lots"]):
         argvs.append(bad)
     return argvs
 
@@ -104,7 +123,16 @@ def web() -> dict[str, object]:
                "/api/plan?model=llama-3.1-8b&gpu=H900", "/api/plan?model=llama-3.1-8b&gpu_memory=lots",
                "/api/estimate?model=llama-3.1-8b&tp=3", "/api/estimate?model=../x",
                "/api/estimate?model=llama-3.1-8b&x=1",
-               "/api/simulate?model=llama-3.1-8b&engine=hf&gpu=L4", "/api/plan?model=llama-3.1-8b&engine=foo&gpu=L4"]
+               "/api/simulate?model=llama-3.1-8b&engine=hf&gpu=L4", "/api/plan?model=llama-3.1-8b&engine=foo&gpu=L4",
+               "/api/estimate?model=llama-3.1-8b&batch=0", "/api/estimate?model=llama-3.1-8b&tp=1&tp=2",
+               "/api/estimate?model=llama-3.1-8b&no_prefix_caching=maybe",
+               "/api/estimate?model=llama-3.1-8b&device=tpu",
+               "/api/estimate?model=llama-3.1-8b&model=mistral-7b", "/api/estimate", "/api/compare?model=llama-3.1-8b",
+               "/api/plan?model=llama-3.1-8b&gpu=L4&utilization=abc",
+               "/api/simulate?model=llama-3.1-8b&gpu=L4&rate=1&slice=x",
+               "/api/simulate?model=llama-3.1-8b&gpu=L4&rate=1&requests=999999",
+               "/api/simulate?model=llama-3.1-8b&gpu=L4&trace=nope", "/api/plan?model=llama-3.1-8b&gpu=L4&json=1",
+               "/api/estimate?model=llama-3.1-8b&engine=vllm@0.8&no_prefix_caching=1&context=4k"]
     return {q: (lambda r: [r.status_code, r.text])(client.get(q)) for q in queries}
 
 

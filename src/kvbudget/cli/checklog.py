@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from kvbudget.cli.common import console
-from kvbudget.cli.common import load as common_load
+from kvbudget.commands.options import load as common_load
 from kvbudget.errors import KVBudgetError
 from kvbudget.units import parse_positive_ints
 

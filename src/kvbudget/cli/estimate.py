@@ -6,8 +6,9 @@ import argparse
 import json
 from typing import Any
 
-from kvbudget.cli.common import UNITS_NOTE, add_options, console, request_of, warn
+from kvbudget.cli.common import UNITS_NOTE, add_options, console, request_of
 from kvbudget.commands.estimate import EstimateRequest, answer
+from kvbudget.commands.options import warn
 from kvbudget.estimator import Estimate
 from kvbudget.units import format_bytes
 

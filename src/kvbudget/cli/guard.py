@@ -7,7 +7,9 @@ import os
 import sys
 from typing import Any
 
-from kvbudget.cli.common import one, read_yaml, size, write_atomically
+from kvbudget.cli.common import write_atomically
+from kvbudget.commands.options import one, size
+from kvbudget.commands.simulate import read_yaml
 from kvbudget.engines import serving_engines
 from kvbudget.errors import KVBudgetError
 
@@ -55,7 +57,7 @@ def add_parser(sub: Any) -> None:
 def run_alerts(args: argparse.Namespace) -> int:
     from kvbudget.guard.alerts import alert_rules, dashboard, thresholds_of
 
-    thresholds = thresholds_of(read_yaml(args.guard_config, "--guard-config")) if args.guard_config else {}
+    thresholds = thresholds_of(read_yaml(args.guard_config, "guard_config")) if args.guard_config else {}
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise KVBudgetError(f"--out {args.out}: a file, not a folder; name a folder (it is created if missing)")
     rules, board = alert_rules(args.engine, thresholds), dashboard(args.engine, thresholds)
@@ -90,7 +92,7 @@ def run_guard(args: argparse.Namespace) -> int:
         except KVBudgetError as exc:
             raise KVBudgetError(str(exc).replace("listen:", "--ext-proc:", 1)) from None
 
-    config = read_yaml(args.config, "--config") if args.config else {}
+    config = read_yaml(args.config, "config") if args.config else {}
     try:
         poll, stale = float(args.poll_interval), float(args.staleness)
     except ValueError:
@@ -98,11 +100,11 @@ def run_guard(args: argparse.Namespace) -> int:
     guard, notes = build_guard(
         upstreams=args.upstream or config.get("upstreams", []), engine=args.engine or config.get("engine", "vllm"),
         config=config, model=args.model or config.get("model"),
-        kv_memory=size(args.kv_memory, "--kv-memory"), tokenizer=args.tokenizer, api_keys=args.api_key,
+        kv_memory=size(args.kv_memory, "kv_memory"), tokenizer=args.tokenizer, api_keys=args.api_key,
         priority_keys=args.priority_key,
-        max_tokens_cap=one(args.max_tokens_cap, "--max-tokens-cap") if args.max_tokens_cap else None,
+        max_tokens_cap=one(args.max_tokens_cap, "max_tokens_cap") if args.max_tokens_cap else None,
         poll_interval=poll, staleness=stale, fail_open=not args.fail_closed, device=args.device,
-        max_model_len=one(args.max_model_len, "--max-model-len") if args.max_model_len else None,
+        max_model_len=one(args.max_model_len, "max_model_len") if args.max_model_len else None,
         sidecar=args.sidecar, ext_proc=ext_proc)
     for note in notes:
         print(f"kvbudget guard: {note}", file=sys.stderr)

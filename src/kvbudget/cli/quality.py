@@ -8,7 +8,8 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvbudget.cli.common import console, size, wrote
+from kvbudget.cli.common import console, wrote
+from kvbudget.commands.options import size
 from kvbudget.errors import KVBudgetError
 
 
@@ -81,7 +82,7 @@ def check(args: argparse.Namespace) -> None:
         get_engine(args.engine)
     if args.gpu is not None:
         find_gpu(args.gpu)
-    size(args.gpu_memory, "--gpu-memory")
+    size(args.gpu_memory, "gpu_memory")
     if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
         raise KVBudgetError(f"--plot {args.plot}: folder {os.path.dirname(os.path.abspath(args.plot))} does not "
                             "exist")
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
             _pyplot(args.plot)  # a bad path or a missing matplotlib fails before the long part
         report = measure(args.model, args.data, args.kv_dtype or ("f16", "q8_0", "q4_0"), args.context,
-                         args.windows, args.engine, args.gpu, size(args.gpu_memory, "--gpu-memory"),
+                         args.windows, args.engine, args.gpu, size(args.gpu_memory, "gpu_memory"),
                          args.max_model_len, args.generate, args.needle, args.layers, args.kv_scales,
                          progress=progress)
     if args.plot:

@@ -34,8 +34,7 @@ def message(exc: KVBudgetError) -> str:
     the message names too."""
     raw = exc.args[0] if exc.args and isinstance(exc.args[0], str) else ""
     line = raw.splitlines()[0] if raw else type(exc).__name__
-    if exc.param and spell(line).startswith(exc.param):
-        line = spell(line)
+    if exc.param and line.startswith(exc.param):
         line = flag(exc.param) + line[len(exc.param):]
     return text(spell(line, _flag_with))
 
