@@ -2,32 +2,43 @@
 
 Messages name the library's parameters (`tp`, `kv_memory`, `block_size`), never command-line flags; an error
 about one parameter starts with its name and carries it in `param`, and the CLI shows it as that flag. A message
-that names other parameters in its middle marks each with `named()`: `str()` reads them as the library's names,
-and each front end spells them its own way (`kvbudget.commands.spelling`).
+that names other parameters in its middle marks each with `named()` (other words front ends say differently with
+`spelled()`): `str()` reads the library's words, and the command line and the web page its own
+(`kvbudget.commands.spelling`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
-MARK = "\x1f"  # around a parameter named inside a message: MARK name MARK metavar MARK
-_NAMED = re.compile(f"{MARK}([a-z_]+){MARK}([^{MARK}]*){MARK}")
-
-
-def named(param: str, metavar: str = "") -> str:
-    """`param` named inside an error message: the library reads it as its name, the command line as its flag
-    (followed by `metavar`, e.g. FILE, where the flag takes a value the message stands for)."""
-    return f"{MARK}{param}{MARK}{metavar}{MARK}"
+MARK = "\x1f"  # around words that front ends spell their own way: MARK library MARK command line MARK
+_SPELLED = re.compile(f"{MARK}([^{MARK}]*){MARK}([^{MARK}]*){MARK}")
 
 
-def spell(message: str, spelling: Callable[[str, str], str] | None = None) -> str:
-    """A message with its named parameters spelled by `spelling(param, metavar)` (default: their names)."""
+def flag(param: str) -> str:
+    """The command line's flag for a parameter: `kv_memory` is `--kv-memory`."""
+    return "--" + param.replace("_", "-")
+
+
+def spelled(library: str, command_line: str) -> str:
+    """Words of a message that the library and the command line (and the web page, which takes its names) say
+    differently."""
+    return f"{MARK}{library}{MARK}{command_line}{MARK}"
+
+
+def named(param: str, metavar: str = "", value: bool | None = None) -> str:
+    """`param` named inside a message: the library reads its name (`param=value` for a switch's value), the
+    command line its flag (`--no-param` for False), followed by `metavar` where the flag takes a value."""
+    if value is not None:
+        return spelled(f"{param}={value}", flag(param if value else f"no_{param}"))
+    return spelled(param, f"{flag(param)} {metavar}" if metavar else flag(param))
+
+
+def spell(message: str, command_line: bool = False) -> str:
+    """A message in the library's words, or the command line's."""
     if MARK not in message:
         return message
-    if spelling is None:
-        return _NAMED.sub(lambda m: m.group(1), message)
-    return _NAMED.sub(lambda m: spelling(m.group(1), m.group(2)), message)
+    return _SPELLED.sub(lambda m: m.group(2 if command_line else 1), message)
 
 
 class KVBudgetError(ValueError):
@@ -66,4 +77,4 @@ class UpstreamConfigError(KVBudgetError):
 
 
 __all__ = ["BudgetError", "ConfigError", "EngineRuleError", "KVBudgetError", "TokenizerError",
-           "UnsupportedArchitectureError", "UpstreamConfigError", "named", "spell"]
+           "UnsupportedArchitectureError", "UpstreamConfigError", "flag", "named", "spell", "spelled"]

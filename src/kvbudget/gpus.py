@@ -8,7 +8,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, spelled
 from kvbudget.units import GIB, MIB
 
 
@@ -75,4 +75,5 @@ def find_gpu(name: str) -> GPU:
         if key in {_key(g["name"]), *(_key(a) for a in g.get("aliases", ()))}:
             return _make(g)
     known = ", ".join(g["name"] for g in _catalog()["gpus"])
-    raise KVBudgetError(f"gpu: unknown GPU {name!r}; choose one of {known}, or give gpu_memory", param="gpu")
+    raise KVBudgetError(f"gpu: unknown GPU {name!r}; choose one of {known}, or "
+                        f"{spelled('give gpu_memory', 'pass --gpu-memory SIZE')}", param="gpu")

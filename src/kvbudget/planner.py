@@ -12,7 +12,7 @@ from typing import Any
 
 from kvbudget.engines import Capacity, Engine, EngineOptions, get_engine, serving_engines
 from kvbudget.engines.base import Serving, check_positive, largest_fitting
-from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetError
+from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetError, spelled
 from kvbudget.estimator import Estimate, estimate
 from kvbudget.gpus import GPU, custom_gpu, find_gpu
 from kvbudget.gpus import gpus as all_gpus
@@ -332,7 +332,8 @@ def _card(gpu: str | None, gpu_memory: int | None) -> GPU:
     if gpu_memory is not None:
         return custom_gpu(gpu_memory, find_gpu(gpu) if gpu else None)
     if gpu is None:
-        raise KVBudgetError("gpu: name a GPU (kvbudget.gpus.gpus() lists them) or give gpu_memory", param="gpu")
+        raise KVBudgetError(f"gpu: name a GPU ({spelled('kvbudget.gpus.gpus()', 'kvbudget gpus')} lists them) or "
+                            f"{spelled('give gpu_memory', 'pass --gpu-memory SIZE')}", param="gpu")
     return find_gpu(gpu)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvbudget import catalog, hub
+from kvbudget import catalog, errors, hub
 from kvbudget.engines import Engine, get_engine
 from kvbudget.errors import TokenizerError
 
@@ -122,7 +122,8 @@ class PromptCounter:
         if not template:
             return "\n\n".join(str(m.get("content", "")) for m in messages)
         if self.tokenizer.chat_template is None:
-            raise TokenizerError("the tokenizer has no chat template; count the raw text instead (template=False)")
+            raise TokenizerError(f"the tokenizer has no chat template; count the raw text instead "
+                                 f"({errors.named('template', value=False)})")
         try:
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # jinja errors, raise_exception() in templates
@@ -307,7 +308,8 @@ def read_request(path: str, text: str) -> tuple[list[dict], int | None]:
 def load_tokenizer(source: str | os.PathLike | None):
     """A fast tokenizer from a model folder, a Hub id (tokenizer files only) or a catalog name's Hub id."""
     if source is None:
-        raise TokenizerError("name a model whose tokenizer to use, or estimate from characters (approximate=True)")
+        raise TokenizerError(f"name a model whose tokenizer to use, or estimate from characters "
+                             f"({errors.named('approximate', value=True)})")
     try:
         from transformers import AutoTokenizer
     except ImportError:
@@ -366,7 +368,8 @@ def _hub_tokenizer(repo: str, catalog_name: str | None) -> Path:
         meant = "" if catalog_name else catalog.did_you_mean(repo)
         raise TokenizerError(f"{named}: the tokenizer is not in the local Hugging Face cache and the Hub cannot be "
                             f"reached ({offline or 'no network'}){meant}; download it once online, pass a local "
-                            "folder, or use a labelled character estimate (approximate=True)") from None
+                            f"folder, or use a labelled character estimate "
+                            f"({errors.named('approximate', value=True)})") from None
     except (OSError, ValueError) as exc:
         raise TokenizerError(f"{named}: could not fetch the tokenizer: {exc}".splitlines()[0]) from None
 

@@ -3,44 +3,29 @@ people typed. The web page shows the same names, so both front ends render error
 
 from __future__ import annotations
 
-from kvbudget.errors import KVBudgetError, spell
+from kvbudget.errors import KVBudgetError, flag, spell
 
-# Library hints that name a parameter by value, and the flag that says the same on the command line.
-_HINTS = {"(approximate=True)": "(--approximate)", "(template=False)": "(--no-template)",
-          "give max_model_len": "pass --max-model-len", "give gpu_memory": "pass --gpu-memory SIZE",
-          "kvbudget.gpus.gpus() lists them": "kvbudget gpus lists them",
-          "'upstreams' in the config": "'upstreams' in --config",
-          "activation overrides": "--activation overrides", "overhead overrides": "--overhead overrides",
+__all__ = ["flag", "message", "note"]
+
+# The plan's notes on a figure someone gave, or may give, and the flag that gives it on the command line (notes
+# are data, in the plan's JSON in the library's words; the command line shows them with its flags).
+_NOTES = {"activation overrides": "--activation overrides", "overhead overrides": "--overhead overrides",
           "given (utilization)": "--utilization", "given (weights)": "--weights", "given (kv_memory)": "--kv-memory",
-          "given (activation)": "--activation", "given (overhead)": "--overhead",
-          "(measured / time_model)": "(--calibrate FILE)", "(prefix_caching=False)": "(--no-prefix-caching)",
-          "(max_num_seqs, -np)": "(--max-num-seqs)",
-          "give the trace the server served (trace)":
-          "give the trace the server served (--trace FILE)", "(max_model_len)": "(--max-model-len)",
-          "(weights)": "(--weights SIZE)"}  # after "given (weights)"
-
-
-def flag(param: str) -> str:
-    """The command line's flag for a parameter."""
-    return "--" + param.replace("_", "-")
-
-
-def _flag_with(param: str, metavar: str) -> str:
-    return f"{flag(param)} {metavar}" if metavar else flag(param)
+          "given (activation)": "--activation", "given (overhead)": "--overhead"}
 
 
 def message(exc: KVBudgetError) -> str:
-    """The error as one line in command-line terms: the parameter at fault shown as its flag, and every parameter
-    the message names too."""
+    """The error as one line in command-line terms: the parameter at fault shown as its flag, and the words the
+    message spells for each front end (every parameter it names) as the command line says them."""
     raw = exc.args[0] if exc.args and isinstance(exc.args[0], str) else ""
     line = raw.splitlines()[0] if raw else type(exc).__name__
     if exc.param and line.startswith(exc.param):
         line = flag(exc.param) + line[len(exc.param):]
-    return text(spell(line, _flag_with))
+    return spell(line, command_line=True)
 
 
-def text(library: str) -> str:
-    """Library text that names a parameter by value, as the command line says it."""
-    for hint, replacement in _HINTS.items():
-        library = library.replace(hint, replacement)
+def note(library: str) -> str:
+    """A plan's note as the command line shows it: a figure given by a parameter named by its flag."""
+    for words, flags in _NOTES.items():
+        library = library.replace(words, flags)
     return library

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from kvbudget.engines import Engine, EngineOptions, get_engine, serving_engines
-from kvbudget.errors import KVBudgetError, UpstreamConfigError
+from kvbudget.errors import KVBudgetError, UpstreamConfigError, spelled
 from kvbudget.guard.app import Guard, GuardConfig
 from kvbudget.guard.limits import ConnectionLimits
 from kvbudget.guard.policy import policy_from_config
@@ -41,7 +41,8 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
 
     config = config or {}
     if not upstreams:
-        raise UpstreamConfigError("upstream: name at least one upstream URL (or 'upstreams' in the config)",
+        raise UpstreamConfigError("upstream: name at least one upstream URL (or 'upstreams' in "
+                                  f"{spelled('the config', '--config')})",
                                   param="upstream")
     for url in upstreams:
         if not url.startswith(("http://", "https://")):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbudget import hub
-from kvbudget.errors import ConfigError, KVBudgetError
+from kvbudget.errors import ConfigError, KVBudgetError, named
 from kvbudget.model.params import ParamGroup, count_parameters
 from kvbudget.model.spec import ModelSpec
 
@@ -62,7 +62,7 @@ def _bytes_per_param(model: ModelSpec) -> tuple[dict[str, float], str]:
                 f"{method} int{bits} linear weights, groups of {group} (fp16 scale + zero point), "
                 f"the rest {model.dtype}")
     raise ConfigError(f"{model.name}: quantization method {method!r} is not modelled; give the weight bytes "
-                      "(weights)", param="weights")
+                      f"({named('weights', 'SIZE')})", param="weights")
 
 
 def analytic_weights(model: ModelSpec, tp: int = 1, stages: Sequence[range] | None = None, ep: int = 1) -> Weights:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, named
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation.run import Setup, simulate
 from kvbudget.simulation.timing import MeasuredStep, TimeModel, read_measured_steps
@@ -89,7 +89,7 @@ def read_calibration(path: str | Path, served: Callable[[], Iterable[Request]] |
     if data is None and f"{TTFT_METRIC}_bucket" in text:
         if served is None:
             raise KVBudgetError(f"calibrate {path}: vLLM's metrics say how long requests took, not which requests; "
-                                "give the trace the server served (trace)", param="calibrate")
+                                f"give the trace the server served ({named('trace', 'FILE')})", param="calibrate")
         return read_metrics(path, tuple(served()))
     return read_measured_steps(path)
 

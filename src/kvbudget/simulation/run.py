@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbudget.engines import Engine, get_engine
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, spelled
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.guarded import GuardInLoop, GuardReport
@@ -234,7 +234,9 @@ def setup_of(ask: SimulationAsk) -> Setup:
         time_model = _roofline(p, card)
     if time_model.basis == NOMINAL:
         raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
-                            "FLOPS), or measured timings to calibrate it (measured / time_model)", param="gpu")
+                            "FLOPS), or measured timings to calibrate it "
+                            f"({spelled('measured / time_model', '--calibrate FILE')})",
+                            param="gpu")
     planned = Planned(plan=p, options=options, max_model_len=max_len, time_model=time_model,
                       gpu=p.gpu if card or ask.gpu_memory else None,
                       kv_memory=p.kv_memory_bytes if ask.budget_given else None)

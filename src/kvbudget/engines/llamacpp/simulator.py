@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from kvbudget.engines.base import EngineOptions
 from kvbudget.engines.llamacpp.releases import CACHE_RAM_MIB, N_BATCH
 from kvbudget.engines.llamacpp.scheduler import LlamaServerScheduler, PromptCache
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, flag, named, spelled
 from kvbudget.simulation.seq import Queues
 from kvbudget.simulation.setup import CACHE_RAM, Planned, Setup, SimulationAsk, config_of
 
@@ -24,8 +24,9 @@ class LlamaCppSimulator:
 
     def options(self, ask: SimulationAsk) -> EngineOptions:
         if ask.num_blocks is not None:
-            raise KVBudgetError("num_blocks: llama.cpp has no KV blocks; give its slots (max_num_seqs, -np) and "
-                                "their context (max_model_len)", param="num_blocks")
+            raise KVBudgetError(f"num_blocks: llama.cpp has no KV blocks; give its slots "
+                                f"({spelled('max_num_seqs, -np', flag('max_num_seqs'))}) and their context "
+                                f"({named('max_model_len')})", param="num_blocks")
         if ask.allocator != "paged" or ask.long_prefill_token_threshold:
             raise KVBudgetError("llama.cpp: its slots are the allocator and it has no long-prefill threshold; leave "
                                 "allocator and long_prefill_token_threshold out", param="allocator")

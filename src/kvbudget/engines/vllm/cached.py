@@ -10,7 +10,7 @@ from collections.abc import Sized
 from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.hybrid import HybridScheduler
 from kvbudget.engines.vllm.pool import BlockPool, CountingPool
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, named
 from kvbudget.simulation.seq import SchedulerConfig, Seq, Step
 from kvbudget.units import cdiv
 
@@ -73,7 +73,8 @@ class CachedHybridScheduler(HybridScheduler):
         if not self.follows(groups):
             raise KVBudgetError("simulate: prefix caching is simulated with full-attention groups beside one kind "
                                 "of window (sliding or chunked) or beside linear-attention / Mamba state groups, "
-                                "all of one block size; this model has others (prefix_caching=False)",
+                                "all of one block size; this model has others "
+                                f"({named('prefix_caching', value=False)})",
                                 param="prefix_caching")
         super().__init__(config, groups)
         assert isinstance(self.pool, BlockPool)

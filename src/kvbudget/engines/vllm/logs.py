@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
 from kvbudget.engines.vllm.releases import SWAP_SPACE, Release, parse_release, release
-from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError
+from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError, spelled
 from kvbudget.model.spec import LatentAttention, ModelSpec, RecurrentState
 from kvbudget.units import GIB, format_bytes
 
@@ -29,6 +29,10 @@ def _span(a: int | None, b: int | None) -> str:
 
 
 # --- startup logs ------------------------------------------------------------------------------------
+
+
+NO_MAX_LEN = ("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens', 'max_seq_len=' "
+              "or 'max_model_len'); " + spelled("give max_model_len", "pass --max-model-len"))
 
 
 def _setting(text: str, *names: str) -> str | None:
@@ -102,8 +106,7 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
     max_len_text = (conc.group(1).replace(",", "") if conc else refusal.group(1) if refusal else
                     _setting(text, "max_seq_len", "max_model_len"))
     if max_len_text is None and given.get("max_model_len") is None and not re.search(r"# CPU blocks: \d+", text):
-        raise KVBudgetError("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens', "
-                            "'max_seq_len=' or 'max_model_len'); give max_model_len")
+        raise KVBudgetError(NO_MAX_LEN)
     max_len = _whole("max_model_len", pick("max_model_len", max_len_text, 0))
     cpu = bool(re.search(r"CPU KV cache size|device_config=cpu|VLLM_CPU_KVCACHE_SPACE", text))
     read["device"] = "cpu" if cpu else "cuda"
@@ -366,8 +369,7 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
     if not budgets and cpu_blocks:
         return _v0_check_without_budget(engine, text, model, st, assumed, v0_refusal, conc, int(cpu_blocks.group(1)))
     if not st.max_len:
-        raise KVBudgetError("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens', "
-                            "'max_seq_len=' or 'max_model_len'); give max_model_len")
+        raise KVBudgetError(NO_MAX_LEN)
     tokens_line = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
     if not budgets and tokens_line and conc and st.version is None:
         st = _era_of_the_token_count(engine, model, st, assumed, int(_num(tokens_line.group(1))), conc.group(2))

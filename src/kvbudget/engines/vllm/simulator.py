@@ -11,7 +11,7 @@ from kvbudget.engines.vllm.contiguous import POLICIES, ContiguousScheduler
 from kvbudget.engines.vllm.hybrid import HybridScheduler
 from kvbudget.engines.vllm.pool import usable_blocks
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, named
 from kvbudget.simulation.seq import Queues
 from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, config_of, refuse_slot_settings
 
@@ -56,7 +56,7 @@ class VLLMSimulator:
             raise KVBudgetError(f"simulate: {model.name} has {kinds} cache groups; with prefix caching the simulator "
                                 "follows full-attention groups beside one kind of window (sliding or chunked) or "
                                 "beside linear-attention / Mamba state groups, all of one block size, so far "
-                                "(prefix_caching=False)", param="prefix_caching")
+                                f"({named('prefix_caching', value=False)})", param="prefix_caching")
         allocator = ask.allocator
         if windowed and allocator != PAGED:
             raise KVBudgetError(f"allocator {allocator}: the contiguous baselines model full attention only",
