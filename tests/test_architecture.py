@@ -460,3 +460,43 @@ def test_wide_records_are_keyword_only():
             if len(fields) > 5 and not any("kw_only=True" in d for d in decorators):
                 wide.setdefault(str(path.relative_to(SRC)), set()).add(node.name)
     assert wide == POSITIONAL_RECORDS, "make new wide records keyword-only (and drop converted ones from the list)"
+
+
+def test_errors_carry_each_front_ends_words():
+    """An error names parameters in the library's words; the command line (and the web page, which takes its
+    names) renders the same error with flags, from the structure the message carries, not by rewriting text."""
+    from kvbudget.commands import spelling
+    from kvbudget.errors import named, spelled
+
+    exc = kvbudget.KVBudgetError(f"tp: give {named('prompt_file')} or {named('rate', 'N')} "
+                                 f"({named('prefix_caching', value=False)}); "
+                                 f"{spelled('kvbudget.gpus.gpus()', 'kvbudget gpus')} lists them", param="tp")
+    assert str(exc) == "tp: give prompt_file or rate (prefix_caching=False); kvbudget.gpus.gpus() lists them"
+    assert spelling.message(exc) == ("--tp: give --prompt-file or --rate N (--no-prefix-caching); kvbudget gpus "
+                                     "lists them")
+
+
+def test_one_description_makes_the_flags_and_the_web_parameters(capsys):
+    """Each command's request describes its options once: the CLI's flags are its fields, and the web page takes
+    those the description opens to it, and nothing else."""
+    from dataclasses import fields
+
+    from kvbudget.cli import build_parser
+    from kvbudget.commands.options import options
+    from kvbudget.web import api
+
+    for command, request in api.REQUESTS.items():
+        sub = next(a for a in build_parser(command)._actions if a.dest == "command").choices[command]
+        dests = {a.dest for a in sub._actions if a.dest != "help"}
+        assert dests == {f.name for f in fields(request)}, command
+        assert set(api.OPTIONS[command]) == {n for n, _, o in options(request) if o.web and not o.positional}
+    # the same bad request, in the same words, on both front ends
+    assert main(["simulate", "llama-3.1-8b", "--gpu", "L4"]) == 2
+    said = capsys.readouterr().err.removeprefix("kvbudget: error: ").strip()
+    from starlette.testclient import TestClient
+
+    from kvbudget.web.app import create_app
+
+    body = TestClient(create_app()).get("/api/simulate?model=llama-3.1-8b&gpu=L4").json()
+    assert body["error"] == said == ("simulate: give --trace FILE, --request-log FILE or --rate N (synthetic "
+                                     "arrivals)")
