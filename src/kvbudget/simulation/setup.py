@@ -47,6 +47,12 @@ class SimulationAsk:
     cache_ram: int | None = None
     weights: int | None = None
 
+    def engine_options(self, batched: bool = True) -> EngineOptions:
+        """The options to plan with (`batched`: the engine takes max_num_batched_tokens)."""
+        return EngineOptions(block_size=self.block_size,
+                             max_num_batched_tokens=self.max_num_batched_tokens if batched else None,
+                             prefix_caching=self.prefix_caching, device=self.device)
+
     @property
     def budget_given(self) -> bool:
         """Whether the KV budget is stated (a GPU, its memory or the budget itself)."""
@@ -130,3 +136,33 @@ def refuse_slot_settings(ask: SimulationAsk) -> None:
 
 
 CACHE_RAM = "cache_ram: llama.cpp's host-RAM prompt cache, in MiB (0 turns it off); other engines have none"
+
+
+class SimulatorDefaults:
+    """What most engines' scheduler models answer alike (an engine's Simulator may start from it): settings of
+    llama.cpp's slots refused, the budget needed, the token slots and free memory counted as the engine's own, and
+    the scheduler's settings described as vLLM names them."""
+
+    def options(self, ask: SimulationAsk) -> EngineOptions:
+        refuse_slot_settings(ask)
+        return ask.engine_options()
+
+    def sized_without_budget(self, ask: SimulationAsk) -> bool:
+        return False
+
+    def token_slots(self, setup: Setup) -> int:
+        return setup.num_blocks
+
+    def memory(self, setup: Setup) -> str:
+        """The memory alone, in words."""
+        return f"{self.token_slots(setup):,} token slots"
+
+    def describe(self, setup: Setup, short: bool = False) -> str:
+        s = setup
+        if short:
+            return self.memory(s)
+        return self.memory(s) + (f"; max_num_seqs {s.max_num_seqs}, max_num_batched_tokens "
+                                 f"{s.max_num_batched_tokens}, prefix caching {'on' if s.prefix_caching else 'off'}")
+
+    def free_label(self, setup: Setup) -> str:
+        return "free"

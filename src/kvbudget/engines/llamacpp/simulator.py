@@ -10,7 +10,7 @@ from kvbudget.engines.llamacpp.releases import CACHE_RAM_MIB, N_BATCH
 from kvbudget.engines.llamacpp.scheduler import LlamaServerScheduler, PromptCache
 from kvbudget.errors import KVBudgetError, flag, named, spelled
 from kvbudget.simulation.seq import Queues
-from kvbudget.simulation.setup import CACHE_RAM, Planned, Setup, SimulationAsk, config_of
+from kvbudget.simulation.setup import CACHE_RAM, Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 
 SLOTS, UNIFIED = "slots", "slots-unified"
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from kvbudget.engines.llamacpp.engine import LlamaCppEngine
 
 
-class LlamaCppSimulator:
+class LlamaCppSimulator(SimulatorDefaults):
     def __init__(self, engine: LlamaCppEngine):
         self.engine = engine
 
@@ -32,7 +32,7 @@ class LlamaCppSimulator:
                                 "allocator and long_prefill_token_threshold out", param="allocator")
         if ask.cache_ram is not None and ask.cache_ram < 0:
             raise KVBudgetError(CACHE_RAM, param="cache_ram")
-        return EngineOptions(block_size=ask.block_size, prefix_caching=ask.prefix_caching, device=ask.device)
+        return ask.engine_options(batched=False)
 
     def sized_without_budget(self, ask: SimulationAsk) -> bool:
         return bool(ask.max_num_seqs)
@@ -62,16 +62,10 @@ class LlamaCppSimulator:
         ram = PromptCache(setup.prompt_cache_bytes, setup.bytes_per_token) if setup.prompt_cache_bytes else None
         return LlamaServerScheduler(config_of(setup), setup.num_blocks if setup.allocator == UNIFIED else 0, ram)
 
-    def token_slots(self, setup: Setup) -> int:
-        return setup.num_blocks
-
     def describe(self, setup: Setup, short: bool = False) -> str:
         s = setup
         if short:
-            return f"{s.token_slots:,} token slots"
+            return self.memory(s)
         pool = "one pool of" if s.allocator == UNIFIED else "in all:"
         return (f"-np {s.max_num_seqs} slots of {s.max_model_len:,} cells ({pool} {s.token_slots:,} cells); "
                 f"n_batch {s.max_num_batched_tokens}, prompt cache {'on' if s.prefix_caching else 'off'}")
-
-    def free_label(self, setup: Setup) -> str:
-        return "free"

@@ -9,13 +9,13 @@ from kvbudget.engines.base import EngineOptions
 from kvbudget.engines.sglang.scheduler import SGLangScheduler
 from kvbudget.errors import KVBudgetError
 from kvbudget.simulation.seq import Queues
-from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, config_of, refuse_slot_settings
+from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 
 if TYPE_CHECKING:
     from kvbudget.engines.sglang.engine import SGLangEngine
 
 
-class SGLangSimulator:
+class SGLangSimulator(SimulatorDefaults):
     def __init__(self, engine: SGLangEngine):
         self.engine = engine
 
@@ -24,12 +24,7 @@ class SGLangSimulator:
             raise KVBudgetError("SGLang: its token pool is the allocator (no blocks) and it has no long-prefill "
                                 "threshold; leave num_blocks, allocator and long_prefill_token_threshold out",
                                 param="engine")
-        refuse_slot_settings(ask)
-        return EngineOptions(block_size=ask.block_size, max_num_batched_tokens=ask.max_num_batched_tokens,
-                             prefix_caching=ask.prefix_caching, device=ask.device)
-
-    def sized_without_budget(self, ask: SimulationAsk) -> bool:
-        return False
+        return super().options(ask)
 
     def setup(self, ask: SimulationAsk, planned: Planned) -> Setup:
         p = planned.plan
@@ -51,17 +46,3 @@ class SGLangSimulator:
 
     def scheduler(self, setup: Setup) -> Queues:
         return SGLangScheduler(config_of(setup))
-
-    def token_slots(self, setup: Setup) -> int:
-        return setup.num_blocks
-
-    def describe(self, setup: Setup, short: bool = False) -> str:
-        s = setup
-        memory = f"{s.token_slots:,} token slots"
-        if short:
-            return memory
-        return memory + (f"; max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens}, "
-                         f"prefix caching {'on' if s.prefix_caching else 'off'}")
-
-    def free_label(self, setup: Setup) -> str:
-        return "free"

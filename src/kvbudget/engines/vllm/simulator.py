@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kvbudget.engines.base import EngineOptions
 from kvbudget.engines.vllm.cached import CachedHybridScheduler
 from kvbudget.engines.vllm.contiguous import POLICIES, ContiguousScheduler
 from kvbudget.engines.vllm.hybrid import HybridScheduler
@@ -13,7 +12,7 @@ from kvbudget.engines.vllm.pool import usable_blocks
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.simulation.seq import Queues
-from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, config_of, refuse_slot_settings
+from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 
 PAGED = "paged"
 CONTIGUOUS = "contiguous-"
@@ -22,20 +21,12 @@ if TYPE_CHECKING:
     from kvbudget.engines.vllm.engine import VLLMEngine
 
 
-class VLLMSimulator:
+class VLLMSimulator(SimulatorDefaults):
     """vLLM V1's scheduler and block pool (0.32); `allocator` contiguous-* runs the PagedAttention paper's
     contiguous baselines on the same budget instead."""
 
     def __init__(self, engine: VLLMEngine):
         self.engine = engine
-
-    def options(self, ask: SimulationAsk) -> EngineOptions:
-        refuse_slot_settings(ask)
-        return EngineOptions(block_size=ask.block_size, max_num_batched_tokens=ask.max_num_batched_tokens,
-                             prefix_caching=ask.prefix_caching, device=ask.device)
-
-    def sized_without_budget(self, ask: SimulationAsk) -> bool:
-        return False
 
     def setup(self, ask: SimulationAsk, planned: Planned) -> Setup:
         p, max_len, model = planned.plan, planned.max_model_len, ask.model
@@ -96,14 +87,14 @@ class VLLMSimulator:
             return usable_blocks(setup.num_blocks) * setup.block_size
         return setup.kv_memory_bytes // setup.bytes_per_token
 
+    def memory(self, setup: Setup) -> str:
+        return f"{setup.num_blocks:,} blocks of {setup.block_size} tokens" if setup.allocator == PAGED \
+            else f"{self.token_slots(setup):,} token slots"
+
     def describe(self, setup: Setup, short: bool = False) -> str:
-        s = setup
-        memory = (f"{s.num_blocks:,} blocks of {s.block_size}" + ("" if short else " tokens")
-                  if s.allocator == PAGED else f"{s.token_slots:,} token slots")
-        if short:
-            return memory
-        return memory + (f"; max_num_seqs {s.max_num_seqs}, max_num_batched_tokens {s.max_num_batched_tokens}, "
-                         f"prefix caching {'on' if s.prefix_caching else 'off'}")
+        if short and setup.allocator == PAGED:  # the picture's title: blocks of N
+            return f"{setup.num_blocks:,} blocks of {setup.block_size}"
+        return super().describe(setup, short)
 
     def free_label(self, setup: Setup) -> str:
         return "other (free, buddy-block rounding, holes)" if setup.allocator != PAGED else "free"
