@@ -65,38 +65,63 @@ class CacheGroup:
 
     kind: str  # the layer kind's label (model.spec), or the kind the engine stores it as
     layers: int  # including padding layers an engine allocates for alignment
-    bytes_per_token: int  # per layer, per cached token (per stored state when tokens_per_state > 1)
+    bytes_per_token: int  # per layer, per cached token (per stored state in a CompressedGroup)
     token_cap: int | None  # the most tokens one sequence keeps per layer; None = grows with context
     fixed_bytes: int  # per layer, per sequence, whatever the context
     detail: str  # how the per-token and fixed figures are made up, for people
     block_size: int = 1  # tokens are held in whole blocks of this many
-    # Compressed caches (DeepSeek-V4): one state stands for this many tokens; the tokens of a state not yet complete
-    # cost `pending_bytes_per_token` each, and `primed_bytes` are held once the first state is complete
+
+    def tokens_held(self, context: int, capped: bool = True) -> int:
+        held = cdiv(context, self.block_size) * self.block_size
+        return held if self.token_cap is None or not capped else min(held, self.token_cap)
+
+    def sequence_bytes(self, context: int, capped: bool = True) -> int:
+        return self.layers * (self.bytes_per_token * self.tokens_held(context, capped) + self.fixed_bytes)
+
+    @property
+    def period(self) -> int:
+        """Tokens one stored entry stands for (1: every token its own)."""
+        return 1
+
+    @property
+    def token_tax(self) -> int:
+        """Bytes per token per layer as the context grows."""
+        return self.bytes_per_token
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "layers": self.layers, "bytes_per_token_per_layer": self.token_tax,
+                "token_cap": self.token_cap, "fixed_bytes_per_layer": self.fixed_bytes, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class CompressedGroup(CacheGroup):
+    """A compressed cache (DeepSeek-V4): one state stands for `tokens_per_state` tokens; the tokens of a state not
+    yet complete cost `pending_bytes_per_token` each, and `primed_bytes` are held once the first state is complete."""
+
     tokens_per_state: int = 1
     pending_bytes_per_token: int = 0
     primed_bytes: int = 0
 
-    def tokens_held(self, context: int) -> int:
-        held = cdiv(context, self.block_size) * self.block_size
-        return held if self.token_cap is None else min(held, self.token_cap)
-
     def sequence_bytes(self, context: int, capped: bool = True) -> int:
-        held = self.tokens_held(context) if capped else cdiv(context, self.block_size) * self.block_size
-        if self.tokens_per_state > 1:
-            states = held // self.tokens_per_state
-            return self.layers * (self.bytes_per_token * states + self.fixed_bytes
-                                  + self.pending_bytes_per_token * (held % self.tokens_per_state)
-                                  + (self.primed_bytes if states else 0))
-        return self.layers * (self.bytes_per_token * held + self.fixed_bytes)
+        if self.tokens_per_state == 1:
+            return super().sequence_bytes(context, capped)
+        held = self.tokens_held(context, capped)
+        states = held // self.tokens_per_state
+        return self.layers * (self.bytes_per_token * states + self.fixed_bytes
+                              + self.pending_bytes_per_token * (held % self.tokens_per_state)
+                              + (self.primed_bytes if states else 0))
+
+    @property
+    def period(self) -> int:
+        return self.tokens_per_state
 
     @property
     def token_tax(self) -> int:
-        """Bytes per token per layer as the context grows (a compressed state's spread over its tokens)."""
+        """A state's bytes spread over its tokens."""
         return self.bytes_per_token // self.tokens_per_state
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"kind": self.kind, "layers": self.layers, "bytes_per_token_per_layer": self.token_tax,
-               "token_cap": self.token_cap, "fixed_bytes_per_layer": self.fixed_bytes, "detail": self.detail}
+        out = super().to_dict()
         if self.tokens_per_state > 1:
             out.update(tokens_per_state=self.tokens_per_state, bytes_per_state_per_layer=self.bytes_per_token,
                        pending_bytes_per_token_per_layer=self.pending_bytes_per_token,
@@ -438,7 +463,7 @@ def simple_capacity(alloc: Allocation, kv_memory: int, max_model_len: int, note:
         # A compressor's open window makes the bytes rise and fall within each period of its states' tokens; at
         # whole periods they only grow, and within a period they never fall below its start: find the last period
         # that starts within the budget, then the last length in it that fits.
-        period = math.lcm(*(g.tokens_per_state for g in alloc.groups))
+        period = math.lcm(*(g.period for g in alloc.groups))
         if period == 1:
             longest = largest_fitting(ok, max_model_len)
         else:
@@ -508,6 +533,6 @@ def cheaper_if_wider(current: KVDtype, cheaper: str) -> str | None:
     return cheaper if current.block_values == 1 and current.block_bytes > 1 else None
 
 
-__all__ = ["Allocation", "CacheGroup", "Capacity", "Engine", "EngineOptions", "LogCheck", "LogRow", "ReadsLogs",
-           "Serving", "Simulator", "UsageGauge", "count_alike", "group_layers", "largest_fitting", "layer_stages",
-           "serving_kv_dtype", "simple_capacity"]
+__all__ = ["Allocation", "CacheGroup", "Capacity", "CompressedGroup", "Engine", "EngineOptions", "LogCheck", "LogRow",
+           "ReadsLogs", "Serving", "Simulator", "UsageGauge", "count_alike", "group_layers", "largest_fitting",
+           "layer_stages", "serving_kv_dtype", "simple_capacity"]

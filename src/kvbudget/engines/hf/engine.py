@@ -30,6 +30,7 @@ from kvbudget.engines.base import (
     Allocation,
     CacheGroup,
     Capacity,
+    CompressedGroup,
     Engine,
     EngineOptions,
     check_positive,
@@ -155,8 +156,8 @@ class HFEngine(Engine):
                       f"2 x {spec.width} x {act.name} per token"
                       + (f"; last window's overlap {spec.rate} x {spec.dim} x ({act.name} + float32)"
                          if primed else ""))
-            return CacheGroup(spec.label, 1, dtype.bytes_for(spec.dim), None, 0, detail,
-                              tokens_per_state=spec.rate, pending_bytes_per_token=pending, primed_bytes=primed)
+            return CompressedGroup(spec.label, 1, dtype.bytes_for(spec.dim), None, 0, detail,
+                                   tokens_per_state=spec.rate, pending_bytes_per_token=pending, primed_bytes=primed)
         if isinstance(spec, RecurrentState):
             channels, heads, state = spec.per_rank(tp, where)
             fixed = act.bytes_for(channels * spec.conv_kernel) + _FP32.bytes_for(state)

@@ -35,6 +35,7 @@ from kvbudget.engines.base import (
     Allocation,
     CacheGroup,
     Capacity,
+    CompressedGroup,
     Engine,
     EngineOptions,
     LogCheck,
@@ -371,9 +372,9 @@ class VLLMEngine(Engine):
             labels = list(dict.fromkeys(spec.label for spec, _ in g.pages))
             label = labels[0] if len(labels) == 1 else "compressed_kv_and_indexer_keys" if g.kind == "full" \
                 else "compressor_states"
-            groups.append(CacheGroup(label, 1, layout.block_bytes, cap, 0,
-                                     f"{g.block_size}-token blocks of {members}; each block takes a pool block of "
-                                     f"{layout.block_bytes:,} B", g.block_size, tokens_per_state=g.block_size))
+            groups.append(CompressedGroup(label, 1, layout.block_bytes, cap, 0,
+                                          f"{g.block_size}-token blocks of {members}; each block takes a pool block "
+                                          f"of {layout.block_bytes:,} B", g.block_size, tokens_per_state=g.block_size))
         return Allocation(engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=tuple(groups),
                           notes=(f"vLLM's packed DeepSeek-V4 layout: {layout.num_groups} groups in one pool of "
                                  f"{layout.block_bytes:,}-byte blocks (fp8_ds_mla); windows at the reservation vLLM "
