@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from kvbudget.engines import Engine
 from kvbudget.guard.admission import Admission
 from kvbudget.guard.metrics import GuardMetrics
-from kvbudget.guard.policy import Decision, Replica
+from kvbudget.guard.policy import FORWARD, Decision, Replica
 from kvbudget.guard.request import Asked, BadRequest, parse_json, read_request
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class Gate:
         """The decision for a read request among the replicas not `tried`: a 503, or the request held against the
         chosen replica until its release runs."""
         decision = self.judge(pending, tried)
-        if decision.action == "reject" or decision.replica is None or decision.body is None:
+        if not decision.forwards:
             if decision.replica is None:
                 message, kind = f"no upstream can take the request: {decision.reason}", "server_unavailable"
             else:
@@ -119,7 +119,7 @@ class Gate:
         advice = {}
         if self.config.sidecar:
             advice = {"advice": decision.action, "advised_changes": list(decision.changes)}
-            decision = replace(decision, action="forward", replica=self.replicas[0].url, body=body, changes=())
+            decision = replace(decision, action=FORWARD, replica=self.replicas[0].url, body=body, changes=())
         # what was done, by level; a rejection because no replica can be reached is not a full cache
         level = "none" if decision.replica is None else str(decision.level)
         self.metrics.decisions.labels(level, decision.action if decision.replica else "unavailable").inc()

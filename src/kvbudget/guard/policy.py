@@ -84,9 +84,12 @@ def level_for(pressure: float, previous: int, policy: Policy) -> int:
     return max(up, min(previous, down))
 
 
+FORWARD, REJECT = "forward", "reject"  # a decision's actions, as its log line and metrics name them
+
+
 @dataclass(frozen=True)
 class Decision:
-    action: str  # "forward" or "reject"
+    action: str  # FORWARD or REJECT
     level: int
     replica: str | None
     body: dict[str, Any] | None  # the (rewritten) request body to forward
@@ -94,6 +97,11 @@ class Decision:
     reason: str = ""
     pressure: float = 0.0  # the replica's, before this request
     total: float = 0.0  # ... with this request (as rewritten) counted
+
+    @property
+    def forwards(self) -> bool:
+        """Whether the request goes on: to `replica`, as `body`."""
+        return self.action == FORWARD and self.replica is not None and self.body is not None
 
 
 def choose_replica(replicas: list[Replica], policy: Policy, now: float) -> tuple[Replica | None, str]:
@@ -161,9 +169,9 @@ def decide(body: dict[str, Any], replicas: list[Replica], policy: Policy, priori
     now = time.monotonic() if now is None else now
     replica, note = choose_replica(replicas, policy, now)
     if replica is None:
-        return Decision("reject", 3, None, None, reason=note)
+        return Decision(REJECT, 3, None, None, reason=note)
     decision = _decide_on(replica, note, body, policy, priority, now, cost, fields)
-    if decision.action == "reject" and policy.fail_open and replica.fresh(policy, now):
+    if decision.action == REJECT and policy.fail_open and replica.fresh(policy, now):
         # the fresh replicas are full: a replica whose metrics have gone stale may still take it, on its
         # prediction alone (fail-open), rather than every request being refused while its gauge hangs
         stale = [r for r in replicas if r.healthy and not r.fresh(policy, now)]
@@ -171,7 +179,7 @@ def decide(body: dict[str, Any], replicas: list[Replica], policy: Policy, priori
             other = min(stale, key=lambda r: (r.pressure(policy, now), r.in_flight))
             second = _decide_on(other, "upstream metrics are stale; acting on predicted usage (fail-open)", body,
                                 policy, priority, now, cost, fields)
-            if second.action == "forward":
+            if second.action == FORWARD:
                 return second
     return decision
 
@@ -190,10 +198,10 @@ def _decide_on(replica: Replica, note: str, body: dict[str, Any], policy: Policy
                           (not priority or pressure >= limit) else
                           f"this request would take the KV cache to {total:.0%} even with its output capped and "
                           "one sample")
-                return Decision("reject", 3, replica.url, None, reason=reason, pressure=pressure, total=total)
-            return Decision("forward", 2, replica.url, new_body, changes, note, pressure, total)
+                return Decision(REJECT, 3, replica.url, None, reason=reason, pressure=pressure, total=total)
+            return Decision(FORWARD, 2, replica.url, new_body, changes, note, pressure, total)
         if sum(total >= t for t in policy.thresholds) <= level:
-            return Decision("forward", level, replica.url, new_body, changes, note, pressure, total)
+            return Decision(FORWARD, level, replica.url, new_body, changes, note, pressure, total)
     raise AssertionError("unreachable: level 3 always decides")
 
 
@@ -226,5 +234,5 @@ def policy_from_config(config: dict[str, Any], **overrides: Any) -> Policy:
     return Policy(**kwargs)
 
 
-__all__ = ["Decision", "Policy", "Replica", "choose_replica", "decide", "level_for", "policy_from_config",
-           "rewrite"]
+__all__ = ["FORWARD", "REJECT", "Decision", "Policy", "Replica", "choose_replica", "decide", "level_for",
+           "policy_from_config", "rewrite"]

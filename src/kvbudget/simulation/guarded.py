@@ -67,7 +67,7 @@ class GuardInLoop:
         prompts = [r.prompt_tokens]
         decision = self.admission.decide({"max_tokens": asked, "n": r.n}, self.asked, prompts, False, set(), now=now)
         self.peak_predicted = max(self.peak_predicted, self.replica.predicted)
-        if decision.action == "reject":
+        if not decision.forwards:
             self.rejected += 1
             return None
         assert decision.body is not None
