@@ -213,7 +213,10 @@ def test_unified_cache_purges_and_fails_iteration_for_iteration(cache_ram):
     requests = [Request(0.0, 231 + i, 10) for i in range(2)]
     requests += [Request(0.3 + r.arrival + 0.05 * (i > 0), r.prompt_tokens, r.output_tokens, r.prefix)
                  for i, r in enumerate(azure_requests(18, 230, 150))]
-    log = serve(requests, "-np", "3", "-c", "512", "--kv-unified", "--cache-ram", str(cache_ram))
-    counts = replay(requests, log, 3, 512 // 3, unified=True, cache_ram=cache_ram)
-    print(counts)
+    for _ in range(3):  # the scenario rests on arrival timing: a loaded machine may not reach it; every run replays
+        log = serve(requests, "-np", "3", "-c", "512", "--kv-unified", "--cache-ram", str(cache_ram))
+        counts = replay(requests, log, 3, 512 // 3, unified=True, cache_ram=cache_ram)
+        print(counts)
+        if counts["failed"] > 0 and (counts["purges"] > 0 if not cache_ram else True):
+            break
     assert counts["failed"] > 0 and (counts["purges"] > 0 if not cache_ram else True)
