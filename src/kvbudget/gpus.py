@@ -35,6 +35,10 @@ class GPU:
         return self.bf16_tflops or self.fp16_tflops
 
 
+# how to size a GPU that is not in the catalog, as the library and the command line say it
+GIVE_GPU_MEMORY = spelled("give gpu_memory", "pass --gpu-memory SIZE")
+
+
 @lru_cache(maxsize=1)
 def _catalog() -> dict[str, Any]:
     return json.loads((resources.files("kvbudget") / "data" / "gpus.json").read_text(encoding="utf-8"))
@@ -76,4 +80,4 @@ def find_gpu(name: str) -> GPU:
             return _make(g)
     known = ", ".join(g["name"] for g in _catalog()["gpus"])
     raise KVBudgetError(f"gpu: unknown GPU {name!r}; choose one of {known}, or "
-                        f"{spelled('give gpu_memory', 'pass --gpu-memory SIZE')}", param="gpu")
+                        f"{GIVE_GPU_MEMORY}", param="gpu")

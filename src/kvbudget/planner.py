@@ -14,7 +14,7 @@ from kvbudget.engines import Capacity, Engine, EngineOptions, get_engine, servin
 from kvbudget.engines.base import Serving, check_positive, largest_fitting
 from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetError, spelled
 from kvbudget.estimator import Estimate, estimate
-from kvbudget.gpus import GPU, custom_gpu, find_gpu
+from kvbudget.gpus import GIVE_GPU_MEMORY, GPU, custom_gpu, find_gpu
 from kvbudget.gpus import gpus as all_gpus
 from kvbudget.guard.levels import LEVELS, write_config
 from kvbudget.model.params import activation_widths, count_parameters
@@ -333,7 +333,7 @@ def _card(gpu: str | None, gpu_memory: int | None) -> GPU:
         return custom_gpu(gpu_memory, find_gpu(gpu) if gpu else None)
     if gpu is None:
         raise KVBudgetError(f"gpu: name a GPU ({spelled('kvbudget.gpus.gpus()', 'kvbudget gpus')} lists them) or "
-                            f"{spelled('give gpu_memory', 'pass --gpu-memory SIZE')}", param="gpu")
+                            f"{GIVE_GPU_MEMORY}", param="gpu")
     return find_gpu(gpu)
 
 

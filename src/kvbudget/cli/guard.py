@@ -8,8 +8,7 @@ import sys
 from typing import Any
 
 from kvbudget.cli.common import write_atomically
-from kvbudget.commands.options import one, size
-from kvbudget.commands.simulate import read_yaml
+from kvbudget.commands.options import one, read_yaml, size
 from kvbudget.engines import serving_engines
 from kvbudget.errors import KVBudgetError
 

@@ -108,8 +108,7 @@ def engine_options(ask: Any) -> tuple[str, EngineOptions]:
         engine_version=release,
         attention_backend=ask.attention_backend,
         pp_layer_partition=tuple(parse_positive_ints(partition, "pp_layer_partition")) if partition else None,
-        num_speculative_tokens=optional_one(getattr(ask, "num_speculative_tokens", None),
-                                            "num_speculative_tokens") or 0,
+        num_speculative_tokens=optional_one(ask.num_speculative_tokens, "num_speculative_tokens") or 0,
     )
 
 
@@ -132,6 +131,24 @@ def counted_context(ask: Any, engine: str, instead_of: str) -> tuple[int | None,
         new = optional_one(ask.max_new_tokens, "max_new_tokens")
         return prompt_context(source, ask.prompt_file, new, ask.approximate, engine)
     return lengths_context(source, ask.lengths_from, ask.approximate, engine)
+
+
+def read_yaml(path: str, param: str) -> dict[str, Any]:
+    """A YAML mapping from a file (the guard's configuration), its errors naming the file or the parameter."""
+    try:
+        import yaml
+    except ImportError:
+        raise KVBudgetError(f"{param} needs PyYAML: pip install 'kvbudget[guard]'", param=param) from None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+    except OSError as exc:
+        raise KVBudgetError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise KVBudgetError(f"{path}: invalid YAML: {exc}".splitlines()[0]) from None
+    if not isinstance(data, dict):
+        raise KVBudgetError(f"{path}: expected a YAML mapping")
+    return data
 
 
 def load(source: str) -> Any:

@@ -18,6 +18,7 @@ from kvbudget.commands.options import (
     option,
     optional_one,
     positive,
+    read_yaml,
     size,
 )
 from kvbudget.engines import get_engine
@@ -172,24 +173,6 @@ def _calibrated(model: Any, path: str, settings: dict[str, Any], served: Callabl
         return {"measured": found}
     base = setup_for(model, **settings, time_model=initial_model(found))
     return {"time_model": calibrate_requests(model, found, base)}
-
-
-def read_yaml(path: str, param: str) -> dict[str, Any]:
-    """A YAML mapping from a file (the guard's configuration), its errors naming the file or the parameter."""
-    try:
-        import yaml
-    except ImportError:
-        raise KVBudgetError(f"{param} needs PyYAML: pip install 'kvbudget[guard]'", param=param) from None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh) or {}
-    except OSError as exc:
-        raise KVBudgetError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        raise KVBudgetError(f"{path}: invalid YAML: {exc}".splitlines()[0]) from None
-    if not isinstance(data, dict):
-        raise KVBudgetError(f"{path}: expected a YAML mapping")
-    return data
 
 
 def guard_settings(ask: SimulateRequest) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -140,11 +140,11 @@ def _model_ref(value: str, uploads: Uploads) -> str:
     return value
 
 
-def request(command: str, params: Iterable[tuple[str, str]], uploads: Uploads, taken: tuple[str, ...] = (),
-            given: dict[str, Any] | None = None) -> Any:
+def request(command: str, params: Iterable[tuple[str, str]], uploads: Uploads, taken: tuple[str, ...] = ()) -> Any:
     """The command's request a web request's parameters stand for; `taken` are parameters the caller reads
-    itself, `given` what it sets from them."""
-    known_options, models, values = OPTIONS[command], [], dict(given or {})
+    itself."""
+    known_options, models = OPTIONS[command], []
+    values: dict[str, Any] = {}
     seen: set[str] = set()
     for key, value in params:
         value = value.strip()
@@ -269,7 +269,7 @@ def simulate(params: list[tuple[str, str]], uploads: Uploads, simulations: Simul
     """One simulated run; `trace` names a bundled trace or an upload (none: synthetic arrivals at `rate`), and
     `guard=1` puts the guard in front with the plan of the same settings (`kvbudget plan --guard-config`)."""
     given = dict(params)
-    request("simulate", params, uploads, taken=("trace", "guard"))  # every parameter checked first
+    ask = request("simulate", params, uploads, taken=("trace", "guard"))  # every parameter checked first
     chosen: dict[str, Any] = {}
     if given.get("trace"):
         chosen["trace"] = str(trace_path(given["trace"], uploads))
@@ -281,7 +281,7 @@ def simulate(params: list[tuple[str, str]], uploads: Uploads, simulations: Simul
         path = uploads.folder / f"guard-{hashlib.sha256(config.encode()).hexdigest()[:24]}.yaml"
         path.write_text(config)
         chosen["guard_config"] = str(path)
-    ask = request("simulate", params, uploads, taken=("trace", "guard"), given=chosen)
+    ask = replace(ask, **chosen)
     return simulations.run(lambda progress: simulation_answer(ask, progress=progress)).to_dict()
 
 
