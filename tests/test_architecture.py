@@ -434,7 +434,7 @@ def test_the_public_names_are_one_list():
 POSITIONAL_RECORDS = {
     "engines/base.py": {"EngineOptions", "CacheGroup", "Allocation", "Capacity", "Serving", "UsageGauge", "LogCheck",
                         "OutputLimit"},
-    "engines/llamacpp/engine.py": {"Buffer"}, "engines/vllm/engine.py": {"_Spec", "Layout"},
+    "engines/llamacpp/engine.py": {"Buffer"}, "engines/vllm/engine.py": {"Layout"},
     "engines/vllm/logs.py": {"_LogSettings"}, "engines/vllm/packed.py": {"PackedSpec"}, "estimator.py": {"Estimate"},
     "gpus.py": {"GPU"}, "guard/app.py": {"GuardConfig"}, "guard/levels.py": {"LevelSpec"},
     "guard/policy.py": {"Policy", "Replica", "Decision"}, "model/spec.py": {"RecurrentState", "ModelSpec"},

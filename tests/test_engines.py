@@ -114,7 +114,7 @@ def test_vllm_kv_cache_tokens_exceeds_physical_slots_for_windowed_models():
 def test_vllm_gemma3_pads_the_short_group():
     plan, _ = VLLM.layout(load_model("gemma-3-1b"), "auto", 1, EngineOptions())
     # 26 layers: 22 sliding, 4 full... group size 4: 6 sliding groups (24 slots, 2 padding) + 1 full group.
-    buckets = {spec.kind: (layers, groups) for spec, layers, groups in plan.buckets}
+    buckets = {type(spec): (layers, groups) for spec, layers, groups in plan.buckets}
     assert plan.group_size == min(layers for layers, _ in buckets.values())
     padded = sum(groups * plan.group_size - layers for layers, groups in buckets.values())
     assert padded > 0
@@ -209,10 +209,10 @@ def test_vllm_state_blocks_per_request_by_mixer():
     # With prefix caching vLLM keeps 2 state blocks per request, and Mamba-2 mixers a third checkpoint block.
     for name, blocks in (("qwen3-next-80b-a3b", 2), ("jamba-1.5-mini", 2), ("falcon-h1-7b", 3)):
         plan, _ = VLLM.layout(load_model(name), "auto", 1, EngineOptions())
-        (spec,) = [s for s, _, _ in plan.buckets if s.kind == "mamba"]
-        assert plan.mamba_blocks(spec) == blocks, name
+        (spec,) = [s for s, _, _ in plan.buckets if s.keeps_state]
+        assert spec.blocks_needed(plan, 0) == blocks, name
         plan, _ = VLLM.layout(load_model(name), "auto", 1, EngineOptions(prefix_caching=False))
-        assert plan.mamba_blocks(spec) == 1
+        assert spec.blocks_needed(plan, 0) == 1
 
 
 def test_cached_allocations_never_answer_for_other_inputs():

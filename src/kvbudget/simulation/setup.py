@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvbudget.engines.base import Allocation, Engine, EngineOptions
 from kvbudget.errors import KVBudgetError
@@ -75,6 +75,12 @@ class Planned:
 HIDDEN = {"json": False}  # a field to_dict() leaves out
 
 
+class CacheGroupRecord(Protocol):
+    """One of an engine's KV cache groups as its scheduler keeps them."""
+
+    def to_dict(self) -> dict[str, object]: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class Setup:
     """What was simulated: the engine's memory and scheduler settings, and where each came from."""
@@ -94,7 +100,7 @@ class Setup:
     bytes_per_token: int = 0  # KV bytes per token on the most loaded GPU
     allocator: str = "paged"  # the engine's name for its allocator (vLLM: or contiguous-max / -pow2 / -oracle)
     allocation: Allocation | None = field(default=None, repr=False, compare=False, metadata=HIDDEN)  # the guard's
-    groups: tuple[Any, ...] = ()  # the engine's KV cache groups as its scheduler keeps them (data classes)
+    groups: tuple[CacheGroupRecord, ...] = ()  # the engine's KV cache groups as its scheduler keeps them
     scheduling: str = "the scheduling itself is exact"  # how far the scheduler is verified
     prompt_cache_bytes: int = 0  # llama.cpp's host-RAM prompt cache (--cache-ram)
     # the engine's scheduler model, which builds the scheduler for this setup
@@ -117,7 +123,7 @@ class Setup:
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("json", True)}
         out["time_model"] = self.time_model.to_dict()
-        out["groups"] = [dict(g.__dict__) for g in self.groups]
+        out["groups"] = [g.to_dict() for g in self.groups]
         return out
 
 

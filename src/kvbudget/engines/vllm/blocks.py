@@ -1,10 +1,11 @@
 """vLLM's KV cache groups as its scheduler allocates them (vllm/v1/core/single_type_kv_cache_manager.py, 0.32):
 what each group keeps of a request, for the simulator. One class per kind of group, as vLLM has one manager per
-cache spec (`spec_manager_map`); `GROUPS` looks a group's class up by the vLLM spec it stands for."""
+cache spec (`spec_manager_map`); each spec of specs.py makes its group (`KVSpec.block_group`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
 from kvbudget.units import cdiv
 
@@ -14,13 +15,17 @@ class BlockGroup:
     """One KV cache group as vLLM's scheduler allocates it: full attention (every token; MLA too), the base the
     other kinds override."""
 
-    kind: str = "full"  # the group's kind as the setup's JSON names it
+    kind: ClassVar[str] = "full"  # the group's kind as messages name it
     span: int = 0  # window or chunk (0 for full and state)
     block_size: int  # tokens per block (max_model_len for state groups: vLLM's mamba_block_size then)
     admission_cap: int | None = None  # blocks a request is admitted against at most (sliding and chunked)
     checkpoint: bool = False  # a state group that keeps a prefill checkpoint block (Mamba-2 mixers, align mode)
     chunk_align: int = 0  # state groups with prefix caching: the tokens prefill chunks are cut at multiples of
     #                       (the scheduler's cache_config.block_size at run time)
+
+    def to_dict(self) -> dict[str, object]:
+        """The group as the setup's JSON writes it: its kind, then its fields."""
+        return {"kind": self.kind, **{f.name: getattr(self, f.name) for f in fields(self)}}
 
     @property
     def keeps_state(self) -> bool:
@@ -77,7 +82,7 @@ class BlockGroup:
 class SlidingGroup(BlockGroup):
     """A sliding window: keeps the last span - 1 tokens (SlidingWindowManager)."""
 
-    kind: str = "sliding"
+    kind: ClassVar[str] = "sliding"
 
     @property
     def keeps_all(self) -> bool:
@@ -100,7 +105,7 @@ class SlidingGroup(BlockGroup):
 class ChunkedGroup(BlockGroup):
     """Chunked local attention: keeps the current chunk (ChunkedLocalAttentionManager)."""
 
-    kind: str = "chunked"
+    kind: ClassVar[str] = "chunked"
 
     @property
     def keeps_all(self) -> bool:
@@ -120,7 +125,7 @@ class ChunkedGroup(BlockGroup):
 class StateGroup(BlockGroup):
     """Mamba / linear attention: one state block per request without prefix caching (MambaManager)."""
 
-    kind: str = "state"
+    kind: ClassVar[str] = "state"
 
     @property
     def keeps_state(self) -> bool:
@@ -134,8 +139,3 @@ class StateGroup(BlockGroup):
     def hit_run(self) -> int | None:
         """Only the block whose state ends at the boundary is keyed."""
         return 1
-
-
-# vLLM's spec kinds (engine._Spec.kind) -> the group class its scheduler keeps them in (MLA is full attention)
-GROUPS: dict[str, type[BlockGroup]] = {"full": BlockGroup, "mla": BlockGroup, "sliding": SlidingGroup,
-                                        "chunked": ChunkedGroup, "mamba": StateGroup}

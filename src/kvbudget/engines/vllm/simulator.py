@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.cached import CachedHybridScheduler
 from kvbudget.engines.vllm.contiguous import POLICIES, ContiguousScheduler
 from kvbudget.engines.vllm.hybrid import HybridScheduler
@@ -69,8 +70,14 @@ class VLLMSimulator(SimulatorDefaults):
                      allocation=p.estimate.allocation, groups=groups, scheduling=scheduling, simulator=self)
 
     @staticmethod
-    def _hybrid(setup: Setup) -> bool:
-        groups = setup.groups
+    def _groups(setup: Setup) -> tuple[BlockGroup, ...]:
+        """The setup's groups, which this simulator made."""
+        groups = tuple(g for g in setup.groups if isinstance(g, BlockGroup))
+        assert len(groups) == len(setup.groups)
+        return groups
+
+    def _hybrid(self, setup: Setup) -> bool:
+        groups = self._groups(setup)
         return not all(g.keeps_all for g in groups) or len({g.block_size for g in groups}) > 1
 
     def scheduler(self, setup: Setup) -> Queues:
@@ -78,7 +85,7 @@ class VLLMSimulator(SimulatorDefaults):
         if setup.allocator != PAGED:
             return ContiguousScheduler(config, self.token_slots(setup), setup.allocator.removeprefix(CONTIGUOUS))
         if self._hybrid(setup):
-            return (CachedHybridScheduler if setup.prefix_caching else HybridScheduler)(config, setup.groups)
+            return (CachedHybridScheduler if setup.prefix_caching else HybridScheduler)(config, self._groups(setup))
         return VLLMScheduler(config)
 
     def token_slots(self, setup: Setup) -> int:
