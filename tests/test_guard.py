@@ -22,7 +22,8 @@ NOW = 1000.0
 
 
 def replica(observed=None, predicted=0.0, age=0.0, healthy=True, in_flight=0, url="http://a"):
-    return Replica(url, observed, NOW - age, predicted, in_flight, healthy)
+    return Replica(url=url, observed=observed, observed_at=NOW - age, predicted=predicted, in_flight=in_flight,
+                   healthy=healthy)
 
 
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "n": 3, "best_of": 3}

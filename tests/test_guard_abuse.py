@@ -30,7 +30,7 @@ BUDGET = 131_072 * 100_000  # room for 100,000 tokens
 
 def admission(engine: str, max_model_len: int | None = CONTEXT, prompt: int = 100) -> Admission:
     chosen = get_engine(engine)
-    return Admission([Replica("a")], Policy(), Predictor(chosen.allocate(LLAMA), BUDGET), lambda body: prompt,
+    return Admission([Replica(url="a")], Policy(), Predictor(chosen.allocate(LLAMA), BUDGET), lambda body: prompt,
                      GuardMetrics(), chosen, max_model_len)
 
 
@@ -118,14 +118,14 @@ def test_a_request_too_big_alone_is_capped_or_rejected():
     other client then got 503 while it ran). Now it is capped (half: 60%), and a request that does not fit even
     capped and with one sample is rejected, saying why."""
     cost = lambda body: body.get("max_tokens", 0) / 100_000  # noqa: E731
-    d = decide({"max_tokens": 120_000}, [Replica("a")], Policy(), now=0.0, cost=cost)
+    d = decide({"max_tokens": 120_000}, [Replica(url="a")], Policy(), now=0.0, cost=cost)
     assert (d.action, d.level, d.body["max_tokens"]) == ("forward", 1, 60_000)
     assert d.pressure == 0.0 and d.total == pytest.approx(0.6)
-    d = decide({"max_tokens": 400_000}, [Replica("a")], Policy(), now=0.0, cost=cost)
+    d = decide({"max_tokens": 400_000}, [Replica(url="a")], Policy(), now=0.0, cost=cost)
     assert d.action == "reject" and "even with its output capped" in d.reason and d.total >= 0.95
     # a request of two samples that fits only as one is forced to one (level 2) rather than rejected
     cost2 = lambda body: body.get("n", 1) * 0.30  # noqa: E731
-    d = decide({"max_tokens": 10, "n": 2}, [Replica("a", predicted=0.40)], Policy(), now=0.0, cost=cost2)
+    d = decide({"max_tokens": 10, "n": 2}, [Replica(url="a", predicted=0.40)], Policy(), now=0.0, cost=cost2)
     assert (d.action, d.level, d.body["n"]) == ("forward", 2, 1)
 
 
@@ -508,8 +508,8 @@ def test_streams_longer_than_the_shutdown_grace_end_with_an_error_event(fake_eng
 def test_a_full_fresh_replica_does_not_refuse_what_a_stale_one_could_take():
     """A replica whose metrics hang goes stale; requests were then all judged on the fresh one and refused at
     97% although the other was nearly empty. Fail-open, the stale replica takes them on its prediction."""
-    fresh_full = Replica("full", observed=0.97, observed_at=1000.0)
-    stale = Replica("stale", observed=0.10, observed_at=0.0, predicted=0.05)
+    fresh_full = Replica(url="full", observed=0.97, observed_at=1000.0)
+    stale = Replica(url="stale", observed=0.10, observed_at=0.0, predicted=0.05)
     d = decide({"max_tokens": 10}, [fresh_full, stale], Policy(), now=1000.0)
     assert (d.action, d.replica) == ("forward", "stale") and "fail-open" in d.reason
     d = decide({"max_tokens": 10}, [fresh_full, stale], Policy(fail_open=False), now=1000.0)

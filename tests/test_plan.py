@@ -281,7 +281,7 @@ def test_gpus_are_replicas_of_the_tp_pp_group(capsys):
 def test_roofline_adds_the_tensor_parallel_all_reduces(capsys):
     """DeepSeek-V3 on 8 H200s (issue 15: 1,004 tokens/s ignored the all-reduces): two per layer of one bf16 hidden
     vector (7168) per sequence, a ring over half of NVLink's 900 GB/s both-ways figure, plus 10 us each."""
-    from kvbudget.planner import ALL_REDUCE_LATENCY
+    from kvbudget.roofline import ALL_REDUCE_LATENCY
 
     assert main(["plan", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--json"]) == 0
     roof = json.loads(capsys.readouterr().out)["roofline"]

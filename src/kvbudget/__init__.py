@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from kvbudget import catalog
+    from kvbudget.comparison import Comparison, compare
     from kvbudget.dtypes import KVDtype, get_dtype
     from kvbudget.engines import (
         ENGINES,
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
         RecurrentState,
         SlidingWindow,
     )
-    from kvbudget.planner import Comparison, Plan, compare, plan
+    from kvbudget.planner import Plan, plan
     from kvbudget.simulation import Simulation, simulate
     from kvbudget.tokens import PromptCount, count_prompt
 
@@ -71,7 +72,8 @@ _WHERE = {
     "kvbudget.model.load": ("load_model",),
     "kvbudget.model.spec": ("Attention", "ChunkedLocal", "FullAttention", "LatentAttention", "LayerSpec",
                             "ModelSpec", "NoCache", "RecurrentState", "SlidingWindow"),
-    "kvbudget.planner": ("Comparison", "Plan", "compare", "plan"),
+    "kvbudget.planner": ("Plan", "plan"),
+    "kvbudget.comparison": ("Comparison", "compare"),
     "kvbudget.simulation": ("Simulation", "simulate"),
     "kvbudget.tokens": ("PromptCount", "count_prompt"),
 }

@@ -23,7 +23,7 @@ class Point(NamedTuple):  # a tuple: sweeps build hundreds of thousands of these
     uncapped_kv_bytes: int  # the same without any window or chunk cap
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True, init=False, kw_only=True)
 class Estimate:
     model: ModelSpec
     allocation: Allocation
@@ -218,7 +218,8 @@ def estimate(
                      f"({model.max_position_embeddings:,})")
     if capacity is not None:
         notes.extend(capacity.notes)
-    return Estimate(full_model, allocation, beams, batches, contexts, points, tuple(notes), capacity)
+    return Estimate(model=full_model, allocation=allocation, beams=beams, batches=batches, contexts=contexts,
+                    points=points, notes=tuple(notes), capacity=capacity)
 
 
 def most_loaded_stage(model: ModelSpec, engine: Engine, pp: int, kv_dtype: str, tp: int,

@@ -12,7 +12,7 @@ from kvbudget.errors import KVBudgetError, spelled
 from kvbudget.units import GIB, MIB
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GPU:
     name: str
     vendor: str  # "NVIDIA", "AMD", or "" for a card described only by its memory
@@ -54,10 +54,12 @@ def _make(g: dict[str, Any]) -> GPU:
     else:
         memory, basis = int(g["memory_gb_nominal"] * GIB), "nominal (vendor figure, read as GiB)"
     bandwidth = g["bandwidth_gbps"] * 1e9 if g.get("bandwidth_gbps") else None
-    return GPU(g["name"], g.get("vendor", ""), memory, basis, bandwidth, g.get("bf16_tflops"), g.get("fp8_tflops"),
-               g["source"], g.get("compute_capability"), g.get("fp16_tflops"), g.get("interconnect"),
-               g["interconnect_gbps"] * 1e9 if g.get("interconnect_gbps") else None, g.get("gpus_per_node", 8),
-               g.get("segment", ""))
+    return GPU(name=g["name"], vendor=g.get("vendor", ""), memory_bytes=memory, memory_basis=basis,
+               bandwidth_bytes_per_s=bandwidth, bf16_tflops=g.get("bf16_tflops"), fp8_tflops=g.get("fp8_tflops"),
+               source=g["source"], compute_capability=g.get("compute_capability"), fp16_tflops=g.get("fp16_tflops"),
+               interconnect=g.get("interconnect"),
+               interconnect_bytes_per_s=g["interconnect_gbps"] * 1e9 if g.get("interconnect_gbps") else None,
+               gpus_per_node=g.get("gpus_per_node", 8), segment=g.get("segment", ""))
 
 
 def _key(text: str) -> str:
@@ -67,10 +69,14 @@ def _key(text: str) -> str:
 def custom_gpu(memory_bytes: int, like: GPU | None = None) -> GPU:
     """A GPU given by its memory alone, or a catalog card with its memory replaced."""
     if like is None:
-        return GPU("custom", "", memory_bytes, "given", None, None, None, "given memory")
-    return GPU(like.name, like.vendor, memory_bytes, "given", like.bandwidth_bytes_per_s, like.bf16_tflops,
-               like.fp8_tflops, f"{like.source}; memory given", like.compute_capability, like.fp16_tflops,
-               like.interconnect, like.interconnect_bytes_per_s, like.gpus_per_node, like.segment)
+        return GPU(name="custom", vendor="", memory_bytes=memory_bytes, memory_basis="given",
+                   bandwidth_bytes_per_s=None, bf16_tflops=None, fp8_tflops=None, source="given memory")
+    return GPU(name=like.name, vendor=like.vendor, memory_bytes=memory_bytes, memory_basis="given",
+               bandwidth_bytes_per_s=like.bandwidth_bytes_per_s, bf16_tflops=like.bf16_tflops,
+               fp8_tflops=like.fp8_tflops, source=f"{like.source}; memory given",
+               compute_capability=like.compute_capability, fp16_tflops=like.fp16_tflops,
+               interconnect=like.interconnect, interconnect_bytes_per_s=like.interconnect_bytes_per_s,
+               gpus_per_node=like.gpus_per_node, segment=like.segment)
 
 
 def find_gpu(name: str) -> GPU:

@@ -20,6 +20,7 @@ from kvbudget.guard.levels import LEVELS, write_config
 from kvbudget.model.params import activation_widths, count_parameters
 from kvbudget.model.spec import ModelSpec
 from kvbudget.model.weights import Weights, model_weights
+from kvbudget.roofline import Roofline, decode_roofline
 from kvbudget.units import format_bytes
 
 # Recommendation heuristics (kvbudget's choices, not engine facts):
@@ -31,9 +32,7 @@ SMALLER_CACHE = 0.75
 # The "larger GPU" offered is the smallest card of the same vendor with at least this much more memory: a step
 # worth a migration (it skips near-twins such as H100-80GB -> H100-NVL's 94 GB).
 BIGGER_GPU_STEP = 1.4
-# Fixed cost of one small all-reduce in a decode step (seconds): kvbudget's assumption for NVLink / Infinity Fabric
-# and for GPUs that only share a PCIe switch, not a measurement; the roofline labels its all-reduce term an estimate.
-ALL_REDUCE_LATENCY = {"link": 10e-6, "pcie": 25e-6}
+
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,7 @@ class Term:
     note: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Level:
     name: str
     fraction: float
@@ -58,18 +57,7 @@ class Level:
     meaning: str  # for people
 
 
-@dataclass(frozen=True)
-class Roofline:
-    context: int
-    batch: int
-    step_seconds: float  # memory time (bytes read per decode step / HBM bandwidth) + all_reduce_seconds
-    tokens_per_second: float  # per sequence
-    aggregate_tokens_per_second: float
-    memory_seconds: float = 0.0  # the lower bound: weights and KV read once per step
-    all_reduce_seconds: float = 0.0  # tensor parallel: two all-reduces per layer (an estimate; 0 without tp)
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Recommendation:
     parameters: dict[str, Any]  # what to change, in plan()'s parameter names ({"tp": 4}, {"model": "..."})
     note: str  # what else to know about the change ("4 GPUs", "a model of similar size")
@@ -104,7 +92,7 @@ class NoKVBudget(BudgetError):
         self.answer = answer
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     model: ModelSpec
     engine: Engine
@@ -174,7 +162,7 @@ def activation_estimate(model: ModelSpec, tokens: int, sampled_rows: int) -> int
     return tokens * per_token + min(tokens, sampled_rows) * w.vocab * 4
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Inputs:
     """What a plan was asked, so that alternatives can be planned with one thing changed."""
 
@@ -245,13 +233,7 @@ def plan(
                                (concurrency, "concurrency", "requests at once"), (beams, "beams", "beams")):
         check_positive(value, param, what)
     gpus = gpus or tp * pp
-    if tp * pp > gpus:
-        raise KVBudgetError(f"gpus {gpus}: tensor parallel {tp} x pipeline parallel {pp} needs {tp * pp} GPUs",
-                            param="gpus")
-    if gpus % (tp * pp):
-        raise KVBudgetError(f"gpus {gpus}: not a whole number of replicas of tensor parallel {tp} x pipeline "
-                            f"parallel {pp} ({tp * pp} GPUs each); give a multiple of {tp * pp}", param="gpus")
-    replicas = gpus // (tp * pp)
+    replicas = _replicas(gpus, tp, pp)
     max_len = max_model_len or model.max_position_embeddings
     if not max_len:
         raise KVBudgetError(f"max_model_len: {model.name}'s config has no max_position_embeddings; give "
@@ -263,69 +245,111 @@ def plan(
         options = replace(options, compute_capability=card.compute_capability)
     serving = chosen.serving(card.memory_bytes, max_len, options, gpu_name=card.name)
     options = serving.options
+    w = _weights(model, chosen, tp, pp, options, replicas if expert_parallel else None, weights)
+    stack, kv_budget = _budget(model, serving, card, w, activation, overhead, utilization)
+    if kv_memory is not None:
+        stack = (stack[0], Term("kv", "KV budget (given)", kv_memory, False, "given (kv_memory)"))
+        kv_budget = kv_memory
+    inputs = _Inputs(model=model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, tp=tp, pp=pp, kv_dtype=kv_dtype,
+                     max_model_len=max_len, options=given_options, weights=weights, activation=activation,
+                     overhead=overhead, utilization=utilization, gpus=gpus if gpus != tp * pp else None,
+                     expert_parallel=expert_parallel)
+    if kv_budget <= 0:
+        raise _no_budget(inputs, card, w, stack, kv_budget, recommend)
+    result = estimate(model, engine=chosen, kv_dtype=kv_dtype, batch=[concurrency], beams=beams,
+                      context=sorted({1024, 4096, 16384, max_len} - {0}), tp=tp, pp=pp, options=options,
+                      kv_memory=kv_budget, max_model_len=max_len)
+    cap = result.capacity
+    assert cap is not None  # a budget was given
+    longest = longest_context(model, chosen, kv_budget, concurrency * beams, max_len, kv_dtype, tp, pp, options)
+    roof = decode_roofline(result, w, card, concurrency * beams, tp, max_len)
+    levels = _levels(kv_budget, cap, beams)
+    recs = _recommend(inputs, card, beams, cap, result) if recommend else ()
+    notes += list(result.notes)
+    if card.bandwidth_bytes_per_s is None:
+        notes.append(f"{card.name}: no bandwidth figure, so no decode roofline")
+    if replicas > 1:
+        notes.append(_replicas_note(gpus, replicas, tp * pp, replicas * cap.max_concurrency, max_len, expert_parallel))
+    return Plan(model=model, engine=chosen, gpu=card.name, gpu_memory_bytes=card.memory_bytes, tp=tp, pp=pp, weights=w,
+                stack=stack, kv_memory_bytes=kv_budget, capacity=cap, estimate=result,
+                concurrency=concurrency, longest_context=longest, roofline=roof, levels=levels, recommendations=recs,
+                notes=tuple(dict.fromkeys(notes)), options=options, replicas=replicas)
+
+
+def _replicas(gpus: int, tp: int, pp: int) -> int:
+    """How many copies of tp x pp GPUs `gpus` make (data parallel)."""
+    if tp * pp > gpus:
+        raise KVBudgetError(f"gpus {gpus}: tensor parallel {tp} x pipeline parallel {pp} needs {tp * pp} GPUs",
+                            param="gpus")
+    if gpus % (tp * pp):
+        raise KVBudgetError(f"gpus {gpus}: not a whole number of replicas of tensor parallel {tp} x pipeline "
+                            f"parallel {pp} ({tp * pp} GPUs each); give a multiple of {tp * pp}", param="gpus")
+    return gpus // (tp * pp)
+
+
+def _levels(kv_budget: int, cap: Capacity, beams: int) -> tuple[Level, ...]:
+    """The guard's degradation levels in bytes, tokens and requests of this budget."""
+    return tuple(Level(name=lv.name, fraction=lv.threshold, kv_bytes=int(kv_budget * lv.threshold),
+                       tokens=int(cap.physical_token_slots * lv.threshold),
+                       requests=int(cap.max_concurrency * lv.threshold / beams), action=lv.action,
+                       meaning=lv.meaning)
+                 for lv in LEVELS)
+
+
+def _replicas_note(gpus: int, replicas: int, each: int, requests: float, max_len: int, expert_parallel: bool) -> str:
+    """What data parallelism over `gpus` gives: `replicas` copies of `each` GPUs, `requests` in all."""
+    if expert_parallel:
+        return (f"{gpus} GPUs: {replicas} data-parallel attention ranks of {each}, each with its own KV cache, "
+                f"sharing the routed experts (expert parallel over {gpus}): {requests:.2f}x requests of "
+                f"{max_len:,} tokens in all (vLLM --data-parallel-size {replicas} --enable-expert-parallel; SGLang "
+                f"--enable-dp-attention --dp {replicas})")
+    return (f"{gpus} GPUs: {replicas} replicas of {each} (data parallel), each with its own KV cache: {requests:.2f}x "
+            f"requests of {max_len:,} tokens in all, behind a load balancer (vLLM --data-parallel-size, or one "
+            "server per replica)")
+
+
+def _weights(model: ModelSpec, chosen: Engine, tp: int, pp: int, options: EngineOptions, ep: int | None,
+             weights: int | None) -> Weights:
+    """The weights on each GPU: counted from the config, or `weights` bytes where given; `ep` spreads the routed
+    experts over that many ranks."""
     try:
-        if expert_parallel and not chosen.expert_parallel:
+        if ep is not None and not chosen.expert_parallel:
             raise EngineRuleError(f"expert_parallel: {chosen.name} has no expert parallelism kvbudget models (vLLM "
                                   "and SGLang do)", param="expert_parallel")
         w = model_weights(model, tp, chosen.pipeline_stages(model.num_layers, pp, options.pp_layer_partition),
-                          ep=replicas if expert_parallel else 1)
-        if expert_parallel and not any(g.part == "experts" for g in count_parameters(model).groups):
+                          ep=ep or 1)
+        if ep is not None and not any(g.part == "experts" for g in count_parameters(model).groups):
             raise EngineRuleError(f"expert_parallel: {model.name} has no routed experts to spread",
                                   param="expert_parallel")
     except ConfigError:
         if weights is None:
             raise
         # a family whose parameters kvbudget cannot count: the given bytes are all there is (read in full per step)
-        w = Weights(0, 0, 0, weights * tp * pp, weights, weights * tp * pp, True,
-                    f"given (weights); {model.model_type} parameters not counted")
+        w = Weights(total_params=0, active_params=0, mtp_params=0, total_bytes=weights * tp * pp, per_gpu_bytes=weights,
+                    active_bytes=weights * tp * pp, exact=True,
+                    basis=f"given (weights); {model.model_type} parameters not counted")
     if weights is not None:
         w = replace(w, per_gpu_bytes=weights, exact=True, basis=w.basis if w.total_params == 0 else "given (weights)")
-    stack, kv_budget = _budget(model, serving, card, w, activation, overhead, utilization)
-    if kv_memory is not None:
-        stack = (stack[0], Term("kv", "KV budget (given)", kv_memory, False, "given (kv_memory)"))
-        kv_budget = kv_memory
-    inputs = _Inputs(model, chosen, gpu, gpu_memory, tp, pp, kv_dtype, max_len, given_options, weights, activation,
-                     overhead, utilization, gpus if gpus != tp * pp else None, expert_parallel)
-    if kv_budget <= 0:
-        advice = _make_room(inputs, card) if recommend else ()
-        first = (f"; {advice[0].change}: {advice[0].effect}" if advice else
-                 "; no larger tensor parallel size or GPU makes room: a quantized checkpoint (give its size as weights)"
-                 if recommend else "; `kvbudget plan` says what makes room")
-        message = (f"{model.name} on {card.name}: weights ({format_bytes(w.per_gpu_bytes)} per GPU) and the engine's "
-                   f"other memory leave no KV budget out of {format_bytes(card.memory_bytes)}{first}")
-        raise NoKVBudget(message, {
-            "model": model.name, "engine": chosen.name, "gpu": card.name, "gpu_memory_bytes": card.memory_bytes,
-            "tp": tp, "pp": pp, "weights_bytes": w.per_gpu_bytes, "weights": w.to_dict(),
-            "stack": [{"key": t.key, "name": t.name, "bytes": t.bytes, "estimate": t.estimate, "note": t.note}
-                      for t in stack],
-            "kv_memory_bytes": kv_budget, "fits": False, "reason": message,
-            "recommendations": [r.to_dict() for r in advice]})
-    result = estimate(model, engine=chosen, kv_dtype=kv_dtype, batch=[concurrency], beams=beams,
-                      context=sorted({1024, 4096, 16384, max_len} - {0}), tp=tp, pp=pp, options=options,
-                      kv_memory=kv_budget, max_model_len=max_len)
-    cap = result.capacity
-    assert cap is not None  # a budget was given
-    longest = _longest_context(model, chosen, kv_budget, concurrency * beams, max_len, kv_dtype, tp, pp, options)
-    roof = _roofline(result, w, card, concurrency * beams, tp, max_len)
-    levels = tuple(Level(lv.name, lv.threshold, int(kv_budget * lv.threshold),
-                         int(cap.physical_token_slots * lv.threshold), int(cap.max_concurrency * lv.threshold / beams),
-                         lv.action, lv.meaning)
-                   for lv in LEVELS)
-    recs = _recommend(inputs, card, beams, cap, result) if recommend else ()
-    notes += list(result.notes)
-    if card.bandwidth_bytes_per_s is None:
-        notes.append(f"{card.name}: no bandwidth figure, so no decode roofline")
-    if replicas > 1 and expert_parallel:
-        notes.append(f"{gpus} GPUs: {replicas} data-parallel attention ranks of {tp * pp}, each with its own KV cache, "
-                     f"sharing the routed experts (expert parallel over {gpus}): {replicas * cap.max_concurrency:.2f}x "
-                     f"requests of {max_len:,} tokens in all (vLLM --data-parallel-size {replicas} "
-                     f"--enable-expert-parallel; SGLang --enable-dp-attention --dp {replicas})")
-    elif replicas > 1:
-        notes.append(f"{gpus} GPUs: {replicas} replicas of {tp * pp} (data parallel), each with its own KV cache: "
-                     f"{replicas * cap.max_concurrency:.2f}x requests of {max_len:,} tokens in all, behind a load "
-                     "balancer (vLLM --data-parallel-size, or one server per replica)")
-    return Plan(model, chosen, card.name, card.memory_bytes, tp, pp, w, stack, kv_budget, cap, result,
-                concurrency, longest, roof, levels, recs, tuple(dict.fromkeys(notes)), options, replicas)
+    return w
+
+
+def _no_budget(inputs: _Inputs, card: GPU, w: Weights, stack: tuple[Term, ...], kv_budget: int,
+               recommend: bool) -> NoKVBudget:
+    """The error for weights and other memory that leave no KV budget, with what makes room."""
+    model, chosen = inputs.model, inputs.engine
+    advice = _make_room(inputs, card) if recommend else ()
+    first = (f"; {advice[0].change}: {advice[0].effect}" if advice else
+             "; no larger tensor parallel size or GPU makes room: a quantized checkpoint (give its size as weights)"
+             if recommend else "; `kvbudget plan` says what makes room")
+    message = (f"{model.name} on {card.name}: weights ({format_bytes(w.per_gpu_bytes)} per GPU) and the engine's "
+               f"other memory leave no KV budget out of {format_bytes(card.memory_bytes)}{first}")
+    return NoKVBudget(message, {
+        "model": model.name, "engine": chosen.name, "gpu": card.name, "gpu_memory_bytes": card.memory_bytes,
+        "tp": inputs.tp, "pp": inputs.pp, "weights_bytes": w.per_gpu_bytes, "weights": w.to_dict(),
+        "stack": [{"key": t.key, "name": t.name, "bytes": t.bytes, "estimate": t.estimate, "note": t.note}
+                  for t in stack],
+        "kv_memory_bytes": kv_budget, "fits": False, "reason": message,
+        "recommendations": [r.to_dict() for r in advice]})
 
 
 def _card(gpu: str | None, gpu_memory: int | None) -> GPU:
@@ -397,14 +421,15 @@ def _similar_models(inputs: _Inputs, result: Estimate, base: float) -> list[Reco
             if gain > 1.0001:
                 kinds = ", ".join(sorted(other.kinds()))
                 found.append(Recommendation(
-                    {"model": entry.name}, f"a {'MoE' if moe else 'dense'} model of similar size "
-                    f"({theirs.active / 1e9:.1f}B active)",
-                    f"{alt.estimate.bytes_per_token:,} bytes per token ({kinds}); "
-                    f"{alt.capacity.max_concurrency:.2f}x requests of {alt.capacity.max_model_len:,} tokens", gain))
+                    parameters={"model": entry.name}, note=f"a {'MoE' if moe else 'dense'} model of similar size "
+                                                           f"({theirs.active / 1e9:.1f}B active)",
+                    effect=f"{alt.estimate.bytes_per_token:,} bytes per token ({kinds}); "
+                           f"{alt.capacity.max_concurrency:.2f}x requests of {alt.capacity.max_model_len:,} tokens",
+                    gain=gain))
     return sorted(found, key=lambda r: -r.gain)[:2]
 
 
-def _longest_context(model: ModelSpec, engine: Engine, kv_budget: int, sequences: int, max_len: int, kv_dtype: str,
+def longest_context(model: ModelSpec, engine: Engine, kv_budget: int, sequences: int, max_len: int, kv_dtype: str,
                      tp: int, pp: int, options: EngineOptions) -> int | None:
     """The longest request length at which `sequences` requests fit at once."""
     def ok(n: int) -> bool:
@@ -417,37 +442,6 @@ def _longest_context(model: ModelSpec, engine: Engine, kv_budget: int, sequences
 
     best = largest_fitting(ok, max_len)
     return best or None
-
-
-def all_reduce_seconds(model: ModelSpec, card: GPU, tp: int, sequences: int) -> float:
-    """An estimate of one decode step's tensor-parallel communication: two all-reduces per layer (after attention
-    and after the MLP) of one bf16 hidden vector per sequence, each a ring (2 (tp - 1) / tp of it sent each way
-    over half the card's both-ways link) plus a fixed latency (ALL_REDUCE_LATENCY: kvbudget's assumption)."""
-    if tp == 1 or card.interconnect_bytes_per_s is None:
-        return 0.0
-    hidden = activation_widths(model).hidden
-    message = sequences * hidden * 2
-    latency = ALL_REDUCE_LATENCY["pcie" if "PCIe" in (card.interconnect or "").split(" (")[0] else "link"]
-    one = 2 * (tp - 1) / tp * message / (card.interconnect_bytes_per_s / 2) + latency
-    return 2 * model.num_layers * one
-
-
-def _roofline(result: Estimate, w: Weights, card: GPU, sequences: int, tp: int, max_len: int) -> tuple[Roofline, ...]:
-    if card.bandwidth_bytes_per_s is None:
-        return ()
-    try:
-        comm = all_reduce_seconds(result.model, card, tp, sequences)
-    except ConfigError:  # no hidden size to send: the memory bound alone
-        comm = 0.0
-    rows = []
-    for context in sorted({1024, 4096, 16384, 32768, max_len}):
-        if context > max_len:
-            continue
-        read = w.active_bytes / tp + result.allocation.kv_bytes(sequences, context)
-        memory = read / card.bandwidth_bytes_per_s
-        step = memory + comm
-        rows.append(Roofline(context, sequences, step, 1 / step, sequences / step, memory, comm))
-    return tuple(rows)
 
 
 def _gpus_note(tp: int, pp: int, node: int = 8) -> str:
@@ -494,14 +488,16 @@ def _make_room(inputs: _Inputs, card: GPU) -> tuple[Recommendation, ...]:
         for new_tp in _tp_steps(inputs, card):
             other = inputs.plan(tp=new_tp)
             if other is not None:
-                recs.append(Recommendation({"tp": new_tp}, _gpus_note(new_tp, inputs.pp, card.gpus_per_node),
-                                           _fit_effect(other), 1.0, other.fits,
-                                           (new_tp - inputs.tp) * inputs.pp))
+                recs.append(Recommendation(parameters={"tp": new_tp},
+                                           note=_gpus_note(new_tp, inputs.pp, card.gpus_per_node),
+                                           effect=_fit_effect(other), gain=1.0, makes_it_fit=other.fits,
+                                           more_gpus=(new_tp - inputs.tp) * inputs.pp))
                 break
     for g in _larger_gpus(card):
         other = inputs.plan(gpu=g.name, gpu_memory=None)
         if other is not None:
-            recs.append(Recommendation({"gpu": g.name}, "", _fit_effect(other), 1.0, other.fits))
+            recs.append(Recommendation(parameters={"gpu": g.name}, note="", effect=_fit_effect(other), gain=1.0,
+                                       makes_it_fit=other.fits))
             break
     return tuple(sorted(recs, key=_order))
 
@@ -528,12 +524,14 @@ def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Es
         if gain > 1.0001 or makes_it_fit:
             effect = f"{other.total_concurrency:.2f}x requests of {other.capacity.max_model_len:,} tokens " \
                      f"(now {base:.2f}x)"
-            recs.append(Recommendation(parameters, note, effect + extra, gain, makes_it_fit, more_gpus))
+            recs.append(Recommendation(parameters=parameters, note=note, effect=effect + extra, gain=gain,
+                                       makes_it_fit=makes_it_fit, more_gpus=more_gpus))
 
     if not cap.fits and cap.estimated_max_model_len:  # the one change that makes the engine start as it is
         if inputs.plan(max_model_len=cap.estimated_max_model_len) is not None:
-            recs.append(Recommendation({"max_model_len": cap.estimated_max_model_len}, "",
-                                       "the longest request that fits on this budget", 1.0, True))
+            recs.append(Recommendation(parameters={"max_model_len": cap.estimated_max_model_len}, note="",
+                                       effect="the longest request that fits on this budget", gain=1.0,
+                                       makes_it_fit=True))
     cheaper = engine.cheaper_kv_dtype(result.allocation.kv_dtype)
     if cheaper:
         add({"kv_dtype": cheaper}, "", inputs.plan(kv_dtype=cheaper),
@@ -558,8 +556,9 @@ def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Es
                 break
     recs.extend(_similar_models(inputs, result, base))
     if beams > 1:
-        recs.append(Recommendation({"beams": 1}, "no beam search", f"{beams}x the requests: every beam is a sequence",
-                                   float(beams)))
+        recs.append(Recommendation(parameters={"beams": 1}, note="no beam search",
+                                   effect=f"{beams}x the requests: every beam is a sequence",
+                                   gain=float(beams)))
     recs.sort(key=_order)
     return tuple(recs)
 
@@ -583,50 +582,3 @@ def guard_config_yaml(p: Plan) -> str:
                         kv_cache_tokens=p.capacity.physical_token_slots, bytes_per_token=p.estimate.bytes_per_token,
                         fixed_bytes_per_sequence=p.estimate.fixed_bytes_per_sequence,
                         max_model_len=p.capacity.max_model_len, levels=p.levels)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One model's row in `kvbudget compare`."""
-
-    model: str
-    cache: dict[str, int]  # layer kinds and how many
-    bytes_per_token: int
-    fixed_bytes_per_sequence: int
-    kv_bytes_at_context: int  # one sequence of `context` tokens
-    context: int
-    kv_memory_bytes: int | None  # with a GPU: the KV budget on it
-    max_concurrency: float | None  # requests of `context` tokens at once
-    longest_context: int | None  # the longest single request on one GPU (up to the model's maximum)
-    note: str = ""
-
-
-def compare(models: list[ModelSpec], engine: str | Engine = "vllm", gpu: str | None = None,
-            gpu_memory: int | None = None, context: int = 8192, kv_dtype: str = "auto",
-            options: EngineOptions = EngineOptions(), tp: int = 1) -> tuple[Comparison, ...]:
-    """Models side by side: bytes per token per GPU at tensor parallel size `tp`, and with a GPU, capacity and the
-    longest context that fits. A model whose maximum length is below `context` is computed at `context` anyway,
-    with a note saying so."""
-    chosen = get_engine(engine)
-    rows = []
-    for model in models:
-        est = estimate(model, engine=chosen, kv_dtype=kv_dtype, context=[context], options=options, tp=tp)
-        budget = longest = None
-        concurrency: float | None = None
-        notes = []
-        if model.max_position_embeddings and model.max_position_embeddings < context:
-            notes.append(f"{model.name} is trained for {model.max_position_embeddings:,} tokens, fewer than the "
-                         f"{context:,} compared here")
-        if gpu or gpu_memory:
-            try:
-                p = plan(model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, kv_dtype=kv_dtype, tp=tp,
-                         max_model_len=context, options=options, recommend=False)
-                budget, concurrency = p.kv_memory_bytes, p.capacity.max_concurrency
-                top = model.max_position_embeddings or context
-                longest = _longest_context(model, chosen, budget, 1, top, kv_dtype, tp, 1, p.options)
-            except KVBudgetError as exc:
-                notes.append(str(exc))
-        note = "; ".join(notes)
-        rows.append(Comparison(model.name, model.kinds(), est.bytes_per_token, est.fixed_bytes_per_sequence,
-                               est.points[0].kv_bytes, context, budget, concurrency, longest, note))
-    return tuple(rows)

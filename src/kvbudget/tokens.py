@@ -48,7 +48,7 @@ class PromptCount:
                 "approximate": self.approximate, "templated": self.templated}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Distribution:
     count: int
     mean: float
@@ -89,7 +89,7 @@ def distribution(values: array) -> Distribution:
     def rank(p: float) -> int:
         return ordered[max(0, math.ceil(p * n) - 1)]
 
-    return Distribution(n, sum(ordered) / n, rank(0.50), rank(0.90), rank(0.99), ordered[-1])
+    return Distribution(count=n, mean=sum(ordered) / n, p50=rank(0.50), p90=rank(0.90), p99=rank(0.99), max=ordered[-1])
 
 
 class PromptCounter:

@@ -14,7 +14,7 @@ from kvbudget.errors import KVBudgetError
 _DATA = os.path.join(os.path.dirname(__file__), "data", "traces")  # package data beside the module
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BundledTrace:
     name: str  # what users type
     file: str  # file under data/traces

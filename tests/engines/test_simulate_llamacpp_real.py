@@ -64,7 +64,8 @@ def azure_requests(count: int, longest_prompt: int, longest_output: int) -> list
             prompt = 30 + (prompt - 29) % (longest_prompt - 30)
         used.add(prompt)
         pieces = ((("system", i % 5 == 4), 100),) if i % 3 < 2 and prompt > 120 else ()
-        out.append(Request(i * 0.004, prompt, min(r.output_tokens, longest_output), pieces))
+        out.append(Request(arrival=i * 0.004, prompt_tokens=prompt, output_tokens=min(r.output_tokens, longest_output),
+                           prefix=pieces))
     return out
 
 
@@ -151,7 +152,8 @@ def replay(requests: list[Request], log: str, slots: int, context: int, unified:
     assert len(tasks) == len(requests)
     left = [r.prompt_tokens for r in requests if r.prompt_tokens not in set(prompts.values())]
     prompts.update(zip([t for t in tasks if t not in prompts], left, strict=True))
-    sim = LlamaServerScheduler(SchedulerConfig(0, 1, slots, N_BATCH, n_ctx_slot), pool, ram)
+    sim = LlamaServerScheduler(SchedulerConfig(num_blocks=0, block_size=1, max_num_seqs=slots,
+                                               max_num_batched_tokens=N_BATCH, max_model_len=n_ctx_slot), pool, ram)
     task_of: dict[int, int] = {}  # uid -> server task id
     counts = dict(iterations=0, deferred=0, hits=0, truncated=0, purges=0, failed=0)
     for k, it in enumerate(its, 1):
@@ -210,8 +212,9 @@ def test_unified_cache_purges_and_fails_iteration_for_iteration(cache_ram):
     as on the real server."""
     # two requests first, whose slots then sit idle holding 481 of the 512 cells; then the Azure ones, the
     # first alone for 50 ms (it has to purge an idle slot to fit its prompt)
-    requests = [Request(0.0, 231 + i, 10) for i in range(2)]
-    requests += [Request(0.3 + r.arrival + 0.05 * (i > 0), r.prompt_tokens, r.output_tokens, r.prefix)
+    requests = [Request(arrival=0.0, prompt_tokens=231 + i, output_tokens=10) for i in range(2)]
+    requests += [Request(arrival=0.3 + r.arrival + 0.05 * (i > 0), prompt_tokens=r.prompt_tokens,
+                         output_tokens=r.output_tokens, prefix=r.prefix)
                  for i, r in enumerate(azure_requests(18, 230, 150))]
     for _ in range(3):  # the scenario rests on arrival timing: a loaded machine may not reach it; every run replays
         log = serve(requests, "-np", "3", "-c", "512", "--kv-unified", "--cache-ram", str(cache_ram))

@@ -61,7 +61,8 @@ def azure_slice(count: int, longest: int = 700) -> list[Request]:
     out = []
     for r in rescale(read_trace(TRACES / "AzureLLMInferenceTrace_conv.csv"), rate_scale=200, count=count):
         prompt = min(r.prompt_tokens, longest)
-        out.append(Request(r.arrival, prompt, min(r.output_tokens, 150, MAX_LEN - prompt - 1)))
+        out.append(Request(arrival=r.arrival, prompt_tokens=prompt,
+                           output_tokens=min(r.output_tokens, 150, MAX_LEN - prompt - 1)))
     return out
 
 
@@ -72,7 +73,8 @@ def mooncake_slice(count: int, piece: int = 128) -> list[Request]:
         prompt = min(max(r.prompt_tokens // 4, 1), 800)
         pieces = tuple((pid, min(piece, prompt - i * piece)) for i, (pid, _) in enumerate(r.prefix)
                        if i * piece < prompt)
-        out.append(Request(r.arrival, prompt, min(r.output_tokens // 4 + 1, 120, MAX_LEN - prompt - 1), pieces))
+        out.append(Request(arrival=r.arrival, prompt_tokens=prompt,
+                           output_tokens=min(r.output_tokens // 4 + 1, 120, MAX_LEN - prompt - 1), prefix=pieces))
     return out
 
 
@@ -84,11 +86,13 @@ def shared_prefixes(count: int) -> list[Request]:
     out = []
     for i in range(count):
         if i % 5 == 4:
-            out.append(Request(i * 0.05, 512, rng.randrange(5, 60), (("repeat", 512),)))
+            out.append(Request(arrival=i * 0.05, prompt_tokens=512, output_tokens=rng.randrange(5, 60),
+                               prefix=(("repeat", 512),)))
             continue
         system = rng.randrange(6)
         prompt = 384 + rng.randrange(10, 200)
-        out.append(Request(i * 0.05, prompt, rng.randrange(100, 300), ((("system", system), 384),),
+        out.append(Request(arrival=i * 0.05, prompt_tokens=prompt, output_tokens=rng.randrange(100, 300),
+                           prefix=((("system", system), 384),),
                            n=3 if i % 7 == 6 else 1))
     return out
 
@@ -121,8 +125,10 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
                                                                           start["block_size"])
     assert sorted(g.block_size for g in groups) == sorted(start["group_block_sizes"])
     assert start["prefix_caching"] is prefix_caching
-    sched_config = SchedulerConfig(cap.num_blocks, cap.block_size, start["max_num_seqs"],
-                                   start["max_num_batched_tokens"], MAX_LEN, prefix_caching, threshold)
+    sched_config = SchedulerConfig(num_blocks=cap.num_blocks, block_size=cap.block_size,
+                                   max_num_seqs=start["max_num_seqs"],
+                                   max_num_batched_tokens=start["max_num_batched_tokens"], max_model_len=MAX_LEN,
+                                   prefix_caching=prefix_caching, long_prefill_token_threshold=threshold)
     if len(groups) == 1 and groups[0].keeps_all:
         sim: VLLMScheduler = VLLMScheduler(sched_config)
     else:  # the groups in vLLM's order: windows as SlidingWindowSpec, full attention as FullAttentionSpec
@@ -140,7 +146,8 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
     previous: tuple[int, int, float] | None = None  # the step before, while no request arrived since
     for rec in records[1:]:
         if "add" in rec and tokens_as_content:
-            r = Request(0, len(rec["prompt"]), rec["max_tokens"], tuple((t, 1) for t in rec["prompt"]))
+            r = Request(arrival=0, prompt_tokens=len(rec["prompt"]), output_tokens=rec["max_tokens"],
+                        prefix=tuple((t, 1) for t in rec["prompt"]))
             ids[sim.add(r).uid] = rec["add"]
             previous = None
         elif "add" in rec:
@@ -232,8 +239,9 @@ def test_beam_search_rounds_step_for_step():
     requests = []
     for i in range(16):
         beam = i % 3 == 0
-        requests.append(Request(i * 0.05, rng.randrange(100, 400), 12 if beam else rng.randrange(20, 120),
-                                ((("system", i % 2), 128),), n=3 if beam else 1, beam_search=beam))
+        requests.append(Request(arrival=i * 0.05, prompt_tokens=rng.randrange(100, 400),
+                                output_tokens=12 if beam else rng.randrange(20, 120),
+                                prefix=((("system", i % 2), 128),), n=3 if beam else 1, beam_search=beam))
     sends = [(r.arrival, prompt_ids(r, i), r.output_tokens, r.n, r.beam_search) for i, r in enumerate(requests)]
     records = replay_on_vllm(model_folder("sim-llama", CONFIG), MAX_LEN, sends, "--kv-cache-memory-bytes",
                              str(KV_BYTES))

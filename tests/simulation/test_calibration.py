@@ -59,7 +59,8 @@ def test_calibration_on_a_benchmark_runs_requests_predicts_another_run(tmp_path,
     from kvbudget.simulation.fit import calibrate_requests, initial_model, read_bench_result
 
     truth = replace(setup_for(LLAMA, gpu="L4", max_model_len=8192),
-                    time_model=TimeModel(0.0, 3e-7, 6e-5, 0.006, "sum", "truth"))
+                    time_model=TimeModel(weights=0.0, per_context=3e-7, per_token=6e-5, overhead=0.006, bound="sum",
+                                         basis="truth"))
     _bench_file(tmp_path / "fit.json", truth, seed=1)
     _bench_file(tmp_path / "other.json", truth, seed=2)
     bench = read_bench_result(tmp_path / "fit.json")
@@ -112,7 +113,8 @@ def test_calibration_on_vllm_latency_histograms_predicts_another_run(tmp_path, c
     from kvbudget.simulation.fit import calibrate_requests, initial_model, read_calibration
 
     truth = replace(setup_for(LLAMA, gpu="L4", max_model_len=8192),
-                    time_model=TimeModel(0.0, 3e-7, 6e-5, 0.006, "sum", "truth"))
+                    time_model=TimeModel(weights=0.0, per_context=3e-7, per_token=6e-5, overhead=0.006, bound="sum",
+                                         basis="truth"))
     _metrics_file(tmp_path / "fit.prom", tmp_path / "fit.jsonl", truth, seed=1)
     _metrics_file(tmp_path / "other.prom", tmp_path / "other.jsonl", truth, seed=2)
     bench = read_calibration(tmp_path / "fit.prom", lambda: read_trace(tmp_path / "fit.jsonl"))

@@ -37,7 +37,8 @@ def workloads(draw, chains=False):
         else:
             shared = draw(st.integers(0, prompt))
             prefix = ((("p", draw(st.integers(0, 3))), shared),) if shared else ()
-        out.append(Request(t, prompt, draw(st.integers(1, 300)), prefix, str(i), n=draw(st.sampled_from([1, 1, 2, 3]))))
+        out.append(Request(arrival=t, prompt_tokens=prompt, output_tokens=draw(st.integers(1, 300)), prefix=prefix,
+                           id=str(i), n=draw(st.sampled_from([1, 1, 2, 3]))))
     return out
 
 @settings(max_examples=60, deadline=None)

@@ -8,11 +8,12 @@ from kvbudget.simulation.workload import Request
 
 
 def lcp_sched(slots: int, n_ctx: int, n_batch: int, pool: int = 0) -> LlamaServerScheduler:
-    return LlamaServerScheduler(SchedulerConfig(0, 1, slots, n_batch, n_ctx), pool)
+    return LlamaServerScheduler(SchedulerConfig(num_blocks=0, block_size=1, max_num_seqs=slots,
+                                                max_num_batched_tokens=n_batch, max_model_len=n_ctx), pool)
 
 def test_llamacpp_slots_lru_deferral_and_batch_order():
     sim = lcp_sched(2, 64, 8)
-    a, b, c = (sim.add(Request(0, p, 3)) for p in (10, 5, 4))
+    a, b, c = (sim.add(Request(arrival=0, prompt_tokens=p, output_tokens=3)) for p in (10, 5, 4))
     step = sim.schedule()
     # never-used slots tie on last use and the last one wins: a -> slot 1, b -> slot 0, c is deferred
     assert (sim.slot_of[a.uid].id, sim.slot_of[b.uid].id, list(sim.waiting)) == (1, 0, [c])
@@ -31,31 +32,31 @@ def test_llamacpp_slots_lru_deferral_and_batch_order():
 
 def test_llamacpp_truncates_at_the_slot_context_and_reuses_a_slots_prompt():
     sim = lcp_sched(1, 16, 64)
-    first = sim.add(Request(0, 10, 20, (("system", 8),)))
+    first = sim.add(Request(arrival=0, prompt_tokens=10, output_tokens=20, prefix=(("system", 8),)))
     assert first.end == 6  # stops when cached tokens + 1 reach n_ctx: 10 + 6 - 1 + 1 = 16
     while sim.has_work():
         sim.update(sim.schedule())
     assert first.computed == 15 and first.out == 6
-    second = sim.add(Request(0, 9, 2, (("system", 8),)))
+    second = sim.add(Request(arrival=0, prompt_tokens=9, output_tokens=2, prefix=(("system", 8),)))
     step = sim.schedule()
     assert second.hit_tokens == 8 and step.scheduled == ((second, 1),)  # the shared 8 tokens come from the slot
     sim.update(step)
-    same = sim.add(Request(0, 8, 1, (("system", 8),)))
+    same = sim.add(Request(arrival=0, prompt_tokens=8, output_tokens=1, prefix=(("system", 8),)))
     sim.update(sim.schedule())
     step = sim.schedule()
     assert same.hit_tokens == 7 and step.scheduled == ((same, 1),)  # a whole-prompt hit still computes one token
 
 def test_llamacpp_unified_pool_purges_idle_slots_then_fails_every_busy_request():
     sim = lcp_sched(3, 48, 32, pool=48)
-    done = sim.add(Request(0, 20, 1))
+    done = sim.add(Request(arrival=0, prompt_tokens=20, output_tokens=1))
     sim.update(sim.schedule())  # finished at once; its slot keeps its 20 cells while idle
     assert done.finished is not None and sim.purges == 0
-    big = sim.add(Request(0, 40, 5))
+    big = sim.add(Request(arrival=0, prompt_tokens=40, output_tokens=5))
     step = sim.schedule()  # 32 tokens do not fit beside the idle 20: that slot is purged
     assert step.scheduled == ((big, 32),) and sim.purges == 1
     sim.update(step)
     sim.update(sim.schedule())  # the last 8 prompt tokens: 40 of 48 cells used
-    other = sim.add(Request(0, 12, 5))
+    other = sim.add(Request(arrival=0, prompt_tokens=12, output_tokens=5))
     step = sim.schedule()
     # 1 + 12 tokens, 8 cells free and nothing idle to purge: a sub-batch of 8 goes through (big's token and 7 of
     # other's), then sub-batches of 4, 2, 1 fail: every busy request gets the error
@@ -68,16 +69,18 @@ def test_llamacpp_host_ram_prompt_cache_saves_a_slot_and_loads_the_best_saved_pr
     then loads it back (it keeps 100 of its 101 tokens, over a quarter) and computes only its own tokens."""
     from kvbudget.engines.llamacpp.scheduler import PromptCache
 
-    sim = LlamaServerScheduler(SchedulerConfig(0, 1, 1, 512, 512), 0, PromptCache(8 << 30, 1024))
+    sim = LlamaServerScheduler(SchedulerConfig(num_blocks=0, block_size=1, max_num_seqs=1, max_num_batched_tokens=512,
+                                               max_model_len=512), 0, PromptCache(8 << 30, 1024))
     for system, prompt in (("a", 100), ("b", 100), ("a", 120)):
-        seq = sim.add(Request(0, prompt, 2, ((system, 100),)))
+        seq = sim.add(Request(arrival=0, prompt_tokens=prompt, output_tokens=2, prefix=((system, 100),)))
         while sim.has_work():
             sim.update(sim.schedule())
     assert seq.hit_tokens == 100  # from RAM: the slot itself held system prompt b
     assert [(c.prompt, n) for c, n in sim.ram.entries] == [(100, 101)]  # b's cache, saved when a's was loaded
-    no_ram = LlamaServerScheduler(SchedulerConfig(0, 1, 1, 512, 512), 0)
+    no_ram = LlamaServerScheduler(SchedulerConfig(num_blocks=0, block_size=1, max_num_seqs=1,
+                                                  max_num_batched_tokens=512, max_model_len=512), 0)
     for system, prompt in (("a", 100), ("b", 100), ("a", 120)):
-        seq = no_ram.add(Request(0, prompt, 2, ((system, 100),)))
+        seq = no_ram.add(Request(arrival=0, prompt_tokens=prompt, output_tokens=2, prefix=((system, 100),)))
         while no_ram.has_work():
             no_ram.update(no_ram.schedule())
     assert seq.hit_tokens == 0

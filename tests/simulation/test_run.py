@@ -26,7 +26,8 @@ def test_a_time_model_is_needed(capsys, tmp_path):
 def test_a_request_that_can_never_be_scheduled_is_an_error_not_a_hang():
     """Without chunked prefill (the contiguous baselines) a prompt longer than a step's token budget never runs."""
     with pytest.raises(KVBudgetError, match="can never be scheduled"):
-        simulate(LLAMA, iter([Request(0, 3000, 5)]), gpu="H100", max_model_len=8192, max_num_batched_tokens=2048,
+        simulate(LLAMA, iter([Request(arrival=0, prompt_tokens=3000, output_tokens=5)]), gpu="H100", max_model_len=8192,
+                 max_num_batched_tokens=2048,
                  allocator="contiguous-oracle")
 
 def test_the_guard_in_the_loop_is_the_guards_own_admission(tmp_path):

@@ -85,7 +85,8 @@ def test_windows_and_state_groups_are_simulated_with_and_without_prefix_caching(
     mixed = (SlidingGroup(span=300, block_size=128, admission_cap=6), StateGroup(block_size=128),
              BlockGroup(block_size=128))
     with pytest.raises(KVBudgetError, match="prefix_caching=False"):
-        CachedHybridScheduler(SchedulerConfig(200, 128, 8, 2048, 4096), mixed)
+        CachedHybridScheduler(SchedulerConfig(num_blocks=200, block_size=128, max_num_seqs=8,
+                                              max_num_batched_tokens=2048, max_model_len=4096), mixed)
     code, _, err = cli(capsys, "simulate", "mistral-7b", "--gpu", "H100", "--rate", "1", "--requests", "20")
     assert code == 0, err  # sliding windows are simulated with prefix caching too
     gemma = kvbudget.load_model("gemma-2-9b")

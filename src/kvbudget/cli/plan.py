@@ -66,7 +66,8 @@ def render_no_budget(answer: dict[str, Any]) -> None:
     out.print("  the weights and the engine's other memory leave no KV budget")
     if answer["recommendations"]:
         out.print("[bold]What to change[/] (cheapest first):")
-        recs = [Recommendation(r["parameters"], r["note"], r["effect"], r["gain"], r["makes_it_fit"], r["more_gpus"])
+        recs = [Recommendation(parameters=r["parameters"], note=r["note"], effect=r["effect"], gain=r["gain"],
+                               makes_it_fit=r["makes_it_fit"], more_gpus=r["more_gpus"])
                 for r in answer["recommendations"]]
         out.print(hanging([(f"  {i}.", f"{change_text(rec)} ({rec.cost}): {rec.effect}")
                            for i, rec in enumerate(recs, 1)]))

@@ -26,7 +26,8 @@ from kvbudget.engines import EngineOptions
 from kvbudget.errors import KVBudgetError
 
 if TYPE_CHECKING:
-    from kvbudget.planner import Comparison, Plan
+    from kvbudget.comparison import Comparison
+    from kvbudget.planner import Plan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,7 +124,7 @@ def as_json(result: Plan | dict[str, Any]) -> dict[str, Any]:
 
 def compare_rows(ask: CompareRequest) -> tuple[Comparison, ...]:
     """The comparison a request asks for (each row's `__dict__` is what --json prints and the web page serves)."""
-    from kvbudget.planner import compare
+    from kvbudget.comparison import compare
 
     if len(ask.models) < 2:
         raise KVBudgetError("compare: name at least two models")

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 K = TypeVar("K", bound=Hashable)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineOptions:
     """The knobs that change what an engine allocates; None means the engine's own default."""
 
@@ -59,15 +59,15 @@ class EngineOptions:
     num_speculative_tokens: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CacheGroup:
     """Layers of one kind that an engine stores alike (numbers per layer, on the most loaded GPU)."""
 
     kind: str  # the layer kind's label (model.spec), or the kind the engine stores it as
     layers: int  # including padding layers an engine allocates for alignment
     bytes_per_token: int  # per layer, per cached token (per stored state in a CompressedGroup)
-    token_cap: int | None  # the most tokens one sequence keeps per layer; None = grows with context
-    fixed_bytes: int  # per layer, per sequence, whatever the context
+    token_cap: int | None = None  # the most tokens one sequence keeps per layer; None = grows with context
+    fixed_bytes: int = 0  # per layer, per sequence, whatever the context
     detail: str  # how the per-token and fixed figures are made up, for people
     block_size: int = 1  # tokens are held in whole blocks of this many
 
@@ -93,7 +93,7 @@ class CacheGroup:
                 "token_cap": self.token_cap, "fixed_bytes_per_layer": self.fixed_bytes, "detail": self.detail}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CompressedGroup(CacheGroup):
     """A compressed cache (DeepSeek-V4): one state stands for `tokens_per_state` tokens; the tokens of a state not
     yet complete cost `pending_bytes_per_token` each, and `primed_bytes` are held once the first state is complete."""
@@ -144,7 +144,7 @@ def group_layers(per_layer: Iterable[CacheGroup | None]) -> tuple[CacheGroup, ..
     return tuple(group if n == group.layers else replace(group, layers=n * group.layers) for group, n in counts.items())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Allocation:
     """What one engine holds for one model, KV dtype and parallel layout."""
 
@@ -184,7 +184,7 @@ class Allocation:
         return sequences * self.sequence_bytes(context, capped)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Capacity:
     """What an engine makes of a KV budget, in its own definitions."""
 
@@ -214,7 +214,7 @@ class Capacity:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Serving:
     """How an engine serves on one GPU with its defaults: the planner's inputs, each with where it comes from."""
 
@@ -228,7 +228,7 @@ class Serving:
     options: EngineOptions  # the options with this engine's defaults for this GPU filled in
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class UsageGauge:
     """Where a running engine publishes its KV usage and how to read it as a 0..1 fraction."""
 
@@ -249,7 +249,7 @@ class LogRow:
     note: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LogCheck:
     """An engine's startup log beside kvbudget's prediction for the same settings."""
 
@@ -280,7 +280,7 @@ CUDA_GRAPH_ESTIMATE = GIB // 2
 DEFAULT_SAMPLED_ROWS = 256
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OutputLimit:
     """How an engine's OpenAI-compatible server reads a request's output limit: the fields it takes, first
     present first, and what it generates up to when none is given (the guard predicts with the same rule)."""
@@ -310,7 +310,8 @@ class OutputLimit:
 
 
 # OpenAI's own API: max_completion_tokens replaced max_tokens on chat; completions default to 16 tokens
-OPENAI_OUTPUT_LIMIT = OutputLimit(("max_completion_tokens", "max_tokens"), ("max_tokens",), 16,
+OPENAI_OUTPUT_LIMIT = OutputLimit(chat=("max_completion_tokens", "max_tokens"), completions=("max_tokens",),
+                                  completions_default=16,
                                   source="the OpenAI API reference")
 
 
@@ -393,8 +394,10 @@ class Engine:
                 gpu_name: str = "") -> Serving:
         """Defaults on a GPU of `gpu_memory` bytes. A library takes what is free and runs the prompt whole."""
         tokens = min(max_model_len, 4096)
-        return Serving(1.0, "all free memory", tokens, f"a prompt of {tokens} tokens in one forward pass",
-                       DEFAULT_SAMPLED_ROWS, NON_TORCH_ESTIMATE, "non-torch memory", options)
+        return Serving(memory_fraction=1.0, memory_knob="all free memory", prefill_tokens=tokens,
+                       prefill_note=f"a prompt of {tokens} tokens in one forward pass",
+                       max_num_seqs=DEFAULT_SAMPLED_ROWS, overhead_bytes=NON_TORCH_ESTIMATE,
+                       overhead_note="non-torch memory", options=options)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         """A KV dtype this engine stores in fewer bytes than `current`, or None."""
@@ -471,8 +474,10 @@ def simple_capacity(alloc: Allocation, kv_memory: int, max_model_len: int, note:
             longest = max((n for n in range(max(start, 1), min(max_model_len, start + period - 1) + 1) if ok(n)),
                           default=0)
     slots = kv_memory // alloc.bytes_per_token if alloc.bytes_per_token else 0
-    return Capacity(alloc.engine, kv_memory, None, None, int(concurrency * max_model_len), slots,
-                    max_model_len, concurrency, fits, longest, (note,))
+    return Capacity(engine=alloc.engine, kv_memory_bytes=kv_memory, num_blocks=None, block_size=None,
+                    kv_cache_tokens=int(concurrency * max_model_len), physical_token_slots=slots,
+                    max_model_len=max_model_len, max_concurrency=concurrency, fits=fits,
+                    estimated_max_model_len=longest, notes=(note,))
 
 
 def largest_fitting(ok: Callable[[int], bool], upper: int) -> int:

@@ -27,7 +27,7 @@ from kvbudget.guard.signals import Predictor
 from kvbudget.guard.upstream import ConnectFailed, Pool, UpstreamError
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GuardConfig:
     upstreams: list[str]
     engine: str | Engine = "vllm"
@@ -61,7 +61,7 @@ class Guard:
         if config.sidecar and len(config.upstreams) != 1:
             raise UpstreamConfigError("sidecar: a sidecar fronts exactly one engine replica; give one upstream",
                                       param="upstream")
-        self.replicas = [Replica(url.rstrip("/")) for url in config.upstreams]
+        self.replicas = [Replica(url=url.rstrip("/")) for url in config.upstreams]
         self.pool: Pool | None = None  # made in the app's lifespan, on its event loop
         self.closing = asyncio.Event()  # set shortly before the shutdown grace runs out: streams end cleanly
         self.loop: asyncio.AbstractEventLoop | None = None  # the app's, once it has started

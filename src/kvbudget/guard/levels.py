@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LevelSpec:
     number: int  # 1, 2, 3
     name: str  # the YAML name
@@ -21,12 +21,15 @@ class LevelSpec:
 
 
 LEVELS: tuple[LevelSpec, ...] = (
-    LevelSpec(1, "warn", "warn", 0.70, "cap_max_tokens", "log a warning and lower max_new_tokens", "KVCacheWarn",
-              "warning"),
-    LevelSpec(2, "single-beam", "single", 0.85, "force_single_sample",
-              "force a single beam / sample (n=1, no beam search)", "KVCacheSingleSample", "warning"),
-    LevelSpec(3, "reject", "reject", 0.95, "reject_503", "reject new requests with 503 and alert", "KVCacheReject",
-              "critical"),
+    LevelSpec(number=1, name="warn", key="warn", threshold=0.70, action="cap_max_tokens",
+              meaning="log a warning and lower max_new_tokens", alert="KVCacheWarn",
+              severity="warning"),
+    LevelSpec(number=2, name="single-beam", key="single", threshold=0.85, action="force_single_sample",
+              meaning="force a single beam / sample (n=1, no beam search)", alert="KVCacheSingleSample",
+              severity="warning"),
+    LevelSpec(number=3, name="reject", key="reject", threshold=0.95, action="reject_503",
+              meaning="reject new requests with 503 and alert", alert="KVCacheReject",
+              severity="critical"),
 )
 HYSTERESIS = 0.05  # levels fall only this far below their threshold
 

@@ -21,7 +21,7 @@ from kvbudget.guard.levels import HYSTERESIS, LEVELS, find_level
 _DEFAULT = {level.key: level.threshold for level in LEVELS}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Policy:
     warn: float = _DEFAULT["warn"]
     single: float = _DEFAULT["single"]
@@ -47,7 +47,7 @@ class Policy:
         return self.warn, self.single, self.reject
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Replica:
     """What the guard knows about one upstream."""
 
@@ -87,7 +87,7 @@ def level_for(pressure: float, previous: int, policy: Policy) -> int:
 FORWARD, REJECT = "forward", "reject"  # a decision's actions, as its log line and metrics name them
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Decision:
     action: str  # FORWARD or REJECT
     level: int
@@ -169,7 +169,7 @@ def decide(body: dict[str, Any], replicas: list[Replica], policy: Policy, priori
     now = time.monotonic() if now is None else now
     replica, note = choose_replica(replicas, policy, now)
     if replica is None:
-        return Decision(REJECT, 3, None, None, reason=note)
+        return Decision(action=REJECT, level=3, replica=None, body=None, reason=note)
     decision = _decide_on(replica, note, body, policy, priority, now, cost, fields)
     if decision.action == REJECT and policy.fail_open and replica.fresh(policy, now):
         # the fresh replicas are full: a replica whose metrics have gone stale may still take it, on its
@@ -198,10 +198,13 @@ def _decide_on(replica: Replica, note: str, body: dict[str, Any], policy: Policy
                           (not priority or pressure >= limit) else
                           f"this request would take the KV cache to {total:.0%} even with its output capped and "
                           "one sample")
-                return Decision(REJECT, 3, replica.url, None, reason=reason, pressure=pressure, total=total)
-            return Decision(FORWARD, 2, replica.url, new_body, changes, note, pressure, total)
+                return Decision(action=REJECT, level=3, replica=replica.url, body=None, reason=reason,
+                                pressure=pressure, total=total)
+            return Decision(action=FORWARD, level=2, replica=replica.url, body=new_body, changes=changes, reason=note,
+                            pressure=pressure, total=total)
         if sum(total >= t for t in policy.thresholds) <= level:
-            return Decision(FORWARD, level, replica.url, new_body, changes, note, pressure, total)
+            return Decision(action=FORWARD, level=level, replica=replica.url, body=new_body, changes=changes,
+                            reason=note, pressure=pressure, total=total)
     raise AssertionError("unreachable: level 3 always decides")
 
 

@@ -313,7 +313,7 @@ def _state_dtype(f: Fields, *names: str) -> str | None:
 def _gated_delta_net(i: int, f: Fields) -> RecurrentState:
     hk, dk = f.int("linear_num_key_heads"), f.int("linear_key_head_dim")
     hv, dv = f.int("linear_num_value_heads"), f.int("linear_value_head_dim")
-    return RecurrentState(i, "gated_delta_net", conv_channels=2 * hk * dk + hv * dv,
+    return RecurrentState(layer=i, mixer="gated_delta_net", conv_channels=2 * hk * dk + hv * dv,
                           conv_kernel=f.int("linear_conv_kernel_dim"), state_shape=(hv, dk, dv), heads=hv,
                           state_dtype=_state_dtype(f, "mamba_ssm_dtype"))
 
@@ -332,7 +332,8 @@ def _kimi_linear(mt: str, f: Fields) -> list[LayerSpec]:
     else:  # transformers' rule without the lists: every fourth layer after the first is MLA
         full = {i for i in range(layers) if i and i % 4 == 0}
     return [_latent_layer(i, f) if i in full else
-            RecurrentState(i, "kda", conv_channels=3 * heads * dim, conv_kernel=kernel, state_shape=(heads, dim, dim),
+            RecurrentState(layer=i, mixer="kda", conv_channels=3 * heads * dim, conv_kernel=kernel,
+                           state_shape=(heads, dim, dim),
                            heads=heads) for i in range(layers)]
 
 
@@ -446,7 +447,7 @@ def _mamba2_hybrid(mt: str, f: Fields) -> list[LayerSpec]:
             raise UnsupportedArchitectureError(f"{f.where}: layer {i} is a {block!r} block, which kvbudget does not "
                                                "know")
         if kind == "mamba":
-            specs.append(RecurrentState(i, "mamba2", conv_channels=heads * d_head + 2 * groups * d_state,
+            specs.append(RecurrentState(layer=i, mixer="mamba2", conv_channels=heads * d_head + 2 * groups * d_state,
                                         conv_kernel=d_conv, state_shape=(heads, d_head, d_state), heads=heads,
                                         groups=groups, state_dtype=state_dtype))
         elif kind == "attention":
@@ -475,7 +476,7 @@ def _jamba(mt: str, f: Fields) -> list[LayerSpec]:
         if i % period == offset:
             specs.append(FullAttention(i, kv_heads, head_dim, head_dim))
         else:
-            specs.append(RecurrentState(i, "mamba", conv_channels=d_inner, conv_kernel=d_conv,
+            specs.append(RecurrentState(layer=i, mixer="mamba", conv_channels=d_inner, conv_kernel=d_conv,
                                         state_shape=(d_inner, d_state), heads=d_inner))
     return specs
 
@@ -490,7 +491,7 @@ def _falcon_h1(mt: str, f: Fields) -> list[LayerSpec]:
     specs: list[LayerSpec] = []
     for i in range(layers):
         specs.append(FullAttention(i, kv_heads, head_dim, head_dim))
-        specs.append(RecurrentState(i, "mamba2", conv_channels=d_ssm + 2 * groups * d_state,
+        specs.append(RecurrentState(layer=i, mixer="mamba2", conv_channels=d_ssm + 2 * groups * d_state,
                                     conv_kernel=f.int("mamba_d_conv"), state_shape=(n_heads, d_head, d_state),
                                     heads=n_heads, groups=groups))
     return specs

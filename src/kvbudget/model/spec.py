@@ -137,7 +137,7 @@ class LatentAttention(LayerSpec):
         return self.latent_dim, self.rope_dim
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RecurrentState(LayerSpec):
     """A fixed-size per-sequence state (Mamba, Mamba-2, gated delta net linear attention).
 
@@ -232,7 +232,7 @@ class SharedKV(NoCache):
 WINDOWED = (SlidingWindow, ChunkedLocal)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A model as far as its cache is concerned."""
 

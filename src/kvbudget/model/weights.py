@@ -22,7 +22,7 @@ SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Weights:
     total_params: int  # the model proper (MTP modules excluded)
     active_params: int  # used per generated token (input embedding included)
@@ -89,7 +89,8 @@ def analytic_weights(model: ModelSpec, tp: int = 1, stages: Sequence[range] | No
     main = [g for g in counts.groups if g.part != "mtp"]
     total = int(sum(size(g) for g in main))
     per_gpu = _per_gpu(main, size, tp, stages or [range(model.num_layers)], ep)
-    return Weights(counts.total, counts.active, counts.mtp, total, per_gpu, int(sum(active_size(g) for g in main)),
+    return Weights(total_params=counts.total, active_params=counts.active, mtp_params=counts.mtp, total_bytes=total,
+                   per_gpu_bytes=per_gpu, active_bytes=int(sum(active_size(g) for g in main)),
                    exact=False, basis=f"analytic: {basis}")
 
 
@@ -179,6 +180,8 @@ def _scaled(analytic: Weights, by_dtype: dict[str, int], where: str) -> Weights:
     total = sum(by_dtype.values())
     scale = total / analytic.total_bytes if analytic.total_bytes else 1
     detail = ", ".join(f"{dtype} {size:,} B" for dtype, size in sorted(by_dtype.items()))
-    return Weights(analytic.total_params, analytic.active_params, analytic.mtp_params, total,
-                   int(analytic.per_gpu_bytes * scale), int(analytic.active_bytes * scale), exact=True,
+    return Weights(total_params=analytic.total_params, active_params=analytic.active_params,
+                   mtp_params=analytic.mtp_params, total_bytes=total,
+                   per_gpu_bytes=int(analytic.per_gpu_bytes * scale), active_bytes=int(analytic.active_bytes * scale),
+                   exact=True,
                    basis=f"{where}: {detail}")

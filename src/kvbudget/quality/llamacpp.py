@@ -38,7 +38,7 @@ def binary() -> Path:
     return path
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineResult:
     variant: str
     kl_mean: float
@@ -107,9 +107,10 @@ class Perplexity:
                                     param="kv_dtype")
         out = _run([str(self.exe), *self.common, "--kl-divergence-base", str(self.base), "--kl-divergence",
                     "-ctk", variant.k, "-ctv", variant.v], variant.name)
-        return EngineResult(variant.name, _number(out, "Mean    KLD"), _number(out, "99.0%   KLD"),
-                            _number(out, "Maximum KLD"), _number(out, "Same top p") / 100,
-                            _number(out, "Mean PPL(Q)"), _number(out, "Mean PPL(base)"))
+        return EngineResult(variant=variant.name, kl_mean=_number(out, "Mean    KLD"),
+                            kl_p99=_number(out, "99.0%   KLD"),
+                            kl_max=_number(out, "Maximum KLD"), top1=_number(out, "Same top p") / 100,
+                            perplexity=_number(out, "Mean PPL(Q)"), base_perplexity=_number(out, "Mean PPL(base)"))
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)

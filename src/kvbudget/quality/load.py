@@ -19,7 +19,7 @@ from kvbudget.model.load import from_transformers, save_dequantized
 from kvbudget.model.spec import ModelSpec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Loaded:
     model: Any  # transformers, float32, on the CPU
     tokenizer: Any
@@ -77,14 +77,15 @@ def load_model(source: str, as_engine: bool = True) -> Loaded:
         name = BUNDLED if source == BUNDLED else path.name
         spec = from_transformers(model, name, dtype="float16")  # (llama.cpp caches f16 unless told otherwise)
         if not as_engine:
-            return Loaded(model, tokenizer, name, path, spec)
+            return Loaded(model=model, tokenizer=tokenizer, name=name, gguf=path, spec=spec)
         from kvbudget.quality import matmul  # torch: only once a model loads
 
         types = matmul.weight_types(model, path)
         unmodelled = matmul.engine_inputs(model, types)
         kinds = ", ".join(sorted(set(types.values())))
-        return Loaded(model, tokenizer, name, path, spec, f"as llama.cpp rounds inputs to {kinds} weights",
-                      True, tuple(unmodelled))
+        return Loaded(model=model, tokenizer=tokenizer, name=name, gguf=path, spec=spec,
+                      matmul=f"as llama.cpp rounds inputs to {kinds} weights",
+                      as_llamacpp=True, unmodelled=tuple(unmodelled))
     if not path.is_dir():
         raise KVBudgetError(f"{source}: not a model folder or a .gguf file (or {BUNDLED}, the bundled test model)")
     if not (path / "config.json").is_file():
@@ -96,7 +97,7 @@ def load_model(source: str, as_engine: bool = True) -> Loaded:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return Loaded(model, tokenizer, path.name, None, spec)
+    return Loaded(model=model, tokenizer=tokenizer, name=path.name, gguf=None, spec=spec)
 
 
 def _converted(gguf_file: Path) -> Path:

@@ -167,7 +167,7 @@ class Interval:
     high: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class VariantResult:
     variant: str
     tokens: int
@@ -247,9 +247,11 @@ def compare(loaded: Loaded, chunks: Sequence[Sequence[int]], variants: Sequence[
 def _result(variant: Variant, t: Tally) -> VariantResult:
     kl = torch.cat(t.kl)
     by_position = torch.stack(t.kl).mean(dim=0).tolist() if len({len(x) for x in t.kl}) == 1 else []
-    return VariantResult(variant.name, len(kl), len(t.kl), _bootstrap(t.kl), float(torch.quantile(kl, 0.99)),
-                         float(kl.max()), _bootstrap(t.agree), math.exp(float(torch.cat(t.nll).mean())),
-                         math.exp(float(torch.cat(t.base_nll).mean())), tuple(by_position))
+    return VariantResult(variant=variant.name, tokens=len(kl), windows=len(t.kl), kl_mean=_bootstrap(t.kl),
+                         kl_p99=float(torch.quantile(kl, 0.99)), kl_max=float(kl.max()), top1=_bootstrap(t.agree),
+                         perplexity=math.exp(float(torch.cat(t.nll).mean())),
+                         base_perplexity=math.exp(float(torch.cat(t.base_nll).mean())),
+                         kl_by_position=tuple(by_position))
 
 
 def _bootstrap(per_window: list[torch.Tensor], rounds: int = 1000) -> Interval:

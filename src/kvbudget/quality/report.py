@@ -38,7 +38,7 @@ class Memory:
                 "requests": self.requests, "note": self.note}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Report:
     model: str
     context: int
@@ -130,6 +130,60 @@ def memory(spec: kvbudget.ModelSpec, variants: Sequence[Variant], engine: str, g
     return tuple(out)
 
 
+def _check_counts(context: int, least: int, windows: int | None, data: Sequence[str], generate: int,
+                  needle_trials: int) -> None:
+    """Refuse a window shorter than `least` tokens, no windows or data, negative measures."""
+    if context < least:
+        raise KVBudgetError(f"context {context}: a window needs at least {least} tokens", param="context")
+    if windows is not None and windows < 1:
+        raise KVBudgetError(f"windows {windows}: give at least 1", param="windows")
+    if not data:
+        raise KVBudgetError("data: give at least one file", param="data")
+    for value, param in ((generate, "generate"), (needle_trials, "needle_trials")):
+        if value < 0:
+            raise KVBudgetError(f"{param} {value}: give 0 (off) or more", param=param)
+
+
+def _check_formats(spec: kvbudget.ModelSpec, variants: list[Variant], layers: str | None,
+                   real_engine: str | None) -> None:
+    """Refuse a format that cannot be stored before running anything."""
+    attention = [s for s in spec.layers if isinstance(s, Attention)]
+    for v in variants:
+        if v.backend is not None:
+            v.backend.cache(spec)  # the package is there and the model has full attention only
+            if real_engine is not None:
+                raise KVBudgetError(f"kv_dtype {v.name}: transformers' own cache; {real_engine} cannot run it "
+                                    "(leave out the engine, or this format)", param="kv_dtype")
+            continue
+        for s in attention:
+            store(v.k, s.k_dim, "k"), store(v.v, s.v_dim, "v")
+    if layers is not None and Variant.parse(layers).backend is not None:
+        raise KVBudgetError(f"layers {layers}: transformers' whole cache has no per-layer setting; give an "
+                            "engine's format", param="layers")
+
+
+def _run_engine(runner: Any, variants: list[Variant], step: Callable[[str], Callable[[int, int], None]]
+                ) -> tuple[list[llamacpp.EngineResult], list[list[int]]]:
+    """Each format through the real engine, and the token windows it scored."""
+    step("llama-perplexity: baseline")(0, len(variants) + 1)
+    try:
+        results = []
+        for i, v in enumerate(variants):
+            step(f"llama-perplexity: {v.name}")(i + 1, len(variants) + 1)
+            results.append(runner.compare(v))
+        return results, [list(map(int, row)) for row in runner.tokens]
+    finally:
+        runner.close()
+
+
+def _scaled(scales: tuple[tuple[float, float], ...], variants: list[Variant], layer_variant: Variant | None
+            ) -> tuple[list[Variant], Variant | None]:
+    """The formats that take scales, with `scales`."""
+    if layer_variant is not None and layer_variant.scaled:
+        layer_variant = replace(layer_variant, scales=scales)
+    return [replace(v, scales=scales) if v.scaled else v for v in variants], layer_variant
+
+
 def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] = ("f16", "q8_0", "q4_0"),
         context: int = 512, windows: int | None = None, engine: str | None = None, gpu: str | None = None,
         gpu_memory: int | None = None, max_model_len: int | None = None, generate: int = 0,
@@ -153,16 +207,7 @@ def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] 
     real = REAL_ENGINES.get(engine) if engine is not None else None
     if engine is not None:
         kvbudget.get_engine(engine)  # an unknown name fails here, before the model loads
-    least = 4 if real is not None else 2
-    if context < least:
-        raise KVBudgetError(f"context {context}: a window needs at least {least} tokens", param="context")
-    if windows is not None and windows < 1:
-        raise KVBudgetError(f"windows {windows}: give at least 1", param="windows")
-    if not data:
-        raise KVBudgetError("data: give at least one file", param="data")
-    for value, param in ((generate, "generate"), (needle_trials, "needle_trials")):
-        if value < 0:
-            raise KVBudgetError(f"{param} {value}: give 0 (off) or more", param=param)
+    _check_counts(context, 4 if real is not None else 2, windows, data, generate, needle_trials)
     layer_variant = Variant.parse(layers) if layers is not None else None
     loaded = model if isinstance(model, load.Loaded) else load.load_model(model)
     spec = loaded.spec
@@ -170,19 +215,7 @@ def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] 
     if spec.max_position_embeddings and context > spec.max_position_embeddings:
         raise KVBudgetError(f"context {context}: longer than {loaded.name}'s {spec.max_position_embeddings:,} "
                             "positions", param="context")
-    attention = [s for s in spec.layers if isinstance(s, Attention)]
-    for v in variants:  # refuse a format that cannot be stored before running anything
-        if v.backend is not None:
-            v.backend.cache(spec)  # the package is there and the model has full attention only
-            if real is not None:
-                raise KVBudgetError(f"kv_dtype {v.name}: transformers' own cache; {engine} cannot run it (leave "
-                                    "out the engine, or this format)", param="kv_dtype")
-            continue
-        for s in attention:
-            store(v.k, s.k_dim, "k"), store(v.v, s.v_dim, "v")
-    if layer_variant is not None and layer_variant.backend is not None:
-        raise KVBudgetError(f"layers {layers}: transformers' whole cache has no per-layer setting; give an "
-                            "engine's format", param="layers")
+    _check_formats(spec, variants, layers, engine if real is not None else None)
     if real is not None and loaded.gguf is None:
         raise KVBudgetError(f"engine {engine}: {loaded.name} is not a .gguf file; llama.cpp runs GGUF models",
                             param="engine")
@@ -203,16 +236,7 @@ def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] 
     first = 0
     if real is not None:
         assert loaded.gguf is not None
-        step("llama-perplexity: baseline")(0, len(variants) + 1)
-        runner = real(loaded.gguf, text, context, windows)
-        try:
-            engine_results = []
-            for i, v in enumerate(variants):
-                step(f"llama-perplexity: {v.name}")(i + 1, len(variants) + 1)
-                engine_results.append(runner.compare(v))
-            chunks = [list(map(int, row)) for row in runner.tokens]
-        finally:
-            runner.close()
+        engine_results, chunks = _run_engine(real(loaded.gguf, text, context, windows), variants, step)
         first = context // 2  # llama-perplexity scores the second half of each chunk
     else:
         ids = loaded.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -222,11 +246,8 @@ def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] 
         chunks = list(measure.windows(ids, context, windows))
         if any(v.backend for v in variants):  # score where transformers decodes one token at a time
             first = context // 2
-    if kv_scales == "dynamic":
-        scales = measure.dynamic_scales(loaded, chunks[0])
-        variants = [replace(v, scales=scales) if v.scaled else v for v in variants]
-        if layer_variant is not None and layer_variant.scaled:
-            layer_variant = replace(layer_variant, scales=scales)
+    if kv_scales == "dynamic":  # per-layer scales from the first window
+        variants, layer_variant = _scaled(measure.dynamic_scales(loaded, chunks[0]), variants, layer_variant)
     results = measure.compare(loaded, chunks, variants, first=first, progress=step("transformers"))
     div = measure.divergence(loaded, [c[:context // 2] for c in chunks], variants, generate,
                              step(f"greedy generation, {generate} tokens")) if generate else None
@@ -235,8 +256,10 @@ def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] 
         if needle_trials else None
     per_layer = measure.layer_kl(loaded, chunks[:2], layer_variant, first, step(f"{layers}, layer by layer")) \
         if layer_variant is not None else None
-    return Report(loaded.name, context, tuple(data), loaded.matmul, tuple(results), engine,
-                  tuple(engine_results) if engine_results is not None else None, mem, first,
-                  max_model_len or context, tuple(notes), tuple(div) if div is not None else None,
-                  tuple(found) if found is not None else None, tuple(per_layer) if per_layer is not None else None,
-                  layer_variant.name if layer_variant is not None else None)
+    return Report(model=loaded.name, context=context, data=tuple(data), matmul=loaded.matmul, results=tuple(results),
+                  engine=engine, real=tuple(engine_results) if engine_results is not None else None, memory=mem,
+                  first=first, max_model_len=max_model_len or context, notes=tuple(notes),
+                  divergence=tuple(div) if div is not None else None,
+                  needle=tuple(found) if found is not None else None,
+                  layers=tuple(per_layer) if per_layer is not None else None,
+                  layers_variant=layer_variant.name if layer_variant is not None else None)

@@ -40,7 +40,8 @@ class BeamSearch:
     def requests(self, now: float) -> list[Request]:
         """The engine requests of the current round, sent at `now`."""
         r = self.request
-        out = [Request(now, r.prompt_tokens + self.round, 1, self.prompt + beam, r.id) for beam in self.beams]
+        out = [Request(arrival=now, prompt_tokens=r.prompt_tokens + self.round, output_tokens=1,
+                       prefix=self.prompt + beam, id=r.id) for beam in self.beams]
         self.left = len(out)
         return out
 

@@ -206,7 +206,8 @@ def read_bench_result(path: str | Path) -> BenchRun:
                             param="calibrate")
     rows.sort()
     first = rows[0][0]
-    requests = tuple(Request(s - first, p, o, id=str(i)) for i, (s, p, o, _, _) in enumerate(rows))
+    requests = tuple(Request(arrival=s - first, prompt_tokens=p, output_tokens=o, id=str(i))
+                     for i, (s, p, o, _, _) in enumerate(rows))
     return BenchRun(requests, tuple((r[3], r[4] if r[2] > 1 else None) for r in rows), failed)
 
 

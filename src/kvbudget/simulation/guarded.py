@@ -44,7 +44,7 @@ class GuardInLoop:
         if not budget:
             raise KVBudgetError("guard_config: no kv_budget_bytes in it and no KV budget to predict against",
                                 param="guard_config")
-        self.replica = Replica("simulated")
+        self.replica = Replica(url="simulated")
         self.asked = Asked(chat=True)  # a chat request: max_tokens and n, the prompt counted already
         self.admission = Admission([self.replica], policy_from_config(config), Predictor(allocation, int(budget)),
                                    None, None, engine, max_model_len)
@@ -79,7 +79,8 @@ class GuardInLoop:
             self.capped += 1
             self.tokens_cut += (r.output_tokens - allowed) * n
         if allowed < r.output_tokens or n != r.n:
-            r = Request(r.arrival, r.prompt_tokens, min(allowed, r.output_tokens), r.prefix, r.id, allowed, n)
+            r = Request(arrival=r.arrival, prompt_tokens=r.prompt_tokens, output_tokens=min(allowed, r.output_tokens),
+                        prefix=r.prefix, id=r.id, max_tokens=allowed, n=n)
         return r, release
 
     def report(self) -> GuardReport:

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from kvbudget.simulation.workload import Request
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SchedulerConfig:
     num_blocks: int  # vLLM's num_gpu_blocks, the null block included
     block_size: int
@@ -153,7 +153,7 @@ class Seq:
             chain = hash((chain, pid, n))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Step:
     """What one schedule() call decided."""
 

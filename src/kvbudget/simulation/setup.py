@@ -129,8 +129,10 @@ class Setup:
 
 def config_of(setup: Setup) -> SchedulerConfig:
     """The settings every scheduler reads, from a setup."""
-    return SchedulerConfig(setup.num_blocks, setup.block_size, setup.max_num_seqs, setup.max_num_batched_tokens,
-                           setup.max_model_len, setup.prefix_caching, setup.long_prefill_token_threshold)
+    return SchedulerConfig(num_blocks=setup.num_blocks, block_size=setup.block_size, max_num_seqs=setup.max_num_seqs,
+                           max_num_batched_tokens=setup.max_num_batched_tokens,
+                           max_model_len=setup.max_model_len, prefix_caching=setup.prefix_caching,
+                           long_prefill_token_threshold=setup.long_prefill_token_threshold)
 
 
 def refuse_slot_settings(ask: SimulationAsk) -> None:

@@ -25,7 +25,7 @@ STEP_OVERHEAD_S = 0.002
 NOMINAL = "nominal peaks (no GPU figures)"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TimeModel:
     """A step's seconds from its tokens and the tokens it attends over:
     `max(weights + per_context * context, per_token * tokens) + overhead` (roofline), or the sum of the terms
@@ -42,14 +42,15 @@ class TimeModel:
     def roofline(cls, weight_bytes: float, kv_bytes_per_token: float, flops_per_token: float, bandwidth: float,
                  peak_flops: float, basis: str = "roofline estimate") -> TimeModel:
         read = bandwidth * BANDWIDTH_EFFICIENCY
-        return cls(weight_bytes / read, kv_bytes_per_token / read, flops_per_token / (peak_flops *
-                                                                                      COMPUTE_EFFICIENCY),
-                   STEP_OVERHEAD_S, "max", basis)
+        return cls(weights=weight_bytes / read, per_context=kv_bytes_per_token / read,
+                   per_token=flops_per_token / (peak_flops * COMPUTE_EFFICIENCY), overhead=STEP_OVERHEAD_S,
+                   bound="max", basis=basis)
 
     @classmethod
     def fitted(cls, overhead: float, per_context: float, per_token: float, basis: str) -> TimeModel:
         """A calibrated step time: the three parts added."""
-        return cls(0.0, per_context, per_token, overhead, "sum", basis)
+        return cls(weights=0.0, per_context=per_context, per_token=per_token, overhead=overhead, bound="sum",
+                   basis=basis)
 
     def step_seconds(self, tokens: int, context_tokens: int) -> float:
         """One step computing `tokens` new tokens while attending over `context_tokens` cached ones."""

@@ -22,7 +22,7 @@ from kvbudget.errors import KVBudgetError
 MOONCAKE_BLOCK = 512  # tokens per hash id in the Mooncake traces (FAST'25 release README)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Request:
     """One request: when it arrives, how long its prompt is, how many tokens it generates.
 
@@ -51,7 +51,8 @@ def samples(r: Request, key: Any) -> list[Request]:
         return [r]
     shared = r.shared_tokens
     prompt = r.prefix + (((("prompt", key), r.prompt_tokens - shared),) if r.prompt_tokens > shared else ())
-    child = Request(r.arrival, r.prompt_tokens, r.output_tokens, prompt, r.id, r.max_tokens)
+    child = Request(arrival=r.arrival, prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens, prefix=prompt,
+                    id=r.id, max_tokens=r.max_tokens)
     return [child] * r.n
 
 
@@ -95,7 +96,8 @@ def _ordered(requests: Iterator[tuple[int, Request]], path: str) -> Iterator[Req
             raise TraceError(path, line, f"arrives at {r.arrival} s, before the line above it; sort the trace by "
                              "arrival time")
         last = at
-        yield Request(at, r.prompt_tokens, r.output_tokens, r.prefix, r.id, r.max_tokens, r.n, r.beam_search)
+        yield Request(arrival=at, prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens, prefix=r.prefix,
+                      id=r.id, max_tokens=r.max_tokens, n=r.n, beam_search=r.beam_search)
 
 
 def read_azure(path: str | Path) -> Iterator[Request]:
@@ -117,8 +119,8 @@ def read_azure(path: str | Path) -> Iterator[Request]:
                     stamp = datetime.fromisoformat(row[0].strip()[:26]).replace(tzinfo=timezone.utc).timestamp()
                 except ValueError:
                     raise TraceError(name, line, f"TIMESTAMP {row[0]!r} is not a date and time") from None
-                yield line, Request(stamp, _count(row[1], name, line, "ContextTokens"),
-                                    _count(row[2], name, line, "GeneratedTokens"), id=f"{line}")
+                yield line, Request(arrival=stamp, prompt_tokens=_count(row[1], name, line, "ContextTokens"),
+                                    output_tokens=_count(row[2], name, line, "GeneratedTokens"), id=f"{line}")
 
     return _ordered(rows(), name)
 
@@ -156,8 +158,8 @@ def _mooncake(obj: dict, path: str, line: int) -> Request:
         raise TraceError(path, line, f"hash_ids must list one integer id per {MOONCAKE_BLOCK} prompt tokens")
     whole, rest = divmod(prompt, MOONCAKE_BLOCK)  # pieces by id (ints: no other reader's ids are ints)
     pieces = tuple(zip(ids[:whole], repeat(MOONCAKE_BLOCK))) + (((ids[whole], rest),) if rest else ())
-    return Request(_seconds(obj["timestamp"], path, line, "timestamp") / 1000, prompt,
-                   _count(obj["output_length"], path, line, "output_length"), pieces, str(line))
+    return Request(arrival=_seconds(obj["timestamp"], path, line, "timestamp") / 1000, prompt_tokens=prompt,
+                   output_tokens=_count(obj["output_length"], path, line, "output_length"), prefix=pieces, id=str(line))
 
 
 def _ours(obj: dict, path: str, line: int) -> Request:
@@ -178,8 +180,9 @@ def _ours(obj: dict, path: str, line: int) -> Request:
         if asked < output:
             raise TraceError(path, line, f"max_tokens {asked} is below output_tokens {output}")
     n = _count(obj.get("n", 1), path, line, "n")
-    return Request(_seconds(obj["arrival"], path, line, "arrival"), prompt, output, pieces,
-                   str(obj.get("id", line)), asked, n, _flag(obj.get("beam_search", False), path, line))
+    return Request(arrival=_seconds(obj["arrival"], path, line, "arrival"), prompt_tokens=prompt, output_tokens=output,
+                   prefix=pieces, id=str(obj.get("id", line)), max_tokens=asked, n=n,
+                   beam_search=_flag(obj.get("beam_search", False), path, line))
 
 
 def _flag(value: Any, path: str, line: int) -> bool:
@@ -222,8 +225,9 @@ def rescale(requests: Iterable[Request], rate_scale: float = 1.0, start: int = 0
             return
         if first is None:
             first = r.arrival
-        yield Request((r.arrival - first) / rate_scale, r.prompt_tokens, r.output_tokens, r.prefix, r.id,
-                      r.max_tokens, r.n, r.beam_search)
+        yield Request(arrival=(r.arrival - first) / rate_scale, prompt_tokens=r.prompt_tokens,
+                      output_tokens=r.output_tokens, prefix=r.prefix, id=r.id,
+                      max_tokens=r.max_tokens, n=r.n, beam_search=r.beam_search)
 
 
 def request_log(path: str | Path, counter: Any, lengths: Lengths, rate: float | None = None, seed: int = 0,
@@ -251,7 +255,8 @@ def request_log(path: str | Path, counter: Any, lengths: Lengths, rate: float | 
             output = max_tokens if max_tokens else lengths(rng)[1]
             n = _count(body.get("n", 1), name, line, "n")
             beams = _flag(body.get("use_beam_search", False), name, line)
-            yield line, Request(t, max(prompt, 1), output, id=str(body.get("id", line)), max_tokens=max_tokens, n=n,
+            yield line, Request(arrival=t, prompt_tokens=max(prompt, 1), output_tokens=output,
+                                id=str(body.get("id", line)), max_tokens=max_tokens, n=n,
                                 beam_search=beams)
 
     return _ordered(rows(), name)
@@ -302,4 +307,4 @@ def synthetic(rate: float, count: int, lengths: Lengths, seed: int = 0, cv: floa
         if i:
             t += next(gaps)
         p, o = lengths(rng)
-        yield Request(t, p, o, id=str(i))
+        yield Request(arrival=t, prompt_tokens=p, output_tokens=o, id=str(i))

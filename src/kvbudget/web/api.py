@@ -33,7 +33,7 @@ from kvbudget.units import MIB
 _TRUE, _FALSE = {"1", "true", "on", "yes"}, {"0", "false", "off", "no"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Limits:
     """What one request may ask of the server."""
 

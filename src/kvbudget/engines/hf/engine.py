@@ -139,16 +139,18 @@ class HFEngine(Engine):
             if dtype.family == "hf_quantized":  # codes, 2 x (scale, zero) per 64 values, the residual
                 quantized = dtype.bytes_for(k) + dtype.bytes_for(v) + 2 * act.bytes_for((k + v) // GROUP)
                 full = act.bytes_for(k + v)
-                return CacheGroup(spec.kind, 1, quantized, cap, (RESIDUAL - 1) * (full - quantized), detail)
-            return CacheGroup(spec.kind, 1, dtype.bytes_for(k) + dtype.bytes_for(v), cap, 0, detail)
+                return CacheGroup(kind=spec.kind, layers=1, bytes_per_token=quantized, token_cap=cap,
+                                  fixed_bytes=(RESIDUAL - 1) * (full - quantized), detail=detail)
+            return CacheGroup(kind=spec.kind, layers=1, bytes_per_token=dtype.bytes_for(k) + dtype.bytes_for(v),
+                              token_cap=cap, detail=detail)
         if isinstance(spec, LatentAttention):
             latent, rope = spec.kv_values(tp, where)
             bpt = dtype.bytes_for(latent) + dtype.bytes_for(rope)
-            return CacheGroup(spec.kind, 1, bpt, None, 0,
-                              f"latent {spec.latent_dim} + rope key {spec.rope_dim} x {dtype.name}, every rank")
+            return CacheGroup(kind=spec.kind, layers=1, bytes_per_token=bpt,
+                              detail=f"latent {spec.latent_dim} + rope key {spec.rope_dim} x {dtype.name}, every rank")
         if isinstance(spec, IndexerKeys):  # DynamicIndexedLayer.indexer_keys [batch, T, dim]
-            return CacheGroup(spec.kind, 1, dtype.bytes_for(spec.dim), None, 0,
-                              f"indexer key {spec.dim} x {dtype.name}, every rank")
+            return CacheGroup(kind=spec.kind, layers=1, bytes_per_token=dtype.bytes_for(spec.dim),
+                              detail=f"indexer key {spec.dim} x {dtype.name}, every rank")
         if isinstance(spec, Compressed):
             pending = 2 * act.bytes_for(spec.width)  # buffer_kv and buffer_gate of the open window's tokens
             primed = spec.rate * (act.bytes_for(spec.dim) + _FP32.bytes_for(spec.dim)) if spec.overlap else 0
@@ -156,14 +158,14 @@ class HFEngine(Engine):
                       f"2 x {spec.width} x {act.name} per token"
                       + (f"; last window's overlap {spec.rate} x {spec.dim} x ({act.name} + float32)"
                          if primed else ""))
-            return CompressedGroup(spec.label, 1, dtype.bytes_for(spec.dim), None, 0, detail,
+            return CompressedGroup(kind=spec.label, layers=1, bytes_per_token=dtype.bytes_for(spec.dim), detail=detail,
                                    tokens_per_state=spec.rate, pending_bytes_per_token=pending, primed_bytes=primed)
         if isinstance(spec, RecurrentState):
             channels, heads, state = spec.per_rank(tp, where)
             fixed = act.bytes_for(channels * spec.conv_kernel) + _FP32.bytes_for(state)
             detail = (f"{spec.mixer}: conv {channels} x {spec.conv_kernel} x {act.name} + "
                       f"state {spec.state_text(heads)} x float32")
-            return CacheGroup(spec.kind, 1, 0, None, fixed, detail)
+            return CacheGroup(kind=spec.kind, layers=1, bytes_per_token=0, fixed_bytes=fixed, detail=detail)
         return None
 
 

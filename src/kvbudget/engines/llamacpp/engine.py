@@ -99,7 +99,7 @@ def flash_attn_of(options: EngineOptions, release: Release) -> bool:
                           param="attention_backend")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Buffer:
     """One cache llama-server creates, as its log line reports it."""
 
@@ -127,13 +127,14 @@ class LlamaCppEngine(Engine):
     prompt_adds_bos = True  # llama-server adds the vocabulary's BOS in front of the rendered prompt
     # No KV gauge in /metrics (llamacpp:kv_cache_usage_ratio was removed): /slots, which may be disabled.
     # The alerts read the guard's scrape of /slots, labelled by replica.
-    usage = UsageGauge("/slots", slots_usage, "max by (replica) (kvbudget_guard_observed_usage)",
+    usage = UsageGauge(path="/slots", read=slots_usage, promql="max by (replica) (kvbudget_guard_observed_usage)",
                        health_path="/health", series="kvbudget_guard_observed_usage", by="replica")
     queue_gauges = ("llamacpp:requests_processing", "llamacpp:requests_deferred")  # llama-server --metrics
     # n_predict, else its aliases max_completion_tokens then max_tokens, on both routes; -1 (the default) generates
     # until the slot's context is full
-    output_limit = OutputLimit(("n_predict", "max_completion_tokens", "max_tokens"),
-                               ("n_predict", "max_completion_tokens", "max_tokens"), None, negative_is_absent=True,
+    output_limit = OutputLimit(chat=("n_predict", "max_completion_tokens", "max_tokens"),
+                               completions=("n_predict", "max_completion_tokens", "max_tokens"),
+                               completions_default=None, negative_is_absent=True,
                                source="llama.cpp tools/server/server-schema.cpp (n_predict and its aliases)")
     log_signatures = (r"llama_kv_cache", r"llama_context:", r"llama_model_loader", r"llama_new_context_with_model")
 
@@ -158,7 +159,7 @@ class LlamaCppEngine(Engine):
                  *release.notes()]
         if dtype.family == "block":
             notes.append("a quantized V cache needs flash attention (-fa on)")
-        return Allocation(self.name, model.name, dtype, tp, groups, notes=tuple(notes))
+        return Allocation(engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=groups, notes=tuple(notes))
 
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
@@ -176,15 +177,19 @@ class LlamaCppEngine(Engine):
         cells = pad(max_model_len, to) * slots
         used = alloc.kv_bytes(max(slots, 1), max_model_len)
         # whole slots: llama-server allocates -np of them up front, so 2.09 slots' worth of memory serves 2
-        return Capacity(self.name, kv_memory, None, to, cells, cells, max_model_len, float(slots), fits, longest,
-                        (f"llama.cpp allocates up front: -np {max(slots, 1)} -c {cells or pad(max_model_len, to)} "
-                         f"(slots of {pad(max_model_len, to):,} cells) takes {format_bytes(used)} of this "
-                         f"{format_bytes(kv_memory)} budget",))
+        return Capacity(engine=self.name, kv_memory_bytes=kv_memory, num_blocks=None, block_size=to,
+                        kv_cache_tokens=cells, physical_token_slots=cells, max_model_len=max_model_len,
+                        max_concurrency=float(slots), fits=fits, estimated_max_model_len=longest,
+                        notes=(f"llama.cpp allocates up front: -np {max(slots, 1)} -c "
+                               f"{cells or pad(max_model_len, to)} (slots of {pad(max_model_len, to):,} cells) takes "
+                               f"{format_bytes(used)} of this {format_bytes(kv_memory)} budget",))
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "") -> Serving:
-        return Serving(1.0, "all free memory", N_UBATCH, f"compute buffers for n_ubatch ({N_UBATCH}) tokens",
-                       DEFAULT_SAMPLED_ROWS, NON_TORCH_ESTIMATE, "non-torch memory", options)
+        return Serving(memory_fraction=1.0, memory_knob="all free memory", prefill_tokens=N_UBATCH,
+                       prefill_note=f"compute buffers for n_ubatch ({N_UBATCH}) tokens",
+                       max_num_seqs=DEFAULT_SAMPLED_ROWS, overhead_bytes=NON_TORCH_ESTIMATE,
+                       overhead_note="non-torch memory", options=options)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return cheaper_if_wider(current, "q8_0")
@@ -239,7 +244,8 @@ class LlamaCppEngine(Engine):
             entry[3] += dtype.bytes_for(k) * n * streams
             entry[4] += dtype.bytes_for(v) * n * streams if v else 0
         order = ("kv", "kv_swa", "recurrent")  # the order llama.cpp creates and logs them
-        return tuple(Buffer(name, *kv[name]) for name in order if name in kv)
+        return tuple(Buffer(name=name, cells=cells, streams=streams_, layers=layers, k_bytes=k_bytes, v_bytes=v_bytes)
+                     for name in order if name in kv for cells, streams_, layers, k_bytes, v_bytes in [kv[name]])
 
     def slot_context(self, model: ModelSpec, context: int, n_parallel: int, unified: bool = False) -> tuple[int, int]:
         """`llama-server -np n_parallel -c n_parallel x context [--kv-unified]`: (n_ctx_slot, the cells of the
@@ -324,16 +330,18 @@ def _group(layer: LayerSpec, dtype: KVDtype, to: int, swa_batch: int | None) -> 
         if isinstance(layer, ChunkedLocal) and swa_batch is not None:  # llama4.cpp: the SWA cache, n_swa 8192
             cap = pad(LLAMA4_CHUNK + swa_batch, to)
             detail += f", chunked (llama.cpp uses {LLAMA4_CHUNK}): {cap} cells per slot"
-        return CacheGroup(layer.kind, 1, dtype.bytes_for(k) + dtype.bytes_for(v), cap, 0, detail, to)
+        return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=dtype.bytes_for(k) + dtype.bytes_for(v),
+                          token_cap=cap, detail=detail, block_size=to)
     if isinstance(layer, LatentAttention):
-        return CacheGroup(layer.kind, 1, dtype.bytes_for(layer.values_per_token), None, 0,
-                          f"K row of {layer.latent_dim} + {layer.rope_dim} x {dtype.name}, no V", to)
+        return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=dtype.bytes_for(layer.values_per_token),
+                          detail=f"K row of {layer.latent_dim} + {layer.rope_dim} x {dtype.name}, no V", block_size=to)
     if isinstance(layer, RecurrentState):
         r, state = _recurrent_rows(layer)
         fixed = _F32.bytes_for(r) + _F32.bytes_for(state)
-        return CacheGroup(layer.kind, 1, 0, None, fixed, f"{layer.mixer}: r {layer.conv_kernel - 1} x "
+        return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=0, fixed_bytes=fixed,
+                          detail=f"{layer.mixer}: r {layer.conv_kernel - 1} x "
                           f"{layer.conv_channels} + s {'x'.join(map(str, layer.state_shape))}, f32, one cell per "
-                          "sequence", to)
+                                 "sequence", block_size=to)
     return None
 
 
@@ -408,7 +416,7 @@ def _check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappi
         assumed["flash_attn"] = release.flash_attn_default
     else:
         settings["flash_attn"] = flash
-    return LogCheck("llamacpp", None, settings, tuple(rows), assumed)
+    return LogCheck(engine="llamacpp", model_in_log=None, settings=settings, rows=tuple(rows), assumed=assumed)
 
 
 def _buffer_rows(ours: tuple[Buffer, ...], logged_order: list[tuple[str, ...]]) -> list[LogRow]:
@@ -461,8 +469,9 @@ def _check_old_log(engine: LlamaCppEngine, text: str, model: ModelSpec, kv_self:
                                 ("KV self size", kv_self.group(1), k_mib + v_mib)):
         rows.append(LogRow(f"{label} ({k_type})", f"{logged} MiB", f"{ours:.2f} MiB", f"{float(logged):.2f}" ==
                            f"{ours:.2f}", "llama.cpp prints two decimals of MiB"))
-    return LogCheck("llamacpp", None, {"n_ctx": cells, "cache_type": k_type, "format": "llama_kv_cache_init (2024-25)"},
-                    tuple(rows))
+    return LogCheck(engine="llamacpp", model_in_log=None,
+                    settings={"n_ctx": cells, "cache_type": k_type, "format": "llama_kv_cache_init (2024-25)"},
+                    rows=tuple(rows))
 
 
 LLAMACPP = LlamaCppEngine()

@@ -245,8 +245,8 @@ class LlamaServerScheduler(Queues):
         if done < size:
             self._fail(scheduled)
         busy = sum(slot.seq.computed for slot in self.slots if slot.seq is not None)
-        return Step(tuple(scheduled), (), self.cells - busy, busy / self.cells, tokens, context,
-                    len(self.failed) - failed)
+        return Step(scheduled=tuple(scheduled), preempted=(), free_blocks=self.cells - busy, usage=busy / self.cells,
+                    tokens=tokens, context=context, failed=len(self.failed) - failed)
 
     def _decode(self, size: int) -> int:
         """The batch through llama_decode in sub-batches of n_batch on the unified cache: tokens decoded."""

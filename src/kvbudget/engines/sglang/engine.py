@@ -71,12 +71,13 @@ class SGLangEngine(Engine):
     description: str = "SGLang token pool (from its source; not run here)"
 
     serves = True
-    usage = UsageGauge("/metrics", lambda text: first_gauge(text, ("sglang:token_usage",)),
-                       "max by (instance) (sglang:token_usage)", series="sglang:token_usage")
+    usage = UsageGauge(path="/metrics", read=lambda text: first_gauge(text, ("sglang:token_usage",)),
+                       promql="max by (instance) (sglang:token_usage)", series="sglang:token_usage")
     queue_gauges = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
     # chat: `max_completion_tokens or max_tokens` (a 0 falls through); none: clipped to the context and the KV
     # memory by the scheduler; completions: max_tokens, 16 by default
-    output_limit = OutputLimit(("max_completion_tokens", "max_tokens"), ("max_tokens",), 16, zero_is_absent=True,
+    output_limit = OutputLimit(chat=("max_completion_tokens", "max_tokens"), completions=("max_tokens",),
+                               completions_default=16, zero_is_absent=True,
                                source="sglang 0.5.23 srt/entrypoints/openai/protocol.py, managers/scheduler.py")
     log_signatures = (r"KV Cache is allocated\. #tokens",)
 
@@ -89,7 +90,8 @@ class SGLangEngine(Engine):
         groups = group_layers(_cell(layer, dtype, act, tp, model.name, page, _nsa(model)) for layer in model.layers)
         notes = (SOURCE_NOTE,) + ((f"DeepSeek sparse attention (NSA): pages of {NSA_PAGE}; SGLang makes the cache "
                                    "fp8 on compute capability 10.x",) if _nsa(model) else ())
-        return Allocation(self.name, model.name, dtype, tp, groups, exact=False, notes=notes)
+        return Allocation(engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=groups, exact=False,
+                          notes=notes)
 
     def _dtype(self, model: ModelSpec, kv_dtype: str, tp: int, options: EngineOptions) -> KVDtype:
         if kv_dtype == "auto" and _nsa(model) and options.compute_capability and \
@@ -116,8 +118,10 @@ class SGLangEngine(Engine):
             concurrency = kv_memory / (cell * max_model_len + fixed)
         fits = tokens >= max_model_len
         longest = None if fits else largest_fitting(lambda n: n <= tokens, max_model_len)
-        return Capacity(self.name, kv_memory, None, page, tokens, tokens, max_model_len, concurrency, fits,
-                        longest, (f"SGLang log: KV Cache is allocated. #tokens: {tokens}", SOURCE_NOTE))
+        return Capacity(engine=self.name, kv_memory_bytes=kv_memory, num_blocks=None, block_size=page,
+                        kv_cache_tokens=tokens, physical_token_slots=tokens, max_model_len=max_model_len,
+                        max_concurrency=concurrency, fits=fits, estimated_max_model_len=longest,
+                        notes=(f"SGLang log: KV Cache is allocated. #tokens: {tokens}", SOURCE_NOTE))
 
     def scheduler_defaults(self, tokens: int, context_len: int, gpu_memory: int | None) -> tuple[int, int]:
         """(chunked_prefill_size, max_running_requests) as SGLang 0.5.23 picks them: the chunk by the GPU's
@@ -158,9 +162,11 @@ class SGLangEngine(Engine):
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "") -> Serving:
-        return Serving(MEM_FRACTION_STATIC, "mem_fraction_static default", 0,
-                       "SGLang keeps activations in the (1 - mem_fraction_static) it leaves aside", 0, 0,
-                       "inside the share SGLang leaves aside", options)
+        return Serving(memory_fraction=MEM_FRACTION_STATIC, memory_knob="mem_fraction_static default",
+                       prefill_tokens=0,
+                       prefill_note="SGLang keeps activations in the (1 - mem_fraction_static) it leaves aside",
+                       max_num_seqs=0, overhead_bytes=0, overhead_note="inside the share SGLang leaves aside",
+                       options=options)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return cheaper_if_wider(current, "fp8")
@@ -220,7 +226,7 @@ class SGLangEngine(Engine):
                                        "the budget this pool implies" + (", indexer keys included" if index_bytes
                                                                          else "")))
         settings = {k: v for k, v in (("tp", tp), ("kv_cache_dtype", dtype)) if k not in assumed}
-        return LogCheck("sglang", None, settings, rows, assumed)
+        return LogCheck(engine="sglang", model_in_log=None, settings=settings, rows=rows, assumed=assumed)
 
 
 NSA_PAGE = 64  # SGLang forces 64-token pages for DeepSeek's sparse attention (server_args.py)
@@ -240,24 +246,29 @@ def _index_row(layer: IndexerKeys) -> int:
 def _cell(layer: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str, page: int,
           nsa: bool) -> CacheGroup | None:
     if isinstance(layer, IndexerKeys):
-        return CacheGroup(layer.kind, 1, _index_row(layer), None, 0, f"indexer key {layer.dim} x fp8 + float32 scale "
-                          f"per {INDEX_QUANT_BLOCK} = {_index_row(layer)} B, every rank", page)
+        return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=_index_row(layer),
+                          detail=f"indexer key {layer.dim} x fp8 + float32 scale per {INDEX_QUANT_BLOCK} = "
+                                 f"{_index_row(layer)} B, every rank", block_size=page)
     if isinstance(layer, LatentAttention) and nsa and dtype.name.startswith("fp8"):
-        return CacheGroup(layer.kind, 1, NSA_FP8_ROW, None, 0, f"fp8 latent {layer.latent_dim} + 4 float32 scales + "
-                          f"rope {layer.rope_dim} x bf16 = {NSA_FP8_ROW} B, every rank", page)
+        return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=NSA_FP8_ROW,
+                          detail=f"fp8 latent {layer.latent_dim} + 4 float32 scales + rope {layer.rope_dim} x "
+                                 f"bf16 = {NSA_FP8_ROW} B, every rank", block_size=page)
     if isinstance(layer, Attention):
         k, v = layer.kv_values(tp, where)
         detail = layer.describe(tp, where, dtype.name) + (
             " (window cached in full)" if layer.token_span is not None else "")
-        return CacheGroup(FullAttention.kind, 1, dtype.bytes_for(k + v), None, 0, detail, page)
+        return CacheGroup(kind=FullAttention.kind, layers=1, bytes_per_token=dtype.bytes_for(k + v), detail=detail,
+                          block_size=page)
     if isinstance(layer, LatentAttention):
-        return CacheGroup(layer.kind, 1, dtype.bytes_for(layer.values_per_token), None, 0,
-                          f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, every rank", page)
+        return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=dtype.bytes_for(layer.values_per_token),
+                          detail=f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, every rank",
+                          block_size=page)
     if isinstance(layer, RecurrentState):
         channels, _, state = layer.per_rank(tp, where)
         fixed = act.bytes_for(channels * (layer.conv_kernel - 1)) + _F32.bytes_for(state)
-        return CacheGroup(layer.kind, 1, 0, None, fixed, f"{layer.mixer}: conv {channels} x {layer.conv_kernel - 1} "
-                                                         f"x {act.name} + float32 state", page)
+        return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=0, fixed_bytes=fixed,
+                          detail=f"{layer.mixer}: conv {channels} x {layer.conv_kernel - 1} x {act.name} + "
+                                 "float32 state", block_size=page)
     return None
 
 

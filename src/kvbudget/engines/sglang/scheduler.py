@@ -208,7 +208,8 @@ class SGLangScheduler(Queues):
         prefill = self._prefill()
         if prefill:
             tokens, context = commit(prefill)
-            return Step(tuple(prefill), (), self.available, self.usage(), tokens, context)
+            return Step(scheduled=tuple(prefill), preempted=(), free_blocks=self.available, usage=self.usage(),
+                        tokens=tokens, context=context)
         return self._decode()
 
     def _prefill(self) -> list[tuple[Seq, int]]:
@@ -302,7 +303,8 @@ class SGLangScheduler(Queues):
             self.owned += len(running)
         scheduled = [(s, 1) for s in running]
         tokens, context = commit(scheduled)
-        return Step(tuple(scheduled), tuple(retracted), self.available, self.usage(), tokens, context)
+        return Step(scheduled=tuple(scheduled), preempted=tuple(retracted), free_blocks=self.available,
+                    usage=self.usage(), tokens=tokens, context=context)
 
     def _retract(self, s: Seq, remaining: int) -> None:
         self._release(s, keep=False)

@@ -63,12 +63,12 @@ class TGIEngine(Engine):
     description: str = "TGI paged blocks after warm-up (from its source; not run here)"
 
     serves = True
-    usage = UsageGauge("/metrics", lambda text: gauge_ratio(text, "tgi_batch_current_max_tokens",
+    usage = UsageGauge(path="/metrics", read=lambda text: gauge_ratio(text, "tgi_batch_current_max_tokens",
                                                             "tgi_batch_max_total_tokens"),
-                       "max by (instance) (tgi_batch_current_max_tokens / tgi_batch_max_total_tokens)")
+                       promql="max by (instance) (tgi_batch_current_max_tokens / tgi_batch_max_total_tokens)")
     queue_gauges = ("tgi_batch_current_size", "tgi_queue_size")
     # max_tokens (TGI reads no max_completion_tokens); none: max_total_tokens less the input
-    output_limit = OutputLimit(("max_tokens",), ("max_tokens",), None,
+    output_limit = OutputLimit(chat=("max_tokens",), completions=("max_tokens",), completions_default=None,
                                source="text-generation-inference router/src/lib.rs (ChatRequest), validation.rs")
     log_signatures = (r"KV-cache blocks: \d+, size: \d+",)
 
@@ -81,7 +81,8 @@ class TGIEngine(Engine):
             raise EngineRuleError(f"block_size {block}: TGI uses 1 (flashinfer), 16 (paged) or 256 (flashdecoding)",
                                   param="block_size")
         groups = group_layers(_group(layer, dtype, tp, model.name, block) for layer in model.layers)
-        return Allocation(self.name, model.name, dtype, tp, groups, exact=False, notes=(SOURCE_NOTE,))
+        return Allocation(engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=groups, exact=False,
+                          notes=(SOURCE_NOTE,))
 
     def capacity(self, model: ModelSpec, kv_memory: int, max_model_len: int, kv_dtype: str = "auto",
                  tp: int = 1, options: EngineOptions = EngineOptions()) -> Capacity:
@@ -98,16 +99,19 @@ class TGIEngine(Engine):
         fits = per_request <= usable
         longest = None if fits else largest_fitting(lambda n: cdiv(n, block) <= usable, max_model_len)
         tokens = num_blocks * block
-        return Capacity(self.name, kv_memory, num_blocks, block, tokens, usable * block, max_model_len,
-                        usable / per_request, fits, longest,
-                        (f"TGI log: KV-cache blocks: {num_blocks}, size: {block}; "
+        return Capacity(engine=self.name, kv_memory_bytes=kv_memory, num_blocks=num_blocks, block_size=block,
+                        kv_cache_tokens=tokens, physical_token_slots=usable * block, max_model_len=max_model_len,
+                        max_concurrency=usable / per_request, fits=fits, estimated_max_model_len=longest,
+                        notes=(f"TGI log: KV-cache blocks: {num_blocks}, size: {block}; "
                          f"max_batch_total_tokens {tokens}", SOURCE_NOTE))
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "") -> Serving:
-        return Serving(CUDA_MEMORY_FRACTION, "0.9 x cuda_memory_fraction default", MAX_BATCH_PREFILL_TOKENS,
-                       f"warm-up pass over max_batch_prefill_tokens ({MAX_BATCH_PREFILL_TOKENS})",
-                       DEFAULT_SAMPLED_ROWS, NON_TORCH_ESTIMATE, "non-torch memory", options)
+        return Serving(memory_fraction=CUDA_MEMORY_FRACTION, memory_knob="0.9 x cuda_memory_fraction default",
+                       prefill_tokens=MAX_BATCH_PREFILL_TOKENS,
+                       prefill_note=f"warm-up pass over max_batch_prefill_tokens ({MAX_BATCH_PREFILL_TOKENS})",
+                       max_num_seqs=DEFAULT_SAMPLED_ROWS, overhead_bytes=NON_TORCH_ESTIMATE,
+                       overhead_note="non-torch memory", options=options)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return cheaper_if_wider(current, "fp8")
@@ -132,7 +136,8 @@ class TGIEngine(Engine):
         alloc = self.allocate(model, "auto", shards, EngineOptions(block_size=size if size in BLOCK_SIZES else None))
         rows.append(LogRow("KV memory per shard", "-", f"{blocks * size * alloc.bytes_per_token / GIB:.2f} GiB", True,
                            f"implied by {alloc.bytes_per_token:,} bytes per token for {model.name}"))
-        return LogCheck("tgi", None, {"num_shard": shards, "block_size": size}, tuple(rows))
+        return LogCheck(engine="tgi", model_in_log=None, settings={"num_shard": shards, "block_size": size},
+                        rows=tuple(rows))
 
 
 def _group(layer: LayerSpec, dtype: KVDtype, tp: int, where: str, block: int) -> CacheGroup | None:
@@ -154,7 +159,8 @@ def _group(layer: LayerSpec, dtype: KVDtype, tp: int, where: str, block: int) ->
             " (window cached in full)" if layer.token_span is not None else "")
     else:
         return None
-    return CacheGroup(FullAttention.kind, 1, 2 * dtype.bytes_for(heads * width), None, 0, detail, block)
+    return CacheGroup(kind=FullAttention.kind, layers=1, bytes_per_token=2 * dtype.bytes_for(heads * width),
+                      detail=detail, block_size=block)
 
 
 TGI = TGIEngine()

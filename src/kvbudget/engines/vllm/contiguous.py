@@ -129,7 +129,8 @@ class ContiguousScheduler(Queues):
             scheduled.append((s, s.prompt))
             budget -= s.prompt
         tokens, context = commit(scheduled)
-        return Step(tuple(scheduled), (), self.slots - self.held, self.usage(), tokens, context)
+        return Step(scheduled=tuple(scheduled), preempted=(), free_blocks=self.slots - self.held, usage=self.usage(),
+                    tokens=tokens, context=context)
 
     def _free(self, s: Seq) -> None:
         start, size = self.where.pop(s.uid)

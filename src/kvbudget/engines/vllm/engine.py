@@ -96,7 +96,7 @@ def batch_defaults(gpu_memory: int, gpu_name: str = "", device: str = "cuda") ->
     return BATCH_DEFAULTS["small"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Layout:
     """How vLLM lays a model out: block size, page, and its layer groups."""
 
@@ -161,12 +161,14 @@ class VLLMEngine(Engine):
     description: str = "vLLM v1 (0.32): paged blocks, hybrid groups, null block"
 
     serves = True
-    usage = UsageGauge("/metrics", _usage, "max by (instance) (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)",
+    usage = UsageGauge(path="/metrics", read=_usage,
+                       promql="max by (instance) (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)",
                        series="vllm:kv_cache_usage_perc")
     queue_gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting")
     # chat: max_completion_tokens when not null, else max_tokens; none: up to max_model_len (or lower where the
     # model's generation_config says so: the guard takes the bound); completions: max_tokens, 16 by default
-    output_limit = OutputLimit(("max_completion_tokens", "max_tokens"), ("max_tokens",), 16,
+    output_limit = OutputLimit(chat=("max_completion_tokens", "max_tokens"), completions=("max_tokens",),
+                               completions_default=16,
                                source="vllm 0.32 entrypoints/openai/chat_completion/serving.py (get_max_tokens), "
                                       "completion/protocol.py")
     log_signatures = (r"KV cache size: +[\d,]+ tokens", r"GPU blocks: \d+", r"Maximum concurrency for",
@@ -180,8 +182,10 @@ class VLLMEngine(Engine):
             return self._packed_allocation(model, kv_dtype, tp, options)
         layout, dtype = self.layout(model, kv_dtype, tp, options)
         b = layout.block_size
-        groups = [CacheGroup(spec.label, layers, spec.token_bytes, None, 0, spec.detail + "; one block holds a page of "
-                             "every layer (vLLM's UniformTypeKVCacheSpecs)", b) for spec, layers in layout.members]
+        groups = [CacheGroup(kind=spec.label, layers=layers, bytes_per_token=spec.token_bytes, block_size=b,
+                             detail=spec.detail + "; one block holds a page of every layer (vLLM's "
+                                                  "UniformTypeKVCacheSpecs)")
+                  for spec, layers in layout.members]
         for spec, layers, n_groups in () if layout.members else layout.buckets:
             padded = n_groups * layout.group_size
             detail = spec.detail + (f"; {padded - layers} padding layer(s)" if padded != layers else "")
@@ -234,8 +238,10 @@ class VLLMEngine(Engine):
             if not fits:
                 notes.append(f"vLLM V0 would refuse to start: The model's max seq len ({max_model_len}) is larger "
                              f"than the maximum number of tokens that can be stored in KV cache ({slots}).")
-            return Capacity(self.name, kv_memory, num_blocks, layout.block_size, slots, slots, max_model_len,
-                            slots / max_model_len, fits, None if fits else slots, tuple(notes))
+            return Capacity(engine=self.name, kv_memory_bytes=kv_memory, num_blocks=num_blocks,
+                            block_size=layout.block_size, kv_cache_tokens=slots, physical_token_slots=slots,
+                            max_model_len=max_model_len, max_concurrency=slots / max_model_len, fits=fits,
+                            estimated_max_model_len=None if fits else slots, notes=tuple(notes))
         return self._pool_capacity(layout, kv_memory, max_model_len, rel, notes)
 
     def _pool_capacity(self, layout: PoolLayout, kv_memory: int, max_model_len: int, rel: Release,
@@ -316,9 +322,10 @@ class VLLMEngine(Engine):
             labels = list(dict.fromkeys(spec.label for spec, _ in g.pages))
             label = labels[0] if len(labels) == 1 else "compressed_kv_and_indexer_keys" if not g.window \
                 else "compressor_states"
-            groups.append(CompressedGroup(label, 1, layout.block_bytes, cap, 0,
-                                          f"{g.block_size}-token blocks of {members}; each block takes a pool block "
-                                          f"of {layout.block_bytes:,} B", g.block_size, tokens_per_state=g.block_size))
+            groups.append(CompressedGroup(kind=label, layers=1, bytes_per_token=layout.block_bytes, token_cap=cap,
+                                          detail=f"{g.block_size}-token blocks of {members}; each block takes "
+                                                 f"a pool block of {layout.block_bytes:,} B",
+                                          block_size=g.block_size, tokens_per_state=g.block_size))
         return Allocation(engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=tuple(groups),
                           notes=(f"vLLM's packed DeepSeek-V4 layout: {layout.num_groups} groups in one pool of "
                                  f"{layout.block_bytes:,}-byte blocks (fp8_ds_mla); windows at the reservation vLLM "
@@ -340,10 +347,12 @@ class VLLMEngine(Engine):
                 gpu_name: str = "") -> Serving:
         default_tokens, max_num_seqs = batch_defaults(gpu_memory, gpu_name, options.device)
         mnbt = options.max_num_batched_tokens or default_tokens
-        return Serving(release(options).gpu_memory_utilization, "gpu_memory_utilization default", mnbt,
-                       f"profiling pass over max_num_batched_tokens ({mnbt})", max_num_seqs,
-                       NON_TORCH_ESTIMATE + CUDA_GRAPH_ESTIMATE, "non-torch memory and CUDA graphs",
-                       replace(options, max_num_batched_tokens=mnbt))
+        return Serving(memory_fraction=release(options).gpu_memory_utilization,
+                       memory_knob="gpu_memory_utilization default", prefill_tokens=mnbt,
+                       prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt})", max_num_seqs=max_num_seqs,
+                       overhead_bytes=NON_TORCH_ESTIMATE + CUDA_GRAPH_ESTIMATE,
+                       overhead_note="non-torch memory and CUDA graphs",
+                       options=replace(options, max_num_batched_tokens=mnbt))
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return cheaper_if_wider(current, "fp8")
@@ -381,46 +390,9 @@ class VLLMEngine(Engine):
         if not specs:
             raise UnsupportedArchitectureError(f"{model.name}: no layer keeps a KV cache; vLLM allocates none")
 
-        if {SlidingSpec, ChunkedSpec} <= {type(s) for s in specs}:
-            raise UnsupportedArchitectureError(f"{model.name}: vLLM does not support a model with both "
-                                               "sliding-window and chunked local attention layers")
-        attn = {s.token_bytes for s in specs if not s.keeps_state}
-        # layers that all keep every token may differ in size: one group whose block holds a page of each
-        uniform_type = len(attn) > 1 and all(s.keeps_all for s in specs)
-        # windowed and full layers of different sizes (Gemma 4): pages unified by block size
-        unified = len(attn) > 1 and not uniform_type and all(s.unifies for s in specs)
-        if len(attn) > 1 and not (uniform_type or unified):
-            raise UnsupportedArchitectureError(f"{model.name}: attention layers of different sizes beside "
-                                               "Mamba or MLA layers are not modelled for vLLM yet")
-        if unified and not rel.unified_attention_pages:
-            raise UnsupportedArchitectureError(
-                f"{model.name}: attention layers of different sizes (Gemma 4) are modelled from vLLM 0.26's rules "
-                "on; earlier releases sized them otherwise (vllm-project/vllm#43308: about 10x fewer tokens on 0.20; "
-                "#49878: 40% less memory per token on 0.25.1) for reasons not traced here")
-        attn_token = 0 if uniform_type else max(attn) if attn else 0
-        states = {s.state_bytes for s in specs if s.keeps_state}
-        if len(states) > 1:
-            raise UnsupportedArchitectureError(f"{model.name}: Mamba layers of different sizes are not modelled "
-                                               "for vLLM")
-        state = states.pop() if states else 0
+        uniform_type, unified, attn_token, state = _mix(model, specs, rel)
 
-        mla = any(isinstance(s, MLASpec) for s in specs)
-        notes: tuple[str, ...] = ()
-        block = options.block_size or (16 if rel.v0 else DEFAULT_BLOCK_SIZE[options.device])  # V0: 16 (no IPEX)
-        if mla and options.device == "cpu":
-            if options.block_size is not None and block != CPU_MLA_BLOCK_SIZE:
-                raise EngineRuleError(f"block_size {block}: vLLM's MLA backend on cpu needs {CPU_MLA_BLOCK_SIZE}",
-                                      param="block_size")
-            block = CPU_MLA_BLOCK_SIZE
-        elif mla and options.block_size is None:
-            latent = next(layer for layer in model.layers if isinstance(layer, LatentAttention))
-            block, why = rel.mla_block_size(options.compute_capability, options.attention_backend,
-                                            dtype.family != "float", any(isinstance(x, IndexerKeys) for x in
-                                                                        model.layers), latent.qk_nope_dim)
-            notes = (f"MLA blocks of {block} tokens: {why}",)
-        if options.block_size is not None and (block <= 0 or block % 16):
-            raise EngineRuleError(f"block_size {block}: vLLM block sizes are positive multiples of 16",
-                                  param="block_size")
+        block, notes = _block_size(model, options, rel, dtype, any(isinstance(s, MLASpec) for s in specs))
         if spec_tokens:
             notes += (f"speculative decoding with the model's MTP layers, {spec_tokens} draft tokens: the drafter's "
                       f"{len(model.draft_layers)} attention layer(s) beside the model's"
@@ -446,13 +418,14 @@ class VLLMEngine(Engine):
         counts = count_alike(specs)
         if uniform_type:
             page = block * sum(s.token_bytes * n for s, n in counts.items())
-            return Layout(block, page, 1, ((specs[0], len(specs), 1),), mnbt, options.prefix_caching,
-                          tuple(counts.items()), notes, speculative_blocks=spec_tokens), dtype
+            return Layout(block_size=block, page=page, group_size=1, buckets=((specs[0], len(specs), 1),), mnbt=mnbt,
+                          prefix_caching=options.prefix_caching, members=tuple(counts.items()), notes=notes,
+                          speculative_blocks=spec_tokens), dtype
         smallest, largest = min(counts.values()), max(counts.values())
         group_size = largest if len(counts) == 1 or largest < 1.5 * smallest else smallest
         buckets = tuple((s, n, cdiv(n, group_size)) for s, n in counts.items())
-        return Layout(block, page, group_size, buckets, mnbt, options.prefix_caching, notes=notes,
-                      speculative_blocks=spec_tokens,
+        return Layout(block_size=block, page=page, group_size=group_size, buckets=buckets, mnbt=mnbt,
+                      prefix_caching=options.prefix_caching, notes=notes, speculative_blocks=spec_tokens,
                       spec_blocks=spec_blocks), dtype
 
     # --- startup logs -------------------------------------------------------------------------
@@ -474,6 +447,57 @@ def _mnbt(options: EngineOptions) -> int:
     if mnbt <= 0:
         raise KVBudgetError("max_num_batched_tokens must be positive", param="max_num_batched_tokens")
     return mnbt
+
+
+def _mix(model: ModelSpec, specs: list[KVSpec], rel: Release) -> tuple[bool, bool, int, int]:
+    """Which mixes of specs vLLM lays out, and how: (one group of full layers of different sizes, windowed pages
+    unified with the full ones, the attention bytes per token a page is sized by, the state bytes)."""
+    if {SlidingSpec, ChunkedSpec} <= {type(s) for s in specs}:
+        raise UnsupportedArchitectureError(f"{model.name}: vLLM does not support a model with both "
+                                           "sliding-window and chunked local attention layers")
+    attn = {s.token_bytes for s in specs if not s.keeps_state}
+    # layers that all keep every token may differ in size: one group whose block holds a page of each
+    uniform_type = len(attn) > 1 and all(s.keeps_all for s in specs)
+    # windowed and full layers of different sizes (Gemma 4): pages unified by block size
+    unified = len(attn) > 1 and not uniform_type and all(s.unifies for s in specs)
+    if len(attn) > 1 and not (uniform_type or unified):
+        raise UnsupportedArchitectureError(f"{model.name}: attention layers of different sizes beside "
+                                           "Mamba or MLA layers are not modelled for vLLM yet")
+    if unified and not rel.unified_attention_pages:
+        raise UnsupportedArchitectureError(
+            f"{model.name}: attention layers of different sizes (Gemma 4) are modelled from vLLM 0.26's rules "
+            "on; earlier releases sized them otherwise (vllm-project/vllm#43308: about 10x fewer tokens on 0.20; "
+            "#49878: 40% less memory per token on 0.25.1) for reasons not traced here")
+    attn_token = 0 if uniform_type else max(attn) if attn else 0
+    states = {s.state_bytes for s in specs if s.keeps_state}
+    if len(states) > 1:
+        raise UnsupportedArchitectureError(f"{model.name}: Mamba layers of different sizes are not modelled "
+                                           "for vLLM")
+    state = states.pop() if states else 0
+    return uniform_type, unified, attn_token, state
+
+
+def _block_size(model: ModelSpec, options: EngineOptions, rel: Release, dtype: KVDtype, mla: bool
+                ) -> tuple[int, tuple[str, ...]]:
+    """The block size before hybrid alignment (the option, else the release's and backend's default), and a note
+    on the MLA backends' choice."""
+    block = options.block_size or (16 if rel.v0 else DEFAULT_BLOCK_SIZE[options.device])  # V0: 16 (no IPEX)
+    notes: tuple[str, ...] = ()
+    if mla and options.device == "cpu":
+        if options.block_size is not None and block != CPU_MLA_BLOCK_SIZE:
+            raise EngineRuleError(f"block_size {block}: vLLM's MLA backend on cpu needs {CPU_MLA_BLOCK_SIZE}",
+                                  param="block_size")
+        block = CPU_MLA_BLOCK_SIZE
+    elif mla and options.block_size is None:
+        latent = next(layer for layer in model.layers if isinstance(layer, LatentAttention))
+        indexed = any(isinstance(x, IndexerKeys) for x in model.layers)
+        block, why = rel.mla_block_size(options.compute_capability, options.attention_backend,
+                                        dtype.family != "float", indexed, latent.qk_nope_dim)
+        notes = (f"MLA blocks of {block} tokens: {why}",)
+    if options.block_size is not None and (block <= 0 or block % 16):
+        raise EngineRuleError(f"block_size {block}: vLLM block sizes are positive multiples of 16",
+                              param="block_size")
+    return block, notes
 
 
 def _is_packed(model: ModelSpec) -> bool:

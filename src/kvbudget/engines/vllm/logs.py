@@ -66,7 +66,7 @@ _BACKEND_LINES = {"FLASHMLA": r"FlashMLA backend|FLASHMLA backend", "TRITON_MLA"
                   "FLASH_ATTN_MLA": r"FlashAttention ?MLA backend|FLASH_ATTN_MLA"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _LogSettings:
     max_len: int
     device: str
@@ -146,9 +146,11 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
     hybrid_off = _setting(text, "disable_hybrid_kv_cache_manager")
     hybrid = not (hybrid_off is not None and _truthy(hybrid_off)) and not (
         version and not Release(version).hybrid_allocator)
-    settings = _LogSettings(max_len, "cpu" if cpu else "cuda", tp, pp, kv, bool(prefix),
-                            _whole("max_num_batched_tokens", mnbt) if mnbt is not None else None, version, hybrid,
-                            partition, backend, spec_tokens)
+    settings = _LogSettings(max_len=max_len, device="cpu" if cpu else "cuda", tp=tp, pp=pp, kv_dtype=kv,
+                            prefix=bool(prefix),
+                            mnbt=_whole("max_num_batched_tokens", mnbt) if mnbt is not None else None, version=version,
+                            hybrid=hybrid,
+                            partition=partition, backend=backend, spec_tokens=spec_tokens)
     return settings, read, assumed
 
 
@@ -388,7 +390,8 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
         if len(budgets) == 1 and st.tp * st.pp > 1 and not budget_from_refusal and not log.exact:
             rank = _smaller_rank(st, log.rows, log.value, log.half_step)  # first; replaces "none of the known causes"
             causes = rank + [c for c in causes if not (rank and c.startswith("none of"))]
-    return LogCheck("vllm", None, _shown_settings(st, read, assumed), tuple(rows), assumed, tuple(causes))
+    return LogCheck(engine="vllm", model_in_log=None, settings=_shown_settings(st, read, assumed), rows=tuple(rows),
+                    assumed=assumed, causes=tuple(causes))
 
 
 def _era_of_the_token_count(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, assumed: dict, tokens: int,
@@ -464,7 +467,7 @@ def _v0_check_without_budget(engine: VLLMEngine, text: str, model: ModelSpec, st
     assumed = {**assumed, "KV budget": "not printed: the CPU blocks are checked instead"}
     if not st.max_len:
         assumed["max_model_len"] = "not in the log (these rows do not need it)"
-    return LogCheck("vllm", None, shown, tuple(rows), assumed, causes)
+    return LogCheck(engine="vllm", model_in_log=None, settings=shown, rows=tuple(rows), assumed=assumed, causes=causes)
 
 
 def _v1_blocks_rows(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, tokens: int, logged: str) -> list[LogRow]:
@@ -506,8 +509,10 @@ def _v1_check_without_budget(engine: VLLMEngine, model: ModelSpec, st: _LogSetti
     if st.spec_tokens:
         settings["num_speculative_tokens"] = st.spec_tokens
     shown = {k: v for k, v in settings.items() if k not in assumed}
-    return LogCheck("vllm", None, shown, tuple(rows), {**assumed, "KV budget": "not printed: the token count and "
-                                                        "the concurrency are checked against each other"}, causes)
+    return LogCheck(engine="vllm", model_in_log=None, settings=shown, rows=tuple(rows),
+                    assumed={**assumed, "KV budget": "not printed: the token count and "
+                                                        "the concurrency are checked against each other"},
+                                                        causes=causes)
 
 
 def _needed_gib(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, options: EngineOptions) -> float:

@@ -219,8 +219,9 @@ class VLLMScheduler(Queues):
                 budget -= n
 
         tokens, context = commit(scheduled)
-        return Step(tuple(scheduled), tuple(preempted), self.pool.nfree, self.pool.usage(), tokens,
-                    context)
+        return Step(scheduled=tuple(scheduled), preempted=tuple(preempted), free_blocks=self.pool.nfree,
+                    usage=self.pool.usage(), tokens=tokens,
+                    context=context)
 
     # -- the fast path: runs of pure decode steps ------------------------------------------------------------
 

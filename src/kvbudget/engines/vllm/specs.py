@@ -76,7 +76,8 @@ class KVSpec:
         cap = None if self.keeps_all else sb * self.blocks_needed(layout, 1 << 62)
         if sb != block_size:
             detail += f"; blocks of {sb} tokens (page {layout.page:,} B, as the largest layer's)"
-        return CacheGroup(self.label, layers, layout.page // sb, cap, 0, detail, sb)
+        return CacheGroup(kind=self.label, layers=layers, bytes_per_token=layout.page // sb, token_cap=cap,
+                          detail=detail, block_size=sb)
 
     def block_group(self, layout: Sizing, max_model_len: int, run_block: int) -> BlockGroup:
         """The simulator's group (vLLM's spec_manager_map); `run_block` is the block size the scheduler cuts
@@ -147,8 +148,9 @@ class MambaSpec(KVSpec):
 
     def cache_group(self, layout: Sizing, layers: int, detail: str, block_size: int) -> CacheGroup:
         blocks = self.blocks_needed(layout, 0)
-        return CacheGroup(self.label, layers, 0, None, layout.page * blocks,
-                          detail + f"; page padded to {layout.page:,} B x {blocks} block(s)", block_size)
+        return CacheGroup(kind=self.label, layers=layers, bytes_per_token=0, fixed_bytes=layout.page * blocks,
+                          detail=detail + f"; page padded to {layout.page:,} B x {blocks} block(s)",
+                          block_size=block_size)
 
     def block_group(self, layout: Sizing, max_model_len: int, run_block: int) -> BlockGroup:
         cached = layout.prefix_caching

@@ -1,0 +1,60 @@
+"""`kvbudget compare`: models side by side on one engine, and with a GPU, what each fits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbudget.engines import Engine, EngineOptions, get_engine
+from kvbudget.errors import KVBudgetError
+from kvbudget.estimator import estimate
+from kvbudget.model.spec import ModelSpec
+from kvbudget.planner import longest_context, plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison:
+    """One model's row in `kvbudget compare`."""
+
+    model: str
+    cache: dict[str, int]  # layer kinds and how many
+    bytes_per_token: int
+    fixed_bytes_per_sequence: int
+    kv_bytes_at_context: int  # one sequence of `context` tokens
+    context: int
+    kv_memory_bytes: int | None  # with a GPU: the KV budget on it
+    max_concurrency: float | None  # requests of `context` tokens at once
+    longest_context: int | None  # the longest single request on one GPU (up to the model's maximum)
+    note: str = ""
+
+
+def compare(models: list[ModelSpec], engine: str | Engine = "vllm", gpu: str | None = None,
+            gpu_memory: int | None = None, context: int = 8192, kv_dtype: str = "auto",
+            options: EngineOptions = EngineOptions(), tp: int = 1) -> tuple[Comparison, ...]:
+    """Models side by side: bytes per token per GPU at tensor parallel size `tp`, and with a GPU, capacity and the
+    longest context that fits. A model whose maximum length is below `context` is computed at `context` anyway,
+    with a note saying so."""
+    chosen = get_engine(engine)
+    rows = []
+    for model in models:
+        est = estimate(model, engine=chosen, kv_dtype=kv_dtype, context=[context], options=options, tp=tp)
+        budget = longest = None
+        concurrency: float | None = None
+        notes = []
+        if model.max_position_embeddings and model.max_position_embeddings < context:
+            notes.append(f"{model.name} is trained for {model.max_position_embeddings:,} tokens, fewer than the "
+                         f"{context:,} compared here")
+        if gpu or gpu_memory:
+            try:
+                p = plan(model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, kv_dtype=kv_dtype, tp=tp,
+                         max_model_len=context, options=options, recommend=False)
+                budget, concurrency = p.kv_memory_bytes, p.capacity.max_concurrency
+                top = model.max_position_embeddings or context
+                longest = longest_context(model, chosen, budget, 1, top, kv_dtype, tp, 1, p.options)
+            except KVBudgetError as exc:
+                notes.append(str(exc))
+        note = "; ".join(notes)
+        rows.append(Comparison(model=model.name, cache=model.kinds(), bytes_per_token=est.bytes_per_token,
+                               fixed_bytes_per_sequence=est.fixed_bytes_per_sequence,
+                               kv_bytes_at_context=est.points[0].kv_bytes, context=context, kv_memory_bytes=budget,
+                               max_concurrency=concurrency, longest_context=longest, note=note))
+    return tuple(rows)
