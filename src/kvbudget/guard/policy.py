@@ -13,7 +13,7 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from kvbudget.errors import UpstreamConfigError
 from kvbudget.guard.levels import HYSTERESIS, LEVELS, find_level
@@ -84,12 +84,14 @@ def level_for(pressure: float, previous: int, policy: Policy) -> int:
     return max(up, min(previous, down))
 
 
-FORWARD, REJECT = "forward", "reject"  # a decision's actions, as its log line and metrics name them
+Action = Literal["forward", "reject"]  # what a decision does, as its log line and metrics name it
+FORWARD: Action = "forward"
+REJECT: Action = "reject"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Decision:
-    action: str  # FORWARD or REJECT
+    action: Action
     level: int
     replica: str | None
     body: dict[str, Any] | None  # the (rewritten) request body to forward
