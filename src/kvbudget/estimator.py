@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, TypeVar
 
 from kvbudget.engines import Allocation, Capacity, Engine, EngineOptions, get_engine
-from kvbudget.engines.base import check_positive
 from kvbudget.errors import ConfigError, EngineRuleError, KVBudgetError
 from kvbudget.model.spec import ModelSpec
+from kvbudget.validate import positive_int, positive_ints
 
 DEFAULT_CONTEXTS = (1024, 4096, 8192, 16384)
 T = TypeVar("T")
@@ -121,24 +120,6 @@ def capacity_of(engine: Engine, model: ModelSpec, kv_memory: int, max_model_len:
         return hit[1]
     return _remember(_capacities, key, (engine, model, options),
                      engine.capacity(model, kv_memory, max_model_len, kv_dtype=kv_dtype, tp=tp, options=options))
-
-
-def positive_ints(values: Iterable[int], param: str) -> tuple[int, ...]:
-    """The values, each checked to be a positive integer (the error names `param`)."""
-    values = tuple(values)
-    if not values:
-        raise KVBudgetError(f"{param}: give at least one value", param=param)
-    for v in values:
-        if type(v) is not int or v < 1:  # the slow path, with its precise error
-            return tuple(check_positive(v, param, "each value") for v in values)
-    return values
-
-
-def positive_int(value: int, param: str) -> int:
-    """One positive integer (the error names `param`)."""
-    if type(value) is int and value >= 1:
-        return value
-    return positive_ints((value,), param)[0]
 
 
 def default_contexts(model: ModelSpec) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvbudget.engines import Capacity, Engine, EngineOptions, get_engine, serving_engines
-from kvbudget.engines.base import Serving, check_positive, largest_fitting
+from kvbudget.engines.base import Serving, largest_fitting
 from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetError, spelled
 from kvbudget.estimator import Estimate, estimate
 from kvbudget.gpus import GIVE_GPU_MEMORY, GPU, custom_gpu, find_gpu
@@ -22,6 +22,7 @@ from kvbudget.model.spec import ModelSpec
 from kvbudget.model.weights import Weights, model_weights
 from kvbudget.roofline import Roofline, decode_roofline
 from kvbudget.units import format_bytes
+from kvbudget.validate import positive
 
 # Recommendation heuristics (kvbudget's choices, not engine facts):
 # a catalog model counts as "of similar size" within this fraction of the parameters active per token (and of the
@@ -231,7 +232,7 @@ def plan(
     card = _card(gpu, gpu_memory)
     for value, param, what in ((tp, "tp", "tensor parallel size"), (pp, "pp", "pipeline parallel size"),
                                (concurrency, "concurrency", "requests at once"), (beams, "beams", "beams")):
-        check_positive(value, param, what)
+        positive(value, param, what)
     gpus = gpus or tp * pp
     replicas = _replicas(gpus, tp, pp)
     max_len = max_model_len or model.max_position_embeddings

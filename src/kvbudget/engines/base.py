@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from kvbudget.dtypes import KVDtype, resolve_kv_dtype
-from kvbudget.errors import EngineRuleError, KVBudgetError, UnsupportedArchitectureError
+from kvbudget.errors import EngineRuleError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
     Attention,
     IndexerKeys,
@@ -31,6 +31,7 @@ from kvbudget.model.spec import (
     RecurrentState,
 )
 from kvbudget.units import GIB, cdiv
+from kvbudget.validate import positive
 
 if TYPE_CHECKING:
     from kvbudget.simulation.seq import Queues
@@ -369,7 +370,7 @@ class Engine:
 
     def pipeline_stages(self, num_layers: int, pp: int, partition: tuple[int, ...] | None = None) -> list[range]:
         """Layers per pipeline stage; engines that do not split layers this way refuse pp > 1."""
-        check_positive(pp, "pp", "pipeline parallel size")
+        positive(pp, "pp", "pipeline parallel size")
         if partition is not None:
             raise EngineRuleError(f"pp_layer_partition: {self.name} takes no layer partition (vLLM's "
                                   "VLLM_PP_LAYER_PARTITION)", param="pp_layer_partition")
@@ -498,7 +499,7 @@ def layer_stages(num_layers: int, pp: int, partition: tuple[int, ...] | None = N
     """Layers per pipeline stage, as vLLM's get_pp_indices splits them (SGLang's split is the same): L // pp
     each, the remainder going one by one to the stages before the last, starting from the second to last; or
     `partition`, the layers of each stage in order (vLLM's VLLM_PP_LAYER_PARTITION, checked as vLLM does)."""
-    check_positive(pp, "pp", "pipeline parallel size")
+    positive(pp, "pp", "pipeline parallel size")
     if pp > num_layers:
         raise EngineRuleError(f"pp {pp}: the model has only {num_layers} layers to split", param="pp")
     if partition is not None:
@@ -513,17 +514,11 @@ def layer_stages(num_layers: int, pp: int, partition: tuple[int, ...] | None = N
     return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
 
 
-def check_positive(value: object, param: str, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise KVBudgetError(f"{param}: {what} must be a positive integer, got {value!r}", param=param)
-    return value
-
-
 def serving_kv_dtype(model: ModelSpec, kv_dtype: str, tp: int, engine: str, accepted: str,
                      families: tuple[str, ...] = ("float", "fp8")) -> KVDtype:
     """The checks every serving engine makes first: a valid tp, query heads that split evenly over it, and a
     KV dtype it can store (of `families`: a torch float type or fp8 by default; `accepted` names them)."""
-    check_positive(tp, "tp", "tensor parallel size")
+    positive(tp, "tp", "tensor parallel size")
     if model.attention_heads and model.attention_heads % tp:
         raise EngineRuleError(f"tp: {model.name}: {engine} needs the {model.attention_heads} attention heads to "
                               f"split evenly over tensor parallel size {tp}", param="tp")

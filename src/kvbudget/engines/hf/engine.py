@@ -33,7 +33,6 @@ from kvbudget.engines.base import (
     CompressedGroup,
     Engine,
     EngineOptions,
-    check_positive,
     group_layers,
     simple_capacity,
 )
@@ -48,6 +47,7 @@ from kvbudget.model.spec import (
     ModelSpec,
     RecurrentState,
 )
+from kvbudget.validate import positive
 
 _FP32 = get_dtype("float32")
 
@@ -74,7 +74,7 @@ class HFEngine(Engine):
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
-        check_positive(tp, "tp", "tensor parallel size")
+        positive(tp, "tp", "tensor parallel size")
         if options.block_size is not None:
             raise EngineRuleError(f"block_size: the {self.name} engine has no blocks; leave it out",
                                   param="block_size")

@@ -41,7 +41,6 @@ from kvbudget.engines.base import (
     Serving,
     UsageGauge,
     cheaper_if_wider,
-    check_positive,
     group_layers,
     largest_fitting,
 )
@@ -60,6 +59,7 @@ from kvbudget.model.spec import (
     SlidingWindow,
 )
 from kvbudget.units import MIB, cdiv, format_bytes
+from kvbudget.validate import positive
 
 if TYPE_CHECKING:
     from kvbudget.engines.llamacpp.simulator import LlamaCppSimulator
@@ -141,7 +141,7 @@ class LlamaCppEngine(Engine):
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
         self.refuse_unchecked(model, options)
-        check_positive(tp, "tp", "tensor parallel size")
+        positive(tp, "tp", "tensor parallel size")
         if tp != 1:
             raise EngineRuleError("tp: llama.cpp splits layers across GPUs (its split mode), not KV heads; use 1",
                                   param="tp")
