@@ -1,7 +1,7 @@
 """Parameter counts from a config, by part (embeddings, attention, MLP, experts, mixers, norms).
 
 An analytic count: what transformers would build for the config. It is checked against the published
-totals of the bundled models in tests/test_params.py (within 2%). Exact byte counts come from safetensors
+totals of the bundled models in tests/unit/model/test_params.py (within 2%). Exact byte counts come from safetensors
 headers instead (kvbudget.weights) when the checkpoint is at hand.
 """
 

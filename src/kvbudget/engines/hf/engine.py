@@ -1,6 +1,6 @@
 """Plain transformers (>= 5.19): what `DynamicCache` (default) or `StaticCache` holds.
 
-Measured against real caches in tests/test_exactness_transformers.py:
+Measured against real caches in tests/corpus/test_exactness_transformers.py:
 - full attention: K and V `[batch, Hkv, T, D]` in the model's dtype;
 - sliding window and chunked local layers (DynamicSlidingWindowLayer): the last `window - 1` tokens
   once the context reaches the window, all tokens before; a static cache keeps `min(window, T)`;

@@ -13,7 +13,7 @@ first (a request frees its table last block first). Blocks without a key cannot 
 scheduler sees, so they are only counted. Every operation costs per run, not per block: a 12k-token prompt is a
 few dozen runs rather than 800 blocks. A run is cut when part of it is hit or evicted; a request's last run grows
 as its blocks are keyed, unless another run holds some of the same keys (the first holder of a key must stay the
-one keyed first). `tests/test_simulate.py` checks it against vLLM's queue block by block.
+one keyed first). `tests/unit/simulation/test_vllm_scheduler.py` checks it against vLLM's queue block by block.
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ class BlockPool(CountingPool):
     anything the scheduler sees, so they are kept as a stack (`spare`); the keyed ones as a list read from `head`
     on, where a block taken back by a cache hit leaves its entry behind as a gap (`gaps`, absolute positions).
     Runs of blocks are taken, freed and keyed with list and dict operations rather than block by block.
-    `tests/test_simulate.py` checks it against a block-by-block copy of vLLM's queue."""
+    `tests/unit/simulation/test_vllm_scheduler.py` checks it against a block-by-block copy of vLLM's queue."""
 
     caching = True
 
