@@ -12,7 +12,7 @@ from typing import Any
 
 from kvbudget.engines import Capacity, Engine, EngineOptions, get_engine, serving_engines
 from kvbudget.engines.base import Serving, largest_fitting
-from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetError, spelled
+from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetError, flag, spelled
 from kvbudget.estimator import Estimate, estimate
 from kvbudget.gpus import GIVE_GPU_MEMORY, GPU, custom_gpu, find_gpu
 from kvbudget.gpus import gpus as all_gpus
@@ -33,10 +33,11 @@ SMALLER_CACHE = 0.75
 # The "larger GPU" offered is the smallest card of the same vendor with at least this much more memory: a step
 # worth a migration (it skips near-twins such as H100-80GB -> H100-NVL's 94 GB).
 BIGGER_GPU_STEP = 1.4
+GIVEN_WEIGHTS = "given (weights)"  # the weights' basis when the bytes were given
 
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Term:
     """One slice of GPU memory in the plan."""
 
@@ -44,7 +45,18 @@ class Term:
     name: str
     bytes: int
     estimate: bool
-    note: str
+    note: str  # where the figure comes from (after "given (param)" when given)
+    param: str | None = None  # the parameter that gave this figure, or that would override it
+    given: bool = False
+
+    def text(self, command_line: bool = False) -> str:
+        """The note with the parameter named in the library's words, or the command line's (its flag)."""
+        if self.param is None:
+            return self.note
+        named = flag(self.param) if command_line else self.param
+        if self.given:
+            return (named if command_line else f"given ({named})") + self.note
+        return f"{self.note}; {named} overrides"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,7 +148,7 @@ class Plan:
                            "mtp": self.weights.mtp_params},
             "weights_bytes": self.weights.per_gpu_bytes,
             "weights": self.weights.to_dict(),
-            "stack": [{"key": t.key, "name": t.name, "bytes": t.bytes, "estimate": t.estimate, "note": t.note}
+            "stack": [{"key": t.key, "name": t.name, "bytes": t.bytes, "estimate": t.estimate, "note": t.text()}
                       for t in self.stack],
             "kv_memory_bytes": self.kv_memory_bytes,
             "exact": self.estimate.allocation.exact,  # the engine's allocation (False: labelled an estimate)
@@ -249,7 +261,8 @@ def plan(
     w = _weights(model, chosen, tp, pp, options, replicas if expert_parallel else None, weights)
     stack, kv_budget = _budget(model, serving, card, w, activation, overhead, utilization)
     if kv_memory is not None:
-        stack = (stack[0], Term("kv", "KV budget (given)", kv_memory, False, "given (kv_memory)"))
+        stack = (stack[0], Term(key="kv", name="KV budget (given)", bytes=kv_memory, estimate=False, note="",
+                                param="kv_memory", given=True))
         kv_budget = kv_memory
     inputs = _Inputs(model=model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, tp=tp, pp=pp, kv_dtype=kv_dtype,
                      max_model_len=max_len, options=given_options, weights=weights, activation=activation,
@@ -328,9 +341,9 @@ def _weights(model: ModelSpec, chosen: Engine, tp: int, pp: int, options: Engine
         # a family whose parameters kvbudget cannot count: the given bytes are all there is (read in full per step)
         w = Weights(total_params=0, active_params=0, mtp_params=0, total_bytes=weights * tp * pp, per_gpu_bytes=weights,
                     active_bytes=weights * tp * pp, exact=True,
-                    basis=f"given (weights); {model.model_type} parameters not counted")
+                    basis=f"{GIVEN_WEIGHTS}; {model.model_type} parameters not counted")
     if weights is not None:
-        w = replace(w, per_gpu_bytes=weights, exact=True, basis=w.basis if w.total_params == 0 else "given (weights)")
+        w = replace(w, per_gpu_bytes=weights, exact=True, basis=w.basis if w.total_params == 0 else GIVEN_WEIGHTS)
     return w
 
 
@@ -347,7 +360,7 @@ def _no_budget(inputs: _Inputs, card: GPU, w: Weights, stack: tuple[Term, ...], 
     return NoKVBudget(message, {
         "model": model.name, "engine": chosen.name, "gpu": card.name, "gpu_memory_bytes": card.memory_bytes,
         "tp": inputs.tp, "pp": inputs.pp, "weights_bytes": w.per_gpu_bytes, "weights": w.to_dict(),
-        "stack": [{"key": t.key, "name": t.name, "bytes": t.bytes, "estimate": t.estimate, "note": t.note}
+        "stack": [{"key": t.key, "name": t.name, "bytes": t.bytes, "estimate": t.estimate, "note": t.text()}
                   for t in stack],
         "kv_memory_bytes": kv_budget, "fits": False, "reason": message,
         "recommendations": [r.to_dict() for r in advice]})
@@ -375,18 +388,24 @@ def _budget(model: ModelSpec, serving: Serving, card: GPU, w: Weights, activatio
     usable = int(card.memory_bytes * util)
     kv = usable - w.per_gpu_bytes - act - other
     stack = (
-        Term("gpu", "GPU memory", card.memory_bytes, card.memory_basis.startswith("nominal"),
-             f"{card.name}, {card.memory_basis}"),
-        Term("share", f"engine share ({util:g})", usable, utilization is None and util != 1.0,
-             serving.memory_knob if utilization is None else "given (utilization)"),
-        Term("weights", "weights", w.per_gpu_bytes, not w.exact, w.basis),
-        Term("activation", "activation peak", act, activation is None,
-             f"{serving.prefill_note}; activation overrides" if activation is None
-             else "given (activation)"),
-        Term("overhead", "overhead", other, overhead is None,
-             f"{serving.overhead_note}; overhead overrides" if overhead is None else "given (overhead)"),
-        Term("kv", "KV budget", kv, activation is None or overhead is None or not w.exact,
-             "what is left for the KV cache"),
+        Term(key="gpu", name="GPU memory", bytes=card.memory_bytes, estimate=card.memory_basis.startswith("nominal"),
+             note=f"{card.name}, {card.memory_basis}"),
+        Term(key="share", name=f"engine share ({util:g})", bytes=usable, estimate=utilization is None and util != 1.0,
+             note="", param="utilization", given=True) if utilization is not None else
+        Term(key="share", name=f"engine share ({util:g})", bytes=usable, estimate=util != 1.0,
+             note=serving.memory_knob),
+        Term(key="weights", name="weights", bytes=w.per_gpu_bytes, estimate=not w.exact,
+             note=w.basis.removeprefix(GIVEN_WEIGHTS), param="weights", given=True)
+        if w.basis.startswith(GIVEN_WEIGHTS) else
+        Term(key="weights", name="weights", bytes=w.per_gpu_bytes, estimate=not w.exact, note=w.basis),
+        Term(key="activation", name="activation peak", bytes=act, estimate=activation is None,
+             note="" if activation is not None else serving.prefill_note, param="activation",
+             given=activation is not None),
+        Term(key="overhead", name="overhead", bytes=other, estimate=overhead is None,
+             note="" if overhead is not None else serving.overhead_note, param="overhead",
+             given=overhead is not None),
+        Term(key="kv", name="KV budget", bytes=kv, estimate=activation is None or overhead is None or not w.exact,
+             note="what is left for the KV cache"),
     )
     return stack, kv
 

@@ -94,7 +94,7 @@ def render(p: Plan) -> None:
         stack.add_column(name, justify="right" if name == "size" else "left")
     for t in p.stack:
         estimated = "[yellow]estimate[/]: " if t.estimate else ""
-        stack.add_row(t.name, format_bytes(t.bytes), estimated + spelling.note(t.note))
+        stack.add_row(t.name, format_bytes(t.bytes), estimated + t.text(command_line=True))
     out.print(stack)
     cap = p.capacity
     reported = (f"KV cache size {cap.kv_cache_tokens:,} tokens (as {p.engine.name} reports it), physical slots "
@@ -136,7 +136,7 @@ def render(p: Plan) -> None:
         out.print(hanging([(f"  {i}.", f"{change_text(rec)} ({rec.cost}): {rec.effect}")
                            for i, rec in enumerate(p.recommendations, 1)]))
     if p.notes:
-        out.print(hanging([("[yellow]note:[/]", spelling.note(note)) for note in p.notes]))
+        out.print(hanging([("[yellow]note:[/]", note) for note in p.notes]))
 
 
 def hanging(items: list[tuple[str, str]]) -> Any:

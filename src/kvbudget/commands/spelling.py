@@ -5,14 +5,7 @@ from __future__ import annotations
 
 from kvbudget.errors import KVBudgetError, flag, spell
 
-__all__ = ["flag", "message", "note"]
-
-# The plan's notes on a figure someone gave, or may give, and the flag that gives it on the command line (notes
-# are data, in the plan's JSON in the library's words; the command line shows them with its flags).
-_NOTES = {"activation overrides": "--activation overrides", "overhead overrides": "--overhead overrides",
-          "given (utilization)": "--utilization", "given (weights)": "--weights", "given (kv_memory)": "--kv-memory",
-          "given (activation)": "--activation", "given (overhead)": "--overhead"}
-
+__all__ = ["flag", "message"]
 
 def message(exc: KVBudgetError) -> str:
     """The error as one line in command-line terms: the parameter at fault shown as its flag, and the words the
@@ -23,9 +16,3 @@ def message(exc: KVBudgetError) -> str:
         line = flag(exc.param) + line[len(exc.param):]
     return spell(line, command_line=True)
 
-
-def note(library: str) -> str:
-    """A plan's note as the command line shows it: a figure given by a parameter named by its flag."""
-    for words, flags in _NOTES.items():
-        library = library.replace(words, flags)
-    return library
