@@ -10,14 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvbudget.budget import GIVEN_WEIGHTS, Term, memory_stack
 from kvbudget.engines import Capacity, Engine, EngineOptions, get_engine, serving_engines
-from kvbudget.engines.base import Serving, largest_fitting
-from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetError, flag, spelled
+from kvbudget.engines.base import largest_fitting
+from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetError, spelled
 from kvbudget.estimator import Estimate, estimate
 from kvbudget.gpus import GIVE_GPU_MEMORY, GPU, custom_gpu, find_gpu
 from kvbudget.gpus import gpus as all_gpus
 from kvbudget.guard.levels import LEVELS, write_config
-from kvbudget.model.params import activation_widths, count_parameters
+from kvbudget.model.params import count_parameters
 from kvbudget.model.spec import ModelSpec
 from kvbudget.model.weights import Weights, model_weights
 from kvbudget.roofline import Roofline, decode_roofline
@@ -33,30 +34,7 @@ SMALLER_CACHE = 0.75
 # The "larger GPU" offered is the smallest card of the same vendor with at least this much more memory: a step
 # worth a migration (it skips near-twins such as H100-80GB -> H100-NVL's 94 GB).
 BIGGER_GPU_STEP = 1.4
-GIVEN_WEIGHTS = "given (weights)"  # the weights' basis when the bytes were given
 
-
-
-@dataclass(frozen=True, kw_only=True)
-class Term:
-    """One slice of GPU memory in the plan."""
-
-    key: str  # "gpu", "share", "weights", "activation", "overhead" or "kv"
-    name: str
-    bytes: int
-    estimate: bool
-    note: str  # where the figure comes from (after "given (param)" when given)
-    param: str | None = None  # the parameter that gave this figure, or that would override it
-    given: bool = False
-
-    def text(self, command_line: bool = False) -> str:
-        """The note with the parameter named in the library's words, or the command line's (its flag)."""
-        if self.param is None:
-            return self.note
-        named = flag(self.param) if command_line else self.param
-        if self.given:
-            return (named if command_line else f"given ({named})") + self.note
-        return f"{self.note}; {named} overrides"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,14 +145,6 @@ class Plan:
         }
 
 
-def activation_estimate(model: ModelSpec, tokens: int, sampled_rows: int) -> int:
-    """Peak activation of a profiling forward pass over `tokens` tokens (an estimate): hidden states,
-    attention and MLP intermediates in 2 bytes per value, plus float32 logits for the sampled sequences."""
-    w = activation_widths(model)
-    per_token = (4 * w.hidden + 2 * w.mlp) * 2
-    return tokens * per_token + min(tokens, sampled_rows) * w.vocab * 4
-
-
 @dataclass(frozen=True, kw_only=True)
 class _Inputs:
     """What a plan was asked, so that alternatives can be planned with one thing changed."""
@@ -259,7 +229,7 @@ def plan(
     serving = chosen.serving(card.memory_bytes, max_len, options, gpu_name=card.name)
     options = serving.options
     w = _weights(model, chosen, tp, pp, options, replicas if expert_parallel else None, weights)
-    stack, kv_budget = _budget(model, serving, card, w, activation, overhead, utilization)
+    stack, kv_budget = memory_stack(model, serving, card, w, activation, overhead, utilization)
     if kv_memory is not None:
         stack = (stack[0], Term(key="kv", name="KV budget (given)", bytes=kv_memory, estimate=False, note="",
                                 param="kv_memory", given=True))
@@ -373,41 +343,6 @@ def _card(gpu: str | None, gpu_memory: int | None) -> GPU:
         raise KVBudgetError(f"gpu: name a GPU ({spelled('kvbudget.gpus.gpus()', 'kvbudget gpus')} lists them) or "
                             f"{GIVE_GPU_MEMORY}", param="gpu")
     return find_gpu(gpu)
-
-
-def _budget(model: ModelSpec, serving: Serving, card: GPU, w: Weights, activation: int | None,
-            overhead: int | None, utilization: float | None) -> tuple[tuple[Term, ...], int]:
-    """The memory stack of one GPU and the KV budget the engine derives from it."""
-    util = serving.memory_fraction if utilization is None else utilization
-    if not 0 < util <= 1:
-        raise KVBudgetError(f"utilization {util}: must be in (0, 1]", param="utilization")
-    tokens = serving.prefill_tokens
-    act = (activation_estimate(model, tokens, serving.max_num_seqs) if tokens else 0) if activation is None \
-        else activation
-    other = serving.overhead_bytes if overhead is None else overhead
-    usable = int(card.memory_bytes * util)
-    kv = usable - w.per_gpu_bytes - act - other
-    stack = (
-        Term(key="gpu", name="GPU memory", bytes=card.memory_bytes, estimate=card.memory_basis.startswith("nominal"),
-             note=f"{card.name}, {card.memory_basis}"),
-        Term(key="share", name=f"engine share ({util:g})", bytes=usable, estimate=utilization is None and util != 1.0,
-             note="", param="utilization", given=True) if utilization is not None else
-        Term(key="share", name=f"engine share ({util:g})", bytes=usable, estimate=util != 1.0,
-             note=serving.memory_knob),
-        Term(key="weights", name="weights", bytes=w.per_gpu_bytes, estimate=not w.exact,
-             note=w.basis.removeprefix(GIVEN_WEIGHTS), param="weights", given=True)
-        if w.basis.startswith(GIVEN_WEIGHTS) else
-        Term(key="weights", name="weights", bytes=w.per_gpu_bytes, estimate=not w.exact, note=w.basis),
-        Term(key="activation", name="activation peak", bytes=act, estimate=activation is None,
-             note="" if activation is not None else serving.prefill_note, param="activation",
-             given=activation is not None),
-        Term(key="overhead", name="overhead", bytes=other, estimate=overhead is None,
-             note="" if overhead is not None else serving.overhead_note, param="overhead",
-             given=overhead is not None),
-        Term(key="kv", name="KV budget", bytes=kv, estimate=activation is None or overhead is None or not w.exact,
-             note="what is left for the KV cache"),
-    )
-    return stack, kv
 
 
 def _similar_models(inputs: _Inputs, result: Estimate, base: float) -> list[Recommendation]:

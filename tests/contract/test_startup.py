@@ -9,7 +9,7 @@ import sys
 import pytest
 
 HEAVY = {"rich", "huggingface_hub", "numpy", "torch", "transformers", "yaml", "starlette", "prometheus_client"}
-OTHER_SUBSYSTEMS = {"kvbudget.planner", "kvbudget.comparison", "kvbudget.guard",
+OTHER_SUBSYSTEMS = {"kvbudget.planner", "kvbudget.comparison", "kvbudget.budget", "kvbudget.guard",
                     "kvbudget.simulation", "kvbudget.tokens", "kvbudget.web",
                     "kvbudget.quality", "kvbudget.checklog", "kvbudget.hub", "kvbudget.plot", "kvbudget.gpus"}
 ENGINE_MODULES = {"kvbudget.engines.hf", "kvbudget.engines.vllm", "kvbudget.engines.sglang",
