@@ -3,6 +3,7 @@ peak of its profiling pass, other memory, and the KV budget left; each term says
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kvbudget.engines.base import Serving
@@ -37,13 +38,15 @@ class Term:
         return f"{self.note}; {named} overrides"
 
 
-def activation_estimate(model: ModelSpec, tokens: int, sampled_rows: int) -> int:
-    """Peak activation of a profiling forward pass over `tokens` tokens (an estimate): hidden states,
-    attention and MLP intermediates in 2 bytes per value, plus float32 logits for the sampled sequences."""
+def activation_estimate(model: ModelSpec, tokens: int, sampled_rows: int, logit_bytes: int = 4,
+                        sampler_apart: bool = False) -> int:
+    """Peak activation of a profiling pass over `tokens` tokens (an estimate): hidden states, attention and MLP
+    intermediates in 2 bytes per value, and the sampler's `logit_bytes` per logit of the sampled sequences; the
+    two added, or the larger where the sampler runs after the forward pass freed its activations."""
     w = activation_widths(model)
-    per_token = (4 * w.hidden + 2 * w.mlp) * 2
-    return tokens * per_token + min(tokens, sampled_rows) * w.vocab * 4
-
+    forward = tokens * (4 * w.hidden + 2 * w.mlp) * 2
+    sampler = min(tokens, sampled_rows) * w.vocab * logit_bytes
+    return max(forward, sampler) if sampler_apart else forward + sampler
 
 
 def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, activation: int | None,
@@ -53,10 +56,11 @@ def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, acti
     if not 0 < util <= 1:
         raise KVBudgetError(f"utilization {util}: must be in (0, 1]", param="utilization")
     tokens = serving.prefill_tokens
-    act = (activation_estimate(model, tokens, serving.max_num_seqs) if tokens else 0) if activation is None \
+    act = (activation_estimate(model, tokens, serving.max_num_seqs, serving.logit_bytes, serving.sampler_apart)
+           if tokens else 0) if activation is None \
         else activation
     other = serving.overhead_bytes if overhead is None else overhead
-    usable = int(card.memory_bytes * util)
+    usable = math.ceil(card.memory_bytes * util)  # vLLM's request_memory rounds up
     kv = usable - w.per_gpu_bytes - act - other
     stack = (
         Term(key="gpu", name="GPU memory", bytes=card.memory_bytes, estimate=card.memory_basis.startswith("nominal"),

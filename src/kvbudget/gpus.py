@@ -49,7 +49,10 @@ def gpus() -> tuple[GPU, ...]:
 
 
 def _make(g: dict[str, Any]) -> GPU:
-    if g.get("memory_mib_reported"):
+    if g.get("memory_gib_torch"):
+        memory = int(g["memory_gib_torch"] * GIB)
+        basis = "as torch reports it (a vLLM start-up log, to 0.01 GiB)"
+    elif g.get("memory_mib_reported"):
         memory, basis = g["memory_mib_reported"] * MIB, "as nvidia-smi reports it (public reports; not measured here)"
     else:
         memory, basis = int(g["memory_gb_nominal"] * GIB), "nominal (vendor figure, read as GiB)"

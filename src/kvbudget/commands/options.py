@@ -79,6 +79,20 @@ def size_or_zero(text: str | None, param: str) -> int | None:
     return size(text, param)
 
 
+def fraction(text: str | None, param: str) -> float | None:
+    """A share of memory, a number in (0, 1] (the planner checks the range); None when not given."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise KVBudgetError(f"{param}: {text!r} is not a number between 0 and 1", param=param) from None
+
+
+UTILIZATION = ("the engine's memory fraction (vLLM gpu_memory_utilization, SGLang mem_fraction_static, TGI "
+               "cuda_memory_fraction)")
+
+
 def positive(text: str, param: str) -> float:
     try:
         value = float(text)

@@ -9,10 +9,12 @@ from kvbudget.commands.options import (
     COUNTED,
     DEVICES,
     KNOBS,
+    UTILIZATION,
     counted_context,
     engine_field,
     engine_options,
     engine_release,
+    fraction,
     kv_dtype_field,
     load,
     model_field,
@@ -51,8 +53,7 @@ class PlanRequest:
     weights: str | None = option("weight bytes per GPU (overrides the computed figure)")
     activation: str | None = option("activation peak (overrides the estimate)")
     overhead: str | None = option("non-torch memory and CUDA graphs (overrides the estimate)")
-    utilization: str | None = option("the engine's memory fraction (vLLM gpu_memory_utilization, SGLang "
-                                     "mem_fraction_static, TGI cuda_memory_fraction)")
+    utilization: str | None = option(UTILIZATION)
     kv_memory: str | None = option("use this KV budget per GPU instead of deriving it")
     block_size: str | None = option(KNOBS["block_size"])
     max_num_batched_tokens: str | None = option(KNOBS["max_num_batched_tokens"])
@@ -95,13 +96,7 @@ def answer(ask: PlanRequest) -> Plan | dict[str, Any]:
 
     engine, options = engine_options(ask)  # first: it reads the release off engine NAME@VERSION
     counted, counted_note = counted_context(ask, engine, "max_model_len")
-    utilization = None
-    if ask.utilization is not None:
-        try:
-            utilization = float(ask.utilization)
-        except ValueError:
-            raise KVBudgetError(f"utilization: {ask.utilization!r} is not a number between 0 and 1",
-                                param="utilization") from None
+    utilization = fraction(ask.utilization, "utilization")
     try:
         result = plan(
             load(ask.model), engine=engine, gpu=ask.gpu, gpu_memory=size(ask.gpu_memory, "gpu_memory"),

@@ -9,8 +9,10 @@ from typing import Any
 from kvbudget.commands.options import (
     DEVICES,
     KNOBS,
+    UTILIZATION,
     engine_field,
     engine_options,
+    fraction,
     kv_dtype_field,
     load,
     model_field,
@@ -59,6 +61,7 @@ class SimulateRequest:
     gpu: str | None = option("GPU from `kvbudget gpus` (its memory, bandwidth and FLOPS)", group=MEMORY)
     gpu_memory: str | None = option("memory of one GPU (overrides --gpu's)", group=MEMORY)
     kv_memory: str | None = option("KV budget per GPU instead of deriving it", group=MEMORY)
+    utilization: str | None = option(UTILIZATION, group=MEMORY)
     weights: str | None = option("weight bytes per GPU (overrides the computed figure; needed where kvbudget does "
                                  "not count the family's parameters)", group=MEMORY)
     num_blocks: str | None = option("the engine's KV blocks instead of a budget", group=MEMORY)
@@ -201,6 +204,7 @@ def settings(ask: SimulateRequest) -> dict[str, Any]:
                             f"{named('pp_layer_partition')} are for estimate and plan")
     return {"engine": engine, "gpu": ask.gpu, "gpu_memory": size(ask.gpu_memory, "gpu_memory"),
             "kv_memory": size(ask.kv_memory, "kv_memory"), "weights": size(ask.weights, "weights"),
+            "utilization": fraction(ask.utilization, "utilization"),
             "num_blocks": optional_one(ask.num_blocks, "num_blocks"),
             "tp": one(ask.tp, "tp"), "pp": one(ask.pp, "pp"), "kv_dtype": ask.kv_dtype,
             "max_model_len": optional_one(ask.max_model_len, "max_model_len"), "block_size": options.block_size,

@@ -227,6 +227,8 @@ class Serving:
     overhead_bytes: int  # non-torch memory and captured graphs: an estimate
     overhead_note: str
     options: EngineOptions  # the options with this engine's defaults for this GPU filled in
+    logit_bytes: int = 4  # bytes the profiling run's sampler holds per logit (rows x vocabulary) at its peak
+    sampler_apart: bool = False  # the sampler runs after the forward pass has freed its activations (peak: the larger)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -392,7 +394,7 @@ class Engine:
 
     # --- serving ------------------------------------------------------------------------------------
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
-                gpu_name: str = "") -> Serving:
+                gpu_name: str = "", tp: int = 1) -> Serving:
         """Defaults on a GPU of `gpu_memory` bytes. A library takes what is free and runs the prompt whole."""
         tokens = min(max_model_len, 4096)
         return Serving(memory_fraction=1.0, memory_knob="all free memory", prefill_tokens=tokens,

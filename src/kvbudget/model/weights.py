@@ -54,6 +54,8 @@ def _bytes_per_param(model: ModelSpec) -> tuple[dict[str, float], str]:
     if method == "mxfp4":
         return ({"linear": base, "experts": 4.25 / 8, "other": base},
                 f"MXFP4 experts (4-bit values + an 8-bit scale per 32), the rest {model.dtype}")
+    if method == "compressed-tensors" and _compressed_weights(q) is not None:
+        return _compressed(q, base, model.dtype)
     if method in ("awq", "gptq", "compressed-tensors"):
         bits = q.get("bits") or q.get("w_bit") or 4
         group = q.get("group_size") or q.get("q_group_size") or 128
@@ -63,6 +65,33 @@ def _bytes_per_param(model: ModelSpec) -> tuple[dict[str, float], str]:
                 f"the rest {model.dtype}")
     raise ConfigError(f"{model.name}: quantization method {method!r} is not modelled; give the weight bytes "
                       f"({named('weights', 'SIZE')})", param="weights")
+
+
+def _compressed_weights(q: dict[str, Any]) -> dict[str, Any] | None:
+    """The weights scheme of a compressed-tensors checkpoint (its first config group that quantizes weights)."""
+    groups = q.get("config_groups")
+    if not isinstance(groups, dict):
+        return None
+    return next((g["weights"] for g in groups.values() if isinstance(g, dict) and isinstance(g.get("weights"), dict)
+                 and g["weights"].get("num_bits")), None)
+
+
+def _compressed(q: dict[str, Any], base: float, dtype: str) -> tuple[dict[str, float], str]:
+    """compressed-tensors as its config_groups say: `num_bits` per weight of type int or float, and a scale per
+    output channel (negligible beside the row: left out), per group of `group_size` (a 16-bit scale, and a zero
+    point when asymmetric), or per tensor."""
+    w = _compressed_weights(q) or {}
+    bits, kind, strategy = int(w["num_bits"]), str(w.get("type", "int")), str(w.get("strategy", "tensor"))
+    per = bits / 8
+    if strategy == "group":
+        group = int(w.get("group_size") or 128)
+        per += 2 / group + (0 if w.get("symmetric", True) else bits / 8 / group)
+        what = f"groups of {group}"
+    else:
+        what = f"a scale per {strategy}"
+    return ({"linear": per, "experts": per, "other": base},
+            f"compressed-tensors {kind}{bits} linear weights ({q.get('format', 'quantized')}, {what}), "
+            f"the rest {dtype}")
 
 
 def analytic_weights(model: ModelSpec, tp: int = 1, stages: Sequence[range] | None = None, ep: int = 1) -> Weights:

@@ -46,6 +46,7 @@ class SimulationAsk:
     kv_unified: bool = False
     cache_ram: int | None = None
     weights: int | None = None
+    utilization: float | None = None  # the engine's memory fraction, as plan takes it
 
     def engine_options(self, batched: bool = True) -> EngineOptions:
         """The options to plan with (`batched`: the engine takes max_num_batched_tokens)."""

@@ -37,10 +37,11 @@ def test_the_guard_in_the_loop_is_the_guards_own_admission(tmp_path):
 
     from kvbudget.planner import guard_config_yaml, plan
 
-    p = plan(LLAMA, gpu="L4", max_model_len=8192)
+    budget = 4_770_519_777  # an L4's budget under the flat activation estimate: the regime this scenario explores
+    p = plan(LLAMA, gpu="L4", max_model_len=8192, kv_memory=budget)
     config = yaml.safe_load(guard_config_yaml(p))
     trace = lambda: rescale(read_trace(AZURE), count=1500)  # noqa: E731
-    settings = {"gpu": "L4", "max_model_len": 8192, "prefix_caching": False}
+    settings = {"gpu": "L4", "max_model_len": 8192, "prefix_caching": False, "kv_memory": budget}
     bare = simulate(LLAMA, trace(), **settings)
     guarded = simulate(LLAMA, trace(), guard_config=config, **settings)
     g = guarded.guard

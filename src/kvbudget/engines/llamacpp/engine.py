@@ -185,7 +185,7 @@ class LlamaCppEngine(Engine):
                                f"{format_bytes(used)} of this {format_bytes(kv_memory)} budget",))
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
-                gpu_name: str = "") -> Serving:
+                gpu_name: str = "", tp: int = 1) -> Serving:
         return Serving(memory_fraction=1.0, memory_knob="all free memory", prefill_tokens=N_UBATCH,
                        prefill_note=f"compute buffers for n_ubatch ({N_UBATCH}) tokens",
                        max_num_seqs=DEFAULT_SAMPLED_ROWS, overhead_bytes=NON_TORCH_ESTIMATE,

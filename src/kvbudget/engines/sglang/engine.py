@@ -161,7 +161,7 @@ class SGLangEngine(Engine):
         return layer_stages(num_layers, pp)
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
-                gpu_name: str = "") -> Serving:
+                gpu_name: str = "", tp: int = 1) -> Serving:
         return Serving(memory_fraction=MEM_FRACTION_STATIC, memory_knob="mem_fraction_static default",
                        prefill_tokens=0,
                        prefill_note="SGLang keeps activations in the (1 - mem_fraction_static) it leaves aside",

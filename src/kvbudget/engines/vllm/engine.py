@@ -50,6 +50,7 @@ from kvbudget.engines.base import (
 )
 from kvbudget.engines.metrics import first_gauge
 from kvbudget.engines.vllm.blocks import BlockGroup
+from kvbudget.engines.vllm.memory import runtime
 from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
 from kvbudget.engines.vllm.releases import NEWEST, SWAP_SPACE, Release, parse_release, release
 from kvbudget.engines.vllm.specs import ChunkedSpec, FullSpec, KVSpec, MLASpec, SlidingSpec, vllm_spec
@@ -344,15 +345,24 @@ class VLLMEngine(Engine):
         return model if release(options).whole_model_check else stage
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
-                gpu_name: str = "") -> Serving:
+                gpu_name: str = "", tp: int = 1) -> Serving:
         default_tokens, max_num_seqs = batch_defaults(gpu_memory, gpu_name, options.device)
         mnbt = options.max_num_batched_tokens or default_tokens
-        return Serving(memory_fraction=release(options).gpu_memory_utilization,
-                       memory_knob="gpu_memory_utilization default", prefill_tokens=mnbt,
-                       prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt})", max_num_seqs=max_num_seqs,
-                       overhead_bytes=NON_TORCH_ESTIMATE + CUDA_GRAPH_ESTIMATE,
-                       overhead_note="non-torch memory and CUDA graphs",
-                       options=replace(options, max_num_batched_tokens=mnbt))
+        rel = release(options)
+        serving = Serving(memory_fraction=rel.gpu_memory_utilization,
+                          memory_knob="gpu_memory_utilization default", prefill_tokens=mnbt,
+                          prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt})",
+                          max_num_seqs=max_num_seqs, overhead_bytes=NON_TORCH_ESTIMATE + CUDA_GRAPH_ESTIMATE,
+                          overhead_note="non-torch memory and CUDA graphs",
+                          options=replace(options, max_num_batched_tokens=mnbt))
+        if rel.v0:  # V0's profiling pass is not modelled beyond the library's estimate
+            return serving
+        run = runtime(rel, tp)
+        rows = min(mnbt, max_num_seqs)
+        return replace(serving, logit_bytes=run.logit_bytes, sampler_apart=True, overhead_bytes=run.overhead_bytes,
+                       overhead_note=run.overhead_note,
+                       prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt}), then the sampler over "
+                                    f"{rows} rows (fit: {run.logit_bytes} bytes per logit)")
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return cheaper_if_wider(current, "fp8")

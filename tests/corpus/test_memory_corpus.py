@@ -1,0 +1,84 @@
+"""`kvbudget plan`'s memory stack against real vLLM start-ups (tests/data/memory/vllm.json): the fitted figures
+come from the 'fit' cases alone, and the 'check' cases, never fitted on, hold the error bounds the accuracy page
+states."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+import kvbudget
+from kvbudget.engines.vllm import memory
+from kvbudget.engines.vllm.engine import batch_defaults
+from kvbudget.gpus import find_gpu
+from kvbudget.model.params import activation_widths
+from kvbudget.units import GIB
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_memory import error, load_case_model, predict  # noqa: E402
+
+CASES = json.loads((ROOT / "tests" / "data" / "memory" / "vllm.json").read_text())["cases"]
+CHECK = [c for c in CASES if c["role"] == "check"]
+
+
+def test_every_case_says_where_it_comes_from():
+    assert len({c["id"] for c in CASES}) == len(CASES)
+    for case in CASES:
+        assert case["role"] in ("fit", "check") and case["engine"] == "vllm", case["id"]
+        assert case["source"].startswith("https://") and case["licence"], case["id"]
+        assert ("model" in case) != ("config" in case), case["id"]
+        assert set(case["logged"]) <= {"weights_gib", "activation_gib", "non_torch_gib", "kv_gib", "refused"}
+
+
+def test_the_fitted_figures_come_from_the_fit_cases_alone():
+    """LOGIT_BYTES is the largest bytes per logit of the fit cases' logged peaks, rounded up; the non-torch figure
+    for one GPU is their largest, rounded up to 0.01 GiB and one more."""
+    per_logit = []
+    for case in (c for c in CASES if c["role"] == "fit"):
+        model = load_case_model(case)
+        mnbt, seqs = batch_defaults(find_gpu(case["gpu"]).memory_bytes, case["gpu"])
+        rows = min(mnbt, seqs)
+        per_logit.append(case["logged"]["activation_gib"] * GIB / (rows * activation_widths(model).vocab))
+    assert memory.LOGIT_BYTES == math.ceil(max(per_logit))
+    fit_non_torch = max(c["logged"]["non_torch_gib"] for c in CASES if c["role"] == "fit" and c["tp"] == 1)
+    assert memory.NON_TORCH_ONE_GPU == int((fit_non_torch + 0.01) * GIB)
+
+
+@pytest.mark.parametrize("case", [c for c in CHECK if "known" not in c and c["logged"].get("kv_gib", 0) > 0],
+                         ids=lambda c: c["id"])
+def test_the_kv_budget_is_within_one_percent(case):
+    got = predict(case)
+    assert not got["refused"]
+    assert abs(error(case, got)) <= 0.01, (got["kv"], case["logged"]["kv_gib"])
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "refused" in c["logged"]], ids=lambda c: c["id"])
+def test_a_refused_start_is_predicted(case):
+    assert predict(case)["refused"]
+
+
+@pytest.mark.parametrize("case", [c for c in CHECK if "known" in c], ids=lambda c: c["id"])
+def test_the_known_gaps_are_still_what_the_corpus_says(case):
+    """Each gap the corpus names is the weights (vLLM's MXFP4 layout on Hopper is not modelled): kvbudget counts
+    less than vLLM loaded. When that is modelled this fails: drop the case's 'known' note and the gap from the
+    accuracy page."""
+    got = predict(case)
+    assert got["weights"] < case["logged"]["weights_gib"] * 0.96
+    assert "weights" in case["known"]
+
+
+def test_the_fit_cases_are_reproduced():
+    for case in (c for c in CASES if c["role"] == "fit"):
+        assert abs(error(case, predict(case))) <= 0.005, case["id"]
+
+
+def test_the_plan_names_the_fit_it_uses():
+    p = kvbudget.plan(kvbudget.load_model("llama-3.1-8b"), gpu="H100-80GB")
+    notes = {t.key: t.text() for t in p.stack}
+    assert f"fit: {memory.LOGIT_BYTES} bytes per logit" in notes["activation"]
+    assert "as torch reports it" in notes["gpu"] and "fit" in notes["overhead"]
