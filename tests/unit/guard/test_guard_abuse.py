@@ -533,6 +533,9 @@ def test_no_reachable_upstream_is_a_counted_502(fake_engine, serve, free_port):
     guard, _ = build_guard([f"http://127.0.0.1:{free_port()}"], "vllm", poll_interval=60,
                            decision_log=io.StringIO())
     with serve(guard.app()) as g:
+        deadline = time.monotonic() + 10
+        while guard.replicas[0].healthy and time.monotonic() < deadline:  # the first scrape fails (then none for 60 s)
+            time.sleep(0.01)
         guard.replicas[0].healthy = True  # as if it had answered its last scrape
         r = httpx.post(f"{g.url}/v1/chat/completions", json={"messages": MSGS})
         assert r.status_code == 502
