@@ -69,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     cases = json.loads(args.corpus.read_text())["cases"]
     print(f"{'case':38} {'role':5} " + " ".join(f"{k + ' log/plan':>20}" for k, _ in TERMS) + "  KV error  refusal")
-    errors = []
+    errors: dict[str, list[tuple[float, float, str]]] = {}
     refusals = []
     for case in cases:
         got = predict(case)
@@ -84,21 +84,22 @@ def main() -> None:
         print(f"{case['id']:38} {case['role']:5} " + " ".join(f"{c:>20}" for c in cells)
               + f"  {'' if err is None else f'{err:+.1%}':>8}  {verdict}")
         if case["role"] == "check":
+            era = "V1 (0.8 on)" if tuple(int(x) for x in case["release"].split(".")[:2]) >= (0, 8) else "V0"
             if err is not None:
-                errors.append((abs(err), err, case["id"]))
+                errors.setdefault(era, []).append((abs(err), err, case["id"]))
             if refused or got["refused"]:
                 refusals.append(got["refused"] == refused)
-    if errors:
-        values = sorted(e for e, _, _ in errors)
+    print()
+    for era, found in errors.items():
+        values = sorted(e for e, _, _ in found)
         p90 = values[min(len(values) - 1, int(0.9 * len(values)))]
-        worst = max(errors)
-        optimistic = max(signed for _, signed, _ in errors)
-        print(f"\ncheck cases with a KV budget: {len(errors)}; median |error| {statistics.median(values):.2%} "
-              f"(target 1%), 90th percentile {p90:.2%} (target 3%), worst {worst[1]:+.2%} ({worst[2]}), most "
-              f"optimistic {optimistic:+.2%} (target: at most +3%)")
+        worst = max(found)
+        optimistic = max(signed for _, signed, _ in found)
+        print(f"vLLM {era}, check cases with a KV budget: {len(found)}; median |error| "
+              f"{statistics.median(values):.2%} (target 1%), 90th percentile {p90:.2%} (target 3%), worst "
+              f"{worst[1]:+.2%} ({worst[2]}), most optimistic {optimistic:+.2%} (target: at most +3%)")
     if refusals:
         print(f"refusals predicted: {sum(refusals)} of {len(refusals)}")
-
 
 if __name__ == "__main__":
     main()
