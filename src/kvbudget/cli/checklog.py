@@ -79,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     for name in ("quantity", "log", "kvbudget", "", "note"):
         table.add_column(name)
     for r in result.rows:
-        table.add_row(r.quantity, r.logged, r.predicted, "[green]ok[/]" if r.matches else "[red]differs[/]", r.note)
+        verdict = "shown" if r.matches is None else "[green]ok[/]" if r.matches else "[red]differs[/]"
+        table.add_row(r.quantity, r.logged, r.predicted, verdict, r.note)
     out = console()
     out.print("settings read from the log (or given): " + ", ".join(f"{k}={v}" for k, v in result.settings.items()))
     if result.assumed:

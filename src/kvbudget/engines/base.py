@@ -248,7 +248,7 @@ class LogRow:
     quantity: str
     logged: str
     predicted: str
-    matches: bool
+    matches: bool | None  # None: shown beside the log, not a check (an estimate's term)
     note: str = ""
 
 
@@ -265,7 +265,7 @@ class LogCheck:
 
     @property
     def all_match(self) -> bool:
-        return all(r.matches for r in self.rows)
+        return all(r.matches is not False for r in self.rows)
 
     def to_dict(self) -> dict[str, Any]:
         return {"engine": self.engine, "model_in_log": self.model_in_log, "settings": self.settings,

@@ -256,6 +256,7 @@ class _Log:
         if self.cpu_blocks and rel.v0:
             out.append(_cpu_blocks_row(engine, model, s, int(self.cpu_blocks.group(1))))
         out += self._weights_rows(s)
+        out += self._stack_rows(s)
         raised = re.search(r"Setting attention block size to (\d+) tokens", self.text)
         if raised:
             out.append(LogRow("block size", raised.group(1), str(low.block_size),
@@ -340,6 +341,63 @@ class _Log:
                        "checkpoints); kvbudget counts parameters")]
 
 
+    def _stack_rows(self, s: _LogSettings) -> list[LogRow]:
+        """Where the log states the GPU's total and gpu_memory_utilization: each memory term it printed beside the
+        plan's for the same settings (shown, never a mismatch of the cache: they check the plan's estimates)."""
+        total = _first_number(self.text, (r"total_gpu_memory[ =(]+([\d.]+) ?GiB",
+                                          r"Free memory on device \([\d.]+/([\d.]+) GiB\)"))
+        util = _first_number(self.text, (r"gpu_memory_utilization[ =(]+([\d.]+)",
+                                         r"Desired GPU memory utilization is \(([\d.]+),"))
+        if total is None or util is None or not self.budgets:
+            return []
+        from kvbudget.budget import memory_stack
+        from kvbudget.gpus import custom_gpu
+        from kvbudget.model.weights import model_weights
+
+        engine, model = self.engine, self.model
+        options = s.options()
+        serving = engine.serving(int(total * GIB), s.max_len, options, tp=s.tp)
+        try:
+            w = model_weights(model, s.tp, engine.pipeline_stages(model.num_layers, s.pp, s.partition))
+            stack, kv = memory_stack(model, serving, custom_gpu(int(total * GIB)), w, None, None, util)
+        except KVBudgetError:
+            return []
+        plan = {t.key: t.bytes / GIB for t in stack}
+        logged = {"activation": _first_number(self.text, (r"activation peak memory takes ([\d.]+) ?GiB",
+                                                          r"torch peak memory increase: ([\d.]+) ?GiB")),
+                  "overhead": _first_number(self.text, (r"non_torch_memory(?: takes |=)(-?[\d.]+) ?GiB",
+                                                        r"non-torch forward increase memory: (-?[\d.]+) ?GiB"))}
+        peak = _first_number(self.text, (r"peak_torch_memory=([\d.]+)GiB",))
+        weights = _first_number(self.text, (r"model weights take ([\d.]+)GiB", r"(?:Loading model weights took|Model "
+                                            r"loading took) ([\d.]+) G"))
+        if logged["activation"] is None and peak is not None and weights is not None:
+            logged["activation"] = peak - weights  # V0 0.6.4 prints the peak with the weights in it
+        note = "kvbudget plan's estimate for these settings"
+        out = [LogRow("memory: engine share", f"{total:.2f} x {util:g} GiB", f"{plan['share']:.2f} GiB", None,
+                      "the GPU's total as the log states it")]
+        for key, label in (("activation", "profiling peak"), ("overhead", "non-torch memory")):
+            value = logged[key]
+            if value is not None:
+                out.append(LogRow(f"memory: {label}", f"{value:.2f} GiB", f"{plan[key]:.2f} GiB", None, note))
+        error = kv / GIB / self.value - 1 if self.value else 0.0
+        out.append(LogRow("memory: KV budget before launch", f"{self.budget_text} GiB", f"{kv / GIB:.2f} GiB", None,
+                          f"{error:+.1%}: {note}"))
+        return out
+
+
+def _first_number(text: str, patterns: tuple[str, ...]) -> float | None:
+    """The first pattern's number that the text has, else None."""
+    for pattern in patterns:
+        if m := re.search(pattern, text):
+            return float(m.group(1))
+    return None
+
+
+def _cache_rows(rows: list[LogRow]) -> list[LogRow]:
+    """The rows that check the cache itself (the weights and the memory terms check the plan's estimates)."""
+    return [r for r in rows if r.quantity != "weights per GPU" and not r.quantity.startswith("memory: ")]
+
+
 def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | None = None) -> LogCheck:
     """vLLM V0 and V1, GPU and CPU builds, plain or structured logging: the settings and KV budget it printed
     (or the refusal it printed), and what kvbudget makes of them under that release's rules."""
@@ -384,7 +442,7 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
     log.budget(budgets, budget_from_refusal, st.device)
     rows = log.rows(st)
     causes: list[str] = []
-    kv_rows = [r for r in rows if r.quantity != "weights per GPU"]
+    kv_rows = _cache_rows(rows)
     if not all(r.matches for r in kv_rows):
         causes = _likely_causes(st, assumed, log.rows, rows, model)
         if len(budgets) == 1 and st.tp * st.pp > 1 and not budget_from_refusal and not log.exact:
@@ -527,8 +585,7 @@ def _smaller_rank(st: _LogSettings, rows_for: Callable[..., list[LogRow]], value
     steps = int(value * reach / (2 * half_step))
     for k in range(1, steps + 1):
         other = round(value - 2 * half_step * k, 6)
-        rows = [r for r in rows_for(st, (max(other - half_step, 0), other + half_step))
-                if r.quantity != "weights per GPU"]
+        rows = _cache_rows(rows_for(st, (max(other - half_step, 0), other + half_step)))
         if all(r.matches for r in rows):
             return [f"the log prints one rank's budget ({value:g} GiB) and vLLM sizes every rank's cache to the "
                     f"smallest rank's: a rank with {other:g} GiB ({other / value - 1:+.1%}) gives the log's rows "
@@ -577,7 +634,7 @@ def _likely_causes(st: _LogSettings, assumed: dict, rows_for: Callable[[_LogSett
     causes = []
     for label, alt in alternatives:
         try:
-            alt_rows = [r for r in rows_for(alt) if r.quantity != "weights per GPU"]
+            alt_rows = _cache_rows(rows_for(alt))
         except KVBudgetError:
             continue
         if alt_rows and all(r.matches for r in alt_rows):
