@@ -40,6 +40,7 @@ from kvbudget.engines.base import (
     serving_kv_dtype,
 )
 from kvbudget.engines.metrics import first_gauge
+from kvbudget.engines.sglang.releases import MODELLED, NEWEST, mem_fraction_static, parse_release
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
     Attention,
@@ -50,15 +51,13 @@ from kvbudget.model.spec import (
     ModelSpec,
     RecurrentState,
 )
-from kvbudget.units import GIB
+from kvbudget.units import GIB, MIB
 
 if TYPE_CHECKING:
     from kvbudget.engines.sglang.simulator import SGLangSimulator
 
 _F32 = get_dtype("float32")
 SOURCE_NOTE = "SGLang figures follow its source (not run here): windows cached in full, page size 1"
-# mem_fraction_static comes from a reserved-memory formula in server_args.py; about 0.88 on 80 GB cards (notes).
-MEM_FRACTION_STATIC = 0.88
 
 
 @dataclass(frozen=True)
@@ -162,11 +161,21 @@ class SGLangEngine(Engine):
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "", tp: int = 1) -> Serving:
-        return Serving(memory_fraction=MEM_FRACTION_STATIC, memory_knob="mem_fraction_static default",
+        version = options.engine_version or NEWEST
+        fraction = mem_fraction_static(gpu_memory / MIB, tp, 1, version)
+        return Serving(memory_fraction=fraction,
+                       memory_knob=f"mem_fraction_static default ({version[0]}.{version[1]}'s rule for this card)",
                        prefill_tokens=0,
                        prefill_note="SGLang keeps activations in the (1 - mem_fraction_static) it leaves aside",
                        max_num_seqs=0, overhead_bytes=0, overhead_note="inside the share SGLang leaves aside",
                        options=options)
+
+    def parse_release(self, version: str) -> tuple[int, ...]:
+        release = parse_release(version)
+        if release is None:
+            raise EngineRuleError(f"engine_version {version}: SGLang's rules are modelled for "
+                                  f"{', '.join(f'{a}.{b}' for a, b in MODELLED)}", param="engine_version")
+        return release
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return cheaper_if_wider(current, "fp8")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
+from kvbudget.engines.vllm.memorylog import memory_rows
 from kvbudget.engines.vllm.releases import SWAP_SPACE, Release, parse_release, release
 from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError, spelled
 from kvbudget.model.spec import LatentAttention, ModelSpec, RecurrentState
@@ -256,7 +257,8 @@ class _Log:
         if self.cpu_blocks and rel.v0:
             out.append(_cpu_blocks_row(engine, model, s, int(self.cpu_blocks.group(1))))
         out += self._weights_rows(s)
-        out += self._stack_rows(s)
+        if self.budgets:
+            out += memory_rows(self.engine, self.text, self.model, s, self.budget_text)
         raised = re.search(r"Setting attention block size to (\d+) tokens", self.text)
         if raised:
             out.append(LogRow("block size", raised.group(1), str(low.block_size),
@@ -339,58 +341,6 @@ class _Log:
         return [LogRow("weights per GPU", f"{float(weights.group(1)):.2f} GiB", f"{w.per_gpu_bytes / GIB:.2f} GiB",
                        abs(diff) < 0.02, f"{diff:+.1%}: vLLM measures allocated memory (buffers, padding, quantized "
                        "checkpoints); kvbudget counts parameters")]
-
-
-    def _stack_rows(self, s: _LogSettings) -> list[LogRow]:
-        """Where the log states the GPU's total and gpu_memory_utilization: each memory term it printed beside the
-        plan's for the same settings (shown, never a mismatch of the cache: they check the plan's estimates)."""
-        total = _first_number(self.text, (r"total_gpu_memory[ =(]+([\d.]+) ?GiB",
-                                          r"Free memory on device \([\d.]+/([\d.]+) GiB\)"))
-        util = _first_number(self.text, (r"gpu_memory_utilization[ =(]+([\d.]+)",
-                                         r"Desired GPU memory utilization is \(([\d.]+),"))
-        if total is None or util is None or not self.budgets:
-            return []
-        from kvbudget.budget import memory_stack
-        from kvbudget.gpus import custom_gpu
-        from kvbudget.model.weights import model_weights
-
-        engine, model = self.engine, self.model
-        options = s.options()
-        serving = engine.serving(int(total * GIB), s.max_len, options, tp=s.tp)
-        try:
-            w = model_weights(model, s.tp, engine.pipeline_stages(model.num_layers, s.pp, s.partition))
-            stack, kv = memory_stack(model, serving, custom_gpu(int(total * GIB)), w, None, None, util)
-        except KVBudgetError:
-            return []
-        plan = {t.key: t.bytes / GIB for t in stack}
-        logged = {"activation": _first_number(self.text, (r"activation peak memory takes ([\d.]+) ?GiB",
-                                                          r"torch peak memory increase: ([\d.]+) ?GiB")),
-                  "overhead": _first_number(self.text, (r"non_torch_memory(?: takes |=)(-?[\d.]+) ?GiB",
-                                                        r"non-torch forward increase memory: (-?[\d.]+) ?GiB"))}
-        peak = _first_number(self.text, (r"peak_torch_memory=([\d.]+)GiB",))
-        weights = _first_number(self.text, (r"model weights take ([\d.]+)GiB", r"(?:Loading model weights took|Model "
-                                            r"loading took) ([\d.]+) G"))
-        if logged["activation"] is None and peak is not None and weights is not None:
-            logged["activation"] = peak - weights  # V0 0.6.4 prints the peak with the weights in it
-        note = "kvbudget plan's estimate for these settings"
-        out = [LogRow("memory: engine share", f"{total:.2f} x {util:g} GiB", f"{plan['share']:.2f} GiB", None,
-                      "the GPU's total as the log states it")]
-        for key, label in (("activation", "profiling peak"), ("overhead", "non-torch memory")):
-            value = logged[key]
-            if value is not None:
-                out.append(LogRow(f"memory: {label}", f"{value:.2f} GiB", f"{plan[key]:.2f} GiB", None, note))
-        error = kv / GIB / self.value - 1 if self.value else 0.0
-        out.append(LogRow("memory: KV budget before launch", f"{self.budget_text} GiB", f"{kv / GIB:.2f} GiB", None,
-                          f"{error:+.1%}: {note}"))
-        return out
-
-
-def _first_number(text: str, patterns: tuple[str, ...]) -> float | None:
-    """The first pattern's number that the text has, else None."""
-    for pattern in patterns:
-        if m := re.search(pattern, text):
-            return float(m.group(1))
-    return None
 
 
 def _cache_rows(rows: list[LogRow]) -> list[LogRow]:

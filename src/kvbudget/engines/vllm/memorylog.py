@@ -1,0 +1,69 @@
+"""The memory terms a vLLM start-up log prints before its cache (the engine's share, the profiling peak,
+non-torch memory, the KV budget), beside `kvbudget plan`'s for the same settings: check-log shows them, and they
+check the plan's estimates, not the cache."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from kvbudget.engines.base import LogRow
+from kvbudget.errors import KVBudgetError
+from kvbudget.model.spec import ModelSpec
+from kvbudget.units import GIB
+
+if TYPE_CHECKING:
+    from kvbudget.engines.vllm.engine import VLLMEngine
+    from kvbudget.engines.vllm.logs import _LogSettings
+
+
+def memory_rows(engine: VLLMEngine, text: str, model: ModelSpec, s: _LogSettings, budget_text: str
+                ) -> list[LogRow]:
+    """Where the log states the GPU's total and gpu_memory_utilization: each memory term it printed beside the
+    plan's for the same settings (shown, never a mismatch of the cache: they check the plan's estimates)."""
+    total = _first_number(text, (r"total_gpu_memory[ =(]+([\d.]+) ?GiB",
+                                 r"Free memory on device \([\d.]+/([\d.]+) GiB\)"))
+    util = _first_number(text, (r"gpu_memory_utilization[ =(]+([\d.]+)",
+                                r"Desired GPU memory utilization is \(([\d.]+),"))
+    if total is None or util is None:
+        return []
+    from kvbudget.budget import memory_stack
+    from kvbudget.gpus import custom_gpu
+    from kvbudget.model.weights import model_weights
+
+    options = s.options()
+    serving = engine.serving(int(total * GIB), s.max_len, options, tp=s.tp)
+    try:
+        w = model_weights(model, s.tp, engine.pipeline_stages(model.num_layers, s.pp, s.partition))
+        stack, kv = memory_stack(model, serving, custom_gpu(int(total * GIB)), w, None, None, util)
+    except KVBudgetError:
+        return []
+    plan = {t.key: t.bytes / GIB for t in stack}
+    logged = {"activation": _first_number(text, (r"activation peak memory takes ([\d.]+) ?GiB",
+                                                 r"torch peak memory increase: ([\d.]+) ?GiB")),
+              "overhead": _first_number(text, (r"non_torch_memory(?: takes |=)(-?[\d.]+) ?GiB",
+                                               r"non-torch forward increase memory: (-?[\d.]+) ?GiB"))}
+    peak = _first_number(text, (r"peak_torch_memory=([\d.]+)GiB",))
+    weights = _first_number(text, (r"model weights take ([\d.]+)GiB", r"(?:Loading model weights took|Model "
+                                   r"loading took) ([\d.]+) G"))
+    if logged["activation"] is None and peak is not None and weights is not None:
+        logged["activation"] = peak - weights  # V0 0.6.4 prints the peak with the weights in it
+    note = "kvbudget plan's estimate for these settings"
+    out = [LogRow("memory: engine share", f"{total * util:.2f} GiB", f"{plan['share']:.2f} GiB", None,
+                  f"{total:.2f} GiB x {util:g}, as the log states them")]
+    for key, label in (("activation", "profiling peak"), ("overhead", "non-torch memory")):
+        value = logged[key]
+        if value is not None:
+            out.append(LogRow(f"memory: {label}", f"{value:.2f} GiB", f"{plan[key]:.2f} GiB", None, note))
+    error = kv / GIB / float(budget_text) - 1 if float(budget_text) else 0.0
+    out.append(LogRow("memory: KV budget before launch", f"{budget_text} GiB", f"{kv / GIB:.2f} GiB", None,
+                      f"{error:+.1%}: {note}"))
+    return out
+
+
+def _first_number(text: str, patterns: tuple[str, ...]) -> float | None:
+    """The first pattern's number that the text has, else None."""
+    for pattern in patterns:
+        if m := re.search(pattern, text):
+            return float(m.group(1))
+    return None
