@@ -80,6 +80,6 @@ def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, acti
              note="" if overhead is not None else serving.overhead_note, param="overhead",
              given=overhead is not None),
         Term(key="kv", name="KV budget", bytes=kv, estimate=activation is None or overhead is None or not w.exact,
-             note="what is left for the KV cache"),
+             note="what is left for the KV cache" + (f"; {serving.checked}" if serving.checked else "")),
     )
     return stack, kv

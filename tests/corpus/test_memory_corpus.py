@@ -84,3 +84,12 @@ def test_the_plan_names_the_fit_it_uses():
     notes = {t.key: t.text() for t in p.stack}
     assert f"fit: {memory.LOGIT_BYTES} bytes per logit" in notes["activation"]
     assert "as torch reports it" in notes["gpu"] and "fit" in notes["overhead"]
+
+
+def test_the_plan_states_the_measured_range():
+    """The range the plan prints beside vLLM V1's budget is the one the V1 check cases give."""
+    errors = [error(c, predict(c)) for c in CHECK if tuple(int(x) for x in c["release"].split(".")[:2]) >= (0, 8)
+              and c["logged"].get("kv_gib", 0) > 0]
+    errors = [e for e in errors if e is not None]
+    assert memory.CHECKED == (f"against {len(errors)} real V1 start-ups: {min(errors):+.1%} to {max(errors):+.1%} "
+                              "(accuracy page)").replace("+-", "-")

@@ -229,6 +229,7 @@ class Serving:
     options: EngineOptions  # the options with this engine's defaults for this GPU filled in
     logit_bytes: int = 4  # bytes the profiling run's sampler holds per logit (rows x vocabulary) at its peak
     sampler_apart: bool = False  # the sampler runs after the forward pass has freed its activations (peak: the larger)
+    checked: str = ""  # how the budget compares with real start-ups, where it was checked
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -360,7 +360,7 @@ class VLLMEngine(Engine):
         run = runtime(rel, tp)
         rows = min(mnbt, max_num_seqs)
         return replace(serving, logit_bytes=run.logit_bytes, sampler_apart=True, overhead_bytes=run.overhead_bytes,
-                       overhead_note=run.overhead_note,
+                       overhead_note=run.overhead_note, checked=run.checked,
                        prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt}), then the sampler over "
                                     f"{rows} rows (fit: {run.logit_bytes} bytes per logit)")
 
