@@ -80,10 +80,17 @@ KERNEL_BLOCK_ALIGNMENT = {"cuda": 16, "cpu": 16}  # smallest kernel block of the
 # CPU backend takes (2048, 128) per rank (world size 1 here). Without a GPU in view (estimate) the small tier.
 BATCH_DEFAULTS = {"huge": (16384, 1024), "large": (8192, 1024), "small": (2048, 256), "cpu": (2048, 128)}
 HUGE_GPU_BYTES = 160 * GIB
+V0_LONG_CONTEXT = 32768  # V0's OpenAI server turned chunked prefill on beyond this max_model_len (arg_utils.py)
 LARGE_GPU_BYTES = 70 * GIB
 DEFAULT_MAX_NUM_BATCHED_TOKENS = BATCH_DEFAULTS["small"][0]
 GPU_MEMORY_UTILIZATION = Release(NEWEST).gpu_memory_utilization  # vllm/config/cache.py default (0.9 before 0.20)
 _FP32 = get_dtype("float32")
+
+
+def v0_batch_defaults(max_model_len: int) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) of vLLM V0 (< 0.8; config.py SchedulerConfig): chunked prefill only
+    beyond 32k tokens (then 2048 per step), else a whole request of max_model_len (at least 2048); 256 sequences."""
+    return (2048 if max_model_len > V0_LONG_CONTEXT else max(max_model_len, 2048)), 256
 
 
 def batch_defaults(gpu_memory: int, gpu_name: str = "", device: str = "cuda") -> tuple[int, int]:
@@ -346,17 +353,19 @@ class VLLMEngine(Engine):
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "", tp: int = 1) -> Serving:
-        default_tokens, max_num_seqs = batch_defaults(gpu_memory, gpu_name, options.device)
-        mnbt = options.max_num_batched_tokens or default_tokens
         rel = release(options)
+        default_tokens, max_num_seqs = v0_batch_defaults(max_model_len) if rel.v0 else batch_defaults(
+            gpu_memory, gpu_name, options.device)
+        mnbt = options.max_num_batched_tokens or default_tokens
         serving = Serving(memory_fraction=rel.gpu_memory_utilization,
                           memory_knob="gpu_memory_utilization default", prefill_tokens=mnbt,
                           prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt})",
                           max_num_seqs=max_num_seqs, overhead_bytes=NON_TORCH_ESTIMATE + CUDA_GRAPH_ESTIMATE,
                           overhead_note="non-torch memory and CUDA graphs",
                           options=replace(options, max_num_batched_tokens=mnbt))
-        if rel.v0:  # V0's profiling pass is not modelled beyond the library's estimate
-            return serving
+        if rel.v0:  # V0 sums the forward pass and the sampler; CUDA graphs are captured outside the budget
+            return replace(serving, overhead_bytes=NON_TORCH_ESTIMATE, overhead_note="non-torch memory (V0 leaves "
+                           "CUDA graphs out of the budget)")
         run = runtime(rel, tp)
         rows = min(mnbt, max_num_seqs)
         return replace(serving, logit_bytes=run.logit_bytes, sampler_apart=True, overhead_bytes=run.overhead_bytes,
