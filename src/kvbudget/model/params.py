@@ -21,7 +21,8 @@ _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "opt", "falcon", "cohere"}
 class ParamGroup:
     """Parameters of one part of the model: `count` stored, `active` used per token."""
 
-    # "embedding", "lm_head", "attention", "mlp", "experts", "router", "shared_expert", "mixer", "norm" or "mtp"
+    # "embedding", "lm_head", "attention", "mlp", "experts", "router", "shared_expert", "mixer", "norm", "mtp" or
+    # "vision" (a multimodal model's vision tower and projector)
     part: str
     count: int
     active: int
@@ -132,7 +133,29 @@ def count_parameters(model: ModelSpec) -> ParamCount:
         per_layer = sum(g.count for g in groups if g.layer == last)
         # each MTP module: a full decoder layer, two norms, the 2h -> h projection and its head norm
         add("mtp", mtp_layers * (per_layer + 2 * hidden * hidden + 3 * hidden))
+    add("vision", vision_parameters(model.config.get("vision_config"), hidden), active=0)
     return ParamCount(tuple(groups))
+
+
+def vision_parameters(vision: object, text_hidden: int) -> int:
+    """A vision tower's parameters from its vision_config, counted as a ViT encoder (an estimate where the tower
+    differs): the patch embedding (3 x patch^2, twice for a temporal patch of 2), learned positions of a fixed
+    image size (SigLIP), `layers` blocks of attention (4 h^2 with biases), MLP (2 h x intermediate with biases) and
+    two layer norms, the final norm, and a projection to the text model's width. 0 without a vision_config."""
+    if not isinstance(vision, dict):
+        return 0
+    h, inner = vision.get("hidden_size"), vision.get("intermediate_size")
+    layers = vision.get("num_hidden_layers") or vision.get("depth")
+    patch = vision.get("patch_size")
+    if not all(isinstance(x, int) and x > 0 for x in (h, inner, layers, patch)):
+        return 0
+    assert isinstance(h, int) and isinstance(inner, int) and isinstance(layers, int) and isinstance(patch, int)
+    frames = vision.get("temporal_patch_size") or 1
+    count = 3 * frames * patch * patch * h + h
+    if isinstance(vision.get("image_size"), int):
+        count += (vision["image_size"] // patch) ** 2 * h
+    block = 4 * (h * h + h) + 2 * h * inner + inner + h + 4 * h
+    return count + layers * block + 2 * h + h * text_hidden
 
 
 def _attention(spec: Attention, f: Fields, mt: str, hidden: int, heads: int) -> int:

@@ -133,7 +133,8 @@ def _per_gpu(groups: list[ParamGroup], size: Callable[[ParamGroup], float], tp: 
         load = 0.0
         for g in groups:
             if g.layer is None:
-                if (g.part == "embedding" and index != 0) or (g.part in ("lm_head", "norm") and index != pp - 1):
+                if (g.part in ("embedding", "vision") and index != 0) or (g.part in ("lm_head", "norm")
+                                                                        and index != pp - 1):
                     continue
             elif g.layer not in stage:
                 continue

@@ -23,6 +23,8 @@ PUBLISHED_TOTALS = {
 # 2025-2026 families: the totals their model names and cards round to (text model; Qwen3.5's vision tower is not
 # counted), a weaker check than the figures above.
 PUBLISHED_TOTALS.update({"qwen3.5-27b": 27e9, "qwen3.5-35b-a3b": 35e9, "nemotron-h-8b": 8e9})
+# Gemma 3 Technical Report, Table 1: 4B = 417M vision encoder + 675M embedding + 3,209M non-embedding parameters
+PUBLISHED_TOTALS["gemma-3-4b"] = 4.301e9
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_TOTALS))
@@ -101,3 +103,10 @@ def test_hub_weights_offline_are_labelled_not_silent(tmp_path, monkeypatch):
     finally:
         hub.offline_reason.cache_clear()
     assert not w.exact and "was not read: HF_HUB_OFFLINE is set" in w.basis
+
+
+def test_a_vision_tower_is_counted_with_the_model():
+    """Gemma 3 4B's SigLIP tower: 417M parameters in the Gemma 3 Technical Report (Table 1); vLLM loads it beside
+    the text model, on the first pipeline stage, and it is not read per generated token."""
+    groups = [g for g in count_parameters(load_model("gemma-3-4b")).groups if g.part == "vision"]
+    assert len(groups) == 1 and abs(groups[0].count / 417e6 - 1) < 0.02 and groups[0].active == 0
