@@ -103,7 +103,7 @@ def test_vllm_jamba_mamba1_hybrid():
     logged = re.search(r"Padding mamba page size by ([\d.]+)%", run.log)
     assert logged, run.log[-2000:]
     plan, _ = VLLM.layout(kvbudget.parse_config(config), "auto", 1, EngineOptions(device="cpu"))
-    (state,) = {spec.state_bytes for spec, _, _ in plan.buckets if spec.kind == "mamba"}
+    (state,) = {spec.state_bytes for spec, _, _ in plan.buckets if spec.keeps_state}
     assert logged.group(1) == f"{100 * (plan.page - state) / state:.2f}"
     check_allocation(run, config, 1, 4096, (), {})
 
