@@ -50,30 +50,31 @@ def activation_estimate(model: ModelSpec, tokens: int, sampled_rows: int, logit_
 
 
 def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, activation: int | None,
-            overhead: int | None, utilization: float | None) -> tuple[tuple[Term, ...], int]:
+                 overhead: int | None, utilization: float | None) -> tuple[tuple[Term, ...], int]:
     """The memory stack of one GPU and the KV budget the engine derives from it."""
     util = serving.memory_fraction if utilization is None else utilization
     if not 0 < util <= 1:
         raise KVBudgetError(f"utilization {util}: must be in (0, 1]", param="utilization")
     tokens = serving.prefill_tokens
-    act = (activation_estimate(model, tokens, serving.max_num_seqs, serving.logit_bytes, serving.sampler_apart)
-           if tokens else 0) if activation is None \
-        else activation
+    if activation is None:
+        activation_bytes = activation_estimate(model, tokens, serving.max_num_seqs, serving.logit_bytes,
+                                               serving.sampler_apart) if tokens else 0
+    else:
+        activation_bytes = activation
     other = serving.overhead_bytes if overhead is None else overhead
     usable = math.ceil(card.memory_bytes * util)  # vLLM's request_memory rounds up
-    kv = usable - w.per_gpu_bytes - act - other
+    kv = usable - w.per_gpu_bytes - activation_bytes - other
+    weights_given = w.basis.startswith(GIVEN_WEIGHTS)
     stack = (
         Term(key="gpu", name="GPU memory", bytes=card.memory_bytes, estimate=card.memory_basis.startswith("nominal"),
              note=f"{card.name}, {card.memory_basis}"),
         Term(key="share", name=f"engine share ({util:g})", bytes=usable, estimate=utilization is None and util != 1.0,
-             note="", param="utilization", given=True) if utilization is not None else
-        Term(key="share", name=f"engine share ({util:g})", bytes=usable, estimate=util != 1.0,
-             note=serving.memory_knob),
+             note="" if utilization is not None else serving.memory_knob,
+             param="utilization" if utilization is not None else None, given=utilization is not None),
         Term(key="weights", name="weights", bytes=w.per_gpu_bytes, estimate=not w.exact,
-             note=w.basis.removeprefix(GIVEN_WEIGHTS), param="weights", given=True)
-        if w.basis.startswith(GIVEN_WEIGHTS) else
-        Term(key="weights", name="weights", bytes=w.per_gpu_bytes, estimate=not w.exact, note=w.basis),
-        Term(key="activation", name="activation peak", bytes=act, estimate=activation is None,
+             note=w.basis.removeprefix(GIVEN_WEIGHTS), param="weights" if weights_given else None,
+             given=weights_given),
+        Term(key="activation", name="activation peak", bytes=activation_bytes, estimate=activation is None,
              note="" if activation is not None else serving.prefill_note, param="activation",
              given=activation is not None),
         Term(key="overhead", name="overhead", bytes=other, estimate=overhead is None,

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from kvbudget.dtypes import KVDtype, get_dtype
 from kvbudget.engines.base import (
-    CUDA_GRAPH_ESTIMATE,
     NON_TORCH_ESTIMATE,
     Allocation,
     CacheGroup,
@@ -50,7 +49,7 @@ from kvbudget.engines.base import (
 )
 from kvbudget.engines.metrics import first_gauge
 from kvbudget.engines.vllm.blocks import BlockGroup
-from kvbudget.engines.vllm.memory import runtime
+from kvbudget.engines.vllm.memory import CHECKED, LOGIT_BYTES, overhead
 from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
 from kvbudget.engines.vllm.releases import NEWEST, SWAP_SPACE, Release, parse_release, release
 from kvbudget.engines.vllm.specs import ChunkedSpec, FullSpec, KVSpec, MLASpec, SlidingSpec, vllm_spec
@@ -357,21 +356,19 @@ class VLLMEngine(Engine):
         default_tokens, max_num_seqs = v0_batch_defaults(max_model_len) if rel.v0 else batch_defaults(
             gpu_memory, gpu_name, options.device)
         mnbt = options.max_num_batched_tokens or default_tokens
-        serving = Serving(memory_fraction=rel.gpu_memory_utilization,
-                          memory_knob="gpu_memory_utilization default", prefill_tokens=mnbt,
-                          prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt})",
-                          max_num_seqs=max_num_seqs, overhead_bytes=NON_TORCH_ESTIMATE + CUDA_GRAPH_ESTIMATE,
-                          overhead_note="non-torch memory and CUDA graphs",
-                          options=replace(options, max_num_batched_tokens=mnbt))
+        options = replace(options, max_num_batched_tokens=mnbt)
         if rel.v0:  # V0 sums the forward pass and the sampler; CUDA graphs are captured outside the budget
-            return replace(serving, overhead_bytes=NON_TORCH_ESTIMATE, overhead_note="non-torch memory (V0 leaves "
-                           "CUDA graphs out of the budget)")
-        run = runtime(rel, tp)
-        rows = min(mnbt, max_num_seqs)
-        return replace(serving, logit_bytes=run.logit_bytes, sampler_apart=True, overhead_bytes=run.overhead_bytes,
-                       overhead_note=run.overhead_note, checked=run.checked,
+            return Serving(memory_fraction=rel.gpu_memory_utilization, memory_knob="gpu_memory_utilization default",
+                           prefill_tokens=mnbt, prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt})",
+                           max_num_seqs=max_num_seqs, overhead_bytes=NON_TORCH_ESTIMATE,
+                           overhead_note="non-torch memory (V0 leaves CUDA graphs out of the budget)",
+                           options=options)
+        other, note = overhead(rel, tp)
+        return Serving(memory_fraction=rel.gpu_memory_utilization, memory_knob="gpu_memory_utilization default",
+                       prefill_tokens=mnbt, max_num_seqs=max_num_seqs, overhead_bytes=other, overhead_note=note,
                        prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt}), then the sampler over "
-                                    f"{rows} rows (fit: {run.logit_bytes} bytes per logit)")
+                                    f"{min(mnbt, max_num_seqs)} rows (fit: {LOGIT_BYTES} bytes per logit)",
+                       logit_bytes=LOGIT_BYTES, sampler_apart=True, checked=CHECKED, options=options)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return cheaper_if_wider(current, "fp8")

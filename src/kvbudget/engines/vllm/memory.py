@@ -21,8 +21,6 @@ Two figures are fitted, not read, and say so where they are used:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from kvbudget.engines.base import CUDA_GRAPH_ESTIMATE
 from kvbudget.engines.vllm.releases import Release
 from kvbudget.units import GIB
@@ -36,22 +34,11 @@ NON_TORCH_PARALLEL = int(0.55 * GIB)  # tensor parallel 2 (one case); larger siz
 CUDA_GRAPHS_SUBTRACTED = (0, 20)
 
 
-@dataclass(frozen=True)
-class Runtime:
-    """vLLM's memory besides weights and KV cache for one release on one GPU of a tensor-parallel group."""
-
-    logit_bytes: int
-    overhead_bytes: int
-    overhead_note: str
-    checked: str = CHECKED
-
-
-def runtime(rel: Release, tp: int) -> Runtime:
-    """The profiling sampler's bytes per logit and the memory outside the profiling peak, for release `rel`."""
+def overhead(rel: Release, tp: int) -> tuple[int, str]:
+    """V1's memory outside the profiling peak for release `rel` at tensor parallel size `tp`, and its note."""
     non_torch = NON_TORCH_ONE_GPU if tp == 1 else NON_TORCH_PARALLEL
     what = f"non-torch memory (fit: {non_torch / GIB:.2f} GiB at tensor parallel {'1' if tp == 1 else '2'})"
     if rel.version >= CUDA_GRAPHS_SUBTRACTED:
-        return Runtime(LOGIT_BYTES, non_torch + CUDA_GRAPH_ESTIMATE,
-                       f"{what} and CUDA graphs (estimate: {CUDA_GRAPH_ESTIMATE / GIB:.1f} GiB; vLLM >= 0.20 "
-                       "subtracts them)")
-    return Runtime(LOGIT_BYTES, non_torch, f"{what}; vLLM < 0.20 leaves CUDA graphs out of the budget")
+        return non_torch + CUDA_GRAPH_ESTIMATE, (f"{what} and CUDA graphs (estimate: {CUDA_GRAPH_ESTIMATE / GIB:.1f} "
+                                                 "GiB; vLLM >= 0.20 subtracts them)")
+    return non_torch, f"{what}; vLLM < 0.20 leaves CUDA graphs out of the budget"
