@@ -69,12 +69,13 @@ class Poller:
             self.metrics.scrape_failures.labels(replica.url).inc()
 
     async def poll_forever(self, pool: Pool) -> None:
+        """Every replica scraped again each `interval`, after the first scrape (`poll_once`) has run."""
         await asyncio.gather(*(self._poll_forever(pool, r) for r in self.replicas))
 
     async def _poll_forever(self, pool: Pool, replica: Replica) -> None:
         while True:
+            await asyncio.sleep(self.interval)
             try:
                 await self.poll_replica(pool, replica)
             except Exception:  # never let the poller die
                 log.exception("metrics poll of %s failed", replica.url)
-            await asyncio.sleep(self.interval)
