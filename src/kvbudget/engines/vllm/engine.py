@@ -49,7 +49,7 @@ from kvbudget.engines.base import (
 )
 from kvbudget.engines.metrics import first_gauge
 from kvbudget.engines.vllm.blocks import BlockGroup
-from kvbudget.engines.vllm.memory import CHECKED, LOGIT_BYTES, overhead
+from kvbudget.engines.vllm.memory import CHECKED, logit_bytes, overhead
 from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
 from kvbudget.engines.vllm.releases import NEWEST, SWAP_SPACE, Release, parse_release, release
 from kvbudget.engines.vllm.specs import ChunkedSpec, FullSpec, KVSpec, MLASpec, SlidingSpec, vllm_spec
@@ -364,11 +364,12 @@ class VLLMEngine(Engine):
                            overhead_note="non-torch memory (V0 leaves CUDA graphs out of the budget)",
                            options=options)
         other, note = overhead(rel, tp)
+        per_logit = logit_bytes(rel)
         return Serving(memory_fraction=rel.gpu_memory_utilization, memory_knob="gpu_memory_utilization default",
                        prefill_tokens=mnbt, max_num_seqs=max_num_seqs, overhead_bytes=other, overhead_note=note,
                        prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt}), then the sampler over "
-                                    f"{min(mnbt, max_num_seqs)} rows (fit: {LOGIT_BYTES} bytes per logit)",
-                       logit_bytes=LOGIT_BYTES, sampler_apart=True, checked=CHECKED, options=options)
+                                    f"{min(mnbt, max_num_seqs)} rows (fit: {per_logit} bytes per logit)",
+                       logit_bytes=per_logit, sampler_apart=True, checked=CHECKED, options=options)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return cheaper_if_wider(current, "fp8")

@@ -10,34 +10,53 @@ max_num_batched_tokens through the model, frees that pass's activations, then ru
 min(max_num_batched_tokens, max_num_seqs) rows of the full vocabulary (_dummy_run, _dummy_sampler_run): the
 peak is the larger of the two.
 
-Two figures are fitted, not read, and say so where they are used:
-- LOGIT_BYTES: bytes the sampler holds per logit at its peak (logits in the model dtype and float32, the sort's
-  values and int64 indices, the softmax and the masks of top-k / top-p). Fitted on the two `fit` cases of
-  tests/data/memory/vllm.json (38.4 and 38.9 bytes, rounded up), checked on its `check` cases by
-  benchmarks/bench_memory.py.
-- NON_TORCH: CUDA context, cuBLAS workspaces and, with tensor parallelism, NCCL and custom all-reduce buffers, as
-  those logs print them (0.13-0.14 GiB on one H100; 0.55 GiB per GPU at tensor parallel 2, one case).
+Two figures are fitted per era, not read, and say so where they are used (the eras come from the source):
+- logit bytes: what the sampler holds per logit at its peak. Before 0.17 top-k / top-p sorts the logits (values
+  and int64 indices beside the logits in float32, the softmax and the masks); from 0.17 a Triton kernel does it
+  without the sort (`v1/sample/ops/topk_topp_sampler.py`, apply_top_k_top_p_triton for 8 rows or more).
+- non-torch memory: CUDA context, cuBLAS workspaces and, with tensor parallelism, NCCL and custom all-reduce
+  buffers. The start-ups logged from 0.18 on show more of it (0.25 GiB on one H100, 2.07-2.13 GiB per GPU with
+  tensor parallelism) than those of 0.10-0.17 (0.13-0.14 and 0.55).
+Each is the largest of its era's `fit` cases in tests/data/memory/vllm.json (bytes per logit: those on one
+GPU), rounded up (bytes per logit to the byte, memory to 0.01 GiB and one more); the `check` cases measure the
+error (benchmarks/bench_memory.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from kvbudget.engines.base import CUDA_GRAPH_ESTIMATE
 from kvbudget.engines.vllm.releases import Release
 from kvbudget.units import GIB
 
-LOGIT_BYTES = 39
+SAMPLER_WITHOUT_SORT = (0, 17)
+LOGIT_BYTES = {(0, 0): 39, SAMPLER_WITHOUT_SORT: 16}  # fitted: 38.4 and 38.9; 15.4 and 15.5 (rounded up)
+MORE_NON_TORCH = (0, 18)
+# (one GPU, each GPU with tensor parallelism); fitted: 0.13 / 0.55, and 0.25 / 2.07 GiB
+NON_TORCH = {(0, 0): (int(0.14 * GIB), int(0.56 * GIB)), MORE_NON_TORCH: (int(0.26 * GIB), int(2.08 * GIB))}
 # The KV budget's error on the check cases of tests/data/memory/vllm.json (benchmarks/bench_memory.py; the corpus
 # test holds these figures to the benchmark's): the range, and the cases it comes from.
-CHECKED = "against 4 real V1 start-ups: -12.0% to +1.1% (accuracy page)"
-NON_TORCH_ONE_GPU = int(0.14 * GIB)
-NON_TORCH_PARALLEL = int(0.55 * GIB)  # tensor parallel 2 (one case); larger sizes are not measured
+CHECKED = "against 11 real V1 start-ups: -12.0% to +1.1% (accuracy page)"
 CUDA_GRAPHS_SUBTRACTED = (0, 20)
+
+
+def _era(table: Mapping[tuple[int, int], object], rel: Release) -> tuple[int, int]:
+    return max(start for start in table if rel.version >= start)
+
+
+def logit_bytes(rel: Release) -> int:
+    """Bytes the sampler of release `rel` holds per logit at its peak (fitted per era)."""
+    return LOGIT_BYTES[_era(LOGIT_BYTES, rel)]
 
 
 def overhead(rel: Release, tp: int) -> tuple[int, str]:
     """V1's memory outside the profiling peak for release `rel` at tensor parallel size `tp`, and its note."""
-    non_torch = NON_TORCH_ONE_GPU if tp == 1 else NON_TORCH_PARALLEL
-    what = f"non-torch memory (fit: {non_torch / GIB:.2f} GiB at tensor parallel {'1' if tp == 1 else '2'})"
+    era = _era(NON_TORCH, rel)
+    non_torch = NON_TORCH[era][0 if tp == 1 else 1]
+    since = "" if era == (0, 0) else f", vLLM >= {era[0]}.{era[1]}"
+    what = (f"non-torch memory (fit: {non_torch / GIB:.2f} GiB "
+            f"{'on one GPU' if tp == 1 else 'per GPU with tensor parallelism'}{since})")
     if rel.version >= CUDA_GRAPHS_SUBTRACTED:
         return non_torch + CUDA_GRAPH_ESTIMATE, (f"{what} and CUDA graphs (estimate: {CUDA_GRAPH_ESTIMATE / GIB:.1f} "
                                                  "GiB; vLLM >= 0.20 subtracts them)")
