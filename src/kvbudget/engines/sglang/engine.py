@@ -234,6 +234,11 @@ class SGLangEngine(Engine):
         rows = (pool, *buffers, LogRow("KV memory per rank", "-", f"{rows_held * total / GIB:.2f} GiB", True,
                                        "the budget this pool implies" + (", indexer keys included" if index_bytes
                                                                          else "")))
+        from kvbudget.engines.sglang.memorylog import memory_rows
+        from kvbudget.model.weights import model_weights
+
+        recurrent = any(isinstance(layer, RecurrentState) for layer in model.layers)  # its state is sized apart
+        rows += tuple(memory_rows(text, tokens, 0 if recurrent else total, model_weights(model, tp).per_gpu_bytes))
         settings = {k: v for k, v in (("tp", tp), ("kv_cache_dtype", dtype)) if k not in assumed}
         return LogCheck(engine="sglang", model_in_log=None, settings=settings, rows=rows, assumed=assumed)
 

@@ -1,0 +1,48 @@
+"""The memory lines an SGLang start-up prints before its pool, checked against the rule its source sizes the pool
+by, and its weights beside `kvbudget plan`'s.
+
+SGLang (python/sglang/srt/model_executor/model_runner.py profile_max_num_token in 0.4.3-0.5.3,
+model_runner_kv_cache_mixin.py from 0.5.4 on) measures the free memory before the weights load (`Load weight
+begin. avail mem=`), again after them (`Load weight end. ... avail mem=`), and keeps for the pool
+`after - before x (1 - mem_fraction_static)`: its share is of the memory free before loading, not of the card,
+so the CUDA context and NCCL buffers already in use come out of it too. The pool is that many GiB over the bytes
+of one token cell, rounded down. Printed figures are rounded to 0.01 "GB" (which are GiB).
+"""
+
+from __future__ import annotations
+
+import re
+
+from kvbudget.engines.base import LogRow
+from kvbudget.units import GIB
+
+ROUNDING = 0.005  # each printed figure is within half a hundredth of a GiB
+
+
+def memory_rows(text: str, tokens: int, cell_bytes: int, weights_bytes: int | None) -> list[LogRow]:
+    """Rows for the memory lines the log has: the weights as loaded (beside the plan's count) and, where the log
+    states mem_fraction_static and both measurements, the pool the source's rule gives from them against the
+    pool the log allocated. Empty when the log prints none of them."""
+    before = _number(text, r"Load weight begin\. avail mem=([\d.]+) GB")
+    after = _number(text, r"Load weight end\..*?avail mem=([\d.]+) GB")
+    used = _number(text, r"Load weight end\..*?mem usage=([\d.]+) GB")
+    fraction = _number(text, r"mem_fraction_static[=' ]+([\d.]+)")
+    out = []
+    if used is not None and weights_bytes is not None:
+        out.append(LogRow("memory: weights as loaded", f"{used:.2f} GB", f"{weights_bytes / GIB:.2f} GiB", None,
+                          "kvbudget plan's count; the log's figure is all the loading took"))
+    if before is None or after is None or fraction is None or "--max-total-tokens" in text or not cell_bytes:
+        return out
+    pool = after - before * (1 - fraction)
+    worst = ROUNDING * (2 - fraction)  # both measurements rounded
+    low, high = ((pool + d) * GIB // cell_bytes for d in (-worst, worst))
+    out.append(LogRow("memory: pool by SGLang's rule", f"{tokens:,} tokens", f"{low:,.0f}-{high:,.0f} tokens",
+                      low <= tokens <= high,
+                      f"{after:.2f} - {before:.2f} x (1 - {fraction:g}) = {pool:.2f} GiB over "
+                      f"{cell_bytes:,} B per token (the printed figures' rounding gives the range)"))
+    return out
+
+
+def _number(text: str, pattern: str) -> float | None:
+    m = re.search(pattern, text)
+    return float(m.group(1)) if m else None
