@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import kvbudget
-from kvbudget.engines.base import LogRow
+from kvbudget.engines.base import EngineOptions, LogRow
 from kvbudget.engines.sglang.engine import SGLANG
 from kvbudget.engines.sglang.memorylog import memory_rows
 from kvbudget.units import GIB
@@ -46,3 +46,16 @@ def test_a_log_without_memory_lines_has_no_memory_rows():
 def test_check_log_shows_the_rows():
     check = SGLANG.check_log(LOG.read_text(), kvbudget.load_model("qwen2.5-32b"))
     assert any(r.quantity == "memory: pool by SGLang's rule" and r.matches for r in check.rows)
+
+
+def test_the_plan_takes_the_share_of_what_is_free_before_loading():
+    """The fitted memory in use before loading is the catalog's L4 less what the log measured then (the fit
+    case), and the plan's pool for that start-up is then off by its weights alone (15.54 loaded, 15.26 counted)."""
+    from kvbudget.engines.sglang.engine import PRELOAD
+    from kvbudget.gpus import find_gpu
+
+    assert round(find_gpu("L4").memory_bytes / GIB - 21.63, 2) == round(PRELOAD / GIB, 2)
+    p = kvbudget.plan(kvbudget.load_model("qwen2.5-32b"), engine="sglang", gpu="L4", tp=4, max_model_len=32768,
+                      options=EngineOptions(engine_version=(0, 4, 3)), recommend=False)
+    kv = {t.key: t.bytes for t in p.stack}["kv"] / GIB
+    assert abs(kv - (2.85 + 15.54 - 15.26)) < 0.02

@@ -163,11 +163,15 @@ class SGLangEngine(Engine):
                 gpu_name: str = "", tp: int = 1) -> Serving:
         version = options.engine_version or NEWEST
         fraction = mem_fraction_static(gpu_memory / MIB, tp, 1, version)
+        before = PRELOAD_TP8 if tp >= 8 else PRELOAD
         return Serving(memory_fraction=fraction,
                        memory_knob=f"mem_fraction_static default ({version[0]}.{version[1]}'s rule for this card)",
                        prefill_tokens=0,
                        prefill_note="SGLang keeps activations in the (1 - mem_fraction_static) it leaves aside",
-                       max_num_seqs=0, overhead_bytes=0, overhead_note="inside the share SGLang leaves aside",
+                       max_num_seqs=0, overhead_bytes=int(fraction * before),
+                       overhead_note=(f"SGLang takes its share of the memory free before the weights load, so "
+                                      f"{fraction:g} x what is in use then (CUDA context, NCCL; fit: "
+                                      f"{before / GIB:.2f} GiB, one log at tp {'8' if tp >= 8 else '4'})"),
                        options=options)
 
     def parse_release(self, version: str) -> tuple[int, ...]:
@@ -243,6 +247,11 @@ class SGLangEngine(Engine):
         return LogCheck(engine="sglang", model_in_log=None, settings=settings, rows=rows, assumed=assumed)
 
 
+# Memory in use before the weights load, below the GPU's catalog figure (SGLang's `Load weight begin. avail mem`):
+# 0.86 GiB on an L4 at tp 4 (sglang 0.4.3 log in tests/data/logs; the L4's figure is nvidia-smi's) and 1.96 GiB on
+# an H200 at tp 8 (`Init torch distributed ends. mem usage=1.96 GB`, sglang PR #11716). One log each: fits.
+PRELOAD = int(0.86 * GIB)
+PRELOAD_TP8 = int(1.96 * GIB)
 NSA_PAGE = 64  # SGLang forces 64-token pages for DeepSeek's sparse attention (server_args.py)
 NSA_FP8_ROW = 656  # an fp8 NSA latent row: 512 fp8 values, 4 float32 scales, 64 bf16 rope values
 INDEX_QUANT_BLOCK = 128
