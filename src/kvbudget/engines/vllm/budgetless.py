@@ -1,0 +1,152 @@
+"""vLLM logs checked without their KV budget line, as far as they go: V0's CPU blocks and GPU blocks, V1's token
+count against its concurrency, V1 0.7's GPU blocks; and what a log that cannot be checked was understood to say."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from kvbudget.engines.base import LogCheck, LogRow
+from kvbudget.engines.vllm.releases import SWAP_SPACE, release
+from kvbudget.model.spec import ModelSpec
+from kvbudget.units import format_bytes
+
+if TYPE_CHECKING:
+    from kvbudget.engines.vllm.engine import VLLMEngine
+    from kvbudget.engines.vllm.logs import _LogSettings
+
+
+def count_span(a: int | None, b: int | None) -> str:
+    return f"{a:,}" if a == b else f"{a:,}-{b:,}"
+
+
+def shown_settings(st: _LogSettings, read: dict, assumed: dict) -> dict:
+    """The settings the check ran under that the log (or the user) stated: the assumed ones are shown apart."""
+    settings = {"max_model_len": st.max_len, "device": st.device, "tp": st.tp, "pp": st.pp,
+                "kv_cache_dtype": st.kv_dtype, "prefix_caching": st.prefix,
+                "engine_version": read.get("engine_version"), "hybrid_allocator": st.hybrid}
+    if st.mnbt is not None:
+        settings["max_num_batched_tokens"] = st.mnbt
+    if st.partition is not None:
+        settings["pp_layer_partition"] = ",".join(map(str, st.partition))
+    if st.backend is not None:
+        settings["attention_backend"] = st.backend
+    if st.spec_tokens:
+        settings["num_speculative_tokens"] = st.spec_tokens
+    return {k: v for k, v in settings.items() if k not in assumed}
+
+
+def cpu_blocks_row(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, logged: int) -> LogRow:
+    """V0's CPU blocks: its 4 GiB swap space over one block of every layer on one rank: the model's shape, the
+    tensor parallel size and the dtype, checked without the GPU budget."""
+    block = engine.layout(model, s.kv_dtype, s.tp, s.options())[0].block_bytes
+    ours = SWAP_SPACE // block
+    return LogRow("CPU blocks (4 GiB swap space)", f"{logged:,}", f"{ours:,}", logged == ours,
+                  f"4 GiB // {format_bytes(block)} per block (vLLM V0's default --swap-space)")
+
+
+def v0_check_without_budget(engine: VLLMEngine, text: str, model: ModelSpec, st: _LogSettings, assumed: dict,
+                             v0_refusal: re.Match | None, conc: re.Match | None, cpu_blocks: int) -> LogCheck:
+    """A V0 log without its GPU budget: the CPU blocks, and what the GPU blocks it printed mean."""
+    rows = [cpu_blocks_row(engine, model, st, cpu_blocks)]
+    gpu = re.search(r"GPU blocks: (\d+)", text)
+    block_size = engine.layout(model, st.kv_dtype, st.tp, st.options())[0].block_size
+    if gpu and v0_refusal:
+        n, held = int(v0_refusal.group(2)), int(gpu.group(1)) * block_size
+        rows.append(LogRow("refused: tokens the cache holds", f"{n:,}", f"{held:,}", n == held,
+                           f"the log's GPU blocks x {block_size} (the budget is not printed)"))
+    if gpu and conc:
+        logged, ours = conc.group(2), f"{int(gpu.group(1)) * block_size / st.max_len:.2f}"
+        rows.append(LogRow(f"max concurrency at {st.max_len:,} tokens", f"{logged}x", f"{ours}x", logged == ours,
+                           f"the log's GPU blocks x {block_size} / max_model_len"))
+    causes: tuple[str, ...] = ()
+    if not all(r.matches for r in rows):
+        alternatives = [(f"tensor parallel size {tp}, not {st.tp}", replace(st, tp=tp)) for tp in (1, 2, 4, 8)
+                        if tp != st.tp]
+        alternatives += [("the cache is fp8", replace(st, kv_dtype="fp8"))] if st.kv_dtype == "auto" else []
+        alternatives += [("vLLM 0.7 (V0 with MLA)", replace(st, version=(0, 7)))] if st.version != (0, 7) else []
+        causes = tuple(label for label, alt in alternatives
+                       if cpu_blocks_row(engine, model, alt, cpu_blocks).matches) or (
+            "none of the known causes (tensor parallel size, dtype, MLA) makes the CPU blocks agree: check the "
+            "model and --swap-space",)
+    settings = {"max_model_len": st.max_len, "tp": st.tp, "kv_cache_dtype": st.kv_dtype}
+    shown = {k: v for k, v in settings.items() if k not in assumed and v}
+    assumed = {**assumed, "KV budget": "not printed: the CPU blocks are checked instead"}
+    if not st.max_len:
+        assumed["max_model_len"] = "not in the log (these rows do not need it)"
+    return LogCheck(engine="vllm", model_in_log=None, settings=shown, rows=tuple(rows), assumed=assumed, causes=causes)
+
+
+def v1_blocks_rows(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, tokens: int, logged: str) -> list[LogRow]:
+    """A V1 log without its budget: the blocks its token count implies (under the release's meaning of that count)
+    and the concurrency those blocks give, beside the concurrency it printed."""
+    layout, _ = engine.pool(model, st.kv_dtype, st.tp, st.options())
+    per_request = layout.blocks_per_request(st.max_len)
+    if release(st.options()).reports_slots:  # tokens = blocks // groups x block size
+        first = tokens // layout.block_size * layout.num_groups
+        blocks = range(first, first + layout.num_groups)
+        meaning = f"blocks // {layout.num_groups} groups x {layout.block_size} (vLLM <= 0.19)"
+    else:  # tokens = int(blocks / per_request x max_len)
+        guess = tokens * per_request // st.max_len
+        blocks = range(max(guess - 2, 1), guess + 3)
+        blocks = range(min(b for b in blocks if int(b / per_request * st.max_len) == tokens) if any(
+            int(b / per_request * st.max_len) == tokens for b in blocks) else guess, 1 + max(
+            (b for b in blocks if int(b / per_request * st.max_len) == tokens), default=guess))
+        meaning = "int(concurrency x max_model_len) (vLLM >= 0.20)"
+    shown = {f"{b / per_request:.2f}" for b in blocks}
+    return [LogRow("GPU blocks (from the token count)", f"{tokens:,} tokens", count_span(blocks[0], blocks[-1]), True,
+                   meaning + "; the budget is not printed"),
+            LogRow(f"max concurrency at {st.max_len:,} tokens", f"{logged}x", " / ".join(sorted(shown)) + "x",
+                   logged in shown, f"those blocks / {per_request} blocks per request")]
+
+
+def v1_check_without_budget(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, assumed: dict, tokens: int,
+                             logged: str) -> LogCheck:
+    rows = v1_blocks_rows(engine, model, st, tokens, logged)
+    causes: tuple[str, ...] = ()
+    if not all(r.matches for r in rows):
+        alternatives = [("prefix caching " + ("off" if st.prefix else "on"), replace(st, prefix=not st.prefix))]
+        alternatives += [(f"tensor parallel size {tp}, not {st.tp}", replace(st, tp=tp)) for tp in (1, 2, 4, 8)
+                         if tp != st.tp]
+        causes = tuple(label for label, alt in alternatives
+                       if all(r.matches for r in v1_blocks_rows(engine, model, alt, tokens, logged))) or (
+            "none of the known causes (prefix caching, tensor parallel size) makes the rows agree",)
+    settings = {"max_model_len": st.max_len, "tp": st.tp, "kv_cache_dtype": st.kv_dtype, "prefix_caching": st.prefix,
+                "engine_version": f"{st.version[0]}.{st.version[1]}" if st.version else None}
+    if st.spec_tokens:
+        settings["num_speculative_tokens"] = st.spec_tokens
+    shown = {k: v for k, v in settings.items() if k not in assumed}
+    return LogCheck(engine="vllm", model_in_log=None, settings=shown, rows=tuple(rows),
+                    assumed={**assumed, "KV budget": "not printed: the token count and "
+                                                        "the concurrency are checked against each other"},
+                                                        causes=causes)
+
+
+def early_v1_check(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, read: dict, assumed: dict,
+                    blocks: int, logged: str) -> LogCheck:
+    """vLLM V1 before 0.8 printed '# GPU blocks: N' and 'Maximum concurrency' = N x block size / max_model_len
+    (v1/core/kv_cache_utils.py of 0.7.3), not its budget: the blocks checked against the concurrency, and the
+    memory they take."""
+    layout = engine.layout(model, st.kv_dtype, st.tp, st.options())[0]
+    ours = f"{blocks * layout.block_size / st.max_len:.2f}"
+    rows = (LogRow(f"max concurrency at {st.max_len:,} tokens", f"{logged}x", f"{ours}x", ours == logged,
+                   f"the log's {blocks:,} GPU blocks x {layout.block_size} / max_model_len (vLLM V1 0.7)"),
+            LogRow("KV memory these blocks take", "-", format_bytes(blocks * layout.block_bytes), True,
+                   "per GPU; the log prints no budget"))
+    return LogCheck(engine="vllm", model_in_log=None, settings=shown_settings(st, read, assumed), rows=rows,
+                    assumed={**assumed, "KV budget": "not printed (vLLM V1 0.7): the blocks are checked against "
+                                                     "the concurrency"})
+
+
+_KNOWN_LINES = {"a KV cache size in tokens": r"KV cache size: +[\d,]+ tokens",
+                "the maximum concurrency": r"Maximum concurrency for",
+                "GPU blocks": r"GPU blocks: \d+", "the weights loaded": r"(?:Model loading|model weights) took",
+                "the engine's version": r"LLM engine \(v|vLLM (?:API server )?version",
+                "the engine configuration": r"max_seq_len=|max_model_len"}
+
+
+def understood(text: str) -> str:
+    """The vLLM lines the log has, for an error that says what was read before what was missing."""
+    found = [what for what, pattern in _KNOWN_LINES.items() if re.search(pattern, text)]
+    return ", ".join(found) if found else "no vLLM line kvbudget reads"
