@@ -56,9 +56,14 @@ def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, acti
     if not 0 < util <= 1:
         raise KVBudgetError(f"utilization {util}: must be in (0, 1]", param="utilization")
     tokens = serving.prefill_tokens
+    activation_note = serving.prefill_note
     if activation is None:
         activation_bytes = activation_estimate(model, tokens, serving.max_num_seqs, serving.logit_bytes,
                                                serving.sampler_apart) if tokens else 0
+        if serving.context_scratch is not None:
+            scratch, how = serving.context_scratch(model)
+            activation_bytes += scratch
+            activation_note += f"; {how}"
     else:
         activation_bytes = activation
     other = serving.overhead_bytes if overhead is None else overhead
@@ -75,7 +80,7 @@ def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, acti
              note=w.basis.removeprefix(GIVEN_WEIGHTS), param="weights" if weights_given else None,
              given=weights_given),
         Term(key="activation", name="activation peak", bytes=activation_bytes, estimate=activation is None,
-             note="" if activation is not None else serving.prefill_note, param="activation",
+             note="" if activation is not None else activation_note, param="activation",
              given=activation is not None),
         Term(key="overhead", name="overhead", bytes=other, estimate=overhead is None,
              note="" if overhead is not None else serving.overhead_note, param="overhead",

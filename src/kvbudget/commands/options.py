@@ -213,7 +213,7 @@ KNOBS = {
     "disable_hybrid_kv_cache_manager": "vLLM: size sliding-window and chunked layers as full attention (what vLLM "
                                        "< 0.9 always did)",
     "attention_backend": "vLLM MLA backend: FLASHMLA, CUTLASS_MLA, FLASHINFER_MLA, FLASH_ATTN_MLA or TRITON_MLA "
-                         "(default: what vLLM picks for the GPU)",
+                         "(default: what vLLM picks for the GPU); llama.cpp: flash or no-flash (-fa on / off)",
     "pp_layer_partition": "vLLM: layers per pipeline stage, e.g. 16,32 (VLLM_PP_LAYER_PARTITION; default: vLLM's "
                           "even split)",
     "num_speculative_tokens": "vLLM: draft tokens per step when drafting with the model's own MTP layers "

@@ -230,6 +230,9 @@ class Serving:
     logit_bytes: int = 4  # bytes the profiling run's sampler holds per logit (rows x vocabulary) at its peak
     sampler_apart: bool = False  # the sampler runs after the forward pass has freed its activations (peak: the larger)
     checked: str = ""  # how the budget compares with real start-ups, where it was checked
+    # scratch of the largest forward pass that grows with the context (llama.cpp's KQ mask and scores): bytes for a
+    # model, and how it was found; None where the engine's attention holds no such buffer
+    context_scratch: Callable[[ModelSpec], tuple[int, str]] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

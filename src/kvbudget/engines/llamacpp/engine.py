@@ -82,6 +82,30 @@ def pad(n: int, to: int = CELL_PAD) -> int:
     return cdiv(n, to) * to
 
 
+def attention_scratch(model: ModelSpec, cells: int, n_ubatch: int, flash: bool, release: Release) -> int:
+    """The part of llama.cpp's compute buffer that grows with the context, for a stream of `cells` cells: the KQ
+    mask of each cache (n_kv x n_ubatch, f16 with flash attention, f32 without; the sliding or chunked cache has
+    its own) and, without flash attention, one layer's scores in f32 (llm_graph_context::build_attn_mha:
+    ggml_mul_mat(k, q), n_kv x n_ubatch x query heads; the softmax runs in place). The graph's per-token tensors
+    (hidden states, MLP) are not in it."""
+    per_cell = 2 if flash else 4
+    masks: dict[bool, int] = {}
+    scores = 0
+    for layer in (_as_cached(layer, model, release) for layer in model.layers):
+        if not isinstance(layer, (Attention, LatentAttention)):
+            continue
+        windowed = isinstance(layer, (SlidingWindow, ChunkedLocal))
+        n_kv = cells
+        if windowed:
+            span = layer.window if isinstance(layer, SlidingWindow) else LLAMA4_CHUNK
+            n_kv = min(cells, pad(span + release.swa_batch(n_ubatch, N_BATCH), release.padding(flash)))
+        masks[windowed] = n_kv
+        heads = layer.heads if isinstance(layer, LatentAttention) else (
+            model.attention_heads or layer.kv_heads)
+        scores = max(scores, n_kv * heads * 4)
+    return n_ubatch * (sum(masks.values()) * per_cell + (0 if flash else scores))
+
+
 def release_of(options: EngineOptions) -> Release:
     return Release(options.engine_version[0]) if options.engine_version else Release()
 
@@ -186,10 +210,20 @@ class LlamaCppEngine(Engine):
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "", tp: int = 1) -> Serving:
+        release = release_of(options)
+        flash = flash_attn_of(options, release)
+        cells = pad(max_model_len, release.padding(flash))
+
+        def scratch(model: ModelSpec) -> tuple[int, str]:
+            return attention_scratch(model, cells, N_UBATCH, flash, release), (
+                f"the KQ mask{'' if flash else ' and scores'} over {cells:,} cells "
+                f"({'flash attention' if flash else 'no flash attention'}; from the graph: its growth with the "
+                "context is what real llama-server runs show)")
+
         return Serving(memory_fraction=1.0, memory_knob="all free memory", prefill_tokens=N_UBATCH,
                        prefill_note=f"compute buffers for n_ubatch ({N_UBATCH}) tokens",
                        max_num_seqs=DEFAULT_SAMPLED_ROWS, overhead_bytes=NON_TORCH_ESTIMATE,
-                       overhead_note="non-torch memory", options=options)
+                       overhead_note="non-torch memory", options=options, context_scratch=scratch)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return cheaper_if_wider(current, "q8_0")
