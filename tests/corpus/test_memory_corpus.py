@@ -15,7 +15,7 @@ import kvbudget
 from kvbudget.engines import EngineOptions
 from kvbudget.engines.vllm import memory
 from kvbudget.engines.vllm.engine import batch_defaults
-from kvbudget.engines.vllm.releases import release
+from kvbudget.engines.vllm.releases import Release, release
 from kvbudget.gpus import find_gpu
 from kvbudget.model.params import activation_widths
 from kvbudget.units import GIB
@@ -51,7 +51,8 @@ def test_the_fitted_figures_come_from_the_fit_cases_alone():
     non_torch: dict[tuple[tuple[int, int], bool], list[float]] = {}
     for case in (c for c in CASES if c["role"] == "fit"):
         model = load_case_model(case)
-        mnbt, seqs = batch_defaults(find_gpu(case["gpu"]).memory_bytes, case["gpu"])
+        mnbt, seqs = batch_defaults(find_gpu(case["gpu"]).memory_bytes, case["gpu"],
+                                rel=Release(tuple(int(x) for x in case["release"].split(".")[:2])))
         rows = min(mnbt, seqs)
         logged = case["logged"]["activation_gib"] * GIB / (rows * activation_widths(model).vocab)
         if case["tp"] == 1:  # with tensor parallelism the peak holds more than the sampler (one case: +1.5%)

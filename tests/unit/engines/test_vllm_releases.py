@@ -189,3 +189,17 @@ def test_estimate_cli_with_a_release(capsys):
     block = 16 * 27 * 2 * 16 * 256 * 2
     assert data["capacity"]["num_blocks"] == 10 * GIB // block
     assert data["bytes_per_token"] == 27 * 2 * 16 * 256 * 2
+
+
+def test_the_batch_defaults_follow_the_release():
+    """arg_utils.py: A100s keep the small tier from 0.9 (0.8 gave every GPU of 70 GiB the large one); the tier for
+    160 GiB and more comes with 0.28."""
+    from kvbudget.engines.vllm.engine import batch_defaults
+    from kvbudget.engines.vllm.releases import Release
+    from kvbudget.units import GIB
+
+    a100 = 80 * GIB
+    assert batch_defaults(a100, "A100-80GB", rel=Release((0, 8))) == (8192, 1024)
+    assert batch_defaults(a100, "A100-80GB", rel=Release((0, 9))) == (2048, 256)
+    assert batch_defaults(180 * GIB, "B200", rel=Release((0, 27))) == (8192, 1024)
+    assert batch_defaults(180 * GIB, "B200", rel=Release((0, 28))) == (16384, 1024)

@@ -75,14 +75,16 @@ DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
 CPU_MLA_BLOCK_SIZE = 16
 KERNEL_BLOCK_ALIGNMENT = {"cuda": 16, "cpu": 16}  # smallest kernel block of the default attention backend
 # The OpenAI server's defaults (EngineArgs.get_batch_defaults in vllm/engine/arg_utils.py, 0.32), by the GPU's
-# total memory: (max_num_batched_tokens, max_num_seqs). A100s stay in the small tier whatever their memory; the
-# CPU backend takes (2048, 128) per rank (world size 1 here). Without a GPU in view (estimate) the small tier.
+# total memory: (max_num_batched_tokens, max_num_seqs); the huge tier from 0.28. A100s stay in the small tier
+# whatever their memory (from 0.9); the CPU backend takes (2048, 128) per rank (world size 1 here). Without a GPU in
+# view (estimate) the small tier.
 BATCH_DEFAULTS = {"huge": (16384, 1024), "large": (8192, 1024), "small": (2048, 256), "cpu": (2048, 128)}
 HUGE_GPU_BYTES = 160 * GIB
 V0_LONG_CONTEXT = 32768  # V0's OpenAI server turned chunked prefill on beyond this max_model_len (arg_utils.py)
 LARGE_GPU_BYTES = 70 * GIB
 DEFAULT_MAX_NUM_BATCHED_TOKENS = BATCH_DEFAULTS["small"][0]
-GPU_MEMORY_UTILIZATION = Release(NEWEST).gpu_memory_utilization  # vllm/config/cache.py default (0.9 before 0.20)
+NEWEST_RELEASE = Release(NEWEST)
+GPU_MEMORY_UTILIZATION = NEWEST_RELEASE.gpu_memory_utilization  # vllm/config/cache.py default (0.9 before 0.20)
 _FP32 = get_dtype("float32")
 
 
@@ -92,13 +94,15 @@ def v0_batch_defaults(max_model_len: int) -> tuple[int, int]:
     return (2048 if max_model_len > V0_LONG_CONTEXT else max(max_model_len, 2048)), 256
 
 
-def batch_defaults(gpu_memory: int, gpu_name: str = "", device: str = "cuda") -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) vLLM's OpenAI server picks for a GPU of `gpu_memory` bytes."""
+def batch_defaults(gpu_memory: int, gpu_name: str = "", device: str = "cuda",
+                   rel: Release = NEWEST_RELEASE) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) the OpenAI server of release `rel` picks for a GPU of `gpu_memory`
+    bytes."""
     if device == "cpu":
         return BATCH_DEFAULTS["cpu"]
-    if gpu_memory >= HUGE_GPU_BYTES:
+    if gpu_memory >= HUGE_GPU_BYTES and rel.huge_batch_tier:
         return BATCH_DEFAULTS["huge"]
-    if gpu_memory >= LARGE_GPU_BYTES and "a100" not in gpu_name.lower():
+    if gpu_memory >= LARGE_GPU_BYTES and not ("a100" in gpu_name.lower() and rel.a100_in_small_tier):
         return BATCH_DEFAULTS["large"]
     return BATCH_DEFAULTS["small"]
 
@@ -354,7 +358,7 @@ class VLLMEngine(Engine):
                 gpu_name: str = "", tp: int = 1) -> Serving:
         rel = release(options)
         default_tokens, max_num_seqs = v0_batch_defaults(max_model_len) if rel.v0 else batch_defaults(
-            gpu_memory, gpu_name, options.device)
+            gpu_memory, gpu_name, options.device, rel)
         mnbt = options.max_num_batched_tokens or default_tokens
         options = replace(options, max_num_batched_tokens=mnbt)
         if rel.v0:  # V0 sums the forward pass and the sampler; CUDA graphs are captured outside the budget

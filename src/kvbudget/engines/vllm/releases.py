@@ -101,6 +101,18 @@ class Release:
     def gpu_memory_utilization(self) -> float:
         return 0.92 if self.version >= (0, 20) else 0.9
 
+    @property
+    def huge_batch_tier(self) -> bool:
+        """Whether the OpenAI server's batch defaults have a tier for GPUs of 160 GiB or more (16384 tokens): from
+        0.28 (engine/arg_utils.py get_batch_defaults; not in 0.27's)."""
+        return self.version >= (0, 28)
+
+    @property
+    def a100_in_small_tier(self) -> bool:
+        """Whether A100s keep the small batch defaults whatever their memory: from 0.9 (not in 0.8's
+        arg_utils.py, which gave every GPU of 70 GiB or more the large ones)."""
+        return self.version >= (0, 9)
+
     def mla_block_size(self, capability: str | None, backend: str | None, quantized_kv: bool, sparse: bool,
                        qk_nope_dim: int) -> tuple[int, str]:
         """The block size vLLM's MLA backend uses on a GPU of `capability` ("9.0"; None: not known), and why."""
