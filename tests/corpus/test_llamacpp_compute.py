@@ -52,3 +52,21 @@ def test_the_plan_counts_it():
     long = kvbudget.plan(model, engine="llamacpp", gpu="RTX-3090", max_model_len=32768, options=opts, recommend=False)
     act = {p: {t.key: t.bytes for t in p.stack}["activation"] for p in (base, long)}
     assert act[long] - act[base] == 512 * (32768 - 1024) * (32 * 4 + 4)
+
+
+def test_the_output_buffer_is_one_row_of_float32_logits_per_sequence():
+    """Every recorded start-up (one slot) printed n_vocab x 4 bytes of output buffer: 0.19 MiB for SmolLM2's 49,152."""
+    for run in DATA["runs"]:
+        vocab = kvbudget.load_model(DATA["configs"][run["model"]]).config["vocab_size"]
+        assert run["output_mib"] == round(vocab * 4 / MIB, 2), run
+
+
+def test_check_log_checks_the_output_buffer_and_shows_the_compute_buffer():
+    from kvbudget.engines.llamacpp.engine import LLAMACPP
+
+    logs = Path(__file__).parents[1] / "data" / "logs"
+    check = LLAMACPP.check_log((logs / "llama-server-gpt-oss-swa.log").read_text(),
+                               kvbudget.load_model(logs / "gpt-oss-swa.config.json"))
+    rows = {r.quantity.split(" (")[0]: r for r in check.rows}
+    assert rows["output buffer"].matches is True and "2 sequence(s)" in rows["output buffer"].note
+    assert rows["memory: compute buffer"].matches is None and check.all_match

@@ -438,6 +438,10 @@ def _check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappi
 
     checked = [(r, rows_for(r)) for r in plausible]  # the first era that reproduces every line, else the newest
     release, rows = next(((r, rows) for r, rows in checked if all(x.matches for x in rows)), checked[0])
+    rows = rows + _memory_rows(text, model, int(n_seq), n_ubatch, flash, release,
+                               engine.server_buffers(model, int(n_ctx), int(n_seq), k_type, unified=unified,
+                                                     swa_full=swa_full, n_ubatch=n_ubatch, release=release,
+                                                     flash_attn=flash, n_batch=n_batch)[0].cells)
     settings: dict[str, Any] = {"n_ctx": int(n_ctx), "n_seq_max": int(n_seq), "kv_unified": unified,
                                 "swa_full": swa_full, "cache_type_k": k_type, "n_ubatch": n_ubatch}
     assumed: dict[str, Any] = {}
@@ -451,6 +455,35 @@ def _check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappi
     else:
         settings["flash_attn"] = flash
     return LogCheck(engine="llamacpp", model_in_log=None, settings=settings, rows=tuple(rows), assumed=assumed)
+
+
+_OUTPUT = re.compile(r"(\w+)\s+output buffer size =\s+([\d.]+) MiB")
+_COMPUTE = re.compile(r"(\w+)\s+compute buffer size =\s+([\d.]+) MiB")
+
+
+def _memory_rows(text: str, model: ModelSpec, n_seq: int, n_ubatch: int, flash: bool | None, release: Release,
+                 cells: int) -> list[LogRow]:
+    """The buffers beside the cache: the output buffer (float32 logits of one output per sequence, checked) and
+    the largest compute buffer beside the plan's activation term for the same settings (shown: an estimate)."""
+    from kvbudget.budget import activation_estimate
+    from kvbudget.model.params import activation_widths
+
+    rows = []
+    if out := _OUTPUT.search(text):
+        vocab = activation_widths(model).vocab
+        ours = f"{n_seq * vocab * 4 / MIB:.2f}"
+        rows.append(LogRow("output buffer", f"{out.group(2)} MiB", f"{ours} MiB", f"{float(out.group(2)):.2f}" == ours,
+                           f"{n_seq} sequence(s) x {vocab:,} float32 logits"))
+    computed = _COMPUTE.findall(text)
+    if computed:
+        device, logged = max(computed, key=lambda m: float(m[1]))
+        use_flash = release.flash_attn_default if flash is None else flash
+        ours_bytes = (activation_estimate(model, n_ubatch, DEFAULT_SAMPLED_ROWS)
+                      + attention_scratch(model, cells, n_ubatch, use_flash, release))
+        rows.append(LogRow(f"memory: compute buffer ({device})", f"{logged} MiB", f"{ours_bytes / MIB:.2f} MiB", None,
+                           "kvbudget plan's activation term for these settings (an estimate beyond the part that "
+                           "grows with the context)"))
+    return rows
 
 
 def _buffer_rows(ours: tuple[Buffer, ...], logged_order: list[tuple[str, ...]]) -> list[LogRow]:
