@@ -454,7 +454,19 @@ def _make_room(inputs: _Inputs, card: GPU) -> tuple[Recommendation, ...]:
             recs.append(Recommendation(parameters={"gpu": g.name}, note="", effect=_fit_effect(other), gain=1.0,
                                        makes_it_fit=other.fits))
             break
+    recs.extend(_offload(inputs, card))
     return tuple(sorted(recs, key=_order))
+
+
+def _offload(inputs: _Inputs, card: GPU) -> list[Recommendation]:
+    """Where the engine can keep part of the model in host memory: the most of it that fits on this GPU."""
+    off = inputs.engine.offload(inputs.model, card.memory_bytes, inputs.max_model_len, inputs.kv_dtype,
+                                inputs.options)
+    if off is None:
+        return []
+    return [Recommendation(parameters={off.parameter: off.value}, note=off.note, gain=1.0, makes_it_fit=True,
+                           effect=f"one request of {inputs.max_model_len:,} tokens with {off.value} of {off.of} on "
+                                  "the GPU")]
 
 
 def _fit_effect(other: Plan) -> str:
@@ -482,6 +494,8 @@ def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Es
             recs.append(Recommendation(parameters=parameters, note=note, effect=effect + extra, gain=gain,
                                        makes_it_fit=makes_it_fit, more_gpus=more_gpus))
 
+    if not cap.fits:
+        recs.extend(_offload(inputs, card))
     if not cap.fits and cap.estimated_max_model_len:  # the one change that makes the engine start as it is
         if inputs.plan(max_model_len=cap.estimated_max_model_len) is not None:
             recs.append(Recommendation(parameters={"max_model_len": cap.estimated_max_model_len}, note="",
@@ -520,8 +534,8 @@ def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Es
 
 # What a change costs, cheapest first: a setting of the engine (on the same GPUs), then other or more hardware,
 # then another model.
-_COST = {"max_model_len": 0, "kv_dtype": 1, "engine": 1, "beams": 1, "expert_parallel": 1, "tp": 2, "gpu": 2,
-         "model": 3}
+_COST = {"max_model_len": 0, "kv_dtype": 1, "engine": 1, "beams": 1, "expert_parallel": 1, "n_gpu_layers": 1, "tp": 2,
+         "gpu": 2, "model": 3}
 
 
 def _order(r: Recommendation) -> tuple[bool, int, int, float]:

@@ -236,6 +236,19 @@ class Serving:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Offload:
+    """Part of a model on the GPU, the rest in host memory: the engine's setting that says how much, in its own
+    parameter name and value, and the bytes on each side."""
+
+    parameter: str  # the engine's own setting (llama-server's n_gpu_layers)
+    value: int
+    of: int  # the value that would put everything on the GPU
+    gpu_bytes: int  # weights, caches and buffers on the GPU
+    host_bytes: int  # weights and caches left in host memory
+    note: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class UsageGauge:
     """Where a running engine publishes its KV usage and how to read it as a 0..1 fraction."""
 
@@ -408,6 +421,12 @@ class Engine:
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         """A KV dtype this engine stores in fewer bytes than `current`, or None."""
+        return None
+
+    def offload(self, model: ModelSpec, gpu_memory: int, max_model_len: int, kv_dtype: str = "auto",
+                options: EngineOptions = EngineOptions()) -> Offload | None:
+        """For an engine that can keep part of the model in host memory: how much of it fits on a GPU of
+        `gpu_memory` bytes with one request of `max_model_len` tokens; None where it cannot (the default)."""
         return None
 
     def honours_windows(self, model: ModelSpec) -> bool:

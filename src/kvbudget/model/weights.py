@@ -123,6 +123,40 @@ def analytic_weights(model: ModelSpec, tp: int = 1, stages: Sequence[range] | No
                    exact=False, basis=f"analytic: {basis}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class LayerWeights:
+    """The analytic weight bytes by where an engine that splits layers puts them (llama.cpp's -ngl)."""
+
+    layers: tuple[int, ...]  # each decoder layer's
+    input: int  # token embeddings (and a vision tower)
+    output: int  # the LM head and the final norm
+
+
+def layer_weights(model: ModelSpec) -> LayerWeights:
+    """Each decoder layer's weight bytes, the input side's and the output side's (an estimate, as
+    `analytic_weights`; MTP modules left out)."""
+    counts = count_parameters(model)
+    per_param, _ = _bytes_per_param(model)
+
+    def size(group: ParamGroup) -> float:
+        if group.part == "experts":
+            return group.count * per_param["experts"]
+        return group.count * (per_param["linear"] if group.quantizable else per_param["other"])
+
+    layers = [0.0] * model.num_layers
+    input_side = output_side = 0.0
+    for g in counts.groups:
+        if g.part == "mtp":
+            continue
+        if g.layer is not None:
+            layers[g.layer] += size(g)
+        elif g.part in ("embedding", "vision"):
+            input_side += size(g)
+        else:
+            output_side += size(g)
+    return LayerWeights(layers=tuple(int(x) for x in layers), input=int(input_side), output=int(output_side))
+
+
 def _per_gpu(groups: list[ParamGroup], size: Callable[[ParamGroup], float], tp: int,
              stages: Sequence[range], ep: int = 1) -> int:
     """The most loaded GPU: layers split by pipeline stage, then tensor-parallel ranks share each stage.

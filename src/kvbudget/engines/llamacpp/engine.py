@@ -37,6 +37,7 @@ from kvbudget.engines.base import (
     EngineOptions,
     LogCheck,
     LogRow,
+    Offload,
     OutputLimit,
     Serving,
     UsageGauge,
@@ -239,6 +240,25 @@ class LlamaCppEngine(Engine):
                        release: Release = NEWEST, flash_attn: bool | None = None,
                        n_batch: int = N_BATCH) -> tuple[Buffer, ...]:
         """The caches `llama-server -c n_ctx -np n_parallel [--kv-unified] [--swa-full]` of `release` allocates."""
+        kv: dict[str, list[int]] = {}
+        for cached in self.layer_caches(model, n_ctx, n_parallel, kv_dtype, unified, swa_full, n_ubatch, release,
+                                        flash_attn, n_batch):
+            if cached is None:
+                continue
+            name, n, streams, k_bytes, v_bytes = cached
+            entry = kv.setdefault(name, [n, streams, 0, 0, 0])
+            entry[2] += 1
+            entry[3] += k_bytes
+            entry[4] += v_bytes
+        order = ("kv", "kv_swa", "recurrent")  # the order llama.cpp creates and logs them
+        return tuple(Buffer(name=name, cells=cells, streams=streams_, layers=layers, k_bytes=k_bytes, v_bytes=v_bytes)
+                     for name in order if name in kv for cells, streams_, layers, k_bytes, v_bytes in [kv[name]])
+
+    def layer_caches(self, model: ModelSpec, n_ctx: int, n_parallel: int = 1, kv_dtype: str = "auto",
+                     unified: bool = False, swa_full: bool = False, n_ubatch: int = N_UBATCH,
+                     release: Release = NEWEST, flash_attn: bool | None = None,
+                     n_batch: int = N_BATCH) -> list[tuple[str, int, int, int, int] | None]:
+        """Each layer's cache under those settings: (its buffer, cells, streams, K bytes, V bytes), or None."""
         self.refuse_unchecked(model)
         if n_ctx <= 0 or n_parallel <= 0 or n_ubatch <= 0:
             raise KVBudgetError("llama.cpp: n_ctx (-c), n_parallel (-np) and n_ubatch (-ub) must be positive")
@@ -254,32 +274,24 @@ class LlamaCppEngine(Engine):
             cells, streams = pad(cdiv(n_ctx, n_parallel), to), n_parallel
         swa_cells = cells if swa_full else None
         swa_batch = release.swa_batch(n_ubatch, n_batch)
-        kv: dict[str, list[int]] = {}
-        for layer in model.layers:
-            layer = _as_cached(layer, model, release)
-            if isinstance(layer, RecurrentState):
-                r, s_ = _recurrent_rows(layer)
-                entry = kv.setdefault("recurrent", [max(1, n_parallel), 1, 0, 0, 0])
-                entry[2] += 1
-                entry[3] += _F32.bytes_for(r) * entry[0]
-                entry[4] += _F32.bytes_for(s_) * entry[0]
-                continue
-            if not isinstance(layer, (Attention, LatentAttention)):
-                continue
-            if isinstance(layer, (SlidingWindow, ChunkedLocal)):
-                span = layer.window if isinstance(layer, SlidingWindow) else LLAMA4_CHUNK
-                n = swa_cells or min(cells, pad(span * (n_parallel if unified else 1) + swa_batch, to))
-                name = "kv_swa"
-            else:
-                n, name = cells, "kv"
-            k, v = _kv_rows(layer)
-            entry = kv.setdefault(name, [n, streams, 0, 0, 0])
-            entry[2] += 1
-            entry[3] += dtype.bytes_for(k) * n * streams
-            entry[4] += dtype.bytes_for(v) * n * streams if v else 0
-        order = ("kv", "kv_swa", "recurrent")  # the order llama.cpp creates and logs them
-        return tuple(Buffer(name=name, cells=cells, streams=streams_, layers=layers, k_bytes=k_bytes, v_bytes=v_bytes)
-                     for name in order if name in kv for cells, streams_, layers, k_bytes, v_bytes in [kv[name]])
+        return [_layer_cache(_as_cached(layer, model, release), dtype, cells, streams, n_parallel, unified,
+                             swa_cells, swa_batch, to) for layer in model.layers]
+
+    def offload(self, model: ModelSpec, gpu_memory: int, max_model_len: int, kv_dtype: str = "auto",
+                options: EngineOptions = EngineOptions()) -> Offload | None:
+        """`-ngl N`: the output and the last N - 1 layers on the GPU with their caches (one slot of max_model_len)
+        and the compute buffer; see offload.py."""
+        from kvbudget.budget import activation_estimate
+        from kvbudget.engines.llamacpp.offload import fit_layers
+
+        serving = self.serving(gpu_memory, max_model_len, options)
+        assert serving.context_scratch is not None
+        compute = activation_estimate(model, serving.prefill_tokens, serving.max_num_seqs) + \
+            serving.context_scratch(model)[0]
+        release = release_of(options)
+        caches = [0 if c is None else c[3] + c[4] for c in self.layer_caches(
+            model, max_model_len, 1, kv_dtype, release=release, flash_attn=flash_attn_of(options, release))]
+        return fit_layers(model, gpu_memory, caches, compute + serving.overhead_bytes)
 
     def slot_context(self, model: ModelSpec, context: int, n_parallel: int, unified: bool = False) -> tuple[int, int]:
         """`llama-server -np n_parallel -c n_parallel x context [--kv-unified]`: (n_ctx_slot, the cells of the
@@ -324,6 +336,25 @@ def _check_block_fit(model: ModelSpec, dtype: KVDtype) -> None:
                 raise EngineRuleError(f"kv_dtype {dtype.name}: llama.cpp needs the head dim ({dim}) to be a multiple "
                                       f"of the {dtype.block_values}-value block; choose f16, bf16 or f32",
                                       param="kv_dtype")
+
+
+def _layer_cache(layer: LayerSpec, dtype: KVDtype, cells: int, streams: int, n_parallel: int, unified: bool,
+                 swa_cells: int | None, swa_batch: int, to: int) -> tuple[str, int, int, int, int] | None:
+    """One layer's cache as llama.cpp keeps it: (its buffer, cells, streams, K bytes, V bytes), or None."""
+    if isinstance(layer, RecurrentState):
+        r, s_ = _recurrent_rows(layer)
+        slots = max(1, n_parallel)
+        return "recurrent", slots, 1, _F32.bytes_for(r) * slots, _F32.bytes_for(s_) * slots
+    if not isinstance(layer, (Attention, LatentAttention)):
+        return None
+    if isinstance(layer, (SlidingWindow, ChunkedLocal)):
+        span = layer.window if isinstance(layer, SlidingWindow) else LLAMA4_CHUNK
+        n = swa_cells or min(cells, pad(span * (n_parallel if unified else 1) + swa_batch, to))
+        name = "kv_swa"
+    else:
+        n, name = cells, "kv"
+    k, v = _kv_rows(layer)
+    return name, n, streams, dtype.bytes_for(k) * n * streams, dtype.bytes_for(v) * n * streams if v else 0
 
 
 def _as_cached(layer: LayerSpec, model: ModelSpec, release: Release) -> LayerSpec:
