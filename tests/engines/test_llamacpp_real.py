@@ -98,3 +98,29 @@ def test_llama_server_refuses_a_block_type_that_does_not_divide_the_head_dim():
     assert not run.ok and "does not divide n_embd_head_k=24" in run.log
     with pytest.raises(kvbudget.KVBudgetError, match="multiple of the 32-value block"):
         LLAMACPP.server_buffers(kvbudget.parse_config(MODELS["llama"]), 1024, 1, "q8_0")
+
+
+def _last_compute_mib(log: str) -> float:
+    """The compute buffer of the load that serves (llama-server's fit pass logs one first)."""
+    import re
+
+    return float(re.findall(r"CPU compute buffer size =\s+([\d.]+) MiB", log)[-1])
+
+
+@pytest.mark.parametrize("fa", ["on", "off"])
+@pytest.mark.parametrize("model_name", ["llama", "mistral", "gpt_oss", "llama4_text", "falcon_h1"])
+def test_the_compute_buffer_grows_with_the_context_as_kvbudget_says(model_name, fa):
+    """From 2,048 to 8,192 cells llama-server's compute buffer grows by what `attention_scratch` says (the KQ masks,
+    and without flash attention one layer's scores), to the 0.01 MiB it prints."""
+    from kvbudget.engines.llamacpp.engine import attention_scratch, pad
+    from kvbudget.engines.llamacpp.releases import Release
+
+    logs = {}
+    for ctx in (2048, 8192):
+        run = run_llama_server(gguf_file(model_name, MODELS[model_name]), "-c", str(ctx), "-np", "1", "-fa", fa)
+        assert run.ok, run.log[-3000:]
+        logs[ctx] = _last_compute_mib(run.log)
+    spec, release, flash = kvbudget.parse_config(MODELS[model_name]), Release(), fa == "on"
+    grown = (attention_scratch(spec, pad(8192, release.padding(flash)), 512, flash, release)
+             - attention_scratch(spec, pad(2048, release.padding(flash)), 512, flash, release))
+    assert abs(grown / 2**20 - (logs[8192] - logs[2048])) <= 0.01, (grown / 2**20, logs)
