@@ -86,6 +86,28 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     return config, by_type
 
 
+def gguf_layer_bytes(path: Path, num_layers: int) -> tuple[list[int], int, int]:
+    """(bytes of each decoder layer's tensors `blk.N.*`, the token embeddings', the output's: its head and norm, or
+    with tied embeddings the copy of `token_embd` llama.cpp makes for it) of a GGUF file, as llama.cpp loads them."""
+    layers = [0] * num_layers
+    input_side = output_side = 0
+    tensors = _reader(path).tensors
+    tied = not any(t.name == "output.weight" for t in tensors)
+    for tensor in tensors:
+        name, size = tensor.name, int(tensor.n_bytes)
+        if name.startswith("blk."):
+            index = int(name.split(".")[1])
+            if index < num_layers:  # MTP blocks past the decoder are not loaded for serving
+                layers[index] += size
+        elif name.startswith("token_embd"):
+            input_side += size
+            if tied and name == "token_embd.weight":  # llama.cpp duplicates it onto the output's device
+                output_side += size
+        else:
+            output_side += size
+    return layers, input_side, output_side
+
+
 def _mla_fields(reader: Any, config: dict[str, Any], value_length: int | None, path: Path) -> None:
     """DeepSeek's MLA dims: llama.cpp's converter writes key_length = nope + rope per head, or, since MLA is cached
     as the latent (2025), key_length_mla / value_length_mla for the per-head dims and key_length = latent + rope."""

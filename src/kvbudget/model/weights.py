@@ -129,12 +129,18 @@ class LayerWeights:
 
     layers: tuple[int, ...]  # each decoder layer's
     input: int  # token embeddings (and a vision tower)
-    output: int  # the LM head and the final norm
+    output: int  # the LM head and the final norm (tied embeddings: the embeddings again, which the head reads)
+    exact: bool = False  # read from the file's tensors
 
 
 def layer_weights(model: ModelSpec) -> LayerWeights:
-    """Each decoder layer's weight bytes, the input side's and the output side's (an estimate, as
-    `analytic_weights`; MTP modules left out)."""
+    """Each decoder layer's weight bytes, the input side's and the output side's: a GGUF file's own tensors where the
+    model came from one (exact), else an estimate as `analytic_weights` (MTP modules left out)."""
+    if model.source.startswith("gguf:"):
+        from kvbudget.model.gguf import gguf_layer_bytes
+
+        per_layer, input_bytes, output_bytes = gguf_layer_bytes(Path(model.source[5:]), model.num_layers)
+        return LayerWeights(layers=tuple(per_layer), input=input_bytes, output=output_bytes, exact=True)
     counts = count_parameters(model)
     per_param, _ = _bytes_per_param(model)
 
@@ -154,6 +160,8 @@ def layer_weights(model: ModelSpec) -> LayerWeights:
             input_side += size(g)
         else:
             output_side += size(g)
+    if model.config.get("tie_word_embeddings") and not any(g.part == "lm_head" for g in counts.groups):
+        output_side += sum(size(g) for g in counts.groups if g.part == "embedding")  # the head reads them too
     return LayerWeights(layers=tuple(int(x) for x in layers), input=int(input_side), output=int(output_side))
 
 

@@ -124,3 +124,29 @@ def test_tokens_reads_the_gguf_tokenizer_and_template(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["templated"] and out["prompt_tokens"] > 2000
     assert next(p["tokens"] for p in out["parts"] if p["name"] == "template and separators") > 0
+
+
+def test_its_layers_are_counted_one_by_one_for_partial_offload(tmp_path):
+    """Each `blk.N.*` tensor is its layer's; without `output.weight` the embeddings are tied, and llama.cpp keeps a
+    copy of them with the output (on the GPU once anything is offloaded)."""
+    from kvbudget.model.weights import layer_weights
+
+    w = gguf.GGUFWriter(str(tmp_path / "layers.gguf"), "qwen3")
+    w.add_block_count(2)
+    w.add_context_length(4096)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(128)
+    w.add_head_count(8)
+    w.add_head_count_kv(2)
+    w.add_key_length(32)
+    w.add_value_length(32)
+    w.add_vocab_size(128)
+    w.add_file_type(1)
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), dtype=np.float32))
+    w.add_tensor("blk.1.attn_q.weight", np.zeros((64, 64), dtype=np.float16))
+    w.add_tensor("blk.1.ffn_down.weight", np.zeros((64, 128), dtype=np.float16))
+    w.add_tensor("output_norm.weight", np.zeros(64, dtype=np.float32))
+    _finish(w)
+    lw = layer_weights(load_model(str(tmp_path / "layers.gguf")))
+    assert lw.exact and lw.layers == (64 * 64 * 4, 64 * 64 * 2 + 64 * 128 * 2)
+    assert lw.input == 128 * 64 * 2 and lw.output == 64 * 4 + 128 * 64 * 2

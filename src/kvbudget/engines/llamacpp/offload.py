@@ -3,8 +3,9 @@
 From llama.cpp's source (src/llama-model.cpp load_tensors): the GPU takes the "layers" from index
 n_layer + 1 - N on, where index n_layer is the output (the LM head and the final norm): N = 1 offloads the output
 alone, N = n_layer + 1 everything. Token embeddings stay in host memory whatever N. Each offloaded layer's K and V
-go with it (offload_kqv, the default), and the GPU holds the compute buffer. The weights per layer are the
-analytic count (an estimate, like the plan's); the caches are exact for the slots' cells.
+go with it (offload_kqv, the default), and the GPU holds the compute buffer. The weights per layer are a GGUF
+file's own tensors where the model came from one, else the analytic count (an estimate, like the plan's); with
+tied embeddings the output holds a copy of them. The caches are exact for the slot's cells.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def fit_layers(model: ModelSpec, gpu_memory: int, cache: list[int], fixed: int) 
         value += 1
     if value == n + 1:
         return None
-    total = w.input + w.output + sum(w.layers) + sum(cache)
-    host = total - (gpu - fixed)
+    on_host = n - (value - 1)  # the first layers stay, with the token embeddings
+    host = w.input + sum(w.layers[:on_host]) + sum(cache[:on_host])
     return Offload(parameter="n_gpu_layers", value=value, of=n + 1, gpu_bytes=gpu, host_bytes=host,
                    note=(f"llama-server's flag: the output and the last {value - 1} of {n} layers on the GPU "
                          f"({format_bytes(gpu)} with their caches and the compute buffer), "
