@@ -291,10 +291,9 @@ class LogCheck:
 
 
 # Estimates used where an engine's figure is not known exactly (each labelled "estimate" where it is shown,
-# each overridable in plan()): CUDA context, cuBLAS workspaces and NCCL buffers outside torch's allocator, and
-# the memory of captured CUDA graphs. vLLM's own startup logs put both in the hundreds of MiB for 7-70B models.
+# each overridable in plan()): CUDA context, cuBLAS workspaces and NCCL buffers outside torch's allocator, for
+# engines without a measured figure (vLLM's are in engines/vllm/memory.py).
 NON_TORCH_ESTIMATE = GIB // 2
-CUDA_GRAPH_ESTIMATE = GIB // 2
 # Rows of float32 logits the largest forward pass keeps (vLLM's profiling run samples max_num_seqs sequences; 256
 # is its default below 70 GiB). Engines without a figure of their own use the same: an estimate.
 DEFAULT_SAMPLED_ROWS = 256
