@@ -386,7 +386,9 @@ async function renderCompare(gen) {
   view.lastChild.replaceWith(table(["engine", "KV budget", "blocks", "KV cache size", "requests at once", "longest request", ""],
     plans.map(({ engine, p, longest, error }) => error ? [engine, h("span", { class: "error" }, error), "", "", "", "", ""]
       : !p.capacity ? [engine, "no KV budget", "–", "–", "–", "–", ""]
-        : [h("span", {}, `${engine} `, exactBadge(p.exact)), fmtBytes(p.kv_memory_bytes), p.capacity.num_blocks != null ? `${int(p.capacity.num_blocks)} × ${p.capacity.block_size}` : "–",
+        : [h("span", {}, `${engine} `, exactBadge(p.exact)), h("span", {}, `${fmtBytes(p.kv_memory_bytes)} `,
+            p.stack.some((t) => t.key === "kv" && t.estimate) ? badge("estimate", "GPU memory less estimated weights, activations and overhead") : null),
+          p.capacity.num_blocks != null ? `${int(p.capacity.num_blocks)} × ${p.capacity.block_size}` : "–",
           `${int(p.capacity.kv_cache_tokens)} tokens`, times(p.capacity.max_concurrency),
           longest ? int(longest) : "–",
           p.capacity.fits ? "fits" : "does not fit"]), [1, 2, 3, 4, 5]));
