@@ -78,20 +78,20 @@ def mooncake_slice(count: int, piece: int = 128) -> list[Request]:
     return out
 
 
-def shared_prefixes(count: int) -> list[Request]:
+def shared_prefixes(count: int, spacing: float = 0.05) -> list[Request]:
     """Six system prompts of three blocks each, unique questions after them, and every fifth request an exact
     repeat of a four-block prompt (a full-prompt hit must still recompute its last block); every seventh asks
-    for n = 3 samples (vLLM runs three sequences sharing the prompt)."""
+    for n = 3 samples (vLLM runs three sequences sharing the prompt). One arrives every `spacing` seconds."""
     rng = random.Random(11)
     out = []
     for i in range(count):
         if i % 5 == 4:
-            out.append(Request(arrival=i * 0.05, prompt_tokens=512, output_tokens=rng.randrange(5, 60),
+            out.append(Request(arrival=i * spacing, prompt_tokens=512, output_tokens=rng.randrange(5, 60),
                                prefix=(("repeat", 512),)))
             continue
         system = rng.randrange(6)
         prompt = 384 + rng.randrange(10, 200)
-        out.append(Request(arrival=i * 0.05, prompt_tokens=prompt, output_tokens=rng.randrange(100, 300),
+        out.append(Request(arrival=i * spacing, prompt_tokens=prompt, output_tokens=rng.randrange(100, 300),
                            prefix=((("system", system), 384),),
                            n=3 if i % 7 == 6 else 1))
     return out
@@ -323,8 +323,10 @@ def mooncake_run() -> Replay:
 
 @pytest.fixture(scope="module")
 def shared_run() -> Replay:
-    """Small steps (256 tokens, long prefills cut at 96), at most 32 running, prefix caching under eviction."""
-    requests = shared_prefixes(40)
+    """Small steps (256 tokens, long prefills cut at 96), at most 32 running, prefix caching under eviction. The
+    requests arrive 10 ms apart, so the 40 blocks run out however fast the machine is (50 ms apart, an idle
+    machine finished them before the pool filled)."""
+    requests = shared_prefixes(40, spacing=0.01)
     records = run(requests, "--max-num-batched-tokens", "256", "--max-num-seqs", "32",
                   "--long-prefill-token-threshold", "96", prefix_caching=True)
     assert records[0]["max_num_seqs"] == 32 and records[0]["max_num_batched_tokens"] == 256
