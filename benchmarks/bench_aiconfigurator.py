@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_memory import CORPUS, error, load_case_model, predict
+from bench_memory import CORPUS, error, load_case_model, predict, release_of
 
 from kvbudget.engines.vllm.engine import batch_defaults
 from kvbudget.engines.vllm.releases import Release
@@ -44,7 +44,7 @@ def aiconfigurator_kv(case: dict[str, Any], folder: Path) -> float | str:
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(load_case_model(case).config))
     mnbt, seqs = batch_defaults(find_gpu(case["gpu"]).memory_bytes, case["gpu"],
-                                rel=Release(tuple(int(x) for x in case["release"].split(".")[:2])))
+                                rel=Release(release_of(case)))
     try:
         got = estimate_kv_cache(str(folder), system, "vllm", "current", max_num_tokens=mnbt, max_batch_size=seqs,
                                 memory_fraction_kind="of_total", memory_fraction_value=case["utilization"],

@@ -40,10 +40,15 @@ def load_case_model(case: dict[str, Any]) -> kvbudget.ModelSpec:
     return kvbudget.load_model(config)
 
 
+def release_of(case: dict[str, Any]) -> tuple[int, int]:
+    """The case's vLLM release as (major, minor)."""
+    major, minor = (int(x) for x in case["release"].split(".")[:2])
+    return major, minor
+
+
 def predict(case: dict[str, Any]) -> dict[str, Any]:
     """The plan's terms for a case (GiB), and whether it predicts vLLM's refusal."""
-    major, minor = (int(x) for x in case["release"].split(".")[:2])
-    options = EngineOptions(engine_version=(major, minor))
+    options = EngineOptions(engine_version=release_of(case))
     try:
         p = kvbudget.plan(load_case_model(case), engine=case["engine"], gpu=case["gpu"], tp=case["tp"],
                           max_model_len=case["max_model_len"], utilization=case["utilization"], options=options,
@@ -84,7 +89,7 @@ def main() -> None:
         print(f"{case['id']:38} {case['role']:5} " + " ".join(f"{c:>20}" for c in cells)
               + f"  {'' if err is None else f'{err:+.1%}':>8}  {verdict}")
         if case["role"] == "check":
-            era = "V1 (0.8 on)" if tuple(int(x) for x in case["release"].split(".")[:2]) >= (0, 8) else "V0"
+            era = "V1 (0.8 on)" if release_of(case) >= (0, 8) else "V0"
             if err is not None:
                 errors.setdefault(era, []).append((abs(err), err, case["id"]))
             if refused or got["refused"]:

@@ -22,7 +22,7 @@ from kvbudget.units import GIB
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_memory import error, load_case_model, predict  # noqa: E402
+from bench_memory import error, load_case_model, predict, release_of  # noqa: E402
 
 CASES = json.loads((ROOT / "tests" / "data" / "memory" / "vllm.json").read_text())["cases"]
 CHECK = [c for c in CASES if c["role"] == "check"]
@@ -39,7 +39,7 @@ def test_every_case_says_where_it_comes_from():
 
 
 def _era(case: dict, table: dict) -> tuple[int, int]:
-    version = tuple(int(x) for x in case["release"].split(".")[:2])
+    version = release_of(case)
     return max(start for start in table if version >= start)
 
 
@@ -52,7 +52,7 @@ def test_the_fitted_figures_come_from_the_fit_cases_alone():
     for case in (c for c in CASES if c["role"] == "fit"):
         model = load_case_model(case)
         mnbt, seqs = batch_defaults(find_gpu(case["gpu"]).memory_bytes, case["gpu"],
-                                rel=Release(tuple(int(x) for x in case["release"].split(".")[:2])))
+                                rel=Release(release_of(case)))
         rows = min(mnbt, seqs)
         logged = case["logged"]["activation_gib"] * GIB / (rows * activation_widths(model).vocab)
         if case["tp"] == 1:  # with tensor parallelism the peak holds more than the sampler (one case: +1.5%)
@@ -102,7 +102,7 @@ def test_the_plan_names_the_fit_it_uses():
 
 def test_the_plan_states_the_measured_range():
     """The range the plan prints beside vLLM V1's budget is the one the V1 check cases give."""
-    errors = [error(c, predict(c)) for c in CHECK if tuple(int(x) for x in c["release"].split(".")[:2]) >= (0, 8)
+    errors = [error(c, predict(c)) for c in CHECK if release_of(c) >= (0, 8)
               and c["logged"].get("kv_gib", 0) > 0]
     errors = [e for e in errors if e is not None]
     assert memory.CHECKED == (f"against {len(errors)} real V1 start-ups: {min(errors):+.1%} to {max(errors):+.1%} "

@@ -92,19 +92,27 @@ def attention_scratch(model: ModelSpec, cells: int, n_ubatch: int, flash: bool, 
     per_cell = 2 if flash else 4
     masks: dict[bool, int] = {}
     scores = 0
+    swa_batch, to = release.swa_batch(n_ubatch, N_BATCH), release.padding(flash)
     for layer in (_as_cached(layer, model, release) for layer in model.layers):
         if not isinstance(layer, (Attention, LatentAttention)):
             continue
         windowed = isinstance(layer, (SlidingWindow, ChunkedLocal))
-        n_kv = cells
-        if windowed:
-            span = layer.window if isinstance(layer, SlidingWindow) else LLAMA4_CHUNK
-            n_kv = min(cells, pad(span + release.swa_batch(n_ubatch, N_BATCH), release.padding(flash)))
+        n_kv = _window_cells(layer, cells, swa_batch, to) if isinstance(layer, (SlidingWindow, ChunkedLocal)) \
+            else cells
         masks[windowed] = n_kv
         heads = layer.heads if isinstance(layer, LatentAttention) else (
             model.attention_heads or layer.kv_heads)
         scores = max(scores, n_kv * heads * 4)
     return n_ubatch * (sum(masks.values()) * per_cell + (0 if flash else scores))
+
+
+def compute_estimate(model: ModelSpec, cells: int, n_ubatch: int, flash: bool, release: Release) -> int:
+    """The whole compute buffer, as the plan's activation term has it: the per-token tensors of one ubatch (an
+    estimate) and the part that grows with the context (`attention_scratch`)."""
+    from kvbudget.budget import activation_estimate
+
+    return (activation_estimate(model, n_ubatch, DEFAULT_SAMPLED_ROWS)
+            + attention_scratch(model, cells, n_ubatch, flash, release))
 
 
 def release_of(options: EngineOptions) -> Release:
@@ -281,17 +289,14 @@ class LlamaCppEngine(Engine):
                 options: EngineOptions = EngineOptions()) -> Offload | None:
         """`-ngl N`: the output and the last N - 1 layers on the GPU with their caches (one slot of max_model_len)
         and the compute buffer; see offload.py."""
-        from kvbudget.budget import activation_estimate
         from kvbudget.engines.llamacpp.offload import fit_layers
 
-        serving = self.serving(gpu_memory, max_model_len, options)
-        assert serving.context_scratch is not None
-        compute = activation_estimate(model, serving.prefill_tokens, serving.max_num_seqs) + \
-            serving.context_scratch(model)[0]
         release = release_of(options)
+        flash = flash_attn_of(options, release)
+        compute = compute_estimate(model, pad(max_model_len, release.padding(flash)), N_UBATCH, flash, release)
         caches = [0 if c is None else c[3] + c[4] for c in self.layer_caches(
-            model, max_model_len, 1, kv_dtype, release=release, flash_attn=flash_attn_of(options, release))]
-        return fit_layers(model, gpu_memory, caches, compute + serving.overhead_bytes)
+            model, max_model_len, 1, kv_dtype, release=release, flash_attn=flash)]
+        return fit_layers(model, gpu_memory, caches, compute + NON_TORCH_ESTIMATE)
 
     def slot_context(self, model: ModelSpec, context: int, n_parallel: int, unified: bool = False) -> tuple[int, int]:
         """`llama-server -np n_parallel -c n_parallel x context [--kv-unified]`: (n_ctx_slot, the cells of the
@@ -348,13 +353,19 @@ def _layer_cache(layer: LayerSpec, dtype: KVDtype, cells: int, streams: int, n_p
     if not isinstance(layer, (Attention, LatentAttention)):
         return None
     if isinstance(layer, (SlidingWindow, ChunkedLocal)):
-        span = layer.window if isinstance(layer, SlidingWindow) else LLAMA4_CHUNK
-        n = swa_cells or min(cells, pad(span * (n_parallel if unified else 1) + swa_batch, to))
+        n = swa_cells or _window_cells(layer, cells, swa_batch, to, n_parallel if unified else 1)
         name = "kv_swa"
     else:
         n, name = cells, "kv"
     k, v = _kv_rows(layer)
     return name, n, streams, dtype.bytes_for(k) * n * streams, dtype.bytes_for(v) * n * streams if v else 0
+
+
+def _window_cells(layer: SlidingWindow | ChunkedLocal, cells: int, swa_batch: int, to: int, sequences: int = 1) -> int:
+    """Cells of a sliding or chunked cache: the window of each sequence it holds plus a batch, padded, at most the
+    full cache's (llama.cpp's chunks are 8192 whatever the config says)."""
+    span = layer.window if isinstance(layer, SlidingWindow) else LLAMA4_CHUNK
+    return min(cells, pad(span * sequences + swa_batch, to))
 
 
 def _as_cached(layer: LayerSpec, model: ModelSpec, release: Release) -> LayerSpec:
@@ -462,17 +473,15 @@ def _check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappi
                  and (setting("n_ctx_seq") is None or r.pads_total_first)
                  and (setting("n_ctx_per_seq") is None or not r.pads_total_first)
                  and ("_iswa" not in text or r.own_swa_cache)] or list(releases)
-    def rows_for(release: Release) -> list[LogRow]:
-        return _buffer_rows(engine.server_buffers(model, int(n_ctx), int(n_seq), k_type, unified=unified,
-                                                  swa_full=swa_full, n_ubatch=n_ubatch, release=release,
-                                                  flash_attn=flash, n_batch=n_batch), logged_order)
+    def buffers_for(release: Release) -> tuple[Buffer, ...]:
+        return engine.server_buffers(model, int(n_ctx), int(n_seq), k_type, unified=unified, swa_full=swa_full,
+                                     n_ubatch=n_ubatch, release=release, flash_attn=flash, n_batch=n_batch)
 
-    checked = [(r, rows_for(r)) for r in plausible]  # the first era that reproduces every line, else the newest
-    release, rows = next(((r, rows) for r, rows in checked if all(x.matches for x in rows)), checked[0])
-    rows = rows + _memory_rows(text, model, int(n_seq), n_ubatch, flash, release,
-                               engine.server_buffers(model, int(n_ctx), int(n_seq), k_type, unified=unified,
-                                                     swa_full=swa_full, n_ubatch=n_ubatch, release=release,
-                                                     flash_attn=flash, n_batch=n_batch)[0].cells)
+    checked = [(r, b, _buffer_rows(b, logged_order)) for r in plausible for b in [buffers_for(r)]]
+    # the first era that reproduces every line, else the newest
+    release, buffers, rows = next((c for c in checked if all(x.matches for x in c[2])), checked[0])
+    stream_cells = next((b.cells for b in buffers if b.name == "kv"), buffers[0].cells if buffers else int(n_ctx))
+    rows = rows + _memory_rows(text, model, int(n_seq), n_ubatch, flash, release, stream_cells)
     settings: dict[str, Any] = {"n_ctx": int(n_ctx), "n_seq_max": int(n_seq), "kv_unified": unified,
                                 "swa_full": swa_full, "cache_type_k": k_type, "n_ubatch": n_ubatch}
     assumed: dict[str, Any] = {}
@@ -496,7 +505,6 @@ def _memory_rows(text: str, model: ModelSpec, n_seq: int, n_ubatch: int, flash: 
                  cells: int) -> list[LogRow]:
     """The buffers beside the cache: the output buffer (float32 logits of one output per sequence, checked) and
     the largest compute buffer beside the plan's activation term for the same settings (shown: an estimate)."""
-    from kvbudget.budget import activation_estimate
     from kvbudget.model.params import activation_widths
 
     rows = []
@@ -509,8 +517,7 @@ def _memory_rows(text: str, model: ModelSpec, n_seq: int, n_ubatch: int, flash: 
     if computed:
         device, logged = max(computed, key=lambda m: float(m[1]))
         use_flash = release.flash_attn_default if flash is None else flash
-        ours_bytes = (activation_estimate(model, n_ubatch, DEFAULT_SAMPLED_ROWS)
-                      + attention_scratch(model, cells, n_ubatch, use_flash, release))
+        ours_bytes = compute_estimate(model, cells, n_ubatch, use_flash, release)
         rows.append(LogRow(f"memory: compute buffer ({device})", f"{logged} MiB", f"{ours_bytes / MIB:.2f} MiB", None,
                            "kvbudget plan's activation term for these settings (an estimate beyond the part that "
                            "grows with the context)"))

@@ -42,4 +42,6 @@ def fit_layers(model: ModelSpec, gpu_memory: int, cache: list[int], fixed: int) 
     return Offload(parameter="n_gpu_layers", value=value, of=n + 1, gpu_bytes=gpu, host_bytes=host,
                    note=(f"llama-server's flag: the output and the last {value - 1} of {n} layers on the GPU "
                          f"({format_bytes(gpu)} with their caches and the compute buffer), "
-                         f"{format_bytes(host)} of weights and caches in host memory, run by the CPU (slower)"))
+                         f"{format_bytes(host)} of weights and caches in host memory, run by the CPU (slower); "
+                         "an estimate (the compute buffer" + ("" if w.exact else " and weights counted from the config")
+                         + ")"))
