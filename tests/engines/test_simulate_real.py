@@ -151,8 +151,12 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
             ids[sim.add(r).uid] = rec["add"]
             previous = None
         elif "add" in rec:
-            r = by_prompt[tuple(rec["prompt"])].pop(0)
-            assert rec["max_tokens"] == r.output_tokens
+            # identical prompts sent close together can reach the engine in either order: the one it got is the one
+            # asking for as many tokens (a prompt nobody sent, or a length nobody asked for, fails here)
+            same = by_prompt[tuple(rec["prompt"])]
+            matching = [k for k, q in enumerate(same) if q.output_tokens == rec["max_tokens"]]
+            assert matching, f"the engine got a request for {rec['max_tokens']} tokens that was not sent"
+            r = same.pop(matching[0])
             ids[sim.add(r).uid] = rec["add"]
             previous = None
         elif "step" in rec:
