@@ -253,3 +253,37 @@ def test_a_log_without_a_budget_says_what_it_understood():
     text = "Initializing a V1 LLM engine (v0.9.0) with config: max_seq_len=8192\nGPU KV cache size: 100 tokens\n"
     with pytest.raises(Exception, match=r"understood: a KV cache size in tokens, the engine's version"):
         check_log(text, model=load_model("llama-3.1-8b"))
+
+
+def test_the_memory_rows_follow_the_logs_max_num_seqs_and_enforce_eager(tmp_path, capsys):
+    """A vLLM 0.24 start-up that says --max-num-seqs 16 and --enforce-eager is planned with them: its profiling
+    sampler takes 16 rows and no CUDA graphs are budgeted, as `plan` does for the same flags (the lines are vLLM
+    0.24's formats; the figures are a Llama-3.1-8B budget of 53 GiB, 434,176 tokens of 128 KiB)."""
+    from kvbudget import EngineOptions, plan
+    from kvbudget.units import GIB
+
+    lines = ["INFO [api_server.py] vLLM API server version 0.24.0",
+             "INFO [utils.py] non-default args: {'model': 'meta-llama/Llama-3.1-8B-Instruct', 'max_model_len': "
+             "16000, 'max_num_seqs': 16, 'enforce_eager': True}",
+             "INFO [gpu_worker.py] Free memory on device (78.57/79.18 GiB) on startup. Desired GPU memory "
+             "utilization is (0.9, 71.26 GiB).",
+             "INFO [gpu_worker.py] Available KV cache memory: 53.0 GiB",
+             "INFO [kv_cache_utils.py] GPU KV cache size: 434,176 tokens"]
+    planned = {}
+    for name, text in (("given", lines), ("defaults", [lines[0], lines[1].replace(", 'max_num_seqs': 16, "
+                                                                                  "'enforce_eager': True", ""),
+                                                       *lines[2:]])):
+        log = tmp_path / f"{name}.log"
+        log.write_text("\n".join(text) + "\n")
+        assert main(["check-log", str(log), "--model", "llama-3.1-8b", "--json"]) == 0
+        out = capsys.readouterr().out
+        rows = {r["quantity"]: r for r in json.loads(out)["rows"]}
+        planned[name] = rows["memory: KV budget before launch"]["predicted"]
+        if name == "given":
+            shown = json.loads(out)["settings"]
+            settings = {k: shown[k] for k in ("max_num_seqs", "enforce_eager")}
+    expected = plan(load_model("llama-3.1-8b"), engine="vllm", gpu_memory=int(79.18 * GIB), max_model_len=16000,
+                    utilization=0.9, options=EngineOptions(engine_version=(0, 24), max_num_seqs=16,
+                                                           enforce_eager=True), recommend=False)
+    assert settings == {"max_num_seqs": 16, "enforce_eager": True}
+    assert planned["given"] == f"{expected.kv_memory_bytes / GIB:.2f} GiB" != planned["defaults"]

@@ -35,7 +35,8 @@ def test_every_case_says_where_it_comes_from():
         assert case["source"].startswith("https://") and case["licence"], case["id"]
         assert ("model" in case) != ("config" in case), case["id"]
         assert set(case["logged"]) <= {"weights_gib", "activation_gib", "non_torch_gib", "kv_gib", "refused"}
-        assert "known" not in case or case["known"]["term"] in ("weights", "activation")
+        # "kv": a gap in the budget the log does not split into terms
+        assert "known" not in case or case["known"]["term"] in ("weights", "activation", "kv")
 
 
 def _era(case: dict, table: dict) -> tuple[int, int]:

@@ -123,6 +123,8 @@ def engine_options(ask: Any) -> tuple[str, EngineOptions]:
         attention_backend=ask.attention_backend,
         pp_layer_partition=tuple(parse_positive_ints(partition, "pp_layer_partition")) if partition else None,
         num_speculative_tokens=optional_one(ask.num_speculative_tokens, "num_speculative_tokens") or 0,
+        max_num_seqs=optional_one(getattr(ask, "max_num_seqs", None), "max_num_seqs"),
+        enforce_eager=getattr(ask, "enforce_eager", False),
     )
 
 
@@ -218,6 +220,9 @@ KNOBS = {
                           "even split)",
     "num_speculative_tokens": "vLLM: draft tokens per step when drafting with the model's own MTP layers "
                               "(speculative_config method mtp; default none)",
+    "max_num_seqs": "vLLM: sequences one step holds at most; the profiling sampler's rows follow it (default: the "
+                    "release's for the GPU)",
+    "enforce_eager": "vLLM: no CUDA graphs (--enforce-eager); from 0.20 vLLM then budgets none",
 }
 DEVICES = ("cuda", "cpu")
 

@@ -63,6 +63,8 @@ class PlanRequest:
     attention_backend: str | None = option(KNOBS["attention_backend"])
     pp_layer_partition: str | None = option(KNOBS["pp_layer_partition"])
     num_speculative_tokens: str | None = option(KNOBS["num_speculative_tokens"])
+    max_num_seqs: str | None = option(KNOBS["max_num_seqs"])
+    enforce_eager: bool = option(KNOBS["enforce_eager"], False)
     guard_config: str | None = option("write the degradation plan as YAML for `kvbudget guard`", web=False)
     plot: str | None = option("write a picture (.png or .svg): GPU memory and KV bytes against context", web=False)
     prompt_file: str | None = option(COUNTED["prompt_file"], web=False)

@@ -78,7 +78,9 @@ class SimulateRequest:
     attention_backend: str | None = option(KNOBS["attention_backend"], group=MEMORY)
     pp_layer_partition: str | None = option(KNOBS["pp_layer_partition"], group=MEMORY)
     num_speculative_tokens: str | None = option(KNOBS["num_speculative_tokens"], group=MEMORY)
-    max_num_seqs: str | None = option("requests running at once (llama.cpp: its slots, -np)", group=SCHEDULER)
+    enforce_eager: bool = option(KNOBS["enforce_eager"], False, group=MEMORY)
+    max_num_seqs: str | None = option("requests running at once (llama.cpp: its slots, -np; vLLM: also the "
+                                      "profiling sampler's rows)", group=SCHEDULER)
     kv_unified: bool = option("llama.cpp: one cell pool shared by all slots (llama-server's default when -np is "
                               "left to auto)", False, group=SCHEDULER)
     cache_ram: str | None = option("llama.cpp: the host-RAM prompt cache in MiB (default 8192; 0 turns it off)",
@@ -211,7 +213,7 @@ def settings(ask: SimulateRequest) -> dict[str, Any]:
             "device": options.device, "max_num_seqs": optional_one(ask.max_num_seqs, "max_num_seqs"),
             "max_num_batched_tokens": options.max_num_batched_tokens, "prefix_caching": options.prefix_caching,
             "long_prefill_token_threshold": int(ask.long_prefill_token_threshold), "allocator": ask.allocator,
-            "kv_unified": ask.kv_unified, "cache_ram": _mib(ask.cache_ram)}
+            "kv_unified": ask.kv_unified, "cache_ram": _mib(ask.cache_ram), "enforce_eager": options.enforce_eager}
 
 
 def prepared(ask: SimulateRequest) -> tuple[Any, Callable[[float], Iterable[Any]], dict[str, Any], float]:

@@ -58,6 +58,10 @@ class EngineOptions:
     # Speculative decoding with the model's own MTP layers (vLLM's speculative_config method "mtp"): tokens drafted
     # per step; 0 is none
     num_speculative_tokens: int = 0
+    # vLLM: sequences one step holds at most (--max-num-seqs: the profiling sampler's rows and the CUDA-graph
+    # capture sizes follow it); None is the release's default for the GPU
+    max_num_seqs: int | None = None
+    enforce_eager: bool = False  # vLLM --enforce-eager: no CUDA graphs are captured, so none are budgeted
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -360,6 +364,9 @@ class Engine:
                                                           NoCache)
 
     speculative: ClassVar[bool] = False  # sizes the caches speculative decoding adds (num_speculative_tokens)
+    # its budget follows max_num_seqs and enforce_eager (a profiling pass that samples max_num_seqs rows, CUDA
+    # graphs it can leave out)
+    profiles_batch: ClassVar[bool] = False
 
     def refuse_unchecked(self, model: ModelSpec, options: EngineOptions | None = None) -> None:
         """Raise for a family in `unchecked_families`, or a layer of a kind this engine does not size, or options it
@@ -367,6 +374,11 @@ class Engine:
         if options is not None and options.num_speculative_tokens and not self.speculative:
             raise EngineRuleError(f"num_speculative_tokens: speculative decoding's caches are modelled for vLLM only, "
                                   f"not {self.name}; leave it out", param="num_speculative_tokens")
+        if options is not None and not self.profiles_batch:
+            knob = "max_num_seqs" if options.max_num_seqs else "enforce_eager" if options.enforce_eager else None
+            if knob:
+                raise EngineRuleError(f"{knob}: {self.name}'s budget does not follow it (vLLM's profiling pass "
+                                      "does); leave it out", param=knob)
         why = self.unchecked_families.get(model.model_type)
         if why:
             raise UnsupportedArchitectureError(f"{model.name}: {why}, so kvbudget does not size it for "

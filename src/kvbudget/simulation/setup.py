@@ -47,12 +47,15 @@ class SimulationAsk:
     cache_ram: int | None = None
     weights: int | None = None
     utilization: float | None = None  # the engine's memory fraction, as plan takes it
+    enforce_eager: bool = False
 
     def engine_options(self, batched: bool = True) -> EngineOptions:
         """The options to plan with (`batched`: the engine takes max_num_batched_tokens)."""
         return EngineOptions(block_size=self.block_size,
                              max_num_batched_tokens=self.max_num_batched_tokens if batched else None,
-                             prefix_caching=self.prefix_caching, device=self.device)
+                             prefix_caching=self.prefix_caching, device=self.device,
+                             max_num_seqs=self.max_num_seqs if self.engine.profiles_batch else None,
+                             enforce_eager=self.enforce_eager)
 
     @property
     def budget_given(self) -> bool:

@@ -203,3 +203,43 @@ def test_the_batch_defaults_follow_the_release():
     assert batch_defaults(a100, "A100-80GB", rel=Release((0, 9))) == (2048, 256)
     assert batch_defaults(180 * GIB, "B200", rel=Release((0, 27))) == (8192, 1024)
     assert batch_defaults(180 * GIB, "B200", rel=Release((0, 28))) == (16384, 1024)
+
+
+def _terms(options: EngineOptions, **kw: object) -> dict[str, int]:
+    p = plan(load_model("llama-3.1-8b"), engine="vllm", gpu="H100-80GB", max_model_len=16000, options=options,
+             recommend=False, **kw)  # type: ignore[arg-type]
+    return {t.key: t.bytes for t in p.stack}
+
+
+def test_max_num_seqs_sets_the_profiling_samplers_rows():
+    """_dummy_sampler_run samples min(max_num_batched_tokens, max_num_seqs) rows of the vocabulary: on an H100 the
+    default 1,024 rows, with --max-num-seqs 16 sixteen; each row is 128,256 logits at the era's bytes per logit
+    (16 from 0.17). The forward pass over 8,192 tokens is the larger peak at 16 rows, so the peak is its."""
+    default, few = _terms(opts()), _terms(opts(max_num_seqs=16))
+    sampler_default = 1024 * 128256 * 16
+    assert default["activation"] == sampler_default  # the sampler is the peak at 1,024 rows
+    assert few["activation"] < default["activation"] and few["activation"] != 16 * 128256 * 16
+    assert few["kv"] - default["kv"] == default["activation"] - few["activation"]
+
+
+def test_max_num_seqs_above_the_step_is_refused_as_vllm_refuses_it():
+    with pytest.raises(EngineRuleError, match="max_num_batched_tokens") as err:
+        _terms(opts(max_num_seqs=8193))
+    assert err.value.param == "max_num_seqs"
+    _terms(opts(max_num_seqs=8193, max_num_batched_tokens=8193))  # raised together, vLLM takes it
+
+
+@pytest.mark.parametrize(("version", "graphs"), [((0, 19), 0), ((0, 20), GIB), (None, GIB)])
+def test_enforce_eager_leaves_the_cuda_graphs_out_from_0_20(version, graphs):
+    """gpu_worker.py: from 0.20 the profiled CUDA-graph memory is subtracted unless cudagraph_mode is NONE (what
+    --enforce-eager sets); before, graphs were never in the budget, so --enforce-eager changes nothing."""
+    with_graphs, eager = _terms(opts(version)), _terms(opts(version, enforce_eager=True))
+    assert with_graphs["overhead"] - eager["overhead"] == graphs
+    assert eager["kv"] - with_graphs["kv"] == graphs
+
+
+def test_other_engines_refuse_the_vllm_profiling_knobs(capsys):
+    for flag in (["--max-num-seqs", "16"], ["--enforce-eager"]):
+        assert main(["plan", "llama-3.1-8b", "--engine", "sglang", "--gpu", "H100-80GB", *flag]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and flag[0] in err and "sglang" in err

@@ -82,3 +82,21 @@ def test_run_all_keeps_order_and_reports_progress():
         assert seen == [(1, 3), (2, 3), (3, 3)]
     with pytest.raises(KVBudgetError, match="backend 'ray=': choose process"):
         run_all(divmod, [(1, 1)], "ray=")
+
+
+@pytest.mark.parametrize("knobs", [{}, {"max_num_seqs": 16}, {"enforce_eager": True},
+                                   {"max_num_seqs": 64, "enforce_eager": True, "utilization": 0.8}])
+def test_simulate_takes_the_plans_budget_with_the_same_knobs(knobs):
+    """One stack: what simulate gives vLLM's KV cache is plan's budget for the same settings (the sampler's rows
+    follow --max-num-seqs in both, --enforce-eager drops the CUDA graphs in both)."""
+    from kvbudget import EngineOptions, plan
+    from kvbudget.simulation.run import setup_for
+
+    utilization = knobs.get("utilization")
+    options = EngineOptions(max_num_seqs=knobs.get("max_num_seqs"), enforce_eager=bool(knobs.get("enforce_eager")))
+    planned = plan(LLAMA, gpu="H100-80GB", max_model_len=8192, options=options, utilization=utilization,
+                   recommend=False)
+    setup = setup_for(LLAMA, gpu="H100-80GB", max_model_len=8192, max_num_seqs=knobs.get("max_num_seqs"),
+                      enforce_eager=bool(knobs.get("enforce_eager")), utilization=utilization)
+    assert setup.kv_memory_bytes == planned.kv_memory_bytes
+    assert setup.max_num_seqs == (knobs.get("max_num_seqs") or 1024)

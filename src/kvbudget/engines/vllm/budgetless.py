@@ -28,6 +28,10 @@ def shown_settings(st: _LogSettings, read: dict, assumed: dict) -> dict:
                 "engine_version": read.get("engine_version"), "hybrid_allocator": st.hybrid}
     if st.mnbt is not None:
         settings["max_num_batched_tokens"] = st.mnbt
+    if st.max_num_seqs is not None:
+        settings["max_num_seqs"] = st.max_num_seqs
+    if st.eager:
+        settings["enforce_eager"] = True
     if st.partition is not None:
         settings["pp_layer_partition"] = ",".join(map(str, st.partition))
     if st.backend is not None:

@@ -169,6 +169,7 @@ class VLLMEngine(Engine):
     expert_parallel: ClassVar[bool] = True  # vLLM --enable-expert-parallel, SGLang --enable-dp-attention --ep
     layer_kinds: ClassVar[tuple[type[LayerSpec], ...]] = (*Engine.layer_kinds, Compressed)
     speculative: ClassVar[bool] = True
+    profiles_batch: ClassVar[bool] = True
     description: str = "vLLM v1 (0.32): paged blocks, hybrid groups, null block"
 
     serves = True
@@ -357,17 +358,22 @@ class VLLMEngine(Engine):
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "", tp: int = 1) -> Serving:
         rel = release(options)
-        default_tokens, max_num_seqs = v0_batch_defaults(max_model_len) if rel.v0 else batch_defaults(
+        default_tokens, default_seqs = v0_batch_defaults(max_model_len) if rel.v0 else batch_defaults(
             gpu_memory, gpu_name, options.device, rel)
         mnbt = options.max_num_batched_tokens or default_tokens
-        options = replace(options, max_num_batched_tokens=mnbt)
+        max_num_seqs = options.max_num_seqs or default_seqs
+        if mnbt < max_num_seqs:  # config/scheduler.py refuses it
+            raise EngineRuleError(f"max_num_seqs {max_num_seqs}: vLLM refuses more sequences than "
+                                  f"max_num_batched_tokens ({mnbt}); give at most {mnbt} or raise "
+                                  "max_num_batched_tokens", param="max_num_seqs")
+        options = replace(options, max_num_batched_tokens=mnbt, max_num_seqs=max_num_seqs)
         if rel.v0:  # V0 sums the forward pass and the sampler; CUDA graphs are captured outside the budget
             return Serving(memory_fraction=rel.gpu_memory_utilization, memory_knob="gpu_memory_utilization default",
                            prefill_tokens=mnbt, prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt})",
                            max_num_seqs=max_num_seqs, overhead_bytes=NON_TORCH_ESTIMATE,
                            overhead_note="non-torch memory (V0 leaves CUDA graphs out of the budget)",
                            options=options)
-        other, note = overhead(rel, tp)
+        other, note = overhead(rel, tp, options.enforce_eager)
         per_logit = logit_bytes(rel)
         return Serving(memory_fraction=rel.gpu_memory_utilization, memory_knob="gpu_memory_utilization default",
                        prefill_tokens=mnbt, max_num_seqs=max_num_seqs, overhead_bytes=other, overhead_note=note,

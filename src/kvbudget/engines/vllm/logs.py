@@ -90,12 +90,15 @@ class _LogSettings:
     partition: tuple[int, ...] | None = None
     backend: str | None = None
     spec_tokens: int = 0  # speculative decoding with the model's MTP layers: draft tokens per step
+    max_num_seqs: int | None = None
+    eager: bool = False
 
     def options(self) -> EngineOptions:
         return EngineOptions(device=self.device, prefix_caching=self.prefix, max_num_batched_tokens=self.mnbt,
                              hybrid_allocator=self.hybrid, engine_version=self.version,
                              attention_backend=self.backend, pp_layer_partition=self.partition,
-                             num_speculative_tokens=self.spec_tokens)
+                             num_speculative_tokens=self.spec_tokens, max_num_seqs=self.max_num_seqs,
+                             enforce_eager=self.eager)
 
 
 def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Match | None,
@@ -142,6 +145,15 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
                   prefix_default)
     mnbt_text = _setting(text, "max_num_batched_tokens", "max_num_batched_token")
     mnbt = pick("max_num_batched_tokens", mnbt_text, None)
+    seqs = given.get("max_num_seqs") or _setting(text, "max_num_seqs")  # the release's default where unsaid
+    if seqs is not None:
+        read["max_num_seqs"] = seqs
+    # enforce_eager=True in the engine's config line, 'enforce_eager': True in its arguments, or the bare flag
+    eager_text = _setting(text, "enforce_eager")
+    eager = _truthy(eager_text) if eager_text and eager_text[0] != "-" else bool(
+        re.search(r"--enforce-eager(?![ =]\w)", text))
+    if eager:
+        read["enforce_eager"] = True
     partition = None
     if pp > 1:
         part_text = given.get("pp_layer_partition") or (
@@ -163,7 +175,8 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
                             prefix=bool(prefix),
                             mnbt=_whole("max_num_batched_tokens", mnbt) if mnbt is not None else None, version=version,
                             hybrid=hybrid,
-                            partition=partition, backend=backend, spec_tokens=spec_tokens)
+                            partition=partition, backend=backend, spec_tokens=spec_tokens,
+                            max_num_seqs=_whole("max_num_seqs", seqs) if seqs is not None else None, eager=eager)
     return settings, read, assumed
 
 

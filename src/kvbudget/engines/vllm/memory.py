@@ -36,7 +36,7 @@ MORE_NON_TORCH = (0, 18)
 NON_TORCH = {(0, 0): (int(0.14 * GIB), int(0.56 * GIB)), MORE_NON_TORCH: (int(0.26 * GIB), int(2.08 * GIB))}
 # The KV budget's error on the check cases of tests/data/memory/vllm.json (benchmarks/bench_memory.py; the corpus
 # test holds these figures to the benchmark's): the range, and the cases it comes from.
-CHECKED = "against 11 real V1 start-ups: -12.0% to +1.1% (accuracy page)"
+CHECKED = "against 12 real V1 start-ups: -12.0% to +1.1% (accuracy page)"
 CUDA_GRAPHS_SUBTRACTED = (0, 20)
 # The CUDA-graph pool, an estimate: llm-d-planner's report measured 0.51-1.85 GiB (mean 1.04) on its vLLM 0.19 H100
 # runs (github.com/llm-d-incubation/llm-d-planner pull request 205, accuracy/accuracy_report.md); no >= 0.20 log
@@ -53,13 +53,17 @@ def logit_bytes(rel: Release) -> int:
     return LOGIT_BYTES[_era(LOGIT_BYTES, rel)]
 
 
-def overhead(rel: Release, tp: int) -> tuple[int, str]:
-    """V1's memory outside the profiling peak for release `rel` at tensor parallel size `tp`, and its note."""
+def overhead(rel: Release, tp: int, eager: bool = False) -> tuple[int, str]:
+    """V1's memory outside the profiling peak for release `rel` at tensor parallel size `tp`, and its note
+    (`eager`: --enforce-eager, no graphs captured, so none profiled: `gpu_worker.py` skips the profile when
+    cudagraph_mode is NONE)."""
     era = _era(NON_TORCH, rel)
     non_torch = NON_TORCH[era][0 if tp == 1 else 1]
     since = "" if era == (0, 0) else f", vLLM >= {era[0]}.{era[1]}"
     what = (f"non-torch memory (fit: {non_torch / GIB:.2f} GiB "
             f"{'on one GPU' if tp == 1 else 'per GPU with tensor parallelism'}{since})")
+    if rel.version >= CUDA_GRAPHS_SUBTRACTED and eager:
+        return non_torch, f"{what}; no CUDA graphs (--enforce-eager)"
     if rel.version >= CUDA_GRAPHS_SUBTRACTED:
         return non_torch + CUDA_GRAPH_ESTIMATE, (f"{what} and CUDA graphs (estimate: {CUDA_GRAPH_ESTIMATE / GIB:.1f} "
                                                  "GiB; vLLM >= 0.20 subtracts them)")
