@@ -3,6 +3,8 @@ nothing (tests/corpus/test_memory_corpus.py holds the bounds).
 
     python benchmarks/bench_memory.py [--corpus tests/data/memory/vllm.json]
 
+Then the SGLang start-ups of tests/data/memory/sglang.json: the pool SGLang allocated beside the plan's.
+
 Each case of the corpus (a real start-up: settings, and the memory split vLLM printed) is planned with the same
 engine release, GPU, tensor parallel size, max_model_len and gpu_memory_utilization. The table sets each term
 beside the log's; the error of the KV budget is (predicted - logged) / logged, positive when the plan is
@@ -25,6 +27,7 @@ from kvbudget.planner import NoKVBudget
 from kvbudget.units import GIB
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "data" / "memory" / "vllm.json"
+SGLANG_CORPUS = CORPUS.with_name("sglang.json")
 TERMS = (("weights", "weights_gib"), ("activation", "activation_gib"), ("overhead", "non_torch_gib"),
          ("kv", "kv_gib"))
 
@@ -68,6 +71,24 @@ def error(case: dict[str, Any], predicted: dict[str, Any]) -> float | None:
     return predicted["kv"] / logged - 1
 
 
+def predict_sglang(case: dict[str, Any]) -> tuple[int, float]:
+    """The plan's pool for an SGLang case (tokens as SGLang prints them) and its weights (GiB), at the case's
+    release, GPU and tensor parallel size with SGLang's default mem_fraction_static."""
+    options = EngineOptions(engine_version=tuple(int(x) for x in case["release"].split(".")))
+    p = kvbudget.plan(kvbudget.load_model(case["model"]), engine="sglang", gpu=case["gpu"], tp=case["tp"],
+                      max_model_len=case["max_model_len"], options=options, recommend=False)
+    return p.capacity.kv_cache_tokens, {t.key: t.bytes for t in p.stack}["weights"] / GIB
+
+
+def sglang_table() -> None:
+    print(f"\n{'SGLang case':38} {'role':5} {'tokens log/plan':>22} {'weights log/plan':>18}  pool error")
+    for case in json.loads(SGLANG_CORPUS.read_text())["cases"]:
+        tokens, weights = predict_sglang(case)
+        logged = case["logged"]
+        print(f"{case['id']:38} {case['role']:5} {logged['tokens']:>10,} / {tokens:>9,} "
+              f"{logged['weights_gib']:>8.2f} / {weights:>7.2f}  {tokens / logged['tokens'] - 1:+9.1%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, default=CORPUS)
@@ -105,6 +126,7 @@ def main() -> None:
               f"{worst[1]:+.2%} ({worst[2]}), most optimistic {optimistic:+.2%} (target: at most +3%)")
     if refusals:
         print(f"refusals predicted: {sum(refusals)} of {len(refusals)}")
+    sglang_table()
 
 if __name__ == "__main__":
     main()

@@ -52,9 +52,9 @@ def activation_estimate(model: ModelSpec, tokens: int, sampled_rows: int, logit_
 def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, activation: int | None,
                  overhead: int | None, utilization: float | None) -> tuple[tuple[Term, ...], int]:
     """The memory stack of one GPU and the KV budget the engine derives from it."""
-    util = serving.memory_fraction if utilization is None else utilization
-    if not 0 < util <= 1:
-        raise KVBudgetError(f"utilization {util}: must be in (0, 1]", param="utilization")
+    if utilization is not None and not 0 < utilization <= 1:
+        raise KVBudgetError(f"utilization {utilization}: must be in (0, 1]", param="utilization")
+    util = serving.memory_fraction if utilization is None else utilization * serving.given_fraction_scale
     tokens = serving.prefill_tokens
     activation_note = serving.prefill_note
     if activation is None:
@@ -66,7 +66,7 @@ def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, acti
             activation_note += f"; {how}"
     else:
         activation_bytes = activation
-    other = serving.overhead_bytes if overhead is None else overhead
+    other = serving.overhead_bytes + math.ceil(util * serving.preload_bytes) if overhead is None else overhead
     usable = math.ceil(card.memory_bytes * util)  # vLLM's request_memory rounds up
     kv = usable - w.per_gpu_bytes - activation_bytes - other
     weights_given = w.basis.startswith(GIVEN_WEIGHTS)
@@ -74,7 +74,8 @@ def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, acti
         Term(key="gpu", name="GPU memory", bytes=card.memory_bytes, estimate=card.memory_basis.startswith("nominal"),
              note=f"{card.name}, {card.memory_basis}"),
         Term(key="share", name=f"engine share ({util:g})", bytes=usable, estimate=utilization is None and util != 1.0,
-             note="" if utilization is not None else serving.memory_knob,
+             note=serving.memory_knob if utilization is None else "" if serving.given_fraction_scale == 1 else
+             f"{utilization:g} as given, times {serving.given_fraction_scale:g} (what the engine does to it)",
              param="utilization" if utilization is not None else None, given=utilization is not None),
         Term(key="weights", name="weights", bytes=w.per_gpu_bytes, estimate=not w.exact,
              note=w.basis.removeprefix(GIVEN_WEIGHTS), param="weights" if weights_given else None,

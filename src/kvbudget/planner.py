@@ -226,7 +226,7 @@ def plan(
     given_options = options  # alternatives on other GPUs take their own defaults
     if options.compute_capability is None and card.compute_capability:  # the card decides kernels (MLA blocks)
         options = replace(options, compute_capability=card.compute_capability)
-    serving = chosen.serving(card.memory_bytes, max_len, options, gpu_name=card.name, tp=tp)
+    serving = chosen.serving(card.memory_bytes, max_len, options, gpu_name=card.name, tp=tp, model=model)
     options = serving.options
     w = _weights(model, chosen, tp, pp, options, replicas if expert_parallel else None, weights)
     stack, kv_budget = memory_stack(model, serving, card, w, activation, overhead, utilization)

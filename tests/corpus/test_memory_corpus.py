@@ -1,6 +1,6 @@
-"""`kvbudget plan`'s memory stack against real vLLM start-ups (tests/data/memory/vllm.json): the fitted figures
-come from the 'fit' cases alone, and the 'check' cases, never fitted on, hold the error bounds the accuracy page
-states."""
+"""`kvbudget plan`'s memory stack against real vLLM and SGLang start-ups (tests/data/memory/vllm.json and
+sglang.json): the fitted figures come from the 'fit' cases alone, and the 'check' cases, never fitted on, hold the
+error bounds the accuracy page states."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from kvbudget.units import GIB
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_memory import error, load_case_model, predict, release_of  # noqa: E402
+from bench_memory import error, load_case_model, predict, predict_sglang, release_of  # noqa: E402
 
 CASES = json.loads((ROOT / "tests" / "data" / "memory" / "vllm.json").read_text())["cases"]
 CHECK = [c for c in CASES if c["role"] == "check"]
@@ -108,3 +108,20 @@ def test_the_plan_states_the_measured_range():
     errors = [e for e in errors if e is not None]
     assert memory.CHECKED == (f"against {len(errors)} real V1 start-ups: {min(errors):+.1%} to {max(errors):+.1%} "
                               "(accuracy page)").replace("+-", "-")
+
+
+SGLANG = json.loads((ROOT / "tests" / "data" / "memory" / "sglang.json").read_text())["cases"]
+LOGS = ROOT / "tests" / "data" / "logs"
+
+
+@pytest.mark.parametrize("case", SGLANG, ids=lambda c: c["id"])
+def test_sglangs_pool_against_real_start_ups(case):
+    """Check cases: the plan's pool within 2% of what SGLang allocated (its default fraction for the release and
+    the model, the memory in use before loading, the weights); the fit case's gap is its weights, as it says."""
+    tokens, weights = predict_sglang(case)
+    error = tokens / case["logged"]["tokens"] - 1
+    assert (LOGS / case["log"]).is_file() and case["source"].startswith("https://")
+    if case["role"] == "check":
+        assert abs(error) <= 0.02, (tokens, case["logged"]["tokens"])
+    else:
+        assert case["known"]["term"] == "weights" and abs(weights / case["logged"]["weights_gib"] - 1) > 0.01

@@ -237,6 +237,10 @@ class Serving:
     # scratch of the largest forward pass that grows with the context (llama.cpp's KQ mask and scores): bytes for a
     # model, and how it was found; None where the engine's attention holds no such buffer
     context_scratch: Callable[[ModelSpec], tuple[int, str]] | None = None
+    # memory in use before the engine measures what is free, where it takes its share of that (SGLang): the share
+    # of it comes off the budget beside overhead_bytes
+    preload_bytes: int = 0
+    given_fraction_scale: float = 1.0  # what the engine multiplies a share you give by (SGLang 0.4, multimodal)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -422,8 +426,9 @@ class Engine:
 
     # --- serving ------------------------------------------------------------------------------------
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
-                gpu_name: str = "", tp: int = 1) -> Serving:
-        """Defaults on a GPU of `gpu_memory` bytes. A library takes what is free and runs the prompt whole."""
+                gpu_name: str = "", tp: int = 1, model: ModelSpec | None = None) -> Serving:
+        """Defaults on a GPU of `gpu_memory` bytes (for `model`, where the engine's defaults depend on it). A library
+        takes what is free and runs the prompt whole."""
         tokens = min(max_model_len, 4096)
         return Serving(memory_fraction=1.0, memory_knob="all free memory", prefill_tokens=tokens,
                        prefill_note=f"a prompt of {tokens} tokens in one forward pass",

@@ -137,6 +137,17 @@ def count_parameters(model: ModelSpec) -> ParamCount:
     return ParamCount(tuple(groups))
 
 
+def vision_tower(model: ModelSpec) -> tuple[int | None, int | None] | None:
+    """(layers, hidden size) of a multimodal model's vision tower as its vision_config states them (None where it
+    does not), or None for a model without a vision_config."""
+    vision = model.config.get("vision_config")
+    if not isinstance(vision, dict):
+        return None
+    layers = vision.get("num_hidden_layers") or vision.get("depth")
+    hidden = vision.get("hidden_size")
+    return (layers if isinstance(layers, int) else None, hidden if isinstance(hidden, int) else None)
+
+
 def vision_parameters(vision: object, text_hidden: int) -> int:
     """A vision tower's parameters from its vision_config, counted as a ViT encoder (an estimate where the tower
     differs): the patch embedding (3 x patch^2, twice for a temporal patch of 2), learned positions of a fixed

@@ -218,7 +218,7 @@ class LlamaCppEngine(Engine):
                                f"{format_bytes(used)} of this {format_bytes(kv_memory)} budget",))
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
-                gpu_name: str = "", tp: int = 1) -> Serving:
+                gpu_name: str = "", tp: int = 1, model: ModelSpec | None = None) -> Serving:
         release = release_of(options)
         flash = flash_attn_of(options, release)
         cells = pad(max_model_len, release.padding(flash))

@@ -40,8 +40,17 @@ from kvbudget.engines.base import (
     serving_kv_dtype,
 )
 from kvbudget.engines.metrics import first_gauge
-from kvbudget.engines.sglang.releases import MODELLED, NEWEST, mem_fraction_static, parse_release
+from kvbudget.engines.sglang.releases import (
+    MODELLED,
+    NEWEST,
+    era,
+    mem_fraction_static,
+    multimodal_factor,
+    parse_release,
+    release_name,
+)
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
+from kvbudget.model.params import vision_tower
 from kvbudget.model.spec import (
     Attention,
     FullAttention,
@@ -160,25 +169,29 @@ class SGLangEngine(Engine):
         return layer_stages(num_layers, pp)
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
-                gpu_name: str = "", tp: int = 1) -> Serving:
+                gpu_name: str = "", tp: int = 1, model: ModelSpec | None = None) -> Serving:
         version = options.engine_version or NEWEST
         fraction = mem_fraction_static(gpu_memory / MIB, tp, 1, version)
+        knob = f"mem_fraction_static default ({release_name(era(version))}'s rule for this card"
+        factor, scales_given = multimodal_factor(vision_tower(model) if model else None, version)
+        if factor != 1:
+            fraction *= factor
+            knob += f", times {factor:.3f} for a model with a vision tower"
         before = PRELOAD_TP8 if tp >= 8 else PRELOAD
-        return Serving(memory_fraction=fraction,
-                       memory_knob=f"mem_fraction_static default ({version[0]}.{version[1]}'s rule for this card)",
-                       prefill_tokens=0,
+        return Serving(memory_fraction=fraction, memory_knob=knob + ")", prefill_tokens=0,
                        prefill_note="SGLang keeps activations in the (1 - mem_fraction_static) it leaves aside",
-                       max_num_seqs=0, overhead_bytes=int(fraction * before),
+                       max_num_seqs=0, overhead_bytes=0, preload_bytes=before,
+                       given_fraction_scale=factor if scales_given else 1.0,
                        overhead_note=(f"SGLang takes its share of the memory free before the weights load, so "
-                                      f"{fraction:g} x what is in use then (CUDA context, NCCL; fit: "
+                                      f"the share x what is in use then (CUDA context, NCCL; fit: "
                                       f"{before / GIB:.2f} GiB, one log at tp {'8' if tp >= 8 else '4'})"),
                        options=options)
 
     def parse_release(self, version: str) -> tuple[int, ...]:
         release = parse_release(version)
         if release is None:
-            raise EngineRuleError(f"engine_version {version}: SGLang's rules are modelled for "
-                                  f"{', '.join(f'{a}.{b}' for a, b in MODELLED)}", param="engine_version")
+            raise EngineRuleError(f"engine_version {version}: SGLang's rules are modelled for {MODELLED}",
+                                  param="engine_version")
         return release
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
@@ -242,8 +255,16 @@ class SGLangEngine(Engine):
         from kvbudget.model.weights import model_weights
 
         recurrent = any(isinstance(layer, RecurrentState) for layer in model.layers)  # its state is sized apart
-        rows += tuple(memory_rows(text, tokens, 0 if recurrent else total, model_weights(model, tp).per_gpu_bytes))
-        settings = {k: v for k, v in (("tp", tp), ("kv_cache_dtype", dtype)) if k not in assumed}
+        version_text = given.get("engine_version") or (
+            v.group(1) if (v := re.search(r"sglang(?: version)?[ =:]+v?(\d+\.\d+\.\d+)", text)) else None)
+        release = self.parse_release(str(version_text)) if version_text else NEWEST
+        factor, scales_printed = multimodal_factor(vision_tower(model), release)
+        if not version_text and factor != 1:  # the release decides what a multimodal model's fraction becomes
+            assumed["engine_version"] = f"{release_name(NEWEST)} (the log does not say)"
+        rows += tuple(memory_rows(text, tokens, 0 if recurrent else total, model_weights(model, tp).per_gpu_bytes,
+                                  scale=factor if scales_printed else 1.0))
+        settings = {k: v for k, v in (("tp", tp), ("kv_cache_dtype", dtype), ("engine_version", version_text))
+                    if k not in assumed and v}
         return LogCheck(engine="sglang", model_in_log=None, settings=settings, rows=rows, assumed=assumed)
 
 

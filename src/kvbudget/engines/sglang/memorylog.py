@@ -19,14 +19,23 @@ from kvbudget.units import GIB
 ROUNDING = 0.005  # each printed figure is within half a hundredth of a GiB
 
 
-def memory_rows(text: str, tokens: int, cell_bytes: int, weights_bytes: int | None) -> list[LogRow]:
+def memory_rows(text: str, tokens: int, cell_bytes: int, weights_bytes: int | None, scale: float = 1.0
+                ) -> list[LogRow]:
     """Rows for the memory lines the log has: the weights as loaded (beside the plan's count) and, where the log
     states mem_fraction_static and both measurements, the pool the source's rule gives from them against the
-    pool the log allocated. Empty when the log prints none of them."""
-    before = _number(text, r"Load weight begin\. avail mem=([\d.]+) GB")
+    pool the log allocated. Empty when the log prints none of them. `scale`: what the release multiplies the
+    printed fraction by after printing it (0.4's model_runner, for a multimodal model), unless the log says the
+    fraction it settled on ('Automatically reduce --mem-fraction-static to X'). Without a 'Load weight begin'
+    line the memory free before loading is the end line's two figures added (SGLang prints their difference as
+    the usage)."""
     after = _number(text, r"Load weight end\..*?avail mem=([\d.]+) GB")
     used = _number(text, r"Load weight end\..*?mem usage=([\d.]+) GB")
+    before = _number(text, r"Load weight begin\. avail mem=([\d.]+) GB")
+    if before is None and after is not None and used is not None:
+        before = after + used
     fraction = _number(text, r"mem_fraction_static[=' ]+([\d.]+)")
+    reduced = _number(text, r"Automatically reduce --mem-fraction-static to ([\d.]+)")
+    fraction = reduced if reduced is not None else None if fraction is None else fraction * scale
     out = []
     if used is not None and weights_bytes is not None:
         out.append(LogRow("memory: weights as loaded", f"{used:.2f} GB", f"{weights_bytes / GIB:.2f} GiB", None,

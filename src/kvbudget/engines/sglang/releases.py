@@ -1,33 +1,57 @@
 """SGLang's default mem_fraction_static, per release: the share of the GPU its weights and KV pool may take; the
-rest is left to activations and CUDA graphs (python/sglang/srt/server_args.py, read in the sdists named).
+rest is left to activations and CUDA graphs (python/sglang/srt/server_args.py and model_executor/model_runner.py,
+read in the sdists named). The rule changed often; the releases whose source was read are modelled, by era:
 
-- 0.4 (0.4.6): by tensor parallel size on cards of at most 80 GiB (81,920 MiB): 0.88 at tp 1, 0.87 at 2, 0.85 at
-  4, 0.81 at 8, 0.79 at 16; larger cards leave 13 GiB: (memory - 13 GiB) / memory.
-- 0.5 (0.5.3, still so in 0.5.10): reserved MiB = 512 + 1.5 x max(chunked_prefill_size, 2048) + 2 x
+- 0.4.3 (read in 0.4.3.post4 and 0.4.4.post1): by tensor parallel size on every card: 0.88 at tp 1, 0.87 at 2,
+  0.85 at 4, 0.81 at 8, 0.79 at 16. A multimodal model's fraction is then multiplied by 0.95 in model_runner.py,
+  whether it was the default or given.
+- 0.4.5: the same table; the multimodal factor is 0.90.
+- 0.4.6: the table on cards of at most 80 GiB (81,920 MiB); larger cards leave 13 GiB: (memory - 13 GiB) /
+  memory. Multimodal: 0.90, as in 0.4.5.
+- 0.5.3 (still so in 0.5.10): reserved MiB = 512 + 1.5 x max(chunked_prefill_size, 2048) + 2 x
   cuda_graph_max_bs + tp x pp / 8 x 1024, at least 10 GiB on cards above 60 GiB, and mem_fraction_static =
   round((memory - reserved) / memory, 3); chunked_prefill_size and cuda_graph_max_bs default by the card's memory
   (under 20 GiB 2048 / 8; under 35 GiB 2048 / 16, 80 from tp 4; under 60 GiB 4096 / 32, 160 from tp 4; under
-  160 GiB 8192 / 256, 512 from tp 4; else 16384 / 512). Later 0.5 releases size the pool after capturing the
-  graphs in some configurations (not modelled).
+  160 GiB 8192 / 256, 512 from tp 4; else 16384 / 512). A model with a vision_config then gets the default (only
+  the default) times 0.95 x clamp(1 - 0.1 x (layers x hidden^2 / (24 x 1024^2) - 1), 0.8, 1.05), its ViT against
+  a ViT-L/14 (adjust_mem_fraction_for_vlm). Later 0.5 releases size the pool after capturing the graphs in some
+  configurations (not modelled).
+0.4.7 to 0.5.2 changed the rule release by release (a fixed 0.88 on larger cards, then reserved memory in tiers);
+they are refused rather than answered with a neighbour's rule. `sglang@0.4` is 0.4.6, `sglang@0.5` is 0.5.3.
 SGLang reads the card's memory as nvidia-smi reports it; kvbudget uses the catalog's figure (torch's, where
 known: about 0.6% less, which moves the fraction by under 0.001).
 """
 
 from __future__ import annotations
 
-NEWEST = (0, 5)
-MODELLED = ((0, 4), (0, 5))
+import re
+
+Release = tuple[int, int, int]
+ERAS: tuple[Release, ...] = ((0, 4, 3), (0, 4, 5), (0, 4, 6), (0, 5, 3))
+SPANS = (((0, 4, 3), (0, 4, 6)), ((0, 5, 3), (0, 5, 10)))  # the releases whose rule is modelled
+NAMED = {(0, 4): (0, 4, 6), (0, 5): (0, 5, 3)}  # sglang@0.4, sglang@0.5
+NEWEST: Release = (0, 5, 3)
+MODELLED = "0.4.3-0.4.6 and 0.5.3-0.5.10 (0.4 is 0.4.6, 0.5 is 0.5.3)"
 _TIERS = ((20, 2048, 8, 8), (35, 2048, 16, 80), (60, 4096, 32, 160), (160, 8192, 256, 512))  # GiB, chunk, bs
+_TABLE = ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87), (1, 0.88))
 
 
-def parse_release(version: str) -> tuple[int, int] | None:
-    """(major, minor) of a modelled SGLang release, or None."""
-    parts = version.split(".")
-    try:
-        key = (int(parts[0]), int(parts[1]))
-    except (ValueError, IndexError):
+def parse_release(version: str) -> Release | None:
+    """The modelled SGLang release a version names ('0.4.4', '0.4.4.post2', or '0.5' for its era's first), else
+    None."""
+    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?(?:\.?(?:post|rc)\d+)?", version.strip())
+    if not m:
         return None
-    return key if key in MODELLED else None
+    major, minor = int(m.group(1)), int(m.group(2))
+    if m.group(3) is None:
+        return NAMED.get((major, minor))
+    release = (major, minor, int(m.group(3)))
+    return release if any(low <= release <= high for low, high in SPANS) else None
+
+
+def era(release: tuple[int, ...]) -> Release:
+    """The era whose rule a modelled release follows."""
+    return max(e for e in ERAS if tuple(release) >= e)
 
 
 def prefill_and_graphs(gpu_mib: float, tp: int) -> tuple[int, int]:
@@ -39,13 +63,36 @@ def prefill_and_graphs(gpu_mib: float, tp: int) -> tuple[int, int]:
 
 
 def mem_fraction_static(gpu_mib: float, tp: int, pp: int = 1, release: tuple[int, ...] = NEWEST) -> float:
-    """The default mem_fraction_static of `release` on a card of `gpu_mib` MiB at tensor parallel size `tp`."""
-    if release[:2] == (0, 4):
-        if gpu_mib <= 81920:
-            return next(f for at_least, f in ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87), (1, 0.88)) if tp >= at_least)
+    """The default mem_fraction_static of `release` on a card of `gpu_mib` MiB at tensor parallel size `tp`, before
+    any multimodal factor."""
+    rule = era(release)
+    if rule < (0, 4, 6) or (rule == (0, 4, 6) and gpu_mib <= 81920):
+        return next(f for at_least, f in _TABLE if tp >= at_least)
+    if rule == (0, 4, 6):
         return (gpu_mib - 1024 * 13) / gpu_mib
     chunk, graphs = prefill_and_graphs(gpu_mib, tp)
     reserved = 512 + max(chunk, 2048) * 1.5 + graphs * 2 + tp * pp / 8 * 1024
     if gpu_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     return round((gpu_mib - reserved) / gpu_mib, 3)
+
+
+def multimodal_factor(vision: tuple[int | None, int | None] | None, release: tuple[int, ...] = NEWEST
+                      ) -> tuple[float, bool]:
+    """What SGLang multiplies mem_fraction_static by for a model with a vision tower of (layers, hidden size)
+    (1.0 without one), and whether it also scales a fraction the user gave (0.4's model_runner does; 0.5 adjusts
+    its default only). A size the config does not state is SGLang's own default (24 layers, 1,024)."""
+    if vision is None:
+        return 1.0, False
+    rule = era(release)
+    if rule < (0, 4, 5):
+        return 0.95, True
+    if rule < (0, 5, 3):
+        return 0.90, True
+    layers, hidden = vision[0] or 24, vision[1] or 1024
+    ratio = layers * hidden ** 2 / (24 * 1024 ** 2)
+    return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0))), False
+
+
+def release_name(release: tuple[int, ...]) -> str:
+    return ".".join(map(str, release))

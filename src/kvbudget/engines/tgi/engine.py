@@ -106,7 +106,7 @@ class TGIEngine(Engine):
                          f"max_batch_total_tokens {tokens}", SOURCE_NOTE))
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
-                gpu_name: str = "", tp: int = 1) -> Serving:
+                gpu_name: str = "", tp: int = 1, model: ModelSpec | None = None) -> Serving:
         return Serving(memory_fraction=CUDA_MEMORY_FRACTION, memory_knob="0.9 x cuda_memory_fraction default",
                        prefill_tokens=MAX_BATCH_PREFILL_TOKENS,
                        prefill_note=f"warm-up pass over max_batch_prefill_tokens ({MAX_BATCH_PREFILL_TOKENS})",

@@ -356,7 +356,7 @@ class VLLMEngine(Engine):
         return model if release(options).whole_model_check else stage
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
-                gpu_name: str = "", tp: int = 1) -> Serving:
+                gpu_name: str = "", tp: int = 1, model: ModelSpec | None = None) -> Serving:
         rel = release(options)
         default_tokens, default_seqs = v0_batch_defaults(max_model_len) if rel.v0 else batch_defaults(
             gpu_memory, gpu_name, options.device, rel)

@@ -32,7 +32,7 @@ def memory_rows(engine: VLLMEngine, text: str, model: ModelSpec, s: _LogSettings
     from kvbudget.model.weights import model_weights
 
     options = s.options()
-    serving = engine.serving(int(total * GIB), s.max_len, options, tp=s.tp)
+    serving = engine.serving(int(total * GIB), s.max_len, options, tp=s.tp, model=model)
     try:
         w = model_weights(model, s.tp, engine.pipeline_stages(model.num_layers, s.pp, s.partition))
         stack, kv = memory_stack(model, serving, custom_gpu(int(total * GIB)), w, None, None, util)

@@ -41,7 +41,8 @@ class VLLMSimulator(SimulatorDefaults):
                                 f"max_model_len {max_len}, which needs {need}: vLLM would refuse to start; give more "
                                 "memory or a shorter max_model_len",
                                 param="num_blocks" if ask.num_blocks else "kv_memory")
-        serving = self.engine.serving(p.gpu_memory_bytes, max_len, planned.options, gpu_name=p.gpu, tp=p.tp)
+        serving = self.engine.serving(p.gpu_memory_bytes, max_len, planned.options, gpu_name=p.gpu, tp=p.tp,
+                                      model=model)
         windowed = sorted({g.kind for g in groups if not g.keeps_all})
         if windowed and ask.prefix_caching and not CachedHybridScheduler.follows(groups):
             kinds = ", ".join(windowed)
