@@ -29,10 +29,11 @@ class Comparison:
 
 def compare(models: list[ModelSpec], engine: str | Engine = "vllm", gpu: str | None = None,
             gpu_memory: int | None = None, context: int = 8192, kv_dtype: str = "auto",
-            options: EngineOptions = EngineOptions(), tp: int = 1) -> tuple[Comparison, ...]:
+            options: EngineOptions = EngineOptions(), tp: int = 1,
+            utilization: float | None = None) -> tuple[Comparison, ...]:
     """Models side by side: bytes per token per GPU at tensor parallel size `tp`, and with a GPU, capacity and the
-    longest context that fits. A model whose maximum length is below `context` is computed at `context` anyway,
-    with a note saying so."""
+    longest context that fits, each budget as `plan` makes it for the same options and `utilization`. A model whose
+    maximum length is below `context` is computed at `context` anyway, with a note saying so."""
     chosen = get_engine(engine)
     rows = []
     for model in models:
@@ -46,7 +47,7 @@ def compare(models: list[ModelSpec], engine: str | Engine = "vllm", gpu: str | N
         if gpu or gpu_memory:
             try:
                 p = plan(model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, kv_dtype=kv_dtype, tp=tp,
-                         max_model_len=context, options=options, recommend=False)
+                         max_model_len=context, options=options, utilization=utilization, recommend=False)
                 budget, concurrency = p.kv_memory_bytes, p.capacity.max_concurrency
                 top = model.max_position_embeddings or context
                 longest = longest_context(model, chosen, budget, 1, top, kv_dtype, tp, 1, p.options)

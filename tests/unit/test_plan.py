@@ -316,3 +316,20 @@ def test_data_parallel_attention_with_expert_parallelism(capsys):
     assert main(["plan", "qwen3-30b-a3b", "--engine", "llamacpp", "--gpu", "L4", "--gpus", "2",
                  "--expert-parallel"]) == 2
     assert "no expert parallelism" in capsys.readouterr().err
+
+
+def test_compare_takes_the_plans_budget_with_the_same_flags(capsys):
+    """compare's KV budget for a model is plan's for the same GPU, length, share and vLLM knobs (one stack)."""
+    import json
+
+    from kvbudget.cli import main
+
+    flags = ["--gpu", "H100-80GB", "--utilization", "0.8", "--max-num-seqs", "16", "--enforce-eager"]
+    assert main(["compare", "llama-3.1-8b", "qwen3-8b", "--context", "8192", *flags, "--json"]) == 0
+    rows = {r["model"]: r for r in json.loads(capsys.readouterr().out)}
+    for name in ("llama-3.1-8b", "qwen3-8b"):
+        assert main(["plan", name, "--max-model-len", "8192", *flags, "--json"]) == 0
+        assert rows[name]["kv_memory_bytes"] == json.loads(capsys.readouterr().out)["kv_memory_bytes"]
+    assert main(["compare", "llama-3.1-8b", "qwen3-8b", "--gpu", "H100-80GB", "--json"]) == 0
+    default = {r["model"]: r for r in json.loads(capsys.readouterr().out)}
+    assert default["llama-3.1-8b"]["kv_memory_bytes"] != rows["llama-3.1-8b"]["kv_memory_bytes"]

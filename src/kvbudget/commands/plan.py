@@ -88,6 +88,9 @@ class CompareRequest:
     gpu_memory: str | None = option("memory of one GPU instead of --gpu")
     context: str = option("request length to compare at (default 8192)", "8192")
     tp: str = option("tensor parallel size for every model (default 1)", "1")
+    utilization: str | None = option(UTILIZATION)
+    max_num_seqs: str | None = option(KNOBS["max_num_seqs"])
+    enforce_eager: bool = option(KNOBS["enforce_eager"], False)
     json: bool = option("print JSON", False, web=False)
 
 
@@ -128,4 +131,6 @@ def compare_rows(ask: CompareRequest) -> tuple[Comparison, ...]:
     engine, release = engine_release(ask.engine)
     return compare([load(m) for m in ask.models], engine=engine, gpu=ask.gpu,
                    gpu_memory=size(ask.gpu_memory, "gpu_memory"), context=one(ask.context, "context"),
-                   kv_dtype=ask.kv_dtype, options=EngineOptions(engine_version=release), tp=one(ask.tp, "tp"))
+                   kv_dtype=ask.kv_dtype, tp=one(ask.tp, "tp"), utilization=fraction(ask.utilization, "utilization"),
+                   options=EngineOptions(engine_version=release, enforce_eager=ask.enforce_eager,
+                                         max_num_seqs=optional_one(ask.max_num_seqs, "max_num_seqs")))
