@@ -243,3 +243,14 @@ def test_other_engines_refuse_the_vllm_profiling_knobs(capsys):
         assert main(["plan", "llama-3.1-8b", "--engine", "sglang", "--gpu", "H100-80GB", *flag]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and flag[0] in err and "sglang" in err
+
+
+def test_a_multimodal_models_encoder_profile_is_said_not_modelled():
+    """vLLM V1 profiles the vision encoder on dummy images before the text pass (gpu_model_runner.profile_run);
+    kvbudget does not model that pass, and the plan says so where the model has a vision tower."""
+    def note(name: str) -> str:
+        p = plan(load_model(name), engine="vllm", gpu="H100-80GB", max_model_len=8192, recommend=False)
+        return {t.key: t.note for t in p.stack}["activation"]
+
+    assert "vision encoder" in note("gemma-3-4b") and "not modelled" in note("gemma-3-4b")
+    assert "vision encoder" not in note("llama-3.1-8b")

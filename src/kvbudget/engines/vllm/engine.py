@@ -54,6 +54,7 @@ from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, pac
 from kvbudget.engines.vllm.releases import NEWEST, SWAP_SPACE, Release, parse_release, release
 from kvbudget.engines.vllm.specs import ChunkedSpec, FullSpec, KVSpec, MLASpec, SlidingSpec, vllm_spec
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
+from kvbudget.model.params import vision_tower
 from kvbudget.model.spec import (
     ChunkedLocal,
     Compressed,
@@ -375,10 +376,15 @@ class VLLMEngine(Engine):
                            options=options)
         other, note = overhead(rel, tp, options.enforce_eager)
         per_logit = logit_bytes(rel)
+        prefill_note = (f"profiling pass over max_num_batched_tokens ({mnbt}), then the sampler over "
+                        f"{min(mnbt, max_num_seqs)} rows (fit: {per_logit} bytes per logit)")
+        if model is not None and vision_tower(model) is not None:
+            prefill_note += ("; the text pass only: vLLM first runs the vision encoder over dummy images "
+                             "(profile_run), which is not modelled (public start-ups logged peaks of 2.1 to "
+                             "10 GiB for multimodal models), so give the peak your start-up log shows")
         return Serving(memory_fraction=rel.gpu_memory_utilization, memory_knob="gpu_memory_utilization default",
                        prefill_tokens=mnbt, max_num_seqs=max_num_seqs, overhead_bytes=other, overhead_note=note,
-                       prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt}), then the sampler over "
-                                    f"{min(mnbt, max_num_seqs)} rows (fit: {per_logit} bytes per logit)",
+                       prefill_note=prefill_note,
                        logit_bytes=per_logit, sampler_apart=True, checked=CHECKED, options=options)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
