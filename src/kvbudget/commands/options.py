@@ -104,9 +104,19 @@ def positive(text: str, param: str) -> float:
 
 
 def engine_release(engine: str) -> tuple[str, tuple[int, ...] | None]:
-    """The engine `NAME@VERSION` names and the release it models (None for the newest)."""
+    """The engine `NAME@VERSION` names and the release it models (None for the newest); a release the engine does
+    not model is the engine parameter's error here, where the person wrote NAME@VERSION."""
     name, at, version = engine.partition("@")
-    return name, get_engine(name).parse_release(version) if at else None
+    if not at:
+        return name, None
+    chosen = get_engine(name)
+    try:
+        return name, chosen.parse_release(version)
+    except KVBudgetError as exc:
+        if exc.param != "engine_version":
+            raise
+        why = exc.args[0].split(": ", 1)[-1]
+        raise type(exc)(f"engine {engine}: {why}", param="engine") from None
 
 
 def engine_options(ask: Any) -> tuple[str, EngineOptions]:

@@ -43,6 +43,7 @@ def test_an_unmodelled_release_is_one_line(capsys):
     assert main(["plan", "llama-3.1-8b", "--engine", "sglang@0.3", "--gpu", "L4"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "0.4.3-0.4.6 and 0.5.3-0.5.10" in err
+    assert err.startswith("kvbudget: error: --engine sglang@0.3:")  # the flag the person wrote
 
 
 @pytest.mark.parametrize("text, release", [("0.4.4", (0, 4, 4)), ("0.4.4.post2", (0, 4, 4)), ("0.4.3.post4", (0, 4, 3)),
