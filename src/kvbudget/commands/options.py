@@ -135,6 +135,7 @@ def engine_options(ask: Any) -> tuple[str, EngineOptions]:
         num_speculative_tokens=optional_one(ask.num_speculative_tokens, "num_speculative_tokens") or 0,
         max_num_seqs=optional_one(getattr(ask, "max_num_seqs", None), "max_num_seqs"),
         enforce_eager=getattr(ask, "enforce_eager", False),
+        entry_point=getattr(ask, "entry_point", None) or "server",
     )
 
 
@@ -233,7 +234,10 @@ KNOBS = {
     "max_num_seqs": "vLLM: sequences one step holds at most; the profiling sampler's rows follow it (default: the "
                     "release's for the GPU)",
     "enforce_eager": "vLLM: no CUDA graphs (--enforce-eager); from 0.20 vLLM then budgets none",
+    "entry_point": "vLLM: server (vllm serve, the default) or llm (the Python LLM class, which takes more tokens per "
+                   "step by default: 16384 on large GPUs, 8192 on others)",
 }
+ENTRY_POINTS = ("server", "llm")
 DEVICES = ("cuda", "cpu")
 
 # Lengths counted with the model's tokenizer instead of given (estimate and plan share them).

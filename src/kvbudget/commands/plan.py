@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from kvbudget.commands.options import (
     COUNTED,
     DEVICES,
+    ENTRY_POINTS,
     KNOBS,
     UTILIZATION,
     counted_context,
@@ -65,6 +66,7 @@ class PlanRequest:
     num_speculative_tokens: str | None = option(KNOBS["num_speculative_tokens"])
     max_num_seqs: str | None = option(KNOBS["max_num_seqs"])
     enforce_eager: bool = option(KNOBS["enforce_eager"], False)
+    entry_point: str = option(KNOBS["entry_point"], "server", choices=ENTRY_POINTS)
     guard_config: str | None = option("write the degradation plan as YAML for `kvbudget guard`", web=False)
     plot: str | None = option("write a picture (.png or .svg): GPU memory and KV bytes against context", web=False)
     prompt_file: str | None = option(COUNTED["prompt_file"], web=False)

@@ -8,6 +8,7 @@ from typing import Any
 
 from kvbudget.commands.options import (
     DEVICES,
+    ENTRY_POINTS,
     KNOBS,
     UTILIZATION,
     engine_field,
@@ -79,6 +80,7 @@ class SimulateRequest:
     pp_layer_partition: str | None = option(KNOBS["pp_layer_partition"], group=MEMORY)
     num_speculative_tokens: str | None = option(KNOBS["num_speculative_tokens"], group=MEMORY)
     enforce_eager: bool = option(KNOBS["enforce_eager"], False, group=MEMORY)
+    entry_point: str = option(KNOBS["entry_point"], "server", choices=ENTRY_POINTS, group=MEMORY)
     max_num_seqs: str | None = option("requests running at once (llama.cpp: its slots, -np; vLLM: also the "
                                       "profiling sampler's rows)", group=SCHEDULER)
     kv_unified: bool = option("llama.cpp: one cell pool shared by all slots (llama-server's default when -np is "
@@ -213,7 +215,8 @@ def settings(ask: SimulateRequest) -> dict[str, Any]:
             "device": options.device, "max_num_seqs": optional_one(ask.max_num_seqs, "max_num_seqs"),
             "max_num_batched_tokens": options.max_num_batched_tokens, "prefix_caching": options.prefix_caching,
             "long_prefill_token_threshold": int(ask.long_prefill_token_threshold), "allocator": ask.allocator,
-            "kv_unified": ask.kv_unified, "cache_ram": _mib(ask.cache_ram), "enforce_eager": options.enforce_eager}
+            "kv_unified": ask.kv_unified, "cache_ram": _mib(ask.cache_ram), "enforce_eager": options.enforce_eager,
+            "entry_point": options.entry_point}
 
 
 def prepared(ask: SimulateRequest) -> tuple[Any, Callable[[float], Iterable[Any]], dict[str, Any], float]:

@@ -62,6 +62,9 @@ class EngineOptions:
     # capture sizes follow it); None is the release's default for the GPU
     max_num_seqs: int | None = None
     enforce_eager: bool = False  # vLLM --enforce-eager: no CUDA graphs are captured, so none are budgeted
+    # vLLM: how it is started, "server" (vllm serve, the OpenAI server) or "llm" (the Python LLM class): their batch
+    # defaults differ
+    entry_point: str = "server"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -368,8 +371,8 @@ class Engine:
                                                           NoCache)
 
     speculative: ClassVar[bool] = False  # sizes the caches speculative decoding adds (num_speculative_tokens)
-    # its budget follows max_num_seqs and enforce_eager (a profiling pass that samples max_num_seqs rows, CUDA
-    # graphs it can leave out)
+    # its budget follows max_num_seqs, enforce_eager and entry_point (a profiling pass that samples max_num_seqs rows,
+    # CUDA graphs it can leave out, batch defaults by how it is started)
     profiles_batch: ClassVar[bool] = False
 
     def refuse_unchecked(self, model: ModelSpec, options: EngineOptions | None = None) -> None:
@@ -379,7 +382,8 @@ class Engine:
             raise EngineRuleError(f"num_speculative_tokens: speculative decoding's caches are modelled for vLLM only, "
                                   f"not {self.name}; leave it out", param="num_speculative_tokens")
         if options is not None and not self.profiles_batch:
-            knob = "max_num_seqs" if options.max_num_seqs else "enforce_eager" if options.enforce_eager else None
+            knob = ("max_num_seqs" if options.max_num_seqs else "enforce_eager" if options.enforce_eager else
+                    "entry_point" if options.entry_point != "server" else None)
             if knob:
                 raise EngineRuleError(f"{knob}: {self.name}'s budget does not follow it (vLLM's profiling pass "
                                       "does); leave it out", param=knob)

@@ -48,6 +48,7 @@ class SimulationAsk:
     weights: int | None = None
     utilization: float | None = None  # the engine's memory fraction, as plan takes it
     enforce_eager: bool = False
+    entry_point: str = "server"  # vLLM: vllm serve, or the Python LLM class
 
     def engine_options(self, batched: bool = True) -> EngineOptions:
         """The options to plan with (`batched`: the engine takes max_num_batched_tokens)."""
@@ -55,7 +56,7 @@ class SimulationAsk:
                              max_num_batched_tokens=self.max_num_batched_tokens if batched else None,
                              prefix_caching=self.prefix_caching, device=self.device,
                              max_num_seqs=self.max_num_seqs if self.engine.profiles_batch else None,
-                             enforce_eager=self.enforce_eager)
+                             enforce_eager=self.enforce_eager, entry_point=self.entry_point)
 
     @property
     def budget_given(self) -> bool:

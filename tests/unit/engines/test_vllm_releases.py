@@ -254,3 +254,34 @@ def test_a_multimodal_models_encoder_profile_is_said_not_modelled():
 
     assert "vision encoder" in note("gemma-3-4b") and "not modelled" in note("gemma-3-4b")
     assert "vision encoder" not in note("llama-3.1-8b")
+
+
+def test_the_llm_class_takes_more_tokens_per_step():
+    """arg_utils.py's tables (0.8.5 to 0.32): the Python LLM class steps over 16,384 tokens on GPUs of 70 GiB and
+    more (A100s aside from 0.9) and 8,192 on others, where the OpenAI server takes 8,192 and 2,048; both keep
+    the same max_num_seqs; from 0.28 GPUs of 160 GiB give both 16,384."""
+    from kvbudget.engines.vllm.engine import batch_defaults
+
+    h100, l4 = 80 * GIB, 24 * GIB
+    assert batch_defaults(h100, "H100-80GB", entry_point="llm") == (16384, 1024)
+    assert batch_defaults(h100, "H100-80GB", entry_point="server") == (8192, 1024)
+    assert batch_defaults(l4, "L4", entry_point="llm") == (8192, 256)
+    assert batch_defaults(80 * GIB, "A100-80GB", rel=Release((0, 9)), entry_point="llm") == (8192, 256)
+    assert batch_defaults(180 * GIB, "B200", rel=Release((0, 28)), entry_point="server") == (16384, 1024)
+    with pytest.raises(EngineRuleError) as err:
+        batch_defaults(h100, "H100-80GB", entry_point="python")
+    assert err.value.param == "entry_point"
+
+
+def test_the_plan_follows_the_entry_point():
+    """On an L4 the forward pass over max_num_batched_tokens is the profiling peak: 8,192 tokens from the LLM class
+    take more than the server's 2,048, and the KV budget is smaller by the difference."""
+    def terms(entry: str) -> dict[str, int]:
+        p = plan(load_model("llama-3.1-8b"), engine="vllm", gpu="L4", max_model_len=8000,
+                 options=opts(entry_point=entry), recommend=False)
+        return {t.key: t.bytes for t in p.stack} | {"mnbt": p.options.max_num_batched_tokens}
+
+    server, llm = terms("server"), terms("llm")
+    assert (server["mnbt"], llm["mnbt"]) == (2048, 8192)
+    assert llm["activation"] > server["activation"]
+    assert server["kv"] - llm["kv"] == llm["activation"] - server["activation"]

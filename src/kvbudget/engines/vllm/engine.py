@@ -80,6 +80,10 @@ KERNEL_BLOCK_ALIGNMENT = {"cuda": 16, "cpu": 16}  # smallest kernel block of the
 # whatever their memory (from 0.9); the CPU backend takes (2048, 128) per rank (world size 1 here). Without a GPU in
 # view (estimate) the small tier.
 BATCH_DEFAULTS = {"huge": (16384, 1024), "large": (8192, 1024), "small": (2048, 256), "cpu": (2048, 128)}
+# The Python LLM class's (UsageContext.LLM_CLASS in the same tables, 0.8.5-0.32): more tokens per step, the same
+# sequences; on the CPU backend (4096, 256) per rank (0.10 on)
+LLM_CLASS_DEFAULTS = {"huge": (16384, 1024), "large": (16384, 1024), "small": (8192, 256), "cpu": (4096, 256)}
+ENTRY_POINTS = {"server": BATCH_DEFAULTS, "llm": LLM_CLASS_DEFAULTS}  # vllm serve; vllm.LLM(...)
 HUGE_GPU_BYTES = 160 * GIB
 V0_LONG_CONTEXT = 32768  # V0's OpenAI server turned chunked prefill on beyond this max_model_len (arg_utils.py)
 LARGE_GPU_BYTES = 70 * GIB
@@ -96,16 +100,20 @@ def v0_batch_defaults(max_model_len: int) -> tuple[int, int]:
 
 
 def batch_defaults(gpu_memory: int, gpu_name: str = "", device: str = "cuda",
-                   rel: Release = NEWEST_RELEASE) -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) the OpenAI server of release `rel` picks for a GPU of `gpu_memory`
-    bytes."""
+                   rel: Release = NEWEST_RELEASE, entry_point: str = "server") -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) that release `rel` picks for a GPU of `gpu_memory` bytes when started
+    from `entry_point` (the OpenAI server, or the Python LLM class)."""
+    if entry_point not in ENTRY_POINTS:
+        raise EngineRuleError(f"entry_point {entry_point!r}: vLLM is started as a server (vllm serve) or from "
+                              "Python (llm: the LLM class); give server or llm", param="entry_point")
+    table = ENTRY_POINTS[entry_point]
     if device == "cpu":
-        return BATCH_DEFAULTS["cpu"]
+        return table["cpu"]
     if gpu_memory >= HUGE_GPU_BYTES and rel.huge_batch_tier:
-        return BATCH_DEFAULTS["huge"]
+        return table["huge"]
     if gpu_memory >= LARGE_GPU_BYTES and not ("a100" in gpu_name.lower() and rel.a100_in_small_tier):
-        return BATCH_DEFAULTS["large"]
-    return BATCH_DEFAULTS["small"]
+        return table["large"]
+    return table["small"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -360,7 +368,7 @@ class VLLMEngine(Engine):
                 gpu_name: str = "", tp: int = 1, model: ModelSpec | None = None) -> Serving:
         rel = release(options)
         default_tokens, default_seqs = v0_batch_defaults(max_model_len) if rel.v0 else batch_defaults(
-            gpu_memory, gpu_name, options.device, rel)
+            gpu_memory, gpu_name, options.device, rel, options.entry_point)
         mnbt = options.max_num_batched_tokens or default_tokens
         max_num_seqs = options.max_num_seqs or default_seqs
         if mnbt < max_num_seqs:  # config/scheduler.py refuses it
