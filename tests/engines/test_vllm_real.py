@@ -203,3 +203,33 @@ def test_vllm_mtp_speculative_decoding():
     assert ours.max_concurrency == pytest.approx(float(run.labels["kv_cache_max_concurrency"]), rel=1e-12)
     # without the drafter kvbudget would say twice as many requests fit
     assert predict(MTP, GIB, 4096, {}).max_concurrency > 1.9 * ours.max_concurrency
+
+
+LORA_CASES = {  # (the model, max_loras, max_lora_rank): GQA with a separate LM head; a tied Qwen3 at another rank
+    "llama-untied": (cfg("llama", hidden_size=512, intermediate_size=1024, num_attention_heads=8,
+                         num_key_value_heads=4, head_dim=64, vocab_size=1024), 8, 256),
+    "qwen3-tied": (dict(TINY["qwen3"], hidden_size=256, intermediate_size=768, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=96, vocab_size=2048, tie_word_embeddings=True), 3, 64),
+}
+
+
+@pytest.mark.parametrize("case", list(LORA_CASES))
+def test_vllm_lora_slots_are_the_plans(case):
+    """A real vLLM 0.32 (in its own process, the CPU backend: the same LoRA layer code as on GPUs) loads the model
+    with LoRA slots; the bytes its LoRA buffers hold are the ones the plan adds to the weights."""
+    import json
+    import subprocess
+
+    from harness import HERE, VLLM_PYTHON
+
+    from kvbudget.engines.vllm.lora import lora_bytes
+
+    config, loras, rank = LORA_CASES[case]
+    folder = model_folder(f"lora-{case}", config)
+    done = subprocess.run([str(VLLM_PYTHON), str(HERE / "lora_probe.py"), str(folder), str(loras), str(rank)],
+                          capture_output=True, text=True, timeout=400)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("LORA-BYTES ")), None)
+    assert line, done.stderr[-3000:]
+    held = json.loads(line.removeprefix("LORA-BYTES "))
+    assert "logits_processor" in held and "model.embed_tokens" in held  # the LM head and embedding too
+    assert sum(held.values()) == lora_bytes(kvbudget.parse_config(config), loras, rank, 1)[0]

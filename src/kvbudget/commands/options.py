@@ -123,6 +123,9 @@ def engine_options(ask: Any) -> tuple[str, EngineOptions]:
     """The engine a request names and the options its engine knobs set."""
     name, release = engine_release(ask.engine)
     partition = ask.pp_layer_partition
+    for knob in ("max_loras", "max_lora_rank"):
+        if getattr(ask, knob, None) and not getattr(ask, "enable_lora", False):
+            raise KVBudgetError(f"{knob}: goes with {named('enable_lora')}, as in vLLM", param=knob)
     return name, EngineOptions(
         block_size=optional_one(ask.block_size, "block_size"),
         max_num_batched_tokens=optional_one(ask.max_num_batched_tokens, "max_num_batched_tokens"),
@@ -136,6 +139,9 @@ def engine_options(ask: Any) -> tuple[str, EngineOptions]:
         max_num_seqs=optional_one(getattr(ask, "max_num_seqs", None), "max_num_seqs"),
         enforce_eager=getattr(ask, "enforce_eager", False),
         entry_point=getattr(ask, "entry_point", None) or "server",
+        enable_lora=getattr(ask, "enable_lora", False),
+        max_loras=optional_one(getattr(ask, "max_loras", None), "max_loras") or 1,
+        max_lora_rank=optional_one(getattr(ask, "max_lora_rank", None), "max_lora_rank") or 16,
     )
 
 
@@ -237,6 +243,11 @@ KNOBS = {
     "entry_point": "vLLM: server (vllm serve, the default) or llm (the Python LLM class, which takes more tokens per "
                    "step by default: 16384 on large GPUs, 8192 on others)",
 }
+KNOBS.update({
+    "enable_lora": "vLLM: serve LoRA adapters (--enable-lora): slots beside the weights, counted with them",
+    "max_loras": "vLLM: adapters served at once with --enable-lora (default 1)",
+    "max_lora_rank": "vLLM: the largest adapter rank with --enable-lora (default 16)",
+})
 ENTRY_POINTS = ("server", "llm")
 DEVICES = ("cuda", "cpu")
 

@@ -81,6 +81,9 @@ class SimulateRequest:
     num_speculative_tokens: str | None = option(KNOBS["num_speculative_tokens"], group=MEMORY)
     enforce_eager: bool = option(KNOBS["enforce_eager"], False, group=MEMORY)
     entry_point: str = option(KNOBS["entry_point"], "server", choices=ENTRY_POINTS, group=MEMORY)
+    enable_lora: bool = option(KNOBS["enable_lora"], False, group=MEMORY)
+    max_loras: str | None = option(KNOBS["max_loras"], group=MEMORY)
+    max_lora_rank: str | None = option(KNOBS["max_lora_rank"], group=MEMORY)
     max_num_seqs: str | None = option("requests running at once (llama.cpp: its slots, -np; vLLM: also the "
                                       "profiling sampler's rows)", group=SCHEDULER)
     kv_unified: bool = option("llama.cpp: one cell pool shared by all slots (llama-server's default when -np is "
@@ -216,7 +219,8 @@ def settings(ask: SimulateRequest) -> dict[str, Any]:
             "max_num_batched_tokens": options.max_num_batched_tokens, "prefix_caching": options.prefix_caching,
             "long_prefill_token_threshold": int(ask.long_prefill_token_threshold), "allocator": ask.allocator,
             "kv_unified": ask.kv_unified, "cache_ram": _mib(ask.cache_ram), "enforce_eager": options.enforce_eager,
-            "entry_point": options.entry_point}
+            "entry_point": options.entry_point,
+            "lora": (options.max_loras, options.max_lora_rank) if options.enable_lora else None}
 
 
 def prepared(ask: SimulateRequest) -> tuple[Any, Callable[[float], Iterable[Any]], dict[str, Any], float]:

@@ -65,6 +65,11 @@ class EngineOptions:
     # vLLM: how it is started, "server" (vllm serve, the OpenAI server) or "llm" (the Python LLM class): their batch
     # defaults differ
     entry_point: str = "server"
+    # vLLM --enable-lora with --max-loras slots of --max-lora-rank (vLLM's defaults 1 and 16): LoRA buffers beside
+    # the weights
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -383,10 +388,11 @@ class Engine:
                                   f"not {self.name}; leave it out", param="num_speculative_tokens")
         if options is not None and not self.profiles_batch:
             knob = ("max_num_seqs" if options.max_num_seqs else "enforce_eager" if options.enforce_eager else
-                    "entry_point" if options.entry_point != "server" else None)
+                    "entry_point" if options.entry_point != "server" else
+                    "enable_lora" if options.enable_lora else None)
             if knob:
-                raise EngineRuleError(f"{knob}: {self.name}'s budget does not follow it (vLLM's profiling pass "
-                                      "does); leave it out", param=knob)
+                raise EngineRuleError(f"{knob}: a vLLM setting kvbudget models for vLLM only, not {self.name}; "
+                                      "leave it out", param=knob)
         why = self.unchecked_families.get(model.model_type)
         if why:
             raise UnsupportedArchitectureError(f"{model.name}: {why}, so kvbudget does not size it for "
@@ -427,6 +433,11 @@ class Engine:
         """What the engine's start-up check weighs against one rank's budget under pipeline parallelism: the
         rank's own `stage` (vLLM 0.14-0.16 weighed the whole `model`)."""
         return stage
+
+    def adapter_bytes(self, model: ModelSpec, options: EngineOptions, tp: int) -> tuple[int, str] | None:
+        """Memory the engine allocates beside the weights for adapters (vLLM's LoRA slots) on one rank, and how
+        it is made up; None where the options ask for none."""
+        return None
 
     # --- serving ------------------------------------------------------------------------------------
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),

@@ -276,3 +276,36 @@ def _moe_layout(i: int, f: Fields, mt: str, hidden: int) -> tuple[int, int, int,
         moe = experts > 1 and i % f.int("expert_layer_period") == (f.get("expert_layer_offset") or 0)
         return experts, f.get("num_experts_per_tok", default=1), f.int("intermediate_size"), 0, moe
     return 0, 0, 0, 0, False
+
+
+# Families whose layers vLLM wraps for LoRA as Llama's are (QKV, output, gate-and-up and down projections, and the
+# embedding and LM head): the dense decoders of vllm/model_executor/models/llama.py and its siblings
+_LORA_LIKE_LLAMA = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "granite", "olmo2"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraShapes:
+    """The widths of the projections vLLM puts LoRA slots beside, in a dense decoder."""
+
+    layers: int
+    hidden: int
+    vocab: int
+    q: int  # query heads x head dim
+    kv: int  # KV heads x head dim (K and V alike)
+    mlp: int  # intermediate size of the gated MLP
+
+
+def lora_shapes(model: ModelSpec) -> LoraShapes:
+    """The projection widths of a dense Llama-like decoder, or an error naming why the model is not one."""
+    f = _fields(model)
+    if f.model_type not in _LORA_LIKE_LLAMA:
+        raise ConfigError(f"{model.name}: LoRA slots are modelled for dense Llama-like decoders "
+                          f"({', '.join(sorted(_LORA_LIKE_LLAMA))}), not {f.model_type or 'this family'}")
+    attention = [s for s in model.layers if isinstance(s, Attention)]
+    if len(attention) != len(model.layers) or not model.attention_heads:
+        raise ConfigError(f"{model.name}: LoRA slots are modelled for models whose every layer is attention")
+    first = attention[0]
+    hidden = f.int("hidden_size")
+    return LoraShapes(layers=len(model.layers), hidden=hidden, vocab=f.int("vocab_size"),
+                      q=model.attention_heads * first.k_dim, kv=first.kv_heads * first.k_dim,
+                      mlp=f.int("intermediate_size"))

@@ -184,7 +184,8 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               time_model: TimeModel | None = None, allocator: str = "paged",
               measured: Sequence[MeasuredStep] | None = None, kv_unified: bool = False,
               cache_ram: int | None = None, weights: int | None = None, utilization: float | None = None,
-              enforce_eager: bool = False, entry_point: str = "server") -> Setup:
+              enforce_eager: bool = False, entry_point: str = "server", lora: tuple[int, int] | None = None
+              ) -> Setup:
     """The memory and scheduler settings from the planner and the engine's defaults, and the default time model.
     `weights` (bytes per GPU) replaces the parameter count where kvbudget has none."""
     chosen = get_engine(engine)
@@ -195,7 +196,7 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
                         long_prefill_token_threshold=long_prefill_token_threshold, time_model=time_model,
                         allocator=allocator, measured=measured, kv_unified=kv_unified, cache_ram=cache_ram,
                         weights=weights, utilization=utilization, enforce_eager=enforce_eager,
-                        entry_point=entry_point)
+                        entry_point=entry_point, lora=lora)
     return setup_of(ask)
 
 

@@ -49,6 +49,7 @@ class SimulationAsk:
     utilization: float | None = None  # the engine's memory fraction, as plan takes it
     enforce_eager: bool = False
     entry_point: str = "server"  # vLLM: vllm serve, or the Python LLM class
+    lora: tuple[int, int] | None = None  # vLLM --enable-lora: (max_loras, max_lora_rank)
 
     def engine_options(self, batched: bool = True) -> EngineOptions:
         """The options to plan with (`batched`: the engine takes max_num_batched_tokens)."""
@@ -56,7 +57,9 @@ class SimulationAsk:
                              max_num_batched_tokens=self.max_num_batched_tokens if batched else None,
                              prefix_caching=self.prefix_caching, device=self.device,
                              max_num_seqs=self.max_num_seqs if self.engine.profiles_batch else None,
-                             enforce_eager=self.enforce_eager, entry_point=self.entry_point)
+                             enforce_eager=self.enforce_eager, entry_point=self.entry_point,
+                             enable_lora=self.lora is not None, max_loras=self.lora[0] if self.lora else 1,
+                             max_lora_rank=self.lora[1] if self.lora else 16)
 
     @property
     def budget_given(self) -> bool:

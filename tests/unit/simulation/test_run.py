@@ -85,7 +85,8 @@ def test_run_all_keeps_order_and_reports_progress():
 
 
 @pytest.mark.parametrize("knobs", [{}, {"max_num_seqs": 16}, {"enforce_eager": True},
-                                   {"max_num_seqs": 64, "enforce_eager": True, "utilization": 0.8}])
+                                   {"max_num_seqs": 64, "enforce_eager": True, "utilization": 0.8},
+                                   {"lora": (4, 64), "entry_point": "llm"}])
 def test_simulate_takes_the_plans_budget_with_the_same_knobs(knobs):
     """One stack: what simulate gives vLLM's KV cache is plan's budget for the same settings (the sampler's rows
     follow --max-num-seqs in both, --enforce-eager drops the CUDA graphs in both)."""
@@ -93,10 +94,14 @@ def test_simulate_takes_the_plans_budget_with_the_same_knobs(knobs):
     from kvbudget.simulation.run import setup_for
 
     utilization = knobs.get("utilization")
-    options = EngineOptions(max_num_seqs=knobs.get("max_num_seqs"), enforce_eager=bool(knobs.get("enforce_eager")))
+    lora, entry = knobs.get("lora"), knobs.get("entry_point", "server")
+    options = EngineOptions(max_num_seqs=knobs.get("max_num_seqs"), enforce_eager=bool(knobs.get("enforce_eager")),
+                            entry_point=entry, enable_lora=lora is not None, max_loras=lora[0] if lora else 1,
+                            max_lora_rank=lora[1] if lora else 16)
     planned = plan(LLAMA, gpu="H100-80GB", max_model_len=8192, options=options, utilization=utilization,
                    recommend=False)
     setup = setup_for(LLAMA, gpu="H100-80GB", max_model_len=8192, max_num_seqs=knobs.get("max_num_seqs"),
-                      enforce_eager=bool(knobs.get("enforce_eager")), utilization=utilization)
+                      enforce_eager=bool(knobs.get("enforce_eager")), utilization=utilization, lora=lora,
+                      entry_point=entry)
     assert setup.kv_memory_bytes == planned.kv_memory_bytes
     assert setup.max_num_seqs == (knobs.get("max_num_seqs") or 1024)

@@ -364,6 +364,16 @@ class VLLMEngine(Engine):
         """vLLM 0.14 to 0.16 weighed the whole model's KV, every stage's layers, against one rank's budget."""
         return model if release(options).whole_model_check else stage
 
+    def adapter_bytes(self, model: ModelSpec, options: EngineOptions, tp: int) -> tuple[int, str] | None:
+        if not options.enable_lora:
+            return None
+        from kvbudget.engines.vllm.lora import lora_bytes
+
+        total, note = lora_bytes(model, options.max_loras, options.max_lora_rank, tp)
+        if release(options).version != NEWEST:
+            note += f"; read and checked for {NEWEST[0]}.{NEWEST[1]} only: an estimate for this release"
+        return total, note
+
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "", tp: int = 1, model: ModelSpec | None = None) -> Serving:
         rel = release(options)
