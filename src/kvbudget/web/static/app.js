@@ -318,7 +318,8 @@ async function drawKVChart(box, plan, gen) {
       const [est, pl] = await Promise.all([
         api("estimate", params([], { ...base, engine, context: contexts.join(",") })),
         engine === plan.engine ? plan : api("plan", params(PLAN_KEYS, { engine }))]);
-      return { engine, est, budget: pl.kv_memory_bytes };
+      const kv = (pl.stack || []).find((t) => t.key === "kv");
+      return { engine, est, budget: pl.kv_memory_bytes, budgetExact: Boolean(kv && !kv.estimate) };
     } catch (err) { return { engine, error: err.message }; }
   }));
   if (gen !== generation) return;
@@ -339,8 +340,8 @@ async function drawKVChart(box, plan, gen) {
   box.replaceChildren(h("h3", {}, `KV cache against context (${n} request${n === "1" ? "" : "s"} at once)`),
     h("figure", {}, svg, legend([...ok.map((r) => { const i = CHART_ENGINES.indexOf(r.engine);
       return { color: COLORS[i], dash: DASHES[i], width: r.engine === plan.engine ? 3.5 : 2,
-        label: `${r.engine}${r.engine === plan.engine ? " (chosen)" : ""}: ${fmtBytes(r.est.bytes_per_token)}/token, budget ${fmtBytes(r.budget)}`,
-        extra: exactBadge(r.est.exact) }; })]),
+        label: `${r.engine}${r.engine === plan.engine ? " (chosen)" : ""}: ${fmtBytes(r.est.bytes_per_token)}/token `,
+        extra: h("span", {}, exactBadge(r.est.exact), `, budget ${fmtBytes(r.budget)} `, exactBadge(r.budgetExact)) }; })]),
     h("figcaption", {}, "Lines: what each engine allocates; dashed lines across: its KV budget on this GPU (where a line crosses its budget, requests stop fitting)."),
     results.filter((r) => r.error).length ? h("ul", { class: "notes" }, results.filter((r) => r.error).map((r) => h("li", {}, `${r.engine}: ${r.error}`))) : ""));
 }
@@ -366,7 +367,7 @@ async function renderCompare(gen) {
     const max = Math.max(...rows.map((r) => r.kv_bytes_at_context));
     out.push(h("figure", {}, barChart(rows.map((r) => [r.model, r.kv_bytes_at_context])),
       h("figcaption", {}, `KV cache of one request of ${int(rows[0].context)} tokens (${fmtBytes(max)} at most).`)));
-    if (gpu) out.push(h("p", { class: "help" }, "Longest request, in both tables: the longest single request that fits on the GPU, up to the model's maximum."));
+    if (gpu) out.push(h("p", { class: "help" }, "Longest request, in both tables: the longest single request that fits on the GPU, up to the model's maximum. KV budgets are estimates."));
     out.push(table(["model", "cache layers", "per token", "fixed per seq", "one request", ...(gpu ? ["KV budget", "requests at once", "longest request"] : [])],
       rows.map((r) => [r.model, Object.entries(r.cache).map(([k, n]) => `${n} ${k.split("_")[0]}`).join(", "),
         fmtBytes(r.bytes_per_token), fmtBytes(r.fixed_bytes_per_sequence), fmtBytes(r.kv_bytes_at_context),
