@@ -287,3 +287,34 @@ def test_the_memory_rows_follow_the_logs_max_num_seqs_and_enforce_eager(tmp_path
                                                            enforce_eager=True), recommend=False)
     assert settings == {"max_num_seqs": 16, "enforce_eager": True}
     assert planned["given"] == f"{expected.kv_memory_bytes / GIB:.2f} GiB" != planned["defaults"]
+
+
+def test_vllm_0_2x_memory_lines_are_set_beside_each_term(tmp_path, capsys):
+    """From 0.20 vLLM prints its CUDA-graph estimate ('CUDA graph pool memory: A GiB (actual), E GiB (estimated)')
+    and, at debug level, one line with every term ('Actual usage is W GiB for weight, P GiB for peak activation, N
+    GiB for non-torch memory, and G GiB for CUDAGraph memory'; formats of gpu_worker.py 0.20-0.24). check-log sets
+    each beside the plan's own term: non-torch memory beside non-torch memory, the graphs beside the graphs."""
+    lines = ["INFO [api_server.py] vLLM API server version 0.24.0",
+             "INFO [utils.py] non-default args: {'model': 'meta-llama/Llama-3.1-8B-Instruct', 'max_model_len': 16000}",
+             "DEBUG [gpu_worker.py] Free memory on device (78.57/79.18 GiB) on startup. Desired GPU memory utilization "
+             "is (0.9, 71.26 GiB). Actual usage is 14.99 GiB for weight, 1.89 GiB for peak activation, 0.25 GiB for "
+             "non-torch memory, and 0.91 GiB for CUDAGraph memory. Replace gpu_memory_utilization config with "
+             "`--kv-cache-memory=1` (1 GiB)",
+             "INFO [gpu_worker.py] CUDA graph pool memory: 0.91 GiB (actual), 0.84 GiB (estimated), difference: 0.07 "
+             "GiB (7.7%).",
+             "INFO [gpu_worker.py] Available KV cache memory: 53.0 GiB",
+             "INFO [kv_cache_utils.py] GPU KV cache size: 434,176 tokens"]
+    log = tmp_path / "v24.log"
+    log.write_text("\n".join(lines) + "\n")
+    assert main(["check-log", str(log), "--model", "llama-3.1-8b", "--json"]) == 0
+    rows = {r["quantity"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["memory: CUDA graphs"]["logged"] == "0.84 GiB"  # what vLLM took out of the budget
+    assert rows["memory: CUDA graphs"]["predicted"] == "1.00 GiB"
+    assert rows["memory: non-torch memory"]["logged"] == "0.25 GiB"
+    assert rows["memory: non-torch memory"]["predicted"] == "0.26 GiB"  # the fit alone, the graphs apart
+    assert rows["memory: profiling peak"]["logged"] == "1.89 GiB"
+    eager = tmp_path / "eager.log"
+    eager.write_text(log.read_text().replace("'max_model_len': 16000", "'max_model_len': 16000, 'enforce_eager': True"))
+    assert main(["check-log", str(eager), "--model", "llama-3.1-8b", "--json"]) == 0
+    rows = {r["quantity"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["memory: CUDA graphs"]["predicted"] == "0.00 GiB"

@@ -53,6 +53,12 @@ def logit_bytes(rel: Release) -> int:
     return LOGIT_BYTES[_era(LOGIT_BYTES, rel)]
 
 
+def cuda_graph_bytes(rel: Release, eager: bool = False) -> int:
+    """The CUDA-graph memory release `rel` takes out of the KV budget: none before 0.20 (captured outside it) or
+    with --enforce-eager (none captured), else the estimate."""
+    return CUDA_GRAPH_ESTIMATE if rel.version >= CUDA_GRAPHS_SUBTRACTED and not eager else 0
+
+
 def overhead(rel: Release, tp: int, eager: bool = False) -> tuple[int, str]:
     """V1's memory outside the profiling peak for release `rel` at tensor parallel size `tp`, and its note
     (`eager`: --enforce-eager, no graphs captured, so none profiled: `gpu_worker.py` skips the profile when
@@ -62,9 +68,9 @@ def overhead(rel: Release, tp: int, eager: bool = False) -> tuple[int, str]:
     since = "" if era == (0, 0) else f", vLLM >= {era[0]}.{era[1]}"
     what = (f"non-torch memory (fit: {non_torch / GIB:.2f} GiB "
             f"{'on one GPU' if tp == 1 else 'per GPU with tensor parallelism'}{since})")
-    if rel.version >= CUDA_GRAPHS_SUBTRACTED and eager:
+    if rel.version < CUDA_GRAPHS_SUBTRACTED:
+        return non_torch, f"{what}; vLLM < 0.20 leaves CUDA graphs out of the budget"
+    if eager:
         return non_torch, f"{what}; no CUDA graphs (--enforce-eager)"
-    if rel.version >= CUDA_GRAPHS_SUBTRACTED:
-        return non_torch + CUDA_GRAPH_ESTIMATE, (f"{what} and CUDA graphs (estimate: {CUDA_GRAPH_ESTIMATE / GIB:.1f} "
-                                                 "GiB; vLLM >= 0.20 subtracts them)")
-    return non_torch, f"{what}; vLLM < 0.20 leaves CUDA graphs out of the budget"
+    return non_torch + cuda_graph_bytes(rel), (f"{what} and CUDA graphs (estimate: {CUDA_GRAPH_ESTIMATE / GIB:.1f} "
+                                               "GiB; vLLM >= 0.20 subtracts them)")

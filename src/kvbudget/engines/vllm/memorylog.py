@@ -8,6 +8,8 @@ import re
 from typing import TYPE_CHECKING
 
 from kvbudget.engines.base import LogRow
+from kvbudget.engines.vllm.memory import cuda_graph_bytes
+from kvbudget.engines.vllm.releases import release
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 from kvbudget.units import GIB
@@ -39,19 +41,28 @@ def memory_rows(engine: VLLMEngine, text: str, model: ModelSpec, s: _LogSettings
     except KVBudgetError:
         return []
     plan = {t.key: t.bytes / GIB for t in stack}
+    # from 0.20 the plan's overhead holds the CUDA graphs beside non-torch memory: each beside its own line
+    plan["graphs"] = cuda_graph_bytes(release(options), options.enforce_eager) / GIB
+    plan["overhead"] -= plan["graphs"]
     logged = {"activation": _first_number(text, (r"activation peak memory takes ([\d.]+) ?GiB",
-                                                 r"torch peak memory increase: ([\d.]+) ?GiB")),
+                                                 r"torch peak memory increase: ([\d.]+) ?GiB",
+                                                 r"([\d.]+) GiB for peak activation")),
               "overhead": _first_number(text, (r"non_torch_memory(?: takes |=)(-?[\d.]+) ?GiB",
-                                               r"non-torch forward increase memory: (-?[\d.]+) ?GiB"))}
+                                               r"non-torch forward increase memory: (-?[\d.]+) ?GiB",
+                                               r"([\d.]+) GiB for non-torch memory")),
+              # what vLLM >= 0.20 took out of the budget for its graphs (its estimate), else what they took
+              "graphs": _first_number(text, (r"CUDA graph pool memory: [\d.]+ GiB \(actual\), ([\d.]+) GiB",
+                                             r"Estimated CUDA graph memory: ([\d.]+) GiB",
+                                             r"([\d.]+) GiB for CUDAGraph memory"))}
     peak = _first_number(text, (r"peak_torch_memory=([\d.]+)GiB",))
     weights = _first_number(text, (r"model weights take ([\d.]+)GiB", r"(?:Loading model weights took|Model "
-                                   r"loading took) ([\d.]+) G"))
+                                   r"loading took) ([\d.]+) G", r"Actual usage is ([\d.]+) GiB for weight"))
     if logged["activation"] is None and peak is not None and weights is not None:
         logged["activation"] = peak - weights  # V0 0.6.4 prints the peak with the weights in it
     note = "kvbudget plan's estimate for these settings"
     out = [LogRow("memory: engine share", f"{total * util:.2f} GiB", f"{plan['share']:.2f} GiB", None,
                   f"{total:.2f} GiB x {util:g}, as the log states them")]
-    for key, label in (("activation", "profiling peak"), ("overhead", "non-torch memory")):
+    for key, label in (("activation", "profiling peak"), ("overhead", "non-torch memory"), ("graphs", "CUDA graphs")):
         value = logged[key]
         if value is not None:
             out.append(LogRow(f"memory: {label}", f"{value:.2f} GiB", f"{plan[key]:.2f} GiB", None, note))
