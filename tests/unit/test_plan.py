@@ -324,7 +324,8 @@ def test_compare_takes_the_plans_budget_with_the_same_flags(capsys):
 
     from kvbudget.cli import main
 
-    flags = ["--gpu", "H100-80GB", "--utilization", "0.8", "--max-num-seqs", "16", "--enforce-eager"]
+    flags = ["--gpu", "H100-80GB", "--utilization", "0.8", "--max-num-seqs", "16", "--enforce-eager",
+             "--entry-point", "llm", "--enable-lora", "--max-loras", "2", "--max-lora-rank", "32"]
     assert main(["compare", "llama-3.1-8b", "qwen3-8b", "--context", "8192", *flags, "--json"]) == 0
     rows = {r["model"]: r for r in json.loads(capsys.readouterr().out)}
     for name in ("llama-3.1-8b", "qwen3-8b"):

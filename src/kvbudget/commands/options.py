@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from kvbudget.engines import EngineOptions, get_engine
@@ -119,14 +119,28 @@ def engine_release(engine: str) -> tuple[str, tuple[int, ...] | None]:
         raise type(exc)(f"engine {engine}: {why}", param="engine") from None
 
 
+def engine_knobs(ask: Any) -> EngineOptions:
+    """The options a request's budget knobs set (vLLM's batch, graph and LoRA settings; the rest defaults): the
+    ones plan, simulate and compare share."""
+    for knob in ("max_loras", "max_lora_rank"):
+        if getattr(ask, knob, None) and not getattr(ask, "enable_lora", False):
+            raise KVBudgetError(f"{knob}: goes with {named('enable_lora')}, as in vLLM", param=knob)
+    return EngineOptions(
+        max_num_seqs=optional_one(getattr(ask, "max_num_seqs", None), "max_num_seqs"),
+        enforce_eager=getattr(ask, "enforce_eager", False),
+        entry_point=getattr(ask, "entry_point", None) or "server",
+        enable_lora=getattr(ask, "enable_lora", False),
+        max_loras=optional_one(getattr(ask, "max_loras", None), "max_loras") or 1,
+        max_lora_rank=optional_one(getattr(ask, "max_lora_rank", None), "max_lora_rank") or 16,
+    )
+
+
 def engine_options(ask: Any) -> tuple[str, EngineOptions]:
     """The engine a request names and the options its engine knobs set."""
     name, release = engine_release(ask.engine)
     partition = ask.pp_layer_partition
-    for knob in ("max_loras", "max_lora_rank"):
-        if getattr(ask, knob, None) and not getattr(ask, "enable_lora", False):
-            raise KVBudgetError(f"{knob}: goes with {named('enable_lora')}, as in vLLM", param=knob)
-    return name, EngineOptions(
+    return name, replace(
+        engine_knobs(ask),
         block_size=optional_one(ask.block_size, "block_size"),
         max_num_batched_tokens=optional_one(ask.max_num_batched_tokens, "max_num_batched_tokens"),
         prefix_caching=not ask.no_prefix_caching,
@@ -136,12 +150,6 @@ def engine_options(ask: Any) -> tuple[str, EngineOptions]:
         attention_backend=ask.attention_backend,
         pp_layer_partition=tuple(parse_positive_ints(partition, "pp_layer_partition")) if partition else None,
         num_speculative_tokens=optional_one(ask.num_speculative_tokens, "num_speculative_tokens") or 0,
-        max_num_seqs=optional_one(getattr(ask, "max_num_seqs", None), "max_num_seqs"),
-        enforce_eager=getattr(ask, "enforce_eager", False),
-        entry_point=getattr(ask, "entry_point", None) or "server",
-        enable_lora=getattr(ask, "enable_lora", False),
-        max_loras=optional_one(getattr(ask, "max_loras", None), "max_loras") or 1,
-        max_lora_rank=optional_one(getattr(ask, "max_lora_rank", None), "max_lora_rank") or 16,
     )
 
 

@@ -13,6 +13,7 @@ from kvbudget.commands.options import (
     UTILIZATION,
     counted_context,
     engine_field,
+    engine_knobs,
     engine_options,
     engine_release,
     fraction,
@@ -25,7 +26,6 @@ from kvbudget.commands.options import (
     size,
     size_or_zero,
 )
-from kvbudget.engines import EngineOptions
 from kvbudget.errors import KVBudgetError
 
 if TYPE_CHECKING:
@@ -96,6 +96,10 @@ class CompareRequest:
     utilization: str | None = option(UTILIZATION)
     max_num_seqs: str | None = option(KNOBS["max_num_seqs"])
     enforce_eager: bool = option(KNOBS["enforce_eager"], False)
+    entry_point: str = option(KNOBS["entry_point"], "server", choices=ENTRY_POINTS)
+    enable_lora: bool = option(KNOBS["enable_lora"], False)
+    max_loras: str | None = option(KNOBS["max_loras"])
+    max_lora_rank: str | None = option(KNOBS["max_lora_rank"])
     json: bool = option("print JSON", False, web=False)
 
 
@@ -137,5 +141,4 @@ def compare_rows(ask: CompareRequest) -> tuple[Comparison, ...]:
     return compare([load(m) for m in ask.models], engine=engine, gpu=ask.gpu,
                    gpu_memory=size(ask.gpu_memory, "gpu_memory"), context=one(ask.context, "context"),
                    kv_dtype=ask.kv_dtype, tp=one(ask.tp, "tp"), utilization=fraction(ask.utilization, "utilization"),
-                   options=EngineOptions(engine_version=release, enforce_eager=ask.enforce_eager,
-                                         max_num_seqs=optional_one(ask.max_num_seqs, "max_num_seqs")))
+                   options=replace(engine_knobs(ask), engine_version=release))
