@@ -314,11 +314,8 @@ def _weights(model: ModelSpec, chosen: Engine, tp: int, pp: int, options: Engine
                     basis=f"{GIVEN_WEIGHTS}; {model.model_type} parameters not counted")
     if weights is not None:
         w = replace(w, per_gpu_bytes=weights, exact=True, basis=w.basis if w.total_params == 0 else GIVEN_WEIGHTS)
-    adapters = chosen.adapter_bytes(model, options, tp)
+    adapters = chosen.adapter_bytes(model, options, tp, pp)
     if adapters is not None:  # loaded with the weights, so counted with them (as the engine's log counts them)
-        if pp > 1:
-            raise EngineRuleError("enable_lora: LoRA slots under pipeline parallelism are not modelled",
-                                  param="enable_lora")
         w = replace(w, per_gpu_bytes=w.per_gpu_bytes + adapters[0], basis=f"{w.basis}; {adapters[1]}")
     return w
 

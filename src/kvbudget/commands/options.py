@@ -250,12 +250,10 @@ KNOBS = {
     "enforce_eager": "vLLM: no CUDA graphs (--enforce-eager); from 0.20 vLLM then budgets none",
     "entry_point": "vLLM: server (vllm serve, the default) or llm (the Python LLM class, which takes more tokens per "
                    "step by default: 16384 on large GPUs, 8192 on others)",
-}
-KNOBS.update({
     "enable_lora": "vLLM: serve LoRA adapters (--enable-lora): slots beside the weights, counted with them",
     "max_loras": "vLLM: adapters served at once with --enable-lora (default 1)",
     "max_lora_rank": "vLLM: the largest adapter rank with --enable-lora (default 16)",
-})
+}
 ENTRY_POINTS = ("server", "llm")
 DEVICES = ("cuda", "cpu")
 

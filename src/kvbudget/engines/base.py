@@ -387,10 +387,9 @@ class Engine:
             raise EngineRuleError(f"num_speculative_tokens: speculative decoding's caches are modelled for vLLM only, "
                                   f"not {self.name}; leave it out", param="num_speculative_tokens")
         if options is not None and not self.profiles_batch:
-            knob = ("max_num_seqs" if options.max_num_seqs else "enforce_eager" if options.enforce_eager else
-                    "entry_point" if options.entry_point != "server" else
-                    "enable_lora" if options.enable_lora else None)
-            if knob:
+            asked = (("max_num_seqs", options.max_num_seqs), ("enforce_eager", options.enforce_eager),
+                     ("entry_point", options.entry_point != "server"), ("enable_lora", options.enable_lora))
+            if knob := next((name for name, on in asked if on), None):
                 raise EngineRuleError(f"{knob}: a vLLM setting kvbudget models for vLLM only, not {self.name}; "
                                       "leave it out", param=knob)
         why = self.unchecked_families.get(model.model_type)
@@ -434,9 +433,9 @@ class Engine:
         rank's own `stage` (vLLM 0.14-0.16 weighed the whole `model`)."""
         return stage
 
-    def adapter_bytes(self, model: ModelSpec, options: EngineOptions, tp: int) -> tuple[int, str] | None:
-        """Memory the engine allocates beside the weights for adapters (vLLM's LoRA slots) on one rank, and how
-        it is made up; None where the options ask for none."""
+    def adapter_bytes(self, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1) -> tuple[int, str] | None:
+        """Memory the engine allocates beside the weights for adapters (vLLM's LoRA slots) on the most loaded rank
+        of tp x pp, and how it is made up; None where the options ask for none."""
         return None
 
     # --- serving ------------------------------------------------------------------------------------

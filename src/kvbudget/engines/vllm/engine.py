@@ -364,11 +364,14 @@ class VLLMEngine(Engine):
         """vLLM 0.14 to 0.16 weighed the whole model's KV, every stage's layers, against one rank's budget."""
         return model if release(options).whole_model_check else stage
 
-    def adapter_bytes(self, model: ModelSpec, options: EngineOptions, tp: int) -> tuple[int, str] | None:
+    def adapter_bytes(self, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1) -> tuple[int, str] | None:
         if not options.enable_lora:
             return None
         from kvbudget.engines.vllm.lora import lora_bytes
 
+        if pp > 1:
+            raise EngineRuleError("enable_lora: LoRA slots under pipeline parallelism are not modelled",
+                                  param="enable_lora")
         total, note = lora_bytes(model, options.max_loras, options.max_lora_rank, tp)
         if release(options).version != NEWEST:
             note += f"; read and checked for {NEWEST[0]}.{NEWEST[1]} only: an estimate for this release"
