@@ -280,32 +280,48 @@ def _moe_layout(i: int, f: Fields, mt: str, hidden: int) -> tuple[int, int, int,
 
 # Families whose layers vLLM wraps for LoRA as Llama's are (QKV, output, gate-and-up and down projections, and the
 # embedding and LM head): the dense decoders of vllm/model_executor/models/llama.py and its siblings
-_LORA_LIKE_LLAMA = {"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "granite", "olmo2"}
+LLAMA_LIKE = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "granite",
+                        "olmo2"})
 
 
 @dataclass(frozen=True, kw_only=True)
-class LoraShapes:
-    """The widths of the projections vLLM puts LoRA slots beside, in a dense decoder."""
+class DenseShapes:
+    """The widths of a dense decoder's projections: every layer attention with a gated MLP."""
 
     layers: int
     hidden: int
     vocab: int
-    q: int  # query heads x head dim
-    kv: int  # KV heads x head dim (K and V alike)
+    heads: int  # query heads
+    kv_heads: int
+    head_dim: int
     mlp: int  # intermediate size of the gated MLP
+    qkv_bias: bool  # Q, K and V projections with a bias (Qwen2's always; Llama's with attention_bias)
+    qk_norm: bool  # an RMS norm over each head of Q and K before RoPE (Qwen3)
+
+    @property
+    def q(self) -> int:
+        """Query heads x head dim."""
+        return self.heads * self.head_dim
+
+    @property
+    def kv(self) -> int:
+        """KV heads x head dim (K and V alike)."""
+        return self.kv_heads * self.head_dim
 
 
-def lora_shapes(model: ModelSpec) -> LoraShapes:
-    """The projection widths of a dense Llama-like decoder, or an error naming why the model is not one."""
+def dense_shapes(model: ModelSpec, families: frozenset[str], what: str) -> DenseShapes:
+    """The projection widths of a dense decoder of one of `families`, or an error naming why `model` is not one
+    (`what` says what needs them)."""
     f = _fields(model)
-    if f.model_type not in _LORA_LIKE_LLAMA:
-        raise ConfigError(f"{model.name}: LoRA slots are modelled for dense Llama-like decoders "
-                          f"({', '.join(sorted(_LORA_LIKE_LLAMA))}), not {f.model_type or 'this family'}")
+    if f.model_type not in families:
+        raise ConfigError(f"{model.name}: {what} modelled for dense decoders ({', '.join(sorted(families))}), not "
+                          f"{f.model_type or 'this family'}")
     attention = [s for s in model.layers if isinstance(s, Attention)]
     if len(attention) != len(model.layers) or not model.attention_heads:
-        raise ConfigError(f"{model.name}: LoRA slots are modelled for models whose every layer is attention")
+        raise ConfigError(f"{model.name}: {what} modelled for models whose every layer is attention")
     first = attention[0]
-    hidden = f.int("hidden_size")
-    return LoraShapes(layers=len(model.layers), hidden=hidden, vocab=f.int("vocab_size"),
-                      q=model.attention_heads * first.k_dim, kv=first.kv_heads * first.k_dim,
-                      mlp=f.int("intermediate_size"))
+    return DenseShapes(layers=len(model.layers), hidden=f.int("hidden_size"), vocab=f.int("vocab_size"),
+                       heads=model.attention_heads, kv_heads=first.kv_heads, head_dim=first.k_dim,
+                       mlp=f.int("intermediate_size"),
+                       qkv_bias=f.model_type == "qwen2" or bool(f.get("attention_bias", default=False)),
+                       qk_norm=f.model_type == "qwen3")

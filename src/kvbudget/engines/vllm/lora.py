@@ -16,7 +16,7 @@ They are made when the model loads, so vLLM's 'Model loading took' counts them w
 from __future__ import annotations
 
 from kvbudget.errors import EngineRuleError
-from kvbudget.model.params import lora_shapes
+from kvbudget.model.params import LLAMA_LIKE, dense_shapes
 from kvbudget.model.spec import ModelSpec
 from kvbudget.units import format_bytes
 
@@ -32,7 +32,7 @@ def lora_bytes(model: ModelSpec, max_loras: int, rank: int, tp: int) -> tuple[in
                               param="max_lora_rank")
     if max_loras < 1:
         raise EngineRuleError(f"max_loras {max_loras}: give at least 1", param="max_loras")
-    s = lora_shapes(model)
+    s = dense_shapes(model, LLAMA_LIKE, "LoRA slots are")
     if s.vocab > MAX_VOCAB:
         raise EngineRuleError(f"enable_lora: vLLM refuses LoRA for a vocabulary of {s.vocab:,} (more than "
                               f"{MAX_VOCAB:,})", param="enable_lora")
