@@ -242,9 +242,9 @@ class Serving:
     logit_bytes: int = 4  # bytes the profiling run's sampler holds per logit (rows x vocabulary) at its peak
     sampler_apart: bool = False  # the sampler runs after the forward pass has freed its activations (peak: the larger)
     checked: str = ""  # how the budget compares with real start-ups, where it was checked
-    # scratch of the largest forward pass that grows with the context (llama.cpp's KQ mask and scores): bytes for a
-    # model, and how it was found; None where the engine's attention holds no such buffer
-    context_scratch: Callable[[ModelSpec], tuple[int, str]] | None = None
+    # the engine's own figure for its forward pass's buffers (llama.cpp's compute buffer), in place of the
+    # estimate from prefill_tokens: bytes for a model, how it was found, and whether it is exact; None: estimated
+    compute_buffer: Callable[[ModelSpec], tuple[int, str, bool]] | None = None
     # memory in use before the engine measures what is free, where it takes its share of that (SGLang): the share
     # of it comes off the budget beside overhead_bytes
     preload_bytes: int = 0

@@ -21,7 +21,6 @@ one stream for every sequence: engines/llamacpp/releases.py.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -36,7 +35,6 @@ from kvbudget.engines.base import (
     Engine,
     EngineOptions,
     LogCheck,
-    LogRow,
     Offload,
     OutputLimit,
     Serving,
@@ -45,7 +43,15 @@ from kvbudget.engines.base import (
     group_layers,
     largest_fitting,
 )
-from kvbudget.engines.llamacpp.releases import N_BATCH, NEWEST, Release, parse_build
+from kvbudget.engines.llamacpp.releases import (
+    CACHE_TYPES,
+    N_BATCH,
+    N_UBATCH,
+    NEWEST,
+    NEWEST_BUILD,
+    Release,
+    parse_build,
+)
 from kvbudget.engines.metrics import slots_usage
 from kvbudget.errors import EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
@@ -59,24 +65,19 @@ from kvbudget.model.spec import (
     RecurrentState,
     SlidingWindow,
 )
-from kvbudget.units import MIB, cdiv, format_bytes
+from kvbudget.units import cdiv, format_bytes
 from kvbudget.validate import positive
 
 if TYPE_CHECKING:
     from kvbudget.engines.llamacpp.simulator import LlamaCppSimulator
 
 CELL_PAD = 256
-N_UBATCH = 512  # llama-server default physical batch
 LLAMA4_CHUNK = 8192  # src/models/llama4.cpp sets n_swa = 8192 whatever the config says
 # Architectures whose sliding windows llama.cpp honours (swa_type set in src/models/*.cpp); every other one,
 # Mistral-7B-v0.1 (llama arch) and Phi-3 ("Phi SWA is currently disabled") included, is cached in full.
 HONOURS_WINDOW = frozenset({"gemma2", "gemma3_text", "gemma3n_text", "gpt_oss", "llama4_text"})
 _F32 = get_dtype("float32")
 _F16 = get_dtype("float16")
-_TYPES = ("float32", "float16", "bfloat16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
-# the cache type names llama.cpp logs and takes (-ctk / -ctv)
-_LOG_TYPES = {"f16": "float16", "f32": "float32", "bf16": "bfloat16", "q8_0": "q8_0", "q4_0": "q4_0",
-              "q4_1": "q4_1", "q5_0": "q5_0", "q5_1": "q5_1", "iq4_nl": "iq4_nl"}
 
 
 def pad(n: int, to: int = CELL_PAD) -> int:
@@ -107,12 +108,26 @@ def attention_scratch(model: ModelSpec, cells: int, n_ubatch: int, flash: bool, 
 
 
 def compute_estimate(model: ModelSpec, cells: int, n_ubatch: int, flash: bool, release: Release) -> int:
-    """The whole compute buffer, as the plan's activation term has it: the per-token tensors of one ubatch (an
-    estimate) and the part that grows with the context (`attention_scratch`)."""
+    """The whole compute buffer where its graph is not replayed: the per-token tensors of one ubatch (an estimate)
+    and the part that grows with the context (`attention_scratch`)."""
     from kvbudget.budget import activation_estimate
 
     return (activation_estimate(model, n_ubatch, DEFAULT_SAMPLED_ROWS)
             + attention_scratch(model, cells, n_ubatch, flash, release))
+
+
+def compute_buffer(model: ModelSpec, cells: int, n_tokens: int, n_parallel: int, flash: bool, release: Release,
+                   quantized: bool = False) -> tuple[int, bool]:
+    """llama-server's compute buffer for `cells` cells per stream, a prompt batch of `n_tokens` (min(n_ctx,
+    n_batch, n_ubatch)) and `n_parallel` slots, and whether it is replayed from the graph (graph.py: exact on the
+    CPU backend) rather than estimated. Replayed for the families graph.py builds, in the newest build, with an
+    unquantized cache (a quantized one adds a Hadamard rotation)."""
+    from kvbudget.engines.llamacpp import graph
+
+    shapes = graph.shapes_of(model) if release.build == NEWEST_BUILD and not quantized else None
+    if shapes is None:
+        return compute_estimate(model, cells, n_tokens, flash, release), False
+    return graph.compute_buffer(shapes, cells, n_tokens, n_parallel, flash), True
 
 
 def release_of(options: EngineOptions) -> Release:
@@ -223,16 +238,21 @@ class LlamaCppEngine(Engine):
         flash = flash_attn_of(options, release)
         cells = pad(max_model_len, release.padding(flash))
 
-        def scratch(model: ModelSpec) -> tuple[int, str]:
-            return attention_scratch(model, cells, N_UBATCH, flash, release), (
-                f"the KQ mask{'' if flash else ' and scores'} over {cells:,} cells "
-                f"({'flash attention' if flash else 'no flash attention'}; from the graph: its growth with the "
-                "context is what real llama-server runs show)")
+        def compute(model: ModelSpec) -> tuple[int, str, bool]:
+            size, replayed = compute_buffer(model, cells, min(cells, N_UBATCH), 1, flash, release)
+            attention = "flash attention" if flash else "no flash attention"
+            if replayed:
+                return size, (f"llama-server's compute buffer for {min(cells, N_UBATCH)} tokens over {cells:,} cells "
+                              f"({attention}), its graph replayed through ggml's allocator: exact on the CPU "
+                              "backend; on a GPU its alignment and input copies move it a little"), False
+            return size, (f"compute buffers for n_ubatch ({N_UBATCH}) tokens, an estimate, and the KQ mask"
+                          f"{'' if flash else ' and scores'} over {cells:,} cells ({attention}; from the graph: "
+                          "its growth with the context is what real llama-server runs show)"), False
 
         return Serving(memory_fraction=1.0, memory_knob="all free memory", prefill_tokens=N_UBATCH,
                        prefill_note=f"compute buffers for n_ubatch ({N_UBATCH}) tokens",
                        max_num_seqs=DEFAULT_SAMPLED_ROWS, overhead_bytes=NON_TORCH_ESTIMATE,
-                       overhead_note="non-torch memory", options=options, context_scratch=scratch)
+                       overhead_note="non-torch memory", options=options, compute_buffer=compute)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return cheaper_if_wider(current, "q8_0")
@@ -293,7 +313,8 @@ class LlamaCppEngine(Engine):
 
         release = release_of(options)
         flash = flash_attn_of(options, release)
-        compute = compute_estimate(model, pad(max_model_len, release.padding(flash)), N_UBATCH, flash, release)
+        cells = pad(max_model_len, release.padding(flash))
+        compute, _ = compute_buffer(model, cells, min(cells, N_UBATCH), 1, flash, release)
         caches = [0 if c is None else c[3] + c[4] for c in self.layer_caches(
             model, max_model_len, 1, kv_dtype, release=release, flash_attn=flash)]
         return fit_layers(model, gpu_memory, caches, compute + NON_TORCH_ESTIMATE)
@@ -311,10 +332,15 @@ class LlamaCppEngine(Engine):
         if str(kv_dtype).lower() == "auto":
             return _F16  # llama-server's default -ctk/-ctv f16, whatever the weights
         dtype = resolve_kv_dtype(kv_dtype, model.dtype)
-        if dtype.name not in _TYPES:
+        if dtype.name not in CACHE_TYPES:
             raise EngineRuleError(f"kv_dtype {kv_dtype}: llama.cpp cache types are f32, f16, bf16, q8_0, q4_0, "
                                   "q4_1, q5_0, q5_1 and iq4_nl", param="kv_dtype")
         return dtype
+
+    def compute_buffer(self, model: ModelSpec, cells: int, n_tokens: int, n_parallel: int, flash: bool,
+                       release: Release = NEWEST, quantized: bool = False) -> tuple[int, bool]:
+        """llama-server's compute buffer and whether it is replayed from the graph: see `compute_buffer`."""
+        return compute_buffer(model, cells, n_tokens, n_parallel, flash, release, quantized)
 
     def simulator(self) -> LlamaCppSimulator:
         from kvbudget.engines.llamacpp.simulator import LlamaCppSimulator
@@ -322,7 +348,9 @@ class LlamaCppEngine(Engine):
         return LlamaCppSimulator(self)
 
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
-        return _check_log(self, text, model, given or {})
+        from kvbudget.engines.llamacpp.logs import check_log
+
+        return check_log(self, text, model, given or {})
 
 
 def _check_block_fit(model: ModelSpec, dtype: KVDtype) -> None:
@@ -419,164 +447,6 @@ def _group(layer: LayerSpec, dtype: KVDtype, to: int, swa_batch: int | None) -> 
                           f"{layer.conv_channels} + s {'x'.join(map(str, layer.state_shape))}, f32, one cell per "
                                  "sequence", block_size=to)
     return None
-
-
-_LLAMA_LINE = re.compile(r"(llama_kv_cache(?:_unified)?|llama_memory_recurrent): size = +([\d.]+) MiB "
-                         r"\( *(\d+) cells, +(\d+) layers, +(\d+)(?:/ *(\d+))? seqs[^)]*\), "
-                         r"(?:K|R) \((\w+)\): +([\d.]+) MiB, (?:V|S) "
-                         r"\((\w+)\): +([\d.]+) MiB")
-
-
-# Builds standing for each era when a log names no build (engines/llamacpp/releases.py), newest first.
-_ERA_BUILDS = (NEWEST, Release(6900), Release(6300), Release(6000), Release(5700), Release(5500), Release(5000))
-# llama.cpp's own `build: 5935 (2adf8d83)`; WasmEdge's GGML plugin prints `LLAMA_BUILD_NUMBER 5640`.
-_BUILD_LINE = re.compile(r"(?:(?:^|\n)\s*(?:build|version): |LLAMA_BUILD_NUMBER )(\d+)\b")
-_FLASH = {"0": False, "false": False, "disabled": False, "1": True, "true": True, "enabled": True, "auto": True}
-
-
-def _check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mapping[str, Any]) -> LogCheck:
-    """llama-server's `llama_kv_cache` / `llama_memory_recurrent` lines beside server_buffers() for its settings
-    and build: the log's `build:` line, --engine-version, or else each era's rules in turn."""
-    def setting(name: str) -> str | None:
-        m = re.search(rf"llama_context: {name} += (\S+)", text)
-        return m.group(1) if m else None
-
-    build_text = given.get("engine_version")
-    build_line = _BUILD_LINE.search(text)
-    if build_text is None and build_line:
-        build_text = build_line.group(1)
-    releases = (Release(parse_build(str(build_text))),) if build_text else _ERA_BUILDS
-    flash_text = setting("flash_attn") or (re.search(r"flash_attn\s+=\s+(\S+)", text) or [None, None])[1]
-    if flash_text is not None and flash_text.lower() not in _FLASH:
-        raise KVBudgetError(f"check-log: 'flash_attn = {flash_text}' in the llama.cpp log is not a value kvbudget "
-                            "knows (0, 1, auto, enabled, disabled)")
-    flash = _FLASH[flash_text.lower()] if flash_text is not None else None
-    old = _OLD_KV_SELF.search(text)
-    if old and not _LLAMA_LINE.search(text):
-        return _check_old_log(engine, text, model, old, flash)
-    n_ctx, n_seq = setting("n_ctx"), setting("n_seq_max")
-    if n_ctx is None or n_seq is None:
-        raise KVBudgetError("check-log: the llama.cpp log lacks 'llama_context: n_ctx' / 'n_seq_max' lines; "
-                            "run llama-server with -lv 4 (or --verbose)")
-    unified = setting("kv_unified") == "true"
-    n_ubatch = int(setting("n_ubatch") or N_UBATCH)
-    n_batch = int(setting("n_batch") or N_BATCH)
-    swa_full = "using full-size SWA cache" in text
-    lines = _LLAMA_LINE.findall(text)
-    if not lines:
-        raise KVBudgetError("check-log: no 'llama_kv_cache: size = ...' line in the llama.cpp log")
-    k_type = _LOG_TYPES.get(lines[0][6], lines[0][6])
-    kv_lines = [x for x in lines if x[0].startswith("llama_kv_cache")]  # llama_kv_cache_unified in 2025 builds
-    logged_order = kv_lines + [x for x in lines if not x[0].startswith("llama_kv_cache")]
-    # the log states these lines in every build that prints them; the era decides the rest
-    plausible = [r for r in releases if (setting("kv_unified") is not None) == r.streams  # printed from #14363
-                 and (setting("n_ctx_seq") is None or r.pads_total_first)
-                 and (setting("n_ctx_per_seq") is None or not r.pads_total_first)
-                 and ("_iswa" not in text or r.own_swa_cache)] or list(releases)
-    def buffers_for(release: Release) -> tuple[Buffer, ...]:
-        return engine.server_buffers(model, int(n_ctx), int(n_seq), k_type, unified=unified, swa_full=swa_full,
-                                     n_ubatch=n_ubatch, release=release, flash_attn=flash, n_batch=n_batch)
-
-    checked = [(r, b, _buffer_rows(b, logged_order)) for r in plausible for b in [buffers_for(r)]]
-    # the first era that reproduces every line, else the newest
-    release, buffers, rows = next((c for c in checked if all(x.matches for x in c[2])), checked[0])
-    stream_cells = next((b.cells for b in buffers if b.name == "kv"), buffers[0].cells if buffers else int(n_ctx))
-    rows = rows + _memory_rows(text, model, int(n_seq), n_ubatch, flash, release, stream_cells)
-    settings: dict[str, Any] = {"n_ctx": int(n_ctx), "n_seq_max": int(n_seq), "kv_unified": unified,
-                                "swa_full": swa_full, "cache_type_k": k_type, "n_ubatch": n_ubatch}
-    assumed: dict[str, Any] = {}
-    if build_text:
-        settings["build"] = f"b{release.build}"
-    else:
-        assumed["build"] = ("the newest" if release.build == _ERA_BUILDS[0].build
-                            else f"an era like b{release.build} (the log names no build; --engine-version)")
-    if flash is None:
-        assumed["flash_attn"] = release.flash_attn_default
-    else:
-        settings["flash_attn"] = flash
-    return LogCheck(engine="llamacpp", model_in_log=None, settings=settings, rows=tuple(rows), assumed=assumed)
-
-
-_OUTPUT = re.compile(r"(\w+)\s+output buffer size =\s+([\d.]+) MiB")
-_COMPUTE = re.compile(r"(\w+)\s+compute buffer size =\s+([\d.]+) MiB")
-
-
-def _memory_rows(text: str, model: ModelSpec, n_seq: int, n_ubatch: int, flash: bool | None, release: Release,
-                 cells: int) -> list[LogRow]:
-    """The buffers beside the cache: the output buffer (float32 logits of one output per sequence, checked) and
-    the largest compute buffer beside the plan's activation term for the same settings (shown: an estimate)."""
-    from kvbudget.model.params import activation_widths
-
-    rows = []
-    if out := _OUTPUT.search(text):
-        vocab = activation_widths(model).vocab
-        ours = f"{n_seq * vocab * 4 / MIB:.2f}"
-        rows.append(LogRow("output buffer", f"{out.group(2)} MiB", f"{ours} MiB", f"{float(out.group(2)):.2f}" == ours,
-                           f"{n_seq} sequence(s) x {vocab:,} float32 logits"))
-    computed = _COMPUTE.findall(text)
-    if computed:
-        device, logged = max(computed, key=lambda m: float(m[1]))
-        use_flash = release.flash_attn_default if flash is None else flash
-        ours_bytes = compute_estimate(model, cells, n_ubatch, use_flash, release)
-        rows.append(LogRow(f"memory: compute buffer ({device})", f"{logged} MiB", f"{ours_bytes / MIB:.2f} MiB", None,
-                           "kvbudget plan's activation term for these settings (an estimate beyond the part that "
-                           "grows with the context)"))
-    return rows
-
-
-def _buffer_rows(ours: tuple[Buffer, ...], logged_order: list[tuple[str, ...]]) -> list[LogRow]:
-    kv_ours = [b for b in ours if b.name != "recurrent"] + [b for b in ours if b.name == "recurrent"]
-    rows = []
-    if len(logged_order) != len(kv_ours):
-        rows.append(LogRow("caches", str(len(logged_order)), str(len(kv_ours)), False,
-                           "different cache structure (windows or recurrent layers handled differently)"))
-    for line, buf in zip(logged_order, kv_ours, strict=False):  # a cache too few is a row above
-        label = {"kv": "KV cache", "kv_swa": "SWA KV cache", "recurrent": "recurrent state"}[buf.name]
-        rows.append(LogRow(f"{label}: cells", line[2], str(buf.cells), int(line[2]) == buf.cells))
-        rows.append(LogRow(f"{label}: layers", line[3], str(buf.layers), int(line[3]) == buf.layers))
-        logged_mib = line[1]
-        ours_mib = f"{buf.total_bytes / MIB:.2f}"
-        rows.append(LogRow(f"{label}: size", f"{logged_mib} MiB", f"{ours_mib} MiB",
-                           f"{float(logged_mib):.2f}" == ours_mib, "llama.cpp prints two decimals of MiB"))
-    return rows
-
-
-# Builds of 2024 to mid-2025 (before llama_kv_cache_unified): one cache of kv_size cells for every sequence. The
-# lines were `llama_kv_cache_init:` / `llama_new_context_with_model:` until the llama_context refactor of spring
-# 2025, then `init:` / `llama_context:` for a few weeks before llama_kv_cache_unified.
-_OLD_KV_INIT = re.compile(r"(?:llama_kv_cache_)?init: kv_size = (\d+),.*?type_k = '(\w+)', type_v = '(\w+)', "
-                          r"n_layer = (\d+)")
-_OLD_KV_SELF = re.compile(r"KV self size\s*=\s*([\d.]+) MiB, K \((\w+)\):\s*([\d.]+) MiB, V \((\w+)\):\s*([\d.]+) MiB")
-
-
-def _check_old_log(engine: LlamaCppEngine, text: str, model: ModelSpec, kv_self: re.Match,
-                   flash: bool | None) -> LogCheck:
-    """llama.cpp's `llama_new_context_with_model: KV self size` line (one unified cache of kv_size cells; no
-    SWA cache in those builds' log)."""
-    init = _OLD_KV_INIT.search(text)
-    n_ctx_line = re.search(r"(?:llama_new_context_with_model|llama_context): n_ctx\s+=\s*(\d+)", text)
-    cells = int(init.group(1)) if init else int(n_ctx_line.group(1)) if n_ctx_line else None
-    if cells is None:
-        raise KVBudgetError("check-log: the llama.cpp log has a 'KV self size' line but neither 'kv_size =' nor "
-                            "'n_ctx =': include the llama_kv_cache_init or llama_new_context_with_model lines")
-    k_type, v_type = kv_self.group(2), kv_self.group(4)
-    if k_type != v_type:
-        raise KVBudgetError(f"check-log: K ({k_type}) and V ({v_type}) cache types differ; kvbudget checks one type")
-    buffers = engine.server_buffers(model, cells, 1, _LOG_TYPES.get(k_type, k_type), unified=True,
-                                    release=_ERA_BUILDS[-1], flash_attn=flash)
-    kv = [b for b in buffers if b.name != "recurrent"]
-    k_mib, v_mib = sum(b.k_bytes for b in kv) / MIB, sum(b.v_bytes for b in kv) / MIB
-    rows = [LogRow("cells", f"{cells:,}", f"{kv[0].cells:,}" if kv else "-", bool(kv) and kv[0].cells == cells)]
-    if init:
-        layers = sum(b.layers for b in kv)
-        rows.append(LogRow("layers", init.group(4), str(layers), int(init.group(4)) == layers))
-    for label, logged, ours in (("K", kv_self.group(3), k_mib), ("V", kv_self.group(5), v_mib),
-                                ("KV self size", kv_self.group(1), k_mib + v_mib)):
-        rows.append(LogRow(f"{label} ({k_type})", f"{logged} MiB", f"{ours:.2f} MiB", f"{float(logged):.2f}" ==
-                           f"{ours:.2f}", "llama.cpp prints two decimals of MiB"))
-    return LogCheck(engine="llamacpp", model_in_log=None,
-                    settings={"n_ctx": cells, "cache_type": k_type, "format": "llama_kv_cache_init (2024-25)"},
-                    rows=tuple(rows))
 
 
 LLAMACPP = LlamaCppEngine()

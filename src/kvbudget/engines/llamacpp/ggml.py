@@ -27,7 +27,7 @@ IN_PLACE = frozenset({"ADD", "MUL", "SCALE", "RMS_NORM", "ROPE", "SOFT_MAX", "UN
 CPU_ALIGNMENT = 32  # TENSOR_ALIGNMENT (ggml-impl.h): the CPU buffer type's alignment
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class Tensor:
     """One ggml tensor as the allocator sees it. `external`: its data lives elsewhere (weights, the KV cache)."""
 
@@ -54,16 +54,16 @@ def _ne(*ne: int) -> tuple[int, int, int, int]:
 
 def external(*ne: int, type: str = "f16") -> Tensor:
     """Weights or the KV cache: read by the graph, allocated elsewhere."""
-    return Tensor("NONE", type, _ne(*ne), external=True)
+    return Tensor(op="NONE", type=type, ne=_ne(*ne), external=True)
 
 
 def input_(type: str, *ne: int) -> Tensor:
-    return Tensor("NONE", type, _ne(*ne), is_input=True)
+    return Tensor(op="NONE", type=type, ne=_ne(*ne), is_input=True)
 
 
 def view(a: Tensor, *ne: int, op: str = "VIEW") -> Tensor:
     """A view, reshape or permute of `a` with shape `ne`."""
-    return Tensor(op, a.type, _ne(*ne), (a,), view_of=a.view_of or a, external=a.external)
+    return Tensor(op=op, type=a.type, ne=_ne(*ne), srcs=(a,), view_of=a.view_of or a)
 
 
 def permute(a: Tensor, *axes: int) -> Tensor:
@@ -74,29 +74,29 @@ def permute(a: Tensor, *axes: int) -> Tensor:
 
 
 def mul_mat(a: Tensor, b: Tensor) -> Tensor:
-    return Tensor("MUL_MAT", "f32", (a.ne[1], b.ne[1], b.ne[2], b.ne[3]), (a, b))
+    return Tensor(op="MUL_MAT", type="f32", ne=(a.ne[1], b.ne[1], b.ne[2], b.ne[3]), srcs=(a, b))
 
 
 def get_rows(a: Tensor, rows: Tensor) -> Tensor:
-    return Tensor("GET_ROWS", "f32", (a.ne[0], rows.ne[0], rows.ne[1], rows.ne[2]), (a, rows))
+    return Tensor(op="GET_ROWS", type="f32", ne=(a.ne[0], rows.ne[0], rows.ne[1], rows.ne[2]), srcs=(a, rows))
 
 
 def like(op: str, a: Tensor, *others: Tensor) -> Tensor:
     """An op whose result has `a`'s type and shape (norms, element-wise ops, RoPE, softmax, GLU)."""
-    return Tensor(op, a.type, a.ne, (a, *others))
+    return Tensor(op=op, type=a.type, ne=a.ne, srcs=(a, *others))
 
 
 def cont(a: Tensor, *ne: int) -> Tensor:
-    return Tensor("CONT", a.type, _ne(*ne), (a,))
+    return Tensor(op="CONT", type=a.type, ne=_ne(*ne), srcs=(a,))
 
 
 def set_rows(dst: Tensor, values: Tensor, rows: Tensor) -> Tensor:
     """Rows written into `dst` (the KV cache): a view of it."""
-    return Tensor("SET_ROWS", dst.type, dst.ne, (dst, values, rows), view_of=dst.view_of or dst, external=True)
+    return Tensor(op="SET_ROWS", type=dst.type, ne=dst.ne, srcs=(dst, values, rows), view_of=dst.view_of or dst)
 
 
 def flash_attn(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-    return Tensor("FLASH_ATTN_EXT", "f32", (v.ne[0], q.ne[2], q.ne[1], q.ne[3]), (q, k, v, mask))
+    return Tensor(op="FLASH_ATTN_EXT", type="f32", ne=(v.ne[0], q.ne[2], q.ne[1], q.ne[3]), srcs=(q, k, v, mask))
 
 
 @dataclass

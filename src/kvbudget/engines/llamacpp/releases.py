@@ -55,6 +55,11 @@ PAD_256 = Change("#17046", "2025-11-06", 6969, 7000, "the cache size is padded t
 CHANGES = (SWA_CACHE, SWA_UBATCH, STREAMS, FA_AUTO, NO_PAD, PAD_256)
 NEWEST_BUILD = 10_000_000  # "the newest build": every change above included
 N_BATCH = 2048  # llama-server's default -b
+N_UBATCH = 512  # llama-server's default -ub (the physical batch)
+CACHE_TYPES = ("float32", "float16", "bfloat16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+# the cache type names llama.cpp logs and takes (-ctk / -ctv)
+LOG_TYPES = {"f16": "float16", "f32": "float32", "bf16": "bfloat16", "q8_0": "q8_0", "q4_0": "q4_0",
+             "q4_1": "q4_1", "q5_0": "q5_0", "q5_1": "q5_1", "iq4_nl": "iq4_nl"}
 CACHE_RAM_MIB = 8192  # llama-server's default host-RAM prompt cache (--cache-ram)
 
 
