@@ -15,6 +15,8 @@ their llama.cpp figures are from the source only (README accuracy table).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from harness import gguf_file, run_llama_server
 from tiny_configs import TINY
@@ -124,3 +126,19 @@ def test_the_compute_buffer_grows_with_the_context_as_kvbudget_says(model_name, 
     grown = (attention_scratch(spec, pad(8192, release.padding(flash)), 512, flash, release)
              - attention_scratch(spec, pad(2048, release.padding(flash)), 512, flash, release))
     assert abs(grown / 2**20 - (logs[8192] - logs[2048])) <= 0.01, (grown / 2**20, logs)
+
+
+@pytest.mark.parametrize(("fa", "slots"), [("on", ["-np", "2"]), ("off", ["-np", "3", "--kv-unified"])])
+def test_the_replayed_compute_buffer_is_what_a_live_server_reserves(fa, slots):
+    """The bundled SmolLM2 GGUF at settings the recorded data lacks (-c 3000, -ub 384, two or three slots): the
+    compute buffer kvbudget replays from llama.cpp's graph is the one llama-server prints, to its 0.01 MiB."""
+    from kvbudget.bundled import bundled_gguf
+    from kvbudget.engines.llamacpp.releases import Release
+
+    run = run_llama_server(bundled_gguf(), "-c", "3000", "-ub", "384", "-fa", fa, *slots)
+    assert run.ok, run.log[-3000:]
+    model = kvbudget.load_model(Path(__file__).parents[1] / "data" / "logs" / "smollm2-135m-instruct.config.json")
+    n_parallel, unified, flash = int(slots[1]), "--kv-unified" in slots, fa == "on"
+    cells = LLAMACPP.server_buffers(model, 3000, n_parallel, unified=unified, flash_attn=flash, n_ubatch=384)[0].cells
+    size, replayed = LLAMACPP.compute_buffer(model, cells, 384, n_parallel, flash, Release())
+    assert replayed and f"{size / 2**20:.2f}" == f"{_last_compute_mib(run.log):.2f}"
