@@ -66,14 +66,20 @@ def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, acti
                                                serving.sampler_apart) if tokens else 0
     other = serving.overhead_bytes + math.ceil(util * serving.preload_bytes) if overhead is None else overhead
     usable = math.ceil(card.memory_bytes * util)  # vLLM's request_memory rounds up
+    share_note = (serving.memory_knob if utilization is None else "" if serving.given_fraction_scale == 1 else
+                  f"{utilization:g} as given, times {serving.given_fraction_scale:g} (what the engine does to it)")
+    if serving.free_share != 1:  # the engine leaves part of what is free after its warm-up unused
+        left = usable - w.per_gpu_bytes - activation_bytes - other
+        usable -= max(0, math.ceil(left * (1 - serving.free_share)))
+        share_note += f"{', ' if share_note else '; '}less {1 - serving.free_share:.2g} of what its warm-up leaves free"
     kv = usable - w.per_gpu_bytes - activation_bytes - other
     weights_given = w.basis.startswith(GIVEN_WEIGHTS)
     stack = (
         Term(key="gpu", name="GPU memory", bytes=card.memory_bytes, estimate=card.memory_basis.startswith("nominal"),
              note=f"{card.name}, {card.memory_basis}"),
-        Term(key="share", name=f"engine share ({util:g})", bytes=usable, estimate=utilization is None and util != 1.0,
-             note=serving.memory_knob if utilization is None else "" if serving.given_fraction_scale == 1 else
-             f"{utilization:g} as given, times {serving.given_fraction_scale:g} (what the engine does to it)",
+        Term(key="share", name=f"engine share ({util:g})", bytes=usable,
+             estimate=utilization is None and (util != 1.0 or serving.free_share != 1),
+             note=share_note,
              param="utilization" if utilization is not None else None, given=utilization is not None),
         Term(key="weights", name="weights", bytes=w.per_gpu_bytes, estimate=not w.exact,
              note=w.basis.removeprefix(GIVEN_WEIGHTS), param="weights" if weights_given else None,

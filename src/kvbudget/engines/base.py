@@ -249,6 +249,9 @@ class Serving:
     # of it comes off the budget beside overhead_bytes
     preload_bytes: int = 0
     given_fraction_scale: float = 1.0  # what the engine multiplies a share you give by (SGLang 0.4, multimodal)
+    # the part of what its share leaves free after the profiling pass the engine keeps for the cache (TGI before
+    # 3.0: 0.95 or 0.90); the rest stays unused
+    free_share: float = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -36,6 +36,7 @@ from kvbudget.engines.base import (
     serving_kv_dtype,
 )
 from kvbudget.engines.metrics import gauge_ratio
+from kvbudget.engines.tgi.releases import describe, era, parse_release
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
     Attention,
@@ -50,7 +51,6 @@ from kvbudget.units import GIB, cdiv
 
 BLOCK_SIZES = (1, 16, 256)  # flashinfer (the default), paged, flashdecoding
 SOURCE_NOTE = "TGI figures follow its source (not run here): every layer full, MLA expanded per head"
-CUDA_MEMORY_FRACTION = 0.9  # free memory counts (1 - 0.9 x cuda_memory_fraction) as reserved; fraction 1.0
 MAX_BATCH_PREFILL_TOKENS = 4096  # the warm-up forward pass (launcher default)
 
 
@@ -107,11 +107,19 @@ class TGIEngine(Engine):
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "", tp: int = 1, model: ModelSpec | None = None) -> Serving:
-        return Serving(memory_fraction=CUDA_MEMORY_FRACTION, memory_knob="0.9 x cuda_memory_fraction default",
+        """The warm-up's rule of the release (tgi/releases.py): from 3.0 a share of the total (CUDA_MEMORY_FRACTION,
+        given as utilization, times TGI_WIGGLE_ROOM), before it all of that less a share of what stays free."""
+        rule = era(options.engine_version)
+        return Serving(memory_fraction=rule.wiggle if rule.of_total else 1.0, memory_knob=describe(rule),
+                       given_fraction_scale=rule.wiggle if rule.of_total else 1.0,
+                       free_share=1.0 if rule.of_total else rule.wiggle,
                        prefill_tokens=MAX_BATCH_PREFILL_TOKENS,
                        prefill_note=f"warm-up pass over max_batch_prefill_tokens ({MAX_BATCH_PREFILL_TOKENS})",
                        max_num_seqs=DEFAULT_SAMPLED_ROWS, overhead_bytes=NON_TORCH_ESTIMATE,
                        overhead_note="non-torch memory", options=options)
+
+    def parse_release(self, version: str) -> tuple[int, ...]:
+        return parse_release(version)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return cheaper_if_wider(current, "fp8")
