@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -66,10 +67,22 @@ def test_the_fitted_figures_come_from_the_fit_cases_alone():
 
 @pytest.mark.parametrize("case", [c for c in CHECK if "known" not in c and c["logged"].get("kv_gib", 0) > 0],
                          ids=lambda c: c["id"])
-def test_the_kv_budget_is_within_one_percent(case):
+def test_the_kv_budget_is_within_three_percent(case):
+    """Every check case without a named gap: within the issue's 90th-percentile target, 3%."""
     got = predict(case)
     assert not got["refused"]
-    assert abs(error(case, got)) <= 0.01, (got["kv"], case["logged"]["kv_gib"])
+    assert abs(error(case, got)) <= 0.03, (got["kv"], case["logged"]["kv_gib"])
+
+
+def test_the_v1_check_cases_meet_the_targets():
+    """vLLM V1's budget over the check cases: median |error| within 1%, 90th percentile within 3%, and never more
+    than 3% optimistic except where the corpus names the gap (the accuracy page states the figures)."""
+    v1 = [c for c in CHECK if release_of(c) >= (0, 8) and c["logged"].get("kv_gib", 0) > 0]
+    errors = sorted(abs(error(c, predict(c))) for c in v1)
+    assert len(v1) >= 30
+    assert statistics.median(errors) <= 0.01
+    assert errors[math.ceil(0.9 * len(errors)) - 1] <= 0.03
+    assert max(error(c, predict(c)) for c in v1 if "known" not in c) <= 0.03
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if "refused" in c["logged"]], ids=lambda c: c["id"])
