@@ -241,6 +241,7 @@ class Serving:
     options: EngineOptions  # the options with this engine's defaults for this GPU filled in
     logit_bytes: int = 4  # bytes the profiling run's sampler holds per logit (rows x vocabulary) at its peak
     sampler_apart: bool = False  # the sampler runs after the forward pass has freed its activations (peak: the larger)
+    held_bytes: int = 0  # what the forward pass keeps allocated through the sampler (vLLM's fused-MoE workspace)
     checked: str = ""  # how the budget compares with real start-ups, where it was checked
     # the engine's own figure for its forward pass's buffers (llama.cpp's compute buffer), in place of the
     # estimate from prefill_tokens: bytes for a model, how it was found, and whether it is exact; None: estimated

@@ -248,6 +248,33 @@ def _feed_forward(i: int, f: Fields, mt: str, hidden: int) -> list[tuple[str, in
     return out
 
 
+@dataclass(frozen=True)
+class RoutedExperts:
+    """What one token runs through a mixture-of-experts layer: `top_k` experts of `intermediate` width each, over
+    a hidden size of `hidden`; `quantized`: the checkpoint quantizes its weights."""
+
+    top_k: int
+    intermediate: int
+    hidden: int
+    quantized: bool
+
+
+def routed_experts(model: ModelSpec) -> RoutedExperts | None:
+    """The routed experts of a mixture-of-experts model (its widest MoE layer), or None for a dense one."""
+    f = _fields(model)
+    mt = _SAME_WEIGHTS_AS.get(f.model_type, f.model_type)
+    hidden = f.int("hidden_size", "n_embd", "d_model")
+    widest = None
+    for i in range(model.num_layers):
+        experts, top_k, inter, _, moe = _moe_layout(i, f, mt, hidden)
+        if moe and experts and top_k and (widest is None or top_k * inter > widest[0] * widest[1]):
+            widest = (int(top_k), int(inter))
+    if widest is None:
+        return None
+    return RoutedExperts(top_k=widest[0], intermediate=widest[1], hidden=hidden,
+                         quantized=bool(model.config.get("quantization_config")))
+
+
 def _moe_layout(i: int, f: Fields, mt: str, hidden: int) -> tuple[int, int, int, int, bool]:
     """(experts, top_k, expert intermediate, shared intermediate, is this layer MoE)."""
     if mt == "mixtral":

@@ -285,3 +285,20 @@ def test_the_plan_follows_the_entry_point():
     assert (server["mnbt"], llm["mnbt"]) == (2048, 8192)
     assert llm["activation"] > server["activation"]
     assert server["kv"] - llm["kv"] == llm["activation"] - server["activation"]
+
+
+def test_the_fused_moe_workspace_is_held_through_the_sampler():
+    """From 0.13 an unquantized MoE's fused-MoE workspace (TritonExperts.workspace_shapes, kept by the workspace
+    manager) stays allocated when the sampler runs: Mixtral at TP 2 over 8,192 tokens holds 8192 x 2 experts x
+    (max(7168, 4096) + max(14336, 4096)) bfloat16 values; dense and quantized models and 0.12 hold none."""
+    from kvbudget.engines.vllm.memory import moe_workspace
+
+    mixtral = load_model("mixtral-8x7b")
+    size, note = moe_workspace(mixtral, 8192, 2, Release((0, 19)))
+    assert size == 8192 * 2 * (7168 + 14336) * 2 and "fused-MoE workspace" in note
+    assert moe_workspace(mixtral, 8192, 2, Release((0, 12))) is None
+    assert moe_workspace(load_model("llama-3.1-8b"), 8192, 1, Release((0, 19))) is None
+    assert moe_workspace(load_model("gpt-oss-20b"), 8192, 1, Release((0, 19))) is None  # MXFP4 experts
+    p = plan(mixtral, gpu="H100-80GB", tp=2, options=EngineOptions(engine_version=(0, 19)), recommend=False)
+    activation = {t.key: t for t in p.stack}["activation"]
+    assert activation.bytes == 1024 * 32000 * 16 + size and "fused-MoE workspace" in activation.note

@@ -49,7 +49,7 @@ from kvbudget.engines.base import (
 )
 from kvbudget.engines.metrics import first_gauge
 from kvbudget.engines.vllm.blocks import BlockGroup
-from kvbudget.engines.vllm.memory import CHECKED, logit_bytes, overhead
+from kvbudget.engines.vllm.memory import CHECKED, logit_bytes, moe_workspace, overhead
 from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
 from kvbudget.engines.vllm.releases import NEWEST, SWAP_SPACE, Release, parse_release, release
 from kvbudget.engines.vllm.specs import ChunkedSpec, FullSpec, KVSpec, MLASpec, SlidingSpec, vllm_spec
@@ -399,6 +399,9 @@ class VLLMEngine(Engine):
         per_logit = logit_bytes(rel)
         prefill_note = (f"profiling pass over max_num_batched_tokens ({mnbt}), then the sampler over "
                         f"{min(mnbt, max_num_seqs)} rows (fit: {per_logit} bytes per logit)")
+        workspace = moe_workspace(model, mnbt, tp, rel) if model is not None else None
+        if workspace is not None:
+            prefill_note += f", {workspace[1]}"
         if model is not None and vision_tower(model) is not None:
             prefill_note += ("; the text pass only: vLLM first runs the vision encoder over dummy images "
                              "(profile_run), which is not modelled (public start-ups logged peaks of 2.1 to "
@@ -406,7 +409,8 @@ class VLLMEngine(Engine):
         return Serving(memory_fraction=rel.gpu_memory_utilization, memory_knob="gpu_memory_utilization default",
                        prefill_tokens=mnbt, max_num_seqs=max_num_seqs, overhead_bytes=other, overhead_note=note,
                        prefill_note=prefill_note,
-                       logit_bytes=per_logit, sampler_apart=True, checked=CHECKED, options=options)
+                       logit_bytes=per_logit, sampler_apart=True, held_bytes=workspace[0] if workspace else 0,
+                       checked=CHECKED, options=options)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return cheaper_if_wider(current, "fp8")

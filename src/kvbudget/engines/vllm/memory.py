@@ -17,6 +17,13 @@ Two figures are fitted per era, not read, and say so where they are used (the er
 - non-torch memory: CUDA context, cuBLAS workspaces and, with tensor parallelism, NCCL and custom all-reduce
   buffers. The start-ups logged from 0.18 on show more of it (0.25 GiB on one H100, 2.07-2.13 GiB per GPU with
   tensor parallelism) than those of 0.10-0.17 (0.13-0.14 and 0.55).
+From 0.13 the fused-MoE kernel of an unquantized mixture of experts takes its buffers from a workspace that the
+process keeps (`v1/worker/workspace.py` WorkspaceManager, used by `fused_moe/modular_kernel.py`): allocated in
+the profiling forward pass, still held when the sampler runs, so the peak is the sampler's plus the workspace
+(TritonExperts.workspace_shapes: (M, top_k, max(I, K)) and (M, top_k, max(2I, K)) in the activation dtype, M the
+pass's tokens, I the expert width on one rank, K the hidden size). Quantized experts use other kernels, whose
+workspaces are not modelled.
+
 Each is the largest of its era's `fit` cases in tests/data/memory/vllm.json (bytes per logit: those on one
 GPU), rounded up (bytes per logit to the byte, memory to 0.01 GiB and one more); the `check` cases measure the
 error (benchmarks/bench_memory.py).
@@ -26,7 +33,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from kvbudget.dtypes import get_dtype
 from kvbudget.engines.vllm.releases import Release
+from kvbudget.model.params import routed_experts
+from kvbudget.model.spec import ModelSpec
 from kvbudget.units import GIB
 
 SAMPLER_WITHOUT_SORT = (0, 17)
@@ -36,12 +46,28 @@ MORE_NON_TORCH = (0, 18)
 NON_TORCH = {(0, 0): (int(0.14 * GIB), int(0.56 * GIB)), MORE_NON_TORCH: (int(0.26 * GIB), int(2.08 * GIB))}
 # The KV budget's error on the check cases of tests/data/memory/vllm.json (benchmarks/bench_memory.py; the corpus
 # test holds these figures to the benchmark's): the range, and the cases it comes from.
-CHECKED = "against 34 real V1 start-ups: -12.0% to +18.6% (accuracy page)"
+CHECKED = "against 34 real V1 start-ups: -12.0% to +17.7% (accuracy page)"
 CUDA_GRAPHS_SUBTRACTED = (0, 20)
 # The CUDA-graph pool, an estimate: llm-d-planner's report measured 0.51-1.85 GiB (mean 1.04) on its vLLM 0.19 H100
 # runs (github.com/llm-d-incubation/llm-d-planner pull request 205, accuracy/accuracy_report.md); no >= 0.20 log
 # with the figure vLLM subtracts has been found.
 CUDA_GRAPH_ESTIMATE = GIB
+
+
+MOE_WORKSPACE = (0, 13)  # v1/worker/workspace.py first ships in 0.13 (absent from the 0.12 sdist)
+
+
+def moe_workspace(model: ModelSpec, tokens: int, tp: int, rel: Release) -> tuple[int, str] | None:
+    """The fused-MoE workspace release `rel` keeps through the sampler for `tokens` tokens on one of `tp` ranks,
+    and its note; None for a dense model, a quantized one (other kernels), or a release without the workspace."""
+    experts = routed_experts(model)
+    if experts is None or experts.quantized or rel.version < MOE_WORKSPACE:
+        return None
+    inter = experts.intermediate // tp
+    values = tokens * experts.top_k * (max(inter, experts.hidden) + max(2 * inter, experts.hidden))
+    size = get_dtype(model.dtype).bytes_for(values)
+    return size, (f"and the fused-MoE workspace vLLM keeps from the forward pass ({size / GIB:.2f} GiB: "
+                  f"{tokens} tokens x {experts.top_k} experts, from the source)")
 
 
 def _era(table: Mapping[tuple[int, int], object], rel: Release) -> tuple[int, int]:
