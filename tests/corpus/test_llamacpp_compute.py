@@ -47,7 +47,7 @@ def test_the_replayed_graph_reserves_what_llama_server_printed(run):
 
 def test_the_replayed_runs_cover_the_families_slots_and_odd_batches():
     families = {MODELS[r["model"]].model_type for r in REPLAYED}
-    assert families == {"llama", "mistral", "qwen2", "qwen3"}
+    assert families == {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe"}
     assert len(REPLAYED) >= 80 and {r["unified"] for r in REPLAYED if r["n_parallel"] > 1} == {True, False}
     assert any(r["n_ubatch"] % r["n_parallel"] for r in REPLAYED)  # rounded up to a multiple of the slots
     assert any(r["n_ctx"] < r["n_ubatch"] for r in REPLAYED)  # the batch capped by the context

@@ -250,9 +250,10 @@ def _feed_forward(i: int, f: Fields, mt: str, hidden: int) -> list[tuple[str, in
 
 @dataclass(frozen=True)
 class RoutedExperts:
-    """What one token runs through a mixture-of-experts layer: `top_k` experts of `intermediate` width each, over
-    a hidden size of `hidden`; `quantized`: the checkpoint quantizes its weights."""
+    """A mixture-of-experts layer: one token runs through `top_k` of its `experts`, each `intermediate` wide,
+    over a hidden size of `hidden`; `quantized`: the checkpoint quantizes its weights."""
 
+    experts: int
     top_k: int
     intermediate: int
     hidden: int
@@ -267,11 +268,11 @@ def routed_experts(model: ModelSpec) -> RoutedExperts | None:
     widest = None
     for i in range(model.num_layers):
         experts, top_k, inter, _, moe = _moe_layout(i, f, mt, hidden)
-        if moe and experts and top_k and (widest is None or top_k * inter > widest[0] * widest[1]):
-            widest = (int(top_k), int(inter))
+        if moe and experts and top_k and (widest is None or top_k * inter > widest[1] * widest[2]):
+            widest = (int(experts), int(top_k), int(inter))
     if widest is None:
         return None
-    return RoutedExperts(top_k=widest[0], intermediate=widest[1], hidden=hidden,
+    return RoutedExperts(experts=widest[0], top_k=widest[1], intermediate=widest[2], hidden=hidden,
                          quantized=bool(model.config.get("quantization_config")))
 
 
@@ -283,7 +284,8 @@ def _moe_layout(i: int, f: Fields, mt: str, hidden: int) -> tuple[int, int, int,
         return (f.int("num_local_experts"), f.int("num_experts_per_tok", "experts_per_token"),
                 f.int("intermediate_size"), 0, True)
     if mt in ("qwen2_moe", "qwen3_moe", "qwen3_next"):
-        experts = f.get("num_experts", default=0) or 0
+        # transformers 5 writes num_local_experts where the published configs say num_experts
+        experts = f.get("num_experts", "num_local_experts", default=0) or 0
         step = f.get("decoder_sparse_step", default=1) or 1
         moe = experts > 0 and i not in (f.get("mlp_only_layers") or []) and (i + 1) % step == 0
         shared = f.get("shared_expert_intermediate_size", default=0) or 0
@@ -351,4 +353,4 @@ def dense_shapes(model: ModelSpec, families: frozenset[str], what: str) -> Dense
                        heads=model.attention_heads, kv_heads=first.kv_heads, head_dim=first.k_dim,
                        mlp=f.int("intermediate_size"),
                        qkv_bias=f.model_type == "qwen2" or bool(f.get("attention_bias", default=False)),
-                       qk_norm=f.model_type == "qwen3")
+                       qk_norm=f.model_type in ("qwen3", "qwen3_moe"))

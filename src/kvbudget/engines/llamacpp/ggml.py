@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 TYPE_BYTES = {"f32": 4, "f16": 2, "i32": 4, "i64": 8}
 # ggml_op_can_inplace, for the ops the graphs here use
-IN_PLACE = frozenset({"ADD", "MUL", "SCALE", "RMS_NORM", "ROPE", "SOFT_MAX", "UNARY"})
+IN_PLACE = frozenset({"ADD", "MUL", "DIV", "SCALE", "CLAMP", "RMS_NORM", "ROPE", "SOFT_MAX", "UNARY"})
 CPU_ALIGNMENT = 32  # TENSOR_ALIGNMENT (ggml-impl.h): the CPU buffer type's alignment
 
 
@@ -75,6 +75,11 @@ def permute(a: Tensor, *axes: int) -> Tensor:
 
 def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     return Tensor(op="MUL_MAT", type="f32", ne=(a.ne[1], b.ne[1], b.ne[2], b.ne[3]), srcs=(a, b))
+
+
+def mul_mat_id(experts: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """Each token through its selected experts: (rows of an expert, experts per token, tokens)."""
+    return Tensor(op="MUL_MAT_ID", type="f32", ne=(experts.ne[1], ids.ne[0], b.ne[2], 1), srcs=(experts, b, ids))
 
 
 def get_rows(a: Tensor, rows: Tensor) -> Tensor:

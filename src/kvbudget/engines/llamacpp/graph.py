@@ -1,11 +1,12 @@
-"""llama.cpp's compute graph for dense decoders, built as llama-server builds it to size its compute buffer, and
-the buffer ggml's allocator reserves for it (ggml.py).
+"""llama.cpp's compute graph for attention decoders with a gated MLP or routed experts, built as llama-server
+builds it to size its compute buffer, and the buffer ggml's allocator reserves for it (ggml.py).
 
-Read from the llama.cpp copy in llama-cpp-python 0.3.36: src/models/llama.cpp, qwen2.cpp and qwen3.cpp (the
-layers), src/llama-graph.cpp (`build_inp_embd`, `build_norm`, `build_qkv`, `build_attn`, `build_attn_mha`,
-`build_ffn`), src/llama-kv-cache.cpp (`cpy_k`, `cpy_v`, `get_k`, `get_v`, the index inputs) and
-src/llama-context.cpp (the reservation: a prompt graph of min(n_ctx, n_ubatch) tokens with one output per slot,
-a generation graph of one token per stream, the prompt graph again; the buffer is the largest).
+Read from the llama.cpp copy in llama-cpp-python 0.3.36: src/models/llama.cpp (Mixtral's GGUFs too), qwen2.cpp,
+qwen3.cpp and qwen3moe.cpp (the layers), src/llama-graph.cpp (`build_inp_embd`, `build_norm`, `build_qkv`,
+`build_attn`, `build_attn_mha`, `build_ffn`, `build_moe_ffn`), src/llama-kv-cache.cpp (`cpy_k`, `cpy_v`, `get_k`,
+`get_v`, the index inputs) and src/llama-context.cpp (the reservation: a prompt graph of min(n_ctx, n_ubatch)
+tokens with one output per slot, a generation graph of one token per slot, the prompt graph again; the buffer is
+the largest).
 
 Exact against real llama-server start-ups on the CPU backend (tests/corpus/test_llamacpp_compute.py). Not
 modelled, so left to the estimate: other families, quantized caches (their Hadamard rotation adds nodes), older
@@ -14,22 +15,34 @@ builds, and what a GPU backend does differently (its alignment, the copies of th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvbudget.engines.llamacpp import ggml
 from kvbudget.engines.llamacpp.ggml import Graph, Tensor, external, input_, like, mul_mat, permute, view
 from kvbudget.errors import ConfigError
-from kvbudget.model.params import DenseShapes, dense_shapes
+from kvbudget.model.params import DenseShapes, RoutedExperts, dense_shapes, routed_experts
 from kvbudget.model.spec import ModelSpec
 from kvbudget.units import cdiv
 
-GRAPHED = frozenset({"llama", "mistral", "qwen2", "qwen3"})  # llama.cpp's llama, qwen2 and qwen3 graphs
+# llama.cpp's llama graph (Mixtral's GGUFs are llama with experts), qwen2, qwen3 and qwen3moe
+GRAPHED = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe"})
 
 
-def shapes_of(model: ModelSpec) -> DenseShapes | None:
+@dataclass(frozen=True)
+class Shapes:
+    """What the graph needs of a model: its attention and dense widths, and its routed experts if any."""
+
+    dense: DenseShapes
+    experts: RoutedExperts | None
+
+
+def shapes_of(model: ModelSpec) -> Shapes | None:
     """The model's widths when its llama.cpp graph is modelled here, else None."""
     try:
-        return dense_shapes(model, GRAPHED, "llama.cpp's compute graph is")
+        dense = dense_shapes(model, GRAPHED, "llama.cpp's compute graph is")
     except ConfigError:
         return None
+    return Shapes(dense=dense, experts=routed_experts(model))
 
 
 def _norm(x: Tensor, width: int) -> Tensor:
@@ -73,8 +86,36 @@ def _attention(g: Graph, s: DenseShapes, cur: Tensor, pos: Tensor, inputs: dict[
     return out
 
 
-def decoder_graph(s: DenseShapes, n_tokens: int, n_outputs: int, n_kv: int, flash: bool) -> Graph:
+def _experts(g: Graph, e: RoutedExperts, cur: Tensor, n_tokens: int) -> Tensor:
+    """build_moe_ffn with softmax gating and the top-k weights normalised (Mixtral, Qwen3-MoE): the router's
+    probabilities, the top k experts (an argsort), each token through its experts' gate, up and down
+    (mul_mat_id), weighted, and the k outputs added."""
+    probs = like("SOFT_MAX", mul_mat(external(e.hidden, e.experts), cur))
+    selected = view(Tensor(op="ARGSORT", type="i32", ne=probs.ne, srcs=(probs,)), e.top_k, n_tokens)
+    weights = ggml.get_rows(view(probs, 1, e.experts, n_tokens, op="RESHAPE"), selected)
+    weights = view(weights, e.top_k, n_tokens, op="RESHAPE")
+    total = like("CLAMP", Tensor(op="SUM_ROWS", type="f32", ne=(1, n_tokens, 1, 1), srcs=(weights,)))
+    weights = view(like("DIV", weights, total), 1, e.top_k, n_tokens, op="RESHAPE")
+    g.expand(weights)
+    cur = view(cur, e.hidden, 1, n_tokens, op="RESHAPE")
+    up = ggml.mul_mat_id(external(e.hidden, e.intermediate, e.experts), cur, selected)
+    gate = ggml.mul_mat_id(external(e.hidden, e.intermediate, e.experts), cur, selected)
+    out = ggml.mul_mat_id(external(e.intermediate, e.hidden, e.experts), like("GLU", gate, up), selected)
+    out = like("MUL", out, weights)
+    g.expand(out)
+    rows = [view(out, e.hidden, n_tokens) for _ in range(e.top_k)]
+    for row in rows:
+        g.expand(row)
+    total = rows[0]
+    for row in rows[1:]:
+        total = like("ADD", total, row)
+        g.expand(total)
+    return total if e.top_k > 1 else ggml.cont(total, e.hidden, n_tokens)
+
+
+def decoder_graph(shapes: Shapes, n_tokens: int, n_outputs: int, n_kv: int, flash: bool) -> Graph:
     """The graph llama-server reserves for a batch of `n_tokens` with `n_outputs` outputs over `n_kv` cells."""
+    s, experts = shapes.dense, shapes.experts
     g = Graph()
     tokens = input_("i32", n_tokens)
     embd = ggml.get_rows(external(s.hidden, s.vocab), tokens)
@@ -93,8 +134,11 @@ def decoder_graph(s: DenseShapes, n_tokens: int, n_outputs: int, n_kv: int, flas
             cur, residual = ggml.get_rows(cur, out_ids), ggml.get_rows(residual, out_ids)
         ffn_in = like("ADD", cur, residual)
         cur = _norm(ffn_in, s.hidden)
-        up, gate = mul_mat(external(s.hidden, s.mlp), cur), mul_mat(external(s.hidden, s.mlp), cur)
-        cur = mul_mat(external(s.mlp, s.hidden), like("GLU", gate, up))
+        if experts is None:
+            up, gate = mul_mat(external(s.hidden, s.mlp), cur), mul_mat(external(s.hidden, s.mlp), cur)
+            cur = mul_mat(external(s.mlp, s.hidden), like("GLU", gate, up))
+        else:
+            cur = _experts(g, experts, cur, cur.ne[1])
         x = like("ADD", cur, ffn_in)
     norm = _norm(x, s.hidden)
     norm.is_output = True
@@ -104,7 +148,7 @@ def decoder_graph(s: DenseShapes, n_tokens: int, n_outputs: int, n_kv: int, flas
     return g
 
 
-def compute_buffer(s: DenseShapes, cells: int, n_tokens: int, n_parallel: int, flash: bool) -> int:
+def compute_buffer(s: Shapes, cells: int, n_tokens: int, n_parallel: int, flash: bool) -> int:
     """The CPU compute buffer llama-server reserves (llama_context::sched_reserve): the larger of the prompt graph,
     `n_tokens` (min(n_ctx, n_batch, n_ubatch)) rounded up to a multiple of the `n_parallel` slots with one output
     per slot, and the generation graph, one token and one output per slot. `cells`: the cells of one stream
