@@ -41,13 +41,14 @@ def test_the_replayed_graph_reserves_what_llama_server_printed(run):
     kv = LLAMACPP.server_buffers(model, run["n_ctx"], run["n_parallel"], unified=run["unified"], flash_attn=flash,
                                  n_ubatch=run["n_ubatch"])[0]
     n_tokens = min(run["n_ctx"], max(2048, run["n_ubatch"]), run["n_ubatch"])  # -b max(2048, n_ubatch)
-    size, replayed = compute_buffer(model, kv.cells, n_tokens, run["n_parallel"], flash, Release())
+    size, replayed = compute_buffer(model, kv.cells, n_tokens, run["n_parallel"], flash, Release(),
+                                    unified=run["unified"])
     assert replayed and f"{size / MIB:.2f}" == f"{run['compute_mib']:.2f}"
 
 
 def test_the_replayed_runs_cover_the_families_slots_and_odd_batches():
     families = {MODELS[r["model"]].model_type for r in REPLAYED}
-    assert families == {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe"}
+    assert families == {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"}
     assert len(REPLAYED) >= 80 and {r["unified"] for r in REPLAYED if r["n_parallel"] > 1} == {True, False}
     assert any(r["n_ubatch"] % r["n_parallel"] for r in REPLAYED)  # rounded up to a multiple of the slots
     assert any(r["n_ctx"] < r["n_ubatch"] for r in REPLAYED)  # the batch capped by the context
@@ -86,9 +87,7 @@ def test_the_plan_takes_the_replayed_buffer():
     plans = [kvbudget.plan(model, engine="llamacpp", gpu="RTX-3090", max_model_len=n, options=opts, recommend=False)
              for n in (1024, 32768)]
     act = [{t.key: t for t in p.stack}["activation"] for p in plans]
-    shapes = graph.shapes_of(model)
-    assert shapes is not None
-    assert [a.bytes for a in act] == [graph.compute_buffer(shapes, n, 512, 1, False) for n in (1024, 32768)]
+    assert [a.bytes for a in act] == [compute_buffer(model, n, 512, 1, False, Release())[0] for n in (1024, 32768)]
     assert 0 < act[1].bytes - 512 * 32768 * 33 * 4 < 0.1 * act[1].bytes
     assert act[1].estimate and "replayed" in act[1].note  # exact on the CPU backend; a GPU's differs a little
 
@@ -100,10 +99,17 @@ def test_the_output_buffer_is_one_row_of_float32_logits_per_sequence():
         assert run["output_mib"] == round(run["n_parallel"] * vocab * 4 / MIB, 2), run
 
 
-def test_check_log_checks_the_output_buffer_and_shows_the_compute_buffer():
+def test_check_log_checks_a_replayed_cpu_compute_buffer_and_shows_the_others():
+    """gpt-oss's graph is replayed, so its real CPU log's compute buffer (two slots, sliding and full caches) is
+    checked; a build older than the graph replayed (b6209, its buffers on RPC devices) is shown beside the
+    estimate."""
     logs = Path(__file__).parents[1] / "data" / "logs"
     check = LLAMACPP.check_log((logs / "llama-server-gpt-oss-swa.log").read_text(),
                                kvbudget.load_model(logs / "gpt-oss-swa.config.json"))
     rows = {r.quantity.split(" (")[0]: r for r in check.rows}
     assert rows["output buffer"].matches is True and "2 sequence(s)" in rows["output buffer"].note
-    assert rows["memory: compute buffer"].matches is None and check.all_match
+    assert rows["memory: compute buffer"].matches is True and check.all_match
+    old = LLAMACPP.check_log((logs / "llama-cli-b6209-arm-rpc-llama-3.1-70b-q4_0.log").read_text(),
+                             kvbudget.load_model("llama-3.1-70b"))
+    [shown] = [r for r in old.rows if r.quantity.startswith("memory: compute buffer")]
+    assert shown.matches is None and "estimate" in shown.note

@@ -117,17 +117,21 @@ def compute_estimate(model: ModelSpec, cells: int, n_ubatch: int, flash: bool, r
 
 
 def compute_buffer(model: ModelSpec, cells: int, n_tokens: int, n_parallel: int, flash: bool, release: Release,
-                   quantized: bool = False) -> tuple[int, bool]:
+                   quantized: bool = False, unified: bool = False) -> tuple[int, bool]:
     """llama-server's compute buffer for `cells` cells per stream, a prompt batch of `n_tokens` (min(n_ctx,
-    n_batch, n_ubatch)) and `n_parallel` slots, and whether it is replayed from the graph (graph.py: exact on the
-    CPU backend) rather than estimated. Replayed for the families graph.py builds, in the newest build, with an
-    unquantized cache (a quantized one adds a Hadamard rotation)."""
+    n_batch, n_ubatch)) and `n_parallel` slots (`unified`: one stream for them all), and whether it is replayed
+    from the graph (graph.py: exact on the CPU backend) rather than estimated. Replayed for the families graph.py
+    builds, in the newest build, with an unquantized cache (a quantized one adds a Hadamard rotation)."""
     from kvbudget.engines.llamacpp import graph
 
     shapes = graph.shapes_of(model) if release.build == NEWEST_BUILD and not quantized else None
     if shapes is None:
         return compute_estimate(model, cells, n_tokens, flash, release), False
-    return graph.compute_buffer(shapes, cells, n_tokens, n_parallel, flash), True
+    to, sequences = release.padding(flash), n_parallel if unified else 1
+    caches = tuple((True, _window_cells(layer, cells, n_tokens, to, sequences))
+                   if isinstance(layer, (SlidingWindow, ChunkedLocal)) else (False, cells)
+                   for layer in (_as_cached(layer, model, release) for layer in model.layers))
+    return graph.compute_buffer(shapes, caches, n_tokens, n_parallel, flash), True
 
 
 def release_of(options: EngineOptions) -> Release:
@@ -338,9 +342,9 @@ class LlamaCppEngine(Engine):
         return dtype
 
     def compute_buffer(self, model: ModelSpec, cells: int, n_tokens: int, n_parallel: int, flash: bool,
-                       release: Release = NEWEST, quantized: bool = False) -> tuple[int, bool]:
+                       release: Release = NEWEST, quantized: bool = False, unified: bool = False) -> tuple[int, bool]:
         """llama-server's compute buffer and whether it is replayed from the graph: see `compute_buffer`."""
-        return compute_buffer(model, cells, n_tokens, n_parallel, flash, release, quantized)
+        return compute_buffer(model, cells, n_tokens, n_parallel, flash, release, quantized, unified)
 
     def simulator(self) -> LlamaCppSimulator:
         from kvbudget.engines.llamacpp.simulator import LlamaCppSimulator

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 TYPE_BYTES = {"f32": 4, "f16": 2, "i32": 4, "i64": 8}
 # ggml_op_can_inplace, for the ops the graphs here use
-IN_PLACE = frozenset({"ADD", "MUL", "DIV", "SCALE", "CLAMP", "RMS_NORM", "ROPE", "SOFT_MAX", "UNARY"})
+IN_PLACE = frozenset({"ADD", "ADD_ID", "MUL", "DIV", "SCALE", "CLAMP", "RMS_NORM", "ROPE", "SOFT_MAX", "UNARY"})
 CPU_ALIGNMENT = 32  # TENSOR_ALIGNMENT (ggml-impl.h): the CPU buffer type's alignment
 
 

@@ -87,6 +87,7 @@ def check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappin
     release, buffers, rows = next((c for c in checked if all(x.matches for x in c[2])), checked[0])
     stream_cells = next((b.cells for b in buffers if b.name == "kv"), buffers[0].cells if buffers else int(n_ctx))
     rows = rows + _memory_rows(engine, text, model, int(n_seq), min(int(n_ctx), n_ubatch), flash, release, stream_cells,
+                               unified,
                                get_dtype(k_type).family == "block" if k_type in CACHE_TYPES else True)
     settings: dict[str, Any] = {"n_ctx": int(n_ctx), "n_seq_max": int(n_seq), "kv_unified": unified,
                                 "swa_full": swa_full, "cache_type_k": k_type, "n_ubatch": n_ubatch}
@@ -108,7 +109,7 @@ _COMPUTE = re.compile(r"(\w+)\s+compute buffer size =\s+([\d.]+) MiB")
 
 
 def _memory_rows(engine: LlamaCppEngine, text: str, model: ModelSpec, n_seq: int, n_tokens: int,
-                 flash: bool | None, release: Release, cells: int, quantized: bool) -> list[LogRow]:
+                 flash: bool | None, release: Release, cells: int, unified: bool, quantized: bool) -> list[LogRow]:
     """The buffers beside the cache: the output buffer (float32 logits of one output per sequence, checked) and
     the largest compute buffer beside the plan's for the same settings: checked where the graph is replayed and
     the log's buffer is the CPU backend's, else shown."""
@@ -124,7 +125,8 @@ def _memory_rows(engine: LlamaCppEngine, text: str, model: ModelSpec, n_seq: int
     if computed:
         device, logged = max(computed, key=lambda m: float(m[1]))
         use_flash = release.flash_attn_default if flash is None else flash
-        ours_bytes, replayed = engine.compute_buffer(model, cells, n_tokens, n_seq, use_flash, release, quantized)
+        ours_bytes, replayed = engine.compute_buffer(model, cells, n_tokens, n_seq, use_flash, release, quantized,
+                                                     unified)
         ours_mib = f"{ours_bytes / MIB:.2f}"
         checked = replayed and device == "CPU"
         note = ("the graph replayed through ggml's allocator (llama.cpp's CPU backend)" if checked else
