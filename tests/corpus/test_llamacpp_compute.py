@@ -1,7 +1,7 @@
 """llama.cpp's compute buffer against real llama-server start-ups (tests/data/llamacpp/compute-buffers.json):
-for the families whose graph kvbudget builds (llama, mistral, qwen2, qwen3) the whole buffer, replayed through
-ggml's allocator, is what each run printed; for the others, the buffer grows from n_ctx 2048 to 8192 by what the
-KQ masks and, without flash attention, one layer's scores take (`attention_scratch`)."""
+for the families whose graph kvbudget builds (graph.GRAPHED) the whole buffer, replayed through ggml's allocator,
+is what each run printed; for the others, the buffer grows from n_ctx 2048 to 8192 by what the KQ masks and,
+without flash attention, one layer's scores take (`attention_scratch`)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ from kvbudget.model.spec import LatentAttention
 from kvbudget.units import MIB
 
 DATA = json.loads((Path(__file__).parents[1] / "data" / "llamacpp" / "compute-buffers.json").read_text())
-ONE_SLOT = [r for r in DATA["runs"] if r["n_parallel"] == 1 and r["n_ctx"] in (2048, 8192)]
-PAIRS = sorted({(r["model"], r["flash_attn"], r["n_ubatch"]) for r in ONE_SLOT})
 ROUNDING = 0.01  # two printed figures, each rounded to 0.01 MiB
 MODELS = {name: kvbudget.load_model(cfg) for name, cfg in DATA["configs"].items()}
 REPLAYED = [r for r in DATA["runs"] if graph.shapes_of(MODELS[r["model"]]) is not None]
+ONE_SLOT = [r for r in DATA["runs"] if r["n_parallel"] == 1 and r["n_ctx"] in (2048, 8192)]
+# the estimate's growth with the context, where the graph is not replayed
+PAIRS = sorted({(r["model"], r["flash_attn"], r["n_ubatch"]) for r in ONE_SLOT if r not in REPLAYED})
 
 
 def _printed(model: str, fa: str, ub: int, ctx: int) -> float:
@@ -48,7 +49,7 @@ def test_the_replayed_graph_reserves_what_llama_server_printed(run):
 
 def test_the_replayed_runs_cover_the_families_slots_and_odd_batches():
     families = {MODELS[r["model"]].model_type for r in REPLAYED}
-    assert families == {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"}
+    assert families == {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "gemma3_text"}
     assert len(REPLAYED) >= 80 and {r["unified"] for r in REPLAYED if r["n_parallel"] > 1} == {True, False}
     assert any(r["n_ubatch"] % r["n_parallel"] for r in REPLAYED)  # rounded up to a multiple of the slots
     assert any(r["n_ctx"] < r["n_ubatch"] for r in REPLAYED)  # the batch capped by the context
@@ -76,7 +77,7 @@ def test_the_buffer_grows_with_the_context_as_the_graph_says(pair):
 
 def test_the_data_covers_both_attention_paths_and_a_real_model():
     assert {r["flash_attn"] for r in DATA["runs"]} == {"on", "off"}
-    assert "smollm2-135m-instruct" in DATA["configs"] and len(PAIRS) >= 40
+    assert "smollm2-135m-instruct" in DATA["configs"] and len(PAIRS) >= 16
 
 
 def test_the_plan_takes_the_replayed_buffer():

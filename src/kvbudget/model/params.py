@@ -325,7 +325,7 @@ class DenseShapes:
     head_dim: int
     mlp: int  # intermediate size of the gated MLP
     qkv_bias: bool  # Q, K and V projections with a bias (Qwen2's always; Llama's with attention_bias)
-    qk_norm: bool  # an RMS norm over each head of Q and K before RoPE (Qwen3)
+    qk_norm: bool  # an RMS norm over each head of Q and K before RoPE (Qwen3, Gemma-3)
 
     @property
     def q(self) -> int:
@@ -353,4 +353,4 @@ def dense_shapes(model: ModelSpec, families: frozenset[str], what: str) -> Dense
                        heads=model.attention_heads, kv_heads=first.kv_heads, head_dim=first.k_dim,
                        mlp=f.int("intermediate_size"),
                        qkv_bias=f.model_type == "qwen2" or bool(f.get("attention_bias", default=False)),
-                       qk_norm=f.model_type in ("qwen3", "qwen3_moe"))
+                       qk_norm=f.model_type in ("qwen3", "qwen3_moe", "gemma3_text"))

@@ -3,9 +3,9 @@ experts, built as llama-server builds it to size its compute buffer, and the buf
 it (ggml.py).
 
 Read from the llama.cpp copy in llama-cpp-python 0.3.36: src/models/llama.cpp (Mixtral's GGUFs too), qwen2.cpp,
-qwen3.cpp, qwen3moe.cpp and openai-moe.cpp (the layers), src/llama-graph.cpp (`build_inp_embd`, `build_norm`,
-`build_qkv`, `build_attn`, `build_attn_mha`, `build_ffn`, `build_moe_ffn`), src/llama-kv-cache.cpp (`cpy_k`,
-`cpy_v`, `get_k`, `get_v`, the index inputs) and src/llama-context.cpp (the reservation: a prompt graph of
+qwen3.cpp, qwen3moe.cpp, openai-moe.cpp and gemma3.cpp (the layers), src/llama-graph.cpp (`build_inp_embd`,
+`build_norm`, `build_qkv`, `build_attn`, `build_attn_mha`, `build_ffn`, `build_moe_ffn`), src/llama-kv-cache.cpp
+(`cpy_k`, `cpy_v`, `get_k`, `get_v`, the index inputs) and src/llama-context.cpp (the reservation: a prompt graph of
 min(n_ctx, n_ubatch) tokens with one output per slot, a generation graph of one token per slot, the prompt graph
 again; the buffer is the largest).
 
@@ -26,9 +26,10 @@ from kvbudget.model.spec import ModelSpec
 from kvbudget.units import cdiv
 
 # llama.cpp's llama graph (Mixtral's GGUFs are llama with experts), qwen2, qwen3, qwen3moe and openai-moe (gpt-oss)
-GRAPHED = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"})
+GRAPHED = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "gemma3_text"})
 OPENAI_MOE = "gpt_oss"  # sliding and full caches, a router with a bias, the softmax over the chosen experts' logits,
 # biased experts with swiglu_oai, and the last hidden state kept as an output (t_h_nextn)
+GEMMA3 = "gemma3_text"  # embeddings scaled, Q scaled after RoPE, norms after attention and after the MLP
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Shapes:
     dense: DenseShapes
     experts: RoutedExperts | None
     openai: bool = False
+    gemma: bool = False
 
 
 def shapes_of(model: ModelSpec) -> Shapes | None:
@@ -47,7 +49,8 @@ def shapes_of(model: ModelSpec) -> Shapes | None:
         dense = dense_shapes(model, GRAPHED, "llama.cpp's compute graph is")
     except ConfigError:
         return None
-    return Shapes(dense=dense, experts=routed_experts(model), openai=model.model_type == OPENAI_MOE)
+    return Shapes(dense=dense, experts=routed_experts(model), openai=model.model_type == OPENAI_MOE,
+                  gemma=model.model_type == GEMMA3)
 
 
 def _norm(x: Tensor, width: int) -> Tensor:
@@ -56,7 +59,7 @@ def _norm(x: Tensor, width: int) -> Tensor:
 
 
 def _attention(g: Graph, s: DenseShapes, cur: Tensor, pos: Tensor, inputs: dict[str, Tensor], n_tokens: int,
-               n_kv: int, flash: bool) -> Tensor:
+               n_kv: int, flash: bool, scale_q: bool = False) -> Tensor:
     """build_qkv, RoPE, build_attn and build_attn_mha for one layer: the attention's output before its projection."""
     hd, heads, kv_heads = s.head_dim, s.heads, s.kv_heads
     projected = []
@@ -69,6 +72,8 @@ def _attention(g: Graph, s: DenseShapes, cur: Tensor, pos: Tensor, inputs: dict[
     if s.qk_norm:
         q, k = (like("MUL", like("RMS_NORM", x), external(hd)) for x in (q, k))
     q, k = like("ROPE", q, pos), like("ROPE", k, pos)
+    if scale_q:  # Gemma-3: Q times f_attention_scale after RoPE
+        q = like("SCALE", q)
     for x in (q, v, k):  # expanded in this order so that nothing is reordered between them
         g.expand(x)
     cache_k, cache_v = external(s.kv, n_kv), external(s.kv, n_kv)
@@ -143,15 +148,18 @@ def decoder_graph(shapes: Shapes, n_tokens: int, n_outputs: int, caches: tuple[t
                         "mask": input_("f16" if flash else "f32", n_kv, n_tokens)}
               for sliding, n_kv in dict(caches).items()}
     out_ids = input_("i32", n_outputs)
-    x = embd
+    x = like("SCALE", embd) if shapes.gemma else embd  # Gemma: the embeddings times sqrt(n_embd)
     for layer, (sliding, n_kv) in enumerate(caches):
         residual = x
-        attended = _attention(g, s, _norm(x, s.hidden), pos, inputs[sliding], n_tokens, n_kv, flash)
+        attended = _attention(g, s, _norm(x, s.hidden), pos, inputs[sliding], n_tokens, n_kv, flash,
+                              scale_q=shapes.gemma)
         cur = mul_mat(external(s.q, s.hidden), attended)
         if shapes.openai:
             cur = like("ADD", cur, external(s.hidden))  # the output projection's bias
         elif layer == s.layers - 1:  # only the rows that are output go on
             cur, residual = ggml.get_rows(cur, out_ids), ggml.get_rows(residual, out_ids)
+        if shapes.gemma:
+            cur = _norm(cur, s.hidden)  # after attention
         ffn_in = like("ADD", cur, residual)
         cur = _norm(ffn_in, s.hidden)
         if experts is None:
@@ -159,6 +167,8 @@ def decoder_graph(shapes: Shapes, n_tokens: int, n_outputs: int, caches: tuple[t
             cur = mul_mat(external(s.mlp, s.hidden), like("GLU", gate, up))
         else:
             cur = _experts(g, experts, cur, cur.ne[1], shapes.openai)
+        if shapes.gemma:
+            cur = _norm(cur, s.hidden)  # after the MLP
         x = like("ADD", cur, ffn_in)
     if shapes.openai:  # the last hidden state is an output (t_h_nextn); the rows that are output go on
         x.is_output = True
