@@ -302,3 +302,12 @@ def test_the_fused_moe_workspace_is_held_through_the_sampler():
     p = plan(mixtral, gpu="H100-80GB", tp=2, options=EngineOptions(engine_version=(0, 19)), recommend=False)
     activation = {t.key: t for t in p.stack}["activation"]
     assert activation.bytes == 1024 * 32000 * 16 + size and "fused-MoE workspace" in activation.note
+
+
+def test_a_multimodal_plan_says_its_peak_is_the_text_pass():
+    """The vision encoder's dummy-image pass is not modelled: a model with a vision tower says so beside its peak,
+    a text-only one does not."""
+    notes = {name: {t.key: t.note for t in plan(load_model(name), gpu="H100-80GB", recommend=False).stack}
+             for name in ("gemma-3-4b", "gemma-3-1b")}
+    assert "vision encoder over dummy images" in notes["gemma-3-4b"]["activation"]
+    assert "vision encoder" not in notes["gemma-3-1b"]["activation"]
