@@ -318,3 +318,12 @@ def test_vllm_0_2x_memory_lines_are_set_beside_each_term(tmp_path, capsys):
     assert main(["check-log", str(eager), "--model", "llama-3.1-8b", "--json"]) == 0
     rows = {r["quantity"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert rows["memory: CUDA graphs"]["predicted"] == "0.00 GiB"
+
+
+def test_a_v1_debug_log_shows_the_non_torch_memory_the_budget_takes():
+    """vLLM 0.19's debug lines print the worker's init snapshot (non_torch_memory=1.99GiB, the CUDA context before
+    loading) before the profiling line; the non-torch row is the profiling's forward increase, 2.07 GiB."""
+    check = check_log((LOGS / "vllm-0.19-llm-d-planner-mixtral-8x7b-tp2.log").read_text(),
+                      model=load_model("mixtral-8x7b"))
+    [row] = [r for r in check.rows if r.quantity == "memory: non-torch memory"]
+    assert row.logged == "2.07 GiB" and check.all_match

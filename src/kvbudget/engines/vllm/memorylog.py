@@ -47,9 +47,12 @@ def memory_rows(engine: VLLMEngine, text: str, model: ModelSpec, s: _LogSettings
     logged = {"activation": _first_number(text, (r"activation peak memory takes ([\d.]+) ?GiB",
                                                  r"torch peak memory increase: ([\d.]+) ?GiB",
                                                  r"([\d.]+) GiB for peak activation")),
-              "overhead": _first_number(text, (r"non_torch_memory(?: takes |=)(-?[\d.]+) ?GiB",
-                                               r"non-torch forward increase memory: (-?[\d.]+) ?GiB",
-                                               r"([\d.]+) GiB for non-torch memory")),
+              # V1's forward increase first: its debug "worker init memory snapshot" also prints a non_torch_memory=
+              # (the CUDA context before loading, not what the budget takes off)
+              "overhead": _first_number(text, (r"non-torch forward increase memory: (-?[\d.]+) ?GiB",
+                                               r"([\d.]+) GiB for non-torch memory",
+                                               r"non_torch_memory takes (-?[\d.]+) ?GiB",
+                                               r"Memory profiling results:.*?non_torch_memory=(-?[\d.]+) ?GiB")),
               # what vLLM >= 0.20 took out of the budget for its graphs (its estimate), else what they took
               "graphs": _first_number(text, (r"CUDA graph pool memory: [\d.]+ GiB \(actual\), ([\d.]+) GiB",
                                              r"Estimated CUDA graph memory: ([\d.]+) GiB",
