@@ -57,11 +57,11 @@ def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, acti
         raise KVBudgetError(f"utilization {utilization}: must be in (0, 1]", param="utilization")
     util = serving.memory_fraction if utilization is None else utilization * serving.given_fraction_scale
     tokens = serving.prefill_tokens
-    activation_note, activation_exact = serving.prefill_note, False
+    activation_note = serving.prefill_note
     if activation is not None:
         activation_bytes = activation
     elif serving.compute_buffer is not None:
-        activation_bytes, activation_note, activation_exact = serving.compute_buffer(model)
+        activation_bytes, activation_note = serving.compute_buffer(model)
     else:
         activation_bytes = activation_estimate(model, tokens, serving.max_num_seqs, serving.logit_bytes,
                                                serving.sampler_apart, serving.held_bytes) if tokens else 0
@@ -85,15 +85,13 @@ def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, acti
         Term(key="weights", name="weights", bytes=w.per_gpu_bytes, estimate=not w.exact,
              note=w.basis.removeprefix(GIVEN_WEIGHTS), param="weights" if weights_given else None,
              given=weights_given),
-        Term(key="activation", name="activation peak", bytes=activation_bytes,
-             estimate=activation is None and not activation_exact,
+        Term(key="activation", name="activation peak", bytes=activation_bytes, estimate=activation is None,
              note="" if activation is not None else activation_note, param="activation",
              given=activation is not None),
         Term(key="overhead", name="overhead", bytes=other, estimate=overhead is None,
              note="" if overhead is not None else serving.overhead_note, param="overhead",
              given=overhead is not None),
-        Term(key="kv", name="KV budget", bytes=kv,
-             estimate=(activation is None and not activation_exact) or overhead is None or not w.exact,
+        Term(key="kv", name="KV budget", bytes=kv, estimate=activation is None or overhead is None or not w.exact,
              note="what is left for the KV cache" + (f"; {serving.checked}" if serving.checked else "")),
     )
     return stack, kv

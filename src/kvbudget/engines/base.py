@@ -244,8 +244,8 @@ class Serving:
     held_bytes: int = 0  # what the forward pass keeps allocated through the sampler (vLLM's fused-MoE workspace)
     checked: str = ""  # how the budget compares with real start-ups, where it was checked
     # the engine's own figure for its forward pass's buffers (llama.cpp's compute buffer), in place of the
-    # estimate from prefill_tokens: bytes for a model, how it was found, and whether it is exact; None: estimated
-    compute_buffer: Callable[[ModelSpec], tuple[int, str, bool]] | None = None
+    # estimate from prefill_tokens: bytes for a model and how they were found (on a GPU, still an estimate)
+    compute_buffer: Callable[[ModelSpec], tuple[int, str]] | None = None
     # memory in use before the engine measures what is free, where it takes its share of that (SGLang): the share
     # of it comes off the budget beside overhead_bytes
     preload_bytes: int = 0

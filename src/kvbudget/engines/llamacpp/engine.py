@@ -242,16 +242,16 @@ class LlamaCppEngine(Engine):
         flash = flash_attn_of(options, release)
         cells = pad(max_model_len, release.padding(flash))
 
-        def compute(model: ModelSpec) -> tuple[int, str, bool]:
+        def compute(model: ModelSpec) -> tuple[int, str]:
             size, replayed = compute_buffer(model, cells, min(cells, N_UBATCH), 1, flash, release)
             attention = "flash attention" if flash else "no flash attention"
             if replayed:
                 return size, (f"llama-server's compute buffer for {min(cells, N_UBATCH)} tokens over {cells:,} cells "
                               f"({attention}), its graph replayed through ggml's allocator: exact on the CPU "
-                              "backend; on a GPU its alignment and input copies move it a little"), False
+                              "backend; on a GPU its alignment and input copies move it a little")
             return size, (f"compute buffers for n_ubatch ({N_UBATCH}) tokens, an estimate, and the KQ mask"
                           f"{'' if flash else ' and scores'} over {cells:,} cells ({attention}; from the graph: "
-                          "its growth with the context is what real llama-server runs show)"), False
+                          "its growth with the context is what real llama-server runs show)")
 
         return Serving(memory_fraction=1.0, memory_knob="all free memory", prefill_tokens=N_UBATCH,
                        prefill_note=f"compute buffers for n_ubatch ({N_UBATCH}) tokens",

@@ -35,7 +35,7 @@ GEMMA3 = "gemma3_text"  # embeddings scaled, Q scaled after RoPE, norms after at
 @dataclass(frozen=True)
 class Shapes:
     """What the graph needs of a model: its attention and dense widths, its routed experts if any, and whether it
-    is gpt-oss's graph."""
+    is gpt-oss's or Gemma-3's graph."""
 
     dense: DenseShapes
     experts: RoutedExperts | None
@@ -96,11 +96,12 @@ def _attention(g: Graph, s: DenseShapes, cur: Tensor, pos: Tensor, inputs: dict[
     return out
 
 
-def _experts(g: Graph, e: RoutedExperts, cur: Tensor, n_tokens: int, openai: bool) -> Tensor:
+def _experts(g: Graph, e: RoutedExperts, cur: Tensor, openai: bool) -> Tensor:
     """build_moe_ffn: the router's logits, the top k experts (an argsort), their weights (Mixtral, Qwen3-MoE: of
     the softmax over all experts, normalised; gpt-oss: biased logits, the softmax over the k chosen), each token
     through its experts' gate, up and down (mul_mat_id; gpt-oss adds each expert's bias), weighted, and the k
     outputs added."""
+    n_tokens = cur.ne[1]
     probs = mul_mat(external(e.hidden, e.experts), cur)
     probs = like("ADD", probs, external(e.experts)) if openai else like("SOFT_MAX", probs)
     selected = view(Tensor(op="ARGSORT", type="i32", ne=probs.ne, srcs=(probs,)), e.top_k, n_tokens)
@@ -166,7 +167,7 @@ def decoder_graph(shapes: Shapes, n_tokens: int, n_outputs: int, caches: tuple[t
             up, gate = mul_mat(external(s.hidden, s.mlp), cur), mul_mat(external(s.hidden, s.mlp), cur)
             cur = mul_mat(external(s.mlp, s.hidden), like("GLU", gate, up))
         else:
-            cur = _experts(g, experts, cur, cur.ne[1], shapes.openai)
+            cur = _experts(g, experts, cur, shapes.openai)
         if shapes.gemma:
             cur = _norm(cur, s.hidden)  # after the MLP
         x = like("ADD", cur, ffn_in)
