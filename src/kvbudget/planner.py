@@ -314,10 +314,7 @@ def _weights(model: ModelSpec, chosen: Engine, tp: int, pp: int, options: Engine
                     basis=f"{GIVEN_WEIGHTS}; {model.model_type} parameters not counted")
     if weights is not None:
         w = replace(w, per_gpu_bytes=weights, exact=True, basis=w.basis if w.total_params == 0 else GIVEN_WEIGHTS)
-    adapters = chosen.adapter_bytes(model, options, tp, pp)
-    if adapters is not None:  # loaded with the weights, so counted with them (as the engine's log counts them)
-        w = replace(w, per_gpu_bytes=w.per_gpu_bytes + adapters[0], basis=f"{w.basis}; {adapters[1]}")
-    return w
+    return chosen.as_loaded(w, model, options, tp, pp)
 
 
 def _no_budget(inputs: _Inputs, card: GPU, w: Weights, stack: tuple[Term, ...], kv_budget: int,

@@ -233,3 +233,43 @@ def test_vllm_lora_slots_are_the_plans(case):
     held = json.loads(line.removeprefix("LORA-BYTES "))
     assert "logits_processor" in held and "model.embed_tokens" in held  # the LM head and embedding too
     assert sum(held.values()) == lora_bytes(kvbudget.parse_config(config), loras, rank, 1)[0]
+
+
+_YARN = {"beta_fast": 32.0, "beta_slow": 1.0}
+ROPE_CASES = {  # (config, engine arguments): each scaling kind whose table size differs, and Gemma-3's two tables
+    "llama3": (cfg("llama", rope_theta=500000.0, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 1024}), {}),
+    "gemma3-linear-and-local": (cfg("gemma3_text", rope_scaling={"rope_type": "linear", "factor": 4.0}), {}),
+    "gpt-oss-yarn": (cfg("gpt_oss", rope_scaling=dict(_YARN, rope_type="yarn", factor=32.0,
+                                                      original_max_position_embeddings=128, truncate=False)), {}),
+    "deepseek-v3-yarn": (cfg("deepseek_v3", topk_method="noaux_tc", rope_scaling=dict(
+        _YARN, type="yarn", factor=40, original_max_position_embeddings=128, mscale=1.0, mscale_all_dim=1.0)),
+        {"attention_backend": "CPU_MLA"}),
+    "phi3-longrope": (cfg("phi3", original_max_position_embeddings=1024, rope_scaling={
+        "type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}), {}),
+}
+
+
+@pytest.mark.parametrize("case", list(ROPE_CASES))
+def test_vllm_rotary_tables_are_the_plans(case):
+    """A real vLLM 0.32 loads the model; the cos/sin tables its rotary embeddings hold (which 'Model loading took'
+    counts) have the values the plan adds to the weights, in 16-bit elements on a GPU."""
+    import json
+    import subprocess
+
+    from harness import HERE, VLLM_PYTHON
+
+    from kvbudget.engines.vllm.memory import rotary_tables
+
+    config, extra = ROPE_CASES[case]
+    folder = model_folder(f"rope-{case}", config)
+    done = subprocess.run([str(VLLM_PYTHON), str(HERE / "rope_probe.py"), str(folder), json.dumps(extra)],
+                          capture_output=True, text=True, timeout=400)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("ROPE-TABLES ")), None)
+    assert line, done.stderr[-3000:]
+    tables = json.loads(line.removeprefix("ROPE-TABLES "))
+    values = sum(t["bytes"] // t["element"] for t in tables)
+    planned = rotary_tables(kvbudget.parse_config(config))
+    assert planned is not None and values == planned[0] // 2, (tables, planned)
+    assert len(tables) == (2 if case.startswith("gemma3") else 1)

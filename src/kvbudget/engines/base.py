@@ -34,6 +34,7 @@ from kvbudget.units import GIB, cdiv
 from kvbudget.validate import positive
 
 if TYPE_CHECKING:
+    from kvbudget.model.weights import Weights
     from kvbudget.simulation.seq import Queues
     from kvbudget.simulation.setup import Planned, Setup, SimulationAsk
 
@@ -214,17 +215,9 @@ class Capacity:
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kv_memory_bytes": self.kv_memory_bytes,
-            "num_blocks": self.num_blocks,
-            "block_size": self.block_size,
-            "kv_cache_tokens": self.kv_cache_tokens,
-            "physical_token_slots": self.physical_token_slots,
-            "max_model_len": self.max_model_len,
-            "max_concurrency": self.max_concurrency,
-            "fits": self.fits,
-            "estimated_max_model_len": self.estimated_max_model_len,
-        }
+        keys = ("kv_memory_bytes", "num_blocks", "block_size", "kv_cache_tokens", "physical_token_slots",
+                "max_model_len", "max_concurrency", "fits", "estimated_max_model_len")
+        return {k: getattr(self, k) for k in keys}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -437,10 +430,16 @@ class Engine:
         rank's own `stage` (vLLM 0.14-0.16 weighed the whole `model`)."""
         return stage
 
-    def adapter_bytes(self, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1) -> tuple[int, str] | None:
-        """Memory the engine allocates beside the weights for adapters (vLLM's LoRA slots) on the most loaded rank
-        of tp x pp, and how it is made up; None where the options ask for none."""
+    def loaded_bytes(self, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1) -> tuple[int, str] | None:
+        """Memory the engine allocates beside the weights while it loads them (vLLM's rotary tables and LoRA slots)
+        on the most loaded rank of tp x pp, and how it is made up; None where kvbudget knows of none."""
         return None
+
+    def as_loaded(self, weights: Weights, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1) -> Weights:
+        """`weights` per GPU with `loaded_bytes` added, as the engine's start-up log counts them."""
+        extra = self.loaded_bytes(model, options, tp, pp)
+        return weights if extra is None else replace(weights, per_gpu_bytes=weights.per_gpu_bytes + extra[0],
+                                                     basis=f"{weights.basis}; {extra[1]}")
 
     # --- serving ------------------------------------------------------------------------------------
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from kvbudget.errors import ConfigError
 from kvbudget.model.config import Fields, model_type_of, text_config_of
-from kvbudget.model.spec import Attention, LatentAttention, ModelSpec, NoCache, RecurrentState
+from kvbudget.model.spec import Attention, LatentAttention, ModelSpec, NoCache, RecurrentState, SlidingWindow
 
 # transformers' default for tie_word_embeddings where the config leaves it out.
 _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "opt", "falcon", "cohere"}
@@ -354,3 +354,62 @@ def dense_shapes(model: ModelSpec, families: frozenset[str], what: str) -> Dense
                        mlp=f.int("intermediate_size"),
                        qkv_bias=f.model_type == "qwen2" or bool(f.get("attention_bias", default=False)),
                        qk_norm=f.model_type in ("qwen3", "qwen3_moe", "gemma3_text"))
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """One rotary position embedding as the config states it (layers with the same settings share one): the
+    dimensions it rotates, its scaling kind (the config's rope_type) and factor, and the positions it covers."""
+
+    rotary_dim: int
+    scaling: str  # the rope_type: "default", "llama3", "linear", "dynamic", "yarn", "deepseek_yarn", "longrope", ...
+    max_positions: int  # max_position_embeddings
+    factor: float = 1.0
+    original_max_positions: int | None = None
+
+
+# Families whose attention has no rotary embedding (learned positions, ALiBi, or none at all).
+_NO_ROTARY = frozenset({"opt", "jamba", "nemotron_h", "bloom", "mpt"})
+
+
+def rotary_embeddings(model: ModelSpec) -> tuple[Rotary, ...]:
+    """The distinct rotary embeddings of the language model: one per layer type whose settings differ (Gemma-3's
+    local and global layers, per-layer-type `rope_parameters`), else one. Empty for families without one."""
+    f = _fields(model)
+    if f.model_type in _NO_ROTARY or (f.model_type == "falcon" and f.get("alibi")) or model.max_position_embeddings \
+            is None:
+        return ()
+    by_type: dict[str, int] = {}  # the rotated width of each attention layer type
+    for spec in model.layers:
+        if isinstance(spec, LatentAttention):
+            by_type.setdefault("full_attention", spec.rope_dim)
+        elif isinstance(spec, Attention):
+            by_type.setdefault("sliding_attention" if isinstance(spec, SlidingWindow) else "full_attention", spec.k_dim)
+    if not by_type:
+        return ()
+    settings = _rope_settings(f, set(by_type))
+    tables = {}
+    for layer_type, s in settings.items():
+        partial = s.get("partial_rotary_factor") or f.get("partial_rotary_factor") or 1.0
+        width = by_type.get(layer_type, next(iter(by_type.values())))
+        if not any(isinstance(spec, LatentAttention) for spec in model.layers):
+            width = int(width * partial)
+        original = s.get("original_max_position_embeddings") or f.get("original_max_position_embeddings")
+        tables[layer_type] = Rotary(
+            rotary_dim=width, scaling=str(s.get("rope_type") or s.get("type") or "default"),
+            max_positions=model.max_position_embeddings, factor=float(s.get("factor") or 1.0),
+            original_max_positions=original if isinstance(original, int) else None)
+    return tuple(tables.values())
+
+
+def _rope_settings(f: Fields, layer_types: set[str]) -> dict[str, dict]:
+    """Each attention layer type's rope settings: transformers 5's `rope_parameters` (flat, or by layer type), else
+    `rope_scaling`; Gemma-3's local layers rotate with their own base (`rope_local_base_freq`), so apart."""
+    params = f.get("rope_parameters")
+    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+        return {t: params[t] for t in sorted(layer_types) if t in params} or {"full_attention": {}}
+    flat = params if isinstance(params, dict) else f.get("rope_scaling")
+    flat = flat if isinstance(flat, dict) else {}
+    if f.model_type == "gemma3_text" and layer_types == {"full_attention", "sliding_attention"}:
+        return {"full_attention": flat, "sliding_attention": {"rope_type": "default"}}
+    return {"full_attention": flat}

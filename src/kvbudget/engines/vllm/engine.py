@@ -49,7 +49,7 @@ from kvbudget.engines.base import (
 )
 from kvbudget.engines.metrics import first_gauge
 from kvbudget.engines.vllm.blocks import BlockGroup
-from kvbudget.engines.vllm.memory import CHECKED, logit_bytes, moe_workspace, overhead
+from kvbudget.engines.vllm.memory import CHECKED, logit_bytes, moe_workspace, overhead, rotary_tables
 from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
 from kvbudget.engines.vllm.releases import NEWEST, SWAP_SPACE, Release, parse_release, release
 from kvbudget.engines.vllm.specs import ChunkedSpec, FullSpec, KVSpec, MLASpec, SlidingSpec, vllm_spec
@@ -364,18 +364,20 @@ class VLLMEngine(Engine):
         """vLLM 0.14 to 0.16 weighed the whole model's KV, every stage's layers, against one rank's budget."""
         return model if release(options).whole_model_check else stage
 
-    def adapter_bytes(self, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1) -> tuple[int, str] | None:
-        if not options.enable_lora:
-            return None
-        from kvbudget.engines.vllm.lora import lora_bytes
+    def loaded_bytes(self, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1) -> tuple[int, str] | None:
+        parts = [rotary_tables(model)]
+        if options.enable_lora:
+            from kvbudget.engines.vllm.lora import lora_bytes
 
-        if pp > 1:
-            raise EngineRuleError("enable_lora: LoRA slots under pipeline parallelism are not modelled",
-                                  param="enable_lora")
-        total, note = lora_bytes(model, options.max_loras, options.max_lora_rank, tp)
-        if release(options).version != NEWEST:
-            note += f"; read and checked for {NEWEST[0]}.{NEWEST[1]} only: an estimate for this release"
-        return total, note
+            if pp > 1:
+                raise EngineRuleError("enable_lora: LoRA slots under pipeline parallelism are not modelled",
+                                      param="enable_lora")
+            total, note = lora_bytes(model, options.max_loras, options.max_lora_rank, tp)
+            if release(options).version != NEWEST:
+                note += f"; read and checked for {NEWEST[0]}.{NEWEST[1]} only: an estimate for this release"
+            parts.append((total, note))
+        found = [p for p in parts if p is not None]
+        return (sum(b for b, _ in found), "; ".join(n for _, n in found)) if found else None
 
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "", tp: int = 1, model: ModelSpec | None = None) -> Serving:

@@ -366,7 +366,8 @@ class _Log:
 
         model = self.model
         try:
-            w = model_weights(model, s.tp, self.engine.pipeline_stages(model.num_layers, s.pp, s.partition))
+            w = self.engine.as_loaded(model_weights(model, s.tp, self.engine.pipeline_stages(
+                model.num_layers, s.pp, s.partition)), model, s.options(), s.tp, s.pp)
         except KVBudgetError:
             return []
         logged_bytes = float(weights.group(1)) * GIB

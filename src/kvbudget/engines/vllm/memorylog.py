@@ -36,7 +36,8 @@ def memory_rows(engine: VLLMEngine, text: str, model: ModelSpec, s: _LogSettings
     options = s.options()
     serving = engine.serving(int(total * GIB), s.max_len, options, tp=s.tp, model=model)
     try:
-        w = model_weights(model, s.tp, engine.pipeline_stages(model.num_layers, s.pp, s.partition))
+        w = engine.as_loaded(model_weights(model, s.tp, engine.pipeline_stages(model.num_layers, s.pp, s.partition)),
+                             model, options, s.tp, s.pp)
         stack, kv = memory_stack(model, serving, custom_gpu(int(total * GIB)), w, None, None, util)
     except KVBudgetError:
         return []
