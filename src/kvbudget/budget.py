@@ -63,8 +63,9 @@ def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, acti
     elif serving.compute_buffer is not None:
         activation_bytes, activation_note = serving.compute_buffer(model)
     else:
-        activation_bytes = activation_estimate(model, tokens, serving.max_num_seqs, serving.logit_bytes,
-                                               serving.sampler_apart, serving.held_bytes) if tokens else 0
+        activation_bytes = max(activation_estimate(model, tokens, serving.max_num_seqs, serving.logit_bytes,
+                                                   serving.sampler_apart, serving.held_bytes) if tokens else 0,
+                               serving.encoder_peak_bytes)
     other = serving.overhead_bytes + math.ceil(util * serving.preload_bytes) if overhead is None else overhead
     usable = math.ceil(card.memory_bytes * util)  # vLLM's request_memory rounds up
     share_note = (serving.memory_knob if utilization is None else "" if serving.given_fraction_scale == 1 else

@@ -15,8 +15,7 @@ import pytest
 import kvbudget
 from kvbudget.engines import EngineOptions
 from kvbudget.engines.vllm import memory
-from kvbudget.engines.vllm.engine import batch_defaults
-from kvbudget.engines.vllm.releases import Release, release
+from kvbudget.engines.vllm.releases import Release, batch_defaults, release
 from kvbudget.gpus import find_gpu
 from kvbudget.model.params import activation_widths
 from kvbudget.units import GIB
@@ -35,7 +34,8 @@ def test_every_case_says_where_it_comes_from():
         assert case["role"] in ("fit", "check") and case["engine"] == "vllm", case["id"]
         assert case["source"].startswith("https://") and case["licence"], case["id"]
         assert ("model" in case) != ("config" in case), case["id"]
-        assert set(case["logged"]) <= {"weights_gib", "activation_gib", "non_torch_gib", "kv_gib", "refused"}
+        assert set(case["logged"]) <= {"weights_gib", "activation_gib", "non_torch_gib", "kv_gib", "refused",
+                                       "encoder_images"}
         # "kv": a gap in the budget the log does not split into terms
         assert "known" not in case or case["known"]["term"] in ("weights", "activation", "kv")
 
@@ -138,3 +138,28 @@ def test_sglangs_pool_against_real_start_ups(case):
         assert abs(error) <= 0.02, (tokens, case["logged"]["tokens"])
     else:
         assert case["known"]["term"] == "weights" and abs(weights / case["logged"]["weights_gib"] - 1) > 0.01
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "encoder_images" in c["logged"]], ids=lambda c: c["id"])
+def test_the_encoder_is_profiled_with_as_many_images_as_the_log_says(case):
+    """vLLM prints how many dummy images of the largest size it profiled the vision encoder with; the plan's
+    count (the encoder budget rule of 0.19's source) is the same, and its encoder pass stays below the text pass's
+    planned peak, as every one of these logs shows (the logged peak is within 0.15 GiB of the text pass's)."""
+    rel = Release(release_of(case))
+    mnbt, seqs = batch_defaults(find_gpu(case["gpu"]).memory_bytes, case["gpu"], rel=rel)
+    images, peak, held, _ = memory.encoder_profile(load_case_model(case), mnbt, seqs, case["max_model_len"],
+                                                   case["tp"])
+    assert images == case["logged"]["encoder_images"]
+    assert 0 < held < peak < predict(case)["activation"] * GIB
+
+
+def test_vllm_rotary_tables_worked_by_hand():
+    """From vLLM's get_rope: one table per distinct setting of positions x rotated dims in 16 bits."""
+    tables = {n: memory.rotary_tables(kvbudget.load_model(n)) for n in ("gemma-3-4b", "llama-4-scout", "gpt-oss-20b",
+                                                                        "phi-3.5-mini", "deepseek-v2-lite", "opt-13b")}
+    assert tables["gemma-3-4b"][0] == (131072 * 8 + 131072) * 256 * 2  # global (linear x8) and local tables
+    assert tables["llama-4-scout"][0] == 10485760 * 128 * 2 == 2.5 * GIB  # llama3 scaling: max positions
+    assert tables["gpt-oss-20b"][0] == 4096 * 32 * 64 * 2  # YaRN: original x factor
+    assert tables["phi-3.5-mini"][0] == (4096 + 131072) * 96 * 2  # LongRoPE: short and long tables
+    assert tables["deepseek-v2-lite"][0] == 4096 * 40 * 64 * 2  # DeepSeek YaRN over the rope dims of MLA
+    assert tables["opt-13b"] is None  # learned positions

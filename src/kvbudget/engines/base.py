@@ -235,6 +235,7 @@ class Serving:
     logit_bytes: int = 4  # bytes the profiling run's sampler holds per logit (rows x vocabulary) at its peak
     sampler_apart: bool = False  # the sampler runs after the forward pass has freed its activations (peak: the larger)
     held_bytes: int = 0  # what the forward pass keeps allocated through the sampler (vLLM's fused-MoE workspace)
+    encoder_peak_bytes: int = 0  # a pass profiled before the text's, whose peak may be the higher (vLLM's encoder)
     checked: str = ""  # how the budget compares with real start-ups, where it was checked
     # the engine's own figure for its forward pass's buffers (llama.cpp's compute buffer), in place of the
     # estimate from prefill_tokens: bytes for a model and how they were found (on a GPU, still an estimate)

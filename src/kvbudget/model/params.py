@@ -413,3 +413,46 @@ def _rope_settings(f: Fields, layer_types: set[str]) -> dict[str, dict]:
     if f.model_type == "gemma3_text" and layer_types == {"full_attention", "sliding_attention"}:
         return {"full_attention": flat, "sliding_attention": {"rope_type": "default"}}
     return {"full_attention": flat}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageItems:
+    """What one image of the largest size becomes in a multimodal model: the patch positions its vision tower
+    runs, and the embeddings it gives the language model; with the tower's widths."""
+
+    patches: int
+    tokens: int
+    layers: int
+    hidden: int
+    intermediate: int
+    text_hidden: int
+
+
+# Tiles of Llama-4's image processor at most (its preprocessor_config.json's max_patches), plus the global view.
+LLAMA4_MAX_TILES = 16
+
+
+def image_items(model: ModelSpec) -> ImageItems | None:
+    """The largest image of a model whose vision tower takes fixed-size images or tiles and whose config says what
+    an image becomes: Gemma-3 (SigLIP, `mm_tokens_per_image`), Llama-4 (tiles of `image_size`, pixel shuffle),
+    Mistral-3 (Pixtral up to `image_size`, merged `spatial_merge_size` squared). None for other models (no vision
+    tower, or one whose image size the config does not fix)."""
+    vision, mt = model.config.get("vision_config"), str(model.config.get("model_type") or "")
+    if not isinstance(vision, dict) or mt not in ("gemma3", "llama4", "mistral3"):
+        return None
+    numbers = [v for k in ("image_size", "patch_size", "num_hidden_layers", "hidden_size", "intermediate_size")
+               if isinstance(v := vision.get(k), int) and v > 0]
+    if len(numbers) < 5:
+        return None
+    size, patch, layers, hidden, inter = numbers
+    side = size // patch
+    if mt == "gemma3":
+        patches, tokens = side * side, int(model.config.get("mm_tokens_per_image") or 256)
+    elif mt == "llama4":
+        per_tile = int(side * side * float(vision.get("pixel_shuffle_ratio") or 0.5) ** 2)
+        patches, tokens = (LLAMA4_MAX_TILES + 1) * (side * side + 1), (LLAMA4_MAX_TILES + 1) * per_tile
+    else:
+        merged = side // int(model.config.get("spatial_merge_size") or 1)
+        patches, tokens = side * side, merged * merged
+    return ImageItems(patches=patches, tokens=tokens, layers=layers, hidden=hidden, intermediate=inter,
+                      text_hidden=_fields(model).int("hidden_size"))

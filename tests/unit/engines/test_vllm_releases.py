@@ -194,7 +194,7 @@ def test_estimate_cli_with_a_release(capsys):
 def test_the_batch_defaults_follow_the_release():
     """arg_utils.py: A100s keep the small tier from 0.9 (0.8 gave every GPU of 70 GiB the large one); the tier for
     160 GiB and more comes with 0.28."""
-    from kvbudget.engines.vllm.engine import batch_defaults
+    from kvbudget.engines.vllm.releases import batch_defaults
     from kvbudget.engines.vllm.releases import Release
     from kvbudget.units import GIB
 
@@ -245,22 +245,34 @@ def test_other_engines_refuse_the_vllm_profiling_knobs(capsys):
         assert err.count("\n") == 1 and flag[0] in err and "sglang" in err
 
 
-def test_a_multimodal_models_encoder_profile_is_said_not_modelled():
-    """vLLM V1 profiles the vision encoder on dummy images before the text pass (gpu_model_runner.profile_run);
-    kvbudget does not model that pass, and the plan says so where the model has a vision tower."""
-    def note(name: str) -> str:
-        p = plan(load_model(name), engine="vllm", gpu="H100-80GB", max_model_len=8192, recommend=False)
-        return {t.key: t.note for t in p.stack}["activation"]
+def test_a_multimodal_models_encoder_profile_is_planned():
+    """vLLM V1 profiles the vision encoder on dummy images before the text pass (gpu_model_runner.profile_run,
+    0.19's encoder_budget.py): Gemma-3-4B on an H100 (8,192 tokens per step) gets 8192 // 256 = 32 images of
+    64 x 64 patches through SigLIP (hidden 1,152, MLP 4,304), their 256 embeddings of 2,560 each held through the
+    text pass; a tower whose image size its config does not fix (Qwen3.5's) says it is not modelled."""
+    from kvbudget.budget import activation_estimate
+    from kvbudget.engines.vllm.memory import encoder_profile
 
-    assert "vision encoder" in note("gemma-3-4b") and "not modelled" in note("gemma-3-4b")
-    assert "vision encoder" not in note("llama-3.1-8b")
+    def activation(name: str) -> tuple[int, str]:
+        p = plan(load_model(name), engine="vllm", gpu="H100-80GB", max_model_len=8192, recommend=False)
+        return next((t.bytes, t.note) for t in p.stack if t.key == "activation")
+
+    model = load_model("gemma-3-4b")
+    images, peak, held, _ = encoder_profile(model, 8192, 1024, 8192, 1)
+    assert (images, peak, held) == (32, 32 * 4096 * (2 * 1152 + 2 * 4304) * 2, 32 * 256 * 2560 * 2)
+    size, note = activation("gemma-3-4b")
+    assert size == activation_estimate(model, 8192, 1024, 16, True, held) > peak  # the text pass stays the peak
+    assert "32 dummy images of 256 tokens" in note
+    assert "not modelled for this tower" in activation("qwen3.5-27b")[1]
+    assert "vision encoder" not in activation("llama-3.1-8b")[1]
+    assert encoder_profile(model, 8192, 1024, 8192, 2)[1] < peak  # the MLP split under tensor parallelism
 
 
 def test_the_llm_class_takes_more_tokens_per_step():
     """arg_utils.py's tables (0.8.5 to 0.32): the Python LLM class steps over 16,384 tokens on GPUs of 70 GiB and
     more (A100s aside from 0.9) and 8,192 on others, where the OpenAI server takes 8,192 and 2,048; both keep
     the same max_num_seqs; from 0.28 GPUs of 160 GiB give both 16,384."""
-    from kvbudget.engines.vllm.engine import batch_defaults
+    from kvbudget.engines.vllm.releases import batch_defaults
 
     h100, l4 = 80 * GIB, 24 * GIB
     assert batch_defaults(h100, "H100-80GB", entry_point="llm") == (16384, 1024)
@@ -304,10 +316,19 @@ def test_the_fused_moe_workspace_is_held_through_the_sampler():
     assert activation.bytes == 1024 * 32000 * 16 + size and "fused-MoE workspace" in activation.note
 
 
-def test_a_multimodal_plan_says_its_peak_is_the_text_pass():
-    """The vision encoder's dummy-image pass is not modelled: a model with a vision tower says so beside its peak,
-    a text-only one does not."""
-    notes = {name: {t.key: t.note for t in plan(load_model(name), gpu="H100-80GB", recommend=False).stack}
-             for name in ("gemma-3-4b", "gemma-3-1b")}
-    assert "vision encoder over dummy images" in notes["gemma-3-4b"]["activation"]
-    assert "vision encoder" not in notes["gemma-3-1b"]["activation"]
+def test_the_encoder_pass_is_the_peak_where_it_is_the_larger():
+    """The plan's profiling peak is the larger of the text pass (with what it holds) and the encoder's pass."""
+    from dataclasses import replace as swap
+
+    from kvbudget.budget import memory_stack
+    from kvbudget.engines.vllm import VLLM
+    from kvbudget.gpus import find_gpu
+    from kvbudget.model.weights import model_weights
+
+    model, card = load_model("gemma-3-4b"), find_gpu("H100-80GB")
+    serving = VLLM.serving(card.memory_bytes, 8192, EngineOptions(), card.name, model=model)
+    peaks = [dict((t.key, t.bytes) for t in memory_stack(model, swap(serving, encoder_peak_bytes=e), card,
+                                                          model_weights(model, 1, None), None, None, None)[0])
+             for e in (0, 20 * GIB)]
+    assert peaks[0]["activation"] < 20 * GIB == peaks[1]["activation"]
+    assert peaks[0]["kv"] - peaks[1]["kv"] == 20 * GIB - peaks[0]["activation"]

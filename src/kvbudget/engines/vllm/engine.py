@@ -49,9 +49,25 @@ from kvbudget.engines.base import (
 )
 from kvbudget.engines.metrics import first_gauge
 from kvbudget.engines.vllm.blocks import BlockGroup
-from kvbudget.engines.vllm.memory import CHECKED, logit_bytes, moe_workspace, overhead, rotary_tables
+from kvbudget.engines.vllm.memory import (
+    CHECKED,
+    encoder_profile,
+    logit_bytes,
+    moe_workspace,
+    overhead,
+    rotary_tables,
+)
 from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
-from kvbudget.engines.vllm.releases import NEWEST, SWAP_SPACE, Release, parse_release, release
+from kvbudget.engines.vllm.releases import (
+    BATCH_DEFAULTS,
+    NEWEST,
+    SWAP_SPACE,
+    Release,
+    batch_defaults,
+    parse_release,
+    release,
+    v0_batch_defaults,
+)
 from kvbudget.engines.vllm.specs import ChunkedSpec, FullSpec, KVSpec, MLASpec, SlidingSpec, vllm_spec
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.params import vision_tower
@@ -65,7 +81,7 @@ from kvbudget.model.spec import (
     ModelSpec,
     SlidingWindow,
 )
-from kvbudget.units import GIB, cdiv, format_bytes
+from kvbudget.units import cdiv, format_bytes
 
 if TYPE_CHECKING:
     from kvbudget.engines.vllm.simulator import VLLMSimulator
@@ -75,45 +91,10 @@ DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
 # follows the attention backend, by release and GPU (Release.mla_block_size).
 CPU_MLA_BLOCK_SIZE = 16
 KERNEL_BLOCK_ALIGNMENT = {"cuda": 16, "cpu": 16}  # smallest kernel block of the default attention backend
-# The OpenAI server's defaults (EngineArgs.get_batch_defaults in vllm/engine/arg_utils.py, 0.32), by the GPU's
-# total memory: (max_num_batched_tokens, max_num_seqs); the huge tier from 0.28. A100s stay in the small tier
-# whatever their memory (from 0.9); the CPU backend takes (2048, 128) per rank (world size 1 here). Without a GPU in
-# view (estimate) the small tier.
-BATCH_DEFAULTS = {"huge": (16384, 1024), "large": (8192, 1024), "small": (2048, 256), "cpu": (2048, 128)}
-# The Python LLM class's (UsageContext.LLM_CLASS in the same tables, 0.8.5-0.32): more tokens per step, the same
-# sequences; on the CPU backend (4096, 256) per rank (0.10 on)
-LLM_CLASS_DEFAULTS = {"huge": (16384, 1024), "large": (16384, 1024), "small": (8192, 256), "cpu": (4096, 256)}
-ENTRY_POINTS = {"server": BATCH_DEFAULTS, "llm": LLM_CLASS_DEFAULTS}  # vllm serve; vllm.LLM(...)
-HUGE_GPU_BYTES = 160 * GIB
-V0_LONG_CONTEXT = 32768  # V0's OpenAI server turned chunked prefill on beyond this max_model_len (arg_utils.py)
-LARGE_GPU_BYTES = 70 * GIB
 DEFAULT_MAX_NUM_BATCHED_TOKENS = BATCH_DEFAULTS["small"][0]
 NEWEST_RELEASE = Release(NEWEST)
 GPU_MEMORY_UTILIZATION = NEWEST_RELEASE.gpu_memory_utilization  # vllm/config/cache.py default (0.9 before 0.20)
 _FP32 = get_dtype("float32")
-
-
-def v0_batch_defaults(max_model_len: int) -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) of vLLM V0 (< 0.8; config.py SchedulerConfig): chunked prefill only
-    beyond 32k tokens (then 2048 per step), else a whole request of max_model_len (at least 2048); 256 sequences."""
-    return (2048 if max_model_len > V0_LONG_CONTEXT else max(max_model_len, 2048)), 256
-
-
-def batch_defaults(gpu_memory: int, gpu_name: str = "", device: str = "cuda",
-                   rel: Release = NEWEST_RELEASE, entry_point: str = "server") -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) that release `rel` picks for a GPU of `gpu_memory` bytes when started
-    from `entry_point` (the OpenAI server, or the Python LLM class)."""
-    if entry_point not in ENTRY_POINTS:
-        raise EngineRuleError(f"entry_point {entry_point!r}: vLLM is started as a server (vllm serve) or from "
-                              "Python (llm: the LLM class); give server or llm", param="entry_point")
-    table = ENTRY_POINTS[entry_point]
-    if device == "cpu":
-        return table["cpu"]
-    if gpu_memory >= HUGE_GPU_BYTES and rel.huge_batch_tier:
-        return table["huge"]
-    if gpu_memory >= LARGE_GPU_BYTES and not ("a100" in gpu_name.lower() and rel.a100_in_small_tier):
-        return table["large"]
-    return table["small"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -404,16 +385,19 @@ class VLLMEngine(Engine):
         workspace = moe_workspace(model, mnbt, tp, rel) if model is not None else None
         if workspace is not None:
             prefill_note += f", {workspace[1]}"
-        if model is not None and vision_tower(model) is not None:
+        held = workspace[0] if workspace else 0
+        encoder = encoder_profile(model, mnbt, max_num_seqs, max_model_len, tp) if model is not None else None
+        if encoder is not None:
+            held += encoder[2]
+            prefill_note += f"; before it {encoder[3]}"
+        elif model is not None and vision_tower(model) is not None:
             prefill_note += ("; the text pass only: vLLM first runs the vision encoder over dummy images "
-                             "(profile_run), which is not modelled; on vLLM 0.19's start-ups of Gemma-3-4B and "
-                             "Llama-4-Scout the text pass stayed the peak (planned within 0.11 GiB), older "
-                             "releases logged peaks of 2.1 to 10 GiB: give the peak your start-up log shows")
+                             "(profile_run), not modelled for this tower (its largest image is not in its config); "
+                             "older releases logged peaks of 2.1 to 10 GiB: give the peak your start-up log shows")
         return Serving(memory_fraction=rel.gpu_memory_utilization, memory_knob="gpu_memory_utilization default",
                        prefill_tokens=mnbt, max_num_seqs=max_num_seqs, overhead_bytes=other, overhead_note=note,
-                       prefill_note=prefill_note,
-                       logit_bytes=per_logit, sampler_apart=True, held_bytes=workspace[0] if workspace else 0,
-                       checked=CHECKED, options=options)
+                       prefill_note=prefill_note, logit_bytes=per_logit, sampler_apart=True, held_bytes=held,
+                       encoder_peak_bytes=encoder[1] if encoder else 0, checked=CHECKED, options=options)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return cheaper_if_wider(current, "fp8")

@@ -19,8 +19,8 @@ from kvbudget.engines.vllm.budgetless import (
     v1_blocks_rows,
     v1_check_without_budget,
 )
-from kvbudget.engines.vllm.memorylog import memory_rows
-from kvbudget.engines.vllm.releases import Release, parse_release, release
+from kvbudget.engines.vllm.memorylog import log_total_memory, memory_rows
+from kvbudget.engines.vllm.releases import Release, batch_defaults, parse_release, release
 from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError, spelled
 from kvbudget.model.spec import LatentAttention, ModelSpec, RecurrentState
 from kvbudget.units import GIB
@@ -145,6 +145,8 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
                   prefix_default)
     mnbt_text = _setting(text, "max_num_batched_tokens", "max_num_batched_token")
     mnbt = pick("max_num_batched_tokens", mnbt_text, None)
+    if mnbt is None and not cpu:
+        mnbt = _default_mnbt(text, version, assumed)
     seqs = given.get("max_num_seqs") or _setting(text, "max_num_seqs")  # the release's default where unsaid
     if seqs is not None:
         read["max_num_seqs"] = seqs
@@ -178,6 +180,17 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
                             partition=partition, backend=backend, spec_tokens=spec_tokens,
                             max_num_seqs=_whole("max_num_seqs", seqs) if seqs is not None else None, eager=eager)
     return settings, read, assumed
+
+
+def _default_mnbt(text: str, version: tuple[int, int] | None, assumed: dict) -> int | None:
+    """The release's max_num_batched_tokens for the GPU memory a V1 log states (what its scheduler and its
+    windowed layers' concurrency take), noted as assumed; None where the log gives neither."""
+    total = log_total_memory(text)
+    if total is None or version is None or Release(version).v0:
+        return None
+    mnbt = batch_defaults(int(total * GIB), "", "cuda", Release(version))[0]
+    assumed["max_num_batched_tokens"] = f"{mnbt}, the release's default for the log's {total:g} GiB GPU"
+    return mnbt
 
 
 def _speculative_tokens(text: str, given: dict, read: dict) -> int:

@@ -35,9 +35,9 @@ from collections.abc import Mapping
 
 from kvbudget.dtypes import get_dtype
 from kvbudget.engines.vllm.releases import Release
-from kvbudget.model.params import rotary_embeddings, routed_experts
+from kvbudget.model.params import image_items, rotary_embeddings, routed_experts
 from kvbudget.model.spec import ModelSpec
-from kvbudget.units import GIB
+from kvbudget.units import GIB, cdiv
 
 SAMPLER_WITHOUT_SORT = (0, 17)
 LOGIT_BYTES = {(0, 0): 39, SAMPLER_WITHOUT_SORT: 16}  # fitted: 38.4 and 38.9; 15.4 and 15.5 (rounded up)
@@ -46,7 +46,7 @@ MORE_NON_TORCH = (0, 18)
 NON_TORCH = {(0, 0): (int(0.14 * GIB), int(0.56 * GIB)), MORE_NON_TORCH: (int(0.26 * GIB), int(2.08 * GIB))}
 # The KV budget's error on the check cases of tests/data/memory/vllm.json (benchmarks/bench_memory.py; the corpus
 # test holds these figures to the benchmark's): the range, and the cases it comes from.
-CHECKED = "against 34 real V1 start-ups: -12.5% to +1.8% (accuracy page)"
+CHECKED = "against 37 real V1 start-ups: -12.5% to +1.8% (accuracy page)"
 CUDA_GRAPHS_SUBTRACTED = (0, 20)
 # The CUDA-graph pool, an estimate: llm-d-planner's report measured 0.51-1.85 GiB (mean 1.04) on its vLLM 0.19 H100
 # runs (github.com/llm-d-incubation/llm-d-planner pull request 205, accuracy/accuracy_report.md); no >= 0.20 log
@@ -91,6 +91,27 @@ def rotary_tables(model: ModelSpec) -> tuple[int, str] | None:
             rows = r.max_positions
         size += rows * r.rotary_dim * 2
     return size, f"rotary position tables {size / GIB:.2f} GiB (from the source: made at load, on every rank)"
+
+
+def encoder_profile(model: ModelSpec, tokens: int, max_num_seqs: int, max_model_len: int, tp: int
+                    ) -> tuple[int, int, int, str] | None:
+    """vLLM V1's profile of a multimodal model's vision encoder (`gpu_model_runner.profile_run`, 0.19's
+    `multimodal/encoder_budget.py`): dummy images of the largest size, as many as the encoder budget
+    (max(max_num_batched_tokens, an image's tokens)) holds, at most max_num_seqs x the images a prompt of
+    max_model_len holds, run through the tower at once; their embeddings stay in the encoder cache through the text
+    pass. Returns (images, the encoder pass's peak, the embeddings held, note); None for a model whose images
+    kvbudget cannot size. The count is the source's rule; the peak an estimate: per patch the residual stream and
+    the layer's output, and the MLP's two intermediates (split under tensor parallelism), in 16 bits."""
+    items = image_items(model)
+    if items is None:
+        return None
+    budget = max(tokens, items.tokens)
+    images = max(1, min(budget // items.tokens, max_num_seqs * max(1, max_model_len // items.tokens)))
+    peak = images * items.patches * (2 * items.hidden + 2 * cdiv(items.intermediate, tp)) * 2
+    held = images * items.tokens * items.text_hidden * 2
+    return images, peak, held, (f"the vision encoder's pass over {images} dummy images of {items.tokens} tokens "
+                                f"(the encoder budget of {budget} tokens, from the source), peak {peak / GIB:.2f} "
+                                f"GiB (estimate), their embeddings held through the text pass")
 
 
 def _era(table: Mapping[tuple[int, int], object], rel: Release) -> tuple[int, int]:

