@@ -25,8 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_memory import CORPUS, error, load_case_model, predict, release_of
 
-from kvbudget.engines.vllm.releases import batch_defaults
-from kvbudget.engines.vllm.releases import Release
+from kvbudget.engines.vllm.releases import Release, batch_defaults
 from kvbudget.gpus import find_gpu
 from kvbudget.units import GIB
 

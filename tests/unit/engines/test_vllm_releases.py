@@ -194,8 +194,7 @@ def test_estimate_cli_with_a_release(capsys):
 def test_the_batch_defaults_follow_the_release():
     """arg_utils.py: A100s keep the small tier from 0.9 (0.8 gave every GPU of 70 GiB the large one); the tier for
     160 GiB and more comes with 0.28."""
-    from kvbudget.engines.vllm.releases import batch_defaults
-    from kvbudget.engines.vllm.releases import Release
+    from kvbudget.engines.vllm.releases import Release, batch_defaults
     from kvbudget.units import GIB
 
     a100 = 80 * GIB
