@@ -11,7 +11,8 @@ from typing import Any
 
 from kvbudget.cli.common import add_options, console, request_of, write_atomically, wrote
 from kvbudget.commands.options import positive
-from kvbudget.commands.simulate import SimulateRequest, guard_settings, prepared, workload
+from kvbudget.commands.simulate import SimulateRequest, costed, guard_settings, prepared, prices, workload
+from kvbudget.commands.simulate import settings as settings_of
 from kvbudget.commands.simulate import simulation as run_simulation
 from kvbudget.errors import KVBudgetError
 from kvbudget.units import format_bytes
@@ -46,11 +47,13 @@ def run(args: argparse.Namespace) -> int:
         slo = parse_slo(args.slo)
         found = find_max_rate(model, workload, slo, start=scale, setup=setup_for(model, **settings),
                               fast=not args.reference, **guard_settings(ask))
+        cost = costed(ask, found.best, settings) if found.best else None
         if args.json:
             print(json.dumps({"rate_scale": found.rate_scale, "slo": slo, "tried": found.tried,
-                              "best": found.best.to_dict() if found.best else None}, indent=2))
+                              "best": found.best.to_dict() if found.best else None,
+                              **({"cost": cost.to_dict()} if cost else {})}, indent=2))
         else:
-            _print_search(found, slo)
+            _print_search(found, slo, cost)
         return 0
     rows: list[str] = []
     on_step = None
@@ -79,11 +82,26 @@ def run(args: argparse.Namespace) -> int:
 
         plot_simulation(sim, args.plot, _credit(args))
         wrote(args.plot, "--plot")
+    cost = costed(ask, sim, settings_of(ask))
     if args.json:
-        print(json.dumps(sim.to_dict(), indent=2))
+        print(json.dumps({**sim.to_dict(), **({"cost": cost.to_dict()} if cost else {})}, indent=2))
     else:
         _print(sim, args)
+        if cost is not None:
+            console().print(_cost_line(cost, sim.setup.time_model.basis))
     return 0
+
+
+def _dollars(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}" if value >= 0.1 else f"${value:,.4f}"
+
+
+def _cost_line(cost: Any, basis: str) -> str:
+    return (f"cost: {_dollars(cost.price_per_gpu_hour)} per GPU-hour x {cost.gpus} GPU"
+            f"{'s' if cost.gpus > 1 else ''} = {_dollars(cost.per_hour)}/hour; this run {_dollars(cost.run)}: "
+            f"{_dollars(cost.per_million_tokens)} per million tokens (prompt and output), "
+            f"{_dollars(cost.per_million_output_tokens)} per million output tokens, "
+            f"{_dollars(cost.per_thousand_requests)} per thousand requests (times: {basis})")
 
 
 def _write_series(ask: SimulateRequest, sim: Any) -> None:
@@ -177,7 +195,7 @@ def _credit(args: argparse.Namespace) -> str:
     return "; ".join(dict.fromkeys(f"{t.credit} ({t.licence})" for t in found if t))
 
 
-def _print_search(found: Any, slo: dict[str, float]) -> None:
+def _print_search(found: Any, slo: dict[str, float], cost: Any = None) -> None:
     out = console()
     objectives = ", ".join(f"{k} ≤ {_ms(v)}" for k, v in slo.items())
     if found.best is None:
@@ -187,6 +205,8 @@ def _print_search(found: Any, slo: dict[str, float]) -> None:
     out.print(f"highest rate scale meeting {objectives}: [bold]{found.rate_scale:.3g}x[/bold] "
               f"({b.requests_per_s:,.2f} requests/s served; TTFT p99 {_ms(b.ttft.p99 if b.ttft else None)}, "
               f"TPOT p99 {_ms(b.tpot.p99 if b.tpot else None)}) after {len(found.tried)} simulations")
+    if cost is not None:
+        out.print(_cost_line(cost, b.setup.time_model.basis))
     for note in b.notes:
         out.print(f"note: {note}")
 
@@ -217,27 +237,34 @@ def _sweep(args: SimulateRequest, model: Any, settings: dict[str, Any], combos: 
     from kvbudget.simulation.parallel import run_all
 
     swept_scale = any("rate_scale" in c for c in combos)
+    priced = prices(args)
+    if priced is not None:  # every configuration's GPU has a price before any runs
+        from kvbudget.simulation.cost import price_for
+
+        for combo in combos:
+            price_for(priced, {**settings, **combo}.get("gpu"))
     calls = [(args, model, settings, combo) for combo in combos]
     shown = not args.json and sys.stderr.isatty()
     results = run_all(sweep_point, calls, args.backend, _task_progress if shown else None)
     if shown:
         print(file=sys.stderr)
+    costs = [costed(args, sim, settings, combo) for combo, sim in results]
     if args.json:
-        print(json.dumps([{"settings": c, "result": s.to_dict()} for c, s in results],
-                         indent=2))
+        print(json.dumps([{"settings": c, "result": s.to_dict(), **({"cost": cost.to_dict()} if cost else {})}
+                          for (c, s), cost in zip(results, costs, strict=True)], indent=2))
         return 0
     keys = [k for k in results[0][0] if k != "rate_scale" or swept_scale]
-    t = Table(title=f"{model.name}: sweep (KV tokens, p99 latencies" + (", times estimated)" if results[0][1].notes
-                                                                         else ")"),
+    t = Table(title=f"{model.name}: sweep (KV tokens, p99 latencies" + (", $ per million tokens" if priced else "")
+              + (", times estimated)" if results[0][1].notes else ")"),
               box=box.SIMPLE_HEAD, padding=(0, 1, 0, 1), pad_edge=False, collapse_padding=True)
     for k in keys:
         t.add_column({"rate_scale": "rate"}.get(k, k.replace("_", "-")), no_wrap=True)
-    for col in ("tokens", "TTFT", "TPOT", "E2E", "req/s", "peak", "preempt"):
+    for col in ("tokens", "TTFT", "TPOT", "E2E", "req/s", "peak", "preempt") + (("$/1M",) if priced else ()):
         t.add_column(col, justify="right", no_wrap=True)
-    for combo, sim in results:
+    for (combo, sim), cost in zip(results, costs, strict=True):
         t.add_row(*(str(combo[k]).removeprefix("contiguous-") for k in keys), f"{sim.setup.token_slots:,}",
                   _short(sim.ttft.p99 if sim.ttft else None), _short(sim.tpot.p99 if sim.tpot else None),
                   _short(sim.e2e.p99 if sim.e2e else None), f"{sim.requests_per_s:,.2f}", f"{sim.peak_usage:.0%}",
-                  f"{sim.preemptions:,}")
+                  f"{sim.preemptions:,}", *((_dollars(cost.per_million_tokens),) if cost else ()))
     console().print(t)
     return 0

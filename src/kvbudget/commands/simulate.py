@@ -113,6 +113,10 @@ class SimulateRequest:
     backend: str = option("where --sweep runs its simulations: process (a pool on this machine, the default), "
                           "serial, ray (a local Ray) or ray=ADDRESS (a running Ray cluster, e.g. ray=auto)",
                           "process", group=ANSWERS)
+    gpu_price: str | None = option("dollars per GPU-hour (e.g. 2.49, or H100-80GB=2.49,L40S=0.86 to price each "
+                                   "GPU of a sweep): adds $/hour and $ per million tokens and per thousand requests "
+                                   "(the run's GPUs for its simulated time, idle time included)", metavar="PRICE",
+                                   group=ANSWERS, web=False)
     calibrate: str | None = option("fit the time model to measured timings: a `vllm bench serve --save-result "
                                    "--save-detailed` JSON (per-request TTFT and ITL), a scrape of vLLM's /metrics "
                                    "after it served --trace (its latency histograms), or a log of vLLM run with "
@@ -223,6 +227,25 @@ def settings(ask: SimulateRequest) -> dict[str, Any]:
             "lora": (options.max_loras, options.max_lora_rank) if options.enable_lora else None}
 
 
+def prices(ask: SimulateRequest) -> dict[str | None, float] | None:
+    """--gpu-price read: {GPU name, or None for every GPU: dollars per GPU-hour}, or None when not given."""
+    from kvbudget.simulation.cost import parse_prices
+
+    return parse_prices(ask.gpu_price) if ask.gpu_price else None
+
+
+def costed(ask: SimulateRequest, sim: Any, settings: dict[str, Any], combo: dict[str, Any] | None = None) -> Any:
+    """What `sim` (run with `settings`, and a sweep's `combo` over them) costs at --gpu-price; None without one."""
+    found = prices(ask)
+    if found is None:
+        return None
+    from kvbudget.simulation.cost import price_for, run_cost
+
+    used = {**settings, **(combo or {})}
+    return run_cost(sim.duration_s, sim.prompt_tokens, sim.output_tokens, sim.completed,
+                    price_for(found, used.get("gpu")), used["tp"] * used["pp"])
+
+
 def prepared(ask: SimulateRequest) -> tuple[Any, Callable[[float], Iterable[Any]], dict[str, Any], float]:
     """(model, workload by rate scale, setup_for's settings, rate scale) of a request, checked."""
     model = load(ask.model)
@@ -232,6 +255,11 @@ def prepared(ask: SimulateRequest) -> tuple[Any, Callable[[float], Iterable[Any]
         found.update(_calibrated(model, ask.calibrate, found,
                                  (lambda: stream(1.0)) if ask.trace or ask.request_log else None))
     scale = positive(ask.rate_scale, "rate_scale")
+    priced = prices(ask)  # a price that cannot be read fails before any run
+    if priced is not None and None not in priced and not ask.sweep:
+        from kvbudget.simulation.cost import price_for
+
+        price_for(priced, found.get("gpu"))
     if ask.prometheus_series:
         positive(ask.prometheus_interval, "prometheus_interval")
         if get_engine(found["engine"]).queue_gauges is None:

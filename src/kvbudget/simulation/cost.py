@@ -1,0 +1,86 @@
+"""What serving a simulated run costs at a price per GPU-hour: the deployment's GPUs for the run's simulated
+duration (idle time included: you pay for the GPUs whether requests come or not), per hour and per unit served."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvbudget.errors import KVBudgetError
+
+MILLION = 1_000_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cost:
+    """Dollars for a run on `gpus` GPUs at `price_per_gpu_hour` each; None where the run served nothing of a kind."""
+
+    price_per_gpu_hour: float
+    gpus: int
+    per_hour: float  # the deployment's GPUs for an hour
+    run: float  # the deployment's GPUs for the run's simulated duration
+    per_million_output_tokens: float | None
+    per_million_tokens: float | None  # prompt and output tokens together
+    per_thousand_requests: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def run_cost(duration_s: float, prompt_tokens: int, output_tokens: int, completed: int, price_per_gpu_hour: float,
+             gpus: int) -> Cost:
+    """The cost of a run of `duration_s` simulated seconds that served these tokens and completed these requests."""
+    if price_per_gpu_hour <= 0 or gpus < 1:
+        raise KVBudgetError(f"gpu_price {price_per_gpu_hour}: give a positive price per GPU-hour", param="gpu_price")
+    per_hour = price_per_gpu_hour * gpus
+    run = per_hour * duration_s / 3600
+
+    def per(count: int, unit: int) -> float | None:
+        return run / count * unit if count > 0 else None
+
+    return Cost(price_per_gpu_hour=price_per_gpu_hour, gpus=gpus, per_hour=per_hour, run=run,
+                per_million_output_tokens=per(output_tokens, MILLION),
+                per_million_tokens=per(prompt_tokens + output_tokens, MILLION),
+                per_thousand_requests=per(completed, 1000))
+
+
+def parse_prices(text: str) -> dict[str | None, float]:
+    """'2.49' (any GPU) or 'H100-80GB=2.49,L40S=0.86' (per GPU, by the catalog's names) -> {name or None: price}."""
+    from kvbudget.gpus import find_gpu
+
+    def price(value: str, where: str) -> float:
+        try:
+            found = float(value)
+        except ValueError:
+            found = -1.0
+        if not found > 0 or found == float("inf"):
+            raise KVBudgetError(f"gpu_price {where!r}: {value!r} is not a positive price per GPU-hour "
+                                "(e.g. 2.49, or H100-80GB=2.49,L40S=0.86)", param="gpu_price")
+        return found
+
+    if "=" not in text:
+        return {None: price(text.strip(), text)}
+    prices: dict[str | None, float] = {}
+    for item in text.split(","):
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise KVBudgetError(f"gpu_price {item!r}: write GPU=PRICE, e.g. H100-80GB=2.49", param="gpu_price")
+        try:
+            gpu = find_gpu(name.strip()).name
+        except KVBudgetError as exc:
+            raise KVBudgetError(f"gpu_price {item!r}: {exc}", param="gpu_price") from None
+        prices[gpu] = price(value.strip(), item)
+    return prices
+
+
+def price_for(prices: dict[str | None, float], gpu: str | None) -> float:
+    """The price of `gpu` (a catalog name, or None for a run without one) from parse_prices' answer."""
+    if None in prices:
+        return prices[None]
+    from kvbudget.gpus import find_gpu
+
+    name = find_gpu(gpu).name if gpu else None
+    if name not in prices:
+        raise KVBudgetError(f"gpu_price: no price for {name or 'a run without a GPU named'}; give one per GPU "
+                            f"simulated (priced: {', '.join(str(k) for k in prices)})", param="gpu_price")
+    return prices[name]
