@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
             check_backend(args.backend)
         model, workload, settings, scale = prepared(ask)
+        _saved(args)
         if args.sweep:
             return _sweep(ask, model, settings, parse_sweep(args.sweep))
         if not args.slo:
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         plot_simulation(sim, args.plot, _credit(args))
         wrote(args.plot, "--plot")
     cost = costed(ask, sim, settings_of(ask))
+    _saved(args)
     if args.json:
         print(json.dumps({**sim.to_dict(), **({"cost": cost.to_dict()} if cost else {})}, indent=2))
     else:
@@ -90,6 +92,13 @@ def run(args: argparse.Namespace) -> int:
         if cost is not None:
             console().print(_cost_line(cost, sim.setup.time_model.basis))
     return 0
+
+
+def _saved(args: argparse.Namespace) -> None:
+    if args.save_calibration:
+        from kvbudget.simulation.calibrations import calibration_path
+
+        wrote(str(calibration_path(args.save_calibration)), "--save-calibration")
 
 
 def _dollars(value: float | None) -> str:

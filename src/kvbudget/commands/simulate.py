@@ -122,6 +122,10 @@ class SimulateRequest:
                                    "after it served --trace (its latency histograms), or a log of vLLM run with "
                                    "--scheduler-cls kvbudget.simulation.recorder.RecordingScheduler (step times)",
                                    group=ANSWERS, web=False)
+    save_calibration: str | None = option("keep the time model --calibrate fits under this name, for --calibration",
+                                          metavar="NAME", group=ANSWERS, web=False)
+    calibration: str | None = option("the time model saved earlier by --save-calibration (a name, or its file), "
+                                     "for the same model and GPU", metavar="NAME", group=ANSWERS, web=False)
     guard_config: str | None = option("put `kvbudget guard` in front of the engine with this YAML (e.g. from "
                                       "`kvbudget plan --guard-config`): its own code decides every arrival",
                                       group=ANSWERS, web=False)
@@ -189,6 +193,32 @@ def _calibrated(model: Any, path: str, settings: dict[str, Any], served: Callabl
     return {"time_model": calibrate_requests(model, found, base)}
 
 
+def _calibration(ask: SimulateRequest, model: Any, found: dict[str, Any],
+                 stream: Callable[[float], Iterable[Any]]) -> dict[str, Any]:
+    """setup_for's time-model arguments from --calibrate (saved under --save-calibration) or --calibration."""
+    from kvbudget.simulation.calibrations import calibration_path, load_calibration, save_calibration
+
+    if ask.calibration:
+        if ask.calibrate or ask.save_calibration:
+            raise KVBudgetError(f"calibration: a saved calibration replaces {named('calibrate')}; give one of them",
+                                param="calibration")
+        return {"time_model": load_calibration(ask.calibration, model.name, found.get("gpu"))}
+    if not ask.calibrate:
+        if ask.save_calibration:
+            raise KVBudgetError(f"save_calibration goes with {named('calibrate', 'FILE')}", param="save_calibration")
+        return {}
+    if ask.save_calibration:
+        calibration_path(ask.save_calibration)  # a bad name fails before the fit
+    fitted = _calibrated(model, ask.calibrate, found, (lambda: stream(1.0)) if ask.trace or ask.request_log else None)
+    if ask.save_calibration:
+        from kvbudget.simulation.timing import calibrate
+
+        time_model = fitted["time_model"] if "time_model" in fitted else calibrate(fitted["measured"])
+        save_calibration(ask.save_calibration, time_model, model.name, found.get("gpu"), ask.calibrate)
+        return {"time_model": time_model}
+    return fitted
+
+
 def guard_settings(ask: SimulateRequest) -> dict[str, Any]:
     """simulate()'s guard arguments: the guard's configuration read from its file, and its poll interval."""
     if not ask.guard_config:
@@ -251,9 +281,7 @@ def prepared(ask: SimulateRequest) -> tuple[Any, Callable[[float], Iterable[Any]
     model = load(ask.model)
     stream = workload(ask)
     found = settings(ask)
-    if ask.calibrate:
-        found.update(_calibrated(model, ask.calibrate, found,
-                                 (lambda: stream(1.0)) if ask.trace or ask.request_log else None))
+    found.update(_calibration(ask, model, found, stream))
     scale = positive(ask.rate_scale, "rate_scale")
     priced = prices(ask)  # a price that cannot be read fails before any run
     if priced is not None and None not in priced and not ask.sweep:

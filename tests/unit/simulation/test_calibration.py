@@ -139,3 +139,29 @@ def test_calibration_on_vllm_latency_histograms_predicts_another_run(tmp_path, c
                              "--calibrate", str(tmp_path / "fit.prom"), *argv)
         assert code == 2 and err.count("\n") == 1 and message in err, err
     print("fitted / true, TTFT p50 p90, TPOT p50 p90:", *(f"{r:.3f}" for r in ratios))
+
+
+def test_a_calibration_is_saved_by_name_and_reused(tmp_path, capsys, monkeypatch):
+    """--save-calibration keeps the fitted step time; --calibration NAME gives the same simulation without the
+    measurements; another GPU or model is refused, as is a name that is not one, before any work."""
+    monkeypatch.setenv("KVBUDGET_CALIBRATIONS", str(tmp_path / "kept"))
+    log = tmp_path / "steps.jsonl"
+    _recorder_log(log, lambda tokens, context: 0.004 + 2e-6 * context)
+    base = ("simulate", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "8192", "--rate", "1", "--requests", "20",
+            "--json")
+    code, fitted, err = cli(capsys, *base, "--calibrate", str(log), "--save-calibration", "l4-llama")
+    assert code == 0 and "kept/l4-llama.json (--save-calibration)" in err
+    saved = json.loads((tmp_path / "kept" / "l4-llama.json").read_text())
+    assert saved["gpu"] == "L4" and saved["model"] == "llama-3.1-8b" and saved["source"] == str(log)
+    code, reused, err = cli(capsys, *base, "--calibration", "l4-llama")
+    assert code == 0 and json.loads(reused) == json.loads(fitted)
+    for argv, message in ((("--gpu", "H100"), "fitted for GPU L4, not H100-80GB"),
+                          (("--calibration", "nope"), "no such calibration"),
+                          (("--calibrate", str(log), "--save-calibration", "../x"), "--save-calibration '../x'"),
+                          (("--save-calibration", "x"), "--save-calibration goes with --calibrate"),
+                          (("--calibrate", str(log)), "give one of them")):
+        extra = argv if argv[0] != "--gpu" else (*argv, "--calibration", "l4-llama")
+        if argv[0] == "--calibrate" and "--save-calibration" not in argv:
+            extra = (*argv, "--calibration", "l4-llama")
+        code, out, err = cli(capsys, *base, *extra)
+        assert code == 2 and out == "" and err.count("\n") == 1 and message in err, (argv, err)

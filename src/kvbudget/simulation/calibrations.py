@@ -1,0 +1,71 @@
+"""Calibrations kept by name: the time model `--calibrate` fitted, saved with the model and GPU it was fitted for
+and reused by later runs (`--calibration NAME`) without the measurements. Kept as JSON files in
+$KVBUDGET_CALIBRATIONS, else ~/.cache/kvbudget/calibrations."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from kvbudget.errors import KVBudgetError
+from kvbudget.simulation.timing import TimeModel
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def calibrations_dir() -> Path:
+    """Where named calibrations live."""
+    return Path(os.environ.get("KVBUDGET_CALIBRATIONS") or Path.home() / ".cache" / "kvbudget" / "calibrations")
+
+
+def _gpu(gpu: str | None) -> str | None:
+    from kvbudget.gpus import find_gpu
+
+    return find_gpu(gpu).name if gpu else None
+
+
+def calibration_path(name: str, param: str = "save_calibration") -> Path:
+    """The file of calibration `name` (checked to be a plain name)."""
+    return _path(name, param)
+
+
+def _path(name: str, param: str) -> Path:
+    if not _NAME.match(name):
+        raise KVBudgetError(f"{param} {name!r}: a name of letters, digits, '.', '_' and '-' (e.g. h100-llama-8b)",
+                            param=param)
+    return calibrations_dir() / f"{name}.json"
+
+
+def save_calibration(name: str, time_model: TimeModel, model: str, gpu: str | None, source: str) -> Path:
+    """Keep `time_model` (fitted for `model` on `gpu` from `source`) as `name`; returns the file written."""
+    path = _path(name, "save_calibration")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"name": name, "model": model, "gpu": _gpu(gpu), "source": source, "time_model": time_model.to_dict()}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def load_calibration(name: str, model: str, gpu: str | None) -> TimeModel:
+    """The time model saved as `name` (or in the file `name`), refused for another model or GPU: a step time fitted
+    for one does not carry over."""
+    path = Path(name) if name.endswith(".json") and Path(name).is_file() else _path(name, "calibration")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        fitted = data["time_model"]
+        time_model = TimeModel(**{k: fitted[k] for k in ("weights", "per_context", "per_token", "overhead", "bound",
+                                                         "basis")})
+    except FileNotFoundError:
+        raise KVBudgetError(f"calibration {name!r}: no such calibration in {calibrations_dir()}; save one with "
+                            "--calibrate FILE --save-calibration NAME", param="calibration") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise KVBudgetError(f"calibration {name!r}: {path} is not a saved calibration ({exc})",
+                            param="calibration") from None
+    for what, want, saved in (("model", model, data.get("model")), ("GPU", _gpu(gpu), data.get("gpu"))):
+        if want != saved:
+            raise KVBudgetError(f"calibration {name!r} was fitted for {what} {saved}, not {want}: calibrate this "
+                                "deployment (--calibrate) or give the calibration's own", param="calibration")
+    return time_model
