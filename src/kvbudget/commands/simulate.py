@@ -281,13 +281,13 @@ def prepared(ask: SimulateRequest) -> tuple[Any, Callable[[float], Iterable[Any]
     model = load(ask.model)
     stream = workload(ask)
     found = settings(ask)
-    found.update(_calibration(ask, model, found, stream))
-    scale = positive(ask.rate_scale, "rate_scale")
-    priced = prices(ask)  # a price that cannot be read fails before any run
+    priced = prices(ask)  # a price that cannot be read fails before any fit or run
     if priced is not None and None not in priced and not ask.sweep:
         from kvbudget.simulation.cost import price_for
 
         price_for(priced, found.get("gpu"))
+    found.update(_calibration(ask, model, found, stream))
+    scale = positive(ask.rate_scale, "rate_scale")
     if ask.prometheus_series:
         positive(ask.prometheus_interval, "prometheus_interval")
         if get_engine(found["engine"]).queue_gauges is None:
