@@ -282,7 +282,7 @@ def prepared(ask: SimulateRequest) -> tuple[Any, Callable[[float], Iterable[Any]
     stream = workload(ask)
     found = settings(ask)
     priced = prices(ask)  # a price that cannot be read fails before any fit or run
-    if priced is not None and None not in priced and not ask.sweep:
+    if priced is not None and not ask.sweep:
         from kvbudget.simulation.cost import price_for
 
         price_for(priced, found.get("gpu"))

@@ -54,7 +54,7 @@ FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": {"num_attention_heads": 8, "num_key_value_heads": 4,
                     "head_dim": 256, "hidden_size": 2304, "max_position_embeddings": 131072,
                     "sliding_window": 4096, "sliding_window_pattern": 6, "vocab_size": 262208,
-                    "intermediate_size": 9216},
+                    "intermediate_size": 9216, "rope_local_base_freq": 10000.0},
     "phi3": {"num_attention_heads": 32, "hidden_size": 3072,
              "max_position_embeddings": 4096},
     "deepseek_v2": {"num_attention_heads": 32, "hidden_size": 4096,

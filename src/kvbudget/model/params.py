@@ -404,13 +404,13 @@ def rotary_embeddings(model: ModelSpec) -> tuple[Rotary, ...]:
 
 def _rope_settings(f: Fields, layer_types: set[str]) -> dict[str, dict]:
     """Each attention layer type's rope settings: transformers 5's `rope_parameters` (flat, or by layer type), else
-    `rope_scaling`; Gemma-3's local layers rotate with their own base (`rope_local_base_freq`), so apart."""
+    `rope_scaling`; sliding layers with a base of their own (`rope_local_base_freq`, Gemma-3) rotate apart, unscaled."""
     params = f.get("rope_parameters")
     if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
         return {t: params[t] for t in sorted(layer_types) if t in params} or {"full_attention": {}}
     flat = params if isinstance(params, dict) else f.get("rope_scaling")
     flat = flat if isinstance(flat, dict) else {}
-    if f.model_type == "gemma3_text" and layer_types == {"full_attention", "sliding_attention"}:
+    if f.get("rope_local_base_freq") and "sliding_attention" in layer_types:
         return {"full_attention": flat, "sliding_attention": {"rope_type": "default"}}
     return {"full_attention": flat}
 

@@ -28,10 +28,6 @@ def _gpu(gpu: str | None) -> str | None:
 
 def calibration_path(name: str, param: str = "save_calibration") -> Path:
     """The file of calibration `name` (checked to be a plain name)."""
-    return _path(name, param)
-
-
-def _path(name: str, param: str) -> Path:
     if not _NAME.match(name):
         raise KVBudgetError(f"{param} {name!r}: a name of letters, digits, '.', '_' and '-' (e.g. h100-llama-8b)",
                             param=param)
@@ -40,7 +36,7 @@ def _path(name: str, param: str) -> Path:
 
 def save_calibration(name: str, time_model: TimeModel, model: str, gpu: str | None, source: str) -> Path:
     """Keep `time_model` (fitted for `model` on `gpu` from `source`) as `name`; returns the file written."""
-    path = _path(name, "save_calibration")
+    path = calibration_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"name": name, "model": model, "gpu": _gpu(gpu), "source": source, "time_model": time_model.to_dict()}
     tmp = path.with_suffix(".tmp")
@@ -52,7 +48,7 @@ def save_calibration(name: str, time_model: TimeModel, model: str, gpu: str | No
 def load_calibration(name: str, model: str, gpu: str | None) -> TimeModel:
     """The time model saved as `name` (or in the file `name`), refused for another model or GPU: a step time fitted
     for one does not carry over."""
-    path = Path(name) if name.endswith(".json") and Path(name).is_file() else _path(name, "calibration")
+    path = Path(name) if name.endswith(".json") and Path(name).is_file() else calibration_path(name, "calibration")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         fitted = data["time_model"]
