@@ -16,6 +16,7 @@ from typing import Any
 from kvbudget.engines import Engine, get_engine
 from kvbudget.errors import KVBudgetError, spelled
 from kvbudget.model.spec import ModelSpec
+from kvbudget.simulation import steptimes
 from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.guarded import GuardInLoop, GuardReport
 from kvbudget.simulation.seq import Queues, Seq
@@ -234,7 +235,7 @@ def setup_of(ask: SimulationAsk) -> Setup:
     elif ask.time_model is not None:
         time_model = ask.time_model
     else:
-        time_model = _roofline(p, card)
+        time_model = _default_time_model(model, p, card)
     if time_model.basis == NOMINAL:
         raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
                             "FLOPS), or measured timings to calibrate it "
@@ -244,6 +245,16 @@ def setup_of(ask: SimulationAsk) -> Setup:
                       gpu=p.gpu if card or ask.gpu_memory else None,
                       kv_memory=p.kv_memory_bytes if ask.budget_given else None)
     return simulator.setup(ask, planned)
+
+
+def _default_time_model(model: ModelSpec, p: Any, card: Any) -> TimeModel:
+    """Kernels fitted on measurements (the card's own, or transferred from measured GPUs) where the card has
+    datasheet figures and the model's parameters are counted; else the roofline."""
+    kernels = steptimes.kernels_for(card) if card is not None else None
+    work = steptimes.step_work(model, p) if kernels is not None else None
+    if kernels is not None and work is not None:
+        return steptimes.time_model(work, kernels, card)
+    return _roofline(p, card)
 
 
 def _roofline(p: Any, card: Any) -> TimeModel:
@@ -374,7 +385,7 @@ class _Run:
                                     f"can never be scheduled (max_num_batched_tokens "
                                     f"{self.setup.max_num_batched_tokens}, allocator {self.setup.allocator}); "
                                     "raise max_num_batched_tokens or filter the trace", param="trace")
-            dt = tm.step_seconds(step.tokens, step.context)
+            dt = tm.step_seconds(step.tokens, step.context, step.pairs or step.context, len(step.scheduled))
             slots = self.slot_time
             for i, held in enumerate(sched.memory()):
                 if held:
@@ -394,6 +405,9 @@ class _Run:
         blocks_as_states = sched.hybrid
         tm = self.tm
         weights, per_context, per_token, overhead = tm.weights, tm.per_context, tm.per_token, tm.overhead
+        per_run = tm.token_cost * r  # (the added costs, in step_seconds' order)
+        per_sequences = tm.seq_cost * r
+        context_cost, pair_cost = tm.context_cost, tm.pair_cost
         summed = tm.bound == "sum"
         context = sched.context_tokens()
         compute = per_token * r
@@ -413,10 +427,8 @@ class _Run:
                 if usage > peak:  # (hybrid windows free blocks: usage can fall within a run)
                     peak = usage
             read = weights + per_context * context  # (as step_seconds computes it, to the last bit)
-            if summed:
-                dt = read + compute + overhead
-            else:
-                dt = (read if read > compute else compute) + overhead
+            base = read + compute if summed else (read if read > compute else compute)
+            dt = base + overhead + per_run + per_sequences + context_cost * context + pair_cost * context
             t += dt
             usage_time += usage * dt
             if blocks_as_states:  # hybrid groups: every block in use counts as token states (see memory())

@@ -163,6 +163,7 @@ class Step:
     usage: float  # vLLM's kv_cache_usage after scheduling
     tokens: int = 0  # scheduled, summed
     context: int = 0  # tokens the scheduled requests attend over (their computed tokens after the step), summed
+    pairs: int = 0  # (query, key) pairs attention computes (causal); 0: one query per request, as in decoding
     failed: int = 0  # requests the engine answered with an error in this step
 
 
@@ -174,6 +175,12 @@ def commit(scheduled: list[tuple[Seq, int]]) -> tuple[int, int]:
         tokens += n
         context += s.computed
     return tokens, context
+
+
+def attended_pairs(scheduled: list[tuple[Seq, int]]) -> int:
+    """The (query, key) pairs causal attention computes in a committed step: n new tokens after c computed ones
+    attend over n * c + n (n + 1) / 2 keys."""
+    return sum(n * (s.computed - n) + n * (n + 1) // 2 for s, n in scheduled)
 
 
 class Queues:

@@ -27,15 +27,19 @@ NOMINAL = "nominal peaks (no GPU figures)"
 
 @dataclass(frozen=True, kw_only=True)
 class TimeModel:
-    """A step's seconds from its tokens and the tokens it attends over:
-    `max(weights + per_context * context, per_token * tokens) + overhead` (roofline), or the sum of the terms
-    (calibrated)."""
+    """A step's seconds from its tokens, the cached tokens it attends over, the (query, key) pairs its attention
+    computes and the sequences it runs: `max(weights + per_context * context, per_token * tokens)` (roofline and
+    fitted kernels) or their sum (calibrated), plus the overhead and the added costs."""
 
     weights: float  # seconds to read the weights once
-    per_context: float  # seconds per cached token attended over
-    per_token: float  # seconds per token computed
+    per_context: float  # seconds per cached token attended over (overlapped with computing under "max")
+    per_token: float  # seconds per token computed (overlapped with reading under "max")
     overhead: float  # seconds per step
-    bound: str = "max"  # "max" (roofline: the slower of reading and computing) or "sum" (calibrated)
+    bound: str = "max"  # "max" (the slower of reading and computing) or "sum" (calibrated)
+    token_cost: float = 0.0  # seconds added per token (norms, activations, all-reduces)
+    context_cost: float = 0.0  # seconds added per cached token attended over (attention's KV read)
+    pair_cost: float = 0.0  # seconds added per (query, key) pair attention computes
+    seq_cost: float = 0.0  # seconds added per sequence in the step (LM head, sampler, attention per sequence)
     basis: str = "roofline estimate"
 
     @classmethod
@@ -52,13 +56,16 @@ class TimeModel:
         return cls(weights=0.0, per_context=per_context, per_token=per_token, overhead=overhead, bound="sum",
                    basis=basis)
 
-    def step_seconds(self, tokens: int, context_tokens: int) -> float:
-        """One step computing `tokens` new tokens while attending over `context_tokens` cached ones."""
+    def step_seconds(self, tokens: int, context_tokens: int, pairs: int | None = None,
+                     sequences: int | None = None) -> float:
+        """One step computing `tokens` new tokens for `sequences` sequences (default: one token each) while
+        attending over `context_tokens` cached ones in `pairs` (query, key) pairs (default: one query each)."""
         read = self.weights + self.per_context * context_tokens
         compute = self.per_token * tokens
-        if self.bound == "sum":
-            return read + compute + self.overhead
-        return (read if read > compute else compute) + self.overhead
+        base = read + compute if self.bound == "sum" else (read if read > compute else compute)
+        return (base + self.overhead + self.token_cost * tokens + self.seq_cost * (tokens if sequences is None
+                else sequences) + self.context_cost * context_tokens
+                + self.pair_cost * (context_tokens if pairs is None else pairs))
 
     def to_dict(self) -> dict[str, float | str]:
         return dict(self.__dict__)
@@ -108,18 +115,28 @@ def calibrate(steps: Sequence[MeasuredStep], source: str = "measured steps") -> 
     overhead + per_context * context + per_token * tokens."""
     if len(steps) < 3:
         raise KVBudgetError(f"calibrate: {len(steps)} measured steps; at least 3 are needed", param="calibrate")
-    rows = [(1.0, float(s.context_tokens), float(s.tokens)) for s in steps]
-    ys = [s.seconds for s in steps]
-    used = [0, 1, 2]
+    rows = [[1.0, float(s.context_tokens), float(s.tokens)] for s in steps]
+    coef = dict(enumerate(nonnegative_fit(rows, [s.seconds for s in steps])))
+    return TimeModel.fitted(coef.get(0, 0.0), coef.get(1, 0.0), coef.get(2, 0.0),
+                            f"calibrated on {len(steps)} {source}")
+
+
+def nonnegative_fit(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
+    """Least squares with no negative coefficient: a column whose coefficient comes out negative is dropped
+    (its coefficient 0) and the rest refitted. Columns are scaled to their largest value while solving."""
+    k = len(rows[0])
+    scale = [max(abs(r[j]) for r in rows) or 1.0 for j in range(k)]
+    used = list(range(k))
     while True:
-        fit = _least_squares([tuple(r[j] for j in used) for r in rows], ys)
+        fit = _least_squares([tuple(r[j] / scale[j] for j in used) for r in rows], list(ys))
         negative = [j for j, v in zip(used, fit, strict=True) if v < 0]
         if not negative:
             break
         used.remove(negative[0])
-    coef = dict(zip(used, fit, strict=True))
-    return TimeModel.fitted(coef.get(0, 0.0), coef.get(1, 0.0), coef.get(2, 0.0),
-                            f"calibrated on {len(steps)} {source}")
+    out = [0.0] * k
+    for j, v in zip(used, fit, strict=True):
+        out[j] = v / scale[j]
+    return out
 
 
 def _least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step, commit
+from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step, attended_pairs, commit
 
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO (x schedule_conservativeness 1.0)
@@ -209,7 +209,7 @@ class SGLangScheduler(Queues):
         if prefill:
             tokens, context = commit(prefill)
             return Step(scheduled=tuple(prefill), preempted=(), free_blocks=self.available, usage=self.usage(),
-                        tokens=tokens, context=context)
+                        tokens=tokens, context=context, pairs=attended_pairs(prefill))
         return self._decode()
 
     def _prefill(self) -> list[tuple[Seq, int]]:
@@ -304,7 +304,7 @@ class SGLangScheduler(Queues):
         scheduled = [(s, 1) for s in running]
         tokens, context = commit(scheduled)
         return Step(scheduled=tuple(scheduled), preempted=tuple(retracted), free_blocks=self.available,
-                    usage=self.usage(), tokens=tokens, context=context)
+                    usage=self.usage(), tokens=tokens, context=context, pairs=attended_pairs(scheduled))
 
     def _retract(self, s: Seq, remaining: int) -> None:
         self._release(s, keep=False)

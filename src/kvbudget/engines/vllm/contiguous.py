@@ -20,7 +20,7 @@ readings of the paper the reproduction lands within 4 points of its Fig. 2 (benc
 from __future__ import annotations
 
 from kvbudget.errors import KVBudgetError
-from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step, commit
+from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step, attended_pairs, commit
 
 POLICIES = ("max", "pow2", "oracle")
 
@@ -130,7 +130,7 @@ class ContiguousScheduler(Queues):
             budget -= s.prompt
         tokens, context = commit(scheduled)
         return Step(scheduled=tuple(scheduled), preempted=(), free_blocks=self.slots - self.held, usage=self.usage(),
-                    tokens=tokens, context=context)
+                    tokens=tokens, context=context, pairs=attended_pairs(scheduled))
 
     def _free(self, s: Seq) -> None:
         start, size = self.where.pop(s.uid)

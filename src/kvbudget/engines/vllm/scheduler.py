@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sized
 
 from kvbudget.engines.vllm.pool import NO_HITS, CountingPool, Hits, RunPool
-from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step, commit
+from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step, attended_pairs, commit
 from kvbudget.units import cdiv
 
 
@@ -221,7 +221,7 @@ class VLLMScheduler(Queues):
         tokens, context = commit(scheduled)
         return Step(scheduled=tuple(scheduled), preempted=tuple(preempted), free_blocks=self.pool.nfree,
                     usage=self.pool.usage(), tokens=tokens,
-                    context=context)
+                    context=context, pairs=attended_pairs(scheduled))
 
     # -- the fast path: runs of pure decode steps ------------------------------------------------------------
 

@@ -1,0 +1,162 @@
+"""Replays the public end-to-end vLLM runs in benchmarks/data/served/ through `kvbudget.simulate` with its default
+time model (no calibration) and compares mean, p50 and p90 TTFT, TPOT and end-to-end latency with what the real
+runs measured. None of these runs is in the data the step times are fitted on (src/kvbudget/data/steptimes/).
+Used by bench_step_times.py and tests/unit/simulation/test_step_times.py.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvbudget.model.load import load_model
+from kvbudget.simulation import simulate
+from kvbudget.simulation.timing import TimeModel
+from kvbudget.simulation.workload import Request
+
+DATA = Path(__file__).resolve().parent / "data" / "served"
+METRICS = ("ttft", "tpot", "e2e")
+# the runs left out of the comparison, and why (the real run's figures are of the requests that survived)
+OVERLOAD = "client timeouts failed {:.0%} of the requests: the measured latencies are of the survivors"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    """One real run (or one load stage of it) beside its simulation."""
+
+    run: str
+    stage: int
+    gpu: str
+    model: str
+    tp: int
+    rate: float  # requests per second offered
+    saturated: bool  # the real run queued: its mean TTFT is over a second
+    real: dict[str, dict[str, float]]  # metric -> stat (mean, p50, p90) -> seconds
+    simulated: dict[str, dict[str, float]]
+    basis: str
+    excluded: str = ""  # why it is not compared
+
+    def error(self, metric: str, stat: str = "mean") -> float:
+        real = self.real[metric].get(stat)
+        return self.simulated[metric][stat] / real - 1 if real else float("nan")
+
+
+@dataclass
+class _Collect:
+    """Per-request latencies from `simulate`'s on_finish, by the stage the request came in."""
+
+    stage_of: Callable[[Request], int]
+    by_stage: dict[int, dict[str, list[float]]] = field(default_factory=dict)
+
+    def __call__(self, r: Request, ttft: float, tpot: float | None, e2e: float) -> None:
+        d = self.by_stage.setdefault(self.stage_of(r), {"ttft": [], "tpot": [], "e2e": [], "out": []})
+        d["ttft"].append(ttft)
+        d["e2e"].append(e2e)
+        d["out"].append(r.output_tokens)
+        if tpot is not None:
+            d["tpot"].append(tpot)
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    s = sorted(values)
+    return {"mean": statistics.fmean(s), "p50": s[len(s) // 2], "p90": s[min(len(s) - 1, int(0.9 * len(s)))]}
+
+
+def runs() -> list[dict[str, Any]]:
+    return json.loads((DATA / "runs.json").read_text(encoding="utf-8"))["runs"]
+
+
+def model_of(name: str) -> Any:
+    config = DATA / f"{name}.config.json"
+    return load_model(str(config) if config.exists() else name, name=name)
+
+
+def _quantile(q: dict[str, float], u: float) -> float:
+    """The prompt-length quantile function, interpolated between the published points."""
+    points = [(0.0, q["min"]), (0.01, q["p1"]), (0.05, q["p5"]), (0.10, q["p10"]), (0.25, q["p25"]),
+              (0.50, q["median"]), (0.75, q["p75"]), (0.90, q["p90"]), (0.95, q["p95"]), (0.99, q["p99"]),
+              (1.0, q["max"])]
+    for (u0, v0), (u1, v1) in zip(points, points[1:], strict=False):
+        if u <= u1:
+            return v0 + (v1 - v0) * (u - u0) / (u1 - u0)
+    return points[-1][1]
+
+
+def inference_perf_requests(run: dict[str, Any]) -> Iterator[Request]:
+    """inference-perf's shared-prefix workload at constant rate, stage after stage: each user's prompt starts with
+    its group's system prompt (prefix cache hits); prompt lengths follow the stage's measured quantiles (spread
+    through the stage by a fixed stride), every output the profile's length (ignore_eos)."""
+    start, i = 0.0, 0
+    for k, stage in enumerate(run["stages"]):
+        n = round(stage["rate"] * stage["duration_s"])
+        for j in range(n):
+            u = ((j * 0.6180339887) % 1.0)
+            prompt = round(_quantile(stage["prompt_tokens"], u))
+            yield Request(arrival=start + j / stage["rate"], prompt_tokens=prompt,
+                          output_tokens=run["output_tokens"], prefix=((("system", i % 45), 100),), id=f"{k}:{i}")
+            i += 1
+        start += stage["duration_s"]
+
+
+def bench_requests(run: dict[str, Any]) -> list[Request]:
+    """LLMServingSim's bench run: each request's arrival, prompt and output length as vLLM served it."""
+    rows = [json.loads(line) for line in (DATA / run["requests_file"]).read_text(encoding="utf-8").splitlines()]
+    t0 = min(r["queued_ts"] for r in rows)
+    return sorted((Request(arrival=r["queued_ts"] - t0, prompt_tokens=r["input_toks"], output_tokens=r["output_toks"],
+                           id=r["request_id"]) for r in rows), key=lambda r: r.arrival)
+
+
+def bench_measured(run: dict[str, Any]) -> dict[str, dict[str, float]]:
+    rows = [json.loads(line) for line in (DATA / run["requests_file"]).read_text(encoding="utf-8").splitlines()]
+    ttft = [r["first_token_ts"] - r["queued_ts"] for r in rows]
+    e2e = [r["last_token_ts"] - r["queued_ts"] for r in rows]
+    tpot = [(r["last_token_ts"] - r["first_token_ts"]) / (r["output_toks"] - 1) for r in rows if r["output_toks"] > 1]
+    return {"ttft": stats(ttft), "tpot": stats(tpot), "e2e": stats(e2e)}
+
+
+def replay(run: dict[str, Any], time_model: TimeModel | None = None) -> list[Case]:
+    """The run's cases: its real figures beside the simulation's."""
+    model = model_of(run["model"])
+    settings = dict(engine="vllm", gpu=run["gpu"], tp=run["tp"], max_num_seqs=run["max_num_seqs"],
+                    max_num_batched_tokens=run["max_num_batched_tokens"], max_model_len=run["max_model_len"],
+                    prefix_caching=run["prefix_caching"], time_model=time_model)
+    if run.get("num_gpu_blocks"):
+        settings["num_blocks"] = run["num_gpu_blocks"]
+    if "requests_file" in run:
+        collect = _Collect(lambda r: 0)
+        sim = simulate(model, iter(bench_requests(run)), on_finish=collect, **settings)
+        reqs = bench_requests(run)
+        rate = len(reqs) / reqs[-1].arrival
+        real = bench_measured(run)
+        simulated = _figures(collect.by_stage[0], tpot_from_means=False)
+        return [Case(run=run["id"], stage=0, gpu=run["gpu"], model=run["model"], tp=run["tp"], rate=rate,
+                     saturated=real["ttft"]["mean"] > 1.0, real=real, simulated=simulated,
+                     basis=sim.setup.time_model.basis)]
+    collect = _Collect(lambda r: int(r.id.split(":")[0]))
+    sim = simulate(model, inference_perf_requests(run), on_finish=collect, **settings)
+    out = []
+    for k, stage in enumerate(run["stages"]):
+        m = stage["measured"]
+        real = {"ttft": m["ttft_s"], "e2e": m["e2e_s"],
+                "tpot": {"mean": (m["e2e_s"]["mean"] - m["ttft_s"]["mean"]) / (run["output_tokens"] - 1)}}
+        failed = stage["failed"] / stage["requests"]
+        out.append(Case(run=run["id"], stage=k, gpu=run["gpu"], model=run["model"], tp=run["tp"], rate=stage["rate"],
+                        saturated=real["ttft"]["mean"] > 1.0, real=real,
+                        simulated=_figures(collect.by_stage[k], tpot_from_means=True),
+                        basis=sim.setup.time_model.basis, excluded=OVERLOAD.format(failed) if failed > 0.01 else ""))
+    return out
+
+
+def _figures(d: dict[str, list[float]], tpot_from_means: bool) -> dict[str, dict[str, float]]:
+    out = {"ttft": stats(d["ttft"]), "e2e": stats(d["e2e"]), "tpot": stats(d["tpot"])}
+    if tpot_from_means:  # as the real run's figure is derived: (mean e2e - mean ttft) / (output - 1)
+        out["tpot"] = {"mean": (out["e2e"]["mean"] - out["ttft"]["mean"]) / (statistics.fmean(d["out"]) - 1)}
+    return out
+
+
+def all_cases(time_model: TimeModel | None = None) -> list[Case]:
+    return [c for run in runs() for c in replay(run, time_model)]

@@ -1,0 +1,194 @@
+"""Turn public per-operation GPU profiles into the measurement files kvbudget fits its step times on.
+
+Usage: python scripts/extract_step_profiles.py LLMSERVINGSIM_GIT VIDUR_GIT
+
+Both arguments are git directories of the public repositories (casys-kaist/LLMServingSim at 5daddb2, and
+microsoft/vidur), read with `git show`; nothing else is read. Each profile row becomes one measurement with the
+work it did, counted from the profiled model's published config (kvbudget's catalog): FLOPs and bytes moved.
+The rows are written to src/kvbudget/data/steptimes/<gpu>.csv; data/steptimes/README.md names the sources.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+from kvbudget.model.load import load_model
+
+OUT = Path(__file__).resolve().parent.parent / "src" / "kvbudget" / "data" / "steptimes"
+FIELDS = ["op", "layer", "model", "tp", "tokens", "seqs", "flops", "bytes", "time_us"]
+BF16 = 2
+
+# (GPU file, model catalog name, profile folder, TP degrees) of LLMServingSim's vLLM 0.19 profiler output
+V1 = [("rtx-4090", "llama-3.1-8b", "profiler/perf/RTX4090/meta-llama/Llama-3.1-8B/bf16", (1,)),
+      ("rtx-pro-6000", "llama-3.1-8b", "profiler/perf/RTXPRO6000/meta-llama/Llama-3.1-8B/bf16", (1, 2)),
+      ("rtx-pro-6000", "qwen3-32b", "profiler/perf/RTXPRO6000/Qwen/Qwen3-32B/bf16", (1, 2)),
+      ("rtx-pro-6000", "qwen3-30b-a3b", "profiler/perf/RTXPRO6000/Qwen/Qwen3-30B-A3B-Instruct-2507/bf16", (1, 2))]
+# its earlier (vLLM V0) profiler's H100 output
+V0 = [("h100-sxm", "llama-3.1-8b", "profiler/v0/perf_models/H100/meta-llama/Llama-3.1-8B", (1, 2)),
+      ("h100-sxm", "llama-3.1-70b", "profiler/v0/perf_models/H100/meta-llama/Llama-3.1-70B", (1, 2, 4)),
+      ("h100-sxm", "mixtral-8x7b", "profiler/v0/perf_models/H100/mistralai/Mixtral-8x7B-v0.1", (1, 2, 4))]
+
+
+def show(git: str, path: str) -> list[dict[str, str]]:
+    text = subprocess.run(["git", f"--git-dir={git}", "show", f"HEAD:{path}"], check=True, capture_output=True,
+                          text=True).stdout
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+class Shapes:
+    def __init__(self, name: str, tp: int):
+        c = load_model(name).config
+        c = c.get("text_config", c)
+        self.h = c["hidden_size"]
+        self.hd = c.get("head_dim") or self.h // c["num_attention_heads"]
+        self.q = c["num_attention_heads"] * self.hd // tp
+        self.kv = c["num_key_value_heads"] * self.hd // tp
+        self.inter = c.get("intermediate_size", 0) // tp
+        self.moe_inter = (c.get("moe_intermediate_size") or 0) // tp
+        self.top_k = c.get("num_experts_per_tok") or 0
+        self.vocab = c["vocab_size"] // tp
+        self.tp = tp
+
+    def gemm(self, layer: str, m: int) -> tuple[int, int] | None:
+        """(FLOPs, weight bytes) of a projection over m tokens."""
+        nk = {"qkv_proj": (self.q + 2 * self.kv, self.h), "q_proj": (self.q, self.h), "k_proj": (self.kv, self.h),
+              "v_proj": (self.kv, self.h), "o_proj": (self.h, self.q), "gate_up_proj": (2 * self.inter, self.h),
+              "gate_proj": (self.inter, self.h), "up_proj": (self.inter, self.h), "down_proj": (self.h, self.inter),
+              "lm_head": (self.vocab, self.h)}.get(layer)
+        if nk is None:
+            return None
+        n, k = nk
+        return 2 * m * n * k, BF16 * n * k
+
+    def elementwise(self, layer: str, m: int) -> int | None:
+        """Bytes read and written by a normalisation, activation, rotary or embedding kernel over m tokens."""
+        per_token = {"layernorm": 2 * self.h, "input_layernorm": 2 * self.h, "post_layernorm": 2 * self.h,
+                     "final_layernorm": 2 * self.h, "act_fn": 3 * self.inter, "rotary_emb": 2 * (self.q + self.kv),
+                     "rope": 2 * (self.q + self.kv), "qk_norm": 2 * (self.q + self.kv), "embedding": self.h}.get(layer)
+        return None if per_token is None else BF16 * m * per_token
+
+    def attention(self, chunk: int, kv_prefill: int, decodes: int, kv_decode: int) -> tuple[int, int, int]:
+        """(FLOPs, KV bytes read, sequences) of one layer's attention over one prefill chunk and `decodes`
+        decoding sequences."""
+        pairs = chunk * kv_prefill + chunk * (chunk + 1) // 2 + decodes * (kv_decode + 1)
+        flops = 4 * self.q * pairs
+        kv_tokens = (kv_prefill + chunk if chunk else 0) + decodes * (kv_decode + 1)
+        return flops, BF16 * 2 * self.kv * kv_tokens, decodes + (1 if chunk else 0)
+
+
+def kept(tokens: int) -> bool:
+    """A geometric grid of token counts (the V0 profiles measured every count from 1 to 2,048)."""
+    return tokens <= 16 or (tokens <= 256 and tokens % 16 == 0) or tokens % 128 == 0
+
+
+def thinned(rows: list[dict[str, object]], most: int) -> list[dict[str, object]]:
+    """At most `most` rows, evenly spaced through the profile's own order."""
+    step = -(-len(rows) // most)
+    return rows[::step]
+
+
+def row(op: str, layer: str, model: str, tp: int, tokens: int, seqs: int, flops: int, nbytes: int,
+        time_us: float) -> dict[str, object]:
+    return dict(op=op, layer=layer, model=model, tp=tp, tokens=tokens, seqs=seqs, flops=flops, bytes=nbytes,
+                time_us=round(time_us, 4))
+
+
+def v1_rows(git: str, model: str, folder: str, tp: int) -> list[dict[str, object]]:
+    s, out = Shapes(model, tp), []
+    for r in show(git, f"{folder}/tp{tp}/dense.csv"):
+        m, t = int(r["tokens"]), float(r["time_us"])
+        g = s.gemm(r["layer"], m)
+        if g is not None:
+            out.append(row("gemm", r["layer"], model, tp, m, 0, g[0], g[1], t))
+        elif (b := s.elementwise(r["layer"], m)) is not None:
+            out.append(row("elementwise", r["layer"], model, tp, m, 0, 0, b, t))
+    for r in show(git, f"{folder}/tp{tp}/per_sequence.csv"):
+        n, t = int(r["sequences"]), float(r["time_us"])
+        if r["layer"] == "lm_head":
+            g = s.gemm("lm_head", n)
+            assert g is not None
+            out.append(row("gemm", "lm_head", model, tp, n, n, g[0], g[1], t))
+        elif r["layer"] == "sampler":
+            out.append(row("sampler", "sampler", model, tp, n, n, 0, 4 * n * s.vocab * tp, t))
+    grid = show(git, f"{folder}/tp{tp}/attention.csv")
+    decode = [r for r in grid if r["prefill_chunk"] == "0"]  # every decode-only row; the mixed grid thinned
+    for r in decode + thinned([r for r in grid if r["prefill_chunk"] != "0"], 600):
+        chunk, kvp, dec, kvd = (int(r[k]) for k in ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode"))
+        flops, nbytes, seqs = s.attention(chunk, kvp, dec, kvd)
+        out.append(row("attention", "attention", model, tp, chunk + dec, seqs, flops, nbytes, float(r["time_us"])))
+    if s.moe_inter and tp == 1:  # (profiled at TP 1 only)
+        for r in show(git, f"{folder}/tp{tp}/moe.csv"):
+            m, experts = int(r["tokens"]), int(r["activated_experts"])
+            weights = experts * 3 * s.h * s.moe_inter
+            out.append(row("moe", "experts", model, tp, m, 0, 2 * m * s.top_k * 3 * s.h * s.moe_inter,
+                           BF16 * weights, float(r["time_us"])))
+    return out
+
+
+def v0_rows(git: str, model: str, folder: str, tp: int) -> list[dict[str, object]]:
+    s, out = Shapes(model, tp), []
+    for r in show(git, f"{folder}/tp{tp}/layers.csv"):
+        m, t = int(r["input"]), float(r["latency(ns)"]) / 1000
+        if not kept(m):
+            continue
+        # (its norms, activation and rotary embedding are left out: it timed PyTorch-native versions, several
+        # kernels each, where vLLM runs its fused ones; the H100 takes them from the GPUs profiled under 0.19)
+        g = s.gemm(r["layer_name"], m)
+        if g is not None:
+            out.append(row("gemm", r["layer_name"], model, tp, m, 0, g[0], g[1], t))
+    # (its attention grid is left out: read as documented, its decode rows would have read KV at up to 50 TB/s
+    # and its prefill rows at 40 GB/s, so what they timed is not known; H100 attention stays the roofline's)
+    return out
+
+
+# vLLM's custom all-reduce on H100 (what it runs for tensors up to 8 MiB on NVLink): the "vllm" rows of the
+# table in github:sgl-project/sglang pull request 2904 (2025-01-15; without CUDA graphs), elements of 16 bits,
+# milliseconds at TP 2 / 4 / 8
+CUSTOM_ALL_REDUCE = {512: (0.0095, 0.0091, 0.0101), 4096: (0.0088, 0.0085, 0.0093), 32768: (0.0087, 0.0092, 0.0118),
+                     262144: (0.0129, 0.0206, 0.0241), 524288: (0.0177, 0.0269, 0.0304),
+                     1048576: (0.0266, 0.0402, 0.0450)}
+CUSTOM_MAX_BYTES = 8 << 20
+
+
+def custom_all_reduce() -> list[dict[str, object]]:
+    return [row("allreduce", "custom_all_reduce", "-", tp, 0, 0, 0, BF16 * size, ms * 1000)
+            for size, times in CUSTOM_ALL_REDUCE.items() for tp, ms in zip((2, 4, 8), times, strict=True)]
+
+
+def vidur_all_reduce(git: str) -> list[dict[str, object]]:
+    """NCCL's all-reduce on an H100 DGX, for the tensors above the custom all-reduce's 8 MiB."""
+    out = []
+    for r in show(git, "data/profiling/network/h100_dgx/all_reduce.csv"):
+        n = int(r["num_workers"])
+        if n in (2, 4, 8) and int(r["size"]) % 65536 in (0, 2048) and BF16 * int(r["size"]) > CUSTOM_MAX_BYTES:
+            out.append(row("allreduce", "all_reduce", "-", n, 0, 0, 0, BF16 * int(r["size"]),
+                           float(r["time_stats.all_reduce.median"]) * 1000))
+    return out
+
+
+def main(llmservingsim: str, vidur: str) -> None:
+    files: dict[str, list[dict[str, object]]] = {}
+    for gpu, model, folder, tps in V1:
+        for tp in tps:
+            files.setdefault(gpu, []).extend(v1_rows(llmservingsim, model, folder, tp))
+    for gpu, model, folder, tps in V0:
+        for tp in tps:
+            files.setdefault(gpu, []).extend(v0_rows(llmservingsim, model, folder, tp))
+    files["h100-sxm"].extend(custom_all_reduce() + vidur_all_reduce(vidur))
+    OUT.mkdir(parents=True, exist_ok=True)
+    for gpu, rows in files.items():
+        with open(OUT / f"{gpu}.csv", "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, FIELDS, lineterminator="\n")
+            w.writeheader()
+            w.writerows(rows)
+        print(f"{gpu}: {len(rows)} measurements")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    main(sys.argv[1], sys.argv[2])

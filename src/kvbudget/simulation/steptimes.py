@@ -1,0 +1,304 @@
+"""Step times fitted on public per-operation measurements of real GPUs (data/steptimes/).
+
+Each measurement is one kernel of a real engine on a real GPU (a projection, an attention call, a normalisation,
+the sampler, an all-reduce) with the work it did: FLOPs, bytes moved, sequences. Per GPU and kind of operation
+the fit finds the seconds a kernel takes for its work:
+
+- projections and MoE experts: `fixed + max(weight bytes / bandwidth, FLOPs / throughput)` (a kernel reads its
+  weights and computes at the same time; the slower wins),
+- everything else: `fixed + bytes / bandwidth + FLOPs / throughput + sequences x per_sequence`,
+
+by least squares on relative error with no negative part. A model's step is then the sum of its kernels, counted
+from its config: because each term is in FLOPs and bytes, a fit transfers to models that were not profiled (how
+far, the accuracy page says). A GPU without measurements keeps the roofline over its datasheet (labelled so).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from kvbudget.errors import ConfigError
+from kvbudget.model.params import activation_widths, count_parameters, routed_experts
+from kvbudget.model.spec import Attention, LatentAttention, ModelSpec
+from kvbudget.simulation.timing import TimeModel, nonnegative_fit
+
+# kernels a vLLM decoder layer launches, beside its attention: QKV and output projections, the gated MLP's two
+# (an MoE layer: the router and the fused experts); two norms, the activation and the rotary embedding
+GEMMS_PER_LAYER = 4
+ELEMENTWISE_PER_LAYER = 4
+ALL_REDUCES_PER_LAYER = 2  # after attention and after the MLP, under tensor parallelism
+# an all-reduce's fixed cost where no measurement exists (estimate: NCCL's small-message latency on one node)
+ALL_REDUCE_FIXED_S = 20e-6
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpFit:
+    """How long one kernel of a kind takes for its work, fitted on `rows` measurements."""
+
+    op: str
+    fixed: float  # seconds per call
+    bandwidth: float  # bytes per second (0: no memory term)
+    throughput: float  # FLOPs per second (0: no compute term)
+    per_sequence: float  # seconds per sequence
+    overlapped: bool  # memory and compute overlap: the slower of the two counts
+    rows: int
+    median_error: float  # median |predicted / measured - 1| over the rows fitted
+
+    def seconds(self, flops: float, nbytes: float, sequences: float = 0.0) -> float:
+        read = nbytes / self.bandwidth if self.bandwidth else 0.0
+        compute = flops / self.throughput if self.throughput else 0.0
+        work = max(read, compute) if self.overlapped else read + compute
+        return self.fixed + work + sequences * self.per_sequence
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    op: str
+    tp: int
+    tokens: int
+    sequences: int
+    flops: float
+    nbytes: float
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuFit:
+    """The fitted kernels of one GPU (by operation; all-reduces by TP degree) and what they rest on."""
+
+    gpu: str
+    ops: dict[str, OpFit]
+    all_reduce: dict[int, OpFit]
+    source: str
+    engine: str
+
+    def label(self) -> str:
+        return f"fitted on {self.gpu} kernel measurements ({self.engine}; {self.source})"
+
+
+def _index() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((resources.files("kvbudget") / "data" / "steptimes" / "index.json")
+                                      .read_text(encoding="utf-8"))
+    return data
+
+
+def fitted_gpus() -> tuple[str, ...]:
+    """Catalog names of the GPUs with per-operation measurements."""
+    return tuple(_index()["gpus"])
+
+
+def measurements(gpu: str) -> list[Measurement]:
+    entry = _index()["gpus"][gpu]
+    text = (resources.files("kvbudget") / "data" / "steptimes" / entry["file"]).read_text(encoding="utf-8")
+    return [Measurement(op=r["op"], tp=int(r["tp"]), tokens=int(r["tokens"]), sequences=int(r["seqs"]),
+                        flops=float(r["flops"]), nbytes=float(r["bytes"]), seconds=float(r["time_us"]) * 1e-6)
+            for r in csv.DictReader(text.splitlines())]
+
+
+@cache
+def gpu_fit(gpu: str) -> GpuFit | None:
+    """The fitted kernels of `gpu` (a catalog name), or None where no measurements exist."""
+    entry = _index()["gpus"].get(gpu)
+    if entry is None:
+        return None
+    rows = measurements(gpu)
+    ops = {}
+    for op, overlapped, terms in (("gemm", True, TERMS[:3]), ("moe", True, TERMS[:3]),
+                                  ("elementwise", False, TERMS[:2]), ("sampler", False, TERMS[:2])):
+        mine = [m for m in rows if m.op == op]
+        if mine:
+            ops[op] = fit_op(op, mine, overlapped, terms)
+    # attention apart for decoding (one query per sequence: reading the KV cache) and for prefill chunks
+    decode = [m for m in rows if m.op == "attention" and m.sequences == m.tokens]
+    prefill = [m for m in rows if m.op == "attention" and m.sequences != m.tokens]
+    if decode:
+        ops["decode_attention"] = fit_op("decode_attention", decode, False, ("fixed", "bytes", "sequences"))
+    if prefill:
+        ops["prefill_attention"] = fit_op("prefill_attention", prefill, False, TERMS)
+    reduce = {}
+    for tp in sorted({m.tp for m in rows if m.op == "allreduce"}):
+        reduce[tp] = fit_op("allreduce", [m for m in rows if m.op == "allreduce" and m.tp == tp], False, TERMS[:2])
+    return GpuFit(gpu=gpu, ops=ops, all_reduce=reduce, source=entry["source"], engine=entry["engine"])
+
+
+TERMS = ("fixed", "bytes", "flops", "sequences")
+
+
+def fit_op(op: str, rows: Sequence[Measurement], overlapped: bool, terms: Sequence[str] = TERMS) -> OpFit:
+    """Least squares on relative error over `terms`, no negative part. Overlapped: each row is memory- or
+    compute-bound, assigned by the previous fit until the assignment settles."""
+    varies = (True, any(m.nbytes for m in rows), any(m.flops for m in rows), len({m.sequences for m in rows}) > 1)
+    columns = [j for j, t in enumerate(TERMS) if t in terms and varies[j]]
+
+    def features(m: Measurement, bound: str | None) -> list[float]:
+        full = [1.0, m.nbytes if bound != "compute" else 0.0, m.flops if bound != "memory" else 0.0,
+                float(m.sequences)]
+        return [full[j] / m.seconds for j in columns]
+
+    def solve(bounds: list[str | None]) -> dict[int, float]:
+        coef = nonnegative_fit([features(m, b) for m, b in zip(rows, bounds, strict=True)], [1.0] * len(rows))
+        return dict(zip(columns, coef, strict=True))
+
+    bounds: list[str | None] = [None] * len(rows)
+    coef = solve(bounds)
+    for _ in range(30 if overlapped else 0):
+        new: list[str | None] = ["memory" if m.nbytes * coef.get(1, 0.0) >= m.flops * coef.get(2, 0.0) else "compute"
+                                 for m in rows]
+        if new == bounds:
+            break
+        bounds, coef = new, solve(new)
+    fit = OpFit(op=op, fixed=coef.get(0, 0.0), bandwidth=1 / coef[1] if coef.get(1) else 0.0,
+                throughput=1 / coef[2] if coef.get(2) else 0.0, per_sequence=coef.get(3, 0.0), overlapped=overlapped,
+                rows=len(rows), median_error=0.0)
+    errors = sorted(abs(fit.seconds(m.flops, m.nbytes, m.sequences) / m.seconds - 1) for m in rows)
+    return OpFit(**{**fit.__dict__, "median_error": errors[len(errors) // 2]})
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepWork:
+    """What one GPU's share of a model does per step, counted from the config (see `step_work`)."""
+
+    layers: int
+    attention_layers: int
+    weight_bytes: float  # linear weights read per step (all experts of an MoE)
+    lm_head_bytes: float
+    flops_per_token: float  # linear layers' FLOPs per token (the LM head apart)
+    lm_head_flops: float  # per sampled sequence
+    moe: bool
+    elementwise_bytes_per_token: float  # per layer: norms, activation, rotary
+    kv_bytes_per_token: float  # per attention layer, per cached token
+    query_width: int  # query heads x head dim on this GPU
+    hidden: int
+    vocab: int
+    tp: int
+
+
+LINEAR_PARTS = ("attention", "mlp", "experts", "shared_expert", "mixer", "router")
+
+
+def step_work(model: ModelSpec, plan: Any) -> StepWork | None:
+    """What one GPU of `plan` does per step for `model`, or None where its parameters are not counted."""
+    try:
+        groups = count_parameters(model).groups
+        widths = activation_widths(model)
+    except ConfigError:
+        return None
+    tp, w = plan.tp, plan.weights
+    per_param = w.total_bytes / w.total_params if w.total_params else 2.0
+    attention = {s.layer: s for s in model.layers if isinstance(s, Attention | LatentAttention)}
+    first = next(iter(attention.values()), None)
+    heads = model.attention_heads or 0
+    head_dim = first.k_dim if isinstance(first, Attention) else (first.expanded_k_dim if first is not None else 0)
+    query = heads * head_dim // tp
+    kv_width = first.kv_values(tp, "gpu")[0] if isinstance(first, Attention) else 0
+    return StepWork(layers=model.num_layers, attention_layers=len(attention),
+                    weight_bytes=sum(g.count for g in groups if g.part in LINEAR_PARTS) * per_param / tp,
+                    lm_head_bytes=widths.vocab * widths.hidden * per_param / tp,
+                    flops_per_token=2 * sum(g.active for g in groups if g.part in LINEAR_PARTS) / tp,
+                    lm_head_flops=2 * widths.vocab * widths.hidden / tp, moe=routed_experts(model) is not None,
+                    elementwise_bytes_per_token=2 * (4 * widths.hidden + 3 * widths.mlp / tp + 2 * (query + kv_width)),
+                    kv_bytes_per_token=plan.estimate.bytes_per_token / max(1, len(attention)), query_width=query,
+                    hidden=widths.hidden, vocab=widths.vocab, tp=tp)
+
+
+# the kernels a step is built from; a GPU lacking one takes it from the GPUs that have it (MoE experts excepted:
+# without their own measurements they run as projections do)
+KERNELS = ("gemm", "elementwise", "sampler", "decode_attention", "prefill_attention")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Kernels:
+    """The kernels a step model uses on one card, and where each came from."""
+
+    ops: dict[str, OpFit]
+    all_reduce: dict[int, OpFit]
+    label: str
+
+
+def kernels_for(card: Any, without: Sequence[str] = ()) -> Kernels | None:
+    """`card`'s kernels: its own fits where it has measurements, the rest transferred from the GPUs that have
+    them as fractions of their datasheet peaks (bandwidth, dense 16-bit FLOPS) applied to `card`'s datasheet,
+    fixed costs their median. None where the card has no datasheet figures (the roofline's nominal case).
+    `without`: GPUs whose measurements are left out (to check how well the transfer predicts them)."""
+    from kvbudget.gpus import find_gpu
+
+    if not card.bandwidth_bytes_per_s or not card.half_tflops:
+        return None
+    own = gpu_fit(card.name) if card.name not in without else None
+    donors = [(f, find_gpu(g)) for g in fitted_gpus() if g != card.name and g not in without
+              if (f := gpu_fit(g)) is not None]
+    ops = dict(own.ops) if own is not None else {}
+    moved = []
+    for op in KERNELS:
+        if op not in ops and (t := _transfer(op, donors, card)) is not None:
+            ops[op] = t
+            moved.append(op.replace("_", " "))
+    if own is not None:
+        label = own.label() + (f"; {', '.join(moved)} transferred from {_names(donors, moved)}" if moved else "")
+    else:
+        label = (f"kernel efficiencies measured on {_names(donors, moved)} transferred to {card.name}'s datasheet "
+                 "(estimate)")
+    return Kernels(ops=ops, all_reduce=own.all_reduce if own is not None else {}, label=label)
+
+
+def _names(donors: list[tuple[GpuFit, Any]], ops: list[str]) -> str:
+    return ", ".join(f.gpu for f, _ in donors if any(op.replace(" ", "_") in f.ops for op in ops))
+
+
+def _transfer(op: str, donors: list[tuple[GpuFit, Any]], card: Any) -> OpFit | None:
+    fits = [(f.ops[op], c) for f, c in donors if op in f.ops]
+    if not fits:
+        return None
+    bandwidth = statistics.fmean(o.bandwidth / c.bandwidth_bytes_per_s for o, c in fits)
+    throughput = statistics.fmean(o.throughput / (c.half_tflops * 1e12) for o, c in fits)
+    return OpFit(op=op, fixed=statistics.median(o.fixed for o, _ in fits), bandwidth=bandwidth
+                 * card.bandwidth_bytes_per_s, throughput=throughput * card.half_tflops * 1e12,
+                 per_sequence=statistics.median(o.per_sequence for o, _ in fits), overlapped=fits[0][0].overlapped,
+                 rows=0, median_error=float("nan"))
+
+
+def time_model(work: StepWork, kernels: Kernels, card: Any) -> TimeModel:
+    """The step time of `work` on `card`, as a TimeModel: the projections' weight read and compute overlapped,
+    plus what is added per step, per token, per cached token, per attended pair and per sequence."""
+    ops = kernels.ops
+    gemm, elementwise = ops["gemm"], ops["elementwise"]
+    experts = ops.get("moe", gemm) if work.moe else gemm
+    decode, prefill, sampler = ops["decode_attention"], ops["prefill_attention"], ops["sampler"]
+    overhead = work.layers * (GEMMS_PER_LAYER * gemm.fixed + ELEMENTWISE_PER_LAYER * elementwise.fixed
+                              + decode.fixed)
+    overhead += gemm.fixed + 2 * elementwise.fixed + sampler.fixed  # LM head, embedding, final norm, sampler
+    token_cost = _per((work.layers + 1) * work.elementwise_bytes_per_token, elementwise.bandwidth)
+    # per sequence: its LM head row, its logits through the sampler, its attention call in every layer
+    seq_cost = (_per(work.lm_head_flops, gemm.throughput) + _per(4 * work.vocab, sampler.bandwidth)
+                + work.attention_layers * decode.per_sequence)
+    basis = kernels.label
+    if work.tp > 1:
+        reduce = kernels.all_reduce.get(work.tp)
+        calls = ALL_REDUCES_PER_LAYER * work.layers
+        if reduce is not None:
+            overhead += calls * reduce.fixed
+            token_cost += _per(calls * 2 * work.hidden, reduce.bandwidth)
+        elif card.interconnect_bytes_per_s:
+            # ring all-reduce: each GPU sends and receives 2 (tp - 1) / tp of the data, at half the duplex figure
+            basis += "; all-reduce from the interconnect's datasheet figure (estimate)"
+            overhead += calls * ALL_REDUCE_FIXED_S
+            token_cost += _per(calls * 2 * work.hidden * 2 * (work.tp - 1) / work.tp,
+                               card.interconnect_bytes_per_s / 2)
+    return TimeModel(weights=_per(work.weight_bytes + work.lm_head_bytes, gemm.bandwidth), per_context=0.0,
+                     per_token=_per(work.flops_per_token, experts.throughput), overhead=overhead, bound="max",
+                     token_cost=token_cost,
+                     context_cost=_per(work.attention_layers * work.kv_bytes_per_token, decode.bandwidth),
+                     pair_cost=_per(work.attention_layers * 4 * work.query_width, prefill.throughput),
+                     seq_cost=seq_cost, basis=basis)
+
+
+def _per(amount: float, rate: float) -> float:
+    """Seconds for `amount` at `rate` per second (0 where the fit found no such term)."""
+    return amount / rate if rate else 0.0
