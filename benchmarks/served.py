@@ -6,6 +6,7 @@ Used by bench_step_times.py and tests/unit/simulation/test_step_times.py.
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from collections.abc import Callable, Iterator
@@ -80,24 +81,25 @@ def _quantile(q: dict[str, float], u: float) -> float:
     points = [(0.0, q["min"]), (0.01, q["p1"]), (0.05, q["p5"]), (0.10, q["p10"]), (0.25, q["p25"]),
               (0.50, q["median"]), (0.75, q["p75"]), (0.90, q["p90"]), (0.95, q["p95"]), (0.99, q["p99"]),
               (1.0, q["max"])]
-    for (u0, v0), (u1, v1) in zip(points, points[1:], strict=False):
+    for (u0, v0), (u1, v1) in itertools.pairwise(points):
         if u <= u1:
             return v0 + (v1 - v0) * (u - u0) / (u1 - u0)
     return points[-1][1]
 
 
 def inference_perf_requests(run: dict[str, Any]) -> Iterator[Request]:
-    """inference-perf's shared-prefix workload at constant rate, stage after stage: each user's prompt starts with
-    its group's system prompt (prefix cache hits); prompt lengths follow the stage's measured quantiles (spread
-    through the stage by a fixed stride), every output the profile's length (ignore_eos)."""
+    """inference-perf's shared-prefix workload at constant rate, stage after stage: its prompts are fixed in
+    advance (a system prompt and a question each; `distinct_prompts` of them) and sent in turn, so after the first
+    round the prefix cache holds them; their lengths follow the first stage's measured quantiles, every output the
+    profile's length (ignore_eos)."""
+    n = run["distinct_prompts"]
+    lengths = [round(_quantile(run["stages"][0]["prompt_tokens"], (k + 0.5) / n)) for k in range(n)]
     start, i = 0.0, 0
     for k, stage in enumerate(run["stages"]):
-        n = round(stage["rate"] * stage["duration_s"])
-        for j in range(n):
-            u = ((j * 0.6180339887) % 1.0)
-            prompt = round(_quantile(stage["prompt_tokens"], u))
-            yield Request(arrival=start + j / stage["rate"], prompt_tokens=prompt,
-                          output_tokens=run["output_tokens"], prefix=((("system", i % 45), 100),), id=f"{k}:{i}")
+        for j in range(round(stage["rate"] * stage["duration_s"])):
+            prompt = lengths[i % n]
+            yield Request(arrival=start + j / stage["rate"], prompt_tokens=prompt, output_tokens=run["output_tokens"],
+                          prefix=((("prompt", i % n), prompt),), id=f"{k}:{i}")
             i += 1
         start += stage["duration_s"]
 
@@ -118,17 +120,30 @@ def bench_measured(run: dict[str, Any]) -> dict[str, dict[str, float]]:
     return {"ttft": stats(ttft), "tpot": stats(tpot), "e2e": stats(e2e)}
 
 
+def settings(run: dict[str, Any], time_model: TimeModel | None = None) -> dict[str, Any]:
+    """simulate's settings for the run: its engine's, as the run states them."""
+    out = dict(engine="vllm", gpu=run["gpu"], tp=run["tp"], max_num_seqs=run["max_num_seqs"],
+               max_num_batched_tokens=run["max_num_batched_tokens"], max_model_len=run["max_model_len"],
+               prefix_caching=run["prefix_caching"], time_model=time_model)
+    if run.get("num_gpu_blocks"):
+        out["num_blocks"] = run["num_gpu_blocks"]
+    return out
+
+
+def default_time_model(run: dict[str, Any]) -> TimeModel:
+    """The time model simulate picks for the run's GPU and model without calibration."""
+    from kvbudget.simulation import setup_for
+
+    return setup_for(model_of(run["model"]), **settings(run)).time_model
+
+
 def replay(run: dict[str, Any], time_model: TimeModel | None = None) -> list[Case]:
     """The run's cases: its real figures beside the simulation's."""
     model = model_of(run["model"])
-    settings = dict(engine="vllm", gpu=run["gpu"], tp=run["tp"], max_num_seqs=run["max_num_seqs"],
-                    max_num_batched_tokens=run["max_num_batched_tokens"], max_model_len=run["max_model_len"],
-                    prefix_caching=run["prefix_caching"], time_model=time_model)
-    if run.get("num_gpu_blocks"):
-        settings["num_blocks"] = run["num_gpu_blocks"]
+    kw = settings(run, time_model)
     if "requests_file" in run:
         collect = _Collect(lambda r: 0)
-        sim = simulate(model, iter(bench_requests(run)), on_finish=collect, **settings)
+        sim = simulate(model, iter(bench_requests(run)), on_finish=collect, **kw)
         reqs = bench_requests(run)
         rate = len(reqs) / reqs[-1].arrival
         real = bench_measured(run)
@@ -137,7 +152,7 @@ def replay(run: dict[str, Any], time_model: TimeModel | None = None) -> list[Cas
                      saturated=real["ttft"]["mean"] > 1.0, real=real, simulated=simulated,
                      basis=sim.setup.time_model.basis)]
     collect = _Collect(lambda r: int(r.id.split(":")[0]))
-    sim = simulate(model, inference_perf_requests(run), on_finish=collect, **settings)
+    sim = simulate(model, inference_perf_requests(run), on_finish=collect, **kw)
     out = []
     for k, stage in enumerate(run["stages"]):
         m = stage["measured"]

@@ -22,7 +22,8 @@ MODELS = {"meta-llama/Llama-2-7b-hf": "llama-2-7b", "meta-llama/Llama-2-70b-hf":
           "mistralai/Mixtral-8x7B-v0.1": "mixtral-8x7b", "codellama/CodeLlama-34b-Instruct-hf": "codellama-34b",
           "meta-llama/Llama-3.1-8B": "llama-3.1-8b", "Qwen/Qwen3-32B": "qwen3-32b"}
 QUANTILES = ("min", "p1", "p5", "p10", "p25", "median", "p75", "p90", "p95", "p99", "max")
-BENCH = [("RTX-4090", "bench/examples/RTX4090/Llama-3.1-8B"), ("RTX-PRO-6000", "bench/examples/RTXPRO6000/Llama-3.1-8B"),
+BENCH = [("RTX-4090", "bench/examples/RTX4090/Llama-3.1-8B"),
+         ("RTX-PRO-6000", "bench/examples/RTXPRO6000/Llama-3.1-8B"),
          ("RTX-PRO-6000", "bench/examples/RTXPRO6000/Qwen3-32B")]
 
 
@@ -62,6 +63,10 @@ def inference_sim(git: str) -> list[dict]:
                      "max_model_len": exp["max_model_len"], "max_num_batched_tokens": exp["max_num_batched_tokens"],
                      "max_num_seqs": exp["max_num_seqs"], "prefix_caching": True,
                      "output_tokens": profile["data"]["shared_prefix"]["output_len"],
+                     # inference-perf's shared-prefix data with multi-turn chat: this many prompts, fixed in advance
+                     # (a system prompt and a question each), sent in turn (datagen/shared_prefix_datagen.py)
+                     "distinct_prompts": profile["data"]["shared_prefix"]["num_unique_system_prompts"]
+                     * profile["data"]["shared_prefix"]["num_users_per_system_prompt"],
                      "arrivals": profile["load"]["type"], "stages": stages,
                      "source": f"github:inference-sim/training {folder} @{rev[:7]}"})
     return runs

@@ -45,6 +45,10 @@ def save_calibration(name: str, time_model: TimeModel, model: str, gpu: str | No
     return path
 
 
+# (absent from calibrations saved before them)
+ADDED = ("token_cost", "context_cost", "pair_cost", "seq_cost", "request_latency")
+
+
 def load_calibration(name: str, model: str, gpu: str | None) -> TimeModel:
     """The time model saved as `name` (or in the file `name`), refused for another model or GPU: a step time fitted
     for one does not carry over."""
@@ -53,7 +57,8 @@ def load_calibration(name: str, model: str, gpu: str | None) -> TimeModel:
         data = json.loads(path.read_text(encoding="utf-8"))
         fitted = data["time_model"]
         time_model = TimeModel(**{k: fitted[k] for k in ("weights", "per_context", "per_token", "overhead", "bound",
-                                                         "basis")})
+                                                         "basis")},
+                               **{k: fitted.get(k, 0.0) for k in ADDED})
     except FileNotFoundError:
         raise KVBudgetError(f"calibration {name!r}: no such calibration in {calibrations_dir()}; save one with "
                             "--calibrate FILE --save-calibration NAME", param="calibration") from None

@@ -225,12 +225,31 @@ def _start(bench: BenchRun) -> list[float]:
 
 
 def calibrate_requests(model: ModelSpec, bench: BenchRun, setup: Setup) -> TimeModel:
-    """The calibrated step time whose replay of `bench` best matches its measured TTFT and TPOT distributions:
-    coordinate steps on the logs of the three parts, coarse to fine, each kept while it lowers the gap. (A
-    request-by-request Gauss-Newton fit was tried: the replayed schedule changes in jumps as step times move,
-    and it stalled far from the optimum.)"""
-    params = _start(bench)
-    best = _loss(model, bench, setup, params)
+    """The calibrated step time whose replay of `bench` best matches its measured TTFT and TPOT distributions.
+    From a GPU's kernel (or roofline) model, two factors are fitted, one on its fixed costs per step and one on
+    the rest (what the kernels' bandwidths and throughputs give), and the latency each request spends outside the
+    engine; from `initial_model`, the three parts of a summed step. Coordinate steps on their logs, coarse to
+    fine, each kept while it lowers the gap. (A request-by-request Gauss-Newton fit was tried: the replayed
+    schedule changes in jumps as step times move, and it stalled far from the optimum.)"""
+    start = setup.time_model
+    n = len(bench.requests)
+    if start.bound == "max":
+        params = search(lambda p: _loss(model, bench, setup, start.scaled(p[0], p[1], "trial", p[2])),
+                        [1.0, 1.0, START_LATENCY_S])
+        return start.scaled(params[0], params[1], f"{start.basis}; calibrated on {n} benchmark requests "
+                            f"(fixed costs x {params[0]:.2f}, the rest x {params[1]:.2f}, "
+                            f"{params[2] * 1000:.1f} ms a request outside the engine)", params[2])
+    params = search(lambda p: _loss(model, bench, setup, _model(p, "trial")), _start(bench))
+    return _model(params, f"calibrated on {n} benchmark requests")
+
+
+FACTORS = (4.0, 2.0, 1.4, 1.15, 1.05, 1.02)
+START_LATENCY_S = 0.001  # where the search for a request's latency outside the engine starts (it scales it)
+
+
+def search(loss: Callable[[list[float]], float], params: list[float]) -> list[float]:
+    """Positive parameters that lower `loss`: coordinate steps by each of FACTORS in turn, kept while they help."""
+    best = loss(params)
     for factor in FACTORS:
         improved = True
         while improved:
@@ -239,13 +258,10 @@ def calibrate_requests(model: ModelSpec, bench: BenchRun, setup: Setup) -> TimeM
                 for f in (factor, 1 / factor):
                     trial = list(params)
                     trial[i] *= f
-                    loss = _loss(model, bench, setup, trial)
-                    if loss < best:
-                        best, params, improved = loss, trial, True
-    return _model(params, f"calibrated on {len(bench.requests)} benchmark requests")
-
-
-FACTORS = (4.0, 2.0, 1.4, 1.15, 1.05, 1.02)
+                    value = loss(trial)
+                    if value < best:
+                        best, params, improved = value, trial, True
+    return params
 
 
 def _model(params: list[float], basis: str) -> TimeModel:
@@ -253,8 +269,8 @@ def _model(params: list[float], basis: str) -> TimeModel:
     return TimeModel.fitted(overhead, per_context, per_token, basis)
 
 
-def _loss(model: ModelSpec, bench: BenchRun, setup: Setup, params: list[float]) -> float:
-    sim = simulate(model, iter(bench.requests), setup=replace(setup, time_model=_model(params, "trial")))
+def _loss(model: ModelSpec, bench: BenchRun, setup: Setup, time_model: TimeModel) -> float:
+    sim = simulate(model, iter(bench.requests), setup=replace(setup, time_model=time_model))
     if bench.histograms is not None:
         ttft, tpot = bench.histograms
         return ttft.gap(sim.ttft_sorted) + tpot.gap(sim.tpot_sorted, _singles(bench.requests)) + \

@@ -478,7 +478,7 @@ class _Run:
         following = search.finished_one(now)
         if following is None:
             r = search.request
-            e2e = now - r.arrival
+            e2e = now - r.arrival + self.tm.request_latency
             assert search.first_round_end is not None
             tpot = (now - search.first_round_end) / (r.output_tokens - 1) if r.output_tokens > 1 else None
             self.ttft.append(e2e)
@@ -515,7 +515,7 @@ class _Run:
             if search is not None:
                 self._beam_finished(search, q.finished)
                 continue
-            arrival = q.request.arrival
+            arrival = q.request.arrival - self.tm.request_latency  # (latency outside the engine: see TimeModel)
             tpot = (q.finished - q.first_token) / (q.out - 1) if q.out > 1 else None
             if tpot is not None:
                 self.tpot.append(tpot)

@@ -40,6 +40,9 @@ class TimeModel:
     context_cost: float = 0.0  # seconds added per cached token attended over (attention's KV read)
     pair_cost: float = 0.0  # seconds added per (query, key) pair attention computes
     seq_cost: float = 0.0  # seconds added per sequence in the step (LM head, sampler, attention per sequence)
+    # seconds every request spends outside the engine (HTTP, tokenizing, streaming back), added to its TTFT and
+    # end-to-end latency; 0 unless calibrated on latencies a client measured
+    request_latency: float = 0.0
     basis: str = "roofline estimate"
 
     @classmethod
@@ -66,6 +69,15 @@ class TimeModel:
         return (base + self.overhead + self.token_cost * tokens + self.seq_cost * (tokens if sequences is None
                 else sequences) + self.context_cost * context_tokens
                 + self.pair_cost * (context_tokens if pairs is None else pairs))
+
+    def scaled(self, fixed: float, work: float, basis: str, request_latency: float = 0.0) -> TimeModel:
+        """This step time with its fixed cost per step times `fixed` and everything else times `work`, and
+        `request_latency` outside the engine (a calibration of a kernel model)."""
+        return TimeModel(weights=self.weights * work, per_context=self.per_context * work,
+                         per_token=self.per_token * work, overhead=self.overhead * fixed, bound=self.bound,
+                         token_cost=self.token_cost * work, context_cost=self.context_cost * work,
+                         pair_cost=self.pair_cost * work, seq_cost=self.seq_cost * work,
+                         request_latency=request_latency, basis=basis)
 
     def to_dict(self) -> dict[str, float | str]:
         return dict(self.__dict__)

@@ -76,7 +76,7 @@ def test_calibration_on_a_benchmark_runs_requests_predicts_another_run(tmp_path,
     code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "8192", "--rate",
                          "2", "--requests", "50", "--calibrate", str(tmp_path / "fit.json"), "--json")
     assert code == 0, err
-    assert json.loads(out)["setup"]["time_model"]["basis"] == "calibrated on 300 benchmark requests"
+    assert "calibrated on 300 benchmark requests" in json.loads(out)["setup"]["time_model"]["basis"]
 
 # vLLM 0.32's histogram buckets (vllm/v1/metrics/buckets.py): TTFT, and inter-token latency (which the
 # per-request time per output token uses too)
@@ -131,7 +131,7 @@ def test_calibration_on_vllm_latency_histograms_predicts_another_run(tmp_path, c
     code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "8192", "--trace",
                          str(tmp_path / "fit.jsonl"), "--calibrate", str(tmp_path / "fit.prom"), "--json")
     assert code == 0, err
-    assert json.loads(out)["setup"]["time_model"]["basis"] == "calibrated on 300 benchmark requests"
+    assert "calibrated on 300 benchmark requests" in json.loads(out)["setup"]["time_model"]["basis"]
     for argv, message in ((["--rate", "2"], "give the trace the server served (--trace FILE)"),
                           (["--trace", str(tmp_path / "other.jsonl"), "--slice", "0:100"],
                            "counts 300 requests, the trace has 100")):
