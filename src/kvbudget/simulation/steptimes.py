@@ -80,7 +80,7 @@ class GpuFit:
     engine: str
 
     def label(self) -> str:
-        return f"fitted on {self.gpu} kernel measurements ({self.engine}; {self.source})"
+        return f"kernels measured on {self.gpu} ({self.engine})"
 
 
 def _index() -> dict[str, Any]:
@@ -239,17 +239,23 @@ def kernels_for(card: Any, without: Sequence[str] = ()) -> Kernels | None:
     for op in KERNELS:
         if op not in ops and (t := _transfer(op, donors, card)) is not None:
             ops[op] = t
-            moved.append(op.replace("_", " "))
+            moved.append(op)
     if own is not None:
-        label = own.label() + (f"; {', '.join(moved)} transferred from {_names(donors, moved)}" if moved else "")
+        label = own.label() + (f"; {_kinds(moved)} from {_names(donors, moved)}" if moved else "")
     else:
-        label = (f"kernel efficiencies measured on {_names(donors, moved)} transferred to {card.name}'s datasheet "
-                 "(estimate)")
+        label = f"kernel efficiencies of {_names(donors, moved)} on {card.name}'s datasheet (estimate)"
     return Kernels(ops=ops, all_reduce=own.all_reduce if own is not None else {}, label=label)
 
 
 def _names(donors: list[tuple[GpuFit, Any]], ops: list[str]) -> str:
-    return ", ".join(f.gpu for f, _ in donors if any(op.replace(" ", "_") in f.ops for op in ops))
+    return ", ".join(f.gpu for f, _ in donors if any(op in f.ops for op in ops))
+
+
+def _kinds(ops: list[str]) -> str:
+    """Kernel kinds in a few words: "attention" for both of its kinds, "norms" for the elementwise ones."""
+    words = {"gemm": "projections", "elementwise": "norms", "sampler": "sampler", "decode_attention": "attention",
+             "prefill_attention": "attention"}
+    return ", ".join(dict.fromkeys(words[op] for op in ops))
 
 
 def _transfer(op: str, donors: list[tuple[GpuFit, Any]], card: Any) -> OpFit | None:
@@ -287,7 +293,7 @@ def time_model(work: StepWork, kernels: Kernels, card: Any) -> TimeModel:
             token_cost += _per(calls * 2 * work.hidden, reduce.bandwidth)
         elif card.interconnect_bytes_per_s:
             # ring all-reduce: each GPU sends and receives 2 (tp - 1) / tp of the data, at half the duplex figure
-            basis += "; all-reduce from the interconnect's datasheet figure (estimate)"
+            basis += "; all-reduce from the interconnect's datasheet (estimate)"
             overhead += calls * ALL_REDUCE_FIXED_S
             token_cost += _per(calls * 2 * work.hidden * 2 * (work.tp - 1) / work.tp,
                                card.interconnect_bytes_per_s / 2)

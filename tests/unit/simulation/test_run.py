@@ -41,7 +41,15 @@ def test_the_guard_in_the_loop_is_the_guards_own_admission(tmp_path):
     p = plan(LLAMA, gpu="L4", max_model_len=8192, kv_memory=budget)
     config = yaml.safe_load(guard_config_yaml(p))
     trace = lambda: rescale(read_trace(AZURE), count=1500)  # noqa: E731
-    settings = {"gpu": "L4", "max_model_len": 8192, "prefix_caching": False, "kv_memory": budget}
+    # the roofline over an L4's datasheet peaks: the load regime this scenario explores (steps this slow)
+    from kvbudget.gpus import find_gpu
+    from kvbudget.simulation.timing import TimeModel
+
+    l4 = find_gpu("L4")
+    roofline = TimeModel.roofline(p.weights.active_bytes, p.estimate.bytes_per_token, 2 * p.weights.active_params,
+                                  l4.bandwidth_bytes_per_s, l4.half_tflops * 1e12)
+    settings = {"gpu": "L4", "max_model_len": 8192, "prefix_caching": False, "kv_memory": budget,
+                "time_model": roofline}
     bare = simulate(LLAMA, trace(), **settings)
     guarded = simulate(LLAMA, trace(), guard_config=config, **settings)
     g = guarded.guard
