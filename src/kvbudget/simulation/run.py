@@ -405,12 +405,14 @@ class _Run:
         blocks_as_states = sched.hybrid
         tm = self.tm
         weights, per_context, per_token, overhead = tm.weights, tm.per_context, tm.per_token, tm.overhead
-        per_run = tm.token_cost * r  # (the added costs, in step_seconds' order)
-        per_sequences = tm.seq_cost * r
-        context_cost, pair_cost = tm.context_cost, tm.pair_cost
+        fixed = overhead + tm.token_cost * r + tm.seq_cost * r  # (as step_seconds adds them; no pairs beyond one
+        context_cost = tm.context_cost  # query per cached token in a decode step)
         summed = tm.bound == "sum"
         context = sched.context_tokens()
         compute = per_token * r
+        head = None  # with nothing read per cached token inside the max, all of a step but attention is constant
+        if per_context == 0.0:
+            head = (weights + compute if summed else (weights if weights > compute else compute)) + fixed
         free, usable = sched.free_blocks()
         usage = 1.0 - free / usable
         t, usage_time, next_sample = self.t, self.usage_time, self.next_sample
@@ -426,9 +428,12 @@ class _Run:
                 held = (usable - free) * bs
                 if usage > peak:  # (hybrid windows free blocks: usage can fall within a run)
                     peak = usage
-            read = weights + per_context * context  # (as step_seconds computes it, to the last bit)
-            base = read + compute if summed else (read if read > compute else compute)
-            dt = base + overhead + per_run + per_sequences + context_cost * context + pair_cost * context
+            if head is None:
+                read = weights + per_context * context  # (as step_seconds computes it, to the last bit)
+                base = read + compute if summed else (read if read > compute else compute)
+                dt = base + fixed + context_cost * context
+            else:
+                dt = head + context_cost * context
             t += dt
             usage_time += usage * dt
             if blocks_as_states:  # hybrid groups: every block in use counts as token states (see memory())

@@ -38,7 +38,7 @@ class TimeModel:
     bound: str = "max"  # "max" (the slower of reading and computing) or "sum" (calibrated)
     token_cost: float = 0.0  # seconds added per token (norms, activations, all-reduces)
     context_cost: float = 0.0  # seconds added per cached token attended over (attention's KV read)
-    pair_cost: float = 0.0  # seconds added per (query, key) pair attention computes
+    pair_cost: float = 0.0  # seconds added per (query, key) pair beyond one per cached token (prefill chunks)
     seq_cost: float = 0.0  # seconds added per sequence in the step (LM head, sampler, attention per sequence)
     # seconds every request spends outside the engine (HTTP, tokenizing, streaming back), added to its TTFT and
     # end-to-end latency; 0 unless calibrated on latencies a client measured
@@ -62,13 +62,15 @@ class TimeModel:
     def step_seconds(self, tokens: int, context_tokens: int, pairs: int | None = None,
                      sequences: int | None = None) -> float:
         """One step computing `tokens` new tokens for `sequences` sequences (default: one token each) while
-        attending over `context_tokens` cached ones in `pairs` (query, key) pairs (default: one query each)."""
+        attending over `context_tokens` cached ones in `pairs` (query, key) pairs (default: one query each, as
+        decoding does; `pair_cost` counts the pairs beyond those)."""
         read = self.weights + self.per_context * context_tokens
         compute = self.per_token * tokens
         base = read + compute if self.bound == "sum" else (read if read > compute else compute)
-        return (base + self.overhead + self.token_cost * tokens + self.seq_cost * (tokens if sequences is None
-                else sequences) + self.context_cost * context_tokens
-                + self.pair_cost * (context_tokens if pairs is None else pairs))
+        fixed = self.overhead + self.token_cost * tokens + self.seq_cost * (tokens if sequences is None
+                                                                             else sequences)
+        beyond = 0 if pairs is None else pairs - context_tokens
+        return base + fixed + self.context_cost * context_tokens + self.pair_cost * beyond
 
     def scaled(self, fixed: float, work: float, basis: str, request_latency: float = 0.0) -> TimeModel:
         """This step time with its fixed cost per step times `fixed` and everything else times `work`, and
