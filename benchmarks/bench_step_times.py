@@ -46,18 +46,19 @@ def table(cases: list[served.Case], title: str, markdown: bool) -> None:
     print(f"\n{title}")
     if markdown:
         print("| case | TP | load | TTFT mean real / sim | TPOT mean | E2E mean | TTFT p50 / p90 err | "
-              "E2E p50 / p90 err |")
-        print("|---|---|---|---|---|---|---|---|")
+              "TPOT p50 / p90 err | E2E p50 / p90 err |")
+        print("|---|---|---|---|---|---|---|---|---|")
     for c in cases:
         load = "saturated" if c.saturated else "not saturated"
         if c.excluded:
-            print(f"| {label(c)} | {c.tp} | {load} | left out: {c.excluded} | | | | |" if markdown else
+            print(f"| {label(c)} | {c.tp} | {load} | left out: {c.excluded} | | | | | |" if markdown else
                   f"  {label(c):58} left out: {c.excluded}")
             continue
         cells = [f"{c.real[m]['mean'] * (1000 if m == 'tpot' else 1):.3g} / "
                  f"{c.simulated[m]['mean'] * (1000 if m == 'tpot' else 1):.3g} ({c.error(m):+.0%})"
                  for m in ("ttft", "tpot", "e2e")]
-        tails = [f"{c.error(m, 'p50'):+.0%} / {c.error(m, 'p90'):+.0%}" for m in ("ttft", "e2e")]
+        tails = [f"{c.error(m, 'p50'):+.0%} / {c.error(m, 'p90'):+.0%}" if "p50" in c.real[m] else "—"
+                 for m in ("ttft", "tpot", "e2e")]
         if markdown:
             print(f"| {label(c)} | {c.tp} | {load} | {' | '.join(cells)} | {' | '.join(tails)} |")
         else:
