@@ -404,7 +404,7 @@ class _Run:
         takes = sched.new_blocks_by_step(k)
         blocks_as_states = sched.hybrid
         tm = self.tm
-        weights, per_context, per_token, overhead = tm.weights, tm.per_context, tm.per_token, tm.overhead
+        weights, per_context, per_token, overhead = tm.weights_read(r), tm.per_context, tm.per_token, tm.overhead
         fixed = overhead + tm.token_cost * r + tm.seq_cost * r  # (as step_seconds adds them; no pairs beyond one
         context_cost = tm.context_cost  # query per cached token in a decode step)
         summed = tm.bound == "sum"

@@ -10,7 +10,8 @@ the fit finds the seconds a kernel takes for its work:
 
 by least squares on relative error with no negative part. A model's step is then the sum of its kernels, counted
 from its config: because each term is in FLOPs and bytes, a fit transfers to models that were not profiled (how
-far, the accuracy page says). A GPU without measurements keeps the roofline over its datasheet (labelled so).
+far, the accuracy page says). A GPU without measurements takes the measured GPUs' efficiencies (each kernel's
+fitted bandwidth and throughput as a share of their datasheet peaks) on its own datasheet, labelled an estimate.
 """
 
 from __future__ import annotations
@@ -167,7 +168,9 @@ class StepWork:
 
     layers: int
     attention_layers: int
-    weight_bytes: float  # linear weights read per step (all experts of an MoE)
+    weight_bytes: float  # linear weights every step reads (routed experts apart)
+    expert_bytes: float  # every routed expert's weights
+    expert_share: float  # the share of the routed experts one token runs through
     lm_head_bytes: float
     flops_per_token: float  # linear layers' FLOPs per token (the LM head apart)
     lm_head_flops: float  # per sampled sequence
@@ -181,6 +184,7 @@ class StepWork:
 
 
 LINEAR_PARTS = ("attention", "mlp", "experts", "shared_expert", "mixer", "router")
+DENSE_PARTS = tuple(p for p in LINEAR_PARTS if p != "experts")
 
 
 def step_work(model: ModelSpec, plan: Any) -> StepWork | None:
@@ -198,8 +202,12 @@ def step_work(model: ModelSpec, plan: Any) -> StepWork | None:
     head_dim = first.k_dim if isinstance(first, Attention) else (first.expanded_k_dim if first is not None else 0)
     query = heads * head_dim // tp
     kv_width = first.kv_values(tp, "gpu")[0] if isinstance(first, Attention) else 0
+    experts = [g for g in groups if g.part == "experts"]
+    stored = sum(g.count for g in experts)
     return StepWork(layers=model.num_layers, attention_layers=len(attention),
-                    weight_bytes=sum(g.count for g in groups if g.part in LINEAR_PARTS) * per_param / tp,
+                    weight_bytes=sum(g.count for g in groups if g.part in DENSE_PARTS) * per_param / tp,
+                    expert_bytes=stored * per_param / tp,
+                    expert_share=sum(g.active for g in experts) / stored if stored else 0.0,
                     lm_head_bytes=widths.vocab * widths.hidden * per_param / tp,
                     flops_per_token=2 * sum(g.active for g in groups if g.part in LINEAR_PARTS) / tp,
                     lm_head_flops=2 * widths.vocab * widths.hidden / tp, moe=routed_experts(model) is not None,
@@ -302,7 +310,8 @@ def time_model(work: StepWork, kernels: Kernels, card: Any) -> TimeModel:
                      token_cost=token_cost,
                      context_cost=_per(work.attention_layers * work.kv_bytes_per_token, decode.bandwidth),
                      pair_cost=_per(work.attention_layers * 4 * work.query_width, prefill.throughput),
-                     seq_cost=seq_cost, basis=basis)
+                     seq_cost=seq_cost, experts=_per(work.expert_bytes, experts.bandwidth),
+                     expert_share=work.expert_share, basis=basis)
 
 
 def _per(amount: float, rate: float) -> float:

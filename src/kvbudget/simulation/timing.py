@@ -43,6 +43,11 @@ class TimeModel:
     # seconds every request spends outside the engine (HTTP, tokenizing, streaming back), added to its TTFT and
     # end-to-end latency; 0 unless calibrated on latencies a client measured
     request_latency: float = 0.0
+    # a mixture of experts: seconds to read every routed expert's weights (not in `weights`), and the share of the
+    # experts one token routes to; a step of n tokens reads the experts it routes to: 1 - (1 - share)^n of them
+    # (routing taken as uniform and independent)
+    experts: float = 0.0
+    expert_share: float = 0.0
     basis: str = "roofline estimate"
 
     @classmethod
@@ -64,13 +69,19 @@ class TimeModel:
         """One step computing `tokens` new tokens for `sequences` sequences (default: one token each) while
         attending over `context_tokens` cached ones in `pairs` (query, key) pairs (default: one query each, as
         decoding does; `pair_cost` counts the pairs beyond those)."""
-        read = self.weights + self.per_context * context_tokens
+        read = self.weights_read(tokens) + self.per_context * context_tokens
         compute = self.per_token * tokens
         base = read + compute if self.bound == "sum" else (read if read > compute else compute)
         fixed = self.overhead + self.token_cost * tokens + self.seq_cost * (tokens if sequences is None
                                                                              else sequences)
         beyond = 0 if pairs is None else pairs - context_tokens
         return base + fixed + self.context_cost * context_tokens + self.pair_cost * beyond
+
+    def weights_read(self, tokens: int) -> float:
+        """Seconds a step of `tokens` tokens spends reading weights: all of them, and the experts it routes to."""
+        if not self.experts:
+            return self.weights
+        return self.weights + self.experts * (1.0 - (1.0 - self.expert_share) ** tokens)
 
     def scaled(self, fixed: float, work: float, basis: str, request_latency: float = 0.0) -> TimeModel:
         """This step time with its fixed cost per step times `fixed` and everything else times `work`, and
@@ -79,7 +90,8 @@ class TimeModel:
                          per_token=self.per_token * work, overhead=self.overhead * fixed, bound=self.bound,
                          token_cost=self.token_cost * work, context_cost=self.context_cost * work,
                          pair_cost=self.pair_cost * work, seq_cost=self.seq_cost * work,
-                         request_latency=request_latency, basis=basis)
+                         request_latency=request_latency, experts=self.experts * work,
+                         expert_share=self.expert_share, basis=basis)
 
     def to_dict(self) -> dict[str, float | str]:
         return dict(self.__dict__)

@@ -92,13 +92,15 @@ def _setup(blocks, block_size, seqs, budget, max_len, caching, threshold=0):
 
 def test_fast_path_is_exact_with_every_part_of_the_time_model():
     """A time model with every part non-zero (the fitted kernels' added costs, a request's latency outside the
-    engine): the fast path's decode runs end on the same clock, to the bit, with the same results."""
+    engine, the experts a step routes to): the fast path's decode runs end on the same clock, to the bit, with the
+    same results."""
     from kvbudget.simulation.timing import TimeModel
 
     requests = [r for r in rescale(read_trace(TRACES / "AzureLLMInferenceTrace_conv.csv"), count=300)
                 if r.prompt_tokens + r.output_tokens < 4000]
     tm = TimeModel(weights=0.004, per_context=1e-8, per_token=2e-5, overhead=0.0015, bound="max", token_cost=3e-6,
-                   context_cost=2e-7, pair_cost=1e-10, seq_cost=5e-7, request_latency=0.02, basis="every part")
+                   context_cost=2e-7, pair_cost=1e-10, seq_cost=5e-7, request_latency=0.02, experts=0.003,
+                   expert_share=0.25, basis="every part")
     setup = replace(_setup(4000, 16, 64, 2048, 4096, True), time_model=tm)
     assert _both_ways(LLAMA, requests, setup)
     assert simulate(LLAMA, iter(requests), setup=setup).ttft.p50 > 0.02

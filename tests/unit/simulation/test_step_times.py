@@ -89,6 +89,19 @@ def test_pcie_all_reduce_is_a_labelled_estimate_and_nvlink_is_measured():
     assert "all-reduce" not in nvlink.basis
 
 
+def test_a_mixture_of_experts_reads_the_experts_its_tokens_route_to():
+    """Mixtral (8 experts, 2 a token): one token reads 2 of 8 experts' weights, two tokens 1 - (3/4)^2 = 7/16 of
+    them, 64 tokens all but (3/4)^64 of them; the rest of the weights every step."""
+    tm = setup_for(kvbudget.load_model("mixtral-8x7b"), gpu="H100", tp=2, max_model_len=4096).time_model
+    assert tm.expert_share == pytest.approx(0.25)
+    assert tm.weights_read(1) - tm.weights == pytest.approx(tm.experts / 4)
+    assert tm.weights_read(2) - tm.weights == pytest.approx(tm.experts * 7 / 16)
+    assert tm.weights_read(64) == pytest.approx(tm.weights + tm.experts, rel=1e-6)
+    assert tm.experts > 5 * tm.weights  # (Mixtral's weights are mostly experts)
+    dense = setup_for(LLAMA, gpu="H100", max_model_len=4096).time_model
+    assert dense.experts == 0 and dense.weights_read(1) == dense.weights_read(64) == dense.weights
+
+
 def test_attended_pairs_count_causal_attention():
     """Two requests: 100 prompt tokens from scratch (100 x 101 / 2 pairs), and one decode token after 40 (41)."""
     a = Seq(0, Request(arrival=0, prompt_tokens=100, output_tokens=5))
