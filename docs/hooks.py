@@ -42,13 +42,15 @@ def _models() -> str:
 
 def _gpus() -> str:
     from kvbudget.gpus import gpus
+    from kvbudget.simulation.steptimes import step_times_basis
     from kvbudget.units import format_bytes
 
-    rows = ["| name | memory | HBM bandwidth | bf16 TFLOPS | fp8 TFLOPS | source |", "|---|---|---|---|---|---|"]
+    rows = ["| name | memory | HBM bandwidth | bf16 TFLOPS | fp8 TFLOPS | step times | source |",
+            "|---|---|---|---|---|---|---|"]
     for g in gpus():
         rows.append(f"| {g.name} | {format_bytes(g.memory_bytes)} ({g.memory_basis}) | "
                     f"{g.bandwidth_bytes_per_s / 1e9:,.0f} GB/s | {g.bf16_tflops or '-'} | {g.fp8_tflops or '-'} | "
-                    f"{g.source.replace('|', '/')} |")
+                    f"{step_times_basis(g.name)} | {g.source.replace('|', '/')} |")
     return "\n".join(rows) + "\n"
 
 

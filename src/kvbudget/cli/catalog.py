@@ -51,8 +51,9 @@ def run_models(args: argparse.Namespace) -> int:
 
 def run_gpus(args: argparse.Namespace) -> int:
     from kvbudget.gpus import gpus
+    from kvbudget.simulation.steptimes import step_times_basis
 
-    rows = [g.__dict__ for g in gpus()]
+    rows = [dict(g.__dict__, step_times=step_times_basis(g.name)) for g in gpus()]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -63,11 +64,12 @@ def run_gpus(args: argparse.Namespace) -> int:
     table.add_column("name", no_wrap=True)
     for name in ("memory", "bandwidth", "bf16 TFLOPS", "fp8 TFLOPS"):
         table.add_column(name, justify="right")
-    for g in gpus():
+    table.add_column("step times")
+    for g, row in zip(gpus(), rows, strict=True):
         half = f"{g.bf16_tflops:g}" if g.bf16_tflops else f"{g.fp16_tflops:g}†" if g.fp16_tflops else "-"
         table.add_row(g.name, format_bytes(g.memory_bytes) + ("" if g.memory_basis.startswith("as") else "*"),
                       f"{g.bandwidth_bytes_per_s / 1e9:,.0f} GB/s" if g.bandwidth_bytes_per_s else "-",
-                      half, f"{g.fp8_tflops:g}" if g.fp8_tflops else "-")
+                      half, f"{g.fp8_tflops:g}" if g.fp8_tflops else "-", row["step_times"])
     console().print(table)
     return 0
 

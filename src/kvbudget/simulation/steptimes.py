@@ -95,6 +95,12 @@ def fitted_gpus() -> tuple[str, ...]:
     return tuple(_index()["gpus"])
 
 
+def step_times_basis(gpu: str) -> str:
+    """What `simulate`'s step times on `gpu` (a catalog name) rest on, in a few words."""
+    entry = _index()["gpus"].get(gpu)
+    return f"measured ({entry['engine']})" if entry else "transferred (estimate)"
+
+
 def measurements(gpu: str) -> list[Measurement]:
     entry = _index()["gpus"][gpu]
     text = (resources.files("kvbudget") / "data" / "steptimes" / entry["file"]).read_text(encoding="utf-8")

@@ -165,3 +165,16 @@ def test_calibration_recovers_a_known_law_and_predicts_another_run(tmp_path):
     assert ours.ttft.mean == pytest.approx(sum(ttft) / len(ttft), rel=0.05)
     assert ours.tpot.mean == pytest.approx(sum(tpot) / len(tpot), rel=0.05)
     assert plain.ttft.mean < 0.7 * sum(ttft) / len(ttft)  # (uncalibrated, the 20 ms are missing)
+
+
+def test_the_gpu_catalog_says_what_each_gpus_step_times_rest_on(capsys):
+    import json
+
+    from kvbudget.cli import main
+
+    assert main(["gpus", "--json"]) == 0
+    basis = {g["name"]: g["step_times"] for g in json.loads(capsys.readouterr().out)}
+    assert basis["RTX-4090"] == basis["RTX-PRO-6000"] == "measured (vLLM 0.19)"
+    assert basis["H100-80GB"] == "measured (vLLM V0)"
+    assert basis["L4"] == basis["MI355X"] == "transferred (estimate)"
+    assert set(steptimes.fitted_gpus()) == {g for g, b in basis.items() if b.startswith("measured")}
