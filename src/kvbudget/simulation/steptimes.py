@@ -20,7 +20,7 @@ import csv
 import json
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -109,6 +109,9 @@ def measurements(gpu: str) -> list[Measurement]:
             for r in csv.DictReader(text.splitlines())]
 
 
+TERMS = ("fixed", "bytes", "flops", "sequences")  # the terms a kernel's time can have
+
+
 @cache
 def gpu_fit(gpu: str) -> GpuFit | None:
     """The fitted kernels of `gpu` (a catalog name), or None where no measurements exist."""
@@ -133,9 +136,6 @@ def gpu_fit(gpu: str) -> GpuFit | None:
     for tp in sorted({m.tp for m in rows if m.op == "allreduce"}):
         reduce[tp] = fit_op("allreduce", [m for m in rows if m.op == "allreduce" and m.tp == tp], False, TERMS[:2])
     return GpuFit(gpu=gpu, ops=ops, all_reduce=reduce, source=entry["source"], engine=entry["engine"])
-
-
-TERMS = ("fixed", "bytes", "flops", "sequences")
 
 
 def fit_op(op: str, rows: Sequence[Measurement], overlapped: bool, terms: Sequence[str] = TERMS) -> OpFit:
@@ -165,7 +165,7 @@ def fit_op(op: str, rows: Sequence[Measurement], overlapped: bool, terms: Sequen
                 throughput=1 / coef[2] if coef.get(2) else 0.0, per_sequence=coef.get(3, 0.0), overlapped=overlapped,
                 rows=len(rows), median_error=0.0)
     errors = sorted(abs(fit.seconds(m.flops, m.nbytes, m.sequences) / m.seconds - 1) for m in rows)
-    return OpFit(**{**fit.__dict__, "median_error": errors[len(errors) // 2]})
+    return replace(fit, median_error=errors[len(errors) // 2])
 
 
 @dataclass(frozen=True, kw_only=True)
