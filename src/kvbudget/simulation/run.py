@@ -552,8 +552,9 @@ class _Run:
             notes.append("times are estimates: a roofline over the GPU's datasheet peaks with assumed efficiencies "
                          f"(calibrate with measured steps); {self.setup.scheduling}")
         else:
-            notes.append(f"times from a time model {self.setup.time_model.basis}: an estimate whose error the "
-                         f"accuracy page of the docs states; {self.setup.scheduling}")
+            basis = self.setup.time_model.basis
+            notes.append(f"times rest on {'a time model ' if basis.startswith('calibrated') else ''}{basis}: an "
+                         f"estimate whose error the accuracy page of the docs states; {self.setup.scheduling}")
 
         def per_s(amount: float) -> float:  # over the run's duration
             return amount / duration if duration else 0.0
