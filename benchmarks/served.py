@@ -104,16 +104,20 @@ def inference_perf_requests(run: dict[str, Any]) -> Iterator[Request]:
         start += stage["duration_s"]
 
 
+def _bench_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (DATA / run["requests_file"]).read_text(encoding="utf-8").splitlines()]
+
+
 def bench_requests(run: dict[str, Any]) -> list[Request]:
     """LLMServingSim's bench run: each request's arrival, prompt and output length as vLLM served it."""
-    rows = [json.loads(line) for line in (DATA / run["requests_file"]).read_text(encoding="utf-8").splitlines()]
+    rows = _bench_rows(run)
     t0 = min(r["queued_ts"] for r in rows)
     return sorted((Request(arrival=r["queued_ts"] - t0, prompt_tokens=r["input_toks"], output_tokens=r["output_toks"],
                            id=r["request_id"]) for r in rows), key=lambda r: r.arrival)
 
 
 def bench_measured(run: dict[str, Any]) -> dict[str, dict[str, float]]:
-    rows = [json.loads(line) for line in (DATA / run["requests_file"]).read_text(encoding="utf-8").splitlines()]
+    rows = _bench_rows(run)
     ttft = [r["first_token_ts"] - r["queued_ts"] for r in rows]
     e2e = [r["last_token_ts"] - r["queued_ts"] for r in rows]
     tpot = [(r["last_token_ts"] - r["first_token_ts"]) / (r["output_toks"] - 1) for r in rows if r["output_toks"] > 1]
@@ -143,8 +147,8 @@ def replay(run: dict[str, Any], time_model: TimeModel | None = None) -> list[Cas
     kw = settings(run, time_model)
     if "requests_file" in run:
         collect = _Collect(lambda r: 0)
-        sim = simulate(model, iter(bench_requests(run)), on_finish=collect, **kw)
         reqs = bench_requests(run)
+        sim = simulate(model, iter(reqs), on_finish=collect, **kw)
         rate = len(reqs) / reqs[-1].arrival
         real = bench_measured(run)
         simulated = _figures(collect.by_stage[0], tpot_from_means=False)

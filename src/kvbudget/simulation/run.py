@@ -405,8 +405,9 @@ class _Run:
         blocks_as_states = sched.hybrid
         tm = self.tm
         weights, per_context, per_token, overhead = tm.weights_read(r), tm.per_context, tm.per_token, tm.overhead
-        fixed = overhead + tm.token_cost * r + tm.seq_cost * r  # (as step_seconds adds them; no pairs beyond one
-        context_cost = tm.context_cost  # query per cached token in a decode step)
+        # the added costs, as step_seconds adds them (a decode step has no attended pairs beyond its context)
+        fixed = overhead + tm.token_cost * r + tm.seq_cost * r
+        context_cost = tm.context_cost
         summed = tm.bound == "sum"
         context = sched.context_tokens()
         compute = per_token * r

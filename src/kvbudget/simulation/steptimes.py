@@ -26,7 +26,7 @@ from importlib import resources
 from typing import Any
 
 from kvbudget.errors import ConfigError
-from kvbudget.model.params import activation_widths, count_parameters, routed_experts
+from kvbudget.model.params import activation_widths, count_parameters
 from kvbudget.model.spec import Attention, LatentAttention, ModelSpec
 from kvbudget.simulation.timing import TimeModel, nonnegative_fit
 
@@ -77,8 +77,7 @@ class GpuFit:
     gpu: str
     ops: dict[str, OpFit]
     all_reduce: dict[int, OpFit]
-    source: str
-    engine: str
+    engine: str  # what ran the kernels (the sources are in data/steptimes/index.json and its README)
 
     def label(self) -> str:
         return f"kernels measured on {self.gpu} ({self.engine})"
@@ -135,7 +134,7 @@ def gpu_fit(gpu: str) -> GpuFit | None:
     reduce = {}
     for tp in sorted({m.tp for m in rows if m.op == "allreduce"}):
         reduce[tp] = fit_op("allreduce", [m for m in rows if m.op == "allreduce" and m.tp == tp], False, TERMS[:2])
-    return GpuFit(gpu=gpu, ops=ops, all_reduce=reduce, source=entry["source"], engine=entry["engine"])
+    return GpuFit(gpu=gpu, ops=ops, all_reduce=reduce, engine=entry["engine"])
 
 
 def fit_op(op: str, rows: Sequence[Measurement], overlapped: bool, terms: Sequence[str] = TERMS) -> OpFit:
@@ -180,7 +179,6 @@ class StepWork:
     lm_head_bytes: float
     flops_per_token: float  # linear layers' FLOPs per token (the LM head apart)
     lm_head_flops: float  # per sampled sequence
-    moe: bool
     elementwise_bytes_per_token: float  # per layer: norms, activation, rotary
     kv_bytes_per_token: float  # per attention layer, per cached token
     query_width: int  # query heads x head dim on this GPU
@@ -216,7 +214,7 @@ def step_work(model: ModelSpec, plan: Any) -> StepWork | None:
                     expert_share=sum(g.active for g in experts) / stored if stored else 0.0,
                     lm_head_bytes=widths.vocab * widths.hidden * per_param / tp,
                     flops_per_token=2 * sum(g.active for g in groups if g.part in LINEAR_PARTS) / tp,
-                    lm_head_flops=2 * widths.vocab * widths.hidden / tp, moe=routed_experts(model) is not None,
+                    lm_head_flops=2 * widths.vocab * widths.hidden / tp,
                     elementwise_bytes_per_token=2 * (4 * widths.hidden + 3 * widths.mlp / tp + 2 * (query + kv_width)),
                     kv_bytes_per_token=plan.estimate.bytes_per_token / max(1, len(attention)), query_width=query,
                     hidden=widths.hidden, vocab=widths.vocab, tp=tp)
@@ -289,7 +287,7 @@ def time_model(work: StepWork, kernels: Kernels, card: Any) -> TimeModel:
     plus what is added per step, per token, per cached token, per attended pair and per sequence."""
     ops = kernels.ops
     gemm, elementwise = ops["gemm"], ops["elementwise"]
-    experts = ops.get("moe", gemm) if work.moe else gemm
+    experts = ops.get("moe", gemm) if work.expert_bytes else gemm
     decode, prefill, sampler = ops["decode_attention"], ops["prefill_attention"], ops["sampler"]
     overhead = work.layers * (GEMMS_PER_LAYER * gemm.fixed + ELEMENTWISE_PER_LAYER * elementwise.fixed
                               + decode.fixed)

@@ -142,9 +142,8 @@ def calibrate(steps: Sequence[MeasuredStep], source: str = "measured steps") -> 
     if len(steps) < 3:
         raise KVBudgetError(f"calibrate: {len(steps)} measured steps; at least 3 are needed", param="calibrate")
     rows = [[1.0, float(s.context_tokens), float(s.tokens)] for s in steps]
-    coef = dict(enumerate(nonnegative_fit(rows, [s.seconds for s in steps])))
-    return TimeModel.fitted(coef.get(0, 0.0), coef.get(1, 0.0), coef.get(2, 0.0),
-                            f"calibrated on {len(steps)} {source}")
+    overhead, per_context, per_token = nonnegative_fit(rows, [s.seconds for s in steps])
+    return TimeModel.fitted(overhead, per_context, per_token, f"calibrated on {len(steps)} {source}")
 
 
 def nonnegative_fit(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
