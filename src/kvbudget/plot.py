@@ -106,6 +106,12 @@ def plot_plan(p: Plan, path: str) -> None:
     _save(plt, fig, path)
 
 
+def times_are(basis: str) -> str:
+    """What a simulation's times are, for a picture: calibrated on measurements, or estimates (the roofline, or
+    kernels measured on other runs)."""
+    return "calibrated" if "calibrated" in basis else "estimates"
+
+
 def plot_simulation(sim: Simulation, path: str, caption: str = "") -> None:
     """A simulation's picture: KV usage over time, running and waiting requests, latency distributions;
     `caption` (a trace's credit) goes under it."""
@@ -132,8 +138,7 @@ def plot_simulation(sim: Simulation, path: str, caption: str = "") -> None:
             n = len(values)
             cdf.plot(values, [(i + 1) / n for i in range(n)], label=name)
     cdf.set_xscale("log")
-    cdf.set_xlabel("seconds (log scale; times are " + ("estimates)" if "estimate" in s.time_model.basis
-                                                        else "calibrated)"))
+    cdf.set_xlabel(f"seconds (log scale; times are {times_are(s.time_model.basis)})")
     cdf.set_ylabel("fraction of requests")
     cdf.set_title("latency distribution")
     cdf.legend(fontsize=8)

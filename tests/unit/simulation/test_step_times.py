@@ -178,3 +178,12 @@ def test_the_gpu_catalog_says_what_each_gpus_step_times_rest_on(capsys):
     assert basis["H100-80GB"] == "measured (vLLM V0)"
     assert basis["L4"] == basis["MI355X"] == "transferred (estimate)"
     assert set(steptimes.fitted_gpus()) == {g for g, b in basis.items() if b.startswith("measured")}
+
+
+def test_a_picture_calls_kernel_model_times_estimates_and_calibrated_times_calibrated():
+    from kvbudget.plot import times_are
+
+    assert times_are(setup_for(LLAMA, gpu="H100", max_model_len=4096).time_model.basis) == "estimates"
+    assert times_are(setup_for(LLAMA, gpu="L4", max_model_len=4096).time_model.basis) == "estimates"
+    assert times_are("calibrated on 58 measured steps") == "calibrated"
+    assert times_are("kernels measured on H100-80GB (vLLM V0); calibrated on 300 benchmark requests") == "calibrated"
