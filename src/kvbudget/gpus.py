@@ -28,6 +28,8 @@ class GPU:
     interconnect_bytes_per_s: float | None = None  # per GPU, both directions together (datasheet figure)
     gpus_per_node: int = 8  # GPUs on one server's interconnect (HGX boards, cloud instances; GB200 NVL72: 72)
     segment: str = ""  # "datacenter", "workstation" or "consumer" as the vendor sells it; "" for custom cards
+    host_link: str | None = None  # the link to host memory (PCIe 5.0 x16, NVLink-C2C): what KV offload loads over
+    host_link_bytes_per_s: float | None = None  # its datasheet bandwidth, one direction
 
     @property
     def half_tflops(self) -> float | None:
@@ -62,7 +64,8 @@ def _make(g: dict[str, Any]) -> GPU:
                source=g["source"], compute_capability=g.get("compute_capability"), fp16_tflops=g.get("fp16_tflops"),
                interconnect=g.get("interconnect"),
                interconnect_bytes_per_s=g["interconnect_gbps"] * 1e9 if g.get("interconnect_gbps") else None,
-               gpus_per_node=g.get("gpus_per_node", 8), segment=g.get("segment", ""))
+               gpus_per_node=g.get("gpus_per_node", 8), segment=g.get("segment", ""), host_link=g.get("host_link"),
+               host_link_bytes_per_s=g["host_link_gbps"] * 1e9 if g.get("host_link_gbps") else None)
 
 
 def _key(text: str) -> str:
@@ -79,7 +82,8 @@ def custom_gpu(memory_bytes: int, like: GPU | None = None) -> GPU:
                fp8_tflops=like.fp8_tflops, source=f"{like.source}; memory given",
                compute_capability=like.compute_capability, fp16_tflops=like.fp16_tflops,
                interconnect=like.interconnect, interconnect_bytes_per_s=like.interconnect_bytes_per_s,
-               gpus_per_node=like.gpus_per_node, segment=like.segment)
+               gpus_per_node=like.gpus_per_node, segment=like.segment, host_link=like.host_link,
+               host_link_bytes_per_s=like.host_link_bytes_per_s)
 
 
 def find_gpu(name: str) -> GPU:

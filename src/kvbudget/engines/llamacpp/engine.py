@@ -65,7 +65,8 @@ from kvbudget.model.spec import (
     RecurrentState,
     SlidingWindow,
 )
-from kvbudget.units import cdiv, format_bytes
+from kvbudget.offload import HostTier, no_disk
+from kvbudget.units import MIB, cdiv, format_bytes
 from kvbudget.validate import positive
 
 if TYPE_CHECKING:
@@ -345,6 +346,29 @@ class LlamaCppEngine(Engine):
                        release: Release = NEWEST, quantized: bool = False, unified: bool = False) -> tuple[int, bool]:
         """llama-server's compute buffer and whether it is replayed from the graph: see `compute_buffer`."""
         return compute_buffer(model, cells, n_tokens, n_parallel, flash, release, quantized, unified)
+
+    offload_backends = ("prompt cache",)
+
+    def host_tiers(self, model: ModelSpec, *, memory: int, disk: int | None, backend: str, kv_dtype: str, tp: int,
+                   options: EngineOptions) -> tuple[HostTier, ...]:
+        """llama-server's host-RAM prompt cache (`--cache-ram` MiB, 8,192 by default; tools/server, the
+        server_prompt_cache): whole slot caches, sized by their tokens' KV bytes (plus a small header: an
+        estimate), which `simulate` follows (engines/llamacpp/scheduler.py)."""
+        no_disk("llamacpp", "prompt cache", disk, "it keeps slot caches in RAM only")
+        per_token = self.allocate(model, kv_dtype, tp, options).bytes_per_token
+        mib = memory // MIB
+        if not mib:
+            raise EngineRuleError("offload_memory: llama-server's --cache-ram is whole MiB; give at least 1 MiB",
+                                  param="offload_memory")
+        units = mib * MIB // per_token
+        return (HostTier(engine=self.name, backend="prompt cache", medium="host memory", setting=f"--cache-ram {mib}",
+                         unit="token", unit_tokens=1, unit_bytes=per_token, units=units, ranks=1,
+                         host_bytes=units * per_token, pinned=False, partial_units=True,
+                         policy="oldest saved prompt first, past the size limit",
+                         movement="a slot's cache is saved when the slot takes a new task; the saved one that keeps "
+                                  "most of itself and covers most of a new prompt is loaded back into the slot",
+                         source="llama.cpp tools/server (server_prompt_cache), as simulate follows it",
+                         notes=("the cache holds whole prompts; a saved prompt larger than the cache is not kept",)),)
 
     def simulator(self) -> LlamaCppSimulator:
         from kvbudget.engines.llamacpp.simulator import LlamaCppSimulator

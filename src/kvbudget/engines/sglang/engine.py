@@ -40,6 +40,7 @@ from kvbudget.engines.base import (
     serving_kv_dtype,
 )
 from kvbudget.engines.metrics import first_gauge
+from kvbudget.engines.sglang.hicache import hicache_tier
 from kvbudget.engines.sglang.releases import (
     MODELLED,
     NEWEST,
@@ -60,6 +61,7 @@ from kvbudget.model.spec import (
     ModelSpec,
     RecurrentState,
 )
+from kvbudget.offload import HostTier
 from kvbudget.units import GIB, MIB
 
 if TYPE_CHECKING:
@@ -199,6 +201,15 @@ class SGLangEngine(Engine):
 
     def honours_windows(self, model: ModelSpec) -> bool:
         return False
+
+    offload_backends = ("hicache",)
+
+    def host_tiers(self, model: ModelSpec, *, memory: int, disk: int | None, backend: str, kv_dtype: str, tp: int,
+                   options: EngineOptions) -> tuple[HostTier, ...]:
+        """HiCache's host pool (engines/sglang/hicache.py)."""
+        alloc = self.allocate(model, kv_dtype, tp, options)
+        return (hicache_tier(model, alloc, memory=memory, disk=disk, tp=tp, page=options.block_size or 1,
+                             version=options.engine_version or NEWEST),)
 
     def simulator(self) -> SGLangSimulator:
         from kvbudget.engines.sglang.simulator import SGLangSimulator

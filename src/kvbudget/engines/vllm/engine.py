@@ -48,6 +48,7 @@ from kvbudget.engines.base import (
     serving_kv_dtype,
 )
 from kvbudget.engines.metrics import first_gauge
+from kvbudget.engines.vllm import offload
 from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.memory import (
     CHECKED,
@@ -81,6 +82,7 @@ from kvbudget.model.spec import (
     ModelSpec,
     SlidingWindow,
 )
+from kvbudget.offload import HostTier
 from kvbudget.units import cdiv, format_bytes
 
 if TYPE_CHECKING:
@@ -474,6 +476,19 @@ class VLLMEngine(Engine):
                       spec_blocks=spec_blocks), dtype
 
     # --- startup logs -------------------------------------------------------------------------
+
+    offload_backends = ("native", "lmcache")
+
+    def host_tiers(self, model: ModelSpec, *, memory: int, disk: int | None, backend: str, kv_dtype: str, tp: int,
+                   options: EngineOptions) -> tuple[HostTier, ...]:
+        """The native offloading connector's CPU tier, or LMCache's CPU and disk tiers (engines/vllm/offload.py)."""
+        if release(options).version < NEWEST:
+            raise EngineRuleError("offload_memory: vLLM's offload tiers are modelled from 0.32's source; give "
+                                  "--engine vllm", param="offload_memory")
+        layout, _ = self.pool(model, kv_dtype, tp, options)
+        return offload.host_tiers(model, self.allocate(model, kv_dtype, tp, options), layout.block_bytes,
+                                  layout.block_size, memory=memory, disk=disk, backend=backend, tp=tp,
+                                  options=options)
 
     def simulator(self) -> VLLMSimulator:
         from kvbudget.engines.vllm.simulator import VLLMSimulator
