@@ -8,6 +8,7 @@ from typing import Any, NamedTuple, TypeVar
 from kvbudget.engines import Allocation, Capacity, Engine, EngineOptions, get_engine
 from kvbudget.errors import ConfigError, EngineRuleError, KVBudgetError
 from kvbudget.model.spec import ModelSpec
+from kvbudget.offload import HostReport
 from kvbudget.validate import positive_int, positive_ints
 
 DEFAULT_CONTEXTS = (1024, 4096, 8192, 16384)
@@ -32,14 +33,15 @@ class Estimate:
     points: tuple[Point, ...]
     notes: tuple[str, ...]
     capacity: Capacity | None = None  # what the engine makes of a KV budget, when one was given
+    host: HostReport | None = None  # the tiers beyond the GPU, when host memory was given for them
 
     def __init__(self, model: ModelSpec, allocation: Allocation, beams: int, batches: tuple[int, ...],
                  contexts: tuple[int, ...], points: tuple[Point, ...], notes: tuple[str, ...],
-                 capacity: Capacity | None = None) -> None:
+                 capacity: Capacity | None = None, host: HostReport | None = None) -> None:
         # written out: the generated frozen __init__ sets each field with its own object.__setattr__ call, a third
         # of a one-point estimate(); one dict update costs half as much (sweeps call estimate() thousands of times)
         self.__dict__.update(model=model, allocation=allocation, beams=beams, batches=batches, contexts=contexts,
-                             points=points, notes=notes, capacity=capacity)
+                             points=points, notes=notes, capacity=capacity, host=host)
 
     @property
     def bytes_per_token(self) -> int:
@@ -74,6 +76,7 @@ class Estimate:
             "points": [p._asdict() for p in self.points],
             "layers": [g.to_dict() for g in alloc.groups],
             "capacity": self.capacity.to_dict() if self.capacity else None,
+            "host_tiers": self.host.to_dict() if self.host else None,
             "notes": list(self.notes),
         }
 

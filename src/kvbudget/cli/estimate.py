@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from kvbudget.cli.common import UNITS_NOTE, add_options, console, request_of
+from kvbudget.cli.tiers import render_host
 from kvbudget.commands.estimate import EstimateRequest, answer
 from kvbudget.commands.options import warn
 from kvbudget.estimator import Estimate
@@ -100,5 +101,7 @@ def render(result: Estimate, show_layers: bool) -> None:
         out.print("  one request of max_model_len fits" if cap.fits else
                       f"  [red]one request of {cap.max_model_len:,} tokens does not fit[/]; the longest that "
                       f"does: {cap.estimated_max_model_len:,}")
+    if result.host is not None:
+        render_host(out, result.host)
     for note in result.notes:
         out.print(f"[yellow]note:[/] {note}")

@@ -8,9 +8,11 @@ from kvbudget.commands.options import (
     COUNTED,
     DEVICES,
     KNOBS,
+    OFFLOAD,
     counted_context,
     engine_field,
     engine_options,
+    host_tiers_of,
     kv_dtype_field,
     load,
     model_field,
@@ -19,7 +21,9 @@ from kvbudget.commands.options import (
     optional_one,
     size,
 )
+from kvbudget.errors import KVBudgetError
 from kvbudget.estimator import Estimate, estimate
+from kvbudget.gpus import find_gpu
 from kvbudget.units import parse_positive_ints
 
 
@@ -46,6 +50,10 @@ class EstimateRequest:
     attention_backend: str | None = option(KNOBS["attention_backend"])
     pp_layer_partition: str | None = option(KNOBS["pp_layer_partition"])
     num_speculative_tokens: str | None = option(KNOBS["num_speculative_tokens"])
+    offload_memory: str | None = option(OFFLOAD["offload_memory"])
+    offload_backend: str | None = option(OFFLOAD["offload_backend"])
+    offload_disk: str | None = option(OFFLOAD["offload_disk"])
+    gpu: str | None = option("with --offload-memory: the GPU whose host link a load crosses (kvbudget gpus)")
     layers: bool = option("show the per-layer-kind breakdown", False, web=False)
     prompt_file: str | None = option(COUNTED["prompt_file"], web=False)
     max_new_tokens: str | None = option(COUNTED["max_new_tokens"], web=False)
@@ -59,8 +67,13 @@ def answer(ask: EstimateRequest) -> Estimate:
     """The estimate a request asks for (its `to_dict()` is what --json prints and the web page serves)."""
     engine, options = engine_options(ask)  # first: it reads the release off engine NAME@VERSION
     counted, counted_note = counted_context(ask, engine, "context")
+    if ask.gpu and ask.offload_memory is None:
+        raise KVBudgetError("gpu: estimate uses the GPU for the host link of an offload tier; give offload_memory "
+                            "too (plan sizes a GPU)", param="gpu")
+    gpu = find_gpu(ask.gpu) if ask.gpu else None
+    model = load(ask.model)
     result = estimate(
-        load(ask.model),
+        model,
         engine=engine,
         kv_dtype=ask.kv_dtype,
         batch=parse_positive_ints(ask.batch, "batch"),
@@ -72,4 +85,7 @@ def answer(ask: EstimateRequest) -> Estimate:
         max_model_len=optional_one(ask.max_model_len, "max_model_len"),
         pp=one(ask.pp, "pp"),
     )
+    host = host_tiers_of(ask, engine, options, result.contexts, gpu, model)
+    if host is not None:
+        result = replace(result, host=host)
     return replace(result, notes=(*result.notes, counted_note)) if counted_note else result

@@ -258,6 +258,32 @@ ENTRY_POINTS = ("server", "llm")
 DEVICES = ("cuda", "cpu")
 
 # Lengths counted with the model's tokenizer instead of given (estimate and plan share them).
+OFFLOAD = {
+    "offload_memory": "host memory for a KV offload tier, over every rank (e.g. 64GiB): vllm's native connector or "
+                      "LMCache, sglang's HiCache, llama.cpp's --cache-ram",
+    "offload_backend": "the offload backend where an engine has several (vllm: native (default), lmcache)",
+    "offload_disk": "disk for the backend's disk tier behind host memory, over every rank (vllm --offload-backend "
+                    "lmcache)",
+}
+
+
+def host_tiers_of(ask: Any, engine: str, options: EngineOptions, lengths: tuple[int, ...], gpu: Any = None,
+                  model: Any = None) -> Any:
+    """The host tiers a request's offload options ask for, or None when it gives no host memory."""
+    from kvbudget.offload import host_report
+
+    memory = size(ask.offload_memory, "offload_memory")
+    if memory is None:
+        for name in ("offload_backend", "offload_disk"):
+            if getattr(ask, name):
+                raise KVBudgetError(f"{name}: give {named('offload_memory')} too (the host-memory tier it belongs to)",
+                                    param=name)
+        return None
+    return host_report(get_engine(engine), model if model is not None else load(ask.model), memory=memory,
+                       disk=size(ask.offload_disk, "offload_disk"), backend=ask.offload_backend,
+                       kv_dtype=ask.kv_dtype, tp=one(ask.tp, "tp"), options=options, gpu=gpu, lengths=lengths)
+
+
 COUNTED = {
     "prompt_file": "take the context from this prompt (text or chat request .json), counted with the model's "
                    "tokenizer",

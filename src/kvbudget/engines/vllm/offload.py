@@ -88,8 +88,8 @@ def lmcache_tiers(model: ModelSpec, alloc: Allocation, *, memory: int, disk: int
             unit="chunk", unit_tokens=LMCACHE_CHUNK, unit_bytes=chunk * tp, units=units, ranks=tp,
             host_bytes=units * chunk * tp, pinned=medium == "host memory", partial_units=False,
             policy="least recently used chunk" if medium == "host memory" else "least recently used file",
-            movement="each chunk stored after its prefill (to CPU, and to disk when on); looked up on admission, "
-                     "CPU first", source=LMCACHE_SOURCE,
+            movement="each full chunk stored as the prefill computes it (to CPU, and to disk when on); looked up on "
+                     "admission, CPU first", source=LMCACHE_SOURCE,
             notes=("a prompt's last partial chunk is not stored (save_unfull_chunk False)",)))
     return tuple(tiers)
 
