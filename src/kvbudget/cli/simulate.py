@@ -177,6 +177,12 @@ def _print(sim: Any, args: argparse.Namespace) -> None:
     out.print(f"queues: peak running {sim.peak_running:,}, peak waiting {sim.peak_waiting:,}; preemptions "
               f"{sim.preemptions:,} ({sim.preempted_requests:,} requests, {sim.recomputed_tokens:,} tokens "
               f"recomputed); prefix-cache hits {hit} of prompt tokens")
+    if sim.offload is not None and s.host_tier is not None:
+        o, tier = sim.offload.to_dict(), s.host_tier
+        share = o["hit_tokens"] / sim.prompt_tokens if sim.prompt_tokens else 0.0
+        out.print(f"offload tier ({tier.backend}, {tier.setting}, {tier.tokens:,} tokens): hits {share:.1%} of prompt "
+                  f"tokens beyond the GPU's; loaded {format_bytes(o['loaded_bytes'])}, stored "
+                  f"{format_bytes(o['stored_bytes'])}; load times over the GPU's host link: an estimate")
     if sim.failed:
         out.print(f"[red]failed: {sim.failed:,} requests got an error from the engine[/red] (its KV memory ran "
                   "out: llama.cpp's unified pool fails every busy request when one token no longer fits)")
@@ -239,6 +245,13 @@ def _task_progress(done: int, total: int) -> None:
     print(f"\rsweep [{bar:<{width}}] {done}/{total} configurations", end="", file=sys.stderr, flush=True)
 
 
+def _cell(key: str, value: Any) -> str:
+    """A swept setting as the sweep's table shows it (a host tier's size in GiB, none as 0)."""
+    if key == "offload_memory":
+        return format_bytes(value) if value else "0"
+    return str(value).removeprefix("contiguous-")
+
+
 def _sweep(args: SimulateRequest, model: Any, settings: dict[str, Any], combos: list[dict[str, Any]]) -> int:
     from rich import box
     from rich.table import Table
@@ -271,7 +284,7 @@ def _sweep(args: SimulateRequest, model: Any, settings: dict[str, Any], combos: 
     for col in ("tokens", "TTFT", "TPOT", "E2E", "req/s", "peak", "preempt") + (("$/1M",) if priced else ()):
         t.add_column(col, justify="right", no_wrap=True)
     for (combo, sim), cost in zip(results, costs, strict=True):
-        t.add_row(*(str(combo[k]).removeprefix("contiguous-") for k in keys), f"{sim.setup.token_slots:,}",
+        t.add_row(*(_cell(k, combo[k]) for k in keys), f"{sim.setup.token_slots:,}",
                   _short(sim.ttft.p99 if sim.ttft else None), _short(sim.tpot.p99 if sim.tpot else None),
                   _short(sim.e2e.p99 if sim.e2e else None), f"{sim.requests_per_s:,.2f}", f"{sim.peak_usage:.0%}",
                   f"{sim.preemptions:,}", *((_dollars(cost.per_million_tokens),) if cost else ()))

@@ -90,6 +90,9 @@ class SimulateRequest:
                               "left to auto)", False, group=SCHEDULER)
     cache_ram: str | None = option("llama.cpp: the host-RAM prompt cache in MiB (default 8192; 0 turns it off)",
                                    group=SCHEDULER)
+    offload_memory: str | None = option("vLLM: host memory for the native offloading connector's CPU tier, over "
+                                        "every rank (e.g. 64GiB; --kv-offloading-size)", group=MEMORY)
+    offload_backend: str | None = option("vLLM: native (the one simulated)", group=MEMORY)
     long_prefill_token_threshold: str = option("cut prompts longer than this into chunks of it while others wait "
                                                "(default 0: off)", "0", group=SCHEDULER)
     json: bool = option("print JSON (seconds, bytes) instead of tables", False, group=ANSWERS, web=False)
@@ -257,7 +260,8 @@ def settings(ask: SimulateRequest) -> dict[str, Any]:
             "long_prefill_token_threshold": int(ask.long_prefill_token_threshold), "allocator": ask.allocator,
             "kv_unified": ask.kv_unified, "cache_ram": _mib(ask.cache_ram), "enforce_eager": options.enforce_eager,
             "entry_point": options.entry_point,
-            "lora": (options.max_loras, options.max_lora_rank) if options.enable_lora else None}
+            "lora": (options.max_loras, options.max_lora_rank) if options.enable_lora else None,
+            "offload_memory": size(ask.offload_memory, "offload_memory"), "offload_backend": ask.offload_backend}
 
 
 def prices(ask: SimulateRequest) -> dict[str | None, float] | None:

@@ -480,6 +480,8 @@ class Engine:
 class Simulator(Protocol):
     """An engine's scheduler model for `simulate`: its settings, its scheduler and how it counts its memory."""
 
+    offloads: bool  # simulates the engine's KV offload tier (SimulationAsk.offload_memory)
+
     def options(self, ask: SimulationAsk) -> EngineOptions:
         """The options to plan the ask with; raises first for settings that mean nothing to this engine."""
 

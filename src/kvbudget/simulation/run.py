@@ -145,6 +145,7 @@ class Simulation:
     guard: GuardReport | None = None  # what the guard in the loop did
     failed: int = 0  # requests the engine answered with an error (llama.cpp's unified cache when it overflows)
     latency_timeline: tuple[LatencyWindow, ...] = ()  # TTFT and end-to-end percentiles over the run
+    offload: Any = None  # what a host tier behind the prefix cache did (the scheduler's totals), where there is one
 
     def metric(self, name: str) -> float | None:
         """A latency figure by name: ttft|tpot|e2e _ p50|p90|p99|mean|max (seconds)."""
@@ -174,6 +175,7 @@ class Simulation:
             "failed": self.failed, "notes": list(self.notes), "guard": self.guard.to_dict() if self.guard else None,
             "timeline": [s.__dict__ for s in self.timeline],
             "latency_timeline": [w.to_dict() for w in self.latency_timeline],
+            "offload": self.offload.to_dict() if self.offload is not None else None,
         }
 
 
@@ -185,8 +187,8 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               time_model: TimeModel | None = None, allocator: str = "paged",
               measured: Sequence[MeasuredStep] | None = None, kv_unified: bool = False,
               cache_ram: int | None = None, weights: int | None = None, utilization: float | None = None,
-              enforce_eager: bool = False, entry_point: str = "server", lora: tuple[int, int] | None = None
-              ) -> Setup:
+              enforce_eager: bool = False, entry_point: str = "server", lora: tuple[int, int] | None = None,
+              offload_memory: int | None = None, offload_backend: str | None = None) -> Setup:
     """The memory and scheduler settings from the planner and the engine's defaults, and the default time model.
     `weights` (bytes per GPU) replaces the parameter count where kvbudget has none."""
     chosen = get_engine(engine)
@@ -197,7 +199,8 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
                         long_prefill_token_threshold=long_prefill_token_threshold, time_model=time_model,
                         allocator=allocator, measured=measured, kv_unified=kv_unified, cache_ram=cache_ram,
                         weights=weights, utilization=utilization, enforce_eager=enforce_eager,
-                        entry_point=entry_point, lora=lora)
+                        entry_point=entry_point, lora=lora, offload_memory=offload_memory,
+                        offload_backend=offload_backend)
     return setup_of(ask)
 
 
@@ -212,6 +215,9 @@ def setup_of(ask: SimulationAsk) -> Setup:
         raise KVBudgetError(f"engine {chosen.name}: the simulator follows vLLM's, llama.cpp's and SGLang's "
                             "schedulers only so far", param="engine")
     options = simulator.options(ask)
+    if ask.offload_memory is not None and not simulator.offloads:
+        raise KVBudgetError(f"offload_memory: simulate follows vLLM's native offloading connector; {chosen.name}'s "
+                            "tier is sized by estimate and plan (llama.cpp: cache_ram)", param="offload_memory")
     max_len = ask.max_model_len or model.max_position_embeddings
     if not max_len:
         raise KVBudgetError(f"max_model_len: {model.name}'s config has no max_position_embeddings; give "
@@ -369,16 +375,22 @@ class _Run:
         pending = next(arrivals, None)
         while True:
             pending = self.admit(arrivals, pending)
+            sched.clock = self.t
             if not sched.has_work():
                 if pending is None:
                     return
                 self.t = max(self.t, pending.arrival)
                 continue
             k = sched.decode_run_limit() if self.fast else 0
+            ready = sched.next_ready()
             if k:
-                self.decode_run(sched, k, pending.arrival if pending is not None else math.inf)
+                self.decode_run(sched, k, min(pending.arrival if pending is not None else math.inf,
+                                              math.inf if ready is None else ready))
                 continue
             step = sched.schedule()
+            if not step.tokens and not step.failed and (ready := sched.next_ready()) is not None and ready > self.t:
+                self.t = max(self.t, min(ready, pending.arrival if pending is not None else ready))
+                continue  # nothing runs until a load is done (or a request arrives)
             if not step.tokens and not step.failed:
                 head = sched.waiting[0].request
                 raise KVBudgetError(f"request {head.id or self.requests}: a prompt of {head.prompt_tokens} tokens "
@@ -572,7 +584,8 @@ class _Run:
             fast_steps=self.fast_steps, notes=tuple(notes), ttft_sorted=tuple(sorted(self.ttft)),
             e2e_sorted=tuple(sorted(self.e2e)), tpot_sorted=tuple(sorted(self.tpot)),
             guard=self.guard.report() if self.guard else None, failed=len(sched.failed),
-            latency_timeline=latency_windows(self.finished_at, self.ttft, self.e2e, duration))
+            latency_timeline=latency_windows(self.finished_at, self.ttft, self.e2e, duration),
+            offload=sched.offload_totals())
 
     def _shares(self, duration: float) -> MemoryShares:
         if not duration:

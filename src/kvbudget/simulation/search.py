@@ -12,6 +12,7 @@ from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation.run import Simulation, check_metric, simulate
 from kvbudget.simulation.workload import Request
+from kvbudget.units import parse_size
 
 Workload = Callable[[float], Iterable[Request]]  # a rate scale -> the requests at that rate
 
@@ -93,11 +94,16 @@ def find_max_rate(model: ModelSpec, workload: Workload, slo: Mapping[str, float]
     return RateSearch(lo, runs[lo], tuple(tried))
 
 
+def _offload_size(text: str) -> int | None:
+    """A host tier's size in a sweep; 0 is no tier."""
+    return None if text.lower() in ("0", "none", "off") else parse_size(text, "offload_memory")
+
+
 SWEEPABLE: dict[str, Callable[[str], Any]] = {
     "tp": int, "pp": int, "kv-dtype": str, "max-num-seqs": int, "max-num-batched-tokens": int,
              "block-size": int, "allocator": str, "gpu": str, "max-model-len": int,
              "long-prefill-token-threshold": int, "prefix-caching": lambda v: v.lower() in ("1", "true", "on", "yes"),
-             "rate-scale": float}
+             "rate-scale": float, "offload-memory": _offload_size}
 
 
 def parse_sweep(items: Sequence[str]) -> list[dict[str, Any]]:

@@ -216,6 +216,16 @@ class Queues:
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
+    clock = 0.0  # the run's time, set before each step: what a scheduler waiting on a transfer reads
+
+    def next_ready(self) -> float | None:
+        """When the next transfer the scheduler waits on is done (None: it waits on none)."""
+        return None
+
+    def offload_totals(self) -> Any:
+        """What a host tier behind the cache did (None: there is none)."""
+        return None
+
     def _free(self, s: Seq) -> None:
         raise NotImplementedError
 

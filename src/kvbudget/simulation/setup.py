@@ -12,6 +12,7 @@ from kvbudget.engines.base import Allocation, Engine, EngineOptions
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation.seq import SchedulerConfig
+from kvbudget.offload import HostTier
 from kvbudget.simulation.timing import MeasuredStep, TimeModel
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ class SimulationAsk:
     enforce_eager: bool = False
     entry_point: str = "server"  # vLLM: vllm serve, or the Python LLM class
     lora: tuple[int, int] | None = None  # vLLM --enable-lora: (max_loras, max_lora_rank)
+    offload_memory: int | None = None  # host memory for the engine's KV offload tier, over every rank
+    offload_backend: str | None = None
 
     def engine_options(self, batched: bool = True) -> EngineOptions:
         """The options to plan with (`batched`: the engine takes max_num_batched_tokens)."""
@@ -111,6 +114,8 @@ class Setup:
     groups: tuple[CacheGroupRecord, ...] = ()  # the engine's KV cache groups as its scheduler keeps them
     scheduling: str = "the scheduling itself is exact"  # how far the scheduler is verified
     prompt_cache_bytes: int = 0  # llama.cpp's host-RAM prompt cache (--cache-ram)
+    host_tier: HostTier | None = field(default=None, metadata=HIDDEN)  # a KV offload tier behind the prefix cache
+    host_block_seconds: float = 0.0  # ... and the time to load one of its blocks over the GPU's host link
     # the engine's scheduler model, which builds the scheduler for this setup
     simulator: Simulator = field(repr=False, compare=False, metadata=HIDDEN)
 
@@ -132,6 +137,7 @@ class Setup:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("json", True)}
         out["time_model"] = self.time_model.to_dict()
         out["groups"] = [g.to_dict() for g in self.groups]
+        out["host_tier"] = self.host_tier.to_dict() if self.host_tier else None
         return out
 
 
@@ -158,6 +164,8 @@ class SimulatorDefaults:
     """What most engines' scheduler models answer alike (an engine's Simulator may start from it): settings of
     llama.cpp's slots refused, the budget needed, the token slots and free memory counted as the engine's own, and
     the scheduler's settings described as vLLM names them."""
+
+    offloads = False
 
     def options(self, ask: SimulationAsk) -> EngineOptions:
         refuse_slot_settings(ask)

