@@ -21,7 +21,7 @@ from kvbudget.commands.options import (
     optional_one,
     size,
 )
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, named
 from kvbudget.estimator import Estimate, estimate
 from kvbudget.gpus import find_gpu
 from kvbudget.units import parse_positive_ints
@@ -68,8 +68,8 @@ def answer(ask: EstimateRequest) -> Estimate:
     engine, options = engine_options(ask)  # first: it reads the release off engine NAME@VERSION
     counted, counted_note = counted_context(ask, engine, "context")
     if ask.gpu and ask.offload_memory is None:
-        raise KVBudgetError("gpu: estimate uses the GPU for the host link of an offload tier; give offload_memory "
-                            "too (plan sizes a GPU)", param="gpu")
+        raise KVBudgetError(f"gpu: estimate uses the GPU for the host link of an offload tier; give "
+                            f"{named('offload_memory')} too (plan sizes a GPU)", param="gpu")
     gpu = find_gpu(ask.gpu) if ask.gpu else None
     model = load(ask.model)
     result = estimate(

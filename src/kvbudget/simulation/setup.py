@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from kvbudget.engines.base import Allocation, Engine, EngineOptions
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
-from kvbudget.simulation.seq import SchedulerConfig
 from kvbudget.offload import HostTier
+from kvbudget.simulation.seq import SchedulerConfig
 from kvbudget.simulation.timing import MeasuredStep, TimeModel
 
 if TYPE_CHECKING:

@@ -66,7 +66,8 @@ def native_tier(model: ModelSpec, *, memory: int, block_bytes: int, block_size: 
                     source=SOURCE, notes=tuple(notes))
 
 
-def lmcache_tiers(model: ModelSpec, alloc: Allocation, *, memory: int, disk: int | None, tp: int) -> tuple[HostTier, ...]:
+def lmcache_tiers(model: ModelSpec, alloc: Allocation, *, memory: int, disk: int | None, tp: int
+                  ) -> tuple[HostTier, ...]:
     """LMCache's local CPU tier of `memory` bytes over every rank (max_local_cpu_size per worker), and its disk
     tier of `disk` bytes."""
     full_layers_only(model, "vllm", "lmcache", all(g.token_cap is None and not g.fixed_bytes and g.period == 1
