@@ -17,10 +17,10 @@ def render_host(out: Any, report: HostReport) -> None:
     from rich.table import Table
 
     tiers = Table(title="KV beyond the GPU")
-    for name in ("tier", "engine setting", "stores by", "holds", "takes"):
-        tiers.add_column(name, justify="left" if name in ("tier", "engine setting") else "right")
+    for name in ("tier", "stores by", "holds", "takes"):
+        tiers.add_column(name, justify="left" if name == "tier" else "right")
     for t in report.tiers:
-        tiers.add_row(f"{t.backend}, {t.medium}", t.setting, f"{t.unit} of {t.unit_tokens:,} tokens",
+        tiers.add_row(f"{t.backend}, {t.medium}", f"{t.unit} of {t.unit_tokens:,} tokens",
                       f"{t.tokens:,} tokens", format_bytes(t.host_bytes) + (" pinned" if t.pinned else ""))
     out.print(tiers)
     if report.lengths:
@@ -36,7 +36,7 @@ def render_host(out: Any, report: HostReport) -> None:
             prefixes.add_row(f"{n:,}", *cells)
         out.print(prefixes)
     for t in report.tiers:
-        out.print(f"  {t.backend}, {t.medium}: {t.movement}; evicts the {t.policy} (from {t.source})")
+        out.print(f"  {t.backend}, {t.medium} ({t.setting}): {t.movement}; evicts the {t.policy} (from {t.source})")
         for note in t.notes:
             out.print(f"    {note}")
     if report.link is None:

@@ -23,7 +23,6 @@ from kvbudget.commands.options import (
 )
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.estimator import Estimate, estimate
-from kvbudget.gpus import find_gpu
 from kvbudget.units import parse_positive_ints
 
 
@@ -70,7 +69,11 @@ def answer(ask: EstimateRequest) -> Estimate:
     if ask.gpu and ask.offload_memory is None:
         raise KVBudgetError(f"gpu: estimate uses the GPU for the host link of an offload tier; give "
                             f"{named('offload_memory')} too (plan sizes a GPU)", param="gpu")
-    gpu = find_gpu(ask.gpu) if ask.gpu else None
+    gpu = None
+    if ask.gpu:
+        from kvbudget.gpus import find_gpu  # only here: a plain estimate loads no GPU table
+
+        gpu = find_gpu(ask.gpu)
     model = load(ask.model)
     result = estimate(
         model,

@@ -358,8 +358,8 @@ class LlamaCppEngine(Engine):
         per_token = self.allocate(model, kv_dtype, tp, options).bytes_per_token
         mib = memory // MIB
         if not mib:
-            raise EngineRuleError("offload_memory: llama-server's --cache-ram is whole MiB; give at least 1 MiB",
-                                  param="offload_memory")
+            raise EngineRuleError("offload_memory: llama-server's prompt cache (cache_ram) is whole MiB; give at "
+                                  "least 1 MiB", param="offload_memory")
         units = mib * MIB // per_token
         return (HostTier(engine=self.name, backend="prompt cache", medium="host memory", setting=f"--cache-ram {mib}",
                          unit="token", unit_tokens=1, unit_bytes=per_token, units=units, ranks=1,

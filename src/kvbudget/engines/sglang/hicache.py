@@ -42,11 +42,11 @@ def hicache_tier(model: ModelSpec, alloc: Allocation, *, memory: int, disk: int 
                                                      for g in alloc.groups))
     if version < (0, 5, 3):
         raise EngineRuleError("offload_memory: SGLang's host pool is modelled from 0.5.3-0.5.10's source; give "
-                              "--engine sglang@0.5", param="offload_memory")
+                              "engine sglang@0.5", param="offload_memory")
     gb = memory // tp // 10**9
     if gb < 1:
-        raise EngineRuleError(f"offload_memory: --hicache-size is whole GB per rank; {memory:,} bytes over {tp} "
-                              "rank(s) is less than 1 GB each", param="offload_memory")
+        raise EngineRuleError(f"offload_memory: SGLang sizes its host pool in whole GB per rank (hicache_size); "
+                              f"{memory:,} bytes over {tp} rank(s) is less than 1 GB each", param="offload_memory")
     per_token = alloc.bytes_per_token
     tokens = hicache_tokens(gb, per_token, page, version)
     return HostTier(engine="sglang", backend="hicache", medium="host memory",

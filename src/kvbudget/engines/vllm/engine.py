@@ -484,7 +484,7 @@ class VLLMEngine(Engine):
         """The native offloading connector's CPU tier, or LMCache's CPU and disk tiers (engines/vllm/offload.py)."""
         if release(options).version < NEWEST:
             raise EngineRuleError("offload_memory: vLLM's offload tiers are modelled from 0.32's source; give "
-                                  "--engine vllm", param="offload_memory")
+                                  "engine vllm", param="offload_memory")
         layout, _ = self.pool(model, kv_dtype, tp, options)
         return offload.host_tiers(model, self.allocate(model, kv_dtype, tp, options), layout.block_bytes,
                                   layout.block_size, memory=memory, disk=disk, backend=backend, tp=tp,
