@@ -15,7 +15,7 @@ from kvbudget.errors import EngineRuleError, named
 from kvbudget.units import cdiv
 
 if TYPE_CHECKING:
-    from kvbudget.engines.base import Engine, EngineOptions
+    from kvbudget.engines.base import Allocation, Engine, EngineOptions
     from kvbudget.gpus import GPU
     from kvbudget.model.spec import ModelSpec
 
@@ -154,9 +154,9 @@ def no_disk(engine: str, backend: str, disk: int | None, why: str) -> None:
                               f"{named('offload_disk')} out", param="offload_disk")
 
 
-def full_layers_only(model: ModelSpec, engine: str, backend: str, kept_all: bool) -> None:
+def full_layers_only(model: ModelSpec, alloc: Allocation, engine: str, backend: str) -> None:
     """Refuse a model whose cache layers do not all keep every token, for a tier that stores them as if they did."""
-    if not kept_all:
+    if not all(g.token_cap is None and not g.fixed_bytes and g.period == 1 for g in alloc.groups):
         raise EngineRuleError(f"offload_memory: {engine}'s {backend} tier is modelled for models whose every cache "
                               f"layer keeps all tokens (full attention or MLA); {model.name} has windows or state "
                               "layers", param="offload_memory")

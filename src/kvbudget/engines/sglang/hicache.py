@@ -38,8 +38,7 @@ def hicache_tier(model: ModelSpec, alloc: Allocation, *, memory: int, disk: int 
     """The host pool `memory` bytes over every rank make: `--hicache-size` per rank, in whole GB."""
     no_disk("sglang", "hicache", disk, "its third tier is an external storage backend (--hicache-storage-backend), "
             "not sized here")
-    full_layers_only(model, "sglang", "hicache", all(g.token_cap is None and not g.fixed_bytes and g.period == 1
-                                                     for g in alloc.groups))
+    full_layers_only(model, alloc, "sglang", "hicache")
     if version < (0, 5, 3):
         raise EngineRuleError("offload_memory: SGLang's host pool is modelled from 0.5.3-0.5.10's source; give "
                               "engine sglang@0.5", param="offload_memory")

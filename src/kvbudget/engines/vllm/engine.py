@@ -487,8 +487,7 @@ class VLLMEngine(Engine):
                                   "engine vllm", param="offload_memory")
         layout, _ = self.pool(model, kv_dtype, tp, options)
         return offload.host_tiers(model, self.allocate(model, kv_dtype, tp, options), layout.block_bytes,
-                                  layout.block_size, memory=memory, disk=disk, backend=backend, tp=tp,
-                                  options=options)
+                                  layout.block_size, memory=memory, disk=disk, backend=backend, tp=tp)
 
     def simulator(self) -> VLLMSimulator:
         from kvbudget.engines.vllm.simulator import VLLMSimulator

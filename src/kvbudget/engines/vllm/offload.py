@@ -26,20 +26,16 @@ of each chunk put.
 
 from __future__ import annotations
 
-from kvbudget.engines.base import Allocation, EngineOptions
+from kvbudget.engines.base import Allocation
 from kvbudget.errors import EngineRuleError
 from kvbudget.model.spec import LatentAttention, ModelSpec, NoCache
 from kvbudget.offload import HostTier, full_layers_only, no_disk
-from kvbudget.units import GIB
+from kvbudget.units import GIB, cdiv
 
 PAGE = 4096  # mmap.PAGESIZE on x86-64 and arm64 Linux (4 KiB pages), and LMCache's allocation alignment
 LMCACHE_CHUNK = 256
 SOURCE = "vllm 0.32 v1/kv_offload/cpu/spec.py, shared_offload_region.py, kv_connector/v1/offloading/"
 LMCACHE_SOURCE = "LMCache 0.5.6 v1/config.py, storage_backend/local_cpu_backend.py, local_disk_backend.py, metadata.py"
-
-
-def round_up(n: int, to: int) -> int:
-    return -(-n // to) * to
 
 
 def _all_latent(model: ModelSpec) -> bool:
@@ -51,7 +47,7 @@ def native_tier(model: ModelSpec, *, memory: int, block_bytes: int, block_size: 
     """The native connector's CPU tier of `memory` bytes (--kv-offloading-size x 2^30) for a GPU pool whose block
     takes `block_bytes` on one rank."""
     copies = 1 if tp > 1 and _all_latent(model) else tp
-    chunk = round_up(block_bytes * copies * blocks_per_chunk, PAGE)
+    chunk = cdiv(block_bytes * copies * blocks_per_chunk, PAGE) * PAGE
     units = memory // chunk
     notes = ["the region is a file in /dev/shm: a container needs --shm-size above it (Docker gives 64 MiB)"]
     if copies == 1 and tp > 1:
@@ -70,9 +66,8 @@ def lmcache_tiers(model: ModelSpec, alloc: Allocation, *, memory: int, disk: int
                   ) -> tuple[HostTier, ...]:
     """LMCache's local CPU tier of `memory` bytes over every rank (max_local_cpu_size per worker), and its disk
     tier of `disk` bytes."""
-    full_layers_only(model, "vllm", "lmcache", all(g.token_cap is None and not g.fixed_bytes and g.period == 1
-                                                   for g in alloc.groups))
-    chunk = round_up(alloc.bytes_per_token * LMCACHE_CHUNK, PAGE)  # one rank's share of a chunk
+    full_layers_only(model, alloc, "vllm", "lmcache")
+    chunk = cdiv(alloc.bytes_per_token * LMCACHE_CHUNK, PAGE) * PAGE  # one rank's share of a chunk
     tiers = []
     for medium, total, knob in (("host memory", memory, "LMCACHE_MAX_LOCAL_CPU_SIZE"),
                                 ("disk", disk, "LMCACHE_MAX_LOCAL_DISK_SIZE")):
@@ -96,7 +91,7 @@ def lmcache_tiers(model: ModelSpec, alloc: Allocation, *, memory: int, disk: int
 
 
 def host_tiers(model: ModelSpec, alloc: Allocation, block_bytes: int, block_size: int, *, memory: int,
-               disk: int | None, backend: str, tp: int, options: EngineOptions) -> tuple[HostTier, ...]:
+               disk: int | None, backend: str, tp: int) -> tuple[HostTier, ...]:
     if backend == "native":
         no_disk("vllm", "native", disk, "0.32's --kv-offloading-size sizes host memory only")
         return (native_tier(model, memory=memory, block_bytes=block_bytes, block_size=block_size, tp=tp),)
