@@ -8,7 +8,7 @@ and each has an override.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvbudget.budget import GIVEN_WEIGHTS, Term, memory_stack
 from kvbudget.engines import Capacity, Engine, EngineOptions, get_engine, serving_engines
@@ -24,6 +24,10 @@ from kvbudget.model.weights import Weights, model_weights
 from kvbudget.roofline import Roofline, decode_roofline
 from kvbudget.units import format_bytes
 from kvbudget.validate import positive
+
+if TYPE_CHECKING:
+    from kvbudget.offload import HostReport
+    from kvbudget.reuse import TierAdvice
 
 # Recommendation heuristics (kvbudget's choices, not engine facts):
 # a catalog model counts as "of similar size" within this fraction of the parameters active per token (and of the
@@ -62,6 +66,8 @@ class Recommendation:
         """What the change costs in hardware, in words."""
         if self.more_gpus:
             return f"{self.more_gpus} more GPU{'s' if self.more_gpus > 1 else ''}"
+        if "offload_memory" in self.parameters:
+            return "host memory"
         return "other GPUs" if "gpu" in self.parameters else "no new hardware"
 
     @property
@@ -104,6 +110,8 @@ class Plan:
     notes: tuple[str, ...]
     options: EngineOptions = EngineOptions()  # what the plan ran with, the engine's defaults for the GPU filled in
     replicas: int = 1  # data-parallel copies of the deployment: gpus // (tp x pp)
+    host: HostReport | None = None  # the tiers beyond the GPU, when host memory was given for them
+    reuse: TierAdvice | None = None  # whether a host tier pays for a trace's prefix reuse, when a trace was given
 
     @property
     def fits(self) -> bool:
@@ -142,6 +150,8 @@ class Plan:
             "degradation": [level.__dict__ for level in self.levels],
             "recommendations": [r.to_dict() for r in self.recommendations],
             "notes": list(self.notes),
+            "host_tiers": self.host.to_dict() if self.host else None,
+            "host_tier_advice": self.reuse.to_dict() if self.reuse else None,
         }
 
 
@@ -535,7 +545,12 @@ def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Es
 # What a change costs, cheapest first: a setting of the engine (on the same GPUs), then other or more hardware,
 # then another model.
 _COST = {"max_model_len": 0, "kv_dtype": 1, "engine": 1, "beams": 1, "expert_parallel": 1, "n_gpu_layers": 1, "tp": 2,
-         "gpu": 2, "model": 3}
+         "gpu": 2, "offload_memory": 2, "model": 3}
+
+
+def with_recommendation(p: Plan, rec: Recommendation) -> Plan:
+    """The plan with one more change, in its place among the others."""
+    return replace(p, recommendations=tuple(sorted((*p.recommendations, rec), key=_order)))
 
 
 def _order(r: Recommendation) -> tuple[bool, int, int, float]:

@@ -50,6 +50,14 @@ def format_bytes(n: float) -> str:
     return f"{int(n):,} B"
 
 
+def size_setting(n: int) -> str:
+    """A size as a setting is written, in the largest binary unit that divides it: 256 GiB -> '256GiB'."""
+    for unit, size in (("TiB", TIB), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if n and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
+
+
 def parse_positive_ints(text: str, what: str) -> tuple[int, ...]:
     """'1,4,8' -> (1, 4, 8); every value must be a positive integer. Accepts k and M as powers of 1024 (4k = 4096,
     1.5k = 1536, 1M = 1,048,576), as context lengths are written; a fraction must come out whole."""

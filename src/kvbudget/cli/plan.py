@@ -7,6 +7,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.cli.common import UNITS_NOTE, add_options, console, request_of, write_atomically, wrote
+from kvbudget.cli.tiers import render_advice, render_host
 from kvbudget.commands import spelling
 from kvbudget.commands.plan import CompareRequest, PlanRequest, answer, as_json, compare_rows
 from kvbudget.units import format_bytes
@@ -131,6 +132,10 @@ def render(p: Plan) -> None:
         levels.add_row(lv.name, f"{lv.fraction:.0%}", format_bytes(lv.kv_bytes), f"{lv.tokens:,}",
                        f"{lv.requests:,}", lv.meaning)
     out.print(levels)
+    if p.host is not None:
+        render_host(out, p.host)
+    if p.reuse is not None:
+        render_advice(out, p.reuse)
     if p.recommendations:
         out.print("[bold]What to change[/] (cheapest first):")
         out.print(hanging([(f"  {i}.", f"{change_text(rec)} ({rec.cost}): {rec.effect}")

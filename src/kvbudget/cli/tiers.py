@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvbudget.offload import HostReport
+from kvbudget.reuse import TierAdvice
 from kvbudget.units import format_bytes
 
 
@@ -44,3 +45,22 @@ def render_host(out: Any, report: HostReport) -> None:
     else:
         out.print(f"  load times over {report.link.name}, {report.link.bytes_per_s / 1e9:,.0f} GB/s each way: "
                   f"{report.link.source}; a disk tier's depend on the drive (not estimated)")
+
+
+def render_advice(out: Any, advice: TierAdvice) -> None:
+    """The host-tier sizes tried on a trace, and whether one pays."""
+    from rich.table import Table
+
+    table = Table(title=f"Host tier sizes on {advice.trace} ({advice.requests:,} requests): estimates")
+    for name in ("host memory", "tier holds", "prompt tokens from cache"):
+        table.add_column(name, justify="right")
+    table.add_row("none", f"GPU: {advice.gpu_tokens:,} tokens", f"{advice.gpu_share:.1%}")
+    for s in advice.sizes:
+        given = " (given)" if s.memory == advice.given else ""
+        table.add_row(format_bytes(s.memory) + given, f"{s.tokens:,} tokens", f"{s.share:.1%}")
+    out.print(table)
+    verdict = (f"a tier of {format_bytes(advice.recommended)} pays" if advice.recommended is not None else
+               "no host tier pays")
+    out.print(f"  {verdict}: {advice.reason}")
+    out.print("  shares: an LRU cache of the trace's prefix pieces replayed in order (its error against simulate: "
+              f"the accuracy page); times: {advice.basis}")

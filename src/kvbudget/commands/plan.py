@@ -10,6 +10,7 @@ from kvbudget.commands.options import (
     DEVICES,
     ENTRY_POINTS,
     KNOBS,
+    OFFLOAD,
     UTILIZATION,
     counted_context,
     engine_field,
@@ -17,6 +18,7 @@ from kvbudget.commands.options import (
     engine_options,
     engine_release,
     fraction,
+    host_tiers_of,
     kv_dtype_field,
     load,
     model_field,
@@ -26,11 +28,12 @@ from kvbudget.commands.options import (
     size,
     size_or_zero,
 )
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, named
 
 if TYPE_CHECKING:
     from kvbudget.comparison import Comparison
     from kvbudget.planner import Plan
+    from kvbudget.reuse import ReuseCurve
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +73,11 @@ class PlanRequest:
     enable_lora: bool = option(KNOBS["enable_lora"], False)
     max_loras: str | None = option(KNOBS["max_loras"])
     max_lora_rank: str | None = option(KNOBS["max_lora_rank"])
+    offload_memory: str | None = option(OFFLOAD["offload_memory"])
+    offload_backend: str | None = option(OFFLOAD["offload_backend"])
+    offload_disk: str | None = option(OFFLOAD["offload_disk"])
+    trace: str | None = option("traffic whose prefix reuse decides whether a host tier pays, and how big: a trace "
+                               "with prefix ids (mooncake-conv, or JSON Lines with prefix and prefix_tokens)", web=False)
     guard_config: str | None = option("write the degradation plan as YAML for `kvbudget guard`", web=False)
     plot: str | None = option("write a picture (.png or .svg): GPU memory and KV bytes against context", web=False)
     prompt_file: str | None = option(COUNTED["prompt_file"], web=False)
@@ -111,9 +119,11 @@ def answer(ask: PlanRequest) -> Plan | dict[str, Any]:
     engine, options = engine_options(ask)  # first: it reads the release off engine NAME@VERSION
     counted, counted_note = counted_context(ask, engine, "max_model_len")
     utilization = fraction(ask.utilization, "utilization")
+    model = load(ask.model)
+    curve = _reuse(ask, engine)
     try:
         result = plan(
-            load(ask.model), engine=engine, gpu=ask.gpu, gpu_memory=size(ask.gpu_memory, "gpu_memory"),
+            model, engine=engine, gpu=ask.gpu, gpu_memory=size(ask.gpu_memory, "gpu_memory"),
             gpus=optional_one(ask.gpus, "gpus"), tp=one(ask.tp, "tp"), pp=one(ask.pp, "pp"),
             kv_dtype=ask.kv_dtype, max_model_len=counted or optional_one(ask.max_model_len, "max_model_len"),
             concurrency=one(ask.concurrency, "concurrency"), beams=one(ask.beams, "beams"),
@@ -124,7 +134,48 @@ def answer(ask: PlanRequest) -> Plan | dict[str, Any]:
         )
     except NoKVBudget as exc:  # "does not fit" is an answer: said in full
         return exc.answer
+    result = _host_tiers(ask, result, curve)
     return replace(result, notes=(*result.notes, counted_note)) if counted_note else result
+
+
+def _reuse(ask: PlanRequest, engine: str) -> ReuseCurve | None:
+    """The trace's reuse curve, read before any planning (a bad trace, or an engine without tiers, fails first)."""
+    if ask.trace is None:
+        return None
+    from kvbudget.engines import get_engine
+    from kvbudget.offload import OffloadsKV
+    from kvbudget.reuse import reuse_curve
+    from kvbudget.simulation.workload import read_trace
+
+    if not isinstance(get_engine(engine), OffloadsKV):
+        raise KVBudgetError(f"trace: kvbudget models no KV tier beyond the GPU for {engine}, so a trace's reuse "
+                            f"cannot size one; leave {named('trace')} out or plan vllm, sglang or llamacpp",
+                            param="trace")
+    return reuse_curve(read_trace(ask.trace), ask.trace)
+
+
+def _host_tiers(ask: PlanRequest, p: Plan, curve: ReuseCurve | None) -> Plan:
+    """The plan with the host tiers asked for and, given a trace, whether a tier pays for it."""
+    from kvbudget.gpus import find_gpu
+    from kvbudget.planner import Recommendation, with_recommendation
+    from kvbudget.reuse import tier_advice
+    from kvbudget.units import size_setting
+
+    card = find_gpu(ask.gpu) if ask.gpu else None
+    lengths = (p.capacity.max_model_len, *([curve.mean_hit] if curve and curve.mean_hit else []))
+    host = host_tiers_of(ask, p.engine.name, p.options, tuple(sorted(set(lengths))), card, p.model)
+    if host is not None:
+        p = replace(p, host=host)
+    if curve is None:
+        return p
+    advice = tier_advice(p, curve, card, kv_dtype=ask.kv_dtype, backend=ask.offload_backend,
+                         disk=size(ask.offload_disk, "offload_disk"), given=size(ask.offload_memory, "offload_memory"))
+    p = replace(p, reuse=advice)
+    if advice.recommended is None:
+        return p
+    return with_recommendation(p, Recommendation(
+        parameters={"offload_memory": size_setting(advice.recommended)}, note="", gain=1.0,
+        effect=f"on {curve.trace}: {advice.reason} (estimates)"))
 
 
 def as_json(result: Plan | dict[str, Any]) -> dict[str, Any]:

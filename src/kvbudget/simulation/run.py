@@ -241,7 +241,7 @@ def setup_of(ask: SimulationAsk) -> Setup:
     elif ask.time_model is not None:
         time_model = ask.time_model
     else:
-        time_model = _default_time_model(model, p, card)
+        time_model = default_time_model(model, p, card)
     if time_model.basis == NOMINAL:
         raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
                             "FLOPS), or measured timings to calibrate it "
@@ -253,7 +253,7 @@ def setup_of(ask: SimulationAsk) -> Setup:
     return simulator.setup(ask, planned)
 
 
-def _default_time_model(model: ModelSpec, p: Any, card: Any) -> TimeModel:
+def default_time_model(model: ModelSpec, p: Any, card: Any) -> TimeModel:
     """Kernels fitted on measurements (the card's own, or transferred from measured GPUs) where the card has
     datasheet figures and the model's parameters are counted; else the roofline."""
     kernels = steptimes.kernels_for(card) if card is not None else None
