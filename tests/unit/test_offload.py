@@ -3,6 +3,9 @@ cache. Expected figures are worked out here from the configs and the engines' ru
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from kvbudget.cli import main
@@ -117,3 +120,67 @@ def test_simulate_refuses_a_tier_it_does_not_follow(capsys):
     assert main(["simulate", "llama-3.1-8b", "--gpu", "B300", "--rate", "1", "--requests", "5",
                  "--offload-memory", "8GiB"]) == 2
     assert "host link" in capsys.readouterr().err
+
+
+# --- check-log: the tiers engines print -----------------------------------------------------------------------
+
+
+def vllm_rows(model, text, tp=1):
+    from kvbudget.engines.vllm.offload import offload_rows
+
+    return offload_rows(get_engine("vllm"), model, text, kv_dtype="auto", tp=tp, options=EngineOptions())
+
+
+def test_check_log_reads_vllms_offload_region(llama):
+    args = "INFO [utils.py:253] non-default args: {'model': 'meta-llama/Llama-3.1-8B', 'kv_offloading_size': 64.0}\n"
+    # 64 GiB of 2 MiB blocks: 32,768 chunks, 68,719,476,736 bytes, printed in 10^9 bytes
+    mmap = "INFO [shared_offload_region.py:142] Created mmap file /dev/shm/vllm_offload_0f3a.mmap ({} GB)\n"
+    (row,) = vllm_rows(llama, args + mmap.format("68.72"))
+    assert (row.logged, row.predicted, row.matches) == ("68.72 GB", "68.72 GB", True)
+    assert "32,768 chunks of 2,097,152 bytes" in row.note
+    (wrong,) = vllm_rows(llama, args + mmap.format("34.36"))  # half the region: a different block, not ours
+    assert wrong.matches is False
+    (unseen,) = vllm_rows(llama, args)
+    assert unseen.matches is None and unseen.predicted == "68.72 GB"
+    # the connector configured by hand in bytes (kv_connector_extra_config cpu_bytes_to_use): 8e9 // 2 MiB = 3,814
+    # chunks of 2,097,152 bytes = 7.998 GB
+    direct = ("Creating v1 connector with name: OffloadingConnector\nkv_transfer_config: {\"kv_connector\": "
+              "\"OffloadingConnector\", \"kv_connector_extra_config\": {\"cpu_bytes_to_use\": 8000000000}}\n")
+    (by_hand,) = vllm_rows(llama, direct + mmap.format("8.00"))
+    assert by_hand.matches is True and "3,814 chunks" in by_hand.note
+    assert vllm_rows(llama, "INFO non-default args: {'model': 'x'}\n") == []
+
+
+def test_check_log_reads_lmcaches_configuration(llama):
+    # LMCache's configuration line as LMCache/LMCache issue #792 shows it (0.3 era, four TP workers)
+    line = ("(VllmWorker rank=0 pid=247) [2025-06-07 20:33:02,562] LMCache INFO: LMCache Configuration: "
+            "{'chunk_size': 256, 'local_cpu': True, 'max_local_cpu_size': '300.0 GB', 'local_disk': None, "
+            "'max_local_disk_size': '0.0 GB', 'remote_url': None}")
+    (row,) = vllm_rows(llama, line, tp=4)
+    # a worker's chunk: 256 tokens x 32 KiB (a quarter of Llama-3.1-8B's 128 KiB) = 8 MiB; 300 GiB of them
+    assert row.predicted == f"{300 * 1024 // 8:,} chunks, {300 * 1024 // 8 * 256:,} tokens"
+    assert row.matches is None and "GiB" in row.note
+    # the older form (LMCacheEngineConfig(...), LMCache/LMCache issue #1088) with a disk tier
+    older = ("LMCache INFO: Creating LMCacheEngine with config: LMCacheEngineConfig(chunk_size=256, local_cpu=True, "
+             "max_local_cpu_size=5.0, local_disk='file:///tmp/lmc/', max_local_disk_size=20, remote_url=None)")
+    cpu, disk = vllm_rows(llama, older)
+    assert (cpu.predicted, disk.predicted) == ("160 chunks, 40,960 tokens", "640 chunks, 163,840 tokens")
+
+
+def test_check_log_reads_sglangs_host_pool(tmp_path, capsys):
+    from kvbudget.engines.sglang.hicache import hicache_rows
+
+    # --hicache-size 10 at 128 KiB a token: 76,293 tokens; pages of 64: 76,288 (0.5.3) or 76,352 (0.5.6 on)
+    text = "hicache_size=10, page_size=64\nAllocating {} GB host memory for hierarchical KV cache.\n"
+    (old,) = hicache_rows(text.format("10.00"), 131072, 100_000, (0, 5, 3))
+    (new,) = hicache_rows(text.format("10.01"), 131072, 100_000, (0, 5, 6))
+    assert old.matches and new.matches and "76,352 tokens" in new.note
+    assert not hicache_rows(text.format("10.00"), 131072, 100_000, (0, 5, 6))[0].matches
+    # a real SGLang log (Qwen3-235B at tp 4: 48,128 bytes a token per rank) with the default --hicache-ratio 2:
+    # 2 x 367,404 = 734,808 tokens x 48,128 bytes = 35.36 GB a rank
+    log = tmp_path / "sglang.log"
+    real = Path(__file__).parents[1] / "data" / "logs" / "sglang-issue-vllm-21348-qwen3-235b-tp4.log"
+    log.write_text(real.read_text() + "Allocating 35.36 GB host memory for hierarchical KV cache.\n")
+    assert main(["check-log", str(log), "--model", "qwen3-235b-a22b", "--tp", "4", "--json"]) in (0, 1)
+    rows = {r["quantity"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["host pool per rank (HiCache)"]["matches"] is True

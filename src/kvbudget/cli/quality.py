@@ -133,9 +133,10 @@ def render(report: Any) -> None:
 
     first = report.results[0]
     scored = f", positions {report.first:,} on" if report.first else ""
-    table = Table(title=f"{report.model}: KV cache formats against the untouched cache\n{first.windows} windows "
-                        f"of {report.context:,} tokens{scored} ({first.tokens:,} scored)", box=box.SIMPLE_HEAD,
-                  pad_edge=False, collapse_padding=True)
+    # the headline on its own line (a table title is centred on the table, whose width depends on the figures)
+    headline = (f"{report.model}: KV cache formats against the untouched cache, {first.windows} windows of "
+                f"{report.context:,} tokens{scored} ({first.tokens:,} scored)")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     memory = report.memory is not None
     columns = ["format", "KL mean", "top-1 %", "ppl"] if memory else \
         ["format", "KL mean", "KL p99", "KL max", "top-1 %", "ppl"]
@@ -158,6 +159,7 @@ def render(report: Any) -> None:
                 row.append(f"{m.requests:,.0f}" if m.requests is not None else "—")
         table.add_row(*row)
     out = console()
+    out.print(headline)
     out.print(table)
     if report.real is not None:
         real = Table(title=f"the same windows in {report.engine} (llama-perplexity, f32 baseline cache)",

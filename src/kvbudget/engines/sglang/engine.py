@@ -40,7 +40,7 @@ from kvbudget.engines.base import (
     serving_kv_dtype,
 )
 from kvbudget.engines.metrics import first_gauge
-from kvbudget.engines.sglang.hicache import hicache_tier
+from kvbudget.engines.sglang.hicache import hicache_rows, hicache_tier
 from kvbudget.engines.sglang.releases import (
     MODELLED,
     NEWEST,
@@ -274,6 +274,8 @@ class SGLangEngine(Engine):
             assumed["engine_version"] = f"{release_name(NEWEST)} (the log does not say)"
         rows += tuple(memory_rows(text, tokens, 0 if recurrent else total, model_weights(model, tp).per_gpu_bytes,
                                   scale=factor if scales_printed else 1.0))
+        if not index_bytes:  # the host pool of a multi-head or MLA pool (not DeepSeek's sparse-attention pools)
+            rows += hicache_rows(text, k_bytes + v_bytes, tokens, release)
         settings = {k: v for k, v in (("tp", tp), ("kv_cache_dtype", dtype), ("engine_version", version_text))
                     if k not in assumed and v}
         return LogCheck(engine="sglang", model_in_log=None, settings=settings, rows=rows, assumed=assumed)

@@ -16,7 +16,9 @@ default, times the GPU pool's tokens) builds a host pool per rank in mem_cache/m
 
 from __future__ import annotations
 
-from kvbudget.engines.base import Allocation
+import re
+
+from kvbudget.engines.base import Allocation, LogRow
 from kvbudget.errors import EngineRuleError
 from kvbudget.model.spec import ModelSpec
 from kvbudget.offload import HostTier, full_layers_only, no_disk
@@ -25,9 +27,11 @@ ROUND_UP_FROM = (0, 5, 6)
 SOURCE = "sglang 0.5.3-0.5.10 python/sglang/srt/mem_cache/memory_pool_host.py (HostKVCache), server_args.py"
 
 
-def hicache_tokens(host_size_gb: int, size_per_token: int, page: int, version: tuple[int, ...]) -> int:
-    """Tokens of one rank's host pool for `--hicache-size host_size_gb`."""
-    size = int(host_size_gb * 10**9 // size_per_token)
+def hicache_tokens(host_size_gb: int, size_per_token: int, page: int, version: tuple[int, ...], *,
+                   ratio: float = 2.0, gpu_tokens: int = 0) -> int:
+    """Tokens of one rank's host pool for `--hicache-size host_size_gb` (0: `--hicache-ratio` times the GPU pool's
+    `gpu_tokens`)."""
+    size = int(host_size_gb * 10**9 // size_per_token) if host_size_gb > 0 else int(gpu_tokens * ratio)
     if version >= ROUND_UP_FROM:
         return (size // page + 1) * page
     return size - size % page
@@ -58,3 +62,21 @@ def hicache_tier(model: ModelSpec, alloc: Allocation, *, memory: int, disk: int 
                     source=SOURCE,
                     notes=("SGLang refuses a host pool no larger than the GPU pool, and one that leaves under 10 GiB "
                            "of the host's available memory",))
+
+
+def hicache_rows(text: str, size_per_token: int, gpu_tokens: int, version: tuple[int, ...]) -> tuple[LogRow, ...]:
+    """The host pool an SGLang log allocates ("Allocating X GB host memory for hierarchical KV cache.", 10^9
+    bytes per rank) beside the pool its settings make; none where the log has no host pool."""
+    m = re.search(r"Allocating ([\d.]+) GB host memory for hierarchical KV cache", text)
+    if m is None:
+        return ()
+    size = int(g.group(1)) if (g := re.search(r"hicache_size=(\d+)", text)) else 0
+    ratio = float(r.group(1)) if (r := re.search(r"hicache_ratio=([\d.]+)", text)) else 2.0
+    page = int(p.group(1)) if (p := re.search(r"\bpage_size=(\d+)", text)) else 1
+    tokens = hicache_tokens(size, size_per_token, page, version, ratio=ratio, gpu_tokens=gpu_tokens)
+    ours = f"{tokens * size_per_token / 1e9:.2f}"
+    how = (f"--hicache-size {size}" if size else f"--hicache-ratio {ratio:g} x the GPU pool's {gpu_tokens:,} tokens")
+    rounding = "up past" if version >= ROUND_UP_FROM else "down to"
+    return (LogRow("host pool per rank (HiCache)", f"{m.group(1)} GB", f"{ours} GB", m.group(1) == ours,
+                   f"{tokens:,} tokens of {size_per_token:,} bytes ({how}, {rounding} whole pages of {page}); this "
+                   "line's GB are 10^9 bytes"),)

@@ -20,6 +20,7 @@ from kvbudget.engines.vllm.budgetless import (
     v1_check_without_budget,
 )
 from kvbudget.engines.vllm.memorylog import log_total_memory, memory_rows
+from kvbudget.engines.vllm.offload import offload_rows
 from kvbudget.engines.vllm.releases import Release, batch_defaults, parse_release, release
 from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError, spelled
 from kvbudget.model.spec import LatentAttention, ModelSpec, RecurrentState
@@ -31,11 +32,6 @@ if TYPE_CHECKING:
 
 def _num(text: str) -> float:
     return float(text.replace(",", ""))
-
-
-
-
-
 
 
 # --- startup logs ------------------------------------------------------------------------------------
@@ -449,6 +445,7 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
         if len(budgets) == 1 and st.tp * st.pp > 1 and not budget_from_refusal and not log.exact:
             rank = _smaller_rank(st, log.rows, log.value, log.half_step)  # first; replaces "none of the known causes"
             causes = rank + [c for c in causes if not (rank and c.startswith("none of"))]
+    rows += offload_rows(engine, model, text, kv_dtype=st.kv_dtype, tp=st.tp, options=st.options())
     return LogCheck(engine="vllm", model_in_log=None, settings=shown_settings(st, read, assumed), rows=tuple(rows),
                     assumed=assumed, causes=tuple(causes))
 
