@@ -113,10 +113,44 @@ def test_simulated_cpu_tier_keeps_the_last_blocks_it_stored(llama, k, tier_block
         assert last_with == last_without
 
 
+CHUNK = 256 * LLAMA_TOKEN  # an LMCache chunk of Llama-3.1-8B on one GPU: 32 MiB, already whole pages
+
+
+@pytest.mark.parametrize("k, chunks, held", [(2, 12, True), (3, 12, False), (5, 24, True)])
+def test_simulated_lmcache_keeps_whole_prompt_chunks(llama, k, chunks, held):
+    """Each prompt of 1,024 tokens stores 4 chunks of 256 (its one generated token is not stored); A is found
+    after k others exactly when (k + 1) x 4 chunks fit, and 3 chunks load: the 4th ends at A's last token."""
+    sim = simulate(llama, _repeat_after(k), gpu="H100-80GB", num_blocks=70, max_model_len=1040,
+                   offload_memory=chunks * CHUNK, offload_backend="lmcache")
+    base = simulate(llama, _repeat_after(k), gpu="H100-80GB", num_blocks=70, max_model_len=1040)
+    assert sim.offload.hit_tokens == (768 if held else 0)
+    assert sim.offload.stored_blocks == (k + 1) * 4 + (0 if held else 4)  # chunks; a held one is only touched
+    assert sim.offload.to_dict()["loaded_bytes"] == (3 * CHUNK if held else 0)
+    if held:  # the load runs inside A's step: 3 x 32 MiB over PCIe 5.0 at 56 GB/s, far less than 768 tokens' compute
+        assert min(sim.ttft_sorted) < min(base.ttft_sorted)
+    else:
+        assert sim.ttft_sorted == base.ttft_sorted
+
+
+def test_simulated_lmcache_disk_tier_serves_what_host_memory_let_go(llama):
+    """Host memory holds the last prompt's 4 chunks, the disk the last 12: A comes back from disk after two others,
+    and a slow enough drive makes its first token later than computing it again (at 7 GB/s, the three chunks'
+    14 ms beside the 256 tokens computed already take longer than A's 21.5 ms prefill on an H100)."""
+    fast = simulate(llama, _repeat_after(2), gpu="H100-80GB", num_blocks=70, max_model_len=1040,
+                    offload_memory=4 * CHUNK, offload_backend="lmcache", offload_disk=12 * CHUNK, disk_read=50e9)
+    slow = simulate(llama, _repeat_after(2), gpu="H100-80GB", num_blocks=70, max_model_len=1040,
+                    offload_memory=4 * CHUNK, offload_backend="lmcache", offload_disk=12 * CHUNK, disk_read=1e7)
+    base = simulate(llama, _repeat_after(2), gpu="H100-80GB", num_blocks=70, max_model_len=1040)
+    assert fast.offload.hit_tokens == fast.offload.disk_hit_tokens == 768
+    assert min(fast.ttft_sorted) < min(base.ttft_sorted) and max(slow.ttft_sorted) > max(base.ttft_sorted)
+    # at 10 MB/s the three chunks take 3 x 32 MiB / 1e7 s, added to A's step
+    assert max(slow.ttft_sorted) - max(base.ttft_sorted) == pytest.approx(3 * CHUNK / 1e7, rel=0.05)
+
+
 def test_simulate_refuses_a_tier_it_does_not_follow(capsys):
     assert main(["simulate", "llama-3.1-8b", "--engine", "sglang", "--gpu", "H100-80GB", "--rate", "1",
                  "--requests", "5", "--offload-memory", "8GiB"]) == 2
-    assert "native offloading connector" in capsys.readouterr().err
+    assert "vLLM's offload tiers" in capsys.readouterr().err
     assert main(["simulate", "llama-3.1-8b", "--gpu", "B300", "--rate", "1", "--requests", "5",
                  "--offload-memory", "8GiB"]) == 2
     assert "host link" in capsys.readouterr().err

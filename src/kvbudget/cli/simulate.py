@@ -180,8 +180,10 @@ def _print(sim: Any, args: argparse.Namespace) -> None:
     if sim.offload is not None and s.host_tier is not None:
         o, tier = sim.offload.to_dict(), s.host_tier
         share = o["hit_tokens"] / sim.prompt_tokens if sim.prompt_tokens else 0.0
+        disk = (f" ({o['disk_hit_tokens'] / sim.prompt_tokens:.1%} from disk, {s.disk_tier.tokens:,} tokens)"
+                if s.disk_tier is not None and sim.prompt_tokens else "")
         out.print(f"offload tier ({tier.backend}, {tier.setting}, {tier.tokens:,} tokens): hits {share:.1%} of prompt "
-                  f"tokens beyond the GPU's; loaded {format_bytes(o['loaded_bytes'])}, stored "
+                  f"tokens beyond the GPU's{disk}; loaded {format_bytes(o['loaded_bytes'])}, stored "
                   f"{format_bytes(o['stored_bytes'])}; load times over the GPU's host link: an estimate")
     if sim.failed:
         out.print(f"[red]failed: {sim.failed:,} requests got an error from the engine[/red] (its KV memory ran "

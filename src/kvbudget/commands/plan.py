@@ -77,7 +77,8 @@ class PlanRequest:
     offload_backend: str | None = option(OFFLOAD["offload_backend"])
     offload_disk: str | None = option(OFFLOAD["offload_disk"])
     trace: str | None = option("traffic whose prefix reuse decides whether a host tier pays, and how big: a trace "
-                               "with prefix ids (mooncake-conv, or JSON Lines with prefix and prefix_tokens)", web=False)
+                               "with prefix ids (mooncake-conv, or JSON Lines with prefix and prefix_tokens)",
+                               web=False)
     guard_config: str | None = option("write the degradation plan as YAML for `kvbudget guard`", web=False)
     plot: str | None = option("write a picture (.png or .svg): GPU memory and KV bytes against context", web=False)
     prompt_file: str | None = option(COUNTED["prompt_file"], web=False)

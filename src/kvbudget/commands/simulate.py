@@ -90,9 +90,14 @@ class SimulateRequest:
                               "left to auto)", False, group=SCHEDULER)
     cache_ram: str | None = option("llama.cpp: the host-RAM prompt cache in MiB (default 8192; 0 turns it off)",
                                    group=SCHEDULER)
-    offload_memory: str | None = option("vLLM: host memory for the native offloading connector's CPU tier, over "
-                                        "every rank (e.g. 64GiB; --kv-offloading-size)", group=MEMORY)
-    offload_backend: str | None = option("vLLM: native (the one simulated)", group=MEMORY)
+    offload_memory: str | None = option("vLLM: host memory for the offload tier's CPU tier, over every rank (e.g. "
+                                        "64GiB; native: --kv-offloading-size)", group=MEMORY)
+    offload_backend: str | None = option("vLLM: native (default) or lmcache (LMCache in vLLM's process)",
+                                         group=MEMORY)
+    offload_disk: str | None = option("vLLM with lmcache: disk for LMCache's disk tier behind host memory, over "
+                                      "every rank (needs --disk-read)", group=MEMORY)
+    disk_read: str | None = option("GB/s the disk tier reads at: the drive's sequential read (e.g. 7 for a PCIe "
+                                   "4.0 NVMe drive's datasheet)", group=MEMORY)
     long_prefill_token_threshold: str = option("cut prompts longer than this into chunks of it while others wait "
                                                "(default 0: off)", "0", group=SCHEDULER)
     json: bool = option("print JSON (seconds, bytes) instead of tables", False, group=ANSWERS, web=False)
@@ -261,7 +266,22 @@ def settings(ask: SimulateRequest) -> dict[str, Any]:
             "kv_unified": ask.kv_unified, "cache_ram": _mib(ask.cache_ram), "enforce_eager": options.enforce_eager,
             "entry_point": options.entry_point,
             "lora": (options.max_loras, options.max_lora_rank) if options.enable_lora else None,
-            "offload_memory": size(ask.offload_memory, "offload_memory"), "offload_backend": ask.offload_backend}
+            "offload_memory": size(ask.offload_memory, "offload_memory"), "offload_backend": ask.offload_backend,
+            "offload_disk": size(ask.offload_disk, "offload_disk"), "disk_read": _gbps(ask.disk_read)}
+
+
+def _gbps(text: str | None) -> float | None:
+    """--disk-read in GB/s as bytes per second."""
+    if text is None:
+        return None
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = 0.0
+    if not rate > 0 or rate == float("inf"):
+        raise KVBudgetError(f"disk_read {text!r}: give the drive's read rate in GB/s, a positive number (e.g. 7)",
+                            param="disk_read")
+    return rate * 1e9
 
 
 def prices(ask: SimulateRequest) -> dict[str | None, float] | None:

@@ -188,7 +188,8 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               measured: Sequence[MeasuredStep] | None = None, kv_unified: bool = False,
               cache_ram: int | None = None, weights: int | None = None, utilization: float | None = None,
               enforce_eager: bool = False, entry_point: str = "server", lora: tuple[int, int] | None = None,
-              offload_memory: int | None = None, offload_backend: str | None = None) -> Setup:
+              offload_memory: int | None = None, offload_backend: str | None = None,
+              offload_disk: int | None = None, disk_read: float | None = None) -> Setup:
     """The memory and scheduler settings from the planner and the engine's defaults, and the default time model.
     `weights` (bytes per GPU) replaces the parameter count where kvbudget has none."""
     chosen = get_engine(engine)
@@ -200,7 +201,7 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
                         allocator=allocator, measured=measured, kv_unified=kv_unified, cache_ram=cache_ram,
                         weights=weights, utilization=utilization, enforce_eager=enforce_eager,
                         entry_point=entry_point, lora=lora, offload_memory=offload_memory,
-                        offload_backend=offload_backend)
+                        offload_backend=offload_backend, offload_disk=offload_disk, disk_read=disk_read)
     return setup_of(ask)
 
 
@@ -216,7 +217,7 @@ def setup_of(ask: SimulationAsk) -> Setup:
                             "schedulers only so far", param="engine")
     options = simulator.options(ask)
     if ask.offload_memory is not None and not simulator.offloads:
-        raise KVBudgetError(f"offload_memory: simulate follows vLLM's native offloading connector; {chosen.name}'s "
+        raise KVBudgetError(f"offload_memory: simulate follows vLLM's offload tiers (native, LMCache); {chosen.name}'s "
                             "tier is sized by estimate and plan (llama.cpp: cache_ram)", param="offload_memory")
     max_len = ask.max_model_len or model.max_position_embeddings
     if not max_len:
@@ -397,7 +398,8 @@ class _Run:
                                     f"can never be scheduled (max_num_batched_tokens "
                                     f"{self.setup.max_num_batched_tokens}, allocator {self.setup.allocator}); "
                                     "raise max_num_batched_tokens or filter the trace", param="trace")
-            dt = tm.step_seconds(step.tokens, step.context, step.pairs or step.context, len(step.scheduled))
+            dt = tm.step_seconds(step.tokens, step.context, step.pairs or step.context, len(step.scheduled)) + \
+                step.load_seconds
             slots = self.slot_time
             for i, held in enumerate(sched.memory()):
                 if held:

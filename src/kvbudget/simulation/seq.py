@@ -165,6 +165,7 @@ class Step:
     context: int = 0  # tokens the scheduled requests attend over (their computed tokens after the step), summed
     pairs: int = 0  # (query, key) pairs attention computes (causal); 0: one query per request, as in decoding
     failed: int = 0  # requests the engine answered with an error in this step
+    load_seconds: float = 0.0  # KV loaded inside this step's forward pass (LMCache's synchronous retrieve)
 
 
 def commit(scheduled: list[tuple[Seq, int]]) -> tuple[int, int]:

@@ -53,6 +53,8 @@ class SimulationAsk:
     lora: tuple[int, int] | None = None  # vLLM --enable-lora: (max_loras, max_lora_rank)
     offload_memory: int | None = None  # host memory for the engine's KV offload tier, over every rank
     offload_backend: str | None = None
+    offload_disk: int | None = None  # disk for the backend's disk tier behind host memory, over every rank
+    disk_read: float | None = None  # bytes per second the disk tier reads at
 
     def engine_options(self, batched: bool = True) -> EngineOptions:
         """The options to plan with (`batched`: the engine takes max_num_batched_tokens)."""
@@ -115,7 +117,9 @@ class Setup:
     scheduling: str = "the scheduling itself is exact"  # how far the scheduler is verified
     prompt_cache_bytes: int = 0  # llama.cpp's host-RAM prompt cache (--cache-ram)
     host_tier: HostTier | None = field(default=None, metadata=HIDDEN)  # a KV offload tier behind the prefix cache
-    host_block_seconds: float = 0.0  # ... and the time to load one of its blocks over the GPU's host link
+    host_block_seconds: float = 0.0  # ... and the time to load one of its units over the GPU's host link
+    disk_tier: HostTier | None = field(default=None, metadata=HIDDEN)  # a disk tier behind the host tier
+    disk_unit_seconds: float = 0.0  # ... and the time to read one of its units and load it
     # the engine's scheduler model, which builds the scheduler for this setup
     simulator: Simulator = field(repr=False, compare=False, metadata=HIDDEN)
 
@@ -138,6 +142,7 @@ class Setup:
         out["time_model"] = self.time_model.to_dict()
         out["groups"] = [g.to_dict() for g in self.groups]
         out["host_tier"] = self.host_tier.to_dict() if self.host_tier else None
+        out["disk_tier"] = self.disk_tier.to_dict() if self.disk_tier else None
         return out
 
 

