@@ -126,6 +126,22 @@ class HostReport:
             for t in self.tiers]}
 
 
+@dataclass(frozen=True, kw_only=True)
+class OffloadTotals:
+    """What a simulated host tier did over a run (the engines' offloading schedulers keep it)."""
+
+    hit_tokens: int  # prompt tokens loaded from the tiers at first admissions
+    loaded_blocks: int  # units (blocks or chunks) loaded
+    stored_blocks: int  # ... and stored in host memory
+    block_bytes: int  # one unit over every rank
+    disk_hit_tokens: int = 0  # of hit_tokens, those read from a disk tier
+
+    def to_dict(self) -> dict[str, int]:
+        return {"hit_tokens": self.hit_tokens, "disk_hit_tokens": self.disk_hit_tokens,
+                "loaded_bytes": self.loaded_blocks * self.block_bytes,
+                "stored_bytes": self.stored_blocks * self.block_bytes}
+
+
 def host_report(engine: Engine, model: ModelSpec, *, memory: int, disk: int | None = None,
                 backend: str | None = None, kv_dtype: str = "auto", tp: int = 1, options: EngineOptions | None = None,
                 gpu: GPU | None = None, lengths: Sequence[int] = ()) -> HostReport:
@@ -162,4 +178,5 @@ def full_layers_only(model: ModelSpec, alloc: Allocation, engine: str, backend: 
                               "layers", param="offload_memory")
 
 
-__all__ = ["LINK_EFFICIENCY", "HostLink", "HostReport", "HostTier", "OffloadsKV", "host_link", "host_report"]
+__all__ = ["LINK_EFFICIENCY", "HostLink", "HostReport", "HostTier", "OffloadTotals", "OffloadsKV", "host_link",
+           "host_report"]

@@ -148,7 +148,7 @@ def test_simulated_lmcache_disk_tier_serves_what_host_memory_let_go(llama):
 
 
 def test_simulate_refuses_a_tier_it_does_not_follow(capsys):
-    assert main(["simulate", "llama-3.1-8b", "--engine", "sglang", "--gpu", "H100-80GB", "--rate", "1",
+    assert main(["simulate", "llama-3.1-8b", "--engine", "llamacpp", "--gpu", "H100-80GB", "--rate", "1",
                  "--requests", "5", "--offload-memory", "8GiB"]) == 2
     assert "vLLM's offload tiers" in capsys.readouterr().err
     assert main(["simulate", "llama-3.1-8b", "--gpu", "B300", "--rate", "1", "--requests", "5",
@@ -218,3 +218,27 @@ def test_check_log_reads_sglangs_host_pool(tmp_path, capsys):
     assert main(["check-log", str(log), "--model", "qwen3-235b-a22b", "--tp", "4", "--json"]) in (0, 1)
     rows = {r["quantity"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert rows["host pool per rank (HiCache)"]["matches"] is True
+
+
+@pytest.mark.parametrize("k, held", [(6, True), (7, False)])
+def test_simulated_hicache_writes_finished_requests_through_to_host(llama, k, held):
+    """SGLang with HiCache: --hicache-size 1 (GB) holds int(1e9 // 131,072) = 7,629 tokens a rank; each finished
+    prompt writes its 1,024 tokens through, so A is found after k others exactly when (k + 1) x 1,024 fit. The GPU
+    pool (1,100 tokens) keeps one prompt only; 1,023 tokens load back (never the last), beside the step."""
+    kw = dict(engine="sglang", gpu="H100-80GB", kv_memory=1100 * LLAMA_TOKEN, max_model_len=1040)
+    sim = simulate(llama, _repeat_after(k), offload_memory=10**9, **kw)
+    base = simulate(llama, _repeat_after(k), **kw)
+    assert sim.setup.host_tier.tokens == 7629
+    assert sim.prefix_hit_tokens == base.prefix_hit_tokens == 0
+    assert sim.offload.hit_tokens == (1023 if held else 0)
+    assert sim.offload.stored_blocks == (k + 1 + (0 if held else 1)) * 1024  # tokens; a held piece is not copied again
+    if held:  # the copy (1,023 x 128 KiB at 56 GB/s) runs beside a one-token step: far less than a 1,024-token prefill
+        assert 1023 * LLAMA_TOKEN / 56e9 <= min(sim.ttft_sorted) < min(base.ttft_sorted)
+    else:
+        assert sim.ttft_sorted == base.ttft_sorted
+
+
+def test_simulated_hicache_refuses_a_host_pool_no_larger_than_the_gpus(llama):
+    with pytest.raises(Exception, match="no larger than the GPU"):
+        simulate(llama, _repeat_after(1), engine="sglang", gpu="H100-80GB", max_model_len=1040,
+                 offload_memory=10**9)

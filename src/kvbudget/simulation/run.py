@@ -217,8 +217,9 @@ def setup_of(ask: SimulationAsk) -> Setup:
                             "schedulers only so far", param="engine")
     options = simulator.options(ask)
     if ask.offload_memory is not None and not simulator.offloads:
-        raise KVBudgetError(f"offload_memory: simulate follows vLLM's offload tiers (native, LMCache); {chosen.name}'s "
-                            "tier is sized by estimate and plan (llama.cpp: cache_ram)", param="offload_memory")
+        raise KVBudgetError(f"offload_memory: simulate follows vLLM's offload tiers and SGLang's HiCache; "
+                            f"{chosen.name}'s is sized by estimate and plan (llama.cpp: cache_ram)",
+                            param="offload_memory")
     max_len = ask.max_model_len or model.max_position_embeddings
     if not max_len:
         raise KVBudgetError(f"max_model_len: {model.name}'s config has no max_position_embeddings; give "
@@ -398,8 +399,8 @@ class _Run:
                                     f"can never be scheduled (max_num_batched_tokens "
                                     f"{self.setup.max_num_batched_tokens}, allocator {self.setup.allocator}); "
                                     "raise max_num_batched_tokens or filter the trace", param="trace")
-            dt = tm.step_seconds(step.tokens, step.context, step.pairs or step.context, len(step.scheduled)) + \
-                step.load_seconds
+            dt = max(tm.step_seconds(step.tokens, step.context, step.pairs or step.context, len(step.scheduled)),
+                     step.overlapped_load) + step.load_seconds
             slots = self.slot_time
             for i, held in enumerate(sched.memory()):
                 if held:

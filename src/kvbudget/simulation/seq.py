@@ -166,6 +166,7 @@ class Step:
     pairs: int = 0  # (query, key) pairs attention computes (causal); 0: one query per request, as in decoding
     failed: int = 0  # requests the engine answered with an error in this step
     load_seconds: float = 0.0  # KV loaded inside this step's forward pass (LMCache's synchronous retrieve)
+    overlapped_load: float = 0.0  # KV loaded layer by layer alongside the forward pass (SGLang's HiCache)
 
 
 def commit(scheduled: list[tuple[Seq, int]]) -> tuple[int, int]:

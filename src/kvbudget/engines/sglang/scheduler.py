@@ -19,7 +19,7 @@ mem_cache/radix_cache.py; new_token_ratio_tracker.py):
   until it can; the new-token ratio is then re-estimated from the running requests, and otherwise decays from
   0.7 to 0.098 over 600 decode steps;
 - the usage gauge (`sglang:token_usage`): slots neither free nor held by evictable cache, over the pool.
-Not followed: priorities, LoRA, hierarchical cache, speculative decoding, overlap scheduling's one-step lag,
+Not followed: priorities, LoRA, speculative decoding, overlap scheduling's one-step lag,
 mixed chunks, data-parallel attention.
 """
 
@@ -244,6 +244,10 @@ class SGLangScheduler(Queues):
             max_new = self._max_new(s)
             if not extend + max_new + 1 < remaining_total():
                 break
+            hit = prefix  # the GPU's own
+            if cfg.prefix_caching:  # a host tier's tokens after the GPU's prefix come back instead of being computed
+                prefix, node = self._load_back(s, prefix, node)
+                extend = s.num_tokens - prefix
             chunked = extend > rem_chunk
             n = rem_chunk if chunked else extend
             if n > min(self.available + self.tree.evictable - current, remaining_total()):
@@ -254,8 +258,8 @@ class SGLangScheduler(Queues):
             rem_chunk -= n
             self.waiting.popleft()
             if s.preemptions == 0 and cfg.prefix_caching:
-                s.hit_tokens = prefix
-                self.hit_tokens += prefix
+                s.hit_tokens = hit
+                self.hit_tokens += hit
                 self.queried_tokens += s.num_tokens
             s.computed = prefix
             self.cached[s.uid] = prefix
@@ -272,6 +276,10 @@ class SGLangScheduler(Queues):
         for _, n in batch:
             self._alloc(n)
         return batch
+
+    def _load_back(self, s: Seq, prefix: int, node: Node) -> tuple[int, Node]:
+        """The request's cached prefix once a host tier has loaded what it holds (none here)."""
+        return prefix, node
 
     def _decode(self) -> Step:
         running = [s for s in self.running if s is not self.chunked]

@@ -3,11 +3,14 @@ the prefill chunk and the running requests."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvbudget.engines.base import EngineOptions
+from kvbudget.engines.sglang.hiradix import HiCacheScheduler
 from kvbudget.engines.sglang.scheduler import SGLangScheduler
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, named
+from kvbudget.gpus import find_gpu
+from kvbudget.offload import host_link
 from kvbudget.simulation.seq import Queues
 from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 
@@ -16,8 +19,34 @@ if TYPE_CHECKING:
 
 
 class SGLangSimulator(SimulatorDefaults):
+    offloads = True
+
     def __init__(self, engine: SGLangEngine):
         self.engine = engine
+
+    def _host_tier(self, ask: SimulationAsk, planned: Planned, gpu_tokens: int) -> dict[str, Any]:
+        """HiCache's host pool the ask gives host memory for, and one page's load time."""
+        if ask.offload_memory is None:
+            return {}
+        if ask.offload_disk is not None or ask.disk_read is not None:
+            raise KVBudgetError("offload_disk: HiCache's third tier is an external storage backend, not simulated; "
+                                f"leave {named('offload_disk')} out", param="offload_disk")
+        if ask.offload_backend not in (None, "hicache"):
+            raise KVBudgetError(f"offload_backend {ask.offload_backend!r}: SGLang's is hicache",
+                                param="offload_backend")
+        if not ask.prefix_caching:
+            raise KVBudgetError("offload_memory: HiCache sits behind the radix cache; leave prefix caching on",
+                                param="offload_memory")
+        link = host_link(find_gpu(ask.gpu)) if ask.gpu else None
+        if link is None:
+            raise KVBudgetError("offload_memory: a load's time needs the GPU's host link: give a GPU from the "
+                                "table with one (kvbudget gpus)", param="gpu")
+        tier = self.engine.host_tiers(ask.model, memory=ask.offload_memory, disk=None, backend="hicache",
+                                      kv_dtype=ask.kv_dtype, tp=ask.tp, options=planned.options)[0]
+        if tier.tokens <= gpu_tokens:
+            raise KVBudgetError(f"offload_memory: SGLang refuses a host pool no larger than the GPU's ({tier.tokens:,} "
+                                f"against {gpu_tokens:,} tokens a rank); give more", param="offload_memory")
+        return {"host_tier": tier, "host_block_seconds": link.seconds(tier.unit_bytes, tier.ranks)}
 
     def options(self, ask: SimulationAsk) -> EngineOptions:
         if ask.num_blocks is not None or ask.allocator != "paged" or ask.long_prefill_token_threshold:
@@ -32,6 +61,7 @@ class SGLangSimulator(SimulatorDefaults):
             raise KVBudgetError(f"simulate: {ask.model.name} keeps recurrent state per request; SGLang's state pool "
                                 "is not simulated yet", param="engine")
         tokens = p.capacity.kv_cache_tokens
+        tiers = self._host_tier(ask, planned, tokens)
         chunk, rows = self.engine.scheduler_defaults(tokens, planned.max_model_len,
                                                      p.gpu_memory_bytes if planned.gpu else None)
         return Setup(engine=self.engine.name, model=ask.model.name, num_blocks=tokens, block_size=1,
@@ -42,7 +72,14 @@ class SGLangSimulator(SimulatorDefaults):
                      bytes_per_token=p.estimate.bytes_per_token, allocator="tokens",
                      allocation=p.estimate.allocation,
                      scheduling="the scheduling follows SGLang 0.5.23's source and is not checked against a running "
-                                "SGLang: an estimate", simulator=self)
+                                "SGLang: an estimate" + ("; HiCache follows 0.5.6's source, its load times an estimate "
+                                                         "from the GPU's host link" if tiers else ""),
+                     simulator=self, **tiers)
 
     def scheduler(self, setup: Setup) -> Queues:
+        tier = setup.host_tier
+        if tier is not None:
+            return HiCacheScheduler(config_of(setup), host_tokens=tier.tokens,
+                                    token_seconds=setup.host_block_seconds / tier.unit_tokens,
+                                    page_bytes=tier.unit_bytes, page=tier.unit_tokens)
         return SGLangScheduler(config_of(setup))

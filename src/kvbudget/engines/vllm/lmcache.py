@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvbudget.engines.vllm.offloading import HostBlocks, OffloadingScheduler, OffloadTotals
+from kvbudget.engines.vllm.offloading import HostBlocks, OffloadingScheduler
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
+from kvbudget.offload import OffloadTotals
 from kvbudget.simulation.seq import SchedulerConfig, Seq, Step
 
 

@@ -18,27 +18,11 @@ scheduler's WAITING_FOR_REMOTE_KVS path in v1/core/sched/scheduler.py):
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
 
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
+from kvbudget.offload import OffloadTotals
 from kvbudget.simulation.seq import SchedulerConfig, Seq
 from kvbudget.units import cdiv
-
-
-@dataclass(frozen=True, kw_only=True)
-class OffloadTotals:
-    """What the host tier did over a run."""
-
-    hit_tokens: int  # prompt tokens loaded from the tiers at first admissions
-    loaded_blocks: int  # units (blocks or chunks) loaded
-    stored_blocks: int  # ... and stored in host memory
-    block_bytes: int  # one unit over every rank
-    disk_hit_tokens: int = 0  # of hit_tokens, those read from a disk tier
-
-    def to_dict(self) -> dict[str, int]:
-        return {"hit_tokens": self.hit_tokens, "disk_hit_tokens": self.disk_hit_tokens,
-                "loaded_bytes": self.loaded_blocks * self.block_bytes,
-                "stored_bytes": self.stored_blocks * self.block_bytes}
 
 
 class HostBlocks:
