@@ -133,9 +133,8 @@ def render(report: Any) -> None:
 
     first = report.results[0]
     scored = f", positions {report.first:,} on" if report.first else ""
-    # the headline on its own line (a table title is centred on the table, whose width depends on the figures)
     headline = (f"{report.model}: KV cache formats against the untouched cache, {first.windows} windows of "
-                f"{report.context:,} tokens{scored} ({first.tokens:,} scored)")
+                f"{report.context:,} tokens{scored} ({first.tokens:,} scored)")  # not a title: those move with widths
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     memory = report.memory is not None
     columns = ["format", "KL mean", "top-1 %", "ppl"] if memory else \
