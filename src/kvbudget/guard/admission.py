@@ -60,8 +60,8 @@ class Admission:
         if self.predictor is not None:
             predictor = self.predictor
 
-            def cost(rewritten: dict[str, Any]) -> float:
-                return predictor.fraction(self.request_bytes(rewritten, asked, prompts))
+            def cost(rewritten: dict[str, Any], replica: Replica) -> float:
+                return predictor.fraction(self.request_bytes(rewritten, asked, prompts), replica)
 
         rule = self.engine.output_limit
         fields = tuple(dict.fromkeys(rule.chat + rule.completions))  # every field it reads, capped alike
@@ -84,7 +84,7 @@ class Admission:
     def _update(self, url: str) -> None:
         replica = next(r for r in self.replicas if r.url == url)
         if self.predictor is not None:
-            replica.predicted = self.predictor.fraction(sum(self.held[url].values()))
+            replica.predicted = self.predictor.fraction(sum(self.held[url].values()), replica)
         replica.in_flight = len(self.held[url])
         if self.observer is not None:
             self.observer.held(url, replica.predicted if self.predictor is not None else None, replica.in_flight)

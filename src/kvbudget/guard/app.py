@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from kvbudget.engines import Engine, get_engine
+from kvbudget.engines.metrics import PoolReport
 from kvbudget.errors import UpstreamConfigError
 from kvbudget.guard.gate import Gate, Pending, Refusal
 from kvbudget.guard.limits import ConnectionLimits
@@ -33,6 +34,9 @@ class GuardConfig:
     engine: str | Engine = "vllm"
     policy: Policy = field(default_factory=Policy)
     predictor: Predictor | None = None
+    # the KV budget a replica's stated pool holds (the engine's ReportsPool, for the model predicted with); None:
+    # a budget was given, or the engine states none, or there is no model to predict with
+    pool_budget: Callable[[PoolReport], int] | None = None
     count_prompt: Callable[[dict[str, Any]], int] | None = None  # prompt tokens of a body; None: characters / 4
     max_model_len: int | None = None  # the upstream's context length: what a request without a limit may fill
     api_keys: frozenset[str] = frozenset()
@@ -71,7 +75,7 @@ class Guard:
         # request headers kept from the upstream: hop-by-hop ones, and the guard's own API key
         self.not_forwarded = HOP_BY_HOP | ({b"authorization"} if self.gate.keys else set())
         self.poller = Poller(self.engine, self.replicas, self.metrics, config.connect_timeout,
-                             config.poll_interval)
+                             config.poll_interval, config.pool_budget, self.gate._log)
 
     @staticmethod
     def refused(refusal: Refusal) -> Response:
@@ -246,7 +250,8 @@ class Guard:
             return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
         return JSONResponse({"ready": ready, "replicas": [
             {"url": r.url, "healthy": r.healthy, "level": r.level, "observed": r.observed, "predicted": r.predicted,
-             "in_flight": r.in_flight} for r in self.replicas]}, status_code=200 if ready else 503)
+             "in_flight": r.in_flight, "budget_bytes": r.budget, "pool": r.pool} for r in self.replicas]},
+            status_code=200 if ready else 503)
 
     def app(self) -> Starlette:
         @contextlib.asynccontextmanager

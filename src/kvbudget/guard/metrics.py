@@ -17,6 +17,9 @@ class GuardMetrics:
         self.usage = Gauge("kvbudget_guard_kv_usage", "What the guard acts on: the larger of observed (while fresh) "
                            "and predicted KV usage (0-1); point a router's KV-usage metric here", ["replica"],
                            registry=r)
+        self.kv_budget = Gauge("kvbudget_guard_kv_budget_bytes", "The KV budget the guard predicts against, as the "
+                               "replica's engine states its pool (absent where a budget was given)", ["replica"],
+                               registry=r)
         self.level = Gauge("kvbudget_guard_level", "Current level per replica (0-3)", ["replica"], registry=r)
         self.metrics_age = Gauge("kvbudget_guard_metrics_age_seconds", "Age of the last successful scrape",
                                  ["replica"], registry=r)

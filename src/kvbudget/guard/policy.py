@@ -58,6 +58,8 @@ class Replica:
     in_flight: int = 0
     healthy: bool = True
     level: int = 0  # with hysteresis
+    budget: int | None = None  # KV bytes its pool holds, as the engine states it (None: not read)
+    pool: str = ""  # ... where that came from
     exposition: bytes = b""  # the body of the last complete scrape of its /metrics (a sidecar republishes it)
 
     def fresh(self, policy: Policy, now: float) -> bool:
@@ -163,9 +165,9 @@ def rewrite(body: dict[str, Any], level: int, policy: Policy,
 
 
 def decide(body: dict[str, Any], replicas: list[Replica], policy: Policy, priority: bool = False,
-           now: float | None = None, cost: Callable[[dict[str, Any]], float] | None = None,
+           now: float | None = None, cost: Callable[[dict[str, Any], Replica], float] | None = None,
            fields: tuple[str, ...] = OUTPUT_FIELDS) -> Decision:
-    """Route, rewrite or reject one request. `cost` is what a body would add to its replica's predicted usage:
+    """Route, rewrite or reject one request. `cost` is what a body would add to a replica's predicted usage:
     the request is judged with itself counted, at the lowest level (from its replica's) whose rewriting lets it
     stay below that level's next threshold; one that does not fit even at level 2 is rejected."""
     now = time.monotonic() if now is None else now
@@ -187,13 +189,13 @@ def decide(body: dict[str, Any], replicas: list[Replica], policy: Policy, priori
 
 
 def _decide_on(replica: Replica, note: str, body: dict[str, Any], policy: Policy, priority: bool, now: float,
-               cost: Callable[[dict[str, Any]], float] | None, fields: tuple[str, ...]) -> Decision:
+               cost: Callable[[dict[str, Any], Replica], float] | None, fields: tuple[str, ...]) -> Decision:
     pressure = replica.settle(policy, now)
     limit = policy.priority_reject if priority else policy.reject
     total = pressure
     for level in range(replica.level, 4):
         new_body, changes = rewrite(body, min(level, 2), policy, fields)
-        total = pressure + (cost(new_body) if cost is not None else 0.0)
+        total = pressure + (cost(new_body, replica) if cost is not None else 0.0)
         if level == 3:
             if not priority or total >= limit:
                 reason = (f"KV usage {pressure:.0%} at or above {limit:.0%}" if replica.level >= 3 and

@@ -1,12 +1,15 @@
-"""Scrapes each replica's KV usage from the engine's own gauge (`Engine.usage`) and keeps health and staleness."""
+"""Scrapes each replica's KV usage from the engine's own gauge (`Engine.usage`), and the KV pool it states
+(`ReportsPool`) where the guard predicts without a given budget; keeps health and staleness."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from kvbudget.engines import Engine
+from kvbudget.engines.metrics import PoolReport, ReportsPool
 from kvbudget.guard.metrics import GuardMetrics
 from kvbudget.guard.policy import Replica
 from kvbudget.guard.upstream import ConnectFailed, Pool, UpstreamError
@@ -19,9 +22,12 @@ class Poller:
     all (not per read): a replica whose metrics hang or trickle goes stale alone, and the others are still read."""
 
     def __init__(self, engine: Engine, replicas: list[Replica], metrics: GuardMetrics, timeout: float,
-                 interval: float):
+                 interval: float, pool_budget: Callable[[PoolReport], int] | None = None,
+                 log_event: Callable[..., None] | None = None):
         self.engine, self.replicas, self.metrics = engine, replicas, metrics
         self.timeout, self.interval = timeout, interval
+        self.pool_budget = pool_budget if isinstance(engine, ReportsPool) else None
+        self.log_event = log_event or (lambda **fields: None)
         self.polled = False  # every replica scraped (or given up on) at least once
 
     async def poll_once(self, pool: Pool) -> None:
@@ -45,6 +51,8 @@ class Poller:
             if gauge is not None:
                 status, body, _ = await pool.get(f"{replica.url}{gauge.path}", self.timeout)
                 replica.exposition = body if status == 200 and gauge.path == "/metrics" else b""
+                if self.pool_budget is not None:
+                    await self._read_pool(pool, replica, body if status == 200 else None, gauge.path)
                 if status == 200:
                     value = gauge.read(body.decode("utf-8", "replace"))
                     if value is not None and not 0.0 <= value <= 1.5:  # NaN, infinite, negative: not a usage
@@ -67,6 +75,33 @@ class Poller:
         except (UpstreamError, ValueError):  # broken metrics: the usage goes stale
             replica.exposition = b""
             self.metrics.scrape_failures.labels(replica.url).inc()
+
+    async def _read_pool(self, pool: Pool, replica: Replica, scraped: bytes | None, scraped_path: str) -> None:
+        """The pool the replica's engine states (its usage scrape's body where it is the same endpoint); a change
+        of budget is logged (a restart with other settings)."""
+        assert self.pool_budget is not None and isinstance(self.engine, ReportsPool)
+        gauge = self.engine.pool_gauge
+        report = None
+        for path in gauge.paths:
+            body = scraped if path == scraped_path else None
+            if body is None:
+                status, body, _ = await pool.get(f"{replica.url}{path}", self.timeout)
+                if status != 200:
+                    continue
+            try:
+                report = gauge.read(body.decode("utf-8", "replace"))
+            except ValueError:  # not JSON, or not the engine's
+                report = None
+            if report is not None:
+                break
+        if report is None:
+            return
+        budget = self.pool_budget(report)
+        if budget != replica.budget:
+            before, replica.budget, replica.pool = replica.budget, budget, report.source
+            self.metrics.kv_budget.labels(replica.url).set(budget)
+            self.log_event(event="pool", replica=replica.url, tokens=report.tokens, budget_bytes=budget,
+                           source=report.source, **({"previous_bytes": before} if before is not None else {}))
 
     async def poll_forever(self, pool: Pool) -> None:
         """Every replica scraped again each `interval`, after the first scrape (`poll_once`) has run."""

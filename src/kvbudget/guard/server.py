@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from kvbudget.engines import Engine, EngineOptions, get_engine, serving_engines
+from kvbudget.engines.metrics import PoolReport, ReportsPool
 from kvbudget.errors import KVBudgetError, UpstreamConfigError, spelled
 from kvbudget.guard.app import Guard, GuardConfig
 from kvbudget.guard.limits import ConnectionLimits
@@ -37,8 +38,6 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
                 device: str = "cuda", max_model_len: int | None = None, sidecar: bool = False,
                 ext_proc: tuple[str, int] | None = None) -> tuple[Guard, list[str]]:
     """A Guard and the notes to print at start (what it predicts with, and what it cannot)."""
-    from kvbudget.model.load import load_model
-
     config = config or {}
     if not upstreams:
         raise UpstreamConfigError("upstream: name at least one upstream URL (or 'upstreams' in "
@@ -53,32 +52,16 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
         raise KVBudgetError(f"engine {chosen.name!r}: the guard fronts a serving engine with a KV usage gauge; "
                             f"choose one of {names}", param="engine")
     policy = policy_from_config(config, max_tokens_cap=max_tokens_cap, staleness_s=staleness, fail_open=fail_open)
-    notes = []
+    notes: list[str] = []
     served, served_length = _served_model(upstreams[0]) if model is None or max_model_len is None else (None, None)
     source = model or served
     context = max_model_len or config.get("max_model_len") or served_length
-    predictor = None
     budget = kv_memory or config.get("kv_budget_bytes")
-    if source is None:
-        notes.append("no model given and the upstream did not name one: acting on observed usage alone")
-    else:
-        try:
-            spec = load_model(source)
-        except KVBudgetError as exc:
-            spec = None
-            notes.append(f"model {source!r} cannot be resolved here ({exc}); acting on observed usage alone")
-        if spec is not None and budget:
-            # the upstream's device matters where the engine's block size depends on it (vLLM's CPU backend)
-            predictor = Predictor(chosen.allocate(spec, options=EngineOptions(device=device)), int(budget))
-            per_token = predictor.allocation.bytes_per_token
-            notes.append(f"predicting with {spec.name} on {chosen.name}: {per_token:,} bytes "
-                         f"per token, KV budget {int(budget):,} bytes per replica")
-        elif spec is not None:
-            notes.append("no KV budget (kv_memory, or kv_budget_bytes in the config): acting on observed usage alone")
-        if predictor is not None and context is None and spec is not None and spec.max_position_embeddings:
-            context = spec.max_position_embeddings
-            notes.append(f"context length {context:,} from the model's config (the upstream did not say; give "
-                         "max_model_len if it serves less)")
+    predictor, pool_budget, spec = _predictor(chosen, source, int(budget) if budget else None, device, notes)
+    if predictor is not None and context is None and spec is not None and spec.max_position_embeddings:
+        context = spec.max_position_embeddings
+        notes.append(f"context length {context:,} from the model's config (the upstream did not say; give "
+                     "max_model_len if it serves less)")
     if predictor is not None and context is None:
         notes.append(f"no context length known: a request without max_tokens is predicted at "
                      f"{policy.default_max_tokens:,} output tokens (give max_model_len)")
@@ -102,12 +85,46 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
                                                              "first_byte_timeout", "idle_timeout",
                                                              "max_response_bytes", "shutdown_grace") if key in config}
     guard = Guard(GuardConfig(upstreams=list(upstreams), engine=chosen, policy=policy, predictor=predictor,
+                              pool_budget=pool_budget,
                               count_prompt=count_prompt, max_model_len=context,
                               api_keys=frozenset(api_keys) | frozenset(config.get("api_keys", [])),
                               priority_keys=frozenset(priority_keys) | frozenset(config.get("priority_keys", [])),
                               poll_interval=poll_interval, sidecar=sidecar, ext_proc=ext_proc,
                               decision_log=decision_log, limits=connection_limits(config), **settings))
     return guard, notes
+
+
+def _predictor(chosen: Engine, source: str | None, budget: int | None, device: str, notes: list[str]
+               ) -> tuple[Predictor | None, Callable[[PoolReport], int] | None, Any]:
+    """What the guard predicts with: the model's allocation on the engine, against the budget given or, where the
+    engine states its pool, each replica's own (the pool's budget, from the engine package); the model read."""
+    from kvbudget.model.load import load_model
+
+    if source is None:
+        notes.append("no model given and the upstream did not name one: acting on observed usage alone")
+        return None, None, None
+    try:
+        spec = load_model(source)
+    except KVBudgetError as exc:
+        notes.append(f"model {source!r} cannot be resolved here ({exc}); acting on observed usage alone")
+        return None, None, None
+    if not budget and not isinstance(chosen, ReportsPool):
+        notes.append(f"no KV budget ({chosen.name} states no pool; give kv_memory, or kv_budget_bytes in the "
+                     "config): acting on observed usage alone")
+        return None, None, spec
+    options = EngineOptions(device=device)  # the upstream's device decides vLLM's block size on CPUs
+    predictor = Predictor(chosen.allocate(spec, options=options), budget)
+    per_token = predictor.allocation.bytes_per_token
+    if budget:
+        notes.append(f"predicting with {spec.name} on {chosen.name}: {per_token:,} bytes per token, KV budget "
+                     f"{budget:,} bytes per replica (given)")
+        return predictor, None, spec
+    assert isinstance(chosen, ReportsPool)
+    engine = chosen
+    notes.append(f"predicting with {spec.name} on {chosen.name}: {per_token:,} bytes per token, KV budget from "
+                 f"each replica's own pool ({' or '.join(engine.pool_gauge.paths)}), read on every poll (give "
+                 "kv_memory to override)")
+    return predictor, lambda report: engine.pool_budget(spec, report, options=options), spec
 
 
 def connection_limits(config: dict[str, Any]) -> ConnectionLimits:

@@ -24,18 +24,21 @@ def observed_usage(engine: str | Engine, body: str) -> float | None:
 
 
 class Predictor:
-    """Bytes the admitted requests will hold once they have generated all their tokens, as a fraction of
-    the KV budget; every number comes from the engine's Allocation for the model."""
+    """Bytes the admitted requests will hold once they have generated all their tokens, as a fraction of a
+    replica's KV budget: the one given (`kv_budget_bytes`, for every replica), else the pool the replica's engine
+    states (`Replica.budget`); every number comes from the engine's Allocation for the model."""
 
-    def __init__(self, allocation: Allocation, kv_budget_bytes: int):
+    def __init__(self, allocation: Allocation, kv_budget_bytes: int | None = None):
         self.allocation = allocation
         self.budget = kv_budget_bytes
 
     def request_bytes(self, prompt_tokens: int, max_tokens: int, samples: int = 1) -> int:
         return samples * self.allocation.sequence_bytes(max(1, prompt_tokens + max_tokens))
 
-    def fraction(self, held_bytes: int) -> float:
-        return held_bytes / self.budget if self.budget else 0.0
+    def fraction(self, held_bytes: int, replica: Any = None) -> float:
+        """`held_bytes` over the replica's budget (0 where none is known: the observed usage alone guards)."""
+        budget = self.budget or (replica.budget if replica is not None else None)
+        return held_bytes / budget if budget else 0.0
 
 
 def approximate_prompt_tokens(body: dict[str, Any]) -> int:

@@ -117,14 +117,14 @@ def test_a_request_too_big_alone_is_capped_or_rejected():
     """max_tokens 120,000 alone is 120% of a 100,000-token budget: it used to be admitted at 0% (and every
     other client then got 503 while it ran). Now it is capped (half: 60%), and a request that does not fit even
     capped and with one sample is rejected, saying why."""
-    cost = lambda body: body.get("max_tokens", 0) / 100_000  # noqa: E731
+    cost = lambda body, replica: body.get("max_tokens", 0) / 100_000  # noqa: E731
     d = decide({"max_tokens": 120_000}, [Replica(url="a")], Policy(), now=0.0, cost=cost)
     assert (d.action, d.level, d.body["max_tokens"]) == ("forward", 1, 60_000)
     assert d.pressure == 0.0 and d.total == pytest.approx(0.6)
     d = decide({"max_tokens": 400_000}, [Replica(url="a")], Policy(), now=0.0, cost=cost)
     assert d.action == "reject" and "even with its output capped" in d.reason and d.total >= 0.95
     # a request of two samples that fits only as one is forced to one (level 2) rather than rejected
-    cost2 = lambda body: body.get("n", 1) * 0.30  # noqa: E731
+    cost2 = lambda body, replica: body.get("n", 1) * 0.30  # noqa: E731
     d = decide({"max_tokens": 10, "n": 2}, [Replica(url="a", predicted=0.40)], Policy(), now=0.0, cost=cost2)
     assert (d.action, d.level, d.body["n"]) == ("forward", 2, 1)
 

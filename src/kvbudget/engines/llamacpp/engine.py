@@ -52,7 +52,7 @@ from kvbudget.engines.llamacpp.releases import (
     Release,
     parse_build,
 )
-from kvbudget.engines.metrics import slots_usage
+from kvbudget.engines.metrics import PoolGauge, PoolReport, llamacpp_pool, slots_usage, tokens_budget
 from kvbudget.errors import EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
     Attention,
@@ -182,6 +182,7 @@ class LlamaCppEngine(Engine):
     # The alerts read the guard's scrape of /slots, labelled by replica.
     usage = UsageGauge(path="/slots", read=slots_usage, promql="max by (replica) (kvbudget_guard_observed_usage)",
                        health_path="/health", series="kvbudget_guard_observed_usage", by="replica")
+    pool_gauge = PoolGauge(paths=("/props",), read=llamacpp_pool)
     queue_gauges = ("llamacpp:requests_processing", "llamacpp:requests_deferred")  # llama-server --metrics
     # n_predict, else its aliases max_completion_tokens then max_tokens, on both routes; -1 (the default) generates
     # until the slot's context is full
@@ -190,6 +191,11 @@ class LlamaCppEngine(Engine):
                                completions_default=None, negative_is_absent=True,
                                source="llama.cpp tools/server/server-schema.cpp (n_predict and its aliases)")
     log_signatures = (r"llama_kv_cache", r"llama_context:", r"llama_model_loader", r"llama_new_context_with_model")
+
+    def pool_budget(self, model: ModelSpec, report: PoolReport, *, kv_dtype: str = "auto", tp: int = 1,
+                    options: EngineOptions | None = None) -> int:
+        """The pool's tokens at this engine's bytes per token."""
+        return tokens_budget(self, model, report, kv_dtype, tp, options)
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:

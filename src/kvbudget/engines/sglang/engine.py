@@ -39,7 +39,7 @@ from kvbudget.engines.base import (
     layer_stages,
     serving_kv_dtype,
 )
-from kvbudget.engines.metrics import first_gauge
+from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge, sglang_pool, tokens_budget
 from kvbudget.engines.sglang.hicache import hicache_rows, hicache_tier
 from kvbudget.engines.sglang.releases import (
     MODELLED,
@@ -83,6 +83,7 @@ class SGLangEngine(Engine):
     serves = True
     usage = UsageGauge(path="/metrics", read=lambda text: first_gauge(text, ("sglang:token_usage",)),
                        promql="max by (instance) (sglang:token_usage)", series="sglang:token_usage")
+    pool_gauge = PoolGauge(paths=("/server_info", "/get_server_info"), read=sglang_pool)
     queue_gauges = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
     # chat: `max_completion_tokens or max_tokens` (a 0 falls through); none: clipped to the context and the KV
     # memory by the scheduler; completions: max_tokens, 16 by default
@@ -201,6 +202,11 @@ class SGLangEngine(Engine):
 
     def honours_windows(self, model: ModelSpec) -> bool:
         return False
+
+    def pool_budget(self, model: ModelSpec, report: PoolReport, *, kv_dtype: str = "auto", tp: int = 1,
+                    options: EngineOptions | None = None) -> int:
+        """The pool's tokens at this engine's bytes per token."""
+        return tokens_budget(self, model, report, kv_dtype, tp, options)
 
     offload_backends = ("hicache",)
 

@@ -35,7 +35,7 @@ from kvbudget.engines.base import (
     largest_fitting,
     serving_kv_dtype,
 )
-from kvbudget.engines.metrics import gauge_ratio
+from kvbudget.engines.metrics import PoolGauge, PoolReport, gauge_ratio, tgi_pool, tokens_budget
 from kvbudget.engines.tgi.releases import describe, era, parse_release
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
@@ -66,11 +66,17 @@ class TGIEngine(Engine):
     usage = UsageGauge(path="/metrics", read=lambda text: gauge_ratio(text, "tgi_batch_current_max_tokens",
                                                             "tgi_batch_max_total_tokens"),
                        promql="max by (instance) (tgi_batch_current_max_tokens / tgi_batch_max_total_tokens)")
+    pool_gauge = PoolGauge(paths=("/info",), read=tgi_pool)
     queue_gauges = ("tgi_batch_current_size", "tgi_queue_size")
     # max_tokens (TGI reads no max_completion_tokens); none: max_total_tokens less the input
     output_limit = OutputLimit(chat=("max_tokens",), completions=("max_tokens",), completions_default=None,
                                source="text-generation-inference router/src/lib.rs (ChatRequest), validation.rs")
     log_signatures = (r"KV-cache blocks: \d+, size: \d+",)
+
+    def pool_budget(self, model: ModelSpec, report: PoolReport, *, kv_dtype: str = "auto", tp: int = 1,
+                    options: EngineOptions | None = None) -> int:
+        """The pool's tokens at this engine's bytes per token."""
+        return tokens_budget(self, model, report, kv_dtype, tp, options)
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:

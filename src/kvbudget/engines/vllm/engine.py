@@ -47,7 +47,7 @@ from kvbudget.engines.base import (
     layer_stages,
     serving_kv_dtype,
 )
-from kvbudget.engines.metrics import first_gauge
+from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge, vllm_pool
 from kvbudget.engines.vllm import offload
 from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.memory import (
@@ -168,6 +168,7 @@ class VLLMEngine(Engine):
     usage = UsageGauge(path="/metrics", read=_usage,
                        promql="max by (instance) (vllm:kv_cache_usage_perc or vllm:gpu_cache_usage_perc)",
                        series="vllm:kv_cache_usage_perc")
+    pool_gauge = PoolGauge(paths=("/metrics",), read=vllm_pool)
     queue_gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting")
     # chat: max_completion_tokens when not null, else max_tokens; none: up to max_model_len (or lower where the
     # model's generation_config says so: the guard takes the bound); completions: max_tokens, 16 by default
@@ -297,6 +298,13 @@ class VLLMEngine(Engine):
             raise UnsupportedArchitectureError(f"{model.name}: several MTP modules beside windowed layers (vLLM then "
                                                "keeps extra tokens in every window) are not modelled")
         return model.draft_layers
+
+    def pool_budget(self, model: ModelSpec, report: PoolReport, *, kv_dtype: str = "auto", tp: int = 1,
+                    options: EngineOptions | None = None) -> int:
+        """num_gpu_blocks blocks of the layout vLLM sizes its pool by, at the block size it states."""
+        options = replace(options or EngineOptions(), block_size=report.block_size)
+        layout, _ = self.pool(model, kv_dtype, tp, options)
+        return (report.blocks or report.tokens // layout.block_size) * layout.block_bytes
 
     def pool(self, model: ModelSpec, kv_dtype: str, tp: int, options: EngineOptions) -> tuple[PoolLayout, KVDtype]:
         """The layout the shared block pool is sized by: vLLM's packed groups for DeepSeek-V4, else layout()."""

@@ -1,0 +1,148 @@
+"""The guard reads each replica's KV pool from the engine itself (no --kv-memory): stubs that export what vLLM,
+SGLang and llama-server export, driven by the official openai client. Real engines: tests/engines/."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+from kvbudget.engines.metrics import (  # noqa: E402
+    llamacpp_pool,
+    parse_prometheus,
+    sglang_pool,
+    tgi_pool,
+    vllm_pool,
+)
+from kvbudget.guard.server import build_guard  # noqa: E402
+
+MODEL = "llama-3.1-8b"  # 128 KiB a token on every engine here (32 layers, 8 KV heads of 128, 16-bit)
+TOKEN = 32 * 2 * 8 * 128 * 2
+
+
+class PoolStub:
+    """An engine replica stating its pool as `engine` does (vllm, sglang, llamacpp), with a quiet KV gauge."""
+
+    def __init__(self, engine: str, tokens: int = 16_000):
+        self.engine, self.tokens = engine, tokens
+        self.bodies: list[dict] = []
+
+    def app(self):
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse, PlainTextResponse
+        from starlette.routing import Route
+
+        async def metrics(request):
+            if self.engine == "vllm":  # every cache setting a label, as v1/metrics/loggers.py writes them
+                return PlainTextResponse(
+                    'vllm:kv_cache_usage_perc{engine="0"} 0.01\n'
+                    f'vllm:cache_config_info{{block_size="16",cache_dtype="auto",engine="0",enable_prefix_caching='
+                    f'"True",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="{self.tokens // 16}"'
+                    f',swap_space="0"}} 1.0\n')
+            return PlainTextResponse('sglang:token_usage{model_name="m"} 0.01\n')
+
+        async def server_info(request):
+            return JSONResponse({"model_path": MODEL, "page_size": 1, "context_length": None,
+                                 "max_total_num_tokens": self.tokens, "max_req_input_len": self.tokens - 5,
+                                 "internal_states": [{"memory_usage": {"token_capacity": self.tokens}}]})
+
+        async def props(request):
+            return JSONResponse({"default_generation_settings": {"n_ctx": self.tokens // 2, "params": {}},
+                                 "total_slots": 2, "model_path": "/models/llama.gguf"})
+
+        async def slots(request):
+            return JSONResponse([{"id": i, "n_ctx": self.tokens // 2, "is_processing": False} for i in range(2)])
+
+        async def models(request):
+            return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+        async def chat(request):
+            body = await request.json()
+            self.bodies.append(body)
+            return JSONResponse({"id": "c", "object": "chat.completion", "created": 0, "model": MODEL,
+                                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                              "finish_reason": "stop"}],
+                                 "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+
+        return Starlette(routes=[Route("/metrics", metrics), Route("/server_info", server_info),
+                                 Route("/props", props), Route("/slots", slots), Route("/health", models),
+                                 Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def guard_on(stub_url: str, engine: str, log: io.StringIO, **kw):
+    return build_guard([stub_url], engine, poll_interval=0.05, staleness=5.0, decision_log=log, **kw)
+
+
+def ask(url: str, max_tokens: int):
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=20)
+    return client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=max_tokens)
+
+
+@pytest.mark.parametrize("engine, path", [("vllm", "/metrics"), ("sglang", "/server_info"),
+                                          ("llamacpp", "/props")])
+def test_a_request_twice_the_pool_is_capped_without_kv_memory(serve, engine, path):
+    """A pool of 16,000 tokens; a request of max_tokens 30,000 alone needs about twice it: the guard caps it to
+    half (15,000: 94% of the pool, level 2) instead of forwarding it unchanged."""
+    stub, log = PoolStub(engine), io.StringIO()
+    with serve(stub.app()) as upstream:
+        guard, notes = guard_on(upstream.url, engine, log)
+        assert any(f"KV budget from each replica's own pool ({path}" in n for n in notes), notes
+        with serve(guard.app()) as g:
+            raw = ask(g.url, 30_000)
+            assert stub.bodies[-1]["max_tokens"] == 15_000 and raw.headers["x-kvbudget-level"] == "2"
+            metrics = httpx.get(f"{g.url}/metrics").text
+            assert f'kvbudget_guard_kv_budget_bytes{{replica="{upstream.url}"}}' in metrics
+            assert parse_prometheus(metrics, "kvbudget_guard_kv_budget_bytes") == 16_000 * TOKEN
+            ready = httpx.get(f"{g.url}/readyz").json()["replicas"][0]
+            assert ready["budget_bytes"] == 16_000 * TOKEN and ready["pool"]
+    (event,) = [json.loads(line) for line in log.getvalue().splitlines() if '"event": "pool"' in line]
+    assert (event["tokens"], event["budget_bytes"]) == (16_000, 16_000 * TOKEN)
+
+
+def test_a_replica_restarted_with_another_pool_is_read_again(serve):
+    stub, log = PoolStub("vllm"), io.StringIO()
+    with serve(stub.app()) as upstream:
+        guard, _ = guard_on(upstream.url, "vllm", log)
+        with serve(guard.app()) as g:
+            stub.tokens = 64_000  # the engine came back with four times the blocks
+            deadline = time.monotonic() + 5
+            while httpx.get(f"{g.url}/readyz").json()["replicas"][0]["budget_bytes"] != 64_000 * TOKEN:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            ask(g.url, 30_000)
+            assert stub.bodies[-1]["max_tokens"] == 30_000  # 47% of the new pool: forwarded as asked
+    events = [json.loads(line) for line in log.getvalue().splitlines() if '"event": "pool"' in line]
+    assert [e["tokens"] for e in events] == [16_000, 64_000] and events[1]["previous_bytes"] == 16_000 * TOKEN
+
+
+def test_kv_memory_still_overrides_the_engines_pool(serve):
+    stub, log = PoolStub("vllm"), io.StringIO()
+    with serve(stub.app()) as upstream:
+        guard, notes = guard_on(upstream.url, "vllm", log, kv_memory=100_000 * TOKEN)
+        assert any("(given)" in n for n in notes)
+        with serve(guard.app()) as g:
+            ask(g.url, 30_000)
+            assert stub.bodies[-1]["max_tokens"] == 30_000  # 30% of the given budget
+    assert '"event": "pool"' not in log.getvalue()
+
+
+def test_pool_readers_take_what_each_engine_exports():
+    vllm = vllm_pool('vllm:cache_config_info{block_size="32",engine="0",num_gpu_blocks="2500"} 1.0\n')
+    assert (vllm.tokens, vllm.blocks, vllm.block_size) == (80_000, 2500, 32)
+    assert vllm_pool('vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0\n') is None  # profiling
+    assert vllm_pool("vllm:kv_cache_usage_perc 0.1\n") is None
+    # SGLang without the scheduler's figure: the data-parallel ranks' capacities
+    dp = sglang_pool(json.dumps({"page_size": 64, "internal_states": [{"memory_usage": {"token_capacity": 700}},
+                                                                     {"memory_usage": {"token_capacity": 300}}]}))
+    assert (dp.tokens, dp.block_size) == (1000, 64)
+    llama = llamacpp_pool(json.dumps({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 4}))
+    assert (llama.tokens, llama.context) == (16_384, 4096)
+    tgi = tgi_pool(json.dumps({"max_batch_total_tokens": 123_456, "max_total_tokens": 4096}))
+    assert (tgi.tokens, tgi.context) == (123_456, 4096)
+    assert tgi_pool(json.dumps({"max_total_tokens": 4096})) is None
