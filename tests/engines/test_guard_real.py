@@ -115,9 +115,12 @@ def test_guard_in_front_of_vllm(serve):
     budget = 145 * 128 * 1024  # 145 blocks of 128 tokens at 1,024 bytes per token
     with vllm_server(folder, None, 4096, "--kv-cache-memory-bytes", str(budget)) as url:
         log = io.StringIO()
-        guard, notes = build_guard([url], "vllm", model=str(folder), kv_memory=budget, tokenizer=str(folder),
+        # no kv_memory: the guard reads the pool vLLM exports (cache_config_info) and finds the budget it was given
+        guard, notes = build_guard([url], "vllm", model=str(folder), tokenizer=str(folder),
                                    poll_interval=0.2, decision_log=log, device="cpu", config=SLOW_MACHINE)
+        assert any("own pool (/metrics)" in n for n in notes), notes
         with serve(guard.app()) as g:
+            assert guard.replicas[0].budget == budget, log.getvalue()
             finished, changes, rejected = drive_overlapping(g.url, {"ignore_eos": True}, log)
         check_sidecar(url, folder, budget, serve)
     # each request of ~3,610 tokens holds 29 blocks (20%), and is judged with itself counted: 3 fit (60%), the
@@ -147,9 +150,11 @@ def test_guard_in_front_of_llama_server(serve):
     budget = sum(b.total_bytes for b in LLAMACPP.server_buffers(spec, 16384, 4))
     with llama_server(gguf_file("llama-hd32", CONFIG), "-c", "16384", "-np", "4", "--jinja") as url:
         log = io.StringIO()
-        guard, notes = build_guard([url], "llamacpp", model=str(folder), kv_memory=budget, tokenizer=str(folder),
+        # no kv_memory: the guard reads llama-server's /props (4 slots of 4,096) and finds the cache's own size
+        guard, notes = build_guard([url], "llamacpp", model=str(folder), tokenizer=str(folder),
                                    poll_interval=0.2, decision_log=log, config=SLOW_MACHINE)
         with serve(guard.app()) as g:
+            assert guard.replicas[0].budget == budget, log.getvalue()
             finished, changes, rejected = drive_overlapping(g.url, {"ignore_eos": True}, log)
     # each slot is 4,096 cells (25%) whatever the request asks, and each request is judged with itself counted:
     # two fit (50%), the 3rd would reach 75% and is capped (a slot all the same), the 4th would fill the last
