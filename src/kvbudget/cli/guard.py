@@ -42,6 +42,16 @@ def add_parser(sub: Any) -> None:
     gd.add_argument("--ext-proc", metavar="HOST:PORT",
                     help="also serve the policy as an Envoy external processor (gRPC) on this address: body "
                          "rewrites at levels 1-2, 503 at level 3; needs kvbudget[extproc]")
+    gd.add_argument("--max-connections-per-client", metavar="N",
+                    help="open connections one address may hold (503 and closed beyond; trusted proxies exempt)")
+    gd.add_argument("--max-in-flight-per-client", metavar="N",
+                    help="requests one client may have in flight (429 with Retry-After beyond); a client is its "
+                         "API key with --api-key, else --client-header from a --trusted-proxy, else its address")
+    gd.add_argument("--client-header", metavar="NAME", help="a header naming the client, believed only from a "
+                                                             "--trusted-proxy (e.g. x-client-id)")
+    gd.add_argument("--trusted-proxy", action="append", default=[], metavar="ADDR",
+                    help="address of a proxy in front of the guard (repeatable): its --client-header is believed "
+                         "and its connections are not capped per client")
     gd.add_argument("--fail-closed", action="store_true", help="reject when metrics are stale (default: act on "
                                                                "the prediction)")
     gd.set_defaults(run=run_guard)
@@ -92,6 +102,13 @@ def run_guard(args: argparse.Namespace) -> int:
             raise KVBudgetError(str(exc).replace("listen:", "--ext-proc:", 1)) from None
 
     config = read_yaml(args.config, "config") if args.config else {}
+    for name in ("max_connections_per_client", "max_in_flight_per_client"):
+        if getattr(args, name) is not None:
+            config[name] = one(getattr(args, name), name)
+    if args.client_header:
+        config["client_header"] = args.client_header
+    if args.trusted_proxy:
+        config["trusted_proxies"] = list(config.get("trusted_proxies") or []) + args.trusted_proxy
     try:
         poll, stale = float(args.poll_interval), float(args.staleness)
     except ValueError:

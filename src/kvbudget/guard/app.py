@@ -18,6 +18,7 @@ from starlette.routing import Route
 from kvbudget.engines import Engine, get_engine
 from kvbudget.engines.metrics import PoolReport
 from kvbudget.errors import UpstreamConfigError
+from kvbudget.guard.clients import ClientLimits
 from kvbudget.guard.gate import Gate, Pending, Refusal
 from kvbudget.guard.limits import ConnectionLimits
 from kvbudget.guard.metrics import GuardMetrics
@@ -48,6 +49,7 @@ class GuardConfig:
     max_response_bytes: int = 64 * 2**20  # a non-streamed upstream answer the guard holds to relay
     shutdown_grace: float = 30.0  # seconds admitted requests get to finish after SIGTERM
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    clients: ClientLimits = field(default_factory=ClientLimits)  # fairness between clients (guard.clients)
     poll_interval: float = 1.0
     decision_log: TextIO | None = None  # a file-like for JSON lines; None: stderr
     # one replica's sidecar: requests pass untouched (the router in front decides), predicted and counted; its
@@ -115,7 +117,7 @@ class Guard:
             return error(408, f"the request body did not arrive within {self.config.limits.body_timeout:g} s",
                          "invalid_request_error", headers={"connection": "close"})
         raw = b"".join(chunks)
-        pending = self.gate.read(request.scope["path"], raw, request.headers)
+        pending = self.gate.read(request.scope["path"], raw, request.headers, (request.client or ("", 0))[0])
         if isinstance(pending, Refusal):
             return self.refused(pending)
         request.state.raw = raw

@@ -102,7 +102,10 @@ class Processor(pb_grpc.ExternalProcessorServicer):
             return _immediate(413, error_body(413, f"request body over {limit} bytes, or not buffered whole "
                                                    "(set request_body_mode: BUFFERED)", "invalid_request_error"),
                               details="kvbudget: body not whole"), None, None
-        pending = gate.read(headers[":path"].split("?")[0], part.body, headers)
+        # the client's address as Envoy forwards it (x-forwarded-for's first hop; Envoy sets it with
+        # use_remote_address): per-client caps count it, not Envoy's own connection
+        peer = headers.get("x-forwarded-for", "").split(",")[0].strip()
+        pending = gate.read(headers[":path"].split("?")[0], part.body, headers, peer)
         if isinstance(pending, Refusal):
             return _refused(pending), None, None
         admitted = gate.admit(pending, set())

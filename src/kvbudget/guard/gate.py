@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.engines import Engine
 from kvbudget.guard.admission import Admission
+from kvbudget.guard.clients import Clients
 from kvbudget.guard.metrics import GuardMetrics
 from kvbudget.guard.policy import FORWARD, Decision, Replica
 from kvbudget.guard.request import Asked, BadRequest, parse_json, read_request
@@ -39,7 +40,7 @@ class Refusal:
     retry_after: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Pending:
     """A request read, validated and counted, waiting for its decision."""
 
@@ -48,6 +49,7 @@ class Pending:
     asked: Asked
     prompts: list[int]  # each prompt's tokens (empty without a predictor)
     priority: bool
+    client: str = ""  # who sent it (guard.clients): its key's digest, a trusted proxy's name for it, its address
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class Gate:
         self.keys = config.api_keys | config.priority_keys  # every key the guard accepts (none: open)
         self.admission = Admission(replicas, config.policy, config.predictor, config.count_prompt, metrics, engine,
                                    config.max_model_len)
+        self.clients = Clients(config.clients)
 
     def _log(self, **fields: Any) -> None:
         line = json.dumps({"ts": round(time.time(), 3), **fields})
@@ -87,29 +90,45 @@ class Gate:
             return self.key(headers.get("authorization", "")) in self.config.priority_keys
         return headers.get(PRIORITY_HEADER, "").lower() == "high"
 
-    def read(self, path: str, raw: bytes, headers: Mapping[str, str]) -> Pending | Refusal:
+    def read(self, path: str, raw: bytes, headers: Mapping[str, str], peer: str = "") -> Pending | Refusal:
         """The request's JSON body checked as the engine would check it, its prompts counted (400 when it is not
-        a request the engine takes)."""
+        a request the engine takes); `peer` is the address the connection comes from."""
         try:
             body = parse_json(raw)
             asked = read_request(body, chat=ROUTES[path])
         except BadRequest as exc:
             return Refusal(status=400, message=str(exc), kind="invalid_request_error", param=exc.param)
         prompts = self.admission.prompt_tokens(body, asked) if self.admission.predictor is not None else []
-        return Pending(path, body, asked, prompts, self.priority(headers))
+        client = self.clients.identify(headers, peer, self.key(headers.get("authorization", "")) if self.keys else None)
+        return Pending(path=path, body=body, asked=asked, prompts=prompts, priority=self.priority(headers),
+                       client=client)
 
     def admit(self, pending: Pending, tried: set[str]) -> Admitted | Refusal:
         """The decision for a read request among the replicas not `tried`: a 503, or the request held against the
         chosen replica until its release runs."""
+        slot = self.clients.enter(pending.client)
+        if slot is None:
+            cap = self.config.clients.max_in_flight
+            self.metrics.client_refused.labels("in_flight").inc()
+            self._log(event="client_refused", reason="in_flight", client=pending.client, limit=cap)
+            return Refusal(status=429, message=f"this client has {cap} requests in flight, its limit; retry when one "
+                           "has finished", kind="rate_limit_exceeded", retry_after=self.config.policy.retry_after_s)
         decision = self.judge(pending, tried)
         if not decision.forwards:
+            slot()
             if decision.replica is None:
                 message, kind = f"no upstream can take the request: {decision.reason}", "server_unavailable"
             else:
                 message, kind = f"the KV cache is nearly full ({decision.reason}); retry later", "server_overloaded"
             return Refusal(status=503, message=message, kind=kind, level=decision.level,
                            retry_after=self.config.policy.retry_after_s)
-        return Admitted(decision, self.admission.hold(decision, pending.asked, pending.prompts))
+        hold = self.admission.hold(decision, pending.asked, pending.prompts)
+
+        def release() -> None:
+            hold()
+            slot()
+
+        return Admitted(decision, release)
 
     def judge(self, pending: Pending, tried: set[str]) -> Decision:
         """The admission decision for a request, logged; a sidecar forwards the request as sent whatever the level

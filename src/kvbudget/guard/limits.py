@@ -7,12 +7,15 @@ The guard's protocol adds the three, each logged and counted when it acts:
   previous response ending (else 408 and the connection closed);
 - they may be at most `max_header_bytes` bytes (else 431, closed);
 - at most `max_connections` connections are open at once: one more is answered 503 and closed at once (so
-  `/healthz` keeps answering while idle sockets pile up, and the file-descriptor limit is never reached).
+  `/healthz` keeps answering while idle sockets pile up, and the file-descriptor limit is never reached);
+- at most `max_connections_per_client` of them from one address (trusted proxies apart, which carry many
+  clients): one client's idle sockets or flood cannot fill the guard for the others (503, closed).
 A slow body is bounded by the app (`body_timeout`)."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 import time
@@ -22,12 +25,14 @@ from typing import Any, TextIO
 from kvbudget.guard.metrics import GuardMetrics
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ConnectionLimits:
     header_timeout: float = 10.0  # seconds for a request line and headers
     max_header_bytes: int = 64 * 1024  # request line and headers
     max_connections: int = 900  # open at once (below the usual 1,024 file descriptors)
     body_timeout: float = 60.0  # seconds for a whole request body
+    max_connections_per_client: int | None = None  # open at once from one address (None: no cap)
+    trusted_proxies: frozenset[str] = frozenset()  # addresses the per-client cap does not apply to
 
 
 def _answer(status: int, reason: str, message: str) -> bytes:
@@ -37,17 +42,48 @@ def _answer(status: int, reason: str, message: str) -> bytes:
             f"connection: close\r\n\r\n").encode() + body
 
 
+def _refuse(protocol: Any, why: str, status: int, reason: str, message: str, *, metrics: GuardMetrics,
+            log: TextIO | None) -> None:
+    """Count and log a connection refused by a limit, answer it and close it."""
+    metrics.connections_refused.labels(why).inc()
+    print(json.dumps({"ts": round(time.time(), 3), "event": "connection_refused", "reason": why,
+                      "client": (protocol.client or ("", 0))[0]}), file=log or sys.stderr, flush=True)
+    if not protocol.transport.is_closing():
+        protocol.transport.write(_answer(status, reason, message))
+        protocol.transport.close()
+
+
+class _PerClient:
+    """Open connections by address, trusted proxies apart."""
+
+    def __init__(self, limits: ConnectionLimits):
+        self.limits = limits
+        self.open: dict[str, int] = {}
+
+    def opened(self, peer: str) -> bool:
+        """Count a new connection from `peer`; whether it is over the per-client cap."""
+        if peer in self.limits.trusted_proxies:
+            return False
+        self.open[peer] = held = self.open.get(peer, 0) + 1
+        cap = self.limits.max_connections_per_client
+        return cap is not None and held > cap
+
+    def closed(self, peer: str | None) -> None:
+        if peer is None or peer in self.limits.trusted_proxies or peer not in self.open:
+            return
+        left = self.open[peer] - 1
+        if left:
+            self.open[peer] = left
+        else:
+            del self.open[peer]
+
+
 def protocol_for(limits: ConnectionLimits, metrics: GuardMetrics, log: TextIO | None = None) -> type:
     """uvicorn's httptools protocol with the guard's connection limits (pass it as uvicorn's `http`)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    def refuse(protocol: HttpToolsProtocol, why: str, status: int, reason: str, message: str) -> None:
-        metrics.connections_refused.labels(why).inc()
-        print(json.dumps({"ts": round(time.time(), 3), "event": "connection_refused", "reason": why,
-                          "client": (protocol.client or ("", 0))[0]}), file=log or sys.stderr, flush=True)
-        if not protocol.transport.is_closing():
-            protocol.transport.write(_answer(status, reason, message))
-            protocol.transport.close()
+    refuse = functools.partial(_refuse, metrics=metrics, log=log)
+    per_client = _PerClient(limits)
 
     class GuardProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -60,8 +96,13 @@ def protocol_for(limits: ConnectionLimits, metrics: GuardMetrics, log: TextIO | 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             metrics.connections.set(len(self.connections))
-            if len(self.connections) > limits.max_connections:
-                refuse(self, "too_many_connections", 503, "Service Unavailable",
+            self._peer = (self.client or ("", 0))[0]
+            over = per_client.opened(self._peer)
+            if len(self.connections) > limits.max_connections or over:
+                mine = len(self.connections) <= limits.max_connections
+                refuse(self, "too_many_connections" + ("_per_client" if mine else ""), 503, "Service Unavailable",
+                       f"this address holds its limit of {limits.max_connections_per_client} open connections; "
+                       "close some" if mine else
                        f"the guard holds its limit of {limits.max_connections} open connections; retry later")
                 return
             self._arm()
@@ -70,6 +111,7 @@ def protocol_for(limits: ConnectionLimits, metrics: GuardMetrics, log: TextIO | 
             self._disarm()
             super().connection_lost(exc)
             metrics.connections.set(len(self.connections))
+            per_client.closed(getattr(self, "_peer", None))
 
         def data_received(self, data: bytes) -> None:
             if self._reading_headers:  # count the bytes up to the blank line that ends the headers

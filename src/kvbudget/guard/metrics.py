@@ -32,6 +32,8 @@ class GuardMetrics:
                                        buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05), registry=r)
         self.in_flight = Gauge("kvbudget_guard_in_flight", "Requests in flight", ["replica"], registry=r)
         self.connections = Gauge("kvbudget_guard_connections", "Client connections open", registry=r)
+        self.client_refused = Counter("kvbudget_guard_client_refused_total", "Requests refused at once because "
+                                      "their client is at a per-client limit", ["reason"], registry=r)
         self.connections_refused = Counter("kvbudget_guard_connections_refused_total",
                                            "Client connections closed by a limit (too many, slow or large headers, "
                                            "slow body)", ["reason"], registry=r)

@@ -14,6 +14,7 @@ from kvbudget.engines import Engine, EngineOptions, get_engine, serving_engines
 from kvbudget.engines.metrics import PoolReport, ReportsPool
 from kvbudget.errors import KVBudgetError, UpstreamConfigError, spelled
 from kvbudget.guard.app import Guard, GuardConfig
+from kvbudget.guard.clients import ClientLimits
 from kvbudget.guard.limits import ConnectionLimits
 from kvbudget.guard.policy import policy_from_config
 from kvbudget.guard.signals import Predictor
@@ -90,7 +91,8 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
                               api_keys=frozenset(api_keys) | frozenset(config.get("api_keys", [])),
                               priority_keys=frozenset(priority_keys) | frozenset(config.get("priority_keys", [])),
                               poll_interval=poll_interval, sidecar=sidecar, ext_proc=ext_proc,
-                              decision_log=decision_log, limits=connection_limits(config), **settings))
+                              decision_log=decision_log, limits=connection_limits(config),
+                              clients=ClientLimits.from_config(config), **settings))
     return guard, notes
 
 
@@ -131,7 +133,7 @@ def connection_limits(config: dict[str, Any]) -> ConnectionLimits:
     """The connection limits from the config, each a positive number; max_connections defaults to what the
     process's file-descriptor limit leaves room for (900 under the usual 1,024, at most 10,000)."""
     values: dict[str, Any] = {}
-    for key in ("header_timeout", "max_header_bytes", "max_connections", "body_timeout"):
+    for key in ("header_timeout", "max_header_bytes", "max_connections", "body_timeout", "max_connections_per_client"):
         if key in config:
             value = config[key]
             whole = key.startswith("max_")
@@ -149,7 +151,8 @@ def connection_limits(config: dict[str, Any]) -> ConnectionLimits:
         except (ImportError, ValueError, OSError):  # no resource module (Windows): the usual limit
             pass
         values["max_connections"] = max(16, min(10_000, soft - 124))
-    return ConnectionLimits(**values)
+    trusted = config.get("trusted_proxies") or []
+    return ConnectionLimits(**values, trusted_proxies=frozenset(t for t in trusted if isinstance(t, str)))
 
 
 def server_config(guard: Guard, host: str, port: int, loop: str = "asyncio") -> Any:
