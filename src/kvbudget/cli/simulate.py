@@ -188,7 +188,10 @@ def _print(sim: Any, args: argparse.Namespace) -> None:
     if sim.failed:
         out.print(f"[red]failed: {sim.failed:,} requests got an error from the engine[/red] (its KV memory ran "
                   "out: llama.cpp's unified pool fails every busy request when one token no longer fits)")
-    if sim.guard is not None:
+    if sim.guard is not None and sim.guard.policy != "kvbudget":
+        g = sim.guard
+        out.print(f"admission ({g.policy}): forwarded {sum(g.forwarded.values()):,}, rejected {g.rejected:,}")
+    elif sim.guard is not None:
         g = sim.guard
         out.print(f"guard: forwarded {sum(g.forwarded.values()):,} (untouched {g.forwarded[0]:,}, at the cap level "
                   f"{g.forwarded[1]:,}, forced to one sample {g.forwarded[2]:,}), rejected {g.rejected:,} with 503; "

@@ -139,6 +139,10 @@ class SimulateRequest:
                                       group=ANSWERS, web=False)
     guard_poll_interval: str = option("seconds between the guard's scrapes of the usage gauge (default 1, as the "
                                       "guard's)", "1", group=ANSWERS, web=False)
+    admission: str | None = option("the admission policy in front of the engine: none (the engine alone), gie "
+                                   "(the Gateway API Inference Extension's saturation detector: sheds at 5 waiting "
+                                   "or 0.8 KV usage), concurrency:N (N in flight at most), kvbudget (the guard's "
+                                   "levels; default with --guard-config)", group=ANSWERS, web=False)
     reference: bool = option("step by step, without the fast path (same answer)", False, group=ANSWERS, web=False)
 
 
@@ -232,10 +236,11 @@ def _calibration(ask: SimulateRequest, model: Any, found: dict[str, Any],
 
 def guard_settings(ask: SimulateRequest) -> dict[str, Any]:
     """simulate()'s guard arguments: the guard's configuration read from its file, and its poll interval."""
+    chosen = {"admission": ask.admission} if ask.admission else {}
     if not ask.guard_config:
-        return {}
+        return chosen
     return {"guard_config": read_yaml(ask.guard_config, "guard_config"),
-            "guard_poll_interval": positive(ask.guard_poll_interval, "guard_poll_interval")}
+            "guard_poll_interval": positive(ask.guard_poll_interval, "guard_poll_interval"), **chosen}
 
 
 def _mib(text: str | None) -> int | None:

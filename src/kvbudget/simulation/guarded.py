@@ -1,16 +1,22 @@
-"""The guard in the loop: `kvbudget guard`'s own admission code deciding each simulated arrival.
+"""Admission in front of the simulated engine: `kvbudget guard`'s own code, or the policies clusters run instead.
 
-The guard's `Admission` (policy, predictor, levels with hysteresis) sees every request as it arrives, with the
-engine's usage gauge as the guard would have scraped it (every `poll_interval` seconds of simulated time) and
-its own prediction of what the requests in flight will hold. A rejected request never reaches the engine; a
-capped one generates at most its new max_tokens. Nothing here decides anything itself.
+- `kvbudget` (GuardInLoop): the guard's `Admission` (policy, predictor, levels with hysteresis) sees every
+  request as it arrives, with the engine's usage gauge as the guard would have scraped it (every `poll_interval`
+  seconds of simulated time) and its own prediction of what the requests in flight will hold. Nothing here
+  decides anything itself.
+- `gie`: the Gateway API Inference Extension's saturation detector with its published defaults
+  (pkg/epp/saturationdetector/config.go: saturated at 5 waiting requests or 0.8 KV usage, metrics refreshed every
+  50 ms): while saturated, a sheddable request is rejected (every request is taken as sheddable here).
+- `concurrency:N`: a static limit of N requests in flight at the gateway; one more is rejected.
+- `none`: the engine alone (vLLM queues, preempts and recomputes).
+A rejected request never reaches the engine; a capped one generates at most its new max_tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kvbudget.engines import Engine
 from kvbudget.errors import KVBudgetError
@@ -26,10 +32,24 @@ class GuardReport:
     capped: int  # requests whose max_tokens the guard lowered below what they would have generated
     tokens_cut: int  # output tokens those caps removed (per sample kept)
     peak_predicted: float  # the guard's predicted usage, at its highest when it decided
+    policy: str = "kvbudget"  # the admission policy that decided
 
     def to_dict(self) -> dict[str, Any]:
-        return {"forwarded": {str(k): v for k, v in self.forwarded.items()}, "rejected": self.rejected,
-                "capped": self.capped, "tokens_cut": self.tokens_cut, "peak_predicted": self.peak_predicted}
+        return {"policy": self.policy, "forwarded": {str(k): v for k, v in self.forwarded.items()},
+                "rejected": self.rejected, "capped": self.capped, "tokens_cut": self.tokens_cut,
+                "peak_predicted": self.peak_predicted}
+
+
+class Gatekeeper(Protocol):
+    """What decides each arrival in front of the simulated engine."""
+
+    def observe(self, now: float, usage: float, waiting: int = 0) -> None:
+        """The engine's KV usage and waiting requests now (each policy reads them when it would)."""
+
+    def admit(self, r: Request, now: float) -> tuple[Request, Callable[[], None] | None] | None:
+        """The request as forwarded and the release of its hold, or None (rejected)."""
+
+    def report(self) -> GuardReport: ...
 
 
 class GuardInLoop:
@@ -54,8 +74,8 @@ class GuardInLoop:
         self.rejected = self.capped = self.tokens_cut = 0
         self.peak_predicted = 0.0
 
-    def observe(self, now: float, usage: float) -> None:
-        """The guard's scrape of the engine's gauge, when one is due."""
+    def observe(self, now: float, usage: float, waiting: int = 0) -> None:
+        """The guard's scrape of the engine's gauge, when one is due (it reads no queue)."""
         if now >= self.next_poll:
             self.replica.observed = usage
             self.replica.observed_at = now
@@ -85,3 +105,76 @@ class GuardInLoop:
 
     def report(self) -> GuardReport:
         return GuardReport(dict(self.forwarded), self.rejected, self.capped, self.tokens_cut, self.peak_predicted)
+
+
+class SaturationShedding:
+    """GIE's saturation detector in front of one replica (see the module's docstring)."""
+
+    def __init__(self, queue: int = 5, kv: float = 0.8, refresh: float = 0.05):
+        self.queue, self.kv, self.refresh = queue, kv, refresh
+        self.next_poll = 0.0
+        self.saturated = False
+        self.forwarded = self.rejected = 0
+
+    def observe(self, now: float, usage: float, waiting: int = 0) -> None:
+        if now >= self.next_poll:
+            self.saturated = waiting >= self.queue or usage >= self.kv
+            self.next_poll = now + self.refresh
+
+    def admit(self, r: Request, now: float) -> tuple[Request, None] | None:
+        if self.saturated:
+            self.rejected += 1
+            return None
+        self.forwarded += 1
+        return r, None
+
+    def report(self) -> GuardReport:
+        return GuardReport({0: self.forwarded, 1: 0, 2: 0}, self.rejected, 0, 0, 0.0, policy="gie")
+
+
+class ConcurrencyLimit:
+    """At most `limit` requests in flight at the gateway; one more is rejected."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.in_flight = self.forwarded = self.rejected = 0
+
+    def observe(self, now: float, usage: float, waiting: int = 0) -> None:
+        pass
+
+    def admit(self, r: Request, now: float) -> tuple[Request, Callable[[], None]] | None:
+        if self.in_flight >= self.limit:
+            self.rejected += 1
+            return None
+        self.in_flight += 1
+        self.forwarded += 1
+
+        def release() -> None:
+            self.in_flight -= 1
+
+        return r, release
+
+    def report(self) -> GuardReport:
+        return GuardReport({0: self.forwarded, 1: 0, 2: 0}, self.rejected, 0, 0, 0.0,
+                           policy=f"concurrency:{self.limit}")
+
+
+POLICIES = ("none", "gie", "concurrency:N", "kvbudget")
+
+
+def admission_policy(name: str | None, guard_config: dict[str, Any] | None, setup: Any, engine: Engine,
+                     poll_interval: float = 1.0) -> Gatekeeper | None:
+    """The policy `name` names (None: the guard when a guard config is given, else none)."""
+    name = name or ("kvbudget" if guard_config is not None else "none")
+    if name == "none":
+        return None
+    if name == "gie":
+        return SaturationShedding()
+    if name == "kvbudget":
+        return GuardInLoop(guard_config or {}, setup.allocation, setup.kv_memory_bytes, engine, setup.max_model_len,
+                           poll_interval)
+    kind, _, limit = name.partition(":")
+    if kind == "concurrency" and limit.isdigit() and int(limit) > 0:
+        return ConcurrencyLimit(int(limit))
+    raise KVBudgetError(f"admission {name!r}: choose one of {', '.join(POLICIES)} (N a positive whole number)",
+                        param="admission")

@@ -18,7 +18,7 @@ from kvbudget.errors import KVBudgetError, spelled
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation import steptimes
 from kvbudget.simulation.beam import BeamSearch
-from kvbudget.simulation.guarded import GuardInLoop, GuardReport
+from kvbudget.simulation.guarded import Gatekeeper, GuardReport, admission_policy
 from kvbudget.simulation.seq import Queues, Seq
 from kvbudget.simulation.setup import Planned, Setup, SimulationAsk
 from kvbudget.simulation.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
@@ -278,20 +278,17 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
              sample_interval: float = SAMPLE_INTERVAL_S, on_step: Callable[[float, int, float, int, int], None]
              | None = None, progress: Callable[[int], None] | None = None, guard_config: dict[str, Any] | None = None,
              guard_poll_interval: float = 1.0, on_finish: Callable[[Request, float, float | None, float], None]
-             | None = None, **settings: Any) -> Simulation:
+             | None = None, admission: str | None = None, **settings: Any) -> Simulation:
     """Run `workload` through vLLM's scheduler. `settings` are `setup_for`'s (engine, gpu, kv_memory, ...) unless
     a `setup` is given. `fast` takes runs of pure decode steps at once (the result is identical; see tests).
     `on_step(time, tokens, usage, running, waiting)` is called after every step (for a timeline file);
     `on_finish(request, ttft, tpot, e2e)` for every sequence that completes (tpot None for one output token).
     `guard_config` (a guard YAML as a dict, e.g. from `kvbudget plan --guard-config`) puts the guard's own
     admission in front of the engine: it decides every arrival, scraping the usage gauge every
-    `guard_poll_interval` seconds."""
+    `guard_poll_interval` seconds; `admission` names another policy instead (simulation/guarded.py)."""
     s = setup or setup_for(model, **settings)
     sched = s.simulator.scheduler(s)
-    guard = None
-    if guard_config is not None:
-        guard = GuardInLoop(guard_config, s.allocation, s.kv_memory_bytes, get_engine(s.engine), s.max_model_len,
-                            guard_poll_interval)
+    guard = admission_policy(admission, guard_config, s, get_engine(s.engine), guard_poll_interval)
     run = _Run(s, sched, workload, fast, sample_interval, on_step, progress, guard, on_finish)
     return run.result()
 
@@ -301,7 +298,7 @@ class _Run:
 
     def __init__(self, setup: Setup, sched: Queues, workload: Iterable[Request], fast: bool, interval: float,
                  on_step: Callable[..., None] | None,
-                 progress: Callable[[int], None] | None, guard: GuardInLoop | None = None,
+                 progress: Callable[[int], None] | None, guard: Gatekeeper | None = None,
                  on_finish: Callable[..., None] | None = None):
         self.setup, self.sched, self.fast, self.guard = setup, sched, fast, guard
         self.releases: dict[int, Callable[[], None]] = {}  # the guard's hold on each admitted request
@@ -333,7 +330,7 @@ class _Run:
             if self.guard is None:
                 self.add(pending)
             else:
-                self.guard.observe(self.t, self.sched.usage())
+                self.guard.observe(self.t, self.sched.usage(), len(self.sched.waiting))
                 admitted = self.guard.admit(pending, self.t)
                 if admitted is not None:
                     self.add(*admitted)
