@@ -117,6 +117,7 @@ class Guard:
             return error(408, f"the request body did not arrive within {self.config.limits.body_timeout:g} s",
                          "invalid_request_error", headers={"connection": "close"})
         raw = b"".join(chunks)
+        request.state.read_at = time.perf_counter()  # the guard's own time starts here, not the client's upload
         pending = self.gate.read(request.scope["path"], raw, request.headers, (request.client or ("", 0))[0])
         if isinstance(pending, Refusal):
             return self.refused(pending)
@@ -124,10 +125,10 @@ class Guard:
         return pending
 
     async def completions(self, request: Request) -> Response:
-        start = time.perf_counter()
         pending = await self._body(request)
         if isinstance(pending, Response):
             return pending
+        start: float = request.state.read_at
         raw: bytes = request.state.raw
         tried: set[str] = set()
         while True:

@@ -28,7 +28,8 @@ class GuardMetrics:
         self.upstream_errors = Counter("kvbudget_guard_upstream_errors_total", "Upstream failures",
                                        ["replica", "kind"], registry=r)
         self.added_latency = Histogram("kvbudget_guard_added_latency_seconds",
-                                       "Time the guard adds before forwarding",
+                                       "Time the guard adds before forwarding (from the whole request body "
+                                       "read to the upstream request sent)",
                                        buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05), registry=r)
         self.in_flight = Gauge("kvbudget_guard_in_flight", "Requests in flight", ["replica"], registry=r)
         self.connections = Gauge("kvbudget_guard_connections", "Client connections open", registry=r)
