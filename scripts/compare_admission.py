@@ -1,8 +1,8 @@
 """The admission policies side by side on real traces, from light load to twice what the deployment can serve:
 the engine alone (vLLM queues, preempts, recomputes), the Gateway API Inference Extension's saturation detector
 (sheds at 5 waiting or 0.8 KV usage, its defaults), a static limit of 64 requests in flight, and kvbudget's
-guard (its default levels on the plan's KV budget). Llama-3.1-8B on one L40S, vLLM 0.32 scheduling (exact),
-step times from the fitted kernels (an estimate).
+guard on the plan's KV budget, with its default levels and with its output caps off. Llama-3.1-8B on one L40S,
+vLLM 0.32 scheduling (exact), step times from the fitted kernels (an estimate).
 
 Per run: requests served in full within the SLO (TTFT <= 2 s and TPOT <= 100 ms, with all the output the request
 would have generated), served in full but late, served with their output capped, rejected; preemptions and
@@ -24,13 +24,16 @@ from kvbudget.model.load import load_model
 from kvbudget.simulation.run import simulate
 from kvbudget.simulation.workload import read_trace, rescale
 
-POLICIES = ("none", "gie", "concurrency:64", "kvbudget")
+# (label, simulate's admission, the guard's configuration): kvbudget with its default levels, and with caps off
+# (max_tokens_fraction 1: level 1 leaves output limits alone, level 2 forces one sample, level 3 rejects)
+POLICIES = (("none", "none", None), ("gie", "gie", None), ("concurrency:64", "concurrency:64", None),
+            ("kvbudget", "kvbudget", None), ("kvbudget, no caps", "kvbudget", {"max_tokens_fraction": 1.0}))
 SCALES = (0.5, 1.0, 1.25, 1.5, 2.0)  # of the trace's own rate; the L40S serves about 1.3x of azure-conv-2023
 TRACES = (("azure-conv-2023", 3000), ("azure-code-2023", 1500))
 SLO_TTFT, SLO_TPOT = 2.0, 0.1
 
 
-def run(model, trace: str, count: int, scale: float, policy: str) -> dict:
+def run(model, trace: str, count: int, scale: float, policy: tuple) -> dict:
     requests = list(rescale(read_trace(trace), scale, 0, count))
     asked = {r.id: r.output_tokens for r in requests}
     good = served = capped = 0
@@ -45,10 +48,11 @@ def run(model, trace: str, count: int, scale: float, policy: str) -> dict:
         elif ttft <= SLO_TTFT and (tpot is None or tpot <= SLO_TPOT):
             good += 1
 
-    sim = simulate(model, requests, gpu="L40S", admission=policy, on_finish=finished)
+    label, admission, config = policy
+    sim = simulate(model, requests, gpu="L40S", admission=admission, guard_config=config, on_finish=finished)
     ttfts.sort()
     rejected = sim.guard.rejected if sim.guard is not None else 0
-    return {"trace": trace, "scale": scale, "policy": policy, "requests": len(requests), "good": good,
+    return {"trace": trace, "scale": scale, "policy": label, "requests": len(requests), "good": good,
             "served": served, "rejected": rejected, "capped": capped,
             "preemptions": sim.preemptions, "recomputed": sim.recomputed_tokens,
             "ttft_p50": ttfts[len(ttfts) // 2] if ttfts else None,
@@ -72,9 +76,9 @@ def main() -> int:
               f"{r['recomputed']:,} | {p50} | {p99} |")
     fig, axes = plt.subplots(1, len(TRACES), figsize=(11, 4), sharey=True)
     for ax, (trace, _) in zip(axes, TRACES, strict=True):
-        for policy in POLICIES:
-            mine = [r for r in rows if r["trace"] == trace and r["policy"] == policy]
-            ax.plot([r["scale"] for r in mine], [100 * r["good"] / r["requests"] for r in mine], "o-", label=policy)
+        for label, _, _ in POLICIES:
+            mine = [r for r in rows if r["trace"] == trace and r["policy"] == label]
+            ax.plot([r["scale"] for r in mine], [100 * r["good"] / r["requests"] for r in mine], "o-", label=label)
         ax.set_title(trace, fontsize=10)
         ax.set_xlabel("load (x the trace's rate)")
         ax.grid(alpha=0.3)
