@@ -23,7 +23,7 @@ from kvbudget.errors import KVBudgetError
 from kvbudget.simulation.workload import Request
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GuardReport:
     """What the guard did: decisions by level and action, and what its caps took away."""
 
@@ -104,7 +104,8 @@ class GuardInLoop:
         return r, release
 
     def report(self) -> GuardReport:
-        return GuardReport(dict(self.forwarded), self.rejected, self.capped, self.tokens_cut, self.peak_predicted)
+        return GuardReport(forwarded=dict(self.forwarded), rejected=self.rejected, capped=self.capped,
+                           tokens_cut=self.tokens_cut, peak_predicted=self.peak_predicted)
 
 
 class SaturationShedding:
@@ -129,7 +130,8 @@ class SaturationShedding:
         return r, None
 
     def report(self) -> GuardReport:
-        return GuardReport({0: self.forwarded, 1: 0, 2: 0}, self.rejected, 0, 0, 0.0, policy="gie")
+        return GuardReport(forwarded={0: self.forwarded, 1: 0, 2: 0}, rejected=self.rejected, capped=0, tokens_cut=0,
+                           peak_predicted=0.0, policy="gie")
 
 
 class ConcurrencyLimit:
@@ -155,8 +157,8 @@ class ConcurrencyLimit:
         return r, release
 
     def report(self) -> GuardReport:
-        return GuardReport({0: self.forwarded, 1: 0, 2: 0}, self.rejected, 0, 0, 0.0,
-                           policy=f"concurrency:{self.limit}")
+        return GuardReport(forwarded={0: self.forwarded, 1: 0, 2: 0}, rejected=self.rejected, capped=0, tokens_cut=0,
+                           peak_predicted=0.0, policy=f"concurrency:{self.limit}")
 
 
 POLICIES = ("none", "gie", "concurrency:N", "kvbudget")
