@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from kvbudget.engines import Engine
 from kvbudget.engines.metrics import PoolReport, ReportsPool
+from kvbudget.errors import KVBudgetError
 from kvbudget.guard.metrics import GuardMetrics
 from kvbudget.guard.policy import Replica
 from kvbudget.guard.upstream import ConnectFailed, Pool, UpstreamError
@@ -96,7 +97,13 @@ class Poller:
                 break
         if report is None:
             return
-        budget = self.pool_budget(report)
+        try:
+            budget = self.pool_budget(report)
+        except KVBudgetError as exc:  # the engine's rules refuse the pool it states: predict without it
+            if replica.pool != str(exc):
+                replica.pool = str(exc)
+                self.log_event(event="pool_unusable", replica=replica.url, source=report.source, reason=str(exc))
+            return
         if budget != replica.budget:
             before, replica.budget, replica.pool = replica.budget, budget, report.source
             self.metrics.kv_budget.labels(replica.url).set(budget)
