@@ -141,7 +141,7 @@ class Gate:
             decision = replace(decision, action=FORWARD, replica=self.replicas[0].url, body=body, changes=())
         # what was done, by level; a rejection because no replica can be reached is not a full cache
         level = "none" if decision.replica is None else str(decision.level)
-        self.metrics.decisions.labels(level, decision.action if decision.replica else "unavailable").inc()
+        self.metrics.decided(level, decision.action if decision.replica else "unavailable")
         self._log(event="decision", path=pending.path, action=decision.action, level=decision.level,
                   replica=decision.replica, pressure=round(decision.pressure, 4),
                   with_request=round(decision.total, 4), changes=list(decision.changes), reason=decision.reason,

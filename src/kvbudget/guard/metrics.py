@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 
 class GuardMetrics:
     def __init__(self) -> None:
+        self._held: dict[str, tuple[Any, Any]] = {}
+        self._decided: dict[tuple[str, str], Any] = {}
         r = self.registry = CollectorRegistry()
         self.decisions = Counter("kvbudget_guard_decisions_total", "Requests by level and action",
                                  ["level", "action"], registry=r)
@@ -40,10 +44,21 @@ class GuardMetrics:
                                            "slow body)", ["reason"], registry=r)
 
     def held(self, replica: str, predicted: float | None, in_flight: int) -> None:
-        """Admission's observer: a replica's predicted usage and requests in flight."""
+        """Admission's observer: a replica's predicted usage and requests in flight (twice a request: the labelled
+        series are looked up once per replica)."""
+        series = self._held.get(replica)
+        if series is None:
+            series = self._held[replica] = (self.predicted.labels(replica), self.in_flight.labels(replica))
         if predicted is not None:
-            self.predicted.labels(replica).set(predicted)
-        self.in_flight.labels(replica).set(in_flight)
+            series[0].set(predicted)
+        series[1].set(in_flight)
+
+    def decided(self, level: str, action: str) -> None:
+        """One decision counted (its series looked up once)."""
+        counter = self._decided.get((level, action))
+        if counter is None:
+            counter = self._decided[(level, action)] = self.decisions.labels(level, action)
+        counter.inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
