@@ -90,6 +90,17 @@ def host_link(gpu: GPU | None) -> HostLink | None:
                     datasheet_bytes_per_s=gpu.host_link_bytes_per_s)
 
 
+def required_link(gpu: str | None) -> HostLink:
+    """The named GPU's host link, which a simulated load's time needs; refused where there is none."""
+    from kvbudget.gpus import find_gpu
+
+    link = host_link(find_gpu(gpu)) if gpu else None
+    if link is None:
+        raise EngineRuleError("offload_memory: a load's time needs the GPU's host link: give a GPU from the table "
+                              "with one (kvbudget gpus)", param="gpu")
+    return link
+
+
 @runtime_checkable
 class OffloadsKV(Protocol):
     """An engine with KV tiers beyond the GPU."""

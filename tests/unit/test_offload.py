@@ -160,9 +160,12 @@ def test_simulate_refuses_a_tier_it_does_not_follow(capsys):
 
 
 def vllm_rows(model, text, tp=1):
+    from kvbudget.engines.vllm.logs import _setting
     from kvbudget.engines.vllm.offload import offload_rows
 
-    return offload_rows(get_engine("vllm"), model, text, kv_dtype="auto", tp=tp, options=EngineOptions())
+    return offload_rows(get_engine("vllm"), model, text, size=_setting(text, "kv_offloading_size"),
+                        backend=_setting(text, "kv_offloading_backend"), kv_dtype="auto", tp=tp,
+                        options=EngineOptions())
 
 
 def test_check_log_reads_vllms_offload_region(llama):

@@ -9,8 +9,7 @@ from kvbudget.engines.base import EngineOptions
 from kvbudget.engines.sglang.hiradix import HiCacheScheduler
 from kvbudget.engines.sglang.scheduler import SGLangScheduler
 from kvbudget.errors import KVBudgetError, named
-from kvbudget.gpus import find_gpu
-from kvbudget.offload import host_link
+from kvbudget.offload import required_link
 from kvbudget.simulation.seq import Queues
 from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 
@@ -37,10 +36,7 @@ class SGLangSimulator(SimulatorDefaults):
         if not ask.prefix_caching:
             raise KVBudgetError("offload_memory: HiCache sits behind the radix cache; leave prefix caching on",
                                 param="offload_memory")
-        link = host_link(find_gpu(ask.gpu)) if ask.gpu else None
-        if link is None:
-            raise KVBudgetError("offload_memory: a load's time needs the GPU's host link: give a GPU from the "
-                                "table with one (kvbudget gpus)", param="gpu")
+        link = required_link(ask.gpu)
         tier = self.engine.host_tiers(ask.model, memory=ask.offload_memory, disk=None, backend="hicache",
                                       kv_dtype=ask.kv_dtype, tp=ask.tp, options=planned.options)[0]
         if tier.tokens <= gpu_tokens:

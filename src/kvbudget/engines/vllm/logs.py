@@ -445,7 +445,9 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
         if len(budgets) == 1 and st.tp * st.pp > 1 and not budget_from_refusal and not log.exact:
             rank = _smaller_rank(st, log.rows, log.value, log.half_step)  # first; replaces "none of the known causes"
             causes = rank + [c for c in causes if not (rank and c.startswith("none of"))]
-    rows += offload_rows(engine, model, text, kv_dtype=st.kv_dtype, tp=st.tp, options=st.options())
+    rows += offload_rows(engine, model, text, size=_setting(text, "kv_offloading_size"),
+                         backend=_setting(text, "kv_offloading_backend"), kv_dtype=st.kv_dtype, tp=st.tp,
+                         options=st.options())
     return LogCheck(engine="vllm", model_in_log=None, settings=shown_settings(st, read, assumed), rows=tuple(rows),
                     assumed=assumed, causes=tuple(causes))
 

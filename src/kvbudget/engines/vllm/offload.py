@@ -114,22 +114,14 @@ LMCACHE_LINE = re.compile(r"(?:LMCache Configuration: \{|Creating LMCacheEngine 
                           r"LMCacheEngineConfig\()(.*)")
 
 
-def _logged(text: str, name: str) -> str | None:
-    flag = name.replace("_", "-")
-    for pattern in (rf"'{name}': '?([\w.\-]+)'?", rf"\b{name}=([\w.\-]+)", rf"--{flag}[ =]([\w.\-]+)"):
-        if m := re.search(pattern, text):
-            return m.group(1)
-    return None
-
-
-def offload_rows(engine: VLLMEngine, model: ModelSpec, text: str, *, kv_dtype: str, tp: int,
-                 options: EngineOptions) -> list[LogRow]:
-    """The offload tiers a vLLM log sets up, beside kvbudget's sizing of them (none where it sets none up)."""
+def offload_rows(engine: VLLMEngine, model: ModelSpec, text: str, *, size: str | None, backend: str | None,
+                 kv_dtype: str, tp: int, options: EngineOptions) -> list[LogRow]:
+    """The offload tiers a vLLM log sets up (`size` and `backend`: its kv_offloading settings as read), beside
+    kvbudget's sizing of them (none where it sets none up)."""
     rows: list[LogRow] = []
-    size = _logged(text, "kv_offloading_size")
     direct = re.search(r"""["']cpu_bytes_to_use["']:\s*(\d+)""", text)  # the connector configured by hand
     if size is not None and size != "None":
-        backend = _logged(text, "kv_offloading_backend") or "native"
+        backend = backend or "native"
         rows.append(_native_row(engine, model, text, int(float(size) * GIB), f"--kv-offloading-size {size}",
                                 kv_dtype=kv_dtype, tp=tp, options=options) if backend == "native" else
                     LogRow("KV offloading (lmcache)", f"--kv-offloading-size {size}", "-", None,

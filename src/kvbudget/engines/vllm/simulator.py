@@ -14,8 +14,7 @@ from kvbudget.engines.vllm.offloading import OffloadingScheduler
 from kvbudget.engines.vllm.pool import usable_blocks
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.errors import KVBudgetError, named
-from kvbudget.gpus import find_gpu
-from kvbudget.offload import host_link
+from kvbudget.offload import required_link
 from kvbudget.simulation.seq import Queues
 from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 
@@ -53,10 +52,7 @@ class VLLMSimulator(SimulatorDefaults):
         if (ask.offload_disk is None) != (ask.disk_read is None):
             raise KVBudgetError(f"offload_disk: a disk tier needs its read rate, and a read rate a disk tier: give "
                                 f"both {named('offload_disk')} and {named('disk_read')}", param="offload_disk")
-        link = host_link(find_gpu(ask.gpu)) if ask.gpu else None
-        if link is None:
-            raise KVBudgetError("offload_memory: a load's time needs the GPU's host link: give a GPU from the "
-                                "table with one (kvbudget gpus)", param="gpu")
+        link = required_link(ask.gpu)
         tiers = self.engine.host_tiers(ask.model, memory=ask.offload_memory, disk=ask.offload_disk, backend=backend,
                                        kv_dtype=ask.kv_dtype, tp=ask.tp, options=planned.options)
         tier, disk = tiers[0], (tiers[1] if len(tiers) > 1 else None)
