@@ -6,12 +6,12 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -20,7 +20,7 @@ from kvbudget.engines.metrics import PoolReport
 from kvbudget.errors import UpstreamConfigError
 from kvbudget.guard.clients import ClientLimits
 from kvbudget.guard.gate import Gate, Pending, Refusal
-from kvbudget.guard.limits import ConnectionLimits
+from kvbudget.guard.limits import ON_DISCONNECT, ConnectionLimits
 from kvbudget.guard.metrics import GuardMetrics
 from kvbudget.guard.policy import Policy, Replica
 from kvbudget.guard.poller import Poller
@@ -99,23 +99,16 @@ class Guard:
         if declared and declared.isdigit() and int(declared) > self.config.max_body_bytes:
             return error(413, f"request body over {self.config.max_body_bytes} bytes", "invalid_request_error")
         chunks: list[bytes] = []
-
-        async def read() -> bool:
-            size = 0
+        size = 0
+        try:  # the guard's HTTP protocol bounds the time it takes (body_timeout)
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > self.config.max_body_bytes:
-                    return False
+                    return error(413, f"request body over {self.config.max_body_bytes} bytes",
+                                 "invalid_request_error")
                 chunks.append(chunk)
-            return True
-
-        try:
-            if not await asyncio.wait_for(read(), self.config.limits.body_timeout):
-                return error(413, f"request body over {self.config.max_body_bytes} bytes", "invalid_request_error")
-        except asyncio.TimeoutError:
-            self.metrics.connections_refused.labels("body_timeout").inc()
-            return error(408, f"the request body did not arrive within {self.config.limits.body_timeout:g} s",
-                         "invalid_request_error", headers={"connection": "close"})
+        except ClientDisconnect:  # gone, or cut by the protocol's body_timeout (which answered it)
+            return Response(status_code=499)
         raw = b"".join(chunks)
         request.state.read_at = time.perf_counter()  # the guard's own time starts here, not the client's upload
         pending = self.gate.read(request.scope["path"], raw, request.headers, (request.client or ("", 0))[0])
@@ -154,9 +147,7 @@ class Guard:
             if pending.body.get("stream"):  # a streamed answer notices the client leaving while it streams
                 response = await forwarding
             else:  # the whole answer is awaited: a client that leaves meanwhile cancels the upstream request
-                left, response = await self._unless_client_leaves(forwarding, request)
-                if left:
-                    return Response(status_code=499)
+                response = await self._unless_client_leaves(forwarding, scope)
             if response is not None:
                 return response
             next(r for r in self.replicas if r.url == decision.replica).healthy = False
@@ -190,27 +181,30 @@ class Guard:
         margin = min(5.0, grace / 3)
         loop.call_soon_threadsafe(loop.call_later, max(0.0, grace - margin), self.closing.set)
 
-    async def _unless_client_leaves(self, forwarding: Any, request: Request) -> tuple[bool, Response | None]:
-        """(False, the relay's answer), or (True, None) when the client disconnects first: the relay is
-        cancelled, which closes the upstream connection, and the engine aborts the request."""
-        relay_task = asyncio.ensure_future(forwarding)
+    async def _unless_client_leaves(self, forwarding: Any, scope: MutableMapping[str, Any]) -> Response | None:
+        """The relay's answer, or 499 when the client disconnects first: the guard's HTTP protocol calls back
+        (`ON_DISCONNECT`), the relay is cancelled, which closes the upstream connection, and the engine aborts the
+        request. No task is started for it: the request's own task is the one cancelled."""
+        task = asyncio.current_task()
+        assert task is not None
+        left = False
 
-        async def disconnected() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
+        def leave() -> None:
+            nonlocal left
+            left = True
+            task.cancel()
 
-        watch = asyncio.ensure_future(disconnected())
+        scope[ON_DISCONNECT] = leave
         try:
-            await asyncio.wait((relay_task, watch), return_when=asyncio.FIRST_COMPLETED)
+            return await forwarding
+        except asyncio.CancelledError:
+            if not left:
+                raise
+            task.uncancel()
+            self.metrics.upstream_errors.labels("all", "client_left").inc()
+            return Response(status_code=499)
         finally:
-            left = not relay_task.done()
-            if left:
-                relay_task.cancel()
-                self.metrics.upstream_errors.labels("all", "client_left").inc()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await relay_task
-            watch.cancel()
-        return (True, None) if left else (False, relay_task.result())
+            scope.pop(ON_DISCONNECT, None)
 
     async def models(self, request: Request) -> Response:
         denied = self._denied(request)

@@ -10,7 +10,7 @@ The guard's protocol adds the three, each logged and counted when it acts:
   `/healthz` keeps answering while idle sockets pile up, and the file-descriptor limit is never reached);
 - at most `max_connections_per_client` of them from one address (trusted proxies apart, which carry many
   clients): one client's idle sockets or flood cannot fill the guard for the others (503, closed).
-A slow body is bounded by the app (`body_timeout`)."""
+- a request's body must arrive within `body_timeout` seconds of its headers (else 408, closed)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from kvbudget.guard.metrics import GuardMetrics
+
+HEADERS, BODY = "headers", "body"  # what a connection is waiting for, each with its deadline
+ON_DISCONNECT = "kvbudget.on_disconnect"  # scope key: what the app wants called if its client leaves
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +82,9 @@ class _PerClient:
 
 
 def protocol_for(limits: ConnectionLimits, metrics: GuardMetrics, log: TextIO | None = None) -> type:
-    """uvicorn's httptools protocol with the guard's connection limits (pass it as uvicorn's `http`)."""
+    """uvicorn's httptools protocol with the guard's connection limits (pass it as uvicorn's `http`). It also
+    tells the app when a client leaves while its request is being answered: a callable the app puts in the
+    request's scope under `ON_DISCONNECT` is called when the connection is lost."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     refuse = functools.partial(_refuse, metrics=metrics, log=log)
@@ -88,10 +93,13 @@ def protocol_for(limits: ConnectionLimits, metrics: GuardMetrics, log: TextIO | 
     class GuardProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._header_timer: asyncio.TimerHandle | None = None
+            # one timer per connection for both deadlines: a phase change moves the deadline, and the timer, when
+            # it fires early, sets itself again for it (no timer call per request on a busy connection)
+            self._timer: asyncio.TimerHandle | None = None
+            self._phase: str | None = None  # HEADERS, BODY, or None while the app answers (no deadline)
+            self._deadline = 0.0
             self._header_bytes = 0
             self._tail = b""  # the last bytes of the headers so far (a blank line may span two reads)
-            self._reading_headers = True
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -105,16 +113,23 @@ def protocol_for(limits: ConnectionLimits, metrics: GuardMetrics, log: TextIO | 
                        "close some" if mine else
                        f"the guard holds its limit of {limits.max_connections} open connections; retry later")
                 return
-            self._arm()
+            self._enter(HEADERS)
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
+            self._phase = None
+            if self._timer is not None:
+                self._timer.cancel()
+            cycle = self.cycle
+            scope: dict[str, Any] = cycle.scope if cycle and not cycle.response_complete else {}  # type: ignore[assignment]
+            left = scope.pop(ON_DISCONNECT, None)
             super().connection_lost(exc)
             metrics.connections.set(len(self.connections))
             per_client.closed(getattr(self, "_peer", None))
+            if left is not None:
+                left()
 
         def data_received(self, data: bytes) -> None:
-            if self._reading_headers:  # count the bytes up to the blank line that ends the headers
+            if self._phase is HEADERS:  # count the bytes up to the blank line that ends the headers
                 seen = self._tail + data
                 end = seen.find(b"\r\n\r\n")
                 self._header_bytes += len(data) if end < 0 else max(0, end + 4 - len(self._tail))
@@ -127,36 +142,45 @@ def protocol_for(limits: ConnectionLimits, metrics: GuardMetrics, log: TextIO | 
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._reading_headers = True
+            if self._phase is None:  # a pipelined request: its headers are timed from their first byte
+                self._enter(HEADERS)
 
         def on_headers_complete(self) -> None:
-            self._reading_headers = False
-            self._disarm()
+            self._enter(BODY)
             super().on_headers_complete()
 
+        def on_message_complete(self) -> None:
+            self._phase = None
+            super().on_message_complete()
+
         def on_response_complete(self) -> None:
+            idle = not self.pipeline
             super().on_response_complete()
-            self._header_bytes = 0
-            self._tail = b""
-            self._reading_headers = True
-            self._arm()
+            if idle and self._phase is None:  # waiting for the next request: its headers are timed from now
+                self._header_bytes = 0
+                self._tail = b""
+                self._enter(HEADERS)
 
-        def _arm(self) -> None:
-            self._disarm()
-            self._header_timer = self.loop.call_later(limits.header_timeout, self._headers_late)
+        def _enter(self, phase: str) -> None:
+            self._phase = phase
+            self._deadline = self.loop.time() + (limits.header_timeout if phase is HEADERS else limits.body_timeout)
+            if self._timer is None:
+                self._timer = self.loop.call_at(self._deadline, self._late)
 
-        def _disarm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
-
-        def _headers_late(self) -> None:
-            self._header_timer = None
-            if self._reading_headers:
+        def _late(self) -> None:
+            self._timer = None
+            if self._phase is None or self.transport.is_closing():
+                return
+            if self.loop.time() < self._deadline:  # the phase moved since the timer was set
+                self._timer = self.loop.call_at(self._deadline, self._late)
+            elif self._phase is HEADERS:
                 refuse(self, "header_timeout", 408, "Request Timeout",
                        f"no complete request line and headers within {limits.header_timeout:g} s")
+            else:
+                refuse(self, "body_timeout", 408, "Request Timeout",
+                       f"the request body did not arrive within {limits.body_timeout:g} s")
 
     return GuardProtocol
 
 
-__all__ = ["ConnectionLimits", "protocol_for"]
+__all__ = ["ON_DISCONNECT", "ConnectionLimits", "protocol_for"]

@@ -156,8 +156,9 @@ def connection_limits(config: dict[str, Any]) -> ConnectionLimits:
 
 
 def server_config(guard: Guard, host: str, port: int, loop: str = "asyncio") -> Any:
-    """The uvicorn configuration the guard serves with: its connection limits in the HTTP protocol, access log
-    off, 30 s to drain admitted requests on SIGTERM."""
+    """The uvicorn configuration the guard serves with: its connection limits in the HTTP protocol (which also
+    tells the app when a client leaves), access log off, 30 s to drain admitted requests on SIGTERM. uvicorn's
+    X-Forwarded-For handling is off: the guard names clients itself, trusting only its `trusted_proxies`."""
     try:
         import uvicorn
     except ImportError:
@@ -167,7 +168,7 @@ def server_config(guard: Guard, host: str, port: int, loop: str = "asyncio") -> 
     protocol = protocol_for(guard.config.limits, guard.metrics, guard.config.decision_log)
     return uvicorn.Config(guard.app(), host=host, port=port, log_level="warning",
                           timeout_graceful_shutdown=math.ceil(guard.config.shutdown_grace), access_log=False,
-                          loop=loop, http=protocol)
+                          loop=loop, http=protocol, proxy_headers=False)
 
 
 def listen_address(text: str) -> tuple[str, int]:

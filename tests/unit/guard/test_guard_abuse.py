@@ -301,6 +301,26 @@ def test_slow_headers_and_slow_bodies_are_cut(fake_engine, serve):
             assert first.startswith(b"HTTP/1.1 200")
             sock.sendall(b"GET /healthz HTTP/1.1\r\n")
             assert sock.recv(4096).startswith(b"HTTP/1.1 408")
+        text = httpx.get(f"{g.url}/metrics").text
+        assert 'kvbudget_guard_connections_refused_total{reason="body_timeout"} 1.0' in text
+        assert 'kvbudget_guard_connections_refused_total{reason="header_timeout"} 2.0' in text
+
+
+def test_the_deadlines_do_not_cut_a_busy_connection_or_a_slow_answer(fake_engine, serve):
+    """The headers' and body's deadlines share one timer per connection that moves with each request: a
+    keep-alive connection busy for longer than both, and an answer slower than both, are not cut."""
+    guard = guard_with_limits(fake_engine, io.StringIO(), header_timeout=0.3, body_timeout=0.3)
+    with serve_guard(serve, guard) as g, httpx.Client(base_url=g.url) as client:
+        started = time.monotonic()
+        while time.monotonic() - started < 1.2:  # four times either deadline, one connection
+            assert client.post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 4}).status_code == 200
+            time.sleep(0.05)
+        fake_engine.slow_answer = 0.8
+        assert client.post("/v1/chat/completions", json={"messages": MSGS, "max_tokens": 4}).status_code == 200
+        fake_engine.slow_answer = 0.0
+        assert client.get("/healthz").status_code == 200  # still the same connection
+        text = client.get("/metrics").text
+        assert "kvbudget_guard_connections_refused_total{" not in text
 
 
 def test_oversized_headers_are_refused_before_they_are_read(fake_engine, serve):
@@ -474,7 +494,7 @@ def test_a_client_leaving_a_non_streamed_request_cancels_it_upstream(fake_engine
     fake_engine.slow_answer = 3.0
     guard, _ = build_guard([fake_engine.url], "vllm", model="llama-3.1-8b", kv_memory=BUDGET, poll_interval=0.05,
                            decision_log=io.StringIO())
-    with serve(guard.app()) as g:
+    with serve_guard(serve, guard) as g:  # its HTTP protocol tells the app the client left
         with pytest.raises(httpx.TimeoutException):
             httpx.post(f"{g.url}/v1/chat/completions", json={"messages": MSGS, "max_tokens": 4}, timeout=0.3)
         deadline = time.monotonic() + 2
