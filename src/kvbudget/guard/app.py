@@ -10,21 +10,20 @@ from collections.abc import AsyncIterator, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from kvbudget.engines import Engine, get_engine
 from kvbudget.engines.metrics import PoolReport
 from kvbudget.errors import UpstreamConfigError
 from kvbudget.guard.clients import ClientLimits
-from kvbudget.guard.gate import Gate, Pending, Refusal
+from kvbudget.guard.gate import Gate, Refusal
 from kvbudget.guard.limits import ON_DISCONNECT, ConnectionLimits
 from kvbudget.guard.metrics import GuardMetrics
 from kvbudget.guard.policy import Policy, Replica
 from kvbudget.guard.poller import Poller
 from kvbudget.guard.relay import HOP_BY_HOP, error, relay
+from kvbudget.guard.routes import Routes
 from kvbudget.guard.signals import Predictor
 from kvbudget.guard.upstream import ConnectFailed, Pool, UpstreamError
 
@@ -90,39 +89,38 @@ class Guard:
         refusal = self.gate.authorize(request.headers)
         return None if refusal is None else self.refused(refusal)
 
-    async def _body(self, request: Request) -> Pending | Response:
-        """The request read and counted, or the error answer (401, 413, 408, 400)."""
+    async def _read(self, request: Request) -> bytes | Response:
+        """The request's body, or the error answer (401, 413; 499 for a client gone or cut by the HTTP
+        protocol's body_timeout, which has answered it)."""
         denied = self._denied(request)
         if denied is not None:
             return denied
+        limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.config.max_body_bytes:
-            return error(413, f"request body over {self.config.max_body_bytes} bytes", "invalid_request_error")
+        if declared and declared.isdigit() and int(declared) > limit:
+            return error(413, f"request body over {limit} bytes", "invalid_request_error")
         chunks: list[bytes] = []
-        size = 0
-        try:  # the guard's HTTP protocol bounds the time it takes (body_timeout)
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > self.config.max_body_bytes:
-                    return error(413, f"request body over {self.config.max_body_bytes} bytes",
-                                 "invalid_request_error")
-                chunks.append(chunk)
-        except ClientDisconnect:  # gone, or cut by the protocol's body_timeout (which answered it)
-            return Response(status_code=499)
-        raw = b"".join(chunks)
-        request.state.read_at = time.perf_counter()  # the guard's own time starts here, not the client's upload
-        pending = self.gate.read(request.scope["path"], raw, request.headers, (request.client or ("", 0))[0])
-        if isinstance(pending, Refusal):
-            return self.refused(pending)
-        request.state.raw = raw
-        return pending
+        size, more = 0, True
+        while more:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return Response(status_code=499)
+            chunk, more = message.get("body", b""), message.get("more_body", False)
+            size += len(chunk)
+            if size > limit:
+                return error(413, f"request body over {limit} bytes", "invalid_request_error")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     async def completions(self, request: Request) -> Response:
-        pending = await self._body(request)
-        if isinstance(pending, Response):
-            return pending
-        start: float = request.state.read_at
-        raw: bytes = request.state.raw
+        raw = await self._read(request)
+        if isinstance(raw, Response):
+            return raw
+        start = time.perf_counter()  # the guard's own time starts here, not during the client's upload
+        scope = request.scope
+        pending = self.gate.read(scope["path"], raw, request.headers, (request.client or ("", 0))[0])
+        if isinstance(pending, Refusal):
+            return self.refused(pending)
         tried: set[str] = set()
         while True:
             admitted = self.gate.admit(pending, tried)
@@ -132,12 +130,11 @@ class Guard:
             assert decision.replica is not None and decision.body is not None
             # raw header pairs, filtered once: cheaper than rebuilding and re-normalising a mapping per request
             dropped = self.not_forwarded
-            for k, v in request.scope["headers"]:  # the headers a client names in Connection are hop-by-hop too
+            for k, v in scope["headers"]:  # the headers a client names in Connection are hop-by-hop too
                 if k == b"connection":
                     dropped = dropped | {t.strip().lower().encode("latin-1") for t in v.decode("latin-1").split(",")}
-            headers = [(k, v) for k, v in request.scope["headers"] if k not in dropped]  # lowercase
+            headers = [(k, v) for k, v in scope["headers"] if k not in dropped]  # lowercase
             payload = raw if not decision.changes else json.dumps(decision.body).encode()  # untouched: as received
-            scope = request.scope
             target = scope["path"] + ("?" + scope["query_string"].decode() if scope.get("query_string") else "")
             self.metrics.added_latency.observe(time.perf_counter() - start)
             assert self.pool is not None
@@ -250,9 +247,11 @@ class Guard:
              "in_flight": r.in_flight, "budget_bytes": r.budget, "pool": r.pool} for r in self.replicas]},
             status_code=200 if ready else 503)
 
-    def app(self) -> Starlette:
+    def app(self) -> Routes:
+        """The ASGI app; serve it with `server.server_config` (the guard's HTTP protocol: connection limits, and
+        a client that leaves a non-streamed request cancels it upstream)."""
         @contextlib.asynccontextmanager
-        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async def lifespan() -> AsyncIterator[None]:
             self.pool = pool = Pool(connect_timeout=self.config.connect_timeout)
             self.loop = asyncio.get_running_loop()
             await self.poller.poll_once(pool)
@@ -270,13 +269,7 @@ class Guard:
                 task.cancel()
                 pool.close()
 
-        app = Starlette(routes=[
-            Route("/v1/chat/completions", self.completions, methods=["POST"]),
-            Route("/v1/completions", self.completions, methods=["POST"]),
-            Route("/v1/models", self.models, methods=["GET"]),
-            Route("/metrics", self.metrics_route, methods=["GET"]),
-            Route("/healthz", self.healthz, methods=["GET"]),
-            Route("/readyz", self.readyz, methods=["GET"]),
-        ], lifespan=lifespan)
-        app.router.redirect_slashes = False  # a redirect would be built from the client's Host header
-        return app
+        post, get = ("POST",), ("GET",)
+        return Routes({"/v1/chat/completions": (post, self.completions), "/v1/completions": (post, self.completions),
+                       "/v1/models": (get, self.models), "/metrics": (get, self.metrics_route),
+                       "/healthz": (get, self.healthz), "/readyz": (get, self.readyz)}, lifespan)

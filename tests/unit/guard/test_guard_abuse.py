@@ -397,6 +397,19 @@ def test_bearer_scheme_connection_headers_and_no_redirects(fake_engine, serve):
         # a trailing slash used to redirect to a Location built from the client's Host header
         r = httpx.post(url + "/", json=body, headers={"Authorization": "Bearer k1", "Host": "evil.example"})
         assert r.status_code == 404 and "location" not in r.headers
+        assert r.json()["error"]["type"] == "not_found_error"
+
+
+def test_a_route_asked_with_another_method_is_405_and_get_routes_answer_head(fake_engine, serve):
+    guard, _ = build_guard([fake_engine.url], "vllm", poll_interval=0.05, decision_log=io.StringIO())
+    with serve(guard.app()) as g:
+        r = httpx.get(f"{g.url}/v1/chat/completions")
+        assert r.status_code == 405 and r.headers["allow"] == "POST"
+        assert r.json()["error"]["message"] == "/v1/chat/completions takes POST"
+        r = httpx.post(f"{g.url}/healthz")
+        assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD"
+        r = httpx.head(f"{g.url}/healthz")
+        assert r.status_code == 200 and r.content == b""
 
 
 def test_unreachable_upstreams_and_upstream_failures_are_counted_as_such(fake_engine, serve, free_port):

@@ -110,3 +110,9 @@ def test_a_client_is_its_key_or_the_name_a_trusted_proxy_gives(fake_engine, serv
         # B is no trusted proxy: its header is ignored, so it is one client whatever it claims
         assert post(g.port, B, {"x-client-id": "dave"}).status_code == 429
         assert first.result().status_code == 200
+    with serve_guard(serve, fake_engine, io.StringIO(), max_in_flight_per_client=1) as g, \
+            ThreadPoolExecutor(4) as pool:  # X-Forwarded-For names no client, even from loopback
+        first = pool.submit(post, g.port, "127.0.0.1", {"x-forwarded-for": "10.0.0.1"})
+        time.sleep(0.4)
+        assert post(g.port, "127.0.0.1", {"x-forwarded-for": "10.0.0.2"}).status_code == 429
+        assert first.result().status_code == 200
