@@ -31,6 +31,9 @@ def add_parser(sub: Any) -> None:
                     help="bearer tokens whose requests are high priority (repeatable; with keys, the "
                          "x-kvbudget-priority header is ignored)")
     gd.add_argument("--max-tokens-cap", help="level 1 caps max_tokens at this (default: half of what was asked)")
+    gd.add_argument("--max-waiting", metavar="N",
+                    help="refuse new requests (503, Retry-After; priority ones pass) while a replica's engine has N "
+                         "or more waiting in its queue (default: off; the queue is read from its /metrics)")
     gd.add_argument("--poll-interval", default="1", help="seconds between metric scrapes (default 1)")
     gd.add_argument("--staleness", default="10", help="seconds after which scraped usage is stale (default 10)")
     gd.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
@@ -102,7 +105,7 @@ def run_guard(args: argparse.Namespace) -> int:
             raise KVBudgetError(str(exc).replace("listen:", "--ext-proc:", 1)) from None
 
     config = read_yaml(args.config, "config") if args.config else {}
-    for name in ("max_connections_per_client", "max_in_flight_per_client"):
+    for name in ("max_connections_per_client", "max_in_flight_per_client", "max_waiting"):
         if getattr(args, name) is not None:
             config[name] = one(getattr(args, name), name)
     if args.client_header:

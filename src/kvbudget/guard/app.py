@@ -76,7 +76,8 @@ class Guard:
         # request headers kept from the upstream: hop-by-hop ones, and the guard's own API key
         self.not_forwarded = HOP_BY_HOP | ({b"authorization"} if self.gate.keys else set())
         self.poller = Poller(self.engine, self.replicas, self.metrics, config.connect_timeout,
-                             config.poll_interval, config.pool_budget, self.gate._log)
+                             config.poll_interval, config.pool_budget, self.gate._log,
+                             queue=config.policy.max_waiting is not None)
 
     @staticmethod
     def refused(refusal: Refusal) -> Response:
@@ -244,7 +245,8 @@ class Guard:
             return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
         return JSONResponse({"ready": ready, "replicas": [
             {"url": r.url, "healthy": r.healthy, "level": r.level, "observed": r.observed, "predicted": r.predicted,
-             "in_flight": r.in_flight, "budget_bytes": r.budget, "pool": r.pool} for r in self.replicas]},
+             "in_flight": r.in_flight, "waiting": r.waiting, "budget_bytes": r.budget, "pool": r.pool}
+            for r in self.replicas]},
             status_code=200 if ready else 503)
 
     def app(self) -> Routes:

@@ -118,6 +118,8 @@ class Gate:
             slot()
             if decision.replica is None:
                 message, kind = f"no upstream can take the request: {decision.reason}", "server_unavailable"
+            elif decision.level < 3:  # refused on the engine's queue (max_waiting), not its KV cache
+                message, kind = f"the server is busy ({decision.reason}); retry later", "server_overloaded"
             else:
                 message, kind = f"the KV cache is nearly full ({decision.reason}); retry later", "server_overloaded"
             return Refusal(status=503, message=message, kind=kind, level=decision.level,

@@ -5,6 +5,9 @@ Level 2 (85%): also force a single sample (n=1, best_of=1, no beam search).
 Level 3 (95%): reject new requests with 503 and Retry-After; admitted requests finish.
 A high-priority request is admitted up to `priority_reject`. Levels rise at once and fall only
 `hysteresis` below their threshold, so the switch does not flap.
+Beside the levels, `max_waiting` (off by default) sheds on the engine's own queue: while a replica's gauge of
+waiting requests is at or above it, it takes no new request but a high-priority one (an engine that computes
+slower than requests arrive queues them with its KV cache far from full).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class Policy:
     staleness_s: float = 10.0  # observed usage older than this is not trusted
     fail_open: bool = True  # stale metrics: keep serving on the prediction (True) or reject (False)
     retry_after_s: int = 5
+    max_waiting: int | None = None  # requests waiting in the engine's queue at which new ones are refused
 
     def __post_init__(self) -> None:
         if not 0 < self.warn < self.single < self.reject <= self.priority_reject <= 1:
@@ -41,6 +45,10 @@ class Policy:
                                       "<= 1")
         if not 0 <= self.hysteresis < self.warn:
             raise UpstreamConfigError("guard hysteresis must be >= 0 and below the warn threshold")
+        if self.max_waiting is not None and (isinstance(self.max_waiting, bool) or
+                                             not isinstance(self.max_waiting, int) or self.max_waiting < 1):
+            raise UpstreamConfigError(f"max_waiting: must be a whole number of requests, at least 1 (got "
+                                      f"{self.max_waiting!r})", param="max_waiting")
 
     @property
     def thresholds(self) -> tuple[float, float, float]:
@@ -54,6 +62,7 @@ class Replica:
     url: str
     observed: float | None = None  # the engine's own KV usage, 0..1
     observed_at: float = 0.0  # time.monotonic() of the last successful scrape
+    waiting: int | None = None  # requests in the engine's queue at that scrape (None: not read)
     predicted: float = 0.0  # what the requests in flight will hold at the end of their generation, 0..1
     in_flight: int = 0
     healthy: bool = True
@@ -69,6 +78,11 @@ class Replica:
         """The larger of observed (when fresh) and predicted usage."""
         observed = self.observed if self.fresh(policy, now) else 0.0
         return max(observed or 0.0, self.predicted)
+
+    def queued(self, policy: Policy, now: float) -> bool:
+        """Whether its engine's queue (when freshly read) is at or above `max_waiting`."""
+        return (policy.max_waiting is not None and self.waiting is not None and self.waiting >= policy.max_waiting
+                and self.fresh(policy, now))
 
     def settle(self, policy: Policy, now: float) -> float:
         """The pressure now, with the level brought up to date (with hysteresis); returns the pressure."""
@@ -109,7 +123,7 @@ class Decision:
 
 
 def choose_replica(replicas: list[Replica], policy: Policy, now: float) -> tuple[Replica | None, str]:
-    """The healthy replica with the most headroom (ties: fewest in flight)."""
+    """The healthy replica with the most headroom (ties: fewest in flight), one whose queue is not full first."""
     usable = [r for r in replicas if r.healthy]
     if not usable:
         return None, "no healthy upstream"
@@ -117,7 +131,7 @@ def choose_replica(replicas: list[Replica], policy: Policy, now: float) -> tuple
     if not fresh and not policy.fail_open:
         return None, "upstream metrics are stale (fail-closed)"
     pool = fresh or usable  # fail-open: the prediction alone still guards
-    best = min(pool, key=lambda r: (r.pressure(policy, now), r.in_flight))
+    best = min(pool, key=lambda r: (r.queued(policy, now), r.pressure(policy, now), r.in_flight))
     return best, "" if fresh else "upstream metrics are stale; acting on predicted usage (fail-open)"
 
 
@@ -191,6 +205,10 @@ def decide(body: dict[str, Any], replicas: list[Replica], policy: Policy, priori
 def _decide_on(replica: Replica, note: str, body: dict[str, Any], policy: Policy, priority: bool, now: float,
                cost: Callable[[dict[str, Any], Replica], float] | None, fields: tuple[str, ...]) -> Decision:
     pressure = replica.settle(policy, now)
+    if replica.queued(policy, now) and not priority and replica.level < 3:
+        return Decision(action=REJECT, level=replica.level, replica=replica.url, body=None, pressure=pressure,
+                        total=pressure, reason=f"{replica.waiting} requests waiting in the engine's queue, at or above "
+                                               f"max_waiting {policy.max_waiting}")
     limit = policy.priority_reject if priority else policy.reject
     total = pressure
     for level in range(replica.level, 4):
@@ -234,7 +252,7 @@ def policy_from_config(config: dict[str, Any], **overrides: Any) -> Policy:
         except (KeyError, TypeError, ValueError):
             raise UpstreamConfigError(f"levels: entry {i} ({level.name}) needs a numeric threshold") from None
     for key in ("hysteresis", "priority_reject", "max_tokens_cap", "max_tokens_fraction", "staleness_s",
-                "fail_open", "retry_after_s", "default_max_tokens"):
+                "fail_open", "retry_after_s", "default_max_tokens", "max_waiting"):
         if key in config:
             kwargs[key] = config[key]
     kwargs.update({k: v for k, v in overrides.items() if v is not None})

@@ -1,5 +1,6 @@
-"""Scrapes each replica's KV usage from the engine's own gauge (`Engine.usage`), and the KV pool it states
-(`ReportsPool`) where the guard predicts without a given budget; keeps health and staleness."""
+"""Scrapes each replica's KV usage from the engine's own gauge (`Engine.usage`), the requests waiting in its queue
+(`Engine.queue_gauges`) where the policy sheds on them, and the KV pool it states (`ReportsPool`) where the guard
+predicts without a given budget; keeps health and staleness."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from kvbudget.engines import Engine
-from kvbudget.engines.metrics import PoolReport, ReportsPool
+from kvbudget.engines.metrics import PoolReport, ReportsPool, parse_prometheus
 from kvbudget.errors import KVBudgetError
 from kvbudget.guard.metrics import GuardMetrics
 from kvbudget.guard.policy import Replica
@@ -24,8 +25,9 @@ class Poller:
 
     def __init__(self, engine: Engine, replicas: list[Replica], metrics: GuardMetrics, timeout: float,
                  interval: float, pool_budget: Callable[[PoolReport], int] | None = None,
-                 log_event: Callable[..., None] | None = None):
+                 log_event: Callable[..., None] | None = None, queue: bool = False):
         self.engine, self.replicas, self.metrics = engine, replicas, metrics
+        self.queue = queue and engine.queue_gauges is not None  # read the waiting requests' gauge
         self.timeout, self.interval = timeout, interval
         self.pool_budget = pool_budget if isinstance(engine, ReportsPool) else None
         self.log_event = log_event or (lambda **fields: None)
@@ -65,6 +67,8 @@ class Poller:
                     if health != 200:
                         raise UpstreamError(f"{gauge.health_path} answered {health}")
             replica.healthy = True
+            if value is not None and self.queue and gauge is not None:
+                replica.waiting = await self._waiting(pool, replica, body if gauge.path == "/metrics" else None)
             if value is not None:
                 replica.observed, replica.observed_at = value, time.monotonic()
                 self.metrics.observed.labels(replica.url).set(value)
@@ -76,6 +80,16 @@ class Poller:
         except (UpstreamError, ValueError):  # broken metrics: the usage goes stale
             replica.exposition = b""
             self.metrics.scrape_failures.labels(replica.url).inc()
+
+    async def _waiting(self, pool: Pool, replica: Replica, scraped: bytes | None) -> int | None:
+        """The requests waiting in the engine's queue (its /metrics; the usage scrape's body where that is it)."""
+        assert self.engine.queue_gauges is not None
+        if scraped is None:
+            status, scraped, _ = await pool.get(f"{replica.url}/metrics", self.timeout)
+            if status != 200:
+                return None
+        value = parse_prometheus(scraped.decode("utf-8", "replace"), self.engine.queue_gauges[1])
+        return int(value) if value is not None and 0 <= value < 1e9 else None
 
     async def _read_pool(self, pool: Pool, replica: Replica, scraped: bytes | None, scraped_path: str) -> None:
         """The pool the replica's engine states (its usage scrape's body where it is the same endpoint); a change

@@ -54,6 +54,12 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
                             f"choose one of {names}", param="engine")
     policy = policy_from_config(config, max_tokens_cap=max_tokens_cap, staleness_s=staleness, fail_open=fail_open)
     notes: list[str] = []
+    if policy.max_waiting is not None:
+        if chosen.queue_gauges is None:
+            raise UpstreamConfigError(f"max_waiting: {chosen.name} exports no gauge of waiting requests; leave it "
+                                      "out", param="max_waiting")
+        notes.append(f"refusing new requests while a replica has {policy.max_waiting} or more waiting "
+                     f"({chosen.queue_gauges[1]}); high-priority ones pass")
     served, served_length = _served_model(upstreams[0]) if model is None or max_model_len is None else (None, None)
     source = model or served
     context = max_model_len or config.get("max_model_len") or served_length

@@ -75,9 +75,9 @@ class GuardInLoop:
         self.peak_predicted = 0.0
 
     def observe(self, now: float, usage: float, waiting: int = 0) -> None:
-        """The guard's scrape of the engine's gauge, when one is due (it reads no queue)."""
+        """The guard's scrape of the engine's gauges, when one is due (the queue too: `max_waiting`)."""
         if now >= self.next_poll:
-            self.replica.observed = usage
+            self.replica.observed, self.replica.waiting = usage, waiting
             self.replica.observed_at = now
             self.next_poll = now + self.poll_interval
 
