@@ -31,6 +31,7 @@ class FakeEngine:
         self.status = 200  # what chat answers (a 5xx to play a failing engine)
         self.answer_padding = 0  # bytes of padding in a non-streamed chat answer
         self.metrics_padding = 0  # bytes of comment lines appended to /metrics
+        self.waiting: int | None = None  # vllm:num_requests_waiting, when set
         self.slow_answer = 0.0  # seconds before a non-streamed chat answer
         self.abandoned = 0  # non-streamed chat requests whose client (the guard) left before the answer
 
@@ -45,6 +46,8 @@ class FakeEngine:
             if self.metrics_fail:
                 return PlainTextResponse("boom", status_code=500)
             text = f'vllm:kv_cache_usage_perc{{engine="0"}} {self.usage}\n'
+            if self.waiting is not None:
+                text += f'vllm:num_requests_waiting{{engine="0"}} {self.waiting}\n'
             if self.metrics_padding:
                 text += "#" * self.metrics_padding + "\n"
             if self.trickle_metrics:

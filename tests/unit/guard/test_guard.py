@@ -394,3 +394,57 @@ def test_prometheus_series_file_and_its_errors(tmp_path, capsys):
     assert main(["simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "4", "--prometheus-series", str(target),
                  "--prometheus-interval", "0"]) == 2
     assert "--prometheus-interval: '0' must be a number above 0" in capsys.readouterr().err
+
+
+def test_max_waiting_sheds_on_the_engines_queue_in_the_policy():
+    queue = Policy(max_waiting=5)
+    full = Replica(url="http://a", observed=0.30, observed_at=NOW, waiting=5)
+    d = decide(dict(BODY), [full], queue, now=NOW)
+    assert (d.action, d.level, d.replica) == ("reject", 0, "http://a")
+    assert d.reason == "5 requests waiting in the engine's queue, at or above max_waiting 5"
+    assert decide(dict(BODY), [full], queue, priority=True, now=NOW).action == "forward"  # priority passes
+    assert decide(dict(BODY), [full], Policy(), now=NOW).action == "forward"  # off by default
+    short = Replica(url="http://a", observed=0.30, observed_at=NOW, waiting=4)
+    assert decide(dict(BODY), [short], queue, now=NOW).action == "forward"
+    # a replica with room in its queue is chosen over one with more KV headroom and a full queue
+    emptier = Replica(url="http://b", observed=0.10, observed_at=NOW, waiting=9)
+    fuller = Replica(url="http://c", observed=0.60, observed_at=NOW, waiting=0)
+    d = decide(dict(BODY), [emptier, fuller], queue, now=NOW)
+    assert (d.action, d.replica) == ("forward", "http://c")
+    # a stale reading of the queue is not acted on (fail-open: the prediction alone)
+    stale = Replica(url="http://a", observed=0.30, observed_at=NOW - 60, waiting=50)
+    assert decide(dict(BODY), [stale], queue, now=NOW).action == "forward"
+    for bad in (0, -1, True, 2.5, "5"):
+        with pytest.raises(KVBudgetError, match="max_waiting"):
+            Policy(max_waiting=bad)
+
+
+def test_max_waiting_through_the_proxy_reads_the_engines_queue_gauge(engine, serve):
+    log = io.StringIO()
+    guard, notes = guard_for([engine.url], log, config={"max_waiting": 4})
+    assert any("vllm:num_requests_waiting" in n for n in notes)
+    engine.waiting = 6
+    with serve(guard.app()) as g:
+        settle()
+        c = client(g.url)
+        msgs = [{"role": "user", "content": "hello"}]
+        before = len(engine.bodies)
+        with pytest.raises(openai.APIStatusError) as err:
+            c.chat.completions.create(model="tiny", messages=msgs, max_tokens=10)
+        assert err.value.status_code == 503 and err.value.response.headers["retry-after"] == "5"
+        assert err.value.body["message"].startswith("the server is busy (6 requests waiting")
+        assert len(engine.bodies) == before  # never reached the engine
+        assert httpx.get(f"{g.url}/readyz").json()["replicas"][0]["waiting"] == 6
+        client(g.url, default_headers={"x-kvbudget-priority": "high"}).chat.completions.create(
+            model="tiny", messages=msgs, max_tokens=10)
+        assert len(engine.bodies) == before + 1
+        engine.waiting = 1
+        settle()
+        c.chat.completions.create(model="tiny", messages=msgs, max_tokens=10)
+        assert len(engine.bodies) == before + 2
+        metrics = httpx.get(f"{g.url}/metrics").text
+        assert 'kvbudget_guard_decisions_total{action="reject",level="0"} 1.0' in metrics
+    rejected = [json.loads(line) for line in log.getvalue().splitlines() if '"reject"' in line]
+    assert [r["reason"] for r in rejected] == ["6 requests waiting in the engine's queue, at or above max_waiting 4"]
+    with pytest.raises(KVBudgetError, match="max_waiting"):
+        guard_for([engine.url], config={"max_waiting": 0})

@@ -56,3 +56,18 @@ def test_shedding_reacts_late_and_the_guard_predicts():
     assert alone.guard is None and alone.preemptions > shed.preemptions > guard.preemptions == 0
     for sim in (shed, guard):
         assert sim.guard.rejected > 0 and sim.completed + sim.guard.rejected == 60
+
+
+def test_max_waiting_sheds_when_the_engine_computes_slower_than_requests_arrive():
+    """Prompts of 4,000 tokens every 10 ms, faster than one H100 prefills them: the guard's levels shed only once
+    the requests queued in the engine are predicted to fill the KV cache (dozens of them, seconds of prefill);
+    with max_waiting 5 it reads the engine's queue at each scrape and refuses while five wait, so those it admits
+    wait far less."""
+    model = load_model("llama-3.1-8b")
+    burst = [Request(arrival=i * 0.01, prompt_tokens=4000, output_tokens=20) for i in range(400)]
+    kw = dict(gpu="H100-80GB", kv_memory=60 * 2**30, max_model_len=16384, guard_poll_interval=0.1)
+    levels = simulate(model, burst, admission="kvbudget", **kw)
+    queue = simulate(model, burst, admission="kvbudget", guard_config={"max_waiting": 5}, **kw)
+    assert levels.preemptions == queue.preemptions == 0
+    assert queue.guard.rejected > levels.guard.rejected and queue.completed + queue.guard.rejected == 400
+    assert queue.metric("ttft_p99") < levels.metric("ttft_p99") / 3
