@@ -1,14 +1,15 @@
 """The admission policies side by side on real traces, from light load to twice what the deployment can serve:
 the engine alone (vLLM queues, preempts, recomputes), the Gateway API Inference Extension's saturation detector
 (sheds at 5 waiting or 0.8 KV usage, its defaults), a static limit of 64 requests in flight, and kvbudget's
-guard on the plan's KV budget, with its default levels and with its output caps off. Llama-3.1-8B on one L40S,
+guard on the plan's KV budget, with its default levels and with its output caps off, each also with max_waiting 5.
+Llama-3.1-8B on one L40S,
 vLLM 0.32 scheduling (exact), step times from the fitted kernels (an estimate).
 
 Per run: requests served in full within the SLO (TTFT <= 2 s and TPOT <= 100 ms, with all the output the request
 would have generated), served in full but late, served with their output capped, rejected; preemptions and
 recomputed tokens; TTFT p50 and p99
 of what was served. Prints the table docs/guides/admission.md shows and writes docs/guides/admission.png.
-About 8 minutes on two cores."""
+About 11 minutes on two cores."""
 
 from __future__ import annotations
 
@@ -24,10 +25,13 @@ from kvbudget.model.load import load_model
 from kvbudget.simulation.run import simulate
 from kvbudget.simulation.workload import read_trace, rescale
 
-# (label, simulate's admission, the guard's configuration): kvbudget with its default levels, and with caps off
-# (max_tokens_fraction 1: level 1 leaves output limits alone, level 2 forces one sample, level 3 rejects)
+# (label, simulate's admission, the guard's configuration): kvbudget with its default levels, with caps off
+# (max_tokens_fraction 1: level 1 leaves output limits alone, level 2 forces one sample, level 3 rejects), and
+# each with max_waiting 5 (new requests refused while 5 wait in the engine's queue, GIE's queue threshold)
 POLICIES = (("none", "none", None), ("gie", "gie", None), ("concurrency:64", "concurrency:64", None),
-            ("kvbudget", "kvbudget", None), ("kvbudget, no caps", "kvbudget", {"max_tokens_fraction": 1.0}))
+            ("kvbudget", "kvbudget", None), ("kvbudget, no caps", "kvbudget", {"max_tokens_fraction": 1.0}),
+            ("kvbudget, queue 5", "kvbudget", {"max_waiting": 5}),
+            ("kvbudget, no caps, queue 5", "kvbudget", {"max_tokens_fraction": 1.0, "max_waiting": 5}))
 SCALES = (0.5, 1.0, 1.25, 1.5, 2.0)  # of the trace's own rate; the L40S serves about 1.3x of azure-conv-2023
 TRACES = (("azure-conv-2023", 3000), ("azure-code-2023", 1500))
 SLO_TTFT, SLO_TPOT = 2.0, 0.1
@@ -74,16 +78,17 @@ def main() -> int:
               f"{late / r['requests']:.1%} | {r['capped'] / r['requests']:.1%} | {r['rejected'] / r['requests']:.1%} | "
               f"{r['preemptions']:,} | "
               f"{r['recomputed']:,} | {p50} | {p99} |")
-    fig, axes = plt.subplots(1, len(TRACES), figsize=(11, 4), sharey=True)
+    fig, axes = plt.subplots(1, len(TRACES), figsize=(11, 4.5), sharey=True)
     for ax, (trace, _) in zip(axes, TRACES, strict=True):
         for label, _, _ in POLICIES:
             mine = [r for r in rows if r["trace"] == trace and r["policy"] == label]
-            ax.plot([r["scale"] for r in mine], [100 * r["good"] / r["requests"] for r in mine], "o-", label=label)
+            ax.plot([r["scale"] for r in mine], [100 * r["good"] / r["requests"] for r in mine],
+                    "s--" if "queue" in label else "o-", label=label)
         ax.set_title(trace, fontsize=10)
         ax.set_xlabel("load (x the trace's rate)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("requests served in full within the SLO, %")
-    axes[0].legend()
+    axes[0].legend(fontsize=8)
     fig.suptitle(f"Llama-3.1-8B, one L40S, vLLM 0.32 (simulated): admission policies; SLO TTFT <= {SLO_TTFT:g} s, "
                  f"TPOT <= {SLO_TPOT * 1e3:g} ms", fontsize=10)
     fig.tight_layout()
