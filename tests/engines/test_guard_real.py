@@ -163,3 +163,36 @@ def test_guard_in_front_of_llama_server(serve):
     assert "max_tokens 3600->1800" in changes[2], log.getvalue()
     assert rejected == 1, log.getvalue()
     assert all(reason == "length" for reason in finished) and len(finished) >= 3
+
+
+def test_guard_sheds_on_llama_servers_queue(serve):
+    """One slot and --metrics: while two long streams hold the slot and the queue, llama-server counts the second
+    as deferred (llamacpp:requests_deferred); the guard with max_waiting 1 reads it and refuses a third request
+    with 503 before it reaches the engine, and serves again once the queue has drained."""
+    import httpx
+
+    with llama_server(gguf_file("llama-hd32", CONFIG), "-c", "4096", "-np", "1", "--metrics", "--jinja") as url:
+        log = io.StringIO()
+        guard, notes = build_guard([url], "llamacpp", poll_interval=0.2, decision_log=log,
+                                   config={**SLOW_MACHINE, "max_waiting": 1})
+        assert any("llamacpp:requests_deferred" in n for n in notes), notes
+        client = lambda: openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=600)  # noqa: E731
+        with serve(guard.app()) as g, ThreadPoolExecutor(max_workers=2) as pool:
+            streams = [pool.submit(client().chat.completions.create, model="m", messages=MSGS, max_tokens=400,
+                                   stream=True, extra_body={"ignore_eos": True}) for _ in range(2)]
+            deadline = time.monotonic() + 60
+            while (guard.replicas[0].waiting or 0) < 1:  # the engine's own count, as the guard scraped it
+                assert time.monotonic() < deadline, httpx.get(f"{url}/metrics").text
+                time.sleep(0.1)
+            guarded = openai.OpenAI(base_url=f"{g.url}/v1", api_key="x", max_retries=0, timeout=600)
+            with pytest.raises(openai.APIStatusError) as err:
+                guarded.chat.completions.create(model="m", messages=MSGS, max_tokens=5)
+            assert err.value.status_code == 503 and "waiting in the engine's queue" in err.value.body["message"]
+            for future in streams:
+                assert [c for c in future.result() if c.choices and c.choices[0].finish_reason]
+            deadline = time.monotonic() + 60
+            while guard.replicas[0].waiting:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            done = guarded.chat.completions.create(model="m", messages=MSGS, max_tokens=5)
+            assert done.choices[0].finish_reason in ("length", "stop")
