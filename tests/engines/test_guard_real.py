@@ -166,19 +166,20 @@ def test_guard_in_front_of_llama_server(serve):
 
 
 def test_guard_sheds_on_llama_servers_queue(serve):
-    """One slot and --metrics: while two long streams hold the slot and the queue, llama-server counts the second
-    as deferred (llamacpp:requests_deferred); the guard with max_waiting 1 reads it and refuses a third request
-    with 503 before it reaches the engine, and serves again once the queue has drained."""
+    """One slot of 16,384 cells (the KV levels stay low) and --metrics: while two long streams hold the slot and
+    the queue, llama-server counts the second as deferred (llamacpp:requests_deferred); the guard with max_waiting
+    1 reads it and refuses a third request with 503 before it reaches the engine, and serves again once the queue
+    has drained."""
     import httpx
 
-    with llama_server(gguf_file("llama-hd32", CONFIG), "-c", "4096", "-np", "1", "--metrics", "--jinja") as url:
+    with llama_server(gguf_file("llama-hd32", CONFIG), "-c", "16384", "-np", "1", "--metrics", "--jinja") as url:
         log = io.StringIO()
         guard, notes = build_guard([url], "llamacpp", poll_interval=0.2, decision_log=log,
                                    config={**SLOW_MACHINE, "max_waiting": 1})
         assert any("llamacpp:requests_deferred" in n for n in notes), notes
         client = lambda: openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=600)  # noqa: E731
         with serve(guard.app()) as g, ThreadPoolExecutor(max_workers=2) as pool:
-            streams = [pool.submit(client().chat.completions.create, model="m", messages=MSGS, max_tokens=400,
+            streams = [pool.submit(client().chat.completions.create, model="m", messages=MSGS, max_tokens=MAX_TOKENS,
                                    stream=True, extra_body={"ignore_eos": True}) for _ in range(2)]
             deadline = time.monotonic() + 60
             while (guard.replicas[0].waiting or 0) < 1:  # the engine's own count, as the guard scraped it
