@@ -25,38 +25,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_guard import HERE, Client, cpu_seconds, free_port, wait
+from bench_guard import HERE, closed_loop, cpu_seconds, free_port, start_guard, wait
 
 SRC = HERE.parent / "src"
-
-
-async def burst(url: str, concurrency: int, seconds: float, errors: collections.Counter | None = None) -> int:
-    """Requests answered 200 with `concurrency` always outstanding for `seconds`; other answers counted in
-    `errors` by their status line."""
-    client, done = Client(url), 0
-    stop = asyncio.get_running_loop().time() + seconds
-
-    async def worker() -> None:
-        nonlocal done
-        while asyncio.get_running_loop().time() < stop:
-            try:
-                await client.post()
-                done += 1
-            except RuntimeError as exc:  # an answer other than 200 (its connection is dropped)
-                if errors is None:
-                    raise
-                errors[str(exc)] += 1
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    client.close()
-    return done
-
-
-def start_guard(src: Path, upstream: str, port: int) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    return subprocess.Popen([sys.executable, "-m", "kvbudget", "guard", "--upstream", upstream, "--listen",
-                             f"127.0.0.1:{port}", "--model", "llama-3.1-8b", "--kv-memory", "40GiB"],
-                            env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
 
 NGINX = """worker_processes 1; master_process off; daemon off; pid {dir}/nginx.pid; error_log {dir}/error.log;
@@ -104,7 +75,7 @@ def main() -> None:
     builds = {"this": SRC, **({"base": args.base.resolve()} if args.base else {})}
     names = [*builds, *(["nginx"] if args.nginx else [])]
     ports = {name: free_port() for name in names}
-    procs = {name: start_guard(src, f"http://127.0.0.1:{up_port}", ports[name]) for name, src in builds.items()}
+    procs = {name: start_guard(f"http://127.0.0.1:{up_port}", ports[name], src) for name, src in builds.items()}
     folder = Path(tempfile.mkdtemp(prefix="ab-nginx-"))
     folder.chmod(0o755)
     if args.nginx:
@@ -116,14 +87,14 @@ def main() -> None:
         wait(f"http://127.0.0.1:{up_port}/v1/models")
         for name in names:
             wait(f"http://127.0.0.1:{ports[name]}/{'healthz' if name in builds else 'v1/models'}")
-            asyncio.run(burst(f"http://127.0.0.1:{ports[name]}", args.concurrency, 1))  # warm up
+            asyncio.run(closed_loop(f"http://127.0.0.1:{ports[name]}", args.concurrency, 1))  # warm up
         for i in range(args.rounds):
             for name in names[i % len(names):] + names[:i % len(names)]:
                 before = cpu_seconds(procs[name].pid)
-                done = asyncio.run(burst(f"http://127.0.0.1:{ports[name]}", args.concurrency, args.seconds,
-                                         errors[name]))
-                rps[name].append(done / args.seconds)
-                cpu[name].append((cpu_seconds(procs[name].pid) - before) / done * 1e6)
+                rate = asyncio.run(closed_loop(f"http://127.0.0.1:{ports[name]}", args.concurrency, args.seconds,
+                                               errors=errors[name]))
+                rps[name].append(rate)
+                cpu[name].append((cpu_seconds(procs[name].pid) - before) / (rate * args.seconds) * 1e6)
         print(f"{args.rounds} rotating rounds of {args.seconds:g} s at concurrency {args.concurrency}, "
               f"{os.cpu_count()} CPUs; " + ", ".join(f"{name}: {src}" for name, src in builds.items()))
         for name in names:

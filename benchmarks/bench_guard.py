@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import platform
@@ -115,20 +116,36 @@ async def fixed_rate(url: str, rate: int, seconds: float, stream: bool) -> tuple
     return latencies, achieved
 
 
-async def closed_loop(url: str, concurrency: int, seconds: float, stream: bool) -> float:
-    """Requests/s with `concurrency` requests always outstanding: the saturation throughput."""
+async def closed_loop(url: str, concurrency: int, seconds: float, stream: bool = False,
+                      errors: collections.Counter | None = None) -> float:
+    """Requests/s answered 200 with `concurrency` requests always outstanding: the saturation throughput. Other
+    answers raise, or are counted in `errors` by their status line (their connection dropped) when it is given."""
     client, done = Client(url, stream), 0
     stop = time.perf_counter() + seconds
 
     async def worker():
         nonlocal done
         while time.perf_counter() < stop:
-            await client.post()
-            done += 1
+            try:
+                await client.post()
+                done += 1
+            except RuntimeError as exc:  # an answer other than 200
+                if errors is None:
+                    raise
+                errors[str(exc)] += 1
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     client.close()
     return done / seconds
+
+
+def start_guard(upstream: str, port: int, src: Path | None = None) -> subprocess.Popen:
+    """`kvbudget guard` for Llama-3.1-8B with a 40 GiB budget in front of `upstream` (from the checkout whose src
+    folder is `src`, else the installed one), its output discarded."""
+    env = {**os.environ, "PYTHONPATH": str(src)} if src is not None else None
+    return subprocess.Popen([sys.executable, "-m", "kvbudget", "guard", "--upstream", upstream, "--listen",
+                             f"127.0.0.1:{port}", "--model", "llama-3.1-8b", "--kv-memory", "40GiB"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def pct(values: list[float], p: float) -> float:
@@ -163,9 +180,7 @@ def main() -> None:
         pass
     up_port, guard_port = free_port(), free_port()
     upstream = subprocess.Popen([sys.executable, str(HERE / "upstream_stub.py"), str(up_port)])
-    guard = subprocess.Popen([sys.executable, "-m", "kvbudget", "guard", "--upstream", f"http://127.0.0.1:{up_port}",
-                              "--listen", f"127.0.0.1:{guard_port}", "--model", "llama-3.1-8b", "--kv-memory",
-                              "40GiB"], stderr=subprocess.DEVNULL)
+    guard = start_guard(f"http://127.0.0.1:{up_port}", guard_port)
     if args.pin:
         os.sched_setaffinity(0, {0})
         for proc in (upstream, guard):

@@ -67,9 +67,9 @@ class Poller:
                     if health != 200:
                         raise UpstreamError(f"{gauge.health_path} answered {health}")
             replica.healthy = True
-            if value is not None and self.queue and gauge is not None:
-                replica.waiting = await self._waiting(pool, replica, body if gauge.path == "/metrics" else None)
             if value is not None:
+                if self.queue and gauge is not None:
+                    replica.waiting = await self._waiting(pool, replica, body if gauge.path == "/metrics" else None)
                 replica.observed, replica.observed_at = value, time.monotonic()
                 self.metrics.observed.labels(replica.url).set(value)
             else:
