@@ -20,8 +20,8 @@ import argparse
 import json
 
 import kvbudget
+from kvbudget.engines.scheduling.workload import sampled_lengths
 from kvbudget.simulation import exponential_lengths, simulate, synthetic
-from kvbudget.simulation.workload import sampled_lengths
 
 PAPER = {"contiguous-max": 20.4, "contiguous-pow2": 26.8, "contiguous-oracle": 38.2, "paged": 96.3}
 NAMES = {"contiguous-max": "Orca (Max)", "contiguous-pow2": "Orca (Pow2)", "contiguous-oracle": "Orca (Oracle)",

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvbudget.engines.scheduling.timing import TimeModel
+from kvbudget.engines.scheduling.workload import Request
 from kvbudget.model.load import load_model
 from kvbudget.simulation import simulate
-from kvbudget.simulation.timing import TimeModel
-from kvbudget.simulation.workload import Request
 
 DATA = Path(__file__).resolve().parent / "data" / "served"
 METRICS = ("ttft", "tpot", "e2e")

@@ -21,9 +21,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from kvbudget.engines.scheduling.workload import read_trace, rescale
 from kvbudget.model.load import load_model
 from kvbudget.simulation.run import simulate
-from kvbudget.simulation.workload import read_trace, rescale
 
 # (label, simulate's admission, the guard's configuration): kvbudget with its default levels, with caps off
 # (max_tokens_fraction 1: level 1 leaves output limits alone, level 2 forces one sample, level 3 rejects), and

@@ -14,11 +14,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from kvbudget.engines.scheduling.workload import read_trace, rescale
 from kvbudget.model.load import load_model
 from kvbudget.planner import plan
 from kvbudget.reuse import reuse_curve
 from kvbudget.simulation.run import simulate
-from kvbudget.simulation.workload import read_trace, rescale
 from kvbudget.traces import resolve
 from kvbudget.units import GIB
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helpers here (tiny_configs) for every folder
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # shared helpers (tiny_configs, simkit), every folder
 
 
 class FakeEngine:

@@ -21,10 +21,8 @@ from kvbudget.errors import KVBudgetError
 from kvbudget.units import format_bytes
 
 if TYPE_CHECKING:
-    from kvbudget.gpus import GPU
-    from kvbudget.planner import Plan
-    from kvbudget.simulation.timing import TimeModel
-    from kvbudget.simulation.workload import Request
+    from kvbudget.engines.scheduling.timing import TimeModel
+    from kvbudget.engines.scheduling.workload import Request
 
 GiB = 1 << 30
 # host memory a tier is tried at: 16 GiB to 2 TiB (a two-socket server's memory), over every rank
@@ -202,44 +200,6 @@ def advise(curve: ReuseCurve, *, gpu_tokens: int, tier_tokens: Callable[[int], i
                       gpu_tokens=gpu_tokens, gpu_share=gpu_share, reusable_share=curve.share(2**62),
                       sizes=tuple(sizes), mean_hit=curve.mean_hit, load_seconds=load, recompute_seconds=recompute,
                       recommended=recommended, given=given, reason=reason, basis=basis)
-
-
-def tier_advice(p: Plan, curve: ReuseCurve, card: GPU | None, *, kv_dtype: str, backend: str | None,
-                disk: int | None, given: int | None) -> TierAdvice:
-    """`advise` for a plan: its engine's tier at each size, its GPU's host link, its step-time model."""
-    from kvbudget.offload import OffloadsKV, host_link, host_report
-    from kvbudget.simulation.run import default_time_model
-    from kvbudget.simulation.timing import NOMINAL
-
-    assert isinstance(p.engine, OffloadsKV)  # the command refuses others before reading the trace
-    def report(memory: int) -> Any:
-        return host_report(p.engine, p.model, memory=memory, disk=disk, backend=backend,
-                           kv_dtype=kv_dtype, tp=p.tp, options=p.options, gpu=card)
-
-    def tier_tokens(memory: int) -> int | None:
-        try:
-            return int(report(memory).tiers[0].tokens)
-        except KVBudgetError:
-            return None
-
-    link = host_link(card)
-    first = report(given or CANDIDATES[0])
-
-    def load_seconds(tokens: int) -> float | None:
-        return first.load_seconds(first.tiers[0], tokens)
-
-    model = default_time_model(p.model, p, card)
-    timed = model.basis != NOMINAL
-    chunk = p.options.max_num_batched_tokens
-
-    def recompute_seconds(tokens: int) -> float | None:
-        return prefill_seconds(model, tokens, chunk) if timed else None
-
-    basis = (f"computing from {model.basis}; loading over {link.name} at {link.bytes_per_s / 1e9:,.0f} GB/s"
-             if timed and link is not None else "give a GPU from the table (kvbudget gpus) for load and compute "
-             "times")
-    return advise(curve, gpu_tokens=p.capacity.physical_token_slots, tier_tokens=tier_tokens,
-                  load_seconds=load_seconds, recompute_seconds=recompute_seconds, basis=basis, given=given)
 
 
 def prefill_seconds(model: TimeModel, tokens: int, chunk: int | None) -> float:

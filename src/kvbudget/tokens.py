@@ -21,6 +21,7 @@ from typing import Any
 from kvbudget import catalog, errors, hub
 from kvbudget.engines import Engine, get_engine
 from kvbudget.errors import TokenizerError
+from kvbudget.files import check_readable, iter_lines
 
 CHARS_PER_TOKEN = 4.0  # --approximate only, and labelled as such
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
@@ -372,29 +373,6 @@ def _hub_tokenizer(repo: str, catalog_name: str | None) -> Path:
                             f"({errors.named('approximate', value=True)})") from None
     except (OSError, ValueError) as exc:
         raise TokenizerError(f"{named}: could not fetch the tokenizer: {exc}".splitlines()[0]) from None
-
-
-def iter_lines(path: str) -> Iterator[str]:
-    """Lines of a (possibly huge) file, read lazily."""
-    try:
-        with open(path, encoding="utf-8", errors="strict") as fh:
-            yield from fh
-    except UnicodeDecodeError:
-        raise TokenizerError(f"{path}: not UTF-8 text") from None
-    except OSError as exc:
-        raise TokenizerError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-
-
-def check_readable(*paths: str) -> None:
-    """Fail as reading would (one line naming the file), before a tokenizer takes seconds to load."""
-    for path in paths:
-        if path == "-":
-            continue
-        try:
-            with open(path, "rb"):
-                pass
-        except OSError as exc:
-            raise TokenizerError(f"{path}: cannot read it ({exc.strerror or exc})") from None
 
 
 def count_file(counter: PromptCounter, path: str, template: bool = True) -> PromptCount:

@@ -14,10 +14,10 @@ from kvbudget.cli import main
 from kvbudget.engines import ENGINES, Allocation, CacheGroup, Capacity, Engine, EngineOptions, register
 from kvbudget.engines.base import UsageGauge, group_layers, simple_capacity
 from kvbudget.engines.metrics import first_gauge
+from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig, Seq, Step, commit
+from kvbudget.engines.scheduling.setup import Planned, Setup, SimulationAsk, config_of
 from kvbudget.model.spec import Attention, ModelSpec
 from kvbudget.simulation import Request, simulate
-from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step, commit
-from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, config_of
 
 SRC = Path(kvbudget.__file__).parent
 KINDS = ("full_attention", "sliding_window", "chunked_local", "latent_attention", "recurrent_state", "no_cache")
@@ -96,12 +96,11 @@ class ToySimulator:
         return False
 
     def setup(self, ask: SimulationAsk, planned: Planned) -> Setup:
-        p = planned.plan
-        return Setup(engine=self.engine.name, model=ask.model.name, num_blocks=p.capacity.physical_token_slots,
+        return Setup(engine=self.engine.name, model=ask.model.name, num_blocks=planned.capacity.physical_token_slots,
                      block_size=1, kv_memory_bytes=planned.kv_memory, max_num_seqs=64, max_num_batched_tokens=4096,
                      max_model_len=planned.max_model_len, prefix_caching=False, long_prefill_token_threshold=0,
-                     gpu=planned.gpu, time_model=planned.time_model, bytes_per_token=p.estimate.bytes_per_token,
-                     allocator="toy-reserve", allocation=p.estimate.allocation, simulator=self)
+                     gpu=planned.gpu, time_model=planned.time_model, bytes_per_token=planned.allocation.bytes_per_token,
+                     allocator="toy-reserve", allocation=planned.allocation, simulator=self)
 
     def scheduler(self, setup: Setup) -> Queues:
         return ToyScheduler(config_of(setup))
@@ -285,9 +284,9 @@ def _module(path: Path) -> str:
 MODULES = {_module(p): p for p in SRC.rglob("*.py")}
 
 
-def _imports(path: Path) -> set[str]:
-    """Every kvbudget module `path` imports, at the top or inside a function (typing-only imports left out), and
-    the packages above each (their __init__ runs first)."""
+def _imports(path: Path, typing: bool = False) -> set[str]:
+    """Every kvbudget module `path` imports, at the top or inside a function (typing-only imports too with
+    `typing`), and the packages above each (their __init__ runs first)."""
     import ast
 
     tree = ast.parse(path.read_text())
@@ -296,7 +295,7 @@ def _imports(path: Path) -> set[str]:
 
     def visit(nodes: list[ast.stmt]) -> None:
         for node in nodes:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) and not typing:
                 continue
             if isinstance(node, ast.Import):
                 found.update(a.name for a in node.names)
@@ -344,6 +343,23 @@ def test_each_engine_package_keeps_to_itself():
     offenders = [f"{name} imports {target}" for name, path in MODULES.items() for target in _imports(path)
                  for a in ENGINE_PACKAGES for b in ENGINE_PACKAGES
                  if a != b and name.startswith(f"kvbudget.engines.{a}") and target.startswith(f"kvbudget.engines.{b}")]
+    assert offenders == []
+
+
+# What sits above the engines: the use cases that ask them. An engine (its scheduler model and the scheduling kernel
+# under engines/scheduling/ included) is asked by these and never asks them back.
+ABOVE_THE_ENGINES = ("kvbudget.simulation", "kvbudget.planner", "kvbudget.guard",
+                     "kvbudget.estimator", "kvbudget.comparison", "kvbudget.checklog", "kvbudget.offload",
+                     "kvbudget.reuse", "kvbudget.tokens", "kvbudget.commands", "kvbudget.cli", "kvbudget.web",
+                     "kvbudget.quality", "kvbudget.plot")
+
+
+def test_engines_import_nothing_above_them():
+    """engines/ (the scheduling kernel under engines/scheduling/ too) imports no runner, planner, guard or front
+    end, typing-only imports included: the simulator's runner sits on the planner, the engines under both."""
+    offenders = sorted(f"{name} imports {target}" for name, path in MODULES.items()
+                       if name.startswith("kvbudget.engines") for target in _imports(path, typing=True)
+                       if target.startswith(ABOVE_THE_ENGINES))
     assert offenders == []
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import kvbudget
-from kvbudget.engines.llamacpp import graph
-from kvbudget.engines.llamacpp.engine import LLAMACPP, attention_scratch, compute_buffer, pad
+from kvbudget.engines.llamacpp import LLAMACPP, graph
+from kvbudget.engines.llamacpp.engine import attention_scratch, compute_buffer, pad
 from kvbudget.engines.llamacpp.releases import Release
 from kvbudget.model.spec import LatentAttention
 from kvbudget.units import MIB

@@ -27,8 +27,8 @@ from tiny_configs import TINY
 import kvbudget
 from kvbudget.engines.llamacpp import LLAMACPP
 from kvbudget.engines.llamacpp.scheduler import LlamaServerScheduler, PromptCache
-from kvbudget.simulation.seq import SchedulerConfig
-from kvbudget.simulation.workload import Request, read_trace, rescale
+from kvbudget.engines.scheduling.seq import SchedulerConfig
+from kvbudget.engines.scheduling.workload import Request, read_trace, rescale
 from kvbudget.traces import find as bundled_trace
 
 pytestmark = pytest.mark.engines

@@ -24,14 +24,14 @@ from tiny_configs import TINY
 
 import kvbudget
 from kvbudget.engines import EngineOptions
+from kvbudget.engines.scheduling.seq import SchedulerConfig
+from kvbudget.engines.scheduling.timing import MeasuredStep, calibrate, read_measured_steps
+from kvbudget.engines.scheduling.workload import Request, read_trace, rescale, samples
 from kvbudget.engines.vllm import VLLM
 from kvbudget.engines.vllm.cached import CachedHybridScheduler
 from kvbudget.engines.vllm.hybrid import HybridScheduler
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.simulation.beam import BeamSearch
-from kvbudget.simulation.seq import SchedulerConfig
-from kvbudget.simulation.timing import MeasuredStep, calibrate, read_measured_steps
-from kvbudget.simulation.workload import Request, read_trace, rescale, samples
 from kvbudget.traces import find as bundled_trace
 
 pytestmark = pytest.mark.engines

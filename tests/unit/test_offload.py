@@ -10,13 +10,13 @@ import pytest
 
 from kvbudget.cli import main
 from kvbudget.engines import EngineOptions, get_engine
+from kvbudget.engines.scheduling.workload import Request
 from kvbudget.engines.sglang.hicache import hicache_tokens
 from kvbudget.engines.vllm.offload import native_tier
 from kvbudget.gpus import find_gpu
 from kvbudget.model.load import load_model
 from kvbudget.offload import host_report
 from kvbudget.simulation.run import simulate
-from kvbudget.simulation.workload import Request
 from kvbudget.units import GIB, MIB
 
 # Llama-3.1-8B: 32 layers, 8 KV heads of 128, bf16: 2 x 8 x 128 x 2 B = 4 KiB per token per layer
@@ -160,8 +160,8 @@ def test_simulate_refuses_a_tier_it_does_not_follow(capsys):
 
 
 def vllm_rows(model, text, tp=1):
-    from kvbudget.engines.vllm.logs import _setting
-    from kvbudget.engines.vllm.offload import offload_rows
+    from kvbudget.engines.vllm.logsettings import setting as _setting
+    from kvbudget.engines.vllm.memorylog import offload_rows
 
     return offload_rows(get_engine("vllm"), model, text, size=_setting(text, "kv_offloading_size"),
                         backend=_setting(text, "kv_offloading_backend"), kv_dtype="auto", tp=tp,

@@ -10,9 +10,9 @@ from collections import OrderedDict
 import pytest
 
 from kvbudget.cli import main
+from kvbudget.engines.scheduling.timing import TimeModel
+from kvbudget.engines.scheduling.workload import Request
 from kvbudget.reuse import CANDIDATES, ReuseCurve, advise, prefill_seconds, reuse_curve
-from kvbudget.simulation.timing import TimeModel
-from kvbudget.simulation.workload import Request
 
 GiB = 1 << 30
 

@@ -32,8 +32,9 @@ from kvbudget.errors import KVBudgetError, named
 
 if TYPE_CHECKING:
     from kvbudget.comparison import Comparison
+    from kvbudget.gpus import GPU
     from kvbudget.planner import Plan
-    from kvbudget.reuse import ReuseCurve
+    from kvbudget.reuse import ReuseCurve, TierAdvice
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,9 +145,9 @@ def _reuse(ask: PlanRequest, engine: str) -> ReuseCurve | None:
     if ask.trace is None:
         return None
     from kvbudget.engines import get_engine
-    from kvbudget.offload import OffloadsKV
+    from kvbudget.engines.scheduling.workload import read_trace
+    from kvbudget.engines.tiers import OffloadsKV
     from kvbudget.reuse import reuse_curve
-    from kvbudget.simulation.workload import read_trace
 
     if not isinstance(get_engine(engine), OffloadsKV):
         raise KVBudgetError(f"trace: kvbudget models no KV tier beyond the GPU for {engine}, so a trace's reuse "
@@ -159,7 +160,6 @@ def _host_tiers(ask: PlanRequest, p: Plan, curve: ReuseCurve | None) -> Plan:
     """The plan with the host tiers asked for and, given a trace, whether a tier pays for it."""
     from kvbudget.gpus import find_gpu
     from kvbudget.planner import Recommendation, with_recommendation
-    from kvbudget.reuse import tier_advice
     from kvbudget.units import size_setting
 
     card = find_gpu(ask.gpu) if ask.gpu else None
@@ -169,7 +169,7 @@ def _host_tiers(ask: PlanRequest, p: Plan, curve: ReuseCurve | None) -> Plan:
         p = replace(p, host=host)
     if curve is None:
         return p
-    advice = tier_advice(p, curve, card, kv_dtype=ask.kv_dtype, backend=ask.offload_backend,
+    advice = _tier_advice(p, curve, card, kv_dtype=ask.kv_dtype, backend=ask.offload_backend,
                          disk=size(ask.offload_disk, "offload_disk"), given=size(ask.offload_memory, "offload_memory"))
     p = replace(p, reuse=advice)
     if advice.recommended is None:
@@ -177,6 +177,46 @@ def _host_tiers(ask: PlanRequest, p: Plan, curve: ReuseCurve | None) -> Plan:
     return with_recommendation(p, Recommendation(
         parameters={"offload_memory": size_setting(advice.recommended)}, note="", gain=1.0,
         effect=f"on {curve.trace}: {advice.reason} (estimates)"))
+
+
+def _tier_advice(p: Plan, curve: ReuseCurve, card: GPU | None, *, kv_dtype: str, backend: str | None,
+                disk: int | None, given: int | None) -> TierAdvice:
+    """`advise` for a plan: its engine's tier at each size, its GPU's host link, its step-time model."""
+    from kvbudget.engines.scheduling.timing import NOMINAL
+    from kvbudget.engines.tiers import OffloadsKV, host_link
+    from kvbudget.offload import host_report
+    from kvbudget.reuse import CANDIDATES, advise, prefill_seconds
+    from kvbudget.simulation.run import default_time_model
+
+    assert isinstance(p.engine, OffloadsKV)  # the command refuses others before reading the trace
+    def report(memory: int) -> Any:
+        return host_report(p.engine, p.model, memory=memory, disk=disk, backend=backend,
+                           kv_dtype=kv_dtype, tp=p.tp, options=p.options, gpu=card)
+
+    def tier_tokens(memory: int) -> int | None:
+        try:
+            return int(report(memory).tiers[0].tokens)
+        except KVBudgetError:
+            return None
+
+    link = host_link(card)
+    first = report(given or CANDIDATES[0])
+
+    def load_seconds(tokens: int) -> float | None:
+        return first.load_seconds(first.tiers[0], tokens)
+
+    model = default_time_model(p.model, p, card)
+    timed = model.basis != NOMINAL
+    chunk = p.options.max_num_batched_tokens
+
+    def recompute_seconds(tokens: int) -> float | None:
+        return prefill_seconds(model, tokens, chunk) if timed else None
+
+    basis = (f"computing from {model.basis}; loading over {link.name} at {link.bytes_per_s / 1e9:,.0f} GB/s"
+             if timed and link is not None else "give a GPU from the table (kvbudget gpus) for load and compute "
+             "times")
+    return advise(curve, gpu_tokens=p.capacity.physical_token_slots, tier_tokens=tier_tokens,
+                  load_seconds=load_seconds, recompute_seconds=recompute_seconds, basis=basis, given=given)
 
 
 def as_json(result: Plan | dict[str, Any]) -> dict[str, Any]:

@@ -171,7 +171,7 @@ def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
         return lambda scale: rescale(read_trace(path), scale, start, count)
     cv, seed = positive(ask.cv, "cv"), int(ask.seed)
     if ask.request_log:
-        from kvbudget.simulation.workload import request_log
+        from kvbudget.engines.scheduling.workload import request_log
         from kvbudget.tokens import PromptCounter, check_readable
 
         check_readable(ask.request_log)  # before the tokenizer loads (seconds)
@@ -226,7 +226,7 @@ def _calibration(ask: SimulateRequest, model: Any, found: dict[str, Any],
         calibration_path(ask.save_calibration)  # a bad name fails before the fit
     fitted = _calibrated(model, ask.calibrate, found, (lambda: stream(1.0)) if ask.trace or ask.request_log else None)
     if ask.save_calibration:
-        from kvbudget.simulation.timing import calibrate
+        from kvbudget.engines.scheduling.timing import calibrate
 
         time_model = fitted["time_model"] if "time_model" in fitted else calibrate(fitted["measured"])
         save_calibration(ask.save_calibration, time_model, model.name, found.get("gpu"), ask.calibrate)

@@ -18,7 +18,6 @@ from kvbudget.engines.base import (
     LogRow,
     ReadsLogs,
     Serving,
-    Simulator,
 )
 from kvbudget.errors import KVBudgetError
 
@@ -98,7 +97,6 @@ __all__ = [
     "ReadsLogs",
     "Registry",
     "Serving",
-    "Simulator",
     "get_engine",
     "register",
     "serving_engines",

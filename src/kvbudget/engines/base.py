@@ -35,8 +35,6 @@ from kvbudget.validate import positive
 
 if TYPE_CHECKING:
     from kvbudget.model.weights import Weights
-    from kvbudget.simulation.seq import Queues
-    from kvbudget.simulation.setup import Planned, Setup, SimulationAsk
 
 K = TypeVar("K", bound=Hashable)
 
@@ -467,41 +465,10 @@ class Engine:
         """Whether sliding-window and chunked layers keep only their window here (else cached in full)."""
         return True
 
-    # --- capabilities -------------------------------------------------------------------------------
-    def simulator(self) -> Simulator | None:
-        """The engine's scheduler model for `simulate`; None where kvbudget has none."""
-        return None
-
+    # --- capabilities (and `kvbudget.engines.scheduling.Simulates`: a scheduler model for simulate) -----------
     def reads_log(self, text: str) -> bool:
         """Whether `text` is this engine's startup log (an engine that reads logs is also `ReadsLogs`)."""
         return any(re.search(p, text) for p in self.log_signatures)
-
-
-class Simulator(Protocol):
-    """An engine's scheduler model for `simulate`: its settings, its scheduler and how it counts its memory."""
-
-    offloads: bool  # simulates the engine's KV offload tier (SimulationAsk.offload_memory)
-
-    def options(self, ask: SimulationAsk) -> EngineOptions:
-        """The options to plan the ask with; raises first for settings that mean nothing to this engine."""
-
-    def sized_without_budget(self, ask: SimulationAsk) -> bool:
-        """Whether the ask sizes the cache without a GPU or KV budget (llama.cpp: its slots)."""
-
-    def setup(self, ask: SimulationAsk, planned: Planned) -> Setup:
-        """The engine's memory and scheduler settings for the ask; raises where the engine would not start."""
-
-    def scheduler(self, setup: Setup) -> Queues:
-        """A fresh scheduler for `setup`."""
-
-    def token_slots(self, setup: Setup) -> int:
-        """Tokens the KV cache of `setup` holds."""
-
-    def describe(self, setup: Setup, short: bool = False) -> str:
-        """The memory and scheduler settings of `setup` in words (`short`: the memory alone)."""
-
-    def free_label(self, setup: Setup) -> str:
-        """What the unused token slots of `setup` are, in words."""
 
 
 @runtime_checkable
@@ -595,5 +562,5 @@ def cheaper_if_wider(current: KVDtype, cheaper: str) -> str | None:
 
 
 __all__ = ["Allocation", "CacheGroup", "Capacity", "CompressedGroup", "Engine", "EngineOptions", "LogCheck", "LogRow",
-           "ReadsLogs", "Serving", "Simulator", "UsageGauge", "count_alike", "group_layers", "largest_fitting",
+           "ReadsLogs", "Serving", "UsageGauge", "count_alike", "group_layers", "largest_fitting",
            "layer_stages", "serving_kv_dtype", "simple_capacity"]

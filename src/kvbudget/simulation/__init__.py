@@ -8,11 +8,9 @@ Scheduling and memory are exact (vLLM 0.32's V1 scheduler and block pool; tests 
 for step); step times come from a roofline estimate unless calibrated.
 """
 
-from kvbudget.simulation.run import MemoryShares, Percentiles, Sample, Simulation, setup_for, simulate
-from kvbudget.simulation.search import RateSearch, find_max_rate, meets, parse_slo, parse_sweep
-from kvbudget.simulation.setup import Setup
-from kvbudget.simulation.timing import MeasuredStep, TimeModel, calibrate
-from kvbudget.simulation.workload import (
+from kvbudget.engines.scheduling.setup import Setup
+from kvbudget.engines.scheduling.timing import MeasuredStep, TimeModel, calibrate
+from kvbudget.engines.scheduling.workload import (
     Request,
     exponential_lengths,
     read_azure,
@@ -22,6 +20,8 @@ from kvbudget.simulation.workload import (
     sampled_lengths,
     synthetic,
 )
+from kvbudget.simulation.run import MemoryShares, Percentiles, Sample, Simulation, setup_for, simulate
+from kvbudget.simulation.search import RateSearch, find_max_rate, meets, parse_slo, parse_sweep
 
 __all__ = [
     "MeasuredStep", "MemoryShares", "Percentiles", "RateSearch", "Request", "Sample", "Setup",

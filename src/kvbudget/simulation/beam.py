@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from kvbudget.simulation.workload import Request
+from kvbudget.engines.scheduling.workload import Request
 
 
 class BeamSearch:

@@ -9,8 +9,8 @@ import os
 import re
 from pathlib import Path
 
+from kvbudget.engines.scheduling.timing import TimeModel
 from kvbudget.errors import KVBudgetError
-from kvbudget.simulation.timing import TimeModel
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 

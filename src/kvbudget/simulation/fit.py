@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kvbudget.engines.scheduling.timing import MeasuredStep, TimeModel, read_measured_steps
+from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation.run import Setup, simulate
-from kvbudget.simulation.timing import MeasuredStep, TimeModel, read_measured_steps
-from kvbudget.simulation.workload import Request
 
 MEAN_WEIGHT = 10.0  # the mean (_sum / _count) is exact, the buckets coarse: the fit leans on the mean
 

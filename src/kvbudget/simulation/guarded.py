@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvbudget.engines import Engine
+from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError
-from kvbudget.simulation.workload import Request
 
 
 @dataclass(frozen=True, kw_only=True)

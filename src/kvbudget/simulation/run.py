@@ -14,15 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvbudget.engines import Engine, get_engine
+from kvbudget.engines.scheduling.seq import Queues, Seq
+from kvbudget.engines.scheduling.setup import Planned, Setup, Simulates, SimulationAsk
+from kvbudget.engines.scheduling.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
+from kvbudget.engines.scheduling.workload import Request, samples
 from kvbudget.errors import KVBudgetError, spelled
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation import steptimes
 from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.guarded import Gatekeeper, GuardReport, admission_policy
-from kvbudget.simulation.seq import Queues, Seq
-from kvbudget.simulation.setup import Planned, Setup, SimulationAsk
-from kvbudget.simulation.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
-from kvbudget.simulation.workload import Request, samples
 
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
 SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
@@ -211,10 +211,10 @@ def setup_of(ask: SimulationAsk) -> Setup:
     from kvbudget.planner import plan
 
     model, chosen = ask.model, ask.engine
-    simulator = chosen.simulator()
-    if simulator is None:
+    if not isinstance(chosen, Simulates):
         raise KVBudgetError(f"engine {chosen.name}: the simulator follows vLLM's, llama.cpp's and SGLang's "
                             "schedulers only so far", param="engine")
+    simulator = chosen.simulator()
     options = simulator.options(ask)
     if ask.offload_memory is not None and not simulator.offloads:
         raise KVBudgetError(f"offload_memory: simulate follows vLLM's offload tiers and SGLang's HiCache; "
@@ -249,7 +249,9 @@ def setup_of(ask: SimulationAsk) -> Setup:
                             "FLOPS), or measured timings to calibrate it "
                             f"({spelled('measured / time_model', '--calibrate FILE')})",
                             param="gpu")
-    planned = Planned(plan=p, options=options, max_model_len=max_len, time_model=time_model,
+    planned = Planned(capacity=p.capacity, allocation=p.estimate.allocation, kv_memory_bytes=p.kv_memory_bytes,
+                      gpu_memory_bytes=p.gpu_memory_bytes, gpu_name=p.gpu, serving_options=p.options,
+                      options=options, max_model_len=max_len, time_model=time_model,
                       gpu=p.gpu if card or ask.gpu_memory else None,
                       kv_memory=p.kv_memory_bytes if ask.budget_given else None)
     return simulator.setup(ask, planned)

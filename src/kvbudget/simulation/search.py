@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation.run import Simulation, check_metric, simulate
-from kvbudget.simulation.workload import Request
 from kvbudget.units import parse_size
 
 Workload = Callable[[float], Iterable[Request]]  # a rate scale -> the requests at that rate

@@ -25,10 +25,10 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from kvbudget.engines.scheduling.timing import TimeModel, nonnegative_fit
 from kvbudget.errors import ConfigError
 from kvbudget.model.params import activation_widths, count_parameters
 from kvbudget.model.spec import Attention, LatentAttention, ModelSpec
-from kvbudget.simulation.timing import TimeModel, nonnegative_fit
 
 # kernels a vLLM decoder layer launches, beside its attention: QKV and output projections, the gated MLP's two
 # (an MoE layer: the router and the fused experts); two norms, the activation and the rotary embedding

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import kvbudget
 from kvbudget.engines.base import EngineOptions, LogRow
-from kvbudget.engines.sglang.engine import SGLANG
+from kvbudget.engines.sglang import SGLANG
 from kvbudget.engines.sglang.memorylog import memory_rows
 from kvbudget.units import GIB
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.load import load_model
 from kvbudget.simulation.guarded import ConcurrencyLimit, SaturationShedding, admission_policy
 from kvbudget.simulation.run import simulate
-from kvbudget.simulation.workload import Request
 
 R = Request(arrival=0.0, prompt_tokens=100, output_tokens=10)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from simkit import LLAMA, cli
 
+from kvbudget.engines.scheduling.workload import exponential_lengths, read_trace, synthetic
 from kvbudget.simulation.run import Percentiles, simulate
-from kvbudget.simulation.workload import exponential_lengths, read_trace, synthetic
 
 
 def _recorder_log(path: Path, law) -> None:
@@ -27,8 +27,8 @@ def _recorder_log(path: Path, law) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 def test_calibration_recovers_a_known_step_time_law(tmp_path, capsys):
+    from kvbudget.engines.scheduling.timing import read_measured_steps
     from kvbudget.simulation import setup_for
-    from kvbudget.simulation.timing import read_measured_steps
 
     log = tmp_path / "steps.jsonl"
     _recorder_log(log, lambda tokens, context: 0.004 + 2e-6 * context)

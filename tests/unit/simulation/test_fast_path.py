@@ -11,8 +11,8 @@ from simkit import LLAMA, TRACES, BlockByBlock
 
 import kvbudget
 from kvbudget import KVBudgetError
+from kvbudget.engines.scheduling.workload import Request, read_trace, rescale
 from kvbudget.simulation.run import simulate
-from kvbudget.simulation.workload import Request, read_trace, rescale
 
 
 @st.composite
@@ -94,7 +94,7 @@ def test_fast_path_is_exact_with_every_part_of_the_time_model():
     """A time model with every part non-zero (the fitted kernels' added costs, a request's latency outside the
     engine, the experts a step routes to): the fast path's decode runs end on the same clock, to the bit, with the
     same results."""
-    from kvbudget.simulation.timing import TimeModel
+    from kvbudget.engines.scheduling.timing import TimeModel
 
     requests = [r for r in rescale(read_trace(TRACES / "AzureLLMInferenceTrace_conv.csv"), count=300)
                 if r.prompt_tokens + r.output_tokens < 4000]

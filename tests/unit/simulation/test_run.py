@@ -9,8 +9,8 @@ import pytest
 from simkit import AZURE, LLAMA, TRACES, cli
 
 from kvbudget import KVBudgetError
+from kvbudget.engines.scheduling.workload import Request, read_trace, rescale
 from kvbudget.simulation.run import simulate
-from kvbudget.simulation.workload import Request, read_trace, rescale
 
 
 def test_a_time_model_is_needed(capsys, tmp_path):
@@ -42,8 +42,8 @@ def test_the_guard_in_the_loop_is_the_guards_own_admission(tmp_path):
     config = yaml.safe_load(guard_config_yaml(p))
     trace = lambda: rescale(read_trace(AZURE), count=1500)  # noqa: E731
     # the roofline over an L4's datasheet peaks: the load regime this scenario explores (steps this slow)
+    from kvbudget.engines.scheduling.timing import TimeModel
     from kvbudget.gpus import find_gpu
-    from kvbudget.simulation.timing import TimeModel
 
     l4 = find_gpu("L4")
     roofline = TimeModel.roofline(p.weights.active_bytes, p.estimate.bytes_per_token, 2 * p.weights.active_params,

@@ -10,9 +10,9 @@ from simkit import AZURE, LLAMA, cli
 
 import kvbudget
 from kvbudget import KVBudgetError
+from kvbudget.engines.scheduling.seq import SchedulerConfig
+from kvbudget.engines.scheduling.workload import exponential_lengths, read_trace, rescale, synthetic
 from kvbudget.simulation.run import simulate
-from kvbudget.simulation.seq import SchedulerConfig
-from kvbudget.simulation.workload import exponential_lengths, read_trace, rescale, synthetic
 
 
 def test_cli_json_timeline_and_plot_agree_with_the_api(capsys, tmp_path):

@@ -14,10 +14,10 @@ import pytest
 from simkit import LLAMA
 
 import kvbudget
+from kvbudget.engines.scheduling.seq import Seq, attended_pairs, commit
+from kvbudget.engines.scheduling.workload import Request
 from kvbudget.gpus import find_gpu
 from kvbudget.simulation import setup_for, simulate, steptimes
-from kvbudget.simulation.seq import Seq, attended_pairs, commit
-from kvbudget.simulation.workload import Request
 
 BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 
@@ -139,8 +139,8 @@ def test_calibration_recovers_a_known_law_and_predicts_another_run(tmp_path):
     outside the engine: calibrating the plain kernel model on it finds the latency outside the engine and
     predicts a second run within 5%. (The two factors trade off against each other where a step's fixed part
     is small: their product, not each, is what such a run pins down.)"""
+    from kvbudget.engines.scheduling.workload import exponential_lengths, synthetic
     from kvbudget.simulation.fit import calibrate_requests
-    from kvbudget.simulation.workload import exponential_lengths, synthetic
 
     base = setup_for(LLAMA, gpu="H100", max_model_len=8192)
     truth = replace(base, time_model=base.time_model.scaled(1.5, 0.9, "truth", 0.020))

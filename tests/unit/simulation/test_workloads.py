@@ -9,8 +9,8 @@ import pytest
 from simkit import LLAMA, TRACES
 
 from kvbudget import KVBudgetError
+from kvbudget.engines.scheduling.workload import exponential_lengths, read_trace, synthetic
 from kvbudget.simulation.run import simulate
-from kvbudget.simulation.workload import exponential_lengths, read_trace, synthetic
 
 
 @pytest.mark.parametrize("text, where", [

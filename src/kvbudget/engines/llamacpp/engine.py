@@ -21,9 +21,8 @@ one stream for every sequence: engines/llamacpp/releases.py.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import ClassVar
 
 from kvbudget.dtypes import KVDtype, get_dtype, resolve_kv_dtype
 from kvbudget.engines.base import (
@@ -34,7 +33,6 @@ from kvbudget.engines.base import (
     Capacity,
     Engine,
     EngineOptions,
-    LogCheck,
     Offload,
     OutputLimit,
     Serving,
@@ -53,6 +51,7 @@ from kvbudget.engines.llamacpp.releases import (
     parse_build,
 )
 from kvbudget.engines.metrics import PoolGauge, PoolReport, llamacpp_pool, slots_usage, tokens_budget
+from kvbudget.engines.tiers import HostTier, no_disk
 from kvbudget.errors import EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
     Attention,
@@ -65,12 +64,8 @@ from kvbudget.model.spec import (
     RecurrentState,
     SlidingWindow,
 )
-from kvbudget.offload import HostTier, no_disk
 from kvbudget.units import MIB, cdiv, format_bytes
 from kvbudget.validate import positive
-
-if TYPE_CHECKING:
-    from kvbudget.engines.llamacpp.simulator import LlamaCppSimulator
 
 CELL_PAD = 256
 LLAMA4_CHUNK = 8192  # src/models/llama4.cpp sets n_swa = 8192 whatever the config says
@@ -376,16 +371,6 @@ class LlamaCppEngine(Engine):
                          source="llama.cpp tools/server (server_prompt_cache), as simulate follows it",
                          notes=("the cache holds whole prompts; a saved prompt larger than the cache is not kept",)),)
 
-    def simulator(self) -> LlamaCppSimulator:
-        from kvbudget.engines.llamacpp.simulator import LlamaCppSimulator
-
-        return LlamaCppSimulator(self)
-
-    def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
-        from kvbudget.engines.llamacpp.logs import check_log
-
-        return check_log(self, text, model, given or {})
-
 
 def _check_block_fit(model: ModelSpec, dtype: KVDtype) -> None:
     """llama.cpp refuses a block type whose block does not divide the head dim (llama_init_from_model)."""
@@ -482,5 +467,3 @@ def _group(layer: LayerSpec, dtype: KVDtype, to: int, swa_batch: int | None) -> 
                                  "sequence", block_size=to)
     return None
 
-
-LLAMACPP = LlamaCppEngine()

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step
-from kvbudget.simulation.workload import Request
+from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig, Seq, Step
+from kvbudget.engines.scheduling.workload import Request
 
 SIMILARITY = 0.1  # --slot-prompt-similarity default
 

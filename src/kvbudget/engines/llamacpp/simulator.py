@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 from kvbudget.engines.base import EngineOptions
 from kvbudget.engines.llamacpp.releases import CACHE_RAM_MIB, N_BATCH
 from kvbudget.engines.llamacpp.scheduler import LlamaServerScheduler, PromptCache
+from kvbudget.engines.scheduling.seq import Queues
+from kvbudget.engines.scheduling.setup import CACHE_RAM, Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 from kvbudget.errors import KVBudgetError, flag, named, spelled
-from kvbudget.simulation.seq import Queues
-from kvbudget.simulation.setup import CACHE_RAM, Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 
 SLOTS, UNIFIED = "slots", "slots-unified"
 
@@ -38,8 +38,8 @@ class LlamaCppSimulator(SimulatorDefaults):
         return bool(ask.max_num_seqs)
 
     def setup(self, ask: SimulationAsk, planned: Planned) -> Setup:
-        p, max_len = planned.plan, planned.max_model_len
-        fit = int(p.capacity.max_concurrency) if ask.budget_given else None
+        max_len = planned.max_model_len
+        fit = int(planned.capacity.max_concurrency) if ask.budget_given else None
         n = ask.max_num_seqs or fit or 0
         if not n or (fit is not None and n > fit):
             raise KVBudgetError(f"simulate: the KV budget holds {fit or 0} llama.cpp slot(s) of {max_len} cells; "
@@ -51,8 +51,8 @@ class LlamaCppSimulator(SimulatorDefaults):
                      block_size=1, kv_memory_bytes=planned.kv_memory, max_num_seqs=n,
                      max_num_batched_tokens=ask.max_num_batched_tokens or N_BATCH, max_model_len=n_ctx_slot,
                      prefix_caching=ask.prefix_caching, long_prefill_token_threshold=0, gpu=planned.gpu,
-                     time_model=planned.time_model, bytes_per_token=p.estimate.bytes_per_token,
-                     allocator=UNIFIED if ask.kv_unified else SLOTS, allocation=p.estimate.allocation,
+                     time_model=planned.time_model, bytes_per_token=planned.allocation.bytes_per_token,
+                     allocator=UNIFIED if ask.kv_unified else SLOTS, allocation=planned.allocation,
                      scheduling="the scheduling follows llama-server's loop exactly (the host-RAM prompt cache's "
                                 "size limit in bytes is an estimate)",
                      prompt_cache_bytes=(CACHE_RAM_MIB if ask.cache_ram is None else ask.cache_ram) << 20,

@@ -1,5 +1,30 @@
-"""SGLang: its token pool and capacity (`engine`), and its scheduler for the simulator (`scheduler`)."""
+"""SGLang: its token pool, memory and logs (`engine`), releases, HiCache's host tier, and its scheduler with the
+radix cache for the simulator (`simulator`, `scheduler`, `hiradix`).
 
-from kvbudget.engines.sglang.engine import SGLANG, SGLangEngine
+The registered `SGLANG` is the engine with its scheduler model, loaded when first asked for.
+"""
 
-__all__ = ["SGLANG", "SGLangEngine"]
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvbudget.engines.sglang.engine import SGLangEngine
+
+if TYPE_CHECKING:
+    from kvbudget.engines.sglang.simulator import SGLangSimulator
+
+
+@dataclass(frozen=True)
+class SGLangServer(SGLangEngine):
+    """SGLang with `simulate` (Simulates) beside its memory and logs."""
+
+    def simulator(self) -> SGLangSimulator:
+        from kvbudget.engines.sglang.simulator import SGLangSimulator
+
+        return SGLangSimulator(self)
+
+
+SGLANG = SGLangServer()
+
+__all__ = ["SGLANG", "SGLangEngine", "SGLangServer"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from kvbudget.dtypes import KVDtype, get_dtype
 from kvbudget.engines.base import (
@@ -50,6 +50,7 @@ from kvbudget.engines.sglang.releases import (
     parse_release,
     release_name,
 )
+from kvbudget.engines.tiers import HostTier
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.params import vision_tower
 from kvbudget.model.spec import (
@@ -61,11 +62,7 @@ from kvbudget.model.spec import (
     ModelSpec,
     RecurrentState,
 )
-from kvbudget.offload import HostTier
 from kvbudget.units import GIB, MIB
-
-if TYPE_CHECKING:
-    from kvbudget.engines.sglang.simulator import SGLangSimulator
 
 _F32 = get_dtype("float32")
 SOURCE_NOTE = "SGLang figures follow its source (not run here): windows cached in full, page size 1"
@@ -217,11 +214,6 @@ class SGLangEngine(Engine):
         return (hicache_tier(model, alloc, memory=memory, disk=disk, tp=tp, page=options.block_size or 1,
                              version=options.engine_version or NEWEST),)
 
-    def simulator(self) -> SGLangSimulator:
-        from kvbudget.engines.sglang.simulator import SGLangSimulator
-
-        return SGLangSimulator(self)
-
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         """SGLang prints its pool in tokens and the buffer sizes per rank ("GB" meaning GiB): K and V apart for
         multi-head pools, one "KV size" for MLA pools (latent and rope key in one buffer; for DeepSeek-V3.2 the
@@ -334,5 +326,3 @@ def _cell(layer: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str, p
                                  "float32 state", block_size=page)
     return None
 
-
-SGLANG = SGLangEngine()

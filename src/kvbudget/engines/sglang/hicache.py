@@ -19,9 +19,9 @@ from __future__ import annotations
 import re
 
 from kvbudget.engines.base import Allocation, LogRow
+from kvbudget.engines.tiers import HostTier, full_layers_only, no_disk
 from kvbudget.errors import EngineRuleError
 from kvbudget.model.spec import ModelSpec
-from kvbudget.offload import HostTier, full_layers_only, no_disk
 
 ROUND_UP_FROM = (0, 5, 6)
 SOURCE = "sglang 0.5.3-0.5.10 python/sglang/srt/mem_cache/memory_pool_host.py (HostKVCache), server_args.py"

@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+from kvbudget.engines.scheduling.seq import SchedulerConfig, Seq, Step
 from kvbudget.engines.sglang.scheduler import Node, RadixCache, SGLangScheduler
-from kvbudget.offload import OffloadTotals
-from kvbudget.simulation.seq import SchedulerConfig, Seq, Step
+from kvbudget.engines.tiers import OffloadTotals
 
 LOAD_BACK_THRESHOLD = 10  # HiRadixCache.load_back_threshold
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step, attended_pairs, commit
+from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig, Seq, Step, attended_pairs, commit
 
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO (x schedule_conservativeness 1.0)

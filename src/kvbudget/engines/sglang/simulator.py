@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.engines.base import EngineOptions
+from kvbudget.engines.scheduling.seq import Queues
+from kvbudget.engines.scheduling.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 from kvbudget.engines.sglang.hiradix import HiCacheScheduler
 from kvbudget.engines.sglang.scheduler import SGLangScheduler
+from kvbudget.engines.tiers import required_link
 from kvbudget.errors import KVBudgetError, named
-from kvbudget.offload import required_link
-from kvbudget.simulation.seq import Queues
-from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 
 if TYPE_CHECKING:
     from kvbudget.engines.sglang.engine import SGLangEngine
@@ -52,21 +52,20 @@ class SGLangSimulator(SimulatorDefaults):
         return super().options(ask)
 
     def setup(self, ask: SimulationAsk, planned: Planned) -> Setup:
-        p = planned.plan
-        if p.estimate.allocation.fixed_bytes_per_sequence:
+        if planned.allocation.fixed_bytes_per_sequence:
             raise KVBudgetError(f"simulate: {ask.model.name} keeps recurrent state per request; SGLang's state pool "
                                 "is not simulated yet", param="engine")
-        tokens = p.capacity.kv_cache_tokens
+        tokens = planned.capacity.kv_cache_tokens
         tiers = self._host_tier(ask, planned, tokens)
         chunk, rows = self.engine.scheduler_defaults(tokens, planned.max_model_len,
-                                                     p.gpu_memory_bytes if planned.gpu else None)
+                                                     planned.gpu_memory_bytes if planned.gpu else None)
         return Setup(engine=self.engine.name, model=ask.model.name, num_blocks=tokens, block_size=1,
                      kv_memory_bytes=planned.kv_memory, max_num_seqs=ask.max_num_seqs or rows,
                      max_num_batched_tokens=ask.max_num_batched_tokens or chunk,
                      max_model_len=planned.max_model_len, prefix_caching=ask.prefix_caching,
                      long_prefill_token_threshold=0, gpu=planned.gpu, time_model=planned.time_model,
-                     bytes_per_token=p.estimate.bytes_per_token, allocator="tokens",
-                     allocation=p.estimate.allocation,
+                     bytes_per_token=planned.allocation.bytes_per_token, allocator="tokens",
+                     allocation=planned.allocation,
                      scheduling="the scheduling follows SGLang 0.5.23's source and is not checked against a running "
                                 "SGLang: an estimate" + ("; HiCache follows 0.5.6's source, its load times an estimate "
                                                          "from the GPU's host link" if tiers else ""),

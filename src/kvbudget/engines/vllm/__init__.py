@@ -1,13 +1,46 @@
 """vLLM: everything kvbudget knows about it, one module per job.
 
-- `engine`: the block layout, capacity and serving defaults (`VLLMEngine`, the registered `VLLM`);
+- `engine`: the block layout, capacity and serving defaults (`VLLMEngine`);
 - `packed`: DeepSeek-V4's packed groups of different page sizes;
 - `releases`: what changed between releases (`--engine vllm@0.8.5`);
-- `logs`: reading its startup logs back (check-log);
-- `blocks`, `pool`, `scheduler`, `contiguous`: its KV cache groups, block pool and scheduler for the simulator,
-  and the contiguous-allocation baselines of the PagedAttention paper.
+- `logs` (with `logsettings`, `budgetless`, `memorylog`): reading its startup logs back (check-log);
+- `simulator`, with `blocks`, `pool`, `scheduler`, `hybrid`, `cached`, `offloading`, `lmcache`, `contiguous`: its
+  KV cache groups, block pool and scheduler for the simulator, and the contiguous-allocation baselines of the
+  PagedAttention paper.
+
+The registered `VLLM` is the engine with its capabilities (a scheduler model, a log reader), each loaded when first
+asked for.
 """
 
-from kvbudget.engines.vllm.engine import VLLM, VLLMEngine
+from __future__ import annotations
 
-__all__ = ["VLLM", "VLLMEngine"]
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kvbudget.engines.base import LogCheck
+from kvbudget.engines.vllm.engine import VLLMEngine
+from kvbudget.model.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from kvbudget.engines.vllm.simulator import VLLMSimulator
+
+
+@dataclass(frozen=True)
+class VLLMServer(VLLMEngine):
+    """vLLM with what it offers beyond its memory: `simulate` (Simulates) and `check-log` (ReadsLogs)."""
+
+    def simulator(self) -> VLLMSimulator:
+        from kvbudget.engines.vllm.simulator import VLLMSimulator
+
+        return VLLMSimulator(self)
+
+    def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
+        from kvbudget.engines.vllm.logs import check_log
+
+        return check_log(self, text, model, dict(given or {}))
+
+
+VLLM = VLLMServer()
+
+__all__ = ["VLLM", "VLLMEngine", "VLLMServer"]

@@ -14,14 +14,14 @@ from kvbudget.units import format_bytes
 
 if TYPE_CHECKING:
     from kvbudget.engines.vllm.engine import VLLMEngine
-    from kvbudget.engines.vllm.logs import _LogSettings
+    from kvbudget.engines.vllm.logsettings import LogSettings
 
 
 def count_span(a: int | None, b: int | None) -> str:
     return f"{a:,}" if a == b else f"{a:,}-{b:,}"
 
 
-def shown_settings(st: _LogSettings, read: dict, assumed: dict) -> dict:
+def shown_settings(st: LogSettings, read: dict, assumed: dict) -> dict:
     """The settings the check ran under that the log (or the user) stated: the assumed ones are shown apart."""
     settings = {"max_model_len": st.max_len, "device": st.device, "tp": st.tp, "pp": st.pp,
                 "kv_cache_dtype": st.kv_dtype, "prefix_caching": st.prefix,
@@ -41,7 +41,7 @@ def shown_settings(st: _LogSettings, read: dict, assumed: dict) -> dict:
     return {k: v for k, v in settings.items() if k not in assumed}
 
 
-def cpu_blocks_row(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, logged: int) -> LogRow:
+def cpu_blocks_row(engine: VLLMEngine, model: ModelSpec, s: LogSettings, logged: int) -> LogRow:
     """V0's CPU blocks: its 4 GiB swap space over one block of every layer on one rank: the model's shape, the
     tensor parallel size and the dtype, checked without the GPU budget."""
     block = engine.layout(model, s.kv_dtype, s.tp, s.options())[0].block_bytes
@@ -50,7 +50,7 @@ def cpu_blocks_row(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, logged
                   f"4 GiB // {format_bytes(block)} per block (vLLM V0's default --swap-space)")
 
 
-def v0_check_without_budget(engine: VLLMEngine, text: str, model: ModelSpec, st: _LogSettings, assumed: dict,
+def v0_check_without_budget(engine: VLLMEngine, text: str, model: ModelSpec, st: LogSettings, assumed: dict,
                              v0_refusal: re.Match | None, conc: re.Match | None, cpu_blocks: int) -> LogCheck:
     """A V0 log without its GPU budget: the CPU blocks, and what the GPU blocks it printed mean."""
     rows = [cpu_blocks_row(engine, model, st, cpu_blocks)]
@@ -82,7 +82,7 @@ def v0_check_without_budget(engine: VLLMEngine, text: str, model: ModelSpec, st:
     return LogCheck(engine="vllm", model_in_log=None, settings=shown, rows=tuple(rows), assumed=assumed, causes=causes)
 
 
-def v1_blocks_rows(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, tokens: int, logged: str) -> list[LogRow]:
+def v1_blocks_rows(engine: VLLMEngine, model: ModelSpec, st: LogSettings, tokens: int, logged: str) -> list[LogRow]:
     """A V1 log without its budget: the blocks its token count implies (under the release's meaning of that count)
     and the concurrency those blocks give, beside the concurrency it printed."""
     layout, _ = engine.pool(model, st.kv_dtype, st.tp, st.options())
@@ -105,7 +105,7 @@ def v1_blocks_rows(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, token
                    logged in shown, f"those blocks / {per_request} blocks per request")]
 
 
-def v1_check_without_budget(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, assumed: dict, tokens: int,
+def v1_check_without_budget(engine: VLLMEngine, model: ModelSpec, st: LogSettings, assumed: dict, tokens: int,
                              logged: str) -> LogCheck:
     rows = v1_blocks_rows(engine, model, st, tokens, logged)
     causes: tuple[str, ...] = ()
@@ -127,7 +127,7 @@ def v1_check_without_budget(engine: VLLMEngine, model: ModelSpec, st: _LogSettin
                                                         causes=causes)
 
 
-def early_v1_check(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, read: dict, assumed: dict,
+def early_v1_check(engine: VLLMEngine, model: ModelSpec, st: LogSettings, read: dict, assumed: dict,
                     blocks: int, logged: str) -> LogCheck:
     """vLLM V1 before 0.8 printed '# GPU blocks: N' and 'Maximum concurrency' = N x block size / max_model_len
     (v1/core/kv_cache_utils.py of 0.7.3), not its budget: the blocks checked against the concurrency, and the

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sized
 
+from kvbudget.engines.scheduling.seq import SchedulerConfig, Seq, Step
 from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.hybrid import HybridScheduler
 from kvbudget.engines.vllm.pool import BlockPool, CountingPool
 from kvbudget.errors import KVBudgetError, named
-from kvbudget.simulation.seq import SchedulerConfig, Seq, Step
 from kvbudget.units import cdiv
 
 

@@ -19,8 +19,8 @@ readings of the paper the reproduction lands within 4 points of its Fig. 2 (benc
 
 from __future__ import annotations
 
+from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig, Seq, Step, attended_pairs, commit
 from kvbudget.errors import KVBudgetError
-from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step, attended_pairs, commit
 
 POLICIES = ("max", "pow2", "oracle")
 

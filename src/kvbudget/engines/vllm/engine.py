@@ -24,9 +24,8 @@ engines/vllm/releases.py, chosen with EngineOptions.engine_version.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from kvbudget.dtypes import KVDtype, get_dtype
 from kvbudget.engines.base import (
@@ -37,7 +36,6 @@ from kvbudget.engines.base import (
     CompressedGroup,
     Engine,
     EngineOptions,
-    LogCheck,
     OutputLimit,
     Serving,
     UsageGauge,
@@ -48,6 +46,7 @@ from kvbudget.engines.base import (
     serving_kv_dtype,
 )
 from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge, vllm_pool
+from kvbudget.engines.tiers import HostTier
 from kvbudget.engines.vllm import offload
 from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.memory import (
@@ -82,11 +81,7 @@ from kvbudget.model.spec import (
     ModelSpec,
     SlidingWindow,
 )
-from kvbudget.offload import HostTier
 from kvbudget.units import cdiv, format_bytes
-
-if TYPE_CHECKING:
-    from kvbudget.engines.vllm.simulator import VLLMSimulator
 
 DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
 # MLA on CPU: the reference backend (x86 with AMX, as on our test machine) takes 16; on GPUs the block size
@@ -497,16 +492,6 @@ class VLLMEngine(Engine):
         return offload.host_tiers(model, self.allocate(model, kv_dtype, tp, options), layout.block_bytes,
                                   layout.block_size, memory=memory, disk=disk, backend=backend, tp=tp)
 
-    def simulator(self) -> VLLMSimulator:
-        from kvbudget.engines.vllm.simulator import VLLMSimulator
-
-        return VLLMSimulator(self)
-
-    def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
-        from kvbudget.engines.vllm.logs import check_log
-
-        return check_log(self, text, model, dict(given or {}))
-
 
 def _mnbt(options: EngineOptions) -> int:
     """The chunk of prompt tokens one step schedules: the option, else vLLM's default."""
@@ -571,5 +556,3 @@ def _is_packed(model: ModelSpec) -> bool:
     """Whether vLLM lays the model out in packed groups of different page sizes (DeepSeek-V4's compressed caches)."""
     return any(isinstance(s, Compressed) for s in model.layers)
 
-
-VLLM = VLLMEngine()

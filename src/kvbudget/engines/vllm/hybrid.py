@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sized
 
+from kvbudget.engines.scheduling.seq import SchedulerConfig, Seq
 from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.errors import KVBudgetError
-from kvbudget.simulation.seq import SchedulerConfig, Seq
 from kvbudget.units import cdiv
 
 LOOKAHEAD = 256  # hybrid decode runs: the most steps of block events computed in one call

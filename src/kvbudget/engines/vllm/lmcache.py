@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kvbudget.engines.scheduling.seq import SchedulerConfig, Seq, Step
+from kvbudget.engines.tiers import OffloadTotals
 from kvbudget.engines.vllm.offloading import HostBlocks, OffloadingScheduler
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
-from kvbudget.offload import OffloadTotals
-from kvbudget.simulation.seq import SchedulerConfig, Seq, Step
 
 
 class LMCacheScheduler(OffloadingScheduler):

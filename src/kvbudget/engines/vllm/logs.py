@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
@@ -19,197 +19,15 @@ from kvbudget.engines.vllm.budgetless import (
     v1_blocks_rows,
     v1_check_without_budget,
 )
-from kvbudget.engines.vllm.memorylog import log_total_memory, memory_rows
-from kvbudget.engines.vllm.offload import offload_rows
-from kvbudget.engines.vllm.releases import Release, batch_defaults, parse_release, release
-from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError, spelled
+from kvbudget.engines.vllm.logsettings import NO_MAX_LEN, LogSettings, num, read_settings, setting
+from kvbudget.engines.vllm.memorylog import memory_rows, offload_rows
+from kvbudget.engines.vllm.releases import Release, release
+from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import LatentAttention, ModelSpec, RecurrentState
 from kvbudget.units import GIB
 
 if TYPE_CHECKING:
     from kvbudget.engines.vllm.engine import VLLMEngine
-
-
-def _num(text: str) -> float:
-    return float(text.replace(",", ""))
-
-
-# --- startup logs ------------------------------------------------------------------------------------
-
-
-NO_MAX_LEN = ("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens', 'max_seq_len=' "
-              "or 'max_model_len'); " + spelled("give max_model_len", "pass --max-model-len"))
-
-
-def _setting(text: str, *names: str) -> str | None:
-    """A setting as vLLM logs it: key=value in its config line, 'key': value in its non-default args, or a
-    --key value flag on the command line."""
-    for name in names:
-        flag = name.replace("_", "-")
-        for pattern in (rf"\b{name}=([\w.\-]+)", rf"'{name}': '?([\w.\-]+)'?", rf"--{flag}[ =]([\w.\-]+)"):
-            if m := re.search(pattern, text):
-                return m.group(1).rstrip(".")  # "... with max_num_batched_tokens=512." ends a sentence
-    return None
-
-
-def _whole(key: str, value: object) -> int:
-    """A setting that must be a whole number, as the log (or the user) gave it."""
-    try:
-        return int(str(value).replace(",", ""))
-    except ValueError:
-        raise KVBudgetError(f"check-log: {key} reads {value!r}, not a whole number; give --{key.replace('_', '-')}",
-                            param=key) from None
-
-
-def _truthy(value: str) -> bool:
-    return value.lower() in ("true", "1", "yes")
-
-
-# The MLA backend a log names ("Using FlashMLA backend", "Forcing kv cache block size to 64 for FlashMLA
-# backend", "Setting kv cache block size to 32 for FLASHINFER_MLA backend(s)").
-_BACKEND_LINES = {"FLASHMLA": r"FlashMLA backend|FLASHMLA backend", "TRITON_MLA": r"Triton MLA backend|TRITON_MLA",
-                  "CUTLASS_MLA": r"CUTLASS_?MLA backend", "FLASHINFER_MLA": r"FlashInfer ?MLA backend|FLASHINFER_MLA",
-                  "FLASH_ATTN_MLA": r"FlashAttention ?MLA backend|FLASH_ATTN_MLA"}
-
-
-@dataclass(frozen=True, kw_only=True)
-class _LogSettings:
-    max_len: int
-    device: str
-    tp: int
-    pp: int
-    kv_dtype: str
-    prefix: bool
-    mnbt: int | None
-    version: tuple[int, int] | None
-    hybrid: bool
-    partition: tuple[int, ...] | None = None
-    backend: str | None = None
-    spec_tokens: int = 0  # speculative decoding with the model's MTP layers: draft tokens per step
-    max_num_seqs: int | None = None
-    eager: bool = False
-
-    def options(self) -> EngineOptions:
-        return EngineOptions(device=self.device, prefix_caching=self.prefix, max_num_batched_tokens=self.mnbt,
-                             hybrid_allocator=self.hybrid, engine_version=self.version,
-                             attention_backend=self.backend, pp_layer_partition=self.partition,
-                             num_speculative_tokens=self.spec_tokens, max_num_seqs=self.max_num_seqs,
-                             enforce_eager=self.eager)
-
-
-def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Match | None,
-                   hybrid_model: bool = False, default_len: int = 0) -> tuple[_LogSettings, dict, dict]:
-    read: dict = {}
-    assumed: dict = {}
-
-    def pick(key: str, value: object, default: object) -> object:
-        if key in given and given[key] is not None:
-            read[key] = given[key]
-            return given[key]
-        if value is not None:
-            read[key] = value
-            return value
-        assumed[key] = "the engine's default" if default is None else default
-        return default
-
-    max_len_text = (conc.group(1).replace(",", "") if conc else refusal.group(1) if refusal else
-                    _setting(text, "max_seq_len", "max_model_len"))
-    cpu_blocks = re.search(r"# CPU blocks: \d+", text)
-    if max_len_text is None and given.get("max_model_len") is None and not cpu_blocks and not default_len:
-        raise KVBudgetError(NO_MAX_LEN)
-    max_len = _whole("max_model_len", pick("max_model_len", max_len_text, 0 if cpu_blocks else default_len))
-    if max_len_text is None and given.get("max_model_len") is None and max_len:
-        assumed["max_model_len"] = f"{max_len:,} (the model's own length: the log does not state it)"
-    cpu = bool(re.search(r"CPU KV cache size|device_config=cpu|VLLM_CPU_KVCACHE_SPACE", text))
-    read["device"] = "cpu" if cpu else "cuda"
-    tp = _whole("tp", pick("tp", _setting(text, "tensor_parallel_size"), 1))
-    pp = _whole("pp", pick("pp", _setting(text, "pipeline_parallel_size"), 1))
-    kv = str(pick("kv_cache_dtype", _setting(text, "kv_cache_dtype"), "auto"))
-    version_text = (given.get("engine_version") or
-                    (m.group(1) if (m := re.search(r"LLM engine \(v(\d+\.\d+(?:\.\d+)?)", text) or
-                                    re.search(r"vLLM (?:API server )?version:? v?(\d+\.\d+[\d.]*)", text)) else None))
-    version = parse_release(str(version_text)) if version_text else None
-    if version_text:
-        read["engine_version"] = version_text
-    else:
-        assumed["engine_version"] = "unknown"
-    prefix_text = _setting(text, "enable_prefix_caching")
-    no_prefix = re.search(r"--no-enable-prefix-caching\b", text)
-    # hybrid models ran without prefix caching by default before 0.26
-    prefix_default = not (hybrid_model and version is not None and not Release(version).hybrid_prefix_caching)
-    prefix = pick("prefix_caching", False if no_prefix else None if prefix_text is None else _truthy(prefix_text),
-                  prefix_default)
-    mnbt_text = _setting(text, "max_num_batched_tokens", "max_num_batched_token")
-    mnbt = pick("max_num_batched_tokens", mnbt_text, None)
-    if mnbt is None and not cpu:
-        mnbt = _default_mnbt(text, version, assumed)
-    seqs = given.get("max_num_seqs") or _setting(text, "max_num_seqs")  # the release's default where unsaid
-    if seqs is not None:
-        read["max_num_seqs"] = seqs
-    # enforce_eager=True in the engine's config line, 'enforce_eager': True in its arguments, or the bare flag
-    eager_text = _setting(text, "enforce_eager")
-    eager = _truthy(eager_text) if eager_text and eager_text[0] != "-" else bool(
-        re.search(r"--enforce-eager(?![ =]\w)", text))
-    if eager:
-        read["enforce_eager"] = True
-    partition = None
-    if pp > 1:
-        part_text = given.get("pp_layer_partition") or (
-            m.group(1) if (m := re.search(r"VLLM_PP_LAYER_PARTITION=['\"]?([\d,]+)", text)) else None)
-        if part_text:
-            read["pp_layer_partition"] = part_text
-            partition = tuple(int(x) for x in str(part_text).split(","))
-        else:
-            assumed["pp_layer_partition"] = "vLLM's even split"
-    backend = given.get("attention_backend") or next(
-        (name for name, pattern in _BACKEND_LINES.items() if re.search(pattern, text)), None)
-    if backend:
-        read["attention_backend"] = backend
-    spec_tokens = _speculative_tokens(text, given, read)
-    hybrid_off = _setting(text, "disable_hybrid_kv_cache_manager")
-    hybrid = not (hybrid_off is not None and _truthy(hybrid_off)) and not (
-        version and not Release(version).hybrid_allocator)
-    settings = _LogSettings(max_len=max_len, device="cpu" if cpu else "cuda", tp=tp, pp=pp, kv_dtype=kv,
-                            prefix=bool(prefix),
-                            mnbt=_whole("max_num_batched_tokens", mnbt) if mnbt is not None else None, version=version,
-                            hybrid=hybrid,
-                            partition=partition, backend=backend, spec_tokens=spec_tokens,
-                            max_num_seqs=_whole("max_num_seqs", seqs) if seqs is not None else None, eager=eager)
-    return settings, read, assumed
-
-
-def _default_mnbt(text: str, version: tuple[int, int] | None, assumed: dict) -> int | None:
-    """The release's max_num_batched_tokens for the GPU memory a V1 log states (what its scheduler and its
-    windowed layers' concurrency take), noted as assumed; None where the log gives neither."""
-    total = log_total_memory(text)
-    if total is None or version is None or Release(version).v0:
-        return None
-    mnbt = batch_defaults(int(total * GIB), "", "cuda", Release(version))[0]
-    assumed["max_num_batched_tokens"] = f"{mnbt}, the release's default for the log's {total:g} GiB GPU"
-    return mnbt
-
-
-def _speculative_tokens(text: str, given: dict, read: dict) -> int:
-    """Draft tokens per step when the log drafts with the model's MTP layers ('speculative_config': {'method':
-    'mtp', 'num_speculative_tokens': N} in its arguments, or SpeculativeConfig(method='mtp', ..., num_spec_tokens=N)
-    in its engine line); 0 without a speculative config. Other drafters are refused: their caches are not modelled."""
-    if given.get("num_speculative_tokens") is not None:
-        read["num_speculative_tokens"] = given["num_speculative_tokens"]
-        return _whole("num_speculative_tokens", given["num_speculative_tokens"])
-    method = re.search(r"'speculative_config': \{[^}]*'method': '([\w-]+)'|SpeculativeConfig\(method='([\w-]+)'", text)
-    if not method:
-        return 0
-    name = method.group(1) or method.group(2)
-    if name != "mtp" and not name.endswith("_mtp"):  # older releases named it per family: qwen3_next_mtp, ...
-        raise UnsupportedArchitectureError(f"check-log: the log drafts with speculative method {name!r}, whose "
-                                           "caches kvbudget does not model (only the model's own MTP layers)")
-    tokens = re.search(r"'speculative_config': \{[^}]*'num_speculative_tokens': (\d+)|num_spec_tokens=(\d+)", text)
-    if not tokens:
-        raise KVBudgetError("check-log: the log drafts with MTP but names no num_speculative_tokens; give "
-                            "--num-speculative-tokens", param="num_speculative_tokens")
-    value = int(tokens.group(1) or tokens.group(2))
-    read["num_speculative_tokens"] = value
-    return value
 
 
 def _rank_budgets(text: str) -> list[str]:
@@ -251,7 +69,7 @@ class _Log:
         self.logged = (self.value, self.value) if self.exact else (max(self.value - self.half_step, 0),
                                                                    self.value + self.half_step)
 
-    def rows(self, s: _LogSettings, span: tuple[float, float] | None = None) -> list[LogRow]:
+    def rows(self, s: LogSettings, span: tuple[float, float] | None = None) -> list[LogRow]:
         """The rows under settings `s`, for the logged budget's range or another rank's `span` (GiB)."""
         engine, model = self.engine, self.model
         lo, hi = span or self.logged
@@ -308,7 +126,7 @@ class _Log:
                               "as platforms/interface.py computes it"))
         return out
 
-    def _capacity_rows(self, s: _LogSettings, rel: Release, low: Capacity, high: Capacity, rounding: str
+    def _capacity_rows(self, s: LogSettings, rel: Release, low: Capacity, high: Capacity, rounding: str
                        ) -> list[LogRow]:
         """The blocks, the token count (in the meaning of the release) and the concurrency the log printed."""
         out = []
@@ -319,7 +137,7 @@ class _Log:
                               low.num_blocks <= n <= high.num_blocks, rounding))
         tokens = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", self.text)
         if tokens:
-            n = int(_num(tokens.group(1)))
+            n = int(num(tokens.group(1)))
             slots = (low.physical_token_slots, high.physical_token_slots)
             by_conc = (low.kv_cache_tokens, high.kv_cache_tokens)
             if s.version is not None and rel.reports_slots:
@@ -339,7 +157,7 @@ class _Log:
                               float(lo_c) <= float(logged) <= float(hi_c), rounding))
         return out
 
-    def _refusal_rows(self, s: _LogSettings, options: EngineOptions, stages: list[ModelSpec], extra: int,
+    def _refusal_rows(self, s: LogSettings, options: EngineOptions, stages: list[ModelSpec], extra: int,
                       span: tuple[float, float], rounding: str) -> list[LogRow]:
         """V1's refusal: the memory one request needs, that it does not fit, and the longest that would."""
         assert self.refusal is not None
@@ -365,7 +183,7 @@ class _Log:
             out.append(LogRow("estimated maximum model length", f"{n:,}", count_span(a, b), a <= n <= b, rounding))
         return out
 
-    def _weights_rows(self, s: _LogSettings) -> list[LogRow]:
+    def _weights_rows(self, s: LogSettings) -> list[LogRow]:
         """The weights vLLM says it loaded beside kvbudget's count (an estimate: shown, never a mismatch of the
         cache)."""
         weights = re.search(r"(?:Loading model weights took|Model loading took) ([\d.]+) G", self.text)
@@ -401,7 +219,7 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
         raise KVBudgetError(f"check-log: the log's KV budget is negative ({m.group(1)} GiB): the weights and the "
                             "profiled activations left no memory for a cache, so there is no cache to check; raise "
                             "gpu_memory_utilization, shorten max_model_len or spread the model over more GPUs")
-    st, read, assumed = _read_settings(text, given, refusal or v0_refusal, conc,
+    st, read, assumed = read_settings(text, given, refusal or v0_refusal, conc,
                                        any(isinstance(layer, RecurrentState) for layer in model.layers),
                                        model.max_position_embeddings or 0)
     budgets = _rank_budgets(text)
@@ -426,9 +244,9 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
         raise KVBudgetError(NO_MAX_LEN)
     tokens_line = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
     if not budgets and tokens_line and conc and st.version is None:
-        st = _era_of_the_token_count(engine, model, st, assumed, int(_num(tokens_line.group(1))), conc.group(2))
+        st = _era_of_the_token_count(engine, model, st, assumed, int(num(tokens_line.group(1))), conc.group(2))
     if not budgets and tokens_line and conc and st.version is not None:
-        return v1_check_without_budget(engine, model, st, assumed, int(_num(tokens_line.group(1))), conc.group(2))
+        return v1_check_without_budget(engine, model, st, assumed, int(num(tokens_line.group(1))), conc.group(2))
     blocks_line = re.search(r"# GPU blocks: (\d+)\s*$", text, re.MULTILINE)
     if not budgets and blocks_line and conc:
         return early_v1_check(engine, model, st, read, assumed, int(blocks_line.group(1)), conc.group(2))
@@ -445,15 +263,15 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
         if len(budgets) == 1 and st.tp * st.pp > 1 and not budget_from_refusal and not log.exact:
             rank = _smaller_rank(st, log.rows, log.value, log.half_step)  # first; replaces "none of the known causes"
             causes = rank + [c for c in causes if not (rank and c.startswith("none of"))]
-    rows += offload_rows(engine, model, text, size=_setting(text, "kv_offloading_size"),
-                         backend=_setting(text, "kv_offloading_backend"), kv_dtype=st.kv_dtype, tp=st.tp,
+    rows += offload_rows(engine, model, text, size=setting(text, "kv_offloading_size"),
+                         backend=setting(text, "kv_offloading_backend"), kv_dtype=st.kv_dtype, tp=st.tp,
                          options=st.options())
     return LogCheck(engine="vllm", model_in_log=None, settings=shown_settings(st, read, assumed), rows=tuple(rows),
                     assumed=assumed, causes=tuple(causes))
 
 
-def _era_of_the_token_count(engine: VLLMEngine, model: ModelSpec, st: _LogSettings, assumed: dict, tokens: int,
-                            concurrency: str) -> _LogSettings:
+def _era_of_the_token_count(engine: VLLMEngine, model: ModelSpec, st: LogSettings, assumed: dict, tokens: int,
+                            concurrency: str) -> LogSettings:
     """No release named: the token count means int(concurrency x max_model_len) from 0.20, blocks // groups x
     block size before; where the count and the concurrency agree under one meaning only, that is the era."""
     def agree(version: tuple[int, int]) -> bool:
@@ -471,12 +289,12 @@ def _era_of_the_token_count(engine: VLLMEngine, model: ModelSpec, st: _LogSettin
     return replace(st, version=eras[0][0])
 
 
-def _needed_gib(engine: VLLMEngine, model: ModelSpec, s: _LogSettings, options: EngineOptions) -> float:
+def _needed_gib(engine: VLLMEngine, model: ModelSpec, s: LogSettings, options: EngineOptions) -> float:
     layout, _ = engine.pool(model, s.kv_dtype, s.tp, options)
     return layout.blocks_per_request(s.max_len) * layout.block_bytes / GIB
 
 
-def _smaller_rank(st: _LogSettings, rows_for: Callable[..., list[LogRow]], value: float, half_step: float,
+def _smaller_rank(st: LogSettings, rows_for: Callable[..., list[LogRow]], value: float, half_step: float,
                   reach: float = 0.05) -> list[str]:
     """The log prints one rank's budget, and vLLM gives every rank the smallest rank's blocks: the largest budget
     within `reach` below the printed one (in the log's own rounding steps) under which every row agrees, if any."""
@@ -491,11 +309,11 @@ def _smaller_rank(st: _LogSettings, rows_for: Callable[..., list[LogRow]], value
     return []
 
 
-def _likely_causes(st: _LogSettings, assumed: dict, rows_for: Callable[[_LogSettings], list[LogRow]],
+def _likely_causes(st: LogSettings, assumed: dict, rows_for: Callable[[LogSettings], list[LogRow]],
                    rows: list[LogRow], model: ModelSpec) -> list[str]:
     """Alternative settings, the assumed ones first, under which the KV rows agree: each a likely cause, with the
     size of its effect on the first row that differed."""
-    alternatives: list[tuple[str, _LogSettings]] = []
+    alternatives: list[tuple[str, LogSettings]] = []
     if "kv_cache_dtype" in assumed or st.kv_dtype == "auto":
         alternatives.append(("the cache is fp8 (--kv-cache-dtype fp8), not the model dtype",
                              replace(st, kv_dtype="fp8")))

@@ -26,17 +26,16 @@ of each chunk put.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
-from kvbudget.engines.base import Allocation, EngineOptions, LogRow
-from kvbudget.errors import EngineRuleError, KVBudgetError
+from kvbudget.engines.base import Allocation
+from kvbudget.engines.tiers import HostTier, full_layers_only, no_disk
+from kvbudget.errors import EngineRuleError
 from kvbudget.model.spec import LatentAttention, ModelSpec, NoCache
-from kvbudget.offload import HostTier, full_layers_only, no_disk
 from kvbudget.units import GIB, cdiv
 
 if TYPE_CHECKING:
-    from kvbudget.engines.vllm.engine import VLLMEngine
+    pass
 
 PAGE = 4096  # mmap.PAGESIZE on x86-64 and arm64 Linux (4 KiB pages), and LMCache's allocation alignment
 LMCACHE_CHUNK = 256
@@ -102,80 +101,3 @@ def host_tiers(model: ModelSpec, alloc: Allocation, block_bytes: int, block_size
         no_disk("vllm", "native", disk, "0.32's --kv-offloading-size sizes host memory only")
         return (native_tier(model, memory=memory, block_bytes=block_bytes, block_size=block_size, tp=tp),)
     return lmcache_tiers(model, alloc, memory=memory, disk=disk, tp=tp)
-
-
-# --- startup logs --------------------------------------------------------------------------------------------
-# 0.32 prints the settings in its "non-default args" ({'kv_offloading_size': 64.0, ...}) and the native region as
-# "Created mmap file /dev/shm/vllm_offload_<id>.mmap (%.2f GB)" in 10^9 bytes (shared_offload_region.py);
-# LMCache 0.5.6 prints "LMCache Configuration: {...}" with 'max_local_cpu_size': '5.0 GB' in 2^30 bytes
-# (v1/config.py _log_config; per worker).
-MMAP_LINE = re.compile(r"Created mmap file \S*vllm_offload_\S* \(([\d.]+) GB\)")
-LMCACHE_LINE = re.compile(r"(?:LMCache Configuration: \{|Creating LMCacheEngine with config: "
-                          r"LMCacheEngineConfig\()(.*)")
-
-
-def offload_rows(engine: VLLMEngine, model: ModelSpec, text: str, *, size: str | None, backend: str | None,
-                 kv_dtype: str, tp: int, options: EngineOptions) -> list[LogRow]:
-    """The offload tiers a vLLM log sets up (`size` and `backend`: its kv_offloading settings as read), beside
-    kvbudget's sizing of them (none where it sets none up)."""
-    rows: list[LogRow] = []
-    direct = re.search(r"""["']cpu_bytes_to_use["']:\s*(\d+)""", text)  # the connector configured by hand
-    if size is not None and size != "None":
-        backend = backend or "native"
-        rows.append(_native_row(engine, model, text, int(float(size) * GIB), f"--kv-offloading-size {size}",
-                                kv_dtype=kv_dtype, tp=tp, options=options) if backend == "native" else
-                    LogRow("KV offloading (lmcache)", f"--kv-offloading-size {size}", "-", None,
-                           "vLLM starts LMCache's multi-process mode, sized on the LMCache server: check its log"))
-    elif direct and "OffloadingConnector" in text:
-        rows.append(_native_row(engine, model, text, int(direct.group(1)), f"cpu_bytes_to_use {direct.group(1)}",
-                                kv_dtype=kv_dtype, tp=tp, options=options))
-    if m := LMCACHE_LINE.search(text):
-        rows += _lmcache_rows(engine, model, m.group(1), kv_dtype=kv_dtype, tp=tp, options=options)
-    return rows
-
-
-def _native_row(engine: VLLMEngine, model: ModelSpec, text: str, memory: int, setting: str, *, kv_dtype: str,
-                tp: int, options: EngineOptions) -> LogRow:
-    try:
-        tier = engine.host_tiers(model, memory=memory, disk=None, backend="native", kv_dtype=kv_dtype, tp=tp,
-                                 options=options)[0]
-    except KVBudgetError as exc:
-        return LogRow("CPU offload region (native)", setting, "-", None, str(exc))
-    ours = f"{tier.host_bytes / 1e9:.2f}"
-    how = (f"{tier.units:,} chunks of {tier.unit_bytes:,} bytes ({tier.tokens:,} tokens) from {setting}; this "
-           "line's GB are 10^9 bytes")
-    if m := MMAP_LINE.search(text):
-        return LogRow("CPU offload region (native)", f"{m.group(1)} GB", f"{ours} GB", m.group(1) == ours, how)
-    return LogRow("CPU offload region (native)", "-", f"{ours} GB", None,
-                  how + "; the log has no 'Created mmap file' line to check it against")
-
-
-def _lmcache_rows(engine: VLLMEngine, model: ModelSpec, config: str, *, kv_dtype: str, tp: int,
-                  options: EngineOptions) -> list[LogRow]:
-    def value(name: str) -> str | None:  # 'name': 'value' (0.3 on) or name=value (earlier releases)
-        m = re.search(rf"\b{name}(?:': |=)'?([^',)]+)", config)
-        return m.group(1) if m else None
-
-    def gib(name: str) -> float:
-        return float((value(name) or "0").removesuffix(" GB"))
-
-    cpu = gib("max_local_cpu_size") if value("local_cpu") != "False" else 0.0
-    disk = gib("max_local_disk_size") if value("local_disk") not in (None, "None") else 0.0
-    chunk = value("chunk_size") or str(LMCACHE_CHUNK)
-    if not cpu:
-        return [LogRow("LMCache CPU tier per worker", "off", "-", None, "local_cpu off or max_local_cpu_size 0")]
-    try:
-        tiers = engine.host_tiers(model, memory=int(cpu * GIB) * tp, disk=int(disk * GIB) * tp or None,
-                                  backend="lmcache", kv_dtype=kv_dtype, tp=tp, options=options)
-    except KVBudgetError as exc:
-        return [LogRow("LMCache CPU tier per worker", f"{cpu:g} GB", "-", None, str(exc))]
-    rows = []
-    for t in tiers:
-        per = t.unit_bytes // t.ranks
-        note = (f"LMCache's GB are GiB; {per:,}-byte chunks of {LMCACHE_CHUNK} tokens (not printed: from its "
-                "layout)" + ("" if chunk == str(LMCACHE_CHUNK) else
-                             f"; the log's chunk_size is {chunk}, kvbudget models {LMCACHE_CHUNK}"))
-        rows.append(LogRow(f"LMCache {'CPU' if t.medium == 'host memory' else 'disk'} tier per worker",
-                           f"{(cpu if t.medium == 'host memory' else disk):g} GB",
-                           f"{t.units:,} chunks, {t.units * LMCACHE_CHUNK:,} tokens", None, note))
-    return rows

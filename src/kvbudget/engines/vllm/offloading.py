@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from kvbudget.engines.scheduling.seq import SchedulerConfig, Seq
+from kvbudget.engines.tiers import OffloadTotals
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
-from kvbudget.offload import OffloadTotals
-from kvbudget.simulation.seq import SchedulerConfig, Seq
 from kvbudget.units import cdiv
 
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sized
 
+from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig, Seq, Step, attended_pairs, commit
 from kvbudget.engines.vllm.pool import NO_HITS, CountingPool, Hits, RunPool
-from kvbudget.simulation.seq import Queues, SchedulerConfig, Seq, Step, attended_pairs, commit
 from kvbudget.units import cdiv
 
 

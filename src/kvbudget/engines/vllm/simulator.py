@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kvbudget.engines.scheduling.seq import Queues
+from kvbudget.engines.scheduling.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
+from kvbudget.engines.tiers import required_link
 from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.cached import CachedHybridScheduler
 from kvbudget.engines.vllm.contiguous import POLICIES, ContiguousScheduler
@@ -14,9 +17,6 @@ from kvbudget.engines.vllm.offloading import OffloadingScheduler
 from kvbudget.engines.vllm.pool import usable_blocks
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.errors import KVBudgetError, named
-from kvbudget.offload import required_link
-from kvbudget.simulation.seq import Queues
-from kvbudget.simulation.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 
 PAGED = "paged"
 CONTIGUOUS = "contiguous-"
@@ -67,8 +67,8 @@ class VLLMSimulator(SimulatorDefaults):
         return out
 
     def setup(self, ask: SimulationAsk, planned: Planned) -> Setup:
-        p, max_len, model = planned.plan, planned.max_model_len, ask.model
-        cap = p.capacity
+        max_len, model = planned.max_model_len, ask.model
+        cap = planned.capacity
         assert cap.num_blocks is not None and cap.block_size is not None
         blocks = ask.num_blocks if ask.num_blocks is not None else cap.num_blocks
         groups = self.engine.block_groups(model, max_len, ask.kv_dtype, ask.tp, planned.options)
@@ -78,8 +78,8 @@ class VLLMSimulator(SimulatorDefaults):
                                 f"max_model_len {max_len}, which needs {need}: vLLM would refuse to start; give more "
                                 "memory or a shorter max_model_len",
                                 param="num_blocks" if ask.num_blocks else "kv_memory")
-        serving = self.engine.serving(p.gpu_memory_bytes, max_len, planned.options, gpu_name=p.gpu, tp=p.tp,
-                                      model=model)
+        serving = self.engine.serving(planned.gpu_memory_bytes, max_len, planned.options,
+                                      gpu_name=planned.gpu_name, tp=ask.tp, model=model)
         windowed = sorted({g.kind for g in groups if not g.keeps_all})
         if windowed and ask.prefix_caching and not CachedHybridScheduler.follows(groups):
             kinds = ", ".join(windowed)
@@ -105,14 +105,14 @@ class VLLMSimulator(SimulatorDefaults):
                            "load times an estimate from the GPU's host link" +
                            (" and the disk's read rate" if "disk_tier" in tiers else ""))
         return Setup(engine=self.engine.name, model=model.name, num_blocks=blocks, block_size=cap.block_size,
-                     kv_memory_bytes=None if ask.num_blocks is not None else p.kv_memory_bytes,
+                     kv_memory_bytes=None if ask.num_blocks is not None else planned.kv_memory_bytes,
                      max_num_seqs=ask.max_num_seqs or serving.max_num_seqs,
-                     max_num_batched_tokens=p.options.max_num_batched_tokens or serving.prefill_tokens,
+                     max_num_batched_tokens=planned.serving_options.max_num_batched_tokens or serving.prefill_tokens,
                      max_model_len=max_len, prefix_caching=ask.prefix_caching,
                      long_prefill_token_threshold=ask.long_prefill_token_threshold, gpu=planned.gpu,
-                     time_model=planned.time_model, bytes_per_token=p.estimate.bytes_per_token, allocator=allocator,
-                     allocation=p.estimate.allocation, groups=groups, scheduling=scheduling, simulator=self,
-                     **tiers)
+                     time_model=planned.time_model, bytes_per_token=planned.allocation.bytes_per_token,
+                     allocator=allocator, allocation=planned.allocation, groups=groups, scheduling=scheduling,
+                     simulator=self, **tiers)
 
     @staticmethod
     def _groups(setup: Setup) -> tuple[BlockGroup, ...]:

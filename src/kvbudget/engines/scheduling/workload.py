@@ -236,7 +236,7 @@ def request_log(path: str | Path, counter: Any, lengths: Lengths, rate: float | 
     by `counter` (a `kvbudget.tokens.PromptCounter`). A request generates its max_tokens (or
     max_completion_tokens); one without either draws an output length from `lengths`. Arrivals come from each
     line's "arrival" (seconds) where every line has one, else at `rate` per second (Poisson, or gamma of `cv`)."""
-    from kvbudget.tokens import iter_lines
+    from kvbudget.files import iter_lines
 
     name = str(path)
     rng = random.Random(seed)

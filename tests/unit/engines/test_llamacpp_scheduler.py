@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kvbudget.engines.llamacpp.scheduler import LlamaServerScheduler
-from kvbudget.simulation.seq import SchedulerConfig
-from kvbudget.simulation.workload import Request
+from kvbudget.engines.scheduling.seq import SchedulerConfig
+from kvbudget.engines.scheduling.workload import Request
 
 
 def lcp_sched(slots: int, n_ctx: int, n_batch: int, pool: int = 0) -> LlamaServerScheduler:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvbudget.simulation.seq import SchedulerConfig
-from kvbudget.simulation.workload import Request
+from kvbudget.engines.scheduling.seq import SchedulerConfig
+from kvbudget.engines.scheduling.workload import Request
 
 
 def sgl(tokens: int, rows: int = 10, chunk: int = 512):

@@ -8,7 +8,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from kvbudget.simulation.workload import Request
+from kvbudget.engines.scheduling.workload import Request
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,10 +12,10 @@ from simkit import BlockByBlock, QueuePool
 
 import kvbudget
 from kvbudget import KVBudgetError
+from kvbudget.engines.scheduling.seq import SchedulerConfig
+from kvbudget.engines.scheduling.workload import Request, read_trace
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.simulation.run import simulate
-from kvbudget.simulation.seq import SchedulerConfig
-from kvbudget.simulation.workload import Request, read_trace
 
 
 def _sched(blocks, block_size=16, seqs=256, budget=2048, max_len=1024, caching=True):

@@ -1,23 +1,19 @@
-"""What the simulator is asked (`SimulationAsk`) and what it runs (`Setup`): the types an engine's scheduler model
-(`kvbudget.engines.base.Simulator`) reads and writes. Engine-independent: an engine fills in a Setup with its own
-rules and builds its scheduler from it."""
+"""What the simulator is asked (`SimulationAsk`) and what it runs (`Setup`), and the capability an engine offers
+to be simulated (`Simulates`, whose `Simulator` reads the one and writes the other). Engine-independent: an engine
+fills in a Setup with its own rules and builds its scheduler from it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from kvbudget.engines.base import Allocation, Engine, EngineOptions
+from kvbudget.engines.base import Allocation, Capacity, Engine, EngineOptions
+from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig
+from kvbudget.engines.scheduling.timing import MeasuredStep, TimeModel
+from kvbudget.engines.tiers import HostTier
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
-from kvbudget.offload import HostTier
-from kvbudget.simulation.seq import SchedulerConfig
-from kvbudget.simulation.timing import MeasuredStep, TimeModel
-
-if TYPE_CHECKING:
-    from kvbudget.engines.base import Simulator
-    from kvbudget.planner import Plan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,10 +70,15 @@ class SimulationAsk:
 
 @dataclass(frozen=True, kw_only=True)
 class Planned:
-    """What the simulator settles before the engine fills in its setup: the plan of the ask's settings, and the
-    parts every engine shares."""
+    """What the simulator settles before the engine fills in its setup: the memory the planner found for the ask's
+    settings, and the parts every engine shares."""
 
-    plan: Plan
+    capacity: Capacity  # the planner's: the KV budget in the engine's blocks, slots or tokens
+    allocation: Allocation  # what one sequence keeps, per cache group
+    kv_memory_bytes: int  # the planner's KV budget per GPU
+    gpu_memory_bytes: int  # the GPU's memory the plan ran on
+    gpu_name: str  # the plan's name for that GPU
+    serving_options: EngineOptions  # the plan's options, the engine's defaults for the GPU filled in
     options: EngineOptions  # what the plan was asked with (the engine's `Simulator.options`)
     max_model_len: int
     time_model: TimeModel
@@ -195,3 +196,40 @@ class SimulatorDefaults:
 
     def free_label(self, setup: Setup) -> str:
         return "free"
+
+
+class Simulator(Protocol):
+    """An engine's scheduler model for `simulate`: its settings, its scheduler and how it counts its memory."""
+
+    offloads: bool  # simulates the engine's KV offload tier (SimulationAsk.offload_memory)
+
+    def options(self, ask: SimulationAsk) -> EngineOptions:
+        """The options to plan the ask with; raises first for settings that mean nothing to this engine."""
+
+    def sized_without_budget(self, ask: SimulationAsk) -> bool:
+        """Whether the ask sizes the cache without a GPU or KV budget (llama.cpp: its slots)."""
+
+    def setup(self, ask: SimulationAsk, planned: Planned) -> Setup:
+        """The engine's memory and scheduler settings for the ask; raises where the engine would not start."""
+
+    def scheduler(self, setup: Setup) -> Queues:
+        """A fresh scheduler for `setup`."""
+
+    def token_slots(self, setup: Setup) -> int:
+        """Tokens the KV cache of `setup` holds."""
+
+    def describe(self, setup: Setup, short: bool = False) -> str:
+        """The memory and scheduler settings of `setup` in words (`short`: the memory alone)."""
+
+    def free_label(self, setup: Setup) -> str:
+        """What the unused token slots of `setup` are, in words."""
+
+
+@runtime_checkable
+class Simulates(Protocol):
+    """An engine with a scheduler model for `simulate` (the capability; an engine without it is refused)."""
+
+    name: str
+
+    def simulator(self) -> Simulator:
+        """The engine's scheduler model."""

@@ -1,0 +1,209 @@
+"""What a vLLM start-up log says it ran with: the settings it printed (or the user gave, or the release's defaults
+where it says nothing), read once for check-log (`logs.py`) and the rows beside them (`budgetless.py`,
+`memorylog.py`)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kvbudget.engines.base import EngineOptions
+from kvbudget.engines.vllm.releases import Release, batch_defaults, parse_release
+from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError, spelled
+from kvbudget.units import GIB
+
+
+def num(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+# --- startup logs ------------------------------------------------------------------------------------
+
+
+NO_MAX_LEN = ("check-log: the vLLM log names no max_model_len ('Maximum concurrency for N tokens', 'max_seq_len=' "
+              "or 'max_model_len'); " + spelled("give max_model_len", "pass --max-model-len"))
+
+
+def setting(text: str, *names: str) -> str | None:
+    """A setting as vLLM logs it: key=value in its config line, 'key': value in its non-default args, or a
+    --key value flag on the command line."""
+    for name in names:
+        flag = name.replace("_", "-")
+        for pattern in (rf"\b{name}=([\w.\-]+)", rf"'{name}': '?([\w.\-]+)'?", rf"--{flag}[ =]([\w.\-]+)"):
+            if m := re.search(pattern, text):
+                return m.group(1).rstrip(".")  # "... with max_num_batched_tokens=512." ends a sentence
+    return None
+
+
+def whole(key: str, value: object) -> int:
+    """A setting that must be a whole number, as the log (or the user) gave it."""
+    try:
+        return int(str(value).replace(",", ""))
+    except ValueError:
+        raise KVBudgetError(f"check-log: {key} reads {value!r}, not a whole number; give --{key.replace('_', '-')}",
+                            param=key) from None
+
+
+def truthy(value: str) -> bool:
+    return value.lower() in ("true", "1", "yes")
+
+
+# The MLA backend a log names ("Using FlashMLA backend", "Forcing kv cache block size to 64 for FlashMLA
+# backend", "Setting kv cache block size to 32 for FLASHINFER_MLA backend(s)").
+_BACKEND_LINES = {"FLASHMLA": r"FlashMLA backend|FLASHMLA backend", "TRITON_MLA": r"Triton MLA backend|TRITON_MLA",
+                  "CUTLASS_MLA": r"CUTLASS_?MLA backend", "FLASHINFER_MLA": r"FlashInfer ?MLA backend|FLASHINFER_MLA",
+                  "FLASH_ATTN_MLA": r"FlashAttention ?MLA backend|FLASH_ATTN_MLA"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogSettings:
+    max_len: int
+    device: str
+    tp: int
+    pp: int
+    kv_dtype: str
+    prefix: bool
+    mnbt: int | None
+    version: tuple[int, int] | None
+    hybrid: bool
+    partition: tuple[int, ...] | None = None
+    backend: str | None = None
+    spec_tokens: int = 0  # speculative decoding with the model's MTP layers: draft tokens per step
+    max_num_seqs: int | None = None
+    eager: bool = False
+
+    def options(self) -> EngineOptions:
+        return EngineOptions(device=self.device, prefix_caching=self.prefix, max_num_batched_tokens=self.mnbt,
+                             hybrid_allocator=self.hybrid, engine_version=self.version,
+                             attention_backend=self.backend, pp_layer_partition=self.partition,
+                             num_speculative_tokens=self.spec_tokens, max_num_seqs=self.max_num_seqs,
+                             enforce_eager=self.eager)
+
+
+def read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Match | None,
+                   hybrid_model: bool = False, default_len: int = 0) -> tuple[LogSettings, dict, dict]:
+    read: dict = {}
+    assumed: dict = {}
+
+    def pick(key: str, value: object, default: object) -> object:
+        if key in given and given[key] is not None:
+            read[key] = given[key]
+            return given[key]
+        if value is not None:
+            read[key] = value
+            return value
+        assumed[key] = "the engine's default" if default is None else default
+        return default
+
+    max_len_text = (conc.group(1).replace(",", "") if conc else refusal.group(1) if refusal else
+                    setting(text, "max_seq_len", "max_model_len"))
+    cpu_blocks = re.search(r"# CPU blocks: \d+", text)
+    if max_len_text is None and given.get("max_model_len") is None and not cpu_blocks and not default_len:
+        raise KVBudgetError(NO_MAX_LEN)
+    max_len = whole("max_model_len", pick("max_model_len", max_len_text, 0 if cpu_blocks else default_len))
+    if max_len_text is None and given.get("max_model_len") is None and max_len:
+        assumed["max_model_len"] = f"{max_len:,} (the model's own length: the log does not state it)"
+    cpu = bool(re.search(r"CPU KV cache size|device_config=cpu|VLLM_CPU_KVCACHE_SPACE", text))
+    read["device"] = "cpu" if cpu else "cuda"
+    tp = whole("tp", pick("tp", setting(text, "tensor_parallel_size"), 1))
+    pp = whole("pp", pick("pp", setting(text, "pipeline_parallel_size"), 1))
+    kv = str(pick("kv_cache_dtype", setting(text, "kv_cache_dtype"), "auto"))
+    version_text = (given.get("engine_version") or
+                    (m.group(1) if (m := re.search(r"LLM engine \(v(\d+\.\d+(?:\.\d+)?)", text) or
+                                    re.search(r"vLLM (?:API server )?version:? v?(\d+\.\d+[\d.]*)", text)) else None))
+    version = parse_release(str(version_text)) if version_text else None
+    if version_text:
+        read["engine_version"] = version_text
+    else:
+        assumed["engine_version"] = "unknown"
+    prefix_text = setting(text, "enable_prefix_caching")
+    no_prefix = re.search(r"--no-enable-prefix-caching\b", text)
+    # hybrid models ran without prefix caching by default before 0.26
+    prefix_default = not (hybrid_model and version is not None and not Release(version).hybrid_prefix_caching)
+    prefix = pick("prefix_caching", False if no_prefix else None if prefix_text is None else truthy(prefix_text),
+                  prefix_default)
+    mnbt_text = setting(text, "max_num_batched_tokens", "max_num_batched_token")
+    mnbt = pick("max_num_batched_tokens", mnbt_text, None)
+    if mnbt is None and not cpu:
+        mnbt = _default_mnbt(text, version, assumed)
+    seqs = given.get("max_num_seqs") or setting(text, "max_num_seqs")  # the release's default where unsaid
+    if seqs is not None:
+        read["max_num_seqs"] = seqs
+    # enforce_eager=True in the engine's config line, 'enforce_eager': True in its arguments, or the bare flag
+    eager_text = setting(text, "enforce_eager")
+    eager = truthy(eager_text) if eager_text and eager_text[0] != "-" else bool(
+        re.search(r"--enforce-eager(?![ =]\w)", text))
+    if eager:
+        read["enforce_eager"] = True
+    partition = None
+    if pp > 1:
+        part_text = given.get("pp_layer_partition") or (
+            m.group(1) if (m := re.search(r"VLLM_PP_LAYER_PARTITION=['\"]?([\d,]+)", text)) else None)
+        if part_text:
+            read["pp_layer_partition"] = part_text
+            partition = tuple(int(x) for x in str(part_text).split(","))
+        else:
+            assumed["pp_layer_partition"] = "vLLM's even split"
+    backend = given.get("attention_backend") or next(
+        (name for name, pattern in _BACKEND_LINES.items() if re.search(pattern, text)), None)
+    if backend:
+        read["attention_backend"] = backend
+    spec_tokens = _speculative_tokens(text, given, read)
+    hybrid_off = setting(text, "disable_hybrid_kv_cache_manager")
+    hybrid = not (hybrid_off is not None and truthy(hybrid_off)) and not (
+        version and not Release(version).hybrid_allocator)
+    settings = LogSettings(max_len=max_len, device="cpu" if cpu else "cuda", tp=tp, pp=pp, kv_dtype=kv,
+                            prefix=bool(prefix),
+                            mnbt=whole("max_num_batched_tokens", mnbt) if mnbt is not None else None, version=version,
+                            hybrid=hybrid,
+                            partition=partition, backend=backend, spec_tokens=spec_tokens,
+                            max_num_seqs=whole("max_num_seqs", seqs) if seqs is not None else None, eager=eager)
+    return settings, read, assumed
+
+
+def _default_mnbt(text: str, version: tuple[int, int] | None, assumed: dict) -> int | None:
+    """The release's max_num_batched_tokens for the GPU memory a V1 log states (what its scheduler and its
+    windowed layers' concurrency take), noted as assumed; None where the log gives neither."""
+    total = log_total_memory(text)
+    if total is None or version is None or Release(version).v0:
+        return None
+    mnbt = batch_defaults(int(total * GIB), "", "cuda", Release(version))[0]
+    assumed["max_num_batched_tokens"] = f"{mnbt}, the release's default for the log's {total:g} GiB GPU"
+    return mnbt
+
+
+def _speculative_tokens(text: str, given: dict, read: dict) -> int:
+    """Draft tokens per step when the log drafts with the model's MTP layers ('speculative_config': {'method':
+    'mtp', 'num_speculative_tokens': N} in its arguments, or SpeculativeConfig(method='mtp', ..., num_spec_tokens=N)
+    in its engine line); 0 without a speculative config. Other drafters are refused: their caches are not modelled."""
+    if given.get("num_speculative_tokens") is not None:
+        read["num_speculative_tokens"] = given["num_speculative_tokens"]
+        return whole("num_speculative_tokens", given["num_speculative_tokens"])
+    method = re.search(r"'speculative_config': \{[^}]*'method': '([\w-]+)'|SpeculativeConfig\(method='([\w-]+)'", text)
+    if not method:
+        return 0
+    name = method.group(1) or method.group(2)
+    if name != "mtp" and not name.endswith("_mtp"):  # older releases named it per family: qwen3_next_mtp, ...
+        raise UnsupportedArchitectureError(f"check-log: the log drafts with speculative method {name!r}, whose "
+                                           "caches kvbudget does not model (only the model's own MTP layers)")
+    tokens = re.search(r"'speculative_config': \{[^}]*'num_speculative_tokens': (\d+)|num_spec_tokens=(\d+)", text)
+    if not tokens:
+        raise KVBudgetError("check-log: the log drafts with MTP but names no num_speculative_tokens; give "
+                            "--num-speculative-tokens", param="num_speculative_tokens")
+    value = int(tokens.group(1) or tokens.group(2))
+    read["num_speculative_tokens"] = value
+    return value
+
+
+def log_total_memory(text: str) -> float | None:
+    """The GPU's total memory (GiB) as the log states it, else None."""
+    return first_number(text, (r"total_gpu_memory[ =(]+([\d.]+) ?GiB", r"total_memory=([\d.]+) ?GiB",
+                                r"Free memory on device \([\d.]+/([\d.]+) GiB\)"))
+
+
+def first_number(text: str, patterns: tuple[str, ...]) -> float | None:
+    """The first pattern's number that the text has, else None."""
+    for pattern in patterns:
+        if m := re.search(pattern, text):
+            return float(m.group(1))
+    return None
