@@ -12,13 +12,8 @@ import pytest
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-from kvbudget.engines.metrics import (  # noqa: E402
-    llamacpp_pool,
-    parse_prometheus,
-    sglang_pool,
-    tgi_pool,
-    vllm_pool,
-)
+from kvbudget.engines import ENGINES  # noqa: E402
+from kvbudget.engines.metrics import parse_prometheus  # noqa: E402
 from kvbudget.guard.server import build_guard  # noqa: E402
 
 MODEL = "llama-3.1-8b"  # 128 KiB a token on every engine here (32 layers, 8 KV heads of 128, 16-bit)
@@ -133,16 +128,19 @@ def test_kv_memory_still_overrides_the_engines_pool(serve):
 
 
 def test_pool_readers_take_what_each_engine_exports():
-    vllm = vllm_pool('vllm:cache_config_info{block_size="32",engine="0",num_gpu_blocks="2500"} 1.0\n')
+    def read(engine: str, body: str):
+        return ENGINES[engine].pool_gauge.read(body)
+
+    vllm = read("vllm", 'vllm:cache_config_info{block_size="32",engine="0",num_gpu_blocks="2500"} 1.0\n')
     assert (vllm.tokens, vllm.blocks, vllm.block_size) == (80_000, 2500, 32)
-    assert vllm_pool('vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0\n') is None  # profiling
-    assert vllm_pool("vllm:kv_cache_usage_perc 0.1\n") is None
+    assert read("vllm", 'vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1.0\n') is None  # profiling
+    assert read("vllm", "vllm:kv_cache_usage_perc 0.1\n") is None
     # SGLang without the scheduler's figure: the data-parallel ranks' capacities
-    dp = sglang_pool(json.dumps({"page_size": 64, "internal_states": [{"memory_usage": {"token_capacity": 700}},
-                                                                     {"memory_usage": {"token_capacity": 300}}]}))
+    dp = read("sglang", json.dumps({"page_size": 64, "internal_states": [{"memory_usage": {"token_capacity": 700}},
+                                                                         {"memory_usage": {"token_capacity": 300}}]}))
     assert (dp.tokens, dp.block_size) == (1000, 64)
-    llama = llamacpp_pool(json.dumps({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 4}))
+    llama = read("llamacpp", json.dumps({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 4}))
     assert (llama.tokens, llama.context) == (16_384, 4096)
-    tgi = tgi_pool(json.dumps({"max_batch_total_tokens": 123_456, "max_total_tokens": 4096}))
+    tgi = read("tgi", json.dumps({"max_batch_total_tokens": 123_456, "max_total_tokens": 4096}))
     assert (tgi.tokens, tgi.context) == (123_456, 4096)
-    assert tgi_pool(json.dumps({"max_total_tokens": 4096})) is None
+    assert ENGINES["tgi"].pool_gauge.read(json.dumps({"max_total_tokens": 4096})) is None

@@ -41,6 +41,7 @@ from kvbudget.engines.base import (
     group_layers,
     largest_fitting,
 )
+from kvbudget.engines.llamacpp.gauges import llamacpp_pool, slots_usage
 from kvbudget.engines.llamacpp.releases import (
     CACHE_TYPES,
     N_BATCH,
@@ -50,7 +51,7 @@ from kvbudget.engines.llamacpp.releases import (
     Release,
     parse_build,
 )
-from kvbudget.engines.metrics import PoolGauge, PoolReport, llamacpp_pool, slots_usage, tokens_budget
+from kvbudget.engines.metrics import PoolGauge, PoolReport, tokens_budget
 from kvbudget.engines.tiers import HostTier, no_disk
 from kvbudget.errors import EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (

@@ -39,7 +39,8 @@ from kvbudget.engines.base import (
     layer_stages,
     serving_kv_dtype,
 )
-from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge, sglang_pool, tokens_budget
+from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge, tokens_budget
+from kvbudget.engines.sglang.gauges import sglang_pool
 from kvbudget.engines.sglang.hicache import hicache_rows, hicache_tier
 from kvbudget.engines.sglang.releases import (
     MODELLED,

@@ -35,7 +35,8 @@ from kvbudget.engines.base import (
     largest_fitting,
     serving_kv_dtype,
 )
-from kvbudget.engines.metrics import PoolGauge, PoolReport, gauge_ratio, tgi_pool, tokens_budget
+from kvbudget.engines.metrics import PoolGauge, PoolReport, gauge_ratio, tokens_budget
+from kvbudget.engines.tgi.gauges import tgi_pool
 from kvbudget.engines.tgi.releases import describe, era, parse_release
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (

@@ -45,10 +45,11 @@ from kvbudget.engines.base import (
     layer_stages,
     serving_kv_dtype,
 )
-from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge, vllm_pool
+from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge
 from kvbudget.engines.tiers import HostTier
 from kvbudget.engines.vllm import offload
 from kvbudget.engines.vllm.blocks import BlockGroup
+from kvbudget.engines.vllm.gauges import vllm_pool
 from kvbudget.engines.vllm.memory import (
     CHECKED,
     encoder_profile,
