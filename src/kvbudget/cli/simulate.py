@@ -7,15 +7,25 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvbudget.cli.common import add_options, console, request_of, write_atomically, wrote
 from kvbudget.commands.options import positive
-from kvbudget.commands.simulate import SimulateRequest, costed, guard_settings, prepared, prices, workload
-from kvbudget.commands.simulate import settings as settings_of
+from kvbudget.commands.simulate import (
+    SimulateRequest,
+    costed,
+    guard_settings,
+    prepared,
+    prices,
+    run_prepared,
+    workload,
+)
 from kvbudget.commands.simulate import simulation as run_simulation
 from kvbudget.errors import KVBudgetError
 from kvbudget.units import format_bytes
+
+if TYPE_CHECKING:
+    from kvbudget.engines.scheduling.setup import SimulationAsk
 
 
 def add_parser(sub: Any) -> None:
@@ -31,7 +41,8 @@ def simulation(args: argparse.Namespace, on_step: Callable[..., None] | None = N
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvbudget.simulation import find_max_rate, parse_slo, parse_sweep, setup_for
+    from kvbudget.simulation import find_max_rate, parse_slo, parse_sweep
+    from kvbudget.simulation.run import setup_of
 
     ask = request_of(SimulateRequest, args)
     if args.sweep or args.find_max_rate:
@@ -39,22 +50,22 @@ def run(args: argparse.Namespace) -> int:
             from kvbudget.simulation.parallel import check_backend
 
             check_backend(args.backend)
-        model, workload, settings, scale = prepared(ask)
+        workload, found, scale = prepared(ask)
         _saved(args)
         if args.sweep:
-            return _sweep(ask, model, settings, parse_sweep(args.sweep))
+            return _sweep(ask, found, parse_sweep(args.sweep))
         if not args.slo:
             raise KVBudgetError("--find-max-rate needs --slo, e.g. ttft_p99=2s,tpot_p99=100ms")
         slo = parse_slo(args.slo)
-        found = find_max_rate(model, workload, slo, start=scale, setup=setup_for(model, **settings),
-                              fast=not args.reference, **guard_settings(ask))
-        cost = costed(ask, found.best, settings) if found.best else None
+        search = find_max_rate(found.model, workload, slo, start=scale, setup=setup_of(found),
+                               fast=not args.reference, **guard_settings(ask))
+        cost = costed(ask, search.best, found) if search.best else None
         if args.json:
-            print(json.dumps({"rate_scale": found.rate_scale, "slo": slo, "tried": found.tried,
-                              "best": found.best.to_dict() if found.best else None,
+            print(json.dumps({"rate_scale": search.rate_scale, "slo": slo, "tried": search.tried,
+                              "best": search.best.to_dict() if search.best else None,
                               **({"cost": cost.to_dict()} if cost else {})}, indent=2))
         else:
-            _print_search(found, slo, cost)
+            _print_search(search, slo, cost)
         return 0
     rows: list[str] = []
     on_step = None
@@ -69,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
             f"{r.id},{r.arrival:.6f},{r.prompt_tokens},{r.output_tokens},{ttft:.6f},"
             f"{'' if tpot is None else f'{tpot:.6f}'},{e2e:.6f}")
     progress = _progress() if not args.json and sys.stderr.isatty() else None
-    sim = run_simulation(ask, on_step=on_step, progress=progress, on_finish=on_finish)
+    ready = prepared(ask)
+    sim = run_prepared(ask, ready, on_step=on_step, progress=progress, on_finish=on_finish)
     if progress is not None:
         print(file=sys.stderr)
     if args.timeline:
@@ -83,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
         plot_simulation(sim, args.plot, _credit(args))
         wrote(args.plot, "--plot")
-    cost = costed(ask, sim, settings_of(ask))
+    cost = costed(ask, sim, ready[1])
     _saved(args)
     if args.json:
         print(json.dumps({**sim.to_dict(), **({"cost": cost.to_dict()} if cost else {})}, indent=2))
@@ -231,16 +243,15 @@ def _print_search(found: Any, slo: dict[str, float], cost: Any = None) -> None:
         out.print(f"note: {note}")
 
 
-def sweep_point(ask: SimulateRequest, model: Any, settings: dict[str, Any],
-                combo: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+def sweep_point(ask: SimulateRequest, found: SimulationAsk, combo: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     """One configuration of a sweep, (its settings, its simulation without the timeline); a module-level function
     of plain data, so that a process pool or a Ray worker can run it (the workload is rebuilt there)."""
-    from kvbudget.simulation import simulate
+    from kvbudget.simulation.run import setup_of, simulate
 
     combo = dict(combo)
     run_scale = combo.pop("rate_scale", positive(ask.rate_scale, "rate_scale"))
-    sim = simulate(model, workload(ask)(run_scale), fast=not ask.reference, **guard_settings(ask),
-                   **{**settings, **combo})
+    setup = setup_of(replace(found, **combo))
+    sim = simulate(found.model, workload(ask)(run_scale), setup=setup, fast=not ask.reference, **guard_settings(ask))
     return {**combo, "rate_scale": run_scale}, replace(sim, timeline=())
 
 
@@ -257,7 +268,7 @@ def _cell(key: str, value: Any) -> str:
     return str(value).removeprefix("contiguous-")
 
 
-def _sweep(args: SimulateRequest, model: Any, settings: dict[str, Any], combos: list[dict[str, Any]]) -> int:
+def _sweep(args: SimulateRequest, found: SimulationAsk, combos: list[dict[str, Any]]) -> int:
     from rich import box
     from rich.table import Table
 
@@ -269,20 +280,21 @@ def _sweep(args: SimulateRequest, model: Any, settings: dict[str, Any], combos: 
         from kvbudget.simulation.cost import price_for
 
         for combo in combos:
-            price_for(priced, {**settings, **combo}.get("gpu"))
-    calls = [(args, model, settings, combo) for combo in combos]
+            price_for(priced, combo.get("gpu", found.gpu))
+    calls = [(args, found, combo) for combo in combos]
     shown = not args.json and sys.stderr.isatty()
     results = run_all(sweep_point, calls, args.backend, _task_progress if shown else None)
     if shown:
         print(file=sys.stderr)
-    costs = [costed(args, sim, settings, combo) for combo, sim in results]
+    costs = [costed(args, sim, replace(found, **{k: v for k, v in combo.items() if k != "rate_scale"}))
+             for combo, sim in results]
     if args.json:
         print(json.dumps([{"settings": c, "result": s.to_dict(), **({"cost": cost.to_dict()} if cost else {})}
                           for (c, s), cost in zip(results, costs, strict=True)], indent=2))
         return 0
     keys = [k for k in results[0][0] if k != "rate_scale" or swept_scale]
-    t = Table(title=f"{model.name}: sweep (KV tokens, p99 latencies" + (", $ per million tokens" if priced else "")
-              + (", times estimated)" if results[0][1].notes else ")"),
+    t = Table(title=f"{found.model.name}: sweep (KV tokens, p99 latencies"
+              + (", $ per million tokens" if priced else "") + (", times estimated)" if results[0][1].notes else ")"),
               box=box.SIMPLE_HEAD, padding=(0, 1, 0, 1), pad_edge=False, collapse_padding=True)
     for k in keys:
         t.add_column({"rate_scale": "rate"}.get(k, k.replace("_", "-")), no_wrap=True)

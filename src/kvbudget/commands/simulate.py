@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from kvbudget.commands.options import (
     DEVICES,
@@ -26,6 +26,10 @@ from kvbudget.commands.options import (
 )
 from kvbudget.engines import get_engine
 from kvbudget.errors import KVBudgetError, named
+
+if TYPE_CHECKING:
+    from kvbudget.engines.scheduling.setup import SimulationAsk
+    from kvbudget.model.spec import ModelSpec
 
 WORKLOAD, MEMORY = "workload (a trace, or synthetic arrivals)", "memory (as `kvbudget plan`)"
 SCHEDULER, ANSWERS = "scheduler (default: the engine's for the GPU)", "answers"
@@ -191,46 +195,46 @@ def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
     return lambda scale: rescale(synthetic(rate, total, lengths, seed, cv), scale, start, count)
 
 
-def _calibrated(model: Any, path: str, settings: dict[str, Any], served: Callable[[], Iterable[Any]] | None
-                ) -> dict[str, Any]:
-    """The time model from calibrate: fitted to a benchmark run's requests, to vLLM's latency histograms for the
-    trace it served, or to recorded steps."""
-    from kvbudget.simulation import setup_for
+def _calibrated(found: SimulationAsk, path: str, served: Callable[[], Iterable[Any]] | None) -> SimulationAsk:
+    """`found` with the time model from calibrate: fitted to a benchmark run's requests, to vLLM's latency
+    histograms for the trace it served, or to recorded steps."""
     from kvbudget.simulation.fit import BenchRun, calibrate_requests, initial_model, read_calibration
+    from kvbudget.simulation.run import setup_of
 
-    found = read_calibration(path, served)
-    if not isinstance(found, BenchRun):
-        return {"measured": found}
+    measured = read_calibration(path, served)
+    if not isinstance(measured, BenchRun):
+        return replace(found, measured=measured)
     try:  # the GPU's kernel model, two factors fitted; without a GPU, a three-part step from scratch
-        base = setup_for(model, **settings)
+        base = setup_of(found)
     except KVBudgetError:
-        base = setup_for(model, **settings, time_model=initial_model(found))
-    return {"time_model": calibrate_requests(model, found, base)}
+        base = setup_of(replace(found, time_model=initial_model(measured)))
+    return replace(found, time_model=calibrate_requests(found.model, measured, base))
 
 
-def _calibration(ask: SimulateRequest, model: Any, found: dict[str, Any],
-                 stream: Callable[[float], Iterable[Any]]) -> dict[str, Any]:
-    """setup_for's time-model arguments from --calibrate (saved under --save-calibration) or --calibration."""
+def _calibration(ask: SimulateRequest, found: SimulationAsk, stream: Callable[[float], Iterable[Any]]
+                 ) -> SimulationAsk:
+    """`found` with the time model of --calibrate (saved under --save-calibration) or --calibration."""
     from kvbudget.simulation.calibrations import calibration_path, load_calibration, save_calibration
 
     if ask.calibration:
         if ask.calibrate or ask.save_calibration:
             raise KVBudgetError(f"calibration: a saved calibration replaces {named('calibrate')}; give one of them",
                                 param="calibration")
-        return {"time_model": load_calibration(ask.calibration, model.name, found.get("gpu"))}
+        return replace(found, time_model=load_calibration(ask.calibration, found.model.name, found.gpu))
     if not ask.calibrate:
         if ask.save_calibration:
             raise KVBudgetError(f"save_calibration goes with {named('calibrate', 'FILE')}", param="save_calibration")
-        return {}
+        return found
     if ask.save_calibration:
         calibration_path(ask.save_calibration)  # a bad name fails before the fit
-    fitted = _calibrated(model, ask.calibrate, found, (lambda: stream(1.0)) if ask.trace or ask.request_log else None)
+    fitted = _calibrated(found, ask.calibrate, (lambda: stream(1.0)) if ask.trace or ask.request_log else None)
     if ask.save_calibration:
         from kvbudget.engines.scheduling.timing import calibrate
 
-        time_model = fitted["time_model"] if "time_model" in fitted else calibrate(fitted["measured"])
-        save_calibration(ask.save_calibration, time_model, model.name, found.get("gpu"), ask.calibrate)
-        return {"time_model": time_model}
+        time_model = fitted.time_model if fitted.measured is None else calibrate(fitted.measured)
+        assert time_model is not None
+        save_calibration(ask.save_calibration, time_model, found.model.name, found.gpu, ask.calibrate)
+        return replace(found, time_model=time_model)
     return fitted
 
 
@@ -252,27 +256,29 @@ def _mib(text: str | None) -> int | None:
     return int(text)
 
 
-def settings(ask: SimulateRequest) -> dict[str, Any]:
-    """setup_for()'s arguments of a request."""
+def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
+    """The typed simulation request of a command's request: its text read into the engine's settings."""
+    from kvbudget.engines.scheduling.setup import SimulationAsk
+
     engine, options = engine_options(ask)
     if options.engine_version or options.attention_backend or options.pp_layer_partition:
         raise KVBudgetError(f"simulate follows vLLM 0.32's scheduler and allocator on one rank: "
                             f"{named('engine', 'vllm@VERSION')}, {named('attention_backend')} and "
                             f"{named('pp_layer_partition')} are for estimate and plan")
-    return {"engine": engine, "gpu": ask.gpu, "gpu_memory": size(ask.gpu_memory, "gpu_memory"),
-            "kv_memory": size(ask.kv_memory, "kv_memory"), "weights": size(ask.weights, "weights"),
-            "utilization": fraction(ask.utilization, "utilization"),
-            "num_blocks": optional_one(ask.num_blocks, "num_blocks"),
-            "tp": one(ask.tp, "tp"), "pp": one(ask.pp, "pp"), "kv_dtype": ask.kv_dtype,
-            "max_model_len": optional_one(ask.max_model_len, "max_model_len"), "block_size": options.block_size,
-            "device": options.device, "max_num_seqs": optional_one(ask.max_num_seqs, "max_num_seqs"),
-            "max_num_batched_tokens": options.max_num_batched_tokens, "prefix_caching": options.prefix_caching,
-            "long_prefill_token_threshold": int(ask.long_prefill_token_threshold), "allocator": ask.allocator,
-            "kv_unified": ask.kv_unified, "cache_ram": _mib(ask.cache_ram), "enforce_eager": options.enforce_eager,
-            "entry_point": options.entry_point,
-            "lora": (options.max_loras, options.max_lora_rank) if options.enable_lora else None,
-            "offload_memory": size(ask.offload_memory, "offload_memory"), "offload_backend": ask.offload_backend,
-            "offload_disk": size(ask.offload_disk, "offload_disk"), "disk_read": _gbps(ask.disk_read)}
+    return SimulationAsk(
+        model=model, engine=get_engine(engine), gpu=ask.gpu, gpu_memory=size(ask.gpu_memory, "gpu_memory"),
+        kv_memory=size(ask.kv_memory, "kv_memory"), weights=size(ask.weights, "weights"),
+        utilization=fraction(ask.utilization, "utilization"), num_blocks=optional_one(ask.num_blocks, "num_blocks"),
+        tp=one(ask.tp, "tp"), pp=one(ask.pp, "pp"), kv_dtype=ask.kv_dtype,
+        max_model_len=optional_one(ask.max_model_len, "max_model_len"), block_size=options.block_size,
+        device=options.device, max_num_seqs=optional_one(ask.max_num_seqs, "max_num_seqs"),
+        max_num_batched_tokens=options.max_num_batched_tokens, prefix_caching=options.prefix_caching,
+        long_prefill_token_threshold=int(ask.long_prefill_token_threshold), allocator=ask.allocator,
+        kv_unified=ask.kv_unified, cache_ram=_mib(ask.cache_ram), enforce_eager=options.enforce_eager,
+        entry_point=options.entry_point,
+        lora=(options.max_loras, options.max_lora_rank) if options.enable_lora else None,
+        offload_memory=size(ask.offload_memory, "offload_memory"), offload_backend=ask.offload_backend,
+        offload_disk=size(ask.offload_disk, "offload_disk"), disk_read=_gbps(ask.disk_read))
 
 
 def _gbps(text: str | None) -> float | None:
@@ -296,48 +302,53 @@ def prices(ask: SimulateRequest) -> dict[str | None, float] | None:
     return parse_prices(ask.gpu_price) if ask.gpu_price else None
 
 
-def costed(ask: SimulateRequest, sim: Any, settings: dict[str, Any], combo: dict[str, Any] | None = None) -> Any:
-    """What `sim` (run with `settings`, and a sweep's `combo` over them) costs at --gpu-price; None without one."""
-    found = prices(ask)
-    if found is None:
+def costed(ask: SimulateRequest, sim: Any, found: SimulationAsk) -> Any:
+    """What `sim` (run as `found` asks) costs at --gpu-price; None without one."""
+    priced = prices(ask)
+    if priced is None:
         return None
     from kvbudget.simulation.cost import price_for, run_cost
 
-    used = {**settings, **(combo or {})}
     return run_cost(sim.duration_s, sim.prompt_tokens, sim.output_tokens, sim.completed,
-                    price_for(found, used.get("gpu")), used["tp"] * used["pp"])
+                    price_for(priced, found.gpu), found.tp * found.pp)
 
 
-def prepared(ask: SimulateRequest) -> tuple[Any, Callable[[float], Iterable[Any]], dict[str, Any], float]:
-    """(model, workload by rate scale, setup_for's settings, rate scale) of a request, checked."""
+def prepared(ask: SimulateRequest) -> tuple[Callable[[float], Iterable[Any]], SimulationAsk, float]:
+    """(workload by rate scale, the typed simulation request, rate scale) of a request, checked."""
     model = load(ask.model)
     stream = workload(ask)
-    found = settings(ask)
+    found = simulation_ask(ask, model)
     priced = prices(ask)  # a price that cannot be read fails before any fit or run
     if priced is not None and not ask.sweep:
         from kvbudget.simulation.cost import price_for
 
-        price_for(priced, found.get("gpu"))
-    found.update(_calibration(ask, model, found, stream))
+        price_for(priced, found.gpu)
+    found = _calibration(ask, found, stream)
     scale = positive(ask.rate_scale, "rate_scale")
     if ask.prometheus_series:
         positive(ask.prometheus_interval, "prometheus_interval")
-        if get_engine(found["engine"]).queue_gauges is None:
-            raise KVBudgetError(f"prometheus_series: {found['engine']} publishes no request gauges to write",
+        if found.engine.queue_gauges is None:
+            raise KVBudgetError(f"prometheus_series: {found.engine.name} publishes no request gauges to write",
                                 param="prometheus_series")
     if ask.find_max_rate and ask.sweep:
         raise KVBudgetError(f"simulate: {named('find_max_rate')} and {named('sweep')} go separately")
     if ask.slo and not ask.find_max_rate:
         raise KVBudgetError(f"slo goes with {named('find_max_rate')}", param="slo")
-    return model, stream, found, scale
+    return stream, found, scale
 
 
 def simulation(ask: SimulateRequest, on_step: Callable[..., None] | None = None,
                progress: Callable[[int], None] | None = None, on_finish: Callable[..., None] | None = None) -> Any:
     """One simulated run of a request (its `to_dict()` is what --json prints and the web page serves)."""
-    from kvbudget.simulation import setup_for, simulate
+    return run_prepared(ask, prepared(ask), on_step, progress, on_finish)
 
-    model, stream, found, scale = prepared(ask)
-    setup = setup_for(model, **found)
-    return simulate(model, stream(scale), setup=setup, fast=not ask.reference, on_step=on_step,
+
+def run_prepared(ask: SimulateRequest, ready: tuple[Callable[[float], Iterable[Any]], SimulationAsk, float],
+                 on_step: Callable[..., None] | None = None, progress: Callable[[int], None] | None = None,
+                 on_finish: Callable[..., None] | None = None) -> Any:
+    """The run of a request `prepared` has checked."""
+    from kvbudget.simulation.run import setup_of, simulate
+
+    stream, found, scale = ready
+    return simulate(found.model, stream(scale), setup=setup_of(found), fast=not ask.reference, on_step=on_step,
                     progress=progress, on_finish=on_finish, **guard_settings(ask))
