@@ -91,9 +91,9 @@ def add_options(p: argparse.ArgumentParser, request: type) -> None:
 
 def request_of(request: type, args: argparse.Namespace) -> Any:
     """The command's request from its parsed arguments."""
-    from dataclasses import fields
+    from kvbudget.commands.options import build
 
-    return request(**{f.name: getattr(args, f.name) for f in fields(request)})
+    return build(request, vars(args))
 
 
 def console() -> Any:

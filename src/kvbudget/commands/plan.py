@@ -6,15 +6,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.commands.options import (
-    COUNTED,
-    DEVICES,
-    ENTRY_POINTS,
-    KNOBS,
-    OFFLOAD,
+    MAX_NUM_SEQS,
     UTILIZATION,
+    CountedLength,
+    EngineKnobs,
+    OffloadKnobs,
+    StartupKnobs,
     counted_context,
     engine_field,
-    engine_knobs,
     engine_options,
     engine_release,
     fraction,
@@ -25,6 +24,7 @@ from kvbudget.commands.options import (
     one,
     option,
     optional_one,
+    part,
     size,
     size_or_zero,
 )
@@ -60,33 +60,16 @@ class PlanRequest:
     overhead: str | None = option("non-torch memory and CUDA graphs (overrides the estimate)")
     utilization: str | None = option(UTILIZATION)
     kv_memory: str | None = option("use this KV budget per GPU instead of deriving it")
-    block_size: str | None = option(KNOBS["block_size"])
-    max_num_batched_tokens: str | None = option(KNOBS["max_num_batched_tokens"])
-    no_prefix_caching: bool = option(KNOBS["no_prefix_caching"], False)
-    device: str = option(KNOBS["device"], "cuda", choices=DEVICES)
-    disable_hybrid_kv_cache_manager: bool = option(KNOBS["disable_hybrid_kv_cache_manager"], False)
-    attention_backend: str | None = option(KNOBS["attention_backend"])
-    pp_layer_partition: str | None = option(KNOBS["pp_layer_partition"])
-    num_speculative_tokens: str | None = option(KNOBS["num_speculative_tokens"])
-    max_num_seqs: str | None = option(KNOBS["max_num_seqs"])
-    enforce_eager: bool = option(KNOBS["enforce_eager"], False)
-    entry_point: str = option(KNOBS["entry_point"], "server", choices=ENTRY_POINTS)
-    enable_lora: bool = option(KNOBS["enable_lora"], False)
-    max_loras: str | None = option(KNOBS["max_loras"])
-    max_lora_rank: str | None = option(KNOBS["max_lora_rank"])
-    offload_memory: str | None = option(OFFLOAD["offload_memory"])
-    offload_backend: str | None = option(OFFLOAD["offload_backend"])
-    offload_disk: str | None = option(OFFLOAD["offload_disk"])
+    knobs: EngineKnobs = part(EngineKnobs)
+    max_num_seqs: str | None = option(MAX_NUM_SEQS)
+    startup: StartupKnobs = part(StartupKnobs)
+    offload: OffloadKnobs = part(OffloadKnobs)
     trace: str | None = option("traffic whose prefix reuse decides whether a host tier pays, and how big: a trace "
                                "with prefix ids (mooncake-conv, or JSON Lines with prefix and prefix_tokens)",
                                web=False)
     guard_config: str | None = option("write the degradation plan as YAML for `kvbudget guard`", web=False)
     plot: str | None = option("write a picture (.png or .svg): GPU memory and KV bytes against context", web=False)
-    prompt_file: str | None = option(COUNTED["prompt_file"], web=False)
-    max_new_tokens: str | None = option(COUNTED["max_new_tokens"], web=False)
-    lengths_from: str | None = option(COUNTED["lengths_from"], web=False)
-    tokenizer: str | None = option(COUNTED["tokenizer"], web=False)
-    approximate: bool = option(COUNTED["approximate"], False, web=False)
+    counted: CountedLength = part(CountedLength)
     json: bool = option("print JSON (bytes) instead of tables", False, web=False)
     check: bool = option("exit 1 when the deployment does not fit (for CI): no KV budget, or one request of "
                          "--max-model-len does not fit", False)
@@ -104,12 +87,8 @@ class CompareRequest:
     context: str = option("request length to compare at (default 8192)", "8192")
     tp: str = option("tensor parallel size for every model (default 1)", "1")
     utilization: str | None = option(UTILIZATION)
-    max_num_seqs: str | None = option(KNOBS["max_num_seqs"])
-    enforce_eager: bool = option(KNOBS["enforce_eager"], False)
-    entry_point: str = option(KNOBS["entry_point"], "server", choices=ENTRY_POINTS)
-    enable_lora: bool = option(KNOBS["enable_lora"], False)
-    max_loras: str | None = option(KNOBS["max_loras"])
-    max_lora_rank: str | None = option(KNOBS["max_lora_rank"])
+    max_num_seqs: str | None = option(MAX_NUM_SEQS)
+    startup: StartupKnobs = part(StartupKnobs)
     json: bool = option("print JSON", False, web=False)
 
 
@@ -118,8 +97,8 @@ def answer(ask: PlanRequest) -> Plan | dict[str, Any]:
     changes that make room. `as_json` of it is what --json prints and the web page serves."""
     from kvbudget.planner import NoKVBudget, plan
 
-    engine, options = engine_options(ask)  # first: it reads the release off engine NAME@VERSION
-    counted, counted_note = counted_context(ask, engine, "max_model_len")
+    engine, options = engine_options(ask.engine, ask.knobs, ask.startup, ask.max_num_seqs)  # first: NAME@VERSION
+    counted, counted_note = counted_context(ask.counted, ask.model, engine, "max_model_len", ask.max_model_len)
     utilization = fraction(ask.utilization, "utilization")
     model = load(ask.model)
     curve = _reuse(ask, engine)
@@ -164,13 +143,16 @@ def _host_tiers(ask: PlanRequest, p: Plan, curve: ReuseCurve | None) -> Plan:
 
     card = find_gpu(ask.gpu) if ask.gpu else None
     lengths = (p.capacity.max_model_len, *([curve.mean_hit] if curve and curve.mean_hit else []))
-    host = host_tiers_of(ask, p.engine.name, p.options, tuple(sorted(set(lengths))), card, p.model)
+    host = host_tiers_of(ask.offload, p.engine.name, p.model, kv_dtype=ask.kv_dtype, tp=p.tp, options=p.options,
+                         lengths=tuple(sorted(set(lengths))), gpu=card)
     if host is not None:
         p = replace(p, host=host)
     if curve is None:
         return p
-    advice = _tier_advice(p, curve, card, kv_dtype=ask.kv_dtype, backend=ask.offload_backend,
-                         disk=size(ask.offload_disk, "offload_disk"), given=size(ask.offload_memory, "offload_memory"))
+    offload = ask.offload
+    advice = _tier_advice(p, curve, card, kv_dtype=ask.kv_dtype, backend=offload.offload_backend,
+                          disk=size(offload.offload_disk, "offload_disk"),
+                          given=size(offload.offload_memory, "offload_memory"))
     p = replace(p, reuse=advice)
     if advice.recommended is None:
         return p
@@ -230,7 +212,9 @@ def compare_rows(ask: CompareRequest) -> tuple[Comparison, ...]:
     if len(ask.models) < 2:
         raise KVBudgetError("compare: name at least two models")
     engine, release = engine_release(ask.engine)
-    return compare([load(m) for m in ask.models], engine=engine, gpu=ask.gpu,
-                   gpu_memory=size(ask.gpu_memory, "gpu_memory"), context=one(ask.context, "context"),
-                   kv_dtype=ask.kv_dtype, tp=one(ask.tp, "tp"), utilization=fraction(ask.utilization, "utilization"),
-                   options=replace(engine_knobs(ask), engine_version=release))
+    models = [load(m) for m in ask.models]
+    gpu_memory, context = size(ask.gpu_memory, "gpu_memory"), one(ask.context, "context")
+    tp, utilization = one(ask.tp, "tp"), fraction(ask.utilization, "utilization")
+    options = replace(ask.startup.options(ask.max_num_seqs), engine_version=release)
+    return compare(models, engine=engine, gpu=ask.gpu, gpu_memory=gpu_memory, context=context, kv_dtype=ask.kv_dtype,
+                   tp=tp, utilization=utilization, options=options)

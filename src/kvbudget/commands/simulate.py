@@ -7,10 +7,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.commands.options import (
-    DEVICES,
-    ENTRY_POINTS,
-    KNOBS,
     UTILIZATION,
+    EngineKnobs,
+    StartupKnobs,
     engine_field,
     engine_options,
     fraction,
@@ -20,6 +19,7 @@ from kvbudget.commands.options import (
     one,
     option,
     optional_one,
+    part,
     positive,
     read_yaml,
     size,
@@ -75,19 +75,8 @@ class SimulateRequest:
     max_model_len: str | None = option("longest request (default: the model's maximum)", group=MEMORY)
     allocator: str = option("paged (the engine's), or the PagedAttention paper's baselines "
                             "contiguous-max|contiguous-pow2|contiguous-oracle", "paged", group=MEMORY)
-    block_size: str | None = option(KNOBS["block_size"], group=MEMORY)
-    max_num_batched_tokens: str | None = option(KNOBS["max_num_batched_tokens"], group=MEMORY)
-    no_prefix_caching: bool = option(KNOBS["no_prefix_caching"], False, group=MEMORY)
-    device: str = option(KNOBS["device"], "cuda", choices=DEVICES, group=MEMORY)
-    disable_hybrid_kv_cache_manager: bool = option(KNOBS["disable_hybrid_kv_cache_manager"], False, group=MEMORY)
-    attention_backend: str | None = option(KNOBS["attention_backend"], group=MEMORY)
-    pp_layer_partition: str | None = option(KNOBS["pp_layer_partition"], group=MEMORY)
-    num_speculative_tokens: str | None = option(KNOBS["num_speculative_tokens"], group=MEMORY)
-    enforce_eager: bool = option(KNOBS["enforce_eager"], False, group=MEMORY)
-    entry_point: str = option(KNOBS["entry_point"], "server", choices=ENTRY_POINTS, group=MEMORY)
-    enable_lora: bool = option(KNOBS["enable_lora"], False, group=MEMORY)
-    max_loras: str | None = option(KNOBS["max_loras"], group=MEMORY)
-    max_lora_rank: str | None = option(KNOBS["max_lora_rank"], group=MEMORY)
+    knobs: EngineKnobs = part(EngineKnobs, group=MEMORY)
+    startup: StartupKnobs = part(StartupKnobs, group=MEMORY)
     max_num_seqs: str | None = option("requests running at once (llama.cpp: its slots, -np; vLLM: also the "
                                       "profiling sampler's rows)", group=SCHEDULER)
     kv_unified: bool = option("llama.cpp: one cell pool shared by all slots (llama-server's default when -np is "
@@ -260,7 +249,7 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
     """The typed simulation request of a command's request: its text read into the engine's settings."""
     from kvbudget.engines.scheduling.setup import SimulationAsk
 
-    engine, options = engine_options(ask)
+    engine, options = engine_options(ask.engine, ask.knobs, ask.startup)
     if options.engine_version or options.attention_backend or options.pp_layer_partition:
         raise KVBudgetError(f"simulate follows vLLM 0.32's scheduler and allocator on one rank: "
                             f"{named('engine', 'vllm@VERSION')}, {named('attention_backend')} and "

@@ -22,7 +22,7 @@ from kvbudget import traces
 from kvbudget.commands import spelling
 from kvbudget.commands.estimate import EstimateRequest
 from kvbudget.commands.estimate import answer as estimate_answer
-from kvbudget.commands.options import Option, options
+from kvbudget.commands.options import Option, build, options
 from kvbudget.commands.plan import CompareRequest, PlanRequest, as_json, compare_rows
 from kvbudget.commands.plan import answer as plan_answer
 from kvbudget.commands.simulate import SimulateRequest
@@ -178,7 +178,7 @@ def request(command: str, params: Iterable[tuple[str, str]], uploads: Uploads, t
         values["models"] = tuple(models)
     else:
         values["model"] = models[0]
-    return REQUESTS[command](**values)
+    return build(REQUESTS[command], values)
 
 
 def field_of(exc: KVBudgetError) -> str | None:
