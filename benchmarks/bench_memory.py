@@ -57,7 +57,7 @@ def predict(case: dict[str, Any]) -> dict[str, Any]:
                           max_model_len=case["max_model_len"], utilization=case["utilization"], options=options,
                           recommend=False)
     except NoKVBudget as exc:
-        stack = {t["key"]: t["bytes"] / GIB for t in exc.answer["stack"]}
+        stack = {t.key: t.bytes / GIB for t in exc.answer.stack}
         return {**stack, "refused": True}
     stack = {t.key: t.bytes / GIB for t in p.stack}
     return {**stack, "refused": not p.capacity.fits}

@@ -80,12 +80,41 @@ class Recommendation:
                 "gain": self.gain, "makes_it_fit": self.makes_it_fit, "more_gpus": self.more_gpus, "cost": self.cost}
 
 
-class NoKVBudget(BudgetError):
-    """The weights and the engine's other memory leave nothing for the KV cache: not bad input but an answer, which
-    `answer` holds (what was asked, the memory stack, fits False, the changes that would make it fit)."""
+@dataclass(frozen=True, kw_only=True)
+class NoBudget:
+    """A deployment whose weights and other memory leave nothing for the KV cache: what was asked, the memory
+    stack, and the changes that would make it fit (an answer, not an error: `plan` says it in full)."""
 
-    def __init__(self, message: str, answer: dict[str, Any]):
-        super().__init__(message)
+    model: str
+    engine: str
+    gpu: str
+    gpu_memory_bytes: int
+    tp: int
+    pp: int
+    weights: Weights
+    stack: tuple[Term, ...]
+    kv_memory_bytes: int
+    reason: str
+    recommendations: tuple[Recommendation, ...]
+
+    fits = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "engine": self.engine, "gpu": self.gpu,
+                "gpu_memory_bytes": self.gpu_memory_bytes, "tp": self.tp, "pp": self.pp,
+                "weights_bytes": self.weights.per_gpu_bytes, "weights": self.weights.to_dict(),
+                "stack": [{"key": t.key, "name": t.name, "bytes": t.bytes, "estimate": t.estimate, "note": t.text()}
+                          for t in self.stack],
+                "kv_memory_bytes": self.kv_memory_bytes, "fits": False, "reason": self.reason,
+                "recommendations": [r.to_dict() for r in self.recommendations]}
+
+
+class NoKVBudget(BudgetError):
+    """`plan` asked of a deployment that leaves no KV budget: the error carries the answer (`answer`, a NoBudget)
+    for callers that say it rather than fail (the plan command)."""
+
+    def __init__(self, answer: NoBudget):
+        super().__init__(answer.reason)
         self.answer = answer
 
 
@@ -337,13 +366,9 @@ def _no_budget(inputs: _Inputs, card: GPU, w: Weights, stack: tuple[Term, ...], 
              if recommend else "; `kvbudget plan` says what makes room")
     message = (f"{model.name} on {card.name}: weights ({format_bytes(w.per_gpu_bytes)} per GPU) and the engine's "
                f"other memory leave no KV budget out of {format_bytes(card.memory_bytes)}{first}")
-    return NoKVBudget(message, {
-        "model": model.name, "engine": chosen.name, "gpu": card.name, "gpu_memory_bytes": card.memory_bytes,
-        "tp": inputs.tp, "pp": inputs.pp, "weights_bytes": w.per_gpu_bytes, "weights": w.to_dict(),
-        "stack": [{"key": t.key, "name": t.name, "bytes": t.bytes, "estimate": t.estimate, "note": t.text()}
-                  for t in stack],
-        "kv_memory_bytes": kv_budget, "fits": False, "reason": message,
-        "recommendations": [r.to_dict() for r in advice]})
+    return NoKVBudget(NoBudget(model=model.name, engine=chosen.name, gpu=card.name, gpu_memory_bytes=card.memory_bytes,
+                               tp=inputs.tp, pp=inputs.pp, weights=w, stack=stack, kv_memory_bytes=kv_budget,
+                               reason=message, recommendations=tuple(advice)))
 
 
 def _card(gpu: str | None, gpu_memory: int | None) -> GPU:

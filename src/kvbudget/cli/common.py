@@ -128,7 +128,7 @@ def fit_table(table: Any, width: int) -> None:
     for column in table.columns:
         column.overflow = "fold"
     columns = table.columns
-    natural = [max(longest_line([plain(c) for c in col._cells]), longest_line([plain(col.header)])) for col in columns]
+    natural = [max(longest_line([plain(c) for c in col.cells]), longest_line([plain(col.header)])) for col in columns]
     if table.box is None or sum(natural) + 3 * len(columns) + 1 <= width:
         return
     table.box, table.padding, table.pad_edge, table.show_edge = None, (0, 1), False, False
@@ -138,7 +138,7 @@ def fit_table(table: Any, width: int) -> None:
     whole = [i for i, col in enumerate(columns) if col.no_wrap and i not in numbers]  # names: never cut or wrapped
     words = [i for i in range(len(columns)) if i not in numbers and i not in whole]
     # a number column is as wide as its widest number; words in it ("does not fit") may wrap
-    cells = {i: longest_line([t for t in map(plain, columns[i]._cells) if any(ch.isdigit() for ch in t)]) or 1
+    cells = {i: longest_line([t for t in map(plain, columns[i].cells) if any(ch.isdigit() for ch in t)]) or 1
              for i in numbers}
     fixed = {i: max(cells[i], max((cell_len(w) for w in plain(columns[i].header).split()), default=0))
              for i in numbers}
@@ -147,7 +147,7 @@ def fit_table(table: Any, width: int) -> None:
     fixed.update({i: natural[i] for i in whole})
     room = width - gaps - sum(fixed.values())
     # a text column is at least as wide as its longest word (up to 12) where that leaves room, else 6
-    least = {i: max(6, min(12, max((cell_len(w) for c in columns[i]._cells for w in plain(c).split()), default=0)))
+    least = {i: max(6, min(12, max((cell_len(w) for c in columns[i].cells for w in plain(c).split()), default=0)))
              for i in words}
     if sum(least.values()) > room:
         least = dict.fromkeys(words, 6)

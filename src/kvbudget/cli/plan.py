@@ -13,7 +13,7 @@ from kvbudget.commands.plan import CompareRequest, PlanRequest, answer, as_json,
 from kvbudget.units import format_bytes
 
 if TYPE_CHECKING:
-    from kvbudget.planner import Plan, Recommendation
+    from kvbudget.planner import NoBudget, Plan, Recommendation
 
 
 def add_parser(sub: Any) -> None:
@@ -26,18 +26,18 @@ def add_parser(sub: Any) -> None:
     cmp_.set_defaults(run=run_compare)
 
 
-def compute(args: argparse.Namespace) -> Plan | dict[str, Any]:
+def compute(args: argparse.Namespace) -> Plan | NoBudget:
     """The plan the arguments ask for (`as_json` of it is what --json prints)."""
     return answer(request_of(PlanRequest, args))
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvbudget.planner import guard_config_yaml
+    from kvbudget.planner import NoBudget, guard_config_yaml
 
     result = compute(args)
-    if isinstance(result, dict):
+    if isinstance(result, NoBudget):
         if args.json:
-            print(json.dumps(result, indent=2))
+            print(json.dumps(result.to_dict(), indent=2))
         else:
             render_no_budget(result)
         return 1 if args.check else 0
@@ -55,23 +55,18 @@ def run(args: argparse.Namespace) -> int:
     return 1 if args.check and not result.fits else 0
 
 
-def render_no_budget(answer: dict[str, Any]) -> None:
+def render_no_budget(answer: NoBudget) -> None:
     """A deployment that leaves no KV budget: the memory stack and the changes that make room."""
-    from kvbudget.planner import Recommendation
-
     out = console()
-    out.print(f"[bold]{answer['model']}[/] on [bold]{answer['gpu']}[/] x{answer['tp'] * answer['pp']} (tp "
-              f"{answer['tp']}, pp {answer['pp']}) with [bold]{answer['engine']}[/]: [red]does not fit[/]")
-    for t in answer["stack"]:
-        out.print(f"  {t['name']}: {format_bytes(t['bytes'])}" + (" (estimate)" if t["estimate"] else ""))
+    out.print(f"[bold]{answer.model}[/] on [bold]{answer.gpu}[/] x{answer.tp * answer.pp} (tp "
+              f"{answer.tp}, pp {answer.pp}) with [bold]{answer.engine}[/]: [red]does not fit[/]")
+    for t in answer.stack:
+        out.print(f"  {t.name}: {format_bytes(t.bytes)}" + (" (estimate)" if t.estimate else ""))
     out.print("  the weights and the engine's other memory leave no KV budget")
-    if answer["recommendations"]:
+    if answer.recommendations:
         out.print("[bold]What to change[/] (cheapest first):")
-        recs = [Recommendation(parameters=r["parameters"], note=r["note"], effect=r["effect"], gain=r["gain"],
-                               makes_it_fit=r["makes_it_fit"], more_gpus=r["more_gpus"])
-                for r in answer["recommendations"]]
         out.print(hanging([(f"  {i}.", f"{change_text(rec)} ({rec.cost}): {rec.effect}")
-                           for i, rec in enumerate(recs, 1)]))
+                           for i, rec in enumerate(answer.recommendations, 1)]))
     else:
         out.print("  no larger tensor parallel size or GPU makes room: a quantized checkpoint (give its size with "
                   "--weights)")

@@ -33,7 +33,7 @@ from kvbudget.errors import KVBudgetError, named
 if TYPE_CHECKING:
     from kvbudget.comparison import Comparison
     from kvbudget.gpus import GPU
-    from kvbudget.planner import Plan
+    from kvbudget.planner import NoBudget, Plan
     from kvbudget.reuse import ReuseCurve, TierAdvice
 
 
@@ -92,7 +92,7 @@ class CompareRequest:
     json: bool = option("print JSON", False, web=False)
 
 
-def answer(ask: PlanRequest) -> Plan | dict[str, Any]:
+def answer(ask: PlanRequest) -> Plan | NoBudget:
     """The plan a request asks for, or (a deployment that leaves no KV budget) the answer saying so with the
     changes that make room. `as_json` of it is what --json prints and the web page serves."""
     from kvbudget.planner import NoKVBudget, plan
@@ -201,8 +201,8 @@ def _tier_advice(p: Plan, curve: ReuseCurve, card: GPU | None, *, kv_dtype: str,
                   load_seconds=load_seconds, recompute_seconds=recompute_seconds, basis=basis, given=given)
 
 
-def as_json(result: Plan | dict[str, Any]) -> dict[str, Any]:
-    return result if isinstance(result, dict) else result.to_dict()
+def as_json(result: Plan | NoBudget) -> dict[str, Any]:
+    return result.to_dict()
 
 
 def compare_rows(ask: CompareRequest) -> tuple[Comparison, ...]:

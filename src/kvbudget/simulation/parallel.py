@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 from kvbudget.errors import KVBudgetError
 
 T = TypeVar("T")
-BACKENDS = ("process", "serial", "ray", "ray=ADDRESS")
 
 
 def check_backend(text: str) -> tuple[str, str | None]:

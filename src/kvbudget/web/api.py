@@ -256,10 +256,10 @@ def compare(params: list[tuple[str, str]], uploads: Uploads) -> Any:
 
 
 def guard_yaml(params: list[tuple[str, str]], uploads: Uploads) -> str:
-    from kvbudget.planner import guard_config_yaml
+    from kvbudget.planner import NoBudget, guard_config_yaml
 
     result = plan_result(params, uploads)
-    if isinstance(result, dict):
+    if isinstance(result, NoBudget):
         raise WebError("guard: the deployment leaves no KV budget, so there is no plan to guard; change what the "
                        "plan recommends first", "model")
     return guard_config_yaml(result)

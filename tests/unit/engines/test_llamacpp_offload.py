@@ -20,7 +20,7 @@ def _fixed(gpu: str, max_len: int) -> int:
                               recommend=False).stack
         terms = {t.key: t.bytes for t in stack}
     except NoKVBudget as exc:
-        terms = {t["key"]: t["bytes"] for t in exc.answer["stack"]}
+        terms = {t.key: t.bytes for t in exc.answer.stack}
     return terms["activation"] + terms["overhead"]
 
 
@@ -51,10 +51,10 @@ def test_the_plan_offers_it_where_the_model_does_not_fit():
         kvbudget.plan(kvbudget.load_model("llama-3.1-70b"), engine="llamacpp", gpu="RTX-4090", max_model_len=8192)
         raise AssertionError("70B in bf16 does not fit a 24 GB card")
     except NoKVBudget as exc:
-        recs = exc.answer["recommendations"]
+        recs = exc.answer.recommendations
     from kvbudget.gpus import find_gpu
 
     card = find_gpu("RTX-4090").memory_bytes
     ngl = get_engine("llamacpp").offload(kvbudget.load_model("llama-3.1-70b"), card, 8192)
-    assert ngl is not None and recs[0]["parameters"] == {"n_gpu_layers": ngl.value} and recs[0]["makes_it_fit"]
-    assert "host memory" in recs[0]["note"]
+    assert ngl is not None and recs[0].parameters == {"n_gpu_layers": ngl.value} and recs[0].makes_it_fit
+    assert "host memory" in recs[0].note

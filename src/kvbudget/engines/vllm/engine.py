@@ -90,8 +90,6 @@ DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
 CPU_MLA_BLOCK_SIZE = 16
 KERNEL_BLOCK_ALIGNMENT = {"cuda": 16, "cpu": 16}  # smallest kernel block of the default attention backend
 DEFAULT_MAX_NUM_BATCHED_TOKENS = BATCH_DEFAULTS["small"][0]
-NEWEST_RELEASE = Release(NEWEST)
-GPU_MEMORY_UTILIZATION = NEWEST_RELEASE.gpu_memory_utilization  # vllm/config/cache.py default (0.9 before 0.20)
 _FP32 = get_dtype("float32")
 
 
