@@ -26,6 +26,9 @@ from kvbudget.units import format_bytes
 
 if TYPE_CHECKING:
     from kvbudget.engines.scheduling.setup import SimulationAsk
+    from kvbudget.simulation.cost import Cost
+    from kvbudget.simulation.run import Simulation
+    from kvbudget.simulation.search import RateSearch
 
 
 def add_parser(sub: Any) -> None:
@@ -117,7 +120,7 @@ def _dollars(value: float | None) -> str:
     return "-" if value is None else f"${value:,.2f}" if value >= 0.1 else f"${value:,.4f}"
 
 
-def _cost_line(cost: Any, basis: str) -> str:
+def _cost_line(cost: Cost, basis: str) -> str:
     return (f"cost: {_dollars(cost.price_per_gpu_hour)} per GPU-hour x {cost.gpus} GPU"
             f"{'s' if cost.gpus > 1 else ''} = {_dollars(cost.per_hour)}/hour; this run {_dollars(cost.run)}: "
             f"{_dollars(cost.per_million_tokens)} per million tokens (prompt and output), "
@@ -125,7 +128,7 @@ def _cost_line(cost: Any, basis: str) -> str:
             f"{_dollars(cost.per_thousand_requests)} per thousand requests (times: {basis})")
 
 
-def _write_series(ask: SimulateRequest, sim: Any) -> None:
+def _write_series(ask: SimulateRequest, sim: Simulation) -> None:
     from kvbudget.guard.alerts import promtool_test, thresholds_of
 
     assert ask.prometheus_series is not None
@@ -161,7 +164,7 @@ def _short(value: float | None) -> str:
     return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.1f}s"
 
 
-def _print(sim: Any, args: argparse.Namespace) -> None:
+def _print(sim: Simulation, args: argparse.Namespace) -> None:
     from rich.table import Table
 
     s = sim.setup
@@ -227,7 +230,7 @@ def _credit(args: argparse.Namespace) -> str:
     return "; ".join(dict.fromkeys(f"{t.credit} ({t.licence})" for t in found if t))
 
 
-def _print_search(found: Any, slo: dict[str, float], cost: Any = None) -> None:
+def _print_search(found: RateSearch, slo: dict[str, float], cost: Cost | None = None) -> None:
     out = console()
     objectives = ", ".join(f"{k} ≤ {_ms(v)}" for k, v in slo.items())
     if found.best is None:

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvbudget.offload import HostReport
 from kvbudget.reuse import TierAdvice
 from kvbudget.units import format_bytes
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def seconds(s: float) -> str:
     return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.2f} s"
 
 
-def render_host(out: Any, report: HostReport) -> None:
+def render_host(out: Console, report: HostReport) -> None:
     """One table of the tiers, one of prefixes by length, then where each figure comes from."""
     from rich.table import Table
 
@@ -47,7 +50,7 @@ def render_host(out: Any, report: HostReport) -> None:
                   f"{report.link.source}; a disk tier's depend on the drive (not estimated)")
 
 
-def render_advice(out: Any, advice: TierAdvice) -> None:
+def render_advice(out: Console, advice: TierAdvice) -> None:
     """The host-tier sizes tried on a trace, and whether one pays."""
     from rich.table import Table
 

@@ -14,11 +14,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvbudget.engines import EngineOptions, get_engine
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.units import parse_positive_ints, parse_size
+
+if TYPE_CHECKING:
+    from kvbudget.gpus import GPU
+    from kvbudget.model.spec import ModelSpec
+    from kvbudget.offload import HostReport
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,7 +153,7 @@ def engine_options(engine: str, knobs: EngineKnobs | None = None, startup: Start
     return name, replace(options, engine_version=release)
 
 
-def counted_context(counted: CountedLength, model: str, engine: str, instead_of: str, given: Any
+def counted_context(counted: CountedLength, model: str, engine: str, instead_of: str, given: str | None
                     ) -> tuple[int | None, str | None]:
     """T from prompt_file or lengths_from, counted with the real tokenizer of `model` (or labelled as
     approximate); `instead_of` is the parameter a counted length replaces (its value `given`), refused when both
@@ -229,8 +234,8 @@ def kv_dtype_field() -> Any:
     return option(f"one of {', '.join(KV_DTYPE_CHOICES)} (default auto)", "auto")
 
 
-def host_tiers_of(offload: OffloadKnobs, engine: str, model: Any, *, kv_dtype: str, tp: int, options: EngineOptions,
-                  lengths: tuple[int, ...], gpu: Any = None) -> Any:
+def host_tiers_of(offload: OffloadKnobs, engine: str, model: ModelSpec, *, kv_dtype: str, tp: int,
+                  options: EngineOptions, lengths: tuple[int, ...], gpu: GPU | None = None) -> HostReport | None:
     """The host tiers a request's offload options ask for, or None when it gives no host memory."""
     from kvbudget.offload import host_report
 

@@ -30,6 +30,8 @@ from kvbudget.errors import KVBudgetError, named
 if TYPE_CHECKING:
     from kvbudget.engines.scheduling.setup import SimulationAsk
     from kvbudget.model.spec import ModelSpec
+    from kvbudget.simulation.cost import Cost
+    from kvbudget.simulation.run import Simulation
 
 WORKLOAD, MEMORY = "workload (a trace, or synthetic arrivals)", "memory (as `kvbudget plan`)"
 SCHEDULER, ANSWERS = "scheduler (default: the engine's for the GPU)", "answers"
@@ -291,7 +293,7 @@ def prices(ask: SimulateRequest) -> dict[str | None, float] | None:
     return parse_prices(ask.gpu_price) if ask.gpu_price else None
 
 
-def costed(ask: SimulateRequest, sim: Any, found: SimulationAsk) -> Any:
+def costed(ask: SimulateRequest, sim: Simulation, found: SimulationAsk) -> Cost | None:
     """What `sim` (run as `found` asks) costs at --gpu-price; None without one."""
     priced = prices(ask)
     if priced is None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from kvbudget.engines.base import EngineOptions
+    from kvbudget.engines.base import Engine, EngineOptions
     from kvbudget.model.spec import ModelSpec
 
 
@@ -68,7 +68,7 @@ class ReportsPool(Protocol):
         """The KV budget, in this engine's allocation of `model`, that holds the pool `report` states."""
 
 
-def tokens_budget(engine: Any, model: ModelSpec, report: PoolReport, kv_dtype: str = "auto", tp: int = 1,
+def tokens_budget(engine: Engine, model: ModelSpec, report: PoolReport, kv_dtype: str = "auto", tp: int = 1,
                   options: EngineOptions | None = None) -> int:
     """The budget of a pool counted in tokens: its tokens at the bytes per token of the engine's allocation."""
     from kvbudget.engines.base import EngineOptions

@@ -11,13 +11,18 @@ import math
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvbudget.engines import Engine, get_engine
 from kvbudget.engines.scheduling.seq import Queues, Seq
 from kvbudget.engines.scheduling.setup import Planned, Setup, Simulates, SimulationAsk
 from kvbudget.engines.scheduling.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
 from kvbudget.engines.scheduling.workload import Request, samples
+
+if TYPE_CHECKING:
+    from kvbudget.engines.tiers import OffloadTotals
+    from kvbudget.gpus import GPU
+    from kvbudget.planner import Plan
 from kvbudget.errors import KVBudgetError, spelled
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation import steptimes
@@ -145,7 +150,7 @@ class Simulation:
     guard: GuardReport | None = None  # what the guard in the loop did
     failed: int = 0  # requests the engine answered with an error (llama.cpp's unified cache when it overflows)
     latency_timeline: tuple[LatencyWindow, ...] = ()  # TTFT and end-to-end percentiles over the run
-    offload: Any = None  # what a host tier behind the prefix cache did (the scheduler's totals), where there is one
+    offload: OffloadTotals | None = None  # what a host tier behind the prefix cache did (its scheduler's totals)
 
     def metric(self, name: str) -> float | None:
         """A latency figure by name: ttft|tpot|e2e _ p50|p90|p99|mean|max (seconds)."""
@@ -257,22 +262,23 @@ def setup_of(ask: SimulationAsk) -> Setup:
     return simulator.setup(ask, planned)
 
 
-def default_time_model(model: ModelSpec, p: Any, card: Any) -> TimeModel:
+def default_time_model(model: ModelSpec, p: Plan, card: GPU | None) -> TimeModel:
     """Kernels fitted on measurements (the card's own, or transferred from measured GPUs) where the card has
     datasheet figures and the model's parameters are counted; else the roofline."""
     kernels = steptimes.kernels_for(card) if card is not None else None
     work = steptimes.step_work(model, p) if kernels is not None else None
-    if kernels is not None and work is not None:
+    if card is not None and kernels is not None and work is not None:
         return steptimes.time_model(work, kernels, card)
     return _roofline(p, card)
 
 
-def _roofline(p: Any, card: Any) -> TimeModel:
+def _roofline(p: Plan, card: GPU | None) -> TimeModel:
     """The roofline over the card's datasheet peaks; without them, nominal peaks (only a calibration helps)."""
-    figures = card is not None and card.bandwidth_bytes_per_s and card.half_tflops
+    bandwidth, tflops = (card.bandwidth_bytes_per_s, card.half_tflops) if card is not None else (None, None)
+    figures = bool(bandwidth and tflops)
     return TimeModel.roofline(p.weights.active_bytes / p.tp, p.estimate.bytes_per_token,
-                              2 * p.weights.active_params / p.tp, card.bandwidth_bytes_per_s if figures else 1e12,
-                              card.half_tflops * 1e12 if figures else 1e12,
+                              2 * p.weights.active_params / p.tp, bandwidth if bandwidth and tflops else 1e12,
+                              tflops * 1e12 if bandwidth and tflops else 1e12,
                               "roofline estimate" if figures else NOMINAL)
 
 

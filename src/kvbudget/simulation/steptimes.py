@@ -23,12 +23,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvbudget.engines.scheduling.timing import TimeModel, nonnegative_fit
 from kvbudget.errors import ConfigError
 from kvbudget.model.params import activation_widths, count_parameters
 from kvbudget.model.spec import Attention, LatentAttention, ModelSpec
+
+if TYPE_CHECKING:
+    from kvbudget.gpus import GPU
+    from kvbudget.planner import Plan
 
 # kernels a vLLM decoder layer launches, beside its attention: QKV and output projections, the gated MLP's two
 # (an MoE layer: the router and the fused experts); two norms, the activation and the rotary embedding
@@ -191,7 +195,7 @@ LINEAR_PARTS = ("attention", "mlp", "experts", "shared_expert", "mixer", "router
 DENSE_PARTS = tuple(p for p in LINEAR_PARTS if p != "experts")
 
 
-def step_work(model: ModelSpec, plan: Any) -> StepWork | None:
+def step_work(model: ModelSpec, plan: Plan) -> StepWork | None:
     """What one GPU of `plan` does per step for `model`, or None where its parameters are not counted."""
     try:
         groups = count_parameters(model).groups
@@ -234,7 +238,7 @@ class Kernels:
     label: str
 
 
-def kernels_for(card: Any, without: Sequence[str] = ()) -> Kernels | None:
+def kernels_for(card: GPU, without: Sequence[str] = ()) -> Kernels | None:
     """`card`'s kernels: its own fits where it has measurements, the rest transferred from the GPUs that have
     them as fractions of their datasheet peaks (bandwidth, dense 16-bit FLOPS) applied to `card`'s datasheet,
     fixed costs their median. None where the card has no datasheet figures (the roofline's nominal case).
@@ -270,19 +274,27 @@ def _kinds(ops: list[str]) -> str:
     return ", ".join(dict.fromkeys(words[op] for op in ops))
 
 
-def _transfer(op: str, donors: list[tuple[GpuFit, Any]], card: Any) -> OpFit | None:
-    fits = [(f.ops[op], c) for f, c in donors if op in f.ops]
+def _peaks(card: GPU) -> tuple[float, float]:
+    """The card's datasheet bandwidth (bytes/s) and dense 16-bit TFLOPS, which every measured card and every card
+    kernels are transferred to has."""
+    assert card.bandwidth_bytes_per_s and card.half_tflops, card.name
+    return card.bandwidth_bytes_per_s, card.half_tflops
+
+
+def _transfer(op: str, donors: list[tuple[GpuFit, GPU]], card: GPU) -> OpFit | None:
+    fits = [(f.ops[op], _peaks(c)) for f, c in donors if op in f.ops]
     if not fits:
         return None
-    bandwidth = statistics.fmean(o.bandwidth / c.bandwidth_bytes_per_s for o, c in fits)
-    throughput = statistics.fmean(o.throughput / (c.half_tflops * 1e12) for o, c in fits)
+    bandwidth = statistics.fmean(o.bandwidth / peak_bandwidth for o, (peak_bandwidth, _) in fits)
+    throughput = statistics.fmean(o.throughput / (tflops * 1e12) for o, (_, tflops) in fits)
+    card_bandwidth, card_tflops = _peaks(card)
     return OpFit(op=op, fixed=statistics.median(o.fixed for o, _ in fits), bandwidth=bandwidth
-                 * card.bandwidth_bytes_per_s, throughput=throughput * card.half_tflops * 1e12,
+                 * card_bandwidth, throughput=throughput * card_tflops * 1e12,
                  per_sequence=statistics.median(o.per_sequence for o, _ in fits), overlapped=fits[0][0].overlapped,
                  rows=0, median_error=float("nan"))
 
 
-def time_model(work: StepWork, kernels: Kernels, card: Any) -> TimeModel:
+def time_model(work: StepWork, kernels: Kernels, card: GPU) -> TimeModel:
     """The step time of `work` on `card`, as a TimeModel: the projections' weight read and compute overlapped,
     plus what is added per step, per token, per cached token, per attended pair and per sequence."""
     ops = kernels.ops
