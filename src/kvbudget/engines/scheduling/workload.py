@@ -15,12 +15,16 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from itertools import repeat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kvbudget.errors import KVBudgetError
 
-if TYPE_CHECKING:
-    from kvbudget.tokens import PromptCounter
+
+class CountsLines(Protocol):
+    """What counts a request log's prompts (`kvbudget.tokens.PromptCounter`): each JSON line's prompt tokens,
+    its max_tokens (or None) and its body."""
+
+    def count_lines(self, lines: Iterable[str]) -> Iterator[tuple[int, int | None, dict[str, Any]]]: ...
 
 MOONCAKE_BLOCK = 512  # tokens per hash id in the Mooncake traces (FAST'25 release README)
 
@@ -233,7 +237,7 @@ def rescale(requests: Iterable[Request], rate_scale: float = 1.0, start: int = 0
                       max_tokens=r.max_tokens, n=r.n, beam_search=r.beam_search)
 
 
-def request_log(path: str | Path, counter: PromptCounter, lengths: Lengths, rate: float | None = None, seed: int = 0,
+def request_log(path: str | Path, counter: CountsLines, lengths: Lengths, rate: float | None = None, seed: int = 0,
                 cv: float = 1.0) -> Iterator[Request]:
     """An OpenAI chat request log (JSON Lines, as `kvbudget tokens` reads it) with prompt lengths counted exactly
     by `counter` (a `kvbudget.tokens.PromptCounter`). A request generates its max_tokens (or
