@@ -168,7 +168,7 @@ def _tier_advice(p: Plan, curve: ReuseCurve, card: GPU | None, *, kv_dtype: str,
     from kvbudget.engines.tiers import OffloadsKV, host_link
     from kvbudget.offload import host_report
     from kvbudget.reuse import CANDIDATES, advise, prefill_seconds
-    from kvbudget.simulation.run import default_time_model
+    from kvbudget.simulation.steptimes import default_time_model
 
     assert isinstance(p.engine, OffloadsKV)  # the command refuses others before reading the trace
     def report(memory: int) -> Any:

@@ -21,8 +21,6 @@ from kvbudget.engines.scheduling.workload import Request, samples
 
 if TYPE_CHECKING:
     from kvbudget.engines.tiers import OffloadTotals
-    from kvbudget.gpus import GPU
-    from kvbudget.planner import Plan
 from kvbudget.errors import KVBudgetError, spelled
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation import steptimes
@@ -248,7 +246,7 @@ def setup_of(ask: SimulationAsk) -> Setup:
     elif ask.time_model is not None:
         time_model = ask.time_model
     else:
-        time_model = default_time_model(model, p, card)
+        time_model = steptimes.default_time_model(model, p, card)
     if time_model.basis == NOMINAL:
         raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
                             "FLOPS), or measured timings to calibrate it "
@@ -260,26 +258,6 @@ def setup_of(ask: SimulationAsk) -> Setup:
                       gpu=p.gpu if card or ask.gpu_memory else None,
                       kv_memory=p.kv_memory_bytes if ask.budget_given else None)
     return simulator.setup(ask, planned)
-
-
-def default_time_model(model: ModelSpec, p: Plan, card: GPU | None) -> TimeModel:
-    """Kernels fitted on measurements (the card's own, or transferred from measured GPUs) where the card has
-    datasheet figures and the model's parameters are counted; else the roofline."""
-    kernels = steptimes.kernels_for(card) if card is not None else None
-    work = steptimes.step_work(model, p) if kernels is not None else None
-    if card is not None and kernels is not None and work is not None:
-        return steptimes.time_model(work, kernels, card)
-    return _roofline(p, card)
-
-
-def _roofline(p: Plan, card: GPU | None) -> TimeModel:
-    """The roofline over the card's datasheet peaks; without them, nominal peaks (only a calibration helps)."""
-    bandwidth, tflops = (card.bandwidth_bytes_per_s, card.half_tflops) if card is not None else (None, None)
-    figures = bool(bandwidth and tflops)
-    return TimeModel.roofline(p.weights.active_bytes / p.tp, p.estimate.bytes_per_token,
-                              2 * p.weights.active_params / p.tp, bandwidth if bandwidth and tflops else 1e12,
-                              tflops * 1e12 if bandwidth and tflops else 1e12,
-                              "roofline estimate" if figures else NOMINAL)
 
 
 def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | None = None, fast: bool = True,

@@ -25,7 +25,7 @@ from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from kvbudget.engines.scheduling.timing import TimeModel, nonnegative_fit
+from kvbudget.engines.scheduling.timing import NOMINAL, TimeModel, nonnegative_fit
 from kvbudget.errors import ConfigError
 from kvbudget.model.params import activation_widths, count_parameters
 from kvbudget.model.spec import Attention, LatentAttention, ModelSpec
@@ -333,3 +333,23 @@ def time_model(work: StepWork, kernels: Kernels, card: GPU) -> TimeModel:
 def _per(amount: float, rate: float) -> float:
     """Seconds for `amount` at `rate` per second (0 where the fit found no such term)."""
     return amount / rate if rate else 0.0
+
+
+def default_time_model(model: ModelSpec, p: Plan, card: GPU | None) -> TimeModel:
+    """Kernels fitted on measurements (the card's own, or transferred from measured GPUs) where the card has
+    datasheet figures and the model's parameters are counted; else the roofline."""
+    kernels = kernels_for(card) if card is not None else None
+    work = step_work(model, p) if kernels is not None else None
+    if card is not None and kernels is not None and work is not None:
+        return time_model(work, kernels, card)
+    return _roofline(p, card)
+
+
+def _roofline(p: Plan, card: GPU | None) -> TimeModel:
+    """The roofline over the card's datasheet peaks; without them, nominal peaks (only a calibration helps)."""
+    bandwidth, tflops = (card.bandwidth_bytes_per_s, card.half_tflops) if card is not None else (None, None)
+    figures = bool(bandwidth and tflops)
+    return TimeModel.roofline(p.weights.active_bytes / p.tp, p.estimate.bytes_per_token,
+                              2 * p.weights.active_params / p.tp, bandwidth if bandwidth and tflops else 1e12,
+                              tflops * 1e12 if bandwidth and tflops else 1e12,
+                              "roofline estimate" if figures else NOMINAL)
