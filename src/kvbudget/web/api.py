@@ -256,7 +256,7 @@ def compare(params: list[tuple[str, str]], uploads: Uploads) -> Any:
 
 
 def guard_yaml(params: list[tuple[str, str]], uploads: Uploads) -> str:
-    from kvbudget.planner import guard_config_yaml
+    from kvbudget.guard.config import guard_config_yaml
 
     result = plan_result(params, uploads)
     if isinstance(result, dict):
