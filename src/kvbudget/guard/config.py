@@ -155,12 +155,17 @@ def _text(value: Any, where: str, param: str) -> str:
     return value
 
 
-def _texts(what: str) -> Reader:
+def _texts(what: str, secret: bool = False) -> Reader:
+    """A list of strings; `secret`: errors never show the values (keys end up in logs)."""
     def read(value: Any, where: str, param: str) -> tuple[str, ...]:
         if isinstance(value, str):
-            _fail(where, f"must be a list of {what}, not one string (write [{value}] for one)", value, param)
+            raise UpstreamConfigError(f"{where}: must be a list of {what}, not one string (a list of one: "
+                                      f"[{'KEY' if secret else value}])", param=param)
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) and v.strip() for v in value):
-            _fail(where, f"must be a list of {what}, each a string", value, param)
+            why = f"must be a list of {what}, each a string"
+            if secret:
+                raise UpstreamConfigError(f"{where}: {why}", param=param)
+            _fail(where, why, value, param)
         return tuple(value)
     return read
 
@@ -231,8 +236,8 @@ KEYS: dict[str, Reader] = {  # every key of the file, and how its value is read
     "fixed_bytes_per_sequence": _whole(0), "max_model_len": _whole(1), "levels": _levels,
     "hysteresis": _number(0, False), "priority_reject": _fraction, "max_tokens_cap": _whole(1),
     "max_tokens_fraction": _fraction, "staleness_s": SECONDS, "fail_open": _flag, "retry_after_s": _whole(0),
-    "default_max_tokens": _whole(1), "max_waiting": _whole(1), "api_keys": _texts("keys"),
-    "priority_keys": _texts("keys"), "max_body_bytes": _whole(1), "connect_timeout": SECONDS,
+    "default_max_tokens": _whole(1), "max_waiting": _whole(1), "api_keys": _texts("keys", True),
+    "priority_keys": _texts("keys", True), "max_body_bytes": _whole(1), "connect_timeout": SECONDS,
     "first_byte_timeout": SECONDS, "idle_timeout": SECONDS, "max_response_bytes": _whole(1),
     "shutdown_grace": _number(0, False, "number of seconds"), "header_timeout": SECONDS,
     "max_header_bytes": _whole(1), "max_connections": _whole(1), "body_timeout": SECONDS,

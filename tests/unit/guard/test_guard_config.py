@@ -57,6 +57,12 @@ def test_a_bad_value_is_one_line_naming_the_file_and_the_key(tmp_path, capsys, t
     assert exc.value.param == key and "--" not in str(exc.value)
 
 
+def test_a_bad_key_list_never_shows_the_keys(tmp_path, capsys):
+    for text in ("api_keys: s3cret-key\n", "priority_keys: [s3cret-key, 5]\n"):
+        code, err = guard_cli(tmp_path, capsys, text)
+        assert code == 2 and "must be a list of keys" in err and "s3cret" not in err, err
+
+
 def test_an_unknown_key_is_named_with_its_file_and_a_fix(tmp_path, capsys):
     code, err = guard_cli(tmp_path, capsys, "max_waitng: 5\n")
     assert code == 2 and err.count("\n") == 1
