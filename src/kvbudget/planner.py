@@ -17,7 +17,7 @@ from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetE
 from kvbudget.estimator import Estimate, estimate
 from kvbudget.gpus import GIVE_GPU_MEMORY, GPU, custom_gpu, find_gpu
 from kvbudget.gpus import gpus as all_gpus
-from kvbudget.guard.levels import LEVELS, write_config
+from kvbudget.levels import LEVELS
 from kvbudget.model.params import count_parameters
 from kvbudget.model.spec import ModelSpec
 from kvbudget.model.weights import Weights, model_weights
@@ -583,11 +583,3 @@ def _order(r: Recommendation) -> tuple[bool, int, int, float]:
     settings before hardware, fewer added GPUs before more, then the largest gain."""
     cost = min((_COST.get(key, 2) for key in r.parameters), default=2)
     return (not r.makes_it_fit, cost, r.more_gpus, -r.gain)
-
-
-def guard_config_yaml(p: Plan) -> str:
-    """The degradation plan as the guard's YAML configuration (`kvbudget guard --config`)."""
-    return write_config(model=p.model.name, engine=p.engine.name, gpu=p.gpu, tp=p.tp, kv_budget_bytes=p.kv_memory_bytes,
-                        kv_cache_tokens=p.capacity.physical_token_slots, bytes_per_token=p.estimate.bytes_per_token,
-                        fixed_bytes_per_sequence=p.estimate.fixed_bytes_per_sequence,
-                        max_model_len=p.capacity.max_model_len, levels=p.levels)

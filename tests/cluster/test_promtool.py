@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvbudget.guard.levels import LEVELS
+from kvbudget.levels import LEVELS
 from kvbudget.traces import find as bundled_trace
 
 pytestmark = pytest.mark.cluster

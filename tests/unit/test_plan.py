@@ -191,26 +191,26 @@ def test_plan_with_a_given_kv_budget_plots(tmp_path, capsys):
 
 
 def test_guard_yaml_levels_read_by_name_or_action():
-    from kvbudget.guard.policy import policy_from_config
+    from kvbudget.guard.config import parse
 
-    by_action = policy_from_config({"levels": [{"action": "cap_max_tokens", "threshold": 0.5},
-                                               {"action": "force_single_sample", "threshold": 0.6},
-                                               {"action": "reject_503", "threshold": 0.7}]})
+    by_action = parse({"levels": [{"action": "cap_max_tokens", "threshold": 0.5},
+                                  {"action": "force_single_sample", "threshold": 0.6},
+                                  {"action": "reject_503", "threshold": 0.7}]}).policy
     assert by_action.thresholds == (0.5, 0.6, 0.7)
     with pytest.raises(kvbudget.UpstreamConfigError, match="belongs to 'reject'"):
-        policy_from_config({"levels": [{"name": "warn", "action": "reject_503", "threshold": 0.5}]})
+        parse({"levels": [{"name": "warn", "action": "reject_503", "threshold": 0.5}]})
     with pytest.raises(kvbudget.UpstreamConfigError, match="names no known level"):
-        policy_from_config({"levels": [{"name": "panic", "threshold": 0.5}]})
+        parse({"levels": [{"name": "panic", "threshold": 0.5}]})
 
 
 def test_plan_yaml_round_trips_through_the_guard_policy(tmp_path, capsys):
     yaml = pytest.importorskip("yaml")
-    from kvbudget.guard.levels import LEVELS
-    from kvbudget.guard.policy import policy_from_config
+    from kvbudget.guard.config import parse
+    from kvbudget.levels import LEVELS
 
     out = tmp_path / "guard.yaml"
     assert main(["plan", "qwen3-8b", "--gpu", "A100-80GB", "--guard-config", str(out), "--json"]) == 0
-    policy = policy_from_config(yaml.safe_load(out.read_text()))
+    policy = parse(yaml.safe_load(out.read_text())).policy
     assert policy.thresholds == tuple(level.threshold for level in LEVELS)
 
 

@@ -82,6 +82,8 @@ def add_options(p: argparse.ArgumentParser, request: type) -> None:
             continue
         if default is False:
             how["action"] = "store_true"
+        elif opt.repeat:
+            how.update(action="append", default=[])
         elif default is not None:
             how["default"] = default
         if opt.choices:

@@ -32,7 +32,7 @@ def compute(args: argparse.Namespace) -> Plan | NoBudget:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvbudget.planner import NoBudget, guard_config_yaml
+    from kvbudget.planner import NoBudget
 
     result = compute(args)
     if isinstance(result, NoBudget):
@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
             render_no_budget(result)
         return 1 if args.check else 0
     if args.guard_config:
+        from kvbudget.guard.config import guard_config_yaml
+
         write_atomically(args.guard_config, guard_config_yaml(result), "--guard-config")
     if args.plot:
         from kvbudget.plot import plot_plan

@@ -33,6 +33,7 @@ class Option:
     help: str | Callable[[], str]  # a function where the text names what is registered when the parser is built
     positional: bool = False
     many: bool = False  # several values (positional models; --sweep NAME=V1,V2 ...)
+    repeat: bool = False  # a flag given once per value (--upstream A --upstream B): a list of them
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
     group: str | None = None  # its section of --help
@@ -176,24 +177,6 @@ def counted_context(counted: CountedLength, model: str, engine: str, instead_of:
         return prompt_context(source, ask.prompt_file, new, ask.approximate, engine)
     assert ask.lengths_from is not None
     return lengths_context(source, ask.lengths_from, ask.approximate, engine)
-
-
-def read_yaml(path: str, param: str) -> dict[str, Any]:
-    """A YAML mapping from a file (the guard's configuration), its errors naming the file or the parameter."""
-    try:
-        import yaml
-    except ImportError:
-        raise KVBudgetError(f"{param} needs PyYAML: pip install 'kvbudget[guard]'", param=param) from None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh) or {}
-    except OSError as exc:
-        raise KVBudgetError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        raise KVBudgetError(f"{path}: invalid YAML: {exc}".splitlines()[0]) from None
-    if not isinstance(data, dict):
-        raise KVBudgetError(f"{path}: expected a YAML mapping")
-    return data
 
 
 def load(source: str) -> Any:

@@ -21,7 +21,6 @@ from kvbudget.commands.options import (
     optional_one,
     part,
     positive,
-    read_yaml,
     size,
 )
 from kvbudget.engines import get_engine
@@ -234,7 +233,9 @@ def guard_settings(ask: SimulateRequest) -> dict[str, Any]:
     chosen = {"admission": ask.admission} if ask.admission else {}
     if not ask.guard_config:
         return chosen
-    return {"guard_config": read_yaml(ask.guard_config, "guard_config"),
+    from kvbudget.guard.config import read
+
+    return {"guard_config": read(ask.guard_config, "guard_config"),
             "guard_poll_interval": positive(ask.guard_poll_interval, "guard_poll_interval"), **chosen}
 
 

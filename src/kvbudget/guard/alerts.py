@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvbudget.engines import Engine, get_engine, serving_engines
 from kvbudget.engines.base import UsageGauge
 from kvbudget.errors import KVBudgetError
-from kvbudget.guard.levels import LEVELS
+from kvbudget.levels import LEVELS
+
+if TYPE_CHECKING:
+    from kvbudget.guard.config import GuardConfig
 
 FOR_S = 60  # an alert fires once its level has held this long (its `for:`)
 
@@ -24,12 +28,10 @@ def _gauge(engine: str | Engine) -> tuple[str, UsageGauge]:
     return chosen.name, chosen.usage
 
 
-def thresholds_of(guard_config: dict[str, object]) -> dict[str, float]:
-    """Each level's threshold by name, as a guard YAML (e.g. from `kvbudget plan --guard-config`) sets them."""
-    from kvbudget.guard.policy import policy_from_config
-
-    policy = policy_from_config(guard_config)
-    return {level.name: getattr(policy, level.key) for level in LEVELS}
+def thresholds_of(guard_config: GuardConfig) -> dict[str, float]:
+    """Each level's threshold by name, as a guard's configuration (e.g. the file `kvbudget plan --guard-config`
+    writes, read with `guard.config.read`) sets them."""
+    return {level.name: getattr(guard_config.policy, level.key) for level in LEVELS}
 
 
 def _summary(by: str) -> str:

@@ -5,64 +5,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
-from collections.abc import AsyncIterator, Callable, MutableMapping
-from dataclasses import dataclass, field
-from typing import Any, TextIO
+from collections.abc import AsyncIterator, MutableMapping
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from kvbudget.engines import Engine, get_engine
-from kvbudget.engines.metrics import PoolReport
+from kvbudget.engines import get_engine
 from kvbudget.errors import UpstreamConfigError
-from kvbudget.guard.clients import ClientLimits
+from kvbudget.guard.config import GuardConfig
 from kvbudget.guard.gate import Gate, Refusal
-from kvbudget.guard.limits import ON_DISCONNECT, ConnectionLimits
+from kvbudget.guard.limits import ON_DISCONNECT
+from kvbudget.guard.log import guard_log
 from kvbudget.guard.metrics import GuardMetrics
-from kvbudget.guard.policy import Policy, Replica
+from kvbudget.guard.policy import Replica
 from kvbudget.guard.poller import Poller
 from kvbudget.guard.relay import HOP_BY_HOP, error, relay
 from kvbudget.guard.routes import Routes
-from kvbudget.guard.signals import Predictor
+from kvbudget.guard.signals import Prediction
 from kvbudget.guard.upstream import ConnectFailed, Pool, UpstreamError
-
-
-@dataclass(kw_only=True)
-class GuardConfig:
-    upstreams: list[str]
-    engine: str | Engine = "vllm"
-    policy: Policy = field(default_factory=Policy)
-    predictor: Predictor | None = None
-    # the KV budget a replica's stated pool holds (the engine's ReportsPool, for the model predicted with); None:
-    # a budget was given, or the engine states none, or there is no model to predict with
-    pool_budget: Callable[[PoolReport], int] | None = None
-    count_prompt: Callable[[dict[str, Any]], int] | None = None  # prompt tokens of a body; None: characters / 4
-    max_model_len: int | None = None  # the upstream's context length: what a request without a limit may fill
-    api_keys: frozenset[str] = frozenset()
-    priority_keys: frozenset[str] = frozenset()  # keys whose requests are high priority (also accepted keys)
-    max_body_bytes: int = 4 * 2**20
-    connect_timeout: float = 5.0
-    first_byte_timeout: float = 600.0
-    idle_timeout: float = 120.0
-    max_response_bytes: int = 64 * 2**20  # a non-streamed upstream answer the guard holds to relay
-    shutdown_grace: float = 30.0  # seconds admitted requests get to finish after SIGTERM
-    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
-    clients: ClientLimits = field(default_factory=ClientLimits)  # fairness between clients (guard.clients)
-    poll_interval: float = 1.0
-    decision_log: TextIO | None = None  # a file-like for JSON lines; None: stderr
-    # one replica's sidecar: requests pass untouched (the router in front decides), predicted and counted; its
-    # /metrics adds the guard's gauges to a fresh copy of the engine's own
-    sidecar: bool = False
-    ext_proc: tuple[str, int] | None = None  # (host, port): also serve the policy as an Envoy external processor
 
 
 class Guard:
     """The OpenAI routes over HTTP: body limits here; the admission pipeline in `gate`, polling, metrics and relay
-    in their modules."""
+    in their modules. `prediction`: what it predicts with (none: observed usage alone); `log`: where its decisions
+    and events go (None: the `kvbudget.guard` logger, on stderr)."""
 
-    def __init__(self, config: GuardConfig):
+    def __init__(self, config: GuardConfig, prediction: Prediction | None = None, log: logging.Logger | None = None):
         self.config = config
+        self.prediction = prediction = prediction or Prediction()
+        self.log = log = log or guard_log()
         if config.sidecar and len(config.upstreams) != 1:
             raise UpstreamConfigError("sidecar: a sidecar fronts exactly one engine replica; give one upstream",
                                       param="upstream")
@@ -72,11 +46,11 @@ class Guard:
         self.loop: asyncio.AbstractEventLoop | None = None  # the app's, once it has started
         self.metrics = GuardMetrics()
         self.engine = get_engine(config.engine)
-        self.gate = Gate(config, self.replicas, self.metrics, self.engine)
+        self.gate = Gate(config, self.replicas, self.metrics, self.engine, prediction, log)
         # request headers kept from the upstream: hop-by-hop ones, and the guard's own API key
         self.not_forwarded = HOP_BY_HOP | ({b"authorization"} if self.gate.keys else set())
         self.poller = Poller(self.engine, self.replicas, self.metrics, config.connect_timeout,
-                             config.poll_interval, config.pool_budget, self.gate._log,
+                             config.poll_interval, prediction.pool_budget, log,
                              queue=config.policy.max_waiting is not None)
 
     @staticmethod

@@ -10,35 +10,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
 
-from kvbudget.errors import UpstreamConfigError, spelled
-
-
-@dataclass(frozen=True, kw_only=True)
-class ClientLimits:
-    max_in_flight: int | None = None  # requests in flight per client (None: no cap)
-    header: str | None = None  # a request header naming the client, trusted only from `trusted`
-    trusted: frozenset[str] = frozenset()  # addresses of proxies whose `header` is believed
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> ClientLimits:
-        cap = config.get("max_in_flight_per_client")
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0):
-            raise UpstreamConfigError(f"max_in_flight_per_client: must be a positive whole number (got {cap!r})",
-                                      param="max_in_flight_per_client")
-        header = config.get("client_header")
-        trusted = config.get("trusted_proxies") or []
-        if not isinstance(trusted, list | tuple) or not all(isinstance(t, str) for t in trusted):
-            raise UpstreamConfigError("trusted_proxies: must be a list of addresses", param="trusted_proxies")
-        if header is not None and (not isinstance(header, str) or not header.strip()):
-            raise UpstreamConfigError("client_header: must be a header name", param="client_header")
-        if header and not trusted:
-            proxies = spelled("trusted_proxies", "--trusted-proxy ADDR")
-            raise UpstreamConfigError(f"client_header: a header names a client only from a trusted proxy; give "
-                                      f"{proxies} too (a client could name itself anything)", param="client_header")
-        return cls(max_in_flight=cap, header=header.strip().lower() if header else None, trusted=frozenset(trusted))
+from kvbudget.guard.config import ClientLimits
 
 
 class Clients:

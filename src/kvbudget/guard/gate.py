@@ -5,22 +5,20 @@ Envoy external processor (`extproc`) are adapters: they turn what their transpor
 
 from __future__ import annotations
 
-import json
-import sys
-import time
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvbudget.engines import Engine
 from kvbudget.guard.admission import Admission
 from kvbudget.guard.clients import Clients
+from kvbudget.guard.config import GuardConfig
+from kvbudget.guard.log import event
 from kvbudget.guard.metrics import GuardMetrics
 from kvbudget.guard.policy import FORWARD, Decision, Replica
 from kvbudget.guard.request import Asked, BadRequest, parse_json, read_request
-
-if TYPE_CHECKING:
-    from kvbudget.guard.app import GuardConfig
+from kvbudget.guard.signals import Prediction
 
 PRIORITY_HEADER = "x-kvbudget-priority"
 DENIED = "invalid or missing API key for the guard"
@@ -61,16 +59,15 @@ class Admitted:
 
 
 class Gate:
-    def __init__(self, config: GuardConfig, replicas: list[Replica], metrics: GuardMetrics, engine: Engine):
-        self.config, self.replicas, self.metrics = config, replicas, metrics
-        self.keys = config.api_keys | config.priority_keys  # every key the guard accepts (none: open)
-        self.admission = Admission(replicas, config.policy, config.predictor, config.count_prompt, metrics, engine,
-                                   config.max_model_len)
-        self.clients = Clients(config.clients)
+    """The admission pipeline of one guard; its decisions and refusals are logged to `log` (`guard.log`)."""
 
-    def _log(self, **fields: Any) -> None:
-        line = json.dumps({"ts": round(time.time(), 3), **fields})
-        print(line, file=self.config.decision_log or sys.stderr, flush=True)
+    def __init__(self, config: GuardConfig, replicas: list[Replica], metrics: GuardMetrics, engine: Engine,
+                 prediction: Prediction, log: logging.Logger):
+        self.config, self.replicas, self.metrics, self.log = config, replicas, metrics, log
+        self.keys = config.api_keys | config.priority_keys  # every key the guard accepts (none: open)
+        self.admission = Admission(replicas, config.policy, prediction.predictor, prediction.count_prompt, metrics,
+                                   engine, config.max_model_len)
+        self.clients = Clients(config.clients)
 
     def key(self, authorization: str) -> str | None:
         """The bearer token of an Authorization header when it is one of the guard's keys, else None."""
@@ -110,7 +107,7 @@ class Gate:
         if slot is None:
             cap = self.config.clients.max_in_flight
             self.metrics.client_refused.labels("in_flight").inc()
-            self._log(event="client_refused", reason="in_flight", client=pending.client, limit=cap)
+            event(self.log, {"event": "client_refused", "reason": "in_flight", "client": pending.client, "limit": cap})
             return Refusal(status=429, message=f"this client has {cap} requests in flight, its limit; retry when one "
                            "has finished", kind="rate_limit_exceeded", retry_after=self.config.policy.retry_after_s)
         decision = self.judge(pending, tried)
@@ -144,8 +141,8 @@ class Gate:
         # what was done, by level; a rejection because no replica can be reached is not a full cache
         level = "none" if decision.replica is None else str(decision.level)
         self.metrics.decided(level, decision.action if decision.replica else "unavailable")
-        self._log(event="decision", path=pending.path, action=decision.action, level=decision.level,
-                  replica=decision.replica, pressure=round(decision.pressure, 4),
-                  with_request=round(decision.total, 4), changes=list(decision.changes), reason=decision.reason,
-                  priority=pending.priority, **advice)
+        event(self.log, {"event": "decision", "path": pending.path, "action": decision.action,
+                         "level": decision.level, "replica": decision.replica, "pressure": round(decision.pressure, 4),
+                         "with_request": round(decision.total, 4), "changes": list(decision.changes),
+                         "reason": decision.reason, "priority": pending.priority, **advice})
         return decision

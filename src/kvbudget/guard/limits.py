@@ -17,12 +17,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import sys
-import time
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
+from kvbudget.guard.config import ConnectionLimits
+from kvbudget.guard.log import event
 from kvbudget.guard.metrics import GuardMetrics
 
 if TYPE_CHECKING:
@@ -34,16 +34,6 @@ HEADERS, BODY = "headers", "body"  # what a connection is waiting for, each with
 ON_DISCONNECT = "kvbudget.on_disconnect"  # scope key: what the app wants called if its client leaves
 
 
-@dataclass(frozen=True, kw_only=True)
-class ConnectionLimits:
-    header_timeout: float = 10.0  # seconds for a request line and headers
-    max_header_bytes: int = 64 * 1024  # request line and headers
-    max_connections: int = 900  # open at once (below the usual 1,024 file descriptors)
-    body_timeout: float = 60.0  # seconds for a whole request body
-    max_connections_per_client: int | None = None  # open at once from one address (None: no cap)
-    trusted_proxies: frozenset[str] = frozenset()  # addresses the per-client cap does not apply to
-
-
 def _answer(status: int, reason: str, message: str) -> bytes:
     body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
                                  "code": status}}).encode()
@@ -52,11 +42,10 @@ def _answer(status: int, reason: str, message: str) -> bytes:
 
 
 def _refuse(protocol: Any, why: str, status: int, reason: str, message: str, *, metrics: GuardMetrics,
-            log: TextIO | None) -> None:
+            log: logging.Logger) -> None:
     """Count and log a connection refused by a limit, answer it and close it."""
     metrics.connections_refused.labels(why).inc()
-    print(json.dumps({"ts": round(time.time(), 3), "event": "connection_refused", "reason": why,
-                      "client": (protocol.client or ("", 0))[0]}), file=log or sys.stderr, flush=True)
+    event(log, {"event": "connection_refused", "reason": why, "client": (protocol.client or ("", 0))[0]})
     if not protocol.transport.is_closing():
         protocol.transport.write(_answer(status, reason, message))
         protocol.transport.close()
@@ -189,10 +178,14 @@ class _Limited(_Base):
                         f"the request body did not arrive within {self.limits.body_timeout:g} s")
 
 
-def protocol_for(limits: ConnectionLimits, metrics: GuardMetrics, log: TextIO | None = None) -> type:
-    """uvicorn's httptools protocol with the guard's connection limits (pass it as uvicorn's `http`)."""
+def protocol_for(limits: ConnectionLimits, metrics: GuardMetrics, log: logging.Logger | None = None) -> type:
+    """uvicorn's httptools protocol with the guard's connection limits (pass it as uvicorn's `http`); refusals
+    are logged to `log` (None: the `kvbudget.guard` logger)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+    from kvbudget.guard.log import guard_log
+
+    log = log or guard_log()
     refuse = functools.partial(_refuse, metrics=metrics, log=log)
     return type("GuardProtocol", (_Limited, HttpToolsProtocol), {
         "limits": limits, "metrics": metrics, "per_client": _PerClient(limits), "refuse": staticmethod(refuse)})

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kvbudget.errors import UpstreamConfigError
-from kvbudget.guard.levels import HYSTERESIS, LEVELS, find_level
+from kvbudget.levels import HYSTERESIS, LEVELS
 
 _DEFAULT = {level.key: level.threshold for level in LEVELS}
 
@@ -230,34 +230,5 @@ def _decide_on(replica: Replica, note: str, body: dict[str, Any], policy: Policy
     raise AssertionError("unreachable: level 3 always decides")
 
 
-def policy_from_config(config: dict[str, Any], **overrides: Any) -> Policy:
-    """A Policy from `kvbudget plan --guard-config` YAML (levels, hysteresis) or a guard YAML.
-
-    Each entry of `levels` names its level by `name` or `action` (both as the plan writes them); when it gives
-    both they must agree, and an entry naming no known level is refused rather than ignored."""
-    kwargs: dict[str, Any] = {}
-    for i, entry in enumerate(config.get("levels") or [], 1):
-        if not isinstance(entry, dict):
-            raise UpstreamConfigError(f"levels: entry {i} must be a mapping with name/action and threshold")
-        by_name, by_action = find_level(name=entry.get("name")), find_level(action=entry.get("action"))
-        if by_name and by_action and by_name != by_action:
-            raise UpstreamConfigError(f"levels: entry {i} names level {entry.get('name')!r} but action "
-                                      f"{entry.get('action')!r}, which belongs to {by_action.name!r}")
-        level = by_name or by_action
-        if level is None:
-            known = ", ".join(f"{lv.name} ({lv.action})" for lv in LEVELS)
-            raise UpstreamConfigError(f"levels: entry {i} names no known level; use one of {known}")
-        try:
-            kwargs[level.key] = float(entry["threshold"])
-        except (KeyError, TypeError, ValueError):
-            raise UpstreamConfigError(f"levels: entry {i} ({level.name}) needs a numeric threshold") from None
-    for key in ("hysteresis", "priority_reject", "max_tokens_cap", "max_tokens_fraction", "staleness_s",
-                "fail_open", "retry_after_s", "default_max_tokens", "max_waiting"):
-        if key in config:
-            kwargs[key] = config[key]
-    kwargs.update({k: v for k, v in overrides.items() if v is not None})
-    return Policy(**kwargs)
-
-
 __all__ = ["FORWARD", "REJECT", "Decision", "Policy", "Replica", "choose_replica", "decide", "level_for",
-           "policy_from_config", "rewrite"]
+           "rewrite"]

@@ -12,11 +12,10 @@ from collections.abc import Callable
 from kvbudget.engines import Engine
 from kvbudget.engines.metrics import PoolReport, ReportsPool, parse_prometheus
 from kvbudget.errors import KVBudgetError
+from kvbudget.guard.log import event, guard_log
 from kvbudget.guard.metrics import GuardMetrics
 from kvbudget.guard.policy import Replica
 from kvbudget.guard.upstream import ConnectFailed, Pool, UpstreamError
-
-log = logging.getLogger("kvbudget.guard")
 
 
 class Poller:
@@ -25,12 +24,12 @@ class Poller:
 
     def __init__(self, engine: Engine, replicas: list[Replica], metrics: GuardMetrics, timeout: float,
                  interval: float, pool_budget: Callable[[PoolReport], int] | None = None,
-                 log_event: Callable[..., None] | None = None, queue: bool = False):
+                 log: logging.Logger | None = None, queue: bool = False):
         self.engine, self.replicas, self.metrics = engine, replicas, metrics
         self.queue = queue and engine.queue_gauges is not None  # read the waiting requests' gauge
         self.timeout, self.interval = timeout, interval
         self.pool_budget = pool_budget if isinstance(engine, ReportsPool) else None
-        self.log_event = log_event or (lambda **fields: None)
+        self.log = log or guard_log()  # pool changes, as events
         self.polled = False  # every replica scraped (or given up on) at least once
 
     async def poll_once(self, pool: Pool) -> None:
@@ -116,13 +115,14 @@ class Poller:
         except KVBudgetError as exc:  # the engine's rules refuse the pool it states: predict without it
             if replica.pool != str(exc):
                 replica.pool = str(exc)
-                self.log_event(event="pool_unusable", replica=replica.url, source=report.source, reason=str(exc))
+                event(self.log, {"event": "pool_unusable", "replica": replica.url, "source": report.source,
+                                 "reason": str(exc)})
             return
         if budget != replica.budget:
             before, replica.budget, replica.pool = replica.budget, budget, report.source
             self.metrics.kv_budget.labels(replica.url).set(budget)
-            self.log_event(event="pool", replica=replica.url, tokens=report.tokens, budget_bytes=budget,
-                           source=report.source, **({"previous_bytes": before} if before is not None else {}))
+            event(self.log, {"event": "pool", "replica": replica.url, "tokens": report.tokens, "budget_bytes": budget,
+                             "source": report.source, **({"previous_bytes": before} if before is not None else {})})
 
     async def poll_forever(self, pool: Pool) -> None:
         """Every replica scraped again each `interval`, after the first scrape (`poll_once`) has run."""
@@ -134,4 +134,4 @@ class Poller:
             try:
                 await self.poll_replica(pool, replica)
             except Exception:  # never let the poller die
-                log.exception("metrics poll of %s failed", replica.url)
+                guard_log().exception("metrics poll of %s failed", replica.url)  # a note, on stderr

@@ -1,4 +1,5 @@
-"""Assembling and serving a guard from command-line settings: upstreams, engine, model, budget, policy."""
+"""Assembling a guard from its configuration (`guard.config`: upstreams, engine, model, budget, policy), and
+serving it."""
 
 from __future__ import annotations
 
@@ -7,17 +8,17 @@ import json
 import math
 import socket
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TextIO
 
 from kvbudget.engines import Engine, EngineOptions, get_engine, serving_engines
 from kvbudget.engines.metrics import PoolReport, ReportsPool
 from kvbudget.errors import KVBudgetError, UpstreamConfigError, spelled
-from kvbudget.guard.app import Guard, GuardConfig
-from kvbudget.guard.clients import ClientLimits
-from kvbudget.guard.limits import ConnectionLimits
-from kvbudget.guard.policy import policy_from_config
-from kvbudget.guard.signals import Predictor
+from kvbudget.guard.app import Guard
+from kvbudget.guard.config import GuardConfig, parse
+from kvbudget.guard.log import guard_log
+from kvbudget.guard.signals import Prediction, Predictor
 
 
 def _served_model(upstream: str) -> tuple[str | None, int | None]:
@@ -31,28 +32,39 @@ def _served_model(upstream: str) -> tuple[str | None, int | None]:
     return entry.get("id"), length if isinstance(length, int) and not isinstance(length, bool) else None
 
 
-def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dict[str, Any] | None = None,
-                model: str | None = None, kv_memory: int | None = None, tokenizer: str | None = None,
-                api_keys: Sequence[str] = (), priority_keys: Sequence[str] = (), max_tokens_cap: int | None = None,
-                poll_interval: float = 1.0,
-                staleness: float = 10.0, fail_open: bool = True, decision_log: TextIO | None = None,
-                device: str = "cuda", max_model_len: int | None = None, sidecar: bool = False,
-                ext_proc: tuple[str, int] | None = None) -> tuple[Guard, list[str]]:
-    """A Guard and the notes to print at start (what it predicts with, and what it cannot)."""
-    config = config or {}
-    if not upstreams:
+def build_guard(upstreams: Sequence[str] = (), engine: str | Engine | None = None,
+                config: GuardConfig | Mapping[str, Any] | None = None, model: str | None = None,
+                kv_memory: int | None = None, tokenizer: str | None = None, api_keys: Sequence[str] = (),
+                priority_keys: Sequence[str] = (), max_tokens_cap: int | None = None,
+                poll_interval: float | None = None, staleness: float = 10.0, fail_open: bool = True,
+                decision_log: TextIO | None = None, device: str | None = None, max_model_len: int | None = None,
+                sidecar: bool = False, ext_proc: tuple[str, int] | None = None) -> tuple[Guard, list[str]]:
+    """A Guard and the notes to print at start (what it predicts with, and what it cannot). `config` is the
+    guard's configuration: the record (`guard.config.read` merged the command line into it already), or a
+    mapping as its YAML file holds it, which the other arguments (the command line's settings) are merged over.
+    `decision_log`: a stream for the guard's JSON lines (None: the `kvbudget.guard` logger, on stderr)."""
+    if not isinstance(config, GuardConfig):
+        config = parse(config or {}, "config", flags={
+            "upstreams": list(upstreams), "engine": engine, "model": model, "kv_budget_bytes": kv_memory,
+            "tokenizer": tokenizer, "api_keys": list(api_keys), "priority_keys": list(priority_keys),
+            "max_tokens_cap": max_tokens_cap, "poll_interval": poll_interval, "staleness_s": staleness,
+            "fail_open": fail_open, "device": device, "max_model_len": max_model_len, "sidecar": sidecar,
+            "ext_proc": ext_proc})
+    return assemble(config, decision_log)
+
+
+def assemble(config: GuardConfig, decision_log: TextIO | None = None) -> tuple[Guard, list[str]]:
+    """The Guard a configuration describes, and the notes to print at start."""
+    if not config.upstreams:
         raise UpstreamConfigError("upstream: name at least one upstream URL (or 'upstreams' in "
                                   f"{spelled('the config', '--config')})",
                                   param="upstream")
-    for url in upstreams:
-        if not url.startswith(("http://", "https://")):
-            raise UpstreamConfigError(f"upstream {url!r}: must be an http:// or https:// URL", param="upstream")
-    chosen = get_engine(engine)
+    chosen = get_engine(config.engine)
     if chosen not in serving_engines():
         names = ", ".join(e.name for e in serving_engines())
         raise KVBudgetError(f"engine {chosen.name!r}: the guard fronts a serving engine with a KV usage gauge; "
                             f"choose one of {names}", param="engine")
-    policy = policy_from_config(config, max_tokens_cap=max_tokens_cap, staleness_s=staleness, fail_open=fail_open)
+    policy = config.policy
     notes: list[str] = []
     if policy.max_waiting is not None:
         if chosen.queue_gauges is None:
@@ -60,11 +72,11 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
                                       "out", param="max_waiting")
         notes.append(f"refusing new requests while a replica has {policy.max_waiting} or more waiting "
                      f"({chosen.queue_gauges[1]}); high-priority ones pass")
-    served, served_length = _served_model(upstreams[0]) if model is None or max_model_len is None else (None, None)
+    model, context = config.model, config.max_model_len
+    served, served_length = _served_model(config.upstreams[0]) if model is None or context is None else (None, None)
     source = model or served
-    context = max_model_len or config.get("max_model_len") or served_length
-    budget = kv_memory or config.get("kv_budget_bytes")
-    predictor, pool_budget, spec = _predictor(chosen, source, int(budget) if budget else None, device, notes)
+    context = context or served_length
+    predictor, pool_budget, spec = _predictor(chosen, source, config.kv_budget_bytes, config.device, notes)
     if predictor is not None and context is None and spec is not None and spec.max_position_embeddings:
         context = spec.max_position_embeddings
         notes.append(f"context length {context:,} from the model's config (the upstream did not say; give "
@@ -75,30 +87,22 @@ def build_guard(upstreams: list[str], engine: str | Engine = "vllm", config: dic
     elif predictor is not None:
         notes.append(f"a request without an output limit is predicted to fill the context ({context:,} tokens)")
     count_prompt: Callable[[dict[str, Any]], int] | None = None
-    if tokenizer:
+    if config.tokenizer:
         from kvbudget.tokens import PromptCounter
 
-        counter = PromptCounter(tokenizer, engine=chosen)
+        counter = PromptCounter(config.tokenizer, engine=chosen)
 
         def count_prompt(body: dict[str, Any]) -> int:
             if isinstance(body.get("messages"), list):
                 return counter.count_request(body["messages"]).prompt_tokens
             return counter.count_texts([str(body.get("prompt", ""))])[0]
 
-        notes.append(f"prompt lengths from the tokenizer in {tokenizer}")
+        notes.append(f"prompt lengths from the tokenizer in {config.tokenizer}")
     else:
         notes.append("prompt lengths estimated from characters (4 per token); give a tokenizer for exact counts")
-    settings: dict[str, Any] = {key: config[key] for key in ("max_body_bytes", "connect_timeout",
-                                                             "first_byte_timeout", "idle_timeout",
-                                                             "max_response_bytes", "shutdown_grace") if key in config}
-    guard = Guard(GuardConfig(upstreams=list(upstreams), engine=chosen, policy=policy, predictor=predictor,
-                              pool_budget=pool_budget,
-                              count_prompt=count_prompt, max_model_len=context,
-                              api_keys=frozenset(api_keys) | frozenset(config.get("api_keys", [])),
-                              priority_keys=frozenset(priority_keys) | frozenset(config.get("priority_keys", [])),
-                              poll_interval=poll_interval, sidecar=sidecar, ext_proc=ext_proc,
-                              decision_log=decision_log, limits=connection_limits(config),
-                              clients=ClientLimits.from_config(config), **settings))
+    guard = Guard(replace(config, upstreams=tuple(config.upstreams), engine=chosen, max_model_len=context),
+                  Prediction(predictor=predictor, pool_budget=pool_budget, count_prompt=count_prompt),
+                  guard_log(decision_log))
     return guard, notes
 
 
@@ -135,32 +139,6 @@ def _predictor(chosen: Engine, source: str | None, budget: int | None, device: s
     return predictor, lambda report: engine.pool_budget(spec, report, options=options), spec
 
 
-def connection_limits(config: dict[str, Any]) -> ConnectionLimits:
-    """The connection limits from the config, each a positive number; max_connections defaults to what the
-    process's file-descriptor limit leaves room for (900 under the usual 1,024, at most 10,000)."""
-    values: dict[str, Any] = {}
-    for key in ("header_timeout", "max_header_bytes", "max_connections", "body_timeout", "max_connections_per_client"):
-        if key in config:
-            value = config[key]
-            whole = key.startswith("max_")
-            if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) or value <= 0:
-                raise UpstreamConfigError(f"{key}: must be a positive {'whole number' if whole else 'number'} "
-                                          f"(got {value!r})", param=key)
-            values[key] = value
-    if "max_connections" not in values:
-        soft = 1024
-        try:
-            import resource
-
-            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            soft = 10_124 if limit == resource.RLIM_INFINITY else limit
-        except (ImportError, ValueError, OSError):  # no resource module (Windows): the usual limit
-            pass
-        values["max_connections"] = max(16, min(10_000, soft - 124))
-    trusted = config.get("trusted_proxies") or []
-    return ConnectionLimits(**values, trusted_proxies=frozenset(t for t in trusted if isinstance(t, str)))
-
-
 def server_config(guard: Guard, host: str, port: int, loop: str = "asyncio") -> Any:
     """The uvicorn configuration the guard serves with: its connection limits in the HTTP protocol (which also
     tells the app when a client leaves), access log off, 30 s to drain admitted requests on SIGTERM. uvicorn's
@@ -171,7 +149,7 @@ def server_config(guard: Guard, host: str, port: int, loop: str = "asyncio") -> 
         raise KVBudgetError("the guard needs starlette, uvicorn and httptools: pip install 'kvbudget[guard]'") from None
     from kvbudget.guard.limits import protocol_for
 
-    protocol = protocol_for(guard.config.limits, guard.metrics, guard.config.decision_log)
+    protocol = protocol_for(guard.config.limits, guard.metrics, guard.log)
     return uvicorn.Config(guard.app(), host=host, port=port, log_level="warning",
                           timeout_graceful_shutdown=math.ceil(guard.config.shutdown_grace), access_log=False,
                           loop=loop, http=protocol, proxy_headers=False)

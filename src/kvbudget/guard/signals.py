@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kvbudget.engines import Allocation, Engine, get_engine
-from kvbudget.engines.metrics import parse_prometheus
+from kvbudget.engines.metrics import PoolReport, parse_prometheus
 
 # Tokens a chat template adds per message (role markers), for the character estimate only: ChatML and Llama-3
 # templates add 5 per message; 8 errs on the side of protecting the cache. An estimate, like the 4 characters
@@ -59,3 +61,14 @@ def approximate_prompt_tokens(body: dict[str, Any]) -> int:
 
 
 __all__ = ["Predictor", "approximate_prompt_tokens", "observed_usage", "parse_prometheus"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """What a guard predicts with, assembled from its configuration (`server.build_guard`)."""
+
+    predictor: Predictor | None = None
+    # the KV budget a replica's stated pool holds (the engine's ReportsPool, for the model predicted with); None:
+    # a budget was given, or the engine states none, or there is no model to predict with
+    pool_budget: Callable[[PoolReport], int] | None = None
+    count_prompt: Callable[[dict[str, Any]], int] | None = None  # prompt tokens of a body; None: characters / 4

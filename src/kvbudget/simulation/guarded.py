@@ -14,13 +14,16 @@ A rejected request never reaches the engine; a capped one generates at most its 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvbudget.engines import Engine
 from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError
+
+if TYPE_CHECKING:
+    from kvbudget.guard.config import GuardConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,20 +56,20 @@ class Gatekeeper(Protocol):
 
 
 class GuardInLoop:
-    def __init__(self, config: dict[str, Any], allocation: Any, kv_budget: int | None, engine: Engine,
+    def __init__(self, config: GuardConfig, allocation: Any, kv_budget: int | None, engine: Engine,
                  max_model_len: int, poll_interval: float = 1.0):
         from kvbudget.guard.admission import Admission
-        from kvbudget.guard.policy import Replica, policy_from_config
+        from kvbudget.guard.policy import Replica
         from kvbudget.guard.request import Asked
         from kvbudget.guard.signals import Predictor
 
-        budget = config.get("kv_budget_bytes") or kv_budget
+        budget = config.kv_budget_bytes or kv_budget
         if not budget:
             raise KVBudgetError("guard_config: no kv_budget_bytes in it and no KV budget to predict against",
                                 param="guard_config")
         self.replica = Replica(url="simulated")
         self.asked = Asked(chat=True)  # a chat request: max_tokens and n, the prompt counted already
-        self.admission = Admission([self.replica], policy_from_config(config), Predictor(allocation, int(budget)),
+        self.admission = Admission([self.replica], config.policy, Predictor(allocation, int(budget)),
                                    None, None, engine, max_model_len)
         self.poll_interval = poll_interval
         self.next_poll = 0.0
@@ -164,17 +167,20 @@ class ConcurrencyLimit:
 POLICIES = ("none", "gie", "concurrency:N", "kvbudget")
 
 
-def admission_policy(name: str | None, guard_config: dict[str, Any] | None, setup: Any, engine: Engine,
-                     poll_interval: float = 1.0) -> Gatekeeper | None:
-    """The policy `name` names (None: the guard when a guard config is given, else none)."""
+def admission_policy(name: str | None, guard_config: GuardConfig | Mapping[str, Any] | None, setup: Any,
+                     engine: Engine, poll_interval: float = 1.0) -> Gatekeeper | None:
+    """The policy `name` names (None: the guard when a guard config is given, else none); `guard_config` is the
+    guard's configuration (`guard.config.read`), or a mapping as its file holds it."""
     name = name or ("kvbudget" if guard_config is not None else "none")
     if name == "none":
         return None
     if name == "gie":
         return SaturationShedding()
     if name == "kvbudget":
-        return GuardInLoop(guard_config or {}, setup.allocation, setup.kv_memory_bytes, engine, setup.max_model_len,
-                           poll_interval)
+        from kvbudget.guard.config import of
+
+        return GuardInLoop(of(guard_config, "guard_config"), setup.allocation, setup.kv_memory_bytes, engine,
+                           setup.max_model_len, poll_interval)
     kind, _, limit = name.partition(":")
     if kind == "concurrency" and limit.isdigit() and int(limit) > 0:
         return ConcurrencyLimit(int(limit))

@@ -256,7 +256,8 @@ def compare(params: list[tuple[str, str]], uploads: Uploads) -> Any:
 
 
 def guard_yaml(params: list[tuple[str, str]], uploads: Uploads) -> str:
-    from kvbudget.planner import NoBudget, guard_config_yaml
+    from kvbudget.guard.config import guard_config_yaml
+    from kvbudget.planner import NoBudget
 
     result = plan_result(params, uploads)
     if isinstance(result, NoBudget):

@@ -207,8 +207,7 @@ def test_retry_on_another_replica_only_when_unreachable(engine, serve, free_port
 
 
 def test_bad_requests(engine, serve):
-    guard, _ = guard_for([engine.url])
-    guard.config.max_body_bytes = 1000
+    guard, _ = guard_for([engine.url], config={"max_body_bytes": 1000})
     with serve(guard.app()) as g:
         assert httpx.post(f"{g.url}/v1/chat/completions", content=b"{oops").status_code == 400
         assert httpx.post(f"{g.url}/v1/chat/completions", content=b"[1]").status_code == 400
@@ -312,8 +311,7 @@ def test_alerts_files(tmp_path, capsys):
 
 def test_slow_metrics_endpoint_counts_as_a_failed_scrape(engine, serve):
     engine.usage = 0.97
-    guard, _ = guard_for([engine.url], staleness=0.3)
-    guard.config.connect_timeout = 0.2
+    guard, _ = guard_for([engine.url], staleness=0.3, config={"connect_timeout": 0.2})
     with serve(guard.app()) as g:
         settle()
         engine.slow_metrics = 1.0
@@ -362,7 +360,7 @@ def test_yaml_config_sets_thresholds_and_limits():
     assert guard.config.policy.thresholds == (0.5, 0.6, 0.7) and guard.config.policy.hysteresis == 0.02
     assert guard.config.max_body_bytes == 1234 and guard.config.idle_timeout == 7.0
     assert guard.config.api_keys == frozenset({"k"})
-    assert guard.config.predictor.budget == 131_072 * 1000
+    assert guard.prediction.predictor.budget == 131_072 * 1000
 
 
 def test_alert_firings_follow_prometheus_for_semantics():

@@ -35,7 +35,8 @@ def test_the_guard_in_the_loop_is_the_guards_own_admission(tmp_path):
     thresholds are the ones acting (a higher reject threshold rejects less); every forwarded request completes."""
     import yaml
 
-    from kvbudget.planner import guard_config_yaml, plan
+    from kvbudget.guard.config import guard_config_yaml
+    from kvbudget.planner import plan
 
     budget = 4_770_519_777  # an L4's budget under the flat activation estimate: the regime this scenario explores
     p = plan(LLAMA, gpu="L4", max_model_len=8192, kv_memory=budget)
