@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from kvbudget.engines.base import Serving
 from kvbudget.errors import KVBudgetError, flag
@@ -36,6 +37,10 @@ class Term:
         if self.given:
             return (named if command_line else f"given ({named})") + self.note
         return f"{self.note}; {named} overrides"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "name": self.name, "bytes": self.bytes, "estimate": self.estimate,
+                "note": self.text()}
 
 
 def activation_estimate(model: ModelSpec, tokens: int, sampled_rows: int, logit_bytes: int = 4,

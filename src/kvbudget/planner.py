@@ -103,8 +103,7 @@ class NoBudget:
         return {"model": self.model, "engine": self.engine, "gpu": self.gpu,
                 "gpu_memory_bytes": self.gpu_memory_bytes, "tp": self.tp, "pp": self.pp,
                 "weights_bytes": self.weights.per_gpu_bytes, "weights": self.weights.to_dict(),
-                "stack": [{"key": t.key, "name": t.name, "bytes": t.bytes, "estimate": t.estimate, "note": t.text()}
-                          for t in self.stack],
+                "stack": [t.to_dict() for t in self.stack],
                 "kv_memory_bytes": self.kv_memory_bytes, "fits": False, "reason": self.reason,
                 "recommendations": [r.to_dict() for r in self.recommendations]}
 
@@ -163,8 +162,7 @@ class Plan:
                            "mtp": self.weights.mtp_params},
             "weights_bytes": self.weights.per_gpu_bytes,
             "weights": self.weights.to_dict(),
-            "stack": [{"key": t.key, "name": t.name, "bytes": t.bytes, "estimate": t.estimate, "note": t.text()}
-                      for t in self.stack],
+            "stack": [t.to_dict() for t in self.stack],
             "kv_memory_bytes": self.kv_memory_bytes,
             "exact": self.estimate.allocation.exact,  # the engine's allocation (False: labelled an estimate)
             "capacity": self.capacity.to_dict(),
