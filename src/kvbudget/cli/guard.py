@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Any
 
+from kvbudget.choices import Device
 from kvbudget.cli.common import write_atomically
 from kvbudget.commands.options import one, read_yaml, size
 from kvbudget.engines import serving_engines
@@ -36,7 +37,7 @@ def add_parser(sub: Any) -> None:
                          "or more waiting in its queue (default: off; the queue is read from its /metrics)")
     gd.add_argument("--poll-interval", default="1", help="seconds between metric scrapes (default 1)")
     gd.add_argument("--staleness", default="10", help="seconds after which scraped usage is stale (default 10)")
-    gd.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+    gd.add_argument("--device", default=str(Device.CUDA), choices=Device.values(),
                     help="vLLM backend the upstream runs (block size for predictions; default cuda)")
     gd.add_argument("--sidecar", action="store_true",
                     help="one per engine replica, beside it: requests pass untouched (a router in front decides), "

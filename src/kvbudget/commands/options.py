@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from kvbudget.choices import Device, EntryPoint
 from kvbudget.engines import EngineOptions, get_engine
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.units import parse_positive_ints, parse_size
@@ -128,7 +129,7 @@ def engine_knobs(ask: Any) -> EngineOptions:
     return EngineOptions(
         max_num_seqs=optional_one(getattr(ask, "max_num_seqs", None), "max_num_seqs"),
         enforce_eager=getattr(ask, "enforce_eager", False),
-        entry_point=getattr(ask, "entry_point", None) or "server",
+        entry_point=EntryPoint.parse(getattr(ask, "entry_point", None) or EntryPoint.SERVER, "entry_point"),
         enable_lora=getattr(ask, "enable_lora", False),
         max_loras=optional_one(getattr(ask, "max_loras", None), "max_loras") or 1,
         max_lora_rank=optional_one(getattr(ask, "max_lora_rank", None), "max_lora_rank") or 16,
@@ -144,7 +145,7 @@ def engine_options(ask: Any) -> tuple[str, EngineOptions]:
         block_size=optional_one(ask.block_size, "block_size"),
         max_num_batched_tokens=optional_one(ask.max_num_batched_tokens, "max_num_batched_tokens"),
         prefix_caching=not ask.no_prefix_caching,
-        device=ask.device,
+        device=Device.parse(ask.device, "device"),
         hybrid_allocator=not ask.disable_hybrid_kv_cache_manager,
         engine_version=release,
         attention_backend=ask.attention_backend,
@@ -254,8 +255,8 @@ KNOBS = {
     "max_loras": "vLLM: adapters served at once with --enable-lora (default 1)",
     "max_lora_rank": "vLLM: the largest adapter rank with --enable-lora (default 16)",
 }
-ENTRY_POINTS = ("server", "llm")
-DEVICES = ("cuda", "cpu")
+ENTRY_POINTS = EntryPoint.values()
+DEVICES = Device.values()
 
 # Lengths counted with the model's tokenizer instead of given (estimate and plan share them).
 OFFLOAD = {

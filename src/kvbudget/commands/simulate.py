@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvbudget.choices import ALLOCATORS, parse_allocator
 from kvbudget.commands.options import (
     DEVICES,
     ENTRY_POINTS,
@@ -70,7 +71,7 @@ class SimulateRequest:
     pp: str = option("pipeline parallel size (default 1)", "1", group=MEMORY)
     max_model_len: str | None = option("longest request (default: the model's maximum)", group=MEMORY)
     allocator: str = option("paged (the engine's), or the PagedAttention paper's baselines "
-                            "contiguous-max|contiguous-pow2|contiguous-oracle", "paged", group=MEMORY)
+                            + "|".join(ALLOCATORS[1:]), "paged", group=MEMORY)
     block_size: str | None = option(KNOBS["block_size"], group=MEMORY)
     max_num_batched_tokens: str | None = option(KNOBS["max_num_batched_tokens"], group=MEMORY)
     no_prefix_caching: bool = option(KNOBS["no_prefix_caching"], False, group=MEMORY)
@@ -267,9 +268,9 @@ def settings(ask: SimulateRequest) -> dict[str, Any]:
             "max_model_len": optional_one(ask.max_model_len, "max_model_len"), "block_size": options.block_size,
             "device": options.device, "max_num_seqs": optional_one(ask.max_num_seqs, "max_num_seqs"),
             "max_num_batched_tokens": options.max_num_batched_tokens, "prefix_caching": options.prefix_caching,
-            "long_prefill_token_threshold": int(ask.long_prefill_token_threshold), "allocator": ask.allocator,
-            "kv_unified": ask.kv_unified, "cache_ram": _mib(ask.cache_ram), "enforce_eager": options.enforce_eager,
-            "entry_point": options.entry_point,
+            "long_prefill_token_threshold": int(ask.long_prefill_token_threshold),
+            "allocator": parse_allocator(ask.allocator), "kv_unified": ask.kv_unified, "cache_ram": _mib(ask.cache_ram),
+            "enforce_eager": options.enforce_eager, "entry_point": options.entry_point,
             "lora": (options.max_loras, options.max_lora_rank) if options.enable_lora else None,
             "offload_memory": size(ask.offload_memory, "offload_memory"), "offload_backend": ask.offload_backend,
             "offload_disk": size(ask.offload_disk, "offload_disk"), "disk_read": _gbps(ask.disk_read)}

@@ -16,6 +16,7 @@ from kvbudget.simulation.seq import SchedulerConfig
 from kvbudget.simulation.timing import MeasuredStep, TimeModel
 
 if TYPE_CHECKING:
+    from kvbudget.choices import Device, EntryPoint
     from kvbudget.engines.base import Simulator
     from kvbudget.planner import Plan
 
@@ -36,20 +37,20 @@ class SimulationAsk:
     kv_dtype: str = "auto"
     max_model_len: int | None = None
     block_size: int | None = None
-    device: str = "cuda"
+    device: Device = EngineOptions.device
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     prefix_caching: bool = True
     long_prefill_token_threshold: int = 0
     time_model: TimeModel | None = None
-    allocator: str = "paged"
+    allocator: str = "paged"  # paged or contiguous-POLICY (an Allocator from setup_for)
     measured: Sequence[MeasuredStep] | None = None
     kv_unified: bool = False
     cache_ram: int | None = None
     weights: int | None = None
     utilization: float | None = None  # the engine's memory fraction, as plan takes it
     enforce_eager: bool = False
-    entry_point: str = "server"  # vLLM: vllm serve, or the Python LLM class
+    entry_point: EntryPoint = EngineOptions.entry_point  # vLLM: vllm serve, or the Python LLM class
     lora: tuple[int, int] | None = None  # vLLM --enable-lora: (max_loras, max_lora_rank)
     offload_memory: int | None = None  # host memory for the engine's KV offload tier, over every rank
     offload_backend: str | None = None

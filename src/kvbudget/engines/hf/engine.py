@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvbudget.dtypes import KVDtype, get_dtype, resolve_kv_dtype
+from kvbudget.dtypes import Family, KVDtype, get_dtype, resolve_kv_dtype
 from kvbudget.engines.base import (
     Allocation,
     CacheGroup,
@@ -79,11 +79,11 @@ class HFEngine(Engine):
             raise EngineRuleError(f"block_size: the {self.name} engine has no blocks; leave it out",
                                   param="block_size")
         dtype = resolve_kv_dtype(kv_dtype, model.dtype)
-        if dtype.family == "per_token_head":
+        if dtype.family is Family.PER_TOKEN_HEAD:
             raise EngineRuleError(f"kv_dtype {kv_dtype}: a vLLM cache format; transformers has no such cache "
                                   "(its quantized caches: kvbudget quality's quanto_* / hqq_*)", param="kv_dtype")
         # The conv state follows the activations: the KV dtype when it is a torch float type.
-        act = dtype if dtype.family == "float" else get_dtype(model.dtype)
+        act = dtype if dtype.family is Family.FLOAT else get_dtype(model.dtype)
         self.refuse_unchecked(model, options)
         repeat_to = _falcon_repeat(model, options.engine_version or NEWEST)
         compressing = {s.layer for s in model.layers if isinstance(s, Compressed)}
@@ -94,8 +94,8 @@ class HFEngine(Engine):
         groups = group_layers(self._group(spec, dtype, act, tp, model.name, repeat_to, spec.layer in compressing)
                               for spec in model.layers)
         notes = []
-        exact = dtype.family == "float"
-        if dtype.family == "hf_quantized":
+        exact = dtype.family is Family.FLOAT
+        if dtype.family is Family.HF_QUANTIZED:
             others = sorted({type(s).__name__ for s in model.layers if not isinstance(s, FullAttention)})
             if others or self.static:
                 raise EngineRuleError(f"kv_dtype {kv_dtype}: transformers' QuantizedCache is a dynamic cache for "
@@ -136,7 +136,7 @@ class HFEngine(Engine):
             cap = None if span is None else (span if self.static else span - 1)
             if cap is not None:
                 detail += f", keeps {cap} tokens"
-            if dtype.family == "hf_quantized":  # codes, 2 x (scale, zero) per 64 values, the residual
+            if dtype.family is Family.HF_QUANTIZED:  # codes, 2 x (scale, zero) per 64 values, the residual
                 quantized = dtype.bytes_for(k) + dtype.bytes_for(v) + 2 * act.bytes_for((k + v) // GROUP)
                 full = act.bytes_for(k + v)
                 return CacheGroup(kind=spec.kind, layers=1, bytes_per_token=quantized, token_cap=cap,

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from kvbudget.dtypes import KVDtype, get_dtype, resolve_kv_dtype
+from kvbudget.dtypes import Family, KVDtype, get_dtype, resolve_kv_dtype
 from kvbudget.engines.base import (
     DEFAULT_SAMPLED_ROWS,
     NON_TORCH_ESTIMATE,
@@ -216,7 +216,7 @@ class LlamaCppEngine(Engine):
                               for layer in model.layers)
         notes = [f"llama.cpp: cells padded to {cell_pad} per slot; the memory map is `-np batch -c batch x context`",
                  *release.notes()]
-        if dtype.family == "block":
+        if dtype.family is Family.BLOCK:
             notes.append("a quantized V cache needs flash attention (-fa on)")
         return Allocation(engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=groups, notes=tuple(notes))
 

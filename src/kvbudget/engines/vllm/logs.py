@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from kvbudget.choices import Device
 from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
 from kvbudget.engines.vllm.budgetless import (
     count_span,
@@ -75,7 +76,7 @@ _BACKEND_LINES = {"FLASHMLA": r"FlashMLA backend|FLASHMLA backend", "TRITON_MLA"
 @dataclass(frozen=True, kw_only=True)
 class _LogSettings:
     max_len: int
-    device: str
+    device: Device
     tp: int
     pp: int
     kv_dtype: str
@@ -121,7 +122,7 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
     if max_len_text is None and given.get("max_model_len") is None and max_len:
         assumed["max_model_len"] = f"{max_len:,} (the model's own length: the log does not state it)"
     cpu = bool(re.search(r"CPU KV cache size|device_config=cpu|VLLM_CPU_KVCACHE_SPACE", text))
-    read["device"] = "cpu" if cpu else "cuda"
+    read["device"] = Device.CPU if cpu else Device.CUDA
     tp = _whole("tp", pick("tp", _setting(text, "tensor_parallel_size"), 1))
     pp = _whole("pp", pick("pp", _setting(text, "pipeline_parallel_size"), 1))
     kv = str(pick("kv_cache_dtype", _setting(text, "kv_cache_dtype"), "auto"))
@@ -169,7 +170,7 @@ def _read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Ma
     hybrid_off = _setting(text, "disable_hybrid_kv_cache_manager")
     hybrid = not (hybrid_off is not None and _truthy(hybrid_off)) and not (
         version and not Release(version).hybrid_allocator)
-    settings = _LogSettings(max_len=max_len, device="cpu" if cpu else "cuda", tp=tp, pp=pp, kv_dtype=kv,
+    settings = _LogSettings(max_len=max_len, device=Device.CPU if cpu else Device.CUDA, tp=tp, pp=pp, kv_dtype=kv,
                             prefix=bool(prefix),
                             mnbt=_whole("max_num_batched_tokens", mnbt) if mnbt is not None else None, version=version,
                             hybrid=hybrid,
@@ -184,7 +185,7 @@ def _default_mnbt(text: str, version: tuple[int, int] | None, assumed: dict) -> 
     total = log_total_memory(text)
     if total is None or version is None or Release(version).v0:
         return None
-    mnbt = batch_defaults(int(total * GIB), "", "cuda", Release(version))[0]
+    mnbt = batch_defaults(int(total * GIB), "", Device.CUDA, Release(version))[0]
     assumed["max_num_batched_tokens"] = f"{mnbt}, the release's default for the log's {total:g} GiB GPU"
     return mnbt
 
@@ -240,13 +241,13 @@ class _Log:
         self.budgets: list[str] = []
         self.from_refusal = False
 
-    def budget(self, budgets: list[str], from_refusal: bool, device: str) -> None:
+    def budget(self, budgets: list[str], from_refusal: bool, device: Device) -> None:
         """The ranks' budgets as logged (GiB, as text); the smallest is what every rank gets."""
         self.budgets, self.from_refusal = budgets, from_refusal
         self.budget_text = min(budgets, key=float)  # vLLM sizes every rank's cache to the smallest rank's
         self.decimals = len(self.budget_text.split(".")[1]) if "." in self.budget_text else 0
         self.value = float(self.budget_text)
-        self.exact = device == "cpu" and self.value == int(self.value)  # VLLM_CPU_KVCACHE_SPACE is whole GiB
+        self.exact = device == Device.CPU and self.value == int(self.value)  # VLLM_CPU_KVCACHE_SPACE is whole GiB
         self.half_step = 0.5 * 10 ** -self.decimals
         self.logged = (self.value, self.value) if self.exact else (max(self.value - self.half_step, 0),
                                                                    self.value + self.half_step)
@@ -408,7 +409,7 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
     budget_from_refusal = not budgets and refusal is not None
     if budget_from_refusal and refusal:
         budgets = [refusal.group(3)]
-    if not budgets and st.device == "cpu":  # the CPU backend's budget is VLLM_CPU_KVCACHE_SPACE (GiB), 4 unset
+    if not budgets and st.device == Device.CPU:  # the CPU backend's budget is VLLM_CPU_KVCACHE_SPACE (GiB), 4 unset
         space = re.search(r"VLLM_CPU_KVCACHE_SPACE[= ]['\"]?(\d+)", text)
         budgets = [space.group(1) if space else "4"]
         if not space:
