@@ -78,10 +78,24 @@ _ALIASES = {
     "e5m2": "fp8_e5m2", "float8_e5m2": "fp8_e5m2",
 }
 
-KV_DTYPE_CHOICES = ("auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8",
-                    "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "int8_per_token_head",
-                    "fp8_per_token_head", "int4_per_token_head", "quanto_int4", "quanto_int2", "hqq_int4",
-                    "hqq_int2")
+
+
+class KVDtypeNames(tuple[str, ...]):
+    """The names a KV dtype is offered by (they are listed), holding every name `get_dtype` takes besides: each
+    storage type's own name and its aliases, in any case (a request's choices, checked by the command line and
+    the web page alike)."""
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        key = name.strip().lower()
+        return key == "auto" or _ALIASES.get(key, key) in _TYPES
+
+
+KV_DTYPE_CHOICES = KVDtypeNames(("auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8",
+                                 "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "int8_per_token_head",
+                                 "fp8_per_token_head", "int4_per_token_head", "quanto_int4", "quanto_int2", "hqq_int4",
+                                 "hqq_int2"))
 
 
 def get_dtype(name: str) -> KVDtype:

@@ -228,7 +228,8 @@ def engine_field(default: str) -> Any:
 def kv_dtype_field() -> Any:
     from kvbudget.dtypes import KV_DTYPE_CHOICES
 
-    return option(f"one of {', '.join(KV_DTYPE_CHOICES)} (default auto)", "auto")
+    return option(f"one of {', '.join(KV_DTYPE_CHOICES)} (default auto)", "auto", choices=KV_DTYPE_CHOICES,
+                  metavar="KV_DTYPE")
 
 
 # The settings that change what an engine allocates (estimate, plan and simulate share them).
