@@ -361,7 +361,8 @@ def test_orca_reservations_and_memory_split_as_the_paper_describes():
     with pytest.raises(KVBudgetError, match="buddy block of 2048"):
         big.schedule()
     capped = ContiguousScheduler(SchedulerConfig(num_blocks=0, block_size=1, max_num_seqs=8,
-                                                 max_num_batched_tokens=4096, max_model_len=1024), 2000, Reservation.POW2)
+                                                 max_num_batched_tokens=4096, max_model_len=1024), 2000,
+                                 Reservation.POW2)
     capped.add(Request(arrival=0, prompt_tokens=600,
                        output_tokens=300))  # 600 + 512 would pass the model's 1,024: capped there
     capped.schedule()

@@ -557,7 +557,10 @@ def _block_size(model: ModelSpec, options: EngineOptions, rel: Release, dtype: K
                                   param="block_size")
         block = CPU_MLA_BLOCK_SIZE
     elif mla and options.block_size is None:
-        latent = next(layer for layer in model.layers if isinstance(layer, LatentAttention))
+        latent = next((layer for layer in model.layers if isinstance(layer, LatentAttention)), None)
+        if latent is None:
+            raise UnsupportedArchitectureError(f"{model.name}: indexer keys without latent (MLA) attention, which "
+                                               "vLLM's sparse MLA backends keep them beside")
         indexed = any(isinstance(x, IndexerKeys) for x in model.layers)
         block, why = rel.mla_block_size(options.compute_capability, options.attention_backend,
                                         dtype.family is not Family.FLOAT, indexed, latent.qk_nope_dim)
