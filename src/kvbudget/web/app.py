@@ -52,6 +52,11 @@ def _error(exc: KVBudgetError, uploads: api.Uploads, names: dict[str, str] | Non
     return _json(api.error_body(exc, uploads, names), status)
 
 
+def _chart_engines() -> list[str]:
+    """The engines the page's charts compare: the registry's servers (a library engine has no KV budget)."""
+    return [e.name for e in serving_engines()]
+
+
 def create_app(upload_dir: Path | None = None, limits: api.Limits | None = None,
                allowed_hosts: list[str] | None = None) -> Starlette:
     """The page and its API; uploads go to `upload_dir` (default: a fresh temporary folder). `allowed_hosts`
@@ -88,8 +93,7 @@ def create_app(upload_dir: Path | None = None, limits: api.Limits | None = None,
         return _json({
             "models": [{"name": e.name, "hf_id": e.hf_id} for e in catalog.entries()],
             "gpus": [{"name": g.name, "memory_bytes": g.memory_bytes} for g in gpus()],
-            "engines": list(ENGINES), "chart_engines": [e.name for e in serving_engines()],
-            "kv_dtypes": list(KV_DTYPE_CHOICES),
+            "engines": list(ENGINES), "chart_engines": _chart_engines(), "kv_dtypes": list(KV_DTYPE_CHOICES),
             "traces": [{"name": t.name, "what": t.what, "credit": t.credit} for t in traces.bundled()],
             "limits": {"simulate_seconds": limits.simulate_seconds, "simulate_requests": limits.simulate_requests,
                        "config_bytes": limits.config_bytes, "gguf_header_bytes": limits.gguf_header_bytes,
