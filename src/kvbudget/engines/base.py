@@ -64,9 +64,7 @@ class EngineOptions:
     # capture sizes follow it); None is the release's default for the GPU
     max_num_seqs: int | None = None
     enforce_eager: bool = False  # vLLM --enforce-eager: no CUDA graphs are captured, so none are budgeted
-    # vLLM: how it is started, server (vllm serve, the OpenAI server) or llm (the Python LLM class): their batch
-    # defaults differ
-    entry_point: EntryPoint = EntryPoint.SERVER
+    entry_point: EntryPoint = EntryPoint.SERVER  # vLLM: vllm serve or the Python LLM class (batch defaults differ)
     # vLLM --enable-lora with --max-loras slots of --max-lora-rank (vLLM's defaults 1 and 16): LoRA buffers beside
     # the weights
     enable_lora: bool = False
