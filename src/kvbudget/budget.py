@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kvbudget.choices import Choice
 from kvbudget.engines.base import Serving
 from kvbudget.errors import KVBudgetError, flag
 from kvbudget.gpus import GPU
@@ -17,11 +18,22 @@ from kvbudget.model.weights import Weights
 GIVEN_WEIGHTS = "given (weights)"  # the weights' basis when the bytes were given
 
 
+class TermKey(Choice):
+    """The memory stack's terms, top to bottom."""
+
+    GPU = "gpu"
+    SHARE = "share"
+    WEIGHTS = "weights"
+    ACTIVATION = "activation"
+    OVERHEAD = "overhead"
+    KV = "kv"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Term:
     """One slice of GPU memory in the plan."""
 
-    key: str  # "gpu", "share", "weights", "activation", "overhead" or "kv"
+    key: TermKey
     name: str
     bytes: int
     estimate: bool
@@ -82,22 +94,22 @@ def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, acti
     kv = usable - w.per_gpu_bytes - activation_bytes - other
     weights_given = w.basis.startswith(GIVEN_WEIGHTS)
     stack = (
-        Term(key="gpu", name="GPU memory", bytes=card.memory_bytes, estimate=card.memory_basis.startswith("nominal"),
-             note=f"{card.name}, {card.memory_basis}"),
-        Term(key="share", name=f"engine share ({util:g})", bytes=usable,
+        Term(key=TermKey.GPU, name="GPU memory", bytes=card.memory_bytes,
+             estimate=card.memory_basis.startswith("nominal"), note=f"{card.name}, {card.memory_basis}"),
+        Term(key=TermKey.SHARE, name=f"engine share ({util:g})", bytes=usable,
              estimate=utilization is None and (util != 1.0 or serving.free_share != 1),
              note=share_note,
              param="utilization" if utilization is not None else None, given=utilization is not None),
-        Term(key="weights", name="weights", bytes=w.per_gpu_bytes, estimate=not w.exact,
+        Term(key=TermKey.WEIGHTS, name="weights", bytes=w.per_gpu_bytes, estimate=not w.exact,
              note=w.basis.removeprefix(GIVEN_WEIGHTS), param="weights" if weights_given else None,
              given=weights_given),
-        Term(key="activation", name="activation peak", bytes=activation_bytes, estimate=activation is None,
+        Term(key=TermKey.ACTIVATION, name="activation peak", bytes=activation_bytes, estimate=activation is None,
              note="" if activation is not None else activation_note, param="activation",
              given=activation is not None),
-        Term(key="overhead", name="overhead", bytes=other, estimate=overhead is None,
+        Term(key=TermKey.OVERHEAD, name="overhead", bytes=other, estimate=overhead is None,
              note="" if overhead is not None else serving.overhead_note, param="overhead",
              given=overhead is not None),
-        Term(key="kv", name="KV budget", bytes=kv, estimate=activation is None or overhead is None or not w.exact,
+        Term(key=TermKey.KV, name="KV budget", bytes=kv, estimate=activation is None or overhead is None or not w.exact,
              note="what is left for the KV cache" + (f"; {serving.checked}" if serving.checked else "")),
     )
     return stack, kv

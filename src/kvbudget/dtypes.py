@@ -7,8 +7,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvbudget.choices import Choice
 from kvbudget.errors import KVBudgetError
 from kvbudget.units import cdiv
+
+
+class Family(Choice):
+    """How a storage type is kept, which decides which engines offer it."""
+
+    FLOAT = "float"  # a torch float dtype
+    FP8 = "fp8"
+    INT8 = "int8"
+    BLOCK = "block"  # llama.cpp's block types
+    PER_TOKEN_HEAD = "per_token_head"  # vLLM's per-token-head scaled caches
+    HF_QUANTIZED = "hf_quantized"  # transformers' QuantizedCache
 
 
 @dataclass(frozen=True)
@@ -18,8 +30,7 @@ class KVDtype:
     name: str
     block_values: int
     block_bytes: int
-    family: str  # "float" (a torch dtype), "fp8", "int8", "block" (llama.cpp), "per_token_head" (vLLM) or
-    # "hf_quantized" (transformers' QuantizedCache)
+    family: Family
     head_scale_bytes: int = 0  # per token and KV head: the scales stored beside K's and V's codes
 
     def bytes_for(self, n_values: int) -> int:
@@ -34,29 +45,29 @@ class KVDtype:
 _TYPES = {
     t.name: t
     for t in (
-        KVDtype("float32", 1, 4, "float"),
-        KVDtype("float16", 1, 2, "float"),
-        KVDtype("bfloat16", 1, 2, "float"),
-        KVDtype("fp8_e4m3", 1, 1, "fp8"),
-        KVDtype("fp8_e5m2", 1, 1, "fp8"),
-        KVDtype("int8", 1, 1, "int8"),
-        KVDtype("q8_0", 32, 34, "block"),    # 32 int8 + fp16 scale
-        KVDtype("q4_0", 32, 18, "block"),    # 16 bytes of nibbles + fp16 scale
-        KVDtype("q4_1", 32, 20, "block"),    # + fp16 min
-        KVDtype("q5_0", 32, 22, "block"),    # + 4 bytes of high bits
-        KVDtype("q5_1", 32, 24, "block"),
-        KVDtype("iq4_nl", 32, 18, "block"),
+        KVDtype("float32", 1, 4, Family.FLOAT),
+        KVDtype("float16", 1, 2, Family.FLOAT),
+        KVDtype("bfloat16", 1, 2, Family.FLOAT),
+        KVDtype("fp8_e4m3", 1, 1, Family.FP8),
+        KVDtype("fp8_e5m2", 1, 1, Family.FP8),
+        KVDtype("int8", 1, 1, Family.INT8),
+        KVDtype("q8_0", 32, 34, Family.BLOCK),    # 32 int8 + fp16 scale
+        KVDtype("q4_0", 32, 18, Family.BLOCK),    # 16 bytes of nibbles + fp16 scale
+        KVDtype("q4_1", 32, 20, Family.BLOCK),    # + fp16 min
+        KVDtype("q5_0", 32, 22, Family.BLOCK),    # + 4 bytes of high bits
+        KVDtype("q5_1", 32, 24, Family.BLOCK),
+        KVDtype("iq4_nl", 32, 18, Family.BLOCK),
         # vLLM 0.32 (v1/attention/backends/triton_attn.py, customize_spec): one float32 scale for K and one for V
         # per token and head, inline after the head's codes; int4 packs two codes a byte
-        KVDtype("int8_per_token_head", 1, 1, "per_token_head", 8),
-        KVDtype("fp8_per_token_head", 1, 1, "per_token_head", 8),
-        KVDtype("int4_per_token_head", 2, 1, "per_token_head", 8),
+        KVDtype("int8_per_token_head", 1, 1, Family.PER_TOKEN_HEAD, 8),
+        KVDtype("fp8_per_token_head", 1, 1, Family.PER_TOKEN_HEAD, 8),
+        KVDtype("int4_per_token_head", 2, 1, Family.PER_TOKEN_HEAD, 8),
         # transformers' QuantizedCache (quanto / HQQ): packed codes; the hf engine adds a scale and a zero point
         # in the model's dtype per group of 64 values and the full-precision residual
-        KVDtype("quanto_int4", 2, 1, "hf_quantized"),
-        KVDtype("quanto_int2", 4, 1, "hf_quantized"),
-        KVDtype("hqq_int4", 2, 1, "hf_quantized"),
-        KVDtype("hqq_int2", 4, 1, "hf_quantized"),
+        KVDtype("quanto_int4", 2, 1, Family.HF_QUANTIZED),
+        KVDtype("quanto_int2", 4, 1, Family.HF_QUANTIZED),
+        KVDtype("hqq_int4", 2, 1, Family.HF_QUANTIZED),
+        KVDtype("hqq_int2", 4, 1, Family.HF_QUANTIZED),
     )
 }
 _ALIASES = {
@@ -67,10 +78,24 @@ _ALIASES = {
     "e5m2": "fp8_e5m2", "float8_e5m2": "fp8_e5m2",
 }
 
-KV_DTYPE_CHOICES = ("auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8",
-                    "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "int8_per_token_head",
-                    "fp8_per_token_head", "int4_per_token_head", "quanto_int4", "quanto_int2", "hqq_int4",
-                    "hqq_int2")
+
+
+class KVDtypeNames(tuple[str, ...]):
+    """The names a KV dtype is offered by (they are listed), holding every name `get_dtype` takes besides: each
+    storage type's own name and its aliases, in any case (a request's choices, checked by the command line and
+    the web page alike)."""
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        key = name.strip().lower()
+        return key == "auto" or _ALIASES.get(key, key) in _TYPES
+
+
+KV_DTYPE_CHOICES = KVDtypeNames(("auto", "fp32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8",
+                                 "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "int8_per_token_head",
+                                 "fp8_per_token_head", "int4_per_token_head", "quanto_int4", "quanto_int2", "hqq_int4",
+                                 "hqq_int2"))
 
 
 def get_dtype(name: str) -> KVDtype:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from kvbudget.budget import GIVEN_WEIGHTS, Term, memory_stack
+from kvbudget.budget import GIVEN_WEIGHTS, Term, TermKey, memory_stack
 from kvbudget.engines import Capacity, Engine, EngineOptions, get_engine, serving_engines
 from kvbudget.engines.base import largest_fitting
 from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetError, spelled
@@ -150,7 +150,7 @@ class Plan:
         """Requests of max-model-len at once over every replica (each replica has its own KV cache)."""
         return self.replicas * self.capacity.max_concurrency
 
-    def term_bytes(self, key: str) -> int:
+    def term_bytes(self, key: TermKey) -> int:
         """Bytes of one slice of the memory stack (0 when the plan has no such slice, e.g. with kv_memory)."""
         return next((t.bytes for t in self.stack if t.key == key), 0)
 
@@ -268,7 +268,7 @@ def plan(
     w = _weights(model, chosen, tp, pp, options, replicas if expert_parallel else None, weights)
     stack, kv_budget = memory_stack(model, serving, card, w, activation, overhead, utilization)
     if kv_memory is not None:
-        stack = (stack[0], Term(key="kv", name="KV budget (given)", bytes=kv_memory, estimate=False, note="",
+        stack = (stack[0], Term(key=TermKey.KV, name="KV budget (given)", bytes=kv_memory, estimate=False, note="",
                                 param="kv_memory", given=True))
         kv_budget = kv_memory
     inputs = _Inputs(model=model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, tp=tp, pp=pp, kv_dtype=kv_dtype,

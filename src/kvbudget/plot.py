@@ -7,6 +7,7 @@ import os
 import tempfile
 from typing import TYPE_CHECKING, Any
 
+from kvbudget.budget import TermKey
 from kvbudget.errors import KVBudgetError
 from kvbudget.files import publish
 from kvbudget.planner import Plan
@@ -55,12 +56,12 @@ def plot_plan(p: Plan, path: str) -> None:
     offers (the engine's own capacity at each length, on this KV budget)."""
     plt = _pyplot(path)
     fig, (bar, curve) = plt.subplots(1, 2, figsize=(11, 4.8), gridspec_kw={"width_ratios": [1, 2.6]})
-    total = p.term_bytes("gpu")
+    total = p.term_bytes(TermKey.GPU)
     keys = {t.key for t in p.stack}
-    slices = [(name, p.term_bytes(key)) for key, name in (("weights", "weights"), ("activation", "activation"),
-                                                          ("overhead", "overhead")) if key in keys]
+    slices = [(str(key), p.term_bytes(key)) for key in (TermKey.WEIGHTS, TermKey.ACTIVATION, TermKey.OVERHEAD)
+              if key in keys]
     slices.append(("KV budget", max(p.kv_memory_bytes, 0)))
-    rest = "not given to the engine" if "weights" in keys else "the rest (KV budget given)"
+    rest = "not given to the engine" if TermKey.WEIGHTS in keys else "the rest (KV budget given)"
     slices.append((rest, max(total - sum(v for _, v in slices), 0)))
     colours = {"weights": "tab:blue", "activation": "tab:orange", "overhead": "tab:green", "KV budget": "tab:red"}
     bottom = 0.0

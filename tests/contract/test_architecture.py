@@ -11,16 +11,25 @@ import pytest
 
 import kvbudget
 from kvbudget.cli import main
-from kvbudget.engines import ENGINES, Allocation, CacheGroup, Capacity, Engine, EngineOptions, register
+from kvbudget.engines import BUILT_IN, ENGINES, Allocation, CacheGroup, Capacity, Engine, EngineOptions, register
 from kvbudget.engines.base import UsageGauge, group_layers, simple_capacity
 from kvbudget.engines.metrics import first_gauge
 from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig, Seq, Step, commit
 from kvbudget.engines.scheduling.setup import Planned, Setup, SimulationAsk, config_of
-from kvbudget.model.spec import Attention, ModelSpec
+from kvbudget.model import spec as layer_specs
+from kvbudget.model.spec import Attention, LayerSpec, ModelSpec
 from kvbudget.simulation import Request, simulate
 
 SRC = Path(kvbudget.__file__).parent
-KINDS = ("full_attention", "sliding_window", "chunked_local", "latent_attention", "recurrent_state", "no_cache")
+
+
+def _kinds(cls: type[LayerSpec]) -> tuple[str, ...]:
+    """The kind names of every layer class under `cls` in model/spec.py that names its own."""
+    return tuple(k for sub in cls.__subclasses__() for k in ((sub.kind,) if sub.__module__ == layer_specs.__name__
+                                                            and "kind" in vars(sub) else ()) + _kinds(sub))
+
+
+KINDS = _kinds(LayerSpec)
 
 
 @dataclass(frozen=True)
@@ -271,9 +280,10 @@ def test_public_api():
 
 # --- the map of the house ---------------------------------------------------------------------------------------
 
-ENGINE_PACKAGES = ("vllm", "sglang", "llamacpp", "tgi", "hf")
-ENGINE_CLASSES = ("VLLMEngine", "SGLangEngine", "LlamaCppEngine", "TGIEngine", "HFEngine", "VLLM", "SGLANG",
-                  "LLAMACPP", "TGI", "HF", "HF_STATIC")
+# the built-in engines' packages, their classes and the names of their instances, from the registry
+ENGINE_PACKAGES = tuple(dict.fromkeys(module.rpartition(".")[2] for module, _ in BUILT_IN.values()))
+ENGINE_CLASSES = tuple(dict.fromkeys([*(type(ENGINES[name]).__name__ for name in BUILT_IN),
+                                      *(attr for _, attr in BUILT_IN.values())]))
 
 
 def _module(path: Path) -> str:

@@ -152,7 +152,7 @@ BAD = {
          "layer_types": ["weird"]}))], "'weird'"),
     "unknown model": (lambda t: ["estimate", "no-such-model"], "not a file, a folder, a catalog model"),
     "unknown engine": (lambda t: ["estimate", "llama-3.1-8b", "--engine", "tensorrt"], "unknown engine"),
-    "unknown dtype": (lambda t: ["estimate", "llama-3.1-8b", "--kv-dtype", "fp6"], "unknown KV dtype"),
+    "unknown dtype": (lambda t: ["estimate", "llama-3.1-8b", "--kv-dtype", "fp6"], "--kv-dtype: invalid choice: 'fp6'"),
     "zero batch": (lambda t: ["estimate", "llama-3.1-8b", "--batch", "0"], "--batch"),
     "negative context": (lambda t: ["estimate", "llama-3.1-8b", "--context", "-5"], "--context"),
     "text context": (lambda t: ["estimate", "llama-3.1-8b", "--context", "long"], "--context"),

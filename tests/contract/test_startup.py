@@ -8,12 +8,13 @@ import sys
 
 import pytest
 
+from kvbudget.engines import BUILT_IN
+
 HEAVY = {"rich", "huggingface_hub", "numpy", "torch", "transformers", "yaml", "starlette", "prometheus_client"}
 OTHER_SUBSYSTEMS = {"kvbudget.planner", "kvbudget.comparison", "kvbudget.budget", "kvbudget.guard",
                     "kvbudget.simulation", "kvbudget.tokens", "kvbudget.web",
                     "kvbudget.quality", "kvbudget.checklog", "kvbudget.hub", "kvbudget.plot", "kvbudget.gpus"}
-ENGINE_MODULES = {"kvbudget.engines.hf", "kvbudget.engines.vllm", "kvbudget.engines.sglang",
-                  "kvbudget.engines.llamacpp", "kvbudget.engines.tgi"}
+ENGINE_MODULES = {module for module, _ in BUILT_IN.values()}
 # standard library the paths below have no use for (decimal came with fractions, socket with the Hub client,
 # shutil with argparse's own terminal-width lookup; a catalog name is read without pathlib)
 UNNEEDED_STDLIB = {"importlib.resources", "fractions", "decimal", "tempfile", "difflib", "socket", "pathlib",

@@ -251,6 +251,17 @@ def test_the_page_and_its_files(client):
     choices = client.get("/api/choices").json()
     assert "llama-3.1-8b" in [m["name"] for m in choices["models"]] and "vllm" in choices["engines"]
     assert [t["name"] for t in choices["traces"]] == ["azure-conv-2023", "azure-code-2023", "mooncake-conv"]
+    # the chart's engines are the registry's servers; every KV dtype listed is one the requests take
+    from kvbudget.commands.estimate import EstimateRequest
+    from kvbudget.commands.options import options
+    from kvbudget.engines import serving_engines
+
+    assert choices["chart_engines"] == [e.name for e in serving_engines()] and "hf" not in choices["chart_engines"]
+    taken = next(opt.choices for name, _, opt in options(EstimateRequest) if name == "kv_dtype")
+    assert taken is not None and all(d in taken for d in choices["kv_dtypes"])
+    assert all(alias in taken for alias in ("float16", "FP8", "half", "e5m2")) and "nope" not in taken
+    refused = client.get("/api/estimate?model=llama-3.1-8b&kv_dtype=nope")
+    assert refused.status_code == 400 and "\n" not in refused.json()["error"]
 
 
 def test_a_loopback_server_answers_only_loopback_names(tmp_path):

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from kvbudget.choices import Allocator
 from kvbudget.cli.common import add_options, console, request_of, write_atomically, wrote
 from kvbudget.commands.options import positive
 from kvbudget.commands.simulate import (
@@ -268,7 +269,7 @@ def _cell(key: str, value: Any) -> str:
     """A swept setting as the sweep's table shows it (a host tier's size in GiB, none as 0)."""
     if key == "offload_memory":
         return format_bytes(value) if value else "0"
-    return str(value).removeprefix("contiguous-")
+    return value.short if isinstance(value, Allocator) else str(value)
 
 
 def _sweep(args: SimulateRequest, found: SimulationAsk, combos: list[dict[str, Any]]) -> int:

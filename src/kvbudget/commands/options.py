@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from kvbudget.choices import Device, EntryPoint
 from kvbudget.engines import EngineOptions, get_engine
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.units import parse_positive_ints, parse_size
@@ -214,7 +215,8 @@ def engine_field(default: str) -> Any:
 def kv_dtype_field() -> Any:
     from kvbudget.dtypes import KV_DTYPE_CHOICES
 
-    return option(f"one of {', '.join(KV_DTYPE_CHOICES)} (default auto)", "auto")
+    return option(f"one of {', '.join(KV_DTYPE_CHOICES)} (default auto)", "auto", choices=KV_DTYPE_CHOICES,
+                  metavar="KV_DTYPE")
 
 
 def host_tiers_of(offload: OffloadKnobs, engine: str, model: ModelSpec, *, kv_dtype: str, tp: int,
@@ -234,8 +236,8 @@ def host_tiers_of(offload: OffloadKnobs, engine: str, model: ModelSpec, *, kv_dt
                        lengths=lengths)
 
 
-ENTRY_POINTS = ("server", "llm")
-DEVICES = ("cuda", "cpu")
+ENTRY_POINTS = EntryPoint.values()
+DEVICES = Device.values()
 
 
 # --- the settings several commands share, each declared once as a part ---------------------------------------
@@ -271,7 +273,7 @@ class EngineKnobs:
             block_size=optional_one(self.block_size, "block_size"),
             max_num_batched_tokens=optional_one(self.max_num_batched_tokens, "max_num_batched_tokens"),
             prefix_caching=not self.no_prefix_caching,
-            device=self.device,
+            device=Device.parse(self.device, "device"),
             hybrid_allocator=not self.disable_hybrid_kv_cache_manager,
             attention_backend=self.attention_backend,
             pp_layer_partition=tuple(parse_positive_ints(partition, "pp_layer_partition")) if partition else None,
@@ -302,7 +304,8 @@ class StartupKnobs:
             if getattr(self, knob) and not self.enable_lora:
                 raise KVBudgetError(f"{knob}: goes with {named('enable_lora')}, as in vLLM", param=knob)
         return EngineOptions(max_num_seqs=optional_one(max_num_seqs, "max_num_seqs"),
-                             enforce_eager=self.enforce_eager, entry_point=self.entry_point or "server",
+                             enforce_eager=self.enforce_eager,
+                             entry_point=EntryPoint.parse(self.entry_point or EntryPoint.SERVER, "entry_point"),
                              enable_lora=self.enable_lora, max_loras=optional_one(self.max_loras, "max_loras") or 1,
                              max_lora_rank=optional_one(self.max_lora_rank, "max_lora_rank") or 16)
 

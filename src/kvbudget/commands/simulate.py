@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from kvbudget.choices import ALLOCATORS, parse_allocator
 from kvbudget.commands.options import (
     UTILIZATION,
     EngineKnobs,
@@ -75,7 +76,7 @@ class SimulateRequest:
     pp: str = option("pipeline parallel size (default 1)", "1", group=MEMORY)
     max_model_len: str | None = option("longest request (default: the model's maximum)", group=MEMORY)
     allocator: str = option("paged (the engine's), or the PagedAttention paper's baselines "
-                            "contiguous-max|contiguous-pow2|contiguous-oracle", "paged", group=MEMORY)
+                            + "|".join(ALLOCATORS[1:]), "paged", group=MEMORY)
     knobs: EngineKnobs = part(EngineKnobs, group=MEMORY)
     startup: StartupKnobs = part(StartupKnobs, group=MEMORY)
     max_num_seqs: str | None = option("requests running at once (llama.cpp: its slots, -np; vLLM: also the "
@@ -265,7 +266,7 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
         max_model_len=optional_one(ask.max_model_len, "max_model_len"), block_size=options.block_size,
         device=options.device, max_num_seqs=optional_one(ask.max_num_seqs, "max_num_seqs"),
         max_num_batched_tokens=options.max_num_batched_tokens, prefix_caching=options.prefix_caching,
-        long_prefill_token_threshold=int(ask.long_prefill_token_threshold), allocator=ask.allocator,
+        long_prefill_token_threshold=int(ask.long_prefill_token_threshold), allocator=parse_allocator(ask.allocator),
         kv_unified=ask.kv_unified, cache_ram=_mib(ask.cache_ram), enforce_eager=options.enforce_eager,
         entry_point=options.entry_point,
         lora=(options.max_loras, options.max_lora_rank) if options.enable_lora else None,

@@ -19,7 +19,8 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
-from kvbudget.dtypes import KVDtype, resolve_kv_dtype
+from kvbudget.choices import Device, EntryPoint
+from kvbudget.dtypes import Family, KVDtype, resolve_kv_dtype
 from kvbudget.errors import EngineRuleError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
     Attention,
@@ -46,7 +47,7 @@ class EngineOptions:
     block_size: int | None = None  # tokens per block / page
     max_num_batched_tokens: int | None = None  # vLLM: tokens in flight per step
     prefix_caching: bool = True
-    device: str = "cuda"  # "cuda" or "cpu" (vLLM's CPU backend differs in block size and state dtype)
+    device: Device = Device.CUDA  # vLLM's CPU backend differs in block size and state dtype
     # vLLM's hybrid KV cache manager (on since 0.9; --disable-hybrid-kv-cache-manager turns it off): without it
     # sliding-window and chunked layers are sized as full attention
     hybrid_allocator: bool = True
@@ -61,9 +62,7 @@ class EngineOptions:
     # capture sizes follow it); None is the release's default for the GPU
     max_num_seqs: int | None = None
     enforce_eager: bool = False  # vLLM --enforce-eager: no CUDA graphs are captured, so none are budgeted
-    # vLLM: how it is started, "server" (vllm serve, the OpenAI server) or "llm" (the Python LLM class): their batch
-    # defaults differ
-    entry_point: str = "server"
+    entry_point: EntryPoint = EntryPoint.SERVER  # vLLM: vllm serve or the Python LLM class (batch defaults differ)
     # vLLM --enable-lora with --max-loras slots of --max-lora-rank (vLLM's defaults 1 and 16): LoRA buffers beside
     # the weights
     enable_lora: bool = False
@@ -384,7 +383,7 @@ class Engine:
                                   f"not {self.name}; leave it out", param="num_speculative_tokens")
         if options is not None and not self.profiles_batch:
             asked = (("max_num_seqs", options.max_num_seqs), ("enforce_eager", options.enforce_eager),
-                     ("entry_point", options.entry_point != "server"), ("enable_lora", options.enable_lora))
+                     ("entry_point", options.entry_point != EntryPoint.SERVER), ("enable_lora", options.enable_lora))
             if knob := next((name for name, on in asked if on), None):
                 raise EngineRuleError(f"{knob}: a vLLM setting kvbudget models for vLLM only, not {self.name}; "
                                       "leave it out", param=knob)
@@ -543,7 +542,7 @@ def layer_stages(num_layers: int, pp: int, partition: tuple[int, ...] | None = N
 
 
 def serving_kv_dtype(model: ModelSpec, kv_dtype: str, tp: int, engine: str, accepted: str,
-                     families: tuple[str, ...] = ("float", "fp8")) -> KVDtype:
+                     families: tuple[Family, ...] = (Family.FLOAT, Family.FP8)) -> KVDtype:
     """The checks every serving engine makes first: a valid tp, query heads that split evenly over it, and a
     KV dtype it can store (of `families`: a torch float type or fp8 by default; `accepted` names them)."""
     positive(tp, "tp", "tensor parallel size")

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TextIO
 
+from kvbudget.choices import Device
 from kvbudget.engines import Engine, EngineOptions, get_engine, serving_engines
 from kvbudget.engines.metrics import PoolReport, ReportsPool
 from kvbudget.errors import KVBudgetError, UpstreamConfigError, spelled
@@ -124,7 +125,8 @@ def _predictor(chosen: Engine, source: str | None, budget: int | None, device: s
         notes.append(f"no KV budget ({chosen.name} states no pool; give kv_memory, or kv_budget_bytes in the "
                      "config): acting on observed usage alone")
         return None, None, spec
-    options = EngineOptions(device=device)  # the upstream's device decides vLLM's block size on CPUs
+    # the upstream's device decides vLLM's block size on CPUs
+    options = EngineOptions(device=Device.parse(device, "device"))
     predictor = Predictor(chosen.allocate(spec, options=options), budget)
     per_token = predictor.allocation.bytes_per_token
     if budget:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kvbudget.choices import Admission
 from kvbudget.engines import Engine
 from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError
@@ -164,25 +165,26 @@ class ConcurrencyLimit:
                            peak_predicted=0.0, policy=f"concurrency:{self.limit}")
 
 
-POLICIES = ("none", "gie", "concurrency:N", "kvbudget")
+POLICIES = tuple(kind.spelled for kind in Admission)
 
 
 def admission_policy(name: str | None, guard_config: GuardConfig | Mapping[str, Any] | None, setup: Any,
                      engine: Engine, poll_interval: float = 1.0) -> Gatekeeper | None:
     """The policy `name` names (None: the guard when a guard config is given, else none); `guard_config` is the
     guard's configuration (`guard.config.read`), or a mapping as its file holds it."""
-    name = name or ("kvbudget" if guard_config is not None else "none")
-    if name == "none":
+    name = name or (Admission.KVBUDGET if guard_config is not None else Admission.NONE)
+    text, colon, limit = name.partition(":")
+    kind = next((k for k in Admission if k == text and colon == (":" if k is Admission.CONCURRENCY else "")), None)
+    if kind is Admission.NONE:
         return None
-    if name == "gie":
+    if kind is Admission.GIE:
         return SaturationShedding()
-    if name == "kvbudget":
+    if kind is Admission.KVBUDGET:
         from kvbudget.guard.config import of
 
         return GuardInLoop(of(guard_config, "guard_config"), setup.allocation, setup.kv_memory_bytes, engine,
                            setup.max_model_len, poll_interval)
-    kind, _, limit = name.partition(":")
-    if kind == "concurrency" and limit.isdigit() and int(limit) > 0:
+    if kind is Admission.CONCURRENCY and limit.isdigit() and int(limit) > 0:
         return ConcurrencyLimit(int(limit))
     raise KVBudgetError(f"admission {name!r}: choose one of {', '.join(POLICIES)} (N a positive whole number)",
                         param="admission")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kvbudget.choices import Device, EntryPoint, parse_allocator
 from kvbudget.engines import Engine, get_engine
 from kvbudget.engines.scheduling.seq import Queues, Seq
 from kvbudget.engines.scheduling.setup import Planned, Setup, Simulates, SimulationAsk
@@ -198,13 +199,14 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
     chosen = get_engine(engine)
     ask = SimulationAsk(model=model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, kv_memory=kv_memory,
                         num_blocks=num_blocks, tp=tp, pp=pp, kv_dtype=kv_dtype, max_model_len=max_model_len,
-                        block_size=block_size, device=device, max_num_seqs=max_num_seqs,
+                        block_size=block_size, device=Device.parse(device, "device"), max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens, prefix_caching=prefix_caching,
                         long_prefill_token_threshold=long_prefill_token_threshold, time_model=time_model,
-                        allocator=allocator, measured=measured, kv_unified=kv_unified, cache_ram=cache_ram,
-                        weights=weights, utilization=utilization, enforce_eager=enforce_eager,
-                        entry_point=entry_point, lora=lora, offload_memory=offload_memory,
-                        offload_backend=offload_backend, offload_disk=offload_disk, disk_read=disk_read)
+                        allocator=parse_allocator(allocator), measured=measured, kv_unified=kv_unified,
+                        cache_ram=cache_ram, weights=weights, utilization=utilization, enforce_eager=enforce_eager,
+                        entry_point=EntryPoint.parse(entry_point, "entry_point"), lora=lora,
+                        offload_memory=offload_memory, offload_backend=offload_backend, offload_disk=offload_disk,
+                        disk_read=disk_read)
     return setup_of(ask)
 
 

@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from kvbudget import catalog, traces
 from kvbudget.dtypes import KV_DTYPE_CHOICES
-from kvbudget.engines import ENGINES
+from kvbudget.engines import ENGINES, serving_engines
 from kvbudget.errors import KVBudgetError
 from kvbudget.gpus import gpus
 from kvbudget.model.load import load_model, readable_roots
@@ -50,6 +50,11 @@ def _json(data: Any, status: int = 200) -> Response:
 def _error(exc: KVBudgetError, uploads: api.Uploads, names: dict[str, str] | None = None) -> Response:
     status = exc.status if isinstance(exc, api.WebError) else 400
     return _json(api.error_body(exc, uploads, names), status)
+
+
+def _chart_engines() -> list[str]:
+    """The engines the page's charts compare: the registry's servers (a library engine has no KV budget)."""
+    return [e.name for e in serving_engines()]
 
 
 def create_app(upload_dir: Path | None = None, limits: api.Limits | None = None,
@@ -88,7 +93,7 @@ def create_app(upload_dir: Path | None = None, limits: api.Limits | None = None,
         return _json({
             "models": [{"name": e.name, "hf_id": e.hf_id} for e in catalog.entries()],
             "gpus": [{"name": g.name, "memory_bytes": g.memory_bytes} for g in gpus()],
-            "engines": list(ENGINES), "kv_dtypes": list(KV_DTYPE_CHOICES),
+            "engines": list(ENGINES), "chart_engines": _chart_engines(), "kv_dtypes": list(KV_DTYPE_CHOICES),
             "traces": [{"name": t.name, "what": t.what, "credit": t.credit} for t in traces.bundled()],
             "limits": {"simulate_seconds": limits.simulate_seconds, "simulate_requests": limits.simulate_requests,
                        "config_bytes": limits.config_bytes, "gguf_header_bytes": limits.gguf_header_bytes,

@@ -342,10 +342,12 @@ def test_orca_reservations_and_memory_split_as_the_paper_describes():
     example: 25 output tokens reserve 32), Oracle prompt + output; each takes the buddy block that holds it. After
     the prompt step a request of 100 + 25 tokens holds 100 token states, 25 slots reserved ahead, and the rest of
     its reservation as internal fragmentation; the buddy block's rounding is neither (the usage counts it)."""
+    from kvbudget.choices import Reservation
     from kvbudget.engines.vllm.contiguous import ContiguousScheduler
 
     cfg = SchedulerConfig(num_blocks=0, block_size=1, max_num_seqs=8, max_num_batched_tokens=512, max_model_len=1024)
-    for policy, reserved, block in (("max", 1024, 1024), ("pow2", 132, 256), ("oracle", 125, 128)):
+    for policy, reserved, block in ((Reservation.MAX, 1024, 1024), (Reservation.POW2, 132, 256),
+                                    (Reservation.ORACLE, 125, 128)):
         sched = ContiguousScheduler(cfg, 2000, policy)
         sched.add(Request(arrival=0, prompt_tokens=100, output_tokens=25))
         step = sched.schedule()
@@ -353,13 +355,14 @@ def test_orca_reservations_and_memory_split_as_the_paper_describes():
         assert sched.memory() == (100, 25, reserved - 125)
         assert step.usage == block / 2000 and step.free_blocks == 2000 - block
     big = ContiguousScheduler(SchedulerConfig(num_blocks=0, block_size=1, max_num_seqs=8, max_num_batched_tokens=4096,
-                                              max_model_len=4096), 2000, "pow2")  # arenas 1024, 512, 256, ...
+                                              max_model_len=4096), 2000, Reservation.POW2)  # arenas 1024, 512, 256, ...
     big.add(Request(arrival=0, prompt_tokens=600,
                     output_tokens=300))  # 600 + 512 = 1,112 slots: a block of 2,048, larger than any arena
     with pytest.raises(KVBudgetError, match="buddy block of 2048"):
         big.schedule()
     capped = ContiguousScheduler(SchedulerConfig(num_blocks=0, block_size=1, max_num_seqs=8,
-                                                 max_num_batched_tokens=4096, max_model_len=1024), 2000, "pow2")
+                                                 max_num_batched_tokens=4096, max_model_len=1024), 2000,
+                                 Reservation.POW2)
     capped.add(Request(arrival=0, prompt_tokens=600,
                        output_tokens=300))  # 600 + 512 would pass the model's 1,024: capped there
     capped.schedule()

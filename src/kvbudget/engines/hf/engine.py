@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvbudget.dtypes import KVDtype, get_dtype, resolve_kv_dtype
+from kvbudget.dtypes import Family, KVDtype, get_dtype, resolve_kv_dtype
 from kvbudget.engines.base import (
     Allocation,
     CacheGroup,
@@ -36,6 +36,7 @@ from kvbudget.engines.base import (
     group_layers,
     simple_capacity,
 )
+from kvbudget.engines.kinds import KindTable, no_cache
 from kvbudget.errors import EngineRuleError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
     Attention,
@@ -45,6 +46,7 @@ from kvbudget.model.spec import (
     LatentAttention,
     LayerSpec,
     ModelSpec,
+    NoCache,
     RecurrentState,
 )
 from kvbudget.validate import positive
@@ -58,7 +60,6 @@ class HFEngine(Engine):
     reports_kv_size: ClassVar[bool] = False
     description: str = "transformers >= 5.19 DynamicCache (the generate() default)"
     static: bool = False
-    layer_kinds: ClassVar[tuple[type[LayerSpec], ...]] = (*Engine.layer_kinds, Compressed)
 
     def parse_release(self, version: str) -> tuple[int, ...]:
         """A transformers release, "5.24" or "5.24.0", from 5.19 on (`--engine hf@5.24`)."""
@@ -79,11 +80,11 @@ class HFEngine(Engine):
             raise EngineRuleError(f"block_size: the {self.name} engine has no blocks; leave it out",
                                   param="block_size")
         dtype = resolve_kv_dtype(kv_dtype, model.dtype)
-        if dtype.family == "per_token_head":
+        if dtype.family is Family.PER_TOKEN_HEAD:
             raise EngineRuleError(f"kv_dtype {kv_dtype}: a vLLM cache format; transformers has no such cache "
                                   "(its quantized caches: kvbudget quality's quanto_* / hqq_*)", param="kv_dtype")
         # The conv state follows the activations: the KV dtype when it is a torch float type.
-        act = dtype if dtype.family == "float" else get_dtype(model.dtype)
+        act = dtype if dtype.family is Family.FLOAT else get_dtype(model.dtype)
         self.refuse_unchecked(model, options)
         repeat_to = _falcon_repeat(model, options.engine_version or NEWEST)
         compressing = {s.layer for s in model.layers if isinstance(s, Compressed)}
@@ -94,8 +95,8 @@ class HFEngine(Engine):
         groups = group_layers(self._group(spec, dtype, act, tp, model.name, repeat_to, spec.layer in compressing)
                               for spec in model.layers)
         notes = []
-        exact = dtype.family == "float"
-        if dtype.family == "hf_quantized":
+        exact = dtype.family is Family.FLOAT
+        if dtype.family is Family.HF_QUANTIZED:
             others = sorted({type(s).__name__ for s in model.layers if not isinstance(s, FullAttention)})
             if others or self.static:
                 raise EngineRuleError(f"kv_dtype {kv_dtype}: transformers' QuantizedCache is a dynamic cache for "
@@ -125,48 +126,72 @@ class HFEngine(Engine):
 
     def _group(self, spec: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str,
                repeat_to: int | None, compressing: bool) -> CacheGroup | None:
-        if isinstance(spec, Attention):
-            k, v = spec.kv_values(tp, where, heads=repeat_to)
-            detail = spec.describe(tp, where, dtype.name, heads=repeat_to)
-            if v == 0:  # one shared K=V vector: V4's own cache layers keep it once, DynamicSlidingWindowLayer twice
-                detail = (f"{k} shared K=V x {dtype.name}" + ("" if compressing else
-                          ", stored twice (DynamicSlidingWindowLayer keeps update(kv, kv) as keys and values)"))
-                v = 0 if compressing else k
-            span = spec.token_span
-            cap = None if span is None else (span if self.static else span - 1)
-            if cap is not None:
-                detail += f", keeps {cap} tokens"
-            if dtype.family == "hf_quantized":  # codes, 2 x (scale, zero) per 64 values, the residual
-                quantized = dtype.bytes_for(k) + dtype.bytes_for(v) + 2 * act.bytes_for((k + v) // GROUP)
-                full = act.bytes_for(k + v)
-                return CacheGroup(kind=spec.kind, layers=1, bytes_per_token=quantized, token_cap=cap,
-                                  fixed_bytes=(RESIDUAL - 1) * (full - quantized), detail=detail)
-            return CacheGroup(kind=spec.kind, layers=1, bytes_per_token=dtype.bytes_for(k) + dtype.bytes_for(v),
-                              token_cap=cap, detail=detail)
-        if isinstance(spec, LatentAttention):
-            latent, rope = spec.kv_values(tp, where)
-            bpt = dtype.bytes_for(latent) + dtype.bytes_for(rope)
-            return CacheGroup(kind=spec.kind, layers=1, bytes_per_token=bpt,
-                              detail=f"latent {spec.latent_dim} + rope key {spec.rope_dim} x {dtype.name}, every rank")
-        if isinstance(spec, IndexerKeys):  # DynamicIndexedLayer.indexer_keys [batch, T, dim]
-            return CacheGroup(kind=spec.kind, layers=1, bytes_per_token=dtype.bytes_for(spec.dim),
-                              detail=f"indexer key {spec.dim} x {dtype.name}, every rank")
-        if isinstance(spec, Compressed):
-            pending = 2 * act.bytes_for(spec.width)  # buffer_kv and buffer_gate of the open window's tokens
-            primed = spec.rate * (act.bytes_for(spec.dim) + _FP32.bytes_for(spec.dim)) if spec.overlap else 0
-            detail = (f"{spec.role} entry {spec.dim} x {dtype.name} per {spec.rate} tokens; open window "
-                      f"2 x {spec.width} x {act.name} per token"
-                      + (f"; last window's overlap {spec.rate} x {spec.dim} x ({act.name} + float32)"
-                         if primed else ""))
-            return CompressedGroup(kind=spec.label, layers=1, bytes_per_token=dtype.bytes_for(spec.dim), detail=detail,
-                                   tokens_per_state=spec.rate, pending_bytes_per_token=pending, primed_bytes=primed)
-        if isinstance(spec, RecurrentState):
-            channels, heads, state = spec.per_rank(tp, where)
-            fixed = act.bytes_for(channels * spec.conv_kernel) + _FP32.bytes_for(state)
-            detail = (f"{spec.mixer}: conv {channels} x {spec.conv_kernel} x {act.name} + "
-                      f"state {spec.state_text(heads)} x float32")
-            return CacheGroup(kind=spec.kind, layers=1, bytes_per_token=0, fixed_bytes=fixed, detail=detail)
-        return None
+        return _GROUP(spec, self.static, dtype, act, tp, where, repeat_to, compressing)
+
+
+def _attention(spec: Attention, static: bool, dtype: KVDtype, act: KVDtype, tp: int, where: str,
+               repeat_to: int | None, compressing: bool) -> CacheGroup:
+    k, v = spec.kv_values(tp, where, heads=repeat_to)
+    detail = spec.describe(tp, where, dtype.name, heads=repeat_to)
+    if v == 0:  # one shared K=V vector: V4's own cache layers keep it once, DynamicSlidingWindowLayer twice
+        detail = (f"{k} shared K=V x {dtype.name}" + ("" if compressing else
+                  ", stored twice (DynamicSlidingWindowLayer keeps update(kv, kv) as keys and values)"))
+        v = 0 if compressing else k
+    span = spec.token_span
+    cap = None if span is None else (span if static else span - 1)
+    if cap is not None:
+        detail += f", keeps {cap} tokens"
+    if dtype.family is Family.HF_QUANTIZED:  # codes, 2 x (scale, zero) per 64 values, the residual
+        quantized = dtype.bytes_for(k) + dtype.bytes_for(v) + 2 * act.bytes_for((k + v) // GROUP)
+        full = act.bytes_for(k + v)
+        return CacheGroup(kind=spec.kind, layers=1, bytes_per_token=quantized, token_cap=cap,
+                          fixed_bytes=(RESIDUAL - 1) * (full - quantized), detail=detail)
+    return CacheGroup(kind=spec.kind, layers=1, bytes_per_token=dtype.bytes_for(k) + dtype.bytes_for(v),
+                      token_cap=cap, detail=detail)
+
+
+def _latent(spec: LatentAttention, static: bool, dtype: KVDtype, act: KVDtype, tp: int, where: str,
+            repeat_to: int | None, compressing: bool) -> CacheGroup:
+    latent, rope = spec.kv_values(tp, where)
+    bpt = dtype.bytes_for(latent) + dtype.bytes_for(rope)
+    return CacheGroup(kind=spec.kind, layers=1, bytes_per_token=bpt,
+                      detail=f"latent {spec.latent_dim} + rope key {spec.rope_dim} x {dtype.name}, every rank")
+
+
+def _indexer(spec: IndexerKeys, static: bool, dtype: KVDtype, act: KVDtype, tp: int, where: str,
+             repeat_to: int | None, compressing: bool) -> CacheGroup:
+    """DynamicIndexedLayer.indexer_keys [batch, T, dim]."""
+    return CacheGroup(kind=spec.kind, layers=1, bytes_per_token=dtype.bytes_for(spec.dim),
+                      detail=f"indexer key {spec.dim} x {dtype.name}, every rank")
+
+
+def _compressed(spec: Compressed, static: bool, dtype: KVDtype, act: KVDtype, tp: int, where: str,
+                repeat_to: int | None, compressing: bool) -> CacheGroup:
+    pending = 2 * act.bytes_for(spec.width)  # buffer_kv and buffer_gate of the open window's tokens
+    primed = spec.rate * (act.bytes_for(spec.dim) + _FP32.bytes_for(spec.dim)) if spec.overlap else 0
+    detail = (f"{spec.role} entry {spec.dim} x {dtype.name} per {spec.rate} tokens; open window "
+              f"2 x {spec.width} x {act.name} per token"
+              + (f"; last window's overlap {spec.rate} x {spec.dim} x ({act.name} + float32)"
+                 if primed else ""))
+    return CompressedGroup(kind=spec.label, layers=1, bytes_per_token=dtype.bytes_for(spec.dim), detail=detail,
+                           tokens_per_state=spec.rate, pending_bytes_per_token=pending, primed_bytes=primed)
+
+
+def _recurrent(spec: RecurrentState, static: bool, dtype: KVDtype, act: KVDtype, tp: int, where: str,
+               repeat_to: int | None, compressing: bool) -> CacheGroup:
+    channels, heads, state = spec.per_rank(tp, where)
+    fixed = act.bytes_for(channels * spec.conv_kernel) + _FP32.bytes_for(state)
+    detail = (f"{spec.mixer}: conv {channels} x {spec.conv_kernel} x {act.name} + "
+              f"state {spec.state_text(heads)} x float32")
+    return CacheGroup(kind=spec.kind, layers=1, bytes_per_token=0, fixed_bytes=fixed, detail=detail)
+
+
+# One layer's cache in transformers' cache layers, by the layer's kind:
+# (layer, static, dtype, act, tp, where, repeat_to, compressing) -> group or None
+_GROUP: KindTable[CacheGroup | None] = KindTable("hf", {
+    Attention: _attention, LatentAttention: _latent, IndexerKeys: _indexer, Compressed: _compressed,
+    RecurrentState: _recurrent, NoCache: no_cache})
+HFEngine.layer_kinds = _GROUP.kinds
 
 
 # transformers' QuantizedLayer defaults (cache_utils.py): q_group_size 64, residual_length 128

@@ -21,10 +21,10 @@ one stream for every sequence: engines/llamacpp/releases.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from kvbudget.dtypes import KVDtype, get_dtype, resolve_kv_dtype
+from kvbudget.dtypes import Family, KVDtype, get_dtype, resolve_kv_dtype
 from kvbudget.engines.base import (
     DEFAULT_SAMPLED_ROWS,
     NON_TORCH_ESTIMATE,
@@ -41,6 +41,7 @@ from kvbudget.engines.base import (
     group_layers,
     largest_fitting,
 )
+from kvbudget.engines.kinds import KindTable, no_cache
 from kvbudget.engines.llamacpp.gauges import llamacpp_pool, slots_usage
 from kvbudget.engines.llamacpp.releases import (
     CACHE_TYPES,
@@ -62,6 +63,7 @@ from kvbudget.model.spec import (
     LatentAttention,
     LayerSpec,
     ModelSpec,
+    NoCache,
     RecurrentState,
     SlidingWindow,
 )
@@ -212,7 +214,7 @@ class LlamaCppEngine(Engine):
                               for layer in model.layers)
         notes = [f"llama.cpp: cells padded to {cell_pad} per slot; the memory map is `-np batch -c batch x context`",
                  *release.notes()]
-        if dtype.family == "block":
+        if dtype.family is Family.BLOCK:
             notes.append("a quantized V cache needs flash attention (-fa on)")
         return Allocation(engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=groups, notes=tuple(notes))
 
@@ -391,22 +393,31 @@ def _check_block_fit(model: ModelSpec, dtype: KVDtype) -> None:
                                       param="kv_dtype")
 
 
-def _layer_cache(layer: LayerSpec, dtype: KVDtype, cells: int, streams: int, n_parallel: int, unified: bool,
-                 swa_cells: int | None, swa_batch: int, to: int) -> tuple[str, int, int, int, int] | None:
-    """One layer's cache as llama.cpp keeps it: (its buffer, cells, streams, K bytes, V bytes), or None."""
-    if isinstance(layer, RecurrentState):
-        r, s_ = _recurrent_rows(layer)
-        slots = max(1, n_parallel)
-        return "recurrent", slots, 1, _F32.bytes_for(r) * slots, _F32.bytes_for(s_) * slots
-    if not isinstance(layer, (Attention, LatentAttention)):
-        return None
-    if isinstance(layer, (SlidingWindow, ChunkedLocal)):
-        n = swa_cells or _window_cells(layer, cells, swa_batch, to, n_parallel if unified else 1)
-        name = "kv_swa"
-    else:
-        n, name = cells, "kv"
+def _state_buffer(layer: RecurrentState, dtype: KVDtype, cells: int, streams: int, n_parallel: int, unified: bool,
+                  swa_cells: int | None, swa_batch: int, to: int) -> tuple[str, int, int, int, int]:
+    r, s_ = _recurrent_rows(layer)
+    slots = max(1, n_parallel)
+    return "recurrent", slots, 1, _F32.bytes_for(r) * slots, _F32.bytes_for(s_) * slots
+
+
+def _kv_buffer(layer: Attention | LatentAttention, dtype: KVDtype, cells: int, streams: int, n_parallel: int,
+               unified: bool, swa_cells: int | None, swa_batch: int, to: int) -> tuple[str, int, int, int, int]:
     k, v = _kv_rows(layer)
-    return name, n, streams, dtype.bytes_for(k) * n * streams, dtype.bytes_for(v) * n * streams if v else 0
+    return "kv", cells, streams, dtype.bytes_for(k) * cells * streams, dtype.bytes_for(v) * cells * streams if v else 0
+
+
+def _swa_buffer(layer: SlidingWindow | ChunkedLocal, dtype: KVDtype, cells: int, streams: int, n_parallel: int,
+                unified: bool, swa_cells: int | None, swa_batch: int, to: int) -> tuple[str, int, int, int, int]:
+    n = swa_cells or _window_cells(layer, cells, swa_batch, to, n_parallel if unified else 1)
+    k, v = _kv_rows(layer)
+    return "kv_swa", n, streams, dtype.bytes_for(k) * n * streams, dtype.bytes_for(v) * n * streams if v else 0
+
+
+# One layer's cache as llama.cpp keeps it, by the layer's kind: (its buffer, cells, streams, K bytes, V bytes), or
+# None; (layer, dtype, cells, streams, n_parallel, unified, swa_cells, swa_batch, to)
+_layer_cache: KindTable[tuple[str, int, int, int, int] | None] = KindTable("llamacpp", {
+    Attention: _kv_buffer, SlidingWindow: _swa_buffer, ChunkedLocal: _swa_buffer, LatentAttention: _kv_buffer,
+    RecurrentState: _state_buffer, IndexerKeys: no_cache, NoCache: no_cache})
 
 
 def _window_cells(layer: SlidingWindow | ChunkedLocal, cells: int, swa_batch: int, to: int, sequences: int = 1) -> int:
@@ -420,9 +431,7 @@ def _as_cached(layer: LayerSpec, model: ModelSpec, release: Release) -> LayerSpe
     """The layer as llama.cpp caches it: windows it does not honour (any, before the build had an SWA cache)
     become full attention."""
     if isinstance(layer, IndexerKeys):
-        raise UnsupportedArchitectureError(f"{model.name}: llama.cpp keeps DeepSeek-V3.2's indexer keys in a cache of "
-                                           "its own (llama-kv-cache-dsa.cpp), which kvbudget does not model yet; use "
-                                           "the vllm or hf engine")
+        _indexer_refused(layer, where=model.name)
     if isinstance(layer, (SlidingWindow, ChunkedLocal)) and (model.model_type not in HONOURS_WINDOW
                                                              or not release.own_swa_cache):
         return FullAttention(layer.layer, layer.kv_heads, layer.k_dim, layer.v_dim)
@@ -442,29 +451,56 @@ def _recurrent_rows(layer: RecurrentState) -> tuple[int, int]:
     return (layer.conv_kernel - 1) * channels, state
 
 
-def _group(layer: LayerSpec, dtype: KVDtype, to: int, swa_batch: int | None) -> CacheGroup | None:
-    """One layer's cache per slot: cells padded to `to`; a window's cache holds window + swa_batch cells."""
-    if isinstance(layer, Attention):
-        k, v = _kv_rows(layer)
-        cap = None
-        detail = layer.describe(1, "", dtype.name)
-        if isinstance(layer, SlidingWindow) and swa_batch is not None:
-            cap = pad(layer.window + swa_batch, to)
-            detail += f", window {layer.window}: {cap} cells per slot"
-        if isinstance(layer, ChunkedLocal) and swa_batch is not None:  # llama4.cpp: the SWA cache, n_swa 8192
-            cap = pad(LLAMA4_CHUNK + swa_batch, to)
-            detail += f", chunked (llama.cpp uses {LLAMA4_CHUNK}): {cap} cells per slot"
-        return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=dtype.bytes_for(k) + dtype.bytes_for(v),
-                          token_cap=cap, detail=detail, block_size=to)
-    if isinstance(layer, LatentAttention):
-        return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=dtype.bytes_for(layer.values_per_token),
-                          detail=f"K row of {layer.latent_dim} + {layer.rope_dim} x {dtype.name}, no V", block_size=to)
-    if isinstance(layer, RecurrentState):
-        r, state = _recurrent_rows(layer)
-        fixed = _F32.bytes_for(r) + _F32.bytes_for(state)
-        return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=0, fixed_bytes=fixed,
-                          detail=f"{layer.mixer}: r {layer.conv_kernel - 1} x "
-                          f"{layer.conv_channels} + s {'x'.join(map(str, layer.state_shape))}, f32, one cell per "
-                                 "sequence", block_size=to)
-    return None
+def _attention_group(layer: Attention, dtype: KVDtype, to: int, swa_batch: int | None) -> CacheGroup:
+    """One layer's cache per slot: cells padded to `to`."""
+    k, v = _kv_rows(layer)
+    return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=dtype.bytes_for(k) + dtype.bytes_for(v),
+                      detail=layer.describe(1, "", dtype.name), block_size=to)
+
+
+def _sliding_group(layer: SlidingWindow, dtype: KVDtype, to: int, swa_batch: int | None) -> CacheGroup:
+    """A window's cache holds window + swa_batch cells."""
+    group = _attention_group(layer, dtype, to, swa_batch)
+    if swa_batch is None:
+        return group
+    cap = pad(layer.window + swa_batch, to)
+    return replace(group, token_cap=cap, detail=group.detail + f", window {layer.window}: {cap} cells per slot")
+
+
+def _chunked_group(layer: ChunkedLocal, dtype: KVDtype, to: int, swa_batch: int | None) -> CacheGroup:
+    """llama4.cpp keeps chunked layers in the SWA cache, n_swa 8192."""
+    group = _attention_group(layer, dtype, to, swa_batch)
+    if swa_batch is None:
+        return group
+    cap = pad(LLAMA4_CHUNK + swa_batch, to)
+    return replace(group, token_cap=cap,
+                   detail=group.detail + f", chunked (llama.cpp uses {LLAMA4_CHUNK}): {cap} cells per slot")
+
+
+def _latent_group(layer: LatentAttention, dtype: KVDtype, to: int, swa_batch: int | None) -> CacheGroup:
+    return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=dtype.bytes_for(layer.values_per_token),
+                      detail=f"K row of {layer.latent_dim} + {layer.rope_dim} x {dtype.name}, no V", block_size=to)
+
+
+def _state_group(layer: RecurrentState, dtype: KVDtype, to: int, swa_batch: int | None) -> CacheGroup:
+    r, state = _recurrent_rows(layer)
+    fixed = _F32.bytes_for(r) + _F32.bytes_for(state)
+    return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=0, fixed_bytes=fixed,
+                      detail=f"{layer.mixer}: r {layer.conv_kernel - 1} x "
+                      f"{layer.conv_channels} + s {'x'.join(map(str, layer.state_shape))}, f32, one cell per "
+                             "sequence", block_size=to)
+
+
+def _indexer_refused(layer: IndexerKeys, *args: object, where: str = "this model") -> None:
+    raise UnsupportedArchitectureError(f"{where}: llama.cpp keeps DeepSeek-V3.2's indexer keys in a cache of its own "
+                                       "(llama-kv-cache-dsa.cpp), which kvbudget does not model yet; use the vllm or "
+                                       "hf engine")
+
+
+# One layer's cache per slot, by the layer's kind (as llama.cpp caches it: `_as_cached`):
+# (layer, dtype, to, swa_batch) -> group or None
+_group: KindTable[CacheGroup | None] = KindTable("llamacpp", {
+    Attention: _attention_group, SlidingWindow: _sliding_group, ChunkedLocal: _chunked_group,
+    LatentAttention: _latent_group, RecurrentState: _state_group, IndexerKeys: _indexer_refused, NoCache: no_cache})
+LlamaCppEngine.layer_kinds = _group.kinds
 

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kvbudget.dtypes import get_dtype
+from kvbudget.dtypes import Family, get_dtype
 from kvbudget.engines.base import LogCheck, LogRow
 from kvbudget.engines.llamacpp.releases import (
     CACHE_TYPES,
@@ -88,7 +88,7 @@ def check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappin
     stream_cells = next((b.cells for b in buffers if b.name == "kv"), buffers[0].cells if buffers else int(n_ctx))
     rows = rows + _memory_rows(engine, text, model, int(n_seq), min(int(n_ctx), n_ubatch), flash, release, stream_cells,
                                unified,
-                               get_dtype(k_type).family == "block" if k_type in CACHE_TYPES else True)
+                               get_dtype(k_type).family is Family.BLOCK if k_type in CACHE_TYPES else True)
     settings: dict[str, Any] = {"n_ctx": int(n_ctx), "n_seq_max": int(n_seq), "kv_unified": unified,
                                 "swa_full": swa_full, "cache_type_k": k_type, "n_ubatch": n_ubatch}
     assumed: dict[str, Any] = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from kvbudget.engines.base import Allocation, Capacity, Engine, EngineOptions
 from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig
@@ -14,6 +14,9 @@ from kvbudget.engines.scheduling.timing import MeasuredStep, TimeModel
 from kvbudget.engines.tiers import HostTier
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from kvbudget.choices import Device, EntryPoint
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,20 +35,20 @@ class SimulationAsk:
     kv_dtype: str = "auto"
     max_model_len: int | None = None
     block_size: int | None = None
-    device: str = "cuda"
+    device: Device = EngineOptions.device
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     prefix_caching: bool = True
     long_prefill_token_threshold: int = 0
     time_model: TimeModel | None = None
-    allocator: str = "paged"
+    allocator: str = "paged"  # paged or contiguous-POLICY (an Allocator from setup_for)
     measured: Sequence[MeasuredStep] | None = None
     kv_unified: bool = False
     cache_ram: int | None = None
     weights: int | None = None
     utilization: float | None = None  # the engine's memory fraction, as plan takes it
     enforce_eager: bool = False
-    entry_point: str = "server"  # vLLM: vllm serve, or the Python LLM class
+    entry_point: EntryPoint = EngineOptions.entry_point  # vLLM: vllm serve, or the Python LLM class
     lora: tuple[int, int] | None = None  # vLLM --enable-lora: (max_loras, max_lora_rank)
     offload_memory: int | None = None  # host memory for the engine's KV offload tier, over every rank
     offload_backend: str | None = None

@@ -39,6 +39,7 @@ from kvbudget.engines.base import (
     layer_stages,
     serving_kv_dtype,
 )
+from kvbudget.engines.kinds import KindTable, no_cache
 from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge, tokens_budget
 from kvbudget.engines.sglang.gauges import sglang_pool
 from kvbudget.engines.sglang.hicache import hicache_rows, hicache_tier
@@ -59,8 +60,8 @@ from kvbudget.model.spec import (
     FullAttention,
     IndexerKeys,
     LatentAttention,
-    LayerSpec,
     ModelSpec,
+    NoCache,
     RecurrentState,
 )
 from kvbudget.units import GIB, MIB
@@ -96,7 +97,7 @@ class SGLangEngine(Engine):
         dtype = self._dtype(model, kv_dtype, tp, options)
         page = options.block_size or (NSA_PAGE if _nsa(model) else 1)
         act = get_dtype(model.dtype)
-        groups = group_layers(_cell(layer, dtype, act, tp, model.name, page, _nsa(model)) for layer in model.layers)
+        groups = group_layers(_CELL(layer, dtype, act, tp, model.name, page, _nsa(model)) for layer in model.layers)
         notes = (SOURCE_NOTE,) + ((f"DeepSeek sparse attention (NSA): pages of {NSA_PAGE}; SGLang makes the cache "
                                    "fp8 on compute capability 10.x",) if _nsa(model) else ())
         return Allocation(engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=groups, exact=False,
@@ -151,16 +152,8 @@ class SGLangEngine(Engine):
         and rope key; an fp8 NSA latent row of 656 bytes holds both)."""
         self.refuse_unchecked(model, options)
         dtype = self._dtype(model, kv_dtype, tp, options)
-        k_bytes = v_bytes = index_bytes = 0
-        for layer in model.layers:
-            if isinstance(layer, LatentAttention) and _nsa(model) and dtype.name.startswith("fp8"):
-                k_bytes += NSA_FP8_ROW
-            elif isinstance(layer, (Attention, LatentAttention)):  # MLA: the latent in K, the rope key in V
-                k, v = layer.kv_values(tp, model.name)
-                k_bytes += dtype.bytes_for(k)
-                v_bytes += dtype.bytes_for(v)
-            elif isinstance(layer, IndexerKeys):
-                index_bytes += _index_row(layer)
+        rows = [_BUFFERS(layer, dtype, tp, model.name, _nsa(model)) for layer in model.layers]
+        k_bytes, v_bytes, index_bytes = (sum(column) for column in zip((0, 0, 0), *rows, strict=False))
         return k_bytes, v_bytes, index_bytes
 
     def pipeline_stages(self, num_layers: int, pp: int, partition: tuple[int, ...] | None = None) -> list[range]:
@@ -299,31 +292,64 @@ def _index_row(layer: IndexerKeys) -> int:
     return layer.dim + layer.dim // INDEX_QUANT_BLOCK * 4
 
 
-def _cell(layer: LayerSpec, dtype: KVDtype, act: KVDtype, tp: int, where: str, page: int,
-          nsa: bool) -> CacheGroup | None:
-    if isinstance(layer, IndexerKeys):
-        return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=_index_row(layer),
-                          detail=f"indexer key {layer.dim} x fp8 + float32 scale per {INDEX_QUANT_BLOCK} = "
-                                 f"{_index_row(layer)} B, every rank", block_size=page)
-    if isinstance(layer, LatentAttention) and nsa and dtype.name.startswith("fp8"):
+def _indexer_cell(layer: IndexerKeys, dtype: KVDtype, act: KVDtype, tp: int, where: str, page: int,
+                  nsa: bool) -> CacheGroup:
+    return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=_index_row(layer),
+                      detail=f"indexer key {layer.dim} x fp8 + float32 scale per {INDEX_QUANT_BLOCK} = "
+                             f"{_index_row(layer)} B, every rank", block_size=page)
+
+
+def _latent_cell(layer: LatentAttention, dtype: KVDtype, act: KVDtype, tp: int, where: str, page: int,
+                 nsa: bool) -> CacheGroup:
+    if nsa and dtype.name.startswith("fp8"):
         return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=NSA_FP8_ROW,
                           detail=f"fp8 latent {layer.latent_dim} + 4 float32 scales + rope {layer.rope_dim} x "
                                  f"bf16 = {NSA_FP8_ROW} B, every rank", block_size=page)
-    if isinstance(layer, Attention):
-        k, v = layer.kv_values(tp, where)
-        detail = layer.describe(tp, where, dtype.name) + (
-            " (window cached in full)" if layer.token_span is not None else "")
-        return CacheGroup(kind=FullAttention.kind, layers=1, bytes_per_token=dtype.bytes_for(k + v), detail=detail,
-                          block_size=page)
-    if isinstance(layer, LatentAttention):
-        return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=dtype.bytes_for(layer.values_per_token),
-                          detail=f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, every rank",
-                          block_size=page)
-    if isinstance(layer, RecurrentState):
-        channels, _, state = layer.per_rank(tp, where)
-        fixed = act.bytes_for(channels * (layer.conv_kernel - 1)) + _F32.bytes_for(state)
-        return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=0, fixed_bytes=fixed,
-                          detail=f"{layer.mixer}: conv {channels} x {layer.conv_kernel - 1} x {act.name} + "
-                                 "float32 state", block_size=page)
-    return None
+    return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=dtype.bytes_for(layer.values_per_token),
+                      detail=f"latent {layer.latent_dim} + rope {layer.rope_dim} x {dtype.name}, every rank",
+                      block_size=page)
+
+
+def _attention_cell(layer: Attention, dtype: KVDtype, act: KVDtype, tp: int, where: str, page: int,
+                    nsa: bool) -> CacheGroup:
+    k, v = layer.kv_values(tp, where)
+    detail = layer.describe(tp, where, dtype.name) + (
+        " (window cached in full)" if layer.token_span is not None else "")
+    return CacheGroup(kind=FullAttention.kind, layers=1, bytes_per_token=dtype.bytes_for(k + v), detail=detail,
+                      block_size=page)
+
+
+def _state_cell(layer: RecurrentState, dtype: KVDtype, act: KVDtype, tp: int, where: str, page: int,
+                nsa: bool) -> CacheGroup:
+    channels, _, state = layer.per_rank(tp, where)
+    fixed = act.bytes_for(channels * (layer.conv_kernel - 1)) + _F32.bytes_for(state)
+    return CacheGroup(kind=layer.kind, layers=1, bytes_per_token=0, fixed_bytes=fixed,
+                      detail=f"{layer.mixer}: conv {channels} x {layer.conv_kernel - 1} x {act.name} + "
+                             "float32 state", block_size=page)
+
+
+# One layer's cells in SGLang's token pool, by the layer's kind: (layer, dtype, act, tp, where, page, nsa)
+_CELL: KindTable[CacheGroup | None] = KindTable("sglang", {
+    Attention: _attention_cell, LatentAttention: _latent_cell, IndexerKeys: _indexer_cell,
+    RecurrentState: _state_cell, NoCache: no_cache})
+SGLangEngine.layer_kinds = _CELL.kinds
+
+
+def _kv_row(layer: Attention | LatentAttention, dtype: KVDtype, tp: int, where: str,
+            nsa: bool) -> tuple[int, int, int]:
+    """MLA: the latent in K, the rope key in V."""
+    k, v = layer.kv_values(tp, where)
+    return dtype.bytes_for(k), dtype.bytes_for(v), 0
+
+
+def _latent_row(layer: LatentAttention, dtype: KVDtype, tp: int, where: str, nsa: bool) -> tuple[int, int, int]:
+    """An fp8 NSA latent row holds the latent and the rope key."""
+    return (NSA_FP8_ROW, 0, 0) if nsa and dtype.name.startswith("fp8") else _kv_row(layer, dtype, tp, where, nsa)
+
+
+# Bytes per token one layer adds to the K, V and indexer-key buffers: (layer, dtype, tp, where, nsa)
+_BUFFERS: KindTable[tuple[int, int, int]] = KindTable("sglang", {
+    Attention: _kv_row, LatentAttention: _latent_row,
+    IndexerKeys: lambda layer, *_: (0, 0, _index_row(layer)),
+    RecurrentState: lambda *_: (0, 0, 0), NoCache: lambda *_: (0, 0, 0)})
 

@@ -35,6 +35,7 @@ from kvbudget.engines.base import (
     largest_fitting,
     serving_kv_dtype,
 )
+from kvbudget.engines.kinds import KindTable, no_cache
 from kvbudget.engines.metrics import PoolGauge, PoolReport, gauge_ratio, tokens_budget
 from kvbudget.engines.tgi.gauges import tgi_pool
 from kvbudget.engines.tgi.releases import describe, era, parse_release
@@ -44,8 +45,8 @@ from kvbudget.model.spec import (
     FullAttention,
     IndexerKeys,
     LatentAttention,
-    LayerSpec,
     ModelSpec,
+    NoCache,
     RecurrentState,
 )
 from kvbudget.units import GIB, cdiv
@@ -87,7 +88,7 @@ class TGIEngine(Engine):
         if block not in BLOCK_SIZES:
             raise EngineRuleError(f"block_size {block}: TGI uses 1 (flashinfer), 16 (paged) or 256 (flashdecoding)",
                                   param="block_size")
-        groups = group_layers(_group(layer, dtype, tp, model.name, block) for layer in model.layers)
+        groups = group_layers(_GROUP(layer, dtype, tp, model.name, block) for layer in model.layers)
         return Allocation(engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=groups, exact=False,
                           notes=(SOURCE_NOTE,))
 
@@ -155,27 +156,40 @@ class TGIEngine(Engine):
                         rows=tuple(rows))
 
 
-def _group(layer: LayerSpec, dtype: KVDtype, tp: int, where: str, block: int) -> CacheGroup | None:
-    if isinstance(layer, IndexerKeys):
-        raise UnsupportedArchitectureError(f"{where}: kvbudget does not model TGI's sparse-attention indexer "
-                                           "cache yet; use the vllm or hf engine")
-    if isinstance(layer, RecurrentState):
-        raise UnsupportedArchitectureError(f"{where}: TGI does not serve models with recurrent (Mamba / linear "
-                                           "attention) layers")
-    if isinstance(layer, LatentAttention):
-        # every shard holds its share of the heads, each expanded to the K width (V padded to it)
-        heads = max(1, layer.heads // tp)
-        width = layer.expanded_k_dim
-        detail = f"MLA expanded: {heads} heads x ({width} K + {width} V, padded) x {dtype.name}"
-    elif isinstance(layer, Attention):
-        heads = layer.kv_heads_per_rank(tp, where)
-        width = max(layer.k_dim, layer.v_dim)
-        detail = f"{heads} KV heads x ({width} K + {width} V) x {dtype.name}" + (
-            " (window cached in full)" if layer.token_span is not None else "")
-    else:
-        return None
+def _indexer(layer: IndexerKeys, dtype: KVDtype, tp: int, where: str, block: int) -> CacheGroup:
+    raise UnsupportedArchitectureError(f"{where}: kvbudget does not model TGI's sparse-attention indexer cache yet; "
+                                       "use the vllm or hf engine")
+
+
+def _recurrent(layer: RecurrentState, dtype: KVDtype, tp: int, where: str, block: int) -> CacheGroup:
+    raise UnsupportedArchitectureError(f"{where}: TGI does not serve models with recurrent (Mamba / linear "
+                                       "attention) layers")
+
+
+def _latent(layer: LatentAttention, dtype: KVDtype, tp: int, where: str, block: int) -> CacheGroup:
+    """Every shard holds its share of the heads, each expanded to the K width (V padded to it)."""
+    heads = max(1, layer.heads // tp)
+    width = layer.expanded_k_dim
+    return CacheGroup(kind=FullAttention.kind, layers=1, bytes_per_token=2 * dtype.bytes_for(heads * width),
+                      detail=f"MLA expanded: {heads} heads x ({width} K + {width} V, padded) x {dtype.name}",
+                      block_size=block)
+
+
+def _attention(layer: Attention, dtype: KVDtype, tp: int, where: str, block: int) -> CacheGroup:
+    """Every layer full: a window is cached in full."""
+    heads = layer.kv_heads_per_rank(tp, where)
+    width = max(layer.k_dim, layer.v_dim)
+    detail = f"{heads} KV heads x ({width} K + {width} V) x {dtype.name}" + (
+        " (window cached in full)" if layer.token_span is not None else "")
     return CacheGroup(kind=FullAttention.kind, layers=1, bytes_per_token=2 * dtype.bytes_for(heads * width),
                       detail=detail, block_size=block)
+
+
+# One layer's cache as TGI stores it, by the layer's kind: (layer, dtype, tp, where, block) -> group or None
+_GROUP: KindTable[CacheGroup | None] = KindTable("tgi", {
+    Attention: _attention, LatentAttention: _latent, IndexerKeys: _indexer, RecurrentState: _recurrent,
+    NoCache: no_cache})
+TGIEngine.layer_kinds = _GROUP.kinds
 
 
 TGI = TGIEngine()

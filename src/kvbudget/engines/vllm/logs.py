@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from kvbudget.choices import Device
 from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
 from kvbudget.engines.vllm.budgetless import (
     count_span,
@@ -58,13 +59,13 @@ class _Log:
         self.budgets: list[str] = []
         self.from_refusal = False
 
-    def budget(self, budgets: list[str], from_refusal: bool, device: str) -> None:
+    def budget(self, budgets: list[str], from_refusal: bool, device: Device) -> None:
         """The ranks' budgets as logged (GiB, as text); the smallest is what every rank gets."""
         self.budgets, self.from_refusal = budgets, from_refusal
         self.budget_text = min(budgets, key=float)  # vLLM sizes every rank's cache to the smallest rank's
         self.decimals = len(self.budget_text.split(".")[1]) if "." in self.budget_text else 0
         self.value = float(self.budget_text)
-        self.exact = device == "cpu" and self.value == int(self.value)  # VLLM_CPU_KVCACHE_SPACE is whole GiB
+        self.exact = device == Device.CPU and self.value == int(self.value)  # VLLM_CPU_KVCACHE_SPACE is whole GiB
         self.half_step = 0.5 * 10 ** -self.decimals
         self.logged = (self.value, self.value) if self.exact else (max(self.value - self.half_step, 0),
                                                                    self.value + self.half_step)
@@ -226,7 +227,7 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
     budget_from_refusal = not budgets and refusal is not None
     if budget_from_refusal and refusal:
         budgets = [refusal.group(3)]
-    if not budgets and st.device == "cpu":  # the CPU backend's budget is VLLM_CPU_KVCACHE_SPACE (GiB), 4 unset
+    if not budgets and st.device == Device.CPU:  # the CPU backend's budget is VLLM_CPU_KVCACHE_SPACE (GiB), 4 unset
         space = re.search(r"VLLM_CPU_KVCACHE_SPACE[= ]['\"]?(\d+)", text)
         budgets = [space.group(1) if space else "4"]
         if not space:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from kvbudget.choices import Device
 from kvbudget.engines.base import EngineOptions
 from kvbudget.engines.vllm.releases import Release, batch_defaults, parse_release
 from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError, spelled
@@ -58,7 +59,7 @@ _BACKEND_LINES = {"FLASHMLA": r"FlashMLA backend|FLASHMLA backend", "TRITON_MLA"
 @dataclass(frozen=True, kw_only=True)
 class LogSettings:
     max_len: int
-    device: str
+    device: Device
     tp: int
     pp: int
     kv_dtype: str
@@ -104,7 +105,7 @@ def read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Mat
     if max_len_text is None and given.get("max_model_len") is None and max_len:
         assumed["max_model_len"] = f"{max_len:,} (the model's own length: the log does not state it)"
     cpu = bool(re.search(r"CPU KV cache size|device_config=cpu|VLLM_CPU_KVCACHE_SPACE", text))
-    read["device"] = "cpu" if cpu else "cuda"
+    read["device"] = Device.CPU if cpu else Device.CUDA
     tp = whole("tp", pick("tp", setting(text, "tensor_parallel_size"), 1))
     pp = whole("pp", pick("pp", setting(text, "pipeline_parallel_size"), 1))
     kv = str(pick("kv_cache_dtype", setting(text, "kv_cache_dtype"), "auto"))
@@ -152,7 +153,7 @@ def read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Mat
     hybrid_off = setting(text, "disable_hybrid_kv_cache_manager")
     hybrid = not (hybrid_off is not None and truthy(hybrid_off)) and not (
         version and not Release(version).hybrid_allocator)
-    settings = LogSettings(max_len=max_len, device="cpu" if cpu else "cuda", tp=tp, pp=pp, kv_dtype=kv,
+    settings = LogSettings(max_len=max_len, device=Device.CPU if cpu else Device.CUDA, tp=tp, pp=pp, kv_dtype=kv,
                             prefix=bool(prefix),
                             mnbt=whole("max_num_batched_tokens", mnbt) if mnbt is not None else None, version=version,
                             hybrid=hybrid,
@@ -167,7 +168,7 @@ def _default_mnbt(text: str, version: tuple[int, int] | None, assumed: dict) -> 
     total = log_total_memory(text)
     if total is None or version is None or Release(version).v0:
         return None
-    mnbt = batch_defaults(int(total * GIB), "", "cuda", Release(version))[0]
+    mnbt = batch_defaults(int(total * GIB), "", Device.CUDA, Release(version))[0]
     assumed["max_num_batched_tokens"] = f"{mnbt}, the release's default for the log's {total:g} GiB GPU"
     return mnbt
 

@@ -42,7 +42,7 @@ def memory_rows(engine: VLLMEngine, text: str, model: ModelSpec, s: LogSettings,
         stack, kv = memory_stack(model, serving, custom_gpu(int(total * GIB)), w, None, None, util)
     except KVBudgetError:
         return []
-    plan = {t.key: t.bytes / GIB for t in stack}
+    plan: dict[str, float] = {t.key: t.bytes / GIB for t in stack}
     # from 0.20 the plan's overhead holds the CUDA graphs beside non-torch memory: each beside its own line
     plan["graphs"] = cuda_graph_bytes(release(options), options.enforce_eager) / GIB
     plan["overhead"] -= plan["graphs"]

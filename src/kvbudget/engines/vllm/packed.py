@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from kvbudget.dtypes import Family
 from kvbudget.errors import EngineRuleError, UnsupportedArchitectureError
 from kvbudget.model.spec import Compressed, ModelSpec, SlidingWindow
 from kvbudget.units import cdiv
@@ -180,9 +181,9 @@ def packed_layout(specs: list[PackedSpec], mnbt: int, where: str) -> PackedLayou
     return PackedLayout(tuple(groups), max(g.page_bytes for g in groups), mnbt)
 
 
-def check_packed_options(kv_dtype_family: str, kv_dtype: str, block_size: int | None) -> None:
+def check_packed_options(kv_dtype_family: Family, kv_dtype: str, block_size: int | None) -> None:
     """What the packed layout is modelled for: the fp8_ds_mla format and the backends' own block sizes."""
-    if kv_dtype_family != "fp8" and kv_dtype != "auto":
+    if kv_dtype_family is not Family.FP8 and kv_dtype != "auto":
         raise EngineRuleError(f"kv_dtype {kv_dtype}: vLLM stores DeepSeek-V4 in its fp8_ds_mla format (auto or fp8); "
                               "the plain bf16 rows of its FlashInfer sparse backend are not modelled", param="kv_dtype")
     if block_size not in (None, LATENT_BLOCK):

@@ -40,6 +40,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from kvbudget.choices import Device, EntryPoint
 from kvbudget.engines.base import EngineOptions
 from kvbudget.errors import EngineRuleError
 from kvbudget.units import GIB
@@ -177,7 +178,7 @@ BATCH_DEFAULTS = {"huge": (16384, 1024), "large": (8192, 1024), "small": (2048, 
 # The Python LLM class's (UsageContext.LLM_CLASS in the same tables, 0.8.5-0.32): more tokens per step, the same
 # sequences; on the CPU backend (4096, 256) per rank (0.10 on)
 LLM_CLASS_DEFAULTS = {"huge": (16384, 1024), "large": (16384, 1024), "small": (8192, 256), "cpu": (4096, 256)}
-ENTRY_POINTS = {"server": BATCH_DEFAULTS, "llm": LLM_CLASS_DEFAULTS}  # vllm serve; vllm.LLM(...)
+ENTRY_POINTS = {EntryPoint.SERVER: BATCH_DEFAULTS, EntryPoint.LLM: LLM_CLASS_DEFAULTS}  # vllm serve; vllm.LLM(...)
 HUGE_GPU_BYTES = 160 * GIB
 V0_LONG_CONTEXT = 32768  # V0's OpenAI server turned chunked prefill on beyond this max_model_len (arg_utils.py)
 LARGE_GPU_BYTES = 70 * GIB
@@ -189,15 +190,15 @@ def v0_batch_defaults(max_model_len: int) -> tuple[int, int]:
     return (2048 if max_model_len > V0_LONG_CONTEXT else max(max_model_len, 2048)), 256
 
 
-def batch_defaults(gpu_memory: int, gpu_name: str = "", device: str = "cuda",
-                   rel: Release | None = None, entry_point: str = "server") -> tuple[int, int]:
+def batch_defaults(gpu_memory: int, gpu_name: str = "", device: Device = Device.CUDA,
+                   rel: Release | None = None, entry_point: EntryPoint = EntryPoint.SERVER) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) that release `rel` picks for a GPU of `gpu_memory` bytes when started
     from `entry_point` (the OpenAI server, or the Python LLM class)."""
     if entry_point not in ENTRY_POINTS:
         raise EngineRuleError(f"entry_point {entry_point!r}: vLLM is started as a server (vllm serve) or from "
                               "Python (llm: the LLM class); give server or llm", param="entry_point")
     table, rel = ENTRY_POINTS[entry_point], rel or Release(NEWEST)
-    if device == "cpu":
+    if device == Device.CPU:
         return table["cpu"]
     if gpu_memory >= HUGE_GPU_BYTES and rel.huge_batch_tier:
         return table["huge"]

@@ -5,21 +5,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kvbudget.choices import parse_allocator
 from kvbudget.engines.scheduling.seq import Queues
 from kvbudget.engines.scheduling.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 from kvbudget.engines.tiers import required_link
 from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.cached import CachedHybridScheduler
-from kvbudget.engines.vllm.contiguous import POLICIES, ContiguousScheduler
+from kvbudget.engines.vllm.contiguous import ContiguousScheduler
 from kvbudget.engines.vllm.hybrid import HybridScheduler
 from kvbudget.engines.vllm.lmcache import LMCacheScheduler
 from kvbudget.engines.vllm.offloading import OffloadingScheduler
 from kvbudget.engines.vllm.pool import usable_blocks
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.errors import KVBudgetError, named
-
-PAGED = "paged"
-CONTIGUOUS = "contiguous-"
 
 if TYPE_CHECKING:
     from kvbudget.engines.vllm.engine import VLLMEngine
@@ -46,7 +44,7 @@ class VLLMSimulator(SimulatorDefaults):
         if backend not in self.engine.offload_backends:
             raise KVBudgetError(f"offload_backend {backend!r}: choose {', '.join(self.engine.offload_backends)}",
                                 param="offload_backend")
-        if not ask.prefix_caching or hybrid or ask.allocator != PAGED:
+        if not ask.prefix_caching or hybrid or not parse_allocator(ask.allocator).paged:
             raise KVBudgetError("offload_memory: the offload tier is simulated behind vLLM's prefix cache for "
                                 "one full-attention group (prefix caching on, paged)", param="offload_memory")
         if (ask.offload_disk is None) != (ask.disk_read is None):
@@ -87,13 +85,10 @@ class VLLMSimulator(SimulatorDefaults):
                                 "follows full-attention groups beside one kind of window (sliding or chunked) or "
                                 "beside linear-attention / Mamba state groups, all of one block size, so far "
                                 f"({named('prefix_caching', value=False)})", param="prefix_caching")
-        allocator = ask.allocator
-        if windowed and allocator != PAGED:
+        allocator = parse_allocator(ask.allocator)
+        if windowed and not allocator.paged:
             raise KVBudgetError(f"allocator {allocator}: the contiguous baselines model full attention only",
                                 param="allocator")
-        if allocator != PAGED and allocator.removeprefix(CONTIGUOUS) not in POLICIES:
-            raise KVBudgetError(f"allocator {allocator}: choose paged, "
-                                f"{', '.join(CONTIGUOUS + p for p in POLICIES)}", param="allocator")
         scheduling = Setup.scheduling
         if ask.prefix_caching and any(g.checkpoint for g in groups):
             scheduling = ("the scheduling follows vLLM 0.32's source for the Mamba-2 layers' prefill checkpoint "
@@ -127,8 +122,9 @@ class VLLMSimulator(SimulatorDefaults):
 
     def scheduler(self, setup: Setup) -> Queues:
         config = config_of(setup)
-        if setup.allocator != PAGED:
-            return ContiguousScheduler(config, self.token_slots(setup), setup.allocator.removeprefix(CONTIGUOUS))
+        allocator = parse_allocator(setup.allocator)
+        if allocator.reservation is not None:
+            return ContiguousScheduler(config, self.token_slots(setup), allocator.reservation)
         tier = setup.host_tier
         if tier is not None and tier.backend == "lmcache":
             disk = setup.disk_tier
@@ -143,18 +139,23 @@ class VLLMSimulator(SimulatorDefaults):
 
     def token_slots(self, setup: Setup) -> int:
         """Whole blocks but the null block when paged; the budget over bytes per token when contiguous."""
-        if setup.allocator == PAGED or not setup.kv_memory_bytes:
+        if _paged(setup) or not setup.kv_memory_bytes:
             return usable_blocks(setup.num_blocks) * setup.block_size
         return setup.kv_memory_bytes // setup.bytes_per_token
 
     def memory(self, setup: Setup) -> str:
-        return f"{setup.num_blocks:,} blocks of {setup.block_size} tokens" if setup.allocator == PAGED \
+        return f"{setup.num_blocks:,} blocks of {setup.block_size} tokens" if _paged(setup) \
             else f"{self.token_slots(setup):,} token slots"
 
     def describe(self, setup: Setup, short: bool = False) -> str:
-        if short and setup.allocator == PAGED:  # the picture's title: blocks of N
+        if short and _paged(setup):  # the picture's title: blocks of N
             return f"{setup.num_blocks:,} blocks of {setup.block_size}"
         return super().describe(setup, short)
 
     def free_label(self, setup: Setup) -> str:
-        return "other (free, buddy-block rounding, holes)" if setup.allocator != PAGED else "free"
+        return "free" if _paged(setup) else "other (free, buddy-block rounding, holes)"
+
+
+def _paged(setup: Setup) -> bool:
+    """Whether the setup runs vLLM's own paged allocator (this simulator's setups hold a parsed Allocator)."""
+    return parse_allocator(setup.allocator).paged

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
-from kvbudget.dtypes import KVDtype, get_dtype
+from kvbudget.dtypes import Family, KVDtype, get_dtype
 from kvbudget.engines.base import CacheGroup
 from kvbudget.engines.vllm.blocks import BlockGroup, ChunkedGroup, SlidingGroup, StateGroup
 from kvbudget.engines.vllm.releases import Release
@@ -174,7 +174,7 @@ def vllm_spec(layer: LayerSpec, dtype: KVDtype, act: KVDtype, ssm: KVDtype | Non
         if scales:
             detail += f", + {dtype.head_scale_bytes} B of scales per head"
         return kind(token_bytes=dtype.bytes_for(k + v) + scales, span=span, detail=detail, label=layer.kind)
-    if isinstance(layer, LatentAttention) and dtype.family == "per_token_head":
+    if isinstance(layer, LatentAttention) and dtype.family is Family.PER_TOKEN_HEAD:
         raise EngineRuleError(f"kv_dtype {dtype.name}: {where} has latent (MLA) attention; vLLM's per-token-head "
                               "caches are for attention with K and V heads", param="kv_dtype")
     if isinstance(layer, LatentAttention) and not rel.mla_latent:  # vLLM < 0.7: heads expanded, padded to 256

@@ -8,7 +8,7 @@ const FIELDS = ["model", "compare", "engine", "kv_dtype", "gpu", "gpu_memory", "
   "concurrency", "trace", "rate", "requests", "rate_scale", "slice", "guard", "report"];
 const DEFAULTS = { view: "plan", model: "llama-3.1-8b", engine: "vllm", kv_dtype: "auto", gpu: "H100-80GB",
   tp: "1", pp: "1", concurrency: "1", trace: "azure-conv-2023", rate_scale: "1", slice: "0:2000" };
-const CHART_ENGINES = ["vllm", "sglang", "llamacpp", "tgi"];  // engines with a KV budget (hf has none)
+let CHART_ENGINES = [];  // engines with a KV budget: the servers, from /api/choices (hf has none)
 const COLORS = ["var(--c0)", "var(--c1)", "var(--c2)", "var(--c3)", "var(--c4)"];
 const DASHES = ["", "7 4", "2 3", "10 3 2 3", "4 4"];
 // an error's field, as the API names it, and the control that shows it
@@ -553,6 +553,7 @@ function parseContext(text) {
 async function start() {
   readURL();
   try { choices = await api("choices"); } catch (err) { showError(err); return; }
+  CHART_ENGINES = choices.chart_engines;
   $("model-list").replaceChildren(...choices.models.map((m) => h("option", { value: m.name }, m.hf_id)));
   $("engine").replaceChildren(...choices.engines.map((e) => h("option", { value: e }, e)));
   $("kv_dtype").replaceChildren(...choices.kv_dtypes.map((d) => h("option", { value: d }, d)));
