@@ -27,7 +27,7 @@ class LlamaCppSimulator(SimulatorDefaults):
             raise KVBudgetError(f"num_blocks: llama.cpp has no KV blocks; give its slots "
                                 f"({spelled('max_num_seqs, -np', flag('max_num_seqs'))}) and their context "
                                 f"({named('max_model_len')})", param="num_blocks")
-        if ask.allocator != "paged" or ask.long_prefill_token_threshold:
+        if not ask.allocator.paged or ask.long_prefill_token_threshold:
             raise KVBudgetError("llama.cpp: its slots are the allocator and it has no long-prefill threshold; leave "
                                 "allocator and long_prefill_token_threshold out", param="allocator")
         if ask.cache_ram is not None and ask.cache_ram < 0:

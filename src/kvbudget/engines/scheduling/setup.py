@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from kvbudget.choices import PAGED, Allocator
 from kvbudget.engines.base import Allocation, Capacity, Engine, EngineOptions
 from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig
 from kvbudget.engines.scheduling.timing import MeasuredStep, TimeModel
@@ -41,7 +42,7 @@ class SimulationAsk:
     prefix_caching: bool = True
     long_prefill_token_threshold: int = 0
     time_model: TimeModel | None = None
-    allocator: str = "paged"  # paged or contiguous-POLICY (an Allocator from setup_for)
+    allocator: Allocator = PAGED  # the engine's own, or a contiguous reservation per request
     measured: Sequence[MeasuredStep] | None = None
     kv_unified: bool = False
     cache_ram: int | None = None

@@ -45,7 +45,7 @@ class SGLangSimulator(SimulatorDefaults):
         return {"host_tier": tier, "host_block_seconds": link.seconds(tier.unit_bytes, tier.ranks)}
 
     def options(self, ask: SimulationAsk) -> EngineOptions:
-        if ask.num_blocks is not None or ask.allocator != "paged" or ask.long_prefill_token_threshold:
+        if ask.num_blocks is not None or not ask.allocator.paged or ask.long_prefill_token_threshold:
             raise KVBudgetError("SGLang: its token pool is the allocator (no blocks) and it has no long-prefill "
                                 "threshold; leave num_blocks, allocator and long_prefill_token_threshold out",
                                 param="engine")

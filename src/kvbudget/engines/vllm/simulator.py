@@ -44,7 +44,7 @@ class VLLMSimulator(SimulatorDefaults):
         if backend not in self.engine.offload_backends:
             raise KVBudgetError(f"offload_backend {backend!r}: choose {', '.join(self.engine.offload_backends)}",
                                 param="offload_backend")
-        if not ask.prefix_caching or hybrid or not parse_allocator(ask.allocator).paged:
+        if not ask.prefix_caching or hybrid or not ask.allocator.paged:
             raise KVBudgetError("offload_memory: the offload tier is simulated behind vLLM's prefix cache for "
                                 "one full-attention group (prefix caching on, paged)", param="offload_memory")
         if (ask.offload_disk is None) != (ask.disk_read is None):
@@ -85,7 +85,7 @@ class VLLMSimulator(SimulatorDefaults):
                                 "follows full-attention groups beside one kind of window (sliding or chunked) or "
                                 "beside linear-attention / Mamba state groups, all of one block size, so far "
                                 f"({named('prefix_caching', value=False)})", param="prefix_caching")
-        allocator = parse_allocator(ask.allocator)
+        allocator = ask.allocator
         if windowed and not allocator.paged:
             raise KVBudgetError(f"allocator {allocator}: the contiguous baselines model full attention only",
                                 param="allocator")
