@@ -30,6 +30,10 @@ class Option:
     metavar: str | None = None
     group: str | None = None  # its section of --help
     web: bool = True  # False: it reads or writes the server's files, or only changes the terminal output
+    nargs: str | None = None  # how many values where it is not `many`'s one or more: "*" for files that may be left out
+    extend: bool = False  # with many: a flag given again adds its values (--kv-dtype f16 --kv-dtype q4_0)
+    required: bool = False  # a flag that must be given (quality's --data)
+    kind: Callable[[str], Any] | None = None  # reads the text where the field holds a number (int), as argparse would
 
     @property
     def text(self) -> str:
