@@ -4,7 +4,8 @@ library's values (each error naming the parameter it read).
 A request is a frozen dataclass whose fields hold what a person gave, as text (switches as booleans), with an
 `Option` in each field's metadata: its help, whether it is positional, its choices and metavar, its section of
 `--help`, and whether the web page takes it. The command line adds one flag per field (`--kv-memory` for
-`kv_memory`); the web page takes the same names as parameters.
+`kv_memory`); the web page takes the same names as parameters. A field may hold a number instead of text where its
+`Option.kind` reads it (check-log's and quality's counts, refused as argparse refuses them).
 """
 
 from __future__ import annotations
