@@ -12,7 +12,7 @@ from kvbudget.cli.common import add_options, console, request_of
 from kvbudget.commands.tokens import TokensRequest, answer
 
 if TYPE_CHECKING:
-    from kvbudget.tokens import LogStats
+    from kvbudget.tokens import LogStats, PromptCount
 
 
 def add_parser(sub: Any) -> None:
@@ -36,7 +36,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if isinstance(result, LogStats):
         render_stats(result, ask.files[0])
-        return 0
+    else:
+        render(result)
+    return 0
+
+
+def render(result: PromptCount) -> None:
     from rich.table import Table
 
     label = " (approximate: characters / 4, no tokenizer)" if result.approximate else ""
@@ -50,7 +55,6 @@ def run(args: argparse.Namespace) -> int:
         table.add_row("max_tokens", f"{result.max_tokens:,}")
         table.add_row("[bold]prompt + max_tokens[/]", f"[bold]{result.prompt_tokens + result.max_tokens:,}[/]")
     console().print(table)
-    return 0
 
 
 def progress_lines(path: str, iter_lines: Callable[[str], Iterator[str]]) -> Iterator[str]:
