@@ -504,6 +504,18 @@ def test_one_description_makes_the_flags_and_the_web_parameters(capsys):
         dests = {a.dest for a in sub._actions if a.dest != "help"}
         assert dests == {n for n, _, _ in options(request)}, command
         assert set(api.OPTIONS[command]) == {n for n, _, o in options(request) if o.web and not o.positional}
+    # the commands only the command line offers: their flags and arguments are their requests' options too
+    from kvbudget.commands.alerts import AlertsRequest
+    from kvbudget.commands.checklog import CheckLogRequest
+    from kvbudget.commands.guard import GuardRequest
+    from kvbudget.commands.quality import QualityRequest
+    from kvbudget.commands.tokens import TokensRequest
+
+    for command, request in {"tokens": TokensRequest, "check-log": CheckLogRequest, "quality": QualityRequest,
+                             "guard": GuardRequest, "alerts": AlertsRequest}.items():
+        sub = next(a for a in build_parser(command)._actions if a.dest == "command").choices[command]
+        dests = {a.dest for a in sub._actions if a.dest != "help"}
+        assert dests == {n for n, _, _ in options(request)}, command
     # the same bad request, in the same words, on both front ends
     assert main(["simulate", "llama-3.1-8b", "--gpu", "L4"]) == 2
     said = capsys.readouterr().err.removeprefix("kvbudget: error: ").strip()

@@ -75,8 +75,8 @@ def add_options(p: argparse.ArgumentParser, request: type) -> None:
         how: dict[str, Any] = {"help": opt.text}
         if opt.metavar:
             how["metavar"] = opt.metavar
-        if opt.many:
-            how["nargs"] = "+"
+        if opt.many or opt.nargs:
+            how["nargs"] = opt.nargs or "+"
         if opt.positional:
             target.add_argument(name, **how)
             continue
@@ -86,6 +86,12 @@ def add_options(p: argparse.ArgumentParser, request: type) -> None:
             how.update(action="append", default=[])
         elif default is not None:
             how["default"] = default
+        if opt.extend:
+            how["action"] = "extend"
+        if opt.kind is not None:
+            how["type"] = opt.kind
+        if opt.required:
+            how["required"] = True
         if opt.choices:
             how["choices"] = opt.choices
         target.add_argument(flag(name), **how)

@@ -8,72 +8,40 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from kvbudget.cli.common import console
-from kvbudget.engines import ENGINES
-from kvbudget.errors import KVBudgetError
+from kvbudget.cli.common import add_options, console, request_of
+from kvbudget.commands.tokens import TokensRequest, answer
 
 if TYPE_CHECKING:
-    from kvbudget.tokens import LogStats
+    from kvbudget.tokens import LogStats, PromptCount
 
 
 def add_parser(sub: Any) -> None:
     tk = sub.add_parser("tokens", help="exact prompt lengths with the model's tokenizer and chat template")
-    tk.add_argument("model", help="a .gguf file, a model folder, a Hub id, or a catalog name (its Hub id) for the "
-                                  "tokenizer")
-    tk.add_argument("files", nargs="*", help="text files (documents), a chat request .json, a .jsonl log, "
-                                            "or - for stdin")
-    tk.add_argument("--question", help="the question after the documents")
-    tk.add_argument("--system", help="system message (text, or @FILE)")
-    tk.add_argument("--no-template", action="store_true", help="count the raw text without the chat template")
-    tk.add_argument("--engine", default="vllm", help=f"whose prompt handling to follow: one of {', '.join(ENGINES)} "
-                                                     "(llamacpp adds the vocabulary's BOS) (default vllm)")
-    tk.add_argument("--approximate", action="store_true", help="no tokenizer: estimate from characters "
-                                                               "(4 per token), labelled as an estimate")
-    tk.add_argument("--json", action="store_true", help="print JSON")
+    add_options(tk, TokensRequest)
     tk.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from kvbudget.engines import get_engine
-    from kvbudget.tokens import PromptCounter, check_readable, iter_lines, read_request
+def loading(model: str) -> None:
+    if sys.stderr.isatty():  # loading takes seconds: say what is happening
+        print(f"kvbudget: loading the tokenizer of {model} ...", file=sys.stderr, flush=True)
 
-    get_engine(args.engine)  # a bad engine or file is refused before the tokenizer loads (seconds)
-    check_readable(*(args.files or ["-"]), *([args.system[1:]] if args.system and args.system.startswith("@") else []))
-    if not args.approximate and sys.stderr.isatty():  # loading takes seconds: say what is happening
-        print(f"kvbudget: loading the tokenizer of {args.model} ...", file=sys.stderr, flush=True)
-    counter = PromptCounter(args.model, approximate=args.approximate, engine=args.engine)
-    template = not args.no_template
-    files = args.files or ["-"]
-    logs = [f for f in files if f.endswith(".jsonl")]
-    if logs:
-        if len(files) != 1:
-            raise KVBudgetError("a .jsonl request log is counted on its own; pass it alone")
-        stats = counter.count_jsonl(progress_lines(logs[0], iter_lines), template)
-        if args.json:
-            print(json.dumps(stats.to_dict(), indent=2))
-            return 0
-        render_stats(stats, logs[0])
-        return 0
-    system = args.system
-    if system and system.startswith("@"):
-        system = "".join(iter_lines(system[1:]))
-    if len(files) == 1 and (files[0].endswith(".json") or files[0] == "-"):
-        text = sys.stdin.read() if files[0] == "-" else "".join(iter_lines(files[0]))
-        stripped = text.lstrip()
-        if files[0].endswith(".json") or stripped.startswith("{"):
-            messages, max_tokens = read_request(files[0], text)
-            result = counter.count_request(messages, max_tokens, template)
-        else:
-            result = counter.count_documents([("stdin", text)], args.question, system, template)
-    else:
-        if any(f.endswith(".json") for f in files):
-            raise KVBudgetError("a chat request .json is counted on its own; pass it alone")
-        docs = [(("stdin" if f == "-" else f), sys.stdin.read() if f == "-" else "".join(iter_lines(f)))
-                for f in files]
-        result = counter.count_documents(docs, args.question, system, template)
-    if args.json:
+
+def run(args: argparse.Namespace) -> int:
+    from kvbudget.tokens import LogStats, iter_lines
+
+    ask = request_of(TokensRequest, args)
+    result = answer(ask, loading, lambda path: progress_lines(path, iter_lines))
+    if ask.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
+    if isinstance(result, LogStats):
+        render_stats(result, ask.files[0])
+    else:
+        render(result)
+    return 0
+
+
+def render(result: PromptCount) -> None:
     from rich.table import Table
 
     label = " (approximate: characters / 4, no tokenizer)" if result.approximate else ""
@@ -87,7 +55,6 @@ def run(args: argparse.Namespace) -> int:
         table.add_row("max_tokens", f"{result.max_tokens:,}")
         table.add_row("[bold]prompt + max_tokens[/]", f"[bold]{result.prompt_tokens + result.max_tokens:,}[/]")
     console().print(table)
-    return 0
 
 
 def progress_lines(path: str, iter_lines: Callable[[str], Iterator[str]]) -> Iterator[str]:

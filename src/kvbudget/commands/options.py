@@ -7,6 +7,8 @@ A request is a frozen dataclass whose fields hold what a person gave, as text (s
 request of their own: `EngineKnobs`, `StartupKnobs`, `OffloadKnobs`, `CountedLength`) that a request holds in one
 field and offers as its own fields, in place. The command line adds one flag per option (`--kv-memory` for
 `kv_memory`); the web page takes the same names as parameters; `build` makes a request of them.
+A field may hold a number instead of text where its `Option.kind` reads it (check-log's and quality's counts, refused
+as argparse refuses them).
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ class Option:
     metavar: str | None = None
     group: str | None = None  # its section of --help
     web: bool = True  # False: it reads or writes the server's files, or only changes the terminal output
+    nargs: str | None = None  # how many values where it is not `many`'s one or more: "*" for files that may be left out
+    extend: bool = False  # with many: a flag given again adds its values (--kv-dtype f16 --kv-dtype q4_0)
+    required: bool = False  # a flag that must be given (quality's --data)
+    kind: Callable[[str], Any] | None = None  # reads the text where the field holds a number (int), as argparse would
 
     @property
     def text(self) -> str:

@@ -1,0 +1,106 @@
+"""`check-log`: an engine's startup log beside kvbudget's prediction for the same settings."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kvbudget.commands.options import load, option
+from kvbudget.errors import KVBudgetError, named
+from kvbudget.units import parse_positive_ints
+
+if TYPE_CHECKING:
+    from kvbudget.engines import LogCheck
+    from kvbudget.model.spec import ModelSpec
+
+GIVEN = "settings the log does not state (otherwise the engine's default is assumed and shown as assumed)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckLogRequest:
+    """What `check-log` is asked: the log (its text read from the file, or stdin for -), and the settings it does
+    not state (None: the engine's default, shown as assumed)."""
+
+    log: str = option("startup log of vLLM, SGLang, TGI or llama-server (- for stdin)", "", positional=True)
+    model: str | None = option("the model (catalog name, config.json, folder, Hub id) when the log's model path is "
+                               "not readable here", web=False)
+    json: bool = option("print JSON", False, web=False)
+    engine_version: str | None = option("the engine's version, e.g. 0.8.5 (vLLM changed what it prints)",
+                                        group=GIVEN)
+    max_model_len: int | None = option("", group=GIVEN, kind=int)
+    tp: int | None = option("tensor parallel size", group=GIVEN, kind=int)
+    pp: int | None = option("pipeline parallel size", group=GIVEN, kind=int)
+    kv_cache_dtype: str | None = option("auto, fp8, ...", group=GIVEN)
+    max_num_batched_tokens: int | None = option("", group=GIVEN, kind=int)
+    pp_layer_partition: str | None = option("vLLM's VLLM_PP_LAYER_PARTITION, e.g. 16,32", group=GIVEN)
+    attention_backend: str | None = option("vLLM's MLA backend: FLASHMLA, CUTLASS_MLA, FLASHINFER_MLA, "
+                                           "FLASH_ATTN_MLA, TRITON_MLA", group=GIVEN)
+    num_speculative_tokens: int | None = option("vLLM: draft tokens per step with the model's MTP layers "
+                                                "(speculative_config)", group=GIVEN, kind=int)
+
+
+@dataclass(frozen=True)
+class LogAnswer:
+    """The log's check and the model it was checked against; `to_dict()` (the check's) is what --json prints."""
+
+    check: LogCheck
+    model: ModelSpec
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.check.to_dict()
+
+
+GIVEN_NAMES = ("engine_version", "max_model_len", "tp", "pp", "kv_cache_dtype", "max_num_batched_tokens",
+               "pp_layer_partition", "attention_backend", "num_speculative_tokens")
+
+
+def read_log(path: str) -> str:
+    """The log's text: the file's (undecodable bytes replaced), or stdin's for -."""
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise KVBudgetError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def model_of(ask: CheckLogRequest, text: str) -> ModelSpec:
+    """The model the request names, else the one the log names (an error saying to name one where it cannot)."""
+    from kvbudget.checklog import model_in_log
+
+    source = ask.model or model_in_log(text)
+    if source is None:
+        raise KVBudgetError(f"check-log: the log does not name its model; pass {named('model')}")
+    try:
+        return load(source)
+    except KVBudgetError as exc:
+        if ask.model:
+            raise
+        raise KVBudgetError(f"check-log: the log's model {source!r} cannot be read here ({exc}); "
+                            f"pass {named('model')}") from None
+
+
+def given(ask: CheckLogRequest) -> dict[str, Any]:
+    """The settings the request states, checked (positive counts, a partition of layers)."""
+    if ask.pp_layer_partition:
+        parse_positive_ints(ask.pp_layer_partition, "pp_layer_partition")
+    if ask.num_speculative_tokens is not None and ask.num_speculative_tokens < 0:
+        raise KVBudgetError(f"num_speculative_tokens: {ask.num_speculative_tokens} is negative",
+                            param="num_speculative_tokens")
+    for name in ("max_model_len", "tp", "pp", "max_num_batched_tokens"):
+        value = getattr(ask, name)
+        if value is not None and value <= 0:
+            raise KVBudgetError(f"{name}: {value} is not positive", param=name)
+    return {name: getattr(ask, name) for name in GIVEN_NAMES if getattr(ask, name) is not None}
+
+
+def answer(ask: CheckLogRequest) -> LogAnswer:
+    """The log beside kvbudget's figures for its model and settings."""
+    from kvbudget.checklog import check_log, detect_engine
+
+    text = read_log(ask.log)
+    detect_engine(text)
+    model = model_of(ask, text)
+    return LogAnswer(check_log(text, model, given(ask)), model)
