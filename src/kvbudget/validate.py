@@ -32,3 +32,16 @@ def positive_int(value: int, param: str) -> int:
     if type(value) is int and value >= 1:
         return value
     return positive_ints((value,), param)[0]
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """HOST:PORT, [IPv6]:PORT or :PORT (all interfaces), where a server listens (the guard, the web page)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise KVBudgetError(f"listen: {text!r} is not HOST:PORT with a port from 1 to 65535 (IPv6: [::1]:8080)",
+                            param="listen")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise KVBudgetError(f"listen: {text!r}: put an IPv6 address in brackets, as [::1]:{port}", param="listen")
+    return host or "0.0.0.0", int(port)

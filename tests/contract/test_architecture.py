@@ -505,14 +505,20 @@ def test_one_description_makes_the_flags_and_the_web_parameters(capsys):
         assert dests == {n for n, _, _ in options(request)}, command
         assert set(api.OPTIONS[command]) == {n for n, _, o in options(request) if o.web and not o.positional}
     # the commands only the command line offers: their flags and arguments are their requests' options too
+    from kvbudget.cli import MODULE_OF
     from kvbudget.commands.alerts import AlertsRequest
+    from kvbudget.commands.catalog import CatalogRequest
     from kvbudget.commands.checklog import CheckLogRequest
     from kvbudget.commands.guard import GuardRequest
     from kvbudget.commands.quality import QualityRequest
     from kvbudget.commands.tokens import TokensRequest
+    from kvbudget.commands.web import WebRequest
 
-    for command, request in {"tokens": TokensRequest, "check-log": CheckLogRequest, "quality": QualityRequest,
-                             "guard": GuardRequest, "alerts": AlertsRequest}.items():
+    others = {"tokens": TokensRequest, "check-log": CheckLogRequest, "quality": QualityRequest, "guard": GuardRequest,
+              "alerts": AlertsRequest, "web": WebRequest, "models": CatalogRequest, "gpus": CatalogRequest,
+              "traces": CatalogRequest}
+    assert set(others) | set(api.REQUESTS) == set(MODULE_OF)  # every command has its request
+    for command, request in others.items():
         sub = next(a for a in build_parser(command)._actions if a.dest == "command").choices[command]
         dests = {a.dest for a in sub._actions if a.dest != "help"}
         assert dests == {n for n, _, _ in options(request)}, command

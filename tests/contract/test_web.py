@@ -283,5 +283,5 @@ def test_the_page_offers_the_bundled_traces_by_name_and_nothing_else(tmp_path):
 
 
 def test_web_command_refuses_a_bad_address(capsys):
-    assert cli_error(["web", "--listen", "localhost"], capsys).startswith("--listen 'localhost': write HOST:PORT")
+    assert cli_error(["web", "--listen", "localhost"], capsys).startswith("--listen: 'localhost' is not HOST:PORT")
     assert cli_error(["web", "--listen", "127.0.0.1:99999"], capsys).startswith("--listen")

@@ -6,33 +6,24 @@ import argparse
 import json
 from typing import Any
 
-from kvbudget import catalog
-from kvbudget.cli.common import console
-from kvbudget.model.load import load_model
+from kvbudget.cli.common import add_options, console, request_of
+from kvbudget.commands import catalog
+from kvbudget.commands.catalog import CatalogRequest
 from kvbudget.units import format_bytes
 
 
 def add_parser(sub: Any) -> None:
-    models = sub.add_parser("models", help="list the bundled model catalog")
-    models.add_argument("--json", action="store_true", help="print JSON")
-    models.set_defaults(run=run_models)
-    g = sub.add_parser("gpus", help="list the GPU catalog")
-    g.add_argument("--json", action="store_true", help="print JSON")
-    g.set_defaults(run=run_gpus)
-    t = sub.add_parser("traces", help="list the bundled request traces (for simulate --trace NAME)")
-    t.add_argument("--json", action="store_true", help="print JSON")
-    t.set_defaults(run=run_traces)
+    for name, run, text in (("models", run_models, "list the bundled model catalog"),
+                            ("gpus", run_gpus, "list the GPU catalog"),
+                            ("traces", run_traces, "list the bundled request traces (for simulate --trace NAME)")):
+        p = sub.add_parser(name, help=text)
+        add_options(p, CatalogRequest)
+        p.set_defaults(run=run)
 
 
 def run_models(args: argparse.Namespace) -> int:
-    rows: list[dict[str, Any]] = []
-    for entry in catalog.entries():
-        spec = load_model(entry.name)
-        rows.append({"name": entry.name, "hf_id": entry.hf_id, "model_type": spec.model_type,
-                     "layers": spec.num_layers, "dtype": spec.dtype,
-                     "max_position_embeddings": spec.max_position_embeddings,
-                     "cache": spec.kinds(), "source": entry.source, "note": entry.note})
-    if args.json:
+    rows = catalog.models()
+    if request_of(CatalogRequest, args).json:
         print(json.dumps(rows, indent=2))
         return 0
     from rich.table import Table
@@ -51,10 +42,9 @@ def run_models(args: argparse.Namespace) -> int:
 
 def run_gpus(args: argparse.Namespace) -> int:
     from kvbudget.gpus import gpus
-    from kvbudget.simulation.steptimes import step_times_basis
 
-    rows = [dict(g.__dict__, step_times=step_times_basis(g.name)) for g in gpus()]
-    if args.json:
+    rows = catalog.gpus()
+    if request_of(CatalogRequest, args).json:
         print(json.dumps(rows, indent=2))
         return 0
     from rich.table import Table
@@ -75,10 +65,8 @@ def run_gpus(args: argparse.Namespace) -> int:
 
 
 def run_traces(args: argparse.Namespace) -> int:
-    from kvbudget.traces import bundled
-
-    rows = [{**t.__dict__, "path": t.path} for t in bundled()]
-    if args.json:
+    rows = catalog.traces()
+    if request_of(CatalogRequest, args).json:
         print(json.dumps(rows, indent=2))
         return 0
     from rich.table import Table

@@ -5,35 +5,25 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from kvbudget.errors import KVBudgetError
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+from kvbudget.cli.common import add_options, request_of
+from kvbudget.commands.web import WebRequest
 
 
 def add_parser(sub: Any) -> None:
     w = sub.add_parser("web", help="the planner, comparison and simulator as a web page (needs the web extra)")
-    w.add_argument("--listen", default="127.0.0.1:8765",
-                   help="HOST:PORT to serve on (default 127.0.0.1:8765, this machine only; 0.0.0.0:8765 for all)")
+    add_options(w, WebRequest)
     w.set_defaults(run=run)
 
 
-def listen_address(text: str) -> tuple[str, int]:
-    host, colon, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise KVBudgetError(f"--listen {text!r}: write HOST:PORT, e.g. 127.0.0.1:8765")
-    return host, int(port)
-
-
 def run(args: argparse.Namespace) -> int:
-    host, port = listen_address(args.listen)
-    try:
-        import uvicorn
+    from kvbudget.commands.web import answer
 
-        from kvbudget.web.app import create_app
-    except ImportError:
-        raise KVBudgetError("kvbudget web needs Starlette and uvicorn: pip install 'kvbudget[web]'") from None
-    hosts = [*LOOPBACK, "[::1]"] if host in LOOPBACK else None  # a loopback server answers only loopback names
-    print(f"kvbudget web: http://{'[' + host + ']' if ':' in host else host}:{port}/ (Ctrl-C stops it)")
-    uvicorn.run(create_app(allowed_hosts=hosts), host=host, port=port, log_level="warning")
+    served = answer(request_of(WebRequest, args))  # first: a bad address or a missing extra, in one line
+    import uvicorn
+
+    from kvbudget.web.app import create_app
+
+    host = served.host
+    print(f"kvbudget web: http://{'[' + host + ']' if ':' in host else host}:{served.port}/ (Ctrl-C stops it)")
+    uvicorn.run(create_app(allowed_hosts=served.allowed_hosts), host=host, port=served.port, log_level="warning")
     return 0

@@ -80,7 +80,8 @@ def _ext_proc(text: str) -> tuple[str, int]:
         from envoy.service.ext_proc.v3 import external_processor_pb2_grpc  # noqa: F401
     except ImportError as exc:
         raise KVBudgetError(f"ext_proc needs {exc.name}: pip install 'kvbudget[extproc]'", param="ext_proc") from None
-    from kvbudget.guard.server import bind, listen_address
+    from kvbudget.guard.server import bind
+    from kvbudget.validate import listen_address
 
     try:
         address = listen_address(text)
@@ -112,7 +113,8 @@ def answer(ask: GuardRequest) -> Serving:
     """The guard a request describes: its configuration file with the command line merged over it, checked."""
     try:
         from kvbudget.guard.config import read
-        from kvbudget.guard.server import assemble, listen_address
+        from kvbudget.guard.server import assemble
+        from kvbudget.validate import listen_address
     except ImportError as exc:
         raise KVBudgetError(f"the guard needs {exc.name}: pip install 'kvbudget[guard]'") from None
 

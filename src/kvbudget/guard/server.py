@@ -157,19 +157,6 @@ def server_config(guard: Guard, host: str, port: int, loop: str = "asyncio") -> 
                           loop=loop, http=protocol, proxy_headers=False)
 
 
-def listen_address(text: str) -> tuple[str, int]:
-    """HOST:PORT, [IPv6]:PORT or :PORT (all interfaces) for --listen, checked."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise KVBudgetError(f"listen: {text!r} is not HOST:PORT with a port from 1 to 65535 (IPv6: [::1]:8080)",
-                            param="listen")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise KVBudgetError(f"listen: {text!r}: put an IPv6 address in brackets, as [::1]:{port}", param="listen")
-    return host or "0.0.0.0", int(port)
-
-
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket, bound here so that a taken port or an unknown address is a one-line error."""
     try:

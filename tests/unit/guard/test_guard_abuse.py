@@ -449,7 +449,8 @@ def test_listen_addresses_are_checked(text, message, capsys):
 
 
 def test_listen_on_ipv6_and_a_taken_port(free_port):
-    from kvbudget.guard.server import bind, listen_address
+    from kvbudget.guard.server import bind
+    from kvbudget.validate import listen_address
 
     assert listen_address("[::1]:8080") == ("::1", 8080) and listen_address(":8080") == ("0.0.0.0", 8080)
     try:
