@@ -20,9 +20,13 @@ CHUNK = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "s
          "choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": None}]}
 
 
+SCRAPES = [0]  # how often /metrics was read (GET /stub/scrapes)
+FAULT: list[str | None] = [None]  # a fault every completion plays (POST /stub/fault with its name as the body)
+
+
 async def chat(request):
     body = await request.json()
-    fault = body.get("fault")  # the soak benchmark's faults: "500", "die" (mid-stream), "slow" (1 s)
+    fault = body.get("fault") or FAULT[0]  # the soak benchmark's faults: "500", "die" (mid-stream), "slow" (1 s)
     if fault == "500":
         return JSONResponse({"error": {"message": "engine failure"}}, status_code=500)
     if fault == "slow":
@@ -42,6 +46,7 @@ async def chat(request):
 
 
 async def metrics(request):
+    SCRAPES[0] += 1
     return PlainTextResponse('vllm:kv_cache_usage_perc{engine="0"} 0.1\n')
 
 
@@ -49,7 +54,17 @@ async def models(request):
     return JSONResponse({"object": "list", "data": [{"id": "stub"}]})
 
 
-app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]), Route("/metrics", metrics),
+async def scrapes(request):
+    return PlainTextResponse(str(SCRAPES[0]))
+
+
+async def fault(request):
+    FAULT[0] = (await request.body()).decode() or None
+    return PlainTextResponse("ok")
+
+
+app = Starlette(routes=[Route("/stub/scrapes", scrapes), Route("/stub/fault", fault, methods=["POST"]),
+                        Route("/v1/chat/completions", chat, methods=["POST"]), Route("/metrics", metrics),
                         Route("/v1/models", models)])
 
 if __name__ == "__main__":
