@@ -190,3 +190,18 @@ def test_a_plot_killed_with_sigterm_leaves_no_hidden_file(tmp_path):
     finally:
         child.kill()
     assert child.returncode == -signal.SIGTERM and names(tmp_path) == set()
+
+
+def test_quality_refuses_an_existing_plot_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import types
+
+    stub = types.ModuleType("kvbudget.quality.report")  # the measurements (torch) never load
+    stub.run = lambda *a, **kw: pytest.fail("the work started")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "kvbudget.quality.report", stub)
+    text, png = tmp_path / "prose.txt", tmp_path / "q.png"
+    text.write_text("Some prose to measure.\n")
+    png.write_bytes(b"old")
+    code, err = run(capsys, ["quality", "smollm2-135m-instruct", "--data", str(text), "--plot", str(png)])
+    assert code == 2 and png.read_bytes() == b"old"
+    one_error(err, f"--plot {png}", "exists", "--force")

@@ -223,3 +223,18 @@ def test_sigterm_keeps_its_handler_outside_a_write(tmp_path):
     before = signal.getsignal(signal.SIGTERM)
     write_file(str(tmp_path / "x.csv"), "a\n", "timeline")
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_the_web_upload_store_writes_whole_or_not_at_all(tmp_path, monkeypatch):
+    """An upload on a full disk is a one-line error naming the upload, and no `.part` file is left (before: an
+    OSError, and the partial file stayed)."""
+    from kvbudget import files
+    from kvbudget.web.api import Limits, Uploads
+
+    store = Uploads(tmp_path / "uploads", Limits())
+    kept = store.put("model", "config.json", b'{"model_type": "llama"}')
+    assert kept.read_bytes() == b'{"model_type": "llama"}'
+    monkeypatch.setattr(files, "_fill", lambda fh, content: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+    with pytest.raises(KVBudgetError, match="no space left") as caught:
+        store.put("model", "other.json", b'{"model_type": "qwen2"}')
+    assert caught.value.param == "upload" and names(tmp_path / "uploads") == {kept.name}
