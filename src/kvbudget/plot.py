@@ -52,7 +52,8 @@ def _save(plt: Any, fig: Any, path: str, force: bool) -> bool:
 def plot_plan(p: Plan, path: str, force: bool = False) -> bool:
     """Write the plan's picture to `path` (.png or .svg), whole or not at all: one GPU's memory as a labelled stack,
     and how many requests fit at once against their length, for the plan's KV dtype and the cheaper one the engine
-    offers (the engine's own capacity at each length, on this KV budget)."""
+    offers (the engine's own capacity at each length, on this KV budget). An existing file is replaced only with
+    `force`; True when one was."""
     plt = _pyplot(path, force)
     fig, (bar, curve) = plt.subplots(1, 2, figsize=(11, 4.8), gridspec_kw={"width_ratios": [1, 2.6]})
     total = p.term_bytes(TermKey.GPU)
@@ -114,7 +115,7 @@ def times_are(basis: str) -> str:
 
 def plot_simulation(sim: Simulation, path: str, caption: str = "", force: bool = False) -> bool:
     """A simulation's picture: KV usage over time, running and waiting requests, latency distributions;
-    `caption` (a trace's credit) goes under it."""
+    `caption` (a trace's credit) goes under it. Written as plot_plan writes its picture."""
     plt = _pyplot(path, force)
     s = sim.setup
     fig, (usage, queues, cdf) = plt.subplots(1, 3, figsize=(15, 4.5))
@@ -154,7 +155,8 @@ def plot_simulation(sim: Simulation, path: str, caption: str = "", force: bool =
 
 def plot_quality(report: Report, path: str, force: bool = False) -> bool:
     """`kvbudget quality --plot FILE`: each format's KL and top-1 change against its memory (bits per value,
-    or the engine's bytes per token), KL by position in the window, and per-layer KL when measured."""
+    or the engine's bytes per token), KL by position in the window, and per-layer KL when measured. Written as
+    plot_plan writes its picture."""
     from kvbudget.quality.formats import bits_per_value
 
     plt = _pyplot(path, force)
