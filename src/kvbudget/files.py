@@ -1,26 +1,245 @@
 """Files kvbudget reads and writes. Reading: text streamed lazily, a file that cannot be read named in one line.
-Writing: whole or not at all, and readable as any file the user creates (0666 less the umask: 0644 by default), so
-that a Prometheus or a web server running as another user can read the rules and pictures."""
+
+Writing, every file through `write_files`: a target is checked before the work that fills it starts
+(`check_target`: its folder exists and can be written, it is not a folder, and an existing file is replaced only when
+asked); then each file goes to a temporary file beside its target, flushed to the disk and renamed over it, so that
+a reader sees the old file or the new one, never half of one. A new file is readable as any file the user creates
+(0666 less the umask: 0644 by default, so that a Prometheus or a web server running as another user can read the
+rules and pictures); a replaced one keeps its mode (a 0600 file stays 0600). Several files are written all or none.
+On any failure, Ctrl-C or SIGTERM, no temporary file is left and the targets are as they were; a failure is one
+`KVBudgetError` naming the parameter and the path. A target that exists and is not a regular file (/dev/null,
+/dev/stdout, a pipe) is written into directly."""
 
 from __future__ import annotations
 
+import errno
 import os
-from collections.abc import Iterator
+import signal
+import stat
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import BinaryIO
 
-from kvbudget.errors import TokenizerError
+from kvbudget.errors import KVBudgetError, TokenizerError, named
+
+Content = str | bytes | Callable[[BinaryIO], None]  # text (UTF-8), bytes, or a function writing the file
+
+_WHY = {errno.ENOSPC: "no space left on the device; free some, or write elsewhere",
+        errno.EDQUOT: "over the disk quota; free some, or write elsewhere",
+        errno.EACCES: "permission denied; write to a folder you may write in",
+        errno.EPERM: "permission denied; write to a folder you may write in",
+        errno.EROFS: "the file system is read-only; write elsewhere",
+        errno.EISDIR: "it is a folder; name a file in it",
+        errno.ENOENT: "its folder does not exist; create it first",
+        errno.ENOTDIR: "part of its folder is a file, not a folder; name an existing folder",
+        errno.ENAMETOOLONG: "the name is too long; use a shorter one"}
 
 
-def umask_mode() -> int:
-    """0o666 less the process's umask (read and restored: os.umask has no read-only form)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
+def cannot_write(exc: OSError, path: str, param: str) -> KVBudgetError:
+    """An OSError met writing `path` as one line naming `param`, what went wrong and what to do."""
+    why = _WHY.get(exc.errno or 0) or (exc.strerror or str(exc))
+    return KVBudgetError(f"{param} {path}: cannot write it: {why}", param=param)
 
 
-def publish(tmp: str, target: str) -> None:
-    """Give the finished temporary file the mode a new file would get, then rename it over `target`."""
-    os.chmod(tmp, umask_mode())
-    os.replace(tmp, target)
+def check_target(path: str, param: str, force: bool = False) -> str:
+    """Refuse, before any work, a file that could not be written to `path` (the value of `param`): an empty name, a
+    folder, a missing folder or one that cannot be written in, or an existing file unless `force`. Returns the file
+    that will be written (symbolic links followed)."""
+    if not path:
+        raise KVBudgetError(f"{param}: give a file name", param=param)
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        raise cannot_write(OSError(errno.EISDIR, "is a folder"), path, param)
+    if os.path.exists(target) and not _regular(target):  # /dev/null, a pipe: written into, nothing replaced
+        if not os.access(target, os.W_OK):
+            raise cannot_write(OSError(errno.EACCES, "permission denied"), path, param)
+        return target
+    target = os.path.realpath(target)  # a link to a file: the file is replaced, the link kept
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
+        raise KVBudgetError(f"{param} {path}: its folder {folder} {what}; create it first", param=param)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise cannot_write(OSError(errno.EACCES, "permission denied"), path, param)
+    if not force and _regular(target):
+        raise KVBudgetError(f"{param} {path}: the file exists; give {named('force')} to replace it, or another "
+                            "name", param=param)
+    return target
+
+
+def check_targets(targets: Sequence[tuple[str | None, str]], force: bool = False) -> None:
+    """`check_target` for each (path, parameter) given (a None path is an output not asked for), and no two outputs
+    to the same file."""
+    seen: dict[str, str] = {}
+    for path, param in targets:
+        if path is None:
+            continue
+        target = check_target(path, param, force)
+        if target in seen:
+            raise KVBudgetError(f"{param} {path}: {named(seen[target])} writes the same file; give each its own",
+                                param=param)
+        seen[target] = param
+
+
+def write_file(path: str, content: Content, param: str, force: bool = False) -> bool:
+    """Write one file whole or not at all (see the module); True when it replaced an existing file."""
+    return write_files([(path, content)], param, force)[0]
+
+
+def write_files(outputs: Sequence[tuple[str, Content]], param: str, force: bool = False) -> tuple[bool, ...]:
+    """Write every (path, content) whole, or none of them: all the temporary files first, then the renames (one
+    that fails puts back what the earlier ones replaced). For each, True when it replaced an existing file."""
+    targets = [check_target(path, param, force) for path, _ in outputs]
+    existed = tuple(_regular(t) for t in targets)
+    temps: list[str] = []
+    backups: dict[str, str] = {}
+    done: list[str] = []
+    current = ""  # the path being written, for the error
+    with _unwinding_on_sigterm(param, outputs[0][0] if outputs else ""):
+        try:
+            for target, (path, content) in zip(targets, outputs, strict=True):
+                current = path
+                temps.append("" if os.path.exists(target) and not _regular(target) else _temporary(target))
+                with open(temps[-1] or target, "r+b" if temps[-1] else "wb") as fh:  # /dev/null, a pipe: into it
+                    _fill(fh, content)
+                    fh.flush()
+                    if temps[-1]:
+                        os.fsync(fh.fileno())
+            for target, tmp, (path, _) in zip(targets, temps, outputs, strict=True):
+                current = path
+                if tmp and len(outputs) > 1 and _regular(target):  # kept until every rename has succeeded
+                    _backup(target, backups)
+                if tmp:
+                    os.replace(tmp, target)
+                    done.append(target)
+            _sync_folders(targets)
+        except BaseException as exc:
+            _put_back(done, backups)
+            if isinstance(exc, OSError):
+                raise cannot_write(exc, current, param) from None
+            raise
+        finally:
+            for name in (*temps, *backups.values()):
+                if name:
+                    _remove(name)
+    return existed
+
+
+def _regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _temporary(target: str, link: bool = False) -> str:
+    """A new file in the target's folder, named after it (`.NAME.kvbudget-XXXXXXXX.tmp`): created with 0666 less
+    the umask (the kernel applies it), or the mode of the file it replaces; with `link`, a second name of the
+    existing target (a backup that costs no space)."""
+    folder, name = os.path.split(target)
+    for _ in range(100):
+        tmp = os.path.join(folder, f".{name}.kvbudget-{os.urandom(4).hex()}.tmp")
+        try:
+            if link:
+                os.link(target, tmp)
+                return tmp
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        try:
+            if _regular(target):
+                os.fchmod(fd, stat.S_IMODE(os.stat(target).st_mode))
+        finally:
+            os.close(fd)
+        return tmp
+    raise OSError(errno.EEXIST, "no free temporary name")
+
+
+def _fill(fh: BinaryIO, content: Content) -> None:
+    if isinstance(content, str):
+        fh.write(content.encode("utf-8"))
+    elif isinstance(content, bytes):
+        fh.write(content)
+    else:
+        content(fh)
+
+
+def _backup(target: str, backups: dict[str, str]) -> None:
+    """A second name for `target` until a set of files is in place (none where the file system has no links)."""
+    try:
+        backups[target] = _temporary(target, link=True)
+    except OSError:
+        pass
+
+
+def _put_back(done: list[str], backups: dict[str, str]) -> None:
+    """Undo the renames of a set of files that failed part way: originals back, new files gone."""
+    for target in done:
+        try:
+            if target in backups:
+                os.replace(backups.pop(target), target)
+            else:
+                os.unlink(target)
+        except OSError:
+            pass
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _sync_folders(targets: list[str]) -> None:
+    """The renames flushed too (best effort: some file systems cannot open a folder)."""
+    for folder in dict.fromkeys(os.path.dirname(t) for t in targets):
+        try:
+            fd = os.open(folder, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived while files were being written: unwinds the write so that its temporary files go."""
+
+
+@contextmanager
+def _unwinding_on_sigterm(param: str, path: str) -> Iterator[None]:
+    """While files are written in the main thread, SIGTERM raises instead of ending the process on the spot; once
+    the write has cleaned up, the signal is delivered again to whatever handled it before (by default: the process
+    ends, as it would have). Ctrl-C needs nothing: KeyboardInterrupt unwinds already."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == signal.SIG_IGN:
+        yield
+        return
+    got: list[int] = []
+
+    def unwind(signum: int, _frame: object) -> None:
+        if not got:  # once: the cleanup itself is not interrupted
+            got.append(signum)
+            raise _Terminated
+
+    signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    except _Terminated:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+    if got:
+        signal.raise_signal(signal.SIGTERM)
+        raise KVBudgetError(f"{param} {path}: not written: the process was told to stop (SIGTERM)", param=param)
 
 
 def iter_lines(path: str) -> Iterator[str]:

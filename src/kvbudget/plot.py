@@ -4,12 +4,11 @@ line, so the point where it runs out is visible. matplotlib is an optional extra
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.budget import TermKey
 from kvbudget.errors import KVBudgetError
-from kvbudget.files import publish
+from kvbudget.files import check_target, write_file
 from kvbudget.planner import Plan
 from kvbudget.units import GIB
 
@@ -18,43 +17,44 @@ if TYPE_CHECKING:
     from kvbudget.simulation import Simulation
 
 
-def _pyplot(path: str) -> Any:
-    """matplotlib's pyplot, once the path is known to be writable as .png or .svg."""
-    ext = os.path.splitext(path)[1].lower()
-    if ext not in (".png", ".svg"):
-        raise KVBudgetError(f"plot {path}: write a .png or .svg file", param="plot")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise KVBudgetError(f"plot: folder {folder} does not exist", param="plot")
-    try:
-        import matplotlib
+def plot_target(path: str, force: bool = False) -> str:
+    """Refuse, before the work a picture shows, a path that cannot take one: not .png or .svg, no matplotlib, or a
+    file that cannot be written (kvbudget.files.check_target)."""
+    import importlib.util
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise KVBudgetError("plot: drawing needs matplotlib: pip install 'kvbudget[plot]'", param="plot") from None
+    if os.path.splitext(path)[1].lower() not in (".png", ".svg"):
+        raise KVBudgetError(f"plot {path}: write a .png or .svg file", param="plot")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise KVBudgetError("plot: drawing needs matplotlib: pip install 'kvbudget[plot]'", param="plot")
+    return check_target(path, "plot", force)
+
+
+def _pyplot(path: str, force: bool) -> Any:
+    """matplotlib's pyplot, once the path is known to take the picture."""
+    plot_target(path, force)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     return plt
 
 
-def _save(plt: Any, fig: Any, path: str) -> None:
-    """Write the figure whole or not at all: a temporary file beside it, then a rename."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=os.path.splitext(path)[1].lower(), prefix=".kvbudget-")
-    os.close(fd)
+def _save(plt: Any, fig: Any, path: str, force: bool) -> bool:
+    """Write the figure whole or not at all (kvbudget.files); True when it replaced a file."""
     try:
-        fig.savefig(tmp)
-        publish(tmp, path)
+        return write_file(path, lambda fh: fig.savefig(fh, format=os.path.splitext(path)[1][1:].lower()), "plot",
+                          force)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
-def plot_plan(p: Plan, path: str) -> None:
+def plot_plan(p: Plan, path: str, force: bool = False) -> bool:
     """Write the plan's picture to `path` (.png or .svg), whole or not at all: one GPU's memory as a labelled stack,
     and how many requests fit at once against their length, for the plan's KV dtype and the cheaper one the engine
-    offers (the engine's own capacity at each length, on this KV budget)."""
-    plt = _pyplot(path)
+    offers (the engine's own capacity at each length, on this KV budget). An existing file is replaced only with
+    `force`; True when one was."""
+    plt = _pyplot(path, force)
     fig, (bar, curve) = plt.subplots(1, 2, figsize=(11, 4.8), gridspec_kw={"width_ratios": [1, 2.6]})
     total = p.term_bytes(TermKey.GPU)
     keys = {t.key for t in p.stack}
@@ -104,7 +104,7 @@ def plot_plan(p: Plan, path: str) -> None:
     curve.grid(True, which="major", alpha=0.3)
     curve.legend(fontsize=9)
     fig.tight_layout()
-    _save(plt, fig, path)
+    return _save(plt, fig, path, force)
 
 
 def times_are(basis: str) -> str:
@@ -113,10 +113,10 @@ def times_are(basis: str) -> str:
     return "calibrated" if "calibrated" in basis else "estimates"
 
 
-def plot_simulation(sim: Simulation, path: str, caption: str = "") -> None:
+def plot_simulation(sim: Simulation, path: str, caption: str = "", force: bool = False) -> bool:
     """A simulation's picture: KV usage over time, running and waiting requests, latency distributions;
-    `caption` (a trace's credit) goes under it."""
-    plt = _pyplot(path)
+    `caption` (a trace's credit) goes under it. Written as plot_plan writes its picture."""
+    plt = _pyplot(path, force)
     s = sim.setup
     fig, (usage, queues, cdf) = plt.subplots(1, 3, figsize=(15, 4.5))
     times = [x.time for x in sim.timeline]
@@ -150,15 +150,16 @@ def plot_simulation(sim: Simulation, path: str, caption: str = "") -> None:
     if caption:
         fig.text(0.5, 0.01, caption, ha="center", fontsize=8, color="dimgray")
     fig.tight_layout(rect=(0, 0.04 if caption else 0, 1, 1))
-    _save(plt, fig, path)
+    return _save(plt, fig, path, force)
 
 
-def plot_quality(report: Report, path: str) -> None:
+def plot_quality(report: Report, path: str, force: bool = False) -> bool:
     """`kvbudget quality --plot FILE`: each format's KL and top-1 change against its memory (bits per value,
-    or the engine's bytes per token), KL by position in the window, and per-layer KL when measured."""
+    or the engine's bytes per token), KL by position in the window, and per-layer KL when measured. Written as
+    plot_plan writes its picture."""
     from kvbudget.quality.formats import bits_per_value
 
-    plt = _pyplot(path)
+    plt = _pyplot(path, force)
     panels = 3 if report.layers is not None else 2
     fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.4))
     ax = axes[0]
@@ -203,4 +204,4 @@ def plot_quality(report: Report, path: str) -> None:
     fig.suptitle(f"{report.model}: what each KV cache format costs ({report.context:,}-token windows)",
                  fontsize=11)
     fig.tight_layout()
-    _save(plt, fig, path)
+    return _save(plt, fig, path, force)

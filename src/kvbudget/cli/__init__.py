@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:  # `kvbudget ... | head`
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: one line (a file being written is removed on the way out)
+        print("kvbudget: interrupted", file=sys.stderr)
+        return 130
     return code
 
 

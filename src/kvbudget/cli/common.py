@@ -1,4 +1,4 @@
-"""What the commands share: the parser class, option groups, argument readers, output and file writing.
+"""What the commands share: the parser class, option groups, argument readers, output, and saying what was written.
 
 The library's errors name parameters (`tp`, `kv_memory`); `kvbudget.commands.spelling` shows them as the flags
 people typed."""
@@ -12,7 +12,6 @@ from typing import Any
 
 from kvbudget.commands.spelling import flag
 from kvbudget.errors import KVBudgetError
-from kvbudget.files import publish
 
 UNITS_NOTE = "KiB/MiB/GiB are powers of 1024"
 
@@ -167,26 +166,6 @@ def fit_table(table: Any, width: int) -> None:
         col.width = fixed[i]
 
 
-def write_atomically(path: str, text: str, what: str) -> None:
-    """Write a whole file or nothing (a temporary file beside it, then a rename), with the mode a new file gets
-    (0644 under the usual umask), and say on stderr where it went."""
-    target = os.path.abspath(path)
-    folder = os.path.dirname(target)
-    if not os.path.isdir(folder):
-        raise KVBudgetError(f"{what}: folder {folder} does not exist")
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".kvbudget-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        publish(tmp, target)
-    except OSError as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise KVBudgetError(f"{what}: cannot write {path}: {exc.strerror or exc}") from None
-    wrote(path, what)
-
-
-def wrote(path: str, what: str) -> None:
-    print(f"kvbudget: wrote {path} ({what})", file=sys.stderr)
+def wrote(path: str, what: str, replaced: bool = False) -> None:
+    """Say on stderr where a file went (kvbudget.files wrote it), and that it replaced one."""
+    print(f"kvbudget: {'replaced' if replaced else 'wrote'} {path} ({what})", file=sys.stderr)

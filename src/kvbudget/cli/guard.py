@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
-from kvbudget.cli.common import add_options, request_of, write_atomically
+from kvbudget.cli.common import add_options, request_of, wrote
 from kvbudget.commands.alerts import AlertsRequest
 from kvbudget.commands.guard import GuardRequest
-from kvbudget.errors import KVBudgetError
 
 
 def add_parser(sub: Any) -> None:
@@ -22,18 +20,15 @@ def add_parser(sub: Any) -> None:
 
 
 def run_alerts(args: argparse.Namespace) -> int:
-    from kvbudget.commands.alerts import answer
+    from kvbudget.commands.alerts import answer, targets
+    from kvbudget.files import write_files
 
     ask: AlertsRequest = request_of(AlertsRequest, args)
-    if os.path.exists(ask.out) and not os.path.isdir(ask.out):
-        raise KVBudgetError(f"--out {ask.out}: a file, not a folder; name a folder (it is created if missing)")
-    found = answer(ask)
-    try:
-        os.makedirs(ask.out, exist_ok=True)
-    except OSError as exc:
-        raise KVBudgetError(f"--out {ask.out}: cannot create the folder ({exc.strerror or exc})") from None
-    write_atomically(os.path.join(ask.out, "kvbudget-alerts.yaml"), found.rules, "--out")  # each says where it went
-    write_atomically(os.path.join(ask.out, "kvbudget-dashboard.json"), found.dashboard, "--out")
+    found = answer(ask)  # (milliseconds: the guard configuration read first, so that a bad one makes no folder)
+    paths = targets(ask)
+    replaced = write_files(tuple(zip(paths, (found.rules, found.dashboard), strict=True)), "out", ask.force)
+    for path, again in zip(paths, replaced, strict=True):
+        wrote(path, "--out", again)
     return 0
 
 

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
-from kvbudget.cli.common import UNITS_NOTE, add_options, console, request_of, write_atomically, wrote
+from kvbudget.cli.common import UNITS_NOTE, add_options, console, request_of, wrote
 from kvbudget.cli.tiers import render_advice, render_host
 from kvbudget.commands import spelling
 from kvbudget.commands.plan import CompareRequest, PlanRequest, answer, as_json, compare_rows
@@ -42,14 +42,15 @@ def run(args: argparse.Namespace) -> int:
             render_no_budget(result)
         return 1 if args.check else 0
     if args.guard_config:
+        from kvbudget.files import write_file
         from kvbudget.guard.config import guard_config_yaml
 
-        write_atomically(args.guard_config, guard_config_yaml(result), "--guard-config")
+        replaced = write_file(args.guard_config, guard_config_yaml(result), "guard_config", args.force)
+        wrote(args.guard_config, "--guard-config", replaced)
     if args.plot:
         from kvbudget.plot import plot_plan
 
-        plot_plan(result, args.plot)
-        wrote(args.plot, "--plot")
+        wrote(args.plot, "--plot", plot_plan(result, args.plot, args.force))
     if args.json:
         print(json.dumps(as_json(result), indent=2))
     else:

@@ -33,8 +33,7 @@ def run(args: argparse.Namespace) -> int:
     if ask.plot:
         from kvbudget.plot import plot_quality
 
-        plot_quality(report, ask.plot)
-        wrote(ask.plot, "--plot")
+        wrote(ask.plot, "--plot", plot_quality(report, ask.plot, ask.force))
     if ask.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0

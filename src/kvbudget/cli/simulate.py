@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.choices import Allocator
-from kvbudget.cli.common import add_options, console, request_of, write_atomically, wrote
+from kvbudget.cli.common import add_options, console, request_of, wrote
 from kvbudget.commands.options import positive
 from kvbudget.commands.simulate import (
     SimulateRequest,
@@ -22,6 +22,7 @@ from kvbudget.commands.simulate import (
     workload,
 )
 from kvbudget.commands.simulate import simulation as run_simulation
+from kvbudget.commands.spelling import flag
 from kvbudget.errors import KVBudgetError
 from kvbudget.units import format_bytes
 
@@ -49,13 +50,14 @@ def run(args: argparse.Namespace) -> int:
     from kvbudget.simulation.run import setup_of
 
     ask = request_of(SimulateRequest, args)
+    calibration_existed = _calibration_exists(args)
     if args.sweep or args.find_max_rate:
         if args.sweep:
             from kvbudget.simulation.parallel import check_backend
 
             check_backend(args.backend)
         workload, found, scale = prepared(ask)
-        _saved(args)
+        _saved(args, calibration_existed)
         if args.sweep:
             return _sweep(ask, found, parse_sweep(args.sweep))
         if not args.slo:
@@ -89,18 +91,17 @@ def run(args: argparse.Namespace) -> int:
     if progress is not None:
         print(file=sys.stderr)
     if args.timeline:
-        write_atomically(args.timeline, "\n".join(rows) + "\n", "--timeline")
+        _write(args.timeline, rows, "timeline", args.force)
     if args.per_request:
-        write_atomically(args.per_request, "\n".join(done) + "\n", "--per-request")
+        _write(args.per_request, done, "per_request", args.force)
     if args.prometheus_series:
         _write_series(ask, sim)
     if args.plot:
         from kvbudget.plot import plot_simulation
 
-        plot_simulation(sim, args.plot, _credit(args))
-        wrote(args.plot, "--plot")
+        wrote(args.plot, "--plot", plot_simulation(sim, args.plot, _credit(args), args.force))
     cost = costed(ask, sim, ready[1])
-    _saved(args)
+    _saved(args, calibration_existed)
     if args.json:
         print(json.dumps({**sim.to_dict(), **({"cost": cost.to_dict()} if cost else {})}, indent=2))
     else:
@@ -110,11 +111,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _saved(args: argparse.Namespace) -> None:
+def _write(path: str, lines: list[str], param: str, force: bool) -> None:
+    from kvbudget.files import write_file
+
+    wrote(path, flag(param), write_file(path, "\n".join(lines) + "\n", param, force))
+
+
+def _calibration_exists(args: argparse.Namespace) -> bool:
+    """Whether --save-calibration will replace a calibration of its name (which it does, saying so)."""
+    from kvbudget.simulation.calibrations import calibration_path
+
+    return bool(args.save_calibration) and calibration_path(args.save_calibration).is_file()
+
+
+def _saved(args: argparse.Namespace, existed: bool) -> None:
     if args.save_calibration:
         from kvbudget.simulation.calibrations import calibration_path
 
-        wrote(str(calibration_path(args.save_calibration)), "--save-calibration")
+        wrote(str(calibration_path(args.save_calibration)), "--save-calibration", existed)
 
 
 def _dollars(value: float | None) -> str:
@@ -136,7 +150,10 @@ def _write_series(ask: SimulateRequest, sim: Simulation) -> None:
     thresholds = thresholds_of(guard_settings(ask)["guard_config"]) if ask.guard_config else {}
     text, fired = promtool_test(sim.setup.engine, [(s.time, s.usage, s.running, s.waiting) for s in sim.timeline],
                                 sim.duration_s, positive(ask.prometheus_interval, "prometheus_interval"), thresholds)
-    write_atomically(ask.prometheus_series, text, "--prometheus-series")
+    from kvbudget.files import write_file
+
+    wrote(ask.prometheus_series, "--prometheus-series",
+          write_file(ask.prometheus_series, text, "prometheus_series", ask.force))
     when = "; ".join(f"{f.alert} {_clock(f.start_s)}-{_clock(f.end_s) if f.end_s is not None else 'end'}"
                      for f in fired) or "no alert fires"
     print(f"kvbudget: alerts of `kvbudget alerts` in this run: {when}", file=sys.stderr)

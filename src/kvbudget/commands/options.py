@@ -209,6 +209,11 @@ def model_field(many: bool = False) -> Any:
     return option(f"a config.json, a model folder, a catalog name or a Hub id{order}", "", positional=True)
 
 
+def force_field() -> Any:
+    return option("replace output files that exist (without it, an existing file is refused before any work)", False,
+                  web=False)
+
+
 def engine_field(default: str) -> Any:
     def help() -> str:
         from kvbudget.engines import ENGINES

@@ -16,6 +16,7 @@ from kvbudget.commands.options import (
     engine_field,
     engine_options,
     engine_release,
+    force_field,
     fraction,
     host_tiers_of,
     kv_dtype_field,
@@ -69,6 +70,7 @@ class PlanRequest:
                                web=False)
     guard_config: str | None = option("write the degradation plan as YAML for `kvbudget guard`", web=False)
     plot: str | None = option("write a picture (.png or .svg): GPU memory and KV bytes against context", web=False)
+    force: bool = force_field()
     counted: CountedLength = part(CountedLength)
     json: bool = option("print JSON (bytes) instead of tables", False, web=False)
     check: bool = option("exit 1 when the deployment does not fit (for CI): no KV budget, or one request of "
@@ -97,6 +99,7 @@ def answer(ask: PlanRequest) -> Plan | NoBudget:
     changes that make room. `as_json` of it is what --json prints and the web page serves."""
     from kvbudget.planner import NoKVBudget, plan
 
+    _check_outputs(ask)
     engine, options = engine_options(ask.engine, ask.knobs, ask.startup, ask.max_num_seqs)  # first: NAME@VERSION
     counted, counted_note = counted_context(ask.counted, ask.model, engine, "max_model_len", ask.max_model_len)
     utilization = fraction(ask.utilization, "utilization")
@@ -117,6 +120,17 @@ def answer(ask: PlanRequest) -> Plan | NoBudget:
         return exc.answer
     result = _host_tiers(ask, result, curve)
     return replace(result, notes=(*result.notes, counted_note)) if counted_note else result
+
+
+def _check_outputs(ask: PlanRequest) -> None:
+    """The files the request writes, checked before any work (kvbudget.files.check_target)."""
+    from kvbudget.files import check_targets
+
+    if ask.plot:
+        from kvbudget.plot import plot_target
+
+        plot_target(ask.plot, ask.force)
+    check_targets(((ask.guard_config, "guard_config"), (ask.plot, "plot")), ask.force)
 
 
 def _reuse(ask: PlanRequest, engine: str) -> ReuseCurve | None:

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvbudget.commands.options import option, size
+from kvbudget.commands.options import force_field, option, size
 from kvbudget.errors import KVBudgetError
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ class QualityRequest:
                             choices=("1", "dynamic"))
     plot: str | None = option("draw cost against memory and KL by position (.png or .svg)", metavar="FILE",
                               web=False)
+    force: bool = force_field()
     json: bool = option("print JSON", False, web=False)
 
 
@@ -92,9 +93,10 @@ def check(ask: QualityRequest) -> None:
     if ask.gpu is not None:
         find_gpu(ask.gpu)
     size(ask.gpu_memory, "gpu_memory")
-    if ask.plot and not os.path.isdir(os.path.dirname(os.path.abspath(ask.plot))):
-        raise KVBudgetError(f"plot {ask.plot}: folder {os.path.dirname(os.path.abspath(ask.plot))} does not exist",
-                            param="plot")
+    if ask.plot:
+        from kvbudget.plot import plot_target
+
+        plot_target(ask.plot, ask.force)
     missing = [m for m in ("torch", "transformers", "numpy", "gguf") if importlib.util.find_spec(m) is None]
     if missing:
         raise KVBudgetError(f"quality needs {', '.join(missing)}: pip install 'kvbudget[quality]' (on a machine "
@@ -106,10 +108,6 @@ def answer(ask: QualityRequest, progress: Callable[[str, int, int], None] | None
     `progress(stage, done, total)` as the work advances. With `plot`, a bad path or a missing matplotlib is refused
     before the long part (the front end draws the picture)."""
     check(ask)
-    if ask.plot:
-        from kvbudget.plot import _pyplot
-
-        _pyplot(ask.plot)
     from kvbudget.quality.report import run
 
     return run(ask.model, ask.data, ask.kv_dtype or DEFAULT_FORMATS, ask.context, ask.windows, ask.engine, ask.gpu,

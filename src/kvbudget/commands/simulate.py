@@ -13,6 +13,7 @@ from kvbudget.commands.options import (
     StartupKnobs,
     engine_field,
     engine_options,
+    force_field,
     fraction,
     kv_dtype_field,
     load,
@@ -108,6 +109,7 @@ class SimulateRequest:
                                       group=ANSWERS)
     plot: str | None = option("write a picture (.png or .svg): KV usage, queues and latency distributions",
                               group=ANSWERS, web=False)
+    force: bool = force_field()
     find_max_rate: bool = option("the highest --rate-scale meeting --slo", False, group=ANSWERS, web=False)
     slo: str | None = option("objectives for --find-max-rate, e.g. ttft_p99=2s,tpot_p99=100ms", group=ANSWERS,
                              web=False)
@@ -205,7 +207,7 @@ def _calibrated(found: SimulationAsk, path: str, served: Callable[[], Iterable[A
 def _calibration(ask: SimulateRequest, found: SimulationAsk, stream: Callable[[float], Iterable[Any]]
                  ) -> SimulationAsk:
     """`found` with the time model of --calibrate (saved under --save-calibration) or --calibration."""
-    from kvbudget.simulation.calibrations import calibration_path, load_calibration, save_calibration
+    from kvbudget.simulation.calibrations import calibration_target, load_calibration, save_calibration
 
     if ask.calibration:
         if ask.calibrate or ask.save_calibration:
@@ -217,7 +219,7 @@ def _calibration(ask: SimulateRequest, found: SimulationAsk, stream: Callable[[f
             raise KVBudgetError(f"save_calibration goes with {named('calibrate', 'FILE')}", param="save_calibration")
         return found
     if ask.save_calibration:
-        calibration_path(ask.save_calibration)  # a bad name fails before the fit
+        calibration_target(ask.save_calibration)  # a bad name or an unwritable folder fails before the fit
     fitted = _calibrated(found, ask.calibrate, (lambda: stream(1.0)) if ask.trace or ask.request_log else None)
     if ask.save_calibration:
         from kvbudget.engines.scheduling.timing import calibrate
@@ -308,6 +310,7 @@ def costed(ask: SimulateRequest, sim: Simulation, found: SimulationAsk) -> Cost 
 
 def prepared(ask: SimulateRequest) -> tuple[Callable[[float], Iterable[Any]], SimulationAsk, float]:
     """(workload by rate scale, the typed simulation request, rate scale) of a request, checked."""
+    _check_outputs(ask)
     model = load(ask.model)
     stream = workload(ask)
     found = simulation_ask(ask, model)
@@ -328,6 +331,18 @@ def prepared(ask: SimulateRequest) -> tuple[Callable[[float], Iterable[Any]], Si
     if ask.slo and not ask.find_max_rate:
         raise KVBudgetError(f"slo goes with {named('find_max_rate')}", param="slo")
     return stream, found, scale
+
+
+def _check_outputs(ask: SimulateRequest) -> None:
+    """The files the request writes, checked before any work (kvbudget.files.check_target)."""
+    from kvbudget.files import check_targets
+
+    if ask.plot:
+        from kvbudget.plot import plot_target
+
+        plot_target(ask.plot, ask.force)
+    check_targets(((ask.timeline, "timeline"), (ask.per_request, "per_request"),
+                   (ask.prometheus_series, "prometheus_series"), (ask.plot, "plot")), ask.force)
 
 
 def simulation(ask: SimulateRequest, on_step: Callable[..., None] | None = None,

@@ -34,14 +34,28 @@ def calibration_path(name: str, param: str = "save_calibration") -> Path:
     return calibrations_dir() / f"{name}.json"
 
 
-def save_calibration(name: str, time_model: TimeModel, model: str, gpu: str | None, source: str) -> Path:
-    """Keep `time_model` (fitted for `model` on `gpu` from `source`) as `name`; returns the file written."""
+def calibration_target(name: str) -> Path:
+    """The file calibration `name` is saved to, its folder made and the file checked to be writable, before a fit.
+    Saving under a name again replaces that calibration (the command says so)."""
+    from kvbudget.files import cannot_write, check_target
+
     path = calibration_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise cannot_write(exc, str(path), "save_calibration") from None
+    check_target(str(path), "save_calibration", force=True)
+    return path
+
+
+def save_calibration(name: str, time_model: TimeModel, model: str, gpu: str | None, source: str) -> Path:
+    """Keep `time_model` (fitted for `model` on `gpu` from `source`) as `name` (replacing a calibration of that
+    name); returns the file written."""
+    from kvbudget.files import write_file
+
+    path = calibration_target(name)
     data = {"name": name, "model": model, "gpu": _gpu(gpu), "source": source, "time_model": time_model.to_dict()}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_file(str(path), json.dumps(data, indent=2) + "\n", "save_calibration", force=True)
     return path
 
 

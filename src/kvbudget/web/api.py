@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
 from kvbudget import traces
 from kvbudget.commands import spelling
@@ -28,6 +28,7 @@ from kvbudget.commands.plan import answer as plan_answer
 from kvbudget.commands.simulate import SimulateRequest
 from kvbudget.commands.simulate import simulation as simulation_answer
 from kvbudget.errors import ConfigError, KVBudgetError
+from kvbudget.files import write_file
 from kvbudget.units import MIB
 
 _TRUE, _FALSE = {"1", "true", "on", "yes"}, {"0", "false", "off", "no"}
@@ -95,12 +96,11 @@ class Uploads:
         path = self.folder / f"{kind}-{digest}{suffix}"
         with self._lock:
             if not path.exists():
-                partial = path.with_suffix(".part")
-                partial.write_bytes(data)
-                if suffix == ".gguf":
-                    with partial.open("r+b") as f:
+                def fill(f: BinaryIO) -> None:
+                    f.write(data)
+                    if suffix == ".gguf":
                         f.truncate(file_size)
-                partial.replace(path)
+                write_file(str(path), fill, "upload", force=True)
                 self._evict()
         return path
 
@@ -280,7 +280,7 @@ def simulate(params: list[tuple[str, str]], uploads: Uploads, simulations: Simul
         plan_keys = set(OPTIONS["plan"])
         config = guard_yaml([(k, v) for k, v in params if k == "model" or k in plan_keys], uploads)
         path = uploads.folder / f"guard-{hashlib.sha256(config.encode()).hexdigest()[:24]}.yaml"
-        path.write_text(config)
+        write_file(str(path), config, "guard", force=True)
         chosen["guard_config"] = str(path)
     ask = replace(ask, **chosen)
     return simulations.run(lambda progress: simulation_answer(ask, progress=progress)).to_dict()

@@ -390,7 +390,7 @@ def test_prometheus_series_file_and_its_errors(tmp_path, capsys):
                                                                           "num_requests_waiting")]
     assert "alerts of `kvbudget alerts` in this run:" in err
     assert main(["simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "4", "--prometheus-series", str(target),
-                 "--prometheus-interval", "0"]) == 2
+                 "--force", "--prometheus-interval", "0"]) == 2
     assert "--prometheus-interval: '0' must be a number above 0" in capsys.readouterr().err
 
 

@@ -207,7 +207,7 @@ def test_cli_table_and_json(capsys, tmp_path):
     (["--context", "1"], "--context 1"),
     (["--gpu", "L4"], "--gpu: requests at once need an engine"),
     (["--generate", "-1"], "--generate -1"),
-    (["--plot", "/nonexistent/q.png"], "--plot /nonexistent/q.png: folder /nonexistent does not exist"),
+    (["--plot", "/nonexistent/q.png"], "--plot /nonexistent/q.png: its folder /nonexistent does not exist"),
     (["--engine", "nope"], "unknown engine 'nope'"),
     (["--kv-dtype", "q8_0", "--kv-scales", "dynamic"], "--kv-scales dynamic: none of the formats"),
 ])

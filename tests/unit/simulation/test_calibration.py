@@ -165,3 +165,29 @@ def test_a_calibration_is_saved_by_name_and_reused(tmp_path, capsys, monkeypatch
             extra = (*argv, "--calibration", "l4-llama")
         code, out, err = cli(capsys, *base, *extra)
         assert code == 2 and out == "" and err.count("\n") == 1 and message in err, (argv, err)
+
+
+def test_saving_a_calibration_again_replaces_it_says_so_and_leaves_nothing_else(tmp_path, capsys, monkeypatch):
+    """Saving under a name again is how a calibration is updated: said on stderr ("replaced"), the file's mode
+    kept, no `NAME.tmp` left; a folder that cannot hold it is refused before the fit."""
+    import stat
+
+    kept = tmp_path / "kept"
+    monkeypatch.setenv("KVBUDGET_CALIBRATIONS", str(kept))
+    log = tmp_path / "steps.jsonl"
+    _recorder_log(log, lambda tokens, context: 0.004 + 2e-6 * context)
+    base = ("simulate", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "8192", "--rate", "1", "--requests", "20",
+            "--json", "--calibrate", str(log), "--save-calibration", "l4")
+    code, _, err = cli(capsys, *base)
+    assert code == 0 and f"kvbudget: wrote {kept / 'l4.json'} (--save-calibration)" in err
+    (kept / "l4.json").chmod(0o600)
+    code, _, err = cli(capsys, *base)
+    assert code == 0 and f"kvbudget: replaced {kept / 'l4.json'} (--save-calibration)" in err
+    assert {p.name for p in kept.iterdir()} == {"l4.json"} and stat.S_IMODE((kept / "l4.json").stat().st_mode) == 0o600
+    (tmp_path / "plain").write_text("")
+    monkeypatch.setenv("KVBUDGET_CALIBRATIONS", str(tmp_path / "plain" / "kept"))
+    import kvbudget.simulation.fit as fit
+
+    monkeypatch.setattr(fit, "read_calibration", lambda *a: pytest.fail("the fit started"))
+    code, out, err = cli(capsys, *base)
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("kvbudget: error: --save-calibration")
