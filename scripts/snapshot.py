@@ -45,7 +45,7 @@ def cases() -> list[list[str]]:
     for gpu in ("L4", "A100-40GB", "H200"):
         argvs.append(["plan", "llama-3.1-8b", "--gpu", gpu, "--max-model-len", "32k", "--json"])
         argvs.append(["plan", "llama-3.1-8b", "--gpu", gpu, "--max-model-len", "32k"])
-        argvs.append(["plan", "llama-3.1-70b", "--gpu", gpu, "--guard-config", "-"])
+        argvs.append(["plan", "llama-3.1-70b", "--gpu", gpu, "--guard-config", "-", "--force"])
     argvs.append(["compare", "llama-3.1-8b", "mistral-7b", "qwen3-8b", "gemma-2-9b", "--gpu", "L4", "--json"])
     argvs.append(["compare", "llama-3.1-8b", "mistral-7b", "qwen3-8b", "gemma-2-9b", "--gpu", "L4"])
     sims = [
@@ -103,7 +103,7 @@ def cases() -> list[list[str]]:
                 ["simulate", "llama-3.1-8b", "--gpu", "L4"],
                 ["simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "1", "--guard-config", "/nonexistent.yaml"],
                 ["simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "1", "--engine", "tgi", "--prometheus-series",
-                 "/tmp/x"],
+                 "/tmp/x", "--force"],
                 ["guard", "--upstream", "http://127.0.0.1:1", "--kv-memory", "lots"]):
         argvs.append(bad)
     return argvs
