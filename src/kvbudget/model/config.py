@@ -1,8 +1,7 @@
 """Hugging Face `config.json` -> ModelSpec.
 
-Each family fills in what its config leaves out the way transformers' configuration class does
-(transformers 5.x is the oracle the tests compare against), and says which layers are full, sliding,
-chunked, latent, recurrent or cache-free.
+Each family fills in what its config leaves out as transformers' configuration class does (transformers 5.x is
+the oracle the tests compare against), and says which layers are full, sliding, chunked, latent, recurrent or none.
 """
 
 from __future__ import annotations
@@ -11,7 +10,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from kvbudget.errors import ConfigError, KVBudgetError, UnsupportedArchitectureError
+from kvbudget.errors import ConfigError, UnsupportedArchitectureError
+from kvbudget.model.limits import building, check_layers, grouped
 from kvbudget.model.spec import (
     Attention,
     ChunkedLocal,
@@ -131,76 +131,6 @@ NEVER_DEFAULTED = frozenset({"num_attention_heads", "hidden_size"})
 # num_attention_heads and runs with Gemma3TextConfig's 8.
 RELIED_ON = frozenset({("gemma3_text", "num_attention_heads")})
 
-# What any real model has, with a wide margin, so that a config typed wrong (or written to hurt: 10,000,000 layers
-# take minutes and gigabytes to lay out) is refused in one line before anything is built. The largest of the 61
-# catalog configs and the published configs in tests/data, by kind: 126 layers (Llama-3.1-405B), 128 heads
-# (DeepSeek-V3), head dims of 512 (DeepSeek-V4, Gemma 4's global layers), widths of 53,248 (Llama-3.1-405B's MLP),
-# a vocabulary of 262,400 (Gemma-3n), 10,485,760 positions (Llama-4-Scout), 512 experts (Qwen3-Next).
-MAX_LAYERS = 1_000  # 8x the largest (126)
-MAX_HEADS = 1_024  # 8x the largest (128)
-MAX_HEAD_DIM = 4_096  # 8x the largest (512)
-MAX_WIDTH = 1 << 20  # 1,048,576: 20x the largest hidden or MLP width (53,248)
-MAX_VOCAB = 1 << 24  # 16,777,216: 64x the largest (262,400)
-MAX_CONTEXT = 1 << 24  # 16,777,216 tokens: 1.6x the longest (10,485,760); also the bound of windows and chunks
-MAX_EXPERTS = 1 << 16  # 65,536: 128x the most (512)
-MAX_STATE = 1 << 16  # an SSM state or conv kernel dimension: 256x the largest (256)
-
-
-def _limit(low: int, high: int, largest: str) -> tuple[int, int, str]:
-    return low, high, largest
-
-
-# config field -> (least, most, the largest real value): checked wherever the field is set (null means unset)
-FIELD_LIMITS: dict[str, tuple[int, int, str]] = {
-    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers"), _limit(1, MAX_LAYERS, "126")),
-    **dict.fromkeys(("num_attention_heads", "n_head", "num_key_value_heads", "num_kv_heads", "n_head_kv",
-                     "multi_query_group_num", "num_global_key_value_heads", "linear_num_key_heads",
-                     "linear_num_value_heads", "linear_num_heads", "mamba_n_heads", "mamba_num_heads",
-                     "index_n_heads"), _limit(1, MAX_HEADS, "128")),
-    **dict.fromkeys(("head_dim", "global_head_dim", "kv_channels", "qk_rope_head_dim", "qk_nope_head_dim",
-                     "v_head_dim", "index_head_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_head_dim",
-                     "mamba_head_dim", "attention_head_dim"), _limit(1, MAX_HEAD_DIM, "512")),
-    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "kv_lora_rank", "mamba_d_ssm"),
-                    _limit(1, MAX_WIDTH, "53,248")),
-    # 0: no such MLP (Qwen3-Coder-480B's shared expert)
-    **dict.fromkeys(("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size"),
-                    _limit(0, MAX_WIDTH, "53,248")),
-    "q_lora_rank": _limit(0, MAX_WIDTH, "1,536"),  # 0: no query compression (DeepSeek-V2-Lite's inference args)
-    "vocab_size": _limit(1, MAX_VOCAB, "262,400"),
-    **dict.fromkeys(("max_position_embeddings", "seq_length", "n_positions", "sliding_window", "sliding_window_size",
-                     "attention_chunk_size"), _limit(1, MAX_CONTEXT, "10,485,760")),
-    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",
-                     "n_shared_experts"), _limit(0, MAX_EXPERTS, "512")),
-    **dict.fromkeys(("sliding_window_pattern", "full_attention_interval", "attn_layer_period",
-                     "no_rope_layer_interval"), _limit(1, MAX_LAYERS, "8")),
-    **dict.fromkeys(("attn_layer_offset", "num_kv_shared_layers", "first_k_dense_replace", "max_window_layers",
-                     "mtp_num_hidden_layers", "num_nextn_predict_layers"), _limit(0, MAX_LAYERS, "126")),
-    **dict.fromkeys(("mamba_d_state", "ssm_state_size", "mamba_d_conv", "conv_kernel", "linear_conv_kernel_dim",
-                     "mamba_expand", "n_groups", "mamba_n_groups"), _limit(1, MAX_STATE, "256")),
-}
-
-
-def _check_field(name: str, value: Any, where: str) -> None:
-    """A whole number within FIELD_LIMITS[name], or a ConfigError naming the field, the range and the largest real
-    value."""
-    low, high, largest = FIELD_LIMITS[name]
-    if isinstance(value, bool) or not isinstance(value, int):
-        shown = repr(value) if len(repr(value)) <= 40 else f"a {type(value).__name__}"
-        raise ConfigError(f"{where}: {name} is {shown}; it must be a whole number from {low:,} to {high:,}",
-                          param="model")
-    if not low <= value <= high:
-        shown = f"{value:,}" if len(str(value)) <= 30 else f"a number of {len(str(abs(value)))} digits"
-        raise ConfigError(f"{where}: {name} is {shown}; kvbudget takes {low:,} to {high:,} (the largest real model "
-                          f"has {largest})", param="model")
-
-
-def check_fields(cfg: dict[str, Any], where: str) -> None:
-    """Every field of FIELD_LIMITS the config sets (not null), checked before anything is built from it."""
-    for name in FIELD_LIMITS.keys() & cfg.keys():
-        if cfg[name] is not None:
-            _check_field(name, cfg[name], where)
-
-
 # Families transformers knows whose cache kvbudget does not model yet: an error that says so, never a guess.
 NOT_MODELLED = {
     "minimax": "MiniMax-M1 / Text-01's lightning (linear) attention layers",
@@ -269,21 +199,12 @@ def _attention(i: int, layer_type: str, f: Fields, kv_heads: int, head_dim: int)
                                        "know")
 
 
-def _grouped(f: Fields, heads: int, kv_heads: int, field: str = "num_key_value_heads") -> int:
-    """`kv_heads`, which must divide the query heads evenly (each KV head serves a group of them)."""
-    if heads % kv_heads:
-        raise ConfigError(f"{f.where}: {field} is {kv_heads}, which does not divide num_attention_heads ({heads}); "
-                          "each KV head serves an equal group of query heads, so it must be a divisor of "
-                          f"{heads}", param="model")
-    return kv_heads
-
-
 def _standard_dims(f: Fields) -> tuple[int, int, int]:
     """(layers, kv_heads, head_dim) for the llama-style field names."""
     layers = f.int("num_hidden_layers", "n_layer", "num_layers")
     heads = f.int("num_attention_heads", "n_head")
     # OPT has no grouped-query attention: transformers ignores a num_key_value_heads there.
-    kv_heads = heads if f.model_type == "opt" else _grouped(f, heads, f.int("num_key_value_heads", default=heads))
+    kv_heads = heads if f.model_type == "opt" else grouped(f.where, heads, f.int("num_key_value_heads", default=heads))
     head_dim = f.get("head_dim")
     if head_dim is None:
         head_dim = f.int("hidden_size", "n_embd", "d_model") // heads
@@ -303,8 +224,7 @@ def _layer_types(mt: str, f: Fields, layers: int) -> list[str]:
     given = f.cfg.get("layer_types")
     if given is not None:
         if not isinstance(given, list) or len(given) != layers or not all(isinstance(t, str) for t in given):
-            raise ConfigError(f"{f.where}: 'layer_types' must be a list of {layers} names, one per layer",
-                              param="model")
+            raise ConfigError(f"{f.where}: 'layer_types' must list {layers} names, one per layer", param="model")
         return list(given)
     if mt in ("qwen2", "qwen3"):
         if not f.get("use_sliding_window", default=False):
@@ -349,7 +269,7 @@ def _falcon(mt: str, f: Fields) -> list[LayerSpec]:
     heads = f.int("num_attention_heads", "n_head")
     head_dim = f.int("hidden_size") // heads
     if f.get("new_decoder_architecture"):
-        kv_heads = _grouped(f, heads, f.int("num_kv_heads", "n_head_kv", default=heads), "num_kv_heads")
+        kv_heads = grouped(f.where, heads, f.int("num_kv_heads", "n_head_kv", default=heads), "num_kv_heads")
     elif f.get("multi_query"):
         kv_heads = 1
     else:
@@ -360,7 +280,7 @@ def _falcon(mt: str, f: Fields) -> list[LayerSpec]:
 def _chatglm(mt: str, f: Fields) -> list[LayerSpec]:
     layers = f.int("num_layers", "num_hidden_layers")
     heads = f.int("num_attention_heads")
-    kv_heads = (_grouped(f, heads, f.int("multi_query_group_num"), "multi_query_group_num")
+    kv_heads = (grouped(f.where, heads, f.int("multi_query_group_num"), "multi_query_group_num")
                 if f.get("multi_query_attention") else heads)
     head_dim = f.int("kv_channels", default=f.int("hidden_size") // heads)
     return [FullAttention(i, kv_heads, head_dim, head_dim) for i in range(layers)]
@@ -519,7 +439,7 @@ def _mamba2_hybrid(mt: str, f: Fields) -> list[LayerSpec]:
     if len(blocks) != layers:
         raise ConfigError(f"{f.where}: the layer pattern has {len(blocks)} entries for {layers} layers")
     heads_attn = f.int("num_attention_heads")
-    kv_heads = _grouped(f, heads_attn, f.int("num_key_value_heads", default=heads_attn))
+    kv_heads = grouped(f.where, heads_attn, f.int("num_key_value_heads", default=heads_attn))
     head_dim = f.get("head_dim", "attention_head_dim") or f.int("hidden_size") // heads_attn
     specs: list[LayerSpec] = []
     for i, block in enumerate(blocks):
@@ -611,9 +531,7 @@ def _draft_layers(mt: str, f: Fields, first: int) -> tuple[LayerSpec, ...]:
     field = _MTP_LAYERS_FIELD.get(mt)
     if field is None:
         return ()
-    count = f.cfg.get(field) or 0
-    if not isinstance(count, int) or count < 0:
-        raise ConfigError(f"{f.where}: {field!r} is {count!r}; it must be a whole number")
+    count = f.cfg.get(field) or 0  # a whole number from 0 (check_fields)
     _, kv_heads, head_dim = _standard_dims(f)
     return tuple(FullAttention(first + i, kv_heads, head_dim, head_dim) for i in range(count))
 
@@ -652,41 +570,6 @@ def unmodelled_fields(cfg: dict) -> list[str]:
     return out
 
 
-def _dims_of(spec: LayerSpec) -> tuple[tuple[str, int, int, int], ...]:
-    """(what, value, least, most) of each size a built layer holds."""
-    if isinstance(spec, Attention):
-        span = ((("window", spec.token_span, 1, MAX_CONTEXT),) if spec.token_span is not None else ())
-        return (("KV heads", spec.kv_heads, 1, MAX_HEADS), ("key head dim", spec.k_dim, 1, MAX_HEAD_DIM),
-                ("value head dim", spec.v_dim, 0, MAX_HEAD_DIM), *span)
-    if isinstance(spec, LatentAttention):
-        return (("latent dim", spec.latent_dim, 1, MAX_WIDTH), ("rope dim", spec.rope_dim, 1, MAX_HEAD_DIM),
-                ("heads", spec.heads, 1, MAX_HEADS), ("nope dim", spec.qk_nope_dim, 1, MAX_HEAD_DIM),
-                ("value head dim", spec.v_dim, 1, MAX_HEAD_DIM))
-    if isinstance(spec, RecurrentState):
-        return (("conv channels", spec.conv_channels, 1, MAX_WIDTH), ("conv kernel", spec.conv_kernel, 1, MAX_STATE),
-                ("recurrent heads", spec.heads, 1, MAX_WIDTH),
-                *(("state dim", size, 1, MAX_WIDTH) for size in spec.state_shape))
-    if isinstance(spec, IndexerKeys):
-        return (("indexer key dim", spec.dim, 1, MAX_HEAD_DIM),)
-    if isinstance(spec, Compressed):
-        return (("compression rate", spec.rate, 1, MAX_CONTEXT), ("compressed dim", spec.dim, 1, MAX_HEAD_DIM))
-    return ()
-
-
-def check_layers(layers: list[LayerSpec], where: str) -> None:
-    """The sizes the builders derived (head_dim from hidden_size // num_attention_heads, per-layer overrides,
-    linear_attn_config) within the limits above, and at most MAX_LAYERS layers."""
-    count = len({spec.layer for spec in layers})
-    if count > MAX_LAYERS:
-        raise ConfigError(f"{where}: the config lays out {count:,} layers; kvbudget takes 1 to {MAX_LAYERS:,} (the "
-                          "largest real model has 126)", param="model")
-    for spec in layers:
-        for what, value, low, high in _dims_of(spec):
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ConfigError(f"{where}: layer {spec.layer}'s {what} comes out as {value!r}; it must be a whole "
-                                  f"number from {low:,} to {high:,} (check the config's dimensions)", param="model")
-
-
 def text_config_of(config: dict) -> dict:
     """The language model's part of a config (multimodal wrappers nest it under text_config)."""
     return config["text_config"] if isinstance(config.get("text_config"), dict) else config
@@ -721,18 +604,10 @@ def parse_config(config: dict, name: str = "model", source: str = "") -> ModelSp
         notes.append(f"{where}: model_type {mt!r} is not one kvbudget knows; "
                      "reading it as a standard decoder (num_hidden_layers, num_key_value_heads, head_dim, "
                      "sliding_window, layer_types)")
-    check_fields(cfg, where)
     f = Fields(cfg, mt, where)
-    try:
+    with building(cfg, where, mt):
         layers = _BUILDERS.get(mt, _attention_family)(mt, f)
         draft = _draft_layers(mt, f, max(spec.layer for spec in layers) + 1)
-    except KVBudgetError:
-        raise
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as exc:
-        # a field of the wrong shape the checks above do not know (a list where a number goes, a string in a list)
-        raise ConfigError(f"{where}: a field of this {mt} config has the wrong type or shape ({type(exc).__name__}: "
-                          f"{str(exc)[:120]}); compare it with the model's published config.json".splitlines()[0],
-                          param="model") from None
     check_layers(layers + list(draft), where)
     if f.defaulted:
         notes.append(f"{where}: not set in the config, so transformers' {mt} defaults are used: "

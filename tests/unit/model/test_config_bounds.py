@@ -36,7 +36,7 @@ def _with(**fields):
     ({"sliding_window": "4k"}, "sliding_window is '4k'; it must be a whole number"),
     ({"vocab_size": True}, "vocab_size is True; it must be a whole number"),
     ({"hidden_size": 16}, "layer 0's key head dim comes out as 0"),  # 16 // 32 heads
-    ({"layer_types": [["full_attention"]] * 32}, "'layer_types' must be a list of 32 names"),
+    ({"layer_types": [["full_attention"]] * 32}, "'layer_types' must list 32 names"),
 ])
 def test_implausible_fields_are_refused_naming_the_field(fields, words):
     with pytest.raises(ConfigError, match="^x.json: ") as exc:
