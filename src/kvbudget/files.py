@@ -1,4 +1,5 @@
-"""Files kvbudget reads and writes. Reading: text streamed lazily, a file that cannot be read named in one line.
+"""Files kvbudget reads and writes. Reading: text streamed lazily, a file that cannot be read named in one line; a
+JSON or YAML document read whole only within MAX_DOCUMENT_BYTES and MAX_NESTING, and only if it is UTF-8 text.
 
 Writing, every file through `write_files`: a target is checked before the work that fills it starts
 (`check_target`: its folder exists and can be written, it is not a folder, and an existing file is replaced only when
@@ -13,13 +14,16 @@ On any failure, Ctrl-C or SIGTERM, no temporary file is left and the targets are
 from __future__ import annotations
 
 import errno
+import json
 import os
+import re
 import signal
 import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import BinaryIO
+from itertools import accumulate
+from typing import Any, BinaryIO
 
 from kvbudget.errors import KVBudgetError, TokenizerError, named
 
@@ -34,6 +38,10 @@ _WHY = {errno.ENOSPC: "no space left on the device; free some, or write elsewher
         errno.ENOENT: "its folder does not exist; create it first",
         errno.ENOTDIR: "part of its folder is a file, not a folder; name an existing folder",
         errno.ENAMETOOLONG: "the name is too long; use a shorter one"}
+
+MAX_DOCUMENT_BYTES = 16 << 20  # 16 MiB: a config.json is under 20 KB, a guard YAML, calibration or report under 1 MB
+MAX_NESTING = 64  # levels of [ and {: a config nests 3 (rope_scaling in text_config), a guard YAML 4
+_JSON_STRINGS = r'"(?:[^"\\]|\\.)*"'  # compiled (and cached) by re on first use
 
 
 def cannot_write(exc: OSError, path: str, param: str) -> KVBudgetError:
@@ -263,3 +271,69 @@ def check_readable(*paths: str) -> None:
                 pass
         except OSError as exc:
             raise TokenizerError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def too_deep(text: str, limit: int = MAX_NESTING) -> bool:
+    """Whether [ and { (outside double-quoted strings) nest deeper than `limit`: JSON's parser, and YAML's for flow
+    collections, recurse once per level (100,000 of them were a RecursionError)."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    brackets = re.sub(r"[^\[\]{}]", "", re.sub(_JSON_STRINGS, "", text))
+    return max(accumulate(1 if c in "[{" else -1 for c in brackets), default=0) > limit
+
+
+def read_document(path: str | os.PathLike[str], param: str, kind: str = "JSON",
+                  error: type[KVBudgetError] = KVBudgetError) -> str:
+    """The whole text of a document file: at most MAX_DOCUMENT_BYTES (checked before reading), UTF-8, no NUL bytes
+    (a binary file), nested at most MAX_NESTING deep; else an `error` naming the file and `param`."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size > MAX_DOCUMENT_BYTES:
+                raise error(f"{path}: {size:,} bytes; kvbudget reads {kind} files of up to "
+                                    f"{MAX_DOCUMENT_BYTES:,} bytes (16 MiB)", param=param)
+            raw = fh.read(MAX_DOCUMENT_BYTES + 1)  # a file that grows while read stops here too
+    except OSError as exc:
+        raise error(f"{path}: cannot read it ({exc.strerror or exc}); check the path and "
+                            "permissions", param=param) from None
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        raise error(f"{path}: over {MAX_DOCUMENT_BYTES:,} bytes (16 MiB)", param=param)
+    try:
+        if b"\0" in raw:
+            raise UnicodeDecodeError("utf-8", raw, raw.index(b"\0"), raw.index(b"\0") + 1, "NUL byte")
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{path}: not UTF-8 text (a binary file?); give a {kind} file",
+                            param=param) from None
+    if too_deep(text):
+        raise error(f"{path}: nests [ and {{ more than {MAX_NESTING} levels deep; no {kind} file "
+                            "kvbudget reads needs that many", param=param)
+    return text
+
+
+def read_json(path: str | os.PathLike[str], param: str, error: type[KVBudgetError] = KVBudgetError) -> Any:
+    """A JSON document from a file (read_document's bounds), its errors naming the file and `param`."""
+    text = read_document(path, param, error=error)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
+                    param=param) from None
+    except ValueError as exc:  # an integer of more digits than Python converts (4,300)
+        raise error(f"{path}: invalid JSON ({exc})".splitlines()[0], param=param) from None
+    except RecursionError:  # nesting the bracket count cannot see; never expected after too_deep
+        raise error(f"{path}: nests too deep to read", param=param) from None
+
+
+def read_yaml(path: str | os.PathLike[str], param: str) -> Any:
+    """A YAML document from a file (read_document's bounds; safe_load: no Python objects)."""
+    import yaml
+
+    text = read_document(path, param, "YAML")
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise KVBudgetError(f"{path}: invalid YAML: {exc}".splitlines()[0], param=param) from None
+    except RecursionError:  # block nesting by indentation, which too_deep does not count
+        raise KVBudgetError(f"{path}: nests too deep to read; no YAML file kvbudget reads needs more than "
+                            f"{MAX_NESTING} levels", param=param) from None

@@ -146,7 +146,7 @@ BAD = {
     "missing field": (lambda t: ["estimate", _write(t, "nf.json", json.dumps(
         {"model_type": "brand_new", "num_attention_heads": 8}))], "'num_hidden_layers'"),
     "bad field": (lambda t: ["estimate", _write(t, "bf.json", json.dumps(
-        {"model_type": "llama", "num_hidden_layers": -2}))], "positive integer"),
+        {"model_type": "llama", "num_hidden_layers": -2}))], "num_hidden_layers is -2; kvbudget takes 1 to 1,000"),
     "unknown layer type": (lambda t: ["estimate", _write(t, "lt.json", json.dumps(
         {"model_type": "x", "num_hidden_layers": 1, "num_attention_heads": 2, "head_dim": 8,
          "layer_types": ["weird"]}))], "'weird'"),

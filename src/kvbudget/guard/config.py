@@ -306,16 +306,12 @@ def _record(values: dict[str, Any], source: str | None) -> GuardConfig:
 def read_yaml(path: str, param: str) -> dict[str, Any]:
     """A YAML mapping from a file, its errors naming the file or the parameter."""
     try:
-        import yaml
+        import yaml  # noqa: F401  (only whether it is installed)
     except ImportError:
         raise KVBudgetError(f"{param} needs PyYAML: pip install 'kvbudget[guard]'", param=param) from None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh) or {}
-    except OSError as exc:
-        raise KVBudgetError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    except yaml.YAMLError as exc:
-        raise KVBudgetError(f"{path}: invalid YAML: {exc}".splitlines()[0]) from None
+    from kvbudget.files import read_yaml as read_bounded
+
+    data = read_bounded(path, param) or {}  # within the size and nesting bounds, UTF-8 text
     if not isinstance(data, dict):
         raise KVBudgetError(f"{path}: expected a YAML mapping")
     return data

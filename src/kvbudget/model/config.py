@@ -1,8 +1,7 @@
 """Hugging Face `config.json` -> ModelSpec.
 
-Each family fills in what its config leaves out the way transformers' configuration class does
-(transformers 5.x is the oracle the tests compare against), and says which layers are full, sliding,
-chunked, latent, recurrent or cache-free.
+Each family fills in what its config leaves out as transformers' configuration class does (transformers 5.x is
+the oracle the tests compare against), and says which layers are full, sliding, chunked, latent, recurrent or none.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvbudget.errors import ConfigError, UnsupportedArchitectureError
+from kvbudget.model.limits import building, check_layers, grouped
 from kvbudget.model.spec import (
     Attention,
     ChunkedLocal,
@@ -204,7 +204,7 @@ def _standard_dims(f: Fields) -> tuple[int, int, int]:
     layers = f.int("num_hidden_layers", "n_layer", "num_layers")
     heads = f.int("num_attention_heads", "n_head")
     # OPT has no grouped-query attention: transformers ignores a num_key_value_heads there.
-    kv_heads = heads if f.model_type == "opt" else f.int("num_key_value_heads", default=heads)
+    kv_heads = heads if f.model_type == "opt" else grouped(f.where, heads, f.int("num_key_value_heads", default=heads))
     head_dim = f.get("head_dim")
     if head_dim is None:
         head_dim = f.int("hidden_size", "n_embd", "d_model") // heads
@@ -223,8 +223,8 @@ def _generic_types(f: Fields, layers: int) -> list[str]:
 def _layer_types(mt: str, f: Fields, layers: int) -> list[str]:
     given = f.cfg.get("layer_types")
     if given is not None:
-        if not isinstance(given, list) or len(given) != layers:
-            raise ConfigError(f"{f.where}: 'layer_types' must be a list of {layers} entries, one per layer")
+        if not isinstance(given, list) or len(given) != layers or not all(isinstance(t, str) for t in given):
+            raise ConfigError(f"{f.where}: 'layer_types' must list {layers} names, one per layer", param="model")
         return list(given)
     if mt in ("qwen2", "qwen3"):
         if not f.get("use_sliding_window", default=False):
@@ -269,7 +269,7 @@ def _falcon(mt: str, f: Fields) -> list[LayerSpec]:
     heads = f.int("num_attention_heads", "n_head")
     head_dim = f.int("hidden_size") // heads
     if f.get("new_decoder_architecture"):
-        kv_heads = f.int("num_kv_heads", "n_head_kv", default=heads)
+        kv_heads = grouped(f.where, heads, f.int("num_kv_heads", "n_head_kv", default=heads), "num_kv_heads")
     elif f.get("multi_query"):
         kv_heads = 1
     else:
@@ -280,7 +280,8 @@ def _falcon(mt: str, f: Fields) -> list[LayerSpec]:
 def _chatglm(mt: str, f: Fields) -> list[LayerSpec]:
     layers = f.int("num_layers", "num_hidden_layers")
     heads = f.int("num_attention_heads")
-    kv_heads = f.int("multi_query_group_num") if f.get("multi_query_attention") else heads
+    kv_heads = (grouped(f.where, heads, f.int("multi_query_group_num"), "multi_query_group_num")
+                if f.get("multi_query_attention") else heads)
     head_dim = f.int("kv_channels", default=f.int("hidden_size") // heads)
     return [FullAttention(i, kv_heads, head_dim, head_dim) for i in range(layers)]
 
@@ -438,7 +439,7 @@ def _mamba2_hybrid(mt: str, f: Fields) -> list[LayerSpec]:
     if len(blocks) != layers:
         raise ConfigError(f"{f.where}: the layer pattern has {len(blocks)} entries for {layers} layers")
     heads_attn = f.int("num_attention_heads")
-    kv_heads = f.int("num_key_value_heads", default=heads_attn)
+    kv_heads = grouped(f.where, heads_attn, f.int("num_key_value_heads", default=heads_attn))
     head_dim = f.get("head_dim", "attention_head_dim") or f.int("hidden_size") // heads_attn
     specs: list[LayerSpec] = []
     for i, block in enumerate(blocks):
@@ -530,9 +531,7 @@ def _draft_layers(mt: str, f: Fields, first: int) -> tuple[LayerSpec, ...]:
     field = _MTP_LAYERS_FIELD.get(mt)
     if field is None:
         return ()
-    count = f.cfg.get(field) or 0
-    if not isinstance(count, int) or count < 0:
-        raise ConfigError(f"{f.where}: {field!r} is {count!r}; it must be a whole number")
+    count = f.cfg.get(field) or 0  # a whole number from 0 (check_fields)
     _, kv_heads, head_dim = _standard_dims(f)
     return tuple(FullAttention(first + i, kv_heads, head_dim, head_dim) for i in range(count))
 
@@ -606,13 +605,15 @@ def parse_config(config: dict, name: str = "model", source: str = "") -> ModelSp
                      "reading it as a standard decoder (num_hidden_layers, num_key_value_heads, head_dim, "
                      "sliding_window, layer_types)")
     f = Fields(cfg, mt, where)
-    layers = _BUILDERS.get(mt, _attention_family)(mt, f)
-    draft = _draft_layers(mt, f, max(spec.layer for spec in layers) + 1)
+    with building(cfg, where, mt):
+        layers = _BUILDERS.get(mt, _attention_family)(mt, f)
+        draft = _draft_layers(mt, f, max(spec.layer for spec in layers) + 1)
+    check_layers(layers + list(draft), where)
     if f.defaulted:
         notes.append(f"{where}: not set in the config, so transformers' {mt} defaults are used: "
                      + ", ".join(f"{k}={v}" for k, v in f.defaulted.items()))
     dtype, dtype_notes = _model_dtype(cfg, config, where)
-    max_len = f.get("max_position_embeddings", "seq_length", "n_positions")
+    max_len = f.get("max_position_embeddings", "seq_length", "n_positions")  # checked by check_fields
     heads = f.get("num_attention_heads", "n_head")
     return ModelSpec(
         name=name,

@@ -4,6 +4,8 @@ heads, head dims, window, context, experts) and its weights as the bytes of its 
 
 from __future__ import annotations
 
+import mmap
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +28,114 @@ _FIELDS = (("num_hidden_layers", "block_count"), ("hidden_size", "embedding_leng
 _FILE_DTYPES = {0: "float32", 1: "float16", 32: "bfloat16"}
 
 
+# GGUF value types (gguf-py's GGUFValueType) -> bytes of one value; 8 (string) and 9 (array) have lengths of their own
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+# Array items in all the metadata: gguf-py keeps every item as objects of its own (some hundred bytes each), so a file
+# of many tiny items would take gigabytes. A tokenizer writes about four arrays of its vocabulary (the largest 262,400
+# tokens) and its merges: about 1.3 million items at most; this is 3x that.
+MAX_GGUF_ITEMS = 1 << 22
+MAX_GGUF_DIMS = 4  # GGML_MAX_DIMS: llama.cpp's tensors have at most four dimensions
+
+
+class _Header:
+    """A walk over a GGUF file's header that checks every length it reads against the bytes left in the file before
+    anything is allocated or looped over (gguf-py trusts them: an 84-byte file whose array claims 2^40 entries
+    grows it past 4 GiB)."""
+
+    def __init__(self, data: bytes | mmap.mmap, path: Path):
+        self.data, self.path, self.at, self.items = data, path, 0, 0
+        self.order = "<"
+
+    def fail(self, what: str) -> ConfigError:
+        return ConfigError(f"{self.path}: not a GGUF file kvbudget can read ({what} at byte {self.at:,} of "
+                           f"{len(self.data):,})", param="model")
+
+    def take(self, size: int) -> int:
+        """Skip `size` bytes, which must be in the file; the offset they start at."""
+        if size < 0 or size > len(self.data) - self.at:
+            raise self.fail(f"{size:,} bytes claimed, {len(self.data) - self.at:,} left")
+        start, self.at = self.at, self.at + size
+        return start
+
+    def uint(self, size: int) -> int:
+        return int.from_bytes(self.data[self.take(size):self.at], "little" if self.order == "<" else "big")
+
+    def count(self, least_bytes: int, what: str, most: int | None = None) -> int:
+        """A u64 count of items of at least `least_bytes` each: no more than the bytes left can hold."""
+        n = self.uint(8)
+        if n * least_bytes > len(self.data) - self.at or (most is not None and n > most):
+            raise self.fail(f"{what} claims {n:,} entries")
+        return n
+
+    def string(self) -> None:
+        self.take(self.count(1, "a string"))
+
+    def value(self, kind: int, depth: int = 0) -> None:
+        if kind in _SCALAR_BYTES:
+            self.take(_SCALAR_BYTES[kind])
+        elif kind == _STRING:
+            self.string()
+        elif kind == _ARRAY and depth < 2:
+            item = self.uint(4)
+            least = _SCALAR_BYTES.get(item, 8 if item == _STRING else 12)  # a string's length; an array's type, count
+            n = self.count(least, "an array")
+            self.items += n
+            if self.items > MAX_GGUF_ITEMS:
+                raise self.fail(f"{self.items:,} array items in all, where kvbudget reads up to {MAX_GGUF_ITEMS:,}")
+            if item in _SCALAR_BYTES:  # fixed-size items: skipped at once
+                self.take(n * least)
+                return
+            for _ in range(n):
+                self.value(item, depth + 1)
+        else:
+            raise self.fail(f"value type {kind}")
+
+    def walk(self) -> None:
+        if bytes(self.data[self.take(4):self.at]) != b"GGUF":
+            raise self.fail("no GGUF magic")
+        version = self.uint(4)
+        if version & 0xFFFF == 0:  # written on a machine of the other byte order
+            self.order, version = ">", int.from_bytes(version.to_bytes(4, "little"), "big")
+        if version not in (2, 3):
+            raise self.fail(f"GGUF version {version}, where kvbudget reads 2 and 3")
+        tensors, kvs = self.uint(8), self.count(13, "the metadata")  # a key's length, its type, one byte of value
+        for _ in range(kvs):
+            self.string()
+            self.value(self.uint(4))
+        if tensors * 24 > len(self.data) - self.at:  # a name's length, dims, type, offset
+            raise self.fail(f"the tensor table claims {tensors:,} tensors")
+        for _ in range(tensors):
+            self.string()
+            dims = self.uint(4)
+            if not 1 <= dims <= MAX_GGUF_DIMS:
+                raise self.fail(f"a tensor of {dims} dimensions")
+            elements = 1
+            for _ in range(dims):
+                elements *= self.uint(8)
+            if elements >= 1 << 62:
+                raise self.fail(f"a tensor of {elements:,} elements")
+            self.take(12)  # type, offset
+
+
+def check_header(path: Path) -> None:
+    """Every length in the header of the GGUF file at `path` within the file (see _Header)."""
+    try:
+        with open(path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size == 0:
+                raise ConfigError(f"{path}: not a GGUF file kvbudget can read (it is empty)", param="model")
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                _Header(data, path).walk()  # slices of an mmap are bytes: nothing holds it open
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc})", param="model") from None
+
+
 def _reader(path: Path) -> Any:
     try:
         import gguf
     except ImportError:
         raise ConfigError(f"{path}: reading a GGUF file needs the gguf package: pip install 'kvbudget[gguf]'") from None
+    check_header(path)
     try:
         return gguf.GGUFReader(str(path))
     except (ValueError, OSError, IndexError, KeyError) as exc:

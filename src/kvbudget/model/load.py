@@ -17,17 +17,10 @@ if TYPE_CHECKING:
 
 
 def read_json(path: str | os.PathLike[str]) -> dict:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc}); check the path and permissions") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a UTF-8 text file; pass a config.json") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    """A config file, within the bounds of `kvbudget.files.read_document` (size, UTF-8 text, nesting)."""
+    from kvbudget.files import read_json as read_bounded
+
+    return read_bounded(path, "model", error=ConfigError)  # parse_config checks its type
 
 
 def _from_hub(repo_id: str) -> Path:

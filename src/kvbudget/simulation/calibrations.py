@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kvbudget.engines.scheduling.timing import TimeModel
 from kvbudget.errors import KVBudgetError
+from kvbudget.files import read_json
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -67,16 +68,16 @@ def load_calibration(name: str, model: str, gpu: str | None) -> TimeModel:
     """The time model saved as `name` (or in the file `name`), refused for another model or GPU: a step time fitted
     for one does not carry over."""
     path = Path(name) if name.endswith(".json") and Path(name).is_file() else calibration_path(name, "calibration")
+    if not path.is_file():
+        raise KVBudgetError(f"calibration {name!r}: no such calibration in {calibrations_dir()}; save one with "
+                            "--calibrate FILE --save-calibration NAME", param="calibration")
+    data = read_json(path, "calibration")  # bounded, UTF-8 text
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
         fitted = data["time_model"]
         time_model = TimeModel(**{k: fitted[k] for k in ("weights", "per_context", "per_token", "overhead", "bound",
                                                          "basis")},
                                **{k: fitted.get(k, 0.0) for k in ADDED})
-    except FileNotFoundError:
-        raise KVBudgetError(f"calibration {name!r}: no such calibration in {calibrations_dir()}; save one with "
-                            "--calibrate FILE --save-calibration NAME", param="calibration") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError) as exc:
         raise KVBudgetError(f"calibration {name!r}: {path} is not a saved calibration ({exc})",
                             param="calibration") from None
     for what, want, saved in (("model", model, data.get("model")), ("GPU", _gpu(gpu), data.get("gpu"))):

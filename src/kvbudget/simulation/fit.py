@@ -23,6 +23,7 @@ from pathlib import Path
 from kvbudget.engines.scheduling.timing import MeasuredStep, TimeModel, read_measured_steps
 from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError, named
+from kvbudget.files import MAX_DOCUMENT_BYTES, read_document, read_json
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation.run import Setup, simulate
 
@@ -78,11 +79,13 @@ def read_calibration(path: str | Path, served: Callable[[], Iterable[Request]] |
     """What `--calibrate` was given: a benchmark result (one JSON object with start_times), a scrape of vLLM's
     /metrics (`served` gives the requests it served), or a recorder log."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-        data = json.loads(text)
+        big = Path(path).stat().st_size > MAX_DOCUMENT_BYTES  # a recorder log, read line by line
     except OSError as e:
         raise KVBudgetError(f"calibrate {path}: {e.strerror or e}", param="calibrate") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    text = "" if big else read_document(path, "calibrate")  # UTF-8 text, nested within bounds
+    try:
+        data = None if big else json.loads(text)
+    except json.JSONDecodeError:
         data = None  # JSON Lines, Prometheus text (or neither: the recorder-log reader names the line)
     if isinstance(data, dict) and "start_times" in data:
         return read_bench_result(path)
@@ -172,12 +175,7 @@ def _spread(buckets: list[tuple[float, float]], n: int) -> list[float]:
 def read_bench_result(path: str | Path) -> BenchRun:
     """`vllm bench serve --save-result --save-detailed` JSON: start_times, input_lens, output_lens, ttfts, itls."""
     name = str(path)
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise KVBudgetError(f"calibrate {name}: {e.strerror or e}", param="calibrate") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise KVBudgetError(f"calibrate {name}: not a JSON benchmark result ({e})", param="calibrate") from None
+    data = read_json(path, "calibrate")
     fields = ("start_times", "input_lens", "output_lens", "ttfts", "itls")
     if not isinstance(data, dict) or any(not isinstance(data.get(f), list) for f in fields):
         raise KVBudgetError(f"calibrate {name}: expected a `vllm bench serve` result saved in detail, with "

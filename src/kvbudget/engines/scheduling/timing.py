@@ -133,6 +133,11 @@ def read_measured_steps(path: str | Path) -> list[MeasuredStep]:
                 before = (tokens, context, t) if tokens else None
     except OSError as e:
         raise KVBudgetError(f"calibrate {name}: {e.strerror or e}", param="calibrate") from None
+    except UnicodeDecodeError:
+        raise KVBudgetError(f"calibrate {name}: not UTF-8 text (a binary file?); give a recorder log, a benchmark "
+                            "result or a metrics scrape", param="calibrate") from None
+    except RecursionError:
+        raise KVBudgetError(f"calibrate {name}: a line nests too deep to read", param="calibrate") from None
     return out
 
 

@@ -70,21 +70,31 @@ class TraceError(KVBudgetError):
         super().__init__(f"{path}:{line}: {what}", param="trace")
 
 
+MAX_TRACE_TOKENS = 1 << 24  # a prompt or output of one request: the longest context any model takes (2^24)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 128 else f"<{value.bit_length()}-bit int>"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _count(value: Any, path: str, line: int, field: str, allow_zero: bool = False) -> int:
     try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise TraceError(path, line, f"{field} {value!r} is not a number") from None
-    if not math.isfinite(number) or number != int(number) or number < (0 if allow_zero else 1):
-        least = "a whole number ≥ 0" if allow_zero else "a whole number ≥ 1"
-        raise TraceError(path, line, f"{field} {value!r} must be {least}")
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError, OverflowError):
+        raise TraceError(path, line, f"{field} {_shown(value)} is not a number of tokens") from None
+    if (not math.isfinite(number) or number != int(number) or number < (0 if allow_zero else 1)
+            or number > MAX_TRACE_TOKENS):
+        least = 0 if allow_zero else 1
+        raise TraceError(path, line, f"{field} {_shown(value)} must be a whole number from {least} to "
+                         f"{MAX_TRACE_TOKENS:,}")
     return int(number)
 
 
 def _seconds(value: Any, path: str, line: int, field: str) -> float:
     try:
-        number = float(value)
-    except (TypeError, ValueError):
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError, OverflowError):
         raise TraceError(path, line, f"{field} {value!r} is not a number") from None
     if not math.isfinite(number) or number < 0:
         raise TraceError(path, line, f"{field} {value!r} must be a time ≥ 0")
@@ -95,6 +105,7 @@ def _ordered(requests: Iterator[tuple[int, Request]], path: str) -> Iterator[Req
     """Rebase arrivals on the first request and insist on arrival order (simulating needs it)."""
     first: float | None = None
     last = 0.0
+    line = 1
     for line, r in requests:
         if first is None:
             first = r.arrival
@@ -105,6 +116,8 @@ def _ordered(requests: Iterator[tuple[int, Request]], path: str) -> Iterator[Req
         last = at
         yield Request(arrival=at, prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens, prefix=r.prefix,
                       id=r.id, max_tokens=r.max_tokens, n=r.n, beam_search=r.beam_search)
+    if first is None:  # a header alone, or blank lines: nothing to run, which would be an empty report
+        raise TraceError(path, line, "no requests in the trace (a header or blank lines only)")
 
 
 def read_azure(path: str | Path) -> Iterator[Request]:
@@ -148,6 +161,8 @@ def read_jsonl(path: str | Path) -> Iterator[Request]:
                     obj = json.loads(text)
                 except json.JSONDecodeError as e:
                     raise TraceError(name, line, f"not JSON ({e.msg})") from None
+                except (ValueError, RecursionError):  # an integer past Python's 4,300 digits; nesting
+                    raise TraceError(name, line, "nested too deep to be a trace line") from None
                 if not isinstance(obj, dict):
                     raise TraceError(name, line, "expected a JSON object")
                 yield line, (_mooncake(obj, name, line) if "input_length" in obj else _ours(obj, name, line))

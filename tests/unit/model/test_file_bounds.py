@@ -1,0 +1,117 @@
+"""Files read whole are bounded before parsing (issue 50): a deeply nested JSON or YAML document, a binary file or
+one past MAX_DOCUMENT_BYTES is one line naming the file, never a RecursionError or a whole gigabyte read; and trace
+rows that no request has are refused, as is a trace with no rows."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from kvbudget.cli import main
+from kvbudget.engines.scheduling.workload import read_trace
+from kvbudget.errors import KVBudgetError
+from kvbudget.files import MAX_DOCUMENT_BYTES, read_json, read_yaml
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("[" * 100_000, r"nests \[ and \{ more than 64 levels deep"),
+    ('{"a": ' * 65 + "1" + "}" * 65, r"nests \[ and \{ more than 64 levels deep"),
+])
+def test_deep_json_is_refused_before_parsing(tmp_path, text, words):
+    path = tmp_path / "deep.json"
+    path.write_text(text)
+    with pytest.raises(KVBudgetError, match=words):
+        read_json(path, "model")
+
+
+def test_nesting_inside_strings_and_shallow_documents_are_read(tmp_path):
+    path = tmp_path / "ok.json"
+    path.write_text(json.dumps({"s": "[" * 1000, "a": [[[[1]]]]}))
+    assert read_json(path, "model")["a"] == [[[[1]]]]
+
+
+def test_a_deep_config_is_one_line_from_the_cli(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text("[" * 100_000)
+    assert main(["estimate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "config.json: nests [ and { more than 64 levels" in err
+
+
+def test_deep_yaml_in_flow_or_block_style_is_refused(tmp_path):
+    flow, block = tmp_path / "flow.yaml", tmp_path / "block.yaml"
+    flow.write_text("a: " + "[" * 100_000)
+    block.write_text("".join(" " * i + "a:\n" for i in range(3000)))
+    for path in (flow, block):
+        with pytest.raises(KVBudgetError, match="nests"):
+            read_yaml(path, "config")
+
+
+def test_binary_files_are_refused(tmp_path):
+    path = tmp_path / "x.json"
+    path.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(KVBudgetError, match="x.json: not UTF-8 text"):
+        read_json(path, "calibrate")
+
+
+def test_a_file_past_the_bound_is_refused_before_it_is_read(tmp_path):
+    path = tmp_path / "big.json"
+    with open(path, "wb") as fh:  # sparse: no disk used
+        fh.truncate(MAX_DOCUMENT_BYTES + 1)
+    assert os.path.getsize(path) > MAX_DOCUMENT_BYTES
+    with pytest.raises(KVBudgetError, match="16,777,217 bytes; kvbudget reads JSON files of up to 16,777,216"):
+        read_json(path, "model")
+
+
+def test_a_binary_calibration_and_guard_yaml_are_one_line(tmp_path, capsys):
+    binary = tmp_path / "cal.bin"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200))
+    assert main(["simulate", "llama-3.2-1b", "--gpu", "L4", "--calibrate", str(binary), "--rate", "1",
+                 "--requests", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not UTF-8 text" in err
+    from kvbudget.guard.config import read_yaml as guard_yaml
+
+    with pytest.raises(KVBudgetError, match="not UTF-8 text"):
+        guard_yaml(str(binary), "config")
+
+
+def test_a_trace_with_only_a_header_is_refused(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+    with pytest.raises(KVBudgetError, match="no requests in the trace"):
+        list(read_trace(str(path)))
+
+
+@pytest.mark.parametrize(("row", "words"), [
+    ({"arrival": 0, "prompt_tokens": 10**400, "output_tokens": 5}, "prompt_tokens <1329-bit int> is not a number"),
+    ({"arrival": 0, "prompt_tokens": 2**30, "output_tokens": 5}, "must be a whole number from 1 to 16,777,216"),
+    ({"arrival": 0, "prompt_tokens": True, "output_tokens": 5}, "prompt_tokens True must be a whole number"),
+    ({"arrival": 10**400, "prompt_tokens": 5, "output_tokens": 5}, "arrival"),
+    ({"arrival": 0, "prompt_tokens": 5}, "missing 'output_tokens'"),
+])
+def test_hostile_trace_rows_are_refused(tmp_path, row, words):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(KVBudgetError, match=words):
+        list(read_trace(str(path)))
+
+
+def test_a_deep_trace_line_is_refused(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"a": ' + "[" * 100_000 + "\n")
+    with pytest.raises(KVBudgetError, match="t.jsonl:1:"):
+        list(read_trace(str(path)))
+
+
+def test_integers_past_pythons_digit_limit_are_one_line(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text('{"num_hidden_layers": ' + "9" * 5000 + "}")
+    with pytest.raises(KVBudgetError, match="c.json: invalid JSON"):
+        read_json(path, "model")
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival": 0, "prompt_tokens": ' + "9" * 5000 + ', "output_tokens": 1}\n')
+    with pytest.raises(KVBudgetError, match="t.jsonl:1:"):
+        list(read_trace(str(trace)))
