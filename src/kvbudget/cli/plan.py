@@ -174,8 +174,9 @@ def run_compare(args: argparse.Namespace) -> int:
                  format_bytes(r.kv_bytes_at_context)]
         if args.gpu or args.gpu_memory:
             cells += ([format_bytes(r.kv_memory_bytes), f"{r.max_concurrency:.2f}x",
-                       f"{r.longest_context:,}" if r.longest_context else "-"] if r.kv_memory_bytes else
-                      ["does not fit", "-", "-"])
+                       f"{r.longest_context:,}" if r.longest_context else "-"]
+                      if r.kv_memory_bytes is not None and r.max_concurrency is not None else
+                      [str(r.budget), "-", "-"])  # does not fit, weights unknown, refused (the note says why)
         table.add_row(*cells)
     console().print(table)
     for r in rows:

@@ -1,0 +1,56 @@
+"""What a new user met (issue 50, item 6): compare's figures and names whole at any width, multi-GPU plans said per
+replica and for the deployment, notes only about what was asked, weights that are not known said so."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from kvbudget.cli import main
+
+# a figure as the tables print it: 131,072 / 139.66x / 12.00 GiB / 0 B
+FIGURE = re.compile(r"(?<![\w.,])\d[\d,]*(?:\.\d+)?(?: (?:B|KiB|MiB|GiB|TiB)\b|x)?")
+LONG_NAMES = ["qwen3-coder-480b-a35b", "kimi-linear-48b-a3b", "qwen3-30b-a3b", "llama-3.1-8b", "mistral-7b",
+              "deepseek-v3"]
+
+
+def output(monkeypatch, capsys, columns: int, argv: list[str]) -> str:
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert main(argv) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("columns", [80, 60])
+@pytest.mark.parametrize("gpu", [[], ["--gpu", "H200"]])
+def test_compare_keeps_every_name_and_figure_whole_on_one_line(monkeypatch, capsys, columns, gpu):
+    argv = ["compare", *LONG_NAMES, "--context", "128k", *gpu]
+    wide = output(monkeypatch, capsys, 400, argv)
+    table = [line for line in wide.splitlines() if line.strip("│ ").split(" ")[0] in LONG_NAMES]
+    assert len(table) == len(LONG_NAMES)  # one line per model where there is room
+    figures = {f for line in table for f in FIGURE.findall(line)}
+    assert {"128.00 KiB", "16.00 GiB"} <= figures
+    narrow = output(monkeypatch, capsys, columns, argv)
+    lines = narrow.splitlines()
+    assert max(len(line) for line in lines) <= columns
+    for name in LONG_NAMES:
+        assert any(re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])", line) for line in lines), name
+    found = {f for line in lines for f in FIGURE.findall(line)}
+    assert figures <= found, figures - found
+
+
+def test_compare_says_the_weights_are_unknown_not_that_the_model_does_not_fit(monkeypatch, capsys):
+    """gemma-4-26b-a4b's parameters are not counted (plan asks for --weights); deepseek-v3's 671B do not fit one
+    H200; mistral-7b fits."""
+    argv = ["compare", "gemma-4-26b-a4b", "deepseek-v3", "mistral-7b", "--gpu", "H200"]
+    assert main([*argv, "--json"]) == 0
+    rows = {r["model"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["gemma-4-26b-a4b"]["kv_memory_bytes"] is None and rows["gemma-4-26b-a4b"]["budget"] == "weights unknown"
+    assert rows["deepseek-v3"]["kv_memory_bytes"] is None and rows["deepseek-v3"]["budget"] == "does not fit"
+    assert rows["mistral-7b"]["kv_memory_bytes"] > 0 and rows["mistral-7b"]["budget"] == "fits"
+    table = output(monkeypatch, capsys, 200, argv)
+    gemma = next(line for line in table.splitlines() if "gemma-4-26b-a4b" in line and "KiB" in line)
+    assert "weights unknown" in gemma and "does not fit" not in gemma
+    assert main(["compare", "gemma-4-26b-a4b", "mistral-7b", "--json"]) == 0
+    assert {r["budget"] for r in json.loads(capsys.readouterr().out)} == {"no gpu"}
