@@ -278,7 +278,7 @@ def plan(
     if kv_budget <= 0:
         raise _no_budget(inputs, card, w, stack, kv_budget, recommend)
     result = estimate(model, engine=chosen, kv_dtype=kv_dtype, batch=[concurrency], beams=beams,
-                      context=sorted({1024, 4096, 16384, max_len} - {0}), tp=tp, pp=pp, options=options,
+                      context=[max_len], tp=tp, pp=pp, options=options,
                       kv_memory=kv_budget, max_model_len=max_len)
     cap = result.capacity
     assert cap is not None  # a budget was given

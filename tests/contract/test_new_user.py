@@ -54,3 +54,19 @@ def test_compare_says_the_weights_are_unknown_not_that_the_model_does_not_fit(mo
     assert "weights unknown" in gemma and "does not fit" not in gemma
     assert main(["compare", "gemma-4-26b-a4b", "mistral-7b", "--json"]) == 0
     assert {r["budget"] for r in json.loads(capsys.readouterr().out)} == {"no gpu"}
+
+
+@pytest.mark.parametrize("argv, beyond", [
+    (["plan", "llama-2-7b", "--gpu", "H100-80GB"], []),  # trained for 4,096 and asked nothing longer
+    (["plan", "phi-3-mini", "--gpu", "L4"], []),
+    (["plan", "llama-2-7b", "--gpu", "H100-80GB", "--max-model-len", "8192"], ["max model length 8,192"]),
+    (["estimate", "llama-2-7b"], []),
+    (["estimate", "llama-2-7b", "--context", "2k,8k"], ["context 8,192"]),
+    (["estimate", "llama-2-7b", "--kv-memory", "10GiB", "--max-model-len", "6k"], ["max model length 6,144"]),
+])
+def test_a_length_beyond_the_model_is_noted_only_where_it_was_asked(capsys, argv, beyond):
+    """llama-2-7b's config says max_position_embeddings 4,096; phi-3-mini's 4,096 too."""
+    assert main([*argv, "--json"]) == 0
+    notes = [n for n in json.loads(capsys.readouterr().out)["notes"] if "is beyond the model's" in n]
+    assert [n.split(" is beyond")[0] for n in notes] == beyond
+    assert all(n.endswith("max_position_embeddings (4,096)") for n in notes)
