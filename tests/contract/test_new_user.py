@@ -70,3 +70,47 @@ def test_a_length_beyond_the_model_is_noted_only_where_it_was_asked(capsys, argv
     notes = [n for n in json.loads(capsys.readouterr().out)["notes"] if "is beyond the model's" in n]
     assert [n.split(" is beyond")[0] for n in notes] == beyond
     assert all(n.endswith("max_position_embeddings (4,096)") for n in notes)
+
+
+def plan_json(capsys, argv: list[str]) -> dict:
+    assert main(["plan", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_multi_gpu_plan_says_per_replica_and_for_the_deployment(monkeypatch, capsys):
+    """Two H100s as data-parallel attention ranks of qwen3-30b-a3b sharing its experts: the capacity line is one
+    rank's, and the deployment's line holds both ranks' requests, slots and KV budget."""
+    argv = ["qwen3-30b-a3b", "--gpu", "H100-80GB", "--gpus", "2", "--expert-parallel"]
+    doc = plan_json(capsys, argv)
+    each = doc["capacity"]
+    assert doc["replicas"] == 2 and doc["gpus"] == 2
+    assert doc["deployment"] == {"gpus": 2, "replicas": 2, "kv_memory_bytes": 2 * doc["kv_memory_bytes"],
+                                 "physical_token_slots": 2 * each["physical_token_slots"],
+                                 "max_concurrency": pytest.approx(2 * each["max_concurrency"])}
+    assert doc["total_max_concurrency"] == pytest.approx(2 * each["max_concurrency"])  # the key kept
+    text = " ".join(output(monkeypatch, capsys, 200, ["plan", *argv]).split())
+    assert "Capacity per replica (1 GPU) for requests of 40,960 tokens" in text
+    assert f"maximum concurrency {each['max_concurrency']:.2f}x" in text
+    assert f"Deployment of 2 GPUs (2 replicas, each with its own KV cache): maximum concurrency " \
+           f"{2 * each['max_concurrency']:.2f}x" in text
+    one = plan_json(capsys, ["deepseek-v3", "--gpu", "H200", "--tp", "8"])
+    assert one["deployment"]["max_concurrency"] == one["capacity"]["max_concurrency"]
+    argv = ["plan", "deepseek-v3", "--gpu", "H200", "--tp", "8"]
+    assert "Deployment of" not in output(monkeypatch, capsys, 200, argv)
+
+
+def test_more_tensor_parallelism_keeps_the_replicas_and_counts_the_gpus_it_adds(capsys):
+    """With 2 replicas of 1 GPU, tensor parallel 2 is 2 replicas of 2: 4 GPUs, 2 more; its effect is what a plan of
+    exactly that deployment gives."""
+    argv = ["qwen3-30b-a3b", "--gpu", "H100-80GB", "--gpus", "2", "--expert-parallel"]
+    recs = [r for r in plan_json(capsys, argv)["recommendations"] if "tp" in r["parameters"]]
+    assert recs
+    for rec in recs:
+        tp = rec["parameters"]["tp"]
+        assert rec["parameters"]["gpus"] == 2 * tp and rec["more_gpus"] == 2 * tp - 2
+        assert rec["note"] == f"2 replicas of {tp} GPUs" and rec["cost"] == f"{2 * tp - 2} more GPUs"
+        alone = plan_json(capsys, [*argv[:3], "--gpus", str(2 * tp), "--tp", str(tp), "--expert-parallel"])
+        assert rec["effect"].startswith(f"{alone['deployment']['max_concurrency']:.2f}x requests")
+    single = plan_json(capsys, ["llama-3.1-8b", "--gpu", "L4"])["recommendations"]
+    assert {"parameters": {"tp": 2}, "more_gpus": 1} in [{k: r[k] for k in ("parameters", "more_gpus")}
+                                                         for r in single]
