@@ -114,3 +114,22 @@ def test_more_tensor_parallelism_keeps_the_replicas_and_counts_the_gpus_it_adds(
     single = plan_json(capsys, ["llama-3.1-8b", "--gpu", "L4"])["recommendations"]
     assert {"parameters": {"tp": 2}, "more_gpus": 1} in [{k: r[k] for k in ("parameters", "more_gpus")}
                                                          for r in single]
+
+
+@pytest.mark.parametrize("log, stated", [
+    ("vllm-0.19-llm-d-planner-mixtral-8x7b-tp2.log", {"tensor", "pipeline"}),  # tensor_parallel_size=2, pipeline 1
+    ("vllm-0.4-issue-5248-deepseek-coder-6.7b-tp2.log", {"tensor"}),  # tp 2 stated, pp not
+    ("vllm-issue-12330-llama-3-8b-a100-40gb.log", set()),  # neither stated
+])
+def test_check_log_suggests_no_parallel_size_the_log_states(capsys, log, stated):
+    """Checked against the wrong model (qwen2.5-32b) so that the rows differ and causes are sought: a tensor or
+    pipeline parallel size is offered as a cause only where the log does not state it."""
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "data" / "logs" / log
+    assert main(["check-log", str(path), "--model", "qwen2.5-32b", "--json"]) == 1
+    causes = json.loads(capsys.readouterr().out)["likely_causes"]
+    offered = {kind for kind in ("tensor", "pipeline") for c in causes if c.startswith(f"{kind} parallel size")}
+    assert not offered & stated, causes
+    if not stated:
+        assert "tensor" in offered, causes  # where the log is silent, a rank's budget stays a likely cause
