@@ -112,6 +112,26 @@ def test_block_round_trips_stay_within_the_format_step(values, name):
     assert np.abs(kind.round_trip(x) - x).max() <= bound
 
 
+@pytest.mark.filterwarnings("error")
+def test_blocks_past_float16s_range_read_back_as_ggml_reads_them():
+    """A block whose scale (or minimum) passes float16's largest value, 65,504, is written with inf there, as ggml
+    writes it; reading it back, ggml's float arithmetic gives ±inf for the codes that are not 0 and NaN (0 x inf,
+    inf - inf) for the rest: the same here, with no invalid-value warning (warnings are errors in this test)."""
+    big = np.zeros((1, 32), np.float32)
+    big[0, 0] = 1e10  # q8_0: d = 1e10 / 127 (inf); the zeros get code 0
+    back = ggml.TYPES["q8_0"].round_trip(big)
+    assert back[0, 0] == np.inf and np.isnan(back[0, 1:]).all()
+    back = ggml.TYPES["q4_0"].round_trip(-big)  # d = -(-1e10) / -8... inf; the zeros' code 8 reads 0 x inf
+    assert back[0, 0] == -np.inf and np.isnan(back[0, 1:]).all()
+    spread = np.zeros((1, 32), np.float32)
+    spread[0, 0], spread[0, 1] = -1e10, 1e10  # q4_1: d and m both past float16: m = -inf, d = inf
+    back = ggml.TYPES["q4_1"].round_trip(spread)
+    assert np.isnan(back[0, 0]) and np.isnan(back[0, 1])  # 0 x inf, then inf - inf
+    for name, kind in ggml.TYPES.items():  # finite blocks unchanged by the rule, every type
+        x = np.linspace(-3, 3, 64, dtype=np.float32)
+        assert np.isfinite(kind.round_trip(x)).all(), name
+
+
 def test_vllm_scaled_formats():
     """fp8: values the format holds come back unchanged, larger ones saturate at 448 (e4m3); per-token-head
     int8: each (token, head) row's largest magnitude comes back exactly as ±127 steps, the rest within half."""
@@ -234,8 +254,10 @@ def test_cli_refuses_models_and_data_it_cannot_use(capsys, tmp_path):
         assert err.count("\n") == 1 and message in err, err
 
 
+@pytest.mark.filterwarnings("error")
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(-1e5, 1e5, width=32), min_size=64, max_size=64), st.sampled_from([1e-6, 1.0, 3e3]))
+@example([0.0] * 63 + [1e5], 3e3)  # a scale past float16's: inf, and 0 x inf for the zeros
 def test_the_fast_q8_0_round_trip_equals_the_byte_path(values, scale):
     x = torch.tensor(values, dtype=torch.float32).reshape(2, 32) * scale
     fast, bytes_path = ggml.q8_0_round_trip(x), torch.from_numpy(ggml.TYPES["q8_0"].round_trip(x.numpy()))
