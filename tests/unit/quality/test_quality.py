@@ -470,3 +470,28 @@ def test_a_model_folder_and_chat_requests(smollm2, tmp_path, capsys):
     assert doc["model"] == folder.name and "llama.cpp" not in doc["matmul"]
     (q8,) = doc["results"]
     assert q8["windows"] == 2 and q8["tokens"] == 2 * 128 and 0 < q8["kl_mean"] < 0.05
+
+
+def test_the_cache_keeps_one_float32_copy_per_gguf_name(tmp_path, monkeypatch):
+    """A new float32 copy of a GGUF file replaces the copies of a file of the same name made from another path or
+    time (each is 538 MB for the bundled model); copies of other files stay."""
+    from kvbudget.quality.load import _converted, keep_one_copy
+
+    monkeypatch.setenv("KVBUDGET_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF")
+    target = _converted(gguf)
+    target.parent.mkdir(parents=True)
+    stale = [target.parent / "SmolLM2-135M-Instruct.Q4_1-0123456789abcdef",
+             target.parent / "SmolLM2-135M-Instruct.Q4_1-fedcba9876543210.part"]
+    others = [target.parent / "SmolLM2-135M-Instruct.Q4_1.v2-0123456789abcdef",
+              target.parent / "other-0123456789abcdef"]
+    for folder in (*stale, *others):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"x")
+    part = target.with_name(target.name + ".part")
+    part.mkdir()
+    (part / "config.json").write_text("{}")
+    keep_one_copy(part, target)
+    assert sorted(p.name for p in target.parent.iterdir()) == sorted([target.name, *(o.name for o in others)])
+    assert (target / "config.json").is_file()
