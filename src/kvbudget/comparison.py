@@ -4,11 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvbudget.choices import Choice
 from kvbudget.engines import Engine, EngineOptions, get_engine
 from kvbudget.errors import KVBudgetError
 from kvbudget.estimator import estimate
 from kvbudget.model.spec import ModelSpec
-from kvbudget.planner import longest_context, plan
+from kvbudget.planner import NoKVBudget, longest_context, plan
+
+
+class Budget(Choice):
+    """What a GPU leaves one model for its KV cache in `compare`: none asked, a budget, none (the weights and the
+    engine's other memory take it all), not known (kvbudget cannot count the weights: `plan --weights` gives them),
+    or another refusal (the row's note says which)."""
+
+    NO_GPU = "no gpu"
+    FITS = "fits"
+    DOES_NOT_FIT = "does not fit"
+    WEIGHTS_UNKNOWN = "weights unknown"
+    REFUSED = "refused"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,6 +38,7 @@ class Comparison:
     max_concurrency: float | None  # requests of `context` tokens at once
     longest_context: int | None  # the longest single request on one GPU (up to the model's maximum)
     note: str = ""
+    budget: Budget = Budget.NO_GPU  # why kv_memory_bytes is None, where it is
 
 
 def compare(models: list[ModelSpec], engine: str | Engine = "vllm", gpu: str | None = None,
@@ -41,6 +55,7 @@ def compare(models: list[ModelSpec], engine: str | Engine = "vllm", gpu: str | N
         budget = longest = None
         concurrency: float | None = None
         notes = []
+        status = Budget.NO_GPU
         if model.max_position_embeddings and model.max_position_embeddings < context:
             notes.append(f"{model.name} is trained for {model.max_position_embeddings:,} tokens, fewer than the "
                          f"{context:,} compared here")
@@ -51,11 +66,15 @@ def compare(models: list[ModelSpec], engine: str | Engine = "vllm", gpu: str | N
                 budget, concurrency = p.kv_memory_bytes, p.capacity.max_concurrency
                 top = model.max_position_embeddings or context
                 longest = longest_context(model, chosen, budget, 1, top, kv_dtype, tp, 1, p.options)
+                status = Budget.FITS
             except KVBudgetError as exc:
                 notes.append(str(exc))
+                status = (Budget.DOES_NOT_FIT if isinstance(exc, NoKVBudget) else
+                          Budget.WEIGHTS_UNKNOWN if exc.param == "weights" else Budget.REFUSED)
         note = "; ".join(notes)
         rows.append(Comparison(model=model.name, cache=model.kinds(), bytes_per_token=est.bytes_per_token,
                                fixed_bytes_per_sequence=est.fixed_bytes_per_sequence,
                                kv_bytes_at_context=est.points[0].kv_bytes, context=context, kv_memory_bytes=budget,
-                               max_concurrency=concurrency, longest_context=longest, note=note))
+                               max_concurrency=concurrency, longest_context=longest, note=note,
+                               budget=status))
     return tuple(rows)

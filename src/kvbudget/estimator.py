@@ -126,9 +126,11 @@ def capacity_of(engine: Engine, model: ModelSpec, kv_memory: int, max_model_len:
 
 
 def default_contexts(model: ModelSpec) -> tuple[int, ...]:
-    """1024, 4096, 8192, 16384 and the model's own maximum length."""
-    extra = (model.max_position_embeddings,) if model.max_position_embeddings else ()
-    return tuple(sorted(set(DEFAULT_CONTEXTS + extra)))
+    """1024, 4096, 8192, 16384 up to the model's own maximum length, and that length."""
+    top = model.max_position_embeddings
+    if not top:
+        return DEFAULT_CONTEXTS
+    return tuple(sorted({c for c in DEFAULT_CONTEXTS if c < top} | {top}))
 
 
 def estimate(
@@ -174,6 +176,7 @@ def estimate(
         model = most_loaded_stage(model, chosen, pp, kv_dtype, tp, options)
     allocation = allocation_of(chosen, model, kv_dtype, tp, options)
     capacity = None
+    asked_len = max_model_len
     if kv_memory is not None:
         kv_memory = positive_int(kv_memory, "kv_memory")
         if max_model_len is None:
@@ -197,9 +200,14 @@ def estimate(
         stage_layers = sorted({spec.layer for spec in model.layers})
         notes.append(f"pipeline parallel {pp}: figures for the most loaded stage, layers {stage_layers[0]}-"
                      f"{stage_layers[-1]} ({chosen.name}'s split)")
-    if model.max_position_embeddings and longest > model.max_position_embeddings:
-        notes.append(f"context {longest:,} is beyond the model's max_position_embeddings "
-                     f"({model.max_position_embeddings:,})")
+    beyond: dict[int, str] = {}  # only what was asked (the contexts, the max model length), always that
+    if context is not None:
+        beyond[longest] = "context"
+    if kv_memory is not None and asked_len is not None:
+        beyond[asked_len] = "max model length"
+    trained = model.max_position_embeddings
+    notes += [f"{what} {n:,} is beyond the model's max_position_embeddings ({trained:,})"
+              for n, what in beyond.items() if trained and n > trained]
     if capacity is not None:
         notes.extend(capacity.notes)
     return Estimate(model=full_model, allocation=allocation, beams=beams, batches=batches, contexts=contexts,

@@ -150,6 +150,12 @@ class Plan:
         """Requests of max-model-len at once over every replica (each replica has its own KV cache)."""
         return self.replicas * self.capacity.max_concurrency
 
+    def deployment(self) -> dict[str, Any]:
+        """The whole deployment, every replica: `capacity` and `kv_memory_bytes` are one replica's (one GPU's)."""
+        n = self.replicas * self.tp * self.pp
+        return {"gpus": n, "replicas": self.replicas, "kv_memory_bytes": self.kv_memory_bytes * n, "max_concurrency":
+                self.total_concurrency, "physical_token_slots": self.capacity.physical_token_slots * self.replicas}
+
     def term_bytes(self, key: TermKey) -> int:
         """Bytes of one slice of the memory stack (0 when the plan has no such slice, e.g. with kv_memory)."""
         return next((t.bytes for t in self.stack if t.key == key), 0)
@@ -172,6 +178,7 @@ class Plan:
             "concurrency": self.concurrency,
             "gpus": self.replicas * self.tp * self.pp, "replicas": self.replicas,
             "total_max_concurrency": self.total_concurrency,
+            "deployment": self.deployment(),
             "longest_context_for_concurrency": self.longest_context,
             "roofline": [r.__dict__ for r in self.roofline],
             "degradation": [level.__dict__ for level in self.levels],
@@ -201,6 +208,17 @@ class _Inputs:
     utilization: float | None
     gpus: int | None = None
     expert_parallel: bool = False
+
+    @property
+    def replicas(self) -> int:
+        return (self.gpus or self.tp * self.pp) // (self.tp * self.pp)
+
+    def with_tp(self, tp: int, node: int) -> tuple[dict[str, Any], str, Plan | None, int]:
+        """Tensor parallel `tp` for as many replicas as now: its parameters, its GPUs in words, its plan (None where
+        refused), and how many GPUs it adds."""
+        gpus, replicas = tp * self.pp * self.replicas, self.replicas
+        return ({"tp": tp, **({"gpus": gpus} if replicas > 1 else {})}, _gpus_note(tp, self.pp, node, replicas),
+                self.plan(tp=tp, gpus=gpus if replicas > 1 else None), gpus - self.tp * self.pp * replicas)
 
     def plan(self, **changes: Any) -> Plan | None:
         """The plan with `changes` (no recommendations), or None where the engine refuses it."""
@@ -277,9 +295,8 @@ def plan(
                      expert_parallel=expert_parallel)
     if kv_budget <= 0:
         raise _no_budget(inputs, card, w, stack, kv_budget, recommend)
-    result = estimate(model, engine=chosen, kv_dtype=kv_dtype, batch=[concurrency], beams=beams,
-                      context=sorted({1024, 4096, 16384, max_len} - {0}), tp=tp, pp=pp, options=options,
-                      kv_memory=kv_budget, max_model_len=max_len)
+    result = estimate(model, engine=chosen, kv_dtype=kv_dtype, batch=[concurrency], beams=beams, context=[max_len],
+                      tp=tp, pp=pp, options=options, kv_memory=kv_budget, max_model_len=max_len)
     cap = result.capacity
     assert cap is not None  # a budget was given
     longest = longest_context(model, chosen, kv_budget, concurrency * beams, max_len, kv_dtype, tp, pp, options)
@@ -432,15 +449,17 @@ def longest_context(model: ModelSpec, engine: Engine, kv_budget: int, sequences:
     return best or None
 
 
-def _gpus_note(tp: int, pp: int, node: int = 8) -> str:
-    """'4 GPUs', or, past one server of `node` GPUs, '16 GPUs on 2 nodes of 8: tensor parallel across nodes ...'."""
+def _gpus_note(tp: int, pp: int, node: int = 8, replicas: int = 1) -> str:
+    """'4 GPUs', '2 replicas of 4 GPUs', or, past one server of `node` GPUs, '16 GPUs on 2 nodes of 8: tensor
+    parallel across nodes ...'."""
     n = tp * pp
+    gpus = f"{replicas} replicas of {n} GPUs" if replicas > 1 else f"{n} GPUs"
     if n <= node:
-        return f"{n} GPUs"
+        return gpus
     nodes = -(-n // node)
     across = "tensor parallel across nodes needs InfiniBand-class links; pipeline parallel across nodes is the " \
              "usual split" if tp > node else "pipeline stages on separate nodes"
-    return f"{n} GPUs on {nodes} nodes of {node}: {across}"
+    return f"{gpus}{', each' if replicas > 1 else ''} on {nodes} nodes of {node}: {across}"
 
 
 # A larger card is offered in the card's own segment or a higher one: never a consumer card for a datacenter one.
@@ -474,12 +493,10 @@ def _make_room(inputs: _Inputs, card: GPU) -> tuple[Recommendation, ...]:
     recs: list[Recommendation] = []
     if inputs.engine.serves:  # a library (transformers) runs on one device here
         for new_tp in _tp_steps(inputs, card):
-            other = inputs.plan(tp=new_tp)
+            parameters, note, other, more = inputs.with_tp(new_tp, card.gpus_per_node)
             if other is not None:
-                recs.append(Recommendation(parameters={"tp": new_tp},
-                                           note=_gpus_note(new_tp, inputs.pp, card.gpus_per_node),
-                                           effect=_fit_effect(other), gain=1.0, makes_it_fit=other.fits,
-                                           more_gpus=(new_tp - inputs.tp) * inputs.pp))
+                recs.append(Recommendation(parameters=parameters, note=note, effect=_fit_effect(other), gain=1.0,
+                                           makes_it_fit=other.fits, more_gpus=more))
                 break
     for g in _larger_gpus(card):
         other = inputs.plan(gpu=g.name, gpu_memory=None)
@@ -512,8 +529,7 @@ def _fit_effect(other: Plan) -> str:
 def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Estimate) -> tuple[Recommendation, ...]:
     """Concrete changes and their computed effect on the maximum concurrency, best first."""
     engine, pp = inputs.engine, inputs.pp
-    replicas = (inputs.gpus or inputs.tp * pp) // (inputs.tp * pp)
-    base = cap.max_concurrency * replicas  # requests at once over every replica
+    base = cap.max_concurrency * inputs.replicas  # requests at once over every replica
     recs: list[Recommendation] = []
 
     def add(parameters: dict[str, Any], note: str, other: Plan | None, extra: str = "", more_gpus: int = 0) -> None:
@@ -540,14 +556,14 @@ def _recommend(inputs: _Inputs, card: GPU, beams: int, cap: Capacity, result: Es
             "; check quality on your own data first (KV quantization)")
     if engine.serves:  # tensor parallelism is a serving engine's (kvbudget runs transformers on one device)
         for new_tp in _tp_steps(inputs, card)[:2]:
-            add({"tp": new_tp}, _gpus_note(new_tp, pp, card.gpus_per_node), inputs.plan(tp=new_tp),
-                more_gpus=(new_tp - inputs.tp) * pp * replicas)
+            parameters, note, wider, more = inputs.with_tp(new_tp, card.gpus_per_node)
+            add(parameters, note, wider, more_gpus=more)
     bigger = _larger_gpus(card)
     if bigger:
         add({"gpu": bigger[0].name}, "", inputs.plan(gpu=bigger[0].name, gpu_memory=None))
     if engine.expert_parallel and inputs.tp > 1 and not inputs.expert_parallel:
         # the same GPUs as data-parallel attention ranks sharing the experts: each keeps its own KV cache
-        gpus = inputs.tp * pp * replicas
+        gpus = inputs.tp * pp * inputs.replicas
         add({"tp": 1, "gpus": gpus, "expert_parallel": True}, f"data-parallel attention over {gpus} GPUs with "
             f"expert parallelism: vLLM --data-parallel-size {gpus // pp} --enable-expert-parallel, SGLang "
             "--enable-dp-attention", inputs.plan(tp=1, gpus=gpus, expert_parallel=True))

@@ -105,25 +105,27 @@ def request_of(request: type, args: argparse.Namespace) -> Any:
 
 def console() -> Any:
     """rich's Console without its number highlighter (which coloured 131,072 as three tokens), whose tables fit the
-    terminal: numbers never wrap or get cut, text columns wrap instead (fit_table)."""
+    terminal: numbers and names never wrap or get cut, text columns wrap instead (fit_table); a table that cannot
+    fit so is shown as one block of `header  value` lines per row (records)."""
     from rich.console import Console
     from rich.table import Table
 
     class FittingConsole(Console):
         def print(self, *objects: Any, **kwargs: Any) -> None:
-            for obj in objects:
-                if isinstance(obj, Table):
-                    fit_table(obj, self.width)
-            super().print(*objects, **kwargs)
+            shown = [obj if not isinstance(obj, Table) or fit_table(obj, self.width) else records(obj)
+                     for obj in objects]
+            super().print(*shown, **kwargs)
 
     return FittingConsole(highlight=False)
 
 
-def fit_table(table: Any, width: int) -> None:
-    """A table wider than the terminal is laid out by hand: a lighter box (no vertical rules); each number column as
-    wide as its widest cell (numbers never wrap or get cut; headers wrap between words), and so is each no_wrap text
-    column (names); the other text columns share what is left and wrap. Tables that fit are left as they are.
-    Cells never end in an ellipsis."""
+def fit_table(table: Any, width: int) -> bool:
+    """Lay out a table wider than the terminal by hand: a lighter box (no vertical rules); each number column as
+    wide as its widest cell and its headers' and words' longest word (numbers never wrap or get cut; headers and
+    words in it wrap between words), each no_wrap text column (names) as wide as its widest cell; the other text
+    columns share what is left and wrap between words (a word longer than 20 may fold). Two spaces between
+    columns, one where two do not fit. Tables that fit are left as they are. False where the table cannot fit
+    even so (the caller shows it as records); cells never end in an ellipsis."""
     from rich.cells import cell_len
 
     def plain(cell: Any) -> str:
@@ -132,38 +134,59 @@ def fit_table(table: Any, width: int) -> None:
     def longest_line(texts: list[str]) -> int:
         return max((cell_len(line) for t in texts for line in t.split("\n")), default=0)
 
+    def longest_word(texts: list[str]) -> int:
+        return max((cell_len(w) for t in texts for w in t.split()), default=0)
+
     for column in table.columns:
         column.overflow = "fold"
     columns = table.columns
-    natural = [max(longest_line([plain(c) for c in col.cells]), longest_line([plain(col.header)])) for col in columns]
+    texts = [[plain(c) for c in col.cells] for col in columns]
+    natural = [max(longest_line(texts[i]), longest_line([plain(col.header)])) for i, col in enumerate(columns)]
     if table.box is None or sum(natural) + 3 * len(columns) + 1 <= width:
-        return
-    table.box, table.padding, table.pad_edge, table.show_edge = None, (0, 1), False, False
-    table.header_style = "bold underline"
-    gaps = 2 * (len(columns) - 1)  # a space of padding either side
+        return True
     numbers = [i for i, col in enumerate(columns) if col.justify == "right"]
     whole = [i for i, col in enumerate(columns) if col.no_wrap and i not in numbers]  # names: never cut or wrapped
     words = [i for i in range(len(columns)) if i not in numbers and i not in whole]
-    # a number column is as wide as its widest number; words in it ("does not fit") may wrap
-    cells = {i: longest_line([t for t in map(plain, columns[i].cells) if any(ch.isdigit() for ch in t)]) or 1
-             for i in numbers}
-    fixed = {i: max(cells[i], max((cell_len(w) for w in plain(columns[i].header).split()), default=0))
-             for i in numbers}
-    if sum(fixed.values()) + gaps + 6 * len(words) > width:  # headers fold inside words before numbers do
-        fixed = dict(cells)
+    # a number column is as wide as its widest number, its header's longest word and its words' ("does not fit")
+    fixed = {i: max(longest_line([t for t in texts[i] if any(ch.isdigit() for ch in t)]),
+                    longest_word([*texts[i], plain(columns[i].header)]), 1) for i in numbers}
     fixed.update({i: natural[i] for i in whole})
-    room = width - gaps - sum(fixed.values())
-    # a text column is at least as wide as its longest word (up to 12) where that leaves room, else 6
-    least = {i: max(6, min(12, max((cell_len(w) for c in columns[i].cells for w in plain(c).split()), default=0)))
-             for i in words}
-    if sum(least.values()) > room:
-        least = dict.fromkeys(words, 6)
+    least = {i: max(1, min(20, longest_word([*texts[i], plain(columns[i].header)]))) for i in words}
+    need = sum(fixed.values()) + sum(least.values())
+    gap = next((g for g in (2, 1) if need + g * (len(columns) - 1) <= width), 0)
+    if not gap:
+        return False
+    table.box, table.pad_edge, table.show_edge = None, False, False
+    table.padding = (0, 1) if gap == 2 else (0, 1, 0, 0)
+    table.header_style = "bold underline"
+    room = width - gap * (len(columns) - 1) - sum(fixed.values())
     for n, i in enumerate(sorted(words, key=lambda i: natural[i])):  # short text whole, the longest wraps most
         share = max(least[i], room // (len(words) - n))
         fixed[i] = min(natural[i], share) if n < len(words) - 1 else max(least[i], room)
         room -= fixed[i]
     for i, col in enumerate(columns):
         col.width = fixed[i]
+    return True
+
+
+def records(table: Any) -> Any:
+    """A table too wide for the terminal, every value whole: its title, then per row its first cell and under it
+    one `header  value` line per other column (values wrap between words, never inside one)."""
+    from rich.console import Group
+    from rich.table import Table
+
+    columns = table.columns
+    cells = [list(col.cells) for col in columns]
+    labels = [" ".join(str(col.header).split()) for col in columns]
+    parts: list[Any] = [table.title] if table.title else []
+    for row in range(table.row_count):
+        block = Table.grid(padding=(0, 1))
+        block.add_column(no_wrap=True)
+        block.add_column()
+        for i in range(1, len(columns)):
+            block.add_row(f"  {labels[i]}", cells[i][row])
+        parts += [cells[0][row], block]
+    return Group(*parts)
 
 
 def wrote(path: str, what: str, replaced: bool = False) -> None:

@@ -98,9 +98,15 @@ def render(p: Plan) -> None:
     cap = p.capacity
     reported = (f"KV cache size {cap.kv_cache_tokens:,} tokens (as {p.engine.name} reports it), physical slots "
                 if p.engine.reports_kv_size else "physical token slots ")
-    out.print(f"[bold]Capacity[/] for requests of {cap.max_model_len:,} tokens: "
+    each = f" per replica ({p.tp * p.pp} GPU{'s' if p.tp * p.pp > 1 else ''})" if p.replicas > 1 else ""
+    out.print(f"[bold]Capacity[/]{each} for requests of {cap.max_model_len:,} tokens: "
               + (f"{cap.num_blocks:,} blocks of {cap.block_size}; " if cap.num_blocks is not None else "")
               + f"{reported}{cap.physical_token_slots:,}; maximum concurrency {cap.max_concurrency:.2f}x")
+    if p.replicas > 1:
+        whole = p.deployment()
+        out.print(f"[bold]Deployment[/] of {whole['gpus']} GPUs ({p.replicas} replicas, each with its own KV cache): "
+                  f"maximum concurrency {p.total_concurrency:.2f}x, physical slots "
+                  f"{whole['physical_token_slots']:,}, KV budget {format_bytes(whole['kv_memory_bytes'])}")
     out.print("  one request of max-model-len fits" if cap.fits else
                   f"  [red]one request of {cap.max_model_len:,} tokens does not fit[/]; the longest that does: "
                   f"{cap.estimated_max_model_len:,}")
@@ -123,7 +129,7 @@ def render(p: Plan) -> None:
             roof.add_row(f"{r.context:,}", *split, f"{r.step_seconds * 1000:.2f} ms", f"{r.tokens_per_second:,.1f}",
                          f"{r.aggregate_tokens_per_second:,.1f}")
         out.print(roof)
-    levels = Table(title="Degradation plan (fractions of the KV budget)")
+    levels = Table(title="Degradation plan (fractions of the KV budget" + (", per replica)" if p.replicas > 1 else ")"))
     for name in ("level", "at", "KV bytes", "tokens in cache", "requests", "action"):
         levels.add_column(name, justify="left" if name in ("level", "action") else "right")
     for lv in p.levels:
@@ -175,8 +181,9 @@ def run_compare(args: argparse.Namespace) -> int:
                  format_bytes(r.kv_bytes_at_context)]
         if args.gpu or args.gpu_memory:
             cells += ([format_bytes(r.kv_memory_bytes), f"{r.max_concurrency:.2f}x",
-                       f"{r.longest_context:,}" if r.longest_context else "-"] if r.kv_memory_bytes else
-                      ["does not fit", "-", "-"])
+                       f"{r.longest_context:,}" if r.longest_context else "-"]
+                      if r.kv_memory_bytes is not None and r.max_concurrency is not None else
+                      [str(r.budget), "-", "-"])  # does not fit, weights unknown, refused (the note says why)
         table.add_row(*cells)
     console().print(table)
     for r in rows:

@@ -62,7 +62,7 @@ class BlockType:
             m = data[:, 2:4].copy().view(np.float16).astype(np.float32)
             at = 4
         if self.bits == 8:
-            return d * data[:, at:].view(np.int8).astype(np.float32)
+            return _scaled(d, data[:, at:].view(np.int8))
         high = np.zeros((len(data), BLOCK), dtype=np.int32)
         if self.bits == 5:
             qh = data[:, at:at + 4].copy().view("<u4").astype(np.int64)
@@ -70,9 +70,7 @@ class BlockType:
             at += 4
         qs = data[:, at:at + 16].astype(np.int32)
         codes = np.concatenate([qs & 0xF, qs >> 4], axis=1) | high
-        if self.offset:
-            return d * codes.astype(np.float32) + m
-        return d * (codes - (1 << (self.bits - 1))).astype(np.float32)
+        return _scaled(d, codes, m) if self.offset else _scaled(d, codes - (1 << (self.bits - 1)))
 
     def round_trip(self, x: np.ndarray) -> np.ndarray:
         """The values as the engine reads them back from the cache (same shape as x)."""
@@ -150,7 +148,21 @@ class NonLinear(BlockType):
         d = data[:, 0:2].copy().view(np.float16).astype(np.float32)
         qs = data[:, 2:18].astype(np.int32)
         codes = np.concatenate([qs & 0xF, qs >> 4], axis=1)
-        return d * np.array(self.LEVELS, dtype=np.float32)[codes]
+        return _scaled(d, np.array(self.LEVELS, dtype=np.float32)[codes])
+
+
+def _scaled(d: np.ndarray, codes: np.ndarray, m: np.ndarray | None = None) -> np.ndarray:
+    """d·codes (+ m) per block (d and m one column per block) in float32, as ggml's C computes it. A block whose
+    values pass float16's range has an infinite scale (or minimum), as ggml writes it; where IEEE arithmetic then
+    has no value, 0 x inf and inf - inf, the value is NaN as in ggml, set here rather than computed (numpy warns
+    of those operations as invalid)."""
+    out = np.full(codes.shape, np.nan, dtype=np.float32)
+    np.multiply(d, codes.astype(np.float32), out=out, where=np.isfinite(d) | (codes != 0))
+    if m is not None:
+        defined = ~(np.isinf(out) & np.isinf(m) & (np.sign(out) != np.sign(m)))
+        np.add(out, m, out=out, where=defined)
+        out[~defined] = np.nan
+    return out
 
 
 TYPES = {t.name: t for t in (BlockType("q8_0", 8, False, 34), BlockType("q4_0", 4, False, 18),

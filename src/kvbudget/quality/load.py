@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,8 +72,7 @@ def load_model(source: str, as_engine: bool = True) -> Loaded:
             shutil.rmtree(part, ignore_errors=True)
             save_dequantized(model, part)
             tokenizer.save_pretrained(part)
-            shutil.rmtree(converted, ignore_errors=True)
-            part.rename(converted)
+            keep_one_copy(part, converted)
         model.eval()
         name = BUNDLED if source == BUNDLED else path.name
         spec = from_transformers(model, name, dtype="float16")  # (llama.cpp caches f16 unless told otherwise)
@@ -105,6 +105,18 @@ def _converted(gguf_file: Path) -> Path:
     st = gguf_file.stat()
     key = hashlib.sha256(f"{gguf_file.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     return cache_dir() / "converted" / f"{gguf_file.stem}-{key}"
+
+
+def keep_one_copy(part: Path, converted: Path) -> None:
+    """Put the new float32 copy (`part`) in its place, and remove the older copies of a GGUF file of the same name
+    (another folder or time of it: a fresh download, a moved file), so the cache keeps one copy per file name (the
+    bundled model's is 538 MB) instead of one more each time the file's path or time changes."""
+    shutil.rmtree(converted, ignore_errors=True)
+    part.rename(converted)
+    stem = converted.name[:-17]  # less "-" and the 16 hex digits of the key
+    for old in converted.parent.iterdir():
+        if old != converted and re.fullmatch(re.escape(stem) + r"-[0-9a-f]{16}(\.part)?", old.name):
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _need(*modules: str) -> None:

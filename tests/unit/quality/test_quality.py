@@ -112,6 +112,26 @@ def test_block_round_trips_stay_within_the_format_step(values, name):
     assert np.abs(kind.round_trip(x) - x).max() <= bound
 
 
+@pytest.mark.filterwarnings("error")
+def test_blocks_past_float16s_range_read_back_as_ggml_reads_them():
+    """A block whose scale (or minimum) passes float16's largest value, 65,504, is written with inf there, as ggml
+    writes it; reading it back, ggml's float arithmetic gives ±inf for the codes that are not 0 and NaN (0 x inf,
+    inf - inf) for the rest: the same here, with no invalid-value warning (warnings are errors in this test)."""
+    big = np.zeros((1, 32), np.float32)
+    big[0, 0] = 1e10  # q8_0: d = 1e10 / 127 (inf); the zeros get code 0
+    back = ggml.TYPES["q8_0"].round_trip(big)
+    assert back[0, 0] == np.inf and np.isnan(back[0, 1:]).all()
+    back = ggml.TYPES["q4_0"].round_trip(-big)  # d = -(-1e10) / -8... inf; the zeros' code 8 reads 0 x inf
+    assert back[0, 0] == -np.inf and np.isnan(back[0, 1:]).all()
+    spread = np.zeros((1, 32), np.float32)
+    spread[0, 0], spread[0, 1] = -1e10, 1e10  # q4_1: d and m both past float16: m = -inf, d = inf
+    back = ggml.TYPES["q4_1"].round_trip(spread)
+    assert np.isnan(back[0, 0]) and np.isnan(back[0, 1])  # 0 x inf, then inf - inf
+    for name, kind in ggml.TYPES.items():  # finite blocks unchanged by the rule, every type
+        x = np.linspace(-3, 3, 64, dtype=np.float32)
+        assert np.isfinite(kind.round_trip(x)).all(), name
+
+
 def test_vllm_scaled_formats():
     """fp8: values the format holds come back unchanged, larger ones saturate at 448 (e4m3); per-token-head
     int8: each (token, head) row's largest magnitude comes back exactly as ±127 steps, the rest within half."""
@@ -234,8 +254,10 @@ def test_cli_refuses_models_and_data_it_cannot_use(capsys, tmp_path):
         assert err.count("\n") == 1 and message in err, err
 
 
+@pytest.mark.filterwarnings("error")
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(-1e5, 1e5, width=32), min_size=64, max_size=64), st.sampled_from([1e-6, 1.0, 3e3]))
+@example([0.0] * 63 + [1e5], 3e3)  # a scale past float16's: inf, and 0 x inf for the zeros
 def test_the_fast_q8_0_round_trip_equals_the_byte_path(values, scale):
     x = torch.tensor(values, dtype=torch.float32).reshape(2, 32) * scale
     fast, bytes_path = ggml.q8_0_round_trip(x), torch.from_numpy(ggml.TYPES["q8_0"].round_trip(x.numpy()))
@@ -448,3 +470,28 @@ def test_a_model_folder_and_chat_requests(smollm2, tmp_path, capsys):
     assert doc["model"] == folder.name and "llama.cpp" not in doc["matmul"]
     (q8,) = doc["results"]
     assert q8["windows"] == 2 and q8["tokens"] == 2 * 128 and 0 < q8["kl_mean"] < 0.05
+
+
+def test_the_cache_keeps_one_float32_copy_per_gguf_name(tmp_path, monkeypatch):
+    """A new float32 copy of a GGUF file replaces the copies of a file of the same name made from another path or
+    time (each is 538 MB for the bundled model); copies of other files stay."""
+    from kvbudget.quality.load import _converted, keep_one_copy
+
+    monkeypatch.setenv("KVBUDGET_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF")
+    target = _converted(gguf)
+    target.parent.mkdir(parents=True)
+    stale = [target.parent / "SmolLM2-135M-Instruct.Q4_1-0123456789abcdef",
+             target.parent / "SmolLM2-135M-Instruct.Q4_1-fedcba9876543210.part"]
+    others = [target.parent / "SmolLM2-135M-Instruct.Q4_1.v2-0123456789abcdef",
+              target.parent / "other-0123456789abcdef"]
+    for folder in (*stale, *others):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"x")
+    part = target.with_name(target.name + ".part")
+    part.mkdir()
+    (part / "config.json").write_text("{}")
+    keep_one_copy(part, target)
+    assert sorted(p.name for p in target.parent.iterdir()) == sorted([target.name, *(o.name for o in others)])
+    assert (target / "config.json").is_file()

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvbudget.engines.base import LogCheck, LogRow
+from kvbudget.engines.vllm.logsettings import other_sizes
 from kvbudget.engines.vllm.releases import SWAP_SPACE, release
 from kvbudget.model.spec import ModelSpec
 from kvbudget.units import format_bytes
@@ -66,8 +67,8 @@ def v0_check_without_budget(engine: VLLMEngine, text: str, model: ModelSpec, st:
                            f"the log's GPU blocks x {block_size} / max_model_len"))
     causes: tuple[str, ...] = ()
     if not all(r.matches for r in rows):
-        alternatives = [(f"tensor parallel size {tp}, not {st.tp}", replace(st, tp=tp)) for tp in (1, 2, 4, 8)
-                        if tp != st.tp]
+        alternatives = [(f"tensor parallel size {tp}, not {st.tp}", replace(st, tp=tp))
+                        for tp in other_sizes(st, "tp", (1, 2, 4, 8))]
         alternatives += [("the cache is fp8", replace(st, kv_dtype="fp8"))] if st.kv_dtype == "auto" else []
         alternatives += [("vLLM 0.7 (V0 with MLA)", replace(st, version=(0, 7)))] if st.version != (0, 7) else []
         causes = tuple(label for label, alt in alternatives
@@ -111,8 +112,8 @@ def v1_check_without_budget(engine: VLLMEngine, model: ModelSpec, st: LogSetting
     causes: tuple[str, ...] = ()
     if not all(r.matches for r in rows):
         alternatives = [("prefix caching " + ("off" if st.prefix else "on"), replace(st, prefix=not st.prefix))]
-        alternatives += [(f"tensor parallel size {tp}, not {st.tp}", replace(st, tp=tp)) for tp in (1, 2, 4, 8)
-                         if tp != st.tp]
+        alternatives += [(f"tensor parallel size {tp}, not {st.tp}", replace(st, tp=tp))
+                         for tp in other_sizes(st, "tp", (1, 2, 4, 8))]
         causes = tuple(label for label, alt in alternatives
                        if all(r.matches for r in v1_blocks_rows(engine, model, alt, tokens, logged))) or (
             "none of the known causes (prefix caching, tensor parallel size) makes the rows agree",)

@@ -20,7 +20,7 @@ from kvbudget.engines.vllm.budgetless import (
     v1_blocks_rows,
     v1_check_without_budget,
 )
-from kvbudget.engines.vllm.logsettings import NO_MAX_LEN, LogSettings, num, read_settings, setting
+from kvbudget.engines.vllm.logsettings import NO_MAX_LEN, LogSettings, num, other_sizes, read_settings, setting
 from kvbudget.engines.vllm.memorylog import memory_rows, offload_rows
 from kvbudget.engines.vllm.releases import Release, release
 from kvbudget.errors import KVBudgetError
@@ -320,14 +320,12 @@ def _likely_causes(st: LogSettings, assumed: dict, rows_for: Callable[[LogSettin
                              replace(st, kv_dtype="fp8")))
     if st.kv_dtype != "auto":
         alternatives.append(("the cache is in the model dtype (kv_cache_dtype auto)", replace(st, kv_dtype="auto")))
-    for tp in (1, 2, 4, 8):
-        if tp != st.tp:
-            alternatives.append((f"tensor parallel size {tp}, not {st.tp} (the log's budget is one rank's)",
-                                 replace(st, tp=tp)))
-    for pp in (2, 4):
-        if pp != st.pp:
-            alternatives.append((f"pipeline parallel size {pp}: the budget is one stage's", replace(st, pp=pp,
-                                                                                                   partition=None)))
+    for tp in other_sizes(st, "tp", (1, 2, 4, 8)):
+        alternatives.append((f"tensor parallel size {tp}, not {st.tp} (the log's budget is one rank's)",
+                             replace(st, tp=tp)))
+    for pp in other_sizes(st, "pp", (2, 4)):
+        alternatives.append((f"pipeline parallel size {pp}: the budget is one stage's",
+                             replace(st, pp=pp, partition=None)))
     alternatives.append(("sliding-window layers sized as full attention (vLLM < 0.9, or "
                          "--disable-hybrid-kv-cache-manager)" if st.hybrid else
                          "the hybrid KV cache manager was on (sliding windows sized to their reservation)",

@@ -72,6 +72,7 @@ class LogSettings:
     spec_tokens: int = 0  # speculative decoding with the model's MTP layers: draft tokens per step
     max_num_seqs: int | None = None
     eager: bool = False
+    stated: frozenset[str] = frozenset()  # the parallel sizes (tp, pp) the log itself prints: facts, never causes
 
     def options(self) -> EngineOptions:
         return EngineOptions(device=self.device, prefix_caching=self.prefix, max_num_batched_tokens=self.mnbt,
@@ -79,6 +80,18 @@ class LogSettings:
                              attention_backend=self.backend, pp_layer_partition=self.partition,
                              num_speculative_tokens=self.spec_tokens, max_num_seqs=self.max_num_seqs,
                              enforce_eager=self.eager)
+
+
+def other_sizes(st: LogSettings, key: str, sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """The tensor or pipeline parallel sizes (`key` tp or pp) worth trying as a cause of a mismatch: none where the
+    log prints the size (a size the user gave may be wrong; the log's is what the engine ran with)."""
+    now = getattr(st, key)
+    return () if key in st.stated else tuple(n for n in sizes if n != now)
+
+
+def _stated(text: str) -> frozenset[str]:
+    pairs = (("tp", "tensor_parallel_size"), ("pp", "pipeline_parallel_size"))
+    return frozenset(key for key, name in pairs if setting(text, name) is not None)
 
 
 def read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Match | None,
@@ -158,7 +171,8 @@ def read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Mat
                             mnbt=whole("max_num_batched_tokens", mnbt) if mnbt is not None else None, version=version,
                             hybrid=hybrid,
                             partition=partition, backend=backend, spec_tokens=spec_tokens,
-                            max_num_seqs=whole("max_num_seqs", seqs) if seqs is not None else None, eager=eager)
+                            max_num_seqs=whole("max_num_seqs", seqs) if seqs is not None else None, eager=eager,
+                            stated=_stated(text))
     return settings, read, assumed
 
 

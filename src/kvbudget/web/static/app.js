@@ -371,7 +371,7 @@ async function renderCompare(gen) {
     out.push(table(["model", "cache layers", "per token", "fixed per seq", "one request", ...(gpu ? ["KV budget", "requests at once", "longest request"] : [])],
       rows.map((r) => [r.model, Object.entries(r.cache).map(([k, n]) => `${n} ${k.split("_")[0]}`).join(", "),
         fmtBytes(r.bytes_per_token), fmtBytes(r.fixed_bytes_per_sequence), fmtBytes(r.kv_bytes_at_context),
-        ...(gpu ? (r.kv_memory_bytes ? [fmtBytes(r.kv_memory_bytes), times(r.max_concurrency), r.longest_context ? int(r.longest_context) : "–"] : ["does not fit", "–", "–"]) : [])]),
+        ...(gpu ? (r.kv_memory_bytes ? [fmtBytes(r.kv_memory_bytes), times(r.max_concurrency), r.longest_context ? int(r.longest_context) : "–"] : [r.budget, "–", "–"]) : [])]),
       gpu ? [2, 3, 4, 5, 6, 7] : [2, 3, 4]));
     out.push(notes(rows.filter((r) => r.note).map((r) => `${r.model}: ${r.note}`)));
   } else {
