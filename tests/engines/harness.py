@@ -14,6 +14,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -187,13 +188,20 @@ class LlamaRun:
     log: str
 
 
+def log_folder() -> Path:
+    """Where the servers' logs go: the system's temporary folder, never the user's model cache."""
+    folder = Path(tempfile.gettempdir()) / "kvbudget-engine-logs"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @contextmanager
 def llama_server(gguf: Path, *args: str, timeout: float = 120, env: dict | None = None, logs: Path | None = None):
     """A running llama-server on loopback: yields its base URL once /v1/models answers. `env`: variables added to
-    the server's environment; `logs`: the folder for its log (default: beside the model)."""
+    the server's environment; `logs`: the folder for its log (default: log_folder())."""
     port = free_port()
     cmd = [str(require(LLAMA_SERVER)), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), *args]
-    log_path = (logs or gguf.parent) / f"llama-{port}.log"
+    log_path = (logs or log_folder()) / f"llama-{port}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, **(env or {})})
@@ -209,7 +217,7 @@ def run_llama_server(gguf: Path, *args: str, timeout: float = 120) -> LlamaRun:
     port = free_port()
     cmd = [str(require(LLAMA_SERVER)), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
            "-lv", "4", "--log-colors", "off", *args]
-    log_path = gguf.parent / f"llama-{port}.log"
+    log_path = log_folder() / f"llama-{port}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
