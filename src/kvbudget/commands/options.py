@@ -294,7 +294,7 @@ class EngineKnobs:
             device=Device.parse(self.device, "device"),
             hybrid_allocator=not self.disable_hybrid_kv_cache_manager,
             attention_backend=self.attention_backend,
-            pp_layer_partition=tuple(parse_positive_ints(partition, "pp_layer_partition")) if partition else None,
+            pp_layer_partition=None if partition is None else parse_positive_ints(partition, "pp_layer_partition"),
             num_speculative_tokens=optional_one(self.num_speculative_tokens, "num_speculative_tokens") or 0,
         )
 

@@ -162,7 +162,12 @@ def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
     start, count = _slice(ask.slice)
     if ask.trace:
         path = ask.trace
-        list(rescale(read_trace(path), 1.0, 0, 1))  # a missing or foreign file fails before any run
+        if not list(rescale(read_trace(path), 1.0, start, 1)):  # a missing or foreign file fails before any run
+            held = sum(1 for _ in read_trace(path))
+            if not held:
+                raise KVBudgetError(f"trace: {path} holds no requests (a header alone?)", param="trace")
+            raise KVBudgetError(f"slice: starts at request {start:,}, past the end of the trace's {held:,} requests; "
+                                f"give a START below {held:,}", param="slice")
         return lambda scale: rescale(read_trace(path), scale, start, count)
     cv, seed = positive(ask.cv, "cv", MAX_CV), whole(ask.seed, "seed", MAX_SEED)
     if ask.request_log:
