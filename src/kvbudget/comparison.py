@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvbudget import validate
 from kvbudget.engines import Engine, EngineOptions, get_engine
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.estimator import estimate
@@ -39,6 +40,8 @@ def compare(models: list[ModelSpec], engine: str | Engine = "vllm", gpu: str | N
     positive(context, "context", "tokens")
     if gpu or gpu_memory is not None:
         gpu_card(gpu, gpu_memory)  # an unknown GPU or a bad size is refused, as plan refuses it
+        if utilization is not None:
+            validate.fraction(utilization, "utilization")
     elif utilization is not None:
         raise KVBudgetError(f"utilization: goes with {named('gpu')} or {named('gpu_memory')} (the memory it is a "
                             "share of)", param="utilization")

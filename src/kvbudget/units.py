@@ -71,6 +71,9 @@ def size_setting(n: int) -> str:
     return str(n)
 
 
+_BEYOND = "is beyond any deployment kvbudget sizes (at most {:,}); check the units"
+
+
 def parse_positive_ints(text: str, what: str, most: int = MAX_COUNT) -> tuple[int, ...]:
     """'1,4,8' -> (1, 4, 8); every value must be a positive integer, `most` at most. Accepts k and M as powers of
     1024 (4k = 4096, 1.5k = 1536, 1M = 1,048,576), as context lengths are written; a fraction must come out
@@ -83,7 +86,7 @@ def parse_positive_ints(text: str, what: str, most: int = MAX_COUNT) -> tuple[in
             raise KVBudgetError(f"{what}: {shown(part)} is not a positive integer (write e.g. 1,4,8, 4k, 1.5k or 1M)",
                                 _param(what))
         if len(m.group(1)) > 20:  # past any `most`: refused before the arithmetic
-            raise KVBudgetError(f"{what}: {shown(part)} is more than {most:,}, the most it may be", _param(what))
+            raise KVBudgetError(f"{what}: {shown(part)} {_BEYOND.format(most)}", _param(what))
         whole, _, fraction = m.group(1).partition(".")  # exact: 1.5k = 15 x 1024 / 10
         numerator = int(whole + fraction) * {"": 1, "k": 1024, "m": 1024**2}[m.group(2).lower()]
         if numerator % 10 ** len(fraction):
@@ -93,7 +96,7 @@ def parse_positive_ints(text: str, what: str, most: int = MAX_COUNT) -> tuple[in
         if value <= 0:
             raise KVBudgetError(f"{what}: {part!r} must be positive", _param(what))
         if value > most:
-            raise KVBudgetError(f"{what}: {part} is more than {most:,}, the most it may be", _param(what))
+            raise KVBudgetError(f"{what}: {part} {_BEYOND.format(most)}", _param(what))
         values.append(value)
     return tuple(values)
 

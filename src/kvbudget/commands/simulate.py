@@ -156,7 +156,7 @@ def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
     if ask.request_log:
         if ask.trace:
             raise KVBudgetError(f"simulate: give {named('trace')} or {named('request_log')}, not both")
-    elif bool(ask.trace) == bool(ask.rate):
+    elif bool(ask.trace) == (ask.rate is not None):
         raise KVBudgetError(f"simulate: give {named('trace', 'FILE')}, {named('request_log', 'FILE')} or "
                             f"{named('rate', 'N')} (synthetic arrivals)")
     start, count = _slice(ask.slice)
@@ -177,7 +177,7 @@ def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
         check_readable(ask.request_log)  # before the tokenizer loads (seconds)
         counter = PromptCounter(ask.tokenizer or ask.model, ask.approximate, ask.engine)
         outputs = exponential_lengths(1, positive(ask.output_tokens, "output_tokens"))
-        log, log_rate = ask.request_log, positive(ask.rate, "rate") if ask.rate else None
+        log, log_rate = ask.request_log, positive(ask.rate, "rate") if ask.rate is not None else None
         return lambda scale: rescale(request_log(log, counter, outputs, log_rate, seed, cv), scale, start, count)
     assert ask.rate is not None
     rate = positive(ask.rate, "rate")
