@@ -7,9 +7,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kvbudget import validate
 from kvbudget.choices import Choice
 from kvbudget.engines.base import Serving
-from kvbudget.errors import KVBudgetError, flag
+from kvbudget.errors import KVBudgetError, flag, named
 from kvbudget.gpus import GPU
 from kvbudget.model.params import activation_widths
 from kvbudget.model.spec import ModelSpec
@@ -67,11 +68,31 @@ def activation_estimate(model: ModelSpec, tokens: int, sampled_rows: int, logit_
     return max(forward, sampler + held) if sampler_apart else forward + sampler
 
 
+def check_given(*, gpu_memory: int | None, gpus: int | None, tp: int, pp: int, concurrency: int, beams: int,
+                max_model_len: int | None, weights: int | None, activation: int | None, overhead: int | None,
+                utilization: float | None, kv_memory: int | None) -> None:
+    """A plan's numbers, each in its range, and no setting that a given KV budget would leave unused."""
+    for value, param, least in ((gpu_memory, "gpu_memory", 1), (weights, "weights", 0), (activation, "activation", 0),
+                                (overhead, "overhead", 0), (kv_memory, "kv_memory", 1)):
+        if value is not None:
+            validate.size(value, param, least)
+    for value, param, what in ((tp, "tp", "tensor parallel size"), (pp, "pp", "pipeline parallel size"),
+                               (concurrency, "concurrency", "requests at once"), (beams, "beams", "beams"),
+                               (gpus, "gpus", "GPUs"), (max_model_len, "max_model_len", "tokens")):
+        if value is not None:
+            validate.positive(value, param, what)
+    if utilization is not None:
+        validate.fraction(utilization, "utilization")
+    unused = next((p for p, v in (("utilization", utilization), ("activation", activation), ("overhead", overhead))
+                   if v is not None), None)
+    if kv_memory is not None and unused:
+        raise KVBudgetError(f"{unused}: a given {named('kv_memory')} is the KV budget itself, which {named(unused)} "
+                            "would only help derive; give one of them", param=unused)
+
+
 def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, activation: int | None,
                  overhead: int | None, utilization: float | None) -> tuple[tuple[Term, ...], int]:
     """The memory stack of one GPU and the KV budget the engine derives from it."""
-    if utilization is not None and not 0 < utilization <= 1:
-        raise KVBudgetError(f"utilization {utilization}: must be in (0, 1]", param="utilization")
     util = serving.memory_fraction if utilization is None else utilization * serving.given_fraction_scale
     tokens = serving.prefill_tokens
     activation_note = serving.prefill_note

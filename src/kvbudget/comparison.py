@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvbudget import validate
 from kvbudget.choices import Choice
 from kvbudget.engines import Engine, EngineOptions, get_engine
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, named
 from kvbudget.estimator import estimate
 from kvbudget.model.spec import ModelSpec
-from kvbudget.planner import NoKVBudget, longest_context, plan
+from kvbudget.planner import NoKVBudget, gpu_card, longest_context, plan
+from kvbudget.validate import positive
 
 
 class Budget(Choice):
@@ -49,6 +51,14 @@ def compare(models: list[ModelSpec], engine: str | Engine = "vllm", gpu: str | N
     longest context that fits, each budget as `plan` makes it for the same options and `utilization`. A model whose
     maximum length is below `context` is computed at `context` anyway, with a note saying so."""
     chosen = get_engine(engine)
+    positive(context, "context", "tokens")
+    if gpu or gpu_memory is not None:
+        gpu_card(gpu, gpu_memory)  # an unknown GPU or a bad size is refused, as plan refuses it
+        if utilization is not None:
+            validate.fraction(utilization, "utilization")
+    elif utilization is not None:
+        raise KVBudgetError(f"utilization: goes with {named('gpu')} or {named('gpu_memory')} (the memory it is a "
+                            "share of)", param="utilization")
     rows = []
     for model in models:
         est = estimate(model, engine=chosen, kv_dtype=kv_dtype, context=[context], options=options, tp=tp)
@@ -59,7 +69,7 @@ def compare(models: list[ModelSpec], engine: str | Engine = "vllm", gpu: str | N
         if model.max_position_embeddings and model.max_position_embeddings < context:
             notes.append(f"{model.name} is trained for {model.max_position_embeddings:,} tokens, fewer than the "
                          f"{context:,} compared here")
-        if gpu or gpu_memory:
+        if gpu or gpu_memory is not None:
             try:
                 p = plan(model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, kv_dtype=kv_dtype, tp=tp,
                          max_model_len=context, options=options, utilization=utilization, recommend=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, TypeVar
 
+from kvbudget import validate
 from kvbudget.engines import Allocation, Capacity, Engine, EngineOptions, get_engine
 from kvbudget.errors import ConfigError, EngineRuleError, KVBudgetError
 from kvbudget.model.spec import ModelSpec
@@ -178,7 +179,7 @@ def estimate(
     capacity = None
     asked_len = max_model_len
     if kv_memory is not None:
-        kv_memory = positive_int(kv_memory, "kv_memory")
+        kv_memory = validate.size(kv_memory, "kv_memory")
         if max_model_len is None:
             if not model.max_position_embeddings:
                 raise ConfigError(f"max_model_len: {model.name}'s config has no max_position_embeddings; give "

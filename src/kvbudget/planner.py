@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from kvbudget.budget import GIVEN_WEIGHTS, Term, TermKey, memory_stack
+from kvbudget.budget import GIVEN_WEIGHTS, Term, TermKey, check_given, memory_stack
 from kvbudget.engines import Capacity, Engine, EngineOptions, get_engine, serving_engines
 from kvbudget.engines.base import largest_fitting
 from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetError, spelled
@@ -23,7 +23,6 @@ from kvbudget.model.spec import ModelSpec
 from kvbudget.model.weights import Weights, model_weights
 from kvbudget.roofline import Roofline, decode_roofline
 from kvbudget.units import format_bytes
-from kvbudget.validate import positive
 
 if TYPE_CHECKING:
     from kvbudget.offload import HostReport
@@ -266,10 +265,10 @@ def plan(
     --enable-dp-attention).
     """
     chosen = get_engine(engine)
-    card = _card(gpu, gpu_memory)
-    for value, param, what in ((tp, "tp", "tensor parallel size"), (pp, "pp", "pipeline parallel size"),
-                               (concurrency, "concurrency", "requests at once"), (beams, "beams", "beams")):
-        positive(value, param, what)
+    check_given(gpu_memory=gpu_memory, gpus=gpus, tp=tp, pp=pp, concurrency=concurrency, beams=beams,
+                max_model_len=max_model_len, weights=weights, activation=activation, overhead=overhead,
+                utilization=utilization, kv_memory=kv_memory)
+    card = gpu_card(gpu, gpu_memory)
     gpus = gpus or tp * pp
     replicas = _replicas(gpus, tp, pp)
     max_len = max_model_len or model.max_position_embeddings
@@ -386,7 +385,9 @@ def _no_budget(inputs: _Inputs, card: GPU, w: Weights, stack: tuple[Term, ...], 
                                reason=message, recommendations=tuple(advice)))
 
 
-def _card(gpu: str | None, gpu_memory: int | None) -> GPU:
+def gpu_card(gpu: str | None, gpu_memory: int | None) -> GPU:
+    """The GPU a plan is for: a card of the catalog, one of `gpu_memory` bytes (like `gpu`'s where both are given),
+    or the error naming what to give."""
     if gpu_memory is not None:
         return custom_gpu(gpu_memory, find_gpu(gpu) if gpu else None)
     if gpu is None:

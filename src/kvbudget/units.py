@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from kvbudget.errors import KVBudgetError
+from kvbudget.validate import MAX_BYTES, MAX_COUNT, shown
 
 KIB = 1024
 MIB = 1024**2
@@ -25,18 +26,30 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def parse_size(text: str, what: str = "size") -> int:
-    """'3.81GiB', '24GB', '24G' (= GiB), '1048576' -> bytes. GB is 10**9, GiB is 2**30."""
+def parse_size(text: str, what: str = "size", zero: bool = False) -> int:
+    """'3.81GiB', '24GB', '24G' (= GiB), '1048576' -> bytes. GB is 10**9, GiB is 2**30. A bare number is bytes, and
+    must be 1 MiB at least (`--gpu-memory 24` meant GiB); 0 only where `zero` allows it; 1 PiB at most."""
+    param = _param(what)
     match = re.match(_SIZE_RE, str(text))
     if not match or match.group(2).lower() not in _SIZE_UNITS:
         raise KVBudgetError(
-            f"{what}: cannot read {text!r} as a size; write bytes or a number with a unit "
-            "such as 512MiB, 3.81GiB or 24GB", _param(what)
+            f"{what}: cannot read {shown(text)} as a size; write bytes or a number with a unit "
+            "such as 512MiB, 3.81GiB or 24GB", param
         )
-    value = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
-    if value <= 0:
-        raise KVBudgetError(f"{what}: {text!r} must be positive", _param(what))
-    return int(value)
+    number, unit = match.group(1), match.group(2)
+    whole, _, decimals = number[:40].partition(".")  # 40 digits: past MAX_BYTES in any unit, and exact below
+    over = 10 ** len(decimals)  # bytes = scaled / over, exactly
+    scaled = int(whole + decimals) * _SIZE_UNITS[unit.lower()] if len(number) <= 40 else (MAX_BYTES + 1) * over
+    if scaled == 0 and zero:
+        return 0
+    if scaled < over:
+        raise KVBudgetError(f"{what}: {shown(text)} must be positive (1 byte or more)", param)
+    if not unit and scaled < MIB * over:
+        raise KVBudgetError(f"{what}: {number} has no unit; write {number}GiB (sizes below 1 MiB need a unit)",
+                            param)
+    if scaled > MAX_BYTES * over:
+        raise KVBudgetError(f"{what}: {shown(text)} is more than 1 PiB, the most a size may be", param)
+    return scaled // over
 
 
 def format_bytes(n: float) -> str:
@@ -58,16 +71,22 @@ def size_setting(n: int) -> str:
     return str(n)
 
 
-def parse_positive_ints(text: str, what: str) -> tuple[int, ...]:
-    """'1,4,8' -> (1, 4, 8); every value must be a positive integer. Accepts k and M as powers of 1024 (4k = 4096,
-    1.5k = 1536, 1M = 1,048,576), as context lengths are written; a fraction must come out whole."""
+_BEYOND = "is beyond any deployment kvbudget sizes (at most {:,}); check the units"
+
+
+def parse_positive_ints(text: str, what: str, most: int = MAX_COUNT) -> tuple[int, ...]:
+    """'1,4,8' -> (1, 4, 8); every value must be a positive integer, `most` at most. Accepts k and M as powers of
+    1024 (4k = 4096, 1.5k = 1536, 1M = 1,048,576), as context lengths are written; a fraction must come out
+    whole."""
     values = []
     for part in str(text).split(","):
         part = part.strip()
         m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kKmM]?)", part)
         if not m:
-            raise KVBudgetError(f"{what}: {part!r} is not a positive integer (write e.g. 1,4,8, 4k, 1.5k or 1M)",
+            raise KVBudgetError(f"{what}: {shown(part)} is not a positive integer (write e.g. 1,4,8, 4k, 1.5k or 1M)",
                                 _param(what))
+        if len(m.group(1)) > 20:  # past any `most`: refused before the arithmetic
+            raise KVBudgetError(f"{what}: {shown(part)} {_BEYOND.format(most)}", _param(what))
         whole, _, fraction = m.group(1).partition(".")  # exact: 1.5k = 15 x 1024 / 10
         numerator = int(whole + fraction) * {"": 1, "k": 1024, "m": 1024**2}[m.group(2).lower()]
         if numerator % 10 ** len(fraction):
@@ -76,6 +95,8 @@ def parse_positive_ints(text: str, what: str) -> tuple[int, ...]:
         value = numerator // 10 ** len(fraction)
         if value <= 0:
             raise KVBudgetError(f"{what}: {part!r} must be positive", _param(what))
+        if value > most:
+            raise KVBudgetError(f"{what}: {part} {_BEYOND.format(most)}", _param(what))
         values.append(value)
     return tuple(values)
 

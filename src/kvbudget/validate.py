@@ -4,16 +4,75 @@ commands' option readers; what a value means for a model or an engine is checked
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from kvbudget.errors import KVBudgetError
 
+MAX_COUNT = 2**31 - 1  # counts (tokens, sequences, GPUs, blocks): what engines hold in an int32, past any real one
+MAX_BYTES = 2**50  # sizes: 1 PiB, past any GPU, host tier or disk tier one deployment has
 
-def positive(value: object, param: str, what: str) -> int:
-    """A positive integer (not a bool); `what` says in words what it counts."""
+
+def shown(value: object) -> str:
+    """A value as an error message shows it: its repr, or how long it is where that is long."""
+    text = repr(value)
+    if len(text) <= 40:
+        return text
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"a number of about {round(value.bit_length() * math.log10(2)):,} digits"
+    return f"{text[:30]}... ({len(text)} characters)"
+
+
+def positive(value: object, param: str, what: str, most: int = MAX_COUNT) -> int:
+    """A positive integer (not a bool) up to `most`; `what` says in words what it counts."""
+    if type(value) is int and 0 < value <= most:
+        return value
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise KVBudgetError(f"{param}: {what} must be a positive integer, got {value!r}", param=param)
-    return value
+        raise KVBudgetError(f"{param}: {what} must be a positive integer, got {shown(value)}", param=param)
+    raise KVBudgetError(f"{param}: {what} must be at most {most:,}, got {shown(value)}", param=param)
+
+
+def count(value: object, param: str, least: int = 0, most: int = MAX_COUNT, given: str | None = None) -> int:
+    """An integer (not a bool) from `least` to `most` (a count that may be 0, a seed); `given`: the text it was
+    read from, shown in the error."""
+    if type(value) is int and least <= value <= most:
+        return value
+    raise KVBudgetError(f"{param}: {shown(value if given is None else given)} must be a whole number from "
+                        f"{least:,} to {most:,}", param=param)
+
+
+def size(value: object, param: str, least: int = 1) -> int:
+    """A size in bytes: an integer from `least` to MAX_BYTES (1 PiB)."""
+    if type(value) is int and least <= value <= MAX_BYTES:
+        return value
+    raise KVBudgetError(f"{param}: {shown(value)} must be a whole number of bytes from {least:,} to {MAX_BYTES:,} "
+                        "(1 PiB)", param=param)
+
+
+def number(value: object, param: str, least: float = 0.0, most: float = MAX_COUNT, above: bool = True,
+           given: str | None = None) -> float:
+    """A finite number (not a bool) above `least` (from it with `above=False`) up to `most`; `given`: the text it
+    was read from, shown in the error."""
+    v = math.nan
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            v = float(value)
+        except OverflowError:  # an int past float's range
+            pass
+    if math.isfinite(v) and (v > least if above else v >= least) and v <= most:
+        return v
+    low = f"above {_plain(least)}" if above else f"from {_plain(least)}"
+    raise KVBudgetError(f"{param}: {shown(value if given is None else given)} must be a number {low} up to "
+                        f"{_plain(most)}", param=param)
+
+
+def fraction(value: object, param: str, given: str | None = None) -> float:
+    """A share: a number above 0 up to 1."""
+    return number(value, param, 0.0, 1.0, given=given)
+
+
+def _plain(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
 def positive_ints(values: Iterable[int], param: str) -> tuple[int, ...]:
@@ -22,14 +81,14 @@ def positive_ints(values: Iterable[int], param: str) -> tuple[int, ...]:
     if not values:
         raise KVBudgetError(f"{param}: give at least one value", param=param)
     for v in values:
-        if type(v) is not int or v < 1:  # the slow path, with its precise error
+        if type(v) is not int or not 0 < v <= MAX_COUNT:  # the slow path, with its precise error
             return tuple(positive(v, param, "each value") for v in values)
     return values
 
 
 def positive_int(value: int, param: str) -> int:
     """One positive integer (the estimator's fast path: no tuple for a good value)."""
-    if type(value) is int and value >= 1:
+    if type(value) is int and 0 < value <= MAX_COUNT:
         return value
     return positive_ints((value,), param)[0]
 

@@ -72,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
                               **({"cost": cost.to_dict()} if cost else {})}, indent=2))
         else:
             _print_search(search, slo, cost)
+        if search.best is None:  # nothing meets the objectives: a failure, for scripts and CI
+            print(f"kvbudget: no rate meets --slo; even at {min(s for s, _ in search.tried):.4g}x the binding "
+                  f"target: {'; '.join(search.binding)}", file=sys.stderr)
+            return 1
         return 0
     rows: list[str] = []
     on_step = None

@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvbudget.commands.options import load, option
+from kvbudget.commands.options import load, option, warn
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.units import parse_positive_ints
 
@@ -55,15 +55,37 @@ GIVEN_NAMES = ("engine_version", "max_model_len", "tp", "pp", "kv_cache_dtype", 
                "pp_layer_partition", "attention_backend", "num_speculative_tokens")
 
 
+MAX_LOG_CHARS = 8 * 1024 * 1024  # read at most this much of a log: its start-up section is a few hundred KB
+MAX_LINE_CHARS = 64 * 1024  # of one line (a line without an end is read in pieces of this)
+# where an engine's start-up section ends: what follows is traffic, which check-log does not read
+STARTED = ("Application startup complete", "server is listening on", "The server is fired up and ready to roll")
+
+
 def read_log(path: str) -> str:
-    """The log's text: the file's (undecodable bytes replaced), or stdin's for -."""
+    """The log's start-up section: the file's lines (undecodable bytes replaced), or stdin's for -, up to the line
+    saying the server started, and MAX_LOG_CHARS at most (said on stderr where the log is cut there)."""
     if path == "-":
-        return sys.stdin.read()
+        return _start_up(sys.stdin, "stdin")
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
+            return _start_up(fh, path)
     except OSError as exc:
         raise KVBudgetError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def _start_up(lines: Any, name: str) -> str:
+    kept: list[str] = []
+    size = 0
+    while line := lines.readline(MAX_LINE_CHARS):
+        kept.append(line)
+        size += len(line)
+        if any(mark in line for mark in STARTED):
+            break
+        if size >= MAX_LOG_CHARS:
+            warn(f"check-log: read the first {MAX_LOG_CHARS // (1024 * 1024)} MiB of {name}, which does not say "
+                 "the server started by then; the rest is not read")
+            break
+    return "".join(kept)
 
 
 def model_of(ask: CheckLogRequest, text: str) -> ModelSpec:

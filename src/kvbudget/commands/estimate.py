@@ -67,7 +67,7 @@ def answer(ask: EstimateRequest) -> Estimate:
         engine=engine,
         kv_dtype=ask.kv_dtype,
         batch=parse_positive_ints(ask.batch, "batch"),
-        context=(counted,) if counted else parse_positive_ints(ask.context, "context") if ask.context else None,
+        context=(counted,) if counted else None if ask.context is None else parse_positive_ints(ask.context, "context"),
         beams=one(ask.beams, "beams"),
         tp=one(ask.tp, "tp"),
         options=options,

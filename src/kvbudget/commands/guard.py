@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvbudget.commands.options import one, option, size
+from kvbudget.commands.options import option, optional_one, size
 from kvbudget.errors import KVBudgetError, named
 
 
@@ -93,7 +93,7 @@ def _ext_proc(text: str) -> tuple[str, int]:
 
 def flags(ask: GuardRequest) -> dict[str, Any]:
     """The command line's settings, read, by the configuration file's key names (None: not given)."""
-    counts = {name: one(getattr(ask, name), name) if getattr(ask, name) is not None else None
+    counts = {name: optional_one(getattr(ask, name), name)
               for name in ("max_connections_per_client", "max_in_flight_per_client", "max_waiting")}
     try:
         poll, stale = float(ask.poll_interval), float(ask.staleness)
@@ -102,9 +102,9 @@ def flags(ask: GuardRequest) -> dict[str, Any]:
     return {"upstreams": list(ask.upstream), "engine": ask.engine, "model": ask.model,
             "kv_budget_bytes": size(ask.kv_memory, "kv_memory"), "tokenizer": ask.tokenizer,
             "api_keys": list(ask.api_key), "priority_keys": list(ask.priority_key),
-            "max_tokens_cap": one(ask.max_tokens_cap, "max_tokens_cap") if ask.max_tokens_cap else None,
+            "max_tokens_cap": optional_one(ask.max_tokens_cap, "max_tokens_cap"),
             "poll_interval": poll, "staleness_s": stale, "fail_open": not ask.fail_closed, "device": ask.device,
-            "max_model_len": one(ask.max_model_len, "max_model_len") if ask.max_model_len else None,
+            "max_model_len": optional_one(ask.max_model_len, "max_model_len"),
             "sidecar": ask.sidecar, **counts, "client_header": ask.client_header or None,
             "trusted_proxies": list(ask.trusted_proxy)}
 

@@ -18,10 +18,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from kvbudget import validate
 from kvbudget.choices import Device, EntryPoint
 from kvbudget.engines import EngineOptions, get_engine
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.units import parse_positive_ints, parse_size
+from kvbudget.validate import MAX_COUNT, shown
 
 if TYPE_CHECKING:
     from kvbudget.gpus import GPU
@@ -89,49 +91,59 @@ def warn(text: str) -> None:
 
 # --- readers: text as given -> the library's values ----------------------------------------------------------
 
-def one(text: str, param: str) -> int:
-    values = parse_positive_ints(text, param)
+def one(text: str, param: str, most: int = MAX_COUNT) -> int:
+    """One positive whole number, `most` at most (4k and 1M read as powers of 1024)."""
+    values = parse_positive_ints(text, param, most)
     if len(values) != 1:
-        raise KVBudgetError(f"{param}: give one value, not {text!r}", param=param)
+        raise KVBudgetError(f"{param}: give one value, not {shown(text)}", param=param)
     return values[0]
 
 
-def optional_one(text: str | None, param: str) -> int | None:
-    return one(text, param) if text else None
+def optional_one(text: str | None, param: str, most: int = MAX_COUNT) -> int | None:
+    """`one`, or None when not given (an empty value is refused, not taken as not given)."""
+    return one(text, param, most) if text is not None else None
 
 
 def size(text: str | None, param: str) -> int | None:
+    """A memory size with its unit (bytes, 1 MiB to 1 PiB, where no unit is given), or None when not given."""
     return parse_size(text, param) if text is not None else None
 
 
 def size_or_zero(text: str | None, param: str) -> int | None:
-    if text is not None and text.strip() in ("0", "0B", "0GiB", "0GB"):
-        return 0
-    return size(text, param)
+    """`size`, where 0 (in any unit) is a size too."""
+    return parse_size(text, param, zero=True) if text is not None else None
 
 
-def fraction(text: str | None, param: str) -> float | None:
-    """A share of memory, a number in (0, 1] (the planner checks the range); None when not given."""
-    if text is None:
-        return None
+def _number(text: str, param: str, what: str) -> float:
+    """The text as a number (a float's spelling; nan and inf are read, for the range check to refuse)."""
     try:
         return float(text)
     except ValueError:
-        raise KVBudgetError(f"{param}: {text!r} is not a number between 0 and 1", param=param) from None
+        raise KVBudgetError(f"{param}: {shown(text)} is not a number; {what}", param=param) from None
+
+
+def fraction(text: str | None, param: str) -> float | None:
+    """A share of memory, a number above 0 up to 1; None when not given."""
+    if text is None:
+        return None
+    return validate.fraction(_number(text, param, "give one above 0 up to 1, e.g. 0.9"), param, text)
 
 
 UTILIZATION = ("the engine's memory fraction (vLLM gpu_memory_utilization, SGLang mem_fraction_static, TGI "
                "cuda_memory_fraction)")
 
 
-def positive(text: str, param: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise KVBudgetError(f"{param}: {text!r} must be a number above 0", param=param)
-    return value
+def positive(text: str, param: str, most: float = MAX_COUNT) -> float:
+    """A finite number above 0, `most` at most."""
+    return validate.number(_number(text, param, "give one above 0"), param, 0.0, most, given=text)
+
+
+def whole(text: str, param: str, most: int = MAX_COUNT) -> int:
+    """A whole number from 0 to `most` (a threshold where 0 turns it off, a seed)."""
+    if not text.strip().isdigit():
+        raise KVBudgetError(f"{param}: {shown(text)} is not a whole number from 0 to {most:,}", param=param)
+    digits = text.strip().lstrip("0") or "0"
+    return validate.count(int(digits) if len(digits) <= 30 else most + 1, param, 0, most, given=text)
 
 
 def engine_release(engine: str) -> tuple[str, tuple[int, ...] | None]:
@@ -287,7 +299,7 @@ class EngineKnobs:
             device=Device.parse(self.device, "device"),
             hybrid_allocator=not self.disable_hybrid_kv_cache_manager,
             attention_backend=self.attention_backend,
-            pp_layer_partition=tuple(parse_positive_ints(partition, "pp_layer_partition")) if partition else None,
+            pp_layer_partition=None if partition is None else parse_positive_ints(partition, "pp_layer_partition"),
             num_speculative_tokens=optional_one(self.num_speculative_tokens, "num_speculative_tokens") or 0,
         )
 

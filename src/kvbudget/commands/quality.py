@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from kvbudget.commands.options import force_field, option, size
 from kvbudget.errors import KVBudgetError
+from kvbudget.validate import count
 
 if TYPE_CHECKING:
     from kvbudget.quality.report import Report
@@ -54,14 +55,11 @@ class QualityRequest:
 
 
 def _check_counts(ask: QualityRequest) -> None:
-    for value, param in ((ask.context, "context"), (ask.windows, "windows")):
-        if value is not None and value < 1:
-            raise KVBudgetError(f"{param} {value}: give at least 1", param=param)
-    for value, param in ((ask.generate, "generate"), (ask.needle, "needle")):
-        if value < 0:
-            raise KVBudgetError(f"{param} {value}: give 0 (off) or more", param=param)
-    if ask.max_model_len is not None and ask.max_model_len < 1:
-        raise KVBudgetError(f"max_model_len {ask.max_model_len}: give at least 1", param="max_model_len")
+    for value, param, least in ((ask.context, "context", 1), (ask.windows, "windows", 1),
+                                (ask.max_model_len, "max_model_len", 1), (ask.generate, "generate", 0),
+                                (ask.needle, "needle", 0)):
+        if value is not None:
+            count(value, param, least)
 
 
 def check(ask: QualityRequest) -> None:

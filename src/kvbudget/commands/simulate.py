@@ -24,9 +24,12 @@ from kvbudget.commands.options import (
     part,
     positive,
     size,
+    whole,
 )
 from kvbudget.engines import get_engine
 from kvbudget.errors import KVBudgetError, named
+from kvbudget.units import MIB
+from kvbudget.validate import MAX_BYTES, shown
 
 if TYPE_CHECKING:
     from kvbudget.engines.scheduling.setup import SimulationAsk
@@ -36,6 +39,11 @@ if TYPE_CHECKING:
 
 WORKLOAD, MEMORY = "workload (a trace, or synthetic arrivals)", "memory (as `kvbudget plan`)"
 SCHEDULER, ANSWERS = "scheduler (default: the engine's for the GPU)", "answers"
+MAX_REQUESTS = 10_000_000  # synthetic requests: each completed one is kept (~200 bytes), so a run stays under ~2 GB
+MAX_CV = 100.0  # inter-arrival variation: 1 is Poisson, 2 to 4 bursty production traffic; past 100, one burst
+MAX_SEED = 2**64 - 1  # a random seed: 64 bits
+MAX_SECONDS = 86_400.0  # an interval (scrapes, the guard's polls): a day at most
+MAX_DISK_GBPS = 1_000.0  # a disk tier's read rate: past any drive or array on one host
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,23 +158,20 @@ def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
     if ask.request_log:
         if ask.trace:
             raise KVBudgetError(f"simulate: give {named('trace')} or {named('request_log')}, not both")
-    elif bool(ask.trace) == bool(ask.rate):
+    elif bool(ask.trace) == (ask.rate is not None):
         raise KVBudgetError(f"simulate: give {named('trace', 'FILE')}, {named('request_log', 'FILE')} or "
                             f"{named('rate', 'N')} (synthetic arrivals)")
-    start, count = 0, None
-    if ask.slice:
-        first, colon, n = ask.slice.partition(":")
-        try:
-            start, count = int(first or 0), int(n) if n else None
-        except ValueError:
-            raise KVBudgetError(f"slice {ask.slice!r}: write START:COUNT, e.g. 0:1000", param="slice") from None
-        if not colon or start < 0 or (count is not None and count < 1):
-            raise KVBudgetError(f"slice {ask.slice!r}: write START:COUNT, e.g. 0:1000", param="slice")
+    start, count = _slice(ask.slice)
     if ask.trace:
         path = ask.trace
-        list(rescale(read_trace(path), 1.0, 0, 1))  # a missing or foreign file fails before any run
+        if not list(rescale(read_trace(path), 1.0, start, 1)):  # a missing or foreign file fails before any run
+            held = sum(1 for _ in read_trace(path))
+            if not held:
+                raise KVBudgetError(f"trace: {path} holds no requests (a header alone?)", param="trace")
+            raise KVBudgetError(f"slice: starts at request {start:,}, past the end of the trace's {held:,} requests; "
+                                f"give a START below {held:,}", param="slice")
         return lambda scale: rescale(read_trace(path), scale, start, count)
-    cv, seed = positive(ask.cv, "cv"), int(ask.seed)
+    cv, seed = positive(ask.cv, "cv", MAX_CV), whole(ask.seed, "seed", MAX_SEED)
     if ask.request_log:
         from kvbudget.engines.scheduling.workload import request_log
         from kvbudget.tokens import PromptCounter, check_readable
@@ -174,11 +179,11 @@ def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
         check_readable(ask.request_log)  # before the tokenizer loads (seconds)
         counter = PromptCounter(ask.tokenizer or ask.model, ask.approximate, ask.engine)
         outputs = exponential_lengths(1, positive(ask.output_tokens, "output_tokens"))
-        log, log_rate = ask.request_log, positive(ask.rate, "rate") if ask.rate else None
+        log, log_rate = ask.request_log, positive(ask.rate, "rate") if ask.rate is not None else None
         return lambda scale: rescale(request_log(log, counter, outputs, log_rate, seed, cv), scale, start, count)
     assert ask.rate is not None
     rate = positive(ask.rate, "rate")
-    total = one(ask.requests, "requests")
+    total = one(ask.requests, "requests", MAX_REQUESTS)
     if ask.lengths_from_trace:
         pool = [(r.prompt_tokens, r.output_tokens) for r in read_trace(ask.lengths_from_trace)]
         lengths = sampled_lengths(pool)
@@ -239,16 +244,22 @@ def guard_settings(ask: SimulateRequest) -> dict[str, Any]:
     from kvbudget.guard.config import read
 
     return {"guard_config": read(ask.guard_config, "guard_config"),
-            "guard_poll_interval": positive(ask.guard_poll_interval, "guard_poll_interval"), **chosen}
+            "guard_poll_interval": positive(ask.guard_poll_interval, "guard_poll_interval", MAX_SECONDS), **chosen}
 
 
 def _mib(text: str | None) -> int | None:
+    """--cache-ram: MiB, 0 turning the cache off."""
+    return None if text is None else whole(text, "cache_ram", MAX_BYTES // MIB)
+
+
+def _slice(text: str | None) -> tuple[int, int | None]:
+    """--slice START:COUNT read (COUNT left out: to the end)."""
     if text is None:
-        return None
-    if not text.isdigit():
-        raise KVBudgetError(f"cache_ram: {text!r} must be a whole number of MiB (0 turns the cache off)",
-                            param="cache_ram")
-    return int(text)
+        return 0, None
+    first, colon, n = text.partition(":")
+    if not colon or not first.strip().isdigit() or (n and not n.strip().isdigit()):
+        raise KVBudgetError(f"slice {shown(text)}: write START:COUNT, e.g. 0:1000", param="slice")
+    return whole(first, "slice"), one(n, "slice") if n else None
 
 
 def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
@@ -268,7 +279,8 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
         max_model_len=optional_one(ask.max_model_len, "max_model_len"), block_size=options.block_size,
         device=options.device, max_num_seqs=optional_one(ask.max_num_seqs, "max_num_seqs"),
         max_num_batched_tokens=options.max_num_batched_tokens, prefix_caching=options.prefix_caching,
-        long_prefill_token_threshold=int(ask.long_prefill_token_threshold), allocator=parse_allocator(ask.allocator),
+        long_prefill_token_threshold=whole(ask.long_prefill_token_threshold, "long_prefill_token_threshold"),
+        allocator=parse_allocator(ask.allocator),
         kv_unified=ask.kv_unified, cache_ram=_mib(ask.cache_ram), enforce_eager=options.enforce_eager,
         entry_point=options.entry_point,
         lora=(options.max_loras, options.max_lora_rank) if options.enable_lora else None,
@@ -280,14 +292,7 @@ def _gbps(text: str | None) -> float | None:
     """--disk-read in GB/s as bytes per second."""
     if text is None:
         return None
-    try:
-        rate = float(text)
-    except ValueError:
-        rate = 0.0
-    if not rate > 0 or rate == float("inf"):
-        raise KVBudgetError(f"disk_read {text!r}: give the drive's read rate in GB/s, a positive number (e.g. 7)",
-                            param="disk_read")
-    return rate * 1e9
+    return positive(text, "disk_read", MAX_DISK_GBPS) * 1e9
 
 
 def prices(ask: SimulateRequest) -> dict[str | None, float] | None:
@@ -321,8 +326,9 @@ def prepared(ask: SimulateRequest) -> tuple[Callable[[float], Iterable[Any]], Si
         price_for(priced, found.gpu)
     found = _calibration(ask, found, stream)
     scale = positive(ask.rate_scale, "rate_scale")
+    positive(ask.prometheus_interval, "prometheus_interval", MAX_SECONDS)  # given or not: a bad value is refused
+    positive(ask.guard_poll_interval, "guard_poll_interval", MAX_SECONDS)
     if ask.prometheus_series:
-        positive(ask.prometheus_interval, "prometheus_interval")
         if found.engine.queue_gauges is None:
             raise KVBudgetError(f"prometheus_series: {found.engine.name} publishes no request gauges to write",
                                 param="prometheus_series")

@@ -32,7 +32,7 @@ from kvbudget.model.spec import (
     RecurrentState,
 )
 from kvbudget.units import GIB, cdiv
-from kvbudget.validate import positive
+from kvbudget.validate import positive, shown
 
 if TYPE_CHECKING:
     from kvbudget.model.weights import Weights
@@ -375,9 +375,24 @@ class Engine:
     # CUDA graphs it can leave out, batch defaults by how it is started)
     profiles_batch: ClassVar[bool] = False
 
+    def attention_backends(self, model: ModelSpec) -> tuple[str, ...]:
+        """What `attention_backend` may name for `model` on this engine (none: the engine takes no such setting)."""
+        return ()
+
+    def check_attention_backend(self, model: ModelSpec, backend: str) -> None:
+        """Refuse a backend this engine does not take for `model` (the names compare without case)."""
+        known = self.attention_backends(model)
+        if backend.upper() in (k.upper() for k in known):
+            return
+        takes = f"one of {', '.join(known)}" if known else f"none for {model.name}; leave it out"
+        raise EngineRuleError(f"attention_backend {shown(backend)}: kvbudget's {self.name} takes {takes}",
+                              param="attention_backend")
+
     def refuse_unchecked(self, model: ModelSpec, options: EngineOptions | None = None) -> None:
         """Raise for a family in `unchecked_families`, or a layer of a kind this engine does not size, or options it
         does not model: no figure rather than an unverified one."""
+        if options is not None and options.attention_backend is not None:
+            self.check_attention_backend(model, options.attention_backend)
         if options is not None and options.num_speculative_tokens and not self.speculative:
             raise EngineRuleError(f"num_speculative_tokens: speculative decoding's caches are modelled for vLLM only, "
                                   f"not {self.name}; leave it out", param="num_speculative_tokens")

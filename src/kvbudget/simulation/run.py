@@ -22,7 +22,7 @@ from kvbudget.engines.scheduling.workload import Request, samples
 
 if TYPE_CHECKING:
     from kvbudget.engines.tiers import OffloadTotals
-from kvbudget.errors import KVBudgetError, spelled
+from kvbudget.errors import KVBudgetError, named, spelled
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation import steptimes
 from kvbudget.simulation.beam import BeamSearch
@@ -233,6 +233,9 @@ def setup_of(ask: SimulationAsk) -> Setup:
         if ask.kv_memory is None and ask.num_blocks is None and not simulator.sized_without_budget(ask):
             raise KVBudgetError("simulate: give a GPU (gpu or gpu_memory), a KV budget (kv_memory) or num_blocks",
                                 param="gpu")
+        if ask.utilization is not None:
+            raise KVBudgetError(f"utilization: goes with {named('gpu')} or {named('gpu_memory')} (the memory it is "
+                                "a share of)", param="utilization")
         # no GPU: the budget is given, and vLLM's scheduler defaults are those of a GPU under 70 GiB
         p = plan(model, engine=chosen, gpu_memory=NO_GPU_MEMORY, tp=ask.tp, pp=ask.pp, kv_dtype=ask.kv_dtype,
                  max_model_len=max_len, options=options, kv_memory=ask.kv_memory or NO_GPU_MEMORY,

@@ -34,13 +34,19 @@ def parse_slo(text: str) -> dict[str, float]:
 
 def meets(sim: Simulation, slo: Mapping[str, float]) -> bool:
     """Every objective met, and every request served (a run that leaves requests unfinished meets nothing)."""
-    if sim.completed < sim.requests:
-        return False
+    return not missed(sim, slo)
+
+
+def missed(sim: Simulation, slo: Mapping[str, float]) -> tuple[str, ...]:
+    """What `sim` fails of `slo`: each objective it misses, by name ("value > limit"), and "requests" where it left
+    some unfinished."""
+    failed = [f"requests: {sim.requests - sim.completed:,} of {sim.requests:,} unfinished"] \
+        if sim.completed < sim.requests else []
     for name, limit in slo.items():
         value = sim.metric(name)
         if value is None or value > limit:
-            return False
-    return True
+            failed.append(f"{name} {'none' if value is None else f'{value:.4g}'} > {limit:.4g}")
+    return tuple(failed)
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ class RateSearch:
     rate_scale: float  # the highest scale found that meets the objectives (0 when none does)
     best: Simulation | None
     tried: tuple[tuple[float, bool], ...]  # (scale, met) in the order tried
+    binding: tuple[str, ...] = ()  # when none meets them: what the lowest rate tried missed (missed())
 
 
 def find_max_rate(model: ModelSpec, workload: Workload, slo: Mapping[str, float], precision: float = 0.02,
@@ -82,7 +89,7 @@ def find_max_rate(model: ModelSpec, workload: Workload, slo: Mapping[str, float]
             hi_failed = hi
             hi = hi / 2
             if hi < start / 1024:
-                return RateSearch(0.0, None, tuple(tried))
+                return RateSearch(0.0, None, tuple(tried), missed(runs[min(runs)], slo))
             if ok(hi):
                 lo, hi = hi, hi_failed
                 break

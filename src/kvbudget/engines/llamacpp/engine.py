@@ -195,6 +195,10 @@ class LlamaCppEngine(Engine):
         """The pool's tokens at this engine's bytes per token."""
         return tokens_budget(self, model, report, kv_dtype, tp, options)
 
+    def attention_backends(self, model: ModelSpec) -> tuple[str, ...]:
+        """-fa on or off, as flash_attn_of reads them."""
+        return ("flash", "no-flash", "on", "off", "fa")
+
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
         self.refuse_unchecked(model, options)

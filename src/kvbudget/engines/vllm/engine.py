@@ -62,6 +62,7 @@ from kvbudget.engines.vllm.memory import (
 from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
 from kvbudget.engines.vllm.releases import (
     BATCH_DEFAULTS,
+    MLA_BACKEND_BLOCKS,
     NEWEST,
     SWAP_SPACE,
     Release,
@@ -305,7 +306,7 @@ class VLLMEngine(Engine):
         """The layout the shared block pool is sized by: vLLM's packed groups for DeepSeek-V4, else layout()."""
         if not _is_packed(model):
             return self.layout(model, kv_dtype, tp, options)
-        self.refuse_unchecked(model)
+        self.refuse_unchecked(model, options)
         if options.num_speculative_tokens:
             raise UnsupportedArchitectureError(f"{model.name}: num_speculative_tokens: the caches of DeepSeek-V4's MTP "
                                                "drafter are not modelled")
@@ -409,8 +410,12 @@ class VLLMEngine(Engine):
 
     # --- layout -------------------------------------------------------------------------------
 
+    def attention_backends(self, model: ModelSpec) -> tuple[str, ...]:
+        """vLLM's MLA backends, for a model with latent (MLA) attention: the backends kvbudget sizes blocks for."""
+        return tuple(MLA_BACKEND_BLOCKS) if any(isinstance(x, LatentAttention) for x in model.layers) else ()
+
     def layout(self, model: ModelSpec, kv_dtype: str, tp: int, options: EngineOptions) -> tuple[Layout, KVDtype]:
-        self.refuse_unchecked(model)
+        self.refuse_unchecked(model, options)
         if _is_packed(model):
             raise UnsupportedArchitectureError(f"{model.name}: vLLM (V1, 0.32) packs DeepSeek-V4's caches in groups of "
                                                "different page sizes; that layout is sized by pool(), and earlier "

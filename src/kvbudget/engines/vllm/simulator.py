@@ -72,9 +72,12 @@ class VLLMSimulator(SimulatorDefaults):
         groups = self.engine.block_groups(model, max_len, ask.kv_dtype, ask.tp, planned.options)
         need = sum(g.admission_blocks(max_len) for g in groups)
         if usable_blocks(blocks) < need:
-            raise KVBudgetError(f"simulate: {blocks} blocks (one is vLLM's null block) cannot hold one request of "
-                                f"max_model_len {max_len}, which needs {need}: vLLM would refuse to start; give more "
-                                "memory or a shorter max_model_len",
+            longest = cap.estimated_max_model_len if ask.num_blocks is None else None  # plan's longest that fits
+            shorter = (f"{named('max_model_len', str(longest))} (the longest that fits, as plan finds)" if longest
+                       else f"a shorter {named('max_model_len')}")
+            raise KVBudgetError(f"simulate: {blocks:,} blocks of {cap.block_size} tokens (one is vLLM's null block) "
+                                f"cannot hold one request of max_model_len {max_len:,} tokens, which needs {need:,} "
+                                f"blocks: vLLM would refuse to start; give more memory or {shorter}",
                                 param="num_blocks" if ask.num_blocks else "kv_memory")
         serving = self.engine.serving(planned.gpu_memory_bytes, max_len, planned.options,
                                       gpu_name=planned.gpu_name, tp=ask.tp, model=model)
