@@ -216,3 +216,21 @@ def test_check_log_reads_the_start_up_section_in_bounded_memory(capsys, tmp_path
     started.write_text(start_up + "INFO:     Application startup complete.\n" + traffic)
     assert checklog.read_log(str(started)) == start_up + "INFO:     Application startup complete.\n"
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("argv, param", [
+    ((*SIMULATE, "--sweep", "tp=1,2", "--timeline", "t.csv"), "--timeline"),
+    ((*SIMULATE, "--find-max-rate", "--slo", "ttft_p99=2s", "--per-request", "r.csv"), "--per-request"),
+    ((*SIMULATE, "--sweep", "tp=1,2", "--plot", "p.png"), "--plot"),
+    ((*SIMULATE, "--backend", "serial"), "--backend"),
+    ((*SIMULATE, "--tokenizer", "gpt2"), "--tokenizer"),
+    ((*SIMULATE, "--approximate"), "--approximate"),
+    ((*PLAN, "--tokenizer", "gpt2"), "--tokenizer"),
+    ((*ESTIMATE, "--approximate"), "--approximate"),
+])
+def test_options_that_would_be_ignored_are_refused(capsys, tmp_path, monkeypatch, argv, param):
+    """An option the rest of the command line leaves without effect is refused, naming it, before any run."""
+    monkeypatch.chdir(tmp_path)
+    line = refused(capsys, *argv)
+    assert line.startswith(f"kvbudget: error: {param}") or f"{param} goes with" in line, line
+    assert not list(tmp_path.iterdir())

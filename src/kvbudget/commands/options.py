@@ -185,8 +185,10 @@ def counted_context(counted: CountedLength, model: str, engine: str, instead_of:
         raise KVBudgetError(f"give {named(instead_of)} or a counted length ({named('prompt_file')} / "
                             f"{named('lengths_from')}), not both")
     if not (ask.prompt_file or ask.lengths_from):
-        if ask.max_new_tokens:
-            raise KVBudgetError(f"max_new_tokens goes with {named('prompt_file')}", param="max_new_tokens")
+        for param in ("max_new_tokens", "tokenizer", "approximate"):
+            if getattr(ask, param):
+                raise KVBudgetError(f"{param} goes with {named('prompt_file')} or {named('lengths_from')} (the "
+                                    "lengths it counts)", param=param)
         return None, None
     from kvbudget.tokens import lengths_context, prompt_context
 

@@ -125,7 +125,7 @@ class SimulateRequest:
                                          many=True, metavar="NAME=V1,V2", group=ANSWERS, web=False)
     backend: str = option("where --sweep runs its simulations: process (a pool on this machine, the default), "
                           "serial, ray (a local Ray) or ray=ADDRESS (a running Ray cluster, e.g. ray=auto)",
-                          "process", group=ANSWERS)
+                          "process", group=ANSWERS, web=False)
     gpu_price: str | None = option("dollars per GPU-hour (e.g. 2.49, or H100-80GB=2.49,L40S=0.86 to price each "
                                    "GPU of a sweep): adds $/hour and $ per million tokens and per thousand requests "
                                    "(the run's GPUs for its simulated time, idle time included)", metavar="PRICE",
@@ -343,6 +343,18 @@ def _check_outputs(ask: SimulateRequest) -> None:
     """The files the request writes, checked before any work (kvbudget.files.check_target)."""
     from kvbudget.files import check_targets
 
+    if ask.sweep or ask.find_max_rate:  # many runs: a file of one would be the last run's, silently
+        for param in ("timeline", "per_request", "prometheus_series", "plot"):
+            if getattr(ask, param):
+                raise KVBudgetError(f"{param}: writes one run's figures; {named('sweep')} and "
+                                    f"{named('find_max_rate')} make many runs: leave it out, or simulate the "
+                                    "setting you chose without them", param=param)
+    if ask.backend != "process" and not ask.sweep:
+        raise KVBudgetError(f"backend: where {named('sweep')}'s simulations run; it goes with {named('sweep')}",
+                            param="backend")
+    for param in ("tokenizer", "approximate"):
+        if getattr(ask, param) and not ask.request_log:
+            raise KVBudgetError(f"{param} goes with {named('request_log')} (the prompts it counts)", param=param)
     if ask.plot:
         from kvbudget.plot import plot_target
 
