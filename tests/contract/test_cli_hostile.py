@@ -165,7 +165,7 @@ def test_a_slice_past_the_end_names_the_traces_length(capsys):
 def test_a_trace_with_only_a_header_is_refused(capsys, tmp_path):
     trace = tmp_path / "empty.csv"
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n")
-    assert "holds no requests" in refused(capsys, *SIMULATE[:4], "--trace", str(trace))
+    assert "empty.csv:1: no requests in the trace" in refused(capsys, *SIMULATE[:4], "--trace", str(trace))
 
 
 def test_a_rate_search_that_nothing_meets_exits_1_naming_the_binding_target(capsys):

@@ -164,10 +164,8 @@ def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
     start, count = _slice(ask.slice)
     if ask.trace:
         path = ask.trace
-        if not list(rescale(read_trace(path), 1.0, start, 1)):  # a missing or foreign file fails before any run
+        if not list(rescale(read_trace(path), 1.0, start, 1)):  # a missing, foreign or empty file fails here
             held = sum(1 for _ in read_trace(path))
-            if not held:
-                raise KVBudgetError(f"trace: {path} holds no requests (a header alone?)", param="trace")
             raise KVBudgetError(f"slice: starts at request {start:,}, past the end of the trace's {held:,} requests; "
                                 f"give a START below {held:,}", param="slice")
         return lambda scale: rescale(read_trace(path), scale, start, count)
