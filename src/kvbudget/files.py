@@ -67,7 +67,8 @@ def check_target(path: str, param: str, force: bool = False) -> str:
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):
         what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
-        raise KVBudgetError(f"{param} {path}: its folder {folder} {what}; create it first", param=param)
+        shown = folder if os.path.islink(os.path.abspath(path)) else os.path.dirname(path)  # as the user named it
+        raise KVBudgetError(f"{param} {path}: its folder {shown} {what}; create it first", param=param)
     if not os.access(folder, os.W_OK | os.X_OK):
         raise cannot_write(OSError(errno.EACCES, "permission denied"), path, param)
     if not force and _regular(target):
