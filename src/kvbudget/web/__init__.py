@@ -1,6 +1,6 @@
 """`kvbudget web`: the planner, the comparison and the simulator as one page, served with its JSON API.
 
-Needs the `web` extra (Starlette and uvicorn): `pip install 'kvbudget[web]'`. The API answers with exactly what
+Needs the `web` extra (Starlette, uvicorn, httptools and prometheus_client: the guard's connection limits): `pip install 'kvbudget[web]'`. The API answers with exactly what
 the CLI's --json prints (`kvbudget.web.api` runs the CLI's own parser and functions); the page draws its charts
 as SVG itself, so it works offline.
 """
