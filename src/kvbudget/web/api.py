@@ -78,6 +78,7 @@ class Uploads:
 
     def __init__(self, folder: Path, limits: Limits):
         self.folder, self.limits = folder.resolve(), limits
+        self.spellings = {str(folder.absolute()), str(self.folder)}  # the folder's names, given and resolved
         self.folder.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
 
@@ -169,7 +170,7 @@ def request(command: str, params: Iterable[tuple[str, str]], uploads: Uploads, t
             continue
         if key not in known_options:
             known = ", ".join(["model", *taken, *sorted(known_options)])
-            raise WebError(f"unknown parameter {key!r} for {command}; known: {known}")
+            raise WebError(f"unknown parameter {key!r} for {command}; known: {known}", key)
         if key in seen:
             raise WebError(f"{key}: given twice; give it once", key)
         seen.add(key)
@@ -221,7 +222,7 @@ def scrubbed(message: str, uploads: Uploads | None = None, names: dict[str, str]
     for path, name in (names or {}).items():
         message = message.replace(path, name)
     if uploads is not None:
-        for folder in {str(uploads.folder), os.path.realpath(uploads.folder)}:
+        for folder in uploads.spellings:
             message = message.replace(f"{folder}{os.sep}", "upload:")
     return _DIRECTORIES.sub("", message)
 

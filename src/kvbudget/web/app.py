@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -186,9 +187,9 @@ def create_app(upload_dir: Path | None = None, limits: api.Limits | None = None,
 
     async def quality(request: Request) -> Response:
         given = dict(site.params(request))
-        unknown = set(given) - {"report", "view"}
+        unknown = sorted(set(given) - {"report", "view"})
         if unknown:
-            raise api.WebError(f"unknown parameter {sorted(unknown)[0]!r} for quality; known: report")
+            raise api.WebError(f"unknown parameter {unknown[0]!r} for quality; known: report", unknown[0])
         path = uploads.path(given.get("report", ""), "report", "report")
         return _json(await site.answer(request, lambda job: api.quality_report(path)))
 
@@ -230,11 +231,12 @@ def create_app(upload_dir: Path | None = None, limits: api.Limits | None = None,
     return app
 
 
-def serve(host: str, port: int, allowed_hosts: list[str] | None, announce: Callable[[str], None] = print,
-          limits: api.Limits | None = None) -> None:
-    """Serve the page until SIGTERM or SIGINT: the port is bound first (taken: a one-line KVBudgetError before
-    anything is announced); the guard's connection limits hold (header and body timeouts, header size, open
-    connections); stopping ends the simulations in progress at once and waits `shutdown_grace_s` for the rest."""
+def server(host: str, port: int, allowed_hosts: list[str] | None = None, limits: api.Limits | None = None
+           ) -> tuple[Any, socket.socket]:
+    """The page's uvicorn server and its bound socket (`serve` runs them). The port is bound first: a taken one is
+    a one-line KVBudgetError. The guard's connection limits hold (header and body timeouts, header size, open
+    connections); SIGTERM or SIGINT ends the simulations in progress at once and waits `shutdown_grace_s` for the
+    rest."""
     import uvicorn
 
     from kvbudget.guard.config import ConnectionLimits
@@ -256,6 +258,13 @@ def serve(host: str, port: int, allowed_hosts: list[str] | None, announce: Calla
             app.state.work.stop()
             super().handle_exit(sig, frame)
 
+    return WebServer(config), sock
+
+
+def serve(host: str, port: int, allowed_hosts: list[str] | None = None, announce: Callable[[str], None] = print
+          ) -> None:
+    """Serve the page until SIGTERM or SIGINT (see `server`); its address is announced once the port is held."""
+    running, sock = server(host, port, allowed_hosts)
     shown = f"[{host}]" if ":" in host else host
     announce(f"kvbudget web: http://{shown}:{sock.getsockname()[1]}/ (Ctrl-C stops it)")
-    WebServer(config).run(sockets=[sock])
+    running.run(sockets=[sock])
