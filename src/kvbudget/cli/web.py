@@ -19,11 +19,7 @@ def run(args: argparse.Namespace) -> int:
     from kvbudget.commands.web import answer
 
     served = answer(request_of(WebRequest, args))  # first: a bad address or a missing extra, in one line
-    import uvicorn
+    from kvbudget.web.app import serve
 
-    from kvbudget.web.app import create_app
-
-    host = served.host
-    print(f"kvbudget web: http://{'[' + host + ']' if ':' in host else host}:{served.port}/ (Ctrl-C stops it)")
-    uvicorn.run(create_app(allowed_hosts=served.allowed_hosts), host=host, port=served.port, log_level="warning")
+    serve(served.host, served.port, served.allowed_hosts)  # a taken port: one line, before the address is shown
     return 0

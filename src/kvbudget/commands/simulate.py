@@ -362,17 +362,19 @@ def _check_outputs(ask: SimulateRequest) -> None:
 
 
 def simulation(ask: SimulateRequest, on_step: Callable[..., None] | None = None,
-               progress: Callable[[int], None] | None = None, on_finish: Callable[..., None] | None = None) -> Any:
-    """One simulated run of a request (its `to_dict()` is what --json prints and the web page serves)."""
-    return run_prepared(ask, prepared(ask), on_step, progress, on_finish)
+               progress: Callable[[int], None] | None = None, on_finish: Callable[..., None] | None = None,
+               check: Callable[[], None] | None = None) -> Any:
+    """One simulated run of a request (its `to_dict()` is what --json prints and the web page serves); `check`
+    as `simulate`'s (it may end the run by raising)."""
+    return run_prepared(ask, prepared(ask), on_step, progress, on_finish, check)
 
 
 def run_prepared(ask: SimulateRequest, ready: tuple[Callable[[float], Iterable[Any]], SimulationAsk, float],
                  on_step: Callable[..., None] | None = None, progress: Callable[[int], None] | None = None,
-                 on_finish: Callable[..., None] | None = None) -> Any:
+                 on_finish: Callable[..., None] | None = None, check: Callable[[], None] | None = None) -> Any:
     """The run of a request `prepared` has checked."""
     from kvbudget.simulation.run import setup_of, simulate
 
     stream, found, scale = ready
     return simulate(found.model, stream(scale), setup=setup_of(found), fast=not ask.reference, on_step=on_step,
-                    progress=progress, on_finish=on_finish, **guard_settings(ask))
+                    progress=progress, on_finish=on_finish, check=check, **guard_settings(ask))

@@ -33,9 +33,12 @@ def answer(ask: WebRequest) -> Served:
     """Where and how the page is served, checked before anything starts."""
     host, port = listen_address(ask.listen)
     try:
+        import httptools  # noqa: F401
+        import prometheus_client  # noqa: F401  (the guard's connection limits, which the page's server shares)
         import uvicorn  # noqa: F401
 
         import kvbudget.web.app  # noqa: F401
     except ImportError:
-        raise KVBudgetError("kvbudget web needs Starlette and uvicorn: pip install 'kvbudget[web]'") from None
+        raise KVBudgetError("kvbudget web needs Starlette, uvicorn, httptools and prometheus_client: pip install "
+                            "'kvbudget[web]'") from None
     return Served(host, port, [*LOOPBACK, "[::1]"] if host in LOOPBACK else None)

@@ -30,6 +30,7 @@ from kvbudget.simulation.guarded import Gatekeeper, GuardReport, admission_polic
 
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
 SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
+CHECK_EVERY = 256  # clock-loop turns between calls of `check` (a few ms of work at most; nothing measurable)
 
 
 @dataclass(frozen=True)
@@ -269,18 +270,21 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
              sample_interval: float = SAMPLE_INTERVAL_S, on_step: Callable[[float, int, float, int, int], None]
              | None = None, progress: Callable[[int], None] | None = None, guard_config: dict[str, Any] | None = None,
              guard_poll_interval: float = 1.0, on_finish: Callable[[Request, float, float | None, float], None]
-             | None = None, admission: str | None = None, **settings: Any) -> Simulation:
+             | None = None, admission: str | None = None, check: Callable[[], None] | None = None,
+             **settings: Any) -> Simulation:
     """Run `workload` through vLLM's scheduler. `settings` are `setup_for`'s (engine, gpu, kv_memory, ...) unless
     a `setup` is given. `fast` takes runs of pure decode steps at once (the result is identical; see tests).
     `on_step(time, tokens, usage, running, waiting)` is called after every step (for a timeline file);
     `on_finish(request, ttft, tpot, e2e)` for every sequence that completes (tpot None for one output token).
     `guard_config` (a guard YAML as a dict, e.g. from `kvbudget plan --guard-config`) puts the guard's own
     admission in front of the engine: it decides every arrival, scraping the usage gauge every
-    `guard_poll_interval` seconds; `admission` names another policy instead (simulation/guarded.py)."""
+    `guard_poll_interval` seconds; `admission` names another policy instead (simulation/guarded.py). `check()` is
+    called every `CHECK_EVERY` turns of the clock loop, a few milliseconds apart, whatever the workload: it ends
+    the run by raising (a deadline, a client gone, a server stopping)."""
     s = setup or setup_for(model, **settings)
     sched = s.simulator.scheduler(s)
     guard = admission_policy(admission, guard_config, s, get_engine(s.engine), guard_poll_interval)
-    run = _Run(s, sched, workload, fast, sample_interval, on_step, progress, guard, on_finish)
+    run = _Run(s, sched, workload, fast, sample_interval, on_step, progress, guard, on_finish, check)
     return run.result()
 
 
@@ -290,8 +294,9 @@ class _Run:
     def __init__(self, setup: Setup, sched: Queues, workload: Iterable[Request], fast: bool, interval: float,
                  on_step: Callable[..., None] | None,
                  progress: Callable[[int], None] | None, guard: Gatekeeper | None = None,
-                 on_finish: Callable[..., None] | None = None):
+                 on_finish: Callable[..., None] | None = None, check: Callable[[], None] | None = None):
         self.setup, self.sched, self.fast, self.guard = setup, sched, fast, guard
+        self.check = check or (lambda: None)
         self.releases: dict[int, Callable[[], None]] = {}  # the guard's hold on each admitted request
         self.families: dict[int, list[Any]] = {}  # child uid -> its request's [left, first token, finish, release]
         self.beams: dict[int, BeamSearch] = {}  # engine request uid -> the beam search it belongs to
@@ -363,7 +368,12 @@ class _Run:
     def loop(self, arrivals: Iterator[Request]) -> None:
         sched, tm = self.sched, self.tm
         pending = next(arrivals, None)
+        turns = CHECK_EVERY
         while True:
+            turns -= 1
+            if not turns:
+                self.check()
+                turns = CHECK_EVERY
             pending = self.admit(arrivals, pending)
             sched.clock = self.t
             if not sched.has_work():

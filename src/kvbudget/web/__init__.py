@@ -1,8 +1,9 @@
 """`kvbudget web`: the planner, the comparison and the simulator as one page, served with its JSON API.
 
-Needs the `web` extra (Starlette and uvicorn): `pip install 'kvbudget[web]'`. The API answers with exactly what
-the CLI's --json prints (`kvbudget.web.api` runs the CLI's own parser and functions); the page draws its charts
-as SVG itself, so it works offline.
+Needs the `web` extra (Starlette, uvicorn, and httptools and prometheus_client for the guard's connection limits,
+which its server shares): `pip install 'kvbudget[web]'`. The API answers with exactly what the CLI's --json
+prints (`kvbudget.web.api` runs the CLI's own parser and functions); the page draws its charts as SVG itself, so
+it works offline.
 """
 
 from __future__ import annotations

@@ -8,12 +8,15 @@ config.json, a GGUF header, a trace, a quality report) into the server's own fol
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
@@ -36,7 +39,7 @@ _TRUE, _FALSE = {"1", "true", "on", "yes"}, {"0", "false", "off", "no"}
 
 @dataclass(frozen=True, kw_only=True)
 class Limits:
-    """What one request may ask of the server."""
+    """What one request, and all of them together, may ask of the server."""
 
     config_bytes: int = 1 * MIB  # an uploaded config.json
     gguf_header_bytes: int = 32 * MIB  # the first bytes of a GGUF file: its metadata and tensor table
@@ -45,9 +48,19 @@ class Limits:
     report_bytes: int = 4 * MIB  # a `kvbudget quality --json` report
     uploads: int = 200  # files kept; the oldest go first
     query_chars: int = 8192
-    simulate_seconds: float = 60.0
+    simulate_seconds: float = 60.0  # checked every few ms of a run
     simulate_requests: int = 50_000
     simulations_at_once: int = 2
+    heavy_at_once: int = 4  # answers being worked out at once, of every kind (simulations among them)
+    queued_at_most: int = 32  # requests waiting for one of those (the page asks up to ten at once)
+    queue_seconds: float = 15.0  # the longest one waits before a 503
+    uploads_at_once: int = 4  # uploads being received at once (each held in memory up to its cap)
+    retry_after_s: int = 5  # what a 503 for a busy or stopping server tells the client to wait
+    header_timeout: float = 10.0  # seconds for a request line and headers (slow clients are closed: 408)
+    body_timeout: float = 60.0  # seconds for a request body (an upload) after its headers
+    max_header_bytes: int = 64 * 1024  # request line and headers (431)
+    max_connections: int = 512  # open at once, well below the usual 1,024 file descriptors (503, closed)
+    shutdown_grace_s: float = 5.0  # on SIGTERM/SIGINT: how long answers in progress may take to finish
 
 
 class WebError(KVBudgetError):
@@ -66,6 +79,7 @@ class Uploads:
 
     def __init__(self, folder: Path, limits: Limits):
         self.folder, self.limits = folder.resolve(), limits
+        self.spellings = {str(folder.absolute()), str(self.folder)}  # the folder's names, given and resolved
         self.folder.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
 
@@ -156,7 +170,7 @@ def request(command: str, params: Iterable[tuple[str, str]], uploads: Uploads, t
             continue
         if key not in known_options:
             known = ", ".join(["model", *taken, *sorted(known_options)])
-            raise WebError(f"unknown parameter {key!r} for {command}; known: {known}")
+            raise WebError(f"unknown parameter {key!r} for {command}; known: {known}", key)
         if key in seen:
             raise WebError(f"{key}: given twice; give it once", key)
         seen.add(key)
@@ -174,6 +188,8 @@ def request(command: str, params: Iterable[tuple[str, str]], uploads: Uploads, t
         raise WebError("model: choose a model (a catalog name, a Hub id or an upload)", "model")
     if command != "compare" and len(models) > 1:
         raise WebError(f"model: {command} takes one model; the compare view takes several", "model")
+    if command == "compare" and len(models) < 2:
+        raise WebError("model: compare two models or more (give model= once for each)", "model")
     if command == "compare":
         values["models"] = tuple(models)
     else:
@@ -190,42 +206,121 @@ def field_of(exc: KVBudgetError) -> str | None:
     return "model" if isinstance(exc, ConfigError) else None
 
 
+_DIRECTORIES = re.compile(r"(?<![\w:/.~-])(?:/[^\s/'\"]+)+/(?=[^\s/'\"])")  # /a/b/ of /a/b/file
+
+
 def error_body(exc: KVBudgetError, uploads: Uploads | None = None, names: dict[str, str] | None = None
                ) -> dict[str, Any]:
     """The error in one line as the command line says it (the page takes the same names), and the field it is
-    about; an upload's path on the server shows as the name it was uploaded with (`names`) or its id."""
-    message = spelling.message(exc)
+    about; an upload's path on the server shows as the name it was uploaded with (`names`) or its id, and any
+    other absolute path as its file name alone: no answer shows where the server keeps its files."""
+    return {"error": scrubbed(spelling.message(exc), uploads, names), "field": field_of(exc)}
+
+
+def scrubbed(message: str, uploads: Uploads | None = None, names: dict[str, str] | None = None) -> str:
+    """`message` without the server's folders (see `error_body`)."""
     for path, name in (names or {}).items():
         message = message.replace(path, name)
     if uploads is not None:
-        message = message.replace(f"{uploads.folder}/", "upload:")
-    return {"error": message, "field": field_of(exc)}
+        for folder in uploads.spellings:
+            message = message.replace(f"{folder}{os.sep}", "upload:")
+    return _DIRECTORIES.sub("", message)
 
 
-class Simulations:
-    """At most `limits.simulations_at_once` at a time, each stopped past its time or request limit."""
+class Job:
+    """One heavy request in progress: `check()` (called every few ms by a simulation) ends it by raising once its
+    client has left, the server is stopping or its time is up; `progress(requests)` bounds a simulation's
+    requests."""
+
+    def __init__(self, work: Work, seconds: float):
+        self.work, self.deadline, self.left = work, time.monotonic() + seconds, threading.Event()
+
+    def check(self) -> None:
+        limits = self.work.limits
+        if self.work.stopping.is_set():
+            raise WebError("the server is stopping; try again when it is back", status=503)
+        if self.left.is_set():
+            raise WebError("the client left; the answer was not finished", status=499)
+        if time.monotonic() > self.deadline:
+            raise WebError(f"simulate: ran past the page's {limits.simulate_seconds:g} s limit; simulate fewer "
+                           "requests (slice) or run `kvbudget simulate` yourself", "slice")
+
+    def progress(self, requests: int) -> None:
+        if requests > self.work.limits.simulate_requests:
+            raise WebError(f"slice: the workload has more than {self.work.limits.simulate_requests:,} requests, "
+                           "the page's limit; give slice=START:COUNT or fewer requests", "slice")
+        self.check()
+
+
+class Work:
+    """The answers being worked out: at most `limits.heavy_at_once` at a time, of every kind, and of them at most
+    `limits.simulations_at_once` simulations. A request over the first waits its turn (the page asks a few at
+    once), at most `limits.queued_at_most` of them and for `limits.queue_seconds`; any other is refused at once
+    (503). `stop()` (the server stopping) ends the simulations in progress and refuses new work."""
 
     def __init__(self, limits: Limits):
         self.limits = limits
-        self._slots = threading.BoundedSemaphore(limits.simulations_at_once)
+        self._heavy = threading.BoundedSemaphore(limits.heavy_at_once)
+        self._simulations = threading.BoundedSemaphore(limits.simulations_at_once)
+        self._receiving = threading.BoundedSemaphore(limits.uploads_at_once)
+        self._queued = 0
+        self.stopping = threading.Event()
 
-    def run(self, go: Callable[[Callable[[int], None]], Any]) -> Any:
-        if not self._slots.acquire(blocking=False):
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _refuse_if_stopping(self) -> None:
+        if self.stopping.is_set():
+            raise WebError("the server is stopping; try again when it is back", status=503)
+
+    @contextmanager
+    def receiving(self) -> Iterator[None]:
+        """A slot for receiving one upload's bytes (at most `limits.uploads_at_once` at a time: each holds up to
+        its cap in memory); none free: 503."""
+        self._refuse_if_stopping()
+        if not self._receiving.acquire(blocking=False):
+            raise WebError(f"the server is receiving {self.limits.uploads_at_once} uploads, its limit; try again "
+                           "in a few seconds", status=503)
+        try:
+            yield
+        finally:
+            self._receiving.release()
+
+    @asynccontextmanager
+    async def slot(self, simulation: bool = False) -> AsyncIterator[Job]:
+        """A slot for one answer, held until the work ends (raises WebError 503 when none comes)."""
+        self._refuse_if_stopping()
+        if simulation and not self._simulations.acquire(blocking=False):
             raise WebError("simulate: the server is running other simulations; try again in a few seconds",
                            status=503)
-        deadline = time.monotonic() + self.limits.simulate_seconds
-
-        def progress(requests: int) -> None:
-            if requests > self.limits.simulate_requests:
-                raise WebError(f"slice: the workload has more than {self.limits.simulate_requests:,} requests, the "
-                               "page's limit; give slice=START:COUNT or fewer requests", "slice")
-            if time.monotonic() > deadline:
-                raise WebError(f"simulate: ran past the page's {self.limits.simulate_seconds:g} s limit; simulate "
-                               "fewer requests (slice) or run `kvbudget simulate` yourself", "slice")
         try:
-            return go(progress)
+            await self._take()
+            try:
+                yield Job(self, self.limits.simulate_seconds)
+            finally:
+                self._heavy.release()
         finally:
-            self._slots.release()
+            if simulation:
+                self._simulations.release()
+
+    async def _take(self) -> None:
+        limits = self.limits
+        if self._heavy.acquire(blocking=False):
+            return
+        if self._queued >= limits.queued_at_most:
+            raise WebError(f"the server is working out {limits.heavy_at_once} answers and has "
+                           f"{limits.queued_at_most} waiting, its limits; try again in a few seconds", status=503)
+        self._queued += 1
+        try:
+            give_up = time.monotonic() + limits.queue_seconds
+            while not self._heavy.acquire(blocking=False):  # (polled: no lock bound to one event loop)
+                self._refuse_if_stopping()
+                if time.monotonic() > give_up:
+                    raise WebError(f"the server stayed busy for {limits.queue_seconds:g} s; try again in a few "
+                                   "seconds", status=503)
+                await asyncio.sleep(0.02)
+        finally:
+            self._queued -= 1
 
 
 def trace_path(value: str, uploads: Uploads) -> Path:
@@ -266,7 +361,7 @@ def guard_yaml(params: list[tuple[str, str]], uploads: Uploads) -> str:
     return guard_config_yaml(result)
 
 
-def simulate(params: list[tuple[str, str]], uploads: Uploads, simulations: Simulations) -> Any:
+def simulate(params: list[tuple[str, str]], uploads: Uploads, job: Job) -> Any:
     """One simulated run; `trace` names a bundled trace or an upload (none: synthetic arrivals at `rate`), and
     `guard=1` puts the guard in front with the plan of the same settings (`kvbudget plan --guard-config`)."""
     given = dict(params)
@@ -274,8 +369,9 @@ def simulate(params: list[tuple[str, str]], uploads: Uploads, simulations: Simul
     chosen: dict[str, Any] = {}
     if given.get("trace"):
         chosen["trace"] = str(trace_path(given["trace"], uploads))
-    if given.get("requests", "").isdigit() and int(given["requests"]) > simulations.limits.simulate_requests:
-        raise WebError(f"requests: at most {simulations.limits.simulate_requests:,} on this page", "requests")
+    most = job.work.limits.simulate_requests
+    if given.get("requests", "").isdigit() and len(given["requests"]) < 12 and int(given["requests"]) > most:
+        raise WebError(f"requests: at most {most:,} on this page", "requests")
     if given.get("guard", "").lower() in _TRUE:
         plan_keys = set(OPTIONS["plan"])
         config = guard_yaml([(k, v) for k, v in params if k == "model" or k in plan_keys], uploads)
@@ -283,7 +379,7 @@ def simulate(params: list[tuple[str, str]], uploads: Uploads, simulations: Simul
         write_file(str(path), config, "guard", force=True)
         chosen["guard_config"] = str(path)
     ask = replace(ask, **chosen)
-    return simulations.run(lambda progress: simulation_answer(ask, progress=progress)).to_dict()
+    return simulation_answer(ask, progress=job.progress, check=job.check).to_dict()
 
 
 _REPORT_FIELDS = {"model": str, "context": int, "data": list, "matmul": str, "results": list, "verdict": str,

@@ -114,3 +114,29 @@ def test_simulate_takes_the_plans_budget_with_the_same_knobs(knobs):
                       entry_point=entry)
     assert setup.kv_memory_bytes == planned.kv_memory_bytes
     assert setup.max_num_seqs == (knobs.get("max_num_seqs") or 1024)
+
+
+class Stop(Exception):
+    pass
+
+
+def test_check_is_called_by_turns_of_the_loop_not_by_requests():
+    """Ten long requests (no progress call: that comes per 1,000 requests) still call `check` every CHECK_EVERY
+    steps, and an exception from it ends the run there."""
+    from kvbudget.simulation.run import CHECK_EVERY
+
+    work = [Request(arrival=i * 0.01, prompt_tokens=100, output_tokens=4000) for i in range(10)]
+    calls = []
+    sim = simulate(LLAMA, iter(work), gpu="H100", max_model_len=8192, fast=False, check=lambda: calls.append(1))
+    assert sim.completed == 10 and sim.steps > 4000
+    assert sim.steps // CHECK_EVERY <= len(calls) <= sim.steps // CHECK_EVERY + sim.steps // 10  # a turn per step
+    turns = []
+
+    def stop_third() -> None:
+        turns.append(1)
+        if len(turns) == 3:
+            raise Stop
+
+    with pytest.raises(Stop):
+        simulate(LLAMA, iter(work), gpu="H100", max_model_len=8192, fast=False, check=stop_third)
+    assert len(turns) == 3
