@@ -285,3 +285,15 @@ def test_the_page_offers_the_bundled_traces_by_name_and_nothing_else(tmp_path):
 def test_web_command_refuses_a_bad_address(capsys):
     assert cli_error(["web", "--listen", "localhost"], capsys).startswith("--listen: 'localhost' is not HOST:PORT")
     assert cli_error(["web", "--listen", "127.0.0.1:99999"], capsys).startswith("--listen")
+
+
+def test_the_page_takes_no_option_that_names_a_file_of_the_server():
+    """An option that reads or writes a file (metavar FILE) is the command line's alone: on the page it would read
+    or write the server's files (simulate's prometheus_series once did)."""
+    from kvbudget.commands.options import options
+    from kvbudget.web import api
+
+    for command, request in api.REQUESTS.items():
+        for name, _, opt in options(request):
+            if opt.metavar and "FILE" in opt.metavar.upper():
+                assert name not in api.OPTIONS[command], (command, name)

@@ -112,7 +112,7 @@ class SimulateRequest:
     prometheus_series: str | None = option("write the run's KV usage and request gauges, as the engine publishes "
                                            "them, in a `promtool test rules` file, with when each alert of "
                                            "`kvbudget alerts` fires (thresholds from --guard-config when given)",
-                                           metavar="FILE", group=ANSWERS)
+                                           metavar="FILE", group=ANSWERS, web=False)
     prometheus_interval: str = option("seconds between scrapes in --prometheus-series (default 15)", "15",
                                       group=ANSWERS)
     plot: str | None = option("write a picture (.png or .svg): KV usage, queues and latency distributions",
@@ -160,7 +160,7 @@ def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
             raise KVBudgetError(f"simulate: give {named('trace')} or {named('request_log')}, not both")
     elif bool(ask.trace) == (ask.rate is not None):
         raise KVBudgetError(f"simulate: give {named('trace', 'FILE')}, {named('request_log', 'FILE')} or "
-                            f"{named('rate', 'N')} (synthetic arrivals)")
+                            f"{named('rate', 'N')} (synthetic arrivals)", param="rate")
     start, count = _slice(ask.slice)
     if ask.trace:
         path = ask.trace
@@ -265,10 +265,12 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
     from kvbudget.engines.scheduling.setup import SimulationAsk
 
     engine, options = engine_options(ask.engine, ask.knobs, ask.startup)
-    if options.engine_version or options.attention_backend or options.pp_layer_partition:
-        raise KVBudgetError(f"simulate follows vLLM 0.32's scheduler and allocator on one rank: "
+    given = [p for p, v in (("engine", options.engine_version), ("attention_backend", options.attention_backend),
+                            ("pp_layer_partition", options.pp_layer_partition)) if v]
+    if given:
+        raise KVBudgetError(f"{given[0]}: simulate follows vLLM 0.32's scheduler and allocator on one rank: "
                             f"{named('engine', 'vllm@VERSION')}, {named('attention_backend')} and "
-                            f"{named('pp_layer_partition')} are for estimate and plan")
+                            f"{named('pp_layer_partition')} are for estimate and plan", param=given[0])
     return SimulationAsk(
         model=model, engine=get_engine(engine), gpu=ask.gpu, gpu_memory=size(ask.gpu_memory, "gpu_memory"),
         kv_memory=size(ask.kv_memory, "kv_memory"), weights=size(ask.weights, "weights"),

@@ -168,6 +168,8 @@ def request(command: str, params: Iterable[tuple[str, str]], uploads: Uploads, t
             if value:
                 models.append(_model_ref(value, uploads))
             continue
+        if not key:
+            raise WebError("a parameter without a name (=VALUE in the query); name it, as in tp=2")
         if key not in known_options:
             known = ", ".join(["model", *taken, *sorted(known_options)])
             raise WebError(f"unknown parameter {key!r} for {command}; known: {known}", key)
