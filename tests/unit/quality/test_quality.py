@@ -226,7 +226,7 @@ def test_cli_table_and_json(capsys, tmp_path):
     (["--context", "100000"], "--context 100000: longer than"),
     (["--context", "1"], "--context 1"),
     (["--gpu", "L4"], "--gpu: requests at once need an engine"),
-    (["--generate", "-1"], "--generate -1"),
+    (["--generate", "-1"], "--generate: -1 must be a whole number from 0"),
     (["--plot", "/nonexistent/q.png"], "--plot /nonexistent/q.png: its folder /nonexistent does not exist"),
     (["--engine", "nope"], "unknown engine 'nope'"),
     (["--kv-dtype", "q8_0", "--kv-scales", "dynamic"], "--kv-scales dynamic: none of the formats"),
