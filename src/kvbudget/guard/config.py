@@ -354,6 +354,8 @@ def read_yaml(path: str, param: str) -> dict[str, Any]:
             raise KVBudgetError(f"{path}: over {MAX_FILE_BYTES:,} bytes; a guard configuration is a few lines",
                                 param=param)
         data = yaml.safe_load(raw.decode("utf-8")) or {}
+    except KVBudgetError:
+        raise
     except OSError as exc:
         raise KVBudgetError(f"{path}: cannot read it ({exc.strerror or exc})", param=param) from None
     except UnicodeDecodeError:

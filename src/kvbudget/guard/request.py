@@ -90,7 +90,7 @@ def _check_messages(body: dict[str, Any]) -> None:
                 raise BadRequest(f"messages[{i}].content[{j}] must be an object, not {_kind(part)}",
                                  param="messages")
             for key in ("type", "text"):  # what the prompt is counted from
-                if part.get(key) is not None and not isinstance(part[key], str):
+                if key in part and not isinstance(part[key], str):
                     raise BadRequest(f"messages[{i}].content[{j}].{key} must be a string, not {_kind(part[key])}",
                                      param="messages")
 

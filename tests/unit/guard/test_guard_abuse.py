@@ -564,7 +564,7 @@ def test_a_taken_port_is_a_one_line_error_from_the_cli(capsys):
 
 
 def test_no_reachable_upstream_is_a_counted_502(fake_engine, serve, free_port):
-    guard, _ = build_guard([f"http://127.0.0.1:{free_port()}"], "vllm", poll_interval=60,
+    guard, _ = build_guard([f"http://127.0.0.1:{free_port()}"], "vllm", poll_interval=60, staleness=120,
                            decision_log=io.StringIO())
     with serve(guard.app()) as g:
         deadline = time.monotonic() + 10

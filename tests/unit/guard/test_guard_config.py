@@ -21,7 +21,7 @@ from kvbudget.levels import HYSTERESIS, LEVELS  # noqa: E402
 def guard_cli(tmp_path, capsys, text: str, *flags: str) -> tuple[int, str]:
     path = tmp_path / "guard.yaml"
     path.write_text(text)
-    code = main(["guard", "--config", str(path), "--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:1",
+    code = main(["guard", "--config", str(path), "--upstream", "http://127.0.0.1:9", "--listen", "192.0.2.1:1",
                  *flags])
     out, err = capsys.readouterr()
     assert out == ""

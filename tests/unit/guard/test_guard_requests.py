@@ -35,6 +35,8 @@ def offline_guard(**kw):
     (b'{"messages": [{"role": "user", "content": [{"type": 1, "text": "a"}]}]}', "messages",
      "messages[0].content[0].type must be a string"),
     (b'{"messages": [{"role": "user", "content": ["a"]}]}', "messages", "messages[0].content[0] must be an object"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": null}]}]}', "messages",
+     "messages[0].content[0].text must be a string, not missing or null"),  # found by the property below
     # a message without a role: the tokenizer's check raised inside the guard
     (b'{"messages": [{"content": "hi"}]}', "messages", "messages[0].role must be a string"),
     # 10^400 tokens: the cap's arithmetic overflowed a float, a 500
