@@ -338,3 +338,5 @@ def read_yaml(path: str | os.PathLike[str], param: str) -> Any:
     except RecursionError:  # block nesting by indentation, which too_deep does not count
         raise KVBudgetError(f"{path}: nests too deep to read; no YAML file kvbudget reads needs more than "
                             f"{MAX_NESTING} levels", param=param) from None
+    except ValueError as exc:  # an integer of more digits than Python converts (4,300)
+        raise KVBudgetError(f"{path}: invalid YAML ({exc})".splitlines()[0], param=param) from None

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvbudget.commands.options import option, optional_one, size
-from kvbudget.errors import KVBudgetError, named
+from kvbudget.errors import KVBudgetError, spell
 
 
 def _engines(default: str) -> Any:
@@ -28,7 +28,8 @@ class GuardRequest:
     listen: str = option("HOST:PORT, [IPv6]:PORT or :PORT (all interfaces) to listen on (default 127.0.0.1:8080)",
                          "127.0.0.1:8080")
     model: str | None = option("the served model (catalog name, config, folder, Hub id) for predictions")
-    kv_memory: str | None = option("KV budget per replica for predictions (default: the config's)")
+    kv_memory: str | None = option("KV budget per replica for predictions, over the pool the engine states (default: "
+                                   "that pool, else the config's kv_budget_bytes)")
     tokenizer: str | None = option("tokenizer for exact prompt lengths (default: characters / 4)")
     max_model_len: str | None = option("the upstream's context length, what a request without max_tokens may fill "
                                        "(default: its /v1/models, else the model's config)")
@@ -39,8 +40,10 @@ class GuardRequest:
     max_waiting: str | None = option("refuse new requests (503, Retry-After; priority ones pass) while a replica's "
                                      "engine has N or more waiting in its queue (default: off; the queue is read "
                                      "from its /metrics)", metavar="N")
-    poll_interval: str = option("seconds between metric scrapes (default 1)", "1")
-    staleness: str = option("seconds after which scraped usage is stale (default 10)", "10")
+    poll_interval: str | None = option("seconds between metric scrapes, at least 0.05 (default: the config's "
+                                       "poll_interval, else 1)")
+    staleness: str | None = option("seconds after which scraped usage is stale, at least twice --poll-interval "
+                                   "(default: the config's staleness_s, else 10)")
     device: str = option("vLLM backend the upstream runs (block size for predictions; default cuda)", "cuda",
                          choices=("cuda", "cpu"))
     sidecar: bool = option("one per engine replica, beside it: requests pass untouched (a router in front decides), "
@@ -60,7 +63,8 @@ class GuardRequest:
     trusted_proxy: Sequence[str] = option("address of a proxy in front of the guard (repeatable): its "
                                           "--client-header is believed and its connections are not capped per "
                                           "client", (), repeat=True, metavar="ADDR")
-    fail_closed: bool = option("reject when metrics are stale (default: act on the prediction)", False)
+    fail_closed: bool = option("reject when metrics are stale (default: the config's fail_open, else act on the "
+                               "prediction)", False)
 
 
 @dataclass(frozen=True)
@@ -91,19 +95,26 @@ def _ext_proc(text: str) -> tuple[str, int]:
     return address
 
 
+def _seconds(text: str | None, param: str) -> float | None:
+    """A number of seconds as typed (None: not given; its range is checked with the configuration's)."""
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise KVBudgetError(f"{param}: takes a number of seconds, not {text!r}", param=param) from None
+
+
 def flags(ask: GuardRequest) -> dict[str, Any]:
     """The command line's settings, read, by the configuration file's key names (None: not given)."""
     counts = {name: optional_one(getattr(ask, name), name)
               for name in ("max_connections_per_client", "max_in_flight_per_client", "max_waiting")}
-    try:
-        poll, stale = float(ask.poll_interval), float(ask.staleness)
-    except ValueError:
-        raise KVBudgetError(f"{named('poll_interval')} and {named('staleness')} take seconds (numbers)") from None
     return {"upstreams": list(ask.upstream), "engine": ask.engine, "model": ask.model,
-            "kv_budget_bytes": size(ask.kv_memory, "kv_memory"), "tokenizer": ask.tokenizer,
+            "kv_memory": size(ask.kv_memory, "kv_memory"), "tokenizer": ask.tokenizer,
             "api_keys": list(ask.api_key), "priority_keys": list(ask.priority_key),
             "max_tokens_cap": optional_one(ask.max_tokens_cap, "max_tokens_cap"),
-            "poll_interval": poll, "staleness_s": stale, "fail_open": not ask.fail_closed, "device": ask.device,
+            "poll_interval": _seconds(ask.poll_interval, "poll_interval"), "staleness_s": _seconds(
+                ask.staleness, "staleness"), "fail_open": False if ask.fail_closed else None, "device": ask.device,
             "max_model_len": optional_one(ask.max_model_len, "max_model_len"),
             "sidecar": ask.sidecar, **counts, "client_header": ask.client_header or None,
             "trusted_proxies": list(ask.trusted_proxy)}
@@ -122,4 +133,4 @@ def answer(ask: GuardRequest) -> Serving:
     ext_proc = _ext_proc(ask.ext_proc) if ask.ext_proc else None
     config = read(ask.config, "config", {**flags(ask), "ext_proc": ext_proc})
     guard, notes = assemble(config)
-    return Serving(guard, notes, host, port)
+    return Serving(guard, [spell(note, command_line=True) for note in notes], host, port)

@@ -27,6 +27,9 @@ from kvbudget.guard.routes import Routes
 from kvbudget.guard.signals import Prediction
 from kvbudget.guard.upstream import ConnectFailed, Pool, UpstreamError
 
+FAILING = 3  # a replica whose last this many answers failed (5xx, timeouts) is not ready ...
+FAILURE_MEMORY = 30.0  # ... for this many seconds after the last of them (then traffic tries it again)
+
 
 class Guard:
     """The OpenAI routes over HTTP: body limits here; the admission pipeline in `gate`, polling, metrics and relay
@@ -40,7 +43,8 @@ class Guard:
         if config.sidecar and len(config.upstreams) != 1:
             raise UpstreamConfigError("sidecar: a sidecar fronts exactly one engine replica; give one upstream",
                                       param="upstream")
-        self.replicas = [Replica(url=url.rstrip("/")) for url in config.upstreams]
+        self.replicas = [Replica(url=url.rstrip("/"), budget=prediction.budget, pool=prediction.budget_source)
+                         for url in config.upstreams]
         self.pool: Pool | None = None  # made in the app's lifespan, on its event loop
         self.closing = asyncio.Event()  # set shortly before the shutdown grace runs out: streams end cleanly
         self.loop: asyncio.AbstractEventLoop | None = None  # the app's, once it has started
@@ -49,6 +53,9 @@ class Guard:
         self.gate = Gate(config, self.replicas, self.metrics, self.engine, prediction, log)
         # request headers kept from the upstream: hop-by-hop ones, and the guard's own API key
         self.not_forwarded = HOP_BY_HOP | ({b"authorization"} if self.gate.keys else set())
+        for r in self.replicas:
+            if r.budget is not None:
+                self.metrics.kv_budget.labels(r.url).set(r.budget)
         self.poller = Poller(self.engine, self.replicas, self.metrics, config.connect_timeout,
                              config.poll_interval, prediction.pool_budget, log,
                              queue=config.policy.max_waiting is not None)
@@ -121,6 +128,8 @@ class Guard:
             else:  # the whole answer is awaited: a client that leaves meanwhile cancels the upstream request
                 response = await self._unless_client_leaves(forwarding, scope)
             if response is not None:
+                if response.status_code != 499:  # a client that left says nothing about the engine
+                    self.answered(decision.replica, response.status_code)
                 return response
             next(r for r in self.replicas if r.url == decision.replica).healthy = False
             tried.add(decision.replica)  # could not connect: try another replica once
@@ -136,12 +145,34 @@ class Guard:
             self.metrics.level.labels(r.url).set(r.level)
 
     def ready(self) -> bool:
-        """Some replica healthy, below level 3, with a usable gauge reading (or the engine has none): a guard
-        rejecting everything, or reading garbage, should be taken out of rotation."""
+        """Some replica can serve (`unready`): a guard rejecting everything, reading garbage or in front of an
+        engine that fails should be taken out of rotation."""
         self.settle()
-        gauge = self.engine.usage is not None
-        return self.poller.polled and any(r.healthy and r.level < 3 and (r.observed is not None or not gauge)
-                                          for r in self.replicas)
+        now = time.monotonic()
+        return self.poller.polled and any(self.unready(r, now) is None for r in self.replicas)
+
+    def unready(self, r: Replica, now: float) -> str | None:
+        """Why a replica cannot serve now (None: it can): unreachable, its last answers failed, its KV usage
+        unread or stale (its metrics fail), or at level 3."""
+        if not r.healthy:
+            return "unreachable"
+        if r.failures >= FAILING and now - r.failed_at <= FAILURE_MEMORY:
+            return f"its last {r.failures} answers failed (the last: {r.failure})"
+        if self.engine.usage is not None and r.observed is None:
+            return "no usable reading of its KV usage"
+        if self.engine.usage is not None and not r.fresh(self.config.policy, now):
+            return f"its KV usage is stale: its metrics last read {now - r.observed_at:.0f} s ago"
+        return "level 3: its KV cache is nearly full" if r.level >= 3 else None
+
+    def answered(self, url: str, status: int) -> None:
+        """Count a replica's answer: a 5xx (or the guard's 502/504 for it) adds to its run of failures, anything
+        else ends it."""
+        replica = next(r for r in self.replicas if r.url == url)
+        if status >= 500:
+            replica.failures += 1
+            replica.failed_at, replica.failure = time.monotonic(), f"status {status}"
+        else:
+            replica.failures = 0
 
     def begin_shutdown(self) -> None:
         """SIGTERM: streams still running when the grace is nearly over end with an error event and [DONE]
@@ -200,11 +231,8 @@ class Guard:
         if denied is not None:
             return denied
         engine = b""
-        if self.config.sidecar:  # scraped now, so a router reading this sees the engine as it is
-            assert self.pool is not None
-            replica = self.replicas[0]
-            await self.poller.poll_replica(self.pool, replica)
-            engine = replica.exposition.removesuffix(b"# EOF\n")
+        if self.config.sidecar:  # the engine's own, from the last poll: a scrape here would let anyone who asks
+            engine = self.replicas[0].exposition.removesuffix(b"# EOF\n")  # drive the engine's /metrics
             if engine and not engine.endswith(b"\n"):
                 engine += b"\n"
         self.settle()
@@ -217,11 +245,15 @@ class Guard:
         ready = self.ready()
         if self._denied(request) is not None:  # probes without the key learn readiness, not the upstreams
             return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
-        return JSONResponse({"ready": ready, "replicas": [
-            {"url": r.url, "healthy": r.healthy, "level": r.level, "observed": r.observed, "predicted": r.predicted,
-             "in_flight": r.in_flight, "waiting": r.waiting, "budget_bytes": r.budget, "pool": r.pool}
-            for r in self.replicas]},
-            status_code=200 if ready else 503)
+        now = time.monotonic()
+        replicas = [{"url": r.url, "ready": (why := self.unready(r, now)) is None, "reason": why or "",
+                     "healthy": r.healthy, "level": r.level, "observed": r.observed, "predicted": r.predicted,
+                     "in_flight": r.in_flight, "waiting": r.waiting, "failures": r.failures, "budget_bytes": r.budget,
+                     "budget_source": r.pool, "pool": r.pool} for r in self.replicas]
+        reason = "" if ready else "not polled yet" if not self.poller.polled else "; ".join(
+            f"{r['url']}: {r['reason']}" for r in replicas)
+        return JSONResponse({"ready": ready, "reason": reason, "replicas": replicas},
+                            status_code=200 if ready else 503)
 
     def app(self) -> Routes:
         """The ASGI app; serve it with `server.server_config` (the guard's HTTP protocol: connection limits, and

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from kvbudget.errors import KVBudgetError, UpstreamConfigError, spelled
+from kvbudget.errors import KVBudgetError, UpstreamConfigError, named, spelled
 from kvbudget.guard.policy import Policy
 from kvbudget.levels import HYSTERESIS, LEVELS, find_level
 
@@ -83,7 +83,10 @@ class GuardConfig:
     tokenizer: str | None = None  # for exact prompt lengths (None: characters / 4)
     device: str = "cuda"  # the upstream's vLLM backend (its block size)
     max_model_len: int | None = None  # the upstream's context length: what a request without a limit may fill
-    kv_budget_bytes: int | None = None  # the KV budget per replica to predict against
+    # the KV budget per replica to predict against: the file's (the plan's estimate) serves where the engine states
+    # no pool of its own; one given (the command line's kv_memory) overrides the pool the engine states
+    kv_budget_bytes: int | None = None
+    kv_memory: int | None = None
     # the rest of the deployment as the plan wrote it (read, not acted on)
     gpu: str | None = None
     tp: int | None = None
@@ -107,6 +110,7 @@ class GuardConfig:
     # /metrics adds the guard's gauges to a fresh copy of the engine's own
     sidecar: bool = False
     ext_proc: tuple[str, int] | None = None  # (host, port): also serve the policy as an Envoy external processor
+    notes: tuple[str, ...] = ()  # what reading it says at start: the file's settings the command line replaced
 
 
 # --- readers: a value as given -> the record's, or a one-line error ----------------------------------------------
@@ -119,28 +123,30 @@ def _fail(where: str, why: str, value: Any, param: str) -> NoReturn:
     raise UpstreamConfigError(f"{where}: {why} (got {shown})", param=param)
 
 
-def _whole(least: int) -> Reader:
+BYTES_MOST = 2**53  # sizes and counts: 8 PiB, exact as a float in every prediction
+TOKENS_MOST = 2**31 - 1  # token counts: what an engine reads as a 32-bit integer (as the guard's requests)
+DAY = 86_400.0  # seconds: every timeout, interval and wait
+
+
+def _whole(least: int, most: int = BYTES_MOST) -> Reader:
     def read(value: Any, where: str, param: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            _fail(where, f"must be a whole number{' of at least 1' if least else ', 0 or more'}", value, param)
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+            _fail(where, f"must be a whole number from {least} to {most:,}", value, param)
         return value
     return read
 
 
-def _number(least: float, above: bool, what: str = "number") -> Reader:
+def _number(least: float, above: bool, what: str = "number", most: float = DAY) -> Reader:
     def read(value: Any, where: str, param: str) -> float:
         if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
-                or value < least or (above and value == least)):
-            _fail(where, f"must be a {what} {'above' if above else 'of at least'} {least:g}", value, param)
+                or value < least or (above and value == least) or value > most):
+            _fail(where, f"must be a {what} {'above' if above else 'of at least'} {least:g} and at most {most:,g}",
+                  value, param)
         return float(value)
     return read
 
 
-def _fraction(value: Any, where: str, param: str) -> float:
-    number = _number(0, True)(value, where, param)
-    if number > 1:
-        _fail(where, "must be a fraction above 0 and at most 1", value, param)
-    return number
+_fraction = _number(0, True, "fraction", most=1)
 
 
 def _flag(value: Any, where: str, param: str) -> bool:
@@ -156,7 +162,8 @@ def _text(value: Any, where: str, param: str) -> str:
 
 
 def _texts(what: str, secret: bool = False) -> Reader:
-    """A list of strings; `secret`: errors never show the values (keys end up in logs)."""
+    """A list of strings, none repeated; `secret`: bearer tokens (printable, no spaces), and errors never show
+    them (keys end up in logs)."""
     def read(value: Any, where: str, param: str) -> tuple[str, ...]:
         if isinstance(value, str):
             raise UpstreamConfigError(f"{where}: must be a list of {what}, not one string (a list of one: "
@@ -166,6 +173,13 @@ def _texts(what: str, secret: bool = False) -> Reader:
             if secret:
                 raise UpstreamConfigError(f"{where}: {why}", param=param)
             _fail(where, why, value, param)
+        for i, v in enumerate(value, 1):
+            if secret and not (v.isprintable() and v.isascii() and " " not in v):
+                raise UpstreamConfigError(f"{where}: key {i} has spaces or characters a bearer token cannot carry; "
+                                          "use printable ASCII without spaces", param=param)
+            if v in value[:i - 1]:
+                raise UpstreamConfigError(f"{where}: entry {i} repeats entry {value.index(v) + 1}"
+                                          f"{'' if secret else f' ({v!r})'}; give each once", param=param)
         return tuple(value)
     return read
 
@@ -230,24 +244,27 @@ def _level(entry: Any, i: int, where: str, param: str) -> LevelSetting:
 
 
 SECONDS = _number(0, True, "number of seconds")
+POLL_LEAST = 0.05  # seconds between scrapes: 20 a second per replica at most (0 scraped 5,300 times a second)
+TOKENS = _whole(1, TOKENS_MOST)
 KEYS: dict[str, Reader] = {  # every key of the file, and how its value is read
     "upstreams": _urls, "engine": _engine, "model": _text, "gpu": _text, "tp": _whole(1),
     "kv_budget_bytes": _whole(1), "kv_cache_tokens": _whole(0), "bytes_per_token": _whole(0),
-    "fixed_bytes_per_sequence": _whole(0), "max_model_len": _whole(1), "levels": _levels,
-    "hysteresis": _number(0, False), "priority_reject": _fraction, "max_tokens_cap": _whole(1),
-    "max_tokens_fraction": _fraction, "staleness_s": SECONDS, "fail_open": _flag, "retry_after_s": _whole(0),
-    "default_max_tokens": _whole(1), "max_waiting": _whole(1), "api_keys": _texts("keys", True),
-    "priority_keys": _texts("keys", True), "max_body_bytes": _whole(1), "connect_timeout": SECONDS,
-    "first_byte_timeout": SECONDS, "idle_timeout": SECONDS, "max_response_bytes": _whole(1),
-    "shutdown_grace": _number(0, False, "number of seconds"), "header_timeout": SECONDS,
-    "max_header_bytes": _whole(1), "max_connections": _whole(1), "body_timeout": SECONDS,
-    "max_connections_per_client": _whole(1), "max_in_flight_per_client": _whole(1), "client_header": _text,
-    "trusted_proxies": _texts("addresses"),
+    "fixed_bytes_per_sequence": _whole(0), "max_model_len": TOKENS, "levels": _levels,
+    "hysteresis": _number(0, False, most=1), "priority_reject": _fraction, "max_tokens_cap": TOKENS,
+    "max_tokens_fraction": _fraction, "staleness_s": SECONDS, "fail_open": _flag,
+    "retry_after_s": _whole(0, int(DAY)), "default_max_tokens": TOKENS, "max_waiting": _whole(1),
+    "api_keys": _texts("keys", True), "priority_keys": _texts("keys", True), "max_body_bytes": _whole(1),
+    "connect_timeout": SECONDS, "first_byte_timeout": SECONDS, "idle_timeout": SECONDS,
+    "max_response_bytes": _whole(1), "shutdown_grace": _number(0, False, "number of seconds"),
+    "header_timeout": SECONDS, "max_header_bytes": _whole(1), "max_connections": _whole(1),
+    "body_timeout": SECONDS, "max_connections_per_client": _whole(1), "max_in_flight_per_client": _whole(1),
+    "client_header": _text, "trusted_proxies": _texts("addresses"),
+    "poll_interval": _number(POLL_LEAST, False, "number of seconds"),
 }
-FLAGS: dict[str, Reader] = {**KEYS, "tokenizer": _text, "device": _choice("cuda", "cpu"), "poll_interval": SECONDS,
-                            "sidecar": _flag, "ext_proc": _address}  # what the command line also sets
-PARAM = {"upstreams": "upstream", "kv_budget_bytes": "kv_memory", "staleness_s": "staleness", "api_keys": "api_key",
-         "priority_keys": "priority_key", "trusted_proxies": "trusted_proxy"}  # a key's command-line parameter
+FLAGS: dict[str, Reader] = {**KEYS, "tokenizer": _text, "device": _choice("cuda", "cpu"), "sidecar": _flag,
+                            "ext_proc": _address, "kv_memory": _whole(1)}  # what the command line also sets
+PARAM = {"upstreams": "upstream", "staleness_s": "staleness", "api_keys": "api_key", "priority_keys": "priority_key",
+         "trusted_proxies": "trusted_proxy", "fail_open": "fail_closed"}  # a key's command-line parameter
 ADDED = ("api_keys", "priority_keys", "trusted_proxies")  # the command line adds to the file's
 POLICY = ("hysteresis", "priority_reject", "max_tokens_cap", "max_tokens_fraction", "staleness_s", "fail_open",
           "retry_after_s", "default_max_tokens", "max_waiting")
@@ -264,23 +281,41 @@ def _unknown(source: str, key: Any) -> NoReturn:
 
 def parse(data: Mapping[str, Any], source: str = "config", flags: Mapping[str, Any] | None = None) -> GuardConfig:
     """The guard's configuration from its file's mapping (`source` names the file in errors) and the command
-    line's settings (`flags`, by the file's key names, None for not given), each checked."""
+    line's settings (`flags`, by the file's key names, None for not given: a flag's default never replaces the
+    file's value), each checked; a flag given replaces the file's value, and says so in the record's notes."""
     values: dict[str, Any] = {}
     for key, value in data.items():
         if key not in KEYS:
             _unknown(source, key)
         if value is not None:
             values[key] = KEYS[key](value, f"{source}: {key}", key)
+    notes, flagged = [], set()
     for key, value in (flags or {}).items():
         if value is None or (isinstance(value, list | tuple) and not value):
             continue
+        flagged.add(key)
         param = PARAM.get(key, key)
         given = FLAGS[key](tuple(value) if key in ADDED else value, param, param)
+        if key in values and key not in ADDED and values[key] != given:
+            if isinstance(given, bool):  # fail_open is the command line's --fail-closed
+                shown = named(param, value=given if param == key else not given)
+            else:
+                shown = f"{named(param)} {given:g}" if isinstance(given, float) else f"{named(param)} {given}"
+            before = str(values[key]).lower() if isinstance(given, bool) else values[key]
+            notes.append(f"{shown} replaces {key}: {before} in {source}")
         values[key] = tuple(values.get(key, ())) + given if key in ADDED else given
-    return _record(values, source if data else None)
+    poll, stale = values.get("poll_interval", GuardConfig.poll_interval), values.get("staleness_s", Policy.staleness_s)
+    if stale < 2 * poll:  # else a reading goes stale between two scrapes and the guard no longer sees the engine
+        from_file = "staleness_s" in data and "staleness_s" not in flagged  # else the flag's, or the default
+        param = "staleness_s" if from_file else "staleness"
+        where = f"{source}: {param}" if from_file else param
+        raise UpstreamConfigError(f"{where}: must be at least twice the poll interval ({2 * poll:g} s), or a "
+                                  "reading goes stale before the next one and the engine's usage is not seen (got "
+                                  f"{stale:g})", param=param)
+    return _record(values, source if data else None, tuple(notes))
 
 
-def _record(values: dict[str, Any], source: str | None) -> GuardConfig:
+def _record(values: dict[str, Any], source: str | None, notes: tuple[str, ...] = ()) -> GuardConfig:
     levels = values.pop("levels", ())
     thresholds = {find_level(name=lv.name).key: lv.threshold for lv in levels}  # type: ignore[union-attr]
     try:
@@ -298,9 +333,11 @@ def _record(values: dict[str, Any], source: str | None) -> GuardConfig:
         if key in values:
             values[key] = frozenset(values[key])
     return GuardConfig(
-        **values, levels=levels, policy=policy,
+        **values, levels=levels, policy=policy, notes=notes,
         limits=ConnectionLimits(**{"max_connections": fd_room(), **limits}, trusted_proxies=trusted),
         clients=ClientLimits(max_in_flight=cap, header=header.strip().lower() if header else None, trusted=trusted))
+
+
 
 
 def read_yaml(path: str, param: str) -> dict[str, Any]:

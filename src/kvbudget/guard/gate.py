@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvbudget.engines import Engine
+from kvbudget.errors import KVBudgetError
 from kvbudget.guard.admission import Admission
 from kvbudget.guard.clients import Clients
 from kvbudget.guard.config import GuardConfig
@@ -95,7 +96,11 @@ class Gate:
             asked = read_request(body, chat=ROUTES[path])
         except BadRequest as exc:
             return Refusal(status=400, message=str(exc), kind="invalid_request_error", param=exc.param)
-        prompts = self.admission.prompt_tokens(body, asked) if self.admission.predictor is not None else []
+        try:
+            prompts = self.admission.prompt_tokens(body, asked) if self.admission.predictor is not None else []
+        except KVBudgetError as exc:  # the tokenizer's chat template refuses the messages
+            return Refusal(status=400, message=str(exc), kind="invalid_request_error",
+                           param="messages" if asked.chat else "prompt")
         client = self.clients.identify(headers, peer, self.key(headers.get("authorization", "")) if self.keys else None)
         return Pending(path=path, body=body, asked=asked, prompts=prompts, priority=self.priority(headers),
                        client=client)

@@ -161,6 +161,9 @@ class _Limited(_Base):
         self._phase = phase
         limits = self.limits
         self._deadline = self.loop.time() + (limits.header_timeout if phase is HEADERS else limits.body_timeout)
+        if self._timer is not None and self._timer.when() > self._deadline:  # an earlier deadline: the timer
+            self._timer.cancel()  # set for a later one would act late (a 5 s body_timeout cut at the headers' 10 s)
+            self._timer = None
         if self._timer is None:
             self._timer = self.loop.call_at(self._deadline, self._late)
 

@@ -70,6 +70,9 @@ class Replica:
     budget: int | None = None  # KV bytes its pool holds, as the engine states it (None: not read)
     pool: str = ""  # ... where that came from
     exposition: bytes = b""  # the body of the last complete scrape of its /metrics (a sidecar republishes it)
+    failures: int = 0  # its answers that failed (5xx, timeouts) in a row, ...
+    failed_at: float = 0.0  # ... time.monotonic() of the last, ...
+    failure: str = ""  # ... and what it was
 
     def fresh(self, policy: Policy, now: float) -> bool:
         return self.observed is not None and now - self.observed_at <= policy.staleness_s

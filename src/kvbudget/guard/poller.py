@@ -118,11 +118,13 @@ class Poller:
                 event(self.log, {"event": "pool_unusable", "replica": replica.url, "source": report.source,
                                  "reason": str(exc)})
             return
-        if budget != replica.budget:
-            before, replica.budget, replica.pool = replica.budget, budget, report.source
+        if budget != replica.budget or report.source != replica.pool:  # a restart, or the config's estimate replaced
+            before, was = replica.budget, replica.pool
+            replica.budget, replica.pool = budget, report.source
             self.metrics.kv_budget.labels(replica.url).set(budget)
             event(self.log, {"event": "pool", "replica": replica.url, "tokens": report.tokens, "budget_bytes": budget,
-                             "source": report.source, **({"previous_bytes": before} if before is not None else {})})
+                             "source": report.source,
+                             **({"previous_bytes": before, "previous_source": was} if before is not None else {})})
 
     async def poll_forever(self, pool: Pool) -> None:
         """Every replica scraped again each `interval`, after the first scrape (`poll_once`) has run."""

@@ -14,6 +14,7 @@ from kvbudget.errors import KVBudgetError
 
 # integer fields the guard reads or rewrites, with the least each may be (llama.cpp's n_predict -1: no limit)
 INT_FIELDS = {"max_tokens": 0, "max_completion_tokens": 0, "n_predict": -1, "n": 1, "best_of": 1}
+MOST = 2**31 - 1  # the most any of them may be: the engines read them as 32-bit integers (llama.cpp's n_predict)
 BOOL_FIELDS = ("stream", "use_beam_search")
 
 
@@ -28,13 +29,16 @@ class Asked:
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object; NaN and Infinity, which JSON does not have, are refused."""
+    """The body as a JSON object; NaN and Infinity, which JSON does not have, are refused, and so is a number of
+    more digits than Python reads (its ValueError) or nesting deeper than its parser goes."""
     def constant(name: str) -> Any:
         raise BadRequest(f"the request body is not valid JSON: {name} is not a JSON number")
 
     try:
         body = json.loads(raw, parse_constant=constant)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+    except BadRequest:
+        raise
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, a 5,000-digit number
         raise BadRequest("the request body is not valid JSON") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
@@ -49,8 +53,9 @@ def read_request(body: dict[str, Any], chat: bool) -> Asked:
             continue
         if isinstance(value, bool) or not isinstance(value, int):
             raise BadRequest(f"{name} must be an integer, not {_kind(value)}", param=name)
-        if value < least:
-            raise BadRequest(f"{name} must be at least {least} (got {value})", param=name)
+        if not least <= value <= MOST:
+            shown = value if abs(value) < 10**30 else f"a number of {len(str(abs(value)))} digits"
+            raise BadRequest(f"{name} must be from {least} to {MOST:,} (got {shown})", param=name)
     for name in BOOL_FIELDS:
         value = body.get(name)
         if value is not None and not isinstance(value, bool):
@@ -73,12 +78,21 @@ def _check_messages(body: dict[str, Any]) -> None:
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise BadRequest(f"messages[{i}] must be an object with a role and content", param="messages")
+        if not isinstance(m.get("role"), str):
+            raise BadRequest(f"messages[{i}].role must be a string (system, user, assistant, tool), not "
+                             f"{_kind(m.get('role'))}", param="messages")
         content = m.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise BadRequest(f"messages[{i}].content must be a string or a list of parts, not {_kind(content)}",
                              param="messages")
-        if isinstance(content, list) and not all(isinstance(p, dict) for p in content):
-            raise BadRequest(f"messages[{i}].content parts must be objects", param="messages")
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(part, dict):
+                raise BadRequest(f"messages[{i}].content[{j}] must be an object, not {_kind(part)}",
+                                 param="messages")
+            for key in ("type", "text"):  # what the prompt is counted from
+                if key in part and not isinstance(part[key], str):
+                    raise BadRequest(f"messages[{i}].content[{j}].{key} must be a string, not {_kind(part[key])}",
+                                     param="messages")
 
 
 def _prompts(body: dict[str, Any]) -> tuple[str | int, ...]:
@@ -105,7 +119,7 @@ def _kind(value: Any) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return {str: "a string", bool: "a boolean", float: "a number with a fraction", list: "a list",
-            dict: "an object"}.get(type(value), type(value).__name__)
+            dict: "an object", int: "a number", type(None): "missing or null"}.get(type(value), type(value).__name__)
 
 
 __all__ = ["Asked", "BadRequest", "parse_json", "read_request", "samples"]

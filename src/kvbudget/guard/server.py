@@ -14,8 +14,8 @@ from typing import Any, TextIO
 
 from kvbudget.choices import Device
 from kvbudget.engines import Engine, EngineOptions, get_engine, serving_engines
-from kvbudget.engines.metrics import PoolReport, ReportsPool
-from kvbudget.errors import KVBudgetError, UpstreamConfigError, spelled
+from kvbudget.engines.metrics import ReportsPool
+from kvbudget.errors import KVBudgetError, UpstreamConfigError, spell, spelled
 from kvbudget.guard.app import Guard
 from kvbudget.guard.config import GuardConfig, parse
 from kvbudget.guard.log import guard_log
@@ -37,21 +37,24 @@ def build_guard(upstreams: Sequence[str] = (), engine: str | Engine | None = Non
                 config: GuardConfig | Mapping[str, Any] | None = None, model: str | None = None,
                 kv_memory: int | None = None, tokenizer: str | None = None, api_keys: Sequence[str] = (),
                 priority_keys: Sequence[str] = (), max_tokens_cap: int | None = None,
-                poll_interval: float | None = None, staleness: float = 10.0, fail_open: bool = True,
+                poll_interval: float | None = None, staleness: float | None = None, fail_open: bool | None = None,
                 decision_log: TextIO | None = None, device: str | None = None, max_model_len: int | None = None,
                 sidecar: bool = False, ext_proc: tuple[str, int] | None = None) -> tuple[Guard, list[str]]:
     """A Guard and the notes to print at start (what it predicts with, and what it cannot). `config` is the
     guard's configuration: the record (`guard.config.read` merged the command line into it already), or a
-    mapping as its YAML file holds it, which the other arguments (the command line's settings) are merged over.
-    `decision_log`: a stream for the guard's JSON lines (None: the `kvbudget.guard` logger, on stderr)."""
+    mapping as its YAML file holds it, which the other arguments (the command line's settings; None: not given,
+    the file's value or the default) are merged over; `kv_memory` overrides the pool each engine states.
+    `decision_log`: a stream for the guard's JSON lines (None: the `kvbudget.guard` logger, on stderr). The notes
+    are in the library's words."""
     if not isinstance(config, GuardConfig):
         config = parse(config or {}, "config", flags={
-            "upstreams": list(upstreams), "engine": engine, "model": model, "kv_budget_bytes": kv_memory,
+            "upstreams": list(upstreams), "engine": engine, "model": model, "kv_memory": kv_memory,
             "tokenizer": tokenizer, "api_keys": list(api_keys), "priority_keys": list(priority_keys),
             "max_tokens_cap": max_tokens_cap, "poll_interval": poll_interval, "staleness_s": staleness,
             "fail_open": fail_open, "device": device, "max_model_len": max_model_len, "sidecar": sidecar,
             "ext_proc": ext_proc})
-    return assemble(config, decision_log)
+    guard, notes = assemble(config, decision_log)
+    return guard, [spell(note) for note in notes]
 
 
 def assemble(config: GuardConfig, decision_log: TextIO | None = None) -> tuple[Guard, list[str]]:
@@ -77,7 +80,9 @@ def assemble(config: GuardConfig, decision_log: TextIO | None = None) -> tuple[G
     served, served_length = _served_model(config.upstreams[0]) if model is None or context is None else (None, None)
     source = model or served
     context = context or served_length
-    predictor, pool_budget, spec = _predictor(chosen, source, config.kv_budget_bytes, config.device, notes)
+    notes.extend(config.notes)
+    prediction, spec = _predictor(chosen, source, config, notes)
+    predictor = prediction.predictor
     if predictor is not None and context is None and spec is not None and spec.max_position_embeddings:
         context = spec.max_position_embeddings
         notes.append(f"context length {context:,} from the model's config (the upstream did not say; give "
@@ -102,43 +107,56 @@ def assemble(config: GuardConfig, decision_log: TextIO | None = None) -> tuple[G
     else:
         notes.append("prompt lengths estimated from characters (4 per token); give a tokenizer for exact counts")
     guard = Guard(replace(config, upstreams=tuple(config.upstreams), engine=chosen, max_model_len=context),
-                  Prediction(predictor=predictor, pool_budget=pool_budget, count_prompt=count_prompt),
-                  guard_log(decision_log))
+                  replace(prediction, count_prompt=count_prompt), guard_log(decision_log))
     return guard, notes
 
 
-def _predictor(chosen: Engine, source: str | None, budget: int | None, device: str, notes: list[str]
-               ) -> tuple[Predictor | None, Callable[[PoolReport], int] | None, Any]:
-    """What the guard predicts with: the model's allocation on the engine, against the budget given or, where the
-    engine states its pool, each replica's own (the pool's budget, from the engine package); the model read."""
+def _predictor(chosen: Engine, source: str | None, config: GuardConfig, notes: list[str]
+               ) -> tuple[Prediction, Any]:
+    """What the guard predicts with: the model's allocation on the engine, against each replica's budget: the one
+    given (kv_memory), else the pool the replica's engine states (read on every poll; the engine package turns it
+    into bytes), else the config's kv_budget_bytes (the plan's estimate; until that pool is read, where there is
+    one). The model read is returned beside it."""
     from kvbudget.model.load import load_model
 
     if source is None:
         notes.append("no model given and the upstream did not name one: acting on observed usage alone")
-        return None, None, None
+        return Prediction(), None
     try:
         spec = load_model(source)
     except KVBudgetError as exc:
         notes.append(f"model {source!r} cannot be resolved here ({exc}); acting on observed usage alone")
-        return None, None, None
-    if not budget and not isinstance(chosen, ReportsPool):
-        notes.append(f"no KV budget ({chosen.name} states no pool; give kv_memory, or kv_budget_bytes in the "
-                     "config): acting on observed usage alone")
-        return None, None, spec
+        return Prediction(), None
+    pool = chosen if isinstance(chosen, ReportsPool) and not config.kv_memory else None
+    budget = config.kv_memory or config.kv_budget_bytes
+    given = spelled("kv_memory", "--kv-memory")
+    if not budget and pool is None:
+        notes.append(f"no KV budget ({chosen.name} states no pool; give {given}, or "
+                     f"{spelled('kv_budget_bytes in the config', 'kv_budget_bytes in --config')}): acting on "
+                     "observed usage alone")
+        return Prediction(), spec
     # the upstream's device decides vLLM's block size on CPUs
-    options = EngineOptions(device=Device.parse(device, "device"))
-    predictor = Predictor(chosen.allocate(spec, options=options), budget)
-    per_token = predictor.allocation.bytes_per_token
-    if budget:
-        notes.append(f"predicting with {spec.name} on {chosen.name}: {per_token:,} bytes per token, KV budget "
-                     f"{budget:,} bytes per replica (given)")
-        return predictor, None, spec
-    assert isinstance(chosen, ReportsPool)
-    engine = chosen
-    notes.append(f"predicting with {spec.name} on {chosen.name}: {per_token:,} bytes per token, KV budget from "
-                 f"each replica's own pool ({' or '.join(engine.pool_gauge.paths)}), read on every poll (give "
-                 "kv_memory to override)")
-    return predictor, lambda report: engine.pool_budget(spec, report, options=options), spec
+    options = EngineOptions(device=Device.parse(config.device, "device"))
+    predictor = Predictor(chosen.allocate(spec, options=options))
+    said = f"predicting with {spec.name} on {chosen.name}: {predictor.allocation.bytes_per_token:,} bytes per token"
+    if config.kv_memory:
+        where = "kv_memory (given)" + (f", over the pool {chosen.name} states" if isinstance(chosen, ReportsPool)
+                                       else "")
+        notes.append(f"{said}, KV budget {budget:,} bytes per replica (given), from {given}"
+                     f"{f' in place of the pool {chosen.name} states' if isinstance(chosen, ReportsPool) else ''}")
+        return Prediction(predictor=predictor, budget=budget, budget_source=where), spec
+    if pool is None:
+        notes.append(f"{said}, KV budget {budget:,} bytes per replica (kv_budget_bytes in the config: the plan's "
+                     f"estimate; {chosen.name} states no pool)")
+        return Prediction(predictor=predictor, budget=budget, budget_source="kv_budget_bytes (config)"), spec
+    engine = pool
+    until = "" if not budget else (f"; the config's kv_budget_bytes {budget:,} (the plan's estimate) until it is "
+                                   "read")
+    notes.append(f"{said}, KV budget from each replica's own pool ({' or '.join(engine.pool_gauge.paths)}), read on "
+                 f"every poll{until} (give {given} to override)")
+    return Prediction(predictor=predictor, budget=budget, budget_source="kv_budget_bytes (config), until the "
+                      "engine's pool is read" if budget else "",
+                      pool_budget=lambda report: engine.pool_budget(spec, report, options=options)), spec
 
 
 def server_config(guard: Guard, host: str, port: int, loop: str = "asyncio") -> Any:

@@ -71,4 +71,6 @@ class Prediction:
     # the KV budget a replica's stated pool holds (the engine's ReportsPool, for the model predicted with); None:
     # a budget was given, or the engine states none, or there is no model to predict with
     pool_budget: Callable[[PoolReport], int] | None = None
+    budget: int | None = None  # each replica's KV budget until its pool is read (None: none), ...
+    budget_source: str = ""  # ... and where it comes from (kv_memory given, the config's kv_budget_bytes)
     count_prompt: Callable[[dict[str, Any]], int] | None = None  # prompt tokens of a body; None: characters / 4

@@ -360,7 +360,9 @@ def test_yaml_config_sets_thresholds_and_limits():
     assert guard.config.policy.thresholds == (0.5, 0.6, 0.7) and guard.config.policy.hysteresis == 0.02
     assert guard.config.max_body_bytes == 1234 and guard.config.idle_timeout == 7.0
     assert guard.config.api_keys == frozenset({"k"})
-    assert guard.prediction.predictor.budget == 131_072 * 1000
+    # the config's kv_budget_bytes (the plan's estimate) serves until the engine's own pool is read (issue 50)
+    assert guard.prediction.predictor.budget is None
+    assert guard.replicas[0].budget == 131_072 * 1000 and "kv_budget_bytes" in guard.replicas[0].pool
 
 
 def test_alert_firings_follow_prometheus_for_semantics():

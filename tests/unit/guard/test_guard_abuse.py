@@ -564,7 +564,7 @@ def test_a_taken_port_is_a_one_line_error_from_the_cli(capsys):
 
 
 def test_no_reachable_upstream_is_a_counted_502(fake_engine, serve, free_port):
-    guard, _ = build_guard([f"http://127.0.0.1:{free_port()}"], "vllm", poll_interval=60,
+    guard, _ = build_guard([f"http://127.0.0.1:{free_port()}"], "vllm", poll_interval=60, staleness=120,
                            decision_log=io.StringIO())
     with serve(guard.app()) as g:
         deadline = time.monotonic() + 10
@@ -590,3 +590,16 @@ def test_the_header_limit_counts_headers_only(fake_engine, serve):
             sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
             assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+
+
+def test_the_body_deadline_is_exact_when_it_is_shorter_than_the_headers(fake_engine, serve):
+    """`body_timeout: 5` under the default `header_timeout: 10` acted at 10 s: the connection's one timer, set for
+    the headers' deadline, was not brought forward for the body's earlier one."""
+    guard = guard_with_limits(fake_engine, io.StringIO(), header_timeout=3.0, body_timeout=0.3)
+    with serve_guard(serve, guard) as g, socket.create_connection(("127.0.0.1", g.port), timeout=5) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        started = time.monotonic()
+        answer = b"".join(iter(lambda: sock.recv(4096), b""))
+        took = time.monotonic() - started
+        assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.3 s" in answer
+        assert 0.25 < took < 0.8, took  # was 3 s: the headers' deadline

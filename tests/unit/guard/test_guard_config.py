@@ -21,7 +21,7 @@ from kvbudget.levels import HYSTERESIS, LEVELS  # noqa: E402
 def guard_cli(tmp_path, capsys, text: str, *flags: str) -> tuple[int, str]:
     path = tmp_path / "guard.yaml"
     path.write_text(text)
-    code = main(["guard", "--config", str(path), "--upstream", "http://127.0.0.1:9", "--listen", "127.0.0.1:1",
+    code = main(["guard", "--config", str(path), "--upstream", "http://127.0.0.1:9", "--listen", "192.0.2.1:1",
                  *flags])
     out, err = capsys.readouterr()
     assert out == ""
@@ -37,13 +37,30 @@ def guard_cli(tmp_path, capsys, text: str, *flags: str) -> tuple[int, str]:
     ("upstreams: http://a\n", "upstreams", "not one string"),
     ("kv_budget_bytes: abc\n", "kv_budget_bytes", "whole number"),
     ("hysteresis: x\n", "hysteresis", "number"),
-    ("max_tokens_fraction: abc\n", "max_tokens_fraction", "number"),
+    ("max_tokens_fraction: abc\n", "max_tokens_fraction", "fraction above 0 and at most 1"),
     ("header_timeout: .nan\n", "header_timeout", "number of seconds"),
     ("header_timeout: .inf\n", "header_timeout", "number of seconds"),
     ("connect_timeout: -1\n", "connect_timeout", "above 0"),
     ("staleness_s: 0\n", "staleness_s", "above 0"),
-    ("default_max_tokens: -5\n", "default_max_tokens", "at least 1"),
-    ("max_waiting: 0\n", "max_waiting", "at least 1"),
+    ("default_max_tokens: -5\n", "default_max_tokens", "from 1 to 2,147,483,647"),
+    ("max_waiting: 0\n", "max_waiting", "from 1"),
+    # issue 50: keys only from lists of distinct strings a bearer token can carry
+    ("api_keys: ''\n", "api_keys", "not one string"),
+    ("api_keys: ['']\n", "api_keys", "each a string"),
+    ("api_keys: [k1, k2, k1]\n", "api_keys", "entry 3 repeats entry 1"),
+    ("priority_keys: ['my key']\n", "priority_keys", "spaces or characters a bearer token cannot carry"),
+    ("priority_keys: [\"k\\n\"]\n", "priority_keys", "spaces or characters a bearer token cannot carry"),
+    # every timeout, interval, fraction and count finite and within its range
+    ("header_timeout: 1e400\n", "header_timeout", "at most 86,400"),
+    ("body_timeout: 86401\n", "body_timeout", "at most 86,400"),
+    ("poll_interval: 0\n", "poll_interval", "of at least 0.05"),
+    ("poll_interval: .nan\n", "poll_interval", "of at least 0.05"),
+    ("staleness_s: 1\npoll_interval: 1\n", "staleness_s", "at least twice the poll interval (2 s)"),
+    ("hysteresis: 2\n", "hysteresis", "at most 1"),
+    ("retry_after_s: abc\n", "retry_after_s", "whole number from 0 to 86,400"),
+    ("retry_after_s: 100000\n", "retry_after_s", "whole number from 0 to 86,400"),
+    ("kv_budget_bytes: 1" + "0" * 400 + "\n", "kv_budget_bytes", "from 1 to 9,007,199,254,740,992"),
+    ("max_tokens_cap: 4294967296\n", "max_tokens_cap", "from 1 to 2,147,483,647"),
     ("fail_open: maybe\n", "fail_open", "true or false"),
     ("levels: [{name: warn, threshold: .nan}]\n", "levels", "numeric threshold"),
     ("levels: {warn: 0.5}\n", "levels", "list of levels"),
@@ -54,7 +71,7 @@ def test_a_bad_value_is_one_line_naming_the_file_and_the_key(tmp_path, capsys, t
     assert err.startswith(f"kvbudget: error: {tmp_path / 'guard.yaml'}: {key}") and why in err, err
     with pytest.raises(KVBudgetError) as exc:
         parse(yaml.safe_load(text), "guard.yaml")
-    assert exc.value.param == key and "--" not in str(exc.value)
+    assert exc.value.param == key and "--" not in str(exc.value) and "\n" not in str(exc.value)
 
 
 def test_a_bad_key_list_never_shows_the_keys(tmp_path, capsys):
@@ -74,10 +91,15 @@ def test_an_unknown_key_is_named_with_its_file_and_a_fix(tmp_path, capsys):
 
 
 def test_flags_are_checked_as_the_file_is_and_named_as_flags(tmp_path, capsys):
-    for flags, shown in ((["--poll-interval", "0"], "--poll-interval: must be a number of seconds above 0"),
-                         (["--poll-interval", "nan"], "--poll-interval: must be a number of seconds above 0"),
+    for flags, shown in ((["--poll-interval", "0"], "--poll-interval: must be a number of seconds of at least 0.05"),
+                         (["--poll-interval", "nan"], "--poll-interval: must be a number of seconds of at least 0.05"),
                          (["--staleness", "-1"], "--staleness: must be a number of seconds above 0"),
-                         (["--staleness", "abc"], "--poll-interval and --staleness take seconds (numbers)")):
+                         (["--staleness", "inf"], "--staleness: must be a number of seconds above 0 and at most "
+                                                  "86,400"),
+                         (["--staleness", "abc"], "--staleness: takes a number of seconds, not 'abc'"),
+                         (["--poll-interval", "6"], "--staleness: must be at least twice the poll interval (12 s)"),
+                         (["--poll-interval", "5", "--staleness", "8"], "--staleness: must be at least twice the "
+                                                                        "poll interval (10 s)")):
         code, err = guard_cli(tmp_path, capsys, "{}\n", *flags)
         assert code == 2 and err.startswith(f"kvbudget: error: {shown}") and err.count("\n") == 1, err
 

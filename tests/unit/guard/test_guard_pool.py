@@ -144,3 +144,33 @@ def test_pool_readers_take_what_each_engine_exports():
     tgi = read("tgi", json.dumps({"max_batch_total_tokens": 123_456, "max_total_tokens": 4096}))
     assert (tgi.tokens, tgi.context) == (123_456, 4096)
     assert ENGINES["tgi"].pool_gauge.read(json.dumps({"max_total_tokens": 4096})) is None
+
+
+def test_the_engines_pool_is_preferred_over_the_plans_estimate_in_the_config(serve):
+    """The README's example writes the plan's estimate into guard.yaml as kv_budget_bytes, which then replaced the
+    pool the engine reports, and /readyz showed budget_bytes null. Now the engine's pool wins, the config's figure
+    serves until it is read, and /readyz shows the budget in use and where it came from."""
+    stub, log = PoolStub("vllm"), io.StringIO()
+    estimate = 20_000 * TOKEN  # the plan's figure, 25% above what the engine found
+    with serve(stub.app()) as upstream:
+        guard, notes = guard_on(upstream.url, "vllm", log, config={"kv_budget_bytes": estimate})
+        assert guard.replicas[0].budget == estimate  # before the first poll: the config's
+        assert any(f"kv_budget_bytes {estimate:,} (the plan's estimate) until it is read" in n for n in notes), notes
+        with serve(guard.app()) as g:
+            ready = httpx.get(f"{g.url}/readyz").json()["replicas"][0]
+            assert ready["budget_bytes"] == 16_000 * TOKEN and "cache_config_info" in ready["budget_source"]
+            ask(g.url, 30_000)
+            assert stub.bodies[-1]["max_tokens"] == 15_000  # judged against the engine's 16,000 tokens
+    (event,) = [json.loads(line) for line in log.getvalue().splitlines() if '"event": "pool"' in line]
+    assert event["previous_bytes"] == estimate and "kv_budget_bytes" in event["previous_source"]
+
+
+def test_kv_memory_given_shows_in_readyz_as_the_budget_in_use(serve):
+    stub, log = PoolStub("vllm"), io.StringIO()
+    with serve(stub.app()) as upstream:
+        guard, notes = guard_on(upstream.url, "vllm", log, kv_memory=100_000 * TOKEN,
+                                config={"kv_budget_bytes": 20_000 * TOKEN})
+        assert any("from kv_memory in place of the pool vllm states" in n for n in notes), notes
+        with serve(guard.app()) as g:
+            ready = httpx.get(f"{g.url}/readyz").json()["replicas"][0]
+            assert ready["budget_bytes"] == 100_000 * TOKEN and ready["budget_source"].startswith("kv_memory (given)")
