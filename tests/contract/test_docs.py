@@ -226,3 +226,28 @@ def test_no_development_history_where_users_read() -> None:
 @pytest.mark.parametrize("example", _params({"cluster"}))
 def test_cluster_example(example: Example, tmp_path: Path) -> None:
     {"console": run_console, "bash": run_bash, "python": run_python}[example.lang](example, tmp_path)
+
+
+def test_the_errors_page_states_each_limit_as_the_code_sets_it() -> None:
+    """Every constant the errors page names in its limits tables has the value the row states (a limit changed in
+    the code and not on the page fails here)."""
+    import importlib
+
+    page = (REPO / "docs" / "reference" / "errors.md").read_text()
+    rows = [line for line in page.splitlines() if line.startswith("| ") and "`kvbudget." in line]
+    checked = 0
+    for row in rows:
+        for dotted in re.findall(r"`(kvbudget(?:\.\w+)+\.[A-Z][A-Z_]+)`", row):
+            module, name = dotted.rsplit(".", 1)
+            value = getattr(importlib.import_module(module), name)
+            forms = {f"{value:,}", str(value)}
+            if isinstance(value, float) and value.is_integer():
+                forms.add(f"{int(value):,}")
+            whole = int(value)
+            if whole > 1 and whole & (whole - 1) == 0:
+                forms |= {f"2^{whole.bit_length() - 1}", f"{whole >> 20:,} MiB"}
+            if whole > 1 and (whole + 1) & whole == 0:
+                forms.add(f"2^{whole.bit_length()} - 1")
+            assert any(form in row for form in forms), (dotted, value, row)
+            checked += 1
+    assert checked >= 20, checked
