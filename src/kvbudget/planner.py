@@ -522,6 +522,9 @@ def _offload(inputs: _Inputs, card: GPU) -> list[Recommendation]:
 
 def _fit_effect(other: Plan) -> str:
     cap = other.capacity
+    if cap.fits and other.replicas > 1:
+        return (f"{cap.max_concurrency:.2f}x requests of {cap.max_model_len:,} tokens per replica, "
+                f"{other.total_concurrency:.2f}x in all")
     return (f"{cap.max_concurrency:.2f}x requests of {cap.max_model_len:,} tokens" if cap.fits else
             f"a KV budget of {format_bytes(other.kv_memory_bytes)}, requests up to {cap.estimated_max_model_len:,} "
             "tokens")

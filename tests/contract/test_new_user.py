@@ -116,6 +116,19 @@ def test_more_tensor_parallelism_keeps_the_replicas_and_counts_the_gpus_it_adds(
                                                          for r in single]
 
 
+def test_advice_that_makes_a_multi_replica_deployment_fit_says_per_replica_and_in_all(capsys):
+    """DeepSeek-V3 on two H200s does not fit; the larger tensor parallel size offered keeps 2 replicas, and its
+    effect gives one replica's requests and the deployment's, each what a plan of exactly that deployment gives."""
+    argv = ["deepseek-v3", "--gpu", "H200", "--gpus", "2", "--expert-parallel"]
+    recs = [r for r in plan_json(capsys, argv)["recommendations"] if r["parameters"].get("tp")]
+    assert recs
+    for rec in recs:
+        tp, gpus = rec["parameters"]["tp"], rec["parameters"]["gpus"]
+        alone = plan_json(capsys, [*argv[:3], "--gpus", str(gpus), "--tp", str(tp), "--expert-parallel"])
+        each, total = alone["capacity"]["max_concurrency"], alone["deployment"]["max_concurrency"]
+        assert f"{each:.2f}x requests of" in rec["effect"] and f"per replica, {total:.2f}x in all" in rec["effect"]
+
+
 @pytest.mark.parametrize("log, stated", [
     ("vllm-0.19-llm-d-planner-mixtral-8x7b-tp2.log", {"tensor", "pipeline"}),  # tensor_parallel_size=2, pipeline 1
     ("vllm-0.4-issue-5248-deepseek-coder-6.7b-tp2.log", {"tensor"}),  # tp 2 stated, pp not
