@@ -24,7 +24,7 @@ from kvbudget.simulation.run import simulate
     ('{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, [2]]}\n', ":1: hash_ids must list "
      "one integer id"),
     ('{"arrival": 0, "prompt_tokens": 5}\n', ":1: missing 'output_tokens'"),
-    ("{not json\n", ":1: not JSON"),
+    ("{not json\n", ":1: invalid JSON at column 2"),
     ("hello\n", ":1: not a trace"),
 ])
 def test_a_bad_trace_line_is_named_by_file_and_line(tmp_path, text, where):
