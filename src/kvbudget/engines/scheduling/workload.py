@@ -127,14 +127,16 @@ def read_azure(path: str | Path) -> Iterator[Request]:
 
     def rows() -> Iterator[tuple[int, Request]]:
         reader = csv.reader(_lines(path))
+        done = 0  # lines read into whole rows (a quoted field may take more than one)
         try:
             header = next(reader, None)
             want = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
             if header is None or [h.strip() for h in header[:3]] != want:
                 raise TraceError(name, 1, f"expected the Azure trace header {','.join(want)}, found "
                                  f"{_shown(header)}")
+            done = reader.line_num
             for row in reader:
-                line = reader.line_num
+                line = done = reader.line_num
                 if len(row) < 3:
                     raise TraceError(name, line, f"expected 3 columns, found {len(row)}")
                 try:
@@ -143,8 +145,8 @@ def read_azure(path: str | Path) -> Iterator[Request]:
                     raise TraceError(name, line, f"TIMESTAMP {_shown(row[0])} is not a date and time") from None
                 yield line, Request(arrival=stamp, prompt_tokens=_count(row[1], name, line, "ContextTokens"),
                                     output_tokens=_count(row[2], name, line, "GeneratedTokens"), id=f"{line}")
-        except csv.Error as exc:  # a quoted field that runs on past the field size limit
-            raise TraceError(name, reader.line_num, f"not the Azure CSV ({exc})") from None
+        except csv.Error as exc:  # a quoted field that runs on past the field size limit: named where it starts
+            raise TraceError(name, done + 1, f"not the Azure CSV ({exc})") from None
 
     return _ordered(rows(), name)
 
