@@ -266,3 +266,61 @@ def test_pipelined_counts_come_out_in_order_and_equal_the_raw_encoder(tok_dir, r
                                                                                         skipped=skipped)]
     assert got == expected
     assert [number for number, _ in skipped] == [i + 1 for i in range(700) if i % 97 == 5]
+
+
+GOOD_LINE = json.dumps({"messages": MESSAGES, "max_tokens": 7})
+
+
+@pytest.mark.parametrize("lines, expected", [
+    (['{"messages": ' + "[" * 100_000], "line 1: nests [ and { more than 64 levels deep"),
+    (['{"messages": [{"role": "user", "content": "x"}], "max_tokens": ' + "9" * 5000 + "}"],
+     "line 1: invalid JSON: a number of over 4,300 digits"),
+    (['{"messages": [{"role": "user", "content": "x"}], "max_tokens": ' + "9" * 4000 + "}"],
+     "line 1: 'max_tokens' must be a whole number from 0 to 16,777,216"),
+    (['{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1e400}'], "line 1: 'max_tokens' must be"),
+])
+def test_a_hostile_request_log_line_is_one_line(tmp_path, capsys, lines, expected):
+    """A line nested 100,000 deep (a RecursionError), a number of 5,000 digits (a ValueError) or a max_tokens of
+    4,000 digits (an OverflowError in the counts) is a bad line like any other: passed over beside good ones, and
+    the one-line refusal when nothing else is left; simulate names it."""
+    log = tmp_path / "log.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    assert main(["tokens", "llama-3.1-8b", str(log), "--approximate"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and expected in err, err
+    log.write_text("\n".join([GOOD_LINE, *lines]) + "\n")
+    assert main(["tokens", "llama-3.1-8b", str(log), "--approximate", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["count"] == 1 and stats["skipped_lines"] == 1
+    assert main(["simulate", "llama-3.1-8b", "--gpu", "H100", "--max-model-len", "4096", "--request-log", str(log),
+                 "--approximate", "--rate", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected.replace("line 1", "line 2") in err, err
+
+
+def test_a_request_log_that_is_not_text_is_named_by_line(tmp_path, capsys):
+    log = tmp_path / "log.jsonl"
+    log.write_bytes((GOOD_LINE + "\n").encode() * 300 + b'{"messages": "\xff\xfe"}\n')  # past the first 8 KB
+    for argv in (["tokens", "llama-3.1-8b", str(log), "--approximate"],
+                 ["plan", "llama-3.1-8b", "--gpu", "H100", "--lengths-from", str(log), "--approximate"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{log}:301: not UTF-8 text" in err, err
+
+
+def test_a_request_log_line_without_end_is_not_read_whole(tmp_path):
+    """A line is one document: 64 MiB without a newline (1 GB reads the same) is refused after its first 16 MiB."""
+    from kvbudget.tokens import lengths_context
+
+    log = tmp_path / "log.jsonl"
+    with open(log, "wb") as fh:
+        fh.write(GOOD_LINE.encode() + b"\n")
+        fh.truncate(fh.tell() + (64 << 20))  # sparse
+    tracemalloc.start()
+    try:
+        with pytest.raises(KVBudgetError, match="log.jsonl:2: a line longer than 16,777,216 bytes") as e:
+            lengths_context(None, str(log), approximate=True)
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    assert peak < 40 << 20 and e.value.param == "lengths_from"
