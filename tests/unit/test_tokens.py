@@ -324,3 +324,69 @@ def test_a_request_log_line_without_end_is_not_read_whole(tmp_path):
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
     assert peak < 40 << 20 and e.value.param == "lengths_from"
+
+
+# -- the request-log reader under random input (issue 50) -------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402  (after the importorskip above)
+from hypothesis import strategies as st  # noqa: E402
+
+REQUEST = st.fixed_dictionaries(
+    {"messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]),
+                                                 "content": st.text(max_size=40)}), min_size=1, max_size=3)},
+    optional={"max_tokens": st.integers(0, 1 << 24)})
+JUNK = st.one_of(  # lines that are never a chat request, each for its own reason
+    st.text(st.characters(blacklist_characters="\n"), max_size=30).map(lambda t: "#" + t),  # not JSON
+    st.integers(65, 3000).map(lambda n: "[" * n),  # nested too deep
+    st.integers(4301, 6000).map(lambda n: '{"messages": [], "max_tokens": ' + "7" * n + "}"),  # too many digits
+    st.integers((1 << 24) + 1, 10**4000).map(lambda n: f'{{"messages": [{{"role": "user"}}], "max_tokens": {n}}}'),
+    st.sampled_from(["[]", "5", '"text"', "null", '{"messages": []}', '{"messages": [5]}', '{"prompt": "hi"}',
+                     '{"messages": [{"role": "user"}], "max_tokens": -1}', "1e400", "NaN"]),
+)
+
+
+def _counted(path):
+    """count_jsonl over the file, in bounded time and memory: the stats or the one-line error."""
+    import time
+
+    from kvbudget.tokens import read_log
+
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        return PromptCounter(None, approximate=True).count_jsonl(read_log(str(path)))
+    except KVBudgetError as exc:
+        assert "\n" not in str(exc)
+        return exc
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert time.perf_counter() - start < 2 and peak < 8 << 20
+
+
+@settings(max_examples=100, deadline=None)
+@given(lines=st.lists(st.one_of(REQUEST.map(lambda r: ("ok", r)), JUNK.map(lambda j: ("junk", j))), max_size=12))
+def test_request_logs_of_requests_and_junk(tmp_path_factory, lines):
+    """Every request counted (approximate: 4 characters a token, per message), every junk line skipped by its
+    number, whatever surrounds it; nothing but junk is the one-line refusal."""
+    path = tmp_path_factory.getbasetemp() / "fuzz.jsonl"
+    path.write_text("\n".join(json.dumps(x) if kind == "ok" else x for kind, x in lines) + "\n")
+    got = _counted(path)
+    requests = [x for kind, x in lines if kind == "ok"]
+    if not requests:
+        assert isinstance(got, KVBudgetError) and "holds no requests" in str(got)
+        return
+    prompts = [sum(-(-len(m["content"]) // 4) for m in r["messages"]) for r in requests]
+    totals = [p + r.get("max_tokens", 0) for p, r in zip(prompts, requests, strict=True)]
+    assert got.count == len(requests) and got.prompt_tokens.max == max(prompts) and got.total_tokens.max == max(totals)
+    assert sum(prompts) == round(got.prompt_tokens.mean * got.count)
+    assert [n for n, _ in got.skipped] == [i for i, (kind, _) in enumerate(lines, 1) if kind == "junk"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(head=st.sampled_from([b"", GOOD_LINE.encode() + b"\n"]), noise=st.binary(max_size=400))
+def test_request_logs_of_random_bytes(tmp_path_factory, head, noise):
+    path = tmp_path_factory.getbasetemp() / "bytes.jsonl"
+    path.write_bytes(head + noise)
+    got = _counted(path)
+    assert isinstance(got, KVBudgetError) or got.count >= 1
