@@ -336,7 +336,7 @@ REQUEST = st.fixed_dictionaries(
                                                  "content": st.text(max_size=40)}), min_size=1, max_size=3)},
     optional={"max_tokens": st.integers(0, 1 << 24)})
 JUNK = st.one_of(  # lines that are never a chat request, each for its own reason
-    st.text(st.characters(blacklist_characters="\n"), max_size=30).map(lambda t: "#" + t),  # not JSON
+    st.text(st.characters(blacklist_characters="\n\0"), max_size=30).map(lambda t: "#" + t),  # not JSON
     st.integers(65, 3000).map(lambda n: "[" * n),  # nested too deep
     st.integers(4301, 6000).map(lambda n: '{"messages": [], "max_tokens": ' + "7" * n + "}"),  # too many digits
     st.integers((1 << 24) + 1, 10**4000).map(lambda n: f'{{"messages": [{{"role": "user"}}], "max_tokens": {n}}}'),
