@@ -344,7 +344,7 @@ def parse_json_text(text: str, where: str, param: str | None = None, kind: str =
 
 def read_json(path: str | os.PathLike[str], param: str, error: type[KVBudgetError] = KVBudgetError) -> Any:
     """A JSON document from a file (read_document's bounds), its errors naming the file and `param`."""
-    return _loads(read_document(path, param, error=error), str(path), param, error)
+    return _loads(read_document(path, param, error=error), str(path), param, error, document=True)
 
 
 def _text(raw: bytes, where: str, param: str | None, kind: str, error: type[KVBudgetError]) -> str:
@@ -363,12 +363,13 @@ def _check_nesting(text: str, where: str, param: str | None, kind: str, error: t
                     "needs that many", param=param)
 
 
-def _loads(text: str, where: str, param: str | None, error: type[KVBudgetError]) -> Any:
-    """json.loads, its errors one line starting with `where` (the line of a one-line text goes without saying)."""
+def _loads(text: str, where: str, param: str | None, error: type[KVBudgetError], document: bool = False) -> Any:
+    """json.loads, its errors one line starting with `where` (a file's line and column; in one line of text, or
+    a line of JSON Lines, the column)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        at = f"line {exc.lineno} column {exc.colno}" if "\n" in text.strip() else f"column {exc.colno}"
+        at = f"line {exc.lineno} column {exc.colno}" if document or "\n" in text.strip() else f"column {exc.colno}"
         raise error(f"{where}: invalid JSON at {at}: {exc.msg}", param=param) from None
     except ValueError as exc:  # an integer of more digits than Python converts
         why = (f"a number of over {sys.get_int_max_str_digits():,} digits" if "digits" in str(exc)
