@@ -1,5 +1,7 @@
 """Files kvbudget reads and writes. Reading: text streamed lazily, a file that cannot be read named in one line; a
-JSON or YAML document read whole only within MAX_DOCUMENT_BYTES and MAX_NESTING, and only if it is UTF-8 text.
+JSON or YAML document read whole only within MAX_DOCUMENT_BYTES and MAX_NESTING, and only if it is UTF-8 text; the
+lines of JSON Lines and traces (`read_lines`) one at a time, each within a bound and UTF-8, and each JSON line
+parsed as a document is (`parse_json_text`).
 
 Writing, every file through `write_files`: a target is checked before the work that fills it starts
 (`check_target`: its folder exists and can be written, it is not a folder, and an existing file is replaced only when
@@ -19,8 +21,9 @@ import os
 import re
 import signal
 import stat
+import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import accumulate
 from typing import Any, BinaryIO
@@ -299,31 +302,81 @@ def read_document(path: str | os.PathLike[str], param: str, kind: str = "JSON",
                             "permissions", param=param) from None
     if len(raw) > MAX_DOCUMENT_BYTES:
         raise error(f"{path}: over {MAX_DOCUMENT_BYTES:,} bytes (16 MiB)", param=param)
-    try:
-        if b"\0" in raw:
-            raise UnicodeDecodeError("utf-8", raw, raw.index(b"\0"), raw.index(b"\0") + 1, "NUL byte")
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise error(f"{path}: not UTF-8 text (a binary file?); give a {kind} file",
-                            param=param) from None
-    if too_deep(text):
-        raise error(f"{path}: nests [ and {{ more than {MAX_NESTING} levels deep; no {kind} file "
-                            "kvbudget reads needs that many", param=param)
+    text = _text(raw, str(path), param, f"{kind} file", error)
+    _check_nesting(text, str(path), param, f"{kind} file", error)
     return text
+
+
+def read_lines(path: str | os.PathLike[str], param: str, kind: str = "JSON Lines",
+               most: int = MAX_DOCUMENT_BYTES, error: type[KVBudgetError] = KVBudgetError
+               ) -> Generator[str, None, None]:
+    """The lines of a text file (each with its newline), read one at a time: a line of JSON Lines is a document,
+    so each is at most `most` bytes (a longer one is refused once that many are read, never read whole), UTF-8
+    without NUL bytes; else an `error` naming the file, the line and `param`."""
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise error(f"{path}: cannot read it ({exc.strerror or exc}); check the path and permissions",
+                    param=param) from None
+    with fh:
+        number = 0
+        while True:
+            number += 1
+            try:
+                raw = fh.readline(most + 1)
+            except OSError as exc:
+                raise error(f"{path}:{number}: cannot read it ({exc.strerror or exc})", param=param) from None
+            if not raw:
+                return
+            if len(raw) > most and not raw.endswith(b"\n"):  # `most` bytes and its newline pass
+                raise error(f"{path}:{number}: a line longer than {most:,} bytes; no {kind} file kvbudget reads "
+                            "has one (a binary file?)", param=param)
+            yield _text(raw, f"{path}:{number}", param, f"{kind} file", error)
+
+
+def parse_json_text(text: str, where: str, param: str | None = None, kind: str = "JSON file",
+                    error: type[KVBudgetError] = KVBudgetError) -> Any:
+    """One JSON value from text (a document's, or one line of JSON Lines), nested at most MAX_NESTING deep; else
+    an `error` starting with `where` (the file, or its line) and naming `param`."""
+    _check_nesting(text, where, param, kind, error)
+    return _loads(text, where, param, error)
 
 
 def read_json(path: str | os.PathLike[str], param: str, error: type[KVBudgetError] = KVBudgetError) -> Any:
     """A JSON document from a file (read_document's bounds), its errors naming the file and `param`."""
-    text = read_document(path, param, error=error)
+    return _loads(read_document(path, param, error=error), str(path), param, error, document=True)
+
+
+def _text(raw: bytes, where: str, param: str | None, kind: str, error: type[KVBudgetError]) -> str:
+    """UTF-8 bytes as text; NUL bytes, which no text file holds, and other bytes refused as a binary file."""
+    try:
+        if b"\0" in raw:
+            raise UnicodeDecodeError("utf-8", raw, raw.index(b"\0"), raw.index(b"\0") + 1, "NUL byte")
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{where}: not UTF-8 text (a binary file?); give a {kind}", param=param) from None
+
+
+def _check_nesting(text: str, where: str, param: str | None, kind: str, error: type[KVBudgetError]) -> None:
+    if too_deep(text):
+        raise error(f"{where}: nests [ and {{ more than {MAX_NESTING} levels deep; no {kind} kvbudget reads "
+                    "needs that many", param=param)
+
+
+def _loads(text: str, where: str, param: str | None, error: type[KVBudgetError], document: bool = False) -> Any:
+    """json.loads, its errors one line starting with `where` (a file's line and column; in one line of text, or
+    a line of JSON Lines, the column)."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise error(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
-                    param=param) from None
-    except ValueError as exc:  # an integer of more digits than Python converts (4,300)
-        raise error(f"{path}: invalid JSON ({exc})".splitlines()[0], param=param) from None
+        at = f"line {exc.lineno} column {exc.colno}" if document or "\n" in text.strip() else f"column {exc.colno}"
+        raise error(f"{where}: invalid JSON at {at}: {exc.msg}", param=param) from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        why = (f"a number of over {sys.get_int_max_str_digits():,} digits" if "digits" in str(exc)
+               else str(exc).splitlines()[0])
+        raise error(f"{where}: invalid JSON: {why}", param=param) from None
     except RecursionError:  # nesting the bracket count cannot see; never expected after too_deep
-        raise error(f"{path}: nests too deep to read", param=param) from None
+        raise error(f"{where}: nests too deep to read", param=param) from None
 
 
 def read_yaml(path: str | os.PathLike[str], param: str) -> Any:

@@ -8,7 +8,6 @@ one. transformers and tokenizers are an optional extra (kvbudget[tokens]).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from array import array
@@ -20,8 +19,9 @@ from typing import Any
 
 from kvbudget import catalog, errors, hub
 from kvbudget.engines import Engine, get_engine
+from kvbudget.engines.scheduling.workload import MAX_TRACE_TOKENS
 from kvbudget.errors import TokenizerError
-from kvbudget.files import check_readable, iter_lines
+from kvbudget.files import check_readable, iter_lines, parse_json_text, read_lines
 
 CHARS_PER_TOKEN = 4.0  # --approximate only, and labelled as such
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
@@ -228,11 +228,7 @@ class PromptCounter:
                 if not line:
                     continue
                 try:
-                    try:
-                        request = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise TokenizerError(f"line {number}: invalid JSON ({exc.msg}); each line must be one chat "
-                                            "request object") from None
+                    request = parse_json_text(line, f"line {number}", kind="chat request", error=TokenizerError)
                     messages, max_tokens = _request_fields(request, f"line {number}")
                     parts = [m if isinstance(m.get("content"), str) else {**m, "content": _content_text(m)}
                              for m in messages]
@@ -293,17 +289,20 @@ def _request_fields(request, where: str) -> tuple[list[dict], int | None]:
         raise TokenizerError(f"{where}: expected an OpenAI chat request object with 'messages'")
     _check_messages(request["messages"], where)
     max_tokens = request.get("max_tokens", request.get("max_completion_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0):
-        raise TokenizerError(f"{where}: 'max_tokens' must be a non-negative integer")
+    if max_tokens is not None and (type(max_tokens) is not int or not 0 <= max_tokens <= MAX_TRACE_TOKENS):
+        raise TokenizerError(f"{where}: 'max_tokens' must be a whole number from 0 to {MAX_TRACE_TOKENS:,} (the "
+                             "longest context any model takes)")
     return request["messages"], max_tokens
 
 
 def read_request(path: str, text: str) -> tuple[list[dict], int | None]:
-    try:
-        request = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TokenizerError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    return _request_fields(request, path)
+    """A chat request's messages and max_tokens from its JSON text; `path` names it in errors (a file, or its line)."""
+    return _request_fields(parse_json_text(text, path, kind="chat request", error=TokenizerError), path)
+
+
+def read_log(path: str, param: str = "files") -> Iterator[str]:
+    """A request log's lines (JSON Lines of chat requests), each within the bounds of a document (16 MiB, UTF-8)."""
+    return read_lines(path, param, error=TokenizerError)
 
 
 def load_tokenizer(source: str | os.PathLike | None):
@@ -399,7 +398,7 @@ def lengths_context(tokenizer_source: str | None, path: str, approximate: bool =
                     engine: str | Engine = "vllm") -> tuple[int, str]:
     """T for estimate/plan from a request log: the p99 of prompt + max_tokens (the mean is reported)."""
     check_readable(path)
-    stats = PromptCounter(tokenizer_source, approximate, engine).count_jsonl(iter_lines(path))
+    stats = PromptCounter(tokenizer_source, approximate, engine).count_jsonl(read_log(path, "lengths_from"))
     t = stats.total_tokens
     label = " (approximate)" if approximate else ""
     return t.p99, (f"context from {path}{label}: p99 of prompt + max_tokens over {stats.count:,} requests = {t.p99:,} "

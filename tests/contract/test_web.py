@@ -297,3 +297,16 @@ def test_the_page_takes_no_option_that_names_a_file_of_the_server():
         for name, _, opt in options(request):
             if opt.metavar and "FILE" in opt.metavar.upper():
                 assert name not in api.OPTIONS[command], (command, name)
+
+
+@pytest.mark.parametrize("content, words", [
+    (b'{"model": ' + b"[" * 100_000, "nests [ and { more than 64 levels deep"),
+    (b'{"model": "m", "context": ' + b"9" * 5000 + b"}", "invalid JSON: a number of over 4,300 digits"),
+    (b'{"model": "\xff\xfe"}', "not UTF-8 text"),
+])
+def test_a_hostile_quality_report_is_refused_in_the_readers_words(client, content, words):
+    """A report is read as every JSON file is (kvbudget.files): one 400 next to the report saying what is wrong
+    with it, never the parser's exception or the server's path."""
+    r = client.post("/api/upload?kind=report&name=q.json", content=content)
+    assert r.status_code == 400 and r.json()["field"] == "report", r.text
+    assert words in r.json()["error"] and "/" not in r.json()["error"].replace("upload:", ""), r.text

@@ -266,3 +266,127 @@ def test_pipelined_counts_come_out_in_order_and_equal_the_raw_encoder(tok_dir, r
                                                                                         skipped=skipped)]
     assert got == expected
     assert [number for number, _ in skipped] == [i + 1 for i in range(700) if i % 97 == 5]
+
+
+GOOD_LINE = json.dumps({"messages": MESSAGES, "max_tokens": 7})
+
+
+@pytest.mark.parametrize("lines, expected", [
+    (['{"messages": ' + "[" * 100_000], "line 1: nests [ and { more than 64 levels deep"),
+    (['{"messages": [{"role": "user", "content": "x"}], "max_tokens": ' + "9" * 5000 + "}"],
+     "line 1: invalid JSON: a number of over 4,300 digits"),
+    (['{"messages": [{"role": "user", "content": "x"}], "max_tokens": ' + "9" * 4000 + "}"],
+     "line 1: 'max_tokens' must be a whole number from 0 to 16,777,216"),
+    (['{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1e400}'], "line 1: 'max_tokens' must be"),
+])
+def test_a_hostile_request_log_line_is_one_line(tmp_path, capsys, lines, expected):
+    """A line nested 100,000 deep (a RecursionError), a number of 5,000 digits (a ValueError) or a max_tokens of
+    4,000 digits (an OverflowError in the counts) is a bad line like any other: passed over beside good ones, and
+    the one-line refusal when nothing else is left; simulate names it."""
+    log = tmp_path / "log.jsonl"
+    log.write_text("\n".join(lines) + "\n")
+    assert main(["tokens", "llama-3.1-8b", str(log), "--approximate"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and expected in err, err
+    log.write_text("\n".join([GOOD_LINE, *lines]) + "\n")
+    assert main(["tokens", "llama-3.1-8b", str(log), "--approximate", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["count"] == 1 and stats["skipped_lines"] == 1
+    assert main(["simulate", "llama-3.1-8b", "--gpu", "H100", "--max-model-len", "4096", "--request-log", str(log),
+                 "--approximate", "--rate", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and expected.replace("line 1", "line 2") in err, err
+
+
+def test_a_request_log_that_is_not_text_is_named_by_line(tmp_path, capsys):
+    log = tmp_path / "log.jsonl"
+    log.write_bytes((GOOD_LINE + "\n").encode() * 300 + b'{"messages": "\xff\xfe"}\n')  # past the first 8 KB
+    for argv in (["tokens", "llama-3.1-8b", str(log), "--approximate"],
+                 ["plan", "llama-3.1-8b", "--gpu", "H100", "--lengths-from", str(log), "--approximate"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{log}:301: not UTF-8 text" in err, err
+
+
+def test_a_request_log_line_without_end_is_not_read_whole(tmp_path):
+    """A line is one document: 64 MiB without a newline (1 GB reads the same) is refused after its first 16 MiB."""
+    from kvbudget.tokens import lengths_context
+
+    log = tmp_path / "log.jsonl"
+    with open(log, "wb") as fh:
+        fh.write(GOOD_LINE.encode() + b"\n")
+        fh.truncate(fh.tell() + (64 << 20))  # sparse
+    tracemalloc.start()
+    try:
+        with pytest.raises(KVBudgetError, match="log.jsonl:2: a line longer than 16,777,216 bytes") as e:
+            lengths_context(None, str(log), approximate=True)
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    assert peak < 40 << 20 and e.value.param == "lengths_from"
+
+
+# -- the request-log reader under random input (issue 50) -------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402  (after the importorskip above)
+from hypothesis import strategies as st  # noqa: E402
+
+REQUEST = st.fixed_dictionaries(
+    {"messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant"]),
+                                                 "content": st.text(max_size=40)}), min_size=1, max_size=3)},
+    optional={"max_tokens": st.integers(0, 1 << 24)})
+JUNK = st.one_of(  # lines that are never a chat request, each for its own reason
+    st.text(st.characters(blacklist_characters="\n\0"), max_size=30).map(lambda t: "#" + t),  # not JSON
+    st.integers(65, 3000).map(lambda n: "[" * n),  # nested too deep
+    st.integers(4301, 6000).map(lambda n: '{"messages": [], "max_tokens": ' + "7" * n + "}"),  # too many digits
+    st.integers((1 << 24) + 1, 10**4000).map(lambda n: f'{{"messages": [{{"role": "user"}}], "max_tokens": {n}}}'),
+    st.sampled_from(["[]", "5", '"text"', "null", '{"messages": []}', '{"messages": [5]}', '{"prompt": "hi"}',
+                     '{"messages": [{"role": "user"}], "max_tokens": -1}', "1e400", "NaN"]),
+)
+
+
+def _counted(path):
+    """count_jsonl over the file, in bounded time and memory: the stats or the one-line error."""
+    import time
+
+    from kvbudget.tokens import read_log
+
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        return PromptCounter(None, approximate=True).count_jsonl(read_log(str(path)))
+    except KVBudgetError as exc:
+        assert "\n" not in str(exc)
+        return exc
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert time.perf_counter() - start < 2 and peak < 8 << 20
+
+
+@settings(max_examples=100, deadline=None)
+@given(lines=st.lists(st.one_of(REQUEST.map(lambda r: ("ok", r)), JUNK.map(lambda j: ("junk", j))), max_size=12))
+def test_request_logs_of_requests_and_junk(tmp_path_factory, lines):
+    """Every request counted (approximate: 4 characters a token, per message), every junk line skipped by its
+    number, whatever surrounds it; nothing but junk is the one-line refusal."""
+    path = tmp_path_factory.getbasetemp() / "fuzz.jsonl"
+    path.write_text("\n".join(json.dumps(x) if kind == "ok" else x for kind, x in lines) + "\n")
+    got = _counted(path)
+    requests = [x for kind, x in lines if kind == "ok"]
+    if not requests:
+        assert isinstance(got, KVBudgetError) and "holds no requests" in str(got)
+        return
+    prompts = [sum(-(-len(m["content"]) // 4) for m in r["messages"]) for r in requests]
+    totals = [p + r.get("max_tokens", 0) for p, r in zip(prompts, requests, strict=True)]
+    assert got.count == len(requests) and got.prompt_tokens.max == max(prompts) and got.total_tokens.max == max(totals)
+    assert sum(prompts) == round(got.prompt_tokens.mean * got.count)
+    assert [n for n, _ in got.skipped] == [i for i, (kind, _) in enumerate(lines, 1) if kind == "junk"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(head=st.sampled_from([b"", GOOD_LINE.encode() + b"\n"]), noise=st.binary(max_size=400))
+def test_request_logs_of_random_bytes(tmp_path_factory, head, noise):
+    path = tmp_path_factory.getbasetemp() / "bytes.jsonl"
+    path.write_bytes(head + noise)
+    got = _counted(path)
+    assert isinstance(got, KVBudgetError) or got.count >= 1

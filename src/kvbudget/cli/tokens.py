@@ -27,10 +27,10 @@ def loading(model: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvbudget.tokens import LogStats, iter_lines
+    from kvbudget.tokens import LogStats, read_log
 
     ask = request_of(TokensRequest, args)
-    result = answer(ask, loading, lambda path: progress_lines(path, iter_lines))
+    result = answer(ask, loading, lambda path: progress_lines(path, read_log))
     if ask.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0

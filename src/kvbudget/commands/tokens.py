@@ -56,7 +56,7 @@ def answer(ask: TokensRequest, loading: Callable[[str], None] | None = None,
     """The prompt's count, or a request log's length distribution (a .jsonl file); `to_dict()` is what --json
     prints. `loading(model)` is called before a tokenizer loads (seconds); `log_lines(path)` reads a request log's
     lines (default: lazily, as they are counted)."""
-    from kvbudget.tokens import PromptCounter, iter_lines, read_request
+    from kvbudget.tokens import PromptCounter, iter_lines, read_log, read_request
 
     files = list(ask.files) or ["-"]
     _check(ask, files)
@@ -65,7 +65,7 @@ def answer(ask: TokensRequest, loading: Callable[[str], None] | None = None,
     counter = PromptCounter(ask.model, approximate=ask.approximate, engine=ask.engine)
     template = not ask.no_template
     if files[0].endswith(".jsonl"):
-        return counter.count_jsonl((log_lines or iter_lines)(files[0]), template)
+        return counter.count_jsonl((log_lines or read_log)(files[0]), template)
     system = ask.system
     if system and system.startswith("@"):
         system = "".join(iter_lines(system[1:]))

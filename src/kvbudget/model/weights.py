@@ -3,7 +3,6 @@ count and the checkpoint's quantization (fp8 blocks, MXFP4 experts, int4/int8 gr
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -12,6 +11,7 @@ from typing import Any
 
 from kvbudget import hub
 from kvbudget.errors import ConfigError, KVBudgetError, named
+from kvbudget.files import MAX_DOCUMENT_BYTES, parse_json_text
 from kvbudget.model.params import ParamGroup, count_parameters
 from kvbudget.model.spec import ModelSpec
 
@@ -197,15 +197,31 @@ def safetensors_bytes(folder: Path) -> dict[str, int]:
             if len(raw) != 8:
                 raise KVBudgetError(f"{path}: not a safetensors file (too short)")
             (length,) = struct.unpack("<Q", raw)
-            try:
-                header = json.loads(fh.read(length))
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                raise KVBudgetError(f"{path}: unreadable safetensors header") from None
+            if length > MAX_DOCUMENT_BYTES:  # a real header lists a few thousand tensors: well under 1 MB
+                raise KVBudgetError(f"{path}: not a safetensors file kvbudget reads (its header claims {length:,} "
+                                    f"bytes; at most {MAX_DOCUMENT_BYTES:,})")
+            raw = fh.read(length)
+        if len(raw) != length:
+            raise KVBudgetError(f"{path}: not a safetensors file (its header is cut short)")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise KVBudgetError(f"{path}: unreadable safetensors header (not UTF-8)") from None
+        header = parse_json_text(text, f"{path}: its header", kind="safetensors header")
+        if not isinstance(header, dict):
+            raise KVBudgetError(f"{path}: unreadable safetensors header (not a JSON object)")
         for name, info in header.items():
             if name == "__metadata__":
                 continue
-            begin, end = info["data_offsets"]
-            totals[info["dtype"]] = totals.get(info["dtype"], 0) + (end - begin)
+            try:
+                begin, end = info["data_offsets"]
+                dtype = info["dtype"]
+            except (KeyError, TypeError, ValueError):
+                begin = end = dtype = None
+            if not (type(begin) is int and type(end) is int and 0 <= begin <= end and isinstance(dtype, str)):
+                raise KVBudgetError(f"{path}: unreadable safetensors header (tensor {name[:60]!r} has no dtype and "
+                                    "data_offsets [begin, end])")
+            totals[dtype] = totals.get(dtype, 0) + (end - begin)
     return totals
 
 

@@ -85,7 +85,7 @@ def read_calibration(path: str | Path, served: Callable[[], Iterable[Request]] |
     text = "" if big else read_document(path, "calibrate")  # UTF-8 text, nested within bounds
     try:
         data = None if big else json.loads(text)
-    except json.JSONDecodeError:
+    except ValueError:  # not one JSON document (or a number past 4,300 digits): the line readers name the line
         data = None  # JSON Lines, Prometheus text (or neither: the recorder-log reader names the line)
     if isinstance(data, dict) and "start_times" in data:
         return read_bench_result(path)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import os
 import re
 import threading
@@ -31,7 +30,7 @@ from kvbudget.commands.plan import answer as plan_answer
 from kvbudget.commands.simulate import SimulateRequest
 from kvbudget.commands.simulate import simulation as simulation_answer
 from kvbudget.errors import ConfigError, KVBudgetError
-from kvbudget.files import write_file
+from kvbudget.files import read_json, write_file
 from kvbudget.units import MIB
 
 _TRUE, _FALSE = {"1", "true", "on", "yes"}, {"0", "false", "off", "no"}
@@ -392,11 +391,7 @@ _RESULT_FIELDS = {"variant": str, "tokens": int, "windows": int, "kl_mean": floa
 
 def quality_report(path: Path) -> dict[str, Any]:
     """A report `kvbudget quality --json` wrote, checked against that contract."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WebError(f"report: not the JSON report `kvbudget quality` writes ({exc})".splitlines()[0],
-                       "report") from None
+    doc = read_json(path, "report")  # bounded: UTF-8, its size, nesting and numbers
     if not isinstance(doc, dict):
         raise WebError("report: not the JSON report `kvbudget quality` writes (an object)", "report")
     for where, fields, obj in [("report", _REPORT_FIELDS, doc),

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import struct
 
 import pytest
 
@@ -115,3 +117,35 @@ def test_integers_past_pythons_digit_limit_are_one_line(tmp_path):
     trace.write_text('{"arrival": 0, "prompt_tokens": ' + "9" * 5000 + ', "output_tokens": 1}\n')
     with pytest.raises(KVBudgetError, match="t.jsonl:1:"):
         list(read_trace(str(trace)))
+
+
+@pytest.mark.parametrize("header, words", [
+    (struct.pack("<Q", 1 << 62), "its header claims 4,611,686,018,427,387,904 bytes"),
+    (struct.pack("<Q", 100) + b"{}", "its header is cut short"),
+    (struct.pack("<Q", 5) + b"[1,2]", "not a JSON object"),
+    (struct.pack("<Q", 70) + b"[" * 70, "its header: nests [ and { more than 64 levels"),
+    (struct.pack("<Q", 5010) + b'{"a": ' + b"9" * 5000 + b"}   ", "a number of over 4,300 digits"),
+    (struct.pack("<Q", 13) + b'{"w": [1, 2]}', "tensor 'w' has no dtype and data_offsets"),
+    (struct.pack("<Q", 47) + b'{"w": {"dtype": "F16", "data_offsets": [9, 1]}}', "tensor 'w' has no dtype"),
+])
+def test_a_hostile_safetensors_header_is_one_line(tmp_path, header, words):
+    """A safetensors header is read within the document bounds: a length of 2^62 (read to the file's end before),
+    a header that is not an object or whose tensors lack offsets (an AttributeError, KeyError or TypeError before),
+    too deep or with a 5,000-digit number."""
+    from kvbudget.model.weights import safetensors_bytes
+
+    (tmp_path / "model.safetensors").write_bytes(header)
+    with pytest.raises(KVBudgetError, match=re.escape(words)) as e:
+        safetensors_bytes(tmp_path)
+    assert "\n" not in str(e.value) and str(e.value).startswith(str(tmp_path / "model.safetensors"))
+
+
+def test_a_safetensors_header_is_summed_by_dtype(tmp_path):
+    from kvbudget.model.weights import safetensors_bytes
+
+    text = json.dumps({"__metadata__": {"format": "pt"},
+                       "a": {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]},
+                       "b": {"dtype": "BF16", "shape": [4], "data_offsets": [12, 20]},
+                       "c": {"dtype": "F32", "shape": [1], "data_offsets": [20, 24]}}).encode()
+    (tmp_path / "x.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + bytes(24))
+    assert safetensors_bytes(tmp_path) == {"BF16": 20, "F32": 4}

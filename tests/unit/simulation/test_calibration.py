@@ -191,3 +191,51 @@ def test_saving_a_calibration_again_replaces_it_says_so_and_leaves_nothing_else(
     monkeypatch.setattr(fit, "read_calibration", lambda *a: pytest.fail("the fit started"))
     code, out, err = cli(capsys, *base)
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("kvbudget: error: --save-calibration")
+
+
+STEP = '{"step": [["a", 8]], "t": 1.0, "tokens": 8, "context": 50}\n'
+
+
+@pytest.mark.parametrize("content, words", [
+    ('{"start_times": [' + "9" * 5000 + "]}\n", ":1: invalid JSON: a number of over 4,300 digits"),
+    (STEP + '{"step": [["a", 8]], "t": 2.0, "tokens": 1e400, "context": 50}\n', ":2: a step without tokens"),
+    (STEP + '{"step": [["a", 8]], "t": 1e400, "tokens": 8, "context": 50}\n', ":2: a step without tokens"),
+])
+def test_a_hostile_calibration_file_is_one_line_naming_its_line(tmp_path, content, words):
+    """A 5,000-digit number (a ValueError from the JSON parser) or an infinite count in a step (an OverflowError)
+    escaped the calibration readers; an infinite time was taken as a step."""
+    from kvbudget.errors import KVBudgetError
+    from kvbudget.simulation.fit import read_calibration
+
+    path = tmp_path / "run.json"
+    path.write_text(content)
+    with pytest.raises(KVBudgetError) as e:
+        read_calibration(path)
+    assert str(e.value).startswith(f"{path}{words}") and e.value.param == "calibrate", str(e.value)
+
+
+def test_a_recorder_log_is_read_line_by_line_within_bounds(tmp_path):
+    """A recorder log (over 16 MiB: not read whole) with a line of 64 MiB without end (a binary file; 1 GB reads
+    the same) is refused after its first 16 MiB; bytes that are not text are named by their line."""
+    import time
+    import tracemalloc
+
+    from kvbudget.errors import KVBudgetError
+    from kvbudget.simulation.fit import read_calibration
+
+    path = tmp_path / "steps.jsonl"
+    with open(path, "wb") as fh:
+        fh.write(STEP.encode())
+        fh.truncate(fh.tell() + (64 << 20))  # sparse
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        with pytest.raises(KVBudgetError, match="steps.jsonl:2: a line longer than 16,777,216 bytes"):
+            read_calibration(path)
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    assert peak < 40 << 20 and time.perf_counter() - start < 5
+    path.write_bytes(STEP.encode() * 300 + b'{"step": "\xff"}\n' + b" " * (17 << 20))
+    with pytest.raises(KVBudgetError, match="steps.jsonl:301: not UTF-8 text"):
+        read_calibration(path)

@@ -10,12 +10,13 @@ from what a recorder sees).
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvbudget.errors import KVBudgetError
+from kvbudget.files import parse_json_text, read_lines
 
 # Estimates, not measurements: what fraction of the datasheet peak a serving engine reaches, and what a step
 # costs beyond reading and computing (scheduling, sampling, kernel launches).
@@ -110,34 +111,26 @@ def read_measured_steps(path: str | Path) -> list[MeasuredStep]:
     name = str(path)
     out: list[MeasuredStep] = []
     before: tuple[int, int, float] | None = None
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line, text in enumerate(f, 1):
-                try:
-                    rec = json.loads(text)
-                except json.JSONDecodeError as e:
-                    raise KVBudgetError(f"{name}:{line}: not JSON ({e.msg})", param="calibrate") from None
-                if not isinstance(rec, dict):
-                    raise KVBudgetError(f"{name}:{line}: expected a JSON object", param="calibrate")
-                if "add" in rec:  # the engine may have been idle before it
-                    before = None
-                if "step" not in rec:
-                    continue
-                try:
-                    tokens, context, t = int(rec["tokens"]), int(rec["context"]), float(rec["t"])
-                except (KeyError, TypeError, ValueError):
-                    raise KVBudgetError(f"{name}:{line}: a step without tokens, context and t; record with "
-                                        "kvbudget.simulation.recorder", param="calibrate") from None
-                if before is not None and t > before[2]:
-                    out.append(MeasuredStep(before[0], before[1], t - before[2]))
-                before = (tokens, context, t) if tokens else None
-    except OSError as e:
-        raise KVBudgetError(f"calibrate {name}: {e.strerror or e}", param="calibrate") from None
-    except UnicodeDecodeError:
-        raise KVBudgetError(f"calibrate {name}: not UTF-8 text (a binary file?); give a recorder log, a benchmark "
-                            "result or a metrics scrape", param="calibrate") from None
-    except RecursionError:
-        raise KVBudgetError(f"calibrate {name}: a line nests too deep to read", param="calibrate") from None
+    for line, text in enumerate(read_lines(path, "calibrate", "recorder log"), 1):
+        if not text.strip():
+            continue
+        rec = parse_json_text(text, f"{name}:{line}", "calibrate", "recorder log line")
+        if not isinstance(rec, dict):
+            raise KVBudgetError(f"{name}:{line}: expected a JSON object", param="calibrate")
+        if "add" in rec:  # the engine may have been idle before it
+            before = None
+        if "step" not in rec:
+            continue
+        try:
+            tokens, context, t = int(rec["tokens"]), int(rec["context"]), float(rec["t"])
+        except (KeyError, TypeError, ValueError, OverflowError):  # missing, not numbers, an infinite count
+            t = math.nan
+        if not math.isfinite(t):
+            raise KVBudgetError(f"{name}:{line}: a step without tokens, context and t; record with "
+                                "kvbudget.simulation.recorder", param="calibrate")
+        if before is not None and t > before[2]:
+            out.append(MeasuredStep(before[0], before[1], t - before[2]))
+        before = (tokens, context, t) if tokens else None
     return out
 
 

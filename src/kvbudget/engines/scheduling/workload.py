@@ -7,10 +7,9 @@ the file and line of anything it cannot read. Arrival times are seconds from the
 from __future__ import annotations
 
 import csv
-import json
 import math
 import random
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from itertools import repeat
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kvbudget.errors import KVBudgetError
+from kvbudget.files import parse_json_text, read_lines
 
 
 class CountsLines(Protocol):
@@ -71,6 +71,7 @@ class TraceError(KVBudgetError):
 
 
 MAX_TRACE_TOKENS = 1 << 24  # a prompt or output of one request: the longest context any model takes (2^24)
+MAX_TRACE_LINE_BYTES = 1 << 20  # a Mooncake line of a 2^24-token prompt lists 32,768 hash ids: about 300 KB
 
 
 def _shown(value: Any) -> str:
@@ -125,22 +126,27 @@ def read_azure(path: str | Path) -> Iterator[Request]:
     name = str(path)
 
     def rows() -> Iterator[tuple[int, Request]]:
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.reader(f)
+        reader = csv.reader(_lines(path))
+        done = 0  # lines read into whole rows (a quoted field may take more than one)
+        try:
             header = next(reader, None)
             want = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
             if header is None or [h.strip() for h in header[:3]] != want:
-                raise TraceError(name, 1, f"expected the Azure trace header {','.join(want)}, found {header}")
+                raise TraceError(name, 1, f"expected the Azure trace header {','.join(want)}, found "
+                                 f"{_shown(header)}")
+            done = reader.line_num
             for row in reader:
-                line = reader.line_num
+                line = done = reader.line_num
                 if len(row) < 3:
                     raise TraceError(name, line, f"expected 3 columns, found {len(row)}")
                 try:
                     stamp = datetime.fromisoformat(row[0].strip()[:26]).replace(tzinfo=timezone.utc).timestamp()
                 except ValueError:
-                    raise TraceError(name, line, f"TIMESTAMP {row[0]!r} is not a date and time") from None
+                    raise TraceError(name, line, f"TIMESTAMP {_shown(row[0])} is not a date and time") from None
                 yield line, Request(arrival=stamp, prompt_tokens=_count(row[1], name, line, "ContextTokens"),
                                     output_tokens=_count(row[2], name, line, "GeneratedTokens"), id=f"{line}")
+        except csv.Error as exc:  # a quoted field that runs on past the field size limit: named where it starts
+            raise TraceError(name, done + 1, f"not the Azure CSV ({exc})") from None
 
     return _ordered(rows(), name)
 
@@ -153,19 +159,13 @@ def read_jsonl(path: str | Path) -> Iterator[Request]:
     name = str(path)
 
     def rows() -> Iterator[tuple[int, Request]]:
-        with open(path, encoding="utf-8") as f:
-            for line, text in enumerate(f, 1):
-                if not text.strip():
-                    continue
-                try:
-                    obj = json.loads(text)
-                except json.JSONDecodeError as e:
-                    raise TraceError(name, line, f"not JSON ({e.msg})") from None
-                except (ValueError, RecursionError):  # an integer past Python's 4,300 digits; nesting
-                    raise TraceError(name, line, "nested too deep to be a trace line") from None
-                if not isinstance(obj, dict):
-                    raise TraceError(name, line, "expected a JSON object")
-                yield line, (_mooncake(obj, name, line) if "input_length" in obj else _ours(obj, name, line))
+        for line, text in enumerate(_lines(path), 1):
+            if not text.strip():
+                continue
+            obj = parse_json_text(text, f"{name}:{line}", "trace", "trace line")
+            if not isinstance(obj, dict):
+                raise TraceError(name, line, "expected a JSON object")
+            yield line, (_mooncake(obj, name, line) if "input_length" in obj else _ours(obj, name, line))
 
     return _ordered(rows(), name)
 
@@ -213,19 +213,22 @@ def _flag(value: Any, path: str, line: int) -> bool:
     return value
 
 
+def _lines(path: str | Path) -> Generator[str, None, None]:
+    """A trace's lines, each within MAX_TRACE_LINE_BYTES and UTF-8 (else one error naming the file and line)."""
+    return read_lines(path, "trace", "trace", MAX_TRACE_LINE_BYTES)
+
+
 def read_trace(path: str | Path) -> Iterator[Request]:
     """A trace by its contents: the Azure CSV, or JSONL (Mooncake's or ours); `path` may name a bundled trace
     (`azure-conv-2023`, see `kvbudget traces`)."""
     from kvbudget.traces import resolve
 
     p = Path(resolve(str(path)))
+    lines = _lines(p)
     try:
-        with open(p, encoding="utf-8") as f:
-            head = f.readline()
-    except OSError as e:
-        raise KVBudgetError(f"trace {path}: {e.strerror or e}", param="trace") from None
-    except UnicodeDecodeError:
-        raise TraceError(str(path), 1, "not text (expected the Azure CSV or JSONL)") from None
+        head = next(lines, "")
+    finally:
+        lines.close()
     if head.startswith("TIMESTAMP"):
         return read_azure(p)
     if head.lstrip().startswith("{"):
@@ -258,15 +261,13 @@ def request_log(path: str | Path, counter: CountsLines, lengths: Lengths, rate: 
     by `counter` (a `kvbudget.tokens.PromptCounter`). A request generates its max_tokens (or
     max_completion_tokens); one without either draws an output length from `lengths`. Arrivals come from each
     line's "arrival" (seconds) where every line has one, else at `rate` per second (Poisson, or gamma of `cv`)."""
-    from kvbudget.files import iter_lines
-
     name = str(path)
     rng = random.Random(seed)
     gaps = _gaps(rate, cv, rng) if rate is not None else None
 
     def rows() -> Iterator[tuple[int, Request]]:
         t = 0.0
-        for line, (prompt, max_tokens, body) in enumerate(counter.count_lines(iter_lines(name)), 1):
+        for line, (prompt, max_tokens, body) in enumerate(counter.count_lines(read_lines(name, "request_log")), 1):
             if gaps is None:
                 if "arrival" not in body:
                     raise TraceError(name, line, "no 'arrival' (seconds) in this request: give every line one, "
