@@ -254,6 +254,35 @@ def _unwinding_on_sigterm(param: str, path: str) -> Iterator[None]:
         raise KVBudgetError(f"{param} {path}: not written: the process was told to stop (SIGTERM)", param=param)
 
 
+MAX_TEXT_BYTES = 64 << 20  # a text read whole (a prompt, quality's data): the longest context, 2^24 tokens, is ~64 MiB
+
+
+def read_text(path: str, what: str = "text") -> str:
+    """A whole UTF-8 text file (a prompt, a document), or standard input for -, at most MAX_TEXT_BYTES (a file's size
+    checked before reading)."""
+    import sys
+
+    size = 0
+    try:
+        if path == "-":
+            stream = getattr(sys.stdin, "buffer", None)
+            data: bytes | str = stream.read(MAX_TEXT_BYTES + 1) if stream else sys.stdin.read(MAX_TEXT_BYTES + 1)
+        else:
+            with open(path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                data = fh.read(MAX_TEXT_BYTES + 1) if size <= MAX_TEXT_BYTES else b""
+    except OSError as exc:
+        raise TokenizerError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if size > MAX_TEXT_BYTES or len(data) > MAX_TEXT_BYTES:
+        raise TokenizerError(f"{'standard input' if path == '-' else path}: over {MAX_TEXT_BYTES:,} bytes; kvbudget "
+                             f"reads {what} of up to 64 MiB (about the longest context any model takes); give a "
+                             "part of it")
+    try:
+        return data.decode("utf-8") if isinstance(data, bytes) else data
+    except UnicodeDecodeError:
+        raise TokenizerError(f"{path}: not UTF-8 text") from None
+
+
 def iter_lines(path: str) -> Iterator[str]:
     """Lines of a (possibly huge) file, read lazily."""
     try:

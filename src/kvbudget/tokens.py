@@ -21,7 +21,7 @@ from kvbudget import catalog, errors, hub
 from kvbudget.engines import Engine, get_engine
 from kvbudget.engines.scheduling.workload import MAX_TRACE_TOKENS
 from kvbudget.errors import TokenizerError
-from kvbudget.files import check_readable, iter_lines, parse_json_text, read_lines
+from kvbudget.files import check_readable, parse_json_text, read_lines, read_text
 
 CHARS_PER_TOKEN = 4.0  # --approximate only, and labelled as such
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
@@ -376,7 +376,7 @@ def _hub_tokenizer(repo: str, catalog_name: str | None) -> Path:
 
 def count_file(counter: PromptCounter, path: str, template: bool = True) -> PromptCount:
     """One prompt file: a chat request (.json) or a plain text document."""
-    text = "".join(iter_lines(path))
+    text = read_text(path, "a prompt")
     if path.endswith(".json"):
         messages, max_tokens = read_request(path, text)
         return counter.count_request(messages, max_tokens, template)

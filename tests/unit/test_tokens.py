@@ -114,7 +114,7 @@ def _write_log(path, lines, raw=None):
 
 
 def _peak(counter, path):
-    from kvbudget.tokens import iter_lines
+    from kvbudget.files import iter_lines
 
     tracemalloc.start()
     stats = counter.count_jsonl(iter_lines(str(path)), batch=128)
@@ -128,7 +128,7 @@ def test_jsonl_distribution_is_exact(tok_dir, raw, tmp_path):
 
     path = tmp_path / "log.jsonl"
     expected_prompt, expected_total = _write_log(path, 3000, raw)
-    stats = PromptCounter(tok_dir).count_jsonl(__import__("kvbudget.tokens").tokens.iter_lines(str(path)))
+    stats = PromptCounter(tok_dir).count_jsonl(__import__("kvbudget.files").files.iter_lines(str(path)))
     assert stats.count == 3000
     assert stats.prompt_tokens == distribution(array("q", expected_prompt))
     assert stats.total_tokens == distribution(array("q", expected_total))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -56,7 +55,8 @@ def answer(ask: TokensRequest, loading: Callable[[str], None] | None = None,
     """The prompt's count, or a request log's length distribution (a .jsonl file); `to_dict()` is what --json
     prints. `loading(model)` is called before a tokenizer loads (seconds); `log_lines(path)` reads a request log's
     lines (default: lazily, as they are counted)."""
-    from kvbudget.tokens import PromptCounter, iter_lines, read_log, read_request
+    from kvbudget.files import read_text
+    from kvbudget.tokens import PromptCounter, read_log, read_request
 
     files = list(ask.files) or ["-"]
     _check(ask, files)
@@ -68,12 +68,12 @@ def answer(ask: TokensRequest, loading: Callable[[str], None] | None = None,
         return counter.count_jsonl((log_lines or read_log)(files[0]), template)
     system = ask.system
     if system and system.startswith("@"):
-        system = "".join(iter_lines(system[1:]))
+        system = read_text(system[1:], "a system prompt")
     if len(files) == 1 and (files[0].endswith(".json") or files[0] == "-"):
-        text = sys.stdin.read() if files[0] == "-" else "".join(iter_lines(files[0]))
+        text = read_text(files[0], "a prompt")
         if files[0].endswith(".json") or text.lstrip().startswith("{"):
             messages, max_tokens = read_request(files[0], text)
             return counter.count_request(messages, max_tokens, template)
         return counter.count_documents([("stdin", text)], ask.question, system, template)
-    docs = [(("stdin" if f == "-" else f), sys.stdin.read() if f == "-" else "".join(iter_lines(f))) for f in files]
+    docs = [(("stdin" if f == "-" else f), read_text(f, "a document")) for f in files]
     return counter.count_documents(docs, ask.question, system, template)

@@ -128,7 +128,8 @@ def _need(*modules: str) -> None:
 def read_text(tokenizer: Any, files: list[str]) -> str:
     """The data as one text: plain text files as they are; a .jsonl of chat requests rendered with the model's
     chat template, one request after another."""
-    from kvbudget.tokens import iter_lines, read_request
+    from kvbudget.files import iter_lines, read_text
+    from kvbudget.tokens import read_request
 
     texts: list[str] = []
     for name in files:
@@ -142,7 +143,7 @@ def read_text(tokenizer: Any, files: list[str]) -> str:
                                         "tokenizer has none; give plain text instead")
                 texts.append(tokenizer.apply_chat_template(messages, tokenize=False))
         else:
-            texts.append("".join(iter_lines(name)))
+            texts.append(read_text(name, "data"))
     text = "".join(texts)
     if not text.strip():
         raise KVBudgetError(f"data: {', '.join(files)} holds no text; give text files or chat requests",

@@ -149,3 +149,28 @@ def test_a_safetensors_header_is_summed_by_dtype(tmp_path):
                        "c": {"dtype": "F32", "shape": [1], "data_offsets": [20, 24]}}).encode()
     (tmp_path / "x.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + bytes(24))
     assert safetensors_bytes(tmp_path) == {"BF16": 20, "F32": 4}
+
+
+@pytest.mark.parametrize("argv", [
+    ["tokens", "llama-3.1-8b", "--approximate", "{big}"],  # a document
+    ["tokens", "llama-3.1-8b", "--approximate", "{big}.json"],  # a chat request
+    ["tokens", "llama-3.1-8b", "--approximate", "--system", "@{big}", "{small}"],  # a system prompt
+    ["plan", "llama-3.1-8b", "--gpu", "H100", "--prompt-file", "{big}", "--approximate"],
+])
+def test_a_text_past_64_mib_is_refused_before_it_is_read(tmp_path, capsys, argv):
+    """A prompt or document is read whole, so its size is checked first: a sparse file of 65 MiB (no data on the
+    disk) is refused in one line, without 65 MiB read into memory."""
+    import tracemalloc
+
+    big, small = tmp_path / "big.txt", tmp_path / "small.txt"
+    for path in (big, tmp_path / "big.txt.json"):
+        with path.open("wb") as fh:
+            fh.truncate(65 << 20)
+    small.write_text("hello")
+    tracemalloc.start()
+    code = main([a.format(big=big, small=small) for a in argv])
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "over 67,108,864 bytes" in err, err
+    assert peak < 16 << 20, peak
