@@ -16,14 +16,13 @@ from kvbudget.validate import positive
 
 class Budget(Choice):
     """What a GPU leaves one model for its KV cache in `compare`: none asked, a budget, none (the weights and the
-    engine's other memory take it all), not known (kvbudget cannot count the weights: `plan --weights` gives them),
-    or another refusal (the row's note says which)."""
+    engine's other memory take it all), or not known (kvbudget cannot count the weights: `plan --weights` gives
+    them). Any other refusal is of the settings every row shares: `compare` raises it."""
 
     NO_GPU = "no gpu"
     FITS = "fits"
     DOES_NOT_FIT = "does not fit"
     WEIGHTS_UNKNOWN = "weights unknown"
-    REFUSED = "refused"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,10 +76,11 @@ def compare(models: list[ModelSpec], engine: str | Engine = "vllm", gpu: str | N
                 top = model.max_position_embeddings or context
                 longest = longest_context(model, chosen, budget, 1, top, kv_dtype, tp, 1, p.options)
                 status = Budget.FITS
-            except KVBudgetError as exc:
+            except KVBudgetError as exc:  # this model's own answer is a note; bad settings are everyone's error
+                if not isinstance(exc, NoKVBudget) and exc.param != "weights":
+                    raise
                 notes.append(str(exc))
-                status = (Budget.DOES_NOT_FIT if isinstance(exc, NoKVBudget) else
-                          Budget.WEIGHTS_UNKNOWN if exc.param == "weights" else Budget.REFUSED)
+                status = Budget.DOES_NOT_FIT if isinstance(exc, NoKVBudget) else Budget.WEIGHTS_UNKNOWN
         note = "; ".join(notes)
         rows.append(Comparison(model=model.name, cache=model.kinds(), bytes_per_token=est.bytes_per_token,
                                fixed_bytes_per_sequence=est.fixed_bytes_per_sequence,

@@ -334,3 +334,27 @@ def test_compare_takes_the_plans_budget_with_the_same_flags(capsys):
     assert main(["compare", "llama-3.1-8b", "qwen3-8b", "--gpu", "H100-80GB", "--json"]) == 0
     default = {r["model"]: r for r in json.loads(capsys.readouterr().out)}
     assert default["llama-3.1-8b"]["kv_memory_bytes"] != rows["llama-3.1-8b"]["kv_memory_bytes"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-num-seqs", "100000000"], "--max-num-seqs 100000000: vLLM refuses more sequences than"),
+    (["--enable-lora", "--max-lora-rank", "100000"], "--max-lora-rank 100000: vLLM takes 1, 8, 16"),
+])
+def test_compare_refuses_settings_every_row_shares_in_one_line_before_the_rows(capsys, argv, message):
+    """A setting the engine refuses whatever the model is an error of the command, not a note on each row."""
+    assert main(["compare", "llama-3.1-8b", "mistral-7b", "--gpu", "H100-80GB", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("kvbudget: error: ") and message in err, err
+
+
+def test_compare_keeps_a_rows_own_answer_as_its_note():
+    """Whether a model fits, and whether kvbudget can count its weights, are each row's own."""
+    rows = kvbudget.compare([load_model("deepseek-v3"), load_model("gemma-3n-e2b"), load_model("mistral-7b")],
+                            gpu="H100-80GB")
+    assert [r.budget.value for r in rows] == ["does not fit", "weights unknown", "fits"]
+    assert "leave no KV budget" in rows[0].note and "does not count gemma3n_text parameters" in rows[1].note
+    assert rows[2].note == "" and rows[2].kv_memory_bytes > 0
+    with pytest.raises(KVBudgetError) as refused:
+        kvbudget.compare([load_model("deepseek-v3"), load_model("mistral-7b")], gpu="H100-80GB",
+                         options=EngineOptions(max_num_seqs=100_000_000))
+    assert refused.value.param == "max_num_seqs"

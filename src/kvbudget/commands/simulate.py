@@ -27,9 +27,11 @@ from kvbudget.commands.options import (
     whole,
 )
 from kvbudget.engines import get_engine
+from kvbudget.engines.scheduling.setup import MAX_DISK_READ
+from kvbudget.engines.scheduling.workload import MAX_CV, MAX_REQUESTS, MAX_SEED
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.units import MIB
-from kvbudget.validate import MAX_BYTES, shown
+from kvbudget.validate import MAX_BYTES, MAX_SECONDS, shown
 
 if TYPE_CHECKING:
     from kvbudget.engines.scheduling.setup import SimulationAsk
@@ -39,11 +41,7 @@ if TYPE_CHECKING:
 
 WORKLOAD, MEMORY = "workload (a trace, or synthetic arrivals)", "memory (as `kvbudget plan`)"
 SCHEDULER, ANSWERS = "scheduler (default: the engine's for the GPU)", "answers"
-MAX_REQUESTS = 10_000_000  # synthetic requests: each completed one is kept (~200 bytes), so a run stays under ~2 GB
-MAX_CV = 100.0  # inter-arrival variation: 1 is Poisson, 2 to 4 bursty production traffic; past 100, one burst
-MAX_SEED = 2**64 - 1  # a random seed: 64 bits
-MAX_SECONDS = 86_400.0  # an interval (scrapes, the guard's polls): a day at most
-MAX_DISK_GBPS = 1_000.0  # a disk tier's read rate: past any drive or array on one host
+MAX_DISK_GBPS = MAX_DISK_READ / 1e9  # GB/s, as --disk-read takes it
 
 
 @dataclass(frozen=True, kw_only=True)

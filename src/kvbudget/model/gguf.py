@@ -1,11 +1,13 @@
 """A GGUF file as a model source: its metadata as the config.json transformers would read (architecture, layers,
-heads, head dims, window, context, experts) and its weights as the bytes of its tensors, exactly. Read with the
-`gguf` package (gguf-py, llama.cpp's own reader); nothing but the header and tensor table is read."""
+heads, head dims, window, context, experts) and its weights as the bytes of its tensors, exactly. The config comes
+from kvbudget's own walk of the header (a fraction of a second), the tensors' bytes from the `gguf` package
+(gguf-py, llama.cpp's own reader); nothing but the header and tensor table is read."""
 
 from __future__ import annotations
 
 import mmap
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,10 @@ _FILE_DTYPES = {0: "float32", 1: "float16", 32: "bfloat16"}
 # GGUF value types (gguf-py's GGUFValueType) -> bytes of one value; 8 (string) and 9 (array) have lengths of their own
 _SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY = 8, 9
+_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}  # struct's
+# Arrays of numbers up to this long are kept as values (per-layer settings: a few hundred layers at most); longer ones
+# (a vocabulary's scores) are skipped, as are arrays of strings (the tokenizer's), of which only the length is kept.
+MAX_KEPT_ITEMS = 4096
 # Array items in all the metadata: gguf-py keeps every item as objects of its own (some hundred bytes each), so a file
 # of many tiny items would take gigabytes. A tokenizer writes about four arrays of its vocabulary (the largest 262,400
 # tokens) and its merges: about 1.3 million items at most; this is 3x that.
@@ -46,6 +52,9 @@ class _Header:
     def __init__(self, data: bytes | mmap.mmap, path: Path):
         self.data, self.path, self.at, self.items = data, path, 0, 0
         self.order = "<"
+        self.values: dict[str, Any] = {}  # metadata key -> its value (a skipped array: None)
+        self.lengths: dict[str, int] = {}  # metadata key of an array -> its number of items
+        self.tensors: list[str] = []  # the tensors' names
 
     def fail(self, what: str) -> ConfigError:
         return ConfigError(f"{self.path}: not a GGUF file kvbudget can read ({what} at byte {self.at:,} of "
@@ -68,28 +77,35 @@ class _Header:
             raise self.fail(f"{what} claims {n:,} entries")
         return n
 
-    def string(self) -> None:
-        self.take(self.count(1, "a string"))
+    def string(self, keep: bool = True) -> str | None:
+        start = self.take(self.count(1, "a string"))
+        return bytes(self.data[start:self.at]).decode("utf-8", "replace") if keep else None
 
-    def value(self, kind: int, depth: int = 0) -> None:
+    def value(self, kind: int, depth: int = 0) -> Any:
+        """The value of type `kind` at the offset: a number, a string, a list of numbers (a short array at the top
+        level); None for what is skipped (nested values, long arrays, arrays of strings)."""
         if kind in _SCALAR_BYTES:
-            self.take(_SCALAR_BYTES[kind])
-        elif kind == _STRING:
-            self.string()
-        elif kind == _ARRAY and depth < 2:
+            start = self.take(_SCALAR_BYTES[kind])
+            return struct.unpack(self.order + _FORMATS[kind], self.data[start:self.at])[0] if depth == 0 else None
+        if kind == _STRING:
+            return self.string(keep=depth == 0)
+        if kind == _ARRAY and depth < 2:
             item = self.uint(4)
             least = _SCALAR_BYTES.get(item, 8 if item == _STRING else 12)  # a string's length; an array's type, count
             n = self.count(least, "an array")
+            self.length = n
             self.items += n
             if self.items > MAX_GGUF_ITEMS:
                 raise self.fail(f"{self.items:,} array items in all, where kvbudget reads up to {MAX_GGUF_ITEMS:,}")
-            if item in _SCALAR_BYTES:  # fixed-size items: skipped at once
-                self.take(n * least)
-                return
+            if item in _SCALAR_BYTES:  # fixed-size items: read or skipped at once
+                start = self.take(n * least)
+                if depth > 0 or n > MAX_KEPT_ITEMS:
+                    return None
+                return list(struct.unpack(f"{self.order}{n}{_FORMATS[item]}", self.data[start:self.at]))
             for _ in range(n):
                 self.value(item, depth + 1)
-        else:
-            raise self.fail(f"value type {kind}")
+            return None
+        raise self.fail(f"value type {kind}")
 
     def walk(self) -> None:
         if bytes(self.data[self.take(4):self.at]) != b"GGUF":
@@ -101,12 +117,16 @@ class _Header:
             raise self.fail(f"GGUF version {version}, where kvbudget reads 2 and 3")
         tensors, kvs = self.uint(8), self.count(13, "the metadata")  # a key's length, its type, one byte of value
         for _ in range(kvs):
-            self.string()
-            self.value(self.uint(4))
+            key = self.string()
+            assert key is not None
+            self.length = -1
+            self.values[key] = self.value(self.uint(4))
+            if self.length >= 0:
+                self.lengths[key] = self.length
         if tensors * 24 > len(self.data) - self.at:  # a name's length, dims, type, offset
             raise self.fail(f"the tensor table claims {tensors:,} tensors")
         for _ in range(tensors):
-            self.string()
+            self.tensors.append(self.string() or "")
             dims = self.uint(4)
             if not 1 <= dims <= MAX_GGUF_DIMS:
                 raise self.fail(f"a tensor of {dims} dimensions")
@@ -118,14 +138,17 @@ class _Header:
             self.take(12)  # type, offset
 
 
-def check_header(path: Path) -> None:
-    """Every length in the header of the GGUF file at `path` within the file (see _Header)."""
+def check_header(path: Path) -> _Header:
+    """Every length in the header of the GGUF file at `path` within the file (see _Header); the header read."""
     try:
         with open(path, "rb") as fh:
             if os.fstat(fh.fileno()).st_size == 0:
                 raise ConfigError(f"{path}: not a GGUF file kvbudget can read (it is empty)", param="model")
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                _Header(data, path).walk()  # slices of an mmap are bytes: nothing holds it open
+                header = _Header(data, path)
+                header.walk()  # slices of an mmap are bytes: nothing holds it open
+                header.data = b""
+                return header
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc})", param="model") from None
 
@@ -142,15 +165,11 @@ def _reader(path: Path) -> Any:
         raise ConfigError(f"{path}: not a GGUF file kvbudget can read ({exc})".splitlines()[0]) from None
 
 
-def _value(reader: Any, key: str) -> Any:
-    field = reader.fields.get(key)
-    return None if field is None else field.contents()
-
-
-def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
-    """(config.json-like dict, tensor bytes by GGUF type) of a GGUF file."""
-    reader = _reader(path)
-    arch = _value(reader, "general.architecture")
+def gguf_config(path: Path) -> dict[str, Any]:
+    """The config.json-like dict of a GGUF file, from its header alone (kvbudget's own walk: no tensor is read)."""
+    header = check_header(path)
+    values = header.values
+    arch = values.get("general.architecture")
     model_type = ARCHITECTURES.get(str(arch))
     if model_type is None:
         known = ", ".join(sorted(ARCHITECTURES))
@@ -158,7 +177,7 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
                           "pass the model's config.json instead")
     config: dict[str, Any] = {"model_type": model_type, "architectures": [f"gguf:{arch}"]}
     for name, key in _FIELDS:
-        value = _value(reader, f"{arch}.{key}")
+        value = values.get(f"{arch}.{key}")
         if value is None:
             continue
         if isinstance(value, list):  # per-layer values: kvbudget reads one per model
@@ -167,26 +186,31 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
                                   "these GGUF files from a config.json only")
             value = value[0]
         config[name] = value
-    pattern = _value(reader, f"{arch}.attention.sliding_window_pattern")
+    pattern = values.get(f"{arch}.attention.sliding_window_pattern")
     if isinstance(pattern, list):  # one flag per layer (newer converters): true where the layer is windowed
         config["layer_types"] = ["sliding_attention" if bool(x) else "full_attention" for x in pattern]
     elif pattern is not None:  # every n-th layer global (gemma3's 6)
         config["sliding_window_pattern"] = int(pattern)
-    value_length = _value(reader, f"{arch}.attention.value_length")
+    value_length = values.get(f"{arch}.attention.value_length")
     if arch == "deepseek2":  # MLA: the latent and the rope key are what is cached
-        _mla_fields(reader, config, value_length, path)
+        _mla_fields(values, config, value_length, path)
     elif value_length is not None and config.get("head_dim") not in (None, value_length):
         raise ConfigError(f"{path}: K and V head sizes differ ({config['head_dim']} and {value_length}); pass the "
                           "model's config.json")
-    if "vocab_size" not in config and (tokens := reader.fields.get("tokenizer.ggml.tokens")) is not None:
-        config["vocab_size"] = len(tokens.data)
-    dtype = _FILE_DTYPES.get(_value(reader, "general.file_type"))
+    if "vocab_size" not in config and "tokenizer.ggml.tokens" in header.lengths:
+        config["vocab_size"] = header.lengths["tokenizer.ggml.tokens"]
+    dtype = _FILE_DTYPES.get(values.get("general.file_type"))  # type: ignore[arg-type]
     if dtype:
         config["torch_dtype"] = dtype
-    names = {tensor.name for tensor in reader.tensors}
-    config["tie_word_embeddings"] = "output.weight" not in names  # llama.cpp reuses token_embd without one
+    config["tie_word_embeddings"] = "output.weight" not in header.tensors  # llama.cpp reuses token_embd without one
+    return config
+
+
+def read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """(config.json-like dict, tensor bytes by GGUF type) of a GGUF file."""
+    config = gguf_config(path)
     by_type: dict[str, int] = {}
-    for tensor in reader.tensors:
+    for tensor in _reader(path).tensors:
         by_type[tensor.tensor_type.name] = by_type.get(tensor.tensor_type.name, 0) + int(tensor.n_bytes)
     return config, by_type
 
@@ -213,27 +237,27 @@ def gguf_layer_bytes(path: Path, num_layers: int) -> tuple[list[int], int, int]:
     return layers, input_side, output_side
 
 
-def _mla_fields(reader: Any, config: dict[str, Any], value_length: int | None, path: Path) -> None:
+def _mla_fields(values: dict[str, Any], config: dict[str, Any], value_length: int | None, path: Path) -> None:
     """DeepSeek's MLA dims: llama.cpp's converter writes key_length = nope + rope per head, or, since MLA is cached
     as the latent (2025), key_length_mla / value_length_mla for the per-head dims and key_length = latent + rope."""
-    rope = _value(reader, "deepseek2.rope.dimension_count")
-    latent = _value(reader, "deepseek2.attention.kv_lora_rank")
+    rope = values.get("deepseek2.rope.dimension_count")
+    latent = values.get("deepseek2.attention.kv_lora_rank")
     if rope is None or latent is None:
         raise ConfigError(f"{path}: a deepseek2 GGUF without rope.dimension_count or attention.kv_lora_rank; pass the "
                           "model's config.json")
-    key = _value(reader, "deepseek2.attention.key_length_mla") or config.pop("head_dim", None)
-    value = _value(reader, "deepseek2.attention.value_length_mla") or value_length
+    key = values.get("deepseek2.attention.key_length_mla") or config.pop("head_dim", None)
+    value = values.get("deepseek2.attention.value_length_mla") or value_length
     config.pop("head_dim", None)
     if key is None or value is None:
         raise ConfigError(f"{path}: a deepseek2 GGUF without its per-head key and value lengths")
     config.update(kv_lora_rank=latent, qk_rope_head_dim=rope, qk_nope_head_dim=key - rope, v_head_dim=value,
-                  q_lora_rank=_value(reader, "deepseek2.attention.q_lora_rank"))
-    dense = _value(reader, "deepseek2.leading_dense_block_count")
+                  q_lora_rank=values.get("deepseek2.attention.q_lora_rank"))
+    dense = values.get("deepseek2.leading_dense_block_count")
     if dense is not None:
         config["first_k_dense_replace"] = dense
     if (experts := config.pop("num_local_experts", None)) is not None:
         config["n_routed_experts"] = experts
         config.pop("num_experts", None)
-    shared = _value(reader, "deepseek2.expert_shared_count")
+    shared = values.get("deepseek2.expert_shared_count")
     if shared is not None:
         config["n_shared_experts"] = shared

@@ -112,9 +112,9 @@ def _from_path(path: Path, name: str | None) -> ModelSpec | None:
     if not path.is_file():  # a device or a pipe: not a model, read no further
         return None
     if path.suffix.lower() == ".gguf":
-        from kvbudget.model.gguf import read_gguf
+        from kvbudget.model.gguf import gguf_config
 
-        config, _ = read_gguf(path)
+        config = gguf_config(path)
         return parse_config(config, name=name or path.stem, source=f"gguf:{path}")
     return parse_config(read_json(path), name=name or path.stem, source=str(path))
 

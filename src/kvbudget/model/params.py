@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbudget.errors import ConfigError
+from kvbudget.errors import ConfigError, named
 from kvbudget.model.config import Fields, model_type_of, text_config_of
 from kvbudget.model.spec import Attention, LatentAttention, ModelSpec, NoCache, RecurrentState, SlidingWindow
 
@@ -91,7 +91,7 @@ def count_parameters(model: ModelSpec) -> ParamCount:
     mt = _SAME_WEIGHTS_AS.get(f.model_type, f.model_type)
     if mt in _UNCOUNTED:
         raise ConfigError(f"weights: kvbudget does not count {f.model_type} parameters yet ({model.name}); give the "
-                          "weight bytes per GPU (plan's weights)", param="weights")
+                          f"weight bytes per GPU to plan ({named('weights', 'SIZE')})", param="weights")
     hidden = f.int("hidden_size", "n_embd", "d_model")
     vocab = f.int("vocab_size", "padded_vocab_size")
     groups: list[ParamGroup] = []

@@ -94,7 +94,7 @@ class Perplexity:
         extra = ["--chunks", str(chunks)] if chunks else []
         out = _run([str(self.exe), *self.common, "-f", str(data), "-ctk", "f32", "-ctv", "f32",
                     "--kl-divergence-base", str(self.base), *extra], "baseline")
-        if not self.base.is_file() or self.base.stat().st_size == 0:
+        if not self.base.is_file() or self.base.stat().st_size < 20:  # (it writes its magic before it counts)
             need = re.search(r"you need at least (\d+) tokens", out)
             raise KVBudgetError(f"data: llama-perplexity needs at least {need.group(1) if need else 2 * context} "
                                 f"tokens for a context of {context} (two whole chunks); give more text", param="data")

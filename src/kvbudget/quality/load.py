@@ -37,6 +37,39 @@ class Loaded:
         return "f16" if self.as_llamacpp else "f32"
 
 
+@dataclass(frozen=True)
+class Header:
+    """What a model is, from its GGUF header or config.json alone (a fraction of a second): enough to refuse a
+    request before the weights load (half a minute, and a float32 copy in the cache for a GGUF)."""
+
+    name: str
+    spec: ModelSpec
+    gguf: Path | None
+
+
+def read_header(source: str) -> Header:
+    """The `Header` of a model folder, a .gguf file or the bundled name; a source that `load_model` would refuse
+    is refused in its words."""
+    path = bundled_gguf() if source == BUNDLED else Path(source)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise KVBudgetError(f"{source}: no such GGUF file")
+        name = BUNDLED if source == BUNDLED else path.name
+        from kvbudget.model.gguf import gguf_config
+
+        config = gguf_config(path)
+        config["torch_dtype"] = config["dtype"] = "float16"  # as load_model's spec: llama.cpp caches f16
+        return Header(name, kvbudget.load_model(config, name=name), path)
+    if not path.is_dir():
+        raise KVBudgetError(f"{source}: not a model folder or a .gguf file (or {BUNDLED}, the bundled test model)")
+    if not (path / "config.json").is_file():
+        raise KVBudgetError(f"{source}: no config.json in the folder")
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        raise KVBudgetError(f"{source}: the folder has a config but no weights (*.safetensors or *.bin); "
+                            "kvbudget quality runs the model, so it needs them")
+    return Header(path.name, kvbudget.load_model(path), None)
+
+
 def load_model(source: str, as_engine: bool = True) -> Loaded:
     """The model from a folder, a .gguf file or the bundled name. A GGUF model's linear layers round their inputs
     as llama.cpp's matmuls do for each weight type (quality.matmul), and attention converts Q and keeps an f32
@@ -86,14 +119,7 @@ def load_model(source: str, as_engine: bool = True) -> Loaded:
         return Loaded(model=model, tokenizer=tokenizer, name=name, gguf=path, spec=spec,
                       matmul=f"as llama.cpp rounds inputs to {kinds} weights",
                       as_llamacpp=True, unmodelled=tuple(unmodelled))
-    if not path.is_dir():
-        raise KVBudgetError(f"{source}: not a model folder or a .gguf file (or {BUNDLED}, the bundled test model)")
-    if not (path / "config.json").is_file():
-        raise KVBudgetError(f"{source}: no config.json in the folder")
-    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
-        raise KVBudgetError(f"{source}: the folder has a config but no weights (*.safetensors or *.bin); "
-                            "kvbudget quality runs the model, so it needs them")
-    spec = kvbudget.load_model(path)
+    spec = read_header(source).spec  # (a folder: refused as read_header refuses it)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(path)

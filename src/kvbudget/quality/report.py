@@ -162,6 +162,26 @@ def _check_formats(spec: kvbudget.ModelSpec, variants: list[Variant], layers: st
                             "engine's format", param="layers")
 
 
+def _check_header(head: load.Header, variants: list[Variant], context: int, max_model_len: int | None,
+                  layers: str | None, engine: str | None, real: bool, gpu: str | None, gpu_memory: int | None
+                  ) -> tuple[Memory, ...] | None:
+    """Everything that needs only the model's header, refused before its weights load (half a minute); each
+    format's memory in `engine` (a bad GPU or length fails here)."""
+    spec, positions = head.spec, head.spec.max_position_embeddings
+    check_model(spec)
+    for value, param in ((context, "context"), (max_model_len, "max_model_len")):
+        if value and positions and value > positions:
+            raise KVBudgetError(f"{param} {value}: longer than {head.name}'s {positions:,} positions", param=param)
+    _check_formats(spec, variants, layers, engine if real else None)
+    if real and head.gguf is None:
+        raise KVBudgetError(f"engine {engine}: {head.name} is not a .gguf file; llama.cpp runs GGUF models",
+                            param="engine")
+    if engine is None:
+        return None
+    weights = head.gguf.stat().st_size if head.gguf is not None else None
+    return memory(spec, variants, engine, gpu, gpu_memory, max_model_len or context, weights)
+
+
 def _run_engine(runner: Any, variants: list[Variant], step: Callable[[str], Callable[[int, int], None]]
                 ) -> tuple[list[llamacpp.EngineResult], list[list[int]]]:
     """Each format through the real engine, and the token windows it scored."""
@@ -207,25 +227,17 @@ def run(model: str | load.Loaded, data: Sequence[str], kv_dtypes: Sequence[str] 
     real = REAL_ENGINES.get(engine) if engine is not None else None
     if engine is not None:
         kvbudget.get_engine(engine)  # an unknown name fails here, before the model loads
-    _check_counts(context, 4 if real is not None else 2, windows, data, generate, needle_trials)
-    layer_variant = Variant.parse(layers) if layers is not None else None
-    loaded = model if isinstance(model, load.Loaded) else load.load_model(model)
-    spec = loaded.spec
-    check_model(spec)
-    if spec.max_position_embeddings and context > spec.max_position_embeddings:
-        raise KVBudgetError(f"context {context}: longer than {loaded.name}'s {spec.max_position_embeddings:,} "
-                            "positions", param="context")
-    _check_formats(spec, variants, layers, engine if real is not None else None)
-    if real is not None and loaded.gguf is None:
-        raise KVBudgetError(f"engine {engine}: {loaded.name} is not a .gguf file; llama.cpp runs GGUF models",
-                            param="engine")
-    mem = None
-    if engine is not None:  # before the long part: a bad GPU or length fails now
-        weights = loaded.gguf.stat().st_size if loaded.gguf is not None else None
-        mem = memory(spec, variants, engine, gpu, gpu_memory, max_model_len or context, weights)
     elif gpu is not None or gpu_memory is not None:
         raise KVBudgetError("gpu: requests at once need an engine too (e.g. vllm)", param="gpu")
-    text = load.read_text(loaded.tokenizer, list(data))
+    _check_counts(context, 4 if real is not None else 2, windows, data, generate, needle_trials)
+    layer_variant = Variant.parse(layers) if layers is not None else None
+    head = load.Header(model.name, model.spec, model.gguf) if isinstance(model, load.Loaded) else \
+        load.read_header(model)
+    mem = _check_header(head, variants, context, max_model_len, layers, engine, real is not None, gpu, gpu_memory)
+    chats = any(str(name).endswith(".jsonl") for name in data)  # rendered with the model's tokenizer
+    text = None if chats else load.read_text(None, list(data))  # plain text with nothing in it: refused now
+    loaded = model if isinstance(model, load.Loaded) else load.load_model(model)
+    text = text or load.read_text(loaded.tokenizer, list(data))
     notes = [f"linear layers without an input rule (left in float): {', '.join(loaded.unmodelled)}"] \
         if loaded.unmodelled else []
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kvbudget import validate
 from kvbudget.choices import Device, EntryPoint, parse_allocator
 from kvbudget.engines import Engine, get_engine
 from kvbudget.engines.scheduling.seq import Queues, Seq
@@ -281,6 +282,8 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
     `guard_poll_interval` seconds; `admission` names another policy instead (simulation/guarded.py). `check()` is
     called every `CHECK_EVERY` turns of the clock loop, a few milliseconds apart, whatever the workload: it ends
     the run by raising (a deadline, a client gone, a server stopping)."""
+    validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
+    validate.number(guard_poll_interval, "guard_poll_interval", 0.0, validate.MAX_SECONDS)
     s = setup or setup_for(model, **settings)
     sched = s.simulator.scheduler(s)
     guard = admission_policy(admission, guard_config, s, get_engine(s.engine), guard_poll_interval)

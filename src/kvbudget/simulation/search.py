@@ -6,7 +6,7 @@ import itertools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, final
 
 from kvbudget.choices import parse_allocator
 from kvbudget.engines.scheduling.workload import Request
@@ -18,15 +18,35 @@ from kvbudget.units import parse_size
 Workload = Callable[[float], Iterable[Request]]  # a rate scale -> the requests at that rate
 
 
+@final
+class Seconds(float):
+    """A duration in seconds that keeps the unit it was written in ("ms" or "s"), to be shown in it."""
+
+    unit: str
+
+    def __new__(cls, seconds: float, unit: str) -> Seconds:
+        duration = super().__new__(cls, seconds)
+        duration.unit = unit
+        return duration
+
+
+def shown(seconds: float, unit: str) -> str:
+    """A duration in `unit` ("ms" or "s"), to three figures: 13.8 ms, 2.35 s, 1,250 ms."""
+    x = seconds * 1000 if unit == "ms" else seconds
+    return f"{x:.3g} {unit}" if abs(x) < 1000 else f"{x:,.0f} {unit}"
+
+
 def parse_slo(text: str) -> dict[str, float]:
-    """'ttft_p99=2s,tpot_p99=100ms' -> {'ttft_p99': 2.0, 'tpot_p99': 0.1}."""
+    """'ttft_p99=2s,tpot_p99=100ms' -> {'ttft_p99': 2.0, 'tpot_p99': 0.1} (each a `Seconds`, which remembers the
+    unit written)."""
     out: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, eq, value = part.partition("=")
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*", value)
         if not eq or not m:
             raise KVBudgetError(f"slo {part!r}: write NAME=SECONDS, e.g. ttft_p99=2s,tpot_p99=100ms", param="slo")
-        out[name.strip()] = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+        unit = m.group(2) or "s"
+        out[name.strip()] = Seconds(float(m.group(1)) / (1000 if unit == "ms" else 1), unit)
     if not out:
         raise KVBudgetError("slo: give at least one objective, e.g. ttft_p99=2s", param="slo")
     return out
@@ -38,14 +58,15 @@ def meets(sim: Simulation, slo: Mapping[str, float]) -> bool:
 
 
 def missed(sim: Simulation, slo: Mapping[str, float]) -> tuple[str, ...]:
-    """What `sim` fails of `slo`: each objective it misses, by name ("value > limit"), and "requests" where it left
-    some unfinished."""
+    """What `sim` fails of `slo`: each objective it misses, by name ("value > limit", both in the unit the limit
+    was written in, or in ms below a second), and "requests" where it left some unfinished."""
     failed = [f"requests: {sim.requests - sim.completed:,} of {sim.requests:,} unfinished"] \
         if sim.completed < sim.requests else []
     for name, limit in slo.items():
         value = sim.metric(name)
         if value is None or value > limit:
-            failed.append(f"{name} {'none' if value is None else f'{value:.4g}'} > {limit:.4g}")
+            unit = getattr(limit, "unit", "ms" if limit < 1 else "s")
+            failed.append(f"{name} {'none' if value is None else shown(value, unit)} > {shown(limit, unit)}")
     return tuple(failed)
 
 

@@ -110,3 +110,17 @@ def test_a_vision_tower_is_counted_with_the_model():
     the text model, on the first pipeline stage, and it is not read per generated token."""
     groups = [g for g in count_parameters(load_model("gemma-3-4b")).groups if g.part == "vision"]
     assert len(groups) == 1 and abs(groups[0].count / 417e6 - 1) < 0.02 and groups[0].active == 0
+
+
+def test_weights_kvbudget_cannot_count_are_asked_for_by_the_flag(capsys):
+    """A family whose parameters kvbudget does not count: the command line names the flag that gives them, the
+    library its parameter (not "plan's weights", which neither front end can be given)."""
+    from kvbudget.cli import main
+
+    assert main(["plan", "gemma-3n-e2b", "--gpu", "L4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("kvbudget: error: --weights: ") and "(--weights SIZE)" in err, err
+    with pytest.raises(kvbudget.ConfigError) as refused:
+        kvbudget.plan(load_model("gemma-3n-e2b"), gpu="L4")
+    assert refused.value.param == "weights" and str(refused.value).endswith("per GPU to plan (weights)")
+    assert kvbudget.plan(load_model("gemma-3n-e2b"), gpu="L4", weights=10 * GIB).kv_memory_bytes > 0

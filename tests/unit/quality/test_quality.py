@@ -5,6 +5,7 @@ machine."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -221,25 +222,83 @@ def test_cli_table_and_json(capsys, tmp_path):
     assert "q8_0" in table and "top-1 %" in table and "your own model" in " ".join(table.split())
 
 
+@pytest.fixture
+def no_loading(monkeypatch):
+    """The model's weights must not load (half a minute, and a 538 MB float32 copy in the cache): a refusal that
+    needs only the GGUF header or config.json comes before."""
+    from kvbudget.bundled import bundled_gguf, cache_dir
+    from kvbudget.quality import load
+
+    bundled_gguf()  # (fetched once, as any use of the bundled model does)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the model's weights were loaded before the refusal")
+
+    monkeypatch.setattr(load, "load_model", refused)
+    converted = cache_dir() / "converted"
+    before = sorted(converted.iterdir()) if converted.is_dir() else []
+    yield
+    assert (sorted(converted.iterdir()) if converted.is_dir() else []) == before
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--kv-dtype", "q3_k"], "--kv-dtype 'q3_k'"),
-    (["--context", "100000"], "--context 100000: longer than"),
+    (["--context", "100000"], "--context 100000: longer than smollm2-135m-instruct's 8,192 positions"),
     (["--context", "1"], "--context 1"),
     (["--gpu", "L4"], "--gpu: requests at once need an engine"),
+    (["--gpu-memory", "24GiB"], "--gpu: requests at once need an engine"),
+    (["--engine", "vllm", "--gpu", "L4", "--max-model-len", "100000"],
+     "--max-model-len 100000: longer than smollm2-135m-instruct's 8,192 positions"),
+    (["--engine", "vllm", "--gpu-memory", "100MiB"], "leave no KV budget out of 100.00 MiB"),
+    (["--engine", "llamacpp", "--kv-dtype", "quanto_int4"], "transformers' own cache; llamacpp cannot run it"),
     (["--generate", "-1"], "--generate: -1 must be a whole number from 0"),
     (["--plot", "/nonexistent/q.png"], "--plot /nonexistent/q.png: its folder /nonexistent does not exist"),
     (["--engine", "nope"], "unknown engine 'nope'"),
     (["--kv-dtype", "q8_0", "--kv-scales", "dynamic"], "--kv-scales dynamic: none of the formats"),
+    (["--kv-scales", "dynamic"], "--kv-scales dynamic: none of the formats"),
 ])
-def test_cli_bad_input_is_one_line_and_exit_2(capsys, tmp_path, argv, message):
+def test_cli_bad_input_is_one_line_and_exit_2_before_the_model_loads(capsys, tmp_path, no_loading, argv, message):
     text = tmp_path / "prose.txt"
     text.write_text(PROSE.read_text()[:4000])
+    started = time.perf_counter()
     assert main(["quality", "smollm2-135m-instruct", "--data", str(text), *argv]) == 2
+    assert time.perf_counter() - started < 1.0  # the header alone: no weights, no float32 copy
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
 
 
-def test_cli_refuses_models_and_data_it_cannot_use(capsys, tmp_path):
+def test_a_model_folder_is_refused_from_its_config_before_its_weights_load(capsys, tmp_path, no_loading):
+    """A folder's config.json says its positions; llama.cpp runs GGUF files only."""
+    text = tmp_path / "prose.txt"
+    text.write_text(PROSE.read_text()[:4000])
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 1024}))
+    (folder / "model.safetensors").write_bytes(b"")
+    for argv, message in ((["--context", "2048"], "--context 2048: longer than model's 1,024 positions"),
+                          (["--engine", "llamacpp"], "--engine llamacpp: model is not a .gguf file")):
+        assert main(["quality", str(folder), "--data", str(text), *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+
+
+def test_too_little_text_for_llama_perplexity_is_one_line(tmp_path, monkeypatch):
+    """llama-perplexity given fewer tokens than two chunks writes its file's magic and stops: the data is refused,
+    not read as a broken file."""
+    from kvbudget.quality import llamacpp
+
+    fake = tmp_path / "llama-perplexity"
+    fake.write_text("#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = --kl-divergence-base ] && printf _logits_ > \"$2\"; "
+                    "shift; done\necho 'you need at least 1024 tokens for a context of 512 tokens' >&2\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("KVBUDGET_LLAMA_PERPLEXITY", str(fake))
+    with pytest.raises(KVBudgetError, match="data: llama-perplexity needs at least 1024 tokens"):
+        llamacpp.Perplexity(tmp_path / "m.gguf", "some text", 512, None)
+
+
+def test_cli_refuses_models_and_data_it_cannot_use(capsys, tmp_path, no_loading):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     folder = tmp_path / "model"

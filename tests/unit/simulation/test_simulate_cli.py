@@ -144,3 +144,33 @@ def test_sweep_backends_give_the_single_process_answer(capsys):
     assert [(r["settings"]["kv_dtype"], r["settings"]["rate_scale"]) for r in answers["serial"]] == [
         ("auto", 1.0), ("auto", 4.0), ("fp8", 1.0), ("fp8", 4.0)]
     assert len({r["result"]["requests_per_s"] for r in answers["serial"]}) > 1  # the settings did change the runs
+
+
+def test_the_binding_target_is_shown_in_the_units_the_objectives_were_written_in(capsys):
+    """`--find-max-rate` that nothing meets names what the slowest rate missed, in ms or s as the user wrote each
+    objective, not in raw seconds."""
+    import re
+
+    code, _, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100-80GB", "--rate", "5", "--requests", "200",
+                       "--find-max-rate", "--slo", "ttft_p99=1ms,tpot_p99=0.001s")
+    assert code == 1
+    found = re.search(r"binding target: ttft_p99 ([\d.]+) ms > 1 ms; tpot_p99 ([\d.]+) s > 0\.001 s$", err.strip())
+    assert found, err
+    lowest = float(re.search(r"even at ([\d.]+)x", err).group(1))
+    slowest = simulate(LLAMA, rescale(synthetic(5.0, 200, exponential_lengths(161, 338), seed=0), 1 / 1024),
+                       gpu="H100-80GB")
+    assert lowest == pytest.approx(1 / 1024, rel=1e-3)
+    assert float(found.group(1)) == pytest.approx(slowest.ttft.p99 * 1000, rel=0.01)
+    assert float(found.group(2)) == pytest.approx(slowest.tpot.p99, rel=0.01)
+
+
+def test_missed_objectives_read_in_their_units():
+    from types import SimpleNamespace
+
+    from kvbudget.simulation.search import missed, parse_slo
+
+    sim = SimpleNamespace(requests=10, completed=10, metric={"ttft_p99": 0.013764, "e2e_p50": 2.345}.get)
+    assert missed(sim, parse_slo("ttft_p99=1ms,e2e_p50=2s")) == ("ttft_p99 13.8 ms > 1 ms", "e2e_p50 2.35 s > 2 s")
+    assert missed(sim, parse_slo("ttft_p99=0.01s")) == ("ttft_p99 0.0138 s > 0.01 s",)
+    assert missed(sim, {"ttft_p99": 0.001, "e2e_p50": 1.5}) == ("ttft_p99 13.8 ms > 1 ms", "e2e_p50 2.35 s > 1.5 s")
+    assert parse_slo("ttft_p99=250ms") == {"ttft_p99": 0.25}

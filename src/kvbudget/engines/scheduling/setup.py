@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from kvbudget import validate
 from kvbudget.choices import PAGED, Allocator
 from kvbudget.engines.base import Allocation, Capacity, Engine, EngineOptions
 from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig
@@ -18,6 +19,9 @@ from kvbudget.model.spec import ModelSpec
 
 if TYPE_CHECKING:
     from kvbudget.choices import Device, EntryPoint
+
+
+MAX_DISK_READ = 1e12  # bytes per second a disk tier reads at: 1,000 GB/s, past any drive or array on one host
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +59,31 @@ class SimulationAsk:
     offload_backend: str | None = None
     offload_disk: int | None = None  # disk for the backend's disk tier behind host memory, over every rank
     disk_read: float | None = None  # bytes per second the disk tier reads at
+
+    def __post_init__(self) -> None:
+        """Every number in its range, whoever built the ask (the CLI, the web page, `setup_for`)."""
+        for value, param, least in ((self.gpu_memory, "gpu_memory", 1), (self.kv_memory, "kv_memory", 1),
+                                    (self.weights, "weights", 0), (self.offload_memory, "offload_memory", 1),
+                                    (self.offload_disk, "offload_disk", 1)):
+            if value is not None:
+                validate.size(value, param, least)
+        lora = self.lora or (None, None)
+        for value, param, what in ((self.tp, "tp", "tensor parallel size"), (self.pp, "pp", "pipeline parallel size"),
+                                   (self.num_blocks, "num_blocks", "KV blocks"),
+                                   (self.max_model_len, "max_model_len", "tokens"),
+                                   (self.block_size, "block_size", "tokens per block"),
+                                   (self.max_num_seqs, "max_num_seqs", "sequences"),
+                                   (self.max_num_batched_tokens, "max_num_batched_tokens", "tokens"),
+                                   (lora[0], "max_loras", "adapters"), (lora[1], "max_lora_rank", "rank")):
+            if value is not None:
+                validate.positive(value, param, what)
+        validate.count(self.long_prefill_token_threshold, "long_prefill_token_threshold")
+        if self.cache_ram is not None:  # MiB
+            validate.count(self.cache_ram, "cache_ram", 0, validate.MAX_BYTES >> 20)
+        if self.utilization is not None:
+            validate.fraction(self.utilization, "utilization")
+        if self.disk_read is not None:
+            validate.number(self.disk_read, "disk_read", 0.0, MAX_DISK_READ)
 
     def engine_options(self, batched: bool = True) -> EngineOptions:
         """The options to plan with (`batched`: the engine takes max_num_batched_tokens)."""

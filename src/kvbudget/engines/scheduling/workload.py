@@ -16,6 +16,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any, Protocol
 
+from kvbudget import validate
 from kvbudget.errors import KVBudgetError
 from kvbudget.files import parse_json_text, read_lines
 
@@ -240,8 +241,14 @@ def read_trace(path: str | Path) -> Iterator[Request]:
 def rescale(requests: Iterable[Request], rate_scale: float = 1.0, start: int = 0,
             count: int | None = None) -> Iterator[Request]:
     """Replay `count` requests from the `start`-th, arriving `rate_scale` times as often (times divided by it)."""
-    if rate_scale <= 0:
-        raise KVBudgetError(f"rate_scale {rate_scale} must be > 0", param="rate_scale")
+    validate.number(rate_scale, "rate_scale")
+    validate.count(start, "start")
+    if count is not None:
+        validate.positive(count, "count", "requests")
+    return _rescaled(requests, rate_scale, start, count)
+
+
+def _rescaled(requests: Iterable[Request], rate_scale: float, start: int, count: int | None) -> Iterator[Request]:
     first: float | None = None
     for i, r in enumerate(requests):
         if i < start:
@@ -262,6 +269,7 @@ def request_log(path: str | Path, counter: CountsLines, lengths: Lengths, rate: 
     max_completion_tokens); one without either draws an output length from `lengths`. Arrivals come from each
     line's "arrival" (seconds) where every line has one, else at `rate` per second (Poisson, or gamma of `cv`)."""
     name = str(path)
+    check_arrivals(rate, seed, cv)
     rng = random.Random(seed)
     gaps = _gaps(rate, cv, rng) if rate is not None else None
 
@@ -285,9 +293,20 @@ def request_log(path: str | Path, counter: CountsLines, lengths: Lengths, rate: 
     return _ordered(rows(), name)
 
 
+MAX_CV = 100.0  # inter-arrival variation: 1 is Poisson, 2 to 4 bursty production traffic; past 100, one burst
+MAX_SEED = 2**64 - 1  # a random seed: 64 bits
+MAX_REQUESTS = 10_000_000  # synthetic requests: each completed one is kept (~200 bytes), so a run stays under ~2 GB
+
+
+def check_arrivals(rate: float | None, seed: int, cv: float) -> None:
+    """Arrivals at `rate` per second (None: the requests' own), of variation `cv`, drawn with `seed`."""
+    if rate is not None:
+        validate.number(rate, "rate")
+    validate.count(seed, "seed", 0, MAX_SEED)
+    validate.number(cv, "cv", 0.0, MAX_CV)
+
+
 def _gaps(rate: float, cv: float, rng: random.Random) -> Iterator[float]:
-    if rate <= 0 or cv <= 0:
-        raise KVBudgetError(f"arrivals need rate > 0 and cv > 0 (got {rate}, {cv})", param="rate")
     shape = 1 / (cv * cv)
     while True:
         yield rng.gammavariate(shape, 1 / (rate * shape))
@@ -320,9 +339,12 @@ def sampled_lengths(pool: Sequence[tuple[int, int]]) -> Lengths:
 def synthetic(rate: float, count: int, lengths: Lengths, seed: int = 0, cv: float = 1.0) -> Iterator[Request]:
     """`count` requests arriving at `rate` per second: Poisson (cv = 1) or gamma inter-arrivals of that
     coefficient of variation (cv > 1 bursty, < 1 regular)."""
-    if rate <= 0 or count < 1 or cv <= 0:
-        raise KVBudgetError(f"synthetic arrivals need rate > 0, count ≥ 1 and cv > 0 (got {rate}, {count}, {cv})",
-                            param="rate")
+    check_arrivals(rate, seed, cv)
+    validate.positive(count, "count", "requests", MAX_REQUESTS)
+    return _synthetic(rate, count, lengths, seed, cv)
+
+
+def _synthetic(rate: float, count: int, lengths: Lengths, seed: int, cv: float) -> Iterator[Request]:
     rng = random.Random(seed)
     gaps = _gaps(rate, cv, rng)
     t = 0.0
