@@ -9,8 +9,9 @@ from kvbudget.choices import Choice
 from kvbudget.engines import Engine, EngineOptions, get_engine
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.estimator import estimate
+from kvbudget.gpus import gpu_card
 from kvbudget.model.spec import ModelSpec
-from kvbudget.planner import NoKVBudget, gpu_card, longest_context, plan
+from kvbudget.planner import NoKVBudget, longest_context, plan
 from kvbudget.validate import positive
 
 

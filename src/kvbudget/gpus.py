@@ -94,3 +94,14 @@ def find_gpu(name: str) -> GPU:
     known = ", ".join(g["name"] for g in _catalog()["gpus"])
     raise KVBudgetError(f"gpu: unknown GPU {name!r}; choose one of {known}, or "
                         f"{GIVE_GPU_MEMORY}", param="gpu")
+
+
+def gpu_card(gpu: str | None, gpu_memory: int | None) -> GPU:
+    """The GPU a plan is for: a card of the catalog, one of `gpu_memory` bytes (like `gpu`'s where both are given),
+    or the error naming what to give."""
+    if gpu_memory is not None:
+        return custom_gpu(gpu_memory, find_gpu(gpu) if gpu else None)
+    if gpu is None:
+        raise KVBudgetError(f"gpu: name a GPU ({spelled('kvbudget.gpus.gpus()', 'kvbudget gpus')} lists them) or "
+                            f"{GIVE_GPU_MEMORY}", param="gpu")
+    return find_gpu(gpu)

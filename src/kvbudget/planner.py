@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 from kvbudget.budget import GIVEN_WEIGHTS, Term, TermKey, check_given, memory_stack
 from kvbudget.engines import Capacity, Engine, EngineOptions, get_engine, serving_engines
 from kvbudget.engines.base import largest_fitting
-from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetError, spelled
+from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetError
 from kvbudget.estimator import Estimate, estimate
-from kvbudget.gpus import GIVE_GPU_MEMORY, GPU, custom_gpu, find_gpu
+from kvbudget.gpus import GPU, gpu_card
 from kvbudget.gpus import gpus as all_gpus
 from kvbudget.levels import LEVELS
 from kvbudget.model.params import count_parameters
@@ -383,17 +383,6 @@ def _no_budget(inputs: _Inputs, card: GPU, w: Weights, stack: tuple[Term, ...], 
     return NoKVBudget(NoBudget(model=model.name, engine=chosen.name, gpu=card.name, gpu_memory_bytes=card.memory_bytes,
                                tp=inputs.tp, pp=inputs.pp, weights=w, stack=stack, kv_memory_bytes=kv_budget,
                                reason=message, recommendations=tuple(advice)))
-
-
-def gpu_card(gpu: str | None, gpu_memory: int | None) -> GPU:
-    """The GPU a plan is for: a card of the catalog, one of `gpu_memory` bytes (like `gpu`'s where both are given),
-    or the error naming what to give."""
-    if gpu_memory is not None:
-        return custom_gpu(gpu_memory, find_gpu(gpu) if gpu else None)
-    if gpu is None:
-        raise KVBudgetError(f"gpu: name a GPU ({spelled('kvbudget.gpus.gpus()', 'kvbudget gpus')} lists them) or "
-                            f"{GIVE_GPU_MEMORY}", param="gpu")
-    return find_gpu(gpu)
 
 
 def _similar_models(inputs: _Inputs, result: Estimate, base: float) -> list[Recommendation]:
