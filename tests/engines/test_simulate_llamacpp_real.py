@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from harness import gguf_file, llama_server
+from harness import gguf_file, llama_server, log_folder
 from tiny_configs import TINY
 
 import kvbudget
@@ -94,7 +94,7 @@ def serve(requests: list[Request], *args: str) -> str:
         for t in threads:
             t.join()
         port = url.rsplit(":", 1)[1]
-    return (gguf.parent / f"llama-{port}.log").read_bytes().decode(errors="replace")
+    return (log_folder() / f"llama-{port}.log").read_bytes().decode(errors="replace")
 
 
 def parse(log: str) -> tuple[dict[int, int], list[dict]]:
