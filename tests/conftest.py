@@ -203,3 +203,21 @@ def offline(monkeypatch):
     hub.offline_reason.cache_clear()
     yield
     hub.offline_reason.cache_clear()
+
+
+@pytest.fixture
+def unwritable_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A folder nobody may write in (mode 0500; as root, who writes anywhere, os.access says no for it as it would
+    to anyone else), made writable again afterwards so that it can be cleaned up."""
+    import os
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    if os.geteuid() == 0:
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, m: False if str(p) == os.path.realpath(folder) else real(p, m))
+    try:
+        yield folder
+    finally:
+        folder.chmod(0o700)
