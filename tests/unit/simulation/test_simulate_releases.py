@@ -90,3 +90,26 @@ def test_an_engine_simulated_at_one_release_refuses_a_version(capsys):
     code, _, err = cli(capsys, "simulate", "llama-3.1-8b", "--engine", "llamacpp@b5000", "--gpu", "L4", "--rate", "4",
                        "--max-num-seqs", "2", "--max-model-len", "4096")
     assert code == 2 and err.count("\n") == 1 and "give llamacpp without @VERSION" in err
+
+
+@pytest.mark.parametrize("model, settings, why", [
+    # vllm-0.9.2 / 0.8.5 arg_utils.py _is_v1_supported_oracle: `get_device_capability().major < 8` -> V0
+    ("llama-3.2-1b", {"engine": "vllm@0.9", "gpu": "T4"}, "compute capability 8.0"),
+    # ... an fp8 cache only where flash_attn_supports_fp8() (FlashAttention 3: Hopper, 9.x)
+    ("llama-3.1-8b", {"engine": "vllm@0.9", "gpu": "A100-80GB", "kv_dtype": "fp8"}, "fp8 KV cache"),
+    # ... "V1 mamba models are unoptimized" (0.9.2), "No Mamba" (0.8.5)
+    ("qwen3-next-80b-a3b", {"engine": "vllm@0.8", "gpu": "H100-80GB", "tp": 4}, "Mamba / linear-attention"),
+])
+def test_a_deployment_the_release_ran_on_v0_is_refused(model, settings, why):
+    with pytest.raises(KVBudgetError, match=why) as raised:
+        setup_for(load_model(model), max_model_len=4096, **settings)
+    assert raised.value.param == "engine" and "give vllm@0.10 or later" in str(raised.value)
+    # 0.10.2's oracle has none of these checks: the same deployment is simulated on V1
+    later = setup_for(load_model(model), max_model_len=4096, **{**settings, "engine": "vllm@0.10"})
+    assert later.num_blocks > 0
+
+
+def test_fp8_on_hopper_ran_v1_in_0_9():
+    """flash_attn_supports_fp8(): FlashAttention 3 on compute capability 9.x stored the fp8 cache under V1."""
+    setup = setup_for(LLAMA, engine="vllm@0.9", gpu="H100-80GB", kv_dtype="fp8", max_model_len=SHORT)
+    assert (setup.max_num_batched_tokens, setup.max_num_seqs) == (8192, 1024)

