@@ -113,3 +113,21 @@ def test_fp8_on_hopper_ran_v1_in_0_9():
     """flash_attn_supports_fp8(): FlashAttention 3 on compute capability 9.x stored the fp8 cache under V1."""
     setup = setup_for(LLAMA, engine="vllm@0.9", gpu="H100-80GB", kv_dtype="fp8", max_model_len=SHORT)
     assert (setup.max_num_batched_tokens, setup.max_num_seqs) == (8192, 1024)
+
+
+@pytest.mark.parametrize("version, device, entry_point, expected", [
+    # vllm-0.8.5 arg_utils.py: the LLM class (UsageContext.LLM_CLASS) takes 16384 tokens on >= 70 GiB, 8192 below
+    ((0, 8), "cuda", "llm", (16384, 1024)),
+    # vllm-0.9.2 arg_utils.py `if current_platform.is_cpu()`: LLM_CLASS 4096 / 128, OPENAI_API_SERVER 2048 / 32
+    ((0, 9), "cpu", "server", (2048, 32)),
+    ((0, 9), "cpu", "llm", (4096, 128)),
+    # vllm-0.10.2 arg_utils.py: 2048 * world_size / 128 * world_size for the server, 4096 / 256 for the class
+    ((0, 10), "cpu", "server", (2048, 128)),
+    ((0, 10), "cpu", "llm", (4096, 256)),
+])
+def test_the_batch_defaults_by_entry_point_and_device(version, device, entry_point, expected):
+    from kvbudget.choices import Device, EntryPoint
+    from kvbudget.engines.vllm.releases import Release, batch_defaults
+
+    assert batch_defaults(80 * 2**30, "A100-80GB", Device.parse(device, "device"), Release(version),
+                          EntryPoint.parse(entry_point, "entry_point")) == expected

@@ -214,6 +214,8 @@ BATCH_DEFAULTS = {"huge": (16384, 1024), "large": (8192, 1024), "small": (2048, 
 # sequences; on the CPU backend (4096, 256) per rank (0.10 on)
 LLM_CLASS_DEFAULTS = {"huge": (16384, 1024), "large": (16384, 1024), "small": (8192, 256), "cpu": (4096, 256)}
 ENTRY_POINTS = {EntryPoint.SERVER: BATCH_DEFAULTS, EntryPoint.LLM: LLM_CLASS_DEFAULTS}  # vllm serve; vllm.LLM(...)
+# 0.9's CPU backend (its arg_utils.py _set_default_args_v1, before 0.10 scaled them by world size): fewer sequences
+CPU_0_9 = {EntryPoint.SERVER: (2048, 32), EntryPoint.LLM: (4096, 128)}
 HUGE_GPU_BYTES = 160 * GIB
 V0_LONG_CONTEXT = 32768  # V0's OpenAI server turned chunked prefill on beyond this max_model_len (arg_utils.py)
 LARGE_GPU_BYTES = 70 * GIB
@@ -234,7 +236,7 @@ def batch_defaults(gpu_memory: int, gpu_name: str = "", device: Device = Device.
                               "Python (llm: the LLM class); give server or llm", param="entry_point")
     table, rel = ENTRY_POINTS[entry_point], rel or Release(NEWEST)
     if device == Device.CPU:
-        return table["cpu"]
+        return CPU_0_9[entry_point] if rel.version < (0, 10) else table["cpu"]
     if gpu_memory >= HUGE_GPU_BYTES and rel.huge_batch_tier:
         return table["huge"]
     if gpu_memory >= LARGE_GPU_BYTES and not ("a100" in gpu_name.lower() and rel.a100_in_small_tier):
