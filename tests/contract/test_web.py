@@ -55,6 +55,9 @@ SAME = [  # (endpoint, query, the CLI's arguments)
     ("simulate", "model=llama-3.1-8b&gpu=L4&rate=4&requests=300&seed=3&max_model_len=16k",
      ["simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "4", "--requests", "300", "--seed", "3",
       "--max-model-len", "16k"]),
+    ("simulate", "model=llama-3.1-8b&engine=vllm@0.10&gpu=A100-80GB&rate=4&requests=100&max_model_len=8k",
+     ["simulate", "llama-3.1-8b", "--engine", "vllm@0.10", "--gpu", "A100-80GB", "--rate", "4", "--requests", "100",
+      "--max-model-len", "8k"]),
 ]
 
 

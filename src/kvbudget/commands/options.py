@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget import validate
 from kvbudget.choices import Device, EntryPoint
-from kvbudget.engines import EngineOptions, get_engine
+from kvbudget.engines import EngineOptions, engine_release, get_engine
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.units import parse_positive_ints, parse_size
 from kvbudget.validate import MAX_COUNT, shown
@@ -144,22 +144,6 @@ def whole(text: str, param: str, most: int = MAX_COUNT) -> int:
         raise KVBudgetError(f"{param}: {shown(text)} is not a whole number from 0 to {most:,}", param=param)
     digits = text.strip().lstrip("0") or "0"
     return validate.count(int(digits) if len(digits) <= 30 else most + 1, param, 0, most, given=text)
-
-
-def engine_release(engine: str) -> tuple[str, tuple[int, ...] | None]:
-    """The engine `NAME@VERSION` names and the release it models (None for the newest); a release the engine does
-    not model is the engine parameter's error here, where the person wrote NAME@VERSION."""
-    name, at, version = engine.partition("@")
-    if not at:
-        return name, None
-    chosen = get_engine(name)
-    try:
-        return name, chosen.parse_release(version)
-    except KVBudgetError as exc:
-        if exc.param != "engine_version":
-            raise
-        why = exc.args[0].split(": ", 1)[-1]
-        raise type(exc)(f"engine {engine}: {why}", param="engine") from None
 
 
 def engine_options(engine: str, knobs: EngineKnobs | None = None, startup: StartupKnobs | None = None,

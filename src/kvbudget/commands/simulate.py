@@ -27,7 +27,7 @@ from kvbudget.commands.options import (
     whole,
 )
 from kvbudget.engines import get_engine
-from kvbudget.engines.scheduling.setup import MAX_DISK_READ
+from kvbudget.engines.scheduling.setup import MAX_DISK_READ, Simulates
 from kvbudget.engines.scheduling.workload import MAX_CV, MAX_REQUESTS, MAX_SEED
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.units import MIB
@@ -263,12 +263,12 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
     from kvbudget.engines.scheduling.setup import SimulationAsk
 
     engine, options = engine_options(ask.engine, ask.knobs, ask.startup)
-    given = [p for p, v in (("engine", options.engine_version), ("attention_backend", options.attention_backend),
+    given = [p for p, v in (("attention_backend", options.attention_backend),
                             ("pp_layer_partition", options.pp_layer_partition)) if v]
     if given:
-        raise KVBudgetError(f"{given[0]}: simulate follows vLLM 0.32's scheduler and allocator on one rank: "
-                            f"{named('engine', 'vllm@VERSION')}, {named('attention_backend')} and "
-                            f"{named('pp_layer_partition')} are for estimate and plan", param=given[0])
+        raise KVBudgetError(f"{given[0]}: simulate follows the engine's scheduler and allocator on one rank: "
+                            f"{named('attention_backend')} and {named('pp_layer_partition')} are for estimate and "
+                            "plan", param=given[0])
     return SimulationAsk(
         model=model, engine=get_engine(engine), gpu=ask.gpu, gpu_memory=size(ask.gpu_memory, "gpu_memory"),
         kv_memory=size(ask.kv_memory, "kv_memory"), weights=size(ask.weights, "weights"),
@@ -283,7 +283,8 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
         entry_point=options.entry_point,
         lora=(options.max_loras, options.max_lora_rank) if options.enable_lora else None,
         offload_memory=size(ask.offload_memory, "offload_memory"), offload_backend=ask.offload_backend,
-        offload_disk=size(ask.offload_disk, "offload_disk"), disk_read=_gbps(ask.disk_read))
+        offload_disk=size(ask.offload_disk, "offload_disk"), disk_read=_gbps(ask.disk_read),
+        engine_version=options.engine_version)
 
 
 def _gbps(text: str | None) -> float | None:
@@ -317,6 +318,8 @@ def prepared(ask: SimulateRequest) -> tuple[Callable[[float], Iterable[Any]], Si
     model = load(ask.model)
     stream = workload(ask)
     found = simulation_ask(ask, model)
+    if isinstance(found.engine, Simulates):  # settings the scheduler model refuses (a release), before any fit
+        found.engine.simulator().options(found)
     priced = prices(ask)  # a price that cannot be read fails before any fit or run
     if priced is not None and not ask.sweep:
         from kvbudget.simulation.cost import price_for

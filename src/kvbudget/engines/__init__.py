@@ -80,6 +80,21 @@ def get_engine(engine: str | Engine) -> Engine:
                             param="engine") from None
 
 
+def engine_release(engine: str) -> tuple[str, tuple[int, ...] | None]:
+    """The engine `NAME@VERSION` names and the release it models (None for the newest); a release the engine does
+    not model is the engine parameter's error here, where the person wrote NAME@VERSION."""
+    name, at, version = engine.partition("@")
+    if not at:
+        return name, None
+    try:
+        return name, get_engine(name).parse_release(version)
+    except KVBudgetError as exc:
+        if exc.param != "engine_version":
+            raise
+        why = exc.args[0].split(": ", 1)[-1]
+        raise type(exc)(f"engine {engine}: {why}", param="engine") from None
+
+
 def serving_engines() -> tuple[Engine, ...]:
     """The registered engines that run as servers (with a usage gauge for the guard and alerts)."""
     return tuple(e for e in ENGINES.values() if e.serves and e.usage is not None)
@@ -97,6 +112,7 @@ __all__ = [
     "ReadsLogs",
     "Registry",
     "Serving",
+    "engine_release",
     "get_engine",
     "register",
     "serving_engines",

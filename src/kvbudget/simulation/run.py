@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget import validate
 from kvbudget.choices import Device, EntryPoint, parse_allocator
-from kvbudget.engines import Engine, get_engine
+from kvbudget.engines import Engine, engine_release, get_engine
 from kvbudget.engines.scheduling.seq import Queues, Seq
 from kvbudget.engines.scheduling.setup import Planned, Setup, Simulates, SimulationAsk
 from kvbudget.engines.scheduling.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
@@ -197,8 +197,9 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               offload_memory: int | None = None, offload_backend: str | None = None,
               offload_disk: int | None = None, disk_read: float | None = None) -> Setup:
     """The memory and scheduler settings from the planner and the engine's defaults, and the default time model.
-    `weights` (bytes per GPU) replaces the parameter count where kvbudget has none."""
-    chosen = get_engine(engine)
+    `weights` (bytes per GPU) replaces the parameter count where kvbudget has none; `engine` may name a release."""
+    name, version = engine_release(engine) if isinstance(engine, str) else (engine, None)
+    chosen = get_engine(name)
     ask = SimulationAsk(model=model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, kv_memory=kv_memory,
                         num_blocks=num_blocks, tp=tp, pp=pp, kv_dtype=kv_dtype, max_model_len=max_model_len,
                         block_size=block_size, device=Device.parse(device, "device"), max_num_seqs=max_num_seqs,
@@ -208,7 +209,7 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
                         cache_ram=cache_ram, weights=weights, utilization=utilization, enforce_eager=enforce_eager,
                         entry_point=EntryPoint.parse(entry_point, "entry_point"), lora=lora,
                         offload_memory=offload_memory, offload_backend=offload_backend, offload_disk=offload_disk,
-                        disk_read=disk_read)
+                        disk_read=disk_read, engine_version=version)
     return setup_of(ask)
 
 

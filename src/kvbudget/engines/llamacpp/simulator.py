@@ -23,6 +23,7 @@ class LlamaCppSimulator(SimulatorDefaults):
         self.engine = engine
 
     def options(self, ask: SimulationAsk) -> EngineOptions:
+        self.check_release(ask)
         if ask.num_blocks is not None:
             raise KVBudgetError(f"num_blocks: llama.cpp has no KV blocks; give its slots "
                                 f"({spelled('max_num_seqs, -np', flag('max_num_seqs'))}) and their context "

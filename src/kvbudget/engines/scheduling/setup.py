@@ -59,6 +59,7 @@ class SimulationAsk:
     offload_backend: str | None = None
     offload_disk: int | None = None  # disk for the backend's disk tier behind host memory, over every rank
     disk_read: float | None = None  # bytes per second the disk tier reads at
+    engine_version: tuple[int, ...] | None = None  # the release whose budget and defaults to take (None: newest)
 
     def __post_init__(self) -> None:
         """Every number in its range, whoever built the ask (the CLI, the web page, `setup_for`)."""
@@ -93,7 +94,7 @@ class SimulationAsk:
                              max_num_seqs=self.max_num_seqs if self.engine.profiles_batch else None,
                              enforce_eager=self.enforce_eager, entry_point=self.entry_point,
                              enable_lora=self.lora is not None, max_loras=self.lora[0] if self.lora else 1,
-                             max_lora_rank=self.lora[1] if self.lora else 16)
+                             max_lora_rank=self.lora[1] if self.lora else 16, engine_version=self.engine_version)
 
     @property
     def budget_given(self) -> bool:
@@ -206,7 +207,15 @@ class SimulatorDefaults:
 
     offloads = False
 
+    def check_release(self, ask: SimulationAsk) -> None:
+        """Raise for an engine release the scheduler model does not take (here: any but the newest)."""
+        if ask.engine_version is not None:
+            name = ask.engine.name
+            raise KVBudgetError(f"engine {name}@VERSION: simulate follows the newest release of {name}'s scheduler "
+                                f"only; give {name} without @VERSION (estimate and plan take releases)", param="engine")
+
     def options(self, ask: SimulationAsk) -> EngineOptions:
+        self.check_release(ask)
         refuse_slot_settings(ask)
         return ask.engine_options()
 
@@ -237,7 +246,8 @@ class Simulator(Protocol):
     offloads: bool  # simulates the engine's KV offload tier (SimulationAsk.offload_memory)
 
     def options(self, ask: SimulationAsk) -> EngineOptions:
-        """The options to plan the ask with; raises first for settings that mean nothing to this engine."""
+        """The options to plan the ask with; raises first for settings that mean nothing to this engine (and for
+        an engine_version its scheduler model does not take)."""
 
     def sized_without_budget(self, ask: SimulationAsk) -> bool:
         """Whether the ask sizes the cache without a GPU or KV budget (llama.cpp: its slots)."""

