@@ -222,9 +222,13 @@ def _figures(d: dict[str, list[float]], tpot_from_means: bool) -> dict[str, dict
     return out
 
 
+def measured_gpu_runs() -> list[dict[str, Any]]:
+    """The runs on the GPUs whose kernels were measured (per-request logs and load stages; bench_step_times.py)."""
+    return [run for run in runs() if "load" not in run]
+
+
 def all_cases(time_model: TimeModel | None = None) -> list[Case]:
-    """The runs on the GPUs whose kernels were measured (per-request logs and load stages)."""
-    return [c for run in runs() if "load" not in run for c in replay(run, time_model)]
+    return [c for run in measured_gpu_runs() for c in replay(run, time_model)]
 
 
 def heldout_cases(time_model: TimeModel | None = None) -> list[Case]:
