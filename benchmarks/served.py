@@ -269,12 +269,13 @@ def main() -> None:
     argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     cases = heldout_cases()
     print("\n".join(heldout_table(cases)))
+    engine = {run["id"]: run["engine"] for run in runs()}
     compared = [c for c in cases if not c.excluded]
-    for m in METRICS:
-        errors = [c.error(m) for c in compared]
-        short = sum(e < 0 for e in errors)
-        print(f"{METRIC_LABEL[m]}: median |error| {statistics.median(abs(e) for e in errors):.0%}, "
-              f"{short} of {len(errors)} runs short")
+    for release in [None, *sorted({engine[c.run] for c in compared})]:
+        group = [c for c in compared if release in (None, engine[c.run])]
+        print(f"\n{release or 'all'} ({len(group)} runs):", "; ".join(
+            f"{METRIC_LABEL[m]} median |error| {statistics.median(abs(c.error(m)) for c in group):.0%}, "
+            f"{sum(c.error(m) < 0 for c in group)} short" for m in METRICS))
 
 
 if __name__ == "__main__":

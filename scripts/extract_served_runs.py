@@ -1,13 +1,16 @@
 """Collect public end-to-end vLLM serving runs that kvbudget's step times are validated on (never fitted on).
 
-Usage: python scripts/extract_served_runs.py TRAINING_GIT LLMSERVINGSIM_GIT DENNISLEE_GIT
+Usage: python scripts/extract_served_runs.py TRAINING_GIT LLMSERVINGSIM_GIT DENNISLEE_GIT GPUSTACK_GIT
 
 TRAINING_GIT: the git directory of github:inference-sim/training (16 vLLM 0.15.1 runs on H100 with
 inference-perf; their settings and measured latencies, as facts with the source named: the repository states no
 licence). LLMSERVINGSIM_GIT: github:casys-kaist/LLMServingSim (MIT): its vLLM 0.19 bench runs, copied whole
 (per-request arrivals, lengths and timestamps). DENNISLEE_GIT: github:dennislee22/vLLM-benchmarking (no licence
 stated: figures and settings only): vLLM 0.10.1.1 serving Qwen2-7B-Instruct on A100s, `benchmark_serving.py` blocks
-pasted in its README beside the start-up logs in log/. Every run is marked `"split": "validate"`: none is fitted on.
+pasted in its README beside the start-up logs in log/. GPUSTACK_GIT: github:gpustack/gpustack (Apache-2.0): its
+performance lab's baseline runs (`vllm serve MODEL` with the release's defaults, `vllm bench serve` on random
+prompts of fixed length, every request at once), docs/performance-lab/<model>/<gpu>.md. Every run is marked
+`"split": "validate"`: none is fitted on.
 Writes benchmarks/data/served/.
 """
 
@@ -160,9 +163,50 @@ def dennislee(git: str) -> list[dict]:
     return runs
 
 
-def main(training: str, servingsim: str, dennislee_git: str) -> None:
+# gpustack's performance lab: page -> (GPU, model); the tensor parallel size is the baseline command's -tp. Its
+# pages on H100 (a GPU whose kernels were measured) and those whose model or baseline command kvbudget cannot take
+# as stated (GLM-4.5-Air, GLM-5.2; Qwen3-235B-A22B and the pages without a plain baseline command) are left out.
+GPUSTACK = {"qwen3-14b/a100": ("A100-80GB", "qwen3-14b"), "qwen3-32b/a100": ("A100-80GB", "qwen3-32b"),
+            "gpt-oss-20b/a100": ("A100-80GB", "gpt-oss-20b"), "deepseek-r1/h200": ("H200", "deepseek-r1"),
+            "glm-4.x/h200": ("H200", "glm-4.6")}
+# vllm serve's (max_num_batched_tokens, max_num_seqs) in 0.11 by GPU (kvbudget's releases.BATCH_DEFAULTS: A100s in
+# the small tier whatever their memory, the H200's 141 GB in the large one; the huge tier only from 0.28)
+SERVE_DEFAULTS = {"A100-80GB": (2048, 256), "H200": (8192, 1024)}
+
+
+def gpustack(git: str) -> list[dict]:
+    runs, rev = [], commit(git)
+    for page, (gpu, model) in GPUSTACK.items():
+        path = f"docs/performance-lab/{page}.md"
+        text = show(git, path)
+        version = re.search(r"- vLLM:? v([\d.]+)", text).group(1)
+        lengths = {int(i): int(o) for i, o in re.findall(r"prompt: (\d+) input tokens, (\d+) output tokens", text)}
+        base = text.split('??? info "Baseline serving script"')[1]
+        command = re.search(r"```bash\n\s*(vllm serve [^\n]*)\n", base).group(1)
+        assert re.fullmatch(r"vllm serve \S+( -tp \d+)?", command), command
+        tp = int(re.search(r"-tp (\d+)", command).group(1)) if "-tp" in command else 1
+        results = base.split('??? info "Baseline benchmark results"')[1].split("```")[1]
+        batched, seqs = SERVE_DEFAULTS[gpu]
+        for label, block in re.findall(r"# random (\w+) input\n\s*=+ Serving Benchmark Result =+\n(.*?)\n\s*=+\n",
+                                       results, re.S):
+            asked = int(label[:-1]) * 1000 if label.endswith("K") else int(label)
+            figures = bench_block(re.sub(r"(?m)^\s+", "", block))
+            runs.append({"id": f"gpustack-{page.replace('/', '-')}-random-{label.lower()}", "gpu": gpu,
+                         "model": model, "tp": tp, "nodes": 1, "engine": f"vLLM {version}",
+                         "max_model_len": None, "max_num_batched_tokens": batched, "max_num_seqs": seqs,
+                         "num_gpu_blocks": None, "prefix_caching": True,
+                         "load": {"dataset": "random", "input_len": asked, "output_len": lengths[asked],
+                                  "num_prompts": figures["requests"], "request_rate": None, "max_concurrency": None},
+                         # (0.11's block prints the successes only; each is the round count the page sends)
+                         **figures, "failed": 0,
+                         "source": f"github:gpustack/gpustack {path} (baseline: {command}) @{rev[:7]}",
+                         "licence": "Apache-2.0 (the repository's LICENSE)"})
+    return runs
+
+
+def main(training: str, servingsim: str, dennislee_git: str, gpustack_git: str) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    every = llmservingsim(servingsim) + inference_sim(training) + dennislee(dennislee_git)
+    every = llmservingsim(servingsim) + inference_sim(training) + dennislee(dennislee_git) + gpustack(gpustack_git)
     runs = {"about": "Public end-to-end vLLM runs kvbudget's step times are checked against and never fitted on "
                      "(benchmarks/served.py); each is marked split: validate. README.md names the sources.",
             "runs": [{**run, "split": "validate"} for run in every]}
@@ -171,6 +215,6 @@ def main(training: str, servingsim: str, dennislee_git: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
+    if len(sys.argv) != 5:
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2], sys.argv[3])
+    main(*sys.argv[1:])

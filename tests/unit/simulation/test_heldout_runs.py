@@ -63,10 +63,24 @@ def test_every_run_is_validation_data_with_its_source_and_licence(modules):
         assert run["split"] == "validate", run["id"]
         assert run["source"].startswith("github:") and run["licence"], run["id"]
     heldout = [r for r in runs if "load" in r]
-    # A100s (80 GB on one node at TP 1 and 2; 40 GB across two nodes), vLLM 0.10.1.1, Qwen2-7B-Instruct
+    # A100s (80 GB on one node at TP 1 and 2; 40 GB across two nodes) and eight H200s, vLLM 0.10.1.1 and 0.11.0
     assert {(r["gpu"], r["tp"], r.get("nodes")) for r in heldout} == {("A100-80GB", 1, 1), ("A100-80GB", 2, 1),
-                                                                      ("A100-40GB", 2, 2)}
-    assert len(heldout) == 55
+                                                                      ("A100-40GB", 2, 2), ("H200", 8, 1)}
+    assert {r["engine"] for r in heldout} == {"vLLM 0.10.1.1", "vLLM 0.11.0"}
+    assert len(heldout) == 55 + 20
+
+
+def test_a_performance_lab_baseline_keeps_its_page_s_figures(modules):
+    """gpustack's Qwen3-14B page on one A100 SXM: `vllm serve Qwen/Qwen3-14B` (vLLM 0.11.0's defaults) and the
+    "random 4K input" block (4,000 tokens in, 200 out, 500 prompts) as the page prints it."""
+    served, _ = modules
+    (run,) = [r for r in served.runs() if r["id"] == "gpustack-qwen3-14b-a100-random-4k"]
+    assert (run["gpu"], run["model"], run["tp"], run["engine"]) == ("A100-80GB", "qwen3-14b", 1, "vLLM 0.11.0")
+    assert (run["load"]["input_len"], run["load"]["output_len"], run["requests"]) == (4000, 200, 500)
+    assert (run["input_tokens"], run["output_tokens"]) == (1997942, 99783)
+    assert run["measured"]["ttft_s"]["mean"] == 197.62503 and run["measured"]["tpot_s"]["p99"] == 0.2835
+    assert (run["max_num_batched_tokens"], run["max_num_seqs"]) == (2048, 256)  # 0.11 serves an A100 so
+    assert run["licence"].startswith("Apache-2.0") and "qwen3-14b/a100.md" in run["source"]
 
 
 def test_a_block_is_replayed_as_sent_every_request_at_once(modules):
