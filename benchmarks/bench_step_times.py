@@ -102,7 +102,7 @@ def transferred_cases() -> list[served.Case]:
     """The runs of each measured GPU, with that GPU's own measurements left out."""
     saved = steptimes.kernels_for
     out = []
-    for run in served.runs():
+    for run in served.measured_gpu_runs():
         if run["gpu"] == "H100-80GB":
             continue  # (the H100's own fit keeps too little to leave out: its attention and norms are transferred)
         steptimes.kernels_for = lambda card, without=(), gpu=run["gpu"]: saved(card, without=(gpu,))  # type: ignore
@@ -117,7 +117,7 @@ def calibrated_cases() -> list[tuple[str, served.Case]]:
     """Per GPU with two runs or more: `calibrate_requests`' three parameters fitted on its first run's mean TTFT,
     TPOT and end-to-end latency (what the runs publish), applied to its other runs."""
     by_gpu: dict[str, list[dict[str, Any]]] = {}
-    for run in served.runs():
+    for run in served.measured_gpu_runs():
         by_gpu.setdefault(run["gpu"], []).append(run)
     out = []
     for gpu, runs in by_gpu.items():

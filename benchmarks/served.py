@@ -2,12 +2,18 @@
 time model (no calibration) and compares mean, p50 and p90 TTFT, TPOT and end-to-end latency with what the real
 runs measured. None of these runs is in the data the step times are fitted on (src/kvbudget/data/steptimes/).
 Used by bench_step_times.py and tests/unit/simulation/test_step_times.py.
+
+`python benchmarks/served.py` prints the held-out table: the runs published only as `benchmark_serving.py` /
+`vllm bench serve` blocks (fixed-length random prompts, sent at once), on GPUs the step times were not fitted on,
+by GPU, basis, tensor parallel size and load: median |error| and median signed error of mean TTFT, TPOT and E2E.
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
+import math
 import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,6 +29,10 @@ DATA = Path(__file__).resolve().parent / "data" / "served"
 METRICS = ("ttft", "tpot", "e2e")
 # the runs left out of the comparison, and why (the real run's figures are of the requests that survived)
 OVERLOAD = "client timeouts failed {:.0%} of the requests: the measured latencies are of the survivors"
+ACROSS_NODES = "tensor parallel across {} nodes (Ray over the network): kvbudget models no interconnect between nodes"
+# the held-out table's load groups: requests sent at once, up to this many (the last group: more)
+AT_ONCE = (1, 50, 200)
+LOADS = ("1 at once", *(f"{a + 1}-{b} at once" for a, b in itertools.pairwise(AT_ONCE)), f"> {AT_ONCE[-1]} at once")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +50,7 @@ class Case:
     simulated: dict[str, dict[str, float]]
     basis: str
     excluded: str = ""  # why it is not compared
+    load: str = ""  # the load as the table groups it (held-out runs: "N at once")
 
     def error(self, metric: str, stat: str = "mean") -> float:
         real = self.real[metric].get(stat)
@@ -145,6 +156,8 @@ def replay(run: dict[str, Any], time_model: TimeModel | None = None) -> list[Cas
     """The run's cases: its real figures beside the simulation's."""
     model = model_of(run["model"])
     kw = settings(run, time_model)
+    if "load" in run:
+        return [_replay_block(run, model, kw)]
     if "requests_file" in run:
         collect = _Collect(lambda r: 0)
         reqs = bench_requests(run)
@@ -170,6 +183,38 @@ def replay(run: dict[str, Any], time_model: TimeModel | None = None) -> list[Cas
     return out
 
 
+def block_requests(run: dict[str, Any]) -> list[Request]:
+    """A printed `benchmark_serving.py` block of the random dataset at an unlimited rate: every request sent at
+    once, each of the run's mean prompt and output length (the block's totals over its requests: the random
+    prompts re-tokenize a few tokens off, and without --ignore-eos an output may stop early)."""
+    n = run["requests"]
+    prompt, output = round(run["input_tokens"] / n), max(1, round(run["output_tokens"] / n))
+    return [Request(arrival=0.0, prompt_tokens=prompt, output_tokens=output, id=str(i)) for i in range(n)]
+
+
+def _replay_block(run: dict[str, Any], model: Any, kw: dict[str, Any]) -> Case:
+    load = run["load"]
+    if load["request_rate"] is not None or load["max_concurrency"] is not None:
+        raise ValueError(f"{run['id']}: only requests sent at once are replayed (request_rate and max_concurrency "
+                         "unset)")
+    collect = _Collect(lambda r: 0)
+    reqs = block_requests(run)
+    sim = simulate(model, iter(reqs), on_finish=collect, **kw)
+    m, out = run["measured"], reqs[0].output_tokens
+    # the block prints no end-to-end latency: the mean is TTFT + TPOT x (output - 1), derived alike on both sides
+    real = {"ttft": m["ttft_s"], "tpot": m["tpot_s"],
+            "e2e": {"mean": m["ttft_s"]["mean"] + m["tpot_s"]["mean"] * (out - 1)}}
+    figures = _figures(collect.by_stage[0], tpot_from_means=False)
+    figures["e2e"]["mean"] = figures["ttft"]["mean"] + figures["tpot"]["mean"] * (out - 1)
+    failed = run["failed"] / (run["failed"] + run["requests"])
+    excluded = (ACROSS_NODES.format(run["nodes"]) if run.get("nodes", 1) > 1
+                else OVERLOAD.format(failed) if failed > 0.01 else "")
+    group = LOADS[sum(run["requests"] > b for b in AT_ONCE)]
+    return Case(run=run["id"], stage=0, gpu=run["gpu"], model=run["model"], tp=run["tp"], rate=math.inf,
+                saturated=real["ttft"]["mean"] > 1.0, real=real, simulated=figures,
+                basis=sim.setup.time_model.basis, excluded=excluded, load=group)
+
+
 def _figures(d: dict[str, list[float]], tpot_from_means: bool) -> dict[str, dict[str, float]]:
     out = {"ttft": stats(d["ttft"]), "e2e": stats(d["e2e"]), "tpot": stats(d["tpot"])}
     if tpot_from_means:  # as the real run's figure is derived: (mean e2e - mean ttft) / (output - 1)
@@ -177,5 +222,61 @@ def _figures(d: dict[str, list[float]], tpot_from_means: bool) -> dict[str, dict
     return out
 
 
+def measured_gpu_runs() -> list[dict[str, Any]]:
+    """The runs on the GPUs whose kernels were measured (per-request logs and load stages; bench_step_times.py)."""
+    return [run for run in runs() if "load" not in run]
+
+
 def all_cases(time_model: TimeModel | None = None) -> list[Case]:
-    return [c for run in runs() for c in replay(run, time_model)]
+    return [c for run in measured_gpu_runs() for c in replay(run, time_model)]
+
+
+def heldout_cases(time_model: TimeModel | None = None) -> list[Case]:
+    """The runs published as printed bench blocks, on GPUs the step times were not fitted on."""
+    return [c for run in runs() if "load" in run for c in replay(run, time_model)]
+
+
+def basis_kind(case: Case) -> str:
+    return "measured" if case.basis.startswith(f"kernels measured on {case.gpu}") else "transferred"
+
+
+METRIC_LABEL = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E"}
+
+
+def heldout_table(cases: list[Case]) -> list[str]:
+    """Markdown rows: per group (GPU, basis, TP, load) the runs compared, then median |error| and median signed
+    error of mean TTFT, TPOT and E2E; the runs left out, with why, below."""
+    groups: dict[tuple[str, str, int, str], list[Case]] = {}
+    for c in cases:
+        if not c.excluded:
+            groups.setdefault((c.gpu, basis_kind(c), c.tp, c.load), []).append(c)
+    head = " | ".join(f"{METRIC_LABEL[m]} abs. | {METRIC_LABEL[m]} signed" for m in METRICS)
+    lines = [f"| GPU | basis | TP | load | runs | {head} |", "|---" * (5 + 2 * len(METRICS)) + "|"]
+    for (gpu, kind, tp, load), group in sorted(groups.items(), key=lambda g: (g[0][0], g[0][2], LOADS.index(g[0][3]))):
+        cells = []
+        for m in METRICS:
+            errors = [c.error(m) for c in group]
+            cells += [f"{statistics.median(abs(e) for e in errors):.0%}", f"{statistics.median(errors):+.0%}"]
+        lines.append(f"| {gpu} | {kind} | {tp} | {load} | {len(group)} | {' | '.join(cells)} |")
+    left = [c for c in cases if c.excluded]
+    for reason in sorted({c.excluded for c in left}):
+        ids = [c.run for c in left if c.excluded == reason]
+        lines.append(f"\nLeft out ({len(ids)}): {reason}: {', '.join(ids)}")
+    return lines
+
+
+def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    cases = heldout_cases()
+    print("\n".join(heldout_table(cases)))
+    engine = {run["id"]: run["engine"] for run in runs()}
+    compared = [c for c in cases if not c.excluded]
+    for release in [None, *sorted({engine[c.run] for c in compared})]:
+        group = [c for c in compared if release in (None, engine[c.run])]
+        print(f"\n{release or 'all'} ({len(group)} runs):", "; ".join(
+            f"{METRIC_LABEL[m]} median |error| {statistics.median(abs(c.error(m)) for c in group):.0%}, "
+            f"{sum(c.error(m) < 0 for c in group)} short" for m in METRICS))
+
+
+if __name__ == "__main__":
+    main()

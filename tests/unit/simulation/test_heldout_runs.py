@@ -1,0 +1,125 @@
+"""The held-out runs on GPUs the step times were not fitted on (benchmarks/data/served/runs.json): read from the
+block `benchmark_serving.py` prints, marked as validation data with their source and licence, and replayed as they
+were sent (every request at once)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# vLLM 0.10's benchmark_serving.py block as dennislee22/vLLM-benchmarking pasted it (Test 2, 1 prompt)
+BLOCK = """Successful requests:                     1
+Benchmark duration (s):                  9.06
+Total input tokens:                      1024
+Total generated tokens:                  1024
+Request throughput (req/s):              0.11
+Output token throughput (tok/s):         113.07
+Total Token throughput (tok/s):          226.14
+---------------Time to First Token----------------
+Mean TTFT (ms):                          34.69
+Median TTFT (ms):                        34.69
+P99 TTFT (ms):                           34.69
+-----Time per Output Token (excl. 1st token)------
+Mean TPOT (ms):                          8.82
+Median TPOT (ms):                        8.82
+P99 TPOT (ms):                           8.82
+---------------Inter-token Latency----------------
+Mean ITL (ms):                           8.82
+Median ITL (ms):                         8.76
+P99 ITL (ms):                            10.24"""
+
+
+@pytest.fixture(scope="module")
+def modules():
+    sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "scripts")]
+    import extract_served_runs
+    import served
+
+    yield served, extract_served_runs
+    del sys.path[:2]
+
+
+def test_a_printed_block_is_read_in_seconds(modules):
+    _, extract = modules
+    figures = extract.bench_block(BLOCK)
+    assert (figures["requests"], figures["input_tokens"], figures["output_tokens"]) == (1, 1024, 1024)
+    assert figures["duration_s"] == 9.06
+    m = figures["measured"]
+    assert m["ttft_s"] == {"mean": 0.03469, "p50": 0.03469, "p99": 0.03469}
+    assert m["tpot_s"]["mean"] == 0.00882 and m["itl_s"] == {"mean": 0.00882, "p50": 0.00876, "p99": 0.01024}
+    assert "e2e_s" not in m  # 0.10's default percentile metrics print no end-to-end latency
+
+
+def test_every_run_is_validation_data_with_its_source_and_licence(modules):
+    served, _ = modules
+    runs = served.runs()
+    assert len({r["id"] for r in runs}) == len(runs)
+    for run in runs:
+        assert run["split"] == "validate", run["id"]
+        assert run["source"].startswith("github:") and run["licence"], run["id"]
+    heldout = [r for r in runs if "load" in r]
+    # A100s (80 GB on one node at TP 1 and 2; 40 GB across two nodes) and eight H200s, vLLM 0.10.1.1 and 0.11.0
+    assert {(r["gpu"], r["tp"], r.get("nodes")) for r in heldout} == {("A100-80GB", 1, 1), ("A100-80GB", 2, 1),
+                                                                      ("A100-40GB", 2, 2), ("H200", 8, 1)}
+    assert {r["engine"] for r in heldout} == {"vLLM 0.10.1.1", "vLLM 0.11.0"}
+    assert len(heldout) == 55 + 20
+
+
+def test_a_performance_lab_baseline_keeps_its_page_s_figures(modules):
+    """gpustack's Qwen3-14B page on one A100 SXM: `vllm serve Qwen/Qwen3-14B` (vLLM 0.11.0's defaults) and the
+    "random 4K input" block (4,000 tokens in, 200 out, 500 prompts) as the page prints it."""
+    served, _ = modules
+    (run,) = [r for r in served.runs() if r["id"] == "gpustack-qwen3-14b-a100-random-4k"]
+    assert (run["gpu"], run["model"], run["tp"], run["engine"]) == ("A100-80GB", "qwen3-14b", 1, "vLLM 0.11.0")
+    assert (run["load"]["input_len"], run["load"]["output_len"], run["requests"]) == (4000, 200, 500)
+    assert (run["input_tokens"], run["output_tokens"]) == (1997942, 99783)
+    assert run["measured"]["ttft_s"]["mean"] == 197.62503 and run["measured"]["tpot_s"]["p99"] == 0.2835
+    assert (run["max_num_batched_tokens"], run["max_num_seqs"]) == (2048, 256)  # 0.11 serves an A100 so
+    assert run["licence"].startswith("Apache-2.0") and "qwen3-14b/a100.md" in run["source"]
+
+
+def test_a_block_is_replayed_as_sent_every_request_at_once(modules):
+    """200 prompts of 1,024 random tokens asked for 1,024 out: the block counts 204,007 prompt and 201,481 output
+    tokens (the random text re-tokenizes a little longer, and without --ignore-eos some outputs stop early), so
+    200 requests of 1,020 and 1,007 tokens at time 0."""
+    served, _ = modules
+    (run,) = [r for r in served.runs() if r["id"] == "a100-qwen2-7b-test2-15"]
+    assert (run["input_tokens"], run["output_tokens"], run["requests"]) == (204007, 201481, 200)
+    reqs = served.block_requests(run)
+    assert len(reqs) == 200 and {(r.arrival, r.prompt_tokens, r.output_tokens) for r in reqs} == {(0.0, 1020, 1007)}
+
+
+def test_a_replayed_block_compares_like_with_like_and_says_what_it_leaves_out(modules):
+    served, _ = modules
+    runs = {r["id"]: r for r in served.runs()}
+    (case,) = served.replay(runs["a100-qwen2-7b-test2-01"])  # one request, TP 2
+    assert case.load == "1 at once" and case.rate == math.inf and not case.excluded
+    assert served.basis_kind(case) == "transferred"
+    # the end-to-end mean is derived alike on both sides: TTFT + TPOT x (1,024 - 1)
+    assert case.real["e2e"]["mean"] == pytest.approx(0.03469 + 0.00882 * 1023)
+    sim = case.simulated
+    assert sim["e2e"]["mean"] == pytest.approx(sim["ttft"]["mean"] + sim["tpot"]["mean"] * 1023)
+    (across,) = served.replay(runs["a100-qwen2-7b-test1-01"])
+    assert "across 2 nodes" in across.excluded
+    (timeouts,) = served.replay(runs["a100-qwen2-7b-test3-04"])  # 2,000 sent, 1,633 answered
+    assert timeouts.excluded.startswith("client timeouts failed 18%")
+
+
+def test_the_table_groups_by_gpu_basis_tp_and_load_and_lists_what_it_left_out(modules):
+    """Test 4 (one A100-80GB, TP 1): 1, 10, 200 and 500 prompts at once fall in the four load groups; Test 1's
+    first block (two nodes) is listed below the table with its reason."""
+    served, _ = modules
+    runs = {r["id"]: r for r in served.runs()}
+    ids = ["a100-qwen2-7b-test4-01", "a100-qwen2-7b-test4-02", "a100-qwen2-7b-test4-08", "a100-qwen2-7b-test4-09",
+           "a100-qwen2-7b-test1-01"]
+    assert [runs[i]["requests"] for i in ids] == [1, 10, 200, 500, 10]
+    rows = served.heldout_table([c for i in ids for c in served.replay(runs[i])])
+    assert rows[0].startswith("| GPU | basis | TP | load | runs | TTFT abs. | TTFT signed | TPOT abs. |")
+    assert [r.split(" | ")[:5] for r in rows[2:6]] == [["| A100-80GB", "transferred", "1", load, "1"] for load in (
+        "1 at once", "2-50 at once", "51-200 at once", "> 200 at once")]
+    assert rows[6].startswith("\nLeft out (1): tensor parallel across 2 nodes") and rows[6].endswith("test1-01")
