@@ -129,7 +129,8 @@ class SimulateRequest:
                                    "(the run's GPUs for its simulated time, idle time included)", metavar="PRICE",
                                    group=ANSWERS, web=False)
     calibrate: str | None = option("fit the time model to measured timings: a `vllm bench serve --save-result "
-                                   "--save-detailed` JSON (per-request TTFT and ITL), a scrape of vLLM's /metrics "
+                                   "--save-detailed` JSON (per-request TTFT and ITL), the result blocks `vllm bench "
+                                   "serve` prints (pasted text: their mean TTFT and TPOT), a scrape of vLLM's /metrics "
                                    "after it served --trace (its latency histograms), or a log of vLLM run with "
                                    "--scheduler-cls kvbudget.simulation.recorder.RecordingScheduler (step times)",
                                    group=ANSWERS, web=False)
@@ -192,17 +193,27 @@ def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
 def _calibrated(found: SimulationAsk, path: str, served: Callable[[], Iterable[Any]] | None) -> SimulationAsk:
     """`found` with the time model from calibrate: fitted to a benchmark run's requests, to vLLM's latency
     histograms for the trace it served, or to recorded steps."""
-    from kvbudget.simulation.fit import BenchRun, calibrate_requests, initial_model, read_calibration
+    from kvbudget.simulation.fit import (
+        BenchRun,
+        calibrate_requests,
+        calibrate_summaries,
+        initial_model,
+        initial_summary_model,
+        read_calibration,
+    )
     from kvbudget.simulation.run import setup_of
 
     measured = read_calibration(path, served)
-    if not isinstance(measured, BenchRun):
+    if isinstance(measured, list):
         return replace(found, measured=measured)
+    start = initial_model(measured) if isinstance(measured, BenchRun) else initial_summary_model(measured)
     try:  # the GPU's kernel model, two factors fitted; without a GPU, a three-part step from scratch
         base = setup_of(found)
     except KVBudgetError:
-        base = setup_of(replace(found, time_model=initial_model(measured)))
-    return replace(found, time_model=calibrate_requests(found.model, measured, base))
+        base = setup_of(replace(found, time_model=start))
+    if isinstance(measured, BenchRun):
+        return replace(found, time_model=calibrate_requests(found.model, measured, base))
+    return replace(found, time_model=calibrate_summaries(found.model, measured, base))
 
 
 def _calibration(ask: SimulateRequest, found: SimulationAsk, stream: Callable[[float], Iterable[Any]]

@@ -1,0 +1,97 @@
+"""`--calibrate` on the result block `vllm bench serve` prints, as people paste it: the reader on real blocks
+pasted in public issues (tests/data/bench/, sources in its README), its refusals, and a round trip (a run
+simulated under a known time model, printed as vLLM prints it, fitted from a wrong time model)."""
+
+import json
+import math
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from simkit import LLAMA, cli
+
+from kvbudget.engines.scheduling.workload import Request
+from kvbudget.errors import KVBudgetError
+from kvbudget.simulation.fit import calibrate_summaries, read_calibration
+from kvbudget.simulation.run import simulate
+from kvbudget.simulation.summary import BenchSummary
+
+BENCH = Path(__file__).parents[2] / "data" / "bench"
+
+
+def _row(label: str, value: object) -> str:
+    """A row as vllm/benchmarks/serve.py prints it: "{:<40} {:<10}" (floats "{:<10.2f}")."""
+    return "{:<40} {:<10}".format(label, f"{value:.2f}" if isinstance(value, float) else value)
+
+
+def _block(sim, n: int, prompt: int, output: int, rate: float | None = None) -> str:
+    """The block vllm bench serve prints for a run (the metrics kvbudget simulated for it)."""
+    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="), _row("Successful requests:", n),
+             _row("Failed requests:", 0)]
+    if rate is not None:
+        lines.append(_row("Request rate configured (RPS):", rate))
+    lines += [_row("Benchmark duration (s):", sim.duration_s), _row("Total input tokens:", n * prompt),
+              _row("Total generated tokens:", n * output), _row("Request throughput (req/s):", n / sim.duration_s)]
+    for title, name, p in (("Time to First Token", "TTFT", sim.ttft),
+                           ("Time per Output Token (excl. 1st token)", "TPOT", sim.tpot)):
+        lines += ["{s:{c}^{n}}".format(s=title, n=50, c="-"), _row(f"Mean {name} (ms):", p.mean * 1000),
+                  _row(f"Median {name} (ms):", p.p50 * 1000), _row(f"P99 {name} (ms):", p.p99 * 1000)]
+    return "\n".join([*lines, "=" * 50]) + "\n"
+
+
+def _run(rate: float | None, n: int, prompt: int, output: int, seed: int) -> list[Request]:
+    """Requests as vllm bench serve sends them: fixed lengths, Poisson at `rate` (None: all at once)."""
+    rng, t, out = random.Random(seed), 0.0, []
+    for i in range(n):
+        out.append(Request(arrival=t, prompt_tokens=prompt, output_tokens=output, id=str(i)))
+        t += rng.expovariate(rate) if rate else 0.0
+    return out
+
+
+def test_a_printed_block_calibrates_a_wrong_time_model_to_the_truths_means(tmp_path):
+    """A run simulated under a known time model (the L4 kernel model, its fixed costs x 1.6 and the rest x 1.3:
+    not a point of the fit's own family), all 100 requests sent at once (vLLM's default), printed as vLLM prints
+    it inside an issue's text with Windows line endings; calibrating the unscaled model on the block alone
+    predicts a run at another load (Poisson, 2 req/s) within 5% of the truth's mean TTFT, TPOT and E2E."""
+    from kvbudget.simulation import setup_for
+
+    wrong = setup_for(LLAMA, gpu="L4", max_model_len=8192)
+    truth = replace(wrong, time_model=wrong.time_model.scaled(1.6, 1.3, "truth", 0.0))
+    path = tmp_path / "issue.txt"
+    sim = simulate(LLAMA, iter(_run(None, 100, 600, 100, seed=7)), setup=truth)
+    path.write_bytes(("I ran vllm bench serve on an L4:\n\n" + _block(sim, 100, 600, 100) + "\nAny ideas?\n")
+                     .replace("\n", "\r\n").encode())
+    runs = read_calibration(path)
+    assert isinstance(runs, tuple) and len(runs) == 1
+    assert (runs[0].rate, runs[0].prompt_mean, runs[0].output_mean, runs[0].line) == (math.inf, 600, 100, 3)
+    fitted = calibrate_summaries(LLAMA, runs, wrong)
+    assert "calibrated on the mean TTFT and TPOT of 1 printed benchmark result" in fitted.basis
+    assert "one run fits these two" in fitted.basis and fitted.request_latency == 0.0
+    other = _run(2.0, 300, 600, 100, seed=11)
+    ours = simulate(LLAMA, iter(other), setup=replace(wrong, time_model=fitted))
+    real = simulate(LLAMA, iter(other), setup=truth)
+    before = simulate(LLAMA, iter(other), setup=wrong)
+    assert abs(before.tpot.mean / real.tpot.mean - 1) > 0.2  # the wrong model was far off
+    for got, want in ((ours.ttft, real.ttft), (ours.tpot, real.tpot), (ours.e2e, real.e2e)):
+        assert got.mean == pytest.approx(want.mean, rel=0.05)
+
+
+def test_two_blocks_at_other_loads_also_fit_the_time_outside_the_engine(tmp_path, capsys):
+    """Two runs (all at once; 2 req/s) in one file fit a third number, the latency each request spends outside
+    the engine (the truth's: 40 ms; loosely: four means pin three numbers); the CLI says what it fitted in the JSON's time-model basis."""
+    from kvbudget.simulation import setup_for
+
+    wrong = setup_for(LLAMA, gpu="L4", max_model_len=8192)
+    truth = replace(wrong, time_model=wrong.time_model.scaled(1.0, 1.3, "truth", 0.04))
+    text = "".join(_block(simulate(LLAMA, iter(_run(rate, n, 600, 100, seed=7)), setup=truth), n, 600, 100, rate)
+                   for rate, n in ((None, 60), (2.0, 150)))
+    (tmp_path / "runs.txt").write_text(text)
+    runs = read_calibration(tmp_path / "runs.txt")
+    fitted = calibrate_summaries(LLAMA, runs, wrong)
+    assert "of 2 printed benchmark results" in fitted.basis and "Poisson at 2 req/s" in fitted.basis
+    assert 0.01 < fitted.request_latency < 0.16  # two means a run pin it loosely (0.08 found for 0.04)
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "8192", "--rate",
+                         "1", "--requests", "20", "--calibrate", str(tmp_path / "runs.txt"), "--json")
+    assert code == 0, err
+    assert "of 2 printed benchmark results (reading x" in json.loads(out)["setup"]["time_model"]["basis"]
