@@ -95,3 +95,78 @@ def test_two_blocks_at_other_loads_also_fit_the_time_outside_the_engine(tmp_path
                          "1", "--requests", "20", "--calibrate", str(tmp_path / "runs.txt"), "--json")
     assert code == 0, err
     assert "of 2 printed benchmark results (reading x" in json.loads(out)["setup"]["time_model"]["basis"]
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("pr18566-sharegpt.txt", dict(completed=1000, failed=0, duration=30.85, input_tokens=229711,
+                                  output_tokens=203068, ttft=9.62613, tpot=0.07786, rate=math.inf, concurrency=None)),
+    ("pr33743-gemma3.txt", dict(completed=16, failed=0, duration=20.87, input_tokens=16368, output_tokens=5600,
+                                ttft=2.63355, tpot=0.05178, rate=math.inf, concurrency=None)),
+    ("pr31826-tp2-concurrency8.txt", dict(completed=1000, failed=0, duration=162.21, input_tokens=215312,
+                                          output_tokens=199033, ttft=0.03087, tpot=0.00635, rate=math.inf,
+                                          concurrency=8)),
+    ("issue9722-concurrency30.txt", dict(completed=100, failed=0, duration=82.97, input_tokens=77700,
+                                         output_tokens=603, ttft=18.85401, tpot=0.87524, rate=math.inf,
+                                         concurrency=30)),
+])
+def test_real_pasted_blocks_are_read(name, expected):
+    """Blocks pasted in vLLM's threads (several releases; sources in tests/data/bench/README.md): every figure
+    the fit uses, and the concurrency printed above an old block's header."""
+    (run,) = read_calibration(BENCH / name)
+    for field, value in expected.items():
+        assert getattr(run, field) == pytest.approx(value), field
+
+
+def test_a_concurrency_capped_run_is_rebuilt_as_its_closed_loop_steady_state():
+    """--max-concurrency 8 over 1,000 requests: the first 8 at once, the rest at the measured throughput."""
+    (run,) = read_calibration(BENCH / "pr31826-tp2-concurrency8.txt")
+    requests = run.requests()
+    assert [r.arrival for r in requests[:9]] == [0.0] * 8 + [pytest.approx(0.16221)]
+    assert requests[-1].arrival == pytest.approx(162.21 * 992 / 1000)
+    assert {(r.prompt_tokens, r.output_tokens) for r in requests} == {(215, 199)}
+    assert "the first 8 at once, the rest at the measured 6.16 req/s" in run.arrivals()
+
+
+BLOCK = (BENCH / "pr33743-gemma3.txt").read_text()
+
+
+@pytest.mark.parametrize("text, words", [
+    (BLOCK.replace("Mean TPOT (ms):", "Mean T.P.O.T:"), ":2: not a whole `vllm bench serve` result block: no Mean "
+                                                        "TPOT (ms) line"),
+    ("\n".join(BLOCK.splitlines()[:8]), "no Mean TTFT (ms), Mean TPOT (ms) line"),
+    ("Mean TTFT (ms): 12\n", ":1: not a whole `vllm bench serve` result block: no Successful requests, Benchmark "
+                             "duration (s), Total input tokens, Total generated tokens, Mean TPOT (ms) line"),
+    (BLOCK.replace("Successful requests:                     16", "Successful requests: 16.5"),
+     "Successful requests 16.5: expected a whole number from 1 to 20,000"),
+    (BLOCK.replace("Successful requests:                     16", "Successful requests: 0"),
+     "Successful requests 0: expected a whole number from 1 to 20,000"),
+    (BLOCK.replace("Successful requests:                     16", "Successful requests: 25000"),
+     "Successful requests 25000: expected a whole number from 1 to 20,000"),
+    (BLOCK.replace("20.87", "nan"), "Benchmark duration (s) 'nan': expected a number of 0 or more"),
+    (BLOCK.replace("20.87", "9" * 400), "Benchmark duration (s) '9999999999"),
+    (BLOCK.replace("Mean TTFT (ms):                          2633.55", "Mean TTFT (ms): 0"),
+     "Mean TTFT (ms) 0: a run this block rebuilds needs it above 0"),
+    (BLOCK.replace("Mean TPOT (ms):                          51.78", "Mean TPOT (ms): 0.00"),
+     "Mean TPOT (ms) 0 with 350 output tokens"),
+    (BLOCK * 17, "17 result blocks; at most 16"),
+])
+def test_what_is_not_a_readable_block_is_refused_in_one_line(tmp_path, text, words):
+    path = tmp_path / "bench.txt"
+    path.write_text(text)
+    with pytest.raises(KVBudgetError) as e:
+        read_calibration(path)
+    assert words in str(e.value) and "\n" not in str(e.value) and e.value.param == "calibrate", str(e.value)
+
+
+def test_the_cli_refuses_a_broken_block_in_one_line_before_any_fit(tmp_path, capsys):
+    path = tmp_path / "bench.txt"
+    path.write_text(BLOCK.replace("Total input tokens", "Input tokens"))
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "1", "--calibrate", str(path))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "--calibrate" in err and "no Total input tokens line" in err, err
+
+
+def test_a_summary_keeps_what_it_was_read_as():
+    run = BenchSummary(line=1, completed=3, failed=0, duration=1.0, input_tokens=10, output_tokens=3, ttft=0.1,
+                       tpot=0.0, rate=2.0, concurrency=None)
+    assert (run.prompt_mean, run.output_mean, run.arrivals()) == (3, 1, "Poisson at 2 req/s")
