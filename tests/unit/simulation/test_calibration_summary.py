@@ -79,7 +79,8 @@ def test_a_printed_block_calibrates_a_wrong_time_model_to_the_truths_means(tmp_p
 
 def test_two_blocks_at_other_loads_also_fit_the_time_outside_the_engine(tmp_path, capsys):
     """Two runs (all at once; 2 req/s) in one file fit a third number, the latency each request spends outside
-    the engine (the truth's: 40 ms; loosely: four means pin three numbers); the CLI says what it fitted in the JSON's time-model basis."""
+    the engine (the truth's: 40 ms; loosely: four means pin three numbers); the CLI says what it fitted in the
+    JSON's time-model basis."""
     from kvbudget.simulation import setup_for
 
     wrong = setup_for(LLAMA, gpu="L4", max_model_len=8192)
