@@ -30,6 +30,7 @@ REQUIRED = {"Successful requests": "completed", "Benchmark duration (s)": "durat
             "Mean TTFT (ms)": "ttft_ms", "Mean TPOT (ms)": "tpot_ms"}
 RATE = ("Request rate configured (RPS)", "Traffic request rate")  # vLLM since 0.7; older ones and SGLang
 CONCURRENCY = ("Maximum request concurrency", "Max request concurrency")  # vLLM; SGLang
+_CLOSE = re.compile(r"^[\s>|]*={20,}\s*$")  # the line of "=" that ends a block
 _ROW = re.compile(r"^[\s>|]*([A-Za-z][^:]*?)\s*:\s*(\S+)\s*\|?\s*$")
 
 
@@ -92,19 +93,22 @@ def read_summaries(text: str, name: str) -> tuple[BenchSummary, ...]:
     if len(starts) > MAX_BLOCKS:
         raise KVBudgetError(f"calibrate {name}: {len(starts)} result blocks; at most {MAX_BLOCKS} (each is replayed "
                             "about a hundred times): keep the runs you want fitted", param="calibrate")
-    out = []
+    out, after = [], 0  # `after`: where the text after the last block's closing line begins
     for k, start in enumerate(starts):
         end = starts[k + 1] if k + 1 < len(starts) else len(lines)
-        before = lines[starts[k - 1] if k else 0:start]
-        out.append(_block(lines[start:end], before, start + 1, name))
+        close = next((i for i in range(start + 1, end) if _CLOSE.match(lines[i])), end - 1)
+        out.append(_block(lines[start:close + 1], lines[after:start], start + 1, name))
+        after = close + 1  # without a closing line, the block runs to the next: nothing is printed before that
     return tuple(out)
 
 
 def _block(lines: Sequence[str], before: Sequence[str], line: int, name: str) -> BenchSummary:
+    """One block's rows, and the rate and concurrency older releases print just before it (in `before`, the text
+    since the previous block's closing line)."""
     rows: dict[str, str] = {}
-    for text in (*before, *lines):  # a rate printed before the block (benchmark_serving.py) counts too
+    for text in before:  # the latest wins
         m = _ROW.match(text)
-        if m and m.group(1) not in rows:
+        if m and m.group(1) in (*RATE, *CONCURRENCY):
             rows[m.group(1)] = m.group(2)
     for text in lines:  # the block's own rows win over those before it
         m = _ROW.match(text)

@@ -171,3 +171,17 @@ def test_a_summary_keeps_what_it_was_read_as():
     run = BenchSummary(line=1, completed=3, failed=0, duration=1.0, input_tokens=10, output_tokens=3, ttft=0.1,
                        tpot=0.0, rate=2.0, concurrency=None)
     assert (run.prompt_mean, run.output_mean, run.arrivals()) == (3, 1, "Poisson at 2 req/s")
+
+
+def test_each_block_takes_only_its_own_rate_and_concurrency(tmp_path):
+    """A rate configured for one run is not the next block's (vLLM prints no rate line for --request-rate inf);
+    the rate printed above an old block is that block's, the latest one before it."""
+    new = BLOCK.replace("Failed requests:                         0",
+                        "Failed requests:                         0\nRequest rate configured (RPS):           2.00")
+    old = (BENCH / "issue9722-concurrency30.txt").read_text()
+    path = tmp_path / "runs.txt"
+    path.write_text(new + "\nnext:\n" + BLOCK + "Traffic request rate: 5\n" + old.replace("inf", "1.5"))
+    first, second, third = read_calibration(path)
+    assert (first.rate, second.rate, third.rate) == (2.0, math.inf, 1.5)
+    assert (first.concurrency, second.concurrency, third.concurrency) == (None, None, 30)
+    assert (first.line, second.line, third.line) == (2, 30, 57)
