@@ -328,7 +328,7 @@ def calibrate_summaries(model: ModelSpec, runs: Sequence[BenchSummary], setup: S
     p = search(lambda p: loss(p) + PRIOR * (math.log(p[0]) ** 2 + math.log(p[1]) ** 2),
                [1.0, 1.0, START_LATENCY_S] if three else [1.0, 1.0])
     outside = f", {p[2] * 1000:.1f} ms a request outside the engine" if three else \
-        "; one run fits these two, runs at other loads also the time a request spends outside the engine"
+        "; one run fits these two, a second at light load also the time a request spends outside the engine"
     replays = "; ".join(f"line {r.line}: {r.completed} requests of {r.prompt_mean} + {r.output_mean} tokens, "
                         f"{r.arrivals()}" for r in runs)
     return by_kind(start, p[0], p[1], f"{start.basis}; calibrated on the mean TTFT and TPOT of {len(runs)} printed "

@@ -6,9 +6,10 @@ percentiles of TTFT and TPOT; not each request. The run is rebuilt from what it 
 with the mean prompt and output length (as `--dataset-name random` sends them), arriving all at once
 (`--request-rate inf`, the default, which the block does not print), or at the configured rate (Poisson, seed 0),
 or, under `--max-concurrency C`, the first C at once and the rest at the measured request throughput (the closed
-loop's steady state, approximated). Two scales of the time model (its fixed costs per step and the rest) are
-searched until the replays' mean TTFT and mean TPOT match the measured ones: one run gives two equations, so two
-scales; more runs at other loads also fit the time each request spends outside the engine.
+loop's steady state, approximated). Two scales of the time model (what a step reads and what it computes) are
+searched until the replays' mean TTFT and mean TPOT match the measured ones (`fit.calibrate_summaries`): one run
+gives two equations, so two scales; a second run at light load also fits the time a request spends outside the
+engine.
 """
 
 from __future__ import annotations
