@@ -60,7 +60,8 @@ class SimulateRequest:
     tokenizer: str | None = option("--request-log: where the tokenizer is (default: the model argument)",
                                    group=WORKLOAD, web=False)
     approximate: bool = option("--request-log: lengths from characters, labelled", False, group=WORKLOAD, web=False)
-    rate: str | None = option("synthetic: requests per second (Poisson, or gamma with --cv)", group=WORKLOAD)
+    rate: str | None = option("synthetic: requests per second (Poisson, or gamma with --cv); without it, --trace "
+                              "and --request-log, the run --calibrate measured is replayed", group=WORKLOAD)
     requests: str = option("synthetic: how many requests (default 1000)", "1000", group=WORKLOAD)
     cv: str = option("synthetic: coefficient of variation of inter-arrival times (1 Poisson, >1 bursty)", "1",
                      group=WORKLOAD)
@@ -157,6 +158,9 @@ def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
     if ask.request_log:
         if ask.trace:
             raise KVBudgetError(f"simulate: give {named('trace')} or {named('request_log')}, not both")
+    elif not ask.trace and ask.rate is None and ask.calibrate and (measured := _measured_run(ask.calibrate)):
+        first, many = _slice(ask.slice)
+        return lambda scale: rescale(iter(measured), scale, first, many)
     elif bool(ask.trace) == (ask.rate is not None):
         raise KVBudgetError(f"simulate: give {named('trace', 'FILE')}, {named('request_log', 'FILE')} or "
                             f"{named('rate', 'N')} (synthetic arrivals)", param="rate")
@@ -188,6 +192,17 @@ def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
         lengths = exponential_lengths(positive(ask.prompt_tokens, "prompt_tokens"),
                                       positive(ask.output_tokens, "output_tokens"))
     return lambda scale: rescale(synthetic(rate, total, lengths, seed, cv), scale, start, count)
+
+
+def _measured_run(path: str) -> tuple[Any, ...]:
+    """The requests of the run --calibrate measured, where it says them: a benchmark result's, or the run the
+    first printed result block rebuilds (none for a recorder log)."""
+    from kvbudget.simulation.fit import BenchRun, read_calibration
+
+    measured = read_calibration(path)
+    if isinstance(measured, BenchRun):
+        return measured.requests
+    return () if isinstance(measured, list) else measured[0].requests()
 
 
 def _calibrated(found: SimulationAsk, path: str, served: Callable[[], Iterable[Any]] | None) -> SimulationAsk:

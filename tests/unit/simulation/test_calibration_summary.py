@@ -185,3 +185,25 @@ def test_each_block_takes_only_its_own_rate_and_concurrency(tmp_path):
     assert (first.rate, second.rate, third.rate) == (2.0, math.inf, 1.5)
     assert (first.concurrency, second.concurrency, third.concurrency) == (None, None, 30)
     assert (first.line, second.line, third.line) == (2, 30, 57)
+
+
+def test_without_a_workload_the_measured_run_is_replayed_with_the_fitted_times(tmp_path, capsys):
+    """`simulate MODEL --calibrate block.txt` (no --rate, --trace or --request-log) replays the run the first block
+    rebuilds, with the times fitted to it: its mean TTFT and TPOT come back as the block printed them."""
+    from kvbudget.simulation import setup_for
+
+    wrong = setup_for(LLAMA, gpu="L4", max_model_len=8192)
+    truth = replace(wrong, time_model=wrong.time_model.scaled(1.6, 1.3, "truth", 0.0))
+    sim = simulate(LLAMA, iter(_run(None, 40, 500, 80, seed=1)), setup=truth)
+    (tmp_path / "block.txt").write_text(_block(sim, 40, 500, 80))
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "8192",
+                         "--calibrate", str(tmp_path / "block.txt"), "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["completed"] == 40
+    assert result["ttft_s"]["mean"] == pytest.approx(sim.ttft.mean, rel=0.03)
+    assert result["tpot_s"]["mean"] == pytest.approx(sim.tpot.mean, rel=0.03)
+    (tmp_path / "steps.jsonl").write_text('{"start": true}\n')
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "L4", "--calibrate",
+                         str(tmp_path / "steps.jsonl"))
+    assert code == 2 and "give --trace FILE, --request-log FILE or --rate N" in err, err
