@@ -147,11 +147,12 @@ def _block(lines: Sequence[str], before: Sequence[str], line: int, name: str) ->
 
 
 def _number(text: str, label: str, where: str) -> float:
+    """A finite number of 0 or more (what every row the fit reads holds; a rate of inf is read before this)."""
     try:
         value = float(text) if len(text) <= 40 else math.nan
     except ValueError:
         value = math.nan
-    if text.lower() != "inf" and not (math.isfinite(value) and value >= 0):
+    if not (math.isfinite(value) and value >= 0):
         raise KVBudgetError(f"{where}: {label} {text[:40]!r}: expected a number of 0 or more", param="calibrate")
     return value
 
