@@ -303,6 +303,7 @@ def initial_summary_model(runs: Sequence[BenchSummary]) -> TimeModel:
 
 
 PRIOR = 1e-3  # a summary fit's pull of each scale towards 1: a scale the runs do not determine stays put
+FAR = 5.0  # a summary fit's scale beyond this factor either way is said to be suspect in the basis
 
 
 def calibrate_summaries(model: ModelSpec, runs: Sequence[BenchSummary], setup: Setup) -> TimeModel:
@@ -329,6 +330,9 @@ def calibrate_summaries(model: ModelSpec, runs: Sequence[BenchSummary], setup: S
                [1.0, 1.0, START_LATENCY_S] if three else [1.0, 1.0])
     outside = f", {p[2] * 1000:.1f} ms a request outside the engine" if three else \
         "; one run fits these two, a second at light load also the time a request spends outside the engine"
+    if not all(1 / FAR < x < FAR for x in p[:2]):
+        outside += (f"; a scale beyond {FAR:g}x of the model's: the run rebuilt may not be the one measured "
+                    "(lengths that varied: calibrate on its --save-detailed JSON)")
     replays = "; ".join(f"line {r.line}: {r.completed} requests of {r.prompt_mean} + {r.output_mean} tokens, "
                         f"{r.arrivals()}" for r in runs)
     return by_kind(start, p[0], p[1], f"{start.basis}; calibrated on the mean TTFT and TPOT of {len(runs)} printed "

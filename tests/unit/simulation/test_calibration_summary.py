@@ -68,6 +68,7 @@ def test_a_printed_block_calibrates_a_wrong_time_model_to_the_truths_means(tmp_p
     fitted = calibrate_summaries(LLAMA, runs, wrong)
     assert "calibrated on the mean TTFT and TPOT of 1 printed benchmark result" in fitted.basis
     assert "one run fits these two" in fitted.basis and fitted.request_latency == 0.0
+    assert "may not be the one measured" not in fitted.basis
     other = _run(2.0, 300, 600, 100, seed=11)
     ours = simulate(LLAMA, iter(other), setup=replace(wrong, time_model=fitted))
     real = simulate(LLAMA, iter(other), setup=truth)
@@ -212,3 +213,13 @@ def test_without_a_workload_the_measured_run_is_replayed_with_the_fitted_times(t
     code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "L4", "--calibrate",
                          str(tmp_path / "steps.jsonl"))
     assert code == 2 and "give --trace FILE, --request-log FILE or --rate N" in err, err
+
+
+def test_a_fit_far_from_the_kernel_model_says_the_rebuilt_run_may_be_wrong(tmp_path):
+    """A ShareGPT run (lengths that varied, pasted in vLLM PR 18566) rebuilt with every request of the mean
+    lengths fits a scale over 5x from the H100 kernel model's: the basis says the rebuilt run may be wrong."""
+    from kvbudget.simulation import setup_for
+
+    runs = read_calibration(BENCH / "pr18566-sharegpt.txt")
+    fitted = calibrate_summaries(LLAMA, runs, setup_for(LLAMA, gpu="H100"))
+    assert "the run rebuilt may not be the one measured (lengths that varied" in fitted.basis, fitted.basis
