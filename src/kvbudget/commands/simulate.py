@@ -60,7 +60,8 @@ class SimulateRequest:
     tokenizer: str | None = option("--request-log: where the tokenizer is (default: the model argument)",
                                    group=WORKLOAD, web=False)
     approximate: bool = option("--request-log: lengths from characters, labelled", False, group=WORKLOAD, web=False)
-    rate: str | None = option("synthetic: requests per second (Poisson, or gamma with --cv)", group=WORKLOAD)
+    rate: str | None = option("synthetic: requests per second (Poisson, or gamma with --cv); without it, --trace "
+                              "and --request-log, the run --calibrate measured is replayed", group=WORKLOAD)
     requests: str = option("synthetic: how many requests (default 1000)", "1000", group=WORKLOAD)
     cv: str = option("synthetic: coefficient of variation of inter-arrival times (1 Poisson, >1 bursty)", "1",
                      group=WORKLOAD)
@@ -129,7 +130,8 @@ class SimulateRequest:
                                    "(the run's GPUs for its simulated time, idle time included)", metavar="PRICE",
                                    group=ANSWERS, web=False)
     calibrate: str | None = option("fit the time model to measured timings: a `vllm bench serve --save-result "
-                                   "--save-detailed` JSON (per-request TTFT and ITL), a scrape of vLLM's /metrics "
+                                   "--save-detailed` JSON (per-request TTFT and ITL), the result blocks `vllm bench "
+                                   "serve` prints (pasted text: their mean TTFT and TPOT), a scrape of vLLM's /metrics "
                                    "after it served --trace (its latency histograms), or a log of vLLM run with "
                                    "--scheduler-cls kvbudget.simulation.recorder.RecordingScheduler (step times)",
                                    group=ANSWERS, web=False)
@@ -156,6 +158,9 @@ def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
     if ask.request_log:
         if ask.trace:
             raise KVBudgetError(f"simulate: give {named('trace')} or {named('request_log')}, not both")
+    elif not ask.trace and ask.rate is None and ask.calibrate and (measured := _measured_run(ask.calibrate)):
+        first, many = _slice(ask.slice)
+        return lambda scale: rescale(iter(measured), scale, first, many)
     elif bool(ask.trace) == (ask.rate is not None):
         raise KVBudgetError(f"simulate: give {named('trace', 'FILE')}, {named('request_log', 'FILE')} or "
                             f"{named('rate', 'N')} (synthetic arrivals)", param="rate")
@@ -189,20 +194,41 @@ def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
     return lambda scale: rescale(synthetic(rate, total, lengths, seed, cv), scale, start, count)
 
 
+def _measured_run(path: str) -> tuple[Any, ...]:
+    """The requests of the run --calibrate measured, where it says them: a benchmark result's, or the run the
+    first printed result block rebuilds (none for a recorder log)."""
+    from kvbudget.simulation.fit import BenchRun, read_calibration
+
+    measured = read_calibration(path)
+    if isinstance(measured, BenchRun):
+        return measured.requests
+    return () if isinstance(measured, list) else measured[0].requests()
+
+
 def _calibrated(found: SimulationAsk, path: str, served: Callable[[], Iterable[Any]] | None) -> SimulationAsk:
     """`found` with the time model from calibrate: fitted to a benchmark run's requests, to vLLM's latency
     histograms for the trace it served, or to recorded steps."""
-    from kvbudget.simulation.fit import BenchRun, calibrate_requests, initial_model, read_calibration
+    from kvbudget.simulation.fit import (
+        BenchRun,
+        calibrate_requests,
+        calibrate_summaries,
+        initial_model,
+        initial_summary_model,
+        read_calibration,
+    )
     from kvbudget.simulation.run import setup_of
 
     measured = read_calibration(path, served)
-    if not isinstance(measured, BenchRun):
+    if isinstance(measured, list):
         return replace(found, measured=measured)
+    start = initial_model(measured) if isinstance(measured, BenchRun) else initial_summary_model(measured)
     try:  # the GPU's kernel model, two factors fitted; without a GPU, a three-part step from scratch
         base = setup_of(found)
     except KVBudgetError:
-        base = setup_of(replace(found, time_model=initial_model(measured)))
-    return replace(found, time_model=calibrate_requests(found.model, measured, base))
+        base = setup_of(replace(found, time_model=start))
+    if isinstance(measured, BenchRun):
+        return replace(found, time_model=calibrate_requests(found.model, measured, base))
+    return replace(found, time_model=calibrate_summaries(found.model, measured, base))
 
 
 def _calibration(ask: SimulateRequest, found: SimulationAsk, stream: Callable[[float], Iterable[Any]]

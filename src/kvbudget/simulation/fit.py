@@ -16,7 +16,7 @@ import math
 import re
 import statistics
 from bisect import bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,6 +26,7 @@ from kvbudget.errors import KVBudgetError, named
 from kvbudget.files import MAX_DOCUMENT_BYTES, read_document, read_json
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation.run import Setup, simulate
+from kvbudget.simulation.summary import BenchSummary, is_summary, read_summaries
 
 MEAN_WEIGHT = 10.0  # the mean (_sum / _count) is exact, the buckets coarse: the fit leans on the mean
 
@@ -75,9 +76,10 @@ TPOT_METRIC = "vllm:request_time_per_output_token_seconds"  # per request: decod
 
 
 def read_calibration(path: str | Path, served: Callable[[], Iterable[Request]] | None = None
-                     ) -> BenchRun | list[MeasuredStep]:
-    """What `--calibrate` was given: a benchmark result (one JSON object with start_times), a scrape of vLLM's
-    /metrics (`served` gives the requests it served), or a recorder log."""
+                     ) -> BenchRun | list[MeasuredStep] | tuple[BenchSummary, ...]:
+    """What `--calibrate` was given: a benchmark result (one JSON object with start_times), the result blocks
+    `vllm bench serve` prints (pasted text), a scrape of vLLM's /metrics (`served` gives the requests it served),
+    or a recorder log."""
     try:
         big = Path(path).stat().st_size > MAX_DOCUMENT_BYTES  # a recorder log, read line by line
     except OSError as e:
@@ -89,6 +91,8 @@ def read_calibration(path: str | Path, served: Callable[[], Iterable[Request]] |
         data = None  # JSON Lines, Prometheus text (or neither: the recorder-log reader names the line)
     if isinstance(data, dict) and "start_times" in data:
         return read_bench_result(path)
+    if data is None and is_summary(text) and f"{TTFT_METRIC}_bucket" not in text:
+        return read_summaries(text, str(path))
     if data is None and f"{TTFT_METRIC}_bucket" in text:
         if served is None:
             raise KVBudgetError(f"calibrate {path}: vLLM's metrics say how long requests took, not which requests; "
@@ -218,8 +222,12 @@ def _start(bench: BenchRun) -> list[float]:
     tpot = statistics.median(bench.tpot) if bench.tpot else statistics.median(bench.ttft)
     mean_context = statistics.fmean(r.prompt_tokens + r.output_tokens / 2 for r in bench.requests)
     mean_prompt = statistics.fmean(r.prompt_tokens for r in bench.requests)
+    return _start_from(tpot, statistics.median(bench.ttft), mean_context, mean_prompt)
+
+
+def _start_from(tpot: float, ttft: float, mean_context: float, mean_prompt: float) -> list[float]:
     # mostly a fixed step, a little per token: a light start keeps the first replays out of a queueing collapse
-    return [0.8 * tpot, 0.1 * tpot / mean_context, 0.3 * statistics.median(bench.ttft) / mean_prompt]
+    return [0.8 * tpot, 0.1 * tpot / mean_context, 0.3 * ttft / mean_prompt]
 
 
 def calibrate_requests(model: ModelSpec, bench: BenchRun, setup: Setup) -> TimeModel:
@@ -285,3 +293,56 @@ def _gap(simulated: tuple[float, ...], measured: tuple[float, ...]) -> float:
     n, m = len(measured), len(simulated)
     return statistics.fmean(math.log(max(simulated[min(m - 1, i * m // n)], 1e-12) / measured[i]) ** 2
                             for i in range(n)) + (n - m) ** 2 / n
+
+
+def initial_summary_model(runs: Sequence[BenchSummary]) -> TimeModel:
+    """A three-part step time to scale where the GPU has no kernel model (as fit.initial_model, from means)."""
+    run = runs[0]
+    return _model(_start_from(run.tpot or run.ttft, run.ttft, run.prompt_mean + run.output_mean / 2,
+                              run.prompt_mean), "before calibration")
+
+
+PRIOR = 1e-3  # a summary fit's pull of each scale towards 1: a scale the runs do not determine stays put
+FAR = 5.0  # a summary fit's scale beyond this factor either way is said to be suspect in the basis
+
+
+def calibrate_summaries(model: ModelSpec, runs: Sequence[BenchSummary], setup: Setup) -> TimeModel:
+    """`setup`'s time model with what a step reads (weights, KV cache, fixed costs: what decoding waits on) and
+    what it computes (per token and per attended pair: what a prompt's prefill waits on) each scaled, and, from
+    two runs on, a latency outside the engine, so that the replays of `runs` give their measured mean TTFT and
+    mean TPOT (squared log ratios; a replay that leaves requests unfinished is far off)."""
+    start = setup.time_model
+    rebuilt = [run.requests() for run in runs]
+    three = len(runs) > 1
+
+    def loss(p: list[float]) -> float:
+        total, tm = 0.0, by_kind(start, p[0], p[1], "trial", p[2] if three else 0.0)
+        for run, requests in zip(runs, rebuilt, strict=True):
+            sim = simulate(model, iter(requests), setup=replace(setup, time_model=tm))
+            if sim.ttft is None:
+                return math.inf
+            total += math.log(sim.ttft.mean / run.ttft) ** 2 + (len(requests) - sim.completed) ** 2 / len(requests)
+            if run.tpot > 0 and sim.tpot is not None:
+                total += math.log(sim.tpot.mean / run.tpot) ** 2
+        return total
+
+    p = search(lambda p: loss(p) + PRIOR * (math.log(p[0]) ** 2 + math.log(p[1]) ** 2),
+               [1.0, 1.0, START_LATENCY_S] if three else [1.0, 1.0])
+    outside = f", {p[2] * 1000:.1f} ms a request outside the engine" if three else \
+        "; one run fits these two, a second at light load also the time a request spends outside the engine"
+    if not all(1 / FAR < x < FAR for x in p[:2]):
+        outside += (f"; a scale beyond {FAR:g}x of the model's: the run rebuilt may not be the one measured "
+                    "(lengths that varied: calibrate on its --save-detailed JSON)")
+    replays = "; ".join(f"line {r.line}: {r.completed} requests of {r.prompt_mean} + {r.output_mean} tokens, "
+                        f"{r.arrivals()}" for r in runs)
+    return by_kind(start, p[0], p[1], f"{start.basis}; calibrated on the mean TTFT and TPOT of {len(runs)} printed "
+                   f"benchmark result{'s' if three else ''} (reading x {p[0]:.2f}, computing x {p[1]:.2f}{outside}; "
+                   f"replayed as {replays})", p[2] if three else 0.0)
+
+
+def by_kind(tm: TimeModel, read: float, compute: float, basis: str, request_latency: float = 0.0) -> TimeModel:
+    """`tm` with what a step reads and its fixed costs times `read`, what it computes times `compute`."""
+    return replace(tm, weights=tm.weights * read, per_context=tm.per_context * read, overhead=tm.overhead * read,
+                   context_cost=tm.context_cost * read, seq_cost=tm.seq_cost * read, experts=tm.experts * read,
+                   per_token=tm.per_token * compute, token_cost=tm.token_cost * compute,
+                   pair_cost=tm.pair_cost * compute, request_latency=request_latency, basis=basis)
