@@ -110,7 +110,9 @@ def step_times_basis(gpu: str) -> str:
     card = find_gpu(gpu)
     if not card.bandwidth_bytes_per_s or not card.half_tflops:
         return "roofline (no datasheet peaks to transfer to)"
-    return f"transferred from {', '.join(donors(card, 'gemm'))} (estimate)"
+    names = donors(card, "gemm")
+    every = set(names) == set(fitted_gpus()) - {gpu}
+    return f"transferred from {'every measured GPU' if every else ', '.join(names)} (estimate)"
 
 
 def donors(card: GPU, op: str, without: Sequence[str] = ()) -> list[str]:
