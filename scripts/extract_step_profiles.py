@@ -178,12 +178,13 @@ def vidur_all_reduce(git: str) -> list[dict[str, object]]:
 AIC_DATA = "aic-core/src/aiconfigurator_core/systems/data"
 AIC = [("a100_sxm", "a100-sxm"), ("h200_sxm", "h200-sxm"), ("l40s", "l40s"), ("b200_sxm", "b200-sxm"),
        ("b300_sxm", "b300-sxm"), ("gb200", "gb200"), ("h100_sxm", "h100-sxm"), ("rtx_pro_6000_server", "rtx-pro-6000")]
-AIC_ONLY = {"h100_sxm": ("attention",), "rtx_pro_6000_server": ("allreduce",)}
+AIC_ONLY = {"h100_sxm": ("attention", "moe"), "rtx_pro_6000_server": ("allreduce",)}
 # the tables read, by the folder they are in (the vLLM backend's; all-reduce as vLLM runs it under CUDA graphs,
 # which is its custom all-reduce or NCCL, whichever vLLM picks for the size)
 AIC_TABLES = {"gemm": ("gemm", "gemm_perf"), "context": ("attention", "context_attention_perf"),
-              "generation": ("attention", "generation_attention_perf"), "allreduce": ("comm", "custom_allreduce_perf")}
-AIC_MOST = {"gemm": 1200, "context": 700, "generation": 1200, "allreduce": 200}  # rows kept per table
+              "generation": ("attention", "generation_attention_perf"), "allreduce": ("comm", "custom_allreduce_perf"),
+              "moe": ("moe", "moe_perf")}
+AIC_MOST = {"gemm": 1200, "context": 700, "generation": 1200, "allreduce": 200, "moe": 500}  # rows kept per table
 
 
 # decode rows whose KV read lies between these (bytes) are left out: the collector repeats one call, so a KV cache
@@ -237,7 +238,33 @@ def aic_all_reduce(rows: list[dict[str, object]]) -> list[dict[str, object]]:
             for r in rows if r["backend"] == "vllm_graph" and r["allreduce_dtype"] == "bfloat16"]
 
 
-AIC_PARSE = {"gemm": aic_gemm, "context": aic_attention, "generation": aic_attention, "allreduce": aic_all_reduce}
+def balanced_experts(tokens: int, experts: int, topk: int) -> int:
+    """How many experts aiconfigurator's "balanced" routing sends `tokens` to (collector/helper.py,
+    balanced_logits: token t's j-th expert is (t + j stride) mod experts, spread evenly where tokens < stride)."""
+    stride = -(-experts // topk)
+    if tokens >= stride:
+        return experts
+    return len({int((t * stride / tokens + j * stride) % experts) for t in range(tokens) for j in range(topk)})
+
+
+def aic_moe(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """16-bit fused MoE experts on one GPU (no expert or tensor parallelism) under balanced routing: `num_tokens`
+    tokens through `topk` of `num_experts` gated experts of `hidden_size` x `inter_size`: FLOPs 2 x tokens x topk
+    x 3 x hidden x inter; bytes the weights of the experts the tokens reach."""
+    out = []
+    for r in rows:
+        if (r["moe_dtype"] != "bfloat16" or r["distribution"] != "balanced" or int(str(r["moe_tp_size"])) != 1
+                or int(str(r["moe_ep_size"])) != 1):
+            continue
+        m, h, inter, k, e = (int(str(r[c])) for c in ("num_tokens", "hidden_size", "inter_size", "topk",
+                                                       "num_experts"))
+        out.append(row("moe", f"experts_{e}x{h}x{inter}", "-", 1, m, 0, 2 * m * k * 3 * h * inter,
+                       BF16 * balanced_experts(m, e, k) * 3 * h * inter, float(str(r["latency"])) * 1000))
+    return out
+
+
+AIC_PARSE = {"gemm": aic_gemm, "context": aic_attention, "generation": aic_attention, "allreduce": aic_all_reduce,
+             "moe": aic_moe}
 
 
 def aic_version(git: str, system: str, folder: str) -> str | None:
@@ -270,9 +297,10 @@ def aic_rows(git: str, system: str) -> tuple[list[dict[str, object]], dict[str, 
         if system in AIC_ONLY and not any(t in AIC_ONLY[system] for t in (table, AIC_TABLES[table][0])):
             continue
         got = aic_table(git, system, table)
-        if got is not None:
+        rows = parse(got[1]) if got is not None else []
+        if got is not None and rows:
             versions[table] = got[0]
-            out.extend(thinned(parse(got[1]), AIC_MOST[table]))
+            out.extend(thinned(rows, AIC_MOST[table]))
     return out, versions
 
 

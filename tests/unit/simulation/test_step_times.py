@@ -82,8 +82,8 @@ def test_gpus_without_measurements_take_the_measured_gpus_efficiencies_and_say_s
     l4 = setup_for(LLAMA, gpu="L4", max_model_len=4096).time_model
     assert l4.basis == "kernel efficiencies of RTX-4090, L40S on L4's datasheet (estimate)"
     h100 = setup_for(LLAMA, gpu="H100", max_model_len=4096).time_model
-    assert h100.basis == ("kernels measured on H100-80GB (vLLM V0; attention: aiconfigurator, vLLM 0.24); norms, "
-                          "sampler from RTX-4090, RTX-PRO-6000")
+    assert h100.basis == ("kernels measured on H100-80GB (vLLM V0; attention, MoE: aiconfigurator, vLLM 0.24); "
+                          "norms, sampler from RTX-4090, RTX-PRO-6000")
     # L4's projections read weights at the Ada GPUs' mean fraction of their datasheet bandwidth, of its 300 GB/s
     fits = [(steptimes.gpu_fit(g).ops["gemm"].bandwidth, find_gpu(g).bandwidth_bytes_per_s)
             for g in ("RTX-4090", "L40S")]
@@ -200,7 +200,7 @@ def test_the_gpu_catalog_says_what_each_gpus_step_times_rest_on(capsys):
     basis = {g["name"]: g["step_times"] for g in json.loads(capsys.readouterr().out)}
     assert basis["RTX-4090"] == "measured (vLLM 0.19)"
     assert basis["RTX-PRO-6000"] == "measured (vLLM 0.19; all-reduce: aiconfigurator, vLLM 0.24)"
-    assert basis["H100-80GB"] == "measured (vLLM V0; attention: aiconfigurator, vLLM 0.24)"
+    assert basis["H100-80GB"] == "measured (vLLM V0; attention, MoE: aiconfigurator, vLLM 0.24)"
     assert basis["A100-80GB"] == "measured (aiconfigurator, vLLM 0.14)"
     for gpu in ("H200", "L40S", "B200", "B300", "GB200"):
         assert basis[gpu] == "measured (aiconfigurator, vLLM 0.24)", gpu
@@ -313,3 +313,18 @@ def test_aiconfigurator_rows_count_their_work_from_the_shapes(extractor):
     (reduce,) = extractor.aic_all_reduce([dict(num_gpus=2, message_size=4096, latency=0.01, backend="vllm_graph",
                                                allreduce_dtype="bfloat16", kernel_source="vLLM_custom_graph")])
     assert (reduce["op"], reduce["tp"], reduce["bytes"], reduce["time_us"]) == ("allreduce", 2, 8192, 10.0)
+
+
+def test_aiconfigurator_moe_rows_read_the_experts_balanced_routing_reaches(extractor):
+    """aiconfigurator's balanced routing gives token t its experts t x stride / tokens + j x stride (stride =
+    experts / topk, here 16): 3 tokens of top-8 among 128 reach 24 experts, one token its 8, 16 tokens all 128.
+    A Mixtral-shaped row (8 experts of 4,096 x 14,336, top-2) of 4 tokens reads every expert's 3 matrices."""
+    assert extractor.balanced_experts(1, 128, 8) == 8
+    assert extractor.balanced_experts(3, 128, 8) == 24
+    assert extractor.balanced_experts(16, 128, 8) == 128
+    moe = dict(moe_dtype="bfloat16", distribution="balanced", moe_tp_size=1, moe_ep_size=1, num_tokens=4,
+               hidden_size=4096, inter_size=14336, topk=2, num_experts=8, latency=0.3)
+    (r,) = extractor.aic_moe([moe])
+    assert (r["op"], r["tokens"], r["flops"], r["bytes"], r["time_us"]) == (
+        "moe", 4, 2 * 4 * 2 * 3 * 4096 * 14336, 2 * 8 * 3 * 4096 * 14336, 300.0)
+    assert extractor.aic_moe([dict(moe, distribution="power_law_1.2"), dict(moe, moe_ep_size=2)]) == []
