@@ -274,7 +274,7 @@ def aic_version(git: str, system: str, folder: str) -> str | None:
                               f"{AIC_DATA}/{system}/{folder}/vllm/"], check=True, capture_output=True,
                              text=True).stdout.split()
     versions = [p.split("/")[-2] for p in listing if p.endswith("/collection_meta.yaml")]
-    return max(versions, key=lambda v: tuple(int(x) for x in v.split(".")), default=None)
+    return max(versions, key=lambda v: tuple(int(x) if x.isdigit() else -1 for x in v.split(".")), default=None)
 
 
 def aic_table(git: str, system: str, table: str) -> tuple[str, list[dict[str, object]]] | None:
