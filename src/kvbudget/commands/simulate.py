@@ -28,7 +28,7 @@ from kvbudget.commands.options import (
 )
 from kvbudget.engines import get_engine
 from kvbudget.engines.scheduling.setup import MAX_DISK_READ, Simulates
-from kvbudget.engines.scheduling.workload import MAX_CV, MAX_REQUESTS, MAX_SEED
+from kvbudget.engines.scheduling.workload import MAX_CLIENTS, MAX_CV, MAX_REQUESTS, MAX_SEED
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.units import MIB
 from kvbudget.validate import MAX_BYTES, MAX_SECONDS, shown
@@ -72,6 +72,9 @@ class SimulateRequest:
                                             group=WORKLOAD, web=False)
     seed: str = option("synthetic: random seed (default 0)", "0", group=WORKLOAD)
     rate_scale: str = option("replay arrivals this many times as fast (default 1)", "1", group=WORKLOAD)
+    max_concurrency: str | None = option("that many clients in a closed loop, as `vllm bench serve "
+                                         "--max-concurrency`: a request goes out when it has arrived and a client is "
+                                         "free (its latencies counted from then)", group=WORKLOAD)
     slice: str | None = option("START:COUNT requests of the trace (e.g. 0:1000)", group=WORKLOAD)
     gpu: str | None = option("GPU from `kvbudget gpus` (its memory, bandwidth and FLOPS)", group=MEMORY)
     gpu_memory: str | None = option("memory of one GPU (overrides --gpu's)", group=MEMORY)
@@ -258,9 +261,12 @@ def _calibration(ask: SimulateRequest, found: SimulationAsk, stream: Callable[[f
     return fitted
 
 
-def guard_settings(ask: SimulateRequest) -> dict[str, Any]:
-    """simulate()'s guard arguments: the guard's configuration read from its file, and its poll interval."""
-    chosen = {"admission": ask.admission} if ask.admission else {}
+def front_settings(ask: SimulateRequest) -> dict[str, Any]:
+    """simulate()'s arguments for what stands in front of the engine: the clients of a closed loop, an admission
+    policy, the guard's configuration read from its file and its poll interval."""
+    chosen: dict[str, Any] = {"admission": ask.admission} if ask.admission else {}
+    if ask.max_concurrency is not None:
+        chosen["max_concurrency"] = one(ask.max_concurrency, "max_concurrency", MAX_CLIENTS)
     if not ask.guard_config:
         return chosen
     from kvbudget.guard.config import read
@@ -341,6 +347,8 @@ def costed(ask: SimulateRequest, sim: Simulation, found: SimulationAsk) -> Cost 
 def prepared(ask: SimulateRequest) -> tuple[Callable[[float], Iterable[Any]], SimulationAsk, float]:
     """(workload by rate scale, the typed simulation request, rate scale) of a request, checked."""
     _check_outputs(ask)
+    if ask.max_concurrency is not None:
+        one(ask.max_concurrency, "max_concurrency", MAX_CLIENTS)  # before the model loads
     model = load(ask.model)
     stream = workload(ask)
     found = simulation_ask(ask, model)
@@ -406,4 +414,4 @@ def run_prepared(ask: SimulateRequest, ready: tuple[Callable[[float], Iterable[A
 
     stream, found, scale = ready
     return simulate(found.model, stream(scale), setup=setup_of(found), fast=not ask.reference, on_step=on_step,
-                    progress=progress, on_finish=on_finish, check=check, **guard_settings(ask))
+                    progress=progress, on_finish=on_finish, check=check, **front_settings(ask))
