@@ -265,8 +265,136 @@ def heldout_table(cases: list[Case]) -> list[str]:
     return lines
 
 
+# aiconfigurator's silicon runs (data/served/silicon.json, scripts/extract_silicon_runs.py): each row a closed loop
+# of `concurrency` clients sending fixed-length requests, as aiperf sent them
+SILICON_ROUNDS = 4  # requests per client replayed (aiperf measured 20): every request is alike, so the means settle
+# within a few rounds; 4 keeps all rows to a few minutes
+# the weights as silicon.json spells them -> the quantization_config the catalog model is given ("catalog": its own)
+WEIGHTS: dict[str, dict[str, Any] | str | None] = {
+    "bf16": None, "fp8": {"quant_method": "fp8", "weight_block_size": [128, 128]}, "mxfp4": "catalog",
+    # Kimi-K2.5's own: compressed-tensors int4 in groups of 32, symmetric (its config.json's text_config)
+    "int4": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32,
+                                           "symmetric": True}}}}}
+UNTIMED = {"nvfp4": "NVFP4 weights: kvbudget counts no NVFP4 checkpoint and times no FP4 GEMM"}
+SILICON_GROUPS = ("GPU", "release", "model / weights", "TP", "concurrency")
+
+
+def silicon_runs() -> list[dict[str, Any]]:
+    return json.loads((DATA / "silicon.json").read_text(encoding="utf-8"))["runs"]
+
+
+def silicon_model(run: dict[str, Any]) -> Any:
+    """The catalog model with the run's weights: its config given the checkpoint's quantization."""
+    from kvbudget import catalog
+    from kvbudget.model.load import read_json
+
+    entry = catalog.find(run["model"])
+    assert entry is not None, run["model"]
+    config = read_json(entry.file_path)
+    quantization = WEIGHTS[run["weights"]]
+    if quantization != "catalog":
+        config.pop("quantization_config", None)
+        if quantization is not None:
+            config["quantization_config"] = quantization
+    return load_model(config, name=run["model"])
+
+
+def silicon_settings(run: dict[str, Any]) -> dict[str, Any]:
+    """simulate's settings for a row: its release where it names one (else the newest), and the engine limits
+    aiconfigurator's generator sets (rule_plugin/benchmark/vllm.rule): max_num_seqs the concurrency,
+    max_num_batched_tokens concurrency + ISL + 1500, max_model_len ISL + OSL + 1500."""
+    release = run["release"] or ""
+    numbered = release[:1].isdigit()
+    c = run["concurrency"]
+    return dict(engine=f"vllm@{'.'.join(release.split('.')[:2])}" if numbered else "vllm", gpu=run["gpu"],
+                tp=run["tp"], kv_dtype=run["kv_dtype"], max_num_seqs=c, max_num_batched_tokens=c + run["isl"] + 1500,
+                max_model_len=run["isl"] + run["osl"] + 1500)
+
+
+def replay_silicon(run: dict[str, Any], rounds: int = SILICON_ROUNDS) -> Case:
+    """One row replayed: `concurrency` clients, `rounds` requests each of ISL prompt and OSL output tokens, all
+    given at time 0 and sent as clients free up; mean TTFT and TPOT beside the measured ones (end to end as
+    TTFT + TPOT x (OSL - 1) on both sides)."""
+    c, osl = run["concurrency"], run["osl"]
+    m = run["measured"]
+    real = {"ttft": {"mean": m["ttft_s"]}, "tpot": {"mean": m["tpot_s"]},
+            "e2e": {"mean": m["ttft_s"] + m["tpot_s"] * (osl - 1)}}
+    case = dict(run=run["id"], stage=0, gpu=run["gpu"], model=run["model"], tp=run["tp"], rate=math.inf,
+                saturated=m["ttft_s"] > 1.0, real=real, load=f"{c} clients")
+    if run["weights"] in UNTIMED:
+        return Case(**case, simulated=real, basis="", excluded=UNTIMED[run["weights"]])
+    from kvbudget.errors import KVBudgetError
+
+    collect = _Collect(lambda r: 0)
+    reqs = (Request(arrival=0.0, prompt_tokens=run["isl"], output_tokens=osl, id=str(i)) for i in range(c * rounds))
+    try:
+        sim = simulate(silicon_model(run), reqs, on_finish=collect, max_concurrency=c, **silicon_settings(run))
+    except KVBudgetError as e:  # the plan refuses the deployment (weights and cache do not fit, say)
+        return Case(**case, simulated=real, basis="", excluded=f"kvbudget refuses it: {e}")
+    d = collect.by_stage[0]
+    ttft, tpot = statistics.fmean(d["ttft"]), statistics.fmean(d["tpot"])
+    simulated = {"ttft": {"mean": ttft}, "tpot": {"mean": tpot}, "e2e": {"mean": ttft + tpot * (osl - 1)}}
+    return Case(**case, simulated=simulated, basis=sim.setup.time_model.basis)
+
+
+def silicon_group(run: dict[str, Any], by: str) -> str:
+    return {"GPU": run["gpu"], "release": run["release"] or "not recorded",
+            "model / weights": f"{run['model']} {run['weights']}", "TP": str(run["tp"]),
+            "concurrency": LOADS[sum(run["concurrency"] > b for b in AT_ONCE)].replace("at once", "clients")}[by]
+
+
+def silicon_table(cases: list[Case], runs_by_id: dict[str, dict[str, Any]], by: str) -> list[str]:
+    """Markdown rows: per group of `by` the rows compared, then median |error| and median signed error of mean
+    TTFT, TPOT and E2E."""
+    groups: dict[str, list[Case]] = {}
+    for c in cases:
+        if not c.excluded:
+            groups.setdefault(silicon_group(runs_by_id[c.run], by), []).append(c)
+    head = " | ".join(f"{METRIC_LABEL[m]} abs. | {METRIC_LABEL[m]} signed" for m in METRICS)
+    lines = [f"| {by} | runs | {head} |", "|---" * (2 + 2 * len(METRICS)) + "|"]
+    for key, group in sorted(groups.items()):
+        cells = []
+        for m in METRICS:
+            errors = [c.error(m) for c in group]
+            cells += [f"{statistics.median(abs(e) for e in errors):.0%}", f"{statistics.median(errors):+.0%}"]
+        lines.append(f"| {key} | {len(group)} | {' | '.join(cells)} |")
+    return lines
+
+
+def silicon_report(cases: list[Case], runs_by_id: dict[str, dict[str, Any]]) -> list[str]:
+    """The tables by GPU, release, model and weights, TP and concurrency; the overall line; the rows left out."""
+    out: list[str] = []
+    for by in SILICON_GROUPS:
+        out += [*silicon_table(cases, runs_by_id, by), ""]
+    compared = [c for c in cases if not c.excluded]
+    if compared:
+        out.append(f"all ({len(compared)} rows): " + "; ".join(
+            f"{METRIC_LABEL[m]} median |error| {statistics.median(abs(c.error(m)) for c in compared):.0%}, "
+            f"{sum(c.error(m) < 0 for c in compared)} short" for m in METRICS))
+    left = [c for c in cases if c.excluded]
+    for reason in sorted({c.excluded for c in left}):
+        n = sum(c.excluded == reason for c in left)
+        out.append(f"Left out ({n}): {reason}")
+    return out
+
+
+def silicon_main(rounds: int) -> None:
+    runs = silicon_runs()
+    cases = [replay_silicon(run, rounds) for run in runs]
+    print(f"aiconfigurator's silicon runs: {len(runs)} rows, {rounds} requests per client replayed\n")
+    print("\n".join(silicon_report(cases, {run["id"]: run for run in runs})))
+
+
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--silicon", action="store_true", help="replay aiconfigurator's silicon runs instead "
+                        "(data/served/silicon.json)")
+    parser.add_argument("--rounds", type=int, default=SILICON_ROUNDS, help="with --silicon: requests per client")
+    args = parser.parse_args()
+    if args.silicon:
+        silicon_main(args.rounds)
+        return
     cases = heldout_cases()
     print("\n".join(heldout_table(cases)))
     engine = {run["id"]: run["engine"] for run in runs()}

@@ -18,7 +18,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
 import subprocess
 import sys
 from collections import Counter
@@ -76,12 +75,9 @@ def commit(git: str) -> str:
 
 
 def release(row: dict[str, str]) -> str | None:
-    """The vLLM release: the CSV's backend_version, else the image's tag in its provenance, else None (the rows of
-    2026-04-06.csv without an image record none). A nightly keeps its tag (nightly-<commit>)."""
-    if row["backend_version"]:
-        return row["backend_version"]
-    tag = re.search(r"vllm-openai:v?([^\s;]+?)(?:-cu\d+)?(?:;|$)", row["silicon_data_source"])
-    return tag.group(1) if tag else None
+    """The vLLM release as the CSV's backend_version names it (a nightly keeps its tag, nightly-<commit>); None where
+    it names none (the 249 rows of 2026-04-06.csv, whose provenance records no image either)."""
+    return row["backend_version"] or None
 
 
 def weights(row: dict[str, str]) -> str:
