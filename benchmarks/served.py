@@ -267,8 +267,10 @@ def heldout_table(cases: list[Case]) -> list[str]:
 
 # aiconfigurator's silicon runs (data/served/silicon.json, scripts/extract_silicon_runs.py): each row a closed loop
 # of `concurrency` clients sending fixed-length requests, as aiperf sent them
-SILICON_ROUNDS = 4  # requests per client replayed (aiperf measured 20): every request is alike, so the means settle
-# within a few rounds; 4 keeps all rows to a few minutes
+MEASURED_ROUNDS = 20  # aiperf's requests per client (MULTI_ROUND); its measured phase starts with all N at once
+REPLAYED_TOKENS = 8_000_000  # output tokens one row's replay simulates at most: aiperf's 20 rounds where they fit
+# (all but the largest rows), else fewer, at least MIN_ROUNDS; keeps all rows to a few minutes
+MIN_ROUNDS = 2  # the first round (all sent at once) and at least one that stands for the other 19
 # the weights as silicon.json spells them -> the quantization_config the catalog model is given ("catalog": its own)
 WEIGHTS: dict[str, dict[str, Any] | str | None] = {
     "bf16": None, "fp8": {"quant_method": "fp8", "weight_block_size": [128, 128]}, "mxfp4": "catalog",
@@ -303,20 +305,30 @@ def silicon_model(run: dict[str, Any]) -> Any:
 def silicon_settings(run: dict[str, Any]) -> dict[str, Any]:
     """simulate's settings for a row: its release where it names one (else the newest), and the engine limits
     aiconfigurator's generator sets (rule_plugin/benchmark/vllm.rule): max_num_seqs the concurrency,
-    max_num_batched_tokens concurrency + ISL + 1500, max_model_len ISL + OSL + 1500."""
+    max_num_batched_tokens concurrency + ISL + 1500, max_model_len ISL + OSL + 1500. Prefix caching off: aiperf's
+    synthetic prompts share no prefix, so it changes no time, and without it sliding-window models (gpt-oss) take
+    the simulator's fast path (the same figures, 16 times sooner on a gpt-oss-120b row)."""
     release = run["release"] or ""
     numbered = release[:1].isdigit()
     c = run["concurrency"]
     return dict(engine=f"vllm@{'.'.join(release.split('.')[:2])}" if numbered else "vllm", gpu=run["gpu"],
                 tp=run["tp"], kv_dtype=run["kv_dtype"], max_num_seqs=c, max_num_batched_tokens=c + run["isl"] + 1500,
-                max_model_len=run["isl"] + run["osl"] + 1500)
+                max_model_len=run["isl"] + run["osl"] + 1500, prefix_caching=False)
 
 
-def replay_silicon(run: dict[str, Any], rounds: int = SILICON_ROUNDS) -> Case:
-    """One row replayed: `concurrency` clients, `rounds` requests each of ISL prompt and OSL output tokens, all
-    given at time 0 and sent as clients free up; mean TTFT and TPOT beside the measured ones (end to end as
-    TTFT + TPOT x (OSL - 1) on both sides)."""
+def silicon_rounds(run: dict[str, Any], most: int = MEASURED_ROUNDS) -> int:
+    """Requests per client a row's replay sends: aiperf's 20 (or `most`) within REPLAYED_TOKENS output tokens."""
+    return min(most, max(MIN_ROUNDS, REPLAYED_TOKENS // (run["concurrency"] * run["osl"])))
+
+
+def replay_silicon(run: dict[str, Any], rounds: int | None = None) -> Case:
+    """One row replayed: `concurrency` clients, `rounds` requests each (default `silicon_rounds`) of ISL prompt and
+    OSL output tokens, all given at time 0 and sent as clients free up. Its means stand for aiperf's 20 rounds: the
+    first round's requests (sent at once, as aiperf's measured phase starts) count once, the later rounds' for the
+    19 after it (the loop settles slowly: on four rows, 3 rounds put mean TTFT 15-25% above 20 rounds' and TPOT
+    up to 10% below); end to end is TTFT + TPOT x (OSL - 1) on both sides."""
     c, osl = run["concurrency"], run["osl"]
+    rounds = rounds or silicon_rounds(run)
     m = run["measured"]
     real = {"ttft": {"mean": m["ttft_s"]}, "tpot": {"mean": m["tpot_s"]},
             "e2e": {"mean": m["ttft_s"] + m["tpot_s"] * (osl - 1)}}
@@ -326,14 +338,21 @@ def replay_silicon(run: dict[str, Any], rounds: int = SILICON_ROUNDS) -> Case:
         return Case(**case, simulated=real, basis="", excluded=UNTIMED[run["weights"]])
     from kvbudget.errors import KVBudgetError
 
-    collect = _Collect(lambda r: 0)
+    later = (MEASURED_ROUNDS - 1) / (rounds - 1) if rounds > 1 else 0.0
+    sums = {"ttft": 0.0, "tpot": 0.0, "weight": 0.0}
+
+    def finish(r: Request, ttft: float, tpot: float | None, e2e: float) -> None:
+        w = 1.0 if int(r.id) < c else later
+        sums["ttft"] += w * ttft
+        sums["tpot"] += w * (tpot or 0.0)
+        sums["weight"] += w
+
     reqs = (Request(arrival=0.0, prompt_tokens=run["isl"], output_tokens=osl, id=str(i)) for i in range(c * rounds))
     try:
-        sim = simulate(silicon_model(run), reqs, on_finish=collect, max_concurrency=c, **silicon_settings(run))
+        sim = simulate(silicon_model(run), reqs, on_finish=finish, max_concurrency=c, **silicon_settings(run))
     except KVBudgetError as e:  # the plan refuses the deployment (weights and cache do not fit, say)
         return Case(**case, simulated=real, basis="", excluded=f"kvbudget refuses it: {e}")
-    d = collect.by_stage[0]
-    ttft, tpot = statistics.fmean(d["ttft"]), statistics.fmean(d["tpot"])
+    ttft, tpot = sums["ttft"] / sums["weight"], sums["tpot"] / sums["weight"]
     simulated = {"ttft": {"mean": ttft}, "tpot": {"mean": tpot}, "e2e": {"mean": ttft + tpot * (osl - 1)}}
     return Case(**case, simulated=simulated, basis=sim.setup.time_model.basis)
 
@@ -341,7 +360,13 @@ def replay_silicon(run: dict[str, Any], rounds: int = SILICON_ROUNDS) -> Case:
 def silicon_group(run: dict[str, Any], by: str) -> str:
     return {"GPU": run["gpu"], "release": run["release"] or "not recorded",
             "model / weights": f"{run['model']} {run['weights']}", "TP": str(run["tp"]),
-            "concurrency": LOADS[sum(run["concurrency"] > b for b in AT_ONCE)].replace("at once", "clients")}[by]
+            "concurrency": _concurrency_bin(run["concurrency"])}[by]
+
+
+def _concurrency_bin(c: int) -> str:
+    """Powers of two: 1, 2, 3-4, 5-8, ..., 257-512."""
+    top = 1 << (c - 1).bit_length()
+    return str(c) if top <= 2 else f"{top // 2 + 1}-{top}"
 
 
 def silicon_table(cases: list[Case], runs_by_id: dict[str, dict[str, Any]], by: str) -> list[str]:
@@ -353,7 +378,7 @@ def silicon_table(cases: list[Case], runs_by_id: dict[str, dict[str, Any]], by: 
             groups.setdefault(silicon_group(runs_by_id[c.run], by), []).append(c)
     head = " | ".join(f"{METRIC_LABEL[m]} abs. | {METRIC_LABEL[m]} signed" for m in METRICS)
     lines = [f"| {by} | runs | {head} |", "|---" * (2 + 2 * len(METRICS)) + "|"]
-    for key, group in sorted(groups.items()):
+    for key, group in sorted(groups.items(), key=lambda g: (not g[0][:1].isdigit(), g[0].split("-")[-1].zfill(9))):
         cells = []
         for m in METRICS:
             errors = [c.error(m) for c in group]
@@ -379,10 +404,12 @@ def silicon_report(cases: list[Case], runs_by_id: dict[str, dict[str, Any]]) -> 
     return out
 
 
-def silicon_main(rounds: int) -> None:
+def silicon_main(most: int) -> None:
     runs = silicon_runs()
-    cases = [replay_silicon(run, rounds) for run in runs]
-    print(f"aiconfigurator's silicon runs: {len(runs)} rows, {rounds} requests per client replayed\n")
+    cases = [replay_silicon(run, silicon_rounds(run, most)) for run in runs]
+    fewer = sum(silicon_rounds(run, most) < MEASURED_ROUNDS for run in runs if run["weights"] not in UNTIMED)
+    print(f"aiconfigurator's silicon runs: {len(runs)} rows; {most} requests per client replayed, "
+          f"fewer (at least {MIN_ROUNDS}) in {fewer} rows past {REPLAYED_TOKENS:,} output tokens\n")
     print("\n".join(silicon_report(cases, {run["id"]: run for run in runs})))
 
 
@@ -390,8 +417,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--silicon", action="store_true", help="replay aiconfigurator's silicon runs instead "
                         "(data/served/silicon.json)")
-    parser.add_argument("--rounds", type=int, default=SILICON_ROUNDS, help="with --silicon: requests per client")
+    parser.add_argument("--rounds", type=int, default=MEASURED_ROUNDS,
+                        help="with --silicon: requests per client at most (default aiperf's 20)")
     args = parser.parse_args()
+    if not MIN_ROUNDS <= args.rounds <= MEASURED_ROUNDS:
+        parser.error(f"--rounds: {args.rounds} is outside {MIN_ROUNDS} to {MEASURED_ROUNDS} (aiperf's rounds)")
     if args.silicon:
         silicon_main(args.rounds)
         return

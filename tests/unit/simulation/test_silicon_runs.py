@@ -73,6 +73,21 @@ def test_a_small_row_replays_to_finite_times(modules):
     assert 0.005 < case.simulated["tpot"]["mean"] < 0.1
 
 
+def test_later_rounds_stand_for_the_rest_of_aiperfs_twenty(modules):
+    """One client: every request runs alone and alike, so the weighted mean is the same whatever the rounds
+    replayed; and a row's rounds stay within the output-token budget, at least two."""
+    served, _ = modules
+    run = {"id": "one", "gpu": "H100-80GB", "model": "llama-3.1-8b", "weights": "fp8", "kv_dtype": "auto", "tp": 1,
+           "release": "0.12.0", "isl": 512, "osl": 64, "concurrency": 1, "measured": {"ttft_s": 0.05, "tpot_s": 0.01}}
+    two, five = served.replay_silicon(run, rounds=2), served.replay_silicon(run, rounds=5)
+    for metric in ("ttft", "tpot"):
+        assert two.simulated[metric]["mean"] == pytest.approx(five.simulated[metric]["mean"], rel=1e-9)
+    assert served.silicon_rounds(run) == 20  # 20 x 64 tokens: well inside the budget
+    big = {**run, "concurrency": 512, "osl": 8192}
+    assert served.silicon_rounds(big) == 2  # 512 x 8,192 x 2 = 8.4M tokens: the floor, past the 8M budget
+    assert served.silicon_rounds({**run, "concurrency": 128, "osl": 8192}) == 7  # 8M // 1,048,576
+
+
 def test_weights_kvbudget_cannot_time_are_left_out_with_why(modules):
     served, _ = modules
     run = {"id": "fp4", "gpu": "B200", "model": "llama-3.1-70b", "weights": "nvfp4", "kv_dtype": "auto", "tp": 2,
