@@ -378,7 +378,11 @@ def silicon_table(cases: list[Case], runs_by_id: dict[str, dict[str, Any]], by: 
             groups.setdefault(silicon_group(runs_by_id[c.run], by), []).append(c)
     head = " | ".join(f"{METRIC_LABEL[m]} abs. | {METRIC_LABEL[m]} signed" for m in METRICS)
     lines = [f"| {by} | runs | {head} |", "|---" * (2 + 2 * len(METRICS)) + "|"]
-    for key, group in sorted(groups.items(), key=lambda g: (not g[0][:1].isdigit(), g[0].split("-")[-1].zfill(9))):
+    def order(key: str) -> tuple[bool, int, str]:  # numbers and ranges of numbers by their value, then the rest
+        number = key.split("-")[-1]
+        return (not number.isdigit(), int(number) if number.isdigit() else 0, key)
+
+    for key, group in sorted(groups.items(), key=lambda g: order(g[0])):
         cells = []
         for m in METRICS:
             errors = [c.error(m) for c in group]
