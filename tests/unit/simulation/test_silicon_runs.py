@@ -88,6 +88,19 @@ def test_later_rounds_stand_for_the_rest_of_aiperfs_twenty(modules):
     assert served.silicon_rounds({**run, "concurrency": 128, "osl": 8192}) == 7  # 8M // 1,048,576
 
 
+def test_prefix_caching_off_changes_no_figure_of_a_sliding_window_model(modules, monkeypatch):
+    """The replay turns prefix caching off (the prompts share no prefix): gpt-oss's figures are the same with it on."""
+    served, _ = modules
+    run = {"id": "gpt-oss", "gpu": "H100-80GB", "model": "gpt-oss-120b", "weights": "mxfp4", "kv_dtype": "auto",
+           "tp": 2, "release": "0.18.0", "isl": 1024, "osl": 200, "concurrency": 6,
+           "measured": {"ttft_s": 0.1, "tpot_s": 0.01}}
+    off = served.replay_silicon(run, rounds=3)
+    settings = served.silicon_settings
+    monkeypatch.setattr(served, "silicon_settings", lambda r: {**settings(r), "prefix_caching": True})
+    on = served.replay_silicon(run, rounds=3)
+    assert off.simulated == on.simulated
+
+
 def test_weights_kvbudget_cannot_time_are_left_out_with_why(modules):
     served, _ = modules
     run = {"id": "fp4", "gpu": "B200", "model": "llama-3.1-70b", "weights": "nvfp4", "kv_dtype": "auto", "tp": 2,
