@@ -61,7 +61,8 @@ def save_calibration(name: str, time_model: TimeModel, model: str, gpu: str | No
 
 
 # (absent from calibrations saved before them)
-ADDED = ("token_cost", "context_cost", "pair_cost", "seq_cost", "request_latency", "experts", "expert_share")
+ADDED = ("token_cost", "context_cost", "pair_cost", "seq_cost", "request_latency", "experts", "expert_share",
+         "request_per_token", "pace", "pace_per_seq")
 
 
 def load_calibration(name: str, model: str, gpu: str | None) -> TimeModel:

