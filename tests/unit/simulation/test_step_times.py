@@ -15,8 +15,8 @@ from simkit import LLAMA
 
 import kvbudget
 from kvbudget.engines.scheduling.seq import Seq, attended_pairs, commit
-from kvbudget.engines.scheduling.workload import Request
 from kvbudget.engines.scheduling.timing import TimeModel
+from kvbudget.engines.scheduling.workload import Request
 from kvbudget.gpus import find_gpu
 from kvbudget.simulation import setup_for, simulate, steptimes
 
@@ -88,8 +88,8 @@ def test_gpus_without_measurements_take_the_measured_gpus_efficiencies_and_say_s
     l4 = setup_for(LLAMA, gpu="L4", max_model_len=4096).time_model
     assert kernels_basis(l4) == "kernel efficiencies of RTX-4090, L40S on L4's datasheet (estimate)"
     h100 = setup_for(LLAMA, gpu="H100", max_model_len=4096).time_model
-    assert kernels_basis(h100) == ("kernels measured on H100-80GB (vLLM V0; attention, MoE: aiconfigurator, vLLM 0.24); "
-                          "norms, sampler from RTX-4090, RTX-PRO-6000")
+    assert kernels_basis(h100) == ("kernels measured on H100-80GB (vLLM V0; attention, MoE: aiconfigurator, "
+                                   "vLLM 0.24); norms, sampler from RTX-4090, RTX-PRO-6000")
     # L4's projections read weights at the Ada GPUs' mean fraction of their datasheet bandwidth, of its 300 GB/s
     fits = [(steptimes.gpu_fit(g).ops["gemm"].bandwidth, find_gpu(g).bandwidth_bytes_per_s)
             for g in ("RTX-4090", "L40S")]
