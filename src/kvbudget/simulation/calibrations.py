@@ -9,6 +9,7 @@ import os
 import re
 from pathlib import Path
 
+from kvbudget import validate
 from kvbudget.engines.scheduling.timing import TimeModel
 from kvbudget.errors import KVBudgetError
 from kvbudget.files import read_json
@@ -81,6 +82,12 @@ def load_calibration(name: str, model: str, gpu: str | None) -> TimeModel:
     except (ValueError, KeyError, TypeError) as exc:
         raise KVBudgetError(f"calibration {name!r}: {path} is not a saved calibration ({exc})",
                             param="calibration") from None
+    for key in ("weights", "per_context", "per_token", "overhead", *ADDED):
+        try:  # (seconds, or a share of the experts: a day is past any of them)
+            validate.number(getattr(time_model, key), key, 0.0, validate.MAX_SECONDS, above=False)
+        except KVBudgetError as exc:
+            raise KVBudgetError(f"calibration {name!r}: {path}: time_model.{exc}; save it again with --calibrate "
+                                "FILE --save-calibration NAME", param="calibration") from None
     for what, want, saved in (("model", model, data.get("model")), ("GPU", _gpu(gpu), data.get("gpu"))):
         if want != saved:
             raise KVBudgetError(f"calibration {name!r} was fitted for {what} {saved}, not {want}: calibrate this "

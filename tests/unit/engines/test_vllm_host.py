@@ -99,6 +99,26 @@ def test_the_default_vllm_model_gets_host_costs_and_a_calibrated_or_given_one_no
     assert with_host(roofline, (0, 10), 1, COSTS) == roofline
 
 
+@pytest.mark.parametrize(("field", "bad"), [("pace", "x"), ("request_per_token", -1.0), ("pace_per_seq", None),
+                                            ("seq_cost", "1e-6")])
+def test_a_saved_calibration_whose_figure_is_not_seconds_is_refused_in_one_line(field, bad, tmp_path, monkeypatch):
+    """A calibration file edited by hand (or damaged): a field not a number of seconds from 0 up to a day is
+    refused before the run, naming the field, where it was a traceback mid-run."""
+    from kvbudget.errors import KVBudgetError
+    from kvbudget.simulation.calibrations import load_calibration, save_calibration
+
+    monkeypatch.setenv("KVBUDGET_CALIBRATIONS", str(tmp_path))
+    path = save_calibration("mine", with_host(KERNELS, (0, 10), 1, COSTS), "llama-3.1-8b", "H100", "test")
+    assert load_calibration("mine", "llama-3.1-8b", "H100").pace == COSTS.frontend_fixed  # as saved
+    data = json.loads(path.read_text())
+    data["time_model"][field] = bad
+    path.write_text(json.dumps(data))
+    with pytest.raises(KVBudgetError, match=rf"^calibration 'mine': .*time_model\.{field}: .* must be a number from "
+                                            r"0 up to 86,400; save it again") as err:
+        load_calibration("mine", "llama-3.1-8b", "H100")
+    assert err.value.param == "calibration" and "\n" not in str(err.value)
+
+
 def test_a_pace_bound_run_is_the_same_on_the_fast_path():
     """Decode runs whose steps the frontend's pace sets end on the same clock, to the bit, fast or step by step."""
     tm = with_host(replace(KERNELS, weights=0.0002, overhead=0.0), (0, 10), 1, COSTS)
