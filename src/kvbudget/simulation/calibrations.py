@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kvbudget import validate
 from kvbudget.engines.scheduling.timing import TimeModel
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, spelled
 from kvbudget.files import read_json
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -86,8 +86,9 @@ def load_calibration(name: str, model: str, gpu: str | None) -> TimeModel:
         try:  # (seconds, or a share of the experts: a day is past any of them)
             validate.number(getattr(time_model, key), key, 0.0, validate.MAX_SECONDS, above=False)
         except KVBudgetError as exc:
-            raise KVBudgetError(f"calibration {name!r}: {path}: time_model.{exc}; save it again with --calibrate "
-                                "FILE --save-calibration NAME", param="calibration") from None
+            again = spelled("save_calibration after a calibration", "--calibrate FILE --save-calibration NAME")
+            raise KVBudgetError(f"calibration {name!r}: {path}: time_model.{exc}; save it again ({again})",
+                                param="calibration") from None
     for what, want, saved in (("model", model, data.get("model")), ("GPU", _gpu(gpu), data.get("gpu"))):
         if want != saved:
             raise KVBudgetError(f"calibration {name!r} was fitted for {what} {saved}, not {want}: calibrate this "

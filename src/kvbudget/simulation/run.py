@@ -253,7 +253,7 @@ def setup_of(ask: SimulationAsk) -> Setup:
     elif ask.time_model is not None:
         time_model = ask.time_model
     else:
-        time_model = with_host(simulator, steptimes.default_time_model(model, p, card), p.options, p.pp)
+        time_model = with_host(simulator, steptimes.default_time_model(model, p, card), p.options, p.tp, p.pp)
     if time_model.basis == NOMINAL:
         raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
                             "FLOPS), or measured timings to calibrate it "

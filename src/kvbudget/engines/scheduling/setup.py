@@ -270,14 +270,14 @@ class Simulator(Protocol):
 class TimesHost(Protocol):
     """A scheduler model that knows its engine's CPU work around the GPU's (a Simulator may also be one)."""
 
-    def with_host(self, time_model: TimeModel, options: EngineOptions, pp: int) -> TimeModel:
+    def with_host(self, time_model: TimeModel, options: EngineOptions, tp: int, pp: int) -> TimeModel:
         """The default time model of the GPU's kernels (never a calibrated or given one) with the engine's CPU
-        work around them: per step, per request, its frontend (the release in `options`, `pp` stages)."""
+        work around them: per step, per request, its frontend (the release in `options`, tp x pp GPUs)."""
 
 
-def with_host(simulator: Simulator, time_model: TimeModel, options: EngineOptions, pp: int) -> TimeModel:
+def with_host(simulator: Simulator, time_model: TimeModel, options: EngineOptions, tp: int, pp: int) -> TimeModel:
     """`time_model` with the simulator's engine's CPU work around the GPU's, where it models that work."""
-    return simulator.with_host(time_model, options, pp) if isinstance(simulator, TimesHost) else time_model
+    return simulator.with_host(time_model, options, tp, pp) if isinstance(simulator, TimesHost) else time_model
 
 
 @runtime_checkable

