@@ -49,8 +49,8 @@ class HostCosts:
 
     engine_fixed: float  # per step: the scheduler's schedule() and update_from_output(), the runner's host work
     engine_per_seq: float  # per sequence in the step
-    ipc_fixed: float = 0.0  # per step under tensor or pipeline parallelism: the step to the workers, its output back
-    ipc_per_seq: float = 0.0
+    ipc_fixed: float  # per step under tensor or pipeline parallelism: the step to the workers, its output back
+    ipc_per_seq: float
     frontend_fixed: float  # per step: the output processor
     frontend_per_seq: float  # per sequence per step: its output detokenized and one streamed chunk
     request_fixed: float  # per request: the body parsed, the tokenizer's fixed cost
@@ -60,15 +60,6 @@ class HostCosts:
     @classmethod
     def measured(cls) -> HostCosts:
         return _measured()
-
-    def engine_step(self, sequences: int) -> float:
-        return self.engine_fixed + self.engine_per_seq * sequences
-
-    def frontend_step(self, sequences: int) -> float:
-        return self.frontend_fixed + self.frontend_per_seq * sequences
-
-    def request(self, prompt_tokens: int) -> float:
-        return self.request_fixed + self.request_per_token * prompt_tokens
 
 
 @cache
