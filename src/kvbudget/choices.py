@@ -12,6 +12,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from kvbudget.errors import KVBudgetError
+from kvbudget.validate import shown
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -36,7 +37,7 @@ class Choice(str, Enum):
         try:
             return cls(text)
         except ValueError:
-            raise KVBudgetError(f"{param}: {str(text)!r} is not one of {', '.join(cls.values())}",
+            raise KVBudgetError(f"{param}: {shown(str(text))} is not one of {', '.join(cls.values())}",
                                 param=param) from None
 
 

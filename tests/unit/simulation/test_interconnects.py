@@ -111,3 +111,23 @@ def test_every_multi_gpu_served_run_records_its_link_with_a_log_line():
         assert (link == "ethernet") == (run["nodes"] > 1), run["id"]
         seen.add(link)
     assert seen == {"pcie-no-p2p", "ethernet"}
+
+
+def test_the_command_line_refuses_a_bad_link_in_one_line_and_sweeps_over_links(capsys):
+    from kvbudget.cli import main
+
+    base = ["simulate", "qwen2-7b", "--gpu", "A100-80GB", "--tp", "2", "--max-model-len", "4096", "--rate", "5",
+            "--requests", "20"]
+    for bad in ("", "x" * 5000, "NVLink", "pcie,nvlink"):
+        assert main([*base, "--interconnect", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("kvbudget: error: --interconnect: "), err[:200]
+        assert "Traceback" not in err and len(err) < 300
+    assert main([*base, "--interconnect", "pcie"]) == 2
+    assert capsys.readouterr().err == ("kvbudget: error: --interconnect pcie: the A100-80GB has no peer-to-peer "
+                                       "access over PCIe; choose nvlink, pcie-no-p2p, ethernet, infiniband\n")
+    assert main([*base, "--sweep", "interconnect=nvlink,pcie-no-p2p", "--backend", "serial", "--json"]) == 0
+    nvlink, host = json.loads(capsys.readouterr().out)
+    assert [nvlink["settings"]["interconnect"], host["settings"]["interconnect"]] == ["nvlink", "pcie-no-p2p"]
+    assert host["result"]["setup"]["time_model"]["basis"].endswith("(estimate)")
+    assert host["result"]["tpot_s"]["mean"] > nvlink["result"]["tpot_s"]["mean"]
