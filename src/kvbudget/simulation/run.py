@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from kvbudget import validate
-from kvbudget.choices import Device, EntryPoint, parse_allocator
+from kvbudget.choices import Device, EntryPoint, Interconnect, parse_allocator
 from kvbudget.engines import Engine, engine_release, get_engine
 from kvbudget.engines.scheduling.seq import Queues, Seq
 from kvbudget.engines.scheduling.setup import Planned, Setup, Simulates, SimulationAsk
@@ -141,7 +141,7 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               measured: Sequence[MeasuredStep] | None = None, kv_unified: bool = False,
               cache_ram: int | None = None, weights: int | None = None, utilization: float | None = None,
               enforce_eager: bool = False, entry_point: str = "server", lora: tuple[int, int] | None = None,
-              offload_memory: int | None = None, offload_backend: str | None = None,
+              offload_memory: int | None = None, offload_backend: str | None = None, interconnect: str | None = None,
               offload_disk: int | None = None, disk_read: float | None = None) -> Setup:
     """The memory and scheduler settings from the planner and the engine's defaults, and the default time model.
     `weights` (bytes per GPU) replaces the parameter count where kvbudget has none; `engine` may name a release."""
@@ -156,7 +156,8 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
                         cache_ram=cache_ram, weights=weights, utilization=utilization, enforce_eager=enforce_eager,
                         entry_point=EntryPoint.parse(entry_point, "entry_point"), lora=lora,
                         offload_memory=offload_memory, offload_backend=offload_backend, offload_disk=offload_disk,
-                        disk_read=disk_read, engine_version=version)
+                        disk_read=disk_read, engine_version=version,
+                        interconnect=None if interconnect is None else Interconnect.parse(interconnect, "interconnect"))
     return setup_of(ask)
 
 
@@ -179,6 +180,7 @@ def setup_of(ask: SimulationAsk) -> Setup:
     if not max_len:
         raise KVBudgetError(f"max_model_len: {model.name}'s config has no max_position_embeddings; give "
                             "max_model_len", param="max_model_len")
+    card = find_gpu(ask.gpu) if ask.gpu else None
     if ask.gpu is None and ask.gpu_memory is None:
         if ask.kv_memory is None and ask.num_blocks is None and not simulator.sized_without_budget(ask):
             raise KVBudgetError("simulate: give a GPU (gpu or gpu_memory), a KV budget (kv_memory) or num_blocks",
@@ -190,18 +192,16 @@ def setup_of(ask: SimulationAsk) -> Setup:
         p = plan(model, engine=chosen, gpu_memory=NO_GPU_MEMORY, tp=ask.tp, pp=ask.pp, kv_dtype=ask.kv_dtype,
                  max_model_len=max_len, options=options, kv_memory=ask.kv_memory or NO_GPU_MEMORY,
                  recommend=False, weights=ask.weights)
-        card = None
     else:
         p = plan(model, engine=chosen, gpu=ask.gpu, gpu_memory=ask.gpu_memory, tp=ask.tp, pp=ask.pp,
                  kv_dtype=ask.kv_dtype, max_model_len=max_len, options=options, kv_memory=ask.kv_memory,
                  recommend=False, weights=ask.weights, utilization=ask.utilization)
-        card = find_gpu(ask.gpu) if ask.gpu else None
     if ask.measured is not None:
         time_model = calibrate(ask.measured)
     elif ask.time_model is not None:
         time_model = ask.time_model
     else:
-        time_model = steptimes.default_time_model(model, p, card)
+        time_model = steptimes.default_time_model(model, p, card, ask.interconnect)
     if time_model.basis == NOMINAL:
         raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
                             "FLOPS), or measured timings to calibrate it "
