@@ -86,6 +86,18 @@ def test_the_request_cost_lands_in_ttft_and_end_to_end_once():
     assert tpot1 == tpot0
 
 
+def test_a_closed_loop_client_sends_when_answered_and_the_engine_sees_it_after_its_time_outside():
+    """One client, three requests, 50 ms outside the engine each: the engine gets the first at 0 and each next one
+    50 ms after the one before it ended; every request's latency is a lone request's plus the 50 ms."""
+    tm = TimeModel(weights=0.01, per_context=0.0, per_token=0.0, overhead=0.0, bound="max", basis="test")
+    req = [Request(arrival=0.0, prompt_tokens=100, output_tokens=5, id=str(i)) for i in range(3)]
+    kw = dict(engine="vllm", kv_memory=2**30, max_model_len=4096)
+    alone = simulate(LLAMA, iter(req[:1]), time_model=tm, **kw)
+    loop = simulate(LLAMA, iter(req), time_model=replace(tm, request_latency=0.05), max_concurrency=1, **kw)
+    assert loop.e2e.max == pytest.approx(alone.e2e.mean + 0.05, rel=1e-9)
+    assert loop.duration_s == pytest.approx(3 * alone.duration_s + 2 * 0.05, rel=1e-9)
+
+
 def test_the_default_vllm_model_gets_host_costs_and_a_calibrated_or_given_one_none():
     """simulate's default time for vLLM on a catalog GPU carries the host costs and says so; a time model given,
     or calibrated on measured steps, already holds them and is taken as it is; other engines and the roofline
