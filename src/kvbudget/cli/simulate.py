@@ -186,6 +186,25 @@ def _short(value: float | None) -> str:
     return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.1f}s"
 
 
+def band_line(sim: Simulation) -> str:
+    """The simulated means with where their true values likely lie (the band of the held-out runs on the same
+    basis), or why that is unknown."""
+    from kvbudget.simulation.bands import band_for
+
+    figures = [(label, pct.mean, band_for(sim.setup.time_model, kind)) for kind, label, pct in
+               (("ttft", "TTFT", sim.ttft), ("tpot", "TPOT", sim.tpot), ("e2e", "E2E", sim.e2e)) if pct is not None]
+    known = [(label, mean, band) for label, mean, band in figures if band is not None]
+    if not known:
+        return ("true means: error band unknown (no held-out runs judge these times: "
+                f"{sim.setup.time_model.basis})")
+    b = known[0][2]
+    ranges = ", ".join(f"{label} {_short(low)}-{_short(high)}" for label, mean, band in known
+                       for low, high in [band.around(mean)])
+    held = ("too few held-out runs of its own: widened over the wider bases'" if b.widened
+            else f"where 80% of {b.runs} held-out runs lay")
+    return f"true means likely: {ranges} ({b.basis.value} basis; {held})"
+
+
 def _print(sim: Simulation, args: argparse.Namespace) -> None:
     from rich.table import Table
 
@@ -205,6 +224,7 @@ def _print(sim: Simulation, args: argparse.Namespace) -> None:
         if pct is not None:
             t.add_row(name, *(_ms(getattr(pct, k)) for k in ("p50", "p90", "p99", "mean", "max")))
     out.print(t)
+    out.print(band_line(sim))
     mem = sim.memory
     hit = f"{sim.prefix_hit_rate:.1%}" if sim.prefix_hit_rate is not None else "-"
     rest = s.free_label

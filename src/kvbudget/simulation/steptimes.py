@@ -29,6 +29,7 @@ from kvbudget.engines.scheduling.timing import NOMINAL, TimeModel, nonnegative_f
 from kvbudget.errors import ConfigError
 from kvbudget.model.params import activation_widths, count_parameters
 from kvbudget.model.spec import Attention, LatentAttention, ModelSpec
+from kvbudget.simulation.bands import Basis, basis_of
 
 if TYPE_CHECKING:
     from kvbudget.gpus import GPU
@@ -236,6 +237,7 @@ class Kernels:
     ops: dict[str, OpFit]
     all_reduce: dict[int, OpFit]
     label: str
+    basis: Basis  # which held-out validation's error band applies (simulation/bands.py)
 
 
 def kernels_for(card: GPU, without: Sequence[str] = ()) -> Kernels | None:
@@ -260,7 +262,8 @@ def kernels_for(card: GPU, without: Sequence[str] = ()) -> Kernels | None:
         label = own.label() + (f"; {_kinds(moved)} from {_names(donors, moved)}" if moved else "")
     else:
         label = f"kernel efficiencies of {_names(donors, moved)} on {card.name}'s datasheet (estimate)"
-    return Kernels(ops=ops, all_reduce=own.all_reduce if own is not None else {}, label=label)
+    return Kernels(ops=ops, all_reduce=own.all_reduce if own is not None else {}, label=label,
+                   basis=basis_of(card, own is not None, [c for _, c in donors]))
 
 
 def _names(donors: list[tuple[GpuFit, Any]], ops: list[str]) -> str:
@@ -327,7 +330,7 @@ def time_model(work: StepWork, kernels: Kernels, card: GPU) -> TimeModel:
                      context_cost=_per(work.attention_layers * work.kv_bytes_per_token, decode.bandwidth),
                      pair_cost=_per(work.attention_layers * 4 * work.query_width, prefill.throughput),
                      seq_cost=seq_cost, experts=_per(work.expert_bytes, experts.bandwidth),
-                     expert_share=work.expert_share, basis=basis)
+                     expert_share=work.expert_share, basis=basis, band_basis=kernels.basis.value)
 
 
 def _per(amount: float, rate: float) -> float:
