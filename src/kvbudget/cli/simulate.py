@@ -186,6 +186,11 @@ def _short(value: float | None) -> str:
     return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.1f}s"
 
 
+def _sig(value: float) -> str:
+    """Three significant figures, in ms under a second."""
+    return f"{value * 1000:.3g}ms" if value < 1 else f"{value:.3g}s"
+
+
 def band_line(sim: Simulation) -> str:
     """The simulated means with where their true values likely lie (the band of the held-out runs on the same
     basis), or why that is unknown."""
@@ -198,7 +203,7 @@ def band_line(sim: Simulation) -> str:
         return ("true means: error band unknown (no held-out runs judge these times: "
                 f"{sim.setup.time_model.basis})")
     b = known[0][2]
-    ranges = ", ".join(f"{label} {_short(low)}-{_short(high)}" for label, mean, band in known
+    ranges = ", ".join(f"{label} {_sig(low)}-{_sig(high)}" for label, mean, band in known
                        for low, high in [band.around(mean)])
     held = ("too few held-out runs of its own: widened over the wider bases'" if b.widened
             else f"where 80% of {b.runs} held-out runs lay")

@@ -99,8 +99,9 @@ def test_the_cases_are_the_replayed_runs(script, run_id):
 SHORT = {
     (Basis.SAME_GENERATION, "ttft"): "one GPU (H200, 8 runs): left out, the across-generations band is used",
     (Basis.SAME_GENERATION, "e2e"): "one GPU (H200, 8 runs): left out, the across-generations band is used",
-    **{(Basis.ACROSS_GENERATIONS, m): "two GPUs disagree: the A100 runs 30-220% slower than simulated, the "
-       "H100 transferred from the RTX cards within 12%; each left out is judged by the other" for m in bands.METRICS},
+    **{(Basis.ACROSS_GENERATIONS, m): "two GPUs disagree: the A100 runs up to 3.2 times as slow as simulated, "
+       "the H100 transferred from the RTX cards within 12%; each left out is judged by the other"
+       for m in bands.METRICS},
 }
 
 
@@ -135,7 +136,7 @@ def test_simulate_prints_and_writes_the_band(capsys, gpu, basis):
     text = " ".join(out.split())
     assert "true means likely: TTFT " in text and f"({basis.value} basis;" in text
     low = data["tpot_s"]["mean"] * (1 + file["tpot"]["band"]["lower"])
-    assert f"TPOT {low * 1000:.0f}ms-" in text
+    assert f"TPOT {low * 1000:.3g}ms-" in text
 
 
 def test_a_calibrated_time_model_carries_no_band():
