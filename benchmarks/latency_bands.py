@@ -33,10 +33,10 @@ ABOUT = ("Error bands on simulate's latencies (kvbudget.simulation.bands), writt
          "the step times are fitted only on src/kvbudget/data/steptimes/) compared, one load stage a case, with "
          "(real - simulated) / simulated of mean TTFT, TPOT and end-to-end latency; the measured GPUs' runs "
          "appear twice: with their own kernels (measured) and with them left out (transferred). 'bands': per "
-         "basis and metric the 10th and 90th percentile of those errors over the basis' runs ('band'; with fewer "
+         "basis and metric the 10th and 90th percentile of those errors over the basis' runs (with fewer "
          "than min_runs runs widened: their largest error as a factor either way, and at least the next wider "
-         "basis' band: measured, within a generation, across generations), and 'leave_one_gpu_out': how many "
-         "of the basis' runs lie inside the band sized without any run of their own GPU. Sources and licences "
+         "basis' band: measured, within a generation, across generations), and in each its 'leave_one_gpu_out': "
+         "how many of the basis' runs lie inside the band sized without any run of their own GPU. Sources and licences "
          "of the runs: benchmarks/data/served/README.md.")
 
 

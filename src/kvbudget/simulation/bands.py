@@ -11,7 +11,8 @@ largest of their errors, by the same factor either way, and at least over the ne
 then within a generation, then across); no runs and no wider basis: unknown (None), never a made-up number.
 
 The band is judged leaving one GPU out (`coverage`): each run against the band sized without any run of its GPU,
-so a GPU's own runs never size the band it is judged by; the file records how many runs that band held.
+so a GPU's own runs never size the band it is judged by; each band records how many runs it held so, and
+`simulate` says so where that is under 80%.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
+
+from kvbudget.errors import KVBudgetError
 
 if TYPE_CHECKING:
     from kvbudget.engines.scheduling.timing import TimeModel
@@ -92,7 +95,10 @@ class Band:
     basis: Basis
     runs: int
     gpus: tuple[str, ...]
-    widened: bool = False  # fewer than MIN_RUNS runs of its own basis: their whole range and the wider band's
+    widened: bool = False  # fewer than MIN_RUNS runs of its own basis: their reach and the wider band's
+    # judged leaving one GPU out (`coverage`): how many of the basis' runs the band without their GPU held, of
+    # how many; None where not judged
+    held: tuple[int, int] | None = None
 
     def around(self, seconds: float) -> tuple[float, float]:
         """Where the true value of a simulated `seconds` likely lies."""
@@ -100,12 +106,15 @@ class Band:
 
     def to_dict(self) -> dict[str, Any]:
         return {"lower": self.lower, "upper": self.upper, "basis": self.basis.value, "runs": self.runs,
-                "gpus": list(self.gpus), "widened": self.widened}
+                "gpus": list(self.gpus), "widened": self.widened,
+                "leave_one_gpu_out": None if self.held is None else {"inside": self.held[0], "runs": self.held[1]}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Band:
+        held = d["leave_one_gpu_out"]
         return cls(lower=d["lower"], upper=d["upper"], basis=Basis(d["basis"]), runs=d["runs"],
-                   gpus=tuple(d["gpus"]), widened=d["widened"])
+                   gpus=tuple(d["gpus"]), widened=d["widened"],
+                   held=None if held is None else (held["inside"], held["runs"]))
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -152,15 +161,13 @@ def coverage(cases: Sequence[CaseError], basis: Basis, metric: str) -> tuple[int
 
 def bands(cases: Sequence[CaseError]) -> dict[str, Any]:
     """Every basis' band per metric over all its runs, with how many of its runs lie inside the band sized
-    without their own GPU's runs (`coverage`)."""
+    without their own GPU's runs (`coverage`); None where the basis has no runs."""
     out: dict[str, Any] = {}
     for basis in Basis:
         out[basis.value] = {}
         for metric in METRICS:
             b = band(cases, basis, metric)
-            inside, total = coverage(cases, basis, metric)
-            out[basis.value][metric] = {"band": b.to_dict() if b is not None else None,
-                                        "leave_one_gpu_out": {"inside": inside, "runs": total}}
+            out[basis.value][metric] = None if b is None else replace(b, held=coverage(cases, basis, metric)).to_dict()
     return out
 
 
@@ -176,8 +183,12 @@ def band_for(times: TimeModel, metric: str) -> Band | None:
     held-out runs judge these times: a calibration, the roofline, a time model given)."""
     if not times.band_basis:
         return None
-    found = _data()["bands"][times.band_basis][metric]["band"]
-    return Band.from_dict(found) if found is not None else None
+    entry = _data()["bands"].get(times.band_basis)
+    if entry is None:
+        raise KVBudgetError(f"time_model.band_basis {times.band_basis!r}: not a basis the held-out runs judge; "
+                            f"give one of {', '.join(repr(b.value) for b in Basis)}, or '' for none",
+                            param="time_model")
+    return Band.from_dict(entry[metric]) if entry[metric] is not None else None
 
 
 def as_dict(times: TimeModel, metric: str) -> dict[str, Any] | None:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
 import pytest
 from simkit import LLAMA, cli
 
+from kvbudget import KVBudgetError
 from kvbudget.cli.simulate import band_line
 from kvbudget.engines.scheduling.workload import exponential_lengths, synthetic
 from kvbudget.gpus import find_gpu
@@ -130,13 +132,15 @@ def test_simulate_prints_and_writes_the_band(capsys, gpu, basis):
     file = DATA["bands"][basis.value]
     for key, metric in (("ttft_s", "ttft"), ("tpot_s", "tpot"), ("e2e_s", "e2e")):
         assert {"p50", "p90", "p99", "mean", "max"} <= set(data[key])  # every key kept
-        assert data[key]["band"] == file[metric]["band"]
+        assert data[key]["band"] == file[metric]
     code, out, err = cli(capsys, *argv)
     assert code == 0, err
     text = " ".join(out.split())
     assert "true means likely: TTFT " in text and f"({basis.value} basis;" in text
-    low = data["tpot_s"]["mean"] * (1 + file["tpot"]["band"]["lower"])
+    low = data["tpot_s"]["mean"] * (1 + file["tpot"]["lower"])
     assert f"TPOT {low * 1000:.3g}ms-" in text
+    # where the band did not carry to a GPU left out, it says so (the A100's: TPOT held 6 of 76)
+    assert ("held only" in text) == (basis is not Basis.MEASURED)
 
 
 def test_a_calibrated_time_model_carries_no_band():
@@ -149,3 +153,10 @@ def test_a_calibrated_time_model_carries_no_band():
     assert bands.band_for(sim.setup.time_model, "tpot") is None
     assert sim.to_dict()["tpot_s"]["band"] is None and sim.to_dict()["ttft_s"]["band"] is None
     assert band_line(sim).startswith("true means: error band unknown")
+
+
+def test_a_basis_no_runs_judge_is_refused_in_one_line():
+    kernels = setup_for(LLAMA, gpu="H100", max_model_len=8192).time_model
+    with pytest.raises(KVBudgetError, match="time_model.band_basis 'guessed': not a basis") as e:
+        bands.band_for(replace(kernels, band_basis="guessed"), "tpot")
+    assert e.value.param == "time_model"
