@@ -29,6 +29,7 @@ from kvbudget.simulation import bands, steptimes
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "kvbudget" / "data" / "latency_bands.json"
 ABOUT = ("Error bands on simulate's latencies (kvbudget.simulation.bands), written by benchmarks/latency_bands.py. "
+         "'engines': the engines the runs were served by (simulations of others carry no band). "
          "'cases': every public run of benchmarks/data/served/runs.json (all split 'validate': never fitted on; "
          "the step times are fitted only on src/kvbudget/data/steptimes/) compared, one load stage a case, with "
          "(real - simulated) / simulated of mean TTFT, TPOT and end-to-end latency; the measured GPUs' runs "
@@ -61,7 +62,8 @@ def cases() -> list[bands.CaseError]:
 
 
 def document(found: list[bands.CaseError]) -> dict[str, Any]:
-    return {"about": ABOUT, "quantiles": list(bands.QUANTILES), "min_runs": bands.MIN_RUNS,
+    return {"about": ABOUT, "engines": sorted({served.settings(run)["engine"] for run in served.runs()}),
+            "quantiles": list(bands.QUANTILES), "min_runs": bands.MIN_RUNS,
             "bands": bands.bands(found), "cases": [c.to_dict() for c in found]}
 
 

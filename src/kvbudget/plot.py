@@ -142,7 +142,7 @@ def plot_simulation(sim: Simulation, path: str, caption: str = "", force: bool =
         if values:
             n = len(values)
             (line,) = cdf.plot(values, [(i + 1) / n for i in range(n)], label=name)
-            band = band_for(s.time_model, kind)
+            band = band_for(s, kind)
             if band is not None and pct is not None:  # the simulated mean, and where the true mean likely lies
                 low, high = band.around(pct.mean)
                 cdf.axvspan(low, high, color=line.get_color(), alpha=0.15,

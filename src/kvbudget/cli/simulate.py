@@ -194,14 +194,15 @@ def _sig(value: float) -> str:
 def band_line(sim: Simulation) -> str:
     """The simulated means with where their true values likely lie (the band of the held-out runs on the same
     basis), or why that is unknown."""
-    from kvbudget.simulation.bands import band_for
+    from kvbudget.simulation.bands import band_for, judged
 
-    figures = [(label, pct.mean, band_for(sim.setup.time_model, kind)) for kind, label, pct in
+    figures = [(label, pct.mean, band_for(sim.setup, kind)) for kind, label, pct in
                (("ttft", "TTFT", sim.ttft), ("tpot", "TPOT", sim.tpot), ("e2e", "E2E", sim.e2e)) if pct is not None]
     known = [(label, mean, band) for label, mean, band in figures if band is not None]
     if not known:
-        return ("true means: error band unknown (no held-out runs judge these times: "
-                f"{sim.setup.time_model.basis})")
+        why = (f"these times: {sim.setup.time_model.basis}" if judged(sim.setup)
+               else f"{sim.setup.engine} ({sim.setup.allocator}): they are all of vLLM's paged allocator")
+        return f"true means: error band unknown (no held-out runs judge {why})"
     b = known[0][2]
     ranges = ", ".join(f"{label} {_sig(low)}-{_sig(high)}" for label, mean, band in known
                        for low, high in [band.around(mean)])

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from kvbudget.errors import KVBudgetError
 
 if TYPE_CHECKING:
-    from kvbudget.engines.scheduling.timing import TimeModel
+    from kvbudget.engines.scheduling.setup import Setup
     from kvbudget.gpus import GPU
 
 
@@ -178,10 +178,17 @@ def _data() -> dict[str, Any]:
     return data
 
 
-def band_for(times: TimeModel, metric: str) -> Band | None:
-    """The band the mean `metric` (ttft|tpot|e2e) of a simulation on `times` carries; None where unknown (no
-    held-out runs judge these times: a calibration, the roofline, a time model given)."""
-    if not times.band_basis:
+def judged(setup: Setup) -> bool:
+    """Whether held-out runs judge the simulation's engine: one the runs were served by (all vLLM today), with
+    its paged allocator (not a contiguous baseline)."""
+    return setup.engine in _data()["engines"] and setup.allocator == "paged"
+
+
+def band_for(setup: Setup, metric: str) -> Band | None:
+    """The band the mean `metric` (ttft|tpot|e2e) of a simulation of `setup` carries; None where unknown: no
+    held-out runs judge its times (a calibration, the roofline, a time model given) or its engine."""
+    times = setup.time_model
+    if not times.band_basis or not judged(setup):
         return None
     entry = _data()["bands"].get(times.band_basis)
     if entry is None:
@@ -191,8 +198,8 @@ def band_for(times: TimeModel, metric: str) -> Band | None:
     return Band.from_dict(entry[metric]) if entry[metric] is not None else None
 
 
-def as_dict(times: TimeModel, metric: str) -> dict[str, Any] | None:
+def as_dict(setup: Setup, metric: str) -> dict[str, Any] | None:
     """`band_for` in JSON: relative lower and upper bounds, the basis, the runs and GPUs behind it; None
     where unknown."""
-    found = band_for(times, metric)
+    found = band_for(setup, metric)
     return found.to_dict() if found is not None else None

@@ -165,7 +165,7 @@ class Simulation:
 
     def to_dict(self) -> dict[str, Any]:
         def pct(p: Percentiles | None, kind: str) -> dict[str, Any] | None:
-            return None if p is None else {**p.__dict__, "band": bands.as_dict(self.setup.time_model, kind)}
+            return None if p is None else {**p.__dict__, "band": bands.as_dict(self.setup, kind)}
 
         return {
             "setup": self.setup.to_dict(), "requests": self.requests, "completed": self.completed,

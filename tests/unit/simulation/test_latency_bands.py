@@ -73,6 +73,7 @@ def test_the_band_file_is_what_its_cases_give():
     runs = {r["id"]: r for r in json.loads((BENCHMARKS / "data" / "served" / "runs.json").read_text())["runs"]}
     for c in CASES:
         assert runs[c.run.split("#")[0]]["split"] == "validate"  # never fitted on
+    assert DATA["engines"] == sorted({r["engine"].split()[0].lower() for r in runs.values()}) == ["vllm"]
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +151,7 @@ def test_a_calibrated_time_model_carries_no_band():
     calibrated = kernels.scaled(1.2, 0.9, "calibrated on 1 benchmark run", 0.02)
     sim = simulate(LLAMA, synthetic(2, 20, exponential_lengths(300, 50, 2000), seed=1), gpu="H100",
                    max_model_len=8192, time_model=calibrated)
-    assert bands.band_for(sim.setup.time_model, "tpot") is None
+    assert bands.band_for(sim.setup, "tpot") is None
     assert sim.to_dict()["tpot_s"]["band"] is None and sim.to_dict()["ttft_s"]["band"] is None
     assert band_line(sim).startswith("true means: error band unknown")
 
@@ -158,5 +159,20 @@ def test_a_calibrated_time_model_carries_no_band():
 def test_a_basis_no_runs_judge_is_refused_in_one_line():
     kernels = setup_for(LLAMA, gpu="H100", max_model_len=8192).time_model
     with pytest.raises(KVBudgetError, match="time_model.band_basis 'guessed': not a basis") as e:
-        bands.band_for(replace(kernels, band_basis="guessed"), "tpot")
+        bands.band_for(setup_for(LLAMA, gpu="H100", max_model_len=8192,
+                                 time_model=replace(kernels, band_basis="guessed")), "tpot")
     assert e.value.param == "time_model"
+
+
+@pytest.mark.parametrize("argv", [("--engine", "llamacpp"), ("--engine", "sglang"), ("--allocator", "contiguous-max")])
+def test_engines_no_held_out_runs_judge_carry_no_band(capsys, argv):
+    """The held-out runs are all vLLM's with its paged allocator: other engines' (and the baselines') times, on
+    the same kernels, carry no band."""
+    base = ("simulate", "llama-3.1-8b", "--gpu", "H100", "--rate", "2", "--requests", "10", "--max-model-len", "8192")
+    code, out, err = cli(capsys, *base, *argv, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["setup"]["time_model"]["band_basis"] == Basis.MEASURED.value
+    assert data["tpot_s"]["band"] is None and data["e2e_s"]["band"] is None
+    code, out, err = cli(capsys, *base, *argv)
+    assert "error band unknown (no held-out runs judge" in " ".join(out.split())
