@@ -1,10 +1,12 @@
 """Turn public per-operation GPU profiles into the measurement files kvbudget fits its step times on.
 
-Usage: python scripts/extract_step_profiles.py LLMSERVINGSIM_GIT VIDUR_GIT
+Usage: python scripts/extract_step_profiles.py LLMSERVINGSIM_GIT VIDUR_GIT AICONFIGURATOR_GIT
 
-Both arguments are git directories of the public repositories (casys-kaist/LLMServingSim at 5daddb2, and
-microsoft/vidur), read with `git show`; nothing else is read. Each profile row becomes one measurement with the
-work it did, counted from the profiled model's published config (kvbudget's catalog): FLOPs and bytes moved.
+The arguments are git directories of the public repositories (casys-kaist/LLMServingSim at 5daddb2,
+microsoft/vidur, and ai-dynamo/aiconfigurator at 095f58a), read with `git show`; nothing else is read.
+aiconfigurator's tables are parquet files: reading them needs pyarrow (`pip install pyarrow`; only this script
+does). Each profile row becomes one measurement with the work it did: FLOPs and bytes moved, counted from the
+profiled model's published config (kvbudget's catalog) or, for aiconfigurator, from the shapes the table gives.
 The rows are written to src/kvbudget/data/steptimes/<gpu>.csv; data/steptimes/README.md names the sources.
 """
 
@@ -170,7 +172,139 @@ def vidur_all_reduce(git: str) -> list[dict[str, object]]:
     return out
 
 
-def main(llmservingsim: str, vidur: str) -> None:
+# aiconfigurator's silicon-measured per-operation tables (Apache-2.0): (its system folder, the CSV written) for
+# every GPU it measures that the catalog has; the H100 and the RTX PRO 6000 keep their files and take from it only
+# the operations those lack (data/steptimes/README.md says why)
+AIC_DATA = "aic-core/src/aiconfigurator_core/systems/data"
+AIC = [("a100_sxm", "a100-sxm"), ("h200_sxm", "h200-sxm"), ("l40s", "l40s"), ("b200_sxm", "b200-sxm"),
+       ("b300_sxm", "b300-sxm"), ("gb200", "gb200"), ("h100_sxm", "h100-sxm"), ("rtx_pro_6000_server", "rtx-pro-6000")]
+AIC_ONLY = {"h100_sxm": ("attention", "moe"), "rtx_pro_6000_server": ("allreduce",)}
+# the tables read, by the folder they are in (the vLLM backend's; all-reduce as vLLM runs it under CUDA graphs,
+# which is its custom all-reduce or NCCL, whichever vLLM picks for the size)
+AIC_TABLES = {"gemm": ("gemm", "gemm_perf"), "context": ("attention", "context_attention_perf"),
+              "generation": ("attention", "generation_attention_perf"), "allreduce": ("comm", "custom_allreduce_perf"),
+              "moe": ("moe", "moe_perf")}
+AIC_MOST = {"gemm": 1200, "context": 700, "generation": 1200, "allreduce": 200, "moe": 500}  # rows kept per table
+
+
+# decode rows whose KV read lies between these (bytes) are left out: the collector repeats one call, so a KV cache
+# that fits in the GPU's L2 (40 MB on an A100, 96 MB on an L40S, 126 MB on a B200) is read from there at up to
+# twice the memory's speed, where in a served step the layer's weights stream through L2 between two attention
+# calls; below 1 MiB a call's time is its fixed cost either way
+L2_WARM = (1 << 20, 128 << 20)
+
+
+def aic_gemm(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """16-bit GEMMs of m tokens through an n x k weight, both sides at least 512 wide (a projection's shapes):
+    2 m n k FLOPs, the 2 n k bytes of the weight."""
+    out = []
+    for r in rows:
+        m, n, k = (int(str(r[c])) for c in ("m", "n", "k"))
+        if r["gemm_dtype"] == "bfloat16" and n >= 512 and k >= 512:
+            out.append(row("gemm", f"gemm_{n}x{k}", "-", 1, m, 0, 2 * m * n * k, BF16 * n * k,
+                           float(str(r["latency"])) * 1000))
+    return out
+
+
+def aic_attention(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """16-bit attention of `batch_size` sequences: a prefill (step 0) of `isl` tokens each from scratch, or one
+    decoding token each after `step` cached ones (aiconfigurator's collector: seq_lens = step + 1). FLOPs 4 x query
+    width x attended pairs; bytes: the KV cache read (keys and values of every attended token). Only full
+    attention (no sliding window), heads of 128, a 16-bit cache, and in the prefill table its prefill kernels."""
+    out = []
+    for r in rows:
+        b, isl, step, heads, kv, hd = (int(str(r[c])) for c in ("batch_size", "isl", "step", "num_heads",
+                                                                  "num_key_value_heads", "head_dim"))
+        if (r["attn_dtype"] != "bfloat16" or r["kv_cache_dtype"] != "bfloat16" or int(str(r["beam_width"])) != 1
+                or hd != 128 or int(str(r.get("window_size") or 0)) != 0
+                or (step == 0 and "decode" in str(r["kernel_source"]))):
+            continue
+        if step == 0 and isl > 1:  # (a one-token prefill would read as a decode)
+            pairs, cached, tokens = b * isl * (isl + 1) // 2, b * isl, b * isl
+        elif step > 0 and isl == 1 and not L2_WARM[0] < BF16 * 2 * kv * hd * b * (step + 1) < L2_WARM[1]:
+            pairs = cached = b * (step + 1)
+            tokens = b
+        else:
+            continue
+        out.append(row("attention", str(r["op_name"]), "-", 1, tokens, b, 4 * heads * hd * pairs,
+                       BF16 * 2 * kv * hd * cached, float(str(r["latency"])) * 1000))
+    return out
+
+
+def aic_all_reduce(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """vLLM's all-reduce of `message_size` 16-bit elements over `num_gpus` GPUs, under CUDA graphs."""
+    return [row("allreduce", str(r["kernel_source"]), "-", int(str(r["num_gpus"])), 0, 0, 0,
+                BF16 * int(str(r["message_size"])), float(str(r["latency"])) * 1000)
+            for r in rows if r["backend"] == "vllm_graph" and r["allreduce_dtype"] == "bfloat16"]
+
+
+def balanced_experts(tokens: int, experts: int, topk: int) -> int:
+    """How many experts aiconfigurator's "balanced" routing sends `tokens` to (collector/helper.py,
+    balanced_logits: token t's j-th expert is (t + j stride) mod experts, spread evenly where tokens < stride)."""
+    stride = -(-experts // topk)
+    if tokens >= stride:
+        return experts
+    return len({int((t * stride / tokens + j * stride) % experts) for t in range(tokens) for j in range(topk)})
+
+
+def aic_moe(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """16-bit fused MoE experts on one GPU (no expert or tensor parallelism) under balanced routing: `num_tokens`
+    tokens through `topk` of `num_experts` gated experts of `hidden_size` x `inter_size`: FLOPs 2 x tokens x topk
+    x 3 x hidden x inter; bytes the weights of the experts the tokens reach."""
+    out = []
+    for r in rows:
+        if (r["moe_dtype"] != "bfloat16" or r["distribution"] != "balanced" or int(str(r["moe_tp_size"])) != 1
+                or int(str(r["moe_ep_size"])) != 1):
+            continue
+        m, h, inter, k, e = (int(str(r[c])) for c in ("num_tokens", "hidden_size", "inter_size", "topk",
+                                                       "num_experts"))
+        out.append(row("moe", f"experts_{e}x{h}x{inter}", "-", 1, m, 0, 2 * m * k * 3 * h * inter,
+                       BF16 * balanced_experts(m, e, k) * 3 * h * inter, float(str(r["latency"])) * 1000))
+    return out
+
+
+AIC_PARSE = {"gemm": aic_gemm, "context": aic_attention, "generation": aic_attention, "allreduce": aic_all_reduce,
+             "moe": aic_moe}
+
+
+def aic_version(git: str, system: str, folder: str) -> str | None:
+    """The newest vLLM release aiconfigurator measured `folder` under on `system` (its own measurement, not a
+    table it reuses from an older release)."""
+    listing = subprocess.run(["git", f"--git-dir={git}", "ls-tree", "-r", "--name-only", "HEAD",
+                              f"{AIC_DATA}/{system}/{folder}/vllm/"], check=True, capture_output=True,
+                             text=True).stdout.split()
+    versions = [p.split("/")[-2] for p in listing if p.endswith("/collection_meta.yaml")]
+    return max(versions, key=lambda v: tuple(int(x) if x.isdigit() else -1 for x in v.split(".")), default=None)
+
+
+def aic_table(git: str, system: str, table: str) -> tuple[str, list[dict[str, object]]] | None:
+    import pyarrow as pa  # (only this script reads parquet)
+    import pyarrow.parquet as pq
+
+    folder, name = AIC_TABLES[table]
+    version = aic_version(git, system, folder)
+    if version is None:
+        return None
+    data = subprocess.run(["git", f"--git-dir={git}", "show", f"HEAD:{AIC_DATA}/{system}/{folder}/vllm/{version}/"
+                           f"{name}.parquet"], check=True, capture_output=True).stdout
+    return version, pq.read_table(pa.BufferReader(data)).to_pylist()
+
+
+def aic_rows(git: str, system: str) -> tuple[list[dict[str, object]], dict[str, str]]:
+    """The rows of `system`'s tables, and the vLLM release each table was measured under."""
+    out, versions = [], {}
+    for table, parse in AIC_PARSE.items():
+        if system in AIC_ONLY and not any(t in AIC_ONLY[system] for t in (table, AIC_TABLES[table][0])):
+            continue
+        got = aic_table(git, system, table)
+        rows = parse(got[1]) if got is not None else []
+        if got is not None and rows:
+            versions[table] = got[0]
+            out.extend(thinned(rows, AIC_MOST[table]))
+    return out, versions
+
+
+def main(llmservingsim: str, vidur: str, aiconfigurator: str) -> None:
     files: dict[str, list[dict[str, object]]] = {}
     for gpu, model, folder, tps in V1:
         for tp in tps:
@@ -179,6 +313,10 @@ def main(llmservingsim: str, vidur: str) -> None:
         for tp in tps:
             files.setdefault(gpu, []).extend(v0_rows(llmservingsim, model, folder, tp))
     files["h100-sxm"].extend(custom_all_reduce() + vidur_all_reduce(vidur))
+    for system, gpu in AIC:
+        rows, versions = aic_rows(aiconfigurator, system)
+        files.setdefault(gpu, []).extend(rows)
+        print(f"{gpu}: aiconfigurator {system}, vLLM {versions}")
     OUT.mkdir(parents=True, exist_ok=True)
     for gpu, rows in files.items():
         with open(OUT / f"{gpu}.csv", "w", newline="", encoding="utf-8") as f:
@@ -189,6 +327,6 @@ def main(llmservingsim: str, vidur: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    if len(sys.argv) != 4:
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3])

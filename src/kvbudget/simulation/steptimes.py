@@ -11,7 +11,9 @@ the fit finds the seconds a kernel takes for its work:
 by least squares on relative error with no negative part. A model's step is then the sum of its kernels, counted
 from its config: because each term is in FLOPs and bytes, a fit transfers to models that were not profiled (how
 far, the accuracy page says). A GPU without measurements takes the measured GPUs' efficiencies (each kernel's
-fitted bandwidth and throughput as a share of their datasheet peaks) on its own datasheet, labelled an estimate.
+fitted bandwidth and throughput as a share of their datasheet peaks) on its own datasheet, labelled an estimate:
+those of its own architecture (the same compute capability: an A100 PCIe from the A100 SXM) where one is
+measured, else every measured GPU's.
 """
 
 from __future__ import annotations
@@ -101,8 +103,29 @@ def fitted_gpus() -> tuple[str, ...]:
 
 def step_times_basis(gpu: str) -> str:
     """What `simulate`'s step times on `gpu` (a catalog name) rest on, in a few words."""
+    from kvbudget.gpus import find_gpu
+
     entry = _index()["gpus"].get(gpu)
-    return f"measured ({entry['engine']})" if entry else "transferred (estimate)"
+    if entry:
+        return f"measured ({entry['engine']})"
+    card = find_gpu(gpu)
+    if not card.bandwidth_bytes_per_s or not card.half_tflops:
+        return "roofline (no datasheet peaks to transfer to)"
+    names = donors(card, "gemm")
+    every = set(names) == set(fitted_gpus()) - {gpu}
+    return f"transferred from {'every measured GPU' if every else ', '.join(names)} (estimate)"
+
+
+def donors(card: GPU, op: str, without: Sequence[str] = ()) -> list[str]:
+    """The measured GPUs `card` takes kernel `op` from: those of its architecture (compute capability) that
+    measured it, else every GPU that did. `without`: GPUs left out."""
+    from kvbudget.gpus import find_gpu
+
+    have = [g for g in fitted_gpus() if g != card.name and g not in without
+            if (f := gpu_fit(g)) is not None and op in f.ops]
+    same = [g for g in have if card.compute_capability is not None
+            and find_gpu(g).compute_capability == card.compute_capability]
+    return same or have
 
 
 def measurements(gpu: str) -> list[Measurement]:
@@ -250,24 +273,24 @@ def kernels_for(card: GPU, without: Sequence[str] = ()) -> Kernels | None:
     if not card.bandwidth_bytes_per_s or not card.half_tflops:
         return None
     own = gpu_fit(card.name) if card.name not in without else None
-    donors = [(f, find_gpu(g)) for g in fitted_gpus() if g != card.name and g not in without
-              if (f := gpu_fit(g)) is not None]
     ops = dict(own.ops) if own is not None else {}
-    moved = []
+    moved: dict[str, list[str]] = {}
     for op in KERNELS:
-        if op not in ops and (t := _transfer(op, donors, card)) is not None:
-            ops[op] = t
-            moved.append(op)
+        names = donors(card, op, without)
+        if op not in ops and names:
+            ops[op] = _transfer(op, [(f, find_gpu(g)) for g in names if (f := gpu_fit(g)) is not None], card)
+            moved[op] = names
     if own is not None:
-        label = own.label() + (f"; {_kinds(moved)} from {_names(donors, moved)}" if moved else "")
+        label = own.label() + (f"; {_kinds(list(moved))} from {_names(moved)}" if moved else "")
     else:
-        label = f"kernel efficiencies of {_names(donors, moved)} on {card.name}'s datasheet (estimate)"
+        label = f"kernel efficiencies of {_names(moved)} on {card.name}'s datasheet (estimate)"
     return Kernels(ops=ops, all_reduce=own.all_reduce if own is not None else {}, label=label,
-                   basis=basis_of(card, own is not None, [c for _, c in donors]))
+                   basis=basis_of(card, own is not None, [find_gpu(g) for g in dict.fromkeys(
+                       g for names in moved.values() for g in names)]))
 
 
-def _names(donors: list[tuple[GpuFit, Any]], ops: list[str]) -> str:
-    return ", ".join(f.gpu for f, _ in donors if any(op in f.ops for op in ops))
+def _names(moved: dict[str, list[str]]) -> str:
+    return ", ".join(dict.fromkeys(g for names in moved.values() for g in names))
 
 
 def _kinds(ops: list[str]) -> str:
@@ -284,10 +307,8 @@ def _peaks(card: GPU) -> tuple[float, float]:
     return card.bandwidth_bytes_per_s, card.half_tflops
 
 
-def _transfer(op: str, donors: list[tuple[GpuFit, GPU]], card: GPU) -> OpFit | None:
-    fits = [(f.ops[op], _peaks(c)) for f, c in donors if op in f.ops]
-    if not fits:
-        return None
+def _transfer(op: str, fitted: list[tuple[GpuFit, GPU]], card: GPU) -> OpFit:
+    fits = [(f.ops[op], _peaks(c)) for f, c in fitted]
     bandwidth = statistics.fmean(o.bandwidth / peak_bandwidth for o, (peak_bandwidth, _) in fits)
     throughput = statistics.fmean(o.throughput / (tflops * 1e12) for o, (_, tflops) in fits)
     card_bandwidth, card_tflops = _peaks(card)

@@ -22,23 +22,34 @@ from kvbudget.simulation import setup_for, simulate, steptimes
 BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 
 
+# GPUs whose projections were fitted on aiconfigurator's shape grids (m from 1 to 8,192 tokens through every n x k
+# from 512 to 65,536 wide), where the one-line kernel model misses tile and wave effects a single model's shapes do
+# not show: their median residuals, as data/steptimes/README.md states them, are up to 17% (L40S projections) and
+# 18% (A100 decode attention)
+GRIDS = {"A100-80GB", "H200", "L40S", "B200", "B300", "GB200"}
+
+
 def test_each_gpus_fits_reproduce_the_measurements_they_were_fitted_on():
     """Median relative error of every kernel fit over its own rows, per GPU: projections and decode attention
-    (the bulk of a decode step) within 10%, every kind within 25%; and no fit beats its datasheet."""
+    (the bulk of a decode step) within 10% (20% on aiconfigurator's shape grids), every kind within 25%; and no
+    fit beats its datasheet."""
     for gpu in steptimes.fitted_gpus():
         fit = steptimes.gpu_fit(gpu)
         card = find_gpu(gpu)
         assert fit is not None and "gemm" in fit.ops
         for name, op in fit.ops.items():
             assert op.rows > 20, (gpu, name)
-            assert op.median_error < (0.10 if name in ("gemm", "decode_attention") else 0.25), (gpu, name, op)
+            bulk = 0.20 if gpu in GRIDS else 0.10
+            assert op.median_error < (bulk if name in ("gemm", "decode_attention") else 0.25), (gpu, name, op)
         gemm = fit.ops["gemm"]
         assert 0.5 * card.bandwidth_bytes_per_s < gemm.bandwidth <= card.bandwidth_bytes_per_s, gpu
         assert 0.3 * card.half_tflops * 1e12 < gemm.throughput <= card.half_tflops * 1e12, gpu
         if "decode_attention" in fit.ops:
             assert fit.ops["decode_attention"].bandwidth <= card.bandwidth_bytes_per_s, gpu
         for tp, reduce in fit.all_reduce.items():
-            assert reduce.median_error < 0.10 and reduce.fixed > 0, (gpu, tp)
+            # (aiconfigurator's all-reduce spans 256 B to 1 GiB across vLLM's switch from its custom kernel to
+            # NCCL, which one fixed cost and one bandwidth bend over: up to 17% on the A100 at TP 8)
+            assert reduce.median_error < (0.20 if gpu in GRIDS else 0.10) and reduce.fixed > 0, (gpu, tp)
 
 
 def _measured(rows: list[dict], layer: str, tokens: int) -> float:
@@ -65,28 +76,41 @@ def test_a_decode_step_is_the_sum_of_its_measured_kernels():
 
 
 def test_gpus_without_measurements_take_the_measured_gpus_efficiencies_and_say_so():
+    """A GPU without measurements takes them from the measured GPUs of its architecture (compute capability):
+    the L4 (Ada, 8.9) from the RTX 4090 and the L40S; the A100 PCIe and 40 GB cards from the A100 SXM; a card of
+    an architecture nobody measured (the MI300X) from every measured GPU."""
     l4 = setup_for(LLAMA, gpu="L4", max_model_len=4096).time_model
-    assert l4.basis == "kernel efficiencies of RTX-4090, RTX-PRO-6000, H100-80GB on L4's datasheet (estimate)"
+    assert l4.basis == "kernel efficiencies of RTX-4090, L40S on L4's datasheet (estimate)"
     h100 = setup_for(LLAMA, gpu="H100", max_model_len=4096).time_model
-    assert h100.basis == ("kernels measured on H100-80GB (vLLM V0); norms, sampler, attention from RTX-4090, "
-                          "RTX-PRO-6000")
-    # L4's projections read weights at the measured GPUs' mean fraction of their datasheet bandwidth, of its 300 GB/s
+    assert h100.basis == ("kernels measured on H100-80GB (vLLM V0; attention, MoE: aiconfigurator, vLLM 0.24); "
+                          "norms, sampler from RTX-4090, RTX-PRO-6000")
+    # L4's projections read weights at the Ada GPUs' mean fraction of their datasheet bandwidth, of its 300 GB/s
     fits = [(steptimes.gpu_fit(g).ops["gemm"].bandwidth, find_gpu(g).bandwidth_bytes_per_s)
-            for g in steptimes.fitted_gpus()]
+            for g in ("RTX-4090", "L40S")]
     share = sum(f / d for f, d in fits) / len(fits)
     assert 0.8 < share < 0.95
-    assert l4.weights / h100.weights == pytest.approx(fits[2][0] / (share * 300e9), rel=1e-9)
+    h100_gemm = steptimes.gpu_fit("H100-80GB").ops["gemm"].bandwidth
+    assert l4.weights / h100.weights == pytest.approx(h100_gemm / (share * 300e9), rel=1e-9)
+    pcie = setup_for(LLAMA, gpu="A100-80GB-PCIe", max_model_len=4096).time_model
+    assert pcie.basis.startswith("kernel efficiencies of A100-80GB, ")  # (norms and sampler: the Ada cards')
+    a100 = steptimes.gpu_fit("A100-80GB").ops["gemm"].bandwidth
+    assert pcie.weights / h100.weights == pytest.approx(h100_gemm / (a100 / 2039e9 * 1935e9), rel=1e-9)
+    assert steptimes.step_times_basis("A100-40GB") == "transferred from A100-80GB (estimate)"
+    assert steptimes.step_times_basis("MI300X") == "transferred from every measured GPU (estimate)"
     # a card kvbudget knows only by its memory has no peaks to transfer to: calibrate, or name a GPU
     with pytest.raises(kvbudget.KVBudgetError, match="needs a GPU from the catalog"):
         setup_for(LLAMA, gpu_memory=24 << 30, max_model_len=4096)
 
 
-def test_pcie_all_reduce_is_a_labelled_estimate_and_nvlink_is_measured():
+def test_all_reduce_is_measured_where_a_table_has_it_and_else_a_labelled_estimate():
+    """The RTX PRO 6000 (PCIe) and the H100 and A100 SXM (NVLink) have measured all-reduces; an A100 PCIe card
+    takes none from the SXM card (another interconnect): its all-reduce is the PCIe slot's datasheet, labelled."""
     qwen = kvbudget.load_model("qwen3-32b")
-    pcie = setup_for(qwen, gpu="RTX-PRO-6000", tp=2, max_model_len=4096).time_model
+    for gpu in ("RTX-PRO-6000", "H100", "A100-80GB"):
+        tm = setup_for(qwen, gpu=gpu, tp=2, max_model_len=4096).time_model
+        assert "all-reduce from the interconnect" not in tm.basis, gpu
+    pcie = setup_for(qwen, gpu="A100-80GB-PCIe", tp=2, max_model_len=4096).time_model
     assert pcie.basis.endswith("; all-reduce from the interconnect's datasheet (estimate)")
-    nvlink = setup_for(qwen, gpu="H100", tp=2, max_model_len=4096).time_model
-    assert "all-reduce" not in nvlink.basis
 
 
 def test_a_mixture_of_experts_reads_the_experts_its_tokens_route_to():
@@ -174,9 +198,15 @@ def test_the_gpu_catalog_says_what_each_gpus_step_times_rest_on(capsys):
 
     assert main(["gpus", "--json"]) == 0
     basis = {g["name"]: g["step_times"] for g in json.loads(capsys.readouterr().out)}
-    assert basis["RTX-4090"] == basis["RTX-PRO-6000"] == "measured (vLLM 0.19)"
-    assert basis["H100-80GB"] == "measured (vLLM V0)"
-    assert basis["L4"] == basis["MI355X"] == "transferred (estimate)"
+    assert basis["RTX-4090"] == "measured (vLLM 0.19)"
+    assert basis["RTX-PRO-6000"] == "measured (vLLM 0.19; all-reduce: aiconfigurator, vLLM 0.24)"
+    assert basis["H100-80GB"] == "measured (vLLM V0; attention, MoE: aiconfigurator, vLLM 0.24)"
+    assert basis["A100-80GB"] == "measured (aiconfigurator, vLLM 0.14)"
+    for gpu in ("H200", "L40S", "B200", "B300", "GB200"):
+        assert basis[gpu] == "measured (aiconfigurator, vLLM 0.24)", gpu
+    assert basis["A100-80GB-PCIe"] == basis["A100-40GB"] == "transferred from A100-80GB (estimate)"
+    assert basis["L4"] == "transferred from RTX-4090, L40S (estimate)"
+    assert basis["MI355X"] == basis["T4"] == "transferred from every measured GPU (estimate)"
     assert set(steptimes.fitted_gpus()) == {g for g, b in basis.items() if b.startswith("measured")}
 
 
@@ -187,3 +217,114 @@ def test_a_picture_calls_kernel_model_times_estimates_and_calibrated_times_calib
     assert times_are(setup_for(LLAMA, gpu="L4", max_model_len=4096).time_model.basis) == "estimates"
     assert times_are("calibrated on 58 measured steps") == "calibrated"
     assert times_are("kernels measured on H100-80GB (vLLM V0); calibrated on 300 benchmark requests") == "calibrated"
+
+
+# the aiconfigurator GPUs: their datasheet peaks, read off the vendors' datasheets independently of gpus.json
+# (bytes/s, dense 16-bit FLOPS)
+DATASHEETS = {"A100-80GB": (2039e9, 312e12), "H200": (4.8e12, 989e12), "L40S": (864e9, 362e12),
+              "B200": (8e12, 2250e12), "B300": (8e12, 2250e12), "GB200": (8e12, 2500e12)}
+
+
+@pytest.mark.parametrize("gpu", sorted(DATASHEETS))
+def test_each_measured_gpus_decode_projections_are_no_faster_than_its_datasheet(gpu):
+    """Llama-3.1-8B's four projections of a layer (4,096 wide; 1,024-wide K and V; a 14,336-wide MLP) for 1 to
+    512 decoding tokens: the fitted time is at or above the roofline of the datasheet (weights over bandwidth,
+    FLOPs over throughput), and within 3x of it once the weights dominate."""
+    gemm = steptimes.gpu_fit(gpu).ops["gemm"]
+    bandwidth, flops_peak = DATASHEETS[gpu]
+    shapes = [(4096 + 2 * 1024, 4096), (4096, 4096), (2 * 14336, 4096), (4096, 14336)]
+    for m in (1, 8, 64, 512):
+        for n, k in shapes:
+            flops, weights = 2 * m * n * k, 2 * n * k
+            roofline = max(weights / bandwidth, flops / flops_peak)
+            fitted = gemm.seconds(flops, weights)
+            assert fitted >= roofline, (gpu, m, n, k)
+            if m <= 8 and n * k > 16e6:
+                assert fitted < 3 * roofline, (gpu, m, n, k)
+
+
+def test_an_a100_step_is_slower_than_an_h100_step_and_than_the_transfer_it_replaced():
+    """The same work (Llama-3.1-8B, 1 to 256 sequences decoding at 1,024 tokens, and a 2,048-token prefill): the
+    A100's measured kernels take longer than the H100's, and longer than the transfer of the other GPUs'
+    efficiencies onto the A100's datasheet that served before (held-out A100 runs found it 46-55% short)."""
+    a100 = setup_for(LLAMA, gpu="A100-80GB", max_model_len=4096).time_model
+    h100 = setup_for(LLAMA, gpu="H100", max_model_len=4096).time_model
+    card = find_gpu("A100-80GB")
+    work = steptimes.step_work(LLAMA, kvbudget.plan(LLAMA, gpu="A100-80GB", max_model_len=4096))
+    kernels = steptimes.kernels_for(card, without=tuple(GRIDS))  # (the GPUs measured before these)
+    assert work is not None and kernels is not None
+    transferred = steptimes.time_model(work, kernels, card)
+    assert "kernels measured on A100-80GB" in a100.basis and "estimate" in transferred.basis
+    for b in (1, 16, 256):
+        measured = a100.step_seconds(b, b * 1025)
+        assert measured > 1.3 * h100.step_seconds(b, b * 1025), b
+        assert measured > 1.1 * transferred.step_seconds(b, b * 1025), b
+    assert a100.step_seconds(2048, 2048) > 1.3 * h100.step_seconds(2048, 2048)
+
+
+EXCERPT = Path(__file__).resolve().parents[2] / "data" / "steptimes" / "aiconfigurator-a100-sxm-excerpt.json"
+
+
+@pytest.fixture(scope="module")
+def extractor():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[3] / "scripts" / "extract_step_profiles.py"
+    spec = importlib.util.spec_from_file_location("extract_step_profiles", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_aiconfigurator_extraction_gives_the_committed_rows(extractor):
+    """Rows of aiconfigurator's A100 SXM tables (a committed excerpt, as its parquet files hold them): the rows
+    the extractor keeps are in the shipped a100-sxm.csv as they are; the ones it drops (eager all-reduce, a
+    one-token prefill, a KV read that fits in L2) are not."""
+    import json
+
+    excerpt = json.loads(EXCERPT.read_text(encoding="utf-8"))
+    text = (resources.files("kvbudget") / "data" / "steptimes" / "a100-sxm.csv").read_text(encoding="utf-8")
+    shipped = {tuple(r.values()) for r in csv.DictReader(text.splitlines())}
+    for table, part in excerpt.items():
+        assert part["version"] == "0.14.0"
+        parse = extractor.AIC_PARSE[table]
+        kept = parse(part["kept"])
+        assert len(kept) == len(part["kept"]) == 3, table
+        assert all(tuple(str(v) for v in r.values()) in shipped for r in kept), table
+        assert parse(part["dropped"]) == [], table
+
+
+def test_aiconfigurator_rows_count_their_work_from_the_shapes(extractor):
+    """By hand: a GEMM of 8 tokens through a 4,096 x 4,096 weight; a prefill of 2 x 512 tokens with 32 query and
+    8 KV heads of 128; a decode of 4 sequences after 1,023 cached tokens; a 2-GPU all-reduce of 4,096 elements.
+    Latencies are in milliseconds in the tables, microseconds in the CSV."""
+    (gemm,) = extractor.aic_gemm([dict(m=8, n=4096, k=4096, gemm_dtype="bfloat16", latency=0.02)])
+    assert (gemm["tokens"], gemm["flops"], gemm["bytes"], gemm["time_us"]) == (8, 268435456, 33554432, 20.0)
+    attention = dict(num_heads=32, num_key_value_heads=8, head_dim=128, beam_width=1, attn_dtype="bfloat16",
+                     kv_cache_dtype="bfloat16", kernel_source="vllm_flash_attn", op_name="x", latency=0.5)
+    (prefill,) = extractor.aic_attention([dict(attention, batch_size=2, isl=512, step=0)])
+    # 2 x 512 x 513 / 2 attended pairs x 4 x 4,096 FLOPs; 1,024 tokens' keys and values: 2 x 2 x 1,024 x 1,024 B
+    assert (prefill["tokens"], prefill["seqs"], prefill["flops"], prefill["bytes"]) == (1024, 2, 4303355904,
+                                                                                        4194304)
+    (decode,) = extractor.aic_attention([dict(attention, batch_size=64, isl=1, step=1023)])
+    # 64 x 1,024 cached tokens x 2 x 2 x 1,024 B = 256 MiB (beyond any L2)
+    assert (decode["tokens"], decode["seqs"], decode["bytes"], decode["time_us"]) == (64, 64, 268435456, 500.0)
+    (reduce,) = extractor.aic_all_reduce([dict(num_gpus=2, message_size=4096, latency=0.01, backend="vllm_graph",
+                                               allreduce_dtype="bfloat16", kernel_source="vLLM_custom_graph")])
+    assert (reduce["op"], reduce["tp"], reduce["bytes"], reduce["time_us"]) == ("allreduce", 2, 8192, 10.0)
+
+
+def test_aiconfigurator_moe_rows_read_the_experts_balanced_routing_reaches(extractor):
+    """aiconfigurator's balanced routing gives token t its experts t x stride / tokens + j x stride (stride =
+    experts / topk, here 16): 3 tokens of top-8 among 128 reach 24 experts, one token its 8, 16 tokens all 128.
+    A Mixtral-shaped row (8 experts of 4,096 x 14,336, top-2) of 4 tokens reads every expert's 3 matrices."""
+    assert extractor.balanced_experts(1, 128, 8) == 8
+    assert extractor.balanced_experts(3, 128, 8) == 24
+    assert extractor.balanced_experts(16, 128, 8) == 128
+    moe = dict(moe_dtype="bfloat16", distribution="balanced", moe_tp_size=1, moe_ep_size=1, num_tokens=4,
+               hidden_size=4096, inter_size=14336, topk=2, num_experts=8, latency=0.3)
+    (r,) = extractor.aic_moe([moe])
+    assert (r["op"], r["tokens"], r["flops"], r["bytes"], r["time_us"]) == (
+        "moe", 4, 2 * 4 * 2 * 3 * 4096 * 14336, 2 * 8 * 3 * 4096 * 14336, 300.0)
+    assert extractor.aic_moe([dict(moe, distribution="power_law_1.2"), dict(moe, moe_ep_size=2)]) == []
