@@ -98,14 +98,13 @@ def roofline_cases() -> list[served.Case]:
         steptimes.kernels_for = saved  # type: ignore[assignment]
 
 
-def transferred_cases(skip: tuple[str, ...] = ("H100-80GB",)) -> list[served.Case]:
-    """The runs of each measured GPU but `skip`, with that GPU's own measurements left out. (The H100's own fit
-    keeps too little to leave out for this table: its attention and norms are transferred.)"""
+def transferred_cases() -> list[served.Case]:
+    """The runs of each measured GPU, with that GPU's own measurements left out."""
     saved = steptimes.kernels_for
     out = []
     for run in served.measured_gpu_runs():
-        if run["gpu"] in skip:
-            continue
+        if run["gpu"] == "H100-80GB":
+            continue  # (the H100's own fit keeps too little to leave out: its attention and norms are transferred)
         steptimes.kernels_for = lambda card, without=(), gpu=run["gpu"]: saved(card, without=(gpu,))  # type: ignore
         try:
             out += served.replay(run)

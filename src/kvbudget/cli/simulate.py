@@ -206,8 +206,8 @@ def band_line(sim: Simulation) -> str:
     b = known[0][2]
     ranges = ", ".join(f"{label} {_sig(low)}-{_sig(high)}" for label, mean, band in known
                        for low, high in [band.around(mean)])
-    held = ("too few held-out runs of its own: widened over the wider bases'" if b.widened
-            else f"where 80% of {b.runs} held-out runs lay")
+    held = f"where all {b.runs} held-out runs of {len(b.gpus)} GPUs lay" + (
+        ", too few of its own: the wider bases' joined" if b.widened else "")
     short = [(band.held, label) for label, _, band in known
              if band.held is not None and band.held[0] < 0.8 * band.held[1]]
     if short:  # the worst: how far the band carries to a GPU whose runs did not size it

@@ -1,14 +1,20 @@
-"""The error band on a simulated latency: how far real runs have landed from the simulation, on GPUs whose step
-times rest on the same basis, in runs that were never fitted on (data/latency_bands.json, written by
-benchmarks/latency_bands.py from the public runs in benchmarks/data/served).
+"""The error band on a simulated latency: how far real runs have landed from the simulation, on other GPUs whose
+step times rest on the same basis, in runs that were never fitted on (data/latency_bands.json, written by
+benchmarks/latency_bands.py from the public runs benchmarks/served.py reads).
 
-A GPU's step times rest on one of three bases (`basis_of`, from what steptimes knows of it): its own kernel
-measurements; the measured GPUs' kernel efficiencies transferred to its datasheet, where one of them is of its
-generation (NVIDIA's architecture, by compute capability); or transferred across generations. Per basis and
-metric (mean TTFT, TPOT, end-to-end latency) the band is the 10th to the 90th percentile of
-(real - simulated) / simulated over that basis' runs. Fewer than `MIN_RUNS` runs: the band reaches as far as the
-largest of their errors, by the same factor either way, and at least over the next wider basis' band (measured,
-then within a generation, then across); no runs and no wider basis: unknown (None), never a made-up number.
+A GPU's step times rest on one of three bases (`basis_of`, from the GPUs steptimes took its projections and
+attention from): its own kernel measurements; the kernel efficiencies of measured GPUs of its architecture (the
+same compute capability: steptimes' transfer rule) on its datasheet; or those of other architectures. Per basis and
+metric (mean TTFT, TPOT, end-to-end latency) the band runs from the lowest to the highest (real - simulated) /
+simulated over that basis' runs. Why the whole range: the simulation's error differs more from GPU to GPU than
+from run to run of one GPU, so a band from the middle of the other GPUs' runs misses a GPU left out. On the runs
+of December 2026, leaving one GPU out, the 10th to 90th percentile of the basis held 48-56 of the 84 measured runs
+(TTFT, TPOT, E2E); the whole range within classes of tensor parallel size (1 / more) and load (peak running
+sequences up to 32 / more), the enclosing class where one had too few runs, 51-66 (the A100 at TP 2 runs 1.3-3.3
+times as slow as simulated, the H100 at TP 2-4 within 19%: each judged by the other); the whole range of the
+basis 67-81. A basis with fewer than `MIN_RUNS` runs
+or `MIN_GPUS` GPUs takes the runs of the wider bases with its own (measured, then within an architecture, then
+across); none enough: unknown (None), never a made-up number.
 
 The band is judged leaving one GPU out (`coverage`): each run against the band sized without any run of its GPU,
 so a GPU's own runs never size the band it is judged by; each band records how many runs it held so, and
@@ -18,7 +24,6 @@ so a GPU's own runs never size the band it is judged by; each band records how m
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -34,39 +39,29 @@ if TYPE_CHECKING:
 
 
 class Basis(Enum):
-    """What a GPU's simulated step times rest on, as its error band is sized."""
+    """What a GPU's simulated step times rest on, as its error band is sized (narrowest first)."""
 
     MEASURED = "measured"
-    SAME_GENERATION = "transferred within a generation"
-    ACROSS_GENERATIONS = "transferred across generations"
+    SAME_ARCHITECTURE = "transferred within an architecture"
+    ACROSS_ARCHITECTURES = "transferred across architectures"
 
 
-# the next wider basis, whose band a basis with too few runs is widened by
-WIDER = {Basis.MEASURED: Basis.SAME_GENERATION, Basis.SAME_GENERATION: Basis.ACROSS_GENERATIONS,
-         Basis.ACROSS_GENERATIONS: None}
+BASES = tuple(Basis)  # a basis with too few runs takes the wider ones' (those after it) with its own
 METRICS = ("ttft", "tpot", "e2e")
-QUANTILES = (0.10, 0.90)  # the band: these quantiles of (real - simulated) / simulated
-MIN_RUNS = 10  # fewer runs behind a band than this: widened with the next wider basis' band
-# NVIDIA's architecture by compute capability (NVIDIA's CUDA GPUs list, developer.nvidia.com/cuda-gpus)
-GENERATIONS = {"7.0": "Volta", "7.2": "Volta", "7.5": "Turing", "8.0": "Ampere", "8.6": "Ampere", "8.7": "Ampere",
-               "8.9": "Ada Lovelace", "9.0": "Hopper", "10.0": "Blackwell", "10.3": "Blackwell",
-               "12.0": "Blackwell", "12.1": "Blackwell"}
-
-
-def generation(card: GPU) -> str | None:
-    """The card's architecture, or None where it is not an NVIDIA card of a known compute capability."""
-    return GENERATIONS.get(card.compute_capability or "")
+MIN_RUNS = 10  # fewer runs of a basis than this: the wider bases' runs join its own
+MIN_GPUS = 2  # runs of fewer GPUs than this (one GPU's bias is not another's): likewise
 
 
 def basis_of(card: GPU, measured: bool, donors: Iterable[GPU]) -> Basis:
     """The basis of `card`'s step times: `measured` (its own kernels), else transferred from `donors` (the
-    measured GPUs the transfer takes its efficiencies from)."""
+    measured GPUs the transfer took its projections and attention from: steptimes.MAIN_KERNELS): within its
+    architecture where all of them share its compute capability."""
     if measured:
         return Basis.MEASURED
-    mine = generation(card)
-    if mine is not None and any(generation(d) == mine for d in donors):
-        return Basis.SAME_GENERATION
-    return Basis.ACROSS_GENERATIONS
+    given = list(donors)
+    if given and card.compute_capability and all(d.compute_capability == card.compute_capability for d in given):
+        return Basis.SAME_ARCHITECTURE
+    return Basis.ACROSS_ARCHITECTURES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,26 +71,28 @@ class CaseError:
     run: str
     gpu: str
     basis: Basis
+    tp: int
     errors: Mapping[str, float]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run": self.run, "gpu": self.gpu, "basis": self.basis.value, **self.errors}
+        return {"run": self.run, "gpu": self.gpu, "basis": self.basis.value, "tp": self.tp, **self.errors}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CaseError:
-        return cls(run=d["run"], gpu=d["gpu"], basis=Basis(d["basis"]), errors={m: d[m] for m in METRICS if m in d})
+        return cls(run=d["run"], gpu=d["gpu"], basis=Basis(d["basis"]), tp=d["tp"],
+                   errors={m: d[m] for m in METRICS if m in d})
 
 
 @dataclass(frozen=True, kw_only=True)
 class Band:
-    """The relative bounds of (real - simulated) / simulated that held the middle 80% of the runs behind it."""
+    """The relative bounds of (real - simulated) / simulated that held every run behind it."""
 
     lower: float
     upper: float
     basis: Basis
     runs: int
     gpus: tuple[str, ...]
-    widened: bool = False  # fewer than MIN_RUNS runs of its own basis: their reach and the wider band's
+    widened: bool = False  # too few runs or GPUs of its own basis: the wider bases' runs joined them
     # judged leaving one GPU out (`coverage`): how many of the basis' runs the band without their GPU held, of
     # how many; None where not judged
     held: tuple[int, int] | None = None
@@ -117,35 +114,20 @@ class Band:
                    held=None if held is None else (held["inside"], held["runs"]))
 
 
-def quantile(values: Sequence[float], q: float) -> float:
-    """The `q` quantile of `values`, linear between order statistics (numpy's default)."""
-    s = sorted(values)
-    at = q * (len(s) - 1)
-    low = math.floor(at)
-    high = min(low + 1, len(s) - 1)
-    return s[low] + (s[high] - s[low]) * (at - low)
-
-
 def band(cases: Sequence[CaseError], basis: Basis, metric: str, leave_out: str | None = None) -> Band | None:
-    """The band of `basis` for `metric` from `cases`, none of `leave_out`'s (a GPU name) counted."""
-    errors = [(c.errors[metric], c.gpu) for c in cases
-              if c.basis is basis and c.gpu != leave_out and metric in c.errors]
-    values = [e for e, _ in errors]
-    gpus = tuple(sorted({g for _, g in errors}))
-    if len(values) >= MIN_RUNS:
-        return Band(lower=quantile(values, QUANTILES[0]), upper=quantile(values, QUANTILES[1]), basis=basis,
-                    runs=len(values), gpus=gpus)
-    # too few to read quantiles from: as far as any of them went, by the same factor either way (real / simulated
-    # from 1 / f to f), and at least over the wider basis' band
-    factor = max((max(1 + e, 1 / (1 + e)) for e in values), default=1.0)
-    low, high = 1 / factor - 1, factor - 1
-    wider_basis = WIDER[basis]
-    wider = band(cases, wider_basis, metric, leave_out) if wider_basis is not None else None
-    if wider is None:
-        return None if not values else Band(lower=low, upper=high, basis=basis, runs=len(values), gpus=gpus,
-                                            widened=True)
-    return Band(lower=min(wider.lower, low), upper=max(wider.upper, high), basis=basis,
-                runs=len(values) + wider.runs, gpus=tuple(sorted({*gpus, *wider.gpus})), widened=True)
+    """The band of `basis` for `metric` from `cases`, none of `leave_out`'s (a GPU name) counted: the lowest to
+    the highest error of the basis' runs, the wider bases' joining them until `MIN_RUNS` runs of `MIN_GPUS` GPUs."""
+    at = BASES.index(basis)
+    for wider in range(at, len(BASES)):
+        pool = BASES[at:wider + 1]
+        errors = [(c.errors[metric], c.gpu) for c in cases
+                  if c.basis in pool and c.gpu != leave_out and metric in c.errors]
+        gpus = tuple(sorted({g for _, g in errors}))
+        if len(errors) >= MIN_RUNS and len(gpus) >= MIN_GPUS:
+            values = [e for e, _ in errors]
+            return Band(lower=min(values), upper=max(values), basis=basis, runs=len(values), gpus=gpus,
+                        widened=wider > at)
+    return None
 
 
 def coverage(cases: Sequence[CaseError], basis: Basis, metric: str) -> tuple[int, int]:
@@ -161,7 +143,7 @@ def coverage(cases: Sequence[CaseError], basis: Basis, metric: str) -> tuple[int
 
 def bands(cases: Sequence[CaseError]) -> dict[str, Any]:
     """Every basis' band per metric over all its runs, with how many of its runs lie inside the band sized
-    without their own GPU's runs (`coverage`); None where the basis has no runs."""
+    without their own GPU's runs (`coverage`); None where too few runs size one."""
     out: dict[str, Any] = {}
     for basis in Basis:
         out[basis.value] = {}

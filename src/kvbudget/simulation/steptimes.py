@@ -251,6 +251,9 @@ def step_work(model: ModelSpec, plan: Plan) -> StepWork | None:
 # the kernels a step is built from; a GPU lacking one takes it from the GPUs that have it (MoE experts excepted:
 # without their own measurements they run as projections do)
 KERNELS = ("gemm", "elementwise", "sampler", "decode_attention", "prefill_attention")
+# the kernels most of a step's time is spent in: where a transferred card takes them from names its error band's
+# basis (bands.basis_of; the norms and the sampler are measured on few GPUs and transferred to nearly all)
+MAIN_KERNELS = ("gemm", "decode_attention", "prefill_attention")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -285,8 +288,8 @@ def kernels_for(card: GPU, without: Sequence[str] = ()) -> Kernels | None:
     else:
         label = f"kernel efficiencies of {_names(moved)} on {card.name}'s datasheet (estimate)"
     return Kernels(ops=ops, all_reduce=own.all_reduce if own is not None else {}, label=label,
-                   basis=basis_of(card, own is not None, [find_gpu(g) for g in dict.fromkeys(
-                       g for names in moved.values() for g in names)]))
+                   basis=basis_of(card, own is not None,
+                                  [find_gpu(g) for op in MAIN_KERNELS for g in moved.get(op, [])]))
 
 
 def _names(moved: dict[str, list[str]]) -> str:

@@ -5,7 +5,6 @@ GPU out, printed, in the JSON and on the picture; a calibrated time model carrie
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from dataclasses import replace
 from importlib import resources
@@ -27,53 +26,60 @@ CASES = [bands.CaseError.from_dict(c) for c in DATA["cases"]]
 
 
 @pytest.mark.parametrize(("gpu", "basis"), [
-    ("H100-80GB", Basis.MEASURED), ("RTX-4090", Basis.MEASURED),
-    ("H200", Basis.SAME_GENERATION),  # Hopper, as the measured H100
-    ("L40S", Basis.SAME_GENERATION),  # Ada Lovelace, as the measured RTX 4090
-    ("B200", Basis.SAME_GENERATION),  # Blackwell, as the measured RTX PRO 6000
-    ("A100-80GB", Basis.ACROSS_GENERATIONS),  # Ampere: no Ampere card is measured
-    ("T4", Basis.ACROSS_GENERATIONS), ("MI300X", Basis.ACROSS_GENERATIONS)])
+    ("H100-80GB", Basis.MEASURED), ("A100-80GB", Basis.MEASURED), ("H200", Basis.MEASURED),
+    ("RTX-4090", Basis.MEASURED), ("L40S", Basis.MEASURED),
+    ("A100-40GB", Basis.SAME_ARCHITECTURE),  # compute capability 8.0, as the measured A100 80GB
+    ("L4", Basis.SAME_ARCHITECTURE),  # 8.9, as the RTX 4090 and the L40S
+    ("RTX-5090", Basis.SAME_ARCHITECTURE),  # 12.0, as the RTX PRO 6000
+    ("A10G", Basis.ACROSS_ARCHITECTURES),  # 8.6: no 8.6 card is measured
+    ("T4", Basis.ACROSS_ARCHITECTURES), ("MI300X", Basis.ACROSS_ARCHITECTURES)])
 def test_each_gpu_is_classed_by_what_its_step_times_rest_on(gpu, basis):
     kernels = steptimes.kernels_for(find_gpu(gpu))
     assert kernels is not None and kernels.basis is basis
 
 
 def test_leaving_a_gpu_out_reclasses_it():
-    """The H200 without the H100's measurements has no Hopper donor; the H100 without its own is transferred."""
-    assert steptimes.kernels_for(find_gpu("H200"), without=("H100-80GB",)).basis is Basis.ACROSS_GENERATIONS
-    assert steptimes.kernels_for(find_gpu("H100-80GB"), without=("H100-80GB",)).basis is Basis.ACROSS_GENERATIONS
+    """The H100 without its own measurements takes the H200's (both 9.0), without the H200's too another
+    architecture's; the RTX PRO 6000 (12.0) has no measured sibling."""
+    h100 = find_gpu("H100-80GB")
+    assert steptimes.kernels_for(h100, without=("H100-80GB",)).basis is Basis.SAME_ARCHITECTURE
+    assert steptimes.kernels_for(h100, without=("H100-80GB", "H200")).basis is Basis.ACROSS_ARCHITECTURES
+    assert steptimes.kernels_for(find_gpu("RTX-PRO-6000"), without=("RTX-PRO-6000",)).basis \
+        is Basis.ACROSS_ARCHITECTURES
 
 
-def test_quantile_is_the_linear_one():
-    values = [0.3, -0.1, 0.05, 0.8, 0.2, 0.0, 0.4, 1.5, -0.2, 0.1, 0.6]
-    deciles = statistics.quantiles(values, n=10, method="inclusive")
-    assert bands.quantile(values, 0.1) == pytest.approx(deciles[0])
-    assert bands.quantile(values, 0.9) == pytest.approx(deciles[-1])
+def case(gpu, basis, e, metric="tpot"):
+    return bands.CaseError(run=f"{gpu}{e}", gpu=gpu, basis=basis, tp=1, errors={metric: e})
 
 
-def test_few_runs_widen_over_the_wider_basis_and_none_is_unknown():
-    """Hand-made: 3 measured runs (errors +10%, -20%, +50%) and 10 transferred ones (-10% .. +80%)."""
-    def case(gpu, basis, e):
-        return bands.CaseError(run=f"{gpu}{e}", gpu=gpu, basis=basis, errors={"tpot": e})
-
-    cases = [case("a", Basis.MEASURED, e) for e in (0.1, -0.2, 0.5)]
-    cases += [case("b", Basis.ACROSS_GENERATIONS, e / 10) for e in range(-1, 9)]
+def test_the_band_spans_every_run_and_too_few_runs_or_gpus_take_the_wider_bases():
+    """Hand-made: 12 measured runs of two GPUs (-10% .. +100%), 3 transferred within an architecture (+50%, +60%,
+    -30%), 10 across architectures of one GPU."""
+    cases = [case("a", Basis.MEASURED, e / 10) for e in range(-1, 5)]
+    cases += [case("b", Basis.MEASURED, e / 10) for e in (0, 2, 4, 6, 8, 10)]
+    cases += [case("c", Basis.SAME_ARCHITECTURE, e) for e in (0.5, 0.6, -0.3)]
+    cases += [case("d", Basis.ACROSS_ARCHITECTURES, e / 100) for e in range(10)]
     measured = bands.band(cases, Basis.MEASURED, "tpot")
-    # +50% is a factor 1.5: as far down is 1 / 1.5 - 1 = -33%; the transferred band reaches +71% (its 90th pct.)
-    assert measured.widened and measured.lower == pytest.approx(1 / 1.5 - 1)
-    assert measured.upper == pytest.approx(0.71) and measured.runs == 13
-    assert bands.band(cases, Basis.MEASURED, "tpot", leave_out="b").lower == pytest.approx(1 / 1.5 - 1)
-    assert bands.band(cases, Basis.ACROSS_GENERATIONS, "tpot", leave_out="b") is None
+    assert (measured.lower, measured.upper, measured.runs, measured.gpus, measured.widened) \
+        == (pytest.approx(-0.1), pytest.approx(1.0), 12, ("a", "b"), False)
+    # without b: 6 runs of one GPU, too few: the wider bases' join (c's and d's): -30% to +60%
+    alone = bands.band(cases, Basis.MEASURED, "tpot", leave_out="b")
+    assert alone.widened and alone.runs == 19 and alone.gpus == ("a", "c", "d")
+    assert (alone.lower, alone.upper) == (pytest.approx(-0.3), pytest.approx(0.6))
+    within = bands.band(cases, Basis.SAME_ARCHITECTURE, "tpot")
+    assert within.widened and within.runs == 13 and (within.lower, within.upper) == (-0.3, 0.6)
+    # across: 10 runs, but of one GPU; nothing wider: unknown
+    assert bands.band(cases, Basis.ACROSS_ARCHITECTURES, "tpot") is None
+    assert bands.band(cases, Basis.MEASURED, "ttft") is None  # no run measured it
 
 
-def test_the_band_file_is_what_its_cases_give():
-    """The bands in the file follow from its cases by the rule (the cases themselves: next test)."""
-    assert DATA["quantiles"] == list(bands.QUANTILES) and DATA["min_runs"] == bands.MIN_RUNS
-    assert json.loads(json.dumps(bands.bands(CASES))) == DATA["bands"]
-    runs = {r["id"]: r for r in json.loads((BENCHMARKS / "data" / "served" / "runs.json").read_text())["runs"]}
-    for c in CASES:
-        assert runs[c.run.split("#")[0]]["split"] == "validate"  # never fitted on
-    assert DATA["engines"] == sorted({r["engine"].split()[0].lower() for r in runs.values()}) == ["vllm"]
+def test_coverage_counts_each_run_against_the_band_without_its_gpu():
+    cases = [case(g, Basis.MEASURED, e) for g, errors in (("a", (0.0, 0.1, 0.2, 0.3, 0.4)),
+                                                           ("b", (0.1, 0.2, 0.3, 0.35, 0.9)),
+                                                           ("c", (0.05, 0.15, 0.25, 0.35, 0.45)))
+             for e in errors]
+    # a's against b and c's 0.05..0.9: 0.0 out; b's against 0.0..0.45: 0.9 out; c's against 0.0..0.9: all in
+    assert bands.coverage(cases, Basis.MEASURED, "tpot") == (13, 15)
 
 
 @pytest.fixture(scope="module")
@@ -85,46 +91,79 @@ def script():
     del sys.path[:1]
 
 
-@pytest.mark.parametrize("run_id", ["a100-qwen2-7b-test4-03", "a100-qwen2-7b-test2-05", "rtx-4090-llama-3.1-8b"])
-def test_the_cases_are_the_replayed_runs(script, run_id):
-    """A few runs replayed as the script does: the same basis and the same errors as the file records."""
+def test_the_band_file_is_what_its_cases_give(script):
+    """The bands in the file follow from its cases by the rule (the cases themselves: next test); every case is
+    of a held-out run."""
+    import served
+
+    assert DATA["min_runs"] == bands.MIN_RUNS and DATA["min_gpus"] == bands.MIN_GPUS
+    assert json.loads(json.dumps(bands.bands(CASES))) == DATA["bands"]
+    runs = {r["id"]: r for r in served.runs()}
+    for c in CASES:
+        assert runs[c.run.split("#")[0]]["split"] == "validate"  # never fitted on
+    assert DATA["engines"] == sorted({r["engine"].split()[0].lower() for r in runs.values()}) == ["vllm"]
+
+
+@pytest.mark.parametrize(("run_id", "measured_sibling"), [("a100-qwen2-7b-test4-03", False),  # no other 8.0
+                                                          ("gpustack-glm-4.x-h200-random-128", True)])  # the H100
+def test_the_cases_are_the_replayed_runs(script, run_id, measured_sibling):
+    """A few runs replayed as the script does, once per basis: the same errors as the file records."""
     import served
 
     (run,) = [r for r in served.runs() if r["id"] == run_id]
-    basis = served.default_time_model(run).band_basis
-    replayed = [script.case_error(c, basis).to_dict() for c in served.replay(run)]
-    recorded = [c for c in DATA["cases"] if c["run"].split("#")[0] == run_id and c["basis"] == basis]
-    assert replayed == recorded
+    replayed = []
+    for without in script.left_out(run["gpu"]):
+        basis = steptimes.kernels_for(find_gpu(run["gpu"]), without=without).basis
+        replayed += [script.case_error(c, basis).to_dict() for c in script.replay(run, without)
+                     if basis.value not in {r["basis"] for r in replayed}]
+    assert [r["basis"] for r in replayed] == [b.value for b in Basis
+                                              if measured_sibling or b is not Basis.SAME_ARCHITECTURE]
+    assert replayed == [c for c in DATA["cases"] if c["run"].split("#")[0] == run_id]
 
 
-# (basis, metric) whose leave-one-GPU-out coverage is short of 80% today, and why (the issue's target: met when
-# the per-operation data for these GPUs lands and the script is rerun; then these xfails turn to failures)
+def outside_own_gpu(metric: str, basis: Basis) -> tuple[int, int]:
+    """Leaving one GPU out, counted here from the recorded runs (not from the code under test): each run of
+    `basis` against the lowest to the highest error of the other GPUs' runs of its basis, the wider bases' runs
+    joining while there are fewer than 10 runs or 2 GPUs."""
+    order = list(Basis)
+    mine = [c for c in DATA["cases"] if c["basis"] == basis.value]
+    inside = 0
+    for c in mine:
+        for wider in range(order.index(basis), len(order)):
+            pool = {b.value for b in order[order.index(basis):wider + 1]}
+            others = [o for o in DATA["cases"] if o["basis"] in pool and o["gpu"] != c["gpu"]]
+            if len(others) >= 10 and len({o["gpu"] for o in others}) >= 2:
+                inside += min(o[metric] for o in others) <= c[metric] <= max(o[metric] for o in others)
+                break
+    return inside, len(mine)
+
+
+# (basis, metric) whose leave-one-GPU-out coverage is short of 80% today, and why (strict: when a better time
+# model and `latency_bands.py --write` bring them to 80%, these turn to failures, to be moved out of here)
 SHORT = {
-    (Basis.SAME_GENERATION, "ttft"): "one GPU (H200, 8 runs): left out, the across-generations band is used",
-    (Basis.SAME_GENERATION, "e2e"): "one GPU (H200, 8 runs): left out, the across-generations band is used",
-    **{(Basis.ACROSS_GENERATIONS, m): "two GPUs disagree: the A100 runs up to 3.2 times as slow as simulated, "
-       "the H100 transferred from the RTX cards within 12%; each left out is judged by the other"
-       for m in bands.METRICS},
+    (Basis.MEASURED, "tpot"): "the A100's runs at TP 2 are up to 3.3 times as slow as simulated, beyond any other "
+                              "GPU's runs",
+    (Basis.SAME_ARCHITECTURE, "tpot"): "three GPUs disagree: the H200 at TP 8 up to 2.4 times as slow as simulated "
+                                       "from the H100's kernels, the H100 from the H200's up to 16% fast",
+    (Basis.SAME_ARCHITECTURE, "e2e"): "as its TPOT",
+    (Basis.ACROSS_ARCHITECTURES, "tpot"): "the A100 at TP 2 and the H100 at TP 2 and 4 lie beyond the other GPUs'",
 }
 
 
 @pytest.mark.parametrize(("basis", "metric"), [(b, m) for b in Basis for m in bands.METRICS])
 def test_the_true_value_lies_in_the_band_for_80_percent_of_runs_leaving_one_gpu_out(request, basis, metric):
-    """Each recorded run against the band sized without any run of its GPU (the recorded errors are the replayed
-    runs': the test above and `latency_bands.py --check`)."""
+    """Each recorded run against the band sized without any run of its GPU, counted by the test; the file's and
+    simulate's count is the same (the recorded errors are the replayed runs': the test above and
+    `latency_bands.py --check`)."""
+    inside, runs = outside_own_gpu(metric, basis)
+    assert DATA["bands"][basis.value][metric]["leave_one_gpu_out"] == {"inside": inside, "runs": runs}
     if (basis, metric) in SHORT:
         request.applymarker(pytest.mark.xfail(reason=SHORT[basis, metric], strict=True))
-    mine = [c for c in CASES if c.basis is basis]
-    inside = 0
-    for c in mine:
-        b = bands.band(CASES, basis, metric, leave_out=c.gpu)
-        assert c.gpu not in b.gpus  # its own GPU never sizes its band
-        inside += b.lower <= c.errors[metric] <= b.upper
-    assert mine and inside >= 0.8 * len(mine), f"{inside} of {len(mine)}"
+    assert runs and inside >= 0.8 * runs, f"{inside} of {runs}"
 
 
-@pytest.mark.parametrize(("gpu", "basis"), [("H100", Basis.MEASURED), ("H200", Basis.SAME_GENERATION),
-                                             ("A100-80GB", Basis.ACROSS_GENERATIONS)])
+@pytest.mark.parametrize(("gpu", "basis"), [("H100", Basis.MEASURED), ("L4", Basis.SAME_ARCHITECTURE),
+                                             ("MI300X", Basis.ACROSS_ARCHITECTURES)])
 def test_simulate_prints_and_writes_the_band(capsys, gpu, basis):
     argv = ("simulate", "llama-3.1-8b", "--gpu", gpu, "--rate", "2", "--requests", "30", "--max-model-len", "8192")
     code, out, err = cli(capsys, *argv, "--json")
@@ -140,8 +179,13 @@ def test_simulate_prints_and_writes_the_band(capsys, gpu, basis):
     assert "true means likely: TTFT " in text and f"({basis.value} basis;" in text
     low = data["tpot_s"]["mean"] * (1 + file["tpot"]["lower"])
     assert f"TPOT {low * 1000:.3g}ms-" in text
-    # where the band did not carry to a GPU left out, it says so (the A100's: TPOT held 6 of 76)
-    assert ("held only" in text) == (basis is not Basis.MEASURED)
+    # where a band held under 80% of the runs leaving their GPU out, it says so (the worst of the three)
+    held = [(file[m]["leave_one_gpu_out"]["inside"], file[m]["leave_one_gpu_out"]["runs"]) for m in bands.METRICS]
+    short = [(inside, runs) for inside, runs in held if inside < 0.8 * runs]
+    assert ("held only" in text) == bool(short)
+    if short:
+        inside, runs = min(short, key=lambda s: s[0] / s[1])
+        assert f"held only {inside} of {runs}" in text
 
 
 def test_a_calibrated_time_model_carries_no_band():
