@@ -88,8 +88,10 @@ def document(found: list[bands.CaseError]) -> dict[str, Any]:
 
 
 def held_by_group(found: list[bands.CaseError]) -> list[str]:
-    """Leaving one GPU out, per basis, GPU and tensor parallel size: how many runs each metric's band held."""
-    lines = ["basis | GPU | TP | runs | " + " | ".join(f"{m} held" for m in bands.METRICS)]
+    """Leaving one GPU out, per basis, GPU and tensor parallel size: how many runs each metric's band held (a
+    markdown table, as the accuracy page shows it)."""
+    lines = ["| basis | GPU | TP | runs | " + " | ".join(f"{m.upper()} held" for m in bands.METRICS) + " |",
+             "|---" * (4 + len(bands.METRICS)) + "|"]
     groups = sorted({(bands.BASES.index(c.basis), c.gpu, c.tp) for c in found})
     for at, gpu, tp in groups:
         mine = [c for c in found if (bands.BASES.index(c.basis), c.gpu, c.tp) == (at, gpu, tp)]
@@ -97,7 +99,7 @@ def held_by_group(found: list[bands.CaseError]) -> list[str]:
         for m in bands.METRICS:
             b = bands.band(found, bands.BASES[at], m, leave_out=gpu)
             cells.append(str(sum(b is not None and b.lower <= c.errors[m] <= b.upper for c in mine)))
-        lines.append(f"{bands.BASES[at].value} | {gpu} | {tp} | {len(mine)} | {' | '.join(cells)}")
+        lines.append(f"| {bands.BASES[at].value} | {gpu} | {tp} | {len(mine)} | {' | '.join(cells)} |")
     return lines
 
 
