@@ -134,10 +134,8 @@ def coverage(cases: Sequence[CaseError], basis: Basis, metric: str) -> tuple[int
     """Leave one GPU out: how many of `basis`' cases lie inside the band sized without their GPU's runs, of how
     many."""
     mine = [c for c in cases if c.basis is basis and metric in c.errors]
-    inside = 0
-    for c in mine:
-        b = band(cases, basis, metric, leave_out=c.gpu)
-        inside += b is not None and b.lower <= c.errors[metric] <= b.upper
+    without = {gpu: band(cases, basis, metric, leave_out=gpu) for gpu in {c.gpu for c in mine}}
+    inside = sum(b is not None and b.lower <= c.errors[metric] <= b.upper for c in mine for b in [without[c.gpu]])
     return inside, len(mine)
 
 

@@ -128,12 +128,12 @@ def outside_own_gpu(metric: str, basis: Basis) -> tuple[int, int]:
     order = list(Basis)
     mine = [c for c in DATA["cases"] if c["basis"] == basis.value]
     inside = 0
-    for c in mine:
+    for gpu in {c["gpu"] for c in mine}:
         for wider in range(order.index(basis), len(order)):
             pool = {b.value for b in order[order.index(basis):wider + 1]}
-            others = [o for o in DATA["cases"] if o["basis"] in pool and o["gpu"] != c["gpu"]]
-            if len(others) >= 10 and len({o["gpu"] for o in others}) >= 2:
-                inside += min(o[metric] for o in others) <= c[metric] <= max(o[metric] for o in others)
+            others = [o[metric] for o in DATA["cases"] if o["basis"] in pool and o["gpu"] != gpu]
+            if len(others) >= 10 and len({o["gpu"] for o in DATA["cases"] if o["basis"] in pool} - {gpu}) >= 2:
+                inside += sum(min(others) <= c[metric] <= max(others) for c in mine if c["gpu"] == gpu)
                 break
     return inside, len(mine)
 
