@@ -29,7 +29,7 @@ DATA = Path(__file__).resolve().parent / "data" / "served"
 METRICS = ("ttft", "tpot", "e2e")
 # the runs left out of the comparison, and why (the real run's figures are of the requests that survived)
 OVERLOAD = "client timeouts failed {:.0%} of the requests: the measured latencies are of the survivors"
-ACROSS_NODES = "tensor parallel across {} nodes (Ray over the network): kvbudget models no interconnect between nodes"
+ACROSS_NODES = "tensor parallel across {} nodes (Ray over the network) with no link recorded for the run"
 # the held-out table's load groups: requests sent at once, up to this many (the last group: more)
 AT_ONCE = (1, 50, 200)
 LOADS = ("1 at once", *(f"{a + 1}-{b} at once" for a, b in itertools.pairwise(AT_ONCE)), f"> {AT_ONCE[-1]} at once")
@@ -140,6 +140,8 @@ def settings(run: dict[str, Any], time_model: TimeModel | None = None) -> dict[s
     out = dict(engine="vllm", gpu=run["gpu"], tp=run["tp"], max_num_seqs=run["max_num_seqs"],
                max_num_batched_tokens=run["max_num_batched_tokens"], max_model_len=run["max_model_len"],
                prefix_caching=run["prefix_caching"], time_model=time_model)
+    if run.get("interconnect") and time_model is None:  # the link its start-up log shows (runs.json's evidence)
+        out["interconnect"] = run["interconnect"]
     if run.get("num_gpu_blocks"):
         out["num_blocks"] = run["num_gpu_blocks"]
     return out
@@ -207,7 +209,7 @@ def _replay_block(run: dict[str, Any], model: Any, kw: dict[str, Any]) -> Case:
     figures = _figures(collect.by_stage[0], tpot_from_means=False)
     figures["e2e"]["mean"] = figures["ttft"]["mean"] + figures["tpot"]["mean"] * (out - 1)
     failed = run["failed"] / (run["failed"] + run["requests"])
-    excluded = (ACROSS_NODES.format(run["nodes"]) if run.get("nodes", 1) > 1
+    excluded = (ACROSS_NODES.format(run["nodes"]) if run.get("nodes", 1) > 1 and not run.get("interconnect")
                 else OVERLOAD.format(failed) if failed > 0.01 else "")
     group = LOADS[sum(run["requests"] > b for b in AT_ONCE)]
     return Case(run=run["id"], stage=0, gpu=run["gpu"], model=run["model"], tp=run["tp"], rate=math.inf,

@@ -15,7 +15,7 @@ from kvbudget.commands.options import positive
 from kvbudget.commands.simulate import (
     SimulateRequest,
     costed,
-    guard_settings,
+    front_settings,
     prepared,
     prices,
     run_prepared,
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
             raise KVBudgetError("--find-max-rate needs --slo, e.g. ttft_p99=2s,tpot_p99=100ms")
         slo = parse_slo(args.slo)
         search = find_max_rate(found.model, workload, slo, start=scale, setup=setup_of(found),
-                               fast=not args.reference, **guard_settings(ask))
+                               fast=not args.reference, **front_settings(ask))
         cost = costed(ask, search.best, found) if search.best else None
         if args.json:
             print(json.dumps({"rate_scale": search.rate_scale, "slo": slo, "tried": search.tried,
@@ -151,7 +151,7 @@ def _write_series(ask: SimulateRequest, sim: Simulation) -> None:
     from kvbudget.guard.alerts import promtool_test, thresholds_of
 
     assert ask.prometheus_series is not None
-    thresholds = thresholds_of(guard_settings(ask)["guard_config"]) if ask.guard_config else {}
+    thresholds = thresholds_of(front_settings(ask)["guard_config"]) if ask.guard_config else {}
     text, fired = promtool_test(sim.setup.engine, [(s.time, s.usage, s.running, s.waiting) for s in sim.timeline],
                                 sim.duration_s, positive(ask.prometheus_interval, "prometheus_interval"), thresholds)
     from kvbudget.files import write_file
@@ -307,7 +307,7 @@ def sweep_point(ask: SimulateRequest, found: SimulationAsk, combo: dict[str, Any
     combo = dict(combo)
     run_scale = combo.pop("rate_scale", positive(ask.rate_scale, "rate_scale"))
     setup = setup_of(replace(found, **combo))
-    sim = simulate(found.model, workload(ask)(run_scale), setup=setup, fast=not ask.reference, **guard_settings(ask))
+    sim = simulate(found.model, workload(ask)(run_scale), setup=setup, fast=not ask.reference, **front_settings(ask))
     return {**combo, "rate_scale": run_scale}, replace(sim, timeline=())
 
 

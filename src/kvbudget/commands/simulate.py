@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from kvbudget.choices import ALLOCATORS, parse_allocator
+from kvbudget.choices import ALLOCATORS, Interconnect, parse_allocator
 from kvbudget.commands.options import (
     UTILIZATION,
     EngineKnobs,
@@ -28,7 +28,7 @@ from kvbudget.commands.options import (
 )
 from kvbudget.engines import get_engine
 from kvbudget.engines.scheduling.setup import MAX_DISK_READ, Simulates
-from kvbudget.engines.scheduling.workload import MAX_CV, MAX_REQUESTS, MAX_SEED
+from kvbudget.engines.scheduling.workload import MAX_CLIENTS, MAX_CV, MAX_REQUESTS, MAX_SEED
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.units import MIB
 from kvbudget.validate import MAX_BYTES, MAX_SECONDS, shown
@@ -72,6 +72,9 @@ class SimulateRequest:
                                             group=WORKLOAD, web=False)
     seed: str = option("synthetic: random seed (default 0)", "0", group=WORKLOAD)
     rate_scale: str = option("replay arrivals this many times as fast (default 1)", "1", group=WORKLOAD)
+    max_concurrency: str | None = option("that many clients in a closed loop, as `vllm bench serve "
+                                         "--max-concurrency`: a request goes out when it has arrived and a client is "
+                                         "free (its latencies counted from then)", group=WORKLOAD)
     slice: str | None = option("START:COUNT requests of the trace (e.g. 0:1000)", group=WORKLOAD)
     gpu: str | None = option("GPU from `kvbudget gpus` (its memory, bandwidth and FLOPS)", group=MEMORY)
     gpu_memory: str | None = option("memory of one GPU (overrides --gpu's)", group=MEMORY)
@@ -82,6 +85,9 @@ class SimulateRequest:
     num_blocks: str | None = option("the engine's KV blocks instead of a budget", group=MEMORY)
     tp: str = option("tensor parallel size (default 1)", "1", group=MEMORY)
     pp: str = option("pipeline parallel size (default 1)", "1", group=MEMORY)
+    interconnect: str | None = option("what links the tensor-parallel GPUs: " + ", ".join(Interconnect.values())
+                                      + " (default: the best link the GPU has; ethernet and infiniband: across "
+                                      "nodes)", group=MEMORY)
     max_model_len: str | None = option("longest request (default: the model's maximum)", group=MEMORY)
     allocator: str = option("paged (the engine's), or the PagedAttention paper's baselines "
                             + "|".join(ALLOCATORS[1:]), "paged", group=MEMORY)
@@ -258,9 +264,12 @@ def _calibration(ask: SimulateRequest, found: SimulationAsk, stream: Callable[[f
     return fitted
 
 
-def guard_settings(ask: SimulateRequest) -> dict[str, Any]:
-    """simulate()'s guard arguments: the guard's configuration read from its file, and its poll interval."""
-    chosen = {"admission": ask.admission} if ask.admission else {}
+def front_settings(ask: SimulateRequest) -> dict[str, Any]:
+    """simulate()'s arguments for what stands in front of the engine: the clients of a closed loop, an admission
+    policy, the guard's configuration read from its file and its poll interval."""
+    chosen: dict[str, Any] = {"admission": ask.admission} if ask.admission else {}
+    if ask.max_concurrency is not None:
+        chosen["max_concurrency"] = one(ask.max_concurrency, "max_concurrency", MAX_CLIENTS)
     if not ask.guard_config:
         return chosen
     from kvbudget.guard.config import read
@@ -310,7 +319,8 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
         lora=(options.max_loras, options.max_lora_rank) if options.enable_lora else None,
         offload_memory=size(ask.offload_memory, "offload_memory"), offload_backend=ask.offload_backend,
         offload_disk=size(ask.offload_disk, "offload_disk"), disk_read=_gbps(ask.disk_read),
-        engine_version=options.engine_version)
+        engine_version=options.engine_version,
+        interconnect=Interconnect.parse(ask.interconnect, "interconnect") if ask.interconnect is not None else None)
 
 
 def _gbps(text: str | None) -> float | None:
@@ -341,6 +351,8 @@ def costed(ask: SimulateRequest, sim: Simulation, found: SimulationAsk) -> Cost 
 def prepared(ask: SimulateRequest) -> tuple[Callable[[float], Iterable[Any]], SimulationAsk, float]:
     """(workload by rate scale, the typed simulation request, rate scale) of a request, checked."""
     _check_outputs(ask)
+    if ask.max_concurrency is not None:
+        one(ask.max_concurrency, "max_concurrency", MAX_CLIENTS)  # before the model loads
     model = load(ask.model)
     stream = workload(ask)
     found = simulation_ask(ask, model)
@@ -406,4 +418,4 @@ def run_prepared(ask: SimulateRequest, ready: tuple[Callable[[float], Iterable[A
 
     stream, found, scale = ready
     return simulate(found.model, stream(scale), setup=setup_of(found), fast=not ask.reference, on_step=on_step,
-                    progress=progress, on_finish=on_finish, check=check, **guard_settings(ask))
+                    progress=progress, on_finish=on_finish, check=check, **front_settings(ask))

@@ -7,19 +7,20 @@ are read from the workload as the clock reaches them, so a trace of any length s
 
 from __future__ import annotations
 
+import heapq
 import math
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from kvbudget import validate
-from kvbudget.choices import Device, EntryPoint, parse_allocator
+from kvbudget.choices import Device, EntryPoint, Interconnect, parse_allocator
 from kvbudget.engines import Engine, engine_release, get_engine
 from kvbudget.engines.scheduling.seq import Queues, Seq
 from kvbudget.engines.scheduling.setup import Planned, Setup, Simulates, SimulationAsk
 from kvbudget.engines.scheduling.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
-from kvbudget.engines.scheduling.workload import Request, samples
+from kvbudget.engines.scheduling.workload import MAX_CLIENTS, Request, samples
 
 if TYPE_CHECKING:
     from kvbudget.engines.tiers import OffloadTotals
@@ -28,65 +29,11 @@ from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation import bands, steptimes
 from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.guarded import Gatekeeper, GuardReport, admission_policy
+from kvbudget.simulation.percentiles import LatencyWindow, Percentiles, latency_windows
 
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
 SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
 CHECK_EVERY = 256  # clock-loop turns between calls of `check` (a few ms of work at most; nothing measurable)
-
-
-@dataclass(frozen=True)
-class Percentiles:
-    p50: float
-    p90: float
-    p99: float
-    mean: float
-    max: float
-
-    @staticmethod
-    def of(values: array | tuple[float, ...]) -> Percentiles | None:
-        if not values:
-            return None
-        s = sorted(values)
-
-        def q(p: float) -> float:  # nearest rank
-            return s[min(len(s) - 1, max(0, math.ceil(p * len(s)) - 1))]
-
-        return Percentiles(q(0.5), q(0.9), q(0.99), sum(s) / len(s), s[-1])
-
-
-LATENCY_WINDOWS = 60  # latency percentiles over time: the run cut into this many windows of completions
-
-
-@dataclass(frozen=True)
-class LatencyWindow:
-    """The requests that completed in [start, end): how many, and their TTFT and end-to-end percentiles."""
-
-    start: float
-    end: float
-    completed: int
-    ttft: Percentiles | None
-    e2e: Percentiles | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"start": self.start, "end": self.end, "completed": self.completed,
-                "ttft_s": None if self.ttft is None else dict(self.ttft.__dict__),
-                "e2e_s": None if self.e2e is None else dict(self.e2e.__dict__)}
-
-
-def latency_windows(finished: array | tuple[float, ...], ttft: array | tuple[float, ...],
-                    e2e: array | tuple[float, ...], duration: float, count: int = LATENCY_WINDOWS
-                    ) -> tuple[LatencyWindow, ...]:
-    """Completions (finish time, TTFT, end to end) cut into `count` equal windows of the run."""
-    if not duration or not finished:
-        return ()
-    width = duration / count
-    groups: list[tuple[list[float], list[float]]] = [([], []) for _ in range(count)]
-    for t, a, b in zip(finished, ttft, e2e, strict=True):
-        group = groups[min(count - 1, int(t / width))]
-        group[0].append(a)
-        group[1].append(b)
-    return tuple(LatencyWindow(i * width, (i + 1) * width, len(a), Percentiles.of(tuple(a)), Percentiles.of(tuple(b)))
-                 for i, (a, b) in enumerate(groups))
 
 
 def check_metric(name: str) -> tuple[str, str]:
@@ -194,7 +141,7 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               measured: Sequence[MeasuredStep] | None = None, kv_unified: bool = False,
               cache_ram: int | None = None, weights: int | None = None, utilization: float | None = None,
               enforce_eager: bool = False, entry_point: str = "server", lora: tuple[int, int] | None = None,
-              offload_memory: int | None = None, offload_backend: str | None = None,
+              offload_memory: int | None = None, offload_backend: str | None = None, interconnect: str | None = None,
               offload_disk: int | None = None, disk_read: float | None = None) -> Setup:
     """The memory and scheduler settings from the planner and the engine's defaults, and the default time model.
     `weights` (bytes per GPU) replaces the parameter count where kvbudget has none; `engine` may name a release."""
@@ -209,7 +156,8 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
                         cache_ram=cache_ram, weights=weights, utilization=utilization, enforce_eager=enforce_eager,
                         entry_point=EntryPoint.parse(entry_point, "entry_point"), lora=lora,
                         offload_memory=offload_memory, offload_backend=offload_backend, offload_disk=offload_disk,
-                        disk_read=disk_read, engine_version=version)
+                        disk_read=disk_read, engine_version=version,
+                        interconnect=None if interconnect is None else Interconnect.parse(interconnect, "interconnect"))
     return setup_of(ask)
 
 
@@ -232,6 +180,7 @@ def setup_of(ask: SimulationAsk) -> Setup:
     if not max_len:
         raise KVBudgetError(f"max_model_len: {model.name}'s config has no max_position_embeddings; give "
                             "max_model_len", param="max_model_len")
+    card = find_gpu(ask.gpu) if ask.gpu else None
     if ask.gpu is None and ask.gpu_memory is None:
         if ask.kv_memory is None and ask.num_blocks is None and not simulator.sized_without_budget(ask):
             raise KVBudgetError("simulate: give a GPU (gpu or gpu_memory), a KV budget (kv_memory) or num_blocks",
@@ -243,18 +192,16 @@ def setup_of(ask: SimulationAsk) -> Setup:
         p = plan(model, engine=chosen, gpu_memory=NO_GPU_MEMORY, tp=ask.tp, pp=ask.pp, kv_dtype=ask.kv_dtype,
                  max_model_len=max_len, options=options, kv_memory=ask.kv_memory or NO_GPU_MEMORY,
                  recommend=False, weights=ask.weights)
-        card = None
     else:
         p = plan(model, engine=chosen, gpu=ask.gpu, gpu_memory=ask.gpu_memory, tp=ask.tp, pp=ask.pp,
                  kv_dtype=ask.kv_dtype, max_model_len=max_len, options=options, kv_memory=ask.kv_memory,
                  recommend=False, weights=ask.weights, utilization=ask.utilization)
-        card = find_gpu(ask.gpu) if ask.gpu else None
     if ask.measured is not None:
         time_model = calibrate(ask.measured)
     elif ask.time_model is not None:
         time_model = ask.time_model
     else:
-        time_model = steptimes.default_time_model(model, p, card)
+        time_model = steptimes.default_time_model(model, p, card, ask.interconnect)
     if time_model.basis == NOMINAL:
         raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
                             "FLOPS), or measured timings to calibrate it "
@@ -273,7 +220,7 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
              | None = None, progress: Callable[[int], None] | None = None, guard_config: dict[str, Any] | None = None,
              guard_poll_interval: float = 1.0, on_finish: Callable[[Request, float, float | None, float], None]
              | None = None, admission: str | None = None, check: Callable[[], None] | None = None,
-             **settings: Any) -> Simulation:
+             max_concurrency: int | None = None, **settings: Any) -> Simulation:
     """Run `workload` through vLLM's scheduler. `settings` are `setup_for`'s (engine, gpu, kv_memory, ...) unless
     a `setup` is given. `fast` takes runs of pure decode steps at once (the result is identical; see tests).
     `on_step(time, tokens, usage, running, waiting)` is called after every step (for a timeline file);
@@ -282,13 +229,17 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
     admission in front of the engine: it decides every arrival, scraping the usage gauge every
     `guard_poll_interval` seconds; `admission` names another policy instead (simulation/guarded.py). `check()` is
     called every `CHECK_EVERY` turns of the clock loop, a few milliseconds apart, whatever the workload: it ends
-    the run by raising (a deadline, a client gone, a server stopping)."""
+    the run by raising (a deadline, a client gone, a server stopping). `max_concurrency`: that many clients in a
+    closed loop (as `vllm bench serve --max-concurrency` sends): a request goes out when it has arrived and a
+    client is free, its latencies counted from then."""
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
     validate.number(guard_poll_interval, "guard_poll_interval", 0.0, validate.MAX_SECONDS)
     s = setup or setup_for(model, **settings)
     sched = s.simulator.scheduler(s)
     guard = admission_policy(admission, guard_config, s, get_engine(s.engine), guard_poll_interval)
-    run = _Run(s, sched, workload, fast, sample_interval, on_step, progress, guard, on_finish, check)
+    if max_concurrency is not None:
+        validate.count(max_concurrency, "max_concurrency", 1, MAX_CLIENTS)
+    run = _Run(s, sched, workload, fast, sample_interval, on_step, progress, guard, on_finish, check, max_concurrency)
     return run.result()
 
 
@@ -298,8 +249,11 @@ class _Run:
     def __init__(self, setup: Setup, sched: Queues, workload: Iterable[Request], fast: bool, interval: float,
                  on_step: Callable[..., None] | None,
                  progress: Callable[[int], None] | None, guard: Gatekeeper | None = None,
-                 on_finish: Callable[..., None] | None = None, check: Callable[[], None] | None = None):
+                 on_finish: Callable[..., None] | None = None, check: Callable[[], None] | None = None,
+                 clients: int | None = None):
         self.setup, self.sched, self.fast, self.guard = setup, sched, fast, guard
+        # a closed loop's clients: when each is free to send (a heap; every one at 0 to begin with)
+        self.clients: list[float] | None = None if clients is None else [0.0] * clients
         self.check = check or (lambda: None)
         self.releases: dict[int, Callable[[], None]] = {}  # the guard's hold on each admitted request
         self.families: dict[int, list[Any]] = {}  # child uid -> its request's [left, first token, finish, release]
@@ -320,8 +274,21 @@ class _Run:
         self.next_sample = 0.0
         self.loop(iter(workload))
 
+    def due(self, pending: Request | None) -> float:
+        """When the pending request reaches the engine: its arrival, or when a client is free to send it."""
+        if pending is None or (self.clients is not None and not self.clients):
+            return math.inf
+        return pending.arrival if self.clients is None else max(pending.arrival, self.clients[0])
+
+    def free_client(self, now: float) -> None:
+        """A request ended at `now` (answered, failed or refused): its client sends the next one then."""
+        if self.clients is not None:
+            heapq.heappush(self.clients, now)
+
     def admit(self, arrivals: Iterator[Request], pending: Request | None) -> Request | None:
-        while pending is not None and pending.arrival <= self.t:
+        while pending is not None and self.due(pending) <= self.t:
+            if self.clients is not None:  # sent when its client was free, the latency counted from then
+                pending = replace(pending, arrival=max(pending.arrival, heapq.heappop(self.clients)))
             if pending.prompt_tokens + 1 > self.setup.max_model_len:
                 raise KVBudgetError(f"request {pending.id or self.requests + 1}: a prompt of {pending.prompt_tokens} "
                                     f"tokens does not fit max_model_len {self.setup.max_model_len} (the engine "
@@ -334,6 +301,8 @@ class _Run:
                 admitted = self.guard.admit(pending, self.t)
                 if admitted is not None:
                     self.add(*admitted)
+                else:
+                    self.free_client(self.t)
             self.prompt_tokens += pending.prompt_tokens
             if self.progress is not None and self.requests % 1000 == 0:
                 self.progress(self.requests)
@@ -383,17 +352,17 @@ class _Run:
             if not sched.has_work():
                 if pending is None:
                     return
-                self.t = max(self.t, pending.arrival)
+                self.t = max(self.t, self.due(pending))
                 continue
             k = sched.decode_run_limit() if self.fast else 0
             ready = sched.next_ready()
             if k:
-                self.decode_run(sched, k, min(pending.arrival if pending is not None else math.inf,
+                self.decode_run(sched, k, min(self.due(pending),
                                               math.inf if ready is None else ready))
                 continue
             step = sched.schedule()
             if not step.tokens and not step.failed and (ready := sched.next_ready()) is not None and ready > self.t:
-                self.t = max(self.t, min(ready, pending.arrival if pending is not None else ready))
+                self.t = max(self.t, min(ready, self.due(pending)))
                 continue  # nothing runs until a load is done (or a request arrives)
             if not step.tokens and not step.failed:
                 head = sched.waiting[0].request
@@ -510,6 +479,7 @@ class _Run:
             if tpot is not None:
                 self.tpot.append(tpot)
             self.completed += 1
+            self.free_client(now)
             if self.on_finish is not None:
                 self.on_finish(r, e2e, tpot, e2e)
             if search.release is not None:
@@ -524,6 +494,8 @@ class _Run:
             if self.releases:
                 self.releases.pop(q.uid, lambda: None)()
             self.output_tokens += q.out
+            if q.uid not in self.families:  # (a failed sample leaves its request unanswered)
+                self.free_client(self.t)
 
     def finish(self, done: list[Seq]) -> None:
         for q in done:
@@ -550,6 +522,7 @@ class _Run:
                 self.e2e.append(q.finished - arrival)
                 self.finished_at.append(q.finished)
                 self.completed += 1
+                self.free_client(q.finished)
             else:  # one of n samples: the request's first token is its first child's, its end its last child's
                 family[0] -= 1
                 family[1] = min(family[1], q.first_token)
@@ -559,6 +532,7 @@ class _Run:
                     self.e2e.append(family[2] - arrival)
                     self.finished_at.append(family[2])
                     self.completed += 1
+                    self.free_client(family[2])
                     if family[3] is not None:
                         family[3]()
 

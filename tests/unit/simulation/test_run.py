@@ -66,7 +66,7 @@ def test_the_guard_in_the_loop_is_the_guards_own_admission(tmp_path):
 def test_latency_over_time_partitions_the_completions():
     """The latency timeline cuts the run into equal windows of completions: every completed request is in exactly
     one, and the windows' extremes are the run's."""
-    from kvbudget.simulation.run import LATENCY_WINDOWS
+    from kvbudget.simulation.percentiles import LATENCY_WINDOWS
 
     r = simulate(LLAMA, rescale(read_trace(TRACES / "AzureLLMInferenceTrace_conv.csv"), count=800), gpu="L4",
                  max_model_len=16384)
