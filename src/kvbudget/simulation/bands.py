@@ -8,13 +8,12 @@ same compute capability: steptimes' transfer rule) on its datasheet; or those of
 metric (mean TTFT, TPOT, end-to-end latency) the band runs from the lowest to the highest (real - simulated) /
 simulated over that basis' runs. Why the whole range: the simulation's error differs more from GPU to GPU than
 from run to run of one GPU, so a band from the middle of the other GPUs' runs misses a GPU left out. On the runs
-of December 2026, leaving one GPU out, the 10th to 90th percentile of the basis held 48-56 of the 84 measured runs
-(TTFT, TPOT, E2E); the whole range within classes of tensor parallel size (1 / more) and load (peak running
-sequences up to 32 / more), the enclosing class where one had too few runs, 51-66 (the A100 at TP 2 runs 1.3-3.3
-times as slow as simulated, the H100 at TP 2-4 within 19%: each judged by the other); the whole range of the
-basis 67-81. A basis with fewer than `MIN_RUNS` runs
-or `MIN_GPUS` GPUs takes the runs of the wider bases with its own (measured, then within an architecture, then
-across); none enough: unknown (None), never a made-up number.
+of December 2026, leaving one GPU out, the 10th to 90th percentile of the basis held 16, 63 and 65 of the 84
+measured runs (TTFT, TPOT, E2E); the whole range within classes of tensor parallel size (1 / more) and load (peak
+running sequences up to 32 / more), the enclosing class where one had too few runs, 48, 60 and 66; the whole range
+of the basis 61, 81 and 81. A basis with fewer than `MIN_RUNS` runs or `MIN_GPUS` GPUs takes the runs of the
+wider bases with its own (measured, then within an architecture, then across); none enough: unknown (None), never
+a made-up number.
 
 The band is judged leaving one GPU out (`coverage`): each run against the band sized without any run of its GPU,
 so a GPU's own runs never size the band it is judged by; each band records how many runs it held so, and
