@@ -186,6 +186,22 @@ def test_simulate_prints_and_writes_the_band(capsys, gpu, basis):
         assert f"held only {inside} of {runs}" in text
 
 
+def test_a_widened_band_says_whose_runs_joined(monkeypatch):
+    """A band sized with the wider bases' runs says so beside the figures, and the held-out count is per metric."""
+    widened = {"lower": -0.5, "upper": 1.0, "basis": Basis.MEASURED.value, "runs": 12, "gpus": ["a", "b"],
+               "widened": True, "leave_one_gpu_out": {"inside": 9, "runs": 10}}
+    doc = {"engines": ["vllm"], "bands": {Basis.MEASURED.value: {"ttft": widened, "tpot": widened, "e2e": None}}}
+    monkeypatch.setattr(bands, "_data", lambda: doc)
+    sim = simulate(LLAMA, synthetic(2, 10, exponential_lengths(300, 50, 2000), seed=1), gpu="H100",
+                   max_model_len=8192)
+    line = " ".join(band_line(sim).split())
+    low, high = sim.tpot.mean * 0.5 * 1000, sim.tpot.mean * 2 * 1000
+    assert f"TPOT {low:.3g}ms-{high:.3g}ms" in line and "E2E" not in line
+    assert "(measured basis; where all 12 held-out runs of 2 GPUs lay, too few of its own: the wider bases' joined)" \
+        in line  # 9 of 10 held: no "held only"
+    assert sim.to_dict()["e2e_s"]["band"] is None and sim.to_dict()["tpot_s"]["band"] == widened
+
+
 def test_a_calibrated_time_model_carries_no_band():
     """A kernel model scaled by a calibration is judged by no held-out runs: unknown, in the JSON and printed."""
     kernels = setup_for(LLAMA, gpu="H100", max_model_len=8192).time_model
