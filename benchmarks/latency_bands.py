@@ -6,8 +6,9 @@ those of every measured GPU of its architecture left out too, each classed by th
 (steptimes.kernels_for -> bands.basis_of; one case per run and basis). So every measured GPU's runs also judge
 the transfers, and after new per-operation data or a new time model lands, a rerun reclasses and resizes
 everything. The bands per basis and metric are computed by kvbudget.simulation.bands (the lowest to the highest
-(real - simulated) / simulated of mean TTFT, TPOT and E2E; judged leaving one GPU out). Prints how many runs the
-bands held leaving one GPU out, by basis, GPU and tensor parallel size. Takes about two minutes.
+(real - simulated) / simulated of mean TTFT, TPOT and E2E; judged leaving one GPU out, across architectures one
+architecture). Prints how many runs the bands held so, by basis, GPU and tensor parallel size. Takes about two
+minutes.
 
     python benchmarks/latency_bands.py [--write | --check]
 """
@@ -37,14 +38,15 @@ ABOUT = ("Error bands on simulate's latencies (kvbudget.simulation.bands), writt
          "per basis: with the default kernels, with its GPU's own measurements left out, and with its "
          "architecture's left out. 'bands': per basis and metric the lowest and the highest of those errors over the "
          "basis' runs (with fewer than min_runs runs or min_gpus GPUs the wider bases' runs join: measured, within "
-         "an architecture, across architectures), and in each its 'leave_one_gpu_out': how many of the basis' runs "
-         "lie inside the band sized without any run of their own GPU. Sources and licences of the runs: "
+         "an architecture, across architectures), and in each its 'leave_one_out': how many of the basis' runs "
+         "lie inside the band sized without any run of their own GPU (across architectures: of their own "
+         "architecture, by compute capability, the case's 'architecture'). Sources and licences of the runs: "
          "benchmarks/data/served/README.md.")
 
 
 def case_error(case: served.Case, basis: bands.Basis) -> bands.CaseError:
     return bands.CaseError(run=case.run if not case.stage else f"{case.run}#{case.stage}", gpu=case.gpu,
-                           basis=basis, tp=case.tp,
+                           architecture=find_gpu(case.gpu).compute_capability or "", basis=basis, tp=case.tp,
                            errors={m: round(case.real[m]["mean"] / case.simulated[m]["mean"] - 1, 6)
                                    for m in bands.METRICS})
 
@@ -94,18 +96,20 @@ def dumps(doc: dict[str, Any]) -> str:
 
 
 def held_by_group(found: list[bands.CaseError]) -> list[str]:
-    """Leaving one GPU out, per basis, GPU and tensor parallel size: how many runs each metric's band held (a
-    markdown table, as the accuracy page shows it)."""
+    """Leaving one GPU (across architectures: one architecture) out, per basis, GPU and tensor parallel size: how
+    many runs each metric's band held (a markdown table, as the accuracy page shows it)."""
     lines = ["| basis | GPU | TP | runs | " + " | ".join(f"{m.upper()} held" for m in bands.METRICS) + " |",
              "|---" * (4 + len(bands.METRICS)) + "|"]
     groups = sorted({(bands.BASES.index(c.basis), c.gpu, c.tp) for c in found})
     for at, gpu, tp in groups:
-        mine = [c for c in found if (bands.BASES.index(c.basis), c.gpu, c.tp) == (at, gpu, tp)]
+        basis = bands.BASES[at]
+        mine = [c for c in found if (c.basis, c.gpu, c.tp) == (basis, gpu, tp)]
+        gone = bands.left_out(found, basis, mine[0].unit(basis))
         cells = []
         for m in bands.METRICS:
-            b = bands.band(found, bands.BASES[at], m, leave_out=gpu)
+            b = bands.band(found, basis, m, gone)
             cells.append(str(sum(b is not None and b.lower <= c.errors[m] <= b.upper for c in mine)))
-        lines.append(f"| {bands.BASES[at].value} | {gpu} | {tp} | {len(mine)} | {' | '.join(cells)} |")
+        lines.append(f"| {basis.value} | {gpu} | {tp} | {len(mine)} | {' | '.join(cells)} |")
     return lines
 
 

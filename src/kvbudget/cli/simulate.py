@@ -212,7 +212,7 @@ def band_line(sim: Simulation) -> str:
              if band.held is not None and band.held[0] < 0.8 * band.held[1]]
     if short:  # the worst: how far the band carries to a GPU whose runs did not size it
         (inside, runs), label = min(short, key=lambda s: s[0][0] / s[0][1])
-        held += f"; sized without their GPU, {label}'s held only {inside} of {runs}"
+        held += f"; sized without their {b.held_by}, {label}'s held only {inside} of {runs}"
     return f"true means likely: {ranges} ({b.basis.value} basis; {held})"
 
 

@@ -16,14 +16,16 @@ wider bases with its own (measured, then within an architecture, then across); n
 a made-up number.
 
 The band is judged leaving one GPU out (`coverage`): each run against the band sized without any run of its GPU,
-so a GPU's own runs never size the band it is judged by; each band records how many runs it held so, and
-`simulate` says so where that is under 80%.
+so a GPU's own runs never size the band it is judged by; across architectures, without any run of its
+architecture (a GPU on that basis has no measured sibling, so none of its architecture's runs either: leaving only
+the GPU out, the A100 40GB and 80GB judged each other, and TTFT held 92 of 96 runs instead of 70). Each band
+records how many runs it held so, and `simulate` says so where that is under 80%.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from functools import cache
@@ -69,17 +71,25 @@ class CaseError:
 
     run: str
     gpu: str
+    architecture: str  # the GPU's compute capability ("" where it has none)
     basis: Basis
     tp: int
     errors: Mapping[str, float]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"run": self.run, "gpu": self.gpu, "basis": self.basis.value, "tp": self.tp, **self.errors}
+        return {"run": self.run, "gpu": self.gpu, "architecture": self.architecture, "basis": self.basis.value,
+                "tp": self.tp, **self.errors}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CaseError:
-        return cls(run=d["run"], gpu=d["gpu"], basis=Basis(d["basis"]), tp=d["tp"],
+        return cls(run=d["run"], gpu=d["gpu"], architecture=d["architecture"], basis=Basis(d["basis"]), tp=d["tp"],
                    errors={m: d[m] for m in METRICS if m in d})
+
+    def unit(self, basis: Basis) -> str:
+        """What is left out with this run when a band of `basis` judges it: its GPU, across architectures its
+        architecture."""
+        return f"compute capability {self.architecture}" if basis is Basis.ACROSS_ARCHITECTURES and self.architecture \
+            else self.gpu
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,9 +102,10 @@ class Band:
     runs: int
     gpus: tuple[str, ...]
     widened: bool = False  # too few runs or GPUs of its own basis: the wider bases' runs joined them
-    # judged leaving one GPU out (`coverage`): how many of the basis' runs the band without their GPU held, of
-    # how many; None where not judged
+    # judged leaving one GPU (or architecture) out (`coverage`): how many of the basis' runs the band without
+    # their GPU held, of how many; None where not judged
     held: tuple[int, int] | None = None
+    held_by: str = "GPU"  # what was left out: "GPU", or "architecture" across architectures
 
     def around(self, seconds: float) -> tuple[float, float]:
         """Where the true value of a simulated `seconds` likely lies."""
@@ -103,24 +114,26 @@ class Band:
     def to_dict(self) -> dict[str, Any]:
         return {"lower": self.lower, "upper": self.upper, "basis": self.basis.value, "runs": self.runs,
                 "gpus": list(self.gpus), "widened": self.widened,
-                "leave_one_gpu_out": None if self.held is None else {"inside": self.held[0], "runs": self.held[1]}}
+                "leave_one_out": None if self.held is None else {"inside": self.held[0], "runs": self.held[1],
+                                                                 "by": self.held_by}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Band:
-        held = d["leave_one_gpu_out"]
+        held = d["leave_one_out"]
         return cls(lower=d["lower"], upper=d["upper"], basis=Basis(d["basis"]), runs=d["runs"],
                    gpus=tuple(d["gpus"]), widened=d["widened"],
-                   held=None if held is None else (held["inside"], held["runs"]))
+                   held=None if held is None else (held["inside"], held["runs"]),
+                   held_by="GPU" if held is None else held["by"])
 
 
-def band(cases: Sequence[CaseError], basis: Basis, metric: str, leave_out: str | None = None) -> Band | None:
-    """The band of `basis` for `metric` from `cases`, none of `leave_out`'s (a GPU name) counted: the lowest to
+def band(cases: Sequence[CaseError], basis: Basis, metric: str, leave_out: Collection[str] = ()) -> Band | None:
+    """The band of `basis` for `metric` from `cases`, none of `leave_out`'s (GPU names) counted: the lowest to
     the highest error of the basis' runs, the wider bases' joining them until `MIN_RUNS` runs of `MIN_GPUS` GPUs."""
     at = BASES.index(basis)
     for wider in range(at, len(BASES)):
         pool = BASES[at:wider + 1]
         errors = [(c.errors[metric], c.gpu) for c in cases
-                  if c.basis in pool and c.gpu != leave_out and metric in c.errors]
+                  if c.basis in pool and c.gpu not in leave_out and metric in c.errors]
         gpus = tuple(sorted({g for _, g in errors}))
         if len(errors) >= MIN_RUNS and len(gpus) >= MIN_GPUS:
             values = [e for e, _ in errors]
@@ -129,12 +142,18 @@ def band(cases: Sequence[CaseError], basis: Basis, metric: str, leave_out: str |
     return None
 
 
+def left_out(cases: Sequence[CaseError], basis: Basis, unit: str) -> frozenset[str]:
+    """The GPUs whose runs a band of `basis` is sized without when it judges the runs of `unit` (`CaseError.unit`)."""
+    return frozenset(c.gpu for c in cases if c.unit(basis) == unit)
+
+
 def coverage(cases: Sequence[CaseError], basis: Basis, metric: str) -> tuple[int, int]:
-    """Leave one GPU out: how many of `basis`' cases lie inside the band sized without their GPU's runs, of how
-    many."""
+    """Leave one GPU (across architectures: one architecture) out: how many of `basis`' cases lie inside the band
+    sized without their GPU's runs, of how many."""
     mine = [c for c in cases if c.basis is basis and metric in c.errors]
-    without = {gpu: band(cases, basis, metric, leave_out=gpu) for gpu in {c.gpu for c in mine}}
-    inside = sum(b is not None and b.lower <= c.errors[metric] <= b.upper for c in mine for b in [without[c.gpu]])
+    without = {u: band(cases, basis, metric, left_out(cases, basis, u)) for u in {c.unit(basis) for c in mine}}
+    inside = sum(b is not None and b.lower <= c.errors[metric] <= b.upper
+                 for c in mine for b in [without[c.unit(basis)]])
     return inside, len(mine)
 
 
@@ -146,7 +165,9 @@ def bands(cases: Sequence[CaseError]) -> dict[str, Any]:
         out[basis.value] = {}
         for metric in METRICS:
             b = band(cases, basis, metric)
-            out[basis.value][metric] = None if b is None else replace(b, held=coverage(cases, basis, metric)).to_dict()
+            out[basis.value][metric] = None if b is None else replace(
+                b, held=coverage(cases, basis, metric),
+                held_by="architecture" if basis is Basis.ACROSS_ARCHITECTURES else "GPU").to_dict()
     return out
 
 
