@@ -48,7 +48,8 @@ def case_error(case: served.Case, basis: bands.Basis) -> bands.CaseError:
     return bands.CaseError(run=case.run if not case.stage else f"{case.run}#{case.stage}", gpu=case.gpu,
                            architecture=find_gpu(case.gpu).compute_capability or "", basis=basis, tp=case.tp,
                            errors={m: round(case.real[m]["mean"] / case.simulated[m]["mean"] - 1, 6)
-                                   for m in bands.METRICS})
+                                   for m in bands.METRICS if case.real.get(m, {}).get("mean")
+                                   and case.simulated.get(m, {}).get("mean")})  # (a metric a run lacks: none)
 
 
 def left_out(gpu: str) -> list[tuple[str, ...]]:

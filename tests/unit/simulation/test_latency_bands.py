@@ -145,12 +145,13 @@ def outside_own_gpu(metric: str, basis: Basis) -> tuple[int, int]:
     runs of its basis, the wider bases' runs joining while there are fewer than 10 runs or 2 GPUs."""
     order = list(Basis)
     key = "architecture" if basis is Basis.ACROSS_ARCHITECTURES else "gpu"
-    mine = [c for c in DATA["cases"] if c["basis"] == basis.value]
+    cases = [c for c in DATA["cases"] if metric in c]
+    mine = [c for c in cases if c["basis"] == basis.value]
     inside = 0
     for unit in {c[key] for c in mine}:
         for wider in range(order.index(basis), len(order)):
             pool = {b.value for b in order[order.index(basis):wider + 1]}
-            others = [o for o in DATA["cases"] if o["basis"] in pool and o[key] != unit]
+            others = [o for o in cases if o["basis"] in pool and o[key] != unit]
             if len(others) >= 10 and len({o["gpu"] for o in others}) >= 2:
                 low, high = min(o[metric] for o in others), max(o[metric] for o in others)
                 inside += sum(low <= c[metric] <= high for c in mine if c[key] == unit)
