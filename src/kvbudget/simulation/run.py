@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from kvbudget.engines.tiers import OffloadTotals
 from kvbudget.errors import KVBudgetError, named, spelled
 from kvbudget.model.spec import ModelSpec
-from kvbudget.simulation import steptimes
+from kvbudget.simulation import bands, steptimes
 from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.guarded import Gatekeeper, GuardReport, admission_policy
 from kvbudget.simulation.percentiles import LatencyWindow, Percentiles, latency_windows
@@ -111,13 +111,13 @@ class Simulation:
         return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else None
 
     def to_dict(self) -> dict[str, Any]:
-        def pct(p: Percentiles | None) -> dict[str, float] | None:
-            return None if p is None else dict(p.__dict__)
+        def pct(p: Percentiles | None, kind: str) -> dict[str, Any] | None:
+            return None if p is None else {**p.__dict__, "band": bands.as_dict(self.setup, kind)}
 
         return {
             "setup": self.setup.to_dict(), "requests": self.requests, "completed": self.completed,
-            "duration_s": self.duration_s,
-            "steps": self.steps, "ttft_s": pct(self.ttft), "tpot_s": pct(self.tpot), "e2e_s": pct(self.e2e),
+            "duration_s": self.duration_s, "steps": self.steps, "ttft_s": pct(self.ttft, "ttft"),
+            "tpot_s": pct(self.tpot, "tpot"), "e2e_s": pct(self.e2e, "e2e"),
             "requests_per_s": self.requests_per_s, "output_tokens_per_s": self.output_tokens_per_s,
             "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
             "preemptions": self.preemptions, "preempted_requests": self.preempted_requests,

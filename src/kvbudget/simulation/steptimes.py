@@ -32,6 +32,7 @@ from kvbudget.errors import ConfigError
 from kvbudget.interconnects import all_reduce
 from kvbudget.model.params import activation_widths, count_parameters
 from kvbudget.model.spec import Attention, LatentAttention, ModelSpec
+from kvbudget.simulation.bands import Basis, basis_of
 
 if TYPE_CHECKING:
     from kvbudget.choices import Interconnect
@@ -250,6 +251,9 @@ def step_work(model: ModelSpec, plan: Plan) -> StepWork | None:
 # the kernels a step is built from; a GPU lacking one takes it from the GPUs that have it (MoE experts excepted:
 # without their own measurements they run as projections do)
 KERNELS = ("gemm", "elementwise", "sampler", "decode_attention", "prefill_attention")
+# the kernels most of a step's time is spent in: where a transferred card takes them from names its error band's
+# basis (bands.basis_of; the norms and the sampler are measured on few GPUs and transferred to nearly all)
+MAIN_KERNELS = ("gemm", "decode_attention", "prefill_attention")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,6 +263,7 @@ class Kernels:
     ops: dict[str, OpFit]
     all_reduce: dict[int, OpFit]
     label: str
+    basis: Basis  # which held-out validation's error band applies (simulation/bands.py)
 
 
 def kernels_for(card: GPU, without: Sequence[str] = ()) -> Kernels | None:
@@ -282,7 +287,9 @@ def kernels_for(card: GPU, without: Sequence[str] = ()) -> Kernels | None:
         label = own.label() + (f"; {_kinds(list(moved))} from {_names(moved)}" if moved else "")
     else:
         label = f"kernel efficiencies of {_names(moved)} on {card.name}'s datasheet (estimate)"
-    return Kernels(ops=ops, all_reduce=own.all_reduce if own is not None else {}, label=label)
+    return Kernels(ops=ops, all_reduce=own.all_reduce if own is not None else {}, label=label,
+                   basis=basis_of(card, own is not None,
+                                  [find_gpu(g) for op in MAIN_KERNELS for g in moved.get(op, [])]))
 
 
 def _names(moved: dict[str, list[str]]) -> str:
@@ -353,7 +360,7 @@ def time_model(work: StepWork, kernels: Kernels, card: GPU, link: Interconnect |
                      context_cost=_per(work.attention_layers * work.kv_bytes_per_token, decode.bandwidth),
                      pair_cost=_per(work.attention_layers * 4 * work.query_width, prefill.throughput),
                      seq_cost=seq_cost, experts=_per(work.expert_bytes, experts.bandwidth),
-                     expert_share=work.expert_share, basis=basis)
+                     expert_share=work.expert_share, basis=basis, band_basis=kernels.basis.value)
 
 
 def _per(amount: float, rate: float) -> float:

@@ -55,6 +55,9 @@ class TimeModel:
     experts: float = 0.0
     expert_share: float = 0.0
     basis: str = "roofline estimate"
+    # the held-out validation whose error band these times carry (kvbudget.simulation.bands.Basis' value: fitted
+    # kernels, measured or transferred); "" where none applies (the roofline, a calibration, a model given)
+    band_basis: str = ""
 
     @classmethod
     def roofline(cls, weight_bytes: float, kv_bytes_per_token: float, flops_per_token: float, bandwidth: float,
