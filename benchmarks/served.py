@@ -16,7 +16,7 @@ import json
 import math
 import statistics
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -200,7 +200,22 @@ def block_requests(run: dict[str, Any]) -> list[Request]:
     prompts re-tokenize a few tokens off, and without --ignore-eos an output may stop early)."""
     n = run["requests"]
     prompt, output = round(run["input_tokens"] / n), max(1, round(run["output_tokens"] / n))
-    return [Request(arrival=0.0, prompt_tokens=prompt, output_tokens=output, id=str(i)) for i in range(n)]
+    return [Request(arrival=0.0, prompt_tokens=prompt, output_tokens=output, id=str(i),
+                    prefix=((FIRST_PROMPT, prompt),) if i == 0 else ()) for i in range(n)]
+
+
+FIRST_PROMPT = "the benchmark's first prompt"  # the prefix-cache content id of the prompt its test run sends first
+TIMED_FROM = 50_000.0  # seconds: when the timed requests go out, long after the test run has ended
+
+
+def with_test_run(requests: list[Request]) -> list[Request]:
+    """`benchmark_serving.py` and `vllm bench serve` first send the first request alone as a test and wait for it
+    (serve.py: "Starting initial single prompt test run..."), then time the rest: with prefix caching on, the
+    timed first request finds its prompt cached. The test run (id "test") at 0, the timed ones at TIMED_FROM."""
+    first = requests[0]
+    test = Request(arrival=0.0, prompt_tokens=first.prompt_tokens, output_tokens=first.output_tokens,
+                   prefix=first.prefix, id="test")
+    return [test, *(replace(r, arrival=r.arrival + TIMED_FROM) for r in requests)]
 
 
 def _replay_block(run: dict[str, Any], model: Any, kw: dict[str, Any]) -> Case:
@@ -208,16 +223,19 @@ def _replay_block(run: dict[str, Any], model: Any, kw: dict[str, Any]) -> Case:
     if load["request_rate"] is not None or load["max_concurrency"] is not None:
         raise ValueError(f"{run['id']}: only requests sent at once are replayed (request_rate and max_concurrency "
                          "unset)")
-    collect = _Collect(lambda r: 0)
+    def stage(r: Request) -> int:
+        return -1 if r.id == "test" else 0
+
+    collect = _Collect(stage)
     reqs = block_requests(run)
     try:
-        sim = simulate(model, iter(reqs), on_finish=collect, **kw)
+        sim = simulate(model, iter(with_test_run(reqs)), on_finish=collect, **kw)
         note = ""
     except KVBudgetError as e:  # the release's budget refuses what the real run started with: the newest rules'
         if kw["engine"] == "vllm":
             raise
-        collect = _Collect(lambda r: 0)
-        sim = simulate(model, iter(reqs), on_finish=collect, **{**kw, "engine": "vllm"})
+        collect = _Collect(stage)
+        sim = simulate(model, iter(with_test_run(reqs)), on_finish=collect, **{**kw, "engine": "vllm"})
         note = f"; memory by the newest release's rules ({kw['engine']}'s: {str(e).partition(': ')[2][:60]}...)"
     m, out = run["measured"], reqs[0].output_tokens
     # the block prints no end-to-end latency: the mean is TTFT + TPOT x (output - 1), derived alike on both sides
