@@ -123,3 +123,20 @@ def test_the_table_groups_by_gpu_basis_tp_and_load_and_lists_what_it_left_out(mo
     assert [r.split(" | ")[:5] for r in rows[2:6]] == [["| A100-80GB", "measured", "1", load, "1"] for load in (
         "1 at once", "2-50 at once", "51-200 at once", "> 200 at once")]
     assert rows[6].startswith("\nLeft out (1): client timeouts failed 18%") and rows[6].endswith("test3-04")
+
+
+def test_the_benchmarks_test_run_goes_first_and_leaves_the_first_prompt_cached(modules):
+    """benchmark_serving.py sends the first prompt alone before timing (serve.py: "Starting initial single prompt
+    test run..."): replayed, it goes at 0 and the timed requests long after; the one-request run's TTFT is then a
+    cache hit, far below the same run replayed without the test run (a whole 1,024-token prefill)."""
+    served, _ = modules
+    runs = {r["id"]: r for r in served.runs()}
+    reqs = served.block_requests(runs["a100-qwen2-7b-test2-15"])
+    sent = served.with_test_run(reqs)
+    assert sent[0].id == "test" and sent[0].prefix == sent[1].prefix != () and not sent[2].prefix
+    assert {r.arrival for r in sent[1:]} == {served.TIMED_FROM}
+    run = runs["a100-qwen2-7b-test5-01"]
+    (case,) = served.replay(run)
+    model = served.model_of(run["model"])
+    cold = served.simulate(model, iter(served.block_requests(run)), **served.settings(run))
+    assert case.simulated["ttft"]["mean"] < cold.ttft.mean / 2
