@@ -16,12 +16,13 @@ import json
 import math
 import statistics
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kvbudget.engines.scheduling.timing import TimeModel
 from kvbudget.engines.scheduling.workload import Request
+from kvbudget.errors import KVBudgetError
 from kvbudget.model.load import load_model
 from kvbudget.simulation import simulate
 
@@ -29,7 +30,7 @@ DATA = Path(__file__).resolve().parent / "data" / "served"
 METRICS = ("ttft", "tpot", "e2e")
 # the runs left out of the comparison, and why (the real run's figures are of the requests that survived)
 OVERLOAD = "client timeouts failed {:.0%} of the requests: the measured latencies are of the survivors"
-ACROSS_NODES = "tensor parallel across {} nodes (Ray over the network): kvbudget models no interconnect between nodes"
+ACROSS_NODES = "tensor parallel across {} nodes (Ray over the network) with no link recorded for the run"
 # the held-out table's load groups: requests sent at once, up to this many (the last group: more)
 AT_ONCE = (1, 50, 200)
 LOADS = ("1 at once", *(f"{a + 1}-{b} at once" for a, b in itertools.pairwise(AT_ONCE)), f"> {AT_ONCE[-1]} at once")
@@ -135,11 +136,21 @@ def bench_measured(run: dict[str, Any]) -> dict[str, dict[str, float]]:
     return {"ttft": stats(ttft), "tpot": stats(tpot), "e2e": stats(e2e)}
 
 
+def release_engine(run: dict[str, Any]) -> str:
+    """The engine as simulate names the run's release ("vLLM 0.10.1.1" -> "vllm@0.10"): its defaults and, where
+    they differ, its host costs (scheduling overlapped with the GPU from 0.14)."""
+    words = str(run.get("engine", "")).split()
+    parts = words[-1].split(".") if len(words) == 2 and words[0] == "vLLM" else []
+    return f"vllm@{parts[0]}.{parts[1]}" if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() else "vllm"
+
+
 def settings(run: dict[str, Any], time_model: TimeModel | None = None) -> dict[str, Any]:
     """simulate's settings for the run: its engine's, as the run states them."""
-    out = dict(engine="vllm", gpu=run["gpu"], tp=run["tp"], max_num_seqs=run["max_num_seqs"],
+    out = dict(engine=release_engine(run), gpu=run["gpu"], tp=run["tp"], max_num_seqs=run["max_num_seqs"],
                max_num_batched_tokens=run["max_num_batched_tokens"], max_model_len=run["max_model_len"],
                prefix_caching=run["prefix_caching"], time_model=time_model)
+    if run.get("interconnect") and time_model is None:  # the link its start-up log shows (runs.json's evidence)
+        out["interconnect"] = run["interconnect"]
     if run.get("num_gpu_blocks"):
         out["num_blocks"] = run["num_gpu_blocks"]
     return out
@@ -189,7 +200,22 @@ def block_requests(run: dict[str, Any]) -> list[Request]:
     prompts re-tokenize a few tokens off, and without --ignore-eos an output may stop early)."""
     n = run["requests"]
     prompt, output = round(run["input_tokens"] / n), max(1, round(run["output_tokens"] / n))
-    return [Request(arrival=0.0, prompt_tokens=prompt, output_tokens=output, id=str(i)) for i in range(n)]
+    return [Request(arrival=0.0, prompt_tokens=prompt, output_tokens=output, id=str(i),
+                    prefix=((FIRST_PROMPT, prompt),) if i == 0 else ()) for i in range(n)]
+
+
+FIRST_PROMPT = "the benchmark's first prompt"  # the prefix-cache content id of the prompt its test run sends first
+TIMED_FROM = 50_000.0  # seconds: when the timed requests go out, long after the test run has ended
+
+
+def with_test_run(requests: list[Request]) -> list[Request]:
+    """`benchmark_serving.py` and `vllm bench serve` first send the first request alone as a test and wait for it
+    (serve.py: "Starting initial single prompt test run..."), then time the rest: with prefix caching on, the
+    timed first request finds its prompt cached. The test run (id "test") at 0, the timed ones at TIMED_FROM."""
+    first = requests[0]
+    test = Request(arrival=0.0, prompt_tokens=first.prompt_tokens, output_tokens=first.output_tokens,
+                   prefix=first.prefix, id="test")
+    return [test, *(replace(r, arrival=r.arrival + TIMED_FROM) for r in requests)]
 
 
 def _replay_block(run: dict[str, Any], model: Any, kw: dict[str, Any]) -> Case:
@@ -197,9 +223,20 @@ def _replay_block(run: dict[str, Any], model: Any, kw: dict[str, Any]) -> Case:
     if load["request_rate"] is not None or load["max_concurrency"] is not None:
         raise ValueError(f"{run['id']}: only requests sent at once are replayed (request_rate and max_concurrency "
                          "unset)")
-    collect = _Collect(lambda r: 0)
+    def stage(r: Request) -> int:
+        return -1 if r.id == "test" else 0
+
+    collect = _Collect(stage)
     reqs = block_requests(run)
-    sim = simulate(model, iter(reqs), on_finish=collect, **kw)
+    try:
+        sim = simulate(model, iter(with_test_run(reqs)), on_finish=collect, **kw)
+        note = ""
+    except KVBudgetError as e:  # the release's budget refuses what the real run started with: the newest rules'
+        if kw["engine"] == "vllm":
+            raise
+        collect = _Collect(stage)
+        sim = simulate(model, iter(with_test_run(reqs)), on_finish=collect, **{**kw, "engine": "vllm"})
+        note = f"; memory by the newest release's rules ({kw['engine']}'s: {str(e).partition(': ')[2][:60]}...)"
     m, out = run["measured"], reqs[0].output_tokens
     # the block prints no end-to-end latency: the mean is TTFT + TPOT x (output - 1), derived alike on both sides
     real = {"ttft": m["ttft_s"], "tpot": m["tpot_s"],
@@ -207,12 +244,12 @@ def _replay_block(run: dict[str, Any], model: Any, kw: dict[str, Any]) -> Case:
     figures = _figures(collect.by_stage[0], tpot_from_means=False)
     figures["e2e"]["mean"] = figures["ttft"]["mean"] + figures["tpot"]["mean"] * (out - 1)
     failed = run["failed"] / (run["failed"] + run["requests"])
-    excluded = (ACROSS_NODES.format(run["nodes"]) if run.get("nodes", 1) > 1
+    excluded = (ACROSS_NODES.format(run["nodes"]) if run.get("nodes", 1) > 1 and not run.get("interconnect")
                 else OVERLOAD.format(failed) if failed > 0.01 else "")
     group = LOADS[sum(run["requests"] > b for b in AT_ONCE)]
     return Case(run=run["id"], stage=0, gpu=run["gpu"], model=run["model"], tp=run["tp"], rate=math.inf,
                 saturated=real["ttft"]["mean"] > 1.0, real=real, simulated=figures,
-                basis=sim.setup.time_model.basis, excluded=excluded, load=group)
+                basis=sim.setup.time_model.basis + note, excluded=excluded, load=group)
 
 
 def _figures(d: dict[str, list[float]], tpot_from_means: bool) -> dict[str, dict[str, float]]:

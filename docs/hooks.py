@@ -45,12 +45,12 @@ def _gpus() -> str:
     from kvbudget.simulation.steptimes import step_times_basis
     from kvbudget.units import format_bytes
 
-    rows = ["| name | memory | HBM bandwidth | bf16 TFLOPS | fp8 TFLOPS | step times | source |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| name | memory | HBM bandwidth | bf16 TFLOPS | fp8 TFLOPS | links | step times | source |",
+            "|---|---|---|---|---|---|---|---|"]
     for g in gpus():
         rows.append(f"| {g.name} | {format_bytes(g.memory_bytes)} ({g.memory_basis}) | "
                     f"{g.bandwidth_bytes_per_s / 1e9:,.0f} GB/s | {g.bf16_tflops or '-'} | {g.fp8_tflops or '-'} | "
-                    f"{step_times_basis(g.name)} | {g.source.replace('|', '/')} |")
+                    f"{', '.join(g.links) or '-'} | {step_times_basis(g.name)} | {g.source.replace('|', '/')} |")
     return "\n".join(rows) + "\n"
 
 

@@ -107,6 +107,30 @@ DENNISLEE = {1: ("A100-40GB", 2, 2, "log/vllm-7B-2gpuA10040GB-0.5GRAM-diff-nodes
              3: ("A100-80GB", 2, 1, "log/vllm-7B-2gpuA10080GB-0.5GRAM-same-node.log"),
              4: ("A100-80GB", 1, 1, "log/vllm-7B-1gpuA10080GB-0.25GRAM.log"),
              5: ("A100-80GB", 1, 1, "log/vllm-7B-1gpuA10080GB-0.5GRAM.log")}
+# what linked a test's GPUs, from vLLM's warning in its start-up log that it turned its custom all-reduce off
+# (vllm/distributed/device_communicators/custom_all_reduce.py): without peer-to-peer access NCCL goes through host
+# memory; across nodes over the network. Test 1's log names no NCCL transport: its two workers are Kubernetes pods
+# reaching each other at pod addresses (10.254.x.x) through Ray, with no InfiniBand device in sight, so NCCL's TCP
+# sockets over Ethernet are assumed (and said so in the run).
+LINK_EVIDENCE = (("your platform lacks GPU", "pcie-no-p2p"), ("this process group spans across nodes", "ethernet"))
+ACROSS_NODES_ASSUMED = ("the log names no NCCL transport; the workers are Kubernetes pods reaching each other at pod "
+                        "addresses (10.254.x.x) through Ray, no InfiniBand device named: NCCL's TCP sockets over "
+                        "Ethernet assumed")
+
+
+def link_of(text: str, log: str, tp: int) -> dict[str, str]:
+    """A multi-GPU run's link and the first log line that shows it (`FILE:LINE QUOTE`); nothing for one GPU."""
+    if tp == 1:
+        return {}
+    for number, line in enumerate(text.splitlines(), 1):
+        for phrase, link in LINK_EVIDENCE:
+            if phrase in line:
+                quote = (line[line.find("[custom_all_reduce"):] if "[custom_all_reduce" in line else line).strip()
+                found = {"interconnect": link, "interconnect_evidence": f"{log}:{number} {quote}"}
+                return found | ({"interconnect_assumed": ACROSS_NODES_ASSUMED} if link == "ethernet" else {})
+    raise ValueError(f"{log}: no line says how the {tp} GPUs were linked")
+
+
 # the printed block of benchmark_serving.py / vllm bench serve: label -> (metric, statistic); milliseconds
 BLOCK = {"Mean TTFT": ("ttft_s", "mean"), "Median TTFT": ("ttft_s", "p50"), "P99 TTFT": ("ttft_s", "p99"),
          "Mean TPOT": ("tpot_s", "mean"), "Median TPOT": ("tpot_s", "p50"), "P99 TPOT": ("tpot_s", "p99"),
@@ -157,6 +181,7 @@ def dennislee(git: str) -> list[dict]:
                                   "num_prompts": int(flags["num-prompts"]), "request_rate": None,
                                   "max_concurrency": None},
                          **figures, "failed": int(flags["num-prompts"]) - figures["requests"],
+                         **link_of(text, log, tp),
                          "source": f"github:dennislee22/vLLM-benchmarking README.md (Test {test}, block {k + 1}) "
                                    f"and {log} @{rev[:7]}",
                          "licence": "figures only (the repository states no licence)"})

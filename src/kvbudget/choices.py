@@ -12,6 +12,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from kvbudget.errors import KVBudgetError
+from kvbudget.validate import shown
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -36,7 +37,7 @@ class Choice(str, Enum):
         try:
             return cls(text)
         except ValueError:
-            raise KVBudgetError(f"{param}: {str(text)!r} is not one of {', '.join(cls.values())}",
+            raise KVBudgetError(f"{param}: {shown(str(text))} is not one of {', '.join(cls.values())}",
                                 param=param) from None
 
 
@@ -127,3 +128,20 @@ class Admission(Choice):
     def spelled(self) -> str:
         """How it is written (the concurrency limit takes its N)."""
         return f"{self}:N" if self is Admission.CONCURRENCY else str(self)
+
+
+class Interconnect(Choice):
+    """How the GPUs of tensor parallelism are linked (each all-reduce crosses it): NVLink (AMD: Infinity Fabric,
+    the card's own GPU-to-GPU links), PCIe with peer-to-peer access, PCIe without it (NCCL copies through host
+    memory, as on GeForce cards or where the platform blocks P2P), or the network between nodes (Ray across
+    servers): Ethernet (NCCL over TCP sockets) or InfiniBand / RoCE."""
+
+    NVLINK = "nvlink"
+    PCIE = "pcie"
+    PCIE_NO_P2P = "pcie-no-p2p"
+    ETHERNET = "ethernet"
+    INFINIBAND = "infiniband"
+
+    @property
+    def across_nodes(self) -> bool:
+        return self in (Interconnect.ETHERNET, Interconnect.INFINIBAND)

@@ -8,6 +8,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from kvbudget.choices import Interconnect
 from kvbudget.errors import KVBudgetError, spelled
 from kvbudget.units import GIB, MIB
 
@@ -30,6 +31,13 @@ class GPU:
     segment: str = ""  # "datacenter", "workstation" or "consumer" as the vendor sells it; "" for custom cards
     host_link: str | None = None  # the link to host memory (PCIe 5.0 x16, NVLink-C2C): what KV offload loads over
     host_link_bytes_per_s: float | None = None  # its datasheet bandwidth, one direction
+    links: tuple[Interconnect, ...] = ()  # GPU-to-GPU links the card can have in one node, the one it always has first
+    nvlink_bytes_per_s: float | None = None  # its NVLink (or bridge), both directions together; None without
+
+    @property
+    def link(self) -> Interconnect | None:
+        """The link tensor parallelism within one node takes by default: the first the card always has."""
+        return self.links[0] if self.links else None
 
     @property
     def half_tflops(self) -> float | None:
@@ -59,13 +67,18 @@ def _make(g: dict[str, Any]) -> GPU:
     else:
         memory, basis = int(g["memory_gb_nominal"] * GIB), "nominal (vendor figure, read as GiB)"
     bandwidth = g["bandwidth_gbps"] * 1e9 if g.get("bandwidth_gbps") else None
+    # an NVLink board's interconnect is its NVLink; a PCIe card's NVLink is its optional bridge
+    nvlink_gbps = g.get("nvlink_bridge_gbps") or (g.get("interconnect_gbps") if g.get("links", [""])[:1] == ["nvlink"]
+                                                  else None)
+    nvlink = nvlink_gbps * 1e9 if nvlink_gbps else None
     return GPU(name=g["name"], vendor=g.get("vendor", ""), memory_bytes=memory, memory_basis=basis,
                bandwidth_bytes_per_s=bandwidth, bf16_tflops=g.get("bf16_tflops"), fp8_tflops=g.get("fp8_tflops"),
                source=g["source"], compute_capability=g.get("compute_capability"), fp16_tflops=g.get("fp16_tflops"),
                interconnect=g.get("interconnect"),
                interconnect_bytes_per_s=g["interconnect_gbps"] * 1e9 if g.get("interconnect_gbps") else None,
                gpus_per_node=g.get("gpus_per_node", 8), segment=g.get("segment", ""), host_link=g.get("host_link"),
-               host_link_bytes_per_s=g["host_link_gbps"] * 1e9 if g.get("host_link_gbps") else None)
+               host_link_bytes_per_s=g["host_link_gbps"] * 1e9 if g.get("host_link_gbps") else None,
+               links=tuple(Interconnect(k) for k in g.get("links", ())), nvlink_bytes_per_s=nvlink)
 
 
 def _key(text: str) -> str:
@@ -83,7 +96,8 @@ def custom_gpu(memory_bytes: int, like: GPU | None = None) -> GPU:
                compute_capability=like.compute_capability, fp16_tflops=like.fp16_tflops,
                interconnect=like.interconnect, interconnect_bytes_per_s=like.interconnect_bytes_per_s,
                gpus_per_node=like.gpus_per_node, segment=like.segment, host_link=like.host_link,
-               host_link_bytes_per_s=like.host_link_bytes_per_s)
+               host_link_bytes_per_s=like.host_link_bytes_per_s, links=like.links,
+               nvlink_bytes_per_s=like.nvlink_bytes_per_s)
 
 
 def find_gpu(name: str) -> GPU:

@@ -116,6 +116,8 @@ def times_are(basis: str) -> str:
 def plot_simulation(sim: Simulation, path: str, caption: str = "", force: bool = False) -> bool:
     """A simulation's picture: KV usage over time, running and waiting requests, latency distributions;
     `caption` (a trace's credit) goes under it. Written as plot_plan writes its picture."""
+    from kvbudget.simulation.bands import band_for
+
     plt = _pyplot(path, force)
     s = sim.setup
     fig, (usage, queues, cdf) = plt.subplots(1, 3, figsize=(15, 4.5))
@@ -134,15 +136,25 @@ def plot_simulation(sim: Simulation, path: str, caption: str = "", force: bool =
         title += f"; the guard rejected {sim.guard.rejected:,}, capped {sim.guard.capped:,}"
     queues.set_title(title)
     queues.legend(fontsize=8)
-    for name, values in (("time to first token", sim.ttft_sorted), ("end to end", sim.e2e_sorted)):
+    banded = False  # a band drawn
+    for kind, name, values, pct in (("ttft", "time to first token", sim.ttft_sorted, sim.ttft),
+                                    ("e2e", "end to end", sim.e2e_sorted, sim.e2e)):
         if values:
             n = len(values)
-            cdf.plot(values, [(i + 1) / n for i in range(n)], label=name)
+            (line,) = cdf.plot(values, [(i + 1) / n for i in range(n)], label=name)
+            band = band_for(s, kind)
+            if band is not None and pct is not None:  # the simulated mean, and where the true mean likely lies
+                low, high = band.around(pct.mean)
+                cdf.axvspan(low, high, color=line.get_color(), alpha=0.15,
+                            label=f"its true mean likely {low:.3g}-{high:.3g} s ({band.basis.value})")
+                cdf.axvline(pct.mean, color=line.get_color(), linestyle="--", linewidth=0.8)
+                banded = True
     cdf.set_xscale("log")
-    cdf.set_xlabel(f"seconds (log scale; times are {times_are(s.time_model.basis)})")
+    note = "" if banded else "; error band unknown"
+    cdf.set_xlabel(f"seconds (log scale; times are {times_are(s.time_model.basis)}{note})")
     cdf.set_ylabel("fraction of requests")
-    cdf.set_title("latency distribution")
-    cdf.legend(fontsize=8)
+    cdf.set_title("latency distribution" + ("; dashed: simulated means" if banded else ""))
+    cdf.legend(fontsize=7, loc="lower right")
     fig.suptitle(f"{s.model} on {s.engine} ({s.allocator}), {s.gpu or 'no GPU named'}: {s.describe(short=True)}; "
                  f"{sim.requests:,} requests", fontsize=10)
     if "estimate" in s.scheduling:  # a scheduler followed from source only says so on the picture too

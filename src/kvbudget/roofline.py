@@ -11,10 +11,6 @@ from kvbudget.model.params import activation_widths
 from kvbudget.model.spec import ModelSpec
 from kvbudget.model.weights import Weights
 
-# Fixed cost of one small all-reduce in a decode step (seconds): kvbudget's assumption for NVLink / Infinity Fabric
-# and for GPUs that only share a PCIe switch, not a measurement; the roofline labels its all-reduce term an estimate.
-ALL_REDUCE_LATENCY = {"link": 10e-6, "pcie": 25e-6}
-
 
 @dataclass(frozen=True, kw_only=True)
 class Roofline:
@@ -29,15 +25,14 @@ class Roofline:
 
 def all_reduce_seconds(model: ModelSpec, card: GPU, tp: int, sequences: int) -> float:
     """An estimate of one decode step's tensor-parallel communication: two all-reduces per layer (after attention
-    and after the MLP) of one bf16 hidden vector per sequence, each a ring (2 (tp - 1) / tp of it sent each way
-    over half the card's both-ways link) plus a fixed latency (ALL_REDUCE_LATENCY: kvbudget's assumption)."""
-    if tp == 1 or card.interconnect_bytes_per_s is None:
+    and after the MLP) of one bf16 hidden vector per sequence, over the card's default link as `simulate` times
+    them (kvbudget.interconnects: the link's latency per call plus the ring's traffic over its bus bandwidth)."""
+    from kvbudget.interconnects import all_reduce
+
+    link = all_reduce(card, card.link, tp) if card.link is not None else None
+    if link is None:
         return 0.0
-    hidden = activation_widths(model).hidden
-    message = sequences * hidden * 2
-    latency = ALL_REDUCE_LATENCY["pcie" if "PCIe" in (card.interconnect or "").split(" (")[0] else "link"]
-    one = 2 * (tp - 1) / tp * message / (card.interconnect_bytes_per_s / 2) + latency
-    return 2 * model.num_layers * one
+    return 2 * model.num_layers * link.seconds(sequences * activation_widths(model).hidden * 2)
 
 
 def decode_roofline(result: Estimate, w: Weights, card: GPU, sequences: int, tp: int, max_len: int

@@ -186,6 +186,36 @@ def _short(value: float | None) -> str:
     return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.1f}s"
 
 
+def _sig(value: float) -> str:
+    """Three significant figures, in ms under a second."""
+    return f"{value * 1000:.3g}ms" if value < 1 else f"{value:.3g}s"
+
+
+def band_line(sim: Simulation) -> str:
+    """The simulated means with where their true values likely lie (the band of the held-out runs on the same
+    basis), or why that is unknown."""
+    from kvbudget.simulation.bands import band_for, judged
+
+    figures = [(label, pct.mean, band_for(sim.setup, kind)) for kind, label, pct in
+               (("ttft", "TTFT", sim.ttft), ("tpot", "TPOT", sim.tpot), ("e2e", "E2E", sim.e2e)) if pct is not None]
+    known = [(label, mean, band) for label, mean, band in figures if band is not None]
+    if not known:
+        why = (f"these times: {sim.setup.time_model.basis}" if judged(sim.setup)
+               else f"{sim.setup.engine} ({sim.setup.allocator}): they are all of vLLM's paged allocator")
+        return f"true means: error band unknown (no held-out runs judge {why})"
+    b = known[0][2]
+    ranges = ", ".join(f"{label} {_sig(low)}-{_sig(high)}" for label, mean, band in known
+                       for low, high in [band.around(mean)])
+    held = f"where all {b.runs} held-out runs of {len(b.gpus)} GPUs lay" + (
+        ", too few of its own: the wider bases' joined" if b.widened else "")
+    short = [(band.held, label) for label, _, band in known
+             if band.held is not None and band.held[0] < 0.8 * band.held[1]]
+    if short:  # the worst: how far the band carries to a GPU whose runs did not size it
+        (inside, runs), label = min(short, key=lambda s: s[0][0] / s[0][1])
+        held += f"; sized without their {b.held_by}, {label}'s held only {inside} of {runs}"
+    return f"true means likely: {ranges} ({b.basis.value} basis; {held})"
+
+
 def _print(sim: Simulation, args: argparse.Namespace) -> None:
     from rich.table import Table
 
@@ -205,6 +235,7 @@ def _print(sim: Simulation, args: argparse.Namespace) -> None:
         if pct is not None:
             t.add_row(name, *(_ms(getattr(pct, k)) for k in ("p50", "p90", "p99", "mean", "max")))
     out.print(t)
+    out.print(band_line(sim))
     mem = sim.memory
     hit = f"{sim.prefix_hit_rate:.1%}" if sim.prefix_hit_rate is not None else "-"
     rest = s.free_label

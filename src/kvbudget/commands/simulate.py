@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from kvbudget.choices import ALLOCATORS, parse_allocator
+from kvbudget.choices import ALLOCATORS, Interconnect, parse_allocator
 from kvbudget.commands.options import (
     UTILIZATION,
     EngineKnobs,
@@ -85,6 +85,9 @@ class SimulateRequest:
     num_blocks: str | None = option("the engine's KV blocks instead of a budget", group=MEMORY)
     tp: str = option("tensor parallel size (default 1)", "1", group=MEMORY)
     pp: str = option("pipeline parallel size (default 1)", "1", group=MEMORY)
+    interconnect: str | None = option("what links the tensor-parallel GPUs: " + ", ".join(Interconnect.values())
+                                      + " (default: the best link the GPU has; ethernet and infiniband: across "
+                                      "nodes)", group=MEMORY)
     max_model_len: str | None = option("longest request (default: the model's maximum)", group=MEMORY)
     allocator: str = option("paged (the engine's), or the PagedAttention paper's baselines "
                             + "|".join(ALLOCATORS[1:]), "paged", group=MEMORY)
@@ -316,7 +319,8 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
         lora=(options.max_loras, options.max_lora_rank) if options.enable_lora else None,
         offload_memory=size(ask.offload_memory, "offload_memory"), offload_backend=ask.offload_backend,
         offload_disk=size(ask.offload_disk, "offload_disk"), disk_read=_gbps(ask.disk_read),
-        engine_version=options.engine_version)
+        engine_version=options.engine_version,
+        interconnect=Interconnect.parse(ask.interconnect, "interconnect") if ask.interconnect is not None else None)
 
 
 def _gbps(text: str | None) -> float | None:

@@ -9,8 +9,9 @@ import os
 import re
 from pathlib import Path
 
+from kvbudget import validate
 from kvbudget.engines.scheduling.timing import TimeModel
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, spelled
 from kvbudget.files import read_json
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -61,7 +62,8 @@ def save_calibration(name: str, time_model: TimeModel, model: str, gpu: str | No
 
 
 # (absent from calibrations saved before them)
-ADDED = ("token_cost", "context_cost", "pair_cost", "seq_cost", "request_latency", "experts", "expert_share")
+ADDED = ("token_cost", "context_cost", "pair_cost", "seq_cost", "request_latency", "experts", "expert_share",
+         "request_per_token", "pace", "pace_per_seq")
 
 
 def load_calibration(name: str, model: str, gpu: str | None) -> TimeModel:
@@ -80,6 +82,13 @@ def load_calibration(name: str, model: str, gpu: str | None) -> TimeModel:
     except (ValueError, KeyError, TypeError) as exc:
         raise KVBudgetError(f"calibration {name!r}: {path} is not a saved calibration ({exc})",
                             param="calibration") from None
+    for key in ("weights", "per_context", "per_token", "overhead", *ADDED):
+        try:  # (seconds, or a share of the experts: a day is past any of them)
+            validate.number(getattr(time_model, key), key, 0.0, validate.MAX_SECONDS, above=False)
+        except KVBudgetError as exc:
+            again = spelled("save_calibration after a calibration", "--calibrate FILE --save-calibration NAME")
+            raise KVBudgetError(f"calibration {name!r}: {path}: time_model.{exc}; save it again ({again})",
+                                param="calibration") from None
     for what, want, saved in (("model", model, data.get("model")), ("GPU", _gpu(gpu), data.get("gpu"))):
         if want != saved:
             raise KVBudgetError(f"calibration {name!r} was fitted for {what} {saved}, not {want}: calibrate this "

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from kvbudget import validate
-from kvbudget.choices import Device, EntryPoint, parse_allocator
+from kvbudget.choices import Device, EntryPoint, Interconnect, parse_allocator
 from kvbudget.engines import Engine, engine_release, get_engine
 from kvbudget.engines.scheduling.seq import Queues, Seq
-from kvbudget.engines.scheduling.setup import Planned, Setup, Simulates, SimulationAsk
+from kvbudget.engines.scheduling.setup import Planned, Setup, Simulates, SimulationAsk, with_host
 from kvbudget.engines.scheduling.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
 from kvbudget.engines.scheduling.workload import MAX_CLIENTS, Request, samples
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from kvbudget.engines.tiers import OffloadTotals
 from kvbudget.errors import KVBudgetError, named, spelled
 from kvbudget.model.spec import ModelSpec
-from kvbudget.simulation import steptimes
+from kvbudget.simulation import bands, steptimes
 from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.guarded import Gatekeeper, GuardReport, admission_policy
 from kvbudget.simulation.percentiles import LatencyWindow, Percentiles, latency_windows
@@ -111,13 +111,13 @@ class Simulation:
         return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else None
 
     def to_dict(self) -> dict[str, Any]:
-        def pct(p: Percentiles | None) -> dict[str, float] | None:
-            return None if p is None else dict(p.__dict__)
+        def pct(p: Percentiles | None, kind: str) -> dict[str, Any] | None:
+            return None if p is None else {**p.__dict__, "band": bands.as_dict(self.setup, kind)}
 
         return {
             "setup": self.setup.to_dict(), "requests": self.requests, "completed": self.completed,
-            "duration_s": self.duration_s,
-            "steps": self.steps, "ttft_s": pct(self.ttft), "tpot_s": pct(self.tpot), "e2e_s": pct(self.e2e),
+            "duration_s": self.duration_s, "steps": self.steps, "ttft_s": pct(self.ttft, "ttft"),
+            "tpot_s": pct(self.tpot, "tpot"), "e2e_s": pct(self.e2e, "e2e"),
             "requests_per_s": self.requests_per_s, "output_tokens_per_s": self.output_tokens_per_s,
             "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
             "preemptions": self.preemptions, "preempted_requests": self.preempted_requests,
@@ -128,8 +128,7 @@ class Simulation:
             "failed": self.failed, "notes": list(self.notes), "guard": self.guard.to_dict() if self.guard else None,
             "timeline": [s.__dict__ for s in self.timeline],
             "latency_timeline": [w.to_dict() for w in self.latency_timeline],
-            "offload": self.offload.to_dict() if self.offload is not None else None,
-        }
+            "offload": self.offload.to_dict() if self.offload is not None else None}
 
 
 def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None = None, gpu_memory: int | None = None,
@@ -141,7 +140,7 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               measured: Sequence[MeasuredStep] | None = None, kv_unified: bool = False,
               cache_ram: int | None = None, weights: int | None = None, utilization: float | None = None,
               enforce_eager: bool = False, entry_point: str = "server", lora: tuple[int, int] | None = None,
-              offload_memory: int | None = None, offload_backend: str | None = None,
+              offload_memory: int | None = None, offload_backend: str | None = None, interconnect: str | None = None,
               offload_disk: int | None = None, disk_read: float | None = None) -> Setup:
     """The memory and scheduler settings from the planner and the engine's defaults, and the default time model.
     `weights` (bytes per GPU) replaces the parameter count where kvbudget has none; `engine` may name a release."""
@@ -156,7 +155,8 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
                         cache_ram=cache_ram, weights=weights, utilization=utilization, enforce_eager=enforce_eager,
                         entry_point=EntryPoint.parse(entry_point, "entry_point"), lora=lora,
                         offload_memory=offload_memory, offload_backend=offload_backend, offload_disk=offload_disk,
-                        disk_read=disk_read, engine_version=version)
+                        disk_read=disk_read, engine_version=version,
+                        interconnect=None if interconnect is None else Interconnect.parse(interconnect, "interconnect"))
     return setup_of(ask)
 
 
@@ -179,6 +179,7 @@ def setup_of(ask: SimulationAsk) -> Setup:
     if not max_len:
         raise KVBudgetError(f"max_model_len: {model.name}'s config has no max_position_embeddings; give "
                             "max_model_len", param="max_model_len")
+    card = find_gpu(ask.gpu) if ask.gpu else None
     if ask.gpu is None and ask.gpu_memory is None:
         if ask.kv_memory is None and ask.num_blocks is None and not simulator.sized_without_budget(ask):
             raise KVBudgetError("simulate: give a GPU (gpu or gpu_memory), a KV budget (kv_memory) or num_blocks",
@@ -190,23 +191,21 @@ def setup_of(ask: SimulationAsk) -> Setup:
         p = plan(model, engine=chosen, gpu_memory=NO_GPU_MEMORY, tp=ask.tp, pp=ask.pp, kv_dtype=ask.kv_dtype,
                  max_model_len=max_len, options=options, kv_memory=ask.kv_memory or NO_GPU_MEMORY,
                  recommend=False, weights=ask.weights)
-        card = None
     else:
         p = plan(model, engine=chosen, gpu=ask.gpu, gpu_memory=ask.gpu_memory, tp=ask.tp, pp=ask.pp,
                  kv_dtype=ask.kv_dtype, max_model_len=max_len, options=options, kv_memory=ask.kv_memory,
                  recommend=False, weights=ask.weights, utilization=ask.utilization)
-        card = find_gpu(ask.gpu) if ask.gpu else None
     if ask.measured is not None:
         time_model = calibrate(ask.measured)
     elif ask.time_model is not None:
         time_model = ask.time_model
     else:
-        time_model = steptimes.default_time_model(model, p, card)
+        time_model = with_host(simulator, steptimes.default_time_model(model, p, card, ask.interconnect), p.options,
+                               p.tp, p.pp)
     if time_model.basis == NOMINAL:
         raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
                             "FLOPS), or measured timings to calibrate it "
-                            f"({spelled('measured / time_model', '--calibrate FILE')})",
-                            param="gpu")
+                            f"({spelled('measured / time_model', '--calibrate FILE')})", param="gpu")
     planned = Planned(capacity=p.capacity, allocation=p.estimate.allocation, kv_memory_bytes=p.kv_memory_bytes,
                       gpu_memory_bytes=p.gpu_memory_bytes, gpu_name=p.gpu, serving_options=p.options,
                       options=options, max_model_len=max_len, time_model=time_model,
@@ -252,8 +251,8 @@ class _Run:
                  on_finish: Callable[..., None] | None = None, check: Callable[[], None] | None = None,
                  clients: int | None = None):
         self.setup, self.sched, self.fast, self.guard = setup, sched, fast, guard
-        # a closed loop's clients: when each is free to send (a heap; every one at 0 to begin with)
-        self.clients: list[float] | None = None if clients is None else [0.0] * clients
+        # a closed loop's clients: when each is free to send (a heap; every one free from the start)
+        self.clients: list[float] | None = None if clients is None else [-math.inf] * clients
         self.check = check or (lambda: None)
         self.releases: dict[int, Callable[[], None]] = {}  # the guard's hold on each admitted request
         self.families: dict[int, list[Any]] = {}  # child uid -> its request's [left, first token, finish, release]
@@ -275,10 +274,13 @@ class _Run:
         self.loop(iter(workload))
 
     def due(self, pending: Request | None) -> float:
-        """When the pending request reaches the engine: its arrival, or when a client is free to send it."""
+        """When the pending request reaches the engine: its arrival, or when a client is free to send it and the
+        time outside the engine has passed (parsing, tokenizing: TimeModel.outside_seconds)."""
         if pending is None or (self.clients is not None and not self.clients):
             return math.inf
-        return pending.arrival if self.clients is None else max(pending.arrival, self.clients[0])
+        if self.clients is None:
+            return pending.arrival
+        return max(pending.arrival, self.clients[0] + self.tm.outside_seconds(pending.prompt_tokens))
 
     def free_client(self, now: float) -> None:
         """A request ended at `now` (answered, failed or refused): its client sends the next one then."""
@@ -288,7 +290,8 @@ class _Run:
     def admit(self, arrivals: Iterator[Request], pending: Request | None) -> Request | None:
         while pending is not None and self.due(pending) <= self.t:
             if self.clients is not None:  # sent when its client was free, the latency counted from then
-                pending = replace(pending, arrival=max(pending.arrival, heapq.heappop(self.clients)))
+                pending = replace(pending, arrival=max(pending.arrival, heapq.heappop(self.clients)
+                                                       + self.tm.outside_seconds(pending.prompt_tokens)))
             if pending.prompt_tokens + 1 > self.setup.max_model_len:
                 raise KVBudgetError(f"request {pending.id or self.requests + 1}: a prompt of {pending.prompt_tokens} "
                                     f"tokens does not fit max_model_len {self.setup.max_model_len} (the engine "
@@ -393,6 +396,7 @@ class _Run:
         weights, per_context, per_token, overhead = tm.weights_read(r), tm.per_context, tm.per_token, tm.overhead
         # the added costs, as step_seconds adds them (a decode step has no attended pairs beyond its context)
         fixed = overhead + tm.token_cost * r + tm.seq_cost * r
+        pace = tm.pace + tm.pace_per_seq * r  # (a step cannot outrun it)
         context_cost = tm.context_cost
         summed = tm.bound == "sum"
         context = sched.context_tokens()
@@ -421,6 +425,7 @@ class _Run:
                 dt = base + fixed + context_cost * context
             else:
                 dt = head + context_cost * context
+            dt = dt if dt >= pace else pace
             t += dt
             usage_time += usage * dt
             if blocks_as_states:  # hybrid groups: every block in use counts as token states (see memory())
@@ -470,7 +475,7 @@ class _Run:
         following = search.finished_one(now)
         if following is None:
             r = search.request
-            e2e = now - r.arrival + self.tm.request_latency
+            e2e = now - r.arrival + self.tm.outside_seconds(r.prompt_tokens)
             assert search.first_round_end is not None
             tpot = (now - search.first_round_end) / (r.output_tokens - 1) if r.output_tokens > 1 else None
             self.ttft.append(e2e)
@@ -510,7 +515,7 @@ class _Run:
             if search is not None:
                 self._beam_finished(search, q.finished)
                 continue
-            arrival = q.request.arrival - self.tm.request_latency  # (latency outside the engine: see TimeModel)
+            arrival = q.request.arrival - self.tm.outside_seconds(q.request.prompt_tokens)  # (see TimeModel)
             tpot = (q.finished - q.first_token) / (q.out - 1) if q.out > 1 else None
             if tpot is not None:
                 self.tpot.append(tpot)

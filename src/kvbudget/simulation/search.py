@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, final
 
-from kvbudget.choices import parse_allocator
+from kvbudget.choices import Interconnect, parse_allocator
 from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
@@ -132,7 +132,8 @@ SWEEPABLE: dict[str, Callable[[str], Any]] = {
     "tp": int, "pp": int, "kv-dtype": str, "max-num-seqs": int, "max-num-batched-tokens": int,
              "block-size": int, "allocator": parse_allocator, "gpu": str, "max-model-len": int,
              "long-prefill-token-threshold": int, "prefix-caching": lambda v: v.lower() in ("1", "true", "on", "yes"),
-             "rate-scale": float, "offload-memory": _offload_size}
+             "rate-scale": float, "offload-memory": _offload_size,
+             "interconnect": lambda v: Interconnect.parse(v, "interconnect")}
 
 
 def parse_sweep(items: Sequence[str]) -> list[dict[str, Any]]:

@@ -29,10 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.engines.scheduling.timing import NOMINAL, TimeModel, nonnegative_fit
 from kvbudget.errors import ConfigError
+from kvbudget.interconnects import all_reduce
 from kvbudget.model.params import activation_widths, count_parameters
 from kvbudget.model.spec import Attention, LatentAttention, ModelSpec
+from kvbudget.simulation.bands import Basis, basis_of
 
 if TYPE_CHECKING:
+    from kvbudget.choices import Interconnect
     from kvbudget.gpus import GPU
     from kvbudget.planner import Plan
 
@@ -41,8 +44,6 @@ if TYPE_CHECKING:
 GEMMS_PER_LAYER = 4
 ELEMENTWISE_PER_LAYER = 4
 ALL_REDUCES_PER_LAYER = 2  # after attention and after the MLP, under tensor parallelism
-# an all-reduce's fixed cost where no measurement exists (estimate: NCCL's small-message latency on one node)
-ALL_REDUCE_FIXED_S = 20e-6
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,6 +251,9 @@ def step_work(model: ModelSpec, plan: Plan) -> StepWork | None:
 # the kernels a step is built from; a GPU lacking one takes it from the GPUs that have it (MoE experts excepted:
 # without their own measurements they run as projections do)
 KERNELS = ("gemm", "elementwise", "sampler", "decode_attention", "prefill_attention")
+# the kernels most of a step's time is spent in: where a transferred card takes them from names its error band's
+# basis (bands.basis_of; the norms and the sampler are measured on few GPUs and transferred to nearly all)
+MAIN_KERNELS = ("gemm", "decode_attention", "prefill_attention")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -259,6 +263,7 @@ class Kernels:
     ops: dict[str, OpFit]
     all_reduce: dict[int, OpFit]
     label: str
+    basis: Basis  # which held-out validation's error band applies (simulation/bands.py)
 
 
 def kernels_for(card: GPU, without: Sequence[str] = ()) -> Kernels | None:
@@ -282,7 +287,9 @@ def kernels_for(card: GPU, without: Sequence[str] = ()) -> Kernels | None:
         label = own.label() + (f"; {_kinds(list(moved))} from {_names(moved)}" if moved else "")
     else:
         label = f"kernel efficiencies of {_names(moved)} on {card.name}'s datasheet (estimate)"
-    return Kernels(ops=ops, all_reduce=own.all_reduce if own is not None else {}, label=label)
+    return Kernels(ops=ops, all_reduce=own.all_reduce if own is not None else {}, label=label,
+                   basis=basis_of(card, own is not None,
+                                  [find_gpu(g) for op in MAIN_KERNELS for g in moved.get(op, [])]))
 
 
 def _names(moved: dict[str, list[str]]) -> str:
@@ -314,9 +321,10 @@ def _transfer(op: str, fitted: list[tuple[GpuFit, GPU]], card: GPU) -> OpFit:
                  rows=0, median_error=float("nan"))
 
 
-def time_model(work: StepWork, kernels: Kernels, card: GPU) -> TimeModel:
+def time_model(work: StepWork, kernels: Kernels, card: GPU, link: Interconnect | None = None) -> TimeModel:
     """The step time of `work` on `card`, as a TimeModel: the projections' weight read and compute overlapped,
-    plus what is added per step, per token, per cached token, per attended pair and per sequence."""
+    plus what is added per step, per token, per cached token, per attended pair and per sequence. Tensor
+    parallelism all-reduces over `link` (None: the card's own, `GPU.link`)."""
     ops = kernels.ops
     gemm, elementwise = ops["gemm"], ops["elementwise"]
     experts = ops.get("moe", gemm) if work.expert_bytes else gemm
@@ -330,24 +338,29 @@ def time_model(work: StepWork, kernels: Kernels, card: GPU) -> TimeModel:
                 + work.attention_layers * decode.per_sequence)
     basis = kernels.label
     if work.tp > 1:
-        reduce = kernels.all_reduce.get(work.tp)
+        # each call reduces one 16-bit hidden vector per token: measured over the card's own link where its
+        # table has the tp, else the link's public figures (interconnects.py)
+        link = link or card.link
+        measured = kernels.all_reduce.get(work.tp) if link is not None and link is card.link else None
+        reduce = all_reduce(card, link, work.tp) if link is not None and measured is None else None
         calls = ALL_REDUCES_PER_LAYER * work.layers
-        if reduce is not None:
-            overhead += calls * reduce.fixed
-            token_cost += _per(calls * 2 * work.hidden, reduce.bandwidth)
-        elif card.interconnect_bytes_per_s:
-            # ring all-reduce: each GPU sends and receives 2 (tp - 1) / tp of the data, at half the duplex figure
-            basis += "; all-reduce from the interconnect's datasheet (estimate)"
-            overhead += calls * ALL_REDUCE_FIXED_S
-            token_cost += _per(calls * 2 * work.hidden * 2 * (work.tp - 1) / work.tp,
-                               card.interconnect_bytes_per_s / 2)
+        if measured is not None:
+            basis += f"; all-reduce measured over {link}"
+            overhead += calls * measured.fixed
+            token_cost += _per(calls * 2 * work.hidden, measured.bandwidth)
+        elif reduce is not None:
+            basis += f"; {reduce.label}"
+            overhead += calls * reduce.latency
+            token_cost += calls * 2 * work.hidden / reduce.bandwidth
+        else:
+            basis += f"; no all-reduce (the catalog states no link figures for {card.name})"
     return TimeModel(weights=_per(work.weight_bytes + work.lm_head_bytes, gemm.bandwidth), per_context=0.0,
                      per_token=_per(work.flops_per_token, experts.throughput), overhead=overhead, bound="max",
                      token_cost=token_cost,
                      context_cost=_per(work.attention_layers * work.kv_bytes_per_token, decode.bandwidth),
                      pair_cost=_per(work.attention_layers * 4 * work.query_width, prefill.throughput),
                      seq_cost=seq_cost, experts=_per(work.expert_bytes, experts.bandwidth),
-                     expert_share=work.expert_share, basis=basis)
+                     expert_share=work.expert_share, basis=basis, band_basis=kernels.basis.value)
 
 
 def _per(amount: float, rate: float) -> float:
@@ -355,13 +368,14 @@ def _per(amount: float, rate: float) -> float:
     return amount / rate if rate else 0.0
 
 
-def default_time_model(model: ModelSpec, p: Plan, card: GPU | None) -> TimeModel:
+def default_time_model(model: ModelSpec, p: Plan, card: GPU | None, link: Interconnect | None = None) -> TimeModel:
     """Kernels fitted on measurements (the card's own, or transferred from measured GPUs) where the card has
-    datasheet figures and the model's parameters are counted; else the roofline."""
+    datasheet figures and the model's parameters are counted; else the roofline. `link`: what tensor
+    parallelism's GPUs are linked by (None: the card's own)."""
     kernels = kernels_for(card) if card is not None else None
     work = step_work(model, p) if kernels is not None else None
     if card is not None and kernels is not None and work is not None:
-        return time_model(work, kernels, card)
+        return time_model(work, kernels, card, link)
     return _roofline(p, card)
 
 

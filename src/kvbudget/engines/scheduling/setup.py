@@ -18,7 +18,7 @@ from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 
 if TYPE_CHECKING:
-    from kvbudget.choices import Device, EntryPoint
+    from kvbudget.choices import Device, EntryPoint, Interconnect
 
 
 MAX_DISK_READ = 1e12  # bytes per second a disk tier reads at: 1,000 GB/s, past any drive or array on one host
@@ -60,6 +60,7 @@ class SimulationAsk:
     offload_disk: int | None = None  # disk for the backend's disk tier behind host memory, over every rank
     disk_read: float | None = None  # bytes per second the disk tier reads at
     engine_version: tuple[int, ...] | None = None  # the release whose budget and defaults to take (None: newest)
+    interconnect: Interconnect | None = None  # what tensor parallelism's GPUs are linked by (None: the card's own)
 
     def __post_init__(self) -> None:
         """Every number in its range, whoever built the ask (the CLI, the web page, `setup_for`)."""
@@ -85,6 +86,12 @@ class SimulationAsk:
             validate.fraction(self.utilization, "utilization")
         if self.disk_read is not None:
             validate.number(self.disk_read, "disk_read", 0.0, MAX_DISK_READ)
+        if self.interconnect is not None:  # a link the catalog card has, for the default time model
+            from kvbudget.gpus import find_gpu
+            from kvbudget.interconnects import check_link
+
+            check_link(find_gpu(self.gpu) if self.gpu else None, self.interconnect,
+                       calibrated=self.measured is not None or self.time_model is not None)
 
     def engine_options(self, batched: bool = True) -> EngineOptions:
         """The options to plan with (`batched`: the engine takes max_num_batched_tokens)."""
@@ -221,7 +228,6 @@ class SimulatorDefaults:
 
     def sized_without_budget(self, ask: SimulationAsk) -> bool:
         return False
-
     def token_slots(self, setup: Setup) -> int:
         return setup.num_blocks
 
@@ -251,7 +257,6 @@ class Simulator(Protocol):
 
     def sized_without_budget(self, ask: SimulationAsk) -> bool:
         """Whether the ask sizes the cache without a GPU or KV budget (llama.cpp: its slots)."""
-
     def setup(self, ask: SimulationAsk, planned: Planned) -> Setup:
         """The engine's memory and scheduler settings for the ask; raises where the engine would not start."""
 
@@ -266,6 +271,20 @@ class Simulator(Protocol):
 
     def free_label(self, setup: Setup) -> str:
         """What the unused token slots of `setup` are, in words."""
+
+
+@runtime_checkable
+class TimesHost(Protocol):
+    """A scheduler model that knows its engine's CPU work around the GPU's (a Simulator may also be one)."""
+
+    def with_host(self, time_model: TimeModel, options: EngineOptions, tp: int, pp: int) -> TimeModel:
+        """The default time model of the GPU's kernels (never a calibrated or given one) with the engine's CPU
+        work around them: per step, per request, its frontend (the release in `options`, tp x pp GPUs)."""
+
+
+def with_host(simulator: Simulator, time_model: TimeModel, options: EngineOptions, tp: int, pp: int) -> TimeModel:
+    """`time_model` with the simulator's engine's CPU work around the GPU's, where it models that work."""
+    return simulator.with_host(time_model, options, tp, pp) if isinstance(simulator, TimesHost) else time_model
 
 
 @runtime_checkable

@@ -44,12 +44,20 @@ class TimeModel:
     # seconds every request spends outside the engine (HTTP, tokenizing, streaming back), added to its TTFT and
     # end-to-end latency; 0 unless calibrated on latencies a client measured
     request_latency: float = 0.0
+    request_per_token: float = 0.0  # seconds per prompt token outside the engine (tokenizing), beside request_latency
+    # a stage beside the GPU that a step cannot outrun (the engine's frontend streaming every sequence's token; the
+    # engine's own CPU work where it overlaps the GPU's): a step takes at least pace + pace_per_seq x sequences
+    pace: float = 0.0
+    pace_per_seq: float = 0.0
     # a mixture of experts: seconds to read every routed expert's weights (not in `weights`), and the share of the
     # experts one token routes to; a step of n tokens reads the experts it routes to: 1 - (1 - share)^n of them
     # (routing taken as uniform and independent)
     experts: float = 0.0
     expert_share: float = 0.0
     basis: str = "roofline estimate"
+    # the held-out validation whose error band these times carry (kvbudget.simulation.bands.Basis' value: fitted
+    # kernels, measured or transferred); "" where none applies (the roofline, a calibration, a model given)
+    band_basis: str = ""
 
     @classmethod
     def roofline(cls, weight_bytes: float, kv_bytes_per_token: float, flops_per_token: float, bandwidth: float,
@@ -76,7 +84,13 @@ class TimeModel:
         fixed = self.overhead + self.token_cost * tokens + self.seq_cost * (tokens if sequences is None
                                                                              else sequences)
         beyond = 0 if pairs is None else pairs - context_tokens
-        return base + fixed + self.context_cost * context_tokens + self.pair_cost * beyond
+        total = base + fixed + self.context_cost * context_tokens + self.pair_cost * beyond
+        pace = self.pace + self.pace_per_seq * (tokens if sequences is None else sequences)
+        return total if total >= pace else pace
+
+    def outside_seconds(self, prompt_tokens: int) -> float:
+        """Seconds a request of `prompt_tokens` spends outside the engine, added to its TTFT and end to end."""
+        return self.request_latency + self.request_per_token * prompt_tokens
 
     def weights_read(self, tokens: int) -> float:
         """Seconds a step of `tokens` tokens spends reading weights: all of them, and the experts it routes to."""
@@ -86,12 +100,14 @@ class TimeModel:
 
     def scaled(self, fixed: float, work: float, basis: str, request_latency: float = 0.0) -> TimeModel:
         """This step time with its fixed cost per step times `fixed` and everything else times `work`, and
-        `request_latency` outside the engine (a calibration of a kernel model)."""
+        `request_latency` outside the engine (a calibration of a kernel model); the host's measured costs outside
+        the GPU (request_per_token, pace) stay as they are."""
         return TimeModel(weights=self.weights * work, per_context=self.per_context * work,
                          per_token=self.per_token * work, overhead=self.overhead * fixed, bound=self.bound,
                          token_cost=self.token_cost * work, context_cost=self.context_cost * work,
                          pair_cost=self.pair_cost * work, seq_cost=self.seq_cost * work,
-                         request_latency=request_latency, experts=self.experts * work,
+                         request_latency=request_latency, request_per_token=self.request_per_token,
+                         pace=self.pace, pace_per_seq=self.pace_per_seq, experts=self.experts * work,
                          expert_share=self.expert_share, basis=basis)
 
     def to_dict(self) -> dict[str, float | str]:

@@ -6,12 +6,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.choices import Device, parse_allocator
+from kvbudget.engines.base import EngineOptions
 from kvbudget.engines.scheduling.seq import Queues
 from kvbudget.engines.scheduling.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
+from kvbudget.engines.scheduling.timing import TimeModel
 from kvbudget.engines.tiers import required_link
 from kvbudget.engines.vllm.blocks import BlockGroup, StateGroup
 from kvbudget.engines.vllm.cached import CachedHybridScheduler
 from kvbudget.engines.vllm.contiguous import ContiguousScheduler
+from kvbudget.engines.vllm.host import with_host
 from kvbudget.engines.vllm.hybrid import HybridScheduler
 from kvbudget.engines.vllm.lmcache import LMCacheScheduler
 from kvbudget.engines.vllm.offloading import OffloadingScheduler
@@ -41,6 +44,10 @@ class VLLMSimulator(SimulatorDefaults):
             raise KVBudgetError(f"engine vllm@{Release((version[0], version[1])).label}: simulate follows vLLM's V1 "
                                 f"scheduler, the default engine from {oldest} (V0's before it is not simulated); "
                                 f"give vllm@{oldest} or later (estimate and plan take 0.5 on)", param="engine")
+
+    def with_host(self, time_model: TimeModel, options: EngineOptions, tp: int, pp: int) -> TimeModel:
+        """The kernels' time model with vLLM's CPU work around them (engines/vllm/host.py), of the release."""
+        return with_host(time_model, release(options).version, tp, pp)
 
     def _host_tiers(self, ask: SimulationAsk, planned: Planned, hybrid: bool) -> dict[str, Any]:
         """The offload tiers the ask gives host memory (and disk) for, and one unit's load time from each."""
