@@ -345,10 +345,8 @@ def silicon_settings(run: dict[str, Any]) -> dict[str, Any]:
     max_num_batched_tokens concurrency + ISL + 1500, max_model_len ISL + OSL + 1500. Prefix caching off: aiperf's
     synthetic prompts share no prefix, so it changes no time, and without it sliding-window models (gpt-oss) take
     the simulator's fast path (the same figures, 16 times sooner on a gpt-oss-120b row)."""
-    release = run["release"] or ""
-    numbered = release[:1].isdigit()
     c = run["concurrency"]
-    return dict(engine=f"vllm@{'.'.join(release.split('.')[:2])}" if numbered else "vllm", gpu=run["gpu"],
+    return dict(engine=release_engine({"engine": f"vLLM {run['release']}"}), gpu=run["gpu"],
                 tp=run["tp"], kv_dtype=run["kv_dtype"], max_num_seqs=c, max_num_batched_tokens=c + run["isl"] + 1500,
                 max_model_len=run["isl"] + run["osl"] + 1500, prefix_caching=False)
 

@@ -65,6 +65,12 @@ def test_a_small_row_replays_to_finite_times(modules):
     run = {"id": "small", "gpu": "H100-80GB", "model": "qwen3-32b", "weights": "bf16", "kv_dtype": "auto", "tp": 2,
            "release": "0.12.0", "isl": 1024, "osl": 128, "concurrency": 8,
            "measured": {"ttft_s": 0.3, "tpot_s": 0.02}}
+    settings = served.silicon_settings(run)
+    # aiconfigurator's vllm.rule: max_num_seqs 8, max_num_batched_tokens 8 + 1,024 + 1,500, max_model_len
+    # 1,024 + 128 + 1,500; the release's rules
+    assert (settings["engine"], settings["max_num_seqs"], settings["max_num_batched_tokens"],
+            settings["max_model_len"]) == ("vllm@0.12", 8, 2532, 2652)
+    assert served.silicon_settings({**run, "release": None})["engine"] == "vllm"  # none recorded: the newest
     case = served.replay_silicon(run, rounds=2)
     assert not case.excluded and case.basis
     for metric in ("ttft", "tpot", "e2e"):
