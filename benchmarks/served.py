@@ -6,6 +6,11 @@ Used by bench_step_times.py and tests/unit/simulation/test_step_times.py.
 `python benchmarks/served.py` prints the held-out table: the runs published only as `benchmark_serving.py` /
 `vllm bench serve` blocks (fixed-length random prompts, sent at once), on GPUs the step times were not fitted on,
 by GPU, basis, tensor parallel size and load: median |error| and median signed error of mean TTFT, TPOT and E2E.
+
+`python benchmarks/served.py --silicon` replays aiconfigurator's silicon runs instead (data/served/silicon.json:
+1,149 vLLM rows on H100, H200, B200 and B300, each a closed loop of its concurrency, as aiperf sent them) and
+prints the same figures by GPU, release, model and weights, TP and concurrency, an overall line and the rows left
+out with why (about 4 minutes).
 """
 
 from __future__ import annotations
