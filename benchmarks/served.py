@@ -441,11 +441,33 @@ def silicon_report(cases: list[Case], runs_by_id: dict[str, dict[str, Any]]) -> 
         out.append(f"all ({len(compared)} rows): " + "; ".join(
             f"{METRIC_LABEL[m]} median |error| {statistics.median(abs(c.error(m)) for c in compared):.0%}, "
             f"{sum(c.error(m) < 0 for c in compared)} short" for m in METRICS))
+    if compared:
+        out.append(band_coverage(compared))
     left = [c for c in cases if c.excluded]
     for reason in sorted({c.excluded for c in left}):
         n = sum(c.excluded == reason for c in left)
         out.append(f"Left out ({n}): {reason}")
     return out
+
+
+def band_coverage(cases: list[Case]) -> str:
+    """How many of `cases` (none of them among the runs the bands are sized on) have their real mean inside the
+    band `simulate` prints beside the simulated one (src/kvbudget/data/latency_bands.json, the measured basis:
+    these GPUs' kernels are measured)."""
+    from kvbudget.simulation.bands import Band, Basis, _data
+
+    entry = _data()["bands"][Basis.MEASURED.value]
+    parts = []
+    for m in METRICS:
+        have = [c for c in cases if m in c.real and m in c.simulated and math.isfinite(c.error(m))]
+        if not have or entry.get(m) is None:
+            continue
+        b = Band.from_dict(entry[m])
+        # the band bounds (real - simulated) / simulated; a case's error is simulated / real - 1
+        inside = sum(b.lower <= 1 / (1 + c.error(m)) - 1 <= b.upper for c in have)
+        parts.append(f"{METRIC_LABEL[m]} {inside} of {len(have)} ({inside / len(have):.0%})")
+    return "inside the band simulate prints (measured basis, sized on runs.json, none of these rows): " + \
+        ", ".join(parts)
 
 
 def silicon_main(most: int) -> None:
