@@ -8,7 +8,9 @@ the fit finds the seconds a kernel takes for its work:
   weights and computes at the same time; the slower wins),
 - everything else: `fixed + bytes / bandwidth + FLOPs / throughput + sequences x per_sequence`,
 
-by least squares on relative error with no negative part. A model's step is then the sum of its kernels, counted
+by least squares on relative error with no negative part; projections and experts once per weight format measured
+(16-bit, and fp8 or 4-bit where a table has them: each part of a model's weights runs on its own format's kernels,
+the 16-bit ones standing in, labelled, where a GPU has none). A model's step is then the sum of its kernels, counted
 from its config: because each term is in FLOPs and bytes, a fit transfers to models that were not profiled (how
 far, the accuracy page says). A GPU without measurements takes the measured GPUs' efficiencies (each kernel's
 fitted bandwidth and throughput as a share of their datasheet peaks) on its own datasheet, labelled an estimate:
