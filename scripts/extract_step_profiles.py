@@ -194,14 +194,36 @@ AIC_MOST = {"gemm": 1200, "context": 700, "generation": 1200, "allreduce": 200, 
 L2_WARM = (1 << 20, 128 << 20)
 
 
-def aic_gemm(rows: list[dict[str, object]]) -> list[dict[str, object]]:
-    """16-bit GEMMs of m tokens through an n x k weight, both sides at least 512 wide (a projection's shapes):
-    2 m n k FLOPs, the 2 n k bytes of the weight."""
+# the weight formats whose GEMM and MoE rows are taken beside the 16-bit ones (aiconfigurator's `gemm_dtype` /
+# `moe_dtype`), each as op `gemm_<format>` / `moe_<format>`, and the bytes a weight of that format is stored in:
+# fp8 per tensor; fp8 in 128 x 128 blocks with a float32 scale each; MXFP4 (4-bit values, an 8-bit scale per 32)
+# with 16-bit activations; int4 weight-only in groups of 128 with a 16-bit scale (its collector's default,
+# collector/vllm/collect_moe.py). NVFP4 and the W4A8 MXFP4 experts are left out: kvbudget counts no such checkpoint.
+QUANT_BYTES = {"fp8": 1.0, "fp8_block": 1 + 4 / (128 * 128), "w4a16_mxfp4": 4.25 / 8, "int4_wo": 0.5 + 2 / 128}
+
+
+# GEMM formats whose collector times one copy of the weight over and over outside CUDA graphs (collect_gemm.py:
+# outside_loop_count 1 and use_cuda_graph off, where the others cycle through 6 copies under a graph): a weight
+# that fits is read from L2 and each call pays Python's dispatch, so their rows are left out (fitted, the H200's
+# read 9.5 TB/s, twice its memory's, with a fixed 44 us a call; a B200's 165 us); their projections are timed
+# with the per-tensor fp8 kernels (steptimes.STAND_IN)
+ONE_COPY = ("fp8_block",)
+
+
+def quant_op(kind: str, dtype: str) -> str:
+    """The op a row of weight format `dtype` is written as: `kind` for 16-bit weights, else `kind_<dtype>`."""
+    return kind if dtype == "bfloat16" else f"{kind}_{dtype}"
+
+
+def aic_gemm(rows: list[dict[str, object]], dtype: str = "bfloat16") -> list[dict[str, object]]:
+    """GEMMs of m tokens through an n x k weight stored as `dtype`, both sides at least 512 wide (a projection's
+    shapes): 2 m n k FLOPs, the n k weights' bytes in that format."""
     out = []
+    per = QUANT_BYTES.get(dtype, BF16)
     for r in rows:
         m, n, k = (int(str(r[c])) for c in ("m", "n", "k"))
-        if r["gemm_dtype"] == "bfloat16" and n >= 512 and k >= 512:
-            out.append(row("gemm", f"gemm_{n}x{k}", "-", 1, m, 0, 2 * m * n * k, BF16 * n * k,
+        if r["gemm_dtype"] == dtype and dtype not in ONE_COPY and n >= 512 and k >= 512:
+            out.append(row(quant_op("gemm", dtype), f"gemm_{n}x{k}", "-", 1, m, 0, 2 * m * n * k, round(per * n * k),
                            float(str(r["latency"])) * 1000))
     return out
 
@@ -247,19 +269,20 @@ def balanced_experts(tokens: int, experts: int, topk: int) -> int:
     return len({int((t * stride / tokens + j * stride) % experts) for t in range(tokens) for j in range(topk)})
 
 
-def aic_moe(rows: list[dict[str, object]]) -> list[dict[str, object]]:
-    """16-bit fused MoE experts on one GPU (no expert or tensor parallelism) under balanced routing: `num_tokens`
-    tokens through `topk` of `num_experts` gated experts of `hidden_size` x `inter_size`: FLOPs 2 x tokens x topk
-    x 3 x hidden x inter; bytes the weights of the experts the tokens reach."""
+def aic_moe(rows: list[dict[str, object]], dtype: str = "bfloat16") -> list[dict[str, object]]:
+    """Fused MoE experts stored as `dtype` on one GPU (no expert or tensor parallelism) under balanced routing:
+    `num_tokens` tokens through `topk` of `num_experts` gated experts of `hidden_size` x `inter_size`: FLOPs 2 x
+    tokens x topk x 3 x hidden x inter; bytes the weights of the experts the tokens reach, in that format."""
     out = []
+    per = QUANT_BYTES.get(dtype, BF16)
     for r in rows:
-        if (r["moe_dtype"] != "bfloat16" or r["distribution"] != "balanced" or int(str(r["moe_tp_size"])) != 1
+        if (r["moe_dtype"] != dtype or r["distribution"] != "balanced" or int(str(r["moe_tp_size"])) != 1
                 or int(str(r["moe_ep_size"])) != 1):
             continue
         m, h, inter, k, e = (int(str(r[c])) for c in ("num_tokens", "hidden_size", "inter_size", "topk",
                                                        "num_experts"))
-        out.append(row("moe", f"experts_{e}x{h}x{inter}", "-", 1, m, 0, 2 * m * k * 3 * h * inter,
-                       BF16 * balanced_experts(m, e, k) * 3 * h * inter, float(str(r["latency"])) * 1000))
+        out.append(row(quant_op("moe", dtype), f"experts_{e}x{h}x{inter}", "-", 1, m, 0, 2 * m * k * 3 * h * inter,
+                       round(per * balanced_experts(m, e, k) * 3 * h * inter), float(str(r["latency"])) * 1000))
     return out
 
 
@@ -291,16 +314,26 @@ def aic_table(git: str, system: str, table: str) -> tuple[str, list[dict[str, ob
 
 
 def aic_rows(git: str, system: str) -> tuple[list[dict[str, object]], dict[str, str]]:
-    """The rows of `system`'s tables, and the vLLM release each table was measured under."""
+    """The rows of `system`'s tables, and the vLLM release each table was measured under. A system in AIC_ONLY
+    takes its 16-bit rows of the tables named there only, and every GPU its quantized GEMM and MoE rows."""
     out, versions = [], {}
     for table, parse in AIC_PARSE.items():
-        if system in AIC_ONLY and not any(t in AIC_ONLY[system] for t in (table, AIC_TABLES[table][0])):
+        only = system in AIC_ONLY and not any(t in AIC_ONLY[system] for t in (table, AIC_TABLES[table][0]))
+        if only and table not in ("gemm", "moe"):
             continue
         got = aic_table(git, system, table)
-        rows = parse(got[1]) if got is not None else []
-        if got is not None and rows:
+        if got is None:
+            continue
+        rows = [] if only else parse(got[1])
+        if rows:
             versions[table] = got[0]
             out.extend(thinned(rows, AIC_MOST[table]))
+        if table in ("gemm", "moe"):
+            for dtype in QUANT_BYTES:
+                quantized = (aic_gemm if table == "gemm" else aic_moe)(got[1], dtype)
+                if quantized:
+                    versions[quant_op(table, dtype)] = got[0]
+                    out.extend(thinned(quantized, AIC_MOST[table]))
     return out, versions
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,54 @@ def _bytes_per_param(model: ModelSpec) -> tuple[dict[str, float], str]:
                       f"({named('weights', 'SIZE')})", param="weights")
 
 
+class WeightFormat(Enum):
+    """How a checkpoint stores linear weights, as far as it picks the kernels that run them (the values are
+    aiconfigurator's names for the kernels measured on them: data/steptimes/README.md)."""
+
+    BF16 = "bfloat16"  # 16 bits (float16 and float32 checkpoints are timed as such too)
+    FP8 = "fp8"  # 8-bit floats, a scale per tensor or per output channel
+    FP8_BLOCK = "fp8_block"  # 8-bit floats, a scale per block (128 x 128 as DeepSeek and Qwen3 store them)
+    MXFP4 = "w4a16_mxfp4"  # 4-bit floats, an 8-bit scale per 32, 16-bit activations
+    INT4 = "int4_wo"  # 4-bit integers in groups, weights only
+    OTHER = "other"  # any other (int8, 8-bit groups, ...): no kernels measured on it
+
+
+def weight_formats(model: ModelSpec) -> tuple[WeightFormat, WeightFormat]:
+    """The formats of `model`'s quantizable linear weights and of its routed experts, as its quantization_config
+    says (the same reading as the bytes per parameter)."""
+    q = model.config.get("quantization_config") or {}
+    method = str(q.get("quant_method", "")).lower()
+    if not q:
+        return WeightFormat.BF16, WeightFormat.BF16
+    if method == "fp8":
+        fmt = WeightFormat.FP8_BLOCK if q.get("weight_block_size") else WeightFormat.FP8
+        return fmt, fmt
+    if method == "mxfp4":
+        return WeightFormat.BF16, WeightFormat.MXFP4
+    w = _compressed_weights(q) if method == "compressed-tensors" else None
+    if w is not None:
+        bits, kind = int(w["num_bits"]), str(w.get("type", "int"))
+        fmt = (WeightFormat.FP8_BLOCK if str(w.get("strategy")) == "block" else WeightFormat.FP8) if (
+            bits, kind) == (8, "float") else WeightFormat.INT4 if (bits, kind) == (4, "int") else WeightFormat.OTHER
+        return fmt, fmt
+    bits = q.get("bits") or q.get("w_bit") or 4
+    fmt = WeightFormat.INT4 if method in ("awq", "gptq", "compressed-tensors") and bits == 4 else WeightFormat.OTHER
+    return fmt, fmt
+
+
+def param_bytes(model: ModelSpec) -> Callable[[ParamGroup], float]:
+    """Bytes per parameter of a group of `model`'s parameters: routed experts, other quantizable linear weights
+    and the rest (embeddings, norms, routers) each by the checkpoint's own format for them."""
+    per_param, _ = _bytes_per_param(model)
+
+    def rate(group: ParamGroup) -> float:
+        if group.part == "experts":
+            return per_param["experts"]
+        return per_param["linear"] if group.quantizable else per_param["other"]
+
+    return rate
+
+
 def _compressed_weights(q: dict[str, Any]) -> dict[str, Any] | None:
     """The weights scheme of a compressed-tensors checkpoint (its first config group that quantizes weights)."""
     groups = q.get("config_groups")
@@ -101,19 +150,16 @@ def analytic_weights(model: ModelSpec, tp: int = 1, stages: Sequence[range] | No
     parallelism over `ep` data-parallel attention ranks: routed experts are spread over tp x ep GPUs, the rest
     is replicated on each rank (and split by tp)."""
     counts = count_parameters(model)
-    per_param, basis = _bytes_per_param(model)
+    _, basis = _bytes_per_param(model)
+    rate = param_bytes(model)
 
     def size(group: ParamGroup) -> float:
-        if group.part in ("experts",):
-            return group.count * per_param["experts"]
-        return group.count * (per_param["linear"] if group.quantizable else per_param["other"])
+        return group.count * rate(group)
 
     def active_size(group: ParamGroup) -> float:
         if group.part == "embedding":
             return 0  # a lookup: one row per token, not read whole
-        rate = per_param["experts"] if group.part == "experts" else (
-            per_param["linear"] if group.quantizable else per_param["other"])
-        return group.active * rate
+        return group.active * rate(group)
 
     main = [g for g in counts.groups if g.part != "mtp"]
     total = int(sum(size(g) for g in main))
@@ -142,12 +188,10 @@ def layer_weights(model: ModelSpec) -> LayerWeights:
         per_layer, input_bytes, output_bytes = gguf_layer_bytes(Path(model.source[5:]), model.num_layers)
         return LayerWeights(layers=tuple(per_layer), input=input_bytes, output=output_bytes, exact=True)
     counts = count_parameters(model)
-    per_param, _ = _bytes_per_param(model)
+    rate = param_bytes(model)
 
     def size(group: ParamGroup) -> float:
-        if group.part == "experts":
-            return group.count * per_param["experts"]
-        return group.count * (per_param["linear"] if group.quantizable else per_param["other"])
+        return group.count * rate(group)
 
     layers = [0.0] * model.num_layers
     input_side = output_side = 0.0

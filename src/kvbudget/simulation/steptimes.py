@@ -8,7 +8,9 @@ the fit finds the seconds a kernel takes for its work:
   weights and computes at the same time; the slower wins),
 - everything else: `fixed + bytes / bandwidth + FLOPs / throughput + sequences x per_sequence`,
 
-by least squares on relative error with no negative part. A model's step is then the sum of its kernels, counted
+by least squares on relative error with no negative part; projections and experts once per weight format measured
+(16-bit, and fp8 or 4-bit where a table has them: each part of a model's weights runs on its own format's kernels,
+the 16-bit ones standing in, labelled, where a GPU has none). A model's step is then the sum of its kernels, counted
 from its config: because each term is in FLOPs and bytes, a fit transfers to models that were not profiled (how
 far, the accuracy page says). A GPU without measurements takes the measured GPUs' efficiencies (each kernel's
 fitted bandwidth and throughput as a share of their datasheet peaks) on its own datasheet, labelled an estimate:
@@ -21,8 +23,8 @@ from __future__ import annotations
 import csv
 import json
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -30,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 from kvbudget.engines.scheduling.timing import NOMINAL, TimeModel, nonnegative_fit
 from kvbudget.errors import ConfigError
 from kvbudget.interconnects import all_reduce
-from kvbudget.model.params import activation_widths, count_parameters
+from kvbudget.model.params import ParamGroup, activation_widths, count_parameters
 from kvbudget.model.spec import Attention, LatentAttention, ModelSpec
+from kvbudget.model.weights import WeightFormat, param_bytes, weight_formats
 from kvbudget.simulation.bands import Basis, basis_of
 
 if TYPE_CHECKING:
@@ -147,8 +150,11 @@ def gpu_fit(gpu: str) -> GpuFit | None:
         return None
     rows = measurements(gpu)
     ops = {}
+    # projections and experts per weight format (ops gemm_<format>, moe_<format>: quantized weights' kernels)
+    quantized = sorted({m.op for m in rows if m.op.startswith(("gemm_", "moe_"))})
     for op, overlapped, terms in (("gemm", True, TERMS[:3]), ("moe", True, TERMS[:3]),
-                                  ("elementwise", False, TERMS[:2]), ("sampler", False, TERMS[:2])):
+                                  ("elementwise", False, TERMS[:2]), ("sampler", False, TERMS[:2]),
+                                  *((q, True, TERMS[:3]) for q in quantized)):
         mine = [m for m in rows if m.op == op]
         if mine:
             ops[op] = fit_op(op, mine, overlapped, terms)
@@ -213,6 +219,8 @@ class StepWork:
     hidden: int
     vocab: int
     tp: int
+    dense_format: WeightFormat = WeightFormat.BF16  # how the quantizable linear weights are stored
+    expert_format: WeightFormat = WeightFormat.BF16  # how the routed experts are
 
 
 LINEAR_PARTS = ("attention", "mlp", "experts", "shared_expert", "mixer", "router")
@@ -227,7 +235,7 @@ def step_work(model: ModelSpec, plan: Plan) -> StepWork | None:
     except ConfigError:
         return None
     tp, w = plan.tp, plan.weights
-    per_param = w.total_bytes / w.total_params if w.total_params else 2.0
+    rate = _part_bytes(model, groups, w.total_bytes, w.total_params)
     attention = {s.layer: s for s in model.layers if isinstance(s, Attention | LatentAttention)}
     first = next(iter(attention.values()), None)
     heads = model.attention_heads or 0
@@ -236,21 +244,45 @@ def step_work(model: ModelSpec, plan: Plan) -> StepWork | None:
     kv_width = first.kv_values(tp, "gpu")[0] if isinstance(first, Attention) else 0
     experts = [g for g in groups if g.part == "experts"]
     stored = sum(g.count for g in experts)
+    formats = weight_formats(model)
     return StepWork(layers=model.num_layers, attention_layers=len(attention),
-                    weight_bytes=sum(g.count for g in groups if g.part in DENSE_PARTS) * per_param / tp,
-                    expert_bytes=stored * per_param / tp,
+                    weight_bytes=sum(g.count * rate(g) for g in groups if g.part in DENSE_PARTS) / tp,
+                    expert_bytes=sum(g.count * rate(g) for g in experts) / tp,
                     expert_share=sum(g.active for g in experts) / stored if stored else 0.0,
-                    lm_head_bytes=widths.vocab * widths.hidden * per_param / tp,
+                    lm_head_bytes=widths.vocab * widths.hidden * rate(ParamGroup(part="lm_head", count=1, active=1))
+                    / tp,
                     flops_per_token=2 * sum(g.active for g in groups if g.part in LINEAR_PARTS) / tp,
                     lm_head_flops=2 * widths.vocab * widths.hidden / tp,
                     elementwise_bytes_per_token=2 * (4 * widths.hidden + 3 * widths.mlp / tp + 2 * (query + kv_width)),
                     kv_bytes_per_token=plan.estimate.bytes_per_token / max(1, len(attention)), query_width=query,
-                    hidden=widths.hidden, vocab=widths.vocab, tp=tp)
+                    hidden=widths.hidden, vocab=widths.vocab, tp=tp, dense_format=formats[0],
+                    expert_format=formats[1])
+
+
+def _part_bytes(model: ModelSpec, groups: Sequence[ParamGroup], total_bytes: float,
+                total_params: int) -> Callable[[ParamGroup], float]:
+    """Bytes per parameter of each part: its own format's (MXFP4 experts beside 16-bit attention, say), scaled so
+    the parts add up to the weights' total bytes (exact where read from the checkpoint); where the checkpoint's
+    format is not modelled, the weights' average over every part."""
+    try:
+        rate = param_bytes(model)
+    except ConfigError:
+        average = total_bytes / total_params if total_params else 2.0
+        return lambda _: average
+    counted = sum(g.count * rate(g) for g in groups if g.part != "mtp")
+    scale = total_bytes / counted if counted else 1.0
+    return lambda g: rate(g) * scale
 
 
 # the kernels a step is built from; a GPU lacking one takes it from the GPUs that have it (MoE experts excepted:
 # without their own measurements they run as projections do)
 KERNELS = ("gemm", "elementwise", "sampler", "decode_attention", "prefill_attention")
+# projections of quantized weights, transferred from GPUs of the same architecture only (else the 16-bit ones
+# stand in, labelled: see time_model); their experts, as the 16-bit ones, are not transferred
+QUANTIZED_GEMMS = tuple(f"gemm_{f.value}" for f in WeightFormat if f not in (WeightFormat.BF16, WeightFormat.OTHER))
+# formats whose projections no measurement times (data/steptimes/README.md says why), and the format whose
+# projection kernels stand in for them
+STAND_IN = {WeightFormat.FP8_BLOCK: WeightFormat.FP8}
 # the kernels most of a step's time is spent in: where a transferred card takes them from names its error band's
 # basis (bands.basis_of; the norms and the sampler are measured on few GPUs and transferred to nearly all)
 MAIN_KERNELS = ("gemm", "decode_attention", "prefill_attention")
@@ -264,6 +296,7 @@ class Kernels:
     all_reduce: dict[int, OpFit]
     label: str
     basis: Basis  # which held-out validation's error band applies (simulation/bands.py)
+    quantized_from: dict[str, tuple[str, ...]] = field(default_factory=dict)  # transferred QUANTIZED_GEMMS: donors
 
 
 def kernels_for(card: GPU, without: Sequence[str] = ()) -> Kernels | None:
@@ -283,11 +316,17 @@ def kernels_for(card: GPU, without: Sequence[str] = ()) -> Kernels | None:
         if op not in ops and names:
             ops[op] = _transfer(op, [(f, find_gpu(g)) for g in names if (f := gpu_fit(g)) is not None], card)
             moved[op] = names
+    quantized: dict[str, tuple[str, ...]] = {}
+    for op in QUANTIZED_GEMMS:  # (from the same architecture only: an A100 has no fp8 units an H100's rate says)
+        names = [g for g in donors(card, op, without) if find_gpu(g).compute_capability == card.compute_capability]
+        if op not in ops and names:
+            ops[op] = _transfer(op, [(f, find_gpu(g)) for g in names if (f := gpu_fit(g)) is not None], card)
+            quantized[op] = tuple(names)
     if own is not None:
         label = own.label() + (f"; {_kinds(list(moved))} from {_names(moved)}" if moved else "")
     else:
         label = f"kernel efficiencies of {_names(moved)} on {card.name}'s datasheet (estimate)"
-    return Kernels(ops=ops, all_reduce=own.all_reduce if own is not None else {}, label=label,
+    return Kernels(ops=ops, all_reduce=own.all_reduce if own is not None else {}, label=label, quantized_from=quantized,
                    basis=basis_of(card, own is not None,
                                   [find_gpu(g) for op in MAIN_KERNELS for g in moved.get(op, [])]))
 
@@ -300,7 +339,7 @@ def _kinds(ops: list[str]) -> str:
     """Kernel kinds in a few words: "attention" for both of its kinds, "norms" for the elementwise ones."""
     words = {"gemm": "projections", "elementwise": "norms", "sampler": "sampler", "decode_attention": "attention",
              "prefill_attention": "attention"}
-    return ", ".join(dict.fromkeys(words[op] for op in ops))
+    return ", ".join(dict.fromkeys(words.get(op) or f"{op.removeprefix('gemm_')} projections" for op in ops))
 
 
 def _peaks(card: GPU) -> tuple[float, float]:
@@ -327,16 +366,18 @@ def time_model(work: StepWork, kernels: Kernels, card: GPU, link: Interconnect |
     parallelism all-reduces over `link` (None: the card's own, `GPU.link`)."""
     ops = kernels.ops
     gemm, elementwise = ops["gemm"], ops["elementwise"]
-    experts = ops.get("moe", gemm) if work.expert_bytes else gemm
+    dense, dense_note = quantized_kernel(kernels, work.dense_format, ("gemm",), "projections")
+    experts, expert_note = quantized_kernel(kernels, work.expert_format, ("moe", "gemm"), "experts") if (
+        work.expert_bytes) else (dense, "")
     decode, prefill, sampler = ops["decode_attention"], ops["prefill_attention"], ops["sampler"]
-    overhead = work.layers * (GEMMS_PER_LAYER * gemm.fixed + ELEMENTWISE_PER_LAYER * elementwise.fixed
+    overhead = work.layers * (GEMMS_PER_LAYER * dense.fixed + ELEMENTWISE_PER_LAYER * elementwise.fixed
                               + decode.fixed)
     overhead += gemm.fixed + 2 * elementwise.fixed + sampler.fixed  # LM head, embedding, final norm, sampler
     token_cost = _per((work.layers + 1) * work.elementwise_bytes_per_token, elementwise.bandwidth)
     # per sequence: its LM head row, its logits through the sampler, its attention call in every layer
     seq_cost = (_per(work.lm_head_flops, gemm.throughput) + _per(4 * work.vocab, sampler.bandwidth)
                 + work.attention_layers * decode.per_sequence)
-    basis = kernels.label
+    basis = kernels.label + "".join(f"; {note}" for note in dict.fromkeys((dense_note, expert_note)) if note)
     if work.tp > 1:
         # each call reduces one 16-bit hidden vector per token: measured over the card's own link where its
         # table has the tp, else the link's public figures (interconnects.py)
@@ -354,13 +395,34 @@ def time_model(work: StepWork, kernels: Kernels, card: GPU, link: Interconnect |
             token_cost += calls * 2 * work.hidden / reduce.bandwidth
         else:
             basis += f"; no all-reduce (the catalog states no link figures for {card.name})"
-    return TimeModel(weights=_per(work.weight_bytes + work.lm_head_bytes, gemm.bandwidth), per_context=0.0,
+    # (the LM head stays 16-bit in every checkpoint format modelled)
+    weights = _per(work.weight_bytes, dense.bandwidth) + _per(work.lm_head_bytes, gemm.bandwidth)
+    return TimeModel(weights=weights, per_context=0.0,
                      per_token=_per(work.flops_per_token, experts.throughput), overhead=overhead, bound="max",
                      token_cost=token_cost,
                      context_cost=_per(work.attention_layers * work.kv_bytes_per_token, decode.bandwidth),
                      pair_cost=_per(work.attention_layers * 4 * work.query_width, prefill.throughput),
                      seq_cost=seq_cost, experts=_per(work.expert_bytes, experts.bandwidth),
                      expert_share=work.expert_share, basis=basis, band_basis=kernels.basis.value)
+
+
+def quantized_kernel(kernels: Kernels, fmt: WeightFormat, kinds: Sequence[str],
+                     what: str) -> tuple[OpFit, str]:
+    """The fit that runs weights of format `fmt`: the first of `kinds` measured on that format, else (16-bit weights'
+    kernels standing in) the first measured at all, with a note saying so ("" where none is needed)."""
+    name = "quantized" if fmt is WeightFormat.OTHER else fmt.name.lower().replace("_", "-")
+    if fmt is not WeightFormat.BF16:
+        for kind in kinds:
+            if (op := f"{kind}_{fmt.value}") in kernels.ops:
+                donors = kernels.quantized_from.get(op)
+                return kernels.ops[op], f"{name} {what} from {', '.join(donors)} (estimate)" if donors else ""
+        stand_in = STAND_IN.get(fmt)
+        if stand_in is not None and (op := f"gemm_{stand_in.value}") in kernels.ops:
+            donors = kernels.quantized_from.get(op)
+            return kernels.ops[op], (f"{name} {what} from {stand_in.name.lower()} per-tensor kernels"
+                                     f"{' of ' + ', '.join(donors) if donors else ''} (estimate)")
+    kind = next(k for k in kinds if k in kernels.ops)
+    return kernels.ops[kind], "" if fmt is WeightFormat.BF16 else f"{name} {what} from bf16 kernels (estimate)"
 
 
 def _per(amount: float, rate: float) -> float:

@@ -41,7 +41,12 @@ def test_each_gpus_fits_reproduce_the_measurements_they_were_fitted_on():
         for name, op in fit.ops.items():
             assert op.rows > 20, (gpu, name)
             bulk = 0.20 if gpu in GRIDS else 0.10
-            assert op.median_error < (bulk if name in ("gemm", "decode_attention") else 0.25), (gpu, name, op)
+            # (quantized weights' kernels, gemm_<format> and moe_<format>: fp8 GEMMs pad their tokens to whole
+            # tiles, so 129 tokens take as long as 256, which the one-line model misses: up to 25% on the L40S)
+            most = 0.30 if name.startswith(("gemm_", "moe_")) else 0.25
+            assert op.median_error < (bulk if name in ("gemm", "decode_attention") else most), (gpu, name, op)
+            if op.bandwidth and name.startswith(("gemm", "moe")):
+                assert op.bandwidth <= card.bandwidth_bytes_per_s, (gpu, name)
         gemm = fit.ops["gemm"]
         assert 0.5 * card.bandwidth_bytes_per_s < gemm.bandwidth <= card.bandwidth_bytes_per_s, gpu
         assert 0.3 * card.half_tflops * 1e12 < gemm.throughput <= card.half_tflops * 1e12, gpu
