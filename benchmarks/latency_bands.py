@@ -85,7 +85,8 @@ def cases() -> list[bands.CaseError]:
 
 
 def document(found: list[bands.CaseError]) -> dict[str, Any]:
-    return {"about": ABOUT, "engines": sorted({served.settings(run)["engine"].partition("@")[0] for run in served.runs()}),
+    engines = sorted({served.settings(run)["engine"].partition("@")[0] for run in served.runs()})
+    return {"about": ABOUT, "engines": engines,
             "min_runs": bands.MIN_RUNS, "min_gpus": bands.MIN_GPUS,
             "bands": bands.bands(found), "cases": [c.to_dict() for c in found]}
 
