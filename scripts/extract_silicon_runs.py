@@ -18,11 +18,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from extract_served_runs import commit, show  # (scripts/ is on the path when a script runs)
 
 OUT = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "served" / "silicon.json"
 MIRROR = "/work/.mirror/ai-dynamo+aiconfigurator/repo"
@@ -62,16 +63,6 @@ ABOUT = ("aiconfigurator's silicon runs that kvbudget can replay (scripts/extrac
          "(the concurrency here), max_num_batched_tokens = batch + ISL + 1500 and max_model_len = ISL + OSL + "
          "1500, which the replay assumes. The KV cache dtype is not recorded either: vLLM's default (auto) is "
          "assumed. Times in seconds.")
-
-
-def show(git: str, path: str) -> str:
-    return subprocess.run(["git", f"--git-dir={git}", "show", f"HEAD:{path}"], check=True, capture_output=True,
-                          text=True).stdout
-
-
-def commit(git: str) -> str:
-    return subprocess.run(["git", f"--git-dir={git}", "rev-parse", "HEAD"], check=True, capture_output=True,
-                          text=True).stdout.strip()
 
 
 def release(row: dict[str, str]) -> str | None:

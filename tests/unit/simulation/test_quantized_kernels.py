@@ -160,14 +160,3 @@ def test_quantized_rows_count_their_weights_in_their_own_format(extractor):
     assert (r["op"], r["bytes"]) == ("moe_w4a16_mxfp4", 8 * 3 * 4096 * 14336 * 17 // 32)
 
 
-@pytest.fixture(scope="module")
-def extractor():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[3] / "scripts" / "extract_step_profiles.py"
-    spec = importlib.util.spec_from_file_location("extract_step_profiles", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

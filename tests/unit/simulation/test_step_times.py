@@ -277,16 +277,6 @@ def test_an_a100_step_is_slower_than_an_h100_step_and_than_the_transfer_it_repla
 EXCERPT = Path(__file__).resolve().parents[2] / "data" / "steptimes" / "aiconfigurator-a100-sxm-excerpt.json"
 
 
-@pytest.fixture(scope="module")
-def extractor():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[3] / "scripts" / "extract_step_profiles.py"
-    spec = importlib.util.spec_from_file_location("extract_step_profiles", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_aiconfigurator_extraction_gives_the_committed_rows(extractor):
