@@ -245,6 +245,8 @@ def test_a_simulation_over_a_bundled_trace(server, browser):
     assert value(browser, "peak_usage") == f"{sim['peak_usage'] * 100:.1f}%"
     text = browser.find_element("id", "view-simulate").text
     assert "Guard decisions" in text and "Microsoft Azure Public Dataset" in text
+    band = sim["tpot_s"]["band"]  # the L4's times are transferred within its architecture: the band says where
+    assert "true mean likely" in text and f"held-out runs on the {band['basis']} basis" in text
     assert browser.find_elements("css selector", "#view-simulate path[data-series='waiting']")
     assert browser.find_elements("css selector", "#view-simulate path[data-series='ttft-p99']")
     shot(browser, "simulate-azure-conv-guard")

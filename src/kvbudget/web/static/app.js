@@ -435,8 +435,15 @@ async function renderSimulate(gen, run) {
     card("Preemptions", int(sim.preemptions), "", "preemptions"),
     card("Peak waiting", int(sim.peak_waiting), "", "peak_waiting")));
   out.push(h("h3", {}, "Latency ", badge("estimate", `times: ${st.time_model.basis || "estimated"}`)),
-    table(["", "p50", "p90", "p99", "mean", "max"], [["time to first token", sim.ttft_s], ["time per output token", sim.tpot_s], ["end to end", sim.e2e_s]]
-      .filter(([, v]) => v).map(([k, v]) => [k, ms(v.p50), ms(v.p90), ms(v.p99), ms(v.mean), ms(v.max)]), [1, 2, 3, 4, 5]));
+    table(["", "p50", "p90", "p99", "mean", "max", "true mean likely"], [["time to first token", sim.ttft_s], ["time per output token", sim.tpot_s], ["end to end", sim.e2e_s]]
+      .filter(([, v]) => v).map(([k, v]) => [k, ms(v.p50), ms(v.p90), ms(v.p99), ms(v.mean), ms(v.max),
+        v.band ? `${ms(v.mean * (1 + v.band.lower))} to ${ms(v.mean * (1 + v.band.upper))}` : "unknown"]), [1, 2, 3, 4, 5]));
+  const band = [sim.ttft_s, sim.tpot_s, sim.e2e_s].map((v) => v && v.band).find((b) => b);
+  out.push(h("p", { class: "help" }, band
+    ? `True mean likely: where the real means of ${int(band.runs)} held-out runs on the ${band.basis} basis (${band.gpus.length} GPUs) lay against their simulations; sized without their ${band.leave_one_out ? band.leave_one_out.by : "GPU"}, the bands held ` +
+      [["TTFT", sim.ttft_s], ["TPOT", sim.tpot_s], ["end to end", sim.e2e_s]].filter(([, v]) => v && v.band && v.band.leave_one_out)
+        .map(([n, v]) => `${n} ${int(v.band.leave_one_out.inside)} of ${int(v.band.leave_one_out.runs)}`).join(", ") + " runs (the accuracy page says more)."
+    : "True mean likely: unknown (no held-out runs judge these times: a calibration, the roofline, or an engine they were not served by)."));
   const tl = sim.timeline;
   if (tl.length > 1) {
     const t1 = tl[tl.length - 1].time;
