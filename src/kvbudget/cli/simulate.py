@@ -224,7 +224,8 @@ def _print(sim: Simulation, args: argparse.Namespace) -> None:
     budget = f"{format_bytes(s.kv_memory_bytes)} KV, " if s.kv_memory_bytes else ""
     out.print(f"[bold]{s.model}[/bold] on {s.engine} ({s.allocator}), {s.gpu or 'no GPU named'}: {budget}"
               f"{s.describe()}")
-    out.print(f"{sim.requests:,} requests ({sim.completed:,} completed) in {sim.duration_s:,.1f} s simulated, "
+    sent = f" from {sim.clients:,} clients in a closed loop" if sim.clients is not None else ""
+    out.print(f"{sim.requests:,} requests{sent} ({sim.completed:,} completed) in {sim.duration_s:,.1f} s simulated, "
               f"{sim.steps:,} steps: {sim.requests_per_s:,.2f} requests/s, {sim.output_tokens_per_s:,.0f} output "
               "tokens/s")
     t = Table(title=f"latency (times: {s.time_model.basis})")

@@ -99,6 +99,7 @@ class Simulation:
     failed: int = 0  # requests the engine answered with an error (llama.cpp's unified cache when it overflows)
     latency_timeline: tuple[LatencyWindow, ...] = ()  # TTFT and end-to-end percentiles over the run
     offload: OffloadTotals | None = None  # what a host tier behind the prefix cache did (its scheduler's totals)
+    clients: int | None = None  # a closed loop's clients in front (max_concurrency); None: requests as they arrive
 
     def metric(self, name: str) -> float | None:
         """A latency figure by name: ttft|tpot|e2e _ p50|p90|p99|mean|max (seconds)."""
@@ -128,7 +129,7 @@ class Simulation:
             "failed": self.failed, "notes": list(self.notes), "guard": self.guard.to_dict() if self.guard else None,
             "timeline": [s.__dict__ for s in self.timeline],
             "latency_timeline": [w.to_dict() for w in self.latency_timeline],
-            "offload": self.offload.to_dict() if self.offload is not None else None}
+            "offload": self.offload.to_dict() if self.offload is not None else None, "clients": self.clients}
 
 
 def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None = None, gpu_memory: int | None = None,
@@ -253,6 +254,7 @@ class _Run:
         self.setup, self.sched, self.fast, self.guard = setup, sched, fast, guard
         # a closed loop's clients: when each is free to send (a heap; every one free from the start)
         self.clients: list[float] | None = None if clients is None else [-math.inf] * clients
+        self.client_count = clients
         self.check = check or (lambda: None)
         self.releases: dict[int, Callable[[], None]] = {}  # the guard's hold on each admitted request
         self.families: dict[int, list[Any]] = {}  # child uid -> its request's [left, first token, finish, release]
@@ -569,7 +571,7 @@ class _Run:
             e2e_sorted=tuple(sorted(self.e2e)), tpot_sorted=tuple(sorted(self.tpot)),
             guard=self.guard.report() if self.guard else None, failed=len(sched.failed),
             latency_timeline=latency_windows(self.finished_at, self.ttft, self.e2e, duration),
-            offload=sched.offload_totals())
+            offload=sched.offload_totals(), clients=self.client_count)
 
     def _shares(self, duration: float) -> MemoryShares:
         if not duration:

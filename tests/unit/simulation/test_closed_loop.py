@@ -64,4 +64,7 @@ def test_the_cli_refuses_a_bad_concurrency_before_loading_the_model(capsys):
     assert code == 2 and "--max-concurrency" in err and "no-such-model" not in err
     code, out, _ = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100-80GB", "--max-model-len", "8192",
                        "--rate", "50", "--requests", "40", "--max-concurrency", "3", "--json")
-    assert code == 0 and '"peak_running": 3' in out
+    assert code == 0 and '"peak_running": 3' in out and '"clients": 3' in out
+    code, out, _ = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100-80GB", "--max-model-len", "8192",
+                       "--rate", "50", "--requests", "40", "--max-concurrency", "3")
+    assert code == 0 and "40 requests from 3 clients in a closed loop" in " ".join(out.split())
