@@ -256,6 +256,17 @@ def test_a_simulation_over_a_bundled_trace(server, browser):
     browser.find_element("id", "run-simulation").click()
     settle(browser, "#view-simulate svg path[data-series='usage']", timeout=120)
     assert not browser.find_elements("css selector", ".stale")
+    # clients in a closed loop, as the API runs them
+    set_field(browser, "max_concurrency", "4")
+    settle(browser, ".stale")
+    browser.find_element("id", "run-simulation").click()
+    settle(browser, "#view-simulate svg path[data-series='usage']", timeout=120)
+    looped = api(server, "simulate", "model=llama-3.1-8b&engine=vllm&gpu=L4&max_model_len=16k&trace=azure-conv-2023"
+                                     "&slice=0:500&rate_scale=1&guard=1&max_concurrency=4")
+    assert looped["clients"] == 4 and looped["peak_running"] <= 4
+    assert "from 4 clients in a closed loop" in browser.find_element("id", "view-simulate").text
+    assert value(browser, "completed") == f"{looped['completed']:,} of {looped['requests']:,}"
+    shot(browser, "simulate-closed-loop")
 
 
 def test_a_quality_report(server, browser, tmp_path):

@@ -5,7 +5,7 @@
 const $ = (id) => document.getElementById(id);
 const VIEWS = ["plan", "compare", "simulate", "quality"];
 const FIELDS = ["model", "compare", "engine", "kv_dtype", "gpu", "gpu_memory", "tp", "pp", "max_model_len",
-  "concurrency", "trace", "rate", "requests", "rate_scale", "slice", "guard", "report"];
+  "concurrency", "trace", "rate", "requests", "rate_scale", "slice", "max_concurrency", "guard", "report"];
 const DEFAULTS = { view: "plan", model: "llama-3.1-8b", engine: "vllm", kv_dtype: "auto", gpu: "H100-80GB",
   tp: "1", pp: "1", concurrency: "1", trace: "azure-conv-2023", rate_scale: "1", slice: "0:2000" };
 let CHART_ENGINES = [];  // engines with a KV budget: the servers, from /api/choices (hf has none)
@@ -410,7 +410,7 @@ function barChart(items, format = fmtBytes) {
 
 // ---- the simulation view -------------------------------------------------------------------------------------
 const SIM_KEYS = ["engine", "kv_dtype", "gpu", "gpu_memory", "tp", "pp", "max_model_len", "rate", "requests",
-  "rate_scale", "slice", "guard"];
+  "rate_scale", "slice", "max_concurrency", "guard"];
 async function renderSimulate(gen, run) {
   const view = $("view-simulate");
   if (!run) {
@@ -429,7 +429,7 @@ async function renderSimulate(gen, run) {
     : `${st.allocator} allocator`) + `; max_num_seqs ${st.max_num_seqs}, max_num_batched_tokens ${int(st.max_num_batched_tokens)}, prefix caching ${st.prefix_caching ? "on" : "off"}`));
   out.push(h("div", { class: "summary" },
     card("Requests", `${int(sim.completed)} of ${int(sim.requests)}`, "", "completed"),
-    card("Simulated time", `${fixed(sim.duration_s, 1)} s`, "", "duration"),
+    card("Simulated time", `${fixed(sim.duration_s, 1)} s`, sim.clients ? `from ${int(sim.clients)} clients in a closed loop` : "", "duration"),
     card("Throughput", `${fixed(sim.requests_per_s, 2)} req/s`, badge("estimate", `times: ${st.time_model.basis || "estimated"}`), "requests_per_s"),
     card("Peak KV usage", pct(sim.peak_usage), badge("exact", "the allocator's blocks"), "peak_usage"),
     card("Preemptions", int(sim.preemptions), "", "preemptions"),
