@@ -7,6 +7,17 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
+from kvbudget.errors import KVBudgetError
+
+
+def check_metric(name: str) -> tuple[str, str]:
+    """A latency's name split into what and which statistic; an error names the choices."""
+    kind, _, stat = name.partition("_")
+    if kind not in ("ttft", "tpot", "e2e") or stat not in ("p50", "p90", "p99", "mean", "max"):
+        raise KVBudgetError(f"slo {name}: name a latency as ttft|tpot|e2e _ p50|p90|p99|mean|max, e.g. ttft_p99",
+                            param="slo")
+    return kind, stat
+
 
 @dataclass(frozen=True)
 class Percentiles:

@@ -29,20 +29,11 @@ from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation import bands, steptimes
 from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.guarded import Gatekeeper, GuardReport, admission_policy
-from kvbudget.simulation.percentiles import LatencyWindow, Percentiles, latency_windows
+from kvbudget.simulation.percentiles import LatencyWindow, Percentiles, check_metric, latency_windows
 
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
 SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
 CHECK_EVERY = 256  # clock-loop turns between calls of `check` (a few ms of work at most; nothing measurable)
-
-
-def check_metric(name: str) -> tuple[str, str]:
-    """A latency's name split into what and which statistic; an error names the choices."""
-    kind, _, stat = name.partition("_")
-    if kind not in ("ttft", "tpot", "e2e") or stat not in ("p50", "p90", "p99", "mean", "max"):
-        raise KVBudgetError(f"slo {name}: name a latency as ttft|tpot|e2e _ p50|p90|p99|mean|max, e.g. ttft_p99",
-                            param="slo")
-    return kind, stat
 
 
 @dataclass(frozen=True)
@@ -246,7 +237,7 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
 class _Run:
     """The clock loop, with its running totals."""
 
-    def __init__(self, setup: Setup, sched: Queues, workload: Iterable[Request], fast: bool, interval: float,
+    def __init__(self, setup: Setup, sched: Queues, workload: Iterable[Request] | None, fast: bool, interval: float,
                  on_step: Callable[..., None] | None,
                  progress: Callable[[int], None] | None, guard: Gatekeeper | None = None,
                  on_finish: Callable[..., None] | None = None, check: Callable[[], None] | None = None,
@@ -256,6 +247,7 @@ class _Run:
         self.clients: list[float] | None = None if clients is None else [-math.inf] * clients
         self.client_count = clients
         self.check = check or (lambda: None)
+        self.turns = CHECK_EVERY  # clock-loop turns left before the next `check`
         self.releases: dict[int, Callable[[], None]] = {}  # the guard's hold on each admitted request
         self.families: dict[int, list[Any]] = {}  # child uid -> its request's [left, first token, finish, release]
         self.beams: dict[int, BeamSearch] = {}  # engine request uid -> the beam search it belongs to
@@ -273,7 +265,8 @@ class _Run:
         self.peak_running = self.peak_waiting = 0
         self.timeline: list[Sample] = []
         self.next_sample = 0.0
-        self.loop(iter(workload))
+        if workload is not None:
+            self.loop(iter(workload))
 
     def due(self, pending: Request | None) -> float:
         """When the pending request reaches the engine: its arrival, or when a client is free to send it and the
@@ -344,7 +337,6 @@ class _Run:
             self.families[self.sched.add(child).uid] = family
 
     def loop(self, arrivals: Iterator[Request]) -> None:
-        sched, tm = self.sched, self.tm
         pending = next(arrivals, None)
         turns = CHECK_EVERY
         while True:
@@ -353,38 +345,62 @@ class _Run:
                 self.check()
                 turns = CHECK_EVERY
             pending = self.admit(arrivals, pending)
-            sched.clock = self.t
-            if not sched.has_work():
+            self.sched.clock = self.t
+            if not self.sched.has_work():
                 if pending is None:
                     return
                 self.t = max(self.t, self.due(pending))
                 continue
-            k = sched.decode_run_limit() if self.fast else 0
-            ready = sched.next_ready()
-            if k:
-                self.decode_run(sched, k, min(self.due(pending),
-                                              math.inf if ready is None else ready))
-                continue
-            step = sched.schedule()
-            if not step.tokens and not step.failed and (ready := sched.next_ready()) is not None and ready > self.t:
-                self.t = max(self.t, min(ready, self.due(pending)))
-                continue  # nothing runs until a load is done (or a request arrives)
-            if not step.tokens and not step.failed:
-                head = sched.waiting[0].request
-                raise KVBudgetError(f"request {head.id or self.requests}: a prompt of {head.prompt_tokens} tokens "
-                                    f"can never be scheduled (max_num_batched_tokens "
-                                    f"{self.setup.max_num_batched_tokens}, allocator {self.setup.allocator}); "
-                                    "raise max_num_batched_tokens or filter the trace", param="trace")
-            dt = max(tm.step_seconds(step.tokens, step.context, step.pairs or step.context, len(step.scheduled)),
-                     step.overlapped_load) + step.load_seconds
-            slots = self.slot_time
-            for i, held in enumerate(sched.memory()):
-                if held:
-                    slots[i] += held * dt
-            self.after_step(dt, step.tokens, step.usage)
-            self.finish(sched.update(step, self.t))
-            if step.failed:
-                self.fail(sched.failed[-step.failed:])
+            self.turn(self.due(pending))
+
+    def advance(self, until: float) -> None:
+        """Steps while there is work and the clock is before `until` (a fleet's next arrival): the last step may
+        end past it, as a real step would; an idle engine's clock waits where it is."""
+        sched = self.sched
+        while True:
+            sched.clock = self.t
+            if self.t >= until or not sched.has_work():
+                return
+            self.turns -= 1
+            if not self.turns:
+                self.check()
+                self.turns = CHECK_EVERY
+            self.turn(until)
+
+    def offer(self, r: Request) -> None:
+        """One request routed here by a fleet, its clock advanced to the arrival (or idle before it)."""
+        self.t = max(self.t, r.arrival)
+        self.admit(iter(()), r)
+
+    def turn(self, arrival: float) -> None:
+        """One turn of the clock with work to do: a run of decode steps, one step, or a wait for a load; `arrival`
+        is when the next request reaches the engine (the fast path stops at it)."""
+        sched, tm = self.sched, self.tm
+        k = sched.decode_run_limit() if self.fast else 0
+        ready = sched.next_ready()
+        if k:
+            self.decode_run(sched, k, min(arrival, math.inf if ready is None else ready))
+            return
+        step = sched.schedule()
+        if not step.tokens and not step.failed and (ready := sched.next_ready()) is not None and ready > self.t:
+            self.t = max(self.t, min(ready, arrival))
+            return  # nothing runs until a load is done (or a request arrives)
+        if not step.tokens and not step.failed:
+            head = sched.waiting[0].request
+            raise KVBudgetError(f"request {head.id or self.requests}: a prompt of {head.prompt_tokens} tokens "
+                                f"can never be scheduled (max_num_batched_tokens "
+                                f"{self.setup.max_num_batched_tokens}, allocator {self.setup.allocator}); "
+                                "raise max_num_batched_tokens or filter the trace", param="trace")
+        dt = max(tm.step_seconds(step.tokens, step.context, step.pairs or step.context, len(step.scheduled)),
+                 step.overlapped_load) + step.load_seconds
+        slots = self.slot_time
+        for i, held in enumerate(sched.memory()):
+            if held:
+                slots[i] += held * dt
+        self.after_step(dt, step.tokens, step.usage)
+        self.finish(sched.update(step, self.t))
+        if step.failed:
+            self.fail(sched.failed[-step.failed:])
 
     def decode_run(self, sched: Queues, k: int, arrival: float) -> None:
         """Up to k pure decode steps, stopping after the one that ends at or past the next arrival. The clock

@@ -12,7 +12,8 @@ from kvbudget.choices import Interconnect, parse_allocator
 from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
-from kvbudget.simulation.run import Simulation, check_metric, simulate
+from kvbudget.simulation.percentiles import check_metric
+from kvbudget.simulation.run import Simulation, simulate
 from kvbudget.units import parse_size
 
 Workload = Callable[[float], Iterable[Request]]  # a rate scale -> the requests at that rate

@@ -46,6 +46,7 @@ class Request:
     max_tokens: int | None = None  # what the client asked for, where known (output_tokens <= max_tokens)
     n: int = 1  # samples (vLLM runs n > 1 as n child sequences sharing the prompt); the beam width with beams
     beam_search: bool = False  # vLLM's API-layer beam search (use_beam_search): one engine request per beam per token
+    session: str = ""  # the conversation or user it belongs to, where the trace says (a session router keys on it)
 
     @property
     def shared_tokens(self) -> int:
@@ -205,7 +206,15 @@ def _ours(obj: dict, path: str, line: int) -> Request:
     n = _count(obj.get("n", 1), path, line, "n")
     return Request(arrival=_seconds(obj["arrival"], path, line, "arrival"), prompt_tokens=prompt, output_tokens=output,
                    prefix=pieces, id=str(obj.get("id", line)), max_tokens=asked, n=n,
-                   beam_search=_flag(obj.get("beam_search", False), path, line))
+                   beam_search=_flag(obj.get("beam_search", False), path, line),
+                   session=_session(obj.get("session", ""), path, line))
+
+
+def _session(value: Any, path: str, line: int) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TraceError(path, line, f"session {_shown(value)} must be a string or a whole number (a conversation's "
+                         "or user's name)")
+    return str(value)
 
 
 def _flag(value: Any, path: str, line: int) -> bool:

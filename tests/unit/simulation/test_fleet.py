@@ -1,0 +1,154 @@
+"""Fleets: replicas behind a router. Each replica's schedule equals a single-replica run of the requests routed to
+it, step for step, whichever router sent them; the routers do what their names say."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from simkit import AZURE, LLAMA
+
+from kvbudget import KVBudgetError
+from kvbudget.engines.scheduling.workload import Request, read_trace, rescale
+from kvbudget.simulation.fleet import Pool, parse_router, simulate_fleet
+from kvbudget.simulation.run import setup_for, simulate
+
+SMALL = setup_for(LLAMA, gpu="H100-80GB", max_model_len=8192, kv_memory=2 << 30)  # ~16k tokens: queues form
+BIG = setup_for(LLAMA, gpu="H100-80GB", max_model_len=8192, kv_memory=6 << 30, max_num_seqs=64)
+
+
+def azure(n: int = 800, scale: float = 8.0) -> list[Request]:
+    """The Azure conversation trace's first n requests, `scale` times as fast (enough load to preempt), each
+    request given one of 7 sessions."""
+    out = []
+    for i, r in enumerate(rescale(read_trace(AZURE), scale, 0, n)):
+        out.append(replace(r, prompt_tokens=min(r.prompt_tokens, 6000), session=f"s{i % 7}"))
+    return out
+
+
+def replay(router: str, pools: list[Pool], requests: list[Request], fast: bool = True) -> None:
+    """Run the fleet, then each replica alone on what it was sent: the same schedule, to the last bit."""
+    sent: dict[int, list[Request]] = {}
+    fleet = simulate_fleet(LLAMA, requests, pools, router, fast=fast,
+                           on_route=lambda r, i: sent.setdefault(i, []).append(r))
+    assert sum(r.routed for r in fleet.replicas) == len(requests) == fleet.requests
+    assert fleet.completed == len(requests)
+    used = 0
+    for rep in fleet.replicas:
+        mine = sent.get(rep.index, [])
+        assert rep.routed == len(mine)
+        if not mine:
+            continue
+        used += 1
+        alone = simulate(LLAMA, mine, setup=rep.simulation.setup, fast=fast)
+        got = rep.simulation
+        assert (got.steps, got.completed, got.preemptions, got.duration_s) == \
+            (alone.steps, alone.completed, alone.preemptions, alone.duration_s)
+        assert got.ttft_sorted == alone.ttft_sorted and got.e2e_sorted == alone.e2e_sorted
+        assert got.tpot_sorted == alone.tpot_sorted
+        assert (got.peak_usage, got.mean_usage, got.peak_waiting) == \
+            (alone.peak_usage, alone.mean_usage, alone.peak_waiting)
+    assert used > 1
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-requests", "least-kv", "least-kv:0.5", "session"])
+def test_each_replica_runs_exactly_as_alone(router):
+    replay(router, [Pool(name="main", setup=SMALL, replicas=4)], azure())
+
+
+def test_pools_by_length_run_exactly_as_alone_and_split_by_prompt():
+    requests = azure(600)
+    sent: dict[int, list[Request]] = {}
+    pools = [Pool(name="short", setup=SMALL, replicas=2), Pool(name="long", setup=BIG, replicas=1)]
+    fleet = simulate_fleet(LLAMA, requests, pools, "length:1024",
+                           on_route=lambda r, i: sent.setdefault(i, []).append(r))
+    assert all(r.prompt_tokens <= 1024 for i in (0, 1) for r in sent.get(i, []))
+    assert all(r.prompt_tokens > 1024 for r in sent[2])
+    assert [r.pool for r in fleet.replicas] == ["short", "short", "long"]
+    replay("length:1024", pools, requests)
+
+
+def test_the_fast_path_changes_nothing_in_a_fleet():
+    pools = [Pool(name="main", setup=SMALL, replicas=3)]
+    fast = simulate_fleet(LLAMA, azure(300), pools, "least-requests")
+    slow = simulate_fleet(LLAMA, azure(300), pools, "least-requests", fast=False)
+    for a, b in zip(fast.replicas, slow.replicas, strict=True):
+        assert a.simulation.e2e_sorted == b.simulation.e2e_sorted and a.routed == b.routed
+    replay("least-requests", pools, azure(300), fast=False)
+
+
+def test_one_replica_is_simulate():
+    requests = azure(300)
+    fleet = simulate_fleet(LLAMA, requests, [Pool(name="one", setup=SMALL)], "round-robin")
+    alone = simulate(LLAMA, requests, setup=SMALL)
+    assert fleet.e2e == alone.e2e and fleet.ttft == alone.ttft and fleet.duration_s == alone.duration_s
+
+
+def test_round_robin_deals_in_turn_and_session_keeps_a_session_together():
+    sent: dict[int, list[Request]] = {}
+    simulate_fleet(LLAMA, azure(40), [Pool(name="m", setup=SMALL, replicas=4)], "round-robin",
+                   on_route=lambda r, i: sent.setdefault(i, []).append(r))
+    assert [len(sent[i]) for i in range(4)] == [10, 10, 10, 10]
+    assert [r.id for r in sent[1]] == [r.id for r in azure(40)][1::4]
+    sent.clear()
+    simulate_fleet(LLAMA, azure(200), [Pool(name="m", setup=SMALL, replicas=4)], "session",
+                   on_route=lambda r, i: sent.setdefault(i, []).append(r))
+    homes: dict[str, set[int]] = {}
+    for i, rs in sent.items():
+        for r in rs:
+            homes.setdefault(r.session, set()).add(i)
+    assert len(homes) == 7 and all(len(h) == 1 for h in homes.values())
+
+
+def test_least_requests_beats_round_robin_on_skewed_work():
+    """Every fourth request is long: round-robin piles them on one replica; counting what is in flight spreads
+    them, so the tail is shorter."""
+    requests = [Request(arrival=i * 0.05, prompt_tokens=3000 if i % 4 == 0 else 100,
+                        output_tokens=800 if i % 4 == 0 else 20, id=str(i)) for i in range(400)]
+    pools = [Pool(name="m", setup=SMALL, replicas=4)]
+    rr = simulate_fleet(LLAMA, requests, pools, "round-robin")
+    least = simulate_fleet(LLAMA, requests, pools, "least-requests")
+    assert least.e2e.p99 < rr.e2e.p99 * 0.9
+    work = [r.simulation.output_tokens for r in rr.replicas]
+    assert work[0] > 3 * max(work[1:])  # every long request on the first replica
+    spread = [r.simulation.output_tokens for r in least.replicas]
+    assert max(spread) < 2 * min(spread)
+
+
+def test_least_kv_reads_a_stale_gauge():
+    """With a gauge refreshed every 10 s, a burst in one second all reads the same (empty) gauges, so every
+    request goes to the first replica; refreshed each 10 ms, the burst spreads."""
+    burst = [Request(arrival=1.0 + i * 0.01, prompt_tokens=2000, output_tokens=200, id=str(i)) for i in range(40)]
+    pools = [Pool(name="m", setup=SMALL, replicas=4)]
+    stale = simulate_fleet(LLAMA, burst, pools, "least-kv:10")
+    fresh = simulate_fleet(LLAMA, burst, pools, "least-kv:0.01")
+    assert stale.replicas[0].routed > 20
+    assert max(r.routed for r in fresh.replicas) < 20
+
+
+@pytest.mark.parametrize("text, says", [
+    ("fastest", "name one of round-robin"),
+    ("least-kv:0", "not a number of seconds above 0"),
+    ("least-kv:soon", "not a number of seconds"),
+    ("length:", "rising prompt-length bounds"),
+    ("length:4096,1024", "rising prompt-length bounds"),
+    ("length:1024,2048", "2 bounds make 3 pools by length; the fleet has 2 pools"),
+    ("round-robin:3", "name one of"),
+])
+def test_bad_routers_are_refused_in_one_line(text, says):
+    pools = [Pool(name="a", setup=SMALL), Pool(name="b", setup=SMALL)]
+    with pytest.raises(KVBudgetError, match=says) as err:
+        parse_router(text, pools)
+    assert err.value.param == "router" and "\n" not in str(err.value)
+
+
+def test_bad_fleets_are_refused_before_any_run():
+    with pytest.raises(KVBudgetError, match="at least one pool"):
+        simulate_fleet(LLAMA, azure(5), [], "round-robin")
+    with pytest.raises(KVBudgetError, match="replicas: 0 must be a whole number from 1"):
+        simulate_fleet(LLAMA, azure(5), [Pool(name="a", setup=SMALL, replicas=0)], "round-robin")
+    with pytest.raises(KVBudgetError, match="pool names must differ"):
+        simulate_fleet(LLAMA, azure(5), [Pool(name="a", setup=SMALL), Pool(name="a", setup=BIG)], "round-robin")
+    with pytest.raises(KVBudgetError, match="over the 4,096"):
+        simulate_fleet(LLAMA, azure(5), [Pool(name="a", setup=SMALL, replicas=4000),
+                                         Pool(name="b", setup=SMALL, replicas=100)], "round-robin")
