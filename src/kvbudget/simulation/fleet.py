@@ -16,14 +16,30 @@ from __future__ import annotations
 import math
 import zlib
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from kvbudget import validate
+from kvbudget.engines import get_engine
 from kvbudget.engines.scheduling.setup import Setup
 from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError
+from kvbudget.simulation.autoscale import (
+    DYNAMO_SAMPLE_S,
+    MAX_DECISIONS,
+    Autoscale,
+    AutoscaleReport,
+    Decision,
+    Gauge,
+    Scaler,
+    Signal,
+    parse_autoscale,
+)
+from kvbudget.simulation.cost import Cost, gpu_hours_cost
+from kvbudget.simulation.front import FlowControl, FrontReport, parse_flow_control, saturation
+from kvbudget.simulation.guarded import Gatekeeper, admission_policy
 from kvbudget.simulation.percentiles import Percentiles
 from kvbudget.simulation.run import SAMPLE_INTERVAL_S, Sample, Simulation, _Run
 
@@ -38,6 +54,8 @@ class Pool:
     name: str
     setup: Setup
     replicas: int = 1
+    gpus: int = 1  # GPUs per replica (tp x pp), for GPU-hours
+    weight_bytes: int | None = None  # bytes each GPU loads at a cold start (None: counted from the model)
 
 
 class Replica:
@@ -45,9 +63,15 @@ class Replica:
 
     def __init__(self, index: int, pool: Pool, run: _Run) -> None:
         self.index, self.pool, self.run = index, pool, run
+        self.started = self.ready = 0.0  # when it was asked for, and when it took requests (its cold start over)
+        self.drained: float | None = None  # when it stopped taking requests (an autoscaler's scale-in)
         self.routed = 0  # requests the router sent here
         self._done = 0  # of them, completed by the router's clock (a pointer into run.finished_at)
         self._sample = 0  # the timeline sample the gauge shows (a pointer into run.timeline)
+
+    def serving(self, now: float) -> bool:
+        """Whether it takes requests at `now`: started and not draining."""
+        return self.ready <= now and self.drained is None
 
     def in_flight(self, now: float) -> int:
         """Requests routed here and not yet answered at `now`, as the router counts its own outstanding requests."""
@@ -205,10 +229,16 @@ class FleetReplica:
     pool: str
     routed: int
     simulation: Simulation
+    started_s: float = 0.0  # when it was asked for (0: from the start)
+    ready_s: float = 0.0  # when it took requests, its cold start over
+    drained_s: float | None = None  # when it stopped taking requests
+    stopped_s: float = 0.0  # when it was given back: its last request answered after draining, or the run's end
 
     def to_dict(self) -> dict[str, Any]:
         s = self.simulation
-        return {"index": self.index, "pool": self.pool, "routed": self.routed, "completed": s.completed,
+        return {"index": self.index, "pool": self.pool, "routed": self.routed, "started_s": self.started_s,
+                "ready_s": self.ready_s, "drained_s": self.drained_s, "stopped_s": self.stopped_s,
+                "completed": s.completed,
                 "duration_s": s.duration_s, "steps": s.steps,
                 "ttft_s": s.ttft.__dict__ if s.ttft else None, "tpot_s": s.tpot.__dict__ if s.tpot else None,
                 "e2e_s": s.e2e.__dict__ if s.e2e else None, "preemptions": s.preemptions,
@@ -235,6 +265,21 @@ class FleetSimulation:
     prompt_tokens: int
     output_tokens: int
     preemptions: int
+    gpu_hours: float = 0.0  # each replica's GPUs for the time it was up, starting included
+    autoscale: AutoscaleReport | None = None
+    front: FrontReport | None = None
+
+    @property
+    def refused(self) -> int:
+        """Requests the fleet's front door refused (any reason)."""
+        return sum(self.front.refused.values()) if self.front else 0
+
+    def cost(self, price_per_gpu_hour: float) -> Cost:
+        """What the run cost at a price per GPU-hour: its GPU-hours, per unit served."""
+        gpus = sum(r.gpus * r.replicas for r in self.pools) if self.autoscale is None else \
+            max((self.pools[0].gpus * (s + n) for _, s, n in self.autoscale.timeline), default=self.pools[0].gpus)
+        return gpu_hours_cost(self.gpu_hours, self.duration_s, self.prompt_tokens, self.output_tokens,
+                              self.completed, price_per_gpu_hour, gpus)
 
     def metric(self, name: str) -> float | None:
         from kvbudget.simulation.percentiles import check_metric
@@ -249,11 +294,13 @@ class FleetSimulation:
             "ttft_s": self.ttft.__dict__ if self.ttft else None, "tpot_s": self.tpot.__dict__ if self.tpot else None,
             "e2e_s": self.e2e.__dict__ if self.e2e else None, "requests_per_s": self.requests_per_s,
             "output_tokens_per_s": self.output_tokens_per_s, "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens, "preemptions": self.preemptions,
+            "output_tokens": self.output_tokens, "preemptions": self.preemptions, "gpu_hours": self.gpu_hours,
             "fleet": {"router": self.router,
-                      "pools": [{"name": p.name, "replicas": p.replicas, "setup": p.setup.to_dict()}
+                      "pools": [{"name": p.name, "replicas": p.replicas, "gpus": p.gpus, "setup": p.setup.to_dict()}
                                 for p in self.pools],
-                      "replicas": [r.to_dict() for r in self.replicas]}}
+                      "replicas": [r.to_dict() for r in self.replicas],
+                      "autoscale": self.autoscale.to_dict() if self.autoscale else None,
+                      "front": self.front.to_dict() if self.front else None}}
 
 
 def _router(router: Router | str, pools: Sequence[Pool]) -> Router:
@@ -283,45 +330,271 @@ def check_pools(pools: Sequence[Pool]) -> None:
 def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool], router: Router | str =
                    "round-robin", *, fast: bool = True, sample_interval: float = SAMPLE_INTERVAL_S,
                    progress: Callable[[int], None] | None = None, check: Callable[[], None] | None = None,
-                   on_route: Callable[[Request, int], None] | None = None) -> FleetSimulation:
+                   on_route: Callable[[Request, int], None] | None = None, autoscale: Autoscale | str | None = None,
+                   admission: str | None = None, guard_config: Any = None,
+                   flow_control: FlowControl | str | None = None) -> FleetSimulation:
     """Run `workload` through a fleet: `pools` of replicas (each a `Setup`, as `setup_for` gives) behind `router`
     (a name, see `parse_router`, or a `Router`). `on_route(request, replica index)` is called for each request
-    routed. `check` as `simulate`'s. `model` is the model the setups were made for (kept for symmetry with
-    `simulate`)."""
+    routed, as the replica receives it. `check` as `simulate`'s. `model` is the model the setups were made for
+    (its weights give a cold start where a pool does not).
+
+    `autoscale` (an `Autoscale`, or its text: see `parse_autoscale`) scales a fleet of one pool between its bounds,
+    starting from the pool's `replicas`; `admission` (a policy of simulation/guarded.py, `guard_config` for
+    kvbudget's guard) decides each arrival at the fleet's front on the serving replicas' mean gauges;
+    `flow_control` (a `FlowControl`, or `max=N,ttl=S`) holds requests at the gateway while the pool is
+    saturated."""
     check_pools(pools)
     chosen = _router(router, pools)
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
-    interval = min(sample_interval, chosen.refresh) if isinstance(chosen, LeastKV) and chosen.refresh else \
-        sample_interval
-    replicas: list[Replica] = []
-    for pool in pools:
-        for _ in range(pool.replicas):
-            run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, fast, interval, None, None,
-                       check=check)
-            replicas.append(Replica(len(replicas), pool, run))
-    requests = 0
-    for r in workload:
-        now = r.arrival
-        for rep in replicas:
-            rep.run.advance(now)
-        i = chosen.choose(r, replicas, now)
-        if not (isinstance(i, int) and 0 <= i < len(replicas)):
-            raise KVBudgetError(f"router {chosen.name}: chose replica {i!r} of {len(replicas)}", param="router")
-        rep = replicas[i]
+    policy = _policy(autoscale, pools)
+    flow = parse_flow_control(flow_control) if isinstance(flow_control, str) else \
+        flow_control.check() if flow_control is not None else None
+    gate = admission_policy(admission, guard_config, _fleet_setup(pools), get_engine(pools[0].setup.engine))
+    interval = sample_interval
+    for refresh in (chosen.refresh if isinstance(chosen, LeastKV) else 0.0, flow.refresh if flow else 0.0):
+        interval = min(interval, refresh) if refresh else interval
+    cold = {p.name: policy.cold_start(_weights(model, p)) for p in pools} if policy else {}
+    fleet = _Fleet(pools, chosen, fast, interval, check, on_route, gate, flow)
+    scaler = Scaler(policy) if policy else None
+    decisions: list[Decision] = []
+    arrivals = iter(workload)
+    pending = next(arrivals, None)
+    next_decision = policy.interval if policy and policy.interval else math.inf
+    next_sample = DYNAMO_SAMPLE_S if policy and policy.signal is Signal.DYNAMO else math.inf
+    while True:
+        tick = fleet.next_tick()
+        arrival = pending.arrival if pending is not None else math.inf
+        if pending is None and tick == math.inf and not fleet.busy():
+            break
+        now = min(arrival, tick, next_decision, next_sample)
+        if now == math.inf:
+            break
+        fleet.advance(now)
+        if pending is None and not fleet.queue and not fleet.busy():
+            break  # the last request answered: no decision after the run
+        if now == next_sample and scaler is not None:
+            scaler.sample(now, fleet.gauges(now))
+            next_sample += DYNAMO_SAMPLE_S
+        if now == next_decision and scaler is not None and policy is not None:
+            decision = scaler.decide(now, fleet.gauges(now), fleet.starting(now), len(fleet.queue),
+                                     fleet.queued_tokens())
+            if len(decisions) < MAX_DECISIONS:
+                decisions.append(decision)
+            fleet.scale(decision.desired, now, cold[pools[0].name])
+            next_decision += policy.interval or math.inf
+        if now == tick:
+            fleet.dispatch(now)
+        if now == arrival and pending is not None:
+            fleet.arrive(pending)
+            if progress is not None and fleet.arrived % 1000 == 0:
+                progress(fleet.arrived)
+            pending = next(arrivals, None)
+    fleet.advance(math.inf)
+    return fleet.result(chosen.name, policy, decisions, cold)
+
+
+def _policy(autoscale: Autoscale | str | None, pools: Sequence[Pool]) -> Autoscale | None:
+    """The autoscaler checked against the fleet: one pool, whose replicas lie within its bounds."""
+    if autoscale is None:
+        return None
+    policy = parse_autoscale(autoscale) if isinstance(autoscale, str) else autoscale.resolved()
+    if len(pools) != 1:
+        raise KVBudgetError(f"autoscale: scales a fleet of one pool so far ({len(pools)} given)", param="autoscale")
+    if not policy.min_replicas <= pools[0].replicas <= policy.max_replicas:
+        raise KVBudgetError(f"autoscale: the fleet starts with {pools[0].replicas} replicas, outside min "
+                            f"{policy.min_replicas} to max {policy.max_replicas}; start within them",
+                            param="autoscale")
+    return policy
+
+
+def _weights(model: Any, pool: Pool) -> int:
+    """The bytes each GPU of a replica loads at a cold start: the pool's, or the model's weights over its GPUs."""
+    if pool.weight_bytes is not None:
+        return validate.size(pool.weight_bytes, "weight_bytes", 0)
+    from kvbudget.model.weights import model_weights
+
+    return model_weights(model, pool.gpus).per_gpu_bytes
+
+
+def _fleet_setup(pools: Sequence[Pool]) -> Setup:
+    """The first pool's setup with the fleet's KV memory at the start, for an admission policy that predicts
+    against a budget (kvbudget's guard)."""
+    s = pools[0].setup
+    total = sum((p.setup.kv_memory_bytes or 0) * p.replicas for p in pools)
+    return replace(s, kv_memory_bytes=total or s.kv_memory_bytes)
+
+
+class _Fleet:
+    """The replicas, the front door and the queue at the gateway, advanced together."""
+
+    def __init__(self, pools: Sequence[Pool], router: Router, fast: bool, interval: float,
+                 check: Callable[[], None] | None, on_route: Callable[[Request, int], None] | None,
+                 gate: Gatekeeper | None, flow: FlowControl | None) -> None:
+        self.router, self.fast, self.interval, self.check, self.on_route = router, fast, interval, check, on_route
+        self.gate, self.flow = gate, flow
+        self.replicas: list[Replica] = []
+        for pool in pools:
+            for _ in range(pool.replicas):
+                self.add(pool, 0.0, 0.0)
+        self.queue: deque[Request] = deque()  # held at the gateway, in arrival order
+        self.holds: dict[int, Callable[[], None] | None] = {}  # a held request's admission hold, by its id()
+        self.now = 0.0  # the latest event's time
+        self.refused: dict[str, int] = {}
+        self.waits = array("d")
+        self.peak_queue = self.arrived = 0
+
+    def add(self, pool: Pool, now: float, ready: float) -> None:
+        run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, self.fast, self.interval, None,
+                   None, check=self.check)
+        rep = Replica(len(self.replicas), pool, run)
+        rep.started, rep.ready = now, ready
+        self.replicas.append(rep)
+
+    def advance(self, until: float) -> None:
+        for rep in self.replicas:
+            rep.run.advance(until)
+
+    def busy(self) -> bool:
+        return any(rep.run.sched.has_work() for rep in self.replicas)
+
+    def serving(self, now: float) -> list[Replica]:
+        return [r for r in self.replicas if r.serving(now)]
+
+    def starting(self, now: float) -> int:
+        return sum(1 for r in self.replicas if r.drained is None and r.ready > now)
+
+    def gauges(self, now: float) -> list[Gauge]:
+        out = []
+        for r in self.serving(now):
+            g = r.gauge(now)
+            waiting = r.run.sched.waiting
+            out.append(Gauge(g.usage, g.waiting, sum(q.request.prompt_tokens + q.request.output_tokens
+                                                     for q in waiting), r.pool.setup.token_slots))
+        return out
+
+    def queued_tokens(self) -> int:
+        return sum(r.prompt_tokens + r.output_tokens for r in self.queue)
+
+    def scale(self, desired: int, now: float, cold: float) -> None:
+        """Replicas added (taking requests after `cold` seconds) or drained, newest first, those still starting
+        before those serving (as a ReplicaSet removes pods not ready before ready ones, the youngest first)."""
+        up = [r for r in self.replicas if r.drained is None]
+        if desired > len(up):
+            pool = up[0].pool if up else self.replicas[0].pool
+            for _ in range(desired - len(up)):
+                self.add(pool, now, now + cold)
+            return
+        order = sorted(up, key=lambda r: (r.ready <= now, -r.started, -r.index))
+        for r in order[:len(up) - desired]:
+            r.drained = now
+
+    def next_tick(self) -> float:
+        """The dispatcher's next read of the gauges while the queue holds requests."""
+        if not self.queue or self.flow is None:
+            return math.inf
+        step = self.flow.refresh
+        t = (math.floor(self.now / step) + 1) * step
+        return t if t > self.now else t + step
+
+    def saturated(self, now: float) -> bool:
+        return saturation([(g.usage, g.waiting) for g in (r.gauge(now) for r in self.serving(now))]) >= 1.0
+
+    def dispatch(self, now: float) -> None:
+        """The queue at `now`: requests past their time-to-live evicted (503), then the head sent while the pool
+        is not saturated."""
+        self.now = now
+        flow = self.flow
+        assert flow is not None
+        if flow.ttl is not None:
+            kept = deque(r for r in self.queue if now < r.arrival + flow.ttl)
+            if len(kept) < len(self.queue):
+                self.refused["ttl"] = self.refused.get("ttl", 0) + len(self.queue) - len(kept)
+                self.queue = kept
+        while self.queue and not self.saturated(now):
+            r = self.queue.popleft()
+            self.waits.append(now - r.arrival)
+            self.route(replace(r, arrival=now), now, self.holds.pop(id(r), None))
+
+    def arrive(self, r: Request) -> None:
+        """A request at the fleet's front: the admission policy, then the queue or a replica."""
+        now = self.now = r.arrival
+        self.arrived += 1
+        release = None
+        if self.gate is not None:
+            gauges = [r2.gauge(now) for r2 in self.serving(now)]
+            n = max(len(gauges), 1)
+            self.gate.observe(now, sum(g.usage for g in gauges) / n, math.ceil(sum(g.waiting for g in gauges) / n))
+            admitted = self.gate.admit(r, now)
+            if admitted is None:
+                self.refused["admission"] = self.refused.get("admission", 0) + 1
+                return
+            r, release = admitted
+        if self.flow is not None and (self.queue or self.saturated(now)):
+            if len(self.queue) >= self.flow.max_requests:
+                self.refused["queue-full"] = self.refused.get("queue-full", 0) + 1
+                if release is not None:
+                    release()
+                return
+            self.holds[id(r)] = release
+            self.queue.append(r)
+            self.peak_queue = max(self.peak_queue, len(self.queue))
+            return
+        self.route(r, now, release)
+
+    def route(self, r: Request, now: float, release: Callable[[], None] | None) -> None:
+        serving = self.serving(now)
+        i = self.router.choose(r, serving, now)
+        if not (isinstance(i, int) and any(rep.index == i for rep in serving)):
+            raise KVBudgetError(f"router {self.router.name}: chose replica {i!r}, not one of the "
+                                f"{len(serving)} serving", param="router")
+        rep = self.replicas[i]
         rep.routed += 1
-        if on_route is not None:
-            on_route(r, i)
-        rep.run.offer(r)
-        requests += 1
-        if progress is not None and requests % 1000 == 0:
-            progress(requests)
-    for rep in replicas:
-        rep.run.advance(math.inf)
-    return _result(chosen.name, pools, replicas, requests)
+        if self.on_route is not None:
+            self.on_route(r, i)
+        rep.run.offer(r, release)
+
+    def result(self, router: str, policy: Autoscale | None, decisions: list[Decision],
+               cold: dict[str, float]) -> FleetSimulation:
+        replicas = self.replicas
+        sims = [rep.run.result() for rep in replicas]
+        duration = max((s.duration_s for s in sims), default=0.0)
+        spans = []  # each replica's (started, ready, drained, stopped)
+        for rep, sim in zip(replicas, sims, strict=True):
+            stop = duration if rep.drained is None else max(rep.drained, min(sim.duration_s, duration))
+            spans.append((rep.started, rep.ready, rep.drained, max(stop, rep.started)))
+        gpu_hours = sum(rep.pool.gpus * (stop - start) for rep, (start, _, _, stop) in zip(replicas, spans,
+                                                                                            strict=True)) / 3600
+        report = None
+        if policy is not None:
+            report = AutoscaleReport(policy=policy, timeline=_counts(spans), decisions=tuple(decisions),
+                                     started=sum(1 for rep in replicas if rep.started > 0),
+                                     removed=sum(1 for rep in replicas if rep.drained is not None),
+                                     cold_start_s=cold, gpu_hours=gpu_hours)
+        front = None
+        if self.gate is not None or self.flow is not None:
+            front = FrontReport(admission=self.gate.report().policy if self.gate else None, flow_control=self.flow,
+                                refused=dict(self.refused), held=len(self.waits), wait=Percentiles.of(self.waits),
+                                peak_queue=self.peak_queue)
+        return _result(router, tuple({rep.pool.name: rep.pool for rep in replicas}.values()), replicas, sims,
+                       self.arrived, spans, gpu_hours, report, front)
 
 
-def _result(router: str, pools: Sequence[Pool], replicas: Sequence[Replica], requests: int) -> FleetSimulation:
-    sims = [rep.run.result() for rep in replicas]
+def _counts(spans: Sequence[tuple[float, float, float | None, float]]) -> tuple[tuple[float, int, int], ...]:
+    """The replica count over time, (time, serving, starting) at each change, from each replica's span."""
+    times = sorted({t for start, ready, drained, _ in spans for t in (start, ready, drained) if t is not None})
+    out: list[tuple[float, int, int]] = []
+    for t in times:
+        serving = sum(1 for _, ready, drained, _ in spans if ready <= t and (drained is None or t < drained))
+        starting = sum(1 for start, ready, drained, _ in spans if start <= t < ready and (drained is None or
+                                                                                        t < drained))
+        if not out or out[-1][1:] != (serving, starting):
+            out.append((t, serving, starting))
+    return tuple(out)
+
+
+def _result(router: str, pools: Sequence[Pool], replicas: Sequence[Replica], sims: Sequence[Simulation],
+            requests: int, spans: Sequence[tuple[float, float, float | None, float]], gpu_hours: float,
+            autoscale: AutoscaleReport | None, front: FrontReport | None) -> FleetSimulation:
     duration = max((s.duration_s for s in sims), default=0.0)
 
     def merged(field: str) -> Percentiles | None:
@@ -334,11 +607,12 @@ def _result(router: str, pools: Sequence[Pool], replicas: Sequence[Replica], req
     output = sum(s.output_tokens for s in sims)
     return FleetSimulation(
         router=router, pools=tuple(pools),
-        replicas=tuple(FleetReplica(index=rep.index, pool=rep.pool.name, routed=rep.routed, simulation=s)
-                       for rep, s in zip(replicas, sims, strict=True)),
+        replicas=tuple(FleetReplica(index=rep.index, pool=rep.pool.name, routed=rep.routed, simulation=s,
+                                    started_s=start, ready_s=ready, drained_s=drained, stopped_s=stop)
+                       for rep, s, (start, ready, drained, stop) in zip(replicas, sims, spans, strict=True)),
         requests=requests, completed=completed, duration_s=duration, ttft=merged("ttft_sorted"),
         tpot=merged("tpot_sorted"), e2e=merged("e2e_sorted"),
         requests_per_s=completed / duration if duration else 0.0,
         output_tokens_per_s=output / duration if duration else 0.0,
         prompt_tokens=sum(s.prompt_tokens for s in sims), output_tokens=output,
-        preemptions=sum(s.preemptions for s in sims))
+        preemptions=sum(s.preemptions for s in sims), gpu_hours=gpu_hours, autoscale=autoscale, front=front)

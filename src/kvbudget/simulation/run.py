@@ -282,7 +282,8 @@ class _Run:
         if self.clients is not None:
             heapq.heappush(self.clients, now)
 
-    def admit(self, arrivals: Iterator[Request], pending: Request | None) -> Request | None:
+    def admit(self, arrivals: Iterator[Request], pending: Request | None,
+              release: Callable[[], None] | None = None) -> Request | None:
         while pending is not None and self.due(pending) <= self.t:
             if self.clients is not None:  # sent when its client was free, the latency counted from then
                 pending = replace(pending, arrival=max(pending.arrival, heapq.heappop(self.clients)
@@ -293,7 +294,8 @@ class _Run:
                                     "rejects it); raise max_model_len or filter the trace", param="trace")
             self.requests += 1
             if self.guard is None:
-                self.add(pending)
+                self.add(pending, release)
+                release = None
             else:
                 self.guard.observe(self.t, self.sched.usage(), len(self.sched.waiting))
                 admitted = self.guard.admit(pending, self.t)
@@ -367,10 +369,11 @@ class _Run:
                 self.turns = CHECK_EVERY
             self.turn(until)
 
-    def offer(self, r: Request) -> None:
-        """One request routed here by a fleet, its clock advanced to the arrival (or idle before it)."""
+    def offer(self, r: Request, release: Callable[[], None] | None = None) -> None:
+        """One request routed here by a fleet, its clock advanced to the arrival (or idle before it); `release`
+        (the hold of an admission policy at the fleet's front) runs when it is answered."""
         self.t = max(self.t, r.arrival)
-        self.admit(iter(()), r)
+        self.admit(iter(()), r, release)
 
     def turn(self, arrival: float) -> None:
         """One turn of the clock with work to do: a run of decode steps, one step, or a wait for a load; `arrival`
