@@ -269,3 +269,18 @@ class AutoscaleReport:
                                                               for t, s, n in self.timeline],
                 "decisions": [d.to_dict() for d in self.decisions], "started": self.started,
                 "removed": self.removed, "cold_start_s": dict(self.cold_start_s), "gpu_hours": self.gpu_hours}
+
+
+Span = tuple[float, float, "float | None", float]  # a replica's (asked for, taking requests, drained, given back)
+
+
+def replica_counts(spans: Sequence[Span]) -> tuple[tuple[float, int, int], ...]:
+    """The replica count over time, (time, serving, starting) at each change, from each replica's span."""
+    times = sorted({t for start, ready, drained, _ in spans for t in (start, ready, drained) if t is not None})
+    out: list[tuple[float, int, int]] = []
+    for t in times:
+        up = [(start, ready) for start, ready, drained, _ in spans if start <= t and (drained is None or t < drained)]
+        counts = (sum(1 for _, ready in up if ready <= t), sum(1 for _, ready in up if t < ready))
+        if not out or out[-1][1:] != counts:
+            out.append((t, *counts))
+    return tuple(out)

@@ -16,13 +16,11 @@ from __future__ import annotations
 import math
 import zlib
 from array import array
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from kvbudget import validate
-from kvbudget.engines import get_engine
 from kvbudget.engines.scheduling.setup import Setup
 from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError
@@ -36,10 +34,10 @@ from kvbudget.simulation.autoscale import (
     Scaler,
     Signal,
     parse_autoscale,
+    replica_counts,
 )
 from kvbudget.simulation.cost import Cost, gpu_hours_cost
-from kvbudget.simulation.front import FlowControl, FrontReport, parse_flow_control, saturation
-from kvbudget.simulation.guarded import Gatekeeper, admission_policy
+from kvbudget.simulation.front import FlowControl, FrontDoor, FrontReport
 from kvbudget.simulation.percentiles import Percentiles
 from kvbudget.simulation.run import SAMPLE_INTERVAL_S, Sample, Simulation, _Run
 
@@ -347,22 +345,21 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     chosen = _router(router, pools)
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
     policy = _policy(autoscale, pools)
-    flow = parse_flow_control(flow_control) if isinstance(flow_control, str) else \
-        flow_control.check() if flow_control is not None else None
-    gate = admission_policy(admission, guard_config, _fleet_setup(pools), get_engine(pools[0].setup.engine))
+    front = FrontDoor(admission, guard_config, [p.setup for p in pools for _ in range(p.replicas)], flow_control)
     interval = sample_interval
-    for refresh in (chosen.refresh if isinstance(chosen, LeastKV) else 0.0, flow.refresh if flow else 0.0):
+    for refresh in (chosen.refresh if isinstance(chosen, LeastKV) else 0.0, front.flow.refresh if front.flow else 0.0):
         interval = min(interval, refresh) if refresh else interval
     cold = {p.name: policy.cold_start(_weights(model, p)) for p in pools} if policy else {}
-    fleet = _Fleet(pools, chosen, fast, interval, check, on_route, gate, flow)
+    fleet = _Fleet(pools, chosen, fast, interval, check, on_route, front)
     scaler = Scaler(policy) if policy else None
     decisions: list[Decision] = []
     arrivals = iter(workload)
     pending = next(arrivals, None)
     next_decision = policy.interval if policy and policy.interval else math.inf
     next_sample = DYNAMO_SAMPLE_S if policy and policy.signal is Signal.DYNAMO else math.inf
+    now = 0.0
     while True:
-        tick = fleet.next_tick()
+        tick = front.next_tick(now)
         arrival = pending.arrival if pending is not None else math.inf
         if pending is None and tick == math.inf and not fleet.busy():
             break
@@ -370,14 +367,14 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
         if now == math.inf:
             break
         fleet.advance(now)
-        if pending is None and not fleet.queue and not fleet.busy():
+        if pending is None and not front.queue and not fleet.busy():
             break  # the last request answered: no decision after the run
         if now == next_sample and scaler is not None:
             scaler.sample(now, fleet.gauges(now))
             next_sample += DYNAMO_SAMPLE_S
         if now == next_decision and scaler is not None and policy is not None:
-            decision = scaler.decide(now, fleet.gauges(now), fleet.starting(now), len(fleet.queue),
-                                     fleet.queued_tokens())
+            decision = scaler.decide(now, fleet.gauges(now), fleet.starting(now), len(front.queue),
+                                     sum(r.prompt_tokens + r.output_tokens for r, _ in front.queue))
             if len(decisions) < MAX_DECISIONS:
                 decisions.append(decision)
             fleet.scale(decision.desired, now, cold[pools[0].name])
@@ -416,32 +413,19 @@ def _weights(model: Any, pool: Pool) -> int:
     return model_weights(model, pool.gpus).per_gpu_bytes
 
 
-def _fleet_setup(pools: Sequence[Pool]) -> Setup:
-    """The first pool's setup with the fleet's KV memory at the start, for an admission policy that predicts
-    against a budget (kvbudget's guard)."""
-    s = pools[0].setup
-    total = sum((p.setup.kv_memory_bytes or 0) * p.replicas for p in pools)
-    return replace(s, kv_memory_bytes=total or s.kv_memory_bytes)
-
-
 class _Fleet:
-    """The replicas, the front door and the queue at the gateway, advanced together."""
+    """The replicas and their front door, advanced together."""
 
     def __init__(self, pools: Sequence[Pool], router: Router, fast: bool, interval: float,
                  check: Callable[[], None] | None, on_route: Callable[[Request, int], None] | None,
-                 gate: Gatekeeper | None, flow: FlowControl | None) -> None:
+                 front: FrontDoor) -> None:
         self.router, self.fast, self.interval, self.check, self.on_route = router, fast, interval, check, on_route
-        self.gate, self.flow = gate, flow
+        self.front = front
         self.replicas: list[Replica] = []
         for pool in pools:
             for _ in range(pool.replicas):
                 self.add(pool, 0.0, 0.0)
-        self.queue: deque[Request] = deque()  # held at the gateway, in arrival order
-        self.holds: dict[int, Callable[[], None] | None] = {}  # a held request's admission hold, by its id()
-        self.now = 0.0  # the latest event's time
-        self.refused: dict[str, int] = {}
-        self.waits = array("d")
-        self.peak_queue = self.arrived = 0
+        self.arrived = 0
 
     def add(self, pool: Pool, now: float, ready: float) -> None:
         run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, self.fast, self.interval, None,
@@ -463,85 +447,41 @@ class _Fleet:
     def starting(self, now: float) -> int:
         return sum(1 for r in self.replicas if r.drained is None and r.ready > now)
 
+    def scraped(self, now: float) -> list[tuple[float, int]]:
+        """The serving replicas' (KV usage, waiting) as last scraped."""
+        return [(g.usage, g.waiting) for g in (r.gauge(now) for r in self.serving(now))]
+
     def gauges(self, now: float) -> list[Gauge]:
+        """What an autoscaler reads of each serving replica."""
         out = []
         for r in self.serving(now):
             g = r.gauge(now)
-            waiting = r.run.sched.waiting
-            out.append(Gauge(g.usage, g.waiting, sum(q.request.prompt_tokens + q.request.output_tokens
-                                                     for q in waiting), r.pool.setup.token_slots))
+            tokens = sum(q.request.prompt_tokens + q.request.output_tokens for q in r.run.sched.waiting)
+            out.append(Gauge(g.usage, g.waiting, tokens, r.pool.setup.token_slots))
         return out
-
-    def queued_tokens(self) -> int:
-        return sum(r.prompt_tokens + r.output_tokens for r in self.queue)
 
     def scale(self, desired: int, now: float, cold: float) -> None:
         """Replicas added (taking requests after `cold` seconds) or drained, newest first, those still starting
         before those serving (as a ReplicaSet removes pods not ready before ready ones, the youngest first)."""
         up = [r for r in self.replicas if r.drained is None]
         if desired > len(up):
-            pool = up[0].pool if up else self.replicas[0].pool
             for _ in range(desired - len(up)):
-                self.add(pool, now, now + cold)
+                self.add(self.replicas[0].pool, now, now + cold)
             return
         order = sorted(up, key=lambda r: (r.ready <= now, -r.started, -r.index))
         for r in order[:len(up) - desired]:
             r.drained = now
 
-    def next_tick(self) -> float:
-        """The dispatcher's next read of the gauges while the queue holds requests."""
-        if not self.queue or self.flow is None:
-            return math.inf
-        step = self.flow.refresh
-        t = (math.floor(self.now / step) + 1) * step
-        return t if t > self.now else t + step
-
-    def saturated(self, now: float) -> bool:
-        return saturation([(g.usage, g.waiting) for g in (r.gauge(now) for r in self.serving(now))]) >= 1.0
+    def arrive(self, r: Request) -> None:
+        self.arrived += 1
+        routed = self.front.arrive(r, self.scraped(r.arrival))
+        if routed is not None:
+            self.route(*routed, r.arrival)
 
     def dispatch(self, now: float) -> None:
-        """The queue at `now`: requests past their time-to-live evicted (503), then the head sent while the pool
-        is not saturated."""
-        self.now = now
-        flow = self.flow
-        assert flow is not None
-        if flow.ttl is not None:
-            kept = deque(r for r in self.queue if now < r.arrival + flow.ttl)
-            if len(kept) < len(self.queue):
-                self.refused["ttl"] = self.refused.get("ttl", 0) + len(self.queue) - len(kept)
-                self.queue = kept
-        while self.queue and not self.saturated(now):
-            r = self.queue.popleft()
-            self.waits.append(now - r.arrival)
-            self.route(replace(r, arrival=now), now, self.holds.pop(id(r), None))
+        self.front.dispatch(now, lambda: self.scraped(now), lambda r, release: self.route(r, release, now))
 
-    def arrive(self, r: Request) -> None:
-        """A request at the fleet's front: the admission policy, then the queue or a replica."""
-        now = self.now = r.arrival
-        self.arrived += 1
-        release = None
-        if self.gate is not None:
-            gauges = [r2.gauge(now) for r2 in self.serving(now)]
-            n = max(len(gauges), 1)
-            self.gate.observe(now, sum(g.usage for g in gauges) / n, math.ceil(sum(g.waiting for g in gauges) / n))
-            admitted = self.gate.admit(r, now)
-            if admitted is None:
-                self.refused["admission"] = self.refused.get("admission", 0) + 1
-                return
-            r, release = admitted
-        if self.flow is not None and (self.queue or self.saturated(now)):
-            if len(self.queue) >= self.flow.max_requests:
-                self.refused["queue-full"] = self.refused.get("queue-full", 0) + 1
-                if release is not None:
-                    release()
-                return
-            self.holds[id(r)] = release
-            self.queue.append(r)
-            self.peak_queue = max(self.peak_queue, len(self.queue))
-            return
-        self.route(r, now, release)
-
-    def route(self, r: Request, now: float, release: Callable[[], None] | None) -> None:
+    def route(self, r: Request, release: Callable[[], None] | None, now: float) -> None:
         serving = self.serving(now)
         i = self.router.choose(r, serving, now)
         if not (isinstance(i, int) and any(rep.index == i for rep in serving)):
@@ -557,39 +497,17 @@ class _Fleet:
                cold: dict[str, float]) -> FleetSimulation:
         replicas = self.replicas
         sims = [rep.run.result() for rep in replicas]
-        duration = max((s.duration_s for s in sims), default=0.0)
-        spans = []  # each replica's (started, ready, drained, stopped)
-        for rep, sim in zip(replicas, sims, strict=True):
-            stop = duration if rep.drained is None else max(rep.drained, min(sim.duration_s, duration))
-            spans.append((rep.started, rep.ready, rep.drained, max(stop, rep.started)))
-        gpu_hours = sum(rep.pool.gpus * (stop - start) for rep, (start, _, _, stop) in zip(replicas, spans,
-                                                                                            strict=True)) / 3600
-        report = None
-        if policy is not None:
-            report = AutoscaleReport(policy=policy, timeline=_counts(spans), decisions=tuple(decisions),
-                                     started=sum(1 for rep in replicas if rep.started > 0),
-                                     removed=sum(1 for rep in replicas if rep.drained is not None),
-                                     cold_start_s=cold, gpu_hours=gpu_hours)
-        front = None
-        if self.gate is not None or self.flow is not None:
-            front = FrontReport(admission=self.gate.report().policy if self.gate else None, flow_control=self.flow,
-                                refused=dict(self.refused), held=len(self.waits), wait=Percentiles.of(self.waits),
-                                peak_queue=self.peak_queue)
+        end = max((s.duration_s for s in sims), default=0.0)
+        spans = [(rep.started, rep.ready, rep.drained, end if rep.drained is None else
+                  max(rep.drained, min(sim.duration_s, end))) for rep, sim in zip(replicas, sims, strict=True)]
+        gpu_hours = sum(rep.pool.gpus * max(stop - start, 0.0)
+                        for rep, (start, _, _, stop) in zip(replicas, spans, strict=True)) / 3600
+        report = None if policy is None else AutoscaleReport(
+            policy=policy, timeline=replica_counts(spans), decisions=tuple(decisions),
+            started=sum(1 for rep in replicas if rep.started > 0),
+            removed=sum(1 for rep in replicas if rep.drained is not None), cold_start_s=cold, gpu_hours=gpu_hours)
         return _result(router, tuple({rep.pool.name: rep.pool for rep in replicas}.values()), replicas, sims,
-                       self.arrived, spans, gpu_hours, report, front)
-
-
-def _counts(spans: Sequence[tuple[float, float, float | None, float]]) -> tuple[tuple[float, int, int], ...]:
-    """The replica count over time, (time, serving, starting) at each change, from each replica's span."""
-    times = sorted({t for start, ready, drained, _ in spans for t in (start, ready, drained) if t is not None})
-    out: list[tuple[float, int, int]] = []
-    for t in times:
-        serving = sum(1 for _, ready, drained, _ in spans if ready <= t and (drained is None or t < drained))
-        starting = sum(1 for start, ready, drained, _ in spans if start <= t < ready and (drained is None or
-                                                                                        t < drained))
-        if not out or out[-1][1:] != (serving, starting):
-            out.append((t, serving, starting))
-    return tuple(out)
+                       self.arrived, spans, gpu_hours, report, self.front.report())
 
 
 def _result(router: str, pools: Sequence[Pool], replicas: Sequence[Replica], sims: Sequence[Simulation],

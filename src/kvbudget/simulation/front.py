@@ -14,11 +14,19 @@ band) and applies no TTL unless one is configured (DefaultRequestTTL); here both
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from array import array
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvbudget import validate
+from kvbudget.engines import get_engine
+from kvbudget.engines.scheduling.setup import Setup
+from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError
+from kvbudget.simulation.guarded import Gatekeeper, admission_policy
 from kvbudget.simulation.percentiles import Percentiles
 
 GIE_QUEUE_THRESHOLD = 5  # the utilization detector's DefaultQueueDepthThreshold
@@ -68,7 +76,7 @@ def parse_flow_control(text: str) -> FlowControl:
                        refresh=values.get("refresh", GIE_REFRESH_S)).check()
 
 
-def saturation(gauges: list[tuple[float, int]]) -> float:
+def saturation(gauges: Sequence[tuple[float, int]]) -> float:
     """GIE's utilization detector over the serving replicas' (KV usage, waiting): 1 or more is saturated; no
     replica serving is saturated."""
     if not gauges:
@@ -100,3 +108,88 @@ class FrontReport:
                 "flow_control": self.flow_control.to_dict() if self.flow_control else None,
                 "refused": dict(self.refused), "status": {k: self.status(k) for k in self.refused},
                 "held": self.held, "wait_s": self.wait.__dict__ if self.wait else None, "peak_queue": self.peak_queue}
+
+
+Release = Callable[[], None] | None  # an admission policy's hold on a request, run when it is answered
+Gauges = Sequence[tuple[float, int]]  # the serving replicas' (KV usage, waiting) as last scraped
+
+
+class FrontDoor:
+    """The admission policy and the queue in front of a fleet: what each arrival meets, and what the queue sends
+    on as the pool frees up. `setups` are the fleet's (a policy that predicts against a budget, kvbudget's guard,
+    takes their KV memory together)."""
+
+    def __init__(self, admission: str | None, guard_config: Any, setups: Sequence[Setup],
+                 flow: FlowControl | str | None) -> None:
+        first = setups[0]
+        total = sum(s.kv_memory_bytes or 0 for s in setups)
+        self.gate: Gatekeeper | None = admission_policy(
+            admission, guard_config, replace(first, kv_memory_bytes=total or first.kv_memory_bytes),
+            get_engine(first.engine))
+        self.flow = parse_flow_control(flow) if isinstance(flow, str) else flow.check() if flow else None
+        self.queue: deque[tuple[Request, Release]] = deque()  # held at the gateway, in arrival order
+        self.refused: dict[str, int] = {}
+        self.waits = array("d")
+        self.peak_queue = 0
+
+    @property
+    def active(self) -> bool:
+        return self.gate is not None or self.flow is not None
+
+    def arrive(self, r: Request, gauges: Gauges) -> tuple[Request, Release] | None:
+        """A request at `r.arrival`: the one to route now (as the policy forwards it) and its hold, or None (held
+        in the queue, or refused)."""
+        now = r.arrival
+        release: Release = None
+        if self.gate is not None:  # the policy reads the serving replicas' mean gauges
+            n = max(len(gauges), 1)
+            self.gate.observe(now, sum(u for u, _ in gauges) / n, math.ceil(sum(w for _, w in gauges) / n))
+            admitted = self.gate.admit(r, now)
+            if admitted is None:
+                self._refuse("admission")
+                return None
+            r, release = admitted
+        if self.flow is None or not (self.queue or saturation(gauges) >= 1.0):
+            return r, release
+        if len(self.queue) >= self.flow.max_requests:
+            self._refuse("queue-full")
+            if release is not None:
+                release()
+            return None
+        self.queue.append((r, release))
+        self.peak_queue = max(self.peak_queue, len(self.queue))
+        return None
+
+    def next_tick(self, now: float) -> float:
+        """The dispatcher's next read of the gauges after `now`, while the queue holds requests."""
+        if not self.queue or self.flow is None:
+            return math.inf
+        step = self.flow.refresh
+        t = (math.floor(now / step) + 1) * step
+        return t if t > now else t + step
+
+    def dispatch(self, now: float, gauges: Callable[[], Gauges], send: Callable[[Request, Release], None]) -> None:
+        """The queue at `now`: requests past their time-to-live evicted (503), then the head sent on (`send`, the
+        request arriving at the replica now) while the pool is not saturated, `gauges()` read after each send."""
+        flow = self.flow
+        assert flow is not None
+        if flow.ttl is not None:
+            while self.queue and now >= self.queue[0][0].arrival + flow.ttl:  # (in arrival order: the oldest first)
+                _, release = self.queue.popleft()
+                self._refuse("ttl")
+                if release is not None:
+                    release()
+        while self.queue and saturation(gauges()) < 1.0:
+            r, release = self.queue.popleft()
+            self.waits.append(now - r.arrival)
+            send(replace(r, arrival=now), release)
+
+    def _refuse(self, reason: str) -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    def report(self) -> FrontReport | None:
+        if not self.active:
+            return None
+        return FrontReport(admission=self.gate.report().policy if self.gate else None, flow_control=self.flow,
+                           refused=dict(self.refused), held=len(self.waits), wait=Percentiles.of(self.waits),
+                           peak_queue=self.peak_queue)
