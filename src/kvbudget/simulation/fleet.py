@@ -405,12 +405,16 @@ def _policy(autoscale: Autoscale | str | None, pools: Sequence[Pool]) -> Autosca
 
 
 def _weights(model: Any, pool: Pool) -> int:
-    """The bytes each GPU of a replica loads at a cold start: the pool's, or the model's weights over its GPUs."""
+    """The bytes each GPU of a replica loads at a cold start: the pool's, or the planner's weights per GPU as the
+    engine loads them, the model split over the replica's GPUs by tensor parallelism."""
     if pool.weight_bytes is not None:
         return validate.size(pool.weight_bytes, "weight_bytes", 0)
-    from kvbudget.model.weights import model_weights
+    from kvbudget.planner import plan
+    from kvbudget.simulation.run import NO_GPU_MEMORY
 
-    return model_weights(model, pool.gpus).per_gpu_bytes
+    s = pool.setup
+    return plan(model, engine=s.engine, gpu_memory=NO_GPU_MEMORY, tp=pool.gpus, max_model_len=s.max_model_len,
+                kv_memory=NO_GPU_MEMORY, recommend=False).weights.per_gpu_bytes
 
 
 class _Fleet:
