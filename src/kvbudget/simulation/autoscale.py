@@ -61,7 +61,7 @@ _DEFAULTS: dict[Signal, dict[str, float]] = {
     Signal.LLMD: {"interval": 60.0, "target": 0.8, "up": 0.85, "down": 0.70},
     Signal.DYNAMO: {"interval": 180.0, "up": 0.9, "down": 0.5},
 }
-_KEYS = {"min", "max", "interval"}  # every policy's; and each signal's own:
+_KEYS = {"min", "max", "interval", "startup"}  # every policy's; and each signal's own:
 _OWN = {Signal.KV: {"target", "window"}, Signal.QUEUE: {"target", "window"}, Signal.LLMD: {"target", "up", "down"},
         Signal.DYNAMO: {"up", "down"}}
 
@@ -113,7 +113,8 @@ class Autoscale:
             validate.number(self.window, "autoscale", 0.0, validate.MAX_SECONDS, above=False,
                             given=f"window={self.window!r}")
         validate.number(self.load_bandwidth, "load_bandwidth", 0.0, MAX_LOAD_BANDWIDTH)
-        validate.number(self.startup, "startup", 0.0, validate.MAX_SECONDS, above=False)
+        validate.number(self.startup, "autoscale", 0.0, validate.MAX_SECONDS, above=False,
+                        given=f"startup={self.startup!r}")
 
     def cold_start(self, weight_bytes: int) -> float:
         """Seconds from the decision to a replica taking requests: its weights loaded, then its start-up."""
@@ -129,9 +130,10 @@ MAX_FLEET = 4096  # as fleet.MAX_REPLICAS (not imported: fleet imports this modu
 
 
 def parse_autoscale(text: str, load_bandwidth: float | None = None, startup: float | None = None) -> Autoscale:
-    """`SIGNAL[:key=value,...]`: kv, queue, llm-d or dynamo; keys min, max, interval (seconds, `30` or `30s`) and
-    each signal's own (kv, queue: target, window; llm-d: target, up, down; dynamo: up, down). E.g.
-    `kv:min=1,max=8,target=0.8,interval=30s`, `queue:max=4,target=5`, `llm-d`, `dynamo:max=4`."""
+    """`SIGNAL[:key=value,...]`: kv, queue, llm-d or dynamo; keys min, max, interval and startup (seconds, `30` or
+    `30s`) and each signal's own (kv, queue: target, window; llm-d: target, up, down; dynamo: up, down). E.g.
+    `kv:min=1,max=8,target=0.8,interval=30s`, `queue:max=4,target=5`, `llm-d`, `dynamo:max=4,startup=90s`.
+    `load_bandwidth` in bytes/s (`--load-bandwidth` reads GB/s: `read_load_bandwidth`)."""
     name, _, args = text.strip().partition(":")
     try:
         signal = Signal(name.strip())
@@ -147,21 +149,31 @@ def parse_autoscale(text: str, load_bandwidth: float | None = None, startup: flo
         if key in values:
             raise KVBudgetError(f"autoscale {validate.shown(text)}: {key} given twice", param="autoscale")
         values[key] = _number(value, key, text)
+    startup = values.pop("startup", DEFAULT_STARTUP_S if startup is None else startup)
     out = Autoscale(signal=signal, min_replicas=values.pop("min", 1), max_replicas=values.pop("max", 8),
                     load_bandwidth=DEFAULT_LOAD_BANDWIDTH if load_bandwidth is None else load_bandwidth,
-                    startup=DEFAULT_STARTUP_S if startup is None else startup, **values)
+                    startup=startup, **values)
     return out.resolved()
 
 
 def _number(value: str, key: str, text: str) -> Any:
     """A key's value: min and max whole numbers; the rest numbers, interval and window in seconds (`s` allowed)."""
-    raw = value[:-1] if key in ("interval", "window") and value.endswith("s") else value
+    raw = value[:-1] if key in ("interval", "window", "startup") and value.endswith("s") else value
     try:
         return int(raw) if key in ("min", "max") else float(raw)
     except ValueError:
         kind = "a whole number" if key in ("min", "max") else "a number"
         raise KVBudgetError(f"autoscale {validate.shown(text)}: {key}={validate.shown(value)} is not {kind}",
                             param="autoscale") from None
+
+
+def read_load_bandwidth(text: str) -> float:
+    """`--load-bandwidth` in GB/s (a number above 0, up to 1,000) -> bytes/s."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    return validate.number(value, "load_bandwidth", 0.0, MAX_LOAD_BANDWIDTH / 1e9, given=text) * 1e9
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from simkit import LLAMA
 from kvbudget import KVBudgetError
 from kvbudget.engines.scheduling.timing import TimeModel
 from kvbudget.engines.scheduling.workload import Request
-from kvbudget.simulation.autoscale import Autoscale, Gauge, Scaler, Signal, parse_autoscale
+from kvbudget.simulation.autoscale import Autoscale, Gauge, Scaler, Signal, parse_autoscale, read_load_bandwidth
 from kvbudget.simulation.fleet import Pool, simulate_fleet
 from kvbudget.simulation.front import parse_flow_control
 from kvbudget.simulation.run import setup_for, simulate
@@ -85,6 +85,8 @@ def test_a_cold_start_is_the_weights_over_the_bandwidth_plus_the_start_up():
     assert policy.cold_start(16_000_000_000) == 8.0 + 30.0
     default = parse_autoscale("kv")  # a 25 Gbit/s link: 3.125e9 bytes/s, and 60 s
     assert default.cold_start(3_125_000_000) == 1.0 + 60.0
+    assert parse_autoscale("dynamo:startup=90s", load_bandwidth=read_load_bandwidth("12.5")).cold_start(25e9) == \
+        2.0 + 90.0
     # without the pool's bytes, the model's weights on one GPU (bf16 Llama-3.1-8B: the planner's figure)
     from kvbudget.planner import plan
 
@@ -185,17 +187,25 @@ def test_an_admission_policy_decides_at_the_fleets_front():
     ("kv:max=5000", "'max=5000' must be a whole number from 1 to 4,096"),
     ("kv:target=1.5", "'target=1.5' must be a number above 0 up to 1"),
     ("queue:target=0", "'target=0.0' must be a number above 0"),
-    ("kv:up=0.9", "'up=0.9' is not key=value with a key of interval, max, min, target, window"),
+    ("kv:up=0.9", "'up=0.9' is not key=value with a key of interval, max, min, startup, target, window"),
     ("dynamo:up=0.5,down=0.9", "down=0.9 must be below up=0.5"),
     ("kv:interval=0", "'interval=0.0' must be a number above 0"),
     ("kv:interval=soon", "interval='soon' is not a number"),
     ("kv:min=1,min=2", "min given twice"),
     ("kv:max", "'max' is not key=value"),
+    ("llm-d:startup=-5", "'startup=-5.0' must be a number from 0"),
 ])
 def test_bad_policies_are_refused_in_one_line(text, says):
     with pytest.raises(KVBudgetError, match=says) as err:
         parse_autoscale(text)
     assert err.value.param == "autoscale" and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["0", "fast", "-3", "inf", "5000"])
+def test_a_bad_load_bandwidth_is_refused_in_one_line(text):
+    with pytest.raises(KVBudgetError, match=f"load_bandwidth: '{text}' must be a number above 0 up to 1,000") as err:
+        read_load_bandwidth(text)
+    assert err.value.param == "load_bandwidth"
 
 
 @pytest.mark.parametrize("text, says", [
