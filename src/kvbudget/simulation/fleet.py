@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from kvbudget import validate
-from kvbudget.engines.scheduling.setup import Setup
+from kvbudget.engines.scheduling.setup import LimitsQueue, Setup
 from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError
 from kvbudget.simulation.autoscale import (
@@ -54,6 +54,18 @@ class Pool:
     replicas: int = 1
     gpus: int = 1  # GPUs per replica (tp x pp), for GPU-hours
     weight_bytes: int | None = None  # bytes each GPU loads at a cold start (None: counted from the model)
+    # the engine's own admission in its API server (vLLM's --max-num-queued-reqs / --max-num-queued-tokens, 503)
+    max_num_queued_reqs: int | None = None
+    max_num_queued_tokens: int | None = None
+
+    def refusal(self, run: _Run, n: int) -> str | None:
+        """The engine limit a request of `n` samples sent to a replica of this pool is refused by (None: none)."""
+        if self.max_num_queued_reqs is None and self.max_num_queued_tokens is None:
+            return None
+        simulator, sched = self.setup.simulator, run.sched
+        assert isinstance(simulator, LimitsQueue)  # (check_pools)
+        return simulator.queue_refusal(self.max_num_queued_reqs, self.max_num_queued_tokens,
+                                       [*sched.waiting, *sched.running], n)
 
 
 class Replica:
@@ -319,6 +331,12 @@ def check_pools(pools: Sequence[Pool]) -> None:
         raise KVBudgetError(f"fleet: pool names must differ ({', '.join(names)})", param="replicas")
     for p in pools:
         validate.count(p.replicas, "replicas", 1, MAX_REPLICAS)
+        for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            if getattr(p, name) is not None:
+                validate.count(getattr(p, name), name, 1)
+                if not isinstance(p.setup.simulator, LimitsQueue):
+                    raise KVBudgetError(f"{name}: a limit of vLLM's API server (from 0.29); {p.setup.engine} has "
+                                        "none", param=name)
     total = sum(p.replicas for p in pools)
     if total > MAX_REPLICAS:
         raise KVBudgetError(f"replicas: {total:,} in all, over the {MAX_REPLICAS:,} a fleet may have",
@@ -345,7 +363,8 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     chosen = _router(router, pools)
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
     policy = _policy(autoscale, pools)
-    front = FrontDoor(admission, guard_config, [p.setup for p in pools for _ in range(p.replicas)], flow_control)
+    front = FrontDoor(admission, guard_config, [p.setup for p in pools for _ in range(p.replicas)], flow_control,
+                      any(p.max_num_queued_reqs is not None or p.max_num_queued_tokens is not None for p in pools))
     interval = sample_interval
     for refresh in (chosen.refresh if isinstance(chosen, LeastKV) else 0.0, front.flow.refresh if front.flow else 0.0):
         interval = min(interval, refresh) if refresh else interval
@@ -492,6 +511,10 @@ class _Fleet:
             raise KVBudgetError(f"router {self.router.name}: chose replica {i!r}, not one of the "
                                 f"{len(serving)} serving", param="router")
         rep = self.replicas[i]
+        reason = rep.pool.refusal(rep.run, r.n)
+        if reason is not None:  # answered 503 by the engine's API server: the engine never sees it
+            self.front.refuse(reason, release)
+            return
         rep.routed += 1
         if self.on_route is not None:
             self.on_route(r, i)

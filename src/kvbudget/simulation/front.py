@@ -91,7 +91,9 @@ class FrontReport:
 
     admission: str | None  # the admission policy, if one decided
     flow_control: FlowControl | None
-    refused: dict[str, int]  # reason -> requests: admission (the policy's own answer), queue-full (429), ttl (503)
+    # reason -> requests: admission (the policy's own answer), queue-full (429), ttl (503), and an engine's own
+    # limits by name (vLLM's max_num_queued_reqs, max_num_queued_tokens: 503)
+    refused: dict[str, int]
     held: int  # requests that waited in the queue and were sent on
     wait: Percentiles | None  # their time in the queue (seconds); latencies at the replicas count from the send
     peak_queue: int
@@ -101,7 +103,7 @@ class FrontReport:
         (ResourceExhausted), 503 for a time-to-live past and kvbudget's guard."""
         if reason == "admission":
             return 503 if self.admission == "kvbudget" else 429
-        return 429 if reason == "queue-full" else 503
+        return 429 if reason == "queue-full" else 503  # ttl; an engine's queue limits (vLLM's: 503)
 
     def to_dict(self) -> dict[str, Any]:
         return {"admission": self.admission,
@@ -120,7 +122,7 @@ class FrontDoor:
     takes their KV memory together)."""
 
     def __init__(self, admission: str | None, guard_config: Any, setups: Sequence[Setup],
-                 flow: FlowControl | str | None) -> None:
+                 flow: FlowControl | str | None, engine_limits: bool = False) -> None:
         first = setups[0]
         total = sum(s.kv_memory_bytes or 0 for s in setups)
         self.gate: Gatekeeper | None = admission_policy(
@@ -131,10 +133,11 @@ class FrontDoor:
         self.refused: dict[str, int] = {}
         self.waits = array("d")
         self.peak_queue = 0
+        self.engine_limits = engine_limits  # the replicas' engines refuse past their own queue limits
 
     @property
     def active(self) -> bool:
-        return self.gate is not None or self.flow is not None
+        return self.gate is not None or self.flow is not None or self.engine_limits
 
     def arrive(self, r: Request, gauges: Gauges) -> tuple[Request, Release] | None:
         """A request at `r.arrival`: the one to route now (as the policy forwards it) and its hold, or None (held
@@ -186,6 +189,12 @@ class FrontDoor:
 
     def _refuse(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
+
+    def refuse(self, reason: str, release: Release) -> None:
+        """A request a replica's engine refused (its limit's name as the reason), its hold released."""
+        self._refuse(reason)
+        if release is not None:
+            release()
 
     def report(self) -> FrontReport | None:
         if not self.active:

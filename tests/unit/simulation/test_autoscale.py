@@ -238,3 +238,33 @@ def test_bad_fleets_for_an_autoscaler_are_refused_before_any_run():
         simulate_fleet(LLAMA, never(), [Pool(name="m", setup=TWO)], flow_control="max=0")
     with pytest.raises(KVBudgetError, match="admission 'fifo'"):
         simulate_fleet(LLAMA, never(), [Pool(name="m", setup=TWO)], admission="fifo")
+
+
+def test_vllms_own_queue_limits_answer_503_before_the_engine_sees_the_request():
+    """--max-num-queued-reqs 3: of five requests at once the fourth and fifth find 3 unfinished (503); at 10 s all
+    are done and one more is taken. --max-num-queued-tokens 150 (prompts of 64, one runs at a time): the fourth at
+    0 s finds 192 prompt tokens in prefill (refused), at 0.5 s the first has its first token: 128, taken; then
+    192 again, refused."""
+    load = [req(0.0, 64, i) for i in range(5)] + [req(10.0, 8, 5)]
+    sent: dict[int, list[Request]] = {}
+    reqs = simulate_fleet(LLAMA, load, [Pool(name="m", setup=ONE, max_num_queued_reqs=3)],
+                          on_route=lambda r, i: sent.setdefault(i, []).append(r))
+    assert reqs.front is not None and reqs.front.refused == {"max_num_queued_reqs": 2} and reqs.completed == 4
+    assert [r.id for r in sent[0]] == ["0", "1", "2", "5"] and reqs.replicas[0].routed == 4
+    assert reqs.to_dict()["fleet"]["front"]["status"] == {"max_num_queued_reqs": 503}
+    replay(reqs, sent)
+    tokens = simulate_fleet(LLAMA, [req(0.0, 64, i) for i in range(4)] + [req(0.5, 8, 4), req(0.5, 8, 5)],
+                            [Pool(name="m", setup=ONE, max_num_queued_tokens=150)])
+    assert tokens.front is not None and tokens.front.refused == {"max_num_queued_tokens": 2}
+    assert tokens.completed == 4
+
+
+def test_queue_limits_are_refused_where_the_engine_has_none_or_the_value_is_bad():
+    sglang = replace(setup_for(LLAMA, engine="sglang", gpu="H100-80GB", max_model_len=8192, kv_memory=2 << 30),
+                     time_model=CLOCK)
+    with pytest.raises(KVBudgetError, match="max_num_queued_reqs: a limit of vLLM's API server \\(from 0.29\\); "
+                                            "sglang has none") as err:
+        simulate_fleet(LLAMA, [], [Pool(name="m", setup=sglang, max_num_queued_reqs=4)])
+    assert err.value.param == "max_num_queued_reqs"
+    with pytest.raises(KVBudgetError, match="max_num_queued_tokens: 0 must be a whole number from 1"):
+        simulate_fleet(LLAMA, [], [Pool(name="m", setup=ONE, max_num_queued_tokens=0)])

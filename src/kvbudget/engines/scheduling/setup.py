@@ -4,14 +4,14 @@ fills in a Setup with its own rules and builds its scheduler from it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from kvbudget import validate
 from kvbudget.choices import PAGED, Allocator
 from kvbudget.engines.base import Allocation, Capacity, Engine, EngineOptions
-from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig
+from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig, Seq
 from kvbudget.engines.scheduling.timing import MeasuredStep, TimeModel
 from kvbudget.engines.tiers import HostTier
 from kvbudget.errors import KVBudgetError
@@ -280,6 +280,16 @@ class TimesHost(Protocol):
     def with_host(self, time_model: TimeModel, options: EngineOptions, tp: int, pp: int) -> TimeModel:
         """The default time model of the GPU's kernels (never a calibrated or given one) with the engine's CPU
         work around them: per step, per request, its frontend (the release in `options`, tp x pp GPUs)."""
+
+
+@runtime_checkable
+class LimitsQueue(Protocol):
+    """A scheduler model whose engine's API server refuses requests past its own queue limits (vLLM's
+    --max-num-queued-reqs and --max-num-queued-tokens)."""
+
+    def queue_refusal(self, max_reqs: int | None, max_tokens: int | None, unfinished: Iterable[Seq],
+                      n: int) -> str | None:
+        """The limit a request of `n` samples is refused by, given the sequences not finished; None: admitted."""
 
 
 def with_host(simulator: Simulator, time_model: TimeModel, options: EngineOptions, tp: int, pp: int) -> TimeModel:

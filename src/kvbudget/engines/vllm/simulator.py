@@ -3,11 +3,12 @@ schedulers (plain, hybrid, hybrid with prefix caching, or a contiguous baseline)
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.choices import Device, parse_allocator
 from kvbudget.engines.base import EngineOptions
-from kvbudget.engines.scheduling.seq import Queues
+from kvbudget.engines.scheduling.seq import Queues, Seq
 from kvbudget.engines.scheduling.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
 from kvbudget.engines.scheduling.timing import TimeModel
 from kvbudget.engines.tiers import required_link
@@ -19,6 +20,7 @@ from kvbudget.engines.vllm.hybrid import HybridScheduler
 from kvbudget.engines.vllm.lmcache import LMCacheScheduler
 from kvbudget.engines.vllm.offloading import OffloadingScheduler
 from kvbudget.engines.vllm.pool import usable_blocks
+from kvbudget.engines.vllm.queued import queue_refusal
 from kvbudget.engines.vllm.releases import NEWEST, SIMULATED_OLDEST, Release, release
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.errors import KVBudgetError, named
@@ -44,6 +46,11 @@ class VLLMSimulator(SimulatorDefaults):
             raise KVBudgetError(f"engine vllm@{Release((version[0], version[1])).label}: simulate follows vLLM's V1 "
                                 f"scheduler, the default engine from {oldest} (V0's before it is not simulated); "
                                 f"give vllm@{oldest} or later (estimate and plan take 0.5 on)", param="engine")
+
+    def queue_refusal(self, max_reqs: int | None, max_tokens: int | None, unfinished: Iterable[Seq],
+                      n: int) -> str | None:
+        """The API server's --max-num-queued-reqs / --max-num-queued-tokens (engines/vllm/queued.py)."""
+        return queue_refusal(max_reqs, max_tokens, unfinished, n)
 
     def with_host(self, time_model: TimeModel, options: EngineOptions, tp: int, pp: int) -> TimeModel:
         """The kernels' time model with vLLM's CPU work around them (engines/vllm/host.py), of the release."""
