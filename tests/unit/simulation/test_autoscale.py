@@ -268,3 +268,35 @@ def test_queue_limits_are_refused_where_the_engine_has_none_or_the_value_is_bad(
     assert err.value.param == "max_num_queued_reqs"
     with pytest.raises(KVBudgetError, match="max_num_queued_tokens: 0 must be a whole number from 1"):
         simulate_fleet(LLAMA, [], [Pool(name="m", setup=ONE, max_num_queued_tokens=0)])
+
+
+def burst_then_lull() -> list[Request]:
+    """The Azure conversation trace's first 500 requests 8 times as fast, then one small request every 2 s."""
+    from test_fleet import azure
+
+    burst = azure(500)
+    end = burst[-1].arrival
+    return burst + [Request(arrival=end + 2.0 * (i + 1), prompt_tokens=200, output_tokens=50, id=f"t{i}")
+                    for i in range(60)]
+
+
+@pytest.mark.parametrize("policy", ["kv:max=4,target=0.3,interval=5s,window=10s,startup=2s",
+                                    "queue:max=4,target=2,interval=5s,window=10s,startup=2s",
+                                    "llm-d:max=4,interval=5s,startup=2s", "dynamo:max=4,interval=20s,startup=2s"])
+def test_replicas_that_come_and_go_each_run_exactly_as_alone(policy):
+    """Scaled out in the burst and in during the lull, behind a queue at the gateway: each replica's schedule is
+    still a single run of what it was sent, and the fast path changes nothing."""
+    from test_fleet import SMALL
+
+    pools = [Pool(name="m", setup=SMALL, weight_bytes=10**9)]
+    sent: dict[int, list[Request]] = {}
+    fleet = simulate_fleet(LLAMA, burst_then_lull(), pools, "least-kv", autoscale=policy, flow_control="max=100",
+                           on_route=lambda r, i: sent.setdefault(i, []).append(r))
+    scale = fleet.autoscale
+    assert scale is not None and scale.started >= 1 and scale.removed >= 1 and len(sent) >= 2
+    assert fleet.completed + fleet.refused == fleet.requests == 560
+    replay(fleet, sent)
+    slow = simulate_fleet(LLAMA, burst_then_lull(), pools, "least-kv", autoscale=policy, flow_control="max=100",
+                          fast=False)
+    assert [r.simulation.e2e_sorted for r in slow.replicas] == [r.simulation.e2e_sorted for r in fleet.replicas]
+    assert slow.autoscale is not None and slow.autoscale.timeline == scale.timeline
