@@ -75,9 +75,16 @@ class Replica:
         self.index, self.pool, self.run = index, pool, run
         self.started = self.ready = 0.0  # when it was asked for, and when it took requests (its cold start over)
         self.drained: float | None = None  # when it stopped taking requests (an autoscaler's scale-in)
+        self.final: Simulation | None = None  # a drained replica's result once it has answered its last request
         self.routed = 0  # requests the router sent here
         self._done = 0  # of them, completed by the router's clock (a pointer into run.finished_at)
         self._sample = 0  # the timeline sample the gauge shows (a pointer into run.timeline)
+
+    def retire(self) -> None:
+        """A drained replica with nothing left to do: its result kept, its scheduler let go (a run that scales in
+        and out for a day holds only the replicas up at once)."""
+        self.final = self.run.result()
+        del self.run
 
     def serving(self, now: float) -> bool:
         """Whether it takes requests at `now`: started and not draining."""
@@ -444,7 +451,8 @@ class _Fleet:
                  front: FrontDoor) -> None:
         self.router, self.fast, self.interval, self.check, self.on_route = router, fast, interval, check, on_route
         self.front = front
-        self.replicas: list[Replica] = []
+        self.replicas: list[Replica] = []  # every replica of the run, by index
+        self.live: list[Replica] = []  # those not retired
         for pool in pools:
             for _ in range(pool.replicas):
                 self.add(pool, 0.0, 0.0)
@@ -456,19 +464,26 @@ class _Fleet:
         rep = Replica(len(self.replicas), pool, run)
         rep.started, rep.ready = now, ready
         self.replicas.append(rep)
+        self.live.append(rep)
 
     def advance(self, until: float) -> None:
-        for rep in self.replicas:
+        done = False
+        for rep in self.live:
             rep.run.advance(until)
+            if rep.drained is not None and not rep.run.sched.has_work():
+                rep.retire()
+                done = True
+        if done:
+            self.live = [r for r in self.live if r.final is None]
 
     def busy(self) -> bool:
-        return any(rep.run.sched.has_work() for rep in self.replicas)
+        return any(rep.run.sched.has_work() for rep in self.live)
 
     def serving(self, now: float) -> list[Replica]:
-        return [r for r in self.replicas if r.serving(now)]
+        return [r for r in self.live if r.serving(now)]
 
     def starting(self, now: float) -> int:
-        return sum(1 for r in self.replicas if r.drained is None and r.ready > now)
+        return sum(1 for r in self.live if r.drained is None and r.ready > now)
 
     def scraped(self, now: float) -> list[tuple[float, int]]:
         """The serving replicas' (KV usage, waiting) as last scraped."""
@@ -486,7 +501,7 @@ class _Fleet:
     def scale(self, desired: int, now: float, cold: float) -> None:
         """Replicas added (taking requests after `cold` seconds) or drained, newest first, those still starting
         before those serving (as a ReplicaSet removes pods not ready before ready ones, the youngest first)."""
-        up = [r for r in self.replicas if r.drained is None]
+        up = [r for r in self.live if r.drained is None]
         if desired > len(up):
             for _ in range(desired - len(up)):
                 self.add(self.replicas[0].pool, now, now + cold)
@@ -523,7 +538,7 @@ class _Fleet:
     def result(self, router: str, policy: Autoscale | None, decisions: list[Decision],
                cold: dict[str, float]) -> FleetSimulation:
         replicas = self.replicas
-        sims = [rep.run.result() for rep in replicas]
+        sims = [rep.final or rep.run.result() for rep in replicas]
         end = max((s.duration_s for s in sims), default=0.0)
         spans = [(rep.started, rep.ready, rep.drained, end if rep.drained is None else
                   max(rep.drained, min(sim.duration_s, end))) for rep, sim in zip(replicas, sims, strict=True)]
