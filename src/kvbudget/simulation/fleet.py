@@ -373,7 +373,7 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     front = FrontDoor(admission, guard_config, [p.setup for p in pools for _ in range(p.replicas)], flow_control,
                       any(p.max_num_queued_reqs is not None or p.max_num_queued_tokens is not None for p in pools))
     interval = sample_interval
-    for refresh in (chosen.refresh if isinstance(chosen, LeastKV) else 0.0, front.flow.refresh if front.flow else 0.0):
+    for refresh in (chosen.refresh if isinstance(chosen, LeastKV) else 0.0, front.refresh or 0.0):
         interval = min(interval, refresh) if refresh else interval
     cold = {p.name: policy.cold_start(_weights(model, p)) for p in pools} if policy else {}
     fleet = _Fleet(pools, chosen, fast, interval, check, on_route, front)

@@ -134,6 +134,11 @@ class FrontDoor:
         self.waits = array("d")
         self.peak_queue = 0
         self.engine_limits = engine_limits  # the replicas' engines refuse past their own queue limits
+        # how often the gauges this door reads are scraped: the queue's dispatcher, the policy's own scrape
+        # (GIE's shedding: its refresh; kvbudget's guard: its poll interval); None: nothing read
+        scrapes = (self.flow.refresh if self.flow else None, getattr(self.gate, "refresh", None),
+                   getattr(self.gate, "poll_interval", None))
+        self.refresh: float | None = min((x for x in scrapes if x), default=None)
 
     @property
     def active(self) -> bool:

@@ -169,6 +169,15 @@ def test_the_flow_control_queue_holds_to_its_bound_and_refuses_past_its_ttl():
     replay(held, sent)
 
 
+def test_gies_shedding_at_the_front_reads_the_fleets_gauges():
+    """The flow-control test's load with GIE's saturation shedding instead of a queue: the first six are sent, the
+    rest find five waiting (the mean over the one replica) and are shed (429)."""
+    load = [req(i * 0.1, 640, i) for i in range(10)]
+    fleet = simulate_fleet(LLAMA, load, [Pool(name="m", setup=ONE)], admission="gie")
+    assert fleet.front is not None and fleet.front.refused == {"admission": 4} and fleet.completed == 6
+    assert fleet.front.admission == "gie" and fleet.to_dict()["fleet"]["front"]["status"] == {"admission": 429}
+
+
 def test_an_admission_policy_decides_at_the_fleets_front():
     """A concurrency limit of 3 at the gateway: of 6 requests at once, 3 are sent, 3 refused (429)."""
     load = [req(0.0, 64, i) for i in range(6)]
