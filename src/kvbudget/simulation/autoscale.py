@@ -6,8 +6,9 @@ The policies, each as its source does it:
 - `kv` and `queue`: the Kubernetes Horizontal Pod Autoscaler on a per-replica metric (the KV usage gauge, or the
   requests waiting: the engines' queues and the gateway's): desired = ceil(sum of the metric over the ready
   replicas / target), replicas still starting counting as 0 (the HPA's rule for pods not yet ready on a scale-up),
-  no change within a tolerance of 0.1 of the target, and a scale-in only to the highest count asked for over the
-  last `window` seconds (the HPA's downscale stabilization, 300 s by default; its sync period is 15 s).
+  no change within a tolerance of 0.1 of the target, out by at most 4 replicas or 100% a decision (the HPA's
+  default scale-up policies, per its 15 s sync period), and a scale-in only to the highest count asked for over
+  the last `window` seconds (the HPA's downscale stabilization, 300 s by default).
 - `llm-d`: llm-d's workload variant autoscaler, its token-based saturation analyzer (V2,
   internal/engines/analyzers/saturation_v2/analyzer.go): a replica supplies 0.8 (KvCacheThreshold) of its KV token
   capacity; demand is the tokens in use plus, for each waiting request, its prompt and output tokens (there: the
@@ -41,6 +42,7 @@ DEFAULT_LOAD_BANDWIDTH = 25e9 / 8  # bytes/s: a 25 Gbit/s link at line rate (wei
 DEFAULT_STARTUP_S = 60.0  # estimate: engine init, torch.compile, CUDA graph capture after the weights are loaded
 MAX_LOAD_BANDWIDTH = 1e12  # bytes/s: 1 TB/s, past any disk or network a replica loads its weights over
 HPA_TOLERANCE = 0.1  # kube-controller-manager --horizontal-pod-autoscaler-tolerance
+HPA_UP_PODS = 4  # the HPA's default behavior.scaleUp: 4 pods or 100% per 15 s, whichever adds more
 DYNAMO_SAMPLE_S = 10.0  # Dynamo's load planner: metric_pulling_interval
 MAX_DECISIONS = 100_000  # decisions kept in the report (a day at one a second); the count over time is all kept
 
@@ -226,6 +228,8 @@ class Scaler:
                 self.recent.popleft()
             if desired < current:  # scale in only to the highest recommendation over the window
                 desired = min(current, max(d for _, d in self.recent))
+            # out by at most 4 pods or 100% a period (the HPA's default scaleUp policies, the larger of the two)
+            desired = min(desired, current + max(HPA_UP_PODS, current))
         return Decision(now, current, max(p.min_replicas, min(p.max_replicas, desired)), signal)
 
 

@@ -136,12 +136,14 @@ def test_dynamo_averages_its_samples_and_moves_one_worker():
     assert dynamo.decide(540.0, gauges(0.1, 0.1, 0.1), 0, 0, 0).desired == 3  # at its max
 
 
-def test_kv_keeps_the_count_within_the_hpa_tolerance():
+def test_kv_keeps_the_hpas_tolerance_and_scale_up_limit():
     """Target 0.5: usages summing to 1.05 over two replicas is 5% off the target: no change; 1.2 (20%) asks
     ceil(1.2 / 0.5) = 3."""
     kv = Scaler(parse_autoscale("kv:target=0.5,max=4"))
     assert kv.decide(15.0, gauges(0.5, 0.55), 0, 0, 0).desired == 2
     assert kv.decide(30.0, gauges(0.6, 0.6), 0, 0, 0).desired == 3
+    # one replica at 1.0 asks ceil(1.0 / 0.1) = 10, but the HPA adds at most max(4 pods, 100%) a period: 5
+    assert Scaler(parse_autoscale("kv:target=0.1,max=16")).decide(15.0, gauges(1.0), 0, 0, 0).desired == 5
 
 
 def test_the_flow_control_queue_holds_to_its_bound_and_refuses_past_its_ttl():
