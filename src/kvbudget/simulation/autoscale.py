@@ -19,7 +19,8 @@ The policies, each as its source does it:
 - `dynamo`: NVIDIA Dynamo's load-based planner (components/planner/src/dynamo/planner/defaults.py,
   LoadPlannerDefaults): the KV load averaged over samples every 10 s (metric_pulling_interval), one worker more
   above 0.9 (decode_kv_scale_up_threshold), one fewer below 0.5 (decode_kv_scale_down_threshold), every 180 s
-  (adjustment_interval). Its prefill-queue rule is for disaggregated prefill workers, not modelled here.
+  (adjustment_interval). Its prefill-queue rule is for disaggregated prefill workers, and the grace period it
+  gives a new decode worker, are not modelled here.
 
 A replica's cold start is its weights (bytes per GPU) over `load_bandwidth`, plus `startup` (engine init,
 torch.compile and CUDA graph capture). Neither default is measured here: `DEFAULT_LOAD_BANDWIDTH` is a 25 Gbit/s
@@ -190,7 +191,9 @@ class Gauge:
 
 @dataclass(frozen=True)
 class Decision:
-    """One decision: at `time`, from `replicas` (starting and serving) to `desired`, and the signal read."""
+    """One decision: at `time`, from `replicas` (starting and serving) to `desired`, and the signal read (kv: the
+    serving replicas' KV usage summed; queue: the requests waiting in them and at the gateway; llm-d: demand over
+    supply; dynamo: the mean of its KV load samples)."""
 
     time: float
     replicas: int

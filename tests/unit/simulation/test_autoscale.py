@@ -80,6 +80,13 @@ def test_a_step_load_scales_out_after_the_interval_and_cold_start_and_back_in_wh
     assert out["replicas"][2] == {"time": 15.0, "serving": 2, "starting": 0} and out["removed"] == 1
 
 
+def test_a_fleet_without_an_autoscaler_pays_for_every_gpu_for_the_whole_run():
+    """Two replicas of 2 GPUs; one request of 64 output tokens: 64 steps, 1 s; 4 GPU-seconds."""
+    fleet = simulate_fleet(LLAMA, [req(0.0, 64, 0)], [Pool(name="m", setup=TWO, replicas=2, gpus=2)])
+    assert fleet.duration_s == 1.0 and fleet.gpu_hours == 4 / 3600 and fleet.autoscale is None
+    assert fleet.cost(3.6).run == pytest.approx(0.004) and fleet.cost(3.6).gpus == 4
+
+
 def test_a_cold_start_is_the_weights_over_the_bandwidth_plus_the_start_up():
     policy = parse_autoscale("kv", load_bandwidth=2e9, startup=30.0)
     assert policy.cold_start(16_000_000_000) == 8.0 + 30.0
