@@ -338,6 +338,9 @@ def check_pools(pools: Sequence[Pool]) -> None:
         raise KVBudgetError(f"fleet: pool names must differ ({', '.join(names)})", param="replicas")
     for p in pools:
         validate.count(p.replicas, "replicas", 1, MAX_REPLICAS)
+        validate.positive(p.gpus, "gpus", "GPUs per replica")
+        if p.weight_bytes is not None:
+            validate.size(p.weight_bytes, "weight_bytes", 0)
         for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
             if getattr(p, name) is not None:
                 validate.count(getattr(p, name), name, 1)
@@ -434,7 +437,7 @@ def _weights(model: Any, pool: Pool) -> int:
     """The bytes each GPU of a replica loads at a cold start: the pool's, or the planner's weights per GPU as the
     engine loads them, the model split over the replica's GPUs by tensor parallelism."""
     if pool.weight_bytes is not None:
-        return validate.size(pool.weight_bytes, "weight_bytes", 0)
+        return pool.weight_bytes
     from kvbudget.planner import plan
     from kvbudget.simulation.run import NO_GPU_MEMORY
 
