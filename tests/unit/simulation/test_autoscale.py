@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from simkit import LLAMA
 
 from kvbudget import KVBudgetError
@@ -322,3 +324,32 @@ def test_replicas_that_come_and_go_each_run_exactly_as_alone(policy):
                           fast=False)
     assert [r.simulation.e2e_sorted for r in slow.replicas] == [r.simulation.e2e_sorted for r in fleet.replicas]
     assert slow.autoscale is not None and slow.autoscale.timeline == scale.timeline
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 60.0), st.integers(1, 600), st.integers(1, 3000)), min_size=1, max_size=40),
+       st.sampled_from(["kv:max=3,target=0.3,interval=4s,window=8s,startup=1s",
+                        "queue:max=3,target=1,interval=3s,window=3s,startup=0s", "llm-d:max=3,interval=5s,startup=2s",
+                        "dynamo:min=2,max=3,interval=20s,startup=1s"]),
+       st.sampled_from([None, "max=3", "max=5,ttl=2s"]), st.sampled_from([None, 4]))
+def test_any_load_keeps_the_fleets_books(load, policy, flow, queued):
+    """Whatever arrives: every request is answered or refused once, the count stays within the policy's bounds,
+    each replica runs exactly as alone, and the GPU-hours are the replicas' spans."""
+    requests = sorted((Request(arrival=round(t, 3), prompt_tokens=p, output_tokens=o, id=str(i))
+                       for i, (t, o, p) in enumerate(load)), key=lambda r: r.arrival)
+    lo = 2 if policy.startswith("dynamo") else 1
+    sent: dict[int, list[Request]] = {}
+    fleet = simulate_fleet(LLAMA, requests, [Pool(name="m", setup=TWO, replicas=lo, weight_bytes=10**9,
+                                                  max_num_queued_reqs=queued)],
+                           "least-requests", autoscale=policy, flow_control=flow,
+                           on_route=lambda r, i: sent.setdefault(i, []).append(r))
+    assert fleet.completed + fleet.refused == fleet.requests == len(requests)
+    assert sum(len(v) for v in sent.values()) == fleet.completed
+    scale = fleet.autoscale
+    assert scale is not None and all(lo <= s + n and s >= 1 and s + n <= 3 for _, s, n in scale.timeline)
+    for rep in fleet.replicas:
+        assert all(r.arrival >= rep.ready_s for r in sent.get(rep.index, []))
+        assert rep.drained_s is None or all(r.arrival <= rep.drained_s for r in sent.get(rep.index, []))
+    spans = sum(rep.stopped_s - rep.started_s for rep in fleet.replicas)
+    assert fleet.gpu_hours == pytest.approx(spans / 3600)
+    replay(fleet, sent)
