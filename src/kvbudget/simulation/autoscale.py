@@ -85,8 +85,9 @@ class Autoscale:
     load_bandwidth: float = DEFAULT_LOAD_BANDWIDTH  # bytes/s a new replica loads its weights at
     startup: float = DEFAULT_STARTUP_S  # seconds of start-up beside the weights' load
 
-    def resolved(self) -> Autoscale:
-        """The policy with its signal's defaults filled in, checked (one line naming what is wrong)."""
+    def resolved(self, most: int = validate.MAX_COUNT) -> Autoscale:
+        """The policy with its signal's defaults filled in, checked (one line naming what is wrong; `most`: the
+        replicas a fleet may have)."""
         signal = Signal.parse(str(self.signal), "autoscale") if not isinstance(self.signal, Signal) else self.signal
         given = {k: getattr(self, k) for k in ("interval", "target", "up", "down", "window")}
         for key, value in given.items():
@@ -95,16 +96,17 @@ class Autoscale:
                                     f"{', '.join(sorted(_KEYS | _OWN[signal]))})", param="autoscale")
         filled: dict[str, Any] = {k: v if v is not None else _DEFAULTS[signal].get(k) for k, v in given.items()}
         out = replace(self, signal=signal, **filled)
-        out.check()
+        out.check(most)
         return out
 
-    def check(self) -> None:
-        lo = validate.count(self.min_replicas, "autoscale", 1, MAX_FLEET, given=f"min={self.min_replicas!r}")
-        validate.count(self.max_replicas, "autoscale", lo, MAX_FLEET, given=f"max={self.max_replicas!r}")
+    def check(self, most: int = validate.MAX_COUNT) -> None:
+        """One line naming what is wrong; `most`: the replicas a fleet may have."""
+        lo = validate.count(self.min_replicas, "autoscale", 1, most, given=f"min={self.min_replicas!r}")
+        validate.count(self.max_replicas, "autoscale", lo, most, given=f"max={self.max_replicas!r}")
         validate.number(self.interval, "autoscale", 0.0, validate.MAX_SECONDS, given=f"interval={self.interval!r}")
         if self.target is not None:
-            most = 1.0 if self.signal in (Signal.KV, Signal.LLMD) else float(validate.MAX_COUNT)
-            validate.number(self.target, "autoscale", 0.0, most, given=f"target={self.target!r}")
+            top = 1.0 if self.signal in (Signal.KV, Signal.LLMD) else float(validate.MAX_COUNT)
+            validate.number(self.target, "autoscale", 0.0, top, given=f"target={self.target!r}")
         for key in ("up", "down"):
             value = getattr(self, key)
             if value is not None:
@@ -129,10 +131,8 @@ class Autoscale:
                 "window_s": self.window, "load_bandwidth": self.load_bandwidth, "startup_s": self.startup}
 
 
-MAX_FLEET = 4096  # as fleet.MAX_REPLICAS (not imported: fleet imports this module)
-
-
-def parse_autoscale(text: str, load_bandwidth: float | None = None, startup: float | None = None) -> Autoscale:
+def parse_autoscale(text: str, load_bandwidth: float | None = None, startup: float | None = None,
+                    most: int = validate.MAX_COUNT) -> Autoscale:
     """`SIGNAL[:key=value,...]`: kv, queue, llm-d or dynamo; keys min, max, interval and startup (seconds, `30` or
     `30s`) and each signal's own (kv, queue: target, window; llm-d: target, up, down; dynamo: up, down). E.g.
     `kv:min=1,max=8,target=0.8,interval=30s`, `queue:max=4,target=5`, `llm-d`, `dynamo:max=4,startup=90s`.
@@ -156,7 +156,7 @@ def parse_autoscale(text: str, load_bandwidth: float | None = None, startup: flo
     out = Autoscale(signal=signal, min_replicas=values.pop("min", 1), max_replicas=values.pop("max", 8),
                     load_bandwidth=DEFAULT_LOAD_BANDWIDTH if load_bandwidth is None else load_bandwidth,
                     startup=startup, **values)
-    return out.resolved()
+    return out.resolved(most)
 
 
 def _number(value: str, key: str, text: str) -> Any:

@@ -423,7 +423,8 @@ def _policy(autoscale: Autoscale | str | None, pools: Sequence[Pool]) -> Autosca
     """The autoscaler checked against the fleet: one pool, whose replicas lie within its bounds."""
     if autoscale is None:
         return None
-    policy = parse_autoscale(autoscale) if isinstance(autoscale, str) else autoscale.resolved()
+    policy = parse_autoscale(autoscale, most=MAX_REPLICAS) if isinstance(autoscale, str) else \
+        autoscale.resolved(MAX_REPLICAS)
     if len(pools) != 1:
         raise KVBudgetError(f"autoscale: scales a fleet of one pool so far ({len(pools)} given)", param="autoscale")
     if not policy.min_replicas <= pools[0].replicas <= policy.max_replicas:

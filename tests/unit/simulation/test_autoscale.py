@@ -204,7 +204,6 @@ def test_an_admission_policy_decides_at_the_fleets_front():
     ("fast", "name one of kv, queue, llm-d, dynamo"),
     ("kv:min=0", "'min=0' must be a whole number from 1"),
     ("kv:min=3,max=2", "'max=2' must be a whole number from 3"),
-    ("kv:max=5000", "'max=5000' must be a whole number from 1 to 4,096"),
     ("kv:target=1.5", "'target=1.5' must be a number above 0 up to 1"),
     ("queue:target=0", "'target=0.0' must be a number above 0"),
     ("kv:up=0.9", "'up=0.9' is not key=value with a key of interval, max, min, startup, target, window"),
@@ -249,6 +248,8 @@ def test_bad_fleets_for_an_autoscaler_are_refused_before_any_run():
     with pytest.raises(KVBudgetError, match="outside min 1 to max 2") as err:
         simulate_fleet(LLAMA, never(), [Pool(name="m", setup=TWO, replicas=3)], autoscale="kv:max=2")
     assert err.value.param == "autoscale"
+    with pytest.raises(KVBudgetError, match="'max=5000' must be a whole number from 1 to 4,096"):
+        simulate_fleet(LLAMA, never(), [Pool(name="m", setup=TWO)], autoscale="kv:max=5000")
     with pytest.raises(KVBudgetError, match="one pool so far"):
         simulate_fleet(LLAMA, never(), [Pool(name="a", setup=TWO), Pool(name="b", setup=TWO)], autoscale="kv")
     with pytest.raises(KVBudgetError, match="load_bandwidth: 0 must be a number above 0") as err:
