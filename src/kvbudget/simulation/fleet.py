@@ -368,6 +368,13 @@ class FleetSimulation:
         pct = {"ttft": self.ttft, "tpot": self.tpot, "e2e": self.e2e}[kind]
         return None if pct is None else float(getattr(pct, stat))
 
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        """Prompt tokens served from the replicas' prefix caches over those looked up, fleet-wide."""
+        sims = [r.simulation for r in self.replicas]
+        queried = sum(s.prefix_queried_tokens for s in sims)
+        return sum(s.prefix_hit_tokens for s in sims) / queried if queried else None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "requests": self.requests, "completed": self.completed, "duration_s": self.duration_s,

@@ -16,7 +16,7 @@ from test_fleet import SMALL, replay
 import kvbudget
 from kvbudget import KVBudgetError
 from kvbudget.engines.scheduling.workload import Request, read_trace, rescale
-from kvbudget.simulation.fleet import ApproxPrefix, FleetSimulation, Pool, Replica, parse_router, simulate_fleet
+from kvbudget.simulation.fleet import ApproxPrefix, Pool, Replica, parse_router, simulate_fleet
 from kvbudget.simulation.run import setup_for
 
 SGLANG = setup_for(LLAMA, engine="sglang", gpu="H100-80GB", max_model_len=8192, kv_memory=2 << 30)
@@ -39,11 +39,6 @@ def mooncake() -> list[Request]:
     return [r for r in rescale(read_trace("mooncake-conv"), 1.0, 6000, 800) if r.prompt_tokens <= 30_000]
 
 
-def hit_rate(fleet: FleetSimulation) -> float:
-    sims = [r.simulation for r in fleet.replicas]
-    return sum(s.prefix_hit_tokens for s in sims) / sum(s.prefix_queried_tokens for s in sims)
-
-
 ROOMY = setup_for(LLAMA, gpu="H100-80GB", max_model_len=32_000, kv_memory=32 << 30)  # 262,144 tokens
 
 
@@ -57,7 +52,7 @@ def test_prefix_routers_find_more_of_the_cache(requests, setup):
     pools = [Pool(name="m", setup=setup, replicas=4)]
     fleets = {name: simulate_fleet(LLAMA, requests, pools, name)
               for name in ("round-robin", "least-requests", "prefix-approx", "prefix")}
-    rates = {name: hit_rate(fleet) for name, fleet in fleets.items()}
+    rates = {name: fleet.prefix_hit_rate for name, fleet in fleets.items()}
     assert rates["prefix"] > rates["prefix-approx"] > max(rates["round-robin"], rates["least-requests"])
     if setup is SMALL:  # the prefill saved shows in the time to the first token
         assert fleets["prefix"].ttft.p50 < fleets["prefix-approx"].ttft.p50 < fleets["round-robin"].ttft.p50 / 2
@@ -103,6 +98,7 @@ def test_the_lookup_is_what_the_engine_then_hits(setup):
                            Look())
     assert looked == [(2000, 0)]
     assert fleet.replicas[0].simulation.prefix_hit_tokens == 2000
+    assert fleet.prefix_hit_rate == 2000 / (2300 + 2100)
 
 
 @dataclass
