@@ -206,6 +206,7 @@ class PrefixAware:
     name: str = "prefix"
 
     def __post_init__(self) -> None:
+        validate.number(self.refresh, "router", 0.0, validate.MAX_SECONDS)
         self.rng = random.Random(self.seed)
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
@@ -231,6 +232,11 @@ class ApproxPrefix:
     name: str = "prefix-approx"
 
     def __post_init__(self) -> None:
+        if not (type(self.entries) is int and 0 <= self.entries <= APPROX_MAX_ENTRIES):
+            raise KVBudgetError(f"router {self.name}: entries {validate.shown(self.entries)} must be a whole number "
+                                f"of LRU entries per replica from 0 (the replica's GPU blocks) to "
+                                f"{APPROX_MAX_ENTRIES:,}", param="router")
+        validate.number(self.refresh, "router", 0.0, validate.MAX_SECONDS)
         self.rng = random.Random(self.seed)
         self.lru: dict[int, OrderedDict[int, None]] = {}  # replica -> its block hashes, oldest first
         self.where: dict[int, set[int]] = {}  # block hash -> the replicas it was sent to (and not forgotten)

@@ -16,7 +16,7 @@ from test_fleet import SMALL, replay
 import kvbudget
 from kvbudget import KVBudgetError
 from kvbudget.engines.scheduling.workload import Request, read_trace, rescale
-from kvbudget.simulation.fleet import ApproxPrefix, Pool, Replica, parse_router, simulate_fleet
+from kvbudget.simulation.fleet import ApproxPrefix, Pool, PrefixAware, Replica, parse_router, simulate_fleet
 from kvbudget.simulation.run import setup_for
 
 SGLANG = setup_for(LLAMA, engine="sglang", gpu="H100-80GB", max_model_len=8192, kv_memory=2 << 30)
@@ -161,3 +161,13 @@ def test_bad_prefix_routers_are_refused_in_one_line(text, says):
     with pytest.raises(KVBudgetError, match=says) as err:
         parse_router(text)
     assert err.value.param == "router" and "\n" not in str(err.value)
+
+
+def test_bad_prefix_routers_built_in_code_are_refused_in_one_line():
+    for make, says in [(lambda: ApproxPrefix(entries=-1), "entries -1 must be a whole number of LRU entries"),
+                       (lambda: ApproxPrefix(entries=True), "entries True must be"),
+                       (lambda: ApproxPrefix(refresh=0.0), "must be a number above 0"),
+                       (lambda: PrefixAware(refresh=-1.0), "must be a number above 0")]:
+        with pytest.raises(KVBudgetError, match=says) as err:
+            make()
+        assert err.value.param == "router" and "\n" not in str(err.value)
