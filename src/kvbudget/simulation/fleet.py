@@ -167,8 +167,9 @@ class Length:
 # 520af47, May 2026) scores it: each replica gets a weighted sum of scores in [0, 1] and the highest wins, ties at
 # random (picker/maxscore/picker.go shuffles, then sorts stably). The scores:
 # - precise prefix (scorer/preciseprefixcache): the longest run of the prompt's blocks, from its first, that the
-#   replica's KV events report held (llm-d-kv-cache's LongestPrefixScorer, pkg/kvcache/kvblock_scorer.go, GPU tier
-#   weight 1), over the prompt's blocks (utils.go `absoluteScoredPods`);
+#   replica's KV events report held (llm-d/llm-d-kv-cache-manager v0.4.0, pkg/kvcache/kvblock_scorer.go
+#   `LongestPrefixScorer`, GPU tier weight 1; a host tier's blocks, weight 0.8 in pkg/kvcache/backend.go, are not
+#   counted here), over the prompt's blocks (utils.go `absoluteScoredPods`; v0.8.0 normalized by min-max instead);
 # - approximate prefix (requestcontrol/dataproducer/approximateprefix, from GIE's `prefix` plugin): the router's own
 #   memory of which block hashes it sent where, an LRU per replica that never hears of evictions;
 # - kv-cache-utilization (1 - the usage gauge) and queue (min-max of the waiting gauge) from the scraped metrics.
@@ -198,8 +199,10 @@ def _pick(replicas: Sequence[Replica], prefix: Sequence[float], weights: tuple[f
 class PrefixAware:
     """llm-d's precise prefix-cache scorer with its load scorers: a replica's prefix score is the share of the
     prompt's blocks its cache holds from the first on, as its KV events report them (the engine's own lookup,
-    `Queues.cached_prefix`, which changes nothing; events are taken as published when the step that caused them
-    is scheduled, as vLLM's `Scheduler.schedule` publishes them, with no delay in transit)."""
+    `Queues.cached_prefix`, which changes nothing). The view is the cache after the replica's latest schedule():
+    vLLM (v1/core/sched/scheduler.py `update_from_output`, main at 00024d3) publishes a step's events when the
+    step is done, so a step still running at the arrival shows up to one step early; the events' transit over
+    ZMQ to the indexer is not counted."""
 
     refresh: float = LEAST_KV_REFRESH_S
     seed: int = 0
