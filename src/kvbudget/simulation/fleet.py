@@ -14,13 +14,16 @@ it (tests replay them), whatever the other replicas do.
 from __future__ import annotations
 
 import math
+import random
 import zlib
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from kvbudget import validate
+from kvbudget.engines.scheduling.seq import Seq
 from kvbudget.engines.scheduling.setup import Setup
 from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError
@@ -160,13 +163,141 @@ class Length:
         return _least(pools[order[k]], lambda r: r.in_flight(now))
 
 
-ROUTERS = ("round-robin", "least-requests", "least-kv", "session", "length")
+# Prefix-cache-aware routing, as llm-d's inference scheduler (llm-d/llm-d-inference-scheduler, now llm-d-router, at
+# 520af47, May 2026) scores it: each replica gets a weighted sum of scores in [0, 1] and the highest wins, ties at
+# random (picker/maxscore/picker.go shuffles, then sorts stably). The scores:
+# - precise prefix (scorer/preciseprefixcache): the longest run of the prompt's blocks, from its first, that the
+#   replica's KV events report held (llm-d/llm-d-kv-cache-manager v0.4.0, pkg/kvcache/kvblock_scorer.go
+#   `LongestPrefixScorer`, GPU tier weight 1; a host tier's blocks, weight 0.8 in pkg/kvcache/backend.go, are not
+#   counted here), over the prompt's blocks (utils.go `absoluteScoredPods`; v0.8.0 normalized by min-max instead);
+# - approximate prefix (requestcontrol/dataproducer/approximateprefix, from GIE's `prefix` plugin): the router's own
+#   memory of which block hashes it sent where, an LRU per replica that never hears of evictions;
+# - kv-cache-utilization (1 - the usage gauge) and queue (min-max of the waiting gauge) from the scraped metrics.
+PRECISE_WEIGHTS = (2.0, 1.0, 1.0)  # prefix, kv usage, queue: deploy/config/epp-precise-prefix-cache-config.yaml
+APPROX_WEIGHTS = (3.0, 2.0, 2.0)  # ... the chart's default profile: config/charts/epplib/templates/_config.yaml
+APPROX_BLOCK_TOKENS = 16  # approximateprefix/types.go defaultBlockSizeTokens (autoTune reads vLLM's block size)
+APPROX_MAX_BLOCKS = 256  # ... defaultMaxPrefixBlocks: blocks hashed per prompt
+APPROX_LRU_ENTRIES = 31_250  # ... defaultLRUCapacityPerServer (autoTune reads the replica's GPU blocks instead)
+APPROX_MAX_ENTRIES = 1 << 22  # block hashes a replica's LRU may be given: 67M tokens in blocks of 16, past any GPU's
+#                               KV cache; about half a GB of the router's memory per replica at most
+
+
+def _pick(replicas: Sequence[Replica], prefix: Sequence[float], weights: tuple[float, float, float], now: float,
+          rng: random.Random) -> int:
+    """The replica with the highest weighted score (prefix, 1 - KV usage, queue by min-max of the waiting gauge, as
+    last scraped), ties at random."""
+    gauges = [r.gauge(now) for r in replicas]
+    low, high = min(g.waiting for g in gauges), max(g.waiting for g in gauges)
+    wp, wk, wq = weights
+    scores = [wp * p + wk * (1 - g.usage) + wq * (1.0 if high == low else (high - g.waiting) / (high - low))
+              for p, g in zip(prefix, gauges, strict=True)]
+    best = max(scores)
+    return rng.choice([r for r, s in zip(replicas, scores, strict=True) if s == best]).index
+
+
+@dataclass
+class PrefixAware:
+    """llm-d's precise prefix-cache scorer with its load scorers: a replica's prefix score is the share of the
+    prompt's blocks its cache holds from the first on, as its KV events report them (the engine's own lookup,
+    `Queues.cached_prefix`, which changes nothing). The view is the cache after the replica's latest schedule():
+    vLLM (v1/core/sched/scheduler.py `update_from_output`, main at 00024d3) publishes a step's events when the
+    step is done, so a step still running at the arrival shows up to one step early; the events' transit over
+    ZMQ to the indexer is not counted."""
+
+    refresh: float = LEAST_KV_REFRESH_S
+    seed: int = 0
+    name: str = "prefix"
+
+    def __post_init__(self) -> None:
+        validate.number(self.refresh, "router", 0.0, validate.MAX_SECONDS)
+        self.rng = random.Random(self.seed)
+
+    def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
+        prefix = []
+        for r in replicas:
+            bs = r.run.sched.cfg.block_size
+            total = request.prompt_tokens // bs
+            prefix.append(min(r.run.sched.cached_prefix(request) // bs / total, 1.0) if total else 0.0)
+        return _pick(replicas, prefix, PRECISE_WEIGHTS, now, self.rng)
+
+
+@dataclass
+class ApproxPrefix:
+    """GIE's approximate prefix plugin with the chart's load scorers: the prompt's first blocks (at most 256, the
+    last one partial) hashed as a chain; a replica's prefix score is how many of the leading blocks that some
+    replica was sent it was sent, over the blocks; the chosen replica records the hashes in its LRU of `entries`
+    (0: the replica's GPU blocks, as GIE's autoTune reads them; 31,250 where the engine reports none), which forgets
+    the oldest and never hears of the engine's evictions."""
+
+    entries: int = 0
+    refresh: float = LEAST_KV_REFRESH_S
+    seed: int = 0
+    name: str = "prefix-approx"
+
+    def __post_init__(self) -> None:
+        if not (type(self.entries) is int and 0 <= self.entries <= APPROX_MAX_ENTRIES):
+            raise KVBudgetError(f"router {self.name}: entries {validate.shown(self.entries)} must be a whole number "
+                                f"of LRU entries per replica from 0 (the replica's GPU blocks) to "
+                                f"{APPROX_MAX_ENTRIES:,}", param="router")
+        validate.number(self.refresh, "router", 0.0, validate.MAX_SECONDS)
+        self.rng = random.Random(self.seed)
+        self.lru: dict[int, OrderedDict[int, None]] = {}  # replica -> its block hashes, oldest first
+        self.where: dict[int, set[int]] = {}  # block hash -> the replicas it was sent to (and not forgotten)
+        self.sent = 0
+
+    def hashes(self, request: Request, block: int) -> list[int]:
+        """The prompt's block hashes as GIE chains them: equal for two prompts up to a block exactly where their
+        tokens agree up to its end (`Seq.key`'s relation); a block past the shared pieces is the request's own."""
+        self.sent += 1
+        seq = Seq(self.sent, request)
+        return [seq.key(j, block) for j in range(min(-(-request.prompt_tokens // block), APPROX_MAX_BLOCKS))]
+
+    def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
+        cfg = replicas[0].run.sched.cfg
+        block = cfg.block_size if cfg.block_size > 1 else APPROX_BLOCK_TOKENS
+        hashes = self.hashes(request, block)
+        matched = dict.fromkeys((r.index for r in replicas), 0)
+        for h in hashes:
+            holders = self.where.get(h)
+            if not holders:
+                break
+            for i in holders:
+                if i in matched:
+                    matched[i] += 1
+        prefix = [matched[r.index] / len(hashes) if hashes else 0.0 for r in replicas]
+        chosen = _pick(replicas, prefix, APPROX_WEIGHTS, now, self.rng)
+        self._record(hashes, chosen, replicas)
+        return chosen
+
+    def _record(self, hashes: list[int], chosen: int, replicas: Sequence[Replica]) -> None:
+        lru = self.lru.get(chosen)
+        if lru is None:
+            lru = self.lru[chosen] = OrderedDict()
+        cfg = next(r for r in replicas if r.index == chosen).run.sched.cfg
+        room = self.entries or (min(cfg.num_blocks, APPROX_MAX_ENTRIES) if cfg.block_size > 1 else APPROX_LRU_ENTRIES)
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+                if len(lru) > room:
+                    old, _ = lru.popitem(last=False)
+                    self.where[old].discard(chosen)
+                    if not self.where[old]:
+                        del self.where[old]
+            self.where.setdefault(h, set()).add(chosen)
+
+
+ROUTERS = ("round-robin", "least-requests", "least-kv", "prefix", "prefix-approx", "session", "length")
 
 
 def parse_router(text: str, pools: Sequence[Pool] = ()) -> Router:
-    """A router by name: round-robin, least-requests, least-kv[:SECONDS] (the gauge's refresh), session,
+    """A router by name: round-robin, least-requests, least-kv[:SECONDS] (the gauge's refresh), prefix (precise,
+    from the replicas' KV events), prefix-approx[:N] (the router's memory, N block hashes per replica), session,
     length:T1,T2,... (one bound fewer than the pools)."""
     name, _, arg = text.strip().partition(":")
+    if name == "prefix-approx":
+        return ApproxPrefix(int(_read(arg, text, int, "LRU entries", APPROX_MAX_ENTRIES)) if arg else 0)
     if name == "least-kv":
         return LeastKV(_read(arg, text, float, "seconds") if arg else LEAST_KV_REFRESH_S)
     if name == "length":
@@ -178,22 +309,25 @@ def parse_router(text: str, pools: Sequence[Pool] = ()) -> Router:
             raise KVBudgetError(f"router {text}: {len(bounds)} bounds make {len(bounds) + 1} pools by length; the "
                                 f"fleet has {len(pools)} pools", param="router")
         return Length(bounds)
-    built = {"round-robin": RoundRobin, "least-requests": LeastRequests, "session": Session}
+    built = {"round-robin": RoundRobin, "least-requests": LeastRequests, "session": Session, "prefix": PrefixAware}
     if name in built and not arg:
         return built[name]()
     raise KVBudgetError(f"router {text}: name one of {', '.join(ROUTERS)} (least-kv:SECONDS sets the gauge's "
-                        "refresh; length:T1,T2,... the prompt-length bounds)", param="router")
+                        "refresh; prefix-approx:N the LRU entries per replica; length:T1,T2,... the prompt-length "
+                        "bounds)", param="router")
 
 
-def _read(text: str, router: str, kind: type, unit: str) -> float:
-    """A router's number (seconds, a float; tokens, a whole number), checked."""
+def _read(text: str, router: str, kind: type, unit: str, most: float | None = None) -> float:
+    """A router's number (seconds, a float; tokens, a whole number), checked (at most `most`, else the kind's
+    limit)."""
+    most = most or (validate.MAX_SECONDS if kind is float else validate.MAX_COUNT)
     try:
         value = kind(text.strip())
     except ValueError:
         value = None
-    if value is None or not (0 < value <= (validate.MAX_SECONDS if kind is float else validate.MAX_COUNT)):
-        raise KVBudgetError(f"router {router}: {validate.shown(text)} is not a number of {unit} above 0",
-                            param="router")
+    if value is None or not (0 < value <= most):
+        raise KVBudgetError(f"router {router}: {validate.shown(text)} is not a number of {unit} above 0 "
+                            f"(at most {most:,})", param="router")
     return float(value)
 
 
@@ -243,6 +377,13 @@ class FleetSimulation:
         pct = {"ttft": self.ttft, "tpot": self.tpot, "e2e": self.e2e}[kind]
         return None if pct is None else float(getattr(pct, stat))
 
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        """Prompt tokens served from the replicas' prefix caches over those looked up, fleet-wide."""
+        sims = [r.simulation for r in self.replicas]
+        queried = sum(s.prefix_queried_tokens for s in sims)
+        return sum(s.prefix_hit_tokens for s in sims) / queried if queried else None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "requests": self.requests, "completed": self.completed, "duration_s": self.duration_s,
@@ -291,8 +432,8 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     check_pools(pools)
     chosen = _router(router, pools)
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
-    interval = min(sample_interval, chosen.refresh) if isinstance(chosen, LeastKV) and chosen.refresh else \
-        sample_interval
+    refresh = getattr(chosen, "refresh", 0.0)  # a router that reads the gauges: the timeline is its scrapes
+    interval = min(sample_interval, refresh) if refresh else sample_interval
     replicas: list[Replica] = []
     for pool in pools:
         for _ in range(pool.replicas):
