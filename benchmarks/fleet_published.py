@@ -4,7 +4,7 @@ published figure beside the simulated one and their difference. Validation only:
 What runs today: llm-d's random and load-aware scheduling on its shared-prefix workloads (8 x Qwen3-32B TP 2 and
 4 x Llama-3.1-70B TP 4 on H100), per load stage; DistServe's colocated goodput (OPT-13B on one A100, 512 in / 64
 out). What needs a feature another slice is building prints `needs: ...` and the function it will call (`PENDING`):
-the prefix-aware routers, disaggregated prefill/decode pools.
+disaggregated prefill/decode pools.
 
     python benchmarks/fleet_published.py                  # every result (a few minutes on one core)
     python benchmarks/fleet_published.py --only llm-d-precise-prefix-37 --stages 3
@@ -28,7 +28,7 @@ from typing import Any
 
 from kvbudget.engines.scheduling.workload import Request
 from kvbudget.model.load import load_model
-from kvbudget.simulation.fleet import Pool, Replica, simulate_fleet
+from kvbudget.simulation.fleet import ApproxPrefix, Pool, PrefixAware, Replica, simulate_fleet
 from kvbudget.simulation.run import setup_for, simulate
 
 DATA = Path(__file__).resolve().parent / "data" / "fleet" / "published.json"
@@ -37,7 +37,6 @@ SEED = 0
 SCRAPE_S = 0.05  # GIE's metrics refresh: the gauges a load-aware picker reads
 # the features a result's strategy waits for, and what the lead wires here once they are merged
 PENDING = {
-    "prefix": "simulate_fleet(model, requests, pools, router=<the prefix slice's prefix-aware router>)",
     "disaggregated": "simulate_fleet(model, requests, <the pd slice's prefill and decode pools>, ...)",
     "dataset": "a ShareGPT length sample as DistServe drew it (not bundled)",
 }
@@ -102,6 +101,13 @@ def router_for(strategy: dict[str, Any]) -> Any:
         return RandomPick()
     if kind == "scored":
         return Scored(dict(strategy["weights"]))
+    if kind in ("prefix", "prefix-approx"):
+        w = strategy["weights"]
+        weights = (w["prefix"], w["kv-cache"], w["queue"])
+        if kind == "prefix":
+            return PrefixAware(refresh=SCRAPE_S, seed=SEED, weights=weights)
+        return ApproxPrefix(entries=strategy.get("entries", 0), refresh=SCRAPE_S, seed=SEED, weights=weights,
+                            block=strategy.get("block", 0))
     return kind  # a built-in router's name
 
 
@@ -320,7 +326,7 @@ def run_colocated(result: dict[str, Any], strategy: dict[str, Any], count: int =
 def pending(strategy: dict[str, Any]) -> str:
     """What a strategy waits for, and the call that will run it."""
     text = strategy["needs"]
-    kind = "prefix" if "prefix-aware" in text else "disaggregated" if "disaggregated" in text or "pool" in text \
+    kind = "disaggregated" if "disaggregated" in text or "pool" in text \
         else "dataset"
     return f"needs: {text} -> will call {PENDING[kind]}"
 

@@ -139,12 +139,13 @@ def main() -> None:
         strategies={
             "random-scheduling": {"router": "random"},
             "load-scheduling": {"router": "scored", "weights": {"queue": 1.0, "kv-cache": 1.0}},
-            "estimated-scheduling": {"needs":
-                "prefix-aware router, approximate (GIE's prefix-cache-scorer from routing history: hashBlockSize 64, "
-                "maxPrefixBlocksToMatch 256, lruCapacityPerServer 31250) with weights kv-cache 1, queue 1, prefix 1"},
-            "precise-scheduling": {"needs":
-                "prefix-aware router, precise (llm-d's prefix-cache-scorer in cache_tracking mode from vLLM's KV "
-                "events, blockSize 64) with weights prefix 3, kv-cache 2, queue 2"},
+            "estimated-scheduling": {"router": "prefix-approx", "block": 64, "entries": 31250,
+                                     "weights": {"prefix": 1.0, "kv-cache": 1.0, "queue": 1.0}, "scorer":
+                "GIE's prefix-cache-scorer from routing history: hashBlockSize 64, maxPrefixBlocksToMatch 256, "
+                "lruCapacityPerServer 31250"},
+            "precise-scheduling": {"router": "prefix", "weights": {"prefix": 3.0, "kv-cache": 2.0, "queue": 2.0},
+                                   "scorer": "llm-d's prefix-cache-scorer in cache_tracking mode from vLLM's KV "
+                                   "events, blockSize 64"},
         },
         also=[{"repository": "llm-d/llm-d.github.io", "path": "blog/2025-09-24_kvcache-wins-you-can-see.md",
                "commit": "049167ed10a34fa1e01c0680274254ea3b76b63e", "url": "https://llm-d.ai/blog/kvcache-wins-you-can-see",
@@ -172,12 +173,13 @@ def main() -> None:
         strategies={
             "random-scheduling": {"router": "random"},
             "load-scheduling": {"router": "scored", "weights": {"queue": 1.0, "kv-cache": 1.0}},
-            "default-scheduling": {"needs":
-                "prefix-aware router, approximate (GIE's prefix-cache-scorer, default parameters) with weights queue "
-                "1, kv-cache 1, prefix 2"},
-            "precise-scheduling": {"needs":
-                "prefix-aware router, precise (llm-d's prefix-cache-scorer in cache_tracking mode, blockSize 64) "
-                "with weights as the README's precise-scheduling profile"},
+            "default-scheduling": {"router": "prefix-approx",
+                                   "weights": {"prefix": 2.0, "kv-cache": 1.0, "queue": 1.0},
+                                   "scorer": "GIE's prefix-cache-scorer, default parameters"},
+            "precise-scheduling": {"router": "prefix", "weights": {"prefix": 3.0, "kv-cache": 2.0, "queue": 2.0},
+                                   "scorer": "llm-d's prefix-cache-scorer in cache_tracking mode, blockSize 64, "
+                                   "weights as the README's precise-scheduling profile (assumed: those of the 73% "
+                                   "run)"},
         },
         note=
             "inference-perf's 'constant' load (September 2025) draws exponential gaps and scales them to sum to the "

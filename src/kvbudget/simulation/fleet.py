@@ -182,6 +182,13 @@ APPROX_MAX_ENTRIES = 1 << 22  # block hashes a replica's LRU may be given: 67M t
 #                               KV cache; about half a GB of the router's memory per replica at most
 
 
+def _check_weights(weights: tuple[float, float, float]) -> None:
+    """A scorer's three weights (prefix, KV usage, queue): numbers from 0, not all 0."""
+    if len(weights) != 3 or not any(validate.number(w, "router", 0.0, 1e6, above=False) for w in weights):
+        raise KVBudgetError(f"router: weights {validate.shown(weights)} must be three numbers from 0 (prefix, KV "
+                            "usage, queue), not all 0", param="router")
+
+
 def _pick(replicas: Sequence[Replica], prefix: Sequence[float], weights: tuple[float, float, float], now: float,
           rng: random.Random) -> int:
     """The replica with the highest weighted score (prefix, 1 - KV usage, queue by min-max of the waiting gauge, as
@@ -206,10 +213,12 @@ class PrefixAware:
 
     refresh: float = LEAST_KV_REFRESH_S
     seed: int = 0
+    weights: tuple[float, float, float] = PRECISE_WEIGHTS  # prefix, KV usage, queue
     name: str = "prefix"
 
     def __post_init__(self) -> None:
         validate.number(self.refresh, "router", 0.0, validate.MAX_SECONDS)
+        _check_weights(self.weights)
         self.rng = random.Random(self.seed)
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
@@ -218,7 +227,7 @@ class PrefixAware:
             bs = r.run.sched.cfg.block_size
             total = request.prompt_tokens // bs
             prefix.append(min(r.run.sched.cached_prefix(request) // bs / total, 1.0) if total else 0.0)
-        return _pick(replicas, prefix, PRECISE_WEIGHTS, now, self.rng)
+        return _pick(replicas, prefix, self.weights, now, self.rng)
 
 
 @dataclass
@@ -232,6 +241,8 @@ class ApproxPrefix:
     entries: int = 0
     refresh: float = LEAST_KV_REFRESH_S
     seed: int = 0
+    weights: tuple[float, float, float] = APPROX_WEIGHTS  # prefix, KV usage, queue
+    block: int = 0  # tokens a hash covers (0: the engine's block size, as GIE's autoTune reads it)
     name: str = "prefix-approx"
 
     def __post_init__(self) -> None:
@@ -240,6 +251,8 @@ class ApproxPrefix:
                                 f"of LRU entries per replica from 0 (the replica's GPU blocks) to "
                                 f"{APPROX_MAX_ENTRIES:,}", param="router")
         validate.number(self.refresh, "router", 0.0, validate.MAX_SECONDS)
+        _check_weights(self.weights)
+        validate.count(self.block, "router", 0, validate.MAX_COUNT)
         self.rng = random.Random(self.seed)
         self.lru: dict[int, OrderedDict[int, None]] = {}  # replica -> its block hashes, oldest first
         self.where: dict[int, set[int]] = {}  # block hash -> the replicas it was sent to (and not forgotten)
@@ -254,7 +267,7 @@ class ApproxPrefix:
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
         cfg = replicas[0].run.sched.cfg
-        block = cfg.block_size if cfg.block_size > 1 else APPROX_BLOCK_TOKENS
+        block = self.block or (cfg.block_size if cfg.block_size > 1 else APPROX_BLOCK_TOKENS)
         hashes = self.hashes(request, block)
         matched = dict.fromkeys((r.index for r in replicas), 0)
         for h in hashes:
@@ -265,7 +278,7 @@ class ApproxPrefix:
                 if i in matched:
                     matched[i] += 1
         prefix = [matched[r.index] / len(hashes) if hashes else 0.0 for r in replicas]
-        chosen = _pick(replicas, prefix, APPROX_WEIGHTS, now, self.rng)
+        chosen = _pick(replicas, prefix, self.weights, now, self.rng)
         self._record(hashes, chosen, replicas)
         return chosen
 
