@@ -307,6 +307,85 @@ def heldout_table(cases: list[Case]) -> list[str]:
     return lines
 
 
+# the engine's statistics lines published with a block (runs.json "engine_log": vLLM 0.10's server logs one every
+# 10 seconds, v1/metrics/loggers.py): an interval whose closing line shows no prompt tokens, none waiting and as many
+# sequences running as the line before decoded one token for each of them at every step, so its seconds per step
+# are the sequences over the generation throughput, measured inside the engine (no HTTP, no client)
+POOL_BLOCK_TOKENS = 16  # vLLM's block on these GPUs; runs.json's num_gpu_blocks is the log's KV tokens over it
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeStep:
+    """A logged interval of pure decoding beside the simulated decode step of the same batch and context."""
+
+    run: str
+    gpu: str
+    tp: int
+    at: str  # the closing log line's time
+    sequences: int
+    context: float  # tokens of context per sequence: the pool's share in use (the two lines' mean) over them
+    real: float  # seconds per step
+    simulated: float
+
+    @property
+    def gap_per_sequence(self) -> float:
+        """Seconds per sequence per step the simulation is short (negative: long)."""
+        return (self.real - self.simulated) / self.sequences
+
+
+def logged_decode_steps(run: dict[str, Any]) -> list[tuple[str, int, float, float]]:
+    """The run's pure-decode intervals: (closing line's time, sequences, tokens of context per sequence, seconds
+    per step). The context is read from the pool's use, so it includes each sequence's partly filled last block."""
+    pool = (run.get("num_gpu_blocks") or 0) * POOL_BLOCK_TOKENS
+    out = []
+    for before, line in itertools.pairwise(run.get("engine_log", [])):
+        n = line["running"]
+        if (pool and n > 0 and before["running"] == n and before["waiting"] == line["waiting"] == 0
+                and line["prompt_tokens_per_s"] == 0 and line["generation_tokens_per_s"] > 0):
+            context = (before["kv_usage"] + line["kv_usage"]) / 2 * pool / n
+            out.append((line["at"], n, context, n / line["generation_tokens_per_s"]))
+    return out
+
+
+def decode_steps(run: dict[str, Any], time_model: TimeModel | None = None) -> list[DecodeStep]:
+    """The run's logged pure-decode intervals beside the step its default time model (or `time_model`) gives
+    the same sequences over the same context."""
+    logged = logged_decode_steps(run)
+    if not logged:
+        return []
+    tm = time_model or default_time_model(run)
+    return [DecodeStep(run=run["id"], gpu=run["gpu"], tp=run["tp"], at=at, sequences=n, context=context, real=real,
+                       simulated=tm.step_seconds(n, round(context * n))) for at, n, context, real in logged]
+
+
+def gap_line(steps: list[DecodeStep]) -> tuple[float, float]:
+    """The least-squares line through the intervals' gaps (real - simulated step) against their sequences:
+    (seconds per step, seconds per sequence per step)."""
+    if len({d.sequences for d in steps}) < 2:
+        raise ValueError("a line needs intervals of at least two batch sizes")
+    slope, intercept = statistics.linear_regression([d.sequences for d in steps], [d.real - d.simulated for d in steps])
+    return intercept, slope
+
+
+def decode_table(steps: list[DecodeStep]) -> list[str]:
+    """Markdown rows: each interval's sequences, context, real and simulated step, and the gap per sequence; below,
+    per GPU and tensor parallel size, the gap as a line over the sequences."""
+    lines = ["| run | GPU | TP | at | sequences | context | step real / sim (ms) | error | gap per sequence |",
+             "|---" * 9 + "|"]
+    order = sorted(steps, key=lambda d: (d.gpu, d.tp, d.sequences, d.context))
+    for d in order:
+        lines.append(f"| {d.run} | {d.gpu} | {d.tp} | {d.at} | {d.sequences} | {d.context:,.0f} | "
+                     f"{d.real * 1e3:.2f} / {d.simulated * 1e3:.2f} | {d.simulated / d.real - 1:+.0%} | "
+                     f"{d.gap_per_sequence * 1e6:.0f} µs |")
+    for (gpu, tp), group in itertools.groupby(order, key=lambda d: (d.gpu, d.tp)):
+        group = list(group)
+        if len({d.sequences for d in group}) > 1:
+            fixed, per_seq = gap_line(group)
+            lines.append(f"\n{gpu} TP {tp} ({len(group)} intervals): the simulated step is short by "
+                         f"{fixed * 1e3:.2f} ms + {per_seq * 1e6:.0f} µs a sequence")
+    return lines
+
+
 # aiconfigurator's silicon runs (data/served/silicon.json, scripts/extract_silicon_runs.py): each row a closed loop
 # of `concurrency` clients sending fixed-length requests, as aiperf sent them
 MEASURED_ROUNDS = 20  # aiperf's requests per client (MULTI_ROUND); its measured phase starts with all N at once
@@ -483,6 +562,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--silicon", action="store_true", help="replay aiconfigurator's silicon runs instead "
                         "(data/served/silicon.json)")
+    parser.add_argument("--decode-steps", action="store_true", help="compare the decode steps the held-out runs' "
+                        "engine logs show (sequences over generation throughput) with the simulated step instead")
     parser.add_argument("--rounds", type=int, default=MEASURED_ROUNDS,
                         help="with --silicon: requests per client at most (default aiperf's 20)")
     args = parser.parse_args()
@@ -490,6 +571,9 @@ def main() -> None:
         parser.error(f"--rounds: {args.rounds} is outside {MIN_ROUNDS} to {MEASURED_ROUNDS} (aiperf's rounds)")
     if args.silicon:
         silicon_main(args.rounds)
+        return
+    if args.decode_steps:
+        print("\n".join(decode_table([d for run in runs() if "load" in run for d in decode_steps(run)])))
         return
     cases = heldout_cases()
     print("\n".join(heldout_table(cases)))

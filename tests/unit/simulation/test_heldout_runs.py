@@ -140,3 +140,64 @@ def test_the_benchmarks_test_run_goes_first_and_leaves_the_first_prompt_cached(m
     model = served.model_of(run["model"])
     cold = served.simulate(model, iter(served.block_requests(run)), **served.settings(run))
     assert case.simulated["ttft"]["mean"] < cold.ttft.mean / 2
+
+
+# the engine's statistics lines as dennislee22/vLLM-benchmarking pasted them after a block (Test 5, 200 prompts;
+# the first line cut at its start, as the README has it after some blocks)
+ENGINE_LOG = """, Running: 10 reqs, Waiting: 0 reqs, GPU KV cache usage: 3.5%, Prefix cache hit rate: 53.7%
+(APIServer pid=2739) INFO 09-04 01:35:00 [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg \
+generation throughput: 5737.5 tokens/s, Running: 195 reqs, Waiting: 0 reqs, GPU KV cache usage: 66.8%, Prefix cache \
+hit rate: 33.3%
+(APIServer pid=2739) INFO 09-04 01:35:10 [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg \
+generation throughput: 5380.9 tokens/s, Running: 195 reqs, Waiting: 0 reqs, GPU KV cache usage: 78.4%, Prefix cache \
+hit rate: 33.3%"""
+
+
+def _log(at, prompt, generation, running, waiting, usage):
+    return {"at": at, "prompt_tokens_per_s": prompt, "generation_tokens_per_s": generation, "running": running,
+            "waiting": waiting, "kv_usage": usage}
+
+
+def test_the_engine_log_after_a_block_is_read_from_whole_lines(modules):
+    _, extract = modules
+    assert extract.engine_log(ENGINE_LOG) == [_log("09-04 01:35:00", 0.0, 5737.5, 195, 0, 0.668),
+                                              _log("09-04 01:35:10", 0.0, 5380.9, 195, 0, 0.784)]
+
+
+def test_a_pure_decode_interval_gives_the_engine_s_own_step(modules):
+    """Only an interval that decoded alone counts (no prompt tokens, none waiting, the same sequences at both ends):
+    its step is the sequences over the generation throughput, its context the pool's share in use over them."""
+    served, _ = modules
+    run = {"num_gpu_blocks": 29053, "engine_log": [
+        _log("a", 2836.3, 4789.1, 196, 0, 0.548),  # prefilling
+        _log("b", 0.0, 5737.5, 195, 0, 0.668),  # one sequence fewer than at "a": some steps had 196
+        _log("c", 0.0, 5380.9, 195, 0, 0.784),  # the one pure interval
+        _log("d", 0.0, 6241.3, 256, 238, 0.964),  # others waiting (and running changed)
+        _log("e", 0.0, 5749.3, 256, 261, 0.998)]}  # others waiting
+    ((at, n, context, step),) = served.logged_decode_steps(run)
+    assert (at, n) == ("c", 195)
+    assert step == pytest.approx(0.036239, abs=1e-6)  # 195 / 5380.9
+    assert context == pytest.approx(1730.66, abs=0.01)  # (0.668 + 0.784) / 2 x 29,053 x 16 / 195
+    assert served.logged_decode_steps({"num_gpu_blocks": None, "engine_log": run["engine_log"]}) == []
+
+
+def test_the_published_logs_give_decode_steps_beside_the_simulated_ones(modules):
+    """runs.json keeps each block's engine log; Test 5's 200-prompt run decoded 195 sequences at 36.2 ms a step
+    in the ten seconds to 01:35:10 (README.md)."""
+    served, _ = modules
+    run = {r["id"]: r for r in served.runs()}["a100-qwen2-7b-test5-08"]
+    (d,) = served.decode_steps(run)
+    assert (d.run, d.gpu, d.tp, d.at, d.sequences) == ("a100-qwen2-7b-test5-08", "A100-80GB", 1, "09-04 01:35:10", 195)
+    assert d.real == pytest.approx(195 / 5380.9) and 1700 < d.context < 1760
+    assert 0 < d.simulated < d.real and d.gap_per_sequence == pytest.approx((d.real - d.simulated) / 195)
+
+
+def test_the_gap_is_a_line_over_the_sequences(modules):
+    served, _ = modules
+    steps = [served.DecodeStep(run="r", gpu="A100-80GB", tp=1, at=str(n), sequences=n, context=1000.0,
+                               real=0.010 + 0.001 + 30e-6 * n, simulated=0.010) for n in (10, 50, 200)]
+    fixed, per_seq = served.gap_line(steps)
+    assert fixed == pytest.approx(0.001) and per_seq == pytest.approx(30e-6)
+    with pytest.raises(ValueError, match="two batch sizes"):
+        served.gap_line(steps[:1])
+    assert "short by 1.00 ms + 30 µs a sequence" in "\n".join(served.decode_table(steps))
