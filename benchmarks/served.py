@@ -7,6 +7,10 @@ Used by bench_step_times.py and tests/unit/simulation/test_step_times.py.
 `vllm bench serve` blocks (fixed-length random prompts, sent at once), on GPUs the step times were not fitted on,
 by GPU, basis, tensor parallel size and load: median |error| and median signed error of mean TTFT, TPOT and E2E.
 
+`python benchmarks/served.py --decode-steps` sets the decode steps the held-out runs' own engine logs show (the
+10-second statistics lines pasted after a block, where nothing but decoding ran) beside the simulated step of the same
+batch and context, and fits the gap per GPU and tensor parallel size as a line over the sequences (about 2 seconds).
+
 `python benchmarks/served.py --silicon` replays aiconfigurator's silicon runs instead (data/served/silicon.json:
 1,149 vLLM rows on H100, H200, B200 and B300, each a closed loop of its concurrency, as aiperf sent them) and
 prints the same figures by GPU, release, model and weights, TP and concurrency, an overall line and the rows left
