@@ -166,6 +166,13 @@ def engine_log(text: str) -> list[dict]:
             for at, prompt, generation, running, waiting, usage in ENGINE_LOG.findall(text)]
 
 
+def server_of(text: str) -> dict[str, int]:
+    """The API server's process id in the log lines pasted after a block (a run's server: runs on one server share
+    its prefix cache, and the random dataset's prompts repeat from run to run); nothing where no line names one."""
+    found = re.search(r"\(APIServer pid=(\d+)\)", text)
+    return {"server_pid": int(found.group(1))} if found else {}
+
+
 def dennislee(git: str) -> list[dict]:
     runs, rev = [], commit(git)
     readme = show(git, "README.md")
@@ -199,7 +206,7 @@ def dennislee(git: str) -> list[dict]:
                                   "num_prompts": int(flags["num-prompts"]), "request_rate": None,
                                   "max_concurrency": None},
                          **figures, "failed": int(flags["num-prompts"]) - figures["requests"],
-                         "engine_log": engine_log(after), **link_of(text, log, tp),
+                         "engine_log": engine_log(after), **server_of(after), **link_of(text, log, tp),
                          "source": f"github:dennislee22/vLLM-benchmarking README.md (Test {test}, block {k + 1}) "
                                    f"and {log} @{rev[:7]}",
                          "licence": "figures only (the repository states no licence)"})

@@ -201,3 +201,14 @@ def test_the_gap_is_a_line_over_the_sequences(modules):
     with pytest.raises(ValueError, match="two batch sizes"):
         served.gap_line(steps[:1])
     assert "short by 1.00 ms + 30 µs a sequence" in "\n".join(served.decode_table(steps))
+
+
+def test_a_run_records_its_server_so_that_runs_sharing_a_prefix_cache_are_known(modules):
+    """The random dataset's prompts repeat from run to run (a fixed seed), so runs on one server share cached
+    prompts: Test 5's 30 and 20 prompts ran after its 50 on the same server (README.md's log lines)."""
+    served, extract = modules
+    assert extract.server_of(ENGINE_LOG) == {"server_pid": 2739} and extract.server_of("no log") == {}
+    runs = {r["id"]: r for r in served.runs()}
+    fifty, thirty, twenty = (runs[f"a100-qwen2-7b-test5-{k:02d}"] for k in (5, 4, 3))
+    assert fifty["server_pid"] == thirty["server_pid"] == twenty["server_pid"] == 136
+    assert fifty["engine_log"][0]["at"] < thirty["engine_log"][0]["at"] < twenty["engine_log"][0]["at"]
