@@ -172,12 +172,14 @@ def default_time_model(run: dict[str, Any]) -> TimeModel:
     return setup_for(model_of(run["model"]), **settings(run)).time_model
 
 
-def replay(run: dict[str, Any], time_model: TimeModel | None = None) -> list[Case]:
-    """The run's cases: its real figures beside the simulation's."""
+def replay(run: dict[str, Any], time_model: TimeModel | None = None,
+           earlier: list[dict[str, Any]] | None = None) -> list[Case]:
+    """The run's cases: its real figures beside the simulation's. A printed block is replayed on a fresh server,
+    or after `earlier` (its `server_history`), the runs whose prompts the prefix cache may still hold."""
     model = model_of(run["model"])
     kw = settings(run, time_model)
     if "load" in run:
-        return [_replay_block(run, model, kw)]
+        return [_replay_block(run, model, kw, earlier or [])]
     if "requests_file" in run:
         collect = _Collect(lambda r: 0)
         reqs = bench_requests(run)
@@ -206,15 +208,37 @@ def replay(run: dict[str, Any], time_model: TimeModel | None = None) -> list[Cas
 def block_requests(run: dict[str, Any]) -> list[Request]:
     """A printed `benchmark_serving.py` block of the random dataset at an unlimited rate: every request sent at
     once, each of the run's mean prompt and output length (the block's totals over its requests: the random
-    prompts re-tokenize a few tokens off, and without --ignore-eos an output may stop early)."""
+    prompts re-tokenize a few tokens off, and without --ignore-eos an output may stop early). Prompt i is the
+    dataset's i-th whatever the run (RANDOM_PROMPT), so runs on one server share what its prefix cache holds."""
     n = run["requests"]
     prompt, output = round(run["input_tokens"] / n), max(1, round(run["output_tokens"] / n))
     return [Request(arrival=0.0, prompt_tokens=prompt, output_tokens=output, id=str(i),
-                    prefix=((FIRST_PROMPT, prompt),) if i == 0 else ()) for i in range(n)]
+                    prefix=(((RANDOM_PROMPT, i), prompt),)) for i in range(n)]
 
 
-FIRST_PROMPT = "the benchmark's first prompt"  # the prefix-cache content id of the prompt its test run sends first
+# the prefix-cache content id of the random dataset's i-th prompt, with i: vllm/benchmarks/datasets.py (0.10.1.1)
+# seeds numpy with 0 and, at fixed lengths, draws no random number for them, so every run draws the same offsets
+# and its i-th prompt starts with the same tokens as every other run's i-th (of any length) on the same model
+RANDOM_PROMPT = "benchmark_serving.py's random prompt"
 TIMED_FROM = 50_000.0  # seconds: when the timed requests go out, long after the test run has ended
+SERVER_RUNS_APART = 2 * TIMED_FROM  # seconds between the runs replayed one after another on one server
+
+
+def server_history(run: dict[str, Any], every: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The published runs that went before `run` on its server, oldest first: the same test (settings), the same
+    API server process on the same day (`server_pid`, and the date of the engine's log lines), earlier by the
+    time of their first log line. Their prompts are what the prefix cache may still hold when `run` starts."""
+    def key(r: dict[str, Any]) -> tuple[str, Any, str] | None:
+        log = r.get("engine_log")
+        return (r["id"].rsplit("-", 1)[0], r.get("server_pid"), log[0]["at"][:5]) if log and "server_pid" in r \
+            else None
+
+    mine = key(run)
+    if mine is None:
+        return []
+    start = run["engine_log"][0]["at"]
+    return sorted((r for r in every if r is not run and key(r) == mine and r["engine_log"][0]["at"] < start),
+                  key=lambda r: r["engine_log"][0]["at"])
 
 
 def with_test_run(requests: list[Request]) -> list[Request]:
@@ -227,24 +251,27 @@ def with_test_run(requests: list[Request]) -> list[Request]:
     return [test, *(replace(r, arrival=r.arrival + TIMED_FROM) for r in requests)]
 
 
-def _replay_block(run: dict[str, Any], model: Any, kw: dict[str, Any]) -> Case:
+def _replay_block(run: dict[str, Any], model: Any, kw: dict[str, Any], earlier: list[dict[str, Any]]) -> Case:
     load = run["load"]
     if load["request_rate"] is not None or load["max_concurrency"] is not None:
         raise ValueError(f"{run['id']}: only requests sent at once are replayed (request_rate and max_concurrency "
                          "unset)")
-    def stage(r: Request) -> int:
-        return -1 if r.id == "test" else 0
+    def stage(r: Request) -> int:  # the run's own timed requests only (not its test run, not earlier runs')
+        return -1 if r.id == "test" or r.id.startswith("earlier ") else 0
 
     collect = _Collect(stage)
     reqs = block_requests(run)
+    sent = [*(replace(r, arrival=r.arrival + k * SERVER_RUNS_APART, id=f"earlier {k}:{r.id}")
+              for k, h in enumerate(earlier) for r in with_test_run(block_requests(h))),
+            *(replace(r, arrival=r.arrival + len(earlier) * SERVER_RUNS_APART) for r in with_test_run(reqs))]
     try:
-        sim = simulate(model, iter(with_test_run(reqs)), on_finish=collect, **kw)
+        sim = simulate(model, iter(sent), on_finish=collect, **kw)
         note = ""
     except KVBudgetError as e:  # the release's budget refuses what the real run started with: the newest rules'
         if kw["engine"] == "vllm":
             raise
         collect = _Collect(stage)
-        sim = simulate(model, iter(with_test_run(reqs)), on_finish=collect, **{**kw, "engine": "vllm"})
+        sim = simulate(model, iter(sent), on_finish=collect, **{**kw, "engine": "vllm"})
         note = f"; memory by the newest release's rules ({kw['engine']}'s: {str(e).partition(': ')[2][:60]}...)"
     m, out = run["measured"], reqs[0].output_tokens
     # the block prints no end-to-end latency: the mean is TTFT + TPOT x (output - 1), derived alike on both sides
@@ -277,9 +304,12 @@ def all_cases(time_model: TimeModel | None = None) -> list[Case]:
     return [c for run in measured_gpu_runs() for c in replay(run, time_model)]
 
 
-def heldout_cases(time_model: TimeModel | None = None) -> list[Case]:
-    """The runs published as printed bench blocks, on GPUs the step times were not fitted on."""
-    return [c for run in runs() if "load" in run for c in replay(run, time_model)]
+def heldout_cases(time_model: TimeModel | None = None, history: bool = False) -> list[Case]:
+    """The runs published as printed bench blocks, on GPUs the step times were not fitted on; with `history`, each
+    replayed after the runs that went before it on its server (`server_history`)."""
+    every = runs()
+    return [c for run in every if "load" in run
+            for c in replay(run, time_model, server_history(run, every) if history else None)]
 
 
 def basis_kind(case: Case) -> str:
@@ -568,6 +598,8 @@ def main() -> None:
                         "(data/served/silicon.json)")
     parser.add_argument("--decode-steps", action="store_true", help="compare the decode steps the held-out runs' "
                         "engine logs show (sequences over generation throughput) with the simulated step instead")
+    parser.add_argument("--server-history", action="store_true", help="replay each printed block after the runs "
+                        "that went before it on its server (their prompts in the prefix cache), not on a fresh one")
     parser.add_argument("--rounds", type=int, default=MEASURED_ROUNDS,
                         help="with --silicon: requests per client at most (default aiperf's 20)")
     args = parser.parse_args()
@@ -579,7 +611,7 @@ def main() -> None:
     if args.decode_steps:
         print("\n".join(decode_table([d for run in runs() if "load" in run for d in decode_steps(run)])))
         return
-    cases = heldout_cases()
+    cases = heldout_cases(history=args.server_history)
     print("\n".join(heldout_table(cases)))
     engine = {run["id"]: run["engine"] for run in runs()}
     compared = [c for c in cases if not c.excluded]
