@@ -344,7 +344,8 @@ def heldout_table(cases: list[Case]) -> list[str]:
 # the engine's statistics lines published with a block (runs.json "engine_log": vLLM 0.10's server logs one every
 # 10 seconds, v1/metrics/loggers.py): an interval whose closing line shows no prompt tokens, none waiting and as many
 # sequences running as the line before decoded one token for each of them at every step, so its seconds per step
-# are the sequences over the generation throughput, measured inside the engine (no HTTP, no client)
+# are the sequences over the generation throughput, as the server's output processor counted the tokens (no HTTP,
+# no client)
 POOL_BLOCK_TOKENS = 16  # vLLM's block on these GPUs; runs.json's num_gpu_blocks is the log's KV tokens over it
 
 
@@ -594,12 +595,13 @@ def silicon_main(most: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--silicon", action="store_true", help="replay aiconfigurator's silicon runs instead "
-                        "(data/served/silicon.json)")
-    parser.add_argument("--decode-steps", action="store_true", help="compare the decode steps the held-out runs' "
-                        "engine logs show (sequences over generation throughput) with the simulated step instead")
-    parser.add_argument("--server-history", action="store_true", help="replay each printed block after the runs "
-                        "that went before it on its server (their prompts in the prefix cache), not on a fresh one")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--silicon", action="store_true", help="replay aiconfigurator's silicon runs instead "
+                       "(data/served/silicon.json)")
+    which.add_argument("--decode-steps", action="store_true", help="compare the decode steps the held-out runs' "
+                       "engine logs show (sequences over generation throughput) with the simulated step instead")
+    which.add_argument("--server-history", action="store_true", help="replay each printed block after the runs "
+                       "that went before it on its server (their prompts in the prefix cache), not on a fresh one")
     parser.add_argument("--rounds", type=int, default=MEASURED_ROUNDS,
                         help="with --silicon: requests per client at most (default aiperf's 20)")
     args = parser.parse_args()
