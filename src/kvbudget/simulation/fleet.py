@@ -8,20 +8,21 @@ simulator step for step.
 Every replica is the `_Run` clock loop of `simulate`, advanced to each arrival; the router sees the fleet as a real
 router does at that instant (its own count of requests in flight, the usage gauge as last scraped) and picks one
 replica; the request is added there. A replica's schedule is exactly that of `simulate` over the requests routed to
-it (tests replay them), whatever the other replicas do.
+it (tests replay them), whatever the other replicas do. Pools, replicas and routers are in `routing.py`; an
+autoscaler (`autoscale.py`) adds and drains replicas as the run goes, and a front door (`front.py`) may refuse or
+hold a request before any replica sees it.
 """
 
 from __future__ import annotations
 
 import math
-import zlib
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from kvbudget import validate
-from kvbudget.engines.scheduling.setup import LimitsQueue, Setup
+from kvbudget.engines.scheduling.setup import LimitsQueue
 from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError
 from kvbudget.simulation.autoscale import (
@@ -39,203 +40,45 @@ from kvbudget.simulation.autoscale import (
 from kvbudget.simulation.cost import Cost, gpu_hours_cost
 from kvbudget.simulation.front import FlowControl, FrontDoor, FrontReport
 from kvbudget.simulation.percentiles import Percentiles
-from kvbudget.simulation.run import SAMPLE_INTERVAL_S, Sample, Simulation, _Run
+from kvbudget.simulation.routing import (
+    LEAST_KV_REFRESH_S,
+    ROUTERS,
+    ApproxPrefix,
+    LeastKV,
+    LeastRequests,
+    Length,
+    Pool,
+    PrefixAware,
+    Replica,
+    RoundRobin,
+    Router,
+    Session,
+    parse_router,
+)
+from kvbudget.simulation.run import SAMPLE_INTERVAL_S, Simulation, _Run
+
+__all__ = [
+    "LEAST_KV_REFRESH_S",
+    "MAX_REPLICAS",
+    "ROUTERS",
+    "ApproxPrefix",
+    "FleetReplica",
+    "FleetSimulation",
+    "LeastKV",
+    "LeastRequests",
+    "Length",
+    "Pool",
+    "PrefixAware",
+    "Replica",
+    "RoundRobin",
+    "Router",
+    "Session",
+    "check_pools",
+    "parse_router",
+    "simulate_fleet",
+]
 
 MAX_REPLICAS = 4096  # replicas in one fleet: each holds its scheduler's state (a few MB at most)
-LEAST_KV_REFRESH_S = 0.05  # the usage gauge's scrape interval a least-kv router reads (GIE's metrics refresh)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pool:
-    """`replicas` copies of one deployment (its `Setup`: engine, GPU, TP, scheduler settings)."""
-
-    name: str
-    setup: Setup
-    replicas: int = 1
-    gpus: int = 1  # GPUs per replica (tp x pp), for GPU-hours
-    weight_bytes: int | None = None  # bytes each GPU loads at a cold start (None: counted from the model)
-    # the engine's own admission in its API server (vLLM's --max-num-queued-reqs / --max-num-queued-tokens, 503)
-    max_num_queued_reqs: int | None = None
-    max_num_queued_tokens: int | None = None
-
-    def refusal(self, run: _Run, n: int) -> str | None:
-        """The engine limit a request of `n` samples sent to a replica of this pool is refused by (None: none)."""
-        if self.max_num_queued_reqs is None and self.max_num_queued_tokens is None:
-            return None
-        simulator, sched = self.setup.simulator, run.sched
-        assert isinstance(simulator, LimitsQueue)  # (check_pools)
-        return simulator.queue_refusal(self.max_num_queued_reqs, self.max_num_queued_tokens,
-                                       [*sched.waiting, *sched.running], n)
-
-
-class Replica:
-    """One replica in the fleet: its clock loop and what a router can know of it."""
-
-    def __init__(self, index: int, pool: Pool, run: _Run) -> None:
-        self.index, self.pool, self.run = index, pool, run
-        self.started = self.ready = 0.0  # when it was asked for, and when it took requests (its cold start over)
-        self.drained: float | None = None  # when it stopped taking requests (an autoscaler's scale-in)
-        self.final: Simulation | None = None  # a drained replica's result once it has answered its last request
-        self.routed = 0  # requests the router sent here
-        self._done = 0  # of them, completed by the router's clock (a pointer into run.finished_at)
-        self._sample = 0  # the timeline sample the gauge shows (a pointer into run.timeline)
-
-    def retire(self) -> None:
-        """A drained replica with nothing left to do: its result kept, its scheduler let go (a run that scales in
-        and out for a day holds only the replicas up at once)."""
-        self.final = self.run.result()
-        del self.run
-
-    def serving(self, now: float) -> bool:
-        """Whether it takes requests at `now`: started and not draining."""
-        return self.ready <= now and self.drained is None
-
-    def in_flight(self, now: float) -> int:
-        """Requests routed here and not yet answered at `now`, as the router counts its own outstanding requests."""
-        ends = self.run.finished_at
-        done = self._done
-        while done < len(ends) and ends[done] <= now:
-            done += 1
-        self._done = done
-        return self.routed - done - len(self.run.sched.failed)
-
-    def gauge(self, now: float) -> Sample:
-        """The engine's gauges (KV usage, running, waiting) as a scrape at `now` last read them: the state the first
-        step at or past the latest scrape instant left (the replica's timeline, sampled at the scrape interval);
-        an idle replica's own state."""
-        run = self.run
-        if run.t <= now and not run.sched.has_work():
-            return Sample(now, run.sched.usage(), 0, 0)
-        line = run.timeline
-        i = self._sample
-        while i + 1 < len(line) and line[i + 1].time <= now:
-            i += 1
-        self._sample = i
-        if not line or line[i].time > now:
-            return Sample(now, 0.0, 0, 0)
-        return line[i]
-
-
-@runtime_checkable
-class Router(Protocol):
-    """Picks the replica a request goes to. `replicas` are the fleet's, each advanced to `now` (the request's
-    arrival); the answer is an index into them."""
-
-    @property
-    def name(self) -> str: ...
-
-    def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int: ...
-
-
-def _least(replicas: Sequence[Replica], key: Callable[[Replica], Any]) -> int:
-    """The replica with the smallest key; ties to the lowest index (as a stable sort would)."""
-    return min(replicas, key=lambda r: (key(r), r.index)).index
-
-
-@dataclass
-class RoundRobin:
-    name: str = "round-robin"
-    turn: int = 0
-
-    def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
-        i = self.turn % len(replicas)
-        self.turn += 1
-        return replicas[i].index
-
-
-@dataclass(frozen=True)
-class LeastRequests:
-    """The replica with the fewest requests in flight by the router's own count (Envoy's least_request with all
-    replicas as choices, Ray Serve's power-of-two over the whole fleet)."""
-
-    name: str = "least-requests"
-
-    def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
-        return _least(replicas, lambda r: r.in_flight(now))
-
-
-@dataclass(frozen=True)
-class LeastKV:
-    """The replica whose KV usage gauge read lowest at the last scrape (`refresh` seconds apart), its waiting
-    requests breaking ties (then the lowest index), as the Gateway API Inference Extension's KV-cache scorer reads
-    the engines' metrics: between scrapes every request reads the same gauges (the herd a stale gauge makes)."""
-
-    refresh: float = LEAST_KV_REFRESH_S
-    name: str = "least-kv"
-
-    def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
-        def key(r: Replica) -> tuple[float, int]:
-            g = r.gauge(now)
-            return (g.usage, g.waiting)
-
-        return _least(replicas, key)
-
-
-@dataclass(frozen=True)
-class Session:
-    """Affinity: every request of a session to the same replica (a hash of the session's name over the replicas,
-    as a consistent-hash load balancer keys on a header); requests without a session by least requests."""
-
-    name: str = "session"
-
-    def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
-        if not request.session:
-            return _least(replicas, lambda r: r.in_flight(now))
-        return replicas[zlib.crc32(request.session.encode()) % len(replicas)].index
-
-
-@dataclass(frozen=True)
-class Length:
-    """Pools by prompt length (the guide's advice: route by context length to pools sized for it): a prompt of at
-    most `bounds[k]` tokens goes to pool k, longer ones to the last pool; within a pool, least requests."""
-
-    bounds: tuple[int, ...]
-    name: str = "length"
-
-    def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
-        pools: dict[str, list[Replica]] = {}
-        for r in replicas:
-            pools.setdefault(r.pool.name, []).append(r)
-        order = list(pools)
-        k = next((i for i, b in enumerate(self.bounds) if request.prompt_tokens <= b), len(self.bounds))
-        return _least(pools[order[k]], lambda r: r.in_flight(now))
-
-
-ROUTERS = ("round-robin", "least-requests", "least-kv", "session", "length")
-
-
-def parse_router(text: str, pools: Sequence[Pool] = ()) -> Router:
-    """A router by name: round-robin, least-requests, least-kv[:SECONDS] (the gauge's refresh), session,
-    length:T1,T2,... (one bound fewer than the pools)."""
-    name, _, arg = text.strip().partition(":")
-    if name == "least-kv":
-        return LeastKV(_read(arg, text, float, "seconds") if arg else LEAST_KV_REFRESH_S)
-    if name == "length":
-        bounds = tuple(int(_read(b, text, int, "tokens")) for b in arg.split(",")) if arg else ()
-        if not bounds or list(bounds) != sorted(set(bounds)):
-            raise KVBudgetError(f"router {text}: give length:T1,T2,... with rising prompt-length bounds, one fewer "
-                                "than the pools, e.g. length:2048", param="router")
-        if pools and len(bounds) != len(pools) - 1:
-            raise KVBudgetError(f"router {text}: {len(bounds)} bounds make {len(bounds) + 1} pools by length; the "
-                                f"fleet has {len(pools)} pools", param="router")
-        return Length(bounds)
-    built = {"round-robin": RoundRobin, "least-requests": LeastRequests, "session": Session}
-    if name in built and not arg:
-        return built[name]()
-    raise KVBudgetError(f"router {text}: name one of {', '.join(ROUTERS)} (least-kv:SECONDS sets the gauge's "
-                        "refresh; length:T1,T2,... the prompt-length bounds)", param="router")
-
-
-def _read(text: str, router: str, kind: type, unit: str) -> float:
-    """A router's number (seconds, a float; tokens, a whole number), checked."""
-    try:
-        value = kind(text.strip())
-    except ValueError:
-        value = None
-    if value is None or not (0 < value <= (validate.MAX_SECONDS if kind is float else validate.MAX_COUNT)):
-        raise KVBudgetError(f"router {router}: {validate.shown(text)} is not a number of {unit} above 0",
-                            param="router")
-    return float(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -304,6 +147,13 @@ class FleetSimulation:
         kind, stat = check_metric(name)
         pct = {"ttft": self.ttft, "tpot": self.tpot, "e2e": self.e2e}[kind]
         return None if pct is None else float(getattr(pct, stat))
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        """Prompt tokens served from the replicas' prefix caches over those looked up, fleet-wide."""
+        sims = [r.simulation for r in self.replicas]
+        queried = sum(s.prefix_queried_tokens for s in sims)
+        return sum(s.prefix_hit_tokens for s in sims) / queried if queried else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -376,7 +226,8 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     front = FrontDoor(admission, guard_config, [p.setup for p in pools for _ in range(p.replicas)], flow_control,
                       any(p.max_num_queued_reqs is not None or p.max_num_queued_tokens is not None for p in pools))
     interval = sample_interval
-    for refresh in (chosen.refresh if isinstance(chosen, LeastKV) else 0.0, front.refresh or 0.0):
+    # a router or front door that reads the gauges: the timeline is their scrapes
+    for refresh in (getattr(chosen, "refresh", 0.0), front.refresh or 0.0):
         interval = min(interval, refresh) if refresh else interval
     cold = {p.name: policy.cold_start(_weights(model, p)) for p in pools} if policy else {}
     fleet = _Fleet(pools, chosen, fast, interval, check, on_route, front)
