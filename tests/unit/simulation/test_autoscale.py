@@ -332,17 +332,18 @@ def test_replicas_that_come_and_go_each_run_exactly_as_alone(policy):
        st.sampled_from(["kv:max=3,target=0.3,interval=4s,window=8s,startup=1s",
                         "queue:max=3,target=1,interval=3s,window=3s,startup=0s", "llm-d:max=3,interval=5s,startup=2s",
                         "dynamo:min=2,max=3,interval=20s,startup=1s"]),
-       st.sampled_from([None, "max=3", "max=5,ttl=2s"]), st.sampled_from([None, 4]))
-def test_any_load_keeps_the_fleets_books(load, policy, flow, queued):
+       st.sampled_from([None, "max=3", "max=5,ttl=2s"]), st.sampled_from([None, 4]),
+       st.sampled_from(["least-requests", "round-robin", "least-kv", "prefix", "prefix-approx", "session"]))
+def test_any_load_keeps_the_fleets_books(load, policy, flow, queued, router):
     """Whatever arrives: every request is answered or refused once, the count stays within the policy's bounds,
     each replica runs exactly as alone, and the GPU-hours are the replicas' spans."""
-    requests = sorted((Request(arrival=round(t, 3), prompt_tokens=p, output_tokens=o, id=str(i))
+    requests = sorted((Request(arrival=round(t, 3), prompt_tokens=p, output_tokens=o, id=str(i), session=f"s{i % 3}")
                        for i, (t, o, p) in enumerate(load)), key=lambda r: r.arrival)
     lo = 2 if policy.startswith("dynamo") else 1
     sent: dict[int, list[Request]] = {}
     fleet = simulate_fleet(LLAMA, requests, [Pool(name="m", setup=TWO, replicas=lo, weight_bytes=10**9,
                                                   max_num_queued_reqs=queued)],
-                           "least-requests", autoscale=policy, flow_control=flow,
+                           router, autoscale=policy, flow_control=flow,
                            on_route=lambda r, i: sent.setdefault(i, []).append(r))
     assert fleet.completed + fleet.refused == fleet.requests == len(requests)
     assert sum(len(v) for v in sent.values()) == fleet.completed
