@@ -64,7 +64,7 @@ _DEFAULTS: dict[Signal, dict[str, float]] = {
     Signal.LLMD: {"interval": 60.0, "target": 0.8, "up": 0.85, "down": 0.70},
     Signal.DYNAMO: {"interval": 180.0, "up": 0.9, "down": 0.5},
 }
-_KEYS = {"min", "max", "interval", "startup"}  # every policy's; and each signal's own:
+_KEYS = {"min", "max", "interval", "startup", "pool"}  # every policy's; and each signal's own:
 _OWN = {Signal.KV: {"target", "window"}, Signal.QUEUE: {"target", "window"}, Signal.LLMD: {"target", "up", "down"},
         Signal.DYNAMO: {"up", "down"}}
 
@@ -84,6 +84,7 @@ class Autoscale:
     window: float | None = None  # kv, queue: seconds of downscale stabilization
     load_bandwidth: float = DEFAULT_LOAD_BANDWIDTH  # bytes/s a new replica loads its weights at
     startup: float = DEFAULT_STARTUP_S  # seconds of start-up beside the weights' load
+    pool: str | None = None  # the pool it scales (None: the fleet's only one); the other pools stay as they are
 
     def resolved(self, most: int = validate.MAX_COUNT) -> Autoscale:
         """The policy with its signal's defaults filled in, checked (one line naming what is wrong; `most`: the
@@ -128,13 +129,15 @@ class Autoscale:
     def to_dict(self) -> dict[str, Any]:
         return {"signal": str(self.signal), "min": self.min_replicas, "max": self.max_replicas,
                 "interval_s": self.interval, "target": self.target, "up": self.up, "down": self.down,
-                "window_s": self.window, "load_bandwidth": self.load_bandwidth, "startup_s": self.startup}
+                "window_s": self.window, "load_bandwidth": self.load_bandwidth, "startup_s": self.startup,
+                "pool": self.pool}
 
 
 def parse_autoscale(text: str, load_bandwidth: float | None = None, startup: float | None = None,
                     most: int = validate.MAX_COUNT) -> Autoscale:
     """`SIGNAL[:key=value,...]`: kv, queue, llm-d or dynamo; keys min, max, interval and startup (seconds, `30` or
-    `30s`) and each signal's own (kv, queue: target, window; llm-d: target, up, down; dynamo: up, down). E.g.
+    `30s`), pool (the pool it scales, where the fleet has several) and each signal's own (kv, queue: target, window;
+    llm-d: target, up, down; dynamo: up, down). E.g.
     `kv:min=1,max=8,target=0.8,interval=30s`, `queue:max=4,target=5`, `llm-d`, `dynamo:max=4,startup=90s`.
     `load_bandwidth` in bytes/s (`--load-bandwidth` reads GB/s: `read_load_bandwidth`)."""
     name, _, args = text.strip().partition(":")
@@ -151,7 +154,7 @@ def parse_autoscale(text: str, load_bandwidth: float | None = None, startup: flo
                                 f"key of {', '.join(sorted(_KEYS | _OWN[signal]))}", param="autoscale")
         if key in values:
             raise KVBudgetError(f"autoscale {validate.shown(text)}: {key} given twice", param="autoscale")
-        values[key] = _number(value, key, text)
+        values[key] = value if key == "pool" else _number(value, key, text)
     startup = values.pop("startup", DEFAULT_STARTUP_S if startup is None else startup)
     out = Autoscale(signal=signal, min_replicas=values.pop("min", 1), max_replicas=values.pop("max", 8),
                     load_bandwidth=DEFAULT_LOAD_BANDWIDTH if load_bandwidth is None else load_bandwidth,

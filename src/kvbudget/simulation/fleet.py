@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvbudget import validate
@@ -136,8 +136,10 @@ class FleetSimulation:
 
     def cost(self, price_per_gpu_hour: float) -> Cost:
         """What the run cost at a price per GPU-hour: its GPU-hours, per unit served."""
-        gpus = sum(r.gpus * r.replicas for r in self.pools) if self.autoscale is None else \
-            max((self.pools[0].gpus * (s + n) for _, s, n in self.autoscale.timeline), default=self.pools[0].gpus)
+        gpus = sum(r.gpus * r.replicas for r in self.pools)
+        if self.autoscale is not None:  # the scaled pool at its largest
+            pool = next(p for p in self.pools if p.name == self.autoscale.policy.pool)
+            gpus += pool.gpus * (max(s + n for _, s, n in self.autoscale.timeline) - pool.replicas)
         return gpu_hours_cost(self.gpu_hours, self.duration_s, self.prompt_tokens, self.output_tokens,
                               self.completed, price_per_gpu_hour, gpus)
 
@@ -214,11 +216,11 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     routed, as the replica receives it. `check` as `simulate`'s. `model` is the model the setups were made for
     (its weights give a cold start where a pool does not).
 
-    `autoscale` (an `Autoscale`, or its text: see `parse_autoscale`) scales a fleet of one pool between its bounds,
-    starting from the pool's `replicas`; `admission` (a policy of simulation/guarded.py, `guard_config` for
-    kvbudget's guard) decides each arrival at the fleet's front on the serving replicas' mean gauges;
-    `flow_control` (a `FlowControl`, or `max=N,ttl=S`) holds requests at the gateway while the pool is
-    saturated."""
+    `autoscale` (an `Autoscale`, or its text: see `parse_autoscale`) scales one pool (its `pool`, the fleet's only
+    one by default) between its bounds, starting from the pool's `replicas`; `admission` (a policy of
+    simulation/guarded.py, `guard_config` for kvbudget's guard) decides each arrival at the fleet's front on the
+    serving replicas' mean gauges; `flow_control` (a `FlowControl`, or `max=N,ttl=S`) holds requests at the
+    gateway while the pool is saturated."""
     check_pools(pools)
     chosen = _router(router, pools)
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
@@ -229,8 +231,9 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     # a router or front door that reads the gauges: the timeline is their scrapes
     for refresh in (getattr(chosen, "refresh", 0.0), front.refresh or 0.0):
         interval = min(interval, refresh) if refresh else interval
-    cold = {p.name: policy.cold_start(_weights(model, p)) for p in pools} if policy else {}
-    fleet = _Fleet(pools, chosen, fast, interval, check, on_route, front)
+    scaled = next((p for p in pools if policy and p.name == policy.pool), None)
+    cold = {scaled.name: policy.cold_start(_weights(model, scaled))} if policy and scaled else {}
+    fleet = _Fleet(pools, chosen, fast, interval, check, on_route, front, scaled)
     scaler = Scaler(policy) if policy else None
     decisions: list[Decision] = []
     arrivals = iter(workload)
@@ -257,7 +260,7 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
                                      sum(r.prompt_tokens + r.output_tokens for r, _ in front.queue))
             if len(decisions) < MAX_DECISIONS:
                 decisions.append(decision)
-            fleet.scale(decision.desired, now, cold[pools[0].name])
+            fleet.scale(decision.desired, now, next(iter(cold.values())))
             next_decision += policy.interval or math.inf
         if now == tick:
             fleet.dispatch(now)
@@ -271,18 +274,29 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
 
 
 def _policy(autoscale: Autoscale | str | None, pools: Sequence[Pool]) -> Autoscale | None:
-    """The autoscaler checked against the fleet: one pool, whose replicas lie within its bounds."""
+    """The autoscaler checked against the fleet: the pool it scales named (where there are several), its replicas
+    within its bounds."""
     if autoscale is None:
         return None
     policy = parse_autoscale(autoscale, most=MAX_REPLICAS) if isinstance(autoscale, str) else \
         autoscale.resolved(MAX_REPLICAS)
-    if len(pools) != 1:
-        raise KVBudgetError(f"autoscale: scales a fleet of one pool so far ({len(pools)} given)", param="autoscale")
-    if not policy.min_replicas <= pools[0].replicas <= policy.max_replicas:
-        raise KVBudgetError(f"autoscale: the fleet starts with {pools[0].replicas} replicas, outside min "
+    names = [p.name for p in pools]
+    if policy.pool is None and len(pools) > 1:
+        raise KVBudgetError(f"autoscale: name the pool it scales, pool=NAME (the fleet has {', '.join(names)})",
+                            param="autoscale")
+    scaled = pools[names.index(policy.pool)] if policy.pool in names else pools[0] if policy.pool is None else None
+    if scaled is None:
+        raise KVBudgetError(f"autoscale: pool={validate.shown(policy.pool)} is not one of the fleet's pools "
+                            f"({', '.join(names)})", param="autoscale")
+    if not policy.min_replicas <= scaled.replicas <= policy.max_replicas:
+        raise KVBudgetError(f"autoscale: pool {scaled.name} starts with {scaled.replicas} replicas, outside min "
                             f"{policy.min_replicas} to max {policy.max_replicas}; start within them",
                             param="autoscale")
-    return policy
+    total = sum(p.replicas for p in pools) - scaled.replicas + policy.max_replicas
+    if total > MAX_REPLICAS:
+        raise KVBudgetError(f"autoscale: up to {total:,} replicas in all, over the {MAX_REPLICAS:,} a fleet may have",
+                            param="autoscale")
+    return replace(policy, pool=scaled.name)
 
 
 def _weights(model: Any, pool: Pool) -> int:
@@ -303,9 +317,9 @@ class _Fleet:
 
     def __init__(self, pools: Sequence[Pool], router: Router, fast: bool, interval: float,
                  check: Callable[[], None] | None, on_route: Callable[[Request, int], None] | None,
-                 front: FrontDoor) -> None:
+                 front: FrontDoor, scaled: Pool | None = None) -> None:
         self.router, self.fast, self.interval, self.check, self.on_route = router, fast, interval, check, on_route
-        self.front = front
+        self.front, self.scaled = front, scaled  # the pool an autoscaler scales
         self.replicas: list[Replica] = []  # every replica of the run, by index
         self.live: list[Replica] = []  # those not retired
         for pool in pools:
@@ -337,17 +351,23 @@ class _Fleet:
     def serving(self, now: float) -> list[Replica]:
         return [r for r in self.live if r.serving(now)]
 
+    def mine(self) -> list[Replica]:
+        """The scaled pool's replicas not drained."""
+        return [r for r in self.live if r.pool is self.scaled and r.drained is None]
+
     def starting(self, now: float) -> int:
-        return sum(1 for r in self.live if r.drained is None and r.ready > now)
+        return sum(1 for r in self.mine() if r.ready > now)
 
     def scraped(self, now: float) -> list[tuple[float, int]]:
         """The serving replicas' (KV usage, waiting) as last scraped."""
         return [(g.usage, g.waiting) for g in (r.gauge(now) for r in self.serving(now))]
 
     def gauges(self, now: float) -> list[Gauge]:
-        """What an autoscaler reads of each serving replica."""
+        """What an autoscaler reads of each serving replica of its pool."""
         out = []
-        for r in self.serving(now):
+        for r in self.mine():
+            if not r.serving(now):
+                continue
             g = r.gauge(now)
             tokens = sum(q.request.prompt_tokens + q.request.output_tokens for q in r.run.sched.waiting)
             out.append(Gauge(g.usage, g.waiting, tokens, r.pool.setup.token_slots))
@@ -356,10 +376,11 @@ class _Fleet:
     def scale(self, desired: int, now: float, cold: float) -> None:
         """Replicas added (taking requests after `cold` seconds) or drained, newest first, those still starting
         before those serving (as a ReplicaSet removes pods not ready before ready ones, the youngest first)."""
-        up = [r for r in self.live if r.drained is None]
+        up = self.mine()
         if desired > len(up):
+            assert self.scaled is not None
             for _ in range(desired - len(up)):
-                self.add(self.replicas[0].pool, now, now + cold)
+                self.add(self.scaled, now, now + cold)
             return
         order = sorted(up, key=lambda r: (r.ready <= now, -r.started, -r.index))
         for r in order[:len(up) - desired]:
@@ -399,8 +420,9 @@ class _Fleet:
                   max(rep.drained, min(sim.duration_s, end))) for rep, sim in zip(replicas, sims, strict=True)]
         gpu_hours = sum(rep.pool.gpus * max(stop - start, 0.0)
                         for rep, (start, _, _, stop) in zip(replicas, spans, strict=True)) / 3600
+        own = [span for rep, span in zip(replicas, spans, strict=True) if rep.pool is self.scaled]
         report = None if policy is None else AutoscaleReport(
-            policy=policy, timeline=replica_counts(spans), decisions=tuple(decisions),
+            policy=policy, timeline=replica_counts(own), decisions=tuple(decisions),
             started=sum(1 for rep in replicas if rep.started > 0),
             removed=sum(1 for rep in replicas if rep.drained is not None), cold_start_s=cold, gpu_hours=gpu_hours)
         return _result(router, tuple({rep.pool.name: rep.pool for rep in replicas}.values()), replicas, sims,

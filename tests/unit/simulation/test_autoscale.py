@@ -89,6 +89,26 @@ def test_a_fleet_without_an_autoscaler_pays_for_every_gpu_for_the_whole_run():
     assert fleet.cost(3.6).run == pytest.approx(0.004) and fleet.cost(3.6).gpus == 4
 
 
+def test_one_pool_of_several_scales_and_the_others_stay():
+    """Pools by prompt length: short prompts to pool a (one replica, left alone), the step load's (200 tokens) to
+    pool b, scaled as in the single pool's step load: out at 10 s, serving at 15 s, drained at 30 s."""
+    load = [replace(r, prompt_tokens=200) for r in step_load()] + [req(1.0, 64, 9)]
+    load.sort(key=lambda r: r.arrival)
+    policy = Autoscale(signal=Signal.QUEUE, max_replicas=2, interval=10.0, target=1.0, window=10.0,
+                       load_bandwidth=1e9, startup=1.0, pool="b")
+    sent: dict[int, list[Request]] = {}
+    pools = [Pool(name="a", setup=TWO, weight_bytes=0), Pool(name="b", setup=TWO, weight_bytes=4_000_000_000)]
+    fleet = simulate_fleet(LLAMA, load, pools, "length:100", autoscale=policy,
+                           on_route=lambda r, i: sent.setdefault(i, []).append(r))
+    scale = fleet.autoscale
+    assert scale is not None and scale.cold_start_s == {"b": 5.0}
+    assert scale.timeline == ((0.0, 1, 0), (10.0, 1, 1), (15.0, 2, 0), (30.0, 1, 0))
+    assert [r.pool for r in fleet.replicas] == ["a", "b", "b"] and fleet.replicas[0].drained_s is None
+    assert [r.id for r in sent[0]] == ["9"] and [r.id for r in sent[2]] == ["4"]
+    assert fleet.cost(1.0).gpus == 3  # a's one and b's two at the most
+    replay(fleet, sent)
+
+
 def test_a_cold_start_is_the_weights_over_the_bandwidth_plus_the_start_up():
     policy = parse_autoscale("kv", load_bandwidth=2e9, startup=30.0)
     assert policy.cold_start(16_000_000_000) == 8.0 + 30.0
@@ -206,7 +226,7 @@ def test_an_admission_policy_decides_at_the_fleets_front():
     ("kv:min=3,max=2", "'max=2' must be a whole number from 3"),
     ("kv:target=1.5", "'target=1.5' must be a number above 0 up to 1"),
     ("queue:target=0", "'target=0.0' must be a number above 0"),
-    ("kv:up=0.9", "'up=0.9' is not key=value with a key of interval, max, min, startup, target, window"),
+    ("kv:up=0.9", "'up=0.9' is not key=value with a key of interval, max, min, pool, startup, target, window"),
     ("dynamo:up=0.5,down=0.9", "down=0.9 must be below up=0.5"),
     ("kv:interval=0", "'interval=0.0' must be a number above 0"),
     ("kv:interval=soon", "interval='soon' is not a number"),
@@ -245,13 +265,19 @@ def test_bad_fleets_for_an_autoscaler_are_refused_before_any_run():
         raise AssertionError("the workload was read")
         yield
 
-    with pytest.raises(KVBudgetError, match="outside min 1 to max 2") as err:
+    with pytest.raises(KVBudgetError, match="pool m starts with 3 replicas, outside min 1 to max 2") as err:
         simulate_fleet(LLAMA, never(), [Pool(name="m", setup=TWO, replicas=3)], autoscale="kv:max=2")
     assert err.value.param == "autoscale"
     with pytest.raises(KVBudgetError, match="'max=5000' must be a whole number from 1 to 4,096"):
         simulate_fleet(LLAMA, never(), [Pool(name="m", setup=TWO)], autoscale="kv:max=5000")
-    with pytest.raises(KVBudgetError, match="one pool so far"):
-        simulate_fleet(LLAMA, never(), [Pool(name="a", setup=TWO), Pool(name="b", setup=TWO)], autoscale="kv")
+    two = [Pool(name="a", setup=TWO), Pool(name="b", setup=TWO)]
+    with pytest.raises(KVBudgetError, match="name the pool it scales, pool=NAME \\(the fleet has a, b\\)"):
+        simulate_fleet(LLAMA, never(), two, autoscale="kv")
+    with pytest.raises(KVBudgetError, match="pool='c' is not one of the fleet's pools \\(a, b\\)"):
+        simulate_fleet(LLAMA, never(), two, autoscale="kv:pool=c")
+    with pytest.raises(KVBudgetError, match="up to 4,097 replicas in all, over the 4,096"):
+        simulate_fleet(LLAMA, never(), [Pool(name="a", setup=TWO, replicas=2), Pool(name="b", setup=TWO)],
+                       autoscale="kv:pool=a,max=4096")
     with pytest.raises(KVBudgetError, match="load_bandwidth: 0 must be a number above 0") as err:
         simulate_fleet(LLAMA, never(), [Pool(name="m", setup=TWO)], autoscale=Autoscale(load_bandwidth=0))
     assert err.value.param == "load_bandwidth"
