@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.choices import Allocator
 from kvbudget.cli.common import add_options, console, request_of, wrote
+from kvbudget.cli.simulated import _cost_line, _credit, _dollars, _ms, _progress, _short, _write
+from kvbudget.commands.fleet import is_fleet
 from kvbudget.commands.options import positive
 from kvbudget.commands.simulate import (
     SimulateRequest,
@@ -22,7 +24,6 @@ from kvbudget.commands.simulate import (
     workload,
 )
 from kvbudget.commands.simulate import simulation as run_simulation
-from kvbudget.commands.spelling import flag
 from kvbudget.errors import KVBudgetError
 from kvbudget.units import format_bytes
 
@@ -50,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
     from kvbudget.simulation.run import setup_of
 
     ask = request_of(SimulateRequest, args)
+    if is_fleet(ask) and not args.sweep:
+        from kvbudget.cli import fleet
+
+        return fleet.run(ask, args)
     calibration_existed = _calibration_exists(args)
     if args.sweep or args.find_max_rate:
         if args.sweep:
@@ -115,12 +120,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(path: str, lines: list[str], param: str, force: bool) -> None:
-    from kvbudget.files import write_file
-
-    wrote(path, flag(param), write_file(path, "\n".join(lines) + "\n", param, force))
-
-
 def _calibration_exists(args: argparse.Namespace) -> bool:
     """Whether --save-calibration will replace a calibration of its name (which it does, saying so)."""
     from kvbudget.simulation.calibrations import calibration_path
@@ -133,18 +132,6 @@ def _saved(args: argparse.Namespace, existed: bool) -> None:
         from kvbudget.simulation.calibrations import calibration_path
 
         wrote(str(calibration_path(args.save_calibration)), "--save-calibration", existed)
-
-
-def _dollars(value: float | None) -> str:
-    return "-" if value is None else f"${value:,.2f}" if value >= 0.1 else f"${value:,.4f}"
-
-
-def _cost_line(cost: Cost, basis: str) -> str:
-    return (f"cost: {_dollars(cost.price_per_gpu_hour)} per GPU-hour x {cost.gpus} GPU"
-            f"{'s' if cost.gpus > 1 else ''} = {_dollars(cost.per_hour)}/hour; this run {_dollars(cost.run)}: "
-            f"{_dollars(cost.per_million_tokens)} per million tokens (prompt and output), "
-            f"{_dollars(cost.per_million_output_tokens)} per million output tokens, "
-            f"{_dollars(cost.per_thousand_requests)} per thousand requests (times: {basis})")
 
 
 def _write_series(ask: SimulateRequest, sim: Simulation) -> None:
@@ -166,24 +153,6 @@ def _write_series(ask: SimulateRequest, sim: Simulation) -> None:
 def _clock(seconds: float) -> str:
     minutes, s = divmod(round(seconds), 60)
     return f"{minutes}m{s:02d}s"
-
-
-def _progress() -> Callable[[int], None]:
-    def show(n: int) -> None:
-        print(f"\rsimulated {n:,} requests", end="", file=sys.stderr, flush=True)
-    return show
-
-
-def _ms(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value * 1000:,.1f} ms" if value < 1 else f"{value:,.2f} s"
-
-
-def _short(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.1f}s"
 
 
 def _sig(value: float) -> str:
@@ -272,16 +241,6 @@ def _print(sim: Simulation, args: argparse.Namespace) -> None:
         out.print("note: prompt lengths are approximate (characters / 4), not counted with the tokenizer")
     if _credit(args):
         out.print(f"trace: {_credit(args)}")
-
-
-def _credit(args: argparse.Namespace) -> str:
-    """The credit a bundled trace's licence asks for wherever results from it are shown (also for a copy of one)."""
-    import os
-
-    from kvbudget.traces import find
-
-    found = [find(os.path.basename(p)) for p in (args.trace, args.lengths_from_trace) if p]
-    return "; ".join(dict.fromkeys(f"{t.credit} ({t.licence})" for t in found if t))
 
 
 def _print_search(found: RateSearch, slo: dict[str, float], cost: Cost | None = None) -> None:

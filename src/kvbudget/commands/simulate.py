@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 WORKLOAD, MEMORY = "workload (a trace, or synthetic arrivals)", "memory (as `kvbudget plan`)"
 SCHEDULER, ANSWERS = "scheduler (default: the engine's for the GPU)", "answers"
+FLEET = "fleet (replicas behind a router)"
 MAX_DISK_GBPS = MAX_DISK_READ / 1e9  # GB/s, as --disk-read takes it
 
 
@@ -109,6 +110,15 @@ class SimulateRequest:
                                    "4.0 NVMe drive's datasheet)", group=MEMORY)
     long_prefill_token_threshold: str = option("cut prompts longer than this into chunks of it while others wait "
                                                "(default 0: off)", "0", group=SCHEDULER)
+    replicas: str | None = option("that many replicas of the deployment behind --router, each simulated as one "
+                                  "(default: one engine, no router)", group=FLEET, web=False)
+    router: str | None = option("how a fleet's requests are spread: round-robin (the default), least-requests, "
+                                "least-kv[:SECONDS] (the lowest KV usage gauge, scraped every SECONDS, default 0.05), "
+                                "session (a session's requests to one replica), length:T1,T2,... (pools by prompt "
+                                "length)", group=FLEET, web=False)
+    fleet: str | None = option("a YAML fleet file: pools of replicas, each with its own deployment settings (gpu, "
+                               "tp, engine, kv_memory, ...: the command line's are their defaults), and the router",
+                               metavar="FILE", group=FLEET, web=False)
     json: bool = option("print JSON (seconds, bytes) instead of tables", False, group=ANSWERS, web=False)
     timeline: str | None = option("write every step to this CSV file (time, tokens, usage, running, waiting)",
                                   group=ANSWERS, web=False)
