@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from kvbudget.simulation.run import setup_of
 
     ask = request_of(SimulateRequest, args)
-    if is_fleet(ask) and not args.sweep:
+    if is_fleet(ask):
         from kvbudget.cli import fleet
 
         return fleet.run(ask, args)

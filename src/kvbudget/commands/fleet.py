@@ -52,6 +52,7 @@ NOT_FOR_FLEETS = {
     "guard_config": "puts the guard in front of one engine; admission at a fleet's front is not simulated yet: "
                     "leave it out",
     "admission": "a policy in front of one engine; admission at a fleet's front is not simulated yet: leave it out",
+    "sweep": "makes a table of single runs; a fleet is simulated one at a time for now: leave it out",
     "max_concurrency": "a closed loop of clients in front of one engine, not yet in front of a fleet: leave it out",
 }
 

@@ -1,0 +1,211 @@
+"""`kvbudget simulate --replicas N --router NAME` and `--fleet FILE` on the command line: the fleet's JSON, its
+summary, its files and picture, its cost, and the one-line refusals of a bad fleet before any simulation."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+from simkit import AZURE, LLAMA, cli
+
+from kvbudget.engines.scheduling.workload import read_trace, rescale
+from kvbudget.simulation.fleet import Pool, simulate_fleet
+from kvbudget.simulation.run import setup_for, simulate
+
+FAST = ("--trace", AZURE, "--slice", "0:300", "--rate-scale", "6")  # enough load that replicas queue
+SMALL = ("--gpu", "H100", "--kv-memory", "2GiB", "--max-model-len", "8192")
+TWO_POOLS = """\
+router: length:1024
+pools:
+  - name: short
+    replicas: 2
+    kv_memory: 2GiB
+    max_model_len: 4096
+  - name: long
+    replicas: 1
+    gpu: H200
+    tp: 2
+"""
+
+
+def requests(count: int = 300, scale: float = 6.0) -> list:
+    return list(rescale(read_trace(AZURE), scale, 0, count))
+
+
+def nearest_rank(values: list[float], p: float) -> float:
+    s = sorted(values)
+    return s[max(0, math.ceil(p * len(s)) - 1)]
+
+
+def test_replicas_json_is_the_library_fleet(capsys):
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", *SMALL, *FAST, "--replicas", "3", "--router",
+                         "least-requests", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    setup = setup_for(LLAMA, gpu="H100", kv_memory=2 << 30, max_model_len=8192)
+    api = simulate_fleet(LLAMA, requests(), [Pool(name="main", setup=setup, replicas=3)], "least-requests")
+    assert data["fleet"]["router"] == "least-requests"
+    assert [r["routed"] for r in data["fleet"]["replicas"]] == [r.routed for r in api.replicas]
+    assert data["e2e_s"]["p99"] == api.e2e.p99 and data["completed"] == 300 == data["requests"]
+    pool = data["fleet"]["pools"][0]
+    assert (pool["name"], pool["replicas"], pool["routed"], pool["completed"]) == ("main", 3, 300, 300)
+    assert pool["preemptions"] == api.preemptions == sum(r["preemptions"] for r in data["fleet"]["replicas"])
+    assert pool["peak_usage"] == max(r["peak_usage"] for r in data["fleet"]["replicas"])
+    assert all(r["timeline"] for r in data["fleet"]["replicas"])  # each replica's KV usage over time
+
+
+def test_fleet_file_pools_take_their_own_settings_and_the_length_router(capsys, tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(TWO_POOLS)
+    each = tmp_path / "requests.csv"
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", *FAST, "--fleet", str(fleet),
+                         "--per-request", str(each), "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    pools = {p["name"]: p for p in data["fleet"]["pools"]}
+    short = setup_for(LLAMA, gpu="H100", kv_memory=2 << 30, max_model_len=4096)
+    long = setup_for(LLAMA, gpu="H200", tp=2)  # the command line's GPU replaced, its memory planned for TP 2
+    assert pools["short"]["setup"]["num_blocks"] == short.num_blocks
+    assert pools["long"]["setup"]["num_blocks"] == long.num_blocks and pools["long"]["setup"]["gpu"] == "H200"
+    assert [r["pool"] for r in data["fleet"]["replicas"]] == ["short", "short", "long"]
+    rows = list(csv.DictReader(each.open()))
+    assert len(rows) == 300
+    by_id = {r.id: r for r in requests()}
+    for row in rows:  # every prompt up to 1,024 tokens to the short pool, longer ones to the long one
+        assert (int(row["replica"]) == 2) == (by_id[row["id"]].prompt_tokens > 1024)
+    for name, replicas in (("short", {"0", "1"}), ("long", {"2"})):  # each pool's figures over its own requests
+        mine = [float(row["e2e_s"]) for row in rows if row["replica"] in replicas]
+        assert pools[name]["completed"] == len(mine)
+        assert pools[name]["e2e_s"]["p99"] == pytest.approx(nearest_rank(mine, 0.99), abs=1e-6)
+        assert pools[name]["e2e_s"]["p50"] == pytest.approx(nearest_rank(mine, 0.5), abs=1e-6)
+
+
+def test_each_replica_in_the_cli_runs_as_simulate_alone(capsys, tmp_path):
+    """The fleet's promise through the command line: the requests each replica answered, run alone through
+    `simulate`, give the same latencies."""
+    each = tmp_path / "requests.csv"
+    code, _, err = cli(capsys, "simulate", "llama-3.1-8b", *SMALL, *FAST, "--replicas", "3", "--router", "least-kv",
+                       "--per-request", str(each))
+    assert code == 0, err
+    rows = list(csv.DictReader(each.open()))
+    by_id = {r.id: r for r in requests()}
+    setup = setup_for(LLAMA, gpu="H100", kv_memory=2 << 30, max_model_len=8192)
+    for replica in ("0", "1", "2"):
+        mine = [row for row in rows if row["replica"] == replica]
+        assert len(mine) > 50
+        alone = simulate(LLAMA, sorted((by_id[row["id"]] for row in mine), key=lambda r: r.arrival), setup=setup)
+        assert sorted(float(row["e2e_s"]) for row in mine) == pytest.approx(list(alone.e2e_sorted), abs=1e-6)
+
+
+def test_summary_timeline_plot_and_cost(capsys, tmp_path):
+    fleet, steps, picture = tmp_path / "fleet.yaml", tmp_path / "steps.csv", tmp_path / "fleet.png"
+    fleet.write_text(TWO_POOLS)
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", *FAST, "--fleet", str(fleet),
+                         "--timeline", str(steps), "--plot", str(picture), "--gpu-price", "H100=2.5,H200=3.5")
+    assert code == 0, err
+    for words in ("a fleet of 3 replicas behind the length router", "pool short: 2 x H100-80GB",
+                  "pool long: 1 x H200 (2 GPUs each)", "per pool", "per replica", "Microsoft Azure"):
+        assert words in out
+    # 2 replicas of 1 H100 and 1 replica of 2 H200s: 2 x 2.5 + 2 x 3.5 dollars an hour
+    assert "x 4 GPUs = $12.00/hour" in out
+    header = steps.read_text().splitlines()[0]
+    assert header == "replica,time_s,tokens,kv_usage,running,waiting"
+    assert {line.split(",")[0] for line in steps.read_text().splitlines()[1:]} == {"0", "1", "2"}
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", *SMALL, *FAST, "--replicas", "2", "--gpu-price", "2",
+                         "--json")
+    data = json.loads(out)
+    assert data["cost"]["gpus"] == 2 and data["cost"]["run"] == pytest.approx(2 * 2 * data["duration_s"] / 3600)
+
+
+def test_many_replicas_are_listed_up_to_a_bound(capsys):
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", *SMALL, "--trace", AZURE, "--slice", "0:40",
+                         "--replicas", "40")
+    assert code == 0, err
+    assert "the first 32 of 40; --json has every one" in out
+
+
+BAD_FILES = [
+    ("pools: [{name: a, kv-memory: 2GiB}]", "pool a: unknown key 'kv-memory' (write kv_memory)"),
+    ("pools: [{name: a, colour: red}]", "pool a: unknown key 'colour'; a pool takes name, replicas"),
+    ("pools: [{name: a, role: prefill}]", "pool a: role: prefill and decode pools are not simulated yet"),
+    ("autoscale: {min: 1}\npools: [{name: a}]", "autoscale: autoscaling is not simulated yet"),
+    ("pool: [{name: a}]", "unknown key 'pool'; a fleet file has pools and router"),
+    ("pools: [{name: a, tp: true}]", "pool a: tp: True must be a value"),
+    ("pools: [{name: a, no_prefix_caching: 1}]", "pool a: no_prefix_caching: 1 must be true or false"),
+    ("pools: [{name: a, tp: 0}]", "pool a: tp: '0' must be positive"),
+    ("pools: [{name: a, gpu: H999}]", "pool a: gpu: unknown GPU 'H999'"),
+    ("pools: [{name: a, kv_memory: 64MiB}]", "pool a: simulate: 32 blocks of 16 tokens"),  # under one request
+    ("pools: [{name: a, max_model_len: 1000}]", "pool a: request 129's prompt of 4,107 tokens does not fit"),
+    ("router: length:1024\npools: [{name: a}, {name: b, max_model_len: 1024}]",
+     "pool b: request 129's prompt of 4,107 tokens does not fit"),
+    ("pools: [{name: a}, {name: a}]", "pool a: two pools have this name"),
+    ("pools: []", "pools: give a list of 1 to 64 pools"),
+    ("pools: [{replicas: 2}]", "pool 1: name: None must be a name"),
+    ("pools: [{name: a, replicas: 0}]", "pool a: replicas: 0 must be a whole number from 1 to 4,096"),
+    ("pools: [{name: a, replicas: 5000}]", "pool a: replicas: 5000 must be a whole number from 1 to 4,096"),
+    ("router: fastest\npools: [{name: a}]", "router fastest: name one of round-robin"),
+    ("router: length:1,2\npools: [{name: a}]", "2 bounds make 3 pools by length; the fleet has 1 pools"),
+    ("- a", "must be a YAML mapping"),
+    ("pools: [{name: a, tp: [1, 2]}]", "pool a: tp: [1, 2] must be a value"),
+    ("pools: {a: 1}\n", "pools: give a list"),
+    ("pools: [{name: a\n", "invalid YAML"),
+]
+
+
+@pytest.fixture
+def no_run(monkeypatch):
+    """Any simulation started fails the test: refusals come before."""
+    import kvbudget.simulation.fleet as fleet
+
+    def never(*args, **kwargs):
+        raise AssertionError("a simulation started")
+
+    monkeypatch.setattr(fleet, "simulate_fleet", never)
+
+
+@pytest.mark.parametrize("text, says", BAD_FILES)
+def test_bad_fleet_files_are_refused_in_one_line_before_any_run(capsys, tmp_path, no_run, text, says):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(text)
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", *FAST, "--fleet", str(fleet))
+    assert code == 2 and not out
+    assert err.startswith(f"kvbudget: error: --fleet {fleet}: ") and err.count("\n") == 1, err
+    assert says in err
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--fleet", "missing.yaml"), "--fleet missing.yaml: cannot read it"),
+    (("--router", "session"), "--router: spreads requests over replicas; give --replicas N or --fleet FILE too"),
+    (("--replicas", "0"), "--replicas: '0' must be positive"),
+    (("--replicas", "5000"), "--replicas: 5000 is beyond any deployment kvbudget sizes (at most 4,096)"),
+    (("--replicas", "2", "--router", "fastest"), "--router fastest: name one of"),
+    (("--replicas", "2", "--router", "length:1024"), "1 bounds make 2 pools by length; the fleet has 1 pools"),
+    (("--replicas", "2", "--admission", "gie"), "--admission: a policy in front of one engine"),
+    (("--replicas", "2", "--max-concurrency", "4"), "--max-concurrency: a closed loop"),
+    (("--replicas", "2", "--find-max-rate", "--slo", "ttft_p99=1s"), "--find-max-rate: searches one engine's"),
+    (("--replicas", "2", "--sweep", "tp=1,2"), "--sweep: makes a table of single runs"),
+    (("--replicas", "2", "--prometheus-series", "x.test"), "--prometheus-series: writes one engine's gauges"),
+    (("--replicas", "2", "--max-model-len", "1000"), "--max-model-len: request 129's prompt of 4,107 tokens"),
+    (("--replicas", "2", "--gpu-price", "L40S=1"), "--gpu-price: no price for H100-80GB"),
+])
+def test_bad_fleet_flags_are_refused_in_one_line_before_any_run(capsys, no_run, args, says):
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", *FAST, *args)
+    assert code == 2 and not out and err.count("\n") == 1, err
+    assert says in err
+
+
+def test_a_file_and_flags_that_say_the_same_twice_are_refused(capsys, tmp_path, no_run):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(TWO_POOLS)
+    code, _, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", *FAST, "--fleet", str(fleet),
+                       "--router", "session")
+    assert code == 2 and "--router: the fleet file" in err and "names its router (length:1024)" in err
+    code, _, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", *FAST, "--fleet", str(fleet),
+                       "--replicas", "2")
+    assert code == 2 and "--replicas: the fleet file's pools say their replicas" in err
+    code, _, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", *FAST, "--fleet", str(fleet),
+                       "--calibration", "mine")
+    assert code == 2 and "--calibration: a calibration is of one deployment" in err
