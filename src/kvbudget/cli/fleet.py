@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.cli.common import console, wrote
 from kvbudget.cli.simulated import _cost_line, _credit, _ms, _progress, _short, _write
-from kvbudget.commands.fleet import SHOWN_REPLICAS, fleet_cost, fleet_dict, fleet_simulation, pool_figures
+from kvbudget.commands.fleet import (
+    SHOWN_REPLICAS,
+    fleet_cost,
+    fleet_dict,
+    fleet_gpus,
+    fleet_simulation,
+    pool_figures,
+)
 from kvbudget.commands.simulate import SimulateRequest
 from kvbudget.units import format_bytes
 
@@ -49,7 +56,10 @@ def run(ask: SimulateRequest, args: argparse.Namespace) -> int:
         return 0
     print_fleet(sim, fleet)
     if cost is not None:
-        console().print(_cost_line(cost, _basis(sim)))
+        line = _cost_line(cost, _basis(sim))
+        if len({price for _, price in fleet_gpus(ask, fleet)}) > 1:  # GPUs of several prices
+            line = line.replace("cost: ", "cost: at their mean ", 1)
+        console().print(line)
     if _credit(args):
         console().print(f"trace: {_credit(args)}")
     return 0
@@ -62,7 +72,7 @@ def _basis(sim: FleetSimulation) -> str:
 
 
 def _pair(a: float | None, b: float | None) -> str:
-    return f"{_short(a)} / {_short(b)}"
+    return f"{_short(a)}/{_short(b)}"
 
 
 def _latency(d: dict[str, Any], key: str) -> str:
@@ -75,13 +85,13 @@ def _table(title: str, first: str, rows: list[tuple[str, dict[str, Any]]]) -> An
 
     t = Table(title=title)
     t.add_column(first, no_wrap=True)
-    for col in ("routed", "done", "TTFT p50 / p99", "TPOT p50 / p99", "E2E p50 / p99", "KV peak / mean",
+    for col in ("routed", "done", "TTFT p50/p99", "TPOT p50/p99", "E2E p50/p99", "KV peak/mean",
                 "preempt", "prefix hits"):
         t.add_column(col, justify="right")
     for name, d in rows:
         hit = d.get("prefix_hit_rate")
         t.add_row(name, f"{d['routed']:,}", f"{d['completed']:,}", _latency(d, "ttft_s"), _latency(d, "tpot_s"),
-                  _latency(d, "e2e_s"), f"{d['peak_usage']:.0%} / {d['mean_usage']:.0%}", f"{d['preemptions']:,}",
+                  _latency(d, "e2e_s"), f"{d['peak_usage']:.0%}/{d['mean_usage']:.0%}", f"{d['preemptions']:,}",
                   "-" if hit is None else f"{hit:.1%}")
     return t
 

@@ -279,12 +279,7 @@ def fleet_prepared(ask: SimulateRequest) -> tuple[Callable[[float], Iterable[Any
     stream, found, scale = prepared(replace(ask, gpu_price=None))  # each pool's GPU priced below
     fleet = fleet_ask(ask, found)
     pools, router = pools_of(fleet)
-    priced = prices(ask)
-    if priced is not None:
-        from kvbudget.simulation.cost import price_for
-
-        for p in fleet.pools:
-            price_for(priced, p.found.gpu)
+    fleet_gpus(ask, fleet)  # every pool's GPU priced, before the run
     check_lengths(stream(scale), pools, router, fleet.source)
     return stream, fleet, pools, router, scale
 
@@ -301,15 +296,24 @@ def fleet_simulation(ask: SimulateRequest, progress: Callable[[int], None] | Non
     return sim, fleet
 
 
+def fleet_gpus(ask: SimulateRequest, fleet: FleetAsk) -> list[tuple[int, float]]:
+    """(GPUs, dollars per GPU-hour) of each pool at --gpu-price (empty without one)."""
+    priced = prices(ask)
+    if priced is None:
+        return []
+    from kvbudget.simulation.cost import price_for
+
+    return [(p.replicas * p.found.tp * p.found.pp, price_for(priced, p.found.gpu)) for p in fleet.pools]
+
+
 def fleet_cost(ask: SimulateRequest, sim: FleetSimulation, fleet: FleetAsk) -> Cost | None:
     """What the fleet's run costs at --gpu-price: every replica's GPUs for the fleet's whole run (a replica that
     finished early is paid for until the last one does); the price per GPU-hour the mean over them."""
-    priced = prices(ask)
-    if priced is None:
+    gpus = fleet_gpus(ask, fleet)
+    if not gpus:
         return None
-    from kvbudget.simulation.cost import price_for, run_cost
+    from kvbudget.simulation.cost import run_cost
 
-    gpus = [(p.replicas * p.found.tp * p.found.pp, price_for(priced, p.found.gpu)) for p in fleet.pools]
     total = sum(n for n, _ in gpus)
     return run_cost(sim.duration_s, sim.prompt_tokens, sim.output_tokens, sim.completed,
                     sum(n * price for n, price in gpus) / total, total)

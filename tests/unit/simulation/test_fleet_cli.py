@@ -109,7 +109,7 @@ def test_summary_timeline_plot_and_cost(capsys, tmp_path):
                   "pool long: 1 x H200 (2 GPUs each)", "per pool", "per replica", "Microsoft Azure"):
         assert words in out
     # 2 replicas of 1 H100 and 1 replica of 2 H200s: 2 x 2.5 + 2 x 3.5 dollars an hour
-    assert "x 4 GPUs = $12.00/hour" in out
+    assert "cost: at their mean $3.00 per GPU-hour x 4 GPUs = $12.00/hour" in out
     header = steps.read_text().splitlines()[0]
     assert header == "replica,time_s,tokens,kv_usage,running,waiting"
     assert {line.split(",")[0] for line in steps.read_text().splitlines()[1:]} == {"0", "1", "2"}
