@@ -51,16 +51,19 @@ def run(args: argparse.Namespace) -> int:
     from kvbudget.simulation.run import setup_of
 
     ask = request_of(SimulateRequest, args)
-    if is_fleet(ask):
+    if is_fleet(ask) and not args.sweep:
         from kvbudget.cli import fleet
 
         return fleet.run(ask, args)
     calibration_existed = _calibration_exists(args)
     if args.sweep or args.find_max_rate:
         if args.sweep:
+            from kvbudget.commands.fleet import check_sweep, sweeps_fleets
             from kvbudget.simulation.parallel import check_backend
 
             check_backend(args.backend)
+            if sweeps_fleets(ask, parse_sweep(args.sweep)):
+                check_sweep(ask, parse_sweep(args.sweep))
         workload, found, scale = prepared(ask)
         _saved(args, calibration_existed)
         if args.sweep:
@@ -288,6 +291,7 @@ def _sweep(args: SimulateRequest, found: SimulationAsk, combos: list[dict[str, A
     from rich import box
     from rich.table import Table
 
+    from kvbudget.commands.fleet import NOT_SETUP, fleet_point, sweep_figures, sweep_notes, sweeps_fleets
     from kvbudget.simulation.parallel import run_all
 
     swept_scale = any("rate_scale" in c for c in combos)
@@ -299,27 +303,30 @@ def _sweep(args: SimulateRequest, found: SimulationAsk, combos: list[dict[str, A
             price_for(priced, combo.get("gpu", found.gpu))
     calls = [(args, found, combo) for combo in combos]
     shown = not args.json and sys.stderr.isatty()
-    results = run_all(sweep_point, calls, args.backend, _task_progress if shown else None)
+    fleets = sweeps_fleets(args, combos)
+    results = run_all(fleet_point if fleets else sweep_point, calls, args.backend, _task_progress if shown else None)
     if shown:
         print(file=sys.stderr)
-    costs = [costed(args, sim, replace(found, **{k: v for k, v in combo.items() if k != "rate_scale"}))
-             for combo, sim in results]
+    costs = [costed(args, sim, replace(found, **{k: v for k, v in combo.items() if k not in NOT_SETUP}),
+                    combo.get("replicas", 1)) for combo, sim in results]
     if args.json:
         print(json.dumps([{"settings": c, "result": s.to_dict(), **({"cost": cost.to_dict()} if cost else {})}
                           for (c, s), cost in zip(results, costs, strict=True)], indent=2))
         return 0
     keys = [k for k in results[0][0] if k != "rate_scale" or swept_scale]
-    t = Table(title=f"{found.model.name}: sweep (KV tokens, p99 latencies"
-              + (", $ per million tokens" if priced else "") + (", times estimated)" if results[0][1].notes else ")"),
+    notes = sweep_notes(results[0][1]) if fleets else results[0][1].notes
+    t = Table(title=f"{found.model.name}: sweep (KV tokens{' per replica' if fleets else ''}, p99 latencies"
+              + (", $ per million tokens" if priced else "") + (", times estimated)" if notes else ")"),
               box=box.SIMPLE_HEAD, padding=(0, 1, 0, 1), pad_edge=False, collapse_padding=True)
     for k in keys:
         t.add_column({"rate_scale": "rate"}.get(k, k.replace("_", "-")), no_wrap=True)
     for col in ("tokens", "TTFT", "TPOT", "E2E", "req/s", "peak", "preempt") + (("$/1M",) if priced else ()):
         t.add_column(col, justify="right", no_wrap=True)
     for (combo, sim), cost in zip(results, costs, strict=True):
-        t.add_row(*(_cell(k, combo[k]) for k in keys), f"{sim.setup.token_slots:,}",
+        slots, peak = sweep_figures(sim) if fleets else (sim.setup.token_slots, sim.peak_usage)
+        t.add_row(*(_cell(k, combo[k]) for k in keys), f"{slots:,}",
                   _short(sim.ttft.p99 if sim.ttft else None), _short(sim.tpot.p99 if sim.tpot else None),
-                  _short(sim.e2e.p99 if sim.e2e else None), f"{sim.requests_per_s:,.2f}", f"{sim.peak_usage:.0%}",
+                  _short(sim.e2e.p99 if sim.e2e else None), f"{sim.requests_per_s:,.2f}", f"{peak:.0%}",
                   f"{sim.preemptions:,}", *((_dollars(cost.per_million_tokens),) if cost else ()))
     console().print(t)
     return 0

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from kvbudget.commands.options import build, one, options
 from kvbudget.commands.simulate import MEMORY, SCHEDULER, SimulateRequest, prepared, prices, simulation_ask
 from kvbudget.errors import KVBudgetError, named
-from kvbudget.validate import shown
+from kvbudget.validate import count, shown
 
 if TYPE_CHECKING:
     from kvbudget.engines.scheduling.setup import SimulationAsk
@@ -52,7 +52,6 @@ NOT_FOR_FLEETS = {
     "guard_config": "puts the guard in front of one engine; admission at a fleet's front is not simulated yet: "
                     "leave it out",
     "admission": "a policy in front of one engine; admission at a fleet's front is not simulated yet: leave it out",
-    "sweep": "makes a table of single runs; a fleet is simulated one at a time for now: leave it out",
     "max_concurrency": "a closed loop of clients in front of one engine, not yet in front of a fleet: leave it out",
 }
 
@@ -99,6 +98,72 @@ def check_request(ask: SimulateRequest) -> None:
             if getattr(ask, param):
                 raise KVBudgetError(f"{param}: a calibration is of one deployment; a fleet file's pools may differ: "
                                     f"give {named('replicas', 'N')} instead of {named('fleet')}", param=param)
+
+
+FLEET_SWEEPS = ("replicas", "router")  # what --sweep varies of a fleet
+NOT_SETUP = frozenset({"rate_scale", *FLEET_SWEEPS})  # a sweep's settings that are not the deployment's
+
+
+def sweep_figures(sim: FleetSimulation) -> tuple[int, float]:
+    """A fleet's row of a sweep's table: a replica's KV tokens, and the highest replica's peak KV usage."""
+    return sim.pools[0].setup.token_slots, max(r.simulation.peak_usage for r in sim.replicas)
+
+
+def sweep_notes(sim: FleetSimulation) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(n for r in sim.replicas for n in r.simulation.notes))
+
+
+def sweeps_fleets(ask: SimulateRequest, combos: Sequence[dict[str, Any]]) -> bool:
+    """Whether a sweep's configurations are fleets: replicas or a router given, or swept."""
+    return is_fleet(ask) or any(key in combo for combo in combos for key in FLEET_SWEEPS)
+
+
+def check_sweep(ask: SimulateRequest, combos: Sequence[dict[str, Any]]) -> None:
+    """A sweep of fleets, refused in one line before any run where it cannot be: a fleet file's pools (only
+    `replicas` copies of the deployment are swept), what a fleet does not take, and every configuration's replicas
+    and router read first."""
+    from kvbudget.simulation.fleet import MAX_REPLICAS, parse_router
+
+    if ask.fleet is not None:
+        raise KVBudgetError(f"sweep: varies one deployment, not a fleet file's pools; give {named('replicas', 'N')} "
+                            f"instead of {named('fleet')}, or sweep {', '.join(FLEET_SWEEPS)}", param="sweep")
+    check_request(ask)
+
+    def router(text: str) -> None:
+        if text.strip().startswith("length"):
+            raise KVBudgetError(f"router {text}: sorts requests into pools, and a sweep's fleet has one; give a "
+                                f"fleet file with {named('fleet')} (without {named('sweep')})", param="router")
+        parse_router(text)
+
+    if ask.router is not None:
+        router(ask.router)
+    for combo in combos:
+        try:
+            if "replicas" in combo:
+                count(combo["replicas"], "replicas", 1, MAX_REPLICAS)
+            if "router" in combo:
+                router(combo["router"])
+        except KVBudgetError as exc:
+            raise KVBudgetError(f"sweep: {exc.args[0]}", param="sweep") from None
+
+
+def fleet_point(ask: SimulateRequest, found: SimulationAsk, combo: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """One configuration of a sweep of fleets, (its settings, its run without the replicas' timelines): `replicas`
+    copies of `found` with the configuration's settings, behind its router. A module-level function of plain data,
+    as `sweep_point` (the workload rebuilt where it runs)."""
+    from kvbudget.commands.options import positive
+    from kvbudget.commands.simulate import workload
+    from kvbudget.simulation.fleet import Pool, simulate_fleet
+    from kvbudget.simulation.run import setup_of
+
+    combo = dict(combo)
+    scale = combo.pop("rate_scale", positive(ask.rate_scale, "rate_scale"))
+    replicas = combo.pop("replicas", None) or one(ask.replicas or "1", "replicas")
+    router = combo.pop("router", None) or ask.router or "round-robin"
+    pools = [Pool(name="main", setup=setup_of(replace(found, **combo)), replicas=replicas)]
+    sim = simulate_fleet(found.model, workload(ask)(scale), pools, router, fast=not ask.reference)
+    bare = tuple(replace(r, simulation=replace(r.simulation, timeline=())) for r in sim.replicas)
+    return {**combo, "replicas": replicas, "router": router, "rate_scale": scale}, replace(sim, replicas=bare)
 
 
 def _flat(request: Any) -> dict[str, Any]:

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from kvbudget.engines.scheduling.setup import SimulationAsk
     from kvbudget.model.spec import ModelSpec
     from kvbudget.simulation.cost import Cost
+    from kvbudget.simulation.fleet import FleetSimulation
     from kvbudget.simulation.run import Simulation
 
 WORKLOAD, MEMORY = "workload (a trace, or synthetic arrivals)", "memory (as `kvbudget plan`)"
@@ -347,15 +348,16 @@ def prices(ask: SimulateRequest) -> dict[str | None, float] | None:
     return parse_prices(ask.gpu_price) if ask.gpu_price else None
 
 
-def costed(ask: SimulateRequest, sim: Simulation, found: SimulationAsk) -> Cost | None:
-    """What `sim` (run as `found` asks) costs at --gpu-price; None without one."""
+def costed(ask: SimulateRequest, sim: Simulation | FleetSimulation, found: SimulationAsk, replicas: int = 1
+           ) -> Cost | None:
+    """What `sim` (run as `found` asks, on `replicas` copies of it) costs at --gpu-price; None without one."""
     priced = prices(ask)
     if priced is None:
         return None
     from kvbudget.simulation.cost import price_for, run_cost
 
     return run_cost(sim.duration_s, sim.prompt_tokens, sim.output_tokens, sim.completed,
-                    price_for(priced, found.gpu), found.tp * found.pp)
+                    price_for(priced, found.gpu), found.tp * found.pp * replicas)
 
 
 def prepared(ask: SimulateRequest) -> tuple[Callable[[float], Iterable[Any]], SimulationAsk, float]:

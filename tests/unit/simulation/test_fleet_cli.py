@@ -186,7 +186,6 @@ def test_bad_fleet_files_are_refused_in_one_line_before_any_run(capsys, tmp_path
     (("--replicas", "2", "--admission", "gie"), "--admission: a policy in front of one engine"),
     (("--replicas", "2", "--max-concurrency", "4"), "--max-concurrency: a closed loop"),
     (("--replicas", "2", "--find-max-rate", "--slo", "ttft_p99=1s"), "--find-max-rate: searches one engine's"),
-    (("--replicas", "2", "--sweep", "tp=1,2"), "--sweep: makes a table of single runs"),
     (("--replicas", "2", "--prometheus-series", "x.test"), "--prometheus-series: writes one engine's gauges"),
     (("--replicas", "2", "--max-model-len", "1000"), "--max-model-len: request 129's prompt of 4,107 tokens"),
     (("--replicas", "2", "--gpu-price", "L40S=1"), "--gpu-price: no price for H100-80GB"),
@@ -209,3 +208,36 @@ def test_a_file_and_flags_that_say_the_same_twice_are_refused(capsys, tmp_path, 
     code, _, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", *FAST, "--fleet", str(fleet),
                        "--calibration", "mine")
     assert code == 2 and "--calibration: a calibration is of one deployment" in err
+
+
+def test_a_sweep_of_replicas_and_routers_runs_each_fleet(capsys):
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", *SMALL, *FAST, "--sweep", "replicas=2,3",
+                         "router=round-robin,least-requests", "--gpu-price", "2", "--backend", "serial", "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert [(r["settings"]["replicas"], r["settings"]["router"]) for r in rows] == [
+        (2, "round-robin"), (2, "least-requests"), (3, "round-robin"), (3, "least-requests")]
+    setup = setup_for(LLAMA, gpu="H100", kv_memory=2 << 30, max_model_len=8192)
+    for row in rows:
+        n, router = row["settings"]["replicas"], row["settings"]["router"]
+        api = simulate_fleet(LLAMA, requests(), [Pool(name="main", setup=setup, replicas=n)], router)
+        assert row["result"]["e2e_s"]["p99"] == api.e2e.p99 and len(row["result"]["fleet"]["replicas"]) == n
+        assert row["cost"]["gpus"] == n  # each replica's GPU priced
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", *SMALL, *FAST, "--replicas", "2", "--sweep",
+                         "max-num-seqs=8,64", "--backend", "serial")
+    assert code == 0, err
+    assert "sweep (KV tokens per replica" in out and "least" not in out and "round-robin" in out
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--sweep", "replicas=0"), "--sweep: replicas: 0 must be a whole number from 1 to 4,096"),
+    (("--sweep", "router=fastest"), "--sweep: router fastest: name one of"),
+    (("--sweep", "router=length:1024"), "--sweep: router length:1024: sorts requests into pools"),
+    (("--replicas", "2", "--router", "fastest", "--sweep", "tp=1,2"), "--router fastest: name one of"),
+    (("--replicas", "2", "--sweep", "tp=1,2", "--admission", "gie"), "--admission: a policy in front of one"),
+    (("--fleet", "fleet.yaml", "--sweep", "tp=1,2"), "--sweep: varies one deployment, not a fleet file's pools"),
+])
+def test_bad_sweeps_of_fleets_are_refused_before_any_run(capsys, no_run, args, says):
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", *FAST, *args)
+    assert code == 2 and not out and err.count("\n") == 1, err
+    assert says in err
