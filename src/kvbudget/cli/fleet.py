@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.cli.common import console, wrote
-from kvbudget.cli.simulated import _cost_line, _credit, _ms, _progress, _short, _write
+from kvbudget.cli.simulated import _calibration_exists, _cost_line, _credit, _ms, _progress, _saved, _short, _write
 from kvbudget.commands.fleet import (
     SHOWN_REPLICAS,
     fleet_cost,
@@ -39,7 +39,9 @@ def run(ask: SimulateRequest, args: argparse.Namespace) -> int:
             f"{i},{r.id},{r.arrival:.6f},{r.prompt_tokens},{r.output_tokens},{ttft:.6f},"
             f"{'' if tpot is None else f'{tpot:.6f}'},{e2e:.6f}")
     progress = _progress() if not ask.json and sys.stderr.isatty() else None
+    calibration_existed = _calibration_exists(args)
     sim, fleet = fleet_simulation(ask, progress=progress, **hooks)
+    _saved(args, calibration_existed)
     if progress is not None:
         print(file=sys.stderr)
     if ask.timeline:

@@ -11,7 +11,17 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.choices import Allocator
 from kvbudget.cli.common import add_options, console, request_of, wrote
-from kvbudget.cli.simulated import _cost_line, _credit, _dollars, _ms, _progress, _short, _write
+from kvbudget.cli.simulated import (
+    _calibration_exists,
+    _cost_line,
+    _credit,
+    _dollars,
+    _ms,
+    _progress,
+    _saved,
+    _short,
+    _write,
+)
 from kvbudget.commands.fleet import is_fleet
 from kvbudget.commands.options import positive
 from kvbudget.commands.simulate import (
@@ -121,20 +131,6 @@ def run(args: argparse.Namespace) -> int:
         if cost is not None:
             console().print(_cost_line(cost, sim.setup.time_model.basis))
     return 0
-
-
-def _calibration_exists(args: argparse.Namespace) -> bool:
-    """Whether --save-calibration will replace a calibration of its name (which it does, saying so)."""
-    from kvbudget.simulation.calibrations import calibration_path
-
-    return bool(args.save_calibration) and calibration_path(args.save_calibration).is_file()
-
-
-def _saved(args: argparse.Namespace, existed: bool) -> None:
-    if args.save_calibration:
-        from kvbudget.simulation.calibrations import calibration_path
-
-        wrote(str(calibration_path(args.save_calibration)), "--save-calibration", existed)
 
 
 def _write_series(ask: SimulateRequest, sim: Simulation) -> None:

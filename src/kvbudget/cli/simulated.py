@@ -59,3 +59,17 @@ def _credit(args: argparse.Namespace) -> str:
 
     found = [find(os.path.basename(p)) for p in (args.trace, args.lengths_from_trace) if p]
     return "; ".join(dict.fromkeys(f"{t.credit} ({t.licence})" for t in found if t))
+
+
+def _calibration_exists(args: argparse.Namespace) -> bool:
+    """Whether --save-calibration will replace a calibration of its name (which it does, saying so)."""
+    from kvbudget.simulation.calibrations import calibration_path
+
+    return bool(args.save_calibration) and calibration_path(args.save_calibration).is_file()
+
+
+def _saved(args: argparse.Namespace, existed: bool) -> None:
+    if args.save_calibration:
+        from kvbudget.simulation.calibrations import calibration_path
+
+        wrote(str(calibration_path(args.save_calibration)), "--save-calibration", existed)

@@ -241,3 +241,23 @@ def test_bad_sweeps_of_fleets_are_refused_before_any_run(capsys, no_run, args, s
     code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", *FAST, *args)
     assert code == 2 and not out and err.count("\n") == 1, err
     assert says in err
+
+
+def test_replicas_take_a_calibration_and_save_one(capsys, tmp_path, monkeypatch):
+    """--calibrate (and --save-calibration) with --replicas: every replica runs the fitted time model, and the
+    saved file is said on stderr as for one engine."""
+    from test_calibration import _recorder_log
+
+    monkeypatch.setenv("KVBUDGET_CALIBRATIONS", str(tmp_path / "kept"))
+    log = tmp_path / "steps.jsonl"
+    _recorder_log(log, lambda tokens, context: 0.004 + 2e-6 * context)
+    base = ("simulate", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "8192", "--rate", "1", "--requests", "20",
+            "--json")
+    code, one, err = cli(capsys, *base, "--calibrate", str(log))
+    assert code == 0, err
+    code, out, err = cli(capsys, *base, "--calibrate", str(log), "--save-calibration", "l4", "--replicas", "2")
+    assert code == 0 and "kept/l4.json (--save-calibration)" in err, err
+    pool = json.loads(out)["fleet"]["pools"][0]
+    assert pool["setup"]["time_model"] == json.loads(one)["setup"]["time_model"]
+    code, again, err = cli(capsys, *base, "--calibration", "l4", "--replicas", "2")
+    assert code == 0 and json.loads(again)["fleet"]["pools"][0]["setup"] == pool["setup"]
