@@ -261,3 +261,24 @@ def test_replicas_take_a_calibration_and_save_one(capsys, tmp_path, monkeypatch)
     assert pool["setup"]["time_model"] == json.loads(one)["setup"]["time_model"]
     code, again, err = cli(capsys, *base, "--calibration", "l4", "--replicas", "2")
     assert code == 0 and json.loads(again)["fleet"]["pools"][0]["setup"] == pool["setup"]
+
+
+def test_the_web_page_answers_a_fleet_as_the_cli_does(capsys, tmp_path):
+    from starlette.testclient import TestClient
+
+    from kvbudget.web import api
+    from kvbudget.web.app import create_app
+
+    client = TestClient(create_app(upload_dir=tmp_path / "uploads", limits=api.Limits(simulate_replicas=4)))
+    query = "model=llama-3.1-8b&gpu=H100&kv_memory=2GiB&max_model_len=8192&trace=azure-conv-2023&slice=0:300"
+    r = client.get(f"/api/simulate?{query}&rate_scale=6&replicas=3&router=least-requests")
+    assert r.status_code == 200, r.text
+    code, out, _ = cli(capsys, "simulate", "llama-3.1-8b", *SMALL, *FAST, "--replicas", "3", "--router",
+                       "least-requests", "--json")
+    assert code == 0 and r.json() == json.loads(out)
+    for extra, field, says in (("&replicas=5", "replicas", "replicas: at most 4 on this page"),
+                               ("&replicas=2&guard=1", "guard", "in front of a fleet it is not simulated yet"),
+                               ("&router=session", "router", "router: spreads requests over replicas"),
+                               ("&replicas=2&router=fastest", "router", "router fastest: name one of")):
+        r = client.get(f"/api/simulate?{query}{extra}")
+        assert r.status_code == 400 and r.json()["field"] == field and says in r.json()["error"], r.text
