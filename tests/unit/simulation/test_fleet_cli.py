@@ -282,3 +282,22 @@ def test_the_web_page_answers_a_fleet_as_the_cli_does(capsys, tmp_path):
                                ("&replicas=2&router=fastest", "router", "router fastest: name one of")):
         r = client.get(f"/api/simulate?{query}{extra}")
         assert r.status_code == 400 and r.json()["field"] == field and says in r.json()["error"], r.text
+
+
+def test_each_replicas_steps_and_finishes_are_simulates_alone():
+    """The hooks the fleet's files come from (--timeline, --per-request): a replica's steps and completions, with
+    its index, are those `simulate` reports for the requests it was sent."""
+    setup = setup_for(LLAMA, gpu="H100", kv_memory=2 << 30, max_model_len=8192)
+    sent: dict[int, list] = {}
+    steps: dict[int, list] = {}
+    done: dict[int, list] = {}
+    simulate_fleet(LLAMA, requests(200), [Pool(name="m", setup=setup, replicas=2)], "least-kv",
+                   on_route=lambda r, i: sent.setdefault(i, []).append(r),
+                   on_step=lambda i, *step: steps.setdefault(i, []).append(step),
+                   on_finish=lambda i, r, *times: done.setdefault(i, []).append((r.id, *times)))
+    for i in (0, 1):
+        mine_steps: list = []
+        mine_done: list = []
+        simulate(LLAMA, sent[i], setup=setup, on_step=lambda *step, into=mine_steps: into.append(step),
+                 on_finish=lambda r, *times, into=mine_done: into.append((r.id, *times)))
+        assert steps[i] == mine_steps and done[i] == mine_done and len(mine_done) == len(sent[i])
