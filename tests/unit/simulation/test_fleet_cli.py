@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from simkit import AZURE, LLAMA, cli
@@ -301,3 +302,44 @@ def test_each_replicas_steps_and_finishes_are_simulates_alone():
         simulate(LLAMA, sent[i], setup=setup, on_step=lambda *step, into=mine_steps: into.append(step),
                  on_finish=lambda r, *times, into=mine_done: into.append((r.id, *times)))
         assert steps[i] == mine_steps and done[i] == mine_done and len(mine_done) == len(sent[i])
+
+
+def test_any_fleet_file_is_read_or_refused_in_one_line():
+    """Whatever a fleet file holds, reading it (and each pool's settings, as simulate reads them) gives pools or one
+    KVBudgetError naming the file: never another exception."""
+    import os
+    import tempfile
+
+    import yaml
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from kvbudget import KVBudgetError
+    from kvbudget.commands.fleet import POOL_KEYS, fleet_ask
+    from kvbudget.commands.simulate import SimulateRequest, simulation_ask
+
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**12), st.floats(allow_nan=True),
+                        st.text(max_size=12), st.sampled_from(["1", "2GiB", "H100", "fp8", "vllm", "4k", "auto"]))
+    keys = st.sampled_from(sorted(POOL_KEYS) + ["name", "replicas", "role", "colour", "kv-memory"])
+    pool = st.dictionaries(keys, st.one_of(scalars, st.lists(scalars, max_size=2)), max_size=4)
+    doc = st.one_of(st.dictionaries(st.sampled_from(["pools", "router", "autoscale", "x"]),
+                                    st.one_of(scalars, st.lists(pool, max_size=3)), max_size=3),
+                    st.lists(scalars, max_size=2), scalars)
+    base = SimulateRequest(model="llama-3.1-8b", gpu="H100")
+    found = simulation_ask(base, LLAMA)
+    folder = tempfile.mkdtemp()
+    path = os.path.join(folder, "fleet.yaml")
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(doc)
+    def check(data):
+        with open(path, "w") as fh:
+            yaml.safe_dump(data, fh)
+        try:
+            fleet = fleet_ask(replace(base, fleet=path), found)
+        except KVBudgetError as exc:
+            assert exc.param == "fleet" and "\n" not in str(exc) and str(exc).startswith(f"fleet {path}"), str(exc)
+        else:
+            assert 1 <= len(fleet.pools) <= 64
+
+    check()
