@@ -112,11 +112,11 @@ class SimulateRequest:
     long_prefill_token_threshold: str = option("cut prompts longer than this into chunks of it while others wait "
                                                "(default 0: off)", "0", group=SCHEDULER)
     replicas: str | None = option("that many replicas of the deployment behind --router, each simulated as one "
-                                  "(default: one engine, no router)", group=FLEET)
+                                  "(default: one engine, no router)", metavar="N", group=FLEET)
     router: str | None = option("how a fleet's requests are spread: round-robin (the default), least-requests, "
                                 "least-kv[:SECONDS] (the lowest KV usage gauge, scraped every SECONDS, default 0.05), "
                                 "session (a session's requests to one replica), length:T1,T2,... (pools by prompt "
-                                "length)", group=FLEET)
+                                "length)", metavar="NAME", group=FLEET)
     fleet: str | None = option("a YAML fleet file: pools of replicas, each with its own deployment settings (gpu, "
                                "tp, engine, kv_memory, ...: the command line's are their defaults), and the router",
                                metavar="FILE", group=FLEET, web=False)
