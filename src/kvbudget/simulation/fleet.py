@@ -361,7 +361,8 @@ class FleetReplica:
                 "e2e_s": s.e2e.__dict__ if s.e2e else None, "preemptions": s.preemptions,
                 "prefix_hit_rate": s.prefix_hit_rate, "peak_usage": s.peak_usage, "mean_usage": s.mean_usage,
                 "peak_running": s.peak_running, "peak_waiting": s.peak_waiting,
-                "output_tokens": s.output_tokens, "prompt_tokens": s.prompt_tokens}
+                "output_tokens": s.output_tokens, "prompt_tokens": s.prompt_tokens,
+                "timeline": [x.__dict__ for x in s.timeline]}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -437,11 +438,13 @@ def check_pools(pools: Sequence[Pool]) -> None:
 def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool], router: Router | str =
                    "round-robin", *, fast: bool = True, sample_interval: float = SAMPLE_INTERVAL_S,
                    progress: Callable[[int], None] | None = None, check: Callable[[], None] | None = None,
-                   on_route: Callable[[Request, int], None] | None = None) -> FleetSimulation:
+                   on_route: Callable[[Request, int], None] | None = None,
+                   on_step: Callable[..., None] | None = None,
+                   on_finish: Callable[..., None] | None = None) -> FleetSimulation:
     """Run `workload` through a fleet: `pools` of replicas (each a `Setup`, as `setup_for` gives) behind `router`
     (a name, see `parse_router`, or a `Router`). `on_route(request, replica index)` is called for each request
-    routed. `check` as `simulate`'s. `model` is the model the setups were made for (kept for symmetry with
-    `simulate`)."""
+    routed; `on_step` and `on_finish` as `simulate`'s, with the replica's index first. `check` as `simulate`'s.
+    `model` is the model the setups were made for (kept for symmetry with `simulate`)."""
     check_pools(pools)
     chosen = _router(router, pools)
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
@@ -450,8 +453,9 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     replicas: list[Replica] = []
     for pool in pools:
         for _ in range(pool.replicas):
-            run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, fast, interval, None, None,
-                       check=check)
+            i = len(replicas)
+            run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, fast, interval,
+                       _of(i, on_step), None, on_finish=_of(i, on_finish), check=check)
             replicas.append(Replica(len(replicas), pool, run))
     requests = 0
     for r in workload:
@@ -472,6 +476,11 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     for rep in replicas:
         rep.run.advance(math.inf)
     return _result(chosen.name, pools, replicas, requests)
+
+
+def _of(index: int, hook: Callable[..., None] | None) -> Callable[..., None] | None:
+    """A per-replica hook: `hook` called with the replica's index first."""
+    return None if hook is None else lambda *args: hook(index, *args)
 
 
 def _result(router: str, pools: Sequence[Pool], replicas: Sequence[Replica], requests: int) -> FleetSimulation:
