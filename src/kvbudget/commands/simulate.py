@@ -115,8 +115,10 @@ class SimulateRequest:
                                   "(default: one engine, no router)", metavar="N", group=FLEET)
     router: str | None = option("how a fleet's requests are spread: round-robin (the default), least-requests, "
                                 "least-kv[:SECONDS] (the lowest KV usage gauge, scraped every SECONDS, default 0.05), "
-                                "session (a session's requests to one replica), length:T1,T2,... (pools by prompt "
-                                "length)", metavar="NAME", group=FLEET)
+                                "prefix (llm-d's precise prefix-cache scorer with its load scorers), prefix-approx[:N] "
+                                "(the Gateway API Inference Extension's, from its routing history, N hashes a "
+                                "replica), session (a session's requests to one replica), length:T1,T2,... (pools "
+                                "by prompt length)", metavar="NAME", group=FLEET)
     fleet: str | None = option("a YAML fleet file: pools of replicas, each with its own deployment settings (gpu, "
                                "tp, engine, kv_memory, ...: the command line's are their defaults), and the router",
                                metavar="FILE", group=FLEET, web=False)

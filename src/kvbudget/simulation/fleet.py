@@ -202,7 +202,7 @@ def _pick(replicas: Sequence[Replica], prefix: Sequence[float], weights: tuple[f
     return rng.choice([r for r, s in zip(replicas, scores, strict=True) if s == best]).index
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PrefixAware:
     """llm-d's precise prefix-cache scorer with its load scorers: a replica's prefix score is the share of the
     prompt's blocks its cache holds from the first on, as its KV events report them (the engine's own lookup,
@@ -230,7 +230,7 @@ class PrefixAware:
         return _pick(replicas, prefix, self.weights, now, self.rng)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ApproxPrefix:
     """GIE's approximate prefix plugin with the chart's load scorers: the prompt's first blocks (at most 256, the
     last one partial) hashed as a chain; a replica's prefix score is how many of the leading blocks that some
@@ -310,7 +310,7 @@ def parse_router(text: str, pools: Sequence[Pool] = ()) -> Router:
     length:T1,T2,... (one bound fewer than the pools)."""
     name, _, arg = text.strip().partition(":")
     if name == "prefix-approx":
-        return ApproxPrefix(int(_read(arg, text, int, "LRU entries", APPROX_MAX_ENTRIES)) if arg else 0)
+        return ApproxPrefix(entries=int(_read(arg, text, int, "LRU entries", APPROX_MAX_ENTRIES)) if arg else 0)
     if name == "least-kv":
         return LeastKV(_read(arg, text, float, "seconds") if arg else LEAST_KV_REFRESH_S)
     if name == "length":
