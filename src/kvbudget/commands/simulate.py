@@ -37,10 +37,12 @@ if TYPE_CHECKING:
     from kvbudget.engines.scheduling.setup import SimulationAsk
     from kvbudget.model.spec import ModelSpec
     from kvbudget.simulation.cost import Cost
+    from kvbudget.simulation.fleet import FleetSimulation
     from kvbudget.simulation.run import Simulation
 
 WORKLOAD, MEMORY = "workload (a trace, or synthetic arrivals)", "memory (as `kvbudget plan`)"
 SCHEDULER, ANSWERS = "scheduler (default: the engine's for the GPU)", "answers"
+FLEET = "fleet (replicas behind a router)"
 MAX_DISK_GBPS = MAX_DISK_READ / 1e9  # GB/s, as --disk-read takes it
 
 
@@ -109,6 +111,17 @@ class SimulateRequest:
                                    "4.0 NVMe drive's datasheet)", group=MEMORY)
     long_prefill_token_threshold: str = option("cut prompts longer than this into chunks of it while others wait "
                                                "(default 0: off)", "0", group=SCHEDULER)
+    replicas: str | None = option("that many replicas of the deployment behind --router, each simulated as one "
+                                  "(default: one engine, no router)", metavar="N", group=FLEET)
+    router: str | None = option("how a fleet's requests are spread: round-robin (the default), least-requests, "
+                                "least-kv[:SECONDS] (the lowest KV usage gauge, scraped every SECONDS, default 0.05), "
+                                "prefix (llm-d's precise prefix-cache scorer with its load scorers), prefix-approx[:N] "
+                                "(the Gateway API Inference Extension's, from its routing history, N hashes a "
+                                "replica), session (a session's requests to one replica), length:T1,T2,... (pools "
+                                "by prompt length)", metavar="NAME", group=FLEET)
+    fleet: str | None = option("a YAML fleet file: pools of replicas, each with its own deployment settings (gpu, "
+                               "tp, engine, kv_memory, ...: the command line's are their defaults), and the router",
+                               metavar="FILE", group=FLEET, web=False)
     json: bool = option("print JSON (seconds, bytes) instead of tables", False, group=ANSWERS, web=False)
     timeline: str | None = option("write every step to this CSV file (time, tokens, usage, running, waiting)",
                                   group=ANSWERS, web=False)
@@ -337,15 +350,16 @@ def prices(ask: SimulateRequest) -> dict[str | None, float] | None:
     return parse_prices(ask.gpu_price) if ask.gpu_price else None
 
 
-def costed(ask: SimulateRequest, sim: Simulation, found: SimulationAsk) -> Cost | None:
-    """What `sim` (run as `found` asks) costs at --gpu-price; None without one."""
+def costed(ask: SimulateRequest, sim: Simulation | FleetSimulation, found: SimulationAsk, replicas: int = 1
+           ) -> Cost | None:
+    """What `sim` (run as `found` asks, on `replicas` copies of it) costs at --gpu-price; None without one."""
     priced = prices(ask)
     if priced is None:
         return None
     from kvbudget.simulation.cost import price_for, run_cost
 
     return run_cost(sim.duration_s, sim.prompt_tokens, sim.output_tokens, sim.completed,
-                    price_for(priced, found.gpu), found.tp * found.pp)
+                    price_for(priced, found.gpu), found.tp * found.pp * replicas)
 
 
 def prepared(ask: SimulateRequest) -> tuple[Callable[[float], Iterable[Any]], SimulationAsk, float]:

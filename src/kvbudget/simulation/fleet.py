@@ -104,7 +104,8 @@ class FleetReplica:
                 "e2e_s": s.e2e.__dict__ if s.e2e else None, "preemptions": s.preemptions,
                 "prefix_hit_rate": s.prefix_hit_rate, "peak_usage": s.peak_usage, "mean_usage": s.mean_usage,
                 "peak_running": s.peak_running, "peak_waiting": s.peak_waiting,
-                "output_tokens": s.output_tokens, "prompt_tokens": s.prompt_tokens}
+                "output_tokens": s.output_tokens, "prompt_tokens": s.prompt_tokens,
+                "timeline": [x.__dict__ for x in s.timeline]}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,13 +209,15 @@ def check_pools(pools: Sequence[Pool]) -> None:
 def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool], router: Router | str =
                    "round-robin", *, fast: bool = True, sample_interval: float = SAMPLE_INTERVAL_S,
                    progress: Callable[[int], None] | None = None, check: Callable[[], None] | None = None,
-                   on_route: Callable[[Request, int], None] | None = None, autoscale: Autoscale | str | None = None,
-                   admission: str | None = None, guard_config: Any = None,
+                   on_route: Callable[[Request, int], None] | None = None,
+                   on_step: Callable[..., None] | None = None, on_finish: Callable[..., None] | None = None,
+                   autoscale: Autoscale | str | None = None, admission: str | None = None, guard_config: Any = None,
                    flow_control: FlowControl | str | None = None) -> FleetSimulation:
     """Run `workload` through a fleet: `pools` of replicas (each a `Setup`, as `setup_for` gives) behind `router`
     (a name, see `parse_router`, or a `Router`). `on_route(request, replica index)` is called for each request
-    routed, as the replica receives it. `check` as `simulate`'s. `model` is the model the setups were made for
-    (its weights give a cold start where a pool does not).
+    routed, as the replica receives it; `on_step` and `on_finish` as `simulate`'s, with the replica's index first.
+    `check` as `simulate`'s. `model` is the model the setups were made for (its weights give a cold start where a
+    pool does not).
 
     `autoscale` (an `Autoscale`, or its text: see `parse_autoscale`) scales one pool (its `pool`, the fleet's only
     one by default) between its bounds, starting from the pool's `replicas`; `admission` (a policy of
@@ -233,7 +236,7 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
         interval = min(interval, refresh) if refresh else interval
     scaled = next((p for p in pools if policy and p.name == policy.pool), None)
     cold = {scaled.name: policy.cold_start(_weights(model, scaled))} if policy and scaled else {}
-    fleet = _Fleet(pools, chosen, fast, interval, check, on_route, front, scaled)
+    fleet = _Fleet(pools, chosen, fast, interval, check, on_route, front, scaled, (on_step, on_finish))
     scaler = Scaler(policy) if policy else None
     decisions: list[Decision] = []
     arrivals = iter(workload)
@@ -317,9 +320,11 @@ class _Fleet:
 
     def __init__(self, pools: Sequence[Pool], router: Router, fast: bool, interval: float,
                  check: Callable[[], None] | None, on_route: Callable[[Request, int], None] | None,
-                 front: FrontDoor, scaled: Pool | None = None) -> None:
+                 front: FrontDoor, scaled: Pool | None = None,
+                 hooks: tuple[Callable[..., None] | None, Callable[..., None] | None] = (None, None)) -> None:
         self.router, self.fast, self.interval, self.check, self.on_route = router, fast, interval, check, on_route
         self.front, self.scaled = front, scaled  # the pool an autoscaler scales
+        self.hooks = hooks  # simulate's on_step and on_finish, each called with the replica's index first
         self.replicas: list[Replica] = []  # every replica of the run, by index
         self.live: list[Replica] = []  # those not retired
         for pool in pools:
@@ -328,9 +333,11 @@ class _Fleet:
         self.arrived = 0
 
     def add(self, pool: Pool, now: float, ready: float) -> None:
-        run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, self.fast, self.interval, None,
-                   None, check=self.check)
-        rep = Replica(len(self.replicas), pool, run)
+        i = len(self.replicas)
+        on_step, on_finish = self.hooks
+        run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, self.fast, self.interval,
+                   _of(i, on_step), None, on_finish=_of(i, on_finish), check=self.check)
+        rep = Replica(i, pool, run)
         rep.started, rep.ready = now, ready
         self.replicas.append(rep)
         self.live.append(rep)
@@ -427,6 +434,11 @@ class _Fleet:
             removed=sum(1 for rep in replicas if rep.drained is not None), cold_start_s=cold, gpu_hours=gpu_hours)
         return _result(router, tuple({rep.pool.name: rep.pool for rep in replicas}.values()), replicas, sims,
                        self.arrived, spans, gpu_hours, report, self.front.report())
+
+
+def _of(index: int, hook: Callable[..., None] | None) -> Callable[..., None] | None:
+    """A per-replica hook: `hook` called with the replica's index first."""
+    return None if hook is None else lambda *args: hook(index, *args)
 
 
 def _result(router: str, pools: Sequence[Pool], replicas: Sequence[Replica], sims: Sequence[Simulation],
