@@ -61,6 +61,9 @@ def run(ask: SimulateRequest, args: argparse.Namespace) -> int:
         line = _cost_line(cost, _basis(sim))
         if len({price for _, price in fleet_gpus(ask, fleet)}) > 1:  # GPUs of several prices
             line = line.replace("cost: ", "cost: at their mean ", 1)
+        if sim.autoscale is not None:  # GPUs that came and went: at their most, and the mean spend
+            line = line.replace(" x ", ", up to ", 1).replace(" = ", ": ", 1).replace(
+                "/hour;", f"/hour on average ({sim.gpu_hours:,.3f} GPU-hours);", 1)
         console().print(line)
     if _credit(args):
         console().print(f"trace: {_credit(args)}")
@@ -115,6 +118,7 @@ def print_fleet(sim: FleetSimulation, fleet: FleetAsk) -> None:
     out.print(f"{sim.requests:,} requests ({sim.completed:,} completed) in {sim.duration_s:,.1f} s simulated: "
               f"{sim.requests_per_s:,.2f} requests/s, {sim.output_tokens_per_s:,.0f} output tokens/s; preemptions "
               f"{sim.preemptions:,}")
+    _scaled(sim)
     t = Table(title=f"latency over the fleet (times: {_basis(sim)})")
     for col in ("", "p50", "p90", "p99", "mean", "max"):
         t.add_column(col, justify="right" if col else "left")
@@ -134,6 +138,24 @@ def print_fleet(sim: FleetSimulation, fleet: FleetAsk) -> None:
                                         for r in replicas]))
     for note in dict.fromkeys(n for r in sim.replicas for n in r.simulation.notes):
         out.print(f"note: {note}")
+
+
+def _scaled(sim: FleetSimulation) -> None:
+    """What the autoscaler and the front door did, a line each."""
+    out = console()
+    if sim.autoscale is not None:
+        a = sim.autoscale
+        counts = [s + n for _, s, n in a.timeline]
+        cold = ", ".join(f"{v:,.1f} s" for v in a.cold_start_s.values())
+        out.print(f"autoscale {a.policy.signal} (pool {a.policy.pool}, every {a.policy.interval:g} s): "
+                  f"{min(counts):,} to {max(counts):,} replicas, {a.started:,} added (cold start {cold}), "
+                  f"{a.removed:,} drained; {sim.gpu_hours:,.3f} GPU-hours")
+    if sim.front is not None:
+        f = sim.front
+        refused = ", ".join(f"{n:,} {reason} ({f.status(reason)})" for reason, n in f.refused.items()) or "none"
+        held = (f"; {f.held:,} held at the gateway, waiting {_pair(f.wait.p50, f.wait.p99)} p50/p99"
+                if f.held and f.wait else "")
+        out.print(f"front door{f' ({f.admission})' if f.admission else ''}: refused {refused}{held}")
 
 
 def _gpus(fleet: FleetAsk, pool: str) -> str:

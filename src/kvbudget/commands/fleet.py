@@ -40,8 +40,7 @@ POOL_KEYS = frozenset({"engine", "kv_dtype"} | {name for name, _, opt in options
 SWITCHES = frozenset(name for name, default, _ in options(SimulateRequest) if isinstance(default, bool))
 # keys the fleet file keeps for what is not simulated yet, each refused with why
 RESERVED = {"role": "prefill and decode pools are not simulated yet; leave role out (every pool serves whole "
-                    "requests)",
-            "autoscale": "autoscaling is not simulated yet; leave autoscale out (each pool keeps its replicas)"}
+                    "requests)"}
 # simulate's settings that make no sense for a fleet (yet), each with why
 NOT_FOR_FLEETS = {
     "prometheus_series": "writes one engine's gauges, and a fleet has one engine per replica: leave it out (plot and "
@@ -49,9 +48,6 @@ NOT_FOR_FLEETS = {
     "find_max_rate": "searches one engine's highest rate; not a fleet's yet: simulate the fleet at a few rate_scale "
                      "values instead",
     "slo": "goes with find_max_rate, which a fleet does not take yet: leave it out",
-    "guard_config": "puts the guard in front of one engine; admission at a fleet's front is not simulated yet: "
-                    "leave it out",
-    "admission": "a policy in front of one engine; admission at a fleet's front is not simulated yet: leave it out",
     "max_concurrency": "a closed loop of clients in front of one engine, not yet in front of a fleet: leave it out",
 }
 
@@ -72,10 +68,45 @@ class FleetAsk:
     pools: tuple[PoolAsk, ...]
     router: str
     source: str  # where the pools came from, for errors: "replicas" or the fleet file's path
+    autoscale: str | None = None  # the autoscaler's policy (parse_autoscale's text), from the flag or the file
+
+
+# each makes a fleet (of one replica where no more are asked for)
+FRONT = ("autoscale", "load_bandwidth", "flow_control", "max_num_queued_reqs", "max_num_queued_tokens")
 
 
 def is_fleet(ask: SimulateRequest) -> bool:
-    return ask.replicas is not None or ask.fleet is not None or ask.router is not None
+    return ask.replicas is not None or ask.fleet is not None or ask.router is not None or \
+        any(getattr(ask, name) is not None for name in FRONT)
+
+
+def scaling(ask: SimulateRequest, policy: str | None = None) -> dict[str, Any]:
+    """simulate_fleet's autoscaler and front door from a request (the autoscaler's policy from the fleet file where
+    it has one), each read and refused in one line before any run."""
+    from kvbudget.commands.simulate import front_settings
+    from kvbudget.simulation.autoscale import parse_autoscale, read_load_bandwidth
+    from kvbudget.simulation.fleet import MAX_REPLICAS
+    from kvbudget.simulation.front import parse_flow_control
+
+    text = policy or ask.autoscale
+    if ask.load_bandwidth is not None and text is None:
+        raise KVBudgetError(f"load_bandwidth: the speed a replica the autoscaler adds loads its weights at; give "
+                            f"{named('autoscale', 'POLICY')} too", param="load_bandwidth")
+    bandwidth = None if ask.load_bandwidth is None else read_load_bandwidth(ask.load_bandwidth)
+    chosen = dict(front_settings(ask))
+    chosen.pop("max_concurrency", None)  # (refused for fleets in check_request)
+    if text is not None:
+        chosen["autoscale"] = parse_autoscale(text, load_bandwidth=bandwidth, most=MAX_REPLICAS)
+    if ask.flow_control is not None:
+        chosen["flow_control"] = parse_flow_control(ask.flow_control)
+    return chosen
+
+
+def queue_limits(ask: SimulateRequest) -> dict[str, int | None]:
+    """vLLM's --max-num-queued-reqs and --max-num-queued-tokens as each pool of the fleet takes them."""
+    from kvbudget.commands.options import optional_one
+
+    return {name: optional_one(getattr(ask, name), name) for name in ("max_num_queued_reqs", "max_num_queued_tokens")}
 
 
 def check_request(ask: SimulateRequest) -> None:
@@ -83,9 +114,9 @@ def check_request(ask: SimulateRequest) -> None:
     if ask.fleet is not None and ask.replicas is not None:
         raise KVBudgetError(f"replicas: the fleet file's pools say their replicas; give {named('fleet')} or "
                             f"{named('replicas')}, not both", param="replicas")
-    if ask.router is not None and ask.replicas is None and ask.fleet is None:
-        raise KVBudgetError(f"router: spreads requests over replicas; give {named('replicas', 'N')} or "
-                            f"{named('fleet', 'FILE')} too", param="router")
+    if ask.router is not None and ask.replicas is None and ask.fleet is None and ask.autoscale is None:
+        raise KVBudgetError(f"router: spreads requests over replicas; give {named('replicas', 'N')}, "
+                            f"{named('fleet', 'FILE')} or {named('autoscale', 'POLICY')} too", param="router")
     if ask.replicas is not None:
         from kvbudget.simulation.fleet import MAX_REPLICAS
 
@@ -93,6 +124,8 @@ def check_request(ask: SimulateRequest) -> None:
     for param, why in NOT_FOR_FLEETS.items():
         if getattr(ask, param):
             raise KVBudgetError(f"{param}: {why}", param=param)
+    scaling(ask)
+    queue_limits(ask)
     if ask.fleet is not None:
         for param in ("calibrate", "calibration", "save_calibration"):
             if getattr(ask, param):
@@ -160,8 +193,10 @@ def fleet_point(ask: SimulateRequest, found: SimulationAsk, combo: dict[str, Any
     scale = combo.pop("rate_scale", positive(ask.rate_scale, "rate_scale"))
     replicas = combo.pop("replicas", None) or one(ask.replicas or "1", "replicas")
     router = combo.pop("router", None) or ask.router or "round-robin"
-    pools = [Pool(name="main", setup=setup_of(replace(found, **combo)), replicas=replicas)]
-    sim = simulate_fleet(found.model, workload(ask)(scale), pools, router, fast=not ask.reference)
+    point = replace(found, **combo)
+    pools = [Pool(name="main", setup=setup_of(point), replicas=replicas, gpus=point.tp * point.pp,
+                  **queue_limits(ask))]
+    sim = simulate_fleet(found.model, workload(ask)(scale), pools, router, fast=not ask.reference, **scaling(ask))
     bare = tuple(replace(r, simulation=replace(r.simulation, timeline=())) for r in sim.replicas)
     return {**combo, "replicas": replicas, "router": router, "rate_scale": scale}, replace(sim, replicas=bare)
 
@@ -221,8 +256,9 @@ def _pool(entry: Any, i: int, path: str) -> tuple[str, int, dict[str, Any]]:
     return name, replicas, settings
 
 
-def read_fleet_file(path: str) -> tuple[list[tuple[str, int, dict[str, Any]]], str | None]:
-    """The pools of a fleet file ((name, replicas, settings) each, in order) and its router (None: not given)."""
+def read_fleet_file(path: str) -> tuple[list[tuple[str, int, dict[str, Any]]], str | None, str | None]:
+    """The pools of a fleet file ((name, replicas, settings) each, in order), its router and its autoscaler's
+    policy (None: not given)."""
     try:
         import yaml  # noqa: F401  (only whether it is installed)
     except ImportError:
@@ -240,13 +276,24 @@ def read_fleet_file(path: str) -> tuple[list[tuple[str, int, dict[str, Any]]], s
     for key in doc:
         if key in RESERVED:
             raise KVBudgetError(f"fleet {path}: {key}: {RESERVED[key]}", param="fleet")
-        if key not in ("pools", "router"):
-            raise KVBudgetError(f"fleet {path}: unknown key {shown(key)}; a fleet file has pools and router",
-                                param="fleet")
+        if key not in ("pools", "router", "autoscale"):
+            raise KVBudgetError(f"fleet {path}: unknown key {shown(key)}; a fleet file has pools, router and "
+                                "autoscale", param="fleet")
     router = doc.get("router")
     if router is not None and (not isinstance(router, str) or not router.strip()):
         raise KVBudgetError(f"fleet {path}: router: {shown(router)} must be a router's name, e.g. least-requests",
                             param="fleet")
+    policy = doc.get("autoscale")
+    if policy is not None:
+        from kvbudget.simulation.autoscale import parse_autoscale
+
+        if not isinstance(policy, str) or not policy.strip():
+            raise KVBudgetError(f"fleet {path}: autoscale: {shown(policy)} must be a policy, e.g. "
+                                "kv:pool=decode,max=8", param="fleet")
+        try:
+            parse_autoscale(policy)
+        except KVBudgetError as exc:
+            raise KVBudgetError(f"fleet {path}: {exc.args[0]}", param="fleet") from None
     pools = doc.get("pools")
     if not isinstance(pools, list) or not 1 <= len(pools) <= MAX_POOLS:
         raise KVBudgetError(f"fleet {path}: pools: give a list of 1 to {MAX_POOLS} pools, each with a name",
@@ -257,7 +304,7 @@ def read_fleet_file(path: str) -> tuple[list[tuple[str, int, dict[str, Any]]], s
         if names.count(name) > 1:
             raise KVBudgetError(f"fleet {path}: pool {name}: two pools have this name; give each its own",
                                 param="fleet")
-    return read, router
+    return read, router, policy
 
 
 def fleet_ask(ask: SimulateRequest, found: SimulationAsk) -> FleetAsk:
@@ -265,11 +312,14 @@ def fleet_ask(ask: SimulateRequest, found: SimulationAsk) -> FleetAsk:
     fleet file's pools, each the request with the pool's settings read as simulate reads them."""
     if ask.fleet is None:
         return FleetAsk(pools=(PoolAsk(name="main", replicas=one(ask.replicas or "1", "replicas"), found=found),),
-                        router=ask.router or "round-robin", source="replicas")
-    read, router = read_fleet_file(ask.fleet)
+                        router=ask.router or "round-robin", source="replicas", autoscale=ask.autoscale)
+    read, router, policy = read_fleet_file(ask.fleet)
     if router is not None and ask.router is not None:
         raise KVBudgetError(f"router: the fleet file {ask.fleet} names its router ({router}); give it in one place",
                             param="router")
+    if policy is not None and ask.autoscale is not None:
+        raise KVBudgetError(f"autoscale: the fleet file {ask.fleet} names its autoscaler ({policy}); give it in one "
+                            "place", param="autoscale")
     base = _flat(ask)
     pools = []
     for name, replicas, settings in read:
@@ -278,7 +328,8 @@ def fleet_ask(ask: SimulateRequest, found: SimulationAsk) -> FleetAsk:
         except KVBudgetError as exc:
             raise _in_pool(exc, ask.fleet, name) from None
         pools.append(PoolAsk(name=name, replicas=replicas, found=pool_found))
-    return FleetAsk(pools=tuple(pools), router=router or ask.router or "round-robin", source=ask.fleet)
+    return FleetAsk(pools=tuple(pools), router=router or ask.router or "round-robin", source=ask.fleet,
+                    autoscale=policy or ask.autoscale)
 
 
 def _in_pool(exc: KVBudgetError, path: str, pool: str) -> KVBudgetError:
@@ -287,9 +338,9 @@ def _in_pool(exc: KVBudgetError, path: str, pool: str) -> KVBudgetError:
     return type(exc)(f"fleet {path}: pool {pool}: {raw.splitlines()[0]}", param="fleet")
 
 
-def pools_of(fleet: FleetAsk) -> tuple[list[Pool], Router]:
+def pools_of(fleet: FleetAsk, limits: dict[str, int | None] | None = None) -> tuple[list[Pool], Router]:
     """The fleet's pools, each planned (a pool that cannot hold one request of its max_model_len refused, naming
-    it), and its router."""
+    it), and its router; `limits`: vLLM's queue limits every pool takes (queue_limits)."""
     from kvbudget.engines.scheduling.setup import Simulates
     from kvbudget.simulation.fleet import Pool, check_pools, parse_router
     from kvbudget.simulation.run import setup_of
@@ -299,7 +350,8 @@ def pools_of(fleet: FleetAsk) -> tuple[list[Pool], Router]:
         try:
             if isinstance(p.found.engine, Simulates):
                 p.found.engine.simulator().options(p.found)
-            pools.append(Pool(name=p.name, setup=setup_of(p.found), replicas=p.replicas))
+            pools.append(Pool(name=p.name, setup=setup_of(p.found), replicas=p.replicas,
+                              gpus=p.found.tp * p.found.pp, **(limits or {})))
         except KVBudgetError as exc:
             if fleet.source == "replicas":
                 raise
@@ -343,7 +395,7 @@ def fleet_prepared(ask: SimulateRequest) -> tuple[Callable[[float], Iterable[Any
     check_request(ask)
     stream, found, scale = prepared(replace(ask, gpu_price=None))  # each pool's GPU priced below
     fleet = fleet_ask(ask, found)
-    pools, router = pools_of(fleet)
+    pools, router = pools_of(fleet, queue_limits(ask))
     fleet_gpus(ask, fleet)  # every pool's GPU priced, before the run
     check_lengths(stream(scale), pools, router, fleet.source)
     return stream, fleet, pools, router, scale
@@ -357,7 +409,7 @@ def fleet_simulation(ask: SimulateRequest, progress: Callable[[int], None] | Non
 
     stream, fleet, pools, router, scale = fleet_prepared(ask)
     sim = simulate_fleet(fleet.pools[0].found.model, stream(scale), pools, router, fast=not ask.reference,
-                         progress=progress, check=check, **hooks)
+                         progress=progress, check=check, **scaling(ask, fleet.autoscale), **hooks)
     return sim, fleet
 
 
@@ -380,6 +432,13 @@ def fleet_cost(ask: SimulateRequest, sim: FleetSimulation, fleet: FleetAsk) -> C
     from kvbudget.simulation.cost import run_cost
 
     total = sum(n for n, _ in gpus)
+    if sim.autoscale is not None:  # replicas came and went: each pool's GPU-hours at its price
+        price = dict(zip((p.name for p in fleet.pools), (each for _, each in gpus), strict=True))
+        pool_gpus = {p.name: p.gpus for p in sim.pools}
+        hours = {name: sum(pool_gpus[name] * (r.stopped_s - r.started_s) for r in sim.replicas if r.pool == name)
+                 / 3600 for name in price}
+        spent = sum(hours[name] * price[name] for name in price)
+        return sim.cost(spent / sim.gpu_hours if sim.gpu_hours else gpus[0][1])
     return run_cost(sim.duration_s, sim.prompt_tokens, sim.output_tokens, sim.completed,
                     sum(n * price for n, price in gpus) / total, total)
 

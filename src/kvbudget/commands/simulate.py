@@ -122,6 +122,20 @@ class SimulateRequest:
     fleet: str | None = option("a YAML fleet file: pools of replicas, each with its own deployment settings (gpu, "
                                "tp, engine, kv_memory, ...: the command line's are their defaults), and the router",
                                metavar="FILE", group=FLEET, web=False)
+    autoscale: str | None = option("scale a fleet's replicas as the run goes: kv, queue, llm-d or dynamo, then "
+                                   ":key=value,... (min, max, interval, startup, pool; kv and queue: target, window; "
+                                   "llm-d: target, up, down; dynamo: up, down), e.g. kv:max=8,target=0.8,interval=30s",
+                                   metavar="POLICY", group=FLEET, web=False)
+    load_bandwidth: str | None = option("GB/s a replica the autoscaler adds loads its weights at (default 3.125: a "
+                                        "25 Gbit/s link)", metavar="GBPS", group=FLEET, web=False)
+    flow_control: str | None = option("a queue at the fleet's front, as the Gateway API Inference Extension's flow "
+                                      "control: max=N[,ttl=SECONDS] (429 when full, 503 past the time-to-live)",
+                                      metavar="SPEC", group=FLEET, web=False)
+    max_num_queued_reqs: str | None = option("vLLM (from 0.29): its API server answers 503 past this many unfinished "
+                                             "requests (each replica's)", metavar="N", group=FLEET, web=False)
+    max_num_queued_tokens: str | None = option("vLLM (from 0.29): its API server answers 503 once the prompts still "
+                                               "in prefill reach this many tokens (each replica's)", metavar="N",
+                                               group=FLEET, web=False)
     json: bool = option("print JSON (seconds, bytes) instead of tables", False, group=ANSWERS, web=False)
     timeline: str | None = option("write every step to this CSV file (time, tokens, usage, running, waiting)",
                                   group=ANSWERS, web=False)

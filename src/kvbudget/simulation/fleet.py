@@ -212,7 +212,8 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
                    on_route: Callable[[Request, int], None] | None = None,
                    on_step: Callable[..., None] | None = None, on_finish: Callable[..., None] | None = None,
                    autoscale: Autoscale | str | None = None, admission: str | None = None, guard_config: Any = None,
-                   flow_control: FlowControl | str | None = None) -> FleetSimulation:
+                   guard_poll_interval: float = 1.0, flow_control: FlowControl | str | None = None
+                   ) -> FleetSimulation:
     """Run `workload` through a fleet: `pools` of replicas (each a `Setup`, as `setup_for` gives) behind `router`
     (a name, see `parse_router`, or a `Router`). `on_route(request, replica index)` is called for each request
     routed, as the replica receives it; `on_step` and `on_finish` as `simulate`'s, with the replica's index first.
@@ -221,15 +222,18 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
 
     `autoscale` (an `Autoscale`, or its text: see `parse_autoscale`) scales one pool (its `pool`, the fleet's only
     one by default) between its bounds, starting from the pool's `replicas`; `admission` (a policy of
-    simulation/guarded.py, `guard_config` for kvbudget's guard) decides each arrival at the fleet's front on the
+    simulation/guarded.py, `guard_config` for kvbudget's guard, scraping every `guard_poll_interval` seconds)
+    decides each arrival at the fleet's front on the
     serving replicas' mean gauges; `flow_control` (a `FlowControl`, or `max=N,ttl=S`) holds requests at the
     gateway while the pool is saturated."""
     check_pools(pools)
     chosen = _router(router, pools)
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
     policy = _policy(autoscale, pools)
+    validate.number(guard_poll_interval, "guard_poll_interval", 0.0, validate.MAX_SECONDS)
     front = FrontDoor(admission, guard_config, [p.setup for p in pools for _ in range(p.replicas)], flow_control,
-                      any(p.max_num_queued_reqs is not None or p.max_num_queued_tokens is not None for p in pools))
+                      any(p.max_num_queued_reqs is not None or p.max_num_queued_tokens is not None for p in pools),
+                      guard_poll_interval)
     interval = sample_interval
     # a router or front door that reads the gauges: the timeline is their scrapes
     for refresh in (getattr(chosen, "refresh", 0.0), front.refresh or 0.0):

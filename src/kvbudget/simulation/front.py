@@ -122,12 +122,12 @@ class FrontDoor:
     takes their KV memory together)."""
 
     def __init__(self, admission: str | None, guard_config: Any, setups: Sequence[Setup],
-                 flow: FlowControl | str | None, engine_limits: bool = False) -> None:
+                 flow: FlowControl | str | None, engine_limits: bool = False, poll_interval: float = 1.0) -> None:
         first = setups[0]
         total = sum(s.kv_memory_bytes or 0 for s in setups)
         self.gate: Gatekeeper | None = admission_policy(
             admission, guard_config, replace(first, kv_memory_bytes=total or first.kv_memory_bytes),
-            get_engine(first.engine))
+            get_engine(first.engine), poll_interval)
         self.flow = parse_flow_control(flow) if isinstance(flow, str) else flow.check() if flow else None
         self.queue: deque[tuple[Request, Release]] = deque()  # held at the gateway, in arrival order
         self.refused: dict[str, int] = {}

@@ -132,8 +132,8 @@ BAD_FILES = [
     ("pools: [{name: a, kv-memory: 2GiB}]", "pool a: unknown key 'kv-memory' (write kv_memory)"),
     ("pools: [{name: a, colour: red}]", "pool a: unknown key 'colour'; a pool takes name, replicas"),
     ("pools: [{name: a, role: prefill}]", "pool a: role: prefill and decode pools are not simulated yet"),
-    ("autoscale: {min: 1}\npools: [{name: a}]", "autoscale: autoscaling is not simulated yet"),
-    ("pool: [{name: a}]", "unknown key 'pool'; a fleet file has pools and router"),
+    ("autoscale: {min: 1}\npools: [{name: a}]", "autoscale: {'min': 1} must be a policy, e.g. kv:pool=decode,max=8"),
+    ("pool: [{name: a}]", "unknown key 'pool'; a fleet file has pools, router and autoscale"),
     ("pools: [{name: a, tp: true}]", "pool a: tp: True must be a value"),
     ("pools: [{name: a, no_prefix_caching: 1}]", "pool a: no_prefix_caching: 1 must be true or false"),
     ("pools: [{name: a, tp: 0}]", "pool a: tp: '0' must be positive"),
@@ -179,12 +179,12 @@ def test_bad_fleet_files_are_refused_in_one_line_before_any_run(capsys, tmp_path
 
 @pytest.mark.parametrize("args, says", [
     (("--fleet", "missing.yaml"), "--fleet missing.yaml: cannot read it"),
-    (("--router", "session"), "--router: spreads requests over replicas; give --replicas N or --fleet FILE too"),
+    (("--router", "session"), "--router: spreads requests over replicas; give --replicas N, --fleet FILE or "
+                              "--autoscale POLICY too"),
     (("--replicas", "0"), "--replicas: '0' must be positive"),
     (("--replicas", "5000"), "--replicas: 5000 is beyond any deployment kvbudget sizes (at most 4,096)"),
     (("--replicas", "2", "--router", "fastest"), "--router fastest: name one of"),
     (("--replicas", "2", "--router", "length:1024"), "1 bounds make 2 pools by length; the fleet has 1 pools"),
-    (("--replicas", "2", "--admission", "gie"), "--admission: a policy in front of one engine"),
     (("--replicas", "2", "--max-concurrency", "4"), "--max-concurrency: a closed loop"),
     (("--replicas", "2", "--find-max-rate", "--slo", "ttft_p99=1s"), "--find-max-rate: searches one engine's"),
     (("--replicas", "2", "--prometheus-series", "x.test"), "--prometheus-series: writes one engine's gauges"),
@@ -235,7 +235,6 @@ def test_a_sweep_of_replicas_and_routers_runs_each_fleet(capsys):
     (("--sweep", "router=fastest"), "--sweep: router fastest: name one of"),
     (("--sweep", "router=length:1024"), "--sweep: router length:1024: sorts requests into pools"),
     (("--replicas", "2", "--router", "fastest", "--sweep", "tp=1,2"), "--router fastest: name one of"),
-    (("--replicas", "2", "--sweep", "tp=1,2", "--admission", "gie"), "--admission: a policy in front of one"),
     (("--fleet", "fleet.yaml", "--sweep", "tp=1,2"), "--sweep: varies one deployment, not a fleet file's pools"),
 ])
 def test_bad_sweeps_of_fleets_are_refused_before_any_run(capsys, no_run, args, says):
