@@ -209,12 +209,24 @@ def plot_fleet(sim: FleetSimulation, path: str, caption: str = "", force: bool =
     queues.set_ylabel("requests waiting")
     queues.set_title(f"queue per replica: {sim.preemptions:,} preemption{'' if sim.preemptions == 1 else 's'}")
     end = max(sim.duration_s, 1e-9)
-    bottom = 0
+    # each pool's replicas serving over time (an autoscaler's come and go), those still starting above them
+    grid = sorted({0.0, end} | {t for r in sim.replicas for t in (r.started_s, r.ready_s, r.drained_s)
+                                if t is not None and t <= end})
+    bottom = [0] * len(grid)
     for i, pool in enumerate(sim.pools):
-        count.fill_between([0, end], [bottom] * 2, [bottom + pool.replicas] * 2, color=f"C{i % 10}", alpha=0.5,
-                           step="post", label=f"{pool.name}: {pool.replicas:,}")
-        bottom += pool.replicas
-    count.set_ylim(0, bottom * 1.15 + 0.5)
+        mine = [r for r in sim.replicas if r.pool == pool.name]
+        serving = [sum(1 for r in mine if r.ready_s <= t and (r.drained_s is None or t < r.drained_s)) for t in grid]
+        top = [b + n for b, n in zip(bottom, serving, strict=True)]
+        most = max(serving)
+        count.fill_between(grid, bottom, top, color=f"C{i % 10}", alpha=0.5, step="post",
+                           label=f"{pool.name}: {pool.replicas:,}" + (f" to {most:,}" if most != pool.replicas else ""))
+        bottom = top
+    starting = [sum(1 for r in sim.replicas if r.started_s <= t < r.ready_s and (r.drained_s is None or
+                                                                              t < r.drained_s)) for t in grid]
+    if any(starting):
+        count.fill_between(grid, bottom, [b + n for b, n in zip(bottom, starting, strict=True)], color="gray",
+                           alpha=0.25, step="post", hatch="//", label="starting")
+    count.set_ylim(0, max(b + n for b, n in zip(bottom, starting, strict=True)) * 1.15 + 0.5)
     count.set_ylabel("replicas")
     count.set_title(f"replicas over time ({sim.router} router)")
     from matplotlib.ticker import MaxNLocator
@@ -227,7 +239,9 @@ def plot_fleet(sim: FleetSimulation, path: str, caption: str = "", force: bool =
         if len(ax.get_legend_handles_labels()[0]) <= 2 * EACH_REPLICA:
             ax.legend(fontsize=7, loc="upper right", ncol=2 if len(ax.get_legend_handles_labels()[0]) > 8 else 1)
     setup = sim.pools[0].setup
-    fig.suptitle(f"{setup.model}: a fleet of {bottom:,} replicas, {sim.requests:,} requests; times are "
+    first = sum(p.replicas for p in sim.pools)
+    fig.suptitle(f"{setup.model}: a fleet of {first:,} replica{'' if first == 1 else 's'}"
+                 f"{' (autoscaled)' if sim.autoscale else ''}, {sim.requests:,} requests; times are "
                  f"{times_are(setup.time_model.basis)}", fontsize=10)
     if caption:
         fig.text(0.5, 0.01, caption, ha="center", fontsize=8, color="dimgray")

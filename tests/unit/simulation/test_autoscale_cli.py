@@ -45,10 +45,12 @@ def test_autoscale_and_the_front_door_json_are_the_librarys(capsys):
     assert data["cost"]["run"] == pytest.approx(2 * data["gpu_hours"])
 
 
-def test_the_summary_says_what_the_autoscaler_and_the_front_door_did(capsys):
+def test_the_summary_says_what_the_autoscaler_and_the_front_door_did(capsys, tmp_path):
+    picture = tmp_path / "fleet.png"
     code, out, err = cli(capsys, "simulate", "llama-3.1-8b", *SMALL, *FAST, "--autoscale", POLICY,
-                         "--flow-control", "max=20,ttl=5s", "--gpu-price", "2")
+                         "--flow-control", "max=20,ttl=5s", "--gpu-price", "2", "--plot", str(picture))
     assert code == 0, err
+    assert picture.stat().st_size > 10_000  # the replicas over time, those starting among them
     text = " ".join(out.split())
     assert "autoscale queue (pool main, every 5 s): 1 to 3 replicas" in text
     assert "front door: refused" in text and "(429)" in text
