@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from kvbudget import validate
@@ -130,6 +131,40 @@ class Planned:
 HIDDEN = {"json": False}  # a field to_dict() leaves out
 
 
+class Role(Enum):
+    """What a replica does in a fleet: all of a request (co-located), or one side of disaggregated serving."""
+
+    BOTH = "both"
+    PREFILL = "prefill"  # computes the prompt and the first token, holds its KV until the decode side has read it
+    DECODE = "decode"  # takes the prompt's KV over a link, then generates the output
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVLink:
+    """The link a prefilled request's KV crosses: a fixed latency per transfer and each GPU's own rate."""
+
+    name: str
+    latency: float  # seconds per transfer
+    bandwidth: float  # bytes per second, each GPU reading its own shard over its own link
+
+    def seconds(self, nbytes: int) -> float:
+        return self.latency + nbytes / self.bandwidth
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "latency_s": self.latency, "bandwidth_bytes_per_s": self.bandwidth}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Disagg:
+    """A replica's side of disaggregated prefill and decode, and the link between the sides."""
+
+    role: Role
+    link: KVLink
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"role": self.role.value, "link": self.link.to_dict()}
+
+
 class CacheGroupRecord(Protocol):
     """One of an engine's KV cache groups as its scheduler keeps them."""
 
@@ -162,6 +197,7 @@ class Setup:
     host_block_seconds: float = 0.0  # ... and the time to load one of its units over the GPU's host link
     disk_tier: HostTier | None = field(default=None, metadata=HIDDEN)  # a disk tier behind the host tier
     disk_unit_seconds: float = 0.0  # ... and the time to read one of its units and load it
+    disagg: Disagg | None = field(default=None, metadata=HIDDEN)  # one side of disaggregated prefill and decode
     # the engine's scheduler model, which builds the scheduler for this setup
     simulator: Simulator = field(repr=False, compare=False, metadata=HIDDEN)
 
@@ -185,6 +221,8 @@ class Setup:
         out["groups"] = [g.to_dict() for g in self.groups]
         out["host_tier"] = self.host_tier.to_dict() if self.host_tier else None
         out["disk_tier"] = self.disk_tier.to_dict() if self.disk_tier else None
+        if self.disagg is not None:
+            out["disagg"] = self.disagg.to_dict()
         return out
 
 
@@ -213,6 +251,7 @@ class SimulatorDefaults:
     the scheduler's settings described as vLLM names them."""
 
     offloads = False
+    disaggregates = False
 
     def check_release(self, ask: SimulationAsk) -> None:
         """Raise for an engine release the scheduler model does not take (here: any but the newest)."""
@@ -250,6 +289,7 @@ class Simulator(Protocol):
     """An engine's scheduler model for `simulate`: its settings, its scheduler and how it counts its memory."""
 
     offloads: bool  # simulates the engine's KV offload tier (SimulationAsk.offload_memory)
+    disaggregates: bool  # simulates disaggregated prefill and decode (Setup.disagg: its KV connector's transfers)
 
     def options(self, ask: SimulationAsk) -> EngineOptions:
         """The options to plan the ask with; raises first for settings that mean nothing to this engine (and for

@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.choices import Device, parse_allocator
 from kvbudget.engines.base import EngineOptions
-from kvbudget.engines.scheduling.seq import Queues
-from kvbudget.engines.scheduling.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
+from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig
+from kvbudget.engines.scheduling.setup import Planned, Role, Setup, SimulationAsk, SimulatorDefaults, config_of
 from kvbudget.engines.scheduling.timing import TimeModel
 from kvbudget.engines.tiers import required_link
 from kvbudget.engines.vllm.blocks import BlockGroup, StateGroup
 from kvbudget.engines.vllm.cached import CachedHybridScheduler
 from kvbudget.engines.vllm.contiguous import ContiguousScheduler
+from kvbudget.engines.vllm.disagg import DecodeScheduler, PrefillScheduler
 from kvbudget.engines.vllm.host import with_host
 from kvbudget.engines.vllm.hybrid import HybridScheduler
 from kvbudget.engines.vllm.lmcache import LMCacheScheduler
@@ -150,9 +151,13 @@ class VLLMSimulator(SimulatorDefaults):
         groups = self._groups(setup)
         return not all(g.keeps_all for g in groups) or len({g.block_size for g in groups}) > 1
 
+    disaggregates = True
+
     def scheduler(self, setup: Setup) -> Queues:
         config = config_of(setup)
         allocator = parse_allocator(setup.allocator)
+        if setup.disagg is not None and setup.disagg.role is not Role.BOTH:
+            return self._disaggregated(setup, config, allocator.reservation is not None)
         if allocator.reservation is not None:
             return ContiguousScheduler(config, self.token_slots(setup), allocator.reservation)
         tier = setup.host_tier
@@ -166,6 +171,22 @@ class VLLMSimulator(SimulatorDefaults):
         if self._hybrid(setup):
             return (CachedHybridScheduler if setup.prefix_caching else HybridScheduler)(config, self._groups(setup))
         return VLLMScheduler(config)
+
+    def _disaggregated(self, setup: Setup, config: SchedulerConfig, contiguous: bool) -> Queues:
+        """One side of NIXL's disaggregated serving (engines/vllm/disagg.py), for one full-attention group."""
+        assert setup.disagg is not None
+        role = setup.disagg.role
+        why = ("a contiguous allocator" if contiguous else "a KV offload tier" if setup.host_tier is not None
+               else "several KV cache groups (sliding windows, chunked-local or state layers)"
+               if self._hybrid(setup) else None)
+        if why is not None:
+            raise KVBudgetError(f"{role.value}_replicas: disaggregated prefill and decode are simulated for vLLM's "
+                                f"paged cache of one full-attention group (MLA included), not {why}; leave "
+                                f"{named('prefill_replicas')} and {named('decode_replicas')} out",
+                                param=f"{role.value}_replicas")
+        block_bytes = setup.bytes_per_token * setup.block_size
+        cls = PrefillScheduler if role is Role.PREFILL else DecodeScheduler
+        return cls(config, setup.disagg.link, block_bytes)
 
     def token_slots(self, setup: Setup) -> int:
         """Whole blocks but the null block when paged; the budget over bytes per token when contiguous."""
