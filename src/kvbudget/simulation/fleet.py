@@ -13,17 +13,21 @@ it (tests replay them), whatever the other replicas do.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import zlib
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from kvbudget import validate
-from kvbudget.engines.scheduling.setup import Setup
+from kvbudget.engines.scheduling.setup import Disagg, Role, Setup
 from kvbudget.engines.scheduling.workload import Request
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, named
+from kvbudget.interconnects import KVLink
+from kvbudget.interconnects import kv_link as parse_link
 from kvbudget.simulation.percentiles import Percentiles
 from kvbudget.simulation.run import SAMPLE_INTERVAL_S, Sample, Simulation, _Run
 
@@ -33,11 +37,13 @@ LEAST_KV_REFRESH_S = 0.05  # the usage gauge's scrape interval a least-kv router
 
 @dataclass(frozen=True, kw_only=True)
 class Pool:
-    """`replicas` copies of one deployment (its `Setup`: engine, GPU, TP, scheduler settings)."""
+    """`replicas` copies of one deployment (its `Setup`: engine, GPU, TP, scheduler settings), each doing all of a
+    request (`Role.BOTH`) or one side of disaggregated prefill and decode."""
 
     name: str
     setup: Setup
     replicas: int = 1
+    role: Role = Role.BOTH
 
 
 class Replica:
@@ -205,16 +211,42 @@ class FleetReplica:
     pool: str
     routed: int
     simulation: Simulation
+    role: Role = Role.BOTH
 
     def to_dict(self) -> dict[str, Any]:
         s = self.simulation
-        return {"index": self.index, "pool": self.pool, "routed": self.routed, "completed": s.completed,
-                "duration_s": s.duration_s, "steps": s.steps,
+        return {"index": self.index, "pool": self.pool, "role": self.role.value, "routed": self.routed,
+                "completed": s.completed, "duration_s": s.duration_s, "steps": s.steps,
                 "ttft_s": s.ttft.__dict__ if s.ttft else None, "tpot_s": s.tpot.__dict__ if s.tpot else None,
                 "e2e_s": s.e2e.__dict__ if s.e2e else None, "preemptions": s.preemptions,
                 "prefix_hit_rate": s.prefix_hit_rate, "peak_usage": s.peak_usage, "mean_usage": s.mean_usage,
                 "peak_running": s.peak_running, "peak_waiting": s.peak_waiting,
                 "output_tokens": s.output_tokens, "prompt_tokens": s.prompt_tokens}
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVTransfer:
+    """What crossed the link of a disaggregated fleet: the prefilled requests' KV the decode side read (`bytes`
+    over every GPU of a replica, `bytes_per_gpu` one GPU's shard, which sets the time), the seconds the reads took
+    (summed, and the mean), and the seconds requests waited at a decode replica for room before their read could
+    start (summed, and the longest)."""
+
+    link: KVLink
+    count: int
+    bytes: int
+    bytes_per_gpu: int
+    seconds: float
+    wait_s: float
+    max_wait_s: float
+
+    @property
+    def mean_seconds(self) -> float:
+        return self.seconds / self.count if self.count else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"link": self.link.to_dict(), "count": self.count, "bytes": self.bytes,
+                "bytes_per_gpu": self.bytes_per_gpu, "seconds": self.seconds, "mean_seconds": self.mean_seconds,
+                "wait_s": self.wait_s, "max_wait_s": self.max_wait_s}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,6 +267,7 @@ class FleetSimulation:
     prompt_tokens: int
     output_tokens: int
     preemptions: int
+    kv_transfer: KVTransfer | None = None  # disaggregated prefill and decode: what crossed the link
 
     def metric(self, name: str) -> float | None:
         from kvbudget.simulation.percentiles import check_metric
@@ -251,9 +284,10 @@ class FleetSimulation:
             "output_tokens_per_s": self.output_tokens_per_s, "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens, "preemptions": self.preemptions,
             "fleet": {"router": self.router,
-                      "pools": [{"name": p.name, "replicas": p.replicas, "setup": p.setup.to_dict()}
-                                for p in self.pools],
-                      "replicas": [r.to_dict() for r in self.replicas]}}
+                      "pools": [{"name": p.name, "replicas": p.replicas, "role": p.role.value,
+                                 "setup": p.setup.to_dict()} for p in self.pools],
+                      "replicas": [r.to_dict() for r in self.replicas],
+                      "kv_transfer": self.kv_transfer.to_dict() if self.kv_transfer else None}}
 
 
 def _router(router: Router | str, pools: Sequence[Pool]) -> Router:
@@ -278,46 +312,192 @@ def check_pools(pools: Sequence[Pool]) -> None:
     if total > MAX_REPLICAS:
         raise KVBudgetError(f"replicas: {total:,} in all, over the {MAX_REPLICAS:,} a fleet may have",
                             param="replicas")
+    roles = {p.role for p in pools}
+    if roles != {Role.BOTH}:
+        if roles != {Role.PREFILL, Role.DECODE}:
+            missing = "decode" if Role.DECODE not in roles else "prefill"
+            raise KVBudgetError(f"{missing}_replicas: a disaggregated fleet needs prefill and decode pools, and no "
+                                f"pool doing both; give {named('prefill_replicas')} and {named('decode_replicas')}",
+                                param=f"{missing}_replicas")
+        for p in pools:
+            if not p.setup.simulator.disaggregates:
+                raise KVBudgetError(f"{p.role.value}_replicas: pool {p.name}: simulate follows disaggregated "
+                                    f"prefill and decode on vLLM (its NIXL connector) only, not {p.setup.engine}",
+                                    param=f"{p.role.value}_replicas")
 
 
 def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool], router: Router | str =
-                   "round-robin", *, fast: bool = True, sample_interval: float = SAMPLE_INTERVAL_S,
-                   progress: Callable[[int], None] | None = None, check: Callable[[], None] | None = None,
+                   "round-robin", *, kv_link: KVLink | str | None = None, fast: bool = True,
+                   sample_interval: float = SAMPLE_INTERVAL_S, progress: Callable[[int], None] | None = None,
+                   check: Callable[[], None] | None = None,
                    on_route: Callable[[Request, int], None] | None = None) -> FleetSimulation:
     """Run `workload` through a fleet: `pools` of replicas (each a `Setup`, as `setup_for` gives) behind `router`
     (a name, see `parse_router`, or a `Router`). `on_route(request, replica index)` is called for each request
     routed. `check` as `simulate`'s. `model` is the model the setups were made for (kept for symmetry with
-    `simulate`)."""
+    `simulate`).
+
+    Disaggregated prefill and decode: pools of `Role.PREFILL` and `Role.DECODE` (none of `Role.BOTH`) and the
+    `kv_link` between them (a `KVLink`, or a name or rate, see `interconnects.kv_link`). Each request goes to a
+    prefill replica (the router among the prefill pools) with one output token; when that finishes, to a decode
+    replica (the router among the decode pools, at that instant) which reads its prompt's KV over the link and
+    generates its output, as vLLM's NIXL connector does (engines/vllm/disagg.py). The latencies are the client's:
+    from the arrival at the prefill side to the decode side's tokens. `on_route` sees both routings: the prefill
+    request (output 1) and the decode request (arriving when its prefill finished)."""
     check_pools(pools)
-    chosen = _router(router, pools)
+    disagg = any(p.role is not Role.BOTH for p in pools)
+    link = _link(kv_link, pools, disagg)
+    sides = ([p for p in pools if p.role is Role.PREFILL], [p for p in pools if p.role is Role.DECODE]) \
+        if disagg else (list(pools), [])
+    routers = [_router(router, side) for side in sides if side]
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
-    interval = min(sample_interval, chosen.refresh) if isinstance(chosen, LeastKV) and chosen.refresh else \
-        sample_interval
+    interval = sample_interval
+    for chosen in routers:
+        if isinstance(chosen, LeastKV) and chosen.refresh:
+            interval = min(interval, chosen.refresh)
+    used = list(pools) if link is None else \
+        [replace(p, setup=replace(p.setup, disagg=Disagg(role=p.role, link=link))) for p in pools]
     replicas: list[Replica] = []
-    for pool in pools:
+    for pool in used:  # (each scheduler built before any runs: a setup it refuses is refused first)
         for _ in range(pool.replicas):
             run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, fast, interval, None, None,
                        check=check)
             replicas.append(Replica(len(replicas), pool, run))
+    chosen = routers[0]
+    handover = _Handover(replicas, chosen, routers[1], on_route) if link is not None else None
     requests = 0
     for r in workload:
-        now = r.arrival
-        for rep in replicas:
-            rep.run.advance(now)
-        i = chosen.choose(r, replicas, now)
-        if not (isinstance(i, int) and 0 <= i < len(replicas)):
-            raise KVBudgetError(f"router {chosen.name}: chose replica {i!r} of {len(replicas)}", param="router")
-        rep = replicas[i]
-        rep.routed += 1
-        if on_route is not None:
-            on_route(r, i)
-        rep.run.offer(r)
+        if handover is not None:
+            handover.arrive(r)
+        else:
+            for rep in replicas:
+                rep.run.advance(r.arrival)
+            _route(chosen, r, replicas, r.arrival, on_route).run.offer(r)
         requests += 1
         if progress is not None and requests % 1000 == 0:
             progress(requests)
+    if handover is not None:
+        handover.advance(math.inf)
+        assert link is not None
+        return handover.result(_result(chosen.name, used, replicas, requests), link)
     for rep in replicas:
         rep.run.advance(math.inf)
     return _result(chosen.name, pools, replicas, requests)
+
+
+def _route(chosen: Router, r: Request, replicas: Sequence[Replica], now: float,
+           on_route: Callable[[Request, int], None] | None) -> Replica:
+    """The replica `chosen` picks among `replicas` for `r`, counted and reported."""
+    i = chosen.choose(r, replicas, now)
+    rep = next((x for x in replicas if x.index == i), None) if isinstance(i, int) else None
+    if rep is None:
+        raise KVBudgetError(f"router {chosen.name}: chose replica {i!r}, not one of the "
+                            f"{len(replicas)} it was offered", param="router")
+    rep.routed += 1
+    if on_route is not None:
+        on_route(r, i)
+    return rep
+
+
+def _link(kv_link: KVLink | str | None, pools: Sequence[Pool], disagg: bool) -> KVLink | None:
+    if not disagg:
+        if kv_link is not None:
+            raise KVBudgetError(f"kv_link: goes with prefill and decode pools ({named('prefill_replicas')} and "
+                                f"{named('decode_replicas')})", param="kv_link")
+        return None
+    if kv_link is None:
+        raise KVBudgetError("kv_link: a disaggregated fleet moves each prompt's KV over a link; name it (nvlink, "
+                            "infiniband, roce, pcie, tcp) or give its rate (25GB/s)", param="kv_link")
+    if isinstance(kv_link, KVLink):
+        return kv_link
+    from kvbudget.gpus import find_gpu
+
+    def card(name: str | None) -> Any:
+        try:
+            return find_gpu(name) if name else None
+        except KVBudgetError:
+            return None
+
+    return parse_link(str(kv_link), [card(p.setup.gpu) for p in pools])
+
+
+class _Handover:
+    """A disaggregated fleet's run: the prefill replicas advanced to each arrival; every prefill finished by then
+    handed, in the order of their finishing, to a decode replica advanced to that instant (a prefill finishes at a
+    step's end, and every later step of a prefill replica ends past the arrival it was advanced to: the hand-overs
+    up to an arrival are all known when it comes). The client's latencies: the prefill side's end to end, then the
+    decode side's."""
+
+    def __init__(self, replicas: list[Replica], front: Router, back: Router,
+                 on_route: Callable[[Request, int], None] | None) -> None:
+        self.prefill = [r for r in replicas if r.pool.role is Role.PREFILL]
+        self.decode = [r for r in replicas if r.pool.role is Role.DECODE]
+        self.front, self.back, self.on_route = front, back, on_route
+        self.origin: dict[int, Request] = {}  # id of a prefill request -> the client's request
+        self.done: dict[int, list[tuple[Request, float]]] = {r.index: [] for r in self.prefill}  # (request, e2e)
+        self.seen = dict.fromkeys(self.done, 0)  # prefill replica -> its finishes handed over
+        self.handed: list[tuple[float, int, Request]] = []  # (prefill finished at, order, decode request): a heap
+        self.order = itertools.count()
+        self.before: dict[int, tuple[Request, float]] = {}  # id of a decode request -> (it, the prefill's e2e)
+        self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
+        for rep in self.prefill:
+            rep.run.on_finish = lambda r, _ttft, _tpot, e2e, mine=self.done[rep.index]: mine.append((r, e2e))
+        for rep in self.decode:
+            rep.run.on_finish = self.answered
+
+    def answered(self, r: Request, ttft: float, tpot: float | None, e2e: float) -> None:
+        _, earlier = self.before.pop(id(r))
+        self.ttft.append(earlier + ttft)
+        self.e2e.append(earlier + e2e)
+        if tpot is not None:
+            self.tpot.append(tpot)
+
+    def arrive(self, r: Request) -> None:
+        if r.n > 1 or r.beam_search:
+            raise KVBudgetError(f"request {r.id or len(self.origin) + 1}: disaggregated serving is simulated for "
+                                "one sequence a request (n 1, no beam search)", param="trace")
+        self.advance(r.arrival)
+        p = Request(arrival=r.arrival, prompt_tokens=r.prompt_tokens, output_tokens=1, prefix=r.prefix, id=r.id,
+                    max_tokens=1, session=r.session)
+        self.origin[id(p)] = r
+        _route(self.front, p, self.prefill, r.arrival, self.on_route).run.offer(p)
+
+    def advance(self, until: float) -> None:
+        """The prefill side to `until`, and what it finished by then to the decode side."""
+        for rep in self.prefill:
+            rep.run.advance(until)
+            ends, k = rep.run.finished_at, self.seen[rep.index]
+            for (p, e2e), end in zip(self.done[rep.index][k:], ends[k:], strict=True):
+                c = self.origin.pop(id(p))
+                d = Request(arrival=end, prompt_tokens=c.prompt_tokens, output_tokens=c.output_tokens,
+                            prefix=c.prefix, id=c.id, max_tokens=c.max_tokens, session=c.session)
+                self.before[id(d)] = (d, e2e)
+                heapq.heappush(self.handed, (end, next(self.order), d))
+            self.seen[rep.index] = len(ends)
+        while self.handed and self.handed[0][0] <= until:
+            end, _, d = heapq.heappop(self.handed)
+            for rep in self.decode:
+                rep.run.advance(end)
+            _route(self.back, d, self.decode, end, self.on_route).run.offer(d)
+        if until == math.inf:
+            for rep in self.decode:
+                rep.run.advance(until)
+
+    def result(self, out: FleetSimulation, link: KVLink) -> FleetSimulation:
+        """The fleet's figures as the client sees them, and what crossed the link."""
+        totals = [(rep.pool.setup.gpus, t) for rep in self.decode if (t := rep.run.sched.transfer_totals())]
+        transfer = KVTransfer(link=link, count=sum(t.count for _, t in totals),
+                              bytes=sum(g * t.bytes_per_gpu for g, t in totals),
+                              bytes_per_gpu=sum(t.bytes_per_gpu for _, t in totals),
+                              seconds=sum(t.seconds for _, t in totals), wait_s=sum(t.wait_s for _, t in totals),
+                              max_wait_s=max((t.max_wait_s for _, t in totals), default=0.0))
+        sims = [r.simulation for r in out.replicas if r.role is Role.DECODE]
+        completed, output, duration = sum(s.completed for s in sims), sum(s.output_tokens for s in sims), \
+            out.duration_s
+        return replace(out, completed=completed, ttft=Percentiles.of(self.ttft), tpot=Percentiles.of(self.tpot),
+                       e2e=Percentiles.of(self.e2e), requests_per_s=completed / duration if duration else 0.0,
+                       output_tokens_per_s=output / duration if duration else 0.0, output_tokens=output,
+                       prompt_tokens=sum(r.simulation.prompt_tokens for r in out.replicas if r.role is Role.PREFILL),
+                       kv_transfer=transfer)
 
 
 def _result(router: str, pools: Sequence[Pool], replicas: Sequence[Replica], requests: int) -> FleetSimulation:
@@ -334,8 +514,8 @@ def _result(router: str, pools: Sequence[Pool], replicas: Sequence[Replica], req
     output = sum(s.output_tokens for s in sims)
     return FleetSimulation(
         router=router, pools=tuple(pools),
-        replicas=tuple(FleetReplica(index=rep.index, pool=rep.pool.name, routed=rep.routed, simulation=s)
-                       for rep, s in zip(replicas, sims, strict=True)),
+        replicas=tuple(FleetReplica(index=rep.index, pool=rep.pool.name, routed=rep.routed, simulation=s,
+                                    role=rep.pool.role) for rep, s in zip(replicas, sims, strict=True)),
         requests=requests, completed=completed, duration_s=duration, ttft=merged("ttft_sorted"),
         tpot=merged("tpot_sorted"), e2e=merged("e2e_sorted"),
         requests_per_s=completed / duration if duration else 0.0,

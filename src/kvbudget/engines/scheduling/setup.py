@@ -20,6 +20,7 @@ from kvbudget.model.spec import ModelSpec
 
 if TYPE_CHECKING:
     from kvbudget.choices import Device, EntryPoint, Interconnect
+    from kvbudget.interconnects import KVLink
 
 
 MAX_DISK_READ = 1e12  # bytes per second a disk tier reads at: 1,000 GB/s, past any drive or array on one host
@@ -140,21 +141,6 @@ class Role(Enum):
 
 
 @dataclass(frozen=True, kw_only=True)
-class KVLink:
-    """The link a prefilled request's KV crosses: a fixed latency per transfer and each GPU's own rate."""
-
-    name: str
-    latency: float  # seconds per transfer
-    bandwidth: float  # bytes per second, each GPU reading its own shard over its own link
-
-    def seconds(self, nbytes: int) -> float:
-        return self.latency + nbytes / self.bandwidth
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "latency_s": self.latency, "bandwidth_bytes_per_s": self.bandwidth}
-
-
-@dataclass(frozen=True, kw_only=True)
 class Disagg:
     """A replica's side of disaggregated prefill and decode, and the link between the sides."""
 
@@ -188,6 +174,7 @@ class Setup:
     gpu: str | None
     time_model: TimeModel
     bytes_per_token: int = 0  # KV bytes per token on the most loaded GPU
+    gpus: int = 1  # the GPUs of one replica (tensor x pipeline parallel)
     allocator: str = "paged"  # the engine's name for its allocator (vLLM: or contiguous-max / -pow2 / -oracle)
     allocation: Allocation | None = field(default=None, repr=False, compare=False, metadata=HIDDEN)  # the guard's
     groups: tuple[CacheGroupRecord, ...] = ()  # the engine's KV cache groups as its scheduler keeps them

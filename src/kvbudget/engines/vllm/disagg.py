@@ -1,8 +1,7 @@
 """vLLM's disaggregated prefill and decode over the NIXL connector, both sides, step for step.
 
-What it follows (github:vllm-project/vllm at 002a1057, vllm/distributed/kv_transfer/kv_connector/v1/
-nixl_connector.py and v1/core/sched/scheduler.py; the same flow as v0.11.0's; examples/online_serving/
-disaggregated_serving/ toy proxy):
+What it follows (github:vllm-project/vllm at commit 002a1057 on main, vllm/distributed/kv_transfer/kv_connector/
+v1/nixl_connector.py and v1/core/sched/scheduler.py; the toy proxy of examples/online_serving/disaggregated_serving/):
 - the proxy sends the request to a prefill instance with max_tokens 1 and `do_remote_decode`; it runs as any
   request and finishes after its first token (FINISHED_LENGTH_CAPPED); `request_finished` then returns
   `delay_free_blocks` (any block held) with the block ids, and the scheduler does not free them: they are freed
@@ -29,13 +28,18 @@ modelled); the handshake, a read reported one step late, and heterogeneous TP be
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvbudget.engines.scheduling.seq import SchedulerConfig, Seq, Step, TransferTotals
-from kvbudget.engines.scheduling.setup import KVLink
 from kvbudget.engines.vllm.offloading import AsyncLoadScheduler
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.units import cdiv
 
-SOURCE = "vllm 002a1057 (as v0.11.0) distributed/kv_transfer/kv_connector/v1/nixl_connector.py, v1/core/sched/scheduler.py"
+if TYPE_CHECKING:
+    from kvbudget.interconnects import KVLink
+
+SOURCE = ("github:vllm-project/vllm 002a1057 distributed/kv_transfer/kv_connector/v1/nixl_connector.py, "
+          "v1/core/sched/scheduler.py")
 
 
 def read_blocks(prompt_tokens: int, hit_blocks: int, block_size: int) -> int:

@@ -138,7 +138,7 @@ class VLLMSimulator(SimulatorDefaults):
                      long_prefill_token_threshold=ask.long_prefill_token_threshold, gpu=planned.gpu,
                      time_model=planned.time_model, bytes_per_token=planned.allocation.bytes_per_token,
                      allocator=allocator, allocation=planned.allocation, groups=groups, scheduling=scheduling,
-                     simulator=self, **tiers)
+                     gpus=ask.tp * ask.pp, simulator=self, **tiers)
 
     @staticmethod
     def _groups(setup: Setup) -> tuple[BlockGroup, ...]:

@@ -1,0 +1,179 @@
+"""Disaggregated prefill and decode: each prefill replica runs exactly as a single run of the prefill requests it
+was sent (one output token each), each decode replica as a single run of the decode requests it was sent (each
+arriving when its prefill finished, its prompt's KV read over the link before it runs); the KV moved is the
+engine's blocks at their bytes; the decode side waits for room before it reads."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from simkit import AZURE, LLAMA
+
+import kvbudget
+from kvbudget import KVBudgetError
+from kvbudget.engines.scheduling.setup import Role
+from kvbudget.engines.scheduling.workload import Request, read_trace, rescale
+from kvbudget.interconnects import KVLink, kv_link
+from kvbudget.simulation.fleet import Pool, simulate_fleet
+from kvbudget.simulation.run import setup_for, simulate
+
+SMALL = setup_for(LLAMA, gpu="H100-80GB", max_model_len=8192, kv_memory=2 << 30)  # 1,024 blocks: queues form
+BIG = setup_for(LLAMA, gpu="H100-80GB", max_model_len=8192, kv_memory=6 << 30, max_num_seqs=64)
+IB = KVLink(name="ib", latency=30e-6, bandwidth=25e9)
+
+
+def azure(n: int = 600, scale: float = 8.0) -> list[Request]:
+    return [replace(r, prompt_tokens=min(r.prompt_tokens, 6000))
+            for r in rescale(read_trace(AZURE), scale, 0, n)]
+
+
+def pd(prefill: int = 2, decode: int = 2, p_setup=SMALL, d_setup=SMALL) -> list[Pool]:
+    return [Pool(name="prefill", setup=p_setup, replicas=prefill, role=Role.PREFILL),
+            Pool(name="decode", setup=d_setup, replicas=decode, role=Role.DECODE)]
+
+
+def replay(router: str, pools: list[Pool], requests: list[Request], fast: bool = True, link=IB):
+    sent: dict[int, list[Request]] = {}
+    fleet = simulate_fleet(LLAMA, requests, pools, router, kv_link=link, fast=fast,
+                           on_route=lambda r, i: sent.setdefault(i, []).append(r))
+    assert fleet.requests == len(requests) == fleet.completed
+    routed = {role: sum(r.routed for r in fleet.replicas if r.role is role) for role in (Role.PREFILL, Role.DECODE)}
+    assert routed == {Role.PREFILL: len(requests), Role.DECODE: len(requests)}
+    for rep in fleet.replicas:
+        mine = sent.get(rep.index, [])
+        assert rep.routed == len(mine)
+        if not mine:
+            continue
+        if rep.role is Role.PREFILL:
+            assert all(r.output_tokens == 1 for r in mine)
+        alone = simulate(LLAMA, mine, setup=rep.simulation.setup, fast=fast)
+        got = rep.simulation
+        assert (got.steps, got.completed, got.preemptions, got.duration_s) == \
+            (alone.steps, alone.completed, alone.preemptions, alone.duration_s)
+        assert got.ttft_sorted == alone.ttft_sorted and got.e2e_sorted == alone.e2e_sorted
+        assert got.tpot_sorted == alone.tpot_sorted
+        assert (got.peak_usage, got.mean_usage, got.peak_waiting) == \
+            (alone.peak_usage, alone.mean_usage, alone.peak_waiting)
+    return fleet, sent
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-requests", "least-kv"])
+def test_each_side_runs_exactly_as_a_single_run_of_what_it_was_sent(router):
+    fleet, sent = replay(router, pd(), azure())
+    assert fleet.preemptions > 0  # the small decode pool is under pressure
+    assert fleet.kv_transfer.wait_s > 0
+
+
+def test_the_fast_path_changes_nothing_on_either_side():
+    requests = azure(300)
+    fast = simulate_fleet(LLAMA, requests, pd(1, 2), "least-requests", kv_link=IB)
+    slow = simulate_fleet(LLAMA, requests, pd(1, 2), "least-requests", kv_link=IB, fast=False)
+    for a, b in zip(fast.replicas, slow.replicas, strict=True):
+        assert a.simulation.e2e_sorted == b.simulation.e2e_sorted and a.routed == b.routed
+    assert fast.kv_transfer == slow.kv_transfer and fast.e2e == slow.e2e
+    replay("least-requests", pd(1, 2), requests, fast=False)
+
+
+def test_a_transfer_by_hand():
+    """Llama 3.1 8B, bf16, one GPU: 32 layers x 2 (K, V) x 8 KV heads x 128 x 2 bytes = 131,072 bytes a token;
+    a prompt of 1,000 tokens is read as whole blocks of 16: 63 blocks, 1,008 token slots."""
+    one = [Request(arrival=0.0, prompt_tokens=1000, output_tokens=50, id="a")]
+    fleet = simulate_fleet(LLAMA, one, pd(1, 1, BIG, BIG), kv_link="roce:25GB/s")
+    t = fleet.kv_transfer
+    nbytes = 63 * 16 * 32 * 2 * 8 * 128 * 2
+    assert (t.count, t.bytes_per_gpu, t.bytes, t.wait_s) == (1, nbytes, nbytes, 0.0)
+    assert t.seconds == pytest.approx(30.3e-6 + nbytes / 25e9, rel=1e-12)  # RoCE's latency in interconnects.json
+    prefill, decode = fleet.replicas
+    # the client waits for the prefill, the read, then the decode side's first step (the last prompt token again)
+    assert fleet.ttft.max > prefill.simulation.e2e.max + t.seconds
+    assert decode.simulation.ttft.max > t.seconds
+    assert fleet.e2e.max == pytest.approx(prefill.simulation.e2e.max + decode.simulation.e2e.max)
+    assert fleet.output_tokens == 50 and fleet.prompt_tokens == 1000
+    # two GPUs (tensor parallel 2): each reads its half of the heads, so twice as fast in all; the bytes in all
+    two = setup_for(LLAMA, gpu="H100-80GB", max_model_len=8192, kv_memory=6 << 30, tp=2)
+    t2 = simulate_fleet(LLAMA, one, pd(1, 1, two, two), kv_link="roce:25GB/s").kv_transfer
+    assert (t2.bytes_per_gpu, t2.bytes) == (nbytes // 2, nbytes)
+
+
+def test_an_mla_model_moves_its_latent_only():
+    """DeepSeek-V2-Lite (MLA): one latent of kv_lora_rank 512 + rope 64 a layer, 27 layers, bf16: 31,104 bytes a
+    token (a GQA cache of its 16 heads x 128 would be 221,184)."""
+    model = kvbudget.load_model("deepseek-v2-lite")
+    s = setup_for(model, gpu="H100-80GB", max_model_len=8192, kv_memory=4 << 30)
+    one = [Request(arrival=0.0, prompt_tokens=4000, output_tokens=20, id="a")]
+    fleet = simulate_fleet(model, one, pd(1, 1, s, s), kv_link="100GB/s")
+    per_token = 27 * (512 + 64) * 2
+    blocks = math.ceil(4000 / s.block_size)
+    assert fleet.kv_transfer.bytes_per_gpu == blocks * s.block_size * per_token
+    assert fleet.kv_transfer.seconds == pytest.approx(blocks * s.block_size * per_token / 100e9, rel=1e-12)
+
+
+def test_a_full_decode_pool_makes_requests_wait_before_their_read():
+    """The decode replica holds 1,024 blocks (the null block aside, 1,023): two requests of 6,000 + 300 tokens
+    hold 2 x 394, and the third's prompt needs 375 more, so it waits, holding nothing, until the first finishes;
+    with room (6 GiB) a request waits only for the step in progress to end."""
+    burst = [Request(arrival=0.001 * i, prompt_tokens=6000, output_tokens=300, id=str(i)) for i in range(3)]
+    tight = simulate_fleet(LLAMA, burst, pd(1, 1, BIG, SMALL), kv_link=IB)
+    roomy = simulate_fleet(LLAMA, burst, pd(1, 1, BIG, BIG), kv_link=IB)
+    assert roomy.kv_transfer.count == 3 and roomy.kv_transfer.max_wait_s < 0.05
+    t = tight.kv_transfer
+    decode = tight.replicas[1].simulation
+    assert t.count == 3 and t.max_wait_s > 0.5 * decode.e2e_sorted[0]  # about a first request's whole answer
+    assert t.wait_s < t.max_wait_s + 2 * roomy.kv_transfer.max_wait_s  # the others did not wait for room
+    assert tight.e2e.max > roomy.e2e.max + 0.9 * t.max_wait_s
+
+
+def test_a_slower_link_costs_its_bytes_in_the_first_token():
+    requests = [Request(arrival=i * 2.0, prompt_tokens=4000, output_tokens=10, id=str(i)) for i in range(5)]
+    fast = simulate_fleet(LLAMA, requests, pd(1, 1, BIG, BIG), kv_link="100GB/s")
+    slow = simulate_fleet(LLAMA, requests, pd(1, 1, BIG, BIG), kv_link="1GB/s")
+    nbytes = math.ceil(4000 / 16) * 16 * 131072
+    gap = nbytes / 1e9 - nbytes / 100e9
+    assert slow.ttft.p50 - fast.ttft.p50 == pytest.approx(gap, rel=0.05)
+
+
+@pytest.mark.parametrize("kwargs, says, param", [
+    ({"kv_link": None}, "a disaggregated fleet moves each prompt's KV over a link", "kv_link"),
+    ({"kv_link": "0GB/s"}, "0GB/s is not a rate in GB/s", "kv_link"),
+    ({"kv_link": "-5GB/s"}, "not a rate in GB/s", "kv_link"),
+    ({"kv_link": "25Gb/s"}, "not a rate in GB/s \\(bytes\\)", "kv_link"),
+    ({"kv_link": "carrier-pigeon"}, "name one of nvlink, infiniband, roce, pcie, tcp", "kv_link"),
+])
+def test_bad_links_are_refused_in_one_line(kwargs, says, param):
+    with pytest.raises(KVBudgetError, match=says) as err:
+        simulate_fleet(LLAMA, azure(5), pd(), "round-robin", **kwargs)
+    assert err.value.param == param and "\n" not in str(err.value)
+
+
+def test_a_link_object_is_checked_too():
+    with pytest.raises(KVBudgetError, match="kv_link: 0.0 must be a number above 0") as err:
+        KVLink(name="x", latency=0.0, bandwidth=0.0)
+    assert err.value.param == "kv_link"
+
+
+def test_nvlink_takes_the_cards_rate():
+    assert kv_link("nvlink", [kvbudget.gpus.find_gpu("H100-80GB")]).bandwidth == 450e9  # 900 GB/s both ways
+    with pytest.raises(KVBudgetError, match="nvlink's rate is the card's own"):
+        kv_link("nvlink", [None])
+
+
+def test_bad_fleets_are_refused_before_any_run():
+    with pytest.raises(KVBudgetError, match="needs prefill and decode pools") as err:
+        simulate_fleet(LLAMA, azure(5), [Pool(name="p", setup=SMALL, role=Role.PREFILL)], kv_link=IB)
+    assert err.value.param == "decode_replicas"
+    with pytest.raises(KVBudgetError, match="needs prefill and decode pools") as err:
+        simulate_fleet(LLAMA, azure(5), pd() + [Pool(name="both", setup=SMALL)], kv_link=IB)
+    with pytest.raises(KVBudgetError, match="kv_link: goes with prefill and decode pools"):
+        simulate_fleet(LLAMA, azure(5), [Pool(name="m", setup=SMALL, replicas=2)], kv_link=IB)
+    mistral = kvbudget.load_model("mistral-7b")  # sliding windows: several cache groups
+    windowed = setup_for(mistral, gpu="H100-80GB", max_model_len=8192)
+    with pytest.raises(KVBudgetError, match="one full-attention group .* not several KV cache groups") as err:
+        simulate_fleet(mistral, azure(5), pd(1, 1, windowed, windowed), kv_link=IB)
+    assert err.value.param == "prefill_replicas" and "\n" not in str(err.value)
+    sglang = setup_for(LLAMA, engine="sglang", gpu="H100-80GB", max_model_len=8192)
+    with pytest.raises(KVBudgetError, match="on vLLM .* only, not sglang"):
+        simulate_fleet(LLAMA, azure(5), pd(1, 1, sglang, sglang), kv_link=IB)
+    with pytest.raises(KVBudgetError, match="one sequence a request"):
+        simulate_fleet(LLAMA, [Request(arrival=0.0, prompt_tokens=10, output_tokens=5, n=2)], pd(), kv_link=IB)
