@@ -177,3 +177,38 @@ def test_bad_fleets_are_refused_before_any_run():
         simulate_fleet(LLAMA, azure(5), pd(1, 1, sglang, sglang), kv_link=IB)
     with pytest.raises(KVBudgetError, match="one sequence a request"):
         simulate_fleet(LLAMA, [Request(arrival=0.0, prompt_tokens=10, output_tokens=5, n=2)], pd(), kv_link=IB)
+
+
+SIM = ("simulate", "llama-3.1-8b", "--gpu", "H100-80GB", "--max-model-len", "16k", "--rate", "5", "--requests", "40")
+
+
+def test_the_command_runs_a_disaggregated_fleet_and_prints_its_transfers(capsys):
+    import json
+
+    from simkit import cli
+
+    code, out, _ = cli(capsys, *SIM, "--prefill-replicas", "1", "--decode-replicas", "2", "--kv-link",
+                       "roce:50GB/s", "--json")
+    assert code == 0
+    fleet = json.loads(out)
+    assert [p["role"] for p in fleet["fleet"]["pools"]] == ["prefill", "decode"]
+    k = fleet["fleet"]["kv_transfer"]
+    assert k["count"] == fleet["completed"] == 40 and k["link"]["bandwidth_bytes_per_s"] == 50e9
+    code, out, _ = cli(capsys, *SIM, "--prefill-replicas", "1", "--decode-replicas", "2", "--kv-link", "roce")
+    assert code == 0 and "KV transfers over roce (24.0 GB/s a GPU, 30.3 us each): 40 reads" in out
+    assert "decode replica 2: 20 requests" in out
+
+
+@pytest.mark.parametrize("argv, says", [
+    (("--kv-link", "roce"), "--kv-link: goes with --prefill-replicas and --decode-replicas"),
+    (("--prefill-replicas", "2", "--kv-link", "roce"), "--decode-replicas: disaggregated serving needs"),
+    (("--prefill-replicas", "1", "--decode-replicas", "1", "--kv-link", "0GB/s"), "0GB/s is not a rate in GB/s"),
+    (("--prefill-replicas", "1", "--decode-replicas", "5000", "--kv-link", "roce"), "--decode-replicas"),
+    (("--prefill-replicas", "1", "--decode-replicas", "1", "--kv-link", "roce", "--max-concurrency", "4"),
+     "--max-concurrency: not simulated with disaggregated prefill and decode yet"),
+])
+def test_the_command_refuses_bad_fleets_in_one_line(capsys, argv, says):
+    from simkit import cli
+
+    code, out, err = cli(capsys, *SIM, *argv)
+    assert code == 2 and says in err and err.count("\n") == 1 and not out
