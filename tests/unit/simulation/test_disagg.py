@@ -212,3 +212,60 @@ def test_the_command_refuses_bad_fleets_in_one_line(capsys, argv, says):
 
     code, out, err = cli(capsys, *SIM, *argv)
     assert code == 2 and says in err and err.count("\n") == 1 and not out
+
+
+def test_the_static_sizing_by_hand():
+    """A step of t tokens takes 10 ms + 10 us x t (the time model given). BIG: 6 GiB of blocks of 16 tokens at
+    131,072 bytes a token = 3,072 blocks, 3,071 usable; max_num_batched_tokens 8,192, max_num_seqs 64.
+    Prefill: 4 prompts of 2,000 a step, 10 + 80 ms: 22.5 ms a request. Decode: a request ends at 2,300 tokens,
+    144 blocks: 21 fit; a step of 21 tokens is 10.21 ms; 300 of them over 21 requests: 145.857 ms a request."""
+    from kvbudget.engines.scheduling.timing import TimeModel
+    from kvbudget.simulation.pdsizing import size_disaggregated
+
+    assert (BIG.num_blocks, BIG.block_size, BIG.bytes_per_token, BIG.max_num_batched_tokens) == \
+        (3072, 16, 131072, 8192)
+    tm = TimeModel(weights=0.01, per_context=0.0, per_token=0.0, overhead=0.0, token_cost=1e-5, basis="given")
+    z = size_disaggregated(replace(BIG, time_model=tm), 20.0, 2000, 300, KVLink(name="l", latency=0.0,
+                                                                                 bandwidth=25e9))
+    assert (z.prefill_batch, z.decode_batch) == (4, 21)
+    assert z.prefill_seconds == pytest.approx(0.0225)
+    assert z.decode_step_seconds == pytest.approx(0.01021)
+    assert z.decode_seconds == pytest.approx(300 * 0.01021 / 21)
+    assert z.ratio == pytest.approx(0.0225 / (300 * 0.01021 / 21))
+    assert (z.prefill_replicas, z.decode_replicas) == (1, 3)  # 20 x 22.5 ms = 0.45; 20 x 145.9 ms = 2.92
+    nbytes = 125 * 16 * 131072  # 2,000 tokens: 125 whole blocks
+    assert (z.transfer_bytes, z.transfer_seconds) == (nbytes, pytest.approx(nbytes / 25e9))
+    assert z.staging_bytes == pytest.approx(20 * nbytes / 25e9 * nbytes)
+    # 20 requests/s each decoding 300 x 10.21 ms, over 3 replicas: 20.42 at once, each 2,150 tokens (135 blocks)
+    assert z.decode_held_bytes == pytest.approx(20 * 300 * 0.01021 / 3 * 135 * 16 * 131072)
+    # a prompt longer than the token budget goes in chunks: 4,096 then 3,904 tokens, each step 10 ms + 10 us a token
+    chunked = replace(BIG, time_model=tm, max_num_batched_tokens=4096)
+    long = size_disaggregated(chunked, 1.0, 8000, 10, KVLink(name="l", latency=0.0, bandwidth=25e9))
+    assert long.prefill_batch == 1 and long.prefill_seconds == pytest.approx(0.02 + 1e-5 * 8000)
+
+
+def test_the_static_sizing_refuses_what_cannot_be_served():
+    from kvbudget.simulation.pdsizing import size_disaggregated
+
+    with pytest.raises(KVBudgetError, match="pd_rate: 0 must be a number above 0"):
+        size_disaggregated(BIG, 0, 100, 100, IB)
+    with pytest.raises(KVBudgetError, match="pass max_model_len 8,192"):
+        size_disaggregated(BIG, 1.0, 8000, 300, IB)
+
+
+def test_plan_prints_the_p_d_sizing_and_refuses_half_of_it(capsys):
+    import json
+
+    from simkit import cli
+
+    plan = ("plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--max-model-len", "16k")
+    pd_args = ("--pd-rate", "20", "--pd-prompt-tokens", "2000", "--pd-output-tokens", "300", "--kv-link", "roce")
+    code, out, _ = cli(capsys, *plan, *pd_args, "--json")
+    z = json.loads(out)["disaggregated"]
+    assert code == 0 and z["prefill_replicas"] >= 1 and z["transfer_bytes"] == 125 * 16 * 131072
+    code, out, _ = cli(capsys, *plan, *pd_args)
+    assert code == 0 and "Disaggregated prefill and decode for 20 requests/s" in out
+    code, out, err = cli(capsys, *plan, "--pd-rate", "20", "--kv-link", "roce")
+    assert code == 2 and "--pd-prompt-tokens: the P:D sizing needs" in err and err.count("\n") == 1
+    code, out, err = cli(capsys, *plan, *pd_args[:-1], "0GB/s")
+    assert code == 2 and "0GB/s is not a rate in GB/s" in err
