@@ -66,6 +66,16 @@ def test_each_side_runs_exactly_as_a_single_run_of_what_it_was_sent(router):
     assert fleet.kv_transfer.wait_s > 0
 
 
+def test_shared_prefixes_on_both_sides_run_exactly_as_alone():
+    """Five system prompts shared by the requests: prefix-cache hits on the prefill side and reads of only the
+    missing blocks on the decode side, under pressure (preemptions); the fast path and the reference agree."""
+    requests = [replace(r, prefix=((f"system {i % 5}", r.prompt_tokens // 2),)) for i, r in enumerate(azure(400))]
+    fast, _ = replay("least-kv", pd(2, 2), requests)
+    slow, _ = replay("least-kv", pd(2, 2), requests, fast=False)
+    assert fast.e2e == slow.e2e and fast.kv_transfer == slow.kv_transfer and fast.preemptions > 0
+    assert all(r.simulation.prefix_hit_tokens > 0 for r in fast.replicas)
+
+
 def test_the_fast_path_changes_nothing_on_either_side():
     requests = azure(300)
     fast = simulate_fleet(LLAMA, requests, pd(1, 2), "least-requests", kv_link=IB)
@@ -95,6 +105,22 @@ def test_a_transfer_by_hand():
     two = setup_for(LLAMA, gpu="H100-80GB", max_model_len=8192, kv_memory=6 << 30, tp=2)
     t2 = simulate_fleet(LLAMA, one, pd(1, 1, two, two), kv_link="roce:25GB/s").kv_transfer
     assert (t2.bytes_per_gpu, t2.bytes) == (nbytes // 2, nbytes)
+
+
+def test_the_decode_side_reads_only_what_its_prefix_cache_lacks():
+    """Two requests share a 1,600-token prefix (100 blocks). The first's read is its 125 blocks; when the second
+    comes the decode replica still has the prefix keyed (freed to the queue's tail), so it reads the other 25
+    (vLLM reads the blocks `get_unhashed_block_ids` gives)."""
+    shared = (("system prompt", 1600),)
+    two = [Request(arrival=0.0, prompt_tokens=2000, output_tokens=20, prefix=shared, id="a"),
+           Request(arrival=5.0, prompt_tokens=2000, output_tokens=20, prefix=shared, id="b")]
+    fleet, _ = replay("round-robin", pd(1, 1, BIG, BIG), two)
+    assert fleet.kv_transfer.bytes_per_gpu == (125 + 25) * 16 * 131072
+    decode = fleet.replicas[1].simulation
+    assert decode.prefix_hit_tokens == 1600
+    cold = replace(BIG, prefix_caching=False)
+    assert simulate_fleet(LLAMA, two, pd(1, 1, cold, cold), kv_link=IB).kv_transfer.bytes_per_gpu == \
+        2 * 125 * 16 * 131072
 
 
 def test_an_mla_model_moves_its_latent_only():
