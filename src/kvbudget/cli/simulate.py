@@ -310,8 +310,8 @@ def _print_disaggregated(fleet: FleetSimulation, args: argparse.Namespace) -> No
                   f"({format_bytes(k.bytes_per_gpu)} a GPU), {_ms(k.mean_seconds)} each on average; waited at the "
                   f"decode side before the read {_ms(k.wait_s / k.count if k.count else 0.0)} on average, "
                   f"{_ms(k.max_wait_s)} at most (the step in progress, then room for the prompt)")
-    out.print(f"note: {first.scheduling}; the prefill side holds a request's blocks for its read's time from "
-              "its finish (engines/vllm/disagg.py says what is followed)")
+    out.print(f"note: {first.scheduling}; vLLM's NIXL connector on both sides (engines/vllm/disagg.py says what "
+              "is followed); transfer times are estimates from the link's figures")
     if _credit(args):
         out.print(f"trace: {_credit(args)}")
 

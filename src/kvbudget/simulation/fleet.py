@@ -329,8 +329,8 @@ def check_pools(pools: Sequence[Pool]) -> None:
 def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool], router: Router | str =
                    "round-robin", *, kv_link: KVLink | str | None = None, fast: bool = True,
                    sample_interval: float = SAMPLE_INTERVAL_S, progress: Callable[[int], None] | None = None,
-                   check: Callable[[], None] | None = None,
-                   on_route: Callable[[Request, int], None] | None = None) -> FleetSimulation:
+                   check: Callable[[], None] | None = None, on_route: Callable[[Request, int], None] | None = None,
+                   on_transfer: Callable[[Request, float, float], None] | None = None) -> FleetSimulation:
     """Run `workload` through a fleet: `pools` of replicas (each a `Setup`, as `setup_for` gives) behind `router`
     (a name, see `parse_router`, or a `Router`). `on_route(request, replica index)` is called for each request
     routed. `check` as `simulate`'s. `model` is the model the setups were made for (kept for symmetry with
@@ -340,9 +340,10 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     `kv_link` between them (a `KVLink`, or a name or rate, see `interconnects.kv_link`). Each request goes to a
     prefill replica (the router among the prefill pools) with one output token; when that finishes, to a decode
     replica (the router among the decode pools, at that instant) which reads its prompt's KV over the link and
-    generates its output, as vLLM's NIXL connector does (engines/vllm/disagg.py). The latencies are the client's:
-    from the arrival at the prefill side to the decode side's tokens. `on_route` sees both routings: the prefill
-    request (output 1) and the decode request (arriving when its prefill finished)."""
+    generates its output, as vLLM's NIXL connector does (engines/vllm/disagg.py); the prefill replica holds the
+    request's blocks until that read is done. The latencies are the client's: from the arrival at the prefill side
+    to the decode side's tokens. `on_route` sees both routings: the prefill request (output 1) and the decode
+    request (arriving when its prefill finished); `on_transfer(decode request, start, end)` each read."""
     check_pools(pools)
     disagg = any(p.role is not Role.BOTH for p in pools)
     link = _link(kv_link, pools, disagg)
@@ -363,22 +364,18 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
                        check=check)
             replicas.append(Replica(len(replicas), pool, run))
     chosen = routers[0]
-    handover = _Handover(replicas, chosen, routers[1], on_route) if link is not None else None
+    if link is not None:
+        handover = _Handover(replicas, chosen, routers[1], on_route, on_transfer)
+        requests = handover.run(workload, progress)
+        return handover.result(_result(chosen.name, used, replicas, requests), link)
     requests = 0
     for r in workload:
-        if handover is not None:
-            handover.arrive(r)
-        else:
-            for rep in replicas:
-                rep.run.advance(r.arrival)
-            _route(chosen, r, replicas, r.arrival, on_route).run.offer(r)
+        for rep in replicas:
+            rep.run.advance(r.arrival)
+        _route(chosen, r, replicas, r.arrival, on_route).run.offer(r)
         requests += 1
         if progress is not None and requests % 1000 == 0:
             progress(requests)
-    if handover is not None:
-        handover.advance(math.inf)
-        assert link is not None
-        return handover.result(_result(chosen.name, used, replicas, requests), link)
     for rep in replicas:
         rep.run.advance(math.inf)
     return _result(chosen.name, pools, replicas, requests)
@@ -421,66 +418,106 @@ def _link(kv_link: KVLink | str | None, pools: Sequence[Pool], disagg: bool) -> 
 
 
 class _Handover:
-    """A disaggregated fleet's run: the prefill replicas advanced to each arrival; every prefill finished by then
-    handed, in the order of their finishing, to a decode replica advanced to that instant (a prefill finishes at a
-    step's end, and every later step of a prefill replica ends past the arrival it was advanced to: the hand-overs
-    up to an arrival are all known when it comes). The client's latencies: the prefill side's end to end, then the
+    """A disaggregated fleet's run, one clock for all: the next thing to happen is always taken first (an arrival
+    routed to a prefill replica; a finished prefill handed to a decode replica; else a turn of the replica whose
+    clock is earliest, bounded by the next of the others), so a prefill replica learns when each of its
+    requests' reads is done (and frees its held blocks then) before its clock passes that time, and a decode
+    replica gets each request when its prefill finished. Ties: arrivals and hand-overs before turns, as a single
+    run admits what arrived before its step. The client's latencies: the prefill side's end to end, then the
     decode side's."""
 
     def __init__(self, replicas: list[Replica], front: Router, back: Router,
-                 on_route: Callable[[Request, int], None] | None) -> None:
+                 on_route: Callable[[Request, int], None] | None,
+                 on_transfer: Callable[[Request, float, float], None] | None) -> None:
+        self.replicas = replicas
         self.prefill = [r for r in replicas if r.pool.role is Role.PREFILL]
         self.decode = [r for r in replicas if r.pool.role is Role.DECODE]
-        self.front, self.back, self.on_route = front, back, on_route
-        self.origin: dict[int, Request] = {}  # id of a prefill request -> the client's request
+        self.front, self.back, self.on_route, self.on_transfer = front, back, on_route, on_transfer
+        self.origin: dict[int, tuple[Request, Replica]] = {}  # id of a prefill request -> client's request, replica
         self.done: dict[int, list[tuple[Request, float]]] = {r.index: [] for r in self.prefill}  # (request, e2e)
         self.seen = dict.fromkeys(self.done, 0)  # prefill replica -> its finishes handed over
         self.handed: list[tuple[float, int, Request]] = []  # (prefill finished at, order, decode request): a heap
         self.order = itertools.count()
-        self.before: dict[int, tuple[Request, float]] = {}  # id of a decode request -> (it, the prefill's e2e)
+        self.before: dict[int, tuple[Request, float, Request, Replica]] = {}  # id of a decode request ->
+        #                                     (it, the prefill's e2e, the prefill request, its replica)
         self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
         for rep in self.prefill:
             rep.run.on_finish = lambda r, _ttft, _tpot, e2e, mine=self.done[rep.index]: mine.append((r, e2e))
         for rep in self.decode:
             rep.run.on_finish = self.answered
+            rep.run.sched.on_read = self.read  # type: ignore[attr-defined]
 
     def answered(self, r: Request, ttft: float, tpot: float | None, e2e: float) -> None:
-        _, earlier = self.before.pop(id(r))
+        _, earlier, _, _ = self.before.pop(id(r))
         self.ttft.append(earlier + ttft)
         self.e2e.append(earlier + e2e)
         if tpot is not None:
             self.tpot.append(tpot)
 
-    def arrive(self, r: Request) -> None:
+    def read(self, d: Request, start: float, done: float) -> None:
+        """A decode replica starts reading `d`'s KV at `start`, done at `done`: the prefill side frees its blocks
+        then."""
+        _, _, p, rep = self.before[id(d)]
+        rep.run.sched.release(p, done)  # type: ignore[attr-defined]
+        if self.on_transfer is not None:
+            self.on_transfer(d, start, done)
+
+    def run(self, workload: Iterable[Request], progress: Callable[[int], None] | None) -> int:
+        arrivals = iter(workload)
+        pending = next(arrivals, None)
+        requests = 0
+        stuck: set[int] = set()  # replicas whose last turn could not move (a tie with the next event)
+        while True:
+            arrival = pending.arrival if pending is not None else math.inf
+            handed = self.handed[0][0] if self.handed else math.inf
+            busy = [r for r in self.replicas if r.index not in stuck and r.run.sched.has_work()]
+            rep = min(busy, key=lambda r: (r.run.t, r.index), default=None)
+            first = rep.run.t if rep is not None else math.inf
+            if handed <= arrival and handed <= first:
+                if handed == math.inf:
+                    assert not any(r.run.sched.has_work() for r in self.replicas)
+                    return requests
+                end, _, d = heapq.heappop(self.handed)
+                _route(self.back, d, self.decode, end, self.on_route).run.offer(d)
+            elif arrival <= first:
+                assert pending is not None
+                self.arrive(pending, requests)
+                requests += 1
+                if progress is not None and requests % 1000 == 0:
+                    progress(requests)
+                pending = next(arrivals, None)
+            else:
+                assert rep is not None
+                bound = min(arrival, handed, *(r.run.t for r in busy if r is not rep))
+                t, steps = rep.run.t, rep.run.steps
+                rep.run.step(bound)
+                if rep.pool.role is Role.PREFILL:
+                    self.collect(rep)
+                if rep.run.t == t and rep.run.steps == steps:
+                    stuck.add(rep.index)
+                    continue
+            stuck.clear()
+
+    def arrive(self, r: Request, count: int) -> None:
         if r.n > 1 or r.beam_search:
-            raise KVBudgetError(f"request {r.id or len(self.origin) + 1}: disaggregated serving is simulated for "
-                                "one sequence a request (n 1, no beam search)", param="trace")
-        self.advance(r.arrival)
+            raise KVBudgetError(f"request {r.id or count + 1}: disaggregated serving is simulated for one "
+                                "sequence a request (n 1, no beam search)", param="trace")
         p = Request(arrival=r.arrival, prompt_tokens=r.prompt_tokens, output_tokens=1, prefix=r.prefix, id=r.id,
                     max_tokens=1, session=r.session)
-        self.origin[id(p)] = r
-        _route(self.front, p, self.prefill, r.arrival, self.on_route).run.offer(p)
+        rep = _route(self.front, p, self.prefill, r.arrival, self.on_route)
+        self.origin[id(p)] = (r, rep)
+        rep.run.offer(p)
 
-    def advance(self, until: float) -> None:
-        """The prefill side to `until`, and what it finished by then to the decode side."""
-        for rep in self.prefill:
-            rep.run.advance(until)
-            ends, k = rep.run.finished_at, self.seen[rep.index]
-            for (p, e2e), end in zip(self.done[rep.index][k:], ends[k:], strict=True):
-                c = self.origin.pop(id(p))
-                d = Request(arrival=end, prompt_tokens=c.prompt_tokens, output_tokens=c.output_tokens,
-                            prefix=c.prefix, id=c.id, max_tokens=c.max_tokens, session=c.session)
-                self.before[id(d)] = (d, e2e)
-                heapq.heappush(self.handed, (end, next(self.order), d))
-            self.seen[rep.index] = len(ends)
-        while self.handed and self.handed[0][0] <= until:
-            end, _, d = heapq.heappop(self.handed)
-            for rep in self.decode:
-                rep.run.advance(end)
-            _route(self.back, d, self.decode, end, self.on_route).run.offer(d)
-        if until == math.inf:
-            for rep in self.decode:
-                rep.run.advance(until)
+    def collect(self, rep: Replica) -> None:
+        """The prefills `rep` finished, to be handed to the decode side at their end."""
+        ends, k = rep.run.finished_at, self.seen[rep.index]
+        for (p, e2e), end in zip(self.done[rep.index][k:], ends[k:], strict=True):
+            c, _ = self.origin.pop(id(p))
+            d = Request(arrival=end, prompt_tokens=c.prompt_tokens, output_tokens=c.output_tokens,
+                        prefix=c.prefix, id=c.id, max_tokens=c.max_tokens, session=c.session)
+            self.before[id(d)] = (d, e2e, p, rep)
+            heapq.heappush(self.handed, (end, next(self.order), d))
+        self.seen[rep.index] = len(ends)
 
     def result(self, out: FleetSimulation, link: KVLink) -> FleetSimulation:
         """The fleet's figures as the client sees them, and what crossed the link."""

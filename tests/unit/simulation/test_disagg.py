@@ -13,11 +13,12 @@ from simkit import AZURE, LLAMA
 
 import kvbudget
 from kvbudget import KVBudgetError
-from kvbudget.engines.scheduling.setup import Role
+from kvbudget.engines.scheduling.setup import Role, config_of
 from kvbudget.engines.scheduling.workload import Request, read_trace, rescale
+from kvbudget.engines.vllm.disagg import PrefillScheduler
 from kvbudget.interconnects import KVLink, kv_link
 from kvbudget.simulation.fleet import Pool, simulate_fleet
-from kvbudget.simulation.run import setup_for, simulate
+from kvbudget.simulation.run import SAMPLE_INTERVAL_S, _Run, setup_for, simulate
 
 SMALL = setup_for(LLAMA, gpu="H100-80GB", max_model_len=8192, kv_memory=2 << 30)  # 1,024 blocks: queues form
 BIG = setup_for(LLAMA, gpu="H100-80GB", max_model_len=8192, kv_memory=6 << 30, max_num_seqs=64)
@@ -35,10 +36,16 @@ def pd(prefill: int = 2, decode: int = 2, p_setup=SMALL, d_setup=SMALL) -> list[
 
 
 def replay(router: str, pools: list[Pool], requests: list[Request], fast: bool = True, link=IB):
+    """The fleet, then each replica alone: a prefill replica on the prefill requests it was sent, each holding its
+    blocks until the decode side's read of it was done (when the fleet's run says); a decode replica on the
+    decode requests it was sent, each arriving when its prefill finished. The same schedules, to the last bit."""
+    requests = [replace(r, id=str(i)) for i, r in enumerate(requests)]
     sent: dict[int, list[Request]] = {}
+    reads: dict[str, tuple[float, float]] = {}
     fleet = simulate_fleet(LLAMA, requests, pools, router, kv_link=link, fast=fast,
-                           on_route=lambda r, i: sent.setdefault(i, []).append(r))
-    assert fleet.requests == len(requests) == fleet.completed
+                           on_route=lambda r, i: sent.setdefault(i, []).append(r),
+                           on_transfer=lambda d, start, end: reads.__setitem__(d.id, (start, end)))
+    assert fleet.requests == len(requests) == fleet.completed == len(reads) == fleet.kv_transfer.count
     routed = {role: sum(r.routed for r in fleet.replicas if r.role is role) for role in (Role.PREFILL, Role.DECODE)}
     assert routed == {Role.PREFILL: len(requests), Role.DECODE: len(requests)}
     for rep in fleet.replicas:
@@ -46,9 +53,14 @@ def replay(router: str, pools: list[Pool], requests: list[Request], fast: bool =
         assert rep.routed == len(mine)
         if not mine:
             continue
+        setup = rep.simulation.setup
         if rep.role is Role.PREFILL:
             assert all(r.output_tokens == 1 for r in mine)
-        alone = simulate(LLAMA, mine, setup=rep.simulation.setup, fast=fast)
+            held = PrefillScheduler(config_of(setup), {id(r): reads[r.id][1] for r in mine})
+            alone = _Run(setup, held, mine, fast, SAMPLE_INTERVAL_S, None, None).result()
+        else:
+            assert all(reads[r.id][0] >= r.arrival for r in mine)
+            alone = simulate(LLAMA, mine, setup=setup, fast=fast)
         got = rep.simulation
         assert (got.steps, got.completed, got.preemptions, got.duration_s) == \
             (alone.steps, alone.completed, alone.preemptions, alone.duration_s)
@@ -149,6 +161,26 @@ def test_a_full_decode_pool_makes_requests_wait_before_their_read():
     assert t.count == 3 and t.max_wait_s > 0.5 * decode.e2e_sorted[0]  # about a first request's whole answer
     assert t.wait_s < t.max_wait_s + 2 * roomy.kv_transfer.max_wait_s  # the others did not wait for room
     assert tight.e2e.max > roomy.e2e.max + 0.9 * t.max_wait_s
+
+
+def test_a_stalled_decode_side_holds_the_prefill_sides_blocks():
+    """The prefill replica holds 511 blocks, three prompts of 3,000 tokens (188 blocks each) at most while their
+    reads wait; the decode replica stages four requests of 4,000 tokens (250 blocks each) of its 1,023. The fifth
+    and sixth wait there for room, their blocks held on the prefill side meanwhile (until the read), so the
+    eighth cannot even be prefilled until one of them is read: the stall reaches back. With room on the decode
+    side nothing waits."""
+    p = setup_for(LLAMA, gpu="H100-80GB", max_model_len=4096, kv_memory=1 << 30)
+    d = setup_for(LLAMA, gpu="H100-80GB", max_model_len=4096, kv_memory=2 << 30)
+    roomy = setup_for(LLAMA, gpu="H100-80GB", max_model_len=4096, kv_memory=8 << 30)
+    assert (p.num_blocks, d.num_blocks) == (512, 1024)
+    burst = [Request(arrival=0.01 * i, prompt_tokens=3000, output_tokens=1000, id=str(i)) for i in range(8)]
+    stalled, _ = replay("round-robin", pd(1, 1, p, d), burst)
+    free, _ = replay("round-robin", pd(1, 1, p, roomy), burst)
+    prefill = stalled.replicas[0].simulation
+    assert stalled.kv_transfer.max_wait_s > 3.0 and free.kv_transfer.max_wait_s < 0.05
+    assert prefill.e2e_sorted[-1] > 0.8 * stalled.kv_transfer.max_wait_s  # the eighth waited for a held block
+    assert free.replicas[0].simulation.e2e_sorted[-1] < 1.0
+    assert prefill.e2e_sorted[:7] == free.replicas[0].simulation.e2e_sorted[:7]
 
 
 def test_a_slower_link_costs_its_bytes_in_the_first_token():

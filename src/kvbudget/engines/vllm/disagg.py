@@ -21,13 +21,12 @@ v1/nixl_connector.py and v1/core/sched/scheduler.py; the toy proxy of examples/o
 - windows: NIXL reads only the last window's blocks of a chunked-local layer (Llama 4's `block_window_per_layer`);
   kvbudget simulates disaggregation for models of one full-attention cache group (MLA included), and refuses
   the others.
-What it does not follow: the prefill side holds a request's blocks for the read's own time from its finish (it
-cannot know when the decode side, waiting for room, starts reading: a longer hold on the prefill side is not
-modelled); the handshake, a read reported one step late, and heterogeneous TP between the sides.
+What it does not follow: the handshake, a transfer reported a step late, and heterogeneous TP between the sides.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from kvbudget.engines.scheduling.seq import SchedulerConfig, Seq, Step, TransferTotals
@@ -36,7 +35,10 @@ from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.units import cdiv
 
 if TYPE_CHECKING:
+    from kvbudget.engines.scheduling.workload import Request
     from kvbudget.interconnects import KVLink
+
+ABORT_TIMEOUT_S = 480.0  # VLLM_NIXL_ABORT_REQUEST_TIMEOUT's default: a prefill's blocks go if no read comes by then
 
 SOURCE = ("github:vllm-project/vllm 002a1057 distributed/kv_transfer/kv_connector/v1/nixl_connector.py, "
           "v1/core/sched/scheduler.py")
@@ -49,29 +51,37 @@ def read_blocks(prompt_tokens: int, hit_blocks: int, block_size: int) -> int:
 
 
 class PrefillScheduler(VLLMScheduler):
-    """A prefill instance: requests finish after their first token and hold their blocks until the decode side
-    has read them (`delay_free_blocks`), here for the read's time over the link from the finish."""
+    """A prefill instance: requests finish after their first token and hold their blocks (`delay_free_blocks`)
+    until the decode side's read is done (`release`, or `reads` known ahead: id of a request -> when), or
+    VLLM_NIXL_ABORT_REQUEST_TIMEOUT after their finish."""
 
-    def __init__(self, config: SchedulerConfig, link: KVLink, block_bytes: int) -> None:
+    def __init__(self, config: SchedulerConfig, reads: Mapping[int, float] | None = None) -> None:
         super().__init__(config)
-        self.link, self.block_bytes = link, block_bytes
-        self.held: list[tuple[float, Seq]] = []  # (freed at, request), in finishing order
+        self.reads = reads or {}
+        self.held: dict[int, tuple[float, Seq]] = {}  # id of a request -> (its blocks freed at, it)
 
     def _free_finished(self, done: list[Seq]) -> None:
         for s in done:
             assert s.finished is not None
-            self.held.append((s.finished + self.link.seconds(s.nblocks * self.block_bytes), s))
+            at = s.finished + ABORT_TIMEOUT_S
+            self.held[id(s.request)] = (min(at, self.reads.get(id(s.request), at)), s)
+
+    def release(self, request: Request, at: float) -> None:
+        """The decode side's read of `request` is done at `at` (its blocks go then, or at the timeout if sooner)."""
+        key = id(request)
+        if key in self.held:
+            t, s = self.held[key]
+            self.held[key] = (min(t, at), s)
 
     def next_ready(self) -> float | None:
-        return min((t for t, _ in self.held), default=None)
+        return min((t for t, _ in self.held.values()), default=None)
 
     def _release(self) -> None:
         """Reads reported done by now (`finished_sending`): their blocks freed, in finishing order."""
-        if self.held and min(t for t, _ in self.held) <= self.clock:
-            for t, s in self.held:
-                if t <= self.clock:
-                    self._free(s)
-            self.held = [(t, s) for t, s in self.held if t > self.clock]
+        clock = self.clock
+        done = [k for k, (t, _) in self.held.items() if t <= clock]
+        for k in done:
+            self._free(self.held.pop(k)[1])
 
     def schedule(self) -> Step:
         self._release()
@@ -85,9 +95,10 @@ class PrefillScheduler(VLLMScheduler):
 class DecodeScheduler(AsyncLoadScheduler):
     """A decode instance: every request's prompt KV is read from the prefill side before it runs."""
 
-    def __init__(self, config: SchedulerConfig, link: KVLink, block_bytes: int) -> None:
+    def __init__(self, config: SchedulerConfig, link: KVLink, block_bytes: int,
+                 on_read: Callable[[Request, float, float], None] | None = None) -> None:
         super().__init__(config)
-        self.link, self.block_bytes = link, block_bytes
+        self.link, self.block_bytes, self.on_read = link, block_bytes, on_read
         self.read: set[int] = set()  # requests whose read has started (a later preemption recomputes locally)
         self.totals = TransferTotals()
 
@@ -124,6 +135,8 @@ class DecodeScheduler(AsyncLoadScheduler):
                                      seconds=t.seconds + seconds, wait_s=t.wait_s + wait,
                                      max_wait_s=max(t.max_wait_s, wait))
         self._dispatch(s, seconds)
+        if self.on_read is not None:
+            self.on_read(s.request, self.clock, self.clock + seconds)
         return True
 
     def _free(self, s: Seq) -> None:

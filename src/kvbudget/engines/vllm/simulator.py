@@ -184,9 +184,9 @@ class VLLMSimulator(SimulatorDefaults):
                                 f"paged cache of one full-attention group (MLA included), not {why}; leave "
                                 f"{named('prefill_replicas')} and {named('decode_replicas')} out",
                                 param=f"{role.value}_replicas")
-        block_bytes = setup.bytes_per_token * setup.block_size
-        cls = PrefillScheduler if role is Role.PREFILL else DecodeScheduler
-        return cls(config, setup.disagg.link, block_bytes)
+        if role is Role.PREFILL:
+            return PrefillScheduler(config)
+        return DecodeScheduler(config, setup.disagg.link, setup.bytes_per_token * setup.block_size)
 
     def token_slots(self, setup: Setup) -> int:
         """Whole blocks but the null block when paged; the budget over bytes per token when contiguous."""
