@@ -320,9 +320,9 @@ def check_pools(pools: Sequence[Pool]) -> None:
                                 f"pool doing both; give {named('prefill_replicas')} and {named('decode_replicas')}",
                                 param=f"{missing}_replicas")
         for p in pools:
-            if not p.setup.simulator.disaggregates:
-                raise KVBudgetError(f"{p.role.value}_replicas: pool {p.name}: simulate follows disaggregated "
-                                    f"prefill and decode on vLLM (its NIXL connector) only, not {p.setup.engine}",
+            why = p.setup.simulator.disaggregation(p.setup)
+            if why is not None:
+                raise KVBudgetError(f"{p.role.value}_replicas: pool {p.name}: {why}",
                                     param=f"{p.role.value}_replicas")
 
 

@@ -57,6 +57,9 @@ def size_disaggregated(setup: Setup, rate: float, prompt_tokens: int, output_tok
     """The prefill and decode replicas of `setup` (as `setup_for` gives, with its time model) that `rate` requests
     per second of `prompt_tokens` in and `output_tokens` out need, and what crosses `link`."""
     validate.number(rate, "pd_rate", 0.0, MAX_RATE)
+    why = setup.simulator.disaggregation(setup)
+    if why is not None:
+        raise KVBudgetError(f"pd_rate: {why}", param="pd_rate")
     n = validate.positive(prompt_tokens, "pd_prompt_tokens", "tokens")
     m = validate.positive(output_tokens, "pd_output_tokens", "tokens")
     if n + m > setup.max_model_len:

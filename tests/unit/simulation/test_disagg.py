@@ -231,7 +231,7 @@ def test_bad_fleets_are_refused_before_any_run():
         simulate_fleet(mistral, azure(5), pd(1, 1, windowed, windowed), kv_link=IB)
     assert err.value.param == "prefill_replicas" and "\n" not in str(err.value)
     sglang = setup_for(LLAMA, engine="sglang", gpu="H100-80GB", max_model_len=8192)
-    with pytest.raises(KVBudgetError, match="on vLLM .* only, not sglang"):
+    with pytest.raises(KVBudgetError, match="prefill_replicas: pool prefill: simulate follows .* not sglang"):
         simulate_fleet(LLAMA, azure(5), pd(1, 1, sglang, sglang), kv_link=IB)
     with pytest.raises(KVBudgetError, match="one sequence a request"):
         simulate_fleet(LLAMA, [Request(arrival=0.0, prompt_tokens=10, output_tokens=5, n=2)], pd(), kv_link=IB)
@@ -309,6 +309,12 @@ def test_the_static_sizing_refuses_what_cannot_be_served():
         size_disaggregated(BIG, 0, 100, 100, IB)
     with pytest.raises(KVBudgetError, match="pass max_model_len 8,192"):
         size_disaggregated(BIG, 1.0, 8000, 300, IB)
+    sglang = setup_for(LLAMA, engine="sglang", gpu="H100-80GB", max_model_len=8192)
+    with pytest.raises(KVBudgetError, match="pd_rate: simulate follows disaggregated prefill and decode on vLLM"):
+        size_disaggregated(sglang, 1.0, 100, 100, IB)
+    mistral = setup_for(kvbudget.load_model("mistral-7b"), gpu="H100-80GB", max_model_len=8192)
+    with pytest.raises(KVBudgetError, match="not several KV cache groups"):
+        size_disaggregated(mistral, 1.0, 100, 100, IB)
 
 
 def test_plan_prints_the_p_d_sizing_and_refuses_half_of_it(capsys):

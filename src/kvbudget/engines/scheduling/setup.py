@@ -238,7 +238,6 @@ class SimulatorDefaults:
     the scheduler's settings described as vLLM names them."""
 
     offloads = False
-    disaggregates = False
 
     def check_release(self, ask: SimulationAsk) -> None:
         """Raise for an engine release the scheduler model does not take (here: any but the newest)."""
@@ -254,6 +253,9 @@ class SimulatorDefaults:
 
     def sized_without_budget(self, ask: SimulationAsk) -> bool:
         return False
+
+    def disaggregation(self, setup: Setup) -> str | None:
+        return f"simulate follows disaggregated prefill and decode on vLLM (its NIXL connector), not {setup.engine}"
     def token_slots(self, setup: Setup) -> int:
         return setup.num_blocks
 
@@ -276,7 +278,6 @@ class Simulator(Protocol):
     """An engine's scheduler model for `simulate`: its settings, its scheduler and how it counts its memory."""
 
     offloads: bool  # simulates the engine's KV offload tier (SimulationAsk.offload_memory)
-    disaggregates: bool  # simulates disaggregated prefill and decode (Setup.disagg: its KV connector's transfers)
 
     def options(self, ask: SimulationAsk) -> EngineOptions:
         """The options to plan the ask with; raises first for settings that mean nothing to this engine (and for
@@ -288,7 +289,10 @@ class Simulator(Protocol):
         """The engine's memory and scheduler settings for the ask; raises where the engine would not start."""
 
     def scheduler(self, setup: Setup) -> Queues:
-        """A fresh scheduler for `setup`."""
+        """A fresh scheduler for `setup` (one side of disaggregated serving where `setup.disagg` says)."""
+
+    def disaggregation(self, setup: Setup) -> str | None:
+        """Why `setup` cannot be one side of disaggregated prefill and decode, in words (None: it can)."""
 
     def token_slots(self, setup: Setup) -> int:
         """Tokens the KV cache of `setup` holds."""

@@ -151,13 +151,11 @@ class VLLMSimulator(SimulatorDefaults):
         groups = self._groups(setup)
         return not all(g.keeps_all for g in groups) or len({g.block_size for g in groups}) > 1
 
-    disaggregates = True
-
     def scheduler(self, setup: Setup) -> Queues:
         config = config_of(setup)
         allocator = parse_allocator(setup.allocator)
         if setup.disagg is not None and setup.disagg.role is not Role.BOTH:
-            return self._disaggregated(setup, config, allocator.reservation is not None)
+            return self._disaggregated(setup, config)
         if allocator.reservation is not None:
             return ContiguousScheduler(config, self.token_slots(setup), allocator.reservation)
         tier = setup.host_tier
@@ -172,18 +170,21 @@ class VLLMSimulator(SimulatorDefaults):
             return (CachedHybridScheduler if setup.prefix_caching else HybridScheduler)(config, self._groups(setup))
         return VLLMScheduler(config)
 
-    def _disaggregated(self, setup: Setup, config: SchedulerConfig, contiguous: bool) -> Queues:
+    def disaggregation(self, setup: Setup) -> str | None:
+        why = ("a contiguous allocator" if parse_allocator(setup.allocator).reservation is not None
+               else "a KV offload tier" if setup.host_tier is not None
+               else "several KV cache groups (sliding windows, chunked-local or state layers)"
+               if self._hybrid(setup) else None)
+        return None if why is None else ("disaggregated prefill and decode are simulated for vLLM's paged cache of "
+                                         f"one full-attention group (MLA included), not {why}")
+
+    def _disaggregated(self, setup: Setup, config: SchedulerConfig) -> Queues:
         """One side of NIXL's disaggregated serving (engines/vllm/disagg.py), for one full-attention group."""
         assert setup.disagg is not None
         role = setup.disagg.role
-        why = ("a contiguous allocator" if contiguous else "a KV offload tier" if setup.host_tier is not None
-               else "several KV cache groups (sliding windows, chunked-local or state layers)"
-               if self._hybrid(setup) else None)
+        why = self.disaggregation(setup)
         if why is not None:
-            raise KVBudgetError(f"{role.value}_replicas: disaggregated prefill and decode are simulated for vLLM's "
-                                f"paged cache of one full-attention group (MLA included), not {why}; leave "
-                                f"{named('prefill_replicas')} and {named('decode_replicas')} out",
-                                param=f"{role.value}_replicas")
+            raise KVBudgetError(f"{role.value}_replicas: {why}", param=f"{role.value}_replicas")
         if role is Role.PREFILL:
             return PrefillScheduler(config)
         return DecodeScheduler(config, setup.disagg.link, setup.bytes_per_token * setup.block_size)
