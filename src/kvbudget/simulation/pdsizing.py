@@ -85,7 +85,7 @@ def size_disaggregated(setup: Setup, rate: float, prompt_tokens: int, output_tok
     mid = n + m // 2
     step = tm.step_seconds(b, b * mid, None, b)
     decode = m * step / b
-    transfer_bytes = cdiv(n, bs) * bs * setup.bytes_per_token
+    transfer_bytes = setup.simulator.kv_read_bytes(setup, n)
     transfer = link.seconds(transfer_bytes)
     decode_replicas = max(1, math.ceil(rate * decode))
     decoding = rate * m * step / decode_replicas  # requests decoding on one replica at once (Little's law)

@@ -256,6 +256,9 @@ class SimulatorDefaults:
 
     def disaggregation(self, setup: Setup) -> str | None:
         return f"simulate follows disaggregated prefill and decode on vLLM (its NIXL connector), not {setup.engine}"
+
+    def kv_read_bytes(self, setup: Setup, prompt_tokens: int) -> int:
+        raise KVBudgetError(f"engine: {self.disaggregation(setup)}", param="engine")
     def token_slots(self, setup: Setup) -> int:
         return setup.num_blocks
 
@@ -293,6 +296,9 @@ class Simulator(Protocol):
 
     def disaggregation(self, setup: Setup) -> str | None:
         """Why `setup` cannot be one side of disaggregated prefill and decode, in words (None: it can)."""
+
+    def kv_read_bytes(self, setup: Setup, prompt_tokens: int) -> int:
+        """Bytes one GPU of a decode replica reads for a prompt it has nothing of (the engine's transfer unit)."""
 
     def token_slots(self, setup: Setup) -> int:
         """Tokens the KV cache of `setup` holds."""

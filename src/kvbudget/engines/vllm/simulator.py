@@ -14,7 +14,7 @@ from kvbudget.engines.tiers import required_link
 from kvbudget.engines.vllm.blocks import BlockGroup, StateGroup
 from kvbudget.engines.vllm.cached import CachedHybridScheduler
 from kvbudget.engines.vllm.contiguous import ContiguousScheduler
-from kvbudget.engines.vllm.disagg import DecodeScheduler, PrefillScheduler
+from kvbudget.engines.vllm.disagg import DecodeScheduler, PrefillScheduler, read_blocks
 from kvbudget.engines.vllm.host import with_host
 from kvbudget.engines.vllm.hybrid import HybridScheduler
 from kvbudget.engines.vllm.lmcache import LMCacheScheduler
@@ -177,6 +177,9 @@ class VLLMSimulator(SimulatorDefaults):
                if self._hybrid(setup) else None)
         return None if why is None else ("disaggregated prefill and decode are simulated for vLLM's paged cache of "
                                          f"one full-attention group (MLA included), not {why}")
+
+    def kv_read_bytes(self, setup: Setup, prompt_tokens: int) -> int:
+        return read_blocks(prompt_tokens, 0, setup.block_size) * setup.block_size * setup.bytes_per_token
 
     def _disaggregated(self, setup: Setup, config: SchedulerConfig) -> Queues:
         """One side of NIXL's disaggregated serving (engines/vllm/disagg.py), for one full-attention group."""
