@@ -302,6 +302,25 @@ def test_the_static_sizing_by_hand():
     assert long.prefill_batch == 1 and long.prefill_seconds == pytest.approx(0.02 + 1e-5 * 8000)
 
 
+def test_the_static_sizing_is_what_the_simulator_needs():
+    """30 requests/s of 2,000 + 300 tokens: the sizing's prefill and decode replicas keep the client's first token
+    quick and nobody waits for decode room; one replica fewer on either side and the queues grow."""
+    from kvbudget.simulation.pdsizing import size_disaggregated
+
+    s = setup_for(LLAMA, gpu="H100-80GB", max_model_len=4096, kv_memory=4 << 30)
+    z = size_disaggregated(s, 30.0, 2000, 300, IB)
+    p, d = z.prefill_replicas, z.decode_replicas
+    assert p > 1 and d > 1
+    traffic = [Request(arrival=i / 30, prompt_tokens=2000, output_tokens=300, id=str(i)) for i in range(450)]
+
+    def run(prefill: int, decode: int):
+        return simulate_fleet(LLAMA, traffic, pd(prefill, decode, s, s), "least-requests", kv_link=IB)
+
+    sized = run(p, d)
+    assert sized.ttft.p99 < 0.2 and sized.kv_transfer.max_wait_s < 0.05
+    assert run(p, d - 1).ttft.p99 > 1.0 and run(p - 1, d).ttft.p99 > 1.0
+
+
 def test_the_static_sizing_refuses_what_cannot_be_served():
     from kvbudget.simulation.pdsizing import size_disaggregated
 
