@@ -13,21 +13,22 @@ it (tests replay them), whatever the other replicas do.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
+import random
 import zlib
 from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from kvbudget import validate
+from kvbudget.engines.scheduling.seq import Seq
 from kvbudget.engines.scheduling.setup import Disagg, Role, Setup
 from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.interconnects import KVLink
-from kvbudget.interconnects import kv_link as parse_link
+from kvbudget.simulation.disagg import Handover, KVTransfer, resolve_link
 from kvbudget.simulation.percentiles import Percentiles
 from kvbudget.simulation.run import SAMPLE_INTERVAL_S, Sample, Simulation, _Run
 
@@ -166,13 +167,154 @@ class Length:
         return _least(pools[order[k]], lambda r: r.in_flight(now))
 
 
-ROUTERS = ("round-robin", "least-requests", "least-kv", "session", "length")
+# Prefix-cache-aware routing, as llm-d's inference scheduler (llm-d/llm-d-inference-scheduler, now llm-d-router, at
+# 520af47, May 2026) scores it: each replica gets a weighted sum of scores in [0, 1] and the highest wins, ties at
+# random (picker/maxscore/picker.go shuffles, then sorts stably). The scores:
+# - precise prefix (scorer/preciseprefixcache): the longest run of the prompt's blocks, from its first, that the
+#   replica's KV events report held (llm-d/llm-d-kv-cache-manager v0.4.0, pkg/kvcache/kvblock_scorer.go
+#   `LongestPrefixScorer`, GPU tier weight 1; a host tier's blocks, weight 0.8 in pkg/kvcache/backend.go, are not
+#   counted here), over the prompt's blocks (utils.go `absoluteScoredPods`; v0.8.0 normalized by min-max instead);
+# - approximate prefix (requestcontrol/dataproducer/approximateprefix, from GIE's `prefix` plugin): the router's own
+#   memory of which block hashes it sent where, an LRU per replica that never hears of evictions;
+# - kv-cache-utilization (1 - the usage gauge) and queue (min-max of the waiting gauge) from the scraped metrics.
+PRECISE_WEIGHTS = (2.0, 1.0, 1.0)  # prefix, kv usage, queue: deploy/config/epp-precise-prefix-cache-config.yaml
+APPROX_WEIGHTS = (3.0, 2.0, 2.0)  # ... the chart's default profile: config/charts/epplib/templates/_config.yaml
+APPROX_BLOCK_TOKENS = 16  # approximateprefix/types.go defaultBlockSizeTokens (autoTune reads vLLM's block size)
+APPROX_MAX_BLOCKS = 256  # ... defaultMaxPrefixBlocks: blocks hashed per prompt
+APPROX_LRU_ENTRIES = 31_250  # ... defaultLRUCapacityPerServer (autoTune reads the replica's GPU blocks instead)
+APPROX_MAX_ENTRIES = 1 << 22  # block hashes a replica's LRU may be given: 67M tokens in blocks of 16, past any GPU's
+#                               KV cache; about half a GB of the router's memory per replica at most
+
+
+def _check_weights(weights: tuple[float, float, float]) -> None:
+    """A scorer's three weights (prefix, KV usage, queue): numbers from 0, not all 0."""
+    if len(weights) != 3 or not any(validate.number(w, "router", 0.0, 1e6, above=False) for w in weights):
+        raise KVBudgetError(f"router: weights {validate.shown(weights)} must be three numbers from 0 (prefix, KV "
+                            "usage, queue), not all 0", param="router")
+
+
+def _pick(replicas: Sequence[Replica], prefix: Sequence[float], weights: tuple[float, float, float], now: float,
+          rng: random.Random) -> int:
+    """The replica with the highest weighted score (prefix, 1 - KV usage, queue by min-max of the waiting gauge, as
+    last scraped), ties at random."""
+    gauges = [r.gauge(now) for r in replicas]
+    low, high = min(g.waiting for g in gauges), max(g.waiting for g in gauges)
+    wp, wk, wq = weights
+    scores = [wp * p + wk * (1 - g.usage) + wq * (1.0 if high == low else (high - g.waiting) / (high - low))
+              for p, g in zip(prefix, gauges, strict=True)]
+    best = max(scores)
+    return rng.choice([r for r, s in zip(replicas, scores, strict=True) if s == best]).index
+
+
+@dataclass
+class PrefixAware:
+    """llm-d's precise prefix-cache scorer with its load scorers: a replica's prefix score is the share of the
+    prompt's blocks its cache holds from the first on, as its KV events report them (the engine's own lookup,
+    `Queues.cached_prefix`, which changes nothing). The view is the cache after the replica's latest schedule():
+    vLLM (v1/core/sched/scheduler.py `update_from_output`, main at 00024d3) publishes a step's events when the
+    step is done, so a step still running at the arrival shows up to one step early; the events' transit over
+    ZMQ to the indexer is not counted."""
+
+    refresh: float = LEAST_KV_REFRESH_S
+    seed: int = 0
+    weights: tuple[float, float, float] = PRECISE_WEIGHTS  # prefix, KV usage, queue
+    name: str = "prefix"
+
+    def __post_init__(self) -> None:
+        validate.number(self.refresh, "router", 0.0, validate.MAX_SECONDS)
+        _check_weights(self.weights)
+        self.rng = random.Random(self.seed)
+
+    def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
+        prefix = []
+        for r in replicas:
+            bs = r.run.sched.cfg.block_size
+            total = request.prompt_tokens // bs
+            prefix.append(min(r.run.sched.cached_prefix(request) // bs / total, 1.0) if total else 0.0)
+        return _pick(replicas, prefix, self.weights, now, self.rng)
+
+
+@dataclass
+class ApproxPrefix:
+    """GIE's approximate prefix plugin with the chart's load scorers: the prompt's first blocks (at most 256, the
+    last one partial) hashed as a chain; a replica's prefix score is how many of the leading blocks that some
+    replica was sent it was sent, over the blocks; the chosen replica records the hashes in its LRU of `entries`
+    (0: the replica's GPU blocks, as GIE's autoTune reads them; 31,250 where the engine reports none), which forgets
+    the oldest and never hears of the engine's evictions."""
+
+    entries: int = 0
+    refresh: float = LEAST_KV_REFRESH_S
+    seed: int = 0
+    weights: tuple[float, float, float] = APPROX_WEIGHTS  # prefix, KV usage, queue
+    block: int = 0  # tokens a hash covers (0: the engine's block size, as GIE's autoTune reads it)
+    name: str = "prefix-approx"
+
+    def __post_init__(self) -> None:
+        if not (type(self.entries) is int and 0 <= self.entries <= APPROX_MAX_ENTRIES):
+            raise KVBudgetError(f"router {self.name}: entries {validate.shown(self.entries)} must be a whole number "
+                                f"of LRU entries per replica from 0 (the replica's GPU blocks) to "
+                                f"{APPROX_MAX_ENTRIES:,}", param="router")
+        validate.number(self.refresh, "router", 0.0, validate.MAX_SECONDS)
+        _check_weights(self.weights)
+        validate.count(self.block, "router", 0, validate.MAX_COUNT)
+        self.rng = random.Random(self.seed)
+        self.lru: dict[int, OrderedDict[int, None]] = {}  # replica -> its block hashes, oldest first
+        self.where: dict[int, set[int]] = {}  # block hash -> the replicas it was sent to (and not forgotten)
+        self.sent = 0
+
+    def hashes(self, request: Request, block: int) -> list[int]:
+        """The prompt's block hashes as GIE chains them: equal for two prompts up to a block exactly where their
+        tokens agree up to its end (`Seq.key`'s relation); a block past the shared pieces is the request's own."""
+        self.sent += 1
+        seq = Seq(self.sent, request)
+        return [seq.key(j, block) for j in range(min(-(-request.prompt_tokens // block), APPROX_MAX_BLOCKS))]
+
+    def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
+        cfg = replicas[0].run.sched.cfg
+        block = self.block or (cfg.block_size if cfg.block_size > 1 else APPROX_BLOCK_TOKENS)
+        hashes = self.hashes(request, block)
+        matched = dict.fromkeys((r.index for r in replicas), 0)
+        for h in hashes:
+            holders = self.where.get(h)
+            if not holders:
+                break
+            for i in holders:
+                if i in matched:
+                    matched[i] += 1
+        prefix = [matched[r.index] / len(hashes) if hashes else 0.0 for r in replicas]
+        chosen = _pick(replicas, prefix, self.weights, now, self.rng)
+        self._record(hashes, chosen, replicas)
+        return chosen
+
+    def _record(self, hashes: list[int], chosen: int, replicas: Sequence[Replica]) -> None:
+        lru = self.lru.get(chosen)
+        if lru is None:
+            lru = self.lru[chosen] = OrderedDict()
+        cfg = next(r for r in replicas if r.index == chosen).run.sched.cfg
+        room = self.entries or (min(cfg.num_blocks, APPROX_MAX_ENTRIES) if cfg.block_size > 1 else APPROX_LRU_ENTRIES)
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+            else:
+                lru[h] = None
+                if len(lru) > room:
+                    old, _ = lru.popitem(last=False)
+                    self.where[old].discard(chosen)
+                    if not self.where[old]:
+                        del self.where[old]
+            self.where.setdefault(h, set()).add(chosen)
+
+
+ROUTERS = ("round-robin", "least-requests", "least-kv", "prefix", "prefix-approx", "session", "length")
 
 
 def parse_router(text: str, pools: Sequence[Pool] = ()) -> Router:
-    """A router by name: round-robin, least-requests, least-kv[:SECONDS] (the gauge's refresh), session,
+    """A router by name: round-robin, least-requests, least-kv[:SECONDS] (the gauge's refresh), prefix (precise,
+    from the replicas' KV events), prefix-approx[:N] (the router's memory, N block hashes per replica), session,
     length:T1,T2,... (one bound fewer than the pools)."""
     name, _, arg = text.strip().partition(":")
+    if name == "prefix-approx":
+        return ApproxPrefix(int(_read(arg, text, int, "LRU entries", APPROX_MAX_ENTRIES)) if arg else 0)
     if name == "least-kv":
         return LeastKV(_read(arg, text, float, "seconds") if arg else LEAST_KV_REFRESH_S)
     if name == "length":
@@ -184,22 +326,25 @@ def parse_router(text: str, pools: Sequence[Pool] = ()) -> Router:
             raise KVBudgetError(f"router {text}: {len(bounds)} bounds make {len(bounds) + 1} pools by length; the "
                                 f"fleet has {len(pools)} pools", param="router")
         return Length(bounds)
-    built = {"round-robin": RoundRobin, "least-requests": LeastRequests, "session": Session}
+    built = {"round-robin": RoundRobin, "least-requests": LeastRequests, "session": Session, "prefix": PrefixAware}
     if name in built and not arg:
         return built[name]()
     raise KVBudgetError(f"router {text}: name one of {', '.join(ROUTERS)} (least-kv:SECONDS sets the gauge's "
-                        "refresh; length:T1,T2,... the prompt-length bounds)", param="router")
+                        "refresh; prefix-approx:N the LRU entries per replica; length:T1,T2,... the prompt-length "
+                        "bounds)", param="router")
 
 
-def _read(text: str, router: str, kind: type, unit: str) -> float:
-    """A router's number (seconds, a float; tokens, a whole number), checked."""
+def _read(text: str, router: str, kind: type, unit: str, most: float | None = None) -> float:
+    """A router's number (seconds, a float; tokens, a whole number), checked (at most `most`, else the kind's
+    limit)."""
+    most = most or (validate.MAX_SECONDS if kind is float else validate.MAX_COUNT)
     try:
         value = kind(text.strip())
     except ValueError:
         value = None
-    if value is None or not (0 < value <= (validate.MAX_SECONDS if kind is float else validate.MAX_COUNT)):
-        raise KVBudgetError(f"router {router}: {validate.shown(text)} is not a number of {unit} above 0",
-                            param="router")
+    if value is None or not (0 < value <= most):
+        raise KVBudgetError(f"router {router}: {validate.shown(text)} is not a number of {unit} above 0 "
+                            f"(at most {most:,})", param="router")
     return float(value)
 
 
@@ -222,31 +367,6 @@ class FleetReplica:
                 "prefix_hit_rate": s.prefix_hit_rate, "peak_usage": s.peak_usage, "mean_usage": s.mean_usage,
                 "peak_running": s.peak_running, "peak_waiting": s.peak_waiting,
                 "output_tokens": s.output_tokens, "prompt_tokens": s.prompt_tokens}
-
-
-@dataclass(frozen=True, kw_only=True)
-class KVTransfer:
-    """What crossed the link of a disaggregated fleet: the prefilled requests' KV the decode side read (`bytes`
-    over every GPU of a replica, `bytes_per_gpu` one GPU's shard, which sets the time), the seconds the reads took
-    (summed, and the mean), and the seconds requests waited at a decode replica for room before their read could
-    start (summed, and the longest)."""
-
-    link: KVLink
-    count: int
-    bytes: int
-    bytes_per_gpu: int
-    seconds: float
-    wait_s: float
-    max_wait_s: float
-
-    @property
-    def mean_seconds(self) -> float:
-        return self.seconds / self.count if self.count else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"link": self.link.to_dict(), "count": self.count, "bytes": self.bytes,
-                "bytes_per_gpu": self.bytes_per_gpu, "seconds": self.seconds, "mean_seconds": self.mean_seconds,
-                "wait_s": self.wait_s, "max_wait_s": self.max_wait_s}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -275,6 +395,13 @@ class FleetSimulation:
         kind, stat = check_metric(name)
         pct = {"ttft": self.ttft, "tpot": self.tpot, "e2e": self.e2e}[kind]
         return None if pct is None else float(getattr(pct, stat))
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        """Prompt tokens served from the replicas' prefix caches over those looked up, fleet-wide."""
+        sims = [r.simulation for r in self.replicas]
+        queried = sum(s.prefix_queried_tokens for s in sims)
+        return sum(s.prefix_hit_tokens for s in sims) / queried if queried else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -346,15 +473,15 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     request (arriving when its prefill finished); `on_transfer(decode request, start, end)` each read."""
     check_pools(pools)
     disagg = any(p.role is not Role.BOTH for p in pools)
-    link = _link(kv_link, pools, disagg)
+    link = resolve_link(kv_link, pools, disagg)
     sides = ([p for p in pools if p.role is Role.PREFILL], [p for p in pools if p.role is Role.DECODE]) \
         if disagg else (list(pools), [])
     routers = [_router(router, side) for side in sides if side]
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
     interval = sample_interval
-    for chosen in routers:
-        if isinstance(chosen, LeastKV) and chosen.refresh:
-            interval = min(interval, chosen.refresh)
+    for chosen in routers:  # a router that reads the gauges: the timeline is its scrapes
+        refresh = getattr(chosen, "refresh", 0.0)
+        interval = min(interval, refresh) if refresh else interval
     used = list(pools) if link is None else \
         [replace(p, setup=replace(p.setup, disagg=Disagg(role=p.role, link=link))) for p in pools]
     replicas: list[Replica] = []
@@ -365,7 +492,7 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
             replicas.append(Replica(len(replicas), pool, run))
     chosen = routers[0]
     if link is not None:
-        handover = _Handover(replicas, chosen, routers[1], on_route, on_transfer)
+        handover = Handover(replicas, chosen, routers[1], _route, on_route, on_transfer)
         requests = handover.run(workload, progress)
         return handover.result(_result(chosen.name, used, replicas, requests), link)
     requests = 0
@@ -393,148 +520,6 @@ def _route(chosen: Router, r: Request, replicas: Sequence[Replica], now: float,
     if on_route is not None:
         on_route(r, i)
     return rep
-
-
-def _link(kv_link: KVLink | str | None, pools: Sequence[Pool], disagg: bool) -> KVLink | None:
-    if not disagg:
-        if kv_link is not None:
-            raise KVBudgetError(f"kv_link: goes with prefill and decode pools ({named('prefill_replicas')} and "
-                                f"{named('decode_replicas')})", param="kv_link")
-        return None
-    if kv_link is None:
-        raise KVBudgetError("kv_link: a disaggregated fleet moves each prompt's KV over a link; name it (nvlink, "
-                            "infiniband, roce, pcie, tcp) or give its rate (25GB/s)", param="kv_link")
-    if isinstance(kv_link, KVLink):
-        return kv_link
-    from kvbudget.gpus import find_gpu
-
-    def card(name: str | None) -> Any:
-        try:
-            return find_gpu(name) if name else None
-        except KVBudgetError:
-            return None
-
-    return parse_link(str(kv_link), [card(p.setup.gpu) for p in pools])
-
-
-class _Handover:
-    """A disaggregated fleet's run, one clock for all: the next thing to happen is always taken first (an arrival
-    routed to a prefill replica; a finished prefill handed to a decode replica; else a turn of the replica whose
-    clock is earliest, bounded by the next of the others), so a prefill replica learns when each of its
-    requests' reads is done (and frees its held blocks then) before its clock passes that time, and a decode
-    replica gets each request when its prefill finished. Ties: arrivals and hand-overs before turns, as a single
-    run admits what arrived before its step. The client's latencies: the prefill side's end to end, then the
-    decode side's."""
-
-    def __init__(self, replicas: list[Replica], front: Router, back: Router,
-                 on_route: Callable[[Request, int], None] | None,
-                 on_transfer: Callable[[Request, float, float], None] | None) -> None:
-        self.replicas = replicas
-        self.prefill = [r for r in replicas if r.pool.role is Role.PREFILL]
-        self.decode = [r for r in replicas if r.pool.role is Role.DECODE]
-        self.front, self.back, self.on_route, self.on_transfer = front, back, on_route, on_transfer
-        self.origin: dict[int, tuple[Request, Replica]] = {}  # id of a prefill request -> client's request, replica
-        self.done: dict[int, list[tuple[Request, float]]] = {r.index: [] for r in self.prefill}  # (request, e2e)
-        self.seen = dict.fromkeys(self.done, 0)  # prefill replica -> its finishes handed over
-        self.handed: list[tuple[float, int, Request]] = []  # (prefill finished at, order, decode request): a heap
-        self.order = itertools.count()
-        self.before: dict[int, tuple[Request, float, Request, Replica]] = {}  # id of a decode request ->
-        #                                     (it, the prefill's e2e, the prefill request, its replica)
-        self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
-        for rep in self.prefill:
-            rep.run.on_finish = lambda r, _ttft, _tpot, e2e, mine=self.done[rep.index]: mine.append((r, e2e))
-        for rep in self.decode:
-            rep.run.on_finish = self.answered
-            rep.run.sched.on_read = self.read  # type: ignore[attr-defined]
-
-    def answered(self, r: Request, ttft: float, tpot: float | None, e2e: float) -> None:
-        _, earlier, _, _ = self.before.pop(id(r))
-        self.ttft.append(earlier + ttft)
-        self.e2e.append(earlier + e2e)
-        if tpot is not None:
-            self.tpot.append(tpot)
-
-    def read(self, d: Request, start: float, done: float) -> None:
-        """A decode replica starts reading `d`'s KV at `start`, done at `done`: the prefill side frees its blocks
-        then."""
-        _, _, p, rep = self.before[id(d)]
-        rep.run.sched.release(p, done)  # type: ignore[attr-defined]
-        if self.on_transfer is not None:
-            self.on_transfer(d, start, done)
-
-    def run(self, workload: Iterable[Request], progress: Callable[[int], None] | None) -> int:
-        arrivals = iter(workload)
-        pending = next(arrivals, None)
-        requests = 0
-        stuck: set[int] = set()  # replicas whose last turn could not move (a tie with the next event)
-        while True:
-            arrival = pending.arrival if pending is not None else math.inf
-            handed = self.handed[0][0] if self.handed else math.inf
-            busy = [r for r in self.replicas if r.index not in stuck and r.run.sched.has_work()]
-            rep = min(busy, key=lambda r: (r.run.t, r.index), default=None)
-            first = rep.run.t if rep is not None else math.inf
-            if handed <= arrival and handed <= first:
-                if handed == math.inf:
-                    assert not any(r.run.sched.has_work() for r in self.replicas)
-                    return requests
-                end, _, d = heapq.heappop(self.handed)
-                _route(self.back, d, self.decode, end, self.on_route).run.offer(d)
-            elif arrival <= first:
-                assert pending is not None
-                self.arrive(pending, requests)
-                requests += 1
-                if progress is not None and requests % 1000 == 0:
-                    progress(requests)
-                pending = next(arrivals, None)
-            else:
-                assert rep is not None
-                bound = min(arrival, handed, *(r.run.t for r in busy if r is not rep))
-                t, steps = rep.run.t, rep.run.steps
-                rep.run.step(bound)
-                if rep.pool.role is Role.PREFILL:
-                    self.collect(rep)
-                if rep.run.t == t and rep.run.steps == steps:
-                    stuck.add(rep.index)
-                    continue
-            stuck.clear()
-
-    def arrive(self, r: Request, count: int) -> None:
-        if r.n > 1 or r.beam_search:
-            raise KVBudgetError(f"request {r.id or count + 1}: disaggregated serving is simulated for one "
-                                "sequence a request (n 1, no beam search)", param="trace")
-        p = Request(arrival=r.arrival, prompt_tokens=r.prompt_tokens, output_tokens=1, prefix=r.prefix, id=r.id,
-                    max_tokens=1, session=r.session)
-        rep = _route(self.front, p, self.prefill, r.arrival, self.on_route)
-        self.origin[id(p)] = (r, rep)
-        rep.run.offer(p)
-
-    def collect(self, rep: Replica) -> None:
-        """The prefills `rep` finished, to be handed to the decode side at their end."""
-        ends, k = rep.run.finished_at, self.seen[rep.index]
-        for (p, e2e), end in zip(self.done[rep.index][k:], ends[k:], strict=True):
-            c, _ = self.origin.pop(id(p))
-            d = Request(arrival=end, prompt_tokens=c.prompt_tokens, output_tokens=c.output_tokens,
-                        prefix=c.prefix, id=c.id, max_tokens=c.max_tokens, session=c.session)
-            self.before[id(d)] = (d, e2e, p, rep)
-            heapq.heappush(self.handed, (end, next(self.order), d))
-        self.seen[rep.index] = len(ends)
-
-    def result(self, out: FleetSimulation, link: KVLink) -> FleetSimulation:
-        """The fleet's figures as the client sees them, and what crossed the link."""
-        totals = [(rep.pool.setup.gpus, t) for rep in self.decode if (t := rep.run.sched.transfer_totals())]
-        transfer = KVTransfer(link=link, count=sum(t.count for _, t in totals),
-                              bytes=sum(g * t.bytes_per_gpu for g, t in totals),
-                              bytes_per_gpu=sum(t.bytes_per_gpu for _, t in totals),
-                              seconds=sum(t.seconds for _, t in totals), wait_s=sum(t.wait_s for _, t in totals),
-                              max_wait_s=max((t.max_wait_s for _, t in totals), default=0.0))
-        sims = [r.simulation for r in out.replicas if r.role is Role.DECODE]
-        completed, output, duration = sum(s.completed for s in sims), sum(s.output_tokens for s in sims), \
-            out.duration_s
-        return replace(out, completed=completed, ttft=Percentiles.of(self.ttft), tpot=Percentiles.of(self.tpot),
-                       e2e=Percentiles.of(self.e2e), requests_per_s=completed / duration if duration else 0.0,
-                       output_tokens_per_s=output / duration if duration else 0.0, output_tokens=output,
-                       prompt_tokens=sum(r.simulation.prompt_tokens for r in out.replicas if r.role is Role.PREFILL),
-                       kv_transfer=transfer)
 
 
 def _result(router: str, pools: Sequence[Pool], replicas: Sequence[Replica], requests: int) -> FleetSimulation:

@@ -240,6 +240,12 @@ class Queues:
         """What a decode replica read over its KV link (None: it reads nothing)."""
         return None
 
+    def cached_prefix(self, request: Request) -> int:
+        """Prompt tokens from the start of `request` that the prefix cache holds now, as the engine's KV events
+        report its cache (blocks stored and not yet evicted; a prefix-aware router reads it): a lookup that
+        changes nothing. 0: no prefix cache, or an engine that reports none."""
+        return 0
+
     def offload_totals(self) -> Any:
         """What a host tier behind the cache did (None: there is none)."""
         return None
