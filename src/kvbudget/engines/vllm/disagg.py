@@ -38,7 +38,9 @@ if TYPE_CHECKING:
     from kvbudget.engines.scheduling.workload import Request
     from kvbudget.interconnects import KVLink
 
-ABORT_TIMEOUT_S = 480.0  # VLLM_NIXL_ABORT_REQUEST_TIMEOUT's default: a prefill's blocks go if no read comes by then
+# VLLM_NIXL_ABORT_REQUEST_TIMEOUT's default (vllm/envs.py on main; 120 in older releases): a prefill's blocks go if
+# no read has come by then
+ABORT_TIMEOUT_S = 480.0
 
 SOURCE = ("github:vllm-project/vllm 002a1057 distributed/kv_transfer/kv_connector/v1/nixl_connector.py, "
           "v1/core/sched/scheduler.py")
