@@ -66,18 +66,20 @@ def render_pd(z: PDSizing) -> None:
     """The static P:D answer, in words."""
     out = console()
     out.print(f"[bold]Disaggregated prefill and decode[/] for {z.rate:,.4g} requests/s of {z.prompt_tokens:,} "
-              f"prompt and {z.output_tokens:,} output tokens (estimate: the time model's steps at full load; "
-              "simulate --prefill-replicas P --decode-replicas D runs it):")
-    out.print(f"  prefill: {_ms(z.prefill_seconds)} of a replica per request ({z.prefill_batch} prompt"
-              f"{'s' if z.prefill_batch > 1 else ''} a step); decode: {_ms(z.decode_seconds)} per request, "
-              f"{z.decode_batch:,} at once (what its KV holds at their final length), {_ms(z.decode_step_seconds)} "
-              "a token")
-    out.print(f"  balance: {z.ratio:.3g} prefill replicas per decode replica; at this rate {z.prefill_replicas:,} "
-              f"prefill and {z.decode_replicas:,} decode replicas")
-    out.print(f"  KV moved per request over {z.link.name}: {format_bytes(z.transfer_bytes)} a GPU in "
-              f"{_ms(z.transfer_seconds)}; on the link at once {format_bytes(int(z.staging_bytes))} a GPU; each decode "
-              f"replica holds {format_bytes(int(z.decode_held_bytes))} of its {format_bytes(z.decode_budget_bytes)} "
-              "a GPU")
+              f"prompt and {z.output_tokens:,} output tokens (an estimate from the time model's steps at full "
+              "load; simulate --prefill-replicas P --decode-replicas D runs it):")
+    out.print(hanging([
+        ("  prefill:", f"{_ms(z.prefill_seconds)} of a replica per request ({z.prefill_batch} prompt"
+                       f"{'s' if z.prefill_batch > 1 else ''} a step)"),
+        ("  decode:", f"{_ms(z.decode_seconds)} of a replica per request, {z.decode_batch:,} at once (what its KV "
+                      f"holds at their final length), {_ms(z.decode_step_seconds)} a token"),
+        ("  balance:", f"{z.ratio:.3g} prefill replicas per decode replica; at this rate {z.prefill_replicas:,} "
+                       f"prefill and {z.decode_replicas:,} decode replicas"),
+        ("  KV moved:", f"{format_bytes(z.transfer_bytes)} a GPU per request over {z.link.name} in "
+                        f"{_ms(z.transfer_seconds)}; {format_bytes(int(z.staging_bytes))} a GPU on the link at "
+                        f"once; each decode replica holds {format_bytes(int(z.decode_held_bytes))} of its "
+                        f"{format_bytes(z.decode_budget_bytes)} a GPU"),
+    ]))
 
 
 def _ms(seconds: float) -> str:
