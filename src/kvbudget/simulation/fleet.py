@@ -19,14 +19,16 @@ import zlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 from kvbudget import validate
 from kvbudget.engines.scheduling.seq import Seq
-from kvbudget.engines.scheduling.setup import Setup
+from kvbudget.engines.scheduling.setup import Disagg, Role, Setup
 from kvbudget.engines.scheduling.workload import Request
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, named
+from kvbudget.interconnects import KVLink
+from kvbudget.simulation.disagg import Handover, KVTransfer, resolve_link
 from kvbudget.simulation.percentiles import Percentiles
 from kvbudget.simulation.run import SAMPLE_INTERVAL_S, Sample, Simulation, _Run
 
@@ -36,11 +38,13 @@ LEAST_KV_REFRESH_S = 0.05  # the usage gauge's scrape interval a least-kv router
 
 @dataclass(frozen=True, kw_only=True)
 class Pool:
-    """`replicas` copies of one deployment (its `Setup`: engine, GPU, TP, scheduler settings)."""
+    """`replicas` copies of one deployment (its `Setup`: engine, GPU, TP, scheduler settings), each doing all of a
+    request (`Role.BOTH`) or one side of disaggregated prefill and decode."""
 
     name: str
     setup: Setup
     replicas: int = 1
+    role: Role = Role.BOTH
 
 
 class Replica:
@@ -352,11 +356,12 @@ class FleetReplica:
     pool: str
     routed: int
     simulation: Simulation
+    role: Role = Role.BOTH
 
     def to_dict(self) -> dict[str, Any]:
         s = self.simulation
-        return {"index": self.index, "pool": self.pool, "routed": self.routed, "completed": s.completed,
-                "duration_s": s.duration_s, "steps": s.steps,
+        return {"index": self.index, "pool": self.pool, "role": self.role.value, "routed": self.routed,
+                "completed": s.completed, "duration_s": s.duration_s, "steps": s.steps,
                 "ttft_s": s.ttft.__dict__ if s.ttft else None, "tpot_s": s.tpot.__dict__ if s.tpot else None,
                 "e2e_s": s.e2e.__dict__ if s.e2e else None, "preemptions": s.preemptions,
                 "prefix_hit_rate": s.prefix_hit_rate, "peak_usage": s.peak_usage, "mean_usage": s.mean_usage,
@@ -383,6 +388,7 @@ class FleetSimulation:
     prompt_tokens: int
     output_tokens: int
     preemptions: int
+    kv_transfer: KVTransfer | None = None  # disaggregated prefill and decode: what crossed the link
 
     def metric(self, name: str) -> float | None:
         from kvbudget.simulation.percentiles import check_metric
@@ -406,9 +412,10 @@ class FleetSimulation:
             "output_tokens_per_s": self.output_tokens_per_s, "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens, "preemptions": self.preemptions,
             "fleet": {"router": self.router,
-                      "pools": [{"name": p.name, "replicas": p.replicas, "setup": p.setup.to_dict()}
-                                for p in self.pools],
-                      "replicas": [r.to_dict() for r in self.replicas]}}
+                      "pools": [{"name": p.name, "replicas": p.replicas, "role": p.role.value,
+                                 "setup": p.setup.to_dict()} for p in self.pools],
+                      "replicas": [r.to_dict() for r in self.replicas],
+                      "kv_transfer": self.kv_transfer.to_dict() if self.kv_transfer else None}}
 
 
 def _router(router: Router | str, pools: Sequence[Pool]) -> Router:
@@ -433,43 +440,70 @@ def check_pools(pools: Sequence[Pool]) -> None:
     if total > MAX_REPLICAS:
         raise KVBudgetError(f"replicas: {total:,} in all, over the {MAX_REPLICAS:,} a fleet may have",
                             param="replicas")
+    roles = {p.role for p in pools}
+    if roles != {Role.BOTH}:
+        if roles != {Role.PREFILL, Role.DECODE}:
+            missing = "decode" if Role.DECODE not in roles else "prefill"
+            raise KVBudgetError(f"{missing}_replicas: a disaggregated fleet needs prefill and decode pools, and no "
+                                f"pool doing both; give {named('prefill_replicas')} and {named('decode_replicas')}",
+                                param=f"{missing}_replicas")
+        for p in pools:
+            why = p.setup.simulator.disaggregation(p.setup)
+            if why is not None:
+                raise KVBudgetError(f"{p.role.value}_replicas: pool {p.name}: {why}",
+                                    param=f"{p.role.value}_replicas")
 
 
 def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool], router: Router | str =
-                   "round-robin", *, fast: bool = True, sample_interval: float = SAMPLE_INTERVAL_S,
-                   progress: Callable[[int], None] | None = None, check: Callable[[], None] | None = None,
-                   on_route: Callable[[Request, int], None] | None = None,
+                   "round-robin", *, kv_link: KVLink | str | None = None, fast: bool = True,
+                   sample_interval: float = SAMPLE_INTERVAL_S, progress: Callable[[int], None] | None = None,
+                   check: Callable[[], None] | None = None, on_route: Callable[[Request, int], None] | None = None,
+                   on_transfer: Callable[[Request, float, float], None] | None = None,
                    on_step: Callable[..., None] | None = None,
                    on_finish: Callable[..., None] | None = None) -> FleetSimulation:
     """Run `workload` through a fleet: `pools` of replicas (each a `Setup`, as `setup_for` gives) behind `router`
     (a name, see `parse_router`, or a `Router`). `on_route(request, replica index)` is called for each request
     routed; `on_step` and `on_finish` as `simulate`'s, with the replica's index first. `check` as `simulate`'s.
-    `model` is the model the setups were made for (kept for symmetry with `simulate`)."""
+    `model` is the model the setups were made for (kept for symmetry with `simulate`).
+
+    Disaggregated prefill and decode: pools of `Role.PREFILL` and `Role.DECODE` (none of `Role.BOTH`) and the
+    `kv_link` between them (a `KVLink`, or a name or rate, see `interconnects.kv_link`). Each request goes to a
+    prefill replica (the router among the prefill pools) with one output token; when that finishes, to a decode
+    replica (the router among the decode pools, at that instant) which reads its prompt's KV over the link and
+    generates its output, as vLLM's NIXL connector does (engines/vllm/disagg.py); the prefill replica holds the
+    request's blocks until that read is done. The latencies are the client's: from the arrival at the prefill side
+    to the decode side's tokens. `on_route` sees both routings: the prefill request (output 1) and the decode
+    request (arriving when its prefill finished); `on_transfer(decode request, start, end)` each read."""
     check_pools(pools)
-    chosen = _router(router, pools)
+    disagg = any(p.role is not Role.BOTH for p in pools)
+    link = resolve_link(kv_link, pools, disagg)
+    sides = ([p for p in pools if p.role is Role.PREFILL], [p for p in pools if p.role is Role.DECODE]) \
+        if disagg else (list(pools), [])
+    routers = [_router(router, side) for side in sides if side]
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
-    refresh = getattr(chosen, "refresh", 0.0)  # a router that reads the gauges: the timeline is its scrapes
-    interval = min(sample_interval, refresh) if refresh else sample_interval
+    interval = sample_interval
+    for chosen in routers:  # a router that reads the gauges: the timeline is its scrapes
+        refresh = getattr(chosen, "refresh", 0.0)
+        interval = min(interval, refresh) if refresh else interval
+    used = list(pools) if link is None else \
+        [replace(p, setup=replace(p.setup, disagg=Disagg(role=p.role, link=link))) for p in pools]
     replicas: list[Replica] = []
-    for pool in pools:
+    for pool in used:  # (each scheduler built before any runs: a setup it refuses is refused first)
         for _ in range(pool.replicas):
             i = len(replicas)
             run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, fast, interval,
                        _of(i, on_step), None, on_finish=_of(i, on_finish), check=check)
             replicas.append(Replica(len(replicas), pool, run))
+    chosen = routers[0]
+    if link is not None:
+        handover = Handover(replicas, chosen, routers[1], _route, on_route, on_transfer)
+        requests = handover.run(workload, progress)
+        return handover.result(_result(chosen.name, used, replicas, requests), link)
     requests = 0
     for r in workload:
-        now = r.arrival
         for rep in replicas:
-            rep.run.advance(now)
-        i = chosen.choose(r, replicas, now)
-        if not (isinstance(i, int) and 0 <= i < len(replicas)):
-            raise KVBudgetError(f"router {chosen.name}: chose replica {i!r} of {len(replicas)}", param="router")
-        rep = replicas[i]
-        rep.routed += 1
-        if on_route is not None:
-            on_route(r, i)
-        rep.run.offer(r)
+            rep.run.advance(r.arrival)
+        _route(chosen, r, replicas, r.arrival, on_route).run.offer(r)
         requests += 1
         if progress is not None and requests % 1000 == 0:
             progress(requests)
@@ -481,6 +515,20 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
 def _of(index: int, hook: Callable[..., None] | None) -> Callable[..., None] | None:
     """A per-replica hook: `hook` called with the replica's index first."""
     return None if hook is None else lambda *args: hook(index, *args)
+
+
+def _route(chosen: Router, r: Request, replicas: Sequence[Replica], now: float,
+           on_route: Callable[[Request, int], None] | None) -> Replica:
+    """The replica `chosen` picks among `replicas` for `r`, counted and reported."""
+    i = chosen.choose(r, replicas, now)
+    rep = next((x for x in replicas if x.index == i), None) if isinstance(i, int) else None
+    if rep is None:
+        raise KVBudgetError(f"router {chosen.name}: chose replica {i!r}, not one of the "
+                            f"{len(replicas)} it was offered", param="router")
+    rep.routed += 1
+    if on_route is not None:
+        on_route(r, i)
+    return rep
 
 
 def _result(router: str, pools: Sequence[Pool], replicas: Sequence[Replica], requests: int) -> FleetSimulation:
@@ -497,8 +545,8 @@ def _result(router: str, pools: Sequence[Pool], replicas: Sequence[Replica], req
     output = sum(s.output_tokens for s in sims)
     return FleetSimulation(
         router=router, pools=tuple(pools),
-        replicas=tuple(FleetReplica(index=rep.index, pool=rep.pool.name, routed=rep.routed, simulation=s)
-                       for rep, s in zip(replicas, sims, strict=True)),
+        replicas=tuple(FleetReplica(index=rep.index, pool=rep.pool.name, routed=rep.routed, simulation=s,
+                                    role=rep.pool.role) for rep, s in zip(replicas, sims, strict=True)),
         requests=requests, completed=completed, duration_s=duration, ttft=merged("ttft_sorted"),
         tpot=merged("tpot_sorted"), e2e=merged("e2e_sorted"),
         requests_per_s=completed / duration if duration else 0.0,

@@ -356,16 +356,18 @@ class _Run:
     def advance(self, until: float) -> None:
         """Steps while there is work and the clock is before `until` (a fleet's next arrival): the last step may
         end past it, as a real step would; an idle engine's clock waits where it is."""
-        sched = self.sched
-        while True:
-            sched.clock = self.t
-            if self.t >= until or not sched.has_work():
-                return
-            self.turns -= 1
-            if not self.turns:
-                self.check()
-                self.turns = CHECK_EVERY
-            self.turn(until)
+        while self.t < until and self.sched.has_work():
+            self.step(until)
+        self.sched.clock = self.t
+
+    def step(self, until: float) -> None:
+        """One turn of the clock with work to do, `until` the next event outside (a fleet's), `check` counted."""
+        self.sched.clock = self.t
+        self.turns -= 1
+        if not self.turns:
+            self.check()
+            self.turns = CHECK_EVERY
+        self.turn(until)
 
     def offer(self, r: Request) -> None:
         """One request routed here by a fleet, its clock advanced to the arrival (or idle before it)."""
