@@ -102,11 +102,12 @@ def scaling(ask: SimulateRequest, policy: str | None = None) -> dict[str, Any]:
     return chosen
 
 
-def queue_limits(ask: SimulateRequest) -> dict[str, int | None]:
+def queue_limits(ask: SimulateRequest) -> tuple[int | None, int | None]:
     """vLLM's --max-num-queued-reqs and --max-num-queued-tokens as each pool of the fleet takes them."""
     from kvbudget.commands.options import optional_one
 
-    return {name: optional_one(getattr(ask, name), name) for name in ("max_num_queued_reqs", "max_num_queued_tokens")}
+    return (optional_one(ask.max_num_queued_reqs, "max_num_queued_reqs"),
+            optional_one(ask.max_num_queued_tokens, "max_num_queued_tokens"))
 
 
 def check_request(ask: SimulateRequest) -> None:
@@ -124,6 +125,10 @@ def check_request(ask: SimulateRequest) -> None:
     for param, why in NOT_FOR_FLEETS.items():
         if getattr(ask, param):
             raise KVBudgetError(f"{param}: {why}", param=param)
+    if any(getattr(ask, name) is not None for name in ("prefill_replicas", "decode_replicas", "kv_link")):
+        raise KVBudgetError(f"prefill_replicas: disaggregated prefill and decode run as their own fleet; leave "
+                            f"{named('replicas')}, {named('fleet')}, {named('router')} and the autoscaler and front "
+                            "door's settings out", param="prefill_replicas")
     scaling(ask)
     queue_limits(ask)
     if ask.fleet is not None:
@@ -194,8 +199,9 @@ def fleet_point(ask: SimulateRequest, found: SimulationAsk, combo: dict[str, Any
     replicas = combo.pop("replicas", None) or one(ask.replicas or "1", "replicas")
     router = combo.pop("router", None) or ask.router or "round-robin"
     point = replace(found, **combo)
+    reqs, tokens = queue_limits(ask)
     pools = [Pool(name="main", setup=setup_of(point), replicas=replicas, gpus=point.tp * point.pp,
-                  **queue_limits(ask))]
+                  max_num_queued_reqs=reqs, max_num_queued_tokens=tokens)]
     sim = simulate_fleet(found.model, workload(ask)(scale), pools, router, fast=not ask.reference, **scaling(ask))
     bare = tuple(replace(r, simulation=replace(r.simulation, timeline=())) for r in sim.replicas)
     return {**combo, "replicas": replicas, "router": router, "rate_scale": scale}, replace(sim, replicas=bare)
@@ -338,7 +344,7 @@ def _in_pool(exc: KVBudgetError, path: str, pool: str) -> KVBudgetError:
     return type(exc)(f"fleet {path}: pool {pool}: {raw.splitlines()[0]}", param="fleet")
 
 
-def pools_of(fleet: FleetAsk, limits: dict[str, int | None] | None = None) -> tuple[list[Pool], Router]:
+def pools_of(fleet: FleetAsk, limits: tuple[int | None, int | None] = (None, None)) -> tuple[list[Pool], Router]:
     """The fleet's pools, each planned (a pool that cannot hold one request of its max_model_len refused, naming
     it), and its router; `limits`: vLLM's queue limits every pool takes (queue_limits)."""
     from kvbudget.engines.scheduling.setup import Simulates
@@ -351,7 +357,8 @@ def pools_of(fleet: FleetAsk, limits: dict[str, int | None] | None = None) -> tu
             if isinstance(p.found.engine, Simulates):
                 p.found.engine.simulator().options(p.found)
             pools.append(Pool(name=p.name, setup=setup_of(p.found), replicas=p.replicas,
-                              gpus=p.found.tp * p.found.pp, **(limits or {})))
+                              gpus=p.found.tp * p.found.pp, max_num_queued_reqs=limits[0],
+                              max_num_queued_tokens=limits[1]))
         except KVBudgetError as exc:
             if fleet.source == "replicas":
                 raise

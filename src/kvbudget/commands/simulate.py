@@ -182,6 +182,13 @@ class SimulateRequest:
                                    "or 0.8 KV usage), concurrency:N (N in flight at most), kvbudget (the guard's "
                                    "levels; default with --guard-config)", group=ANSWERS, web=False)
     reference: bool = option("step by step, without the fast path (same answer)", False, group=ANSWERS, web=False)
+    prefill_replicas: str | None = option("disaggregated serving: this many prefill replicas of the deployment "
+                                          "(with --decode-replicas and --kv-link; vLLM's NIXL connector)",
+                                          group=SCHEDULER, web=False)
+    decode_replicas: str | None = option("disaggregated serving: this many decode replicas of the deployment",
+                                         group=SCHEDULER, web=False)
+    kv_link: str | None = option("disaggregated serving: the link the KV crosses: nvlink, infiniband, roce, pcie, "
+                                 "tcp, a rate (25GB/s) or NAME:RATE", group=SCHEDULER, web=False)
 
 
 def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
@@ -366,18 +373,21 @@ def prices(ask: SimulateRequest) -> dict[str | None, float] | None:
 
 def costed(ask: SimulateRequest, sim: Simulation | FleetSimulation, found: SimulationAsk, replicas: int = 1
            ) -> Cost | None:
-    """What `sim` (run as `found` asks, on `replicas` copies of it) costs at --gpu-price; None without one."""
+    """What `sim` (run as `found` asks, on `replicas` copies of it, or the prefill and decode replicas of a
+    disaggregated fleet) costs at --gpu-price; None without one."""
     priced = prices(ask)
     if priced is None:
         return None
     from kvbudget.simulation.cost import price_for, run_cost
 
+    sides = disaggregated(ask)
     return run_cost(sim.duration_s, sim.prompt_tokens, sim.output_tokens, sim.completed,
-                    price_for(priced, found.gpu), found.tp * found.pp * replicas)
+                    price_for(priced, found.gpu), found.tp * found.pp * (sum(sides) if sides else replicas))
 
 
 def prepared(ask: SimulateRequest) -> tuple[Callable[[float], Iterable[Any]], SimulationAsk, float]:
     """(workload by rate scale, the typed simulation request, rate scale) of a request, checked."""
+    sides = disaggregated(ask)
     _check_outputs(ask)
     if ask.max_concurrency is not None:
         one(ask.max_concurrency, "max_concurrency", MAX_CLIENTS)  # before the model loads
@@ -403,6 +413,12 @@ def prepared(ask: SimulateRequest) -> tuple[Callable[[float], Iterable[Any]], Si
         raise KVBudgetError(f"simulate: {named('find_max_rate')} and {named('sweep')} go separately")
     if ask.slo and not ask.find_max_rate:
         raise KVBudgetError(f"slo goes with {named('find_max_rate')}", param="slo")
+    if sides is not None:  # the link read against the GPU before any run
+        from kvbudget.gpus import find_gpu
+        from kvbudget.interconnects import kv_link
+
+        assert ask.kv_link is not None
+        kv_link(ask.kv_link, [find_gpu(found.gpu) if found.gpu else None])
     return stream, found, scale
 
 
@@ -438,6 +454,40 @@ def simulation(ask: SimulateRequest, on_step: Callable[..., None] | None = None,
     return run_prepared(ask, prepared(ask), on_step, progress, on_finish, check)
 
 
+ONE_RUN = ("sweep", "find_max_rate", "guard_config", "admission", "max_concurrency", "timeline", "per_request",
+           "prometheus_series", "plot")  # what a disaggregated fleet does not take (yet)
+
+
+def disaggregated(ask: SimulateRequest) -> tuple[int, int] | None:
+    """(prefill, decode) replicas of --prefill-replicas and --decode-replicas, checked (None: neither given)."""
+    from kvbudget.simulation.fleet import MAX_REPLICAS
+
+    if ask.prefill_replicas is None and ask.decode_replicas is None:
+        if ask.kv_link is not None:
+            raise KVBudgetError(f"kv_link: goes with {named('prefill_replicas')} and {named('decode_replicas')}",
+                                param="kv_link")
+        return None
+    for param in ("prefill_replicas", "decode_replicas", "kv_link"):
+        if getattr(ask, param) is None:
+            raise KVBudgetError(f"{param}: disaggregated serving needs {named('prefill_replicas', 'P')}, "
+                                f"{named('decode_replicas', 'D')} and {named('kv_link', 'LINK')}", param=param)
+    for param in ONE_RUN:
+        if getattr(ask, param):
+            raise KVBudgetError(f"{param}: not simulated with disaggregated prefill and decode yet; leave it out",
+                                param=param)
+    return (one(str(ask.prefill_replicas), "prefill_replicas", MAX_REPLICAS),
+            one(str(ask.decode_replicas), "decode_replicas", MAX_REPLICAS))
+
+
+def disaggregated_pools(setup: Any, prefill: int, decode: int) -> list[Any]:
+    """The fleet of --prefill-replicas and --decode-replicas: two pools of the same deployment."""
+    from kvbudget.engines.scheduling.setup import Role
+    from kvbudget.simulation.fleet import Pool
+
+    return [Pool(name="prefill", setup=setup, replicas=prefill, role=Role.PREFILL),
+            Pool(name="decode", setup=setup, replicas=decode, role=Role.DECODE)]
+
+
 def run_prepared(ask: SimulateRequest, ready: tuple[Callable[[float], Iterable[Any]], SimulationAsk, float],
                  on_step: Callable[..., None] | None = None, progress: Callable[[int], None] | None = None,
                  on_finish: Callable[..., None] | None = None, check: Callable[[], None] | None = None) -> Any:
@@ -445,5 +495,11 @@ def run_prepared(ask: SimulateRequest, ready: tuple[Callable[[float], Iterable[A
     from kvbudget.simulation.run import setup_of, simulate
 
     stream, found, scale = ready
+    sides = disaggregated(ask)
+    if sides is not None:
+        from kvbudget.simulation.fleet import simulate_fleet
+
+        return simulate_fleet(found.model, stream(scale), disaggregated_pools(setup_of(found), *sides),
+                              kv_link=ask.kv_link, fast=not ask.reference, progress=progress, check=check)
     return simulate(found.model, stream(scale), setup=setup_of(found), fast=not ask.reference, on_step=on_step,
                     progress=progress, on_finish=on_finish, check=check, **front_settings(ask))

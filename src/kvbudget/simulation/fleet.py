@@ -22,9 +22,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvbudget import validate
-from kvbudget.engines.scheduling.setup import LimitsQueue
+from kvbudget.engines.scheduling.setup import Disagg, LimitsQueue, Role
 from kvbudget.engines.scheduling.workload import Request
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, named
+from kvbudget.interconnects import KVLink
 from kvbudget.simulation.autoscale import (
     DYNAMO_SAMPLE_S,
     MAX_DECISIONS,
@@ -38,9 +39,11 @@ from kvbudget.simulation.autoscale import (
     replica_counts,
 )
 from kvbudget.simulation.cost import Cost, gpu_hours_cost
+from kvbudget.simulation.disagg import Handover, KVTransfer, resolve_link
 from kvbudget.simulation.front import FlowControl, FrontDoor, FrontReport
 from kvbudget.simulation.percentiles import Percentiles
 from kvbudget.simulation.routing import (
+    APPROX_MAX_ENTRIES,
     LEAST_KV_REFRESH_S,
     ROUTERS,
     ApproxPrefix,
@@ -58,6 +61,7 @@ from kvbudget.simulation.routing import (
 from kvbudget.simulation.run import SAMPLE_INTERVAL_S, Simulation, _Run
 
 __all__ = [
+    "APPROX_MAX_ENTRIES",
     "LEAST_KV_REFRESH_S",
     "MAX_REPLICAS",
     "ROUTERS",
@@ -93,10 +97,12 @@ class FleetReplica:
     ready_s: float = 0.0  # when it took requests, its cold start over
     drained_s: float | None = None  # when it stopped taking requests
     stopped_s: float = 0.0  # when it was given back: its last request answered after draining, or the run's end
+    role: Role = Role.BOTH
 
     def to_dict(self) -> dict[str, Any]:
         s = self.simulation
-        return {"index": self.index, "pool": self.pool, "routed": self.routed, "started_s": self.started_s,
+        return {"index": self.index, "pool": self.pool, "role": self.role.value, "routed": self.routed,
+                "started_s": self.started_s,
                 "ready_s": self.ready_s, "drained_s": self.drained_s, "stopped_s": self.stopped_s,
                 "completed": s.completed,
                 "duration_s": s.duration_s, "steps": s.steps,
@@ -129,6 +135,7 @@ class FleetSimulation:
     gpu_hours: float = 0.0  # each replica's GPUs for the time it was up, starting included
     autoscale: AutoscaleReport | None = None
     front: FrontReport | None = None
+    kv_transfer: KVTransfer | None = None  # disaggregated prefill and decode: what crossed the link
 
     @property
     def refused(self) -> int:
@@ -166,9 +173,10 @@ class FleetSimulation:
             "output_tokens_per_s": self.output_tokens_per_s, "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens, "preemptions": self.preemptions, "gpu_hours": self.gpu_hours,
             "fleet": {"router": self.router,
-                      "pools": [{"name": p.name, "replicas": p.replicas, "gpus": p.gpus, "setup": p.setup.to_dict()}
-                                for p in self.pools],
+                      "pools": [{"name": p.name, "replicas": p.replicas, "role": p.role.value, "gpus": p.gpus,
+                                 "setup": p.setup.to_dict()} for p in self.pools],
                       "replicas": [r.to_dict() for r in self.replicas],
+                      "kv_transfer": self.kv_transfer.to_dict() if self.kv_transfer else None,
                       "autoscale": self.autoscale.to_dict() if self.autoscale else None,
                       "front": self.front.to_dict() if self.front else None}}
 
@@ -204,6 +212,18 @@ def check_pools(pools: Sequence[Pool]) -> None:
     if total > MAX_REPLICAS:
         raise KVBudgetError(f"replicas: {total:,} in all, over the {MAX_REPLICAS:,} a fleet may have",
                             param="replicas")
+    roles = {p.role for p in pools}
+    if roles != {Role.BOTH}:
+        if roles != {Role.PREFILL, Role.DECODE}:
+            missing = "decode" if Role.DECODE not in roles else "prefill"
+            raise KVBudgetError(f"{missing}_replicas: a disaggregated fleet needs prefill and decode pools, and no "
+                                f"pool doing both; give {named('prefill_replicas')} and {named('decode_replicas')}",
+                                param=f"{missing}_replicas")
+        for p in pools:
+            why = p.setup.simulator.disaggregation(p.setup)
+            if why is not None:
+                raise KVBudgetError(f"{p.role.value}_replicas: pool {p.name}: {why}",
+                                    param=f"{p.role.value}_replicas")
 
 
 def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool], router: Router | str =
@@ -212,8 +232,9 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
                    on_route: Callable[[Request, int], None] | None = None,
                    on_step: Callable[..., None] | None = None, on_finish: Callable[..., None] | None = None,
                    autoscale: Autoscale | str | None = None, admission: str | None = None, guard_config: Any = None,
-                   guard_poll_interval: float = 1.0, flow_control: FlowControl | str | None = None
-                   ) -> FleetSimulation:
+                   guard_poll_interval: float = 1.0, flow_control: FlowControl | str | None = None,
+                   kv_link: KVLink | str | None = None,
+                   on_transfer: Callable[[Request, float, float], None] | None = None) -> FleetSimulation:
     """Run `workload` through a fleet: `pools` of replicas (each a `Setup`, as `setup_for` gives) behind `router`
     (a name, see `parse_router`, or a `Router`). `on_route(request, replica index)` is called for each request
     routed, as the replica receives it; `on_step` and `on_finish` as `simulate`'s, with the replica's index first.
@@ -223,10 +244,33 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     `autoscale` (an `Autoscale`, or its text: see `parse_autoscale`) scales one pool (its `pool`, the fleet's only
     one by default) between its bounds, starting from the pool's `replicas`; `admission` (a policy of
     simulation/guarded.py, `guard_config` for kvbudget's guard, scraping every `guard_poll_interval` seconds)
-    decides each arrival at the fleet's front on the
-    serving replicas' mean gauges; `flow_control` (a `FlowControl`, or `max=N,ttl=S`) holds requests at the
-    gateway while the pool is saturated."""
+    decides each arrival at the fleet's front on the serving replicas' mean gauges; `flow_control` (a
+    `FlowControl`, or `max=N,ttl=S`) holds requests at the gateway while the pool is saturated.
+
+    Disaggregated prefill and decode: pools of `Role.PREFILL` and `Role.DECODE` (none of `Role.BOTH`) and the
+    `kv_link` between them (a `KVLink`, or a name or rate, see `interconnects.kv_link`). Each request goes to a
+    prefill replica (the router among the prefill pools) with one output token; when that finishes, to a decode
+    replica (the router among the decode pools, at that instant) which reads its prompt's KV over the link and
+    generates its output, as vLLM's NIXL connector does (engines/vllm/disagg.py); the prefill replica holds the
+    request's blocks until that read is done. The latencies are the client's: from the arrival at the prefill side
+    to the decode side's tokens. `on_route` sees both routings: the prefill request (output 1) and the decode
+    request (arriving when its prefill finished); `on_transfer(decode request, start, end)` each read. No
+    autoscaler or front door goes with them yet."""
     check_pools(pools)
+    disagg = any(p.role is not Role.BOTH for p in pools)
+    link = resolve_link(kv_link, pools, disagg)
+    if link is not None:
+        for param, given in (("autoscale", autoscale), ("admission", admission), ("guard_config", guard_config),
+                             ("flow_control", flow_control)):
+            if given is not None:
+                raise KVBudgetError(f"{param}: not with disaggregated prefill and decode pools yet", param=param)
+        for p in pools:
+            for param in ("max_num_queued_reqs", "max_num_queued_tokens"):
+                if getattr(p, param) is not None:
+                    raise KVBudgetError(f"{param}: not with disaggregated prefill and decode pools yet",
+                                        param=param)
+        return _disaggregated(workload, pools, router, link, fast, sample_interval, progress, check, on_route,
+                              on_transfer, on_step, on_finish)
     chosen = _router(router, pools)
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
     policy = _policy(autoscale, pools)
@@ -241,42 +285,7 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     scaled = next((p for p in pools if policy and p.name == policy.pool), None)
     cold = {scaled.name: policy.cold_start(_weights(model, scaled))} if policy and scaled else {}
     fleet = _Fleet(pools, chosen, fast, interval, check, on_route, front, scaled, (on_step, on_finish))
-    scaler = Scaler(policy) if policy else None
-    decisions: list[Decision] = []
-    arrivals = iter(workload)
-    pending = next(arrivals, None)
-    next_decision = policy.interval if policy and policy.interval else math.inf
-    next_sample = DYNAMO_SAMPLE_S if policy and policy.signal is Signal.DYNAMO else math.inf
-    now = 0.0
-    while True:
-        tick = front.next_tick(now)
-        arrival = pending.arrival if pending is not None else math.inf
-        if pending is None and tick == math.inf and not fleet.busy():
-            break
-        now = min(arrival, tick, next_decision, next_sample)
-        if now == math.inf:
-            break
-        fleet.advance(now)
-        if pending is None and not front.queue and not fleet.busy():
-            break  # the last request answered: no decision after the run
-        if now == next_sample and scaler is not None:
-            scaler.sample(now, fleet.gauges(now))
-            next_sample += DYNAMO_SAMPLE_S
-        if now == next_decision and scaler is not None and policy is not None:
-            decision = scaler.decide(now, fleet.gauges(now), fleet.starting(now), len(front.queue),
-                                     sum(r.prompt_tokens + r.output_tokens for r, _ in front.queue))
-            if len(decisions) < MAX_DECISIONS:
-                decisions.append(decision)
-            fleet.scale(decision.desired, now, next(iter(cold.values())))
-            next_decision += policy.interval or math.inf
-        if now == tick:
-            fleet.dispatch(now)
-        if now == arrival and pending is not None:
-            fleet.arrive(pending)
-            if progress is not None and fleet.arrived % 1000 == 0:
-                progress(fleet.arrived)
-            pending = next(arrivals, None)
-    fleet.advance(math.inf)
+    decisions = fleet.run(workload, policy, cold, progress)
     return fleet.result(chosen.name, policy, decisions, cold)
 
 
@@ -407,20 +416,54 @@ class _Fleet:
         self.front.dispatch(now, lambda: self.scraped(now), lambda r, release: self.route(r, release, now))
 
     def route(self, r: Request, release: Callable[[], None] | None, now: float) -> None:
-        serving = self.serving(now)
-        i = self.router.choose(r, serving, now)
-        if not (isinstance(i, int) and any(rep.index == i for rep in serving)):
-            raise KVBudgetError(f"router {self.router.name}: chose replica {i!r}, not one of the "
-                                f"{len(serving)} serving", param="router")
-        rep = self.replicas[i]
+        rep = _chosen(self.router, r, self.serving(now), now)
         reason = rep.pool.refusal(rep.run, r.n)
         if reason is not None:  # answered 503 by the engine's API server: the engine never sees it
             self.front.refuse(reason, release)
             return
-        rep.routed += 1
-        if self.on_route is not None:
-            self.on_route(r, i)
-        rep.run.offer(r, release)
+        _sent(rep, r, self.on_route).run.offer(r, release)
+
+    def run(self, workload: Iterable[Request], policy: Autoscale | None, cold: dict[str, float],
+            progress: Callable[[int], None] | None) -> list[Decision]:
+        """The fleet's clock: each arrival, each tick of the gateway's queue, each decision (and sample) of the
+        autoscaler, in time order; the decisions taken."""
+        scaler = Scaler(policy) if policy else None
+        decisions: list[Decision] = []
+        arrivals = iter(workload)
+        pending = next(arrivals, None)
+        next_decision = policy.interval if policy and policy.interval else math.inf
+        next_sample = DYNAMO_SAMPLE_S if policy and policy.signal is Signal.DYNAMO else math.inf
+        now = 0.0
+        while True:
+            tick = self.front.next_tick(now)
+            arrival = pending.arrival if pending is not None else math.inf
+            if pending is None and tick == math.inf and not self.busy():
+                break
+            now = min(arrival, tick, next_decision, next_sample)
+            if now == math.inf:
+                break
+            self.advance(now)
+            if pending is None and not self.front.queue and not self.busy():
+                break  # the last request answered: no decision after the run
+            if now == next_sample and scaler is not None:
+                scaler.sample(now, self.gauges(now))
+                next_sample += DYNAMO_SAMPLE_S
+            if now == next_decision and scaler is not None and policy is not None:
+                decision = scaler.decide(now, self.gauges(now), self.starting(now), len(self.front.queue),
+                                         sum(r.prompt_tokens + r.output_tokens for r, _ in self.front.queue))
+                if len(decisions) < MAX_DECISIONS:
+                    decisions.append(decision)
+                self.scale(decision.desired, now, next(iter(cold.values())))
+                next_decision += policy.interval or math.inf
+            if now == tick:
+                self.dispatch(now)
+            if now == arrival and pending is not None:
+                self.arrive(pending)
+                if progress is not None and self.arrived % 1000 == 0:
+                    progress(self.arrived)
+                pending = next(arrivals, None)
+        self.advance(math.inf)
+        return decisions
 
     def result(self, router: str, policy: Autoscale | None, decisions: list[Decision],
                cold: dict[str, float]) -> FleetSimulation:
@@ -438,6 +481,60 @@ class _Fleet:
             removed=sum(1 for rep in replicas if rep.drained is not None), cold_start_s=cold, gpu_hours=gpu_hours)
         return _result(router, tuple({rep.pool.name: rep.pool for rep in replicas}.values()), replicas, sims,
                        self.arrived, spans, gpu_hours, report, self.front.report())
+
+
+def _disaggregated(workload: Iterable[Request], pools: Sequence[Pool], router: Router | str, link: KVLink,
+                   fast: bool, sample_interval: float, progress: Callable[[int], None] | None,
+                   check: Callable[[], None] | None, on_route: Callable[[Request, int], None] | None,
+                   on_transfer: Callable[[Request, float, float], None] | None,
+                   on_step: Callable[..., None] | None, on_finish: Callable[..., None] | None) -> FleetSimulation:
+    """A fleet of prefill and decode pools (simulate_fleet's docstring), its handover in simulation/disagg.py."""
+    sides = ([p for p in pools if p.role is Role.PREFILL], [p for p in pools if p.role is Role.DECODE])
+    front, back = (_router(router, side) for side in sides)
+    validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
+    interval = sample_interval
+    for chosen in (front, back):  # a router that reads the gauges: the timeline is its scrapes
+        refresh = getattr(chosen, "refresh", 0.0)
+        interval = min(interval, refresh) if refresh else interval
+    used = [replace(p, setup=replace(p.setup, disagg=Disagg(role=p.role, link=link))) for p in pools]
+    replicas: list[Replica] = []
+    for pool in used:  # (each scheduler built before any runs: a setup it refuses is refused first)
+        for _ in range(pool.replicas):
+            i = len(replicas)
+            run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, fast, interval,
+                       _of(i, on_step), None, on_finish=_of(i, on_finish), check=check)
+            replicas.append(Replica(i, pool, run))
+    handover = Handover(replicas, front, back, _route, on_route, on_transfer)
+    requests = handover.run(workload, progress)
+    sims = [rep.run.result() for rep in replicas]
+    end = max((s.duration_s for s in sims), default=0.0)
+    spans = [(0.0, 0.0, None, end)] * len(replicas)
+    gpu_hours = sum(rep.pool.gpus for rep in replicas) * end / 3600
+    return handover.result(_result(front.name, used, replicas, sims, requests, spans, gpu_hours, None, None), link)
+
+
+def _chosen(chosen: Router, r: Request, replicas: Sequence[Replica], now: float) -> Replica:
+    """The replica `chosen` picks among `replicas` for `r`, checked."""
+    i = chosen.choose(r, replicas, now)
+    rep = next((x for x in replicas if x.index == i), None) if isinstance(i, int) else None
+    if rep is None:
+        raise KVBudgetError(f"router {chosen.name}: chose replica {i!r}, not one of the "
+                            f"{len(replicas)} it was offered", param="router")
+    return rep
+
+
+def _sent(rep: Replica, r: Request, on_route: Callable[[Request, int], None] | None) -> Replica:
+    """A request sent to `rep`: counted and reported."""
+    rep.routed += 1
+    if on_route is not None:
+        on_route(r, rep.index)
+    return rep
+
+
+def _route(chosen: Router, r: Request, replicas: Sequence[Replica], now: float,
+           on_route: Callable[[Request, int], None] | None) -> Replica:
+    """The replica `chosen` picks among `replicas` for `r`, counted and reported."""
+    return _sent(_chosen(chosen, r, replicas, now), r, on_route)
 
 
 def _of(index: int, hook: Callable[..., None] | None) -> Callable[..., None] | None:
@@ -461,7 +558,8 @@ def _result(router: str, pools: Sequence[Pool], replicas: Sequence[Replica], sim
     return FleetSimulation(
         router=router, pools=tuple(pools),
         replicas=tuple(FleetReplica(index=rep.index, pool=rep.pool.name, routed=rep.routed, simulation=s,
-                                    started_s=start, ready_s=ready, drained_s=drained, stopped_s=stop)
+                                    started_s=start, ready_s=ready, drained_s=drained, stopped_s=stop,
+                                    role=rep.pool.role)
                        for rep, s, (start, ready, drained, stop) in zip(replicas, sims, spans, strict=True)),
         requests=requests, completed=completed, duration_s=duration, ttft=merged("ttft_sorted"),
         tpot=merged("tpot_sorted"), e2e=merged("e2e_sorted"),

@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from kvbudget import validate
 from kvbudget.engines.scheduling.seq import Seq
-from kvbudget.engines.scheduling.setup import LimitsQueue, Setup
+from kvbudget.engines.scheduling.setup import LimitsQueue, Role, Setup
 from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError
 from kvbudget.simulation.run import Sample, Simulation, _Run
@@ -23,11 +23,13 @@ LEAST_KV_REFRESH_S = 0.05  # the usage gauge's scrape interval a least-kv router
 
 @dataclass(frozen=True, kw_only=True)
 class Pool:
-    """`replicas` copies of one deployment (its `Setup`: engine, GPU, TP, scheduler settings)."""
+    """`replicas` copies of one deployment (its `Setup`: engine, GPU, TP, scheduler settings), each doing all of a
+    request (`Role.BOTH`) or one side of disaggregated prefill and decode."""
 
     name: str
     setup: Setup
     replicas: int = 1
+    role: Role = Role.BOTH
     gpus: int = 1  # GPUs per replica (tp x pp), for GPU-hours
     weight_bytes: int | None = None  # bytes each GPU loads at a cold start (None: counted from the model)
     # the engine's own admission in its API server (vLLM's --max-num-queued-reqs / --max-num-queued-tokens, 503)
@@ -216,7 +218,7 @@ def _pick(replicas: Sequence[Replica], prefix: Sequence[float], weights: tuple[f
     return rng.choice([r for r, s in zip(replicas, scores, strict=True) if s == best]).index
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PrefixAware:
     """llm-d's precise prefix-cache scorer with its load scorers: a replica's prefix score is the share of the
     prompt's blocks its cache holds from the first on, as its KV events report them (the engine's own lookup,

@@ -294,8 +294,7 @@ class _Run:
                                     "rejects it); raise max_model_len or filter the trace", param="trace")
             self.requests += 1
             if self.guard is None:
-                self.add(pending, release)
-                release = None
+                self.add(pending, release)  # (a fleet's offer: one request, `release` its hold)
             else:
                 self.guard.observe(self.t, self.sched.usage(), len(self.sched.waiting))
                 admitted = self.guard.admit(pending, self.t)
@@ -358,20 +357,21 @@ class _Run:
     def advance(self, until: float) -> None:
         """Steps while there is work and the clock is before `until` (a fleet's next arrival): the last step may
         end past it, as a real step would; an idle engine's clock waits where it is."""
-        sched = self.sched
-        while True:
-            sched.clock = self.t
-            if self.t >= until or not sched.has_work():
-                return
-            self.turns -= 1
-            if not self.turns:
-                self.check()
-                self.turns = CHECK_EVERY
-            self.turn(until)
+        while self.t < until and self.sched.has_work():
+            self.step(until)
+        self.sched.clock = self.t
+
+    def step(self, until: float) -> None:
+        """One turn of the clock with work to do, `until` the next event outside (a fleet's), `check` counted."""
+        self.sched.clock = self.t
+        self.turns -= 1
+        if not self.turns:
+            self.check()
+            self.turns = CHECK_EVERY
+        self.turn(until)
 
     def offer(self, r: Request, release: Callable[[], None] | None = None) -> None:
-        """One request routed here by a fleet, its clock advanced to the arrival (or idle before it); `release`
-        (the hold of an admission policy at the fleet's front) runs when it is answered."""
+        """One request routed here by a fleet (the clock at its arrival); `release`: the front door's hold on it."""
         self.t = max(self.t, r.arrival)
         self.admit(iter(()), r, release)
 

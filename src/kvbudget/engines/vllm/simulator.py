@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.choices import Device, parse_allocator
 from kvbudget.engines.base import EngineOptions
-from kvbudget.engines.scheduling.seq import Queues, Seq
-from kvbudget.engines.scheduling.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
+from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig, Seq
+from kvbudget.engines.scheduling.setup import Planned, Role, Setup, SimulationAsk, SimulatorDefaults, config_of
 from kvbudget.engines.scheduling.timing import TimeModel
 from kvbudget.engines.tiers import required_link
 from kvbudget.engines.vllm.blocks import BlockGroup, StateGroup
 from kvbudget.engines.vllm.cached import CachedHybridScheduler
 from kvbudget.engines.vllm.contiguous import ContiguousScheduler
+from kvbudget.engines.vllm.disagg import DecodeScheduler, PrefillScheduler, read_blocks
 from kvbudget.engines.vllm.host import with_host
 from kvbudget.engines.vllm.hybrid import HybridScheduler
 from kvbudget.engines.vllm.lmcache import LMCacheScheduler
@@ -144,7 +145,7 @@ class VLLMSimulator(SimulatorDefaults):
                      long_prefill_token_threshold=ask.long_prefill_token_threshold, gpu=planned.gpu,
                      time_model=planned.time_model, bytes_per_token=planned.allocation.bytes_per_token,
                      allocator=allocator, allocation=planned.allocation, groups=groups, scheduling=scheduling,
-                     simulator=self, **tiers)
+                     gpus=ask.tp * ask.pp, simulator=self, **tiers)
 
     @staticmethod
     def _groups(setup: Setup) -> tuple[BlockGroup, ...]:
@@ -160,6 +161,8 @@ class VLLMSimulator(SimulatorDefaults):
     def scheduler(self, setup: Setup) -> Queues:
         config = config_of(setup)
         allocator = parse_allocator(setup.allocator)
+        if setup.disagg is not None and setup.disagg.role is not Role.BOTH:
+            return self._disaggregated(setup, config)
         if allocator.reservation is not None:
             return ContiguousScheduler(config, self.token_slots(setup), allocator.reservation)
         tier = setup.host_tier
@@ -173,6 +176,28 @@ class VLLMSimulator(SimulatorDefaults):
         if self._hybrid(setup):
             return (CachedHybridScheduler if setup.prefix_caching else HybridScheduler)(config, self._groups(setup))
         return VLLMScheduler(config)
+
+    def disaggregation(self, setup: Setup) -> str | None:
+        why = ("a contiguous allocator" if parse_allocator(setup.allocator).reservation is not None
+               else "a KV offload tier" if setup.host_tier is not None
+               else "several KV cache groups (sliding windows, chunked-local or state layers)"
+               if self._hybrid(setup) else None)
+        return None if why is None else ("disaggregated prefill and decode are simulated for vLLM's paged cache of "
+                                         f"one full-attention group (MLA included), not {why}")
+
+    def kv_read_bytes(self, setup: Setup, prompt_tokens: int) -> int:
+        return read_blocks(prompt_tokens, 0, setup.block_size) * setup.block_size * setup.bytes_per_token
+
+    def _disaggregated(self, setup: Setup, config: SchedulerConfig) -> Queues:
+        """One side of NIXL's disaggregated serving (engines/vllm/disagg.py), for one full-attention group."""
+        assert setup.disagg is not None
+        role = setup.disagg.role
+        why = self.disaggregation(setup)
+        if why is not None:
+            raise KVBudgetError(f"{role.value}_replicas: {why}", param=f"{role.value}_replicas")
+        if role is Role.PREFILL:
+            return PrefillScheduler(config)
+        return DecodeScheduler(config, setup.disagg.link, setup.bytes_per_token * setup.block_size)
 
     def token_slots(self, setup: Setup) -> int:
         """Whole blocks but the null block when paged; the budget over bytes per token when contiguous."""
