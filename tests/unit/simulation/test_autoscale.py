@@ -381,3 +381,15 @@ def test_any_load_keeps_the_fleets_books(load, policy, flow, queued, router):
     spans = sum(rep.stopped_s - rep.started_s for rep in fleet.replicas)
     assert fleet.gpu_hours == pytest.approx(spans / 3600)
     replay(fleet, sent)
+
+
+@pytest.mark.parametrize("given, param", [({"autoscale": "kv"}, "autoscale"),
+                                          ({"flow_control": "max=4"}, "flow_control"),
+                                          ({"admission": "gie"}, "admission")])
+def test_disaggregated_pools_take_no_autoscaler_or_front_door_yet(given, param):
+    from kvbudget.engines.scheduling.setup import Role
+
+    pools = [Pool(name="p", setup=TWO, role=Role.PREFILL), Pool(name="d", setup=TWO, role=Role.DECODE)]
+    with pytest.raises(KVBudgetError, match=f"{param}: not with disaggregated prefill and decode pools yet") as err:
+        simulate_fleet(LLAMA, [req(0.0, 8, 0)], pools, kv_link="nvlink", **given)
+    assert err.value.param == param

@@ -123,3 +123,10 @@ def test_an_autoscaler_in_the_file_and_on_the_command_line_is_refused(capsys, tm
     code, _, err = cli(capsys, "simulate", "llama-3.1-8b", *SMALL, *FAST, "--fleet", str(path), "--autoscale", "kv")
     assert code == 2 and "--autoscale: the fleet file" in err
     assert "names its autoscaler (kv); give it in one place" in err
+
+
+def test_disaggregated_serving_with_an_autoscaler_is_refused_in_one_line(capsys):
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", *SMALL, *FAST, "--prefill-replicas", "1",
+                         "--decode-replicas", "1", "--kv-link", "nvlink", "--autoscale", "kv")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--prefill-replicas: disaggregated prefill and decode run as their own fleet" in err
