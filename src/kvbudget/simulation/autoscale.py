@@ -280,16 +280,17 @@ class AutoscaleReport:
 
     policy: Autoscale
     timeline: tuple[tuple[float, int, int], ...]  # (time, replicas serving, replicas starting) at each change
-    decisions: tuple[Decision, ...]
+    decisions: tuple[Decision, ...]  # the first MAX_DECISIONS of them
     started: int  # replicas added during the run
     removed: int  # replicas drained
     cold_start_s: dict[str, float]  # each pool's cold start
     gpu_hours: float  # each replica's GPUs for the time it was up, starting included
+    decided: int = 0  # decisions taken in all (those past MAX_DECISIONS counted, not kept)
 
     def to_dict(self) -> dict[str, Any]:
         return {"policy": self.policy.to_dict(), "replicas": [{"time": t, "serving": s, "starting": n}
                                                               for t, s, n in self.timeline],
-                "decisions": [d.to_dict() for d in self.decisions], "started": self.started,
+                "decisions": [d.to_dict() for d in self.decisions], "decided": self.decided, "started": self.started,
                 "removed": self.removed, "cold_start_s": dict(self.cold_start_s), "gpu_hours": self.gpu_hours}
 
 

@@ -343,7 +343,7 @@ class _Fleet:
         for pool in pools:
             for _ in range(pool.replicas):
                 self.add(pool, 0.0, 0.0)
-        self.arrived = 0
+        self.arrived = self.decided = 0
 
     def add(self, pool: Pool, now: float, ready: float) -> None:
         i = len(self.replicas)
@@ -451,6 +451,7 @@ class _Fleet:
             if now == next_decision and scaler is not None and policy is not None:
                 decision = scaler.decide(now, self.gauges(now), self.starting(now), len(self.front.queue),
                                          sum(r.prompt_tokens + r.output_tokens for r, _ in self.front.queue))
+                self.decided += 1
                 if len(decisions) < MAX_DECISIONS:
                     decisions.append(decision)
                 self.scale(decision.desired, now, next(iter(cold.values())))
@@ -478,7 +479,8 @@ class _Fleet:
         report = None if policy is None else AutoscaleReport(
             policy=policy, timeline=replica_counts(own), decisions=tuple(decisions),
             started=sum(1 for rep in replicas if rep.started > 0),
-            removed=sum(1 for rep in replicas if rep.drained is not None), cold_start_s=cold, gpu_hours=gpu_hours)
+            removed=sum(1 for rep in replicas if rep.drained is not None), cold_start_s=cold, gpu_hours=gpu_hours,
+            decided=self.decided)
         return _result(router, tuple({rep.pool.name: rep.pool for rep in replicas}.values()), replicas, sims,
                        self.arrived, spans, gpu_hours, report, self.front.report())
 

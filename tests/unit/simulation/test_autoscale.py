@@ -63,7 +63,7 @@ def test_a_step_load_scales_out_after_the_interval_and_cold_start_and_back_in_wh
     assert [(d.time, d.replicas, d.desired, d.signal) for d in scale.decisions] == \
         [(10.0, 1, 2, 2.0), (20.0, 2, 2, 0.0), (30.0, 2, 1, 0.0)]
     assert scale.timeline == ((0.0, 1, 0), (10.0, 1, 1), (15.0, 2, 0), (30.0, 1, 0))
-    assert (scale.started, scale.removed) == (1, 1)
+    assert (scale.started, scale.removed, scale.decided) == (1, 1, 3)
     assert [r.id for r in sent[0]] == ["0", "1", "2", "3"] and [r.id for r in sent[1]] == ["4"]
     first, second = fleet.replicas
     assert (first.started_s, first.ready_s, first.drained_s, first.stopped_s) == (0.0, 0.0, None, 33.0)
