@@ -7,6 +7,7 @@ are read from the workload as the clock reaches them, so a trace of any length s
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from array import array
@@ -34,6 +35,7 @@ from kvbudget.simulation.percentiles import LatencyWindow, Percentiles, check_me
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
 SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
 CHECK_EVERY = 256  # clock-loop turns between calls of `check` (a few ms of work at most; nothing measurable)
+ARRAY_RUN = 48  # decode runs of this many steps or more go through numpy, where installed (below, its calls cost more)
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,26 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
     return run.result()
 
 
+_NUMPY: list[Any] = []  # numpy, once looked for (None: not installed)
+
+
+def _numpy() -> Any:
+    """numpy where installed (imported on the first long decode run, not at start-up), else None."""
+    if not _NUMPY:
+        try:
+            import numpy
+        except ImportError:
+            numpy = None  # type: ignore[assignment]
+        _NUMPY.append(numpy)
+    return _NUMPY[0]
+
+
+def _added(np: Any, start: float, terms: Any) -> Any:
+    """`start` and then each term added in turn, as a loop of `+=` adds them: the running totals (numpy's
+    accumulate adds in order, unlike its sum)."""
+    return np.add.accumulate(np.concatenate(([start], terms)))[1:]
+
+
 class _Run:
     """The clock loop, with its running totals."""
 
@@ -404,7 +426,32 @@ class _Run:
 
     def decode_run(self, sched: Queues, k: int, arrival: float) -> None:
         """Up to k pure decode steps, stopping after the one that ends at or past the next arrival. The clock
-        and the running totals advance step by step, as `after_step` would, without a call per step."""
+        and the running totals advance step by step, as `after_step` would, without a call per step: in a
+        Python loop, or for a long run in numpy arrays (the same floats: each step's time from `step_seconds`,
+        the clock and the integrals added in order by `np.add.accumulate`)."""
+        r = len(sched.running)
+        k = self._steps_to(arrival, k, r, sched.context_tokens())
+        np = _numpy() if k >= ARRAY_RUN else None
+        done, t = self._decode_arrays(np, sched, k, arrival) if np is not None else \
+            self._decode_loop(sched, k, arrival)
+        self.t = t
+        self.steps += done
+        self.fast_steps += done
+        self.peak_running = max(self.peak_running, r)
+        self.peak_waiting = max(self.peak_waiting, len(sched.waiting))
+        self.finish(sched.decode_run(done, t))
+
+    def _steps_to(self, arrival: float, k: int, r: int, context: int) -> int:
+        """At most k steps, no more than reach `arrival` (a step lasts at least as long as the first: the context
+        only grows); any fewer would be as exact, the next turn going on where this one stopped."""
+        if arrival == math.inf:
+            return k
+        first = self.tm.step_seconds(r, context, None, r)
+        if first <= 0.0 or (arrival - self.t) / first >= k:
+            return k
+        return min(k, math.ceil((arrival - self.t) / first) + 1)
+
+    def _decode_loop(self, sched: Queues, k: int, arrival: float) -> tuple[int, float]:
         r = len(sched.running)
         bs = sched.cfg.block_size
         states_time, internal_time = self.slot_time[0], self.slot_time[2]
@@ -461,14 +508,45 @@ class _Run:
                 on_step(t, r, usage, running, waiting)
             if t >= arrival:
                 break
-        self.t, self.usage_time, self.next_sample = t, usage_time, next_sample
+        self.usage_time, self.next_sample = usage_time, next_sample
         self.slot_time[0], self.slot_time[2] = states_time, internal_time
-        self.steps += done
-        self.fast_steps += done
         self.peak_usage = peak
-        self.peak_running = max(self.peak_running, running)
-        self.peak_waiting = max(self.peak_waiting, waiting)
-        self.finish(sched.decode_run(done, t))
+        return done, t
+
+    def _decode_arrays(self, np: Any, sched: Queues, k: int, arrival: float) -> tuple[int, float]:
+        """`_decode_loop` in numpy arrays, float for float."""
+        r, waiting = len(sched.running), len(sched.waiting)
+        takes = np.array(sched.new_blocks_by_step(k), dtype=np.int64)
+        context = sched.context_tokens() + r * np.arange(k, dtype=np.int64)  # attended over in each step
+        dt = self.tm.step_seconds(r, context, None, r)
+        ends = _added(np, self.t, dt)
+        done = min(k, int(np.searchsorted(ends, arrival)) + 1)  # through the first step ending at or past it
+        takes, context, dt, ends = takes[:done], context[:done], dt[:done], ends[:done]
+        free, usable = sched.free_blocks()
+        free = free - np.add.accumulate(takes)
+        usage = 1.0 - free / usable
+        held = (usable - free) * sched.cfg.block_size
+        taken = usage[takes != 0]
+        if taken.size and float(taken.max()) > self.peak_usage:
+            self.peak_usage = float(taken.max())
+        self.usage_time = float(_added(np, self.usage_time, usage * dt)[-1])
+        if sched.hybrid:  # every block in use counts as token states (see memory())
+            self.slot_time[0] = float(_added(np, self.slot_time[0], held * dt)[-1])
+        else:
+            self.slot_time[0] = float(_added(np, self.slot_time[0], context * dt)[-1])
+            beyond = np.where(held > context, (held - context) * dt, 0.0)  # (x + 0.0 is x: as if not added)
+            self.slot_time[2] = float(_added(np, self.slot_time[2], beyond)[-1])
+        times = ends.tolist()
+        if times[-1] >= self.next_sample:  # the timeline's samples: the first step at or past each instant
+            j = bisect.bisect_left(times, self.next_sample)
+            while j < done:
+                self.timeline.append(Sample(times[j], float(usage[j]), r, waiting))
+                self.next_sample = (math.floor(times[j] / self.interval) + 1) * self.interval
+                j = bisect.bisect_left(times, self.next_sample, j + 1)
+        if self.on_step is not None:
+            for t, u in zip(times, usage.tolist(), strict=True):
+                self.on_step(t, r, u, r, waiting)
+        return done, times[-1]
 
     def after_step(self, dt: float, tokens: int, usage: float) -> None:
         self.t += dt

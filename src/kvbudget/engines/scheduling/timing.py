@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvbudget.errors import KVBudgetError
 from kvbudget.files import parse_json_text, read_lines
@@ -73,20 +74,21 @@ class TimeModel:
         return cls(weights=0.0, per_context=per_context, per_token=per_token, overhead=overhead, bound="sum",
                    basis=basis)
 
-    def step_seconds(self, tokens: int, context_tokens: int, pairs: int | None = None,
-                     sequences: int | None = None) -> float:
+    def step_seconds(self, tokens: int, context_tokens: Any, pairs: int | None = None,
+                     sequences: int | None = None) -> Any:
         """One step computing `tokens` new tokens for `sequences` sequences (default: one token each) while
         attending over `context_tokens` cached ones in `pairs` (query, key) pairs (default: one query each, as
-        decoding does; `pair_cost` counts the pairs beyond those)."""
+        decoding does; `pair_cost` counts the pairs beyond those). `context_tokens` may be a numpy array of
+        whole numbers (a run of decode steps, `pairs` None): then an array of each step's seconds, each the
+        same float as the step alone."""
         read = self.weights_read(tokens) + self.per_context * context_tokens
         compute = self.per_token * tokens
-        base = read + compute if self.bound == "sum" else (read if read > compute else compute)
+        base = read + compute if self.bound == "sum" else _larger(read, compute)
         fixed = self.overhead + self.token_cost * tokens + self.seq_cost * (tokens if sequences is None
                                                                              else sequences)
         beyond = 0 if pairs is None else pairs - context_tokens
         total = base + fixed + self.context_cost * context_tokens + self.pair_cost * beyond
-        pace = self.pace + self.pace_per_seq * (tokens if sequences is None else sequences)
-        return total if total >= pace else pace
+        return _larger(total, self.pace + self.pace_per_seq * (tokens if sequences is None else sequences))
 
     def outside_seconds(self, prompt_tokens: int) -> float:
         """Seconds a request of `prompt_tokens` spends outside the engine, added to its TTFT and end to end."""
@@ -112,6 +114,13 @@ class TimeModel:
 
     def to_dict(self) -> dict[str, float | str]:
         return dict(self.__dict__)
+
+
+def _larger(x: Any, floor: float) -> Any:
+    """The larger of `x` and `floor` (`floor` when equal), elementwise where `x` is a numpy array."""
+    if isinstance(x, (float, int)):
+        return x if x > floor else floor
+    return x.clip(floor)  # (numpy's maximum: the same float, element by element)
 
 
 @dataclass(frozen=True)
