@@ -18,7 +18,7 @@ import zlib
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from kvbudget import validate
 from kvbudget.engines.scheduling.setup import Setup
@@ -48,9 +48,19 @@ class Replica:
         self.routed = 0  # requests the router sent here
         self._done = 0  # of them, completed by the router's clock (a pointer into run.finished_at)
         self._sample = 0  # the timeline sample the gauge shows (a pointer into run.timeline)
+        self._quiet = -math.inf  # no request here finishes before this (while none is added): run.no_finish_before
+
+    def advance(self, now: float) -> None:
+        """The replica's clock loop up to `now` (the first step ending at or past it)."""
+        self.run.advance(now)
+        self._quiet = -math.inf
 
     def in_flight(self, now: float) -> int:
-        """Requests routed here and not yet answered at `now`, as the router counts its own outstanding requests."""
+        """Requests routed here and not yet answered at `now`, as the router counts its own outstanding requests
+        (the replica advanced to `now` only where a request could have finished by then)."""
+        if now >= self._quiet:
+            self.run.advance(now)
+            self._quiet = self.run.no_finish_before()
         ends = self.run.finished_at
         done = self._done
         while done < len(ends) and ends[done] <= now:
@@ -62,6 +72,7 @@ class Replica:
         """The engine's gauges (KV usage, running, waiting) as a scrape at `now` last read them: the state the first
         step at or past the latest scrape instant left (the replica's timeline, sampled at the scrape interval);
         an idle replica's own state."""
+        self.advance(now)
         run = self.run
         if run.t <= now and not run.sched.has_work():
             return Sample(now, run.sched.usage(), 0, 0)
@@ -78,7 +89,9 @@ class Replica:
 @runtime_checkable
 class Router(Protocol):
     """Picks the replica a request goes to. `replicas` are the fleet's, each advanced to `now` (the request's
-    arrival); the answer is an index into them."""
+    arrival); the answer is an index into them. A router that reads the replicas only through `in_flight` and
+    `gauge` (which bring a replica up to `now` themselves, where it matters) may say so with a true `lazy`
+    attribute: the fleet then advances only the replica chosen (the built-in routers do)."""
 
     @property
     def name(self) -> str: ...
@@ -95,6 +108,7 @@ def _least(replicas: Sequence[Replica], key: Callable[[Replica], Any]) -> int:
 class RoundRobin:
     name: str = "round-robin"
     turn: int = 0
+    lazy: ClassVar[bool] = True
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
         i = self.turn % len(replicas)
@@ -108,6 +122,7 @@ class LeastRequests:
     replicas as choices, Ray Serve's power-of-two over the whole fleet)."""
 
     name: str = "least-requests"
+    lazy: ClassVar[bool] = True
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
         return _least(replicas, lambda r: r.in_flight(now))
@@ -121,6 +136,7 @@ class LeastKV:
 
     refresh: float = LEAST_KV_REFRESH_S
     name: str = "least-kv"
+    lazy: ClassVar[bool] = True
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
         def key(r: Replica) -> tuple[float, int]:
@@ -136,6 +152,7 @@ class Session:
     as a consistent-hash load balancer keys on a header); requests without a session by least requests."""
 
     name: str = "session"
+    lazy: ClassVar[bool] = True
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
         if not request.session:
@@ -150,6 +167,7 @@ class Length:
 
     bounds: tuple[int, ...]
     name: str = "length"
+    lazy: ClassVar[bool] = True
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
         pools: dict[str, list[Replica]] = {}
@@ -299,11 +317,13 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
             run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, fast, interval, None, None,
                        check=check)
             replicas.append(Replica(len(replicas), pool, run))
+    lazy = getattr(chosen, "lazy", False) is True
     requests = 0
     for r in workload:
         now = r.arrival
-        for rep in replicas:
-            rep.run.advance(now)
+        if not lazy:
+            for rep in replicas:
+                rep.advance(now)
         i = chosen.choose(r, replicas, now)
         if not (isinstance(i, int) and 0 <= i < len(replicas)):
             raise KVBudgetError(f"router {chosen.name}: chose replica {i!r} of {len(replicas)}", param="router")
@@ -311,6 +331,7 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
         rep.routed += 1
         if on_route is not None:
             on_route(r, i)
+        rep.advance(now)
         rep.run.offer(r)
         requests += 1
         if progress is not None and requests % 1000 == 0:

@@ -250,12 +250,6 @@ def _numpy() -> Any:
     return _NUMPY[0]
 
 
-def _added(np: Any, start: float, terms: Any) -> Any:
-    """`start` and then each term added in turn, as a loop of `+=` adds them: the running totals (numpy's
-    accumulate adds in order, unlike its sum)."""
-    return np.add.accumulate(np.concatenate(([start], terms)))[1:]
-
-
 class _Run:
     """The clock loop, with its running totals."""
 
@@ -389,6 +383,24 @@ class _Run:
                 self.turns = CHECK_EVERY
             self.turn(until)
 
+    def no_finish_before(self) -> float:
+        """A time before which no request here can finish while none is added (a fleet's router counting what is
+        in flight need not advance this replica to an earlier instant): the end of the run of pure decode steps
+        ahead, bounded from below by its first step's time, which the later ones cannot undercut (the context
+        only grows and no part of the step time is negative); the clock itself where nothing is known."""
+        sched, tm = self.sched, self.tm
+        if not sched.has_work():
+            return math.inf
+        if not self.fast or min(tm.per_context, tm.context_cost) < 0.0 or sched.next_ready() is not None:
+            return self.t
+        k = sched.decode_run_limit()  # steps certain to be pure decode: only the last may finish a request
+        if not k:
+            return self.t
+        r = len(sched.running)
+        first = tm.step_seconds(r, sched.context_tokens(), None, r)
+        end = self.t + k * first
+        return self.t + k * first * (1.0 - 1e-12) - k * math.ulp(2.0 * end)  # (below k additions' rounding)
+
     def offer(self, r: Request) -> None:
         """One request routed here by a fleet, its clock advanced to the arrival (or idle before it)."""
         self.t = max(self.t, r.arrival)
@@ -514,29 +526,40 @@ class _Run:
         return done, t
 
     def _decode_arrays(self, np: Any, sched: Queues, k: int, arrival: float) -> tuple[int, float]:
-        """`_decode_loop` in numpy arrays, float for float."""
+        """`_decode_loop` in numpy arrays, float for float: row by row, the clock, the usage integral and the
+        slot integrals, each added in order from its running total by one `np.add.accumulate`."""
         r, waiting = len(sched.running), len(sched.waiting)
-        takes = np.array(sched.new_blocks_by_step(k), dtype=np.int64)
-        context = sched.context_tokens() + r * np.arange(k, dtype=np.int64)  # attended over in each step
-        dt = self.tm.step_seconds(r, context, None, r)
-        ends = _added(np, self.t, dt)
-        done = min(k, int(np.searchsorted(ends, arrival)) + 1)  # through the first step ending at or past it
-        takes, context, dt, ends = takes[:done], context[:done], dt[:done], ends[:done]
+        taken = np.add.accumulate(np.fromiter(sched.new_blocks_by_step(k), np.int64, k))  # blocks, step by step
+        context = np.arange(k, dtype=np.int64)
+        context *= r
+        context += sched.context_tokens()  # attended over in each step
         free, usable = sched.free_blocks()
-        free = free - np.add.accumulate(takes)
-        usage = 1.0 - free / usable
-        held = (usable - free) * sched.cfg.block_size
-        taken = usage[takes != 0]
-        if taken.size and float(taken.max()) > self.peak_usage:
-            self.peak_usage = float(taken.max())
-        self.usage_time = float(_added(np, self.usage_time, usage * dt)[-1])
+        usage = 1.0 - (free - taken) / usable
+        rows = np.empty((4, k + 1))
+        rows[:, 0] = self.t, self.usage_time, self.slot_time[0], self.slot_time[2]
+        dt = rows[0, 1:] = self.tm.step_seconds(r, context, None, r)
+        np.multiply(usage, dt, out=rows[1, 1:])
+        held = taken + (usable - free)
+        held *= sched.cfg.block_size  # token slots in blocks in use
         if sched.hybrid:  # every block in use counts as token states (see memory())
-            self.slot_time[0] = float(_added(np, self.slot_time[0], held * dt)[-1])
+            np.multiply(held, dt, out=rows[2, 1:])
+            rows[3, 1:] = 0.0  # (x + 0.0 is x: as if not added)
         else:
-            self.slot_time[0] = float(_added(np, self.slot_time[0], context * dt)[-1])
-            beyond = np.where(held > context, (held - context) * dt, 0.0)  # (x + 0.0 is x: as if not added)
-            self.slot_time[2] = float(_added(np, self.slot_time[2], beyond)[-1])
-        times = ends.tolist()
+            np.multiply(context, dt, out=rows[2, 1:])
+            held -= context
+            np.maximum(held, 0, out=held)  # (held beyond the context; 0: adds 0.0, as if not added)
+            np.multiply(held, dt, out=rows[3, 1:])
+        np.add.accumulate(rows, axis=1, out=rows)
+        done = min(k, int(np.searchsorted(rows[0, 1:], arrival)) + 1)  # through the first step ending at or past it
+        self.usage_time, self.slot_time[0], self.slot_time[2] = rows[1:, done].tolist()
+        if sched.hybrid:  # (windows free blocks: usage can fall within a run) the highest after a step that took
+            took = usage[:done][np.diff(taken[:done], prepend=0) != 0]
+            peak = float(took.max()) if took.size else 0.0
+        else:  # blocks are only taken: the usage after the last step that took one
+            peak = float(usage[done - 1]) if taken[done - 1] else 0.0
+        if peak > self.peak_usage:
+            self.peak_usage = peak
+        times = rows[0, 1:done + 1].tolist()
         if times[-1] >= self.next_sample:  # the timeline's samples: the first step at or past each instant
             j = bisect.bisect_left(times, self.next_sample)
             while j < done:
@@ -544,7 +567,7 @@ class _Run:
                 self.next_sample = (math.floor(times[j] / self.interval) + 1) * self.interval
                 j = bisect.bisect_left(times, self.next_sample, j + 1)
         if self.on_step is not None:
-            for t, u in zip(times, usage.tolist(), strict=True):
+            for t, u in zip(times, usage[:done].tolist(), strict=True):
                 self.on_step(t, r, u, r, waiting)
         return done, times[-1]
 
