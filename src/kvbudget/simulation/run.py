@@ -35,7 +35,7 @@ from kvbudget.simulation.percentiles import LatencyWindow, Percentiles, check_me
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
 SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
 CHECK_EVERY = 256  # clock-loop turns between calls of `check` (a few ms of work at most; nothing measurable)
-ARRAY_RUN = 48  # decode runs of this many steps or more go through numpy, where installed (below, its calls cost more)
+ARRAY_RUN = 150  # decode runs of this many steps or more go through numpy, where installed (below, its calls cost more)
 
 
 @dataclass(frozen=True)
@@ -529,8 +529,9 @@ class _Run:
         """`_decode_loop` in numpy arrays, float for float: row by row, the clock, the usage integral and the
         slot integrals, each added in order from its running total by one `np.add.accumulate`."""
         r, waiting = len(sched.running), len(sched.waiting)
-        taken = np.add.accumulate(np.fromiter(sched.new_blocks_by_step(k), np.int64, k))  # blocks, step by step
-        context = np.arange(k, dtype=np.int64)
+        # whole numbers as floats (exact below 2^53: the same floats as Python's int-to-float in the loop)
+        taken = np.add.accumulate(np.fromiter(sched.new_blocks_by_step(k), float, k))  # blocks, step by step
+        context = np.arange(k, dtype=float)
         context *= r
         context += sched.context_tokens()  # attended over in each step
         free, usable = sched.free_blocks()

@@ -86,8 +86,9 @@ class TimeModel:
         base = read + compute if self.bound == "sum" else _larger(read, compute)
         fixed = self.overhead + self.token_cost * tokens + self.seq_cost * (tokens if sequences is None
                                                                              else sequences)
-        beyond = 0 if pairs is None else pairs - context_tokens
-        total = base + fixed + self.context_cost * context_tokens + self.pair_cost * beyond
+        total = base + fixed + self.context_cost * context_tokens
+        if pairs is not None:  # (none beyond one per cached token: adding 0.0 would change no float)
+            total += self.pair_cost * (pairs - context_tokens)
         return _larger(total, self.pace + self.pace_per_seq * (tokens if sequences is None else sequences))
 
     def outside_seconds(self, prompt_tokens: int) -> float:
@@ -120,7 +121,9 @@ def _larger(x: Any, floor: float) -> Any:
     """The larger of `x` and `floor` (`floor` when equal), elementwise where `x` is a numpy array."""
     if isinstance(x, (float, int)):
         return x if x > floor else floor
-    return x.clip(floor)  # (numpy's maximum: the same float, element by element)
+    import numpy  # (an array is numpy's: imported by then)
+
+    return numpy.maximum(x, floor)  # (the same float, element by element)
 
 
 @dataclass(frozen=True)
