@@ -57,10 +57,9 @@ class Replica:
 
     def in_flight(self, now: float) -> int:
         """Requests routed here and not yet answered at `now`, as the router counts its own outstanding requests
-        (the replica advanced to `now` only where a request could have finished by then)."""
+        (the replica advanced only as far as a request could have finished by then)."""
         if now >= self._quiet:
-            self.run.advance(now)
-            self._quiet = self.run.no_finish_before()
+            self._quiet = self.run.finishes_by(now)
         ends = self.run.finished_at
         done = self._done
         while done < len(ends) and ends[done] <= now:
@@ -104,6 +103,16 @@ def _least(replicas: Sequence[Replica], key: Callable[[Replica], Any]) -> int:
     return min(replicas, key=lambda r: (key(r), r.index)).index
 
 
+def _fewest_in_flight(replicas: Sequence[Replica], now: float) -> int:
+    """`_least` by requests in flight, in a plain loop (every arrival asks every replica)."""
+    best, pick = math.inf, -1
+    for r in replicas:
+        n = r.in_flight(now)
+        if n < best or (n == best and r.index < pick):
+            best, pick = n, r.index
+    return pick
+
+
 @dataclass
 class RoundRobin:
     name: str = "round-robin"
@@ -125,7 +134,7 @@ class LeastRequests:
     lazy: ClassVar[bool] = True
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
-        return _least(replicas, lambda r: r.in_flight(now))
+        return _fewest_in_flight(replicas, now)
 
 
 @dataclass(frozen=True)
@@ -156,7 +165,7 @@ class Session:
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
         if not request.session:
-            return _least(replicas, lambda r: r.in_flight(now))
+            return _fewest_in_flight(replicas, now)
         return replicas[zlib.crc32(request.session.encode()) % len(replicas)].index
 
 
@@ -175,7 +184,7 @@ class Length:
             pools.setdefault(r.pool.name, []).append(r)
         order = list(pools)
         k = next((i for i, b in enumerate(self.bounds) if request.prompt_tokens <= b), len(self.bounds))
-        return _least(pools[order[k]], lambda r: r.in_flight(now))
+        return _fewest_in_flight(pools[order[k]], now)
 
 
 ROUTERS = ("round-robin", "least-requests", "least-kv", "session", "length")

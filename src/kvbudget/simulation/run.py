@@ -372,16 +372,29 @@ class _Run:
     def advance(self, until: float) -> None:
         """Steps while there is work and the clock is before `until` (a fleet's next arrival): the last step may
         end past it, as a real step would; an idle engine's clock waits where it is."""
+        while self._toward(until):
+            pass
+
+    def finishes_by(self, until: float) -> float:
+        """`advance` as far as needed for every request that finishes by `until` to have finished (what a router
+        counting requests in flight reads), leaving whole a run of decode steps in which none can; the time
+        before which no request can finish from there (while none is added)."""
+        while (quiet := self.no_finish_before()) <= until and self._toward(until):
+            pass
+        return max(quiet, self.t)
+
+    def _toward(self, until: float) -> bool:
+        """One turn toward `until`; False where there is none to take."""
         sched = self.sched
-        while True:
-            sched.clock = self.t
-            if self.t >= until or not sched.has_work():
-                return
-            self.turns -= 1
-            if not self.turns:
-                self.check()
-                self.turns = CHECK_EVERY
-            self.turn(until)
+        sched.clock = self.t
+        if self.t >= until or not sched.has_work():
+            return False
+        self.turns -= 1
+        if not self.turns:
+            self.check()
+            self.turns = CHECK_EVERY
+        self.turn(until)
+        return True
 
     def no_finish_before(self) -> float:
         """A time before which no request here can finish while none is added (a fleet's router counting what is
@@ -442,7 +455,8 @@ class _Run:
         Python loop, or for a long run in numpy arrays (the same floats: each step's time from `step_seconds`,
         the clock and the integrals added in order by `np.add.accumulate`)."""
         r = len(sched.running)
-        k = self._steps_to(arrival, k, r, sched.context_tokens())
+        if k >= ARRAY_RUN:  # (a short run stops at the arrival as cheaply as it would be capped)
+            k = self._steps_to(arrival, k, r, sched.context_tokens())
         np = _numpy() if k >= ARRAY_RUN else None
         done, t = self._decode_arrays(np, sched, k, arrival) if np is not None else \
             self._decode_loop(sched, k, arrival)
