@@ -379,9 +379,11 @@ class _Run:
         """`advance` as far as needed for every request that finishes by `until` to have finished (what a router
         counting requests in flight reads), leaving whole a run of decode steps in which none can; the time
         before which no request can finish from there (while none is added)."""
-        while (quiet := self.no_finish_before()) <= until and self._toward(until):
-            pass
-        return max(quiet, self.t)
+        while self.t < until:
+            quiet = self.no_finish_before()
+            if quiet > until or not self._toward(until):
+                return quiet
+        return self.t  # (what finished by then has)
 
     def _toward(self, until: float) -> bool:
         """One turn toward `until`; False where there is none to take."""
