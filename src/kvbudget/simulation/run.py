@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+import sys
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -236,18 +237,25 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
     return run.result()
 
 
-_NUMPY: list[Any] = []  # numpy, once looked for (None: not installed)
+_NUMPY: list[Any] = [0]  # long runs seen; then numpy, once looked for (None: not installed)
+IMPORT_AFTER = 1000  # long runs in Python loops before numpy is imported (about the time its import takes)
 
 
 def _numpy() -> Any:
-    """numpy where installed (imported on the first long decode run, not at start-up), else None."""
-    if not _NUMPY:
-        try:
-            import numpy
-        except ImportError:
-            numpy = None  # type: ignore[assignment]
+    """numpy for a long decode run where installed, else None: at once where something has imported it, else
+    after `IMPORT_AFTER` long runs (a short simulation does not pay for the import)."""
+    if len(_NUMPY) == 1:
+        numpy = sys.modules.get("numpy")
+        if numpy is None:
+            _NUMPY[0] += 1
+            if _NUMPY[0] < IMPORT_AFTER:
+                return None
+            try:
+                import numpy
+            except ImportError:
+                numpy = None
         _NUMPY.append(numpy)
-    return _NUMPY[0]
+    return _NUMPY[1]
 
 
 class _Run:
