@@ -7,10 +7,8 @@ are read from the workload as the clock reaches them, so a trace of any length s
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
-import sys
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,25 +26,15 @@ if TYPE_CHECKING:
     from kvbudget.engines.tiers import OffloadTotals
 from kvbudget.errors import KVBudgetError, named, spelled
 from kvbudget.model.spec import ModelSpec
-from kvbudget.simulation import bands, steptimes
+from kvbudget.simulation import bands, decoding, steptimes
 from kvbudget.simulation.beam import BeamSearch
+from kvbudget.simulation.decoding import Sample
 from kvbudget.simulation.guarded import Gatekeeper, GuardReport, admission_policy
 from kvbudget.simulation.percentiles import LatencyWindow, Percentiles, check_metric, latency_windows
 
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
 SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
 CHECK_EVERY = 256  # clock-loop turns between calls of `check` (a few ms of work at most; nothing measurable)
-ARRAY_RUN = 150  # decode runs of this many steps or more go through numpy, where installed (below, its calls cost more)
-
-
-@dataclass(frozen=True)
-class Sample:
-    """The engine's state after the first step at or past each sampling instant."""
-
-    time: float
-    usage: float  # vLLM's KV cache usage gauge (0..1)
-    running: int
-    waiting: int
 
 
 @dataclass(frozen=True)
@@ -235,27 +223,6 @@ def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | No
         validate.count(max_concurrency, "max_concurrency", 1, MAX_CLIENTS)
     run = _Run(s, sched, workload, fast, sample_interval, on_step, progress, guard, on_finish, check, max_concurrency)
     return run.result()
-
-
-_NUMPY: list[Any] = [0]  # long runs seen; then numpy, once looked for (None: not installed)
-IMPORT_AFTER = 1000  # long runs in Python loops before numpy is imported (about the time its import takes)
-
-
-def _numpy() -> Any:
-    """numpy for a long decode run where installed, else None: at once where something has imported it, else
-    after `IMPORT_AFTER` long runs (a short simulation does not pay for the import)."""
-    if len(_NUMPY) == 1:
-        numpy = sys.modules.get("numpy")
-        if numpy is None:
-            _NUMPY[0] += 1
-            if _NUMPY[0] < IMPORT_AFTER:
-                return None
-            try:
-                import numpy
-            except ImportError:
-                numpy = None
-        _NUMPY.append(numpy)
-    return _NUMPY[1]
 
 
 class _Run:
@@ -461,140 +428,15 @@ class _Run:
 
     def decode_run(self, sched: Queues, k: int, arrival: float) -> None:
         """Up to k pure decode steps, stopping after the one that ends at or past the next arrival. The clock
-        and the running totals advance step by step, as `after_step` would, without a call per step: in a
-        Python loop, or for a long run in numpy arrays (the same floats: each step's time from `step_seconds`,
-        the clock and the integrals added in order by `np.add.accumulate`)."""
+        and the running totals advance step by step, as `after_step` would, without a call per step
+        (simulation/decoding.py)."""
         r = len(sched.running)
-        if k >= ARRAY_RUN:  # (a short run stops at the arrival as cheaply as it would be capped)
-            k = self._steps_to(arrival, k, r, sched.context_tokens())
-        np = _numpy() if k >= ARRAY_RUN else None
-        done, t = self._decode_arrays(np, sched, k, arrival) if np is not None else \
-            self._decode_loop(sched, k, arrival)
-        self.t = t
+        done, self.t = decoding.take(self, sched, k, arrival)
         self.steps += done
         self.fast_steps += done
         self.peak_running = max(self.peak_running, r)
         self.peak_waiting = max(self.peak_waiting, len(sched.waiting))
-        self.finish(sched.decode_run(done, t))
-
-    def _steps_to(self, arrival: float, k: int, r: int, context: int) -> int:
-        """At most k steps, no more than reach `arrival` (a step lasts at least as long as the first: the context
-        only grows); any fewer would be as exact, the next turn going on where this one stopped."""
-        if arrival == math.inf:
-            return k
-        first = self.tm.step_seconds(r, context, None, r)
-        if first <= 0.0 or (arrival - self.t) / first >= k:
-            return k
-        return min(k, math.ceil((arrival - self.t) / first) + 1)
-
-    def _decode_loop(self, sched: Queues, k: int, arrival: float) -> tuple[int, float]:
-        r = len(sched.running)
-        bs = sched.cfg.block_size
-        states_time, internal_time = self.slot_time[0], self.slot_time[2]
-        takes = sched.new_blocks_by_step(k)
-        blocks_as_states = sched.hybrid
-        tm = self.tm
-        weights, per_context, per_token, overhead = tm.weights_read(r), tm.per_context, tm.per_token, tm.overhead
-        # the added costs, as step_seconds adds them (a decode step has no attended pairs beyond its context)
-        fixed = overhead + tm.token_cost * r + tm.seq_cost * r
-        pace = tm.pace + tm.pace_per_seq * r  # (a step cannot outrun it)
-        context_cost = tm.context_cost
-        summed = tm.bound == "sum"
-        context = sched.context_tokens()
-        compute = per_token * r
-        head = None  # with nothing read per cached token inside the max, all of a step but attention is constant
-        if per_context == 0.0:
-            head = (weights + compute if summed else (weights if weights > compute else compute)) + fixed
-        free, usable = sched.free_blocks()
-        usage = 1.0 - free / usable
-        t, usage_time, next_sample = self.t, self.usage_time, self.next_sample
-        running, waiting = r, len(sched.waiting)
-        on_step = self.on_step
-        done = 0
-        held = (usable - free) * bs
-        peak = self.peak_usage
-        for take in takes:
-            if take:
-                free -= take
-                usage = 1.0 - free / usable
-                held = (usable - free) * bs
-                if usage > peak:  # (hybrid windows free blocks: usage can fall within a run)
-                    peak = usage
-            if head is None:
-                read = weights + per_context * context  # (as step_seconds computes it, to the last bit)
-                base = read + compute if summed else (read if read > compute else compute)
-                dt = base + fixed + context_cost * context
-            else:
-                dt = head + context_cost * context
-            dt = dt if dt >= pace else pace
-            t += dt
-            usage_time += usage * dt
-            if blocks_as_states:  # hybrid groups: every block in use counts as token states (see memory())
-                states_time += held * dt
-            else:
-                states_time += context * dt  # the cached tokens are the context attended over
-                if held > context:
-                    internal_time += (held - context) * dt
-            context += r
-            done += 1
-            if t >= next_sample:
-                self.timeline.append(Sample(t, usage, running, waiting))
-                next_sample = (math.floor(t / self.interval) + 1) * self.interval
-            if on_step is not None:
-                on_step(t, r, usage, running, waiting)
-            if t >= arrival:
-                break
-        self.usage_time, self.next_sample = usage_time, next_sample
-        self.slot_time[0], self.slot_time[2] = states_time, internal_time
-        self.peak_usage = peak
-        return done, t
-
-    def _decode_arrays(self, np: Any, sched: Queues, k: int, arrival: float) -> tuple[int, float]:
-        """`_decode_loop` in numpy arrays, float for float: row by row, the clock, the usage integral and the
-        slot integrals, each added in order from its running total by one `np.add.accumulate`."""
-        r, waiting = len(sched.running), len(sched.waiting)
-        # whole numbers as floats (exact below 2^53: the same floats as Python's int-to-float in the loop)
-        taken = np.add.accumulate(np.fromiter(sched.new_blocks_by_step(k), float, k))  # blocks, step by step
-        context = np.arange(k, dtype=float)
-        context *= r
-        context += sched.context_tokens()  # attended over in each step
-        free, usable = sched.free_blocks()
-        usage = 1.0 - (free - taken) / usable
-        rows = np.empty((4, k + 1))
-        rows[:, 0] = self.t, self.usage_time, self.slot_time[0], self.slot_time[2]
-        dt = rows[0, 1:] = self.tm.step_seconds(r, context, None, r)
-        np.multiply(usage, dt, out=rows[1, 1:])
-        held = taken + (usable - free)
-        held *= sched.cfg.block_size  # token slots in blocks in use
-        if sched.hybrid:  # every block in use counts as token states (see memory())
-            np.multiply(held, dt, out=rows[2, 1:])
-            rows[3, 1:] = 0.0  # (x + 0.0 is x: as if not added)
-        else:
-            np.multiply(context, dt, out=rows[2, 1:])
-            held -= context
-            np.maximum(held, 0, out=held)  # (held beyond the context; 0: adds 0.0, as if not added)
-            np.multiply(held, dt, out=rows[3, 1:])
-        np.add.accumulate(rows, axis=1, out=rows)
-        done = min(k, int(np.searchsorted(rows[0, 1:], arrival)) + 1)  # through the first step ending at or past it
-        self.usage_time, self.slot_time[0], self.slot_time[2] = rows[1:, done].tolist()
-        if sched.hybrid:  # (windows free blocks: usage can fall within a run) the highest after a step that took
-            took = usage[:done][np.diff(taken[:done], prepend=0) != 0]
-            peak = float(took.max()) if took.size else 0.0
-        else:  # blocks are only taken: the usage after the last step that took one
-            peak = float(usage[done - 1]) if taken[done - 1] else 0.0
-        if peak > self.peak_usage:
-            self.peak_usage = peak
-        times = rows[0, 1:done + 1].tolist()
-        if times[-1] >= self.next_sample:  # the timeline's samples: the first step at or past each instant
-            j = bisect.bisect_left(times, self.next_sample)
-            while j < done:
-                self.timeline.append(Sample(times[j], float(usage[j]), r, waiting))
-                self.next_sample = (math.floor(times[j] / self.interval) + 1) * self.interval
-                j = bisect.bisect_left(times, self.next_sample, j + 1)
-        if self.on_step is not None:
-            for t, u in zip(times, usage[:done].tolist(), strict=True):
-                self.on_step(t, r, u, r, waiting)
-        return done, times[-1]
+        self.finish(sched.decode_run(done, self.t))
 
     def after_step(self, dt: float, tokens: int, usage: float) -> None:
         self.t += dt

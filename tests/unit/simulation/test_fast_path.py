@@ -85,7 +85,7 @@ def _both_ways(model, requests, setup) -> bool:
     runs = []
     for fast, array_run in ((False, 1), (True, 10**9), (True, 1) if arrays else (True, 10**9)):
         steps: list = []
-        with mock.patch("kvbudget.simulation.run.ARRAY_RUN", array_run):
+        with mock.patch("kvbudget.simulation.decoding.ARRAY_RUN", array_run):
             result = simulate(model, iter(requests), setup=setup, fast=fast,
                               on_step=lambda *a, steps=steps: steps.append(a))
         runs.append((replace(result, fast_steps=0), steps))
