@@ -81,15 +81,22 @@ class TimeModel:
         decoding does; `pair_cost` counts the pairs beyond those). `context_tokens` may be a numpy array of
         whole numbers (a run of decode steps, `pairs` None): then an array of each step's seconds, each the
         same float as the step alone."""
+        array = hasattr(context_tokens, "dtype")
         read = self.weights_read(tokens) + self.per_context * context_tokens
         compute = self.per_token * tokens
-        base = read + compute if self.bound == "sum" else _larger(read, compute)
+        if self.bound == "sum":
+            base = read + compute
+        else:
+            base = _larger(read, compute) if array else read if read > compute else compute
         fixed = self.overhead + self.token_cost * tokens + self.seq_cost * (tokens if sequences is None
                                                                              else sequences)
         total = base + fixed + self.context_cost * context_tokens
         if pairs is not None:  # (none beyond one per cached token: adding 0.0 would change no float)
             total += self.pair_cost * (pairs - context_tokens)
-        return _larger(total, self.pace + self.pace_per_seq * (tokens if sequences is None else sequences))
+        pace = self.pace + self.pace_per_seq * (tokens if sequences is None else sequences)
+        if array:
+            return _larger(total, pace)
+        return total if total >= pace else pace
 
     def outside_seconds(self, prompt_tokens: int) -> float:
         """Seconds a request of `prompt_tokens` spends outside the engine, added to its TTFT and end to end."""
@@ -118,12 +125,11 @@ class TimeModel:
 
 
 def _larger(x: Any, floor: float) -> Any:
-    """The larger of `x` and `floor` (`floor` when equal), elementwise where `x` is a numpy array."""
-    if isinstance(x, (float, int)):
-        return x if x > floor else floor
+    """numpy's elementwise larger of an array `x` and `floor`: for each element the float `x if x > floor else
+    floor` gives (a step alone)."""
     import numpy  # (an array is numpy's: imported by then)
 
-    return numpy.maximum(x, floor)  # (the same float, element by element)
+    return numpy.maximum(x, floor)
 
 
 @dataclass(frozen=True)
