@@ -7,6 +7,10 @@ Used by bench_step_times.py and tests/unit/simulation/test_step_times.py.
 `vllm bench serve` blocks (fixed-length random prompts, sent at once), on GPUs the step times were not fitted on,
 by GPU, basis, tensor parallel size and load: median |error| and median signed error of mean TTFT, TPOT and E2E.
 
+`python benchmarks/served.py --decode-steps` sets the decode steps the held-out runs' own engine logs show (the
+10-second statistics lines pasted after a block, where nothing but decoding ran) beside the simulated step of the same
+batch and context, and fits the gap per GPU and tensor parallel size as a line over the sequences (about 2 seconds).
+
 `python benchmarks/served.py --silicon` replays aiconfigurator's silicon runs instead (data/served/silicon.json:
 1,149 vLLM rows on H100, H200, B200 and B300, each a closed loop of its concurrency, as aiperf sent them) and
 prints the same figures by GPU, release, model and weights, TP and concurrency, an overall line and the rows left
@@ -168,12 +172,14 @@ def default_time_model(run: dict[str, Any]) -> TimeModel:
     return setup_for(model_of(run["model"]), **settings(run)).time_model
 
 
-def replay(run: dict[str, Any], time_model: TimeModel | None = None) -> list[Case]:
-    """The run's cases: its real figures beside the simulation's."""
+def replay(run: dict[str, Any], time_model: TimeModel | None = None,
+           earlier: list[dict[str, Any]] | None = None) -> list[Case]:
+    """The run's cases: its real figures beside the simulation's. A printed block is replayed on a fresh server,
+    or after `earlier` (its `server_history`), the runs whose prompts the prefix cache may still hold."""
     model = model_of(run["model"])
     kw = settings(run, time_model)
     if "load" in run:
-        return [_replay_block(run, model, kw)]
+        return [_replay_block(run, model, kw, earlier or [])]
     if "requests_file" in run:
         collect = _Collect(lambda r: 0)
         reqs = bench_requests(run)
@@ -202,15 +208,37 @@ def replay(run: dict[str, Any], time_model: TimeModel | None = None) -> list[Cas
 def block_requests(run: dict[str, Any]) -> list[Request]:
     """A printed `benchmark_serving.py` block of the random dataset at an unlimited rate: every request sent at
     once, each of the run's mean prompt and output length (the block's totals over its requests: the random
-    prompts re-tokenize a few tokens off, and without --ignore-eos an output may stop early)."""
+    prompts re-tokenize a few tokens off, and without --ignore-eos an output may stop early). Prompt i is the
+    dataset's i-th whatever the run (RANDOM_PROMPT), so runs on one server share what its prefix cache holds."""
     n = run["requests"]
     prompt, output = round(run["input_tokens"] / n), max(1, round(run["output_tokens"] / n))
     return [Request(arrival=0.0, prompt_tokens=prompt, output_tokens=output, id=str(i),
-                    prefix=((FIRST_PROMPT, prompt),) if i == 0 else ()) for i in range(n)]
+                    prefix=(((RANDOM_PROMPT, i), prompt),)) for i in range(n)]
 
 
-FIRST_PROMPT = "the benchmark's first prompt"  # the prefix-cache content id of the prompt its test run sends first
+# the prefix-cache content id of the random dataset's i-th prompt, with i: vllm/benchmarks/datasets.py (0.10.1.1)
+# seeds numpy with 0 and, at fixed lengths, draws no random number for them, so every run draws the same offsets
+# and its i-th prompt starts with the same tokens as every other run's i-th (of any length) on the same model
+RANDOM_PROMPT = "benchmark_serving.py's random prompt"
 TIMED_FROM = 50_000.0  # seconds: when the timed requests go out, long after the test run has ended
+SERVER_RUNS_APART = 2 * TIMED_FROM  # seconds between the runs replayed one after another on one server
+
+
+def server_history(run: dict[str, Any], every: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The published runs that went before `run` on its server, oldest first: the same test (settings), the same
+    API server process on the same day (`server_pid`, and the date of the engine's log lines), earlier by the
+    time of their first log line. Their prompts are what the prefix cache may still hold when `run` starts."""
+    def key(r: dict[str, Any]) -> tuple[str, Any, str] | None:
+        log = r.get("engine_log")
+        return (r["id"].rsplit("-", 1)[0], r.get("server_pid"), log[0]["at"][:5]) if log and "server_pid" in r \
+            else None
+
+    mine = key(run)
+    if mine is None:
+        return []
+    start = run["engine_log"][0]["at"]
+    return sorted((r for r in every if r is not run and key(r) == mine and r["engine_log"][0]["at"] < start),
+                  key=lambda r: r["engine_log"][0]["at"])
 
 
 def with_test_run(requests: list[Request]) -> list[Request]:
@@ -223,24 +251,27 @@ def with_test_run(requests: list[Request]) -> list[Request]:
     return [test, *(replace(r, arrival=r.arrival + TIMED_FROM) for r in requests)]
 
 
-def _replay_block(run: dict[str, Any], model: Any, kw: dict[str, Any]) -> Case:
+def _replay_block(run: dict[str, Any], model: Any, kw: dict[str, Any], earlier: list[dict[str, Any]]) -> Case:
     load = run["load"]
     if load["request_rate"] is not None or load["max_concurrency"] is not None:
         raise ValueError(f"{run['id']}: only requests sent at once are replayed (request_rate and max_concurrency "
                          "unset)")
-    def stage(r: Request) -> int:
-        return -1 if r.id == "test" else 0
+    def stage(r: Request) -> int:  # the run's own timed requests only (not its test run, not earlier runs')
+        return -1 if r.id == "test" or r.id.startswith("earlier ") else 0
 
     collect = _Collect(stage)
     reqs = block_requests(run)
+    sent = [*(replace(r, arrival=r.arrival + k * SERVER_RUNS_APART, id=f"earlier {k}:{r.id}")
+              for k, h in enumerate(earlier) for r in with_test_run(block_requests(h))),
+            *(replace(r, arrival=r.arrival + len(earlier) * SERVER_RUNS_APART) for r in with_test_run(reqs))]
     try:
-        sim = simulate(model, iter(with_test_run(reqs)), on_finish=collect, **kw)
+        sim = simulate(model, iter(sent), on_finish=collect, **kw)
         note = ""
     except KVBudgetError as e:  # the release's budget refuses what the real run started with: the newest rules'
         if kw["engine"] == "vllm":
             raise
         collect = _Collect(stage)
-        sim = simulate(model, iter(with_test_run(reqs)), on_finish=collect, **{**kw, "engine": "vllm"})
+        sim = simulate(model, iter(sent), on_finish=collect, **{**kw, "engine": "vllm"})
         note = f"; memory by the newest release's rules ({kw['engine']}'s: {str(e).partition(': ')[2][:60]}...)"
     m, out = run["measured"], reqs[0].output_tokens
     # the block prints no end-to-end latency: the mean is TTFT + TPOT x (output - 1), derived alike on both sides
@@ -273,9 +304,12 @@ def all_cases(time_model: TimeModel | None = None) -> list[Case]:
     return [c for run in measured_gpu_runs() for c in replay(run, time_model)]
 
 
-def heldout_cases(time_model: TimeModel | None = None) -> list[Case]:
-    """The runs published as printed bench blocks, on GPUs the step times were not fitted on."""
-    return [c for run in runs() if "load" in run for c in replay(run, time_model)]
+def heldout_cases(time_model: TimeModel | None = None, history: bool = False) -> list[Case]:
+    """The runs published as printed bench blocks, on GPUs the step times were not fitted on; with `history`, each
+    replayed after the runs that went before it on its server (`server_history`)."""
+    every = runs()
+    return [c for run in every if "load" in run
+            for c in replay(run, time_model, server_history(run, every) if history else None)]
 
 
 def basis_kind(case: Case) -> str:
@@ -304,6 +338,86 @@ def heldout_table(cases: list[Case]) -> list[str]:
     for reason in sorted({c.excluded for c in left}):
         ids = [c.run for c in left if c.excluded == reason]
         lines.append(f"\nLeft out ({len(ids)}): {reason}: {', '.join(ids)}")
+    return lines
+
+
+# the engine's statistics lines published with a block (runs.json "engine_log": vLLM 0.10's server logs one every
+# 10 seconds, v1/metrics/loggers.py): an interval whose closing line shows no prompt tokens, none waiting and as many
+# sequences running as the line before decoded one token for each of them at every step, so its seconds per step
+# are the sequences over the generation throughput, as the server's output processor counted the tokens (no HTTP,
+# no client)
+POOL_BLOCK_TOKENS = 16  # vLLM's block on these GPUs; runs.json's num_gpu_blocks is the log's KV tokens over it
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeStep:
+    """A logged interval of pure decoding beside the simulated decode step of the same batch and context."""
+
+    run: str
+    gpu: str
+    tp: int
+    at: str  # the closing log line's time
+    sequences: int
+    context: float  # tokens of context per sequence: the pool's share in use (the two lines' mean) over them
+    real: float  # seconds per step
+    simulated: float
+
+    @property
+    def gap_per_sequence(self) -> float:
+        """Seconds per sequence per step the simulation is short (negative: long)."""
+        return (self.real - self.simulated) / self.sequences
+
+
+def logged_decode_steps(run: dict[str, Any]) -> list[tuple[str, int, float, float]]:
+    """The run's pure-decode intervals: (closing line's time, sequences, tokens of context per sequence, seconds
+    per step). The context is read from the pool's use, so it includes each sequence's partly filled last block."""
+    pool = (run.get("num_gpu_blocks") or 0) * POOL_BLOCK_TOKENS
+    out = []
+    for before, line in itertools.pairwise(run.get("engine_log", [])):
+        n = line["running"]
+        if (pool and n > 0 and before["running"] == n and before["waiting"] == line["waiting"] == 0
+                and line["prompt_tokens_per_s"] == 0 and line["generation_tokens_per_s"] > 0):
+            context = (before["kv_usage"] + line["kv_usage"]) / 2 * pool / n
+            out.append((line["at"], n, context, n / line["generation_tokens_per_s"]))
+    return out
+
+
+def decode_steps(run: dict[str, Any], time_model: TimeModel | None = None) -> list[DecodeStep]:
+    """The run's logged pure-decode intervals beside the step its default time model (or `time_model`) gives
+    the same sequences over the same context."""
+    logged = logged_decode_steps(run)
+    if not logged:
+        return []
+    tm = time_model or default_time_model(run)
+    return [DecodeStep(run=run["id"], gpu=run["gpu"], tp=run["tp"], at=at, sequences=n, context=context, real=real,
+                       simulated=tm.step_seconds(n, round(context * n))) for at, n, context, real in logged]
+
+
+def gap_line(steps: list[DecodeStep]) -> tuple[float, float]:
+    """The least-squares line through the intervals' gaps (real - simulated step) against their sequences:
+    (seconds per step, seconds per sequence per step)."""
+    if len({d.sequences for d in steps}) < 2:
+        raise ValueError("a line needs intervals of at least two batch sizes")
+    slope, intercept = statistics.linear_regression([d.sequences for d in steps], [d.real - d.simulated for d in steps])
+    return intercept, slope
+
+
+def decode_table(steps: list[DecodeStep]) -> list[str]:
+    """Markdown rows: each interval's sequences, context, real and simulated step, and the gap per sequence; below,
+    per GPU and tensor parallel size, the gap as a line over the sequences."""
+    lines = ["| run | GPU | TP | at | sequences | context | step real / sim (ms) | error | gap per sequence |",
+             "|---" * 9 + "|"]
+    order = sorted(steps, key=lambda d: (d.gpu, d.tp, d.sequences, d.context))
+    for d in order:
+        lines.append(f"| {d.run} | {d.gpu} | {d.tp} | {d.at} | {d.sequences} | {d.context:,.0f} | "
+                     f"{d.real * 1e3:.2f} / {d.simulated * 1e3:.2f} | {d.simulated / d.real - 1:+.0%} | "
+                     f"{d.gap_per_sequence * 1e6:.0f} µs |")
+    for (gpu, tp), group in itertools.groupby(order, key=lambda d: (d.gpu, d.tp)):
+        group = list(group)
+        if len({d.sequences for d in group}) > 1:
+            fixed, per_seq = gap_line(group)
+            lines.append(f"\n{gpu} TP {tp} ({len(group)} intervals): the simulated step is short by "
+                         f"{fixed * 1e3:.2f} ms + {per_seq * 1e6:.0f} µs a sequence")
     return lines
 
 
@@ -481,8 +595,13 @@ def silicon_main(most: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--silicon", action="store_true", help="replay aiconfigurator's silicon runs instead "
-                        "(data/served/silicon.json)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--silicon", action="store_true", help="replay aiconfigurator's silicon runs instead "
+                       "(data/served/silicon.json)")
+    which.add_argument("--decode-steps", action="store_true", help="compare the decode steps the held-out runs' "
+                       "engine logs show (sequences over generation throughput) with the simulated step instead")
+    which.add_argument("--server-history", action="store_true", help="replay each printed block after the runs "
+                       "that went before it on its server (their prompts in the prefix cache), not on a fresh one")
     parser.add_argument("--rounds", type=int, default=MEASURED_ROUNDS,
                         help="with --silicon: requests per client at most (default aiperf's 20)")
     args = parser.parse_args()
@@ -491,7 +610,10 @@ def main() -> None:
     if args.silicon:
         silicon_main(args.rounds)
         return
-    cases = heldout_cases()
+    if args.decode_steps:
+        print("\n".join(decode_table([d for run in runs() if "load" in run for d in decode_steps(run)])))
+        return
+    cases = heldout_cases(history=args.server_history)
     print("\n".join(heldout_table(cases)))
     engine = {run["id"]: run["engine"] for run in runs()}
     compared = [c for c in cases if not c.excluded]

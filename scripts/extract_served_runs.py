@@ -151,6 +151,28 @@ def bench_block(text: str) -> dict:
             "measured": measured}
 
 
+# the engine's statistics line vLLM 0.10's server logs every 10 seconds (v1/metrics/loggers.py LoggingStatLogger)
+ENGINE_LOG = re.compile(r"INFO (\d\d-\d\d \d\d:\d\d:\d\d) \[loggers\.py:\d+\] Engine \d+: Avg prompt throughput: "
+                        r"([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s, Running: (\d+) reqs, "
+                        r"Waiting: (\d+) reqs, GPU KV cache usage: ([\d.]+)%")
+
+
+def engine_log(text: str) -> list[dict]:
+    """The engine's statistics lines pasted after a block (each whole line; a line cut at its start is skipped):
+    when, the prompt and generation throughput of the 10 seconds before it, the sequences running and waiting
+    then, and the share of the KV pool in use."""
+    return [{"at": at, "prompt_tokens_per_s": float(prompt), "generation_tokens_per_s": float(generation),
+             "running": int(running), "waiting": int(waiting), "kv_usage": round(float(usage) / 100, 6)}
+            for at, prompt, generation, running, waiting, usage in ENGINE_LOG.findall(text)]
+
+
+def server_of(text: str) -> dict[str, int]:
+    """The API server's process id in the log lines pasted after a block (a run's server: runs on one server share
+    its prefix cache, and the random dataset's prompts repeat from run to run); nothing where no line names one."""
+    found = re.search(r"\(APIServer pid=(\d+)\)", text)
+    return {"server_pid": int(found.group(1))} if found else {}
+
+
 def dennislee(git: str) -> list[dict]:
     runs, rev = [], commit(git)
     readme = show(git, "README.md")
@@ -162,9 +184,12 @@ def dennislee(git: str) -> list[dict]:
         text = show(git, log)
         tokens = int(re.search(r"GPU KV cache size: ([\d,]+) tokens", text).group(1).replace(",", ""))
         (batched,) = set(re.findall(r"max_num_batched_tokens=(\d+)", text))
-        blocks = re.findall(r"```\n(python[^\n]*benchmark_serving\.py.*?)\n\n=+ Serving Benchmark Result =+\n"
-                            r"(.*?)\n=+\n", section, re.S)
-        for k, (command, block) in enumerate(blocks):
+        found = list(re.finditer(r"```\n(python[^\n]*benchmark_serving\.py.*?)\n\n=+ Serving Benchmark Result =+\n"
+                                 r"(.*?)\n=+\n", section, re.S))
+        for k, match in enumerate(found):
+            command, block = match.groups()
+            # the engine's log lines pasted after the block, up to the next command
+            after = section[match.end():found[k + 1].start() if k + 1 < len(found) else len(section)]
             flags = dict(re.findall(r"--([\w-]+)[= ]([^\s\\]+)", command))
             assert flags["dataset-name"] == "random" and "random-range-ratio" not in flags, command
             figures = bench_block(block)
@@ -181,7 +206,7 @@ def dennislee(git: str) -> list[dict]:
                                   "num_prompts": int(flags["num-prompts"]), "request_rate": None,
                                   "max_concurrency": None},
                          **figures, "failed": int(flags["num-prompts"]) - figures["requests"],
-                         **link_of(text, log, tp),
+                         "engine_log": engine_log(after), **server_of(after), **link_of(text, log, tp),
                          "source": f"github:dennislee22/vLLM-benchmarking README.md (Test {test}, block {k + 1}) "
                                    f"and {log} @{rev[:7]}",
                          "licence": "figures only (the repository states no licence)"})

@@ -5,10 +5,13 @@ and which links a catalog card can be simulated over."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import Any
 
+from kvbudget import validate
 from kvbudget.choices import Interconnect
 from kvbudget.errors import KVBudgetError, named, spelled
 from kvbudget.gpus import GPU
@@ -111,3 +114,66 @@ def all_reduce(card: GPU, kind: Interconnect, tp: int) -> AllReduce | None:
     label = (f"all-reduce over {kind}: {latency * 1e6:.1f} us + {bus / 1e9:.1f} GB/s bus bandwidth, public figures "
              "of other GPUs (estimate)")
     return AllReduce(link=kind, latency=latency, bandwidth=bus * tp / (2 * (tp - 1)), label=label)
+
+
+MAX_KV_LINK = 1e13  # bytes per second a KV link moves per GPU: 10 TB/s, past any NVLink or network (NVLink 5: 0.9)
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVLink:
+    """The link a prefilled request's KV crosses: a fixed latency per transfer and each GPU's own rate."""
+
+    name: str
+    latency: float  # seconds per transfer
+    bandwidth: float  # bytes per second, each GPU reading its own shard over its own link
+
+    def __post_init__(self) -> None:
+        validate.number(self.latency, "kv_link", 0.0, validate.MAX_SECONDS, above=False)
+        validate.number(self.bandwidth, "kv_link", 0.0, MAX_KV_LINK)
+
+    def seconds(self, nbytes: int) -> float:
+        return self.latency + nbytes / self.bandwidth
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "latency_s": self.latency, "bandwidth_bytes_per_s": self.bandwidth}
+
+
+KV_LINKS = ("nvlink", "infiniband", "roce", "pcie", "tcp")
+# each name's figures in data/interconnects.json: RoCE is the InfiniBand entry's (NCCL over RDMA), TCP Ethernet's
+_KV_FIGURES = {"nvlink": Interconnect.NVLINK, "pcie": Interconnect.PCIE, "infiniband": Interconnect.INFINIBAND,
+               "roce": Interconnect.INFINIBAND, "tcp": Interconnect.ETHERNET}
+
+
+def kv_link(text: str, cards: Sequence[GPU | None] = ()) -> KVLink:
+    """The link a disaggregated fleet moves KV over: a name (nvlink, infiniband, roce, pcie, tcp: the latency and
+    rate of data/interconnects.json; NVLink and PCIe at the slowest of `cards`' own one-way rates), a rate
+    (`25GB/s`, no latency), or both (`roce:50GB/s`: the name's latency at that rate)."""
+    name, _, rate = text.strip().partition(":")
+    name = name.lower()
+    if name.endswith("/s") and not rate:
+        name, rate = "", text.strip()
+    if name and name not in _KV_FIGURES:
+        raise KVBudgetError(f"kv_link {text}: name one of {', '.join(KV_LINKS)}, a rate such as 25GB/s, or "
+                            "NAME:RATE", param="kv_link")
+    latency, bandwidth = 0.0, None
+    if name:
+        kind = _KV_FIGURES[name]
+        f = figures(kind)
+        latency, bandwidth = f.latency, f.bus_bandwidth
+        if bandwidth is None and not rate:
+            rates = [link_rate(c, kind) if c is not None else None for c in cards] or [None]
+            if any(r is None for r in rates):
+                raise KVBudgetError(f"kv_link {text}: {name}'s rate is the card's own; give catalog GPUs that have "
+                                    f"it, or a rate ({name}:25GB/s)", param="kv_link")
+            bandwidth = min(r for r in rates if r is not None)
+    if rate:
+        try:
+            value = float(rate[:-4]) * 1e9 if rate.endswith("GB/s") else None  # (bytes: Gb/s is refused)
+        except ValueError:
+            value = None
+        if value is None or not 0 < value <= MAX_KV_LINK:
+            raise KVBudgetError(f"kv_link {text}: {rate} is not a rate in GB/s (bytes) above 0 and at most "
+                                f"{MAX_KV_LINK / 1e9:,.0f}GB/s (e.g. 25GB/s)", param="kv_link")
+        bandwidth = value
+    assert bandwidth is not None
+    return KVLink(name=text.strip(), latency=latency, bandwidth=bandwidth)

@@ -15,6 +15,7 @@ from kvbudget.units import GIB
 if TYPE_CHECKING:
     from kvbudget.quality.report import Report
     from kvbudget.simulation import Simulation
+    from kvbudget.simulation.fleet import FleetSimulation
 
 
 def plot_target(path: str, force: bool = False) -> str:
@@ -159,6 +160,89 @@ def plot_simulation(sim: Simulation, path: str, caption: str = "", force: bool =
                  f"{sim.requests:,} requests", fontsize=10)
     if "estimate" in s.scheduling:  # a scheduler followed from source only says so on the picture too
         caption = "; ".join(x for x in (s.scheduling, caption) if x)
+    if caption:
+        fig.text(0.5, 0.01, caption, ha="center", fontsize=8, color="dimgray")
+    fig.tight_layout(rect=(0, 0.04 if caption else 0, 1, 1))
+    return _save(plt, fig, path, force)
+
+
+EACH_REPLICA = 16  # a fleet's picture draws a line per replica up to this many; more: each pool's mean and range
+
+
+def _pool_lines(ax: Any, sim: FleetSimulation, value: Any, scale: float = 1.0) -> None:
+    """One line per replica (a pool's replicas in its colour), or past EACH_REPLICA each pool's mean over its
+    replicas per second of simulated time with the lowest to highest shaded."""
+    styles = ("-", "--", ":", "-.")
+    for i, pool in enumerate(sim.pools):
+        colour = f"C{i % 10}"
+        mine = [r for r in sim.replicas if r.pool == pool.name]
+        if len(sim.replicas) <= EACH_REPLICA:  # a colour per replica, a line style per pool
+            for r in mine:
+                line = r.simulation.timeline
+                ax.plot([x.time for x in line], [scale * value(x) for x in line], color=f"C{r.index % 10}",
+                        linestyle=styles[i % len(styles)], linewidth=0.8, alpha=0.85,
+                        label=f"{r.index} ({pool.name})" if len(sim.pools) > 1 else f"replica {r.index}")
+            continue
+        bins: dict[int, list[float]] = {}
+        for r in mine:
+            for x in r.simulation.timeline:
+                bins.setdefault(int(x.time), []).append(scale * value(x))
+        t = sorted(bins)
+        ax.plot(t, [sum(bins[k]) / len(bins[k]) for k in t], color=colour, linewidth=0.9,
+                label=f"{pool.name}: mean of {len(mine):,}")
+        ax.fill_between(t, [min(bins[k]) for k in t], [max(bins[k]) for k in t], color=colour, alpha=0.2,
+                        label=f"{pool.name}: lowest to highest")
+
+
+def plot_fleet(sim: FleetSimulation, path: str, caption: str = "", force: bool = False) -> bool:
+    """A fleet's picture: each replica's KV usage and waiting requests over time (each pool's mean and range where
+    there are many), and the replicas each pool has over time."""
+    plt = _pyplot(path, force)
+    fig, (usage, queues, count) = plt.subplots(1, 3, figsize=(15, 4.5))
+    _pool_lines(usage, sim, lambda x: x.usage, 100.0)
+    usage.set_ylim(0, 105)
+    usage.set_ylabel("KV cache usage (%)")
+    peak = max((r.simulation.peak_usage for r in sim.replicas), default=0.0)
+    usage.set_title(f"KV usage per replica: highest peak {peak:.0%}")
+    _pool_lines(queues, sim, lambda x: x.waiting)
+    queues.set_ylim(0, max(1.0, queues.get_ylim()[1]))
+    queues.set_ylabel("requests waiting")
+    queues.set_title(f"queue per replica: {sim.preemptions:,} preemption{'' if sim.preemptions == 1 else 's'}")
+    end = max(sim.duration_s, 1e-9)
+    # each pool's replicas serving over time (an autoscaler's come and go), those still starting above them
+    grid = sorted({0.0, end} | {t for r in sim.replicas for t in (r.started_s, r.ready_s, r.drained_s)
+                                if t is not None and t <= end})
+    bottom = [0] * len(grid)
+    for i, pool in enumerate(sim.pools):
+        mine = [r for r in sim.replicas if r.pool == pool.name]
+        serving = [sum(1 for r in mine if r.ready_s <= t and (r.drained_s is None or t < r.drained_s)) for t in grid]
+        top = [b + n for b, n in zip(bottom, serving, strict=True)]
+        most = max(serving)
+        count.fill_between(grid, bottom, top, color=f"C{i % 10}", alpha=0.5, step="post",
+                           label=f"{pool.name}: {pool.replicas:,}" + (f" to {most:,}" if most != pool.replicas else ""))
+        bottom = top
+    starting = [sum(1 for r in sim.replicas if r.started_s <= t < r.ready_s and (r.drained_s is None or
+                                                                              t < r.drained_s)) for t in grid]
+    if any(starting):
+        count.fill_between(grid, bottom, [b + n for b, n in zip(bottom, starting, strict=True)], color="gray",
+                           alpha=0.25, step="post", hatch="//", label="starting")
+    count.set_ylim(0, max(b + n for b, n in zip(bottom, starting, strict=True)) * 1.15 + 0.5)
+    count.set_ylabel("replicas")
+    count.set_title(f"replicas over time ({sim.router} router)")
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in (queues, count):
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in (usage, queues, count):
+        ax.set_xlabel("simulated time (s)")
+        ax.set_xlim(0, end)
+        if len(ax.get_legend_handles_labels()[0]) <= 2 * EACH_REPLICA:
+            ax.legend(fontsize=7, loc="upper right", ncol=2 if len(ax.get_legend_handles_labels()[0]) > 8 else 1)
+    setup = sim.pools[0].setup
+    first = sum(p.replicas for p in sim.pools)
+    fig.suptitle(f"{setup.model}: a fleet of {first:,} replica{'' if first == 1 else 's'}"
+                 f"{' (autoscaled)' if sim.autoscale else ''}, {sim.requests:,} requests; times are "
+                 f"{times_are(setup.time_model.basis)}", fontsize=10)
     if caption:
         fig.text(0.5, 0.01, caption, ha="center", fontsize=8, color="dimgray")
     fig.tight_layout(rect=(0, 0.04 if caption else 0, 1, 1))

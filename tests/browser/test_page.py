@@ -269,6 +269,39 @@ def test_a_simulation_over_a_bundled_trace(server, browser):
     shot(browser, "simulate-closed-loop")
 
 
+def test_a_fleet_of_replicas_behind_a_router(server, browser):
+    from selenium.webdriver.common.by import By
+
+    browser.get(server + "/?view=simulate&model=llama-3.1-8b&engine=vllm&gpu=L4&max_model_len=16k"
+                         "&trace=azure-conv-2023&slice=0:600&rate_scale=2")
+    settle(browser, "#view-simulate svg path[data-series='usage']", timeout=120)
+    set_field(browser, "replicas", "3")
+    choose(browser, "router", "least-requests")
+    settle(browser, ".stale")
+    browser.find_element("id", "run-simulation").click()
+    settle(browser, "#view-simulate svg path[data-series='usage-2']", timeout=120)
+    fleet = api(server, "simulate", "model=llama-3.1-8b&engine=vllm&gpu=L4&max_model_len=16k&trace=azure-conv-2023"
+                                    "&slice=0:600&rate_scale=2&replicas=3&router=least-requests")
+    assert fleet["fleet"]["router"] == "least-requests" and len(fleet["fleet"]["replicas"]) == 3
+    assert value(browser, "completed") == f"{fleet['completed']:,} of {fleet['requests']:,}"
+    assert value(browser, "replicas") == "3"
+    rows = browser.find_elements(By.CSS_SELECTOR, "[data-value='replicas-table'] tbody tr")
+    shown = [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in rows]
+    assert [(r[0], r[1]) for r in shown] == [(str(r["index"]), f"{r['routed']:,}") for r in fleet["fleet"]["replicas"]]
+    assert [r[6] for r in shown] == [f"{round(r['peak_usage'] * 100)}% / {round(r['mean_usage'] * 100)}%"
+                                     for r in fleet["fleet"]["replicas"]]
+    assert "null" not in browser.find_element("id", "view-simulate").text
+    assert "behind the least-requests router" in browser.find_element("id", "view-simulate").text
+    assert browser.find_elements(By.CSS_SELECTOR, "#view-simulate path[data-series='waiting-0']")
+    shot(browser, "simulate-fleet")
+    # the guard stands in front of one engine: refused on its own control, in one line
+    browser.find_element("id", "guard").click()
+    browser.find_element("id", "run-simulation").click()
+    settle(browser, "#guard-error:not([hidden])")
+    assert "in front of a fleet it is not simulated yet" in browser.find_element("id", "guard-error").text
+    browser.find_element("id", "guard").click()
+
+
 def test_a_quality_report(server, browser, tmp_path):
     report = {"model": "smollm2-135m-instruct", "context": 256, "data": ["GPL-3"], "matmul": "fp32",
               "results": [{"variant": v, "tokens": 1024, "windows": 4, "kl_mean": kl, "top1_agreement": top,

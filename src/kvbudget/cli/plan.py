@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 from kvbudget.cli.common import UNITS_NOTE, add_options, console, request_of, wrote
 from kvbudget.cli.tiers import render_advice, render_host
 from kvbudget.commands import spelling
-from kvbudget.commands.plan import CompareRequest, PlanRequest, answer, as_json, compare_rows
+from kvbudget.commands.plan import CompareRequest, PlanRequest, answer, as_json, compare_rows, pd_sizing
 from kvbudget.units import format_bytes
 
 if TYPE_CHECKING:
     from kvbudget.planner import NoBudget, Plan, Recommendation
+    from kvbudget.simulation.pdsizing import PDSizing
 
 
 def add_parser(sub: Any) -> None:
@@ -51,11 +52,38 @@ def run(args: argparse.Namespace) -> int:
         from kvbudget.plot import plot_plan
 
         wrote(args.plot, "--plot", plot_plan(result, args.plot, args.force))
+    sizing = pd_sizing(request_of(PlanRequest, args))
     if args.json:
-        print(json.dumps(as_json(result), indent=2))
+        print(json.dumps({**as_json(result), **({"disaggregated": sizing.to_dict()} if sizing else {})}, indent=2))
     else:
         render(result)
+        if sizing is not None:
+            render_pd(sizing)
     return 1 if args.check and not result.fits else 0
+
+
+def render_pd(z: PDSizing) -> None:
+    """The static P:D answer, in words."""
+    out = console()
+    out.print(f"[bold]Disaggregated prefill and decode[/] for {z.rate:,.4g} requests/s of {z.prompt_tokens:,} "
+              f"prompt and {z.output_tokens:,} output tokens (an estimate from the time model's steps at full "
+              "load; simulate --prefill-replicas P --decode-replicas D runs it):")
+    out.print(hanging([
+        ("  prefill:", f"{_ms(z.prefill_seconds)} of a replica per request ({z.prefill_batch} prompt"
+                       f"{'s' if z.prefill_batch > 1 else ''} a step)"),
+        ("  decode:", f"{_ms(z.decode_seconds)} of a replica per request, {z.decode_batch:,} at once (what its KV "
+                      f"holds at their final length), {_ms(z.decode_step_seconds)} a token"),
+        ("  balance:", f"{z.ratio:.3g} prefill replicas per decode replica; at this rate {z.prefill_replicas:,} "
+                       f"prefill and {z.decode_replicas:,} decode replicas"),
+        ("  KV moved:", f"{format_bytes(z.transfer_bytes)} a GPU per request over {z.link.name} in "
+                        f"{_ms(z.transfer_seconds)}; {format_bytes(int(z.staging_bytes))} a GPU on the link at "
+                        f"once; each decode replica holds {format_bytes(int(z.decode_held_bytes))} of its "
+                        f"{format_bytes(z.decode_budget_bytes)} a GPU"),
+    ]))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.2f} ms" if seconds < 1 else f"{seconds:,.2f} s"
 
 
 def render_no_budget(answer: NoBudget) -> None:

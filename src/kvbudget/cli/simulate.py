@@ -11,6 +11,18 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.choices import Allocator
 from kvbudget.cli.common import add_options, console, request_of, wrote
+from kvbudget.cli.simulated import (
+    _calibration_exists,
+    _cost_line,
+    _credit,
+    _dollars,
+    _ms,
+    _progress,
+    _saved,
+    _short,
+    _write,
+)
+from kvbudget.commands.fleet import is_fleet
 from kvbudget.commands.options import positive
 from kvbudget.commands.simulate import (
     SimulateRequest,
@@ -22,13 +34,13 @@ from kvbudget.commands.simulate import (
     workload,
 )
 from kvbudget.commands.simulate import simulation as run_simulation
-from kvbudget.commands.spelling import flag
 from kvbudget.errors import KVBudgetError
 from kvbudget.units import format_bytes
 
 if TYPE_CHECKING:
     from kvbudget.engines.scheduling.setup import SimulationAsk
     from kvbudget.simulation.cost import Cost
+    from kvbudget.simulation.fleet import FleetSimulation
     from kvbudget.simulation.run import Simulation
     from kvbudget.simulation.search import RateSearch
 
@@ -50,12 +62,19 @@ def run(args: argparse.Namespace) -> int:
     from kvbudget.simulation.run import setup_of
 
     ask = request_of(SimulateRequest, args)
+    if is_fleet(ask) and not args.sweep:
+        from kvbudget.cli import fleet
+
+        return fleet.run(ask, args)
     calibration_existed = _calibration_exists(args)
     if args.sweep or args.find_max_rate:
         if args.sweep:
+            from kvbudget.commands.fleet import check_sweep, sweeps_fleets
             from kvbudget.simulation.parallel import check_backend
 
             check_backend(args.backend)
+            if sweeps_fleets(ask, parse_sweep(args.sweep)):
+                check_sweep(ask, parse_sweep(args.sweep))
         workload, found, scale = prepared(ask)
         _saved(args, calibration_existed)
         if args.sweep:
@@ -109,42 +128,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**sim.to_dict(), **({"cost": cost.to_dict()} if cost else {})}, indent=2))
     else:
-        _print(sim, args)
+        from kvbudget.simulation.fleet import FleetSimulation
+
+        (_print_disaggregated if isinstance(sim, FleetSimulation) else _print)(sim, args)
         if cost is not None:
             console().print(_cost_line(cost, sim.setup.time_model.basis))
     return 0
-
-
-def _write(path: str, lines: list[str], param: str, force: bool) -> None:
-    from kvbudget.files import write_file
-
-    wrote(path, flag(param), write_file(path, "\n".join(lines) + "\n", param, force))
-
-
-def _calibration_exists(args: argparse.Namespace) -> bool:
-    """Whether --save-calibration will replace a calibration of its name (which it does, saying so)."""
-    from kvbudget.simulation.calibrations import calibration_path
-
-    return bool(args.save_calibration) and calibration_path(args.save_calibration).is_file()
-
-
-def _saved(args: argparse.Namespace, existed: bool) -> None:
-    if args.save_calibration:
-        from kvbudget.simulation.calibrations import calibration_path
-
-        wrote(str(calibration_path(args.save_calibration)), "--save-calibration", existed)
-
-
-def _dollars(value: float | None) -> str:
-    return "-" if value is None else f"${value:,.2f}" if value >= 0.1 else f"${value:,.4f}"
-
-
-def _cost_line(cost: Cost, basis: str) -> str:
-    return (f"cost: {_dollars(cost.price_per_gpu_hour)} per GPU-hour x {cost.gpus} GPU"
-            f"{'s' if cost.gpus > 1 else ''} = {_dollars(cost.per_hour)}/hour; this run {_dollars(cost.run)}: "
-            f"{_dollars(cost.per_million_tokens)} per million tokens (prompt and output), "
-            f"{_dollars(cost.per_million_output_tokens)} per million output tokens, "
-            f"{_dollars(cost.per_thousand_requests)} per thousand requests (times: {basis})")
 
 
 def _write_series(ask: SimulateRequest, sim: Simulation) -> None:
@@ -166,24 +155,6 @@ def _write_series(ask: SimulateRequest, sim: Simulation) -> None:
 def _clock(seconds: float) -> str:
     minutes, s = divmod(round(seconds), 60)
     return f"{minutes}m{s:02d}s"
-
-
-def _progress() -> Callable[[int], None]:
-    def show(n: int) -> None:
-        print(f"\rsimulated {n:,} requests", end="", file=sys.stderr, flush=True)
-    return show
-
-
-def _ms(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value * 1000:,.1f} ms" if value < 1 else f"{value:,.2f} s"
-
-
-def _short(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.1f}s"
 
 
 def _sig(value: float) -> str:
@@ -274,14 +245,43 @@ def _print(sim: Simulation, args: argparse.Namespace) -> None:
         out.print(f"trace: {_credit(args)}")
 
 
-def _credit(args: argparse.Namespace) -> str:
-    """The credit a bundled trace's licence asks for wherever results from it are shown (also for a copy of one)."""
-    import os
+def _print_disaggregated(fleet: FleetSimulation, args: argparse.Namespace) -> None:
+    """A disaggregated fleet's run: each side's deployment and load, the client's latencies, what crossed the
+    link."""
+    from rich.table import Table
 
-    from kvbudget.traces import find
-
-    found = [find(os.path.basename(p)) for p in (args.trace, args.lengths_from_trace) if p]
-    return "; ".join(dict.fromkeys(f"{t.credit} ({t.licence})" for t in found if t))
+    out = console()
+    first = fleet.replicas[0].simulation.setup
+    budget = f"{format_bytes(first.kv_memory_bytes)} KV, " if first.kv_memory_bytes else ""
+    sides = ", ".join(f"{p.replicas} {p.role.value}" for p in fleet.pools)
+    out.print(f"[bold]{first.model}[/bold] on {first.engine}, disaggregated: {sides} replicas behind {fleet.router}, "
+              f"each {first.gpu or 'no GPU named'}: {budget}{first.describe()}")
+    out.print(f"{fleet.requests:,} requests ({fleet.completed:,} completed) in {fleet.duration_s:,.1f} s simulated: "
+              f"{fleet.requests_per_s:,.2f} requests/s, {fleet.output_tokens_per_s:,.0f} output tokens/s")
+    t = Table(title=f"latency as the client sees it (times: {first.time_model.basis})")
+    for col in ("", "p50", "p90", "p99", "mean", "max"):
+        t.add_column(col, justify="right" if col else "left")
+    for name, pct in (("time to first token", fleet.ttft), ("time per output token", fleet.tpot),
+                      ("end to end", fleet.e2e)):
+        if pct is not None:
+            t.add_row(name, *(_ms(getattr(pct, k)) for k in ("p50", "p90", "p99", "mean", "max")))
+    out.print(t)
+    for r in fleet.replicas:
+        s = r.simulation
+        out.print(f"{r.role.value} replica {r.index}: {r.routed:,} requests, peak KV usage {s.peak_usage:.1%} "
+                  f"(time-averaged {s.mean_usage:.1%}), peak waiting {s.peak_waiting:,}, preemptions "
+                  f"{s.preemptions:,}")
+    k = fleet.kv_transfer
+    if k is not None:
+        out.print(f"KV transfers over {k.link.name} ({k.link.bandwidth / 1e9:,.1f} GB/s a GPU, "
+                  f"{k.link.latency * 1e6:,.1f} us each): {k.count:,} reads, {format_bytes(k.bytes)} "
+                  f"({format_bytes(k.bytes_per_gpu)} a GPU), {_ms(k.mean_seconds)} each on average; waited at the "
+                  f"decode side before the read {_ms(k.wait_s / k.count if k.count else 0.0)} on average, "
+                  f"{_ms(k.max_wait_s)} at most (the step in progress, then room for the prompt)")
+    out.print(f"note: {first.scheduling}; vLLM's NIXL connector on both sides (engines/vllm/disagg.py says what "
+              "is followed); transfer times are estimates from the link's figures")
+    if _credit(args):
+        out.print(f"trace: {_credit(args)}")
 
 
 def _print_search(found: RateSearch, slo: dict[str, float], cost: Cost | None = None) -> None:
@@ -329,6 +329,7 @@ def _sweep(args: SimulateRequest, found: SimulationAsk, combos: list[dict[str, A
     from rich import box
     from rich.table import Table
 
+    from kvbudget.commands.fleet import NOT_SETUP, fleet_point, sweep_figures, sweep_notes, sweeps_fleets
     from kvbudget.simulation.parallel import run_all
 
     swept_scale = any("rate_scale" in c for c in combos)
@@ -340,27 +341,30 @@ def _sweep(args: SimulateRequest, found: SimulationAsk, combos: list[dict[str, A
             price_for(priced, combo.get("gpu", found.gpu))
     calls = [(args, found, combo) for combo in combos]
     shown = not args.json and sys.stderr.isatty()
-    results = run_all(sweep_point, calls, args.backend, _task_progress if shown else None)
+    fleets = sweeps_fleets(args, combos)
+    results = run_all(fleet_point if fleets else sweep_point, calls, args.backend, _task_progress if shown else None)
     if shown:
         print(file=sys.stderr)
-    costs = [costed(args, sim, replace(found, **{k: v for k, v in combo.items() if k != "rate_scale"}))
-             for combo, sim in results]
+    costs = [costed(args, sim, replace(found, **{k: v for k, v in combo.items() if k not in NOT_SETUP}),
+                    combo.get("replicas", 1)) for combo, sim in results]
     if args.json:
         print(json.dumps([{"settings": c, "result": s.to_dict(), **({"cost": cost.to_dict()} if cost else {})}
                           for (c, s), cost in zip(results, costs, strict=True)], indent=2))
         return 0
     keys = [k for k in results[0][0] if k != "rate_scale" or swept_scale]
-    t = Table(title=f"{found.model.name}: sweep (KV tokens, p99 latencies"
-              + (", $ per million tokens" if priced else "") + (", times estimated)" if results[0][1].notes else ")"),
+    notes = sweep_notes(results[0][1]) if fleets else results[0][1].notes
+    t = Table(title=f"{found.model.name}: sweep (KV tokens{' per replica' if fleets else ''}, p99 latencies"
+              + (", $ per million tokens" if priced else "") + (", times estimated)" if notes else ")"),
               box=box.SIMPLE_HEAD, padding=(0, 1, 0, 1), pad_edge=False, collapse_padding=True)
     for k in keys:
         t.add_column({"rate_scale": "rate"}.get(k, k.replace("_", "-")), no_wrap=True)
     for col in ("tokens", "TTFT", "TPOT", "E2E", "req/s", "peak", "preempt") + (("$/1M",) if priced else ()):
         t.add_column(col, justify="right", no_wrap=True)
     for (combo, sim), cost in zip(results, costs, strict=True):
-        t.add_row(*(_cell(k, combo[k]) for k in keys), f"{sim.setup.token_slots:,}",
+        slots, peak = sweep_figures(sim) if fleets else (sim.setup.token_slots, sim.peak_usage)
+        t.add_row(*(_cell(k, combo[k]) for k in keys), f"{slots:,}",
                   _short(sim.ttft.p99 if sim.ttft else None), _short(sim.tpot.p99 if sim.tpot else None),
-                  _short(sim.e2e.p99 if sim.e2e else None), f"{sim.requests_per_s:,.2f}", f"{sim.peak_usage:.0%}",
+                  _short(sim.e2e.p99 if sim.e2e else None), f"{sim.requests_per_s:,.2f}", f"{peak:.0%}",
                   f"{sim.preemptions:,}", *((_dollars(cost.per_million_tokens),) if cost else ()))
     console().print(t)
     return 0

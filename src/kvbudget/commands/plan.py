@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from kvbudget.gpus import GPU
     from kvbudget.planner import NoBudget, Plan
     from kvbudget.reuse import ReuseCurve, TierAdvice
+    from kvbudget.simulation.pdsizing import PDSizing
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +76,13 @@ class PlanRequest:
     json: bool = option("print JSON (bytes) instead of tables", False, web=False)
     check: bool = option("exit 1 when the deployment does not fit (for CI): no KV budget, or one request of "
                          "--max-model-len does not fit", False)
+    pd_rate: str | None = option("disaggregated prefill and decode: size the prefill and decode replicas of this "
+                                 "deployment for this many requests per second (with --pd-prompt-tokens, "
+                                 "--pd-output-tokens and --kv-link)", web=False)
+    pd_prompt_tokens: str | None = option("--pd-rate: the traffic's mean prompt length", web=False)
+    pd_output_tokens: str | None = option("--pd-rate: the traffic's mean output length", web=False)
+    kv_link: str | None = option("--pd-rate: the link the KV crosses: nvlink, infiniband, roce, pcie, tcp, a rate "
+                                 "(25GB/s) or NAME:RATE", web=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +108,7 @@ def answer(ask: PlanRequest) -> Plan | NoBudget:
     from kvbudget.planner import NoKVBudget, plan
 
     _check_outputs(ask)
+    _check_pd(ask)
     engine, options = engine_options(ask.engine, ask.knobs, ask.startup, ask.max_num_seqs)  # first: NAME@VERSION
     counted, counted_note = counted_context(ask.counted, ask.model, engine, "max_model_len", ask.max_model_len)
     utilization = fraction(ask.utilization, "utilization")
@@ -120,6 +129,49 @@ def answer(ask: PlanRequest) -> Plan | NoBudget:
         return exc.answer
     result = _host_tiers(ask, result, curve)
     return replace(result, notes=(*result.notes, counted_note)) if counted_note else result
+
+
+PD = ("pd_rate", "pd_prompt_tokens", "pd_output_tokens", "kv_link")
+
+
+def _check_pd(ask: PlanRequest) -> bool:
+    """Whether the P:D sizing is asked for; all its settings given, or none."""
+    given = [p for p in PD if getattr(ask, p) is not None]
+    if not given:
+        return False
+    missing = [p for p in PD if p not in given]
+    if missing:
+        raise KVBudgetError(f"{missing[0]}: the P:D sizing needs {', '.join(named(p) for p in PD)}",
+                            param=missing[0])
+    if ask.gpu is None:
+        raise KVBudgetError(f"pd_rate: the sizing times the steps on a catalog GPU; give {named('gpu')}",
+                            param="pd_rate")
+    return True
+
+
+def pd_sizing(ask: PlanRequest) -> PDSizing | None:
+    """The static P:D answer of --pd-rate (simulation/pdsizing.py) for the deployment the request plans."""
+    if not _check_pd(ask):
+        return None
+    from kvbudget.commands.options import positive
+    from kvbudget.gpus import find_gpu
+    from kvbudget.interconnects import kv_link
+    from kvbudget.simulation.pdsizing import MAX_RATE, size_disaggregated
+    from kvbudget.simulation.run import setup_for
+
+    assert ask.gpu is not None and ask.kv_link is not None and ask.pd_rate is not None
+    rate = positive(ask.pd_rate, "pd_rate", MAX_RATE)
+    prompt = one(str(ask.pd_prompt_tokens), "pd_prompt_tokens")
+    output = one(str(ask.pd_output_tokens), "pd_output_tokens")
+    link = kv_link(ask.kv_link, [find_gpu(ask.gpu)])
+    engine, options = engine_options(ask.engine, ask.knobs, ask.startup, ask.max_num_seqs)
+    setup = setup_for(load(ask.model), engine=engine, gpu=ask.gpu, gpu_memory=size(ask.gpu_memory, "gpu_memory"),
+                      kv_memory=size(ask.kv_memory, "kv_memory"), tp=one(ask.tp, "tp"), pp=one(ask.pp, "pp"),
+                      kv_dtype=ask.kv_dtype, max_model_len=optional_one(ask.max_model_len, "max_model_len"),
+                      block_size=options.block_size, max_num_seqs=optional_one(ask.max_num_seqs, "max_num_seqs"),
+                      max_num_batched_tokens=options.max_num_batched_tokens, prefix_caching=options.prefix_caching,
+                      weights=size(ask.weights, "weights"), utilization=fraction(ask.utilization, "utilization"))
+    return size_disaggregated(setup, rate, prompt, output, link)
 
 
 def _check_outputs(ask: PlanRequest) -> None:

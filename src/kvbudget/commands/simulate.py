@@ -37,10 +37,12 @@ if TYPE_CHECKING:
     from kvbudget.engines.scheduling.setup import SimulationAsk
     from kvbudget.model.spec import ModelSpec
     from kvbudget.simulation.cost import Cost
+    from kvbudget.simulation.fleet import FleetSimulation
     from kvbudget.simulation.run import Simulation
 
 WORKLOAD, MEMORY = "workload (a trace, or synthetic arrivals)", "memory (as `kvbudget plan`)"
 SCHEDULER, ANSWERS = "scheduler (default: the engine's for the GPU)", "answers"
+FLEET = "fleet (replicas behind a router)"
 MAX_DISK_GBPS = MAX_DISK_READ / 1e9  # GB/s, as --disk-read takes it
 
 
@@ -109,6 +111,31 @@ class SimulateRequest:
                                    "4.0 NVMe drive's datasheet)", group=MEMORY)
     long_prefill_token_threshold: str = option("cut prompts longer than this into chunks of it while others wait "
                                                "(default 0: off)", "0", group=SCHEDULER)
+    replicas: str | None = option("that many replicas of the deployment behind --router, each simulated as one "
+                                  "(default: one engine, no router)", metavar="N", group=FLEET)
+    router: str | None = option("how a fleet's requests are spread: round-robin (the default), least-requests, "
+                                "least-kv[:SECONDS] (the lowest KV usage gauge, scraped every SECONDS, default 0.05), "
+                                "prefix (llm-d's precise prefix-cache scorer with its load scorers), prefix-approx[:N] "
+                                "(the Gateway API Inference Extension's, from its routing history, N hashes a "
+                                "replica), session (a session's requests to one replica), length:T1,T2,... (pools "
+                                "by prompt length)", metavar="NAME", group=FLEET)
+    fleet: str | None = option("a YAML fleet file: pools of replicas, each with its own deployment settings (gpu, "
+                               "tp, engine, kv_memory, ...: the command line's are their defaults), and the router",
+                               metavar="FILE", group=FLEET, web=False)
+    autoscale: str | None = option("scale a fleet's replicas as the run goes: kv, queue, llm-d or dynamo, then "
+                                   ":key=value,... (min, max, interval, startup, pool; kv and queue: target, window; "
+                                   "llm-d: target, up, down; dynamo: up, down), e.g. kv:max=8,target=0.8,interval=30s",
+                                   metavar="POLICY", group=FLEET, web=False)
+    load_bandwidth: str | None = option("GB/s a replica the autoscaler adds loads its weights at (default 3.125: a "
+                                        "25 Gbit/s link)", metavar="GBPS", group=FLEET, web=False)
+    flow_control: str | None = option("a queue at the fleet's front, as the Gateway API Inference Extension's flow "
+                                      "control: max=N[,ttl=SECONDS] (429 when full, 503 past the time-to-live)",
+                                      metavar="SPEC", group=FLEET, web=False)
+    max_num_queued_reqs: str | None = option("vLLM (from 0.29): its API server answers 503 past this many unfinished "
+                                             "requests (each replica's)", metavar="N", group=FLEET, web=False)
+    max_num_queued_tokens: str | None = option("vLLM (from 0.29): its API server answers 503 once the prompts still "
+                                               "in prefill reach this many tokens (each replica's)", metavar="N",
+                                               group=FLEET, web=False)
     json: bool = option("print JSON (seconds, bytes) instead of tables", False, group=ANSWERS, web=False)
     timeline: str | None = option("write every step to this CSV file (time, tokens, usage, running, waiting)",
                                   group=ANSWERS, web=False)
@@ -155,6 +182,13 @@ class SimulateRequest:
                                    "or 0.8 KV usage), concurrency:N (N in flight at most), kvbudget (the guard's "
                                    "levels; default with --guard-config)", group=ANSWERS, web=False)
     reference: bool = option("step by step, without the fast path (same answer)", False, group=ANSWERS, web=False)
+    prefill_replicas: str | None = option("disaggregated serving: this many prefill replicas of the deployment "
+                                          "(with --decode-replicas and --kv-link; vLLM's NIXL connector)",
+                                          group=SCHEDULER, web=False)
+    decode_replicas: str | None = option("disaggregated serving: this many decode replicas of the deployment",
+                                         group=SCHEDULER, web=False)
+    kv_link: str | None = option("disaggregated serving: the link the KV crosses: nvlink, infiniband, roce, pcie, "
+                                 "tcp, a rate (25GB/s) or NAME:RATE", group=SCHEDULER, web=False)
 
 
 def workload(ask: SimulateRequest) -> Callable[[float], Iterable[Any]]:
@@ -337,19 +371,23 @@ def prices(ask: SimulateRequest) -> dict[str | None, float] | None:
     return parse_prices(ask.gpu_price) if ask.gpu_price else None
 
 
-def costed(ask: SimulateRequest, sim: Simulation, found: SimulationAsk) -> Cost | None:
-    """What `sim` (run as `found` asks) costs at --gpu-price; None without one."""
+def costed(ask: SimulateRequest, sim: Simulation | FleetSimulation, found: SimulationAsk, replicas: int = 1
+           ) -> Cost | None:
+    """What `sim` (run as `found` asks, on `replicas` copies of it, or the prefill and decode replicas of a
+    disaggregated fleet) costs at --gpu-price; None without one."""
     priced = prices(ask)
     if priced is None:
         return None
     from kvbudget.simulation.cost import price_for, run_cost
 
+    sides = disaggregated(ask)
     return run_cost(sim.duration_s, sim.prompt_tokens, sim.output_tokens, sim.completed,
-                    price_for(priced, found.gpu), found.tp * found.pp)
+                    price_for(priced, found.gpu), found.tp * found.pp * (sum(sides) if sides else replicas))
 
 
 def prepared(ask: SimulateRequest) -> tuple[Callable[[float], Iterable[Any]], SimulationAsk, float]:
     """(workload by rate scale, the typed simulation request, rate scale) of a request, checked."""
+    sides = disaggregated(ask)
     _check_outputs(ask)
     if ask.max_concurrency is not None:
         one(ask.max_concurrency, "max_concurrency", MAX_CLIENTS)  # before the model loads
@@ -375,6 +413,12 @@ def prepared(ask: SimulateRequest) -> tuple[Callable[[float], Iterable[Any]], Si
         raise KVBudgetError(f"simulate: {named('find_max_rate')} and {named('sweep')} go separately")
     if ask.slo and not ask.find_max_rate:
         raise KVBudgetError(f"slo goes with {named('find_max_rate')}", param="slo")
+    if sides is not None:  # the link read against the GPU before any run
+        from kvbudget.gpus import find_gpu
+        from kvbudget.interconnects import kv_link
+
+        assert ask.kv_link is not None
+        kv_link(ask.kv_link, [find_gpu(found.gpu) if found.gpu else None])
     return stream, found, scale
 
 
@@ -410,6 +454,40 @@ def simulation(ask: SimulateRequest, on_step: Callable[..., None] | None = None,
     return run_prepared(ask, prepared(ask), on_step, progress, on_finish, check)
 
 
+ONE_RUN = ("sweep", "find_max_rate", "guard_config", "admission", "max_concurrency", "timeline", "per_request",
+           "prometheus_series", "plot")  # what a disaggregated fleet does not take (yet)
+
+
+def disaggregated(ask: SimulateRequest) -> tuple[int, int] | None:
+    """(prefill, decode) replicas of --prefill-replicas and --decode-replicas, checked (None: neither given)."""
+    from kvbudget.simulation.fleet import MAX_REPLICAS
+
+    if ask.prefill_replicas is None and ask.decode_replicas is None:
+        if ask.kv_link is not None:
+            raise KVBudgetError(f"kv_link: goes with {named('prefill_replicas')} and {named('decode_replicas')}",
+                                param="kv_link")
+        return None
+    for param in ("prefill_replicas", "decode_replicas", "kv_link"):
+        if getattr(ask, param) is None:
+            raise KVBudgetError(f"{param}: disaggregated serving needs {named('prefill_replicas', 'P')}, "
+                                f"{named('decode_replicas', 'D')} and {named('kv_link', 'LINK')}", param=param)
+    for param in ONE_RUN:
+        if getattr(ask, param):
+            raise KVBudgetError(f"{param}: not simulated with disaggregated prefill and decode yet; leave it out",
+                                param=param)
+    return (one(str(ask.prefill_replicas), "prefill_replicas", MAX_REPLICAS),
+            one(str(ask.decode_replicas), "decode_replicas", MAX_REPLICAS))
+
+
+def disaggregated_pools(setup: Any, prefill: int, decode: int) -> list[Any]:
+    """The fleet of --prefill-replicas and --decode-replicas: two pools of the same deployment."""
+    from kvbudget.engines.scheduling.setup import Role
+    from kvbudget.simulation.fleet import Pool
+
+    return [Pool(name="prefill", setup=setup, replicas=prefill, role=Role.PREFILL),
+            Pool(name="decode", setup=setup, replicas=decode, role=Role.DECODE)]
+
+
 def run_prepared(ask: SimulateRequest, ready: tuple[Callable[[float], Iterable[Any]], SimulationAsk, float],
                  on_step: Callable[..., None] | None = None, progress: Callable[[int], None] | None = None,
                  on_finish: Callable[..., None] | None = None, check: Callable[[], None] | None = None) -> Any:
@@ -417,5 +495,11 @@ def run_prepared(ask: SimulateRequest, ready: tuple[Callable[[float], Iterable[A
     from kvbudget.simulation.run import setup_of, simulate
 
     stream, found, scale = ready
+    sides = disaggregated(ask)
+    if sides is not None:
+        from kvbudget.simulation.fleet import simulate_fleet
+
+        return simulate_fleet(found.model, stream(scale), disaggregated_pools(setup_of(found), *sides),
+                              kv_link=ask.kv_link, fast=not ask.reference, progress=progress, check=check)
     return simulate(found.model, stream(scale), setup=setup_of(found), fast=not ask.reference, on_step=on_step,
                     progress=progress, on_finish=on_finish, check=check, **front_settings(ask))

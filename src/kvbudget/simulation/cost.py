@@ -30,11 +30,29 @@ class Cost:
 def run_cost(duration_s: float, prompt_tokens: int, output_tokens: int, completed: int, price_per_gpu_hour: float,
              gpus: int) -> Cost:
     """The cost of a run of `duration_s` simulated seconds that served these tokens and completed these requests."""
+    _check(price_per_gpu_hour, gpus)
+    per_hour = price_per_gpu_hour * gpus
+    return _cost(per_hour * duration_s / 3600, per_hour, prompt_tokens, output_tokens, completed, price_per_gpu_hour,
+                 gpus)
+
+
+def gpu_hours_cost(gpu_hours: float, duration_s: float, prompt_tokens: int, output_tokens: int, completed: int,
+                   price_per_gpu_hour: float, gpus: int) -> Cost:
+    """The cost of `gpu_hours` over a run of `duration_s` (a fleet whose replicas came and went: `gpus` at its
+    largest, `per_hour` its mean spend per hour of the run)."""
+    _check(price_per_gpu_hour, gpus)
+    run = price_per_gpu_hour * gpu_hours
+    per_hour = run / duration_s * 3600 if duration_s > 0 else price_per_gpu_hour * gpus
+    return _cost(run, per_hour, prompt_tokens, output_tokens, completed, price_per_gpu_hour, gpus)
+
+
+def _check(price_per_gpu_hour: float, gpus: int) -> None:
     if price_per_gpu_hour <= 0 or gpus < 1:
         raise KVBudgetError(f"gpu_price {price_per_gpu_hour}: give a positive price per GPU-hour", param="gpu_price")
-    per_hour = price_per_gpu_hour * gpus
-    run = per_hour * duration_s / 3600
 
+
+def _cost(run: float, per_hour: float, prompt_tokens: int, output_tokens: int, completed: int,
+          price_per_gpu_hour: float, gpus: int) -> Cost:
     def per(count: int, unit: int) -> float | None:
         return run / count * unit if count > 0 else None
 

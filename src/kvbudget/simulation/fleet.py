@@ -8,220 +8,81 @@ simulator step for step.
 Every replica is the `_Run` clock loop of `simulate`, advanced to each arrival; the router sees the fleet as a real
 router does at that instant (its own count of requests in flight, the usage gauge as last scraped) and picks one
 replica; the request is added there. A replica's schedule is exactly that of `simulate` over the requests routed to
-it (tests replay them), whatever the other replicas do.
+it (tests replay them), whatever the other replicas do. Pools, replicas and routers are in `routing.py`; an
+autoscaler (`autoscale.py`) adds and drains replicas as the run goes, and a front door (`front.py`) may refuse or
+hold a request before any replica sees it.
 """
 
 from __future__ import annotations
 
 import math
-import zlib
 from array import array
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from dataclasses import dataclass, replace
+from typing import Any
 
 from kvbudget import validate
-from kvbudget.engines.scheduling.setup import Setup
+from kvbudget.engines.scheduling.setup import Disagg, LimitsQueue, Role
 from kvbudget.engines.scheduling.workload import Request
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, named
+from kvbudget.interconnects import KVLink
+from kvbudget.simulation.autoscale import (
+    DYNAMO_SAMPLE_S,
+    MAX_DECISIONS,
+    Autoscale,
+    AutoscaleReport,
+    Decision,
+    Gauge,
+    Scaler,
+    Signal,
+    parse_autoscale,
+    replica_counts,
+)
+from kvbudget.simulation.cost import Cost, gpu_hours_cost
+from kvbudget.simulation.disagg import Handover, KVTransfer, resolve_link
+from kvbudget.simulation.front import FlowControl, FrontDoor, FrontReport
 from kvbudget.simulation.percentiles import Percentiles
-from kvbudget.simulation.run import SAMPLE_INTERVAL_S, Sample, Simulation, _Run
+from kvbudget.simulation.routing import (
+    APPROX_MAX_ENTRIES,
+    LEAST_KV_REFRESH_S,
+    ROUTERS,
+    ApproxPrefix,
+    LeastKV,
+    LeastRequests,
+    Length,
+    Pool,
+    PrefixAware,
+    Replica,
+    RoundRobin,
+    Router,
+    Session,
+    parse_router,
+)
+from kvbudget.simulation.run import SAMPLE_INTERVAL_S, Simulation, _Run
+
+__all__ = [
+    "APPROX_MAX_ENTRIES",
+    "LEAST_KV_REFRESH_S",
+    "MAX_REPLICAS",
+    "ROUTERS",
+    "ApproxPrefix",
+    "FleetReplica",
+    "FleetSimulation",
+    "LeastKV",
+    "LeastRequests",
+    "Length",
+    "Pool",
+    "PrefixAware",
+    "Replica",
+    "RoundRobin",
+    "Router",
+    "Session",
+    "check_pools",
+    "parse_router",
+    "simulate_fleet",
+]
 
 MAX_REPLICAS = 4096  # replicas in one fleet: each holds its scheduler's state (a few MB at most)
-LEAST_KV_REFRESH_S = 0.05  # the usage gauge's scrape interval a least-kv router reads (GIE's metrics refresh)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pool:
-    """`replicas` copies of one deployment (its `Setup`: engine, GPU, TP, scheduler settings)."""
-
-    name: str
-    setup: Setup
-    replicas: int = 1
-
-
-class Replica:
-    """One replica in the fleet: its clock loop and what a router can know of it."""
-
-    def __init__(self, index: int, pool: Pool, run: _Run) -> None:
-        self.index, self.pool, self.run = index, pool, run
-        self.routed = 0  # requests the router sent here
-        self._done = 0  # of them, completed by the router's clock (a pointer into run.finished_at)
-        self._sample = 0  # the timeline sample the gauge shows (a pointer into run.timeline)
-        self._quiet = -math.inf  # no request here finishes before this (while none is added): run.no_finish_before
-
-    def advance(self, now: float) -> None:
-        """The replica's clock loop up to `now` (the first step ending at or past it)."""
-        self.run.advance(now)
-        self._quiet = -math.inf
-
-    def in_flight(self, now: float) -> int:
-        """Requests routed here and not yet answered at `now`, as the router counts its own outstanding requests
-        (the replica advanced only as far as a request could have finished by then)."""
-        if now >= self._quiet:
-            self._quiet = self.run.finishes_by(now)
-        ends = self.run.finished_at
-        done = self._done
-        while done < len(ends) and ends[done] <= now:
-            done += 1
-        self._done = done
-        return self.routed - done - len(self.run.sched.failed)
-
-    def gauge(self, now: float) -> Sample:
-        """The engine's gauges (KV usage, running, waiting) as a scrape at `now` last read them: the state the first
-        step at or past the latest scrape instant left (the replica's timeline, sampled at the scrape interval);
-        an idle replica's own state."""
-        self.advance(now)
-        run = self.run
-        if run.t <= now and not run.sched.has_work():
-            return Sample(now, run.sched.usage(), 0, 0)
-        line = run.timeline
-        i = self._sample
-        while i + 1 < len(line) and line[i + 1].time <= now:
-            i += 1
-        self._sample = i
-        if not line or line[i].time > now:
-            return Sample(now, 0.0, 0, 0)
-        return line[i]
-
-
-@runtime_checkable
-class Router(Protocol):
-    """Picks the replica a request goes to. `replicas` are the fleet's, each advanced to `now` (the request's
-    arrival); the answer is an index into them. A router that reads the replicas only through `in_flight` and
-    `gauge` (which bring a replica up to `now` themselves, where it matters) may say so with a true `lazy`
-    attribute: the fleet then advances only the replica chosen (the built-in routers do)."""
-
-    @property
-    def name(self) -> str: ...
-
-    def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int: ...
-
-
-def _least(replicas: Sequence[Replica], key: Callable[[Replica], Any]) -> int:
-    """The replica with the smallest key; ties to the lowest index (as a stable sort would)."""
-    return min(replicas, key=lambda r: (key(r), r.index)).index
-
-
-def _fewest_in_flight(replicas: Sequence[Replica], now: float) -> int:
-    """`_least` by requests in flight, in a plain loop (every arrival asks every replica)."""
-    best, pick = math.inf, -1
-    for r in replicas:
-        n = r.in_flight(now)
-        if n < best or (n == best and r.index < pick):
-            best, pick = n, r.index
-    return pick
-
-
-@dataclass
-class RoundRobin:
-    name: str = "round-robin"
-    turn: int = 0
-    lazy: ClassVar[bool] = True
-
-    def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
-        i = self.turn % len(replicas)
-        self.turn += 1
-        return replicas[i].index
-
-
-@dataclass(frozen=True)
-class LeastRequests:
-    """The replica with the fewest requests in flight by the router's own count (Envoy's least_request with all
-    replicas as choices, Ray Serve's power-of-two over the whole fleet)."""
-
-    name: str = "least-requests"
-    lazy: ClassVar[bool] = True
-
-    def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
-        return _fewest_in_flight(replicas, now)
-
-
-@dataclass(frozen=True)
-class LeastKV:
-    """The replica whose KV usage gauge read lowest at the last scrape (`refresh` seconds apart), its waiting
-    requests breaking ties (then the lowest index), as the Gateway API Inference Extension's KV-cache scorer reads
-    the engines' metrics: between scrapes every request reads the same gauges (the herd a stale gauge makes)."""
-
-    refresh: float = LEAST_KV_REFRESH_S
-    name: str = "least-kv"
-    lazy: ClassVar[bool] = True
-
-    def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
-        def key(r: Replica) -> tuple[float, int]:
-            g = r.gauge(now)
-            return (g.usage, g.waiting)
-
-        return _least(replicas, key)
-
-
-@dataclass(frozen=True)
-class Session:
-    """Affinity: every request of a session to the same replica (a hash of the session's name over the replicas,
-    as a consistent-hash load balancer keys on a header); requests without a session by least requests."""
-
-    name: str = "session"
-    lazy: ClassVar[bool] = True
-
-    def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
-        if not request.session:
-            return _fewest_in_flight(replicas, now)
-        return replicas[zlib.crc32(request.session.encode()) % len(replicas)].index
-
-
-@dataclass(frozen=True)
-class Length:
-    """Pools by prompt length (the guide's advice: route by context length to pools sized for it): a prompt of at
-    most `bounds[k]` tokens goes to pool k, longer ones to the last pool; within a pool, least requests."""
-
-    bounds: tuple[int, ...]
-    name: str = "length"
-    lazy: ClassVar[bool] = True
-
-    def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
-        pools: dict[str, list[Replica]] = {}
-        for r in replicas:
-            pools.setdefault(r.pool.name, []).append(r)
-        order = list(pools)
-        k = next((i for i, b in enumerate(self.bounds) if request.prompt_tokens <= b), len(self.bounds))
-        return _fewest_in_flight(pools[order[k]], now)
-
-
-ROUTERS = ("round-robin", "least-requests", "least-kv", "session", "length")
-
-
-def parse_router(text: str, pools: Sequence[Pool] = ()) -> Router:
-    """A router by name: round-robin, least-requests, least-kv[:SECONDS] (the gauge's refresh), session,
-    length:T1,T2,... (one bound fewer than the pools)."""
-    name, _, arg = text.strip().partition(":")
-    if name == "least-kv":
-        return LeastKV(_read(arg, text, float, "seconds") if arg else LEAST_KV_REFRESH_S)
-    if name == "length":
-        bounds = tuple(int(_read(b, text, int, "tokens")) for b in arg.split(",")) if arg else ()
-        if not bounds or list(bounds) != sorted(set(bounds)):
-            raise KVBudgetError(f"router {text}: give length:T1,T2,... with rising prompt-length bounds, one fewer "
-                                "than the pools, e.g. length:2048", param="router")
-        if pools and len(bounds) != len(pools) - 1:
-            raise KVBudgetError(f"router {text}: {len(bounds)} bounds make {len(bounds) + 1} pools by length; the "
-                                f"fleet has {len(pools)} pools", param="router")
-        return Length(bounds)
-    built = {"round-robin": RoundRobin, "least-requests": LeastRequests, "session": Session}
-    if name in built and not arg:
-        return built[name]()
-    raise KVBudgetError(f"router {text}: name one of {', '.join(ROUTERS)} (least-kv:SECONDS sets the gauge's "
-                        "refresh; length:T1,T2,... the prompt-length bounds)", param="router")
-
-
-def _read(text: str, router: str, kind: type, unit: str) -> float:
-    """A router's number (seconds, a float; tokens, a whole number), checked."""
-    try:
-        value = kind(text.strip())
-    except ValueError:
-        value = None
-    if value is None or not (0 < value <= (validate.MAX_SECONDS if kind is float else validate.MAX_COUNT)):
-        raise KVBudgetError(f"router {router}: {validate.shown(text)} is not a number of {unit} above 0",
-                            param="router")
-    return float(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,16 +93,25 @@ class FleetReplica:
     pool: str
     routed: int
     simulation: Simulation
+    started_s: float = 0.0  # when it was asked for (0: from the start)
+    ready_s: float = 0.0  # when it took requests, its cold start over
+    drained_s: float | None = None  # when it stopped taking requests
+    stopped_s: float = 0.0  # when it was given back: its last request answered after draining, or the run's end
+    role: Role = Role.BOTH
 
     def to_dict(self) -> dict[str, Any]:
         s = self.simulation
-        return {"index": self.index, "pool": self.pool, "routed": self.routed, "completed": s.completed,
+        return {"index": self.index, "pool": self.pool, "role": self.role.value, "routed": self.routed,
+                "started_s": self.started_s,
+                "ready_s": self.ready_s, "drained_s": self.drained_s, "stopped_s": self.stopped_s,
+                "completed": s.completed,
                 "duration_s": s.duration_s, "steps": s.steps,
                 "ttft_s": s.ttft.__dict__ if s.ttft else None, "tpot_s": s.tpot.__dict__ if s.tpot else None,
                 "e2e_s": s.e2e.__dict__ if s.e2e else None, "preemptions": s.preemptions,
                 "prefix_hit_rate": s.prefix_hit_rate, "peak_usage": s.peak_usage, "mean_usage": s.mean_usage,
                 "peak_running": s.peak_running, "peak_waiting": s.peak_waiting,
-                "output_tokens": s.output_tokens, "prompt_tokens": s.prompt_tokens}
+                "output_tokens": s.output_tokens, "prompt_tokens": s.prompt_tokens,
+                "timeline": [x.__dict__ for x in s.timeline]}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,6 +132,24 @@ class FleetSimulation:
     prompt_tokens: int
     output_tokens: int
     preemptions: int
+    gpu_hours: float = 0.0  # each replica's GPUs for the time it was up, starting included
+    autoscale: AutoscaleReport | None = None
+    front: FrontReport | None = None
+    kv_transfer: KVTransfer | None = None  # disaggregated prefill and decode: what crossed the link
+
+    @property
+    def refused(self) -> int:
+        """Requests the fleet's front door refused (any reason)."""
+        return sum(self.front.refused.values()) if self.front else 0
+
+    def cost(self, price_per_gpu_hour: float) -> Cost:
+        """What the run cost at a price per GPU-hour: its GPU-hours, per unit served."""
+        gpus = sum(r.gpus * r.replicas for r in self.pools)
+        if self.autoscale is not None:  # the scaled pool at its largest
+            pool = next(p for p in self.pools if p.name == self.autoscale.policy.pool)
+            gpus += pool.gpus * (max(s + n for _, s, n in self.autoscale.timeline) - pool.replicas)
+        return gpu_hours_cost(self.gpu_hours, self.duration_s, self.prompt_tokens, self.output_tokens,
+                              self.completed, price_per_gpu_hour, gpus)
 
     def metric(self, name: str) -> float | None:
         from kvbudget.simulation.percentiles import check_metric
@@ -270,17 +158,27 @@ class FleetSimulation:
         pct = {"ttft": self.ttft, "tpot": self.tpot, "e2e": self.e2e}[kind]
         return None if pct is None else float(getattr(pct, stat))
 
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        """Prompt tokens served from the replicas' prefix caches over those looked up, fleet-wide."""
+        sims = [r.simulation for r in self.replicas]
+        queried = sum(s.prefix_queried_tokens for s in sims)
+        return sum(s.prefix_hit_tokens for s in sims) / queried if queried else None
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "requests": self.requests, "completed": self.completed, "duration_s": self.duration_s,
             "ttft_s": self.ttft.__dict__ if self.ttft else None, "tpot_s": self.tpot.__dict__ if self.tpot else None,
             "e2e_s": self.e2e.__dict__ if self.e2e else None, "requests_per_s": self.requests_per_s,
             "output_tokens_per_s": self.output_tokens_per_s, "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens, "preemptions": self.preemptions,
+            "output_tokens": self.output_tokens, "preemptions": self.preemptions, "gpu_hours": self.gpu_hours,
             "fleet": {"router": self.router,
-                      "pools": [{"name": p.name, "replicas": p.replicas, "setup": p.setup.to_dict()}
-                                for p in self.pools],
-                      "replicas": [r.to_dict() for r in self.replicas]}}
+                      "pools": [{"name": p.name, "replicas": p.replicas, "role": p.role.value, "gpus": p.gpus,
+                                 "setup": p.setup.to_dict()} for p in self.pools],
+                      "replicas": [r.to_dict() for r in self.replicas],
+                      "kv_transfer": self.kv_transfer.to_dict() if self.kv_transfer else None,
+                      "autoscale": self.autoscale.to_dict() if self.autoscale else None,
+                      "front": self.front.to_dict() if self.front else None}}
 
 
 def _router(router: Router | str, pools: Sequence[Pool]) -> Router:
@@ -301,57 +199,362 @@ def check_pools(pools: Sequence[Pool]) -> None:
         raise KVBudgetError(f"fleet: pool names must differ ({', '.join(names)})", param="replicas")
     for p in pools:
         validate.count(p.replicas, "replicas", 1, MAX_REPLICAS)
+        validate.positive(p.gpus, "gpus", "GPUs per replica")
+        if p.weight_bytes is not None:
+            validate.size(p.weight_bytes, "weight_bytes", 0)
+        for name in ("max_num_queued_reqs", "max_num_queued_tokens"):
+            if getattr(p, name) is not None:
+                validate.count(getattr(p, name), name, 1)
+                if not isinstance(p.setup.simulator, LimitsQueue):
+                    raise KVBudgetError(f"{name}: a limit of vLLM's API server (from 0.29); {p.setup.engine} has "
+                                        "none", param=name)
     total = sum(p.replicas for p in pools)
     if total > MAX_REPLICAS:
         raise KVBudgetError(f"replicas: {total:,} in all, over the {MAX_REPLICAS:,} a fleet may have",
                             param="replicas")
+    roles = {p.role for p in pools}
+    if roles != {Role.BOTH}:
+        if roles != {Role.PREFILL, Role.DECODE}:
+            missing = "decode" if Role.DECODE not in roles else "prefill"
+            raise KVBudgetError(f"{missing}_replicas: a disaggregated fleet needs prefill and decode pools, and no "
+                                f"pool doing both; give {named('prefill_replicas')} and {named('decode_replicas')}",
+                                param=f"{missing}_replicas")
+        for p in pools:
+            why = p.setup.simulator.disaggregation(p.setup)
+            if why is not None:
+                raise KVBudgetError(f"{p.role.value}_replicas: pool {p.name}: {why}",
+                                    param=f"{p.role.value}_replicas")
 
 
 def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool], router: Router | str =
                    "round-robin", *, fast: bool = True, sample_interval: float = SAMPLE_INTERVAL_S,
                    progress: Callable[[int], None] | None = None, check: Callable[[], None] | None = None,
-                   on_route: Callable[[Request, int], None] | None = None) -> FleetSimulation:
+                   on_route: Callable[[Request, int], None] | None = None,
+                   on_step: Callable[..., None] | None = None, on_finish: Callable[..., None] | None = None,
+                   autoscale: Autoscale | str | None = None, admission: str | None = None, guard_config: Any = None,
+                   guard_poll_interval: float = 1.0, flow_control: FlowControl | str | None = None,
+                   kv_link: KVLink | str | None = None,
+                   on_transfer: Callable[[Request, float, float], None] | None = None) -> FleetSimulation:
     """Run `workload` through a fleet: `pools` of replicas (each a `Setup`, as `setup_for` gives) behind `router`
     (a name, see `parse_router`, or a `Router`). `on_route(request, replica index)` is called for each request
-    routed. `check` as `simulate`'s. `model` is the model the setups were made for (kept for symmetry with
-    `simulate`)."""
+    routed, as the replica receives it; `on_step` and `on_finish` as `simulate`'s, with the replica's index first.
+    `check` as `simulate`'s. `model` is the model the setups were made for (its weights give a cold start where a
+    pool does not).
+
+    `autoscale` (an `Autoscale`, or its text: see `parse_autoscale`) scales one pool (its `pool`, the fleet's only
+    one by default) between its bounds, starting from the pool's `replicas`; `admission` (a policy of
+    simulation/guarded.py, `guard_config` for kvbudget's guard, scraping every `guard_poll_interval` seconds)
+    decides each arrival at the fleet's front on the serving replicas' mean gauges; `flow_control` (a
+    `FlowControl`, or `max=N,ttl=S`) holds requests at the gateway while the pool is saturated.
+
+    Disaggregated prefill and decode: pools of `Role.PREFILL` and `Role.DECODE` (none of `Role.BOTH`) and the
+    `kv_link` between them (a `KVLink`, or a name or rate, see `interconnects.kv_link`). Each request goes to a
+    prefill replica (the router among the prefill pools) with one output token; when that finishes, to a decode
+    replica (the router among the decode pools, at that instant) which reads its prompt's KV over the link and
+    generates its output, as vLLM's NIXL connector does (engines/vllm/disagg.py); the prefill replica holds the
+    request's blocks until that read is done. The latencies are the client's: from the arrival at the prefill side
+    to the decode side's tokens. `on_route` sees both routings: the prefill request (output 1) and the decode
+    request (arriving when its prefill finished); `on_transfer(decode request, start, end)` each read. No
+    autoscaler or front door goes with them yet."""
     check_pools(pools)
+    disagg = any(p.role is not Role.BOTH for p in pools)
+    link = resolve_link(kv_link, pools, disagg)
+    if link is not None:
+        for param, given in (("autoscale", autoscale), ("admission", admission), ("guard_config", guard_config),
+                             ("flow_control", flow_control)):
+            if given is not None:
+                raise KVBudgetError(f"{param}: not with disaggregated prefill and decode pools yet", param=param)
+        for p in pools:
+            for param in ("max_num_queued_reqs", "max_num_queued_tokens"):
+                if getattr(p, param) is not None:
+                    raise KVBudgetError(f"{param}: not with disaggregated prefill and decode pools yet",
+                                        param=param)
+        return _disaggregated(workload, pools, router, link, fast, sample_interval, progress, check, on_route,
+                              on_transfer, on_step, on_finish)
     chosen = _router(router, pools)
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
-    interval = min(sample_interval, chosen.refresh) if isinstance(chosen, LeastKV) and chosen.refresh else \
-        sample_interval
+    policy = _policy(autoscale, pools)
+    validate.number(guard_poll_interval, "guard_poll_interval", 0.0, validate.MAX_SECONDS)
+    front = FrontDoor(admission, guard_config, [p.setup for p in pools for _ in range(p.replicas)], flow_control,
+                      any(p.max_num_queued_reqs is not None or p.max_num_queued_tokens is not None for p in pools),
+                      guard_poll_interval)
+    interval = sample_interval
+    # a router or front door that reads the gauges: the timeline is their scrapes
+    for refresh in (getattr(chosen, "refresh", 0.0), front.refresh or 0.0):
+        interval = min(interval, refresh) if refresh else interval
+    scaled = next((p for p in pools if policy and p.name == policy.pool), None)
+    cold = {scaled.name: policy.cold_start(_weights(model, scaled))} if policy and scaled else {}
+    fleet = _Fleet(pools, chosen, fast, interval, check, on_route, front, scaled, (on_step, on_finish))
+    decisions = fleet.run(workload, policy, cold, progress)
+    return fleet.result(chosen.name, policy, decisions, cold)
+
+
+def _policy(autoscale: Autoscale | str | None, pools: Sequence[Pool]) -> Autoscale | None:
+    """The autoscaler checked against the fleet: the pool it scales named (where there are several), its replicas
+    within its bounds."""
+    if autoscale is None:
+        return None
+    policy = parse_autoscale(autoscale, most=MAX_REPLICAS) if isinstance(autoscale, str) else \
+        autoscale.resolved(MAX_REPLICAS)
+    names = [p.name for p in pools]
+    if policy.pool is None and len(pools) > 1:
+        raise KVBudgetError(f"autoscale: name the pool it scales, pool=NAME (the fleet has {', '.join(names)})",
+                            param="autoscale")
+    scaled = pools[names.index(policy.pool)] if policy.pool in names else pools[0] if policy.pool is None else None
+    if scaled is None:
+        raise KVBudgetError(f"autoscale: pool={validate.shown(policy.pool)} is not one of the fleet's pools "
+                            f"({', '.join(names)})", param="autoscale")
+    if not policy.min_replicas <= scaled.replicas <= policy.max_replicas:
+        raise KVBudgetError(f"autoscale: pool {scaled.name} starts with {scaled.replicas} replicas, outside min "
+                            f"{policy.min_replicas} to max {policy.max_replicas}; start within them",
+                            param="autoscale")
+    total = sum(p.replicas for p in pools) - scaled.replicas + policy.max_replicas
+    if total > MAX_REPLICAS:
+        raise KVBudgetError(f"autoscale: up to {total:,} replicas in all, over the {MAX_REPLICAS:,} a fleet may have",
+                            param="autoscale")
+    return replace(policy, pool=scaled.name)
+
+
+def _weights(model: Any, pool: Pool) -> int:
+    """The bytes each GPU of a replica loads at a cold start: the pool's, or the planner's weights per GPU as the
+    engine loads them, the model split over the replica's GPUs by tensor parallelism."""
+    if pool.weight_bytes is not None:
+        return pool.weight_bytes
+    from kvbudget.planner import plan
+    from kvbudget.simulation.run import NO_GPU_MEMORY
+
+    s = pool.setup
+    return plan(model, engine=s.engine, gpu_memory=NO_GPU_MEMORY, tp=pool.gpus, max_model_len=s.max_model_len,
+                kv_memory=NO_GPU_MEMORY, recommend=False).weights.per_gpu_bytes
+
+
+class _Fleet:
+    """The replicas and their front door, advanced together."""
+
+    def __init__(self, pools: Sequence[Pool], router: Router, fast: bool, interval: float,
+                 check: Callable[[], None] | None, on_route: Callable[[Request, int], None] | None,
+                 front: FrontDoor, scaled: Pool | None = None,
+                 hooks: tuple[Callable[..., None] | None, Callable[..., None] | None] = (None, None)) -> None:
+        self.router, self.fast, self.interval, self.check, self.on_route = router, fast, interval, check, on_route
+        self.front, self.scaled = front, scaled  # the pool an autoscaler scales
+        self.hooks = hooks  # simulate's on_step and on_finish, each called with the replica's index first
+        self.replicas: list[Replica] = []  # every replica of the run, by index
+        self.live: list[Replica] = []  # those not retired
+        # a router that reads the replicas only through in_flight and gauge, and nothing else reading them (no
+        # front door or autoscaler, no hook per step): only the replica chosen is advanced to each arrival, the
+        # others as the router reads them (the same schedules, to the bit: tests/unit/simulation/test_fleet.py)
+        self.lazy = getattr(router, "lazy", False) is True and not front.active and scaled is None and \
+            hooks == (None, None)
+        for pool in pools:
+            for _ in range(pool.replicas):
+                self.add(pool, 0.0, 0.0)
+        self.arrived = self.decided = 0
+
+    def add(self, pool: Pool, now: float, ready: float) -> None:
+        i = len(self.replicas)
+        on_step, on_finish = self.hooks
+        run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, self.fast, self.interval,
+                   _of(i, on_step), None, on_finish=_of(i, on_finish), check=self.check)
+        rep = Replica(i, pool, run)
+        rep.started, rep.ready = now, ready
+        self.replicas.append(rep)
+        self.live.append(rep)
+
+    def advance(self, until: float) -> None:
+        if self.lazy and until < math.inf:
+            return
+        done = False
+        for rep in self.live:
+            rep.run.advance(until)
+            if rep.drained is not None and not rep.run.sched.has_work():
+                rep.retire()
+                done = True
+        if done:
+            self.live = [r for r in self.live if r.final is None]
+
+    def busy(self) -> bool:
+        return any(rep.run.sched.has_work() for rep in self.live)
+
+    def serving(self, now: float) -> list[Replica]:
+        return [r for r in self.live if r.serving(now)]
+
+    def mine(self) -> list[Replica]:
+        """The scaled pool's replicas not drained."""
+        return [r for r in self.live if r.pool is self.scaled and r.drained is None]
+
+    def starting(self, now: float) -> int:
+        return sum(1 for r in self.mine() if r.ready > now)
+
+    def scraped(self, now: float) -> list[tuple[float, int]]:
+        """The serving replicas' (KV usage, waiting) as last scraped."""
+        return [(g.usage, g.waiting) for g in (r.gauge(now) for r in self.serving(now))]
+
+    def gauges(self, now: float) -> list[Gauge]:
+        """What an autoscaler reads of each serving replica of its pool."""
+        out = []
+        for r in self.mine():
+            if not r.serving(now):
+                continue
+            g = r.gauge(now)
+            tokens = sum(q.request.prompt_tokens + q.request.output_tokens for q in r.run.sched.waiting)
+            out.append(Gauge(g.usage, g.waiting, tokens, r.pool.setup.token_slots))
+        return out
+
+    def scale(self, desired: int, now: float, cold: float) -> None:
+        """Replicas added (taking requests after `cold` seconds) or drained, newest first, those still starting
+        before those serving (as a ReplicaSet removes pods not ready before ready ones, the youngest first)."""
+        up = self.mine()
+        if desired > len(up):
+            assert self.scaled is not None
+            for _ in range(desired - len(up)):
+                self.add(self.scaled, now, now + cold)
+            return
+        order = sorted(up, key=lambda r: (r.ready <= now, -r.started, -r.index))
+        for r in order[:len(up) - desired]:
+            r.drained = now
+
+    def arrive(self, r: Request) -> None:
+        self.arrived += 1
+        routed = self.front.arrive(r, () if self.lazy else self.scraped(r.arrival))
+        if routed is not None:
+            self.route(*routed, r.arrival)
+
+    def dispatch(self, now: float) -> None:
+        self.front.dispatch(now, lambda: self.scraped(now), lambda r, release: self.route(r, release, now))
+
+    def route(self, r: Request, release: Callable[[], None] | None, now: float) -> None:
+        rep = _chosen(self.router, r, self.serving(now), now)
+        rep.advance(now)  # (where the router left it behind)
+        reason = rep.pool.refusal(rep.run, r.n)
+        if reason is not None:  # answered 503 by the engine's API server: the engine never sees it
+            self.front.refuse(reason, release)
+            return
+        _sent(rep, r, self.on_route).run.offer(r, release)
+
+    def run(self, workload: Iterable[Request], policy: Autoscale | None, cold: dict[str, float],
+            progress: Callable[[int], None] | None) -> list[Decision]:
+        """The fleet's clock: each arrival, each tick of the gateway's queue, each decision (and sample) of the
+        autoscaler, in time order; the decisions taken."""
+        scaler = Scaler(policy) if policy else None
+        decisions: list[Decision] = []
+        arrivals = iter(workload)
+        pending = next(arrivals, None)
+        next_decision = policy.interval if policy and policy.interval else math.inf
+        next_sample = DYNAMO_SAMPLE_S if policy and policy.signal is Signal.DYNAMO else math.inf
+        now = 0.0
+        while True:
+            tick = self.front.next_tick(now)
+            arrival = pending.arrival if pending is not None else math.inf
+            if pending is None and tick == math.inf and not self.busy():
+                break
+            now = min(arrival, tick, next_decision, next_sample)
+            if now == math.inf:
+                break
+            self.advance(now)
+            if pending is None and not self.front.queue and not self.busy():
+                break  # the last request answered: no decision after the run
+            if now == next_sample and scaler is not None:
+                scaler.sample(now, self.gauges(now))
+                next_sample += DYNAMO_SAMPLE_S
+            if now == next_decision and scaler is not None and policy is not None:
+                decision = scaler.decide(now, self.gauges(now), self.starting(now), len(self.front.queue),
+                                         sum(r.prompt_tokens + r.output_tokens for r, _ in self.front.queue))
+                self.decided += 1
+                if len(decisions) < MAX_DECISIONS:
+                    decisions.append(decision)
+                self.scale(decision.desired, now, next(iter(cold.values())))
+                next_decision += policy.interval or math.inf
+            if now == tick:
+                self.dispatch(now)
+            if now == arrival and pending is not None:
+                self.arrive(pending)
+                if progress is not None and self.arrived % 1000 == 0:
+                    progress(self.arrived)
+                pending = next(arrivals, None)
+        self.advance(math.inf)
+        return decisions
+
+    def result(self, router: str, policy: Autoscale | None, decisions: list[Decision],
+               cold: dict[str, float]) -> FleetSimulation:
+        replicas = self.replicas
+        sims = [rep.final or rep.run.result() for rep in replicas]
+        end = max((s.duration_s for s in sims), default=0.0)
+        spans = [(rep.started, rep.ready, rep.drained, end if rep.drained is None else
+                  max(rep.drained, min(sim.duration_s, end))) for rep, sim in zip(replicas, sims, strict=True)]
+        gpu_hours = sum(rep.pool.gpus * max(stop - start, 0.0)
+                        for rep, (start, _, _, stop) in zip(replicas, spans, strict=True)) / 3600
+        own = [span for rep, span in zip(replicas, spans, strict=True) if rep.pool is self.scaled]
+        report = None if policy is None else AutoscaleReport(
+            policy=policy, timeline=replica_counts(own), decisions=tuple(decisions),
+            started=sum(1 for rep in replicas if rep.started > 0),
+            removed=sum(1 for rep in replicas if rep.drained is not None), cold_start_s=cold, gpu_hours=gpu_hours,
+            decided=self.decided)
+        return _result(router, tuple({rep.pool.name: rep.pool for rep in replicas}.values()), replicas, sims,
+                       self.arrived, spans, gpu_hours, report, self.front.report())
+
+
+def _disaggregated(workload: Iterable[Request], pools: Sequence[Pool], router: Router | str, link: KVLink,
+                   fast: bool, sample_interval: float, progress: Callable[[int], None] | None,
+                   check: Callable[[], None] | None, on_route: Callable[[Request, int], None] | None,
+                   on_transfer: Callable[[Request, float, float], None] | None,
+                   on_step: Callable[..., None] | None, on_finish: Callable[..., None] | None) -> FleetSimulation:
+    """A fleet of prefill and decode pools (simulate_fleet's docstring), its handover in simulation/disagg.py."""
+    sides = ([p for p in pools if p.role is Role.PREFILL], [p for p in pools if p.role is Role.DECODE])
+    front, back = (_router(router, side) for side in sides)
+    validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
+    interval = sample_interval
+    for chosen in (front, back):  # a router that reads the gauges: the timeline is its scrapes
+        refresh = getattr(chosen, "refresh", 0.0)
+        interval = min(interval, refresh) if refresh else interval
+    used = [replace(p, setup=replace(p.setup, disagg=Disagg(role=p.role, link=link))) for p in pools]
     replicas: list[Replica] = []
-    for pool in pools:
+    for pool in used:  # (each scheduler built before any runs: a setup it refuses is refused first)
         for _ in range(pool.replicas):
-            run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, fast, interval, None, None,
-                       check=check)
-            replicas.append(Replica(len(replicas), pool, run))
-    lazy = getattr(chosen, "lazy", False) is True
-    requests = 0
-    for r in workload:
-        now = r.arrival
-        if not lazy:
-            for rep in replicas:
-                rep.advance(now)
-        i = chosen.choose(r, replicas, now)
-        if not (isinstance(i, int) and 0 <= i < len(replicas)):
-            raise KVBudgetError(f"router {chosen.name}: chose replica {i!r} of {len(replicas)}", param="router")
-        rep = replicas[i]
-        rep.routed += 1
-        if on_route is not None:
-            on_route(r, i)
-        rep.advance(now)
-        rep.run.offer(r)
-        requests += 1
-        if progress is not None and requests % 1000 == 0:
-            progress(requests)
-    for rep in replicas:
-        rep.run.advance(math.inf)
-    return _result(chosen.name, pools, replicas, requests)
-
-
-def _result(router: str, pools: Sequence[Pool], replicas: Sequence[Replica], requests: int) -> FleetSimulation:
+            i = len(replicas)
+            run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, fast, interval,
+                       _of(i, on_step), None, on_finish=_of(i, on_finish), check=check)
+            replicas.append(Replica(i, pool, run))
+    handover = Handover(replicas, front, back, _route, on_route, on_transfer)
+    requests = handover.run(workload, progress)
     sims = [rep.run.result() for rep in replicas]
+    end = max((s.duration_s for s in sims), default=0.0)
+    spans = [(0.0, 0.0, None, end)] * len(replicas)
+    gpu_hours = sum(rep.pool.gpus for rep in replicas) * end / 3600
+    return handover.result(_result(front.name, used, replicas, sims, requests, spans, gpu_hours, None, None), link)
+
+
+def _chosen(chosen: Router, r: Request, replicas: Sequence[Replica], now: float) -> Replica:
+    """The replica `chosen` picks among `replicas` for `r`, checked."""
+    i = chosen.choose(r, replicas, now)
+    rep = next((x for x in replicas if x.index == i), None) if isinstance(i, int) else None
+    if rep is None:
+        raise KVBudgetError(f"router {chosen.name}: chose replica {i!r}, not one of the "
+                            f"{len(replicas)} it was offered", param="router")
+    return rep
+
+
+def _sent(rep: Replica, r: Request, on_route: Callable[[Request, int], None] | None) -> Replica:
+    """A request sent to `rep`: counted and reported."""
+    rep.took()
+    if on_route is not None:
+        on_route(r, rep.index)
+    return rep
+
+
+def _route(chosen: Router, r: Request, replicas: Sequence[Replica], now: float,
+           on_route: Callable[[Request, int], None] | None) -> Replica:
+    """The replica `chosen` picks among `replicas` for `r`, counted and reported."""
+    return _sent(_chosen(chosen, r, replicas, now), r, on_route)
+
+
+def _of(index: int, hook: Callable[..., None] | None) -> Callable[..., None] | None:
+    """A per-replica hook: `hook` called with the replica's index first."""
+    return None if hook is None else lambda *args: hook(index, *args)
+
+
+def _result(router: str, pools: Sequence[Pool], replicas: Sequence[Replica], sims: Sequence[Simulation],
+            requests: int, spans: Sequence[tuple[float, float, float | None, float]], gpu_hours: float,
+            autoscale: AutoscaleReport | None, front: FrontReport | None) -> FleetSimulation:
     duration = max((s.duration_s for s in sims), default=0.0)
 
     def merged(field: str) -> Percentiles | None:
@@ -364,11 +567,13 @@ def _result(router: str, pools: Sequence[Pool], replicas: Sequence[Replica], req
     output = sum(s.output_tokens for s in sims)
     return FleetSimulation(
         router=router, pools=tuple(pools),
-        replicas=tuple(FleetReplica(index=rep.index, pool=rep.pool.name, routed=rep.routed, simulation=s)
-                       for rep, s in zip(replicas, sims, strict=True)),
+        replicas=tuple(FleetReplica(index=rep.index, pool=rep.pool.name, routed=rep.routed, simulation=s,
+                                    started_s=start, ready_s=ready, drained_s=drained, stopped_s=stop,
+                                    role=rep.pool.role)
+                       for rep, s, (start, ready, drained, stop) in zip(replicas, sims, spans, strict=True)),
         requests=requests, completed=completed, duration_s=duration, ttft=merged("ttft_sorted"),
         tpot=merged("tpot_sorted"), e2e=merged("e2e_sorted"),
         requests_per_s=completed / duration if duration else 0.0,
         output_tokens_per_s=output / duration if duration else 0.0,
         prompt_tokens=sum(s.prompt_tokens for s in sims), output_tokens=output,
-        preemptions=sum(s.preemptions for s in sims))
+        preemptions=sum(s.preemptions for s in sims), gpu_hours=gpu_hours, autoscale=autoscale, front=front)

@@ -273,7 +273,8 @@ class _Run:
         if self.clients is not None:
             heapq.heappush(self.clients, now)
 
-    def admit(self, arrivals: Iterator[Request], pending: Request | None) -> Request | None:
+    def admit(self, arrivals: Iterator[Request], pending: Request | None,
+              release: Callable[[], None] | None = None) -> Request | None:
         while pending is not None and self.due(pending) <= self.t:
             if self.clients is not None:  # sent when its client was free, the latency counted from then
                 pending = replace(pending, arrival=max(pending.arrival, heapq.heappop(self.clients)
@@ -284,7 +285,7 @@ class _Run:
                                     "rejects it); raise max_model_len or filter the trace", param="trace")
             self.requests += 1
             if self.guard is None:
-                self.add(pending)
+                self.add(pending, release)  # (a fleet's offer: one request, `release` its hold)
             else:
                 self.guard.observe(self.t, self.sched.usage(), len(self.sched.waiting))
                 admitted = self.guard.admit(pending, self.t)
@@ -347,31 +348,23 @@ class _Run:
     def advance(self, until: float) -> None:
         """Steps while there is work and the clock is before `until` (a fleet's next arrival): the last step may
         end past it, as a real step would; an idle engine's clock waits where it is."""
-        while self._toward(until):
-            pass
+        while self.t < until and self.sched.has_work():
+            self.step(until)
+        self.sched.clock = self.t
 
     def finishes_by(self, until: float) -> float:
         """`advance` as far as needed for every request that finishes by `until` to have finished (what a router
         counting requests in flight reads), leaving whole a run of decode steps in which none can; the time
         before which no request can finish from there (while none is added)."""
-        while self.t < until:
+        quiet = self.t
+        while self.t < until and self.sched.has_work():
             quiet = self.no_finish_before()
-            if quiet > until or not self._toward(until):
-                return quiet
-        return self.t  # (what finished by then has)
-
-    def _toward(self, until: float) -> bool:
-        """One turn toward `until`; False where there is none to take."""
-        sched = self.sched
-        sched.clock = self.t
-        if self.t >= until or not sched.has_work():
-            return False
-        self.turns -= 1
-        if not self.turns:
-            self.check()
-            self.turns = CHECK_EVERY
-        self.turn(until)
-        return True
+            if quiet > until:
+                break
+            self.step(until)
+            quiet = self.t  # (what finished by then has)
+        self.sched.clock = self.t
+        return quiet if self.sched.has_work() else math.inf
 
     def no_finish_before(self) -> float:
         """A time before which no request here can finish while none is added (a fleet's router counting what is
@@ -391,10 +384,19 @@ class _Run:
         end = self.t + k * first
         return self.t + k * first * (1.0 - 1e-12) - k * math.ulp(2.0 * end)  # (below k additions' rounding)
 
-    def offer(self, r: Request) -> None:
-        """One request routed here by a fleet, its clock advanced to the arrival (or idle before it)."""
+    def step(self, until: float) -> None:
+        """One turn of the clock with work to do, `until` the next event outside (a fleet's), `check` counted."""
+        self.sched.clock = self.t
+        self.turns -= 1
+        if not self.turns:
+            self.check()
+            self.turns = CHECK_EVERY
+        self.turn(until)
+
+    def offer(self, r: Request, release: Callable[[], None] | None = None) -> None:
+        """One request routed here by a fleet (the clock at its arrival); `release`: the front door's hold on it."""
         self.t = max(self.t, r.arrival)
-        self.admit(iter(()), r)
+        self.admit(iter(()), r, release)
 
     def turn(self, arrival: float) -> None:
         """One turn of the clock with work to do: a run of decode steps, one step, or a wait for a load; `arrival`

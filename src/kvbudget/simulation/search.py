@@ -134,7 +134,8 @@ SWEEPABLE: dict[str, Callable[[str], Any]] = {
              "block-size": int, "allocator": parse_allocator, "gpu": str, "max-model-len": int,
              "long-prefill-token-threshold": int, "prefix-caching": lambda v: v.lower() in ("1", "true", "on", "yes"),
              "rate-scale": float, "offload-memory": _offload_size,
-             "interconnect": lambda v: Interconnect.parse(v, "interconnect")}
+             "interconnect": lambda v: Interconnect.parse(v, "interconnect"),
+             "replicas": int, "router": str}  # a fleet of that many replicas behind that router (commands/fleet.py)
 
 
 def parse_sweep(items: Sequence[str]) -> list[dict[str, Any]]:

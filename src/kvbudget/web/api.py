@@ -24,6 +24,7 @@ from kvbudget import traces
 from kvbudget.commands import spelling
 from kvbudget.commands.estimate import EstimateRequest
 from kvbudget.commands.estimate import answer as estimate_answer
+from kvbudget.commands.fleet import is_fleet
 from kvbudget.commands.options import Option, build, options
 from kvbudget.commands.plan import CompareRequest, PlanRequest, as_json, compare_rows
 from kvbudget.commands.plan import answer as plan_answer
@@ -49,6 +50,7 @@ class Limits:
     query_chars: int = 8192
     simulate_seconds: float = 60.0  # checked every few ms of a run
     simulate_requests: int = 50_000
+    simulate_replicas: int = 64  # a fleet's replicas: every arrival advances each one's clock
     simulations_at_once: int = 2
     heavy_at_once: int = 4  # answers being worked out at once, of every kind (simulations among them)
     queued_at_most: int = 32  # requests waiting for one of those (the page asks up to ten at once)
@@ -380,7 +382,24 @@ def simulate(params: list[tuple[str, str]], uploads: Uploads, job: Job) -> Any:
         write_file(str(path), config, "guard", force=True)
         chosen["guard_config"] = str(path)
     ask = replace(ask, **chosen)
+    if is_fleet(ask):
+        return _fleet(ask, job)
     return simulation_answer(ask, progress=job.progress, check=job.check).to_dict()
+
+
+def _fleet(ask: SimulateRequest, job: Job) -> Any:
+    """A fleet of `replicas` behind `router` (`kvbudget simulate --replicas N --router NAME`), within the page's
+    limit of replicas; the guard stands in front of one engine only."""
+    from kvbudget.commands.fleet import fleet_dict, fleet_simulation
+    from kvbudget.commands.options import one
+
+    most = job.work.limits.simulate_replicas
+    if ask.replicas is not None and one(ask.replicas, "replicas") > most:
+        raise WebError(f"replicas: at most {most:,} on this page (run `kvbudget simulate` for more)", "replicas")
+    if ask.guard_config:
+        raise WebError("guard: stands in front of one engine; in front of a fleet it is not simulated yet: turn "
+                       "it off, or leave replicas empty", "guard")
+    return fleet_dict(fleet_simulation(ask, progress=job.progress, check=job.check)[0])
 
 
 _REPORT_FIELDS = {"model": str, "context": int, "data": list, "matmul": str, "results": list, "verdict": str,

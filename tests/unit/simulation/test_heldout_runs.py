@@ -133,10 +133,100 @@ def test_the_benchmarks_test_run_goes_first_and_leaves_the_first_prompt_cached(m
     runs = {r["id"]: r for r in served.runs()}
     reqs = served.block_requests(runs["a100-qwen2-7b-test2-15"])
     sent = served.with_test_run(reqs)
-    assert sent[0].id == "test" and sent[0].prefix == sent[1].prefix != () and not sent[2].prefix
+    assert sent[0].id == "test" and sent[0].prefix == sent[1].prefix != () and sent[2].prefix != sent[1].prefix
     assert {r.arrival for r in sent[1:]} == {served.TIMED_FROM}
     run = runs["a100-qwen2-7b-test5-01"]
     (case,) = served.replay(run)
     model = served.model_of(run["model"])
     cold = served.simulate(model, iter(served.block_requests(run)), **served.settings(run))
     assert case.simulated["ttft"]["mean"] < cold.ttft.mean / 2
+
+
+# the engine's statistics lines as dennislee22/vLLM-benchmarking pasted them after a block (Test 5, 200 prompts;
+# the first line cut at its start, as the README has it after some blocks)
+ENGINE_LOG = """, Running: 10 reqs, Waiting: 0 reqs, GPU KV cache usage: 3.5%, Prefix cache hit rate: 53.7%
+(APIServer pid=2739) INFO 09-04 01:35:00 [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg \
+generation throughput: 5737.5 tokens/s, Running: 195 reqs, Waiting: 0 reqs, GPU KV cache usage: 66.8%, Prefix cache \
+hit rate: 33.3%
+(APIServer pid=2739) INFO 09-04 01:35:10 [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg \
+generation throughput: 5380.9 tokens/s, Running: 195 reqs, Waiting: 0 reqs, GPU KV cache usage: 78.4%, Prefix cache \
+hit rate: 33.3%"""
+
+
+def _log(at, prompt, generation, running, waiting, usage):
+    return {"at": at, "prompt_tokens_per_s": prompt, "generation_tokens_per_s": generation, "running": running,
+            "waiting": waiting, "kv_usage": usage}
+
+
+def test_the_engine_log_after_a_block_is_read_from_whole_lines(modules):
+    _, extract = modules
+    assert extract.engine_log(ENGINE_LOG) == [_log("09-04 01:35:00", 0.0, 5737.5, 195, 0, 0.668),
+                                              _log("09-04 01:35:10", 0.0, 5380.9, 195, 0, 0.784)]
+
+
+def test_a_pure_decode_interval_gives_the_engine_s_own_step(modules):
+    """Only an interval that decoded alone counts (no prompt tokens, none waiting, the same sequences at both ends):
+    its step is the sequences over the generation throughput, its context the pool's share in use over them."""
+    served, _ = modules
+    run = {"num_gpu_blocks": 29053, "engine_log": [
+        _log("a", 2836.3, 4789.1, 196, 0, 0.548),  # prefilling
+        _log("b", 0.0, 5737.5, 195, 0, 0.668),  # one sequence fewer than at "a": some steps had 196
+        _log("c", 0.0, 5380.9, 195, 0, 0.784),  # the one pure interval
+        _log("d", 0.0, 6241.3, 256, 238, 0.964),  # others waiting (and running changed)
+        _log("e", 0.0, 5749.3, 256, 261, 0.998)]}  # others waiting
+    ((at, n, context, step),) = served.logged_decode_steps(run)
+    assert (at, n) == ("c", 195)
+    assert step == pytest.approx(0.036239, abs=1e-6)  # 195 / 5380.9
+    assert context == pytest.approx(1730.66, abs=0.01)  # (0.668 + 0.784) / 2 x 29,053 x 16 / 195
+    assert served.logged_decode_steps({"num_gpu_blocks": None, "engine_log": run["engine_log"]}) == []
+
+
+def test_the_published_logs_give_decode_steps_beside_the_simulated_ones(modules):
+    """runs.json keeps each block's engine log; Test 5's 200-prompt run decoded 195 sequences at 36.2 ms a step
+    in the ten seconds to 01:35:10 (README.md)."""
+    served, _ = modules
+    run = {r["id"]: r for r in served.runs()}["a100-qwen2-7b-test5-08"]
+    (d,) = served.decode_steps(run)
+    assert (d.run, d.gpu, d.tp, d.at, d.sequences) == ("a100-qwen2-7b-test5-08", "A100-80GB", 1, "09-04 01:35:10", 195)
+    assert d.real == pytest.approx(195 / 5380.9) and 1700 < d.context < 1760
+    assert 0 < d.simulated < d.real and d.gap_per_sequence == pytest.approx((d.real - d.simulated) / 195)
+
+
+def test_the_gap_is_a_line_over_the_sequences(modules):
+    served, _ = modules
+    steps = [served.DecodeStep(run="r", gpu="A100-80GB", tp=1, at=str(n), sequences=n, context=1000.0,
+                               real=0.010 + 0.001 + 30e-6 * n, simulated=0.010) for n in (10, 50, 200)]
+    fixed, per_seq = served.gap_line(steps)
+    assert fixed == pytest.approx(0.001) and per_seq == pytest.approx(30e-6)
+    with pytest.raises(ValueError, match="two batch sizes"):
+        served.gap_line(steps[:1])
+    assert "short by 1.00 ms + 30 µs a sequence" in "\n".join(served.decode_table(steps))
+
+
+def test_a_run_records_its_server_so_that_runs_sharing_a_prefix_cache_are_known(modules):
+    """The random dataset's prompts repeat from run to run (a fixed seed), so runs on one server share cached
+    prompts: Test 5's 30 and 20 prompts ran after its 50 on the same server (README.md's log lines)."""
+    served, extract = modules
+    assert extract.server_of(ENGINE_LOG) == {"server_pid": 2739} and extract.server_of("no log") == {}
+    runs = {r["id"]: r for r in served.runs()}
+    fifty, thirty, twenty = (runs[f"a100-qwen2-7b-test5-{k:02d}"] for k in (5, 4, 3))
+    assert fifty["server_pid"] == thirty["server_pid"] == twenty["server_pid"] == 136
+    assert fifty["engine_log"][0]["at"] < thirty["engine_log"][0]["at"] < twenty["engine_log"][0]["at"]
+
+
+def test_a_block_replayed_after_its_server_s_earlier_runs_finds_their_prompts_cached(modules):
+    """The dataset's i-th prompt is the same in every run (seed 0, fixed lengths): Test 5's 30 prompts, sent after
+    its 50 on the same server, were all cached (measured TTFT 0.24 s against the 50's 2.6 s); replayed after the
+    50, their TTFT falls far below the replay on a fresh server."""
+    served, _ = modules
+    every = served.runs()
+    runs = {r["id"]: r for r in every}
+    thirty = runs["a100-qwen2-7b-test5-04"]
+    assert [r["id"] for r in served.server_history(thirty, every)] == ["a100-qwen2-7b-test5-05"]
+    assert [r["id"] for r in served.server_history(runs["a100-qwen2-7b-test5-03"], every)] == [
+        "a100-qwen2-7b-test5-05", "a100-qwen2-7b-test5-04"]
+    assert served.server_history(runs["a100-qwen2-7b-test5-05"], every) == []
+    assert served.server_history({**thirty, "server_pid": None, "engine_log": []}, every) == []
+    (fresh,) = served.replay(thirty)
+    (warm,) = served.replay(thirty, earlier=[runs["a100-qwen2-7b-test5-05"]])
+    assert warm.real == fresh.real and warm.simulated["ttft"]["mean"] < fresh.simulated["ttft"]["mean"] / 4

@@ -22,6 +22,18 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
 
 
+@dataclass(frozen=True, kw_only=True)
+class TransferTotals:
+    """The prefilled requests' KV a decode replica read: how many, their bytes (one GPU's shard), the seconds the
+    reads took, and the seconds they waited in its queue for room to be allocated before the read could start."""
+
+    count: int = 0
+    bytes_per_gpu: int = 0
+    seconds: float = 0.0
+    wait_s: float = 0.0
+    max_wait_s: float = 0.0
+
+
 MASK = (1 << 64) - 1  # piece hashes as unsigned 64-bit numbers
 
 
@@ -223,6 +235,16 @@ class Queues:
     def next_ready(self) -> float | None:
         """When the next transfer the scheduler waits on is done (None: it waits on none)."""
         return None
+
+    def transfer_totals(self) -> TransferTotals | None:
+        """What a decode replica read over its KV link (None: it reads nothing)."""
+        return None
+
+    def cached_prefix(self, request: Request) -> int:
+        """Prompt tokens from the start of `request` that the prefix cache holds now, as the engine's KV events
+        report its cache (blocks stored and not yet evicted; a prefix-aware router reads it): a lookup that
+        changes nothing. 0: no prefix cache, or an engine that reports none."""
+        return 0
 
     def offload_totals(self) -> Any:
         """What a host tier behind the cache did (None: there is none)."""

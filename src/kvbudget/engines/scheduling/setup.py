@@ -4,14 +4,15 @@ fills in a Setup with its own rules and builds its scheduler from it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from kvbudget import validate
 from kvbudget.choices import PAGED, Allocator
 from kvbudget.engines.base import Allocation, Capacity, Engine, EngineOptions
-from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig
+from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig, Seq
 from kvbudget.engines.scheduling.timing import MeasuredStep, TimeModel
 from kvbudget.engines.tiers import HostTier
 from kvbudget.errors import KVBudgetError
@@ -19,6 +20,7 @@ from kvbudget.model.spec import ModelSpec
 
 if TYPE_CHECKING:
     from kvbudget.choices import Device, EntryPoint, Interconnect
+    from kvbudget.interconnects import KVLink
 
 
 MAX_DISK_READ = 1e12  # bytes per second a disk tier reads at: 1,000 GB/s, past any drive or array on one host
@@ -130,6 +132,25 @@ class Planned:
 HIDDEN = {"json": False}  # a field to_dict() leaves out
 
 
+class Role(Enum):
+    """What a replica does in a fleet: all of a request (co-located), or one side of disaggregated serving."""
+
+    BOTH = "both"
+    PREFILL = "prefill"  # computes the prompt and the first token, holds its KV until the decode side has read it
+    DECODE = "decode"  # takes the prompt's KV over a link, then generates the output
+
+
+@dataclass(frozen=True, kw_only=True)
+class Disagg:
+    """A replica's side of disaggregated prefill and decode, and the link between the sides."""
+
+    role: Role
+    link: KVLink
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"role": self.role.value, "link": self.link.to_dict()}
+
+
 class CacheGroupRecord(Protocol):
     """One of an engine's KV cache groups as its scheduler keeps them."""
 
@@ -153,6 +174,7 @@ class Setup:
     gpu: str | None
     time_model: TimeModel
     bytes_per_token: int = 0  # KV bytes per token on the most loaded GPU
+    gpus: int = 1  # the GPUs of one replica (tensor x pipeline parallel)
     allocator: str = "paged"  # the engine's name for its allocator (vLLM: or contiguous-max / -pow2 / -oracle)
     allocation: Allocation | None = field(default=None, repr=False, compare=False, metadata=HIDDEN)  # the guard's
     groups: tuple[CacheGroupRecord, ...] = ()  # the engine's KV cache groups as its scheduler keeps them
@@ -162,6 +184,7 @@ class Setup:
     host_block_seconds: float = 0.0  # ... and the time to load one of its units over the GPU's host link
     disk_tier: HostTier | None = field(default=None, metadata=HIDDEN)  # a disk tier behind the host tier
     disk_unit_seconds: float = 0.0  # ... and the time to read one of its units and load it
+    disagg: Disagg | None = field(default=None, metadata=HIDDEN)  # one side of disaggregated prefill and decode
     # the engine's scheduler model, which builds the scheduler for this setup
     simulator: Simulator = field(repr=False, compare=False, metadata=HIDDEN)
 
@@ -185,6 +208,8 @@ class Setup:
         out["groups"] = [g.to_dict() for g in self.groups]
         out["host_tier"] = self.host_tier.to_dict() if self.host_tier else None
         out["disk_tier"] = self.disk_tier.to_dict() if self.disk_tier else None
+        if self.disagg is not None:
+            out["disagg"] = self.disagg.to_dict()
         return out
 
 
@@ -228,6 +253,12 @@ class SimulatorDefaults:
 
     def sized_without_budget(self, ask: SimulationAsk) -> bool:
         return False
+
+    def disaggregation(self, setup: Setup) -> str | None:
+        return f"simulate follows disaggregated prefill and decode on vLLM (its NIXL connector), not {setup.engine}"
+
+    def kv_read_bytes(self, setup: Setup, prompt_tokens: int) -> int:
+        raise KVBudgetError(f"engine: {self.disaggregation(setup)}", param="engine")
     def token_slots(self, setup: Setup) -> int:
         return setup.num_blocks
 
@@ -261,7 +292,13 @@ class Simulator(Protocol):
         """The engine's memory and scheduler settings for the ask; raises where the engine would not start."""
 
     def scheduler(self, setup: Setup) -> Queues:
-        """A fresh scheduler for `setup`."""
+        """A fresh scheduler for `setup` (one side of disaggregated serving where `setup.disagg` says)."""
+
+    def disaggregation(self, setup: Setup) -> str | None:
+        """Why `setup` cannot be one side of disaggregated prefill and decode, in words (None: it can)."""
+
+    def kv_read_bytes(self, setup: Setup, prompt_tokens: int) -> int:
+        """Bytes one GPU of a decode replica reads for a prompt it has nothing of (the engine's transfer unit)."""
 
     def token_slots(self, setup: Setup) -> int:
         """Tokens the KV cache of `setup` holds."""
@@ -280,6 +317,16 @@ class TimesHost(Protocol):
     def with_host(self, time_model: TimeModel, options: EngineOptions, tp: int, pp: int) -> TimeModel:
         """The default time model of the GPU's kernels (never a calibrated or given one) with the engine's CPU
         work around them: per step, per request, its frontend (the release in `options`, tp x pp GPUs)."""
+
+
+@runtime_checkable
+class LimitsQueue(Protocol):
+    """A scheduler model whose engine's API server refuses requests past its own queue limits (vLLM's
+    --max-num-queued-reqs and --max-num-queued-tokens)."""
+
+    def queue_refusal(self, max_reqs: int | None, max_tokens: int | None, unfinished: Iterable[Seq],
+                      n: int) -> str | None:
+        """The limit a request of `n` samples is refused by, given the sequences not finished; None: admitted."""
 
 
 def with_host(simulator: Simulator, time_model: TimeModel, options: EngineOptions, tp: int, pp: int) -> TimeModel:

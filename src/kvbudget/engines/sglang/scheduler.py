@@ -29,6 +29,7 @@ import heapq
 from typing import Any
 
 from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig, Seq, Step, attended_pairs, commit
+from kvbudget.engines.scheduling.workload import Request
 
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO (x schedule_conservativeness 1.0)
@@ -75,15 +76,18 @@ class RadixCache:
             out.append(((("own", s.uid), 0), left))
         return out
 
-    def match(self, s: Seq, limit: int) -> tuple[int, Node]:
-        """Tokens of s cached from its start (at most `limit`), and the deepest node reached."""
-        self.clock += 1
+    def match(self, s: Seq, limit: int, touch: bool = True) -> tuple[int, Node]:
+        """Tokens of s cached from its start (at most `limit`), and the deepest node reached; `touch` marks the
+        nodes used now (off: a look that changes nothing)."""
+        if touch:
+            self.clock += 1
         node, matched = self.root, 0
         for key, n in self.path(s, limit):
             child = node.children.get(key)
             if child is None or not child.tokens:
                 break
-            child.last = self.clock
+            if touch:
+                child.last = self.clock
             take = min(child.tokens, n)
             matched += take
             node = child
@@ -164,6 +168,12 @@ class SGLangScheduler(Queues):
         self.decay = (self.ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.nodes: dict[int, Node] = {}  # uid -> the cache node it holds locked
         self.cached: dict[int, int] = {}  # uid -> its tokens that are in the cache (its locked prefix)
+
+    def cached_prefix(self, request: Request) -> int:
+        """The radix tree's match for the request's prompt now (as its KV events report the tree), untouched."""
+        if not self.cfg.prefix_caching:
+            return 0
+        return self.tree.match(Seq(self._uid, request), request.prompt_tokens, touch=False)[0]
 
     # -- slots -----------------------------------------------------------------------------------------------
 

@@ -63,17 +63,16 @@ class HostBlocks:
         return found
 
 
-class OffloadingScheduler(VLLMScheduler):
-    """VLLMScheduler (one full-attention group, prefix caching on) with the CPU tier behind its prefix cache."""
+class AsyncLoadScheduler(VLLMScheduler):
+    """VLLMScheduler with the WAITING_FOR_REMOTE_KVS path (v1/core/sched/scheduler.py): a waiting request whose KV
+    a connector loads takes its blocks, leaves the queue without running, comes back to its front once the load is
+    done (`_update_waiting_for_remote_kv`, its blocks keyed then) and runs from the loaded tokens on. A subclass
+    says which requests load what (`_start_load`)."""
 
-    def __init__(self, config: SchedulerConfig, host_blocks: int, block_seconds: float, block_bytes: int) -> None:
+    def __init__(self, config: SchedulerConfig) -> None:
         super().__init__(config)
-        self.host = HostBlocks(host_blocks)
-        self.block_seconds = block_seconds
-        self.block_bytes = block_bytes
         self.loading: list[tuple[float, Seq]] = []  # (done at, request), in admission order
         self.loaded: set[int] = set()  # requests back in the queue with their loaded blocks
-        self.host_hit_tokens = self.loaded_blocks = 0
         self.reserved = 0  # blocks the loading requests still need for their prompts (_inflight_prefill_reserved)
 
     def has_work(self) -> bool:
@@ -82,19 +81,14 @@ class OffloadingScheduler(VLLMScheduler):
     def next_ready(self) -> float | None:
         return min((t for t, _ in self.loading), default=None)
 
-    def offload_totals(self) -> OffloadTotals:
-        return OffloadTotals(hit_tokens=self.host_hit_tokens, loaded_blocks=self.loaded_blocks,
-                             stored_blocks=self.host.stored, block_bytes=self.block_bytes)
+    def _start_load(self, s: Seq) -> bool | None:
+        """The head's load: None where it has none, True where it started (the request leaves the queue holding
+        its blocks), False where its prompt does not fit (the queue waits)."""
+        return None
 
-    def _cache(self, s: Seq, tokens: int) -> None:
-        before = s.ncached
-        super()._cache(s, tokens)
-        if s.ncached > before:
-            self.host.store(s.segments(before, s.ncached, self.cfg.block_size))
-
-    def _host_run(self, s: Seq, hit: int, touch: bool = True) -> int:
-        bs = self.cfg.block_size
-        return self.host.run(s.segments(hit, (s.num_tokens - 1) // bs, bs), touch)
+    def _would_load(self, head: Seq) -> bool:
+        """Whether the head of the queue would start a load now (the fast path stops for it)."""
+        return False
 
     def _admit_waiting(self, scheduled: list[tuple[Seq, int]], budget: int, threshold: int) -> None:
         if self.loading:  # loads done by now: keyed on the GPU (_update_waiting_for_remote_kv), back to the front
@@ -102,7 +96,8 @@ class OffloadingScheduler(VLLMScheduler):
             if ready:
                 self.loading = [(t, s) for t, s in self.loading if t > self.clock]
                 for s in reversed(ready):
-                    VLLMScheduler._cache(self, s, s.computed)
+                    if self.cache is not None:
+                        VLLMScheduler._cache(self, s, s.computed)
                     self.loaded.add(s.uid)
                     self.waiting.appendleft(s)
         waiting, running = self.waiting, self.running
@@ -118,6 +113,78 @@ class OffloadingScheduler(VLLMScheduler):
                 break
             scheduled.append((waiting.popleft(), n))
             budget -= n
+
+    def _dispatch(self, s: Seq, seconds: float) -> None:
+        """The load runs beside the steps: the request leaves the queue until it is done (WAITING_FOR_REMOTE_KVS)."""
+        self.waiting.popleft()
+        self.loading.append((self.clock + seconds, s))
+
+    def _resume(self, s: Seq, budget: int, threshold: int) -> int | None:
+        """A request whose load is done runs from its loaded tokens on, holding their blocks."""
+        cfg, pool = self.cfg, self.pool
+        bs = cfg.block_size
+        n = s.num_tokens - s.computed
+        if 0 < threshold < n:
+            n = threshold
+        n = min(n, budget)
+        now = cdiv(min(s.computed + n, cfg.max_model_len), bs) - s.nblocks
+        whole = self._rest(s)
+        if max(now, whole) > pool.nfree:
+            return None
+        self.reserved -= whole
+        if now > 0:
+            pool.take(s, now)
+            s.nblocks += now
+        if self.cache is not None:
+            self._cache(s, s.computed + n)
+        self.loaded.discard(s.uid)
+        self.running.append(s)
+        return n
+
+    def _rest(self, s: Seq) -> int:
+        """Blocks a request holding its loaded blocks still needs for its prompt."""
+        return max(cdiv(min(s.num_tokens, self.cfg.max_model_len), self.cfg.block_size) - s.nblocks, 0)
+
+    def _free(self, s: Seq) -> None:
+        self.loaded.discard(s.uid)
+        super()._free(s)
+
+    def decode_run_limit(self) -> int:
+        if any(t <= self.clock for t, _ in self.loading):
+            return 0
+        if self.waiting and len(self.running) < self.cfg.max_num_seqs:
+            head = self.waiting[0]
+            if head.uid in self.loaded or self._would_load(head):
+                return 0
+        return super().decode_run_limit()
+
+
+class OffloadingScheduler(AsyncLoadScheduler):
+    """VLLMScheduler (one full-attention group, prefix caching on) with the CPU tier behind its prefix cache."""
+
+    def __init__(self, config: SchedulerConfig, host_blocks: int, block_seconds: float, block_bytes: int) -> None:
+        super().__init__(config)
+        self.host = HostBlocks(host_blocks)
+        self.block_seconds = block_seconds
+        self.block_bytes = block_bytes
+        self.host_hit_tokens = self.loaded_blocks = 0
+
+    def offload_totals(self) -> OffloadTotals:
+        return OffloadTotals(hit_tokens=self.host_hit_tokens, loaded_blocks=self.loaded_blocks,
+                             stored_blocks=self.host.stored, block_bytes=self.block_bytes)
+
+    def _cache(self, s: Seq, tokens: int) -> None:
+        before = s.ncached
+        super()._cache(s, tokens)
+        if s.ncached > before:
+            self.host.store(s.segments(before, s.ncached, self.cfg.block_size))
+
+    def _host_run(self, s: Seq, hit: int, touch: bool = True) -> int:
+        bs = self.cfg.block_size
+        return self.host.run(s.segments(hit, (s.num_tokens - 1) // bs, bs), touch)
+
+    def _would_load(self, head: Seq) -> bool:
+        return bool(self._host_run(head, len(self._hits(head)), touch=False))
 
     def _start_load(self, s: Seq) -> bool | None:
         """The head's blocks after its GPU hit that the tier holds: None where there are none, True where their
@@ -148,46 +215,3 @@ class OffloadingScheduler(VLLMScheduler):
         self.loaded_blocks += extra
         self._dispatch(s, extra * self.block_seconds)
         return True
-
-    def _dispatch(self, s: Seq, seconds: float) -> None:
-        """The load runs beside the steps: the request leaves the queue until it is done (WAITING_FOR_REMOTE_KVS)."""
-        self.waiting.popleft()
-        self.loading.append((self.clock + seconds, s))
-
-    def _resume(self, s: Seq, budget: int, threshold: int) -> int | None:
-        """A request whose load is done runs from its loaded tokens on, holding their blocks."""
-        cfg, pool = self.cfg, self.pool
-        bs = cfg.block_size
-        n = s.num_tokens - s.computed
-        if 0 < threshold < n:
-            n = threshold
-        n = min(n, budget)
-        now = cdiv(min(s.computed + n, cfg.max_model_len), bs) - s.nblocks
-        whole = self._rest(s)
-        if max(now, whole) > pool.nfree:
-            return None
-        self.reserved -= whole
-        if now > 0:
-            pool.take(s, now)
-            s.nblocks += now
-        self._cache(s, s.computed + n)
-        self.loaded.discard(s.uid)
-        self.running.append(s)
-        return n
-
-    def _rest(self, s: Seq) -> int:
-        """Blocks a request holding its loaded blocks still needs for its prompt."""
-        return max(cdiv(min(s.num_tokens, self.cfg.max_model_len), self.cfg.block_size) - s.nblocks, 0)
-
-    def _free(self, s: Seq) -> None:
-        self.loaded.discard(s.uid)
-        super()._free(s)
-
-    def decode_run_limit(self) -> int:
-        if any(t <= self.clock for t, _ in self.loading):
-            return 0
-        if self.waiting and len(self.running) < self.cfg.max_num_seqs:
-            head = self.waiting[0]
-            if head.uid in self.loaded or self._host_run(head, len(self._hits(head)), touch=False):
-                return 0
-        return super().decode_run_limit()

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sized
 
 from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig, Seq, Step, attended_pairs, commit
+from kvbudget.engines.scheduling.workload import Request
 from kvbudget.engines.vllm.pool import NO_HITS, CountingPool, Hits, RunPool
 from kvbudget.units import cdiv
 
@@ -131,6 +132,13 @@ class VLLMScheduler(Queues):
             return NO_HITS
         bs = self.cfg.block_size
         return cache.find(s.segments(0, (s.num_tokens - 1) // bs, bs))
+
+    def cached_prefix(self, request: Request) -> int:
+        """The hits the request would find now (`_hits`, on a sequence under the uid the next request gets: no
+        block is keyed under it yet), in tokens; the pool is only read."""
+        if not self.caching:
+            return 0
+        return len(self._hits(Seq(self._uid, request))) * self.cfg.block_size
 
     def _free(self, s: Seq) -> None:
         self.pool.release(s, s.nblocks)

@@ -3,22 +3,25 @@ schedulers (plain, hybrid, hybrid with prefix caching, or a contiguous baseline)
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.choices import Device, parse_allocator
 from kvbudget.engines.base import EngineOptions
-from kvbudget.engines.scheduling.seq import Queues
-from kvbudget.engines.scheduling.setup import Planned, Setup, SimulationAsk, SimulatorDefaults, config_of
+from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig, Seq
+from kvbudget.engines.scheduling.setup import Planned, Role, Setup, SimulationAsk, SimulatorDefaults, config_of
 from kvbudget.engines.scheduling.timing import TimeModel
 from kvbudget.engines.tiers import required_link
 from kvbudget.engines.vllm.blocks import BlockGroup, StateGroup
 from kvbudget.engines.vllm.cached import CachedHybridScheduler
 from kvbudget.engines.vllm.contiguous import ContiguousScheduler
+from kvbudget.engines.vllm.disagg import DecodeScheduler, PrefillScheduler, read_blocks
 from kvbudget.engines.vllm.host import with_host
 from kvbudget.engines.vllm.hybrid import HybridScheduler
 from kvbudget.engines.vllm.lmcache import LMCacheScheduler
 from kvbudget.engines.vllm.offloading import OffloadingScheduler
 from kvbudget.engines.vllm.pool import usable_blocks
+from kvbudget.engines.vllm.queued import queue_refusal
 from kvbudget.engines.vllm.releases import NEWEST, SIMULATED_OLDEST, Release, release
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.errors import KVBudgetError, named
@@ -44,6 +47,11 @@ class VLLMSimulator(SimulatorDefaults):
             raise KVBudgetError(f"engine vllm@{Release((version[0], version[1])).label}: simulate follows vLLM's V1 "
                                 f"scheduler, the default engine from {oldest} (V0's before it is not simulated); "
                                 f"give vllm@{oldest} or later (estimate and plan take 0.5 on)", param="engine")
+
+    def queue_refusal(self, max_reqs: int | None, max_tokens: int | None, unfinished: Iterable[Seq],
+                      n: int) -> str | None:
+        """The API server's --max-num-queued-reqs / --max-num-queued-tokens (engines/vllm/queued.py)."""
+        return queue_refusal(max_reqs, max_tokens, unfinished, n)
 
     def with_host(self, time_model: TimeModel, options: EngineOptions, tp: int, pp: int) -> TimeModel:
         """The kernels' time model with vLLM's CPU work around them (engines/vllm/host.py), of the release."""
@@ -137,7 +145,7 @@ class VLLMSimulator(SimulatorDefaults):
                      long_prefill_token_threshold=ask.long_prefill_token_threshold, gpu=planned.gpu,
                      time_model=planned.time_model, bytes_per_token=planned.allocation.bytes_per_token,
                      allocator=allocator, allocation=planned.allocation, groups=groups, scheduling=scheduling,
-                     simulator=self, **tiers)
+                     gpus=ask.tp * ask.pp, simulator=self, **tiers)
 
     @staticmethod
     def _groups(setup: Setup) -> tuple[BlockGroup, ...]:
@@ -153,6 +161,8 @@ class VLLMSimulator(SimulatorDefaults):
     def scheduler(self, setup: Setup) -> Queues:
         config = config_of(setup)
         allocator = parse_allocator(setup.allocator)
+        if setup.disagg is not None and setup.disagg.role is not Role.BOTH:
+            return self._disaggregated(setup, config)
         if allocator.reservation is not None:
             return ContiguousScheduler(config, self.token_slots(setup), allocator.reservation)
         tier = setup.host_tier
@@ -166,6 +176,28 @@ class VLLMSimulator(SimulatorDefaults):
         if self._hybrid(setup):
             return (CachedHybridScheduler if setup.prefix_caching else HybridScheduler)(config, self._groups(setup))
         return VLLMScheduler(config)
+
+    def disaggregation(self, setup: Setup) -> str | None:
+        why = ("a contiguous allocator" if parse_allocator(setup.allocator).reservation is not None
+               else "a KV offload tier" if setup.host_tier is not None
+               else "several KV cache groups (sliding windows, chunked-local or state layers)"
+               if self._hybrid(setup) else None)
+        return None if why is None else ("disaggregated prefill and decode are simulated for vLLM's paged cache of "
+                                         f"one full-attention group (MLA included), not {why}")
+
+    def kv_read_bytes(self, setup: Setup, prompt_tokens: int) -> int:
+        return read_blocks(prompt_tokens, 0, setup.block_size) * setup.block_size * setup.bytes_per_token
+
+    def _disaggregated(self, setup: Setup, config: SchedulerConfig) -> Queues:
+        """One side of NIXL's disaggregated serving (engines/vllm/disagg.py), for one full-attention group."""
+        assert setup.disagg is not None
+        role = setup.disagg.role
+        why = self.disaggregation(setup)
+        if why is not None:
+            raise KVBudgetError(f"{role.value}_replicas: {why}", param=f"{role.value}_replicas")
+        if role is Role.PREFILL:
+            return PrefillScheduler(config)
+        return DecodeScheduler(config, setup.disagg.link, setup.bytes_per_token * setup.block_size)
 
     def token_slots(self, setup: Setup) -> int:
         """Whole blocks but the null block when paged; the budget over bytes per token when contiguous."""

@@ -5,7 +5,8 @@
 const $ = (id) => document.getElementById(id);
 const VIEWS = ["plan", "compare", "simulate", "quality"];
 const FIELDS = ["model", "compare", "engine", "kv_dtype", "gpu", "gpu_memory", "tp", "pp", "max_model_len",
-  "concurrency", "trace", "rate", "requests", "rate_scale", "slice", "max_concurrency", "guard", "report"];
+  "concurrency", "trace", "rate", "requests", "rate_scale", "slice", "max_concurrency", "replicas", "router", "guard",
+  "report"];
 const DEFAULTS = { view: "plan", model: "llama-3.1-8b", engine: "vllm", kv_dtype: "auto", gpu: "H100-80GB",
   tp: "1", pp: "1", concurrency: "1", trace: "azure-conv-2023", rate_scale: "1", slice: "0:2000" };
 let CHART_ENGINES = [];  // engines with a KV budget: the servers, from /api/choices (hf has none)
@@ -410,7 +411,7 @@ function barChart(items, format = fmtBytes) {
 
 // ---- the simulation view -------------------------------------------------------------------------------------
 const SIM_KEYS = ["engine", "kv_dtype", "gpu", "gpu_memory", "tp", "pp", "max_model_len", "rate", "requests",
-  "rate_scale", "slice", "max_concurrency", "guard"];
+  "rate_scale", "slice", "max_concurrency", "replicas", "router", "guard"];
 async function renderSimulate(gen, run) {
   const view = $("view-simulate");
   if (!run) {
@@ -422,8 +423,9 @@ async function renderSimulate(gen, run) {
   busy(`Simulating (up to ${choices ? choices.limits.simulate_seconds : 60} s)…`);
   const sim = await api("simulate", p);
   if (gen !== generation) return;
-  const st = sim.setup;
   const credit = !state.rate && choices && (choices.traces.find((t) => t.name === state.trace) || {}).credit;
+  if (sim.fleet) { view.replaceChildren(...fleetView(sim, credit)); return; }
+  const st = sim.setup;
   const out = [h("h2", {}, `${st.model} on ${st.engine}, ${st.gpu || "no GPU named"}`)];
   out.push(h("p", {}, (st.allocator === "paged" ? `${int(st.num_blocks)} blocks of ${st.block_size} tokens`
     : `${st.allocator} allocator`) + `; max_num_seqs ${st.max_num_seqs}, max_num_batched_tokens ${int(st.max_num_batched_tokens)}, prefix caching ${st.prefix_caching ? "on" : "off"}`));
@@ -481,6 +483,51 @@ async function renderSimulate(gen, run) {
   out.push(notes(sim.notes));
   if (credit) out.push(h("p", { class: "help" }, `Trace: ${credit}.`));
   view.replaceChildren(...out);
+}
+
+// A fleet's answer (replicas behind a router): the whole run, each replica, and each one's KV usage and queue.
+const FLEET_LINES = 16;  // replicas drawn one line each; the table lists every one
+function fleetView(sim, credit) {
+  const f = sim.fleet, reps = f.replicas, st = f.pools[0].setup, pool = f.pools[0];
+  const basis = st.time_model.basis || "estimated";
+  const out = [h("h2", {}, `${st.model} on ${st.engine}, ${st.gpu || "no GPU named"}: ${reps.length} replicas behind the ${f.router} router`)];
+  out.push(h("p", {}, (st.allocator === "paged" ? `each ${int(st.num_blocks)} blocks of ${st.block_size} tokens`
+    : `each: ${st.allocator} allocator`) + `; max_num_seqs ${st.max_num_seqs}, max_num_batched_tokens ${int(st.max_num_batched_tokens)}, prefix caching ${st.prefix_caching ? "on" : "off"}`));
+  out.push(h("div", { class: "summary" },
+    card("Requests", `${int(sim.completed)} of ${int(sim.requests)}`, "", "completed"),
+    card("Simulated time", `${fixed(sim.duration_s, 1)} s`, "", "duration"),
+    card("Throughput", `${fixed(sim.requests_per_s, 2)} req/s`, badge("estimate", `times: ${basis}`), "requests_per_s"),
+    card("Peak KV usage", pct(pool.peak_usage), badge("exact", "the allocator's blocks; the highest replica's"), "peak_usage"),
+    card("Preemptions", int(sim.preemptions), "", "preemptions"),
+    card("Replicas", int(reps.length), "", "replicas")));
+  out.push(h("h3", {}, "Latency over the fleet ", badge("estimate", `times: ${basis}`)),
+    table(["", "p50", "p90", "p99", "mean", "max"], [["time to first token", sim.ttft_s], ["time per output token", sim.tpot_s], ["end to end", sim.e2e_s]]
+      .filter(([, v]) => v).map(([k, v]) => [k, ms(v.p50), ms(v.p90), ms(v.p99), ms(v.mean), ms(v.max)]), [1, 2, 3, 4, 5]));
+  const short = (v) => v < 1 ? `${Math.round(v * 1000)} ms` : `${v.toFixed(1)} s`;
+  const p50p99 = (v) => v ? `${short(v.p50)} / ${short(v.p99)}` : "–";
+  out.push(h("h3", {}, "Per replica"), h("div", { "data-value": "replicas-table" }, table(
+    ["replica", "routed", "done", "TTFT p50 / p99", "TPOT p50 / p99", "E2E p50 / p99", "KV peak / mean", "preempted", "prefix hits"],
+    reps.map((r) => [String(r.index), int(r.routed), int(r.completed), p50p99(r.ttft_s), p50p99(r.tpot_s), p50p99(r.e2e_s),
+      `${Math.round(r.peak_usage * 100)}% / ${Math.round(r.mean_usage * 100)}%`, int(r.preemptions), r.prefix_hit_rate == null ? "–" : pct(r.prefix_hit_rate)]),
+    [1, 2, 3, 4, 5, 6, 7, 8])));
+  const drawn = reps.slice(0, FLEET_LINES).filter((r) => r.timeline.length > 1);
+  if (drawn.length) {
+    const t1 = sim.duration_s || 1;
+    const line = (r, i, key) => ({ name: `${key}-${r.index}`, color: COLORS[i % COLORS.length], dash: DASHES[Math.floor(i / COLORS.length) % DASHES.length],
+      width: 1.5, points: r.timeline.map((x) => [x.time, x[key]]) });
+    const keys = legend(drawn.map((r, i) => ({ color: COLORS[i % COLORS.length], dash: DASHES[Math.floor(i / COLORS.length) % DASHES.length], label: `replica ${r.index}` })));
+    const more = reps.length > FLEET_LINES ? h("p", { class: "help" }, `The first ${FLEET_LINES} of ${reps.length} replicas drawn; the table lists every one.`) : null;
+    out.push(h("h3", {}, "KV cache usage per replica"), h("figure", {}, lineChart({ title: "KV cache usage per replica over time", xs: [0, t1], xLog: false,
+      xLabel: "simulated time (s)", yMax: 1, yLabel: "usage", yFormat: (v) => `${Math.round(v * 100)}%`, height: 240,
+      series: drawn.map((r, i) => line(r, i, "usage")) }), keys));
+    if (more) out.push(more);
+    const qMax = Math.max(1, ...drawn.flatMap((r) => r.timeline.map((x) => x.waiting))) * 1.05;
+    out.push(h("h3", {}, "Waiting requests per replica"), h("figure", {}, lineChart({ title: "Waiting requests per replica over time", xs: [0, t1], xLog: false,
+      xLabel: "simulated time (s)", yMax: qMax, yLabel: "waiting", yFormat: (v) => int(v), height: 240,
+      series: drawn.map((r, i) => line(r, i, "waiting")) }), keys.cloneNode(true)));
+  }
+  if (credit) out.push(h("p", { class: "help" }, `Trace: ${credit}.`));
+  return out;
 }
 
 // ---- the quality view ----------------------------------------------------------------------------------------

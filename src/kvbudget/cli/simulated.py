@@ -1,0 +1,75 @@
+"""What `kvbudget simulate`'s renderings share (one run, a sweep, a fleet): numbers as they are shown, the cost
+line, the progress line, the trace's credit and the files written."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from kvbudget.cli.common import wrote
+from kvbudget.commands.spelling import flag
+
+if TYPE_CHECKING:
+    from kvbudget.simulation.cost import Cost
+
+
+def _write(path: str, lines: list[str], param: str, force: bool) -> None:
+    from kvbudget.files import write_file
+
+    wrote(path, flag(param), write_file(path, "\n".join(lines) + "\n", param, force))
+
+
+def _dollars(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}" if value >= 0.1 else f"${value:,.4f}"
+
+
+def _cost_line(cost: Cost, basis: str) -> str:
+    return (f"cost: {_dollars(cost.price_per_gpu_hour)} per GPU-hour x {cost.gpus} GPU"
+            f"{'s' if cost.gpus > 1 else ''} = {_dollars(cost.per_hour)}/hour; this run {_dollars(cost.run)}: "
+            f"{_dollars(cost.per_million_tokens)} per million tokens (prompt and output), "
+            f"{_dollars(cost.per_million_output_tokens)} per million output tokens, "
+            f"{_dollars(cost.per_thousand_requests)} per thousand requests (times: {basis})")
+
+
+def _progress() -> Callable[[int], None]:
+    def show(n: int) -> None:
+        print(f"\rsimulated {n:,} requests", end="", file=sys.stderr, flush=True)
+    return show
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:,.1f} ms" if value < 1 else f"{value:,.2f} s"
+
+
+def _short(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.1f}s"
+
+
+def _credit(args: argparse.Namespace) -> str:
+    """The credit a bundled trace's licence asks for wherever results from it are shown (also for a copy of one)."""
+    import os
+
+    from kvbudget.traces import find
+
+    found = [find(os.path.basename(p)) for p in (args.trace, args.lengths_from_trace) if p]
+    return "; ".join(dict.fromkeys(f"{t.credit} ({t.licence})" for t in found if t))
+
+
+def _calibration_exists(args: argparse.Namespace) -> bool:
+    """Whether --save-calibration will replace a calibration of its name (which it does, saying so)."""
+    from kvbudget.simulation.calibrations import calibration_path
+
+    return bool(args.save_calibration) and calibration_path(args.save_calibration).is_file()
+
+
+def _saved(args: argparse.Namespace, existed: bool) -> None:
+    if args.save_calibration:
+        from kvbudget.simulation.calibrations import calibration_path
+
+        wrote(str(calibration_path(args.save_calibration)), "--save-calibration", existed)

@@ -1,0 +1,196 @@
+"""Disaggregated prefill and decode in a fleet (simulation/fleet.py): the fleet on one clock, the link the KV
+crosses, and what crossed it. The engine's side of it (what a prefill replica holds, what a decode replica reads,
+and when) is the engine's scheduler's: engines/vllm/disagg.py."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, TypeAlias
+
+from kvbudget.engines.scheduling.setup import Role
+from kvbudget.engines.scheduling.workload import Request
+from kvbudget.errors import KVBudgetError, named
+from kvbudget.interconnects import KVLink
+from kvbudget.interconnects import kv_link as parse_link
+from kvbudget.simulation.percentiles import Percentiles
+
+# fleet.py's Replica, Router, Pool and FleetSimulation, named here without importing them (fleet.py imports this)
+Replica: TypeAlias = Any
+Router: TypeAlias = Any
+Pool: TypeAlias = Any
+FleetSimulation: TypeAlias = Any
+# how a fleet routes a request among some of its replicas: (router, request, replicas, now, on_route) -> the one
+Route = Callable[[Router, Request, Sequence[Replica], float, Callable[[Request, int], None] | None], Replica]
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVTransfer:
+    """What crossed the link of a disaggregated fleet: the prefilled requests' KV the decode side read (`bytes`
+    over every GPU of a replica, `bytes_per_gpu` one GPU's shard, which sets the time), the seconds the reads took
+    (summed, and the mean), and the seconds requests waited at a decode replica for room before their read could
+    start (summed, and the longest)."""
+
+    link: KVLink
+    count: int
+    bytes: int
+    bytes_per_gpu: int
+    seconds: float
+    wait_s: float
+    max_wait_s: float
+
+    @property
+    def mean_seconds(self) -> float:
+        return self.seconds / self.count if self.count else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"link": self.link.to_dict(), "count": self.count, "bytes": self.bytes,
+                "bytes_per_gpu": self.bytes_per_gpu, "seconds": self.seconds, "mean_seconds": self.mean_seconds,
+                "wait_s": self.wait_s, "max_wait_s": self.max_wait_s}
+
+
+
+def resolve_link(kv_link: KVLink | str | None, pools: Sequence[Pool], disagg: bool) -> KVLink | None:
+    if not disagg:
+        if kv_link is not None:
+            raise KVBudgetError(f"kv_link: goes with prefill and decode pools ({named('prefill_replicas')} and "
+                                f"{named('decode_replicas')})", param="kv_link")
+        return None
+    if kv_link is None:
+        raise KVBudgetError("kv_link: a disaggregated fleet moves each prompt's KV over a link; name it (nvlink, "
+                            "infiniband, roce, pcie, tcp) or give its rate (25GB/s)", param="kv_link")
+    if isinstance(kv_link, KVLink):
+        return kv_link
+    from kvbudget.gpus import find_gpu
+
+    def card(name: str | None) -> Any:
+        try:
+            return find_gpu(name) if name else None
+        except KVBudgetError:
+            return None
+
+    return parse_link(str(kv_link), [card(p.setup.gpu) for p in pools])
+
+
+class Handover:
+    """A disaggregated fleet's run, one clock for all: the next thing to happen is always taken first (an arrival
+    routed to a prefill replica; a finished prefill handed to a decode replica; else a turn of the replica whose
+    clock is earliest, bounded by the next of the others), so a prefill replica learns when each of its
+    requests' reads is done (and frees its held blocks then) before its clock passes that time, and a decode
+    replica gets each request when its prefill finished. Ties: arrivals and hand-overs before turns, as a single
+    run admits what arrived before its step. The client's latencies: the prefill side's end to end, then the
+    decode side's."""
+
+    def __init__(self, replicas: list[Replica], front: Router, back: Router, route: Route,
+                 on_route: Callable[[Request, int], None] | None,
+                 on_transfer: Callable[[Request, float, float], None] | None) -> None:
+        self.replicas, self.route = replicas, route
+        self.prefill = [r for r in replicas if r.pool.role is Role.PREFILL]
+        self.decode = [r for r in replicas if r.pool.role is Role.DECODE]
+        self.front, self.back, self.on_route, self.on_transfer = front, back, on_route, on_transfer
+        self.origin: dict[int, tuple[Request, Replica]] = {}  # id of a prefill request -> client's request, replica
+        self.done: dict[int, list[tuple[Request, float]]] = {r.index: [] for r in self.prefill}  # (request, e2e)
+        self.seen = dict.fromkeys(self.done, 0)  # prefill replica -> its finishes handed over
+        self.handed: list[tuple[float, int, Request]] = []  # (prefill finished at, order, decode request): a heap
+        self.order = itertools.count()
+        self.before: dict[int, tuple[Request, float, Request, Replica]] = {}  # id of a decode request ->
+        #                                     (it, the prefill's e2e, the prefill request, its replica)
+        self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
+        for rep in self.prefill:
+            rep.run.on_finish = lambda r, _ttft, _tpot, e2e, mine=self.done[rep.index]: mine.append((r, e2e))
+        for rep in self.decode:
+            rep.run.on_finish = self.answered
+            rep.run.sched.on_read = self.read
+
+    def answered(self, r: Request, ttft: float, tpot: float | None, e2e: float) -> None:
+        _, earlier, _, _ = self.before.pop(id(r))
+        self.ttft.append(earlier + ttft)
+        self.e2e.append(earlier + e2e)
+        if tpot is not None:
+            self.tpot.append(tpot)
+
+    def read(self, d: Request, start: float, done: float) -> None:
+        """A decode replica starts reading `d`'s KV at `start`, done at `done`: the prefill side frees its blocks
+        then."""
+        _, _, p, rep = self.before[id(d)]
+        rep.run.sched.release(p, done)
+        if self.on_transfer is not None:
+            self.on_transfer(d, start, done)
+
+    def run(self, workload: Iterable[Request], progress: Callable[[int], None] | None) -> int:
+        arrivals = iter(workload)
+        pending = next(arrivals, None)
+        requests = 0
+        stuck: set[int] = set()  # replicas whose last turn could not move (a tie with the next event)
+        while True:
+            arrival = pending.arrival if pending is not None else math.inf
+            handed = self.handed[0][0] if self.handed else math.inf
+            busy = [r for r in self.replicas if r.index not in stuck and r.run.sched.has_work()]
+            rep = min(busy, key=lambda r: (r.run.t, r.index), default=None)
+            first = rep.run.t if rep is not None else math.inf
+            if handed <= arrival and handed <= first:
+                if handed == math.inf:
+                    assert not any(r.run.sched.has_work() for r in self.replicas)
+                    return requests
+                end, _, d = heapq.heappop(self.handed)
+                self.route(self.back, d, self.decode, end, self.on_route).run.offer(d)
+            elif arrival <= first:
+                assert pending is not None
+                self.arrive(pending, requests)
+                requests += 1
+                if progress is not None and requests % 1000 == 0:
+                    progress(requests)
+                pending = next(arrivals, None)
+            else:
+                assert rep is not None
+                bound = min(arrival, handed, *(r.run.t for r in busy if r is not rep))
+                t, steps = rep.run.t, rep.run.steps
+                rep.run.step(bound)
+                if rep.pool.role is Role.PREFILL:
+                    self.collect(rep)
+                if rep.run.t == t and rep.run.steps == steps:
+                    stuck.add(rep.index)
+                    continue
+            stuck.clear()
+
+    def arrive(self, r: Request, count: int) -> None:
+        if r.n > 1 or r.beam_search:
+            raise KVBudgetError(f"request {r.id or count + 1}: disaggregated serving is simulated for one "
+                                "sequence a request (n 1, no beam search)", param="trace")
+        p = Request(arrival=r.arrival, prompt_tokens=r.prompt_tokens, output_tokens=1, prefix=r.prefix, id=r.id,
+                    max_tokens=1, session=r.session)
+        rep = self.route(self.front, p, self.prefill, r.arrival, self.on_route)
+        self.origin[id(p)] = (r, rep)
+        rep.run.offer(p)
+
+    def collect(self, rep: Replica) -> None:
+        """The prefills `rep` finished, to be handed to the decode side at their end."""
+        ends, k = rep.run.finished_at, self.seen[rep.index]
+        for (p, e2e), end in zip(self.done[rep.index][k:], ends[k:], strict=True):
+            c, _ = self.origin.pop(id(p))
+            d = Request(arrival=end, prompt_tokens=c.prompt_tokens, output_tokens=c.output_tokens,
+                        prefix=c.prefix, id=c.id, max_tokens=c.max_tokens, session=c.session)
+            self.before[id(d)] = (d, e2e, p, rep)
+            heapq.heappush(self.handed, (end, next(self.order), d))
+        self.seen[rep.index] = len(ends)
+
+    def result(self, out: FleetSimulation, link: KVLink) -> FleetSimulation:
+        """The fleet's figures as the client sees them, and what crossed the link."""
+        totals = [(rep.pool.setup.gpus, t) for rep in self.decode if (t := rep.run.sched.transfer_totals())]
+        transfer = KVTransfer(link=link, count=sum(t.count for _, t in totals),
+                              bytes=sum(g * t.bytes_per_gpu for g, t in totals),
+                              bytes_per_gpu=sum(t.bytes_per_gpu for _, t in totals),
+                              seconds=sum(t.seconds for _, t in totals), wait_s=sum(t.wait_s for _, t in totals),
+                              max_wait_s=max((t.max_wait_s for _, t in totals), default=0.0))
+        sims = [r.simulation for r in out.replicas if r.role is Role.DECODE]
+        completed, output, duration = sum(s.completed for s in sims), sum(s.output_tokens for s in sims), \
+            out.duration_s
+        return replace(out, completed=completed, ttft=Percentiles.of(self.ttft), tpot=Percentiles.of(self.tpot),
+                       e2e=Percentiles.of(self.e2e), requests_per_s=completed / duration if duration else 0.0,
+                       output_tokens_per_s=output / duration if duration else 0.0, output_tokens=output,
+                       prompt_tokens=sum(r.simulation.prompt_tokens for r in out.replicas if r.role is Role.PREFILL),
+                       kv_transfer=transfer)
