@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from simkit import AZURE, LLAMA
 
+import kvbudget
 from kvbudget import KVBudgetError
 from kvbudget.engines.scheduling.workload import Request, read_trace, rescale
 from kvbudget.simulation.fleet import Pool, parse_router, simulate_fleet
@@ -224,27 +225,33 @@ def test_a_fleets_inputs_and_result_cross_processes():
         assert pickle.loads(pickle.dumps(fleet)) == fleet == again
 
 
+GEMMA = kvbudget.load_model("gemma-2-9b")
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 0.04), st.integers(1, 700), st.integers(1, 120), st.sampled_from([1, 1, 2])),
-                min_size=1, max_size=60),
+                min_size=20, max_size=80),
        st.integers(12, 120), st.integers(1, 16), st.sampled_from([64, 256, 2048]), st.integers(2, 4),
-       st.sampled_from(["least-requests", "round-robin", "session"]))
-def test_lazy_routers_equal_eager_ones_under_any_load(gaps, blocks, seqs, budget, replicas, router):
-    """Tight pools (queues, preemptions, n > 1 samples): a lazy router's routes and every replica's run are those
-    of every replica advanced to every arrival."""
+       st.sampled_from(["least-requests", "round-robin", "session"]), st.sampled_from([None, 40, 100]))
+def test_lazy_routers_equal_eager_ones_under_any_load(gaps, blocks, seqs, budget, replicas, router, window):
+    """Tight pools (queues, preemptions, n > 1 samples; a sliding-window hybrid, whose windows free blocks within
+    a run): a lazy router's routes and every replica's run are those of every replica advanced to every
+    arrival."""
     t, requests = 0.0, []
     for i, (gap, prompt, out, n) in enumerate(gaps):
         t += gap
-        requests.append(Request(arrival=t, prompt_tokens=prompt, output_tokens=out, n=n, id=str(i),
-                                session=f"s{i % 3}"))
-    base = setup_for(LLAMA, gpu="H100", max_model_len=1024, block_size=16)
-    pools = [Pool(name="m", setup=replace(base, num_blocks=blocks, max_num_seqs=seqs,
+        requests.append(Request(arrival=t, prompt_tokens=prompt, output_tokens=out, n=1 if window else n,
+                                id=str(i), session=f"s{i % 3}"))
+    model = LLAMA if window is None else replace(GEMMA, layers=tuple(
+        replace(spec, window=window) if hasattr(spec, "window") else spec for spec in GEMMA.layers))
+    base = setup_for(model, gpu="H100", max_model_len=1024, block_size=16, prefix_caching=window is None)
+    pools = [Pool(name="m", setup=replace(base, num_blocks=blocks * (3 if window else 1), max_num_seqs=seqs,
                                           max_num_batched_tokens=budget), replicas=replicas)]
     runs = []
     for chosen in (parse_router(router), Eager(parse_router(router))):
         sent: list[int] = []
         try:
-            fleet = simulate_fleet(LLAMA, requests, pools, chosen, on_route=lambda r, i, sent=sent: sent.append(i))
+            fleet = simulate_fleet(model, requests, pools, chosen, on_route=lambda r, i, sent=sent: sent.append(i))
             runs.append((sent, [replace(rep.simulation, fast_steps=0) for rep in fleet.replicas]))
         except KVBudgetError as e:  # a prompt the pool cannot hold: refused both ways (the request named is the
             runs.append((e.param, []))  # first found, on whichever replica is advanced first)
