@@ -218,7 +218,8 @@ def test_a_fleets_inputs_and_result_cross_processes():
 
     pools = [Pool(name="short", setup=SMALL, replicas=2), Pool(name="long", setup=BIG, replicas=1)]
     requests = azure(120)
-    for name in ("round-robin", "least-requests", "least-kv:0.5", "session", "length:1024"):
+    for name in ("round-robin", "least-requests", "least-kv:0.5", "session", "length:1024", "prefix",
+                 "prefix-approx"):
         router = parse_router(name, pools)
         fleet = simulate_fleet(LLAMA, requests, pools, router)
         again = simulate_fleet(LLAMA, *pickle.loads(pickle.dumps((requests, pools, parse_router(name, pools)))))
