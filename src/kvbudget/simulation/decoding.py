@@ -47,16 +47,6 @@ class Clock(Protocol):
     on_step: Callable[..., None] | None
 
 
-def take(run: Clock, sched: Queues, k: int, arrival: float) -> tuple[int, float]:
-    """Up to k pure decode steps, stopping after the one that ends at or past `arrival`: the running totals of
-    `run` advanced as step by step (not its clock); the steps taken and the clock after them."""
-    r = len(sched.running)
-    if k >= ARRAY_RUN:  # (a short run stops at the arrival as cheaply as it would be capped)
-        k = _steps_to(run, arrival, k, r, sched.context_tokens())
-    np = _numpy() if k >= ARRAY_RUN else None
-    return _arrays(run, np, sched, k, arrival) if np is not None else _loop(run, sched, k, arrival)
-
-
 _NUMPY: list[Any] = [0]  # long runs seen; then numpy, once looked for (None: not installed)
 IMPORT_AFTER = 1000  # long runs in Python loops before numpy is imported (about the time its import takes)
 
@@ -89,8 +79,15 @@ def _steps_to(run: Clock, arrival: float, k: int, r: int, context: int) -> int:
     return min(k, math.ceil((arrival - run.t) / first) + 1)
 
 
-def _loop(run: Clock, sched: Queues, k: int, arrival: float) -> tuple[int, float]:
+def take(run: Clock, sched: Queues, k: int, arrival: float) -> tuple[int, float]:
+    """Up to k pure decode steps, stopping after the one that ends at or past `arrival`: the running totals of
+    `run` advanced as step by step (not its clock); the steps taken and the clock after them. A long run goes to
+    `_arrays`; the rest is the loop."""
     r = len(sched.running)
+    if k >= ARRAY_RUN:  # (a short run stops at the arrival as cheaply as it would be capped)
+        k = _steps_to(run, arrival, k, r, sched.context_tokens())
+        if k >= ARRAY_RUN and (np := _numpy()) is not None:
+            return _arrays(run, np, sched, k, arrival)
     bs = sched.cfg.block_size
     states_time, internal_time = run.slot_time[0], run.slot_time[2]
     takes = sched.new_blocks_by_step(k)
@@ -153,7 +150,7 @@ def _loop(run: Clock, sched: Queues, k: int, arrival: float) -> tuple[int, float
 
 
 def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float) -> tuple[int, float]:
-    """`_loop` in numpy arrays, float for float: row by row, the clock, the usage integral and the
+    """`take`'s loop in numpy arrays, float for float: row by row, the clock, the usage integral and the
     slot integrals, each added in order from its running total by one `np.add.accumulate`."""
     r, waiting = len(sched.running), len(sched.waiting)
     # whole numbers as floats (exact below 2^53: the same floats as Python's int-to-float in the loop)
