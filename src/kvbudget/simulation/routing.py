@@ -85,7 +85,7 @@ class Replica:
         """Requests routed here and not yet answered at `now`, as the router counts its own outstanding requests
         (the replica advanced only as far as a request could have finished by then)."""
         if now >= self._quiet:
-            self._quiet = self.run.finishes_by(now, self._quiet > -math.inf)
+            self._quiet = self.run.finishes_by(now)
         ends = self.run.finished_at
         done = self._done
         while done < len(ends) and ends[done] <= now:

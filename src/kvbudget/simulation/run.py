@@ -352,19 +352,15 @@ class _Run:
             self.step(until)
         self.sched.clock = self.t
 
-    def finishes_by(self, until: float, passed: bool = False) -> float:
+    def finishes_by(self, until: float) -> float:
         """`advance` as far as needed for every request that finishes by `until` to have finished (what a router
         counting requests in flight reads), leaving whole a run of decode steps in which none can; the time
-        before which no request can finish from there (while none is added). `passed`: the caller's last such
-        time is at or before `until` (the first turn is taken without asking again; a turn too many would only
-        cut a run, never change it)."""
+        before which no request can finish from there (while none is added)."""
         quiet = self.t
         while self.t < until and self.sched.has_work():
-            if not passed:
-                quiet = self.no_finish_before()
-                if quiet > until:
-                    break
-            passed = False
+            quiet = self.no_finish_before()
+            if quiet > until:
+                break
             self.step(until)
             quiet = self.t  # (what finished by then has)
         self.sched.clock = self.t
