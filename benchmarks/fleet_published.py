@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvbudget.engines.scheduling.setup import Role
 from kvbudget.engines.scheduling.workload import Request
 from kvbudget.model.load import load_model
 from kvbudget.simulation.fleet import ApproxPrefix, Pool, PrefixAware, Replica, simulate_fleet
@@ -294,20 +295,27 @@ MAX_RATE = 32.0  # requests/s: the colocated sweep's last rate
 
 
 def run_colocated(result: dict[str, Any], strategy: dict[str, Any], count: int = 400) -> dict[str, Any]:
-    """One colocated replica swept over Poisson rates 0.2 apart, until both P90s are over their SLOs: the rates
-    within each SLO and the goodput per GPU."""
+    """One colocated replica (or the strategy's prefill and decode pools) swept over Poisson rates 0.2 apart, until
+    both P90s are over their SLOs: the rates within each SLO and the goodput per GPU."""
     d, w, slo = result["deployment"], result["workload"], result["slo"]
     model = load_model(d["model"])
     setup = setup_for(model, gpu=d["gpu"], tp=d["tp"], block_size=d["block_size"],
                       utilization=d["gpu_memory_utilization"], max_num_batched_tokens=d["max_num_batched_tokens"],
                       max_num_seqs=d["max_num_seqs"], prefix_caching=False)
+    if "prefill" in strategy:  # disaggregated: a prefill pool and a decode pool of the deployment, the KV moved
+        pools = [Pool(name="prefill", setup=setup, replicas=strategy["prefill"], role=Role.PREFILL),
+                 Pool(name="decode", setup=setup, replicas=strategy["decode"], role=Role.DECODE)]
+        gpus = (strategy["prefill"] + strategy["decode"]) * d["tp"]
+        link = strategy["kv_link"]
+    else:
+        pools, gpus, link = [Pool(name="gpu", setup=setup, replicas=d["replicas"])], d["replicas"] * d["tp"], None
     rates: list[float] = []
     ttft: list[float] = []
     tpot: list[float] = []
     rate = 0.2
     while rate <= MAX_RATE + 1e-9:
         fleet = simulate_fleet(model, poisson_requests(rate, count, w["prompt_tokens"], w["output_tokens"]),
-                               [Pool(name="gpu", setup=setup, replicas=d["replicas"])], strategy["router"])
+                               pools, strategy["router"], kv_link=link)
         assert fleet.ttft is not None and fleet.tpot is not None
         rates.append(rate)
         ttft.append(fleet.ttft.p90)
@@ -319,7 +327,7 @@ def run_colocated(result: dict[str, Any], strategy: dict[str, Any], count: int =
     figures = {name: value for name, value in (("rate_ttft_slo", by_ttft), ("rate_tpot_slo", by_tpot))
                if value is not None}
     if by_ttft is not None and by_tpot is not None:
-        figures["goodput_per_gpu"] = min(by_ttft, by_tpot) / d["replicas"] / d["tp"]
+        figures["goodput_per_gpu"] = min(by_ttft, by_tpot) / gpus
     return {"figures": figures, "sweep": {"rates": rates, "ttft_p90_s": ttft, "tpot_p90_s": tpot}}
 
 

@@ -208,12 +208,11 @@ def main() -> None:
         "slo": {"ttft_p90_s": 0.4, "tpot_p90_s": 0.04},
         "strategies": {
             "colocated": {"router": "round-robin", "sweep": "rate"},
-            "2P1D": {"needs":
-                "disaggregated prefill/decode (2 prefill replicas, 1 decode replica, the KV transferred between "
-                "them): the pd slice's simulate_fleet pools"},
-            "prefill-only": {"needs":
-                "a prefill pool alone (TTFT of prefill-only replicas): the pd slice's prefill pool"},
-            "decode-only": {"needs": "a decode pool alone fed prefilled requests: the pd slice's decode pool"},
+            "2P1D": {"router": "round-robin", "sweep": "rate", "prefill": 2, "decode": 1, "kv_link": "nvlink"},
+            "prefill-only": {"router": "round-robin", "sweep": "rate", "prefill": 1, "decode": 4,
+                             "kv_link": "nvlink", "note": "one prefill worker, decode never the bound (4 of them)"},
+            "decode-only": {"router": "round-robin", "sweep": "rate", "prefill": 4, "decode": 1,
+                            "kv_link": "nvlink", "note": "one decode worker, prefill never the bound (4 of them)"},
         },
         "published": {
             "metrics": {"rate_ttft_slo": "highest Poisson rate (requests/s per GPU) whose P90 TTFT stays within 0.4 s",

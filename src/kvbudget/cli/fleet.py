@@ -108,17 +108,20 @@ def print_fleet(sim: FleetSimulation, fleet: FleetAsk) -> None:
 
     out = console()
     total = sum(p.replicas for p in sim.pools)
+    split = ", disaggregated prefill and decode" if sim.kv_transfer is not None else ""
     out.print(f"[bold]{sim.pools[0].setup.model}[/bold]: a fleet of {total:,} replica{'s' if total > 1 else ''} "
-              f"behind the {sim.router} router")
+              f"behind the {sim.router} router{split}")
     for p in sim.pools:
         s = p.setup
         budget = f"{format_bytes(s.kv_memory_bytes)} KV, " if s.kv_memory_bytes else ""
-        out.print(f"  pool {p.name}: {p.replicas:,} x {s.gpu or 'no GPU named'}{_gpus(fleet, p.name)}, {s.engine} "
-                  f"({s.allocator}): {budget}{s.describe()}")
+        role = "" if p.role.value in ("both", p.name) else f" ({p.role.value})"
+        out.print(f"  pool {p.name}{role}: {p.replicas:,} x {s.gpu or 'no GPU named'}{_gpus(fleet, p.name)}, "
+                  f"{s.engine} ({s.allocator}): {budget}{s.describe()}")
     out.print(f"{sim.requests:,} requests ({sim.completed:,} completed) in {sim.duration_s:,.1f} s simulated: "
               f"{sim.requests_per_s:,.2f} requests/s, {sim.output_tokens_per_s:,.0f} output tokens/s; preemptions "
               f"{sim.preemptions:,}")
     _scaled(sim)
+    _moved(sim)
     t = Table(title=f"latency over the fleet (times: {_basis(sim)})")
     for col in ("", "p50", "p90", "p99", "mean", "max"):
         t.add_column(col, justify="right" if col else "left")
@@ -138,6 +141,20 @@ def print_fleet(sim: FleetSimulation, fleet: FleetAsk) -> None:
                                         for r in replicas]))
     for note in dict.fromkeys(n for r in sim.replicas for n in r.simulation.notes):
         out.print(f"note: {note}")
+
+
+def _moved(sim: FleetSimulation) -> None:
+    """What crossed the link between the prefill and decode pools, a line."""
+    k = sim.kv_transfer
+    if k is None:
+        return
+    console().print(
+        f"KV moved over {k.link.name} ({k.link.bandwidth / 1e9:,.1f} GB/s a GPU, {k.link.latency * 1e6:,.1f} us "
+        f"each): {k.count:,} reads, {format_bytes(k.bytes)} ({format_bytes(k.bytes_per_gpu)} a GPU), "
+        f"{_ms(k.mean_seconds)} each on average; waited at the decode side before the read "
+        f"{_ms(k.wait_s / k.count if k.count else 0.0)} on average, {_ms(k.max_wait_s)} at most (the step in "
+        "progress, then room for the prompt); times are estimates from the link's figures (vLLM's NIXL connector, "
+        "engines/vllm/disagg.py)")
 
 
 def _scaled(sim: FleetSimulation) -> None:

@@ -40,7 +40,6 @@ from kvbudget.units import format_bytes
 if TYPE_CHECKING:
     from kvbudget.engines.scheduling.setup import SimulationAsk
     from kvbudget.simulation.cost import Cost
-    from kvbudget.simulation.fleet import FleetSimulation
     from kvbudget.simulation.run import Simulation
     from kvbudget.simulation.search import RateSearch
 
@@ -128,9 +127,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**sim.to_dict(), **({"cost": cost.to_dict()} if cost else {})}, indent=2))
     else:
-        from kvbudget.simulation.fleet import FleetSimulation
-
-        (_print_disaggregated if isinstance(sim, FleetSimulation) else _print)(sim, args)
+        _print(sim, args)
         if cost is not None:
             console().print(_cost_line(cost, sim.setup.time_model.basis))
     return 0
@@ -241,45 +238,6 @@ def _print(sim: Simulation, args: argparse.Namespace) -> None:
         out.print(f"note: {note}")
     if args.request_log and args.approximate:
         out.print("note: prompt lengths are approximate (characters / 4), not counted with the tokenizer")
-    if _credit(args):
-        out.print(f"trace: {_credit(args)}")
-
-
-def _print_disaggregated(fleet: FleetSimulation, args: argparse.Namespace) -> None:
-    """A disaggregated fleet's run: each side's deployment and load, the client's latencies, what crossed the
-    link."""
-    from rich.table import Table
-
-    out = console()
-    first = fleet.replicas[0].simulation.setup
-    budget = f"{format_bytes(first.kv_memory_bytes)} KV, " if first.kv_memory_bytes else ""
-    sides = ", ".join(f"{p.replicas} {p.role.value}" for p in fleet.pools)
-    out.print(f"[bold]{first.model}[/bold] on {first.engine}, disaggregated: {sides} replicas behind {fleet.router}, "
-              f"each {first.gpu or 'no GPU named'}: {budget}{first.describe()}")
-    out.print(f"{fleet.requests:,} requests ({fleet.completed:,} completed) in {fleet.duration_s:,.1f} s simulated: "
-              f"{fleet.requests_per_s:,.2f} requests/s, {fleet.output_tokens_per_s:,.0f} output tokens/s")
-    t = Table(title=f"latency as the client sees it (times: {first.time_model.basis})")
-    for col in ("", "p50", "p90", "p99", "mean", "max"):
-        t.add_column(col, justify="right" if col else "left")
-    for name, pct in (("time to first token", fleet.ttft), ("time per output token", fleet.tpot),
-                      ("end to end", fleet.e2e)):
-        if pct is not None:
-            t.add_row(name, *(_ms(getattr(pct, k)) for k in ("p50", "p90", "p99", "mean", "max")))
-    out.print(t)
-    for r in fleet.replicas:
-        s = r.simulation
-        out.print(f"{r.role.value} replica {r.index}: {r.routed:,} requests, peak KV usage {s.peak_usage:.1%} "
-                  f"(time-averaged {s.mean_usage:.1%}), peak waiting {s.peak_waiting:,}, preemptions "
-                  f"{s.preemptions:,}")
-    k = fleet.kv_transfer
-    if k is not None:
-        out.print(f"KV transfers over {k.link.name} ({k.link.bandwidth / 1e9:,.1f} GB/s a GPU, "
-                  f"{k.link.latency * 1e6:,.1f} us each): {k.count:,} reads, {format_bytes(k.bytes)} "
-                  f"({format_bytes(k.bytes_per_gpu)} a GPU), {_ms(k.mean_seconds)} each on average; waited at the "
-                  f"decode side before the read {_ms(k.wait_s / k.count if k.count else 0.0)} on average, "
-                  f"{_ms(k.max_wait_s)} at most (the step in progress, then room for the prompt)")
-    out.print(f"note: {first.scheduling}; vLLM's NIXL connector on both sides (engines/vllm/disagg.py says what "
-              "is followed); transfer times are estimates from the link's figures")
     if _credit(args):
         out.print(f"trace: {_credit(args)}")
 

@@ -38,9 +38,7 @@ SHOWN_REPLICAS = 32  # replicas the summary lists one by one; more are in --json
 POOL_KEYS = frozenset({"engine", "kv_dtype"} | {name for name, _, opt in options(SimulateRequest)
                                                  if opt.group in (MEMORY, SCHEDULER)})
 SWITCHES = frozenset(name for name, default, _ in options(SimulateRequest) if isinstance(default, bool))
-# keys the fleet file keeps for what is not simulated yet, each refused with why
-RESERVED = {"role": "prefill and decode pools are not simulated yet; leave role out (every pool serves whole "
-                    "requests)"}
+ROLES = ("both", "prefill", "decode")  # a pool's `role` in a fleet file (Role's values)
 # simulate's settings that make no sense for a fleet (yet), each with why
 NOT_FOR_FLEETS = {
     "prometheus_series": "writes one engine's gauges, and a fleet has one engine per replica: leave it out (plot and "
@@ -59,6 +57,7 @@ class PoolAsk:
     name: str
     replicas: int
     found: SimulationAsk
+    role: str = "both"  # both, or one side of disaggregated prefill and decode (Role's value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +68,7 @@ class FleetAsk:
     router: str
     source: str  # where the pools came from, for errors: "replicas" or the fleet file's path
     autoscale: str | None = None  # the autoscaler's policy (parse_autoscale's text), from the flag or the file
+    kv_link: str | None = None  # what moves the KV from prefill to decode pools (interconnects.kv_link's text)
 
 
 # each makes a fleet (of one replica where no more are asked for)
@@ -77,7 +77,10 @@ FRONT = ("autoscale", "load_bandwidth", "flow_control", "max_num_queued_reqs", "
 
 def is_fleet(ask: SimulateRequest) -> bool:
     return ask.replicas is not None or ask.fleet is not None or ask.router is not None or \
-        any(getattr(ask, name) is not None for name in FRONT)
+        any(getattr(ask, name) is not None for name in (*FRONT, *SIDES))
+
+
+SIDES = ("prefill_replicas", "decode_replicas", "kv_link")  # disaggregated prefill and decode from the flags
 
 
 def scaling(ask: SimulateRequest, policy: str | None = None) -> dict[str, Any]:
@@ -125,10 +128,17 @@ def check_request(ask: SimulateRequest) -> None:
     for param, why in NOT_FOR_FLEETS.items():
         if getattr(ask, param):
             raise KVBudgetError(f"{param}: {why}", param=param)
-    if any(getattr(ask, name) is not None for name in ("prefill_replicas", "decode_replicas", "kv_link")):
-        raise KVBudgetError(f"prefill_replicas: disaggregated prefill and decode run as their own fleet; leave "
-                            f"{named('replicas')}, {named('fleet')}, {named('router')} and the autoscaler and front "
-                            "door's settings out", param="prefill_replicas")
+    if ask.prefill_replicas is not None or ask.decode_replicas is not None:
+        for param in ("replicas", "fleet"):
+            if getattr(ask, param) is not None:
+                raise KVBudgetError(f"{param}: {named('prefill_replicas')} and {named('decode_replicas')} make the "
+                                    f"fleet's two pools; give them or {named(param)}, not both", param=param)
+        from kvbudget.commands.simulate import disaggregated
+
+        disaggregated(ask)  # both sides and the link given, each read
+    elif ask.kv_link is not None and ask.fleet is None:
+        raise KVBudgetError(f"kv_link: goes with {named('prefill_replicas')} and {named('decode_replicas')}, or a "
+                            f"{named('fleet')} file whose pools have roles", param="kv_link")
     scaling(ask)
     queue_limits(ask)
     if ask.fleet is not None:
@@ -250,8 +260,12 @@ def _pool(entry: Any, i: int, path: str) -> tuple[str, int, dict[str, Any]]:
     for key, value in entry.items():
         if key in ("name", "replicas"):
             continue
-        if key in RESERVED:
-            raise KVBudgetError(f"{where}: {key}: {RESERVED[key]}", param="fleet")
+        if key == "role":
+            if value not in ROLES:
+                raise KVBudgetError(f"{where}: role: {shown(value)} must be one of {', '.join(ROLES)}",
+                                    param="fleet")
+            settings[key] = value
+            continue
         if key not in POOL_KEYS:
             hint = (f" (write {key.replace('-', '_')})" if isinstance(key, str) and key.replace("-", "_") in POOL_KEYS
                     else "")
@@ -262,9 +276,9 @@ def _pool(entry: Any, i: int, path: str) -> tuple[str, int, dict[str, Any]]:
     return name, replicas, settings
 
 
-def read_fleet_file(path: str) -> tuple[list[tuple[str, int, dict[str, Any]]], str | None, str | None]:
-    """The pools of a fleet file ((name, replicas, settings) each, in order), its router and its autoscaler's
-    policy (None: not given)."""
+def read_fleet_file(path: str) -> tuple[list[tuple[str, int, dict[str, Any]]], str | None, str | None, str | None]:
+    """The pools of a fleet file ((name, replicas, settings) each, in order; a pool's `role` among its settings),
+    its router, its autoscaler's policy and its kv_link (None: not given)."""
     try:
         import yaml  # noqa: F401  (only whether it is installed)
     except ImportError:
@@ -280,15 +294,17 @@ def read_fleet_file(path: str) -> tuple[list[tuple[str, int, dict[str, Any]]], s
     if not isinstance(doc, dict):
         raise KVBudgetError(f"fleet {path}: must be a YAML mapping with pools (a list) and router", param="fleet")
     for key in doc:
-        if key in RESERVED:
-            raise KVBudgetError(f"fleet {path}: {key}: {RESERVED[key]}", param="fleet")
-        if key not in ("pools", "router", "autoscale"):
-            raise KVBudgetError(f"fleet {path}: unknown key {shown(key)}; a fleet file has pools, router and "
-                                "autoscale", param="fleet")
+        if key not in ("pools", "router", "autoscale", "kv_link"):
+            raise KVBudgetError(f"fleet {path}: unknown key {shown(key)}; a fleet file has pools, router, "
+                                "autoscale and kv_link", param="fleet")
     router = doc.get("router")
     if router is not None and (not isinstance(router, str) or not router.strip()):
         raise KVBudgetError(f"fleet {path}: router: {shown(router)} must be a router's name, e.g. least-requests",
                             param="fleet")
+    link = doc.get("kv_link")
+    if link is not None and (isinstance(link, bool) or not isinstance(link, str | int | float)):
+        raise KVBudgetError(f"fleet {path}: kv_link: {shown(link)} must be a link's name or a rate, e.g. "
+                            "infiniband or 25GB/s", param="fleet")
     policy = doc.get("autoscale")
     if policy is not None:
         from kvbudget.simulation.autoscale import parse_autoscale
@@ -310,32 +326,45 @@ def read_fleet_file(path: str) -> tuple[list[tuple[str, int, dict[str, Any]]], s
         if names.count(name) > 1:
             raise KVBudgetError(f"fleet {path}: pool {name}: two pools have this name; give each its own",
                                 param="fleet")
-    return read, router, policy
+    return read, router, policy, None if link is None else str(link)
 
 
 def fleet_ask(ask: SimulateRequest, found: SimulationAsk) -> FleetAsk:
     """The fleet a request asks for: `replicas` copies of the deployment `found` (as `prepared` read it), or the
     fleet file's pools, each the request with the pool's settings read as simulate reads them."""
+    if ask.fleet is None and ask.prefill_replicas is not None:
+        from kvbudget.commands.simulate import disaggregated
+
+        sides = disaggregated(ask)
+        assert sides is not None
+        return FleetAsk(pools=(PoolAsk(name="prefill", replicas=sides[0], found=found, role="prefill"),
+                               PoolAsk(name="decode", replicas=sides[1], found=found, role="decode")),
+                        router=ask.router or "round-robin", source="replicas", autoscale=ask.autoscale,
+                        kv_link=ask.kv_link)
     if ask.fleet is None:
         return FleetAsk(pools=(PoolAsk(name="main", replicas=one(ask.replicas or "1", "replicas"), found=found),),
                         router=ask.router or "round-robin", source="replicas", autoscale=ask.autoscale)
-    read, router, policy = read_fleet_file(ask.fleet)
+    read, router, policy, link = read_fleet_file(ask.fleet)
     if router is not None and ask.router is not None:
         raise KVBudgetError(f"router: the fleet file {ask.fleet} names its router ({router}); give it in one place",
                             param="router")
     if policy is not None and ask.autoscale is not None:
         raise KVBudgetError(f"autoscale: the fleet file {ask.fleet} names its autoscaler ({policy}); give it in one "
                             "place", param="autoscale")
+    if link is not None and ask.kv_link is not None:
+        raise KVBudgetError(f"kv_link: the fleet file {ask.fleet} names its link ({link}); give it in one place",
+                            param="kv_link")
     base = _flat(ask)
     pools = []
     for name, replicas, settings in read:
+        role = settings.pop("role", "both")
         try:
             pool_found = simulation_ask(build(SimulateRequest, {**base, **settings}), found.model)
         except KVBudgetError as exc:
             raise _in_pool(exc, ask.fleet, name) from None
-        pools.append(PoolAsk(name=name, replicas=replicas, found=pool_found))
+        pools.append(PoolAsk(name=name, replicas=replicas, found=pool_found, role=role))
     return FleetAsk(pools=tuple(pools), router=router or ask.router or "round-robin", source=ask.fleet,
-                    autoscale=policy or ask.autoscale)
+                    autoscale=policy or ask.autoscale, kv_link=link or ask.kv_link)
 
 
 def _in_pool(exc: KVBudgetError, path: str, pool: str) -> KVBudgetError:
@@ -347,7 +376,7 @@ def _in_pool(exc: KVBudgetError, path: str, pool: str) -> KVBudgetError:
 def pools_of(fleet: FleetAsk, limits: tuple[int | None, int | None] = (None, None)) -> tuple[list[Pool], Router]:
     """The fleet's pools, each planned (a pool that cannot hold one request of its max_model_len refused, naming
     it), and its router; `limits`: vLLM's queue limits every pool takes (queue_limits)."""
-    from kvbudget.engines.scheduling.setup import Simulates
+    from kvbudget.engines.scheduling.setup import Role, Simulates
     from kvbudget.simulation.fleet import Pool, check_pools, parse_router
     from kvbudget.simulation.run import setup_of
 
@@ -356,7 +385,7 @@ def pools_of(fleet: FleetAsk, limits: tuple[int | None, int | None] = (None, Non
         try:
             if isinstance(p.found.engine, Simulates):
                 p.found.engine.simulator().options(p.found)
-            pools.append(Pool(name=p.name, setup=setup_of(p.found), replicas=p.replicas,
+            pools.append(Pool(name=p.name, setup=setup_of(p.found), replicas=p.replicas, role=Role(p.role),
                               gpus=p.found.tp * p.found.pp, max_num_queued_reqs=limits[0],
                               max_num_queued_tokens=limits[1]))
         except KVBudgetError as exc:
@@ -416,7 +445,8 @@ def fleet_simulation(ask: SimulateRequest, progress: Callable[[int], None] | Non
 
     stream, fleet, pools, router, scale = fleet_prepared(ask)
     sim = simulate_fleet(fleet.pools[0].found.model, stream(scale), pools, router, fast=not ask.reference,
-                         progress=progress, check=check, **scaling(ask, fleet.autoscale), **hooks)
+                         progress=progress, check=check, kv_link=fleet.kv_link, **scaling(ask, fleet.autoscale),
+                         **hooks)
     return sim, fleet
 
 

@@ -373,16 +373,14 @@ def prices(ask: SimulateRequest) -> dict[str | None, float] | None:
 
 def costed(ask: SimulateRequest, sim: Simulation | FleetSimulation, found: SimulationAsk, replicas: int = 1
            ) -> Cost | None:
-    """What `sim` (run as `found` asks, on `replicas` copies of it, or the prefill and decode replicas of a
-    disaggregated fleet) costs at --gpu-price; None without one."""
+    """What `sim` (run as `found` asks, on `replicas` copies of it) costs at --gpu-price; None without one."""
     priced = prices(ask)
     if priced is None:
         return None
     from kvbudget.simulation.cost import price_for, run_cost
 
-    sides = disaggregated(ask)
     return run_cost(sim.duration_s, sim.prompt_tokens, sim.output_tokens, sim.completed,
-                    price_for(priced, found.gpu), found.tp * found.pp * (sum(sides) if sides else replicas))
+                    price_for(priced, found.gpu), found.tp * found.pp * replicas)
 
 
 def prepared(ask: SimulateRequest) -> tuple[Callable[[float], Iterable[Any]], SimulationAsk, float]:
@@ -454,8 +452,8 @@ def simulation(ask: SimulateRequest, on_step: Callable[..., None] | None = None,
     return run_prepared(ask, prepared(ask), on_step, progress, on_finish, check)
 
 
-ONE_RUN = ("sweep", "find_max_rate", "guard_config", "admission", "max_concurrency", "timeline", "per_request",
-           "prometheus_series", "plot")  # what a disaggregated fleet does not take (yet)
+ONE_RUN = ("sweep", "find_max_rate", "guard_config", "admission", "max_concurrency",
+           "prometheus_series")  # what a disaggregated fleet does not take (yet)
 
 
 def disaggregated(ask: SimulateRequest) -> tuple[int, int] | None:
@@ -479,15 +477,6 @@ def disaggregated(ask: SimulateRequest) -> tuple[int, int] | None:
             one(str(ask.decode_replicas), "decode_replicas", MAX_REPLICAS))
 
 
-def disaggregated_pools(setup: Any, prefill: int, decode: int) -> list[Any]:
-    """The fleet of --prefill-replicas and --decode-replicas: two pools of the same deployment."""
-    from kvbudget.engines.scheduling.setup import Role
-    from kvbudget.simulation.fleet import Pool
-
-    return [Pool(name="prefill", setup=setup, replicas=prefill, role=Role.PREFILL),
-            Pool(name="decode", setup=setup, replicas=decode, role=Role.DECODE)]
-
-
 def run_prepared(ask: SimulateRequest, ready: tuple[Callable[[float], Iterable[Any]], SimulationAsk, float],
                  on_step: Callable[..., None] | None = None, progress: Callable[[int], None] | None = None,
                  on_finish: Callable[..., None] | None = None, check: Callable[[], None] | None = None) -> Any:
@@ -495,11 +484,5 @@ def run_prepared(ask: SimulateRequest, ready: tuple[Callable[[float], Iterable[A
     from kvbudget.simulation.run import setup_of, simulate
 
     stream, found, scale = ready
-    sides = disaggregated(ask)
-    if sides is not None:
-        from kvbudget.simulation.fleet import simulate_fleet
-
-        return simulate_fleet(found.model, stream(scale), disaggregated_pools(setup_of(found), *sides),
-                              kv_link=ask.kv_link, fast=not ask.reference, progress=progress, check=check)
     return simulate(found.model, stream(scale), setup=setup_of(found), fast=not ask.reference, on_step=on_step,
                     progress=progress, on_finish=on_finish, check=check, **front_settings(ask))

@@ -87,8 +87,10 @@ class Handover:
 
     def __init__(self, replicas: list[Replica], front: Router, back: Router, route: Route,
                  on_route: Callable[[Request, int], None] | None,
-                 on_transfer: Callable[[Request, float, float], None] | None) -> None:
+                 on_transfer: Callable[[Request, float, float], None] | None,
+                 on_finish: Callable[..., None] | None = None) -> None:
         self.replicas, self.route = replicas, route
+        self.on_finish = on_finish  # (decode replica, the client's request, ttft, tpot, e2e) as the client sees them
         self.prefill = [r for r in replicas if r.pool.role is Role.PREFILL]
         self.decode = [r for r in replicas if r.pool.role is Role.DECODE]
         self.front, self.back, self.on_route, self.on_transfer = front, back, on_route, on_transfer
@@ -103,15 +105,17 @@ class Handover:
         for rep in self.prefill:
             rep.run.on_finish = lambda r, _ttft, _tpot, e2e, mine=self.done[rep.index]: mine.append((r, e2e))
         for rep in self.decode:
-            rep.run.on_finish = self.answered
+            rep.run.on_finish = lambda r, ttft, tpot, e2e, i=rep.index: self.answered(r, ttft, tpot, e2e, i)
             rep.run.sched.on_read = self.read
 
-    def answered(self, r: Request, ttft: float, tpot: float | None, e2e: float) -> None:
-        _, earlier, _, _ = self.before.pop(id(r))
+    def answered(self, r: Request, ttft: float, tpot: float | None, e2e: float, replica: int = 0) -> None:
+        _, earlier, p, _ = self.before.pop(id(r))
         self.ttft.append(earlier + ttft)
         self.e2e.append(earlier + e2e)
         if tpot is not None:
             self.tpot.append(tpot)
+        if self.on_finish is not None:  # the client's request: sent when the prefill request was
+            self.on_finish(replica, replace(r, arrival=p.arrival), earlier + ttft, tpot, earlier + e2e)
 
     def read(self, d: Request, start: float, done: float) -> None:
         """A decode replica starts reading `d`'s KV at `start`, done at `done`: the prefill side frees its blocks

@@ -15,6 +15,7 @@ hold a request before any replica sees it.
 
 from __future__ import annotations
 
+import copy
 import math
 from array import array
 from collections.abc import Callable, Iterable, Sequence
@@ -500,7 +501,10 @@ def _disaggregated(workload: Iterable[Request], pools: Sequence[Pool], router: R
                    on_step: Callable[..., None] | None, on_finish: Callable[..., None] | None) -> FleetSimulation:
     """A fleet of prefill and decode pools (simulate_fleet's docstring), its handover in simulation/disagg.py."""
     sides = ([p for p in pools if p.role is Role.PREFILL], [p for p in pools if p.role is Role.DECODE])
-    front, back = (_router(router, side) for side in sides)
+    front = _router(router, sides[0])
+    # each side its own router: a router object keeps state (a turn, a memory of hashes), so the decode side's is a
+    # fresh copy of it
+    back = _router(router if isinstance(router, str) else copy.deepcopy(router), sides[1])
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
     interval = sample_interval
     for chosen in (front, back):  # a router that reads the gauges: the timeline is its scrapes
@@ -514,7 +518,7 @@ def _disaggregated(workload: Iterable[Request], pools: Sequence[Pool], router: R
             run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, fast, interval,
                        _of(i, on_step), None, on_finish=_of(i, on_finish), check=check)
             replicas.append(Replica(i, pool, run))
-    handover = Handover(replicas, front, back, _route, on_route, on_transfer)
+    handover = Handover(replicas, front, back, _route, on_route, on_transfer, on_finish)
     requests = handover.run(workload, progress)
     sims = [rep.run.result() for rep in replicas]
     end = max((s.duration_s for s in sims), default=0.0)

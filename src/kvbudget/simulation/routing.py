@@ -31,11 +31,15 @@ class Pool:
     setup: Setup
     replicas: int = 1
     role: Role = Role.BOTH
-    gpus: int = 1  # GPUs per replica (tp x pp), for GPU-hours
+    gpus: int = 0  # GPUs per replica (tp x pp), for GPU-hours; 0: the setup's (the engine's tp x pp)
     weight_bytes: int | None = None  # bytes each GPU loads at a cold start (None: counted from the model)
     # the engine's own admission in its API server (vLLM's --max-num-queued-reqs / --max-num-queued-tokens, 503)
     max_num_queued_reqs: int | None = None
     max_num_queued_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.gpus == 0:
+            object.__setattr__(self, "gpus", self.setup.gpus)
 
     def refusal(self, run: _Run, n: int) -> str | None:
         """The engine limit a request of `n` samples sent to a replica of this pool is refused by (None: none)."""

@@ -281,8 +281,8 @@ def test_bad_fleets_for_an_autoscaler_are_refused_before_any_run():
     with pytest.raises(KVBudgetError, match="load_bandwidth: 0 must be a number above 0") as err:
         simulate_fleet(LLAMA, never(), [Pool(name="m", setup=TWO)], autoscale=Autoscale(load_bandwidth=0))
     assert err.value.param == "load_bandwidth"
-    with pytest.raises(KVBudgetError, match="gpus: GPUs per replica must be a positive integer, got 0"):
-        simulate_fleet(LLAMA, never(), [Pool(name="m", setup=TWO, gpus=0)])
+    with pytest.raises(KVBudgetError, match="gpus: GPUs per replica must be a positive integer, got -1"):
+        simulate_fleet(LLAMA, never(), [Pool(name="m", setup=TWO, gpus=-1)])
     with pytest.raises(KVBudgetError, match="weight_bytes: -1 must be a whole number of bytes"):
         simulate_fleet(LLAMA, never(), [Pool(name="m", setup=TWO, weight_bytes=-1)])
     with pytest.raises(KVBudgetError, match="flow_control"):

@@ -129,4 +129,4 @@ def test_disaggregated_serving_with_an_autoscaler_is_refused_in_one_line(capsys)
     code, out, err = cli(capsys, "simulate", "llama-3.1-8b", *SMALL, *FAST, "--prefill-replicas", "1",
                          "--decode-replicas", "1", "--kv-link", "nvlink", "--autoscale", "kv")
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert "--prefill-replicas: disaggregated prefill and decode run as their own fleet" in err
+    assert "--autoscale: not with disaggregated prefill and decode pools yet" in err

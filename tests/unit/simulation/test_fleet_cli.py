@@ -131,9 +131,9 @@ def test_many_replicas_are_listed_up_to_a_bound(capsys):
 BAD_FILES = [
     ("pools: [{name: a, kv-memory: 2GiB}]", "pool a: unknown key 'kv-memory' (write kv_memory)"),
     ("pools: [{name: a, colour: red}]", "pool a: unknown key 'colour'; a pool takes name, replicas"),
-    ("pools: [{name: a, role: prefill}]", "pool a: role: prefill and decode pools are not simulated yet"),
+    ("pools: [{name: a, role: middle}]", "pool a: role: 'middle' must be one of both, prefill, decode"),
     ("autoscale: {min: 1}\npools: [{name: a}]", "autoscale: {'min': 1} must be a policy, e.g. kv:pool=decode,max=8"),
-    ("pool: [{name: a}]", "unknown key 'pool'; a fleet file has pools, router and autoscale"),
+    ("pool: [{name: a}]", "unknown key 'pool'; a fleet file has pools, router, autoscale and kv_link"),
     ("pools: [{name: a, tp: true}]", "pool a: tp: True must be a value"),
     ("pools: [{name: a, no_prefix_caching: 1}]", "pool a: no_prefix_caching: 1 must be true or false"),
     ("pools: [{name: a, tp: 0}]", "pool a: tp: '0' must be positive"),
@@ -342,3 +342,41 @@ def test_any_fleet_file_is_read_or_refused_in_one_line():
             assert 1 <= len(fleet.pools) <= 64
 
     check()
+
+
+def test_a_fleet_file_with_prefill_and_decode_pools_of_their_own(capsys, tmp_path):
+    """Disaggregated pools from a file: each its own GPU and settings, the KV moved over the file's link; the JSON
+    carries each pool's role and every read; a link of zero bandwidth, a link without roles and a role no engine
+    has are refused in one line before any run."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("kv_link: infiniband\nrouter: least-requests\npools:\n"
+                     "  - {name: p, role: prefill, replicas: 1, gpu: H100, max_num_batched_tokens: 16384}\n"
+                     "  - {name: d, role: decode, replicas: 2, gpu: H200}\n")
+    code, out, _ = cli(capsys, "simulate", "llama-3.1-8b", *FAST, "--max-model-len", "8192", "--fleet", str(fleet),
+                       "--json")
+    assert code == 0
+    got = json.loads(out)
+    pools = got["fleet"]["pools"]
+    assert [(p["name"], p["role"], p["setup"]["gpu"], p["setup"]["max_num_batched_tokens"]) for p in pools] == \
+        [("p", "prefill", "H100-80GB", 16384), ("d", "decode", "H200", pools[1]["setup"]["max_num_batched_tokens"])]
+    assert pools[1]["setup"]["max_num_batched_tokens"] != 16384
+    assert got["fleet"]["kv_transfer"]["count"] == got["completed"] == 300
+    assert got["fleet"]["kv_transfer"]["link"]["name"] == "infiniband"
+    assert sum(r["routed"] for r in got["fleet"]["replicas"] if r["role"] == "decode") == 300
+    each = tmp_path / "each.csv"  # every request once, as its client saw it: the mean end to end the JSON's
+    code, _, _ = cli(capsys, "simulate", "llama-3.1-8b", *FAST, "--max-model-len", "8192", "--fleet", str(fleet),
+                     "--per-request", str(each))
+    rows = list(csv.DictReader(each.open()))
+    assert code == 0 and len(rows) == 300 and {r["replica"] for r in rows} == {"1", "2"}
+    assert math.isclose(sum(float(r["e2e_s"]) for r in rows) / 300, got["e2e_s"]["mean"], rel_tol=1e-5)
+    sent = {r.id: r.arrival for r in rescale(read_trace(AZURE), 6, 0, 300)}
+    assert all(math.isclose(float(r["arrival_s"]), sent[r["id"]], abs_tol=1e-6) for r in rows)
+    for text, says in (("kv_link: 0GB/s", "0GB/s is not a rate in GB/s"),
+                       ("kv_link: [1]", "kv_link: [1] must be a link's name or a rate"),
+                       ):
+        fleet.write_text(f"{text}\npools:\n  - {{name: p, role: prefill}}\n  - {{name: d, role: decode}}\n")
+        code, _, err = cli(capsys, "simulate", "llama-3.1-8b", *FAST, *SMALL, "--fleet", str(fleet))
+        assert code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    fleet.write_text("kv_link: roce\npools:\n  - {name: a}\n")
+    code, _, err = cli(capsys, "simulate", "llama-3.1-8b", *FAST, *SMALL, "--fleet", str(fleet))
+    assert code == 2 and "--kv-link: goes with prefill and decode pools" in err and len(err.strip().splitlines()) == 1
