@@ -341,6 +341,11 @@ class _Fleet:
         self.hooks = hooks  # simulate's on_step and on_finish, each called with the replica's index first
         self.replicas: list[Replica] = []  # every replica of the run, by index
         self.live: list[Replica] = []  # those not retired
+        # a router that reads the replicas only through in_flight and gauge, and nothing else reading them (no
+        # front door or autoscaler, no hook per step): only the replica chosen is advanced to each arrival, the
+        # others as the router reads them (the same schedules, to the bit: tests/unit/simulation/test_fleet.py)
+        self.lazy = getattr(router, "lazy", False) is True and not front.active and scaled is None and \
+            hooks == (None, None)
         for pool in pools:
             for _ in range(pool.replicas):
                 self.add(pool, 0.0, 0.0)
@@ -357,6 +362,8 @@ class _Fleet:
         self.live.append(rep)
 
     def advance(self, until: float) -> None:
+        if self.lazy and until < math.inf:
+            return
         done = False
         for rep in self.live:
             rep.run.advance(until)
@@ -409,7 +416,7 @@ class _Fleet:
 
     def arrive(self, r: Request) -> None:
         self.arrived += 1
-        routed = self.front.arrive(r, self.scraped(r.arrival))
+        routed = self.front.arrive(r, () if self.lazy else self.scraped(r.arrival))
         if routed is not None:
             self.route(*routed, r.arrival)
 
@@ -418,6 +425,7 @@ class _Fleet:
 
     def route(self, r: Request, release: Callable[[], None] | None, now: float) -> None:
         rep = _chosen(self.router, r, self.serving(now), now)
+        rep.advance(now)  # (where the router left it behind)
         reason = rep.pool.refusal(rep.run, r.n)
         if reason is not None:  # answered 503 by the engine's API server: the engine never sees it
             self.front.refuse(reason, release)
@@ -531,7 +539,7 @@ def _chosen(chosen: Router, r: Request, replicas: Sequence[Replica], now: float)
 
 def _sent(rep: Replica, r: Request, on_route: Callable[[Request, int], None] | None) -> Replica:
     """A request sent to `rep`: counted and reported."""
-    rep.routed += 1
+    rep.took()
     if on_route is not None:
         on_route(r, rep.index)
     return rep

@@ -4,12 +4,13 @@ events report it). `Router` is the protocol a user can add to; the built-in ones
 
 from __future__ import annotations
 
+import math
 import random
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from kvbudget import validate
 from kvbudget.engines.scheduling.seq import Seq
@@ -61,6 +62,7 @@ class Replica:
         self.routed = 0  # requests the router sent here
         self._done = 0  # of them, completed by the router's clock (a pointer into run.finished_at)
         self._sample = 0  # the timeline sample the gauge shows (a pointer into run.timeline)
+        self._quiet = -math.inf  # no request here finishes before this (while none is added): run.no_finish_before
 
     def retire(self) -> None:
         """A drained replica with nothing left to do: its result kept, its scheduler let go (a run that scales in
@@ -72,8 +74,22 @@ class Replica:
         """Whether it takes requests at `now`: started and not draining."""
         return self.ready <= now and self.drained is None
 
+    def advance(self, now: float) -> None:
+        """The replica's clock loop up to `now` (the first step ending at or past it)."""
+        self.run.advance(now)
+        self._quiet = -math.inf
+
+    def took(self) -> None:
+        """A request routed here: counted, and what was known of the next finish here forgotten (the new request
+        may finish first)."""
+        self.routed += 1
+        self._quiet = -math.inf
+
     def in_flight(self, now: float) -> int:
-        """Requests routed here and not yet answered at `now`, as the router counts its own outstanding requests."""
+        """Requests routed here and not yet answered at `now`, as the router counts its own outstanding requests
+        (the replica advanced only as far as a request could have finished by then)."""
+        if now >= self._quiet:
+            self._quiet = self.run.finishes_by(now)
         ends = self.run.finished_at
         done = self._done
         while done < len(ends) and ends[done] <= now:
@@ -85,6 +101,7 @@ class Replica:
         """The engine's gauges (KV usage, running, waiting) as a scrape at `now` last read them: the state the first
         step at or past the latest scrape instant left (the replica's timeline, sampled at the scrape interval);
         an idle replica's own state."""
+        self.advance(now)
         run = self.run
         if run.t <= now and not run.sched.has_work():
             return Sample(now, run.sched.usage(), 0, 0)
@@ -101,7 +118,9 @@ class Replica:
 @runtime_checkable
 class Router(Protocol):
     """Picks the replica a request goes to. `replicas` are the fleet's, each advanced to `now` (the request's
-    arrival); the answer is an index into them."""
+    arrival); the answer is an index into them. A router that reads the replicas only through `in_flight` and
+    `gauge` (which bring a replica up to `now` themselves, where it matters) may say so with a true `lazy`
+    attribute: the fleet then advances only the replica chosen (the built-in routers but the prefix ones do)."""
 
     @property
     def name(self) -> str: ...
@@ -114,10 +133,21 @@ def _least(replicas: Sequence[Replica], key: Callable[[Replica], Any]) -> int:
     return min(replicas, key=lambda r: (key(r), r.index)).index
 
 
+def _fewest_in_flight(replicas: Sequence[Replica], now: float) -> int:
+    """`_least` by requests in flight, in a plain loop (every arrival asks every replica)."""
+    best, pick = math.inf, -1
+    for r in replicas:
+        n = r.in_flight(now)
+        if n < best or (n == best and r.index < pick):
+            best, pick = n, r.index
+    return pick
+
+
 @dataclass
 class RoundRobin:
     name: str = "round-robin"
     turn: int = 0
+    lazy: ClassVar[bool] = True
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
         i = self.turn % len(replicas)
@@ -131,9 +161,10 @@ class LeastRequests:
     replicas as choices, Ray Serve's power-of-two over the whole fleet)."""
 
     name: str = "least-requests"
+    lazy: ClassVar[bool] = True
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
-        return _least(replicas, lambda r: r.in_flight(now))
+        return _fewest_in_flight(replicas, now)
 
 
 @dataclass(frozen=True)
@@ -144,6 +175,7 @@ class LeastKV:
 
     refresh: float = LEAST_KV_REFRESH_S
     name: str = "least-kv"
+    lazy: ClassVar[bool] = True
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
         def key(r: Replica) -> tuple[float, int]:
@@ -159,10 +191,11 @@ class Session:
     as a consistent-hash load balancer keys on a header); requests without a session by least requests."""
 
     name: str = "session"
+    lazy: ClassVar[bool] = True
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
         if not request.session:
-            return _least(replicas, lambda r: r.in_flight(now))
+            return _fewest_in_flight(replicas, now)
         return replicas[zlib.crc32(request.session.encode()) % len(replicas)].index
 
 
@@ -173,6 +206,7 @@ class Length:
 
     bounds: tuple[int, ...]
     name: str = "length"
+    lazy: ClassVar[bool] = True
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
         pools: dict[str, list[Replica]] = {}
@@ -180,7 +214,7 @@ class Length:
             pools.setdefault(r.pool.name, []).append(r)
         order = list(pools)
         k = next((i for i, b in enumerate(self.bounds) if request.prompt_tokens <= b), len(self.bounds))
-        return _least(pools[order[k]], lambda r: r.in_flight(now))
+        return _fewest_in_flight(pools[order[k]], now)
 
 
 # Prefix-cache-aware routing, as llm-d's inference scheduler (llm-d/llm-d-inference-scheduler, now llm-d-router, at

@@ -26,24 +26,15 @@ if TYPE_CHECKING:
     from kvbudget.engines.tiers import OffloadTotals
 from kvbudget.errors import KVBudgetError, named, spelled
 from kvbudget.model.spec import ModelSpec
-from kvbudget.simulation import bands, steptimes
+from kvbudget.simulation import bands, decoding, steptimes
 from kvbudget.simulation.beam import BeamSearch
+from kvbudget.simulation.decoding import Sample
 from kvbudget.simulation.guarded import Gatekeeper, GuardReport, admission_policy
 from kvbudget.simulation.percentiles import LatencyWindow, Percentiles, check_metric, latency_windows
 
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
 SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
 CHECK_EVERY = 256  # clock-loop turns between calls of `check` (a few ms of work at most; nothing measurable)
-
-
-@dataclass(frozen=True)
-class Sample:
-    """The engine's state after the first step at or past each sampling instant."""
-
-    time: float
-    usage: float  # vLLM's KV cache usage gauge (0..1)
-    running: int
-    waiting: int
 
 
 @dataclass(frozen=True)
@@ -361,6 +352,38 @@ class _Run:
             self.step(until)
         self.sched.clock = self.t
 
+    def finishes_by(self, until: float) -> float:
+        """`advance` as far as needed for every request that finishes by `until` to have finished (what a router
+        counting requests in flight reads), leaving whole a run of decode steps in which none can; the time
+        before which no request can finish from there (while none is added)."""
+        quiet = self.t
+        while self.t < until and self.sched.has_work():
+            quiet = self.no_finish_before()
+            if quiet > until:
+                break
+            self.step(until)
+            quiet = self.t  # (what finished by then has)
+        self.sched.clock = self.t
+        return quiet if self.sched.has_work() else math.inf
+
+    def no_finish_before(self) -> float:
+        """A time before which no request here can finish while none is added (a fleet's router counting what is
+        in flight need not advance this replica to an earlier instant): the end of the run of pure decode steps
+        ahead, bounded from below by its first step's time, which the later ones cannot undercut (the context
+        only grows and no part of the step time is negative); the clock itself where nothing is known."""
+        sched, tm = self.sched, self.tm
+        if not sched.has_work():
+            return math.inf
+        if not self.fast or min(tm.per_context, tm.context_cost) < 0.0 or sched.next_ready() is not None:
+            return self.t
+        k = sched.decode_run_limit()  # steps certain to be pure decode: only the last may finish a request
+        if not k:
+            return self.t
+        r = len(sched.running)
+        first = tm.step_seconds(r, sched.context_tokens(), None, r)
+        end = self.t + k * first
+        return self.t + k * first * (1.0 - 1e-12) - k * math.ulp(2.0 * end)  # (below k additions' rounding)
+
     def step(self, until: float) -> None:
         """One turn of the clock with work to do, `until` the next event outside (a fleet's), `check` counted."""
         self.sched.clock = self.t
@@ -407,71 +430,15 @@ class _Run:
 
     def decode_run(self, sched: Queues, k: int, arrival: float) -> None:
         """Up to k pure decode steps, stopping after the one that ends at or past the next arrival. The clock
-        and the running totals advance step by step, as `after_step` would, without a call per step."""
+        and the running totals advance step by step, as `after_step` would, without a call per step
+        (simulation/decoding.py)."""
         r = len(sched.running)
-        bs = sched.cfg.block_size
-        states_time, internal_time = self.slot_time[0], self.slot_time[2]
-        takes = sched.new_blocks_by_step(k)
-        blocks_as_states = sched.hybrid
-        tm = self.tm
-        weights, per_context, per_token, overhead = tm.weights_read(r), tm.per_context, tm.per_token, tm.overhead
-        # the added costs, as step_seconds adds them (a decode step has no attended pairs beyond its context)
-        fixed = overhead + tm.token_cost * r + tm.seq_cost * r
-        pace = tm.pace + tm.pace_per_seq * r  # (a step cannot outrun it)
-        context_cost = tm.context_cost
-        summed = tm.bound == "sum"
-        context = sched.context_tokens()
-        compute = per_token * r
-        head = None  # with nothing read per cached token inside the max, all of a step but attention is constant
-        if per_context == 0.0:
-            head = (weights + compute if summed else (weights if weights > compute else compute)) + fixed
-        free, usable = sched.free_blocks()
-        usage = 1.0 - free / usable
-        t, usage_time, next_sample = self.t, self.usage_time, self.next_sample
-        running, waiting = r, len(sched.waiting)
-        on_step = self.on_step
-        done = 0
-        held = (usable - free) * bs
-        peak = self.peak_usage
-        for take in takes:
-            if take:
-                free -= take
-                usage = 1.0 - free / usable
-                held = (usable - free) * bs
-                if usage > peak:  # (hybrid windows free blocks: usage can fall within a run)
-                    peak = usage
-            if head is None:
-                read = weights + per_context * context  # (as step_seconds computes it, to the last bit)
-                base = read + compute if summed else (read if read > compute else compute)
-                dt = base + fixed + context_cost * context
-            else:
-                dt = head + context_cost * context
-            dt = dt if dt >= pace else pace
-            t += dt
-            usage_time += usage * dt
-            if blocks_as_states:  # hybrid groups: every block in use counts as token states (see memory())
-                states_time += held * dt
-            else:
-                states_time += context * dt  # the cached tokens are the context attended over
-                if held > context:
-                    internal_time += (held - context) * dt
-            context += r
-            done += 1
-            if t >= next_sample:
-                self.timeline.append(Sample(t, usage, running, waiting))
-                next_sample = (math.floor(t / self.interval) + 1) * self.interval
-            if on_step is not None:
-                on_step(t, r, usage, running, waiting)
-            if t >= arrival:
-                break
-        self.t, self.usage_time, self.next_sample = t, usage_time, next_sample
-        self.slot_time[0], self.slot_time[2] = states_time, internal_time
+        done, self.t = decoding.take(self, sched, k, arrival)
         self.steps += done
         self.fast_steps += done
-        self.peak_usage = peak
-        self.peak_running = max(self.peak_running, running)
-        self.peak_waiting = max(self.peak_waiting, waiting)
-        self.finish(sched.decode_run(done, t))
+        self.peak_running = max(self.peak_running, r)
+        self.peak_waiting = max(self.peak_waiting, len(sched.waiting))
+        self.finish(sched.decode_run(done, self.t))
 
     def after_step(self, dt: float, tokens: int, usage: float) -> None:
         self.t += dt

@@ -74,14 +74,22 @@ def test_hybrid_fast_path_equals_the_reference_step_by_step(requests, blocks, bl
     assert _both_ways(model, requests, setup)
 
 def _both_ways(model, requests, setup) -> bool:
-    """Whether the fast path and the reference give the same steps and the same result."""
-    runs = {}
-    for fast in (True, False):
+    """Whether the fast path and the reference give the same steps and the same result: the fast path with its
+    decode runs in a Python loop, and with every run in numpy arrays."""
+    import importlib.util
+    from unittest import mock
+
+    arrays = importlib.util.find_spec("numpy") is not None
+    if arrays:
+        import numpy  # noqa: F401  (imported: the runs take it at once)
+    runs = []
+    for fast, array_run in ((False, 1), (True, 10**9), (True, 1) if arrays else (True, 10**9)):
         steps: list = []
-        result = simulate(model, iter(requests), setup=setup, fast=fast,
-                          on_step=lambda *a, steps=steps: steps.append(a))
-        runs[fast] = (replace(result, fast_steps=0), steps)
-    return runs[True] == runs[False]
+        with mock.patch("kvbudget.simulation.decoding.ARRAY_RUN", array_run):
+            result = simulate(model, iter(requests), setup=setup, fast=fast,
+                              on_step=lambda *a, steps=steps: steps.append(a))
+        runs.append((replace(result, fast_steps=0), steps))
+    return runs[0] == runs[1] == runs[2]
 
 def _setup(blocks, block_size, seqs, budget, max_len, caching, threshold=0):
     from kvbudget.simulation.run import setup_for

@@ -6,8 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from simkit import AZURE, LLAMA
 
+import kvbudget
 from kvbudget import KVBudgetError
 from kvbudget.engines.scheduling.workload import Request, read_trace, rescale
 from kvbudget.simulation.fleet import Pool, parse_router, simulate_fleet
@@ -152,3 +155,105 @@ def test_bad_fleets_are_refused_before_any_run():
     with pytest.raises(KVBudgetError, match="over the 4,096"):
         simulate_fleet(LLAMA, azure(5), [Pool(name="a", setup=SMALL, replicas=4000),
                                          Pool(name="b", setup=SMALL, replicas=100)], "round-robin")
+
+
+class Eager:
+    """A router through the protocol alone (no `lazy`): the fleet advances every replica to each arrival."""
+
+    def __init__(self, router):
+        self.inner, self.name = router, router.name
+
+    def choose(self, request, replicas, now):
+        return self.inner.choose(request, replicas, now)
+
+
+@pytest.mark.parametrize("router", ["round-robin", "least-requests", "least-kv", "session", "length:1024"])
+def test_advancing_only_what_a_router_reads_changes_nothing(router):
+    """The built-in routers advance only the replica chosen (and, reading a replica, that one where it matters):
+    the same requests to the same replicas and the same simulations, to the bit, as with every replica advanced to
+    every arrival; and far fewer decode runs cut short by arrivals meant for other replicas."""
+    from unittest import mock
+
+    from kvbudget.simulation.run import _Run
+
+    pools = [Pool(name="short", setup=SMALL, replicas=3), Pool(name="long", setup=BIG, replicas=2)]
+    requests = azure(500, scale=4.0)
+    runs = []
+    for chosen in (parse_router(router, pools), Eager(parse_router(router, pools))):
+        sent: dict[int, list[str]] = {}
+        with mock.patch.object(_Run, "decode_run", side_effect=_Run.decode_run, autospec=True) as runs_taken:
+            fleet = simulate_fleet(LLAMA, requests, pools, chosen, sample_interval=0.05,  # (least-kv's refresh)
+                                   on_route=lambda r, i, sent=sent: sent.setdefault(i, []).append(r.id))
+        runs.append((sent, [replace(rep.simulation, fast_steps=0) for rep in fleet.replicas],
+                     runs_taken.call_count))
+    (lazy_sent, lazy_sims, lazy_runs), (eager_sent, eager_sims, eager_runs) = runs
+    assert lazy_sent == eager_sent and lazy_sims == eager_sims
+    assert lazy_runs <= eager_runs * (1.0 if router == "least-kv" else 0.6)  # (least-kv reads every gauge)
+
+
+@pytest.mark.parametrize("bound", ["max", "sum"])
+def test_least_requests_counts_exactly_with_every_part_of_the_time_model(bound):
+    """A replica is left behind only while none of its requests can finish (the pure decode steps ahead at their
+    shortest): with every part of a step's time non-zero the counts, and so the routes, are those of every replica
+    advanced to every arrival."""
+    from kvbudget.engines.scheduling.timing import TimeModel
+
+    tm = TimeModel(weights=0.004, per_context=1e-8, per_token=2e-5, overhead=0.0015, bound=bound, token_cost=3e-6,
+                   context_cost=2e-7, pair_cost=1e-10, seq_cost=5e-7, request_latency=0.02, pace=0.006,
+                   pace_per_seq=1e-4, experts=0.003, expert_share=0.25, basis="every part")
+    pools = [Pool(name="m", setup=replace(SMALL, time_model=tm), replicas=4)]
+    routes = []
+    for chosen in (parse_router("least-requests"), Eager(parse_router("least-requests"))):
+        sent: list[int] = []
+        fleet = simulate_fleet(LLAMA, azure(400, scale=6.0), pools, chosen,
+                               on_route=lambda r, i, sent=sent: sent.append(i))
+        routes.append((sent, [rep.simulation.e2e_sorted for rep in fleet.replicas]))
+    assert routes[0] == routes[1] and len(set(routes[0][0])) == 4
+
+
+def test_a_fleets_inputs_and_result_cross_processes():
+    """Pools, routers, requests and the result pickle (a sweep sends them to other cores or a Ray cluster), and
+    the fleet run from the copies is the same."""
+    import pickle
+
+    pools = [Pool(name="short", setup=SMALL, replicas=2), Pool(name="long", setup=BIG, replicas=1)]
+    requests = azure(120)
+    for name in ("round-robin", "least-requests", "least-kv:0.5", "session", "length:1024", "prefix",
+                 "prefix-approx"):
+        router = parse_router(name, pools)
+        fleet = simulate_fleet(LLAMA, requests, pools, router)
+        again = simulate_fleet(LLAMA, *pickle.loads(pickle.dumps((requests, pools, parse_router(name, pools)))))
+        assert pickle.loads(pickle.dumps(fleet)) == fleet == again
+
+
+GEMMA = kvbudget.load_model("gemma-2-9b")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 0.04), st.integers(1, 700), st.integers(1, 120), st.sampled_from([1, 1, 2])),
+                min_size=20, max_size=80),
+       st.integers(12, 120), st.integers(1, 16), st.sampled_from([64, 256, 2048]), st.integers(2, 4),
+       st.sampled_from(["least-requests", "round-robin", "session"]), st.sampled_from([None, 40, 100]))
+def test_lazy_routers_equal_eager_ones_under_any_load(gaps, blocks, seqs, budget, replicas, router, window):
+    """Tight pools (queues, preemptions, n > 1 samples; a sliding-window hybrid, whose windows free blocks within
+    a run): a lazy router's routes and every replica's run are those of every replica advanced to every
+    arrival."""
+    t, requests = 0.0, []
+    for i, (gap, prompt, out, n) in enumerate(gaps):
+        t += gap
+        requests.append(Request(arrival=t, prompt_tokens=prompt, output_tokens=out, n=1 if window else n,
+                                id=str(i), session=f"s{i % 3}"))
+    model = LLAMA if window is None else replace(GEMMA, layers=tuple(
+        replace(spec, window=window) if hasattr(spec, "window") else spec for spec in GEMMA.layers))
+    base = setup_for(model, gpu="H100", max_model_len=1024, block_size=16, prefix_caching=window is None)
+    pools = [Pool(name="m", setup=replace(base, num_blocks=blocks * (3 if window else 1), max_num_seqs=seqs,
+                                          max_num_batched_tokens=budget), replicas=replicas)]
+    runs = []
+    for chosen in (parse_router(router), Eager(parse_router(router))):
+        sent: list[int] = []
+        try:
+            fleet = simulate_fleet(model, requests, pools, chosen, on_route=lambda r, i, sent=sent: sent.append(i))
+            runs.append((sent, [replace(rep.simulation, fast_steps=0) for rep in fleet.replicas]))
+        except KVBudgetError as e:  # a prompt the pool cannot hold: refused both ways (the request named is the
+            runs.append((e.param, []))  # first found, on whichever replica is advanced first)
+    assert runs[0] == runs[1]

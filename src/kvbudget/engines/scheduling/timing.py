@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvbudget.errors import KVBudgetError
 from kvbudget.files import parse_json_text, read_lines
@@ -73,19 +74,28 @@ class TimeModel:
         return cls(weights=0.0, per_context=per_context, per_token=per_token, overhead=overhead, bound="sum",
                    basis=basis)
 
-    def step_seconds(self, tokens: int, context_tokens: int, pairs: int | None = None,
-                     sequences: int | None = None) -> float:
+    def step_seconds(self, tokens: int, context_tokens: Any, pairs: int | None = None,
+                     sequences: int | None = None) -> Any:
         """One step computing `tokens` new tokens for `sequences` sequences (default: one token each) while
         attending over `context_tokens` cached ones in `pairs` (query, key) pairs (default: one query each, as
-        decoding does; `pair_cost` counts the pairs beyond those)."""
+        decoding does; `pair_cost` counts the pairs beyond those). `context_tokens` may be a numpy array of
+        whole numbers (a run of decode steps, `pairs` None): then an array of each step's seconds, each the
+        same float as the step alone."""
+        array = hasattr(context_tokens, "dtype")
         read = self.weights_read(tokens) + self.per_context * context_tokens
         compute = self.per_token * tokens
-        base = read + compute if self.bound == "sum" else (read if read > compute else compute)
+        if self.bound == "sum":
+            base = read + compute
+        else:
+            base = _larger(read, compute) if array else read if read > compute else compute
         fixed = self.overhead + self.token_cost * tokens + self.seq_cost * (tokens if sequences is None
                                                                              else sequences)
-        beyond = 0 if pairs is None else pairs - context_tokens
-        total = base + fixed + self.context_cost * context_tokens + self.pair_cost * beyond
+        total = base + fixed + self.context_cost * context_tokens
+        if pairs is not None:  # (none beyond one per cached token: adding 0.0 would change no float)
+            total += self.pair_cost * (pairs - context_tokens)
         pace = self.pace + self.pace_per_seq * (tokens if sequences is None else sequences)
+        if array:
+            return _larger(total, pace)
         return total if total >= pace else pace
 
     def outside_seconds(self, prompt_tokens: int) -> float:
@@ -112,6 +122,14 @@ class TimeModel:
 
     def to_dict(self) -> dict[str, float | str]:
         return dict(self.__dict__)
+
+
+def _larger(x: Any, floor: float) -> Any:
+    """numpy's elementwise larger of an array `x` and `floor`: for each element the float `x if x > floor else
+    floor` gives (a step alone)."""
+    import numpy  # (an array is numpy's: imported by then)
+
+    return numpy.maximum(x, floor)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,197 @@
+"""Runs of pure decode steps at once (the simulator's fast path): the clock and the running totals advanced k
+steps in a Python loop, or for a long run in numpy arrays, each float the same as step by step (the reference,
+`simulate(fast=False)`; tests/unit/simulation/test_fast_path.py checks both kernels against it).
+
+numpy adds in order in `np.add.accumulate` (not in its sums), and a step's seconds over an array of contexts come
+from the same `TimeModel.step_seconds`; whole numbers stay exact as floats below 2^53.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from kvbudget.engines.scheduling.seq import Queues
+    from kvbudget.engines.scheduling.timing import TimeModel
+
+ARRAY_RUN = 150  # decode runs of this many steps or more go through numpy, where installed (below, its calls cost more)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The engine's state after the first step at or past each sampling instant."""
+
+    time: float
+    usage: float  # vLLM's KV cache usage gauge (0..1)
+    running: int
+    waiting: int
+
+
+class Clock(Protocol):
+    """What a run of decode steps advances: the clock loop's running totals (simulation/run.py's `_Run`)."""
+
+    t: float
+    usage_time: float
+    slot_time: list[float]
+    peak_usage: float
+    next_sample: float
+    interval: float
+    timeline: list[Sample]
+    tm: TimeModel
+    on_step: Callable[..., None] | None
+
+
+_NUMPY: list[Any] = [0]  # long runs seen; then numpy, once looked for (None: not installed)
+IMPORT_AFTER = 1000  # long runs in Python loops before numpy is imported (about the time its import takes)
+
+
+def _numpy() -> Any:
+    """numpy for a long decode run where installed, else None: at once where something has imported it, else
+    after `IMPORT_AFTER` long runs (a short simulation does not pay for the import)."""
+    if len(_NUMPY) == 1:
+        numpy = sys.modules.get("numpy")
+        if numpy is None:
+            _NUMPY[0] += 1
+            if _NUMPY[0] < IMPORT_AFTER:
+                return None
+            try:
+                import numpy
+            except ImportError:
+                numpy = None
+        _NUMPY.append(numpy)
+    return _NUMPY[1]
+
+
+def _steps_to(run: Clock, arrival: float, k: int, r: int, context: int) -> int:
+    """At most k steps, no more than reach `arrival` (a step lasts at least as long as the first: the context
+    only grows); any fewer would be as exact, the next turn going on where this one stopped."""
+    if arrival == math.inf:
+        return k
+    first = run.tm.step_seconds(r, context, None, r)
+    if first <= 0.0 or (arrival - run.t) / first >= k:
+        return k
+    return min(k, math.ceil((arrival - run.t) / first) + 1)
+
+
+def take(run: Clock, sched: Queues, k: int, arrival: float) -> tuple[int, float]:
+    """Up to k pure decode steps, stopping after the one that ends at or past `arrival`: the running totals of
+    `run` advanced as step by step (not its clock); the steps taken and the clock after them. A long run goes to
+    `_arrays`; the rest is the loop."""
+    r = len(sched.running)
+    if k >= ARRAY_RUN:  # (a short run stops at the arrival as cheaply as it would be capped)
+        k = _steps_to(run, arrival, k, r, sched.context_tokens())
+        if k >= ARRAY_RUN and (np := _numpy()) is not None:
+            return _arrays(run, np, sched, k, arrival)
+    bs = sched.cfg.block_size
+    states_time, internal_time = run.slot_time[0], run.slot_time[2]
+    takes = sched.new_blocks_by_step(k)
+    blocks_as_states = sched.hybrid
+    tm = run.tm
+    weights, per_context, per_token, overhead = tm.weights_read(r), tm.per_context, tm.per_token, tm.overhead
+    # the added costs, as step_seconds adds them (a decode step has no attended pairs beyond its context)
+    fixed = overhead + tm.token_cost * r + tm.seq_cost * r
+    pace = tm.pace + tm.pace_per_seq * r  # (a step cannot outrun it)
+    context_cost = tm.context_cost
+    summed = tm.bound == "sum"
+    context = sched.context_tokens()
+    compute = per_token * r
+    head = None  # with nothing read per cached token inside the max, all of a step but attention is constant
+    if per_context == 0.0:
+        head = (weights + compute if summed else (weights if weights > compute else compute)) + fixed
+    free, usable = sched.free_blocks()
+    usage = 1.0 - free / usable
+    t, usage_time, next_sample = run.t, run.usage_time, run.next_sample
+    running, waiting = r, len(sched.waiting)
+    on_step = run.on_step
+    done = 0
+    held = (usable - free) * bs
+    peak = run.peak_usage
+    for take in takes:
+        if take:
+            free -= take
+            usage = 1.0 - free / usable
+            held = (usable - free) * bs
+            if usage > peak:  # (hybrid windows free blocks: usage can fall within a run)
+                peak = usage
+        if head is None:
+            read = weights + per_context * context  # (as step_seconds computes it, to the last bit)
+            base = read + compute if summed else (read if read > compute else compute)
+            dt = base + fixed + context_cost * context
+        else:
+            dt = head + context_cost * context
+        dt = dt if dt >= pace else pace
+        t += dt
+        usage_time += usage * dt
+        if blocks_as_states:  # hybrid groups: every block in use counts as token states (see memory())
+            states_time += held * dt
+        else:
+            states_time += context * dt  # the cached tokens are the context attended over
+            if held > context:
+                internal_time += (held - context) * dt
+        context += r
+        done += 1
+        if t >= next_sample:
+            run.timeline.append(Sample(t, usage, running, waiting))
+            next_sample = (math.floor(t / run.interval) + 1) * run.interval
+        if on_step is not None:
+            on_step(t, r, usage, running, waiting)
+        if t >= arrival:
+            break
+    run.usage_time, run.next_sample = usage_time, next_sample
+    run.slot_time[0], run.slot_time[2] = states_time, internal_time
+    run.peak_usage = peak
+    return done, t
+
+
+def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float) -> tuple[int, float]:
+    """`take`'s loop in numpy arrays, float for float: row by row, the clock, the usage integral and the
+    slot integrals, each added in order from its running total by one `np.add.accumulate`."""
+    r, waiting = len(sched.running), len(sched.waiting)
+    # whole numbers as floats (exact below 2^53: the same floats as Python's int-to-float in the loop)
+    taken = np.add.accumulate(np.fromiter(sched.new_blocks_by_step(k), float, k))  # blocks, step by step
+    context = np.arange(k, dtype=float)
+    context *= r
+    context += sched.context_tokens()  # attended over in each step
+    free, usable = sched.free_blocks()
+    usage = 1.0 - (free - taken) / usable
+    rows = np.empty((4, k + 1))
+    rows[:, 0] = run.t, run.usage_time, run.slot_time[0], run.slot_time[2]
+    dt = rows[0, 1:] = run.tm.step_seconds(r, context, None, r)
+    np.multiply(usage, dt, out=rows[1, 1:])
+    held = taken + (usable - free)
+    held *= sched.cfg.block_size  # token slots in blocks in use
+    if sched.hybrid:  # every block in use counts as token states (see memory())
+        np.multiply(held, dt, out=rows[2, 1:])
+        rows[3, 1:] = 0.0  # (x + 0.0 is x: as if not added)
+    else:
+        np.multiply(context, dt, out=rows[2, 1:])
+        held -= context
+        np.maximum(held, 0, out=held)  # (held beyond the context; 0: adds 0.0, as if not added)
+        np.multiply(held, dt, out=rows[3, 1:])
+    np.add.accumulate(rows, axis=1, out=rows)
+    done = min(k, int(np.searchsorted(rows[0, 1:], arrival)) + 1)  # through the first step ending at or past it
+    run.usage_time, run.slot_time[0], run.slot_time[2] = rows[1:, done].tolist()
+    if sched.hybrid:  # (windows free blocks: usage can fall within a run) the highest after a step that took
+        took = usage[:done][np.diff(taken[:done], prepend=0) != 0]
+        peak = float(took.max()) if took.size else 0.0
+    else:  # blocks are only taken: the usage after the last step that took one
+        peak = float(usage[done - 1]) if taken[done - 1] else 0.0
+    if peak > run.peak_usage:
+        run.peak_usage = peak
+    times = rows[0, 1:done + 1].tolist()
+    if times[-1] >= run.next_sample:  # the timeline's samples: the first step at or past each instant
+        j = bisect.bisect_left(times, run.next_sample)
+        while j < done:
+            run.timeline.append(Sample(times[j], float(usage[j]), r, waiting))
+            run.next_sample = (math.floor(times[j] / run.interval) + 1) * run.interval
+            j = bisect.bisect_left(times, run.next_sample, j + 1)
+    if run.on_step is not None:
+        for t, u in zip(times, usage[:done].tolist(), strict=True):
+            run.on_step(t, r, u, r, waiting)
+    return done, times[-1]
