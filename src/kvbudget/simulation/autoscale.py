@@ -33,11 +33,14 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvbudget import validate
 from kvbudget.choices import Choice
 from kvbudget.errors import KVBudgetError
+
+if TYPE_CHECKING:
+    from kvbudget.simulation.routing import Pool
 
 DEFAULT_LOAD_BANDWIDTH = 25e9 / 8  # bytes/s: a 25 Gbit/s link at line rate (weights pulled from a model cache)
 DEFAULT_STARTUP_S = 60.0  # estimate: engine init, torch.compile, CUDA graph capture after the weights are loaded
@@ -180,6 +183,44 @@ def read_load_bandwidth(text: str) -> float:
     except ValueError:
         value = math.nan
     return validate.number(value, "load_bandwidth", 0.0, MAX_LOAD_BANDWIDTH / 1e9, given=text) * 1e9
+
+
+def fleet_policy(autoscale: Autoscale | str | None, pools: Sequence[Pool], most: int) -> Autoscale | None:
+    """The autoscaler checked against the fleet: the pool it scales named (where there are several), its replicas
+    within its bounds (`most`: the replicas a fleet may have)."""
+    if autoscale is None:
+        return None
+    policy = parse_autoscale(autoscale, most=most) if isinstance(autoscale, str) else autoscale.resolved(most)
+    names = [p.name for p in pools]
+    if policy.pool is None and len(pools) > 1:
+        raise KVBudgetError(f"autoscale: name the pool it scales, pool=NAME (the fleet has {', '.join(names)})",
+                            param="autoscale")
+    scaled = pools[names.index(policy.pool)] if policy.pool in names else pools[0] if policy.pool is None else None
+    if scaled is None:
+        raise KVBudgetError(f"autoscale: pool={validate.shown(policy.pool)} is not one of the fleet's pools "
+                            f"({', '.join(names)})", param="autoscale")
+    if not policy.min_replicas <= scaled.replicas <= policy.max_replicas:
+        raise KVBudgetError(f"autoscale: pool {scaled.name} starts with {scaled.replicas} replicas, outside min "
+                            f"{policy.min_replicas} to max {policy.max_replicas}; start within them",
+                            param="autoscale")
+    total = sum(p.replicas for p in pools) - scaled.replicas + policy.max_replicas
+    if total > most:
+        raise KVBudgetError(f"autoscale: up to {total:,} replicas in all, over the {most:,} a fleet may have",
+                            param="autoscale")
+    return replace(policy, pool=scaled.name)
+
+
+def weight_bytes(model: Any, pool: Pool) -> int:
+    """The bytes each GPU of a replica loads at a cold start: the pool's, or the planner's weights per GPU as the
+    engine loads them, the model split over the replica's GPUs by tensor parallelism."""
+    if pool.weight_bytes is not None:
+        return pool.weight_bytes
+    from kvbudget.planner import plan
+    from kvbudget.simulation.run import NO_GPU_MEMORY
+
+    s = pool.setup
+    return plan(model, engine=s.engine, gpu_memory=NO_GPU_MEMORY, tp=pool.gpus, max_model_len=s.max_model_len,
+                kv_memory=NO_GPU_MEMORY, recommend=False).weights.per_gpu_bytes
 
 
 @dataclass(frozen=True)

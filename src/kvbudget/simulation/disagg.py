@@ -107,7 +107,9 @@ class Handover:
         self.prefill: list[Replica] = []
         self.decode: list[Replica] = []
         self.front, self.back, self.on_route, self.on_transfer = front, back, on_route, on_transfer
-        self.origin: dict[int, tuple[Request, Replica]] = {}  # id of a prefill request -> client's request, replica
+        # id of a prefill request -> the client's request, and the front door's hold on it (let go when answered)
+        self.origin: dict[int, tuple[Request, Callable[[], None] | None]] = {}
+        self.holds: dict[int, Callable[[], None]] = {}  # id of a decode request -> the front door's hold on it
         self.done: dict[int, list[tuple[Request, float]]] = {}  # prefill replica -> its (request, e2e) finished
         self.seen: dict[int, int] = {}  # prefill replica -> its finishes handed over
         self.holding: dict[int, int] = {}  # prefill replica -> requests whose KV it holds, not yet read
@@ -186,7 +188,8 @@ class Handover:
                 outside.at(event)
             elif handed <= arrival and handed <= first:
                 end, _, d = heapq.heappop(self.handed)
-                self.route(self.back, d, [r for r in self.decode if r.serving(end)], end, self.on_route).run.offer(d)
+                self.route(self.back, d, [r for r in self.decode if r.serving(end)], end,
+                           self.on_route).run.offer(d, self.holds.pop(id(d), None))
             elif arrival <= first:
                 assert pending is not None
                 if pending.n > 1 or pending.beam_search:
@@ -214,22 +217,24 @@ class Handover:
 
     def send(self, r: Request, release: Callable[[], None] | None, now: float) -> None:
         """The client's request `r` to a prefill replica serving at `now` (`release`: the front door's hold on it,
-        let go when its prefill finishes)."""
+        let go when the decode side has answered it)."""
         p = Request(arrival=r.arrival, prompt_tokens=r.prompt_tokens, output_tokens=1, prefix=r.prefix, id=r.id,
                     max_tokens=1, session=r.session)
         rep = self.route(self.front, p, [x for x in self.prefill if x.serving(now)], now, self.on_route)
-        self.origin[id(p)] = (r, rep)
+        self.origin[id(p)] = (r, release)
         self.holding[rep.index] += 1
-        rep.run.offer(p, release)
+        rep.run.offer(p)
 
     def collect(self, rep: Replica) -> None:
         """The prefills `rep` finished, to be handed to the decode side at their end."""
         ends, k = rep.run.finished_at, self.seen[rep.index]
         for (p, e2e), end in zip(self.done[rep.index][k:], ends[k:], strict=True):
-            c, _ = self.origin.pop(id(p))
+            c, release = self.origin.pop(id(p))
             d = Request(arrival=end, prompt_tokens=c.prompt_tokens, output_tokens=c.output_tokens,
                         prefix=c.prefix, id=c.id, max_tokens=c.max_tokens, session=c.session)
             self.before[id(d)] = (d, e2e, p, rep)
+            if release is not None:
+                self.holds[id(d)] = release
             heapq.heappush(self.handed, (end, next(self.order), d))
         self.seen[rep.index] = len(ends)
 

@@ -36,8 +36,9 @@ from kvbudget.simulation.autoscale import (
     Gauge,
     Scaler,
     Signal,
-    parse_autoscale,
+    fleet_policy,
     replica_counts,
+    weight_bytes,
 )
 from kvbudget.simulation.cost import Cost, gpu_hours_cost
 from kvbudget.simulation.disagg import Handover, KVTransfer, resolve_link
@@ -257,7 +258,7 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     to the decode side's tokens. `on_route` sees both routings: the prefill request (output 1) and the decode
     request (arriving when its prefill finished); `on_transfer(decode request, start, end)` each read. The
     autoscaler scales one side's pool (its `pool`); the front door stands before the prefill side (it reads the
-    prefill replicas' gauges, and an admission policy's hold on a request is let go when its prefill finishes)."""
+    prefill replicas' gauges; an admission policy holds a request until the decode side has answered it)."""
     check_pools(pools)
     disagg = any(p.role is not Role.BOTH for p in pools)
     link = resolve_link(kv_link, pools, disagg)
@@ -276,7 +277,7 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     back = None if link is None else _router(router if isinstance(router, str) else copy.deepcopy(router),
                                              [p for p in pools if p.role is Role.DECODE])
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
-    policy = _policy(autoscale, pools)
+    policy = fleet_policy(autoscale, pools, MAX_REPLICAS)
     validate.number(guard_poll_interval, "guard_poll_interval", 0.0, validate.MAX_SECONDS)
     front = FrontDoor(admission, guard_config, [p.setup for p in front_pools for _ in range(p.replicas)],
                       flow_control, any(p.max_num_queued_reqs is not None or p.max_num_queued_tokens is not None
@@ -286,52 +287,13 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     for refresh in (getattr(chosen, "refresh", 0.0), getattr(back, "refresh", 0.0), front.refresh or 0.0):
         interval = min(interval, refresh) if refresh else interval
     scaled = next((p for p in pools if policy and p.name == policy.pool), None)
-    cold = {scaled.name: policy.cold_start(_weights(model, scaled))} if policy and scaled else {}
+    cold = {scaled.name: policy.cold_start(weight_bytes(model, scaled))} if policy and scaled else {}
     hooks = (on_step, on_finish)
     fleet = _Fleet(pools, chosen, fast, interval, check, on_route, front, scaled, hooks) if link is None or \
         back is None else _Disagg(pools, (chosen, back), link, fast, interval, check, (on_route, on_transfer), front,
                                   scaled, hooks)
     decisions = fleet.run(workload, policy, cold, progress)
     return fleet.result(chosen.name, policy, decisions, cold)
-
-
-def _policy(autoscale: Autoscale | str | None, pools: Sequence[Pool]) -> Autoscale | None:
-    """The autoscaler checked against the fleet: the pool it scales named (where there are several), its replicas
-    within its bounds."""
-    if autoscale is None:
-        return None
-    policy = parse_autoscale(autoscale, most=MAX_REPLICAS) if isinstance(autoscale, str) else \
-        autoscale.resolved(MAX_REPLICAS)
-    names = [p.name for p in pools]
-    if policy.pool is None and len(pools) > 1:
-        raise KVBudgetError(f"autoscale: name the pool it scales, pool=NAME (the fleet has {', '.join(names)})",
-                            param="autoscale")
-    scaled = pools[names.index(policy.pool)] if policy.pool in names else pools[0] if policy.pool is None else None
-    if scaled is None:
-        raise KVBudgetError(f"autoscale: pool={validate.shown(policy.pool)} is not one of the fleet's pools "
-                            f"({', '.join(names)})", param="autoscale")
-    if not policy.min_replicas <= scaled.replicas <= policy.max_replicas:
-        raise KVBudgetError(f"autoscale: pool {scaled.name} starts with {scaled.replicas} replicas, outside min "
-                            f"{policy.min_replicas} to max {policy.max_replicas}; start within them",
-                            param="autoscale")
-    total = sum(p.replicas for p in pools) - scaled.replicas + policy.max_replicas
-    if total > MAX_REPLICAS:
-        raise KVBudgetError(f"autoscale: up to {total:,} replicas in all, over the {MAX_REPLICAS:,} a fleet may have",
-                            param="autoscale")
-    return replace(policy, pool=scaled.name)
-
-
-def _weights(model: Any, pool: Pool) -> int:
-    """The bytes each GPU of a replica loads at a cold start: the pool's, or the planner's weights per GPU as the
-    engine loads them, the model split over the replica's GPUs by tensor parallelism."""
-    if pool.weight_bytes is not None:
-        return pool.weight_bytes
-    from kvbudget.planner import plan
-    from kvbudget.simulation.run import NO_GPU_MEMORY
-
-    s = pool.setup
-    return plan(model, engine=s.engine, gpu_memory=NO_GPU_MEMORY, tp=pool.gpus, max_model_len=s.max_model_len,
-                kv_memory=NO_GPU_MEMORY, recommend=False).weights.per_gpu_bytes
 
 
 class _Fleet:
