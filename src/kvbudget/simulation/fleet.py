@@ -402,7 +402,8 @@ class _Fleet:
     def start(self, policy: Autoscale | None, cold: dict[str, float]) -> None:
         """The autoscaler's clock and state for a run."""
         self.policy, self.cold = policy, cold
-        self.scaler = Scaler(policy) if policy else None
+        self.scaler = Scaler(policy, prefill=self.scaled is not None and self.scaled.role is Role.PREFILL) \
+            if policy else None
         self.decisions: list[Decision] = []
         self.next_decision = policy.interval if policy and policy.interval else math.inf
         self.next_sample = DYNAMO_SAMPLE_S if policy and policy.signal is Signal.DYNAMO else math.inf
@@ -416,12 +417,12 @@ class _Fleet:
     def at(self, now: float) -> None:
         """The autoscaler's sample and decision due at `now`, then the gateway's tick."""
         scaler, policy = self.scaler, self.policy
+        # the gateway's queue waits for the side it sends to (not a decode pool)
+        queue = self.front.queue if self.scaled is None or self.scaled.role is not Role.DECODE else ()
         if now == self.next_sample and scaler is not None:
-            scaler.sample(now, self.gauges(now))
+            scaler.sample(now, self.gauges(now), len(queue))
             self.next_sample += DYNAMO_SAMPLE_S
         if now == self.next_decision and scaler is not None and policy is not None:
-            # the gateway's queue waits for the side it sends to (not a decode pool)
-            queue = self.front.queue if self.scaled is None or self.scaled.role is not Role.DECODE else ()
             decision = scaler.decide(now, self.gauges(now), self.starting(now), len(queue),
                                      sum(r.prompt_tokens + r.output_tokens for r, _ in queue))
             self.decided += 1

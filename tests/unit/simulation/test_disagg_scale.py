@@ -116,6 +116,35 @@ def test_a_prefill_pool_is_scaled_by_its_queue():
     assert fleet.ttft is not None and fleet.ttft.max == 20 + 2 * STEP
 
 
+def test_dynamo_scales_prefill_workers_by_their_queue_and_its_trend():
+    """Dynamo's rule for prefill workers: six requests at 0.5 s, six at 10.5, six at 20.5; one prefill replica, 4 s
+    a prompt (steps end at 4.5, 8.5, ...: k done after the one ending at 4k + 0.5, the next still waiting). The
+    queue sampled every 10 s: at 10 s 6 - 2 = 4 wait, at 20 s 12 - 4 = 8, at 30 s 18 - 7 = 11: a mean of 23/3,
+    above 5, and 11 + (11 - 4) x 3 = 32 ahead, above 5 too: one worker more (serving at 35 s). At 40, 50, 60 s:
+    18 - 9 = 9, 18 - 12 = 6, 18 - 14 = 4 (the new worker gets no request: none arrives): a mean of 19/3, above 5,
+    but 4 + (4 - 9) x 3 = -11 ahead: no change. The last prompt is done at 72.5 s: no decision at 90 s."""
+    requests = [req(at, 4, 6 * b + i) for b, at in enumerate((0.5, 10.5, 20.5)) for i in range(6)]
+    policy = Autoscale(signal=Signal.DYNAMO, min_replicas=1, max_replicas=3, interval=30.0, pool="p", **COLD)
+    pools = [Pool(name="p", setup=PREFILL, role=Role.PREFILL, weight_bytes=4_000_000_000),
+             Pool(name="d", setup=TWO, role=Role.DECODE)]
+    fleet, sent, _ = run(requests, pools, autoscale=policy)
+    scale = fleet.autoscale
+    assert scale is not None
+    assert [(d.time, d.replicas, d.desired) for d in scale.decisions] == [(30.0, 1, 2), (60.0, 2, 2)]
+    assert [d.signal for d in scale.decisions] == [pytest.approx(23 / 3), pytest.approx(19 / 3)]
+    assert scale.timeline == ((0.0, 1, 0), (30.0, 1, 1), (35.0, 2, 0))
+    assert fleet.replicas[0].simulation.duration_s == 72.5 and fleet.duration_s == 72.5 + 5 * STEP
+
+
+def test_dynamo_thresholds_of_kv_load_are_refused_for_prefill_workers():
+    pools = [Pool(name="p", setup=TWO, role=Role.PREFILL), Pool(name="d", setup=TWO, role=Role.DECODE)]
+    with pytest.raises(KVBudgetError, match=r"^autoscale dynamo: up and down are KV loads of decode workers; pool p "
+                                            r"is prefill, scaled by its queue \(above 5, below 0.2 requests"):
+        simulate_fleet(LLAMA, [req(0.0, 4, 0)], pools, kv_link=LINK, autoscale="dynamo:pool=p,up=0.8")
+    fleet = simulate_fleet(LLAMA, [req(0.0, 4, 0)], pools, kv_link=LINK, autoscale="dynamo:pool=d,up=0.8")
+    assert fleet.completed == 1
+
+
 def test_the_front_door_refuses_before_the_prefill_side():
     """At most two requests in flight at the gateway (concurrency:2), each held until the decode side answers it:
     0 and 1 at 0 go in, 2 at 1 s is refused (429) and never reaches a prefill replica; 0 is answered at
@@ -149,7 +178,7 @@ def test_the_gateway_queue_holds_requests_before_the_prefill_side_and_sends_them
 
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.tuples(st.floats(0.0, 40.0), st.integers(1, 200)), min_size=1, max_size=25),
-       st.sampled_from(["p", "d"]), st.sampled_from([Signal.KV, Signal.QUEUE, Signal.LLMD]),
+       st.sampled_from(["p", "d"]), st.sampled_from([Signal.KV, Signal.QUEUE, Signal.LLMD, Signal.DYNAMO]),
        st.sampled_from([None, FlowControl(max_requests=4, ttl=5.0)]))
 def test_any_scaled_side_runs_each_replica_as_alone_and_keeps_its_books(arrivals, side, signal, flow):
     requests = [req(at, out, i) for i, (at, out) in enumerate(sorted(arrivals))]
