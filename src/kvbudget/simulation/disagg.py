@@ -113,6 +113,7 @@ class Handover:
         self.done: dict[int, list[tuple[Request, float]]] = {}  # prefill replica -> its (request, e2e) finished
         self.seen: dict[int, int] = {}  # prefill replica -> its finishes handed over
         self.holding: dict[int, int] = {}  # prefill replica -> requests whose KV it holds, not yet read
+        self.freed: dict[int, float] = {}  # prefill replica -> when the last read of its KV was done
         self.handed: list[tuple[float, int, Request]] = []  # (prefill finished at, order, decode request): a heap
         self.order = itertools.count()
         self.before: dict[int, tuple[Request, float, Request, Replica]] = {}  # id of a decode request ->
@@ -161,6 +162,7 @@ class Handover:
         _, _, p, rep = self.before[id(d)]
         rep.run.sched.release(p, done)
         self.holding[rep.index] -= 1
+        self.freed[rep.index] = max(self.freed.get(rep.index, 0.0), done)
         if self.on_transfer is not None:
             self.on_transfer(d, start, done)
 

@@ -461,13 +461,17 @@ class _Fleet:
         self.advance(math.inf)
         return self.decisions
 
+    def done_at(self, rep: Replica, sim: Simulation) -> float:
+        """When a replica had done all it was asked (a drained one is given back then)."""
+        return sim.duration_s
+
     def result(self, router: str, policy: Autoscale | None, decisions: list[Decision],
                cold: dict[str, float]) -> FleetSimulation:
         replicas = self.replicas
         sims = [rep.final or rep.run.result() for rep in replicas]
         end = max((s.duration_s for s in sims), default=0.0)
         spans = [(rep.started, rep.ready, rep.drained, end if rep.drained is None else
-                  max(rep.drained, min(sim.duration_s, end))) for rep, sim in zip(replicas, sims, strict=True)]
+                  max(rep.drained, min(self.done_at(rep, sim), end))) for rep, sim in zip(replicas, sims, strict=True)]
         gpu_hours = sum(rep.pool.gpus * max(stop - start, 0.0)
                         for rep, (start, _, _, stop) in zip(replicas, spans, strict=True)) / 3600
         own = [span for rep, span in zip(replicas, spans, strict=True) if rep.pool is self.scaled]
@@ -520,6 +524,10 @@ class _Disagg(_Fleet):
 
     def holds(self) -> bool:
         return bool(self.front.queue)
+
+    def done_at(self, rep: Replica, sim: Simulation) -> float:
+        """A prefill replica holds a request's KV until the decode side has read it."""
+        return max(sim.duration_s, self.handover.freed.get(rep.index, 0.0))
 
     def run(self, workload: Iterable[Request], policy: Autoscale | None, cold: dict[str, float],
             progress: Callable[[int], None] | None) -> list[Decision]:

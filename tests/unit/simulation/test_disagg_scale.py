@@ -116,6 +116,25 @@ def test_a_prefill_pool_is_scaled_by_its_queue():
     assert fleet.ttft is not None and fleet.ttft.max == 20 + 2 * STEP
 
 
+def test_a_drained_prefill_replica_is_given_back_once_the_decode_side_has_read_its_kv():
+    """As above, but two requests at 27 s: one to each prefill replica (a tie goes to the lower index), both over
+    [27, 31]. At 30 s the second drains while prefilling; the decode side reads both over [31, 31 + 1/64]: the
+    second prefill replica holds that KV until then, and is paid for until then."""
+    requests = [req(0.0, 4, i) for i in range(5)] + [req(27.0, 4, 5), req(27.0, 4, 6), req(35.0, 4, 7)]
+    policy = Autoscale(signal=Signal.QUEUE, min_replicas=1, max_replicas=2, interval=10.0, target=1.0, window=10.0,
+                       pool="p", **COLD)
+    pools = [Pool(name="p", setup=PREFILL, role=Role.PREFILL, gpus=1, weight_bytes=4_000_000_000),
+             Pool(name="d", setup=TWO, role=Role.DECODE, gpus=2)]
+    fleet, sent, reads = run(requests, pools, autoscale=policy)
+    first, _, second = fleet.replicas
+    assert [r.id for r in sent[second.index]] == ["6"] and reads["6"] == (31.0, 31 + STEP)
+    assert second.simulation.duration_s == 31.0
+    assert (second.started_s, second.ready_s, second.drained_s, second.stopped_s) == (10.0, 15.0, 30.0, 31 + STEP)
+    end = 39 + 5 * STEP
+    assert fleet.duration_s == end
+    assert fleet.gpu_hours == pytest.approx((1 * end + 2 * end + 1 * (31 + STEP - 10)) / 3600)
+
+
 def test_dynamo_scales_prefill_workers_by_their_queue_and_its_trend():
     """Dynamo's rule for prefill workers: six requests at 0.5 s, six at 10.5, six at 20.5; one prefill replica, 4 s
     a prompt (steps end at 4.5, 8.5, ...: k done after the one ending at 4k + 0.5, the next still waiting). The
