@@ -228,6 +228,19 @@ def test_a_disaggregated_fleet_scales_from_the_command_line(capsys):
     assert fleet["autoscale"]["policy"]["pool"] == "decode" and fleet["front"]["admission"] == "concurrency:64"
 
 
+def test_the_command_line_takes_a_router_for_a_disaggregated_fleet(capsys):
+    from kvbudget.cli import main
+
+    code = main(["simulate", "llama-3.1-8b", "--gpu", "H100-80GB", "--max-model-len", "8192", "--trace",
+                 "azure-conv-2023", "--slice", "0:20", "--prefill-replicas", "2", "--decode-replicas", "1",
+                 "--kv-link", "nvlink", "--router", "least-kv", "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    import json
+
+    assert json.loads(out.out)["fleet"]["router"] == "least-kv"
+
+
 def test_an_autoscaler_of_a_pool_the_disaggregated_fleet_lacks_is_refused():
     pools = [Pool(name="p", setup=TWO, role=Role.PREFILL), Pool(name="d", setup=TWO, role=Role.DECODE)]
     with pytest.raises(KVBudgetError, match=r"^autoscale: pool='both' is not one of the fleet's pools \(p, d\)$"):
