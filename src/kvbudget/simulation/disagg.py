@@ -89,13 +89,13 @@ def resolve_link(kv_link: KVLink | str | None, pools: Sequence[Pool], disagg: bo
 
 
 class Handover:
-    """A disaggregated fleet's run, one clock for all: the next thing to happen is always taken first (an arrival
-    routed to a prefill replica; a finished prefill handed to a decode replica; else a turn of the replica whose
-    clock is earliest, bounded by the next of the others), so a prefill replica learns when each of its
-    requests' reads is done (and frees its held blocks then) before its clock passes that time, and a decode
-    replica gets each request when its prefill finished. Ties: arrivals and hand-overs before turns, as a single
-    run admits what arrived before its step. The client's latencies: the prefill side's end to end, then the
-    decode side's."""
+    """A disaggregated fleet's run, one clock for all: the next thing to happen is always taken first (a tick of
+    the gateway's queue or an autoscaler's decision; an arrival at the front door, routed to a prefill replica; a
+    finished prefill handed to a decode replica; else a turn of the replica whose clock is earliest, bounded by
+    the next of the others), so a prefill replica learns when each of its requests' reads is done (and frees its
+    held blocks then) before its clock passes that time, and a decode replica gets each request when its prefill
+    finished. Ties: in that order, arrivals and hand-overs before turns, as a single run admits what arrived
+    before its step. The client's latencies: the prefill side's end to end, then the decode side's."""
 
     def __init__(self, front: Router, back: Router, route: Route,
                  on_route: Callable[[Request, int], None] | None,
@@ -166,9 +166,8 @@ class Handover:
         if self.on_transfer is not None:
             self.on_transfer(d, start, done)
 
-    def run(self, workload: Iterable[Request], progress: Callable[[int], None] | None,
-            outside: Outside | None = None) -> int:
-        """The requests of `workload` through the fleet; `outside` (a front door's ticks, an autoscaler's
+    def run(self, workload: Iterable[Request], progress: Callable[[int], None] | None, outside: Outside) -> int:
+        """The requests of `workload` through the fleet; `outside` (the front door and its ticks, an autoscaler's
         decisions) takes each arrival and has its own events, taken first at a tie, each while every replica with
         work has its clock at or past it (so what it reads of them is what they show then)."""
         arrivals = iter(workload)
@@ -181,12 +180,11 @@ class Handover:
             busy = [r for r in self.replicas if r.index not in stuck and r.run.sched.has_work()]
             rep = min(busy, key=lambda r: (r.run.t, r.index), default=None)
             first = rep.run.t if rep is not None else math.inf
-            if handed == arrival == first == math.inf and (outside is None or not outside.holds()):
+            if handed == arrival == first == math.inf and not outside.holds():
                 assert not any(r.run.sched.has_work() for r in self.replicas)
                 return requests
-            event = outside.due() if outside is not None else math.inf
+            event = outside.due()
             if event <= min(handed, arrival, first):
-                assert outside is not None
                 outside.at(event)
             elif handed <= arrival and handed <= first:
                 end, _, d = heapq.heappop(self.handed)
@@ -197,10 +195,7 @@ class Handover:
                 if pending.n > 1 or pending.beam_search:
                     raise KVBudgetError(f"request {pending.id or requests + 1}: disaggregated serving is simulated "
                                         "for one sequence a request (n 1, no beam search)", param="trace")
-                if outside is not None:
-                    outside.arrive(pending)
-                else:
-                    self.send(pending, None, pending.arrival)
+                outside.arrive(pending)
                 requests += 1
                 if progress is not None and requests % 1000 == 0:
                     progress(requests)
