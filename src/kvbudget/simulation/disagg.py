@@ -90,8 +90,8 @@ def resolve_link(kv_link: KVLink | str | None, pools: Sequence[Pool], disagg: bo
 
 class Handover:
     """A disaggregated fleet's run, one clock for all: the next thing to happen is always taken first (a tick of
-    the gateway's queue or an autoscaler's decision; an arrival at the front door, routed to a prefill replica; a
-    finished prefill handed to a decode replica; else a turn of the replica whose clock is earliest, bounded by
+    the gateway's queue or an autoscaler's decision; a finished prefill handed to a decode replica; an arrival at
+    the front door, routed to a prefill replica; else a turn of the replica whose clock is earliest, bounded by
     the next of the others), so a prefill replica learns when each of its requests' reads is done (and frees its
     held blocks then) before its clock passes that time, and a decode replica gets each request when its prefill
     finished. Ties: in that order, arrivals and hand-overs before turns, as a single run admits what arrived
