@@ -118,9 +118,11 @@ def check_request(ask: SimulateRequest) -> None:
     if ask.fleet is not None and ask.replicas is not None:
         raise KVBudgetError(f"replicas: the fleet file's pools say their replicas; give {named('fleet')} or "
                             f"{named('replicas')}, not both", param="replicas")
-    if ask.router is not None and ask.replicas is None and ask.fleet is None and ask.autoscale is None:
+    if ask.router is not None and ask.replicas is None and ask.fleet is None and ask.autoscale is None and \
+            ask.prefill_replicas is None and ask.decode_replicas is None:
         raise KVBudgetError(f"router: spreads requests over replicas; give {named('replicas', 'N')}, "
-                            f"{named('fleet', 'FILE')} or {named('autoscale', 'POLICY')} too", param="router")
+                            f"{named('prefill_replicas', 'P')}, {named('fleet', 'FILE')} or "
+                            f"{named('autoscale', 'POLICY')} too", param="router")
     if ask.replicas is not None:
         from kvbudget.simulation.fleet import MAX_REPLICAS
 

@@ -452,8 +452,8 @@ def simulation(ask: SimulateRequest, on_step: Callable[..., None] | None = None,
     return run_prepared(ask, prepared(ask), on_step, progress, on_finish, check)
 
 
-ONE_RUN = ("sweep", "find_max_rate", "guard_config", "admission", "max_concurrency",
-           "prometheus_series")  # what a disaggregated fleet does not take (yet)
+ONE_RUN = ("sweep", "find_max_rate", "max_concurrency", "prometheus_series")  # what a disaggregated fleet
+#                                                                          does not take (yet)
 
 
 def disaggregated(ask: SimulateRequest) -> tuple[int, int] | None:

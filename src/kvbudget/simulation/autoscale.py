@@ -19,8 +19,11 @@ The policies, each as its source does it:
 - `dynamo`: NVIDIA Dynamo's load-based planner (components/planner/src/dynamo/planner/defaults.py,
   LoadPlannerDefaults): the KV load averaged over samples every 10 s (metric_pulling_interval), one worker more
   above 0.9 (decode_kv_scale_up_threshold), one fewer below 0.5 (decode_kv_scale_down_threshold), every 180 s
-  (adjustment_interval). Its prefill-queue rule is for disaggregated prefill workers, and the grace period it
-  gives a new decode worker, are not modelled here.
+  (adjustment_interval). Scaling a pool of prefill workers it reads their queue instead (the older planner that
+  read one, examples/llm/components/planner.py at e3f4bfef): the requests waiting there and at the gateway,
+  sampled every 10 s, one worker more above a mean of 5 when the last sample plus 3 times the interval's trend is
+  still above 5, one fewer below 0.2. The grace period it gives a new decode worker, and the 0.02 of KV load it
+  adds for each waiting request, are not modelled here.
 
 A replica's cold start is its weights (bytes per GPU) over `load_bandwidth`, plus `startup` (engine init,
 torch.compile and CUDA graph capture). Neither default is measured here: `DEFAULT_LOAD_BANDWIDTH` is a 25 Gbit/s
@@ -33,11 +36,15 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvbudget import validate
 from kvbudget.choices import Choice
+from kvbudget.engines.scheduling.setup import Role
 from kvbudget.errors import KVBudgetError
+
+if TYPE_CHECKING:
+    from kvbudget.simulation.routing import Pool
 
 DEFAULT_LOAD_BANDWIDTH = 25e9 / 8  # bytes/s: a 25 Gbit/s link at line rate (weights pulled from a model cache)
 DEFAULT_STARTUP_S = 60.0  # estimate: engine init, torch.compile, CUDA graph capture after the weights are loaded
@@ -45,6 +52,10 @@ MAX_LOAD_BANDWIDTH = 1e12  # bytes/s: 1 TB/s, past any disk or network a replica
 HPA_TOLERANCE = 0.1  # kube-controller-manager --horizontal-pod-autoscaler-tolerance
 HPA_UP_PODS = 4  # the HPA's default behavior.scaleUp: 4 pods or 100% per 15 s, whichever adds more
 DYNAMO_SAMPLE_S = 10.0  # Dynamo's load planner: metric_pulling_interval
+# ... and its rule for prefill workers (examples/llm/components/planner.py at e3f4bfef, LoadPlannerDefaults): one
+# more above a mean prefill queue of 5 (prefill_queue_scale_up_threshold) when the queue, its trend over the
+# interval carried 3 intervals on (NEW_PREFILL_WORKER_QUEUE_BUFFER_PERIOD), is still above it; one fewer below 0.2
+DYNAMO_PREFILL_UP, DYNAMO_PREFILL_DOWN, DYNAMO_PREFILL_TREND = 5.0, 0.2, 3
 MAX_DECISIONS = 100_000  # decisions kept in the report (a day at one a second); the count over time is all kept
 
 
@@ -182,6 +193,50 @@ def read_load_bandwidth(text: str) -> float:
     return validate.number(value, "load_bandwidth", 0.0, MAX_LOAD_BANDWIDTH / 1e9, given=text) * 1e9
 
 
+def fleet_policy(autoscale: Autoscale | str | None, pools: Sequence[Pool], most: int) -> Autoscale | None:
+    """The autoscaler checked against the fleet: the pool it scales named (where there are several), its replicas
+    within its bounds (`most`: the replicas a fleet may have)."""
+    if autoscale is None:
+        return None
+    policy = parse_autoscale(autoscale, most=most) if isinstance(autoscale, str) else autoscale.resolved(most)
+    names = [p.name for p in pools]
+    if policy.pool is None and len(pools) > 1:
+        raise KVBudgetError(f"autoscale: name the pool it scales, pool=NAME (the fleet has {', '.join(names)})",
+                            param="autoscale")
+    scaled = pools[names.index(policy.pool)] if policy.pool in names else pools[0] if policy.pool is None else None
+    if scaled is None:
+        raise KVBudgetError(f"autoscale: pool={validate.shown(policy.pool)} is not one of the fleet's pools "
+                            f"({', '.join(names)})", param="autoscale")
+    if not policy.min_replicas <= scaled.replicas <= policy.max_replicas:
+        raise KVBudgetError(f"autoscale: pool {scaled.name} starts with {scaled.replicas} replicas, outside min "
+                            f"{policy.min_replicas} to max {policy.max_replicas}; start within them",
+                            param="autoscale")
+    if policy.signal is Signal.DYNAMO and scaled.role is Role.PREFILL and \
+            (policy.up, policy.down) != (_DEFAULTS[Signal.DYNAMO]["up"], _DEFAULTS[Signal.DYNAMO]["down"]):
+        raise KVBudgetError(f"autoscale dynamo: up and down are KV loads of decode workers; pool {scaled.name} is "
+                            f"prefill, scaled by its queue (above {DYNAMO_PREFILL_UP:g}, below "
+                            f"{DYNAMO_PREFILL_DOWN:g} requests, Dynamo's thresholds): leave them out",
+                            param="autoscale")
+    total = sum(p.replicas for p in pools) - scaled.replicas + policy.max_replicas
+    if total > most:
+        raise KVBudgetError(f"autoscale: up to {total:,} replicas in all, over the {most:,} a fleet may have",
+                            param="autoscale")
+    return replace(policy, pool=scaled.name)
+
+
+def weight_bytes(model: Any, pool: Pool) -> int:
+    """The bytes each GPU of a replica loads at a cold start: the pool's, or the planner's weights per GPU as the
+    engine loads them, the model split over the replica's GPUs by tensor parallelism."""
+    if pool.weight_bytes is not None:
+        return pool.weight_bytes
+    from kvbudget.planner import plan
+    from kvbudget.simulation.run import NO_GPU_MEMORY
+
+    s = pool.setup
+    return plan(model, engine=s.engine, gpu_memory=NO_GPU_MEMORY, tp=pool.gpus, max_model_len=s.max_model_len,
+                kv_memory=NO_GPU_MEMORY, recommend=False).weights.per_gpu_bytes
+
+
 @dataclass(frozen=True)
 class Gauge:
     """What the autoscaler reads of one replica serving requests."""
@@ -215,17 +270,21 @@ class Scaler:
     recent: deque[tuple[float, int]] = field(default_factory=deque)  # (time, recommendation) within the window
     samples: list[float] = field(default_factory=list)  # dynamo: mean KV loads since the last decision
     next_sample: float = 0.0
+    prefill: bool = False  # dynamo: it scales prefill workers, by their queue
 
-    def sample(self, now: float, serving: Sequence[Gauge]) -> None:
-        """Dynamo's metric pull (every 10 s): the mean KV load of the serving replicas."""
-        if self.policy.signal is Signal.DYNAMO and serving:
+    def sample(self, now: float, serving: Sequence[Gauge], held: int = 0) -> None:
+        """Dynamo's metric pull (every 10 s): the mean KV load of the serving replicas; for prefill workers the
+        prefill queue, their requests waiting and the `held` ones at the gateway."""
+        if self.policy.signal is Signal.DYNAMO and self.prefill:
+            self.samples.append(sum(g.waiting for g in serving) + held)
+        elif self.policy.signal is Signal.DYNAMO and serving:
             self.samples.append(sum(g.usage for g in serving) / len(serving))
 
     def decide(self, now: float, serving: Sequence[Gauge], starting: int, held: int, held_tokens: int) -> Decision:
         """The replica count the policy asks for now; `held` requests (`held_tokens` tokens) wait at the gateway."""
         p = self.policy
         current = len(serving) + starting
-        signal, desired = _ask(p, serving, starting, held, held_tokens, self.samples)
+        signal, desired = _ask(p, serving, starting, held, held_tokens, self.samples, self.prefill)
         self.samples = []
         if p.signal in (Signal.KV, Signal.QUEUE):
             assert p.window is not None
@@ -240,7 +299,7 @@ class Scaler:
 
 
 def _ask(p: Autoscale, serving: Sequence[Gauge], starting: int, held: int, held_tokens: int,
-         samples: Sequence[float]) -> tuple[float, int]:
+         samples: Sequence[float], prefill: bool = False) -> tuple[float, int]:
     """(the signal as read, the replica count asked for) before the bounds and the stabilization window."""
     current = len(serving) + starting
     if p.signal in (Signal.KV, Signal.QUEUE):
@@ -267,6 +326,11 @@ def _ask(p: Autoscale, serving: Sequence[Gauge], starting: int, held: int, held_
     if not samples:
         return 0.0, current
     load = sum(samples) / len(samples)
+    if prefill:
+        ahead = samples[-1] + (samples[-1] - samples[0]) * DYNAMO_PREFILL_TREND
+        if load < DYNAMO_PREFILL_DOWN:
+            return load, current - 1
+        return load, current + 1 if load > DYNAMO_PREFILL_UP and ahead > DYNAMO_PREFILL_UP else current
     if load < p.down:
         return load, current - 1
     if load > p.up:

@@ -10,7 +10,7 @@ import math
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from kvbudget.engines.scheduling.setup import Role
 from kvbudget.engines.scheduling.workload import Request
@@ -26,6 +26,18 @@ Pool: TypeAlias = Any
 FleetSimulation: TypeAlias = Any
 # how a fleet routes a request among some of its replicas: (router, request, replicas, now, on_route) -> the one
 Route = Callable[[Router, Request, Sequence[Replica], float, Callable[[Request, int], None] | None], Replica]
+
+
+class Outside(Protocol):
+    """What stands around a disaggregated fleet's clock (fleet.py's front door and autoscaler)."""
+
+    def due(self) -> float: ...  # when its next tick or decision is (inf: none)
+
+    def at(self, now: float) -> None: ...  # the events due at `now`
+
+    def arrive(self, r: Request) -> None: ...  # a client's request at the fleet's front (Handover.send it on)
+
+    def holds(self) -> bool: ...  # requests wait at the front
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,36 +89,63 @@ def resolve_link(kv_link: KVLink | str | None, pools: Sequence[Pool], disagg: bo
 
 
 class Handover:
-    """A disaggregated fleet's run, one clock for all: the next thing to happen is always taken first (an arrival
-    routed to a prefill replica; a finished prefill handed to a decode replica; else a turn of the replica whose
-    clock is earliest, bounded by the next of the others), so a prefill replica learns when each of its
-    requests' reads is done (and frees its held blocks then) before its clock passes that time, and a decode
-    replica gets each request when its prefill finished. Ties: arrivals and hand-overs before turns, as a single
-    run admits what arrived before its step. The client's latencies: the prefill side's end to end, then the
-    decode side's."""
+    """A disaggregated fleet's run, one clock for all: the next thing to happen is always taken first (a tick of
+    the gateway's queue or an autoscaler's decision; a finished prefill handed to a decode replica; an arrival at
+    the front door, routed to a prefill replica; else a turn of the replica whose clock is earliest, bounded by
+    the next of the others), so a prefill replica learns when each of its requests' reads is done (and frees its
+    held blocks then) before its clock passes that time, and a decode replica gets each request when its prefill
+    finished. Ties: in that order, arrivals and hand-overs before turns, as a single run admits what arrived
+    before its step. The client's latencies: the prefill side's end to end, then the decode side's."""
 
-    def __init__(self, replicas: list[Replica], front: Router, back: Router, route: Route,
+    def __init__(self, front: Router, back: Router, route: Route,
                  on_route: Callable[[Request, int], None] | None,
                  on_transfer: Callable[[Request, float, float], None] | None,
                  on_finish: Callable[..., None] | None = None) -> None:
-        self.replicas, self.route = replicas, route
+        self.route = route
         self.on_finish = on_finish  # (decode replica, the client's request, ttft, tpot, e2e) as the client sees them
-        self.prefill = [r for r in replicas if r.pool.role is Role.PREFILL]
-        self.decode = [r for r in replicas if r.pool.role is Role.DECODE]
+        self.replicas: list[Replica] = []  # those not retired, prefill and decode
+        self.prefill: list[Replica] = []
+        self.decode: list[Replica] = []
         self.front, self.back, self.on_route, self.on_transfer = front, back, on_route, on_transfer
-        self.origin: dict[int, tuple[Request, Replica]] = {}  # id of a prefill request -> client's request, replica
-        self.done: dict[int, list[tuple[Request, float]]] = {r.index: [] for r in self.prefill}  # (request, e2e)
-        self.seen = dict.fromkeys(self.done, 0)  # prefill replica -> its finishes handed over
+        # id of a prefill request -> the client's request, and the front door's hold on it (let go when answered)
+        self.origin: dict[int, tuple[Request, Callable[[], None] | None]] = {}
+        self.holds: dict[int, Callable[[], None]] = {}  # id of a decode request -> the front door's hold on it
+        self.done: dict[int, list[tuple[Request, float]]] = {}  # prefill replica -> its (request, e2e) finished
+        self.seen: dict[int, int] = {}  # prefill replica -> its finishes handed over
+        self.holding: dict[int, int] = {}  # prefill replica -> requests whose KV it holds, not yet read
+        self.freed: dict[int, float] = {}  # prefill replica -> when the last read of its KV was done
         self.handed: list[tuple[float, int, Request]] = []  # (prefill finished at, order, decode request): a heap
         self.order = itertools.count()
         self.before: dict[int, tuple[Request, float, Request, Replica]] = {}  # id of a decode request ->
         #                                     (it, the prefill's e2e, the prefill request, its replica)
         self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
-        for rep in self.prefill:
+        self.transfers: list[tuple[int, Any]] = []  # retired decode replicas' (GPUs, transfer totals)
+
+    def add(self, rep: Replica) -> None:
+        """A replica of either side joins (at the start, or an autoscaler's)."""
+        self.replicas.append(rep)
+        if rep.pool.role is Role.PREFILL:
+            self.prefill.append(rep)
+            self.done[rep.index], self.seen[rep.index], self.holding[rep.index] = [], 0, 0
             rep.run.on_finish = lambda r, _ttft, _tpot, e2e, mine=self.done[rep.index]: mine.append((r, e2e))
-        for rep in self.decode:
+        else:
+            self.decode.append(rep)
             rep.run.on_finish = lambda r, ttft, tpot, e2e, i=rep.index: self.answered(r, ttft, tpot, e2e, i)
             rep.run.sched.on_read = self.read
+
+    def retire(self) -> bool:
+        """Drained replicas with nothing left to do (a prefill one: no KV left for the decode side to read) let
+        go; whether any was."""
+        gone = [r for r in self.replicas if r.drained is not None and not r.run.sched.has_work() and
+                not self.holding.get(r.index)]
+        for rep in gone:
+            if rep.pool.role is Role.DECODE and (t := rep.run.sched.transfer_totals()):
+                self.transfers.append((rep.pool.setup.gpus, t))
+            rep.retire()
+        if gone:
+            self.replicas, self.prefill, self.decode = ([r for r in x if r.final is None]
+                                                        for x in (self.replicas, self.prefill, self.decode))
+        return bool(gone)
 
     def answered(self, r: Request, ttft: float, tpot: float | None, e2e: float, replica: int = 0) -> None:
         _, earlier, p, _ = self.before.pop(id(r))
@@ -122,10 +161,15 @@ class Handover:
         then."""
         _, _, p, rep = self.before[id(d)]
         rep.run.sched.release(p, done)
+        self.holding[rep.index] -= 1
+        self.freed[rep.index] = max(self.freed.get(rep.index, 0.0), done)
         if self.on_transfer is not None:
             self.on_transfer(d, start, done)
 
-    def run(self, workload: Iterable[Request], progress: Callable[[int], None] | None) -> int:
+    def run(self, workload: Iterable[Request], progress: Callable[[int], None] | None, outside: Outside) -> int:
+        """The requests of `workload` through the fleet; `outside` (the front door and its ticks, an autoscaler's
+        decisions) takes each arrival and has its own events, taken first at a tie, each while every replica with
+        work has its clock at or past it (so what it reads of them is what they show then)."""
         arrivals = iter(workload)
         pending = next(arrivals, None)
         requests = 0
@@ -136,22 +180,29 @@ class Handover:
             busy = [r for r in self.replicas if r.index not in stuck and r.run.sched.has_work()]
             rep = min(busy, key=lambda r: (r.run.t, r.index), default=None)
             first = rep.run.t if rep is not None else math.inf
-            if handed <= arrival and handed <= first:
-                if handed == math.inf:
-                    assert not any(r.run.sched.has_work() for r in self.replicas)
-                    return requests
+            if handed == arrival == first == math.inf and not outside.holds():
+                assert not any(r.run.sched.has_work() for r in self.replicas)
+                return requests
+            event = outside.due()
+            if event <= min(handed, arrival, first):
+                outside.at(event)
+            elif handed <= arrival and handed <= first:
                 end, _, d = heapq.heappop(self.handed)
-                self.route(self.back, d, self.decode, end, self.on_route).run.offer(d)
+                self.route(self.back, d, [r for r in self.decode if r.serving(end)], end,
+                           self.on_route).run.offer(d, self.holds.pop(id(d), None))
             elif arrival <= first:
                 assert pending is not None
-                self.arrive(pending, requests)
+                if pending.n > 1 or pending.beam_search:
+                    raise KVBudgetError(f"request {pending.id or requests + 1}: disaggregated serving is simulated "
+                                        "for one sequence a request (n 1, no beam search)", param="trace")
+                outside.arrive(pending)
                 requests += 1
                 if progress is not None and requests % 1000 == 0:
                     progress(requests)
                 pending = next(arrivals, None)
             else:
                 assert rep is not None
-                bound = min(arrival, handed, *(r.run.t for r in busy if r is not rep))
+                bound = min(arrival, handed, event, *(r.run.t for r in busy if r is not rep))
                 t, steps = rep.run.t, rep.run.steps
                 rep.run.step(bound)
                 if rep.pool.role is Role.PREFILL:
@@ -161,30 +212,33 @@ class Handover:
                     continue
             stuck.clear()
 
-    def arrive(self, r: Request, count: int) -> None:
-        if r.n > 1 or r.beam_search:
-            raise KVBudgetError(f"request {r.id or count + 1}: disaggregated serving is simulated for one "
-                                "sequence a request (n 1, no beam search)", param="trace")
+    def send(self, r: Request, release: Callable[[], None] | None, now: float) -> None:
+        """The client's request `r` to a prefill replica serving at `now` (`release`: the front door's hold on it,
+        let go when the decode side has answered it)."""
         p = Request(arrival=r.arrival, prompt_tokens=r.prompt_tokens, output_tokens=1, prefix=r.prefix, id=r.id,
                     max_tokens=1, session=r.session)
-        rep = self.route(self.front, p, self.prefill, r.arrival, self.on_route)
-        self.origin[id(p)] = (r, rep)
+        rep = self.route(self.front, p, [x for x in self.prefill if x.serving(now)], now, self.on_route)
+        self.origin[id(p)] = (r, release)
+        self.holding[rep.index] += 1
         rep.run.offer(p)
 
     def collect(self, rep: Replica) -> None:
         """The prefills `rep` finished, to be handed to the decode side at their end."""
         ends, k = rep.run.finished_at, self.seen[rep.index]
         for (p, e2e), end in zip(self.done[rep.index][k:], ends[k:], strict=True):
-            c, _ = self.origin.pop(id(p))
+            c, release = self.origin.pop(id(p))
             d = Request(arrival=end, prompt_tokens=c.prompt_tokens, output_tokens=c.output_tokens,
                         prefix=c.prefix, id=c.id, max_tokens=c.max_tokens, session=c.session)
             self.before[id(d)] = (d, e2e, p, rep)
+            if release is not None:
+                self.holds[id(d)] = release
             heapq.heappush(self.handed, (end, next(self.order), d))
         self.seen[rep.index] = len(ends)
 
     def result(self, out: FleetSimulation, link: KVLink) -> FleetSimulation:
         """The fleet's figures as the client sees them, and what crossed the link."""
-        totals = [(rep.pool.setup.gpus, t) for rep in self.decode if (t := rep.run.sched.transfer_totals())]
+        totals = [*self.transfers,
+                  *((rep.pool.setup.gpus, t) for rep in self.decode if (t := rep.run.sched.transfer_totals()))]
         transfer = KVTransfer(link=link, count=sum(t.count for _, t in totals),
                               bytes=sum(g * t.bytes_per_gpu for g, t in totals),
                               bytes_per_gpu=sum(t.bytes_per_gpu for _, t in totals),

@@ -36,8 +36,9 @@ from kvbudget.simulation.autoscale import (
     Gauge,
     Scaler,
     Signal,
-    parse_autoscale,
+    fleet_policy,
     replica_counts,
+    weight_bytes,
 )
 from kvbudget.simulation.cost import Cost, gpu_hours_cost
 from kvbudget.simulation.disagg import Handover, KVTransfer, resolve_link
@@ -255,78 +256,44 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     generates its output, as vLLM's NIXL connector does (engines/vllm/disagg.py); the prefill replica holds the
     request's blocks until that read is done. The latencies are the client's: from the arrival at the prefill side
     to the decode side's tokens. `on_route` sees both routings: the prefill request (output 1) and the decode
-    request (arriving when its prefill finished); `on_transfer(decode request, start, end)` each read. No
-    autoscaler or front door goes with them yet."""
+    request (arriving when its prefill finished); `on_transfer(decode request, start, end)` each read. The
+    autoscaler scales one side's pool (its `pool`); the front door stands before the prefill side (it reads the
+    prefill replicas' gauges; an admission policy holds a request until the decode side has answered it)."""
     check_pools(pools)
     disagg = any(p.role is not Role.BOTH for p in pools)
     link = resolve_link(kv_link, pools, disagg)
     if link is not None:
-        for param, given in (("autoscale", autoscale), ("admission", admission), ("guard_config", guard_config),
-                             ("flow_control", flow_control)):
-            if given is not None:
-                raise KVBudgetError(f"{param}: not with disaggregated prefill and decode pools yet", param=param)
         for p in pools:
             for param in ("max_num_queued_reqs", "max_num_queued_tokens"):
                 if getattr(p, param) is not None:
                     raise KVBudgetError(f"{param}: not with disaggregated prefill and decode pools yet",
                                         param=param)
-        return _disaggregated(workload, pools, router, link, fast, sample_interval, progress, check, on_route,
-                              on_transfer, on_step, on_finish)
-    chosen = _router(router, pools)
+        # the pools as they run: each side's setup knows its role and the link
+        pools = [replace(p, setup=replace(p.setup, disagg=Disagg(role=p.role, link=link))) for p in pools]
+    front_pools = [p for p in pools if p.role is not Role.DECODE]  # those the front door and router send to
+    chosen = _router(router, front_pools)
+    # each side its own router: a router object keeps state (a turn, a memory of hashes), so the decode side's is a
+    # fresh copy of it
+    back = None if link is None else _router(router if isinstance(router, str) else copy.deepcopy(router),
+                                             [p for p in pools if p.role is Role.DECODE])
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
-    policy = _policy(autoscale, pools)
+    policy = fleet_policy(autoscale, pools, MAX_REPLICAS)
     validate.number(guard_poll_interval, "guard_poll_interval", 0.0, validate.MAX_SECONDS)
-    front = FrontDoor(admission, guard_config, [p.setup for p in pools for _ in range(p.replicas)], flow_control,
-                      any(p.max_num_queued_reqs is not None or p.max_num_queued_tokens is not None for p in pools),
-                      guard_poll_interval)
+    front = FrontDoor(admission, guard_config, [p.setup for p in front_pools for _ in range(p.replicas)],
+                      flow_control, any(p.max_num_queued_reqs is not None or p.max_num_queued_tokens is not None
+                                        for p in pools), guard_poll_interval)
     interval = sample_interval
     # a router or front door that reads the gauges: the timeline is their scrapes
-    for refresh in (getattr(chosen, "refresh", 0.0), front.refresh or 0.0):
+    for refresh in (getattr(chosen, "refresh", 0.0), getattr(back, "refresh", 0.0), front.refresh or 0.0):
         interval = min(interval, refresh) if refresh else interval
     scaled = next((p for p in pools if policy and p.name == policy.pool), None)
-    cold = {scaled.name: policy.cold_start(_weights(model, scaled))} if policy and scaled else {}
-    fleet = _Fleet(pools, chosen, fast, interval, check, on_route, front, scaled, (on_step, on_finish))
+    cold = {scaled.name: policy.cold_start(weight_bytes(model, scaled))} if policy and scaled else {}
+    hooks = (on_step, on_finish)
+    fleet = _Fleet(pools, chosen, fast, interval, check, on_route, front, scaled, hooks) if link is None or \
+        back is None else _Disagg(pools, (chosen, back), link, fast, interval, check, (on_route, on_transfer), front,
+                                  scaled, hooks)
     decisions = fleet.run(workload, policy, cold, progress)
     return fleet.result(chosen.name, policy, decisions, cold)
-
-
-def _policy(autoscale: Autoscale | str | None, pools: Sequence[Pool]) -> Autoscale | None:
-    """The autoscaler checked against the fleet: the pool it scales named (where there are several), its replicas
-    within its bounds."""
-    if autoscale is None:
-        return None
-    policy = parse_autoscale(autoscale, most=MAX_REPLICAS) if isinstance(autoscale, str) else \
-        autoscale.resolved(MAX_REPLICAS)
-    names = [p.name for p in pools]
-    if policy.pool is None and len(pools) > 1:
-        raise KVBudgetError(f"autoscale: name the pool it scales, pool=NAME (the fleet has {', '.join(names)})",
-                            param="autoscale")
-    scaled = pools[names.index(policy.pool)] if policy.pool in names else pools[0] if policy.pool is None else None
-    if scaled is None:
-        raise KVBudgetError(f"autoscale: pool={validate.shown(policy.pool)} is not one of the fleet's pools "
-                            f"({', '.join(names)})", param="autoscale")
-    if not policy.min_replicas <= scaled.replicas <= policy.max_replicas:
-        raise KVBudgetError(f"autoscale: pool {scaled.name} starts with {scaled.replicas} replicas, outside min "
-                            f"{policy.min_replicas} to max {policy.max_replicas}; start within them",
-                            param="autoscale")
-    total = sum(p.replicas for p in pools) - scaled.replicas + policy.max_replicas
-    if total > MAX_REPLICAS:
-        raise KVBudgetError(f"autoscale: up to {total:,} replicas in all, over the {MAX_REPLICAS:,} a fleet may have",
-                            param="autoscale")
-    return replace(policy, pool=scaled.name)
-
-
-def _weights(model: Any, pool: Pool) -> int:
-    """The bytes each GPU of a replica loads at a cold start: the pool's, or the planner's weights per GPU as the
-    engine loads them, the model split over the replica's GPUs by tensor parallelism."""
-    if pool.weight_bytes is not None:
-        return pool.weight_bytes
-    from kvbudget.planner import plan
-    from kvbudget.simulation.run import NO_GPU_MEMORY
-
-    s = pool.setup
-    return plan(model, engine=s.engine, gpu_memory=NO_GPU_MEMORY, tp=pool.gpus, max_model_len=s.max_model_len,
-                kv_memory=NO_GPU_MEMORY, recommend=False).weights.per_gpu_bytes
 
 
 class _Fleet:
@@ -432,48 +399,71 @@ class _Fleet:
             return
         _sent(rep, r, self.on_route).run.offer(r, release)
 
+    def start(self, policy: Autoscale | None, cold: dict[str, float]) -> None:
+        """The autoscaler's clock and state for a run."""
+        self.policy, self.cold = policy, cold
+        self.scaler = Scaler(policy, prefill=self.scaled is not None and self.scaled.role is Role.PREFILL) \
+            if policy else None
+        self.decisions: list[Decision] = []
+        self.next_decision = policy.interval if policy and policy.interval else math.inf
+        self.next_sample = DYNAMO_SAMPLE_S if policy and policy.signal is Signal.DYNAMO else math.inf
+        self.tick = math.inf  # the gateway queue's next tick, as the clock last asked
+
+    def next_event(self, now: float) -> float:
+        """The next tick of the gateway's queue, or decision or sample of the autoscaler, after `now`."""
+        self.tick = self.front.next_tick(now)
+        return min(self.tick, self.next_decision, self.next_sample)
+
+    def at(self, now: float) -> None:
+        """The autoscaler's sample and decision due at `now`, then the gateway's tick."""
+        scaler, policy = self.scaler, self.policy
+        # the gateway's queue waits for the side it sends to (not a decode pool)
+        queue = self.front.queue if self.scaled is None or self.scaled.role is not Role.DECODE else ()
+        if now == self.next_sample and scaler is not None:
+            scaler.sample(now, self.gauges(now), len(queue))
+            self.next_sample += DYNAMO_SAMPLE_S
+        if now == self.next_decision and scaler is not None and policy is not None:
+            decision = scaler.decide(now, self.gauges(now), self.starting(now), len(queue),
+                                     sum(r.prompt_tokens + r.output_tokens for r, _ in queue))
+            self.decided += 1
+            if len(self.decisions) < MAX_DECISIONS:
+                self.decisions.append(decision)
+            self.scale(decision.desired, now, next(iter(self.cold.values())))
+            self.next_decision += policy.interval or math.inf
+        if now == self.tick:
+            self.dispatch(now)
+
     def run(self, workload: Iterable[Request], policy: Autoscale | None, cold: dict[str, float],
             progress: Callable[[int], None] | None) -> list[Decision]:
         """The fleet's clock: each arrival, each tick of the gateway's queue, each decision (and sample) of the
         autoscaler, in time order; the decisions taken."""
-        scaler = Scaler(policy) if policy else None
-        decisions: list[Decision] = []
+        self.start(policy, cold)
         arrivals = iter(workload)
         pending = next(arrivals, None)
-        next_decision = policy.interval if policy and policy.interval else math.inf
-        next_sample = DYNAMO_SAMPLE_S if policy and policy.signal is Signal.DYNAMO else math.inf
         now = 0.0
         while True:
-            tick = self.front.next_tick(now)
+            event = self.next_event(now)
             arrival = pending.arrival if pending is not None else math.inf
-            if pending is None and tick == math.inf and not self.busy():
+            if pending is None and self.tick == math.inf and not self.busy():
                 break
-            now = min(arrival, tick, next_decision, next_sample)
+            now = min(arrival, event)
             if now == math.inf:
                 break
             self.advance(now)
             if pending is None and not self.front.queue and not self.busy():
                 break  # the last request answered: no decision after the run
-            if now == next_sample and scaler is not None:
-                scaler.sample(now, self.gauges(now))
-                next_sample += DYNAMO_SAMPLE_S
-            if now == next_decision and scaler is not None and policy is not None:
-                decision = scaler.decide(now, self.gauges(now), self.starting(now), len(self.front.queue),
-                                         sum(r.prompt_tokens + r.output_tokens for r, _ in self.front.queue))
-                self.decided += 1
-                if len(decisions) < MAX_DECISIONS:
-                    decisions.append(decision)
-                self.scale(decision.desired, now, next(iter(cold.values())))
-                next_decision += policy.interval or math.inf
-            if now == tick:
-                self.dispatch(now)
+            self.at(now)
             if now == arrival and pending is not None:
                 self.arrive(pending)
                 if progress is not None and self.arrived % 1000 == 0:
                     progress(self.arrived)
                 pending = next(arrivals, None)
         self.advance(math.inf)
-        return decisions
+        return self.decisions
+
+    def done_at(self, rep: Replica, sim: Simulation) -> float:
+        """When a replica had done all it was asked (a drained one is given back then)."""
+        return sim.duration_s
 
     def result(self, router: str, policy: Autoscale | None, decisions: list[Decision],
                cold: dict[str, float]) -> FleetSimulation:
@@ -481,7 +471,7 @@ class _Fleet:
         sims = [rep.final or rep.run.result() for rep in replicas]
         end = max((s.duration_s for s in sims), default=0.0)
         spans = [(rep.started, rep.ready, rep.drained, end if rep.drained is None else
-                  max(rep.drained, min(sim.duration_s, end))) for rep, sim in zip(replicas, sims, strict=True)]
+                  max(rep.drained, min(self.done_at(rep, sim), end))) for rep, sim in zip(replicas, sims, strict=True)]
         gpu_hours = sum(rep.pool.gpus * max(stop - start, 0.0)
                         for rep, (start, _, _, stop) in zip(replicas, spans, strict=True)) / 3600
         own = [span for rep, span in zip(replicas, spans, strict=True) if rep.pool is self.scaled]
@@ -494,37 +484,61 @@ class _Fleet:
                        self.arrived, spans, gpu_hours, report, self.front.report())
 
 
-def _disaggregated(workload: Iterable[Request], pools: Sequence[Pool], router: Router | str, link: KVLink,
-                   fast: bool, sample_interval: float, progress: Callable[[int], None] | None,
-                   check: Callable[[], None] | None, on_route: Callable[[Request, int], None] | None,
-                   on_transfer: Callable[[Request, float, float], None] | None,
-                   on_step: Callable[..., None] | None, on_finish: Callable[..., None] | None) -> FleetSimulation:
-    """A fleet of prefill and decode pools (simulate_fleet's docstring), its handover in simulation/disagg.py."""
-    sides = ([p for p in pools if p.role is Role.PREFILL], [p for p in pools if p.role is Role.DECODE])
-    front = _router(router, sides[0])
-    # each side its own router: a router object keeps state (a turn, a memory of hashes), so the decode side's is a
-    # fresh copy of it
-    back = _router(router if isinstance(router, str) else copy.deepcopy(router), sides[1])
-    validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
-    interval = sample_interval
-    for chosen in (front, back):  # a router that reads the gauges: the timeline is its scrapes
-        refresh = getattr(chosen, "refresh", 0.0)
-        interval = min(interval, refresh) if refresh else interval
-    used = [replace(p, setup=replace(p.setup, disagg=Disagg(role=p.role, link=link))) for p in pools]
-    replicas: list[Replica] = []
-    for pool in used:  # (each scheduler built before any runs: a setup it refuses is refused first)
-        for _ in range(pool.replicas):
-            i = len(replicas)
-            run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, fast, interval,
-                       _of(i, on_step), None, on_finish=_of(i, on_finish), check=check)
-            replicas.append(Replica(i, pool, run))
-    handover = Handover(replicas, front, back, _route, on_route, on_transfer, on_finish)
-    requests = handover.run(workload, progress)
-    sims = [rep.run.result() for rep in replicas]
-    end = max((s.duration_s for s in sims), default=0.0)
-    spans = [(0.0, 0.0, None, end)] * len(replicas)
-    gpu_hours = sum(rep.pool.gpus for rep in replicas) * end / 3600
-    return handover.result(_result(front.name, used, replicas, sims, requests, spans, gpu_hours, None, None), link)
+class _Disagg(_Fleet):
+    """A fleet of prefill and decode pools (simulate_fleet's docstring): the Handover's clock (simulation/disagg.py),
+    with _Fleet's front door before the prefill side and its autoscaler on the pool it scales."""
+
+    def __init__(self, pools: Sequence[Pool], routers: tuple[Router, Router], link: KVLink, fast: bool,
+                 interval: float, check: Callable[[], None] | None,
+                 reports: tuple[Callable[[Request, int], None] | None, Callable[[Request, float, float], None] | None],
+                 front: FrontDoor, scaled: Pool | None,
+                 hooks: tuple[Callable[..., None] | None, Callable[..., None] | None]) -> None:
+        self.link = link
+        self.handover = Handover(*routers, _route, *reports, hooks[1])
+        super().__init__(pools, routers[0], fast, interval, check, reports[0], front, scaled, hooks)
+
+    def add(self, pool: Pool, now: float, ready: float) -> None:
+        super().add(pool, now, ready)
+        self.handover.add(self.replicas[-1])
+
+    def scraped(self, now: float) -> list[tuple[float, int]]:
+        """The serving prefill replicas' (KV usage, waiting) as last scraped: what the front door reads."""
+        return [(g.usage, g.waiting) for g in (r.gauge(now) for r in self.serving(now)
+                                                if r.pool.role is Role.PREFILL)]
+
+    def route(self, r: Request, release: Callable[[], None] | None, now: float) -> None:
+        self.handover.send(r, release, now)
+
+    def due(self) -> float:
+        return self.next_event(self.now)
+
+    def arrive(self, r: Request) -> None:
+        self.now = r.arrival  # (the gateway's next tick counts from here)
+        super().arrive(r)
+
+    def at(self, now: float) -> None:
+        self.now = now
+        super().at(now)
+        if self.handover.retire():
+            self.live = [r for r in self.live if r.final is None]
+
+    def holds(self) -> bool:
+        return bool(self.front.queue)
+
+    def done_at(self, rep: Replica, sim: Simulation) -> float:
+        """A prefill replica holds a request's KV until the decode side has read it."""
+        return max(sim.duration_s, self.handover.freed.get(rep.index, 0.0))
+
+    def run(self, workload: Iterable[Request], policy: Autoscale | None, cold: dict[str, float],
+            progress: Callable[[int], None] | None) -> list[Decision]:
+        self.start(policy, cold)
+        self.now = 0.0
+        self.handover.run(workload, progress, self)
+        return self.decisions
+
+    def result(self, router: str, policy: Autoscale | None, decisions: list[Decision],
+               cold: dict[str, float]) -> FleetSimulation:
+        return self.handover.result(super().result(router, policy, decisions, cold), self.link)
 
 
 def _chosen(chosen: Router, r: Request, replicas: Sequence[Replica], now: float) -> Replica:

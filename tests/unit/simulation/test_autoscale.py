@@ -383,13 +383,17 @@ def test_any_load_keeps_the_fleets_books(load, policy, flow, queued, router):
     replay(fleet, sent)
 
 
-@pytest.mark.parametrize("given, param", [({"autoscale": "kv"}, "autoscale"),
-                                          ({"flow_control": "max=4"}, "flow_control"),
-                                          ({"admission": "gie"}, "admission")])
-def test_disaggregated_pools_take_no_autoscaler_or_front_door_yet(given, param):
+@pytest.mark.parametrize("given, param, says", [
+    ({"autoscale": "kv"}, "autoscale", "autoscale: name the pool it scales, pool=NAME (the fleet has p, d)"),
+    ({"autoscale": "kv:pool=x"}, "autoscale", "autoscale: pool='x' is not one of the fleet's pools (p, d)"),
+    ({"max_num_queued_reqs": 4}, "max_num_queued_reqs",
+     "max_num_queued_reqs: not with disaggregated prefill and decode pools yet")])
+def test_bad_autoscalers_and_limits_of_disaggregated_pools_are_refused_in_one_line(given, param, says):
     from kvbudget.engines.scheduling.setup import Role
 
-    pools = [Pool(name="p", setup=TWO, role=Role.PREFILL), Pool(name="d", setup=TWO, role=Role.DECODE)]
-    with pytest.raises(KVBudgetError, match=f"{param}: not with disaggregated prefill and decode pools yet") as err:
-        simulate_fleet(LLAMA, [req(0.0, 8, 0)], pools, kv_link="nvlink", **given)
-    assert err.value.param == param
+    limits = {k: v for k, v in given.items() if k.startswith("max_")}
+    pools = [Pool(name="p", setup=TWO, role=Role.PREFILL, **limits), Pool(name="d", setup=TWO, role=Role.DECODE)]
+    with pytest.raises(KVBudgetError) as err:
+        simulate_fleet(LLAMA, [req(0.0, 8, 0)], pools, kv_link="nvlink",
+                       **{k: v for k, v in given.items() if k not in limits})
+    assert str(err.value) == says and err.value.param == param

@@ -125,8 +125,8 @@ def test_an_autoscaler_in_the_file_and_on_the_command_line_is_refused(capsys, tm
     assert "names its autoscaler (kv); give it in one place" in err
 
 
-def test_disaggregated_serving_with_an_autoscaler_is_refused_in_one_line(capsys):
+def test_disaggregated_serving_with_an_autoscaler_of_no_pool_is_refused_in_one_line(capsys):
     code, out, err = cli(capsys, "simulate", "llama-3.1-8b", *SMALL, *FAST, "--prefill-replicas", "1",
                          "--decode-replicas", "1", "--kv-link", "nvlink", "--autoscale", "kv")
-    assert code == 2 and len(err.strip().splitlines()) == 1
-    assert "--autoscale: not with disaggregated prefill and decode pools yet" in err
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "--autoscale: name the pool it scales, pool=NAME (the fleet has prefill, decode)" in err

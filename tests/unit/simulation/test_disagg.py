@@ -49,6 +49,13 @@ def replay(router: str, pools: list[Pool], requests: list[Request], fast: bool =
     assert fleet.requests == len(requests) == fleet.completed == len(reads) == fleet.kv_transfer.count
     routed = {role: sum(r.routed for r in fleet.replicas if r.role is role) for role in (Role.PREFILL, Role.DECODE)}
     assert routed == {Role.PREFILL: len(requests), Role.DECODE: len(requests)}
+    each_alone(fleet, sent, reads, fast)
+    return fleet, sent
+
+
+def each_alone(fleet, sent: dict[int, list[Request]], reads: dict[str, tuple[float, float]], fast: bool = True):
+    """Each replica of a disaggregated fleet's run against a single run of what it was sent (`reads`: each decode
+    request's read, by id, as the fleet's on_transfer reported it)."""
     for rep in fleet.replicas:
         mine = sent.get(rep.index, [])
         assert rep.routed == len(mine)
@@ -69,7 +76,6 @@ def replay(router: str, pools: list[Pool], requests: list[Request], fast: bool =
         assert got.tpot_sorted == alone.tpot_sorted
         assert (got.peak_usage, got.mean_usage, got.peak_waiting) == \
             (alone.peak_usage, alone.mean_usage, alone.peak_waiting)
-    return fleet, sent
 
 
 @pytest.mark.parametrize("router", ["round-robin", "least-requests", "least-kv"])

@@ -179,8 +179,8 @@ def test_bad_fleet_files_are_refused_in_one_line_before_any_run(capsys, tmp_path
 
 @pytest.mark.parametrize("args, says", [
     (("--fleet", "missing.yaml"), "--fleet missing.yaml: cannot read it"),
-    (("--router", "session"), "--router: spreads requests over replicas; give --replicas N, --fleet FILE or "
-                              "--autoscale POLICY too"),
+    (("--router", "session"), "--router: spreads requests over replicas; give --replicas N, --prefill-replicas P, "
+                              "--fleet FILE or --autoscale POLICY too"),
     (("--replicas", "0"), "--replicas: '0' must be positive"),
     (("--replicas", "5000"), "--replicas: 5000 is beyond any deployment kvbudget sizes (at most 4,096)"),
     (("--replicas", "2", "--router", "fastest"), "--router fastest: name one of"),
