@@ -8,7 +8,17 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.cli.common import console, wrote
-from kvbudget.cli.simulated import _calibration_exists, _cost_line, _credit, _ms, _progress, _saved, _short, _write
+from kvbudget.cli.simulated import (
+    _calibration_exists,
+    _cost_line,
+    _credit,
+    _ms,
+    _progress,
+    _saved,
+    _short,
+    _write,
+    latency_table,
+)
 from kvbudget.commands.fleet import (
     SHOWN_REPLICAS,
     fleet_cost,
@@ -104,7 +114,6 @@ def _table(title: str, first: str, rows: list[tuple[str, dict[str, Any]]]) -> An
 def print_fleet(sim: FleetSimulation, fleet: FleetAsk) -> None:
     """The fleet's summary: its pools' deployments, the whole run, each pool and (up to SHOWN_REPLICAS) each
     replica."""
-    from rich.table import Table
 
     out = console()
     total = sum(p.replicas for p in sim.pools)
@@ -122,14 +131,7 @@ def print_fleet(sim: FleetSimulation, fleet: FleetAsk) -> None:
               f"{sim.preemptions:,}")
     _scaled(sim)
     _moved(sim)
-    t = Table(title=f"latency over the fleet (times: {_basis(sim)})")
-    for col in ("", "p50", "p90", "p99", "mean", "max"):
-        t.add_column(col, justify="right" if col else "left")
-    for name, pct in (("time to first token", sim.ttft), ("time per output token", sim.tpot),
-                      ("end to end", sim.e2e)):
-        if pct is not None:
-            t.add_row(name, *(_ms(getattr(pct, k)) for k in ("p50", "p90", "p99", "mean", "max")))
-    out.print(t)
+    out.print(latency_table(f"latency over the fleet (times: {_basis(sim)})", sim))
     figures = pool_figures(sim)
     if len(sim.pools) > 1:
         out.print(_table("per pool", "pool", list(figures.items())))

@@ -21,6 +21,7 @@ from kvbudget.cli.simulated import (
     _saved,
     _short,
     _write,
+    latency_table,
 )
 from kvbudget.commands.fleet import is_fleet
 from kvbudget.commands.options import positive
@@ -185,7 +186,6 @@ def band_line(sim: Simulation) -> str:
 
 
 def _print(sim: Simulation, args: argparse.Namespace) -> None:
-    from rich.table import Table
 
     s = sim.setup
     out = console()
@@ -196,14 +196,7 @@ def _print(sim: Simulation, args: argparse.Namespace) -> None:
     out.print(f"{sim.requests:,} requests{sent} ({sim.completed:,} completed) in {sim.duration_s:,.1f} s simulated, "
               f"{sim.steps:,} steps: {sim.requests_per_s:,.2f} requests/s, {sim.output_tokens_per_s:,.0f} output "
               "tokens/s")
-    t = Table(title=f"latency (times: {s.time_model.basis})")
-    for col in ("", "p50", "p90", "p99", "mean", "max"):
-        t.add_column(col, justify="right" if col else "left")
-    for name, pct in (("time to first token", sim.ttft), ("time per output token", sim.tpot),
-                      ("end to end", sim.e2e)):
-        if pct is not None:
-            t.add_row(name, *(_ms(getattr(pct, k)) for k in ("p50", "p90", "p99", "mean", "max")))
-    out.print(t)
+    out.print(latency_table(f"latency (times: {s.time_model.basis})", sim))
     out.print(band_line(sim))
     mem = sim.memory
     hit = f"{sim.prefix_hit_rate:.1%}" if sim.prefix_hit_rate is not None else "-"

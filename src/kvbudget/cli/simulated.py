@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvbudget.cli.common import wrote
 from kvbudget.commands.spelling import flag
@@ -43,6 +43,20 @@ def _ms(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value * 1000:,.1f} ms" if value < 1 else f"{value:,.2f} s"
+
+
+def latency_table(title: str, sim: Any) -> Any:
+    """A run's (or a fleet's) TTFT, TPOT and end-to-end percentiles as a table."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("", "p50", "p90", "p99", "mean", "max"):
+        t.add_column(col, justify="right" if col else "left")
+    for name, pct in (("time to first token", sim.ttft), ("time per output token", sim.tpot),
+                      ("end to end", sim.e2e)):
+        if pct is not None:
+            t.add_row(name, *(_ms(getattr(pct, k)) for k in ("p50", "p90", "p99", "mean", "max")))
+    return t
 
 
 def _short(value: float | None) -> str:
