@@ -41,10 +41,10 @@ class Clock(Protocol):
     slot_time: list[float]
     peak_usage: float
     next_sample: float
-    interval: float
-    timeline: list[Sample]
     tm: TimeModel
     on_step: Callable[..., None] | None
+
+    def sampled(self, t: float, usage: float, running: int, waiting: int) -> float: ...
 
 
 _NUMPY: list[Any] = [0]  # long runs seen; then numpy, once looked for (None: not installed)
@@ -137,8 +137,7 @@ def take(run: Clock, sched: Queues, k: int, arrival: float) -> tuple[int, float]
         context += r
         done += 1
         if t >= next_sample:
-            run.timeline.append(Sample(t, usage, running, waiting))
-            next_sample = (math.floor(t / run.interval) + 1) * run.interval
+            next_sample = run.sampled(t, usage, running, waiting)
         if on_step is not None:
             on_step(t, r, usage, running, waiting)
         if t >= arrival:
@@ -185,11 +184,10 @@ def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float) -> tuple
     if peak > run.peak_usage:
         run.peak_usage = peak
     times = rows[0, 1:done + 1].tolist()
-    if times[-1] >= run.next_sample:  # the timeline's samples: the first step at or past each instant
+    if times[-1] >= run.next_sample:  # the samples and scrapes: the first step at or past each instant
         j = bisect.bisect_left(times, run.next_sample)
         while j < done:
-            run.timeline.append(Sample(times[j], float(usage[j]), r, waiting))
-            run.next_sample = (math.floor(times[j] / run.interval) + 1) * run.interval
+            run.next_sample = run.sampled(times[j], float(usage[j]), r, waiting)
             j = bisect.bisect_left(times, run.next_sample, j + 1)
     if run.on_step is not None:
         for t, u in zip(times, usage[:done].tolist(), strict=True):

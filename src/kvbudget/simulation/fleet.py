@@ -279,13 +279,11 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     front = FrontDoor(admission, guard_config, [p.setup for p in pools for _ in range(p.replicas)], flow_control,
                       any(p.max_num_queued_reqs is not None or p.max_num_queued_tokens is not None for p in pools),
                       guard_poll_interval)
-    interval = sample_interval
-    # a router or front door that reads the gauges: the timeline is their scrapes
-    for refresh in (getattr(chosen, "refresh", 0.0), front.refresh or 0.0):
-        interval = min(interval, refresh) if refresh else interval
+    scrape = _scrape(sample_interval, getattr(chosen, "refresh", 0.0), front.refresh or 0.0)
     scaled = next((p for p in pools if policy and p.name == policy.pool), None)
     cold = {scaled.name: policy.cold_start(_weights(model, scaled))} if policy and scaled else {}
-    fleet = _Fleet(pools, chosen, fast, interval, check, on_route, front, scaled, (on_step, on_finish))
+    fleet = _Fleet(pools, chosen, fast, (sample_interval, scrape), check, on_route, front, scaled,
+                   (on_step, on_finish))
     decisions = fleet.run(workload, policy, cold, progress)
     return fleet.result(chosen.name, policy, decisions, cold)
 
@@ -332,7 +330,7 @@ def _weights(model: Any, pool: Pool) -> int:
 class _Fleet:
     """The replicas and their front door, advanced together."""
 
-    def __init__(self, pools: Sequence[Pool], router: Router, fast: bool, interval: float,
+    def __init__(self, pools: Sequence[Pool], router: Router, fast: bool, interval: tuple[float, float],
                  check: Callable[[], None] | None, on_route: Callable[[Request, int], None] | None,
                  front: FrontDoor, scaled: Pool | None = None,
                  hooks: tuple[Callable[..., None] | None, Callable[..., None] | None] = (None, None)) -> None:
@@ -354,8 +352,8 @@ class _Fleet:
     def add(self, pool: Pool, now: float, ready: float) -> None:
         i = len(self.replicas)
         on_step, on_finish = self.hooks
-        run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, self.fast, self.interval,
-                   _of(i, on_step), None, on_finish=_of(i, on_finish), check=self.check)
+        run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, self.fast, self.interval[0],
+                   _of(i, on_step), None, on_finish=_of(i, on_finish), check=self.check, scrape=self.interval[1])
         rep = Replica(i, pool, run)
         rep.started, rep.ready = now, ready
         self.replicas.append(rep)
@@ -506,17 +504,14 @@ def _disaggregated(workload: Iterable[Request], pools: Sequence[Pool], router: R
     # fresh copy of it
     back = _router(router if isinstance(router, str) else copy.deepcopy(router), sides[1])
     validate.number(sample_interval, "sample_interval", 0.0, validate.MAX_SECONDS)
-    interval = sample_interval
-    for chosen in (front, back):  # a router that reads the gauges: the timeline is its scrapes
-        refresh = getattr(chosen, "refresh", 0.0)
-        interval = min(interval, refresh) if refresh else interval
+    scrape = _scrape(sample_interval, getattr(front, "refresh", 0.0), getattr(back, "refresh", 0.0))
     used = [replace(p, setup=replace(p.setup, disagg=Disagg(role=p.role, link=link))) for p in pools]
     replicas: list[Replica] = []
     for pool in used:  # (each scheduler built before any runs: a setup it refuses is refused first)
         for _ in range(pool.replicas):
             i = len(replicas)
-            run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, fast, interval,
-                       _of(i, on_step), None, on_finish=_of(i, on_finish), check=check)
+            run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, fast, sample_interval,
+                       _of(i, on_step), None, on_finish=_of(i, on_finish), check=check, scrape=scrape)
             replicas.append(Replica(i, pool, run))
     handover = Handover(replicas, front, back, _route, on_route, on_transfer, on_finish)
     requests = handover.run(workload, progress)
@@ -525,6 +520,13 @@ def _disaggregated(workload: Iterable[Request], pools: Sequence[Pool], router: R
     spans = [(0.0, 0.0, None, end)] * len(replicas)
     gpu_hours = sum(rep.pool.gpus for rep in replicas) * end / 3600
     return handover.result(_result(front.name, used, replicas, sims, requests, spans, gpu_hours, None, None), link)
+
+
+def _scrape(sample_interval: float, *refreshes: float | None) -> float:
+    """How often the replicas' gauges are scraped: the shortest refresh of whatever reads them (a router, a front
+    door), else at the timeline's sampling instants (what an autoscaler and a router of one's own read). The scrapes
+    are kept apart from the timeline, which keeps `sample_interval`."""
+    return min((r for r in refreshes if r), default=sample_interval)
 
 
 def _chosen(chosen: Router, r: Request, replicas: Sequence[Replica], now: float) -> Replica:

@@ -61,7 +61,6 @@ class Replica:
         self.final: Simulation | None = None  # a drained replica's result once it has answered its last request
         self.routed = 0  # requests the router sent here
         self._done = 0  # of them, completed by the router's clock (a pointer into run.finished_at)
-        self._sample = 0  # the timeline sample the gauge shows (a pointer into run.timeline)
         self._quiet = -math.inf  # no request here finishes before this (while none is added): run.no_finish_before
 
     def retire(self) -> None:
@@ -99,20 +98,19 @@ class Replica:
 
     def gauge(self, now: float) -> Sample:
         """The engine's gauges (KV usage, running, waiting) as a scrape at `now` last read them: the state the first
-        step at or past the latest scrape instant left (the replica's timeline, sampled at the scrape interval);
-        an idle replica's own state."""
+        step at or past the latest scrape instant left (the run's scrapes, kept apart from its timeline); an idle
+        replica's own state. `now` never goes back from one read to the next."""
         self.advance(now)
         run = self.run
         if run.t <= now and not run.sched.has_work():
             return Sample(now, run.sched.usage(), 0, 0)
-        line = run.timeline
-        i = self._sample
-        while i + 1 < len(line) and line[i + 1].time <= now:
-            i += 1
-        self._sample = i
-        if not line or line[i].time > now:
+        kept = run.scrapes
+        while len(kept) > 1 and kept[1].time <= now:
+            kept.popleft()
+        run.read_at = now
+        if not kept or kept[0].time > now:
             return Sample(now, 0.0, 0, 0)
-        return line[i]
+        return kept[0]
 
 
 @runtime_checkable
