@@ -102,12 +102,12 @@ class Replica:
         replica's own state. `now` never goes back from one read to the next."""
         self.advance(now)
         run = self.run
-        if run.t <= now and not run.sched.has_work():
-            return Sample(now, run.sched.usage(), 0, 0)
         kept = run.scrapes
         while len(kept) > 1 and kept[1].time <= now:
             kept.popleft()
         run.read_at = now
+        if run.t <= now and not run.sched.has_work():
+            return Sample(now, run.sched.usage(), 0, 0)
         if not kept or kept[0].time > now:
             return Sample(now, 0.0, 0, 0)
         return kept[0]
