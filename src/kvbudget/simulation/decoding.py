@@ -68,6 +68,21 @@ def _numpy() -> Any:
     return _NUMPY[1]
 
 
+def _fixed(tm: TimeModel, r: int) -> float:
+    """A decode step's added costs for r sequences, as step_seconds adds them (no attended pairs beyond its
+    context)."""
+    return tm.overhead + tm.token_cost * r + tm.seq_cost * r
+
+
+def _head(tm: TimeModel, r: int) -> float | None:
+    """All of a decode step of r sequences but the cost per cached token outside the max, as step_seconds adds
+    it, where nothing is read per cached token inside the max (then that part is constant); else None."""
+    if tm.per_context != 0.0:
+        return None
+    weights, compute = tm.weights_read(r), tm.per_token * r
+    return (weights + compute if tm.bound == "sum" else (weights if weights > compute else compute)) + _fixed(tm, r)
+
+
 def _steps_to(run: Clock, arrival: float, k: int, r: int, context: int) -> int:
     """At most k steps, no more than reach `arrival` (a step lasts at least as long as the first: the context
     only grows); any fewer would be as exact, the next turn going on where this one stopped."""
@@ -84,26 +99,22 @@ def take(run: Clock, sched: Queues, k: int, arrival: float) -> tuple[int, float]
     `run` advanced as step by step (not its clock); the steps taken and the clock after them. A long run goes to
     `_arrays`; the rest is the loop."""
     r = len(sched.running)
+    context = sched.context_tokens()
     if k >= ARRAY_RUN:  # (a short run stops at the arrival as cheaply as it would be capped)
-        k = _steps_to(run, arrival, k, r, sched.context_tokens())
+        k = _steps_to(run, arrival, k, r, context)
         if k >= ARRAY_RUN and (np := _numpy()) is not None:
-            return _arrays(run, np, sched, k, arrival)
+            return _arrays(run, np, sched, k, arrival, context)
     bs = sched.cfg.block_size
     states_time, internal_time = run.slot_time[0], run.slot_time[2]
     takes = sched.new_blocks_by_step(k)
     blocks_as_states = sched.hybrid
     tm = run.tm
-    weights, per_context, per_token, overhead = tm.weights_read(r), tm.per_context, tm.per_token, tm.overhead
-    # the added costs, as step_seconds adds them (a decode step has no attended pairs beyond its context)
-    fixed = overhead + tm.token_cost * r + tm.seq_cost * r
+    weights, per_context, compute = tm.weights_read(r), tm.per_context, tm.per_token * r
+    fixed = _fixed(tm, r)
     pace = tm.pace + tm.pace_per_seq * r  # (a step cannot outrun it)
     context_cost = tm.context_cost
     summed = tm.bound == "sum"
-    context = sched.context_tokens()
-    compute = per_token * r
-    head = None  # with nothing read per cached token inside the max, all of a step but attention is constant
-    if per_context == 0.0:
-        head = (weights + compute if summed else (weights if weights > compute else compute)) + fixed
+    head = _head(tm, r)
     free, usable = sched.free_blocks()
     usage = 1.0 - free / usable
     t, usage_time, next_sample = run.t, run.usage_time, run.next_sample
@@ -192,20 +203,28 @@ def _plain(run: Clock, takes: list[int], step: tuple[float, float, float, int, i
     return done, t
 
 
-def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float) -> tuple[int, float]:
+def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float, first: int) -> tuple[int, float]:
     """`take`'s loop in numpy arrays, float for float: row by row, the clock, the usage integral and the
-    slot integrals, each added in order from its running total by one `np.add.accumulate`."""
+    slot integrals, each added in order from its running total by one `np.add.accumulate`; `first` the tokens the
+    first step attends over."""
     r, waiting = len(sched.running), len(sched.waiting)
     # whole numbers as floats (exact below 2^53: the same floats as Python's int-to-float in the loop)
     taken = np.add.accumulate(np.fromiter(sched.new_blocks_by_step(k), float, k))  # blocks, step by step
     context = np.arange(k, dtype=float)
     context *= r
-    context += sched.context_tokens()  # attended over in each step
+    context += first  # attended over in each step
     free, usable = sched.free_blocks()
     usage = 1.0 - (free - taken) / usable
     rows = np.empty((4, k + 1))
     rows[:, 0] = run.t, run.usage_time, run.slot_time[0], run.slot_time[2]
-    dt = rows[0, 1:] = run.tm.step_seconds(r, context, None, r)
+    tm = run.tm
+    head = _head(tm, r)
+    if head is None:
+        dt = rows[0, 1:] = tm.step_seconds(r, context, None, r)
+    else:  # (the loop's sum: the same floats as step_seconds gives, in fewer passes)
+        dt = np.multiply(context, tm.context_cost, out=rows[0, 1:])
+        dt += head
+        np.maximum(dt, tm.pace + tm.pace_per_seq * r, out=dt)
     np.multiply(usage, dt, out=rows[1, 1:])
     held = taken + (usable - free)
     held *= sched.cfg.block_size  # token slots in blocks in use

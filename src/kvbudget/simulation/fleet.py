@@ -347,6 +347,7 @@ class _Fleet:
         for pool in pools:
             for _ in range(pool.replicas):
                 self.add(pool, 0.0, 0.0)
+        self.fixed = tuple(self.live)
         self.arrived = self.decided = 0
 
     def add(self, pool: Pool, now: float, ready: float) -> None:
@@ -374,7 +375,9 @@ class _Fleet:
     def busy(self) -> bool:
         return any(rep.run.sched.has_work() for rep in self.live)
 
-    def serving(self, now: float) -> list[Replica]:
+    def serving(self, now: float) -> Sequence[Replica]:
+        if self.scaled is None:  # (no autoscaler: every replica serves from the start to the end)
+            return self.fixed
         return [r for r in self.live if r.serving(now)]
 
     def mine(self) -> list[Replica]:
