@@ -62,6 +62,8 @@ class Replica:
         self.routed = 0  # requests the router sent here
         self._done = 0  # of them, completed by the router's clock (a pointer into run.finished_at)
         self._quiet = -math.inf  # no request here finishes before this (while none is added): run.no_finish_before
+        self._read: tuple[float, float, int, int] | None = None  # the scrape last read, and as a Sample
+        self._shown = Sample(0.0, 0.0, 0, 0)
 
     def retire(self) -> None:
         """A drained replica with nothing left to do: its result kept, its scheduler let go (a run that scales in
@@ -103,14 +105,16 @@ class Replica:
         self.advance(now)
         run = self.run
         kept = run.scrapes
-        while len(kept) > 1 and kept[1].time <= now:
+        while len(kept) > 1 and kept[1][0] <= now:
             kept.popleft()
         run.read_at = now
         if run.t <= now and not run.sched.has_work():
             return Sample(now, run.sched.usage(), 0, 0)
-        if not kept or kept[0].time > now:
+        if not kept or kept[0][0] > now:
             return Sample(now, 0.0, 0, 0)
-        return kept[0]
+        if kept[0] is not self._read:  # (each scrape made a Sample once, when first read)
+            self._read, self._shown = kept[0], Sample(*kept[0])
+        return self._shown
 
 
 @runtime_checkable

@@ -260,7 +260,7 @@ class _Run:
         # a fleet's gauge scrapes, every `scrape` seconds, kept apart from the timeline: the state the first step at
         # or past each instant left, those a reader at `read_at` can no longer see dropped (Replica.gauge)
         self.scrape, self.next_scrape = scrape, 0.0 if scrape < math.inf else math.inf
-        self.scrapes: deque[Sample] = deque()
+        self.scrapes: deque[tuple[float, float, int, int]] = deque()  # (time, usage, running, waiting)
         self.read_at = -math.inf
         self.next_sample = 0.0  # the next instant of either
         if workload is not None:
@@ -466,14 +466,13 @@ class _Run:
     def sampled(self, t: float, usage: float, running: int, waiting: int) -> float:
         """A step ending at `t` reached the timeline's next instant or the next scrape: the state it left recorded
         where it did; the next instant of either."""
-        sample = Sample(t, usage, running, waiting)
         if t >= self.next_line:
-            self.timeline.append(sample)
+            self.timeline.append(Sample(t, usage, running, waiting))
             self.next_line = (math.floor(t / self.interval) + 1) * self.interval
         if t >= self.next_scrape:
             kept = self.scrapes
-            kept.append(sample)
-            while len(kept) > 1 and kept[1].time <= self.read_at:  # (a later one read by then: never shown again)
+            kept.append((t, usage, running, waiting))  # (a Sample once read: most never are)
+            while len(kept) > 1 and kept[1][0] <= self.read_at:  # (a later one read by then: never shown again)
                 kept.popleft()
             self.next_scrape = (math.floor(t / self.scrape) + 1) * self.scrape
         return min(self.next_line, self.next_scrape)
