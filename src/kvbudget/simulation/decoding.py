@@ -105,27 +105,28 @@ def take(run: Clock, sched: Queues, k: int, arrival: float) -> tuple[int, float]
         if k >= ARRAY_RUN and (np := _numpy()) is not None:
             return _arrays(run, np, sched, k, arrival, context)
     bs = sched.cfg.block_size
-    states_time, internal_time = run.slot_time[0], run.slot_time[2]
     takes = sched.new_blocks_by_step(k)
-    blocks_as_states = sched.hybrid
     tm = run.tm
+    head = _head(tm, r)
+    pace = tm.pace + tm.pace_per_seq * r  # (a step cannot outrun it)
+    free, usable = sched.free_blocks()
+    held = (usable - free) * bs
+    waiting = len(sched.waiting)
+    on_step = run.on_step
+    blocks_as_states = sched.hybrid
+    if head is not None and not blocks_as_states and on_step is None:  # the common case, in its own loop
+        return _plain(run, takes, (head, tm.context_cost, pace, r, waiting, bs), float(context), (free, usable, held),
+                      arrival)
+    states_time, internal_time = run.slot_time[0], run.slot_time[2]
     weights, per_context, compute = tm.weights_read(r), tm.per_context, tm.per_token * r
     fixed = _fixed(tm, r)
-    pace = tm.pace + tm.pace_per_seq * r  # (a step cannot outrun it)
     context_cost = tm.context_cost
     summed = tm.bound == "sum"
-    head = _head(tm, r)
-    free, usable = sched.free_blocks()
     usage = 1.0 - free / usable
     t, usage_time, next_sample = run.t, run.usage_time, run.next_sample
-    running, waiting = r, len(sched.waiting)
-    on_step = run.on_step
+    running = r
     done = 0
-    held = (usable - free) * bs
     peak = run.peak_usage
-    if head is not None and not blocks_as_states and on_step is None:  # the common case, in its own loop
-        return _plain(run, takes, (head, context_cost, pace, r, waiting, bs), float(context), (free, usable, held),
-                      arrival)
     for take in takes:
         if take:
             free -= take
