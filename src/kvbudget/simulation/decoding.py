@@ -41,10 +41,10 @@ class Clock(Protocol):
     slot_time: list[float]
     peak_usage: float
     next_sample: float
-    interval: float
-    timeline: list[Sample]
     tm: TimeModel
     on_step: Callable[..., None] | None
+
+    def sampled(self, t: float, usage: float, running: int, waiting: int) -> float: ...
 
 
 _NUMPY: list[Any] = [0]  # long runs seen; then numpy, once looked for (None: not installed)
@@ -68,6 +68,21 @@ def _numpy() -> Any:
     return _NUMPY[1]
 
 
+def _fixed(tm: TimeModel, r: int) -> float:
+    """A decode step's added costs for r sequences, as step_seconds adds them (no attended pairs beyond its
+    context)."""
+    return tm.overhead + tm.token_cost * r + tm.seq_cost * r
+
+
+def _head(tm: TimeModel, r: int) -> float | None:
+    """All of a decode step of r sequences but the cost per cached token outside the max, as step_seconds adds
+    it, where nothing is read per cached token inside the max (then that part is constant); else None."""
+    if tm.per_context != 0.0:
+        return None
+    weights, compute = tm.weights_read(r), tm.per_token * r
+    return (weights + compute if tm.bound == "sum" else (weights if weights > compute else compute)) + _fixed(tm, r)
+
+
 def _steps_to(run: Clock, arrival: float, k: int, r: int, context: int) -> int:
     """At most k steps, no more than reach `arrival` (a step lasts at least as long as the first: the context
     only grows); any fewer would be as exact, the next turn going on where this one stopped."""
@@ -84,33 +99,33 @@ def take(run: Clock, sched: Queues, k: int, arrival: float) -> tuple[int, float]
     `run` advanced as step by step (not its clock); the steps taken and the clock after them. A long run goes to
     `_arrays`; the rest is the loop."""
     r = len(sched.running)
+    context = sched.context_tokens()
     if k >= ARRAY_RUN:  # (a short run stops at the arrival as cheaply as it would be capped)
-        k = _steps_to(run, arrival, k, r, sched.context_tokens())
+        k = _steps_to(run, arrival, k, r, context)
         if k >= ARRAY_RUN and (np := _numpy()) is not None:
-            return _arrays(run, np, sched, k, arrival)
+            return _arrays(run, np, sched, k, arrival, context)
     bs = sched.cfg.block_size
-    states_time, internal_time = run.slot_time[0], run.slot_time[2]
     takes = sched.new_blocks_by_step(k)
-    blocks_as_states = sched.hybrid
     tm = run.tm
-    weights, per_context, per_token, overhead = tm.weights_read(r), tm.per_context, tm.per_token, tm.overhead
-    # the added costs, as step_seconds adds them (a decode step has no attended pairs beyond its context)
-    fixed = overhead + tm.token_cost * r + tm.seq_cost * r
+    head = _head(tm, r)
     pace = tm.pace + tm.pace_per_seq * r  # (a step cannot outrun it)
+    free, usable = sched.free_blocks()
+    held = (usable - free) * bs
+    waiting = len(sched.waiting)
+    on_step = run.on_step
+    blocks_as_states = sched.hybrid
+    if head is not None and not blocks_as_states and on_step is None:  # the common case, in its own loop
+        return _plain(run, takes, (head, tm.context_cost, pace, r, waiting, bs), float(context), (free, usable, held),
+                      arrival)
+    states_time, internal_time = run.slot_time[0], run.slot_time[2]
+    weights, per_context, compute = tm.weights_read(r), tm.per_context, tm.per_token * r
+    fixed = _fixed(tm, r)
     context_cost = tm.context_cost
     summed = tm.bound == "sum"
-    context = sched.context_tokens()
-    compute = per_token * r
-    head = None  # with nothing read per cached token inside the max, all of a step but attention is constant
-    if per_context == 0.0:
-        head = (weights + compute if summed else (weights if weights > compute else compute)) + fixed
-    free, usable = sched.free_blocks()
     usage = 1.0 - free / usable
     t, usage_time, next_sample = run.t, run.usage_time, run.next_sample
-    running, waiting = r, len(sched.waiting)
-    on_step = run.on_step
+    running = r
     done = 0
-    held = (usable - free) * bs
     peak = run.peak_usage
     for take in takes:
         if take:
@@ -137,8 +152,7 @@ def take(run: Clock, sched: Queues, k: int, arrival: float) -> tuple[int, float]
         context += r
         done += 1
         if t >= next_sample:
-            run.timeline.append(Sample(t, usage, running, waiting))
-            next_sample = (math.floor(t / run.interval) + 1) * run.interval
+            next_sample = run.sampled(t, usage, running, waiting)
         if on_step is not None:
             on_step(t, r, usage, running, waiting)
         if t >= arrival:
@@ -149,20 +163,69 @@ def take(run: Clock, sched: Queues, k: int, arrival: float) -> tuple[int, float]
     return done, t
 
 
-def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float) -> tuple[int, float]:
+def _plain(run: Clock, takes: list[int], step: tuple[float, float, float, int, int, int], context: float,
+           blocks: tuple[int, int, int], arrival: float) -> tuple[int, float]:
+    """`take`'s loop where nothing is read per cached token inside the max, the slots are tokens (no hybrid
+    groups) and no hook watches each step: the same floats in the same order, fewer tests per step (the context a
+    float: whole numbers, exact, the same in every product)."""
+    head, context_cost, pace, r, waiting, bs = step
+    free, usable, held = blocks
+    t, usage_time, next_sample, peak = run.t, run.usage_time, run.next_sample, run.peak_usage
+    states_time, internal_time = run.slot_time[0], run.slot_time[2]
+    usage = 1.0 - free / usable
+    mark = next_sample if next_sample < arrival else arrival  # (one test a step for both)
+    done = 0
+    for take in takes:
+        if take:
+            free -= take
+            usage = 1.0 - free / usable
+            held = (usable - free) * bs
+            if usage > peak:
+                peak = usage
+        dt = head + context_cost * context
+        if dt < pace:
+            dt = pace
+        t += dt
+        usage_time += usage * dt
+        states_time += context * dt
+        if held > context:
+            internal_time += (held - context) * dt
+        context += r
+        done += 1
+        if t >= mark:
+            if t >= next_sample:
+                next_sample = run.sampled(t, usage, r, waiting)
+            if t >= arrival:
+                break
+            mark = next_sample if next_sample < arrival else arrival
+    run.usage_time, run.next_sample = usage_time, next_sample
+    run.slot_time[0], run.slot_time[2] = states_time, internal_time
+    run.peak_usage = peak
+    return done, t
+
+
+def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float, first: int) -> tuple[int, float]:
     """`take`'s loop in numpy arrays, float for float: row by row, the clock, the usage integral and the
-    slot integrals, each added in order from its running total by one `np.add.accumulate`."""
+    slot integrals, each added in order from its running total by one `np.add.accumulate`; `first` the tokens the
+    first step attends over."""
     r, waiting = len(sched.running), len(sched.waiting)
     # whole numbers as floats (exact below 2^53: the same floats as Python's int-to-float in the loop)
     taken = np.add.accumulate(np.fromiter(sched.new_blocks_by_step(k), float, k))  # blocks, step by step
     context = np.arange(k, dtype=float)
     context *= r
-    context += sched.context_tokens()  # attended over in each step
+    context += first  # attended over in each step
     free, usable = sched.free_blocks()
     usage = 1.0 - (free - taken) / usable
     rows = np.empty((4, k + 1))
     rows[:, 0] = run.t, run.usage_time, run.slot_time[0], run.slot_time[2]
-    dt = rows[0, 1:] = run.tm.step_seconds(r, context, None, r)
+    tm = run.tm
+    head = _head(tm, r)
+    if head is None:
+        dt = rows[0, 1:] = tm.step_seconds(r, context, None, r)
+    else:  # (the loop's sum: the same floats as step_seconds gives, in fewer passes)
+        dt = np.multiply(context, tm.context_cost, out=rows[0, 1:])
+        dt += head
+        np.maximum(dt, tm.pace + tm.pace_per_seq * r, out=dt)
     np.multiply(usage, dt, out=rows[1, 1:])
     held = taken + (usable - free)
     held *= sched.cfg.block_size  # token slots in blocks in use
@@ -185,11 +248,10 @@ def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float) -> tuple
     if peak > run.peak_usage:
         run.peak_usage = peak
     times = rows[0, 1:done + 1].tolist()
-    if times[-1] >= run.next_sample:  # the timeline's samples: the first step at or past each instant
+    if times[-1] >= run.next_sample:  # the samples and scrapes: the first step at or past each instant
         j = bisect.bisect_left(times, run.next_sample)
         while j < done:
-            run.timeline.append(Sample(times[j], float(usage[j]), r, waiting))
-            run.next_sample = (math.floor(times[j] / run.interval) + 1) * run.interval
+            run.next_sample = run.sampled(times[j], float(usage[j]), r, waiting)
             j = bisect.bisect_left(times, run.next_sample, j + 1)
     if run.on_step is not None:
         for t, u in zip(times, usage[:done].tolist(), strict=True):

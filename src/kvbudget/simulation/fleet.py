@@ -58,6 +58,10 @@ from kvbudget.simulation.routing import (
     RoundRobin,
     Router,
     Session,
+    _chosen,
+    _route,
+    _router,
+    _sent,
     parse_router,
 )
 from kvbudget.simulation.run import SAMPLE_INTERVAL_S, Simulation, _Run
@@ -183,15 +187,6 @@ class FleetSimulation:
                       "front": self.front.to_dict() if self.front else None}}
 
 
-def _router(router: Router | str, pools: Sequence[Pool]) -> Router:
-    if isinstance(router, str):
-        return parse_router(router, pools)
-    if not isinstance(router, Router):
-        raise KVBudgetError(f"router {router!r}: give a name or an object with `name` and `choose(request, "
-                            "replicas, now)`", param="router")
-    return router
-
-
 def check_pools(pools: Sequence[Pool]) -> None:
     """One line naming what is wrong with a fleet's pools, before any simulation starts."""
     if not pools:
@@ -282,13 +277,11 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
     front = FrontDoor(admission, guard_config, [p.setup for p in front_pools for _ in range(p.replicas)],
                       flow_control, any(p.max_num_queued_reqs is not None or p.max_num_queued_tokens is not None
                                         for p in pools), guard_poll_interval)
-    interval = sample_interval
-    # a router or front door that reads the gauges: the timeline is their scrapes
-    for refresh in (getattr(chosen, "refresh", 0.0), getattr(back, "refresh", 0.0), front.refresh or 0.0):
-        interval = min(interval, refresh) if refresh else interval
+    scrape = _scrape(sample_interval, getattr(chosen, "refresh", 0.0), getattr(back, "refresh", 0.0),
+                     front.refresh or 0.0)
     scaled = next((p for p in pools if policy and p.name == policy.pool), None)
     cold = {scaled.name: policy.cold_start(weight_bytes(model, scaled))} if policy and scaled else {}
-    hooks = (on_step, on_finish)
+    hooks, interval = (on_step, on_finish), (sample_interval, scrape)
     fleet = _Fleet(pools, chosen, fast, interval, check, on_route, front, scaled, hooks) if link is None or \
         back is None else _Disagg(pools, (chosen, back), link, fast, interval, check, (on_route, on_transfer), front,
                                   scaled, hooks)
@@ -299,7 +292,7 @@ def simulate_fleet(model: Any, workload: Iterable[Request], pools: Sequence[Pool
 class _Fleet:
     """The replicas and their front door, advanced together."""
 
-    def __init__(self, pools: Sequence[Pool], router: Router, fast: bool, interval: float,
+    def __init__(self, pools: Sequence[Pool], router: Router, fast: bool, interval: tuple[float, float],
                  check: Callable[[], None] | None, on_route: Callable[[Request, int], None] | None,
                  front: FrontDoor, scaled: Pool | None = None,
                  hooks: tuple[Callable[..., None] | None, Callable[..., None] | None] = (None, None)) -> None:
@@ -316,13 +309,14 @@ class _Fleet:
         for pool in pools:
             for _ in range(pool.replicas):
                 self.add(pool, 0.0, 0.0)
+        self.fixed = tuple(self.live)
         self.arrived = self.decided = 0
 
     def add(self, pool: Pool, now: float, ready: float) -> None:
         i = len(self.replicas)
         on_step, on_finish = self.hooks
-        run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, self.fast, self.interval,
-                   _of(i, on_step), None, on_finish=_of(i, on_finish), check=self.check)
+        run = _Run(pool.setup, pool.setup.simulator.scheduler(pool.setup), None, self.fast, self.interval[0],
+                   _of(i, on_step), None, on_finish=_of(i, on_finish), check=self.check, scrape=self.interval[1])
         rep = Replica(i, pool, run)
         rep.started, rep.ready = now, ready
         self.replicas.append(rep)
@@ -343,7 +337,9 @@ class _Fleet:
     def busy(self) -> bool:
         return any(rep.run.sched.has_work() for rep in self.live)
 
-    def serving(self, now: float) -> list[Replica]:
+    def serving(self, now: float) -> Sequence[Replica]:
+        if self.scaled is None:  # (no autoscaler: every replica serves from the start to the end)
+            return self.fixed
         return [r for r in self.live if r.serving(now)]
 
     def mine(self) -> list[Replica]:
@@ -489,7 +485,7 @@ class _Disagg(_Fleet):
     with _Fleet's front door before the prefill side and its autoscaler on the pool it scales."""
 
     def __init__(self, pools: Sequence[Pool], routers: tuple[Router, Router], link: KVLink, fast: bool,
-                 interval: float, check: Callable[[], None] | None,
+                 interval: tuple[float, float], check: Callable[[], None] | None,
                  reports: tuple[Callable[[Request, int], None] | None, Callable[[Request, float, float], None] | None],
                  front: FrontDoor, scaled: Pool | None,
                  hooks: tuple[Callable[..., None] | None, Callable[..., None] | None]) -> None:
@@ -541,28 +537,11 @@ class _Disagg(_Fleet):
         return self.handover.result(super().result(router, policy, decisions, cold), self.link)
 
 
-def _chosen(chosen: Router, r: Request, replicas: Sequence[Replica], now: float) -> Replica:
-    """The replica `chosen` picks among `replicas` for `r`, checked."""
-    i = chosen.choose(r, replicas, now)
-    rep = next((x for x in replicas if x.index == i), None) if isinstance(i, int) else None
-    if rep is None:
-        raise KVBudgetError(f"router {chosen.name}: chose replica {i!r}, not one of the "
-                            f"{len(replicas)} it was offered", param="router")
-    return rep
-
-
-def _sent(rep: Replica, r: Request, on_route: Callable[[Request, int], None] | None) -> Replica:
-    """A request sent to `rep`: counted and reported."""
-    rep.took()
-    if on_route is not None:
-        on_route(r, rep.index)
-    return rep
-
-
-def _route(chosen: Router, r: Request, replicas: Sequence[Replica], now: float,
-           on_route: Callable[[Request, int], None] | None) -> Replica:
-    """The replica `chosen` picks among `replicas` for `r`, counted and reported."""
-    return _sent(_chosen(chosen, r, replicas, now), r, on_route)
+def _scrape(sample_interval: float, *refreshes: float | None) -> float:
+    """How often the replicas' gauges are scraped: the shortest refresh of whatever reads them (a router, a front
+    door), else at the timeline's sampling instants (what an autoscaler and a router of one's own read). The scrapes
+    are kept apart from the timeline, which keeps `sample_interval`."""
+    return min((r for r in refreshes if r), default=sample_interval)
 
 
 def _of(index: int, hook: Callable[..., None] | None) -> Callable[..., None] | None:

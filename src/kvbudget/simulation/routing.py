@@ -61,8 +61,9 @@ class Replica:
         self.final: Simulation | None = None  # a drained replica's result once it has answered its last request
         self.routed = 0  # requests the router sent here
         self._done = 0  # of them, completed by the router's clock (a pointer into run.finished_at)
-        self._sample = 0  # the timeline sample the gauge shows (a pointer into run.timeline)
         self._quiet = -math.inf  # no request here finishes before this (while none is added): run.no_finish_before
+        self._read: tuple[float, float, int, int] | None = None  # the scrape last read, and as a Sample
+        self._shown = Sample(0.0, 0.0, 0, 0)
 
     def retire(self) -> None:
         """A drained replica with nothing left to do: its result kept, its scheduler let go (a run that scales in
@@ -99,20 +100,21 @@ class Replica:
 
     def gauge(self, now: float) -> Sample:
         """The engine's gauges (KV usage, running, waiting) as a scrape at `now` last read them: the state the first
-        step at or past the latest scrape instant left (the replica's timeline, sampled at the scrape interval);
-        an idle replica's own state."""
+        step at or past the latest scrape instant left (the run's scrapes, kept apart from its timeline); an idle
+        replica's own state. `now` never goes back from one read to the next."""
         self.advance(now)
         run = self.run
+        kept = run.scrapes
+        while len(kept) > 1 and kept[1][0] <= now:
+            kept.popleft()
+        run.read_at = now
         if run.t <= now and not run.sched.has_work():
             return Sample(now, run.sched.usage(), 0, 0)
-        line = run.timeline
-        i = self._sample
-        while i + 1 < len(line) and line[i + 1].time <= now:
-            i += 1
-        self._sample = i
-        if not line or line[i].time > now:
+        if not kept or kept[0][0] > now:
             return Sample(now, 0.0, 0, 0)
-        return line[i]
+        if kept[0] is not self._read:  # (each scrape made a Sample once, when first read)
+            self._read, self._shown = kept[0], Sample(*kept[0])
+        return self._shown
 
 
 @runtime_checkable
@@ -396,3 +398,36 @@ def _read(text: str, router: str, kind: type, unit: str, most: float | None = No
         raise KVBudgetError(f"router {router}: {validate.shown(text)} is not a number of {unit} above 0 "
                             f"(at most {most:,})", param="router")
     return float(value)
+
+
+def _router(router: Router | str, pools: Sequence[Pool]) -> Router:
+    if isinstance(router, str):
+        return parse_router(router, pools)
+    if not isinstance(router, Router):
+        raise KVBudgetError(f"router {router!r}: give a name or an object with `name` and `choose(request, "
+                            "replicas, now)`", param="router")
+    return router
+
+
+def _chosen(chosen: Router, r: Request, replicas: Sequence[Replica], now: float) -> Replica:
+    """The replica `chosen` picks among `replicas` for `r`, checked."""
+    i = chosen.choose(r, replicas, now)
+    rep = next((x for x in replicas if x.index == i), None) if isinstance(i, int) else None
+    if rep is None:
+        raise KVBudgetError(f"router {chosen.name}: chose replica {i!r}, not one of the "
+                            f"{len(replicas)} it was offered", param="router")
+    return rep
+
+
+def _sent(rep: Replica, r: Request, on_route: Callable[[Request, int], None] | None) -> Replica:
+    """A request sent to `rep`: counted and reported."""
+    rep.took()
+    if on_route is not None:
+        on_route(r, rep.index)
+    return rep
+
+
+def _route(chosen: Router, r: Request, replicas: Sequence[Replica], now: float,
+           on_route: Callable[[Request, int], None] | None) -> Replica:
+    """The replica `chosen` picks among `replicas` for `r`, counted and reported."""
+    return _sent(_chosen(chosen, r, replicas, now), r, on_route)

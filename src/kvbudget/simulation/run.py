@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -232,7 +233,7 @@ class _Run:
                  on_step: Callable[..., None] | None,
                  progress: Callable[[int], None] | None, guard: Gatekeeper | None = None,
                  on_finish: Callable[..., None] | None = None, check: Callable[[], None] | None = None,
-                 clients: int | None = None):
+                 clients: int | None = None, scrape: float = math.inf):
         self.setup, self.sched, self.fast, self.guard = setup, sched, fast, guard
         # a closed loop's clients: when each is free to send (a heap; every one free from the start)
         self.clients: list[float] | None = None if clients is None else [-math.inf] * clients
@@ -255,7 +256,13 @@ class _Run:
         self.peak_usage = 0.0
         self.peak_running = self.peak_waiting = 0
         self.timeline: list[Sample] = []
-        self.next_sample = 0.0
+        self.next_line = 0.0  # the timeline's next sampling instant
+        # a fleet's gauge scrapes, every `scrape` seconds, kept apart from the timeline: the state the first step at
+        # or past each instant left, those a reader at `read_at` can no longer see dropped (Replica.gauge)
+        self.scrape, self.next_scrape = scrape, 0.0 if scrape < math.inf else math.inf
+        self.scrapes: deque[tuple[float, float, int, int]] = deque()  # (time, usage, running, waiting)
+        self.read_at = -math.inf
+        self.next_sample = 0.0  # the next instant of either
         if workload is not None:
             self.loop(iter(workload))
 
@@ -452,10 +459,23 @@ class _Run:
         if waiting > self.peak_waiting:
             self.peak_waiting = waiting
         if self.t >= self.next_sample:
-            self.timeline.append(Sample(self.t, usage, running, waiting))
-            self.next_sample = (math.floor(self.t / self.interval) + 1) * self.interval
+            self.next_sample = self.sampled(self.t, usage, running, waiting)
         if self.on_step is not None:
             self.on_step(self.t, tokens, usage, running, waiting)
+
+    def sampled(self, t: float, usage: float, running: int, waiting: int) -> float:
+        """A step ending at `t` reached the timeline's next instant or the next scrape: the state it left recorded
+        where it did; the next instant of either."""
+        if t >= self.next_line:
+            self.timeline.append(Sample(t, usage, running, waiting))
+            self.next_line = (math.floor(t / self.interval) + 1) * self.interval
+        if t >= self.next_scrape:
+            kept = self.scrapes
+            kept.append((t, usage, running, waiting))  # (a Sample once read: most never are)
+            while len(kept) > 1 and kept[1][0] <= self.read_at:  # (a later one read by then: never shown again)
+                kept.popleft()
+            self.next_scrape = (math.floor(t / self.scrape) + 1) * self.scrape
+        return min(self.next_line, self.next_scrape)
 
     def _beam_finished(self, search: BeamSearch, now: float) -> None:
         """An engine request of a beam search finished: the next round goes in now; after the last round the

@@ -75,7 +75,8 @@ def test_hybrid_fast_path_equals_the_reference_step_by_step(requests, blocks, bl
 
 def _both_ways(model, requests, setup) -> bool:
     """Whether the fast path and the reference give the same steps and the same result: the fast path with its
-    decode runs in a Python loop, and with every run in numpy arrays."""
+    decode runs in a Python loop, with every run in numpy arrays, and in the loop with no hook per step (its own
+    loop: the same result)."""
     import importlib.util
     from unittest import mock
 
@@ -83,13 +84,14 @@ def _both_ways(model, requests, setup) -> bool:
     if arrays:
         import numpy  # noqa: F401  (imported: the runs take it at once)
     runs = []
-    for fast, array_run in ((False, 1), (True, 10**9), (True, 1) if arrays else (True, 10**9)):
+    for fast, array_run, hooked in ((False, 1, True), (True, 10**9, True), (True, 1, True) if arrays else
+                                    (True, 10**9, True), (True, 10**9, False)):
         steps: list = []
         with mock.patch("kvbudget.simulation.decoding.ARRAY_RUN", array_run):
             result = simulate(model, iter(requests), setup=setup, fast=fast,
-                              on_step=lambda *a, steps=steps: steps.append(a))
+                              on_step=(lambda *a, steps=steps: steps.append(a)) if hooked else None)
         runs.append((replace(result, fast_steps=0), steps))
-    return runs[0] == runs[1] == runs[2]
+    return runs[0] == runs[1] == runs[2] and runs[3][0] == runs[0][0]
 
 def _setup(blocks, block_size, seqs, budget, max_len, caching, threshold=0):
     from kvbudget.simulation.run import setup_for
