@@ -43,7 +43,7 @@ from kvbudget.simulation.autoscale import (
 from kvbudget.simulation.cost import Cost, gpu_hours_cost
 from kvbudget.simulation.disagg import Handover, KVTransfer, resolve_link
 from kvbudget.simulation.front import FlowControl, FrontDoor, FrontReport
-from kvbudget.simulation.percentiles import Percentiles
+from kvbudget.simulation.percentiles import Percentiles, metric_of
 from kvbudget.simulation.routing import (
     APPROX_MAX_ENTRIES,
     LEAST_KV_REFRESH_S,
@@ -158,11 +158,8 @@ class FleetSimulation:
                               self.completed, price_per_gpu_hour, gpus)
 
     def metric(self, name: str) -> float | None:
-        from kvbudget.simulation.percentiles import check_metric
-
-        kind, stat = check_metric(name)
-        pct = {"ttft": self.ttft, "tpot": self.tpot, "e2e": self.e2e}[kind]
-        return None if pct is None else float(getattr(pct, stat))
+        """A latency figure by name: ttft|tpot|e2e _ p50|p90|p99|mean|max (seconds)."""
+        return metric_of(name, self.ttft, self.tpot, self.e2e)
 
     @property
     def prefix_hit_rate(self) -> float | None:

@@ -19,6 +19,14 @@ def check_metric(name: str) -> tuple[str, str]:
     return kind, stat
 
 
+def metric_of(name: str, ttft: Percentiles | None, tpot: Percentiles | None, e2e: Percentiles | None
+              ) -> float | None:
+    """A latency figure by name (ttft|tpot|e2e _ p50|p90|p99|mean|max, seconds) of a run's percentiles."""
+    kind, stat = check_metric(name)
+    pct = {"ttft": ttft, "tpot": tpot, "e2e": e2e}[kind]
+    return None if pct is None else float(getattr(pct, stat))
+
+
 @dataclass(frozen=True)
 class Percentiles:
     p50: float

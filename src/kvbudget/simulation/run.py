@@ -31,7 +31,7 @@ from kvbudget.simulation import bands, decoding, steptimes
 from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.decoding import Sample
 from kvbudget.simulation.guarded import Gatekeeper, GuardReport, admission_policy
-from kvbudget.simulation.percentiles import LatencyWindow, Percentiles, check_metric, latency_windows
+from kvbudget.simulation.percentiles import LatencyWindow, Percentiles, latency_windows, metric_of
 
 NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
 SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
@@ -86,9 +86,7 @@ class Simulation:
 
     def metric(self, name: str) -> float | None:
         """A latency figure by name: ttft|tpot|e2e _ p50|p90|p99|mean|max (seconds)."""
-        kind, stat = check_metric(name)
-        pct = {"ttft": self.ttft, "tpot": self.tpot, "e2e": self.e2e}[kind]
-        return None if pct is None else float(getattr(pct, stat))
+        return metric_of(name, self.ttft, self.tpot, self.e2e)
 
     @property
     def prefix_hit_rate(self) -> float | None:
