@@ -8,7 +8,6 @@ from the same `TimeModel.step_seconds`; whole numbers stay exact as floats below
 
 from __future__ import annotations
 
-import bisect
 import math
 import sys
 from dataclasses import dataclass
@@ -210,10 +209,16 @@ def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float, first: i
     first step attends over."""
     r, waiting = len(sched.running), len(sched.waiting)
     # whole numbers as floats (exact below 2^53: the same floats as Python's int-to-float in the loop)
-    taken = np.add.accumulate(np.fromiter(sched.new_blocks_by_step(k), float, k))  # blocks, step by step
-    context = np.arange(k, dtype=float)
-    context *= r
-    context += first  # attended over in each step
+    phases = sched.block_phases()
+    if phases is None:
+        taken = np.fromiter(sched.new_blocks_by_step(k), float, k)
+    else:  # (a block every block_size steps from each phase: no list of k)
+        taken = np.zeros(k)
+        bs = sched.cfg.block_size
+        for j in phases:
+            taken[j::bs] += 1.0
+    np.add.accumulate(taken, out=taken)  # blocks, step by step
+    context = np.arange(first, first + r * k, r, dtype=float)  # attended over in each step (first + i r, exact)
     free, usable = sched.free_blocks()
     usage = 1.0 - (free - taken) / usable
     rows = np.empty((4, k + 1))
@@ -238,7 +243,7 @@ def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float, first: i
         np.maximum(held, 0, out=held)  # (held beyond the context; 0: adds 0.0, as if not added)
         np.multiply(held, dt, out=rows[3, 1:])
     np.add.accumulate(rows, axis=1, out=rows)
-    done = min(k, int(np.searchsorted(rows[0, 1:], arrival)) + 1)  # through the first step ending at or past it
+    done = min(k, int(rows[0, 1:].searchsorted(arrival)) + 1)  # through the first step ending at or past it
     run.usage_time, run.slot_time[0], run.slot_time[2] = rows[1:, done].tolist()
     if sched.hybrid:  # (windows free blocks: usage can fall within a run) the highest after a step that took
         took = usage[:done][np.diff(taken[:done], prepend=0) != 0]
@@ -247,13 +252,14 @@ def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float, first: i
         peak = float(usage[done - 1]) if taken[done - 1] else 0.0
     if peak > run.peak_usage:
         run.peak_usage = peak
-    times = rows[0, 1:done + 1].tolist()
-    if times[-1] >= run.next_sample:  # the samples and scrapes: the first step at or past each instant
-        j = bisect.bisect_left(times, run.next_sample)
+    times = rows[0, 1:done + 1]
+    end = float(times[-1])
+    if end >= run.next_sample:  # the samples and scrapes: the first step at or past each instant
+        j = int(times.searchsorted(run.next_sample))
         while j < done:
-            run.next_sample = run.sampled(times[j], float(usage[j]), r, waiting)
-            j = bisect.bisect_left(times, run.next_sample, j + 1)
+            run.next_sample = run.sampled(float(times[j]), float(usage[j]), r, waiting)
+            j = max(j + 1, int(times.searchsorted(run.next_sample)))  # (bisect_left from j + 1: times only grow)
     if run.on_step is not None:
-        for t, u in zip(times, usage[:done].tolist(), strict=True):
+        for t, u in zip(times.tolist(), usage[:done].tolist(), strict=True):
             run.on_step(t, r, u, r, waiting)
-    return done, times[-1]
+    return done, end
