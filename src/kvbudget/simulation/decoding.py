@@ -220,9 +220,11 @@ def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float, first: i
     np.add.accumulate(taken, out=taken)  # blocks, step by step
     context = np.arange(first, first + r * k, r, dtype=float)  # attended over in each step (first + i r, exact)
     free, usable = sched.free_blocks()
-    usage = 1.0 - (free - taken) / usable
+    usage = np.subtract(free, taken)
+    usage /= usable
+    np.subtract(1.0, usage, out=usage)  # (1.0 - free / usable, as the loop has it)
     rows = np.empty((4, k + 1))
-    rows[:, 0] = run.t, run.usage_time, run.slot_time[0], run.slot_time[2]
+    rows[0, 0], rows[1, 0], rows[2, 0], rows[3, 0] = run.t, run.usage_time, run.slot_time[0], run.slot_time[2]
     tm = run.tm
     head = _head(tm, r)
     if head is None:
@@ -230,10 +232,12 @@ def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float, first: i
     else:  # (the loop's sum: the same floats as step_seconds gives, in fewer passes)
         dt = np.multiply(context, tm.context_cost, out=rows[0, 1:])
         dt += head
-        np.maximum(dt, tm.pace + tm.pace_per_seq * r, out=dt)
+        pace = tm.pace + tm.pace_per_seq * r
+        if tm.context_cost < 0.0 or first * tm.context_cost + head < pace:  # (else no step is below it: the
+            np.maximum(dt, pace, out=dt)                                      # first is the shortest)
     np.multiply(usage, dt, out=rows[1, 1:])
-    held = taken + (usable - free)
-    held *= sched.cfg.block_size  # token slots in blocks in use
+    held = np.multiply(taken, sched.cfg.block_size)
+    held += (usable - free) * sched.cfg.block_size  # token slots in blocks in use
     if sched.hybrid:  # every block in use counts as token states (see memory())
         np.multiply(held, dt, out=rows[2, 1:])
         rows[3, 1:] = 0.0  # (x + 0.0 is x: as if not added)
