@@ -47,6 +47,7 @@ class Clock(Protocol):
 
 
 _NUMPY: list[Any] = [0]  # long runs seen; then numpy, once looked for (None: not installed)
+FEW = 6  # numpy runs of up to this many sequences count their blocks sequence by sequence (else by phase)
 IMPORT_AFTER = 1000  # long runs in Python loops before numpy is imported (about the time its import takes)
 
 
@@ -213,10 +214,14 @@ def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float, first: i
     if phases is None:
         taken = np.fromiter(sched.new_blocks_by_step(k), float, k)
     else:  # (a block every block_size steps from each phase: no list of k)
-        taken = np.zeros(k)
         bs = sched.cfg.block_size
-        for j in phases:
-            taken[j::bs] += 1.0
+        period = np.bincount(phases, minlength=bs) if r > FEW else None
+        if period is not None and len(period) == bs:  # (every phase within the first block_size steps)
+            taken = np.resize(period.astype(float), k)
+        else:
+            taken = np.zeros(k)
+            for j in phases:
+                taken[j::bs] += 1.0
     np.add.accumulate(taken, out=taken)  # blocks, step by step
     context = np.arange(first, first + r * k, r, dtype=float)  # attended over in each step (first + i r, exact)
     free, usable = sched.free_blocks()
