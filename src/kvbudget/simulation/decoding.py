@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from kvbudget.engines.scheduling.seq import Queues
     from kvbudget.engines.scheduling.timing import TimeModel
 
-ARRAY_RUN = 150  # decode runs of this many steps or more go through numpy, where installed (below, its calls cost more)
+ARRAY_RUN = 120  # decode runs of this many steps or more go through numpy, where installed (below, its calls cost more)
 
 
 @dataclass(frozen=True)
