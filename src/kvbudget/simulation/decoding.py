@@ -8,6 +8,7 @@ from the same `TimeModel.step_seconds`; whole numbers stay exact as floats below
 
 from __future__ import annotations
 
+import bisect
 import math
 import sys
 from dataclasses import dataclass
@@ -265,9 +266,11 @@ def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float, first: i
     end = float(times[-1])
     if end >= run.next_sample:  # the samples and scrapes: the first step at or past each instant
         j = int(times.searchsorted(run.next_sample))
-        while j < done:
-            run.next_sample = run.sampled(float(times[j]), float(usage[j]), r, waiting)
-            j = max(j + 1, int(times.searchsorted(run.next_sample)))  # (bisect_left from j + 1: times only grow)
+        later = times[j:].tolist()  # (from the first on: a scrape every 50 ms can fall many times in a run)
+        i = 0
+        while i < done - j:
+            run.next_sample = run.sampled(later[i], float(usage[j + i]), r, waiting)
+            i = bisect.bisect_left(later, run.next_sample, i + 1)
     if run.on_step is not None:
         for t, u in zip(times.tolist(), usage[:done].tolist(), strict=True):
             run.on_step(t, r, u, r, waiting)
