@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from kvbudget.engines.scheduling.seq import Queues
     from kvbudget.engines.scheduling.timing import TimeModel
 
-ARRAY_RUN = 150  # decode runs of this many steps or more go through numpy, where installed (below, its calls cost more)
+ARRAY_RUN = 120  # decode runs of this many steps or more go through numpy, where installed (below, its calls cost more)
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class Clock(Protocol):
 
 
 _NUMPY: list[Any] = [0]  # long runs seen; then numpy, once looked for (None: not installed)
+FEW = 6  # numpy runs of up to this many sequences count their blocks sequence by sequence (else by phase)
 IMPORT_AFTER = 1000  # long runs in Python loops before numpy is imported (about the time its import takes)
 
 
@@ -210,14 +211,26 @@ def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float, first: i
     first step attends over."""
     r, waiting = len(sched.running), len(sched.waiting)
     # whole numbers as floats (exact below 2^53: the same floats as Python's int-to-float in the loop)
-    taken = np.add.accumulate(np.fromiter(sched.new_blocks_by_step(k), float, k))  # blocks, step by step
-    context = np.arange(k, dtype=float)
-    context *= r
-    context += first  # attended over in each step
+    phases = sched.block_phases()
+    if phases is None:
+        taken = np.fromiter(sched.new_blocks_by_step(k), float, k)
+    else:  # (a block every block_size steps from each phase: no list of k)
+        bs = sched.cfg.block_size
+        period = np.bincount(phases, minlength=bs) if r > FEW else None
+        if period is not None and len(period) == bs:  # (every phase within the first block_size steps)
+            taken = np.resize(period.astype(float), k)
+        else:
+            taken = np.zeros(k)
+            for j in phases:
+                taken[j::bs] += 1.0
+    np.add.accumulate(taken, out=taken)  # blocks, step by step
+    context = np.arange(first, first + r * k, r, dtype=float)  # attended over in each step (first + i r, exact)
     free, usable = sched.free_blocks()
-    usage = 1.0 - (free - taken) / usable
+    usage = np.subtract(free, taken)
+    usage /= usable
+    np.subtract(1.0, usage, out=usage)  # (1.0 - free / usable, as the loop has it)
     rows = np.empty((4, k + 1))
-    rows[:, 0] = run.t, run.usage_time, run.slot_time[0], run.slot_time[2]
+    rows[0, 0], rows[1, 0], rows[2, 0], rows[3, 0] = run.t, run.usage_time, run.slot_time[0], run.slot_time[2]
     tm = run.tm
     head = _head(tm, r)
     if head is None:
@@ -225,10 +238,12 @@ def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float, first: i
     else:  # (the loop's sum: the same floats as step_seconds gives, in fewer passes)
         dt = np.multiply(context, tm.context_cost, out=rows[0, 1:])
         dt += head
-        np.maximum(dt, tm.pace + tm.pace_per_seq * r, out=dt)
+        pace = tm.pace + tm.pace_per_seq * r
+        if tm.context_cost < 0.0 or first * tm.context_cost + head < pace:  # (else no step is below it: the
+            np.maximum(dt, pace, out=dt)                                      # first is the shortest)
     np.multiply(usage, dt, out=rows[1, 1:])
-    held = taken + (usable - free)
-    held *= sched.cfg.block_size  # token slots in blocks in use
+    held = np.multiply(taken, sched.cfg.block_size)
+    held += (usable - free) * sched.cfg.block_size  # token slots in blocks in use
     if sched.hybrid:  # every block in use counts as token states (see memory())
         np.multiply(held, dt, out=rows[2, 1:])
         rows[3, 1:] = 0.0  # (x + 0.0 is x: as if not added)
@@ -238,7 +253,7 @@ def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float, first: i
         np.maximum(held, 0, out=held)  # (held beyond the context; 0: adds 0.0, as if not added)
         np.multiply(held, dt, out=rows[3, 1:])
     np.add.accumulate(rows, axis=1, out=rows)
-    done = min(k, int(np.searchsorted(rows[0, 1:], arrival)) + 1)  # through the first step ending at or past it
+    done = min(k, int(rows[0, 1:].searchsorted(arrival)) + 1)  # through the first step ending at or past it
     run.usage_time, run.slot_time[0], run.slot_time[2] = rows[1:, done].tolist()
     if sched.hybrid:  # (windows free blocks: usage can fall within a run) the highest after a step that took
         took = usage[:done][np.diff(taken[:done], prepend=0) != 0]
@@ -247,13 +262,16 @@ def _arrays(run: Clock, np: Any, sched: Queues, k: int, arrival: float, first: i
         peak = float(usage[done - 1]) if taken[done - 1] else 0.0
     if peak > run.peak_usage:
         run.peak_usage = peak
-    times = rows[0, 1:done + 1].tolist()
-    if times[-1] >= run.next_sample:  # the samples and scrapes: the first step at or past each instant
-        j = bisect.bisect_left(times, run.next_sample)
-        while j < done:
-            run.next_sample = run.sampled(times[j], float(usage[j]), r, waiting)
-            j = bisect.bisect_left(times, run.next_sample, j + 1)
+    times = rows[0, 1:done + 1]
+    end = float(times[-1])
+    if end >= run.next_sample:  # the samples and scrapes: the first step at or past each instant
+        j = int(times.searchsorted(run.next_sample))
+        later = times[j:].tolist()  # (from the first on: a scrape every 50 ms can fall many times in a run)
+        i = 0
+        while i < done - j:
+            run.next_sample = run.sampled(later[i], float(usage[j + i]), r, waiting)
+            i = bisect.bisect_left(later, run.next_sample, i + 1)
     if run.on_step is not None:
-        for t, u in zip(times, usage[:done].tolist(), strict=True):
+        for t, u in zip(times.tolist(), usage[:done].tolist(), strict=True):
             run.on_step(t, r, u, r, waiting)
-    return done, times[-1]
+    return done, end

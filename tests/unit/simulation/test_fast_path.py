@@ -116,6 +116,20 @@ def test_fast_path_is_exact_with_every_part_of_the_time_model():
     assert simulate(LLAMA, iter(requests), setup=setup).ttft.p50 > 0.02
 
 
+def test_fast_path_is_exact_where_a_floor_on_the_step_holds_some_steps_of_a_run():
+    """A pace (the frontend's floor on a step) between a run's first steps and its last, and one below them all:
+    the numpy runs floor the short steps only where some are below it, the same floats as step by step."""
+    from kvbudget.engines.scheduling.timing import TimeModel
+
+    requests = [r for r in rescale(read_trace(TRACES / "AzureLLMInferenceTrace_conv.csv"), count=50)
+                if r.prompt_tokens + r.output_tokens < 4000]
+    for pace in (0.0062, 0.001):
+        tm = TimeModel(weights=0.004, per_context=0.0, per_token=2e-5, overhead=0.0015, context_cost=2e-7,
+                       pace=pace, basis="a floor")
+        setup = replace(_setup(4000, 16, 64, 2048, 4096, True), time_model=tm)
+        assert _both_ways(LLAMA, requests, setup)
+
+
 def test_fast_path_runs_on_a_real_trace_and_keeps_memory_to_the_requests():
     r = simulate(LLAMA, rescale(read_trace(TRACES / "AzureLLMInferenceTrace_conv.csv"), count=500), gpu="H100")
     assert r.completed == r.requests == 500

@@ -272,6 +272,11 @@ class Queues:
         """The fast path: blocks the running requests take at each of the next k decode steps."""
         raise NotImplementedError
 
+    def block_phases(self) -> list[int] | None:
+        """The fast path: the step (0: the next) at which each running request takes its first new block in a
+        decode run, one more every `block_size` steps after; None where the blocks do not go so (the default)."""
+        return None
+
     def context_tokens(self) -> int:
         """The fast path: tokens the running requests attend over."""
         raise NotImplementedError

@@ -185,6 +185,9 @@ class HybridScheduler(VLLMScheduler):
         planned = self._planned
         return planned if planned is not None and planned[0] >= k else self._plan(k)
 
+    def block_phases(self) -> list[int] | None:
+        return None  # (windows free blocks: see new_blocks_by_step)
+
     def new_blocks_by_step(self, k: int) -> list[int]:
         """Blocks taken less blocks freed in each of the next k decode steps."""
         _, _, takes, frees = self._planned_for(k)

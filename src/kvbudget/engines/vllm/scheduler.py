@@ -291,12 +291,17 @@ class VLLMScheduler(Queues):
         """Tokens every running request attends over in its next decode step, summed."""
         return sum(s.computed for s in self.running) + len(self.running)
 
+    def block_phases(self) -> list[int] | None:
+        """The step at which each running request's next token first needs a new block (its blocks' free slots)."""
+        bs = self.cfg.block_size
+        return [max(0, s.nblocks * bs - s.computed) for s in self.running]
+
     def new_blocks_by_step(self, k: int) -> list[int]:
         """Blocks taken in each of the next k decode steps."""
         bs = self.cfg.block_size
         counts = [0] * k
         for s in self.running:
-            j = s.nblocks * bs - s.computed
+            j = s.nblocks * bs - s.computed  # (its phase, as block_phases has it: inline, for the loop's speed)
             if j < 0:
                 j = 0
             while j < k:
