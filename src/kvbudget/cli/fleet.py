@@ -28,6 +28,7 @@ from kvbudget.commands.fleet import (
     pool_figures,
 )
 from kvbudget.commands.simulate import SimulateRequest
+from kvbudget.simulation.autoscale import DEFAULT_LOAD_BANDWIDTH, DEFAULT_STARTUP_S
 from kvbudget.units import format_bytes
 
 if TYPE_CHECKING:
@@ -165,7 +166,11 @@ def _scaled(sim: FleetSimulation) -> None:
     if sim.autoscale is not None:
         a = sim.autoscale
         counts = [s + n for _, s, n in a.timeline]
-        cold = ", ".join(f"{v:,.1f} s" for v in a.cold_start_s.values())
+        p = a.policy
+        cold = ", ".join(f"{v:,.1f} s" for v in a.cold_start_s.values()) + (
+            f": the weights at {p.load_bandwidth / 1e9:,.2f} GB/s"
+            f"{' (assumed: a 25 Gbit/s link; --load-bandwidth)' if p.load_bandwidth == DEFAULT_LOAD_BANDWIDTH else ''}"
+            f" + {p.startup:g} s start-up{' (an estimate; startup=)' if p.startup == DEFAULT_STARTUP_S else ''}")
         out.print(f"autoscale {a.policy.signal} (pool {a.policy.pool}, every {a.policy.interval:g} s): "
                   f"{min(counts):,} to {max(counts):,} replicas, {a.started:,} added (cold start {cold}), "
                   f"{a.removed:,} drained; {sim.gpu_hours:,.3f} GPU-hours")
