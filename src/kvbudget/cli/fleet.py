@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.cli.common import console, wrote
 from kvbudget.cli.simulated import (
+    RunFiles,
     _calibration_exists,
     _cost_line,
     _credit,
@@ -16,7 +17,6 @@ from kvbudget.cli.simulated import (
     _progress,
     _saved,
     _short,
-    _write,
     latency_table,
 )
 from kvbudget.commands.fleet import (
@@ -37,28 +37,14 @@ if TYPE_CHECKING:
 
 
 def run(ask: SimulateRequest, args: argparse.Namespace) -> int:
-    rows: list[str] = []
-    hooks: dict[str, Any] = {}
-    if ask.timeline:
-        rows.append("replica,time_s,tokens,kv_usage,running,waiting")
-        hooks["on_step"] = lambda i, t, tokens, usage, r, w: rows.append(
-            f"{i},{t:.6f},{tokens},{usage:.6f},{r},{w}")
-    done: list[str] = []
-    if ask.per_request:
-        done.append("replica,id,arrival_s,prompt_tokens,output_tokens,ttft_s,tpot_s,e2e_s")
-        hooks["on_finish"] = lambda i, r, ttft, tpot, e2e: done.append(
-            f"{i},{r.id},{r.arrival:.6f},{r.prompt_tokens},{r.output_tokens},{ttft:.6f},"
-            f"{'' if tpot is None else f'{tpot:.6f}'},{e2e:.6f}")
+    files = RunFiles(ask.timeline, ask.per_request, fleet=True)
     progress = _progress() if not ask.json and sys.stderr.isatty() else None
     calibration_existed = _calibration_exists(args)
-    sim, fleet = fleet_simulation(ask, progress=progress, **hooks)
+    sim, fleet = fleet_simulation(ask, progress=progress, **files.hooks())
     _saved(args, calibration_existed)
     if progress is not None:
         print(file=sys.stderr)
-    if ask.timeline:
-        _write(ask.timeline, rows, "timeline", ask.force)
-    if ask.per_request:
-        _write(ask.per_request, done, "per_request", ask.force)
+    files.write(ask.force)
     if ask.plot:
         from kvbudget.plot import plot_fleet
 

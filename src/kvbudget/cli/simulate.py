@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from kvbudget.choices import Allocator
 from kvbudget.cli.common import add_options, console, request_of, wrote
 from kvbudget.cli.simulated import (
+    RunFiles,
     _calibration_exists,
     _cost_line,
     _credit,
@@ -20,7 +21,6 @@ from kvbudget.cli.simulated import (
     _progress,
     _saved,
     _short,
-    _write,
     latency_table,
 )
 from kvbudget.commands.fleet import is_fleet
@@ -96,27 +96,13 @@ def run(args: argparse.Namespace) -> int:
                   f"target: {'; '.join(search.binding)}", file=sys.stderr)
             return 1
         return 0
-    rows: list[str] = []
-    on_step = None
-    if args.timeline:
-        rows.append("time_s,tokens,kv_usage,running,waiting")
-        on_step = lambda t, tokens, usage, r, w: rows.append(f"{t:.6f},{tokens},{usage:.6f},{r},{w}")  # noqa: E731
-    done: list[str] = []
-    on_finish = None
-    if args.per_request:
-        done.append("id,arrival_s,prompt_tokens,output_tokens,ttft_s,tpot_s,e2e_s")
-        on_finish = lambda r, ttft, tpot, e2e: done.append(  # noqa: E731
-            f"{r.id},{r.arrival:.6f},{r.prompt_tokens},{r.output_tokens},{ttft:.6f},"
-            f"{'' if tpot is None else f'{tpot:.6f}'},{e2e:.6f}")
+    files = RunFiles(args.timeline, args.per_request)
     progress = _progress() if not args.json and sys.stderr.isatty() else None
     ready = prepared(ask)
-    sim = run_prepared(ask, ready, on_step=on_step, progress=progress, on_finish=on_finish)
+    sim = run_prepared(ask, ready, progress=progress, **files.hooks())
     if progress is not None:
         print(file=sys.stderr)
-    if args.timeline:
-        _write(args.timeline, rows, "timeline", args.force)
-    if args.per_request:
-        _write(args.per_request, done, "per_request", args.force)
+    files.write(args.force)
     if args.prometheus_series:
         _write_series(ask, sim)
     if args.plot:

@@ -21,6 +21,40 @@ def _write(path: str, lines: list[str], param: str, force: bool) -> None:
     wrote(path, flag(param), write_file(path, "\n".join(lines) + "\n", param, force))
 
 
+class RunFiles:
+    """A run's --timeline (a row a step) and --per-request (a row a completed request) files, filled by the hooks
+    it hands the simulation; a fleet's rows start with the replica's index."""
+
+    def __init__(self, timeline: str | None, per_request: str | None, fleet: bool = False) -> None:
+        self.timeline, self.per_request, self.fleet = timeline, per_request, fleet
+        first = "replica," if fleet else ""
+        self.steps = [f"{first}time_s,tokens,kv_usage,running,waiting"]
+        self.done = [f"{first}id,arrival_s,prompt_tokens,output_tokens,ttft_s,tpot_s,e2e_s"]
+
+    def hooks(self) -> dict[str, Callable[..., None]]:
+        """simulate's (or simulate_fleet's) on_step and on_finish, for the files asked for."""
+        def step(t: float, tokens: int, usage: float, running: int, waiting: int) -> str:
+            return f"{t:.6f},{tokens},{usage:.6f},{running},{waiting}"
+
+        def request(r: Any, ttft: float, tpot: float | None, e2e: float) -> str:
+            return (f"{r.id},{r.arrival:.6f},{r.prompt_tokens},{r.output_tokens},{ttft:.6f},"
+                    f"{'' if tpot is None else f'{tpot:.6f}'},{e2e:.6f}")
+
+        out: dict[str, Callable[..., None]] = {}
+        for name, path, rows, row in (("on_step", self.timeline, self.steps, step),
+                                      ("on_finish", self.per_request, self.done, request)):
+            if path:
+                out[name] = ((lambda i, *a, rows=rows, row=row: rows.append(f"{i},{row(*a)}")) if self.fleet
+                             else (lambda *a, rows=rows, row=row: rows.append(row(*a))))
+        return out
+
+    def write(self, force: bool) -> None:
+        if self.timeline:
+            _write(self.timeline, self.steps, "timeline", force)
+        if self.per_request:
+            _write(self.per_request, self.done, "per_request", force)
+
+
 def _dollars(value: float | None) -> str:
     return "-" if value is None else f"${value:,.2f}" if value >= 0.1 else f"${value:,.4f}"
 
