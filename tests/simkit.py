@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
+from typing import Any
 
 import kvbudget
 from kvbudget.traces import find as bundled_trace
@@ -147,3 +150,20 @@ class BlockByBlock:
         assert len(table) == blocks
         self.keyed.pop(s.uid, None)
         self.q.release(table[::-1])
+
+
+def close(a: Any, b: Any, rel: float = 1e-9) -> bool:
+    """Whether two results are the same but for rounding: equal field for field, floats within `rel` of each other
+    (or both below 1e-12: sums of the same terms in another order). A decode run in closed form adds its steps'
+    seconds in one sum where the reference adds them one by one (simulation/closedrun.py)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, int | float) and isinstance(b, int | float) and math.isclose(a, b, rel_tol=rel,
+                                                                                          abs_tol=1e-12)
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        return type(a) is type(b) and all(close(getattr(a, f.name), getattr(b, f.name), rel)
+                                          for f in dataclasses.fields(a))
+    if isinstance(a, list | tuple):
+        return isinstance(b, list | tuple) and len(a) == len(b) and all(close(x, y, rel) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(close(a[x], b[x], rel) for x in a)
+    return bool(a == b)

@@ -1,6 +1,8 @@
 """Runs of pure decode steps at once (the simulator's fast path): the clock and the running totals advanced k
 steps in a Python loop, or for a long run in numpy arrays, each float the same as step by step (the reference,
-`simulate(fast=False)`; tests/unit/simulation/test_fast_path.py checks both kernels against it).
+`simulate(fast=False)`; tests/unit/simulation/test_fast_path.py checks both kernels against it); or, where a run
+may be long and its steps' seconds are a line in the context, in closed form (simulation/closedrun.py: the same
+steps, the seconds to rounding).
 
 numpy adds in order in `np.add.accumulate` (not in its sums), and a step's seconds over an array of contexts come
 from the same `TimeModel.step_seconds`; whole numbers stay exact as floats below 2^53.
@@ -14,12 +16,18 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from kvbudget.simulation.closedrun import closed_run
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from kvbudget.engines.scheduling.seq import Queues
     from kvbudget.engines.scheduling.timing import TimeModel
 
+# runs of pure decode steps in closed form where they may last this many steps and more (their cost grows with the
+# running requests: below, the loop's pass over the steps costs less)
+CLOSED_RUN = 16
+CLOSED_PER_SEQ = 6
 ARRAY_RUN = 120  # decode runs of this many steps or more go through numpy, where installed (below, its calls cost more)
 
 
@@ -97,18 +105,25 @@ def _steps_to(run: Clock, arrival: float, k: int, r: int, context: int) -> int:
 
 def take(run: Clock, sched: Queues, k: int, arrival: float) -> tuple[int, float]:
     """Up to k pure decode steps, stopping after the one that ends at or past `arrival`: the running totals of
-    `run` advanced as step by step (not its clock); the steps taken and the clock after them. A long run goes to
-    `_arrays`; the rest is the loop."""
+    `run` advanced as step by step (not its clock); the steps taken and the clock after them. A run that may be long
+    goes to `closed_run` where it applies, else to `_arrays`; the rest is the loop."""
     r = len(sched.running)
     context = sched.context_tokens()
+    tm = run.tm
+    head = _head(tm, r)
+    if head is not None and run.on_step is None and not sched.hybrid and tm.context_cost >= 0.0:
+        least = CLOSED_RUN + CLOSED_PER_SEQ * r
+        first = head + tm.context_cost * context  # (the shortest step: before the pace, which only lengthens it)
+        if k >= least and (arrival - run.t >= least * first) and (phases := sched.block_phases()) is not None:
+            closed = closed_run(run, sched, k, arrival, (r, context, head, phases))
+            if closed is not None:
+                return closed
     if k >= ARRAY_RUN:  # (a short run stops at the arrival as cheaply as it would be capped)
         k = _steps_to(run, arrival, k, r, context)
         if k >= ARRAY_RUN and (np := _numpy()) is not None:
             return _arrays(run, np, sched, k, arrival, context)
     bs = sched.cfg.block_size
     takes = sched.new_blocks_by_step(k)
-    tm = run.tm
-    head = _head(tm, r)
     pace = tm.pace + tm.pace_per_seq * r  # (a step cannot outrun it)
     free, usable = sched.free_blocks()
     held = (usable - free) * bs
