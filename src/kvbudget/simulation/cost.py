@@ -3,7 +3,11 @@ duration (idle time included: you pay for the GPUs whether requests come or not)
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 from typing import Any
 
 from kvbudget.errors import KVBudgetError
@@ -102,3 +106,25 @@ def price_for(prices: dict[str | None, float], gpu: str | None) -> float:
         raise KVBudgetError(f"gpu_price: no price for {name or 'a run without a GPU named'}; give one per GPU "
                             f"simulated (priced: {', '.join(str(k) for k in prices)})", param="gpu_price")
     return prices[name]
+
+
+def price_table(gpus: Iterable[str] = ()) -> dict[str, float]:
+    """The shipped on-demand prices per GPU-hour (data/prices.json: each with its provider, instance, source and
+    date): {catalog name: price}. Every GPU in `gpus` (catalog names or aliases) must be priced there, else a
+    one-line error asks for --gpu-price."""
+    from kvbudget.gpus import find_gpu
+
+    table = {name: float(row["price_per_gpu_hour"]) for name, row in _price_rows().items()}
+    for gpu in gpus:
+        name = find_gpu(gpu).name
+        if name not in table:
+            raise KVBudgetError(f"gpu_price: no shipped price for {name} (data/prices.json prices "
+                                f"{', '.join(sorted(table))}); give one, e.g. {name}=2.49", param="gpu_price")
+    return table
+
+
+@cache
+def _price_rows() -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = json.loads(
+        (resources.files("kvbudget") / "data" / "prices.json").read_text(encoding="utf-8"))["gpus"]
+    return rows
