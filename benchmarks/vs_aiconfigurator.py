@@ -21,8 +21,9 @@ How kvbudget simulates aiconfigurator's choice (its operating point is a steady 
   arithmetic: its seq/s is bs / request latency).
 - disaggregated: its prefill and decode workers as two pools (`simulate_fleet`, router round-robin, KV link
   `nvlink`: its 8 GPUs are one node), requests at its predicted request rate, evenly spaced (its steady state),
-  6 x concurrency of them; steady-state means as above, output tokens/s/GPU as served over the steady window. A
-  rate the simulated pools cannot sustain shows as a TTFT that grows with the queue.
+  6 x concurrency of them; steady-state means as above, output tokens/s/GPU as served in the steady window (the
+  requests finishing between the arrivals of the first and last sixth, times OSL): aiconfigurator's figure where
+  the simulated pools keep up with its rate, less where they do not (and a TTFT that grows with the queue).
 kvbudget's step times here are its roofline-and-fitted-kernels estimate for the GPU (no calibration on these
 cases: nothing is fitted on aiconfigurator's figures, which are a model's output, not measurements).
 """
@@ -122,14 +123,14 @@ def ask_aiconfigurator(aic: Path) -> dict[str, Any]:
             subprocess.run(command, capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONWARNINGS": "ignore"})
             out = next(Path(tmp).rglob("agg")).parent
-            modes = {}
+            modes: dict[str, Any] = {}
             for mode in ("agg", "disagg"):
                 rows = list(csv.DictReader((out / mode / "best_config_topn.csv").open()))
                 if not rows:
                     modes[mode] = None
                     continue
                 engines = _flags(out / mode / "top1" / "run_0.sh")
-                db = rows[0].get("version") or rows[0].get("(p)version")
+                db = str(rows[0].get("version") or rows[0].get("(p)version"))
                 for e in engines:
                     e["aiconfigurator_kv"] = _kv(aic, model, system, db, e)
                 modes[mode] = {"row": {k: _number(v) if re.fullmatch(r"-?\d+(\.\d+)?", v) else v
@@ -138,6 +139,20 @@ def ask_aiconfigurator(aic: Path) -> dict[str, Any]:
         cases.append({"id": cid, "model": model, "system": system, "isl": isl, "osl": osl, "ttft_ms": ttft,
                       "tpot_ms": tpot, "total_gpus": TOTAL_GPUS, "command": shlex.join(shown), **modes})
     return {"aiconfigurator_version": version, "cases": cases}
+
+
+def aiconfigurator_estimate(aic: Path, model: str, system: str, isl: int, osl: int, bs: int, tp: int,
+                            pp: int = 1) -> dict[str, float]:
+    """The reverse: aiconfigurator's prediction for a configuration it is given (`cli estimate`, aggregated: one
+    replica of `tp` x `pp` GPUs at batch `bs`), e.g. kvbudget's own choice: TTFT and TPOT (ms), tokens/s/gpu."""
+    command = [str(aic / "bin" / "aiconfigurator"), "cli", "estimate", "--model-path", model, "--system", system,
+               "--backend", "vllm", "--estimate-mode", "agg", "--isl", str(isl), "--osl", str(osl),
+               "--batch-size", str(bs), "--tp", str(tp), "--pp", str(pp)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONWARNINGS": "ignore"}).stdout
+    found = dict(re.findall(r"^\s*(TTFT|TPOT|tokens/s/gpu):\s+([\d,.]+)", out, re.MULTILINE))
+    return {"ttft_ms": float(found["TTFT"]), "tpot_ms": float(found["TPOT"]),
+            "tokens_s_gpu": float(found["tokens/s/gpu"].replace(",", ""))}
 
 
 # ---- kvbudget's side ----
@@ -184,7 +199,7 @@ def simulate_agg(case: dict[str, Any], model: Any) -> dict[str, Any]:
 def simulate_disagg(case: dict[str, Any], model: Any) -> dict[str, Any]:
     chosen = case["disagg"]
     row, (pre, dec) = chosen["row"], chosen["engines"]
-    gpu, notes = GPUS[case["system"]], []
+    gpu, notes = GPUS[case["system"]], list[str]()
     pools = [Pool(name="prefill", setup=_setup(model, gpu, pre, case, notes), replicas=int(row["(p)workers"]),
                   role=Role.PREFILL),
              Pool(name="decode", setup=_setup(model, gpu, dec, case, notes), replicas=int(row["(d)workers"]),
@@ -193,11 +208,14 @@ def simulate_disagg(case: dict[str, Any], model: Any) -> dict[str, Any]:
     reqs = [Request(arrival=i / rate, prompt_tokens=case["isl"], output_tokens=case["osl"], id=str(i))
             for i in range(n)]
     finished: list[tuple[int, float, float | None, float]] = []
-    sim = simulate_fleet(model, reqs, pools, kv_link="nvlink",
+    simulate_fleet(model, reqs, pools, kv_link="nvlink",
                          on_finish=lambda _i, r, ttft, tpot, e2e: finished.append((int(r.id), ttft, tpot, e2e)))
     got = _steady(finished, n // 6)
-    gpus = sum(p.replicas * p.gpus for p in pools)
-    got["tokens_s_gpu"] = sim.output_tokens / sim.duration_s / gpus if sim.duration_s > 0 else 0.0
+    # served in the steady window (from the arrival of the n/6-th request to that of the 5n/6-th): the requests
+    # finishing in it (open loop: a request finishes at its arrival plus its E2E) times OSL, per GPU
+    start, end = (n // 6) / rate, (n - n // 6) / rate
+    done = sum(start <= int(i) / rate + e2e < end for i, _, _, e2e in finished)
+    got["tokens_s_gpu"] = done * case["osl"] / (end - start) / sum(p.replicas * p.gpus for p in pools)
     got["kv_tokens"] = [p.setup.token_slots for p in pools]
     got["notes"] = notes
     return got
