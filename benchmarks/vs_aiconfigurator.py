@@ -24,8 +24,10 @@ How kvbudget simulates aiconfigurator's choice (its operating point is a steady 
   6 x concurrency of them; steady-state means as above, output tokens/s/GPU as served in the steady window (the
   requests finishing between the arrivals of the first and last sixth, times OSL): aiconfigurator's figure where
   the simulated pools keep up with its rate, less where they do not (and a TTFT that grows with the queue).
-kvbudget's step times here are its roofline-and-fitted-kernels estimate for the GPU (no calibration on these
-cases: nothing is fitted on aiconfigurator's figures, which are a model's output, not measurements).
+Both sides model the same vLLM release: the one aiconfigurator's database measured (its rows' `version`), as
+kvbudget's `vllm@VERSION`. kvbudget's step times here are its roofline-and-fitted-kernels estimate for the GPU
+(no calibration on these cases: nothing is fitted on aiconfigurator's figures, which are a model's output, not
+measurements).
 """
 
 from __future__ import annotations
@@ -169,7 +171,8 @@ def _setup(model: Any, gpu: str, engine: dict[str, Any], case: dict[str, Any], n
     """kvbudget's setup for an engine with aiconfigurator's flags; where kvbudget finds vLLM would refuse to start
     (no --max-model-len given: the model's whole context must fit), the note says so and the engine is simulated
     with --max-model-len ISL + OSL, the least its requests need."""
-    settings = {"gpu": gpu, "tp": engine["tp"], "pp": engine["pp"], "max_num_seqs": engine["max_num_seqs"],
+    settings = {"engine": f"vllm@{case['vllm']}", "gpu": gpu, "tp": engine["tp"], "pp": engine["pp"],
+                "max_num_seqs": engine["max_num_seqs"],
                 "max_num_batched_tokens": engine["max_num_batched_tokens"], "utilization": UTILIZATION}
     try:
         return setup_for(model, max_model_len=engine["max_model_len"], **settings)
@@ -264,6 +267,8 @@ def main() -> None:
                                                                         "disagg": simulate_disagg}
     for case in doc["cases"]:
         model = kvbudget.load_model(MODELS[case["model"]])
+        row = (case["agg"] or case["disagg"])["row"]
+        case["vllm"] = row.get("version") or row["(p)version"]  # the vLLM release its database measured
         own = own_choice(case)
         for mode in ("agg", "disagg"):
             chosen = case.get(mode)
