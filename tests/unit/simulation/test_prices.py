@@ -11,7 +11,7 @@ import pytest
 
 from kvbudget import KVBudgetError
 from kvbudget.gpus import find_gpu
-from kvbudget.simulation.cost import price_table
+from kvbudget.simulation.cost import parse_prices, price_table
 
 DOC = json.loads((resources.files("kvbudget") / "data" / "prices.json").read_text(encoding="utf-8"))
 FIELDS = {"price_per_gpu_hour", "provider", "instance", "gpus_in_instance", "instance_price_per_hour", "region",
@@ -46,6 +46,14 @@ def test_reader_answers_the_catalog_names_and_accepts_aliases():
 
 def test_an_unpriced_gpu_asks_for_gpu_price_in_one_line():
     unpriced = next(g for g in ("L40S", "T4", "MI300X") if g not in DOC["gpus"])
-    with pytest.raises(KVBudgetError, match=f"no shipped price for {unpriced}") as err:
+    with pytest.raises(KVBudgetError, match=f"no price for {unpriced}: data/prices.json has none") as err:
         price_table(["H100-80GB", unpriced])
     assert err.value.param == "gpu_price" and "\n" not in str(err.value)
+
+
+def test_gpu_price_overrides_the_table():
+    unpriced = next(g for g in ("L40S", "T4", "MI300X") if g not in DOC["gpus"])
+    table = price_table(["H100-80GB", unpriced], given=parse_prices(f"h100=1.5,{unpriced}=0.86"))
+    assert (table["H100-80GB"], table[unpriced]) == (1.5, 0.86)
+    assert table["H200"] == DOC["gpus"]["H200"]["price_per_gpu_hour"]  # the rest as shipped
+    assert price_table(["H200", unpriced], given=parse_prices("2")) == {"H200": 2.0, unpriced: 2.0}
