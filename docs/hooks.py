@@ -54,6 +54,17 @@ def _gpus() -> str:
     return "\n".join(rows) + "\n"
 
 
+def _prices() -> str:
+    import json
+
+    doc = json.loads((ROOT / "src" / "kvbudget" / "data" / "prices.json").read_text(encoding="utf-8"))
+    rows = ["| GPU | $ per GPU-hour | provider | instance | date | source |", "|---|---|---|---|---|---|"]
+    rows += [f"| {name} | {r['price_per_gpu_hour']:.2f} | {r['provider']} | {r['instance']} | {r['date']} "
+             f"({r['date_kind']}) | [{r['source']}]({r['source']}), read from [a transcription]({r['via']}) |"
+             for name, r in doc["gpus"].items()]
+    return "\n".join(rows) + "\n"
+
+
 def _traces() -> str:
     from kvbudget.traces import bundled
 
@@ -67,7 +78,8 @@ def _changelog() -> str:
     return text.split("\n", 1)[1]  # without its own title
 
 
-GENERATED = {"cli": _cli, "models": _models, "gpus": _gpus, "traces": _traces, "changelog": _changelog}
+GENERATED = {"cli": _cli, "models": _models, "gpus": _gpus, "prices": _prices, "traces": _traces,
+             "changelog": _changelog}
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:

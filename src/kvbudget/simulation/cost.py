@@ -3,7 +3,11 @@ duration (idle time included: you pay for the GPUs whether requests come or not)
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 from typing import Any
 
 from kvbudget.errors import KVBudgetError
@@ -102,3 +106,30 @@ def price_for(prices: dict[str | None, float], gpu: str | None) -> float:
         raise KVBudgetError(f"gpu_price: no price for {name or 'a run without a GPU named'}; give one per GPU "
                             f"simulated (priced: {', '.join(str(k) for k in prices)})", param="gpu_price")
     return prices[name]
+
+
+def price_table(gpus: Iterable[str] = (), given: Mapping[str | None, float] | None = None) -> dict[str, float]:
+    """The on-demand prices per GPU-hour shipped in data/prices.json (each with its provider, instance, source and
+    date) as {catalog name: price}, `given` (parse_prices' answer to --gpu-price) over them: one price for every
+    GPU, or per GPU. Every GPU in `gpus` (catalog names or aliases) must then have a price, else a one-line error
+    asks for --gpu-price."""
+    from kvbudget.gpus import find_gpu
+
+    names = [find_gpu(gpu).name for gpu in gpus]
+    if given and None in given:
+        return {name: given[None] for name in names}
+    table = {name: float(row["price_per_gpu_hour"]) for name, row in _price_rows().items()}
+    table.update({name: price for name, price in (given or {}).items() if name is not None})
+    for name in names:
+        if name not in table:
+            raise KVBudgetError(f"gpu_price: no price for {name}: data/prices.json has none (it prices "
+                                f"{', '.join(sorted(_price_rows()))}); give one, e.g. {name}=2.49",
+                                param="gpu_price")
+    return table
+
+
+@cache
+def _price_rows() -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = json.loads(
+        (resources.files("kvbudget") / "data" / "prices.json").read_text(encoding="utf-8"))["gpus"]
+    return rows
