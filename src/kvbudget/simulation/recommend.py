@@ -17,8 +17,8 @@ The search, in four steps, each exact:
    is simulated (it cannot be the cheapest); every candidate that costs as much or less is. No other skip is made:
    latency is not monotone in resources (a larger batch can lengthen a step), so "a richer one failed" proves
    nothing and is not used.
-4. The answer: the cheapest candidate meeting the objectives (ties: fewer GPUs, then the widest margin), the
-   Pareto front of those simulated, and why each other one lost.
+4. The answer: the cheapest candidate meeting the objectives (ties: fewer GPUs, then the model's own KV dtype, then
+   the widest margin), the Pareto front of those simulated, and why each other one lost.
 """
 
 from __future__ import annotations
@@ -361,6 +361,8 @@ class Recommendation:
             return f"costs ${more:,.2f}/hour more"
         if t.candidate.gpus > self.best.candidate.gpus:
             return f"same cost, {t.candidate.gpus - self.best.candidate.gpus} more GPUs"
+        if _quantized(t.candidate) and not _quantized(self.best.candidate):
+            return f"same cost, KV dtype {t.candidate.kv_dtype} (its quality to check) against the model's own"
         return (f"same cost, thinner margin (worst objective at {t.worst:.0%} of its limit, "
                 f"against {self.best.worst:.0%})")
 
@@ -461,7 +463,8 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
                 met_at = min(met_at, t.price_per_hour)
         done = end
     meeting = [t for t in tried if t.met]
-    best = min(meeting, key=lambda t: (t.price_per_hour, t.candidate.gpus, t.worst), default=None)
+    best = min(meeting, key=lambda t: (t.price_per_hour, t.candidate.gpus, _quantized(t.candidate), t.worst),
+               default=None)
     from kvbudget.catalog import find
 
     entry = find(ask.model.name)
@@ -470,6 +473,11 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
                           kv_link=kv_link if space.disaggregated else None, listed=len(listed),
                           pruned=tuple(pruned), skipped=len(alive) - done, tried=tuple(tried), best=best,
                           setups=setups, utilization=utilization, model_dtype=ask.model.dtype)
+
+
+def _quantized(c: Candidate) -> bool:
+    """Whether the candidate stores KV in a dtype other than the model's (a tie goes to the model's own)."""
+    return c.kv_dtype != "auto"
 
 
 def _shifted(progress: Progress | None, done: int, total: int) -> Progress | None:
