@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print(found)
     for path in written:
-        wrote(path, "the deployment (JSON)")
+        wrote(path, "the chosen deployment, JSON")
     if found.best is None:
         print(f"kvbudget: no candidate meets the objectives: {found.binding}", file=sys.stderr)
         return 1
@@ -83,7 +83,7 @@ def _print(found: Recommendation) -> None:
         for f in found.front:
             front_cost = f.cost.per_million_tokens
             t.add_row(f.candidate.label(), str(f.candidate.gpus), f"{f.tokens_per_s_per_gpu:,.0f}",
-                      f"{f.worst:.0%}", f"{front_cost:,.3f}" if front_cost else "-", "yes" if f.met else "no")
+                      f"{f.worst:.0%}", f"{front_cost:,.3f}" if front_cost else "-", "chosen" if f is found.best else "yes" if f.met else "no")
         out.print(t)
     losers = found.runners_up
     if losers:

@@ -254,7 +254,7 @@ def simulate_candidate(model: Any, requests: Sequence[Request], candidate: Candi
         assert watch is not None and watch.stopped is not None
         name, past, limit = watch.stopped
         unit = getattr(limit, "unit", "ms" if limit < 1 else "s")
-        why = f"{name} > {shown(limit, unit)} ({past:,} of {len(requests):,} requests past it: stopped there)"
+        why = f"{name} > {shown(limit, unit)} (already {past:,} of {len(requests):,} requests past it)"
         return Measured(requests=len(requests), completed=0, duration_s=0.0, prompt_tokens=0, output_tokens=0,
                         gpu_hours=0.0, values={}, missed=(why,), preemptions=0, stopped=True)
     return Measured(requests=sim.requests, completed=sim.completed, duration_s=sim.duration_s,
@@ -329,8 +329,8 @@ class Recommendation:
 
     @property
     def front(self) -> tuple[Tried, ...]:
-        """The simulated candidates that served every request and that no other beats or equals on all of tokens per
-        second per GPU, the worst objective's share of its limit, and cost per million tokens."""
+        """The simulated candidates that served every request and that no other beats on all of tokens per second
+        per GPU, the worst objective's share of its limit, and cost per million tokens (the chosen one always)."""
         served = [t for t in self.tried if t.measured.completed == t.measured.requests]
 
         def key(t: Tried) -> tuple[float, float, float]:
@@ -339,7 +339,7 @@ class Recommendation:
         def beaten(t: Tried) -> bool:
             return any(o is not t and all(a <= b for a, b in zip(key(o), key(t), strict=True)) and key(o) != key(t)
                        for o in served)
-        return tuple(t for t in served if not beaten(t))
+        return tuple(t for t in served if t is self.best or not beaten(t))
 
     @property
     def runners_up(self) -> tuple[tuple[Tried, str], ...]:
@@ -391,6 +391,7 @@ class Recommendation:
     def deployment(self) -> Deployment:
         """The winner as a `Deployment` (KVBudgetError where none met the objectives)."""
         from kvbudget.deployment import Deployment, PoolPlan
+        from kvbudget.simulation.search import shown
 
         if self.best is None:
             raise KVBudgetError(f"slo: no candidate meets it: {self.binding}", param="slo")
@@ -402,7 +403,8 @@ class Recommendation:
                         prefix_caching=c.prefix_caching, offload_bytes=c.offload_memory, replicas=c.replicas or 1)
         pools = ((replace(plan, role=Role.PREFILL, replicas=c.prefill_replicas),
                   replace(plan, role=Role.DECODE, replicas=c.decode_replicas)) if c.disaggregated else (plan,))
-        notes = (f"chosen by kvbudget recommend for {', '.join(f'{k}<={v:g}s' for k, v in self.slo.items())}",
+        objectives = ", ".join(f"{k} <= {shown(v, getattr(v, 'unit', 's'))}" for k, v in self.slo.items())
+        notes = (f"chosen by kvbudget recommend for {objectives}",
                  *self.quality_checks())
         return Deployment(model=self.hub_id, engine=self.engine, pools=pools, router=self.router,
                           kv_link=self.kv_link if c.disaggregated else None, notes=notes)
@@ -463,6 +465,14 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
                 met_at = min(met_at, t.price_per_hour)
         done = end
     meeting = [t for t in tried if t.met]
+    stopped = [i for i, t in enumerate(tried) if t.measured.stopped]
+    if not meeting and stopped:  # none met: the runs cut short, run whole, for their figures and the closest
+        calls = [(ask.model, requests, tried[i].candidate, setups[tried[i].candidate.setting], dict(slo), router,
+                  links.get((tried[i].candidate.gpu, tried[i].candidate.setting))
+                  if tried[i].candidate.disaggregated else None, False) for i in stopped]
+        for i, m in zip(stopped, run_all(simulate_candidate, calls, backend), strict=True):
+            c = tried[i].candidate
+            tried[i] = _tried(c, m, price[c.gpu], setups[c.setting], slo)
     best = min(meeting, key=lambda t: (t.price_per_hour, t.candidate.gpus, _quantized(t.candidate), t.worst),
                default=None)
     from kvbudget.catalog import find

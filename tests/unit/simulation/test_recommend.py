@@ -150,6 +150,11 @@ def test_none_meets_says_what_binds_and_the_closest(ask, traffic):
     found = recommend(ask, traffic, parse_slo("ttft_p99=1ms"), SMALL, PRICES, backend="serial")
     assert found.best is None and len(found.tried) == found.listed
     assert found.binding.startswith("ttft_p99") and "closest:" in found.binding
+    # runs cut short are run whole when none meets: every figure there, the closest the nearest by them
+    assert all(not t.measured.stopped and t.measured.values["ttft_p99"] is not None for t in found.tried)
+    assert found.closest is not None
+    assert found.closest.measured.values["ttft_p99"] == min(t.measured.values["ttft_p99"] for t in found.tried)
+    assert found.closest.candidate.label() in found.binding
     with pytest.raises(KVBudgetError, match="no candidate meets it") as err:
         found.deployment()
     assert err.value.param == "slo"
