@@ -82,8 +82,9 @@ def _print(found: Recommendation) -> None:
             t.add_column(col, justify="left" if col == "candidate" else "right")
         for f in found.front:
             front_cost = f.cost.per_million_tokens
+            met = "chosen" if f is found.best else "yes" if f.met else "no"
             t.add_row(f.candidate.label(), str(f.candidate.gpus), f"{f.tokens_per_s_per_gpu:,.0f}",
-                      f"{f.worst:.0%}", f"{front_cost:,.3f}" if front_cost else "-", "chosen" if f is found.best else "yes" if f.met else "no")
+                      f"{f.worst:.0%}", f"{front_cost:,.3f}" if front_cost else "-", met)
         out.print(t)
     losers = found.runners_up
     if losers:
