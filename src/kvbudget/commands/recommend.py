@@ -113,6 +113,32 @@ def _offloads(text: str | None) -> tuple[int | None, ...]:
                  for v in text.split(","))
 
 
+def _check_kv_dtypes(dtypes: tuple[str, ...]) -> None:
+    from kvbudget.dtypes import KV_DTYPE_CHOICES
+
+    for d in dtypes:
+        if d not in KV_DTYPE_CHOICES:
+            raise KVBudgetError(f"kv_dtype {shown(d)}: name KV dtypes among {', '.join(KV_DTYPE_CHOICES)}",
+                                param="kv_dtype")
+
+
+def _check_link(text: str, gpus: tuple[str, ...]) -> None:
+    """--kv-link read against the GPUs: refused where no GPU can take it (a GPU that alone cannot, e.g. NVLink on
+    a card without it, has its disaggregated candidates pruned with the reason)."""
+    from kvbudget.gpus import find_gpu
+    from kvbudget.interconnects import kv_link
+
+    first: KVBudgetError | None = None
+    for gpu in gpus:
+        try:
+            kv_link(text, [find_gpu(gpu)])
+            return
+        except KVBudgetError as exc:
+            first = first or exc
+    assert first is not None
+    raise first
+
+
 def _gpus(text: str) -> tuple[str, ...]:
     from kvbudget.gpus import find_gpu
 
@@ -185,16 +211,21 @@ def prepared(ask: RecommendRequest) -> Prepared:
                   kv_dtypes=tuple(dict.fromkeys(v.strip() for v in ask.kv_dtype.split(",") if v.strip())),
                   prefix_caching=cached, offload_memory=_offloads(ask.offload_memory),
                   disaggregated=not ask.no_disagg)
+    _check_kv_dtypes(space.kv_dtypes)
     candidates(space)  # an empty or too large space fails here
     if not space.disaggregated and ask.kv_link != "infiniband":
         raise KVBudgetError(f"kv_link: the link of disaggregated candidates; {named('no_disagg')} leaves them out",
                             param="kv_link")
+    if space.disaggregated:
+        _check_link(ask.kv_link, gpus)
     stream = workload(SimulateRequest(model=ask.model, **{k: getattr(ask, k) for k in WORKLOAD_FIELDS}))
     model = load(ask.model)
     found = simulation_ask(SimulateRequest(model=ask.model, engine=ask.engine, max_model_len=ask.max_model_len),
                            model)
-    if isinstance(found.engine, Simulates):
-        found.engine.simulator().options(found)
+    if not isinstance(found.engine, Simulates):
+        raise KVBudgetError(f"engine {found.engine.name}: recommend simulates each candidate, and kvbudget "
+                            "simulates vLLM, SGLang and llama.cpp", param="engine")
+    found.engine.simulator().options(found)  # a release the scheduler model does not take fails here
     scale = positive(ask.rate_scale, "rate_scale")
     requests = []
     for r in stream(scale):

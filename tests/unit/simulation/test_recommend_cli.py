@@ -73,6 +73,12 @@ def test_out_writes_the_deployment(capsys, tmp_path):
     (("--gpus", "H100-80GB", "--gpu-price", "-1", "--slo", "ttft_p99=2s"), "--gpu-price"),
     (("--gpus", "H100-80GB", *PRICE, "--slo", "ttft_p99=2s", "--backend", "gpu"), "--backend"),
     (("--gpus", "H100-80GB", *PRICE, "--slo", "ttft_p99=2s", "--router", "nonesuch"), "router"),
+    (("--gpus", "H100-80GB", *PRICE, "--slo", "ttft_p99=2s", "--kv-dtype", "auto,fp7"), "--kv-dtype 'fp7'"),
+    (("--gpus", "H100-80GB", *PRICE, "--slo", "ttft_p99=2s", "--kv-link", "carrier-pigeon"), "--kv-link"),
+    (("--gpus", "H100-80GB", *PRICE, "--slo", "ttft_p99=2s", "--engine", "tgi"), "--engine tgi"),
+    (("--gpus", "H100-80GB", *PRICE, "--slo", "ttft_p99=2s", "--no-disagg", "--kv-link", "roce"), "--kv-link"),
+    (("--gpus", "H100-80GB", *PRICE, "--slo", "ttft_p99=2s", "--out", "/nonexistent/dir/x"), "--out"),
+    (("--gpus", "H100-80GB", *PRICE, "--slo", "ttft_p99=2s", "--prefix-caching", "maybe"), "--prefix-caching"),
 ])
 def test_bad_input_is_one_line_exit_2_before_the_search(capsys, monkeypatch, extra, message):
     import kvbudget.simulation.recommend as search
