@@ -242,7 +242,8 @@ def simulate_candidate(model: Any, requests: Sequence[Request], candidate: Candi
                  Pool(name="decode", setup=setup, replicas=c.decode_replicas, role=Role.DECODE)]
     else:
         pools = [Pool(name="serve", setup=setup, replicas=c.replicas)]
-    watch = _Stop(requests, slo) if stop else None
+    # (several sequences a request: a percentile counts requests, the hook sequences; no early stop then)
+    watch = _Stop(requests, slo) if stop and all(r.n == 1 and not r.beam_search for r in requests) else None
     try:
         if c.replica_count == 1:
             sim: Any = simulate(model, iter(requests), setup=setup, on_finish=watch)
