@@ -65,8 +65,8 @@ def _print(found: Recommendation) -> None:
     out = console()
     objectives = ", ".join(f"{k} ≤ {shown(v, getattr(v, 'unit', 's'))}" for k, v in found.slo.items())
     pruned = sum(p.candidates for p in found.pruned)
-    out.print(f"{found.model} on {found.engine}: {found.listed:,} candidates; {pruned:,} cannot start (pruned by "
-              f"the memory plan), {len(found.tried):,} simulated, {found.skipped:,} not simulated (they cost more "
+    out.print(f"{found.model} on {found.engine}: {found.listed:,} candidates; {pruned:,} pruned (the engine "
+              f"would not start them, or they cannot be simulated), {len(found.tried):,} simulated, {found.skipped:,} not simulated (they cost more "
               "per hour than one that met the objectives)")
     best = found.best
     if best is not None:
@@ -96,6 +96,6 @@ def _print(found: Recommendation) -> None:
             t.add_row(loser.candidate.label(), f"{loser.price_per_hour:,.2f}", why)
         out.print(t)
     for p in found.pruned:
-        out.print(f"cannot start: {p.setting} ({p.candidates} candidate{'s' * (p.candidates > 1)}): {p.reason}")
+        out.print(f"pruned: {p.setting} ({p.candidates} candidate{'s' * (p.candidates > 1)}): {p.reason}")
     for check in found.quality_checks():
         out.print(f"note: {check}")

@@ -109,6 +109,17 @@ def test_early_stop_gives_the_same_verdict(ask, traffic):
             assert stopped.missed[0].split(" ")[0] in " ".join(whole.missed)
 
 
+def test_no_early_stop_for_requests_of_several_sequences(ask):
+    """A percentile counts requests, the finish hook sequences: with n > 1 the run goes to its end."""
+    from kvbudget.engines.scheduling.workload import Request
+
+    traffic = [Request(arrival=i * 0.01, prompt_tokens=2000, output_tokens=50, n=2) for i in range(40)]
+    c = Candidate(gpu="L40S")
+    m = simulate_candidate(ask.model, traffic, c, setup_of(replace(ask, gpu="L40S")), parse_slo("ttft_p50=1ms"),
+                           "round-robin", None, stop=True)
+    assert m.missed and not m.stopped and m.values["ttft_p50"] is not None
+
+
 @settings(max_examples=60, deadline=None)
 @given(values=st.lists(st.floats(0.0, 2.0), min_size=1, max_size=40), limit=st.floats(0.01, 2.0),
        stat=st.sampled_from(["p50", "p90", "p99", "max"]))
