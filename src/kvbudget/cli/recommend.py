@@ -66,8 +66,8 @@ def _print(found: Recommendation) -> None:
     objectives = ", ".join(f"{k} ≤ {shown(v, getattr(v, 'unit', 's'))}" for k, v in found.slo.items())
     pruned = sum(p.candidates for p in found.pruned)
     out.print(f"{found.model} on {found.engine}: {found.listed:,} candidates; {pruned:,} pruned (the engine "
-              f"would not start them, or they cannot be simulated), {len(found.tried):,} simulated, {found.skipped:,} not simulated (they cost more "
-              "per hour than one that met the objectives)")
+              f"would not start them, or they cannot be simulated), {len(found.tried):,} simulated, "
+              f"{found.skipped:,} not simulated (they cost more per hour than one that met the objectives)")
     best = found.best
     if best is not None:
         c, cost = best.candidate, best.cost
