@@ -447,18 +447,22 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
     listed = candidates(space)
     setups, utilization, pruned, links = _plan(ask, listed, kv_link)
     alive = [c for c in listed if c.setting in setups and (not c.disaggregated or (c.gpu, c.setting) in links)]
-    alive.sort(key=lambda c: (price[c.gpu] * c.gpus, c.gpus))
+    alive.sort(key=lambda c: (_cost_of(c, price), c.gpus))
+
+    def call(c: Candidate, stop: bool) -> tuple[Any, ...]:  # simulate_candidate's arguments
+        link = links.get((c.gpu, c.setting)) if c.disaggregated else None
+        return ask.model, requests, c, setups[c.setting], dict(slo), router, link, stop
+
     tried: list[Tried] = []
     done, met_at = 0, math.inf
-    while done < len(alive) and (exhaustive or price[alive[done].gpu] * alive[done].gpus <= met_at + 1e-9):
+    while done < len(alive) and (exhaustive or _cost_of(alive[done], price) <= met_at + 1e-9):
         end = done + 1
         while end < len(alive) and (exhaustive or end - done < batch or _cost_of(alive[end], price) ==
                                     _cost_of(alive[end - 1], price)):
             end += 1
         chunk = alive[done:end]
-        calls = [(ask.model, requests, c, setups[c.setting], dict(slo), router,
-                  links.get((c.gpu, c.setting)) if c.disaggregated else None, early_stop) for c in chunk]
-        results = run_all(simulate_candidate, calls, backend, _shifted(progress, done, len(alive)))
+        results = run_all(simulate_candidate, [call(c, early_stop) for c in chunk], backend,
+                          _shifted(progress, done, len(alive)))
         for c, m in zip(chunk, results, strict=True):
             t = _tried(c, m, price[c.gpu], setups[c.setting], slo)
             tried.append(t)
@@ -468,10 +472,8 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
     meeting = [t for t in tried if t.met]
     stopped = [i for i, t in enumerate(tried) if t.measured.stopped]
     if not meeting and stopped:  # none met: the runs cut short, run whole, for their figures and the closest
-        calls = [(ask.model, requests, tried[i].candidate, setups[tried[i].candidate.setting], dict(slo), router,
-                  links.get((tried[i].candidate.gpu, tried[i].candidate.setting))
-                  if tried[i].candidate.disaggregated else None, False) for i in stopped]
-        for i, m in zip(stopped, run_all(simulate_candidate, calls, backend), strict=True):
+        whole = run_all(simulate_candidate, [call(tried[i].candidate, False) for i in stopped], backend)
+        for i, m in zip(stopped, whole, strict=True):
             c = tried[i].candidate
             tried[i] = _tried(c, m, price[c.gpu], setups[c.setting], slo)
     best = min(meeting, key=lambda t: (t.price_per_hour, t.candidate.gpus, _quantized(t.candidate), t.worst),
