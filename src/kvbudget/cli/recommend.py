@@ -75,7 +75,7 @@ def _print(found: Recommendation) -> None:
         out.print(f"cheapest meeting {objectives}: [bold]{c.label()}[/bold]: {c.gpus} GPU{'s' * (c.gpus > 1)}, "
                   f"${best.price_per_hour:,.2f}/hour{per_m}")
         out.print("  " + "; ".join(_value(best, name) for name in found.slo) + " (the range: the simulator's "
-                  "error band)")
+                  "error band of means, around each figure)")
     if found.front:
         t = Table(title="Pareto front (simulated candidates that served every request)")
         for col in ("candidate", "GPUs", "tokens/s per GPU", "worst objective / limit", "$ per M tokens", "met"):

@@ -281,7 +281,9 @@ class Tried:
     measured: Measured
     price_per_hour: float  # the candidate's GPUs for an hour
     cost: Cost
-    bands: dict[str, tuple[float, float] | None]  # each objective's value as a range (bands.band_for)
+    # each objective's value as a range: the error band of the metric's mean (bands.band_for: held-out runs judge
+    # means) around it; None where no runs judge the setup's times
+    bands: dict[str, tuple[float, float] | None]
     slo: dict[str, float] = field(repr=False)
 
     @property
