@@ -27,6 +27,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from kvbudget import validate
@@ -330,19 +331,19 @@ class Recommendation:
     utilization: dict[tuple[Any, ...], float] = field(repr=False, compare=False)  # each setting's memory fraction
     model_dtype: str = ""
 
-    @property
+    @cached_property
     def front(self) -> tuple[Tried, ...]:
         """The simulated candidates that served every request and that no other beats on all of tokens per second
-        per GPU, the worst objective's share of its limit, and cost per million tokens (the chosen one always)."""
-        served = [t for t in self.tried if t.measured.completed == t.measured.requests]
-
-        def key(t: Tried) -> tuple[float, float, float]:
-            return -t.tokens_per_s_per_gpu, t.worst, t.cost.per_million_tokens or math.inf
-
-        def beaten(t: Tried) -> bool:
-            return any(o is not t and all(a <= b for a, b in zip(key(o), key(t), strict=True)) and key(o) != key(t)
-                       for o in served)
-        return tuple(t for t in served if t is self.best or not beaten(t))
+        per GPU, the worst objective's share of its limit, and cost per million tokens (the chosen one always);
+        cheapest first. In the order of those keys, a candidate beaten is beaten by one already kept."""
+        served = [(-t.tokens_per_s_per_gpu, t.worst, t.cost.per_million_tokens or math.inf, i, t)
+                  for i, t in enumerate(self.tried) if t.measured.completed == t.measured.requests]
+        kept: list[tuple[float, float, float, int, Tried]] = []
+        for row in sorted(served, key=lambda r: r[:4]):
+            if row[4] is self.best or not any(all(a <= b for a, b in zip(k[:3], row[:3], strict=True))
+                                              and k[:3] != row[:3] for k in kept):
+                kept.append(row)
+        return tuple(row[4] for row in sorted(kept, key=lambda r: r[3]))
 
     @property
     def runners_up(self) -> tuple[tuple[Tried, str], ...]:

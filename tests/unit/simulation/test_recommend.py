@@ -251,3 +251,21 @@ def test_candidates_count_the_shapes():
     # TP 1: 4 co-located + (P, D) with P + D <= 4: 6; TP 2: 2 co-located + 1 split
     assert len(listed) == 13 and len(set(listed)) == 13
     assert all(c.gpus <= 4 for c in listed)
+
+
+def test_the_front_is_every_candidate_no_other_beats(ask, traffic):
+    """The front as its definition says, checked pair by pair over an exhaustive search."""
+    found = recommend(ask, traffic, parse_slo("ttft_p99=2s,tpot_p99=60ms"), SMALL, PRICES, backend="serial",
+                      exhaustive=True, early_stop=False)
+    served = [t for t in found.tried if t.measured.completed == t.measured.requests]
+
+    def key(t):
+        m = t.measured
+        return (-(m.prompt_tokens + m.output_tokens) / m.duration_s / t.candidate.gpus,
+                max(m.values[n] / limit for n, limit in t.slo.items()), t.cost.per_million_tokens)
+
+    def beaten(t):
+        return any(all(a <= b for a, b in zip(key(o), key(t), strict=True)) and key(o) != key(t) for o in served)
+
+    expected = [t for t in served if t is found.best or not beaten(t)]
+    assert list(found.front) == expected and 1 < len(expected) < len(served)
