@@ -450,6 +450,7 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
     listed = candidates(space)
     setups, utilization, pruned, links = _plan(ask, listed, kv_link)
     alive = [c for c in listed if c.setting in setups and (not c.disaggregated or (c.gpu, c.setting) in links)]
+    _check_lengths(requests, setups.values())
     alive.sort(key=lambda c: (_cost_of(c, price), c.gpus))
 
     def call(c: Candidate, stop: bool) -> tuple[Any, ...]:  # simulate_candidate's arguments
@@ -489,6 +490,17 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
                           kv_link=kv_link if space.disaggregated else None, listed=len(listed),
                           pruned=tuple(pruned), skipped=len(alive) - done, tried=tuple(tried), best=best,
                           setups=setups, utilization=utilization, model_dtype=ask.model.dtype)
+
+
+def _check_lengths(requests: Sequence[Request], setups: Iterable[Setup]) -> None:
+    """Refuse, before any run, a prompt past a setup's max_model_len (the engine rejects it: every run would stop
+    there)."""
+    longest = max(requests, key=lambda r: r.prompt_tokens)
+    for setup in setups:
+        if longest.prompt_tokens + 1 > setup.max_model_len:
+            raise KVBudgetError(f"max_model_len: request {longest.id or '?'}'s prompt of {longest.prompt_tokens:,} "
+                                f"tokens does not fit max_model_len {setup.max_model_len:,} (the engine rejects it); "
+                                "raise max_model_len or filter the trace", param="max_model_len")
 
 
 def _quantized(c: Candidate) -> bool:

@@ -94,6 +94,19 @@ def test_bad_input_is_one_line_exit_2_before_the_search(capsys, monkeypatch, ext
     assert len(lines) == 1 and lines[0].startswith("kvbudget: error:") and message in lines[0], lines
 
 
+def test_a_prompt_past_max_model_len_is_refused_before_any_run(capsys, monkeypatch):
+    import kvbudget.simulation.recommend as search
+
+    def never(*_a, **_k):
+        raise AssertionError("a candidate was simulated")
+
+    monkeypatch.setattr(search, "simulate_candidate", never)
+    code, _, err = cli(capsys, "recommend", "llama-3.1-8b", "--trace", "azure-conv-2023", "--slice", "0:300",
+                       "--slo", "ttft_p99=2s", *PRICE, "--max-gpus", "1", "--max-model-len", "1024",
+                       "--backend", "serial")
+    assert code == 2 and "--max-model-len: request" in err and len(err.strip().splitlines()) == 1
+
+
 def test_without_a_price_it_asks_for_one_or_uses_the_table(capsys, monkeypatch):
     import kvbudget.simulation.cost as cost
     import kvbudget.simulation.recommend as search
