@@ -511,12 +511,13 @@ def test_one_description_makes_the_flags_and_the_web_parameters(capsys):
     from kvbudget.commands.checklog import CheckLogRequest
     from kvbudget.commands.guard import GuardRequest
     from kvbudget.commands.quality import QualityRequest
+    from kvbudget.commands.recommend import RecommendRequest
     from kvbudget.commands.tokens import TokensRequest
     from kvbudget.commands.web import WebRequest
 
     others = {"tokens": TokensRequest, "check-log": CheckLogRequest, "quality": QualityRequest, "guard": GuardRequest,
               "alerts": AlertsRequest, "web": WebRequest, "models": CatalogRequest, "gpus": CatalogRequest,
-              "traces": CatalogRequest}
+              "traces": CatalogRequest, "recommend": RecommendRequest}
     assert set(others) | set(api.REQUESTS) == set(MODULE_OF)  # every command has its request
     for command, request in others.items():
         sub = next(a for a in build_parser(command)._actions if a.dest == "command").choices[command]

@@ -11,10 +11,12 @@ from kvbudget.cli import common
 from kvbudget.commands import spelling
 from kvbudget.errors import KVBudgetError
 
-COMMANDS = ("estimate", "catalog", "plan", "simulate", "checklog", "tokens", "guard", "quality", "web")  # modules
+COMMANDS = ("estimate", "catalog", "plan", "simulate", "recommend", "checklog", "tokens", "guard", "quality",
+            "web")  # modules
 # each command's module: a run builds (so imports) only its own command's parser
 MODULE_OF = {"estimate": "estimate", "models": "catalog", "gpus": "catalog", "traces": "catalog", "plan": "plan",
-             "compare": "plan", "simulate": "simulate", "check-log": "checklog", "tokens": "tokens", "guard": "guard",
+             "compare": "plan", "simulate": "simulate",
+             "recommend": "recommend", "check-log": "checklog", "tokens": "tokens", "guard": "guard",
              "alerts": "guard", "quality": "quality", "web": "web"}
 
 

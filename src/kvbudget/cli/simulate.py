@@ -250,9 +250,14 @@ def sweep_point(ask: SimulateRequest, found: SimulationAsk, combo: dict[str, Any
 
 
 def _task_progress(done: int, total: int) -> None:
+    task_progress(done, total)
+
+
+def task_progress(done: int, total: int, what: str = "sweep", of: str = "configurations") -> None:
+    """A bar on stderr: `done` of `total` tasks (a sweep's configurations, a search's candidates)."""
     width = 30
     bar = "#" * (width * done // total)
-    print(f"\rsweep [{bar:<{width}}] {done}/{total} configurations", end="", file=sys.stderr, flush=True)
+    print(f"\r{what} [{bar:<{width}}] {done}/{total} {of}", end="", file=sys.stderr, flush=True)
 
 
 def _cell(key: str, value: Any) -> str:

@@ -1,0 +1,589 @@
+"""`recommend`: the cheapest deployment that meets latency objectives on a traffic, found by simulating it.
+
+    >>> found = recommend(ask, requests, parse_slo("ttft_p99=2s,tpot_p99=50ms"), Space(gpus=("H100-80GB", "L40S")),
+    ...                   {"H100-80GB": 2.49, "L40S": 0.86})
+    >>> found.best.candidate, found.deployment()
+
+The search, in four steps, each exact:
+1. `candidates` lists every configuration of the `Space` the user allows: a GPU, tensor and pipeline parallel
+   sizes, the engine's settings (max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, KV dtype, prefix
+   caching, a host offload tier), and how many replicas serve together (co-located, or a prefill and a decode pool
+   joined by a KV link), at most `max_gpus` GPUs in all.
+2. Each distinct engine setting is planned once (`setup_of`, the exact memory plan): a setting the engine would
+   refuse to start (the weights do not fit, the heads do not split, no room for one request) prunes every candidate
+   made of it, and is never simulated; the reason is kept.
+3. What is left is simulated on the whole traffic at its own rate (`simulate`, or `simulate_fleet` for several
+   replicas), cheapest per hour first. Once a candidate meets every objective, nothing that costs more per hour
+   is simulated (it cannot be the cheapest); every candidate that costs as much or less is. No other skip is made:
+   latency is not monotone in resources (a larger batch can lengthen a step), so "a richer one failed" proves
+   nothing and is not used.
+4. The answer: the cheapest candidate meeting the objectives (ties: fewer GPUs, then the model's own KV dtype, then
+   the widest margin), the Pareto front of those simulated, and why each other one lost.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from kvbudget import validate
+from kvbudget.engines.scheduling.setup import Role
+from kvbudget.errors import KVBudgetError
+from kvbudget.simulation.cost import Cost, gpu_hours_cost
+from kvbudget.simulation.percentiles import check_metric
+
+if TYPE_CHECKING:
+    from kvbudget.deployment import Deployment
+    from kvbudget.engines.scheduling.setup import Setup, SimulationAsk
+    from kvbudget.engines.scheduling.workload import Request
+    from kvbudget.interconnects import KVLink
+
+MAX_CANDIDATES = 5_000  # candidates one search may list: about 10 minutes of simulation on two cores
+MAX_SEARCH_GPUS = 64  # GPUs one candidate may take (--max-gpus): eight nodes of eight
+MAX_SEARCH_REQUESTS = 100_000  # requests one search replays per candidate (the traffic is held in memory)
+TP_SIZES = (1, 2, 4, 8)  # tensor parallel sizes tried by default (within one node)
+BATCH = 16  # candidates simulated together (whole cost levels) before checking whether one met the objectives
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One configuration: `replicas` co-located replicas, or `prefill_replicas` + `decode_replicas` disaggregated,
+    each on `tp` x `pp` GPUs of `gpu`, with the engine's settings (None: the engine's default for the GPU)."""
+
+    gpu: str  # the GPU catalog's name
+    tp: int = 1
+    pp: int = 1
+    replicas: int = 1  # co-located replicas (0 when disaggregated)
+    prefill_replicas: int = 0
+    decode_replicas: int = 0
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
+    kv_dtype: str = "auto"
+    prefix_caching: bool = True
+    offload_memory: int | None = None  # host memory for a KV offload tier, per replica over every rank
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill_replicas > 0
+
+    @property
+    def replica_count(self) -> int:
+        return self.prefill_replicas + self.decode_replicas if self.disaggregated else self.replicas
+
+    @property
+    def gpus(self) -> int:
+        return self.replica_count * self.tp * self.pp
+
+    @property
+    def setting(self) -> tuple[Any, ...]:
+        """What one replica's engine is planned from (the same for every replica count)."""
+        return (self.gpu, self.tp, self.pp, self.max_num_seqs, self.max_num_batched_tokens,
+                self.gpu_memory_utilization, self.kv_dtype, self.prefix_caching, self.offload_memory)
+
+    def label(self) -> str:
+        """In words: '2 x H100-80GB (TP 2), kv fp8' or '1 prefill + 2 decode x L40S'."""
+        shape = (f"{self.prefill_replicas} prefill + {self.decode_replicas} decode" if self.disaggregated
+                 else f"{self.replicas}")
+        par = ", ".join(f"{k} {v}" for k, v in (("TP", self.tp), ("PP", self.pp)) if v > 1)
+        knobs = [f"{k} {v}" for k, v in (("max_num_seqs", self.max_num_seqs),
+                                          ("max_num_batched_tokens", self.max_num_batched_tokens),
+                                          ("gpu_memory_utilization", self.gpu_memory_utilization),
+                                          ("offload", self.offload_memory and f"{self.offload_memory >> 30} GiB"))
+                 if v is not None]
+        if self.kv_dtype != "auto":
+            knobs.insert(0, f"kv {self.kv_dtype}")
+        if not self.prefix_caching:
+            knobs.append("no prefix caching")
+        return f"{shape} x {self.gpu}" + (f" ({par})" if par else "") + (", " + ", ".join(knobs) if knobs else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "gpus": self.gpus, "disaggregated": self.disaggregated}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Space:
+    """The configurations a search may try: one value of each axis per candidate, at most `max_gpus` GPUs."""
+
+    gpus: tuple[str, ...]
+    max_gpus: int = 8
+    tp: tuple[int, ...] = TP_SIZES
+    pp: tuple[int, ...] = (1,)
+    max_num_seqs: tuple[int | None, ...] = (None,)
+    max_num_batched_tokens: tuple[int | None, ...] = (None,)
+    gpu_memory_utilization: tuple[float | None, ...] = (None,)
+    kv_dtypes: tuple[str, ...] = ("auto", "fp8")
+    prefix_caching: tuple[bool, ...] = (True,)
+    offload_memory: tuple[int | None, ...] = (None,)
+    disaggregated: bool = True  # also try a prefill and a decode pool (a KV link between them)
+
+    def __post_init__(self) -> None:
+        from kvbudget.gpus import find_gpu
+
+        validate.count(self.max_gpus, "max_gpus", 1, MAX_SEARCH_GPUS)
+        axes = (("gpus", self.gpus), ("tp", self.tp), ("pp", self.pp), ("max_num_seqs", self.max_num_seqs),
+                ("max_num_batched_tokens", self.max_num_batched_tokens),
+                ("gpu_memory_utilization", self.gpu_memory_utilization), ("kv_dtype", self.kv_dtypes),
+                ("prefix_caching", self.prefix_caching), ("offload_memory", self.offload_memory))
+        for name, values in axes:
+            if not values:
+                raise KVBudgetError(f"{name}: the search space is empty along it; give at least one value",
+                                    param=name)
+        object.__setattr__(self, "gpus", tuple(dict.fromkeys(find_gpu(g).name for g in self.gpus)))
+        for name, values in axes[1:3]:
+            for v in values:
+                validate.count(v, name, 1, MAX_SEARCH_GPUS)
+        for name, counts in axes[3:5]:
+            for n in counts:
+                if n is not None:
+                    validate.positive(n, name, "a count")
+        for u in self.gpu_memory_utilization:
+            if u is not None:
+                validate.fraction(u, "gpu_memory_utilization")
+        for o in self.offload_memory:
+            if o is not None:
+                validate.size(o, "offload_memory")
+
+
+def candidates(space: Space) -> tuple[Candidate, ...]:
+    """Every candidate of `space` (refused past MAX_CANDIDATES, before any is planned)."""
+    out: list[Candidate] = []
+    knobs = itertools.product(space.max_num_seqs, space.max_num_batched_tokens, space.gpu_memory_utilization,
+                              space.kv_dtypes, space.prefix_caching, space.offload_memory)
+    for (seqs, tokens, util, kv, cached, offload), gpu, tp, pp in itertools.product(
+            knobs, space.gpus, space.tp, space.pp):
+        per = tp * pp
+        shapes = [(n, 0, 0) for n in range(1, space.max_gpus // per + 1)]
+        if space.disaggregated:
+            shapes += [(0, p, d) for p in range(1, space.max_gpus // per) for d in range(1, space.max_gpus // per - p
+                                                                                          + 1)]
+        for n, p, d in shapes:
+            out.append(Candidate(gpu=gpu, tp=tp, pp=pp, replicas=n, prefill_replicas=p, decode_replicas=d,
+                                 max_num_seqs=seqs, max_num_batched_tokens=tokens, gpu_memory_utilization=util,
+                                 kv_dtype=kv, prefix_caching=cached, offload_memory=offload))
+            if len(out) > MAX_CANDIDATES:
+                raise KVBudgetError(f"max_gpus: the search space holds more than {MAX_CANDIDATES:,} candidates; "
+                                    "lower it, or give fewer GPUs or fewer values per setting", param="max_gpus")
+    if not out:
+        raise KVBudgetError(f"max_gpus: {space.max_gpus} GPUs hold no candidate of tensor x pipeline parallel "
+                            f"sizes {min(space.tp) * min(space.pp)} and up; raise it", param="max_gpus")
+    return tuple(out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measured:
+    """What one candidate's simulation gave, as the search keeps it (small: it crosses process boundaries)."""
+
+    requests: int
+    completed: int
+    duration_s: float
+    prompt_tokens: int
+    output_tokens: int
+    gpu_hours: float
+    values: dict[str, float | None]  # each objective's metric, and ttft/tpot/e2e p50 and p99
+    missed: tuple[str, ...]  # what it failed of the objectives (search.missed)
+    preemptions: int
+    stopped: bool = False  # ended early, an objective certainly missed: no figures
+
+
+SHOWN = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99")
+
+
+class _Missed(Exception):
+    """Raised inside a run once an objective is certainly missed (`_Stop`)."""
+
+
+class _Stop:
+    """Ends a run as soon as the requests finished so far miss an objective whatever the rest do: a nearest-rank
+    percentile p of n values passes a limit once n - ceil(p n) + 1 of them are past it (the maximum: one)."""
+
+    def __init__(self, requests: Sequence[Request], slo: Mapping[str, float]) -> None:
+        totals = {"ttft": len(requests), "e2e": len(requests),
+                  "tpot": sum(1 for r in requests if r.output_tokens > 1)}
+        quantiles = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "max": 1.0}
+        self.watch: list[tuple[str, int, float, int]] = []  # (name, which of ttft/tpot/e2e, limit, past needed)
+        for name, limit in slo.items():
+            kind, stat = check_metric(name)
+            if stat in quantiles:
+                n = totals[kind]
+                self.watch.append((name, ("ttft", "tpot", "e2e").index(kind), limit,
+                                   n - math.ceil(quantiles[stat] * n) + 1))
+        self.past = [0] * len(self.watch)
+        self.stopped: tuple[str, int, float] | None = None
+
+    def __call__(self, *finished: Any) -> None:
+        """A request answered: (replica index, in a fleet), request, ttft, tpot, e2e."""
+        values = finished[-3:]
+        for i, (name, which, limit, needed) in enumerate(self.watch):
+            value = values[which]
+            if value is not None and value > limit:
+                self.past[i] += 1
+                if self.past[i] >= needed:
+                    self.stopped = (name, self.past[i], limit)
+                    raise _Missed
+
+
+def simulate_candidate(model: Any, requests: Sequence[Request], candidate: Candidate, setup: Setup,
+                       slo: Mapping[str, float], router: str, link: KVLink | None, stop: bool = True) -> Measured:
+    """One candidate through the traffic: one engine, or a fleet of its replicas (a module-level function of
+    plain data, for a process pool or Ray). `stop`: end the run once an objective is certainly missed (its figures
+    are then left out)."""
+    from kvbudget.simulation.fleet import simulate_fleet
+    from kvbudget.simulation.routing import Pool
+    from kvbudget.simulation.run import simulate
+    from kvbudget.simulation.search import missed, shown
+
+    c = candidate
+    if c.disaggregated:
+        pools = [Pool(name="prefill", setup=setup, replicas=c.prefill_replicas, role=Role.PREFILL),
+                 Pool(name="decode", setup=setup, replicas=c.decode_replicas, role=Role.DECODE)]
+    else:
+        pools = [Pool(name="serve", setup=setup, replicas=c.replicas)]
+    # (several sequences a request: a percentile counts requests, the hook sequences; no early stop then)
+    watch = _Stop(requests, slo) if stop and all(r.n == 1 and not r.beam_search for r in requests) else None
+    try:
+        if c.replica_count == 1:
+            sim: Any = simulate(model, iter(requests), setup=setup, on_finish=watch)
+            gpu_hours = c.gpus * sim.duration_s / 3600
+        else:
+            sim = simulate_fleet(model, iter(requests), pools, router, kv_link=link, on_finish=watch)
+            gpu_hours = sim.gpu_hours
+    except _Missed:
+        assert watch is not None and watch.stopped is not None
+        name, past, limit = watch.stopped
+        unit = getattr(limit, "unit", "ms" if limit < 1 else "s")
+        why = f"{name} > {shown(limit, unit)} (already {past:,} of {len(requests):,} requests past it)"
+        return Measured(requests=len(requests), completed=0, duration_s=0.0, prompt_tokens=0, output_tokens=0,
+                        gpu_hours=0.0, values={}, missed=(why,), preemptions=0, stopped=True)
+    return Measured(requests=sim.requests, completed=sim.completed, duration_s=sim.duration_s,
+                    prompt_tokens=sim.prompt_tokens, output_tokens=sim.output_tokens, gpu_hours=gpu_hours,
+                    values={name: sim.metric(name) for name in dict.fromkeys([*slo, *SHOWN])},
+                    missed=missed(sim, slo), preemptions=sim.preemptions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pruned:
+    """Candidates never simulated because the engine would not start their setting (or split it)."""
+
+    setting: str  # one replica's setting in words
+    reason: str  # the planner's or the engine's one-line error
+    candidates: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tried:
+    """A simulated candidate with its price and what it cost per unit served."""
+
+    candidate: Candidate
+    measured: Measured
+    price_per_hour: float  # the candidate's GPUs for an hour
+    cost: Cost
+    # each objective's value as a range: the error band of the metric's mean (bands.band_for: held-out runs judge
+    # means) around it; None where no runs judge the setup's times
+    bands: dict[str, tuple[float, float] | None]
+    slo: dict[str, float] = field(repr=False)
+
+    @property
+    def met(self) -> bool:
+        return not self.measured.missed
+
+    @property
+    def worst(self) -> float:
+        """The largest value / limit over the objectives (above 1: missed; inf: one has no value)."""
+        ratios = [(v / limit if v is not None else math.inf) for limit, v in
+                  ((lim, self.measured.values.get(n)) for n, lim in self.slo.items())]
+        return max(ratios) if self.measured.completed == self.measured.requests else math.inf
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        m = self.measured
+        return (m.prompt_tokens + m.output_tokens) / m.duration_s / self.candidate.gpus if m.duration_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"candidate": self.candidate.to_dict(), "label": self.candidate.label(), "met": self.met,
+                "missed": list(self.measured.missed), "values_s": self.measured.values,
+                "bands_s": {k: list(v) if v else None for k, v in self.bands.items()},
+                "price_per_hour": self.price_per_hour, "cost": self.cost.to_dict(),
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "completed": self.measured.completed,
+                "requests": self.measured.requests, "preemptions": self.measured.preemptions}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    """A search's answer: the cheapest candidate meeting the objectives (None: none did), the front, the rest."""
+
+    model: str
+    hub_id: str  # what the engine loads
+    engine: str
+    slo: dict[str, float]
+    router: str
+    kv_link: str | None
+    listed: int  # candidates of the space
+    pruned: tuple[Pruned, ...]
+    skipped: int  # not simulated: they cost more per hour than a candidate that met the objectives
+    tried: tuple[Tried, ...]  # simulated, cheapest first
+    best: Tried | None
+    setups: dict[tuple[Any, ...], Setup] = field(repr=False, compare=False)
+    utilization: dict[tuple[Any, ...], float] = field(repr=False, compare=False)  # each setting's memory fraction
+    model_dtype: str = ""
+
+    @cached_property
+    def front(self) -> tuple[Tried, ...]:
+        """The simulated candidates that served every request and that no other beats on all of tokens per second
+        per GPU, the worst objective's share of its limit, and cost per million tokens (the chosen one always);
+        cheapest first. In the order of those keys, a candidate beaten is beaten by one already kept."""
+        served = [(-t.tokens_per_s_per_gpu, t.worst, t.cost.per_million_tokens or math.inf, i, t)
+                  for i, t in enumerate(self.tried) if t.measured.completed == t.measured.requests]
+        kept: list[tuple[float, float, float, int, Tried]] = []
+        for row in sorted(served, key=lambda r: r[:4]):
+            if row[4] is self.best or not any(all(a <= b for a, b in zip(k[:3], row[:3], strict=True))
+                                              and k[:3] != row[:3] for k in kept):
+                kept.append(row)
+        return tuple(row[4] for row in sorted(kept, key=lambda r: r[3]))
+
+    @property
+    def runners_up(self) -> tuple[tuple[Tried, str], ...]:
+        """Every other simulated candidate and why it lost: the objectives it missed (value > limit), or what it
+        costs more, or on a tie of cost, more GPUs or a thinner margin."""
+        out = []
+        for t in self.tried:
+            if t is self.best:
+                continue
+            out.append((t, self.why_lost(t)))
+        return tuple(out)
+
+    def why_lost(self, t: Tried) -> str:
+        if not t.met:
+            return "; ".join(t.measured.missed)
+        assert self.best is not None
+        more = t.price_per_hour - self.best.price_per_hour
+        if more > 1e-9:
+            return f"costs ${more:,.2f}/hour more"
+        if t.candidate.gpus > self.best.candidate.gpus:
+            return f"same cost, {t.candidate.gpus - self.best.candidate.gpus} more GPUs"
+        if _quantized(t.candidate) and not _quantized(self.best.candidate):
+            return f"same cost, KV dtype {t.candidate.kv_dtype} (its quality to check) against the model's own"
+        return (f"same cost, thinner margin (worst objective at {t.worst:.0%} of its limit, "
+                f"against {self.best.worst:.0%})")
+
+    @property
+    def closest(self) -> Tried | None:
+        """Where none met the objectives: the candidate that came nearest (the lowest worst share of a limit)."""
+        return min(self.tried, key=lambda t: (t.worst, t.price_per_hour), default=None)
+
+    @property
+    def binding(self) -> str:
+        """Where none met the objectives, in words: what binds, and the closest candidate."""
+        if not self.tried:
+            reasons = "; ".join(f"{p.setting}: {p.reason}" for p in self.pruned[:3])
+            return f"no candidate can start (memory binds): {reasons}"
+        near = self.closest
+        assert near is not None
+        return f"{'; '.join(near.measured.missed)} (closest: {near.candidate.label()})"
+
+    def quality_checks(self) -> tuple[str, ...]:
+        """For each KV dtype other than the model's among the answers: the `kvbudget quality` command to run."""
+        dtypes = dict.fromkeys(t.candidate.kv_dtype for t in (self.best, *self.front) if t is not None)
+        return tuple(f"kv {d}: check quality on your data: kvbudget quality PATH/TO/{self.hub_id} --data "
+                     f"YOUR_PROMPTS.jsonl --kv-dtype {d} --engine {self.engine}"
+                     for d in dtypes if d not in ("auto", self.model_dtype))
+
+    def deployment(self) -> Deployment:
+        """The winner as a `Deployment` (KVBudgetError where none met the objectives)."""
+        from kvbudget.deployment import Deployment, PoolPlan
+        from kvbudget.simulation.search import shown
+
+        if self.best is None:
+            raise KVBudgetError(f"slo: no candidate meets it: {self.binding}", param="slo")
+        c = self.best.candidate
+        setup = self.setups[c.setting]
+        plan = PoolPlan(gpu=c.gpu, tp=c.tp, pp=c.pp, max_num_seqs=setup.max_num_seqs,
+                        max_num_batched_tokens=setup.max_num_batched_tokens, max_model_len=setup.max_model_len,
+                        gpu_memory_utilization=self.utilization[c.setting], kv_dtype=c.kv_dtype,
+                        prefix_caching=c.prefix_caching, offload_bytes=c.offload_memory, replicas=c.replicas or 1)
+        pools = ((replace(plan, role=Role.PREFILL, replicas=c.prefill_replicas),
+                  replace(plan, role=Role.DECODE, replicas=c.decode_replicas)) if c.disaggregated else (plan,))
+        objectives = ", ".join(f"{k} <= {shown(v, getattr(v, 'unit', 's'))}" for k, v in self.slo.items())
+        notes = (f"chosen by kvbudget recommend for {objectives}",
+                 *self.quality_checks())
+        return Deployment(model=self.hub_id, engine=self.engine, pools=pools, router=self.router,
+                          kv_link=self.kv_link if c.disaggregated else None, notes=notes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "hub_id": self.hub_id, "engine": self.engine, "slo_s": dict(self.slo),
+                "router": self.router, "kv_link": self.kv_link,
+                "candidates": {"listed": self.listed, "pruned": sum(p.candidates for p in self.pruned),
+                               "simulated": len(self.tried), "skipped": self.skipped},
+                "best": self.best.to_dict() if self.best else None,
+                "binding": None if self.best else self.binding,
+                "front": [t.to_dict() for t in self.front],
+                "runners_up": [{**t.to_dict(), "why": why} for t, why in self.runners_up],
+                "pruned": [p.__dict__ for p in self.pruned], "quality_checks": list(self.quality_checks())}
+
+
+Progress = Callable[[int, int], None]
+
+
+def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str, float], space: Space,
+              prices: Mapping[str | None, float], *, router: str = "round-robin", kv_link: str = "infiniband",
+              backend: str = "process", exhaustive: bool = False, progress: Progress | None = None,
+              batch: int = BATCH, early_stop: bool = True) -> Recommendation:
+    """Search `space` for the cheapest candidate whose simulation of `requests` meets `slo`. `ask` holds the
+    model, engine and every setting not searched (its gpu, tp, pp and searched settings are replaced per
+    candidate); `prices` as `cost.parse_prices` gives them (every GPU of the space priced); `exhaustive`: simulate
+    every candidate that starts, not only those up to the winner's cost (a fuller front, more time)."""
+    from kvbudget.simulation.cost import price_for
+    from kvbudget.simulation.parallel import check_backend, run_all
+
+    for name in slo:
+        check_metric(name)
+    check_backend(backend)
+    validate.positive(batch, "batch", "candidates")
+    if not requests:
+        raise KVBudgetError("trace: the traffic holds no request; give a longer slice or another trace",
+                            param="trace")
+    price = {gpu: price_for(dict(prices), gpu) for gpu in space.gpus}  # an unpriced GPU fails before any plan
+    listed = candidates(space)
+    setups, utilization, pruned, links = _plan(ask, listed, kv_link)
+    alive = [c for c in listed if c.setting in setups and (not c.disaggregated or (c.gpu, c.setting) in links)]
+    _check_lengths(requests, setups.values())
+    alive.sort(key=lambda c: (_cost_of(c, price), c.gpus))
+
+    def call(c: Candidate, stop: bool) -> tuple[Any, ...]:  # simulate_candidate's arguments
+        link = links.get((c.gpu, c.setting)) if c.disaggregated else None
+        return ask.model, requests, c, setups[c.setting], dict(slo), router, link, stop
+
+    tried: list[Tried] = []
+    done, met_at = 0, math.inf
+    while done < len(alive) and (exhaustive or _cost_of(alive[done], price) <= met_at + 1e-9):
+        end = done + 1
+        while end < len(alive) and (exhaustive or end - done < batch or _cost_of(alive[end], price) ==
+                                    _cost_of(alive[end - 1], price)):
+            end += 1
+        chunk = alive[done:end]
+        results = run_all(simulate_candidate, [call(c, early_stop) for c in chunk], backend,
+                          _shifted(progress, done, len(alive)))
+        for c, m in zip(chunk, results, strict=True):
+            t = _tried(c, m, price[c.gpu], setups[c.setting], slo)
+            tried.append(t)
+            if t.met:
+                met_at = min(met_at, t.price_per_hour)
+        done = end
+    meeting = [t for t in tried if t.met]
+    stopped = [i for i, t in enumerate(tried) if t.measured.stopped]
+    if not meeting and stopped:  # none met: the runs cut short, run whole, for their figures and the closest
+        whole = run_all(simulate_candidate, [call(tried[i].candidate, False) for i in stopped], backend)
+        for i, m in zip(stopped, whole, strict=True):
+            c = tried[i].candidate
+            tried[i] = _tried(c, m, price[c.gpu], setups[c.setting], slo)
+    best = min(meeting, key=lambda t: (t.price_per_hour, t.candidate.gpus, _quantized(t.candidate), t.worst),
+               default=None)
+    from kvbudget.catalog import find
+
+    entry = find(ask.model.name)
+    return Recommendation(model=ask.model.name, hub_id=entry.hf_id if entry else ask.model.name,
+                          engine=ask.engine.name, slo=dict(slo), router=router,
+                          kv_link=kv_link if space.disaggregated else None, listed=len(listed),
+                          pruned=tuple(pruned), skipped=len(alive) - done, tried=tuple(tried), best=best,
+                          setups=setups, utilization=utilization, model_dtype=ask.model.dtype)
+
+
+def _check_lengths(requests: Sequence[Request], setups: Iterable[Setup]) -> None:
+    """Refuse, before any run, a prompt past a setup's max_model_len (the engine rejects it: every run would stop
+    there)."""
+    longest = max(requests, key=lambda r: r.prompt_tokens)
+    for setup in setups:
+        if longest.prompt_tokens + 1 > setup.max_model_len:
+            raise KVBudgetError(f"max_model_len: request {longest.id or '?'}'s prompt of {longest.prompt_tokens:,} "
+                                f"tokens does not fit max_model_len {setup.max_model_len:,} (the engine rejects it); "
+                                "raise max_model_len or filter the trace", param="max_model_len")
+
+
+def _quantized(c: Candidate) -> bool:
+    """Whether the candidate stores KV in a dtype other than the model's (a tie goes to the model's own)."""
+    return c.kv_dtype != "auto"
+
+
+def _shifted(progress: Progress | None, done: int, total: int) -> Progress | None:
+    """A chunk's progress as the whole search's."""
+    if progress is None:
+        return None
+    report = progress
+    return lambda k, _n: report(done + k, total)
+
+
+def _cost_of(c: Candidate, price: Mapping[str, float]) -> float:
+    return price[c.gpu] * c.gpus
+
+
+def _tried(c: Candidate, m: Measured, price: float, setup: Setup, slo: Mapping[str, float]) -> Tried:
+    from kvbudget.simulation.bands import band_for
+
+    bands: dict[str, tuple[float, float] | None] = {}
+    for name in slo:
+        band, value = band_for(setup, name.split("_")[0]), m.values.get(name)
+        bands[name] = band.around(value) if band is not None and value is not None else None
+    cost = gpu_hours_cost(m.gpu_hours, m.duration_s, m.prompt_tokens, m.output_tokens, m.completed, price, c.gpus)
+    return Tried(candidate=c, measured=m, price_per_hour=price * c.gpus, cost=cost, bands=bands, slo=dict(slo))
+
+
+def _plan(ask: SimulationAsk, listed: Iterable[Candidate], kv_link: str
+          ) -> tuple[dict[tuple[Any, ...], Setup], dict[tuple[Any, ...], float], list[Pruned], dict[Any, KVLink]]:
+    """Each distinct setting planned once: its setup and memory fraction, or why the engine would not start it;
+    and the KV link of each GPU whose setting can be split into prefill and decode."""
+    from kvbudget.engines import EngineOptions
+    from kvbudget.gpus import find_gpu
+    from kvbudget.interconnects import kv_link as read_link
+    from kvbudget.simulation.run import setup_of
+
+    setups: dict[tuple[Any, ...], Setup] = {}
+    utilization: dict[tuple[Any, ...], float] = {}
+    refused: dict[tuple[Any, ...], str] = {}
+    links: dict[Any, KVLink] = {}
+    split_refused: dict[tuple[Any, ...], str] = {}
+    counts: dict[tuple[Any, ...], int] = {}
+    split_counts: dict[tuple[Any, ...], int] = {}
+    for c in listed:
+        key = c.setting
+        if key not in setups and key not in refused:
+            try:
+                setups[key] = setup = setup_of(replace(
+                    ask, gpu=c.gpu, tp=c.tp, pp=c.pp, max_num_seqs=c.max_num_seqs,
+                    max_num_batched_tokens=c.max_num_batched_tokens, utilization=c.gpu_memory_utilization,
+                    kv_dtype=c.kv_dtype, prefix_caching=c.prefix_caching, offload_memory=c.offload_memory))
+                card = find_gpu(c.gpu)
+                utilization[key] = c.gpu_memory_utilization or ask.engine.serving(
+                    card.memory_bytes, setup.max_model_len, EngineOptions(), gpu_name=card.name, tp=c.tp,
+                    model=ask.model).memory_fraction
+            except KVBudgetError as exc:
+                refused[key] = str(exc)
+        if key in refused:
+            counts[key] = counts.get(key, 0) + 1
+            continue
+        if c.disaggregated and (c.gpu, key) not in links:
+            if key not in split_refused:
+                why = setups[key].simulator.disaggregation(setups[key])
+                if why is None:
+                    try:
+                        links[(c.gpu, key)] = read_link(kv_link, [find_gpu(c.gpu)])
+                    except KVBudgetError as exc:
+                        why = str(exc)
+                if why is not None:
+                    split_refused[key] = why
+            if key in split_refused:
+                split_counts[key] = split_counts.get(key, 0) + 1
+    pruned = [Pruned(setting=_setting_label(k), reason=refused[k], candidates=n) for k, n in counts.items()]
+    pruned += [Pruned(setting=_setting_label(k) + ", disaggregated", reason=split_refused[k], candidates=n)
+               for k, n in split_counts.items()]
+    return setups, utilization, pruned, links
+
+
+def _setting_label(key: tuple[Any, ...]) -> str:
+    gpu, tp, pp, seqs, tokens, util, kv, cached, offload = key
+    one = Candidate(gpu=gpu, tp=tp, pp=pp, max_num_seqs=seqs, max_num_batched_tokens=tokens,
+                    gpu_memory_utilization=util, kv_dtype=kv, prefix_caching=cached, offload_memory=offload)
+    return one.label().removeprefix("1 x ")
