@@ -1,0 +1,150 @@
+"""A `Deployment` written out as files that run: the engine's command line per pool (from the engine's own
+package, `Launches`), llm-d's Helm values, KServe's LLMInferenceService, the guard's configuration per pool, the
+Prometheus alerts, and a README saying what each is and how to apply it.
+
+Each writer is a pure function of the deployment (and of each pool's Setup, the memory plan it was simulated
+with); `write_all` alone touches the disk, through `kvbudget.files.write_files`: every file whole or none of them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from kvbudget.deploy.guarded import alerts_yaml, guard_yaml, with_queue_limits
+from kvbudget.deploy.manifests import kserve_service, llmd_values
+from kvbudget.engines import ENGINES, get_engine
+from kvbudget.engines.launch import Launch, Launches
+from kvbudget.engines.scheduling.setup import Role
+from kvbudget.errors import KVBudgetError
+from kvbudget.files import write_files
+
+if TYPE_CHECKING:
+    from kvbudget.deployment import Deployment, PoolPlan
+    from kvbudget.engines.scheduling.setup import Setup
+
+SetupForPool = Callable[["PoolPlan"], "Setup"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeployFile:
+    """One file of the set: its name in the folder, its text, what it is and how to apply it."""
+
+    name: str
+    text: str
+    what: str
+    apply: str
+
+
+def launcher(deployment: Deployment) -> Launches:
+    """The deployment's engine as a writer of its command line; refused in one line where it has none."""
+    engine = get_engine(deployment.engine)
+    if not isinstance(engine, Launches):
+        able = ", ".join(name for name, e in ENGINES.items() if isinstance(e, Launches))
+        raise KVBudgetError(f"engine {engine.name}: kvbudget writes no command line for it; give one of {able}",
+                            param="engine")
+    return engine
+
+
+def planned_setup(deployment: Deployment, pool: PoolPlan) -> Setup:
+    """The pool's Setup from the planner and the engine, as `simulate` would run it (the default `setup_for_pool`;
+    the model is loaded by its id: a catalog name, a config file or a Hub id)."""
+    from kvbudget.model.load import load_model
+    from kvbudget.simulation.run import setup_for
+
+    engine = deployment.engine + (f"@{deployment.release}" if deployment.release else "")
+    return setup_for(load_model(deployment.model), engine, gpu=pool.gpu, tp=pool.tp, pp=pool.pp,
+                     kv_dtype=pool.kv_dtype, max_model_len=pool.max_model_len, block_size=pool.block_size,
+                     max_num_seqs=pool.max_num_seqs, max_num_batched_tokens=pool.max_num_batched_tokens,
+                     prefix_caching=pool.prefix_caching, utilization=pool.gpu_memory_utilization,
+                     offload_memory=pool.offload_bytes)
+
+
+def _suffix(pool: PoolPlan) -> str:
+    return "" if pool.role is Role.BOTH else f"-{pool.role.value}"
+
+
+def _kind(pool: PoolPlan) -> str:
+    return "co-located" if pool.role is Role.BOTH else pool.role.value
+
+
+def serve_script(deployment: Deployment, pool: PoolPlan, launch: Launch) -> str:
+    """One replica's start as a shell script (`sh serve.sh`), with what the engine's flags follow."""
+    notes = "".join(f"# note: {n}\n" for n in launch.notes)
+    return (f"#!/bin/sh\n# {deployment.model} on {deployment.engine}: one replica of {pool.replicas} "
+            f"({_kind(pool)}), {pool.tp} x {pool.pp} {pool.gpu}, written by kvbudget.deploy\n"
+            f"# {launch.source}\n{notes}exec {launch.shell}\n")
+
+
+def files(deployment: Deployment, setups: dict[Role, Setup]) -> tuple[DeployFile, ...]:
+    """Every file of the set (pure): the pools' queue limits filled in from their setups first."""
+    engine = launcher(deployment)
+    pools = tuple(with_queue_limits(p, setups[p.role]) for p in deployment.pools)
+    deployment = replace(deployment, pools=pools)
+
+    def launch(pool: PoolPlan, port: int) -> Launch:
+        return engine.command(pool, replace(deployment, port=port))
+
+    out = []
+    for pool in pools:
+        tail = _suffix(pool)
+        out.append(DeployFile(name=f"serve{tail}.sh", text=serve_script(deployment, pool, launch(pool,
+                                                                                                  deployment.port)),
+                              what=f"the engine's command line for each {_kind(pool)} replica",
+                              apply=f"`sh serve{tail}.sh` on each of the {pool.replicas} replicas' machines"))
+        out.append(DeployFile(name=f"guard{tail}.yaml", text=guard_yaml(deployment, pool, setups[pool.role]),
+                              what=f"the guard's configuration for one {_kind(pool)} replica",
+                              apply=f"`kvbudget guard --config guard{tail}.yaml --upstream http://REPLICA:"
+                                    f"{deployment.port}` beside each replica (or in front of one)"))
+    out += [DeployFile(name="alerts.yaml", text=alerts_yaml(deployment),
+                       what="Prometheus alerting rules on the engine's KV usage at the guard's levels",
+                       apply="add it to Prometheus' rule_files (`promtool check rules alerts.yaml` checks it)"),
+            DeployFile(name="llm-d-values.yaml", text=llmd_values(deployment, launch),
+                       what="values for llm-d's modelservice Helm chart",
+                       apply="`helm install NAME llm-d-modelservice/llm-d-modelservice -f llm-d-values.yaml`"),
+            DeployFile(name="kserve-llminferenceservice.yaml", text=kserve_service(deployment, launch),
+                       what="a KServe LLMInferenceService", apply="`kubectl apply -f kserve-llminferenceservice.yaml`")]
+    return (*out, DeployFile(name="README.md", text=readme(deployment, out), what="this list", apply="read it"))
+
+
+def readme(deployment: Deployment, written: list[DeployFile]) -> str:
+    """What the folder holds, how to apply each file, and what the deployment assumes."""
+    lines = [f"# {deployment.model} on {deployment.engine}", "",
+             f"Written by kvbudget.deploy: {deployment.gpus} GPUs in all, "
+             + ("prefill and decode disaggregated over " + str(deployment.kv_link) if deployment.disaggregated
+                else "co-located prefill and decode") + f", router {deployment.router}.", "",
+             "| pool | replicas | GPU | TP x PP | max_num_seqs | max_num_batched_tokens | max_model_len | queue limits "
+             "(requests, prompt tokens) |", "|---|---|---|---|---|---|---|---|"]
+    for p in deployment.pools:
+        lines.append(f"| {p.role.value} | {p.replicas} | {p.gpu} | {p.tp} x {p.pp} | {p.max_num_seqs} | "
+                     f"{p.max_num_batched_tokens} | {p.max_model_len} | {p.max_num_queued_reqs}, "
+                     f"{p.max_num_queued_tokens} |")
+    lines += ["", "## Files", ""]
+    lines += [f"- `{f.name}`: {f.what}; {f.apply}." for f in written]
+    lines += ["", "The engine's queue limits are the guard's reject level (95% of the KV cache) in requests and "
+              "tokens (max_num_seqs plus the requests of max_model_len it holds; the tokens it holds), so the "
+              "engine refuses no earlier than the guard. The manifests leave the model's storage and the cluster's "
+              "gateway to their charts' defaults: set modelArtifacts.size (llm-d) to the model's size."]
+    if deployment.notes:
+        lines += ["", "## Notes", "", *(f"- {n}" for n in deployment.notes)]
+    return "\n".join(lines) + "\n"
+
+
+def write_all(deployment: Deployment, directory: str, *, setup_for_pool: SetupForPool | None = None,
+              force: bool = False, param: str = "directory") -> tuple[str, ...]:
+    """Write every file of `deployment` into `directory` (an existing folder), whole or none; the paths written.
+    `setup_for_pool`: each pool's Setup as it was simulated (None: planned here from the pool's settings); `force`
+    replaces files that exist; `param` names the folder in errors (the front end's own parameter)."""
+    if not os.path.isdir(directory):
+        raise KVBudgetError(f"{param} {directory}: not an existing folder; create it first", param=param)
+    launcher(deployment)  # an engine without a command line is refused before any planning
+    setups = {p.role: (setup_for_pool or (lambda pool: planned_setup(deployment, pool)))(p) for p in deployment.pools}
+    written = files(deployment, setups)
+    paths = tuple(os.path.join(directory, f.name) for f in written)
+    write_files([(path, f.text) for path, f in zip(paths, written, strict=True)], param, force)
+    return paths
+
+
+__all__ = ["DeployFile", "files", "launcher", "planned_setup", "readme", "write_all"]

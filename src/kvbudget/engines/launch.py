@@ -1,0 +1,47 @@
+"""An engine's server started for one pool of a deployment: the capability (`Launches`) and what it answers
+(`Launch`). Each engine that has one writes its own command line, per release, from its own source
+(engines/vllm/launch.py, engines/sglang/launch.py, engines/llamacpp/launch.py); `kvbudget.deploy` writes it out.
+(A module of its own rather than base.py, which is near the 600-line limit.)"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from kvbudget.errors import EngineRuleError
+
+if TYPE_CHECKING:
+    from kvbudget.deployment import Deployment, PoolPlan
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    """One replica's command line, what it leaves to something else (notes), and the engine's files it follows."""
+
+    argv: tuple[str, ...]
+    image: str  # the engine's published container image for the release (manifests run argv in it)
+    notes: tuple[str, ...] = ()
+    source: str = ""
+
+    @property
+    def shell(self) -> str:
+        """The command as one shell line, each argument quoted where it needs to be."""
+        return shlex.join(self.argv)
+
+
+@runtime_checkable
+class Launches(Protocol):
+    """An engine that writes its server's command line for a pool of a deployment."""
+
+    def command(self, pool: PoolPlan, deployment: Deployment) -> Launch:
+        """The command each replica of `pool` runs; a setting the engine or its release cannot take is refused in
+        one line naming the setting."""
+
+
+def refuse(param: str, why: str) -> EngineRuleError:
+    """A pool setting the engine's command line cannot express, as the one-line error naming it."""
+    return EngineRuleError(f"{param}: {why}", param=param)
+
+
+__all__ = ["Launch", "Launches", "refuse"]
