@@ -61,7 +61,7 @@ def version_of(deployment: Deployment) -> tuple[int, ...]:
 def command(pool: PoolPlan, deployment: Deployment) -> Launch:
     version = version_of(deployment)
     name, data = release_data(version)
-    shown = ".".join(map(str, version))
+    shown = deployment.release or ".".join(map(str, version))
     if pool.kv_dtype not in data["kv_cache_dtypes"]:
         raise refuse("kv_dtype", f"{pool.kv_dtype!r}: vLLM {shown}'s --kv-cache-dtype takes "
                                  f"{', '.join(data['kv_cache_dtypes'])}")

@@ -1,0 +1,90 @@
+"""The Kubernetes manifests validated against their projects' own schemas (tests/data/schemas/README.md): llm-d's
+modelservice chart values and KServe's LLMInferenceService CRD."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from kvbudget.deploy import files
+from kvbudget.deploy.manifests import resource_name, yaml_text
+from kvbudget.deployment import Deployment, PoolPlan
+from kvbudget.engines.scheduling.setup import Role
+
+SCHEMAS = Path(__file__).resolve().parents[2] / "data" / "schemas"
+LLMD = json.loads((SCHEMAS / "llm-d-modelservice.values.schema.json").read_text())
+KSERVE = json.loads((SCHEMAS / "kserve-llminferenceservice-v1alpha2.schema.json").read_text())
+
+
+def pool(role: Role, replicas: int) -> PoolPlan:
+    return PoolPlan(role=role, replicas=replicas, gpu="H100-80GB", tp=2, max_num_seqs=64, max_num_batched_tokens=8192,
+                    max_model_len=8192, gpu_memory_utilization=0.9)
+
+
+CO_LOCATED = Deployment(model="Qwen/Qwen3-8B", engine="vllm", pools=(pool(Role.BOTH, 3),), served_name="qwen")
+DISAGG = Deployment(model="Qwen/Qwen3-8B", engine="vllm", pools=(pool(Role.PREFILL, 1), pool(Role.DECODE, 2)),
+                    kv_link="nvlink")
+
+
+@pytest.fixture
+def written(setups):
+    def write(deployment: Deployment) -> dict[str, dict]:
+        out = {f.name: f.text for f in files(deployment, setups(deployment))}
+        return {name: yaml.safe_load(out[name]) for name in ("llm-d-values.yaml", "kserve-llminferenceservice.yaml")}
+
+    return write
+
+
+@pytest.mark.parametrize("deployment", [CO_LOCATED, DISAGG], ids=["co-located", "disaggregated"])
+def test_the_manifests_meet_their_schemas(written, deployment):
+    docs = written(deployment)
+    jsonschema.Draft7Validator(LLMD).validate(docs["llm-d-values.yaml"])
+    jsonschema.Draft7Validator(KSERVE).validate(docs["kserve-llminferenceservice.yaml"])
+
+
+def test_the_schemas_catch_a_wrong_manifest(written):
+    docs = written(CO_LOCATED)
+    docs["llm-d-values.yaml"]["decode"]["replicas"] = "three"
+    docs["kserve-llminferenceservice.yaml"]["spec"]["parallelism"]["tensor"] = 0  # minimum 1
+    assert not jsonschema.Draft7Validator(LLMD).is_valid(docs["llm-d-values.yaml"])
+    assert not jsonschema.Draft7Validator(KSERVE).is_valid(docs["kserve-llminferenceservice.yaml"])
+
+
+def test_llmd_runs_each_pool_with_its_own_command_behind_the_sidecar(written):
+    values = written(DISAGG)["llm-d-values.yaml"]
+    assert values["routing"]["proxy"]["enabled"] is True and values["routing"]["servicePort"] == 8000
+    decode, prefill = values["decode"], values["prefill"]
+    assert (decode["replicas"], prefill["replicas"]) == (2, 1)
+    main = decode["containers"][0]
+    assert main["modelCommand"] == "custom" and main["command"] == ["vllm"]
+    # the decode engine listens on the sidecar's targetPort (the chart's 8200), prefill on the service port
+    assert main["args"][main["args"].index("--port") + 1] == "8200" == str(values["routing"]["proxy"]["targetPort"])
+    pargs = prefill["containers"][0]["args"]
+    assert pargs[pargs.index("--port") + 1] == "8000" and "--kv-transfer-config" in pargs
+    assert main["resources"]["limits"] == {"nvidia.com/gpu": 2}
+    co = written(CO_LOCATED)["llm-d-values.yaml"]
+    assert co["prefill"] == {"create": False} and co["routing"]["proxy"]["enabled"] is False
+
+
+def test_kserve_takes_the_decode_pool_as_its_main_workload_and_prefill_apart(written):
+    doc = written(DISAGG)["kserve-llminferenceservice.yaml"]
+    assert doc["apiVersion"] == "serving.kserve.io/v1alpha2" and doc["kind"] == "LLMInferenceService"
+    assert doc["metadata"]["name"] == "qwen3-8b" and doc["spec"]["model"]["uri"] == "hf://Qwen/Qwen3-8B"
+    assert doc["spec"]["replicas"] == 2 and doc["spec"]["prefill"]["replicas"] == 1
+    assert doc["spec"]["parallelism"] == {"tensor": 2, "pipeline": 1}
+
+
+def test_the_yaml_writer_reads_back_as_written():
+    value = {"a": [1, 2.5, {"b": None, "c": [], "d": {}}], "yes": "no", "e f": 'quote " and\nnewline', "t": True,
+             "u": "ünï", "n": "0123"}
+    assert yaml.safe_load(yaml_text(value)) == value
+
+
+def test_resource_names_are_dns_labels():
+    assert resource_name("meta-llama/Llama-3.1-8B-Instruct") == "llama-3-1-8b-instruct"
+    assert resource_name("org/" + "x" * 80) == "x" * 63
+    assert resource_name("___") == "model"
