@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvbudget.deploy.guarded import alerts_yaml, guard_yaml, with_queue_limits
-from kvbudget.deploy.manifests import kserve_service, llmd_values
+from kvbudget.deploy.manifests import dynamo_graph, kserve_service, llmd_values
 from kvbudget.engines import ENGINES, get_engine
-from kvbudget.engines.launch import Launch, Launches
+from kvbudget.engines.launch import Launch, Launches, RunsUnderDynamo
 from kvbudget.engines.scheduling.setup import Role
 from kvbudget.errors import KVBudgetError
 from kvbudget.files import write_files
@@ -83,15 +83,18 @@ def files(deployment: Deployment, setups: dict[Role, Setup]) -> tuple[DeployFile
     engine = launcher(deployment)
     pools = tuple(with_queue_limits(p, setups[p.role]) for p in deployment.pools)
     deployment = replace(deployment, pools=pools)
+    said: dict[str, None] = {}  # what the engines' command lines could not express, once each, in order
 
     def launch(pool: PoolPlan, port: int) -> Launch:
-        return engine.command(pool, replace(deployment, port=port))
+        done = engine.command(pool, replace(deployment, port=port))
+        said.update(dict.fromkeys(done.notes))
+        return done
 
     out = []
     for pool in pools:
         tail = _suffix(pool)
-        out.append(DeployFile(name=f"serve{tail}.sh", text=serve_script(deployment, pool, launch(pool,
-                                                                                                  deployment.port)),
+        out.append(DeployFile(name=f"serve{tail}.sh",
+                              text=serve_script(deployment, pool, launch(pool, deployment.port)),
                               what=f"the engine's command line for each {_kind(pool)} replica",
                               apply=f"`sh serve{tail}.sh` on each of the {pool.replicas} replicas' machines"))
         out.append(DeployFile(name=f"guard{tail}.yaml", text=guard_yaml(deployment, pool, setups[pool.role]),
@@ -106,10 +109,23 @@ def files(deployment: Deployment, setups: dict[Role, Setup]) -> tuple[DeployFile
                        apply="`helm install NAME llm-d-modelservice/llm-d-modelservice -f llm-d-values.yaml`"),
             DeployFile(name="kserve-llminferenceservice.yaml", text=kserve_service(deployment, launch),
                        what="a KServe LLMInferenceService", apply="`kubectl apply -f kserve-llminferenceservice.yaml`")]
-    return (*out, DeployFile(name="README.md", text=readme(deployment, out), what="this list", apply="read it"))
+    if deployment.disaggregated and isinstance(engine, RunsUnderDynamo):
+        worker = engine
+
+        def dynamo(pool: PoolPlan) -> Launch:
+            done = worker.dynamo_worker(pool, deployment)
+            said.update(dict.fromkeys(f"Dynamo: {n}" for n in done.notes))
+            return done
+
+        out.append(DeployFile(name="dynamo-graphdeployment.yaml",
+                              text=dynamo_graph(deployment, dynamo, engine.dynamo_framework),
+                              what="an NVIDIA Dynamo DynamoGraphDeployment (its frontend and a worker per pool)",
+                              apply="`kubectl apply -f dynamo-graphdeployment.yaml` where Dynamo's operator runs"))
+    return (*out, DeployFile(name="README.md", text=readme(deployment, out, tuple(said)), what="this list",
+                             apply="read it"))
 
 
-def readme(deployment: Deployment, written: list[DeployFile]) -> str:
+def readme(deployment: Deployment, written: list[DeployFile], said: tuple[str, ...] = ()) -> str:
     """What the folder holds, how to apply each file, and what the deployment assumes."""
     lines = [f"# {deployment.model} on {deployment.engine}", "",
              f"Written by kvbudget.deploy: {deployment.gpus} GPUs in all, "
@@ -127,8 +143,8 @@ def readme(deployment: Deployment, written: list[DeployFile]) -> str:
               "tokens (max_num_seqs plus the requests of max_model_len it holds; the tokens it holds), so the "
               "engine refuses no earlier than the guard. The manifests leave the model's storage and the cluster's "
               "gateway to their charts' defaults: set modelArtifacts.size (llm-d) to the model's size."]
-    if deployment.notes:
-        lines += ["", "## Notes", "", *(f"- {n}" for n in deployment.notes)]
+    if deployment.notes or said:
+        lines += ["", "## Notes", "", *(f"- {n}" for n in (*deployment.notes, *said))]
     return "\n".join(lines) + "\n"
 
 

@@ -6,6 +6,10 @@ against: tests/data/schemas/README.md):
   `prefill` the prefill side; each container runs the engine's own command (`modelCommand: custom`); the routing
   sidecar (routing.proxy) runs in front of decode only when prefill is disaggregated, and then the decode engine
   listens on the sidecar's targetPort (8200, the chart's default) while the service port stays the deployment's;
+- NVIDIA Dynamo's DynamoGraphDeployment for a disaggregated deployment (ai-dynamo/dynamo deploy/cloud/operator/
+  config/crd/bases/nvidia.com_dynamographdeployments.yaml, v1alpha1): spec.backendFramework, a Frontend service
+  (`python3 -m dynamo.frontend --http-port`) and one worker service per pool, each running the engine's Dynamo
+  worker in Dynamo's runtime image (extraPodSpec.mainContainer) on resources.limits.gpu GPUs;
 - KServe's LLMInferenceService (kserve/kserve config/crd/full/llmisvc/serving.kserve.io_llminferenceservices.yaml,
   v1alpha2, the stored version): spec.model, replicas, parallelism, template (the main container), spec.prefill
   for the prefill side, and the managed router (router.route, gateway, scheduler: empty objects take KServe's).
@@ -151,3 +155,26 @@ def kserve_service(deployment: Deployment, launch: Launcher) -> str:
            "metadata": {"name": resource_name(deployment.served_name or deployment.model)}, "spec": spec}
     return (f"# KServe LLMInferenceService for {deployment.model}, written by kvbudget.deploy\n"
             "# kubectl apply -f kserve-llminferenceservice.yaml\n") + yaml_text(doc)
+
+
+def dynamo_graph(deployment: Deployment, worker: Callable[[PoolPlan], Launch], framework: str) -> str:
+    """A DynamoGraphDeployment: Dynamo's frontend on the deployment's port and a worker service per pool."""
+    services: dict[str, Any] = {}
+    image = ""
+    for pool in deployment.pools:
+        launch = worker(pool)
+        image = launch.image
+        services[f"{pool.role.value.capitalize()}Worker"] = {
+            "componentType": "worker", "replicas": pool.replicas,
+            "resources": {"limits": {"gpu": str(pool.tp * pool.pp)}},
+            "extraPodSpec": {"mainContainer": {"name": "main", "image": launch.image, "command": [launch.argv[0]],
+                                               "args": list(launch.argv[1:])}}}
+    frontend = {"componentType": "frontend", "replicas": 1,
+                "extraPodSpec": {"mainContainer": {"name": "main", "image": image, "command": ["python3"],
+                                                   "args": ["-m", "dynamo.frontend", "--http-port",
+                                                            str(deployment.port)]}}}
+    doc = {"apiVersion": "nvidia.com/v1alpha1", "kind": "DynamoGraphDeployment",
+           "metadata": {"name": resource_name(deployment.served_name or deployment.model)},
+           "spec": {"backendFramework": framework, "services": {"Frontend": frontend, **services}}}
+    return (f"# NVIDIA Dynamo graph for {deployment.model}, prefill and decode disaggregated, written by "
+            "kvbudget.deploy\n# kubectl apply -f dynamo-graphdeployment.yaml\n") + yaml_text(doc)

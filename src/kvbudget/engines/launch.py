@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from kvbudget.errors import EngineRuleError
 
@@ -39,9 +39,19 @@ class Launches(Protocol):
         one line naming the setting."""
 
 
+@runtime_checkable
+class RunsUnderDynamo(Protocol):
+    """An engine NVIDIA Dynamo runs as a worker (`python3 -m dynamo.<engine>`), for its DynamoGraphDeployment."""
+
+    dynamo_framework: ClassVar[str]  # the engine as the DynamoGraphDeployment's spec.backendFramework names it
+
+    def dynamo_worker(self, pool: PoolPlan, deployment: Deployment) -> Launch:
+        """The worker command of one replica of `pool` in Dynamo's runtime image, and that image."""
+
+
 def refuse(param: str, why: str) -> EngineRuleError:
     """A pool setting the engine's command line cannot express, as the one-line error naming it."""
     return EngineRuleError(f"{param}: {why}", param=param)
 
 
-__all__ = ["Launch", "Launches", "refuse"]
+__all__ = ["Launch", "Launches", "RunsUnderDynamo", "refuse"]

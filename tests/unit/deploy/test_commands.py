@@ -148,3 +148,23 @@ def test_the_shell_line_quotes_the_json():
 def test_engines_without_a_command_line_do_not_claim_one():
     assert isinstance(get_engine("vllm"), Launches) and isinstance(get_engine("sglang"), Launches)
     assert not isinstance(get_engine("tgi"), Launches) and not isinstance(get_engine("hf"), Launches)
+
+
+@pytest.mark.parametrize(("planned", "image", "role_args", "bundled_note"), [
+    (None, "1.3.0", ["--disaggregation-mode", "prefill"], True),  # 0.32 planned; Dynamo 1.3.0 bundles 0.24.0
+    ("0.16.0", "1.0.0", ["--disaggregation-mode", "prefill"], False),
+    ("0.14.1", "0.9.0", ["--is-prefill-worker"], False),  # before Dynamo 1.0: the legacy role flag
+])
+def test_dynamo_runs_the_vllm_its_runtime_bundles(planned, image, role_args, bundled_note):
+    # aiconfigurator's backend_version_matrix.yaml: Dynamo 1.3.0 ships vLLM 0.24.0, 1.0.0 ships 0.16.0, 0.9.0 0.14.1
+    p = pool(role=Role.PREFILL)
+    deployment = Deployment(model=MODEL, engine="vllm", release=planned, kv_link="nvlink",
+                            pools=(p, PoolPlan(**{**p.__dict__, "role": Role.DECODE})))
+    launch = get_engine("vllm").dynamo_worker(p, deployment)
+    assert launch.argv[:5] == ("python3", "-m", "dynamo.vllm", "--model", MODEL)
+    assert list(launch.argv[-len(role_args):]) == role_args and "--port" not in launch.argv
+    assert launch.image == f"nvcr.io/nvidia/ai-dynamo/vllm-runtime:{image}"
+    assert any("bundles vLLM" in n for n in launch.notes) == bundled_note
+    with pytest.raises(KVBudgetError) as exc:
+        get_engine("vllm").dynamo_worker(p, Deployment(**{**deployment.__dict__, "release": "0.10.2"}))
+    assert exc.value.param == "release"

@@ -18,6 +18,8 @@ from kvbudget.engines.scheduling.setup import Role
 SCHEMAS = Path(__file__).resolve().parents[2] / "data" / "schemas"
 LLMD = json.loads((SCHEMAS / "llm-d-modelservice.values.schema.json").read_text())
 KSERVE = json.loads((SCHEMAS / "kserve-llminferenceservice-v1alpha2.schema.json").read_text())
+DYNAMO = json.loads((SCHEMAS / "dynamo-graphdeployment-v1alpha1.subset.schema.json").read_text())
+MANIFESTS = ("llm-d-values.yaml", "kserve-llminferenceservice.yaml", "dynamo-graphdeployment.yaml")
 
 
 def pool(role: Role, replicas: int) -> PoolPlan:
@@ -34,7 +36,7 @@ DISAGG = Deployment(model="Qwen/Qwen3-8B", engine="vllm", pools=(pool(Role.PREFI
 def written(setups):
     def write(deployment: Deployment) -> dict[str, dict]:
         out = {f.name: f.text for f in files(deployment, setups(deployment))}
-        return {name: yaml.safe_load(out[name]) for name in ("llm-d-values.yaml", "kserve-llminferenceservice.yaml")}
+        return {name: yaml.safe_load(out[name]) for name in MANIFESTS if name in out}
 
     return write
 
@@ -44,6 +46,10 @@ def test_the_manifests_meet_their_schemas(written, deployment):
     docs = written(deployment)
     jsonschema.Draft7Validator(LLMD).validate(docs["llm-d-values.yaml"])
     jsonschema.Draft7Validator(KSERVE).validate(docs["kserve-llminferenceservice.yaml"])
+    if deployment.disaggregated:
+        jsonschema.Draft7Validator(DYNAMO).validate(docs["dynamo-graphdeployment.yaml"])
+    else:
+        assert "dynamo-graphdeployment.yaml" not in docs  # Dynamo's graph is written for disaggregated choices
 
 
 def test_the_schemas_catch_a_wrong_manifest(written):
@@ -88,3 +94,32 @@ def test_resource_names_are_dns_labels():
     assert resource_name("meta-llama/Llama-3.1-8B-Instruct") == "llama-3-1-8b-instruct"
     assert resource_name("org/" + "x" * 80) == "x" * 63
     assert resource_name("___") == "model"
+
+
+def test_the_dynamo_schema_catches_a_wrong_graph(written):
+    doc = written(DISAGG)["dynamo-graphdeployment.yaml"]
+    for path, value in ((("spec", "backendFramework"), "tgi"), (("spec", "services", "DecodeWorker", "replicas"), "2"),
+                        (("spec", "services", "DecodeWorker", "gpus"), 2)):
+        broken = json.loads(json.dumps(doc))
+        where = broken
+        for key in path[:-1]:
+            where = where[key]
+        where[path[-1]] = value
+        assert not jsonschema.Draft7Validator(DYNAMO).is_valid(broken), path
+
+
+def test_dynamo_runs_the_engines_worker_in_its_runtime_for_each_side(written):
+    spec = written(DISAGG)["dynamo-graphdeployment.yaml"]["spec"]
+    assert spec["backendFramework"] == "vllm" and set(spec["services"]) == {"Frontend", "PrefillWorker",
+                                                                            "DecodeWorker"}
+    front = spec["services"]["Frontend"]["extraPodSpec"]["mainContainer"]
+    assert front["args"] == ["-m", "dynamo.frontend", "--http-port", "8000"]
+    for side, replicas in (("Prefill", 1), ("Decode", 2)):
+        service = spec["services"][f"{side}Worker"]
+        assert service["replicas"] == replicas and service["resources"]["limits"]["gpu"] == "2"
+        main = service["extraPodSpec"]["mainContainer"]
+        assert main["command"] == ["python3"] and main["args"][:4] == ["-m", "dynamo.vllm", "--model", "Qwen/Qwen3-8B"]
+        # Dynamo 1.0 and later: the worker's role as --disaggregation-mode (aiconfigurator's vllm_worker_role_args)
+        assert main["args"][main["args"].index("--disaggregation-mode") + 1] == side.lower()
+        assert "--port" not in main["args"]  # Dynamo's frontend serves HTTP, not the worker
+        assert main["image"].startswith("nvcr.io/nvidia/ai-dynamo/vllm-runtime:")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvbudget.engines.base import LogCheck
 from kvbudget.engines.launch import Launch
@@ -47,6 +47,13 @@ class VLLMServer(VLLMEngine):
         from kvbudget.engines.vllm.launch import command
 
         return command(pool, deployment)
+
+    dynamo_framework: ClassVar[str] = "vllm"  # RunsUnderDynamo
+
+    def dynamo_worker(self, pool: PoolPlan, deployment: Deployment) -> Launch:
+        from kvbudget.engines.vllm.launch import dynamo_worker
+
+        return dynamo_worker(pool, deployment)
 
 
 VLLM = VLLMServer()

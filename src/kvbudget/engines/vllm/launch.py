@@ -17,6 +17,7 @@ scripts/vllm_flags.py, are flags.json beside this module, against which the test
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -96,3 +97,41 @@ def command(pool: PoolPlan, deployment: Deployment) -> Launch:
     source = f"vLLM {shown}: flags as in {data['source']} (vllm {name} read)"
     image = f"vllm/vllm-openai:v{deployment.release or name}"  # the project's image, tagged v<release>
     return Launch(argv=tuple(argv), image=image, notes=tuple(notes), source=source)
+
+
+# NVIDIA Dynamo's releases and the vLLM each one's vllm-runtime image bundles (ai-dynamo/aiconfigurator
+# src/aiconfigurator/generator/config/backend_version_matrix.yaml at 095f58a, Apache-2.0), newest first. Dynamo 1.0
+# gave its vLLM worker --disaggregation-mode (prefill | decode) in place of --is-prefill-worker / --is-decode-worker
+# (aiconfigurator's generator/dynamo_features.py, vllm_worker_role_args).
+DYNAMO_VLLM = (((1, 3, 0), "0.24.0"), ((1, 2, 0), "0.20.1"), ((1, 1, 0), "0.19.0"), ((1, 0, 0), "0.16.0"),
+               ((0, 9, 0), "0.14.1"), ((0, 8, 1), "0.12.0"), ((0, 7, 1), "0.11.0"))
+DISAGGREGATION_MODE = (1, 0, 0)
+
+
+def dynamo_worker(pool: PoolPlan, deployment: Deployment) -> Launch:
+    """`python3 -m dynamo.vllm` for one replica of `pool`: the vLLM flags of the release Dynamo's runtime image
+    bundles (the newest Dynamo whose vLLM is at most the release planned), without the HTTP port (Dynamo's
+    frontend serves), with the worker's role."""
+    planned = version_of(deployment)
+    found = next(((dyn, vllm) for dyn, vllm in DYNAMO_VLLM
+                  if tuple(map(int, vllm.split(".")))[:2] <= planned[:2]), None)
+    if found is None:
+        raise refuse("release", f"vLLM {deployment.release}: the oldest Dynamo runtime kvbudget knows bundles vLLM "
+                                f"{DYNAMO_VLLM[-1][1]}; give that release or a later one")
+    dynamo, bundled = found
+    base = command(pool, replace(deployment, release=bundled))
+    argv = list(base.argv[3:])
+    at = argv.index("--port")
+    del argv[at:at + 2]
+    if pool.role is not Role.BOTH:
+        argv += (["--disaggregation-mode", pool.role.value] if dynamo >= DISAGGREGATION_MODE
+                 else [f"--is-{pool.role.value}-worker"])
+    shown = ".".join(map(str, dynamo))
+    notes = list(base.notes)
+    if tuple(map(int, bundled.split(".")))[:2] != planned[:2]:
+        notes.append(f"Dynamo {shown}'s runtime image bundles vLLM {bundled}, not the "
+                     f"{deployment.release or '.'.join(map(str, NEWEST))} planned: flags written for {bundled}")
+    return Launch(argv=("python3", "-m", "dynamo.vllm", "--model", deployment.model, *argv),
+                  image=f"nvcr.io/nvidia/ai-dynamo/vllm-runtime:{shown}", notes=tuple(notes),
+                  source=f"Dynamo {shown} (vLLM {bundled}): {base.source}")
+
