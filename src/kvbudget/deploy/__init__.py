@@ -121,6 +121,9 @@ def files(deployment: Deployment, setups: dict[Role, Setup]) -> tuple[DeployFile
                               text=dynamo_graph(deployment, dynamo, engine.dynamo_framework),
                               what="an NVIDIA Dynamo DynamoGraphDeployment (its frontend and a worker per pool)",
                               apply="`kubectl apply -f dynamo-graphdeployment.yaml` where Dynamo's operator runs"))
+    elif deployment.disaggregated:
+        able = ", ".join(name for name, e in ENGINES.items() if isinstance(e, RunsUnderDynamo))
+        said[f"no DynamoGraphDeployment: kvbudget writes Dynamo's workers for {able} only"] = None
     return (*out, DeployFile(name="README.md", text=readme(deployment, out, tuple(said)), what="this list",
                              apply="read it"))
 

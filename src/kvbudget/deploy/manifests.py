@@ -4,8 +4,9 @@ against: tests/data/schemas/README.md):
 - llm-d's modelservice Helm chart values (llm-d-incubation/llm-d-modelservice charts/llm-d-modelservice/
   values.yaml and values.schema.json, chart v0.4.12): `decode` is the co-located pool or the decode side,
   `prefill` the prefill side; each container runs the engine's own command (`modelCommand: custom`); the routing
-  sidecar (routing.proxy) runs in front of decode only when prefill is disaggregated, and then the decode engine
-  listens on the sidecar's targetPort (8200, the chart's default) while the service port stays the deployment's;
+  sidecar (routing.proxy) runs in front of decode only when prefill is disaggregated, with the engine's connector
+  (`Launch.pd_connector`), and then the decode engine listens on the sidecar's targetPort (8200, the chart's
+  default) while the service port stays the deployment's;
 - NVIDIA Dynamo's DynamoGraphDeployment for a disaggregated deployment (ai-dynamo/dynamo deploy/cloud/operator/
   config/crd/bases/nvidia.com_dynamographdeployments.yaml, v1alpha1): spec.backendFramework, a Frontend service
   (`python3 -m dynamo.frontend --http-port`) and one worker service per pool, each running the engine's Dynamo
@@ -112,12 +113,14 @@ def llmd_values(deployment: Deployment, launch: Launcher) -> str:
     decode = deployment.pool(Role.DECODE if deployment.disaggregated else Role.BOTH)
     accelerator = gpu_resource(decode)[0]
     name = deployment.served_name or deployment.model
+    proxy: dict[str, Any] = {"enabled": deployment.disaggregated, "targetPort": PROXY_PORT}
+    if deployment.disaggregated:
+        proxy["connector"] = launch(decode, PROXY_PORT).pd_connector
     values: dict[str, Any] = {
         "modelArtifacts": {"name": name, "uri": f"hf://{deployment.model}",
                            "labels": {"llm-d.ai/inference-serving": "true"}},
         "accelerator": {"type": accelerator},
-        "routing": {"servicePort": deployment.port,
-                    "proxy": {"enabled": deployment.disaggregated, "targetPort": PROXY_PORT}},
+        "routing": {"servicePort": deployment.port, "proxy": proxy},
         "decode": _llmd_pool(decode, launch, PROXY_PORT if deployment.disaggregated else deployment.port),
     }
     if deployment.disaggregated:

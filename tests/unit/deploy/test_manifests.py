@@ -63,6 +63,8 @@ def test_the_schemas_catch_a_wrong_manifest(written):
 def test_llmd_runs_each_pool_with_its_own_command_behind_the_sidecar(written):
     values = written(DISAGG)["llm-d-values.yaml"]
     assert values["routing"]["proxy"]["enabled"] is True and values["routing"]["servicePort"] == 8000
+    # llm-d-inference-scheduler pkg/sidecar/proxy: the nixlv2 connector pairs with vLLM's NixlConnector
+    assert values["routing"]["proxy"]["connector"] == "nixlv2"
     decode, prefill = values["decode"], values["prefill"]
     assert (decode["replicas"], prefill["replicas"]) == (2, 1)
     main = decode["containers"][0]

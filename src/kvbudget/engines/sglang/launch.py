@@ -80,10 +80,12 @@ def command(engine: SGLangEngine, pool: PoolPlan, deployment: Deployment) -> Lau
     if pool.max_num_queued_reqs is not None and later and pool.role is Role.BOTH:
         argv += ["--max-queued-requests", str(pool.max_num_queued_reqs)]
     elif pool.max_num_queued_reqs is not None:
-        notes.append(f"SGLang {shown} takes no --max-queued-requests here (from 0.5.3, and ignored under "
-                     "disaggregation): the guard's reject level stands in for it")
+        why = ("has no --max-queued-requests (from 0.5.3)" if not later
+               else "ignores --max-queued-requests under disaggregation (server_args.py)")
+        notes.append(f"SGLang {shown} {why}: the guard's reject level stands in for it")
     if pool.max_num_queued_tokens is not None:
         notes.append("SGLang has no limit on queued prompt tokens: the guard's reject level stands in for it")
     read = release_name(LATER if later else OLDEST)
     return Launch(argv=tuple(argv), image=f"lmsysorg/sglang:v{shown}", notes=tuple(notes),
+                  pd_connector="sglang" if pool.role is not Role.BOTH else "",
                   source=f"SGLang {shown}: flags as in python/sglang/srt/server_args.py of the {read} wheel")

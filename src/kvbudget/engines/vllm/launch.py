@@ -96,7 +96,8 @@ def command(pool: PoolPlan, deployment: Deployment) -> Launch:
         argv += ["--kv-transfer-config", NIXL]
     source = f"vLLM {shown}: flags as in {data['source']} (vllm {name} read)"
     image = f"vllm/vllm-openai:v{deployment.release or name}"  # the project's image, tagged v<release>
-    return Launch(argv=tuple(argv), image=image, notes=tuple(notes), source=source)
+    return Launch(argv=tuple(argv), image=image, pd_connector="nixlv2" if pool.role is not Role.BOTH else "",
+                  notes=tuple(notes), source=source)
 
 
 # NVIDIA Dynamo's releases and the vLLM each one's vllm-runtime image bundles (ai-dynamo/aiconfigurator
