@@ -55,7 +55,13 @@ def planned_setup(deployment: Deployment, pool: PoolPlan) -> Setup:
     from kvbudget.simulation.run import setup_for
 
     engine = deployment.engine + (f"@{deployment.release}" if deployment.release else "")
-    return setup_for(load_model(deployment.model), engine, gpu=pool.gpu, tp=pool.tp, pp=pool.pp,
+    try:
+        model = load_model(deployment.model)
+    except KVBudgetError as exc:
+        if exc.param is not None:
+            raise
+        raise type(exc)(f"model {exc}", param="model") from None
+    return setup_for(model, engine, gpu=pool.gpu, tp=pool.tp, pp=pool.pp,
                      kv_dtype=pool.kv_dtype, max_model_len=pool.max_model_len, block_size=pool.block_size,
                      max_num_seqs=pool.max_num_seqs, max_num_batched_tokens=pool.max_num_batched_tokens,
                      prefix_caching=pool.prefix_caching, utilization=pool.gpu_memory_utilization,

@@ -22,7 +22,7 @@ class Launch:
     argv: tuple[str, ...]
     image: str  # the engine's published container image for the release (manifests run argv in it)
     # llm-d's routing sidecar connector for this engine's disaggregated prefill (llm-d-inference-scheduler
-    # pkg/sidecar/proxy/options.go: "nixlv2" for vLLM's NIXL connector, "sglang" for SGLang's); "" where none
+    # pkg/sidecar/proxy/proxy.go: "nixlv2" for vLLM's NIXL connector, "sglang" for SGLang's); "" where none
     pd_connector: str = ""
     notes: tuple[str, ...] = ()
     source: str = ""

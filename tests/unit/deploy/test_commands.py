@@ -114,6 +114,9 @@ def test_sglang_disaggregated_and_old_releases():
     assert argv[argv.index("--disaggregation-mode") + 1] == "prefill"
     assert argv[argv.index("--disaggregation-transfer-backend") + 1] == "nixl"
     assert "--max-queued-requests" not in argv  # "ignored when using disaggregation-mode"
+    p = pool(role=Role.DECODE)
+    deployment = Deployment(model=MODEL, engine="sglang", pools=(p, pool(role=Role.PREFILL)), kv_link="nvlink")
+    assert get_engine("sglang").command(p, deployment).pd_connector == "sglang"  # llm-d's sidecar connector
     with pytest.raises(KVBudgetError) as exc:
         command("sglang", pool(pp=2), "0.4.6")
     assert exc.value.param == "pp"

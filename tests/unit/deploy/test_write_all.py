@@ -73,3 +73,12 @@ def test_bad_input_is_one_line_before_any_planning(tmp_path):
         write_all(tgi, str(tmp_path), setup_for_pool=never)
     assert exc.value.param == "engine" and "vllm" in str(exc.value) and "\n" not in str(exc.value)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_model_that_cannot_be_loaded_names_the_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    missing = Deployment(model="no-such-org/no-such-model", engine="vllm", pools=(pool(),))
+    with pytest.raises(KVBudgetError) as exc:
+        write_all(missing, str(tmp_path))
+    assert exc.value.param == "model" and "no-such-org/no-such-model" in str(exc.value)
+    assert "\n" not in str(exc.value) and os.listdir(tmp_path) == []
