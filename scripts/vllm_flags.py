@@ -58,12 +58,15 @@ def main(argv: list[str]) -> None:
                           for name in FIELD.findall(block)})
         dtypes = [d for text in texts.values() for block in CACHE_DTYPES.findall(text)
                   for d in re.findall(r'"([a-z0-9_]+)"', block)]
-        origin = Path(where).name if Path(where).is_file() else "the installed wheel"
+        wheel = sorted(Path(where).parent.glob("vllm*.dist-info"))  # an installed package: its distribution
+        origin = Path(where).name if Path(where).is_file() else (wheel[0].name.removesuffix(".dist-info") + " wheel"
+                                                                 if wheel else "an installed vllm")
         data["releases"][release] = {"source": f"{origin}: " + ", ".join(sorted(texts)), "flags": flags,
                                      "kv_cache_dtypes": dtypes,
                                      "negatable": [f for f in NEGATABLE if f in flags]}
     data["releases"] = dict(sorted(data["releases"].items(), key=lambda kv: tuple(map(int, kv[0].split(".")))))
     data["about"] = __doc__.strip().splitlines()[0] + " Written by scripts/vllm_flags.py."
+    data["licence"] = "the flag names are read from vLLM's source (github.com/vllm-project/vllm), Apache-2.0"
     out.write_text(json.dumps(data, indent=1) + "\n")
 
 

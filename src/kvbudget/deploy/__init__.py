@@ -164,7 +164,9 @@ def write_all(deployment: Deployment, directory: str, *, setup_for_pool: SetupFo
     replaces files that exist; `param` names the folder in errors (the front end's own parameter)."""
     if not os.path.isdir(directory):
         raise KVBudgetError(f"{param} {directory}: not an existing folder; create it first", param=param)
-    launcher(deployment)  # an engine without a command line is refused before any planning
+    engine = launcher(deployment)  # an engine without a command line is refused before any planning,
+    for pool in deployment.pools:  # and so is a setting its command line cannot take
+        engine.command(pool, deployment)
     setups = {p.role: (setup_for_pool or (lambda pool: planned_setup(deployment, pool)))(p) for p in deployment.pools}
     written = files(deployment, setups)
     paths = tuple(os.path.join(directory, f.name) for f in written)

@@ -82,3 +82,13 @@ def test_a_model_that_cannot_be_loaded_names_the_model(tmp_path, monkeypatch):
         write_all(missing, str(tmp_path))
     assert exc.value.param == "model" and "no-such-org/no-such-model" in str(exc.value)
     assert "\n" not in str(exc.value) and os.listdir(tmp_path) == []
+
+
+def test_a_setting_the_engine_cannot_take_is_refused_before_planning(tmp_path):
+    def never(p):
+        raise AssertionError("planned")
+
+    llama = Deployment(model="llama-3.1-8b", engine="llamacpp", pools=(PoolPlan(**{**pool().__dict__, "tp": 2}),))
+    with pytest.raises(KVBudgetError) as exc:
+        write_all(llama, str(tmp_path), setup_for_pool=never)
+    assert exc.value.param == "tp" and os.listdir(tmp_path) == []
