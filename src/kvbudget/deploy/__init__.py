@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from kvbudget.deploy.guarded import alerts_yaml, guard_yaml, with_queue_limits
 from kvbudget.deploy.manifests import dynamo_graph, kserve_service, llmd_values
 from kvbudget.engines import ENGINES, get_engine
-from kvbudget.engines.launch import Launch, Launches, RunsUnderDynamo
+from kvbudget.engines.launch import Launch, Launches, RunsUnderDynamo, RunsUnderKServe
 from kvbudget.engines.scheduling.setup import Role
 from kvbudget.errors import KVBudgetError
 from kvbudget.files import write_files
@@ -112,9 +112,19 @@ def files(deployment: Deployment, setups: dict[Role, Setup]) -> tuple[DeployFile
                        apply="add it to Prometheus' rule_files (`promtool check rules alerts.yaml` checks it)"),
             DeployFile(name="llm-d-values.yaml", text=llmd_values(deployment, launch),
                        what="values for llm-d's modelservice Helm chart",
-                       apply="`helm install NAME llm-d-modelservice/llm-d-modelservice -f llm-d-values.yaml`"),
-            DeployFile(name="kserve-llminferenceservice.yaml", text=kserve_service(deployment, launch),
-                       what="a KServe LLMInferenceService", apply="`kubectl apply -f kserve-llminferenceservice.yaml`")]
+                       apply="`helm install NAME llm-d-modelservice/llm-d-modelservice -f llm-d-values.yaml`")]
+    if isinstance(engine, RunsUnderKServe):
+        served = engine
+
+        def flags(pool: PoolPlan) -> Launch:
+            return served.kserve_args(pool, deployment)
+
+        out.append(DeployFile(name="kserve-llminferenceservice.yaml", text=kserve_service(deployment, flags),
+                              what="a KServe LLMInferenceService (KServe's templates start the engine with these "
+                                   "settings)", apply="`kubectl apply -f kserve-llminferenceservice.yaml`"))
+    else:
+        able = ", ".join(name for name, e in ENGINES.items() if isinstance(e, RunsUnderKServe))
+        said[f"no LLMInferenceService: KServe's templates start {able} only"] = None
     if deployment.disaggregated and isinstance(engine, RunsUnderDynamo):
         worker = engine
 

@@ -12,8 +12,11 @@ against: tests/data/schemas/README.md):
   (`python3 -m dynamo.frontend --http-port`) and one worker service per pool, each running the engine's Dynamo
   worker in Dynamo's runtime image (extraPodSpec.mainContainer) on resources.limits.gpu GPUs;
 - KServe's LLMInferenceService (kserve/kserve config/crd/full/llmisvc/serving.kserve.io_llminferenceservices.yaml,
-  v1alpha2, the stored version): spec.model, replicas, parallelism, template (the main container), spec.prefill
-  for the prefill side, and the managed router (router.route, gateway, scheduler: empty objects take KServe's).
+  v1alpha2, the stored version): spec.model, replicas, parallelism, template (the main container: KServe's own
+  templates in config/llmisvcconfig start `vllm serve` with the model, its name, the port and the tensor parallel
+  size, and append the container's args, which carry the pool's other settings), spec.prefill for the prefill
+  side, and the managed router (router.route, gateway, scheduler: empty objects take KServe's). Written for the
+  engines those templates start (`RunsUnderKServe`).
 
 Written as YAML without a YAML library (kvbudget's core installs none): block mappings and sequences, every
 string double-quoted as JSON quotes it (a JSON string is a YAML double-quoted scalar).
@@ -139,26 +142,29 @@ def _llmd_pool(pool: PoolPlan, launch: Launcher, port: int) -> dict[str, Any]:
             "containers": [container]}
 
 
-def kserve_service(deployment: Deployment, launch: Launcher) -> str:
-    """A KServe LLMInferenceService (v1alpha2) running the engine's own command in each pool."""
+def kserve_service(deployment: Deployment, flags: Callable[[PoolPlan], Launch]) -> str:
+    """A KServe LLMInferenceService (v1alpha2): KServe's templates start the engine (the model from spec.model's
+    storage, its name, port and tensor parallel size), and each pool's other settings are the main container's
+    args, which the templates append (`flags`: a pool's Launch whose argv are those flags)."""
     main = deployment.pool(Role.DECODE if deployment.disaggregated else Role.BOTH)
-    spec: dict[str, Any] = {
-        "model": {"uri": f"hf://{deployment.model}", "name": deployment.served_name or deployment.model},
-        "replicas": main.replicas,
-        "parallelism": {"tensor": main.tp, "pipeline": main.pp},
-        "template": {"containers": [_container(launch(main, deployment.port), main, deployment.port)]},
-        "router": {"route": {}, "gateway": {}, "scheduler": {}},
-    }
+
+    def workload(pool: PoolPlan) -> dict[str, Any]:
+        resource = gpu_resource(pool)[1]
+        gpus = pool.tp * pool.pp
+        container = {"name": "main", "args": list(flags(pool).argv),
+                     "resources": {"limits": {resource: gpus}, "requests": {resource: gpus}}}
+        return {"replicas": pool.replicas, "parallelism": {"tensor": pool.tp, "pipeline": pool.pp},
+                "template": {"containers": [container]}}
+
+    spec: dict[str, Any] = {"model": {"uri": f"hf://{deployment.model}",
+                                      "name": deployment.served_name or deployment.model},
+                            **workload(main), "router": {"route": {}, "gateway": {}, "scheduler": {}}}
     if deployment.disaggregated:
-        prefill = deployment.pool(Role.PREFILL)
-        spec["prefill"] = {"replicas": prefill.replicas, "parallelism": {"tensor": prefill.tp, "pipeline": prefill.pp},
-                           "template": {"containers": [_container(launch(prefill, deployment.port), prefill,
-                                                                  deployment.port)]}}
+        spec["prefill"] = workload(deployment.pool(Role.PREFILL))
     doc = {"apiVersion": "serving.kserve.io/v1alpha2", "kind": "LLMInferenceService",
            "metadata": {"name": resource_name(deployment.served_name or deployment.model)}, "spec": spec}
     return (f"# KServe LLMInferenceService for {deployment.model}, written by kvbudget.deploy\n"
             "# kubectl apply -f kserve-llminferenceservice.yaml\n") + yaml_text(doc)
-
 
 def dynamo_graph(deployment: Deployment, worker: Callable[[PoolPlan], Launch], framework: str) -> str:
     """A DynamoGraphDeployment: Dynamo's frontend on the deployment's port and a worker service per pool."""

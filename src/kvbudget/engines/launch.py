@@ -52,9 +52,18 @@ class RunsUnderDynamo(Protocol):
         """The worker command of one replica of `pool` in Dynamo's runtime image, and that image."""
 
 
+@runtime_checkable
+class RunsUnderKServe(Protocol):
+    """An engine KServe's LLMInferenceService templates start themselves (their `vllm serve /mnt/models --port ...
+    --tensor-parallel-size ... $@`): a pool's settings go to it as the main container's args."""
+
+    def kserve_args(self, pool: PoolPlan, deployment: Deployment) -> Launch:
+        """The flags of one replica of `pool` the template does not set itself (argv: the flags alone)."""
+
+
 def refuse(param: str, why: str) -> EngineRuleError:
     """A pool setting the engine's command line cannot express, as the one-line error naming it."""
     return EngineRuleError(f"{param}: {why}", param=param)
 
 
-__all__ = ["Launch", "Launches", "RunsUnderDynamo", "refuse"]
+__all__ = ["Launch", "Launches", "RunsUnderDynamo", "RunsUnderKServe", "refuse"]

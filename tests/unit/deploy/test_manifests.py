@@ -84,6 +84,23 @@ def test_kserve_takes_the_decode_pool_as_its_main_workload_and_prefill_apart(wri
     assert doc["metadata"]["name"] == "qwen3-8b" and doc["spec"]["model"]["uri"] == "hf://Qwen/Qwen3-8B"
     assert doc["spec"]["replicas"] == 2 and doc["spec"]["prefill"]["replicas"] == 1
     assert doc["spec"]["parallelism"] == {"tensor": 2, "pipeline": 1}
+    # KServe's templates (config/llmisvcconfig) run `vllm serve /mnt/models --served-model-name ... --port ...
+    # --tensor-parallel-size ... $@`: the container keeps their command and image and passes the rest as args
+    main = doc["spec"]["template"]["containers"][0]
+    assert "command" not in main and "image" not in main and main["name"] == "main"
+    args = main["args"]
+    assert not {"--port", "--served-model-name", "--tensor-parallel-size", "Qwen/Qwen3-8B", "vllm"} & set(args)
+    assert args[args.index("--max-num-seqs") + 1] == "64" and "--kv-transfer-config" in args
+
+
+def test_kserve_is_written_only_for_the_engine_its_templates_start(setups):
+    p = PoolPlan(gpu="H100-80GB", max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=8192,
+                 gpu_memory_utilization=0.85)
+    d = Deployment(model="Qwen/Qwen3-8B", engine="sglang", pools=(p,))
+    out = {f.name: f.text for f in files(d, setups(d))}
+    assert "kserve-llminferenceservice.yaml" not in out
+    assert "no LLMInferenceService: KServe's templates start vllm only" in out["README.md"]
+    jsonschema.Draft7Validator(LLMD).validate(yaml.safe_load(out["llm-d-values.yaml"]))
 
 
 def test_the_yaml_writer_reads_back_as_written():

@@ -48,6 +48,11 @@ class VLLMServer(VLLMEngine):
 
         return command(pool, deployment)
 
+    def kserve_args(self, pool: PoolPlan, deployment: Deployment) -> Launch:  # RunsUnderKServe
+        from kvbudget.engines.vllm.launch import kserve_args
+
+        return kserve_args(pool, deployment)
+
     dynamo_framework: ClassVar[str] = "vllm"  # RunsUnderDynamo
 
     def dynamo_worker(self, pool: PoolPlan, deployment: Deployment) -> Launch:

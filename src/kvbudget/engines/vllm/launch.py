@@ -136,3 +136,23 @@ def dynamo_worker(pool: PoolPlan, deployment: Deployment) -> Launch:
                   image=f"nvcr.io/nvidia/ai-dynamo/vllm-runtime:{shown}", notes=tuple(notes),
                   source=f"Dynamo {shown} (vLLM {bundled}): {base.source}")
 
+
+
+# What KServe's LLMInferenceService templates (kserve/kserve config/llmisvcconfig/config-llm-template.yaml and the
+# prefill and decode templates, at aaac4e2) give `vllm serve` themselves: the model (/mnt/models, from spec.model's
+# storage), --served-model-name, --port (8000, or 8001 behind the decode side's routing sidecar) and
+# --tensor-parallel-size (from spec.parallelism.tensor); the container's args are appended (`$@`).
+KSERVE_SETS = ("--served-model-name", "--port", "--tensor-parallel-size")
+
+
+def kserve_args(pool: PoolPlan, deployment: Deployment) -> Launch:
+    """The pool's flags KServe's templates do not set, as the main container's args."""
+    base = command(pool, deployment)
+    flags = list(base.argv[3:])
+    for flag in KSERVE_SETS:
+        if flag in flags:
+            at = flags.index(flag)
+            del flags[at:at + 2]
+    return Launch(argv=tuple(flags), image=base.image, pd_connector=base.pd_connector, notes=base.notes,
+                  source=f"{base.source}; KServe's llmisvc templates set the model, its name, the port and the tensor "
+                         "parallel size")
