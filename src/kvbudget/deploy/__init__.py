@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from kvbudget import validate
 from kvbudget.deploy.guarded import alerts_yaml, guard_yaml, with_queue_limits
 from kvbudget.deploy.manifests import dynamo_graph, kserve_service, llmd_values
 from kvbudget.engines import ENGINES, get_engine
@@ -24,6 +25,7 @@ from kvbudget.files import write_files
 if TYPE_CHECKING:
     from kvbudget.deployment import Deployment, PoolPlan
     from kvbudget.engines.scheduling.setup import Setup
+    from kvbudget.model.spec import ModelSpec
 
 SetupForPool = Callable[["PoolPlan"], "Setup"]
 
@@ -48,20 +50,32 @@ def launcher(deployment: Deployment) -> Launches:
     return engine
 
 
-def planned_setup(deployment: Deployment, pool: PoolPlan) -> Setup:
-    """The pool's Setup from the planner and the engine, as `simulate` would run it (the default `setup_for_pool`;
-    the model is loaded by its id: a catalog name, a config file or a Hub id)."""
+def _model(deployment: Deployment) -> ModelSpec:
+    """The deployment's model, loaded by its id (a catalog name, a config file or a Hub id)."""
     from kvbudget.model.load import load_model
-    from kvbudget.simulation.run import setup_for
 
-    engine = deployment.engine + (f"@{deployment.release}" if deployment.release else "")
     try:
-        model = load_model(deployment.model)
+        return load_model(deployment.model)
     except KVBudgetError as exc:
         if exc.param is not None:
             raise
         raise type(exc)(f"model {exc}", param="model") from None
-    return setup_for(model, engine, gpu=pool.gpu, tp=pool.tp, pp=pool.pp,
+
+
+def checkpoint_bytes(deployment: Deployment) -> int:
+    """The model's weights as its checkpoint stores them (the safetensors' own sizes where kvbudget can read them,
+    else from the parameter count): what the model's storage must hold (the default `model_bytes`)."""
+    from kvbudget.model.weights import model_weights
+
+    return model_weights(_model(deployment)).total_bytes
+
+
+def planned_setup(deployment: Deployment, pool: PoolPlan) -> Setup:
+    """The pool's Setup from the planner and the engine, as `simulate` would run it (the default `setup_for_pool`)."""
+    from kvbudget.simulation.run import setup_for
+
+    engine = deployment.engine + (f"@{deployment.release}" if deployment.release else "")
+    return setup_for(_model(deployment), engine, gpu=pool.gpu, tp=pool.tp, pp=pool.pp,
                      kv_dtype=pool.kv_dtype, max_model_len=pool.max_model_len, block_size=pool.block_size,
                      max_num_seqs=pool.max_num_seqs, max_num_batched_tokens=pool.max_num_batched_tokens,
                      prefix_caching=pool.prefix_caching, utilization=pool.gpu_memory_utilization,
@@ -84,8 +98,9 @@ def serve_script(deployment: Deployment, pool: PoolPlan, launch: Launch) -> str:
             f"# {launch.source}\n{notes}exec {launch.shell}\n")
 
 
-def files(deployment: Deployment, setups: dict[Role, Setup]) -> tuple[DeployFile, ...]:
-    """Every file of the set (pure): the pools' queue limits filled in from their setups first."""
+def files(deployment: Deployment, setups: dict[Role, Setup], model_bytes: int) -> tuple[DeployFile, ...]:
+    """Every file of the set (pure): the pools' queue limits filled in from their setups first; `model_bytes`: the
+    checkpoint's size, which the model's storage must hold."""
     engine = launcher(deployment)
     pools = tuple(with_queue_limits(p, setups[p.role]) for p in deployment.pools)
     deployment = replace(deployment, pools=pools)
@@ -110,7 +125,7 @@ def files(deployment: Deployment, setups: dict[Role, Setup]) -> tuple[DeployFile
     out += [DeployFile(name="alerts.yaml", text=alerts_yaml(deployment),
                        what="Prometheus alerting rules on the engine's KV usage at the guard's levels",
                        apply="add it to Prometheus' rule_files (`promtool check rules alerts.yaml` checks it)"),
-            DeployFile(name="llm-d-values.yaml", text=llmd_values(deployment, launch),
+            DeployFile(name="llm-d-values.yaml", text=llmd_values(deployment, launch, model_bytes),
                        what="values for llm-d's modelservice Helm chart",
                        apply="`helm install NAME llm-d-modelservice/llm-d-modelservice -f llm-d-values.yaml`")]
     if isinstance(engine, RunsUnderKServe):
@@ -160,28 +175,31 @@ def readme(deployment: Deployment, written: list[DeployFile], said: tuple[str, .
     lines += [f"- `{f.name}`: {f.what}; {f.apply}." for f in written]
     lines += ["", "The engine's queue limits are the guard's reject level (95% of the KV cache) in requests and "
               "tokens (max_num_seqs plus the requests of max_model_len it holds; the tokens it holds), so the "
-              "engine refuses no earlier than the guard. The manifests leave the model's storage and the cluster's "
-              "gateway to their charts' defaults: set modelArtifacts.size (llm-d) to the model's size."]
+              "engine refuses no earlier than the guard. The manifests leave the cluster's gateway to their charts' "
+              "defaults."]
     if deployment.notes or said:
         lines += ["", "## Notes", "", *(f"- {n}" for n in (*deployment.notes, *said))]
     return "\n".join(lines) + "\n"
 
 
 def write_all(deployment: Deployment, directory: str, *, setup_for_pool: SetupForPool | None = None,
-              force: bool = False, param: str = "directory") -> tuple[str, ...]:
+              model_bytes: int | None = None, force: bool = False, param: str = "directory") -> tuple[str, ...]:
     """Write every file of `deployment` into `directory` (an existing folder), whole or none; the paths written.
-    `setup_for_pool`: each pool's Setup as it was simulated (None: planned here from the pool's settings); `force`
-    replaces files that exist; `param` names the folder in errors (the front end's own parameter)."""
+    `setup_for_pool`: each pool's Setup as it was simulated (None: planned here from the pool's settings);
+    `model_bytes`: the checkpoint's size (None: `checkpoint_bytes`); `force` replaces files that exist; `param`
+    names the folder in errors (the front end's own parameter)."""
     if not os.path.isdir(directory):
         raise KVBudgetError(f"{param} {directory}: not an existing folder; create it first", param=param)
+    if model_bytes is not None:
+        validate.size(model_bytes, "model_bytes", 1)
     engine = launcher(deployment)  # an engine without a command line is refused before any planning,
     for pool in deployment.pools:  # and so is a setting its command line cannot take
         engine.command(pool, deployment)
     setups = {p.role: (setup_for_pool or (lambda pool: planned_setup(deployment, pool)))(p) for p in deployment.pools}
-    written = files(deployment, setups)
+    written = files(deployment, setups, model_bytes if model_bytes is not None else checkpoint_bytes(deployment))
     paths = tuple(os.path.join(directory, f.name) for f in written)
     write_files([(path, f.text) for path, f in zip(paths, written, strict=True)], param, force)
     return paths
 
 
-__all__ = ["DeployFile", "files", "launcher", "planned_setup", "readme", "write_all"]
+__all__ = ["DeployFile", "checkpoint_bytes", "files", "launcher", "planned_setup", "readme", "write_all"]

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.engines.scheduling.setup import Role
 from kvbudget.gpus import find_gpu
+from kvbudget.units import GIB, cdiv
 
 if TYPE_CHECKING:
     from kvbudget.deployment import Deployment, PoolPlan
@@ -111,8 +112,16 @@ def resource_name(model: str) -> str:
     return name or "model"
 
 
-def llmd_values(deployment: Deployment, launch: Launcher) -> str:
-    """llm-d modelservice values: one decode pool (co-located) or prefill and decode."""
+def model_storage(model_bytes: int) -> str:
+    """The model volume's size as a Kubernetes quantity: the checkpoint and a tenth more (its tokenizer and
+    configuration, and room for a download in progress), in whole GiB."""
+    return f"{cdiv(cdiv(model_bytes * 11, 10), GIB)}Gi"
+
+
+def llmd_values(deployment: Deployment, launch: Launcher, model_bytes: int) -> str:
+    """llm-d modelservice values: one decode pool (co-located) or prefill and decode; the model's volume (an
+    emptyDir for an hf:// model, whose sizeLimit is modelArtifacts.size: the chart's default is 5Mi) sized for
+    `model_bytes`."""
     decode = deployment.pool(Role.DECODE if deployment.disaggregated else Role.BOTH)
     accelerator = gpu_resource(decode)[0]
     name = deployment.served_name or deployment.model
@@ -120,7 +129,7 @@ def llmd_values(deployment: Deployment, launch: Launcher) -> str:
     if deployment.disaggregated:
         proxy["connector"] = launch(decode, PROXY_PORT).pd_connector
     values: dict[str, Any] = {
-        "modelArtifacts": {"name": name, "uri": f"hf://{deployment.model}",
+        "modelArtifacts": {"name": name, "uri": f"hf://{deployment.model}", "size": model_storage(model_bytes),
                            "labels": {"llm-d.ai/inference-serving": "true"}},
         "accelerator": {"type": accelerator},
         "routing": {"servicePort": deployment.port, "proxy": proxy},

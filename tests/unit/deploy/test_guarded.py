@@ -21,7 +21,7 @@ DEPLOYMENT = Deployment(model="llama-3.1-8b", engine="vllm", pools=(POOL,))
 
 @pytest.fixture(scope="module")
 def written():
-    return {f.name: f.text for f in files(DEPLOYMENT, {Role.BOTH: planned_setup(DEPLOYMENT, POOL)})}
+    return {f.name: f.text for f in files(DEPLOYMENT, {Role.BOTH: planned_setup(DEPLOYMENT, POOL)}, 16 * 2**30)}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def test_the_engines_queue_limits_are_the_guards_reject_level(written, planned):
 def test_limits_a_pool_states_are_kept():
     p = PoolPlan(**{**POOL.__dict__, "max_num_queued_reqs": 7, "max_num_queued_tokens": 9000})
     d = Deployment(model="llama-3.1-8b", engine="vllm", pools=(p,))
-    text = {f.name: f.text for f in files(d, {Role.BOTH: planned_setup(d, p)})}["serve.sh"]
+    text = {f.name: f.text for f in files(d, {Role.BOTH: planned_setup(d, p)}, 16 * 2**30)}["serve.sh"]
     assert "--max-num-queued-reqs 7 --max-num-queued-tokens 9000" in text
 
 

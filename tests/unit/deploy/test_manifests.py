@@ -19,6 +19,7 @@ SCHEMAS = Path(__file__).resolve().parents[2] / "data" / "schemas"
 LLMD = json.loads((SCHEMAS / "llm-d-modelservice.values.schema.json").read_text())
 KSERVE = json.loads((SCHEMAS / "kserve-llminferenceservice-v1alpha2.schema.json").read_text())
 DYNAMO = json.loads((SCHEMAS / "dynamo-graphdeployment-v1alpha1.subset.schema.json").read_text())
+CHECKPOINT = 16_381_470_720  # Qwen3-8B's safetensors (8.19 B parameters in bf16)
 MANIFESTS = ("llm-d-values.yaml", "kserve-llminferenceservice.yaml", "dynamo-graphdeployment.yaml")
 
 
@@ -35,7 +36,7 @@ DISAGG = Deployment(model="Qwen/Qwen3-8B", engine="vllm", pools=(pool(Role.PREFI
 @pytest.fixture
 def written(setups):
     def write(deployment: Deployment) -> dict[str, dict]:
-        out = {f.name: f.text for f in files(deployment, setups(deployment))}
+        out = {f.name: f.text for f in files(deployment, setups(deployment), CHECKPOINT)}
         return {name: yaml.safe_load(out[name]) for name in MANIFESTS if name in out}
 
     return write
@@ -74,6 +75,9 @@ def test_llmd_runs_each_pool_with_its_own_command_behind_the_sidecar(written):
     pargs = prefill["containers"][0]["args"]
     assert pargs[pargs.index("--port") + 1] == "8000" and "--kv-transfer-config" in pargs
     assert main["resources"]["limits"] == {"nvidia.com/gpu": 2}
+    # the chart's model volume for hf:// is an emptyDir of sizeLimit modelArtifacts.size (default 5Mi): 16.4 GB
+    # (15.26 GiB) and a tenth more is 16.78 GiB, 17Gi in whole GiB
+    assert values["modelArtifacts"]["size"] == "17Gi"
     co = written(CO_LOCATED)["llm-d-values.yaml"]
     assert co["prefill"] == {"create": False} and co["routing"]["proxy"]["enabled"] is False
 
@@ -97,7 +101,7 @@ def test_kserve_is_written_only_for_the_engine_its_templates_start(setups):
     p = PoolPlan(gpu="H100-80GB", max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=8192,
                  gpu_memory_utilization=0.85)
     d = Deployment(model="Qwen/Qwen3-8B", engine="sglang", pools=(p,))
-    out = {f.name: f.text for f in files(d, setups(d))}
+    out = {f.name: f.text for f in files(d, setups(d), CHECKPOINT)}
     assert "kserve-llminferenceservice.yaml" not in out
     assert "no LLMInferenceService: KServe's templates start vllm only" in out["README.md"]
     jsonschema.Draft7Validator(LLMD).validate(yaml.safe_load(out["llm-d-values.yaml"]))

@@ -46,6 +46,14 @@ def test_a_disaggregated_deployment_gets_a_command_and_a_guard_per_side(tmp_path
 def test_without_setups_each_pool_is_planned_from_its_settings(tmp_path):
     write_all(CO_LOCATED, str(tmp_path))
     assert "kv_budget_bytes:" in (tmp_path / "guard.yaml").read_text()
+    # Llama-3.1-8B: 8.03 B parameters in bf16 (16.06 GB, 14.96 GiB) and a tenth more: 16.45 GiB, so 17Gi
+    assert 'size: "17Gi"' in (tmp_path / "llm-d-values.yaml").read_text()
+
+
+def test_a_checkpoint_size_out_of_range_is_one_line(tmp_path, setups):
+    with pytest.raises(KVBudgetError) as exc:
+        write_all(CO_LOCATED, str(tmp_path), setup_for_pool=lambda p: setups(CO_LOCATED)[p.role], model_bytes=0)
+    assert exc.value.param == "model_bytes" and os.listdir(tmp_path) == []
 
 
 def test_existing_files_are_kept_unless_forced(tmp_path, setups):
