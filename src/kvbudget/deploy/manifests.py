@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.engines.scheduling.setup import Role
+from kvbudget.errors import KVBudgetError
 from kvbudget.gpus import find_gpu
 from kvbudget.units import GIB, cdiv
 
@@ -95,7 +96,10 @@ def _lines(value: Any, indent: int) -> list[str]:
 def gpu_resource(pool: PoolPlan) -> tuple[str, str]:
     """The accelerator type llm-d names and the Kubernetes resource of the pool's GPU."""
     vendor = find_gpu(pool.gpu).vendor
-    return GPU_RESOURCE.get(vendor, ("nvidia", "nvidia.com/gpu"))
+    if vendor not in GPU_RESOURCE:
+        raise KVBudgetError(f"gpu {pool.gpu}: kvbudget writes Kubernetes GPU resources for "
+                            f"{', '.join(GPU_RESOURCE)} cards, not {vendor or 'a card of unknown vendor'}", param="gpu")
+    return GPU_RESOURCE[vendor]
 
 
 def _container(launch: Launch, pool: PoolPlan, port: int) -> dict[str, Any]:

@@ -146,3 +146,15 @@ def test_dynamo_runs_the_engines_worker_in_its_runtime_for_each_side(written):
         assert main["args"][main["args"].index("--disaggregation-mode") + 1] == side.lower()
         assert "--port" not in main["args"]  # Dynamo's frontend serves HTTP, not the worker
         assert main["image"].startswith("nvcr.io/nvidia/ai-dynamo/vllm-runtime:")
+
+
+def test_an_amd_card_asks_for_amds_device_resource(written):
+    # llm-d values.yaml accelerator.resources: amd -> amd.com/gpu (AMD's device plugin)
+    p = PoolPlan(gpu="MI300X", tp=1, max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=8192,
+                 gpu_memory_utilization=0.9)
+    docs = written(Deployment(model="Qwen/Qwen3-8B", engine="vllm", pools=(p,)))
+    values = docs["llm-d-values.yaml"]
+    assert values["accelerator"]["type"] == "amd"
+    assert values["decode"]["containers"][0]["resources"]["limits"] == {"amd.com/gpu": 1}
+    jsonschema.Draft7Validator(LLMD).validate(values)
+    jsonschema.Draft7Validator(KSERVE).validate(docs["kserve-llminferenceservice.yaml"])
