@@ -29,14 +29,20 @@ if TYPE_CHECKING:
 REJECT = LEVELS[-1].name  # the level whose figures the engine's own admission takes
 
 
+def held_bytes(setup: Setup) -> int:
+    """The KV cache a replica holds: its budget, or less where the engine allocates less than the budget (llama.cpp
+    allocates the cells of its -c whatever memory is free)."""
+    allocated = setup.token_slots * setup.bytes_per_token
+    return allocated if setup.kv_memory_bytes is None else min(setup.kv_memory_bytes, allocated)
+
+
 def pool_levels(setup: Setup) -> tuple[Level, ...]:
-    """The guard's levels of one replica as simulated: its KV budget, token slots and whole requests of
-    max_model_len (the budget over one such request's bytes)."""
-    slots = setup.token_slots
-    kv = setup.kv_memory_bytes if setup.kv_memory_bytes is not None else slots * setup.bytes_per_token
+    """The guard's levels of one replica as simulated: its KV cache, token slots and whole requests of
+    max_model_len (the cache over one such request's bytes)."""
+    kv = held_bytes(setup)
     per_request = setup.allocation.sequence_bytes(setup.max_model_len) if setup.allocation is not None else 0
-    concurrency = kv / per_request if per_request else slots / setup.max_model_len
-    return levels(kv, slots, concurrency)
+    concurrency = kv / per_request if per_request else setup.token_slots / setup.max_model_len
+    return levels(kv, setup.token_slots, concurrency)
 
 
 def with_queue_limits(pool: PoolPlan, setup: Setup) -> PoolPlan:
@@ -54,7 +60,7 @@ def guard_yaml(deployment: Deployment, pool: PoolPlan, setup: Setup) -> str:
     and the engine's queue limits beside them as comments."""
     allocation = setup.allocation
     text = write_config(model=deployment.model, engine=deployment.engine, gpu=pool.gpu, tp=pool.tp,
-                        kv_budget_bytes=setup.kv_memory_bytes or setup.token_slots * setup.bytes_per_token,
+                        kv_budget_bytes=held_bytes(setup),
                         kv_cache_tokens=setup.token_slots,
                         bytes_per_token=allocation.bytes_per_token if allocation else setup.bytes_per_token,
                         fixed_bytes_per_sequence=allocation.fixed_bytes_per_sequence if allocation else 0,

@@ -34,8 +34,11 @@ def planned():
 def test_the_guard_config_is_the_plans_levels_and_reads_back(written, planned):
     config = parse(yaml.safe_load(written["guard.yaml"]), "guard.yaml")
     assert config.model == "llama-3.1-8b" and config.gpu == "H100-80GB" and config.max_model_len == 32768
-    assert config.kv_budget_bytes == planned.kv_memory_bytes
-    # the simulated setup counts vLLM's slots after its null block (0.29+): one block of 16 below the plan's
+    # the cache the replica holds: the plan's budget in whole blocks of 16 tokens (under one block left over),
+    # less vLLM's null block (0.29+)
+    block = 16 * planned.estimate.bytes_per_token
+    assert 0 <= planned.kv_memory_bytes - config.kv_budget_bytes < 2 * block
+    # the simulated setup counts vLLM's slots after its null block: one block of 16 below the plan's
     for ours, theirs in zip(config.levels, planned.levels, strict=True):
         assert (ours.name, ours.threshold, ours.requests) == (theirs.name, theirs.fraction, theirs.requests)
         assert 0 <= theirs.tokens - ours.tokens <= 16
@@ -64,3 +67,15 @@ def test_the_alerts_fire_at_the_guards_levels(written):
     for rule, level in zip(rules, LEVELS, strict=True):
         assert rule["expr"].endswith(f">= {level.threshold}") and "vllm:" in rule["expr"]
         assert rule["labels"]["severity"] == level.severity
+
+
+def test_llama_servers_guard_counts_the_cells_it_allocates_not_the_free_memory():
+    # llama-server -np 4 -c 4 x 8192 allocates 32,768 cells whatever the L4 has free: 4 requests of 8,192 at most
+    p = PoolPlan(gpu="L4", max_num_seqs=4, max_num_batched_tokens=2048, max_model_len=8192,
+                 gpu_memory_utilization=0.9, kv_dtype="q8_0")
+    d = Deployment(model="llama-3.1-8b", engine="llamacpp", pools=(p,))
+    text = {f.name: f.text for f in files(d, {Role.BOTH: planned_setup(d, p)}, 16 * 2**30)}["guard.yaml"]
+    config = parse(yaml.safe_load(text), "guard.yaml")
+    assert config.kv_cache_tokens == 32768
+    assert config.kv_budget_bytes == 32768 * config.bytes_per_token
+    assert [lv.requests for lv in config.levels] == [int(4 * lv.threshold) for lv in LEVELS]  # 2, 3, 3
