@@ -148,10 +148,13 @@ def files(deployment: Deployment, setups: dict[Role, Setup], model_bytes: int) -
             said.update(dict.fromkeys(f"Dynamo: {n}" for n in done.notes))
             return done
 
-        out.append(DeployFile(name="dynamo-graphdeployment.yaml",
-                              text=dynamo_graph(deployment, dynamo, engine.dynamo_framework),
-                              what="an NVIDIA Dynamo DynamoGraphDeployment (its frontend and a worker per pool)",
-                              apply="`kubectl apply -f dynamo-graphdeployment.yaml` where Dynamo's operator runs"))
+        try:
+            out.append(DeployFile(name="dynamo-graphdeployment.yaml",
+                                  text=dynamo_graph(deployment, dynamo, engine.dynamo_framework),
+                                  what="an NVIDIA Dynamo DynamoGraphDeployment (its frontend and a worker per pool)",
+                                  apply="`kubectl apply -f dynamo-graphdeployment.yaml` where Dynamo's operator runs"))
+        except KVBudgetError as exc:  # no Dynamo runtime for the release: the other files still serve
+            said[f"no DynamoGraphDeployment: {exc}"] = None
     elif deployment.disaggregated:
         able = ", ".join(name for name, e in ENGINES.items() if isinstance(e, RunsUnderDynamo))
         said[f"no DynamoGraphDeployment: kvbudget writes Dynamo's workers for {able} only"] = None

@@ -100,3 +100,12 @@ def test_a_setting_the_engine_cannot_take_is_refused_before_planning(tmp_path):
     with pytest.raises(KVBudgetError) as exc:
         write_all(llama, str(tmp_path), setup_for_pool=never)
     assert exc.value.param == "tp" and os.listdir(tmp_path) == []
+
+
+def test_a_release_no_dynamo_runtime_bundles_gets_the_other_files_and_a_note(tmp_path, setups):
+    # vLLM 0.10 has the NIXL connector (0.9) but no Dynamo runtime ships it (the oldest known bundles 0.11.0)
+    old = Deployment(**{**DISAGG.__dict__, "release": "0.10.2"})
+    names = {os.path.basename(p) for p in write_all(old, str(tmp_path), setup_for_pool=lambda p: setups(DISAGG)[p.role],
+                                                    model_bytes=2**30)}
+    assert "dynamo-graphdeployment.yaml" not in names and "serve-decode.sh" in names
+    assert "no DynamoGraphDeployment: release: vLLM 0.10.2" in (tmp_path / "README.md").read_text()
