@@ -326,10 +326,15 @@ def _replicas(gpus: int, tp: int, pp: int) -> int:
 
 def _levels(kv_budget: int, cap: Capacity, beams: int) -> tuple[Level, ...]:
     """The guard's degradation levels in bytes, tokens and requests of this budget."""
+    return levels(kv_budget, cap.physical_token_slots, cap.max_concurrency, beams)
+
+
+def levels(kv_budget: int, token_slots: int, concurrency: float, beams: int = 1) -> tuple[Level, ...]:
+    """The guard's degradation levels of a KV budget of `token_slots` tokens holding `concurrency` requests of
+    max_model_len tokens, in bytes, tokens and requests (the plan's table; `kvbudget.deploy` from a Setup)."""
     return tuple(Level(name=lv.name, fraction=lv.threshold, kv_bytes=int(kv_budget * lv.threshold),
-                       tokens=int(cap.physical_token_slots * lv.threshold),
-                       requests=int(cap.max_concurrency * lv.threshold / beams), action=lv.action,
-                       meaning=lv.meaning)
+                       tokens=int(token_slots * lv.threshold), requests=int(concurrency * lv.threshold / beams),
+                       action=lv.action, meaning=lv.meaning)
                  for lv in LEVELS)
 
 

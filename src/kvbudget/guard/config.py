@@ -368,12 +368,12 @@ def of(config: GuardConfig | Mapping[str, Any] | None, source: str = "config") -
 
 def write_config(*, model: str, engine: str, gpu: str, tp: int, kv_budget_bytes: int, kv_cache_tokens: int,
                  bytes_per_token: int, fixed_bytes_per_sequence: int, max_model_len: int,
-                 levels: Iterable[Any]) -> str:
+                 levels: Iterable[Any], written_by: str = "kvbudget plan --guard-config") -> str:
     """The guard's configuration as YAML (plain scalars, written without a YAML library): the deployment's KV
     figures and each level's threshold and action with what it means in bytes, tokens and requests (`levels`:
     records with name, fraction, action, kv_bytes, tokens and requests, as the planner's degradation table has)."""
     lines = [
-        "# kvbudget guard configuration, written by `kvbudget plan --guard-config`",
+        f"# kvbudget guard configuration, written by `{written_by}`",
         f"# {model} on {gpu} with {engine}; thresholds are fractions of the KV budget.",
         f"model: {model}",
         f"engine: {engine}",

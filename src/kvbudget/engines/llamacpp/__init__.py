@@ -12,16 +12,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.engines.base import LogCheck
+from kvbudget.engines.launch import Launch
 from kvbudget.engines.llamacpp.engine import LlamaCppEngine
 from kvbudget.model.spec import ModelSpec
 
 if TYPE_CHECKING:
+    from kvbudget.deployment import Deployment, PoolPlan
     from kvbudget.engines.llamacpp.simulator import LlamaCppSimulator
 
 
 @dataclass(frozen=True)
 class LlamaServer(LlamaCppEngine):
-    """llama.cpp with what it offers beyond its memory: `simulate` (Simulates) and `check-log` (ReadsLogs)."""
+    """llama.cpp with what it offers beyond its memory: `simulate` (Simulates), `check-log` (ReadsLogs) and its
+    command line (Launches)."""
 
     def simulator(self) -> LlamaCppSimulator:
         from kvbudget.engines.llamacpp.simulator import LlamaCppSimulator
@@ -32,6 +35,11 @@ class LlamaServer(LlamaCppEngine):
         from kvbudget.engines.llamacpp.logs import check_log
 
         return check_log(self, text, model, given or {})
+
+    def command(self, pool: PoolPlan, deployment: Deployment) -> Launch:
+        from kvbudget.engines.llamacpp.launch import command
+
+        return command(pool, deployment)
 
 
 LLAMACPP = LlamaServer()

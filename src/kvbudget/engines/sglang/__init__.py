@@ -9,20 +9,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvbudget.engines.launch import Launch
 from kvbudget.engines.sglang.engine import SGLangEngine
 
 if TYPE_CHECKING:
+    from kvbudget.deployment import Deployment, PoolPlan
     from kvbudget.engines.sglang.simulator import SGLangSimulator
 
 
 @dataclass(frozen=True)
 class SGLangServer(SGLangEngine):
-    """SGLang with `simulate` (Simulates) beside its memory and logs."""
+    """SGLang with `simulate` (Simulates) and its command line (Launches) beside its memory and logs."""
 
     def simulator(self) -> SGLangSimulator:
         from kvbudget.engines.sglang.simulator import SGLangSimulator
 
         return SGLangSimulator(self)
+
+    def command(self, pool: PoolPlan, deployment: Deployment) -> Launch:
+        from kvbudget.engines.sglang.launch import command
+
+        return command(self, pool, deployment)
 
 
 SGLANG = SGLangServer()

@@ -16,19 +16,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvbudget.engines.base import LogCheck
+from kvbudget.engines.launch import Launch
 from kvbudget.engines.vllm.engine import VLLMEngine
 from kvbudget.model.spec import ModelSpec
 
 if TYPE_CHECKING:
+    from kvbudget.deployment import Deployment, PoolPlan
     from kvbudget.engines.vllm.simulator import VLLMSimulator
 
 
 @dataclass(frozen=True)
 class VLLMServer(VLLMEngine):
-    """vLLM with what it offers beyond its memory: `simulate` (Simulates) and `check-log` (ReadsLogs)."""
+    """vLLM with what it offers beyond its memory: `simulate` (Simulates), `check-log` (ReadsLogs) and its command
+    line (Launches)."""
 
     def simulator(self) -> VLLMSimulator:
         from kvbudget.engines.vllm.simulator import VLLMSimulator
@@ -39,6 +42,23 @@ class VLLMServer(VLLMEngine):
         from kvbudget.engines.vllm.logs import check_log
 
         return check_log(self, text, model, dict(given or {}))
+
+    def command(self, pool: PoolPlan, deployment: Deployment) -> Launch:
+        from kvbudget.engines.vllm.launch import command
+
+        return command(pool, deployment)
+
+    def kserve_args(self, pool: PoolPlan, deployment: Deployment) -> Launch:  # RunsUnderKServe
+        from kvbudget.engines.vllm.launch import kserve_args
+
+        return kserve_args(pool, deployment)
+
+    dynamo_framework: ClassVar[str] = "vllm"  # RunsUnderDynamo
+
+    def dynamo_worker(self, pool: PoolPlan, deployment: Deployment) -> Launch:
+        from kvbudget.engines.vllm.launch import dynamo_worker
+
+        return dynamo_worker(pool, deployment)
 
 
 VLLM = VLLMServer()
