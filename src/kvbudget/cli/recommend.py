@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print(found)
     for path in written:
-        wrote(path, "the chosen deployment, JSON")
+        wrote(path, "the chosen deployment, as JSON" if path.endswith(".json") else "a file of the chosen deployment")
     if found.best is None:
         print(f"kvbudget: no candidate meets the objectives: {found.binding}", file=sys.stderr)
         return 1

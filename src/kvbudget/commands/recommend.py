@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -154,16 +153,10 @@ def _gpus(text: str) -> tuple[str, ...]:
 def prices_for(text: str | None, gpus: tuple[str, ...] | None) -> tuple[dict[str | None, float], tuple[str, ...]]:
     """(prices by GPU, the GPUs to search): --gpu-price where given, else the shipped table; without --gpus, the
     default GPUs that are priced (with per-GPU prices: those priced)."""
-    from kvbudget.simulation.cost import parse_prices, price_for
+    from kvbudget.simulation.cost import parse_prices, price_for, price_table
 
-    if text:
-        prices = parse_prices(text)
-    else:
-        table = getattr(importlib.import_module("kvbudget.simulation.cost"), "price_table", None)
-        if table is None:  # (the dated price table, once merged: cost.price_table)
-            raise KVBudgetError(f"gpu_price: give a price per GPU-hour, e.g. {named('gpu_price', '2.49')} or "
-                                "H100-80GB=2.49,L40S=0.86 (kvbudget ships no price table yet)", param="gpu_price")
-        prices = dict(table())
+    prices: dict[str | None, float] = dict(parse_prices(text)) if text else \
+        {name: price for name, price in price_table().items()}  # (the dated table shipped: data/prices.json)
     if gpus is None:
         if None in prices:  # one price for every GPU
             gpus = DEFAULT_GPUS
@@ -268,21 +261,28 @@ def _check_out(folder: str, force: bool) -> None:
 
     if os.path.isdir(folder):
         check_target(_deployment_path(folder), "out", force)
+        if os.listdir(folder) and not force:  # (the files depend on the answer: none may be replaced unasked)
+            raise KVBudgetError(f"out {shown(folder)}: the folder has files already; give a new or empty folder, "
+                                "or --force to replace the deployment's files in it", param="out")
     elif os.path.exists(folder) or not os.path.isdir(os.path.dirname(os.path.abspath(folder))):
         raise KVBudgetError(f"out {shown(folder)}: give a folder, or a new one inside a folder that exists",
                             param="out")
 
 
 def write_out(ask: RecommendRequest, found: Recommendation) -> list[str]:
-    """The chosen deployment's files under --out (the paths written)."""
+    """The chosen deployment's files under --out (kvbudget.deploy.write_all: the engine's command lines, the
+    manifests, the guard's config and the alerts, each pool planned as it was simulated) and the deployment itself
+    as JSON; the paths written."""
     import os
 
+    from kvbudget.deploy import write_all
     from kvbudget.files import write_file
 
-    assert ask.out is not None
+    assert ask.out is not None and found.best is not None
     os.makedirs(ask.out, exist_ok=True)
+    deployment = found.deployment()
+    setup = found.setups[found.best.candidate.setting]
+    paths = list(write_all(deployment, ask.out, setup_for_pool=lambda pool: setup, force=ask.force, param="out"))
     path = _deployment_path(ask.out)
-    text = json.dumps(deployment_dict(found.deployment()), indent=1) + "\n"
-    # (the writers of engine command lines and manifests, once merged: kvbudget.deploy.write_all(deployment, dir))
-    write_file(path, text.encode(), "out", ask.force)
-    return [path]
+    write_file(path, (json.dumps(deployment_dict(deployment), indent=1) + "\n").encode(), "out", ask.force)
+    return [*paths, path]
