@@ -14,11 +14,27 @@ their order and what each request gets are the same (tests/unit/simulation/test_
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kvbudget.engines.scheduling.seq import Queues
-    from kvbudget.simulation.decoding import Clock
+    from kvbudget.engines.scheduling.timing import TimeModel
+
+
+class Clock(Protocol):
+    """What a run of decode steps advances: the clock loop's running totals (simulation/run.py's `_Run`)."""
+
+    t: float
+    usage_time: float
+    slot_time: list[float]
+    peak_usage: float
+    next_sample: float
+    tm: TimeModel
+    on_step: Callable[..., None] | None
+
+    def sampled(self, t: float, usage: float, running: int, waiting: int) -> float: ...
 
 
 class _Series:

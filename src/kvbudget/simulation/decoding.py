@@ -14,12 +14,11 @@ import bisect
 import math
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from kvbudget.simulation.closedrun import closed_run
+from kvbudget.simulation.closedrun import Clock, closed_run
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
 
     from kvbudget.engines.scheduling.seq import Queues
     from kvbudget.engines.scheduling.timing import TimeModel
@@ -39,20 +38,6 @@ class Sample:
     usage: float  # vLLM's KV cache usage gauge (0..1)
     running: int
     waiting: int
-
-
-class Clock(Protocol):
-    """What a run of decode steps advances: the clock loop's running totals (simulation/run.py's `_Run`)."""
-
-    t: float
-    usage_time: float
-    slot_time: list[float]
-    peak_usage: float
-    next_sample: float
-    tm: TimeModel
-    on_step: Callable[..., None] | None
-
-    def sampled(self, t: float, usage: float, running: int, waiting: int) -> float: ...
 
 
 _NUMPY: list[Any] = [0]  # long runs seen; then numpy, once looked for (None: not installed)
