@@ -205,7 +205,7 @@ def create_app(upload_dir: Path | None = None, limits: api.Limits | None = None,
             "gpus": [{"name": g.name, "memory_bytes": g.memory_bytes} for g in gpus()],
             "engines": list(ENGINES), "chart_engines": _chart_engines(), "kv_dtypes": list(KV_DTYPE_CHOICES),
             "traces": [{"name": t.name, "what": t.what, "credit": t.credit} for t in traces.bundled()],
-            "limits": {name: getattr(limits, name) for name in api.PAGE_LIMITS},
+            "limits": {name: getattr(limits, name) for name in api.PAGE_LIMITS}, "recommend": search.form(),
         })
 
     async def simulate(request: Request) -> Response:

@@ -116,3 +116,19 @@ class Searches:
             while len(self._kept) > self.limits.recommend_answers:
                 self._kept.popitem(last=False)
         return found
+
+
+# the options the page's other controls give (the deployment's model, engine and context; the traffic and router)
+SHARED = ("engine", "max_model_len", "router", "trace", "rate", "requests", "cv", "prompt_tokens", "output_tokens",
+          "lengths_from_trace", "seed", "rate_scale", "slice")
+
+
+def form() -> list[dict[str, Any]]:
+    """The search's own controls, from RecommendRequest's description (the CLI's --help): each option's name, help,
+    default, choices and whether it is a switch."""
+    from kvbudget.web.api import OPTIONS
+
+    return [{"name": name, "help": opt.help() if callable(opt.help) else opt.help,
+             "default": None if default is False else default, "choices": opt.choices, "switch": default is False,
+             "required": opt.required}
+            for name, (default, opt) in OPTIONS["recommend"].items() if name not in SHARED]
