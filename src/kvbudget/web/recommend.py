@@ -57,7 +57,7 @@ def recommend(params: list[tuple[str, str]], uploads: Uploads, job: Job) -> Foun
     if len(ready.requests) > most:
         raise WebError(f"slice: the traffic holds {len(ready.requests):,} requests, more than the {most:,} each "
                        f"candidate replays on this page; give slice=START:COUNT (e.g. 0:{most})", "slice")
-    found = recommendation(ask, ready, check=job.check)
+    found = recommendation(ask, ready, lambda done, total: job.check(), check=job.check)  # (and between runs)
     answer = found.to_dict()
     written: tuple[DeployFile, ...] = ()
     if found.best is not None:
