@@ -208,3 +208,4 @@ def test_a_check_ends_a_search_and_needs_the_serial_backend():
     with pytest.raises(KVBudgetError) as process:
         recommendation(RecommendRequest(**ASK, backend="process"), ready, check=lambda: None)
     assert process.value.param == "backend"
+
