@@ -83,7 +83,7 @@ function table(headers, rows, numeric = []) {
 function readURL() {
   const q = new URLSearchParams(location.search);
   state = { ...DEFAULTS };
-  if (q.toString()) for (const k of FIELDS) if (!["engine", "kv_dtype"].includes(k)) state[k] = "";  // a link says what it means
+  if (q.toString()) for (const k of [...FIELDS, ...Object.keys(DEFAULTS).filter((d) => d.startsWith(REC))]) if (!["engine", "kv_dtype"].includes(k)) state[k] = "";  // a link says what it means
   for (const [k, v] of q) if (k === "view" || FIELDS.includes(k) || k.startsWith(REC)) state[k] = v;
   if (!VIEWS.includes(state.view)) state.view = "plan";
 }
