@@ -44,7 +44,7 @@ def recommend(params: list[tuple[str, str]], uploads: Uploads, job: Job) -> Foun
         raise WebError(f"max_gpus: at most {limits.recommend_max_gpus} on this page (run `kvbudget recommend` for "
                        "more)", "max_gpus")
     most = limits.recommend_requests
-    if ask.requests.isdigit() and len(ask.requests) < 12 and int(ask.requests) > most and not given.get("trace"):
+    if ask.requests.isdigit() and (len(ask.requests) > 9 or int(ask.requests) > most) and not given.get("trace"):
         raise WebError(f"requests: at most {most:,} on this page", "requests")
     ask = replace(ask, backend="serial", trace=str(trace_path(given["trace"], uploads)) if given.get("trace")
                   else None)

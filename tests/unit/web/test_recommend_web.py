@@ -101,6 +101,7 @@ def test_the_download_does_not_search_again(tmp_path, monkeypatch):
 @pytest.mark.parametrize(("changed", "field", "words"), [
     ({"max_gpus": "9"}, "max_gpus", "max_gpus: at most 8 on this page"),
     ({"requests": "2001"}, "requests", "requests: at most 2,000 on this page"),
+    ({"requests": "9" * 5000}, "requests", "requests: at most 2,000 on this page"),
     ({"rate": None, "requests": None, "trace": "azure-conv-2023", "slice": "0:2001"}, "slice",
      "slice: the traffic holds 2,001 requests, more than the 2,000"),
     ({"max_gpus": "8", "tp": "1,2,4,8", "kv_dtype": "auto,fp8"}, "max_gpus",
