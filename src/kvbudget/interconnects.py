@@ -152,7 +152,7 @@ def kv_link(text: str, cards: Sequence[GPU | None] = ()) -> KVLink:
     name = name.lower()
     if name.endswith("/s") and not rate:
         name, rate = "", text.strip()
-    if name and name not in _KV_FIGURES:
+    if (name and name not in _KV_FIGURES) or not (name or rate):  # (":" names neither)
         raise KVBudgetError(f"kv_link {text}: name one of {', '.join(KV_LINKS)}, a rate such as 25GB/s, or "
                             "NAME:RATE", param="kv_link")
     latency, bandwidth = 0.0, None

@@ -427,7 +427,7 @@ def test_the_cycle_finder_can_fail():
 
 # Today's exceptions to "no module over 600 lines, no function over 80": this list may only shrink.
 LONG_MODULES = {"model/config.py": 630}
-LONG_FUNCTIONS = {"web/app.py:create_app": 113}
+LONG_FUNCTIONS: dict[str, int] = {}
 MODULE_LINES, FUNCTION_LINES = 600, 80
 
 

@@ -230,13 +230,14 @@ def prepared(ask: RecommendRequest) -> Prepared:
     return Prepared(ask=found, requests=tuple(requests), slo=slo, space=space, prices=prices)
 
 
-def recommendation(ask: RecommendRequest, ready: Prepared,
-                   progress: Callable[[int, int], None] | None = None) -> Recommendation:
-    """The search of a prepared request."""
+def recommendation(ask: RecommendRequest, ready: Prepared, progress: Callable[[int, int], None] | None = None,
+                   check: Callable[[], None] | None = None) -> Recommendation:
+    """The search of a prepared request (`check` as `recommend`'s: the serial backend only)."""
     from kvbudget.simulation.recommend import recommend
 
     return recommend(ready.ask, ready.requests, ready.slo, ready.space, ready.prices, router=ask.router,
-                     kv_link=ask.kv_link, backend=ask.backend, exhaustive=ask.exhaustive, progress=progress)
+                     kv_link=ask.kv_link, backend=ask.backend, exhaustive=ask.exhaustive, progress=progress,
+                     check=check)
 
 
 def deployment_dict(d: Deployment) -> dict[str, Any]:
@@ -245,6 +246,11 @@ def deployment_dict(d: Deployment) -> dict[str, Any]:
     for pool, plan in zip(out["pools"], d.pools, strict=True):
         pool["role"] = plan.role.value
     return out
+
+
+def deployment_json(d: Deployment) -> str:
+    """The deployment as the deployment.json that --out writes."""
+    return json.dumps(deployment_dict(d), indent=1) + "\n"
 
 
 def _deployment_path(folder: str) -> str:
@@ -284,5 +290,5 @@ def write_out(ask: RecommendRequest, found: Recommendation) -> list[str]:
     setup = found.setups[found.best.candidate.setting]
     paths = list(write_all(deployment, ask.out, setup_for_pool=lambda pool: setup, force=ask.force, param="out"))
     path = _deployment_path(ask.out)
-    write_file(path, (json.dumps(deployment_dict(deployment), indent=1) + "\n").encode(), "out", ask.force)
+    write_file(path, deployment_json(deployment).encode(), "out", ask.force)
     return [*paths, path]

@@ -228,10 +228,11 @@ class _Stop:
 
 
 def simulate_candidate(model: Any, requests: Sequence[Request], candidate: Candidate, setup: Setup,
-                       slo: Mapping[str, float], router: str, link: KVLink | None, stop: bool = True) -> Measured:
+                       slo: Mapping[str, float], router: str, link: KVLink | None, stop: bool = True,
+                       check: Callable[[], None] | None = None) -> Measured:
     """One candidate through the traffic: one engine, or a fleet of its replicas (a module-level function of
     plain data, for a process pool or Ray). `stop`: end the run once an objective is certainly missed (its figures
-    are then left out)."""
+    are then left out); `check` as `simulate`'s (called every few ms; what it raises ends the search)."""
     from kvbudget.simulation.fleet import simulate_fleet
     from kvbudget.simulation.routing import Pool
     from kvbudget.simulation.run import simulate
@@ -247,10 +248,10 @@ def simulate_candidate(model: Any, requests: Sequence[Request], candidate: Candi
     watch = _Stop(requests, slo) if stop and all(r.n == 1 and not r.beam_search for r in requests) else None
     try:
         if c.replica_count == 1:
-            sim: Any = simulate(model, iter(requests), setup=setup, on_finish=watch)
+            sim: Any = simulate(model, iter(requests), setup=setup, on_finish=watch, check=check)
             gpu_hours = c.gpus * sim.duration_s / 3600
         else:
-            sim = simulate_fleet(model, iter(requests), pools, router, kv_link=link, on_finish=watch)
+            sim = simulate_fleet(model, iter(requests), pools, router, kv_link=link, on_finish=watch, check=check)
             gpu_hours = sim.gpu_hours
     except _Missed:
         assert watch is not None and watch.stopped is not None
@@ -431,17 +432,21 @@ Progress = Callable[[int, int], None]
 def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str, float], space: Space,
               prices: Mapping[str | None, float], *, router: str = "round-robin", kv_link: str = "infiniband",
               backend: str = "process", exhaustive: bool = False, progress: Progress | None = None,
-              batch: int = BATCH, early_stop: bool = True) -> Recommendation:
+              batch: int = BATCH, early_stop: bool = True, check: Callable[[], None] | None = None
+              ) -> Recommendation:
     """Search `space` for the cheapest candidate whose simulation of `requests` meets `slo`. `ask` holds the
     model, engine and every setting not searched (its gpu, tp, pp and searched settings are replaced per
     candidate); `prices` as `cost.parse_prices` gives them (every GPU of the space priced); `exhaustive`: simulate
-    every candidate that starts, not only those up to the winner's cost (a fuller front, more time)."""
+    every candidate that starts, not only those up to the winner's cost (a fuller front, more time); `check()`,
+    called every few ms of every simulation, ends the search by raising (the serial backend only: it runs here)."""
     from kvbudget.simulation.cost import price_for
     from kvbudget.simulation.parallel import check_backend, run_all
 
     for name in slo:
         check_metric(name)
     check_backend(backend)
+    if check is not None and backend != "serial":
+        raise KVBudgetError(f"backend {backend}: a search with a check runs serially; give serial", param="backend")
     validate.positive(batch, "batch", "candidates")
     if not requests:
         raise KVBudgetError("trace: the traffic holds no request; give a longer slice or another trace",
@@ -455,7 +460,8 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
 
     def call(c: Candidate, stop: bool) -> tuple[Any, ...]:  # simulate_candidate's arguments
         link = links.get((c.gpu, c.setting)) if c.disaggregated else None
-        return ask.model, requests, c, setups[c.setting], dict(slo), router, link, stop
+        return (ask.model, requests, c, setups[c.setting], dict(slo), router, link, stop,
+                *((check,) if check is not None else ()))
 
     tried: list[Tried] = []
     done, met_at = 0, math.inf

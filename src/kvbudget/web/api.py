@@ -28,6 +28,7 @@ from kvbudget.commands.fleet import is_fleet
 from kvbudget.commands.options import Option, build, options
 from kvbudget.commands.plan import CompareRequest, PlanRequest, as_json, compare_rows
 from kvbudget.commands.plan import answer as plan_answer
+from kvbudget.commands.recommend import RecommendRequest
 from kvbudget.commands.simulate import SimulateRequest
 from kvbudget.commands.simulate import simulation as simulation_answer
 from kvbudget.errors import ConfigError, KVBudgetError
@@ -52,6 +53,14 @@ class Limits:
     simulate_requests: int = 50_000
     simulate_replicas: int = 64  # a fleet's replicas: every arrival advances each one's clock
     simulations_at_once: int = 2
+    # `recommend` on a shared server: far stricter than the CLI's (5,000 candidates, 100,000 requests, 64 GPUs, no
+    # time limit, a process pool), so that one search holds one core for a minute at most
+    recommend_seconds: float = 60.0  # a search's wall time, checked every few ms of each simulation
+    recommend_candidates: int = 100  # candidates a search may list
+    recommend_requests: int = 2_000  # requests each candidate replays
+    recommend_max_gpus: int = 8  # GPUs one candidate may take
+    recommends_at_once: int = 1  # searches at once (each also holds one of the simulations' slots), serially
+    recommend_answers: int = 8  # searches kept in memory, so that their files download without a second search
     heavy_at_once: int = 4  # answers being worked out at once, of every kind (simulations among them)
     queued_at_most: int = 32  # requests waiting for one of those (the page asks up to ten at once)
     queue_seconds: float = 15.0  # the longest one waits before a 503
@@ -62,6 +71,11 @@ class Limits:
     max_header_bytes: int = 64 * 1024  # request line and headers (431)
     max_connections: int = 512  # open at once, well below the usual 1,024 file descriptors (503, closed)
     shutdown_grace_s: float = 5.0  # on SIGTERM/SIGINT: how long answers in progress may take to finish
+
+
+# the limits the page shows (/api/choices)
+PAGE_LIMITS = ("simulate_seconds", "simulate_requests", "config_bytes", "gguf_header_bytes", "trace_bytes",
+               "report_bytes", "recommend_seconds", "recommend_candidates", "recommend_requests", "recommend_max_gpus")
 
 
 class WebError(KVBudgetError):
@@ -133,7 +147,7 @@ class Uploads:
 
 
 REQUESTS: dict[str, type] = {"estimate": EstimateRequest, "plan": PlanRequest, "compare": CompareRequest,
-                             "simulate": SimulateRequest}
+                             "simulate": SimulateRequest, "recommend": RecommendRequest}
 
 
 def _options(command: str) -> dict[str, tuple[Any, Option]]:
@@ -235,8 +249,9 @@ class Job:
     client has left, the server is stopping or its time is up; `progress(requests)` bounds a simulation's
     requests."""
 
-    def __init__(self, work: Work, seconds: float):
+    def __init__(self, work: Work, seconds: float, past: WebError | None = None):
         self.work, self.deadline, self.left = work, time.monotonic() + seconds, threading.Event()
+        self.past = past  # what running past the deadline says (None: a simulation's line)
 
     def check(self) -> None:
         limits = self.work.limits
@@ -245,6 +260,8 @@ class Job:
         if self.left.is_set():
             raise WebError("the client left; the answer was not finished", status=499)
         if time.monotonic() > self.deadline:
+            if self.past is not None:
+                raise self.past
             raise WebError(f"simulate: ran past the page's {limits.simulate_seconds:g} s limit; simulate fewer "
                            "requests (slice) or run `kvbudget simulate` yourself", "slice")
 
@@ -253,6 +270,12 @@ class Job:
             raise WebError(f"slice: the workload has more than {self.work.limits.simulate_requests:,} requests, "
                            "the page's limit; give slice=START:COUNT or fewer requests", "slice")
         self.check()
+
+
+def search_past(limits: Limits) -> WebError:
+    return WebError(f"recommend: the search ran past the page's {limits.recommend_seconds:g} s limit; search fewer "
+                    "candidates (fewer GPUs, max_gpus, tp or kv_dtype values) or fewer requests (slice), or run "
+                    "`kvbudget recommend` yourself", "max_gpus")
 
 
 class Work:
@@ -265,6 +288,7 @@ class Work:
         self.limits = limits
         self._heavy = threading.BoundedSemaphore(limits.heavy_at_once)
         self._simulations = threading.BoundedSemaphore(limits.simulations_at_once)
+        self._searches = threading.BoundedSemaphore(limits.recommends_at_once)
         self._receiving = threading.BoundedSemaphore(limits.uploads_at_once)
         self._queued = 0
         self.stopping = threading.Event()
@@ -290,20 +314,34 @@ class Work:
             self._receiving.release()
 
     @asynccontextmanager
-    async def slot(self, simulation: bool = False) -> AsyncIterator[Job]:
-        """A slot for one answer, held until the work ends (raises WebError 503 when none comes)."""
+    async def slot(self, simulation: bool = False, search: bool = False) -> AsyncIterator[Job]:
+        """A slot for one answer, held until the work ends (raises WebError 503 when none comes); a search
+        (`recommend`) also holds one of the simulations' slots, and its job the search's time limit."""
         self._refuse_if_stopping()
-        if simulation and not self._simulations.acquire(blocking=False):
+        if search and not self._searches.acquire(blocking=False):
+            raise WebError(f"recommend: the server is running {self.limits.recommends_at_once} search(es), its "
+                           "limit; try again in a minute", status=503)
+        try:
+            async with self._simulation(simulation or search):
+                await self._take()
+                try:
+                    yield (Job(self, self.limits.recommend_seconds, search_past(self.limits)) if search
+                           else Job(self, self.limits.simulate_seconds))
+                finally:
+                    self._heavy.release()
+        finally:
+            if search:
+                self._searches.release()
+
+    @asynccontextmanager
+    async def _simulation(self, held: bool) -> AsyncIterator[None]:
+        if held and not self._simulations.acquire(blocking=False):
             raise WebError("simulate: the server is running other simulations; try again in a few seconds",
                            status=503)
         try:
-            await self._take()
-            try:
-                yield Job(self, self.limits.simulate_seconds)
-            finally:
-                self._heavy.release()
+            yield
         finally:
-            if simulation:
+            if held:
                 self._simulations.release()
 
     async def _take(self) -> None:

@@ -5,6 +5,8 @@ GET  /api/choices         models, GPUs, engines, KV dtypes, traces and limits fo
 GET  /api/estimate|plan|compare|simulate   what `kvbudget COMMAND --json` prints for the same arguments
 GET  /api/guard.yaml      what `kvbudget plan --guard-config` writes, as a download
 GET  /api/quality?report=upload:...        a `kvbudget quality --json` report, checked
+GET  /api/recommend       what `kvbudget recommend --json` prints, within the page's limits, with the chosen
+                          deployment's files; /api/recommend.zip: those files as one zip (the same parameters)
 POST /api/upload?kind=model|trace|report&name=FILE   the request body is the file (a GGUF: its first bytes,
                           with X-File-Size); answers the id to pass as model=, trace= or report=
 
@@ -41,6 +43,7 @@ from kvbudget.errors import KVBudgetError
 from kvbudget.gpus import gpus
 from kvbudget.model.load import load_model, readable_roots
 from kvbudget.web import api
+from kvbudget.web import recommend as search
 
 _STATIC = {"app.js": "text/javascript", "style.css": "text/css"}
 _HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'",
@@ -93,10 +96,11 @@ class _Site:
         finally:
             readable_roots.reset(token)
 
-    async def answer(self, request: Request, work: Callable[..., Any], *args: Any, simulation: bool = False) -> Any:
-        """`work(job, *args)` in a worker thread, in one of the server's work slots, its job told when the
-        client leaves."""
-        async with self.work.slot(simulation) as job:
+    async def answer(self, request: Request, work: Callable[..., Any], *args: Any, simulation: bool = False,
+                     search: bool = False) -> Any:
+        """`work(job, *args)` in a worker thread, in one of the server's work slots (a simulation's, a search's),
+        its job told when the client leaves."""
+        async with self.work.slot(simulation, search) as job:
             watch = asyncio.ensure_future(_watch(request, job))
             try:
                 return await run_in_threadpool(self.confined, work, job, *args)
@@ -126,6 +130,36 @@ class _Site:
         async def handle(request: Request) -> Response:
             return _json(await self.answer(request, lambda job, p: work(p, self.uploads), self.params(request)))
         return self.route(handle)
+
+
+def _recommend_routes(site: _Site) -> list[Route]:
+    """/api/recommend and /api/recommend.zip: one search per parameters (kept: the download does not search
+    again)."""
+    kept = search.Searches(site.limits)
+
+    async def found(request: Request) -> search.Found:
+        params = site.params(request)
+        known = kept.get(params)
+        if known is not None:
+            return known
+        answer = await site.answer(request, lambda job, p: search.recommend(p, site.uploads, job), params,
+                                   search=True)
+        return kept.put(params, answer)
+
+    async def answer(request: Request) -> Response:
+        return _json((await found(request)).answer)
+
+    async def zipped(request: Request) -> Response:
+        done = await found(request)
+        if done.answer.get("files_error"):
+            raise api.WebError(f"recommend: no files: {done.answer['files_error']}", "engine")
+        if not done.files:
+            raise api.WebError(f"slo: no candidate meets it, so there is no deployment to write: "
+                               f"{done.answer['binding']}", "slo")
+        return Response(search.zipped(done.files), media_type="application/zip",
+                        headers={**_HEADERS, "Content-Disposition": 'attachment; filename="deployment.zip"'})
+
+    return [Route("/api/recommend", site.route(answer)), Route("/api/recommend.zip", site.route(zipped))]
 
 
 def _read_upload(job: api.Job, kind: str, path: Path, name: str) -> dict[str, Any]:
@@ -171,9 +205,7 @@ def create_app(upload_dir: Path | None = None, limits: api.Limits | None = None,
             "gpus": [{"name": g.name, "memory_bytes": g.memory_bytes} for g in gpus()],
             "engines": list(ENGINES), "chart_engines": _chart_engines(), "kv_dtypes": list(KV_DTYPE_CHOICES),
             "traces": [{"name": t.name, "what": t.what, "credit": t.credit} for t in traces.bundled()],
-            "limits": {"simulate_seconds": limits.simulate_seconds, "simulate_requests": limits.simulate_requests,
-                       "config_bytes": limits.config_bytes, "gguf_header_bytes": limits.gguf_header_bytes,
-                       "trace_bytes": limits.trace_bytes, "report_bytes": limits.report_bytes},
+            "limits": {name: getattr(limits, name) for name in api.PAGE_LIMITS}, "recommend": search.form(),
         })
 
     async def simulate(request: Request) -> Response:
@@ -222,8 +254,7 @@ def create_app(upload_dir: Path | None = None, limits: api.Limits | None = None,
         Route("/api/estimate", site.endpoint(api.estimate)), Route("/api/plan", site.endpoint(api.plan)),
         Route("/api/compare", site.endpoint(api.compare)), Route("/api/simulate", site.route(simulate)),
         Route("/api/guard.yaml", site.route(guard_yaml)), Route("/api/quality", site.route(quality)),
-        Route("/api/upload", site.route(upload), methods=["POST"]),
-    ]
+        Route("/api/upload", site.route(upload), methods=["POST"]), *_recommend_routes(site)]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if allowed_hosts else []
     app = Starlette(routes=routes, middleware=middleware)
     app.state.work = site.work

@@ -3,12 +3,18 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const VIEWS = ["plan", "compare", "simulate", "quality"];
+const VIEWS = ["plan", "compare", "simulate", "recommend", "quality"];
 const FIELDS = ["model", "compare", "engine", "kv_dtype", "gpu", "gpu_memory", "tp", "pp", "max_model_len",
   "concurrency", "trace", "rate", "requests", "rate_scale", "slice", "max_concurrency", "replicas", "router", "guard",
   "report"];
 const DEFAULTS = { view: "plan", model: "llama-3.1-8b", engine: "vllm", kv_dtype: "auto", gpu: "H100-80GB",
-  tp: "1", pp: "1", concurrency: "1", trace: "azure-conv-2023", rate_scale: "1", slice: "0:2000" };
+  tp: "1", pp: "1", concurrency: "1", trace: "azure-conv-2023", rate_scale: "1", slice: "0:2000",
+  rec_slo: "ttft_p99=2s,tpot_p99=50ms", rec_max_gpus: "2", rec_tp: "1,2" };
+// the search's own controls (recommend): RecommendRequest's options from /api/choices, kept as rec_NAME in the
+// state and the URL (tp and kv_dtype there are lists, not the plan's one value) and sent as NAME
+let SEARCH = [];
+const REC = "rec_";
+const searchKeys = () => SEARCH.map((o) => REC + o.name);
 let CHART_ENGINES = [];  // engines with a KV budget: the servers, from /api/choices (hf has none)
 const COLORS = ["var(--c0)", "var(--c1)", "var(--c2)", "var(--c3)", "var(--c4)"];
 const DASHES = ["", "7 4", "2 3", "10 3 2 3", "4 4"];
@@ -77,17 +83,17 @@ function table(headers, rows, numeric = []) {
 function readURL() {
   const q = new URLSearchParams(location.search);
   state = { ...DEFAULTS };
-  if (q.toString()) for (const k of FIELDS) if (!["engine", "kv_dtype"].includes(k)) state[k] = "";  // a link says what it means
-  for (const [k, v] of q) if (k === "view" || FIELDS.includes(k)) state[k] = v;
+  if (q.toString()) for (const k of [...FIELDS, ...Object.keys(DEFAULTS).filter((d) => d.startsWith(REC))]) if (!["engine", "kv_dtype"].includes(k)) state[k] = "";  // a link says what it means
+  for (const [k, v] of q) if (k === "view" || FIELDS.includes(k) || k.startsWith(REC)) state[k] = v;
   if (!VIEWS.includes(state.view)) state.view = "plan";
 }
 function writeURL() {
   const q = new URLSearchParams({ view: state.view });
-  for (const k of FIELDS) if (state[k]) q.set(k, state[k]);
+  for (const k of [...FIELDS, ...searchKeys()]) if (state[k]) q.set(k, state[k]);
   history.replaceState(null, "", `?${q}`);
 }
 function toControls() {
-  for (const k of FIELDS) {
+  for (const k of [...FIELDS, ...searchKeys()]) {
     const e = $(k === "compare" ? "compare-models" : k);
     if (!e) continue;
     if (e.type === "checkbox") e.checked = ["1", "true", "on"].includes(state[k]);
@@ -123,7 +129,8 @@ function clearErrors() {
 }
 function showError(err) {
   const body = err.body || { error: err.message };
-  const field = FIELD_OF[body.field] || body.field;
+  let field = FIELD_OF[body.field] || body.field;
+  if (state.view === "recommend" && field && $(`${REC}${field}-error`)) field = REC + field;  // the search's list
   const box = field && $(`${field}-error`);
   if (box) {
     box.textContent = body.error;
@@ -530,6 +537,93 @@ function fleetView(sim, credit) {
   return out;
 }
 
+// ---- the recommend view: the search, its answer and the chosen deployment's files ----------------------------
+const REC_KEYS = ["engine", "max_model_len", "rate", "requests", "rate_scale", "slice", "router"];
+function recommendParams() {
+  const p = params(REC_KEYS, { trace: state.rate ? "" : state.trace });
+  for (const o of SEARCH) if (state[REC + o.name]) p.set(o.name, state[REC + o.name]);
+  return p;
+}
+function searchForm(options, limits) {
+  SEARCH = options;
+  $("search-fields").replaceChildren(...options.map((o) => {
+    const id = REC + o.name, label = o.name.replace(/_/g, " ");
+    const described = `${id}-help ${id}-error`;
+    const control = o.switch ? h("input", { id, name: id, type: "checkbox", value: "1", "aria-describedby": described })
+      : o.choices ? h("select", { id, name: id, "aria-describedby": described }, h("option", { value: "" }, `${o.default} (the default)`),
+        o.choices.filter((c) => c !== o.default).map((c) => h("option", { value: c }, c)))
+        : h("input", { id, name: id, autocomplete: "off", spellcheck: "false", placeholder: o.default || "",
+          "aria-describedby": described, "aria-required": o.required ? "true" : null });
+    return h("div", { class: o.switch ? "field check" : "field", "data-field": id }, ...(o.switch ? [control, h("label", { for: id }, label)]
+      : [h("label", { for: id }, label + (o.required ? " (required)" : "")), control]),
+    h("p", { class: "help", id: `${id}-help` }, o.help), h("p", { class: "error", id: `${id}-error`, role: "alert", hidden: true }));
+  }));
+  $("search-help").textContent = `On this page: at most ${int(limits.recommend_candidates)} candidates, ${int(limits.recommend_max_gpus)} GPUs each, ` +
+    `${int(limits.recommend_requests)} requests and ${limits.recommend_seconds} s per search, one search at a time; kvbudget recommend searches further.`;
+}
+const objectives = (r) => Object.keys(r.slo_s);
+function latency(r, t) {  // each objective's value with the simulator's error band of means around it
+  return objectives(r).map((k) => {
+    const v = t.values_s[k], b = t.bands_s[k];
+    return v == null ? "–" : `${ms(v)}${b ? ` (${ms(b[0])} to ${ms(b[1])})` : ""}`;
+  });
+}
+const dollars = (v, d = 2) => v == null ? "–" : `$${fixed(v, d)}`;
+async function renderRecommend(gen, run) {
+  const view = $("view-recommend");
+  if (!run) {
+    if (!view.childElementCount) view.append(h("p", { class: "help" }, "Give the objectives and the traffic (left), then search."));
+    else if (!view.querySelector(".stale")) view.prepend(h("p", { class: "stale error" }, "The settings changed: search again."));
+    return;
+  }
+  const p = recommendParams();
+  busy(`Searching (up to ${choices ? choices.limits.recommend_seconds : 60} s)…`);
+  const r = await api("recommend", p);
+  if (gen !== generation) return;
+  const c = r.candidates, goals = objectives(r).map((k) => `${k} ≤ ${ms(r.slo_s[k])}`).join(", ");
+  const out = [h("h2", {}, `${r.model} on ${r.engine}: ${goals}`),
+    h("p", {}, `${int(c.listed)} candidates: ${int(c.pruned)} pruned (the engine would not start them, or they cannot be simulated), ` +
+      `${int(c.simulated)} simulated, ${int(c.skipped)} not simulated (they cost more per hour than one that met the objectives).`)];
+  const best = r.best;
+  if (best) {
+    out.push(h("h3", { id: "chosen" }, "Cheapest meeting the objectives: ", h("span", { "data-value": "best" }, best.label)),
+      h("div", { class: "summary" },
+        card("GPUs", int(best.candidate.gpus), "", "gpus"),
+        card("Price", `${dollars(best.price_per_hour)}/hour`, "", "price"),
+        card("Per million tokens", dollars(best.cost.per_million_tokens, 3), badge("estimate", "simulated times"), "per_million_tokens"),
+        card("Tokens/s per GPU", int(best.tokens_per_s_per_gpu), badge("estimate", "simulated times"), "tokens_per_s_per_gpu")),
+      table(["objective", "limit", "simulated (error band of means)"], objectives(r).map((k, i) => [k, ms(r.slo_s[k]), latency(r, best)[i]]), [1, 2]));
+  } else {
+    out.push(h("p", { class: "error top", id: "binding", role: "alert" }, `No candidate meets the objectives: ${r.binding}`));
+  }
+  out.push(h("p", { class: "help" }, "The range around each figure: where the true mean lay against the simulation in the held-out runs of the accuracy page (they judge means; a tail percentile's error may be wider)."));
+  for (const q of r.quality_checks) out.push(h("p", { class: "note quality" }, `Note: ${q}`));
+  if (r.front.length) {
+    out.push(h("h3", {}, "Pareto front ", badge("estimate", "simulated times")),
+      table(["candidate", "GPUs", "tokens/s per GPU", ...objectives(r), "$ per M tokens", "met"],
+        r.front.map((t) => [t.label, int(t.candidate.gpus), int(t.tokens_per_s_per_gpu), ...latency(r, t),
+          dollars(t.cost.per_million_tokens, 3), best && t.label === best.label ? "chosen" : t.met ? "yes" : "no"]),
+        [1, 2, ...objectives(r).map((_, i) => 3 + i), 3 + objectives(r).length]));
+  }
+  if (r.runners_up.length) {
+    const shown = r.runners_up.slice(0, RUNNERS_UP);
+    out.push(h("h3", {}, `Runners-up, cheapest first (${shown.length} of ${r.runners_up.length})`),
+      table(["candidate", "$/hour", "why it lost"], shown.map((t) => [t.label, fixed(t.price_per_hour, 2), t.why]), [1]));
+  }
+  if (r.pruned.length) out.push(h("h3", {}, "Pruned"), h("ul", { class: "notes" },
+    r.pruned.map((x) => h("li", {}, `${x.setting} (${int(x.candidates)} candidate${x.candidates > 1 ? "s" : ""}): ${x.reason}`))));
+  if (r.files_error) out.push(h("p", { class: "error" }, `No files: ${r.files_error}`));
+  if (r.files.length) {
+    out.push(h("h3", {}, "The chosen deployment's files"),
+      h("p", {}, h("a", { id: "download-files", class: "button", href: `/api/recommend.zip?${p}`, download: "deployment.zip" },
+        `Download all ${r.files.length} files (zip)`), " (what kvbudget recommend --out DIR writes)"),
+      ...r.files.map((f) => h("details", { class: "file" }, h("summary", {}, h("code", {}, f.name), `: ${f.what}; ${f.apply}.`),
+        h("pre", {}, f.text))));
+  }
+  view.replaceChildren(...out);
+}
+const RUNNERS_UP = 20;  // runners-up the table shows (the JSON: all)
+
 // ---- the quality view ----------------------------------------------------------------------------------------
 async function renderQuality(gen) {
   const view = $("view-quality");
@@ -587,6 +681,7 @@ async function refresh(run) {
     if (state.view === "plan") await renderPlan(gen);
     else if (state.view === "compare") await renderCompare(gen);
     else if (state.view === "simulate") await renderSimulate(gen, run);
+    else if (state.view === "recommend") await renderRecommend(gen, run);
     else await renderQuality(gen);
   } catch (err) {
     if (gen === generation) showError(err);
@@ -616,6 +711,7 @@ async function start() {
     ...choices.gpus.map((g) => h("option", { value: g.name }, `${g.name} (${fmtBytes(g.memory_bytes)})`)));
   $("trace").replaceChildren(...choices.traces.map((t) => h("option", { value: t.name }, t.what)));
   if (state.trace && state.trace.startsWith("upload:")) $("trace").append(h("option", { value: state.trace }, `uploaded (${state.trace.slice(7, 20)}…)`));
+  searchForm(choices.recommend, choices.limits);
   toControls();
   for (const e of document.querySelectorAll("#controls input:not([type=file]), #controls select")) {
     if (e.id === "context-slider") continue;
@@ -635,6 +731,7 @@ async function start() {
     });
   });
   $("run-simulation").addEventListener("click", () => update(true));
+  $("run-recommend").addEventListener("click", () => update(true));
   $("model-file").addEventListener("change", async (ev) => {
     const f = ev.target.files[0]; if (!f) return;
     const answer = await upload("model", f, "model");
@@ -658,6 +755,6 @@ async function start() {
     try { await navigator.clipboard.writeText(location.href); $("copied").textContent = "link copied"; }
     catch { $("copied").textContent = location.href; }
   });
-  update(state.view === "simulate");
+  update(state.view === "simulate" || state.view === "recommend");
 }
 document.addEventListener("DOMContentLoaded", start);
