@@ -75,7 +75,8 @@ class _Series:
         return m0 * self.pace + n * self.head + self.cost * tokens
 
     def first(self, t0: float, x: float) -> int:
-        """The first m in 1..k whose end t0 + S(m) is at or past x (k where none is)."""
+        """The first m in 1..k whose end t0 + S(m) is at or past x (k where none is): from the series' inverse,
+        checked, and by bisection where rounding put the inverse off by more than a step."""
         k, y = self.k, x - t0
         m0, pace = self.m0, self.pace
         if y <= m0 * pace:
@@ -84,14 +85,27 @@ class _Series:
             b, a = self.step(m0), self.cost * self.r
             rest = y - m0 * pace
             half = b - a / 2
-            n = rest / b if a == 0.0 else (math.sqrt(half * half + 2.0 * a * rest) - half) / a
+            root = math.sqrt(half * half + 2.0 * a * rest)
+            n = 2.0 * rest / (half + root) if half > 0.0 else (root - half) / a  # (no cancellation either way)
             m = m0 + math.ceil(n) if n < k else k
         m = min(max(m, 1), k)
-        while m > 1 and t0 + self.seconds(m - 1) >= x:
-            m -= 1
-        while m < k and t0 + self.seconds(m) < x:
-            m += 1
-        return m
+        if t0 + self.seconds(m) >= x:
+            if m == 1 or t0 + self.seconds(m - 1) < x:
+                return m
+            lo, hi = 0, m - 1  # the answer is in (lo, hi]
+        else:
+            if m == k or t0 + self.seconds(m + 1) >= x:
+                return min(m + 1, k)
+            if t0 + self.seconds(k) < x:
+                return k
+            lo, hi = m + 1, k
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if t0 + self.seconds(mid) >= x:
+                hi = mid
+            else:
+                lo = mid
+        return hi
 
     def sums(self, a: int, b: int) -> tuple[int, int, int]:
         """Over steps a..b-1: their number, their contexts summed, their contexts squared summed."""
