@@ -1,10 +1,13 @@
 """kvbudget beside NVIDIA aiconfigurator on the same (model, GPU, ISL/OSL, TTFT/TPOT) cases: what aiconfigurator
 chose and predicted (benchmarks/data/aiconfigurator/cases.json), kvbudget's simulation of that same choice, the KV
-budget each gives that choice, and kvbudget's own choice. Prints figures; asserts nothing.
+budget each gives that choice, kvbudget's own choice (`recommend`, at the rate aiconfigurator's choice predicts) and
+aiconfigurator's estimate of it. Prints figures; asserts nothing.
 
-    python benchmarks/vs_aiconfigurator.py                    # reads cases.json: aiconfigurator not needed
+    python benchmarks/vs_aiconfigurator.py                    # reads cases.json: under a minute, no aiconfigurator
+    python benchmarks/vs_aiconfigurator.py --table            # both tools' choices only, from cases.json
+    python benchmarks/vs_aiconfigurator.py --search           # kvbudget's six searches again (~15 min), recorded
     python3 -m venv /tmp/aic && /tmp/aic/bin/pip install aiconfigurator
-    python benchmarks/vs_aiconfigurator.py --refresh /tmp/aic # asks aiconfigurator again, rewrites cases.json
+    python benchmarks/vs_aiconfigurator.py --refresh /tmp/aic # asks aiconfigurator again, searches, rewrites
 
 aiconfigurator runs in its own environment, as its users install it (it is not a dependency of kvbudget):
 `aiconfigurator cli default` for each case (backend vllm, 8 GPUs, aggregated and disaggregated), its best row of
