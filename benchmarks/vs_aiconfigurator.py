@@ -1,10 +1,13 @@
 """kvbudget beside NVIDIA aiconfigurator on the same (model, GPU, ISL/OSL, TTFT/TPOT) cases: what aiconfigurator
 chose and predicted (benchmarks/data/aiconfigurator/cases.json), kvbudget's simulation of that same choice, the KV
-budget each gives that choice, and kvbudget's own choice. Prints figures; asserts nothing.
+budget each gives that choice, kvbudget's own choice (`recommend`, at the rate aiconfigurator's choice predicts) and
+aiconfigurator's estimate of it. Prints figures; asserts nothing.
 
-    python benchmarks/vs_aiconfigurator.py                    # reads cases.json: aiconfigurator not needed
+    python benchmarks/vs_aiconfigurator.py                    # reads cases.json: under a minute, no aiconfigurator
+    python benchmarks/vs_aiconfigurator.py --table            # both tools' choices only, from cases.json
+    python benchmarks/vs_aiconfigurator.py --search           # kvbudget's six searches again (~15 min), recorded
     python3 -m venv /tmp/aic && /tmp/aic/bin/pip install aiconfigurator
-    python benchmarks/vs_aiconfigurator.py --refresh /tmp/aic # asks aiconfigurator again, rewrites cases.json
+    python benchmarks/vs_aiconfigurator.py --refresh /tmp/aic # asks aiconfigurator again, searches, rewrites
 
 aiconfigurator runs in its own environment, as its users install it (it is not a dependency of kvbudget):
 `aiconfigurator cli default` for each case (backend vllm, 8 GPUs, aggregated and disaggregated), its best row of
@@ -41,6 +44,7 @@ import shlex
 import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,6 +62,7 @@ MODELS = {"meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b", "meta-llama/Meta-Llama
           "Qwen/Qwen3-32B": "qwen3-32b"}  # aiconfigurator's model id -> kvbudget's catalog
 TOTAL_GPUS = 8
 UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization: aiconfigurator's flags leave it
+SEARCH_SPAN = 3  # kvbudget's search replays this many times aiconfigurator's concurrency in requests (~2 minutes)
 # (case id, aiconfigurator model, system, ISL, OSL, TTFT ms, TPOT ms)
 ASKED = [
     ("llama8b-h100-4000-500", "meta-llama/Meta-Llama-3.1-8B", "h100_sxm", 4000, 500, 1000, 20),
@@ -143,18 +148,42 @@ def ask_aiconfigurator(aic: Path) -> dict[str, Any]:
     return {"aiconfigurator_version": version, "cases": cases}
 
 
-def aiconfigurator_estimate(aic: Path, model: str, system: str, isl: int, osl: int, bs: int, tp: int,
-                            pp: int = 1) -> dict[str, float]:
-    """The reverse: aiconfigurator's prediction for a configuration it is given (`cli estimate`, aggregated: one
-    replica of `tp` x `pp` GPUs at batch `bs`), e.g. kvbudget's own choice: TTFT and TPOT (ms), tokens/s/gpu."""
-    command = [str(aic / "bin" / "aiconfigurator"), "cli", "estimate", "--model-path", model, "--system", system,
-               "--backend", "vllm", "--estimate-mode", "agg", "--isl", str(isl), "--osl", str(osl),
-               "--batch-size", str(bs), "--tp", str(tp), "--pp", str(pp)]
-    out = subprocess.run(command, capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONWARNINGS": "ignore"}).stdout
-    found = dict(re.findall(r"^\s*(TTFT|TPOT|tokens/s/gpu):\s+([\d,.]+)", out, re.MULTILINE))
-    return {"ttft_ms": float(found["TTFT"]), "tpot_ms": float(found["TPOT"]),
-            "tokens_s_gpu": float(found["tokens/s/gpu"].replace(",", ""))}
+ESTIMATE_SCRIPT = """
+import json, logging, sys, warnings
+warnings.filterwarnings("ignore")
+logging.disable(logging.WARNING)
+from aiconfigurator.cli.api import cli_estimate
+got = cli_estimate(**json.loads(sys.argv[1]))
+print(json.dumps({"ttft_ms": float(got.ttft), "tpot_ms": float(got.tpot),
+                  "tokens_s_gpu": float(got.raw["tokens/s/gpu"]), "request_rate": float(got.raw["request_rate"])}))
+"""
+
+
+def estimate_ask(case: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """What aiconfigurator's `cli estimate` is asked about kvbudget's choice: its shape (aggregated: one replica of
+    TP x PP; disaggregated: the prefill and decode workers), each engine's batch the choice's steady concurrency
+    by Little's law (the requests in flight = rate x time each spends there: a co-located replica's share of the
+    rate x E2E; a decode replica's x (E2E - TTFT); prefill one at a time, as aiconfigurator's own prefill rows)."""
+    c, v = own["candidate"], own["values_s"]
+    rate = own["asked"]["rate"]
+    ask: dict[str, Any] = {"model_path": case["model"], "system_name": case["system"], "backend_name": "vllm",
+                           "backend_version": case["vllm"], "isl": case["isl"], "osl": case["osl"],
+                           "tp_size": c["tp"], "pp_size": c["pp"]}
+    if not c["disaggregated"]:
+        return {**ask, "mode": "agg", "batch_size": max(1, round(rate / c["replicas"] * v["e2e_p50"]))}
+    decode = max(1, round(rate / c["decode_replicas"] * (v["e2e_p50"] - v["ttft_mean"])))
+    return {**ask, "mode": "disagg", "batch_size": decode, "prefill_tp_size": c["tp"], "prefill_pp_size": c["pp"],
+            "prefill_num_workers": c["prefill_replicas"], "prefill_batch_size": 1, "decode_tp_size": c["tp"],
+            "decode_pp_size": c["pp"], "decode_num_workers": c["decode_replicas"], "decode_batch_size": decode}
+
+
+def aiconfigurator_estimate(aic: Path, ask: dict[str, Any]) -> dict[str, Any]:
+    """The reverse: aiconfigurator's prediction for a configuration it is given (`cli estimate`'s function,
+    `aiconfigurator.cli.api.cli_estimate`, asked as `estimate_ask` says): TTFT and TPOT (ms), output tokens/s per
+    GPU and the request rate it predicts (one replica's where aggregated, the whole where disaggregated)."""
+    done = subprocess.run([str(aic / "bin" / "python"), "-W", "ignore", "-c", ESTIMATE_SCRIPT, json.dumps(ask)],
+                          capture_output=True, text=True, check=True)
+    return {"asked": ask, **json.loads(done.stdout.strip().splitlines()[-1])}
 
 
 # ---- kvbudget's side ----
@@ -224,19 +253,62 @@ def simulate_disagg(case: dict[str, Any], model: Any) -> dict[str, Any]:
     return got
 
 
-def own_choice(case: dict[str, Any]) -> str:
-    """kvbudget's own choice for the case: `kvbudget.simulation.recommend.recommend`, once it exists."""
-    try:
-        from kvbudget.simulation.recommend import recommend  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return "needs recommend"
-    try:  # the lead wires the call to recommend's final signature here
-        answer = recommend(MODELS[case["model"]], gpus=[GPUS[case["system"]]], isl=case["isl"], osl=case["osl"],
-                           slo={"ttft_mean": case["ttft_ms"] / 1000, "tpot_mean": case["tpot_ms"] / 1000},
-                           max_gpus=case["total_gpus"])
-    except TypeError as exc:
-        return f"wire recommend here: {exc}"
-    return str(answer)
+def aic_choice(case: dict[str, Any]) -> tuple[str, float, int]:
+    """aiconfigurator's own answer for the case on its 8 GPUs: the mode of the higher tokens/s/GPU (its
+    `chosen_exp = max(best_throughputs, ...)`, aiconfigurator/cli/main.py), the request rate that choice predicts
+    over the 8 GPUs (aggregated: one replica's `request_rate` times the replicas 8 GPUs hold; disaggregated: its
+    `request_rate`, already the whole) and the requests in flight at it (its `concurrency`, times the replicas)."""
+    mode = max((m for m in ("agg", "disagg") if case.get(m)), key=lambda m: case[m]["row"]["tokens/s/gpu"])
+    row = case[mode]["row"]
+    copies = TOTAL_GPUS // int(row["num_total_gpus"]) if mode == "agg" else 1
+    return mode, float(row["request_rate"]) * copies, int(row["concurrency"]) * copies
+
+
+def own_choice(case: dict[str, Any], model: Any) -> dict[str, Any]:
+    """kvbudget's own choice for the case (`kvbudget.simulation.recommend.recommend`): the same model and vLLM
+    release, the case's GPU only, at most its 8 GPUs, one price for the GPU (so cost ranks by GPUs), the KV cache
+    in the model's dtype (aiconfigurator's rows: kvcache bfloat16), memory fraction 0.9, max_model_len ISL + OSL;
+    requests of exactly ISL and OSL tokens arriving evenly at the rate aiconfigurator's choice predicts
+    (`aic_choice`), SEARCH_SPAN x its concurrency of them; the objectives the case's TTFT and TPOT on the means
+    (`ttft_mean`, `tpot_mean`: aiconfigurator's targets are on its steady-state figures, one value per
+    configuration, which a mean over the run matches best; the run's mean includes its warm-up and drain)."""
+    from kvbudget.commands.simulate import SimulateRequest, simulation_ask
+    from kvbudget.simulation.recommend import Space, recommend
+
+    mode, rate, concurrency = aic_choice(case)
+    n = SEARCH_SPAN * concurrency
+    ask = simulation_ask(SimulateRequest(model=MODELS[case["model"]], engine=f"vllm@{case['vllm']}",
+                                         max_model_len=str(case["isl"] + case["osl"])), model)
+    reqs = [Request(arrival=i / rate, prompt_tokens=case["isl"], output_tokens=case["osl"], id=str(i))
+            for i in range(n)]
+    slo = {"ttft_mean": case["ttft_ms"] / 1000, "tpot_mean": case["tpot_ms"] / 1000}
+    space = Space(gpus=(GPUS[case["system"]],), max_gpus=case["total_gpus"], kv_dtypes=("auto",),
+                  gpu_memory_utilization=(UTILIZATION,))
+    began = time.perf_counter()
+    found = recommend(ask, reqs, slo, space, {None: 1.0}, kv_link="nvlink", backend="serial")
+    asked = {"aiconfigurator_mode": mode, "rate": round(rate, 4), "requests": n, "arrivals": "evenly spaced",
+             "slo_s": slo, "gpu": GPUS[case["system"]], "max_gpus": case["total_gpus"], "kv_dtype": "auto",
+             "gpu_memory_utilization": UTILIZATION, "max_model_len": case["isl"] + case["osl"],
+             "engine": f"vllm@{case['vllm']}", "kv_link": "nvlink", "price": "one for the GPU"}
+    out: dict[str, Any] = {"kvbudget_version": kvbudget.__version__, "asked": asked,
+                           "candidates": {"listed": found.listed, "pruned": sum(p.candidates for p in found.pruned),
+                                          "simulated": len(found.tried), "skipped": found.skipped},
+                           "seconds": round(time.perf_counter() - began, 1)}
+    best = found.best
+    if best is None:
+        return {**out, "candidate": None, "binding": found.binding}
+    c = best.candidate
+    return {**out, "label": c.label(), "candidate": c.to_dict(),
+            "values_s": {k: v for k, v in best.measured.values.items() if v is not None},
+            "tokens_s_gpu": best.measured.output_tokens / best.measured.duration_s / c.gpus}
+
+
+def _own_config(c: dict[str, Any]) -> str:
+    """A candidate in the table's words (as _config writes aiconfigurator's)."""
+    shape = f"tp{c['tp']}pp{c['pp']}"
+    if c["disaggregated"]:
+        return f"{c['prefill_replicas']}P {shape} + {c['decode_replicas']}D {shape}"
+    return f"{shape} x{c['replicas']}"
 
 
 def _config(mode: str, chosen: dict[str, Any]) -> str:
@@ -247,29 +319,95 @@ def _config(mode: str, chosen: dict[str, Any]) -> str:
             f"{row['(d)parallel'].split('dp')[0]} bs{row['(d)bs']}")
 
 
+def _vllm(case: dict[str, Any]) -> str:
+    """The vLLM release aiconfigurator's database measured (its rows' `version`)."""
+    row = (case["agg"] or case["disagg"])["row"]
+    return str(row.get("version") or row["(p)version"])
+
+
+def record(doc: dict[str, Any], search: bool, aic: Path | None) -> bool:
+    """kvbudget's own choice for each case (searched where `search` or never recorded) and, with `aic`,
+    aiconfigurator's estimate of it, into the cases; an estimate is kept while the choice it was asked about is.
+    Whether anything changed."""
+    changed = False
+    for case in doc["cases"]:
+        case["vllm"] = _vllm(case)
+        before = case.get("kvbudget") or {}
+        if search or not before:
+            print(f"searching {case['id']} with kvbudget ...", flush=True)
+            own = own_choice(case, kvbudget.load_model(MODELS[case["model"]]))
+            kept = before.get("aiconfigurator_estimate")
+            if own["candidate"] and kept and kept["asked"] == estimate_ask(case, own):
+                own["aiconfigurator_estimate"] = kept
+            case["kvbudget"], changed = own, True
+        own = case["kvbudget"]
+        if aic is not None and own["candidate"]:
+            own["aiconfigurator_estimate"] = aiconfigurator_estimate(aic, estimate_ask(case, own))
+            changed = True
+    return changed
+
+
+def own_table(doc: dict[str, Any]) -> list[str]:
+    """kvbudget's own choice beside aiconfigurator's, from the data file alone (a Markdown table, as
+    docs/accuracy.md shows it): each one's configuration, GPUs and TTFT/TPOT (ms) at the rate aiconfigurator's
+    choice predicts on its 8 GPUs, and aiconfigurator's estimate of kvbudget's choice."""
+    rows = ["| case | rate (req/s) | aiconfigurator chose (8 GPUs) | its TTFT / TPOT | kvbudget chose | GPUs | "
+            "kvbudget's TTFT / TPOT (mean) | aiconfigurator's TTFT / TPOT of it | aiconfigurator's rate for it |",
+            "|---|---:|---|---|---|---:|---|---|---:|"]
+    for case in doc["cases"]:
+        own = case["kvbudget"]
+        mode = own["asked"]["aiconfigurator_mode"]
+        chosen = case[mode]
+        row = chosen["row"]
+        theirs = f"{_config(mode, chosen)} ({mode})"
+        if own["candidate"] is None:
+            rows.append(f"| {case['id']} | {own['asked']['rate']:.1f} | {theirs} | {row['ttft']:.0f} / "
+                        f"{row['tpot']:.1f} | none met the targets: {own['binding']} | | | | |")
+            continue
+        c, v, est = own["candidate"], own["values_s"], own.get("aiconfigurator_estimate")
+        if est:
+            copies = c["replicas"] if est["asked"]["mode"] == "agg" else 1
+            reverse = f"{est['ttft_ms']:.0f} / {est['tpot_ms']:.1f}"
+            rate = f"{est['request_rate'] * copies:.1f}"
+        else:
+            reverse, rate = "not asked (--refresh)", ""
+        rows.append(f"| {case['id']} | {own['asked']['rate']:.1f} | {theirs} | {row['ttft']:.0f} / "
+                    f"{row['tpot']:.1f} | {_own_config(c)} | {c['gpus']} | {1000 * v['ttft_mean']:.0f} / "
+                    f"{1000 * v['tpot_mean']:.1f} | {reverse} | {rate} |")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--refresh", type=Path, metavar="AIC_VENV",
-                    help="a virtual environment with aiconfigurator installed: ask it again, rewrite cases.json")
+                    help="a virtual environment with aiconfigurator installed: ask it again (its choices, and its "
+                         "estimate of kvbudget's), search again with kvbudget, rewrite cases.json")
+    ap.add_argument("--search", action="store_true",
+                    help="search again with kvbudget (minutes) and record its choices in cases.json")
+    ap.add_argument("--table", action="store_true",
+                    help="print only the table of both tools' choices, from cases.json (as docs/accuracy.md shows)")
     a = ap.parse_args()
+    doc = json.loads(CASES.read_text()) if CASES.exists() else {}
     if a.refresh:
-        doc = json.loads(CASES.read_text()) if CASES.exists() else {}
         doc.update(ask_aiconfigurator(a.refresh))
+    if not a.table and record(doc, a.search or bool(a.refresh), a.refresh):
+        for case in doc["cases"]:
+            case.pop("vllm", None)
         CASES.write_text(json.dumps(doc, indent=1) + "\n")
-    doc = json.loads(CASES.read_text())
+    if a.table:
+        print("\n".join(own_table(doc)))
+        return
     print(f"{doc['aiconfigurator_version']} (its vLLM database) beside kvbudget {kvbudget.__version__}"
           f"; TTFT, TPOT in ms (steady-state means), output tokens/s per GPU")
     head = (f"{'case':24} {'mode':6} {'aiconfigurator chose':28} {'tok/s/GPU aic':>13} {'kvb':>7} "
-            f"{'TTFT aic':>9} {'kvb':>7} {'TPOT aic':>9} {'kvb':>6}  kvbudget's own choice")
+            f"{'TTFT aic':>9} {'kvb':>7} {'TPOT aic':>9} {'kvb':>6}")
     print(head)
     kv_rows = []
     sims: dict[str, Callable[[dict[str, Any], Any], dict[str, Any]]] = {"agg": simulate_agg,
                                                                         "disagg": simulate_disagg}
     for case in doc["cases"]:
         model = kvbudget.load_model(MODELS[case["model"]])
-        row = (case["agg"] or case["disagg"])["row"]
-        case["vllm"] = row.get("version") or row["(p)version"]  # the vLLM release its database measured
-        own = own_choice(case)
+        case["vllm"] = _vllm(case)
         for mode in ("agg", "disagg"):
             chosen = case.get(mode)
             if not chosen:
@@ -278,11 +416,14 @@ def main() -> None:
             row, ours = chosen["row"], sims[mode](case, model)
             print(f"{case['id']:24} {mode:6} {_config(mode, chosen):28} {row['tokens/s/gpu']:13.0f} "
                   f"{ours['tokens_s_gpu']:7.0f} {row['ttft']:9.1f} {ours['ttft_ms']:7.1f} {row['tpot']:9.2f} "
-                  f"{ours['tpot_ms']:6.2f}  {own}")
+                  f"{ours['tpot_ms']:6.2f}")
             for note in ours["notes"]:
                 print(f"{'':31} note: {note}")
             for engine, tokens in zip(chosen["engines"], ours["kv_tokens"]):
                 kv_rows.append((case["id"], f"{mode}/{engine['mode']}", engine, tokens))
+    print("\nEach one's own choice at the rate aiconfigurator's predicts on its 8 GPUs (kvbudget's searched as "
+          "recorded in cases.json; TTFT / TPOT in ms):")
+    print("\n".join(own_table(doc)))
     print("\nKV budget of each engine aiconfigurator would start (tokens the cache holds, GPU memory fraction "
           f"{UTILIZATION}):")
     print(f"{'case':24} {'engine':14} {'TP':>2} {'seqs':>5} {'batched':>7} {'aiconfigurator':>14} {'kvbudget':>9} "

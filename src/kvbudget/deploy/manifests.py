@@ -7,10 +7,12 @@ against: tests/data/schemas/README.md):
   sidecar (routing.proxy) runs in front of decode only when prefill is disaggregated, with the engine's connector
   (`Launch.pd_connector`), and then the decode engine listens on the sidecar's targetPort (8200, the chart's
   default) while the service port stays the deployment's;
-- NVIDIA Dynamo's DynamoGraphDeployment for a disaggregated deployment (ai-dynamo/dynamo deploy/cloud/operator/
-  config/crd/bases/nvidia.com_dynamographdeployments.yaml, v1alpha1): spec.backendFramework, a Frontend service
-  (`python3 -m dynamo.frontend --http-port`) and one worker service per pool, each running the engine's Dynamo
-  worker in Dynamo's runtime image (extraPodSpec.mainContainer) on resources.limits.gpu GPUs;
+- NVIDIA Dynamo's DynamoGraphDeployment for a disaggregated deployment (ai-dynamo/dynamo deploy/operator/config/
+  crd/bases/nvidia.com_dynamographdeployments.yaml at the 1.3.0 branch cut, v1alpha1): spec.backendFramework, a
+  Frontend service (`python3 -m dynamo.frontend --http-port`) and one worker service per pool, each running the
+  engine's Dynamo worker in Dynamo's runtime image (extraPodSpec.mainContainer) on resources.limits.gpu GPUs,
+  its role as subComponentType (prefill | decode: what Dynamo's planner scales by; in the DGD API since Dynamo
+  0.6, as in Dynamo's own examples/backends/vllm/deploy/disagg.yaml);
 - KServe's LLMInferenceService (kserve/kserve config/crd/full/llmisvc/serving.kserve.io_llminferenceservices.yaml,
   v1alpha2, the stored version): spec.model, replicas, parallelism, template (the main container: KServe's own
   templates in config/llmisvcconfig start `vllm serve` with the model, its name, the port and the tensor parallel
@@ -187,7 +189,7 @@ def dynamo_graph(deployment: Deployment, worker: Callable[[PoolPlan], Launch], f
         launch = worker(pool)
         image = launch.image
         services[f"{pool.role.value.capitalize()}Worker"] = {
-            "componentType": "worker", "replicas": pool.replicas,
+            "componentType": "worker", "subComponentType": pool.role.value, "replicas": pool.replicas,
             "resources": {"limits": {"gpu": str(pool.tp * pool.pp)}},
             "extraPodSpec": {"mainContainer": {"name": "main", "image": launch.image, "command": [launch.argv[0]],
                                                "args": list(launch.argv[1:])}}}

@@ -1,5 +1,6 @@
 """The Kubernetes manifests validated against their projects' own schemas (tests/data/schemas/README.md): llm-d's
-modelservice chart values and KServe's LLMInferenceService CRD."""
+modelservice chart values, KServe's LLMInferenceService CRD and Dynamo's DynamoGraphDeployment CRD; the CRDs also as
+the API server reads them with kubectl's strict field validation (no field the schema does not declare)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,27 @@ from kvbudget.engines.scheduling.setup import Role
 SCHEMAS = Path(__file__).resolve().parents[2] / "data" / "schemas"
 LLMD = json.loads((SCHEMAS / "llm-d-modelservice.values.schema.json").read_text())
 KSERVE = json.loads((SCHEMAS / "kserve-llminferenceservice-v1alpha2.schema.json").read_text())
-DYNAMO = json.loads((SCHEMAS / "dynamo-graphdeployment-v1alpha1.subset.schema.json").read_text())
+DYNAMO = json.loads((SCHEMAS / "dynamo-graphdeployment-v1alpha1.schema.json").read_text())
 CHECKPOINT = 16_381_470_720  # Qwen3-8B's safetensors (8.19 B parameters in bf16)
 MANIFESTS = ("llm-d-values.yaml", "kserve-llminferenceservice.yaml", "dynamo-graphdeployment.yaml")
+
+
+def undeclared(doc: object, schema: dict, where: str = "") -> list[str]:
+    """The fields of `doc` its structural schema does not declare: what the API server prunes, and what `kubectl
+    apply` (strict field validation, its default since Kubernetes 1.27) refuses. A schema with properties declares
+    those; additionalProperties, every key; x-kubernetes-preserve-unknown-fields, anything below it. The object's
+    metadata is Kubernetes' ObjectMeta, which the server checks itself (a CRD's schema says only `type: object`)."""
+    if schema.get("x-kubernetes-preserve-unknown-fields") or where == ".metadata":
+        return []
+    if isinstance(doc, dict):
+        if isinstance(schema.get("additionalProperties"), dict):
+            return [f for k, v in doc.items() for f in undeclared(v, schema["additionalProperties"], f"{where}.{k}")]
+        known = schema.get("properties", {})
+        return [f for k, v in doc.items() for f in (undeclared(v, known[k], f"{where}.{k}") if k in known
+                                                     else [f"{where}.{k}"])]
+    if isinstance(doc, list) and "items" in schema:
+        return [f for i, v in enumerate(doc) for f in undeclared(v, schema["items"], f"{where}[{i}]")]
+    return []
 
 
 def pool(role: Role, replicas: int) -> PoolPlan:
@@ -47,8 +66,10 @@ def test_the_manifests_meet_their_schemas(written, deployment):
     docs = written(deployment)
     jsonschema.Draft7Validator(LLMD).validate(docs["llm-d-values.yaml"])
     jsonschema.Draft7Validator(KSERVE).validate(docs["kserve-llminferenceservice.yaml"])
+    assert undeclared(docs["kserve-llminferenceservice.yaml"], KSERVE) == []
     if deployment.disaggregated:
         jsonschema.Draft7Validator(DYNAMO).validate(docs["dynamo-graphdeployment.yaml"])
+        assert undeclared(docs["dynamo-graphdeployment.yaml"], DYNAMO) == []
     else:
         assert "dynamo-graphdeployment.yaml" not in docs  # Dynamo's graph is written for disaggregated choices
 
@@ -122,13 +143,16 @@ def test_resource_names_are_dns_labels():
 def test_the_dynamo_schema_catches_a_wrong_graph(written):
     doc = written(DISAGG)["dynamo-graphdeployment.yaml"]
     for path, value in ((("spec", "backendFramework"), "tgi"), (("spec", "services", "DecodeWorker", "replicas"), "2"),
-                        (("spec", "services", "DecodeWorker", "gpus"), 2)):
+                        (("spec", "services", "DecodeWorker", "resources", "limits", "gpu"), 2),
+                        (("spec", "services", "DecodeWorker", "gpus"), 2),
+                        (("spec", "services", "Frontend", "extraPodSpec", "mainContainer", "argv"), ["x"])):
         broken = json.loads(json.dumps(doc))
         where = broken
         for key in path[:-1]:
             where = where[key]
         where[path[-1]] = value
-        assert not jsonschema.Draft7Validator(DYNAMO).is_valid(broken), path
+        assert not jsonschema.Draft7Validator(DYNAMO).is_valid(broken) or undeclared(broken, DYNAMO), path
+    assert undeclared(doc | {"spec": doc["spec"] | {"graph": {}}}, DYNAMO) == [".spec.graph"]
 
 
 def test_dynamo_runs_the_engines_worker_in_its_runtime_for_each_side(written):
@@ -140,6 +164,9 @@ def test_dynamo_runs_the_engines_worker_in_its_runtime_for_each_side(written):
     for side, replicas in (("Prefill", 1), ("Decode", 2)):
         service = spec["services"][f"{side}Worker"]
         assert service["replicas"] == replicas and service["resources"]["limits"]["gpu"] == "2"
+        # the role as Dynamo's planner reads it (the DGD's subComponentType, Dynamo 0.6 and later; its
+        # examples/backends/vllm/deploy/disagg.yaml at the 1.3.0 branch cut)
+        assert service["componentType"] == "worker" and service["subComponentType"] == side.lower()
         main = service["extraPodSpec"]["mainContainer"]
         assert main["command"] == ["python3"] and main["args"][:4] == ["-m", "dynamo.vllm", "--model", "Qwen/Qwen3-8B"]
         # Dynamo 1.0 and later: the worker's role as --disaggregation-mode (aiconfigurator's vllm_worker_role_args)

@@ -71,3 +71,81 @@ def test_each_choice_fits_the_gpus_and_meets_the_targets_it_predicts(cid):
         gpus = row["(p)workers"] * pre["tp"] * pre["pp"] + row["(d)workers"] * dec["tp"] * dec["pp"]
         assert gpus == row["num_total_gpus"] <= case["total_gpus"]
         assert row["(d)bs"] <= dec["max_num_seqs"]
+
+
+def _script():
+    """benchmarks/vs_aiconfigurator.py as a module (it is a script, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vs_aiconfigurator", DATA.parents[1] / "vs_aiconfigurator.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("cid", sorted(CASES))
+def test_kvbudgets_own_choice_was_asked_the_case_at_aiconfigurators_rate(cid):
+    case = CASES[cid]
+    own = case["kvbudget"]
+    asked = own["asked"]
+    # aiconfigurator's answer is the mode of the higher tokens/s/GPU; its aggregated row is one replica of
+    # num_total_gpus GPUs, so the 8 GPUs serve 8 / num_total_gpus times its rate; its disaggregated row is the 8
+    mode = "agg" if (case["disagg"] is None or case["agg"]["row"]["tokens/s/gpu"] >=
+                     case["disagg"]["row"]["tokens/s/gpu"]) else "disagg"
+    row = case[mode]["row"]
+    per = case["total_gpus"] / row["num_total_gpus"] if mode == "agg" else 1
+    assert asked["aiconfigurator_mode"] == mode
+    assert asked["rate"] == pytest.approx(row["request_rate"] * per, rel=1e-4)
+    assert asked["slo_s"] == {"ttft_mean": case["ttft_ms"] / 1000, "tpot_mean": case["tpot_ms"] / 1000}
+    assert asked["gpu"] == GPUS[case["system"]] and asked["max_gpus"] == case["total_gpus"]
+    assert asked["max_model_len"] == case["isl"] + case["osl"] and asked["requests"] >= row["concurrency"]
+    assert own["candidates"]["simulated"] >= 1 and own["kvbudget_version"]
+
+
+@pytest.mark.parametrize("cid", sorted(CASES))
+def test_kvbudgets_own_choice_fits_the_case_and_meets_its_targets_as_simulated(cid):
+    case = CASES[cid]
+    own = case["kvbudget"]
+    c = own["candidate"]
+    assert c is not None, own.get("binding")
+    assert c["gpu"] == GPUS[case["system"]] and c["kv_dtype"] == "auto"
+    shape = c["prefill_replicas"] + c["decode_replicas"] if c["disaggregated"] else c["replicas"]
+    assert c["gpus"] == shape * c["tp"] * c["pp"] <= case["total_gpus"]
+    assert own["values_s"]["ttft_mean"] <= case["ttft_ms"] / 1000
+    assert own["values_s"]["tpot_mean"] <= case["tpot_ms"] / 1000
+
+
+@pytest.mark.parametrize("cid", sorted(CASES))
+def test_aiconfigurator_was_asked_about_kvbudgets_choice_as_it_is(cid):
+    case = CASES[cid]
+    own = case["kvbudget"]
+    est = own["aiconfigurator_estimate"]
+    c, ask = own["candidate"], est["asked"]
+    assert (ask["model_path"], ask["system_name"], ask["isl"], ask["osl"]) == (case["model"], case["system"],
+                                                                             case["isl"], case["osl"])
+    assert ask["mode"] == ("disagg" if c["disaggregated"] else "agg") and ask["tp_size"] == c["tp"]
+    if c["disaggregated"]:
+        assert (ask["prefill_num_workers"], ask["decode_num_workers"]) == (c["prefill_replicas"],
+                                                                            c["decode_replicas"])
+    assert est["ttft_ms"] > 0 and est["tpot_ms"] > 0 and est["request_rate"] > 0
+
+
+def test_the_batch_aiconfigurator_is_asked_is_the_choices_concurrency():
+    script = _script()
+    case = {"model": "m", "system": "h100_sxm", "vllm": "0.24.0", "isl": 1000, "osl": 100}
+    values = {"e2e_p50": 4.0, "ttft_mean": 0.5}
+    agg = {"candidate": {"tp": 2, "pp": 1, "replicas": 4, "disaggregated": False}, "values_s": values,
+           "asked": {"rate": 10.0}}
+    # 10 requests/s over 4 replicas, each request 4 s in flight: 10 in flight per replica
+    assert script.estimate_ask(case, agg)["batch_size"] == 10
+    split = {"candidate": {"tp": 1, "pp": 1, "prefill_replicas": 2, "decode_replicas": 5, "disaggregated": True},
+             "values_s": values, "asked": {"rate": 10.0}}
+    ask = script.estimate_ask(case, split)
+    # a decode replica holds a request from its first token to its last: 2 req/s x 3.5 s = 7
+    assert (ask["decode_batch_size"], ask["prefill_batch_size"], ask["mode"]) == (7, 1, "disagg")
+
+
+def test_the_accuracy_page_shows_the_table_of_the_data_file():
+    page = (DATA.parents[2] / "docs" / "accuracy.md").read_text(encoding="utf-8")
+    assert "\n".join(_script().own_table(DOC)) in page
