@@ -89,7 +89,7 @@ class SGLangEngine(Engine):
     output_limit = OutputLimit(chat=("max_completion_tokens", "max_tokens"), completions=("max_tokens",),
                                completions_default=16, zero_is_absent=True,
                                source="sglang 0.5.23 srt/entrypoints/openai/protocol.py, managers/scheduler.py")
-    log_signatures = (r"KV Cache is allocated\. #tokens",)
+    log_signatures = (r"KV Cache is allocated\.[^\n]*#tokens",)  # 2026 releases print the dtype before #tokens
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
@@ -268,6 +268,11 @@ class SGLangEngine(Engine):
                                   scale=factor if scales_printed else 1.0))
         if not index_bytes:  # the host pool of a multi-head or MLA pool (not DeepSeek's sparse-attention pools)
             rows += hicache_rows(text, k_bytes + v_bytes, tokens, release)
+        from kvbudget.engines.sglang.speclog import read_speculative
+        from kvbudget.engines.speclog import speculative_rows
+
+        if (drafting := read_speculative(text)) is not None:
+            rows += tuple(speculative_rows(drafting))
         settings = {k: v for k, v in (("tp", tp), ("kv_cache_dtype", dtype), ("engine_version", version_text))
                     if k not in assumed and v}
         return LogCheck(engine="sglang", model_in_log=None, settings=settings, rows=rows, assumed=assumed)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from kvbudget.engines.base import LogRow
+from kvbudget.engines.sglang.speclog import DRAFT_TYPES
 from kvbudget.units import GIB
 
 ROUNDING = 0.005  # each printed figure is within half a hundredth of a GiB
@@ -27,9 +28,11 @@ def memory_rows(text: str, tokens: int, cell_bytes: int, weights_bytes: int | No
     printed fraction by after printing it (0.4's model_runner, for a multimodal model), unless the log says the
     fraction it settled on ('Automatically reduce --mem-fraction-static to X'). Without a 'Load weight begin'
     line the memory free before loading is the end line's two figures added (SGLang prints their difference as
-    the usage)."""
-    after = _number(text, r"Load weight end\..*?avail mem=([\d.]+) GB")
-    used = _number(text, r"Load weight end\..*?mem usage=([\d.]+) GB")
+    the usage). A speculative drafter's own 'Load weight end' line (an EAGLE head's or MTP layers' class) is not
+    the target's."""
+    target = rf"Load weight end\.(?![^\n]*{DRAFT_TYPES})[^\n]*?"  # the target's line, not a drafter's after it
+    after = _number(text, target + r"avail mem=([\d.]+) GB")
+    used = _number(text, target + r"mem usage=([\d.]+) GB")
     before = _number(text, r"Load weight begin\. avail mem=([\d.]+) GB")
     if before is None and after is not None and used is not None:
         before = after + used

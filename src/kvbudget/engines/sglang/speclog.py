@@ -1,0 +1,77 @@
+"""What an SGLang start-up log says about speculative decoding (check-log's `speculative_in_log`).
+
+SGLang states it in its server arguments (`speculative_algorithm='EAGLE3', speculative_draft_model_path='...',
+speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4`, or the same as flags). NEXTN
+(a model's own MTP layers) is resolved to EAGLE before the arguments are printed (server_args.py), so EAGLE without
+a draft model path is the model's own layers. The drafter is a second worker (speculative/eagle_worker.py): its
+model runner prints its own `Load weight end. type=..., mem usage=X GB` after the target's, and its own pool line
+`KV Cache is allocated. #tokens: N, ...` after the target's: the draft pool is sized apart, to the target's tokens
+plus a headroom for the draft and verify tokens of every running request (model_runner.py, draft_runner_cache_size).
+Each rank prints its own lines (`[... TP0]`); the first rank's are read.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kvbudget.speculative import LoggedSpeculative, SpecMethod
+
+# SGLang's algorithm names (SpeculativeAlgorithm) -> kvbudget's; EAGLE is the model's own layers without a draft
+# model path (see above); DFLASH has no kvbudget method.
+METHODS: dict[str, SpecMethod | None] = {"eagle": SpecMethod.EAGLE, "eagle3": SpecMethod.EAGLE3,
+                                         "nextn": SpecMethod.MTP, "standalone": SpecMethod.DRAFT_MODEL,
+                                         "ngram": SpecMethod.NGRAM, "lookahead": SpecMethod.NGRAM}
+DRAFT_TYPES = r"type=\w*(?:Eagle|MTP|NextN|Draft)"  # the draft worker's model classes (LlamaForCausalLMEagle3, ...)
+
+
+def _setting(text: str, name: str, *flags: str) -> tuple[str | None, int]:
+    """A server argument as printed (name='value' or name=value) or as a flag; its value and where it stands."""
+    for pattern in (rf"\b{name}=(?:'([^']*)'|([\w.\-/]+))", *(rf"--{flag}[ =]+()([^\s'\"\\]+)" for flag in flags)):
+        if m := re.search(pattern, text):
+            return m.group(1) or m.group(2), m.start()
+    return None, -1
+
+
+def _rank(line: str) -> str:
+    m = re.search(r"\b((?:[DTPE]P\d+ ?)+)\]", line)
+    return m.group(1).strip() if m else ""
+
+
+def read_speculative(text: str) -> LoggedSpeculative | None:
+    """The speculative settings, the draft worker's weights and its pool of an SGLang log; None where it runs
+    none."""
+    name, at = _setting(text, "speculative_algorithm", "speculative-algorithm", "speculative-algo")
+    if name in (None, "None"):
+        return None
+    draft, _ = _setting(text, "speculative_draft_model_path", "speculative-draft-model-path", "speculative-draft")
+    steps, topk, drafts = (_setting(text, f"speculative_{key}", f"speculative-{key.replace('_', '-')}")[0]
+                           for key in ("num_steps", "eagle_topk", "num_draft_tokens"))
+    model, _ = _setting(text, "model_path", "model-path", "model")
+    draft = None if draft in (None, "None") else draft
+    method = METHODS.get(str(name).lower())
+    if method is SpecMethod.EAGLE and (draft is None or draft == model):
+        method = SpecMethod.MTP
+    lines = [text[text.rfind("\n", 0, at) + 1:].split("\n", 1)[0]]
+    loads = [(m.start(), m.group(0)) for m in re.finditer(r"[^\n]*Load weight end\b[^\n]*", text)]
+    pools = [(m.start(), m.group(0)) for m in re.finditer(r"[^\n]*KV Cache is allocated\.[^\n]*", text)]
+    rank = _rank((loads or pools or [(0, "")])[0][1])
+    loads = [(pos, line) for pos, line in loads if _rank(line) == rank]
+    pools = [(pos, line) for pos, line in pools if _rank(line) == rank]
+    drafter = loads[1] if len(loads) > 1 else loads[0] if loads and re.search(DRAFT_TYPES, loads[0][1]) else None
+    weights = re.search(r"mem usage=([\d.]+) GB", drafter[1]) if drafter else None
+    target_pool = next((line for pos, line in pools if drafter is None or pos < drafter[0]), None)
+    draft_pool = next((line for pos, line in pools if drafter is not None and pos > drafter[0]), None) or (
+        pools[1][1] if drafter is None and len(pools) > 1 else None)
+    lines += [line for line in (drafter[1] if drafter else None, draft_pool) if line]
+
+    def tokens(line: str | None) -> int | None:
+        return int(m.group(1)) if line and (m := re.search(r"#tokens: (\d+)", line)) else None
+
+    size = sum(float(x) for x in re.findall(r"(?:K|V|KV) size: ([\d.]+) GB", draft_pool)) if draft_pool else None
+    chain = topk == "1" and steps is not None
+    return LoggedSpeculative(engine_method=str(name), method=method, num_tokens=int(steps) if chain and steps else None,
+                             num_steps=int(steps) if steps else None, topk=int(topk) if topk else None,
+                             num_draft_tokens=int(drafts) if drafts else None, draft=draft,
+                             drafter_weights_gib=float(weights.group(1)) if weights else None,
+                             pool_tokens=tokens(target_pool), draft_pool_tokens=tokens(draft_pool),
+                             draft_pool_gib=size or None, lines=tuple(lines))
