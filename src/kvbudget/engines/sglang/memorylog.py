@@ -30,7 +30,7 @@ def memory_rows(text: str, tokens: int, cell_bytes: int, weights_bytes: int | No
     line the memory free before loading is the end line's two figures added (SGLang prints their difference as
     the usage). A speculative drafter's own 'Load weight end' line (an EAGLE head's or MTP layers' class) is not
     the target's."""
-    target = rf"Load weight end\.(?![^\n]*{DRAFT_TYPES})[^\n]*?"  # the target's line, not a drafter's after it
+    target = rf"Load weight end\b(?![^\n]*{DRAFT_TYPES})[^\n]*?"  # the target's line, not a drafter's after it
     after = _number(text, target + r"avail mem=([\d.]+) GB")
     used = _number(text, target + r"mem usage=([\d.]+) GB")
     before = _number(text, r"Load weight begin\. avail mem=([\d.]+) GB")
