@@ -14,6 +14,7 @@ from kvbudget.checklog import speculative_in_log
 from kvbudget.cli import main
 from kvbudget.engines.sglang import SGLANG
 from kvbudget.engines.sglang.memorylog import memory_rows
+from kvbudget.engines.sglang.speclog import draft_pool_rule, max_num_reqs, pool_headroom
 from kvbudget.engines.speclog import ReadsSpeculativeLogs, speculative_rows
 from kvbudget.engines.vllm import VLLM
 from kvbudget.speculative import LoggedSpeculative, SpecMethod, Speculative
@@ -194,3 +195,51 @@ def test_check_log_shows_the_speculative_rows(capsys):
     assert data["settings"]["tp"] == 32
     assert status == (0 if data["all_match"] else 1)
 
+
+
+DRAFTING = ("server_args=ServerArgs(model_path='m', mem_fraction_static=0.8, max_running_requests=48, "
+            "speculative_algorithm='EAGLE', speculative_draft_model_path='d', speculative_num_steps=3, "
+            "speculative_eagle_topk=1, speculative_num_draft_tokens=4)\n"
+            "Load weight begin. avail mem=70.00 GB\n"
+            "Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=55.00 GB, mem usage=15.00 GB\n")
+
+
+@pytest.mark.parametrize("version, expected", [
+    ("0.4.3", 0),  # the target's pool is the profiled count (model_runner.py of 0.4.2 and 0.4.3)
+    ("0.5.2", 48 * (3 * 1 + 4) + 100),  # 0.4.4-0.5.6: + requests x (steps x top-k + draft tokens) + 100
+    ("0.5.8", 0),  # 0.5.7-0.5.10: both pools are the profiled count
+    ("0.6.0", None), (None, None),  # releases not read, or not stated
+])
+def test_sglang_pool_headroom_by_release(version, expected):
+    logged = SGLANG.speculative_in_log(DRAFTING)
+    assert logged is not None
+    assert pool_headroom(version, logged, max_num_reqs(DRAFTING, 335_872, 4096)) == expected
+
+
+def test_sglang_pool_rule_counts_the_drafters_headroom():
+    """0.5.2 sizes the pool to the profiled tokens plus 48 x (3 x 1 + 4) + 100 = 436: with 55 - 70 x 0.2 = 41 GiB
+    over 131,072 B per token (335,872 tokens, +-49 for the printed rounding), 336,308 tokens is what it prints."""
+    logged = SGLANG.speculative_in_log(DRAFTING)
+    assert logged is not None
+
+    def rows(version: str | None) -> list:
+        return memory_rows(DRAFTING, 336_308, 131_072, None,
+                           headroom=lambda profiled: pool_headroom(version, logged, 48))
+
+    (pool,) = rows("0.5.2")
+    assert pool.matches and pool.predicted == "336,258-336,357 tokens" and "436 tokens" in pool.note
+    (pool,) = rows("0.5.8")  # a release without headroom: the same log does not agree
+    assert pool.matches is False
+    (pool,) = rows(None)  # not stated: shown, not checked
+    assert pool.matches is None and "not known" in pool.note
+
+
+def test_sglang_draft_pool_rule_by_release():
+    """Up to 0.4.3 the draft worker's pool is the target's plus requests x steps + 100; later the same as the
+    target's."""
+    logged = LoggedSpeculative(engine_method="EAGLE", method=SpecMethod.EAGLE, num_steps=5, topk=8,
+                               num_draft_tokens=64, pool_tokens=400_000)
+    assert draft_pool_rule("0.4.3", logged, 2048) == 400_000 + 2048 * 5 + 100
+    assert draft_pool_rule("0.5.2", logged, 2048) == draft_pool_rule("0.5.10", logged, 2048) == 400_000
+    assert draft_pool_rule("0.6.1", logged, 2048) is None
+    assert max_num_reqs("", 400_000, 4096) == 4096 and max_num_reqs("", 1000, 4096) == 2048

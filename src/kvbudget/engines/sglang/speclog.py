@@ -75,3 +75,51 @@ def read_speculative(text: str) -> LoggedSpeculative | None:
                              drafter_weights_gib=float(weights.group(1)) if weights else None,
                              pool_tokens=tokens(target_pool), draft_pool_tokens=tokens(draft_pool),
                              draft_pool_gib=size or None, lines=tuple(lines))
+
+
+# How SGLang sizes its pools when it drafts (model_executor/model_runner.py init_memory_pool, and
+# model_runner_kv_cache_mixin.py from 0.5.7), read in the wheels of 0.4.2 and 0.4.3 (the first era), 0.4.4, 0.4.5,
+# 0.4.6.post5, 0.5.2 and 0.5.6 (the second) and 0.5.7 to 0.5.10 (the third); later releases are not read:
+# - to 0.4.3 the target's pool is the profiled count and the draft worker's is that plus max_num_reqs x
+#   speculative_num_steps + 100;
+# - 0.4.4 to 0.5.6 both pools are the profiled count plus max_num_reqs x (speculative_num_steps x
+#   speculative_eagle_topk + speculative_num_draft_tokens) + 100 (the draft and verify tokens of every request);
+# - 0.5.7 to 0.5.10 both are the profiled count.
+# max_num_reqs is max_running_requests where given, else min(max(profiled / context_len x 512, 2048), 4096).
+ERAS = (((0, 0, 0), (0, 4, 3), "draft"), ((0, 4, 4), (0, 5, 6), "both"), ((0, 5, 7), (0, 5, 10), "none"))
+
+
+def _era(version: str | None) -> str | None:
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", version or "")
+    release = tuple(int(x) for x in m.groups()) if m else None
+    return next((name for low, high, name in ERAS if release and low <= release <= high), None)
+
+
+def max_num_reqs(text: str, profiled: int, context_len: int) -> int:
+    """The requests SGLang sizes the drafter's headroom for: max_running_requests as the log states it, else its
+    estimate from the profiled pool and the context length."""
+    stated, _ = _setting(text, "max_running_requests", "max-running-requests")
+    if stated not in (None, "None"):
+        return int(str(stated))
+    return min(max(int(profiled / context_len * 512), 2048), 4096)
+
+
+def pool_headroom(version: str | None, logged: LoggedSpeculative, reqs: int) -> int | None:
+    """Tokens the target's pool holds beyond the profiled count because it drafts (`reqs` requests); None where
+    the release is not stated or not read, or the log leaves out the draft settings the rule needs."""
+    era = _era(version)
+    if era == "both":
+        if None in (logged.num_steps, logged.topk, logged.num_draft_tokens):
+            return None
+        return reqs * (logged.num_steps * logged.topk + logged.num_draft_tokens) + 100  # type: ignore[operator]
+    return 0 if era in ("draft", "none") else None
+
+
+def draft_pool_rule(version: str | None, logged: LoggedSpeculative, reqs: int) -> int | None:
+    """The draft worker's pool by the release's rule, from the target's pool the log printed; None where unknown."""
+    era, target = _era(version), logged.pool_tokens
+    if target is None or era is None:
+        return None
+    if era == "draft":
+        return None if logged.num_steps is None else target + reqs * logged.num_steps + 100
+    return target
