@@ -243,3 +243,18 @@ def test_sglang_draft_pool_rule_by_release():
     assert draft_pool_rule("0.5.2", logged, 2048) == draft_pool_rule("0.5.10", logged, 2048) == 400_000
     assert draft_pool_rule("0.6.1", logged, 2048) is None
     assert max_num_reqs("", 400_000, 4096) == 4096 and max_num_reqs("", 1000, 4096) == 2048
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_lookup_drafting_leaves_the_cache_check_as_it_was(tmp_path, capsys, method):
+    """N-gram and suffix lookup load no drafter and add no KV layers, and V1 counts a request's blocks at
+    max_model_len whatever k is (kv_cache_interface.py, 0.8.5-0.32): a real exact log stays exact with the
+    method in its arguments, and the speculative rows say which."""
+    real = (LOGS.parent / "vllm-0.24-club3090-612-qwen3.6-35b-a3b-fp8.log").read_text()
+    log = tmp_path / f"{method}.log"
+    log.write_text(f"non-default args: {{'speculative_config': {{'method': '{method}', 'num_speculative_tokens': 4}}}}"
+                   f"\n{real}")
+    assert main(["check-log", str(log), "--model", "qwen3.5-35b-a3b", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    shown = {r["quantity"]: r["logged"] for r in data["rows"]}
+    assert shown["speculative: method"] == method and shown["speculative: draft tokens per step"] == "4"

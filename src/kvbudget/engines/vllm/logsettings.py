@@ -191,14 +191,17 @@ def _default_mnbt(text: str, version: tuple[int, int] | None, assumed: dict) -> 
 
 def _speculative_tokens(text: str, given: dict, read: dict) -> int:
     """Draft tokens per step when the log drafts with the model's MTP layers (speclog.py reads where vLLM says so);
-    0 without a speculative config or where the log does not name its method. Other drafters are refused, naming
-    what the log says of them: their caches are not modelled."""
+    0 without a speculative config, where the log does not name its method, and for n-gram and suffix lookup
+    (which add no cache). Other drafters are refused, naming what the log says of them: their caches are not
+    modelled."""
     if given.get("num_speculative_tokens") is not None:
         read["num_speculative_tokens"] = given["num_speculative_tokens"]
         return whole("num_speculative_tokens", given["num_speculative_tokens"])
     logged = read_speculative(text)
     if logged is None or not logged.engine_method:
         return 0
+    if logged.method in (SpecMethod.NGRAM, SpecMethod.SUFFIX):  # no drafter layers; V1 counts a request's blocks
+        return 0  # at max_model_len whatever k is (kv_cache_interface.py, read in 0.8.5 to 0.32)
     if logged.method is not SpecMethod.MTP:
         said = ", ".join(part for part in (
             f"{logged.num_tokens} draft tokens per step" if logged.num_tokens is not None else "",
