@@ -11,8 +11,6 @@ from kvbudget.engines.base import LogRow
 from kvbudget.speculative import LoggedSpeculative, Speculative
 from kvbudget.units import GIB
 
-WEIGHTS_TOLERANCE = 0.02  # the drafter's weights as loaded beside the plan's count: the weights rows' own tolerance
-
 
 @runtime_checkable
 class ReadsSpeculativeLogs(Protocol):
