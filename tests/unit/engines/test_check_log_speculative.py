@@ -258,3 +258,28 @@ def test_lookup_drafting_leaves_the_cache_check_as_it_was(tmp_path, capsys, meth
     data = json.loads(capsys.readouterr().out)
     shown = {r["quantity"]: r["logged"] for r in data["rows"]}
     assert shown["speculative: method"] == method and shown["speculative: draft tokens per step"] == "4"
+
+
+def test_check_log_counts_sglangs_drafter_headroom(tmp_path, capsys):
+    """Through the CLI, an SGLang 0.4.5 start-up of Llama-3.1-8B (131,072 B per token) with EAGLE, 3 steps, top-k 1,
+    4 draft tokens and 48 running requests: the pool is 41 GiB's 335,872 tokens plus 48 x (3 + 4) + 100 = 436, and
+    the draft worker's pool the same 336,308 tokens."""
+    log = tmp_path / "eagle.log"
+    log.write_text(
+        "server_args=ServerArgs(model_path='meta-llama/Llama-3.1-8B-Instruct', mem_fraction_static=0.8, "
+        "max_running_requests=48, context_length=8192, speculative_algorithm='EAGLE', "
+        "speculative_draft_model_path='yuhuili/EAGLE-LLaMA3-Instruct-8B', speculative_num_steps=3, "
+        "speculative_eagle_topk=1, speculative_num_draft_tokens=4)\n"
+        "[TP0] Load weight begin. avail mem=70.00 GB\n"
+        "[TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=55.00 GB, mem usage=15.00 GB.\n"
+        "[TP0] KV Cache is allocated. #tokens: 336308, K size: 20.53 GB, V size: 20.53 GB\n"
+        "[TP0] Load weight end. type=LlamaForCausalLMEagle, dtype=torch.bfloat16, avail mem=13.00 GB, mem usage=0.80 "
+        "GB.\n"
+        "[TP0] KV Cache is allocated. #tokens: 336308, K size: 0.64 GB, V size: 0.64 GB\n")
+    assert main(["check-log", str(log), "--model", "llama-3.1-8b", "--engine-version", "0.4.5", "--json"]) == 0
+    rows = {r["quantity"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["memory: pool by SGLang's rule"]["matches"] and "436 tokens" in rows["memory: pool by SGLang's rule"][
+        "note"]
+    assert rows["memory: weights as loaded"]["logged"] == "15.00 GB"
+    assert rows["speculative: draft pool (tokens)"]["matches"] and rows["speculative: method"]["logged"] == "EAGLE"
+    assert rows["speculative: drafter weights"]["logged"] == "0.80 GiB"

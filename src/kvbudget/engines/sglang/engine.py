@@ -265,22 +265,21 @@ class SGLangEngine(Engine):
         if not version_text and factor != 1:  # the release decides what a multimodal model's fraction becomes
             assumed["engine_version"] = f"{release_name(NEWEST)} (the log does not say)"
         from kvbudget.engines.sglang.speclog import draft_pool_rule, max_num_reqs, pool_headroom, read_speculative
+        from kvbudget.engines.speclog import speculative_rows
 
-        drafting = read_speculative(text)
+        drafting = read_speculative(text)  # a drafter's headroom in the pool, where the release adds one
         context = int(c) if (c := _context_length(text)) else model.max_position_embeddings or 0
         version_seen = str(version_text) if version_text else None
 
         def headroom(profiled: int) -> int | None:
-            if drafting is None:
-                return 0
-            return pool_headroom(version_seen, drafting, max_num_reqs(text, profiled, context)) if context else None
+            if drafting is None or not context:
+                return None
+            return pool_headroom(version_seen, drafting, max_num_reqs(text, profiled, context))
 
         rows += tuple(memory_rows(text, tokens, 0 if recurrent else total, model_weights(model, tp).per_gpu_bytes,
                                   scale=factor if scales_printed else 1.0, headroom=headroom if drafting else None))
         if not index_bytes:  # the host pool of a multi-head or MLA pool (not DeepSeek's sparse-attention pools)
             rows += hicache_rows(text, k_bytes + v_bytes, tokens, release)
-        from kvbudget.engines.speclog import speculative_rows
-
         if drafting is not None:
             rule = draft_pool_rule(version_seen, drafting, max_num_reqs(text, drafting.pool_tokens or 0, context)
                                    ) if context else None
