@@ -26,10 +26,20 @@ DRAFT_TYPES = r"type=\w*(?:Eagle|MTP|NextN|Draft)"  # the draft worker's model c
 
 def _setting(text: str, name: str, *flags: str) -> tuple[str | None, int]:
     """A server argument as printed (name='value' or name=value) or as a flag; its value and where it stands."""
-    for pattern in (rf"\b{name}=(?:'([^']*)'|([\w.\-/]+))", *(rf"--{flag}[ =]+()([^\s'\"\\]+)" for flag in flags)):
-        if m := re.search(pattern, text):
+    for m in re.finditer(rf"{name}=(?:'([^']*)'|([\w.\-/]+))", text):  # a literal start: a fast scan of long logs
+        if m.start() == 0 or not (text[m.start() - 1].isalnum() or text[m.start() - 1] == "_"):
             return m.group(1) or m.group(2), m.start()
+    for flag in flags:
+        if found := re.search(rf"--{flag}[ =]+([^\s'\"\\]+)", text):
+            return found.group(1), found.start()
     return None, -1
+
+
+def _line(text: str, at: int) -> tuple[int, str]:
+    """Where the line around position `at` starts, and the line."""
+    start = text.rfind("\n", 0, at) + 1
+    end = text.find("\n", at)
+    return start, text[start:end if end >= 0 else len(text)]
 
 
 def _rank(line: str) -> str:
@@ -51,9 +61,9 @@ def read_speculative(text: str) -> LoggedSpeculative | None:
     method = METHODS.get(str(name).lower())
     if method is SpecMethod.EAGLE and (draft is None or draft == model):
         method = SpecMethod.MTP
-    lines = [text[text.rfind("\n", 0, at) + 1:].split("\n", 1)[0]]
-    loads = [(m.start(), m.group(0)) for m in re.finditer(r"[^\n]*Load weight end\b[^\n]*", text)]
-    pools = [(m.start(), m.group(0)) for m in re.finditer(r"[^\n]*KV Cache is allocated\.[^\n]*", text)]
+    lines = [_line(text, at)[1]]
+    loads = [_line(text, m.start()) for m in re.finditer(r"Load weight end\b", text)]
+    pools = [_line(text, m.start()) for m in re.finditer(r"KV Cache is allocated\.", text)]
     rank = _rank((loads or pools or [(0, "")])[0][1])
     loads = [(pos, line) for pos, line in loads if _rank(line) == rank]
     pools = [(pos, line) for pos, line in pools if _rank(line) == rank]
