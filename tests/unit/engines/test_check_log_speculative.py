@@ -283,3 +283,20 @@ def test_check_log_counts_sglangs_drafter_headroom(tmp_path, capsys):
     assert rows["memory: weights as loaded"]["logged"] == "15.00 GB"
     assert rows["speculative: draft pool (tokens)"]["matches"] and rows["speculative: method"]["logged"] == "EAGLE"
     assert rows["speculative: drafter weights"]["logged"] == "0.80 GiB"
+
+
+@pytest.mark.parametrize("config, argv, said", [
+    ("num_spec_tokens=100000", [], "the log's num_speculative_tokens 100000 is out of range (1 to 64)"),
+    ("num_spec_tokens=3", ["--num-speculative-tokens", "100000"], "--num-speculative-tokens: 100000 is out of range"),
+    ("num_spec_tokens=lots", [], "names no num_speculative_tokens"),
+])
+def test_draft_tokens_out_of_range_are_refused_in_one_line(tmp_path, capsys, config, argv, said):
+    """A count no engine runs (64 is the most any command takes) is refused before any cache is sized."""
+    log = tmp_path / "mtp.log"
+    log.write_text("INFO [api_utils.py:339] version 0.24.0\nInitializing a V1 LLM engine (v0.24.0) with config: "
+                   f"model='m', speculative_config=SpeculativeConfig(method='mtp', model='m', {config}), "
+                   "tensor_parallel_size=2\nINFO [gpu_worker.py:508] Available KV cache memory: 5.33 GiB\n"
+                   "INFO [kv_cache_utils.py:2147] Maximum concurrency for 262,144 tokens per request: 1.15x\n")
+    assert main(["check-log", str(log), "--model", "qwen3.5-27b", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err

@@ -35,6 +35,12 @@ def _setting(text: str, name: str, *flags: str) -> tuple[str | None, int]:
     return None, -1
 
 
+def _count(text: str, key: str) -> int | None:
+    """A speculative count (speculative_<key>) as the log states it, where it is a whole number."""
+    value, _ = _setting(text, f"speculative_{key}", f"speculative-{key.replace('_', '-')}")
+    return int(value) if value and value.isdigit() else None
+
+
 def _line(text: str, at: int) -> tuple[int, str]:
     """Where the line around position `at` starts, and the line."""
     start = text.rfind("\n", 0, at) + 1
@@ -54,8 +60,7 @@ def read_speculative(text: str) -> LoggedSpeculative | None:
     if name in (None, "None"):
         return None
     draft, _ = _setting(text, "speculative_draft_model_path", "speculative-draft-model-path", "speculative-draft")
-    steps, topk, drafts = (_setting(text, f"speculative_{key}", f"speculative-{key.replace('_', '-')}")[0]
-                           for key in ("num_steps", "eagle_topk", "num_draft_tokens"))
+    steps, topk, drafts = (_count(text, key) for key in ("num_steps", "eagle_topk", "num_draft_tokens"))
     model, _ = _setting(text, "model_path", "model-path", "model")
     draft = None if draft in (None, "None") else draft
     method = METHODS.get(str(name).lower())
@@ -78,10 +83,8 @@ def read_speculative(text: str) -> LoggedSpeculative | None:
         return int(m.group(1)) if line and (m := re.search(r"#tokens: (\d+)", line)) else None
 
     size = sum(float(x) for x in re.findall(r"(?:K|V|KV) size: ([\d.]+) GB", draft_pool)) if draft_pool else None
-    chain = topk == "1" and steps is not None
-    return LoggedSpeculative(engine_method=str(name), method=method, num_tokens=int(steps) if chain and steps else None,
-                             num_steps=int(steps) if steps else None, topk=int(topk) if topk else None,
-                             num_draft_tokens=int(drafts) if drafts else None, draft=draft,
+    return LoggedSpeculative(engine_method=str(name), method=method, num_tokens=steps if topk == 1 else None,
+                             num_steps=steps, topk=topk, num_draft_tokens=drafts, draft=draft,
                              drafter_weights_gib=float(weights.group(1)) if weights else None,
                              pool_tokens=tokens(target_pool), draft_pool_tokens=tokens(draft_pool),
                              draft_pool_gib=size or None, lines=tuple(lines))

@@ -12,7 +12,7 @@ from kvbudget.engines.base import EngineOptions
 from kvbudget.engines.vllm.releases import Release, batch_defaults, parse_release
 from kvbudget.engines.vllm.speclog import read_speculative
 from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError, spelled
-from kvbudget.speculative import SpecMethod
+from kvbudget.speculative import MAX_SPECULATIVE_TOKENS, SpecMethod
 from kvbudget.units import GIB
 
 
@@ -213,6 +213,9 @@ def _speculative_tokens(text: str, given: dict, read: dict) -> int:
     if logged.num_tokens is None:
         raise KVBudgetError("check-log: the log drafts with MTP but names no num_speculative_tokens; give "
                             "--num-speculative-tokens", param="num_speculative_tokens")
+    if not 1 <= logged.num_tokens <= MAX_SPECULATIVE_TOKENS:
+        raise KVBudgetError(f"check-log: the log's num_speculative_tokens {logged.num_tokens} is out of range (1 to "
+                            f"{MAX_SPECULATIVE_TOKENS}); give --num-speculative-tokens", param="num_speculative_tokens")
     read["num_speculative_tokens"] = logged.num_tokens
     return logged.num_tokens
 

@@ -73,7 +73,8 @@ def read_speculative(text: str) -> LoggedSpeculative | None:
                    if re.search(pattern, text))
     lines += [_line(text, m.start()) for m in re.finditer(r"Loading drafter model|EAGLE head|Detected MTP model",
                                                           text)]
-    return LoggedSpeculative(engine_method=name, method=method, num_tokens=int(tokens) if tokens else None,
+    return LoggedSpeculative(engine_method=name, method=method, num_tokens=int(tokens) if tokens and tokens.isdigit()
+                             else None,
                              draft=None if draft == "[ngram]" else draft,
                              weights_include_drafter=drafter >= 0 and loaded is not None and drafter < loaded.start(),
                              shares=shares, lines=tuple(dict.fromkeys(lines)))
