@@ -300,3 +300,21 @@ def test_draft_tokens_out_of_range_are_refused_in_one_line(tmp_path, capsys, con
     assert main(["check-log", str(log), "--model", "qwen3.5-27b", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and said in err
+
+
+def test_a_v0_draft_model_is_refused_not_checked_as_without(tmp_path, capsys):
+    """Before 0.8 a draft model came as --speculative-model, with no method: V0 split its blocks between the
+    target and the drafter, which kvbudget does not model, so the log is refused rather than checked without it."""
+    log = tmp_path / "v0.log"
+    log.write_text("python -m vllm.entrypoints.openai.api_server --model meta-llama/Llama-3.1-8B-Instruct "
+                   "--speculative-model meta-llama/Llama-3.2-1B-Instruct --num-speculative-tokens 5\n"
+                   "INFO 10-28 12:00:00 llm_engine.py:237] Initializing an LLM engine (v0.6.3) with config: "
+                   "model='meta-llama/Llama-3.1-8B-Instruct', max_seq_len=8192\n"
+                   "INFO 10-28 12:00:30 worker.py:232] Memory profiling results: total_gpu_memory=79.15GiB "
+                   "kv_cache_size=50.00GiB gpu_memory_utilization=0.90\n"
+                   "INFO 10-28 12:00:30 gpu_executor.py:122] # GPU blocks: 20000, # CPU blocks: 2048\n")
+    assert main(["check-log", str(log), "--model", "llama-3.1-8b"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "a drafter whose method it does not name (5 draft tokens per step, draft model " \
+           "meta-llama/Llama-3.2-1B-Instruct)" in err

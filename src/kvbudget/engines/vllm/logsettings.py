@@ -191,24 +191,25 @@ def _default_mnbt(text: str, version: tuple[int, int] | None, assumed: dict) -> 
 
 def _speculative_tokens(text: str, given: dict, read: dict) -> int:
     """Draft tokens per step when the log drafts with the model's MTP layers (speclog.py reads where vLLM says so);
-    0 without a speculative config, where the log does not name its method, and for n-gram and suffix lookup
-    (which add no cache). Other drafters are refused, naming what the log says of them: their caches are not
-    modelled."""
+    0 without a speculative config (or with one naming neither a method nor a draft model), and for n-gram and
+    suffix lookup (which add no cache). Other drafters are refused, naming what the log says of them: their caches
+    are not modelled."""
     if given.get("num_speculative_tokens") is not None:
         read["num_speculative_tokens"] = given["num_speculative_tokens"]
         return whole("num_speculative_tokens", given["num_speculative_tokens"])
     logged = read_speculative(text)
-    if logged is None or not logged.engine_method:
-        return 0
+    if logged is None or not (logged.engine_method or logged.draft):  # a draft model without a method: V0's flags,
+        return 0  # whose SpecDecodeWorker splits the blocks between target and drafter (spec_decode_worker.py)
     if logged.method in (SpecMethod.NGRAM, SpecMethod.SUFFIX):  # no drafter layers; V1 counts a request's blocks
         return 0  # at max_model_len whatever k is (kv_cache_interface.py, read in 0.8.5 to 0.32)
     if logged.method is not SpecMethod.MTP:
         said = ", ".join(part for part in (
             f"{logged.num_tokens} draft tokens per step" if logged.num_tokens is not None else "",
             f"draft model {logged.draft}" if logged.draft else "") if part)
-        raise UnsupportedArchitectureError(f"check-log: the log drafts with speculative method "
-                                           f"{logged.engine_method!r}" + (f" ({said})" if said else "") +
-                                           ", whose caches kvbudget does not model yet (only the model's own MTP "
+        method = (f"speculative method {logged.engine_method!r}" if logged.engine_method else
+                  "a drafter whose method it does not name")
+        raise UnsupportedArchitectureError(f"check-log: the log drafts with {method}" + (f" ({said})" if said else "")
+                                           + ", whose caches kvbudget does not model yet (only the model's own MTP "
                                            "layers)")
     if logged.num_tokens is None:
         raise KVBudgetError("check-log: the log drafts with MTP but names no num_speculative_tokens; give "
