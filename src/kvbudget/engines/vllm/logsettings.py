@@ -198,8 +198,10 @@ def _speculative_tokens(text: str, given: dict, read: dict) -> int:
         read["num_speculative_tokens"] = given["num_speculative_tokens"]
         return whole("num_speculative_tokens", given["num_speculative_tokens"])
     logged = read_speculative(text)
-    if logged is None or not (logged.engine_method or logged.draft):  # a draft model without a method: V0's flags,
-        return 0  # whose SpecDecodeWorker splits the blocks between target and drafter (spec_decode_worker.py)
+    # a draft model named without a method (V0's --speculative-model, whose SpecDecodeWorker splits the blocks
+    # between target and drafter: spec_decode_worker.py) is refused below, not checked as without a drafter
+    if logged is None or not (logged.engine_method or logged.draft):
+        return 0
     if logged.method in (SpecMethod.NGRAM, SpecMethod.SUFFIX):  # no drafter layers; V1 counts a request's blocks
         return 0  # at max_model_len whatever k is (kv_cache_interface.py, read in 0.8.5 to 0.32)
     if logged.method is not SpecMethod.MTP:
