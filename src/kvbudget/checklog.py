@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from kvbudget.engines import ENGINES, LogCheck, ReadsLogs
+from kvbudget.engines.speclog import ReadsSpeculativeLogs
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
+from kvbudget.speculative import LoggedSpeculative
 
 
 def detect_engine(text: str) -> ReadsLogs:
@@ -38,6 +40,13 @@ def model_in_log(text: str) -> str | None:
     if m:
         return str(Path(m.group(1)).parent)
     return None
+
+
+def speculative_in_log(text: str) -> LoggedSpeculative | None:
+    """What the log says about speculative decoding (the method, the draft tokens, the draft model, the drafter's
+    weights and pool), read by the engine that wrote it; None where it drafts nothing or its engine does not say."""
+    engine = detect_engine(text)
+    return engine.speculative_in_log(text) if isinstance(engine, ReadsSpeculativeLogs) else None
 
 
 def check_log(text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:

@@ -68,3 +68,30 @@ class Speculative:
         if len(self.acceptance) > self.num_tokens:
             raise KVBudgetError(f"acceptance: {len(self.acceptance)} rates for {self.num_tokens} draft tokens; give "
                                 "at most one per draft position", param="acceptance")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggedSpeculative:
+    """Speculative decoding as an engine's start-up log states it (read by each engine's package, for check-log):
+    `engine_method` the engine's own name for it ('eagle3', 'EAGLE', 'NEXTN', '[ngram]'; '' where the log shows
+    drafting without naming the method), `method` kvbudget's name (None where it has none: medusa, dflash, ...);
+    the draft tokens per step where the log states them (`num_tokens` k for a chain; SGLang's steps, top-k and draft
+    tokens apart), the draft model; the drafter's weights as the engine printed them (`drafter_weights_gib`, or
+    `weights_include_drafter` where its one weights line counts the drafter too); the pools where the drafter's is
+    sized apart (`pool_tokens` the target's, `draft_pool_tokens` and `draft_pool_gib` the drafter's, per rank);
+    `lines` the log lines this was read from."""
+
+    engine_method: str
+    method: SpecMethod | None
+    num_tokens: int | None = None
+    num_steps: int | None = None
+    topk: int | None = None
+    num_draft_tokens: int | None = None
+    draft: str | None = None
+    drafter_weights_gib: float | None = None
+    weights_include_drafter: bool = False
+    shares: tuple[str, ...] = ()  # what the drafter takes from the target, as the log says ('embedding', 'lm_head')
+    pool_tokens: int | None = None
+    draft_pool_tokens: int | None = None
+    draft_pool_gib: float | None = None
+    lines: tuple[str, ...] = ()

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.commands.options import load, option, warn
 from kvbudget.errors import KVBudgetError, named
+from kvbudget.speculative import MAX_SPECULATIVE_TOKENS
 from kvbudget.units import parse_positive_ints
 
 if TYPE_CHECKING:
@@ -108,9 +109,9 @@ def given(ask: CheckLogRequest) -> dict[str, Any]:
     """The settings the request states, checked (positive counts, a partition of layers)."""
     if ask.pp_layer_partition:
         parse_positive_ints(ask.pp_layer_partition, "pp_layer_partition")
-    if ask.num_speculative_tokens is not None and ask.num_speculative_tokens < 0:
-        raise KVBudgetError(f"num_speculative_tokens: {ask.num_speculative_tokens} is negative",
-                            param="num_speculative_tokens")
+    if ask.num_speculative_tokens is not None and not 0 <= ask.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+        raise KVBudgetError(f"num_speculative_tokens: {ask.num_speculative_tokens} is out of range; give 0 (none) to "
+                            f"{MAX_SPECULATIVE_TOKENS}", param="num_speculative_tokens")
     for name in ("max_model_len", "tp", "pp", "max_num_batched_tokens"):
         value = getattr(ask, name)
         if value is not None and value <= 0:

@@ -15,11 +15,13 @@ from kvbudget.engines.sglang.engine import SGLangEngine
 if TYPE_CHECKING:
     from kvbudget.deployment import Deployment, PoolPlan
     from kvbudget.engines.sglang.simulator import SGLangSimulator
+    from kvbudget.speculative import LoggedSpeculative
 
 
 @dataclass(frozen=True)
 class SGLangServer(SGLangEngine):
-    """SGLang with `simulate` (Simulates) and its command line (Launches) beside its memory and logs."""
+    """SGLang with `simulate` (Simulates), its command line (Launches) and its speculative lines
+    (ReadsSpeculativeLogs) beside its memory and logs."""
 
     def simulator(self) -> SGLangSimulator:
         from kvbudget.engines.sglang.simulator import SGLangSimulator
@@ -30,6 +32,11 @@ class SGLangServer(SGLangEngine):
         from kvbudget.engines.sglang.launch import command
 
         return command(self, pool, deployment)
+
+    def speculative_in_log(self, text: str) -> LoggedSpeculative | None:  # ReadsSpeculativeLogs
+        from kvbudget.engines.sglang.speclog import read_speculative
+
+        return read_speculative(text)
 
 
 SGLANG = SGLangServer()

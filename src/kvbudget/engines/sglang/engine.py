@@ -89,7 +89,7 @@ class SGLangEngine(Engine):
     output_limit = OutputLimit(chat=("max_completion_tokens", "max_tokens"), completions=("max_tokens",),
                                completions_default=16, zero_is_absent=True,
                                source="sglang 0.5.23 srt/entrypoints/openai/protocol.py, managers/scheduler.py")
-    log_signatures = (r"KV Cache is allocated\. #tokens",)
+    log_signatures = (r"KV Cache is allocated\.[^\n]*#tokens",)  # 2026 releases print the dtype before #tokens
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
@@ -264,10 +264,26 @@ class SGLangEngine(Engine):
         factor, scales_printed = multimodal_factor(vision_tower(model), release)
         if not version_text and factor != 1:  # the release decides what a multimodal model's fraction becomes
             assumed["engine_version"] = f"{release_name(NEWEST)} (the log does not say)"
+        from kvbudget.engines.sglang.speclog import draft_pool_rule, max_num_reqs, pool_headroom, read_speculative
+        from kvbudget.engines.speclog import speculative_rows
+
+        drafting = read_speculative(text)  # a drafter's headroom in the pool, where the release adds one
+        context = int(c) if (c := _context_length(text)) else model.max_position_embeddings or 0
+        version_seen = str(version_text) if version_text else None
+
+        def headroom(profiled: int) -> int | None:
+            if drafting is None or not context:
+                return None
+            return pool_headroom(version_seen, drafting, max_num_reqs(text, profiled, context))
+
         rows += tuple(memory_rows(text, tokens, 0 if recurrent else total, model_weights(model, tp).per_gpu_bytes,
-                                  scale=factor if scales_printed else 1.0))
+                                  scale=factor if scales_printed else 1.0, headroom=headroom if drafting else None))
         if not index_bytes:  # the host pool of a multi-head or MLA pool (not DeepSeek's sparse-attention pools)
             rows += hicache_rows(text, k_bytes + v_bytes, tokens, release)
+        if drafting is not None:
+            rule = draft_pool_rule(version_seen, drafting, max_num_reqs(text, drafting.pool_tokens or 0, context)
+                                   ) if context else None
+            rows += tuple(speculative_rows(drafting, draft_pool_tokens=rule))
         settings = {k: v for k, v in (("tp", tp), ("kv_cache_dtype", dtype), ("engine_version", version_text))
                     if k not in assumed and v}
         return LogCheck(engine="sglang", model_in_log=None, settings=settings, rows=rows, assumed=assumed)
@@ -281,6 +297,12 @@ PRELOAD_TP8 = int(1.96 * GIB)
 NSA_PAGE = 64  # SGLang forces 64-token pages for DeepSeek's sparse attention (server_args.py)
 NSA_FP8_ROW = 656  # an fp8 NSA latent row: 512 fp8 values, 4 float32 scales, 64 bf16 rope values
 INDEX_QUANT_BLOCK = 128
+
+
+def _context_length(text: str) -> str | None:
+    """The context length the log's server arguments state, else None."""
+    m = re.search(r"context_length=(\d+)|--context-length[ =]+(\d+)", text)
+    return (m.group(1) or m.group(2)) if m else None
 
 
 def _nsa(model: ModelSpec) -> bool:

@@ -12,24 +12,29 @@ of one token cell, rounded down. Printed figures are rounded to 0.01 "GB" (which
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from kvbudget.engines.base import LogRow
+from kvbudget.engines.sglang.speclog import DRAFT_TYPES
 from kvbudget.units import GIB
 
 ROUNDING = 0.005  # each printed figure is within half a hundredth of a GiB
 
 
-def memory_rows(text: str, tokens: int, cell_bytes: int, weights_bytes: int | None, scale: float = 1.0
-                ) -> list[LogRow]:
+def memory_rows(text: str, tokens: int, cell_bytes: int, weights_bytes: int | None, scale: float = 1.0,
+                headroom: Callable[[int], int | None] | None = None) -> list[LogRow]:
     """Rows for the memory lines the log has: the weights as loaded (beside the plan's count) and, where the log
     states mem_fraction_static and both measurements, the pool the source's rule gives from them against the
     pool the log allocated. Empty when the log prints none of them. `scale`: what the release multiplies the
     printed fraction by after printing it (0.4's model_runner, for a multimodal model), unless the log says the
     fraction it settled on ('Automatically reduce --mem-fraction-static to X'). Without a 'Load weight begin'
     line the memory free before loading is the end line's two figures added (SGLang prints their difference as
-    the usage)."""
-    after = _number(text, r"Load weight end\..*?avail mem=([\d.]+) GB")
-    used = _number(text, r"Load weight end\..*?mem usage=([\d.]+) GB")
+    the usage). A speculative drafter's own 'Load weight end' line (an EAGLE head's or MTP layers' class) is not
+    the target's; `headroom`: the tokens a drafting release adds to the profiled pool (None: not known, and the
+    row is then shown, not checked)."""
+    target = rf"Load weight end\b(?![^\n]*{DRAFT_TYPES})[^\n]*?"  # the target's line, not a drafter's after it
+    after = _number(text, target + r"avail mem=([\d.]+) GB")
+    used = _number(text, target + r"mem usage=([\d.]+) GB")
     before = _number(text, r"Load weight begin\. avail mem=([\d.]+) GB")
     if before is None and after is not None and used is not None:
         before = after + used
@@ -44,11 +49,19 @@ def memory_rows(text: str, tokens: int, cell_bytes: int, weights_bytes: int | No
         return out
     pool = after - before * (1 - fraction)
     worst = ROUNDING * (2 - fraction)  # both measurements rounded
-    low, high = ((pool + d) * GIB // cell_bytes for d in (-worst, worst))
-    out.append(LogRow("memory: pool by SGLang's rule", f"{tokens:,} tokens", f"{low:,.0f}-{high:,.0f} tokens",
-                      low <= tokens <= high,
+    low, high = (int((pool + d) * GIB // cell_bytes) for d in (-worst, worst))
+    extra = (headroom(low), headroom(high)) if headroom else (0, 0)
+    drafting = ""
+    if headroom:
+        drafting = (f"; plus the drafter's headroom of {extra[0]:,} tokens" if None not in extra and extra[0] else
+                    "; the drafter's headroom is not known for this release" if None in extra else "")
+    known = None not in extra
+    if known:
+        low, high = low + (extra[0] or 0), high + (extra[1] or 0)
+    out.append(LogRow("memory: pool by SGLang's rule", f"{tokens:,} tokens", f"{low:,}-{high:,} tokens",
+                      low <= tokens <= high if known else None,
                       f"{after:.2f} - {before:.2f} x (1 - {fraction:g}) = {pool:.2f} GiB over "
-                      f"{cell_bytes:,} B per token (the printed figures' rounding gives the range)"))
+                      f"{cell_bytes:,} B per token (the printed figures' rounding gives the range)" + drafting))
     return out
 
 

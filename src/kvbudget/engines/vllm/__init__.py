@@ -26,12 +26,13 @@ from kvbudget.model.spec import ModelSpec
 if TYPE_CHECKING:
     from kvbudget.deployment import Deployment, PoolPlan
     from kvbudget.engines.vllm.simulator import VLLMSimulator
+    from kvbudget.speculative import LoggedSpeculative
 
 
 @dataclass(frozen=True)
 class VLLMServer(VLLMEngine):
-    """vLLM with what it offers beyond its memory: `simulate` (Simulates), `check-log` (ReadsLogs) and its command
-    line (Launches)."""
+    """vLLM with what it offers beyond its memory: `simulate` (Simulates), `check-log` (ReadsLogs,
+    ReadsSpeculativeLogs) and its command line (Launches)."""
 
     def simulator(self) -> VLLMSimulator:
         from kvbudget.engines.vllm.simulator import VLLMSimulator
@@ -42,6 +43,11 @@ class VLLMServer(VLLMEngine):
         from kvbudget.engines.vllm.logs import check_log
 
         return check_log(self, text, model, dict(given or {}))
+
+    def speculative_in_log(self, text: str) -> LoggedSpeculative | None:  # ReadsSpeculativeLogs
+        from kvbudget.engines.vllm.speclog import read_speculative
+
+        return read_speculative(text)
 
     def command(self, pool: PoolPlan, deployment: Deployment) -> Launch:
         from kvbudget.engines.vllm.launch import command

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from kvbudget.choices import Device
 from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
+from kvbudget.engines.speclog import speculative_rows
 from kvbudget.engines.vllm.budgetless import (
     count_span,
     cpu_blocks_row,
@@ -23,6 +24,7 @@ from kvbudget.engines.vllm.budgetless import (
 from kvbudget.engines.vllm.logsettings import NO_MAX_LEN, LogSettings, num, other_sizes, read_settings, setting
 from kvbudget.engines.vllm.memorylog import memory_rows, offload_rows
 from kvbudget.engines.vllm.releases import Release, release
+from kvbudget.engines.vllm.speclog import read_speculative
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import LatentAttention, ModelSpec, RecurrentState
 from kvbudget.units import GIB
@@ -200,9 +202,11 @@ class _Log:
             return []
         logged_bytes = float(weights.group(1)) * GIB
         diff = w.per_gpu_bytes / logged_bytes - 1
+        drafting = read_speculative(self.text)
+        drafter = "; the log's figure counts the drafter too" if drafting and drafting.weights_include_drafter else ""
         return [LogRow("weights per GPU", f"{float(weights.group(1)):.2f} GiB", f"{w.per_gpu_bytes / GIB:.2f} GiB",
                        abs(diff) < 0.02, f"{diff:+.1%}: vLLM measures allocated memory (buffers, padding, quantized "
-                       "checkpoints); kvbudget counts parameters")]
+                       "checkpoints); kvbudget counts parameters" + drafter)]
 
 
 def _cache_rows(rows: list[LogRow]) -> list[LogRow]:
@@ -267,6 +271,8 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
     rows += offload_rows(engine, model, text, size=setting(text, "kv_offloading_size"),
                          backend=setting(text, "kv_offloading_backend"), kv_dtype=st.kv_dtype, tp=st.tp,
                          options=st.options())
+    if (drafting := read_speculative(text)) is not None:
+        rows += speculative_rows(drafting)
     return LogCheck(engine="vllm", model_in_log=None, settings=shown_settings(st, read, assumed), rows=tuple(rows),
                     assumed=assumed, causes=tuple(causes))
 

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from kvbudget.choices import Device
 from kvbudget.engines.base import EngineOptions
 from kvbudget.engines.vllm.releases import Release, batch_defaults, parse_release
+from kvbudget.engines.vllm.speclog import read_speculative
 from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError, spelled
+from kvbudget.speculative import MAX_SPECULATIVE_TOKENS, SpecMethod
 from kvbudget.units import GIB
 
 
@@ -188,26 +190,37 @@ def _default_mnbt(text: str, version: tuple[int, int] | None, assumed: dict) -> 
 
 
 def _speculative_tokens(text: str, given: dict, read: dict) -> int:
-    """Draft tokens per step when the log drafts with the model's MTP layers ('speculative_config': {'method':
-    'mtp', 'num_speculative_tokens': N} in its arguments, or SpeculativeConfig(method='mtp', ..., num_spec_tokens=N)
-    in its engine line); 0 without a speculative config. Other drafters are refused: their caches are not modelled."""
+    """Draft tokens per step when the log drafts with the model's MTP layers (speclog.py reads where vLLM says so);
+    0 without a speculative config (or with one naming neither a method nor a draft model), and for n-gram and
+    suffix lookup (which add no cache). Other drafters are refused, naming what the log says of them: their caches
+    are not modelled."""
     if given.get("num_speculative_tokens") is not None:
         read["num_speculative_tokens"] = given["num_speculative_tokens"]
         return whole("num_speculative_tokens", given["num_speculative_tokens"])
-    method = re.search(r"'speculative_config': \{[^}]*'method': '([\w-]+)'|SpeculativeConfig\(method='([\w-]+)'", text)
-    if not method:
+    logged = read_speculative(text)
+    # a draft model named without a method (V0's --speculative-model, whose SpecDecodeWorker splits the blocks
+    # between target and drafter: spec_decode_worker.py) is refused below, not checked as without a drafter
+    if logged is None or not (logged.engine_method or logged.draft):
         return 0
-    name = method.group(1) or method.group(2)
-    if name != "mtp" and not name.endswith("_mtp"):  # older releases named it per family: qwen3_next_mtp, ...
-        raise UnsupportedArchitectureError(f"check-log: the log drafts with speculative method {name!r}, whose "
-                                           "caches kvbudget does not model (only the model's own MTP layers)")
-    tokens = re.search(r"'speculative_config': \{[^}]*'num_speculative_tokens': (\d+)|num_spec_tokens=(\d+)", text)
-    if not tokens:
+    if logged.method in (SpecMethod.NGRAM, SpecMethod.SUFFIX):  # no drafter layers; V1 counts a request's blocks
+        return 0  # at max_model_len whatever k is (kv_cache_interface.py, read in 0.8.5 to 0.32)
+    if logged.method is not SpecMethod.MTP:
+        said = ", ".join(part for part in (
+            f"{logged.num_tokens} draft tokens per step" if logged.num_tokens is not None else "",
+            f"draft model {logged.draft}" if logged.draft else "") if part)
+        method = (f"speculative method {logged.engine_method!r}" if logged.engine_method else
+                  "a drafter whose method it does not name")
+        raise UnsupportedArchitectureError(f"check-log: the log drafts with {method}" + (f" ({said})" if said else "")
+                                           + ", whose caches kvbudget does not model yet (only the model's own MTP "
+                                           "layers)")
+    if logged.num_tokens is None:
         raise KVBudgetError("check-log: the log drafts with MTP but names no num_speculative_tokens; give "
                             "--num-speculative-tokens", param="num_speculative_tokens")
-    value = int(tokens.group(1) or tokens.group(2))
-    read["num_speculative_tokens"] = value
-    return value
+    if not 1 <= logged.num_tokens <= MAX_SPECULATIVE_TOKENS:
+        raise KVBudgetError(f"check-log: the log's num_speculative_tokens {logged.num_tokens} is out of range (1 to "
+                            f"{MAX_SPECULATIVE_TOKENS}); give --num-speculative-tokens", param="num_speculative_tokens")
+    read["num_speculative_tokens"] = logged.num_tokens
+    return logged.num_tokens
 
 
 def log_total_memory(text: str) -> float | None:
