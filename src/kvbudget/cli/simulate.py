@@ -241,10 +241,11 @@ def sweep_point(ask: SimulateRequest, found: SimulationAsk, combo: dict[str, Any
     """One configuration of a sweep, (its settings, its simulation without the timeline); a module-level function
     of plain data, so that a process pool or a Ray worker can run it (the workload is rebuilt there)."""
     from kvbudget.simulation.run import setup_of, simulate
+    from kvbudget.simulation.search import ask_with
 
     combo = dict(combo)
     run_scale = combo.pop("rate_scale", positive(ask.rate_scale, "rate_scale"))
-    setup = setup_of(replace(found, **combo))
+    setup = setup_of(ask_with(found, combo))
     sim = simulate(found.model, workload(ask)(run_scale), setup=setup, fast=not ask.reference, **front_settings(ask))
     return {**combo, "rate_scale": run_scale}, replace(sim, timeline=())
 
@@ -273,8 +274,11 @@ def _sweep(args: SimulateRequest, found: SimulationAsk, combos: list[dict[str, A
 
     from kvbudget.commands.fleet import NOT_SETUP, fleet_point, sweep_figures, sweep_notes, sweeps_fleets
     from kvbudget.simulation.parallel import run_all
+    from kvbudget.simulation.search import ask_with
 
     swept_scale = any("rate_scale" in c for c in combos)
+    for combo in combos:  # settings the ask cannot take fail before any run (a sweep of drafts without a method)
+        ask_with(found, {k: v for k, v in combo.items() if k not in NOT_SETUP})
     priced = prices(args)
     if priced is not None:  # every configuration's GPU has a price before any runs
         from kvbudget.simulation.cost import price_for
@@ -287,7 +291,7 @@ def _sweep(args: SimulateRequest, found: SimulationAsk, combos: list[dict[str, A
     results = run_all(fleet_point if fleets else sweep_point, calls, args.backend, _task_progress if shown else None)
     if shown:
         print(file=sys.stderr)
-    costs = [costed(args, sim, replace(found, **{k: v for k, v in combo.items() if k not in NOT_SETUP}),
+    costs = [costed(args, sim, ask_with(found, {k: v for k, v in combo.items() if k not in NOT_SETUP}),
                     combo.get("replicas", 1)) for combo, sim in results]
     if args.json:
         print(json.dumps([{"settings": c, "result": s.to_dict(), **({"cost": cost.to_dict()} if cost else {})}
