@@ -87,6 +87,7 @@ class Simulation:
     offload: OffloadTotals | None = None  # what a host tier behind the prefix cache did (its scheduler's totals)
     clients: int | None = None  # a closed loop's clients in front (max_concurrency); None: requests as they arrive
     speculation: SpecTotals | None = None  # what speculative decoding did (setup.drafting: what it was asked)
+    tpot_without: Percentiles | None = None  # the same workload's TPOT without speculative decoding, where run
 
     def metric(self, name: str) -> float | None:
         """A latency figure by name: ttft|tpot|e2e _ p50|p90|p99|mean|max (seconds)."""
@@ -115,7 +116,8 @@ class Simulation:
             "timeline": [s.__dict__ for s in self.timeline],
             "latency_timeline": [w.to_dict() for w in self.latency_timeline],
             "offload": self.offload.to_dict() if self.offload is not None else None, "clients": self.clients,
-            "speculation": self.speculation.to_dict() if self.speculation is not None else None}
+            "speculation": self.speculation.to_dict() if self.speculation is not None else None,
+            "tpot_without_speculation_s": pct(self.tpot_without, "tpot")}
 
 
 def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None = None, gpu_memory: int | None = None,

@@ -231,3 +231,26 @@ def test_sweep_of_speculative_tokens() -> None:
     with pytest.raises(KVBudgetError) as e:
         ask_with(SimulationAsk(model=model, engine=get_engine("vllm"), kv_memory=1 << 30), combos[1])
     assert e.value.param == "sweep"
+
+
+def test_command_runs_without_drafts_beside_and_says_so() -> None:
+    # the command's run with speculative decoding also runs the workload without it: TPOT with and without; with
+    # every draft accepted (k = 3) a 9-token answer takes 2 decode steps of 10 ms (plus the drafter's 20 us each)
+    # after the first token, against 8 steps: TPOT (2 x 10.02 ms) / 8 and 10 ms
+    from kvbudget.cli.simulate import speculation_lines
+    from kvbudget.commands.simulate import SimulateRequest, run_prepared
+    from kvbudget.engines import get_engine
+    from kvbudget.engines.scheduling.setup import SimulationAsk
+
+    model = kvbudget.load_model("llama-3.1-8b")
+    found = SimulationAsk(model=model, engine=get_engine("vllm"), kv_memory=1 << 30, max_model_len=4096,
+                          time_model=TEN_MS, speculative=_spec(k=3))
+    sim = run_prepared(SimulateRequest(model="llama-3.1-8b"),
+                       (lambda _: [Request(arrival=0.0, prompt_tokens=10, output_tokens=9)], found, 1.0))
+    assert sim.tpot.mean == pytest.approx(2 * 0.01002 / 8)
+    assert sim.tpot_without is not None and sim.tpot_without.mean == pytest.approx(0.01)
+    assert sim.to_dict()["tpot_without_speculation_s"]["mean"] == pytest.approx(0.01)
+    lines = speculation_lines(sim)
+    assert "mean acceptance length 4.00" in lines[0] and "without it: mean 10.0 ms" in lines[0]
+    assert lines[1] == "acceptance per position: 1, 1, 1 (given)"
+    assert "assumption" in lines[2]
