@@ -254,3 +254,21 @@ def test_command_runs_without_drafts_beside_and_says_so() -> None:
     assert "mean acceptance length 4.00" in lines[0] and "without it: mean 10.0 ms" in lines[0]
     assert lines[1] == "acceptance per position: 1, 1, 1 (given)"
     assert "assumption" in lines[2]
+
+
+def test_draft_model_needs_a_catalog_gpu_for_its_time() -> None:
+    # a KV budget and a given time model time the target; the draft model's own steps need a GPU's figures
+    model = kvbudget.load_model("llama-3.1-8b")
+    with pytest.raises(KVBudgetError) as e:
+        setup_for(model, kv_memory=1 << 30, max_model_len=4096, time_model=TEN_MS,
+                  speculative=_spec(SpecMethod.DRAFT_MODEL, k=2))
+    assert e.value.param == "speculative" and "GPU" in str(e.value)
+
+
+def test_draft_model_time_from_its_own_kernels() -> None:
+    # the 1B drafter's step is shorter than the 8B target's on the same card (both from the kernel model)
+    model = kvbudget.load_model("llama-3.1-8b")
+    setup = setup_for(model, gpu="H100-80GB", max_model_len=4096, speculative=_spec(SpecMethod.DRAFT_MODEL, k=2))
+    assert setup.drafting is not None and setup.drafting.time_model is not None
+    assert setup.drafting.time_model.step_seconds(1, 1000) < setup.time_model.step_seconds(1, 1000)
+    assert "llama-3.2-1b" in setup.drafting.basis
