@@ -272,3 +272,14 @@ def test_draft_model_time_from_its_own_kernels() -> None:
     assert setup.drafting is not None and setup.drafting.time_model is not None
     assert setup.drafting.time_model.step_seconds(1, 1000) < setup.time_model.step_seconds(1, 1000)
     assert "llama-3.2-1b" in setup.drafting.basis
+
+
+def test_conditional_rates_from_printed_acceptance() -> None:
+    # vLLM prints "acceptance at token i" over all drafts: 0.8, 0.4, 0.1 are 0.8, then 0.4 / 0.8, then 0.1 / 0.4
+    from kvbudget.speculative import conditional_rates
+
+    assert conditional_rates((0.8, 0.4, 0.1)) == pytest.approx((0.8, 0.5, 0.25))
+    assert conditional_rates((0.0, 0.0)) == (0.0, 0.0)
+    with pytest.raises(KVBudgetError) as e:
+        conditional_rates((0.5, 0.6))
+    assert e.value.param == "acceptance"
