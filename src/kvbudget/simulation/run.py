@@ -133,7 +133,9 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               offload_disk: int | None = None, disk_read: float | None = None,
               speculative: Speculative | None = None) -> Setup:
     """The memory and scheduler settings from the planner and the engine's defaults, and the default time model.
-    `weights` (bytes per GPU) replaces the parameter count where kvbudget has none; `engine` may name a release."""
+    `weights` (bytes per GPU) replaces the parameter count where kvbudget has none; `engine` may name a release;
+    `speculative`: speculative decoding (vLLM; engines/vllm/specdecode.py), its drafter timed as
+    simulation/drafting.py says."""
     name, version = engine_release(engine) if isinstance(engine, str) else (engine, None)
     chosen = get_engine(name)
     ask = SimulationAsk(model=model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, kv_memory=kv_memory,
