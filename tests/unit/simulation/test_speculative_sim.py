@@ -124,17 +124,22 @@ def test_draft_model_takes_an_input_slot_per_request() -> None:
 
 def test_eagle_gives_up_the_last_hit_block() -> None:
     # a shared prefix of 48 tokens (3 blocks) cached by the first request; the second finds 3 blocks, but EAGLE's
-    # drafter needs the hidden states before the generation point: vLLM drops the last hit block (2 blocks, 32
-    # tokens); n-gram lookup keeps all 3
-    def hit(method: SpecMethod) -> int:
+    # drafter needs the hidden states before the generation point: vLLM drops the last hit block, so it computes
+    # 60 - 32 = 28 tokens (n-gram lookup keeps all 3 blocks: 60 - 48 = 12); the cache still holds the 3 blocks,
+    # as its KV events say (what a prefix-aware router reads)
+    def second(method: SpecMethod) -> tuple[int, int, int]:
         sched = SpecScheduler(_config(caching=True), _spec(method, k=2))
         shared = (("doc", 48),)
         sched.add(Request(arrival=0.0, prompt_tokens=60, output_tokens=2, prefix=shared))
         _run(sched)
-        return sched.cached_prefix(Request(arrival=0.0, prompt_tokens=60, output_tokens=2, prefix=shared))
+        request = Request(arrival=0.0, prompt_tokens=60, output_tokens=2, prefix=shared)
+        held = sched.cached_prefix(request)
+        seq = sched.add(request)
+        step = sched.schedule()
+        return step.tokens, seq.hit_tokens, held
 
-    assert hit(SpecMethod.MTP) == 32
-    assert hit(SpecMethod.NGRAM) == 48
+    assert second(SpecMethod.MTP) == (28, 32, 48)
+    assert second(SpecMethod.NGRAM) == (12, 48, 48)
 
 
 def test_preemption_drops_drafts() -> None:

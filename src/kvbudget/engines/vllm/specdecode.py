@@ -30,6 +30,7 @@ import math
 from collections.abc import Sized
 
 from kvbudget.engines.scheduling.seq import SchedulerConfig, Seq, SpecTotals, Step
+from kvbudget.engines.scheduling.workload import Request
 from kvbudget.engines.vllm.pool import Hits
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.speculative import SpecMethod, Speculative
@@ -82,6 +83,12 @@ class SpecScheduler(VLLMScheduler):
         else:
             parts.pop()
         return Hits(parts, hits.count - 1)
+
+    def cached_prefix(self, request: Request) -> int:
+        """What the cache holds, as its KV events report it (the block EAGLE gives up at a hit is still held)."""
+        if not self.caching:
+            return 0
+        return len(VLLMScheduler._hits(self, Seq(self._uid, request))) * self.cfg.block_size
 
     def update(self, step: Step, now: float = 0.0) -> list[Seq]:
         """As Queues.update, a request that verified drafts taking its accepted ones and the token after them,
