@@ -8,7 +8,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, final
 
-from kvbudget import validate
 from kvbudget.choices import Interconnect, parse_allocator
 from kvbudget.engines.scheduling.setup import SimulationAsk
 from kvbudget.engines.scheduling.workload import Request
@@ -153,7 +152,9 @@ def ask_with(ask: SimulationAsk, combo: Mapping[str, Any]) -> SimulationAsk:
         if ask.speculative is None:
             raise KVBudgetError(f"sweep num-speculative-tokens={k}: give {named('speculative')} (the method whose "
                                 "drafts it varies)", param="sweep")
-        validate.count(k, "num_speculative_tokens", 0, MAX_SPECULATIVE_TOKENS)
+        if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise KVBudgetError(f"sweep num-speculative-tokens={k}: give 0 (none) to {MAX_SPECULATIVE_TOKENS}",
+                                param="sweep")
         combo["speculative"] = ask.speculative.with_tokens(k)
     return replace(ask, **combo)
 

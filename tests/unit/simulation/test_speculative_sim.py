@@ -236,6 +236,9 @@ def test_sweep_of_speculative_tokens() -> None:
     with pytest.raises(KVBudgetError) as e:
         ask_with(SimulationAsk(model=model, engine=get_engine("vllm"), kv_memory=1 << 30), combos[1])
     assert e.value.param == "sweep"
+    with pytest.raises(KVBudgetError) as e:
+        ask_with(ask, {"num_speculative_tokens": 65})
+    assert e.value.param == "sweep" and "0 (none) to 64" in str(e.value)
 
 
 def test_command_runs_without_drafts_beside_and_says_so() -> None:
@@ -288,3 +291,20 @@ def test_conditional_rates_from_printed_acceptance() -> None:
     with pytest.raises(KVBudgetError) as e:
         conditional_rates((0.5, 0.6))
     assert e.value.param == "acceptance"
+
+
+def test_sweep_table_shows_the_acceptance_length(capsys: pytest.CaptureFixture[str]) -> None:
+    # a sweep over the drafts a step: k = 0 runs without (its acceptance "-"), k = 2 with every draft accepted
+    # gives 3 tokens a verification
+    from kvbudget.cli.simulate import _sweep
+    from kvbudget.commands.simulate import SimulateRequest, prepared
+
+    ask = SimulateRequest(model="llama-3.1-8b", rate="2", requests="20", gpu="H100-80GB", max_model_len="4096",
+                          backend="serial", sweep=["num-speculative-tokens=0,2"])
+    _, found, _ = prepared(ask)
+    from dataclasses import replace
+
+    found = replace(found, speculative=_spec(k=2))
+    assert _sweep(ask, found, parse_sweep(["num-speculative-tokens=0,2"])) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1].isdigit()]
+    assert [(r[0], r[-1]) for r in rows] == [("0", "-"), ("2", "3.00")]
