@@ -158,8 +158,8 @@ class VLLMScheduler(Queues):
 
     def _moves(self, s: Seq, end: int) -> bool:
         """Whether allocating for a running request's step to `end` tokens may change anything (else the step
-        skips `_grow`): for one full-attention group, when it needs a block or fills one (`end` never passes the
-        known tokens)."""
+        skips `_grow`): for one full-attention group, when it needs a block (its lookahead slots too) or fills one
+        (`end` passes the known tokens only by drafts, which `_grow` does not key)."""
         bs = self.cfg.block_size
         return end + self.lookahead > s.nblocks * bs or (self.caching and end // bs > s.ncached)
 
