@@ -134,8 +134,7 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               speculative: Speculative | None = None) -> Setup:
     """The memory and scheduler settings from the planner and the engine's defaults, and the default time model.
     `weights` (bytes per GPU) replaces the parameter count where kvbudget has none; `engine` may name a release;
-    `speculative`: speculative decoding (vLLM; engines/vllm/specdecode.py), its drafter timed as
-    simulation/drafting.py says."""
+    `speculative`: speculative decoding (vLLM's: engines/vllm/specdecode.py; its drafter: simulation/drafting.py)."""
     name, version = engine_release(engine) if isinstance(engine, str) else (engine, None)
     chosen = get_engine(name)
     ask = SimulationAsk(model=model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, kv_memory=kv_memory,
@@ -164,8 +163,8 @@ def setup_of(ask: SimulationAsk) -> Setup:
     simulator = chosen.simulator()
     options = simulator.options(ask)
     if ask.speculative is not None and not simulator.speculates:
-        raise KVBudgetError(f"speculative: simulate follows vLLM's speculative decoding, not {chosen.name}'s "
-                            "(estimate and plan size its drafter)", param="speculative")
+        raise KVBudgetError(f"speculative: simulate follows vLLM's speculative decoding, not {chosen.name}'s",
+                            param="speculative")
     if ask.offload_memory is not None and not simulator.offloads:
         raise KVBudgetError(f"offload_memory: simulate follows vLLM's offload tiers and SGLang's HiCache; "
                             f"{chosen.name}'s is sized by estimate and plan (llama.cpp: cache_ram)",
@@ -257,7 +256,6 @@ class _Run:
         self.beams: dict[int, BeamSearch] = {}  # engine request uid -> the beam search it belongs to
         self.interval, self.on_step, self.progress, self.on_finish = interval, on_step, progress, on_finish
         self.tm = setup.time_model
-        self.drafting = setup.drafting
         self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
         self.finished_at = array("d")  # each completed request's end, beside its ttft and e2e
         self.t = 0.0
@@ -437,12 +435,10 @@ class _Run:
                                 f"can never be scheduled (max_num_batched_tokens "
                                 f"{self.setup.max_num_batched_tokens}, allocator {self.setup.allocator}); "
                                 "raise max_num_batched_tokens or filter the trace", param="trace")
-        # (a verified draft is a position the LM head and sampler run on, as a sequence's next token is)
         dt = max(tm.step_seconds(step.tokens, step.context, step.pairs or step.context,
-                                 len(step.scheduled) + step.drafted),
-                 step.overlapped_load) + step.load_seconds
-        if self.drafting is not None:
-            dt += self.drafting.seconds(step)
+                                 len(step.scheduled) + step.drafted), step.overlapped_load) + step.load_seconds
+        if self.setup.drafting is not None:
+            dt += self.setup.drafting.seconds(step)
         slots = self.slot_time
         for i, held in enumerate(sched.memory()):
             if held:

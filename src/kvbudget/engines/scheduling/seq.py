@@ -206,7 +206,8 @@ class Step:
     failed: int = 0  # requests the engine answered with an error in this step
     load_seconds: float = 0.0  # KV loaded inside this step's forward pass (LMCache's synchronous retrieve)
     overlapped_load: float = 0.0  # KV loaded layer by layer alongside the forward pass (SGLang's HiCache)
-    drafted: int = 0  # speculative decoding: draft tokens verified in this step (among `tokens`)
+    drafted: int = 0  # speculative decoding: draft tokens verified in this step (among `tokens`; the LM head and
+    #                   sampler run on each, as on a sequence's next token: the time model counts them as sequences)
 
 
 def commit(scheduled: list[tuple[Seq, int]]) -> tuple[int, int]:
