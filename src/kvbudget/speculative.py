@@ -5,7 +5,8 @@ which methods it runs, how it sizes the drafter's memory and how it schedules th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from kvbudget.choices import Choice
@@ -69,6 +70,73 @@ class Speculative:
             raise KVBudgetError(f"acceptance: {len(self.acceptance)} rates for {self.num_tokens} draft tokens; give "
                                 "at most one per draft position", param="acceptance")
 
+    def rates(self, tokens: int | None = None) -> tuple[float, ...]:
+        """Each draft position's conditional acceptance rate, for `tokens` positions (default: num_tokens): the
+        rates given, else the method's default (`DEFAULT_ACCEPTANCE`); a position past the last rate given takes
+        the last."""
+        given = self.acceptance or DEFAULT_ACCEPTANCE[self.method][0]
+        n = self.num_tokens if tokens is None else tokens
+        return tuple(given[min(i, len(given) - 1)] for i in range(n))
+
+    @property
+    def acceptance_source(self) -> str:
+        """Where the acceptance rates come from, in words (an assumption unless the user gave them)."""
+        if self.acceptance:
+            return "given"
+        return f"assumed: the default for {self.method}, {DEFAULT_ACCEPTANCE[self.method][1]}"
+
+    def expected_accepted(self, drafted: int) -> float:
+        """Expected draft tokens accepted of `drafted` (each accepted only if every one before it was): the sum
+        over positions of the product of the rates up to it."""
+        total, run = 0.0, 1.0
+        for p in self.rates(drafted):
+            run *= p
+            total += run
+        return total
+
+    def with_tokens(self, num_tokens: int) -> Speculative | None:
+        """The same speculation drafting `num_tokens` a step (0: none, None returned), as a sweep varies it."""
+        if num_tokens == 0:
+            return None
+        return replace(self, num_tokens=num_tokens, acceptance=self.acceptance[:num_tokens])
+
+
+def conditional_rates(per_position: Sequence[float]) -> tuple[float, ...]:
+    """The conditional acceptance rates (`Speculative.acceptance`) of the per-position acceptance vLLM and llama.cpp
+    print ("acceptance at token i": the share of drafts whose first i + 1 tokens were all accepted), position by
+    position their ratios (a position after one never accepted: 0)."""
+    out, before = [], 1.0
+    for i, p in enumerate(per_position):
+        if not 0.0 <= p <= before:
+            raise KVBudgetError(f"acceptance at token {i}: {p}; per-position acceptance is a fraction no higher than "
+                                "the position's before it", param="acceptance")
+        out.append(p / before if before else 0.0)
+        before = p
+    return tuple(out)
+
+
+# Per-position conditional acceptance rates assumed when none are given, with where they come from (a position past
+# the last rate takes the last). vLLM's and llama.cpp's logs print "acceptance at token i" unconditionally (the
+# share of drafts whose first i + 1 tokens were all accepted); the rates here are their ratios, position by position.
+NGRAM_RATES = conditional_rates((0.81, 0.74, 0.70, 0.68, 0.66))
+DEFAULT_ACCEPTANCE: dict[SpecMethod, tuple[tuple[float, ...], str]] = {
+    SpecMethod.EAGLE: ((0.56,), "0.56 a position: the rate whose chain gives the mean acceptance length 1.89 at k=2 "
+                                "that vLLM measured for EAGLE-LLaMA3-Instruct-8B on MT-Bench (vllm-project/vllm "
+                                "pull request 16035)"),
+    SpecMethod.EAGLE3: (conditional_rates((0.805, 0.632, 0.483)),
+                        "0.805, 0.785, 0.764 (then 0.764): llama.cpp's per-position acceptance 0.805, 0.632, 0.483 for "
+                        "an EAGLE-3 head (ggml-org/llama.cpp pull request 24536)"),
+    SpecMethod.DRAFT_MODEL: ((0.6,), "0.6 a position: within the 0.5 to 0.8 that Leviathan et al. (2023, "
+                                     "'Fast inference from transformers via speculative decoding') measured for "
+                                     "their draft and target pairs"),
+    SpecMethod.MTP: ((0.85,), "0.85 a position: the low end of the 85 to 90% second-token acceptance the "
+                              "DeepSeek-V3 technical report gives for its MTP module (later positions assumed alike)"),
+    SpecMethod.NGRAM: (NGRAM_RATES, "0.81, 0.91, 0.95, 0.97, 0.97: vLLM's ngram proposer's per-position acceptance "
+                                    "0.81, 0.74, 0.70, 0.68, 0.66 on an editing dataset (blazedit; vllm-project/vllm "
+                                    "pull request 24344): lookup pays where answers repeat the prompt, far less in "
+                                    "chat"),
+    SpecMethod.SUFFIX: (NGRAM_RATES, "ngram's (no published per-position figures for suffix decoding were found)"),
+}
 
 @dataclass(frozen=True, kw_only=True)
 class LoggedSpeculative:

@@ -201,6 +201,8 @@ def _print(sim: Simulation, args: argparse.Namespace) -> None:
         out.print(f"offload tier ({tier.backend}, {tier.setting}, {tier.tokens:,} tokens): hits {share:.1%} of prompt "
                   f"tokens beyond the GPU's{disk}; loaded {format_bytes(o['loaded_bytes'])}, stored "
                   f"{format_bytes(o['stored_bytes'])}; load times over the GPU's host link: an estimate")
+    for line in speculation_lines(sim):
+        out.print(line)
     if sim.failed:
         out.print(f"[red]failed: {sim.failed:,} requests got an error from the engine[/red] (its KV memory ran "
                   "out: llama.cpp's unified pool fails every busy request when one token no longer fits)")
@@ -219,6 +221,25 @@ def _print(sim: Simulation, args: argparse.Namespace) -> None:
         out.print("note: prompt lengths are approximate (characters / 4), not counted with the tokenizer")
     if _credit(args):
         out.print(f"trace: {_credit(args)}")
+
+
+def speculation_lines(sim: Simulation) -> list[str]:
+    """What speculative decoding asked and did, in words (none without it)."""
+    d, totals = sim.setup.drafting, sim.speculation
+    if d is None or totals is None:
+        return []
+    spec = d.spec
+    length = totals.mean_acceptance_length
+    rate = totals.acceptance_rate
+    tpot, plain = sim.tpot, sim.tpot_without
+    lines = [f"speculative decoding ({spec.method}, {spec.num_tokens} draft tokens a step): mean acceptance length "
+             f"{'-' if length is None else f'{length:.2f}'}; {totals.drafted:,} drafts verified, {totals.accepted:,} "
+             f"accepted ({'-' if rate is None else f'{rate:.1%}'}); TPOT mean {_ms(tpot.mean if tpot else None)}, "
+             f"p99 {_ms(tpot.p99 if tpot else None)}" +
+             (f"; without it: mean {_ms(plain.mean)}, p99 {_ms(plain.p99)}" if plain is not None else ""),
+             f"acceptance per position: {', '.join(f'{p:.3g}' for p in spec.rates())} ({spec.acceptance_source})",
+             f"drafter's time: {d.basis}"]
+    return lines
 
 
 def _print_search(found: RateSearch, slo: dict[str, float], cost: Cost | None = None) -> None:
@@ -241,10 +262,11 @@ def sweep_point(ask: SimulateRequest, found: SimulationAsk, combo: dict[str, Any
     """One configuration of a sweep, (its settings, its simulation without the timeline); a module-level function
     of plain data, so that a process pool or a Ray worker can run it (the workload is rebuilt there)."""
     from kvbudget.simulation.run import setup_of, simulate
+    from kvbudget.simulation.search import ask_with
 
     combo = dict(combo)
     run_scale = combo.pop("rate_scale", positive(ask.rate_scale, "rate_scale"))
-    setup = setup_of(replace(found, **combo))
+    setup = setup_of(ask_with(found, combo))
     sim = simulate(found.model, workload(ask)(run_scale), setup=setup, fast=not ask.reference, **front_settings(ask))
     return {**combo, "rate_scale": run_scale}, replace(sim, timeline=())
 
@@ -260,6 +282,13 @@ def task_progress(done: int, total: int, what: str = "sweep", of: str = "configu
     print(f"\r{what} [{bar:<{width}}] {done}/{total} {of}", end="", file=sys.stderr, flush=True)
 
 
+def _acceptance(sim: Any) -> str:
+    """A sweep row's mean acceptance length ("-" without speculative decoding)."""
+    totals = getattr(sim, "speculation", None)
+    length = totals.mean_acceptance_length if totals is not None else None
+    return "-" if length is None else f"{length:.2f}"
+
+
 def _cell(key: str, value: Any) -> str:
     """A swept setting as the sweep's table shows it (a host tier's size in GiB, none as 0)."""
     if key == "offload_memory":
@@ -273,8 +302,11 @@ def _sweep(args: SimulateRequest, found: SimulationAsk, combos: list[dict[str, A
 
     from kvbudget.commands.fleet import NOT_SETUP, fleet_point, sweep_figures, sweep_notes, sweeps_fleets
     from kvbudget.simulation.parallel import run_all
+    from kvbudget.simulation.search import ask_with
 
     swept_scale = any("rate_scale" in c for c in combos)
+    for combo in combos:  # settings the ask cannot take fail before any run (a sweep of drafts without a method)
+        ask_with(found, {k: v for k, v in combo.items() if k not in NOT_SETUP})
     priced = prices(args)
     if priced is not None:  # every configuration's GPU has a price before any runs
         from kvbudget.simulation.cost import price_for
@@ -287,7 +319,7 @@ def _sweep(args: SimulateRequest, found: SimulationAsk, combos: list[dict[str, A
     results = run_all(fleet_point if fleets else sweep_point, calls, args.backend, _task_progress if shown else None)
     if shown:
         print(file=sys.stderr)
-    costs = [costed(args, sim, replace(found, **{k: v for k, v in combo.items() if k not in NOT_SETUP}),
+    costs = [costed(args, sim, ask_with(found, {k: v for k, v in combo.items() if k not in NOT_SETUP}),
                     combo.get("replicas", 1)) for combo, sim in results]
     if args.json:
         print(json.dumps([{"settings": c, "result": s.to_dict(), **({"cost": cost.to_dict()} if cost else {})}
@@ -300,13 +332,16 @@ def _sweep(args: SimulateRequest, found: SimulationAsk, combos: list[dict[str, A
               box=box.SIMPLE_HEAD, padding=(0, 1, 0, 1), pad_edge=False, collapse_padding=True)
     for k in keys:
         t.add_column({"rate_scale": "rate"}.get(k, k.replace("_", "-")), no_wrap=True)
-    for col in ("tokens", "TTFT", "TPOT", "E2E", "req/s", "peak", "preempt") + (("$/1M",) if priced else ()):
+    drafts = any(getattr(sim, "speculation", None) is not None for _, sim in results)
+    for col in ("tokens", "TTFT", "TPOT", "E2E", "req/s", "peak", "preempt") + (("accept",) if drafts else ()) \
+            + (("$/1M",) if priced else ()):
         t.add_column(col, justify="right", no_wrap=True)
     for (combo, sim), cost in zip(results, costs, strict=True):
         slots, peak = sweep_figures(sim) if fleets else (sim.setup.token_slots, sim.peak_usage)
         t.add_row(*(_cell(k, combo[k]) for k in keys), f"{slots:,}",
                   _short(sim.ttft.p99 if sim.ttft else None), _short(sim.tpot.p99 if sim.tpot else None),
                   _short(sim.e2e.p99 if sim.e2e else None), f"{sim.requests_per_s:,.2f}", f"{peak:.0%}",
-                  f"{sim.preemptions:,}", *((_dollars(cost.per_million_tokens),) if cost else ()))
+                  f"{sim.preemptions:,}", *((_acceptance(sim),) if drafts else ()),
+                  *((_dollars(cost.per_million_tokens),) if cost else ()))
     console().print(t)
     return 0

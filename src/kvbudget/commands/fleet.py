@@ -205,12 +205,13 @@ def fleet_point(ask: SimulateRequest, found: SimulationAsk, combo: dict[str, Any
     from kvbudget.commands.simulate import workload
     from kvbudget.simulation.fleet import Pool, simulate_fleet
     from kvbudget.simulation.run import setup_of
+    from kvbudget.simulation.search import ask_with
 
     combo = dict(combo)
     scale = combo.pop("rate_scale", positive(ask.rate_scale, "rate_scale"))
     replicas = combo.pop("replicas", None) or one(ask.replicas or "1", "replicas")
     router = combo.pop("router", None) or ask.router or "round-robin"
-    point = replace(found, **combo)
+    point = ask_with(found, combo)
     reqs, tokens = queue_limits(ask)
     pools = [Pool(name="main", setup=setup_of(point), replicas=replicas, gpus=point.tp * point.pp,
                   max_num_queued_reqs=reqs, max_num_queued_tokens=tokens)]

@@ -484,5 +484,10 @@ def run_prepared(ask: SimulateRequest, ready: tuple[Callable[[float], Iterable[A
     from kvbudget.simulation.run import setup_of, simulate
 
     stream, found, scale = ready
-    return simulate(found.model, stream(scale), setup=setup_of(found), fast=not ask.reference, on_step=on_step,
-                    progress=progress, on_finish=on_finish, check=check, **front_settings(ask))
+    sim = simulate(found.model, stream(scale), setup=setup_of(found), fast=not ask.reference, on_step=on_step,
+                   progress=progress, on_finish=on_finish, check=check, **front_settings(ask))
+    if found.speculative is None:
+        return sim
+    plain = simulate(found.model, stream(scale), setup=setup_of(replace(found, speculative=None)),
+                     fast=not ask.reference, check=check, **front_settings(ask))  # TPOT without, beside it
+    return replace(sim, tpot_without=plain.tpot)

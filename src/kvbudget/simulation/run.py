@@ -24,12 +24,15 @@ from kvbudget.engines.scheduling.timing import NOMINAL, MeasuredStep, TimeModel,
 from kvbudget.engines.scheduling.workload import MAX_CLIENTS, Request, samples
 
 if TYPE_CHECKING:
+    from kvbudget.engines.scheduling.seq import SpecTotals
     from kvbudget.engines.tiers import OffloadTotals
+    from kvbudget.speculative import Speculative
 from kvbudget.errors import KVBudgetError, named, spelled
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation import bands, decoding, steptimes
 from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.decoding import Sample
+from kvbudget.simulation.drafting import drafting_for
 from kvbudget.simulation.guarded import Gatekeeper, GuardReport, admission_policy
 from kvbudget.simulation.percentiles import LatencyWindow, Percentiles, latency_windows, metric_of
 
@@ -83,6 +86,8 @@ class Simulation:
     latency_timeline: tuple[LatencyWindow, ...] = ()  # TTFT and end-to-end percentiles over the run
     offload: OffloadTotals | None = None  # what a host tier behind the prefix cache did (its scheduler's totals)
     clients: int | None = None  # a closed loop's clients in front (max_concurrency); None: requests as they arrive
+    speculation: SpecTotals | None = None  # what speculative decoding did (setup.drafting: what it was asked)
+    tpot_without: Percentiles | None = None  # the same workload's TPOT without speculative decoding, where run
 
     def metric(self, name: str) -> float | None:
         """A latency figure by name: ttft|tpot|e2e _ p50|p90|p99|mean|max (seconds)."""
@@ -110,7 +115,9 @@ class Simulation:
             "failed": self.failed, "notes": list(self.notes), "guard": self.guard.to_dict() if self.guard else None,
             "timeline": [s.__dict__ for s in self.timeline],
             "latency_timeline": [w.to_dict() for w in self.latency_timeline],
-            "offload": self.offload.to_dict() if self.offload is not None else None, "clients": self.clients}
+            "offload": self.offload.to_dict() if self.offload is not None else None, "clients": self.clients,
+            "speculation": self.speculation.to_dict() if self.speculation is not None else None,
+            "tpot_without_speculation_s": pct(self.tpot_without, "tpot")}
 
 
 def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None = None, gpu_memory: int | None = None,
@@ -123,9 +130,11 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               cache_ram: int | None = None, weights: int | None = None, utilization: float | None = None,
               enforce_eager: bool = False, entry_point: str = "server", lora: tuple[int, int] | None = None,
               offload_memory: int | None = None, offload_backend: str | None = None, interconnect: str | None = None,
-              offload_disk: int | None = None, disk_read: float | None = None) -> Setup:
+              offload_disk: int | None = None, disk_read: float | None = None,
+              speculative: Speculative | None = None) -> Setup:
     """The memory and scheduler settings from the planner and the engine's defaults, and the default time model.
-    `weights` (bytes per GPU) replaces the parameter count where kvbudget has none; `engine` may name a release."""
+    `weights` (bytes per GPU) replaces the parameter count where kvbudget has none; `engine` may name a release;
+    `speculative`: speculative decoding (vLLM's: engines/vllm/specdecode.py; its drafter: simulation/drafting.py)."""
     name, version = engine_release(engine) if isinstance(engine, str) else (engine, None)
     chosen = get_engine(name)
     ask = SimulationAsk(model=model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, kv_memory=kv_memory,
@@ -137,7 +146,7 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
                         cache_ram=cache_ram, weights=weights, utilization=utilization, enforce_eager=enforce_eager,
                         entry_point=EntryPoint.parse(entry_point, "entry_point"), lora=lora,
                         offload_memory=offload_memory, offload_backend=offload_backend, offload_disk=offload_disk,
-                        disk_read=disk_read, engine_version=version,
+                        disk_read=disk_read, engine_version=version, speculative=speculative,
                         interconnect=None if interconnect is None else Interconnect.parse(interconnect, "interconnect"))
     return setup_of(ask)
 
@@ -153,6 +162,9 @@ def setup_of(ask: SimulationAsk) -> Setup:
                             "schedulers only so far", param="engine")
     simulator = chosen.simulator()
     options = simulator.options(ask)
+    if ask.speculative is not None and not simulator.speculates:
+        raise KVBudgetError(f"speculative: simulate follows vLLM's speculative decoding, not {chosen.name}'s",
+                            param="speculative")
     if ask.offload_memory is not None and not simulator.offloads:
         raise KVBudgetError(f"offload_memory: simulate follows vLLM's offload tiers and SGLang's HiCache; "
                             f"{chosen.name}'s is sized by estimate and plan (llama.cpp: cache_ram)",
@@ -192,7 +204,8 @@ def setup_of(ask: SimulationAsk) -> Setup:
                       gpu_memory_bytes=p.gpu_memory_bytes, gpu_name=p.gpu, serving_options=p.options,
                       options=options, max_model_len=max_len, time_model=time_model,
                       gpu=p.gpu if card or ask.gpu_memory else None,
-                      kv_memory=p.kv_memory_bytes if ask.budget_given else None)
+                      kv_memory=p.kv_memory_bytes if ask.budget_given else None,
+                      drafting=drafting_for(ask, p, card, time_model, max_len))
     return simulator.setup(ask, planned)
 
 
@@ -422,8 +435,10 @@ class _Run:
                                 f"can never be scheduled (max_num_batched_tokens "
                                 f"{self.setup.max_num_batched_tokens}, allocator {self.setup.allocator}); "
                                 "raise max_num_batched_tokens or filter the trace", param="trace")
-        dt = max(tm.step_seconds(step.tokens, step.context, step.pairs or step.context, len(step.scheduled)),
-                 step.overlapped_load) + step.load_seconds
+        dt = max(tm.step_seconds(step.tokens, step.context, step.pairs or step.context,
+                                 len(step.scheduled) + step.drafted), step.overlapped_load) + step.load_seconds
+        if self.setup.drafting is not None:
+            dt += self.setup.drafting.seconds(step)
         slots = self.slot_time
         for i, held in enumerate(sched.memory()):
             if held:
@@ -575,7 +590,7 @@ class _Run:
             e2e_sorted=tuple(sorted(self.e2e)), tpot_sorted=tuple(sorted(self.tpot)),
             guard=self.guard.report() if self.guard else None, failed=len(sched.failed),
             latency_timeline=latency_windows(self.finished_at, self.ttft, self.e2e, duration),
-            offload=sched.offload_totals(), clients=self.client_count)
+            offload=sched.offload_totals(), clients=self.client_count, speculation=sched.spec_totals())
 
     def _shares(self, duration: float) -> MemoryShares:
         if not duration:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, final
 
 from kvbudget.choices import Interconnect, parse_allocator
+from kvbudget.engines.scheduling.setup import SimulationAsk
 from kvbudget.engines.scheduling.workload import Request
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, named
 from kvbudget.model.spec import ModelSpec
 from kvbudget.simulation.percentiles import check_metric
 from kvbudget.simulation.run import Simulation, simulate
+from kvbudget.speculative import MAX_SPECULATIVE_TOKENS
 from kvbudget.units import parse_size
 
 Workload = Callable[[float], Iterable[Request]]  # a rate scale -> the requests at that rate
@@ -138,7 +140,23 @@ SWEEPABLE: dict[str, Callable[[str], Any]] = {
              "long-prefill-token-threshold": int, "prefix-caching": lambda v: v.lower() in ("1", "true", "on", "yes"),
              "rate-scale": float, "offload-memory": _offload_size,
              "interconnect": lambda v: Interconnect.parse(v, "interconnect"),
-             "replicas": int, "router": str}  # a fleet of that many replicas behind that router (commands/fleet.py)
+             "replicas": int, "router": str,  # a fleet of that many replicas behind that router (commands/fleet.py)
+             "num-speculative-tokens": int}  # the drafts a step of the speculative decoding asked (0: none)
+
+
+def ask_with(ask: SimulationAsk, combo: Mapping[str, Any]) -> SimulationAsk:
+    """`ask` with a sweep's settings (those of the ask: a fleet's replicas and router and the rate apart)."""
+    combo = dict(combo)
+    if "num_speculative_tokens" in combo:
+        k = combo.pop("num_speculative_tokens")
+        if ask.speculative is None:
+            raise KVBudgetError(f"sweep num-speculative-tokens={k}: give {named('speculative')} (the method whose "
+                                "drafts it varies)", param="sweep")
+        if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise KVBudgetError(f"sweep num-speculative-tokens={k}: give 0 (none) to {MAX_SPECULATIVE_TOKENS}",
+                                param="sweep")
+        combo["speculative"] = ask.speculative.with_tokens(k)
+    return replace(ask, **combo)
 
 
 def parse_sweep(items: Sequence[str]) -> list[dict[str, Any]]:

@@ -34,6 +34,29 @@ class TransferTotals:
     max_wait_s: float = 0.0
 
 
+@dataclass(frozen=True, kw_only=True)
+class SpecTotals:
+    """What speculative decoding did over a run: draft tokens verified and accepted, and the verifications (vLLM's
+    num_draft_tokens, num_accepted_tokens and num_drafts)."""
+
+    drafted: int
+    accepted: int
+    verified: int
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens each verification gave, the one after the drafts included (vLLM's mean acceptance length)."""
+        return 1.0 + self.accepted / self.verified if self.verified else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"drafted": self.drafted, "accepted": self.accepted, "verified": self.verified,
+                "mean_acceptance_length": self.mean_acceptance_length, "acceptance_rate": self.acceptance_rate}
+
+
 MASK = (1 << 64) - 1  # piece hashes as unsigned 64-bit numbers
 
 
@@ -43,6 +66,8 @@ class Seq:
     __slots__ = (
         "chains",
         "computed",
+        "credit",
+        "drafts",
         "end",
         "ends",
         "finished",
@@ -76,6 +101,8 @@ class Seq:
         self.end = request.output_tokens  # outputs at which it finishes (the scheduler caps it at max_model_len)
         self.out = 0  # tokens generated so far
         self.computed = 0  # vLLM's num_computed_tokens
+        self.drafts = 0  # speculative decoding: draft tokens proposed for its next step (vLLM's spec_token_ids)
+        self.credit = 0.0  # ... expected accepted draft tokens not yet taken (see engines/vllm/specdecode.py)
         self.nblocks = 0  # its block table's length (one full-attention group)
         self.ncached = 0  # blocks already keyed
         self.runs: list[Any] = []  # with prefix caching: its keyed blocks as runs of vLLM's pool (pool.Run)
@@ -179,6 +206,8 @@ class Step:
     failed: int = 0  # requests the engine answered with an error in this step
     load_seconds: float = 0.0  # KV loaded inside this step's forward pass (LMCache's synchronous retrieve)
     overlapped_load: float = 0.0  # KV loaded layer by layer alongside the forward pass (SGLang's HiCache)
+    drafted: int = 0  # speculative decoding: draft tokens verified in this step (among `tokens`; the LM head and
+    #                   sampler run on each, as on a sequence's next token: the time model counts them as sequences)
 
 
 def commit(scheduled: list[tuple[Seq, int]]) -> tuple[int, int]:
@@ -248,6 +277,10 @@ class Queues:
 
     def offload_totals(self) -> Any:
         """What a host tier behind the cache did (None: there is none)."""
+        return None
+
+    def spec_totals(self) -> SpecTotals | None:
+        """What speculative decoding did (None: none runs)."""
         return None
 
     def _free(self, s: Seq) -> None:

@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from kvbudget import validate
 from kvbudget.choices import PAGED, Allocator
 from kvbudget.engines.base import Allocation, Capacity, Engine, EngineOptions
-from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig, Seq
+from kvbudget.engines.scheduling.seq import Queues, SchedulerConfig, Seq, Step
 from kvbudget.engines.scheduling.timing import MeasuredStep, TimeModel
 from kvbudget.engines.tiers import HostTier
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
+from kvbudget.speculative import Speculative
 
 if TYPE_CHECKING:
     from kvbudget.choices import Device, EntryPoint, Interconnect
@@ -63,6 +64,7 @@ class SimulationAsk:
     disk_read: float | None = None  # bytes per second the disk tier reads at
     engine_version: tuple[int, ...] | None = None  # the release whose budget and defaults to take (None: newest)
     interconnect: Interconnect | None = None  # what tensor parallelism's GPUs are linked by (None: the card's own)
+    speculative: Speculative | None = None  # speculative decoding (None: none)
 
     def __post_init__(self) -> None:
         """Every number in its range, whoever built the ask (the CLI, the web page, `setup_for`)."""
@@ -127,6 +129,37 @@ class Planned:
     time_model: TimeModel
     gpu: str | None  # the GPU's name where one was given (a catalog card or its memory)
     kv_memory: int | None  # the KV budget where one was given
+    drafting: Drafting | None = None  # speculative decoding's drafter and its time (None: none asked)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Drafting:
+    """Speculative decoding as simulated: what was asked, and the drafter's time after each step: K steps of its
+    own time model (a draft model or head: the first over the step's tokens, which fills its KV, the others one
+    token a sequence), or a CPU cost per sequence (n-gram and suffix lookup); `basis` says what either rests on."""
+
+    spec: Speculative
+    time_model: TimeModel | None
+    cpu_per_seq: float = 0.0
+    basis: str
+
+    def seconds(self, step: Step) -> float:
+        """The drafter's seconds after `step` (every scheduled request drafts, or fills the drafter's KV)."""
+        r = len(step.scheduled)
+        tm = self.time_model
+        if tm is None:
+            return self.cpu_per_seq * r
+        first = tm.step_seconds(step.tokens, step.context, step.pairs or step.context, r)
+        rest = self.spec.num_tokens - 1
+        return first + rest * tm.step_seconds(r, step.context, None, r) if rest else first
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.spec
+        return {"method": s.method.value, "num_speculative_tokens": s.num_tokens, "draft_model": s.draft_id,
+                "acceptance": list(s.rates()), "acceptance_source": s.acceptance_source,
+                "drafter_time": self.basis,
+                "drafter_time_model": self.time_model.to_dict() if self.time_model else None,
+                "drafter_cpu_per_seq_s": self.cpu_per_seq}
 
 
 HIDDEN = {"json": False}  # a field to_dict() leaves out
@@ -185,6 +218,7 @@ class Setup:
     disk_tier: HostTier | None = field(default=None, metadata=HIDDEN)  # a disk tier behind the host tier
     disk_unit_seconds: float = 0.0  # ... and the time to read one of its units and load it
     disagg: Disagg | None = field(default=None, metadata=HIDDEN)  # one side of disaggregated prefill and decode
+    drafting: Drafting | None = None  # speculative decoding (None: none)
     # the engine's scheduler model, which builds the scheduler for this setup
     simulator: Simulator = field(repr=False, compare=False, metadata=HIDDEN)
 
@@ -210,6 +244,7 @@ class Setup:
         out["disk_tier"] = self.disk_tier.to_dict() if self.disk_tier else None
         if self.disagg is not None:
             out["disagg"] = self.disagg.to_dict()
+        out["drafting"] = self.drafting.to_dict() if self.drafting else None
         return out
 
 
@@ -238,6 +273,7 @@ class SimulatorDefaults:
     the scheduler's settings described as vLLM names them."""
 
     offloads = False
+    speculates = False
 
     def check_release(self, ask: SimulationAsk) -> None:
         """Raise for an engine release the scheduler model does not take (here: any but the newest)."""
@@ -281,6 +317,7 @@ class Simulator(Protocol):
     """An engine's scheduler model for `simulate`: its settings, its scheduler and how it counts its memory."""
 
     offloads: bool  # simulates the engine's KV offload tier (SimulationAsk.offload_memory)
+    speculates: bool  # simulates speculative decoding (SimulationAsk.speculative, Setup.drafting)
 
     def options(self, ask: SimulationAsk) -> EngineOptions:
         """The options to plan the ask with; raises first for settings that mean nothing to this engine (and for

@@ -16,8 +16,9 @@ What it follows, from vllm/v1/core in the 0.32 wheel (sched/scheduler.py `schedu
   new blocks come from the front, evicting their key (least recently used first);
 - the usage gauge: 1 - free / (blocks - 1) (one block is vLLM's null block; idle cached blocks count as free).
 The block pool itself is in pool.py. Several KV cache groups (sliding-window, chunked-local, Mamba /
-linear-attention state) are `hybrid.HybridScheduler` and `cached.CachedHybridScheduler`; speculative decoding is not
-modelled.
+linear-attention state) are `hybrid.HybridScheduler` and `cached.CachedHybridScheduler`. Speculative decoding
+(`specdecode.SpecScheduler`) uses the hooks here: a running request's drafts scheduled with its next token, the
+drafter's lookahead slots allocated past them, and the input budget's slots per request (`draft_slots`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class VLLMScheduler(Queues):
         return RunPool(self.cfg.num_blocks) if self.caching else CountingPool(self.cfg.num_blocks)
 
     beam_search = True
+    lookahead = 0  # KV slots allocated past a request's scheduled tokens (the drafter's: num_lookahead_tokens)
+    draft_slots = 0  # input slots each scheduled request takes beyond its tokens (max_num_new_slots_for_drafting)
 
     def usage(self) -> float:
         return self.pool.usage()
@@ -75,14 +78,14 @@ class VLLMScheduler(Queues):
     def _grow(self, s: Seq, n: int) -> bool:
         """Blocks for a running request's next n tokens; False when the pool cannot give them."""
         cfg = self.cfg
-        need = cdiv(min(s.computed + n, cfg.max_model_len), cfg.block_size) - s.nblocks
+        need = cdiv(min(s.computed + n + self.lookahead, cfg.max_model_len), cfg.block_size) - s.nblocks
         if need > self.pool.nfree:
             return False
         if need > 0:
             self.pool.take(s, need)
             s.nblocks += need
         if self.cache is not None:
-            self._cache(s, s.computed + n)  # (n never passes the known tokens)
+            self._cache(s, min(s.computed + n, s.num_tokens))  # (drafts are not keyed: only known tokens)
         return True
 
     def _needs(self, s: Seq, n: int, hits: Sized) -> tuple[int, int]:
@@ -96,7 +99,7 @@ class VLLMScheduler(Queues):
             assert isinstance(hits, Hits)
             evictable = self.cache.evictable(hits)
         whole = max(cdiv(min(s.num_tokens, cfg.max_model_len), bs) - hit, 0) + evictable
-        now = max(cdiv(min(hit * bs + n, cfg.max_model_len), bs) - hit, 0) + evictable
+        now = max(cdiv(min(hit * bs + n + self.lookahead, cfg.max_model_len), bs) - hit, 0) + evictable
         return whole, now
 
     def _admit(self, s: Seq, n: int, hits: Sized) -> bool:
@@ -111,7 +114,7 @@ class VLLMScheduler(Queues):
             self.cache.touch(s, hits)
         s.nblocks = s.ncached = hit
         end = hit * cfg.block_size + n  # tokens computed after this step
-        new = cdiv(min(end, cfg.max_model_len), cfg.block_size) - hit
+        new = cdiv(min(end + self.lookahead, cfg.max_model_len), cfg.block_size) - hit
         if new > 0:
             pool.take(s, new)
             s.nblocks += new
@@ -149,21 +152,24 @@ class VLLMScheduler(Queues):
         s.recomputed += s.computed
         s.computed = 0
         s.preemptions += 1
+        s.drafts = 0  # (vLLM drops a preempted request's draft tokens)
         self.preemptions += 1
         self.waiting.appendleft(s)
 
     def _moves(self, s: Seq, end: int) -> bool:
         """Whether allocating for a running request's step to `end` tokens may change anything (else the step
-        skips `_grow`): for one full-attention group, when it needs a block or fills one (`end` never passes the
-        known tokens)."""
+        skips `_grow`): for one full-attention group, when it needs a block (its lookahead slots too) or fills one
+        (`end` passes the known tokens only by drafts, which `_grow` does not key)."""
         bs = self.cfg.block_size
-        return end > s.nblocks * bs or (self.caching and end // bs > s.ncached)
+        return end + self.lookahead > s.nblocks * bs or (self.caching and end // bs > s.ncached)
 
     # -- one step -----------------------------------------------------------------------------------------------
 
     def schedule(self) -> Step:
         cfg = self.cfg
-        budget = cfg.max_num_batched_tokens
+        budget = cfg.max_num_batched_tokens  # vLLM's input budget (its token budget is never the lower one)
+        slots = self.draft_slots
+        drafted = 0
         scheduled: list[tuple[Seq, int]] = []
         preempted: list[Seq] = []
         eligible = len(self.running) + len(self.waiting)
@@ -172,14 +178,14 @@ class VLLMScheduler(Queues):
         last = cfg.max_model_len - 1
         align = self._align
         i = 0
-        while i < len(running) and budget > 0:
+        while i < len(running) and budget > slots:
             s = running[i]
             c = s.computed
-            n = s.prompt + s.out - c
+            n = s.prompt + s.out + s.drafts - c
             if 0 < threshold < n:
                 n = threshold
-            if n > budget:
-                n = budget
+            if n > budget - slots:
+                n = budget - slots
             if n > last - c:
                 n = last - c
             if align is not None:
@@ -199,7 +205,10 @@ class VLLMScheduler(Queues):
                 if not ok:
                     break
             scheduled.append((s, n))
-            budget -= n
+            budget -= n + slots
+            if s.drafts:  # the drafts that fit are verified; the rest dropped (new ones come after the step)
+                s.drafts = max(c + n - s.prompt - s.out, 0)
+                drafted += s.drafts
             i += 1
 
         if not preempted:
@@ -208,17 +217,18 @@ class VLLMScheduler(Queues):
         tokens, context = commit(scheduled)
         return Step(scheduled=tuple(scheduled), preempted=tuple(preempted), free_blocks=self.pool.nfree,
                     usage=self.pool.usage(), tokens=tokens,
-                    context=context, pairs=attended_pairs(scheduled))
+                    context=context, pairs=attended_pairs(scheduled), drafted=drafted)
 
     def _admit_waiting(self, scheduled: list[tuple[Seq, int]], budget: int, threshold: int) -> None:
         """Admit waiting requests in order while the step has tokens and seats left (none after a preemption)."""
         waiting, running = self.waiting, self.running
-        while budget > 0 and waiting and len(running) < self.cfg.max_num_seqs:
-            n = self._admit_head(waiting[0], budget, threshold)
+        slots = self.draft_slots
+        while budget > slots and waiting and len(running) < self.cfg.max_num_seqs:
+            n = self._admit_head(waiting[0], budget - slots, threshold)
             if n is None:
                 break
             scheduled.append((waiting.popleft(), n))
-            budget -= n
+            budget -= n + slots
 
     def _admit_head(self, s: Seq, budget: int, threshold: int) -> int | None:
         """The head of the queue with its cache hits, to run with the tokens returned; None where it cannot."""

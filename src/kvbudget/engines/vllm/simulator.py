@@ -24,6 +24,7 @@ from kvbudget.engines.vllm.pool import usable_blocks
 from kvbudget.engines.vllm.queued import queue_refusal
 from kvbudget.engines.vllm.releases import NEWEST, SIMULATED_OLDEST, Release, release
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
+from kvbudget.engines.vllm.specdecode import SpecScheduler
 from kvbudget.errors import KVBudgetError, named
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ class VLLMSimulator(SimulatorDefaults):
     contiguous baselines on the same budget instead."""
 
     offloads = True
+    speculates = True
 
     def __init__(self, engine: VLLMEngine):
         self.engine = engine
@@ -134,6 +136,16 @@ class VLLMSimulator(SimulatorDefaults):
             raise KVBudgetError(f"engine vllm@{rel.label}: {fallback}, so {rel.label} ran this deployment on vLLM's "
                                 "V0 engine, whose scheduler simulate does not follow; give vllm@0.10 or later",
                                 param="engine")
+        if planned.drafting is not None:
+            why = ("a contiguous allocator" if not allocator.paged else "a KV offload tier" if tiers
+                   else f"{model.name}'s several KV cache groups" if windowed or len({g.block_size for g in groups}) > 1
+                   else None)
+            if why is not None:
+                raise KVBudgetError(f"speculative: simulate follows vLLM's speculative decoding for its paged cache "
+                                    f"of one full-attention group, not {why}", param="speculative")
+            scheduling += ("; speculative decoding follows vLLM 0.32's source (its scheduling of drafts is not "
+                           "checked against a run), each request's accepted drafts the expected number, carried "
+                           "over from step to step")
         max_num_seqs = ask.max_num_seqs or serving.max_num_seqs
         mnbt = planned.serving_options.max_num_batched_tokens or serving.prefill_tokens
         if rel.version < NEWEST:
@@ -145,7 +157,7 @@ class VLLMSimulator(SimulatorDefaults):
                      long_prefill_token_threshold=ask.long_prefill_token_threshold, gpu=planned.gpu,
                      time_model=planned.time_model, bytes_per_token=planned.allocation.bytes_per_token,
                      allocator=allocator, allocation=planned.allocation, groups=groups, scheduling=scheduling,
-                     gpus=ask.tp * ask.pp, simulator=self, **tiers)
+                     gpus=ask.tp * ask.pp, simulator=self, drafting=planned.drafting, **tiers)
 
     @staticmethod
     def _groups(setup: Setup) -> tuple[BlockGroup, ...]:
@@ -173,12 +185,15 @@ class VLLMSimulator(SimulatorDefaults):
                                     disk_chunks=disk.units if disk else 0, disk_chunk_seconds=setup.disk_unit_seconds)
         if tier is not None:
             return OffloadingScheduler(config, tier.units, setup.host_block_seconds, tier.unit_bytes)
+        if setup.drafting is not None:
+            return SpecScheduler(config, setup.drafting.spec)
         if self._hybrid(setup):
             return (CachedHybridScheduler if setup.prefix_caching else HybridScheduler)(config, self._groups(setup))
         return VLLMScheduler(config)
 
     def disaggregation(self, setup: Setup) -> str | None:
-        why = ("a contiguous allocator" if parse_allocator(setup.allocator).reservation is not None
+        why = ("speculative decoding" if setup.drafting is not None
+               else "a contiguous allocator" if parse_allocator(setup.allocator).reservation is not None
                else "a KV offload tier" if setup.host_tier is not None
                else "several KV cache groups (sliding windows, chunked-local or state layers)"
                if self._hybrid(setup) else None)
