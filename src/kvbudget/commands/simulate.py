@@ -10,6 +10,7 @@ from kvbudget.choices import ALLOCATORS, Interconnect, parse_allocator
 from kvbudget.commands.options import (
     UTILIZATION,
     EngineKnobs,
+    SpeculativeKnobs,
     StartupKnobs,
     engine_field,
     engine_options,
@@ -94,6 +95,7 @@ class SimulateRequest:
     allocator: str = option("paged (the engine's), or the PagedAttention paper's baselines "
                             + "|".join(ALLOCATORS[1:]), "paged", group=MEMORY)
     knobs: EngineKnobs = part(EngineKnobs, group=MEMORY)
+    speculative: SpeculativeKnobs = part(SpeculativeKnobs, group=MEMORY)
     startup: StartupKnobs = part(StartupKnobs, group=MEMORY)
     max_num_seqs: str | None = option("requests running at once (llama.cpp: its slots, -np; vLLM: also the "
                                       "profiling sampler's rows)", group=SCHEDULER)
@@ -331,7 +333,7 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
     """The typed simulation request of a command's request: its text read into the engine's settings."""
     from kvbudget.engines.scheduling.setup import SimulationAsk
 
-    engine, options = engine_options(ask.engine, ask.knobs, ask.startup)
+    engine, options = engine_options(ask.engine, ask.knobs, ask.startup, speculative=ask.speculative)
     given = [p for p, v in (("attention_backend", options.attention_backend),
                             ("pp_layer_partition", options.pp_layer_partition)) if v]
     if given:
