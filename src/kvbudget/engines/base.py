@@ -431,6 +431,10 @@ class Engine:
             raise EngineRuleError(f"speculative {spec.method}: kvbudget's {self.name} (this release) {takes}; give "
                                   "another method or engine", param="speculative")
 
+    def lookahead_slots(self, options: EngineOptions) -> int:
+        """KV slots each running request holds beyond its own tokens for speculative decoding (none here)."""
+        return 0
+
     # --- memory -------------------------------------------------------------------------------------
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:

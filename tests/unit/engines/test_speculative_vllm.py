@@ -110,7 +110,7 @@ def test_bad_speculative_settings_are_refused_in_one_line(given, param, says):
     assert error.param == param and says in str(error) and "\n" not in str(error)
 
 
-@pytest.mark.parametrize(("engine", "says"), [("sglang", "takes none"), ("vllm@0.25", "takes mtp")])
+@pytest.mark.parametrize(("engine", "says"), [("tgi", "takes none"), ("vllm@0.25", "takes mtp")])
 def test_a_method_the_engine_or_release_does_not_run_is_refused(engine, says):
     name, options = engine_options(engine, speculative=SpeculativeKnobs(speculative="ngram",
                                                                         num_speculative_tokens="2"))
@@ -122,3 +122,29 @@ def test_a_method_the_engine_or_release_does_not_run_is_refused(engine, says):
 def test_num_speculative_tokens_alone_still_means_mtp():
     _, options = engine_options("vllm", speculative=SpeculativeKnobs(num_speculative_tokens="2"))
     assert options.speculative is None and options.num_speculative_tokens == 2
+
+
+# --- plan's advice --------------------------------------------------------------------------------------------
+
+def test_plan_says_what_the_drafter_costs_in_requests():
+    from kvbudget.planner import plan
+
+    # a 10 GiB KV budget, requests of 8,192 tokens. Without the drafter: 10 GiB / (16 x 131,072 B) = 5,120 blocks,
+    # 512 per request: 10 at once. With a draft model: 10 GiB / (16 x 163,840 B) = 4,096 blocks, and each running
+    # request holds 8,192 + 4 lookahead slots, 513 blocks: 4,096 / 513 at once.
+    result = plan(TARGET, gpu="H100-80GB", kv_memory=10 * GIB, max_model_len=8192,
+                  options=spec(SpecMethod.DRAFT_MODEL, 4, DRAFT))
+    advice = result.drafter
+    assert advice is not None and advice.fits
+    assert advice.requests_without == 10
+    assert advice.requests_with == pytest.approx(4096 / 513)
+    assert advice.lookahead_slots == 4 and advice.bytes_per_token == 32768
+    assert advice.weights_bytes == 1_235_814_400 * 2
+    assert result.to_dict()["speculative"]["cost"] == pytest.approx(1 - 4096 / 513 / 10)
+
+
+def test_plan_without_a_drafter_has_no_advice():
+    from kvbudget.planner import plan
+
+    result = plan(TARGET, gpu="H100-80GB", kv_memory=10 * GIB, max_model_len=8192)
+    assert result.drafter is None and result.to_dict()["speculative"] is None

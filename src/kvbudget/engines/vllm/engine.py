@@ -288,6 +288,9 @@ class VLLMEngine(Engine):
         super().check_speculative(model, spec, options)
         speculative.check(model, spec)
 
+    def lookahead_slots(self, options: EngineOptions) -> int:
+        return speculative.lookahead(options)
+
     def _draft_layers(self, model: ModelSpec, options: EngineOptions, rel: Release) -> tuple[LayerSpec, ...]:
         """The caches the drafter adds (vLLM registers its attention layers after the model's): the model's own MTP
         layers as the config declares them, an EAGLE head's or a draft model's layers; none for n-gram and suffix."""
