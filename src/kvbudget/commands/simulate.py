@@ -31,10 +31,12 @@ from kvbudget.engines import get_engine
 from kvbudget.engines.scheduling.setup import MAX_DISK_READ, Simulates
 from kvbudget.engines.scheduling.workload import MAX_CLIENTS, MAX_CV, MAX_REQUESTS, MAX_SEED
 from kvbudget.errors import KVBudgetError, named
+from kvbudget.speculative import SpecMethod, Speculative
 from kvbudget.units import MIB
 from kvbudget.validate import MAX_BYTES, MAX_SECONDS, shown
 
 if TYPE_CHECKING:
+    from kvbudget.engines import EngineOptions
     from kvbudget.engines.scheduling.setup import SimulationAsk
     from kvbudget.model.spec import ModelSpec
     from kvbudget.simulation.cost import Cost
@@ -355,8 +357,15 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
         lora=(options.max_loras, options.max_lora_rank) if options.enable_lora else None,
         offload_memory=size(ask.offload_memory, "offload_memory"), offload_backend=ask.offload_backend,
         offload_disk=size(ask.offload_disk, "offload_disk"), disk_read=_gbps(ask.disk_read),
-        engine_version=options.engine_version,
+        engine_version=options.engine_version, speculative=_speculative(options),
         interconnect=Interconnect.parse(ask.interconnect, "interconnect") if ask.interconnect is not None else None)
+
+
+def _speculative(options: EngineOptions) -> Speculative | None:
+    """The speculative decoding asked: --speculative, or --num-speculative-tokens alone (the model's MTP layers)."""
+    if options.speculative is None and options.num_speculative_tokens:
+        return Speculative(method=SpecMethod.MTP, num_tokens=options.num_speculative_tokens)
+    return options.speculative
 
 
 def _gbps(text: str | None) -> float | None:

@@ -4,6 +4,8 @@ per token, Llama-3.2-1B 16 x 8 x 64 x 2 x 2 = 32,768 B."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from kvbudget.commands.options import SpeculativeKnobs, engine_options
@@ -148,3 +150,21 @@ def test_plan_without_a_drafter_has_no_advice():
 
     result = plan(TARGET, gpu="H100-80GB", kv_memory=10 * GIB, max_model_len=8192)
     assert result.drafter is None and result.to_dict()["speculative"] is None
+
+
+# --- simulate: the value reaches the simulation's options, never dropped --------------------------------------
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "llamacpp"])
+def test_simulate_refuses_what_it_does_not_follow_rather_than_dropping_it(engine):
+    from kvbudget.commands.options import build
+    from kvbudget.commands.simulate import SimulateRequest, simulation_ask
+    from kvbudget.simulation.run import setup_of
+
+    model = load_model(Path(__file__).parents[2] / "data" / "logs" / "smollm2-135m-instruct.config.json") \
+        if engine == "llamacpp" else TARGET
+    ask = simulation_ask(build(SimulateRequest, {"model": "x", "engine": engine, "gpu": "H100-80GB",
+                                                 "speculative": "ngram", "num_speculative_tokens": "3"}), model)
+    assert ask.speculative == Speculative(method=SpecMethod.NGRAM, num_tokens=3)
+    assert ask.engine_options().speculative == ask.speculative
+    with pytest.raises(KVBudgetError):
+        setup_of(ask)
