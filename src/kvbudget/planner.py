@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.budget import GIVEN_WEIGHTS, Term, TermKey, check_given, memory_stack
+from kvbudget.drafter import DrafterAdvice, drafter_advice
 from kvbudget.engines import Capacity, Engine, EngineOptions, get_engine, serving_engines
 from kvbudget.engines.base import largest_fitting
 from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetError
@@ -114,34 +115,6 @@ class NoKVBudget(BudgetError):
     def __init__(self, answer: NoBudget):
         super().__init__(answer.reason)
         self.answer = answer
-
-
-@dataclass(frozen=True, kw_only=True)
-class DrafterAdvice:
-    """What speculative decoding's drafter costs a plan: whether one request of the plan's length still fits with it,
-    and how many such requests fit at once with it and without it (with it: each running request also holding the
-    engine's lookahead slots)."""
-
-    method: str
-    num_tokens: int
-    draft: str | None
-    fits: bool
-    weights_bytes: int  # the drafter's weights on one GPU (and what else it loads), as the engine loads them
-    kv_budget_bytes: int  # the KV budget with the drafter less the one without (the drafter's own weights come out)
-    bytes_per_token: int  # the drafter's KV bytes per token in the engine's pool (0: none in the pool)
-    lookahead_slots: int  # KV slots each running request holds beyond its tokens
-    requests_with: float
-    requests_without: float | None  # None where the plan without the drafter was refused
-
-    @property
-    def cost(self) -> float | None:
-        """The share of concurrent requests the drafter costs (0.1: a tenth fewer)."""
-        if not self.requests_without:
-            return None
-        return 1 - self.requests_with / self.requests_without
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "cost": self.cost}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -329,11 +302,9 @@ def plan(
     cap = result.capacity
     assert cap is not None  # a budget was given
     longest = longest_context(model, chosen, kv_budget, concurrency * beams, max_len, kv_dtype, tp, pp, options)
-    roof = decode_roofline(result, w, card, concurrency * beams, tp, max_len)
-    levels = _levels(kv_budget, cap, beams)
+    roof, levels = decode_roofline(result, w, card, concurrency * beams, tp, max_len), _levels(kv_budget, cap, beams)
     recs = _recommend(inputs, card, beams, cap, result) if recommend else ()
-    drafter = _drafter(inputs, chosen, kv_budget, w, result, options, kv_memory) if recommend and options.speculative \
-        else None
+    drafter = drafter_advice(chosen, inputs.plan, kv_memory, kv_budget, w, result, options) if recommend else None
     notes += list(result.notes)
     if card.bandwidth_bytes_per_s is None:
         notes.append(f"{card.name}: no bandwidth figure, so no decode roofline")
@@ -343,27 +314,6 @@ def plan(
                 stack=stack, kv_memory_bytes=kv_budget, capacity=cap, estimate=result,
                 concurrency=concurrency, longest_context=longest, roofline=roof, levels=levels, recommendations=recs,
                 notes=tuple(dict.fromkeys(notes)), options=options, replicas=replicas, drafter=drafter)
-
-
-def _drafter(inputs: _Inputs, engine: Engine, kv_budget: int, w: Weights, result: Estimate,
-             options: EngineOptions, kv_memory: int | None) -> DrafterAdvice:
-    """The plan's drafter against the same plan without it: the weights and KV it takes, the requests of the plan's
-    length that fit with it (each holding the engine's lookahead slots too) and without it."""
-    spec = inputs.options.speculative
-    assert spec is not None
-    without = inputs.plan(options=replace(inputs.options, speculative=None), kv_memory=kv_memory)
-    slots = engine.lookahead_slots(options)
-    cap = engine.capacity(inputs.model, kv_budget, inputs.max_model_len + slots, inputs.kv_dtype, inputs.tp,
-                          options) if inputs.pp == 1 else result.capacity
-    assert result.capacity is not None and cap is not None
-    return DrafterAdvice(
-        method=str(spec.method), num_tokens=spec.num_tokens, draft=spec.draft_id or (spec.draft.name if spec.draft
-                                                                                     else None),
-        fits=result.capacity.fits, weights_bytes=w.per_gpu_bytes - (without.weights.per_gpu_bytes if without else 0),
-        kv_budget_bytes=kv_budget - (without.kv_memory_bytes if without else 0),
-        bytes_per_token=result.bytes_per_token - (without.estimate.bytes_per_token if without else 0),
-        lookahead_slots=slots, requests_with=cap.max_concurrency,
-        requests_without=without.capacity.max_concurrency if without else None)
 
 
 def _replicas(gpus: int, tp: int, pp: int) -> int:

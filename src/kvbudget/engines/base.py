@@ -59,9 +59,7 @@ class EngineOptions:
     # Speculative decoding with the model's own MTP layers (vLLM's speculative_config method "mtp"): tokens drafted
     # per step; 0 is none
     num_speculative_tokens: int = 0
-    # Speculative decoding as asked (--speculative METHOD --num-speculative-tokens K [--draft-model X]): each engine
-    # says which methods it runs (Engine.speculative_methods) and sizes the drafter; None is none
-    speculative: Speculative | None = None
+    speculative: Speculative | None = None  # as asked (--speculative); each engine sizes the drafters it runs
     # vLLM: sequences one step holds at most (--max-num-seqs: the profiling sampler's rows and the CUDA-graph
     # capture sizes follow it); None is the release's default for the GPU
     max_num_seqs: int | None = None
@@ -423,8 +421,7 @@ class Engine:
         return ()
 
     def check_speculative(self, model: ModelSpec, spec: Speculative, options: EngineOptions) -> None:
-        """Refuse speculative decoding this engine (at the release `options` names) does not run or kvbudget does
-        not size: a method it lacks; engines that run some add their own rules (draft tokens, vocabularies)."""
+        """Refuse a method this engine and release do not run (engines that run some add their own rules)."""
         methods = self.speculative_methods(options)
         if spec.method not in methods:
             takes = f"takes {', '.join(methods)}" if methods else "takes none"
