@@ -168,3 +168,28 @@ def test_simulate_refuses_what_it_does_not_follow_rather_than_dropping_it(engine
     assert ask.engine_options().speculative == ask.speculative
     with pytest.raises(KVBudgetError):
         setup_of(ask)
+
+
+# --- the commands: the same options in estimate, plan, compare and simulate ------------------------------------
+
+def test_compare_counts_the_drafter_for_every_model(capsys):
+    import json
+
+    from kvbudget.cli import main
+
+    assert main(["compare", "llama-3.1-8b", "llama-3.2-3b", "--speculative", "draft-model",
+                 "--num-speculative-tokens", "3", "--draft-model", "llama-3.2-1b", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    # Llama-3.2-3B: 28 layers x 8 KV heads x 128 x 2 x 2 = 114,688 B per token, + the draft's 32,768
+    assert [row["bytes_per_token"] for row in rows] == [131072 + 32768, 114688 + 32768]
+
+
+@pytest.mark.parametrize("command", [["estimate", "llama-3.1-8b"], ["plan", "llama-3.1-8b", "--gpu", "H100-80GB"],
+                                     ["compare", "llama-3.1-8b", "llama-3.2-1b"],
+                                     ["simulate", "llama-3.1-8b", "--gpu", "H100-80GB", "--rate", "1"]])
+def test_every_command_refuses_bad_speculative_settings_in_one_line(command, capsys):
+    from kvbudget.cli import main
+
+    assert main([*command, "--speculative", "eagle", "--num-speculative-tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--draft-model" in err
