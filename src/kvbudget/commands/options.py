@@ -318,10 +318,7 @@ class SpeculativeKnobs:
             raise KVBudgetError(f"num_speculative_tokens: give the draft tokens per step (1 to "
                                 f"{MAX_SPECULATIVE_TOKENS}) with {named('speculative')} {method}",
                                 param="num_speculative_tokens")
-        if method.needs_draft_model != (self.draft_model is not None):
-            Speculative(method=method, num_tokens=tokens)  # refuses a missing drafter in one line
-            raise KVBudgetError(f"draft_model: speculative method {method} takes no draft model; leave it out",
-                                param="draft_model")
+        method.check_draft(self.draft_model is not None)
         draft = load(self.draft_model) if self.draft_model is not None else None
         return replace(base, speculative=Speculative(method=method, num_tokens=tokens, draft=draft,
                                                      draft_id=self.draft_model))

@@ -193,3 +193,11 @@ def test_every_command_refuses_bad_speculative_settings_in_one_line(command, cap
     assert main([*command, "--speculative", "eagle", "--num-speculative-tokens", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--draft-model" in err
+
+
+def test_speculative_mtp_is_num_speculative_tokens_alone():
+    model = load_model("qwen3-next-80b-a3b")
+    legacy = VLLM.allocate(model, options=EngineOptions(num_speculative_tokens=2))
+    asked = VLLM.allocate(model, options=spec(SpecMethod.MTP, 2))
+    plain = VLLM.allocate(model)
+    assert asked.groups == legacy.groups != plain.groups
