@@ -50,6 +50,16 @@ def test_vllm_draft_model_layers_join_the_pool():
     check(run, Speculative(method=SpecMethod.DRAFT_MODEL, num_tokens=2, draft=kvbudget.parse_config(DRAFT)), 2048)
 
 
+def test_vllm_eagle_head_layers_join_the_pool(tmp_path):
+    """An EAGLE head of one layer at the target's shapes (vLLM's EagleLlamaForCausalLM; weights made by vLLM itself,
+    --load-format dummy): 4 + 1 layers of 192 B per token in 128-token blocks."""
+    head = dict(TARGET, num_hidden_layers=1, architectures=["EagleLlamaForCausalLM"])
+    (tmp_path / "config.json").write_text(json.dumps(head))
+    config = json.dumps({"method": "eagle", "model": str(tmp_path), "num_speculative_tokens": 2})
+    run = run_vllm(model_folder("llama-gqa", TARGET), 1, 2048, "--speculative-config", config, "--load-format", "dummy")
+    check(run, Speculative(method=SpecMethod.EAGLE, num_tokens=2, draft=kvbudget.parse_config(head)), 2048)
+    assert int(run.labels["kv_cache_size_tokens"]) == 2**30 // (128 * 5 * 192) * 128  # by hand: 1,118,464
+
 def test_llama_server_model_draft_keeps_a_second_cache():
     """The bundled SmolLM2 GGUF as target and draft: the draft's cache has the target's cells and slots, at f16
     whatever -ctk / -ctv (the draft's own -ctkd / -ctvd default)."""
@@ -71,3 +81,9 @@ def test_llama_server_model_draft_keeps_a_second_cache():
     assert f"{3 * target / 2**20:.2f}" == f"{run.caches[0]['mib']:.2f}"
     assert f"{3 * draft / 2**20:.2f}" == f"{run.caches[1]['mib']:.2f}"
     assert run.caches[1]["k_type"] == run.caches[1]["v_type"] == "f16"
+    # the draft's weights: the second model buffer the server logs is what plan adds for it
+    import re
+
+    buffers = re.findall(r"model buffer size = +([\d.]+) MiB", run.log)
+    loaded = LLAMACPP.loaded_bytes(model, options, 1)
+    assert len(buffers) == 2 and loaded is not None and f"{loaded[0] / 2**20:.2f}" == buffers[1]

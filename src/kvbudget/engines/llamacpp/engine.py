@@ -300,6 +300,16 @@ class LlamaCppEngine(Engine):
                                       f"more than {SPEC_VOCAB_MAX_SIZE_DIFFERENCE} tokens (common/speculative.cpp)",
                                       param="draft_model")
 
+    def loaded_bytes(self, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1) -> tuple[int, str] | None:
+        """--model-draft's weights beside the target's (every layer on the GPU: -ngld's default)."""
+        draft = options.speculative.draft if options.speculative is not None else None
+        if draft is None:
+            return None
+        from kvbudget.model.weights import model_weights
+
+        weights = model_weights(draft)
+        return weights.per_gpu_bytes, f"draft model {draft.name}: {weights.per_gpu_bytes:,} B ({weights.basis})"
+
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return cheaper_if_wider(current, "q8_0")
 

@@ -101,7 +101,7 @@ def drafter_weights(model: ModelSpec, spec: Speculative, tp: int) -> tuple[int, 
     methods without weights of their own (n-gram, suffix) and for MTP (its layers' weights are the target's)."""
     from kvbudget.model import params
     from kvbudget.model.params import activation_widths, count_parameters
-    from kvbudget.model.weights import param_bytes
+    from kvbudget.model.weights import model_weights, param_bytes
 
     if spec.draft is None:
         return None
@@ -109,9 +109,9 @@ def drafter_weights(model: ModelSpec, spec: Speculative, tp: int) -> tuple[int, 
     rate = param_bytes(draft)
     name = spec.draft_id or draft.name
     if spec.method is SpecMethod.DRAFT_MODEL:
-        total = sum(g.count * rate(g) / (1 if g.part in ("norm", "router") else tp)
-                    for g in count_parameters(draft).groups if g.part != "mtp")
-        return int(total), f"draft model {name}: {int(total):,} B per GPU (analytic; nothing shared with the target)"
+        whole = model_weights(draft, tp)
+        return whole.per_gpu_bytes, (f"draft model {name}: {whole.per_gpu_bytes:,} B per GPU ({whole.basis}; "
+                                     "nothing shared with the target)")
     mine, theirs = activation_widths(draft), activation_widths(model)
     groups = count_parameters(draft).groups
     shared_embed = mine.hidden == theirs.hidden
