@@ -295,15 +295,15 @@ class SpeculativeKnobs:
     """Speculative decoding: the drafter's memory (estimate, plan, compare and simulate offer it)."""
 
     speculative: str | None = option(
-        "speculative decoding method: " + ", ".join(SpecMethod.values()) + " (vLLM's names; the engine and release "
-        "must run it: vllm 0.32 all of them, vllm 0.20 to 0.31 mtp; default none)", choices=SpecMethod.values(),
-        metavar="METHOD")
+        "speculative decoding method: " + ", ".join(SpecMethod.values()) + " (vLLM's names; vllm 0.32 sizes every "
+        "one, 0.20 to 0.31 mtp; sglang 0.5.3 all but suffix; llamacpp draft-model and ngram)",
+        choices=SpecMethod.values(), metavar="METHOD")
     num_speculative_tokens: str | None = option(
-        f"draft tokens per step, 1 to {MAX_SPECULATIVE_TOKENS}; alone, it drafts with the model's own MTP layers "
-        "(vLLM speculative_config method mtp, as before --speculative)")
+        f"draft tokens per step, 1 to {MAX_SPECULATIVE_TOKENS}; without --speculative: the model's own MTP layers "
+        "(method mtp)", metavar="K")
     draft_model: str | None = option(
         "the drafter of --speculative eagle, eagle3 or draft-model: a config.json, model folder, catalog name or "
-        "Hub id")
+        "Hub id", metavar="MODEL")
 
     def options(self, base: EngineOptions) -> EngineOptions:
         """`base` with speculative decoding as asked (the draft model is loaded last, after every cheap check)."""
