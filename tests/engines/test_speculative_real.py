@@ -50,14 +50,18 @@ def test_vllm_draft_model_layers_join_the_pool():
     check(run, Speculative(method=SpecMethod.DRAFT_MODEL, num_tokens=2, draft=kvbudget.parse_config(DRAFT)), 2048)
 
 
-def test_vllm_eagle_head_layers_join_the_pool(tmp_path):
-    """An EAGLE head of one layer at the target's shapes (vLLM's EagleLlamaForCausalLM; weights made by vLLM itself,
-    --load-format dummy): 4 + 1 layers of 192 B per token in 128-token blocks."""
-    head = dict(TARGET, num_hidden_layers=1, architectures=["EagleLlamaForCausalLM"])
+@pytest.mark.parametrize(("method", "architecture", "extra"), [
+    (SpecMethod.EAGLE, "EagleLlamaForCausalLM", {}),
+    (SpecMethod.EAGLE3, "Eagle3LlamaForCausalLM", {"draft_vocab_size": 128}),
+])
+def test_vllm_eagle_head_layers_join_the_pool(tmp_path, method, architecture, extra):
+    """An EAGLE / EAGLE-3 head of one layer at the target's KV shapes (weights made by vLLM itself, --load-format
+    dummy): 4 + 1 layers of 192 B per token in 128-token blocks."""
+    head = dict(TARGET, num_hidden_layers=1, architectures=[architecture], **extra)
     (tmp_path / "config.json").write_text(json.dumps(head))
-    config = json.dumps({"method": "eagle", "model": str(tmp_path), "num_speculative_tokens": 2})
+    config = json.dumps({"method": str(method), "model": str(tmp_path), "num_speculative_tokens": 2})
     run = run_vllm(model_folder("llama-gqa", TARGET), 1, 2048, "--speculative-config", config, "--load-format", "dummy")
-    check(run, Speculative(method=SpecMethod.EAGLE, num_tokens=2, draft=kvbudget.parse_config(head)), 2048)
+    check(run, Speculative(method=method, num_tokens=2, draft=kvbudget.parse_config(head)), 2048)
     assert int(run.labels["kv_cache_size_tokens"]) == 2**30 // (128 * 5 * 192) * 128  # by hand: 1,118,464
 
 def test_llama_server_model_draft_keeps_a_second_cache():
