@@ -171,7 +171,7 @@ def estimate(
                               f"(the nearest that does: {fits[-1]})", param="tp")
     full_model = model
     if pp != 1 or options.pp_layer_partition is not None:
-        if options.num_speculative_tokens:
+        if options.num_speculative_tokens or options.speculative is not None:
             raise KVBudgetError("num_speculative_tokens: speculative decoding under pipeline parallelism (which stage "
                                 "holds the drafter's caches) is not modelled; give pp 1", param="pp")
         model = most_loaded_stage(model, chosen, pp, kv_dtype, tp, options)

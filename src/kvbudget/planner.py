@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.budget import GIVEN_WEIGHTS, Term, TermKey, check_given, memory_stack
+from kvbudget.drafter import DrafterAdvice, drafter_advice
 from kvbudget.engines import Capacity, Engine, EngineOptions, get_engine, serving_engines
 from kvbudget.engines.base import largest_fitting
 from kvbudget.errors import BudgetError, ConfigError, EngineRuleError, KVBudgetError
@@ -139,6 +140,7 @@ class Plan:
     replicas: int = 1  # data-parallel copies of the deployment: gpus // (tp x pp)
     host: HostReport | None = None  # the tiers beyond the GPU, when host memory was given for them
     reuse: TierAdvice | None = None  # whether a host tier pays for a trace's prefix reuse, when a trace was given
+    drafter: DrafterAdvice | None = None  # what speculative decoding's drafter costs, when the options draft
 
     @property
     def fits(self) -> bool:
@@ -185,6 +187,7 @@ class Plan:
             "notes": list(self.notes),
             "host_tiers": self.host.to_dict() if self.host else None,
             "host_tier_advice": self.reuse.to_dict() if self.reuse else None,
+            "speculative": self.drafter.to_dict() if self.drafter else None,
         }
 
 
@@ -299,9 +302,9 @@ def plan(
     cap = result.capacity
     assert cap is not None  # a budget was given
     longest = longest_context(model, chosen, kv_budget, concurrency * beams, max_len, kv_dtype, tp, pp, options)
-    roof = decode_roofline(result, w, card, concurrency * beams, tp, max_len)
-    levels = _levels(kv_budget, cap, beams)
+    roof, levels = decode_roofline(result, w, card, concurrency * beams, tp, max_len), _levels(kv_budget, cap, beams)
     recs = _recommend(inputs, card, beams, cap, result) if recommend else ()
+    drafter = drafter_advice(chosen, inputs.plan, kv_memory, kv_budget, w, result, options) if recommend else None
     notes += list(result.notes)
     if card.bandwidth_bytes_per_s is None:
         notes.append(f"{card.name}: no bandwidth figure, so no decode roofline")
@@ -310,7 +313,7 @@ def plan(
     return Plan(model=model, engine=chosen, gpu=card.name, gpu_memory_bytes=card.memory_bytes, tp=tp, pp=pp, weights=w,
                 stack=stack, kv_memory_bytes=kv_budget, capacity=cap, estimate=result,
                 concurrency=concurrency, longest_context=longest, roofline=roof, levels=levels, recommendations=recs,
-                notes=tuple(dict.fromkeys(notes)), options=options, replicas=replicas)
+                notes=tuple(dict.fromkeys(notes)), options=options, replicas=replicas, drafter=drafter)
 
 
 def _replicas(gpus: int, tp: int, pp: int) -> int:

@@ -38,6 +38,15 @@ class SpecMethod(Choice):
         """Whether the user must name the drafter (`--draft-model`)."""
         return self in (SpecMethod.EAGLE, SpecMethod.EAGLE3, SpecMethod.DRAFT_MODEL)
 
+    def check_draft(self, given: bool) -> None:
+        """Refuse a missing drafter for a method that needs one, or one given to a method that takes none."""
+        if self.needs_draft_model and not given:
+            raise KVBudgetError(f"draft_model: speculative method {self} drafts with a model of its own; name it (a "
+                                "config, catalog name or Hub id)", param="draft_model")
+        if not self.needs_draft_model and given:
+            raise KVBudgetError(f"draft_model: speculative method {self} takes no draft model; leave it out",
+                                param="draft_model")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Speculative:
@@ -56,12 +65,7 @@ class Speculative:
         if not 1 <= self.num_tokens <= MAX_SPECULATIVE_TOKENS:
             raise KVBudgetError(f"num_speculative_tokens {self.num_tokens}: give 1 to {MAX_SPECULATIVE_TOKENS}",
                                 param="num_speculative_tokens")
-        if self.method.needs_draft_model and self.draft is None:
-            raise KVBudgetError(f"draft_model: speculative method {self.method} drafts with a model of its own; name "
-                                "it (a config, catalog name or Hub id)", param="draft_model")
-        if not self.method.needs_draft_model and self.draft is not None:
-            raise KVBudgetError(f"draft_model: speculative method {self.method} takes no draft model; leave it out",
-                                param="draft_model")
+        self.method.check_draft(self.draft is not None)
         for p in self.acceptance:
             if not 0.0 <= p <= 1.0:
                 raise KVBudgetError(f"acceptance {p}: each position's acceptance rate is a fraction in [0, 1]",

@@ -168,12 +168,32 @@ def render(p: Plan) -> None:
         render_host(out, p.host)
     if p.reuse is not None:
         render_advice(out, p.reuse)
+    if p.drafter is not None:
+        render_drafter(out, p)
     if p.recommendations:
         out.print("[bold]What to change[/] (cheapest first):")
         out.print(hanging([(f"  {i}.", f"{change_text(rec)} ({rec.cost}): {rec.effect}")
                            for i, rec in enumerate(p.recommendations, 1)]))
     if p.notes:
         out.print(hanging([("[yellow]note:[/]", note) for note in p.notes]))
+
+
+def render_drafter(out: Any, p: Plan) -> None:
+    """Whether the drafter fits and what it costs in requests of the plan's length."""
+    d = p.drafter
+    assert d is not None
+    who = f" ({d.draft})" if d.draft else ""
+    costs = [f"weights {format_bytes(d.weights_bytes)}" if d.weights_bytes else "no weights",
+             f"KV {format_bytes(d.bytes_per_token)} per token in the pool" if d.bytes_per_token
+             else "no KV in the pool"]
+    if d.lookahead_slots:
+        costs.append(f"{d.lookahead_slots} lookahead slots per running request")
+    fits = "fits" if d.fits else "[red]does not fit[/]: one request of max-model-len no longer fits"
+    without = (f"{d.requests_without:.2f} without it ({d.cost:.0%} fewer)" if d.requests_without and d.cost is not None
+               else "the plan without it was refused")
+    out.print(hanging([("[bold]Drafter[/]", f"--speculative {d.method}, {d.num_tokens} draft tokens{who}: {fits}; "
+                        f"{', '.join(costs)}; requests of {p.capacity.max_model_len:,} tokens at once: "
+                        f"{d.requests_with:.2f} with it, {without}")]))
 
 
 def hanging(items: list[tuple[str, str]]) -> Any:

@@ -8,6 +8,7 @@ from kvbudget.commands.options import (
     CountedLength,
     EngineKnobs,
     OffloadKnobs,
+    SpeculativeKnobs,
     counted_context,
     engine_field,
     engine_options,
@@ -42,6 +43,7 @@ class EstimateRequest:
     kv_memory: str | None = option("KV budget per GPU (e.g. 3.81GiB, 24GB, bytes): adds the engine's capacity")
     max_model_len: str | None = option("request length for --kv-memory (default: the model's maximum)")
     knobs: EngineKnobs = part(EngineKnobs)
+    speculative: SpeculativeKnobs = part(SpeculativeKnobs)
     offload: OffloadKnobs = part(OffloadKnobs)
     gpu: str | None = option("with --offload-memory: the GPU whose host link a load crosses (kvbudget gpus)")
     layers: bool = option("show the per-layer-kind breakdown", False, web=False)
@@ -51,7 +53,7 @@ class EstimateRequest:
 
 def answer(ask: EstimateRequest) -> Estimate:
     """The estimate a request asks for (its `to_dict()` is what --json prints and the web page serves)."""
-    engine, options = engine_options(ask.engine, ask.knobs)  # first: it reads the release off NAME@VERSION
+    engine, options = engine_options(ask.engine, ask.knobs, speculative=ask.speculative)  # first: NAME@VERSION
     counted, counted_note = counted_context(ask.counted, ask.model, engine, "context", ask.context)
     if ask.gpu and ask.offload.offload_memory is None:
         raise KVBudgetError(f"gpu: estimate uses the GPU for the host link of an offload tier; give "

@@ -22,6 +22,7 @@ from kvbudget import validate
 from kvbudget.choices import Device, EntryPoint
 from kvbudget.engines import EngineOptions, engine_release, get_engine
 from kvbudget.errors import KVBudgetError, named
+from kvbudget.speculative import MAX_SPECULATIVE_TOKENS, SpecMethod, Speculative
 from kvbudget.units import parse_positive_ints, parse_size
 from kvbudget.validate import MAX_COUNT, shown
 
@@ -147,13 +148,16 @@ def whole(text: str, param: str, most: int = MAX_COUNT) -> int:
 
 
 def engine_options(engine: str, knobs: EngineKnobs | None = None, startup: StartupKnobs | None = None,
-                   max_num_seqs: str | None = None) -> tuple[str, EngineOptions]:
+                   max_num_seqs: str | None = None, speculative: SpeculativeKnobs | None = None
+                   ) -> tuple[str, EngineOptions]:
     """The engine `engine` names (NAME or NAME@VERSION) and the options a request's knobs set (those it does not
     offer keep the engine's defaults)."""
     name, release = engine_release(engine)
     options = (startup or StartupKnobs()).options(max_num_seqs)
     if knobs is not None:
         options = knobs.options(options)
+    if speculative is not None:
+        options = speculative.options(options)
     return name, replace(options, engine_version=release)
 
 
@@ -270,9 +274,6 @@ class EngineKnobs:
         "picks for the GPU); llama.cpp: flash or no-flash (-fa on / off)")
     pp_layer_partition: str | None = option(
         "vLLM: layers per pipeline stage, e.g. 16,32 (VLLM_PP_LAYER_PARTITION; default: vLLM's even split)")
-    num_speculative_tokens: str | None = option(
-        "vLLM: draft tokens per step when drafting with the model's own MTP layers (speculative_config method mtp; "
-        "default none)")
 
     def options(self, base: EngineOptions) -> EngineOptions:
         """`base` with these settings read."""
@@ -286,8 +287,41 @@ class EngineKnobs:
             hybrid_allocator=not self.disable_hybrid_kv_cache_manager,
             attention_backend=self.attention_backend,
             pp_layer_partition=None if partition is None else parse_positive_ints(partition, "pp_layer_partition"),
-            num_speculative_tokens=optional_one(self.num_speculative_tokens, "num_speculative_tokens") or 0,
         )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpeculativeKnobs:
+    """Speculative decoding: the drafter's memory (estimate, plan, compare and simulate offer it)."""
+
+    speculative: str | None = option(
+        "speculative decoding method: " + ", ".join(SpecMethod.values()) + " (vLLM's names; vllm 0.32 sizes every "
+        "one, 0.20 to 0.31 mtp; sglang 0.5.3 all but suffix; llamacpp draft-model and ngram)",
+        choices=SpecMethod.values(), metavar="METHOD")
+    num_speculative_tokens: str | None = option(
+        f"draft tokens per step, 1 to {MAX_SPECULATIVE_TOKENS}; without --speculative: the model's own MTP layers "
+        "(method mtp)", metavar="K")
+    draft_model: str | None = option(
+        "the drafter of --speculative eagle, eagle3 or draft-model: a config.json, model folder, catalog name or "
+        "Hub id", metavar="MODEL")
+
+    def options(self, base: EngineOptions) -> EngineOptions:
+        """`base` with speculative decoding as asked (the draft model is loaded last, after every cheap check)."""
+        tokens = optional_one(self.num_speculative_tokens, "num_speculative_tokens", MAX_SPECULATIVE_TOKENS)
+        if self.speculative is None:
+            if self.draft_model is not None:
+                raise KVBudgetError(f"draft_model: goes with {named('speculative')} eagle, eagle3 or draft-model",
+                                    param="draft_model")
+            return replace(base, num_speculative_tokens=tokens or 0)
+        method = SpecMethod.parse(self.speculative, "speculative")
+        if tokens is None:
+            raise KVBudgetError(f"num_speculative_tokens: give the draft tokens per step (1 to "
+                                f"{MAX_SPECULATIVE_TOKENS}) with {named('speculative')} {method}",
+                                param="num_speculative_tokens")
+        method.check_draft(self.draft_model is not None)
+        draft = load(self.draft_model) if self.draft_model is not None else None
+        return replace(base, speculative=Speculative(method=method, num_tokens=tokens, draft=draft,
+                                                     draft_id=self.draft_model))
 
 
 MAX_NUM_SEQS = ("vLLM: sequences one step holds at most; the profiling sampler's rows follow it (default: the "

@@ -11,6 +11,7 @@ from kvbudget.commands.options import (
     CountedLength,
     EngineKnobs,
     OffloadKnobs,
+    SpeculativeKnobs,
     StartupKnobs,
     counted_context,
     engine_field,
@@ -63,6 +64,7 @@ class PlanRequest:
     utilization: str | None = option(UTILIZATION)
     kv_memory: str | None = option("use this KV budget per GPU instead of deriving it")
     knobs: EngineKnobs = part(EngineKnobs)
+    speculative: SpeculativeKnobs = part(SpeculativeKnobs)
     max_num_seqs: str | None = option(MAX_NUM_SEQS)
     startup: StartupKnobs = part(StartupKnobs)
     offload: OffloadKnobs = part(OffloadKnobs)
@@ -99,6 +101,7 @@ class CompareRequest:
     utilization: str | None = option(UTILIZATION)
     max_num_seqs: str | None = option(MAX_NUM_SEQS)
     startup: StartupKnobs = part(StartupKnobs)
+    speculative: SpeculativeKnobs = part(SpeculativeKnobs)
     json: bool = option("print JSON", False, web=False)
 
 
@@ -109,7 +112,8 @@ def answer(ask: PlanRequest) -> Plan | NoBudget:
 
     _check_outputs(ask)
     _check_pd(ask)
-    engine, options = engine_options(ask.engine, ask.knobs, ask.startup, ask.max_num_seqs)  # first: NAME@VERSION
+    engine, options = engine_options(ask.engine, ask.knobs, ask.startup, ask.max_num_seqs,
+                                     ask.speculative)  # first: NAME@VERSION
     counted, counted_note = counted_context(ask.counted, ask.model, engine, "max_model_len", ask.max_model_len)
     utilization = fraction(ask.utilization, "utilization")
     model = load(ask.model)
@@ -164,7 +168,7 @@ def pd_sizing(ask: PlanRequest) -> PDSizing | None:
     prompt = one(str(ask.pd_prompt_tokens), "pd_prompt_tokens")
     output = one(str(ask.pd_output_tokens), "pd_output_tokens")
     link = kv_link(ask.kv_link, [find_gpu(ask.gpu)])
-    engine, options = engine_options(ask.engine, ask.knobs, ask.startup, ask.max_num_seqs)
+    engine, options = engine_options(ask.engine, ask.knobs, ask.startup, ask.max_num_seqs, ask.speculative)
     setup = setup_for(load(ask.model), engine=engine, gpu=ask.gpu, gpu_memory=size(ask.gpu_memory, "gpu_memory"),
                       kv_memory=size(ask.kv_memory, "kv_memory"), tp=one(ask.tp, "tp"), pp=one(ask.pp, "pp"),
                       kv_dtype=ask.kv_dtype, max_model_len=optional_one(ask.max_model_len, "max_model_len"),
@@ -281,6 +285,6 @@ def compare_rows(ask: CompareRequest) -> tuple[Comparison, ...]:
     models = [load(m) for m in ask.models]
     gpu_memory, context = size(ask.gpu_memory, "gpu_memory"), one(ask.context, "context")
     tp, utilization = one(ask.tp, "tp"), fraction(ask.utilization, "utilization")
-    options = replace(ask.startup.options(ask.max_num_seqs), engine_version=release)
+    options = ask.speculative.options(replace(ask.startup.options(ask.max_num_seqs), engine_version=release))
     return compare(models, engine=engine, gpu=ask.gpu, gpu_memory=gpu_memory, context=context, kv_dtype=ask.kv_dtype,
                    tp=tp, utilization=utilization, options=options)

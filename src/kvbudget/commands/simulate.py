@@ -10,6 +10,7 @@ from kvbudget.choices import ALLOCATORS, Interconnect, parse_allocator
 from kvbudget.commands.options import (
     UTILIZATION,
     EngineKnobs,
+    SpeculativeKnobs,
     StartupKnobs,
     engine_field,
     engine_options,
@@ -30,10 +31,12 @@ from kvbudget.engines import get_engine
 from kvbudget.engines.scheduling.setup import MAX_DISK_READ, Simulates
 from kvbudget.engines.scheduling.workload import MAX_CLIENTS, MAX_CV, MAX_REQUESTS, MAX_SEED
 from kvbudget.errors import KVBudgetError, named
+from kvbudget.speculative import SpecMethod, Speculative
 from kvbudget.units import MIB
 from kvbudget.validate import MAX_BYTES, MAX_SECONDS, shown
 
 if TYPE_CHECKING:
+    from kvbudget.engines import EngineOptions
     from kvbudget.engines.scheduling.setup import SimulationAsk
     from kvbudget.model.spec import ModelSpec
     from kvbudget.simulation.cost import Cost
@@ -94,6 +97,7 @@ class SimulateRequest:
     allocator: str = option("paged (the engine's), or the PagedAttention paper's baselines "
                             + "|".join(ALLOCATORS[1:]), "paged", group=MEMORY)
     knobs: EngineKnobs = part(EngineKnobs, group=MEMORY)
+    speculative: SpeculativeKnobs = part(SpeculativeKnobs, group=MEMORY)
     startup: StartupKnobs = part(StartupKnobs, group=MEMORY)
     max_num_seqs: str | None = option("requests running at once (llama.cpp: its slots, -np; vLLM: also the "
                                       "profiling sampler's rows)", group=SCHEDULER)
@@ -331,7 +335,7 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
     """The typed simulation request of a command's request: its text read into the engine's settings."""
     from kvbudget.engines.scheduling.setup import SimulationAsk
 
-    engine, options = engine_options(ask.engine, ask.knobs, ask.startup)
+    engine, options = engine_options(ask.engine, ask.knobs, ask.startup, speculative=ask.speculative)
     given = [p for p, v in (("attention_backend", options.attention_backend),
                             ("pp_layer_partition", options.pp_layer_partition)) if v]
     if given:
@@ -353,8 +357,15 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
         lora=(options.max_loras, options.max_lora_rank) if options.enable_lora else None,
         offload_memory=size(ask.offload_memory, "offload_memory"), offload_backend=ask.offload_backend,
         offload_disk=size(ask.offload_disk, "offload_disk"), disk_read=_gbps(ask.disk_read),
-        engine_version=options.engine_version,
+        engine_version=options.engine_version, speculative=_speculative(options),
         interconnect=Interconnect.parse(ask.interconnect, "interconnect") if ask.interconnect is not None else None)
+
+
+def _speculative(options: EngineOptions) -> Speculative | None:
+    """The speculative decoding asked: --speculative, or --num-speculative-tokens alone (the model's MTP layers)."""
+    if options.speculative is None and options.num_speculative_tokens:
+        return Speculative(method=SpecMethod.MTP, num_tokens=options.num_speculative_tokens)
+    return options.speculative
 
 
 def _gbps(text: str | None) -> float | None:

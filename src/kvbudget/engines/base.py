@@ -36,6 +36,7 @@ from kvbudget.validate import positive, shown
 
 if TYPE_CHECKING:
     from kvbudget.model.weights import Weights
+    from kvbudget.speculative import SpecMethod, Speculative
 
 K = TypeVar("K", bound=Hashable)
 
@@ -58,6 +59,7 @@ class EngineOptions:
     # Speculative decoding with the model's own MTP layers (vLLM's speculative_config method "mtp"): tokens drafted
     # per step; 0 is none
     num_speculative_tokens: int = 0
+    speculative: Speculative | None = None  # as asked (--speculative); each engine sizes the drafters it runs
     # vLLM: sequences one step holds at most (--max-num-seqs: the profiling sampler's rows and the CUDA-graph
     # capture sizes follow it); None is the release's default for the GPU
     max_num_seqs: int | None = None
@@ -396,6 +398,8 @@ class Engine:
         if options is not None and options.num_speculative_tokens and not self.speculative:
             raise EngineRuleError(f"num_speculative_tokens: speculative decoding's caches are modelled for vLLM only, "
                                   f"not {self.name}; leave it out", param="num_speculative_tokens")
+        if options is not None and options.speculative is not None:
+            self.check_speculative(model, options.speculative, options)
         if options is not None and not self.profiles_batch:
             asked = (("max_num_seqs", options.max_num_seqs), ("enforce_eager", options.enforce_eager),
                      ("entry_point", options.entry_point != EntryPoint.SERVER), ("enable_lora", options.enable_lora))
@@ -411,6 +415,22 @@ class Engine:
             raise UnsupportedArchitectureError(
                 f"{model.name}: layer {other.layer} keeps a {other.kind} cache ({type(other).__name__}), which "
                 f"kvbudget does not size for {self.name} yet; the hf engine sizes it")
+
+    def speculative_methods(self, options: EngineOptions) -> tuple[SpecMethod, ...]:
+        """The speculative methods whose drafter memory kvbudget sizes for this engine and release (none here)."""
+        return ()
+
+    def check_speculative(self, model: ModelSpec, spec: Speculative, options: EngineOptions) -> None:
+        """Refuse a method this engine and release do not run (engines that run some add their own rules)."""
+        methods = self.speculative_methods(options)
+        if spec.method not in methods:
+            takes = f"takes {', '.join(methods)}" if methods else "takes none"
+            raise EngineRuleError(f"speculative {spec.method}: kvbudget's {self.name} (this release) {takes}; give "
+                                  "another method or engine", param="speculative")
+
+    def lookahead_slots(self, options: EngineOptions) -> int:
+        """KV slots each running request holds beyond its own tokens for speculative decoding (none here)."""
+        return 0
 
     # --- memory -------------------------------------------------------------------------------------
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,

@@ -78,6 +78,13 @@ def activation_widths(model: ModelSpec) -> Widths:
     return Widths(hidden, vocab, int(inter))
 
 
+def head_vocab(model: ModelSpec) -> int:
+    """The tokens the model's LM head scores: an EAGLE-3 head's draft_vocab_size where its config gives one (a
+    smaller vocabulary mapped to the target's), else vocab_size."""
+    f = _fields(model)
+    return f.int("draft_vocab_size") if f.get("draft_vocab_size") else f.int("vocab_size", "padded_vocab_size")
+
+
 # Families whose weights follow another family's rules (the same projections under a new model_type).
 _SAME_WEIGHTS_AS = {"qwen3_5_text": "qwen3_next", "qwen3_5_moe_text": "qwen3_next", "deepseek_v32": "deepseek_v3",
                     "glm4_moe": "deepseek_v3", "minimax_m2": "mixtral"}

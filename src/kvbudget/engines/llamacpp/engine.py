@@ -67,6 +67,7 @@ from kvbudget.model.spec import (
     RecurrentState,
     SlidingWindow,
 )
+from kvbudget.speculative import SpecMethod, Speculative
 from kvbudget.units import MIB, cdiv, format_bytes
 from kvbudget.validate import positive
 
@@ -131,6 +132,10 @@ def compute_buffer(model: ModelSpec, cells: int, n_tokens: int, n_parallel: int,
                    if isinstance(layer, (SlidingWindow, ChunkedLocal)) else (False, cells)
                    for layer in (_as_cached(layer, model, release) for layer in model.layers))
     return graph.compute_buffer(shapes, caches, n_tokens, n_parallel, flash), True
+
+
+# common/speculative.cpp: the most a draft's vocabulary may differ from the target's
+SPEC_VOCAB_MAX_SIZE_DIFFERENCE = 128
 
 
 def release_of(options: EngineOptions) -> Release:
@@ -218,6 +223,13 @@ class LlamaCppEngine(Engine):
                               for layer in model.layers)
         notes = [f"llama.cpp: cells padded to {cell_pad} per slot; the memory map is `-np batch -c batch x context`",
                  *release.notes()]
+        draft = options.speculative.draft if options.speculative is not None else None
+        if draft is not None:  # --model-draft: a context of its own with the target's -c and -np, at -ctkd/-ctvd
+            _check_block_fit(draft, _F16)
+            groups += tuple(replace(g, detail=f"draft model {draft.name}: {g.detail}") for g in group_layers(
+                _group(_as_cached(layer, draft, release), _F16, cell_pad, swa_cells) for layer in draft.layers))
+            notes.append(f"--model-draft {draft.name}: a second cache of the same cells and slots for its "
+                         f"{len(draft.layers)} layers, f16 (llama-server's default -ctkd / -ctvd, whatever -ctk)")
         if dtype.family is Family.BLOCK:
             notes.append("a quantized V cache needs flash attention (-fa on)")
         return Allocation(engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=groups, notes=tuple(notes))
@@ -266,6 +278,37 @@ class LlamaCppEngine(Engine):
                        prefill_note=f"compute buffers for n_ubatch ({N_UBATCH}) tokens",
                        max_num_seqs=DEFAULT_SAMPLED_ROWS, overhead_bytes=NON_TORCH_ESTIMATE,
                        overhead_note="non-torch memory", options=options, compute_buffer=compute)
+
+    def speculative_methods(self, options: EngineOptions) -> tuple[SpecMethod, ...]:
+        """--model-draft (--spec-type draft-simple) and n-gram lookup, at the build llama-cpp-python 0.3.36 vendors
+        (common/speculative.cpp, tools/server/server-context.cpp there; checked against a live llama-server); older
+        builds gave the draft one sequence of n_ctx / -np cells (tools/server/server.cpp), not modelled."""
+        return (SpecMethod.DRAFT_MODEL, SpecMethod.NGRAM) if release_of(options).build == NEWEST_BUILD else ()
+
+    def check_speculative(self, model: ModelSpec, spec: Speculative, options: EngineOptions) -> None:
+        super().check_speculative(model, spec, options)
+        if spec.draft is not None and spec.draft.draft_layers:
+            raise UnsupportedArchitectureError(f"draft_model {spec.draft.name}: a draft with MTP layers of its own is "
+                                               "not modelled", param="draft_model")
+        if spec.draft is not None:
+            from kvbudget.model.params import activation_widths
+
+            target, draft = activation_widths(model).vocab, activation_widths(spec.draft).vocab
+            if abs(target - draft) > SPEC_VOCAB_MAX_SIZE_DIFFERENCE:
+                raise EngineRuleError(f"draft_model {spec.draft_id or spec.draft.name}: vocab_size {draft:,}, the "
+                                      f"target's {target:,}; llama-server refuses a draft whose vocabulary differs by "
+                                      f"more than {SPEC_VOCAB_MAX_SIZE_DIFFERENCE} tokens (common/speculative.cpp)",
+                                      param="draft_model")
+
+    def loaded_bytes(self, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1) -> tuple[int, str] | None:
+        """--model-draft's weights beside the target's (every layer on the GPU: -ngld's default)."""
+        draft = options.speculative.draft if options.speculative is not None else None
+        if draft is None:
+            return None
+        from kvbudget.model.weights import model_weights
+
+        weights = model_weights(draft)
+        return weights.per_gpu_bytes, f"draft model {draft.name}: {weights.per_gpu_bytes:,} B ({weights.basis})"
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return cheaper_if_wider(current, "q8_0")

@@ -33,6 +33,10 @@ class LlamaCppSimulator(SimulatorDefaults):
                                 "allocator and long_prefill_token_threshold out", param="allocator")
         if ask.cache_ram is not None and ask.cache_ram < 0:
             raise KVBudgetError(CACHE_RAM, param="cache_ram")
+        if ask.speculative is not None:
+            raise KVBudgetError("speculative: simulate does not follow llama-server's drafting (its slots' draft "
+                                "tokens, acceptance); estimate and plan size the draft model's cache",
+                                param="speculative")
         return ask.engine_options(batched=False)
 
     def sized_without_budget(self, ask: SimulationAsk) -> bool:

@@ -64,7 +64,7 @@ class SimulationAsk:
     disk_read: float | None = None  # bytes per second the disk tier reads at
     engine_version: tuple[int, ...] | None = None  # the release whose budget and defaults to take (None: newest)
     interconnect: Interconnect | None = None  # what tensor parallelism's GPUs are linked by (None: the card's own)
-    speculative: Speculative | None = None  # speculative decoding (None: none)
+    speculative: Speculative | None = None  # speculative decoding as asked (the engine says what it simulates)
 
     def __post_init__(self) -> None:
         """Every number in its range, whoever built the ask (the CLI, the web page, `setup_for`)."""
@@ -105,7 +105,8 @@ class SimulationAsk:
                              max_num_seqs=self.max_num_seqs if self.engine.profiles_batch else None,
                              enforce_eager=self.enforce_eager, entry_point=self.entry_point,
                              enable_lora=self.lora is not None, max_loras=self.lora[0] if self.lora else 1,
-                             max_lora_rank=self.lora[1] if self.lora else 16, engine_version=self.engine_version)
+                             max_lora_rank=self.lora[1] if self.lora else 16, engine_version=self.engine_version,
+                             speculative=self.speculative)
 
     @property
     def budget_given(self) -> bool:

@@ -41,6 +41,7 @@ from kvbudget.engines.base import (
 )
 from kvbudget.engines.kinds import KindTable, no_cache
 from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge, tokens_budget
+from kvbudget.engines.sglang import speculative as drafting
 from kvbudget.engines.sglang.gauges import sglang_pool
 from kvbudget.engines.sglang.hicache import hicache_rows, hicache_tier
 from kvbudget.engines.sglang.releases import (
@@ -64,6 +65,7 @@ from kvbudget.model.spec import (
     NoCache,
     RecurrentState,
 )
+from kvbudget.speculative import SpecMethod, Speculative
 from kvbudget.units import GIB, MIB
 
 _F32 = get_dtype("float32")
@@ -123,6 +125,17 @@ class SGLangEngine(Engine):
         if tokens < page:
             raise BudgetError(f"kv_memory: {kv_memory} bytes is less than one page of {page} token(s) "
                               f"({cell * page} bytes)", param="kv_memory")
+        spec = options.speculative
+        notes: tuple[str, ...] = ()
+        if spec is not None and (extra := drafting.headroom(spec)):
+            drafted = self._draft_cell(model, spec, kv_dtype, tp, options)
+            notes = (f"speculative {drafting.NAMES[spec.method]} ({spec.num_tokens} steps, topk 1, "
+                     f"{spec.num_tokens + 1} draft tokens): the pool gets {extra:,} tokens of headroom "
+                     f"(max_running_requests {drafting.MAX_RUNNING_REQUESTS}), and the drafter a pool of its own of "
+                     f"as many tokens, {(tokens + extra) * drafted / GIB:.2f} GiB ({drafted:,} B per token), sized "
+                     "apart: it and the drafter's weights come out of the memory SGLang leaves aside (SGLang 0.5.3 "
+                     "model_runner.py, from source)",)
+            tokens += extra
         concurrency = tokens / max_model_len
         if fixed:  # recurrent state slots come out of the same memory
             concurrency = kv_memory / (cell * max_model_len + fixed)
@@ -131,7 +144,28 @@ class SGLangEngine(Engine):
         return Capacity(engine=self.name, kv_memory_bytes=kv_memory, num_blocks=None, block_size=page,
                         kv_cache_tokens=tokens, physical_token_slots=tokens, max_model_len=max_model_len,
                         max_concurrency=concurrency, fits=fits, estimated_max_model_len=longest,
-                        notes=(f"SGLang log: KV Cache is allocated. #tokens: {tokens}", SOURCE_NOTE))
+                        notes=(f"SGLang log: KV Cache is allocated. #tokens: {tokens}", SOURCE_NOTE, *notes))
+
+    def speculative_methods(self, options: EngineOptions) -> tuple[SpecMethod, ...]:
+        """EAGLE, EAGLE3, NEXTN, STANDALONE and NGRAM, as SGLang 0.5.3's source sizes them (engines/sglang/
+        speculative.py); other releases' rules were not read."""
+        return drafting.methods(options.engine_version or NEWEST)
+
+    def check_speculative(self, model: ModelSpec, spec: Speculative, options: EngineOptions) -> None:
+        super().check_speculative(model, spec, options)
+        if spec.method is SpecMethod.MTP and not model.draft_layers:
+            raise UnsupportedArchitectureError(f"{model.name}: speculative mtp: its config declares no MTP layers "
+                                               "kvbudget models", param="speculative")
+
+    def _draft_cell(self, model: ModelSpec, spec: Speculative, kv_dtype: str, tp: int, options: EngineOptions) -> int:
+        """Bytes per token of the drafter's own pool: its layers' (NEXTN: the model's MTP layers')."""
+        if spec.draft is not None:
+            return self.allocate(spec.draft, kv_dtype, tp).bytes_per_token
+        dtype = self._dtype(model, kv_dtype, tp, options)
+        page = options.block_size or 1
+        groups = group_layers(_CELL(layer, dtype, get_dtype(model.dtype), tp, model.name, page, _nsa(model))
+                              for layer in model.draft_layers)
+        return sum(g.layers * g.bytes_per_token for g in groups)
 
     def scheduler_defaults(self, tokens: int, context_len: int, gpu_memory: int | None) -> tuple[int, int]:
         """(chunked_prefill_size, max_running_requests) as SGLang 0.5.23 picks them: the chunk by the GPU's
@@ -165,9 +199,12 @@ class SGLangEngine(Engine):
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "", tp: int = 1, model: ModelSpec | None = None) -> Serving:
         version = options.engine_version or NEWEST
-        fraction = mem_fraction_static(gpu_memory / MIB, tp, 1, version)
+        drafter = drafting.reserve_mib(options.speculative)
+        fraction = mem_fraction_static(gpu_memory / MIB, tp, 1, version, drafter)
         knob = f"mem_fraction_static default ({release_name(era(version))}'s rule for this card"
         factor, scales_given = multimodal_factor(vision_tower(model) if model else None, version)
+        if drafter:
+            knob += f", {drafter // 1024} GiB more left aside for the speculative drafter"
         if factor != 1:
             fraction *= factor
             knob += f", times {factor:.3f} for a model with a vision tower"

@@ -62,9 +62,10 @@ def prefill_and_graphs(gpu_mib: float, tp: int) -> tuple[int, int]:
     return 16384, 512
 
 
-def mem_fraction_static(gpu_mib: float, tp: int, pp: int = 1, release: tuple[int, ...] = NEWEST) -> float:
+def mem_fraction_static(gpu_mib: float, tp: int, pp: int = 1, release: tuple[int, ...] = NEWEST,
+                        drafter_mib: int = 0) -> float:
     """The default mem_fraction_static of `release` on a card of `gpu_mib` MiB at tensor parallel size `tp`, before
-    any multimodal factor."""
+    any multimodal factor; `drafter_mib` more left aside for a speculative drafter (0.5: engines/sglang/speculative)."""
     rule = era(release)
     if rule < (0, 4, 6) or (rule == (0, 4, 6) and gpu_mib <= 81920):
         return next(f for at_least, f in _TABLE if tp >= at_least)
@@ -74,6 +75,7 @@ def mem_fraction_static(gpu_mib: float, tp: int, pp: int = 1, release: tuple[int
     reserved = 512 + max(chunk, 2048) * 1.5 + graphs * 2 + tp * pp / 8 * 1024
     if gpu_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
+    reserved += drafter_mib
     return round((gpu_mib - reserved) / gpu_mib, 3)
 
 

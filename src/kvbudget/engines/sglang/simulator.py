@@ -49,6 +49,9 @@ class SGLangSimulator(SimulatorDefaults):
             raise KVBudgetError("SGLang: its token pool is the allocator (no blocks) and it has no long-prefill "
                                 "threshold; leave num_blocks, allocator and long_prefill_token_threshold out",
                                 param="engine")
+        if ask.speculative is not None:
+            raise KVBudgetError("speculative: simulate does not follow SGLang's drafting (draft and verified tokens, "
+                                "acceptance); estimate and plan size the drafter's pool", param="speculative")
         return super().options(ask)
 
     def setup(self, ask: SimulationAsk, planned: Planned) -> Setup:

@@ -48,7 +48,7 @@ from kvbudget.engines.base import (
 )
 from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge
 from kvbudget.engines.tiers import HostTier
-from kvbudget.engines.vllm import offload
+from kvbudget.engines.vllm import offload, speculative
 from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.gauges import vllm_pool
 from kvbudget.engines.vllm.memory import (
@@ -84,6 +84,7 @@ from kvbudget.model.spec import (
     ModelSpec,
     SlidingWindow,
 )
+from kvbudget.speculative import SpecMethod, Speculative
 from kvbudget.units import cdiv, format_bytes
 
 DEFAULT_BLOCK_SIZE = {Device.CUDA: 16, Device.CPU: 128}
@@ -113,6 +114,7 @@ class Layout:
     # unify_kv_cache_spec_page_size raises the smaller spec's block size until its page equals the largest.
     spec_blocks: tuple[tuple[KVSpec, int], ...] = ()
     speculative_blocks: int = 0  # state blocks a request keeps per Mamba group for its draft tokens
+    drafter: str = ""  # what speculative decoding's drafter adds to the cache, for people ("" without one)
 
     def block_of(self, spec: KVSpec) -> int:
         """Tokens per block in the groups of `spec` (the block size unless unify raised it)."""
@@ -196,7 +198,8 @@ class VLLMEngine(Engine):
         return Allocation(
             engine=self.name, model=model.name, kv_dtype=dtype, tp=tp, groups=tuple(groups),
             notes=(f"vLLM: blocks of {b} tokens" + (windowed if any(
-                spec.windowed for spec, _, _ in layout.buckets) else ""),),
+                spec.windowed for spec, _, _ in layout.buckets) else ""),)
+            + ((layout.drafter,) if layout.drafter else ()),
         )
 
     def block_groups(self, model: ModelSpec, max_model_len: int, kv_dtype: str = "auto", tp: int = 1,
@@ -206,7 +209,7 @@ class VLLMEngine(Engine):
         if _is_packed(model):
             raise UnsupportedArchitectureError(f"{model.name}: the simulator does not model vLLM's DeepSeek-V4 groups "
                                                "(compressed caches, bounded window replay) yet; estimate and plan do")
-        if options.num_speculative_tokens:
+        if speculative.tokens(options):
             raise UnsupportedArchitectureError("num_speculative_tokens: the simulator does not model speculative "
                                                "decoding (draft tokens, acceptance); estimate and plan size its caches")
         layout, _ = self.layout(model, kv_dtype, tp, options)
@@ -277,11 +280,27 @@ class VLLMEngine(Engine):
             estimated_max_model_len=longest, notes=tuple(notes),
         )
 
+    def speculative_methods(self, options: EngineOptions) -> tuple[SpecMethod, ...]:
+        rel = release(options)
+        return speculative.methods(rel.version, rel.v0)
+
+    def check_speculative(self, model: ModelSpec, spec: Speculative, options: EngineOptions) -> None:
+        super().check_speculative(model, spec, options)
+        speculative.check(model, spec)
+
+    def lookahead_slots(self, options: EngineOptions) -> int:
+        return speculative.lookahead(options)
+
     def _draft_layers(self, model: ModelSpec, options: EngineOptions, rel: Release) -> tuple[LayerSpec, ...]:
-        """The caches speculative decoding with the model's own MTP layers adds (vLLM registers the drafter's
-        attention layers after the model's): the MTP layers as the config declares them."""
+        """The caches the drafter adds (vLLM registers its attention layers after the model's): the model's own MTP
+        layers as the config declares them, an EAGLE head's or a draft model's layers; none for n-gram and suffix."""
         if options.num_speculative_tokens < 0:
             raise KVBudgetError("num_speculative_tokens must not be negative", param="num_speculative_tokens")
+        spec = options.speculative
+        if not speculative.tokens(options) or (spec is not None and not spec.method.drafter_weights):
+            return ()
+        if spec is not None and spec.method is not SpecMethod.MTP:
+            return speculative.draft_model_layers(model, spec)
         if rel.v0 or rel.version < (0, 20):
             raise EngineRuleError("num_speculative_tokens: speculative decoding's caches are modelled from vLLM "
                                   "0.20's rules on", param="num_speculative_tokens")
@@ -307,9 +326,9 @@ class VLLMEngine(Engine):
         if not _is_packed(model):
             return self.layout(model, kv_dtype, tp, options)
         self.refuse_unchecked(model, options)
-        if options.num_speculative_tokens:
-            raise UnsupportedArchitectureError(f"{model.name}: num_speculative_tokens: the caches of DeepSeek-V4's MTP "
-                                               "drafter are not modelled")
+        if speculative.tokens(options):
+            raise UnsupportedArchitectureError(f"{model.name}: num_speculative_tokens: the caches of DeepSeek-V4's "
+                                               "drafters are not modelled")
         dtype = serving_kv_dtype(model, kv_dtype, tp, "vLLM", "auto and fp8 (its fp8_ds_mla format) for DeepSeek-V4",
                                  (Family.FLOAT, Family.FP8))
         check_packed_options(dtype.family, kv_dtype, options.block_size)
@@ -363,6 +382,11 @@ class VLLMEngine(Engine):
             if release(options).version != NEWEST:
                 note += f"; read and checked for {NEWEST[0]}.{NEWEST[1]} only: an estimate for this release"
             parts.append((total, note))
+        if options.speculative is not None:
+            if pp > 1:
+                raise EngineRuleError("speculative: a drafter under pipeline parallelism is not modelled",
+                                      param="speculative")
+            parts.append(speculative.drafter_weights(model, options.speculative, tp))
         found = [p for p in parts if p is not None]
         return (sum(b for b, _ in found), "; ".join(n for _, n in found)) if found else None
 
@@ -434,8 +458,9 @@ class VLLMEngine(Engine):
         act = get_dtype(model.dtype)
         rel = release(options)
         ssm = _FP32 if options.device == Device.CPU else None  # the CPU backend keeps SSM state in float32
-        spec_tokens = options.num_speculative_tokens
-        layers = model.layers + (self._draft_layers(model, options, rel) if spec_tokens else ())
+        spec_tokens = speculative.tokens(options)
+        drafted = self._draft_layers(model, options, rel)
+        layers = model.layers + drafted
         specs = [s for s in (vllm_spec(layer, dtype, act, ssm, tp, model.name, rel, spec_tokens)
                              for layer in layers) if s]
         if not (options.hybrid_allocator and rel.hybrid_allocator):  # every window sized as full attention
@@ -448,11 +473,15 @@ class VLLMEngine(Engine):
         uniform_type, unified, attn_token, state = _mix(model, specs, rel)
 
         block, notes = _block_size(model, options, rel, dtype, any(isinstance(s, MLASpec) for s in specs))
+        drafter = ""
         if spec_tokens:
-            notes += (f"speculative decoding with the model's MTP layers, {spec_tokens} draft tokens: the drafter's "
-                      f"{len(model.draft_layers)} attention layer(s) beside the model's"
-                      + (f"; {spec_tokens} more conv columns and state blocks per request in every recurrent layer"
-                         if state else ""),)
+            how = (f"the drafter's {len(drafted)} attention layer(s) beside the model's, in the same blocks" if drafted
+                   else "no drafter layers (no KV of its own)")
+            method = options.speculative.method if options.speculative else "with the model's MTP layers"
+            drafter = (f"speculative decoding ({method}), {spec_tokens} draft tokens: {how}"
+                       + (f"; {spec_tokens} more conv columns and state blocks per request in every recurrent layer"
+                          if state else ""))
+            notes += (drafter,)
         if state and options.prefix_caching and not rel.hybrid_prefix_caching:
             notes += ("vLLM < 0.26 leaves prefix caching off for hybrid models unless enabled: these figures have it "
                       "on (--no-prefix-caching for that default)",)
@@ -475,13 +504,13 @@ class VLLMEngine(Engine):
             page = block * sum(s.token_bytes * n for s, n in counts.items())
             return Layout(block_size=block, page=page, group_size=1, buckets=((specs[0], len(specs), 1),), mnbt=mnbt,
                           prefix_caching=options.prefix_caching, members=tuple(counts.items()), notes=notes,
-                          speculative_blocks=spec_tokens), dtype
+                          speculative_blocks=spec_tokens, drafter=drafter), dtype
         smallest, largest = min(counts.values()), max(counts.values())
         group_size = largest if len(counts) == 1 or largest < 1.5 * smallest else smallest
         buckets = tuple((s, n, cdiv(n, group_size)) for s, n in counts.items())
         return Layout(block_size=block, page=page, group_size=group_size, buckets=buckets, mnbt=mnbt,
                       prefix_caching=options.prefix_caching, notes=notes, speculative_blocks=spec_tokens,
-                      spec_blocks=spec_blocks), dtype
+                      spec_blocks=spec_blocks, drafter=drafter), dtype
 
     # --- startup logs -------------------------------------------------------------------------
 

