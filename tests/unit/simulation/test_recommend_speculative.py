@@ -135,8 +135,10 @@ def test_the_command_searches_the_draft_token_counts(capsys):
     (("--draft-model", "llama-3.2-1b", "--num-speculative-tokens", "2"),
      "--draft-model: goes with --speculative"),
     (("--speculative", "eagle3", "--num-speculative-tokens", "2"), "--draft-model: speculative method eagle3"),
-    (("--speculative", "ngram", "--num-speculative-tokens", "2,65"), "--num-speculative-tokens"),
-    (("--speculative", "ngram", "--num-speculative-tokens", "x"), "--num-speculative-tokens"),
+    (("--speculative", "ngram", "--num-speculative-tokens", "2,65"),
+     "--num-speculative-tokens: '65' must be a whole number from 0 to 64"),
+    (("--speculative", "ngram", "--num-speculative-tokens", "x"),
+     "--num-speculative-tokens: 'x' is not a whole number from 0 to 64"),
     (("--num-speculative-tokens", "2", "--engine", "llamacpp"), "--speculative mtp: kvbudget's llamacpp"),
 ])
 def test_a_bad_speculative_axis_is_one_line_before_the_search(capsys, args, message):
