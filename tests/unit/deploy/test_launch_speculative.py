@@ -126,3 +126,20 @@ def test_llama_server_draft_model_and_ngram():
     with pytest.raises(KVBudgetError) as exc:
         argv("llamacpp", spec(SpecMethod.EAGLE3, 2, DRAFT))
     assert exc.value.param == "speculative" and "\n" not in str(exc.value)
+
+
+def test_a_pool_planned_from_its_settings_counts_its_drafter(tmp_path):
+    """write_all without the search's setups plans each pool itself: the guard's bytes per token are the target's
+    and the draft model's, by hand (vLLM: the drafter's layers join every block): Llama-3.1-8B 32 layers x 8 KV
+    heads x 128 x 2 (K, V) x 2 bytes = 131,072, Llama-3.2-1B 16 x 8 x 64 x 2 x 2 = 32,768."""
+    from kvbudget.deploy import write_all
+
+    def guard(s: Speculative | None, folder: str) -> str:
+        p = PoolPlan(gpu="H100-80GB", max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=8192,
+                     gpu_memory_utilization=0.9, speculative=s)
+        (tmp_path / folder).mkdir()
+        write_all(Deployment(model="llama-3.1-8b", engine="vllm", pools=(p,)), str(tmp_path / folder))
+        return (tmp_path / folder / "guard.yaml").read_text()
+
+    assert "bytes_per_token: 131072\n" in guard(None, "plain")
+    assert "bytes_per_token: 163840\n" in guard(spec(SpecMethod.DRAFT_MODEL, 2, DRAFT), "drafted")
