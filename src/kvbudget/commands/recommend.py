@@ -238,7 +238,7 @@ def prepared(ask: RecommendRequest) -> Prepared:
     from kvbudget.engines.scheduling.setup import Simulates
     from kvbudget.simulation.parallel import check_backend
     from kvbudget.simulation.percentiles import check_metric
-    from kvbudget.simulation.recommend import MAX_SEARCH_REQUESTS, Space, candidates
+    from kvbudget.simulation.recommend import MAX_SEARCH_REQUESTS, Space, candidates, check_speculates
     from kvbudget.simulation.routing import parse_router
     from kvbudget.simulation.search import parse_slo
 
@@ -277,6 +277,7 @@ def prepared(ask: RecommendRequest) -> Prepared:
         raise KVBudgetError(f"engine {found.engine.name}: recommend simulates each candidate, and kvbudget "
                             "simulates vLLM, SGLang and llama.cpp", param="engine")
     found.engine.simulator().options(found)  # a release the scheduler model does not take fails here
+    check_speculates(found, max(tokens) > 0)
     space = replace(space, speculative=_speculatives(ask, tokens))
     for spec in space.speculative:  # a method the engine does not run fails here, not once per candidate
         if spec is not None:

@@ -438,6 +438,7 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
         raise KVBudgetError("trace: the traffic holds no request; give a longer slice or another trace",
                             param="trace")
     price = {gpu: price_for(dict(prices), gpu) for gpu in space.gpus}  # an unpriced GPU fails before any plan
+    check_speculates(ask, any(s is not None for s in space.speculative))
     listed = candidates(space)
     setups, utilization, pruned, links = _plan(ask, listed, kv_link)
     alive = [c for c in listed if c.setting in setups and (not c.disaggregated or (c.gpu, c.setting) in links)]
@@ -482,6 +483,17 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
                           kv_link=kv_link if space.disaggregated else None, listed=len(listed),
                           pruned=tuple(pruned), skipped=len(alive) - done, tried=tuple(tried), best=best,
                           setups=setups, utilization=utilization, model_dtype=ask.model.dtype)
+
+
+def check_speculates(ask: SimulationAsk, drafting: bool) -> None:
+    """Refuse speculative decoding in a search on an engine whose drafting the simulator does not follow (each such
+    candidate would be pruned, unsimulated)."""
+    from kvbudget.engines.scheduling.setup import Simulates
+
+    if drafting and not (isinstance(ask.engine, Simulates) and ask.engine.simulator().speculates):
+        raise KVBudgetError(f"speculative: recommend simulates each candidate, and kvbudget's simulator does not "
+                            f"follow {ask.engine.name}'s drafting; leave it out or give another engine",
+                            param="speculative")
 
 
 def _check_lengths(requests: Sequence[Request], setups: Iterable[Setup]) -> None:

@@ -139,7 +139,7 @@ def test_the_command_searches_the_draft_token_counts(capsys):
      "--num-speculative-tokens: '65' must be a whole number from 0 to 64"),
     (("--speculative", "ngram", "--num-speculative-tokens", "x"),
      "--num-speculative-tokens: 'x' is not a whole number from 0 to 64"),
-    (("--num-speculative-tokens", "2", "--engine", "llamacpp"), "--speculative mtp: kvbudget's llamacpp"),
+    (("--num-speculative-tokens", "2", "--engine", "llamacpp"), "does not follow llamacpp's drafting"),
 ])
 def test_a_bad_speculative_axis_is_one_line_before_the_search(capsys, args, message):
     code, out, err = cli(capsys, *BASE, *args)
@@ -148,8 +148,26 @@ def test_a_bad_speculative_axis_is_one_line_before_the_search(capsys, args, mess
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
 
 
-def test_a_method_the_engine_does_not_run_is_refused_once(capsys):
-    code, out, err = cli(capsys, *BASE, "--engine", "llamacpp", "--speculative", "eagle3", "--draft-model",
-                         "llama-3.2-1b", "--num-speculative-tokens", "0,2")
+def test_a_drafter_the_engine_refuses_is_refused_once_before_the_search(capsys):
+    """vLLM's draft_model needs the target's vocabulary size (Llama 3's 128,256; Qwen2.5's 152,064): refused once,
+    not pruned candidate by candidate."""
+    code, out, err = cli(capsys, *BASE, "--speculative", "draft-model", "--draft-model", "qwen2.5-7b",
+                         "--num-speculative-tokens", "0,2")
     assert code == 2, (out, err)
-    assert err.strip().count("\n") == 0 and "--speculative eagle3" in err and "llamacpp" in err, err
+    assert err.strip().count("\n") == 0 and "--draft-model qwen2.5-7b: vocab_size" in err, err
+
+
+@pytest.mark.parametrize("engine", ["sglang", "llamacpp"])
+def test_an_engine_whose_drafting_is_not_simulated_is_refused_before_planning(capsys, engine):
+    """Estimate and plan size SGLang's and llama-server's drafters, but simulate follows vLLM's drafting alone:
+    every drafted candidate would be pruned, so the search is refused instead."""
+    code, out, err = cli(capsys, *BASE, "--engine", engine, "--speculative", "ngram", "--num-speculative-tokens", "0,2")
+    assert code == 2, (out, err)
+    assert err.strip().count("\n") == 0 and f"does not follow {engine}'s drafting" in err, err
+    ask = SimulationAsk(model=kvbudget.load_model("llama-3.1-8b"), engine=get_engine(engine), max_model_len=8192)
+    space = Space(gpus=("H100",), max_gpus=1, tp=(1,), kv_dtypes=("auto",),
+                  speculative=(Speculative(method=SpecMethod.NGRAM, num_tokens=2),), disaggregated=False)
+    with pytest.raises(kvbudget.KVBudgetError) as exc:
+        recommend(ask, tuple(synthetic(2, 5, exponential_lengths(100, 10), seed=1)), parse_slo("ttft_p99=1s"),
+                  space, PRICES, backend="serial")
+    assert exc.value.param == "speculative"
