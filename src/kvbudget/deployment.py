@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from kvbudget.engines.scheduling.setup import Role
 from kvbudget.errors import KVBudgetError
+from kvbudget.speculative import Speculative
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +30,7 @@ class PoolPlan:
     # the engine's own admission (vLLM --max-num-queued-reqs / --max-num-queued-tokens), from the guard's levels
     max_num_queued_reqs: int | None = None
     max_num_queued_tokens: int | None = None
+    speculative: Speculative | None = None  # speculative decoding (None: none); the launchers write it per engine
 
     def __post_init__(self) -> None:
         for value, name in ((self.replicas, "replicas"), (self.tp, "tp"), (self.pp, "pp"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvbudget.choices import Choice
 from kvbudget.errors import KVBudgetError
@@ -97,6 +97,14 @@ class Speculative:
             run *= p
             total += run
         return total
+
+    def label(self) -> str:
+        """In words, as a search's candidates show it: 'eagle3 k=2'."""
+        return f"{self.method} k={self.num_tokens}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """As JSON shows it: the method, the draft tokens per step, the drafter as given."""
+        return {"method": self.method.value, "num_speculative_tokens": self.num_tokens, "draft_model": self.draft_id}
 
     def with_tokens(self, num_tokens: int) -> Speculative | None:
         """The same speculation drafting `num_tokens` a step (0: none, None returned), as a sweep varies it."""

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from kvbudget.commands.options import engine_field, force_field, load, model_field, one, option, positive
+from kvbudget.commands.options import (
+    SpeculativeKnobs,
+    engine_field,
+    force_field,
+    load,
+    model_field,
+    one,
+    option,
+    positive,
+    whole,
+)
 from kvbudget.commands.simulate import SimulateRequest, workload
 from kvbudget.errors import KVBudgetError, named
+from kvbudget.speculative import MAX_SPECULATIVE_TOKENS, SpecMethod, Speculative
 from kvbudget.units import parse_size
 from kvbudget.validate import shown
 
@@ -29,6 +40,12 @@ def _simulate_option(name: str) -> Any:
     """A field of `simulate`'s request, offered here as there."""
     f = next(f for f in fields(SimulateRequest) if f.name == name)
     return field(default=f.default, metadata=f.metadata)
+
+
+def _speculative_option(name: str) -> Any:
+    """A speculative decoding option of estimate, plan and simulate, offered here among the search space's."""
+    f = next(f for f in fields(SpeculativeKnobs) if f.name == name)
+    return field(default=f.default, metadata={"option": replace(f.metadata["option"], group=SEARCH)})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +83,11 @@ class RecommendRequest:
     prefix_caching: str = option("on, off or both (default on)", "on", choices=("on", "off", "both"), group=SEARCH)
     offload_memory: str | None = option("host memory for a KV offload tier per replica, over every rank; 0 is none "
                                         "(e.g. 0,64GiB; default none)", metavar="SIZE,...", group=SEARCH)
+    speculative: str | None = _speculative_option("speculative")
+    num_speculative_tokens: str | None = option(
+        f"draft tokens per step to try, 0 to {MAX_SPECULATIVE_TOKENS}, 0 being none (e.g. 0,2,4; default: none); "
+        "without --speculative: the model's own MTP layers (method mtp)", metavar="K,...", group=SEARCH)
+    draft_model: str | None = _speculative_option("draft_model")
     no_disagg: bool = option("co-located replicas only (default: also a prefill and a decode pool)", False,
                              group=SEARCH)
     kv_link: str = option("the link a disaggregated candidate's KV crosses: nvlink, infiniband (default), roce, "
@@ -110,6 +132,41 @@ def _offloads(text: str | None) -> tuple[int | None, ...]:
         return (None,)
     return tuple(None if v.strip() in ("0", "none") else parse_size(v.strip(), "offload_memory")
                  for v in text.split(","))
+
+
+def _speculative_tokens(ask: RecommendRequest) -> tuple[int, ...]:
+    """--num-speculative-tokens read (0: no speculative decoding), with --speculative and --draft-model checked
+    against it; (0,) where none is asked."""
+    if ask.num_speculative_tokens is None:
+        if ask.speculative is not None or ask.draft_model is not None:
+            given = "speculative" if ask.speculative is not None else "draft_model"
+            raise KVBudgetError(f"num_speculative_tokens: give the draft tokens per step to try with {named(given)}, "
+                                f"e.g. 0,2,4 (0 to {MAX_SPECULATIVE_TOKENS}; 0: none)",
+                                param="num_speculative_tokens")
+        return (0,)
+    tokens = tuple(dict.fromkeys(whole(v, "num_speculative_tokens", MAX_SPECULATIVE_TOKENS)
+                                 for v in ask.num_speculative_tokens.split(",")))
+    if ask.speculative is None and ask.draft_model is not None:
+        raise KVBudgetError(f"draft_model: goes with {named('speculative')} eagle, eagle3 or draft-model",
+                            param="draft_model")
+    if ask.speculative is not None:
+        SpecMethod.parse(ask.speculative, "speculative").check_draft(ask.draft_model is not None)
+    return tokens
+
+
+def _speculatives(ask: RecommendRequest, tokens: tuple[int, ...]) -> tuple[Speculative | None, ...]:
+    """The search's speculative decoding axis: one setting per draft-token count (None for 0); the draft model
+    loaded here, after every cheap check."""
+    drafting = max(tokens)
+    if not drafting:
+        return (None,)
+    knobs = SpeculativeKnobs(speculative=ask.speculative, num_speculative_tokens=str(drafting),
+                             draft_model=ask.draft_model)
+    from kvbudget.engines import EngineOptions
+
+    options = knobs.options(EngineOptions())
+    base = options.speculative or Speculative(method=SpecMethod.MTP, num_tokens=options.num_speculative_tokens)
+    return tuple(base.with_tokens(k) for k in tokens)
 
 
 def _check_kv_dtypes(dtypes: tuple[str, ...]) -> None:
@@ -181,7 +238,7 @@ def prepared(ask: RecommendRequest) -> Prepared:
     from kvbudget.engines.scheduling.setup import Simulates
     from kvbudget.simulation.parallel import check_backend
     from kvbudget.simulation.percentiles import check_metric
-    from kvbudget.simulation.recommend import MAX_SEARCH_REQUESTS, Space, candidates
+    from kvbudget.simulation.recommend import MAX_SEARCH_REQUESTS, Space, candidates, check_speculates
     from kvbudget.simulation.routing import parse_router
     from kvbudget.simulation.search import parse_slo
 
@@ -196,6 +253,7 @@ def prepared(ask: RecommendRequest) -> Prepared:
         _check_out(ask.out, ask.force)
     prices, gpus = prices_for(ask.gpu_price, _gpus(ask.gpus) if ask.gpus else None)
     cached = {"on": (True,), "off": (False,), "both": (True, False)}[ask.prefix_caching]
+    tokens = _speculative_tokens(ask)
     space = Space(gpus=gpus, max_gpus=one(ask.max_gpus, "max_gpus"),
                   tp=tuple(one(v, "tp") for v in ask.tp.split(",")), pp=tuple(one(v, "pp") for v in ask.pp.split(",")),
                   max_num_seqs=_counts(ask.max_num_seqs, "max_num_seqs"),
@@ -203,7 +261,7 @@ def prepared(ask: RecommendRequest) -> Prepared:
                   gpu_memory_utilization=_fractions(ask.gpu_memory_utilization),
                   kv_dtypes=tuple(dict.fromkeys(v.strip() for v in ask.kv_dtype.split(",") if v.strip())),
                   prefix_caching=cached, offload_memory=_offloads(ask.offload_memory),
-                  disaggregated=not ask.no_disagg)
+                  speculative=(None,) * len(tokens), disaggregated=not ask.no_disagg)  # (the axis: after the model)
     _check_kv_dtypes(space.kv_dtypes)
     candidates(space)  # an empty or too large space fails here
     if not space.disaggregated and ask.kv_link != "infiniband":
@@ -219,6 +277,11 @@ def prepared(ask: RecommendRequest) -> Prepared:
         raise KVBudgetError(f"engine {found.engine.name}: recommend simulates each candidate, and kvbudget "
                             "simulates vLLM, SGLang and llama.cpp", param="engine")
     found.engine.simulator().options(found)  # a release the scheduler model does not take fails here
+    check_speculates(found, max(tokens) > 0)
+    space = replace(space, speculative=_speculatives(ask, tokens))
+    for spec in space.speculative:  # a method the engine does not run fails here, not once per candidate
+        if spec is not None:
+            found.engine.refuse_unchecked(model, replace(found.engine_options(), speculative=spec))
     scale = positive(ask.rate_scale, "rate_scale")
     requests = []
     for r in stream(scale):
@@ -245,6 +308,7 @@ def deployment_dict(d: Deployment) -> dict[str, Any]:
     out = asdict(d)
     for pool, plan in zip(out["pools"], d.pools, strict=True):
         pool["role"] = plan.role.value
+        pool["speculative"] = plan.speculative.to_dict() if plan.speculative else None
     return out
 
 

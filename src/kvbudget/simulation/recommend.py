@@ -7,8 +7,8 @@
 The search, in four steps, each exact:
 1. `candidates` lists every configuration of the `Space` the user allows: a GPU, tensor and pipeline parallel
    sizes, the engine's settings (max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, KV dtype, prefix
-   caching, a host offload tier), and how many replicas serve together (co-located, or a prefill and a decode pool
-   joined by a KV link), at most `max_gpus` GPUs in all.
+   caching, a host offload tier, speculative decoding's draft tokens per step), and how many replicas serve
+   together (co-located, or a prefill and a decode pool joined by a KV link), at most `max_gpus` GPUs in all.
 2. Each distinct engine setting is planned once (`setup_of`, the exact memory plan): a setting the engine would
    refuse to start (the weights do not fit, the heads do not split, no room for one request) prunes every candidate
    made of it, and is never simulated; the reason is kept.
@@ -18,7 +18,8 @@ The search, in four steps, each exact:
    latency is not monotone in resources (a larger batch can lengthen a step), so "a richer one failed" proves
    nothing and is not used.
 4. The answer: the cheapest candidate meeting the objectives (ties: fewer GPUs, then the model's own KV dtype, then
-   the widest margin), the Pareto front of those simulated, and why each other one lost.
+   no speculative decoding (its gain rests on an acceptance rate), then the widest margin), the Pareto front of
+   those simulated, and why each other one lost.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from kvbudget.engines.scheduling.setup import Setup, SimulationAsk
     from kvbudget.engines.scheduling.workload import Request
     from kvbudget.interconnects import KVLink
+    from kvbudget.speculative import Speculative
 
 MAX_CANDIDATES = 5_000  # candidates one search may list: about 10 minutes of simulation on two cores
 MAX_SEARCH_GPUS = 64  # GPUs one candidate may take (--max-gpus): eight nodes of eight
@@ -66,6 +68,7 @@ class Candidate:
     kv_dtype: str = "auto"
     prefix_caching: bool = True
     offload_memory: int | None = None  # host memory for a KV offload tier, per replica over every rank
+    speculative: Speculative | None = None  # speculative decoding (None: none)
 
     @property
     def disaggregated(self) -> bool:
@@ -83,10 +86,10 @@ class Candidate:
     def setting(self) -> tuple[Any, ...]:
         """What one replica's engine is planned from (the same for every replica count)."""
         return (self.gpu, self.tp, self.pp, self.max_num_seqs, self.max_num_batched_tokens,
-                self.gpu_memory_utilization, self.kv_dtype, self.prefix_caching, self.offload_memory)
+                self.gpu_memory_utilization, self.kv_dtype, self.prefix_caching, self.offload_memory, self.speculative)
 
     def label(self) -> str:
-        """In words: '2 x H100-80GB (TP 2), kv fp8' or '1 prefill + 2 decode x L40S'."""
+        """In words: '2 x H100-80GB (TP 2), kv fp8, eagle3 k=2' or '1 prefill + 2 decode x L40S'."""
         shape = (f"{self.prefill_replicas} prefill + {self.decode_replicas} decode" if self.disaggregated
                  else f"{self.replicas}")
         par = ", ".join(f"{k} {v}" for k, v in (("TP", self.tp), ("PP", self.pp)) if v > 1)
@@ -97,12 +100,15 @@ class Candidate:
                  if v is not None]
         if self.kv_dtype != "auto":
             knobs.insert(0, f"kv {self.kv_dtype}")
+        if self.speculative is not None:
+            knobs.insert(1 if self.kv_dtype != "auto" else 0, self.speculative.label())
         if not self.prefix_caching:
             knobs.append("no prefix caching")
         return f"{shape} x {self.gpu}" + (f" ({par})" if par else "") + (", " + ", ".join(knobs) if knobs else "")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "gpus": self.gpus, "disaggregated": self.disaggregated}
+        return {**self.__dict__, "speculative": self.speculative.to_dict() if self.speculative else None,
+                "gpus": self.gpus, "disaggregated": self.disaggregated}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,6 +125,7 @@ class Space:
     kv_dtypes: tuple[str, ...] = ("auto", "fp8")
     prefix_caching: tuple[bool, ...] = (True,)
     offload_memory: tuple[int | None, ...] = (None,)
+    speculative: tuple[Speculative | None, ...] = (None,)  # speculative decoding settings (None: none)
     disaggregated: bool = True  # also try a prefill and a decode pool (a KV link between them)
 
     def __post_init__(self) -> None:
@@ -128,7 +135,8 @@ class Space:
         axes = (("gpus", self.gpus), ("tp", self.tp), ("pp", self.pp), ("max_num_seqs", self.max_num_seqs),
                 ("max_num_batched_tokens", self.max_num_batched_tokens),
                 ("gpu_memory_utilization", self.gpu_memory_utilization), ("kv_dtype", self.kv_dtypes),
-                ("prefix_caching", self.prefix_caching), ("offload_memory", self.offload_memory))
+                ("prefix_caching", self.prefix_caching), ("offload_memory", self.offload_memory),
+                ("num_speculative_tokens", self.speculative))
         for name, values in axes:
             if not values:
                 raise KVBudgetError(f"{name}: the search space is empty along it; give at least one value",
@@ -153,8 +161,8 @@ def candidates(space: Space) -> tuple[Candidate, ...]:
     """Every candidate of `space` (refused past MAX_CANDIDATES, before any is planned)."""
     out: list[Candidate] = []
     knobs = itertools.product(space.max_num_seqs, space.max_num_batched_tokens, space.gpu_memory_utilization,
-                              space.kv_dtypes, space.prefix_caching, space.offload_memory)
-    for (seqs, tokens, util, kv, cached, offload), gpu, tp, pp in itertools.product(
+                              space.kv_dtypes, space.prefix_caching, space.offload_memory, space.speculative)
+    for (seqs, tokens, util, kv, cached, offload, spec), gpu, tp, pp in itertools.product(
             knobs, space.gpus, space.tp, space.pp):
         per = tp * pp
         shapes = [(n, 0, 0) for n in range(1, space.max_gpus // per + 1)]
@@ -164,7 +172,7 @@ def candidates(space: Space) -> tuple[Candidate, ...]:
         for n, p, d in shapes:
             out.append(Candidate(gpu=gpu, tp=tp, pp=pp, replicas=n, prefill_replicas=p, decode_replicas=d,
                                  max_num_seqs=seqs, max_num_batched_tokens=tokens, gpu_memory_utilization=util,
-                                 kv_dtype=kv, prefix_caching=cached, offload_memory=offload))
+                                 kv_dtype=kv, prefix_caching=cached, offload_memory=offload, speculative=spec))
             if len(out) > MAX_CANDIDATES:
                 raise KVBudgetError(f"max_gpus: the search space holds more than {MAX_CANDIDATES:,} candidates; "
                                     "lower it, or give fewer GPUs or fewer values per setting", param="max_gpus")
@@ -193,46 +201,13 @@ class Measured:
 SHOWN = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99")
 
 
-class _Missed(Exception):
-    """Raised inside a run once an objective is certainly missed (`_Stop`)."""
-
-
-class _Stop:
-    """Ends a run as soon as the requests finished so far miss an objective whatever the rest do: a nearest-rank
-    percentile p of n values passes a limit once n - ceil(p n) + 1 of them are past it (the maximum: one)."""
-
-    def __init__(self, requests: Sequence[Request], slo: Mapping[str, float]) -> None:
-        totals = {"ttft": len(requests), "e2e": len(requests),
-                  "tpot": sum(1 for r in requests if r.output_tokens > 1)}
-        quantiles = {"p50": 0.5, "p90": 0.9, "p99": 0.99, "max": 1.0}
-        self.watch: list[tuple[str, int, float, int]] = []  # (name, which of ttft/tpot/e2e, limit, past needed)
-        for name, limit in slo.items():
-            kind, stat = check_metric(name)
-            if stat in quantiles:
-                n = totals[kind]
-                self.watch.append((name, ("ttft", "tpot", "e2e").index(kind), limit,
-                                   n - math.ceil(quantiles[stat] * n) + 1))
-        self.past = [0] * len(self.watch)
-        self.stopped: tuple[str, int, float] | None = None
-
-    def __call__(self, *finished: Any) -> None:
-        """A request answered: (replica index, in a fleet), request, ttft, tpot, e2e."""
-        values = finished[-3:]
-        for i, (name, which, limit, needed) in enumerate(self.watch):
-            value = values[which]
-            if value is not None and value > limit:
-                self.past[i] += 1
-                if self.past[i] >= needed:
-                    self.stopped = (name, self.past[i], limit)
-                    raise _Missed
-
-
 def simulate_candidate(model: Any, requests: Sequence[Request], candidate: Candidate, setup: Setup,
                        slo: Mapping[str, float], router: str, link: KVLink | None, stop: bool = True,
                        check: Callable[[], None] | None = None) -> Measured:
     """One candidate through the traffic: one engine, or a fleet of its replicas (a module-level function of
     plain data, for a process pool or Ray). `stop`: end the run once an objective is certainly missed (its figures
     are then left out); `check` as `simulate`'s (called every few ms; what it raises ends the search)."""
+    from kvbudget.simulation.earlystop import EarlyStop, Missed
     from kvbudget.simulation.fleet import simulate_fleet
     from kvbudget.simulation.routing import Pool
     from kvbudget.simulation.run import simulate
@@ -245,7 +220,7 @@ def simulate_candidate(model: Any, requests: Sequence[Request], candidate: Candi
     else:
         pools = [Pool(name="serve", setup=setup, replicas=c.replicas)]
     # (several sequences a request: a percentile counts requests, the hook sequences; no early stop then)
-    watch = _Stop(requests, slo) if stop and all(r.n == 1 and not r.beam_search for r in requests) else None
+    watch = EarlyStop(requests, slo) if stop and all(r.n == 1 and not r.beam_search for r in requests) else None
     try:
         if c.replica_count == 1:
             sim: Any = simulate(model, iter(requests), setup=setup, on_finish=watch, check=check)
@@ -253,7 +228,7 @@ def simulate_candidate(model: Any, requests: Sequence[Request], candidate: Candi
         else:
             sim = simulate_fleet(model, iter(requests), pools, router, kv_link=link, on_finish=watch, check=check)
             gpu_hours = sim.gpu_hours
-    except _Missed:
+    except Missed:
         assert watch is not None and watch.stopped is not None
         name, past, limit = watch.stopped
         unit = getattr(limit, "unit", "ms" if limit < 1 else "s")
@@ -368,6 +343,8 @@ class Recommendation:
             return f"same cost, {t.candidate.gpus - self.best.candidate.gpus} more GPUs"
         if _quantized(t.candidate) and not _quantized(self.best.candidate):
             return f"same cost, KV dtype {t.candidate.kv_dtype} (its quality to check) against the model's own"
+        if t.candidate.speculative is not None and self.best.candidate.speculative is None:
+            return f"same cost, speculative decoding ({t.candidate.speculative.label()}: its acceptance to check)"
         return (f"same cost, thinner margin (worst objective at {t.worst:.0%} of its limit, "
                 f"against {self.best.worst:.0%})")
 
@@ -402,14 +379,23 @@ class Recommendation:
             raise KVBudgetError(f"slo: no candidate meets it: {self.binding}", param="slo")
         c = self.best.candidate
         setup = self.setups[c.setting]
+        spec = c.speculative
+        if spec is not None and spec.draft_id is not None:  # a catalog name as the Hub id the engine loads
+            from kvbudget.catalog import find
+
+            entry = find(spec.draft_id)
+            spec = replace(spec, draft_id=entry.hf_id) if entry else spec
         plan = PoolPlan(gpu=c.gpu, tp=c.tp, pp=c.pp, max_num_seqs=setup.max_num_seqs,
                         max_num_batched_tokens=setup.max_num_batched_tokens, max_model_len=setup.max_model_len,
                         gpu_memory_utilization=self.utilization[c.setting], kv_dtype=c.kv_dtype,
-                        prefix_caching=c.prefix_caching, offload_bytes=c.offload_memory, replicas=c.replicas or 1)
+                        prefix_caching=c.prefix_caching, offload_bytes=c.offload_memory, replicas=c.replicas or 1,
+                        speculative=spec)
         pools = ((replace(plan, role=Role.PREFILL, replicas=c.prefill_replicas),
                   replace(plan, role=Role.DECODE, replicas=c.decode_replicas)) if c.disaggregated else (plan,))
         objectives = ", ".join(f"{k} <= {shown(v, getattr(v, 'unit', 's'))}" for k, v in self.slo.items())
         notes = (f"chosen by kvbudget recommend for {objectives}",
+                 *((f"speculative decoding {spec.label()}: acceptance {spec.acceptance_source}; the time it buys "
+                    "rests on it: measure it on your traffic",) if spec else ()),
                  *self.quality_checks())
         return Deployment(model=self.hub_id, engine=self.engine, pools=pools, router=self.router,
                           kv_link=self.kv_link if c.disaggregated else None, notes=notes)
@@ -452,6 +438,7 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
         raise KVBudgetError("trace: the traffic holds no request; give a longer slice or another trace",
                             param="trace")
     price = {gpu: price_for(dict(prices), gpu) for gpu in space.gpus}  # an unpriced GPU fails before any plan
+    check_speculates(ask, any(s is not None for s in space.speculative))
     listed = candidates(space)
     setups, utilization, pruned, links = _plan(ask, listed, kv_link)
     alive = [c for c in listed if c.setting in setups and (not c.disaggregated or (c.gpu, c.setting) in links)]
@@ -486,8 +473,8 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
         for i, m in zip(stopped, whole, strict=True):
             c = tried[i].candidate
             tried[i] = _tried(c, m, price[c.gpu], setups[c.setting], slo)
-    best = min(meeting, key=lambda t: (t.price_per_hour, t.candidate.gpus, _quantized(t.candidate), t.worst),
-               default=None)
+    best = min(meeting, key=lambda t: (t.price_per_hour, t.candidate.gpus, _quantized(t.candidate),
+                                       t.candidate.speculative is not None, t.worst), default=None)
     from kvbudget.catalog import find
 
     entry = find(ask.model.name)
@@ -496,6 +483,17 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
                           kv_link=kv_link if space.disaggregated else None, listed=len(listed),
                           pruned=tuple(pruned), skipped=len(alive) - done, tried=tuple(tried), best=best,
                           setups=setups, utilization=utilization, model_dtype=ask.model.dtype)
+
+
+def check_speculates(ask: SimulationAsk, drafting: bool) -> None:
+    """Refuse speculative decoding in a search on an engine whose drafting the simulator does not follow (each such
+    candidate would be pruned, unsimulated)."""
+    from kvbudget.engines.scheduling.setup import Simulates
+
+    if drafting and not (isinstance(ask.engine, Simulates) and ask.engine.simulator().speculates):
+        raise KVBudgetError(f"speculative: recommend simulates each candidate, and kvbudget's simulator does not "
+                            f"follow {ask.engine.name}'s drafting; leave it out or give another engine",
+                            param="speculative")
 
 
 def _check_lengths(requests: Sequence[Request], setups: Iterable[Setup]) -> None:
@@ -560,10 +558,12 @@ def _plan(ask: SimulationAsk, listed: Iterable[Candidate], kv_link: str
                 setups[key] = setup = setup_of(replace(
                     ask, gpu=c.gpu, tp=c.tp, pp=c.pp, max_num_seqs=c.max_num_seqs,
                     max_num_batched_tokens=c.max_num_batched_tokens, utilization=c.gpu_memory_utilization,
-                    kv_dtype=c.kv_dtype, prefix_caching=c.prefix_caching, offload_memory=c.offload_memory))
+                    kv_dtype=c.kv_dtype, prefix_caching=c.prefix_caching, offload_memory=c.offload_memory,
+                    speculative=c.speculative))
                 card = find_gpu(c.gpu)
                 utilization[key] = c.gpu_memory_utilization or ask.engine.serving(
-                    card.memory_bytes, setup.max_model_len, EngineOptions(), gpu_name=card.name, tp=c.tp,
+                    card.memory_bytes, setup.max_model_len, EngineOptions(speculative=c.speculative),
+                    gpu_name=card.name, tp=c.tp,
                     model=ask.model).memory_fraction
             except KVBudgetError as exc:
                 refused[key] = str(exc)
@@ -589,7 +589,8 @@ def _plan(ask: SimulationAsk, listed: Iterable[Candidate], kv_link: str
 
 
 def _setting_label(key: tuple[Any, ...]) -> str:
-    gpu, tp, pp, seqs, tokens, util, kv, cached, offload = key
+    gpu, tp, pp, seqs, tokens, util, kv, cached, offload, spec = key
     one = Candidate(gpu=gpu, tp=tp, pp=pp, max_num_seqs=seqs, max_num_batched_tokens=tokens,
-                    gpu_memory_utilization=util, kv_dtype=kv, prefix_caching=cached, offload_memory=offload)
+                    gpu_memory_utilization=util, kv_dtype=kv, prefix_caching=cached, offload_memory=offload,
+                    speculative=spec)
     return one.label().removeprefix("1 x ")

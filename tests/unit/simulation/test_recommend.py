@@ -125,16 +125,16 @@ def test_no_early_stop_for_requests_of_several_sequences(ask):
        stat=st.sampled_from(["p50", "p90", "p99", "max"]))
 def test_the_stop_rule_matches_the_nearest_rank_percentile(values, limit, stat):
     from kvbudget.engines.scheduling.workload import Request
+    from kvbudget.simulation.earlystop import EarlyStop, Missed
     from kvbudget.simulation.percentiles import Percentiles
-    from kvbudget.simulation.recommend import _Missed, _Stop
 
     requests = [Request(arrival=0.0, prompt_tokens=1, output_tokens=2) for _ in values]
-    stop = _Stop(requests, {f"ttft_{stat}": limit})
+    stop = EarlyStop(requests, {f"ttft_{stat}": limit})
     fired = False
     try:
         for v in values:
             stop(None, v, None, v)
-    except _Missed:
+    except Missed:
         fired = True
     percentiles = Percentiles.of(tuple(values))
     assert percentiles is not None

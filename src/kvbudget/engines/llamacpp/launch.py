@@ -10,6 +10,10 @@
 - `--no-cache-prompt` turns prompt caching off; `--cache-ram MiB` the host-RAM prompt cache (offload);
 - `--metrics` publishes /metrics (off by default); `--host 0.0.0.0` (its default is 127.0.0.1, unreachable from
   outside a container).
+- speculative decoding (the methods kvbudget sizes at this build: engine.py speculative_methods): a draft model,
+  `-hfd REPO` (`--model-draft FILE` for a .gguf) with `--spec-type draft-simple` and `--spec-draft-n-max K`
+  (common_speculative_impl_draft_simple drafts up to params.draft.n_max, common/speculative.cpp); n-gram lookup,
+  `--spec-type ngram-simple` with `--spec-ngram-simple-size-m K` (ngram-simple drafts up to size_m tokens).
 llama-server takes no memory fraction, no tensor or pipeline parallelism as kvbudget models them, no queue limits
 and no disaggregated prefill: those are refused or left to the guard, and said so.
 """
@@ -20,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from kvbudget.engines.launch import Launch, refuse
 from kvbudget.engines.scheduling.setup import Role
+from kvbudget.speculative import SpecMethod
 
 if TYPE_CHECKING:
     from kvbudget.deployment import Deployment, PoolPlan
@@ -27,7 +32,8 @@ if TYPE_CHECKING:
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # common/arg.cpp kv_cache_types
 # the flags of common/arg.cpp (llama-cpp-python 0.3.36's llama.cpp) this module writes
 FLAGS = ("-hf", "--host", "--port", "--alias", "-np", "-c", "-b", "-ngl", "-ctk", "-ctv", "--no-cache-prompt",
-         "--cache-ram", "--metrics")
+         "--cache-ram", "--metrics", "-hfd", "--model-draft", "--spec-type", "--spec-draft-n-max",
+         "--spec-ngram-simple-size-m")
 MIB = 2**20
 
 
@@ -56,6 +62,15 @@ def command(pool: PoolPlan, deployment: Deployment) -> Launch:
             raise refuse("offload_bytes", "llama-server's prompt cache (--cache-ram) is whole MiB; give at least 1 MiB")
         argv += ["--cache-ram", str(pool.offload_bytes // MIB)]
     argv.append("--metrics")
+    spec = pool.speculative
+    if spec is not None and spec.method is SpecMethod.DRAFT_MODEL and spec.draft_id is not None:
+        argv += ["--model-draft" if spec.draft_id.endswith(".gguf") else "-hfd", spec.draft_id,
+                 "--spec-type", "draft-simple", "--spec-draft-n-max", str(spec.num_tokens)]
+    elif spec is not None and spec.method is SpecMethod.NGRAM:
+        argv += ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", str(spec.num_tokens)]
+    elif spec is not None:
+        raise refuse("speculative", f"{spec.method}: kvbudget writes llama-server's draft-model and ngram drafting "
+                                    "(the methods it sizes at this build); give one of them")
     notes = [f"llama-server takes no memory fraction: it allocates what -c and -np need at start "
              f"(gpu_memory_utilization {pool.gpu_memory_utilization} not written)"]
     if pool.max_num_queued_reqs is not None or pool.max_num_queued_tokens is not None:

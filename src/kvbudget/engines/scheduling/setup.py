@@ -156,8 +156,7 @@ class Drafting:
 
     def to_dict(self) -> dict[str, Any]:
         s = self.spec
-        return {"method": s.method.value, "num_speculative_tokens": s.num_tokens, "draft_model": s.draft_id,
-                "acceptance": list(s.rates()), "acceptance_source": s.acceptance_source,
+        return {**s.to_dict(), "acceptance": list(s.rates()), "acceptance_source": s.acceptance_source,
                 "drafter_time": self.basis,
                 "drafter_time_model": self.time_model.to_dict() if self.time_model else None,
                 "drafter_cpu_per_seq_s": self.cpu_per_seq}

@@ -13,6 +13,12 @@ this module writes, each present in that release's file):
   limit on queued tokens;
 - --disaggregation-mode prefill|decode with --disaggregation-transfer-backend nixl (choices mooncake, nixl in
   0.4.6; mooncake, nixl, ascend, fake in 0.5.3).
+- speculative decoding, 0.5.3 (the release whose drafters kvbudget sizes: engines/sglang/speculative.py):
+  --speculative-algorithm EAGLE|EAGLE3|NEXTN|STANDALONE|NGRAM, --speculative-num-steps K --speculative-eagle-topk 1
+  --speculative-num-draft-tokens K + 1 (the chain kvbudget sizes and simulates), --speculative-draft-model-path
+  (NEXTN takes the target's own path: _handle_speculative_decoding); NGRAM drafts K + 1 tokens a request
+  (ngram_worker.py draft_token_num, the last token among them) in a tree of --speculative-ngram-max-bfs-breadth
+  branches, written 1 for the chain.
 """
 
 from __future__ import annotations
@@ -21,11 +27,13 @@ from typing import TYPE_CHECKING
 
 from kvbudget.engines.launch import Launch, refuse
 from kvbudget.engines.scheduling.setup import Role
+from kvbudget.engines.sglang import speculative
 from kvbudget.engines.sglang.releases import NEWEST, release_name
 
 if TYPE_CHECKING:
     from kvbudget.deployment import Deployment, PoolPlan
     from kvbudget.engines.sglang.engine import SGLangEngine
+    from kvbudget.speculative import Speculative
 
 KV_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3")  # --kv-cache-dtype's choices in 0.4.6 and 0.5.3
 OLDEST = (0, 4, 6)  # the oldest release whose server_args.py was read
@@ -40,7 +48,9 @@ FLAGS = {
                 "--chunked-prefill-size", "--context-length", "--mem-fraction-static", "--kv-cache-dtype",
                 "--page-size", "--disable-radix-cache", "--enable-metrics", "--disaggregation-mode",
                 "--disaggregation-transfer-backend", "--enable-hierarchical-cache", "--hicache-size",
-                "--max-queued-requests"),
+                "--max-queued-requests", "--speculative-algorithm", "--speculative-num-steps",
+                "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--speculative-draft-model-path",
+                "--speculative-ngram-max-bfs-breadth"),
 }
 
 
@@ -74,6 +84,8 @@ def command(engine: SGLangEngine, pool: PoolPlan, deployment: Deployment) -> Lau
                                           f"(--hicache-size); {pool.offload_bytes:,} bytes over {pool.tp} rank(s) "
                                           f"on {shown} cannot be")
         argv += ["--enable-hierarchical-cache", "--hicache-size", str(gb)]
+    if pool.speculative is not None:
+        argv += speculative_args(pool.speculative, version, shown)
     notes = []
     if pool.role is not Role.BOTH:
         argv += ["--disaggregation-mode", pool.role.value, "--disaggregation-transfer-backend", "nixl"]
@@ -89,3 +101,21 @@ def command(engine: SGLangEngine, pool: PoolPlan, deployment: Deployment) -> Lau
     return Launch(argv=tuple(argv), image=f"lmsysorg/sglang:v{shown}", notes=tuple(notes),
                   pd_connector="sglang" if pool.role is not Role.BOTH else "",
                   source=f"SGLang {shown}: flags as in python/sglang/srt/server_args.py of the {read} wheel")
+
+
+def speculative_args(spec: Speculative, version: tuple[int, ...], shown: str) -> list[str]:
+    """The speculative decoding flags of `spec` on `version` (refused where kvbudget does not size the method)."""
+    from kvbudget.speculative import SpecMethod
+
+    if spec.method not in speculative.methods(version):
+        takes = ", ".join(speculative.METHODS)
+        raise refuse("speculative", f"{spec.method}: kvbudget writes SGLang's speculative flags as read in "
+                                    f"{release_name(speculative.READ)}'s server_args.py ({takes}), not {shown}; "
+                                    f"give {release_name(speculative.READ)}")
+    argv = ["--speculative-algorithm", speculative.NAMES[spec.method]]
+    if spec.method is SpecMethod.NGRAM:
+        return [*argv, "--speculative-num-draft-tokens", str(spec.num_tokens + 1),
+                "--speculative-ngram-max-bfs-breadth", "1"]
+    argv += ["--speculative-num-steps", str(spec.num_tokens), "--speculative-eagle-topk", "1",
+             "--speculative-num-draft-tokens", str(spec.num_tokens + 1)]
+    return argv + (["--speculative-draft-model-path", spec.draft_id] if spec.draft_id is not None else [])

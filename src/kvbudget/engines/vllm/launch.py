@@ -12,6 +12,11 @@ scripts/vllm_flags.py, are flags.json beside this module, against which the test
   from 0.11, float16 from 0.18).
 - --no-enable-prefix-caching: enable_prefix_caching is `bool | None`, which get_kwargs makes a
   BooleanOptionalAction from 0.8.5.
+- --speculative-config '{"method": ..., "num_speculative_tokens": K, "model": ...}' (every release read defines the
+  flag): SpeculativeConfig's fields `method`, `num_speculative_tokens` and `model` (vllm/config/speculative.py; its
+  SpeculativeMethod literal names draft_model with an underscore, "mtp" among its MTPModelTypes in 0.18.1, 0.28.0
+  and 0.32.0), written for the methods kvbudget sizes on the release (speculative.methods: mtp from 0.20, every
+  one at 0.32), as the pool was planned.
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.engines.launch import Launch, refuse
 from kvbudget.engines.scheduling.setup import Role
+from kvbudget.engines.vllm import speculative
 from kvbudget.engines.vllm.queued import FIRST as QUEUED_FIRST
 from kvbudget.engines.vllm.releases import NEWEST, parse_release
 from kvbudget.units import GIB
 
 if TYPE_CHECKING:
     from kvbudget.deployment import Deployment, PoolPlan
+    from kvbudget.speculative import Speculative
 
 OFFLOAD_FIRST = (0, 12)  # --kv-offloading-size
 NIXL_FIRST = (0, 9)  # the NixlConnector
@@ -81,6 +88,8 @@ def command(pool: PoolPlan, deployment: Deployment) -> Launch:
             raise refuse("offload_bytes", f"vLLM {shown} has no --kv-offloading-size (from 0.12); give a later "
                                           "release or no host tier")
         argv += ["--kv-offloading-size", repr(pool.offload_bytes / GIB), "--kv-offloading-backend", "native"]
+    if pool.speculative is not None:
+        argv += ["--speculative-config", speculative_config(pool.speculative, version, shown)]
     notes = []
     queued = (("--max-num-queued-reqs", pool.max_num_queued_reqs), ("--max-num-queued-tokens",
                                                                     pool.max_num_queued_tokens))
@@ -98,6 +107,19 @@ def command(pool: PoolPlan, deployment: Deployment) -> Launch:
     image = f"vllm/vllm-openai:v{deployment.release or name}"  # the project's image, tagged v<release>
     return Launch(argv=tuple(argv), image=image, pd_connector="nixlv2" if pool.role is not Role.BOTH else "",
                   notes=tuple(notes), source=source)
+
+
+def speculative_config(spec: Speculative, version: tuple[int, ...], shown: str) -> str:
+    """--speculative-config's JSON for `spec` on `version` (refused for a method kvbudget does not size there)."""
+    methods = speculative.methods(version, v0=False)
+    if spec.method not in methods:
+        takes = ", ".join(methods) or "none (mtp from 0.20, every method at 0.32)"
+        raise refuse("speculative", f"{spec.method}: kvbudget writes vLLM {shown}'s --speculative-config for the "
+                                    f"methods it sizes there: {takes}; give another method or release")
+    config: dict[str, Any] = {"method": spec.method.value.replace("-", "_"), "num_speculative_tokens": spec.num_tokens}
+    if spec.draft_id is not None:
+        config["model"] = spec.draft_id
+    return json.dumps(config, separators=(",", ":"))
 
 
 # NVIDIA Dynamo's releases and the vLLM each one's vllm-runtime image bundles (ai-dynamo/aiconfigurator
