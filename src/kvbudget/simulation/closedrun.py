@@ -186,7 +186,10 @@ def closed_run(run: Clock, sched: Queues, k: int, arrival: float,
         if peak > run.peak_usage:
             run.peak_usage = peak
     waiting = len(sched.waiting)
-    while end >= run.next_sample:  # the samples and scrapes: the first step at or past each instant
-        m = series.first(t0, run.next_sample)
+    m = 0
+    while end >= run.next_sample:  # the samples and scrapes: the first step at or past each instant, at most one
+        m = max(series.first(t0, run.next_sample), m + 1)  # a step (as the loop: an instant the rounding of
+        if m > n:                                          # floor(t / interval) leaves at t waits for the next step)
+            break
         run.next_sample = run.sampled(t0 + series.seconds(m), 1.0 - (free - taken(m - 1)) / usable, r, waiting)
     return n, end

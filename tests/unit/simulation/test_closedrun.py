@@ -43,3 +43,32 @@ def test_the_steps_below_the_pace_take_the_pace():
     assert series.m0 == 4500
     assert series.seconds(10) == 10 * 0.02
     assert math.isclose(series.seconds(4501), 4500 * 0.02 + 0.01 + 1e-6 * 10_000)
+
+
+def test_an_instant_the_rounding_leaves_at_a_step_waits_for_the_next_step():
+    """`_Run.sampled` may name as the next instant the one just reached ((floor(t / 0.05) + 1) x 0.05 is t itself
+    for t = 2080.35): the step-by-step loop then samples again at the next step; the closed form too, never twice
+    at one step (before: an endless loop)."""
+    from types import SimpleNamespace
+
+    from kvbudget.engines.scheduling.timing import TimeModel
+    from kvbudget.simulation.closedrun import closed_run
+
+    assert (math.floor(2080.35 / 0.05) + 1) * 0.05 <= 2080.35  # (the case)
+    seen: list[float] = []
+
+    class Clock:
+        t, usage_time, peak_usage, next_sample, on_step = 0.0, 0.0, 0.0, 0.0, None
+
+        def __init__(self):
+            self.slot_time = [0.0, 0.0, 0.0]
+        tm = TimeModel.fitted(overhead=0.01, per_context=0.0, per_token=0.0, basis="test")
+
+        def sampled(self, t, usage, running, waiting):
+            seen.append(t)
+            return t  # (the worst the rounding can do: the instant just reached)
+
+    sched = SimpleNamespace(cfg=SimpleNamespace(block_size=16), waiting=[], free_blocks=lambda: (99, 100))
+    # one request of 15 tokens in one block: 16 attended in its first step, its next block at the second
+    n, end = closed_run(Clock(), sched, 50, math.inf, (1, 16, 0.01, [1]))
+    assert n == 50 and len(seen) == 50 and seen == sorted(set(seen))  # one a step, each step once
