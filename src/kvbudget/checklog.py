@@ -14,7 +14,7 @@ from typing import Any
 
 from kvbudget.engines import ENGINES, LogCheck, ReadsLogs
 from kvbudget.engines.speclog import ReadsSpeculativeLogs
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, named
 from kvbudget.model.spec import ModelSpec
 from kvbudget.speculative import LoggedSpeculative
 
@@ -58,8 +58,12 @@ def draft_in_log(text: str, draft_model: str | None = None) -> dict[str, Any]:
 
     logged = speculative_in_log(text)
     needs = logged is not None and logged.method is not None and logged.method.needs_draft_model
+    if draft_model and not needs:
+        drafts = (f"drafts with {logged.engine_method or logged.method}, which has no draft model of its own"
+                  if logged is not None else "does not draft")
+        raise KVBudgetError(f"draft_model: the log {drafts}; leave {named('draft_model')} out", param="draft_model")
     source = draft_model or (logged.draft if needs and logged is not None else None)
-    if not source or not (needs or draft_model):
+    if not source:
         return {}
     try:
         return {"draft_model": source, "draft": load_model(source)}

