@@ -14,7 +14,7 @@ from typing import Any
 
 from kvbudget.engines import ENGINES, LogCheck, ReadsLogs
 from kvbudget.engines.speclog import ReadsSpeculativeLogs
-from kvbudget.errors import KVBudgetError
+from kvbudget.errors import KVBudgetError, named
 from kvbudget.model.spec import ModelSpec
 from kvbudget.speculative import LoggedSpeculative
 
@@ -49,7 +49,36 @@ def speculative_in_log(text: str) -> LoggedSpeculative | None:
     return engine.speculative_in_log(text) if isinstance(engine, ReadsSpeculativeLogs) else None
 
 
+def draft_in_log(text: str, draft_model: str | None = None) -> dict[str, Any]:
+    """The drafter of a log that drafts with a model of its own (EAGLE, EAGLE-3 heads, a draft model), as check-log's
+    settings take it: `draft_model` the name it is loaded by (the one given, else the log's) and `draft` its spec
+    where it can be read here (the engine asks for `draft_model` where it needs one it does not have); none for
+    logs that draft with no model of their own. A `draft_model` given that cannot be read is an error."""
+    from kvbudget.model.load import load_model
+
+    logged = speculative_in_log(text)
+    needs = logged is not None and logged.method is not None and logged.method.needs_draft_model
+    if draft_model and not needs:
+        drafts = (f"drafts with {logged.engine_method or logged.method}, which has no draft model of its own"
+                  if logged is not None else "does not draft")
+        raise KVBudgetError(f"draft_model: the log {drafts}; leave {named('draft_model')} out", param="draft_model")
+    source = draft_model or (logged.draft if needs and logged is not None else None)
+    if not source:
+        return {}
+    try:
+        return {"draft_model": source, "draft": load_model(source)}
+    except KVBudgetError as exc:
+        if draft_model:
+            raise KVBudgetError(f"draft_model {draft_model!r}: {exc}", param="draft_model") from None
+        # why, without the loader's own advice (the engine's error says what to pass)
+        return {"draft_model": source, "draft_unread": str(exc).removeprefix(f"{source}: ").split("; pass ")[0]}
+
+
 def check_log(text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
     """The log's KV figures beside kvbudget's for the same settings; `given` states settings the log leaves out
-    (max_model_len, tp, pp, kv_cache_dtype, max_num_batched_tokens, engine_version)."""
+    (max_model_len, tp, pp, kv_cache_dtype, max_num_batched_tokens, engine_version, draft_model). A drafter the
+    log names by a path or id readable here is loaded (`draft_in_log`) unless `given` names one."""
+    given = dict(given or {})
+    if not given.keys() & {"draft", "draft_unread"}:
+        given.update(draft_in_log(text, given.get("draft_model")))
     return replace(detect_engine(text).check_log(text, model, given), model_in_log=model_in_log(text))

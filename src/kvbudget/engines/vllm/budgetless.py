@@ -37,8 +37,7 @@ def shown_settings(st: LogSettings, read: dict, assumed: dict) -> dict:
         settings["pp_layer_partition"] = ",".join(map(str, st.partition))
     if st.backend is not None:
         settings["attention_backend"] = st.backend
-    if st.spec_tokens:
-        settings["num_speculative_tokens"] = st.spec_tokens
+    settings.update(st.drafting_shown())
     return {k: v for k, v in settings.items() if k not in assumed}
 
 
@@ -119,8 +118,7 @@ def v1_check_without_budget(engine: VLLMEngine, model: ModelSpec, st: LogSetting
             "none of the known causes (prefix caching, tensor parallel size) makes the rows agree",)
     settings = {"max_model_len": st.max_len, "tp": st.tp, "kv_cache_dtype": st.kv_dtype, "prefix_caching": st.prefix,
                 "engine_version": f"{st.version[0]}.{st.version[1]}" if st.version else None}
-    if st.spec_tokens:
-        settings["num_speculative_tokens"] = st.spec_tokens
+    settings.update(st.drafting_shown())
     shown = {k: v for k, v in settings.items() if k not in assumed}
     return LogCheck(engine="vllm", model_in_log=None, settings=shown, rows=tuple(rows),
                     assumed={**assumed, "KV budget": "not printed: the token count and "

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from kvbudget.choices import Device
 from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
 from kvbudget.engines.speclog import speculative_rows
+from kvbudget.engines.vllm import speculative
 from kvbudget.engines.vllm.budgetless import (
     count_span,
     cpu_blocks_row,
@@ -244,17 +245,20 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
             read["engine"] = "V0 (its CPU blocks or refusal)"
         st = replace(st, version=(0, 7) if st.version else (0, 6), hybrid=False)
     if not budgets and cpu_blocks:
-        return v0_check_without_budget(engine, text, model, st, assumed, v0_refusal, conc, int(cpu_blocks.group(1)))
+        return _drafting(v0_check_without_budget(engine, text, model, st, assumed, v0_refusal, conc,
+                                                 int(cpu_blocks.group(1))), text, model, st)
     if not st.max_len:
         raise KVBudgetError(NO_MAX_LEN)
     tokens_line = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
     if not budgets and tokens_line and conc and st.version is None:
         st = _era_of_the_token_count(engine, model, st, assumed, int(num(tokens_line.group(1))), conc.group(2))
     if not budgets and tokens_line and conc and st.version is not None:
-        return v1_check_without_budget(engine, model, st, assumed, int(num(tokens_line.group(1))), conc.group(2))
+        return _drafting(v1_check_without_budget(engine, model, st, assumed, int(num(tokens_line.group(1))),
+                                                 conc.group(2)), text, model, st)
     blocks_line = re.search(r"# GPU blocks: (\d+)\s*$", text, re.MULTILINE)
     if not budgets and blocks_line and conc:
-        return early_v1_check(engine, model, st, read, assumed, int(blocks_line.group(1)), conc.group(2))
+        return _drafting(early_v1_check(engine, model, st, read, assumed, int(blocks_line.group(1)), conc.group(2)),
+                         text, model, st)
     if not budgets:
         raise KVBudgetError("check-log: the vLLM log states no KV budget ('Available KV cache memory', "
                             "'kv_cache_size=', 'Explicitly set' or a refusal naming the available memory); run vLLM "
@@ -271,10 +275,25 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
     rows += offload_rows(engine, model, text, size=setting(text, "kv_offloading_size"),
                          backend=setting(text, "kv_offloading_backend"), kv_dtype=st.kv_dtype, tp=st.tp,
                          options=st.options())
-    if (drafting := read_speculative(text)) is not None:
-        rows += speculative_rows(drafting)
-    return LogCheck(engine="vllm", model_in_log=None, settings=shown_settings(st, read, assumed), rows=tuple(rows),
-                    assumed=assumed, causes=tuple(causes))
+    return _drafting(LogCheck(engine="vllm", model_in_log=None, settings=shown_settings(st, read, assumed),
+                              rows=tuple(rows), assumed=assumed, causes=tuple(causes)), text, model, st)
+
+
+def _drafting(check: LogCheck, text: str, model: ModelSpec, st: LogSettings) -> LogCheck:
+    """The check with the log's drafting beside the plan's for the same settings (st.drafting, whose drafter the
+    KV rows above already count), with the drafter's weights as the plan loads them (speculative.py's
+    drafter_weights) where the method has a model of its own."""
+    logged = read_speculative(text)
+    if logged is None:
+        return check
+    plan = st.drafting
+    weights = speculative.drafter_weights(model, plan, st.tp) if plan is not None and plan.draft else None
+    rows = speculative_rows(logged, plan, drafter_bytes=weights[0] if weights else None)
+    if plan is not None and plan.draft_id and logged.draft and plan.draft_id != logged.draft:
+        # the drafter was loaded from another name (draft_model) as a stand-in for the log's: shown, not compared
+        rows = [replace(r, matches=None, note=f"loaded from {plan.draft_id} in place of the log's path")
+                if r.quantity == "speculative: draft model" else r for r in rows]
+    return replace(check, rows=check.rows + tuple(rows))
 
 
 def _era_of_the_token_count(engine: VLLMEngine, model: ModelSpec, st: LogSettings, assumed: dict, tokens: int,

@@ -11,8 +11,10 @@ from kvbudget.choices import Device
 from kvbudget.engines.base import EngineOptions
 from kvbudget.engines.vllm.releases import Release, batch_defaults, parse_release
 from kvbudget.engines.vllm.speclog import read_speculative
-from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError, spelled
-from kvbudget.speculative import MAX_SPECULATIVE_TOKENS, SpecMethod
+from kvbudget.engines.vllm.speculative import SPECULATIVE_RELEASE
+from kvbudget.engines.vllm.speculative import methods as speculative_methods
+from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError, named, spelled
+from kvbudget.speculative import MAX_SPECULATIVE_TOKENS, SpecMethod, Speculative
 from kvbudget.units import GIB
 
 
@@ -72,6 +74,7 @@ class LogSettings:
     partition: tuple[int, ...] | None = None
     backend: str | None = None
     spec_tokens: int = 0  # speculative decoding with the model's MTP layers: draft tokens per step
+    drafting: Speculative | None = None  # what the log drafts with, as a command would ask for it
     max_num_seqs: int | None = None
     eager: bool = False
     stated: frozenset[str] = frozenset()  # the parallel sizes (tp, pp) the log itself prints: facts, never causes
@@ -81,7 +84,22 @@ class LogSettings:
                              hybrid_allocator=self.hybrid, engine_version=self.version,
                              attention_backend=self.backend, pp_layer_partition=self.partition,
                              num_speculative_tokens=self.spec_tokens, max_num_seqs=self.max_num_seqs,
-                             enforce_eager=self.eager)
+                             enforce_eager=self.eager, speculative=self.drafter)
+
+    @property
+    def drafter(self) -> Speculative | None:
+        """The drafter with a model of its own (an EAGLE or EAGLE-3 head, a draft model) the plan sizes; MTP goes as
+        `spec_tokens`, and n-gram and suffix lookup add nothing to size."""
+        d = self.drafting
+        return d if d is not None and d.method.needs_draft_model else None
+
+    def drafting_shown(self) -> dict:
+        """The speculative settings as check-log shows them (the MTP draft tokens alone where only they are known)."""
+        d = self.drafting
+        if d is None:
+            return {"num_speculative_tokens": self.spec_tokens} if self.spec_tokens else {}
+        return {"speculative": str(d.method), "num_speculative_tokens": d.num_tokens,
+                **({"draft_model": d.draft_id} if d.draft_id else {})}
 
 
 def other_sizes(st: LogSettings, key: str, sizes: tuple[int, ...]) -> tuple[int, ...]:
@@ -164,7 +182,7 @@ def read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Mat
         (name for name, pattern in _BACKEND_LINES.items() if re.search(pattern, text)), None)
     if backend:
         read["attention_backend"] = backend
-    spec_tokens = _speculative_tokens(text, given, read)
+    spec_tokens, drafting = _speculative(text, given, read, version)
     hybrid_off = setting(text, "disable_hybrid_kv_cache_manager")
     hybrid = not (hybrid_off is not None and truthy(hybrid_off)) and not (
         version and not Release(version).hybrid_allocator)
@@ -172,7 +190,7 @@ def read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Mat
                             prefix=bool(prefix),
                             mnbt=whole("max_num_batched_tokens", mnbt) if mnbt is not None else None, version=version,
                             hybrid=hybrid,
-                            partition=partition, backend=backend, spec_tokens=spec_tokens,
+                            partition=partition, backend=backend, spec_tokens=spec_tokens, drafting=drafting,
                             max_num_seqs=whole("max_num_seqs", seqs) if seqs is not None else None, eager=eager,
                             stated=_stated(text))
     return settings, read, assumed
@@ -189,38 +207,66 @@ def _default_mnbt(text: str, version: tuple[int, int] | None, assumed: dict) -> 
     return mnbt
 
 
-def _speculative_tokens(text: str, given: dict, read: dict) -> int:
-    """Draft tokens per step when the log drafts with the model's MTP layers (speclog.py reads where vLLM says so);
-    0 without a speculative config (or with one naming neither a method nor a draft model), and for n-gram and
-    suffix lookup (which add no cache). Other drafters are refused, naming what the log says of them: their caches
-    are not modelled."""
+def _speculative(text: str, given: dict, read: dict, version: tuple[int, int] | None
+                 ) -> tuple[int, Speculative | None]:
+    """What the log drafts with: the draft tokens per step with the model's MTP layers (0 for every other method,
+    and without a speculative config or with one naming neither a method nor a draft model), and the drafting as a
+    command would ask for it (the method, k, and for EAGLE, EAGLE-3 and draft models the drafter, from `given`'s
+    `draft`: loaded by check-log from the name the log gives or `draft_model`). A drafter kvbudget has no method
+    for is refused, naming what the log says of it."""
     if given.get("num_speculative_tokens") is not None:
         read["num_speculative_tokens"] = given["num_speculative_tokens"]
-        return whole("num_speculative_tokens", given["num_speculative_tokens"])
+        tokens: int | None = whole("num_speculative_tokens", given["num_speculative_tokens"])
+    else:
+        tokens = None
     logged = read_speculative(text)
     # a draft model named without a method (V0's --speculative-model, whose SpecDecodeWorker splits the blocks
     # between target and drafter: spec_decode_worker.py) is refused below, not checked as without a drafter
     if logged is None or not (logged.engine_method or logged.draft):
-        return 0
-    if logged.method in (SpecMethod.NGRAM, SpecMethod.SUFFIX):  # no drafter layers; V1 counts a request's blocks
-        return 0  # at max_model_len whatever k is (kv_cache_interface.py, read in 0.8.5 to 0.32)
-    if logged.method is not SpecMethod.MTP:
+        return tokens or 0, None
+    method = logged.method
+    if method is None or (method.needs_draft_model and not logged.engine_method):
         said = ", ".join(part for part in (
             f"{logged.num_tokens} draft tokens per step" if logged.num_tokens is not None else "",
             f"draft model {logged.draft}" if logged.draft else "") if part)
-        method = (f"speculative method {logged.engine_method!r}" if logged.engine_method else
-                  "a drafter whose method it does not name")
-        raise UnsupportedArchitectureError(f"check-log: the log drafts with {method}" + (f" ({said})" if said else "")
-                                           + ", whose caches kvbudget does not model yet (only the model's own MTP "
-                                           "layers)")
-    if logged.num_tokens is None:
-        raise KVBudgetError("check-log: the log drafts with MTP but names no num_speculative_tokens; give "
-                            "--num-speculative-tokens", param="num_speculative_tokens")
-    if not 1 <= logged.num_tokens <= MAX_SPECULATIVE_TOKENS:
-        raise KVBudgetError(f"check-log: the log's num_speculative_tokens {logged.num_tokens} is out of range (1 to "
-                            f"{MAX_SPECULATIVE_TOKENS}); give --num-speculative-tokens", param="num_speculative_tokens")
-    read["num_speculative_tokens"] = logged.num_tokens
-    return logged.num_tokens
+        what = (f"speculative method {logged.engine_method!r}" if logged.engine_method else
+                "a drafter whose method it does not name")
+        raise UnsupportedArchitectureError(f"check-log: the log drafts with {what}" + (f" ({said})" if said else "")
+                                           + ", whose caches kvbudget does not model (it models eagle, eagle3, "
+                                           "draft_model, mtp, ngram and suffix)")
+    if tokens is None:
+        if logged.num_tokens is None:
+            raise KVBudgetError(f"check-log: the log drafts with {method} but names no num_speculative_tokens; give "
+                                "--num-speculative-tokens", param="num_speculative_tokens")
+        if not 1 <= logged.num_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise KVBudgetError(f"check-log: the log's num_speculative_tokens {logged.num_tokens} is out of range (1 "
+                                f"to {MAX_SPECULATIVE_TOKENS}); give --num-speculative-tokens",
+                                param="num_speculative_tokens")
+        tokens = logged.num_tokens
+        read["num_speculative_tokens"] = tokens
+    if not tokens:  # 0 given: checked as without speculative decoding
+        return 0, None
+    read["speculative"] = str(method)
+    if method in (SpecMethod.NGRAM, SpecMethod.SUFFIX):  # no drafter layers; V1 counts a request's blocks at
+        return 0, Speculative(method=method, num_tokens=tokens)  # max_model_len whatever k is (kv_cache_interface.py)
+    if method is SpecMethod.MTP:
+        return tokens, Speculative(method=method, num_tokens=tokens)
+    if version is not None and method not in speculative_methods(version, Release(version).v0):
+        raise UnsupportedArchitectureError(
+            f"check-log: the log's vLLM {version[0]}.{version[1]} drafts with {method}, whose drafter kvbudget sizes "
+            f"from vLLM {SPECULATIVE_RELEASE[0]}.{SPECULATIVE_RELEASE[1]}'s rules on (engines/vllm/speculative.py); "
+            f"its cache is not checked (pass {named('engine_version')} only if the log's release is wrong)",
+            param="engine_version")
+    draft = given.get("draft")
+    if draft is None:
+        source = given.get("draft_model") or logged.draft
+        why = (f"its draft model {source!r} cannot be read here ({given['draft_unread']})" if given.get("draft_unread")
+               else f"its draft model {source!r} was not loaded" if source else "it names no draft model")
+        raise KVBudgetError(f"check-log: the log drafts with {method}, and {why}; pass {named('draft_model')} (a "
+                            "config.json, model folder, catalog name or Hub id)", param="draft_model")
+    draft_id = str(given.get("draft_model") or logged.draft)
+    read["draft_model"] = draft_id
+    return 0, Speculative(method=method, num_tokens=tokens, draft=draft, draft_id=draft_id)
 
 
 def log_total_memory(text: str) -> float | None:
