@@ -39,6 +39,8 @@ class Outside(Protocol):
 
     def holds(self) -> bool: ...  # requests wait at the front
 
+    def waits_for_decode(self) -> bool: ...  # what it decides at an arrival depends on what the decode side answered
+
 
 @dataclass(frozen=True, kw_only=True)
 class KVTransfer:
@@ -120,6 +122,8 @@ class Handover:
         #                                     (it, the prefill's e2e, the prefill request, its replica)
         self.ttft, self.tpot, self.e2e = array("d"), array("d"), array("d")
         self.transfers: list[tuple[int, Any]] = []  # retired decode replicas' (GPUs, transfer totals)
+        # prefill replica -> {decode replica: requests it handed there whose read has not started}
+        self.unread: dict[int, dict[int, int]] = {}
 
     def add(self, rep: Replica) -> None:
         """A replica of either side joins (at the start, or an autoscaler's)."""
@@ -127,11 +131,12 @@ class Handover:
         if rep.pool.role is Role.PREFILL:
             self.prefill.append(rep)
             self.done[rep.index], self.seen[rep.index], self.holding[rep.index] = [], 0, 0
+            self.unread[rep.index] = {}
             rep.run.on_finish = lambda r, _ttft, _tpot, e2e, mine=self.done[rep.index]: mine.append((r, e2e))
         else:
             self.decode.append(rep)
             rep.run.on_finish = lambda r, ttft, tpot, e2e, i=rep.index: self.answered(r, ttft, tpot, e2e, i)
-            rep.run.sched.on_read = self.read
+            rep.run.sched.on_read = lambda d, start, done, i=rep.index: self.read(d, start, done, i)
 
     def retire(self) -> bool:
         """Drained replicas with nothing left to do (a prefill one: no KV left for the decode side to read) let
@@ -156,10 +161,14 @@ class Handover:
         if self.on_finish is not None:  # the client's request: sent when the prefill request was
             self.on_finish(replica, replace(r, arrival=p.arrival), earlier + ttft, tpot, earlier + e2e)
 
-    def read(self, d: Request, start: float, done: float) -> None:
-        """A decode replica starts reading `d`'s KV at `start`, done at `done`: the prefill side frees its blocks
-        then."""
+    def read(self, d: Request, start: float, done: float, decode: int) -> None:
+        """Decode replica `decode` starts reading `d`'s KV at `start`, done at `done`: the prefill side frees its
+        blocks then."""
         _, _, p, rep = self.before[id(d)]
+        unread = self.unread[rep.index]
+        unread[decode] -= 1
+        if not unread[decode]:
+            del unread[decode]
         rep.run.sched.release(p, done)
         self.holding[rep.index] -= 1
         self.freed[rep.index] = max(self.freed.get(rep.index, 0.0), done)
@@ -169,40 +178,44 @@ class Handover:
     def run(self, workload: Iterable[Request], progress: Callable[[int], None] | None, outside: Outside) -> int:
         """The requests of `workload` through the fleet; `outside` (the front door and its ticks, an autoscaler's
         decisions) takes each arrival and has its own events, taken first at a tie, each while every replica with
-        work has its clock at or past it (so what it reads of them is what they show then)."""
+        work has its clock at or past it (so what it reads of them is what they show then).
+
+        Each side goes only as far as what it must know: a decode replica up to the next instant a prefill could
+        be handed to it (the next finish known, or the earliest a busy prefill replica, or the next arrival, could
+        make), so its runs of decode steps are cut only there; a prefill replica up to the next instant the decode
+        side could start reading KV it holds (a request handed over and not yet read: the decode replica's clock,
+        or when it will be handed over), as a read takes some time after it starts. Arrivals and hand-overs go as
+        soon as the side they go to has reached them, the prefill side first, so the decode side sees the prefills'
+        ends as early as they are known."""
         arrivals = iter(workload)
         pending = next(arrivals, None)
         requests = 0
-        stuck: set[int] = set()  # replicas whose last turn could not move (a tie with the next event)
+        lazy = getattr(self.back, "lazy", False) is True  # it reads the decode replicas only as far as it needs
+        synced = outside.waits_for_decode()  # an arrival reads what the decode side answered by then
+        stuck: set[int] = set()  # replicas whose last turn waited and could not move (for a load or a release)
         while True:
             arrival = pending.arrival if pending is not None else math.inf
             handed = self.handed[0][0] if self.handed else math.inf
-            busy = [r for r in self.replicas if r.index not in stuck and r.run.sched.has_work()]
-            rep = min(busy, key=lambda r: (r.run.t, r.index), default=None)
-            first = rep.run.t if rep is not None else math.inf
-            if handed == arrival == first == math.inf and not outside.holds():
+            prefill = [r for r in self.prefill if r.run.sched.has_work()]
+            decode = [r for r in self.decode if r.run.sched.has_work()]
+            first_p = min((r.run.t for r in prefill), default=math.inf)
+            first_d = min((r.run.t for r in decode), default=math.inf)
+            if handed == arrival == first_p == first_d == math.inf and not outside.holds():
                 assert not any(r.run.sched.has_work() for r in self.replicas)
                 return requests
             event = outside.due()
-            if event <= min(handed, arrival, first):
+            if event <= min(handed, arrival, first_p, first_d):
                 outside.at(event)
-            elif handed <= arrival and handed <= first:
-                end, _, d = heapq.heappop(self.handed)
-                self.route(self.back, d, [r for r in self.decode if r.serving(end)], end,
-                           self.on_route).run.offer(d, self.holds.pop(id(d), None))
-            elif arrival <= first:
-                assert pending is not None
-                if pending.n > 1 or pending.beam_search:
-                    raise KVBudgetError(f"request {pending.id or requests + 1}: disaggregated serving is simulated "
-                                        "for one sequence a request (n 1, no beam search)", param="trace")
-                outside.arrive(pending)
+            elif handed < math.inf and handed <= min(arrival, first_p) and (lazy or handed <= first_d):
+                self.hand(lazy)
+            elif pending is not None and arrival <= first_p and (not synced or arrival <= first_d):
+                self.arrive(pending, requests, outside)
                 requests += 1
                 if progress is not None and requests % 1000 == 0:
                     progress(requests)
                 pending = next(arrivals, None)
             else:
-                assert rep is not None
-                bound = min(arrival, handed, event, *(r.run.t for r in busy if r is not rep))
+                rep, bound = self.next_turn(prefill, decode, stuck, (arrival, handed, event))
                 t, steps = rep.run.t, rep.run.steps
                 rep.run.step(bound)
                 if rep.pool.role is Role.PREFILL:
@@ -211,6 +224,58 @@ class Handover:
                     stuck.add(rep.index)
                     continue
             stuck.clear()
+
+    def next_turn(self, prefill: list[Replica], decode: list[Replica], stuck: set[int],
+                  events: tuple[float, float, float]) -> tuple[Replica, float]:
+        """The replica to take a turn and how far it may go (its `turn`'s bound): a prefill replica while no KV it
+        holds can be read before its clock, else a decode replica while no prefill can be handed to it before its
+        clock. A replica that waits (for a load or a release) and could not move lets the others go on to the
+        instant it waits for; where every one waits so, the earliest goes, as far as the others not waiting."""
+        arrival, handed, event = events
+        p = min((r for r in prefill if r.index not in stuck), key=lambda r: (r.run.t, r.index), default=None)
+        if p is not None:
+            # the earliest the decode side may start reading what it was handed (a waiting decode replica: at its
+            # next load done, or when another prefill replica could hand it a request)
+            others = min((r.run.t for r in prefill if r is not p), default=math.inf)
+            unread = self.unread[p.index]
+            freed = min((min(_wake(r), others) if r.index in stuck else r.run.t
+                         for r in decode if r.index in unread), default=handed)
+            freed = min(freed, handed)
+            if p.run.t < min(arrival, event) and p.run.t <= freed:
+                return p, min(arrival, event, freed)
+        # a decode replica that has a prefill replica's KV to read first (the prefill side waits on it), else the
+        # earliest
+        reading = {i for unread in self.unread.values() for i in unread}
+        d = min((r for r in decode if r.index not in stuck), key=lambda r: (r.index not in reading, r.run.t, r.index),
+                default=None)
+        if d is not None:
+            # the earliest a prefill can end: a waiting prefill replica's after its next release, which waits for a
+            # read that another decode replica may start
+            ends = min((min(_wake(r), handed, *(x.run.t for x in decode if x is not d and x.index in
+                                                self.unread[r.index])) if r.index in stuck else r.run.t
+                        for r in prefill), default=math.inf)
+            if d.run.t < min(handed, event) and d.run.t <= min(ends, arrival):
+                return d, min(handed, ends, arrival, event)
+        going = [r for r in (*prefill, *decode) if r.index not in stuck]
+        assert going, "every replica of a disaggregated fleet waits on another"
+        rep = min(going, key=lambda r: (r.run.t, r.index))
+        return rep, min(arrival, handed, event, *(r.run.t for r in going if r is not rep))
+
+    def hand(self, lazy: bool) -> None:
+        """The earliest prefill finished to a decode replica serving then."""
+        end, _, r = heapq.heappop(self.handed)
+        rep = self.route(self.back, r, [x for x in self.decode if x.serving(end)], end, self.on_route)
+        if lazy:
+            rep.advance(end)  # (where the router left it behind)
+        unread = self.unread[self.before[id(r)][3].index]
+        unread[rep.index] = unread.get(rep.index, 0) + 1
+        rep.run.offer(r, self.holds.pop(id(r), None))
+
+    def arrive(self, r: Request, before: int, outside: Outside) -> None:
+        if r.n > 1 or r.beam_search:
+            raise KVBudgetError(f"request {r.id or before + 1}: disaggregated serving is simulated for one sequence a "
+                                "request (n 1, no beam search)", param="trace")
+        outside.arrive(r)
 
     def send(self, r: Request, release: Callable[[], None] | None, now: float) -> None:
         """The client's request `r` to a prefill replica serving at `now` (`release`: the front door's hold on it,
@@ -252,3 +317,9 @@ class Handover:
                        output_tokens_per_s=output / duration if duration else 0.0, output_tokens=output,
                        prompt_tokens=sum(r.simulation.prompt_tokens for r in out.replicas if r.role is Role.PREFILL),
                        kv_transfer=transfer)
+
+
+def _wake(rep: Replica) -> float:
+    """When a replica that waits (nothing it can schedule) next can: its next load or release done (inf: none)."""
+    ready = rep.run.sched.next_ready()
+    return math.inf if ready is None else ready

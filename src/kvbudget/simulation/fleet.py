@@ -518,6 +518,9 @@ class _Disagg(_Fleet):
     def holds(self) -> bool:
         return bool(self.front.queue)
 
+    def waits_for_decode(self) -> bool:
+        return self.front.active  # (its holds are let go when the decode side answers)
+
     def done_at(self, rep: Replica, sim: Simulation) -> float:
         """A prefill replica holds a request's KV until the decode side has read it."""
         return max(sim.duration_s, self.handover.freed.get(rep.index, 0.0))

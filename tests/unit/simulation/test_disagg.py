@@ -360,3 +360,31 @@ def test_plan_prints_the_p_d_sizing_and_refuses_half_of_it(capsys):
     assert code == 2 and "--pd-prompt-tokens: the P:D sizing needs" in err and err.count("\n") == 1
     code, out, err = cli(capsys, *plan, *pd_args[:-1], "0GB/s")
     assert code == 2 and "0GB/s is not a rate in GB/s" in err
+
+
+@pytest.mark.parametrize("prefill,decode", [(1, 1), (1, 3), (2, 3)])
+def test_a_decode_replica_runs_its_decode_steps_as_alone(monkeypatch, prefill, decode):
+    """The sides are not held in lock-step: a decode replica's runs of decode steps are cut where a single run of
+    what it was sent cuts them (at each request handed to it, each read done, each finish), not at the prefill
+    side's steps or the clients' arrivals, so it takes as many turns of its clock as that run (and, as ever, the
+    same steps)."""
+    turns: dict[int, int] = {}
+    turn = _Run.turn
+
+    def counted(run, arrival):
+        turns[id(run)] = turns.get(id(run), 0) + 1
+        return turn(run, arrival)
+
+    monkeypatch.setattr(_Run, "turn", counted)
+    requests = [replace(r, id=str(i)) for i, r in enumerate(azure(300, 2.0))]
+    sent: dict[int, list[Request]] = {}
+    fleet = simulate_fleet(LLAMA, requests, pd(prefill, decode, BIG, BIG), "round-robin", kv_link=IB,
+                           on_route=lambda r, i: sent.setdefault(i, []).append(r))
+    fleet_turns = sorted(turns.values())
+    for rep in fleet.replicas:
+        if rep.role is Role.DECODE:
+            turns.clear()
+            alone = _Run(rep.simulation.setup, rep.simulation.setup.simulator.scheduler(rep.simulation.setup),
+                         sent[rep.index], True, SAMPLE_INTERVAL_S, None, None).result()
+            assert alone.steps == rep.simulation.steps and alone.fast_steps > 0.8 * alone.steps
+            assert sum(turns.values()) in fleet_turns, (sum(turns.values()), fleet_turns)
