@@ -36,6 +36,8 @@ class Clock(Protocol):
 
     def sampled(self, t: float, usage: float, running: int, waiting: int) -> float: ...
 
+    def skip_scrapes(self, before: float) -> None: ...
+
 
 class _Series:
     """The seconds of the first m steps of a run: `m0` steps at the pace, then head + cost x (c0 + i r)."""
@@ -186,6 +188,8 @@ def closed_run(run: Clock, sched: Queues, k: int, arrival: float,
         if peak > run.peak_usage:
             run.peak_usage = peak
     waiting = len(sched.waiting)
+    if n > 1:  # (the scrapes that the last two before the run's end make stale are never read: not computed)
+        run.skip_scrapes(t0 + series.seconds(n - 1))
     m = 0
     while end >= run.next_sample:  # the samples and scrapes: the first step at or past each instant, at most one
         m = max(series.first(t0, run.next_sample), m + 1)  # a step (as the loop: an instant the rounding of

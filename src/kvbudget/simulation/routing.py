@@ -101,9 +101,15 @@ class Replica:
     def gauge(self, now: float) -> Sample:
         """The engine's gauges (KV usage, running, waiting) as a scrape at `now` last read them: the state the first
         step at or past the latest scrape instant left (the run's scrapes, kept apart from its timeline); an idle
-        replica's own state. `now` never goes back from one read to the next."""
-        self.advance(now)
+        replica's own state. `now` never goes back from one read to the next.
+
+        The replica goes only as far as that scrape: to the step that crossed the latest scrape instant at or before
+        `now` (no later one can show at `now`), and on to `now` only where it could have answered its last request
+        by then (an idle replica shows its own state)."""
         run = self.run
+        self.advance(_instant(now, run.scrape))
+        if run.t < now and run.sched.has_work() and run.no_finish_before() <= now:
+            self.advance(now)
         kept = run.scrapes
         while len(kept) > 1 and kept[1][0] <= now:
             kept.popleft()
@@ -115,6 +121,33 @@ class Replica:
         if kept[0] is not self._read:  # (each scrape made a Sample once, when first read)
             self._read, self._shown = kept[0], Sample(*kept[0])
         return self._shown
+
+    def floor(self, now: float) -> tuple[float, int]:
+        """At most the (KV usage, waiting) `gauge(now)` shows, without advancing the replica where that would take
+        steps: where its steps up to that scrape are pure decode steps that outlast `now` (no request can finish by
+        then), they only take blocks (no hybrid groups, whose windows free some) and leave the queue as it is, so
+        the scrape shows at least its state now, or a scrape it keeps; (0, 0) where that cannot be told."""
+        run = self.run
+        sched = run.sched
+        if run.t >= _instant(now, run.scrape) or not sched.has_work():
+            g = self.gauge(now)  # (nothing to advance)
+            return g.usage, g.waiting
+        kept = run.scrapes
+        while len(kept) > 1 and kept[1][0] <= now:  # (as `gauge` drops them: never shown again)
+            kept.popleft()
+        run.read_at = now
+        if sched.hybrid or not kept or kept[0][0] > now or run.no_finish_before() <= now:
+            return 0.0, 0
+        free, usable = sched.free_blocks()
+        return min((1.0 - free / usable, len(sched.waiting)), *((usage, waiting) for _, usage, _, waiting in kept))
+
+
+def _instant(now: float, refresh: float) -> float:
+    """The latest scrape instant (a whole number of `refresh` seconds, as `_Run.sampled` counts them) at or before
+    `now` (`now` itself where nothing is scraped)."""
+    if refresh == math.inf:
+        return now
+    return min(math.floor(now / refresh) * refresh, now)
 
 
 @runtime_checkable
@@ -180,11 +213,17 @@ class LeastKV:
     lazy: ClassVar[bool] = True
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
-        def key(r: Replica) -> tuple[float, int]:
+        # the gauges read from the lowest they can show up: a replica that cannot show less than the lowest read is
+        # not read (nor advanced to `now`): the same choice as reading every one
+        best: tuple[float, int, int] | None = None
+        for low, i, r in sorted(((r.floor(now), r.index, r) for r in replicas), key=lambda x: (x[0], x[1])):
+            if best is not None and (*low, i) > best:
+                break
             g = r.gauge(now)
-            return (g.usage, g.waiting)
-
-        return _least(replicas, key)
+            if best is None or (g.usage, g.waiting, i) < best:
+                best = (g.usage, g.waiting, i)
+        assert best is not None
+        return best[2]
 
 
 @dataclass(frozen=True)
