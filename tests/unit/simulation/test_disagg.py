@@ -10,6 +10,8 @@ import re
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from simkit import AZURE, LLAMA, close
 
 import kvbudget
@@ -388,3 +390,22 @@ def test_a_decode_replica_runs_its_decode_steps_as_alone(monkeypatch, prefill, d
                          sent[rep.index], True, SAMPLE_INTERVAL_S, None, None).result()
             assert alone.steps == rep.simulation.steps and alone.fast_steps > 0.8 * alone.steps
             assert sum(turns.values()) in fleet_turns, (sum(turns.values()), fleet_turns)
+
+
+TIGHT = setup_for(LLAMA, gpu="H100-80GB", max_model_len=4096, kv_memory=1 << 30, max_num_seqs=8)  # 512 blocks
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 0.2), st.integers(16, 3000), st.integers(1, 300)), min_size=2,
+                max_size=30),
+       st.integers(1, 2), st.integers(1, 3), st.sampled_from(["round-robin", "least-requests", "least-kv"]),
+       st.sampled_from([IB, KVLink(name="slow", latency=1e-3, bandwidth=2e9)]))
+def test_each_side_runs_as_alone_under_any_load(gaps, prefill, decode, router, link):
+    """Bursts into tight pools on both sides (queues, decode-side stalls that hold the prefill side's blocks,
+    preemptions), one or more replicas a side, a fast or a slow link: every replica runs as a single run of what
+    it was sent, each side going only as far as what it must know of the other."""
+    t, requests = 0.0, []
+    for gap, prompt, out in gaps:
+        t += gap
+        requests.append(Request(arrival=t, prompt_tokens=prompt, output_tokens=out))
+    replay(router, pd(prefill, decode, TIGHT, TIGHT), requests, link=link)
