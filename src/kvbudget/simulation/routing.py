@@ -136,8 +136,12 @@ class Replica:
         while len(kept) > 1 and kept[1][0] <= now:  # (as `gauge` drops them: never shown again)
             kept.popleft()
         run.read_at = now
-        if sched.hybrid or not kept or kept[0][0] > now or run.no_finish_before() <= now:
+        if sched.hybrid or not kept or kept[0][0] > now:
             return 0.0, 0
+        if self._quiet <= now:  # (as `in_flight` keeps it: good until the replica moves or takes a request)
+            self._quiet = run.no_finish_before()
+            if self._quiet <= now:
+                return 0.0, 0
         free, usable = sched.free_blocks()
         return min((1.0 - free / usable, len(sched.waiting)), *((usage, waiting) for _, usage, _, waiting in kept))
 
