@@ -196,10 +196,8 @@ class Handover:
         while True:
             arrival = pending.arrival if pending is not None else math.inf
             handed = self.handed[0][0] if self.handed else math.inf
-            prefill = [r for r in self.prefill if r.run.sched.has_work()]
-            decode = [r for r in self.decode if r.run.sched.has_work()]
-            first_p = min((r.run.t for r in prefill), default=math.inf)
-            first_d = min((r.run.t for r in decode), default=math.inf)
+            prefill, first_p = _busy(self.prefill)
+            decode, first_d = _busy(self.decode)
             if handed == arrival == first_p == first_d == math.inf and not outside.holds():
                 assert not any(r.run.sched.has_work() for r in self.replicas)
                 return requests
@@ -245,7 +243,7 @@ class Handover:
                 return p, min(arrival, event, freed)
         # a decode replica that has a prefill replica's KV to read first (the prefill side waits on it), else the
         # earliest
-        reading = {i for unread in self.unread.values() for i in unread}
+        reading = {i for unread in self.unread.values() for i in unread} if len(decode) > 1 else set()
         d = min((r for r in decode if r.index not in stuck), key=lambda r: (r.index not in reading, r.run.t, r.index),
                 default=None)
         if d is not None:
@@ -317,6 +315,18 @@ class Handover:
                        output_tokens_per_s=output / duration if duration else 0.0, output_tokens=output,
                        prompt_tokens=sum(r.simulation.prompt_tokens for r in out.replicas if r.role is Role.PREFILL),
                        kv_transfer=transfer)
+
+
+def _busy(replicas: list[Replica]) -> tuple[list[Replica], float]:
+    """The replicas with work, and the earliest of their clocks (inf: none)."""
+    busy, first = [], math.inf
+    for r in replicas:
+        run = r.run
+        if run.sched.has_work():
+            busy.append(r)
+            if run.t < first:
+                first = run.t
+    return busy, first
 
 
 def _wake(rep: Replica) -> float:
