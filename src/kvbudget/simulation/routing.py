@@ -217,6 +217,8 @@ class LeastKV:
     lazy: ClassVar[bool] = True
 
     def choose(self, request: Request, replicas: Sequence[Replica], now: float) -> int:
+        if len(replicas) == 1:  # (nothing to compare)
+            return replicas[0].index
         # the gauges read from the lowest they can show up: a replica that cannot show less than the lowest read is
         # not read (nor advanced to `now`): the same choice as reading every one
         best: tuple[float, int, int] | None = None
