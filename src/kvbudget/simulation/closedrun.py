@@ -34,9 +34,11 @@ class Clock(Protocol):
     tm: TimeModel
     on_step: Callable[..., None] | None
 
-    def sampled(self, t: float, usage: float, running: int, waiting: int) -> float: ...
+    scrape: float  # a fleet's gauge scrapes' interval (inf: none)
+    next_scrape: float  # their next instant
+    next_line: float  # the timeline's next instant (`next_sample`: the sooner of the two)
 
-    def skip_scrapes(self, before: float) -> None: ...
+    def sampled(self, t: float, usage: float, running: int, waiting: int) -> float: ...
 
 
 class _Series:
@@ -188,8 +190,8 @@ def closed_run(run: Clock, sched: Queues, k: int, arrival: float,
         if peak > run.peak_usage:
             run.peak_usage = peak
     waiting = len(sched.waiting)
-    if n > 1:  # (the scrapes that the last two before the run's end make stale are never read: not computed)
-        run.skip_scrapes(t0 + series.seconds(n - 1))
+    if n > 1:
+        _skip_scrapes(run, t0 + series.seconds(n - 1))
     m = 0
     while end >= run.next_sample:  # the samples and scrapes: the first step at or past each instant, at most one
         m = max(series.first(t0, run.next_sample), m + 1)  # a step (as the loop: an instant the rounding of
@@ -197,3 +199,15 @@ def closed_run(run: Clock, sched: Queues, k: int, arrival: float,
             break
         run.next_sample = run.sampled(t0 + series.seconds(m), 1.0 - (free - taken(m - 1)) / usable, r, waiting)
     return n, end
+
+
+def _skip_scrapes(run: Clock, before: float) -> None:
+    """A run whose steps but the last end by `before`, before anything can read the gauge: the scrapes at instants
+    before one certainly at or before `before` (the one before the latest: the rounding of `floor` may put the
+    latest past it) would be kept only until that one's is (by `before`), never read, so they are not taken (the
+    timeline's samples are); from that instant on the scrapes are those the loop would take."""
+    if run.scrape < math.inf:
+        latest = (math.floor(before / run.scrape) - 1) * run.scrape
+        if latest > run.next_scrape:
+            run.next_scrape = latest
+            run.next_sample = min(run.next_line, latest)

@@ -490,16 +490,6 @@ class _Run:
             self.next_scrape = (math.floor(t / self.scrape) + 1) * self.scrape
         return min(self.next_line, self.next_scrape)
 
-    def skip_scrapes(self, before: float) -> None:
-        """A run of steps of which all but the last end by `before`, before anything can read the gauge: the scrapes
-        at instants before the latest one at or before `before` would be kept only until a later one is (at that
-        instant's step, by `before`), never read; they are not taken (the timeline's samples are)."""
-        if self.scrape < math.inf:
-            latest = math.floor(before / self.scrape) * self.scrape
-            if latest > self.next_scrape:
-                self.next_scrape = latest
-                self.next_sample = min(self.next_line, latest)
-
     def _beam_finished(self, search: BeamSearch, now: float) -> None:
         """An engine request of a beam search finished: the next round goes in now; after the last round the
         request is answered (beam search is not streamed: its first token arrives with the whole answer)."""

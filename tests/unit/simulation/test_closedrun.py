@@ -58,7 +58,7 @@ def test_an_instant_the_rounding_leaves_at_a_step_waits_for_the_next_step():
     seen: list[float] = []
 
     class Clock:
-        t, usage_time, peak_usage, next_sample, on_step = 0.0, 0.0, 0.0, 0.0, None
+        t, usage_time, peak_usage, next_sample, on_step, scrape = 0.0, 0.0, 0.0, 0.0, None, math.inf
 
         def __init__(self):
             self.slot_time = [0.0, 0.0, 0.0]
