@@ -216,7 +216,10 @@ def web_queries(port: int, bounds: str) -> Iterator[Outcome]:
     conn = Conn(port)
     base = {"estimate": [("model", "llama-3.1-8b")], "plan": [("model", "llama-3.1-8b"), ("gpu", "H100")],
             "compare": [("model", "llama-3.1-8b"), ("model", "mistral-7b"), ("gpu", "H100")],
-            "simulate": [("model", "llama-3.1-8b"), ("gpu", "H100"), ("rate", "5"), ("requests", "20")]}
+            "simulate": [("model", "llama-3.1-8b"), ("gpu", "H100"), ("rate", "5"), ("requests", "20")],
+            "recommend": [("model", "llama-3.1-8b"), ("rate", "2"), ("requests", "20"), ("slo", "ttft_p99=2s"),
+                          ("gpus", "H100-80GB"), ("gpu_price", "1"), ("max_gpus", "1"), ("tp", "1"),
+                          ("kv_dtype", "auto")]}  # (a search of one candidate: each hostile value alone)
     from urllib.parse import urlencode
 
     for command, options in api.OPTIONS.items():
