@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from kvbudget.speculative import LoggedSpeculative, SpecMethod
+from kvbudget.speculative import LoggedAcceptance, LoggedSpeculative, SpecMethod
 
 # SGLang's algorithm names (SpeculativeAlgorithm) -> kvbudget's; EAGLE is the model's own layers without a draft
 # model path (see above); DFLASH has no kvbudget method.
@@ -136,3 +136,18 @@ def draft_pool_rule(version: str | None, logged: LoggedSpeculative, reqs: int) -
     if era == "draft":
         return None if logged.num_steps is None else target + reqs * logged.num_steps + 100
     return target
+
+
+# python/sglang/srt/managers/scheduler_metrics_mixin.py, log_decode_stats: with a drafter, each "Decode batch" line
+# carries "accept len: %.2f" (the tokens each verification gave over the interval, the bonus token included; newer
+# releases add "accept rate: %.2f"). SGLang prints no per-position figures.
+_ACCEPT_LEN = re.compile(r"Decode batch.*?accept len: ([0-9.]+).*")
+
+
+def read_acceptance(text: str) -> LoggedAcceptance | None:
+    """The last "Decode batch" line of an SGLang log that gives an accept length; None where none does."""
+    found = list(_ACCEPT_LEN.finditer(text))
+    if not found:
+        return None
+    last = found[-1]
+    return LoggedAcceptance(mean_length=float(last.group(1)), line=last.group(0).strip(), lines=len(found))
