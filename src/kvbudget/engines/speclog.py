@@ -37,20 +37,14 @@ def acceptance_in_file(path: str, spec: Speculative) -> Speculative:
     """`spec` with the acceptance read from the log at `path` (the last metrics line any engine's reader finds in
     its last ACCEPTANCE_LOG_TAIL_BYTES), its source said in `acceptance_note`."""
     from kvbudget.engines import ENGINES
+    from kvbudget.files import read_tail
 
-    try:
-        with open(path, "rb") as fh:
-            size = fh.seek(0, 2)
-            fh.seek(max(0, size - ACCEPTANCE_LOG_TAIL_BYTES))
-            text = fh.read(ACCEPTANCE_LOG_TAIL_BYTES).decode("utf-8", errors="replace")
-    except OSError as exc:
-        raise KVBudgetError(f"acceptance_from {path}: cannot read it ({exc.strerror or exc})",
-                            param="acceptance_from") from None
+    text, cut = read_tail(path, "acceptance_from", ACCEPTANCE_LOG_TAIL_BYTES)
     for engine in ENGINES.values():
         logged = engine.acceptance_in_log(text) if isinstance(engine, ReadsAcceptanceLogs) else None
         if logged is not None:
             rates, how = logged.rates(spec.num_tokens)
-            tail = "" if size <= ACCEPTANCE_LOG_TAIL_BYTES else f" (its last {ACCEPTANCE_LOG_TAIL_BYTES >> 20} MiB)"
+            tail = "" if not cut else f" (its last {ACCEPTANCE_LOG_TAIL_BYTES >> 20} MiB)"
             note = f"read from {path}{tail}: the last of {logged.lines:,} {engine.name} metrics lines, {how}"
             return replace(spec, acceptance=rates, acceptance_note=note)
     raise KVBudgetError(f"acceptance_from {path}: no acceptance metrics line found (vLLM's 'SpecDecoding metrics: "

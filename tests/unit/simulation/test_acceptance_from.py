@@ -130,3 +130,26 @@ def test_recommend_carries_the_rates_to_each_draft_count():
     assert (two.acceptance, three.acceptance) == ((0.9, 0.8), (0.9, 0.8, 0.7))
     with pytest.raises(KVBudgetError, match="goes with"):
         _speculatives(RecommendRequest(model="llama-3.1-8b", slo="ttft_p99=1s", acceptance="0.5"), (0,))
+
+
+def test_only_the_end_of_a_long_log_is_read(tmp_path, monkeypatch):
+    import kvbudget.engines.speclog as speclog
+
+    first = "INFO SpecDecoding metrics: Mean acceptance length: 1.50, Per-position acceptance rate: 0.500\n"
+    last = "INFO SpecDecoding metrics: Mean acceptance length: 1.80, Per-position acceptance rate: 0.800\n"
+    log = tmp_path / "long.log"
+    log.write_text(first + "x" * 500 + "\n" + last)
+    monkeypatch.setattr(speclog, "ACCEPTANCE_LOG_TAIL_BYTES", 200)
+    spec = acceptance_in_file(str(log), _ngram(1))
+    assert spec.acceptance == (0.8,)
+    assert "(its last 0 MiB): the last of 1 vllm metrics lines" in spec.acceptance_source
+
+
+def test_a_pipe_is_refused_not_waited_on(tmp_path):
+    import os
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(KVBudgetError, match="not a regular file") as e:
+        acceptance_in_file(str(fifo), _ngram(1))
+    assert e.value.param == "acceptance_from"
