@@ -153,3 +153,13 @@ def test_a_pipe_is_refused_not_waited_on(tmp_path):
     with pytest.raises(KVBudgetError, match="not a regular file") as e:
         acceptance_in_file(str(fifo), _ngram(1))
     assert e.value.param == "acceptance_from"
+
+
+def test_recommend_says_where_the_acceptance_came_from(capsys):
+    code, out, err = cli(capsys, "recommend", "llama-3.1-8b", "--rate", "2", "--requests", "6", "--max-model-len",
+                         "8192", "--gpus", "H100-80GB", "--max-gpus", "1", "--tp", "1", "--kv-dtype", "auto",
+                         "--backend", "serial", "--no-disagg", "--gpu-price", "2.49", "--slo", "ttft_p99=30s",
+                         "--speculative", "ngram", "--num-speculative-tokens", "0,3", "--acceptance-from", SGLANG)
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "note: speculative decoding's acceptance per position: 0.772, 0.772, 0.772 (read from" in flat
