@@ -140,7 +140,9 @@ def draft_pool_rule(version: str | None, logged: LoggedSpeculative, reqs: int) -
 
 # python/sglang/srt/managers/scheduler_metrics_mixin.py, log_decode_stats: with a drafter, each "Decode batch" line
 # carries "accept len: %.2f" (the tokens each verification gave over the interval, the bonus token included; newer
-# releases add "accept rate: %.2f"). SGLang prints no per-position figures.
+# releases add "accept rate: %.2f"). SGLang prints no per-position figures. That the length counts the bonus token:
+# the lines of sgl-kernel-npu pull request 608 (tests/data/logs/speculative) print accept rate = (accept len - 1) / 3
+# for their 3 draft tokens (3.05 and 0.68, 2.63 and 0.54, 2.83 and 0.61).
 _ACCEPT_LEN = re.compile(r"Decode batch.*?accept len: ([0-9.]+).*")
 
 
