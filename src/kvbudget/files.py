@@ -336,6 +336,22 @@ def read_document(path: str | os.PathLike[str], param: str, kind: str = "JSON",
     return text
 
 
+def read_tail(path: str, param: str, most: int) -> tuple[str, bool]:
+    """The last `most` bytes of a regular file (a log whose latest lines matter), as text (bytes that are not UTF-8
+    replaced), and whether the file was longer; else an error naming the file and `param`. A pipe or device is
+    refused, not read until it ends."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise KVBudgetError(f"{param} {path}: not a regular file; give a log file", param=param)
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - most))
+            raw = fh.read(most)
+    except OSError as exc:
+        raise KVBudgetError(f"{param} {path}: cannot read it ({exc.strerror or exc})", param=param) from None
+    return raw.decode("utf-8", errors="replace"), size > most
+
+
 def read_lines(path: str | os.PathLike[str], param: str, kind: str = "JSON Lines",
                most: int = MAX_DOCUMENT_BYTES, error: type[KVBudgetError] = KVBudgetError
                ) -> Generator[str, None, None]:

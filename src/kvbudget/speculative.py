@@ -60,6 +60,7 @@ class Speculative:
     draft: ModelSpec | None = None
     draft_id: str | None = None
     acceptance: tuple[float, ...] = ()
+    acceptance_note: str = ""  # where the rates given come from, in words ("read from FILE: ..."; empty: given)
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_tokens <= MAX_SPECULATIVE_TOKENS:
@@ -86,7 +87,7 @@ class Speculative:
     def acceptance_source(self) -> str:
         """Where the acceptance rates come from, in words (an assumption unless the user gave them)."""
         if self.acceptance:
-            return "given"
+            return self.acceptance_note or "given"
         return f"assumed: the default for {self.method}, {DEFAULT_ACCEPTANCE[self.method][1]}"
 
     def expected_accepted(self, drafted: int) -> float:
@@ -125,6 +126,54 @@ def conditional_rates(per_position: Sequence[float]) -> tuple[float, ...]:
         out.append(p / before if before else 0.0)
         before = p
     return tuple(out)
+
+
+def constant_rate(mean_length: float, num_tokens: int) -> float:
+    """The one conditional acceptance rate p, the same at every position, whose chain of `num_tokens` drafts gives
+    `mean_length` tokens a verification (the bonus token included): 1 + p + p^2 + ... + p^k = mean_length, solved by
+    bisection (the sum grows with p)."""
+    if not 1.0 <= mean_length <= num_tokens + 1:
+        raise KVBudgetError(f"acceptance_from: a mean acceptance length of {mean_length:g} cannot come from "
+                            f"{num_tokens} draft tokens a step; it lies in [1, {num_tokens + 1}] (draft tokens + 1): "
+                            "give the k the log was run with", param="acceptance_from")
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if sum(mid ** i for i in range(num_tokens + 1)) < mean_length:
+            low = mid
+        else:
+            high = mid
+    return round((low + high) / 2, 6)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggedAcceptance:
+    """Acceptance as an engine's own metrics line printed it (read by each engine's package): `per_position` the
+    share of drafts whose first i + 1 tokens were all accepted (vLLM's "Per-position acceptance rate"; empty where
+    the engine prints none), `mean_length` the tokens a verification gave, the bonus token included (vLLM's "Mean
+    acceptance length", SGLang's "accept len"), `line` the line read, `lines` how many such lines the log had."""
+
+    per_position: tuple[float, ...] = ()
+    mean_length: float | None = None
+    line: str = ""
+    lines: int = 1
+
+    def rates(self, num_tokens: int) -> tuple[tuple[float, ...], str]:
+        """The conditional rates for `num_tokens` drafts a step, and how they were had, in words: the per-position
+        shares turned conditional (`conditional_rates`; past the last position logged, the last rate), else the
+        constant rate whose chain gives the mean length for `num_tokens`."""
+        if self.per_position:
+            rates = conditional_rates(self.per_position)[:num_tokens]
+            how = "per-position acceptance " + ", ".join(f"{p:g}" for p in self.per_position) + " made conditional"
+            if num_tokens > len(self.per_position):
+                how += f" (positions past the {len(self.per_position)} logged take the last)"
+            return rates, how
+        if self.mean_length is None:
+            raise KVBudgetError("acceptance_from: the metrics line gives neither a per-position acceptance nor a "
+                                "mean acceptance length", param="acceptance_from")
+        p = constant_rate(self.mean_length, num_tokens)
+        return (p,), (f"mean acceptance length {self.mean_length:g} alone: {p:.3g} at each position, the constant "
+                      f"rate whose chain gives it at k={num_tokens}")
 
 
 # Per-position conditional acceptance rates assumed when none are given, with where they come from (a position past

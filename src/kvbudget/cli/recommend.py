@@ -99,3 +99,7 @@ def _print(found: Recommendation) -> None:
         out.print(f"pruned: {p.setting} ({p.candidates} candidate{'s' * (p.candidates > 1)}): {p.reason}")
     for check in found.quality_checks():
         out.print(f"note: {check}")
+    spec = next((t.candidate.speculative for t in found.tried if t.candidate.speculative), None)
+    if spec is not None:
+        out.print(f"note: speculative decoding's acceptance per position: {', '.join(f'{p:.3g}' for p in spec.rates())}"
+                  f" ({spec.acceptance_source})")

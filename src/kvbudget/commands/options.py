@@ -324,6 +324,41 @@ class SpeculativeKnobs:
                                                      draft_id=self.draft_model))
 
 
+@dataclass(frozen=True, kw_only=True)
+class AcceptanceKnobs:
+    """Where the simulated drafts' acceptance comes from (simulate and recommend offer it, with --speculative)."""
+
+    acceptance: str | None = option(
+        "conditional acceptance rate per draft position, e.g. 0.8,0.7,0.6 (each from 0 to 1; past the last, the "
+        "last; default: the method's, an assumption)", metavar="P,...")
+    acceptance_from: str | None = option(
+        "a vLLM or SGLang log of a run that drafted: its last acceptance metrics line gives the rates", metavar="FILE")
+
+    def apply(self, spec: Speculative | None) -> Speculative | None:
+        """`spec` with the acceptance asked (the log read last, after every cheap check)."""
+        given = ("acceptance" if self.acceptance is not None else
+                 "acceptance_from" if self.acceptance_from is not None else None)
+        if given is None:
+            return spec
+        if self.acceptance is not None and self.acceptance_from is not None:
+            raise KVBudgetError(f"acceptance: give the rates or {named('acceptance_from')} a log, not both",
+                                param="acceptance")
+        if spec is None:
+            raise KVBudgetError(f"{given}: goes with {named('speculative')} or {named('num_speculative_tokens')} "
+                                "(no drafts, nothing to accept)", param=given)
+        if self.acceptance is not None:
+            rates = tuple(validate.number(_number(v.strip(), "acceptance", "give rates from 0 to 1, e.g. 0.8,0.7"),
+                                          "acceptance", 0.0, 1.0, above=False, given=v.strip())
+                          for v in self.acceptance.split(","))
+            if len(rates) > spec.num_tokens:
+                raise KVBudgetError(f"acceptance: {len(rates)} rates for {spec.num_tokens} draft tokens a step; give "
+                                    "at most one per draft position", param="acceptance")
+            return replace(spec, acceptance=rates)
+        from kvbudget.engines.speclog import acceptance_in_file
+
+        return acceptance_in_file(str(self.acceptance_from), spec)
+
+
 MAX_NUM_SEQS = ("vLLM: sequences one step holds at most; the profiling sampler's rows follow it (default: the "
                 "release's for the GPU)")
 

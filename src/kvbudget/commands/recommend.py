@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.commands.options import (
+    AcceptanceKnobs,
     SpeculativeKnobs,
     engine_field,
     force_field,
@@ -42,9 +43,9 @@ def _simulate_option(name: str) -> Any:
     return field(default=f.default, metadata=f.metadata)
 
 
-def _speculative_option(name: str) -> Any:
+def _speculative_option(name: str, knobs: type = SpeculativeKnobs) -> Any:
     """A speculative decoding option of estimate, plan and simulate, offered here among the search space's."""
-    f = next(f for f in fields(SpeculativeKnobs) if f.name == name)
+    f = next(f for f in fields(knobs) if f.name == name)
     return field(default=f.default, metadata={"option": replace(f.metadata["option"], group=SEARCH)})
 
 
@@ -88,6 +89,8 @@ class RecommendRequest:
         f"draft tokens per step to try, 0 to {MAX_SPECULATIVE_TOKENS}, 0 being none (e.g. 0,2,4; default: none); "
         "without --speculative: the model's own MTP layers (method mtp)", metavar="K,...", group=SEARCH)
     draft_model: str | None = _speculative_option("draft_model")
+    acceptance: str | None = _speculative_option("acceptance", AcceptanceKnobs)
+    acceptance_from: str | None = _speculative_option("acceptance_from", AcceptanceKnobs)
     no_disagg: bool = option("co-located replicas only (default: also a prefill and a decode pool)", False,
                              group=SEARCH)
     kv_link: str = option("the link a disaggregated candidate's KV crosses: nvlink, infiniband (default), roce, "
@@ -159,6 +162,7 @@ def _speculatives(ask: RecommendRequest, tokens: tuple[int, ...]) -> tuple[Specu
     loaded here, after every cheap check."""
     drafting = max(tokens)
     if not drafting:
+        AcceptanceKnobs(acceptance=ask.acceptance, acceptance_from=ask.acceptance_from).apply(None)
         return (None,)
     knobs = SpeculativeKnobs(speculative=ask.speculative, num_speculative_tokens=str(drafting),
                              draft_model=ask.draft_model)
@@ -166,6 +170,7 @@ def _speculatives(ask: RecommendRequest, tokens: tuple[int, ...]) -> tuple[Specu
 
     options = knobs.options(EngineOptions())
     base = options.speculative or Speculative(method=SpecMethod.MTP, num_tokens=options.num_speculative_tokens)
+    base = AcceptanceKnobs(acceptance=ask.acceptance, acceptance_from=ask.acceptance_from).apply(base) or base
     return tuple(base.with_tokens(k) for k in tokens)
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from kvbudget.choices import ALLOCATORS, Interconnect, parse_allocator
 from kvbudget.commands.options import (
     UTILIZATION,
+    AcceptanceKnobs,
     EngineKnobs,
     SpeculativeKnobs,
     StartupKnobs,
@@ -98,6 +99,7 @@ class SimulateRequest:
                             + "|".join(ALLOCATORS[1:]), "paged", group=MEMORY)
     knobs: EngineKnobs = part(EngineKnobs, group=MEMORY)
     speculative: SpeculativeKnobs = part(SpeculativeKnobs, group=MEMORY)
+    acceptance: AcceptanceKnobs = part(AcceptanceKnobs, group=SCHEDULER)
     startup: StartupKnobs = part(StartupKnobs, group=MEMORY)
     max_num_seqs: str | None = option("requests running at once (llama.cpp: its slots, -np; vLLM: also the "
                                       "profiling sampler's rows)", group=SCHEDULER)
@@ -357,7 +359,7 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
         lora=(options.max_loras, options.max_lora_rank) if options.enable_lora else None,
         offload_memory=size(ask.offload_memory, "offload_memory"), offload_backend=ask.offload_backend,
         offload_disk=size(ask.offload_disk, "offload_disk"), disk_read=_gbps(ask.disk_read),
-        engine_version=options.engine_version, speculative=_speculative(options),
+        engine_version=options.engine_version, speculative=ask.acceptance.apply(_speculative(options)),
         interconnect=Interconnect.parse(ask.interconnect, "interconnect") if ask.interconnect is not None else None)
 
 

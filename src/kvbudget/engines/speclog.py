@@ -4,11 +4,13 @@ prints for it: shown beside what was asked and planned where a plan is given (`s
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import Protocol, runtime_checkable
 
 from kvbudget.engines.base import LogRow
-from kvbudget.speculative import LoggedSpeculative, Speculative
+from kvbudget.errors import KVBudgetError
+from kvbudget.speculative import LoggedAcceptance, LoggedSpeculative, Speculative
 from kvbudget.units import GIB
 
 
@@ -18,6 +20,36 @@ class ReadsSpeculativeLogs(Protocol):
 
     def speculative_in_log(self, text: str) -> LoggedSpeculative | None:
         """What the log says about speculative decoding; None where it drafts nothing (or does not say)."""
+
+
+@runtime_checkable
+class ReadsAcceptanceLogs(Protocol):
+    """An engine whose logs print the acceptance its drafts met (a periodic metrics line)."""
+
+    def acceptance_in_log(self, text: str) -> LoggedAcceptance | None:
+        """The log's last acceptance metrics line; None where it has none."""
+
+
+ACCEPTANCE_LOG_TAIL_BYTES = 16 << 20  # the end of a log searched for acceptance lines (they are printed every few s)
+
+
+def acceptance_in_file(path: str, spec: Speculative) -> Speculative:
+    """`spec` with the acceptance read from the log at `path` (the last metrics line any engine's reader finds in
+    its last ACCEPTANCE_LOG_TAIL_BYTES), its source said in `acceptance_note`."""
+    from kvbudget.engines import ENGINES
+    from kvbudget.files import read_tail
+
+    text, cut = read_tail(path, "acceptance_from", ACCEPTANCE_LOG_TAIL_BYTES)
+    for engine in ENGINES.values():
+        logged = engine.acceptance_in_log(text) if isinstance(engine, ReadsAcceptanceLogs) else None
+        if logged is not None:
+            rates, how = logged.rates(spec.num_tokens)
+            tail = "" if not cut else f" (its last {ACCEPTANCE_LOG_TAIL_BYTES >> 20} MiB)"
+            note = f"read from {path}{tail}: the last of {logged.lines:,} {engine.name} metrics lines, {how}"
+            return replace(spec, acceptance=rates, acceptance_note=note)
+    raise KVBudgetError(f"acceptance_from {path}: no acceptance metrics line found (vLLM's 'SpecDecoding metrics: "
+                        "... Mean acceptance length' or SGLang's 'Decode batch ... accept len'); give a log of a run "
+                        "that drafted, or the rates with acceptance", param="acceptance_from")
 
 
 def method_text(logged: LoggedSpeculative) -> str:

@@ -15,7 +15,7 @@ from kvbudget.engines.sglang.engine import SGLangEngine
 if TYPE_CHECKING:
     from kvbudget.deployment import Deployment, PoolPlan
     from kvbudget.engines.sglang.simulator import SGLangSimulator
-    from kvbudget.speculative import LoggedSpeculative
+    from kvbudget.speculative import LoggedAcceptance, LoggedSpeculative
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,11 @@ class SGLangServer(SGLangEngine):
         from kvbudget.engines.sglang.speclog import read_speculative
 
         return read_speculative(text)
+
+    def acceptance_in_log(self, text: str) -> LoggedAcceptance | None:  # ReadsAcceptanceLogs
+        from kvbudget.engines.sglang.speclog import read_acceptance
+
+        return read_acceptance(text)
 
 
 SGLANG = SGLangServer()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from kvbudget.speculative import LoggedSpeculative, SpecMethod
+from kvbudget.speculative import LoggedAcceptance, LoggedSpeculative, SpecMethod
 
 # SGLang's algorithm names (SpeculativeAlgorithm) -> kvbudget's; EAGLE is the model's own layers without a draft
 # model path (see above); DFLASH has no kvbudget method.
@@ -136,3 +136,20 @@ def draft_pool_rule(version: str | None, logged: LoggedSpeculative, reqs: int) -
     if era == "draft":
         return None if logged.num_steps is None else target + reqs * logged.num_steps + 100
     return target
+
+
+# python/sglang/srt/managers/scheduler_metrics_mixin.py, log_decode_stats: with a drafter, each "Decode batch" line
+# carries "accept len: %.2f" (the tokens each verification gave over the interval, the bonus token included; newer
+# releases add "accept rate: %.2f"). SGLang prints no per-position figures. That the length counts the bonus token:
+# the lines of sgl-kernel-npu pull request 608 (tests/data/logs/speculative) print accept rate = (accept len - 1) / 3
+# for their 3 draft tokens (3.05 and 0.68, 2.63 and 0.54, 2.83 and 0.61).
+_ACCEPT_LEN = re.compile(r"Decode batch.*?accept len: ([0-9.]+).*")
+
+
+def read_acceptance(text: str) -> LoggedAcceptance | None:
+    """The last "Decode batch" line of an SGLang log that gives an accept length; None where none does."""
+    found = list(_ACCEPT_LEN.finditer(text))
+    if not found:
+        return None
+    last = found[-1]
+    return LoggedAcceptance(mean_length=float(last.group(1)), line=last.group(0).strip(), lines=len(found))

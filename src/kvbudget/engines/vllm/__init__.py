@@ -26,7 +26,7 @@ from kvbudget.model.spec import ModelSpec
 if TYPE_CHECKING:
     from kvbudget.deployment import Deployment, PoolPlan
     from kvbudget.engines.vllm.simulator import VLLMSimulator
-    from kvbudget.speculative import LoggedSpeculative
+    from kvbudget.speculative import LoggedAcceptance, LoggedSpeculative
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,11 @@ class VLLMServer(VLLMEngine):
         from kvbudget.engines.vllm.speclog import read_speculative
 
         return read_speculative(text)
+
+    def acceptance_in_log(self, text: str) -> LoggedAcceptance | None:  # ReadsAcceptanceLogs
+        from kvbudget.engines.vllm.speclog import read_acceptance
+
+        return read_acceptance(text)
 
     def command(self, pool: PoolPlan, deployment: Deployment) -> Launch:
         from kvbudget.engines.vllm.launch import command

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from kvbudget.speculative import LoggedSpeculative, SpecMethod
+from kvbudget.speculative import LoggedAcceptance, LoggedSpeculative, SpecMethod
 
 # vLLM's method names (SpeculativeConfig.method) -> kvbudget's; the per-family MTP names (deepseek_mtp,
 # qwen3_next_mtp, ...) end in "mtp"; medusa, mlp_speculator and dflash have no kvbudget method.
@@ -78,3 +78,25 @@ def read_speculative(text: str) -> LoggedSpeculative | None:
                              draft=None if draft == "[ngram]" else draft,
                              weights_include_drafter=drafter >= 0 and loaded is not None and drafter < loaded.start(),
                              shares=shares, lines=tuple(dict.fromkeys(lines)))
+
+
+# vllm/v1/spec_decode/metrics.py, SpecDecodingLogging.log (V1, 0.9 on): "SpecDecoding metrics: Mean acceptance
+# length: %.2f, Accepted throughput: ..., Per-position acceptance rate: %s, Avg Draft acceptance rate: %.1f%%" (the
+# rates "%.3f" joined by ", "); 0.10's order put "Draft acceptance rate: X%" first (pull request 24127's log). Each
+# line covers the interval since the one before it.
+_METRICS = re.compile(r"SpecDecoding metrics:.*")
+_MEAN = re.compile(r"Mean acceptance length: ([0-9.]+)")
+_PER_POSITION = re.compile(r"Per-position acceptance rate: ([0-9.]+(?:, [0-9.]+)*)")
+
+
+def read_acceptance(text: str) -> LoggedAcceptance | None:
+    """The last "SpecDecoding metrics" line of a vLLM log: its per-position acceptance and mean acceptance length;
+    None where the log has none."""
+    found = _METRICS.findall(text)
+    if not found:
+        return None
+    line = found[-1].strip()
+    mean = _MEAN.search(line)
+    per = _PER_POSITION.search(line)
+    return LoggedAcceptance(per_position=tuple(float(v) for v in per.group(1).split(", ")) if per else (),
+                            mean_length=float(mean.group(1)) if mean else None, line=line, lines=len(found))
