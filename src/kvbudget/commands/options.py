@@ -332,7 +332,8 @@ class AcceptanceKnobs:
         "conditional acceptance rate per draft position, e.g. 0.8,0.7,0.6 (each from 0 to 1; past the last, the "
         "last; default: the method's, an assumption)", metavar="P,...")
     acceptance_from: str | None = option(
-        "a vLLM or SGLang log of a run that drafted: its last acceptance metrics line gives the rates", metavar="FILE")
+        "a vLLM or SGLang log of a run that drafted: its last acceptance metrics line gives the rates", metavar="FILE",
+        web=False)  # (a file of the machine it runs on: never the web server's)
 
     def apply(self, spec: Speculative | None) -> Speculative | None:
         """`spec` with the acceptance asked (the log read last, after every cheap check)."""
