@@ -325,15 +325,24 @@ class Queues:
     def update(self, step: Step, now: float = 0.0) -> list[Seq]:
         """After the model ran the step: requests whose known tokens are all computed sample one token; those
         at their output length (or the model's maximum length) finish and free their memory, in step order."""
-        done = []
+        done: list[Seq] = []
         for s, _ in step.scheduled:
             if s.computed >= s.prompt + s.out:
                 s.out += 1
-                if s.first_token is None:
-                    s.first_token = now
-                if s.out >= s.end:
-                    s.finished = now
-                    done.append(s)
+                self._sampled(s, now, done)
+        return self._end_step(done)
+
+    @staticmethod
+    def _sampled(s: Seq, now: float, done: list[Seq]) -> None:
+        """`s` sampled at `now`: its first token if it had none, and its end (into `done`) at its output length."""
+        if s.first_token is None:
+            s.first_token = now
+        if s.out >= s.end:
+            s.finished = now
+            done.append(s)
+
+    def _end_step(self, done: list[Seq]) -> list[Seq]:
+        """The requests a step finished (`done`) free their memory and leave the running, in step order."""
         if done:
             self._free_finished(done)
             self.running = [s for s in self.running if s.finished is None]

@@ -93,7 +93,7 @@ class SpecScheduler(VLLMScheduler):
     def update(self, step: Step, now: float = 0.0) -> list[Seq]:
         """As Queues.update, a request that verified drafts taking its accepted ones and the token after them,
         its computed tokens rolled back by the rejected; every request that sampled drafts k new ones."""
-        done = []
+        done: list[Seq] = []
         k = self.spec.num_tokens
         for s, _ in step.scheduled:
             if s.computed < s.prompt + s.out:
@@ -111,12 +111,5 @@ class SpecScheduler(VLLMScheduler):
             else:
                 s.out += 1
             s.drafts = k
-            if s.first_token is None:
-                s.first_token = now
-            if s.out >= s.end:
-                s.finished = now
-                done.append(s)
-        if done:
-            self._free_finished(done)
-            self.running = [s for s in self.running if s.finished is None]
-        return done
+            self._sampled(s, now, done)
+        return self._end_step(done)
