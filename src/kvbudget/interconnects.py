@@ -116,6 +116,29 @@ def all_reduce(card: GPU, kind: Interconnect, tp: int) -> AllReduce | None:
     return AllReduce(link=kind, latency=latency, bandwidth=bus * tp / (2 * (tp - 1)), label=label)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Gather:
+    """The all-gather (and its reduce-scatter) of an expert-parallel group over a link: `latency` per call, and the
+    bus bandwidth at which each GPU receives the other ranks' shares."""
+
+    link: Interconnect
+    latency: float  # seconds per call
+    bandwidth: float  # bytes per second each GPU receives at
+    label: str
+
+
+def all_gather(card: GPU, kind: Interconnect, ranks: int) -> Gather | None:
+    """An all-gather of `ranks` GPUs over `kind` from data/interconnects.json's figures (NCCL's latency: vLLM's
+    custom kernel reduces only), or None where the card has no rate for it."""
+    bus = bus_bandwidth(card, kind)
+    if bus is None or ranks < 2:
+        return None
+    latency = figures(kind).latency
+    return Gather(link=kind, latency=latency, bandwidth=bus,
+                  label=f"all-gather over {kind}: {latency * 1e6:.1f} us + {bus / 1e9:.1f} GB/s bus bandwidth, public "
+                        "figures of other GPUs (estimate)")
+
+
 MAX_KV_LINK = 1e13  # bytes per second a KV link moves per GPU: 10 TB/s, past any NVLink or network (NVLink 5: 0.9)
 
 

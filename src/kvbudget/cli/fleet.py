@@ -105,8 +105,12 @@ def print_fleet(sim: FleetSimulation, fleet: FleetAsk) -> None:
     out = console()
     total = sum(p.replicas for p in sim.pools)
     split = ", disaggregated prefill and decode" if sim.kv_transfer is not None else ""
-    out.print(f"[bold]{sim.pools[0].setup.model}[/bold]: a fleet of {total:,} replica{'s' if total > 1 else ''} "
-              f"behind the {sim.router} router{split}")
+    if sim.pools[0].setup.expert_group is not None:
+        out.print(f"[bold]{sim.pools[0].setup.model}[/bold]: an expert-parallel group of {total:,} data-parallel "
+                  "ranks stepping together, behind vLLM's own balancer (each rank a replica below)")
+    else:
+        out.print(f"[bold]{sim.pools[0].setup.model}[/bold]: a fleet of {total:,} replica{'s' if total > 1 else ''} "
+                  f"behind the {sim.router} router{split}")
     for p in sim.pools:
         s = p.setup
         budget = f"{format_bytes(s.kv_memory_bytes)} KV, " if s.kv_memory_bytes else ""

@@ -76,7 +76,7 @@ FRONT = ("autoscale", "load_bandwidth", "flow_control", "max_num_queued_reqs", "
 
 
 def is_fleet(ask: SimulateRequest) -> bool:
-    return ask.replicas is not None or ask.fleet is not None or ask.router is not None or \
+    return ask.replicas is not None or ask.expert_parallel or ask.fleet is not None or ask.router is not None or \
         any(getattr(ask, name) is not None for name in (*FRONT, *SIDES))
 
 
@@ -127,6 +127,15 @@ def check_request(ask: SimulateRequest) -> None:
         from kvbudget.simulation.fleet import MAX_REPLICAS
 
         one(ask.replicas, "replicas", MAX_REPLICAS)
+    if ask.expert_parallel:
+        if ask.replicas is None or one(ask.replicas, "replicas") < 2:
+            raise KVBudgetError(f"expert_parallel: the ranks are the replicas; give {named('replicas', 'N')} with N "
+                                "of 2 or more", param="expert_parallel")
+        for param in ("router", "fleet", "autoscale", "prefill_replicas", "decode_replicas", "admission",
+                      "flow_control", "max_num_queued_reqs", "max_num_queued_tokens"):
+            if getattr(ask, param, None) is not None:
+                raise KVBudgetError(f"{param}: not with {named('expert_parallel')} (one group behind vLLM's own "
+                                    "balancer) yet", param=param)
     for param, why in NOT_FOR_FLEETS.items():
         if getattr(ask, param):
             raise KVBudgetError(f"{param}: {why}", param=param)
@@ -447,6 +456,11 @@ def fleet_simulation(ask: SimulateRequest, progress: Callable[[int], None] | Non
     from kvbudget.simulation.fleet import simulate_fleet
 
     stream, fleet, pools, router, scale = fleet_prepared(ask)
+    if pools[0].setup.expert_group is not None:
+        from kvbudget.simulation.expertgroup import simulate_expert_group
+
+        return simulate_expert_group(fleet.pools[0].found.model, stream(scale), pools[0].setup, progress=progress,
+                                     check=check, **hooks), fleet
     sim = simulate_fleet(fleet.pools[0].found.model, stream(scale), pools, router, fast=not ask.reference,
                          progress=progress, check=check, kv_link=fleet.kv_link, **scaling(ask, fleet.autoscale),
                          **hooks)

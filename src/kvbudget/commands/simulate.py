@@ -119,6 +119,10 @@ class SimulateRequest:
                                                "(default 0: off)", "0", group=SCHEDULER)
     replicas: str | None = option("that many replicas of the deployment behind --router, each simulated as one "
                                   "(default: one engine, no router)", metavar="N", group=FLEET)
+    expert_parallel: bool = option("with --replicas N: the replicas are N data-parallel ranks of one expert-parallel "
+                                   "group (vLLM --data-parallel-size N --enable-expert-parallel): an MoE's routed "
+                                   "experts spread over them, every rank stepping together, vLLM's own balancer",
+                                   False, group=FLEET)
     router: str | None = option("how a fleet's requests are spread: round-robin (the default), least-requests, "
                                 "least-kv[:SECONDS] (the lowest KV usage gauge, scraped every SECONDS, default 0.05), "
                                 "prefix (llm-d's precise prefix-cache scorer with its load scorers), prefix-approx[:N] "
@@ -360,7 +364,8 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
         offload_memory=size(ask.offload_memory, "offload_memory"), offload_backend=ask.offload_backend,
         offload_disk=size(ask.offload_disk, "offload_disk"), disk_read=_gbps(ask.disk_read),
         engine_version=options.engine_version, speculative=ask.acceptance.apply(_speculative(options)),
-        interconnect=Interconnect.parse(ask.interconnect, "interconnect") if ask.interconnect is not None else None)
+        interconnect=Interconnect.parse(ask.interconnect, "interconnect") if ask.interconnect is not None else None,
+        expert_parallel=one(ask.replicas or "1", "replicas") if ask.expert_parallel else 1)
 
 
 def _speculative(options: EngineOptions) -> Speculative | None:

@@ -11,32 +11,32 @@ import heapq
 import math
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from kvbudget import validate
-from kvbudget.choices import Device, EntryPoint, Interconnect, parse_allocator
-from kvbudget.engines import Engine, engine_release, get_engine
-from kvbudget.engines.scheduling.seq import Queues, Seq
-from kvbudget.engines.scheduling.setup import Planned, Setup, Simulates, SimulationAsk, with_host
-from kvbudget.engines.scheduling.timing import NOMINAL, MeasuredStep, TimeModel, calibrate
+from kvbudget.engines import get_engine
+from kvbudget.engines.scheduling.seq import Queues, Seq, Step
+from kvbudget.engines.scheduling.setup import Setup
 from kvbudget.engines.scheduling.workload import MAX_CLIENTS, Request, samples
 
 if TYPE_CHECKING:
     from kvbudget.engines.scheduling.seq import SpecTotals
     from kvbudget.engines.tiers import OffloadTotals
-    from kvbudget.speculative import Speculative
-from kvbudget.errors import KVBudgetError, named, spelled
+from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
-from kvbudget.simulation import bands, decoding, steptimes
+from kvbudget.simulation import bands, decoding
 from kvbudget.simulation.beam import BeamSearch
 from kvbudget.simulation.decoding import Sample
-from kvbudget.simulation.drafting import drafting_for
 from kvbudget.simulation.guarded import Gatekeeper, GuardReport, admission_policy
 from kvbudget.simulation.percentiles import LatencyWindow, Percentiles, latency_windows, metric_of
 
-NO_GPU_MEMORY = 40 << 30  # stands in for the GPU when only a KV budget is given (vLLM's small-GPU defaults)
+# (setups.py's, where most callers have long found them)
+from kvbudget.simulation.setups import NO_GPU_MEMORY as NO_GPU_MEMORY
+from kvbudget.simulation.setups import setup_for as setup_for
+from kvbudget.simulation.setups import setup_of as setup_of
+
 SAMPLE_INTERVAL_S = 1.0  # the timeline keeps one sample per second of simulated time by default
 CHECK_EVERY = 256  # clock-loop turns between calls of `check` (a few ms of work at most; nothing measurable)
 
@@ -118,95 +118,6 @@ class Simulation:
             "offload": self.offload.to_dict() if self.offload is not None else None, "clients": self.clients,
             "speculation": self.speculation.to_dict() if self.speculation is not None else None,
             "tpot_without_speculation_s": pct(self.tpot_without, "tpot")}
-
-
-def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None = None, gpu_memory: int | None = None,
-              kv_memory: int | None = None, num_blocks: int | None = None, tp: int = 1, pp: int = 1,
-              kv_dtype: str = "auto", max_model_len: int | None = None, block_size: int | None = None,
-              device: str = "cuda", max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-              prefix_caching: bool = True, long_prefill_token_threshold: int = 0,
-              time_model: TimeModel | None = None, allocator: str = "paged",
-              measured: Sequence[MeasuredStep] | None = None, kv_unified: bool = False,
-              cache_ram: int | None = None, weights: int | None = None, utilization: float | None = None,
-              enforce_eager: bool = False, entry_point: str = "server", lora: tuple[int, int] | None = None,
-              offload_memory: int | None = None, offload_backend: str | None = None, interconnect: str | None = None,
-              offload_disk: int | None = None, disk_read: float | None = None,
-              speculative: Speculative | None = None) -> Setup:
-    """The memory and scheduler settings from the planner and the engine's defaults, and the default time model.
-    `weights` (bytes per GPU) replaces the parameter count where kvbudget has none; `engine` may name a release;
-    `speculative`: speculative decoding (vLLM's: engines/vllm/specdecode.py; its drafter: simulation/drafting.py)."""
-    name, version = engine_release(engine) if isinstance(engine, str) else (engine, None)
-    chosen = get_engine(name)
-    ask = SimulationAsk(model=model, engine=chosen, gpu=gpu, gpu_memory=gpu_memory, kv_memory=kv_memory,
-                        num_blocks=num_blocks, tp=tp, pp=pp, kv_dtype=kv_dtype, max_model_len=max_model_len,
-                        block_size=block_size, device=Device.parse(device, "device"), max_num_seqs=max_num_seqs,
-                        max_num_batched_tokens=max_num_batched_tokens, prefix_caching=prefix_caching,
-                        long_prefill_token_threshold=long_prefill_token_threshold, time_model=time_model,
-                        allocator=parse_allocator(allocator), measured=measured, kv_unified=kv_unified,
-                        cache_ram=cache_ram, weights=weights, utilization=utilization, enforce_eager=enforce_eager,
-                        entry_point=EntryPoint.parse(entry_point, "entry_point"), lora=lora,
-                        offload_memory=offload_memory, offload_backend=offload_backend, offload_disk=offload_disk,
-                        disk_read=disk_read, engine_version=version, speculative=speculative,
-                        interconnect=None if interconnect is None else Interconnect.parse(interconnect, "interconnect"))
-    return setup_of(ask)
-
-
-def setup_of(ask: SimulationAsk) -> Setup:
-    """`setup_for` of a typed ask: the engine's scheduler model fills in what is its own."""
-    from kvbudget.gpus import find_gpu
-    from kvbudget.planner import plan
-
-    model, chosen = ask.model, ask.engine
-    if not isinstance(chosen, Simulates):
-        raise KVBudgetError(f"engine {chosen.name}: the simulator follows vLLM's, llama.cpp's and SGLang's "
-                            "schedulers only so far", param="engine")
-    simulator = chosen.simulator()
-    options = simulator.options(ask)
-    if ask.speculative is not None and not simulator.speculates:
-        raise KVBudgetError(f"speculative: simulate follows vLLM's speculative decoding, not {chosen.name}'s",
-                            param="speculative")
-    if ask.offload_memory is not None and not simulator.offloads:
-        raise KVBudgetError(f"offload_memory: simulate follows vLLM's offload tiers and SGLang's HiCache; "
-                            f"{chosen.name}'s is sized by estimate and plan (llama.cpp: cache_ram)",
-                            param="offload_memory")
-    max_len = ask.max_model_len or model.max_position_embeddings
-    if not max_len:
-        raise KVBudgetError(f"max_model_len: {model.name}'s config has no max_position_embeddings; give "
-                            "max_model_len", param="max_model_len")
-    card = find_gpu(ask.gpu) if ask.gpu else None
-    if ask.gpu is None and ask.gpu_memory is None:
-        if ask.kv_memory is None and ask.num_blocks is None and not simulator.sized_without_budget(ask):
-            raise KVBudgetError("simulate: give a GPU (gpu or gpu_memory), a KV budget (kv_memory) or num_blocks",
-                                param="gpu")
-        if ask.utilization is not None:
-            raise KVBudgetError(f"utilization: goes with {named('gpu')} or {named('gpu_memory')} (the memory it is "
-                                "a share of)", param="utilization")
-        # no GPU: the budget is given, and vLLM's scheduler defaults are those of a GPU under 70 GiB
-        p = plan(model, engine=chosen, gpu_memory=NO_GPU_MEMORY, tp=ask.tp, pp=ask.pp, kv_dtype=ask.kv_dtype,
-                 max_model_len=max_len, options=options, kv_memory=ask.kv_memory or NO_GPU_MEMORY,
-                 recommend=False, weights=ask.weights)
-    else:
-        p = plan(model, engine=chosen, gpu=ask.gpu, gpu_memory=ask.gpu_memory, tp=ask.tp, pp=ask.pp,
-                 kv_dtype=ask.kv_dtype, max_model_len=max_len, options=options, kv_memory=ask.kv_memory,
-                 recommend=False, weights=ask.weights, utilization=ask.utilization)
-    if ask.measured is not None:
-        time_model = calibrate(ask.measured)
-    elif ask.time_model is not None:
-        time_model = ask.time_model
-    else:
-        time_model = with_host(simulator, steptimes.default_time_model(model, p, card, ask.interconnect), p.options,
-                               p.tp, p.pp)
-    if time_model.basis == NOMINAL:
-        raise KVBudgetError("simulate: the time model needs a GPU from the catalog (its bandwidth and peak "
-                            "FLOPS), or measured timings to calibrate it "
-                            f"({spelled('measured / time_model', '--calibrate FILE')})", param="gpu")
-    planned = Planned(capacity=p.capacity, allocation=p.estimate.allocation, kv_memory_bytes=p.kv_memory_bytes,
-                      gpu_memory_bytes=p.gpu_memory_bytes, gpu_name=p.gpu, serving_options=p.options,
-                      options=options, max_model_len=max_len, time_model=time_model,
-                      gpu=p.gpu if card or ask.gpu_memory else None,
-                      kv_memory=p.kv_memory_bytes if ask.budget_given else None,
-                      drafting=drafting_for(ask, p, card, time_model, max_len))
-    return simulator.setup(ask, planned)
 
 
 def simulate(model: ModelSpec, workload: Iterable[Request], *, setup: Setup | None = None, fast: bool = True,
@@ -419,26 +330,42 @@ class _Run:
     def turn(self, arrival: float) -> None:
         """One turn of the clock with work to do: a run of decode steps, one step, or a wait for a load; `arrival`
         is when the next request reaches the engine (the fast path stops at it)."""
-        sched, tm = self.sched, self.tm
+        sched = self.sched
         k = sched.decode_run_limit() if self.fast else 0
         ready = sched.next_ready()
         if k:
             self.decode_run(sched, k, min(arrival, math.inf if ready is None else ready))
             return
+        step = self.scheduled(arrival)
+        if step is not None:
+            self.account(step, self.seconds(step))
+
+    def scheduled(self, arrival: float) -> Step | None:
+        """The scheduler's next step; None where nothing runs until a load is done (the clock moved to its end, or
+        to `arrival` if sooner)."""
+        sched = self.sched
         step = sched.schedule()
         if not step.tokens and not step.failed and (ready := sched.next_ready()) is not None and ready > self.t:
             self.t = max(self.t, min(ready, arrival))
-            return  # nothing runs until a load is done (or a request arrives)
+            return None
         if not step.tokens and not step.failed:
             head = sched.waiting[0].request
             raise KVBudgetError(f"request {head.id or self.requests}: a prompt of {head.prompt_tokens} tokens "
                                 f"can never be scheduled (max_num_batched_tokens "
                                 f"{self.setup.max_num_batched_tokens}, allocator {self.setup.allocator}); "
                                 "raise max_num_batched_tokens or filter the trace", param="trace")
-        dt = max(tm.step_seconds(step.tokens, step.context, step.pairs or step.context,
+        return step
+
+    def seconds(self, step: Step, tokens: int | None = None) -> float:
+        """How long `step` takes (`tokens`: the tokens it is run as, where more than its own: a padded batch)."""
+        tm = self.tm
+        dt = max(tm.step_seconds(step.tokens if tokens is None else tokens, step.context, step.pairs or step.context,
                                  len(step.scheduled) + step.drafted), step.overlapped_load) + step.load_seconds
-        if self.setup.drafting is not None:
-            dt += self.setup.drafting.seconds(step)
+        return dt + self.setup.drafting.seconds(step) if self.setup.drafting is not None else dt
+
+    def account(self, step: Step, dt: float) -> None:
+        """`step`, taking `dt` seconds, on the clock and in the running totals; its finished requests answered."""
+        sched = self.sched
         slots = self.slot_time
         for i, held in enumerate(sched.memory()):
             if held:

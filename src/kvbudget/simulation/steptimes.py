@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.engines.scheduling.timing import NOMINAL, TimeModel, nonnegative_fit
 from kvbudget.errors import ConfigError
-from kvbudget.interconnects import all_reduce
+from kvbudget.interconnects import all_gather, all_reduce
 from kvbudget.model.params import ParamGroup, activation_widths, count_parameters
 from kvbudget.model.spec import Attention, LatentAttention, ModelSpec
 from kvbudget.model.weights import WeightFormat, param_bytes, weight_formats
@@ -404,6 +404,39 @@ def time_model(work: StepWork, kernels: Kernels, card: GPU, link: Interconnect |
                      pair_cost=_per(work.attention_layers * 4 * work.query_width, prefill.throughput),
                      seq_cost=seq_cost, experts=_per(work.expert_bytes, experts.bandwidth),
                      expert_share=work.expert_share, basis=basis, band_basis=kernels.basis.value)
+
+
+GATHERS_PER_MOE_LAYER = 2  # vLLM's default all2all backend: an all-gather before the experts, a reduce-scatter after
+
+
+def expert_parallel(tm: TimeModel, model: ModelSpec, card: GPU | None, link: Interconnect | None,
+                    ranks: int) -> tuple[TimeModel, float, float]:
+    """One rank's step in an expert-parallel group of `ranks` data-parallel ranks (vLLM --data-parallel-size
+    --enable-expert-parallel), `tm` being its step alone at its tensor-parallel size: (the rank's time model, the
+    group's all-gathers' seconds per step, and per token of the other ranks). As vLLM runs it (its default all2all
+    backend `allgather_reducescatter`, vllm/distributed/device_communicators/all2all.py): each rank holds 1/ranks
+    of the routed experts and runs them over every rank's tokens, so its expert FLOPs per token are those of the
+    step alone (the routing taken as even) while the experts it reads are those the group's tokens route to (the
+    share per token raised as if every rank ran as many tokens as this one: vLLM pads the ranks' steps to the
+    largest under CUDA graphs); every MoE layer all-gathers the group's 16-bit hidden states before its experts and
+    reduce-scatters them after, each rank receiving the other ranks' tokens each time over `link` (None: the
+    card's own)."""
+    if ranks < 2 or not tm.experts:
+        return tm, 0.0, 0.0
+    moe_layers = len({g.layer for g in count_parameters(model).groups if g.part == "experts"})
+    link = link or (card.link if card is not None else None)
+    gather = all_gather(card, link, ranks) if card is not None and link is not None else None
+    basis = f"{tm.basis}; routed experts over {ranks} ranks"
+    latency = per_token = 0.0
+    if gather is not None:
+        calls = GATHERS_PER_MOE_LAYER * moe_layers
+        latency = calls * gather.latency
+        per_token = calls * 2 * activation_widths(model).hidden / gather.bandwidth
+        basis += f"; {gather.label}"
+    else:
+        basis += "; no all-gather time (the catalog states no link figures)"
+    return (replace(tm, experts=tm.experts / ranks, expert_share=1.0 - (1.0 - tm.expert_share) ** ranks,
+                    basis=basis), latency, per_token)
 
 
 def quantized_kernel(kernels: Kernels, fmt: WeightFormat, kinds: Sequence[str],

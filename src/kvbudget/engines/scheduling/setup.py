@@ -65,6 +65,7 @@ class SimulationAsk:
     engine_version: tuple[int, ...] | None = None  # the release whose budget and defaults to take (None: newest)
     interconnect: Interconnect | None = None  # what tensor parallelism's GPUs are linked by (None: the card's own)
     speculative: Speculative | None = None  # speculative decoding as asked (the engine says what it simulates)
+    expert_parallel: int = 1  # data-parallel ranks sharing an MoE's routed experts (1: none; ExpertGroup)
 
     def __post_init__(self) -> None:
         """Every number in its range, whoever built the ask (the CLI, the web page, `setup_for`)."""
@@ -80,7 +81,8 @@ class SimulationAsk:
                                    (self.block_size, "block_size", "tokens per block"),
                                    (self.max_num_seqs, "max_num_seqs", "sequences"),
                                    (self.max_num_batched_tokens, "max_num_batched_tokens", "tokens"),
-                                   (lora[0], "max_loras", "adapters"), (lora[1], "max_lora_rank", "rank")):
+                                   (lora[0], "max_loras", "adapters"), (lora[1], "max_lora_rank", "rank"),
+                                   (self.expert_parallel, "expert_parallel", "data-parallel ranks")):
             if value is not None:
                 validate.positive(value, param, what)
         validate.count(self.long_prefill_token_threshold, "long_prefill_token_threshold")
@@ -165,6 +167,24 @@ class Drafting:
 HIDDEN = {"json": False}  # a field to_dict() leaves out
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExpertGroup:
+    """A replica that is one of `ranks` data-parallel ranks of an expert-parallel group (vLLM --data-parallel-size
+    --enable-expert-parallel): every rank its own scheduler and KV cache, all stepping together
+    (simulation/expertgroup.py). What the group adds to a rank's step beyond its time model: the MoE layers'
+    all-gather and reduce-scatter, a fixed part per step and a part per token of the other ranks."""
+
+    ranks: int
+    gather_latency: float  # seconds per step
+    gather_per_token: float  # seconds per token the other ranks run
+    # a step of at most this many tokens on every rank runs as a CUDA graph, padded to the group's largest step
+    # (0: never, as under --enforce-eager)
+    graph_tokens: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
 class Role(Enum):
     """What a replica does in a fleet: all of a request (co-located), or one side of disaggregated serving."""
 
@@ -219,6 +239,7 @@ class Setup:
     disk_unit_seconds: float = 0.0  # ... and the time to read one of its units and load it
     disagg: Disagg | None = field(default=None, metadata=HIDDEN)  # one side of disaggregated prefill and decode
     drafting: Drafting | None = None  # speculative decoding (None: none)
+    expert_group: ExpertGroup | None = None  # a rank of an expert-parallel group (None: a replica alone)
     # the engine's scheduler model, which builds the scheduler for this setup
     simulator: Simulator = field(repr=False, compare=False, metadata=HIDDEN)
 
@@ -245,6 +266,7 @@ class Setup:
         if self.disagg is not None:
             out["disagg"] = self.disagg.to_dict()
         out["drafting"] = self.drafting.to_dict() if self.drafting else None
+        out["expert_group"] = self.expert_group.to_dict() if self.expert_group else None
         return out
 
 
@@ -274,6 +296,7 @@ class SimulatorDefaults:
 
     offloads = False
     speculates = False
+    expert_groups = False
 
     def check_release(self, ask: SimulationAsk) -> None:
         """Raise for an engine release the scheduler model does not take (here: any but the newest)."""
@@ -318,6 +341,7 @@ class Simulator(Protocol):
 
     offloads: bool  # simulates the engine's KV offload tier (SimulationAsk.offload_memory)
     speculates: bool  # simulates speculative decoding (SimulationAsk.speculative, Setup.drafting)
+    expert_groups: bool  # simulates data-parallel ranks sharing routed experts (SimulationAsk.expert_parallel)
 
     def options(self, ask: SimulationAsk) -> EngineOptions:
         """The options to plan the ask with; raises first for settings that mean nothing to this engine (and for

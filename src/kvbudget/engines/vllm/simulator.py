@@ -37,6 +37,7 @@ class VLLMSimulator(SimulatorDefaults):
 
     offloads = True
     speculates = True
+    expert_groups = True  # --data-parallel-size --enable-expert-parallel (simulation/expertgroup.py)
 
     def __init__(self, engine: VLLMEngine):
         self.engine = engine
