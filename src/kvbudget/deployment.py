@@ -31,9 +31,13 @@ class PoolPlan:
     max_num_queued_reqs: int | None = None
     max_num_queued_tokens: int | None = None
     speculative: Speculative | None = None  # speculative decoding (None: none); the launchers write it per engine
+    # data-parallel ranks in one server sharing an MoE's routed experts (vLLM --data-parallel-size N
+    # --enable-expert-parallel), each on tp x pp GPUs; 1: none
+    expert_ranks: int = 1
 
     def __post_init__(self) -> None:
         for value, name in ((self.replicas, "replicas"), (self.tp, "tp"), (self.pp, "pp"),
+                            (self.expert_ranks, "expert_ranks"),
                             (self.max_num_seqs, "max_num_seqs"), (self.max_num_batched_tokens,
                                                                   "max_num_batched_tokens"),
                             (self.max_model_len, "max_model_len")):
@@ -44,9 +48,14 @@ class PoolPlan:
                                 param="gpu_memory_utilization")
 
     @property
+    def gpus_per_replica(self) -> int:
+        """GPUs one replica (one engine server) takes."""
+        return self.tp * self.pp * self.expert_ranks
+
+    @property
     def gpus(self) -> int:
         """GPUs the pool takes in all."""
-        return self.replicas * self.tp * self.pp
+        return self.replicas * self.gpus_per_replica
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -128,15 +128,16 @@ class Gather:
 
 
 def all_gather(card: GPU, kind: Interconnect, ranks: int) -> Gather | None:
-    """An all-gather of `ranks` GPUs over `kind` from data/interconnects.json's figures (NCCL's latency: vLLM's
-    custom kernel reduces only), or None where the card has no rate for it."""
+    """An all-gather of `ranks` GPUs over `kind` from data/interconnects.json's figures, or None where the card has
+    no rate for it: the link's all-reduce latency per call (over NVLink vLLM's custom kernel's, lower than NCCL's
+    all-gather: an estimate, labelled so) and its bus bandwidth."""
     bus = bus_bandwidth(card, kind)
     if bus is None or ranks < 2:
         return None
     latency = figures(kind).latency
     return Gather(link=kind, latency=latency, bandwidth=bus,
-                  label=f"all-gather over {kind}: {latency * 1e6:.1f} us + {bus / 1e9:.1f} GB/s bus bandwidth, public "
-                        "figures of other GPUs (estimate)")
+                  label=f"all-gathers over {kind}: {latency * 1e6:.1f} us (its all-reduce's) + {bus / 1e9:.1f} GB/s "
+                        "bus bandwidth, public figures of other GPUs (estimate)")
 
 
 MAX_KV_LINK = 1e13  # bytes per second a KV link moves per GPU: 10 TB/s, past any NVLink or network (NVLink 5: 0.9)

@@ -93,6 +93,9 @@ class RecommendRequest:
     acceptance_from: str | None = _speculative_option("acceptance_from", AcceptanceKnobs)
     no_disagg: bool = option("co-located replicas only (default: also a prefill and a decode pool)", False,
                              group=SEARCH)
+    no_expert_parallel: bool = option("an MoE model: no expert-parallel groups (default: also 2 or more replicas "
+                                      "as the data-parallel ranks of one group sharing the routed experts)", False,
+                                      group=SEARCH)
     kv_link: str = option("the link a disaggregated candidate's KV crosses: nvlink, infiniband (default), roce, "
                           "pcie, tcp, a rate (25GB/s) or NAME:RATE", "infiniband", group=SEARCH)
     router: str = option("how several replicas share the traffic (as `simulate --router`; default round-robin)",
@@ -266,7 +269,8 @@ def prepared(ask: RecommendRequest) -> Prepared:
                   gpu_memory_utilization=_fractions(ask.gpu_memory_utilization),
                   kv_dtypes=tuple(dict.fromkeys(v.strip() for v in ask.kv_dtype.split(",") if v.strip())),
                   prefix_caching=cached, offload_memory=_offloads(ask.offload_memory),
-                  speculative=(None,) * len(tokens), disaggregated=not ask.no_disagg)  # (the axis: after the model)
+                  speculative=(None,) * len(tokens), disaggregated=not ask.no_disagg,
+                  expert_parallel=not ask.no_expert_parallel)  # (the axis: after the model)
     _check_kv_dtypes(space.kv_dtypes)
     candidates(space)  # an empty or too large space fails here
     if not space.disaggregated and ask.kv_link != "infiniband":

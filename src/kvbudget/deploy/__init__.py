@@ -79,11 +79,15 @@ def planned_setup(deployment: Deployment, pool: PoolPlan) -> Setup:
                      kv_dtype=pool.kv_dtype, max_model_len=pool.max_model_len, block_size=pool.block_size,
                      max_num_seqs=pool.max_num_seqs, max_num_batched_tokens=pool.max_num_batched_tokens,
                      prefix_caching=pool.prefix_caching, utilization=pool.gpu_memory_utilization,
-                     offload_memory=pool.offload_bytes, speculative=pool.speculative)
+                     offload_memory=pool.offload_bytes, speculative=pool.speculative, expert_parallel=pool.expert_ranks)
 
 
 def _suffix(pool: PoolPlan) -> str:
     return "" if pool.role is Role.BOTH else f"-{pool.role.value}"
+
+
+def _ranks(pool: PoolPlan) -> str:
+    return f" x {pool.expert_ranks} expert-parallel ranks" if pool.expert_ranks > 1 else ""
 
 
 def _kind(pool: PoolPlan) -> str:
@@ -94,7 +98,7 @@ def serve_script(deployment: Deployment, pool: PoolPlan, launch: Launch) -> str:
     """One replica's start as a shell script (`sh serve.sh`), with what the engine's flags follow."""
     notes = "".join(f"# note: {n}\n" for n in launch.notes)
     return (f"#!/bin/sh\n# {deployment.model} on {deployment.engine}: one replica of {pool.replicas} "
-            f"({_kind(pool)}), {pool.tp} x {pool.pp} {pool.gpu}, written by kvbudget.deploy\n"
+            f"({_kind(pool)}), {pool.tp} x {pool.pp}{_ranks(pool)} {pool.gpu}, written by kvbudget.deploy\n"
             f"# {launch.source}\n{notes}exec {launch.shell}\n")
 
 
@@ -171,7 +175,7 @@ def readme(deployment: Deployment, written: list[DeployFile], said: tuple[str, .
              "| pool | replicas | GPU | TP x PP | max_num_seqs | max_num_batched_tokens | max_model_len | queue limits "
              "(requests, prompt tokens) |", "|---|---|---|---|---|---|---|---|"]
     for p in deployment.pools:
-        lines.append(f"| {p.role.value} | {p.replicas} | {p.gpu} | {p.tp} x {p.pp} | {p.max_num_seqs} | "
+        lines.append(f"| {p.role.value} | {p.replicas} | {p.gpu} | {p.tp} x {p.pp}{_ranks(p)} | {p.max_num_seqs} | "
                      f"{p.max_num_batched_tokens} | {p.max_model_len} | {p.max_num_queued_reqs}, "
                      f"{p.max_num_queued_tokens} |")
     lines += ["", "## Files", ""]

@@ -106,7 +106,7 @@ def gpu_resource(pool: PoolPlan) -> tuple[str, str]:
 
 def _container(launch: Launch, pool: PoolPlan, port: int) -> dict[str, Any]:
     resource = gpu_resource(pool)[1]
-    gpus = pool.tp * pool.pp
+    gpus = pool.gpus_per_replica
     return {"name": "main", "image": launch.image, "command": [launch.argv[0]], "args": list(launch.argv[1:]),
             "ports": [{"containerPort": port, "protocol": "TCP"}],
             "resources": {"limits": {resource: gpus}, "requests": {resource: gpus}}}
@@ -153,7 +153,8 @@ def llmd_values(deployment: Deployment, launch: Launcher, model_bytes: int) -> s
 def _llmd_pool(pool: PoolPlan, launch: Launcher, port: int) -> dict[str, Any]:
     container = _container(launch(pool, port), pool, port)
     container.update(modelCommand="custom", mountModelVolume=True)
-    return {"create": True, "replicas": pool.replicas, "parallelism": {"tensor": pool.tp},
+    ranks = {"data": pool.expert_ranks, "dataLocal": pool.expert_ranks} if pool.expert_ranks > 1 else {}
+    return {"create": True, "replicas": pool.replicas, "parallelism": {"tensor": pool.tp, **ranks},
             "containers": [container]}
 
 
@@ -165,10 +166,12 @@ def kserve_service(deployment: Deployment, flags: Callable[[PoolPlan], Launch]) 
 
     def workload(pool: PoolPlan) -> dict[str, Any]:
         resource = gpu_resource(pool)[1]
-        gpus = pool.tp * pool.pp
+        gpus = pool.gpus_per_replica
         container = {"name": "main", "args": list(flags(pool).argv),
                      "resources": {"limits": {resource: gpus}, "requests": {resource: gpus}}}
-        return {"replicas": pool.replicas, "parallelism": {"tensor": pool.tp, "pipeline": pool.pp},
+        ranks = {"data": pool.expert_ranks, "dataLocal": pool.expert_ranks, "expert": True} \
+            if pool.expert_ranks > 1 else {}
+        return {"replicas": pool.replicas, "parallelism": {"tensor": pool.tp, "pipeline": pool.pp, **ranks},
                 "template": {"containers": [container]}}
 
     spec: dict[str, Any] = {"model": {"uri": f"hf://{deployment.model}",
@@ -190,7 +193,7 @@ def dynamo_graph(deployment: Deployment, worker: Callable[[PoolPlan], Launch], f
         image = launch.image
         services[f"{pool.role.value.capitalize()}Worker"] = {
             "componentType": "worker", "subComponentType": pool.role.value, "replicas": pool.replicas,
-            "resources": {"limits": {"gpu": str(pool.tp * pool.pp)}},
+            "resources": {"limits": {"gpu": str(pool.gpus_per_replica)}},
             "extraPodSpec": {"mainContainer": {"name": "main", "image": launch.image, "command": [launch.argv[0]],
                                                "args": list(launch.argv[1:])}}}
     frontend = {"componentType": "frontend", "replicas": 1,

@@ -69,6 +69,7 @@ class Candidate:
     prefix_caching: bool = True
     offload_memory: int | None = None  # host memory for a KV offload tier, per replica over every rank
     speculative: Speculative | None = None  # speculative decoding (None: none)
+    expert_parallel: bool = False  # the replicas are the data-parallel ranks of one group sharing the routed experts
 
     @property
     def disaggregated(self) -> bool:
@@ -86,13 +87,15 @@ class Candidate:
     def setting(self) -> tuple[Any, ...]:
         """What one replica's engine is planned from (the same for every replica count)."""
         return (self.gpu, self.tp, self.pp, self.max_num_seqs, self.max_num_batched_tokens,
-                self.gpu_memory_utilization, self.kv_dtype, self.prefix_caching, self.offload_memory, self.speculative)
+                self.gpu_memory_utilization, self.kv_dtype, self.prefix_caching, self.offload_memory, self.speculative,
+                self.replicas if self.expert_parallel else 1)
 
     def label(self) -> str:
         """In words: '2 x H100-80GB (TP 2), kv fp8, eagle3 k=2' or '1 prefill + 2 decode x L40S'."""
         shape = (f"{self.prefill_replicas} prefill + {self.decode_replicas} decode" if self.disaggregated
                  else f"{self.replicas}")
-        par = ", ".join(f"{k} {v}" for k, v in (("TP", self.tp), ("PP", self.pp)) if v > 1)
+        par = ", ".join([*(f"{k} {v}" for k, v in (("TP", self.tp), ("PP", self.pp)) if v > 1),
+                         *(["expert-parallel ranks"] if self.expert_parallel else [])])
         knobs = [f"{k} {v}" for k, v in (("max_num_seqs", self.max_num_seqs),
                                           ("max_num_batched_tokens", self.max_num_batched_tokens),
                                           ("gpu_memory_utilization", self.gpu_memory_utilization),
@@ -127,6 +130,7 @@ class Space:
     offload_memory: tuple[int | None, ...] = (None,)
     speculative: tuple[Speculative | None, ...] = (None,)  # speculative decoding settings (None: none)
     disaggregated: bool = True  # also try a prefill and a decode pool (a KV link between them)
+    expert_parallel: bool = True  # also try 2 or more replicas as one expert-parallel group (an MoE model's)
 
     def __post_init__(self) -> None:
         from kvbudget.gpus import find_gpu
@@ -157,8 +161,9 @@ class Space:
                 validate.size(o, "offload_memory")
 
 
-def candidates(space: Space) -> tuple[Candidate, ...]:
-    """Every candidate of `space` (refused past MAX_CANDIDATES, before any is planned)."""
+def candidates(space: Space, expert_groups: bool = False) -> tuple[Candidate, ...]:
+    """Every candidate of `space` (refused past MAX_CANDIDATES, before any is planned); `expert_groups`: the
+    model has routed experts and the engine's groups are simulated (with Space.expert_parallel, tried too)."""
     out: list[Candidate] = []
     knobs = itertools.product(space.max_num_seqs, space.max_num_batched_tokens, space.gpu_memory_utilization,
                               space.kv_dtypes, space.prefix_caching, space.offload_memory, space.speculative)
@@ -166,12 +171,15 @@ def candidates(space: Space) -> tuple[Candidate, ...]:
             knobs, space.gpus, space.tp, space.pp):
         per = tp * pp
         shapes = [(n, 0, 0) for n in range(1, space.max_gpus // per + 1)]
+        if space.expert_parallel and expert_groups:
+            shapes += [(-n, 0, 0) for n in range(2, space.max_gpus // per + 1)]  # (-n: a group of n ranks)
         if space.disaggregated:
             shapes += [(0, p, d) for p in range(1, space.max_gpus // per) for d in range(1, space.max_gpus // per - p
                                                                                           + 1)]
         for n, p, d in shapes:
-            out.append(Candidate(gpu=gpu, tp=tp, pp=pp, replicas=n, prefill_replicas=p, decode_replicas=d,
-                                 max_num_seqs=seqs, max_num_batched_tokens=tokens, gpu_memory_utilization=util,
+            out.append(Candidate(gpu=gpu, tp=tp, pp=pp, replicas=abs(n), prefill_replicas=p, decode_replicas=d,
+                                 expert_parallel=n < 0, max_num_seqs=seqs, max_num_batched_tokens=tokens,
+                                 gpu_memory_utilization=util,
                                  kv_dtype=kv, prefix_caching=cached, offload_memory=offload, speculative=spec))
             if len(out) > MAX_CANDIDATES:
                 raise KVBudgetError(f"max_gpus: the search space holds more than {MAX_CANDIDATES:,} candidates; "
@@ -222,8 +230,13 @@ def simulate_candidate(model: Any, requests: Sequence[Request], candidate: Candi
     # (several sequences a request: a percentile counts requests, the hook sequences; no early stop then)
     watch = EarlyStop(requests, slo) if stop and all(r.n == 1 and not r.beam_search for r in requests) else None
     try:
-        if c.replica_count == 1:
-            sim: Any = simulate(model, iter(requests), setup=setup, on_finish=watch, check=check)
+        if c.expert_parallel:
+            from kvbudget.simulation.expertgroup import simulate_expert_group
+
+            sim: Any = simulate_expert_group(model, iter(requests), setup, on_finish=watch, check=check)
+            gpu_hours = sim.gpu_hours
+        elif c.replica_count == 1:
+            sim = simulate(model, iter(requests), setup=setup, on_finish=watch, check=check)
             gpu_hours = c.gpus * sim.duration_s / 3600
         else:
             sim = simulate_fleet(model, iter(requests), pools, router, kv_link=link, on_finish=watch, check=check)
@@ -388,8 +401,9 @@ class Recommendation:
         plan = PoolPlan(gpu=c.gpu, tp=c.tp, pp=c.pp, max_num_seqs=setup.max_num_seqs,
                         max_num_batched_tokens=setup.max_num_batched_tokens, max_model_len=setup.max_model_len,
                         gpu_memory_utilization=self.utilization[c.setting], kv_dtype=c.kv_dtype,
-                        prefix_caching=c.prefix_caching, offload_bytes=c.offload_memory, replicas=c.replicas or 1,
-                        speculative=spec)
+                        prefix_caching=c.prefix_caching, offload_bytes=c.offload_memory,
+                        replicas=1 if c.expert_parallel else c.replicas or 1, speculative=spec,
+                        expert_ranks=c.replicas if c.expert_parallel else 1)
         pools = ((replace(plan, role=Role.PREFILL, replicas=c.prefill_replicas),
                   replace(plan, role=Role.DECODE, replicas=c.decode_replicas)) if c.disaggregated else (plan,))
         objectives = ", ".join(f"{k} <= {shown(v, getattr(v, 'unit', 's'))}" for k, v in self.slo.items())
@@ -439,7 +453,7 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
                             param="trace")
     price = {gpu: price_for(dict(prices), gpu) for gpu in space.gpus}  # an unpriced GPU fails before any plan
     check_speculates(ask, any(s is not None for s in space.speculative))
-    listed = candidates(space)
+    listed = candidates(space, _expert_groups(ask))
     setups, utilization, pruned, links = _plan(ask, listed, kv_link)
     alive = [c for c in listed if c.setting in setups and (not c.disaggregated or (c.gpu, c.setting) in links)]
     _check_lengths(requests, setups.values())
@@ -483,6 +497,21 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
                           kv_link=kv_link if space.disaggregated else None, listed=len(listed),
                           pruned=tuple(pruned), skipped=len(alive) - done, tried=tuple(tried), best=best,
                           setups=setups, utilization=utilization, model_dtype=ask.model.dtype)
+
+
+def _expert_groups(ask: SimulationAsk) -> bool:
+    """Whether the model has routed experts to spread and the engine's expert-parallel groups are simulated."""
+    from kvbudget.engines.scheduling.setup import Simulates
+    from kvbudget.errors import ConfigError
+    from kvbudget.model.params import count_parameters
+
+    if not (ask.engine.expert_parallel and isinstance(ask.engine, Simulates)
+            and ask.engine.simulator().expert_groups):
+        return False
+    try:
+        return any(g.part == "experts" for g in count_parameters(ask.model).groups)
+    except ConfigError:
+        return False
 
 
 def check_speculates(ask: SimulationAsk, drafting: bool) -> None:
@@ -559,7 +588,7 @@ def _plan(ask: SimulationAsk, listed: Iterable[Candidate], kv_link: str
                     ask, gpu=c.gpu, tp=c.tp, pp=c.pp, max_num_seqs=c.max_num_seqs,
                     max_num_batched_tokens=c.max_num_batched_tokens, utilization=c.gpu_memory_utilization,
                     kv_dtype=c.kv_dtype, prefix_caching=c.prefix_caching, offload_memory=c.offload_memory,
-                    speculative=c.speculative))
+                    speculative=c.speculative, expert_parallel=key[-1]))
                 card = find_gpu(c.gpu)
                 utilization[key] = c.gpu_memory_utilization or ask.engine.serving(
                     card.memory_bytes, setup.max_model_len, EngineOptions(speculative=c.speculative),
@@ -589,8 +618,8 @@ def _plan(ask: SimulationAsk, listed: Iterable[Candidate], kv_link: str
 
 
 def _setting_label(key: tuple[Any, ...]) -> str:
-    gpu, tp, pp, seqs, tokens, util, kv, cached, offload, spec = key
+    gpu, tp, pp, seqs, tokens, util, kv, cached, offload, spec, ranks = key
     one = Candidate(gpu=gpu, tp=tp, pp=pp, max_num_seqs=seqs, max_num_batched_tokens=tokens,
                     gpu_memory_utilization=util, kv_dtype=kv, prefix_caching=cached, offload_memory=offload,
-                    speculative=spec)
+                    speculative=spec, replicas=ranks, expert_parallel=ranks > 1)
     return one.label().removeprefix("1 x ")

@@ -185,3 +185,27 @@ def test_an_amd_card_asks_for_amds_device_resource(written):
     assert values["decode"]["containers"][0]["resources"]["limits"] == {"amd.com/gpu": 1}
     jsonschema.Draft7Validator(LLMD).validate(values)
     jsonschema.Draft7Validator(KSERVE).validate(docs["kserve-llminferenceservice.yaml"])
+
+
+EXPERT = Deployment(model="Qwen/Qwen3-30B-A3B", engine="vllm", pools=(
+    PoolPlan(gpu="H100-80GB", tp=1, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=8192,
+             gpu_memory_utilization=0.9, expert_ranks=4),))
+
+
+def test_an_expert_parallel_group_is_one_server_on_all_its_ranks_gpus(written):
+    """vLLM --data-parallel-size 4 --enable-expert-parallel: one server (one pod) holding the four ranks' GPUs; the
+    manifests say so in their own fields and still meet their schemas."""
+    docs = written(EXPERT)
+    llmd, kserve = docs["llm-d-values.yaml"], docs["kserve-llminferenceservice.yaml"]
+    jsonschema.Draft7Validator(LLMD).validate(llmd)
+    jsonschema.Draft7Validator(KSERVE).validate(kserve)
+    assert undeclared(kserve, KSERVE) == []
+    container = llmd["decode"]["containers"][0]
+    assert llmd["decode"]["replicas"] == 1 and llmd["decode"]["parallelism"] == {"tensor": 1, "data": 4,
+                                                                                 "dataLocal": 4}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 4}
+    args = container["args"]
+    assert args[args.index("--data-parallel-size") + 1] == "4" and "--enable-expert-parallel" in args
+    assert kserve["spec"]["parallelism"] == {"tensor": 1, "pipeline": 1, "data": 4, "dataLocal": 4, "expert": True}
+    assert kserve["spec"]["template"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 4}
+    assert EXPERT.pools[0].gpus == 4

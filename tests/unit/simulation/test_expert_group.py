@@ -142,3 +142,41 @@ def test_cli_refuses_in_one_line(args, needle):
                          text=True)
     assert out.returncode == 2, out.stderr
     assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_recommend_lists_expert_parallel_groups_for_an_moe_model_only():
+    from kvbudget.engines import get_engine
+    from kvbudget.engines.scheduling.setup import SimulationAsk
+    from kvbudget.simulation.recommend import Space, _expert_groups, candidates
+
+    space = Space(gpus=("H100-80GB",), max_gpus=4, tp=(1, 2), kv_dtypes=("auto",), disaggregated=False)
+    moe = SimulationAsk(model=MOE, engine=get_engine("vllm"))
+    dense = SimulationAsk(model=kvbudget.load_model("llama-3.1-8b"), engine=get_engine("vllm"))
+    assert _expert_groups(moe) and not _expert_groups(dense)
+    assert not _expert_groups(replace(moe, engine=get_engine("llamacpp")))
+    groups = [(c.tp, c.replicas) for c in candidates(space, True) if c.expert_parallel]
+    assert groups == [(1, 2), (1, 3), (1, 4), (2, 2)]  # 2 or more ranks of tp GPUs each, within max_gpus
+    assert not any(c.expert_parallel for c in candidates(space, False))
+    assert not any(c.expert_parallel for c in candidates(replace(space, expert_parallel=False), True))
+
+
+def test_recommend_simulates_a_group_and_writes_its_flags(tmp_path):
+    """A search whose only candidate is a group: simulated as one (its GPU-hours the group's), and the deployment
+    written as one vLLM server with --data-parallel-size and --enable-expert-parallel."""
+    from kvbudget.engines import get_engine
+    from kvbudget.engines.scheduling.setup import SimulationAsk
+    from kvbudget.simulation.recommend import Space, recommend
+    from kvbudget.simulation.search import parse_slo
+
+    reqs = list(itertools.islice(read_trace(AZURE), 200))
+    space = Space(gpus=("H100-80GB",), max_gpus=2, tp=(1,), kv_dtypes=("auto",), disaggregated=False)
+    ask = SimulationAsk(model=MOE, engine=get_engine("vllm"), max_model_len=LEN)
+    found = recommend(ask, reqs, parse_slo("ttft_p99=10s"), space, {None: 2.0}, backend="serial")
+    group_run = [t for t in found.tried if t.candidate.expert_parallel]
+    assert len(group_run) == 1 and group_run[0].measured.completed == 200
+    alone = simulate_expert_group(MOE, reqs, group(2))
+    assert group_run[0].measured.duration_s == pytest.approx(alone.duration_s, rel=1e-12)
+    assert group_run[0].measured.gpu_hours == pytest.approx(2 * alone.duration_s / 3600, rel=1e-9)
+    assert group_run[0].met
+    pool = replace(found, best=group_run[0]).deployment().pools[0]  # the group as the choice
+    assert pool.expert_ranks == 2 and pool.replicas == 1 and pool.gpus == 2 and pool.tp == 1

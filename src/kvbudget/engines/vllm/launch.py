@@ -83,6 +83,8 @@ def command(pool: PoolPlan, deployment: Deployment) -> Launch:
     if pool.block_size is not None:
         argv += ["--block-size", str(pool.block_size)]
     argv.append("--enable-prefix-caching" if pool.prefix_caching else "--no-enable-prefix-caching")
+    if pool.expert_ranks > 1:
+        argv += ["--data-parallel-size", str(pool.expert_ranks), "--enable-expert-parallel"]
     if pool.offload_bytes is not None:
         if version < OFFLOAD_FIRST:
             raise refuse("offload_bytes", f"vLLM {shown} has no --kv-offloading-size (from 0.12); give a later "
