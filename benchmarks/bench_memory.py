@@ -165,8 +165,9 @@ def stated_error(case: dict[str, Any], got: dict[str, Any]) -> float | None:
     logged = case["logged"]
     if logged.get("kv_gib", 0) > 0 and "kv" in got:
         return float(got["kv"] / logged["kv_gib"] - 1)
-    if logged.get("kv_tokens", 0) > 0 and got.get("tokens"):
-        return float(got["tokens"] / logged["kv_tokens"] - 1)
+    tokens = logged.get("kv_tokens") or logged.get("tokens", 0)  # sglang.json names SGLang's #tokens "tokens"
+    if tokens > 0 and got.get("tokens"):
+        return float(got["tokens"] / tokens - 1)
     return None
 
 
@@ -182,23 +183,32 @@ def percentile_90(values: list[float]) -> float:
     return ordered[max(0, -(-9 * len(ordered) // 10) - 1)]
 
 
-def accuracy_table(cases: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
-    """Per group of `keys` (era, family): the check cases' median |error|, 90th percentile and most optimistic
-    error, against the issue's targets (1%, 3%, +2%); then what no check case covers and what is unpredicted."""
+def check_groups(cases: list[dict[str, Any]], keys: tuple[str, ...], show: bool = False
+                 ) -> tuple[dict[tuple[str, ...], list[tuple[float, str]]], list[tuple[str, str]]]:
+    """The check cases' errors, (error, id), grouped by `keys` (era, family), and the cases the plan cannot predict,
+    (id, why); with `show`, a line per case as it goes."""
     key_of = {"era": era, "family": family}
     groups: dict[tuple[str, ...], list[tuple[float, str]]] = {}
     unpredicted = []
-    print(f"{'case':48} {'role':5} {'era':18} {'family':34} {'error':>8}")
     for case in cases:
         got = predict_stated(case)
         err = None if "unpredicted" in got else stated_error(case, got)
-        shown = "unpredicted" if "unpredicted" in got else ("-" if err is None else f"{err:+.1%}")
-        print(f"{case['id']:48} {case['role']:5} {era(case):18} {family(case):34} {shown:>8}")
+        if show:
+            shown = "unpredicted" if "unpredicted" in got else ("-" if err is None else f"{err:+.1%}")
+            print(f"{case['id']:48} {case['role']:5} {era(case):18} {family(case):34} {shown:>8}")
         if "unpredicted" in got:
             unpredicted.append((case["id"], got["unpredicted"]))
         elif case["role"] == "check" and err is not None:
             groups.setdefault(tuple(key_of[k](case) for k in keys), []).append((err, case["id"]))
-    print(f"\nCHECK cases only; targets: median |error| <= 1%, 90th percentile <= 3%, most optimistic <= +2%")
+    return groups, unpredicted
+
+
+def accuracy_table(cases: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
+    """Per group of `keys` (era, family): the check cases' median |error|, 90th percentile and most optimistic
+    error, against the issue's targets (1%, 3%, +2%); then what no check case covers and what is unpredicted."""
+    print(f"{'case':48} {'role':5} {'era':18} {'family':34} {'error':>8}")
+    groups, unpredicted = check_groups(cases, keys, show=True)
+    print("\nCHECK cases only; targets: median |error| <= 1%, 90th percentile <= 3%, most optimistic <= +2%")
     print(f"{' / '.join(keys):60} {'n':>3} {'median':>8} {'p90':>8} {'optimistic':>11}  misses")
     for group, found in sorted(groups.items()):
         sizes = [abs(e) for e, _ in found]
