@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import kvbudget
+from kvbudget.choices import EntryPoint
 from kvbudget.engines import EngineOptions
 from kvbudget.errors import KVBudgetError
 from kvbudget.planner import NoKVBudget
@@ -137,7 +138,8 @@ def era(case: dict[str, Any]) -> str:
 
 
 def predict_stated(case: dict[str, Any]) -> dict[str, Any]:
-    """The plan for a case of any corpus with every setting it states (share, batch limits, eager mode, KV dtype):
+    """The plan for a case of any corpus with every setting it states (share, batch limits, eager mode, KV dtype,
+    block size, expert parallelism, server or LLM class):
     its terms (GiB), the token count the engine would print, and whether it predicts a refusal; or, where the plan
     lacks an input, {"unpredicted": why}."""
     if "unpredicted" in case:
@@ -146,11 +148,13 @@ def predict_stated(case: dict[str, Any]) -> dict[str, Any]:
     options = EngineOptions(engine_version=version if case["engine"] == "sglang" else version[:2],
                             max_num_seqs=case.get("max_num_seqs"),
                             max_num_batched_tokens=case.get("max_num_batched_tokens"),
-                            enforce_eager=case.get("enforce_eager", False))
+                            enforce_eager=case.get("enforce_eager", False), block_size=case.get("block_size"),
+                            entry_point=EntryPoint(case.get("entry_point", "server")))
     try:
         p = kvbudget.plan(load_case_model(case), engine=case["engine"], gpu=case["gpu"], tp=case["tp"],
                           max_model_len=case["max_model_len"], utilization=case.get("utilization"),
-                          kv_dtype=case.get("kv_dtype", "auto"), options=options, recommend=False)
+                          kv_dtype=case.get("kv_dtype", "auto"), options=options, recommend=False,
+                          expert_parallel=case.get("expert_parallel", False))
     except NoKVBudget as exc:
         return {**{t.key: t.bytes / GIB for t in exc.answer.stack}, "tokens": 0, "refused": True}
     except KVBudgetError as exc:
