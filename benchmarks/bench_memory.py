@@ -216,11 +216,12 @@ def accuracy_table(cases: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
     print(f"{' / '.join(keys):60} {'n':>3} {'median':>8} {'p90':>8} {'optimistic':>11}  misses")
     for group, found in sorted(groups.items()):
         sizes = [abs(e) for e, _ in found]
-        median, p90, worst = statistics.median(sizes), percentile_90(sizes), max(found)
+        median, p90, optimistic = statistics.median(sizes), percentile_90(sizes), max(found)
+        largest = max(found, key=lambda found_case: abs(found_case[0]))
         misses = [name for name, miss in (("median", median > 0.01), ("p90", p90 > 0.03),
-                                          ("optimistic", worst[0] > 0.02)) if miss]
-        print(f"{' / '.join(group):60} {len(found):>3} {median:>8.2%} {p90:>8.2%} {worst[0]:>+11.2%}  "
-              + (", ".join(misses) + f" (most optimistic: {worst[1]})" if misses else "met"))
+                                          ("optimistic", optimistic[0] > 0.02)) if miss]
+        print(f"{' / '.join(group):60} {len(found):>3} {median:>8.2%} {p90:>8.2%} {optimistic[0]:>+11.2%}  "
+              + (", ".join(misses) + f" (largest: {largest[0]:+.1%} {largest[1]})" if misses else "met"))
     covered = {k: {g[keys.index(k)] for g in groups} for k in keys}
     if "era" in keys:
         eras = [label for _, label in VLLM_ERAS] + list(SGLANG_ERAS)
