@@ -2,8 +2,15 @@
 nothing (tests/corpus/test_memory_corpus.py holds the bounds).
 
     python benchmarks/bench_memory.py [--corpus tests/data/memory/vllm.json]
+    python benchmarks/bench_memory.py --by era,family
 
 Then the SGLang start-ups of tests/data/memory/sglang.json: the pool SGLang allocated beside the plan's.
+
+`--by era,family` (either or both) predicts every case of the three corpora (vllm.json, sglang.json and the wider
+wide.json) with the settings each case states, and prints, per release era and GPU family, the median |error|, the
+90th percentile and the most optimistic error over the CHECK cases alone; then the eras and GPU families the issue
+asks for that have no check case, and the cases the plan cannot predict (an input it lacks) with the reason. The
+error is that of the KV budget in GiB where the log states it, else of the token count the engine printed.
 
 Each case of the corpus (a real start-up: settings, and the memory split vLLM printed) is planned with the same
 engine release, GPU, tensor parallel size, max_model_len and gpu_memory_utilization. The table sets each term
@@ -22,12 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import kvbudget
+from kvbudget.choices import EntryPoint
 from kvbudget.engines import EngineOptions
+from kvbudget.errors import KVBudgetError
 from kvbudget.planner import NoKVBudget
 from kvbudget.units import GIB
 
 CORPUS = Path(__file__).resolve().parents[1] / "tests" / "data" / "memory" / "vllm.json"
 SGLANG_CORPUS = CORPUS.with_name("sglang.json")
+WIDE_CORPUS = CORPUS.with_name("wide.json")
 TERMS = (("weights", "weights_gib"), ("activation", "activation_gib"), ("overhead", "non_torch_gib"),
          ("kv", "kv_gib"))
 
@@ -71,6 +81,14 @@ def error(case: dict[str, Any], predicted: dict[str, Any]) -> float | None:
     return predicted["kv"] / logged - 1
 
 
+def by_keys(text: str) -> tuple[str, ...]:
+    """--by's value: era and/or family, comma-separated."""
+    keys = tuple(k.strip() for k in text.split(","))
+    if not keys or any(k not in ("era", "family") for k in keys) or len(set(keys)) != len(keys):
+        raise argparse.ArgumentTypeError(f"--by takes era, family or both, comma-separated (got {text!r})")
+    return keys
+
+
 def predict_sglang(case: dict[str, Any]) -> tuple[int, float]:
     """The plan's pool for an SGLang case (tokens as SGLang prints them) and its weights (GiB), at the case's
     release, GPU and tensor parallel size with SGLang's default mem_fraction_static."""
@@ -89,10 +107,142 @@ def sglang_table() -> None:
               f"{logged['weights_gib']:>8.2f} / {weights:>7.2f}  {tokens / logged['tokens'] - 1:+9.1%}")
 
 
+# GPU families the accuracy table reports (issue 55: the cards users have), by catalog name.
+FAMILIES = {
+    "A100": ("A100-40GB", "A100-80GB", "A100-80GB-PCIe"),
+    "L4 / L40S / A10G": ("L4", "L40S", "L20", "A10G", "A10", "RTX-6000-Ada"),
+    "GeForce (RTX 3090 / 4090 / 5090)": ("RTX-3090", "RTX-4090", "RTX-5090"),
+    "Hopper (H100, H200, GH200)": ("H100-80GB", "H100-PCIe", "H100-NVL", "H200", "H20", "GH200"),
+    "Blackwell (B200, GB200, GB10)": ("B200", "B300", "GB200", "GB10", "RTX-PRO-6000"),
+    "AMD Instinct": ("MI250X-GCD", "MI300X", "MI325X", "MI355X"),
+    "Intel XPU": ("Arc-Pro-B70", "Arc-B580", "Max-1550"),
+}
+# Release eras the table reports: vLLM's by the start-up arithmetic they share (V0; V1 before and after 0.11's
+# one-line split; the CUDA-graph term from 0.20; the null block from 0.27), SGLang's by minor release.
+VLLM_ERAS = (((0, 0), "vLLM V0 (to 0.7)"), ((0, 8), "vLLM 0.8-0.10"), ((0, 11), "vLLM 0.11-0.19"),
+             ((0, 20), "vLLM 0.20-0.26"), ((0, 27), "vLLM 0.27-0.34"))
+SGLANG_ERAS = ("SGLang 0.4", "SGLang 0.5")
+
+
+def family(case: dict[str, Any]) -> str:
+    """The case's GPU family, by the catalog name it gives ("other" for a card in none of FAMILIES)."""
+    return next((name for name, cards in FAMILIES.items() if case["gpu"] in cards), "other")
+
+
+def era(case: dict[str, Any]) -> str:
+    """The case's release era: vLLM's by VLLM_ERAS, SGLang's by minor release."""
+    if case["engine"] == "sglang":
+        return "SGLang " + ".".join(case["release"].split(".")[:2])
+    version = release_of(case)
+    return [label for start, label in VLLM_ERAS if version >= start][-1]
+
+
+def predict_stated(case: dict[str, Any]) -> dict[str, Any]:
+    """The plan for a case of any corpus with every setting it states (share, batch limits, eager mode, KV dtype,
+    block size, expert parallelism, server or LLM class):
+    its terms (GiB), the token count the engine would print, and whether it predicts a refusal; or, where the plan
+    lacks an input, {"unpredicted": why}."""
+    if "unpredicted" in case:
+        return {"unpredicted": case["unpredicted"]}
+    version = tuple(int(x) for x in case["release"].split("."))
+    options = EngineOptions(engine_version=version if case["engine"] == "sglang" else version[:2],
+                            max_num_seqs=case.get("max_num_seqs"),
+                            max_num_batched_tokens=case.get("max_num_batched_tokens"),
+                            enforce_eager=case.get("enforce_eager", False), block_size=case.get("block_size"),
+                            entry_point=EntryPoint(case.get("entry_point", "server")))
+    try:
+        p = kvbudget.plan(load_case_model(case), engine=case["engine"], gpu=case["gpu"], tp=case["tp"],
+                          max_model_len=case["max_model_len"], utilization=case.get("utilization"),
+                          kv_dtype=case.get("kv_dtype", "auto"), options=options, recommend=False,
+                          expert_parallel=case.get("expert_parallel", False))
+    except NoKVBudget as exc:
+        return {**{t.key: t.bytes / GIB for t in exc.answer.stack}, "tokens": 0, "refused": True}
+    except KVBudgetError as exc:
+        return {"unpredicted": f"the plan refuses the case's inputs: {exc}"}
+    stack = {t.key: t.bytes / GIB for t in p.stack}
+    return {**stack, "tokens": p.capacity.kv_cache_tokens, "refused": not p.capacity.fits}
+
+
+def stated_error(case: dict[str, Any], got: dict[str, Any]) -> float | None:
+    """The error (positive: optimistic) of the KV budget where the log states one in GiB, else of the token count
+    the engine printed; None where neither can be compared."""
+    logged = case["logged"]
+    if logged.get("kv_gib", 0) > 0 and "kv" in got:
+        return float(got["kv"] / logged["kv_gib"] - 1)
+    tokens = logged.get("kv_tokens") or logged.get("tokens", 0)  # sglang.json names SGLang's #tokens "tokens"
+    if tokens > 0 and got.get("tokens"):
+        return float(got["tokens"] / tokens - 1)
+    return None
+
+
+def all_cases() -> list[dict[str, Any]]:
+    """Every case of the three corpora: vllm.json, sglang.json, wide.json."""
+    return [case for corpus in (CORPUS, SGLANG_CORPUS, WIDE_CORPUS)
+            for case in json.loads(corpus.read_text())["cases"]]
+
+
+def percentile_90(values: list[float]) -> float:
+    """The 90th percentile as the test bounds take it: the ceil(0.9 n)-th smallest."""
+    ordered = sorted(values)
+    return ordered[max(0, -(-9 * len(ordered) // 10) - 1)]
+
+
+def check_groups(cases: list[dict[str, Any]], keys: tuple[str, ...], show: bool = False
+                 ) -> tuple[dict[tuple[str, ...], list[tuple[float, str]]], list[tuple[str, str]]]:
+    """The check cases' errors, (error, id), grouped by `keys` (era, family), and the cases the plan cannot predict,
+    (id, why); with `show`, a line per case as it goes."""
+    key_of = {"era": era, "family": family}
+    groups: dict[tuple[str, ...], list[tuple[float, str]]] = {}
+    unpredicted = []
+    for case in cases:
+        got = predict_stated(case)
+        err = None if "unpredicted" in got else stated_error(case, got)
+        if show:
+            shown = "unpredicted" if "unpredicted" in got else ("-" if err is None else f"{err:+.1%}")
+            print(f"{case['id']:48} {case['role']:5} {era(case):18} {family(case):34} {shown:>8}")
+        if "unpredicted" in got:
+            unpredicted.append((case["id"], got["unpredicted"]))
+        elif case["role"] == "check" and err is not None:
+            groups.setdefault(tuple(key_of[k](case) for k in keys), []).append((err, case["id"]))
+    return groups, unpredicted
+
+
+def accuracy_table(cases: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
+    """Per group of `keys` (era, family): the check cases' median |error|, 90th percentile and most optimistic
+    error, against the issue's targets (1%, 3%, +2%); then what no check case covers and what is unpredicted."""
+    print(f"{'case':48} {'role':5} {'era':18} {'family':34} {'error':>8}")
+    groups, unpredicted = check_groups(cases, keys, show=True)
+    print("\nCHECK cases only; targets: median |error| <= 1%, 90th percentile <= 3%, most optimistic <= +2%")
+    print(f"{' / '.join(keys):60} {'n':>3} {'median':>8} {'p90':>8} {'optimistic':>11}  misses")
+    for group, found in sorted(groups.items()):
+        sizes = [abs(e) for e, _ in found]
+        median, p90, optimistic = statistics.median(sizes), percentile_90(sizes), max(found)
+        largest = max(found, key=lambda found_case: abs(found_case[0]))
+        misses = [name for name, miss in (("median", median > 0.01), ("p90", p90 > 0.03),
+                                          ("optimistic", optimistic[0] > 0.02)) if miss]
+        print(f"{' / '.join(group):60} {len(found):>3} {median:>8.2%} {p90:>8.2%} {optimistic[0]:>+11.2%}  "
+              + (", ".join(misses) + f" (largest: {largest[0]:+.1%} {largest[1]})" if misses else "met"))
+    covered = {k: {g[keys.index(k)] for g in groups} for k in keys}
+    if "era" in keys:
+        eras = [label for _, label in VLLM_ERAS] + list(SGLANG_ERAS)
+        print("eras with no check case: " + (", ".join(e for e in eras if e not in covered["era"]) or "none"))
+    if "family" in keys:
+        print("GPU families with no check case: "
+              + (", ".join(f for f in FAMILIES if f not in covered["family"]) or "none"))
+    print(f"unpredicted: {len(unpredicted)}")
+    for name, why in unpredicted:
+        print(f"  {name}: {why}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, default=CORPUS)
+    parser.add_argument("--by", type=by_keys, default=None, metavar="era,family",
+                        help="the accuracy table over every corpus's check cases, grouped by era and/or family")
     args = parser.parse_args()
+    if args.by:
+        accuracy_table(all_cases(), args.by)
+        return
     cases = json.loads(args.corpus.read_text())["cases"]
     print(f"{'case':38} {'role':5} " + " ".join(f"{k + ' log/plan':>20}" for k, _ in TERMS) + "  KV error  refusal")
     errors: dict[str, list[tuple[float, float, str]]] = {}

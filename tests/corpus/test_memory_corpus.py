@@ -4,6 +4,8 @@ error bounds the accuracy page states."""
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
 import math
 import statistics
@@ -16,13 +18,27 @@ import kvbudget
 from kvbudget.engines import EngineOptions
 from kvbudget.engines.vllm import memory
 from kvbudget.engines.vllm.releases import Release, batch_defaults, release
+from kvbudget.errors import KVBudgetError
 from kvbudget.gpus import find_gpu
 from kvbudget.model.params import activation_widths
 from kvbudget.units import GIB
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_memory import error, load_case_model, predict, predict_sglang, release_of  # noqa: E402
+from bench_memory import (  # noqa: E402
+    all_cases,
+    by_keys,
+    check_groups,
+    era,
+    error,
+    family,
+    load_case_model,
+    percentile_90,
+    predict,
+    predict_sglang,
+    predict_stated,
+    release_of,
+)
 
 CASES = json.loads((ROOT / "tests" / "data" / "memory" / "vllm.json").read_text())["cases"]
 CHECK = [c for c in CASES if c["role"] == "check"]
@@ -163,3 +179,105 @@ def test_vllm_rotary_tables_worked_by_hand():
     assert tables["phi-3.5-mini"][0] == (4096 + 131072) * 96 * 2  # LongRoPE: short and long tables
     assert tables["deepseek-v2-lite"][0] == 4096 * 40 * 64 * 2  # DeepSeek YaRN over the rope dims of MLA
     assert tables["opt-13b"] is None  # learned positions
+
+
+# The wider corpus (tests/data/memory/wide.json): other GPU families and releases, split by a rule set before any
+# case was predicted (README.md), and the issue's targets per release era and GPU family over every corpus's check
+# cases (benchmarks/bench_memory.py --by era,family prints the same table).
+WIDE_DOC = json.loads((ROOT / "tests" / "data" / "memory" / "wide.json").read_text())
+WIDE = WIDE_DOC["cases"]
+
+
+def test_every_wide_case_says_where_it_comes_from():
+    assert len({c["id"] for c in WIDE}) == len(WIDE)
+    assert not {c["id"] for c in WIDE} & {c["id"] for c in CASES + SGLANG}
+    for case in WIDE:
+        assert case["engine"] in ("vllm", "sglang") and case["role"] in ("fit", "check"), case["id"]
+        assert case["source"].startswith("https://") and case["licence"], case["id"]
+        assert ("model" in case) != ("config" in case), case["id"]
+        assert set(case["logged"]) <= {"weights_gib", "activation_gib", "non_torch_gib", "kv_gib", "kv_tokens",
+                                       "gpu_blocks", "refused"}, case["id"]
+        assert {"kv_gib", "kv_tokens"} & set(case["logged"]), case["id"]  # a figure the error is taken on
+        assert isinstance(case.get("unpredicted", ""), str), case["id"]
+
+
+def test_the_wide_roles_follow_the_rule_written_before_any_error():
+    """fit when the SHA-256 of the source URL is divisible by 3, else check (README.md); the rule looks at where a
+    case was published, never at its error, so no role can follow an error."""
+    assert "sha256" in WIDE_DOC["role_rule"]
+    for case in WIDE:
+        digest = int(hashlib.sha256(case["source"].encode()).hexdigest(), 16)
+        assert case["role"] == ("fit" if digest % 3 == 0 else "check"), case["id"]
+
+
+def test_every_wide_case_the_plan_cannot_predict_says_why():
+    """A case the plan refuses is marked 'unpredicted' in the data (and counted by the bench), never dropped."""
+    for case in WIDE:
+        if "unpredicted" not in case:
+            assert "unpredicted" not in predict_stated(case), case["id"]
+
+
+@pytest.mark.parametrize("model,kind", [("gemma-4-26b-a4b", "gemma4_text"), ("deepseek-v4-flash", "deepseek_v4")])
+def test_the_cases_of_uncounted_models_stay_unpredicted_until_their_weights_are_counted(model, kind):
+    """Issue 55 item 5: when kvbudget counts these weights this fails: drop the case's 'unpredicted' note (the bench
+    then plans it with every setting it states)."""
+    case = next(c for c in WIDE if c["model"] == model)
+    assert kind in case["unpredicted"]
+    with pytest.raises(KVBudgetError, match=kind):
+        kvbudget.plan(kvbudget.load_model(model), gpu=case["gpu"], tp=case["tp"], max_model_len=case["max_model_len"],
+                      utilization=case["utilization"], options=EngineOptions(engine_version=release_of(case)),
+                      recommend=False)
+
+
+def test_the_accuracy_table_groups_by_era_and_family():
+    assert by_keys("era,family") == ("era", "family") and by_keys("family") == ("family",)
+    for bad in ("gpu", "era,era", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="--by takes era, family or both"):
+            by_keys(bad)
+    assert [era({"engine": "vllm", "release": r}) for r in ("0.6", "0.7", "0.8", "0.10", "0.11", "0.19", "0.20",
+                                                           "0.26", "0.27", "0.34")] == [
+        "vLLM V0 (to 0.7)", "vLLM V0 (to 0.7)", "vLLM 0.8-0.10", "vLLM 0.8-0.10", "vLLM 0.11-0.19",
+        "vLLM 0.11-0.19", "vLLM 0.20-0.26", "vLLM 0.20-0.26", "vLLM 0.27-0.34", "vLLM 0.27-0.34"]
+    assert era({"engine": "sglang", "release": "0.4.9"}) == "SGLang 0.4"
+    assert [family({"gpu": g}) for g in ("A100-40GB", "L40S", "RTX-3090", "GH200", "B200", "MI300X", "T4")] == [
+        "A100", "L4 / L40S / A10G", "GeForce (RTX 3090 / 4090 / 5090)", "Hopper (H100, H200, GH200)",
+        "Blackwell (B200, GB200, GB10)", "AMD Instinct", "other"]
+    assert percentile_90([0.01 * i for i in range(1, 11)]) == 0.09  # the 9th of 10, as the bounds above take it
+
+
+# Groups that miss a target today, with what was measured and its cause as far as the logs split it. strict: when
+# the terms helper's work meets a target, the xfail turns into a failure and its entry comes out of this table.
+MISSES = {
+    ("vLLM V0 (to 0.7)", "A100"): "median/p90/optimistic +73.1% on 1 case (vllm-12330, A100-40GB): V0's profiling "
+                                  "peak, the known activation gap of vllm.json",
+    ("vLLM V0 (to 0.7)", "GeForce (RTX 3090 / 4090 / 5090)"): "median 2.77%, p90 3.21%, most optimistic +3.21% on 2 "
+                                  "cases: the RTX 3090's V0 activation gap (+3.2%); the RTX 4090's total, 23.99 GiB in "
+                                  "the catalog (nvidia-smi) where torch saw 23.55 (vllm-13061, +2.3%)",
+    ("vLLM V0 (to 0.7)", "Hopper (H100, H200, GH200)"): "+17.1% on 1 case (phi-4 GPTQ at a 0.15 share): activation "
+                                  "0.31 GiB planned, 0.94 logged (V0's profiling peak)",
+    ("vLLM 0.8-0.10", "Hopper (H100, H200, GH200)"): "+22.3% on 1 case (Qwen3-235B-A22B-FP8, TP 4, 0.9.2 with the "
+                                  "LMCache connector): unattributed, the issue prints the budget only",
+    ("vLLM 0.11-0.19", "A100"): "+4.3% on 1 case (gpt-oss-20b, 0.19): weights 12.82 GiB planned, 13.72 logged (MXFP4 "
+                                "on Ampere), and the A100's total, the nominal 80 GiB (no torch figure in the catalog)",
+    ("vLLM 0.20-0.26", "L4 / L40S / A10G"): "median and p90 5.39% (pessimistic) on 1 case (aws-samples L40S TP 4): the "
+                                            "gap vllm.json names (CUDA graphs, PCIe non-torch, the L40S total)",
+    ("SGLang 0.4", "Hopper (H100, H200, GH200)"): "median 3.97%, p90 and most optimistic +7.58% on 2 cases: "
+                                  "Qwen3-235B-A22B-FP8 at TP 4 and mem_fraction_static 0.93 (vllm-21348), "
+                                  "unattributed (the issue prints the pool only)",
+}
+GROUPS, UNPREDICTED = check_groups(all_cases(), ("era", "family"))
+
+
+@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.xfail(strict=True, reason=MISSES[g]))
+                                   if g in MISSES else g for g in sorted(GROUPS)], ids=" / ".join)
+def test_the_targets_per_era_and_family(group):
+    """Issue 55's targets on the check cases of each release era and GPU family: median |error| within 1%, 90th
+    percentile within 3%, never more than 2% optimistic."""
+    found = GROUPS[group]
+    sizes = [abs(e) for e, _ in found]
+    assert statistics.median(sizes) <= 0.01 and percentile_90(sizes) <= 0.03, found
+    assert max(found)[0] <= 0.02, max(found)
+
+
+def test_the_misses_are_groups_the_corpus_has():
+    assert set(MISSES) <= set(GROUPS)
