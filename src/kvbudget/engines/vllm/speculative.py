@@ -50,8 +50,15 @@ def methods(version: tuple[int, ...], v0: bool) -> tuple[SpecMethod, ...]:
 
 
 def check(model: ModelSpec, spec: Speculative) -> None:
-    """vLLM's own refusals beyond the method: a draft model of another vocabulary size."""
+    """vLLM's own refusals beyond the method: a draft model of another vocabulary size; with MTP, more draft tokens
+    than the model has MTP layers and not a multiple of them (speculative.py: "must be divisible by n_predict")."""
     from kvbudget.model.params import activation_widths
+
+    layers = len({layer.layer for layer in model.draft_layers})
+    if spec.method is SpecMethod.MTP and layers and spec.num_tokens > layers and spec.num_tokens % layers:
+        raise EngineRuleError(f"num_speculative_tokens {spec.num_tokens}: {model.name} has {layers} MTP layers, and "
+                              "vLLM reuses them in turn only for a multiple of them; give at most "
+                              f"{layers} or a multiple of {layers}", param="num_speculative_tokens")
 
     if spec.method is SpecMethod.DRAFT_MODEL and spec.draft is not None:
         target, draft = activation_widths(model).vocab, activation_widths(spec.draft).vocab
@@ -96,13 +103,38 @@ def lookahead(options: EngineOptions) -> int:
     return spec.num_tokens if spec.method in LOOKAHEAD else 0
 
 
+def mtp_weights(model: ModelSpec, tp: int) -> tuple[int, str] | None:
+    """The weight bytes on one tensor-parallel rank of the model's own MTP layers as vLLM loads them (None where
+    kvbudget counts none): each MTP decoder layer split over the ranks as the target's (norms and routers
+    replicated), the [embedding; hidden] projection replicated where vLLM builds it as nn.Linear (DeepSeek's and
+    GLM's eh_proj, unquantized) and split where it is a ColumnParallelLinear (Qwen's mtp.fc), the norms replicated;
+    the embeddings and LM head are the target's (llm_base_proposer.py shares both with an MTP drafter)."""
+    from kvbudget.model.params import ParamGroup, mtp_modules
+    from kvbudget.model.weights import param_bytes
+
+    modules = mtp_modules(model)
+    if modules is None:
+        return None
+    rate = param_bytes(model)
+    block = sum(g.count * rate(g) / (1 if g.part in ("norm", "router") else tp) for g in modules.block)
+    unquantized = rate(ParamGroup("norm", 1, 1))
+    fuse = (modules.fuse * unquantized if modules.fuse_per_layer
+            else modules.fuse * rate(ParamGroup("mlp", 1, 1)) / tp)
+    total = int(modules.layers * block + fuse + modules.norms * unquantized)
+    return total, (f"{modules.layers} MTP layer(s) of {model.name}: {total:,} B per GPU (analytic: each a decoder "
+                   "layer as the model's, the 2h -> h projection and the norms; the embeddings and LM head are the "
+                   "target's, shared as vLLM shares them)")
+
+
 def drafter_weights(model: ModelSpec, spec: Speculative, tp: int) -> tuple[int, str] | None:
     """The drafter's weight bytes on one tensor-parallel rank as vLLM loads them, and how they are made up; None for
-    methods without weights of their own (n-gram, suffix) and for MTP (its layers' weights are the target's)."""
+    methods without weights of their own (n-gram, suffix)."""
     from kvbudget.model import params
     from kvbudget.model.params import activation_widths, count_parameters
     from kvbudget.model.weights import model_weights, param_bytes
 
+    if spec.method is SpecMethod.MTP:
+        return mtp_weights(model, tp)
     if spec.draft is None:
         return None
     draft = spec.draft
