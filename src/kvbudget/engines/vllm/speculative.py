@@ -21,6 +21,14 @@
   embeddings where its checkpoint has none or identical ones and the widths match, and the target's LM head where it
   has none or an identical one; a draft model shares nothing (draft_model.py). kvbudget assumes the sharing where the
   widths and vocabularies match (a head with distinct copies keeps them: an estimate, labelled).
+- MTP (hf_config_override maps each family to its MTP model; model/mtp.py lists those kvbudget models): DeepSeek-V3 /
+  R1 and V3.2 (deepseek_mtp.py), GLM-4.5 / 4.6 (glm4_moe_mtp.py), Qwen3-Next (qwen3_next_mtp.py), Qwen3.5 / 3.6
+  (qwen3_5_mtp.py). Each MTP layer is a decoder layer of the target's class (MLA, V3.2's indexer, full attention:
+  its KV as the target's layers', registered after them) with its MoE or MLP, split over the ranks as the target's;
+  DeepSeek's and GLM's eh_proj is an nn.Linear (unquantized, on every rank), Qwen's fc a ColumnParallelLinear
+  (split). An MTP drafter always shares the target's embeddings and LM head (the proposer deletes its own copies
+  after loading). K above n_predict layers must be a multiple of it ("must be divisible by n_predict"); with more
+  layers than K, every layer is still built (its KV registered). Kimi-K2 and MiniMax-M2 have no MTP model in 0.32.
 - Not modelled: the drafter's CUDA graphs and its activations in the profiling pass.
 """
 
