@@ -11,7 +11,15 @@ from dataclasses import dataclass
 
 from kvbudget.errors import ConfigError, named
 from kvbudget.model.config import Fields, model_type_of, text_config_of
-from kvbudget.model.spec import Attention, LatentAttention, ModelSpec, NoCache, RecurrentState, SlidingWindow
+from kvbudget.model.spec import (
+    Attention,
+    IndexerKeys,
+    LatentAttention,
+    ModelSpec,
+    NoCache,
+    RecurrentState,
+    SlidingWindow,
+)
 
 # transformers' default for tie_word_embeddings where the config leaves it out.
 _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "opt", "falcon", "cohere"}
@@ -21,7 +29,8 @@ _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "opt", "falcon", "cohere"}
 class ParamGroup:
     """Parameters of one part of the model: `count` stored, `active` used per token."""
 
-    # "embedding", "lm_head", "attention", "mlp", "experts", "router", "shared_expert", "mixer", "norm", "mtp" or
+    # "embedding", "lm_head", "attention", "indexer", "mlp", "experts", "router", "shared_expert", "mixer", "norm",
+    # "mtp" or
     # "vision" (a multimodal model's vision tower and projector)
     part: str
     count: int
@@ -29,9 +38,15 @@ class ParamGroup:
     layer: int | None = None  # None: outside the decoder layers (embeddings, lm_head, final norm, MTP)
 
     @property
+    def replicated(self) -> bool:
+        """Held whole on every tensor-parallel rank (norms, MoE routers, DeepSeek-V3.2's indexer: vLLM builds its
+        projections replicated); the rest is split over the ranks."""
+        return self.part in ("norm", "router", "indexer")
+
+    @property
     def quantizable(self) -> bool:
         """Linear weights that quantized checkpoints store quantized (not embeddings, norms, routers)."""
-        return self.part in ("attention", "mlp", "experts", "shared_expert", "mixer", "mtp")
+        return self.part in ("attention", "mlp", "experts", "shared_expert", "mixer", "mtp", "indexer")
 
 
 @dataclass(frozen=True)
@@ -124,6 +139,10 @@ def count_parameters(model: ModelSpec) -> ParamCount:
                 add("mixer", _mixer(spec, f, hidden), layer=i)
             elif isinstance(spec, LatentAttention):
                 add("attention", _mla(spec, f, hidden), layer=i)
+            elif isinstance(spec, IndexerKeys):  # DeepSeek-V3.2's lightning indexer (vLLM: deepseek_v2.py Indexer)
+                heads = f.int("index_n_heads")
+                add("indexer", f.int("q_lora_rank") * heads * spec.dim + hidden * (spec.dim + heads) + 2 * spec.dim,
+                    layer=i)
             elif isinstance(spec, Attention):
                 add("attention", _attention(spec, f, mt, hidden, model.attention_heads or 1), layer=i)
         single_block = mt == "nemotron_h"  # each layer is a mixer, attention or an MLP, never two of them

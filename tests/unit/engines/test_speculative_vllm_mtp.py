@@ -51,6 +51,13 @@ def deepseek_v3_mtp_bytes(tp: int) -> float:
     return attention + experts + shared + gate + norms + eh_proj
 
 
+def deepseek_v32_mtp_bytes(tp: int) -> float:
+    """DeepSeek-V3.2's: V3's and the lightning indexer, on every rank (deepseek_v2.py Indexer): wq_b (q_lora 1536
+    -> 64 heads x 128, a ReplicatedLinear in fp8), wk_weights_proj (7168 -> 128 + 64, disable_tp, unquantized: bf16)
+    and k_norm (a LayerNorm of 128 in float32, weight and bias)."""
+    return deepseek_v3_mtp_bytes(tp) + fp8_block(64 * 128, 1536) + 7168 * (128 + 64) * BF16 + 2 * 128 * 4
+
+
 def glm_4_6_mtp_bytes(tp: int) -> float:
     """GLM-4.6's MTP layer (model.layers.92; hidden 5120, 96 heads and 8 KV heads of 128, qkv bias, qk norm, 160
     experts of 1536, one shared, bf16): Glm4MoeMultiTokenPredictorLayer = enorm, hnorm, eh_proj (nn.Linear,
@@ -81,6 +88,7 @@ def qwen_moe(h: int, experts: int) -> dict[str, int]:
 HAND = {  # model: (bytes on one rank at tp 1, bytes at tp 8, how close kvbudget's analytic count must come)
     "deepseek-v3": (deepseek_v3_mtp_bytes(1), deepseek_v3_mtp_bytes(8), 1e-4),
     "deepseek-r1": (deepseek_v3_mtp_bytes(1), deepseek_v3_mtp_bytes(8), 1e-4),
+    "deepseek-v3.2": (deepseek_v32_mtp_bytes(1), deepseek_v32_mtp_bytes(8), 1e-3),
     "glm-4.6": (glm_4_6_mtp_bytes(1), glm_4_6_mtp_bytes(8), 2e-3),
     "qwen3-next-80b-a3b": (qwen_mtp_bytes(1, h=2048, heads=16, kv_heads=2, **qwen_moe(2048, 512)),
                            qwen_mtp_bytes(8, h=2048, heads=16, kv_heads=2, **qwen_moe(2048, 512)), 1e-4),
@@ -95,7 +103,8 @@ HAND = {  # model: (bytes on one rank at tp 1, bytes at tp 8, how close kvbudget
 def test_mtp_drafter_weights_by_hand(name):
     """Exact at tp 1 for the Qwen models (bf16 throughout); within what kvbudget's per-model byte rates round:
     GLM's float32 gate (h x 160, on every rank) as bf16 (0.02% at tp 1, 0.15% at tp 8), DeepSeek's fp8 scales
-    counted per value rather than per 128 x 128 block and its float32 correction bias as bf16 (under 0.01%); at
+    counted per value rather than per 128 x 128 block and its float32 correction bias as bf16 (under 0.01%), V3.2's
+    indexer all at the fp8 rate though vLLM keeps its wk and weights_proj in bf16 (under 0.1%); at
     tp 8 Qwen's q/k norms and shared-expert gate (on every rank) counted as split (under 0.01%)."""
     model = load_model(name)
     for tp, expected in zip((1, 8), HAND[name][:2], strict=True):

@@ -124,7 +124,7 @@ def mtp_weights(model: ModelSpec, tp: int) -> tuple[int, str] | None:
     if modules is None:
         return None
     rate = param_bytes(model)
-    block = sum(g.count * rate(g) / (1 if g.part in ("norm", "router") else tp) for g in modules.block)
+    block = sum(g.count * rate(g) / (1 if g.replicated else tp) for g in modules.block)
     unquantized = rate(ParamGroup("norm", 1, 1))
     fuse = (modules.fuse * unquantized if modules.fuse_per_layer
             else modules.fuse * rate(ParamGroup("mlp", 1, 1)) / tp)
@@ -161,7 +161,7 @@ def drafter_weights(model: ModelSpec, spec: Speculative, tp: int) -> tuple[int, 
     for g in groups:
         if g.part == "mtp" or (g.part == "embedding" and shared_embed) or g.part == "lm_head":
             continue
-        total += g.count * rate(g) / (1 if g.part in ("norm", "router") else tp)
+        total += g.count * rate(g) / (1 if g.replicated else tp)
     embed = next((g for g in groups if g.part == "embedding"), None)
     if not shared_head and embed is not None:  # its own head: draft_vocab_size x hidden, vocabulary-parallel
         total += head_vocab * mine.hidden * rate(embed) / tp
