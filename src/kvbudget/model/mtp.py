@@ -1,5 +1,7 @@
-"""How many multi-token-prediction (MTP) layers a config declares for the families whose MTP layers vLLM drafts with
-(speculative method "mtp"; vllm/config/speculative.py hf_config_override, 0.32, maps each family to its MTP model)."""
+"""How many multi-token-prediction (MTP) layers a model has, for the families whose MTP layers serving engines draft
+with (speculative method "mtp"): read from the config field each family names them by, as vLLM 0.32's MTP models
+read it (vllm/config/speculative.py hf_config_override maps each family to its MTP model; the file is named
+beside each), with their default where the published config leaves the field out."""
 
 from __future__ import annotations
 
