@@ -198,3 +198,13 @@ def test_plan_advice_counts_the_mtp_weights():
     assert advice is not None
     assert advice.weights_bytes == qwen_mtp_bytes(1, h=5120, heads=24, kv_heads=4, mlp=3 * 5120 * 17408)
     assert advice.bytes_per_token == 4 * 256 * 2 * BF16
+
+
+def test_simulate_drafts_with_deepseeks_mtp_layer(capsys):
+    """Refused before (no MTP layers modelled for DeepSeek); its one group of MLA layers is what the simulator runs."""
+    import json
+
+    assert main(["simulate", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--max-model-len", "8192", "--rate", "2",
+                 "--requests", "5", "--speculative", "mtp", "--num-speculative-tokens", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["completed"] == 5 and out["speculation"]
