@@ -12,6 +12,7 @@ from typing import Any
 
 from kvbudget.errors import ConfigError, UnsupportedArchitectureError
 from kvbudget.model.limits import building, check_layers, grouped
+from kvbudget.model.mtp import mtp_layer_count
 from kvbudget.model.spec import (
     Attention,
     ChunkedLocal,
@@ -519,21 +520,19 @@ _BUILDERS: dict[str, Callable[[str, Fields], list[LayerSpec]]] = {
 }
 
 
-# The config field that counts a family's MTP layers
-_MTP_LAYERS_FIELD = {"qwen3_5_text": "mtp_num_hidden_layers", "qwen3_5_moe_text": "mtp_num_hidden_layers",
-                     "qwen3_next": "num_nextn_predict_layers"}
-
-
 def _draft_layers(mt: str, f: Fields, first: int) -> tuple[LayerSpec, ...]:
-    """The MTP layers a config declares, as the caches they keep: full-attention decoder layers with the model's
-    own heads (Qwen3.5 / 3.6: mtp_num_hidden_layers, vLLM's qwen3_5_mtp.py; Qwen3-Next: num_nextn_predict_layers,
-    qwen3_next_mtp.py)."""
-    field = _MTP_LAYERS_FIELD.get(mt)
-    if field is None:
-        return ()
-    count = f.cfg.get(field) or 0  # a whole number from 0 (check_fields)
-    _, kv_heads, head_dim = _standard_dims(f)
-    return tuple(FullAttention(first + i, kv_heads, head_dim, head_dim) for i in range(count))
+    """The MTP layers a config declares (model/mtp.py), numbered from `first`, each a decoder layer of the model's
+    own attention: DeepSeek's latent attention (V3.2: and indexer keys), GLM's and Qwen's full attention."""
+    layers: list[LayerSpec] = []
+    for i in range(first, first + mtp_layer_count(mt, f.cfg)):
+        if mt in ("deepseek_v3", "deepseek_v32"):
+            layers.append(_latent_layer(i, f))
+            if mt == "deepseek_v32":
+                layers.append(IndexerKeys(i, f.int("index_head_dim")))
+        else:
+            _, kv_heads, head_dim = _standard_dims(f)
+            layers.append(FullAttention(i, kv_heads, head_dim, head_dim))
+    return tuple(layers)
 
 
 def _model_dtype(cfg: dict, outer: dict, where: str) -> tuple[str, list[str]]:

@@ -11,7 +11,15 @@ from dataclasses import dataclass
 
 from kvbudget.errors import ConfigError, named
 from kvbudget.model.config import Fields, model_type_of, text_config_of
-from kvbudget.model.spec import Attention, LatentAttention, ModelSpec, NoCache, RecurrentState, SlidingWindow
+from kvbudget.model.spec import (
+    Attention,
+    IndexerKeys,
+    LatentAttention,
+    ModelSpec,
+    NoCache,
+    RecurrentState,
+    SlidingWindow,
+)
 
 # transformers' default for tie_word_embeddings where the config leaves it out.
 _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "opt", "falcon", "cohere"}
@@ -21,7 +29,8 @@ _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "opt", "falcon", "cohere"}
 class ParamGroup:
     """Parameters of one part of the model: `count` stored, `active` used per token."""
 
-    # "embedding", "lm_head", "attention", "mlp", "experts", "router", "shared_expert", "mixer", "norm", "mtp" or
+    # "embedding", "lm_head", "attention", "indexer", "mlp", "experts", "router", "shared_expert", "mixer", "norm",
+    # "mtp" or
     # "vision" (a multimodal model's vision tower and projector)
     part: str
     count: int
@@ -29,9 +38,15 @@ class ParamGroup:
     layer: int | None = None  # None: outside the decoder layers (embeddings, lm_head, final norm, MTP)
 
     @property
+    def replicated(self) -> bool:
+        """Held whole on every tensor-parallel rank (norms, MoE routers, DeepSeek-V3.2's indexer: vLLM builds its
+        projections replicated); the rest is split over the ranks."""
+        return self.part in ("norm", "router", "indexer")
+
+    @property
     def quantizable(self) -> bool:
         """Linear weights that quantized checkpoints store quantized (not embeddings, norms, routers)."""
-        return self.part in ("attention", "mlp", "experts", "shared_expert", "mixer", "mtp")
+        return self.part in ("attention", "mlp", "experts", "shared_expert", "mixer", "mtp", "indexer")
 
 
 @dataclass(frozen=True)
@@ -124,6 +139,10 @@ def count_parameters(model: ModelSpec) -> ParamCount:
                 add("mixer", _mixer(spec, f, hidden), layer=i)
             elif isinstance(spec, LatentAttention):
                 add("attention", _mla(spec, f, hidden), layer=i)
+            elif isinstance(spec, IndexerKeys):  # DeepSeek-V3.2's lightning indexer (vLLM: deepseek_v2.py Indexer)
+                heads = f.int("index_n_heads")
+                add("indexer", f.int("q_lora_rank") * heads * spec.dim + hidden * (spec.dim + heads) + 2 * spec.dim,
+                    layer=i)
             elif isinstance(spec, Attention):
                 add("attention", _attention(spec, f, mt, hidden, model.attention_heads or 1), layer=i)
         single_block = mt == "nemotron_h"  # each layer is a mixer, attention or an MLP, never two of them
@@ -134,14 +153,60 @@ def count_parameters(model: ModelSpec) -> ParamCount:
             add(part, count, active, layer=i)
         add("norm", 2 * hidden, layer=i)
 
-    mtp_layers = f.get("num_nextn_predict_layers", default=0) or 0
-    if mtp_layers and mt in ("deepseek_v3", "kimi_k2"):
-        last = model.num_layers - 1
-        per_layer = sum(g.count for g in groups if g.layer == last)
-        # each MTP module: a full decoder layer, two norms, the 2h -> h projection and its head norm
-        add("mtp", mtp_layers * (per_layer + 2 * hidden * hidden + 3 * hidden))
+    modules = _mtp_modules(model, f, mt, hidden, groups)
+    if modules is not None:
+        add("mtp", modules.total)
     add("vision", vision_parameters(model.config.get("vision_config"), hidden), active=0)
     return ParamCount(tuple(groups))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MTPModules:
+    """A model's multi-token-prediction modules as its modelling code builds them, its embeddings and LM head left
+    out (checkpoints may hold copies; engines share the target's): `layers` decoder layers, each `block` (a copy of
+    the model's last attention layer, part by part: its MoE or MLP as that layer's); `fuse` parameters of the
+    projection of [embedding; hidden state] to the hidden size (2h x h each), `norms` of the norms around them,
+    both over all the layers; `fuse_per_layer` whether each layer has its own projection (DeepSeek's eh_proj) or
+    the layers share one (Qwen's mtp.fc)."""
+
+    layers: int
+    block: tuple[ParamGroup, ...]
+    fuse: int
+    norms: int
+    fuse_per_layer: bool
+
+    @property
+    def total(self) -> int:
+        return self.layers * sum(g.count for g in self.block) + self.fuse + self.norms
+
+
+def mtp_modules(model: ModelSpec) -> MTPModules | None:
+    """The MTP modules of `model` (None where its config declares none, or its family has none kvbudget counts)."""
+    f = _fields(model)
+    mt = _SAME_WEIGHTS_AS.get(f.model_type, f.model_type)
+    if mt in _UNCOUNTED:
+        return None
+    groups = count_parameters(model).groups
+    return _mtp_modules(model, f, mt, f.int("hidden_size", "n_embd", "d_model"), list(groups))
+
+
+def _mtp_modules(model: ModelSpec, f: Fields, mt: str, hidden: int, groups: list[ParamGroup]) -> MTPModules | None:
+    """DeepSeek-V3 / R1 / V3.2, Kimi-K2 and GLM-4.5 / 4.6 (deepseek_mtp.py, glm4_moe_mtp.py): per layer enorm,
+    hnorm, eh_proj (2h -> h), a decoder layer and shared_head's norm; Qwen3-Next and Qwen3.5 / 3.6
+    (qwen3_next_mtp.py, qwen3_5_mtp.py): pre_fc_norm_embedding, pre_fc_norm_hidden, fc (2h -> h) and the final norm
+    once, and full-attention decoder layers."""
+    layers = len({s.layer for s in model.draft_layers})
+    if mt == "kimi_k2":  # no MTP drafter in vLLM, but its checkpoints may carry the layers (DeepSeek's layout)
+        layers = f.get("num_nextn_predict_layers", default=0) or 0
+    if not layers or mt not in ("deepseek_v3", "kimi_k2", "qwen3_next"):
+        return None
+    last = max(s.layer for s in model.layers if isinstance(s, (Attention, LatentAttention)))
+    block = tuple(ParamGroup(g.part, g.count, g.active) for g in groups if g.layer == last)
+    if mt == "qwen3_next":
+        return MTPModules(layers=layers, block=block, fuse=2 * hidden * hidden, norms=3 * hidden,
+                          fuse_per_layer=False)
+    return MTPModules(layers=layers, block=block, fuse=layers * 2 * hidden * hidden, norms=layers * 3 * hidden,
+                      fuse_per_layer=True)
 
 
 def vision_tower(model: ModelSpec) -> tuple[int | None, int | None] | None:
@@ -245,6 +310,8 @@ def _feed_forward(i: int, f: Fields, mt: str, hidden: int) -> list[tuple[str, in
         return [("mlp", gated(inter), gated(inter))]
     per_expert = gated(expert_inter)
     router = hidden * experts
+    if mt == "deepseek_v3" and (f.get("topk_method") == "noaux_tc" or f.model_type == "glm4_moe"):
+        router += experts  # the gate's e_score_correction_bias (vLLM's deepseek_v2.py, glm4_moe.py)
     if mt == "gpt_oss":  # fused gate_up with biases, down with bias, router with bias
         per_expert = hidden * 2 * expert_inter + 2 * expert_inter + expert_inter * hidden + hidden
         router += experts

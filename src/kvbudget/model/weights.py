@@ -224,7 +224,7 @@ def _per_gpu(groups: list[ParamGroup], size: Callable[[ParamGroup], float], tp: 
                     continue
             elif g.layer not in stage:
                 continue
-            load += size(g) / (1 if g.part in ("norm", "router") else tp * ep if g.part == "experts" else tp)
+            load += size(g) / (1 if g.replicated else tp * ep if g.part == "experts" else tp)
         loads.append(load)
     return int(max(loads))
 

@@ -124,3 +124,14 @@ def test_weights_kvbudget_cannot_count_are_asked_for_by_the_flag(capsys):
         kvbudget.plan(load_model("gemma-3n-e2b"), gpu="L4")
     assert refused.value.param == "weights" and str(refused.value).endswith("per GPU to plan (weights)")
     assert kvbudget.plan(load_model("gemma-3n-e2b"), gpu="L4", weights=10 * GIB).kv_memory_bytes > 0
+
+
+def test_deepseek_v32_indexer_weights_are_counted_on_every_rank():
+    """DeepSeek-V3.2's lightning indexer, per layer (vLLM's deepseek_v2.py Indexer, replicated): wq_b 1,536 x 64
+    heads x 128 + wk and weights_proj 7,168 x (128 + 64) + a LayerNorm of 128 (weight and bias) = 13,959,424
+    parameters; V3.2 is V3 with it, so at TP 8 each GPU holds 61 of them more, whole (fp8: about a byte each)."""
+    v3, v32 = load_model("deepseek-v3"), load_model("deepseek-v3.2")
+    per_layer = 1536 * 64 * 128 + 7168 * (128 + 64) + 2 * 128
+    assert count_parameters(v32).total - count_parameters(v3).total == 61 * per_layer == 61 * 13_959_424
+    extra = analytic_weights(v32, tp=8).per_gpu_bytes - analytic_weights(v3, tp=8).per_gpu_bytes
+    assert abs(extra / (61 * per_layer) - 1) < 0.001

@@ -302,10 +302,11 @@ class VLLMEngine(Engine):
             raise EngineRuleError("num_speculative_tokens: speculative decoding's caches are modelled from vLLM "
                                   "0.20's rules on", param="num_speculative_tokens")
         if not model.draft_layers:
+            param = "speculative" if spec is not None else "num_speculative_tokens"
             raise UnsupportedArchitectureError(
-                f"{model.name}: num_speculative_tokens: its config declares no MTP layers kvbudget models (drafting "
-                "with the model's own MTP layers is modelled for Qwen3.5 / 3.6 and Qwen3-Next; other drafters' caches "
-                "are not)")
+                f"{param}: drafting with the model's own MTP layers, but {model.name}'s config declares no MTP layers "
+                "vLLM drafts with (kvbudget models vLLM's MTP drafters for DeepSeek-V3 / R1 / V3.2, GLM-4.5 / 4.6, "
+                "Qwen3-Next and Qwen3.5 / 3.6); choose another speculative method", param=param)
         if any(isinstance(s, (SlidingWindow, ChunkedLocal)) for s in model.layers) and len(model.draft_layers) > 1:
             raise UnsupportedArchitectureError(f"{model.name}: several MTP modules beside windowed layers (vLLM then "
                                                "keeps extra tokens in every window) are not modelled")
@@ -384,6 +385,8 @@ class VLLMEngine(Engine):
                 raise EngineRuleError("speculative: a drafter under pipeline parallelism is not modelled",
                                       param="speculative")
             parts.append(speculative.drafter_weights(model, options.speculative, tp))
+        elif options.num_speculative_tokens > 0 and pp == 1:  # the model's MTP layers (pipelines: refused with them)
+            parts.append(speculative.mtp_weights(model, tp))
         found = [p for p in parts if p is not None]
         return (sum(b for b, _ in found), "; ".join(n for _, n in found)) if found else None
 

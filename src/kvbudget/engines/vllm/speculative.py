@@ -21,6 +21,14 @@
   embeddings where its checkpoint has none or identical ones and the widths match, and the target's LM head where it
   has none or an identical one; a draft model shares nothing (draft_model.py). kvbudget assumes the sharing where the
   widths and vocabularies match (a head with distinct copies keeps them: an estimate, labelled).
+- MTP (hf_config_override maps each family to its MTP model; model/mtp.py lists those kvbudget models): DeepSeek-V3 /
+  R1 and V3.2 (deepseek_mtp.py), GLM-4.5 / 4.6 (glm4_moe_mtp.py), Qwen3-Next (qwen3_next_mtp.py), Qwen3.5 / 3.6
+  (qwen3_5_mtp.py). Each MTP layer is a decoder layer of the target's class (MLA, V3.2's indexer, full attention:
+  its KV as the target's layers', registered after them) with its MoE or MLP, split over the ranks as the target's;
+  DeepSeek's and GLM's eh_proj is an nn.Linear (unquantized, on every rank), Qwen's fc a ColumnParallelLinear
+  (split). An MTP drafter always shares the target's embeddings and LM head (the proposer deletes its own copies
+  after loading). K above n_predict layers must be a multiple of it ("must be divisible by n_predict"); with more
+  layers than K, every layer is still built (its KV registered). Kimi-K2 and MiniMax-M2 have no MTP model in 0.32.
 - Not modelled: the drafter's CUDA graphs and its activations in the profiling pass.
 """
 
@@ -50,8 +58,15 @@ def methods(version: tuple[int, ...], v0: bool) -> tuple[SpecMethod, ...]:
 
 
 def check(model: ModelSpec, spec: Speculative) -> None:
-    """vLLM's own refusals beyond the method: a draft model of another vocabulary size."""
+    """vLLM's own refusals beyond the method: a draft model of another vocabulary size; with MTP, more draft tokens
+    than the model has MTP layers and not a multiple of them (speculative.py: "must be divisible by n_predict")."""
     from kvbudget.model.params import activation_widths
+
+    layers = len({layer.layer for layer in model.draft_layers})
+    if spec.method is SpecMethod.MTP and layers and spec.num_tokens > layers and spec.num_tokens % layers:
+        raise EngineRuleError(f"num_speculative_tokens {spec.num_tokens}: {model.name} has {layers} MTP layers, and "
+                              "vLLM reuses them in turn only for a multiple of them; give at most "
+                              f"{layers} or a multiple of {layers}", param="num_speculative_tokens")
 
     if spec.method is SpecMethod.DRAFT_MODEL and spec.draft is not None:
         target, draft = activation_widths(model).vocab, activation_widths(spec.draft).vocab
@@ -96,13 +111,38 @@ def lookahead(options: EngineOptions) -> int:
     return spec.num_tokens if spec.method in LOOKAHEAD else 0
 
 
+def mtp_weights(model: ModelSpec, tp: int) -> tuple[int, str] | None:
+    """The weight bytes on one tensor-parallel rank of the model's own MTP layers as vLLM loads them (None where
+    kvbudget counts none): each MTP decoder layer split over the ranks as the target's (norms and routers
+    replicated), the [embedding; hidden] projection replicated where vLLM builds it as nn.Linear (DeepSeek's and
+    GLM's eh_proj, unquantized) and split where it is a ColumnParallelLinear (Qwen's mtp.fc), the norms replicated;
+    the embeddings and LM head are the target's (llm_base_proposer.py shares both with an MTP drafter)."""
+    from kvbudget.model.params import ParamGroup, mtp_modules
+    from kvbudget.model.weights import param_bytes
+
+    modules = mtp_modules(model)
+    if modules is None:
+        return None
+    rate = param_bytes(model)
+    block = sum(g.count * rate(g) / (1 if g.replicated else tp) for g in modules.block)
+    unquantized = rate(ParamGroup("norm", 1, 1))
+    fuse = (modules.fuse * unquantized if modules.fuse_per_layer
+            else modules.fuse * rate(ParamGroup("mlp", 1, 1)) / tp)
+    total = int(modules.layers * block + fuse + modules.norms * unquantized)
+    return total, (f"{modules.layers} MTP layer(s) of {model.name}: {total:,} B per GPU (analytic: each a decoder "
+                   "layer as the model's, the 2h -> h projection and the norms; the embeddings and LM head are the "
+                   "target's, shared as vLLM shares them)")
+
+
 def drafter_weights(model: ModelSpec, spec: Speculative, tp: int) -> tuple[int, str] | None:
     """The drafter's weight bytes on one tensor-parallel rank as vLLM loads them, and how they are made up; None for
-    methods without weights of their own (n-gram, suffix) and for MTP (its layers' weights are the target's)."""
+    methods without weights of their own (n-gram, suffix)."""
     from kvbudget.model import params
     from kvbudget.model.params import activation_widths, count_parameters
     from kvbudget.model.weights import model_weights, param_bytes
 
+    if spec.method is SpecMethod.MTP:
+        return mtp_weights(model, tp)
     if spec.draft is None:
         return None
     draft = spec.draft
@@ -121,7 +161,7 @@ def drafter_weights(model: ModelSpec, spec: Speculative, tp: int) -> tuple[int, 
     for g in groups:
         if g.part == "mtp" or (g.part == "embedding" and shared_embed) or g.part == "lm_head":
             continue
-        total += g.count * rate(g) / (1 if g.part in ("norm", "router") else tp)
+        total += g.count * rate(g) / (1 if g.replicated else tp)
     embed = next((g for g in groups if g.part == "embedding"), None)
     if not shared_head and embed is not None:  # its own head: draft_vocab_size x hidden, vocabulary-parallel
         total += head_vocab * mine.hidden * rate(embed) / tp
