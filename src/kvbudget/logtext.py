@@ -26,7 +26,8 @@ _PREFIXES = tuple(re.compile(p) for p in (
     r"\((?:[\w=.,:-]{1,40}\s+){0,5}?pid=\d{1,10}(?:,\s*ip=[\w.:-]{1,64})?\)\s?",  # Ray and vLLM's processes
     r"(?:\[\d{1,10}\]\s+)?\d{1,4}\.\d\d\.\d{3}\.\d{3}\s+[DIWE]\s",  # llama.cpp's timestamped log
 ))
-_REPEATED = re.compile(r"\s*\[repeated (\d{1,9})x across cluster\]\s*$")
+# Ray's deduplication: the line stands for N lines of other processes ('(Ray deduplicates logs ...)' after it once)
+_REPEATED = re.compile(r"\s*\[repeated (\d{1,9})x across cluster\](?:\s*\(Ray deduplicates[^)\n]{0,400}\))?\s*$")
 # The folded tail of a line starts inside a word or a number, and never as a record of its own would.
 _TAIL = re.compile(r"[a-z0-9_]")
 _RECORD = re.compile(r"[a-z_][\w.]{0,63}(?::\s|\s{2}|=)")
