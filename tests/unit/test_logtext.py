@@ -42,7 +42,8 @@ def test_llama_cpp_timestamps_come_off():
 def test_a_folded_line_is_joined_back_and_records_are_not():
     """A tracker cut the refusal at 120 columns mid-word: the tail (no prefix, inside a word) joins its line; a
     record of its own after a long line (llama.cpp's `name: value`, a capital, a comment) does not."""
-    head = "(EngineCore pid=316) ValueError: To serve at least one request with the model's max seq len (100000), (4.26 GiB KV cach"
+    head = ("(EngineCore pid=316) ValueError: To serve at least one request with the model's max seq len (100000), "
+            "(4.26 GiB KV cach")
     text = clean(f"{head}\ne is needed, which is larger than the available KV cache memory (4.25 GiB).\n")
     assert "(4.26 GiB KV cache is needed, which is larger" in text and text.count("\n") == 1
     long = "x" * 70
