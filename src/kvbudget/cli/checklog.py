@@ -22,7 +22,8 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     ask = request_of(CheckLogRequest, args)
     result = answer(ask)
-    # rows that differ fail a CI step; bad input is 2, and so is a partial check (no model) whose rows agree
+    # rows that differ fail a CI step; bad input is 2, and so is a partial check (what the full one needs is
+    # missing: the model, or a line) whose rows agree
     status = 0 if result.check.all_match and not result.missing else 1 if not result.check.all_match else 2
     missing = spelling.message(KVBudgetError(result.missing)) if result.missing else ""
     if ask.json:
@@ -38,8 +39,8 @@ def render(result: LogAnswer) -> None:
     from rich.table import Table
 
     check = result.check
-    title = (f"{check.engine} log vs kvbudget for {result.model.name}" if result.model else
-             f"{check.engine} log: the rows that need no model")
+    title = (f"{check.engine} log vs kvbudget for {result.model.name}" if result.model and not result.missing
+             else f"{check.engine} log: the rows its own figures check")
     table = Table(title=title)
     for name in ("quantity", "log", "kvbudget", "", "note"):
         table.add_column(name)

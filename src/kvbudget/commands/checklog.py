@@ -52,7 +52,7 @@ class LogAnswer:
 
     check: LogCheck
     model: ModelSpec | None
-    missing: str = ""  # a partial check (no model): the one line saying which model to give
+    missing: str = ""  # a partial check (no model, or the lines the full check needs): the one line saying what to give
 
     def to_dict(self) -> dict[str, Any]:
         return self.check.to_dict() | {"partial": bool(self.missing), "missing": self.missing}
@@ -135,4 +135,10 @@ def answer(ask: CheckLogRequest) -> LogAnswer:
     if isinstance(model, str):  # no model: the rows that need none, and which model to give
         return LogAnswer(check_log_without_model(text, model, settings), None, missing_model(text, model))
     settings.update(draft_in_log(text, ask.draft_model))
-    return LogAnswer(check_log(text, model, settings), model)
+    try:
+        return LogAnswer(check_log(text, model, settings), model)
+    except KVBudgetError as exc:  # the log lacks what the full check needs: what needs neither, and what it lacks
+        partial = None if exc.param else check_log_without_model(text, str(exc), settings)
+        if partial is None or not partial.rows:
+            raise
+        return LogAnswer(partial, model, str(exc))
