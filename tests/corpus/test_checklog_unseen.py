@@ -15,13 +15,16 @@ from kvbudget.cli import main
 
 UNSEEN = Path(__file__).parents[1] / "data" / "logs" / "unseen"
 INDEX = json.loads((UNSEEN / "index.json").read_text())["logs"]
-HELD_OUT_READ = 0.0  # the held-out share read; set to the figure reached
+# The held-out share read, as reached: 23 of 25 with a verdict or, without their model, a partial check naming the
+# --model to give (3 of 25 before the readers changed); the other 2 are partial checks of logs lacking their budget.
+HELD_OUT_READ = 23 / 25
 
 
 def read_outcome(entry: dict) -> tuple[bool, int, str]:
     """Whether check-log reads the log (exit 0 or 1: its KV lines found and a verdict reached; or, without a model,
-    a partial check that names the --model to pass), its exit status and what it said on stderr. Anything but a
-    KVBudgetError (which the CLI turns into exit 2) escapes as the exception it is."""
+    a partial check that names the --model to pass), its exit status and what it said on stderr (a partial check
+    for another reason, a line the full check needs missing, is not counted). Anything but a KVBudgetError (which
+    the CLI turns into exit 2) escapes as the exception it is."""
     argv = ["check-log", str(UNSEEN / entry["file"]), "--json"]
     if entry["model"]:
         argv += ["--model", entry["model"]]
@@ -29,7 +32,8 @@ def read_outcome(entry: dict) -> tuple[bool, int, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         status = main(argv)
     partial = status == 2 and out.getvalue().startswith("{") and json.loads(out.getvalue()).get("partial")
-    return status in (0, 1) or bool(partial), status, err.getvalue().strip()
+    no_model = bool(partial) and "for the rows that need the model" in err.getvalue()
+    return status in (0, 1) or no_model, status, err.getvalue().strip()
 
 
 def test_index_lists_every_unseen_log_with_its_source_and_split():
@@ -47,5 +51,8 @@ def test_unseen_log_never_crashes(entry):
 
 def test_held_out_read_rate():
     held_out = [e for e in INDEX if e["split"] == "held-out"]
-    read = [e["file"] for e in held_out if read_outcome(e)[0]]
-    assert len(read) / len(held_out) >= HELD_OUT_READ, sorted(set(e["file"] for e in held_out) - set(read))
+    outcomes = {e["file"]: read_outcome(e) for e in held_out}
+    read = [f for f, (ok, _, _) in outcomes.items() if ok]
+    assert len(read) / len(held_out) >= HELD_OUT_READ, sorted(set(outcomes) - set(read))
+    # the rest say which line they lack after the rows they could check: none is refused outright
+    assert all("states no KV budget" in err for f, (ok, _, err) in outcomes.items() if not ok)
