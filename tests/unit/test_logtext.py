@@ -8,6 +8,8 @@ import sys
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvbudget import load_model
 from kvbudget.checklog import check_log
@@ -89,3 +91,20 @@ def test_a_megabyte_line_without_an_end_does_not_hang_check_log(tmp_path):
                          capture_output=True, text=True, timeout=30)
     assert time.monotonic() - start < 20
     assert run.returncode == 2 and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=200), st.sampled_from([
+    BUDGET, f"vllm-1  | {BUDGET}", "\x1b[31m", "[repeated 3x across cluster]", "e is needed", "x" * 80, "`",
+    "(pid=1) "])), max_size=30))
+def test_any_text_is_made_plain_within_its_bounds(parts):
+    """Whatever is pasted, clean answers (or refuses a Ray line of too many ranks in one line), no line over its
+    bound and no more lines than the input's, Ray's repeats apart."""
+    text = "\n".join(parts)
+    try:
+        plain = clean(text)
+    except KVBudgetError:
+        return
+    lines = plain.splitlines()
+    assert all(len(line) <= MAX_LINE_CHARS for line in lines)
+    assert len(lines) <= len(text.splitlines()) + 3 * text.count("[repeated 3x")
