@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.commands.options import load, option, warn
-from kvbudget.errors import KVBudgetError, named
+from kvbudget.errors import KVBudgetError
+from kvbudget.logtext import MAX_LOG_CHARS
 from kvbudget.speculative import MAX_SPECULATIVE_TOKENS
 from kvbudget.units import parse_positive_ints
 
@@ -46,20 +47,21 @@ class CheckLogRequest:
 
 @dataclass(frozen=True)
 class LogAnswer:
-    """The log's check and the model it was checked against; `to_dict()` (the check's) is what --json prints."""
+    """The log's check and the model it was checked against (None: a partial check, the rows that need no model);
+    `to_dict()` (the check's) is what --json prints."""
 
     check: LogCheck
-    model: ModelSpec
+    model: ModelSpec | None
+    missing: str = ""  # a partial check (no model, or the lines the full check needs): the one line saying what to give
 
     def to_dict(self) -> dict[str, Any]:
-        return self.check.to_dict()
+        return self.check.to_dict() | {"partial": bool(self.missing), "missing": self.missing}
 
 
 GIVEN_NAMES = ("engine_version", "max_model_len", "tp", "pp", "kv_cache_dtype", "max_num_batched_tokens",
                "pp_layer_partition", "attention_backend", "num_speculative_tokens")
 
 
-MAX_LOG_CHARS = 8 * 1024 * 1024  # read at most this much of a log: its start-up section is a few hundred KB
 MAX_LINE_CHARS = 64 * 1024  # of one line (a line without an end is read in pieces of this)
 # where an engine's start-up section ends: what follows is traffic, which check-log does not read
 STARTED = ("Application startup complete", "server is listening on", "The server is fired up and ready to roll")
@@ -92,20 +94,20 @@ def _start_up(lines: Any, name: str) -> str:
     return "".join(kept)
 
 
-def model_of(ask: CheckLogRequest, text: str) -> ModelSpec:
-    """The model the request names, else the one the log names (an error saying to name one where it cannot)."""
+def model_of(ask: CheckLogRequest, text: str) -> ModelSpec | str:
+    """The model the request names, else the one the log names; where the log names none that can be read here,
+    why (the caller checks what needs no model and says which model to give)."""
     from kvbudget.checklog import model_in_log
 
     source = ask.model or model_in_log(text)
     if source is None:
-        raise KVBudgetError(f"check-log: the log does not name its model; pass {named('model')}")
+        return "the log names no model path"
     try:
         return load(source)
     except KVBudgetError as exc:
         if ask.model:
             raise
-        raise KVBudgetError(f"check-log: the log's model {source!r} cannot be read here ({exc}); "
-                            f"pass {named('model')}") from None
+        return f"the log's model {source!r} cannot be read here ({str(exc).split('; pass ')[0]})"
 
 
 def given(ask: CheckLogRequest) -> dict[str, Any]:
@@ -124,11 +126,19 @@ def given(ask: CheckLogRequest) -> dict[str, Any]:
 
 def answer(ask: CheckLogRequest) -> LogAnswer:
     """The log beside kvbudget's figures for its model and settings."""
-    from kvbudget.checklog import check_log, detect_engine, draft_in_log
+    from kvbudget.checklog import check_log, check_log_without_model, detect_engine, draft_in_log, missing_model
 
     text = read_log(ask.log)
     detect_engine(text)
     settings = given(ask)
     model = model_of(ask, text)
+    if isinstance(model, str):  # no model: the rows that need none, and which model to give
+        return LogAnswer(check_log_without_model(text, model, settings), None, missing_model(text, model))
     settings.update(draft_in_log(text, ask.draft_model))
-    return LogAnswer(check_log(text, model, settings), model)
+    try:
+        return LogAnswer(check_log(text, model, settings), model)
+    except KVBudgetError as exc:  # the log lacks what the full check needs: what needs neither, and what it lacks
+        partial = None if exc.param else check_log_without_model(text, str(exc), settings)
+        if partial is None or not partial.rows:
+            raise
+        return LogAnswer(partial, model, str(exc))

@@ -19,6 +19,7 @@ from kvbudget.engines.base import (
     ReadsLogs,
     Serving,
 )
+from kvbudget.engines.nomodel import ReadsLogsWithoutModel
 from kvbudget.errors import KVBudgetError
 
 # The built-in engines by name, loaded on first use (a command that runs one engine imports only its module).
@@ -110,6 +111,7 @@ __all__ = [
     "LogCheck",
     "LogRow",
     "ReadsLogs",
+    "ReadsLogsWithoutModel",
     "Registry",
     "Serving",
     "engine_release",

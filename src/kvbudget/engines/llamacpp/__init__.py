@@ -36,6 +36,11 @@ class LlamaServer(LlamaCppEngine):
 
         return check_log(self, text, model, given or {})
 
+    def check_log_without_model(self, text: str, given: Mapping[str, Any] | None = None) -> LogCheck:
+        from kvbudget.engines.llamacpp.logs import check_without_model  # ReadsLogsWithoutModel
+
+        return check_without_model(text)
+
     def command(self, pool: PoolPlan, deployment: Deployment) -> Launch:
         from kvbudget.engines.llamacpp.launch import command
 

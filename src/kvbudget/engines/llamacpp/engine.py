@@ -193,7 +193,8 @@ class LlamaCppEngine(Engine):
                                completions=("n_predict", "max_completion_tokens", "max_tokens"),
                                completions_default=None, negative_is_absent=True,
                                source="llama.cpp tools/server/server-schema.cpp (n_predict and its aliases)")
-    log_signatures = (r"llama_kv_cache", r"llama_context:", r"llama_model_loader", r"llama_new_context_with_model")
+    log_signatures = (r"llama_kv_cache", r"llama_context:", r"llama_model_loader", r"llama_new_context_with_model",
+                      r"llama_memory_recurrent", r"kv self size\s*=")
 
     def pool_budget(self, model: ModelSpec, report: PoolReport, *, kv_dtype: str = "auto", tp: int = 1,
                     options: EngineOptions | None = None) -> int:

@@ -191,3 +191,43 @@ def _check_old_log(engine: LlamaCppEngine, text: str, model: ModelSpec, kv_self:
     return LogCheck(engine="llamacpp", model_in_log=None,
                     settings={"n_ctx": cells, "cache_type": k_type, "format": "llama_kv_cache_init (2024-25)"},
                     rows=tuple(rows))
+
+
+_KV_BUFFER = re.compile(r"llama_kv_cache(?:_init|_unified)?:\s+(\w+) KV buffer size =\s+([\d.]+) MiB")
+_LEGACY_KV = re.compile(r"kv self size\s*=\s*([\d.]+) MB")  # 2023 builds (ggjt files): one f16 or f32 cache
+_LEGACY_SHAPE = {k: re.compile(rf"llama_model_load_internal: {k}\s+=\s+(\d+)") for k in ("n_ctx", "n_layer", "n_embd")}
+
+
+def _sum_row(label: str, total: str, parts: list[str], note: str) -> LogRow:
+    ours = f"{sum(float(p) for p in parts):.2f}"
+    return LogRow(label, f"{total} MiB", f"{ours} MiB", abs(float(total) - float(ours)) <= 0.011 * len(parts), note)
+
+
+def check_without_model(text: str) -> LogCheck:
+    """The rows of a llama.cpp log that need no model: each cache's size against its K and V (or R and S) parts, the
+    devices' KV buffers against the cache, the cells and layers it states shown."""
+    rows = []
+    for line in _LLAMA_LINE.findall(text):
+        what = "recurrent state" if line[0] == "llama_memory_recurrent" else "KV cache"
+        rows.append(LogRow(f"{what}: cells, layers", f"{int(line[2]):,}, {line[3]}", "-", None, "read from the log"))
+        rows.append(_sum_row(f"{what}: size", line[1], [line[7], line[9]], "its two parts added (two decimals of MiB)"))
+    if old := _OLD_KV_SELF.search(text):
+        if init := _OLD_KV_INIT.search(text):
+            rows.append(LogRow("cells, layers", f"{int(init.group(1)):,}, {init.group(4)}", "-", None,
+                               "read from the log"))
+        rows.append(_sum_row("KV self size", old.group(1), [old.group(3), old.group(5)], "K and V added"))
+        buffers = _KV_BUFFER.findall(text)
+        if buffers and not any("Split" in device for device, _ in buffers):  # a split buffer pads its rows
+            rows.append(_sum_row("KV self size over the devices", old.group(1), [size for _, size in buffers],
+                                 "the devices' KV buffers added (" + ", ".join(d for d, _ in buffers) + ")"))
+    elif init := _OLD_KV_INIT.search(text):
+        rows.append(LogRow("cells, layers", f"{int(init.group(1)):,}, {init.group(4)}", "-", None,
+                           f"K {init.group(2)}, V {init.group(3)}: read from the log (no size line)"))
+    if (legacy := _LEGACY_KV.search(text)) and all(p.search(text) for p in _LEGACY_SHAPE.values()):
+        ctx, layers, width = (int(p.search(text).group(1)) for p in _LEGACY_SHAPE.values())  # type: ignore[union-attr]
+        sizes = {name: 2 * ctx * layers * width * size / MIB for name, size in (("f16", 2), ("f32", 4))}
+        name, ours = min(sizes.items(), key=lambda kv: abs(kv[1] - float(legacy.group(1))))
+        rows.append(LogRow("kv self size", f"{legacy.group(1)} MB", f"{ours:.2f} MiB ({name})",
+                           f"{ours:.2f}" == f"{float(legacy.group(1)):.2f}",
+                           f"K and V of {ctx:,} cells x {layers} layers x {width} wide ('MB' are MiB)"))
+    return LogCheck(engine="llamacpp", model_in_log=None, settings={}, rows=tuple(rows))

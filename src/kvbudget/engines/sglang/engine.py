@@ -91,7 +91,8 @@ class SGLangEngine(Engine):
     output_limit = OutputLimit(chat=("max_completion_tokens", "max_tokens"), completions=("max_tokens",),
                                completions_default=16, zero_is_absent=True,
                                source="sglang 0.5.23 srt/entrypoints/openai/protocol.py, managers/scheduler.py")
-    log_signatures = (r"KV Cache is allocated\.[^\n]*#tokens",)  # 2026 releases print the dtype before #tokens
+    # 2026 releases print the dtype before #tokens; the scheduler's line follows the pool's
+    log_signatures = (r"KV Cache is allocated\.[^\n]*#tokens", r"max_total_num_tokens=\d+, chunked_prefill_size=")
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
@@ -244,6 +245,11 @@ class SGLangEngine(Engine):
         alloc = self.allocate(model, kv_dtype, tp, options)
         return (hicache_tier(model, alloc, memory=memory, disk=disk, tp=tp, page=options.block_size or 1,
                              version=options.engine_version or NEWEST),)
+
+    def check_log_without_model(self, text: str, given: Mapping[str, Any] | None = None) -> LogCheck:
+        from kvbudget.engines.sglang.memorylog import check_without_model  # ReadsLogsWithoutModel
+
+        return check_without_model(text)
 
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         """SGLang prints its pool in tokens and the buffer sizes per rank ("GB" meaning GiB): K and V apart for

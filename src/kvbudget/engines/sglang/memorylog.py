@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from kvbudget.engines.base import LogRow
+from kvbudget.engines.base import LogCheck, LogRow
 from kvbudget.engines.sglang.speclog import DRAFT_TYPES
 from kvbudget.units import GIB
 
@@ -68,3 +68,26 @@ def memory_rows(text: str, tokens: int, cell_bytes: int, weights_bytes: int | No
 def _number(text: str, pattern: str) -> float | None:
     m = re.search(pattern, text)
     return float(m.group(1)) if m else None
+
+
+_POOL = re.compile(r"(?:\[[^\]\n]*?(TP\d+)[^\]\n]*\] )?KV Cache is allocated\.(?: dtype: [\w.]+,)? #tokens: (\d+), "
+                   r"(K size: [\d.]+ GB, V size: [\d.]+ GB|KV size: [\d.]+ GB)")
+
+
+def check_without_model(text: str) -> LogCheck:
+    """The rows of an SGLang log that need no model: each pool's tokens and buffers shown, the ranks' pools (which
+    SGLang sizes to the same tokens) and the scheduler's max_total_num_tokens checked against each other."""
+    pools = _POOL.findall(text)
+    rows = []
+    for sizes in dict.fromkeys(s for _, _, s in pools):  # one row per pool (a drafter's has buffers of its own)
+        tokens = {int(n) for _, n, s in pools if s == sizes}
+        ranks = {r for r, _, s in pools if s == sizes and r}
+        rows.append(LogRow("pool (tokens)", ", ".join(f"{t:,}" for t in sorted(tokens)), "-",
+                           len(tokens) == 1 if len(ranks) > 1 else None,
+                           f"{sizes} ('GB' are GiB)" + (f"; {len(ranks)} ranks, one size" if len(ranks) > 1 else "")))
+    if total := re.search(r"max_total_num_tokens=(\d+)", text):
+        first = int(pools[0][1]) if pools else None
+        same = first == int(total.group(1)) if first is not None and "sliding window" not in text else None
+        rows.append(LogRow("max_total_num_tokens", f"{int(total.group(1)):,}", f"{first:,}" if first else "-", same,
+                           "the scheduler's tokens against the first pool's" if first else "read from the log"))
+    return LogCheck(engine="sglang", model_in_log=None, settings={}, rows=tuple(rows))

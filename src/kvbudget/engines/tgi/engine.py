@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from kvbudget.dtypes import KVDtype
@@ -73,7 +73,8 @@ class TGIEngine(Engine):
     # max_tokens (TGI reads no max_completion_tokens); none: max_total_tokens less the input
     output_limit = OutputLimit(chat=("max_tokens",), completions=("max_tokens",), completions_default=None,
                                source="text-generation-inference router/src/lib.rs (ChatRequest), validation.rs")
-    log_signatures = (r"KV-cache blocks: \d+, size: \d+",)
+    log_signatures = (r"KV-cache blocks: \d+, size: \d+", r"text_generation_launcher: Args \{",
+                      r"max_batch_total_tokens: (?:Some\()?\d+")
 
     def pool_budget(self, model: ModelSpec, report: PoolReport, *, kv_dtype: str = "auto", tp: int = 1,
                     options: EngineOptions | None = None) -> int:
@@ -138,20 +139,38 @@ class TGIEngine(Engine):
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         """TGI prints its block count and size, and the max_batch_total_tokens they make; the budget they imply
         follows from kvbudget's bytes per token for the model (every layer full, MLA expanded)."""
+        check = self.check_log_without_model(text, given)
         m = re.search(r"KV-cache blocks: (\d+), size: (\d+)", text)
+        size = int(m.group(2)) if m else None
+        tokens = int(m.group(1)) * int(m.group(2)) if m else int(check.settings["max_batch_total_tokens"])
+        shards = check.settings["num_shard"]
+        alloc = self.allocate(model, "auto", shards, EngineOptions(block_size=size if size in BLOCK_SIZES else None))
+        implied = LogRow("KV memory per shard", "-", f"{tokens * alloc.bytes_per_token / GIB:.2f} GiB", True,
+                         f"implied by {alloc.bytes_per_token:,} bytes per token for {model.name}")
+        return replace(check, rows=(*check.rows, implied))
+
+    def check_log_without_model(self, text: str, given: Mapping[str, Any] | None = None) -> LogCheck:
+        """TGI's own arithmetic: max_batch_total_tokens = blocks x block size (or, before TGI printed its blocks,
+        the max_batch_total_tokens its arguments state, shown)."""
+        m = re.search(r"KV-cache blocks: (\d+), size: (\d+)", text)
+        argued = re.search(r"max_batch_total_tokens: (?:Some\()?(\d+)", text)
+        if m is None and argued is None:
+            raise KVBudgetError("check-log: the TGI log lacks 'KV-cache blocks: N, size: B' and states no "
+                                "max_batch_total_tokens")
+        shards = int(s.group(1)) if (s := re.search(r"(?:--num-shard|NUM_SHARD=|num_shard:?)[ =]?(?:Some\()?(\d+)",
+                                                     text)) else 1
         if m is None:
-            raise KVBudgetError("check-log: the TGI log lacks 'KV-cache blocks: N, size: B'")
+            assert argued is not None
+            return LogCheck(engine="tgi", model_in_log=None,
+                            settings={"num_shard": shards, "max_batch_total_tokens": int(argued.group(1))},
+                            rows=(LogRow("max batch total tokens", f"{int(argued.group(1)):,}", "-", None,
+                                         "as its arguments state it (the log prints no blocks)"),))
         blocks, size = int(m.group(1)), int(m.group(2))
-        shards = int(s.group(1)) if (s := re.search(r"(?:--num-shard|NUM_SHARD=|num_shard:?)[ =]?(\d+)", text)) \
-            else 1
         rows = [LogRow("KV-cache blocks", f"{blocks:,} of {size}", "-", True, "read from the log")]
         total = re.search(r"(?:max batch total tokens to\s+|MAX_BATCH_TOTAL_TOKENS\W+)(\d+)", text)
         if total:
             rows.append(LogRow("max batch total tokens", f"{int(total.group(1)):,}", f"{blocks * size:,}",
                                int(total.group(1)) == blocks * size, "TGI: blocks x block size"))
-        alloc = self.allocate(model, "auto", shards, EngineOptions(block_size=size if size in BLOCK_SIZES else None))
-        rows.append(LogRow("KV memory per shard", "-", f"{blocks * size * alloc.bytes_per_token / GIB:.2f} GiB", True,
-                           f"implied by {alloc.bytes_per_token:,} bytes per token for {model.name}"))
         return LogCheck(engine="tgi", model_in_log=None, settings={"num_shard": shards, "block_size": size},
                         rows=tuple(rows))
 

@@ -3,7 +3,8 @@
 - `engine`: the block layout, capacity and serving defaults (`VLLMEngine`);
 - `packed`: DeepSeek-V4's packed groups of different page sizes;
 - `releases`: what changed between releases (`--engine vllm@0.8.5`);
-- `logs` (with `logsettings`, `budgetless`, `memorylog`): reading its startup logs back (check-log);
+- `logs` (with `logsettings`, `budgetless`, `memorylog`, and `nomodel` for a log without its model): reading its
+  startup logs back (check-log);
 - `simulator`, with `blocks`, `pool`, `scheduler`, `hybrid`, `cached`, `offloading`, `lmcache`, `contiguous`: its
   KV cache groups, block pool and scheduler for the simulator, and the contiguous-allocation baselines of the
   PagedAttention paper.
@@ -43,6 +44,11 @@ class VLLMServer(VLLMEngine):
         from kvbudget.engines.vllm.logs import check_log
 
         return check_log(self, text, model, dict(given or {}))
+
+    def check_log_without_model(self, text: str, given: Mapping[str, Any] | None = None) -> LogCheck:
+        from kvbudget.engines.vllm.nomodel import check_without_model  # ReadsLogsWithoutModel
+
+        return check_without_model(text)
 
     def speculative_in_log(self, text: str) -> LoggedSpeculative | None:  # ReadsSpeculativeLogs
         from kvbudget.engines.vllm.speclog import read_speculative

@@ -54,7 +54,7 @@ def v0_check_without_budget(engine: VLLMEngine, text: str, model: ModelSpec, st:
                              v0_refusal: re.Match | None, conc: re.Match | None, cpu_blocks: int) -> LogCheck:
     """A V0 log without its GPU budget: the CPU blocks, and what the GPU blocks it printed mean."""
     rows = [cpu_blocks_row(engine, model, st, cpu_blocks)]
-    gpu = re.search(r"GPU blocks: (\d+)", text)
+    gpu = re.search(r"(?:GPU|CUDA) blocks: (\d+)", text)
     block_size = engine.layout(model, st.kv_dtype, st.tp, st.options())[0].block_size
     if gpu and v0_refusal:
         n, held = int(v0_refusal.group(2)), int(gpu.group(1)) * block_size

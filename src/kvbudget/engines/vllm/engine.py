@@ -174,10 +174,13 @@ class VLLMEngine(Engine):
                                completions_default=16,
                                source="vllm 0.32 entrypoints/openai/chat_completion/serving.py (get_max_tokens), "
                                       "completion/protocol.py")
-    log_signatures = (r"KV cache size: +[\d,]+ tokens", r"GPU blocks: \d+", r"Maximum concurrency for",
-                         r"V1 LLM engine",
+    log_signatures = (r"KV cache size: +[\d,]+ tokens", r"(?:GPU|CUDA) blocks: \d+", r"Maximum concurrency for",
+                      r"V1 LLM engine",
                       r"Available KV cache memory: -?[\d.]+ GiB", r"KV cache is needed, which is larger than",
-                      r"larger than the maximum number of tokens that can be stored in KV cache")
+                      r"larger than the maximum number of tokens that can be stored in KV cache",
+                      r"reserved for KV Cache is [\d.]+", r"kv_cache_size[= ]\s{0,20}[\d.]+ ?GiB",
+                      r"memory for KV Cache as specified by kv_cache_memory_bytes",
+                      r"Current kv cache memory in use is \d")
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:

@@ -34,15 +34,24 @@ if TYPE_CHECKING:
     from kvbudget.engines.vllm.engine import VLLMEngine
 
 
+# Each rank's KV budget as a release printed it (GiB), the first pattern found in the log winning.
+BUDGET_LINES = (r"Explicitly set \(([\d.]+)/", r"Available KV cache memory: ([\d.]+) GiB",
+                r"kv_cache_size[= ]\s{0,20}([\d.]+) ?GiB",  # V0's one-line and (0.6.5) tabled profiling results
+                r"reserved for KV Cache is ([\d.]+) ?GiB",
+                r"Reserved for KV cache: ([\d.]+) GiB",  # Aphrodite, a V0 fork
+                r"available_kv_cache_memory[=:]?\s{0,20}([\d.]+) ?GiB",
+                r"reserved ([\d.]+) GiB memory for KV Cache as specified by kv_cache_memory_bytes",  # no profiling
+                r"Current kv cache memory in use is ([\d.]+) GiB")  # 2026: after the one-line memory split
+_BUDGET_BYTES = r"Current kv cache memory in use is (\d+) bytes"  # the same line in late-2025 releases
+
+
 def _rank_budgets(text: str) -> list[str]:
-    """Every rank's 'Available KV cache memory' (or V0's kv_cache_size / reserved line), as printed."""
-    for pattern in (r"Explicitly set \(([\d.]+)/", r"Available KV cache memory: ([\d.]+) GiB",
-                    r"kv_cache_size=([\d.]+) ?GiB", r"reserved for KV Cache is ([\d.]+) ?GiB",
-                    r"Reserved for KV cache: ([\d.]+) GiB"):  # the last: Aphrodite, a V0 fork
+    """Every rank's KV budget line (BUDGET_LINES), as printed (GiB)."""
+    for pattern in BUDGET_LINES:
         found = re.findall(pattern, text)
         if found:
             return found
-    return []
+    return [f"{int(b) / GIB:.6f}" for b in re.findall(_BUDGET_BYTES, text)]
 
 
 class _Log:
@@ -134,7 +143,7 @@ class _Log:
                        ) -> list[LogRow]:
         """The blocks, the token count (in the meaning of the release) and the concurrency the log printed."""
         out = []
-        blocks = re.search(r"GPU blocks: (\d+)", self.text)
+        blocks = re.search(r"(?:GPU|CUDA) blocks: (\d+)", self.text)
         if blocks and low.num_blocks is not None and high.num_blocks is not None:
             n = int(blocks.group(1))
             out.append(LogRow("blocks", f"{n:,}", count_span(low.num_blocks, high.num_blocks),

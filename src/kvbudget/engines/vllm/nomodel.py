@@ -1,0 +1,71 @@
+"""A vLLM log read without its model: the KV figures it printed, shown, and checked against each other where the
+arithmetic needs no model (the token count against the concurrency, the blocks against a refusal, the memory
+share against the total)."""
+
+from __future__ import annotations
+
+import re
+
+from kvbudget.engines.base import LogCheck, LogRow
+from kvbudget.engines.vllm.logsettings import num
+
+V0_BLOCK = 16  # vLLM's default block size (V0 and V1 for full attention)
+
+
+def _ratio_row(quantity: str, logged: str, value: float, printed: float, tolerance: float, note: str,
+               unless: str) -> LogRow:
+    """A check of the log's own arithmetic; where it does not hold it may be the model's layout (`unless`), which
+    only the model tells: shown, not a difference."""
+    ok = abs(value - printed) <= tolerance
+    return LogRow(quantity, logged, f"{value:,.2f}", True if ok else None, note if ok else f"{note}; {unless}")
+
+
+def check_without_model(text: str) -> LogCheck:
+    """The rows of a vLLM log that need no model."""
+    from kvbudget.engines.vllm.logs import _rank_budgets
+
+    rows: list[LogRow] = []
+    budgets = _rank_budgets(text)
+    if budgets:
+        ranks = f": the smallest of {len(budgets)} ranks'" if len(budgets) > 1 else ""
+        rows.append(LogRow("KV budget", f"{min(budgets, key=float)} GiB", "-", None, f"read from the log{ranks}"))
+    tokens = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
+    conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
+    blocks = re.search(r"(?:GPU|CUDA) blocks: (\d+)", text)
+    if tokens:
+        rows.append(LogRow("KV cache size (tokens)", f"{int(num(tokens.group(1))):,}", "-", None, "read from the log"))
+    if conc:
+        length, printed = int(num(conc.group(1))), float(conc.group(2))
+        held = int(num(tokens.group(1))) if tokens else int(blocks.group(1)) * V0_BLOCK if blocks else None
+        if held is not None:
+            what = "the token count" if tokens else f"the blocks x {V0_BLOCK}"
+            rows.append(_ratio_row(f"max concurrency at {length:,} tokens", f"{printed}x", held / length, printed,
+                                   0.005 + 1 / length, f"{what} / max_model_len",
+                                   "they differ for models of several cache groups or other block sizes"))
+    if (refused := re.search(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be "
+                             r"stored in KV cache \((\d+)\)", re.sub(r"\s+", " ", text))):
+        n = int(refused.group(2))
+        rows.append(LogRow("refused: tokens the cache holds", f"{n:,}", "-", None, "vLLM V0's refusal"))
+        if blocks:
+            rows.append(_ratio_row("refused: blocks x block size", f"{n:,}", int(blocks.group(1)) * V0_BLOCK, n, 0,
+                                   f"the log's blocks x {V0_BLOCK}", "another block size (--block-size)"))
+    if (needed := re.search(r"\(([\d.]+) GiB KV cache is needed, which is larger than the available KV cache "
+                            r"memory \(([\d.]+) GiB\)", re.sub(r"\s+", " ", text))):
+        rows.append(LogRow("refused: KV cache needed", f"{needed.group(1)} GiB",
+                           f"more than the {needed.group(2)} GiB available",
+                           float(needed.group(1)) > float(needed.group(2)), "vLLM V1's refusal"))
+    rows += _memory_rows(text)
+    return LogCheck(engine="vllm", model_in_log=None, settings={}, rows=tuple(rows))
+
+
+def _memory_rows(text: str) -> list[LogRow]:
+    """The engine's share of the GPU: the total times gpu_memory_utilization, as V0 and V1 print both."""
+    share = (re.search(r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_utilization \(([\d.]+)\) = ([\d.]+) ?GiB",
+                       text)
+             or re.search(r"Free memory on device \([\d.]+/([\d.]+) GiB\) on startup\. Desired GPU memory "
+                          r"utilization is \(([\d.]+), ([\d.]+) GiB\)", text))
+    if not share:
+        return []
+    total, fraction, logged = (float(g) for g in share.groups())
+    return [_ratio_row("memory: the engine's share", f"{logged:.2f} GiB", total * fraction, logged, 0.011,
+                       f"total {total} GiB x gpu_memory_utilization {fraction}", "the log's figures do not multiply")]

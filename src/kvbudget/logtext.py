@@ -1,0 +1,73 @@
+"""A pasted engine log made plain again, whatever engine wrote it: what terminals, log collectors and issue trackers
+add to its lines taken off, lines they folded joined back, and Ray's deduplicated lines counted out again. The
+engines' readers (check-log) read what this returns; each bound below keeps the work linear in the input."""
+
+from __future__ import annotations
+
+import re
+
+from kvbudget.errors import KVBudgetError
+
+MAX_LOG_CHARS = 8 * 1024 * 1024  # of a log read: its start-up section is a few hundred KB
+MAX_LINE_CHARS = 16 * 1024  # of one line read (the longest real ones, SGLang's server_args, are under 10 KB)
+MAX_REPEATS = 1024  # ranks one Ray '[repeated Nx across cluster]' line may stand for
+WRAP_WIDTH = 60  # a line this long or longer may have been folded by a terminal or a tracker
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\n]{0,256}\x07|\^\[\[[0-9;]*[A-Za-z]"
+                   r"|\[[0-9]{1,3}(?:;[0-9]{1,3}){0,4}m")  # the last: a colour code whose escape byte was lost
+# What a collector writes before each line, taken off in turn (each bounded, anchored at the line's start).
+_PREFIXES = tuple(re.compile(p) for p in (
+    r"[>▎│|]\s?",  # a Markdown quote or a table/box-drawing border
+    r"`+",  # a line pasted in backticks
+    r"\d{4}-\d\d-\d\dT[\d:.]{8,18}(?:Z|[+-]\d\d:?\d\d)\s+(?:stdout|stderr)\s+[FP]\s",  # Kubernetes (CRI)
+    r"(?:[A-Z][a-z]{2}\s+\d{1,2}\s+|\d{4}-\d\d-\d\dT)?\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?"
+    r"\s+\S{1,64}\s+[\w.@/-]{1,64}\[\d{1,10}\]:\s",  # journald: 'Dec 05 10:00:01 host vllm[123]: '
+    r"[A-Za-z0-9][\w.-]{0,63}\s+\|\s",  # docker compose: 'vllm-1  | '
+    r"\((?:[\w=.,:-]{1,40}\s+){0,5}?pid=\d{1,10}(?:,\s*ip=[\w.:-]{1,64})?\)\s?",  # Ray and vLLM's processes
+    r"(?:\[\d{1,10}\]\s+)?\d{1,4}\.\d\d\.\d{3}\.\d{3}\s+[DIWE]\s",  # llama.cpp's timestamped log
+))
+# Ray's deduplication: the line stands for N lines of other processes ('(Ray deduplicates logs ...)' after it once)
+_REPEATED = re.compile(r"\s*\[repeated (\d{1,9})x across cluster\](?:\s*\(Ray deduplicates[^)\n]{0,400}\))?\s*$")
+# The folded tail of a line starts inside a word or a number, and never as a record of its own would.
+_TAIL = re.compile(r"[a-z0-9_]")
+_RECORD = re.compile(r"[a-z_][\w.]{0,63}(?::\s|\s{2}|=)")
+
+
+def clean(text: str) -> str:
+    """`text` with colour codes, quote marks and the prefixes of Ray, journald, docker compose, Kubernetes and
+    llama.cpp's timestamps taken off each line; a line a terminal or tracker folded joined back to the line it was
+    cut from; each Ray line deduplicated as '[repeated Nx across cluster]' counted N times. At most MAX_LOG_CHARS of
+    it are read and MAX_LINE_CHARS of each line."""
+    lines: list[str] = []
+    folded = False  # whether the last line kept could have been cut by a terminal or tracker
+    for raw in text[:MAX_LOG_CHARS].splitlines():
+        line = _ANSI.sub("", raw[:MAX_LINE_CHARS])
+        stripped = _strip_prefixes(line)
+        repeat = _REPEATED.search(stripped)
+        count = 1
+        if repeat:
+            count = int(repeat.group(1))
+            if count > MAX_REPEATS:
+                raise KVBudgetError(f"check-log: a Ray line stands for {count} lines ('[repeated {count}x across "
+                                    f"cluster]'); kvbudget reads at most {MAX_REPEATS} ranks of one line")
+            stripped = stripped[:repeat.start()]
+        continues = folded and stripped == line.strip() and _TAIL.match(stripped) and not _RECORD.match(stripped)
+        if continues:  # a tail without a prefix of its own, after a line cut at the terminal's width
+            lines[-1] = (lines[-1] + stripped)[:MAX_LINE_CHARS]
+            folded = len(raw) >= WRAP_WIDTH  # cut again at the same width
+            continue
+        lines.extend([stripped] * count)
+        folded = len(raw) >= WRAP_WIDTH and not stripped.endswith((".", ":", "}", ")", "]"))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _strip_prefixes(line: str) -> str:
+    """The line without the prefixes collectors add, in any order, and its surrounding blanks and backticks."""
+    line = line.strip()
+    for _ in range(4):  # a compose prefix before a Ray one before a quote mark, at most
+        before = line
+        for prefix in _PREFIXES:
+            line = prefix.sub("", line, count=1).lstrip() if prefix.match(line) else line
+        if line == before:
+            break
+    return line.rstrip("` \t")

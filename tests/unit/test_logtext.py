@@ -1,0 +1,110 @@
+"""A pasted log made plain (kvbudget.logtext), and check-log reading what users paste: prefixes, colours, folded
+lines and Ray's deduplicated ranks, in bounded time whatever the input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvbudget import load_model
+from kvbudget.checklog import check_log
+from kvbudget.errors import KVBudgetError
+from kvbudget.logtext import MAX_LINE_CHARS, MAX_REPEATS, clean
+
+BUDGET = "INFO 12-05 10:00:01 [gpu_worker.py:460] Available KV cache memory: 10.55 GiB"
+
+
+@pytest.mark.parametrize("pasted", [
+    f"Dec 05 10:00:01 gpu-host vllm[123]: {BUDGET}",  # journald
+    f"2026-12-05T10:00:01+0000 gpu-host vllm[123]: {BUDGET}",  # journald, ISO
+    f"vllm-1  | {BUDGET}",  # docker compose
+    f"2026-12-05T10:00:01.077546507+08:00 stdout F {BUDGET}",  # Kubernetes (CRI)
+    f"(RayWorkerWrapper pid=123, ip=10.0.0.2) {BUDGET}",
+    f"(EngineCore_DP0 pid=42) {BUDGET}", f"(VllmWorker rank=1 pid=42) {BUDGET}", f"(Worker_TP1 pid=7) {BUDGET}",
+    f"\x1b[1;36m(VllmWorker TP0 pid=9)\x1b[0;0m {BUDGET}",  # colour codes
+    f"[1;36m(VllmWorker TP0 pid=9)[0;0m {BUDGET}",  # colour codes whose escape bytes the paste lost
+    f"`{BUDGET}`", f"> {BUDGET}", f"        {BUDGET}",  # Markdown backticks, a quote, indentation
+    f"vllm-1  | (EngineCore_DP0 pid=42) {BUDGET}",  # a compose prefix before a Ray one
+])
+def test_prefixes_and_colours_come_off(pasted):
+    assert clean(pasted) == BUDGET + "\n"
+
+
+def test_llama_cpp_timestamps_come_off():
+    line = "llama_kv_cache: size =  182.75 MiB (  4352 cells,  43 layers,  1/1 seqs), K (bf16): 91.38 MiB"
+    assert clean(f"[53871] 0.09.036.833 I {line}\n\x1b[34m1.14.609.487\x1b[0m \x1b[32mI \x1b[0m{line}") == \
+        f"{line}\n{line}\n"
+
+
+def test_a_folded_line_is_joined_back_and_records_are_not():
+    """A tracker cut the refusal at 120 columns mid-word: the tail (no prefix, inside a word) joins its line; a
+    record of its own after a long line (llama.cpp's `name: value`, a capital, a comment) does not."""
+    head = ("(EngineCore pid=316) ValueError: To serve at least one request with the model's max seq len (100000), "
+            "(4.26 GiB KV cach")
+    text = clean(f"{head}\ne is needed, which is larger than the available KV cache memory (4.25 GiB).\n")
+    assert "(4.26 GiB KV cache is needed, which is larger" in text and text.count("\n") == 1
+    long = "x" * 70
+    for record in ("llama_context: n_ctx = 4096", "INFO ready", "# [2025-07-09] note", "time=2025 level=INFO"):
+        assert clean(f"{long}\n{record}") == f"{long}\n{record}\n"
+
+
+def test_ray_repeated_lines_count_as_the_ranks_they_stand_for():
+    """Ray prints a line once and then '[repeated Nx across cluster]' for N more processes: a 4-rank budget log is
+    4 ranks, and the smallest of the 4 is the budget (vLLM sizes every rank to the smallest)."""
+    text = "\n".join([
+        "INFO 12-05 10:00:01 [worker.py:267] Available KV cache memory: 8.11 GiB",
+        "(RayWorkerWrapper pid=2, ip=10.0.0.2) INFO 12-05 10:00:01 [worker.py:267] Available KV cache memory: 8.02 GiB",
+        "(RayWorkerWrapper pid=3, ip=10.0.0.3) INFO 12-05 10:00:01 [worker.py:267] Available KV cache memory: 8.02 GiB"
+        " [repeated 2x across cluster] (Ray deduplicates logs by default. Set RAY_DEDUP_LOGS=0 to disable log "
+        "deduplication.)",
+        "INFO 12-05 10:00:02 [kv_cache_utils.py:524] GPU KV cache size: 175,120 tokens",
+    ])
+    assert clean(text).count("Available KV cache memory") == 4
+    check = check_log(text, load_model("qwen3-235b-a22b"), {"tp": 4, "max_model_len": 40960})
+    budget = check.rows[0]
+    assert budget.logged == "8.02 GiB" and "smallest of 4 ranks" in budget.note
+
+
+def test_a_ray_line_standing_for_too_many_ranks_is_refused():
+    with pytest.raises(KVBudgetError, match=f"at most {MAX_REPEATS} ranks"):
+        clean(f"{BUDGET} [repeated {MAX_REPEATS + 1}x across cluster]")
+
+
+def test_lines_are_read_to_their_bound():
+    assert len(clean("a" * (3 * MAX_LINE_CHARS))) == MAX_LINE_CHARS + 1
+
+
+def test_a_megabyte_line_without_an_end_does_not_hang_check_log(tmp_path):
+    """1 MB of one line that the readers' patterns half-match (a 'KV self size' line, then llama.cpp's init line
+    without its types, Ray's opening parenthesis and a refusal's start over and over): check-log answers in one
+    line, in seconds (before lines were bounded, a lazy pattern took minutes to hours on it)."""
+    log = tmp_path / "one-line.log"
+    log.write_text(("llama_new_context_with_model: KV self size  = 1.00 MiB, K (f16): 0.50 MiB, V (f16): 0.50 MiB "
+                    + "llama_kv_cache_init: kv_size = 1, (pid=1 max seq len (1), (" * 20000)[:1_000_000])
+    start = time.monotonic()
+    run = subprocess.run([sys.executable, "-m", "kvbudget", "check-log", str(log), "--model", "llama-3.1-8b"],
+                         capture_output=True, text=True, timeout=30)
+    assert time.monotonic() - start < 20
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=200), st.sampled_from([
+    BUDGET, f"vllm-1  | {BUDGET}", "\x1b[31m", "[repeated 3x across cluster]", "e is needed", "x" * 80, "`",
+    "(pid=1) "])), max_size=30))
+def test_any_text_is_made_plain_within_its_bounds(parts):
+    """Whatever is pasted, clean answers (or refuses a Ray line of too many ranks in one line), no line over its
+    bound and no more lines than the input's, Ray's repeats apart."""
+    text = "\n".join(parts)
+    try:
+        plain = clean(text)
+    except KVBudgetError:
+        return
+    lines = plain.splitlines()
+    assert all(len(line) <= MAX_LINE_CHARS for line in lines)
+    assert len(lines) <= len(text.splitlines()) + 3 * text.count("[repeated 3x")
