@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 from kvbudget.errors import ConfigError, named
 from kvbudget.model.config import Fields, model_type_of, text_config_of
+from kvbudget.model.mixed import COUNTS, gemma4_vision_params, latent_attention_params, mlp_widths, moe_layout
 from kvbudget.model.spec import Attention, LatentAttention, ModelSpec, NoCache, RecurrentState, SlidingWindow
 
 # transformers' default for tie_word_embeddings where the config leaves it out.
-_TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "opt", "falcon", "cohere"}
+_TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "gemma3n_text", "gemma4_text", "opt", "falcon", "cohere"}
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,10 @@ def activation_widths(model: ModelSpec) -> Widths:
     hidden = f.int("hidden_size", "n_embd", "d_model")
     vocab = f.int("vocab_size", "padded_vocab_size")
     inter = f.get("intermediate_size", "ffn_hidden_size", "ffn_dim", default=4 * hidden) or 4 * hidden
+    if isinstance(inter, list):  # one per layer (Gemma 3n)
+        inter = max(mlp_widths(f, model.num_layers))
     moe_inter = f.get("moe_intermediate_size")
-    top_k = f.get("num_experts_per_tok", "experts_per_token")
+    top_k = f.get("num_experts_per_tok", "experts_per_token", "num_experts_per_token", "top_k_experts")
     if moe_inter and top_k:
         inter = max(inter if not f.get("n_routed_experts") else 0, moe_inter * top_k)
     return Widths(hidden, vocab, int(inter))
@@ -89,7 +92,7 @@ def head_vocab(model: ModelSpec) -> int:
 _SAME_WEIGHTS_AS = {"qwen3_5_text": "qwen3_next", "qwen3_5_moe_text": "qwen3_next", "deepseek_v32": "deepseek_v3",
                     "glm4_moe": "deepseek_v3", "minimax_m2": "mixtral"}
 # Families whose weights kvbudget does not count yet (their KV is modelled; pass the weight bytes to plan).
-_UNCOUNTED = {"kimi_linear", "granitemoehybrid", "gemma3n_text", "gemma4_text", "deepseek_v4"}
+_UNCOUNTED = {"granitemoehybrid"}
 
 
 def count_parameters(model: ModelSpec) -> ParamCount:
@@ -102,6 +105,8 @@ def count_parameters(model: ModelSpec) -> ParamCount:
     hidden = f.int("hidden_size", "n_embd", "d_model")
     vocab = f.int("vocab_size", "padded_vocab_size")
     groups: list[ParamGroup] = []
+    if mt in COUNTS:  # Gemma 3n, Gemma 4, Kimi Linear, DeepSeek-V4: layers of their own (kvbudget.model.mixed)
+        return _mixed_count(model, f, mt, hidden, vocab)
 
     def add(part: str, count: int, active: int | None = None, layer: int | None = None) -> None:
         if count:
@@ -123,7 +128,7 @@ def count_parameters(model: ModelSpec) -> ParamCount:
             if isinstance(spec, RecurrentState):
                 add("mixer", _mixer(spec, f, hidden), layer=i)
             elif isinstance(spec, LatentAttention):
-                add("attention", _mla(spec, f, hidden), layer=i)
+                add("attention", latent_attention_params(spec, f, hidden), layer=i)
             elif isinstance(spec, Attention):
                 add("attention", _attention(spec, f, mt, hidden, model.attention_heads or 1), layer=i)
         single_block = mt == "nemotron_h"  # each layer is a mixer, attention or an MLP, never two of them
@@ -142,6 +147,22 @@ def count_parameters(model: ModelSpec) -> ParamCount:
         add("mtp", mtp_layers * (per_layer + 2 * hidden * hidden + 3 * hidden))
     add("vision", vision_parameters(model.config.get("vision_config"), hidden), active=0)
     return ParamCount(tuple(groups))
+
+
+def _mixed_count(model: ModelSpec, f: Fields, mt: str, hidden: int, vocab: int) -> ParamCount:
+    """The layers kvbudget.model.mixed counts, with the embedding, the LM head unless tied, the final norm and a
+    vision tower (Gemma 4's own, else counted as a ViT)."""
+    groups = [ParamGroup(part, count, active, layer) for part, count, active, layer in COUNTS[mt](model, f, hidden)]
+    groups.append(ParamGroup("embedding", vocab * hidden, vocab * hidden))
+    if not f.get("tie_word_embeddings", default=mt in _TIED_BY_DEFAULT):
+        groups.append(ParamGroup("lm_head", vocab * hidden, vocab * hidden))
+    groups.append(ParamGroup("norm", hidden, hidden))
+    tower = model.config.get("vision_config")
+    if isinstance(tower, dict) and tower.get("model_type") == "gemma4_vision":
+        vision = gemma4_vision_params(tower, hidden)
+    else:
+        vision = vision_parameters(tower, hidden)
+    return ParamCount(tuple(groups + ([ParamGroup("vision", vision, 0)] if vision else [])))
 
 
 def vision_tower(model: ModelSpec) -> tuple[int | None, int | None] | None:
@@ -192,16 +213,6 @@ def _attention(spec: Attention, f: Fields, mt: str, hidden: int, heads: int) -> 
     if mt == "gpt_oss":
         count += heads  # attention sinks
     return count
-
-
-def _mla(spec: LatentAttention, f: Fields, hidden: int) -> int:
-    heads = spec.heads
-    q_lora = f.get("q_lora_rank")
-    qk = spec.qk_nope_dim + spec.rope_dim
-    q = hidden * heads * qk if not q_lora else hidden * q_lora + q_lora + q_lora * heads * qk
-    kv_a = hidden * (spec.latent_dim + spec.rope_dim) + spec.latent_dim
-    kv_b = spec.latent_dim * heads * (spec.qk_nope_dim + spec.v_dim)
-    return q + kv_a + kv_b + heads * spec.v_dim * hidden
 
 
 def _mixer(spec: RecurrentState, f: Fields, hidden: int) -> int:
@@ -285,6 +296,8 @@ def routed_experts(model: ModelSpec) -> RoutedExperts | None:
 
 def _moe_layout(i: int, f: Fields, mt: str, hidden: int) -> tuple[int, int, int, int, bool]:
     """(experts, top_k, expert intermediate, shared intermediate, is this layer MoE)."""
+    if mt in COUNTS:
+        return moe_layout(i, f, mt)
     if mt == "mixtral":
         return f.int("num_local_experts"), f.int("num_experts_per_tok"), f.int("intermediate_size"), 0, True
     if mt == "gpt_oss":
