@@ -291,7 +291,8 @@ def routed_experts(model: ModelSpec) -> RoutedExperts | None:
     if widest is None:
         return None
     return RoutedExperts(experts=widest[0], top_k=widest[1], intermediate=widest[2], hidden=hidden,
-                         quantized=bool(model.config.get("quantization_config")))
+                         quantized=bool(model.config.get("quantization_config"))
+                         or model.config.get("expert_dtype") == "fp4")  # DeepSeek-V4: FP4 experts
 
 
 def _moe_layout(i: int, f: Fields, mt: str, hidden: int) -> tuple[int, int, int, int, bool]:
