@@ -149,3 +149,17 @@ def test_widths_for_step_time_and_workspace(name, experts, top_k, mlp):
     moe = routed_experts(model)
     assert (moe.experts, moe.top_k) == (experts, top_k) if experts else moe is None
     assert activation_widths(model).mlp == mlp
+
+
+def test_deepseek_v4_experts_take_fp4_bytes_where_the_config_says_so():
+    """expert_dtype "fp4": DeepSeek's checkpoints store the routed experts as 4-bit floats with an 8-bit scale per
+    32 (its inference/model.py; vLLM loads them as MXFP4). The native FP8 + FP4 conversion of DeepSeek-V4-Flash is
+    ~146 GB (nsparks/DeepSeek-V4-Flash-FP4-FP8-GGUF, its non-expert weights in FP8); this copy of the config states
+    no quantization_config, so the rest counts as bfloat16: a little more, never the 569 GB of bf16 experts."""
+    from kvbudget.model.weights import analytic_weights
+
+    model = load_model("deepseek-v4-flash")
+    weights = analytic_weights(model)
+    assert 146e9 < weights.total_bytes < 146e9 * 1.15 and "FP4 experts" in weights.basis
+    bf16 = analytic_weights(kvbudget.parse_config({k: v for k, v in model.config.items() if k != "expert_dtype"}))
+    assert bf16.total_bytes > 560e9
