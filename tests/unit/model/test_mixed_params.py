@@ -105,7 +105,8 @@ PUBLISHED = {
     "gemma-4-26b-a4b": (25.2e9, 3.8e9, 0.01, 0.01),
     # moonshotai/Kimi-Linear-48B-A3B model card: 48B total, 3B activated (the name's rounding: 49.1B here)
     "kimi-linear-48b-a3b": (48e9, 3e9, 0.03, 0.17),
-    # maceip/gemma3n-executorch e2b/README_HF.md: text parameters of google/gemma-3n-E2B-it 4.46B
+    # maceip/gemma3n-executorch e2b/README_HF.md: text parameters of google/gemma-3n-E2B-it 4.46B (lmstudio.ai's
+    # text-only GGUF of it: 4.5B; the whole model with its audio and vision towers is 5B: huggingface.co/blog/gemma3n)
     "gemma-3n-e2b": (4.46e9, None, 0.01, None),
 }
 
