@@ -231,6 +231,17 @@ def _v4_layer(specs: list[LayerSpec], f: Fields, hidden: int, heads: int, i: int
             _group("norm", 2 * hidden + hyper, i)]
 
 
+def _mtp_compressors(f: Fields, layer: int) -> list[LayerSpec]:
+    """The compressors of DeepSeek-V4's MTP layer: compress_ratios' entry after the model's own layers (0, a sliding
+    window only, in the released configs; 4 with the indexer, overlapping; 128 without)."""
+    ratios = f.cfg.get("compress_ratios")
+    rate = ratios[layer] if isinstance(ratios, list) and len(ratios) > layer else 0
+    if rate not in (4, 128):
+        return []
+    out: list[LayerSpec] = [Compressed(layer, rate, f.int("head_dim"), rate == 4)]
+    return out + ([Compressed(layer, rate, f.int("index_head_dim"), True, role="indexer")] if rate == 4 else [])
+
+
 def _deepseek_v4(model: ModelSpec, f: Fields, hidden: int) -> list[Group]:
     heads = model.attention_heads or 1
     by_layer: dict[int, list[LayerSpec]] = {}
@@ -242,8 +253,8 @@ def _deepseek_v4(model: ModelSpec, f: Fields, hidden: int) -> list[Group]:
     for i in range(model.num_layers):
         out += _v4_layer(by_layer.get(i, []), f, hidden, heads, i)
     mtp = f.get("num_nextn_predict_layers", default=0) or 0
-    if mtp:  # each MTP layer: a sliding-window decoder layer, its e/h projections, three norms and its own head
-        layer = sum(g[1] for g in _v4_layer([], f, hidden, heads, model.num_layers))
+    if mtp:  # each MTP layer: a decoder layer, its e/h projections, three norms and its own head
+        layer = sum(g[1] for g in _v4_layer(_mtp_compressors(f, model.num_layers), f, hidden, heads, model.num_layers))
         out.append(("mtp", mtp * (layer + 2 * hidden * hidden + 3 * hidden + head), 0, None))
     return out
 

@@ -18,6 +18,11 @@ transformers = pytest.importorskip("transformers")
 
 def built(cfg: dict, multimodal: bool = False) -> int:
     """sum(p.numel()) of the model transformers builds for `cfg` (its text model unless `multimodal`)."""
+    return sum(p.numel() for p in build(cfg, multimodal).parameters())
+
+
+def build(cfg: dict, multimodal: bool = False):
+    """The model transformers builds for `cfg` on the meta device."""
     if multimodal:
         config = transformers.AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "transformers_version"})
         with torch.device("meta"):
@@ -31,7 +36,7 @@ def built(cfg: dict, multimodal: bool = False) -> int:
                                                                                                "torch_dtype")})
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
+    return model
 
 
 def catalog_config(name: str) -> dict:
@@ -134,10 +139,12 @@ def test_parts_that_matter_for_memory_and_time():
     assert sorted({g.layer for g in kimi.groups if g.part == "mixer"}) == [i - 1 for i in (
         1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 14, 15, 17, 18, 19, 21, 22, 23, 25, 26)]
     v4 = count_parameters(load_model("deepseek-v4-flash"))
-    assert v4.mtp > 0 and v4.total == 284_332_230_231  # transformers' DeepseekV4ForCausalLM, built above
-    # vLLM 0.32's DeepSeekV4MultiTokenPredictorLayer: a decoder layer (sliding window only: its compress ratio is 0),
-    # e_proj and h_proj (h x h each), enorm, hnorm and the shared head's norm, and the hyper-connection head
-    assert 6.5e9 < v4.mtp < 6.7e9
+    # vLLM 0.32's DeepSeekV4MultiTokenPredictorLayer: a decoder layer (sliding window only: its compress ratio is 0,
+    # as transformers' layer 0), e_proj and h_proj (h x h each), enorm, hnorm and the shared head's norm, and the
+    # hyper-connection head (hc_mult x hc_mult x h, hc_mult, 1); the embedding and head it shares are not counted
+    h, streams = 4096, 4
+    layer = sum(p.numel() for p in build(catalog_config("deepseek-v4-flash")).model.layers[0].parameters())
+    assert v4.mtp == layer + 2 * h * h + 3 * h + streams * streams * h + streams + 1
 
 
 @pytest.mark.parametrize("name, experts, top_k, mlp", [
@@ -164,3 +171,19 @@ def test_deepseek_v4_experts_take_fp4_bytes_where_the_config_says_so():
     assert 146e9 < weights.total_bytes < 146e9 * 1.15 and "FP4 experts" in weights.basis
     bf16 = analytic_weights(kvbudget.parse_config({k: v for k, v in model.config.items() if k != "expert_dtype"}))
     assert bf16.total_bytes > 560e9
+
+
+@pytest.mark.parametrize("mtp_ratio", [0, 4, 128])
+def test_deepseek_v4_mtp_layer_is_a_decoder_layer_of_its_compress_ratio(mtp_ratio):
+    """compress_ratios' entry after the model's layers is the MTP layer's: the same decoder layer transformers builds
+    for that ratio, with the MTP module's projections, norms and hyper-connection head (vLLM 0.32's
+    DeepSeekV4MultiTokenPredictorLayer)."""
+    cfg = tiny("deepseek_v4_ratios")
+    cfg["compress_ratios"] = [*cfg["compress_ratios"][:4], mtp_ratio]
+    layers = cfg["num_hidden_layers"]
+    longer = dict(cfg, num_hidden_layers=layers + 1, num_nextn_predict_layers=0,
+                  compress_ratios=[*cfg["compress_ratios"], 0])
+    layer = sum(p.numel() for p in build(longer).model.layers[layers].parameters())
+    h, streams = cfg["hidden_size"], cfg["hc_mult"]
+    mtp = count_parameters(kvbudget.parse_config(cfg)).mtp
+    assert mtp == layer + 2 * h * h + 3 * h + streams * streams * h + streams + 1
