@@ -275,7 +275,7 @@ def _positive(vision: dict, key: str) -> int:
     value = vision.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"vision_config: {key!r} is {value!r}; Gemma 4's vision tower needs it as a positive "
-                          "integer (fix the config)")
+                          "integer (fix the config)", param="model")
     return value
 
 

@@ -187,3 +187,17 @@ def test_deepseek_v4_mtp_layer_is_a_decoder_layer_of_its_compress_ratio(mtp_rati
     h, streams = cfg["hidden_size"], cfg["hc_mult"]
     mtp = count_parameters(kvbudget.parse_config(cfg)).mtp
     assert mtp == layer + 2 * h * h + 3 * h + streams * streams * h + streams + 1
+
+
+def test_configs_these_counts_cannot_read_are_refused_in_one_line():
+    """One intermediate_size per layer must name every layer; a list of any other length, a width beyond the limit,
+    or a Gemma 4 vision tower without its position table size is a one-line error naming the config."""
+    cfg = TINY["gemma3n_widths"]
+    for widths, says in (([96] * 9, "lists 9 widths for 10 layers"), ([96] * 9 + [1 << 21], "0 to 1,048,576")):
+        with pytest.raises(kvbudget.ConfigError) as refused:
+            count_parameters(kvbudget.parse_config(dict(cfg, intermediate_size=widths)))
+        assert refused.value.param == "model" and says in str(refused.value) and "\n" not in str(refused.value)
+    gemma4 = catalog_config("gemma-4-26b-a4b")
+    gemma4["vision_config"].pop("position_embedding_size")
+    with pytest.raises(kvbudget.ConfigError, match="'position_embedding_size' is None"):
+        count_parameters(kvbudget.parse_config(gemma4))
