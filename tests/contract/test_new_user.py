@@ -40,19 +40,26 @@ def test_compare_keeps_every_name_and_figure_whole_on_one_line(monkeypatch, caps
     assert figures <= found, figures - found
 
 
-def test_compare_says_the_weights_are_unknown_not_that_the_model_does_not_fit(monkeypatch, capsys):
-    """gemma-4-26b-a4b's parameters are not counted (plan asks for --weights); deepseek-v3's 671B do not fit one
-    H200; mistral-7b fits."""
-    argv = ["compare", "gemma-4-26b-a4b", "deepseek-v3", "mistral-7b", "--gpu", "H200"]
+def test_compare_says_the_weights_are_unknown_not_that_the_model_does_not_fit(monkeypatch, capsys, tmp_path):
+    """A Granite 4 hybrid's parameters are not counted (plan asks for --weights; every catalog model is counted);
+    deepseek-v3's 671B do not fit one H200; mistral-7b fits."""
+    from tiny_configs import TINY
+
+    granite = tmp_path / "granite" / "config.json"
+    granite.parent.mkdir()
+    granite.write_text(json.dumps(dict(TINY["granitemoehybrid"], hidden_size=4096, num_attention_heads=32,
+                                       num_key_value_heads=8, max_position_embeddings=4096)))
+    argv = ["compare", str(granite), "deepseek-v3", "mistral-7b", "--gpu", "H200"]
     assert main([*argv, "--json"]) == 0
     rows = {r["model"]: r for r in json.loads(capsys.readouterr().out)}
-    assert rows["gemma-4-26b-a4b"]["kv_memory_bytes"] is None and rows["gemma-4-26b-a4b"]["budget"] == "weights unknown"
+    unknown = next(r for name, r in rows.items() if name not in ("deepseek-v3", "mistral-7b"))
+    assert unknown["kv_memory_bytes"] is None and unknown["budget"] == "weights unknown"
     assert rows["deepseek-v3"]["kv_memory_bytes"] is None and rows["deepseek-v3"]["budget"] == "does not fit"
     assert rows["mistral-7b"]["kv_memory_bytes"] > 0 and rows["mistral-7b"]["budget"] == "fits"
     table = output(monkeypatch, capsys, 200, argv)
-    gemma = next(line for line in table.splitlines() if "gemma-4-26b-a4b" in line and "KiB" in line)
-    assert "weights unknown" in gemma and "does not fit" not in gemma
-    assert main(["compare", "gemma-4-26b-a4b", "mistral-7b", "--json"]) == 0
+    line = next(line for line in table.splitlines() if "weights unknown" in line)
+    assert "KiB" in line and "does not fit" not in line
+    assert main(["compare", str(granite), "mistral-7b", "--json"]) == 0
     assert {r["budget"] for r in json.loads(capsys.readouterr().out)} == {"no gpu"}
 
 

@@ -298,16 +298,16 @@ def test_deepseek_v4_longest_request_on_transformers_is_the_largest_that_fits(ta
     assert capacity.estimated_max_model_len == max(n for n in range(1, 20_001) if alloc.sequence_bytes(n) <= budget)
 
 
-def test_simulate_takes_weights_for_uncounted_families_and_refuses_deepseek_v4(capsys):
-    """kvbudget counts no Kimi-Linear or DeepSeek-V4 parameters: simulate takes their weights as given (the error
-    names --weights, which simulate now has); DeepSeek-V4's vLLM groups are not simulated, said in one line."""
+def test_simulate_counts_kimi_linear_and_refuses_deepseek_v4(capsys):
+    """Kimi-Linear's parameters are counted (kvbudget.model.mixed): simulate needs no --weights, and still takes
+    them as given; DeepSeek-V4's vLLM groups are not simulated, said in one line."""
     trace = ["--kv-memory", "8GiB", "--gpu", "H200", "--max-model-len", "32768", "--rate", "2", "--requests", "20",
              "--json"]
-    assert main(["simulate", "kimi-linear-48b-a3b", *trace]) == 2
-    assert "--weights" in capsys.readouterr().err
+    assert main(["simulate", "kimi-linear-48b-a3b", *trace]) == 0
+    assert json.loads(capsys.readouterr().out)["completed"] == 20
     assert main(["simulate", "kimi-linear-48b-a3b", "--weights", "60GiB", *trace]) == 0
     assert json.loads(capsys.readouterr().out)["completed"] == 20
-    assert main(["simulate", "deepseek-v4-flash", "--weights", "150GiB", *trace]) == 2
+    assert main(["simulate", "deepseek-v4-flash", *trace]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "simulator does not model" in err
 

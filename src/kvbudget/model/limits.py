@@ -66,11 +66,18 @@ FIELD_LIMITS: dict[str, tuple[int, int, str]] = {
                      "mamba_expand", "n_groups", "mamba_n_groups"), _limit(1, MAX_STATE, "256")),
 }
 
+# Fields a config may give once per layer (Gemma 3n's published configs list intermediate_size for each layer).
+PER_LAYER = frozenset({"intermediate_size"})
+
 
 def _check_field(name: str, value: Any, where: str) -> None:
     """A whole number within FIELD_LIMITS[name], or a ConfigError naming the field, the range and the largest real
     value."""
     low, high, largest = FIELD_LIMITS[name]
+    if name in PER_LAYER and isinstance(value, list) and 0 < len(value) <= MAX_LAYERS:
+        for item in value:
+            _check_field(name, item, where)
+        return
     if isinstance(value, bool) or not isinstance(value, int):
         shown = repr(value) if len(repr(value)) <= 40 else f"a {type(value).__name__}"
         raise ConfigError(f"{where}: {name} is {shown}; it must be a whole number from {low:,} to {high:,}",

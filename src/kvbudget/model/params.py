@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from kvbudget.errors import ConfigError, named
 from kvbudget.model.config import Fields, model_type_of, text_config_of
+from kvbudget.model.mixed import COUNTS, gemma4_vision_params, latent_attention_params, mlp_widths, moe_layout
 from kvbudget.model.spec import (
     Attention,
     IndexerKeys,
@@ -22,7 +23,7 @@ from kvbudget.model.spec import (
 )
 
 # transformers' default for tie_word_embeddings where the config leaves it out.
-_TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "opt", "falcon", "cohere"}
+_TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3_text", "gemma3n_text", "gemma4_text", "opt", "falcon", "cohere"}
 
 
 @dataclass(frozen=True)
@@ -86,8 +87,10 @@ def activation_widths(model: ModelSpec) -> Widths:
     hidden = f.int("hidden_size", "n_embd", "d_model")
     vocab = f.int("vocab_size", "padded_vocab_size")
     inter = f.get("intermediate_size", "ffn_hidden_size", "ffn_dim", default=4 * hidden) or 4 * hidden
+    if isinstance(inter, list):  # one per layer (Gemma 3n)
+        inter = max(mlp_widths(f, model.num_layers))
     moe_inter = f.get("moe_intermediate_size")
-    top_k = f.get("num_experts_per_tok", "experts_per_token")
+    top_k = f.get("num_experts_per_tok", "experts_per_token", "num_experts_per_token", "top_k_experts")
     if moe_inter and top_k:
         inter = max(inter if not f.get("n_routed_experts") else 0, moe_inter * top_k)
     return Widths(hidden, vocab, int(inter))
@@ -104,7 +107,7 @@ def head_vocab(model: ModelSpec) -> int:
 _SAME_WEIGHTS_AS = {"qwen3_5_text": "qwen3_next", "qwen3_5_moe_text": "qwen3_next", "deepseek_v32": "deepseek_v3",
                     "glm4_moe": "deepseek_v3", "minimax_m2": "mixtral"}
 # Families whose weights kvbudget does not count yet (their KV is modelled; pass the weight bytes to plan).
-_UNCOUNTED = {"kimi_linear", "granitemoehybrid", "gemma3n_text", "gemma4_text", "deepseek_v4"}
+_UNCOUNTED = {"granitemoehybrid"}
 
 
 def count_parameters(model: ModelSpec) -> ParamCount:
@@ -117,6 +120,8 @@ def count_parameters(model: ModelSpec) -> ParamCount:
     hidden = f.int("hidden_size", "n_embd", "d_model")
     vocab = f.int("vocab_size", "padded_vocab_size")
     groups: list[ParamGroup] = []
+    if mt in COUNTS:  # Gemma 3n, Gemma 4, Kimi Linear, DeepSeek-V4: layers of their own (kvbudget.model.mixed)
+        return _mixed_count(model, f, mt, hidden, vocab)
 
     def add(part: str, count: int, active: int | None = None, layer: int | None = None) -> None:
         if count:
@@ -138,7 +143,7 @@ def count_parameters(model: ModelSpec) -> ParamCount:
             if isinstance(spec, RecurrentState):
                 add("mixer", _mixer(spec, f, hidden), layer=i)
             elif isinstance(spec, LatentAttention):
-                add("attention", _mla(spec, f, hidden), layer=i)
+                add("attention", latent_attention_params(spec, f, hidden), layer=i)
             elif isinstance(spec, IndexerKeys):  # DeepSeek-V3.2's lightning indexer (vLLM: deepseek_v2.py Indexer)
                 heads = f.int("index_n_heads")
                 add("indexer", f.int("q_lora_rank") * heads * spec.dim + hidden * (spec.dim + heads) + 2 * spec.dim,
@@ -209,6 +214,22 @@ def _mtp_modules(model: ModelSpec, f: Fields, mt: str, hidden: int, groups: list
                       fuse_per_layer=True)
 
 
+def _mixed_count(model: ModelSpec, f: Fields, mt: str, hidden: int, vocab: int) -> ParamCount:
+    """The layers kvbudget.model.mixed counts, with the embedding, the LM head unless tied, the final norm and a
+    vision tower (Gemma 4's own, else counted as a ViT)."""
+    groups = [ParamGroup(part, count, active, layer) for part, count, active, layer in COUNTS[mt](model, f, hidden)]
+    groups.append(ParamGroup("embedding", vocab * hidden, vocab * hidden))
+    if not f.get("tie_word_embeddings", default=mt in _TIED_BY_DEFAULT):
+        groups.append(ParamGroup("lm_head", vocab * hidden, vocab * hidden))
+    groups.append(ParamGroup("norm", hidden, hidden))
+    tower = model.config.get("vision_config")
+    if isinstance(tower, dict) and tower.get("model_type") == "gemma4_vision":
+        vision = gemma4_vision_params(tower, hidden)
+    else:
+        vision = vision_parameters(tower, hidden)
+    return ParamCount(tuple(groups + ([ParamGroup("vision", vision, 0)] if vision else [])))
+
+
 def vision_tower(model: ModelSpec) -> tuple[int | None, int | None] | None:
     """(layers, hidden size) of a multimodal model's vision tower as its vision_config states them (None where it
     does not), or None for a model without a vision_config."""
@@ -257,16 +278,6 @@ def _attention(spec: Attention, f: Fields, mt: str, hidden: int, heads: int) -> 
     if mt == "gpt_oss":
         count += heads  # attention sinks
     return count
-
-
-def _mla(spec: LatentAttention, f: Fields, hidden: int) -> int:
-    heads = spec.heads
-    q_lora = f.get("q_lora_rank")
-    qk = spec.qk_nope_dim + spec.rope_dim
-    q = hidden * heads * qk if not q_lora else hidden * q_lora + q_lora + q_lora * heads * qk
-    kv_a = hidden * (spec.latent_dim + spec.rope_dim) + spec.latent_dim
-    kv_b = spec.latent_dim * heads * (spec.qk_nope_dim + spec.v_dim)
-    return q + kv_a + kv_b + heads * spec.v_dim * hidden
 
 
 def _mixer(spec: RecurrentState, f: Fields, hidden: int) -> int:
@@ -347,11 +358,14 @@ def routed_experts(model: ModelSpec) -> RoutedExperts | None:
     if widest is None:
         return None
     return RoutedExperts(experts=widest[0], top_k=widest[1], intermediate=widest[2], hidden=hidden,
-                         quantized=bool(model.config.get("quantization_config")))
+                         quantized=bool(model.config.get("quantization_config"))
+                         or model.config.get("expert_dtype") == "fp4")  # DeepSeek-V4: FP4 experts
 
 
 def _moe_layout(i: int, f: Fields, mt: str, hidden: int) -> tuple[int, int, int, int, bool]:
     """(experts, top_k, expert intermediate, shared intermediate, is this layer MoE)."""
+    if mt in COUNTS:
+        return moe_layout(i, f, mt)
     if mt == "mixtral":
         return f.int("num_local_experts"), f.int("num_experts_per_tok"), f.int("intermediate_size"), 0, True
     if mt == "gpt_oss":

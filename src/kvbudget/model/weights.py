@@ -21,6 +21,14 @@ SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1
                            "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "U32": 4, "U16": 2,
                            "F4": 0.5, "F6_E2M3": 0.75, "F6_E3M2": 0.75}
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# 4-bit floats with an 8-bit power-of-two scale per 32 (MXFP4): gpt-oss's experts, and DeepSeek-V4's where its config
+# says expert_dtype "fp4" (float4_e2m1fn_x2 values, a float8_e8m0fnu scale per 32 inputs: DeepSeek's
+# inference/model.py Linear; vLLM 0.32 loads them as MXFP4)
+FP4_EXPERT_BYTES = 4.25 / 8
+
+
+def _fp4_experts(model: ModelSpec) -> bool:
+    return model.config.get("expert_dtype") == "fp4"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,15 +53,20 @@ def _bytes_per_param(model: ModelSpec) -> tuple[dict[str, float], str]:
     base = _DTYPE_BYTES.get(model.dtype, 2)
     q = model.config.get("quantization_config") or {}
     method = str(q.get("quant_method", "")).lower()
+    fp4 = _fp4_experts(model)
     if not q:
+        if fp4:
+            return ({"linear": base, "experts": FP4_EXPERT_BYTES, "other": base},
+                    f"FP4 experts (4-bit values + an 8-bit scale per 32: expert_dtype fp4), the rest {model.dtype}")
         return {"linear": base, "experts": base, "other": base}, f"{model.dtype} weights"
     if method == "fp8":
         block = q.get("weight_block_size") or [128, 128]
         scale = 4 / (block[0] * block[1])  # one float32 scale per block
-        return ({"linear": 1 + scale, "experts": 1 + scale, "other": base},
-                f"fp8 linear weights with a float32 scale per {block[0]}x{block[1]} block, the rest {model.dtype}")
+        return ({"linear": 1 + scale, "experts": FP4_EXPERT_BYTES if fp4 else 1 + scale, "other": base},
+                f"fp8 linear weights with a float32 scale per {block[0]}x{block[1]} block"
+                + (", FP4 experts (expert_dtype fp4)" if fp4 else "") + f", the rest {model.dtype}")
     if method == "mxfp4":
-        return ({"linear": base, "experts": 4.25 / 8, "other": base},
+        return ({"linear": base, "experts": FP4_EXPERT_BYTES, "other": base},
                 f"MXFP4 experts (4-bit values + an 8-bit scale per 32), the rest {model.dtype}")
     if method == "compressed-tensors" and _compressed_weights(q) is not None:
         return _compressed(q, base, model.dtype)
@@ -86,10 +99,10 @@ def weight_formats(model: ModelSpec) -> tuple[WeightFormat, WeightFormat]:
     q = model.config.get("quantization_config") or {}
     method = str(q.get("quant_method", "")).lower()
     if not q:
-        return WeightFormat.BF16, WeightFormat.BF16
+        return WeightFormat.BF16, WeightFormat.MXFP4 if _fp4_experts(model) else WeightFormat.BF16
     if method == "fp8":
         fmt = WeightFormat.FP8_BLOCK if q.get("weight_block_size") else WeightFormat.FP8
-        return fmt, fmt
+        return fmt, WeightFormat.MXFP4 if _fp4_experts(model) else fmt
     if method == "mxfp4":
         return WeightFormat.BF16, WeightFormat.MXFP4
     w = _compressed_weights(q) if method == "compressed-tensors" else None
