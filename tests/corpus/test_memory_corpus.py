@@ -26,7 +26,9 @@ from kvbudget.units import GIB
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_memory import (  # noqa: E402
+    BANDS,
     all_cases,
+    bands_text,
     by_keys,
     check_groups,
     era,
@@ -280,3 +282,36 @@ def test_the_targets_per_era_and_family(group):
 
 def test_the_misses_are_groups_the_corpus_has():
     assert set(MISSES) <= set(GROUPS)
+
+
+# The bands `plan` carries (src/kvbudget/data/budget_bands.json, kvbudget.budgetbands): the same groups' errors,
+# written by the bench so that they can be regenerated, never edited by hand.
+def test_the_bands_file_is_what_the_script_computes_now():
+    """A change of the memory model or the corpus without `python benchmarks/bench_memory.py --write-bands` fails
+    here: run it and commit the file."""
+    assert BANDS.read_text(encoding="utf-8") == bands_text(all_cases())
+
+
+def test_the_bands_rest_on_the_check_cases_alone():
+    roles = {c["id"]: c["role"] for c in all_cases()}
+    bands = json.loads(BANDS.read_text(encoding="utf-8"))["bands"]
+    assert {(b["era"], b["family"]) for b in bands} == set(GROUPS)
+    for b in bands:
+        found = GROUPS[(b["era"], b["family"])]
+        assert b["cases"] == len(found) == len(b["case_ids"]) and {roles[i] for i in b["case_ids"]} == {"check"}
+        assert (b["low"], b["high"]) == (round(min(found)[0], 4), round(max(found)[0], 4))
+
+
+def test_a_plan_in_a_checked_group_carries_its_band_and_one_outside_says_so():
+    """Llama-3.1-8B on an H100 with vLLM 0.19: the band of 0.11-0.19 on Hopper, as many check cases as the corpus
+    has there. On a card of a family no check case has (an MI300X), the band is labelled not checked."""
+    model = kvbudget.load_model("llama-3.1-8b")
+    inside = kvbudget.plan(model, gpu="H100-80GB", options=EngineOptions(engine_version=(0, 19)), recommend=False)
+    group = GROUPS[("vLLM 0.11-0.19", "Hopper (H100, H200, GH200)")]
+    assert inside.band is not None and inside.band.checked and inside.band.cases == len(group)
+    assert "error band of vLLM 0.11-0.19 on Hopper" in {t.key: t.note for t in inside.stack}["kv"]
+    assert not any(family == "AMD Instinct" for _, family in GROUPS)
+    outside = kvbudget.plan(model, gpu="MI300X", recommend=False)
+    assert outside.band is not None and not outside.band.checked
+    assert outside.band.basis.startswith("not checked on AMD Instinct with vLLM")
+    assert outside.band.budget_range(outside.kv_memory_bytes)[0] <= outside.kv_memory_bytes

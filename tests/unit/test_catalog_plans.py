@@ -9,6 +9,7 @@ import pytest
 import kvbudget
 from kvbudget import catalog, load_model
 from kvbudget.cli import main
+from kvbudget.commands.plan import low_end_shortfall
 from kvbudget.errors import KVBudgetError
 from kvbudget.gpus import gpus
 from kvbudget.simulation.steptimes import step_work
@@ -22,7 +23,8 @@ NEW_FAMILIES = ("gemma-3n-e2b", "gemma-4-26b-a4b", "kimi-linear-48b-a3b", "deeps
 
 
 def holds(model, **where) -> bool:
-    """Whether `model` fits there with one request; a refusal other than "no room" fails the test."""
+    """Whether `model` fits there with one request, on the planned KV budget and at the low end of its error band
+    (what `plan --check` asks); a refusal other than "no room" fails the test."""
     try:
         plan = kvbudget.plan(model, max_model_len=min(REQUEST, model.max_position_embeddings or REQUEST),
                              recommend=False, **where)
@@ -30,7 +32,7 @@ def holds(model, **where) -> bool:
         assert "leave no KV budget" in str(refused), f"{model.name} refused on {where}: {refused}"
         return False
     assert plan.weights.total_params > 0
-    return plan.fits
+    return plan.fits and low_end_shortfall(plan) is None
 
 
 def smallest(model) -> dict:

@@ -77,7 +77,8 @@ class PlanRequest:
     counted: CountedLength = part(CountedLength)
     json: bool = option("print JSON (bytes) instead of tables", False, web=False)
     check: bool = option("exit 1 when the deployment does not fit (for CI): no KV budget, or one request of "
-                         "--max-model-len does not fit", False)
+                         "--max-model-len (--concurrency of them at once) does not fit the planned budget or the "
+                         "low end of its error band; the reason on stderr", False)
     pd_rate: str | None = option("disaggregated prefill and decode: size the prefill and decode replicas of this "
                                  "deployment for this many requests per second (with --pd-prompt-tokens, "
                                  "--pd-output-tokens and --kv-link)", web=False)
@@ -269,6 +270,50 @@ def _tier_advice(p: Plan, curve: ReuseCurve, card: GPU | None, *, kv_dtype: str,
              "times")
     return advise(curve, gpu_tokens=p.capacity.physical_token_slots, tier_tokens=tier_tokens,
                   load_seconds=load_seconds, recompute_seconds=recompute_seconds, basis=basis, given=given)
+
+
+def check_failure(result: Plan | NoBudget) -> str | None:
+    """Why `plan --check` fails, in one line; None where it passes. It fails where the weights leave no KV budget,
+    where one request of max_model_len (`concurrency` of them at once, every beam a sequence) does not fit the
+    planned budget, and where it does not fit the low end of the budget's error band (kvbudget.budgetbands: the
+    budget were the plan as optimistic as the band has measured)."""
+    from kvbudget.planner import NoBudget
+    from kvbudget.units import format_bytes
+
+    if isinstance(result, NoBudget):
+        return result.reason.split(";")[0]  # what follows names a change in the library's words
+    cap, want = result.capacity, result.concurrency * result.estimate.beams
+    asked = (f"one request of {cap.max_model_len:,} tokens" if want == 1 else
+             f"{want:,} sequences of {cap.max_model_len:,} tokens at once")
+    if not cap.fits or cap.max_concurrency < want:
+        return f"{asked} does not fit the planned KV budget, {format_bytes(result.kv_memory_bytes)}"
+    return low_end_shortfall(result)
+
+
+def low_end_shortfall(p: Plan) -> str | None:
+    """Where the plan's requests (one of max_model_len, or `concurrency` at once) fit its KV budget but not the low
+    end of the budget's error band: why, naming the band; else None."""
+    from kvbudget.estimator import estimate
+    from kvbudget.units import format_bytes
+
+    band, cap, want = p.band, p.capacity, p.concurrency * p.estimate.beams
+    if band is None or not cap.fits or cap.max_concurrency < want:  # no band, or the plan itself falls short
+        return None
+    low = band.budget_range(p.kv_memory_bytes)[0]
+    try:
+        at_low = estimate(p.model, engine=p.engine, kv_dtype=p.estimate.allocation.kv_dtype.name,
+                          context=[cap.max_model_len], tp=p.tp, pp=p.pp, options=p.options, kv_memory=low,
+                          max_model_len=cap.max_model_len).capacity
+        if at_low is not None and at_low.fits and at_low.max_concurrency >= want:
+            return None
+    except KVBudgetError:  # too little for the engine to plan at all
+        pass
+    asked = (f"one request of {cap.max_model_len:,} tokens" if want == 1 else
+             f"{want:,} sequences of {cap.max_model_len:,} tokens at once")
+    return (f"{asked} fits the planned KV budget, {format_bytes(p.kv_memory_bytes)}, but not the low end of its "
+            f"error band, {format_bytes(low)}: the band of {band.era} on {band.family} was up to {band.high:+.1%} "
+            f"optimistic on {band.cases} check start-up{'s' if band.cases > 1 else ''}"
+            + ("" if band.checked else f" ({band.basis})"))
 
 
 def as_json(result: Plan | NoBudget) -> dict[str, Any]:

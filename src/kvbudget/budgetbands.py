@@ -1,0 +1,133 @@
+"""The KV budget's error band: how far `plan`'s KV budget has landed from what real start-ups logged, per release era
+of the engine and GPU family, over the corpus's check cases alone (never fitted on). The bands are
+data/budget_bands.json, written by `python benchmarks/bench_memory.py --write-bands` from tests/data/memory/;
+regenerate it when the memory model or the corpus changes (tests/corpus/test_memory_corpus.py fails while it is
+stale).
+
+A plan carries the band of its engine's era and its GPU's family. Where no check case has that era and family,
+this rule picks the band, the first that applies:
+1. the same GPU family's band in the nearest era of the same engine (eras in release order; of two as near, the
+   wider band);
+2. else the widest band of the same era, on any GPU family;
+3. else the widest band of the corpus;
+and the plan says so: "not checked on <family> with <era>: band from <era> on <family>". The widest band is the one
+of the largest span from its most pessimistic to its most optimistic error, then the more optimistic.
+
+Errors are planned / logged - 1 (positive: the plan was optimistic), so the budget the engine would find lies
+between budget / (1 + high), the band's low end (the most optimistic the plan has been), and budget / (1 + low). A
+band always holds the plan's own figure: one case at -5.4% makes the band -5.4% to 0.
+
+Engines with no corpus of real start-ups (no `budget_eras`: llama.cpp, TGI, transformers) carry no band, nor does
+a KV budget given as kv_memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any, Protocol, runtime_checkable
+
+from kvbudget.engines import EngineOptions
+from kvbudget.gpus import GPU
+from kvbudget.units import format_bytes
+
+# The GPU families the bands are measured per (issue 55: the cards users have), in the accuracy table's order.
+A100, ADA_AMPERE, GEFORCE = "A100", "L4 / L40S / A10G", "GeForce (RTX 3090 / 4090 / 5090)"
+HOPPER, BLACKWELL = "Hopper (H100, H200, GH200)", "Blackwell (B200, GB200, GB10)"
+AMD, XPU, OTHER = "AMD Instinct", "Intel XPU", "other"
+FAMILIES = (A100, ADA_AMPERE, GEFORCE, HOPPER, BLACKWELL, AMD, XPU)
+
+
+def gpu_family(card: GPU) -> str:
+    """The card's family, from the catalog's vendor, segment and compute capability (data/gpus.json; NVIDIA's CUDA
+    GPUs list): AMD's and Intel's datacenter cards; NVIDIA's GeForce cards; then by architecture: 8.0 the A100,
+    8.6 and 8.9 the datacenter and workstation Ampere and Ada cards (A10G, L4, L40S), 9.x Hopper, 10.x and 12.x
+    Blackwell; anything else (a card given by its memory alone, Volta, Turing) "other"."""
+    if card.vendor in ("AMD", "Intel"):
+        return (AMD if card.vendor == "AMD" else XPU) if card.segment == "datacenter" else OTHER
+    if card.vendor != "NVIDIA" or not card.compute_capability:
+        return OTHER
+    if card.segment == "consumer":
+        return GEFORCE
+    major, minor = (int(x) for x in card.compute_capability.split(".")[:2])
+    by_arch = {(8, 0): A100, (8, 6): ADA_AMPERE, (8, 9): ADA_AMPERE}
+    return by_arch.get((major, minor)) or {9: HOPPER, 10: BLACKWELL, 12: BLACKWELL}.get(major, OTHER)
+
+
+@runtime_checkable
+class ChecksBudget(Protocol):
+    """An engine whose KV budget real start-ups check, era by era (its package names the eras, from its source)."""
+
+    budget_eras: tuple[str, ...]  # oldest first
+
+    def budget_era(self, options: EngineOptions) -> str:
+        """The era of budget_eras the release `options` model falls in."""
+        ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetBand:
+    """The error band a plan's KV budget carries: the measured group's errors, and whether it is the plan's own."""
+
+    era: str  # the measured group's release era and GPU family
+    family: str
+    cases: int  # check cases it rests on
+    low: float  # the most pessimistic error measured (planned / logged - 1)
+    high: float  # the most optimistic
+    checked: bool  # the group is the plan's own era and family
+    basis: str = ""  # where it is not: "not checked on <family> with <era>"
+
+    def budget_range(self, kv_bytes: int) -> tuple[int, int]:
+        """The budget the engine would find, from the band's low end (the plan at its most optimistic) to its high
+        end; the plan's own figure always lies between."""
+        return int(kv_bytes / (1 + max(self.high, 0.0))), math.ceil(kv_bytes / (1 + min(self.low, 0.0)))
+
+    def text(self, kv_bytes: int) -> str:
+        """The band as the plan prints it beside the budget."""
+        low, high = self.budget_range(kv_bytes)
+        span = f"{self.low:+.1%} to {self.high:+.1%}" if self.cases > 1 else f"{self.high:+.1%}"
+        group = f"{self.era} on {self.family}: {span} on {self.cases} check start-up{'s' if self.cases > 1 else ''}"
+        found = f"error band of {group}" if self.checked else f"{self.basis}: band of {group}"
+        return f"{found}, so {format_bytes(low)} to {format_bytes(high)} (accuracy page)"
+
+    def to_dict(self, kv_bytes: int) -> dict[str, Any]:
+        low, high = self.budget_range(kv_bytes)
+        return {"era": self.era, "family": self.family, "cases": self.cases, "low": self.low, "high": self.high,
+                "checked": self.checked, "basis": self.basis, "low_bytes": low, "high_bytes": high}
+
+
+@cache
+def _bands() -> tuple[dict[str, Any], ...]:
+    text = (resources.files("kvbudget") / "data" / "budget_bands.json").read_text(encoding="utf-8")
+    return tuple(json.loads(text)["bands"])
+
+
+def _span(band: dict[str, Any]) -> tuple[float, float]:
+    return max(band["high"], 0.0) - min(band["low"], 0.0), band["high"]
+
+
+def budget_band(engine: object, options: EngineOptions, card: GPU) -> BudgetBand | None:
+    """The band a plan on `card` with `engine` (its release in `options`) carries, by the module's rule; None for an
+    engine without budget eras."""
+    if not isinstance(engine, ChecksBudget):
+        return None
+    era, family, eras = engine.budget_era(options), gpu_family(card), engine.budget_eras
+    bands = _bands()
+    own = next((b for b in bands if b["era"] == era and b["family"] == family), None)
+    if own is not None:
+        return _band(own, checked=True)
+    same_family = [b for b in bands if b["family"] == family and b["era"] in eras]
+    if same_family:
+        where = eras.index(era)
+        found = min(same_family, key=lambda b: (abs(eras.index(b["era"]) - where), [-x for x in _span(b)]))
+    else:
+        found = max([b for b in bands if b["era"] == era] or bands, key=_span)
+    return _band(found, checked=False, basis=f"not checked on {family if family != OTHER else 'this GPU'} with {era}")
+
+
+def _band(band: dict[str, Any], checked: bool, basis: str = "") -> BudgetBand:
+    return BudgetBand(era=band["era"], family=band["family"], cases=band["cases"], low=band["low"], high=band["high"],
+                      checked=checked, basis=basis)

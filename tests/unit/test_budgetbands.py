@@ -1,0 +1,173 @@
+"""The KV budget's error band (kvbudget.budgetbands; issue 55 item 3, "a plan never silently optimistic"): which
+band a plan carries, by the rule the module writes down, the range it puts on the budget, and `plan --check`
+failing on its low end. The bands here are made up by hand, so every expected figure is worked from them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import kvbudget
+from kvbudget import budgetbands
+from kvbudget.budgetbands import A100, ADA_AMPERE, AMD, BLACKWELL, GEFORCE, HOPPER, OTHER, BudgetBand, gpu_family
+from kvbudget.cli import main
+from kvbudget.engines import EngineOptions
+from kvbudget.gpus import find_gpu, gpu_card
+from kvbudget.units import GIB, format_bytes
+
+V0, V08, V011, V020, V027 = ("vLLM V0 (to 0.7)", "vLLM 0.8-0.10", "vLLM 0.11-0.19", "vLLM 0.20-0.26",
+                             "vLLM 0.27-0.34")
+
+
+def band(era: str, family: str, low: float, high: float, cases: int = 3) -> dict:
+    return {"era": era, "family": family, "cases": cases, "low": low, "high": high}
+
+
+# Hopper checked in 0.11-0.19 and in V0; the A100 only in 0.8-0.10 (a wide band) and V0; 0.20-0.26 on the L4 group
+FAKE = (band(V011, HOPPER, -0.01, 0.02, cases=36), band(V0, HOPPER, -0.05, 0.10), band(V08, A100, -0.02, 0.08),
+        band(V0, A100, 0.0, 0.30, cases=1), band(V020, ADA_AMPERE, -0.054, -0.054, cases=1),
+        band("SGLang 0.4", HOPPER, 0.004, 0.076, cases=2))
+
+
+@pytest.fixture
+def fake_bands(monkeypatch):
+    monkeypatch.setattr(budgetbands, "_bands", lambda: FAKE)
+
+
+def planned(gpu: str, release: tuple[int, ...], engine: str = "vllm", **given) -> kvbudget.Plan:
+    """Llama-3.1-8B's plan of 8,192-token requests on `gpu` with `engine` at `release`."""
+    return kvbudget.plan(kvbudget.load_model("llama-3.1-8b"), gpu=gpu, engine=engine, max_model_len=8192,
+                         options=EngineOptions(engine_version=release), recommend=False, **given)
+
+
+def vllm_band(release: tuple[int, int], gpu: str) -> BudgetBand | None:
+    return budgetbands.budget_band(kvbudget.engines.get_engine("vllm"), EngineOptions(engine_version=release),
+                                   find_gpu(gpu))
+
+
+def test_the_gpu_family_comes_from_the_catalogs_fields():
+    """Vendor, segment and compute capability (data/gpus.json): every card of a family shares them."""
+    assert {g: gpu_family(find_gpu(g)) for g in ("H100-80GB", "H200", "GH200", "H20", "A100-40GB",
+                                                  "A100-80GB-PCIe", "L4", "L40S", "A10G", "RTX-6000-Ada",
+                                                  "RTX-3090", "RTX-4090", "RTX-5090", "B200", "RTX-PRO-6000",
+                                                  "MI300X", "MI355X", "T4", "V100-32GB")} == {
+        "H100-80GB": HOPPER, "H200": HOPPER, "GH200": HOPPER, "H20": HOPPER, "A100-40GB": A100,
+        "A100-80GB-PCIe": A100, "L4": ADA_AMPERE, "L40S": ADA_AMPERE, "A10G": ADA_AMPERE,
+        "RTX-6000-Ada": ADA_AMPERE, "RTX-3090": GEFORCE, "RTX-4090": GEFORCE, "RTX-5090": GEFORCE,
+        "B200": BLACKWELL, "RTX-PRO-6000": BLACKWELL, "MI300X": AMD, "MI355X": AMD, "T4": OTHER,
+        "V100-32GB": OTHER}
+    assert gpu_family(gpu_card(None, 24 * GIB)) == OTHER  # a card given by its memory alone
+
+
+def test_a_plan_in_a_checked_era_and_family_carries_its_band(fake_bands):
+    found = vllm_band((0, 19), "H100-80GB")
+    assert found == BudgetBand(era=V011, family=HOPPER, cases=36, low=-0.01, high=0.02, checked=True)
+    assert vllm_band((0, 11), "H200") == found  # every release of the era, every card of the family
+
+
+def test_the_same_familys_nearest_era(fake_bands):
+    """0.27-0.34 on Hopper: 0.11-0.19 is two eras away, V0 four: 0.11-0.19's band, labelled. 0.20-0.26 on an A100:
+    0.8-0.10 (two eras back) before V0 (three)."""
+    newest = vllm_band((0, 32), "H100-80GB")
+    assert (newest.era, newest.family, newest.low, newest.high, newest.checked) == (V011, HOPPER, -0.01, 0.02, False)
+    assert newest.basis == f"not checked on {HOPPER} with {V027}"
+    assert vllm_band((0, 24), "A100-80GB").era == V08
+
+
+def test_of_two_eras_as_near_the_wider_band(fake_bands):
+    """0.8-0.10 on Hopper sits between 0.11-0.19 (span 3%) and V0 (span 15%), one era from each: V0's."""
+    got = vllm_band((0, 9), "H100-80GB")
+    assert (got.era, got.low, got.high) == (V0, -0.05, 0.10)
+
+
+def test_a_family_never_checked_takes_its_eras_widest_band_else_the_corpus(fake_bands):
+    """B200 with 0.20-0.26: no Blackwell band; the era's only one (the L4 group's). B200 with 0.27-0.34: neither
+    the family nor the era has one: the corpus's widest, V0 on the A100 (span 30%)."""
+    same_era = vllm_band((0, 24), "B200")
+    assert (same_era.era, same_era.family, same_era.checked) == (V020, ADA_AMPERE, False)
+    assert same_era.basis == f"not checked on {BLACKWELL} with {V020}"
+    widest = vllm_band((0, 32), "B200")
+    assert (widest.era, widest.family, widest.high) == (V0, A100, 0.30)
+    assert vllm_band((0, 32), "T4").basis == f"not checked on this GPU with {V027}"
+
+
+def test_the_budget_range_always_holds_the_plans_figure():
+    """The engine's budget lies between budget / (1 + high) and budget / (1 + low); a band of errors all on one
+    side stretches to the plan's own figure."""
+    b = BudgetBand(era=V011, family=HOPPER, cases=36, low=-0.5, high=0.25, checked=True)
+    assert b.budget_range(125 * GIB) == (100 * GIB, 250 * GIB)
+    pessimistic = BudgetBand(era=V020, family=ADA_AMPERE, cases=1, low=-0.054, high=-0.054, checked=True)
+    assert pessimistic.budget_range(50 * GIB)[0] == 50 * GIB
+    optimistic = BudgetBand(era=V0, family=A100, cases=1, low=0.25, high=0.25, checked=True)
+    assert optimistic.budget_range(125 * GIB) == (100 * GIB, 125 * GIB)
+
+
+def test_no_band_for_a_given_budget_or_an_engine_without_a_corpus(fake_bands):
+    model = kvbudget.load_model("llama-3.1-8b")
+    assert kvbudget.plan(model, gpu="H100-80GB", max_model_len=8192, recommend=False).band is not None
+    assert kvbudget.plan(model, gpu="H100-80GB", max_model_len=8192, kv_memory=20 * GIB, recommend=False).band is None
+    assert kvbudget.plan(model, gpu="H100-80GB", engine="llamacpp", max_model_len=8192, recommend=False).band is None
+    sglang = planned("H100-80GB", (0, 4, 6), engine="sglang")
+    assert sglang.band.checked and sglang.band.era == "SGLang 0.4"
+
+
+def test_the_plan_shows_the_band_and_the_range(fake_bands, capsys):
+    """The table's KV row and the JSON: the group, its errors, and the budget's range in bytes."""
+    assert main(["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--max-model-len", "8k", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    kv = out["kv_memory_bytes"]
+    assert out["kv_band"] == {"era": V011, "family": HOPPER, "cases": 36, "low": -0.01, "high": 0.02,
+                              "checked": False, "basis": f"not checked on {HOPPER} with {V027}",
+                              "low_bytes": int(kv / 1.02), "high_bytes": -(-kv * 100 // 99)}
+    assert main(["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--engine", "vllm@0.19", "--max-model-len",
+                 "8k"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"error band of {V011} on {HOPPER}: -1.0% to +2.0% on 36 check start-ups, so" in text
+
+
+BLOCK = 16 * 32 * 2 * 8 * 128 * 2  # Llama-3.1-8B: 16 tokens x 32 layers x K and V x 8 heads x 128 dims x 2 bytes
+
+
+def longest(gpu: str, release: str) -> int:
+    """A request one block short of the whole planned budget (whole blocks of 16 tokens): it fits the plan, not a
+    budget 2% smaller."""
+    p = planned(gpu, tuple(int(x) for x in release.split(".")))
+    assert p.capacity.num_blocks == p.kv_memory_bytes // BLOCK > 1000
+    return (p.kv_memory_bytes // BLOCK - 1) * 16
+
+
+def test_check_passes_on_the_planned_budget_and_fails_on_the_bands_low_end(fake_bands, capsys):
+    """A request that fills the planned budget to its last block but one: --check fails on an H100 with 0.19, whose
+    band (+2% at most optimistic, made up above) leaves 2% fewer blocks at its low end, naming the band in one
+    line; it passes with the same budget given (no band), and on an L40S with 0.24, whose band is all pessimistic
+    (its low end the plan's own figure)."""
+    length = longest("H100-80GB", "0.19")
+    budget = planned("H100-80GB", (0, 19)).kv_memory_bytes
+    argv = ["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--engine", "vllm@0.19", "--max-model-len", str(length)]
+    assert main([*argv, "--check"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"one request of {length:,} tokens fits the planned KV budget" in err
+    assert f"but not the low end of its error band, {format_bytes(int(budget / 1.02))}" in err
+    assert f"the band of {V011} on {HOPPER} was up to +2.0% optimistic on 36 check start-ups" in err
+    assert main([*argv, "--kv-memory", str(budget), "--check"]) == 0
+    capsys.readouterr()
+    assert main(["plan", "llama-3.1-8b", "--gpu", "L40S", "--engine", "vllm@0.24", "--max-model-len",
+                 str(longest("L40S", "0.24")), "--check"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_check_counts_the_concurrency_asked(fake_bands, capsys):
+    """--concurrency N: N requests of max-model-len at once must fit, on the plan and at the band's low end."""
+    on = planned("H100-80GB", (0, 19))
+    at_once = int(on.capacity.max_concurrency)  # requests of 8,192 tokens the planned budget holds
+    assert main(["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--engine", "vllm@0.19", "--max-model-len", "8192",
+                 "--concurrency", str(at_once + 1), "--check"]) == 1
+    assert f"{at_once + 1:,} sequences of 8,192 tokens at once does not fit the planned KV budget" in \
+        capsys.readouterr().err
+    # 2% fewer blocks at the low end: a concurrency within the plan but beyond 1/1.02 of it fails on the band
+    assert main(["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--engine", "vllm@0.19", "--max-model-len", "8192",
+                 "--concurrency", str(at_once), "--check"]) == 1
+    assert "but not the low end of its error band" in capsys.readouterr().err
+    assert main(["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--engine", "vllm@0.19", "--max-model-len", "8192",
+                 "--concurrency", str(int(at_once / 1.03)), "--check"]) == 0
