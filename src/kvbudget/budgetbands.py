@@ -10,7 +10,8 @@ this rule picks the band, the first that applies:
    wider band);
 2. else the widest band of the same era, on any GPU family;
 3. else the widest band of the corpus;
-and the plan says so: "not checked on <family> with <era>: band from <era> on <family>". The widest band is the one
+and the plan says so: "not checked on <family> with <era>: band of <era> on <family>" (either part where it
+differs). The widest band is the one
 of the largest span from its most pessimistic to its most optimistic error, then the more optimistic.
 
 Errors are planned / logged - 1 (positive: the plan was optimistic), so the budget the engine would find lies
@@ -70,15 +71,28 @@ class ChecksBudget(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class BudgetBand:
-    """The error band a plan's KV budget carries: the measured group's errors, and whether it is the plan's own."""
+    """The error band a plan's KV budget carries: the measured group's errors, and the plan's own era and family."""
 
     era: str  # the measured group's release era and GPU family
     family: str
     cases: int  # check cases it rests on
     low: float  # the most pessimistic error measured (planned / logged - 1)
     high: float  # the most optimistic
-    checked: bool  # the group is the plan's own era and family
-    basis: str = ""  # where it is not: "not checked on <family> with <era>"
+    plan_era: str  # the plan's own
+    plan_family: str
+
+    @property
+    def checked(self) -> bool:
+        """Whether check cases of the plan's own era and family measured it."""
+        return (self.era, self.family) == (self.plan_era, self.plan_family)
+
+    @property
+    def basis(self) -> str:
+        """Where the band is not the plan's own group, what was not checked ("" where it is)."""
+        family = self.plan_family if self.plan_family != OTHER else "this GPU"
+        where = [f"on {family}" if family != self.family else "", f"with {self.plan_era}" if self.plan_era != self.era
+                 else ""]
+        return f"not checked {' '.join(w for w in where if w)}" if not self.checked else ""
 
     def budget_range(self, kv_bytes: int) -> tuple[int, int]:
         """The budget the engine would find, from the band's low end (the plan at its most optimistic) to its high
@@ -89,14 +103,16 @@ class BudgetBand:
         """The band as the plan prints it beside the budget."""
         low, high = self.budget_range(kv_bytes)
         span = f"{self.low:+.1%} to {self.high:+.1%}" if self.cases > 1 else f"{self.high:+.1%}"
-        group = f"{self.era} on {self.family}: {span} on {self.cases} check start-up{'s' if self.cases > 1 else ''}"
-        found = f"error band of {group}" if self.checked else f"{self.basis}: band of {group}"
-        return f"{found}, so {format_bytes(low)} to {format_bytes(high)} (accuracy page)"
+        group = f"{self.era} on {self.family}"
+        found = f"error band of {group}:" if self.checked else f"{self.basis}: band of {group},"
+        return (f"{found} {span} on {self.cases} check start-up{'s' if self.cases > 1 else ''}, so "
+                f"{format_bytes(low)} to {format_bytes(high)} (accuracy page)")
 
     def to_dict(self, kv_bytes: int) -> dict[str, Any]:
         low, high = self.budget_range(kv_bytes)
         return {"era": self.era, "family": self.family, "cases": self.cases, "low": self.low, "high": self.high,
-                "checked": self.checked, "basis": self.basis, "low_bytes": low, "high_bytes": high}
+                "plan_era": self.plan_era, "plan_family": self.plan_family, "checked": self.checked,
+                "basis": self.basis, "low_bytes": low, "high_bytes": high}
 
 
 @cache
@@ -117,17 +133,13 @@ def budget_band(engine: object, options: EngineOptions, card: GPU) -> BudgetBand
     era, family, eras = engine.budget_era(options), gpu_family(card), engine.budget_eras
     bands = _bands()
     own = next((b for b in bands if b["era"] == era and b["family"] == family), None)
-    if own is not None:
-        return _band(own, checked=True)
     same_family = [b for b in bands if b["family"] == family and b["era"] in eras]
-    if same_family:
+    if own is not None:
+        found = own
+    elif same_family:
         where = eras.index(era)
         found = min(same_family, key=lambda b: (abs(eras.index(b["era"]) - where), [-x for x in _span(b)]))
     else:
         found = max([b for b in bands if b["era"] == era] or bands, key=_span)
-    return _band(found, checked=False, basis=f"not checked on {family if family != OTHER else 'this GPU'} with {era}")
-
-
-def _band(band: dict[str, Any], checked: bool, basis: str = "") -> BudgetBand:
-    return BudgetBand(era=band["era"], family=band["family"], cases=band["cases"], low=band["low"], high=band["high"],
-                      checked=checked, basis=basis)
+    return BudgetBand(era=found["era"], family=found["family"], cases=found["cases"], low=found["low"],
+                      high=found["high"], plan_era=era, plan_family=family)

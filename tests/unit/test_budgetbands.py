@@ -62,7 +62,9 @@ def test_the_gpu_family_comes_from_the_catalogs_fields():
 
 def test_a_plan_in_a_checked_era_and_family_carries_its_band(fake_bands):
     found = vllm_band((0, 19), "H100-80GB")
-    assert found == BudgetBand(era=V011, family=HOPPER, cases=36, low=-0.01, high=0.02, checked=True)
+    assert found == BudgetBand(era=V011, family=HOPPER, cases=36, low=-0.01, high=0.02, plan_era=V011,
+                               plan_family=HOPPER)
+    assert found.checked and found.basis == ""
     assert vllm_band((0, 11), "H200") == found  # every release of the era, every card of the family
 
 
@@ -71,7 +73,7 @@ def test_the_same_familys_nearest_era(fake_bands):
     0.8-0.10 (two eras back) before V0 (three)."""
     newest = vllm_band((0, 32), "H100-80GB")
     assert (newest.era, newest.family, newest.low, newest.high, newest.checked) == (V011, HOPPER, -0.01, 0.02, False)
-    assert newest.basis == f"not checked on {HOPPER} with {V027}"
+    assert newest.basis == f"not checked with {V027}"
     assert vllm_band((0, 24), "A100-80GB").era == V08
 
 
@@ -86,20 +88,22 @@ def test_a_family_never_checked_takes_its_eras_widest_band_else_the_corpus(fake_
     the family nor the era has one: the corpus's widest, V0 on the A100 (span 30%)."""
     same_era = vllm_band((0, 24), "B200")
     assert (same_era.era, same_era.family, same_era.checked) == (V020, ADA_AMPERE, False)
-    assert same_era.basis == f"not checked on {BLACKWELL} with {V020}"
+    assert same_era.basis == f"not checked on {BLACKWELL}"
     widest = vllm_band((0, 32), "B200")
     assert (widest.era, widest.family, widest.high) == (V0, A100, 0.30)
+    assert widest.basis == f"not checked on {BLACKWELL} with {V027}"
     assert vllm_band((0, 32), "T4").basis == f"not checked on this GPU with {V027}"
 
 
 def test_the_budget_range_always_holds_the_plans_figure():
     """The engine's budget lies between budget / (1 + high) and budget / (1 + low); a band of errors all on one
     side stretches to the plan's own figure."""
-    b = BudgetBand(era=V011, family=HOPPER, cases=36, low=-0.5, high=0.25, checked=True)
+    b = BudgetBand(era=V011, family=HOPPER, cases=36, low=-0.5, high=0.25, plan_era=V011, plan_family=HOPPER)
     assert b.budget_range(125 * GIB) == (100 * GIB, 250 * GIB)
-    pessimistic = BudgetBand(era=V020, family=ADA_AMPERE, cases=1, low=-0.054, high=-0.054, checked=True)
+    pessimistic = BudgetBand(era=V020, family=ADA_AMPERE, cases=1, low=-0.054, high=-0.054, plan_era=V020,
+                             plan_family=ADA_AMPERE)
     assert pessimistic.budget_range(50 * GIB)[0] == 50 * GIB
-    optimistic = BudgetBand(era=V0, family=A100, cases=1, low=0.25, high=0.25, checked=True)
+    optimistic = BudgetBand(era=V0, family=A100, cases=1, low=0.25, high=0.25, plan_era=V011, plan_family=HOPPER)
     assert optimistic.budget_range(125 * GIB) == (100 * GIB, 125 * GIB)
 
 
@@ -118,7 +122,8 @@ def test_the_plan_shows_the_band_and_the_range(fake_bands, capsys):
     out = json.loads(capsys.readouterr().out)
     kv = out["kv_memory_bytes"]
     assert out["kv_band"] == {"era": V011, "family": HOPPER, "cases": 36, "low": -0.01, "high": 0.02,
-                              "checked": False, "basis": f"not checked on {HOPPER} with {V027}",
+                              "plan_era": V027, "plan_family": HOPPER, "checked": False,
+                              "basis": f"not checked with {V027}",
                               "low_bytes": int(kv / 1.02), "high_bytes": -(-kv * 100 // 99)}
     assert main(["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--engine", "vllm@0.19", "--max-model-len",
                  "8k"]) == 0
