@@ -155,6 +155,11 @@ def test_check_passes_on_the_planned_budget_and_fails_on_the_bands_low_end(fake_
     assert len(err.splitlines()) == 1 and f"one request of {length:,} tokens fits the planned KV budget" in err
     assert f"but not the low end of its error band, {format_bytes(int(budget / 1.02))}" in err
     assert f"the band of {V011} on {HOPPER} was up to +2.0% optimistic on 36 check start-ups" in err
+    # it names the longest request the low end holds: that one passes, a block more does not
+    hinted = int(err.rsplit("the longest request it holds: ", 1)[1].removesuffix(" tokens").replace(",", ""))
+    assert hinted < length and main([*argv[:-1], str(hinted), "--check"]) == 0
+    assert main([*argv[:-1], str(hinted + 16), "--check"]) == 1
+    capsys.readouterr()
     assert main([*argv, "--kv-memory", str(budget), "--check"]) == 0
     capsys.readouterr()
     assert main(["plan", "llama-3.1-8b", "--gpu", "L40S", "--engine", "vllm@0.24", "--max-model-len",

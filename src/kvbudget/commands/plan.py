@@ -304,16 +304,18 @@ def low_end_shortfall(p: Plan) -> str | None:
         at_low = estimate(p.model, engine=p.engine, kv_dtype=p.estimate.allocation.kv_dtype.name,
                           context=[cap.max_model_len], tp=p.tp, pp=p.pp, options=p.options, kv_memory=low,
                           max_model_len=cap.max_model_len).capacity
-        if at_low is not None and at_low.fits and at_low.max_concurrency >= want:
-            return None
     except KVBudgetError:  # too little for the engine to plan at all
-        pass
+        at_low = None
+    if at_low is not None and at_low.fits and at_low.max_concurrency >= want:
+        return None
     asked = (f"one request of {cap.max_model_len:,} tokens" if want == 1 else
              f"{want:,} sequences of {cap.max_model_len:,} tokens at once")
+    longest = (f"; the longest request it holds: {at_low.estimated_max_model_len:,} tokens"
+               if want == 1 and at_low is not None and at_low.estimated_max_model_len else "")
     return (f"{asked} fits the planned KV budget, {format_bytes(p.kv_memory_bytes)}, but not the low end of its "
             f"error band, {format_bytes(low)}: the band of {band.era} on {band.family} was up to {band.high:+.1%} "
             f"optimistic on {band.cases} check start-up{'s' if band.cases > 1 else ''}"
-            + ("" if band.checked else f" ({band.basis})"))
+            + ("" if band.checked else f" ({band.basis})") + longest)
 
 
 def as_json(result: Plan | NoBudget) -> dict[str, Any]:
