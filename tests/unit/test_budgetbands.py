@@ -24,10 +24,11 @@ def band(era: str, family: str, low: float, high: float, cases: int = 3) -> dict
     return {"era": era, "family": family, "cases": cases, "low": low, "high": high}
 
 
-# Hopper checked in 0.11-0.19 and in V0; the A100 only in 0.8-0.10 (a wide band) and V0; 0.20-0.26 on the L4 group
+# Hopper checked in 0.11-0.19 and in V0; the A100 only in 0.8-0.10 (a wide band) and V0; the L4 group in 0.11-0.19
+# and 0.20-0.26
 FAKE = (band(V011, HOPPER, -0.01, 0.02, cases=36), band(V0, HOPPER, -0.05, 0.10), band(V08, A100, -0.02, 0.08),
         band(V0, A100, 0.0, 0.30, cases=1), band(V020, ADA_AMPERE, -0.054, -0.054, cases=1),
-        band("SGLang 0.4", HOPPER, 0.004, 0.076, cases=2))
+        band(V011, ADA_AMPERE, 0.0, 0.05), band("SGLang 0.4", HOPPER, 0.004, 0.076, cases=2))
 
 
 @pytest.fixture
@@ -181,3 +182,19 @@ def test_check_counts_the_concurrency_asked(fake_bands, capsys):
     assert "but not the low end of its error band" in capsys.readouterr().err
     assert main(["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--engine", "vllm@0.19", "--max-model-len", "8192",
                  "--concurrency", str(int(at_once / 1.03)), "--check"]) == 0
+
+
+def test_check_says_the_longest_request_that_passes(fake_bands, capsys):
+    """A request the planned budget cannot hold: --check names the longest that passes it, at the band's low end (an
+    L4 with 0.19: +5% at most optimistic, so shorter than the plan's own longest); that one passes, a block more
+    does not."""
+    argv = ["plan", "llama-3.1-8b", "--gpu", "L4", "--engine", "vllm@0.19", "--max-model-len"]
+    assert main([*argv, "131072", "--check"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "one request of 131,072 tokens does not fit the planned KV budget" in err
+    hinted = int(err.rsplit("the longest request that passes: ", 1)[1].removesuffix(" tokens").replace(",", ""))
+    assert main([*argv, str(hinted), "--check"]) == 0
+    assert main([*argv, str(hinted + 16), "--check"]) == 1
+    point = kvbudget.plan(kvbudget.load_model("llama-3.1-8b"), gpu="L4", max_model_len=131072, recommend=False,
+                          options=EngineOptions(engine_version=(0, 19))).capacity.estimated_max_model_len
+    assert point / 1.05 - 32 <= hinted < point  # about 5% fewer tokens, to the block
