@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kvbudget
 from kvbudget import budgetbands
@@ -198,3 +200,12 @@ def test_check_says_the_longest_request_that_passes(fake_bands, capsys):
     point = kvbudget.plan(kvbudget.load_model("llama-3.1-8b"), gpu="L4", max_model_len=131072, recommend=False,
                           options=EngineOptions(engine_version=(0, 19))).capacity.estimated_max_model_len
     assert point / 1.05 - 32 <= hinted < point  # about 5% fewer tokens, to the block
+
+
+@settings(max_examples=100, deadline=None)
+@given(kv=st.integers(1, 2**45), low=st.floats(-0.9, 0.9), high=st.floats(-0.9, 3.0))
+def test_any_band_holds_the_plans_own_figure(kv, low, high):
+    b = BudgetBand(era=V011, family=HOPPER, cases=2, low=min(low, high), high=max(low, high), plan_era=V011,
+                   plan_family=HOPPER)
+    bottom, top = b.budget_range(kv)
+    assert 0 <= bottom <= kv <= top
