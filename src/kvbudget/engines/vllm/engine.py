@@ -58,6 +58,7 @@ from kvbudget.engines.vllm.memory import (
     moe_workspace,
     overhead,
     rotary_tables,
+    start_up_graphs,
 )
 from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
 from kvbudget.engines.vllm.releases import (
@@ -411,7 +412,7 @@ class VLLMEngine(Engine):
                            max_num_seqs=max_num_seqs, overhead_bytes=NON_TORCH_ESTIMATE,
                            overhead_note="non-torch memory (V0 leaves CUDA graphs out of the budget)",
                            options=options)
-        other, note = overhead(rel, tp, options.enforce_eager)
+        other, note = overhead(rel, tp, start_up_graphs(rel, model, options.enforce_eager, gpu_name))
         per_logit = logit_bytes(rel)
         prefill_note = (f"profiling pass over max_num_batched_tokens ({mnbt}), then the sampler over "
                         f"{min(mnbt, max_num_seqs)} rows (fit: {per_logit} bytes per logit)")

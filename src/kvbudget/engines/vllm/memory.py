@@ -32,11 +32,13 @@ error (benchmarks/bench_memory.py).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from kvbudget.dtypes import get_dtype
 from kvbudget.engines.vllm.releases import Release
-from kvbudget.model.params import image_items, rotary_embeddings, routed_experts
-from kvbudget.model.spec import ModelSpec
+from kvbudget.errors import KVBudgetError
+from kvbudget.model.params import architectures, image_items, quantized, rotary_embeddings, routed_experts
+from kvbudget.model.spec import ModelSpec, RecurrentState
 from kvbudget.units import GIB, cdiv
 
 SAMPLER_WITHOUT_SORT = (0, 17)
@@ -47,11 +49,48 @@ NON_TORCH = {(0, 0): (int(0.14 * GIB), int(0.56 * GIB)), MORE_NON_TORCH: (int(0.
 # The KV budget's error on the check cases of tests/data/memory/vllm.json (benchmarks/bench_memory.py; the corpus
 # test holds these figures to the benchmark's): the range, and the cases it comes from.
 CHECKED = "against 37 real V1 start-ups: -12.5% to +1.8% (accuracy page)"
+# Which start-ups take their CUDA graphs out of the KV budget (vllm/v1/worker/gpu_worker.py
+# determine_available_memory and envs.py, read in the sdists of 0.18.1 to 0.34.0):
+# - VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "1" from 0.20 ("0" in 0.18 and 0.19, absent before);
 CUDA_GRAPHS_SUBTRACTED = (0, 20)
+# - on ROCm from 0.26: 0.20 profiles `not current_platform.is_rocm()`, 0.21 to 0.25 `current_platform.is_cuda()`,
+#   0.26 on `is_cuda_alike()` (the source cites vllm PR #44825). Intel XPU: 0.20 and from 0.31 (`is_xpu()`), where
+#   the XPU platform captures graphs at all (platforms/xpu.py turns them off for older PyTorch); no XPU card in the
+#   catalog;
+ROCM_GRAPHS_SUBTRACTED = (0, 26)
+# - Model Runner V2's profile_cudagraph_memory returns 0 up to 0.28 (v1/worker/gpu/model_runner.py: "It is TBD
+#   whether we keep this API or not"; vllm issue #49224) and profiles the graphs from 0.29. Which models it runs:
+#   Release.model_runner_v2.
+V2_RUNNER_GRAPHS_SUBTRACTED = (0, 29)
 # The CUDA-graph pool, an estimate: llm-d-planner's report measured 0.51-1.85 GiB (mean 1.04) on its vLLM 0.19 H100
-# runs (github.com/llm-d-incubation/llm-d-planner pull request 205, accuracy/accuracy_report.md); no >= 0.20 log
-# with the figure vLLM subtracts has been found.
+# runs (github.com/llm-d-incubation/llm-d-planner pull request 205, accuracy/accuracy_report.md); vLLM >= 0.20
+# measures its own (two captures per graph mode, the rest extrapolated: gpu_model_runner.py profile_cudagraph_memory),
+# which public logs print between 0.09 and 1.97 GiB ("Estimated CUDA graph memory").
 CUDA_GRAPH_ESTIMATE = GIB
+
+
+@dataclass(frozen=True)
+class Graphs:
+    """What a start-up takes out of its KV budget for CUDA graphs: `bytes`, and why (`why`: none, or the estimate)."""
+
+    bytes: int
+    why: str
+
+
+def cuda_graphs(rel: Release, *, eager: bool = False, rocm: bool = False, v2_runner: bool = False) -> Graphs:
+    """The CUDA-graph memory release `rel` takes out of the KV budget (`eager`: --enforce-eager, no graphs captured,
+    none profiled; `rocm`: an AMD GPU; `v2_runner`: the model runs on Model Runner V2), by the rules above."""
+    if rel.version < CUDA_GRAPHS_SUBTRACTED:
+        return Graphs(0, "vLLM < 0.20 leaves CUDA graphs out of the budget")
+    if eager:
+        return Graphs(0, "no CUDA graphs (--enforce-eager)")
+    if rocm and rel.version < ROCM_GRAPHS_SUBTRACTED:
+        return Graphs(0, f"vLLM {rel.label} profiles no CUDA graphs on ROCm (from 0.26), so none are subtracted")
+    if v2_runner and rel.version < V2_RUNNER_GRAPHS_SUBTRACTED:
+        return Graphs(0, f"vLLM {rel.label} runs this model on Model Runner V2, which reserves no CUDA-graph memory "
+                         "(until 0.29)")
+    return Graphs(CUDA_GRAPH_ESTIMATE, f"CUDA graphs (estimate: {CUDA_GRAPH_ESTIMATE / GIB:.1f} GiB; vLLM >= 0.20 "
+                                       "subtracts them)")
 
 
 MOE_WORKSPACE = (0, 13)  # v1/worker/workspace.py first ships in 0.13 (absent from the 0.12 sdist)
@@ -123,24 +162,33 @@ def logit_bytes(rel: Release) -> int:
     return LOGIT_BYTES[_era(LOGIT_BYTES, rel)]
 
 
-def cuda_graph_bytes(rel: Release, eager: bool = False) -> int:
-    """The CUDA-graph memory release `rel` takes out of the KV budget: none before 0.20 (captured outside it) or
-    with --enforce-eager (none captured), else the estimate."""
-    return CUDA_GRAPH_ESTIMATE if rel.version >= CUDA_GRAPHS_SUBTRACTED and not eager else 0
+def on_v2_runner(model: ModelSpec | None, rel: Release) -> bool:
+    """Whether release `rel` runs `model` on Model Runner V2 by default (False where no model is in view)."""
+    if model is None:
+        return False
+    state = [isinstance(x, RecurrentState) for x in model.layers]
+    return rel.model_runner_v2(architectures(model), moe=routed_experts(model) is not None, quantized=quantized(model),
+                               hybrid=any(state) and not all(state), attention_free=all(state))
 
 
-def overhead(rel: Release, tp: int, eager: bool = False) -> tuple[int, str]:
-    """V1's memory outside the profiling peak for release `rel` at tensor parallel size `tp`, and its note
-    (`eager`: --enforce-eager, no graphs captured, so none profiled: `gpu_worker.py` skips the profile when
-    cudagraph_mode is NONE)."""
+def start_up_graphs(rel: Release, model: ModelSpec | None, eager: bool, gpu_name: str = "") -> Graphs:
+    """The CUDA-graph term of release `rel` starting `model` on the card named (an AMD card: vLLM's ROCm platform;
+    a card the catalog does not know is taken as CUDA)."""
+    from kvbudget.gpus import find_gpu
+
+    try:
+        rocm = find_gpu(gpu_name).vendor == "AMD"
+    except KVBudgetError:
+        rocm = False
+    return cuda_graphs(rel, eager=eager, rocm=rocm, v2_runner=on_v2_runner(model, rel))
+
+
+def overhead(rel: Release, tp: int, graphs: Graphs) -> tuple[int, str]:
+    """V1's memory outside the profiling peak for release `rel` at tensor parallel size `tp` with `graphs`, and its
+    note."""
     era = _era(NON_TORCH, rel)
     non_torch = NON_TORCH[era][0 if tp == 1 else 1]
     since = "" if era == (0, 0) else f", vLLM >= {era[0]}.{era[1]}"
     what = (f"non-torch memory (fit: {non_torch / GIB:.2f} GiB "
             f"{'on one GPU' if tp == 1 else 'per GPU with tensor parallelism'}{since})")
-    if rel.version < CUDA_GRAPHS_SUBTRACTED:
-        return non_torch, f"{what}; vLLM < 0.20 leaves CUDA graphs out of the budget"
-    if eager:
-        return non_torch, f"{what}; no CUDA graphs (--enforce-eager)"
-    return non_torch + cuda_graph_bytes(rel), (f"{what} and CUDA graphs (estimate: {CUDA_GRAPH_ESTIMATE / GIB:.1f} "
-                                               "GiB; vLLM >= 0.20 subtracts them)")
+    return non_torch + graphs.bytes, f"{what} and {graphs.why}" if graphs.bytes else f"{what}; {graphs.why}"

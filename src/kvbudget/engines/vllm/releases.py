@@ -65,6 +65,31 @@ MLA_BACKEND_BLOCKS = {"FLASHMLA": 64, "CUTLASS_MLA": 128, "FLASHINFER_MLA": 32, 
                       "TRITON_MLA": 16}
 
 
+# Model Runner V2 (vllm/v1/worker/gpu/), vLLM's default runner for some models from 0.22: envs.py's
+# VLLM_USE_V2_MODEL_RUNNER defaults to "0" up to 0.21 and is unset from 0.22, when config/vllm.py's
+# use_v2_model_runner asks _is_default_v2_model_runner_model. The architectures each release names there
+# (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES in the sdists of 0.22.1, 0.23.0, 0.24.0, 0.25.1, 0.26.0, 0.27.1, 0.28.0):
+# 0.22 and 0.23 take them only unquantized and dense; 0.24 any of them; 0.25 to 0.28 them and every dense model
+# (not hybrid, not attention-free; 0.27 and 0.28 also a hybrid one they name); from 0.29 every model (the
+# features it lacks, and on ROCm a few architectures, keep the V1 runner; not modelled).
+V2_RUNNER_ARCHITECTURES = {
+    (0, 22): frozenset({"Qwen3ForCausalLM"}),
+    (0, 23): frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"}),
+    (0, 24): frozenset({"Qwen3ForCausalLM", "DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM",
+                        "LlamaForCausalLM", "MistralForCausalLM"}),
+    (0, 25): frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}),
+    (0, 26): frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
+                        "InklingForConditionalGeneration", "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"}),
+    (0, 27): frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
+                        "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",
+                        "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"}),
+    (0, 28): frozenset({"DeepseekV2ForCausalLM", "DeepseekV4ForCausalLM", "GraniteMoeForCausalLM",
+                        "InklingForCausalLM", "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",
+                        "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"}),
+}
+V2_RUNNER_FOR_ALL = (0, 29)
+
+
 @dataclass(frozen=True)
 class Release:
     """The behaviours of one vLLM release that change KV figures."""
@@ -124,6 +149,24 @@ class Release:
         """Whether A100s keep the small batch defaults whatever their memory: from 0.9 (not in 0.8's
         arg_utils.py, which gave every GPU of 70 GiB or more the large ones)."""
         return self.version >= (0, 9)
+
+    def model_runner_v2(self, architectures: tuple[str, ...], *, moe: bool, quantized: bool, hybrid: bool,
+                        attention_free: bool) -> bool:
+        """Whether this release runs a model of these `architectures` on Model Runner V2 by default (see
+        V2_RUNNER_ARCHITECTURES; `moe`: routed experts, `hybrid`: Mamba / linear-attention layers beside attention,
+        `attention_free`: no attention at all)."""
+        if self.version >= V2_RUNNER_FOR_ALL:
+            return True
+        if self.version < min(V2_RUNNER_ARCHITECTURES):
+            return False
+        named = bool(set(architectures) & V2_RUNNER_ARCHITECTURES[min(self.version, max(V2_RUNNER_ARCHITECTURES))])
+        if self.version < (0, 24):
+            return named and not moe and not quantized
+        if self.version < (0, 25):
+            return named
+        if attention_free or (hybrid and (self.version < (0, 27) or not named)):
+            return False
+        return named or not moe
 
     def prefix_caching(self, hybrid: bool) -> bool:
         """Whether V1 caches prefixes by default for a model (`hybrid`: with Mamba / linear-attention layers)."""
