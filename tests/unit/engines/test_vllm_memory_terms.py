@@ -140,3 +140,28 @@ def test_releases_after_the_newest_say_what_changed(version, says, capsys):
     assert main(["plan", "llama-3.1-8b", "--engine", f"vllm@{version}", "--gpu", "H100-80GB"]) == 2
     out = capsys.readouterr().err
     assert out.count("\n") == 1 and "--engine vllm@0.32" in out and says in out
+
+
+def _v0(gpu_memory_gib: float, max_model_len: int) -> dict[str, int]:
+    p = plan(load_model("llama-3.1-8b"), engine="vllm", gpu_memory=int(gpu_memory_gib * GIB),
+             max_model_len=max_model_len, utilization=0.9, options=EngineOptions(engine_version=(0, 6)),
+             recommend=False)
+    return {t.key: t.bytes for t in p.stack}
+
+
+def test_v0_profiles_the_forward_pass_then_the_sorting_sampler():
+    """vLLM V0 (0.6.4 / 0.6.6 worker/model_runner.py profile_run): max_model_len tokens (V0's max_num_batched_tokens
+    without chunked prefill) in 256 prompts, then the sampler over their 256 last tokens with top_p 0.99 and
+    top_k vocab - 1, which sorts the logits as V1 did before 0.17 (39 bytes per logit, that era's fit). Llama-3-8B
+    (hidden 4,096, MLP 14,336, vocabulary 128,256):
+    - vllm-project/vllm pull request #10511 (0.6.5 development, H100, 79.22 GiB, max_model_len 8,192): "PyTorch
+      activation peak memory 1.26GiB". The sampler is the peak: 256 x 128,256 x 39 bytes = 1.19 GiB (the forward
+      pass, 8,192 x (2 x 4,096 + 3 x 14,336) x 2 bytes, is 0.78 GiB);
+    - vllm-project/vllm issue #10517 (0.6.4, RTX 3090, 23.58 GiB, max_model_len 20,000): peak_torch_memory 17.06
+      less the weights 14.99 = 2.07 GiB. The forward pass is the peak: 20,000 x 51,200 x 2 bytes = 1.91 GiB."""
+    sampler = 256 * 128256 * 39
+    h100 = _v0(79.22, 8192)
+    assert h100["activation"] == sampler and abs(sampler / GIB / 1.26 - 1) < 0.06
+    rtx = _v0(23.58, 20000)
+    assert rtx["activation"] == 20000 * (2 * 4096 + 3 * 14336) * 2 > sampler
+    assert abs(rtx["activation"] / GIB / 2.07 - 1) < 0.08

@@ -53,6 +53,7 @@ from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.gauges import vllm_pool
 from kvbudget.engines.vllm.memory import (
     CHECKED,
+    V0_FORWARD_VALUES,
     encoder_profile,
     logit_bytes,
     moe_workspace,
@@ -406,14 +407,17 @@ class VLLMEngine(Engine):
                                   f"max_num_batched_tokens ({mnbt}); give at most {mnbt} or raise "
                                   "max_num_batched_tokens", param="max_num_seqs")
         options = replace(options, max_num_batched_tokens=mnbt, max_num_seqs=max_num_seqs)
-        if rel.v0:  # V0 sums the forward pass and the sampler; CUDA graphs are captured outside the budget
+        per_logit = logit_bytes(rel)
+        if rel.v0:  # the forward pass, then the sampler (memory.V0_FORWARD_VALUES); graphs outside the budget
             return Serving(memory_fraction=rel.gpu_memory_utilization, memory_knob="gpu_memory_utilization default",
-                           prefill_tokens=mnbt, prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt})",
-                           max_num_seqs=max_num_seqs, overhead_bytes=NON_TORCH_ESTIMATE,
+                           prefill_tokens=mnbt, prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt}) "
+                           f"in {max_num_seqs} prompts, then the sampler over their last tokens (it sorts the logits "
+                           f"as V1 did before 0.17: fit: {per_logit} bytes per logit)", max_num_seqs=max_num_seqs,
+                           overhead_bytes=NON_TORCH_ESTIMATE, logit_bytes=per_logit, sampler_apart=True,
+                           forward_values=V0_FORWARD_VALUES,
                            overhead_note="non-torch memory (V0 leaves CUDA graphs out of the budget)",
                            options=options)
         other, note = overhead(rel, tp, start_up_graphs(rel, model, options.enforce_eager, gpu_name))
-        per_logit = logit_bytes(rel)
         prefill_note = (f"profiling pass over max_num_batched_tokens ({mnbt}), then the sampler over "
                         f"{min(mnbt, max_num_seqs)} rows (fit: {per_logit} bytes per logit)")
         workspace = moe_workspace(model, mnbt, tp, rel) if model is not None else None

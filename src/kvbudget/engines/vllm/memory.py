@@ -41,6 +41,15 @@ from kvbudget.model.params import architectures, image_items, quantized, rotary_
 from kvbudget.model.spec import ModelSpec, RecurrentState
 from kvbudget.units import GIB, cdiv
 
+# vLLM V0 (< 0.8; worker/model_runner.py profile_run and worker/worker.py determine_num_available_blocks, read in
+# the 0.6.4 and 0.6.6 sdists) profiles one execute_model: the forward pass over max_num_batched_tokens split into
+# max_num_seqs prompts, then its sampler over their max_num_seqs last tokens with top_p 0.99 and top_k vocab - 1,
+# which sorts the logits (model_executor/layers/sampler.py _apply_top_k_top_p: the code V1's sampler sorted with
+# before 0.17), after the forward pass has freed its activations: the peak is the larger of the two, at the sort
+# era's bytes per logit. The model runs eagerly: at its peak a Llama-style decoder layer holds the residual and the
+# normed input (a hidden width each) while its MLP holds gate_up (two MLP widths) and the activation's output (one
+# more: models/llama.py LlamaMLP.forward binds x to the output while the caller still holds gate_up's input).
+V0_FORWARD_VALUES = (2, 3)
 SAMPLER_WITHOUT_SORT = (0, 17)
 LOGIT_BYTES = {(0, 0): 39, SAMPLER_WITHOUT_SORT: 16}  # fitted: 38.4 and 38.9; 15.4 and 15.5 (rounded up)
 MORE_NON_TORCH = (0, 18)
