@@ -165,3 +165,20 @@ def test_v0_profiles_the_forward_pass_then_the_sorting_sampler():
     rtx = _v0(23.58, 20000)
     assert rtx["activation"] == 20000 * (2 * 4096 + 3 * 14336) * 2 > sampler
     assert abs(rtx["activation"] / GIB / 2.07 - 1) < 0.08
+
+
+def test_the_first_0_8_patches_sampled_1024_rows_on_every_gpu():
+    """engine/arg_utils.py: default_max_num_seqs = 1024 on every GPU in 0.8.0-0.8.3, 256 below an H100 in 0.8.4,
+    below 70 GiB in 0.8.5 (what kvbudget plans for 0.8). On an L40S the plan samples 256 rows and says what the
+    first patches took; with max_num_seqs 1024 the sampler is 1,024 x 128,256 logits x 39 bytes."""
+    def activation(gpu: str, seqs: int | None = None) -> tuple[int, str]:
+        p = plan(load_model("llama-3.1-8b"), engine="vllm", gpu=gpu, max_model_len=32768,
+                 options=EngineOptions(engine_version=(0, 8), max_num_seqs=seqs), recommend=False)
+        term = next(t for t in p.stack if t.key == "activation")
+        return term.bytes, term.note
+
+    size, note = activation("L40S")
+    assert size == 256 * 128256 * 39 and "0.8.0 to 0.8.3 sampled 1024 rows" in note
+    size, note = activation("L40S", 1024)
+    assert size == 1024 * 128256 * 39 and "0.8.0" not in note
+    assert "0.8.0" not in activation("H100-80GB")[1]  # 1,024 there in every 0.8 patch

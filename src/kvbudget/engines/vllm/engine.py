@@ -69,6 +69,7 @@ from kvbudget.engines.vllm.releases import (
     SWAP_SPACE,
     Release,
     batch_defaults,
+    early_patch_note,
     parse_release,
     release,
     v0_batch_defaults,
@@ -406,6 +407,7 @@ class VLLMEngine(Engine):
             raise EngineRuleError(f"max_num_seqs {max_num_seqs}: vLLM refuses more sequences than "
                                   f"max_num_batched_tokens ({mnbt}); give at most {mnbt} or raise "
                                   "max_num_batched_tokens", param="max_num_seqs")
+        given_seqs = options.max_num_seqs
         options = replace(options, max_num_batched_tokens=mnbt, max_num_seqs=max_num_seqs)
         per_logit = logit_bytes(rel)
         if rel.v0:  # the forward pass, then the sampler (memory.V0_FORWARD_VALUES); graphs outside the budget
@@ -419,7 +421,8 @@ class VLLMEngine(Engine):
                            options=options)
         other, note = overhead(rel, tp, start_up_graphs(rel, model, options.enforce_eager, gpu_name))
         prefill_note = (f"profiling pass over max_num_batched_tokens ({mnbt}), then the sampler over "
-                        f"{min(mnbt, max_num_seqs)} rows (fit: {per_logit} bytes per logit)")
+                        f"{min(mnbt, max_num_seqs)} rows (fit: {per_logit} bytes per logit)"
+                        f"{'' if given_seqs else early_patch_note(rel, max_num_seqs)}")
         workspace = moe_workspace(model, mnbt, tp, rel) if model is not None else None
         if workspace is not None:
             prefill_note += f", {workspace[1]}"

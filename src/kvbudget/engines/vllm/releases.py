@@ -283,6 +283,18 @@ V0_LONG_CONTEXT = 32768  # V0's OpenAI server turned chunked prefill on beyond t
 LARGE_GPU_BYTES = 70 * GIB
 
 
+# engine/arg_utils.py of 0.8.0 to 0.8.3 gave every GPU 1,024 sequences (default_max_num_seqs); 0.8.4 256 but on an
+# H100 or H200 (by name), 0.8.5 256 below 70 GiB. kvbudget plans 0.8 as 0.8.5.
+EARLY_0_8_SEQS = 1024
+
+
+def early_patch_note(rel: Release, seqs: int) -> str:
+    """Where release `rel` is 0.8 and its default of `seqs` sequences differs in its first patches: what they took."""
+    if rel.version != (0, 8) or seqs == EARLY_0_8_SEQS:
+        return ""
+    return f"; 0.8.0 to 0.8.3 sampled {EARLY_0_8_SEQS} rows on every GPU (arg_utils.py): for them max_num_seqs 1024"
+
+
 def v0_batch_defaults(max_model_len: int) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) of vLLM V0 (< 0.8; config.py SchedulerConfig): chunked prefill only
     beyond 32k tokens (then 2048 per step), else a whole request of max_model_len (at least 2048); 256 sequences."""
