@@ -16,7 +16,10 @@ Two figures are fitted per era, not read, and say so where they are used (the er
   without the sort (`v1/sample/ops/topk_topp_sampler.py`, apply_top_k_top_p_triton for 8 rows or more).
 - non-torch memory: CUDA context, cuBLAS workspaces and, with tensor parallelism, NCCL and custom all-reduce
   buffers. The start-ups logged from 0.18 on show more of it (0.25 GiB on one H100, 2.07-2.13 GiB per GPU with
-  tensor parallelism) than those of 0.10-0.17 (0.13-0.14 and 0.55).
+  tensor parallelism) than those of 0.10-0.17 (0.13-0.14 and 0.55). 0.8's gpu_worker.py counts everything on the
+  device outside torch (total - free - torch's: the CUDA context and other processes too; so did V0's worker.py to
+  0.6.4), where 0.9 on count what grew since the worker started (memory_profiling from its init snapshot): not
+  modelled, 0.8 takes the later era's figure and may be optimistic by the context's size.
 From 0.13 the fused-MoE kernel of an unquantized mixture of experts takes its buffers from a workspace that the
 process keeps (`v1/worker/workspace.py` WorkspaceManager, used by `fused_moe/modular_kernel.py`): allocated in
 the profiling forward pass, still held when the sampler runs, so the peak is the sampler's plus the workspace
