@@ -18,7 +18,7 @@ from kvbudget import load_model, plan
 from kvbudget.cli import main
 from kvbudget.engines import EngineOptions
 from kvbudget.engines.vllm.memory import CUDA_GRAPH_ESTIMATE, cuda_graphs, on_v2_runner
-from kvbudget.engines.vllm.releases import Release, parse_release
+from kvbudget.engines.vllm.releases import Release, parse_release, v0_batch_defaults
 from kvbudget.errors import EngineRuleError
 from kvbudget.units import GIB
 
@@ -182,3 +182,15 @@ def test_the_first_0_8_patches_sampled_1024_rows_on_every_gpu():
     size, note = activation("L40S", 1024)
     assert size == 1024 * 128256 * 39 and "0.8.0" not in note
     assert "0.8.0" not in activation("H100-80GB")[1]  # 1,024 there in every 0.8 patch
+
+
+def test_v0_chunks_long_prompts_at_512_tokens_until_0_6_5():
+    """config.py SchedulerConfig: beyond 32k tokens V0 chunks prefills, at 512 tokens a step in the 0.5.4, 0.6.0 and
+    0.6.4 sdists and 2,048 in 0.6.5, 0.6.6 and 0.7.3; shorter contexts run whole (at least 2,048). kvbudget plans
+    0.6 as 0.6.6 and says what the first 0.6 patches took."""
+    assert v0_batch_defaults(35000, Release((0, 5))) == (512, 256)
+    assert v0_batch_defaults(35000, Release((0, 6))) == (2048, 256)
+    assert v0_batch_defaults(20000, Release((0, 5))) == (20000, 256)
+    p = plan(load_model("llama-3.1-8b"), engine="vllm", gpu="RTX-3090", max_model_len=35000,
+             options=EngineOptions(engine_version=(0, 6)), recommend=False)
+    assert "0.6.0 to 0.6.4 chunked prefills at 512 tokens" in next(t.note for t in p.stack if t.key == "activation")

@@ -30,7 +30,6 @@ from typing import ClassVar, Protocol
 from kvbudget.choices import Device
 from kvbudget.dtypes import Family, KVDtype, get_dtype
 from kvbudget.engines.base import (
-    NON_TORCH_ESTIMATE,
     Allocation,
     CacheGroup,
     Capacity,
@@ -53,13 +52,13 @@ from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.gauges import vllm_pool
 from kvbudget.engines.vllm.memory import (
     CHECKED,
-    V0_FORWARD_VALUES,
     encoder_profile,
     logit_bytes,
     moe_workspace,
     overhead,
     rotary_tables,
     start_up_graphs,
+    v0_serving,
 )
 from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
 from kvbudget.engines.vllm.releases import (
@@ -67,6 +66,7 @@ from kvbudget.engines.vllm.releases import (
     MLA_BACKEND_BLOCKS,
     NEWEST,
     SWAP_SPACE,
+    V0_LONG_CONTEXT,
     Release,
     batch_defaults,
     early_patch_note,
@@ -399,7 +399,7 @@ class VLLMEngine(Engine):
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "", tp: int = 1, model: ModelSpec | None = None) -> Serving:
         rel = release(options)
-        default_tokens, default_seqs = v0_batch_defaults(max_model_len) if rel.v0 else batch_defaults(
+        default_tokens, default_seqs = v0_batch_defaults(max_model_len, rel) if rel.v0 else batch_defaults(
             gpu_memory, gpu_name, options.device, rel, options.entry_point)
         mnbt = options.max_num_batched_tokens or default_tokens
         max_num_seqs = options.max_num_seqs or default_seqs
@@ -407,22 +407,16 @@ class VLLMEngine(Engine):
             raise EngineRuleError(f"max_num_seqs {max_num_seqs}: vLLM refuses more sequences than "
                                   f"max_num_batched_tokens ({mnbt}); give at most {mnbt} or raise "
                                   "max_num_batched_tokens", param="max_num_seqs")
-        given_seqs = options.max_num_seqs
+        early = "" if options.max_num_seqs or options.max_num_batched_tokens else early_patch_note(
+            rel, max_num_seqs, max_model_len > V0_LONG_CONTEXT)
         options = replace(options, max_num_batched_tokens=mnbt, max_num_seqs=max_num_seqs)
+        if rel.v0:  # the forward pass, then the sampler; graphs outside the budget
+            return v0_serving(rel, mnbt, max_num_seqs, options, early)
         per_logit = logit_bytes(rel)
-        if rel.v0:  # the forward pass, then the sampler (memory.V0_FORWARD_VALUES); graphs outside the budget
-            return Serving(memory_fraction=rel.gpu_memory_utilization, memory_knob="gpu_memory_utilization default",
-                           prefill_tokens=mnbt, prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt}) "
-                           f"in {max_num_seqs} prompts, then the sampler over their last tokens (it sorts the logits "
-                           f"as V1 did before 0.17: fit: {per_logit} bytes per logit)", max_num_seqs=max_num_seqs,
-                           overhead_bytes=NON_TORCH_ESTIMATE, logit_bytes=per_logit, sampler_apart=True,
-                           forward_values=V0_FORWARD_VALUES,
-                           overhead_note="non-torch memory (V0 leaves CUDA graphs out of the budget)",
-                           options=options)
         other, note = overhead(rel, tp, start_up_graphs(rel, model, options.enforce_eager, gpu_name))
         prefill_note = (f"profiling pass over max_num_batched_tokens ({mnbt}), then the sampler over "
                         f"{min(mnbt, max_num_seqs)} rows (fit: {per_logit} bytes per logit)"
-                        f"{'' if given_seqs else early_patch_note(rel, max_num_seqs)}")
+                        f"{early}")
         workspace = moe_workspace(model, mnbt, tp, rel) if model is not None else None
         if workspace is not None:
             prefill_note += f", {workspace[1]}"

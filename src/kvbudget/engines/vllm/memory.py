@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvbudget.dtypes import get_dtype
+from kvbudget.engines.base import NON_TORCH_ESTIMATE, EngineOptions, Serving
 from kvbudget.engines.vllm.releases import Release
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.params import architectures, image_items, quantized, rotary_embeddings, routed_experts
@@ -167,6 +168,18 @@ def encoder_profile(model: ModelSpec, tokens: int, max_num_seqs: int, max_model_
 
 def _era(table: Mapping[tuple[int, int], object], rel: Release) -> tuple[int, int]:
     return max(start for start in table if rel.version >= start)
+
+
+def v0_serving(rel: Release, mnbt: int, seqs: int, options: EngineOptions, note: str = "") -> Serving:
+    """How vLLM V0 profiles (see V0_FORWARD_VALUES): `mnbt` tokens in `seqs` prompts, then their sampler (`note`
+    added to what the plan says of it)."""
+    per_logit = logit_bytes(rel)
+    return Serving(memory_fraction=rel.gpu_memory_utilization, memory_knob="gpu_memory_utilization default",
+                   prefill_tokens=mnbt, prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt}) in {seqs} "
+                   "prompts, then the sampler over their last tokens (it sorts the logits as V1 did before 0.17: fit: "
+                   f"{per_logit} bytes per logit){note}", max_num_seqs=seqs, overhead_bytes=NON_TORCH_ESTIMATE,
+                   logit_bytes=per_logit, sampler_apart=True, forward_values=V0_FORWARD_VALUES,
+                   overhead_note="non-torch memory (V0 leaves CUDA graphs out of the budget)", options=options)
 
 
 def logit_bytes(rel: Release) -> int:

@@ -286,19 +286,29 @@ LARGE_GPU_BYTES = 70 * GIB
 # engine/arg_utils.py of 0.8.0 to 0.8.3 gave every GPU 1,024 sequences (default_max_num_seqs); 0.8.4 256 but on an
 # H100 or H200 (by name), 0.8.5 256 below 70 GiB. kvbudget plans 0.8 as 0.8.5.
 EARLY_0_8_SEQS = 1024
+# V0's step when it chunks prefills (config.py SchedulerConfig): 512 tokens up to 0.6.4 (the 0.5.4, 0.6.0 and 0.6.4
+# sdists), 2048 from 0.6.5 (0.6.5, 0.6.6, 0.7.3). kvbudget plans 0.6 as 0.6.6.
+V0_CHUNK_FROM_0_6_5 = 2048
+V0_CHUNK_BEFORE = 512
 
 
-def early_patch_note(rel: Release, seqs: int) -> str:
-    """Where release `rel` is 0.8 and its default of `seqs` sequences differs in its first patches: what they took."""
-    if rel.version != (0, 8) or seqs == EARLY_0_8_SEQS:
-        return ""
-    return f"; 0.8.0 to 0.8.3 sampled {EARLY_0_8_SEQS} rows on every GPU (arg_utils.py): for them max_num_seqs 1024"
+def early_patch_note(rel: Release, seqs: int, chunked: bool) -> str:
+    """What the first patches of release `rel` took otherwise than the patch kvbudget plans for (`seqs`: the
+    sequences it samples; `chunked`: V0 chunks the prefills), or ''."""
+    if rel.version == (0, 8) and seqs != EARLY_0_8_SEQS:
+        return f"; 0.8.0 to 0.8.3 sampled {EARLY_0_8_SEQS} rows on every GPU (arg_utils.py): for them max_num_seqs 1024"
+    if rel.version == (0, 6) and chunked:
+        return (f"; 0.6.0 to 0.6.4 chunked prefills at {V0_CHUNK_BEFORE} tokens (config.py): for them "
+                f"max_num_batched_tokens {V0_CHUNK_BEFORE}")
+    return ""
 
 
-def v0_batch_defaults(max_model_len: int) -> tuple[int, int]:
+def v0_batch_defaults(max_model_len: int, rel: Release) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) of vLLM V0 (< 0.8; config.py SchedulerConfig): chunked prefill only
-    beyond 32k tokens (then 2048 per step), else a whole request of max_model_len (at least 2048); 256 sequences."""
-    return (2048 if max_model_len > V0_LONG_CONTEXT else max(max_model_len, 2048)), 256
+    beyond 32k tokens (then 512 tokens per step to 0.6.4, 2048 after), else a whole request of max_model_len (at
+    least 2048); 256 sequences."""
+    chunk = V0_CHUNK_BEFORE if rel.version < (0, 6) else V0_CHUNK_FROM_0_6_5
+    return (chunk if max_model_len > V0_LONG_CONTEXT else max(max_model_len, 2048)), 256
 
 
 def batch_defaults(gpu_memory: int, gpu_name: str = "", device: Device = Device.CUDA,
