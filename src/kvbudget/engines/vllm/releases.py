@@ -68,7 +68,8 @@ MLA_BACKEND_BLOCKS = {"FLASHMLA": 64, "CUTLASS_MLA": 128, "FLASHINFER_MLA": 32, 
 # Model Runner V2 (vllm/v1/worker/gpu/), vLLM's default runner for some models from 0.22: envs.py's
 # VLLM_USE_V2_MODEL_RUNNER defaults to "0" up to 0.21 and is unset from 0.22, when config/vllm.py's
 # use_v2_model_runner asks _is_default_v2_model_runner_model. The architectures each release names there
-# (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES in the sdists of 0.22.1, 0.23.0, 0.24.0, 0.25.1, 0.26.0, 0.27.1, 0.28.0):
+# (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES in the sdists of 0.22.1, 0.23.0, 0.24.0, 0.25.0, 0.25.1, 0.26.0, 0.27.1 and
+# 0.28.0):
 # 0.22 and 0.23 take them only unquantized and dense; 0.24 any of them; 0.25 to 0.28 them and every dense model
 # (not hybrid, not attention-free; 0.27 and 0.28 also a hybrid one they name); from 0.29 every model (the
 # features it lacks, and on ROCm a few architectures, keep the V1 runner; not modelled).
