@@ -33,6 +33,22 @@ def _served_model(upstream: str) -> tuple[str | None, int | None]:
     return entry.get("id"), length if isinstance(length, int) and not isinstance(length, bool) else None
 
 
+def _pool_context(engine: Engine, upstream: str) -> tuple[int, str] | None:
+    """The longest request the upstream's engine takes as its pool states it (llama-server's /props: a slot's
+    context), and where it was read; None where it states none or does not answer."""
+    if not isinstance(engine, ReportsPool):
+        return None
+    for path in engine.pool_gauge.paths:
+        try:
+            with urllib.request.urlopen(f"{upstream.rstrip('/')}{path}", timeout=5) as resp:
+                report = engine.pool_gauge.read(resp.read().decode("utf-8", "replace"))
+        except Exception:
+            continue
+        if report is not None and report.context:
+            return report.context, path
+    return None
+
+
 def build_guard(upstreams: Sequence[str] = (), engine: str | Engine | None = None,
                 config: GuardConfig | Mapping[str, Any] | None = None, model: str | None = None,
                 kv_memory: int | None = None, tokenizer: str | None = None, api_keys: Sequence[str] = (),
@@ -80,6 +96,11 @@ def assemble(config: GuardConfig, decision_log: TextIO | None = None) -> tuple[G
     served, served_length = _served_model(config.upstreams[0]) if model is None or context is None else (None, None)
     source = model or served
     context = context or served_length
+    pool_context = _pool_context(chosen, config.upstreams[0]) if context is None else None
+    if pool_context is not None:
+        context = pool_context[0]
+        notes.append(f"context length {context:,} per request from {pool_context[1]} (give max_model_len to "
+                     "override)")
     notes.extend(config.notes)
     prediction, spec = _predictor(chosen, source, config, notes)
     predictor = prediction.predictor
