@@ -96,13 +96,14 @@ def test_guard_config_also_prints_vllms_own_queue_flags_from_the_reject_level(tm
                  "--guard-config", str(out)]) == 0
     reject = yaml.safe_load(out.read_text())["levels"][2]
     flags = f"--max-num-queued-reqs {128 + reject['requests']} --max-num-queued-tokens {reject['tokens']}"
-    assert f"at the same reject level with {flags} (503 past them" in capsys.readouterr().err
+    assert f"own limits at the same reject level (503 past them; in the file too):\n  {flags}\n" in \
+        capsys.readouterr().err
     assert out.read_text().splitlines()[-1] == f"# vllm's own admission from the reject level: {flags}"
     # a release without them says so, and writes no flag
     assert main(["plan", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "8192", "--engine", "vllm@0.28",
                  "--guard-config", str(out), "--force"]) == 0
     err = capsys.readouterr().err
-    assert "vLLM 0.28 has no --max-num-queued-reqs (from 0.29)" in err and "sheds load itself" not in err
+    assert "vLLM 0.28 has no --max-num-queued-reqs (from 0.29)" in err and "own limits" not in err
 
 
 def test_recommendations_are_computed():

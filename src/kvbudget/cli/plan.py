@@ -70,8 +70,8 @@ def said_queue_flags(p: Plan) -> None:
 
     flags = engine_queue_flags(p)
     if flags is not None and flags.argv:
-        print(f"kvbudget: {p.engine.name} sheds load itself at the same reject level with {flags.shell} (503 past "
-              "them; in the file as a comment)", file=sys.stderr)
+        print(f"kvbudget: {p.engine.name}'s own limits at the same reject level (503 past them; in the file too):\n"
+              f"  {flags.shell}", file=sys.stderr)
     for note in flags.notes if flags is not None else ():
         print(f"kvbudget: {note}", file=sys.stderr)
 
