@@ -104,6 +104,10 @@ def test_guard_config_also_prints_vllms_own_queue_flags_from_the_reject_level(tm
                  "--guard-config", str(out), "--force"]) == 0
     err = capsys.readouterr().err
     assert "vLLM 0.28 has no --max-num-queued-reqs (from 0.29)" in err and "own limits" not in err
+    # two data-parallel replicas: one vLLM server over both counts its unfinished requests over both
+    assert main(["plan", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "8192", "--gpus", "2",
+                 "--guard-config", str(out), "--force"]) == 0
+    assert "one server of 2 data-parallel replicas counts over all of them (x2)" in capsys.readouterr().err
 
 
 def test_recommendations_are_computed():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from kvbudget.errors import KVBudgetError, UpstreamConfigError, named, spelled
@@ -425,7 +425,11 @@ def engine_queue_flags(p: Plan) -> Launch | None:
     reject = next(level for level in p.levels if level.name == REJECT.name)
     reqs, tokens = queue_limits(p.options.max_num_seqs, reject.requests, reject.tokens)
     version = p.options.engine_version
-    return p.engine.queue_flags(reqs, tokens, ".".join(map(str, version)) if version else None)
+    flags = p.engine.queue_flags(reqs, tokens, ".".join(map(str, version)) if version else None)
+    if p.replicas > 1 and flags.argv:  # vLLM's API server counts over its data-parallel ranks (queued.py)
+        flags = replace(flags, notes=(*flags.notes, f"the limits are one replica's: one server of {p.replicas} "
+                                      f"data-parallel replicas counts over all of them (x{p.replicas})"))
+    return flags
 
 
 __all__ = ["ClientLimits", "ConnectionLimits", "GuardConfig", "LevelSetting", "engine_queue_flags", "guard_config_yaml",
