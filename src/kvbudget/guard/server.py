@@ -21,12 +21,23 @@ from kvbudget.guard.config import GuardConfig, parse
 from kvbudget.guard.log import guard_log
 from kvbudget.guard.signals import Prediction, Predictor
 
+START_READ_BYTES = 16 * 2**20  # the most read of an upstream's answer at start (as the poller reads its gauges)
+
+
+def _fetch(upstream: str, path: str) -> bytes | None:
+    """The body of GET `path` on the upstream at start, within 5 s and START_READ_BYTES; None on any failure."""
+    try:
+        with urllib.request.urlopen(f"{upstream.rstrip('/')}{path}", timeout=5) as resp:
+            body = resp.read(START_READ_BYTES + 1)
+    except Exception:
+        return None
+    return body if len(body) <= START_READ_BYTES else None
+
 
 def _served_model(upstream: str) -> tuple[str | None, int | None]:
     """The upstream's model name and, where its /v1/models says (vLLM, SGLang), its context length."""
     try:
-        with urllib.request.urlopen(f"{upstream.rstrip('/')}/v1/models", timeout=5) as resp:
-            entry = json.loads(resp.read())["data"][0]
+        entry = json.loads(_fetch(upstream, "/v1/models") or b"")["data"][0]
     except Exception:
         return None, None
     length = entry.get("max_model_len")
@@ -39,10 +50,10 @@ def _pool_context(engine: Engine, upstream: str) -> tuple[int, str] | None:
     if not isinstance(engine, ReportsPool):
         return None
     for path in engine.pool_gauge.paths:
+        body = _fetch(upstream, path)
         try:
-            with urllib.request.urlopen(f"{upstream.rstrip('/')}{path}", timeout=5) as resp:
-                report = engine.pool_gauge.read(resp.read().decode("utf-8", "replace"))
-        except Exception:
+            report = engine.pool_gauge.read(body.decode("utf-8", "replace")) if body is not None else None
+        except ValueError:  # not JSON, or not the engine's
             continue
         if report is not None and report.context:
             return report.context, path

@@ -118,3 +118,15 @@ def test_fit_context_caps_every_field_the_engine_reads():
     assert isinstance(refused, str) and "4,096 tokens" in refused
     # an estimate never refuses: the server counts the prompt itself
     assert fit_context({"max_tokens": 1}, [5000], 4096, fields, exact=False) == ({"max_tokens": 1}, ())
+
+
+def test_an_answer_past_the_start_read_bound_is_not_read(serve, monkeypatch):
+    """The start-up reads of /v1/models and /props stop at START_READ_BYTES (as the poller's reads do): a longer
+    answer states no context."""
+    from kvbudget.guard import server
+
+    monkeypatch.setattr(server, "START_READ_BYTES", 100)
+    stub = SlotsStub()
+    with serve(stub.app()) as upstream:
+        _, notes = build_guard([upstream.url], "llamacpp", poll_interval=0.05, decision_log=io.StringIO())
+    assert not any("per request from /props" in n for n in notes), notes
