@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.cli.common import UNITS_NOTE, add_options, console, request_of, wrote
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
         replaced = write_file(args.guard_config, guard_config_yaml(result), "guard_config", args.force)
         wrote(args.guard_config, "--guard-config", replaced)
+        said_queue_flags(result)
     if args.plot:
         from kvbudget.plot import plot_plan
 
@@ -60,6 +62,18 @@ def run(args: argparse.Namespace) -> int:
         if sizing is not None:
             render_pd(sizing)
     return 1 if args.check and not result.fits else 0
+
+
+def said_queue_flags(p: Plan) -> None:
+    """The engine's own queue limits from the guard's reject level, on stderr beside the file written."""
+    from kvbudget.guard.config import engine_queue_flags
+
+    flags = engine_queue_flags(p)
+    if flags is not None and flags.argv:
+        print(f"kvbudget: {p.engine.name}'s own limits at the same reject level (503 past them; in the file too):\n"
+              f"  {flags.shell}", file=sys.stderr)
+    for note in flags.notes if flags is not None else ():
+        print(f"kvbudget: {note}", file=sys.stderr)
 
 
 def render_pd(z: PDSizing) -> None:

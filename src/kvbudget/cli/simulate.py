@@ -208,7 +208,8 @@ def _print(sim: Simulation, args: argparse.Namespace) -> None:
                   "out: llama.cpp's unified pool fails every busy request when one token no longer fits)")
     if sim.guard is not None and sim.guard.policy != "kvbudget":
         g = sim.guard
-        out.print(f"admission ({g.policy}): forwarded {sum(g.forwarded.values()):,}, rejected {g.rejected:,}")
+        out.print(f"admission ({g.policy}): forwarded {sum(g.forwarded.values()):,}, rejected {g.rejected:,}"
+                  f"{f' ({g.status})' if g.rejected else ''}")
     elif sim.guard is not None:
         g = sim.guard
         out.print(f"guard: forwarded {sum(g.forwarded.values()):,} (untouched {g.forwarded[0]:,}, at the cap level "

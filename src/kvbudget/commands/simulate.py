@@ -138,9 +138,9 @@ class SimulateRequest:
                                    metavar="POLICY", group=FLEET, web=False)
     load_bandwidth: str | None = option("GB/s a replica the autoscaler adds loads its weights at (default 3.125: a "
                                         "25 Gbit/s link)", metavar="GBPS", group=FLEET, web=False)
-    flow_control: str | None = option("a queue at the fleet's front, as the Gateway API Inference Extension's flow "
-                                      "control: max=N[,ttl=SECONDS] (429 when full, 503 past the time-to-live)",
-                                      metavar="SPEC", group=FLEET, web=False)
+    flow_control: str | None = option("a queue at the fleet's front, as the llm-d router's flow control (v0.10): "
+                                      "[max=N][,ttl=SECONDS], left out 5,000 and 60 s, ttl=0 none (429 when full "
+                                      "or past the time-to-live)", metavar="SPEC", group=FLEET, web=False)
     max_num_queued_reqs: str | None = option("vLLM (from 0.29): its API server answers 503 past this many unfinished "
                                              "requests (each replica's)", metavar="N", group=FLEET, web=False)
     max_num_queued_tokens: str | None = option("vLLM (from 0.29): its API server answers 503 once the prompts still "
@@ -188,9 +188,11 @@ class SimulateRequest:
     guard_poll_interval: str = option("seconds between the guard's scrapes of the usage gauge (default 1, as the "
                                       "guard's)", "1", group=ANSWERS, web=False)
     admission: str | None = option("the admission policy in front of the engine: none (the engine alone), gie "
-                                   "(the Gateway API Inference Extension's saturation detector: sheds at 5 waiting "
-                                   "or 0.8 KV usage), concurrency:N (N in flight at most), kvbudget (the guard's "
-                                   "levels; default with --guard-config)", group=ANSWERS, web=False)
+                                   "(the llm-d router's saturation shedding: 429 at 5 waiting or 0.8 KV usage), "
+                                   "llm-d (its flow control, v0.10: a queue at the gateway of 5,000 requests, 60 s "
+                                   "each, 429 past either; --flow-control sets them), concurrency:N (N in flight at "
+                                   "most, 429), kvbudget (the guard's levels, 503; default with --guard-config)",
+                                   group=ANSWERS, web=False)
     reference: bool = option("step by step, without the fast path (same answer)", False, group=ANSWERS, web=False)
     prefill_replicas: str | None = option("disaggregated serving: this many prefill replicas of the deployment "
                                           "(with --decode-replicas and --kv-link; vLLM's NIXL connector)",

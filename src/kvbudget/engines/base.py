@@ -314,14 +314,14 @@ DEFAULT_SAMPLED_ROWS = 256
 
 @dataclass(frozen=True, kw_only=True)
 class OutputLimit:
-    """How an engine's OpenAI-compatible server reads a request's output limit: the fields it takes, first
-    present first, and what it generates up to when none is given (the guard predicts with the same rule)."""
+    """How an engine's server reads a request's output limit: its fields, first present first (the guard's rule)."""
 
     chat: tuple[str, ...]  # /v1/chat/completions fields, in the order the engine prefers them
     completions: tuple[str, ...]  # /v1/completions fields
     completions_default: int | None  # an absent limit on /v1/completions; None: up to the end of the context
     zero_is_absent: bool = False  # the engine reads `a or b`: a 0 falls through to the next field
     negative_is_absent: bool = False  # llama.cpp: -1 asks for no limit
+    stops_at_context: bool = False  # a limit past the context is cut there, not refused (llama.cpp's slot)
     source: str = ""
 
     def tokens(self, body: dict[str, Any], chat: bool, remaining: int | None) -> int | None:
