@@ -18,6 +18,7 @@ from tiny_configs import TINY
 
 import kvbudget
 from kvbudget.engines import EngineOptions
+from kvbudget.engines.scheduling.workload import Request
 from kvbudget.speculative import SpecMethod, Speculative
 
 pytestmark = pytest.mark.engines
@@ -98,12 +99,14 @@ def test_llama_server_model_draft_keeps_a_second_cache():
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 def test_vllm_speculative_schedule_step_for_step(method):
-    """A slice of the Azure conversation trace on 40 blocks, k = 3 n-gram lookup (drafts proposed where the context
-    has a match: 0 to 3 a step) or a 2-layer draft model, k = 2 (its KV beside the target's in the pool, 40 blocks
-    of both; its lookahead slots and input slots): the simulator, given the run's drafts proposed and accepted
-    request by request, schedules every step as vLLM did, drafts included, and blocks run out. Async scheduling
-    off: the recorder reads the drafts from `update_draft_token_ids`, which async scheduling bypasses."""
-    requests = azure_slice(24)
+    """A slice of the Azure conversation trace on 40 blocks, with eight prompts of one token among it (vLLM pads
+    those to 1 + k with placeholder drafts), k = 3 n-gram lookup (drafts proposed where the context has a match: 0
+    to 3 a step) or a 2-layer draft model, k = 2 (its KV beside the target's in the pool, 40 blocks of both; its
+    lookahead slots and input slots): the simulator, given the run's drafts proposed and accepted request by
+    request, schedules every step as vLLM did, drafts included, and blocks run out. Async scheduling off: the
+    recorder reads the drafts from `update_draft_token_ids`, which async scheduling bypasses."""
+    ones = [Request(arrival=0.1 + 0.25 * i, prompt_tokens=1, output_tokens=40) for i in range(8)]
+    requests = sorted(azure_slice(24) + ones, key=lambda r: r.arrival)
     if method == "ngram":
         spec = Speculative(method=SpecMethod.NGRAM, num_tokens=3)
         config = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
@@ -122,6 +125,11 @@ def test_vllm_speculative_schedule_step_for_step(method):
     print(f"{method}: {replay.preemptions} preemptions, {len(verified)} verifications, {accepted} of "
           f"{sum(d for d, _ in verified)} drafts accepted")
     assert replay.min_free <= 1
+    first: dict[str, tuple[int, int]] = {}  # each request's first step: its tokens and drafts
+    for rec in records:
+        for r, n in rec.get("step", []):
+            first.setdefault(r, (n, rec["drafts"].get(r, 0)))
+    assert (1 + spec.num_tokens, spec.num_tokens) in first.values()  # a one-token prompt padded
     assert accepted < sum(d for d, _ in verified)  # drafts rejected: computed tokens rolled back
     if method == "ngram":  # and accepted (the random draft model's guesses rarely are: 5 of 4,044 in one run)
         assert accepted > 0

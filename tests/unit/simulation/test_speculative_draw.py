@@ -167,3 +167,42 @@ def test_seed_out_of_range_is_refused() -> None:
     assert e.value.param == "seed" and "0 to 18,446,744,073,709,551,615" in str(e.value)
     assert "seed 4" in _spec(1, (0.5,), seed=4).draw_source
     assert "no spread" in _spec(1, (0.5,), draw=AcceptanceDraw.EXPECTED).draw_source
+
+
+def test_one_token_to_compute_is_padded_with_placeholder_drafts() -> None:
+    # vLLM 0.32 pads a waiting request with one token to compute to 1 + k with k placeholder drafts (never
+    # accepted) while a running request that is not a prefill chunk is scheduled: A (prompt 10) decodes with 3
+    # drafts, all accepted; B (a prompt of one token) arrives after A's prefill and takes 1 + 3 tokens, its 3
+    # placeholders rejected: it keeps 1 computed token and samples 1
+    sched = SpecScheduler(_config(), _spec(3, (1.0,)))
+    a = sched.add(Request(arrival=0.0, prompt_tokens=10, output_tokens=20))
+    sched.update(sched.schedule())
+    b = sched.add(Request(arrival=0.0, prompt_tokens=1, output_tokens=5))
+    step = sched.schedule()
+    assert [(s.uid, n) for s, n in step.scheduled] == [(a.uid, 4), (b.uid, 4)]
+    assert step.drafted == 6 and step.tokens == 8
+    sched.update(step)
+    assert (b.computed, b.out, b.drafts) == (1, 1, 3) and a.out == 5
+    t = sched.spec_totals()
+    assert (t.drafted, t.accepted, t.verified) == (6, 3, 2)
+
+
+def test_no_padding_alone_or_beside_a_prefill_chunk() -> None:
+    # alone (no running request scheduled, nothing cached): one token
+    sched = SpecScheduler(_config(), _spec(3, (1.0,)))
+    sched.add(Request(arrival=0.0, prompt_tokens=1, output_tokens=5))
+    assert [n for _, n in sched.schedule().scheduled] == [1]
+    # beside A still in its prefill (chunks of 8 in a budget of 8 tokens, then 3 of its 11 left and 5 for B):
+    # B is not padded
+    sched = SpecScheduler(_config(budget=8), _spec(3, (1.0,)))
+    sched.add(Request(arrival=0.0, prompt_tokens=11, output_tokens=5))
+    sched.update(sched.schedule())
+    b = sched.add(Request(arrival=0.0, prompt_tokens=1, output_tokens=5))
+    step = sched.schedule()
+    assert [n for _, n in step.scheduled] == [3, 1] and b.drafts == 0
+    # padding that does not fit the budget stops admission: A verifies 1 + 3 of a budget of 6, B's 4 do not fit
+    sched = SpecScheduler(_config(budget=6), _spec(3, (1.0,)))
+    sched.add(Request(arrival=0.0, prompt_tokens=6, output_tokens=20))
+    sched.update(sched.schedule())
+    sched.add(Request(arrival=0.0, prompt_tokens=1, output_tokens=5))
+    assert [n for _, n in sched.schedule().scheduled] == [4]

@@ -13,6 +13,10 @@ What it follows:
   `num_computed_tokens` back by the d - a rejected ones (their slots stay allocated and are written again); tokens
   past the request's end are dropped; `update_draft_token_ids`: a request that sampled gets k new drafts (a prefill
   chunk that samples nothing gets none); `_preempt_request` drops a preempted request's drafts;
+- `schedule`, waiting requests: one with a single token to compute (a prompt of one token, or all but one held by
+  the prefix cache) is padded to 1 + k tokens with k placeholder drafts (never accepted), where a running request
+  was scheduled in the step (or the cache held some of it), none of them is a prefill chunk, and the padded tokens
+  and the one sampled fit `max_model_len`; where they do not fit the step's budget, admission stops there;
 - v1/core/single_type_kv_cache_manager.py: with EAGLE, EAGLE-3 and MTP (`use_eagle_block_drop`, on by default) a
   prefix-cache hit gives up its last block (the drafter needs the hidden states before the generation point).
 
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sized
+from dataclasses import replace
 
 import numpy as np
 
@@ -77,6 +82,11 @@ class SpecScheduler(VLLMScheduler):
         self.verified = 0
         self._rng = np.random.default_rng(spec.seed)
         self._uniform: list[float] = []
+        self._pad: Seq | None = None  # the waiting request being admitted with placeholder drafts
+        self._pads: list[Seq] = []  # those admitted so in this step
+        self._chunked: set[int] = set()  # requests whose last step was a prefill chunk (vLLM's is_prefill_chunk)
+        self._running_scheduled = False  # in this step (vLLM's scheduled_running_reqs)
+        self._prefill_scheduled = False  # ... and one of them a prefill chunk
         self._replayed: tuple[list[Iterator[int]], list[Iterator[int]]] | None = None
         if spec.replayed is not None:
             self._replayed = ([iter(c) for c in spec.replayed.proposed], [iter(c) for c in spec.replayed.accepted])
@@ -104,6 +114,40 @@ class SpecScheduler(VLLMScheduler):
         else:
             parts.pop()
         return Hits(parts, hits.count - 1)
+
+    def schedule(self) -> Step:
+        self._pads = []
+        step = super().schedule()
+        if not self._pads:
+            return step
+        return replace(step, drafted=step.drafted + self.spec.num_tokens * len(self._pads))
+
+    def _admit_waiting(self, scheduled: list[tuple[Seq, int]], budget: int, threshold: int) -> None:
+        self._running_scheduled = bool(scheduled)  # (only the running requests are scheduled so far)
+        self._prefill_scheduled = any(s.uid in self._chunked for s, _ in scheduled)
+        super()._admit_waiting(scheduled, budget, threshold)
+
+    def _first_chunk(self, s: Seq, hits: Sized, budget: int, threshold: int) -> int:
+        """As vLLM's, a request with one token to compute padded to 1 + k (0: the padding does not fit the
+        budget, and vLLM stops admitting)."""
+        self._pad = None
+        hit = len(hits) * self.cfg.block_size
+        padded = 1 + self.spec.num_tokens
+        if (s.num_tokens - hit == 1 and not self._prefill_scheduled and (self._running_scheduled or hit)
+                and hit + padded + 1 <= self.cfg.max_model_len):
+            if padded > budget:
+                return 0
+            self._pad = s
+            return padded
+        return super()._first_chunk(s, hits, budget, threshold)
+
+    def _admit(self, s: Seq, n: int, hits: Sized) -> bool:
+        if not super()._admit(s, n, hits):
+            return False
+        if self._pad is s:
+            s.drafts = self.spec.num_tokens
+            self._pads.append(s)
+        return True
 
     def cached_prefix(self, request: Request) -> int:
         """What the cache holds, as its KV events report it (the block EAGLE gives up at a hit is still held)."""
@@ -152,12 +196,14 @@ class SpecScheduler(VLLMScheduler):
         done: list[Seq] = []
         k = self.spec.num_tokens
         replayed = self._replayed
+        chunked: set[int] = set()
         for s, _ in step.scheduled:
             if s.computed < s.prompt + s.out:
+                chunked.add(s.uid)
                 continue  # a prefill chunk: nothing sampled, no drafts
             d = s.drafts
-            if d:
-                a = self._accept(s, d)
+            if d:  # (placeholders are never accepted: a replay's record says 0, and is taken)
+                a = 0 if replayed is None and s in self._pads else self._accept(s, d)
                 s.computed -= d - a
                 self.drafted += d
                 self.accepted += a
@@ -167,4 +213,5 @@ class SpecScheduler(VLLMScheduler):
                 s.out += 1
             s.drafts = k if replayed is None or s.out >= s.end else self._next(replayed[0], s, "proposed")
             self._sampled(s, now, done)
+        self._chunked = chunked
         return self._end_step(done)
