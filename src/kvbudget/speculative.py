@@ -81,15 +81,20 @@ class Replayed:
         order: dict[str, int] = {}
         proposed: list[list[int]] = []
         accepted: list[list[int]] = []
-        for rec in records:
-            if "add" in rec:
-                order[rec["add"]] = len(order)
-                proposed.append([])
-                accepted.append([])
-            for r, n in rec.get("proposed", {}).items():
-                proposed[order[r]].append(n)
-            for r, (_, a) in rec.get("verified", {}).items():
-                accepted[order[r]].append(a)
+        for i, rec in enumerate(records):
+            try:
+                if "add" in rec:
+                    order[rec["add"]] = len(order)
+                    proposed.append([])
+                    accepted.append([])
+                for r, n in rec.get("proposed", {}).items():
+                    proposed[order[r]].append(n)
+                for r, (_, a) in rec.get("verified", {}).items():
+                    accepted[order[r]].append(a)
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise KVBudgetError(f"replayed: record {i + 1} is not one kvbudget.simulation.recorder writes (or "
+                                    f"names a request not added before it: {e!r}); give the recorder's log as it "
+                                    "wrote it", param="replayed") from None
         return cls(proposed=tuple(map(tuple, proposed)), accepted=tuple(map(tuple, accepted)))
 
 

@@ -153,6 +153,10 @@ def test_replayed_from_recorder_records() -> None:
                {"step": [["a", 4], ["b", 1]], "drafts": {"a": 3}}, {"verified": {"a": [3, 2]}},
                {"proposed": {"a": 1, "b": 0}}]
     assert Replayed.from_records(records) == Replayed(proposed=((3, 1), (0,)), accepted=((2,), ()))
+    for bad in ([{"proposed": {"z": 3}}], [{"add": "a"}, {"verified": {"a": 3}}], ["step"]):
+        with pytest.raises(KVBudgetError) as e:
+            Replayed.from_records(bad)  # type: ignore[arg-type]
+        assert e.value.param == "replayed" and "record" in str(e.value)
     with pytest.raises(KVBudgetError) as e:
         Replayed(proposed=((65,),), accepted=((),))
     assert e.value.param == "replayed"
