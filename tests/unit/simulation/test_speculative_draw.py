@@ -210,3 +210,21 @@ def test_no_padding_alone_or_beside_a_prefill_chunk() -> None:
     sched.update(sched.schedule())
     sched.add(Request(arrival=0.0, prompt_tokens=1, output_tokens=5))
     assert [n for _, n in sched.schedule().scheduled] == [4]
+
+
+def test_the_commands_seed_the_draw() -> None:
+    # simulate's --seed (the synthetic workload's) seeds the acceptance draw too; recommend's the same
+    from kvbudget.commands.options import SpeculativeKnobs
+    from kvbudget.commands.recommend import RecommendRequest, _speculatives
+    from kvbudget.commands.simulate import SimulateRequest, simulation_ask
+
+    model = kvbudget.load_model("llama-3.1-8b")
+    knobs = SpeculativeKnobs(speculative="ngram", num_speculative_tokens="3")
+    ask = simulation_ask(SimulateRequest(model="llama-3.1-8b", seed="7", speculative=knobs), model)
+    assert ask.speculative is not None and ask.speculative.seed == 7
+    assert ask.speculative.draw is AcceptanceDraw.DRAWN
+    with pytest.raises(KVBudgetError) as e:
+        simulation_ask(SimulateRequest(model="llama-3.1-8b", seed="-1", speculative=knobs), model)
+    assert e.value.param == "seed"
+    found = _speculatives(RecommendRequest(model="llama-3.1-8b", speculative="ngram", seed="9"), (0, 2))
+    assert found[0] is None and found[1] is not None and found[1].seed == 9
