@@ -167,8 +167,8 @@ class Speculative:
         if self.replayed is not None:
             return "replayed: a recorded run's drafts and accepted counts, request by request"
         if self.draw is AcceptanceDraw.DRAWN:
-            return f"drawn at random for each verification from these rates (seed {self.seed})"
-        return "the expected count of these rates, carried per request and rounded (no spread)"
+            return f"drawn at random for each verification from the per-position rates (seed {self.seed})"
+        return "the expected count of the per-position rates, carried per request and rounded (no spread)"
 
     def label(self) -> str:
         """In words, as a search's candidates show it: 'eagle3 k=2'."""

@@ -262,8 +262,8 @@ def test_command_runs_without_drafts_beside_and_says_so() -> None:
     assert sim.to_dict()["tpot_without_speculation_s"]["mean"] == pytest.approx(0.01)
     lines = speculation_lines(sim)
     assert "mean acceptance length 4.00" in lines[0] and "without it: mean 10.0 ms" in lines[0]
-    assert lines[1] == ("acceptance per position: 1, 1, 1 (given); drawn at random for each verification from these "
-                        "rates (seed 0)")
+    assert lines[1] == ("acceptance per position: 1, 1, 1 (given); drawn at random for each verification from the "
+                        "per-position rates (seed 0)")
     assert "assumption" in lines[2]
 
 
