@@ -238,7 +238,8 @@ def speculation_lines(sim: Simulation) -> list[str]:
              f"accepted ({'-' if rate is None else f'{rate:.1%}'}); TPOT mean {_ms(tpot.mean if tpot else None)}, "
              f"p99 {_ms(tpot.p99 if tpot else None)}" +
              (f"; without it: mean {_ms(plain.mean)}, p99 {_ms(plain.p99)}" if plain is not None else ""),
-             f"acceptance per position: {', '.join(f'{p:.3g}' for p in spec.rates())} ({spec.acceptance_source})",
+             f"acceptance per position: {', '.join(f'{p:.3g}' for p in spec.rates())} ({spec.acceptance_source}); "
+             f"{spec.draw_source}",
              f"drafter's time: {d.basis}"]
     return lines
 

@@ -76,7 +76,8 @@ class SimulateRequest:
     output_tokens: str = option("synthetic: mean output length (default 338)", "338", group=WORKLOAD)
     lengths_from_trace: str | None = option("synthetic: draw (prompt, output) pairs from this trace instead",
                                             group=WORKLOAD, web=False)
-    seed: str = option("synthetic: random seed (default 0)", "0", group=WORKLOAD)
+    seed: str = option("random seed of synthetic arrivals and of the drafts each simulated verification accepts "
+                       "(default 0)", "0", group=WORKLOAD)
     rate_scale: str = option("replay arrivals this many times as fast (default 1)", "1", group=WORKLOAD)
     max_concurrency: str | None = option("that many clients in a closed loop, as `vllm bench serve "
                                          "--max-concurrency`: a request goes out when it has arrived and a client is "
@@ -343,6 +344,7 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
     """The typed simulation request of a command's request: its text read into the engine's settings."""
     from kvbudget.engines.scheduling.setup import SimulationAsk
 
+    seed = whole(ask.seed, "seed", MAX_SEED)  # (before the draft model loads)
     engine, options = engine_options(ask.engine, ask.knobs, ask.startup, speculative=ask.speculative)
     given = [p for p, v in (("attention_backend", options.attention_backend),
                             ("pp_layer_partition", options.pp_layer_partition)) if v]
@@ -365,9 +367,14 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
         lora=(options.max_loras, options.max_lora_rank) if options.enable_lora else None,
         offload_memory=size(ask.offload_memory, "offload_memory"), offload_backend=ask.offload_backend,
         offload_disk=size(ask.offload_disk, "offload_disk"), disk_read=_gbps(ask.disk_read),
-        engine_version=options.engine_version, speculative=ask.acceptance.apply(_speculative(options)),
+        engine_version=options.engine_version, speculative=seeded(ask.acceptance.apply(_speculative(options)), seed),
         interconnect=Interconnect.parse(ask.interconnect, "interconnect") if ask.interconnect is not None else None,
         expert_parallel=one(ask.replicas or "1", "replicas") if ask.expert_parallel else 1)
+
+
+def seeded(spec: Speculative | None, seed: int) -> Speculative | None:
+    """`spec` drawing its verifications' accepted drafts with `seed` (the run's)."""
+    return None if spec is None else replace(spec, seed=seed)
 
 
 def _speculative(options: EngineOptions) -> Speculative | None:
