@@ -256,6 +256,11 @@ MISSES = {
                                   "0.31 GiB planned, 0.94 logged (V0's profiling peak)",
     ("vLLM 0.8-0.10", "Hopper (H100, H200, GH200)"): "+22.3% on 1 case (Qwen3-235B-A22B-FP8, TP 4, 0.9.2 with the "
                                   "LMCache connector): unattributed, the issue prints the budget only",
+    ("vLLM 0.8-0.10", "A100"): "median 3.03%, p90 15.1% (pessimistic), most optimistic +2.29% on 6 cases "
+                               "(dennislee22, 0.10.1.1): Qwen2-7B at shares 0.25 and 0.5, TP 1 and 2: the logs leave "
+                               "0.5-0.6 GiB for activation and non-torch (the share of ~79.2 GiB less weights and "
+                               "budget), the plan 1.55 GiB (-15.1% at 0.25, -9.1% at TP 2); gpt-oss-120b TP 4 +2.3%: "
+                               "weights 15.21 GiB planned, 17.22 logged (MXFP4 on Ampere)",
     ("vLLM 0.11-0.19", "A100"): "+4.3% on 1 case (gpt-oss-20b, 0.19): weights 12.82 GiB planned, 13.72 logged (MXFP4 "
                                 "on Ampere), and the A100's total, the nominal 80 GiB (no torch figure in the catalog)",
     ("vLLM 0.20-0.26", "L4 / L40S / A10G"): "median and p90 5.39% (pessimistic) on 1 case (aws-samples L40S TP 4): the "
