@@ -261,6 +261,14 @@ MISSES = {
                                "0.5-0.6 GiB for activation and non-torch (the share of ~79.2 GiB less weights and "
                                "budget), the plan 1.55 GiB (-15.1% at 0.25, -9.1% at TP 2); gpt-oss-120b TP 4 +2.3%: "
                                "weights 15.21 GiB planned, 17.22 logged (MXFP4 on Ampere)",
+    ("SGLang 0.5", "AMD Instinct"): "+19.4% on 1 case (Kimi-K2.5 on 8 x MI355X, SGLang 0.5.8 on ROCm): the log's "
+                                    "weights and pool take 0.826 of the 283.56 GiB SGLang saw, the plan's 0.5.3 rule "
+                                    "0.908 of the nominal 288; weights 67.90 GiB planned, 73.58 logged (the count puts "
+                                    "the bfloat16 attention of its int4 checkpoint at 4 bits)",
+    ("vLLM 0.11-0.19", "Hopper (H100, H200, GH200)"): "median 0.21%, p90 1.22%, but +301.9% optimistic on one case "
+                                    "of 37 (gpt-oss-120b at 0.95 with max_num_batched_tokens 1,024, vllm-27508): a "
+                                    "1.71 GiB budget left beside MXFP4 weights vLLM 0.11-0.14 loads as 64.38 GiB "
+                                    "on Hopper (vllm#33155), the count 60.73: the gap vllm.json names for gpt-oss",
     ("vLLM 0.11-0.19", "A100"): "+4.3% on 1 case (gpt-oss-20b, 0.19): weights 12.82 GiB planned, 13.72 logged (MXFP4 "
                                 "on Ampere), and the A100's total, the nominal 80 GiB (no torch figure in the catalog)",
     ("vLLM 0.20-0.26", "L4 / L40S / A10G"): "median and p90 5.39% (pessimistic) on 1 case (aws-samples L40S TP 4): the "
