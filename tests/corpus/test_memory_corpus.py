@@ -293,3 +293,10 @@ def test_the_targets_per_era_and_family(group):
 
 def test_the_misses_are_groups_the_corpus_has():
     assert set(MISSES) <= set(GROUPS)
+
+
+def test_the_rtx_5090_total_is_the_one_torch_reports():
+    """vLLM's start-up log on an RTX 5090 printed 'total_gpu_memory (31.37GiB)' (github.com/g0t4/examples): the
+    share is taken of that, not of the nominal 32 GB."""
+    card = find_gpu("RTX-5090")
+    assert card.memory_bytes == int(31.37 * GIB)
