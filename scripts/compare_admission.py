@@ -1,6 +1,7 @@
 """The admission policies side by side on real traces, from light load to twice what the deployment can serve:
-the engine alone (vLLM queues, preempts, recomputes), the Gateway API Inference Extension's saturation detector
-(sheds at 5 waiting or 0.8 KV usage, its defaults), a static limit of 64 requests in flight, and kvbudget's
+the engine alone (vLLM queues, preempts, recomputes), the llm-d router's saturation shedding (at 5 waiting or 0.8
+KV usage, its defaults), its flow control (llm-d-router v0.10: a queue at the gateway of 5,000 requests, 60 s each;
+the time a request waits there counts in its TTFT), a static limit of 64 requests in flight, and kvbudget's
 guard on the plan's KV budget, with its default levels and with its output caps off, each also with max_waiting 5.
 Llama-3.1-8B on one L40S,
 vLLM 0.32 scheduling (exact), step times from the fitted kernels (an estimate).
@@ -23,12 +24,14 @@ import matplotlib.pyplot as plt
 
 from kvbudget.engines.scheduling.workload import read_trace, rescale
 from kvbudget.model.load import load_model
-from kvbudget.simulation.run import simulate
+from kvbudget.simulation.fleet import Pool, simulate_fleet
+from kvbudget.simulation.run import setup_for, simulate
 
 # (label, simulate's admission, the guard's configuration): kvbudget with its default levels, with caps off
 # (max_tokens_fraction 1: level 1 leaves output limits alone, level 2 forces one sample, level 3 rejects), and
 # each with max_waiting 5 (new requests refused while 5 wait in the engine's queue, GIE's queue threshold)
-POLICIES = (("none", "none", None), ("gie", "gie", None), ("concurrency:64", "concurrency:64", None),
+POLICIES = (("none", "none", None), ("gie", "gie", None), ("llm-d", "llm-d", None),
+            ("concurrency:64", "concurrency:64", None),
             ("kvbudget", "kvbudget", None), ("kvbudget, no caps", "kvbudget", {"max_tokens_fraction": 1.0}),
             ("kvbudget, queue 5", "kvbudget", {"max_waiting": 5}),
             ("kvbudget, no caps, queue 5", "kvbudget", {"max_tokens_fraction": 1.0, "max_waiting": 5}))
@@ -53,12 +56,27 @@ def run(model, trace: str, count: int, scale: float, policy: tuple) -> dict:
             good += 1
 
     label, admission, config = policy
+    if admission == "llm-d":  # the queue at the gateway: a fleet of one replica; its wait counts in the TTFT
+        arrived = {r.id: r.arrival for r in requests}
+        fleet = simulate_fleet(model, requests, [Pool(name="main", setup=setup_for(model, gpu="L40S"))],
+                               admission=admission, on_finish=lambda i, r, ttft, tpot, e2e: finished(
+                                   r, ttft + r.arrival - arrived[r.id], tpot, e2e))
+        ttfts.sort()
+        return row(trace, scale, label, len(requests), (good, served, capped), fleet.refused, fleet.preemptions,
+                   sum(x.simulation.recomputed_tokens for x in fleet.replicas), ttfts)
     sim = simulate(model, requests, gpu="L40S", admission=admission, guard_config=config, on_finish=finished)
     ttfts.sort()
     rejected = sim.guard.rejected if sim.guard is not None else 0
-    return {"trace": trace, "scale": scale, "policy": label, "requests": len(requests), "good": good,
+    return row(trace, scale, label, len(requests), (good, served, capped), rejected, sim.preemptions,
+               sim.recomputed_tokens, ttfts)
+
+
+def row(trace: str, scale: float, label: str, requests: int, counts: tuple[int, int, int], rejected: int,
+        preemptions: int, recomputed: int, ttfts: list[float]) -> dict:
+    good, served, capped = counts
+    return {"trace": trace, "scale": scale, "policy": label, "requests": requests, "good": good,
             "served": served, "rejected": rejected, "capped": capped,
-            "preemptions": sim.preemptions, "recomputed": sim.recomputed_tokens,
+            "preemptions": preemptions, "recomputed": recomputed,
             "ttft_p50": ttfts[len(ttfts) // 2] if ttfts else None,
             "ttft_p99": ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))] if ttfts else None}
 

@@ -60,13 +60,13 @@ class Term:
 
 
 def activation_estimate(model: ModelSpec, tokens: int, sampled_rows: int, logit_bytes: int = 4,
-                        sampler_apart: bool = False, held: int = 0) -> int:
-    """Peak activation of a profiling pass over `tokens` tokens (an estimate): hidden states, attention and MLP
-    intermediates in 2 bytes per value, and the sampler's `logit_bytes` per logit of the sampled sequences; the
-    two added, or the larger where the sampler runs after the forward pass freed its activations but for `held`
-    bytes it keeps."""
+                        sampler_apart: bool = False, held: int = 0, forward_values: tuple[int, int] = (4, 2)) -> int:
+    """Peak activation of a profiling pass over `tokens` tokens (an estimate): per token `forward_values` (so many
+    hidden-wide and MLP-wide values: hidden states, attention and MLP intermediates) in 2 bytes per value, and the
+    sampler's `logit_bytes` per logit of the sampled sequences; the two added, or the larger where the sampler runs
+    after the forward pass freed its activations but for `held` bytes it keeps."""
     w = activation_widths(model)
-    forward = tokens * (4 * w.hidden + 2 * w.mlp) * 2
+    forward = tokens * (forward_values[0] * w.hidden + forward_values[1] * w.mlp) * 2
     sampler = min(tokens, sampled_rows) * w.vocab * logit_bytes
     return max(forward, sampler + held) if sampler_apart else forward + sampler
 
@@ -107,7 +107,8 @@ def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, acti
         activation_bytes, activation_note = serving.compute_buffer(model)
     else:
         activation_bytes = max(activation_estimate(model, tokens, serving.max_num_seqs, serving.logit_bytes,
-                                                   serving.sampler_apart, serving.held_bytes) if tokens else 0,
+                                                   serving.sampler_apart, serving.held_bytes,
+                                                   serving.forward_values) if tokens else 0,
                                serving.encoder_peak_bytes)
     other = serving.overhead_bytes + math.ceil(util * serving.preload_bytes) if overhead is None else overhead
     usable = math.ceil(card.memory_bytes * util)  # vLLM's request_memory rounds up

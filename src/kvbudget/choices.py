@@ -116,11 +116,13 @@ def parse_allocator(text: str) -> Allocator:
 
 
 class Admission(Choice):
-    """The admission policy in front of a simulated engine (simulation/guarded.py): none, the Gateway API
-    Inference Extension's saturation shedding, a static concurrency limit (`concurrency:N`), or kvbudget's guard."""
+    """The admission policy in front of a simulated engine (simulation/guarded.py): none, the llm-d router's
+    (the Gateway API Inference Extension's Endpoint Picker) saturation shedding, its flow control (a bounded queue
+    at the gateway: simulation/front.py), a static concurrency limit (`concurrency:N`), or kvbudget's guard."""
 
     NONE = "none"
     GIE = "gie"
+    LLMD = "llm-d"
     CONCURRENCY = "concurrency"
     KVBUDGET = "kvbudget"
 

@@ -30,6 +30,18 @@ LEVELS: tuple[LevelSpec, ...] = (
               severity="critical"),
 )
 HYSTERESIS = 0.05  # levels fall only this far below their threshold
+REJECT = LEVELS[-1]  # the level whose figures an engine's own admission takes
+
+
+def queue_limits(max_num_seqs: int, reject_requests: int, reject_tokens: int) -> tuple[int, int]:
+    """An engine's own admission limits (vLLM's --max-num-queued-reqs and --max-num-queued-tokens, 503 past them)
+    from the guard's reject level (its requests of max_model_len and its tokens), so that the engine refuses no
+    earlier than the guard would:
+    - queued requests: max_num_seqs (the most the engine runs at once) + the requests of max_model_len the cache
+      holds at the reject level (a queue as long as one more full cache);
+    - queued tokens: the tokens the cache holds at the reject level (prompts still waiting for their prefill
+      beyond what 95% of the cache holds could not all be admitted at once anyway)."""
+    return max_num_seqs + reject_requests, max(1, reject_tokens)
 
 
 def find_level(name: str | None = None, action: str | None = None) -> LevelSpec | None:

@@ -240,7 +240,9 @@ def plot_fleet(sim: FleetSimulation, path: str, caption: str = "", force: bool =
             ax.legend(fontsize=7, loc="upper right", ncol=2 if len(ax.get_legend_handles_labels()[0]) > 8 else 1)
     setup = sim.pools[0].setup
     first = sum(p.replicas for p in sim.pools)
-    fig.suptitle(f"{setup.model}: a fleet of {first:,} replica{'' if first == 1 else 's'}"
+    shape = (f"an expert-parallel group of {first:,} data-parallel ranks (each a replica here)"
+             if setup.expert_group is not None else f"a fleet of {first:,} replica{'' if first == 1 else 's'}")
+    fig.suptitle(f"{setup.model}: {shape}"
                  f"{' (autoscaled)' if sim.autoscale else ''}, {sim.requests:,} requests; times are "
                  f"{times_are(setup.time_model.basis)}", fontsize=10)
     if caption:

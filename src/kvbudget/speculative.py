@@ -5,10 +5,11 @@ which methods it runs, how it sizes the drafter's memory and how it schedules th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from kvbudget import validate
 from kvbudget.choices import Choice
 from kvbudget.errors import KVBudgetError
 
@@ -48,12 +49,63 @@ class SpecMethod(Choice):
                                 param="draft_model")
 
 
+class AcceptanceDraw(Choice):
+    """How a simulated verification's accepted drafts follow from the per-position rates."""
+
+    DRAWN = "drawn"  # drawn at random (seeded) from the rates: each verification accepts a whole number, with the
+    # spread a real run has (runs of rejections, runs of acceptances), so the latencies' tails are not optimistic
+    EXPECTED = "expected"  # the expected accepted count carried per request and rounded: the mean, with no spread
+
+
+@dataclass(frozen=True, kw_only=True)
+class Replayed:
+    """A recorded run's drafts, replayed: per request (in the order the engine added them), the drafts proposed
+    after each step that sampled and left it unfinished (`proposed`; vLLM's n-gram lookup proposes fewer than k, or
+    none, where the context has no match) and the drafts accepted at each verification (`accepted`), in order."""
+
+    proposed: tuple[tuple[int, ...], ...]
+    accepted: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if len(self.proposed) != len(self.accepted):
+            raise KVBudgetError(f"replayed: drafts proposed for {len(self.proposed)} requests, accepted for "
+                                f"{len(self.accepted)}; give both for every request", param="replayed")
+        for counts in (*self.proposed, *self.accepted):
+            for n in counts:
+                validate.count(n, "replayed", 0, MAX_SPECULATIVE_TOKENS)
+
+    @classmethod
+    def from_records(cls, records: Iterable[dict[str, Any]]) -> Replayed:
+        """The drafts of a run that kvbudget.simulation.recorder logged (its records, as JSON objects in order):
+        its `add`, `proposed` and `verified` records."""
+        order: dict[str, int] = {}
+        proposed: list[list[int]] = []
+        accepted: list[list[int]] = []
+        for i, rec in enumerate(records):
+            try:
+                if "add" in rec:
+                    order[rec["add"]] = len(order)
+                    proposed.append([])
+                    accepted.append([])
+                for r, n in rec.get("proposed", {}).items():
+                    proposed[order[r]].append(n)
+                for r, (_, a) in rec.get("verified", {}).items():
+                    accepted[order[r]].append(a)
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise KVBudgetError(f"replayed: record {i + 1} is not one kvbudget.simulation.recorder writes (or "
+                                    f"names a request not added before it: {e!r}); give the recorder's log as it "
+                                    "wrote it", param="replayed") from None
+        return cls(proposed=tuple(map(tuple, proposed)), accepted=tuple(map(tuple, accepted)))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Speculative:
     """Speculative decoding as asked: `num_tokens` drafted per step (k), verified as k + 1 query tokens per
     sequence; `draft` the drafter's spec where the method has one of its own (`draft_id` what it was loaded from);
     `acceptance` the probability that the draft token at each position is accepted given the ones before it were
-    (empty: the method's default, an assumption the output says)."""
+    (empty: the method's default, an assumption the output says); `draw` how a simulated verification's accepted
+    count follows from them (drawn with `seed` by default); `replayed` a recorded run's drafts and acceptances
+    instead (the rates then unused by the simulator)."""
 
     method: SpecMethod
     num_tokens: int
@@ -61,11 +113,15 @@ class Speculative:
     draft_id: str | None = None
     acceptance: tuple[float, ...] = ()
     acceptance_note: str = ""  # where the rates given come from, in words ("read from FILE: ..."; empty: given)
+    draw: AcceptanceDraw = AcceptanceDraw.DRAWN
+    seed: int = 0
+    replayed: Replayed | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_tokens <= MAX_SPECULATIVE_TOKENS:
             raise KVBudgetError(f"num_speculative_tokens {self.num_tokens}: give 1 to {MAX_SPECULATIVE_TOKENS}",
                                 param="num_speculative_tokens")
+        validate.count(self.seed, "seed", 0, validate.MAX_SEED)
         self.method.check_draft(self.draft is not None)
         for p in self.acceptance:
             if not 0.0 <= p <= 1.0:
@@ -90,14 +146,29 @@ class Speculative:
             return self.acceptance_note or "given"
         return f"assumed: the default for {self.method}, {DEFAULT_ACCEPTANCE[self.method][1]}"
 
-    def expected_accepted(self, drafted: int) -> float:
-        """Expected draft tokens accepted of `drafted` (each accepted only if every one before it was): the sum
-        over positions of the product of the rates up to it."""
-        total, run = 0.0, 1.0
+    def chain(self, drafted: int | None = None) -> tuple[float, ...]:
+        """The probability that at least the first i + 1 of `drafted` drafts (default: num_tokens) are accepted,
+        for each i (each accepted only if every one before it was): the products of the rates up to each
+        position, falling."""
+        out, run = [], 1.0
         for p in self.rates(drafted):
             run *= p
-            total += run
-        return total
+            out.append(run)
+        return tuple(out)
+
+    def expected_accepted(self, drafted: int) -> float:
+        """Expected draft tokens accepted of `drafted`: the sum of `chain` (the mean of a count is the sum of the
+        probabilities that it reaches each value)."""
+        return sum(self.chain(drafted))
+
+    @property
+    def draw_source(self) -> str:
+        """How the simulator turns the rates into each verification's accepted drafts, in words."""
+        if self.replayed is not None:
+            return "replayed: a recorded run's drafts and accepted counts, request by request"
+        if self.draw is AcceptanceDraw.DRAWN:
+            return f"drawn at random for each verification from the per-position rates (seed {self.seed})"
+        return "the expected count of the per-position rates, carried per request and rounded (no spread)"
 
     def label(self) -> str:
         """In words, as a search's candidates show it: 'eagle3 k=2'."""
@@ -111,7 +182,8 @@ class Speculative:
         """The same speculation drafting `num_tokens` a step (0: none, None returned), as a sweep varies it."""
         if num_tokens == 0:
             return None
-        return replace(self, num_tokens=num_tokens, acceptance=self.acceptance[:num_tokens])
+        return replace(self, num_tokens=num_tokens, acceptance=self.acceptance[:num_tokens],
+                       replayed=self.replayed if num_tokens == self.num_tokens else None)
 
 
 def conditional_rates(per_position: Sequence[float]) -> tuple[float, ...]:

@@ -12,6 +12,7 @@ from kvbudget.errors import KVBudgetError
 MAX_COUNT = 2**31 - 1  # counts (tokens, sequences, GPUs, blocks): what engines hold in an int32, past any real one
 MAX_BYTES = 2**50  # sizes: 1 PiB, past any GPU, host tier or disk tier one deployment has
 MAX_SECONDS = 86_400.0  # an interval (scrapes, polls, samples of a timeline): a day at most
+MAX_SEED = 2**64 - 1  # a random seed (synthetic arrivals, drafts' acceptance): 64 bits
 
 
 def shown(value: object) -> str:

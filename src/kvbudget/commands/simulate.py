@@ -76,7 +76,8 @@ class SimulateRequest:
     output_tokens: str = option("synthetic: mean output length (default 338)", "338", group=WORKLOAD)
     lengths_from_trace: str | None = option("synthetic: draw (prompt, output) pairs from this trace instead",
                                             group=WORKLOAD, web=False)
-    seed: str = option("synthetic: random seed (default 0)", "0", group=WORKLOAD)
+    seed: str = option("random seed of synthetic arrivals and of the drafts each simulated verification accepts "
+                       "(default 0)", "0", group=WORKLOAD)
     rate_scale: str = option("replay arrivals this many times as fast (default 1)", "1", group=WORKLOAD)
     max_concurrency: str | None = option("that many clients in a closed loop, as `vllm bench serve "
                                          "--max-concurrency`: a request goes out when it has arrived and a client is "
@@ -138,9 +139,9 @@ class SimulateRequest:
                                    metavar="POLICY", group=FLEET, web=False)
     load_bandwidth: str | None = option("GB/s a replica the autoscaler adds loads its weights at (default 3.125: a "
                                         "25 Gbit/s link)", metavar="GBPS", group=FLEET, web=False)
-    flow_control: str | None = option("a queue at the fleet's front, as the Gateway API Inference Extension's flow "
-                                      "control: max=N[,ttl=SECONDS] (429 when full, 503 past the time-to-live)",
-                                      metavar="SPEC", group=FLEET, web=False)
+    flow_control: str | None = option("a queue at the fleet's front, as the llm-d router's flow control (v0.10): "
+                                      "[max=N][,ttl=SECONDS], left out 5,000 and 60 s, ttl=0 none (429 when full "
+                                      "or past the time-to-live)", metavar="SPEC", group=FLEET, web=False)
     max_num_queued_reqs: str | None = option("vLLM (from 0.29): its API server answers 503 past this many unfinished "
                                              "requests (each replica's)", metavar="N", group=FLEET, web=False)
     max_num_queued_tokens: str | None = option("vLLM (from 0.29): its API server answers 503 once the prompts still "
@@ -188,9 +189,11 @@ class SimulateRequest:
     guard_poll_interval: str = option("seconds between the guard's scrapes of the usage gauge (default 1, as the "
                                       "guard's)", "1", group=ANSWERS, web=False)
     admission: str | None = option("the admission policy in front of the engine: none (the engine alone), gie "
-                                   "(the Gateway API Inference Extension's saturation detector: sheds at 5 waiting "
-                                   "or 0.8 KV usage), concurrency:N (N in flight at most), kvbudget (the guard's "
-                                   "levels; default with --guard-config)", group=ANSWERS, web=False)
+                                   "(the llm-d router's saturation shedding: 429 at 5 waiting or 0.8 KV usage), "
+                                   "llm-d (its flow control, v0.10: a queue at the gateway of 5,000 requests, 60 s "
+                                   "each, 429 past either; --flow-control sets them), concurrency:N (N in flight at "
+                                   "most, 429), kvbudget (the guard's levels, 503; default with --guard-config)",
+                                   group=ANSWERS, web=False)
     reference: bool = option("step by step, without the fast path (same answer)", False, group=ANSWERS, web=False)
     prefill_replicas: str | None = option("disaggregated serving: this many prefill replicas of the deployment "
                                           "(with --decode-replicas and --kv-link; vLLM's NIXL connector)",
@@ -341,6 +344,7 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
     """The typed simulation request of a command's request: its text read into the engine's settings."""
     from kvbudget.engines.scheduling.setup import SimulationAsk
 
+    seed = whole(ask.seed, "seed", MAX_SEED)  # (before the draft model loads)
     engine, options = engine_options(ask.engine, ask.knobs, ask.startup, speculative=ask.speculative)
     given = [p for p, v in (("attention_backend", options.attention_backend),
                             ("pp_layer_partition", options.pp_layer_partition)) if v]
@@ -363,9 +367,14 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
         lora=(options.max_loras, options.max_lora_rank) if options.enable_lora else None,
         offload_memory=size(ask.offload_memory, "offload_memory"), offload_backend=ask.offload_backend,
         offload_disk=size(ask.offload_disk, "offload_disk"), disk_read=_gbps(ask.disk_read),
-        engine_version=options.engine_version, speculative=ask.acceptance.apply(_speculative(options)),
+        engine_version=options.engine_version, speculative=seeded(ask.acceptance.apply(_speculative(options)), seed),
         interconnect=Interconnect.parse(ask.interconnect, "interconnect") if ask.interconnect is not None else None,
         expert_parallel=one(ask.replicas or "1", "replicas") if ask.expert_parallel else 1)
+
+
+def seeded(spec: Speculative | None, seed: int) -> Speculative | None:
+    """`spec` drawing its verifications' accepted drafts with `seed` (the run's)."""
+    return None if spec is None else replace(spec, seed=seed)
 
 
 def _speculative(options: EngineOptions) -> Speculative | None:

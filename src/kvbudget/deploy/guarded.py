@@ -4,12 +4,8 @@ same numbers.
 The guard's levels come from each pool's Setup (the exact memory plan it was simulated with): its KV budget, the
 tokens it holds and the requests of max_model_len those make, at each level's fraction (`planner.levels`, the same
 table `kvbudget plan` prints). vLLM's own admission (--max-num-queued-reqs / --max-num-queued-tokens, 503 past
-them) is set from the guard's reject level, so that the engine refuses no earlier than the guard would:
-- max_num_queued_tokens = the tokens the KV cache holds at the reject level: prompts still waiting for their
-  prefill beyond what 95% of the cache holds could not all be admitted at once anyway;
-- max_num_queued_reqs = max_num_seqs (the most the engine runs at once) + the requests of max_model_len the cache
-  holds at the reject level (a queue as long as one more full cache).
-A pool that states its own limits keeps them.
+them) is set from the guard's reject level (`levels.queue_limits`, which `plan --guard-config` prints too), so that
+the engine refuses no earlier than the guard would. A pool that states its own limits keeps them.
 """
 
 from __future__ import annotations
@@ -19,15 +15,12 @@ from typing import TYPE_CHECKING
 
 from kvbudget.guard.alerts import alert_rules
 from kvbudget.guard.config import write_config
-from kvbudget.levels import LEVELS
+from kvbudget.levels import REJECT, queue_limits
 from kvbudget.planner import Level, levels
 
 if TYPE_CHECKING:
     from kvbudget.deployment import Deployment, PoolPlan
     from kvbudget.engines.scheduling.setup import Setup
-
-REJECT = LEVELS[-1].name  # the level whose figures the engine's own admission takes
-
 
 def held_bytes(setup: Setup) -> int:
     """The KV cache a replica holds: its budget, or less where the engine allocates less than the budget (llama.cpp
@@ -47,12 +40,12 @@ def pool_levels(setup: Setup) -> tuple[Level, ...]:
 
 def with_queue_limits(pool: PoolPlan, setup: Setup) -> PoolPlan:
     """`pool` with the engine's own admission limits from the guard's reject level, where it states none."""
-    reject = next(level for level in pool_levels(setup) if level.name == REJECT)
+    reject = next(level for level in pool_levels(setup) if level.name == REJECT.name)
+    reqs, tokens = queue_limits(pool.max_num_seqs, reject.requests, reject.tokens)
     return replace(pool,
-                   max_num_queued_reqs=pool.max_num_queued_reqs if pool.max_num_queued_reqs is not None
-                   else pool.max_num_seqs + reject.requests,
+                   max_num_queued_reqs=pool.max_num_queued_reqs if pool.max_num_queued_reqs is not None else reqs,
                    max_num_queued_tokens=pool.max_num_queued_tokens if pool.max_num_queued_tokens is not None
-                   else max(1, reject.tokens))
+                   else tokens)
 
 
 def guard_yaml(deployment: Deployment, pool: PoolPlan, setup: Setup) -> str:
@@ -66,7 +59,7 @@ def guard_yaml(deployment: Deployment, pool: PoolPlan, setup: Setup) -> str:
                         fixed_bytes_per_sequence=allocation.fixed_bytes_per_sequence if allocation else 0,
                         max_model_len=setup.max_model_len, levels=pool_levels(setup),
                         written_by="kvbudget.deploy")
-    return text + (f"# the engine's own admission from the {REJECT} level: max_num_queued_reqs "
+    return text + (f"# the engine's own admission from the {REJECT.name} level: max_num_queued_reqs "
                    f"{pool.max_num_queued_reqs}, max_num_queued_tokens {pool.max_num_queued_tokens}\n")
 
 

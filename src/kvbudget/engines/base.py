@@ -234,13 +234,13 @@ class Serving:
     logit_bytes: int = 4  # bytes the profiling run's sampler holds per logit (rows x vocabulary) at its peak
     sampler_apart: bool = False  # the sampler runs after the forward pass has freed its activations (peak: the larger)
     held_bytes: int = 0  # what the forward pass keeps allocated through the sampler (vLLM's fused-MoE workspace)
+    forward_values: tuple[int, int] = (4, 2)  # values per token at the forward pass's peak: (hidden-, MLP-wide)
     encoder_peak_bytes: int = 0  # a pass profiled before the text's, whose peak may be the higher (vLLM's encoder)
     checked: str = ""  # how the budget compares with real start-ups, where it was checked
     # the engine's own figure for its forward pass's buffers (llama.cpp's compute buffer), in place of the
     # estimate from prefill_tokens: bytes for a model and how they were found (on a GPU, still an estimate)
     compute_buffer: Callable[[ModelSpec], tuple[int, str]] | None = None
-    # memory in use before the engine measures what is free, where it takes its share of that (SGLang): the share
-    # of it comes off the budget beside overhead_bytes
+    # memory in use before the engine measures what is free (SGLang): its share of it comes off the budget too
     preload_bytes: int = 0
     given_fraction_scale: float = 1.0  # what the engine multiplies a share you give by (SGLang 0.4, multimodal)
     # the part of what its share leaves free after the profiling pass the engine keeps for the cache (TGI before
@@ -314,14 +314,14 @@ DEFAULT_SAMPLED_ROWS = 256
 
 @dataclass(frozen=True, kw_only=True)
 class OutputLimit:
-    """How an engine's OpenAI-compatible server reads a request's output limit: the fields it takes, first
-    present first, and what it generates up to when none is given (the guard predicts with the same rule)."""
+    """How an engine's server reads a request's output limit: its fields, first present first (the guard's rule)."""
 
     chat: tuple[str, ...]  # /v1/chat/completions fields, in the order the engine prefers them
     completions: tuple[str, ...]  # /v1/completions fields
     completions_default: int | None  # an absent limit on /v1/completions; None: up to the end of the context
     zero_is_absent: bool = False  # the engine reads `a or b`: a 0 falls through to the next field
     negative_is_absent: bool = False  # llama.cpp: -1 asks for no limit
+    stops_at_context: bool = False  # a limit past the context is cut there, not refused (llama.cpp's slot)
     source: str = ""
 
     def tokens(self, body: dict[str, Any], chat: bool, remaining: int | None) -> int | None:

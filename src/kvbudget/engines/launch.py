@@ -34,6 +34,16 @@ class Launch:
 
 
 @runtime_checkable
+class ShedsQueue(Protocol):
+    """An engine whose server refuses requests itself past limits on its queue (vLLM's --max-num-queued-reqs and
+    --max-num-queued-tokens, from 0.29): the flags that set them, on a release (None: the newest modelled)."""
+
+    def queue_flags(self, max_num_queued_reqs: int | None, max_num_queued_tokens: int | None,
+                    release: str | None = None) -> Launch:
+        """The flags (argv: the flags alone) and, for a limit the release cannot take, a note saying so."""
+
+
+@runtime_checkable
 class Launches(Protocol):
     """An engine that writes its server's command line for a pool of a deployment."""
 

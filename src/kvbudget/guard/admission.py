@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from kvbudget.engines import Engine
-from kvbudget.guard.policy import Decision, Policy, Replica, decide
+from kvbudget.guard.policy import Decision, Policy, Replica, decide, fit_context
 from kvbudget.guard.request import Asked, samples
 from kvbudget.guard.signals import Predictor, approximate_prompt_tokens
 
@@ -35,6 +35,19 @@ class Admission:
         if asked.chat:
             return [self.count_prompt(body)]
         return [p if isinstance(p, int) else self.count_prompt({"prompt": p}) for p in asked.prompts]
+
+    def fit_context(self, body: dict[str, Any], asked: Asked, prompts: list[int]
+                    ) -> tuple[dict[str, Any], tuple[str, ...]] | str:
+        """The body with its output limit cut to the context, for an engine that stops where a request's context
+        ends (llama.cpp's slot), and what changed; or why its prompt cannot fit (`policy.fit_context`). Bodies
+        pass untouched where the context or the prompts are not known."""
+        rule = self.engine.output_limit
+        if not rule.stops_at_context or self.max_model_len is None or not prompts:
+            return body, ()
+        exact = self.count_prompt is not approximate_prompt_tokens or (
+            not asked.chat and all(isinstance(p, int) for p in asked.prompts))
+        fields = tuple(dict.fromkeys(rule.chat if asked.chat else rule.completions))
+        return fit_context(body, prompts, self.max_model_len, fields, exact)
 
     def request_bytes(self, body: dict[str, Any], asked: Asked, prompts: list[int]) -> int:
         """What the request will hold once every sequence has generated all it may: its output limit read as

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from kvbudget.errors import KVBudgetError, UpstreamConfigError, named, spelled
 from kvbudget.guard.policy import Policy
-from kvbudget.levels import HYSTERESIS, LEVELS, find_level
+from kvbudget.levels import HYSTERESIS, LEVELS, REJECT, find_level, queue_limits
 
 if TYPE_CHECKING:
     from kvbudget.engines import Engine
+    from kvbudget.engines.launch import Launch
     from kvbudget.planner import Plan
 
 
@@ -400,12 +401,37 @@ def write_config(*, model: str, engine: str, gpu: str, tp: int, kv_budget_bytes:
 
 
 def guard_config_yaml(p: Plan) -> str:
-    """The degradation plan as the guard's YAML configuration (`kvbudget guard --config`)."""
-    return write_config(model=p.model.name, engine=p.engine.name, gpu=p.gpu, tp=p.tp, kv_budget_bytes=p.kv_memory_bytes,
+    """The degradation plan as the guard's YAML configuration (`kvbudget guard --config`), and the engine's own
+    queue limits from the same reject level as a comment (`engine_queue_flags`)."""
+    text = write_config(model=p.model.name, engine=p.engine.name, gpu=p.gpu, tp=p.tp, kv_budget_bytes=p.kv_memory_bytes,
                         kv_cache_tokens=p.capacity.physical_token_slots, bytes_per_token=p.estimate.bytes_per_token,
                         fixed_bytes_per_sequence=p.estimate.fixed_bytes_per_sequence,
                         max_model_len=p.capacity.max_model_len, levels=p.levels)
+    flags = engine_queue_flags(p)
+    if flags is None:
+        return text
+    said = [f"# {p.engine.name}'s own admission from the {REJECT.name} level: {flags.shell}"] if flags.argv else []
+    return text + "".join(f"{line}\n" for line in said + [f"# {note}" for note in flags.notes])
 
 
-__all__ = ["ClientLimits", "ConnectionLimits", "GuardConfig", "LevelSetting", "guard_config_yaml", "of", "parse",
+def engine_queue_flags(p: Plan) -> Launch | None:
+    """The flags of the engine's own queue limits (vLLM's --max-num-queued-reqs and --max-num-queued-tokens) from
+    the plan's reject level, as `kvbudget.deploy` sets them (`levels.queue_limits`); None for an engine without
+    them."""
+    from kvbudget.engines.launch import ShedsQueue
+
+    if not isinstance(p.engine, ShedsQueue) or p.options.max_num_seqs is None:
+        return None
+    reject = next(level for level in p.levels if level.name == REJECT.name)
+    reqs, tokens = queue_limits(p.options.max_num_seqs, reject.requests, reject.tokens)
+    version = p.options.engine_version
+    flags = p.engine.queue_flags(reqs, tokens, ".".join(map(str, version)) if version else None)
+    if p.replicas > 1 and flags.argv:  # vLLM's API server counts over its data-parallel ranks (queued.py)
+        flags = replace(flags, notes=(*flags.notes, f"the limits are one replica's: one server of {p.replicas} "
+                                      f"data-parallel replicas counts over all of them (x{p.replicas})"))
+    return flags
+
+
+__all__ = ["ClientLimits", "ConnectionLimits", "GuardConfig", "LevelSetting", "engine_queue_flags", "guard_config_yaml",
+           "of", "parse",
            "read", "read_yaml", "write_config"]

@@ -49,6 +49,7 @@ class Pending:
     prompts: list[int]  # each prompt's tokens (empty without a predictor)
     priority: bool
     client: str = ""  # who sent it (guard.clients): its key's digest, a trusted proxy's name for it, its address
+    fitted: tuple[str, ...] = ()  # the output limits cut to the request's context (Admission.fit_context)
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,16 @@ class Gate:
         except KVBudgetError as exc:  # the tokenizer's chat template refuses the messages
             return Refusal(status=400, message=str(exc), kind="invalid_request_error",
                            param="messages" if asked.chat else "prompt")
+        fitted: tuple[str, ...] = ()
+        if not self.config.sidecar:  # (a sidecar forwards as sent)
+            fit = self.admission.fit_context(body, asked, prompts)
+            if isinstance(fit, str):
+                return Refusal(status=400, message=fit, kind="invalid_request_error",
+                               param="messages" if asked.chat else "prompt")
+            body, fitted = fit
         client = self.clients.identify(headers, peer, self.key(headers.get("authorization", "")) if self.keys else None)
         return Pending(path=path, body=body, asked=asked, prompts=prompts, priority=self.priority(headers),
-                       client=client)
+                       client=client, fitted=fitted)
 
     def admit(self, pending: Pending, tried: set[str]) -> Admitted | Refusal:
         """The decision for a read request among the replicas not `tried`: a 503, or the request held against the
@@ -139,6 +147,8 @@ class Gate:
         (it logs what the guard would have done as `advice`)."""
         body = pending.body
         decision = self.admission.decide(body, pending.asked, pending.prompts, pending.priority, tried)
+        if pending.fitted and decision.forwards:
+            decision = replace(decision, changes=pending.fitted + tuple(decision.changes))
         advice = {}
         if self.config.sidecar:
             advice = {"advice": decision.action, "advised_changes": list(decision.changes)}

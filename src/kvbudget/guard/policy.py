@@ -141,6 +141,27 @@ def choose_replica(replicas: list[Replica], policy: Policy, now: float) -> tuple
 OUTPUT_FIELDS = ("max_tokens", "max_completion_tokens")  # OpenAI's; an engine's own list comes from its rule
 
 
+def fit_context(body: dict[str, Any], prompts: list[int], context: int, fields: tuple[str, ...],
+                exact: bool) -> tuple[dict[str, Any], tuple[str, ...]] | str:
+    """The body with each output-limit field (`fields`) cut to what a request's context of `context` tokens leaves
+    after its longest prompt, and what changed; or why the prompt alone cannot fit (a string). `exact`: the prompts
+    were counted, not estimated from characters; an estimate never refuses and cuts no field below `context` (the
+    server counts the prompt itself and stops where the context ends)."""
+    longest = max(prompts, default=0)
+    if exact and longest >= context:
+        return (f"the prompt ({longest:,} tokens) leaves no room in the server's context of {context:,} tokens per "
+                "request; shorten it")
+    room = context - longest if exact else context
+    out, changes = body, []
+    for key in fields:
+        asked = body.get(key)
+        if isinstance(asked, int) and not isinstance(asked, bool) and asked > room:
+            out = out if out is not body else copy.copy(body)
+            out[key] = room
+            changes.append(f"{key} {asked}->{room} (the context of {context:,} tokens)")
+    return out, tuple(changes)
+
+
 def rewrite(body: dict[str, Any], level: int, policy: Policy,
             fields: tuple[str, ...] = OUTPUT_FIELDS) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The request body as the level allows it, and what changed. At level 1 every output-limit field the

@@ -21,16 +21,43 @@ from kvbudget.guard.config import GuardConfig, parse
 from kvbudget.guard.log import guard_log
 from kvbudget.guard.signals import Prediction, Predictor
 
+START_READ_BYTES = 16 * 2**20  # the most read of an upstream's answer at start (as the poller reads its gauges)
+
+
+def _fetch(upstream: str, path: str) -> bytes | None:
+    """The body of GET `path` on the upstream at start, within 5 s and START_READ_BYTES; None on any failure."""
+    try:
+        with urllib.request.urlopen(f"{upstream.rstrip('/')}{path}", timeout=5) as resp:
+            body = resp.read(START_READ_BYTES + 1)
+    except Exception:
+        return None
+    return body if len(body) <= START_READ_BYTES else None
+
 
 def _served_model(upstream: str) -> tuple[str | None, int | None]:
     """The upstream's model name and, where its /v1/models says (vLLM, SGLang), its context length."""
     try:
-        with urllib.request.urlopen(f"{upstream.rstrip('/')}/v1/models", timeout=5) as resp:
-            entry = json.loads(resp.read())["data"][0]
+        entry = json.loads(_fetch(upstream, "/v1/models") or b"")["data"][0]
     except Exception:
         return None, None
     length = entry.get("max_model_len")
     return entry.get("id"), length if isinstance(length, int) and not isinstance(length, bool) else None
+
+
+def _pool_context(engine: Engine, upstream: str) -> tuple[int, str] | None:
+    """The longest request the upstream's engine takes as its pool states it (llama-server's /props: a slot's
+    context), and where it was read; None where it states none or does not answer."""
+    if not isinstance(engine, ReportsPool):
+        return None
+    for path in engine.pool_gauge.paths:
+        body = _fetch(upstream, path)
+        try:
+            report = engine.pool_gauge.read(body.decode("utf-8", "replace")) if body is not None else None
+        except ValueError:  # not JSON, or not the engine's
+            continue
+        if report is not None and report.context:
+            return report.context, path
+    return None
 
 
 def build_guard(upstreams: Sequence[str] = (), engine: str | Engine | None = None,
@@ -80,6 +107,11 @@ def assemble(config: GuardConfig, decision_log: TextIO | None = None) -> tuple[G
     served, served_length = _served_model(config.upstreams[0]) if model is None or context is None else (None, None)
     source = model or served
     context = context or served_length
+    pool_context = _pool_context(chosen, config.upstreams[0]) if context is None else None
+    if pool_context is not None:
+        context = pool_context[0]
+        notes.append(f"context length {context:,} per request from {pool_context[1]} (give max_model_len to "
+                     "override)")
     notes.extend(config.notes)
     prediction, spec = _predictor(chosen, source, config, notes)
     predictor = prediction.predictor

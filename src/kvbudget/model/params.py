@@ -358,8 +358,19 @@ def routed_experts(model: ModelSpec) -> RoutedExperts | None:
     if widest is None:
         return None
     return RoutedExperts(experts=widest[0], top_k=widest[1], intermediate=widest[2], hidden=hidden,
-                         quantized=bool(model.config.get("quantization_config"))
+                         quantized=quantized(model)
                          or model.config.get("expert_dtype") == "fp4")  # DeepSeek-V4: FP4 experts
+
+
+def quantized(model: ModelSpec) -> bool:
+    """Whether the checkpoint quantizes its weights (its config has a quantization_config)."""
+    return bool(model.config.get("quantization_config"))
+
+
+def architectures(model: ModelSpec) -> tuple[str, ...]:
+    """The model classes the config names (`architectures`: what transformers and engines pick the code by);
+    empty where it names none."""
+    return tuple(str(a) for a in model.config.get("architectures") or ())
 
 
 def _moe_layout(i: int, f: Fields, mt: str, hidden: int) -> tuple[int, int, int, int, bool]:

@@ -1,15 +1,19 @@
 """The fleet's front door: an admission policy (simulation/guarded.py's, deciding on the fleet's gauges) and the
-Gateway API Inference Extension's flow control, a queue at the gateway.
+llm-d router's flow control, a queue at the gateway.
 
-Flow control as GIE v1.5.0 runs it (pkg/epp/flowcontrol/): a request that finds the pool saturated, or others
-already waiting, joins a first-come-first-served queue; the queue sends its head whenever the pool is not
-saturated, the saturation read as the utilization detector does (pkg/epp/framework/plugins/flowcontrol/
-saturationdetector/utilization: the mean over the serving replicas of max(waiting / 5, KV usage / 0.8), saturated
-at 1) from gauges refreshed every 50 ms. A request that finds the queue full is refused with 429
-(QueueOutcomeRejectedCapacity -> ResourceExhausted, pkg/epp/requestcontrol/admission.go and
-pkg/common/error/error.go); one that waits past its time-to-live is evicted with 503 (QueueOutcomeEvictedTTL ->
-ServiceUnavailable). GIE bounds the queue by bytes and requests (MaxBytes, MaxRequests: none by default but a 1 GB
-band) and applies no TTL unless one is configured (DefaultRequestTTL); here both are given.
+Flow control as llm-d-router v0.10.0 runs it (github.com/llm-d/llm-d-router, the Endpoint Picker that left the
+Gateway API Inference Extension; on with `featureGates: [flowControl]`, cmd/epp/runner/runner.go): a request that
+finds the pool saturated, or others already waiting, joins a first-come-first-served queue (pkg/epp/flowcontrol/:
+fcfs ordering, global-strict fairness); the queue sends its head whenever the pool is not saturated, the
+saturation read as the utilization detector does (pkg/epp/framework/plugins/flowcontrol/saturationdetector/
+utilization: the mean over the serving replicas of max(waiting / 5, KV usage / 0.8), saturated at 1, the default
+static usage limit 1.0) from gauges refreshed every 50 ms. v0.10 bounds the queue by default (#2123): 5,000 requests
+a priority band (pkg/epp/flowcontrol/registry/config.go defaultPriorityBandMaxRequests; 1 GB of bodies, not
+modelled) and 60 s of wait (controller/config.go defaultRequestTTL; `defaultRequestTTL: 0s` turns it off). A
+request that finds the queue full is refused with 429 (QueueOutcomeRejectedCapacity -> ResourceExhausted,
+pkg/epp/requestcontrol/admission.go, pkg/common/error/error.go); one that waits past its time-to-live is evicted
+with 429 while the pool has endpoints (#2047; 503, ServiceUnavailable, in GIE v1.5 and llm-d-router v0.9) and 503
+when it has none. Every request has priority 0 here (one band).
 """
 
 from __future__ import annotations
@@ -22,31 +26,36 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvbudget import validate
+from kvbudget.choices import Admission
 from kvbudget.engines import get_engine
 from kvbudget.engines.scheduling.setup import Setup
 from kvbudget.engines.scheduling.workload import Request
 from kvbudget.errors import KVBudgetError
-from kvbudget.simulation.guarded import Gatekeeper, admission_policy
+from kvbudget.simulation.guarded import Gatekeeper, admission_policy, refusal_status
 from kvbudget.simulation.percentiles import Percentiles
 
 GIE_QUEUE_THRESHOLD = 5  # the utilization detector's DefaultQueueDepthThreshold
 GIE_KV_THRESHOLD = 0.8  # ... and its DefaultKVCacheUtilThreshold
 GIE_REFRESH_S = 0.05  # the endpoints' metrics refresh the detector reads
 MAX_QUEUE = 1_000_000  # requests held at the gateway: a queue past that is a misconfiguration, not a buffer
+LLMD_MAX_REQUESTS = 5000  # llm-d-router v0.10's bound on a priority band's queue (defaultPriorityBandMaxRequests)
+LLMD_TTL_S = 60.0  # ... and on a request's wait in it (defaultRequestTTL)
 
 
 @dataclass(frozen=True, kw_only=True)
 class FlowControl:
-    """A queue at the fleet's front: at most `max_requests` held, each for at most `ttl` seconds (None: until sent)."""
+    """A queue at the fleet's front: at most `max_requests` held, each for at most `ttl` seconds (None: until sent);
+    llm-d-router v0.10's defaults."""
 
-    max_requests: int
-    ttl: float | None = None
+    max_requests: int = LLMD_MAX_REQUESTS
+    ttl: float | None = LLMD_TTL_S
     refresh: float = GIE_REFRESH_S  # seconds between the dispatcher's reads of the gauges
 
     def check(self) -> FlowControl:
         validate.count(self.max_requests, "flow_control", 1, MAX_QUEUE, given=f"max={self.max_requests!r}")
         if self.ttl is not None:
-            validate.number(self.ttl, "flow_control", 0.0, validate.MAX_SECONDS, given=f"ttl={self.ttl!r}")
+            validate.number(self.ttl, "flow_control", 0.0, validate.MAX_SECONDS, above=False,
+                            given=f"ttl={self.ttl!r}")
         validate.number(self.refresh, "flow_control", 0.0, validate.MAX_SECONDS, given=f"refresh={self.refresh!r}")
         return self
 
@@ -55,12 +64,14 @@ class FlowControl:
 
 
 def parse_flow_control(text: str) -> FlowControl:
-    """`max=N[,ttl=SECONDS][,refresh=SECONDS]` (seconds as `30` or `30s`), e.g. `max=100,ttl=30s`."""
+    """`[max=N][,ttl=SECONDS][,refresh=SECONDS]` (seconds as `30` or `30s`), e.g. `max=100,ttl=30s`; what is left
+    out takes llm-d-router v0.10's default (5,000 requests, 60 s), `ttl=0` holds a request until it is sent."""
     values: dict[str, Any] = {}
-    for item in (a for a in text.split(",") if a.strip()):
+    items = [a for a in text.split(",") if a.strip()]
+    for item in items:
         key, eq, value = (s.strip() for s in item.partition("="))
         if not eq or key not in ("max", "ttl", "refresh") or key in values:
-            raise KVBudgetError(f"flow_control {validate.shown(text)}: write max=N[,ttl=SECONDS][,refresh=SECONDS] "
+            raise KVBudgetError(f"flow_control {validate.shown(text)}: write [max=N][,ttl=SECONDS][,refresh=SECONDS] "
                                 "(e.g. max=100,ttl=30s), each key once", param="flow_control")
         raw = value[:-1] if key != "max" and value.endswith("s") else value
         try:
@@ -69,10 +80,12 @@ def parse_flow_control(text: str) -> FlowControl:
             raise KVBudgetError(f"flow_control {validate.shown(text)}: {key}={validate.shown(value)} is not "
                                 f"{'a whole number' if key == 'max' else 'a number of seconds'}",
                                 param="flow_control") from None
-    if "max" not in values:
-        raise KVBudgetError(f"flow_control {validate.shown(text)}: give the queue's bound, max=N (e.g. "
-                            "max=100,ttl=30s)", param="flow_control")
-    return FlowControl(max_requests=values["max"], ttl=values.get("ttl"),
+    if not items:
+        raise KVBudgetError(f"flow_control {validate.shown(text)}: give max=N, ttl=SECONDS or both (e.g. "
+                            "max=100,ttl=30s); --admission llm-d alone takes llm-d-router v0.10's max=5000,ttl=60s",
+                            param="flow_control")
+    ttl = values.get("ttl", LLMD_TTL_S)
+    return FlowControl(max_requests=values.get("max", LLMD_MAX_REQUESTS), ttl=None if ttl == 0 else ttl,
                        refresh=values.get("refresh", GIE_REFRESH_S)).check()
 
 
@@ -89,21 +102,22 @@ class FrontReport:
     """What the fleet's front door did: requests refused by reason (and the HTTP status each gets), and the time
     those the queue held waited there."""
 
-    admission: str | None  # the admission policy, if one decided
+    admission: str | None  # the admission policy, if one decided (llm-d: the flow control alone)
     flow_control: FlowControl | None
-    # reason -> requests: admission (the policy's own answer), queue-full (429), ttl (503), and an engine's own
-    # limits by name (vLLM's max_num_queued_reqs, max_num_queued_tokens: 503)
+    # reason -> requests: admission (the policy's own answer), queue-full (429), ttl (429), ttl-no-endpoints (503),
+    # and an engine's own limits by name (vLLM's max_num_queued_reqs, max_num_queued_tokens: 503)
     refused: dict[str, int]
     held: int  # requests that waited in the queue and were sent on
     wait: Percentiles | None  # their time in the queue (seconds); latencies at the replicas count from the send
     peak_queue: int
 
     def status(self, reason: str) -> int:
-        """The HTTP status a refusal gets: 429 for a full queue and GIE's shedding or a concurrency limit
-        (ResourceExhausted), 503 for a time-to-live past and kvbudget's guard."""
+        """The HTTP status a refusal gets: 429 for a full queue, a time-to-live past while the pool has endpoints
+        and llm-d's shedding or a concurrency limit (ResourceExhausted), 503 where no endpoint serves, for
+        kvbudget's guard and for vLLM's own limits."""
         if reason == "admission":
-            return 503 if self.admission == "kvbudget" else 429
-        return 429 if reason == "queue-full" else 503  # ttl; an engine's queue limits (vLLM's: 503)
+            return refusal_status(self.admission or "")
+        return 429 if reason in ("queue-full", "ttl") else 503
 
     def to_dict(self) -> dict[str, Any]:
         return {"admission": self.admission,
@@ -125,10 +139,12 @@ class FrontDoor:
                  flow: FlowControl | str | None, engine_limits: bool = False, poll_interval: float = 1.0) -> None:
         first = setups[0]
         total = sum(s.kv_memory_bytes or 0 for s in setups)
-        self.gate: Gatekeeper | None = admission_policy(
+        self.queued = admission == Admission.LLMD  # llm-d-router's flow control: the queue, its defaults unless given
+        self.gate: Gatekeeper | None = None if self.queued else admission_policy(
             admission, guard_config, replace(first, kv_memory_bytes=total or first.kv_memory_bytes),
             get_engine(first.engine), poll_interval)
-        self.flow = parse_flow_control(flow) if isinstance(flow, str) else flow.check() if flow else None
+        self.flow = parse_flow_control(flow) if isinstance(flow, str) else flow.check() if flow else \
+            FlowControl() if self.queued else None
         self.queue: deque[tuple[Request, Release]] = deque()  # held at the gateway, in arrival order
         self.refused: dict[str, int] = {}
         self.waits = array("d")
@@ -181,10 +197,10 @@ class FrontDoor:
         request arriving at the replica now) while the pool is not saturated, `gauges()` read after each send."""
         flow = self.flow
         assert flow is not None
-        if flow.ttl is not None:
+        if flow.ttl:  # (0 or None: none)
             while self.queue and now >= self.queue[0][0].arrival + flow.ttl:  # (in arrival order: the oldest first)
                 _, release = self.queue.popleft()
-                self._refuse("ttl")
+                self._refuse("ttl" if gauges() else "ttl-no-endpoints")
                 if release is not None:
                     release()
         while self.queue and saturation(gauges()) < 1.0:
@@ -204,6 +220,7 @@ class FrontDoor:
     def report(self) -> FrontReport | None:
         if not self.active:
             return None
-        return FrontReport(admission=self.gate.report().policy if self.gate else None, flow_control=self.flow,
+        policy = str(Admission.LLMD) if self.queued else self.gate.report().policy if self.gate else None
+        return FrontReport(admission=policy, flow_control=self.flow,
                            refused=dict(self.refused), held=len(self.waits), wait=Percentiles.of(self.waits),
                            peak_queue=self.peak_queue)

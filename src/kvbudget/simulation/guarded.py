@@ -4,9 +4,13 @@
   request as it arrives, with the engine's usage gauge as the guard would have scraped it (every `poll_interval`
   seconds of simulated time) and its own prediction of what the requests in flight will hold. Nothing here
   decides anything itself.
-- `gie`: the Gateway API Inference Extension's saturation detector with its published defaults
-  (pkg/epp/saturationdetector/config.go: saturated at 5 waiting requests or 0.8 KV usage, metrics refreshed every
-  50 ms): while saturated, a sheddable request is rejected (every request is taken as sheddable here).
+- `gie`: the Endpoint Picker's legacy admission (llm-d-router v0.10.0 with its flowControl feature gate off, the
+  default; the Gateway API Inference Extension's before it): while the utilization detector reads the pool
+  saturated (pkg/epp/framework/plugins/flowcontrol/saturationdetector/utilization/config.go: 5 waiting requests or
+  0.8 KV usage; metrics refreshed every 50 ms), a sheddable request (priority below 0) is rejected with 429
+  (pkg/epp/requestcontrol/admission.go, rejectIfSheddableAndSaturated); every request is taken as sheddable here.
+- `llm-d`: the same router with flow control on: a bounded queue at the gateway (simulation/front.py), so it runs
+  as a fleet's front door (a fleet of one replica from the command line).
 - `concurrency:N`: a static limit of N requests in flight at the gateway; one more is rejected.
 - `none`: the engine alone (vLLM queues, preempts and recomputes).
 A rejected request never reaches the engine; a capped one generates at most its new max_tokens.
@@ -38,10 +42,15 @@ class GuardReport:
     peak_predicted: float  # the guard's predicted usage, at its highest when it decided
     policy: str = "kvbudget"  # the admission policy that decided
 
+    @property
+    def status(self) -> int:
+        """The HTTP status its rejections get."""
+        return refusal_status(self.policy)
+
     def to_dict(self) -> dict[str, Any]:
         return {"policy": self.policy, "forwarded": {str(k): v for k, v in self.forwarded.items()},
-                "rejected": self.rejected, "capped": self.capped, "tokens_cut": self.tokens_cut,
-                "peak_predicted": self.peak_predicted}
+                "rejected": self.rejected, "status": self.status, "capped": self.capped,
+                "tokens_cut": self.tokens_cut, "peak_predicted": self.peak_predicted}
 
 
 class Gatekeeper(Protocol):
@@ -168,6 +177,12 @@ class ConcurrencyLimit:
 POLICIES = tuple(kind.spelled for kind in Admission)
 
 
+def refusal_status(policy: str) -> int:
+    """The HTTP status an admission policy refuses with: 503 for kvbudget's guard (Retry-After), 429 for the router's
+    shedding and a concurrency limit (ResourceExhausted)."""
+    return 503 if policy == Admission.KVBUDGET else 429
+
+
 def admission_policy(name: str | None, guard_config: GuardConfig | Mapping[str, Any] | None, setup: Any,
                      engine: Engine, poll_interval: float = 1.0) -> Gatekeeper | None:
     """The policy `name` names (None: the guard when a guard config is given, else none); `guard_config` is the
@@ -184,6 +199,10 @@ def admission_policy(name: str | None, guard_config: GuardConfig | Mapping[str, 
 
         return GuardInLoop(of(guard_config, "guard_config"), setup.allocation, setup.kv_memory_bytes, engine,
                            setup.max_model_len, poll_interval)
+    if kind is Admission.LLMD:
+        raise KVBudgetError("admission llm-d: flow control is a queue at a fleet's front; run it with "
+                            "simulation.fleet.simulate_fleet (the command line does, over one replica)",
+                            param="admission")
     if kind is Admission.CONCURRENCY and limit.isdigit() and int(limit) > 0:
         return ConcurrencyLimit(int(limit))
     raise KVBudgetError(f"admission {name!r}: choose one of {', '.join(POLICIES)} (N a positive whole number)",

@@ -317,7 +317,7 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
                             param="trace")
     price = {gpu: price_for(dict(prices), gpu) for gpu in space.gpus}  # an unpriced GPU fails before any plan
     check_speculates(ask, any(s is not None for s in space.speculative))
-    listed = candidates(space, _expert_groups(ask))
+    listed = candidates(space, searches_expert_groups(ask))
     setups, utilization, pruned, links = _plan(ask, listed, kv_link)
     alive = [c for c in listed if c.setting in setups and (not c.disaggregated or (c.gpu, c.setting) in links)]
     _check_lengths(requests, setups.values())
@@ -363,7 +363,7 @@ def recommend(ask: SimulationAsk, requests: Sequence[Request], slo: Mapping[str,
                           setups=setups, utilization=utilization, model_dtype=ask.model.dtype)
 
 
-def _expert_groups(ask: SimulationAsk) -> bool:
+def searches_expert_groups(ask: SimulationAsk) -> bool:
     """Whether the model has routed experts to spread and the engine's expert-parallel groups are simulated."""
     from kvbudget.engines.scheduling.setup import Simulates
     from kvbudget.errors import ConfigError

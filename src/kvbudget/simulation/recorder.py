@@ -5,8 +5,12 @@ Run vLLM with kvbudget importable (installed in vLLM's environment, or on PYTHON
     KVBUDGET_SCHEDULE_LOG=steps.jsonl vllm serve MODEL --scheduler-cls kvbudget.simulation.recorder.RecordingScheduler
 It appends one JSON line per event: each request added (its prompt token ids and max_tokens), each schedule()
 call (tokens per request in vLLM's order, the requests it preempted, free blocks and the usage gauge after it,
-the tokens the scheduled requests attend over, the monotonic time it started), and each request finished. It
-changes no decision: every method calls vLLM's own. Only vLLM's engine process imports this module.
+the tokens the scheduled requests attend over, the monotonic time it started, and with speculative decoding the
+draft tokens scheduled per request), each request finished, and with speculative decoding, after each step, the
+drafts verified and accepted per request (`update_from_output`: accepted = tokens sampled - 1, as vLLM counts
+them) and the drafts proposed for the next step per request (`update_draft_token_ids`; a prefill chunk's are
+dropped, as vLLM drops them). It changes no decision: every method calls vLLM's own. Only vLLM's engine process
+imports this module.
 """
 
 import json
@@ -54,8 +58,31 @@ class RecordingScheduler(Scheduler):
         self._write({"step": list(out.num_scheduled_tokens.items()), "preempted": self._preempted, "t": started,
                      "tokens": out.total_num_scheduled_tokens, "context": context,
                      "free": self.kv_cache_manager.block_pool.get_num_free_blocks(),
-                     "usage": self.kv_cache_manager.usage})
+                     "usage": self.kv_cache_manager.usage,
+                     "drafts": {r: len(d) for r, d in out.scheduled_spec_decode_tokens.items()}})
         return out
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        sampled = model_runner_output.sampled_token_ids
+        verified = {}
+        for r, drafts in scheduler_output.scheduled_spec_decode_tokens.items():
+            index = model_runner_output.req_id_to_index.get(r)
+            tokens = sampled[index] if sampled and index is not None else []
+            if drafts and len(tokens):
+                verified[r] = [len(drafts), max(len(tokens) - self.num_sampled_tokens_per_step, 0)]
+        if verified:
+            self._write({"verified": verified})
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+    def update_draft_token_ids(self, draft_token_ids):
+        super().update_draft_token_ids(draft_token_ids)
+        proposed = {}
+        for r in draft_token_ids.req_ids:
+            request = self.requests.get(r)
+            if request is not None and not request.is_finished() and not request.is_prefill_chunk:
+                proposed[r] = len(request.spec_token_ids)
+        if proposed:
+            self._write({"proposed": proposed})
 
     def _free_request(self, request, *args, **kwargs):
         self._write({"finished": request.request_id, "output_tokens": request.num_output_tokens})

@@ -54,6 +54,17 @@ def test_the_engines_queue_limits_are_the_guards_reject_level(written, planned):
     assert f"max_num_queued_reqs {reqs}, max_num_queued_tokens {tokens}" in written["guard.yaml"]
 
 
+def test_plan_guard_config_says_the_same_flags_as_the_deployment(written, planned):
+    """`plan --guard-config` for the same pool writes the flags serve.sh runs with (one function for both; the
+    simulated setup's slots are one block of 16 below the plan's, after vLLM's null block)."""
+    from kvbudget.guard.config import guard_config_yaml
+
+    argv = written["serve.sh"].split("exec ", 1)[1].split()
+    said = guard_config_yaml(planned).splitlines()[-1].split()
+    for flag, most in (("--max-num-queued-reqs", 0), ("--max-num-queued-tokens", 16)):
+        assert 0 <= int(said[said.index(flag) + 1]) - int(argv[argv.index(flag) + 1]) <= most, (said, argv)
+
+
 def test_limits_a_pool_states_are_kept():
     p = PoolPlan(**{**POOL.__dict__, "max_num_queued_reqs": 7, "max_num_queued_tokens": 9000})
     d = Deployment(model="llama-3.1-8b", engine="vllm", pools=(p,))

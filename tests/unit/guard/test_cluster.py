@@ -399,4 +399,20 @@ def test_readme_router_config_reads_the_gauge_the_sidecar_exports():
     assert extractor["defaultEngine"] == extractor["engineConfigs"][0]["name"]
     names = {p.get("name", p["type"]) for p in picker["plugins"]}
     refs = {r["pluginRef"] for prof in picker["schedulingProfiles"] for r in prof["plugins"]}
-    assert refs <= names and picker["saturationDetector"]["pluginRef"] in names
+    sources = {s["pluginRef"] for s in picker["dataLayer"]["sources"]}
+    extractors = {e["pluginRef"] for s in picker["dataLayer"]["sources"] for e in s["extractors"]}
+    assert refs | sources | extractors <= names and picker["flowControl"]["saturationDetector"]["pluginRef"] in names
+
+
+def test_readme_router_config_has_llm_d_router_v0_10s_layout():
+    """The fields of llm-d-router v0.10.0's EndpointPickerConfig and FlowControlConfig (apix/config/v1alpha1/
+    endpointpickerconfig_types.go, their json tags), without the two it deprecates: the top-level
+    saturationDetector (moved under flowControl in v0.9) and parser; its own API group (the old one loads with a
+    deprecation warning: pkg/epp/config/loader/configloader.go)."""
+    picker = next(b for b in readme_yaml_blocks() if b.get("kind") == "EndpointPickerConfig")
+    top = {"apiVersion", "kind", "featureGates", "plugins", "schedulingProfiles", "dataLayer", "flowControl",
+           "requestHandler"}
+    flow = {"maxBytes", "maxRequests", "defaultRequestTTL", "defaultPriorityBand", "defaultNegativePriorityBand",
+            "priorityBands", "usageLimitPolicyPluginRef", "saturationDetector", "enableEviction"}
+    assert set(picker) <= top and set(picker["flowControl"]) <= flow
+    assert picker["apiVersion"] == "llm-d.ai/v1alpha1" and "flowControl" in picker["featureGates"]

@@ -129,15 +129,18 @@ def test_the_record_round_trips_the_file_plan_writes(tmp_path, capsys):
     assert config.levels == tuple(LevelSetting(name=lv["name"], action=lv["action"], threshold=lv["fraction"],
                                                kv_bytes=lv["kv_bytes"], tokens=lv["tokens"], requests=lv["requests"])
                                   for lv in plan["degradation"])
-    # and the file it writes from a record is the same file
+    # and the file it writes from a record is the same file, but for the comment on the engine's own queue limits
     from kvbudget.guard.config import write_config
+
+    written, comment = out.read_text().split("# vllm's own admission from the reject level: ")
+    assert comment.startswith("--max-num-queued-reqs ")
 
     assert write_config(model=config.model, engine=config.engine, gpu=config.gpu, tp=config.tp,
                         kv_budget_bytes=config.kv_budget_bytes, kv_cache_tokens=config.kv_cache_tokens,
                         bytes_per_token=config.bytes_per_token,
                         fixed_bytes_per_sequence=config.fixed_bytes_per_sequence,
                         max_model_len=config.max_model_len,
-                        levels=[_Row(lv) for lv in config.levels]) == out.read_text()
+                        levels=[_Row(lv) for lv in config.levels]) == written
 
 
 class _Row:

@@ -79,18 +79,20 @@ def ask(url: str, max_tokens: int):
         model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=max_tokens)
 
 
-@pytest.mark.parametrize("engine, path", [("vllm", "/metrics"), ("sglang", "/server_info"),
-                                          ("llamacpp", "/props")])
-def test_a_request_twice_the_pool_is_capped_without_kv_memory(serve, engine, path):
+@pytest.mark.parametrize("engine, path, forwarded, level", [("vllm", "/metrics", 15_000, "2"),
+                                                             ("sglang", "/server_info", 15_000, "2"),
+                                                             ("llamacpp", "/props", 8_000, "0")])
+def test_a_request_twice_the_pool_is_capped_without_kv_memory(serve, engine, path, forwarded, level):
     """A pool of 16,000 tokens; a request of max_tokens 30,000 alone needs about twice it: the guard caps it to
-    half (15,000: 94% of the pool, level 2) instead of forwarding it unchanged."""
+    half (15,000: 94% of the pool, level 2) instead of forwarding it unchanged. llama-server's pool is 2 slots of
+    8,000 tokens: the request is cut to its slot (half the pool, level 0)."""
     stub, log = PoolStub(engine), io.StringIO()
     with serve(stub.app()) as upstream:
         guard, notes = guard_on(upstream.url, engine, log)
         assert any(f"KV budget from each replica's own pool ({path}" in n for n in notes), notes
         with serve(guard.app()) as g:
             raw = ask(g.url, 30_000)
-            assert stub.bodies[-1]["max_tokens"] == 15_000 and raw.headers["x-kvbudget-level"] == "2"
+            assert stub.bodies[-1]["max_tokens"] == forwarded and raw.headers["x-kvbudget-level"] == level
             metrics = httpx.get(f"{g.url}/metrics").text
             assert f'kvbudget_guard_kv_budget_bytes{{replica="{upstream.url}"}}' in metrics
             assert parse_prometheus(metrics, "kvbudget_guard_kv_budget_bytes") == 16_000 * TOKEN

@@ -39,6 +39,20 @@ def test_a_concurrency_limit_frees_a_place_when_a_request_ends():
     assert limit.report().rejected == 1
 
 
+def test_each_policy_refuses_with_its_status():
+    """The router's shedding and a concurrency limit answer 429 (ResourceExhausted), kvbudget's guard 503."""
+    shed = SaturationShedding()
+    shed.observe(0.0, 0.9, 0)
+    shed.admit(R, 0.0)
+    assert shed.report().to_dict()["status"] == 429 and ConcurrencyLimit(1).report().status == 429
+
+
+def test_llm_d_needs_a_fleets_front():
+    with pytest.raises(KVBudgetError, match="admission llm-d: flow control is a queue at a fleet's front") as err:
+        admission_policy("llm-d", None, None, None)
+    assert err.value.param == "admission"
+
+
 @pytest.mark.parametrize("name", ["bogus", "concurrency:0", "concurrency:x"])
 def test_unknown_policies_are_refused(name):
     with pytest.raises(KVBudgetError, match="choose one of none, gie"):
@@ -71,3 +85,19 @@ def test_max_waiting_sheds_when_the_engine_computes_slower_than_requests_arrive(
     assert levels.preemptions == queue.preemptions == 0
     assert queue.guard.rejected > levels.guard.rejected and queue.completed + queue.guard.rejected == 400
     assert queue.metric("ttft_p99") < levels.metric("ttft_p99") / 3
+
+
+def test_the_summary_and_the_json_say_the_status_of_the_rejections(capsys):
+    import json
+
+    from simkit import AZURE, cli
+
+    run = ("simulate", "llama-3.1-8b", "--gpu", "H100", "--kv-memory", "2GiB", "--max-model-len", "8192", "--trace",
+           AZURE, "--slice", "0:300", "--rate-scale", "6", "--admission", "gie")
+    code, out, err = cli(capsys, *run)
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("admission (gie)"))
+    assert line.endswith(" (429)") and ", rejected " in line
+    code, out, err = cli(capsys, *run, "--json")
+    guard = json.loads(out)["guard"]
+    assert code == 0 and guard["rejected"] > 0 and guard["status"] == 429

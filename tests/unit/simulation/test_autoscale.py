@@ -178,9 +178,9 @@ def test_kv_keeps_the_hpas_tolerance_and_scale_up_limit():
 def test_the_flow_control_queue_holds_to_its_bound_and_refuses_past_its_ttl():
     """One request runs at a time (640 steps: 10 s); one arrives every 0.1 s. GIE's detector reads the pool
     saturated once 5 wait: the first six are sent (the sixth finds 4 waiting), the next three are held (the
-    queue's bound), the tenth is refused (429). With a TTL of 2 s the three held expire (503); without one they
-    are sent together when the first request ends at 10 s and the gauge, scraped every 0.05 s, shows 4 waiting
-    (10.1 s)."""
+    queue's bound), the tenth is refused (429). With a TTL of 2 s the three held expire (429 while the pool has a
+    replica: llm-d-router v0.10, #2047); with v0.10's default of 60 s they are sent together when the first request
+    ends at 10 s and the gauge, scraped every 0.05 s, shows 4 waiting (10.1 s)."""
     load = [req(i * 0.1, 640, i) for i in range(10)]
     pools = [Pool(name="m", setup=ONE)]
     sent: dict[int, list[Request]] = {}
@@ -189,7 +189,7 @@ def test_the_flow_control_queue_holds_to_its_bound_and_refuses_past_its_ttl():
     assert ttl.front is not None
     assert ttl.front.refused == {"queue-full": 1, "ttl": 3} and ttl.front.held == 0 and ttl.front.peak_queue == 3
     assert [r.id for r in sent[0]] == ["0", "1", "2", "3", "4", "5"] and ttl.completed == 6 and ttl.refused == 4
-    assert ttl.to_dict()["fleet"]["front"]["status"] == {"queue-full": 429, "ttl": 503}
+    assert ttl.to_dict()["fleet"]["front"]["status"] == {"queue-full": 429, "ttl": 429}
     sent.clear()
     held = simulate_fleet(LLAMA, load, pools, flow_control=parse_flow_control("max=3"),
                           on_route=lambda r, i: sent.setdefault(i, []).append(r))
@@ -247,12 +247,43 @@ def test_a_bad_load_bandwidth_is_refused_in_one_line(text):
     assert err.value.param == "load_bandwidth"
 
 
+def test_flow_control_takes_llm_d_router_v0_10s_defaults():
+    """v0.10 bounds a priority band's queue at 5,000 requests (registry/config.go) and a request's wait at 60 s
+    (controller/config.go); `defaultRequestTTL: 0s` turns the wait's bound off."""
+    assert (parse_flow_control("ttl=5").max_requests, parse_flow_control("ttl=5").ttl) == (5000, 5.0)
+    assert (parse_flow_control("max=7").max_requests, parse_flow_control("max=7").ttl) == (7, 60.0)
+    assert parse_flow_control("max=7,ttl=0s").ttl is None
+
+
+def test_llm_d_at_the_front_queues_with_its_defaults_and_says_429_past_the_ttl():
+    """`admission="llm-d"`: the router's flow control with v0.10's bounds, no policy of its own. The flow-control
+    test's load, one every 0.1 s for 10 s of one request at a time, held within 60 s: none refused."""
+    load = [req(i * 0.1, 640, i) for i in range(10)]
+    fleet = simulate_fleet(LLAMA, load, [Pool(name="m", setup=ONE)], admission="llm-d")
+    assert fleet.front is not None and fleet.front.admission == "llm-d" and fleet.front.refused == {}
+    assert fleet.front.to_dict()["flow_control"] == {"max_requests": 5000, "ttl_s": 60.0, "refresh_s": 0.05}
+    assert fleet.completed == 10 and fleet.front.held == 4
+
+
+def test_a_ttl_past_with_no_replica_serving_is_a_503():
+    from kvbudget.simulation.front import FlowControl, FrontDoor
+
+    door = FrontDoor(None, None, [ONE], FlowControl(max_requests=5, ttl=1.0))
+    assert door.arrive(req(0.0, 8, 0), []) is None  # no replica serving: saturated, held
+    door.dispatch(0.5, lambda: [], lambda r, release: None)
+    assert door.refused == {}
+    door.dispatch(1.0, lambda: [], lambda r, release: None)
+    report = door.report()
+    assert report is not None and report.refused == {"ttl-no-endpoints": 1}
+    assert report.status("ttl-no-endpoints") == 503 and report.status("ttl") == 429
+
+
 @pytest.mark.parametrize("text, says", [
     ("max=0", "'max=0' must be a whole number from 1"),
-    ("ttl=5", "give the queue's bound"),
-    ("max=10,ttl=-1", "'ttl=-1.0' must be a number above 0"),
+    ("", "give max=N, ttl=SECONDS or both"),
+    ("max=10,ttl=-1", "'ttl=-1.0' must be a number from 0"),
     ("max=x", "max='x' is not a whole number"),
-    ("max=1,depth=2", "write max=N"),
+    ("max=1,depth=2", r"write \[max=N\]"),
 ])
 def test_bad_flow_control_is_refused_in_one_line(text, says):
     with pytest.raises(KVBudgetError, match=says) as err:

@@ -70,6 +70,21 @@ def test_a_fleet_file_names_its_autoscaler_and_the_pool_it_scales(capsys, tmp_pa
     assert {r["pool"] for r in data["fleet"]["replicas"] if r["started_s"] > 0} == {"long"}
 
 
+def test_admission_llm_d_is_the_routers_flow_control_in_front_of_one_replica(capsys):
+    """`--admission llm-d` alone: llm-d-router v0.10's flow control (a queue of 5,000 requests, 60 s each) before
+    one replica, run as a fleet of one; its refusals counted with their status in the summary and the JSON."""
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", *SMALL, *FAST, "--admission", "llm-d",
+                         "--flow-control", "max=5,ttl=2s", "--json")
+    assert code == 0, err
+    front = json.loads(out)["fleet"]["front"]
+    assert front["admission"] == "llm-d" and front["flow_control"]["max_requests"] == 5
+    assert front["refused"]["queue-full"] > 0 and front["status"]["queue-full"] == 429
+    assert all(front["status"][reason] == 429 for reason in front["refused"])
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", *SMALL, *FAST, "--admission", "llm-d")
+    text = " ".join(out.split())
+    assert code == 0 and "a fleet of 1 replica" in text and "front door (llm-d): refused" in text, err
+
+
 def test_admission_at_the_fleets_front_on_the_command_line(capsys):
     code, out, err = cli(capsys, "simulate", "llama-3.1-8b", *SMALL, *FAST, "--replicas", "2", "--admission",
                          "concurrency:8", "--json")
@@ -88,7 +103,7 @@ def test_admission_at_the_fleets_front_on_the_command_line(capsys):
                                 "give --autoscale POLICY too"),
     (("--autoscale", "kv", "--load-bandwidth", "0"), "--load-bandwidth: '0' must be a number above 0 up to 1,000"),
     (("--flow-control", "max=0"), "--flow-control: 'max=0' must be a whole number from 1 to 1,000,000"),
-    (("--flow-control", "ttl=3"), "--flow-control 'ttl=3': give the queue's bound, max=N"),
+    (("--flow-control", ","), "--flow-control ',': give max=N, ttl=SECONDS or both"),
     (("--max-num-queued-reqs", "0"), "--max-num-queued-reqs: '0' must be positive"),
     (("--replicas", "2", "--autoscale", "kv:max=1"), "--autoscale: pool main starts with 2 replicas, outside min 1 "
                                                      "to max 1; start within them"),

@@ -147,13 +147,13 @@ def test_cli_refuses_in_one_line(args, needle):
 def test_recommend_lists_expert_parallel_groups_for_an_moe_model_only():
     from kvbudget.engines import get_engine
     from kvbudget.engines.scheduling.setup import SimulationAsk
-    from kvbudget.simulation.recommend import Space, _expert_groups, candidates
+    from kvbudget.simulation.recommend import Space, candidates, searches_expert_groups
 
     space = Space(gpus=("H100-80GB",), max_gpus=4, tp=(1, 2), kv_dtypes=("auto",), disaggregated=False)
     moe = SimulationAsk(model=MOE, engine=get_engine("vllm"))
     dense = SimulationAsk(model=kvbudget.load_model("llama-3.1-8b"), engine=get_engine("vllm"))
-    assert _expert_groups(moe) and not _expert_groups(dense)
-    assert not _expert_groups(replace(moe, engine=get_engine("llamacpp")))
+    assert searches_expert_groups(moe) and not searches_expert_groups(dense)
+    assert not searches_expert_groups(replace(moe, engine=get_engine("llamacpp")))
     groups = [(c.tp, c.replicas) for c in candidates(space, True) if c.expert_parallel]
     assert groups == [(1, 2), (1, 3), (1, 4), (2, 2)]  # 2 or more ranks of tp GPUs each, within max_gpus
     assert not any(c.expert_parallel for c in candidates(space, False))

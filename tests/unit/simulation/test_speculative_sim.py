@@ -18,7 +18,7 @@ from kvbudget.errors import KVBudgetError
 from kvbudget.simulation import parse_sweep
 from kvbudget.simulation.run import setup_for, simulate
 from kvbudget.simulation.search import ask_with
-from kvbudget.speculative import DEFAULT_ACCEPTANCE, SpecMethod, Speculative
+from kvbudget.speculative import DEFAULT_ACCEPTANCE, AcceptanceDraw, SpecMethod, Speculative
 
 TEN_MS = TimeModel.fitted(overhead=0.01, per_context=0.0, per_token=0.0, basis="ten ms a step (test)")
 
@@ -29,9 +29,10 @@ def _config(blocks: int = 100, block_size: int = 16, budget: int = 2048, seqs: i
                            max_num_batched_tokens=budget, max_model_len=4096, prefix_caching=caching)
 
 
-def _spec(method: SpecMethod = SpecMethod.NGRAM, k: int = 3, rates: tuple[float, ...] = (1.0,)) -> Speculative:
+def _spec(method: SpecMethod = SpecMethod.NGRAM, k: int = 3, rates: tuple[float, ...] = (1.0,),
+          draw: AcceptanceDraw = AcceptanceDraw.DRAWN) -> Speculative:
     draft = kvbudget.load_model("llama-3.2-1b") if method.needs_draft_model else None
-    return Speculative(method=method, num_tokens=k, acceptance=rates, draft=draft)
+    return Speculative(method=method, num_tokens=k, acceptance=rates, draft=draft, draw=draw)
 
 
 def _run(sched: SpecScheduler) -> list[Step]:
@@ -153,8 +154,9 @@ def test_preemption_drops_drafts() -> None:
 
 
 def test_half_acceptance_alternates() -> None:
-    # k = 1 at 0.5: the expected 0.5 accepted a verification, carried: 1, 0, 1, 0 ... (the mean exactly 0.5)
-    sched = SpecScheduler(_config(), _spec(k=1, rates=(0.5,)))
+    # k = 1 at 0.5, expected acceptance: the expected 0.5 accepted a verification, carried: 1, 0, 1, 0 ... (the
+    # mean exactly 0.5)
+    sched = SpecScheduler(_config(), _spec(k=1, rates=(0.5,), draw=AcceptanceDraw.EXPECTED))
     sched.add(Request(arrival=0.0, prompt_tokens=4, output_tokens=1 + 3 * 10))
     _run(sched)
     t = sched.spec_totals()
@@ -165,7 +167,7 @@ def test_half_acceptance_alternates() -> None:
 @given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4), st.integers(1, 4), st.integers(2, 60))
 def test_acceptance_counts_stay_within_the_drafts(rates: list[float], k: int, out: int) -> None:
     rates = rates[:k]
-    sched = SpecScheduler(_config(), _spec(k=k, rates=tuple(rates)))
+    sched = SpecScheduler(_config(), _spec(k=k, rates=tuple(rates), draw=AcceptanceDraw.EXPECTED))
     seq = sched.add(Request(arrival=0.0, prompt_tokens=7, output_tokens=out))
     steps = _run(sched)
     t = sched.spec_totals()
@@ -260,7 +262,8 @@ def test_command_runs_without_drafts_beside_and_says_so() -> None:
     assert sim.to_dict()["tpot_without_speculation_s"]["mean"] == pytest.approx(0.01)
     lines = speculation_lines(sim)
     assert "mean acceptance length 4.00" in lines[0] and "without it: mean 10.0 ms" in lines[0]
-    assert lines[1] == "acceptance per position: 1, 1, 1 (given)"
+    assert lines[1] == ("acceptance per position: 1, 1, 1 (given); drawn at random for each verification from the "
+                        "per-position rates (seed 0)")
     assert "assumption" in lines[2]
 
 

@@ -191,8 +191,10 @@ class LlamaCppEngine(Engine):
     # until the slot's context is full
     output_limit = OutputLimit(chat=("n_predict", "max_completion_tokens", "max_tokens"),
                                completions=("n_predict", "max_completion_tokens", "max_tokens"),
-                               completions_default=None, negative_is_absent=True,
-                               source="llama.cpp tools/server/server-schema.cpp (n_predict and its aliases)")
+                               completions_default=None, negative_is_absent=True, stops_at_context=True,
+                               source="llama.cpp tools/server/server-schema.cpp (n_predict and its aliases); "
+                                      "server-context.cpp: a slot stops generating when its context is full, and "
+                                      "refuses a prompt of n_ctx_slot tokens or more")
     log_signatures = (r"llama_kv_cache", r"llama_context:", r"llama_model_loader", r"llama_new_context_with_model",
                       r"llama_memory_recurrent", r"kv self size\s*=")
 

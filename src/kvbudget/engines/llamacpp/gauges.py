@@ -28,8 +28,12 @@ def _slot_tokens(slot: dict) -> int:
 
 
 def llamacpp_pool(body: str) -> PoolReport | None:
-    """llama-server's /props: `total_slots` slots of `default_generation_settings.n_ctx` cells each. Whether the
-    cells are one unified pool is not stated there: counted as slots x n_ctx, as /slots' usage counts them."""
+    """llama-server's /props: `total_slots` slots of `default_generation_settings.n_ctx` cells each. That n_ctx is
+    a slot's context, the longest request it takes (tools/server/server-context.cpp of the llama.cpp in
+    llama-cpp-python 0.3.36, get_res_props: `meta.slot_n_ctx`, n_ctx_slot(): llama_n_ctx_seq, the server's -c over
+    its -np slots padded to 256, or the whole -c with --kv-unified, capped by --kv-unified-per-slot and the model's
+    training context). Whether the cells are one unified pool is not stated there: counted as slots x n_ctx, as
+    /slots' usage counts them."""
     props = json.loads(body)
     if not isinstance(props, dict):
         return None

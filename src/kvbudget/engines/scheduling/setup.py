@@ -159,6 +159,7 @@ class Drafting:
     def to_dict(self) -> dict[str, Any]:
         s = self.spec
         return {**s.to_dict(), "acceptance": list(s.rates()), "acceptance_source": s.acceptance_source,
+                "acceptance_draw": "replayed" if s.replayed is not None else s.draw.value, "acceptance_seed": s.seed,
                 "drafter_time": self.basis,
                 "drafter_time_model": self.time_model.to_dict() if self.time_model else None,
                 "drafter_cpu_per_seq_s": self.cpu_per_seq}

@@ -303,7 +303,7 @@ def request_log(path: str | Path, counter: CountsLines, lengths: Lengths, rate: 
 
 
 MAX_CV = 100.0  # inter-arrival variation: 1 is Poisson, 2 to 4 bursty production traffic; past 100, one burst
-MAX_SEED = 2**64 - 1  # a random seed: 64 bits
+MAX_SEED = validate.MAX_SEED  # a random seed: 64 bits
 MAX_CLIENTS = 1_000_000  # a closed loop's clients (max_concurrency): one float each while it runs
 MAX_REQUESTS = 10_000_000  # synthetic requests: each completed one is kept (~200 bytes), so a run stays under ~2 GB
 

@@ -71,6 +71,15 @@ class VLLMServer(VLLMEngine):
 
         return command(pool, deployment)
 
+    def queue_flags(self, max_num_queued_reqs: int | None, max_num_queued_tokens: int | None,
+                    release: str | None = None) -> Launch:  # ShedsQueue
+        from kvbudget.engines.vllm.launch import queue_flags
+        from kvbudget.engines.vllm.releases import NEWEST, parse_release
+
+        version = parse_release(release) if release else NEWEST
+        return queue_flags(max_num_queued_reqs, max_num_queued_tokens, version,
+                           release or ".".join(map(str, version)))
+
     def kserve_args(self, pool: PoolPlan, deployment: Deployment) -> Launch:  # RunsUnderKServe
         from kvbudget.engines.vllm.launch import kserve_args
 

@@ -30,7 +30,6 @@ from typing import ClassVar, Protocol
 from kvbudget.choices import Device
 from kvbudget.dtypes import Family, KVDtype, get_dtype
 from kvbudget.engines.base import (
-    NON_TORCH_ESTIMATE,
     Allocation,
     CacheGroup,
     Capacity,
@@ -58,6 +57,8 @@ from kvbudget.engines.vllm.memory import (
     moe_workspace,
     overhead,
     rotary_tables,
+    start_up_graphs,
+    v0_serving,
 )
 from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
 from kvbudget.engines.vllm.releases import (
@@ -65,8 +66,10 @@ from kvbudget.engines.vllm.releases import (
     MLA_BACKEND_BLOCKS,
     NEWEST,
     SWAP_SPACE,
+    V0_LONG_CONTEXT,
     Release,
     batch_defaults,
+    early_patch_note,
     parse_release,
     release,
     v0_batch_defaults,
@@ -396,7 +399,7 @@ class VLLMEngine(Engine):
     def serving(self, gpu_memory: int, max_model_len: int, options: EngineOptions = EngineOptions(),
                 gpu_name: str = "", tp: int = 1, model: ModelSpec | None = None) -> Serving:
         rel = release(options)
-        default_tokens, default_seqs = v0_batch_defaults(max_model_len) if rel.v0 else batch_defaults(
+        default_tokens, default_seqs = v0_batch_defaults(max_model_len, rel) if rel.v0 else batch_defaults(
             gpu_memory, gpu_name, options.device, rel, options.entry_point)
         mnbt = options.max_num_batched_tokens or default_tokens
         max_num_seqs = options.max_num_seqs or default_seqs
@@ -404,17 +407,16 @@ class VLLMEngine(Engine):
             raise EngineRuleError(f"max_num_seqs {max_num_seqs}: vLLM refuses more sequences than "
                                   f"max_num_batched_tokens ({mnbt}); give at most {mnbt} or raise "
                                   "max_num_batched_tokens", param="max_num_seqs")
+        early = "" if options.max_num_seqs or options.max_num_batched_tokens else early_patch_note(
+            rel, max_num_seqs, max_model_len > V0_LONG_CONTEXT)
         options = replace(options, max_num_batched_tokens=mnbt, max_num_seqs=max_num_seqs)
-        if rel.v0:  # V0 sums the forward pass and the sampler; CUDA graphs are captured outside the budget
-            return Serving(memory_fraction=rel.gpu_memory_utilization, memory_knob="gpu_memory_utilization default",
-                           prefill_tokens=mnbt, prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt})",
-                           max_num_seqs=max_num_seqs, overhead_bytes=NON_TORCH_ESTIMATE,
-                           overhead_note="non-torch memory (V0 leaves CUDA graphs out of the budget)",
-                           options=options)
-        other, note = overhead(rel, tp, options.enforce_eager)
+        if rel.v0:  # the forward pass, then the sampler; graphs outside the budget
+            return v0_serving(rel, mnbt, max_num_seqs, options, early)
         per_logit = logit_bytes(rel)
+        other, note = overhead(rel, tp, start_up_graphs(rel, model, options.enforce_eager, gpu_name))
         prefill_note = (f"profiling pass over max_num_batched_tokens ({mnbt}), then the sampler over "
-                        f"{min(mnbt, max_num_seqs)} rows (fit: {per_logit} bytes per logit)")
+                        f"{min(mnbt, max_num_seqs)} rows (fit: {per_logit} bytes per logit)"
+                        f"{early}")
         workspace = moe_workspace(model, mnbt, tp, rel) if model is not None else None
         if workspace is not None:
             prefill_note += f", {workspace[1]}"

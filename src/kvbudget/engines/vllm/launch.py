@@ -66,6 +66,20 @@ def version_of(deployment: Deployment) -> tuple[int, ...]:
     return version
 
 
+def queue_flags(max_reqs: int | None, max_tokens: int | None, version: tuple[int, ...], shown: str) -> Launch:
+    """--max-num-queued-reqs and --max-num-queued-tokens where given and the release has them (queued.py), else a
+    note; the flags alone (ShedsQueue)."""
+    argv: list[str] = []
+    notes = []
+    for flag, value in (("--max-num-queued-reqs", max_reqs), ("--max-num-queued-tokens", max_tokens)):
+        if value is not None and version >= QUEUED_FIRST:
+            argv += [flag, str(value)]
+        elif value is not None:
+            notes.append(f"vLLM {shown} has no {flag} (from 0.29): the guard's reject level stands in for it")
+    return Launch(argv=tuple(argv), image="", notes=tuple(notes),
+                  source="vllm/v1/engine/async_llm.py check_admission (0.29 on): 503 past either limit")
+
+
 def command(pool: PoolPlan, deployment: Deployment) -> Launch:
     version = version_of(deployment)
     name, data = release_data(version)
@@ -92,14 +106,9 @@ def command(pool: PoolPlan, deployment: Deployment) -> Launch:
         argv += ["--kv-offloading-size", repr(pool.offload_bytes / GIB), "--kv-offloading-backend", "native"]
     if pool.speculative is not None:
         argv += ["--speculative-config", speculative_config(pool.speculative, version, shown)]
-    notes = []
-    queued = (("--max-num-queued-reqs", pool.max_num_queued_reqs), ("--max-num-queued-tokens",
-                                                                    pool.max_num_queued_tokens))
-    for flag, value in queued:
-        if value is not None and version >= QUEUED_FIRST:
-            argv += [flag, str(value)]
-        elif value is not None:
-            notes.append(f"vLLM {shown} has no {flag} (from 0.29): the guard's reject level stands in for it")
+    queued = queue_flags(pool.max_num_queued_reqs, pool.max_num_queued_tokens, version, shown)
+    argv += queued.argv
+    notes = list(queued.notes)
     if pool.role is not Role.BOTH:
         if version < NIXL_FIRST:
             raise refuse("kv_link", f"vLLM {shown} has no NIXL connector (from 0.9) for disaggregated prefill and "

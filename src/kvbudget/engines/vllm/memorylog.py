@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from kvbudget.engines.base import EngineOptions, LogRow
 from kvbudget.engines.vllm.logsettings import LogSettings, first_number, log_total_memory
-from kvbudget.engines.vllm.memory import cuda_graph_bytes, encoder_profile
+from kvbudget.engines.vllm.memory import encoder_profile, start_up_graphs
 from kvbudget.engines.vllm.offload import LMCACHE_CHUNK
 from kvbudget.engines.vllm.releases import release
 from kvbudget.errors import KVBudgetError
@@ -44,7 +44,7 @@ def memory_rows(engine: VLLMEngine, text: str, model: ModelSpec, s: LogSettings,
         return []
     plan: dict[str, float] = {t.key: t.bytes / GIB for t in stack}
     # from 0.20 the plan's overhead holds the CUDA graphs beside non-torch memory: each beside its own line
-    plan["graphs"] = cuda_graph_bytes(release(options), options.enforce_eager) / GIB
+    plan["graphs"] = start_up_graphs(release(options), model, options.enforce_eager).bytes / GIB
     plan["overhead"] -= plan["graphs"]
     logged = {"activation": first_number(text, (r"activation peak memory takes ([\d.]+) ?GiB",
                                                  r"torch peak memory increase: ([\d.]+) ?GiB",

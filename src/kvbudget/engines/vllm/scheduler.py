@@ -235,6 +235,8 @@ class VLLMScheduler(Queues):
         hits = self._hits(s)
         bs = self.cfg.block_size
         n = self._first_chunk(s, hits, budget, threshold)
+        if not n:
+            return None  # (speculative decoding's padding that does not fit: vLLM stops admitting)
         if self._align is not None:
             n = self._align(s, n, len(hits) * bs)
             if n == 0:

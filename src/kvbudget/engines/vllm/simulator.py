@@ -144,9 +144,9 @@ class VLLMSimulator(SimulatorDefaults):
             if why is not None:
                 raise KVBudgetError(f"speculative: simulate follows vLLM's speculative decoding for its paged cache "
                                     f"of one full-attention group, not {why}", param="speculative")
-            scheduling += ("; speculative decoding follows vLLM 0.32's source (its scheduling of drafts is not "
-                           "checked against a run), each request's accepted drafts the expected number, carried "
-                           "over from step to step")
+            scheduling += ("; speculative decoding follows vLLM 0.32's scheduling of drafts (checked step for step "
+                           "against real n-gram, draft-model and EAGLE runs given their drafts); the drafts a "
+                           f"verification accepts: {planned.drafting.spec.draw_source}")
         max_num_seqs = ask.max_num_seqs or serving.max_num_seqs
         mnbt = planned.serving_options.max_num_batched_tokens or serving.prefill_tokens
         if rel.version < NEWEST:
