@@ -14,9 +14,13 @@ and the plan says so: "not checked on <family> with <era>: band of <era> on <fam
 differs). The widest band is the one
 of the largest span from its most pessimistic to its most optimistic error, then the more optimistic.
 
-Errors are planned / logged - 1 (positive: the plan was optimistic), so the budget the engine would find lies
-between budget / (1 + high), the band's low end (the most optimistic the plan has been), and budget / (1 + low). A
-band always holds the plan's own figure: one case at -5.4% makes the band -5.4% to 0.
+A band's errors are the planned budget less the logged one as a fraction of the engine's share of the GPU
+(gpu_memory_utilization x its memory, or the engine's like figure), positive where the plan was optimistic: the
+errors come from terms that do not grow with the budget (the weights, the profiling peak, other memory), so a
+fraction of the share carries over from one model to another where a fraction of the budget does not (5 GiB too
+many is +300% of gpt-oss-120b's 1.65 GiB budget at a 0.95 share of an H100, and 6.9% of the share). The budget the
+engine would find then lies between budget - high x share, the band's low end (the plan as optimistic as it has
+been), and budget - low x share. A band always holds the plan's own figure: one case at -3.2% makes it -3.2% to 0.
 
 Engines with no corpus of real start-ups (no `budget_eras`: llama.cpp, TGI, transformers) carry no band, nor does
 a KV budget given as kv_memory.
@@ -76,7 +80,7 @@ class BudgetBand:
     era: str  # the measured group's release era and GPU family
     family: str
     cases: int  # check cases it rests on
-    low: float  # the most pessimistic error measured (planned / logged - 1)
+    low: float  # the most pessimistic error measured: (planned - logged budget) / the planned engine share
     high: float  # the most optimistic
     plan_era: str  # the plan's own
     plan_family: str
@@ -94,22 +98,24 @@ class BudgetBand:
                  else ""]
         return f"not checked {' '.join(w for w in where if w)}" if not self.checked else ""
 
-    def budget_range(self, kv_bytes: int) -> tuple[int, int]:
+    def budget_range(self, kv_bytes: int, share_bytes: int) -> tuple[int, int]:
         """The budget the engine would find, from the band's low end (the plan at its most optimistic) to its high
-        end; the plan's own figure always lies between."""
-        return int(kv_bytes / (1 + max(self.high, 0.0))), math.ceil(kv_bytes / (1 + min(self.low, 0.0)))
+        end, for a planned budget of `kv_bytes` out of an engine share of `share_bytes`; the plan's own figure always
+        lies between (the low end is 0 at the least)."""
+        return (max(0, math.floor(kv_bytes - max(self.high, 0.0) * share_bytes)),
+                math.ceil(kv_bytes - min(self.low, 0.0) * share_bytes))
 
-    def text(self, kv_bytes: int) -> str:
+    def text(self, kv_bytes: int, share_bytes: int) -> str:
         """The band as the plan prints it beside the budget."""
-        low, high = self.budget_range(kv_bytes)
+        low, high = self.budget_range(kv_bytes, share_bytes)
         span = f"{self.low:+.1%} to {self.high:+.1%}" if self.cases > 1 else f"{self.high:+.1%}"
         group = f"{self.era} on {self.family}"
         found = f"error band of {group}:" if self.checked else f"{self.basis}: band of {group},"
-        return (f"{found} {span} on {self.cases} check start-up{'s' if self.cases > 1 else ''}, so "
-                f"{format_bytes(low)} to {format_bytes(high)} (accuracy page)")
+        return (f"{found} {span} of the engine share on {self.cases} check start-up{'s' if self.cases > 1 else ''}, "
+                f"so {format_bytes(low)} to {format_bytes(high)} (accuracy page)")
 
-    def to_dict(self, kv_bytes: int) -> dict[str, Any]:
-        low, high = self.budget_range(kv_bytes)
+    def to_dict(self, kv_bytes: int, share_bytes: int) -> dict[str, Any]:
+        low, high = self.budget_range(kv_bytes, share_bytes)
         return {"era": self.era, "family": self.family, "cases": self.cases, "low": self.low, "high": self.high,
                 "plan_era": self.plan_era, "plan_family": self.plan_family, "checked": self.checked,
                 "basis": self.basis, "low_bytes": low, "high_bytes": high}
@@ -122,7 +128,7 @@ def _bands() -> tuple[dict[str, Any], ...]:
 
 
 def _span(band: dict[str, Any]) -> tuple[float, float]:
-    return max(band["high"], 0.0) - min(band["low"], 0.0), band["high"]
+    return max(band["share_high"], 0.0) - min(band["share_low"], 0.0), band["share_high"]
 
 
 def budget_band(engine: object, options: EngineOptions, card: GPU) -> BudgetBand | None:
@@ -141,5 +147,5 @@ def budget_band(engine: object, options: EngineOptions, card: GPU) -> BudgetBand
         found = min(same_family, key=lambda b: (abs(eras.index(b["era"]) - where), [-x for x in _span(b)]))
     else:
         found = max([b for b in bands if b["era"] == era] or bands, key=_span)
-    return BudgetBand(era=found["era"], family=found["family"], cases=found["cases"], low=found["low"],
-                      high=found["high"], plan_era=era, plan_family=family)
+    return BudgetBand(era=found["era"], family=found["family"], cases=found["cases"], low=found["share_low"],
+                      high=found["share_high"], plan_era=era, plan_family=family)

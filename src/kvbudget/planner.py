@@ -189,7 +189,7 @@ class Plan:
             "host_tiers": self.host.to_dict() if self.host else None,
             "host_tier_advice": self.reuse.to_dict() if self.reuse else None,
             "speculative": self.drafter.to_dict() if self.drafter else None,
-            "kv_band": self.band.to_dict(self.kv_memory_bytes) if self.band else None}
+            "kv_band": self.band.to_dict(self.kv_memory_bytes, self.term_bytes(TermKey.SHARE)) if self.band else None}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,6 +5,7 @@ failing on its low end. The bands here are made up by hand, so every expected fi
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 import kvbudget
 from kvbudget import budgetbands
+from kvbudget.budget import TermKey
 from kvbudget.budgetbands import A100, ADA_AMPERE, AMD, BLACKWELL, GEFORCE, HOPPER, OTHER, BudgetBand, gpu_family
 from kvbudget.cli import main
 from kvbudget.engines import EngineOptions
@@ -23,7 +25,7 @@ V0, V08, V011, V020, V027 = ("vLLM V0 (to 0.7)", "vLLM 0.8-0.10", "vLLM 0.11-0.1
 
 
 def band(era: str, family: str, low: float, high: float, cases: int = 3) -> dict:
-    return {"era": era, "family": family, "cases": cases, "low": low, "high": high}
+    return {"era": era, "family": family, "cases": cases, "share_low": low, "share_high": high}
 
 
 # Hopper checked in 0.11-0.19 and in V0; the A100 only in 0.8-0.10 (a wide band) and V0; the L4 group in 0.11-0.19
@@ -99,15 +101,16 @@ def test_a_family_never_checked_takes_its_eras_widest_band_else_the_corpus(fake_
 
 
 def test_the_budget_range_always_holds_the_plans_figure():
-    """The engine's budget lies between budget / (1 + high) and budget / (1 + low); a band of errors all on one
-    side stretches to the plan's own figure."""
-    b = BudgetBand(era=V011, family=HOPPER, cases=36, low=-0.5, high=0.25, plan_era=V011, plan_family=HOPPER)
-    assert b.budget_range(125 * GIB) == (100 * GIB, 250 * GIB)
+    """The engine's budget lies between budget - high x share and budget - low x share (the errors are fractions of
+    the engine share); a band of errors all on one side stretches to the plan's own figure; never below 0."""
+    b = BudgetBand(era=V011, family=HOPPER, cases=36, low=-0.1, high=0.25, plan_era=V011, plan_family=HOPPER)
+    assert b.budget_range(50 * GIB, 100 * GIB) == (25 * GIB, 60 * GIB)
     pessimistic = BudgetBand(era=V020, family=ADA_AMPERE, cases=1, low=-0.054, high=-0.054, plan_era=V020,
                              plan_family=ADA_AMPERE)
-    assert pessimistic.budget_range(50 * GIB)[0] == 50 * GIB
+    assert pessimistic.budget_range(50 * GIB, 100 * GIB)[0] == 50 * GIB
     optimistic = BudgetBand(era=V0, family=A100, cases=1, low=0.25, high=0.25, plan_era=V011, plan_family=HOPPER)
-    assert optimistic.budget_range(125 * GIB) == (100 * GIB, 125 * GIB)
+    assert optimistic.budget_range(50 * GIB, 100 * GIB) == (25 * GIB, 50 * GIB)
+    assert optimistic.budget_range(20 * GIB, 100 * GIB) == (0, 20 * GIB)
 
 
 def test_no_band_for_a_given_budget_or_an_engine_without_a_corpus(fake_bands):
@@ -123,15 +126,15 @@ def test_the_plan_shows_the_band_and_the_range(fake_bands, capsys):
     """The table's KV row and the JSON: the group, its errors, and the budget's range in bytes."""
     assert main(["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--max-model-len", "8k", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    kv = out["kv_memory_bytes"]
+    kv, share = out["kv_memory_bytes"], next(t["bytes"] for t in out["stack"] if t["key"] == "share")
     assert out["kv_band"] == {"era": V011, "family": HOPPER, "cases": 36, "low": -0.01, "high": 0.02,
                               "plan_era": V027, "plan_family": HOPPER, "checked": False,
                               "basis": f"not checked with {V027}",
-                              "low_bytes": int(kv / 1.02), "high_bytes": -(-kv * 100 // 99)}
+                              "low_bytes": int(kv - 0.02 * share), "high_bytes": math.ceil(kv + 0.01 * share)}
     assert main(["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--engine", "vllm@0.19", "--max-model-len",
                  "8k"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert f"error band of {V011} on {HOPPER}: -1.0% to +2.0% on 36 check start-ups, so" in text
+    assert f"error band of {V011} on {HOPPER}: -1.0% to +2.0% of the engine share on 36 check start-ups, so" in text
 
 
 BLOCK = 16 * 32 * 2 * 8 * 128 * 2  # Llama-3.1-8B: 16 tokens x 32 layers x K and V x 8 heads x 128 dims x 2 bytes
@@ -139,7 +142,7 @@ BLOCK = 16 * 32 * 2 * 8 * 128 * 2  # Llama-3.1-8B: 16 tokens x 32 layers x K and
 
 def longest(gpu: str, release: str) -> int:
     """A request one block short of the whole planned budget (whole blocks of 16 tokens): it fits the plan, not a
-    budget 2% smaller."""
+    budget 2% of the share smaller."""
     p = planned(gpu, tuple(int(x) for x in release.split(".")))
     assert p.capacity.num_blocks == p.kv_memory_bytes // BLOCK > 1000
     return (p.kv_memory_bytes // BLOCK - 1) * 16
@@ -151,13 +154,15 @@ def test_check_passes_on_the_planned_budget_and_fails_on_the_bands_low_end(fake_
     line; it passes with the same budget given (no band), and on an L40S with 0.24, whose band is all pessimistic
     (its low end the plan's own figure)."""
     length = longest("H100-80GB", "0.19")
-    budget = planned("H100-80GB", (0, 19)).kv_memory_bytes
+    at = planned("H100-80GB", (0, 19))
+    budget, share = at.kv_memory_bytes, at.term_bytes(TermKey.SHARE)
     argv = ["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--engine", "vllm@0.19", "--max-model-len", str(length)]
     assert main([*argv, "--check"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"one request of {length:,} tokens fits the planned KV budget" in err
-    assert f"but not the low end of its error band, {format_bytes(int(budget / 1.02))}" in err
-    assert f"the band of {V011} on {HOPPER} was up to +2.0% optimistic on 36 check start-ups" in err
+    assert f"but not the low end of its error band, {format_bytes(int(budget - 0.02 * share))}" in err
+    assert f"the band of {V011} on {HOPPER} was up to +2.0% of the engine share optimistic on 36 check start-ups" \
+        in err
     # it names the longest request the low end holds: that one passes, a block more does not
     hinted = int(err.rsplit("the longest request it holds: ", 1)[1].removesuffix(" tokens").replace(",", ""))
     assert hinted < length and main([*argv[:-1], str(hinted), "--check"]) == 0
@@ -178,18 +183,18 @@ def test_check_counts_the_concurrency_asked(fake_bands, capsys):
                  "--concurrency", str(at_once + 1), "--check"]) == 1
     assert f"{at_once + 1:,} sequences of 8,192 tokens at once does not fit the planned KV budget" in \
         capsys.readouterr().err
-    # 2% fewer blocks at the low end: a concurrency within the plan but beyond 1/1.02 of it fails on the band
+    # 2% of the share (2.5% of this budget) fewer blocks at the low end: the plan's whole concurrency fails there
     assert main(["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--engine", "vllm@0.19", "--max-model-len", "8192",
                  "--concurrency", str(at_once), "--check"]) == 1
     assert "but not the low end of its error band" in capsys.readouterr().err
     assert main(["plan", "llama-3.1-8b", "--gpu", "H100-80GB", "--engine", "vllm@0.19", "--max-model-len", "8192",
-                 "--concurrency", str(int(at_once / 1.03)), "--check"]) == 0
+                 "--concurrency", str(int(at_once * 0.95)), "--check"]) == 0
 
 
 def test_check_says_the_longest_request_that_passes(fake_bands, capsys):
     """A request the planned budget cannot hold: --check names the longest that passes it, at the band's low end (an
-    L4 with 0.19: +5% at most optimistic, so shorter than the plan's own longest); that one passes, a block more
-    does not."""
+    L4 with 0.19: +5% of the share at most optimistic, so shorter than the plan's own longest); that one passes, a
+    block more does not."""
     argv = ["plan", "llama-3.1-8b", "--gpu", "L4", "--engine", "vllm@0.19", "--max-model-len"]
     assert main([*argv, "131072", "--check"]) == 1
     err = capsys.readouterr().err.strip()
@@ -197,15 +202,16 @@ def test_check_says_the_longest_request_that_passes(fake_bands, capsys):
     hinted = int(err.rsplit("the longest request that passes: ", 1)[1].removesuffix(" tokens").replace(",", ""))
     assert main([*argv, str(hinted), "--check"]) == 0
     assert main([*argv, str(hinted + 16), "--check"]) == 1
-    point = kvbudget.plan(kvbudget.load_model("llama-3.1-8b"), gpu="L4", max_model_len=131072, recommend=False,
-                          options=EngineOptions(engine_version=(0, 19))).capacity.estimated_max_model_len
-    assert point / 1.05 - 32 <= hinted < point  # about 5% fewer tokens, to the block
+    on = kvbudget.plan(kvbudget.load_model("llama-3.1-8b"), gpu="L4", max_model_len=131072, recommend=False,
+                       options=EngineOptions(engine_version=(0, 19)))
+    point, kv, share = on.capacity.estimated_max_model_len, on.kv_memory_bytes, on.term_bytes(TermKey.SHARE)
+    assert point * (kv - 0.05 * share) / kv - 32 <= hinted < point  # tokens go with the budget, to the block
 
 
 @settings(max_examples=100, deadline=None)
-@given(kv=st.integers(1, 2**45), low=st.floats(-0.9, 0.9), high=st.floats(-0.9, 3.0))
-def test_any_band_holds_the_plans_own_figure(kv, low, high):
+@given(kv=st.integers(1, 2**45), more=st.integers(0, 2**45), low=st.floats(-0.9, 0.9), high=st.floats(-0.9, 3.0))
+def test_any_band_holds_the_plans_own_figure(kv, more, low, high):
     b = BudgetBand(era=V011, family=HOPPER, cases=2, low=min(low, high), high=max(low, high), plan_era=V011,
                    plan_family=HOPPER)
-    bottom, top = b.budget_range(kv)
+    bottom, top = b.budget_range(kv, kv + more)  # a share at least the budget
     assert 0 <= bottom <= kv <= top

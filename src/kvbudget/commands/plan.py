@@ -304,7 +304,11 @@ def _low_end(p: Plan) -> tuple[int, Capacity | None]:
     from kvbudget.estimator import estimate
 
     assert p.band is not None
-    low, length = p.band.budget_range(p.kv_memory_bytes)[0], p.capacity.max_model_len
+    from kvbudget.budget import TermKey
+
+    low, length = p.band.budget_range(p.kv_memory_bytes, p.term_bytes(TermKey.SHARE))[0], p.capacity.max_model_len
+    if low <= 0:
+        return low, None
     try:
         return low, estimate(p.model, engine=p.engine, kv_dtype=p.estimate.allocation.kv_dtype.name, context=[length],
                              tp=p.tp, pp=p.pp, options=p.options, kv_memory=low, max_model_len=length).capacity
@@ -326,8 +330,8 @@ def low_end_shortfall(p: Plan) -> str | None:
     longest = (f"; the longest request it holds: {at_low.estimated_max_model_len:,} tokens"
                if want == 1 and at_low is not None and at_low.estimated_max_model_len else "")
     return (f"{_asked(p)} fits the planned KV budget, {format_bytes(p.kv_memory_bytes)}, but not the low end of its "
-            f"error band, {format_bytes(low)}: the band of {band.era} on {band.family} was up to {band.high:+.1%} "
-            f"optimistic on {band.cases} check start-up{'s' if band.cases > 1 else ''}"
+            f"error band, {format_bytes(low)}: the band of {band.era} on {band.family} was up to {band.high:+.1%} of "
+            f"the engine share optimistic on {band.cases} check start-up{'s' if band.cases > 1 else ''}"
             + ("" if band.checked else f" ({band.basis})") + longest)
 
 
