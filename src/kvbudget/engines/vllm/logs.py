@@ -13,6 +13,7 @@ from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
 from kvbudget.engines.speclog import speculative_rows
 from kvbudget.engines.vllm import speculative
 from kvbudget.engines.vllm.budgetless import (
+    count_check,
     count_span,
     cpu_blocks_row,
     early_v1_check,
@@ -268,6 +269,8 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
     if not budgets and blocks_line and conc:
         return _drafting(early_v1_check(engine, model, st, read, assumed, int(blocks_line.group(1)), conc.group(2)),
                          text, model, st)
+    if not budgets and not conc and (counted := count_check(engine, text, model, st, read, assumed, v0_refusal)):
+        return _drafting(replace(counted, rows=counted.rows + tuple(log._weights_rows(st))), text, model, st)
     if not budgets:
         raise KVBudgetError("check-log: the vLLM log states no KV budget ('Available KV cache memory', "
                             "'kv_cache_size=', 'Explicitly set' or a refusal naming the available memory); run vLLM "
