@@ -93,3 +93,14 @@ def test_without_the_model_one_line_names_it(tmp_path):
         status, answer, err = run(tmp_path, text)
         assert status == 2 and answer["partial"]
         assert err.count("\n") == 1 and "--model" in err and "for the rows that need the model" in err
+
+
+def test_sglang_pool_count_alone_shows_the_memory_it_takes(tmp_path):
+    # SGLang's buffers keep one row more than the pool: (300,288 + 1) x 128 KiB of Llama-3.1-8B = 36.66 GiB
+    line = ("[2026-01-31 13:51:02] max_total_num_tokens=300288, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+            "max_running_requests=33, context_len=32768, available_gpu_mem=17.22 GB\n")
+    status, answer, err = run(tmp_path, line, "--model", "llama-3.1-8b")
+    assert status == 0, err
+    found = rows(answer)
+    assert found["pool (tokens)"][0] == "300,288"
+    assert found["KV memory per rank"][1:] == ("36.66 GiB", None)
