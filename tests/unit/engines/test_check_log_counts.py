@@ -104,3 +104,14 @@ def test_sglang_pool_count_alone_shows_the_memory_it_takes(tmp_path):
     found = rows(answer)
     assert found["pool (tokens)"][0] == "300,288"
     assert found["KV memory per rank"][1:] == ("36.66 GiB", None)
+
+
+def test_a_token_count_and_concurrency_that_agree_under_no_era_is_a_verdict(tmp_path):
+    # 100,000 tokens of Llama-3.1-8B are 6,250 blocks of 16 under either era's meaning: 6,250 x 16 / 32,768 = 3.05
+    # requests, not the 3.00x printed; without a version the rows differ rather than the log being refused
+    text = ("INFO [kv_cache_utils.py] GPU KV cache size: 100,000 tokens\n"
+            "INFO [kv_cache_utils.py] Maximum concurrency for 32,768 tokens per request: 3.00x\n")
+    status, answer, err = run(tmp_path, text, "--model", "llama-3.1-8b")
+    assert status == 1, err
+    assert rows(answer)["max concurrency at 32,768 tokens"][:2] == ("3.00x", "3.05x")
+    assert "neither era" in answer["assumed"]["engine_version"]

@@ -114,6 +114,10 @@ def v1_check_without_budget(engine: VLLMEngine, model: ModelSpec, st: LogSetting
         alternatives = [("prefix caching " + ("off" if st.prefix else "on"), replace(st, prefix=not st.prefix))]
         alternatives += [(f"tensor parallel size {tp}, not {st.tp}", replace(st, tp=tp))
                          for tp in other_sizes(st, "tp", (1, 2, 4, 8))]
+        alternatives += [(f"vLLM {label}'s meaning of the token count", replace(st, version=version))
+                         for version, label in (((0, 19), "<= 0.19"), ((0, 32), ">= 0.20"))
+                         if st.version is not None and release(st.options()).reports_slots
+                         != release(replace(st, version=version).options()).reports_slots]
         causes = tuple(label for label, alt in alternatives
                        if all(r.matches for r in v1_blocks_rows(engine, model, alt, tokens, logged))) or (
             "none of the known causes (prefix caching, tensor parallel size) makes the rows agree",)

@@ -262,6 +262,10 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
     tokens_line = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
     if not budgets and tokens_line and conc and st.version is None:
         st = _era_of_the_token_count(engine, model, st, assumed, int(num(tokens_line.group(1))), conc.group(2))
+        if st.version is None:  # neither era's meaning agrees: the newest's rows, the other era named if it agrees
+            assumed["engine_version"] = (">= 0.20 (not in the log; under neither era's meaning does its token count "
+                                         "agree with its concurrency)")
+            st = replace(st, version=(0, 32))
     if not budgets and tokens_line and conc and st.version is not None:
         return _drafting(v1_check_without_budget(engine, model, st, assumed, int(num(tokens_line.group(1))),
                                                  conc.group(2)), text, model, st)
