@@ -276,26 +276,9 @@ class SGLangEngine(Engine):
                    if not found}
         k_bytes, v_bytes, index_bytes = self.kv_buffers(model, dtype, tp)
         rows_held = tokens + (NSA_PAGE if _nsa(model) else 1)  # buffers keep a page (page size 1: a row) more
-        note = "SGLang's 'GB' are GiB"
-
-        def row(label: str, logged: str, per_token: int, why: str = note) -> LogRow:
-            ours = f"{rows_held * per_token / GIB:.2f}"
-            return LogRow(label, f"{logged} GB", f"{ours} GiB", f"{float(logged):.2f}" == ours, why)
-
         pool = LogRow("pool (tokens)", f"{tokens:,}", "-", True, "read from the log; kvbudget checks its buffer sizes"
                       if split or joint else "read from the log, without its buffer sizes to check")
-        buffers: tuple[LogRow, ...] = ()
-        if split:
-            buffers = (row("K buffer per rank", split.group(2), k_bytes),
-                       row("V buffer per rank", split.group(3), v_bytes))
-        elif joint:
-            logged = joint.group(2)
-            buffers = (row("KV buffer per rank", logged, k_bytes + v_bytes),)
-            if index_bytes:  # the log counts the indexer keys from PR #11309 on
-                with_index = row("KV buffer per rank", logged, k_bytes + v_bytes + index_bytes,
-                                 note + "; with the indexer keys (SGLang after PR #11309, October 2025)")
-                buffers = (with_index,) if with_index.matches else (replace(
-                    buffers[0], note=note + "; without the indexer keys (SGLang <= 0.5.3)"),)
+        buffers = _buffer_rows(split, joint, rows_held, k_bytes, v_bytes, index_bytes)
         total = k_bytes + v_bytes + index_bytes
         rows = (pool, *buffers, LogRow("KV memory per rank", "-", f"{rows_held * total / GIB:.2f} GiB",
                                        True if buffers else None,
@@ -334,6 +317,30 @@ class SGLangEngine(Engine):
         settings = {k: v for k, v in (("tp", tp), ("kv_cache_dtype", dtype), ("engine_version", version_text))
                     if k not in assumed and v}
         return LogCheck(engine="sglang", model_in_log=None, settings=settings, rows=rows, assumed=assumed)
+
+
+def _buffer_rows(split: re.Match | None, joint: re.Match | None, rows_held: int, k_bytes: int, v_bytes: int,
+                 index_bytes: int) -> tuple[LogRow, ...]:
+    """The buffer sizes a pool line prints beside the model's (K and V apart, or one KV buffer for MLA pools, with
+    or without DeepSeek-V3.2's indexer keys); none where the log printed only the pool's count."""
+    note = "SGLang's 'GB' are GiB"
+
+    def row(label: str, logged: str, per_token: int, why: str = note) -> LogRow:
+        ours = f"{rows_held * per_token / GIB:.2f}"
+        return LogRow(label, f"{logged} GB", f"{ours} GiB", f"{float(logged):.2f}" == ours, why)
+
+    if split:
+        return (row("K buffer per rank", split.group(2), k_bytes), row("V buffer per rank", split.group(3), v_bytes))
+    if not joint:
+        return ()
+    logged = joint.group(2)
+    plain = row("KV buffer per rank", logged, k_bytes + v_bytes)
+    if not index_bytes:
+        return (plain,)
+    with_index = row("KV buffer per rank", logged, k_bytes + v_bytes + index_bytes,  # the indexer keys from PR #11309
+                     note + "; with the indexer keys (SGLang after PR #11309, October 2025)")
+    return (with_index,) if with_index.matches else (
+        replace(plain, note=note + "; without the indexer keys (SGLang <= 0.5.3)"),)
 
 
 # Memory in use before the weights load, below the GPU's catalog figure (SGLang's `Load weight begin. avail mem`):
