@@ -11,8 +11,8 @@ this rule picks the band, the first that applies:
 2. else the widest band of the same era, on any GPU family;
 3. else the widest band of the corpus;
 and the plan says so: "not checked on <family> with <era>: band of <era> on <family>" (either part where it
-differs). The widest band is the one
-of the largest span from its most pessimistic to its most optimistic error, then the more optimistic.
+differs). The widest band is the one of the largest span from its most pessimistic to its most optimistic error,
+then the more optimistic.
 
 A band's errors are the planned budget less the logged one as a fraction of the engine's share of the GPU
 (gpu_memory_utilization x its memory, or the engine's like figure), positive where the plan was optimistic: the
