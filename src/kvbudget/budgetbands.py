@@ -8,8 +8,9 @@ A plan carries the band of its engine's era and its GPU's family. Where no check
 this rule picks the band, the first that applies:
 1. the same GPU family's band in the nearest era of the same engine (eras in release order; of two as near, the
    wider band);
-2. else the widest band of the same era, on any GPU family;
-3. else the widest band of the corpus;
+2. else the widest band of the nearest era of the same engine that has check cases, on any GPU family (of two eras
+   as near, the wider band; issue 55: "a band from the corpus errors of the nearest era");
+3. else (an engine with no check case at all) the widest band of the corpus;
 and the plan says so: "not checked on <family> with <era>: band of <era> on <family>" (either part where it
 differs). The widest band is the one of the largest span from its most pessimistic to its most optimistic error,
 then the more optimistic.
@@ -146,6 +147,9 @@ def budget_band(engine: object, options: EngineOptions, card: GPU) -> BudgetBand
         where = eras.index(era)
         found = min(same_family, key=lambda b: (abs(eras.index(b["era"]) - where), [-x for x in _span(b)]))
     else:
-        found = max([b for b in bands if b["era"] == era] or bands, key=_span)
+        where = eras.index(era)
+        measured = [b for b in bands if b["era"] in eras]
+        found = min(measured, key=lambda b: (abs(eras.index(b["era"]) - where), [-x for x in _span(b)])) \
+            if measured else max(bands, key=_span)
     return BudgetBand(era=found["era"], family=found["family"], cases=found["cases"], low=found["share_low"],
                       high=found["share_high"], plan_era=era, plan_family=family)

@@ -88,16 +88,26 @@ def test_of_two_eras_as_near_the_wider_band(fake_bands):
     assert (got.era, got.low, got.high) == (V0, -0.05, 0.10)
 
 
-def test_a_family_never_checked_takes_its_eras_widest_band_else_the_corpus(fake_bands):
-    """B200 with 0.20-0.26: no Blackwell band; the era's only one (the L4 group's). B200 with 0.27-0.34: neither
-    the family nor the era has one: the corpus's widest, V0 on the A100 (span 30%)."""
+def test_a_family_never_checked_takes_the_nearest_measured_eras_widest_band(fake_bands, monkeypatch):
+    """B200 with 0.20-0.26: no Blackwell band; the era's only one (the L4 group's). B200 with 0.27-0.34: neither the
+    family nor the era has one: the nearest era that has, 0.20-0.26, its widest band (issue 55: "a band from the
+    corpus errors of the nearest era"). An engine none of whose eras has a band: the corpus's widest, V0 on the A100
+    (span 30%)."""
     same_era = vllm_band((0, 24), "B200")
     assert (same_era.era, same_era.family, same_era.checked) == (V020, ADA_AMPERE, False)
     assert same_era.basis == f"not checked on {BLACKWELL}"
-    widest = vllm_band((0, 32), "B200")
-    assert (widest.era, widest.family, widest.high) == (V0, A100, 0.30)
-    assert widest.basis == f"not checked on {BLACKWELL} with {V027}"
+    nearest = vllm_band((0, 32), "B200")
+    assert (nearest.era, nearest.family, nearest.high) == (V020, ADA_AMPERE, -0.054)
+    assert nearest.basis == f"not checked on {BLACKWELL} with {V027}"
     assert vllm_band((0, 32), "T4").basis == f"not checked on this GPU with {V027}"
+    # of 0.11-0.19's two bands (Hopper 3%, the L4 group 5%) the wider, where 0.20-0.26 has none
+    monkeypatch.setattr(budgetbands, "_bands", lambda: tuple(b for b in FAKE if b["era"] != V020))
+    assert (vllm_band((0, 32), "B200").era, vllm_band((0, 32), "B200").family) == (V011, ADA_AMPERE)
+    monkeypatch.setattr(budgetbands, "_bands", lambda: (FAKE[-1], band(V0, A100, 0.0, 0.30, cases=1)))
+    only_sglang = vllm_band((0, 32), "B200")  # (V0's A100 band is vLLM's: the nearest era, however far)
+    assert (only_sglang.era, only_sglang.family) == (V0, A100)
+    monkeypatch.setattr(budgetbands, "_bands", lambda: (FAKE[-1],))
+    assert vllm_band((0, 32), "B200").era == "SGLang 0.4"  # no vLLM band at all: the corpus's widest
 
 
 def test_the_budget_range_always_holds_the_plans_figure():
