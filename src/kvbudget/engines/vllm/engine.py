@@ -375,7 +375,11 @@ class VLLMEngine(Engine):
         return model if release(options).whole_model_check else stage
 
     def loaded_bytes(self, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1) -> tuple[int, str] | None:
-        parts = [rotary_tables(model)]
+        from kvbudget.engines.vllm.mxfp4 import mxfp4_layout
+
+        layouts = [x for x in (mxfp4_layout(model, release(options), options.compute_capability, tp, stage)
+                               for stage in layer_stages(model.num_layers, pp, options.pp_layer_partition)) if x]
+        parts = [rotary_tables(model), max(layouts, key=lambda x: x[0]) if layouts else None]
         if options.enable_lora:
             from kvbudget.engines.vllm.lora import lora_bytes
 
