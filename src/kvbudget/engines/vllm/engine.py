@@ -47,7 +47,7 @@ from kvbudget.engines.base import (
 )
 from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge
 from kvbudget.engines.tiers import HostTier
-from kvbudget.engines.vllm import offload, speculative
+from kvbudget.engines.vllm import mxfp4, offload, speculative
 from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.gauges import vllm_pool
 from kvbudget.engines.vllm.memory import (
@@ -375,11 +375,7 @@ class VLLMEngine(Engine):
         return model if release(options).whole_model_check else stage
 
     def loaded_bytes(self, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1) -> tuple[int, str] | None:
-        from kvbudget.engines.vllm.mxfp4 import mxfp4_layout
-
-        layouts = [x for x in (mxfp4_layout(model, release(options), options.compute_capability, tp, stage)
-                               for stage in layer_stages(model.num_layers, pp, options.pp_layer_partition)) if x]
-        parts = [rotary_tables(model), max(layouts, key=lambda x: x[0]) if layouts else None]
+        parts = [rotary_tables(model), mxfp4.experts_as_loaded(model, options, tp, pp)]
         if options.enable_lora:
             from kvbudget.engines.vllm.lora import lora_bytes
 
