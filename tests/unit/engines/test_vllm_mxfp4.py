@@ -104,3 +104,17 @@ def test_no_card_no_layout():
     plain = vllm.loaded_bytes(model, EngineOptions(engine_version=(0, 19)), 1)
     on_h100 = vllm.loaded_bytes(model, EngineOptions(engine_version=(0, 19), compute_capability="9.0"), 1)
     assert plain is not None and on_h100 is not None and on_h100[0] > plain[0]
+
+
+def test_expert_parallel_ranks_hold_whole_experts():
+    """Expert parallelism over 8 H100s (0.14): each rank holds 128 / 8 = 16 experts a layer at full width (14,060,160
+    B each, above) beside the rest of gpt-oss-120b in bfloat16, per layer attention q/o 2 x 2880 x 4096, k/v
+    2 x 2880 x 512, their biases 4096 + 512 + 512 + 2880, 64 sinks, the router 2880 x 128 + 128 and two norms of 2880;
+    embeddings and head 2 x 201,088 x 2880, the final norm, and YaRN's rotary table 4096 x 32 positions x 64."""
+    per_layer = 2 * 2880 * 4096 + 2 * 2880 * 512 + 4096 + 512 + 512 + 2880 + 64 + 2880 * 128 + 128 + 2 * 2880
+    rest = (36 * per_layer + 2 * 201_088 * 2880 + 2880) * 2
+    plan = kvbudget.plan(kvbudget.load_model("gpt-oss-120b"), engine="vllm", gpu="H100-80GB", gpus=8,
+                         expert_parallel=True, max_model_len=4096, options=EngineOptions(engine_version=(0, 14)),
+                         recommend=False)
+    weights = next(t.bytes for t in plan.stack if t.key == "weights")
+    assert weights == rest + 36 * 16 * 14_060_160 + 4096 * 32 * 64 * 2

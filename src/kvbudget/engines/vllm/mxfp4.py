@@ -99,11 +99,12 @@ def expert_bytes(kernel: Mxfp4Kernel, inter: int, hidden: int, bias_bytes: int, 
     return values + scales + swizzled + (2 * i + h) * 4  # float32 biases
 
 
-def mxfp4_layout(model: ModelSpec, rel: Release, compute_capability: str | None, tp: int, layers: range
-                 ) -> tuple[int, str] | None:
+def mxfp4_layout(model: ModelSpec, rel: Release, compute_capability: str | None, tp: int, layers: range,
+                 ep: int = 1) -> tuple[int, str] | None:
     """What release `rel` loads for `model`'s MXFP4 experts in `layers` on one of `tp` ranks beyond the checkpoint's
     count of them, and its note; None for a model without MXFP4 experts (quant_method mxfp4) or where the kernel is
-    not modelled."""
+    not modelled. `ep` > 1: expert parallelism, each of tp x ep ranks holding its share of the experts whole (vLLM's
+    FusedMoE splits no expert when --enable-expert-parallel is on)."""
     experts = routed_experts(model)
     if not mxfp4_checkpoint(model) or experts is None:
         return None
@@ -111,18 +112,22 @@ def mxfp4_layout(model: ModelSpec, rel: Release, compute_capability: str | None,
     if kernel is None:
         return None
     groups = [g for g in count_parameters(model).groups if g.part == "experts" and g.layer in layers]
-    counted = sum(g.count for g in groups) / tp * FP4_EXPERT_BYTES
+    counted = sum(g.count for g in groups) / (tp * ep) * FP4_EXPERT_BYTES
     moe_layers = len({g.layer for g in groups})
     prepad = VALUE_PREPAD[0] <= rel.version < VALUE_PREPAD[1]
-    loaded = moe_layers * experts.experts * expert_bytes(kernel, experts.intermediate // tp, experts.hidden,
-                                                         get_dtype(model.dtype).bytes_for(1), prepad)
+    width, share = (experts.intermediate // tp, experts.experts) if ep == 1 else (
+        experts.intermediate, experts.experts / (tp * ep))
+    loaded = moe_layers * share * expert_bytes(kernel, width, experts.hidden, get_dtype(model.dtype).bytes_for(1),
+                                               prepad)
     extra = int(loaded - counted)
     return extra, (f"vLLM {rel.label}'s {kernel.value} layout of the MXFP4 experts {extra / GIB:+.2f} GiB (padded "
                    "sizes, scales and biases as the kernel keeps them, from the source)")
 
 
-def experts_as_loaded(model: ModelSpec, options: EngineOptions, tp: int, pp: int) -> tuple[int, str] | None:
+def experts_as_loaded(model: ModelSpec, options: EngineOptions, tp: int, pp: int, ep: int = 1
+                      ) -> tuple[int, str] | None:
     """`mxfp4_layout` on the most loaded of `pp` pipeline stages, for the release and GPU `options` name."""
     stages = layer_stages(model.num_layers, pp, options.pp_layer_partition)
-    found = [x for x in (mxfp4_layout(model, release(options), options.compute_capability, tp, s) for s in stages) if x]
+    rel, capability = release(options), options.compute_capability
+    found = [x for x in (mxfp4_layout(model, rel, capability, tp, s, ep) for s in stages) if x]
     return max(found, key=lambda x: x[0]) if found else None
