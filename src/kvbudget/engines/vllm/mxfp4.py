@@ -11,18 +11,19 @@ Humming ahead of Marlin on 9.0 only, where the Triton kernels come first):
   9.0 <= capability < 11.0) and on consumer Blackwell (12.x, the same bound). On Hopper (9.0) Marlin too up to 0.11:
   the Triton kernels need the optional `triton_kernels` package, which the wheels neither ship nor require before
   0.12 (`has_triton_kernels`; 0.12.0's wheel is the first with `vllm/third_party/triton_kernels`), and 0.10.1 pins
-  torch 2.7.1 (Marlin below torch 2.8); from 0.12 the Triton kernels. Data-centre Blackwell (10.x) takes FlashInfer's
-  kernels and AMD and Intel cards their own: not modelled (the checkpoint's count stands, and the note says so).
+  torch 2.7.1 (Marlin below torch 2.8); from 0.12 the Triton kernels. An install that adds `triton_kernels` itself
+  runs them earlier (0.11.1-0.11.2 with torch 2.9: the layout below, 1.6 GiB less for gpt-oss-120b): not assumed.
+  Data-centre Blackwell (10.x) takes FlashInfer's kernels and AMD and Intel cards their own: not modelled (the
+  checkpoint's count stands).
 - Marlin (`create_weights` and `utils/marlin_utils_fp4.py` prepare_moe_fp4_layer_for_marlin): the expert width on a
   rank rounded up to 128 and the hidden size to 256; 4-bit values, one 8-bit scale per 32 (float8_e8m0fnu after
   `mxfp4_marlin_process_scales`), biases in the model's 16-bit dtype, on the padded sizes.
 - Triton on Hopper (`process_weights_after_loading`, `utils/mxfp4_utils.py` _swizzle_mxfp4, torch >= 2.8.1 from 0.12:
   swizzled): the expert width rounded up to 64; values as stored (`hopper_value.py` pads rows to 16 and row bytes to
-  32, and in the triton_kernels that 0.17 to 0.20 bundle first both to 64: absent from 0.16's and 0.22's); the biases
-  made float32; the scales swizzled into a
-  new tensor (`triton_kernels/tensor_details/layout_details/hopper_scale.py`: rows padded to a multiple of
-  2 x num_warps x 2 x 8 = 256 at 8 warps, columns to 2) while the loaded scale parameters stay on the layer (only the
-  values are deleted), so the scales are held twice.
+  32; the triton_kernels that 0.17 to 0.20 bundle first pad both to 64, absent from 0.16's and 0.22's); the biases
+  made float32; the scales swizzled into a new tensor (`triton_kernels/tensor_details/layout_details/
+  hopper_scale.py`: rows padded to a multiple of 2 x num_warps x 2 x 8 = 256 at 8 warps, columns to 2) while the
+  loaded scale parameters stay on the layer (only the values are deleted), so the scales are held twice.
 """
 
 from __future__ import annotations
