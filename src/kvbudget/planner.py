@@ -373,7 +373,7 @@ def _weights(model: ModelSpec, chosen: Engine, tp: int, pp: int, options: Engine
                     basis=f"{GIVEN_WEIGHTS}; {model.model_type} parameters not counted")
     if weights is not None:
         w = replace(w, per_gpu_bytes=weights, exact=True, basis=w.basis if w.total_params == 0 else GIVEN_WEIGHTS)
-    return chosen.as_loaded(w, model, options, tp, pp)
+    return chosen.as_loaded(w, model, options, tp, pp, ep or 1)
 
 
 def _no_budget(inputs: _Inputs, card: GPU, w: Weights, stack: tuple[Term, ...], kv_budget: int,

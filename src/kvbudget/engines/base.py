@@ -463,14 +463,16 @@ class Engine:
         rank's own `stage` (vLLM 0.14-0.16 weighed the whole `model`)."""
         return stage
 
-    def loaded_bytes(self, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1) -> tuple[int, str] | None:
-        """Memory the engine allocates beside the weights while it loads them (vLLM's rotary tables and LoRA slots)
-        on the most loaded rank of tp x pp, and how it is made up; None where kvbudget knows of none."""
+    def loaded_bytes(self, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1, ep: int = 1
+                     ) -> tuple[int, str] | None:
+        """Memory the engine allocates beside the weights while it loads them (vLLM's rotary tables, LoRA slots and
+        MXFP4 layout) on the most loaded rank of tp x pp (experts over tp x `ep`), and how; None where none is known."""
         return None
 
-    def as_loaded(self, weights: Weights, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1) -> Weights:
+    def as_loaded(self, weights: Weights, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1,
+                  ep: int = 1) -> Weights:
         """`weights` per GPU with `loaded_bytes` added, as the engine's start-up log counts them."""
-        extra = self.loaded_bytes(model, options, tp, pp)
+        extra = self.loaded_bytes(model, options, tp, pp, ep)
         return weights if extra is None else replace(weights, per_gpu_bytes=weights.per_gpu_bytes + extra[0],
                                                      basis=f"{weights.basis}; {extra[1]}")
 
@@ -550,10 +552,7 @@ def largest_fitting(ok: Callable[[int], bool], upper: int) -> int:
     lo, hi = 1, upper
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid - 1
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
     return lo
 
 

@@ -31,6 +31,12 @@ def _fp4_experts(model: ModelSpec) -> bool:
     return model.config.get("expert_dtype") == "fp4"
 
 
+def mxfp4_checkpoint(model: ModelSpec) -> bool:
+    """Whether the checkpoint's quantization_config says MXFP4 (gpt-oss: its experts; engines load them their way)."""
+    q = model.config.get("quantization_config") or {}
+    return str(q.get("quant_method", "")).lower() == "mxfp4"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Weights:
     total_params: int  # the model proper (MTP modules excluded)

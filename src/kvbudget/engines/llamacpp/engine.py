@@ -303,7 +303,8 @@ class LlamaCppEngine(Engine):
                                       f"more than {SPEC_VOCAB_MAX_SIZE_DIFFERENCE} tokens (common/speculative.cpp)",
                                       param="draft_model")
 
-    def loaded_bytes(self, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1) -> tuple[int, str] | None:
+    def loaded_bytes(self, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1, ep: int = 1
+                     ) -> tuple[int, str] | None:
         """--model-draft's weights beside the target's (every layer on the GPU: -ngld's default)."""
         draft = options.speculative.draft if options.speculative is not None else None
         if draft is None:

@@ -47,7 +47,7 @@ from kvbudget.engines.base import (
 )
 from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge
 from kvbudget.engines.tiers import HostTier
-from kvbudget.engines.vllm import offload, speculative
+from kvbudget.engines.vllm import lora, mxfp4, offload, speculative
 from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.gauges import vllm_pool
 from kvbudget.engines.vllm.memory import (
@@ -374,15 +374,14 @@ class VLLMEngine(Engine):
         """vLLM 0.14 to 0.16 weighed the whole model's KV, every stage's layers, against one rank's budget."""
         return model if release(options).whole_model_check else stage
 
-    def loaded_bytes(self, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1) -> tuple[int, str] | None:
-        parts = [rotary_tables(model)]
+    def loaded_bytes(self, model: ModelSpec, options: EngineOptions, tp: int, pp: int = 1, ep: int = 1
+                     ) -> tuple[int, str] | None:
+        parts = [rotary_tables(model), mxfp4.experts_as_loaded(model, options, tp, pp, ep)]
         if options.enable_lora:
-            from kvbudget.engines.vllm.lora import lora_bytes
-
             if pp > 1:
                 raise EngineRuleError("enable_lora: LoRA slots under pipeline parallelism are not modelled",
                                       param="enable_lora")
-            total, note = lora_bytes(model, options.max_loras, options.max_lora_rank, tp)
+            total, note = lora.lora_bytes(model, options.max_loras, options.max_lora_rank, tp)
             if release(options).version != NEWEST:
                 note += f"; read and checked for {NEWEST[0]}.{NEWEST[1]} only: an estimate for this release"
             parts.append((total, note))
