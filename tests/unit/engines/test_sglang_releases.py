@@ -97,3 +97,66 @@ def test_the_plan_takes_the_multimodal_fraction_and_scales_a_given_one_on_0_4():
     assert share((0, 4, 4), 0.8).name == "engine share (0.76)" and "times 0.95" in share((0, 4, 4), 0.8).note
     assert share((0, 5, 3), 0.8).name == "engine share (0.8)"  # 0.5 leaves a given fraction alone
     assert abs(share((0, 5, 3)).bytes / h200 - round((143771 - 13440) / 143771, 3) * 0.909738) < 1e-5
+
+
+def test_0_5_10_leaves_memory_for_piecewise_cuda_graphs():
+    """0.5.10's server_args.py adds 8 MiB per piecewise capture size up to chunked_prefill_size, or 1.5 GiB for an MLA
+    model, before the 10 GiB floor; 0.5.5 to 0.5.9 capture them only when asked (--enable-piecewise-cuda-graph). The
+    sizes by hand: 4-32 by 4 (8), 48-256 by 16 (14), 288-512 by 32 (8), 576-1,024 by 64 (8), 1,280-4,096 by 256 (12),
+    then 4,608 on by 512 (8 to 8,192; 24 to 16,384)."""
+    from kvbudget.engines.sglang.releases import piecewise_mib
+
+    assert [piecewise_mib(mib, 1, (0, 5, 10), mla=False) for mib in (18000, 40960, 81559, 200000)] == [
+        8 * 42, 8 * 50, 8 * 58, 8 * 74]  # chunks of 2,048, 4,096, 8,192 and 16,384
+    assert piecewise_mib(81559, 8, (0, 5, 10), mla=True) == 1536
+    assert piecewise_mib(81559, 1, (0, 5, 9), mla=False) == piecewise_mib(81559, 1, (0, 5, 3), mla=False) == 0
+    # an H100 (nvidia-smi's 81,559 MiB) at tp 1: 13,440 MiB as in 0.5.3, and 464 more
+    assert mem_fraction_static(81559, 1, release=(0, 5, 10), piecewise=464) == round((81559 - 13904) / 81559, 3) == 0.83
+    # an H200 at tp 8 serving an MLA model: 512 + 8,192 x 1.5 + 512 x 2 + 1,024 + 1,536 = 16,384
+    assert mem_fraction_static(143771, 8, release=(0, 5, 10), piecewise=1536) == 0.886
+    assert mem_fraction_static(143771, 8, release=(0, 5, 9)) == 0.897
+
+
+@pytest.mark.parametrize("model, gpu, captured", [
+    ("llama-3.1-8b", "H100-80GB", 464),  # a text model on an NVIDIA card: chunks of 8,192, 58 sizes
+    ("deepseek-v2-lite", "H100-80GB", 1536),  # MLA
+    ("llama-3.1-8b", "MI300X", 0),  # off on AMD (is_hip)
+    ("gemma-3-4b", "H100-80GB", 0),  # off for a multimodal model
+    ("qwen3-next-80b-a3b", "H100-80GB", 0),  # an architecture 0.5.10 turns them off for
+])
+def test_the_plan_leaves_the_piecewise_reserve_where_0_5_10_captures_them(model, gpu, captured):
+    from kvbudget import load_model
+    from kvbudget.engines import EngineOptions
+    from kvbudget.engines.sglang.engine import SGLangEngine
+    from kvbudget.engines.sglang.releases import multimodal_factor
+    from kvbudget.gpus import find_gpu
+    from kvbudget.model.params import vision_tower
+    from kvbudget.units import MIB
+
+    spec, card = load_model(model), find_gpu(gpu)
+
+    def fraction(release):
+        return SGLangEngine().serving(card.memory_bytes, 4096, EngineOptions(engine_version=release), gpu_name=card.name,
+                                      tp=1, model=spec)
+
+    newer, older = fraction((0, 5, 10)), fraction((0, 5, 9))
+    factor, _ = multimodal_factor(vision_tower(spec), (0, 5, 10))
+    mib = card.memory_bytes / MIB
+    assert newer.memory_fraction == pytest.approx(
+        mem_fraction_static(mib, 1, release=(0, 5, 10), piecewise=captured) * factor)
+    assert (newer.memory_fraction < older.memory_fraction) == bool(captured)
+    assert ("piecewise CUDA graphs" in newer.memory_knob) == bool(captured)
+
+
+def test_kimi_k2_5_on_mi355x_logged_the_fraction_the_0_5_rules_give():
+    """SGLang 0.5.8 on 8 x MI355X (github.com/ajith-sirra-amd/Issues, Kimi-K2.5-MI355X-SGLANG-ERROR.md): 209.98 GiB
+    free after 73.58 of weights and a pool of 160.63 GiB, so weights and pool took (73.58 + 160.63) / 283.56 = 0.826
+    of the memory free before loading. By hand from 0.5.8's server_args.py: rocminfo's 288 GiB = 294,912 MiB; at tp 8
+    512 + 16,384 x 1.5 + 512 x 2 + 1,024 = 27,136 MiB reserved, so round(267,776 / 294,912, 3) = 0.908; Kimi-K2.5's
+    MoonViT (27 layers of 1,152, configs/kimi_k25.py) is 1.4238 ViT-L/14s: x 0.95 x 0.95762."""
+    from kvbudget.engines.sglang.releases import multimodal_factor
+
+    fraction = mem_fraction_static(288 * 1024, 8, release=(0, 5, 8))
+    factor, _ = multimodal_factor((27, 1152), (0, 5, 8))
+    assert fraction == 0.908
+    assert fraction * factor == pytest.approx((73.58 + 160.63) / 283.56, abs=0.0002)

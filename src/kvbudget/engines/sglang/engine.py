@@ -51,10 +51,12 @@ from kvbudget.engines.sglang.releases import (
     mem_fraction_static,
     multimodal_factor,
     parse_release,
+    piecewise_mib,
     release_name,
 )
 from kvbudget.engines.tiers import HostTier
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
+from kvbudget.gpus import gpus
 from kvbudget.model.params import vision_tower
 from kvbudget.model.spec import (
     Attention,
@@ -201,9 +203,14 @@ class SGLangEngine(Engine):
                 gpu_name: str = "", tp: int = 1, model: ModelSpec | None = None) -> Serving:
         version = options.engine_version or NEWEST
         drafter = drafting.reserve_mib(options.speculative)
-        fraction = mem_fraction_static(gpu_memory / MIB, tp, 1, version, drafter)
+        vision = vision_tower(model) if model else None
+        graphs = piecewise_mib(gpu_memory / MIB, tp, version, _latent(model)) if _piecewise(
+            model, vision, gpu_name, options) else 0
+        fraction = mem_fraction_static(gpu_memory / MIB, tp, 1, version, drafter, graphs)
         knob = f"mem_fraction_static default ({release_name(era(version))}'s rule for this card"
-        factor, scales_given = multimodal_factor(vision_tower(model) if model else None, version)
+        factor, scales_given = multimodal_factor(vision, version)
+        if graphs:
+            knob += f", {graphs:,} MiB more left aside for piecewise CUDA graphs"
         if drafter:
             knob += f", {drafter // 1024} GiB more left aside for the speculative drafter"
         if factor != 1:
@@ -346,6 +353,26 @@ def _context_length(text: str) -> str | None:
     """The context length the log's server arguments state, else None."""
     m = re.search(r"context_length=(\d+)|--context-length[ =]+(\d+)", text)
     return (m.group(1) or m.group(2)) if m else None
+
+
+# The model types of the architectures SGLang 0.5.10 captures no piecewise CUDA graphs for (configs/model_config.py
+# piecewise_cuda_graph_disabled_model_archs: DeepseekV32, Qwen3Next, GlmMoeDsa, BailingMoeV2_5, LLaDA), beside
+# DeepSeek's sparse attention (NSA) wherever it appears
+_NO_PIECEWISE = ("deepseek_v32", "qwen3_next", "glm_moe_dsa", "bailing_moe_v2_5", "llada")
+
+
+def _piecewise(model: ModelSpec | None, vision: object, gpu_name: str, options: EngineOptions) -> bool:
+    """Whether SGLang 0.5.10 would capture piecewise CUDA graphs (server_args.py _handle_piecewise_cuda_graph): on
+    NVIDIA cards (kvbudget takes a card it has no vendor for as one), not for a multimodal model, a speculative
+    drafter or an architecture it turns them off for."""
+    vendor = next((card.vendor for card in gpus() if card.name == gpu_name), "")
+    return vendor in ("NVIDIA", "") and vision is None and options.speculative is None and not (
+        model and (_nsa(model) or model.model_type in _NO_PIECEWISE))
+
+
+def _latent(model: ModelSpec | None) -> bool:
+    """An MLA model (SGLang's use_mla_backend)."""
+    return model is not None and any(isinstance(layer, LatentAttention) for layer in model.layers)
 
 
 def _nsa(model: ModelSpec) -> bool:

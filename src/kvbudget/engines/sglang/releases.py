@@ -8,18 +8,26 @@ read in the sdists named). The rule changed often; the releases whose source was
 - 0.4.5: the same table; the multimodal factor is 0.90.
 - 0.4.6: the table on cards of at most 80 GiB (81,920 MiB); larger cards leave 13 GiB: (memory - 13 GiB) /
   memory. Multimodal: 0.90, as in 0.4.5.
-- 0.5.3 (still so in 0.5.10): reserved MiB = 512 + 1.5 x max(chunked_prefill_size, 2048) + 2 x
+- 0.5.3 (still so in 0.5.9): reserved MiB = 512 + 1.5 x max(chunked_prefill_size, 2048) + 2 x
   cuda_graph_max_bs + tp x pp / 8 x 1024, at least 10 GiB on cards above 60 GiB, and mem_fraction_static =
   round((memory - reserved) / memory, 3); chunked_prefill_size and cuda_graph_max_bs default by the card's memory
   (under 20 GiB 2048 / 8; under 35 GiB 2048 / 16, 80 from tp 4; under 60 GiB 4096 / 32, 160 from tp 4; under
   160 GiB 8192 / 256, 512 from tp 4; else 16384 / 512). A model with a vision_config then gets the default (only
   the default) times 0.95 x clamp(1 - 0.1 x (layers x hidden^2 / (24 x 1024^2) - 1), 0.8, 1.05), its ViT against
   a ViT-L/14 (adjust_mem_fraction_for_vlm). Later 0.5 releases size the pool after capturing the graphs in some
-  configurations (not modelled).
+  configurations (not modelled). Read again in 0.5.5, 0.5.7, 0.5.8 and 0.5.9: the same rule (their piecewise
+  CUDA graphs are opt-in, --enable-piecewise-cuda-graph).
+- 0.5.10 (read in 0.5.10.post1): piecewise CUDA graphs are on by default, and their reserve joins the sum before the
+  10 GiB floor: 1.5 GiB for an MLA model, else 8 MiB per capture size (4 to 32 by 4, to 256 by 16, to 512 by 32, to
+  1,024 by 64, to 4,096 by 256, then by 512, up to chunked_prefill_size: 58 sizes at 8,192). server_args.py
+  `_handle_piecewise_cuda_graph` turns them off on AMD and other non-CUDA devices, for multimodal models, with
+  speculative decoding, pipeline parallelism or DP attention, and for DeepSeek-V3.2, Qwen3-Next, GLM-5 (DSA),
+  Ling 2.5 and LLaDA; then nothing is added.
 0.4.7 to 0.5.2 changed the rule release by release (a fixed 0.88 on larger cards, then reserved memory in tiers);
 they are refused rather than answered with a neighbour's rule. `sglang@0.4` is 0.4.6, `sglang@0.5` is 0.5.3.
-SGLang reads the card's memory as nvidia-smi reports it; kvbudget uses the catalog's figure (torch's, where
-known: about 0.6% less, which moves the fraction by under 0.001).
+SGLang reads the card's memory as nvidia-smi reports it, on AMD as rocminfo's first pool (its size in KiB / 1,024:
+the nominal 288 GiB of an MI355X, utils/common.py get_amdgpu_memory_capacity, 0.5.3-0.5.10); kvbudget uses the
+catalog's figure (torch's, where known: about 0.6% less, which moves the fraction by under 0.001).
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from __future__ import annotations
 import re
 
 Release = tuple[int, int, int]
-ERAS: tuple[Release, ...] = ((0, 4, 3), (0, 4, 5), (0, 4, 6), (0, 5, 3))
+ERAS: tuple[Release, ...] = ((0, 4, 3), (0, 4, 5), (0, 4, 6), (0, 5, 3), (0, 5, 10))
 SPANS = (((0, 4, 3), (0, 4, 6)), ((0, 5, 3), (0, 5, 10)))  # the releases whose rule is modelled
 NAMED = {(0, 4): (0, 4, 6), (0, 5): (0, 5, 3)}  # sglang@0.4, sglang@0.5
 NEWEST: Release = (0, 5, 3)
@@ -62,17 +70,31 @@ def prefill_and_graphs(gpu_mib: float, tp: int) -> tuple[int, int]:
     return 16384, 512
 
 
+def piecewise_mib(gpu_mib: float, tp: int, release: tuple[int, ...], mla: bool) -> int:
+    """MiB the default fraction leaves for piecewise CUDA graphs where `release` captures them (0.5.10 on): 1.5 GiB
+    for an MLA model, else 8 per capture size up to chunked_prefill_size; 0 before 0.5.10."""
+    if era(release) < (0, 5, 10):
+        return 0
+    if mla:
+        return 1536
+    chunk, _ = prefill_and_graphs(gpu_mib, tp)
+    sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64),
+             *range(1280, 4097, 256), *range(4608, chunk + 1, 512)]
+    return 8 * sum(1 for size in sizes if size <= chunk)
+
+
 def mem_fraction_static(gpu_mib: float, tp: int, pp: int = 1, release: tuple[int, ...] = NEWEST,
-                        drafter_mib: int = 0) -> float:
+                        drafter_mib: int = 0, piecewise: int = 0) -> float:
     """The default mem_fraction_static of `release` on a card of `gpu_mib` MiB at tensor parallel size `tp`, before
-    any multimodal factor; `drafter_mib` more left aside for a speculative drafter (0.5: engines/sglang/speculative)."""
+    any multimodal factor; `drafter_mib` more left aside for a speculative drafter (0.5: engines/sglang/speculative),
+    `piecewise` MiB for piecewise CUDA graphs (`piecewise_mib`, where they are captured)."""
     rule = era(release)
     if rule < (0, 4, 6) or (rule == (0, 4, 6) and gpu_mib <= 81920):
         return next(f for at_least, f in _TABLE if tp >= at_least)
     if rule == (0, 4, 6):
         return (gpu_mib - 1024 * 13) / gpu_mib
     chunk, graphs = prefill_and_graphs(gpu_mib, tp)
-    reserved = 512 + max(chunk, 2048) * 1.5 + graphs * 2 + tp * pp / 8 * 1024
+    reserved = 512 + max(chunk, 2048) * 1.5 + graphs * 2 + tp * pp / 8 * 1024 + piecewise
     if gpu_mib > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     reserved += drafter_mib
