@@ -136,8 +136,8 @@ def test_the_plan_leaves_the_piecewise_reserve_where_0_5_10_captures_them(model,
     spec, card = load_model(model), find_gpu(gpu)
 
     def fraction(release):
-        return SGLangEngine().serving(card.memory_bytes, 4096, EngineOptions(engine_version=release), gpu_name=card.name,
-                                      tp=1, model=spec)
+        return SGLangEngine().serving(card.memory_bytes, 4096, EngineOptions(engine_version=release),
+                                      gpu_name=card.name, tp=1, model=spec)
 
     newer, older = fraction((0, 5, 10)), fraction((0, 5, 9))
     factor, _ = multimodal_factor(vision_tower(spec), (0, 5, 10))
