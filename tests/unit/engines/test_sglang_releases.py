@@ -160,3 +160,35 @@ def test_kimi_k2_5_on_mi355x_logged_the_fraction_the_0_5_rules_give():
     factor, _ = multimodal_factor((27, 1152), (0, 5, 8))
     assert fraction == 0.908
     assert fraction * factor == pytest.approx((73.58 + 160.63) / 283.56, abs=0.0002)
+
+
+@pytest.mark.parametrize("model, tp, context, release, cut", [
+    ("llama-3.1-8b", 1, 32768, (0, 5, 3), 0.85),  # multi-head: aiter, and a context over 8,192
+    ("llama-3.1-8b", 1, 8192, (0, 5, 8), 1.0),  # aiter, but a context of 8,192
+    ("deepseek-v3", 8, 32768, (0, 5, 8), 0.85),  # MLA, 128 KV heads / 8 = 16 a rank: aiter
+    ("deepseek-v3", 4, 32768, (0, 5, 8), 1.0),  # 32 a rank: triton
+    ("kimi-k2", 8, 262144, (0, 5, 8), 1.0),  # 64 / 8 = 8 a rank: triton (the MI355X log's fraction has no cut)
+    ("deepseek-v2-lite", 1, 32768, (0, 5, 10), 0.85),  # 16 KV heads at tp 1
+    ("llama-3.1-8b", 1, 32768, (0, 4, 6), 1.0),  # 0.4.6's model_runner.py has no such cut
+])
+def test_amd_cuts_the_fraction_where_sglang_picks_aiter(model, tp, context, release, cut):
+    """SGLang 0.5.3-0.5.10 on AMD: aiter attention by default for multi-head models and MLA models with 16 or 128
+    KV heads a rank, and mem_fraction_static x 0.85 (default or given) for a context over 8,192. By hand on an
+    MI300X (rocminfo's 192 GiB = 196,608 MiB) at tp 1: 512 + 16,384 x 1.5 + 512 x 2 + 128 = 26,240 MiB reserved,
+    round(170,368 / 196,608, 3) = 0.867."""
+    from kvbudget import load_model
+    from kvbudget.engines import EngineOptions
+    from kvbudget.engines.sglang.engine import SGLangEngine
+    from kvbudget.gpus import find_gpu
+
+    card = find_gpu("MI300X")
+    serving = SGLangEngine().serving(card.memory_bytes, context, EngineOptions(engine_version=release),
+                                     gpu_name=card.name, tp=tp, model=load_model(model))
+    assert serving.memory_fraction == pytest.approx(mem_fraction_static(196608, tp, release=release) * cut)
+    assert serving.given_fraction_scale == pytest.approx(cut)  # a fraction you give is cut too
+    assert ("aiter" in serving.memory_knob) == (cut != 1)
+    if (model, tp, release) == ("llama-3.1-8b", 1, (0, 5, 3)):
+        assert serving.memory_fraction == pytest.approx(0.867 * 0.85)
+    nvidia = SGLangEngine().serving(card.memory_bytes, context, EngineOptions(engine_version=release),
+                                    gpu_name="H100-80GB", tp=tp, model=load_model(model))
+    assert nvidia.given_fraction_scale == 1.0  # CUDA cards get flashinfer / fa3 / triton: no cut

@@ -45,8 +45,10 @@ from kvbudget.engines.sglang import speculative as drafting
 from kvbudget.engines.sglang.gauges import sglang_pool
 from kvbudget.engines.sglang.hicache import hicache_rows, hicache_tier
 from kvbudget.engines.sglang.releases import (
+    AITER_CONTEXT,
     MODELLED,
     NEWEST,
+    aiter_factor,
     era,
     mem_fraction_static,
     multimodal_factor,
@@ -204,11 +206,16 @@ class SGLangEngine(Engine):
         version = options.engine_version or NEWEST
         drafter = drafting.reserve_mib(options.speculative)
         vision = vision_tower(model) if model else None
-        graphs = piecewise_mib(gpu_memory / MIB, tp, version, _latent(model)) if _piecewise(
-            model, vision, gpu_name, options) else 0
+        vendor = next((card.vendor for card in gpus() if card.name == gpu_name), "")
+        graphs = piecewise_mib(gpu_memory / MIB, tp, version, bool(model and model.has_latent)) if _piecewise(
+            model, vision, vendor, options) else 0
         fraction = mem_fraction_static(gpu_memory / MIB, tp, 1, version, drafter, graphs)
         knob = f"mem_fraction_static default ({release_name(era(version))}'s rule for this card"
         factor, scales_given = multimodal_factor(vision, version)
+        cut = aiter_factor(version, max_model_len, _mla_heads(model, tp)) if vendor == "AMD" else 1.0
+        if cut != 1:
+            fraction *= cut
+            knob += f", times {cut:g}: the aiter attention SGLang picks on AMD, for a context over {AITER_CONTEXT:,}"
         if graphs:
             knob += f", {graphs:,} MiB more left aside for piecewise CUDA graphs"
         if drafter:
@@ -220,7 +227,7 @@ class SGLangEngine(Engine):
         return Serving(memory_fraction=fraction, memory_knob=knob + ")", prefill_tokens=0,
                        prefill_note="SGLang keeps activations in the (1 - mem_fraction_static) it leaves aside",
                        max_num_seqs=0, overhead_bytes=0, preload_bytes=before,
-                       given_fraction_scale=factor if scales_given else 1.0,
+                       given_fraction_scale=(factor if scales_given else 1.0) * cut,
                        overhead_note=(f"SGLang takes its share of the memory free before the weights load, so "
                                       f"the share x what is in use then (CUDA context, NCCL; fit: "
                                       f"{before / GIB:.2f} GiB, one log at tp {'8' if tp >= 8 else '4'})"),
@@ -361,18 +368,19 @@ def _context_length(text: str) -> str | None:
 _NO_PIECEWISE = ("deepseek_v32", "qwen3_next", "glm_moe_dsa", "bailing_moe_v2_5", "llada")
 
 
-def _piecewise(model: ModelSpec | None, vision: object, gpu_name: str, options: EngineOptions) -> bool:
+def _piecewise(model: ModelSpec | None, vision: object, vendor: str, options: EngineOptions) -> bool:
     """Whether SGLang 0.5.10 would capture piecewise CUDA graphs (server_args.py _handle_piecewise_cuda_graph): on
     NVIDIA cards (kvbudget takes a card it has no vendor for as one), not for a multimodal model, a speculative
     drafter or an architecture it turns them off for."""
-    vendor = next((card.vendor for card in gpus() if card.name == gpu_name), "")
     return vendor in ("NVIDIA", "") and vision is None and options.speculative is None and not (
         model and (_nsa(model) or model.model_type in _NO_PIECEWISE))
 
 
-def _latent(model: ModelSpec | None) -> bool:
-    """An MLA model (SGLang's use_mla_backend)."""
-    return model is not None and any(isinstance(layer, LatentAttention) for layer in model.layers)
+def _mla_heads(model: ModelSpec | None, tp: int) -> int | None:
+    """An MLA model's KV heads a rank as SGLang counts them (model_config.py get_num_kv_heads: the config's KV
+    heads // tp, at least 1); None for a multi-head model."""
+    heads = next((layer.heads for layer in model.layers if isinstance(layer, LatentAttention)), None) if model else None
+    return None if heads is None else max(1, heads // tp)
 
 
 def _nsa(model: ModelSpec) -> bool:

@@ -23,6 +23,10 @@ read in the sdists named). The rule changed often; the releases whose source was
   `_handle_piecewise_cuda_graph` turns them off on AMD and other non-CUDA devices, for multimodal models, with
   speculative decoding, pipeline parallelism or DP attention, and for DeepSeek-V3.2, Qwen3-Next, GLM-5 (DSA),
   Ling 2.5 and LLaDA; then nothing is added.
+- AMD, 0.5.3 to 0.5.10: with no --attention-backend SGLang picks aiter for a multi-head model and for an MLA model
+  with 16 or 128 KV heads a rank (others get triton), and with aiter and a context over 8,192 tokens it multiplies
+  mem_fraction_static, default or given, by 0.85 (0.5.3 model_runner.py, 0.5.5-0.5.10 server_args.py
+  `_handle_attention_backend_compatibility`; 0.4.6 has no such cut).
 0.4.7 to 0.5.2 changed the rule release by release (a fixed 0.88 on larger cards, then reserved memory in tiers);
 they are refused rather than answered with a neighbour's rule. `sglang@0.4` is 0.4.6, `sglang@0.5` is 0.5.3.
 SGLang reads the card's memory as nvidia-smi reports it, on AMD as rocminfo's first pool (its size in KiB / 1,024:
@@ -99,6 +103,18 @@ def mem_fraction_static(gpu_mib: float, tp: int, pp: int = 1, release: tuple[int
         reserved = max(reserved, 10 * 1024)
     reserved += drafter_mib
     return round((gpu_mib - reserved) / gpu_mib, 3)
+
+
+AITER_CUT = 0.85
+AITER_CONTEXT = 8192  # the context above which the cut applies
+
+
+def aiter_factor(release: tuple[int, ...], context_len: int, mla_heads_per_rank: int | None) -> float:
+    """What SGLang on an AMD card multiplies mem_fraction_static by (default or given): 0.85 from 0.5.3 on where
+    it picks aiter (a multi-head model: `mla_heads_per_rank` None; an MLA model with 16 or 128 KV heads a rank) and
+    the context exceeds 8,192 tokens; else 1.0."""
+    aiter = mla_heads_per_rank is None or mla_heads_per_rank in (16, 128)
+    return AITER_CUT if era(release) >= (0, 5, 3) and aiter and context_len > AITER_CONTEXT else 1.0
 
 
 def multimodal_factor(vision: tuple[int | None, int | None] | None, release: tuple[int, ...] = NEWEST
