@@ -42,17 +42,18 @@ def test_a_real_0_4_start_up_printed_the_fraction_the_rule_gives():
 def test_an_unmodelled_release_is_one_line(capsys):
     assert main(["plan", "llama-3.1-8b", "--engine", "sglang@0.3", "--gpu", "L4"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "0.4.3-0.4.6 and 0.5.3-0.5.10" in err
+    assert err.count("\n") == 1 and "0.4.3-0.4.6 and 0.4.8-0.5.10" in err
     assert err.startswith("kvbudget: error: --engine sglang@0.3:")  # the flag the person wrote
 
 
 @pytest.mark.parametrize("text, release", [("0.4.4", (0, 4, 4)), ("0.4.4.post2", (0, 4, 4)), ("0.4.3.post4", (0, 4, 3)),
                                            ("0.4", (0, 4, 6)), ("0.5", (0, 5, 3)), ("0.5.10", (0, 5, 10)),
-                                           ("0.4.2", None), ("0.4.8", None), ("0.5.2", None), ("0.5.11", None),
-                                           ("0.6", None), ("x", None)])
+                                           ("0.4.8", (0, 4, 8)), ("0.5.2", (0, 5, 2)), ("0.4.10.post2", (0, 4, 10)),
+                                           ("0.4.2", None), ("0.4.7", None), ("0.5.11", None), ("0.6", None),
+                                           ("x", None)])
 def test_a_release_maps_to_the_rule_read_for_it_or_is_refused(text, release):
-    """server_args.py changed its rule in 0.4.6, 0.4.7, 0.4.8, 0.4.10, 0.5.2 and 0.5.3: only the releases whose
-    source was read are answered."""
+    """server_args.py changed its rule in 0.4.6, 0.4.7, 0.4.8, 0.5.3 and 0.5.10: only the releases whose source was
+    read are answered (0.4.7's was not)."""
     from kvbudget.engines.sglang.releases import parse_release
 
     assert parse_release(text) == release
@@ -170,9 +171,10 @@ def test_kimi_k2_5_on_mi355x_logged_the_fraction_the_0_5_rules_give():
     ("kimi-k2", 8, 262144, (0, 5, 8), 1.0),  # 64 / 8 = 8 a rank: triton (the MI355X log's fraction has no cut)
     ("deepseek-v2-lite", 1, 32768, (0, 5, 10), 0.85),  # 16 KV heads at tp 1
     ("llama-3.1-8b", 1, 32768, (0, 4, 6), 1.0),  # 0.4.6's model_runner.py has no such cut
+    ("llama-3.1-8b", 2, 32768, (0, 4, 8), 0.85),  # 0.4.8's has (model_runner.py)
 ])
 def test_amd_cuts_the_fraction_where_sglang_picks_aiter(model, tp, context, release, cut):
-    """SGLang 0.5.3-0.5.10 on AMD: aiter attention by default for multi-head models and MLA models with 16 or 128
+    """SGLang 0.4.8-0.5.10 on AMD: aiter attention by default for multi-head models and MLA models with 16 or 128
     KV heads a rank, and mem_fraction_static x 0.85 (default or given) for a context over 8,192. By hand on an
     MI300X (rocminfo's 192 GiB = 196,608 MiB) at tp 1: 512 + 16,384 x 1.5 + 512 x 2 + 128 = 26,240 MiB reserved,
     round(170,368 / 196,608, 3) = 0.867."""
@@ -192,3 +194,43 @@ def test_amd_cuts_the_fraction_where_sglang_picks_aiter(model, tp, context, rele
     nvidia = SGLangEngine().serving(card.memory_bytes, context, EngineOptions(engine_version=release),
                                     gpu_name="H100-80GB", tp=tp, model=load_model(model))
     assert nvidia.given_fraction_scale == 1.0  # CUDA cards get flashinfer / fa3 / triton: no cut
+
+
+@pytest.mark.parametrize("mib, tp, fraction", [
+    (81559, 4, 0.856),  # H100 at tp 4: (9.5 + 4 / 2) GiB = 11,776 MiB reserved; round(69,783 / 81,559, 3)
+    (32607, 1, 0.909),  # RTX 5090: (2.8 + 0.1) GiB = 2,969.6 MiB
+    (143771, 8, 0.886),  # H200 at tp 8: (12 + 4) GiB = 16,384 MiB
+    (196608, 8, 0.833),  # MI300X (rocminfo's 192 GiB): 32 GiB whatever the parallel size
+])
+def test_0_4_8_to_0_5_2_reserve_memory_in_tiers(mib, tp, fraction):
+    """server_args.py of 0.4.8, 0.4.9, 0.4.10, 0.5.1 and 0.5.2 (the same block in each): reserved GiB under 35 GiB
+    2.8 + p / 10, under 90 GiB 9.5 + p / 2, under 160 GiB 12 + p / 2, else 32, with p = tp x pp."""
+    for release in ((0, 4, 8), (0, 4, 9), (0, 4, 10), (0, 5, 1), (0, 5, 2)):
+        assert mem_fraction_static(mib, tp, release=release) == fraction
+
+
+def test_the_multimodal_cut_moved_from_the_runner_to_the_defaults():
+    """0.4.8's model_runner.py multiplies any fraction by 0.90; 0.4.9's server_args.py the default only; 0.4.10's
+    adjust_mem_fraction_for_vlm weighs the tower (Gemma-3's SigLIP, 27 layers of 1,152: 0.90974)."""
+    from kvbudget.engines.sglang.releases import multimodal_factor
+
+    siglip = (27, 1152)
+    assert multimodal_factor(siglip, (0, 4, 8)) == (0.90, True)
+    assert multimodal_factor(siglip, (0, 4, 9)) == (0.90, False)
+    factor, scales_given = multimodal_factor(siglip, (0, 4, 10))
+    assert factor == pytest.approx(0.90974, abs=1e-5) and not scales_given
+
+
+@pytest.mark.parametrize("release", ["0.4.8", "0.4.9", "0.5.2"])
+def test_launch_flags_of_releases_whose_flags_were_not_read_are_refused(release):
+    """0.4.8-0.5.2 are planned now (their memory rule was read), but launch_server's flags were read in 0.4.6 and
+    0.5.3 only: a command for them is refused in one line rather than written with a neighbour's flags."""
+    from kvbudget.deployment import Deployment, PoolPlan
+    from kvbudget.engines import get_engine
+    from kvbudget.errors import KVBudgetError
+
+    p = PoolPlan(gpu="H100-80GB", tp=2, max_num_seqs=128, max_num_batched_tokens=4096, max_model_len=16384,
+                 gpu_memory_utilization=0.85)
+    with pytest.raises(KVBudgetError, match="give 0.4.6 or 0.5") as err:
+        get_engine("sglang").command(p, Deployment(model="m", engine="sglang", release=release, pools=(p,)))
+    assert "\n" not in str(err.value) and err.value.param == "release"
