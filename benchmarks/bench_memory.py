@@ -3,6 +3,7 @@ nothing (tests/corpus/test_memory_corpus.py holds the bounds).
 
     python benchmarks/bench_memory.py [--corpus tests/data/memory/vllm.json]
     python benchmarks/bench_memory.py --by era,family
+    python benchmarks/bench_memory.py --write-bands
 
 Then the SGLang start-ups of tests/data/memory/sglang.json: the pool SGLang allocated beside the plan's.
 
@@ -11,6 +12,8 @@ wide.json) with the settings each case states, and prints, per release era and G
 90th percentile and the most optimistic error over the CHECK cases alone; then the eras and GPU families the issue
 asks for that have no check case, and the cases the plan cannot predict (an input it lacks) with the reason. The
 error is that of the KV budget in GiB where the log states it, else of the token count the engine printed.
+`--write-bands` writes the same groups' errors to src/kvbudget/data/budget_bands.json, the bands `plan` carries
+(kvbudget.budgetbands): run it whenever the memory model or the corpus changes.
 
 Each case of the corpus (a real start-up: settings, and the memory split vLLM printed) is planned with the same
 engine release, GPU, tensor parallel size, max_model_len and gpu_memory_utilization. The table sets each term
@@ -29,9 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import kvbudget
+from kvbudget import budgetbands
 from kvbudget.choices import EntryPoint
-from kvbudget.engines import EngineOptions
+from kvbudget.engines import EngineOptions, get_engine
 from kvbudget.errors import KVBudgetError
+from kvbudget.gpus import find_gpu
 from kvbudget.planner import NoKVBudget
 from kvbudget.units import GIB
 
@@ -109,34 +114,34 @@ def sglang_table() -> None:
               f"{logged['weights_gib']:>8.2f} / {weights:>7.2f}  {tokens / logged['tokens'] - 1:+9.1%}")
 
 
-# GPU families the accuracy table reports (issue 55: the cards users have), by catalog name.
-FAMILIES = {
-    "A100": ("A100-40GB", "A100-80GB", "A100-80GB-PCIe"),
-    "L4 / L40S / A10G": ("L4", "L40S", "L20", "A10G", "A10", "RTX-6000-Ada"),
-    "GeForce (RTX 3090 / 4090 / 5090)": ("RTX-3090", "RTX-4090", "RTX-5090"),
-    "Hopper (H100, H200, GH200)": ("H100-80GB", "H100-PCIe", "H100-NVL", "H200", "H20", "GH200"),
-    "Blackwell (B200, GB200, GB10)": ("B200", "B300", "GB200", "GB10", "RTX-PRO-6000"),
-    "AMD Instinct": ("MI250X-GCD", "MI300X", "MI325X", "MI355X"),
-    "Intel XPU": ("Arc-Pro-B70", "Arc-B580", "Max-1550"),
-}
-# Release eras the table reports: vLLM's by the start-up arithmetic they share (V0; V1 before and after 0.11's
-# one-line split; the CUDA-graph term from 0.20; the null block from 0.27), SGLang's by minor release.
-VLLM_ERAS = (((0, 0), "vLLM V0 (to 0.7)"), ((0, 8), "vLLM 0.8-0.10"), ((0, 11), "vLLM 0.11-0.19"),
-             ((0, 20), "vLLM 0.20-0.26"), ((0, 27), "vLLM 0.27-0.34"))
-SGLANG_ERAS = ("SGLang 0.4", "SGLang 0.5")
+# GPU families the accuracy table reports (issue 55: the cards users have): kvbudget.budgetbands.gpu_family for a
+# catalog card; the corpus's cards outside the catalog (their cases are unpredicted) by name.
+OFF_CATALOG = {"GB10": budgetbands.BLACKWELL, "Arc-Pro-B70": budgetbands.XPU}
+FAMILIES = budgetbands.FAMILIES
+# Release eras the table reports: each engine's (vLLM's by the start-up arithmetic they share, SGLang's by minor
+# release), from its package (engines/vllm/releases.py, engines/sglang/releases.py BUDGET_ERAS).
+def budget_eras(name: str) -> tuple[str, ...]:
+    engine = get_engine(name)
+    assert isinstance(engine, budgetbands.ChecksBudget)
+    return engine.budget_eras
+
+
+VLLM_ERAS, SGLANG_ERAS = budget_eras("vllm"), budget_eras("sglang")
 
 
 def family(case: dict[str, Any]) -> str:
-    """The case's GPU family, by the catalog name it gives ("other" for a card in none of FAMILIES)."""
-    return next((name for name, cards in FAMILIES.items() if case["gpu"] in cards), "other")
+    """The case's GPU family ("other" for a card in none of FAMILIES)."""
+    if case["gpu"] in OFF_CATALOG:
+        return OFF_CATALOG[case["gpu"]]
+    return budgetbands.gpu_family(find_gpu(case["gpu"]))
 
 
 def era(case: dict[str, Any]) -> str:
-    """The case's release era: vLLM's by VLLM_ERAS, SGLang's by minor release."""
-    if case["engine"] == "sglang":
-        return "SGLang " + ".".join(case["release"].split(".")[:2])
-    version = release_of(case)
-    return [label for start, label in VLLM_ERAS if version >= start][-1]
+    """The case's release era, as its engine names it."""
+    version = tuple(int(x) for x in case["release"].split("."))
+    engine = get_engine(case["engine"])
+    assert isinstance(engine, budgetbands.ChecksBudget)
+    return engine.budget_era(EngineOptions(engine_version=version))
 
 
 def predict_stated(case: dict[str, Any]) -> dict[str, Any]:
@@ -226,7 +231,7 @@ def accuracy_table(cases: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
               + (", ".join(misses) + f" (largest: {largest[0]:+.1%} {largest[1]})" if misses else "met"))
     covered = {k: {g[keys.index(k)] for g in groups} for k in keys}
     if "era" in keys:
-        eras = [label for _, label in VLLM_ERAS] + list(SGLANG_ERAS)
+        eras = [*VLLM_ERAS, *SGLANG_ERAS]
         print("eras with no check case: " + (", ".join(e for e in eras if e not in covered["era"]) or "none"))
     if "family" in keys:
         print("GPU families with no check case: "
@@ -236,12 +241,65 @@ def accuracy_table(cases: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
         print(f"  {name}: {why}")
 
 
+BANDS = Path(__file__).resolve().parents[1] / "src" / "kvbudget" / "data" / "budget_bands.json"
+BANDS_ABOUT = (
+    "The KV budget's error band per release era and GPU family, for kvbudget.budgetbands (which picks a plan's band "
+    "from these by the rule written there). Measured on the CHECK cases only of tests/data/memory/vllm.json, "
+    "sglang.json and wide.json (fit cases never enter; the split is recorded in those files). A case's error is "
+    "planned / logged - 1 of the KV budget in GiB where the log states it, else of the token count the engine "
+    "printed (positive: the plan was optimistic). share_low, share_high: the most pessimistic and most optimistic "
+    "error in bytes as a fraction of the plan's engine share (planned - logged budget, over gpu_memory_utilization x "
+    "the GPU's memory or the engine's like figure), what a plan's band applies, since the errors come from terms that "
+    "do not grow with the budget; budget_low, budget_high: the same relative to the logged budget; median_abs, "
+    "p90_abs: of |error relative to the budget| (the 90th percentile as the ceil(0.9 n)-th smallest), as "
+    "`bench_memory.py --by era,family` prints them; case_ids: the check cases. Written by `python "
+    "benchmarks/bench_memory.py --write-bands`; regenerate it whenever the memory model or the corpus changes: "
+    "tests/corpus/test_memory_corpus.py fails while this file differs from what the script computes now.")
+
+
+def share_error(got: dict[str, Any], err: float) -> float:
+    """The KV budget's error (`err`, relative to the logged budget) as a fraction of the engine's share of the GPU:
+    planned minus logged budget over the planned share. The errors come from terms that do not grow with the budget
+    (weights, the profiling peak, other memory), so this is what carries over to another model's budget: 5 GiB
+    too many is +300% of a 1.65 GiB budget and 7% of a 75 GiB share."""
+    return float(got["kv"] * err / (1 + err) / got["share"])
+
+
+def band_table(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """The bands file's content: per era and family with a check case, its errors (rounded to 0.01%): of the
+    engine's share (what kvbudget.budgetbands applies) and of the logged budget (the accuracy table's)."""
+    groups, _ = check_groups(cases, ("era", "family"))
+    by_id = {c["id"]: c for c in cases}
+    bands = []
+    for (group_era, group_family), found in sorted(groups.items()):
+        errors = [e for e, _ in found]
+        of_share = [share_error(predict_stated(by_id[name]), e) for e, name in found]
+        sizes = [abs(e) for e in errors]
+        bands.append({"era": group_era, "family": group_family, "cases": len(found),
+                      "share_low": round(min(of_share), 4), "share_high": round(max(of_share), 4),
+                      "budget_low": round(min(errors), 4), "budget_high": round(max(errors), 4),
+                      "median_abs": round(statistics.median(sizes), 4), "p90_abs": round(percentile_90(sizes), 4),
+                      "case_ids": sorted(name for _, name in found)})
+    return {"about": BANDS_ABOUT, "bands": bands}
+
+
+def bands_text(cases: list[dict[str, Any]]) -> str:
+    """The bands file as written (JSON, two-space indent, a newline at the end)."""
+    return json.dumps(band_table(cases), indent=2) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, default=CORPUS)
     parser.add_argument("--by", type=by_keys, default=None, metavar="era,family",
                         help="the accuracy table over every corpus's check cases, grouped by era and/or family")
+    parser.add_argument("--write-bands", action="store_true",
+                        help=f"write the per era and family error bands of the check cases to {BANDS.name}")
     args = parser.parse_args()
+    if args.write_bands:
+        BANDS.write_text(bands_text(all_cases()), encoding="utf-8")
+        print(f"wrote {BANDS}")
+        return
     if args.by:
         accuracy_table(all_cases(), args.by)
         return

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvbudget import validate
 from kvbudget.choices import Choice
@@ -15,6 +15,9 @@ from kvbudget.gpus import GPU
 from kvbudget.model.params import activation_widths
 from kvbudget.model.spec import ModelSpec
 from kvbudget.model.weights import Weights
+
+if TYPE_CHECKING:
+    from kvbudget.budgetbands import BudgetBand
 
 GIVEN_WEIGHTS = "given (weights)"  # the weights' basis when the bytes were given
 
@@ -91,8 +94,10 @@ def check_given(*, gpu_memory: int | None, gpus: int | None, tp: int, pp: int, c
 
 
 def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, activation: int | None,
-                 overhead: int | None, utilization: float | None) -> tuple[tuple[Term, ...], int]:
-    """The memory stack of one GPU and the KV budget the engine derives from it."""
+                 overhead: int | None, utilization: float | None, band: BudgetBand | None = None
+                 ) -> tuple[tuple[Term, ...], int]:
+    """The memory stack of one GPU and the KV budget the engine derives from it; the budget's note gives its error
+    band where one is known (kvbudget.budgetbands), else how the engine's budget was checked, if it was."""
     util = serving.memory_fraction if utilization is None else utilization * serving.given_fraction_scale
     tokens = serving.prefill_tokens
     activation_note = serving.prefill_note
@@ -132,6 +137,7 @@ def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, acti
              note="" if overhead is not None else serving.overhead_note, param="overhead",
              given=overhead is not None),
         Term(key=TermKey.KV, name="KV budget", bytes=kv, estimate=activation is None or overhead is None or not w.exact,
-             note="what is left for the KV cache" + (f"; {serving.checked}" if serving.checked else "")),
+             note="what is left for the KV cache" + (f"; {band.text(kv, usable)}" if band and kv > 0 else
+                                                     f"; {serving.checked}" if serving.checked else "")),
     )
     return stack, kv

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.budget import GIVEN_WEIGHTS, Term, TermKey, check_given, memory_stack
+from kvbudget.budgetbands import BudgetBand, budget_band
 from kvbudget.drafter import DrafterAdvice, drafter_advice
 from kvbudget.engines import Capacity, Engine, EngineOptions, get_engine, serving_engines
 from kvbudget.engines.base import largest_fitting
@@ -38,7 +39,6 @@ SMALLER_CACHE = 0.75
 # The "larger GPU" offered is the smallest card of the same vendor with at least this much more memory: a step
 # worth a migration (it skips near-twins such as H100-80GB -> H100-NVL's 94 GB).
 BIGGER_GPU_STEP = 1.4
-
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -141,6 +141,7 @@ class Plan:
     host: HostReport | None = None  # the tiers beyond the GPU, when host memory was given for them
     reuse: TierAdvice | None = None  # whether a host tier pays for a trace's prefix reuse, when a trace was given
     drafter: DrafterAdvice | None = None  # what speculative decoding's drafter costs, when the options draft
+    band: BudgetBand | None = None  # the KV budget's error band (kvbudget.budgetbands); None: given, or unmeasured
 
     @property
     def fits(self) -> bool:
@@ -188,7 +189,7 @@ class Plan:
             "host_tiers": self.host.to_dict() if self.host else None,
             "host_tier_advice": self.reuse.to_dict() if self.reuse else None,
             "speculative": self.drafter.to_dict() if self.drafter else None,
-        }
+            "kv_band": self.band.to_dict(self.kv_memory_bytes, self.term_bytes(TermKey.SHARE)) if self.band else None}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,7 +287,8 @@ def plan(
     serving = chosen.serving(card.memory_bytes, max_len, options, gpu_name=card.name, tp=tp, model=model)
     options = serving.options
     w = _weights(model, chosen, tp, pp, options, replicas if expert_parallel else None, weights)
-    stack, kv_budget = memory_stack(model, serving, card, w, activation, overhead, utilization)
+    band = budget_band(chosen, options, card) if kv_memory is None else None
+    stack, kv_budget = memory_stack(model, serving, card, w, activation, overhead, utilization, band)
     if kv_memory is not None:
         stack = (stack[0], Term(key=TermKey.KV, name="KV budget (given)", bytes=kv_memory, estimate=False, note="",
                                 param="kv_memory", given=True))
@@ -302,7 +304,8 @@ def plan(
     cap = result.capacity
     assert cap is not None  # a budget was given
     longest = longest_context(model, chosen, kv_budget, concurrency * beams, max_len, kv_dtype, tp, pp, options)
-    roof, levels = decode_roofline(result, w, card, concurrency * beams, tp, max_len), _levels(kv_budget, cap, beams)
+    roof = decode_roofline(result, w, card, concurrency * beams, tp, max_len)
+    degradation = levels(kv_budget, cap.physical_token_slots, cap.max_concurrency, beams)
     recs = _recommend(inputs, card, beams, cap, result) if recommend else ()
     drafter = drafter_advice(chosen, inputs.plan, kv_memory, kv_budget, w, result, options) if recommend else None
     notes += list(result.notes)
@@ -311,9 +314,9 @@ def plan(
     if replicas > 1:
         notes.append(_replicas_note(gpus, replicas, tp * pp, replicas * cap.max_concurrency, max_len, expert_parallel))
     return Plan(model=model, engine=chosen, gpu=card.name, gpu_memory_bytes=card.memory_bytes, tp=tp, pp=pp, weights=w,
-                stack=stack, kv_memory_bytes=kv_budget, capacity=cap, estimate=result,
-                concurrency=concurrency, longest_context=longest, roofline=roof, levels=levels, recommendations=recs,
-                notes=tuple(dict.fromkeys(notes)), options=options, replicas=replicas, drafter=drafter)
+                stack=stack, kv_memory_bytes=kv_budget, capacity=cap, estimate=result, levels=degradation,
+                concurrency=concurrency, longest_context=longest, roofline=roof, recommendations=recs,
+                notes=tuple(dict.fromkeys(notes)), options=options, replicas=replicas, drafter=drafter, band=band)
 
 
 def _replicas(gpus: int, tp: int, pp: int) -> int:
@@ -325,11 +328,6 @@ def _replicas(gpus: int, tp: int, pp: int) -> int:
         raise KVBudgetError(f"gpus {gpus}: not a whole number of replicas of tensor parallel {tp} x pipeline "
                             f"parallel {pp} ({tp * pp} GPUs each); give a multiple of {tp * pp}", param="gpus")
     return gpus // (tp * pp)
-
-
-def _levels(kv_budget: int, cap: Capacity, beams: int) -> tuple[Level, ...]:
-    """The guard's degradation levels in bytes, tokens and requests of this budget."""
-    return levels(kv_budget, cap.physical_token_slots, cap.max_concurrency, beams)
 
 
 def levels(kv_budget: int, token_slots: int, concurrency: float, beams: int = 1) -> tuple[Level, ...]:

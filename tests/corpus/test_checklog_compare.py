@@ -262,7 +262,8 @@ def test_the_mamba_page_padding_is_checked():
 
 
 def test_a_log_without_a_budget_says_what_it_understood():
-    text = "Initializing a V1 LLM engine (v0.9.0) with config: max_seq_len=8192\nGPU KV cache size: 100 tokens\n"
+    # a token count of 0.20 on is int(concurrency x max_model_len): without its concurrency it says no block count
+    text = "Initializing a V1 LLM engine (v0.24.0) with config: max_seq_len=8192\nGPU KV cache size: 100 tokens\n"
     with pytest.raises(Exception, match=r"understood: a KV cache size in tokens, the engine's version"):
         check_log(text, model=load_model("llama-3.1-8b"))
 

@@ -9,6 +9,7 @@ import pytest
 import kvbudget
 from kvbudget import catalog, load_model
 from kvbudget.cli import main
+from kvbudget.commands.plan import low_end_shortfall
 from kvbudget.errors import KVBudgetError
 from kvbudget.gpus import gpus
 from kvbudget.simulation.steptimes import step_work
@@ -21,8 +22,9 @@ SPREAD = ((2, 1), (4, 1), (8, 1), (8, 2), (8, 4))
 NEW_FAMILIES = ("gemma-3n-e2b", "gemma-4-26b-a4b", "kimi-linear-48b-a3b", "deepseek-v4-flash", "deepseek-v4-pro")
 
 
-def holds(model, **where) -> bool:
-    """Whether `model` fits there with one request; a refusal other than "no room" fails the test."""
+def holds(model, checked: bool = False, **where) -> bool:
+    """Whether `model` fits there with one request (`checked`: also at the low end of the KV budget's error band, as
+    `plan --check` asks); a refusal other than "no room" fails the test."""
     try:
         plan = kvbudget.plan(model, max_model_len=min(REQUEST, model.max_position_embeddings or REQUEST),
                              recommend=False, **where)
@@ -30,24 +32,25 @@ def holds(model, **where) -> bool:
         assert "leave no KV budget" in str(refused), f"{model.name} refused on {where}: {refused}"
         return False
     assert plan.weights.total_params > 0
-    return plan.fits
+    return plan.fits and (not checked or low_end_shortfall(plan) is None)
 
 
-def smallest(model) -> dict:
-    """The smallest catalog GPU that holds `model`, else the fewest H200s."""
+def smallest(model, checked: bool = False) -> dict:
+    """The smallest catalog GPU that holds `model` (`checked`: as `plan --check` asks), else the fewest H200s."""
     for card in sorted(gpus(), key=lambda g: g.memory_bytes):
-        if holds(model, gpu=card.name):
+        if holds(model, checked, gpu=card.name):
             return {"gpu": card.name}
     for tp, pp in SPREAD:
-        if holds(model, gpu="H200", tp=tp, pp=pp):
+        if holds(model, checked, gpu="H200", tp=tp, pp=pp):
             return {"gpu": "H200", "tp": tp, "pp": pp}
     raise AssertionError(f"{model.name}: no catalog GPU and no {SPREAD[-1][0] * SPREAD[-1][1]} H200s hold it")
 
 
 @pytest.mark.parametrize("name", [e.name for e in catalog.entries()])
 def test_every_catalog_model_plans(name, capsys):
-    """Planned on the smallest catalog GPU that holds it (or H200s under --tp / --pp); `plan --check` exits 0."""
-    where = smallest(load_model(name))
+    """Planned on the smallest catalog GPU that holds it, at the low end of its budget's error band too (or H200s
+    under --tp / --pp); `plan --check` exits 0."""
+    where = smallest(load_model(name), checked=True)
     argv = ["plan", name, "--max-model-len", str(min(REQUEST, load_model(name).max_position_embeddings or REQUEST)),
             "--check", "--json", *(f"--{k.replace('_', '-')}={v}" for k, v in where.items())]
     assert main(argv) == 0, capsys.readouterr().err

@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING, Any
 from kvbudget.cli.common import UNITS_NOTE, add_options, console, request_of, wrote
 from kvbudget.cli.tiers import render_advice, render_host
 from kvbudget.commands import spelling
-from kvbudget.commands.plan import CompareRequest, PlanRequest, answer, as_json, compare_rows, pd_sizing
+from kvbudget.commands.plan import (
+    CompareRequest,
+    PlanRequest,
+    answer,
+    as_json,
+    check_failure,
+    compare_rows,
+    low_end_shortfall,
+    pd_sizing,
+)
 from kvbudget.units import format_bytes
 
 if TYPE_CHECKING:
@@ -42,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(result.to_dict(), indent=2))
         else:
             render_no_budget(result)
-        return 1 if args.check else 0
+        return checked(result) if args.check else 0
     if args.guard_config:
         from kvbudget.files import write_file
         from kvbudget.guard.config import guard_config_yaml
@@ -61,7 +70,15 @@ def run(args: argparse.Namespace) -> int:
         render(result)
         if sizing is not None:
             render_pd(sizing)
-    return 1 if args.check and not result.fits else 0
+    return checked(result) if args.check else 0
+
+
+def checked(result: Plan | NoBudget) -> int:
+    """--check's exit status: 1, with the reason on stderr, where the deployment does not fit."""
+    failure = check_failure(result)
+    if failure:
+        print(f"kvbudget: --check: {failure}", file=sys.stderr)
+    return 1 if failure else 0
 
 
 def said_queue_flags(p: Plan) -> None:
@@ -152,6 +169,9 @@ def render(p: Plan) -> None:
     out.print("  one request of max-model-len fits" if cap.fits else
                   f"  [red]one request of {cap.max_model_len:,} tokens does not fit[/]; the longest that does: "
                   f"{cap.estimated_max_model_len:,}")
+    shortfall = low_end_shortfall(p) if cap.fits else None
+    if shortfall:
+        out.print(f"  [yellow]{shortfall}[/]")
     if p.longest_context:
         out.print(f"  longest context for {p.concurrency} request(s) at once: {p.longest_context:,} tokens")
     out.print(f"  token tax: {format_bytes(p.estimate.bytes_per_token)} per token per sequence; fixed state "

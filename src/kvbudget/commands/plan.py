@@ -34,6 +34,7 @@ from kvbudget.errors import KVBudgetError, named
 
 if TYPE_CHECKING:
     from kvbudget.comparison import Comparison
+    from kvbudget.engines import Capacity
     from kvbudget.gpus import GPU
     from kvbudget.planner import NoBudget, Plan
     from kvbudget.reuse import ReuseCurve, TierAdvice
@@ -77,7 +78,8 @@ class PlanRequest:
     counted: CountedLength = part(CountedLength)
     json: bool = option("print JSON (bytes) instead of tables", False, web=False)
     check: bool = option("exit 1 when the deployment does not fit (for CI): no KV budget, or one request of "
-                         "--max-model-len does not fit", False)
+                         "--max-model-len (--concurrency of them at once) does not fit the planned budget or the "
+                         "low end of its error band; the reason on stderr", False)
     pd_rate: str | None = option("disaggregated prefill and decode: size the prefill and decode replicas of this "
                                  "deployment for this many requests per second (with --pd-prompt-tokens, "
                                  "--pd-output-tokens and --kv-link)", web=False)
@@ -269,6 +271,68 @@ def _tier_advice(p: Plan, curve: ReuseCurve, card: GPU | None, *, kv_dtype: str,
              "times")
     return advise(curve, gpu_tokens=p.capacity.physical_token_slots, tier_tokens=tier_tokens,
                   load_seconds=load_seconds, recompute_seconds=recompute_seconds, basis=basis, given=given)
+
+
+def check_failure(result: Plan | NoBudget) -> str | None:
+    """Why `plan --check` fails, in one line; None where it passes. It fails where the weights leave no KV budget,
+    where one request of max_model_len (`concurrency` of them at once, every beam a sequence) does not fit the
+    planned budget, and where it does not fit the low end of the budget's error band (kvbudget.budgetbands: the
+    budget were the plan as optimistic as the band has measured)."""
+    from kvbudget.planner import NoBudget
+    from kvbudget.units import format_bytes
+
+    if isinstance(result, NoBudget):
+        return result.reason.split(";")[0]  # what follows names a change in the library's words
+    cap, want = result.capacity, result.concurrency * result.estimate.beams
+    if cap.fits and cap.max_concurrency >= want:
+        return low_end_shortfall(result)
+    at_low = _low_end(result)[1] if result.band else cap
+    longest = at_low.estimated_max_model_len if at_low is not None and want == 1 else None
+    return (f"{_asked(result)} does not fit the planned KV budget, {format_bytes(result.kv_memory_bytes)}"
+            + (f"; the longest request that passes: {longest:,} tokens" if longest else ""))
+
+
+def _asked(p: Plan) -> str:
+    """What --check asks of the plan, in words."""
+    want, length = p.concurrency * p.estimate.beams, p.capacity.max_model_len
+    return f"one request of {length:,} tokens" if want == 1 else f"{want:,} sequences of {length:,} tokens at once"
+
+
+def _low_end(p: Plan) -> tuple[int, Capacity | None]:
+    """The low end of the plan's error band and what the engine makes of it for requests of max_model_len (None
+    where it is too little for the engine to plan at all)."""
+    from kvbudget.estimator import estimate
+
+    assert p.band is not None
+    from kvbudget.budget import TermKey
+
+    low, length = p.band.budget_range(p.kv_memory_bytes, p.term_bytes(TermKey.SHARE))[0], p.capacity.max_model_len
+    if low <= 0:
+        return low, None
+    try:
+        return low, estimate(p.model, engine=p.engine, kv_dtype=p.estimate.allocation.kv_dtype.name, context=[length],
+                             tp=p.tp, pp=p.pp, options=p.options, kv_memory=low, max_model_len=length).capacity
+    except KVBudgetError:
+        return low, None
+
+
+def low_end_shortfall(p: Plan) -> str | None:
+    """Where the plan's requests (one of max_model_len, or `concurrency` at once) fit its KV budget but not the low
+    end of the budget's error band: why, naming the band, and the longest request the low end holds; else None."""
+    from kvbudget.units import format_bytes
+
+    band, cap, want = p.band, p.capacity, p.concurrency * p.estimate.beams
+    if band is None or not cap.fits or cap.max_concurrency < want:  # no band, or the plan itself falls short
+        return None
+    low, at_low = _low_end(p)
+    if at_low is not None and at_low.fits and at_low.max_concurrency >= want:
+        return None
+    longest = (f"; the longest request it holds: {at_low.estimated_max_model_len:,} tokens"
+               if want == 1 and at_low is not None and at_low.estimated_max_model_len else "")
+    return (f"{_asked(p)} fits the planned KV budget, {format_bytes(p.kv_memory_bytes)}, but not the low end of its "
+            f"error band, {format_bytes(low)}: the band of {band.era} on {band.family} was up to {band.high:+.1%} of "
+            f"the engine share optimistic on {band.cases} check start-up{'s' if band.cases > 1 else ''}"
+            + ("" if band.checked else f" ({band.basis})") + longest)
 
 
 def as_json(result: Plan | NoBudget) -> dict[str, Any]:

@@ -7,10 +7,12 @@ The registered `SGLANG` is the engine with its scheduler model, loaded when firs
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
+from kvbudget.engines.base import EngineOptions
 from kvbudget.engines.launch import Launch
 from kvbudget.engines.sglang.engine import SGLangEngine
+from kvbudget.engines.sglang.releases import BUDGET_ERAS, NEWEST, budget_era
 
 if TYPE_CHECKING:
     from kvbudget.deployment import Deployment, PoolPlan
@@ -20,8 +22,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SGLangServer(SGLangEngine):
-    """SGLang with `simulate` (Simulates), its command line (Launches) and its speculative lines
-    (ReadsSpeculativeLogs) beside its memory and logs."""
+    """SGLang with `simulate` (Simulates), its command line (Launches), its speculative lines
+    (ReadsSpeculativeLogs) and the eras its budget was checked in (ChecksBudget) beside its memory and logs."""
+
+    budget_eras: ClassVar[tuple[str, ...]] = tuple(label for _, label in BUDGET_ERAS)  # ChecksBudget
+
+    def budget_era(self, options: EngineOptions) -> str:  # ChecksBudget
+        return budget_era(options.engine_version or NEWEST)
 
     def simulator(self) -> SGLangSimulator:
         from kvbudget.engines.sglang.simulator import SGLangSimulator

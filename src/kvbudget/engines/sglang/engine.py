@@ -271,11 +271,13 @@ class SGLangEngine(Engine):
         indexer keys too since October 2025, sglang PR #11309). Buffers hold `tokens + page_size` rows."""
         split = re.search(r"#tokens: (\d+), K size: ([\d.]+) GB, V size: ([\d.]+) GB", text)
         joint = re.search(r"#tokens: (\d+), KV size: ([\d.]+) GB", text)
-        if not (split or joint):
+        # without the buffer sizes, the pool's count alone: the memory it takes for the model is shown, not checked
+        count = split or joint or re.search(r"max_total_num_tokens=(\d+)|#tokens: (\d+)", text)
+        if not count:
             raise KVBudgetError("check-log: the SGLang log lacks 'KV Cache is allocated. #tokens: N, K size: ..., "
-                                "V size' (or 'KV size' for MLA models)")
+                                "V size' (or 'KV size' for MLA models) and 'max_total_num_tokens='")
         given = dict(given or {})
-        tokens = int((split or joint).group(1))  # type: ignore[union-attr]
+        tokens = int(next(g for g in count.groups() if g))
         tp_text = t.group(1) if (t := re.search(r"(?:--tp(?:-size)?|tp_size=)[ =]?(\d+)", text)) else None
         tp = int(given.get("tp") or tp_text or 1)
         dtype_text = d.group(1) if (d := re.search(r"(?:--kv-cache-dtype[ =]|kv_cache_dtype=')(\w+)", text)) else (
@@ -288,27 +290,12 @@ class SGLangEngine(Engine):
                    if not found}
         k_bytes, v_bytes, index_bytes = self.kv_buffers(model, dtype, tp)
         rows_held = tokens + (NSA_PAGE if _nsa(model) else 1)  # buffers keep a page (page size 1: a row) more
-        note = "SGLang's 'GB' are GiB"
-
-        def row(label: str, logged: str, per_token: int, why: str = note) -> LogRow:
-            ours = f"{rows_held * per_token / GIB:.2f}"
-            return LogRow(label, f"{logged} GB", f"{ours} GiB", f"{float(logged):.2f}" == ours, why)
-
-        pool = LogRow("pool (tokens)", f"{tokens:,}", "-", True, "read from the log; kvbudget checks its buffer sizes")
-        buffers: tuple[LogRow, ...]
-        if split:
-            buffers = (row("K buffer per rank", split.group(2), k_bytes),
-                       row("V buffer per rank", split.group(3), v_bytes))
-        else:
-            logged = joint.group(2)  # type: ignore[union-attr]
-            buffers = (row("KV buffer per rank", logged, k_bytes + v_bytes),)
-            if index_bytes:  # the log counts the indexer keys from PR #11309 on
-                with_index = row("KV buffer per rank", logged, k_bytes + v_bytes + index_bytes,
-                                 note + "; with the indexer keys (SGLang after PR #11309, October 2025)")
-                buffers = (with_index,) if with_index.matches else (replace(
-                    buffers[0], note=note + "; without the indexer keys (SGLang <= 0.5.3)"),)
+        pool = LogRow("pool (tokens)", f"{tokens:,}", "-", True, "read from the log; kvbudget checks its buffer sizes"
+                      if split or joint else "read from the log, without its buffer sizes to check")
+        buffers = _buffer_rows(split, joint, rows_held, k_bytes, v_bytes, index_bytes)
         total = k_bytes + v_bytes + index_bytes
-        rows = (pool, *buffers, LogRow("KV memory per rank", "-", f"{rows_held * total / GIB:.2f} GiB", True,
+        rows = (pool, *buffers, LogRow("KV memory per rank", "-", f"{rows_held * total / GIB:.2f} GiB",
+                                       True if buffers else None,
                                        "the budget this pool implies" + (", indexer keys included" if index_bytes
                                                                          else "")))
         from kvbudget.engines.sglang.memorylog import memory_rows
@@ -344,6 +331,30 @@ class SGLangEngine(Engine):
         settings = {k: v for k, v in (("tp", tp), ("kv_cache_dtype", dtype), ("engine_version", version_text))
                     if k not in assumed and v}
         return LogCheck(engine="sglang", model_in_log=None, settings=settings, rows=rows, assumed=assumed)
+
+
+def _buffer_rows(split: re.Match | None, joint: re.Match | None, rows_held: int, k_bytes: int, v_bytes: int,
+                 index_bytes: int) -> tuple[LogRow, ...]:
+    """The buffer sizes a pool line prints beside the model's (K and V apart, or one KV buffer for MLA pools, with
+    or without DeepSeek-V3.2's indexer keys); none where the log printed only the pool's count."""
+    note = "SGLang's 'GB' are GiB"
+
+    def row(label: str, logged: str, per_token: int, why: str = note) -> LogRow:
+        ours = f"{rows_held * per_token / GIB:.2f}"
+        return LogRow(label, f"{logged} GB", f"{ours} GiB", f"{float(logged):.2f}" == ours, why)
+
+    if split:
+        return (row("K buffer per rank", split.group(2), k_bytes), row("V buffer per rank", split.group(3), v_bytes))
+    if not joint:
+        return ()
+    logged = joint.group(2)
+    plain = row("KV buffer per rank", logged, k_bytes + v_bytes)
+    if not index_bytes:
+        return (plain,)
+    with_index = row("KV buffer per rank", logged, k_bytes + v_bytes + index_bytes,  # the indexer keys from PR #11309
+                     note + "; with the indexer keys (SGLang after PR #11309, October 2025)")
+    return (with_index,) if with_index.matches else (
+        replace(plain, note=note + "; without the indexer keys (SGLang <= 0.5.3)"),)
 
 
 # Memory in use before the weights load, below the GPU's catalog figure (SGLang's `Load weight begin. avail mem`):

@@ -73,6 +73,15 @@ def era(release: tuple[int, ...]) -> Release:
     return max(e for e in ERAS if tuple(release) >= e)
 
 
+# The eras the KV budget's error band is measured per (kvbudget.budgetbands), oldest first: SGLang's minor releases.
+BUDGET_ERAS = (((0, 0), "SGLang 0.4"), ((0, 5), "SGLang 0.5"))
+
+
+def budget_era(release: tuple[int, ...]) -> str:
+    """The era of BUDGET_ERAS a release falls in."""
+    return [label for start, label in BUDGET_ERAS if tuple(release) >= start][-1]
+
+
 def prefill_and_graphs(gpu_mib: float, tp: int) -> tuple[int, int]:
     """0.5's chunked_prefill_size and cuda_graph_max_bs defaults for a card of `gpu_mib` MiB."""
     for below, chunk, small, large in _TIERS:

@@ -19,9 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from kvbudget.engines.base import LogCheck
+from kvbudget.engines.base import EngineOptions, LogCheck
 from kvbudget.engines.launch import Launch
 from kvbudget.engines.vllm.engine import VLLMEngine
+from kvbudget.engines.vllm.releases import BUDGET_ERAS, budget_era
 from kvbudget.model.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -33,7 +34,12 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class VLLMServer(VLLMEngine):
     """vLLM with what it offers beyond its memory: `simulate` (Simulates), `check-log` (ReadsLogs,
-    ReadsSpeculativeLogs) and its command line (Launches)."""
+    ReadsSpeculativeLogs), its command line (Launches) and the eras its budget was checked in (ChecksBudget)."""
+
+    budget_eras: ClassVar[tuple[str, ...]] = tuple(label for _, label in BUDGET_ERAS)  # ChecksBudget
+
+    def budget_era(self, options: EngineOptions) -> str:  # ChecksBudget
+        return budget_era(options)
 
     def simulator(self) -> VLLMSimulator:
         from kvbudget.engines.vllm.simulator import VLLMSimulator

@@ -7,9 +7,10 @@ import re
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from kvbudget.engines.base import LogCheck, LogRow
+from kvbudget.engines.base import Capacity, LogCheck, LogRow
 from kvbudget.engines.vllm.logsettings import other_sizes
 from kvbudget.engines.vllm.releases import SWAP_SPACE, release
+from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 from kvbudget.units import format_bytes
 
@@ -113,6 +114,10 @@ def v1_check_without_budget(engine: VLLMEngine, model: ModelSpec, st: LogSetting
         alternatives = [("prefix caching " + ("off" if st.prefix else "on"), replace(st, prefix=not st.prefix))]
         alternatives += [(f"tensor parallel size {tp}, not {st.tp}", replace(st, tp=tp))
                          for tp in other_sizes(st, "tp", (1, 2, 4, 8))]
+        alternatives += [(f"vLLM {label}'s meaning of the token count", replace(st, version=version))
+                         for version, label in (((0, 19), "<= 0.19"), ((0, 32), ">= 0.20"))
+                         if st.version is not None and release(st.options()).reports_slots
+                         != release(replace(st, version=version).options()).reports_slots]
         causes = tuple(label for label, alt in alternatives
                        if all(r.matches for r in v1_blocks_rows(engine, model, alt, tokens, logged))) or (
             "none of the known causes (prefix caching, tensor parallel size) makes the rows agree",)
@@ -153,3 +158,75 @@ def understood(text: str) -> str:
     """The vLLM lines the log has, for an error that says what was read before what was missing."""
     found = [what for what, pattern in _KNOWN_LINES.items() if re.search(pattern, text)]
     return ", ".join(found) if found else "no vLLM line kvbudget reads"
+
+
+NO_MEMORY = r"No available memory for the cache blocks"  # V0 and V1: the budget held no block
+
+
+def count_check(engine: VLLMEngine, text: str, model: ModelSpec, st: LogSettings, read: dict, assumed: dict,
+                v0_refusal: re.Match | None) -> LogCheck | None:
+    """A log with no KV budget line but a count of what its cache holds (V0's refusal, the GPU blocks, the token
+    count) or a refusal that the budget held no block: the memory that count takes for this model (the pool the
+    guard reads the same way, `pool_budget`), the plan's capacity in that memory beside the count, and whether a
+    request of max_model_len fits there, as the log says it did or did not; None where the log has no count."""
+    from kvbudget.engines.metrics import PoolReport
+
+    options = st.options()
+    layout, _ = engine.pool(model, st.kv_dtype, st.tp, options)
+    tokens = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
+    blocks = re.search(r"(?:GPU|CUDA) blocks: (\d+)", text)
+    if v0_refusal:
+        report = PoolReport(tokens=int(v0_refusal.group(2)), source="the refusal's token count")
+        what = "refused: tokens"
+    elif blocks:
+        report, what = PoolReport(tokens=0, blocks=int(blocks.group(1)), source="the GPU blocks"), "blocks"
+    elif tokens and release(options).reports_slots:  # to 0.19: blocks // groups x block size
+        report = PoolReport(tokens=int(tokens.group(1).replace(",", "")), source="the token count")
+        what = "KV cache size (tokens)"
+    elif re.search(NO_MEMORY, re.sub(r"\s+", " ", text)):
+        return _no_block_check(engine, model, st, read, assumed, layout.block_bytes)
+    else:  # no count, or a token count of 0.20 on (int(concurrency x max_model_len)): checked with its concurrency
+        return None
+    budget = engine.pool_budget(model, report, kv_dtype=st.kv_dtype, tp=st.tp, options=options)
+    cap, refusal = _capacity(engine, model, budget, st)
+    logged = report.blocks if report.blocks is not None else report.tokens
+    counted = "blocks" if report.blocks is not None else "token slots"
+    ours = (cap.num_blocks if report.blocks is not None else cap.physical_token_slots) if cap else None
+    rows = [LogRow(what, f"{logged:,}", "-" if ours is None else f"{ours:,}", None if ours is None else logged == ours,
+                   f"the plan's {counted} in the memory of {report.source} ({layout.block_size}-token blocks)"),
+            LogRow("KV memory the count takes", "-", format_bytes(budget), None,
+                   f"per GPU, {format_bytes(layout.block_bytes)} a block; the log prints no budget")]
+    if v0_refusal or cap is None or logged == 0:
+        rows.append(_fits_row(cap, refusal, st.max_len, "in that memory"))
+    else:
+        rows.append(LogRow(f"max concurrency at {st.max_len:,} tokens", "-", f"{cap.max_concurrency:.2f}x", None,
+                           "the plan's, in that memory"))
+    return LogCheck(engine="vllm", model_in_log=None, settings=shown_settings(st, read, assumed), rows=tuple(rows),
+                    assumed={**assumed, "KV budget": f"not printed: the memory of {report.source}"})
+
+
+def _capacity(engine: VLLMEngine, model: ModelSpec, budget: int, st: LogSettings) -> tuple[Capacity | None, str]:
+    """The plan's capacity in `budget` bytes per GPU, or None and why the plan refuses that budget outright."""
+    try:
+        return engine.capacity(model, budget, st.max_len, kv_dtype=st.kv_dtype, tp=st.tp, options=st.options()), ""
+    except KVBudgetError as exc:
+        return None, str(exc).split(": ", 1)[-1]
+
+
+def _fits_row(cap: Capacity | None, refusal: str, max_len: int, where: str) -> LogRow:
+    """The log refused to start: whether the plan fits a request of max_model_len in the same memory."""
+    fits = cap is not None and cap.fits
+    why = f"the plan refuses the memory itself: {refusal}" if cap is None else f"a request of {max_len:,} tokens"
+    return LogRow("refused: fits", "no", "yes" if fits else "no", not fits, f"{why} ({where})")
+
+
+def _no_block_check(engine: VLLMEngine, model: ModelSpec, st: LogSettings, read: dict, assumed: dict,
+                    block_bytes: int) -> LogCheck:
+    """'No available memory for the cache blocks': the budget held no block of every layer; the plan's verdict on
+    a budget just under one block."""
+    cap, refusal = _capacity(engine, model, block_bytes - 1, st)
+    rows = (LogRow("refused: no cache block", "refused", f"under {format_bytes(block_bytes)} per GPU", None,
+                   "the budget held no block of every layer on this GPU; the log prints no budget"),
+            _fits_row(cap, refusal, st.max_len, "in less than one block"))
+    return LogCheck(engine="vllm", model_in_log=None, settings=shown_settings(st, read, assumed), rows=rows,
+                    assumed={**assumed, "KV budget": "not printed: under one block (vLLM found no memory for one)"})

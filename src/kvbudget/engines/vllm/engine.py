@@ -183,7 +183,7 @@ class VLLMEngine(Engine):
                       r"larger than the maximum number of tokens that can be stored in KV cache",
                       r"reserved for KV Cache is [\d.]+", r"kv_cache_size[= ]\s{0,20}[\d.]+ ?GiB",
                       r"memory for KV Cache as specified by kv_cache_memory_bytes",
-                      r"Current kv cache memory in use is \d")
+                      r"Current kv cache memory in use is \d", r"No available memory for the cache blocks")
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:

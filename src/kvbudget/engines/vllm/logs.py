@@ -13,6 +13,7 @@ from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
 from kvbudget.engines.speclog import speculative_rows
 from kvbudget.engines.vllm import speculative
 from kvbudget.engines.vllm.budgetless import (
+    count_check,
     count_span,
     cpu_blocks_row,
     early_v1_check,
@@ -261,6 +262,10 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
     tokens_line = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
     if not budgets and tokens_line and conc and st.version is None:
         st = _era_of_the_token_count(engine, model, st, assumed, int(num(tokens_line.group(1))), conc.group(2))
+        if st.version is None:  # neither era's meaning agrees: the newest's rows, the other era named if it agrees
+            assumed["engine_version"] = (">= 0.20 (not in the log; under neither era's meaning does its token count "
+                                         "agree with its concurrency)")
+            st = replace(st, version=(0, 32))
     if not budgets and tokens_line and conc and st.version is not None:
         return _drafting(v1_check_without_budget(engine, model, st, assumed, int(num(tokens_line.group(1))),
                                                  conc.group(2)), text, model, st)
@@ -268,6 +273,8 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
     if not budgets and blocks_line and conc:
         return _drafting(early_v1_check(engine, model, st, read, assumed, int(blocks_line.group(1)), conc.group(2)),
                          text, model, st)
+    if not budgets and not conc and (counted := count_check(engine, text, model, st, read, assumed, v0_refusal)):
+        return _drafting(replace(counted, rows=counted.rows + tuple(log._weights_rows(st))), text, model, st)
     if not budgets:
         raise KVBudgetError("check-log: the vLLM log states no KV budget ('Available KV cache memory', "
                             "'kv_cache_size=', 'Explicitly set' or a refusal naming the available memory); run vLLM "

@@ -34,7 +34,7 @@ def setting(text: str, *names: str) -> str | None:
     --key value flag on the command line."""
     for name in names:
         flag = name.replace("_", "-")
-        for pattern in (rf"\b{name}=([\w.\-]+)", rf"'{name}': '?([\w.\-]+)'?", rf"--{flag}[ =]([\w.\-]+)"):
+        for pattern in (rf"\b{name}=([\w.\-]+)", rf"'{name}': '?([\w.\-]+)'?", rf"--(?:{flag}|{name})[ =]([\w.\-]+)"):
             if m := re.search(pattern, text):
                 return m.group(1).rstrip(".")  # "... with max_num_batched_tokens=512." ends a sentence
     return None

@@ -22,6 +22,7 @@ def _ratio_row(quantity: str, logged: str, value: float, printed: float, toleran
 
 def check_without_model(text: str) -> LogCheck:
     """The rows of a vLLM log that need no model."""
+    from kvbudget.engines.vllm.budgetless import NO_MEMORY
     from kvbudget.engines.vllm.logs import _rank_budgets
 
     rows: list[LogRow] = []
@@ -54,6 +55,9 @@ def check_without_model(text: str) -> LogCheck:
         rows.append(LogRow("refused: KV cache needed", f"{needed.group(1)} GiB",
                            f"more than the {needed.group(2)} GiB available",
                            float(needed.group(1)) > float(needed.group(2)), "vLLM V1's refusal"))
+    if re.search(NO_MEMORY, re.sub(r"\s+", " ", text)):
+        rows.append(LogRow("refused: no cache block", "refused", "-", None,
+                           "the budget held no block of every layer: how large one is needs the model"))
     rows += _memory_rows(text)
     return LogCheck(engine="vllm", model_in_log=None, settings={}, rows=tuple(rows))
 

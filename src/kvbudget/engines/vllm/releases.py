@@ -268,6 +268,19 @@ def release(options: EngineOptions) -> Release:
     return Release((major, minor))
 
 
+# Eras of the start-up arithmetic that sets the KV budget, by the releases that changed it (above and memory.py): V0;
+# V1 before the one-line memory split of 0.11; 0.11-0.19; the CUDA-graph term from 0.20; the null block and the
+# newest releases from 0.27. The budget's error band is measured per era (kvbudget.budgetbands), oldest first.
+BUDGET_ERAS = (((0, 0), "vLLM V0 (to 0.7)"), ((0, 8), "vLLM 0.8-0.10"), ((0, 11), "vLLM 0.11-0.19"),
+               ((0, 20), "vLLM 0.20-0.26"), ((0, 27), "vLLM 0.27-0.34"))
+
+
+def budget_era(options: EngineOptions) -> str:
+    """The era of BUDGET_ERAS the release `options` model falls in."""
+    version = release(options).version
+    return [label for start, label in BUDGET_ERAS if version >= start][-1]
+
+
 # The OpenAI server's defaults (EngineArgs.get_batch_defaults in vllm/engine/arg_utils.py, 0.32), by the GPU's
 # total memory: (max_num_batched_tokens, max_num_seqs); the huge tier from 0.28. A100s stay in the small tier
 # whatever their memory (from 0.9); the CPU backend takes (2048, 128) per rank (world size 1 here). Without a GPU in
