@@ -48,13 +48,15 @@ TERMS = (("weights", "weights_gib"), ("activation", "activation_gib"), ("overhea
 
 
 def load_case_model(case: dict[str, Any]) -> kvbudget.ModelSpec:
-    """The case's model: a catalog name or a config, with a quantization block added where the case gives one."""
+    """The case's model: a catalog name or a config, with a quantization block and a vision tower added where the
+    case gives them."""
     if "config" in case:
         config = copy.deepcopy(case["config"])
     else:
         config = copy.deepcopy(kvbudget.load_model(case["model"]).config)
-    if "quantization_config" in case:
-        config["quantization_config"] = case["quantization_config"]
+    for block in ("quantization_config", "vision_config"):
+        if block in case:
+            config[block] = case[block]
     return kvbudget.load_model(config)
 
 

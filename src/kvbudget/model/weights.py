@@ -3,6 +3,7 @@ count and the checkpoint's quantization (fp8 blocks, MXFP4 experts, int4/int8 gr
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -15,6 +16,7 @@ from kvbudget.errors import ConfigError, KVBudgetError, named
 from kvbudget.files import MAX_DOCUMENT_BYTES, parse_json_text
 from kvbudget.model.params import ParamGroup, count_parameters
 from kvbudget.model.spec import ModelSpec
+from kvbudget.validate import shown
 
 # Bytes per element of the safetensors dtypes.
 SAFETENSORS_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
@@ -126,8 +128,11 @@ def param_bytes(model: ModelSpec) -> Callable[[ParamGroup], float]:
     """Bytes per parameter of a group of `model`'s parameters: routed experts, other quantizable linear weights
     and the rest (embeddings, norms, routers) each by the checkpoint's own format for them."""
     per_param, _ = _bytes_per_param(model)
+    left = _left_unquantized(model)
 
     def rate(group: ParamGroup) -> float:
+        if left(group):
+            return per_param["other"]
         if group.part == "experts":
             return per_param["experts"]
         return per_param["linear"] if group.quantizable else per_param["other"]
@@ -142,6 +147,55 @@ def _compressed_weights(q: dict[str, Any]) -> dict[str, Any] | None:
         return None
     return next((g["weights"] for g in groups.values() if isinstance(g, dict) and isinstance(g.get("weights"), dict)
                  and g["weights"].get("num_bits")), None)
+
+
+# A compressed-tensors checkpoint's `ignore` list names the Linear modules it leaves unquantized, as "re:" regexes
+# (re.match) or whole module names (compressed-tensors utils/match.py). kvbudget matches each entry against the names
+# Hugging Face checkpoints give one module of each part (model.layers.N.<name>, alone or in a multimodal model): a
+# part whose module an entry names stays in the model's dtype (Kimi-K2.5's int4 checkpoint leaves its attention,
+# shared experts and dense MLP in bfloat16 that way). A part is counted whole: an entry naming one projection of
+# it (q_proj alone) does not leave it unquantized.
+_MODULES = {"attention": ("self_attn.o_proj",), "mlp": ("mlp.down_proj",), "experts": ("mlp.experts.0.down_proj",),
+            "shared_expert": ("mlp.shared_experts.down_proj", "mlp.shared_expert.down_proj")}
+_PREFIXES = ("", "language_model.", "model.language_")  # a text model's names alone and inside a multimodal model
+MAX_IGNORE_ENTRIES = 20_000  # past any real checkpoint's list (one name per ignored Linear of a 100-layer model)
+MAX_IGNORE_CHARS = 1_000  # one entry: a module name or a regex
+
+
+def _left_unquantized(model: ModelSpec) -> Callable[[ParamGroup], bool]:
+    """Whether a group of `model`'s parameters is one its compressed-tensors `ignore` list leaves unquantized."""
+    q = model.config.get("quantization_config") or {}
+    ignore = q.get("ignore") if str(q.get("quant_method", "")).lower() == "compressed-tensors" else None
+    if not ignore:
+        return lambda group: False
+    where = f"{model.name}: quantization_config.ignore"
+    if not isinstance(ignore, list) or len(ignore) > MAX_IGNORE_ENTRIES:
+        raise ConfigError(f"{where} must be a list of at most {MAX_IGNORE_ENTRIES:,} module names or 're:' regexes, "
+                          f"got {type(ignore).__name__}" + (f" of {len(ignore):,}" if isinstance(ignore, list) else ""),
+                          param="model")
+    patterns, names = [], set()
+    for entry in ignore:
+        if not isinstance(entry, str) or not 0 < len(entry) <= MAX_IGNORE_CHARS:
+            raise ConfigError(f"{where}: each entry must be a module name or 're:' regex of 1 to {MAX_IGNORE_CHARS:,} "
+                              f"characters, got {shown(entry)}", param="model")
+        if not entry.startswith("re:"):
+            names.add(entry.rsplit("model.layers.", 1)[-1])
+            continue
+        try:
+            patterns.append(re.compile(entry[3:]))
+        except re.error as exc:
+            raise ConfigError(f"{where}: {shown(entry)} is not a regular expression ({exc}); fix or drop the entry",
+                              param="model") from None
+
+    def left(group: ParamGroup) -> bool:
+        if group.layer is None or group.part not in _MODULES:  # the LM head and embeddings are unquantized anyway
+            return False
+        candidates = tuple(f"{prefix}model.layers.{group.layer}.{m}" for m in _MODULES[group.part]
+                           for prefix in _PREFIXES)
+        return any(c.rsplit("model.layers.", 1)[-1] in names or any(p.match(c) for p in patterns)
+                   for c in candidates)
+
+    return left
 
 
 def _compressed(q: dict[str, Any], base: float, dtype: str) -> tuple[dict[str, float], str]:
@@ -181,6 +235,9 @@ def analytic_weights(model: ModelSpec, tp: int = 1, stages: Sequence[range] | No
         return group.active * rate(group)
 
     main = [g for g in counts.groups if g.part != "mtp"]
+    left = _left_unquantized(model)
+    if kept := sorted({g.part.replace("_", " ") for g in main if left(g)}):
+        basis += f"; {', '.join(kept)} left in {model.dtype} by its ignore list"
     total = int(sum(size(g) for g in main))
     per_gpu = _per_gpu(main, size, tp, stages or [range(model.num_layers)], ep)
     return Weights(total_params=counts.total, active_params=counts.active, mtp_params=counts.mtp, total_bytes=total,

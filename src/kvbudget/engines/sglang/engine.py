@@ -45,16 +45,20 @@ from kvbudget.engines.sglang import speculative as drafting
 from kvbudget.engines.sglang.gauges import sglang_pool
 from kvbudget.engines.sglang.hicache import hicache_rows, hicache_tier
 from kvbudget.engines.sglang.releases import (
+    AITER_CONTEXT,
     MODELLED,
     NEWEST,
+    aiter_factor,
     era,
     mem_fraction_static,
     multimodal_factor,
     parse_release,
+    piecewise_mib,
     release_name,
 )
 from kvbudget.engines.tiers import HostTier
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
+from kvbudget.gpus import gpus
 from kvbudget.model.params import vision_tower
 from kvbudget.model.spec import (
     Attention,
@@ -201,9 +205,19 @@ class SGLangEngine(Engine):
                 gpu_name: str = "", tp: int = 1, model: ModelSpec | None = None) -> Serving:
         version = options.engine_version or NEWEST
         drafter = drafting.reserve_mib(options.speculative)
-        fraction = mem_fraction_static(gpu_memory / MIB, tp, 1, version, drafter)
+        vision = vision_tower(model) if model else None
+        vendor = next((card.vendor for card in gpus() if card.name == gpu_name), "")
+        graphs = piecewise_mib(gpu_memory / MIB, tp, version, bool(model and model.has_latent)) if _piecewise(
+            model, vision, vendor, options) else 0
+        fraction = mem_fraction_static(gpu_memory / MIB, tp, 1, version, drafter, graphs)
         knob = f"mem_fraction_static default ({release_name(era(version))}'s rule for this card"
-        factor, scales_given = multimodal_factor(vision_tower(model) if model else None, version)
+        factor, scales_given = multimodal_factor(vision, version)
+        cut = aiter_factor(version, max_model_len, _mla_heads(model, tp)) if vendor == "AMD" else 1.0
+        if cut != 1:
+            fraction *= cut
+            knob += f", times {cut:g}: the aiter attention SGLang picks on AMD, for a context over {AITER_CONTEXT:,}"
+        if graphs:
+            knob += f", {graphs:,} MiB more left aside for piecewise CUDA graphs"
         if drafter:
             knob += f", {drafter // 1024} GiB more left aside for the speculative drafter"
         if factor != 1:
@@ -213,7 +227,7 @@ class SGLangEngine(Engine):
         return Serving(memory_fraction=fraction, memory_knob=knob + ")", prefill_tokens=0,
                        prefill_note="SGLang keeps activations in the (1 - mem_fraction_static) it leaves aside",
                        max_num_seqs=0, overhead_bytes=0, preload_bytes=before,
-                       given_fraction_scale=factor if scales_given else 1.0,
+                       given_fraction_scale=(factor if scales_given else 1.0) * cut,
                        overhead_note=(f"SGLang takes its share of the memory free before the weights load, so "
                                       f"the share x what is in use then (CUDA context, NCCL; fit: "
                                       f"{before / GIB:.2f} GiB, one log at tp {'8' if tp >= 8 else '4'})"),
@@ -357,6 +371,27 @@ def _context_length(text: str) -> str | None:
     """The context length the log's server arguments state, else None."""
     m = re.search(r"context_length=(\d+)|--context-length[ =]+(\d+)", text)
     return (m.group(1) or m.group(2)) if m else None
+
+
+# The model types of the architectures SGLang 0.5.10 captures no piecewise CUDA graphs for (configs/model_config.py
+# piecewise_cuda_graph_disabled_model_archs: DeepseekV32, Qwen3Next, GlmMoeDsa, BailingMoeV2_5, LLaDA), beside
+# DeepSeek's sparse attention (NSA) wherever it appears
+_NO_PIECEWISE = ("deepseek_v32", "qwen3_next", "glm_moe_dsa", "bailing_moe_v2_5", "llada")
+
+
+def _piecewise(model: ModelSpec | None, vision: object, vendor: str, options: EngineOptions) -> bool:
+    """Whether SGLang 0.5.10 would capture piecewise CUDA graphs (server_args.py _handle_piecewise_cuda_graph): on
+    NVIDIA cards (kvbudget takes a card it has no vendor for as one), not for a multimodal model, a speculative
+    drafter or an architecture it turns them off for."""
+    return vendor in ("NVIDIA", "") and vision is None and options.speculative is None and not (
+        model and (_nsa(model) or model.model_type in _NO_PIECEWISE))
+
+
+def _mla_heads(model: ModelSpec | None, tp: int) -> int | None:
+    """An MLA model's KV heads a rank as SGLang counts them (model_config.py get_num_kv_heads: the config's KV
+    heads // tp, at least 1); None for a multi-head model."""
+    heads = next((layer.heads for layer in model.layers if isinstance(layer, LatentAttention)), None) if model else None
+    return None if heads is None else max(1, heads // tp)
 
 
 def _nsa(model: ModelSpec) -> bool:

@@ -57,7 +57,7 @@ FLAGS = {
 def command(engine: SGLangEngine, pool: PoolPlan, deployment: Deployment) -> Launch:
     version = tuple(engine.parse_release(deployment.release)) if deployment.release else NEWEST
     shown = release_name(version)
-    if version < OLDEST:
+    if version < OLDEST or OLDEST < version < LATER:  # 0.4.8-0.5.2's flags were not read
         raise refuse("release", f"SGLang {shown}: kvbudget writes launch_server's flags as read in 0.4.6 and 0.5.3 "
                                 "(0.5.4-0.5.10 taken as 0.5.3); give 0.4.6 or 0.5")
     if pool.kv_dtype not in KV_DTYPES:
