@@ -412,7 +412,7 @@ class VLLMEngine(Engine):
         if rel.v0:  # the forward pass, then the sampler; graphs outside the budget
             return v0_serving(rel, mnbt, max_num_seqs, options, early)
         per_logit = logit_bytes(rel)
-        other, note = overhead(rel, tp, start_up_graphs(rel, model, options.enforce_eager, gpu_name))
+        other, note = overhead(rel, tp, start_up_graphs(rel, model, options, gpu_name))
         prefill_note = (f"profiling pass over max_num_batched_tokens ({mnbt}), then the sampler over "
                         f"{min(mnbt, max_num_seqs)} rows (fit: {per_logit} bytes per logit)"
                         f"{early}")

@@ -84,17 +84,90 @@ V2_RUNNER_GRAPHS_SUBTRACTED = (0, 29)
 CUDA_GRAPH_ESTIMATE = GIB
 
 
+# How many graphs vLLM captures, and so profiles (read in the wheels of 0.20.0, 0.24.0, 0.28.0 and 0.32.0):
+# config/vllm.py _set_cudagraph_sizes makes the capture sizes: up to min(max_num_seqs x q x 2, the platform's
+# ceiling, max_num_batched_tokens), q = 1 + the speculative tokens (uniform_decode_query_len), the sizes being 1, 2,
+# 4, then multiples of 8 below 256, then multiples of 16. The ceiling is 512; 1,024 on data-center Blackwell
+# (is_device_capability_family(100)) in 0.28 and 0.32, not in 0.24 (0.25-0.27 not read: taken as 0.24). From 0.24
+# (not in 0.20; 0.21-0.23 not read: taken as 0.20) max_num_batched_tokens itself is added when within the largest
+# size; from 0.32 the decode batch sizes are too (max_num_seqs with no speculation; with it, q times 1, 2, 4,
+# multiples of 8 and of 16 up to max_num_seqs, within the largest size).
+# v1/cudagraph_dispatcher.py initialize_cudagraph_keys (the same in all four): one PIECEWISE graph per size (mixed
+# batches) and, in the default FULL_AND_PIECEWISE mode, one FULL graph per size from q to q x max_num_seqs (uniform
+# decode batches). gpu_model_runner.py profile_cudagraph_memory (all four) captures the two largest of each mode and
+# returns the larger first capture plus, per mode, the second capture x (graphs - 1). An attention backend without
+# FULL support (logged "setting cudagraph_mode=PIECEWISE") captures PIECEWISE graphs only: not modelled.
+CAPTURE_CEILING, WIDE_CEILING = 512, 1024
+MNBT_CAPTURED = (0, 24)
+WIDE_CEILING_FROM = (0, 28)
+DECODE_SIZES_CAPTURED = (0, 32)
+
+
+@dataclass(frozen=True)
+class GraphCounts:
+    """The CUDA graphs vLLM captures: `piecewise` and `full` graphs, the largest of each in tokens."""
+
+    piecewise: int
+    full: int
+    largest: int
+    largest_full: int
+
+    def __str__(self) -> str:
+        full = f", FULL={self.full} (largest={self.largest_full})" if self.full else ""
+        return f"PIECEWISE={self.piecewise} (largest={self.largest}){full}"
+
+
+def _stride_sizes(top: int) -> list[int]:
+    """1, 2, 4, multiples of 8 below 256 and multiples of 16 from 256, up to `top`."""
+    return [n for n in (1, 2, 4) if n <= top] + list(range(8, min(top + 1, 256), 8)) + list(
+        range(256, top + 1, 16))
+
+
+def capture_sizes(rel: Release, max_num_seqs: int, max_num_batched_tokens: int, spec_tokens: int = 0,
+                  wide: bool = False) -> tuple[int, ...]:
+    """The batch sizes (tokens) release `rel` captures CUDA graphs for by default (`wide`: a data-center Blackwell
+    card), by the rules above."""
+    q = 1 + spec_tokens
+    ceiling = WIDE_CEILING if wide and rel.version >= WIDE_CEILING_FROM else CAPTURE_CEILING
+    top = min(max_num_seqs * q * 2, ceiling, max_num_batched_tokens)
+    sizes = set(_stride_sizes(top))
+    if rel.version >= MNBT_CAPTURED and max_num_batched_tokens <= top:
+        sizes.add(max_num_batched_tokens)
+    if rel.version >= DECODE_SIZES_CAPTURED:
+        uncapped = min(max_num_seqs * q * 2, ceiling)
+        if q > 1:
+            reqs = min(max_num_seqs, ceiling)
+            decode = {n * q for n in {*_stride_sizes(reqs), reqs} if n * q <= uncapped}
+        else:
+            decode = {max_num_seqs} if max_num_seqs <= uncapped else set()
+        sizes |= {n for n in decode if n <= max_num_batched_tokens}
+    return tuple(sorted(sizes))
+
+
+def graph_counts(rel: Release, max_num_seqs: int, max_num_batched_tokens: int, spec_tokens: int = 0,
+                 wide: bool = False) -> GraphCounts:
+    """The PIECEWISE and FULL graphs release `rel` captures (and profiles) in its default FULL_AND_PIECEWISE mode."""
+    sizes = capture_sizes(rel, max_num_seqs, max_num_batched_tokens, spec_tokens, wide)
+    q = 1 + spec_tokens
+    full = [n for n in sizes if q <= n <= q * max_num_seqs]
+    return GraphCounts(len(sizes), len(full), sizes[-1], full[-1] if full else 0)
+
+
 @dataclass(frozen=True)
 class Graphs:
-    """What a start-up takes out of its KV budget for CUDA graphs: `bytes`, and why (`why`: none, or the estimate)."""
+    """What a start-up takes out of its KV budget for CUDA graphs: `bytes`, and why (`why`: none, or the estimate);
+    `counts`: the graphs it captures, where the plan knows the batch settings."""
 
     bytes: int
     why: str
+    counts: GraphCounts | None = None
 
 
-def cuda_graphs(rel: Release, *, eager: bool = False, rocm: bool = False, v2_runner: bool = False) -> Graphs:
+def cuda_graphs(rel: Release, *, eager: bool = False, rocm: bool = False, v2_runner: bool = False,
+                counts: GraphCounts | None = None) -> Graphs:
     """The CUDA-graph memory release `rel` takes out of the KV budget (`eager`: --enforce-eager, no graphs captured,
-    none profiled; `rocm`: an AMD GPU; `v2_runner`: the model runs on Model Runner V2), by the rules above."""
+    none profiled; `rocm`: an AMD GPU; `v2_runner`: the model runs on Model Runner V2; `counts`: the graphs it
+    captures, named in the note), by the rules above."""
     if rel.version < CUDA_GRAPHS_SUBTRACTED:
         return Graphs(0, "vLLM < 0.20 leaves CUDA graphs out of the budget")
     if eager:
@@ -104,8 +177,10 @@ def cuda_graphs(rel: Release, *, eager: bool = False, rocm: bool = False, v2_run
     if v2_runner and rel.version < V2_RUNNER_GRAPHS_SUBTRACTED:
         return Graphs(0, f"vLLM {rel.label} runs this model on Model Runner V2, which reserves no CUDA-graph memory "
                          "(until 0.29)")
+    captured = f" for the {counts.piecewise + counts.full} graphs it captures, {counts}," if counts else ""
     return Graphs(CUDA_GRAPH_ESTIMATE, f"CUDA graphs (estimate: {CUDA_GRAPH_ESTIMATE / GIB:.1f} GiB; vLLM >= 0.20 "
-                                       "subtracts them)")
+                                       f"subtracts what it profiles{captured} which public logs print between 0.1 "
+                                       "and 2 GiB)", counts)
 
 
 MOE_WORKSPACE = (0, 13)  # v1/worker/workspace.py first ships in 0.13 (absent from the 0.12 sdist)
@@ -198,16 +273,23 @@ def on_v2_runner(model: ModelSpec | None, rel: Release) -> bool:
                                hybrid=any(state) and not all(state), attention_free=all(state))
 
 
-def start_up_graphs(rel: Release, model: ModelSpec | None, eager: bool, gpu_name: str = "") -> Graphs:
-    """The CUDA-graph term of release `rel` starting `model` on the card named (an AMD card: vLLM's ROCm platform;
-    a card the catalog does not know is taken as CUDA)."""
+def start_up_graphs(rel: Release, model: ModelSpec | None, options: EngineOptions, gpu_name: str = "") -> Graphs:
+    """The CUDA-graph term of release `rel` starting `model` with `options` (--enforce-eager; the batch settings,
+    where set, name the graphs captured) on the card named (an AMD card: vLLM's ROCm platform; a card the catalog
+    does not know is taken as CUDA)."""
     from kvbudget.gpus import find_gpu
 
     try:
-        rocm = find_gpu(gpu_name).vendor == "AMD"
+        gpu = find_gpu(gpu_name)
+        rocm, wide = gpu.vendor == "AMD", (gpu.compute_capability or "").startswith("10.")
     except KVBudgetError:
-        rocm = False
-    return cuda_graphs(rel, eager=eager, rocm=rocm, v2_runner=on_v2_runner(model, rel))
+        rocm = wide = False
+    counts = None
+    if options.max_num_seqs and options.max_num_batched_tokens:
+        spec = options.speculative.num_tokens if options.speculative else options.num_speculative_tokens
+        counts = graph_counts(rel, options.max_num_seqs, options.max_num_batched_tokens, spec, wide)
+    return cuda_graphs(rel, eager=options.enforce_eager, rocm=rocm, v2_runner=on_v2_runner(model, rel),
+                       counts=counts)
 
 
 def overhead(rel: Release, tp: int, graphs: Graphs) -> tuple[int, str]:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from kvbudget.engines.base import EngineOptions, LogRow
 from kvbudget.engines.vllm.logsettings import LogSettings, first_number, log_total_memory
-from kvbudget.engines.vllm.memory import encoder_profile, start_up_graphs
+from kvbudget.engines.vllm.memory import GraphCounts, encoder_profile, start_up_graphs
 from kvbudget.engines.vllm.offload import LMCACHE_CHUNK
 from kvbudget.engines.vllm.releases import release
 from kvbudget.errors import KVBudgetError
@@ -44,7 +44,8 @@ def memory_rows(engine: VLLMEngine, text: str, model: ModelSpec, s: LogSettings,
         return []
     plan: dict[str, float] = {t.key: t.bytes / GIB for t in stack}
     # from 0.20 the plan's overhead holds the CUDA graphs beside non-torch memory: each beside its own line
-    plan["graphs"] = start_up_graphs(release(options), model, options.enforce_eager).bytes / GIB
+    graphs = start_up_graphs(release(options), model, serving.options)
+    plan["graphs"] = graphs.bytes / GIB
     plan["overhead"] -= plan["graphs"]
     logged = {"activation": first_number(text, (r"activation peak memory takes ([\d.]+) ?GiB",
                                                  r"torch peak memory increase: ([\d.]+) ?GiB",
@@ -71,11 +72,25 @@ def memory_rows(engine: VLLMEngine, text: str, model: ModelSpec, s: LogSettings,
         value = logged[key]
         if value is not None:
             out.append(LogRow(f"memory: {label}", f"{value:.2f} GiB", f"{plan[key]:.2f} GiB", None, note))
+    out += _graph_count_rows(text, graphs.counts)
     out += _encoder_rows(text, model, serving, s)
     error = kv / GIB / float(budget_text) - 1 if float(budget_text) else 0.0
     out.append(LogRow("memory: KV budget before launch", f"{budget_text} GiB", f"{kv / GIB:.2f} GiB", None,
                       f"{error:+.1%}: {note}"))
     return out
+
+
+def _graph_count_rows(text: str, counts: GraphCounts | None) -> list[LogRow]:
+    """The graphs vLLM >= 0.18 says it profiles ("Profiling CUDA graph memory: PIECEWISE=N (largest=T), FULL=...")
+    beside the count the plan works out from the log's batch settings (shown, not a mismatch: an attention backend
+    without FULL graphs, or capture sizes given by hand, change them)."""
+    found = re.search(r"Profiling CUDA graph memory: (PIECEWISE=\d+ \(largest=\d+\)(?:, FULL=\d+ \(largest=\d+\))?)",
+                      text)
+    if found is None or counts is None:
+        return []
+    return [LogRow("memory: CUDA graphs profiled", found.group(1), str(counts), None,
+                   "kvbudget plan's count for these settings (config/vllm.py's capture sizes, default "
+                   "FULL_AND_PIECEWISE mode)")]
 
 
 def _encoder_rows(text: str, model: ModelSpec, serving: Serving, s: LogSettings) -> list[LogRow]:
