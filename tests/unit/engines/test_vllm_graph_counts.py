@@ -48,10 +48,17 @@ def test_max_num_batched_tokens_caps_the_sizes_and_is_captured_itself_from_0_24(
     assert graph_counts(Release((0, 24)), 256, 300) == GraphCounts(38, 35, 300, 256)
 
 
-def test_speculative_tokens_widen_the_sizes():
-    """q = 3 (two draft tokens), 64 sequences: min(2 x 64 x 3, 512) = 384: 3 + 31 + 9 (256-384) = 43 sizes; FULL from
-    3 to 192: 4, then 8 to 192 (24) = 25."""
-    assert graph_counts(Release((0, 24)), 64, 8192, spec_tokens=2) == GraphCounts(43, 25, 384, 192)
+def test_speculative_tokens_widen_the_sizes_and_round_them_to_the_query_length():
+    """q = 4 (three draft tokens), 42 sequences: min(2 x 42 x 4, 512) = 336: the sizes 1, 2, 4, 8-248 (31) and
+    256-336 (6) are rounded up to multiples of 4 (compilation.py adjust_cudagraph_sizes_for_spec_decode), so 1 and
+    2 become 4: 38 sizes; FULL from 4 to 4 x 42 = 168: 4 and 8-168 (21) = 22. From 0.28 a model on Model Runner V2
+    keeps the 40 unrounded sizes."""
+    assert graph_counts(Release((0, 24)), 42, 8192, spec_tokens=3) == GraphCounts(38, 22, 336, 168)
+    assert graph_counts(Release((0, 28)), 42, 8192, spec_tokens=3, v2_runner=True).piecewise == 40
+    assert graph_counts(Release((0, 24)), 42, 8192, spec_tokens=3, v2_runner=True).piecewise == 38
+    # q = 3, 64 sequences: 43 sizes to 384, of which 1 and 2 both round to 3: 42; FULL 3-192: 3, 6 (from 4) and
+    # the 24 multiples of 8 to 192, rounded to 9, 18, 24, 33, ...: 26
+    assert graph_counts(Release((0, 24)), 64, 8192, spec_tokens=2) == GraphCounts(42, 26, 384, 192)
 
 
 def test_0_32_captures_the_decode_batch_sizes_off_the_stride():

@@ -96,7 +96,11 @@ CUDA_GRAPH_ESTIMATE = GIB
 # batches) and, in the default FULL_AND_PIECEWISE mode, one FULL graph per size from q to q x max_num_seqs (uniform
 # decode batches). gpu_model_runner.py profile_cudagraph_memory (all four) captures the two largest of each mode and
 # returns the larger first capture plus, per mode, the second capture x (graphs - 1). An attention backend without
-# FULL support (logged "setting cudagraph_mode=PIECEWISE") captures PIECEWISE graphs only: not modelled.
+# FULL support (logged "setting cudagraph_mode=PIECEWISE") captures PIECEWISE graphs only: not modelled. With
+# speculative decoding (q > 1) and FULL decode graphs, config/compilation.py adjust_cudagraph_sizes_for_spec_decode
+# rounds every size up to a multiple of q, keeping those within the largest (all four; from 0.28 on the V1 runner
+# only: Model Runner V2 sizes its own graphs, cudagraph_utils.py, not modelled).
+SPEC_ROUNDING_V1_ONLY = (0, 28)
 CAPTURE_CEILING, WIDE_CEILING = 512, 1024
 MNBT_CAPTURED = (0, 24)
 WIDE_CEILING_FROM = (0, 28)
@@ -124,9 +128,9 @@ def _stride_sizes(top: int) -> list[int]:
 
 
 def capture_sizes(rel: Release, max_num_seqs: int, max_num_batched_tokens: int, spec_tokens: int = 0,
-                  wide: bool = False) -> tuple[int, ...]:
+                  wide: bool = False, v2_runner: bool = False) -> tuple[int, ...]:
     """The batch sizes (tokens) release `rel` captures CUDA graphs for by default (`wide`: a data-center Blackwell
-    card), by the rules above."""
+    card; `v2_runner`: the model runs on Model Runner V2), by the rules above."""
     q = 1 + spec_tokens
     ceiling = WIDE_CEILING if wide and rel.version >= WIDE_CEILING_FROM else CAPTURE_CEILING
     top = min(max_num_seqs * q * 2, ceiling, max_num_batched_tokens)
@@ -141,13 +145,16 @@ def capture_sizes(rel: Release, max_num_seqs: int, max_num_batched_tokens: int, 
         else:
             decode = {max_num_seqs} if max_num_seqs <= uncapped else set()
         sizes |= {n for n in decode if n <= max_num_batched_tokens}
+    if q > 1 and not (v2_runner and rel.version >= SPEC_ROUNDING_V1_ONLY):
+        largest = max(sizes)
+        sizes = {cdiv(n, q) * q for n in sizes if cdiv(n, q) * q <= largest} or ({q} if q <= largest else set())
     return tuple(sorted(sizes))
 
 
 def graph_counts(rel: Release, max_num_seqs: int, max_num_batched_tokens: int, spec_tokens: int = 0,
-                 wide: bool = False) -> GraphCounts:
+                 wide: bool = False, v2_runner: bool = False) -> GraphCounts:
     """The PIECEWISE and FULL graphs release `rel` captures (and profiles) in its default FULL_AND_PIECEWISE mode."""
-    sizes = capture_sizes(rel, max_num_seqs, max_num_batched_tokens, spec_tokens, wide)
+    sizes = capture_sizes(rel, max_num_seqs, max_num_batched_tokens, spec_tokens, wide, v2_runner)
     q = 1 + spec_tokens
     full = [n for n in sizes if q <= n <= q * max_num_seqs]
     return GraphCounts(len(sizes), len(full), sizes[-1], full[-1] if full else 0)
@@ -284,12 +291,12 @@ def start_up_graphs(rel: Release, model: ModelSpec | None, options: EngineOption
         rocm, wide = gpu.vendor == "AMD", (gpu.compute_capability or "").startswith("10.")
     except KVBudgetError:
         rocm = wide = False
+    v2 = on_v2_runner(model, rel)
     counts = None
     if options.max_num_seqs and options.max_num_batched_tokens:
         spec = options.speculative.num_tokens if options.speculative else options.num_speculative_tokens
-        counts = graph_counts(rel, options.max_num_seqs, options.max_num_batched_tokens, spec, wide)
-    return cuda_graphs(rel, eager=options.enforce_eager, rocm=rocm, v2_runner=on_v2_runner(model, rel),
-                       counts=counts)
+        counts = graph_counts(rel, options.max_num_seqs, options.max_num_batched_tokens, spec, wide, v2)
+    return cuda_graphs(rel, eager=options.enforce_eager, rocm=rocm, v2_runner=v2, counts=counts)
 
 
 def overhead(rel: Release, tp: int, graphs: Graphs) -> tuple[int, str]:
