@@ -11,7 +11,7 @@ from kvbudget.choices import Device
 from kvbudget.engines.base import EngineOptions
 from kvbudget.engines.vllm.releases import Release, batch_defaults, parse_release
 from kvbudget.engines.vllm.speclog import read_speculative
-from kvbudget.engines.vllm.speculative import SPECULATIVE_RELEASE
+from kvbudget.engines.vllm.speculative import MTP_FROM, SPECULATIVE_RELEASE
 from kvbudget.engines.vllm.speculative import methods as speculative_methods
 from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError, named, spelled
 from kvbudget.speculative import MAX_SPECULATIVE_TOKENS, SpecMethod, Speculative
@@ -249,14 +249,15 @@ def _speculative(text: str, given: dict, read: dict, version: tuple[int, int] | 
     read["speculative"] = str(method)
     if method in (SpecMethod.NGRAM, SpecMethod.SUFFIX):  # no drafter layers; V1 counts a request's blocks at
         return 0, Speculative(method=method, num_tokens=tokens)  # max_model_len whatever k is (kv_cache_interface.py)
-    if method is SpecMethod.MTP:
-        return tokens, Speculative(method=method, num_tokens=tokens)
     if version is not None and method not in speculative_methods(version, Release(version).v0):
+        since = MTP_FROM if method is SpecMethod.MTP else SPECULATIVE_RELEASE
         raise UnsupportedArchitectureError(
             f"check-log: the log's vLLM {version[0]}.{version[1]} drafts with {method}, whose drafter kvbudget sizes "
-            f"from vLLM {SPECULATIVE_RELEASE[0]}.{SPECULATIVE_RELEASE[1]}'s rules on (engines/vllm/speculative.py); "
+            f"from vLLM {since[0]}.{since[1]}'s rules on (engines/vllm/speculative.py); "
             f"its cache is not checked (pass {named('engine_version')} only if the log's release is wrong)",
             param="engine_version")
+    if method is SpecMethod.MTP:
+        return tokens, Speculative(method=method, num_tokens=tokens)
     draft = given.get("draft")
     if draft is None:
         source = given.get("draft_model") or logged.draft
