@@ -145,11 +145,15 @@ def read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Mat
     version_text = (given.get("engine_version") or
                     (m.group(1) if (m := re.search(r"LLM engine \(v(\d+\.\d+(?:\.\d+)?)", text) or
                                     re.search(r"vLLM (?:API server )?version:? v?(\d+\.\d+[\d.]*)", text)) else None))
+    source_build = not given.get("engine_version") and version_text == "0.1" and re.search(r"v?0\.1\.dev\d", text)
+    if source_build:  # setuptools_scm's version of a checkout without release tags: no release to read
+        version_text = None
     version = parse_release(str(version_text)) if version_text else None
     if version_text:
         read["engine_version"] = version_text
     else:
-        assumed["engine_version"] = "unknown"
+        assumed["engine_version"] = ("unknown (a build from source without release tags: v0.1.dev...)"
+                                     if source_build else "unknown")
     prefix_text = setting(text, "enable_prefix_caching")
     no_prefix = re.search(r"--no-enable-prefix-caching\b", text)
     # hybrid models ran without prefix caching by default before 0.26
