@@ -142,18 +142,7 @@ def read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Mat
     tp = whole("tp", pick("tp", setting(text, "tensor_parallel_size"), 1))
     pp = whole("pp", pick("pp", setting(text, "pipeline_parallel_size"), 1))
     kv = str(pick("kv_cache_dtype", setting(text, "kv_cache_dtype"), "auto"))
-    version_text = (given.get("engine_version") or
-                    (m.group(1) if (m := re.search(r"LLM engine \(v(\d+\.\d+(?:\.\d+)?)", text) or
-                                    re.search(r"vLLM (?:API server )?version:? v?(\d+\.\d+[\d.]*)", text)) else None))
-    source_build = not given.get("engine_version") and version_text == "0.1" and re.search(r"v?0\.1\.dev\d", text)
-    if source_build:  # setuptools_scm's version of a checkout without release tags: no release to read
-        version_text = None
-    version = parse_release(str(version_text)) if version_text else None
-    if version_text:
-        read["engine_version"] = version_text
-    else:
-        assumed["engine_version"] = ("unknown (a build from source without release tags: v0.1.dev...)"
-                                     if source_build else "unknown")
+    version = _version(text, given, read, assumed)
     prefix_text = setting(text, "enable_prefix_caching")
     no_prefix = re.search(r"--no-enable-prefix-caching\b", text)
     # hybrid models ran without prefix caching by default before 0.26
@@ -209,6 +198,23 @@ def _default_mnbt(text: str, version: tuple[int, int] | None, assumed: dict) -> 
     mnbt = batch_defaults(int(total * GIB), "", Device.CUDA, Release(version))[0]
     assumed["max_num_batched_tokens"] = f"{mnbt}, the release's default for the log's {total:g} GiB GPU"
     return mnbt
+
+
+def _version(text: str, given: dict, read: dict, assumed: dict) -> tuple[int, int] | None:
+    """The vLLM release given or read from the log (its engine line or version line), noted in `read`; None, noted
+    in `assumed`, where neither states one (a build from source without release tags calls itself 0.1.devN)."""
+    version_text = (given.get("engine_version") or
+                    (m.group(1) if (m := re.search(r"LLM engine \(v(\d+\.\d+(?:\.\d+)?)", text) or
+                                    re.search(r"vLLM (?:API server )?version:? v?(\d+\.\d+[\d.]*)", text)) else None))
+    source_build = not given.get("engine_version") and version_text == "0.1" and re.search(r"v?0\.1\.dev\d", text)
+    if source_build:  # setuptools_scm's version of a checkout without release tags: no release to read
+        version_text = None
+    if version_text:
+        read["engine_version"] = version_text
+        return parse_release(str(version_text))
+    assumed["engine_version"] = ("unknown (a build from source without release tags: v0.1.dev...)" if source_build
+                                 else "unknown")
+    return None
 
 
 def _speculative(text: str, given: dict, read: dict, version: tuple[int, int] | None
