@@ -550,6 +550,9 @@ def test_an_mtp_layers_weights_as_two_real_runs_differ(capsys):
     logged = [float(rows["weights per GPU"]["logged"].split()[0]) for rows in (mtp, plain)]
     assert round(logged[0] - logged[1], 2) == 0.79
     assert mtp["speculative: drafter weights"]["predicted"] == "0.79 GiB"
+    # to the byte: 424,673,280 weights above + the norms (input, post-attention, q 256, k 256, the two before the fc,
+    # the final: 5 x 5,120 + 512 = 26,112) = 424,699,392 parameters x 2 B
+    assert "849,398,784 B per GPU" in mtp["speculative: drafter weights"]["note"]
     assert mtp["weights per GPU"]["matches"] and plain["weights per GPU"]["matches"]
     planned = [float(rows["weights per GPU"]["predicted"].split()[0]) for rows in (mtp, plain)]
     assert round(planned[0] - planned[1], 2) in (0.79, 0.80)

@@ -29,6 +29,7 @@ from kvbudget.engines.vllm.releases import Release, release
 from kvbudget.engines.vllm.speclog import read_speculative
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import LatentAttention, ModelSpec, RecurrentState
+from kvbudget.speculative import SpecMethod
 from kvbudget.units import GIB
 
 if TYPE_CHECKING:
@@ -320,6 +321,9 @@ def _drafting(check: LogCheck, text: str, model: ModelSpec, st: LogSettings) -> 
     except KVBudgetError:  # a quantization kvbudget does not count: the row shows the log's line alone
         weights = None
     rows = speculative_rows(logged, plan, drafter_bytes=weights[0] if weights else None)
+    if weights and plan is not None and plan.method is SpecMethod.MTP:  # which layers kvbudget counts
+        rows = [replace(r, note=f"{r.note}; kvbudget: {weights[1].split(' B per GPU')[0]} B per GPU")
+                if r.quantity == "speculative: drafter weights" else r for r in rows]
     if plan is not None and plan.draft_id and logged.draft and plan.draft_id != logged.draft:
         # the drafter was loaded from another name (draft_model) as a stand-in for the log's: shown, not compared
         rows = [replace(r, matches=None, note=f"loaded from {plan.draft_id} in place of the log's path")
