@@ -30,6 +30,7 @@ BUDGET = "INFO 12-05 10:00:01 [gpu_worker.py:460] Available KV cache memory: 10.
     f"[1;36m(VllmWorker TP0 pid=9)[0;0m {BUDGET}",  # colour codes whose escape bytes the paste lost
     f"`{BUDGET}`", f"> {BUDGET}", f"        {BUDGET}",  # Markdown backticks, a quote, indentation
     f"vllm-1  | (EngineCore_DP0 pid=42) {BUDGET}",  # a compose prefix before a Ray one
+    f"2026-05-01 18:52:08.646 | (EngineCore pid=256) {BUDGET}",  # a log viewer's time column before a Ray one
 ])
 def test_prefixes_and_colours_come_off(pasted):
     assert clean(pasted) == BUDGET + "\n"
@@ -108,3 +109,12 @@ def test_any_text_is_made_plain_within_its_bounds(parts):
     lines = plain.splitlines()
     assert all(len(line) <= MAX_LINE_CHARS for line in lines)
     assert len(lines) <= len(text.splitlines()) + 3 * text.count("[repeated 3x")
+
+
+def test_a_time_column_is_no_folded_tail():
+    """A log viewer's 'YYYY-MM-DD hh:mm:ss.fff | ' column starts each line with digits: the line is its own, not the
+    tail of the 60-character banner line before it (the 0.20.0 MTP log of tests/data/logs/speculative)."""
+    banner = "2026-05-01 18:50:31.934 | (APIServer pid=1) INFO 05-01 16:50:31 [utils.py:299]  version 0.20.0"
+    args = "2026-05-01 18:50:31.937 | (APIServer pid=1) INFO 05-01 16:50:31 [utils.py:233] non-default args: {}"
+    assert clean(f"{banner}\n{args}").splitlines() == [
+        "INFO 05-01 16:50:31 [utils.py:299]  version 0.20.0", "INFO 05-01 16:50:31 [utils.py:233] non-default args: {}"]

@@ -5,6 +5,7 @@ value below is copied from the log's own text."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,9 @@ def test_every_log_has_its_source():
     sources = json.loads((LOGS / "sources.json").read_text())["logs"]
     assert {e["file"] for e in sources} == {p.name for p in LOGS.glob("*.log")}
     # a public thread, or this project's own real-engine run (tests/engines) that wrote it
-    assert all(e["source"].startswith(("https://", "tests/engines/")) and e["licence"] for e in sources)
+    # (or a file of the search tool's code index, which does not name its repository)
+    assert all(e["source"].startswith(("https://", "tests/engines/", "code index file ")) and e["licence"]
+               for e in sources)
 
 
 def test_both_engines_read_their_speculative_lines():
@@ -444,3 +447,121 @@ def test_a_draft_model_for_a_log_without_one_is_refused(capsys, log):
                  str(LOGS / "tiny-llama-draft.config.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--draft-model" in err and "leave" in err
+
+
+CHECKED = [(e["file"], c) for e in json.loads((LOGS / "sources.json").read_text())["logs"] for c in e.get("checks", ())]
+
+
+@pytest.mark.parametrize(("log", "check"), CHECKED, ids=[f"{f}-{c['model']}" for f, c in CHECKED])
+def test_real_drafting_logs_reach_their_verdicts(log, check, capsys):
+    """The verdict sources.json records for each real log check-log can take whole (as corpus.json records the
+    corpus's): exact (exit 0, every row agrees), differs (exit 1, the cause named) or unchecked (exit 2, one line
+    with the reason)."""
+    status = main(["check-log", str(LOGS / log), "--model", check["model"], "--json"])
+    out, err = capsys.readouterr()
+    if check["verdict"] == "unchecked":
+        assert status == 2 and check["reason"] in err and err.count("\n") == 1
+        return
+    data = json.loads(out)
+    if check["verdict"] == "differs":
+        assert status == 1 and any(check["cause"] in c for c in data["likely_causes"])
+        return
+    assert status == 0 and data["all_match"], [r for r in data["rows"] if not r["matches"]]
+
+
+MTP_LOG = "vllm-0.20.0-qwen3.6-27b-nvfp4-mtp-k1.log"
+
+
+def _without_drafting(text: str) -> str:
+    """The log's lines as the same run without speculative decoding would print them (no speculative config, no
+    drafter lines)."""
+    text = re.sub(r"'speculative_config': \{[^}]*\}", "'speculative_config': None", text)
+    text = re.sub(r"speculative_config=SpeculativeConfig\([^)]*\)", "speculative_config=None", text)
+    drafter = re.compile("Loading drafter|Detected MTP|Qwen3_5MTP")
+    return "".join(line for line in text.splitlines(keepends=True) if not drafter.search(line))
+
+
+def _rows(argv: list[str], capsys) -> dict[str, dict]:
+    main(["check-log", *argv, "--json"])
+    return {r["quantity"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+
+
+def test_a_real_mtp_log_is_checked_with_its_mtp_layer(tmp_path, capsys):
+    """vLLM 0.20.0, Qwen3.6-27B (Qwen3.5-27B's layers) drafting with its one MTP layer, fp8 cache, 1,584-token
+    blocks. By hand: a block of one layer is 1,584 x 2 (K, V) x 4 heads x 256 x 1 B = 3,244,032 B; the MTP layer
+    makes 17 attention layers a group (48 GDN layers + 3 padding = 3 groups of 17, 4 groups), so 4.8 GiB holds
+    4.8 x 2^30 / (17 x 3,244,032) = 93 blocks and the log's 93 // 4 x 1,584 = 36,432 tokens. The same lines
+    without drafting plan 16 layers a group and 1,568-token blocks (the GDN state no longer keeps the draft
+    token's column): 4.75-4.85 GiB / (16 x 3,211,264 B) = 99-101 blocks, 24-25 x 1,568 = 37,632-39,200 tokens."""
+    rows = _rows([str(LOGS / MTP_LOG), "--model", "qwen3.5-27b"], capsys)
+    tokens = rows["KV cache size (tokens)"]
+    assert tokens["logged"] == "36,432" and tokens["matches"] and "36,432" in tokens["predicted"]
+    assert rows["speculative: method"]["logged"] == "mtp" and rows["speculative: method"]["matches"]
+    assert rows["speculative: draft tokens per step"]["logged"] == "1"
+    (tmp_path / "plain.log").write_text(_without_drafting(_text(MTP_LOG)))
+    plain = _rows([str(tmp_path / "plain.log"), "--model", "qwen3.5-27b"], capsys)["KV cache size (tokens)"]
+    assert not plain["matches"] and plain["predicted"].startswith("37,632-39,200")
+
+
+def test_the_mtp_layers_weights_in_the_weights_line(tmp_path, capsys):
+    """The log's one 'Model loading took 18.41 GiB' after 'Loading drafter model...' counts the MTP layer too: the
+    drafter row shows the plan's MTP layer, by hand from Qwen3.5-27B's config (hidden 5,120, 24 heads and 4 KV heads
+    of 256 with the output gate, MLP 17,408, bf16): q 5,120 x 2 x 24 x 256 + k, v 2 x 5,120 x 4 x 256 + o 24 x 256
+    x 5,120 + MLP 3 x 5,120 x 17,408 + the 2h -> h fc 2 x 5,120 x 5,120 = 424.7 M parameters = 0.79 GiB (the
+    embeddings and LM head shared, as the log says); the weights row's plan is that much above the same lines
+    without drafting. The checkpoint is NVFP4 (the engine line's quantization=modelopt_fp4) and the catalog's config
+    bf16: the weights row is shown, not compared, and says so."""
+    rows = _rows([str(LOGS / MTP_LOG), "--model", "qwen3.5-27b"], capsys)
+    drafter = rows["speculative: drafter weights"]
+    assert drafter["logged"] == "in the weights line" and drafter["predicted"] == "0.79 GiB"
+    assert "embedding and lm_head" in drafter["note"]
+    weights = rows["weights per GPU"]
+    assert weights["logged"] == "18.41 GiB" and weights["matches"] is None and "modelopt_fp4" in weights["note"]
+    assert "counts the drafter too" in weights["note"]
+    (tmp_path / "plain.log").write_text(_without_drafting(_text(MTP_LOG)))
+    plain = _rows([str(tmp_path / "plain.log"), "--model", "qwen3.5-27b"], capsys)["weights per GPU"]
+    assert round(float(weights["predicted"].split()[0]) - float(plain["predicted"].split()[0]), 2) in (0.79, 0.80)
+
+
+def test_deepseek_mtp_named_in_the_arguments():
+    """vllm-ascend#5942 (vLLM 0.13.0): 'speculative_config': {'num_speculative_tokens': 2, 'method': 'deepseek_mtp'}
+    in the non-default args, the log's only vLLM line before it hung being the API server's version line."""
+    logged = speculative_in_log(_text("vllm-ascend-0.13.0-issue-5942-deepseek-v3.2-mtp.log"))
+    assert logged is not None
+    assert (logged.engine_method, logged.method, logged.num_tokens) == ("deepseek_mtp", SpecMethod.MTP, 2)
+
+
+def test_mtp_before_the_release_kvbudget_sizes_it_is_refused_as_the_logs(capsys):
+    """An MTP log of vLLM 0.13 is refused in one line naming the log's release and method, not as a flag the user
+    never gave (--num-speculative-tokens)."""
+    assert main(["check-log", str(LOGS / "vllm-ascend-0.13.0-issue-5942-deepseek-v3.2-mtp.log"), "--model",
+                 "deepseek-v3.2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "vLLM 0.13 drafts with mtp" in err and "0.20" in err
+    assert "--num-speculative-tokens" not in err
+
+
+def test_an_mtp_layers_weights_as_two_real_runs_differ(capsys):
+    """The same model, build and GPU with and without its MTP drafter load 51.89 and 51.10 GiB: 0.79 GiB apart,
+    the one MTP layer worked out by hand above; the drafter row shows that figure and both weights rows agree
+    (within vLLM's allocations) with the plan, which counts the MTP layer in the drafting run's."""
+    mtp = _rows([str(LOGS / "vllm-dev-rocm-qwen3.8-27b-mtp-k1.log"), "--model", "qwen3.5-27b"], capsys)
+    plain = _rows([str(LOGS / "vllm-dev-rocm-qwen3.8-27b-no-spec.log"), "--model", "qwen3.5-27b"], capsys)
+    logged = [float(rows["weights per GPU"]["logged"].split()[0]) for rows in (mtp, plain)]
+    assert round(logged[0] - logged[1], 2) == 0.79
+    assert mtp["speculative: drafter weights"]["predicted"] == "0.79 GiB"
+    # to the byte: 424,673,280 weights above + the norms (input, post-attention, q 256, k 256, the two before the fc,
+    # the final: 5 x 5,120 + 512 = 26,112) = 424,699,392 parameters x 2 B
+    assert "849,398,784 B per GPU" in mtp["speculative: drafter weights"]["note"]
+    assert mtp["weights per GPU"]["matches"] and plain["weights per GPU"]["matches"]
+    planned = [float(rows["weights per GPU"]["predicted"].split()[0]) for rows in (mtp, plain)]
+    assert round(planned[0] - planned[1], 2) in (0.79, 0.80)
+
+
+def test_a_source_build_is_read_as_an_unknown_release(capsys):
+    """'V1 LLM engine (v0.1.dev1+g4d2a68d64...)' is setuptools_scm's version of a checkout without release tags, not
+    vLLM 0.1: the release is assumed unknown and said so, not refused."""
+    assert main(["check-log", str(LOGS / "vllm-dev-rocm-qwen3.8-27b-mtp-k1.log"), "--model", "qwen3.5-27b",
+                 "--json"]) == 1
+    assumed = json.loads(capsys.readouterr().out)["assumed"]["engine_version"]
+    assert assumed.startswith("unknown") and "v0.1.dev" in assumed

@@ -178,7 +178,7 @@ class VLLMEngine(Engine):
                                source="vllm 0.32 entrypoints/openai/chat_completion/serving.py (get_max_tokens), "
                                       "completion/protocol.py")
     log_signatures = (r"KV cache size: +[\d,]+ tokens", r"(?:GPU|CUDA) blocks: \d+", r"Maximum concurrency for",
-                      r"V1 LLM engine",
+                      r"V1 LLM engine", r"vLLM API server version \d",
                       r"Available KV cache memory: -?[\d.]+ GiB", r"KV cache is needed, which is larger than",
                       r"larger than the maximum number of tokens that can be stored in KV cache",
                       r"reserved for KV Cache is [\d.]+", r"kv_cache_size[= ]\s{0,20}[\d.]+ ?GiB",

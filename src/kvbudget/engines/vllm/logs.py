@@ -29,6 +29,7 @@ from kvbudget.engines.vllm.releases import Release, release
 from kvbudget.engines.vllm.speclog import read_speculative
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import LatentAttention, ModelSpec, RecurrentState
+from kvbudget.speculative import SpecMethod
 from kvbudget.units import GIB
 
 if TYPE_CHECKING:
@@ -154,7 +155,10 @@ class _Log:
             n = int(num(tokens.group(1)))
             slots = (low.physical_token_slots, high.physical_token_slots)
             by_conc = (low.kv_cache_tokens, high.kv_cache_tokens)
-            if s.version is not None and rel.reports_slots:
+            if s.version == (0, 20):  # kv_cache_utils.py _report_kv_cache_config: 0.20.0 still counts the slots
+                meaning, ranges = ("either meaning: 0.20.0 counts num_blocks // groups x block size, 0.20.1 on "
+                                   "int(concurrency x max_model_len)"), [slots, by_conc]
+            elif s.version is not None and rel.reports_slots:
                 meaning, ranges = "num_blocks // groups x block size (vLLM <= 0.19)", [slots]
             elif s.version is not None:
                 meaning, ranges = "int(concurrency x max_model_len) (vLLM >= 0.20)", [by_conc]
@@ -203,6 +207,7 @@ class _Log:
         weights = re.search(r"(?:Loading model weights took|Model loading took) ([\d.]+) G", self.text)
         if not weights:
             return []
+        from kvbudget.model.params import quantized
         from kvbudget.model.weights import model_weights
 
         model = self.model
@@ -215,6 +220,14 @@ class _Log:
         diff = w.per_gpu_bytes / logged_bytes - 1
         drafting = read_speculative(self.text)
         drafter = "; the log's figure counts the drafter too" if drafting and drafting.weights_include_drafter else ""
+        if s.drafting is not None and s.drafting.method.drafter_weights and s.pp == 1:
+            drafter += ", and kvbudget's counts it (the drafter weights row)"
+        quant = re.search(r"\bquantization=(\w+)", self.text)  # the engine line's: the method vLLM loaded with
+        if quant and quant.group(1) != "None" and not quantized(model):
+            return [LogRow("weights per GPU", f"{float(weights.group(1)):.2f} GiB", f"{w.per_gpu_bytes / GIB:.2f} GiB",
+                           None, f"{diff:+.1%}: the log loads a {quant.group(1)} checkpoint and {model.name}'s config "
+                           "states no quantization, so its weights are not comparable (shown); give --model the "
+                           "checkpoint's config.json" + drafter)]
         return [LogRow("weights per GPU", f"{float(weights.group(1)):.2f} GiB", f"{w.per_gpu_bytes / GIB:.2f} GiB",
                        abs(diff) < 0.02, f"{diff:+.1%}: vLLM measures allocated memory (buffers, padding, quantized "
                        "checkpoints); kvbudget counts parameters" + drafter)]
@@ -302,9 +315,15 @@ def _drafting(check: LogCheck, text: str, model: ModelSpec, st: LogSettings) -> 
     logged = read_speculative(text)
     if logged is None:
         return check
-    plan = st.drafting
-    weights = speculative.drafter_weights(model, plan, st.tp) if plan is not None and plan.draft else None
+    plan = st.drafting  # the model's own MTP layers (speculative.py's mtp_weights) or a head's or draft model's
+    try:
+        weights = speculative.drafter_weights(model, plan, st.tp) if plan is not None and st.pp == 1 else None
+    except KVBudgetError:  # a quantization kvbudget does not count: the row shows the log's line alone
+        weights = None
     rows = speculative_rows(logged, plan, drafter_bytes=weights[0] if weights else None)
+    if weights and plan is not None and plan.method is SpecMethod.MTP:  # which layers kvbudget counts
+        rows = [replace(r, note=f"{r.note}; kvbudget: {weights[1].split(' B per GPU')[0]} B per GPU")
+                if r.quantity == "speculative: drafter weights" else r for r in rows]
     if plan is not None and plan.draft_id and logged.draft and plan.draft_id != logged.draft:
         # the drafter was loaded from another name (draft_model) as a stand-in for the log's: shown, not compared
         rows = [replace(r, matches=None, note=f"loaded from {plan.draft_id} in place of the log's path")

@@ -11,7 +11,7 @@ from kvbudget.choices import Device
 from kvbudget.engines.base import EngineOptions
 from kvbudget.engines.vllm.releases import Release, batch_defaults, parse_release
 from kvbudget.engines.vllm.speclog import read_speculative
-from kvbudget.engines.vllm.speculative import SPECULATIVE_RELEASE
+from kvbudget.engines.vllm.speculative import MTP_FROM, SPECULATIVE_RELEASE
 from kvbudget.engines.vllm.speculative import methods as speculative_methods
 from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError, named, spelled
 from kvbudget.speculative import MAX_SPECULATIVE_TOKENS, SpecMethod, Speculative
@@ -142,14 +142,7 @@ def read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Mat
     tp = whole("tp", pick("tp", setting(text, "tensor_parallel_size"), 1))
     pp = whole("pp", pick("pp", setting(text, "pipeline_parallel_size"), 1))
     kv = str(pick("kv_cache_dtype", setting(text, "kv_cache_dtype"), "auto"))
-    version_text = (given.get("engine_version") or
-                    (m.group(1) if (m := re.search(r"LLM engine \(v(\d+\.\d+(?:\.\d+)?)", text) or
-                                    re.search(r"vLLM (?:API server )?version:? v?(\d+\.\d+[\d.]*)", text)) else None))
-    version = parse_release(str(version_text)) if version_text else None
-    if version_text:
-        read["engine_version"] = version_text
-    else:
-        assumed["engine_version"] = "unknown"
+    version = _version(text, given, read, assumed)
     prefix_text = setting(text, "enable_prefix_caching")
     no_prefix = re.search(r"--no-enable-prefix-caching\b", text)
     # hybrid models ran without prefix caching by default before 0.26
@@ -207,6 +200,23 @@ def _default_mnbt(text: str, version: tuple[int, int] | None, assumed: dict) -> 
     return mnbt
 
 
+def _version(text: str, given: dict, read: dict, assumed: dict) -> tuple[int, int] | None:
+    """The vLLM release given or read from the log (its engine line or version line), noted in `read`; None, noted
+    in `assumed`, where neither states one (a build from source without release tags calls itself 0.1.devN)."""
+    version_text = (given.get("engine_version") or
+                    (m.group(1) if (m := re.search(r"LLM engine \(v(\d+\.\d+(?:\.\d+)?)", text) or
+                                    re.search(r"vLLM (?:API server )?version:? v?(\d+\.\d+[\d.]*)", text)) else None))
+    source_build = not given.get("engine_version") and version_text == "0.1" and re.search(r"v?0\.1\.dev\d", text)
+    if source_build:  # setuptools_scm's version of a checkout without release tags: no release to read
+        version_text = None
+    if version_text:
+        read["engine_version"] = version_text
+        return parse_release(str(version_text))
+    assumed["engine_version"] = ("unknown (a build from source without release tags: v0.1.dev...)" if source_build
+                                 else "unknown")
+    return None
+
+
 def _speculative(text: str, given: dict, read: dict, version: tuple[int, int] | None
                  ) -> tuple[int, Speculative | None]:
     """What the log drafts with: the draft tokens per step with the model's MTP layers (0 for every other method,
@@ -249,14 +259,15 @@ def _speculative(text: str, given: dict, read: dict, version: tuple[int, int] | 
     read["speculative"] = str(method)
     if method in (SpecMethod.NGRAM, SpecMethod.SUFFIX):  # no drafter layers; V1 counts a request's blocks at
         return 0, Speculative(method=method, num_tokens=tokens)  # max_model_len whatever k is (kv_cache_interface.py)
-    if method is SpecMethod.MTP:
-        return tokens, Speculative(method=method, num_tokens=tokens)
     if version is not None and method not in speculative_methods(version, Release(version).v0):
+        since = MTP_FROM if method is SpecMethod.MTP else SPECULATIVE_RELEASE
         raise UnsupportedArchitectureError(
             f"check-log: the log's vLLM {version[0]}.{version[1]} drafts with {method}, whose drafter kvbudget sizes "
-            f"from vLLM {SPECULATIVE_RELEASE[0]}.{SPECULATIVE_RELEASE[1]}'s rules on (engines/vllm/speculative.py); "
+            f"from vLLM {since[0]}.{since[1]}'s rules on (engines/vllm/speculative.py); "
             f"its cache is not checked (pass {named('engine_version')} only if the log's release is wrong)",
             param="engine_version")
+    if method is SpecMethod.MTP:
+        return tokens, Speculative(method=method, num_tokens=tokens)
     draft = given.get("draft")
     if draft is None:
         source = given.get("draft_model") or logged.draft
