@@ -302,6 +302,36 @@ def test_a_fleet_of_replicas_behind_a_router(server, browser):
     browser.find_element("id", "guard").click()
 
 
+def test_an_expert_parallel_group(server, browser):
+    """The replicas as the ranks of one expert-parallel group (an MoE model): its own control, the title that says
+    so, the ranks as the answer's replicas; the router is refused beside it on its own control."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(server + "/?view=simulate&model=qwen3-30b-a3b&engine=vllm&gpu=H100-80GB&max_model_len=8192"
+                         "&trace=azure-conv-2023&slice=0:300&rate_scale=4&replicas=2")
+    settle(browser, "#view-simulate svg path[data-series='usage-1']", timeout=120)
+    browser.find_element("id", "expert_parallel").click()
+    settle(browser, ".stale")
+    browser.find_element("id", "run-simulation").click()
+    settle(browser, "#view-simulate h2", timeout=120)
+    settle(browser, "#view-simulate svg path[data-series='usage-1']", timeout=120)
+    group = api(server, "simulate", "model=qwen3-30b-a3b&engine=vllm&gpu=H100-80GB&max_model_len=8192"
+                                    "&trace=azure-conv-2023&slice=0:300&rate_scale=4&replicas=2&expert_parallel=1")
+    assert group["fleet"]["pools"][0]["setup"]["expert_group"]["ranks"] == 2
+    text = browser.find_element("id", "view-simulate").text
+    assert "an expert-parallel group of 2 data-parallel ranks" in text and "null" not in text
+    assert value(browser, "completed") == f"{group['completed']:,} of {group['requests']:,}"
+    rows = browser.find_elements(By.CSS_SELECTOR, "[data-value='replicas-table'] tbody tr")
+    assert len(rows) == 2
+    assert "expert_parallel=1" in browser.current_url
+    shot(browser, "simulate-expert-parallel")
+    choose(browser, "router", "least-requests")
+    browser.find_element("id", "run-simulation").click()
+    settle(browser, "#router-error:not([hidden])")
+    assert "not with --expert-parallel" in browser.find_element("id", "router-error").text or \
+        "expert_parallel" in browser.find_element("id", "router-error").text
+
+
 def test_a_quality_report(server, browser, tmp_path):
     report = {"model": "smollm2-135m-instruct", "context": 256, "data": ["GPL-3"], "matmul": "fp32",
               "results": [{"variant": v, "tokens": 1024, "windows": 4, "kl_mean": kl, "top1_agreement": top,

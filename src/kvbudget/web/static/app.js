@@ -6,7 +6,7 @@ const $ = (id) => document.getElementById(id);
 const VIEWS = ["plan", "compare", "simulate", "recommend", "quality"];
 const FIELDS = ["model", "compare", "engine", "kv_dtype", "gpu", "gpu_memory", "tp", "pp", "max_model_len",
   "concurrency", "trace", "rate", "requests", "rate_scale", "slice", "max_concurrency", "replicas", "router", "guard",
-  "report"];
+  "expert_parallel", "report"];
 const DEFAULTS = { view: "plan", model: "llama-3.1-8b", engine: "vllm", kv_dtype: "auto", gpu: "H100-80GB",
   tp: "1", pp: "1", concurrency: "1", trace: "azure-conv-2023", rate_scale: "1", slice: "0:2000",
   rec_slo: "ttft_p99=2s,tpot_p99=50ms", rec_max_gpus: "2", rec_tp: "1,2" };
@@ -161,7 +161,7 @@ function byteUnit(max) {
   return ["B", 1];
 }
 // A line chart: x on a log-2 axis (tokens) or linear (seconds); y linear. Returns an <svg>.
-function lineChart({ title, xs, xLog, xLabel, yMax, yFormat, yLabel, series, hlines = [], width = chartWidth(), height = 300, yUnit = 1 }) {
+function lineChart({ title, xs, xLog, xLabel, yMax, yFormat, yLabel, series, hlines = [], width = chartWidth(), height = 300, yUnit = 1, yWhole = false }) {
   const m = { l: 58, r: 12, t: 14, b: 42 }, W = width - m.l - m.r, H = height - m.t - m.b;
   const [x0, x1] = xs;
   const fx = xLog ? (v) => m.l + (Math.log2(v) - Math.log2(x0)) / (Math.log2(x1) - Math.log2(x0) || 1) * W
@@ -170,7 +170,7 @@ function lineChart({ title, xs, xLog, xLabel, yMax, yFormat, yLabel, series, hli
   const svg = s("svg", { viewBox: `0 0 ${width} ${height}`, role: "img", "aria-label": title },
     s("title", {}, title));
   const grid = s("g", { class: "grid" }), axis = s("g", { class: "axis" });
-  const step = niceStep(yMax / yUnit, 5) * yUnit;
+  const step = Math.max(niceStep(yMax / yUnit, 5) * yUnit, yWhole ? 1 : 0);  // (counts: whole ticks)
   for (let v = 0; v <= yMax * 1.0001; v += step) {
     grid.append(s("line", { x1: m.l, x2: m.l + W, y1: fy(v), y2: fy(v) }));
     axis.append(s("text", { x: m.l - 6, y: fy(v) + 4, "text-anchor": "end" }, yFormat(v)));
@@ -418,7 +418,7 @@ function barChart(items, format = fmtBytes) {
 
 // ---- the simulation view -------------------------------------------------------------------------------------
 const SIM_KEYS = ["engine", "kv_dtype", "gpu", "gpu_memory", "tp", "pp", "max_model_len", "rate", "requests",
-  "rate_scale", "slice", "max_concurrency", "replicas", "router", "guard"];
+  "rate_scale", "slice", "max_concurrency", "replicas", "router", "guard", "expert_parallel"];
 async function renderSimulate(gen, run) {
   const view = $("view-simulate");
   if (!run) {
@@ -461,7 +461,7 @@ async function renderSimulate(gen, run) {
       series: [{ name: "usage", color: COLORS[0], points: tl.map((x) => [x.time, x.usage]) }], height: 240 })));
     const qMax = Math.max(1, ...tl.map((x) => Math.max(x.running, x.waiting))) * 1.05;
     out.push(h("h3", {}, "Queues over time"), h("figure", {}, lineChart({ title: "Running and waiting requests over time", xs: [0, t1], xLog: false,
-      xLabel: "simulated time (s)", yMax: qMax, yLabel: "requests", yFormat: (v) => int(v),
+      xLabel: "simulated time (s)", yMax: qMax, yLabel: "requests", yFormat: (v) => int(v), yWhole: true,
       series: [{ name: "running", color: COLORS[2], points: tl.map((x) => [x.time, x.running]) },
         { name: "waiting", color: COLORS[1], dash: DASHES[1], points: tl.map((x) => [x.time, x.waiting]) }], height: 240 }),
     legend([{ color: COLORS[2], label: "running" }, { color: COLORS[1], dash: DASHES[1], label: "waiting" }])));
@@ -497,7 +497,9 @@ const FLEET_LINES = 16;  // replicas drawn one line each; the table lists every 
 function fleetView(sim, credit) {
   const f = sim.fleet, reps = f.replicas, st = f.pools[0].setup, pool = f.pools[0];
   const basis = st.time_model.basis || "estimated";
-  const out = [h("h2", {}, `${st.model} on ${st.engine}, ${st.gpu || "no GPU named"}: ${reps.length} replicas behind the ${f.router} router`)];
+  const shape = st.expert_group ? `an expert-parallel group of ${reps.length} data-parallel ranks stepping together (vLLM's own balancer)`
+    : `${reps.length} replicas behind the ${f.router} router`;
+  const out = [h("h2", {}, `${st.model} on ${st.engine}, ${st.gpu || "no GPU named"}: ${shape}`)];
   out.push(h("p", {}, (st.allocator === "paged" ? `each ${int(st.num_blocks)} blocks of ${st.block_size} tokens`
     : `each: ${st.allocator} allocator`) + `; max_num_seqs ${st.max_num_seqs}, max_num_batched_tokens ${int(st.max_num_batched_tokens)}, prefix caching ${st.prefix_caching ? "on" : "off"}`));
   out.push(h("div", { class: "summary" },
@@ -530,7 +532,7 @@ function fleetView(sim, credit) {
     if (more) out.push(more);
     const qMax = Math.max(1, ...drawn.flatMap((r) => r.timeline.map((x) => x.waiting))) * 1.05;
     out.push(h("h3", {}, "Waiting requests per replica"), h("figure", {}, lineChart({ title: "Waiting requests per replica over time", xs: [0, t1], xLog: false,
-      xLabel: "simulated time (s)", yMax: qMax, yLabel: "waiting", yFormat: (v) => int(v), height: 240,
+      xLabel: "simulated time (s)", yMax: qMax, yLabel: "waiting", yFormat: (v) => int(v), yWhole: true, height: 240,
       series: drawn.map((r, i) => line(r, i, "waiting")) }), keys.cloneNode(true)));
   }
   if (credit) out.push(h("p", { class: "help" }, `Trace: ${credit}.`));
