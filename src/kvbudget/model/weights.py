@@ -11,7 +11,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from kvbudget import hub
 from kvbudget.errors import ConfigError, KVBudgetError, named
 from kvbudget.files import MAX_DOCUMENT_BYTES, parse_json_text
 from kvbudget.model.params import ParamGroup, count_parameters
@@ -367,6 +366,8 @@ def model_weights(model: ModelSpec, tp: int = 1, stages: Sequence[range] | None 
         path = Path(model.source[5:])
         return _scaled(analytic, read_gguf(path)[1], f"GGUF tensors in {path.name}")
     if model.source.startswith("hub:"):
+        from kvbudget import hub  # (the Hub's client only where a Hub model is read)
+
         repo = model.source[4:]
         offline = hub.offline_reason()
         if offline:

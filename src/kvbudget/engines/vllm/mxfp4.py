@@ -36,7 +36,6 @@ from kvbudget.engines.base import EngineOptions, layer_stages
 from kvbudget.engines.vllm.releases import Release, release
 from kvbudget.model.params import count_parameters, routed_experts
 from kvbudget.model.spec import ModelSpec
-from kvbudget.model.weights import FP4_EXPERT_BYTES, mxfp4_checkpoint
 from kvbudget.units import GIB, cdiv
 
 FIRST = (0, 10)  # gpt-oss support arrives in 0.10.1
@@ -106,6 +105,8 @@ def mxfp4_layout(model: ModelSpec, rel: Release, compute_capability: str | None,
     count of them, and its note; None for a model without MXFP4 experts (quant_method mxfp4) or where the kernel is
     not modelled. `ep` > 1: expert parallelism, each of tp x ep ranks holding its share of the experts whole (vLLM's
     FusedMoE splits no expert when --enable-expert-parallel is on)."""
+    from kvbudget.model.weights import FP4_EXPERT_BYTES, mxfp4_checkpoint  # (a weights' reader: not on every path)
+
     experts = routed_experts(model)
     if not mxfp4_checkpoint(model) or experts is None:
         return None
