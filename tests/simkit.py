@@ -167,3 +167,13 @@ def close(a: Any, b: Any, rel: float = 1e-9) -> bool:
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(close(a[x], b[x], rel) for x in a)
     return bool(a == b)
+
+
+def run_to_end(sched: Any) -> list[Any]:
+    """Every step a scheduler takes until it has no work, each updated as the engine would: the steps."""
+    steps = []
+    while sched.has_work():
+        step = sched.schedule()
+        steps.append(step)
+        sched.update(step)
+    return steps

@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from simkit import run_to_end
 
 import kvbudget
 from kvbudget.engines.scheduling.seq import SchedulerConfig, Step
@@ -28,12 +29,7 @@ def _config(budget: int = 2048, max_len: int = 8192) -> SchedulerConfig:
 
 
 def _run(sched: SpecScheduler) -> list[Step]:
-    steps = []
-    while sched.has_work():
-        step = sched.schedule()
-        steps.append(step)
-        sched.update(step)
-    return steps
+    return run_to_end(sched)
 
 
 def _spec(k: int, rates: tuple[float, ...], seed: int = 0, **kw: object) -> Speculative:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from simkit import run_to_end
 
 import kvbudget
 from kvbudget.engines.scheduling.seq import SchedulerConfig, Step
@@ -36,12 +37,7 @@ def _spec(method: SpecMethod = SpecMethod.NGRAM, k: int = 3, rates: tuple[float,
 
 
 def _run(sched: SpecScheduler) -> list[Step]:
-    steps = []
-    while sched.has_work():
-        step = sched.schedule()
-        steps.append(step)
-        sched.update(step)
-    return steps
+    return run_to_end(sched)
 
 
 def test_full_acceptance_gives_k_plus_one_tokens_a_step() -> None:
