@@ -137,7 +137,6 @@ def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, acti
              note="" if overhead is not None else serving.overhead_note, param="overhead",
              given=overhead is not None),
         Term(key=TermKey.KV, name="KV budget", bytes=kv, estimate=activation is None or overhead is None or not w.exact,
-             note="what is left for the KV cache" + (f"; {band.text(kv, usable)}" if band and kv > 0 else
-                                                     f"; {serving.checked}" if serving.checked else "")),
+             note="what is left for the KV cache" + (f"; {band.text(kv, usable)}" if band and kv > 0 else "")),
     )
     return stack, kv

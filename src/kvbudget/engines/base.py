@@ -236,7 +236,6 @@ class Serving:
     held_bytes: int = 0  # what the forward pass keeps allocated through the sampler (vLLM's fused-MoE workspace)
     forward_values: tuple[int, int] = (4, 2)  # values per token at the forward pass's peak: (hidden-, MLP-wide)
     encoder_peak_bytes: int = 0  # a pass profiled before the text's, whose peak may be the higher (vLLM's encoder)
-    checked: str = ""  # how the budget compares with real start-ups, where it was checked
     # the engine's own figure for its forward pass's buffers (llama.cpp's compute buffer), in place of the
     # estimate from prefill_tokens: bytes for a model and how they were found (on a GPU, still an estimate)
     compute_buffer: Callable[[ModelSpec], tuple[int, str]] | None = None

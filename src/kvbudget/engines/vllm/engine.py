@@ -51,7 +51,6 @@ from kvbudget.engines.vllm import lora, mxfp4, offload, speculative
 from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.gauges import vllm_pool
 from kvbudget.engines.vllm.memory import (
-    CHECKED,
     encoder_profile,
     logit_bytes,
     moe_workspace,
@@ -431,7 +430,7 @@ class VLLMEngine(Engine):
         return Serving(memory_fraction=rel.gpu_memory_utilization, memory_knob="gpu_memory_utilization default",
                        prefill_tokens=mnbt, max_num_seqs=max_num_seqs, overhead_bytes=other, overhead_note=note,
                        prefill_note=prefill_note, logit_bytes=per_logit, sampler_apart=True, held_bytes=held,
-                       encoder_peak_bytes=encoder[1] if encoder else 0, checked=CHECKED, options=options)
+                       encoder_peak_bytes=encoder[1] if encoder else 0, options=options)
 
     def cheaper_kv_dtype(self, current: KVDtype) -> str | None:
         return cheaper_if_wider(current, "fp8")

@@ -61,9 +61,6 @@ LOGIT_BYTES = {(0, 0): 39, SAMPLER_WITHOUT_SORT: 16}  # fitted: 38.4 and 38.9; 1
 MORE_NON_TORCH = (0, 18)
 # (one GPU, each GPU with tensor parallelism); fitted: 0.13 / 0.55, and 0.25 / 2.07 GiB
 NON_TORCH = {(0, 0): (int(0.14 * GIB), int(0.56 * GIB)), MORE_NON_TORCH: (int(0.26 * GIB), int(2.08 * GIB))}
-# The KV budget's error on the check cases of tests/data/memory/vllm.json (benchmarks/bench_memory.py; the corpus
-# test holds these figures to the benchmark's): the range, and the cases it comes from.
-CHECKED = "against 36 real V1 start-ups: -5.4% to +1.8% (accuracy page)"
 # Which start-ups take their CUDA graphs out of the KV budget (vllm/v1/worker/gpu_worker.py
 # determine_available_memory and envs.py, read in the sdists of 0.18.1 to 0.34.0):
 # - VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "1" from 0.20 ("0" in 0.18 and 0.19, absent before);
