@@ -71,3 +71,26 @@ def test_the_cli_refuses_it_in_one_line(capsys):
     code = main(["plan", "qwen2-7b", "--gpu", "A100-80GB", "--engine", "vllm@0.14", "--flashinfer-sampler"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and "--flashinfer-sampler" in err and "0.9 to 0.11" in err
+
+
+# check-log reads the sampler from the log's own line (dennislee22/vLLM-benchmarking, log/vllm-7B-1gpuA10080GB-
+# 0.25GRAM.log and log/vllm-7B-2gpuA10040GB-0.5GRAM-diff-nodes.log, vLLM 0.10.1.1)
+BANNER = "(APIServer pid=1671) INFO 09-04 01:02:37 [api_server.py:1805] vLLM API server version 0.10.1.1\n"
+WITH = ("(EngineCore_0 pid=1812) INFO 09-04 01:02:57 [topk_topp_sampler.py:50] Using FlashInfer for top-p & top-k "
+        "sampling.\n")
+WITHOUT = ("(EngineCore_0 pid=1257) (RayWorkerWrapper pid=374, ip=10.254.6.219) WARNING 09-03 04:38:28 "
+           "[topk_topp_sampler.py:61] FlashInfer is not available. Falling back to the PyTorch-native implementation "
+           "of top-p & top-k sampling. For the best performance, please install FlashInfer.\n")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (BANNER + WITH, True),
+    (BANNER + WITHOUT, False),
+    (BANNER.replace("0.10.1.1", "0.8.5") + WITH, False),  # 0.8.5's FlashInfer path is another API: not modelled
+])
+def test_check_log_reads_the_sampler_the_log_names(text, expected):
+    from kvbudget.engines.vllm.logsettings import read_settings
+
+    settings, read, _ = read_settings(text, {"max_model_len": 16384}, None, None)
+    assert settings.flashinfer_sampler is expected and settings.options().flashinfer_sampler is expected
+    assert read.get("flashinfer_sampler", False) is expected
