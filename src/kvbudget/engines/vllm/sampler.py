@@ -12,9 +12,10 @@ The profiling pass's sampler (gpu_model_runner.py _dummy_sampler_run, top_k voca
 holds at its peak, per logit of its min(max_num_batched_tokens, max_num_seqs) rows:
 - the logits compute_logits returned, in the model's 16-bit dtype, which _dummy_sampler_run keeps: 2 bytes;
 - their float32 copy (sampler.py forward: `logits.to(torch.float32)`; the temperature is applied in place): 4;
-- FlashInfer's top_k_top_p_sampling_from_logits (flashinfer/sampling.py of 0.2.11, filter_apply_order
-  "top_k_first"): top_k_mask_logits's output (`torch.empty_like(logits)`, float32), 4, and the softmax over it, 4,
-  both held while top_p_sampling_from_probs samples (its `probs.float()` copies nothing).
+- FlashInfer's top_k_top_p_sampling_from_logits (flashinfer/sampling.py of the releases vLLM's Docker images pin:
+  0.2.6.post1 for 0.9.2, 0.2.11 for 0.10.1.1, 0.3.1 for 0.11.0, all alike; filter_apply_order "top_k_first"):
+  top_k_mask_logits's output (`torch.empty_like(logits)`, float32), 4, and the softmax over it, 4, both held while
+  top_p_sampling_from_probs samples (its `probs.float()` copies nothing).
 """
 
 from __future__ import annotations
