@@ -94,3 +94,12 @@ def test_check_log_reads_the_sampler_the_log_names(text, expected):
     settings, read, _ = read_settings(text, {"max_model_len": 16384}, None, None)
     assert settings.flashinfer_sampler is expected and settings.options().flashinfer_sampler is expected
     assert read.get("flashinfer_sampler", False) is expected
+
+
+@pytest.mark.parametrize(("version", "hinted"), [((0, 9), True), ((0, 11), True), ((0, 8), False), ((0, 12), False)])
+def test_the_plan_says_where_flashinfer_would_sample(version, hinted):
+    """0.9-0.11 sample with FlashInfer whenever it is installed: a plan for them without the setting says so."""
+    p = plan(load_model("qwen2-7b"), engine="vllm", gpu="A100-80GB", max_model_len=16384,
+             options=EngineOptions(engine_version=version), recommend=False)
+    note = {t.key: t.note for t in p.stack}["activation"]
+    assert ("set flashinfer_sampler" in note) is hinted and "fit: 39 bytes per logit" in note

@@ -20,6 +20,7 @@ holds at its peak, per logit of its min(max_num_batched_tokens, max_num_seqs) ro
 
 from __future__ import annotations
 
+from kvbudget.engines.vllm.memory import logit_bytes
 from kvbudget.engines.vllm.releases import Release
 from kvbudget.errors import EngineRuleError
 
@@ -38,3 +39,16 @@ def flashinfer_logit_bytes(rel: Release) -> tuple[int, str]:
             param="flashinfer_sampler")
     return FLASHINFER_LOGIT_BYTES, (f"FlashInfer's sampler, from the source: {FLASHINFER_LOGIT_BYTES} bytes per "
                                     "logit, the 16-bit logits, a float32 copy, the top-k mask and the softmax")
+
+
+def sampler_logit_bytes(rel: Release, flashinfer: bool) -> tuple[int, str]:
+    """Bytes per logit the profiling sampler of release `rel` holds at its peak (`flashinfer`: it samples with
+    FlashInfer), and the note; where the release would sample with FlashInfer if it were installed, the note says
+    so."""
+    if flashinfer:
+        return flashinfer_logit_bytes(rel)
+    fitted = logit_bytes(rel)
+    low, high = FLASHINFER_RELEASES
+    hint = (f"; where FlashInfer is installed (vLLM's Docker image) {rel.label} samples with it, "
+            f"{FLASHINFER_LOGIT_BYTES} bytes per logit: set flashinfer_sampler" if low <= rel.version <= high else "")
+    return fitted, f"fit: {fitted} bytes per logit{hint}"
