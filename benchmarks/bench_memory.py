@@ -156,6 +156,7 @@ def predict_stated(case: dict[str, Any]) -> dict[str, Any]:
                             max_num_seqs=case.get("max_num_seqs"),
                             max_num_batched_tokens=case.get("max_num_batched_tokens"),
                             enforce_eager=case.get("enforce_eager", False), block_size=case.get("block_size"),
+                            flashinfer_sampler=case.get("flashinfer_sampler", False),
                             entry_point=EntryPoint(case.get("entry_point", "server")))
     try:
         p = kvbudget.plan(load_case_model(case), engine=case["engine"], gpu=case["gpu"], tp=case["tp"],

@@ -64,6 +64,7 @@ class EngineOptions:
     # capture sizes follow it); None is the release's default for the GPU
     max_num_seqs: int | None = None
     enforce_eager: bool = False  # vLLM --enforce-eager: no CUDA graphs are captured, so none are budgeted
+    flashinfer_sampler: bool = False  # vLLM 0.9-0.11 sampling on FlashInfer where installed (engines/vllm/sampler.py)
     entry_point: EntryPoint = EntryPoint.SERVER  # vLLM: vllm serve or the Python LLM class (batch defaults differ)
     # vLLM --enable-lora with --max-loras slots of --max-lora-rank (vLLM's defaults 1 and 16): LoRA buffers beside
     # the weights
@@ -401,7 +402,8 @@ class Engine:
             self.check_speculative(model, options.speculative, options)
         if options is not None and not self.profiles_batch:
             asked = (("max_num_seqs", options.max_num_seqs), ("enforce_eager", options.enforce_eager),
-                     ("entry_point", options.entry_point != EntryPoint.SERVER), ("enable_lora", options.enable_lora))
+                     ("entry_point", options.entry_point != EntryPoint.SERVER), ("enable_lora", options.enable_lora),
+                     ("flashinfer_sampler", options.flashinfer_sampler))
             if knob := next((name for name, on in asked if on), None):
                 raise EngineRuleError(f"{knob}: a vLLM setting kvbudget models for vLLM only, not {self.name}; "
                                       "leave it out", param=knob)

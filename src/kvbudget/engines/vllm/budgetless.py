@@ -34,6 +34,8 @@ def shown_settings(st: LogSettings, read: dict, assumed: dict) -> dict:
         settings["max_num_seqs"] = st.max_num_seqs
     if st.eager:
         settings["enforce_eager"] = True
+    if st.flashinfer_sampler:
+        settings["flashinfer_sampler"] = True
     if st.partition is not None:
         settings["pp_layer_partition"] = ",".join(map(str, st.partition))
     if st.backend is not None:

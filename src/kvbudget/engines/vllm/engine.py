@@ -52,7 +52,6 @@ from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.gauges import vllm_pool
 from kvbudget.engines.vllm.memory import (
     encoder_profile,
-    logit_bytes,
     moe_workspace,
     overhead,
     rotary_tables,
@@ -73,6 +72,7 @@ from kvbudget.engines.vllm.releases import (
     release,
     v0_batch_defaults,
 )
+from kvbudget.engines.vllm.sampler import sampler_logit_bytes
 from kvbudget.engines.vllm.specs import ChunkedSpec, FullSpec, KVSpec, MLASpec, SlidingSpec, vllm_spec
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.params import vision_tower
@@ -408,12 +408,12 @@ class VLLMEngine(Engine):
         early = "" if options.max_num_seqs or options.max_num_batched_tokens else early_patch_note(
             rel, max_num_seqs, max_model_len > V0_LONG_CONTEXT)
         options = replace(options, max_num_batched_tokens=mnbt, max_num_seqs=max_num_seqs)
+        per_logit, logit_note = sampler_logit_bytes(rel, options.flashinfer_sampler)
         if rel.v0:  # the forward pass, then the sampler; graphs outside the budget
             return v0_serving(rel, mnbt, max_num_seqs, options, early)
-        per_logit = logit_bytes(rel)
         other, note = overhead(rel, tp, start_up_graphs(rel, model, options, gpu_name))
         prefill_note = (f"profiling pass over max_num_batched_tokens ({mnbt}), then the sampler over "
-                        f"{min(mnbt, max_num_seqs)} rows (fit: {per_logit} bytes per logit)"
+                        f"{min(mnbt, max_num_seqs)} rows ({logit_note})"
                         f"{early}")
         workspace = moe_workspace(model, mnbt, tp, rel) if model is not None else None
         if workspace is not None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from kvbudget.choices import Device
 from kvbudget.engines.base import EngineOptions
 from kvbudget.engines.vllm.releases import Release, batch_defaults, parse_release
+from kvbudget.engines.vllm.sampler import FLASHINFER_RELEASES
 from kvbudget.engines.vllm.speclog import read_speculative
 from kvbudget.engines.vllm.speculative import MTP_FROM, SPECULATIVE_RELEASE
 from kvbudget.engines.vllm.speculative import methods as speculative_methods
@@ -77,6 +78,7 @@ class LogSettings:
     drafting: Speculative | None = None  # what the log drafts with, as a command would ask for it
     max_num_seqs: int | None = None
     eager: bool = False
+    flashinfer_sampler: bool = False  # 0.9-0.11 printed "Using FlashInfer for top-p & top-k sampling"
     stated: frozenset[str] = frozenset()  # the parallel sizes (tp, pp) the log itself prints: facts, never causes
 
     def options(self) -> EngineOptions:
@@ -84,7 +86,8 @@ class LogSettings:
                              hybrid_allocator=self.hybrid, engine_version=self.version,
                              attention_backend=self.backend, pp_layer_partition=self.partition,
                              num_speculative_tokens=self.spec_tokens, max_num_seqs=self.max_num_seqs,
-                             enforce_eager=self.eager, speculative=self.drafter)
+                             enforce_eager=self.eager, speculative=self.drafter,
+                             flashinfer_sampler=self.flashinfer_sampler)
 
     @property
     def drafter(self) -> Speculative | None:
@@ -162,6 +165,11 @@ def read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Mat
         re.search(r"--enforce-eager(?![ =]\w)", text))
     if eager:
         read["enforce_eager"] = True
+    # the sampler vLLM 0.9-0.11 picks where FlashInfer is installed (engines/vllm/sampler.py)
+    flashinfer = bool(version and FLASHINFER_RELEASES[0] <= version <= FLASHINFER_RELEASES[1] and re.search(
+        r"Using FlashInfer for top-p & top-k sampling", text))
+    if flashinfer:
+        read["flashinfer_sampler"] = True
     partition = None
     if pp > 1:
         part_text = given.get("pp_layer_partition") or (
@@ -185,7 +193,7 @@ def read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Mat
                             hybrid=hybrid,
                             partition=partition, backend=backend, spec_tokens=spec_tokens, drafting=drafting,
                             max_num_seqs=whole("max_num_seqs", seqs) if seqs is not None else None, eager=eager,
-                            stated=_stated(text))
+                            flashinfer_sampler=flashinfer, stated=_stated(text))
     return settings, read, assumed
 
 
