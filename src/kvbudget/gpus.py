@@ -61,7 +61,7 @@ def gpus() -> tuple[GPU, ...]:
 def _make(g: dict[str, Any]) -> GPU:
     if g.get("memory_gib_torch"):
         memory = int(g["memory_gib_torch"] * GIB)
-        basis = "as torch reports it (a vLLM start-up log, to 0.01 GiB)"
+        basis = "as torch reports it (printed in a public log, to 0.01 GiB)"
     elif g.get("memory_mib_reported"):
         memory, basis = g["memory_mib_reported"] * MIB, "as nvidia-smi reports it (public reports; not measured here)"
     else:
