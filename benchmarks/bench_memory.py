@@ -172,10 +172,11 @@ def predict_stated(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def stated_error(case: dict[str, Any], got: dict[str, Any]) -> float | None:
-    """The error (positive: optimistic) of the KV budget where the log states one in GiB, else of the token count
-    the engine printed; None where neither can be compared."""
+    """The error (positive: optimistic) of the KV budget where the log states one in GiB, else (or where the case
+    says `compare_on: kv_tokens`, with its reason) of the token count the engine printed; None where neither can be
+    compared."""
     logged = case["logged"]
-    if logged.get("kv_gib", 0) > 0 and "kv" in got:
+    if logged.get("kv_gib", 0) > 0 and "kv" in got and case.get("compare_on") != "kv_tokens":
         return float(got["kv"] / logged["kv_gib"] - 1)
     tokens = logged.get("kv_tokens") or logged.get("tokens", 0)  # sglang.json names SGLang's #tokens "tokens"
     if tokens > 0 and got.get("tokens"):
