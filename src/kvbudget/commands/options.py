@@ -376,6 +376,9 @@ class StartupKnobs:
                                "them", False)
     max_loras: str | None = option("vLLM: adapters served at once with --enable-lora (default 1)")
     max_lora_rank: str | None = option("vLLM: the largest adapter rank with --enable-lora (default 16)")
+    no_extensible_kv_cache: bool = option(
+        "vLLM 0.34: size the cache from the profile within gpu_memory_utilization (default 0.92), as before, not from "
+        "the memory free after warm-up (--no-enable-extensible-kv-cache)", False)
 
     def options(self, max_num_seqs: str | None = None) -> EngineOptions:
         """The options these settings (and a request's max_num_seqs) set; the rest the engine's defaults."""
@@ -386,7 +389,8 @@ class StartupKnobs:
                              enforce_eager=self.enforce_eager,
                              entry_point=EntryPoint.parse(self.entry_point or EntryPoint.SERVER, "entry_point"),
                              enable_lora=self.enable_lora, max_loras=optional_one(self.max_loras, "max_loras") or 1,
-                             max_lora_rank=optional_one(self.max_lora_rank, "max_lora_rank") or 16)
+                             max_lora_rank=optional_one(self.max_lora_rank, "max_lora_rank") or 16,
+                             extensible_kv_cache=not self.no_extensible_kv_cache)
 
 
 @dataclass(frozen=True, kw_only=True)
