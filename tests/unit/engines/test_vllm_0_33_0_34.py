@@ -121,3 +121,16 @@ def test_turning_off_what_a_release_lacks_is_refused(capsys):
                  "--no-extensible-kv-cache"]) == 2
     out = capsys.readouterr().err
     assert out.count("\n") == 1 and "--no-extensible-kv-cache: vLLM 0.33 has no extensible KV cache" in out
+
+
+def test_check_log_reads_0_34s_final_size_not_the_reserved_capacity():
+    """0.34 logs "Available KV cache memory" for the reservation (gpu_worker.py determine_available_memory), then the
+    size measured after warm-up (extensible_kv_cache.py extend_kv_cache), which is the budget; lines formatted with
+    the source's own format strings."""
+    from kvbudget.engines.vllm.logs import _rank_budgets
+
+    formats = ("Available KV cache memory: %s GiB", "Extended KV cache to %d blocks (%.2f GiB).")
+    log = "\n".join(["INFO [gpu_worker.py:797] " + formats[0] % "63.52",  # the source's own formats
+                     "INFO [extensible_kv_cache.py:531] " + formats[1] % (7506, 58.64)])
+    assert _rank_budgets(log) == ["58.64"]
+    assert _rank_budgets(log.split("\n")[0]) == ["63.52"]  # before 0.34: the one budget line
