@@ -377,8 +377,8 @@ class StartupKnobs:
     max_loras: str | None = option("vLLM: adapters served at once with --enable-lora (default 1)")
     max_lora_rank: str | None = option("vLLM: the largest adapter rank with --enable-lora (default 16)")
     no_extensible_kv_cache: bool = option(
-        "vLLM 0.34: size the cache from the profile within gpu_memory_utilization (default 0.92), as before, not from "
-        "the memory free after warm-up (--no-enable-extensible-kv-cache)", False)
+        "vLLM 0.34: size the cache from the profile within gpu_memory_utilization (default 0.92), as vLLM started "
+        "with --no-enable-extensible-kv-cache does, not from the memory free after warm-up", False)
 
     def options(self, max_num_seqs: str | None = None) -> EngineOptions:
         """The options these settings (and a request's max_num_seqs) set; the rest the engine's defaults."""

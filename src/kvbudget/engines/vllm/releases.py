@@ -53,7 +53,10 @@ it is taken to behave as 0.14 and 0.16, which agree on every point below.
   DEFAULT_BLOCK_SIZE, taken by every attention backend that accepts it: platforms/interface.py
   _preferred_block_size_for_backends), so FlashAttention, FlashInfer, FlashAttention MLA, FlashInfer MLA
   ([32, 64]) and Triton MLA all use 64-token blocks, CUTLASS MLA 128; the V1 model runner is gone
-  (v1/worker/gpu_model_runner.py removed: every model on Model Runner V2).
+  (v1/worker/gpu_model_runner.py removed: every model on Model Runner V2, which kvbudget's rules already gave every
+  model from 0.29). The CUDA-graph capture sizes (config/vllm.py _set_cudagraph_sizes) are 0.32's but for dynamic
+  speculative decoding's per-batch-size draft widths (not modelled); the batch defaults (engine/arg_utils.py) are
+  0.33's; the sampler's and the MoE workspace's peaks are taken as 0.32's (not re-read).
 """
 
 from __future__ import annotations
