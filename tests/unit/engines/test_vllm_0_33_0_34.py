@@ -134,3 +134,17 @@ def test_check_log_reads_0_34s_final_size_not_the_reserved_capacity():
                      "INFO [extensible_kv_cache.py:531] " + formats[1] % (7506, 58.64)])
     assert _rank_budgets(log) == ["58.64"]
     assert _rank_budgets(log.split("\n")[0]) == ["63.52"]  # before 0.34: the one budget line
+
+
+def test_a_given_kv_budget_stands_on_0_34():
+    """kv_cache_memory_bytes turns the extensible KV cache off (config/vllm.py _resolve_extensible_kv_cache) and is
+    the budget itself (gpu_worker.py: "reserved ... memory for KV Cache as specified by kv_cache_memory_bytes")."""
+    p = plan(load_model("llama-3.1-8b"), engine="vllm", gpu="H100-80GB", max_model_len=4096, kv_memory=20 * GIB,
+             recommend=False, options=EngineOptions(engine_version=(0, 34)))
+    assert p.kv_memory_bytes == 20 * GIB
+
+
+def test_other_engines_refuse_the_switch(capsys):
+    assert main(["plan", "llama-3.1-8b", "--engine", "sglang", "--gpu", "H100-80GB", "--no-extensible-kv-cache"]) == 2
+    out = capsys.readouterr().err
+    assert out.count("\n") == 1 and "--no-extensible-kv-cache: a vLLM setting" in out
