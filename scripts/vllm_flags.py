@@ -6,9 +6,9 @@ src/kvbudget/engines/vllm/flags.json (the launcher's emitted flags are checked a
 PATH is a release's sdist (vllm-X.tar.gz) or an unpacked vllm package folder (a wheel's site-packages/vllm). The
 flags are every quoted "--flag" literal in vllm/engine/arg_utils.py (EngineArgs.add_cli_args and
 AsyncEngineArgs.add_cli_args) and in the OpenAI server's cli_args.py (vllm/entrypoints/openai/cli_args.py, from
-0.32 vllm/entrypoints/launchers/cli_args.py), and from 0.10 the fields of that file's FrontendArgs dataclass. A
-boolean field's `--no-` form (argparse.BooleanOptionalAction, made by get_kwargs for `bool | None` fields from
-0.8.5) is recorded under "negatable" where the launcher emits it;
+0.32 vllm/entrypoints/launchers/cli_args.py, from 0.33 vllm/entrypoints/common/cli_args.py), and from 0.10 the
+fields of that file's FrontendArgs dataclass. A boolean field's `--no-` form (argparse.BooleanOptionalAction, made
+by get_kwargs for `bool | None` fields from 0.8.5) is recorded under "negatable" where the launcher emits it;
 --kv-cache-dtype's choices are the CacheDType literal of vllm/config.py (vllm/config/cache.py from 0.10).
 """
 
@@ -21,13 +21,14 @@ import tarfile
 from pathlib import Path
 
 FILES = ("vllm/engine/arg_utils.py", "vllm/config.py", "vllm/config/cache.py", "vllm/entrypoints/openai/cli_args.py",
-         "vllm/entrypoints/launchers/cli_args.py")
+         "vllm/entrypoints/launchers/cli_args.py", "vllm/entrypoints/common/cli_args.py")
 FLAG = re.compile(r"""["'](--[a-z0-9][a-z0-9-]*)["']""")
 # from 0.10 the server's own flags are the fields of cli_args.py's FrontendArgs dataclass (--port is `port: int`)
 FRONTEND = re.compile(r"^class (?:Base)?FrontendArgs\b.*?(?=^\S)", re.M | re.S)
 CACHE_DTYPES = re.compile(r"^CacheDType = Literal\[(.*?)\]", re.M | re.S)
 FIELD = re.compile(r"^    ([a-z][a-z0-9_]*): ", re.M)
-NEGATABLE = ("--enable-prefix-caching",)  # bool | None fields the launcher turns off with --no-
+NEGATABLE = ("--enable-prefix-caching", "--enable-extensible-kv-cache")  # bool | None fields the launcher turns off
+# with --no- (the extensible KV cache from 0.34)
 
 
 def sources(path: Path) -> dict[str, str]:

@@ -114,6 +114,11 @@ def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, acti
     usable = math.ceil(card.memory_bytes * util)  # vLLM's request_memory rounds up
     share_note = (serving.memory_knob if utilization is None else "" if serving.given_fraction_scale == 1 else
                   f"{utilization:g} as given, times {serving.given_fraction_scale:g} (what the engine does to it)")
+    cap = serving.free_cap.limit(card.memory_bytes, activation_bytes) if serving.free_cap else None
+    capped = cap is not None and cap < usable
+    if serving.free_cap is not None and cap is not None and capped:  # sized from what start-up leaves free
+        usable = cap
+        share_note += f"{', ' if share_note else '; '}capped by {serving.free_cap.note}"
     if serving.free_share != 1:  # the engine leaves part of what is free after its warm-up unused
         left = usable - w.per_gpu_bytes - activation_bytes - other
         usable -= max(0, math.ceil(left * (1 - serving.free_share)))
@@ -124,7 +129,7 @@ def memory_stack(model: ModelSpec, serving: Serving, card: GPU, w: Weights, acti
         Term(key=TermKey.GPU, name="GPU memory", bytes=card.memory_bytes,
              estimate=card.memory_basis.startswith("nominal"), note=f"{card.name}, {card.memory_basis}"),
         Term(key=TermKey.SHARE, name=f"engine share ({util:g})", bytes=usable,
-             estimate=utilization is None and (util != 1.0 or serving.free_share != 1),
+             estimate=capped or (utilization is None and (util != 1.0 or serving.free_share != 1)),
              note=share_note,
              param="utilization" if utilization is not None else None, given=utilization is not None),
         Term(key=TermKey.WEIGHTS, name="weights", bytes=w.per_gpu_bytes, estimate=not w.exact,

@@ -34,6 +34,8 @@ class PoolPlan:
     # data-parallel ranks in one server sharing an MoE's routed experts (vLLM --data-parallel-size N
     # --enable-expert-parallel), each on tp x pp GPUs; 1: none
     expert_ranks: int = 1
+    # vLLM >= 0.34: the cache sized from the memory free after warm-up (False: --no-enable-extensible-kv-cache)
+    extensible_kv_cache: bool = True
 
     def __post_init__(self) -> None:
         for value, name in ((self.replicas, "replicas"), (self.tp, "tp"), (self.pp, "pp"),

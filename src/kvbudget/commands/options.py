@@ -379,6 +379,9 @@ class StartupKnobs:
     flashinfer_sampler: bool = option(
         "vLLM 0.9-0.11: the sampler runs on FlashInfer, as where FlashInfer is installed (vLLM's Docker image; the "
         "log says 'Using FlashInfer for top-p & top-k sampling'): a smaller profiling peak", False)
+    no_extensible_kv_cache: bool = option(
+        "vLLM 0.34: size the cache from the profile within gpu_memory_utilization (default 0.92), as vLLM started "
+        "with --no-enable-extensible-kv-cache does, not from the memory free after warm-up", False)
 
     def options(self, max_num_seqs: str | None = None) -> EngineOptions:
         """The options these settings (and a request's max_num_seqs) set; the rest the engine's defaults."""
@@ -389,7 +392,8 @@ class StartupKnobs:
                              enforce_eager=self.enforce_eager, flashinfer_sampler=self.flashinfer_sampler,
                              entry_point=EntryPoint.parse(self.entry_point or EntryPoint.SERVER, "entry_point"),
                              enable_lora=self.enable_lora, max_loras=optional_one(self.max_loras, "max_loras") or 1,
-                             max_lora_rank=optional_one(self.max_lora_rank, "max_lora_rank") or 16)
+                             max_lora_rank=optional_one(self.max_lora_rank, "max_lora_rank") or 16,
+                             extensible_kv_cache=not self.no_extensible_kv_cache)
 
 
 @dataclass(frozen=True, kw_only=True)

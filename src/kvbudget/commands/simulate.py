@@ -363,7 +363,7 @@ def simulation_ask(ask: SimulateRequest, model: ModelSpec) -> SimulationAsk:
         long_prefill_token_threshold=whole(ask.long_prefill_token_threshold, "long_prefill_token_threshold"),
         allocator=parse_allocator(ask.allocator),
         kv_unified=ask.kv_unified, cache_ram=_mib(ask.cache_ram), enforce_eager=options.enforce_eager,
-        entry_point=options.entry_point,
+        extensible_kv_cache=options.extensible_kv_cache, entry_point=options.entry_point,
         lora=(options.max_loras, options.max_lora_rank) if options.enable_lora else None,
         offload_memory=size(ask.offload_memory, "offload_memory"), offload_backend=ask.offload_backend,
         offload_disk=size(ask.offload_disk, "offload_disk"), disk_read=_gbps(ask.disk_read),

@@ -79,7 +79,8 @@ def planned_setup(deployment: Deployment, pool: PoolPlan) -> Setup:
                      kv_dtype=pool.kv_dtype, max_model_len=pool.max_model_len, block_size=pool.block_size,
                      max_num_seqs=pool.max_num_seqs, max_num_batched_tokens=pool.max_num_batched_tokens,
                      prefix_caching=pool.prefix_caching, utilization=pool.gpu_memory_utilization,
-                     offload_memory=pool.offload_bytes, speculative=pool.speculative, expert_parallel=pool.expert_ranks)
+                     offload_memory=pool.offload_bytes, speculative=pool.speculative, expert_parallel=pool.expert_ranks,
+                     extensible_kv_cache=pool.extensible_kv_cache)
 
 
 def _suffix(pool: PoolPlan) -> str:

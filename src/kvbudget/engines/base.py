@@ -1,15 +1,12 @@
 """The engine seam: what every engine answers, what it returns, and the rules engines share.
 
-An engine turns a ModelSpec into an Allocation: groups of layers it stores alike, each with bytes per
-token, the most tokens a sequence keeps there, and fixed bytes per sequence. It also owns every other fact
-about itself that kvbudget uses: its serving defaults on a GPU, how it splits pipeline stages, the cheaper KV
-dtype it offers, whether it honours windows, its usage gauge, how it counts a prompt, and its startup log.
-Everything downstream (estimate, plan, tokens, guard, alerts, check-log) asks the engine and never keeps an
-engine list or an engine branch of its own.
-
-A new engine subclasses `Engine`, implements `allocate()` and `capacity()`, overrides the facts that differ
-from the defaults here, and registers itself (`kvbudget.engines.register`).
-"""
+An engine turns a ModelSpec into an Allocation: groups of layers it stores alike, each with bytes per token, the
+most tokens a sequence keeps there, and fixed bytes per sequence. It also owns every other fact about itself that
+kvbudget uses: its serving defaults on a GPU, how it splits pipeline stages, the cheaper KV dtype it offers, whether
+it honours windows, its usage gauge, how it counts a prompt, and its startup log. Everything downstream (estimate,
+plan, tokens, guard, alerts, check-log) asks the engine and never keeps an engine list or an engine branch of its
+own. A new engine subclasses `Engine`, implements `allocate()` and `capacity()`, overrides the facts that differ
+from the defaults here, and registers itself (`kvbudget.engines.register`)."""
 
 from __future__ import annotations
 
@@ -21,7 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, runtime_chec
 
 from kvbudget.choices import Device, EntryPoint
 from kvbudget.dtypes import Family, KVDtype, resolve_kv_dtype
-from kvbudget.errors import EngineRuleError, UnsupportedArchitectureError
+from kvbudget.engines.freecap import FreeMemoryCap
+from kvbudget.errors import EngineRuleError, UnsupportedArchitectureError, named
 from kvbudget.model.spec import (
     Attention,
     IndexerKeys,
@@ -71,6 +69,7 @@ class EngineOptions:
     enable_lora: bool = False
     max_loras: int = 1
     max_lora_rank: int = 16
+    extensible_kv_cache: bool = True  # vLLM >= 0.34: cache sized after warm-up (--no-enable-extensible-kv-cache)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,6 +245,7 @@ class Serving:
     # the part of what its share leaves free after the profiling pass the engine keeps for the cache (TGI before
     # 3.0: 0.95 or 0.90); the rest stays unused
     free_share: float = 1.0
+    free_cap: FreeMemoryCap | None = None  # the most of the card the engine's share can take (vLLM 0.34)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -403,9 +403,11 @@ class Engine:
         if options is not None and not self.profiles_batch:
             asked = (("max_num_seqs", options.max_num_seqs), ("enforce_eager", options.enforce_eager),
                      ("entry_point", options.entry_point != EntryPoint.SERVER), ("enable_lora", options.enable_lora),
-                     ("flashinfer_sampler", options.flashinfer_sampler))
+                     ("flashinfer_sampler", options.flashinfer_sampler),
+                     ("extensible_kv_cache", not options.extensible_kv_cache))
             if knob := next((name for name, on in asked if on), None):
-                raise EngineRuleError(f"{knob}: a vLLM setting kvbudget models for vLLM only, not {self.name}; "
+                said = named(knob, value=False) if knob == "extensible_kv_cache" else knob
+                raise EngineRuleError(f"{said}: a vLLM setting kvbudget models for vLLM only, not {self.name}; "
                                       "leave it out", param=knob)
         why = self.unchecked_families.get(model.model_type)
         if why:

@@ -33,7 +33,8 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
               enforce_eager: bool = False, entry_point: str = "server", lora: tuple[int, int] | None = None,
               offload_memory: int | None = None, offload_backend: str | None = None, interconnect: str | None = None,
               offload_disk: int | None = None, disk_read: float | None = None,
-              speculative: Speculative | None = None, expert_parallel: int = 1) -> Setup:
+              speculative: Speculative | None = None, expert_parallel: int = 1,
+              extensible_kv_cache: bool = True) -> Setup:
     """The memory and scheduler settings from the planner and the engine's defaults, and the default time model.
     `weights` (bytes per GPU) replaces the parameter count where kvbudget has none; `engine` may name a release;
     `speculative`: speculative decoding (vLLM's: engines/vllm/specdecode.py; its drafter: simulation/drafting.py);
@@ -48,6 +49,7 @@ def setup_for(model: ModelSpec, engine: str | Engine = "vllm", gpu: str | None =
                         long_prefill_token_threshold=long_prefill_token_threshold, time_model=time_model,
                         allocator=parse_allocator(allocator), measured=measured, kv_unified=kv_unified,
                         cache_ram=cache_ram, weights=weights, utilization=utilization, enforce_eager=enforce_eager,
+                        extensible_kv_cache=extensible_kv_cache,
                         entry_point=EntryPoint.parse(entry_point, "entry_point"), lora=lora,
                         offload_memory=offload_memory, offload_backend=offload_backend, offload_disk=offload_disk,
                         disk_read=disk_read, engine_version=version, speculative=speculative,

@@ -15,11 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvbudget import load_model, plan
-from kvbudget.cli import main
 from kvbudget.engines import EngineOptions
 from kvbudget.engines.vllm.memory import CUDA_GRAPH_ESTIMATE, cuda_graphs, on_v2_runner
-from kvbudget.engines.vllm.releases import Release, parse_release, v0_batch_defaults
-from kvbudget.errors import EngineRuleError
+from kvbudget.engines.vllm.releases import Release, v0_batch_defaults
 from kvbudget.units import GIB
 
 
@@ -127,19 +125,6 @@ def test_no_term_but_the_share_moves_with_gpu_memory_utilization(minor, share, s
     a, b = (_stack("llama-3.1-8b", (0, minor), gpu="H100-80GB", utilization=u) for u in (share, share + step))
     total = a["gpu"]
     assert b["kv"] - a["kv"] == math.ceil(total * (share + step)) - math.ceil(total * share)
-
-
-@pytest.mark.parametrize(("version", "says"), [("0.33.0", "as 0.32 does"), ("0.34.0", "extensible KV cache"),
-                                               ("0.35.1", "extensible KV cache")])
-def test_releases_after_the_newest_say_what_changed(version, says, capsys):
-    """0.33's gpu_worker.py sizes the budget as 0.32's; 0.34's sizes the cache after warm-up
-    (v1/worker/extensible_kv_cache.py, on by default: config/cache.py). Refused in one line, naming the flag."""
-    with pytest.raises(EngineRuleError, match=says) as err:
-        parse_release(version)
-    assert err.value.param == "engine_version"
-    assert main(["plan", "llama-3.1-8b", "--engine", f"vllm@{version}", "--gpu", "H100-80GB"]) == 2
-    out = capsys.readouterr().err
-    assert out.count("\n") == 1 and "--engine vllm@0.32" in out and says in out
 
 
 def _v0_activation(model: str, gpu: str, max_model_len: int) -> int:

@@ -122,7 +122,12 @@ def test_gpu_memory_utilization_default_by_release():
 
     assert share(plan(llama, engine="vllm", gpu="L4", max_model_len=4096, options=opts((0, 19)))) == \
         "engine share (0.9)"
-    assert share(plan(llama, engine="vllm", gpu="L4", max_model_len=4096)) == "engine share (0.92)"
+    assert share(plan(llama, engine="vllm", gpu="L4", max_model_len=4096, options=opts((0, 33)))) == \
+        "engine share (0.92)"
+    # 0.34: config/cache.py resolved_gpu_memory_utilization, 1.0 with the extensible KV cache, else 0.92
+    assert share(plan(llama, engine="vllm", gpu="L4", max_model_len=4096)) == "engine share (1)"
+    assert share(plan(llama, engine="vllm", gpu="L4", max_model_len=4096,
+                      options=opts((0, 34), extensible_kv_cache=False))) == "engine share (0.92)"
 
 
 def test_layer_partitions_are_checked_as_vllm_checks_them():
@@ -141,7 +146,7 @@ def test_pipeline_capacity_is_the_most_loaded_rank_and_0_15_weighs_the_whole_mod
     model = load_model("qwen3-30b-a3b")
     budget, max_len = int(3.18 * GIB), 262144
     per_layer = 16 * 4 * 128 * 2 * 2  # a block's page per layer
-    new = estimate(model, engine="vllm", pp=2, options=opts(pp_layer_partition=(16, 32)), kv_memory=budget,
+    new = estimate(model, engine="vllm", pp=2, options=opts((0, 32), pp_layer_partition=(16, 32)), kv_memory=budget,
                    max_model_len=max_len)
     assert new.capacity.num_blocks == budget // (32 * per_layer)
     assert new.capacity.estimated_max_model_len == (budget - 32 * per_layer) // (32 * per_layer) * 16
@@ -214,7 +219,7 @@ def test_max_num_seqs_sets_the_profiling_samplers_rows():
     """_dummy_sampler_run samples min(max_num_batched_tokens, max_num_seqs) rows of the vocabulary: on an H100 the
     default 1,024 rows, with --max-num-seqs 16 sixteen; each row is 128,256 logits at the era's bytes per logit
     (16 from 0.17). The forward pass over 8,192 tokens is the larger peak at 16 rows, so the peak is its."""
-    default, few = _terms(opts()), _terms(opts(max_num_seqs=16))
+    default, few = _terms(opts((0, 32))), _terms(opts((0, 32), max_num_seqs=16))  # 0.34's margin moves with the peak
     sampler_default = 1024 * 128256 * 16
     assert default["activation"] == sampler_default  # the sampler is the peak at 1,024 rows
     assert few["activation"] < default["activation"] and few["activation"] != 16 * 128256 * 16
@@ -325,7 +330,7 @@ def test_the_encoder_pass_is_the_peak_where_it_is_the_larger():
     from kvbudget.model.weights import model_weights
 
     model, card = load_model("gemma-3-4b"), find_gpu("H100-80GB")
-    serving = VLLM.serving(card.memory_bytes, 8192, EngineOptions(), card.name, model=model)
+    serving = VLLM.serving(card.memory_bytes, 8192, EngineOptions(engine_version=(0, 32)), card.name, model=model)
     peaks = [dict((t.key, t.bytes) for t in memory_stack(model, swap(serving, encoder_peak_bytes=e), card,
                                                           model_weights(model, 1, None), None, None, None)[0])
              for e in (0, 20 * GIB)]

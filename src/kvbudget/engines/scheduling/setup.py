@@ -56,6 +56,7 @@ class SimulationAsk:
     weights: int | None = None
     utilization: float | None = None  # the engine's memory fraction, as plan takes it
     enforce_eager: bool = False
+    extensible_kv_cache: bool = True  # vLLM >= 0.34's cache sized after warm-up (False: the former sizing)
     entry_point: EntryPoint = EngineOptions.entry_point  # vLLM: vllm serve, or the Python LLM class
     lora: tuple[int, int] | None = None  # vLLM --enable-lora: (max_loras, max_lora_rank)
     offload_memory: int | None = None  # host memory for the engine's KV offload tier, over every rank
@@ -108,7 +109,7 @@ class SimulationAsk:
                              enforce_eager=self.enforce_eager, entry_point=self.entry_point,
                              enable_lora=self.lora is not None, max_loras=self.lora[0] if self.lora else 1,
                              max_lora_rank=self.lora[1] if self.lora else 16, engine_version=self.engine_version,
-                             speculative=self.speculative)
+                             speculative=self.speculative, extensible_kv_cache=self.extensible_kv_cache)
 
     @property
     def budget_given(self) -> bool:

