@@ -21,7 +21,7 @@ from kvbudget.gpus import find_gpu, gpu_card
 from kvbudget.units import GIB, format_bytes
 
 V0, V08, V011, V020, V027 = ("vLLM V0 (to 0.7)", "vLLM 0.8-0.10", "vLLM 0.11-0.19", "vLLM 0.20-0.26",
-                             "vLLM 0.27-0.34")
+                             "vLLM 0.27-0.33")
 
 
 def band(era: str, family: str, low: float, high: float, cases: int = 3) -> dict:
@@ -74,7 +74,7 @@ def test_a_plan_in_a_checked_era_and_family_carries_its_band(fake_bands):
 
 
 def test_the_same_familys_nearest_era(fake_bands):
-    """0.27-0.34 on Hopper: 0.11-0.19 is two eras away, V0 four: 0.11-0.19's band, labelled. 0.20-0.26 on an A100:
+    """0.27-0.33 on Hopper: 0.11-0.19 is two eras away, V0 four: 0.11-0.19's band, labelled. 0.20-0.26 on an A100:
     0.8-0.10 (two eras back) before V0 (three)."""
     newest = vllm_band((0, 32), "H100-80GB")
     assert (newest.era, newest.family, newest.low, newest.high, newest.checked) == (V011, HOPPER, -0.01, 0.02, False)
@@ -89,7 +89,7 @@ def test_of_two_eras_as_near_the_wider_band(fake_bands):
 
 
 def test_a_family_never_checked_takes_the_nearest_measured_eras_widest_band(fake_bands, monkeypatch):
-    """B200 with 0.20-0.26: no Blackwell band; the era's only one (the L4 group's). B200 with 0.27-0.34: neither the
+    """B200 with 0.20-0.26: no Blackwell band; the era's only one (the L4 group's). B200 with 0.27-0.33: neither the
     family nor the era has one: the nearest era that has, 0.20-0.26, its widest band (issue 55: "a band from the
     corpus errors of the nearest era"). An engine none of whose eras has a band: the corpus's widest, V0 on the A100
     (span 30%)."""

