@@ -60,6 +60,7 @@ from kvbudget.engines.vllm.memory import (
     v0_serving,
 )
 from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
+from kvbudget.engines.vllm.refusal import SIGNATURES as REFUSAL_SIGNATURES
 from kvbudget.engines.vllm.releases import (
     BATCH_DEFAULTS,
     MLA_BACKEND_BLOCKS,
@@ -178,11 +179,14 @@ class VLLMEngine(Engine):
                                       "completion/protocol.py")
     log_signatures = (r"KV cache size: +[\d,]+ tokens", r"(?:GPU|CUDA) blocks: \d+", r"Maximum concurrency for",
                       r"V1 LLM engine", r"vLLM API server version \d",
-                      r"Available KV cache memory: -?[\d.]+ GiB", r"KV cache is needed, which is larger than",
+                      r"Available KV cache memory: -?[\d.]+ GiB", *REFUSAL_SIGNATURES,
                       r"larger than the maximum number of tokens that can be stored in KV cache",
                       r"reserved for KV Cache is [\d.]+", r"kv_cache_size[= ]\s{0,20}[\d.]+ ?GiB",
                       r"memory for KV Cache as specified by kv_cache_memory_bytes",
-                      r"Current kv cache memory in use is \d", r"No available memory for the cache blocks")
+                      r"Current kv cache memory in use is \d", r"No available memory for the cache blocks",
+                      # the memory split of 0.11 on (gpu_worker.py) and of vllm-ascend (worker.py): on start-up, and
+                      # the refusal where less is free than gpu_memory_utilization asks for
+                      r"Free memory on device \([\d.]+/[\d.]+ GiB\) on startup")
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:

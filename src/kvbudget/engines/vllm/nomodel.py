@@ -8,6 +8,7 @@ import re
 
 from kvbudget.engines.base import LogCheck, LogRow
 from kvbudget.engines.vllm.logsettings import num
+from kvbudget.engines.vllm.refusal import read_refusal
 
 V0_BLOCK = 16  # vLLM's default block size (V0 and V1 for full attention)
 
@@ -50,11 +51,15 @@ def check_without_model(text: str) -> LogCheck:
         if blocks:
             rows.append(_ratio_row("refused: blocks x block size", f"{n:,}", int(blocks.group(1)) * V0_BLOCK, n, 0,
                                    f"the log's blocks x {V0_BLOCK}", "another block size (--block-size)"))
-    if (needed := re.search(r"\(([\d.]+) GiB KV cache is needed, which is larger than the available KV cache "
-                            r"memory \(([\d.]+) GiB\)", re.sub(r"\s+", " ", text))):
-        rows.append(LogRow("refused: KV cache needed", f"{needed.group(1)} GiB",
-                           f"more than the {needed.group(2)} GiB available",
-                           float(needed.group(1)) > float(needed.group(2)), "vLLM V1's refusal"))
+    if (refusal := read_refusal(text)) and refusal.needed:
+        if refusal.max_len:
+            rows.append(LogRow("refused: max seq len", f"{int(refusal.max_len):,}", "-", None, "vLLM V1's refusal"))
+        rows.append(LogRow("refused: KV cache needed", f"{refusal.needed} GiB",
+                           f"more than the {refusal.available} GiB available" if refusal.available else "-",
+                           float(refusal.needed) > float(refusal.available) if refusal.available else None,
+                           "vLLM V1's refusal" + ("" if refusal.available else
+                                                  " (cut before the memory it had: how much one request needs, "
+                                                  "the model tells)")))
     if re.search(NO_MEMORY, re.sub(r"\s+", " ", text)):
         rows.append(LogRow("refused: no cache block", "refused", "-", None,
                            "the budget held no block of every layer: how large one is needs the model"))
