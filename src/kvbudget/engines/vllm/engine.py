@@ -184,9 +184,7 @@ class VLLMEngine(Engine):
                       r"reserved for KV Cache is [\d.]+", r"kv_cache_size[= ]\s{0,20}[\d.]+ ?GiB",
                       r"memory for KV Cache as specified by kv_cache_memory_bytes",
                       r"Current kv cache memory in use is \d", r"No available memory for the cache blocks",
-                      # the memory split of 0.11 on (gpu_worker.py) and of vllm-ascend (worker.py): on start-up, and
-                      # the refusal where less is free than gpu_memory_utilization asks for
-                      r"Free memory on device \([\d.]+/[\d.]+ GiB\) on startup")
+                      r"Free memory on device \([\d.]+/[\d.]+ GiB\) on startup")  # 0.11 on and vllm-ascend's split
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:

@@ -17,6 +17,8 @@ from kvbudget.engines.vllm.budgetless import (
     count_span,
     cpu_blocks_row,
     early_v1_check,
+    needed_check,
+    needed_gib,
     shown_settings,
     understood,
     v0_check_without_budget,
@@ -25,7 +27,7 @@ from kvbudget.engines.vllm.budgetless import (
 )
 from kvbudget.engines.vllm.logsettings import NO_MAX_LEN, LogSettings, num, other_sizes, read_settings, setting
 from kvbudget.engines.vllm.memorylog import memory_rows, offload_rows
-from kvbudget.engines.vllm.refusal import needed_check, needed_gib, read_refusal
+from kvbudget.engines.vllm.refusal import read_refusal
 from kvbudget.engines.vllm.releases import Release, release
 from kvbudget.engines.vllm.speclog import read_speculative
 from kvbudget.errors import KVBudgetError
@@ -44,7 +46,8 @@ BUDGET_LINES = (r"Explicitly set \(([\d.]+)/", r"Available KV cache memory: ([\d
                 r"Reserved for KV cache: ([\d.]+) GiB",  # Aphrodite, a V0 fork
                 r"available_kv_cache_memory[=:]?\s{0,20}([\d.]+) ?GiB",
                 r"reserved ([\d.]+) GiB memory for KV Cache as specified by kv_cache_memory_bytes",  # no profiling
-                r"Current kv cache memory in use is ([\d.]+) GiB")  # 2026: after the one-line memory split
+                r"Current kv cache memory in use is ([\d.]+) GiB",  # 2026: after the one-line memory split
+                r"Current KV cache memory: ([\d.]+) GiB")  # vllm-ascend's split (worker.py)
 _BUDGET_BYTES = r"Current kv cache memory in use is (\d+) bytes"  # the same line in late-2025 releases
 
 

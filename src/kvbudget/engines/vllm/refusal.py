@@ -10,16 +10,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from kvbudget.engines.base import EngineOptions, LogCheck, LogRow
-from kvbudget.engines.vllm.budgetless import shown_settings
-from kvbudget.model.spec import ModelSpec
-from kvbudget.units import GIB
-
-if TYPE_CHECKING:
-    from kvbudget.engines.vllm.engine import VLLMEngine
-    from kvbudget.engines.vllm.logsettings import LogSettings
 
 # Each part, with any run of blanks (or none, where a hard wrap was joined back without one) between its words.
 _SPACE = r"\s*"
@@ -30,7 +20,8 @@ def _loose(words: str) -> str:
     return words.replace(" ", _SPACE)
 
 
-_START = re.compile(_loose("To serve at least one request with the model") + r"[s']{0,3}" + _SPACE + _loose("max seq len"))
+_START = re.compile(_loose("To serve at least one request with the model") + r"[s']{0,3}" + _SPACE
+                    + _loose("max seq len"))
 _NEEDED = re.compile(r"\(?" + _GIB + _SPACE + _loose("GiB KV cache is need"))
 _AVAILABLE = re.compile(_loose("than the available KV cache memory") + _SPACE + r"\(" + _GIB + _SPACE + r"GiB\)")
 _ESTIMATED = re.compile(_loose("stimated maximum model length is") + r"\s*(\d[\d,]{0,15})")
@@ -66,28 +57,3 @@ def read_refusal(text: str) -> Refusal | None:
                    available=available.group(1) if available else None,
                    estimated=int(estimated.group(1).replace(",", "")) if estimated else None)
 
-
-def needed_gib(engine: VLLMEngine, model: ModelSpec, s: LogSettings, options: EngineOptions) -> float:
-    """The memory one request of max_model_len takes in `model`'s pool (GiB), as the refusal states it."""
-    layout, _ = engine.pool(model, s.kv_dtype, s.tp, options)
-    return layout.blocks_per_request(s.max_len) * layout.block_bytes / GIB
-
-
-def needed_check(engine: VLLMEngine, model: ModelSpec, s: LogSettings, read: dict, assumed: dict,
-                 needed: str) -> LogCheck:
-    """A refusal cut before the memory it had: the memory one request needs, which needs no budget, beside the
-    plan's (under pipeline parallelism, any stage's: which stage fell short needs the budget)."""
-    options = s.options()
-    stages = [model] if s.pp == 1 else [model.stage(r) for r in engine.pipeline_stages(
-        model.num_layers, s.pp, s.partition)]
-    if s.pp > 1:
-        stages.append(engine.checked_model(model, stages[0], options))
-    ours = list(dict.fromkeys(f"{needed_gib(engine, m, s, options):.2f}" for m in stages))
-    logged = f"{float(needed):.2f}"
-    where = "one request of max_model_len" + (" on a pipeline stage (or the whole model, 0.14-0.16)"
-                                               if s.pp > 1 else "")
-    row = LogRow("refused: KV cache needed", f"{needed} GiB", " or ".join(f"{g} GiB" for g in ours),
-                 logged in ours, f"{where}; the refusal is cut before the memory it had")
-    return LogCheck(engine="vllm", model_in_log=None, settings=shown_settings(s, read, assumed), rows=(row,),
-                    assumed={**assumed, "KV budget": "not in the log: the refusal is cut before the available KV "
-                                                     "cache memory"})
