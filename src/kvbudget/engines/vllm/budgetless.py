@@ -1,5 +1,6 @@
 """vLLM logs checked without their KV budget line, as far as they go: V0's CPU blocks and GPU blocks, V1's token
-count against its concurrency, V1 0.7's GPU blocks, a V1 refusal cut before its budget; and what a log that cannot be checked was understood to say."""
+count against its concurrency, V1 0.7's GPU blocks, a V1 refusal cut before its budget; and what a log that cannot
+be checked was understood to say."""
 
 from __future__ import annotations
 
