@@ -1,0 +1,147 @@
+"""check-log on logs as users paste them (issue 55 item 4): per-rank prefixes of Ray and vLLM's processes with the
+ranks interleaved, journald, docker compose, colour codes with and without their escape byte, Windows line ends
+(the dev logs of tests/data/logs/pasted/, built from the engines' line formats: README there); vLLM's refusal
+hard-wrapped or cut mid-sentence; the one-line memory split of vLLM and vllm-ascend; TGI's argument block with no
+KV line. Expected figures are worked out here from the lines themselves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvbudget import load_model
+from kvbudget.checklog import check_log, check_log_without_model
+from kvbudget.cli import main
+from kvbudget.commands.checklog import read_log
+from kvbudget.errors import KVBudgetError
+
+PASTED = Path(__file__).parents[2] / "data" / "logs" / "pasted"
+WHY = "the log names no model path"
+GIB = 2**30
+
+
+def rows(text: str) -> dict[str, tuple[str, str, bool | None]]:
+    return {r.quantity: (r.logged, r.predicted, r.matches) for r in check_log_without_model(text, WHY).rows}
+
+
+@pytest.mark.parametrize("name, ranks, smallest", [
+    ("ray-tp4-two-nodes.log", 4, "30.17"),  # 2 on the head node, 1 on the other and 1 more Ray deduplicated
+    ("multiproc-tp4-interleaved.log", 4, "40.55"),  # Worker_TP0-3, out of order among other lines
+    ("vllmworker-rank-tp2.log", 2, "43.74"),  # (VllmWorker rank=N pid=..), coloured
+    ("journald-tp2.log", 2, "21.35"),  # journald before vLLM's own prefix
+    ("compose-ansi-tp2.log", 2, "18.92"),  # compose, colour codes with and without their escape byte
+    ("crlf-worker-tp2.log", 2, "9.80"),  # Windows line ends
+])
+def test_every_rank_of_a_pasted_log_is_counted(name, ranks, smallest):
+    """vLLM sizes every rank's cache to the smallest rank's: each rank's budget line counts once, whatever was
+    written before it, and the smallest is the budget."""
+    texts = [read_log(str(PASTED / name)), (PASTED / name).read_bytes().decode()]  # as read, and the raw \r\n
+    for text in texts:
+        budget = check_log_without_model(text, WHY).rows[0]
+        assert budget.quantity == "KV budget" and budget.logged == f"{smallest} GiB"
+        assert f"the smallest of {ranks} ranks'" in budget.note
+
+
+def test_the_pasted_dev_logs_are_all_listed():
+    readme = (PASTED / "README.md").read_text()
+    assert all(f"`{p.name}`" in readme for p in PASTED.glob("*.log"))
+
+
+# Llama-3.1-8B keeps 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 131,072 B a token: 131,072 tokens take
+# exactly 16 GiB, 32,768 tokens 4 GiB.
+def test_a_hard_wrapped_refusal_cut_mid_word_is_read():
+    text = read_log(str(PASTED / "refusal-hard-wrapped-cut.log"))
+    assert rows(text)["refused: KV cache needed"] == ("16.00 GiB", "more than the 4.21 GiB available", True)
+    check = {r.quantity: r for r in check_log(text, load_model("llama-3.1-8b")).rows}
+    assert check["KV budget"].logged == "4.21 GiB" and check["refused: KV cache needed"].predicted == "16.00 GiB"
+    assert check["refused: KV cache needed"].matches and check["refused: fits"].matches
+
+
+@pytest.mark.parametrize("cut", [
+    "  ValueError: To serve at least one request with the model's max seq len (32768),\n  4.00 GiB KV cache is "
+    "needed, which is larger t",  # the stored excerpt of vllm#53961's shape: indented, wrapped, cut
+    "ValueError: To serve at least one request with the models's max seq len (32768), (4.00 GiB KV cache is need",
+])
+def test_a_refusal_cut_before_its_memory_checks_what_one_request_needs(cut):
+    """No budget survives the cut: the memory one request of max seq len needs is still the plan's to check."""
+    check = check_log(cut, load_model("llama-3.1-8b"))
+    assert [(r.quantity, r.logged, r.predicted, r.matches) for r in check.rows] == [
+        ("refused: KV cache needed", "4.00 GiB", "4.00 GiB", True)]
+    assert check.settings["max_model_len"] == 32768 and "cut before" in check.assumed["KV budget"]
+    assert rows(cut)["refused: max seq len"] == ("32,768", "-", None)
+
+
+def test_vllms_short_tensor_parallel_flag_is_read():
+    check = check_log("vllm serve meta-llama/Llama-3.1-8B -tp 2 --max-model-len 32768\nValueError: To serve at "
+                      "least one request with the model's max seq len (32768), (2.00 GiB KV cache is needed",
+                      load_model("llama-3.1-8b"))
+    assert check.settings["tp"] == 2 and check.rows[0].predicted == "2.00 GiB"  # 4 GiB over 2 ranks
+
+
+# The one-line split, as vLLM 0.11 on prints it: 80 GiB x 0.9 = 72 GiB asked; the terms 15 + 2 + 0.5 + 0.5 = 18 GiB;
+# the suggestions 72 - 18 GiB - 150 MiB = 57,824,772,096 B and 79.5 - 18 GiB - 150 MiB = 65,877,835,776 B.
+SPLIT = ("(Worker_TP0 pid=7) INFO 12-05 12:02:00 [gpu_worker.py:391] Free memory on device (79.5/80.0 GiB) on startup. "
+         "Desired GPU memory utilization is (0.9, 72.0 GiB). Actual usage is 15.0 GiB for weight, 2.0 GiB for peak "
+         "activation, 0.5 GiB for non-torch memory, and 0.5 GiB for CUDAGraph memory. Replace gpu_memory_utilization "
+         "config with `--kv-cache-memory={fit}` ({fit_gib} GiB) to fit into requested memory, or "
+         "`--kv-cache-memory=65877835776` (61.35 GiB) to fully utilize gpu memory. Current kv cache memory in use is "
+         "53.85 GiB.")
+
+
+def test_the_one_line_split_is_checked_without_the_model():
+    found = rows(SPLIT.format(fit=57824772096, fit_gib="53.85"))
+    assert found["KV budget"][0] == "53.85 GiB"
+    assert found["memory: the engine's share"][2] is True
+    assert found["memory: weight"] == ("15.00 GiB", "-", None) and found["memory: CUDAGraph memory"][0] == "0.50 GiB"
+    assert found["memory: suggested --kv-cache-memory"] == ("53.85 GiB", "53.85", True)
+    assert found["memory: free memory less the share"] == ("7.50 GiB", "7.50", True)  # 79.5 - 72
+    off = rows(SPLIT.format(fit=57824772096 + GIB, fit_gib="54.85"))  # a GiB more than the terms leave: shown
+    assert off["memory: suggested --kv-cache-memory"][2] is None
+
+
+def test_vllm_ascends_split_and_the_refusal_for_want_of_free_memory():
+    ascend = ("Free memory on device (60.0/64.0 GiB) on startup. Desired GPU memory utilization is (0.9, 57.6 GiB). "
+              "Actual usage: 10.0 GiB for weights, 1.0 GiB for peak activation, 0.5 GiB for non-torch memory, 0.1 GiB "
+              "for NPU graph memory. Replace gpu_memory_utilization with `--kv-cache-memory=49234837504` (45.85 GiB) "
+              "to fit into requested memory, or `--kv-cache-memory=51811817882` (48.25 GiB) to fully utilize NPU free "
+              "memory. Current KV cache memory: 45.8 GiB.")  # 57.6 - 11.6 GiB - 150 MiB; 60.0 - 11.6 GiB - 150 MiB
+    found = rows(ascend)
+    assert found["KV budget"][0] == "45.8 GiB" and found["memory: NPU graph memory"][0] == "0.10 GiB"
+    assert found["memory: suggested --kv-cache-memory"][2] is True
+    assert found["memory: free memory less the share"][2] is True  # 48.25 - 45.85 = 2.40 = 60.0 - 57.6
+    refused = rows("ValueError: Free memory on device (60.2/79.19 GiB) on startup is less than desired GPU memory "
+                   "utilization (0.9, 71.27 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+                   "processes.")
+    assert refused["refused: free memory below the share"][2] is True
+    assert refused["memory: the engine's share"][2] is True  # 79.19 x 0.9 = 71.271
+
+
+TGI_ARGS = ("2025-03-17T07:49:06.934488Z  INFO text_generation_launcher: Args {{\n    model_id: \"/models\",\n"
+            "    max_input_tokens: {input},\n    max_total_tokens: {total},\n    max_batch_prefill_tokens: None,\n"
+            "    max_batch_total_tokens: None,\n    max_waiting_tokens: 20,\n")
+
+
+def test_a_tgi_argument_block_with_no_kv_line_checks_its_limits():
+    check = check_log(TGI_ARGS.format(input="Some(32000)", total="Some(32768)"), load_model("llama-3.1-8b"))
+    found = {r.quantity: (r.logged, r.predicted, r.matches) for r in check.rows}
+    assert found["max input tokens < max total tokens"] == ("32,000 / 32,768", "holds", True)
+    assert found["max total tokens within the model's context"] == ("32,768", "<= 131,072", True)
+    assert "KV pool" in check.assumed
+    beyond = check_log(TGI_ARGS.format(input="Some(200000)", total="Some(200001)"), load_model("llama-3.1-8b"))
+    assert [r.matches for r in beyond.rows if "context" in r.quantity] == [None]  # shown: rope scaling may allow it
+    broken = rows(TGI_ARGS.format(input="Some(4096)", total="Some(4096)"))
+    assert broken["max input tokens < max total tokens"] == ("4,096 / 4,096", "broken", None)
+
+
+def test_a_tgi_argument_block_stating_nothing_says_so_in_one_line(tmp_path, capsys):
+    log = tmp_path / "tgi.log"
+    log.write_text(TGI_ARGS.format(input="None", total="None"))
+    assert main(["check-log", str(log), "--model", "llama-3.1-8b", "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert not out and err.count("\n") == 1 and "nothing to check" in err and "--max-total-tokens" in err
+    with pytest.raises(KVBudgetError, match="nothing to check"):
+        check_log_without_model(TGI_ARGS.format(input="None", total="None"), WHY)
+    log.write_text(TGI_ARGS.format(input="None", total="Some(8192)"))  # a limit, but nothing the model checks
+    assert main(["check-log", str(log), "--json"]) == 2 and json.loads(capsys.readouterr()[0])["partial"]
