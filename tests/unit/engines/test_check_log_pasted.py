@@ -73,6 +73,14 @@ def test_a_refusal_cut_before_its_memory_checks_what_one_request_needs(cut):
     assert rows(cut)["refused: max seq len"] == ("32,768", "-", None)
 
 
+def test_a_refusal_cut_before_anything_to_check_says_what_it_read(tmp_path, capsys):
+    log = tmp_path / "cut.log"
+    log.write_text("ERROR [core.py:708] ValueError: To serve at least one request with the model's max seq len (32768),")
+    assert main(["check-log", str(log), "--model", "llama-3.1-8b"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "states no KV budget" in err and "a refusal's max seq len" in err
+
+
 def test_vllms_short_tensor_parallel_flag_is_read():
     check = check_log("vllm serve meta-llama/Llama-3.1-8B -tp 2 --max-model-len 32768\nValueError: To serve at "
                       "least one request with the model's max seq len (32768), (2.00 GiB KV cache is needed",
@@ -99,6 +107,11 @@ def test_the_one_line_split_is_checked_without_the_model():
     assert found["memory: free memory less the share"] == ("7.50 GiB", "7.50", True)  # 79.5 - 72
     off = rows(SPLIT.format(fit=57824772096 + GIB, fit_gib="54.85"))  # a GiB more than the terms leave: shown
     assert off["memory: suggested --kv-cache-memory"][2] is None
+    # the later form: the weights and non-torch memory as one term (15.5 GiB), the same sum
+    consumed = SPLIT.format(fit=57824772096, fit_gib="53.85").replace(
+        "15.0 GiB for weight, 2.0 GiB for peak activation, 0.5 GiB for non-torch memory, and",
+        "15.5 GiB for consumed memory (weights + non-torch), 2.0 GiB for peak activation, and")
+    assert rows(consumed)["memory: suggested --kv-cache-memory"] == ("53.85 GiB", "53.85", True)
 
 
 def test_vllm_ascends_split_and_the_refusal_for_want_of_free_memory():

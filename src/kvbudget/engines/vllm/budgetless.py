@@ -152,7 +152,8 @@ _KNOWN_LINES = {"a KV cache size in tokens": r"KV cache size: +[\d,]+ tokens",
                 "the maximum concurrency": r"Maximum concurrency for",
                 "GPU blocks": r"GPU blocks: \d+", "the weights loaded": r"(?:Model loading|model weights) took",
                 "the engine's version": r"LLM engine \(v|vLLM (?:API server )?version",
-                "the engine configuration": r"max_seq_len=|max_model_len"}
+                "the engine configuration": r"max_seq_len=|max_model_len",
+                "a refusal's max seq len": r"max seq len \(\d+\)"}
 
 
 def understood(text: str) -> str:

@@ -20,8 +20,7 @@ def _loose(words: str) -> str:
     return words.replace(" ", _SPACE)
 
 
-_START = re.compile(_loose("To serve at least one request with the model") + r"[s']{0,3}" + _SPACE
-                    + _loose("max seq len"))
+_START = re.compile(_loose("request with the model") + r"[s']{0,3}" + _SPACE + _loose("max seq len"))
 _NEEDED = re.compile(r"\(?" + _GIB + _SPACE + _loose("GiB KV cache is need"))
 _AVAILABLE = re.compile(_loose("than the available KV cache memory") + _SPACE + r"\(" + _GIB + _SPACE + r"GiB\)")
 _ESTIMATED = re.compile(_loose("stimated maximum model length is") + r"\s*(\d[\d,]{0,15})")
