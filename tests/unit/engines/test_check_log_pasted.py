@@ -75,7 +75,7 @@ def test_a_refusal_cut_before_its_memory_checks_what_one_request_needs(cut):
 
 def test_a_refusal_cut_before_anything_to_check_says_what_it_read(tmp_path, capsys):
     log = tmp_path / "cut.log"
-    log.write_text("ERROR [core.py:708] ValueError: To serve at least one request with the model's max seq len (32768),")
+    log.write_text("ERROR ValueError: To serve at least one request with the model's max seq len (32768),")
     assert main(["check-log", str(log), "--model", "llama-3.1-8b"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "states no KV budget" in err and "a refusal's max seq len" in err
