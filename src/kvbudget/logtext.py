@@ -24,6 +24,8 @@ _PREFIXES = tuple(re.compile(p) for p in (
     r"\s+\S{1,64}\s+[\w.@/-]{1,64}\[\d{1,10}\]:\s",  # journald: 'Dec 05 10:00:01 host vllm[123]: '
     r"[A-Za-z0-9][\w.-]{0,63}\s+\|\s",  # docker compose: 'vllm-1  | '
     r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d{1,9})?\s+\|\s",  # a viewer's time column: '2026-05-01 18:50:31.934 | '
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)\s",  # docker logs -t, kubectl --timestamps
+    r"\[pod/[\w.-]{1,253}/[\w.-]{1,63}\]\s",  # kubectl logs --prefix: '[pod/vllm-0/vllm] '
     r"\((?:[\w=.,:-]{1,40}\s+){0,5}?pid=\d{1,10}(?:,\s*ip=[\w.:-]{1,64})?\)\s?",  # Ray and vLLM's processes
     r"(?:\[\d{1,10}\]\s+)?\d{1,4}\.\d\d\.\d{3}\.\d{3}\s+[DIWE]\s",  # llama.cpp's timestamped log
 ))
@@ -31,7 +33,8 @@ _PREFIXES = tuple(re.compile(p) for p in (
 _REPEATED = re.compile(r"\s*\[repeated (\d{1,9})x across cluster\](?:\s*\(Ray deduplicates[^)\n]{0,400}\))?\s*$")
 # The folded tail of a line starts inside a word or a number, and never as a record of its own would.
 _TAIL = re.compile(r"[a-z0-9_]")
-_RECORD = re.compile(r"[a-z_][\w.]{0,63}(?::\s|\s{2}|=)")
+_RECORD = re.compile(r"[a-z_][\w.]{0,63}(?::\s|\s{2}|=)"
+                     r"|\d{1,4}[-/:.]\d\d[-/:.]\d\d")  # a date or a time: a line of its own, timestamped
 
 
 def clean(text: str) -> str:

@@ -33,6 +33,8 @@ def rows(text: str) -> dict[str, tuple[str, str, bool | None]]:
     ("journald-tp2.log", 2, "21.35"),  # journald before vLLM's own prefix
     ("compose-ansi-tp2.log", 2, "18.92"),  # compose, colour codes with and without their escape byte
     ("crlf-worker-tp2.log", 2, "9.80"),  # Windows line ends
+    ("docker-timestamps-tp4.log", 4, "22.58"),  # docker logs -t: no line is taken for the folded tail of another
+    ("kubectl-prefix-tp2.log", 2, "61.18"),  # kubectl logs --prefix
 ])
 def test_every_rank_of_a_pasted_log_is_counted(name, ranks, smallest):
     """vLLM sizes every rank's cache to the smallest rank's: each rank's budget line counts once, whatever was
