@@ -66,6 +66,13 @@ def test_a_timestamped_line_is_never_the_folded_tail_of_the_line_before(stamp):
         assert len(clean(f"{line}\n{line}").splitlines()) == 2  # before: one line, '... 512' + '2025-...'
 
 
+def test_what_a_web_page_puts_in_a_log_is_made_plain():
+    """No-break spaces, curly quotes and HTML entities, as a log copied from a web page or its source has them."""
+    assert clean(BUDGET.replace(" 10.55", "\xa010.55")) == BUDGET + "\n"
+    assert clean("the model\u2019s max seq len (4096)") == "the model's max seq len (4096)\n"
+    assert clean("args: {&#39;model&#39;: &#39;/models/x&#39;}") == "args: {'model': '/models/x'}\n"
+
+
 def test_ray_repeated_lines_count_as_the_ranks_they_stand_for():
     """Ray prints a line once and then '[repeated Nx across cluster]' for N more processes: a 4-rank budget log is
     4 ranks, and the smallest of the 4 is the budget (vLLM sizes every rank to the smallest)."""
