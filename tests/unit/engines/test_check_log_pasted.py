@@ -83,6 +83,12 @@ def test_a_refusal_cut_before_anything_to_check_says_what_it_read(tmp_path, caps
     assert err.count("\n") == 1 and "states no KV budget" in err and "a refusal's max seq len" in err
 
 
+def test_a_hybrids_refusal_for_want_of_state_blocks_is_read():
+    found = rows("ValueError: max_num_seqs (1024) exceeds available Mamba cache blocks (421). Each decode sequence "
+                 "requires one Mamba cache block, so CUDA graph capture cannot proceed.")
+    assert found["refused: Mamba cache blocks"] == ("421", "fewer than max_num_seqs 1,024", True)
+
+
 def test_vllms_short_tensor_parallel_flag_is_read():
     check = check_log("vllm serve meta-llama/Llama-3.1-8B -tp 2 --max-model-len 32768\nValueError: To serve at "
                       "least one request with the model's max seq len (32768), (2.00 GiB KV cache is needed",

@@ -8,7 +8,7 @@ import re
 
 from kvbudget.engines.base import LogCheck, LogRow
 from kvbudget.engines.vllm.logsettings import num
-from kvbudget.engines.vllm.refusal import read_refusal
+from kvbudget.engines.vllm.refusal import MAMBA, read_refusal
 from kvbudget.units import GIB
 
 V0_BLOCK = 16  # vLLM's default block size (V0 and V1 for full attention)
@@ -61,6 +61,10 @@ def check_without_model(text: str) -> LogCheck:
                            "vLLM V1's refusal" + ("" if refusal.available else
                                                   " (cut before the memory it had: how much one request needs, "
                                                   "the model tells)")))
+    if mamba := MAMBA.search(text):
+        seqs, held = int(mamba.group(1)), int(mamba.group(2))
+        rows.append(LogRow("refused: Mamba cache blocks", f"{held:,}", f"fewer than max_num_seqs {seqs:,}",
+                           held < seqs, "every decoding sequence holds one block of the recurrent state"))
     if re.search(NO_MEMORY, re.sub(r"\s+", " ", text)):
         rows.append(LogRow("refused: no cache block", "refused", "-", None,
                            "the budget held no block of every layer: how large one is needs the model"))

@@ -4,7 +4,8 @@ v1/core/kv_cache_utils.py (check_enough_kv_cache_memory) raises "To serve at lea
 (0.8-0.10: models's) max seq len (N), (X GiB KV cache is needed, which is larger than the available KV cache memory
 (Y GiB). Based on the available memory, the estimated maximum model length is Z. Try increasing ...". Pastes
 hard-wrap it (the wrap joined back without its blank), cut it mid-word, or drop its parentheses: each part is read
-on its own, and the refusal is the parts that survive."""
+on its own, and the refusal is the parts that survive. A hybrid's refusal for want of state blocks (MAMBA) is
+recognised here too."""
 
 from __future__ import annotations
 
@@ -25,8 +26,11 @@ _NEEDED = re.compile(r"\(?" + _GIB + _SPACE + _loose("GiB KV cache is need"))
 _AVAILABLE = re.compile(_loose("than the available KV cache memory") + _SPACE + r"\(" + _GIB + _SPACE + r"GiB\)")
 _ESTIMATED = re.compile(_loose("stimated maximum model length is") + r"\s*(\d[\d,]{0,15})")
 _MAX_LEN = re.compile(_loose("max seq len") + r"\s*\((\d{1,12})\)")
-# What marks a pasted fragment as this refusal (any one of them)
-SIGNATURES = (_START.pattern, _NEEDED.pattern, _loose("KV cache is needed, which is larger"))
+# A hybrid's refusal at CUDA graph capture (config/compilation.py, 2026): every decoding sequence holds one block of
+# its recurrent state, and max_num_seqs asked for more than the pool's blocks
+MAMBA = re.compile(r"max_num_seqs \((\d{1,9})\) exceeds available Mamba cache blocks \((\d{1,12})\)")
+# What marks a pasted fragment as one of these refusals (any one of them)
+SIGNATURES = (_START.pattern, _NEEDED.pattern, _loose("KV cache is needed, which is larger"), MAMBA.pattern)
 
 
 @dataclass(frozen=True)
