@@ -1,8 +1,8 @@
 """vLLM V1's refusal to start for want of KV cache memory, read from whatever part of it a paste kept.
 
 v1/core/kv_cache_utils.py (check_enough_kv_cache_memory) raises "To serve at least one request with the model's
-(0.8-0.10: models's) max seq len (N), (X GiB KV cache is needed, which is larger than the available KV cache memory
-(Y GiB). Based on the available memory, the estimated maximum model length is Z. Try increasing ...". Pastes
+(some releases: models's) max seq len (N), (X GiB KV cache is needed, which is larger than the available KV cache
+memory (Y GiB). Based on the available memory, the estimated maximum model length is Z. Try increasing ...". Pastes
 hard-wrap it (the wrap joined back without its blank), cut it mid-word, or drop its parentheses: each part is read
 on its own, and the refusal is the parts that survive. A hybrid's refusal for want of state blocks (MAMBA) is
 recognised here too."""
