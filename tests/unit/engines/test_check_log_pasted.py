@@ -89,6 +89,22 @@ def test_a_hybrids_refusal_for_want_of_state_blocks_is_read():
     assert found["refused: Mamba cache blocks"] == ("421", "fewer than max_num_seqs 1,024", True)
 
 
+@pytest.mark.parametrize("device", ["GPU", "TPU", "HPU", "hpu"])  # tpu_executor.py, Gaudi's habana_executor.py
+def test_v0s_blocks_line_of_any_device_shows_what_it_read(device):
+    found = rows(f"INFO 08-02 17:37:54 executor.py:85] # {device} blocks: 1519, # CPU blocks: 256")
+    assert found[f"{device.upper()} blocks"][0] == "1,519" and found["CPU blocks (swap space)"][0] == "256"
+
+
+def test_a_log_with_nothing_to_show_without_its_model_is_one_line(tmp_path, capsys):
+    """A vLLM log whose only line is its banner checks nothing without the model: no empty partial check, the line
+    naming the --model to pass."""
+    log = tmp_path / "banner.log"
+    log.write_text("INFO 12-05 12:00:20 [core.py:77] Initializing a V1 LLM engine (v0.11.0) with config: model='/x'\n")
+    assert main(["check-log", str(log), "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert not out and err.count("\n") == 1 and "nothing to check without it" in err and "--model" in err
+
+
 def test_vllms_short_tensor_parallel_flag_is_read():
     check = check_log("vllm serve meta-llama/Llama-3.1-8B -tp 2 --max-model-len 32768\nValueError: To serve at "
                       "least one request with the model's max seq len (32768), (2.00 GiB KV cache is needed",

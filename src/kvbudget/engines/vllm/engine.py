@@ -177,8 +177,8 @@ class VLLMEngine(Engine):
                                completions_default=16,
                                source="vllm 0.32 entrypoints/openai/chat_completion/serving.py (get_max_tokens), "
                                       "completion/protocol.py")
-    log_signatures = (r"KV cache size: +[\d,]+ tokens", r"(?:GPU|CUDA) blocks: \d+", r"Maximum concurrency for",
-                      r"V1 LLM engine", r"vLLM API server version \d",
+    log_signatures = (r"KV cache size: +[\d,]+ tokens", r"\b(?:GPU|CUDA|[TH]PU|hpu) blocks: \d+", r"V1 LLM engine",
+                      r"Maximum concurrency for", r"vLLM API server version \d",
                       r"Available KV cache memory: -?[\d.]+ GiB", *REFUSAL_SIGNATURES,
                       r"larger than the maximum number of tokens that can be stored in KV cache",
                       r"reserved for KV Cache is [\d.]+", r"kv_cache_size[= ]\s{0,20}[\d.]+ ?GiB",

@@ -12,6 +12,9 @@ from kvbudget.engines.vllm.refusal import MAMBA, read_refusal
 from kvbudget.units import GIB
 
 V0_BLOCK = 16  # vLLM's default block size (V0 and V1 for full attention)
+# V0's blocks line per device: '# GPU blocks: N' (CUDA, ROCm), '# CUDA blocks' (0.6), '# TPU blocks' (tpu_executor.py),
+# '# HPU blocks' / '# hpu blocks' (Gaudi's habana_executor.py and plugin)
+DEVICE_BLOCKS = r"\b(GPU|CUDA|[TH]PU|hpu) blocks: (\d+)"
 
 
 def _ratio_row(quantity: str, logged: str, value: float, printed: float, tolerance: float, note: str,
@@ -34,12 +37,17 @@ def check_without_model(text: str) -> LogCheck:
         rows.append(LogRow("KV budget", f"{min(budgets, key=float)} GiB", "-", None, f"read from the log{ranks}"))
     tokens = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
     conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
-    blocks = re.search(r"(?:GPU|CUDA) blocks: (\d+)", text)
+    blocks = re.search(DEVICE_BLOCKS, text)
     if tokens:
         rows.append(LogRow("KV cache size (tokens)", f"{int(num(tokens.group(1))):,}", "-", None, "read from the log"))
+    if blocks and not budgets and not tokens:  # V0's blocks line alone: its figures, what they hold needs the model
+        rows.append(LogRow(f"{blocks.group(1).upper()} blocks", f"{int(blocks.group(2)):,}", "-", None,
+                           "read from the log: the blocks of every layer's cache it made"))
+        if cpu := re.search(r"# CPU blocks: (\d+)", text):
+            rows.append(LogRow("CPU blocks (swap space)", f"{int(cpu.group(1)):,}", "-", None, "read from the log"))
     if conc:
         length, printed = int(num(conc.group(1))), float(conc.group(2))
-        held = int(num(tokens.group(1))) if tokens else int(blocks.group(1)) * V0_BLOCK if blocks else None
+        held = int(num(tokens.group(1))) if tokens else int(blocks.group(2)) * V0_BLOCK if blocks else None
         if held is not None:
             what = "the token count" if tokens else f"the blocks x {V0_BLOCK}"
             rows.append(_ratio_row(f"max concurrency at {length:,} tokens", f"{printed}x", held / length, printed,
@@ -50,7 +58,7 @@ def check_without_model(text: str) -> LogCheck:
         n = int(refused.group(2))
         rows.append(LogRow("refused: tokens the cache holds", f"{n:,}", "-", None, "vLLM V0's refusal"))
         if blocks:
-            rows.append(_ratio_row("refused: blocks x block size", f"{n:,}", int(blocks.group(1)) * V0_BLOCK, n, 0,
+            rows.append(_ratio_row("refused: blocks x block size", f"{n:,}", int(blocks.group(2)) * V0_BLOCK, n, 0,
                                    f"the log's blocks x {V0_BLOCK}", "another block size (--block-size)"))
     if (refusal := read_refusal(text)) and refusal.needed:
         if refusal.max_len:
