@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvbudget import load_model
 from kvbudget.checklog import check_log, check_log_without_model
@@ -148,6 +150,8 @@ def test_vllm_ascends_split_and_the_refusal_for_want_of_free_memory():
     assert found["KV budget"][0] == "45.8 GiB" and found["memory: NPU graph memory"][0] == "0.10 GiB"
     assert found["memory: suggested --kv-cache-memory"][2] is True
     assert found["memory: free memory less the share"][2] is True  # 48.25 - 45.85 = 2.40 = 60.0 - 57.6
+    with pytest.raises(KVBudgetError, match="understood: the memory split"):  # the full check needs its budget line
+        check_log(ascend.split(" Current KV")[0], load_model("llama-3.1-8b"), {"max_model_len": 4096})
     refused = rows("ValueError: Free memory on device (60.2/79.19 GiB) on startup is less than desired GPU memory "
                    "utilization (0.9, 71.27 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
                    "processes.")
@@ -182,3 +186,24 @@ def test_a_tgi_argument_block_stating_nothing_says_so_in_one_line(tmp_path, caps
         check_log_without_model(TGI_ARGS.format(input="None", total="None"), WHY)
     log.write_text(TGI_ARGS.format(input="None", total="Some(8192)"))  # a limit, but nothing the model checks
     assert main(["check-log", str(log), "--json"]) == 2 and json.loads(capsys.readouterr()[0])["partial"]
+
+
+_PARTS = [SPLIT.format(fit=57824772096, fit_gib="53.85"), TGI_ARGS.format(input="Some(9)", total="Some(8)"),
+          "To serve at least one request with the model's max seq len (", "99999999999999) , (1.2.3 GiB KV cache",
+          " is need", "than the available KV cache memory (", "Free memory on device (1/2 GiB) on startup is less than "
+          "desired GPU memory utilization (9, 9 GiB)", "max_num_seqs (5) exceeds available Mamba cache blocks (9)",
+          "# HPU blocks: 0", "Actual usage: 1.0 GiB for weights", "`--kv-cache-memory=1` to fit", "\r\n", "\n", " ",
+          "&#10;", "\xa0", "(1048576),\n  23.32 GiB KV cache is needed, which is larger t"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(_PARTS) | st.text(max_size=40), max_size=12))
+def test_any_mix_of_the_new_lines_is_read_or_refused_in_one_line(parts):
+    """Whatever of these lines a paste mixes, cut or repeats, the readers answer or refuse with check-log's own
+    error, with and without the model."""
+    text = "".join(parts)
+    for run in (lambda: check_log_without_model(text, WHY), lambda: check_log(text, load_model("llama-3.1-8b"))):
+        try:
+            run()
+        except KVBudgetError as exc:
+            assert "\n" not in str(exc)

@@ -153,7 +153,7 @@ _KNOWN_LINES = {"a KV cache size in tokens": r"KV cache size: +[\d,]+ tokens",
                 "GPU blocks": r"GPU blocks: \d+", "the weights loaded": r"(?:Model loading|model weights) took",
                 "the engine's version": r"LLM engine \(v|vLLM (?:API server )?version",
                 "the engine configuration": r"max_seq_len=|max_model_len",
-                "a refusal's max seq len": r"max seq len \(\d+\)"}
+                "a refusal's max seq len": r"max seq len \(\d+\)", "the memory split": r"Free memory on device"}
 
 
 def understood(text: str) -> str:
