@@ -67,6 +67,7 @@ def test_a_hard_wrapped_refusal_cut_mid_word_is_read():
     "  ValueError: To serve at least one request with the model's max seq len (32768),\n  4.00 GiB KV cache is "
     "needed, which is larger t",  # the stored excerpt of vllm#53961's shape: indented, wrapped, cut
     "ValueError: To serve at least one request with the models's max seq len (32768), (4.00 GiB KV cache is need",
+    "model's max seq len (32768), (4.00 GiB KV cache is needed, which",  # the paste's first line lost
 ])
 def test_a_refusal_cut_before_its_memory_checks_what_one_request_needs(cut):
     """No budget survives the cut: the memory one request of max seq len needs is still the plan's to check."""

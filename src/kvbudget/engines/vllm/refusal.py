@@ -21,11 +21,11 @@ def _loose(words: str) -> str:
     return words.replace(" ", _SPACE)
 
 
-_START = re.compile(_loose("request with the model") + r"[s']{0,3}" + _SPACE + _loose("max seq len"))
+# "... the model's max seq len (N)," with its comma (V0's "The model's max seq len (N) is larger ..." has none)
+_START = re.compile(r"model[s']{0,3}" + _SPACE + _loose("max seq len") + r"\s*\((\d{1,12})\)\s*,")
 _NEEDED = re.compile(r"\(?" + _GIB + _SPACE + _loose("GiB KV cache is need"))
 _AVAILABLE = re.compile(_loose("than the available KV cache memory") + _SPACE + r"\(" + _GIB + _SPACE + r"GiB\)")
 _ESTIMATED = re.compile(_loose("stimated maximum model length is") + r"\s*(\d[\d,]{0,15})")
-_MAX_LEN = re.compile(_loose("max seq len") + r"\s*\((\d{1,12})\)")
 # A hybrid's refusal at CUDA graph capture (config/compilation.py, 2026): every decoding sequence holds one block of
 # its recurrent state, and max_num_seqs asked for more than the pool's blocks
 MAMBA = re.compile(r"max_num_seqs \((\d{1,9})\) exceeds available Mamba cache blocks \((\d{1,12})\)")
@@ -52,10 +52,9 @@ def read_refusal(text: str) -> Refusal | None:
     if start is None and needed is None:
         return None
     at = start.start() if start else needed.start() if needed else 0
-    length = _MAX_LEN.search(flat, at)
     available = _AVAILABLE.search(flat, at)
     estimated = _ESTIMATED.search(flat, at)
-    return Refusal(max_len=length.group(1) if length and start else None,
+    return Refusal(max_len=start.group(1) if start else None,
                    needed=needed.group(1) if needed else None,
                    available=available.group(1) if available else None,
                    estimated=int(estimated.group(1).replace(",", "")) if estimated else None)
