@@ -177,6 +177,14 @@ def test_a_tgi_argument_block_with_no_kv_line_checks_its_limits():
     assert broken["max input tokens < max total tokens"] == ("4,096 / 4,096", "broken", None)
 
 
+def test_tgis_router_line_alone_is_read():
+    text = "2025-03-17T07:50:12.104571Z  INFO text_generation_router_v3: backends/v3/src/lib.rs:137: Setting max " \
+           "batch total tokens to 123449"
+    assert rows(text)["max batch total tokens"] == ("123,449", "-", None)
+    # 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 131,072 B a token; x 123,449 = 15.07 GiB
+    assert check_log(text, load_model("llama-3.1-8b")).rows[-1].predicted == "15.07 GiB"
+
+
 def test_a_tgi_argument_block_stating_nothing_says_so_in_one_line(tmp_path, capsys):
     log = tmp_path / "tgi.log"
     log.write_text(TGI_ARGS.format(input="None", total="None"))

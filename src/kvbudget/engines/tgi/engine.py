@@ -75,7 +75,8 @@ class TGIEngine(Engine):
     output_limit = OutputLimit(chat=("max_tokens",), completions=("max_tokens",), completions_default=None,
                                source="text-generation-inference router/src/lib.rs (ChatRequest), validation.rs")
     log_signatures = (r"KV-cache blocks: \d+, size: \d+", r"text_generation_launcher: Args \{",
-                      r"max_batch_total_tokens: (?:Some\()?\d+")
+                      r"max_batch_total_tokens: (?:Some\()?\d+", r"Setting max batch total tokens to \d",
+                      r"Inferred max batch total tokens: \d")  # the router's (backends/v3/src/lib.rs)
 
     def pool_budget(self, model: ModelSpec, report: PoolReport, *, kv_dtype: str = "auto", tp: int = 1,
                     options: EngineOptions | None = None) -> int:
