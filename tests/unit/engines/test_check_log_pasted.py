@@ -63,6 +63,17 @@ def test_a_hard_wrapped_refusal_cut_mid_word_is_read():
     assert check["refused: KV cache needed"].matches and check["refused: fits"].matches
 
 
+def test_a_refusal_at_the_end_of_its_tracebacks_is_read_once():
+    """vLLM prints the refusal in the engine's traceback and again in the process's: one refusal. 4.00 GiB hold
+    2,048 blocks of 16 tokens x 131,072 B (2 MiB); less the null block, 2,047 x 16 = 32,752 tokens."""
+    check = {r.quantity: r for r in check_log(read_log(str(PASTED / "refusal-traceback-twice.log")),
+                                              load_model("llama-3.1-8b")).rows}
+    assert check["KV budget"].logged == "4.00 GiB" and "ranks" not in check["KV budget"].note
+    longest = check["estimated maximum model length"]
+    assert longest.logged == "32,752" and longest.matches
+    assert check["refused: KV cache needed"].matches and check["refused: fits"].matches
+
+
 @pytest.mark.parametrize("cut", [
     "  ValueError: To serve at least one request with the model's max seq len (32768),\n  4.00 GiB KV cache is "
     "needed, which is larger t",  # the stored excerpt of vllm#53961's shape: indented, wrapped, cut
