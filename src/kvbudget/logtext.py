@@ -4,6 +4,7 @@ engines' readers (check-log) read what this returns; each bound below keeps the 
 
 from __future__ import annotations
 
+import html
 import re
 
 from kvbudget.errors import KVBudgetError
@@ -24,6 +25,8 @@ _PREFIXES = tuple(re.compile(p) for p in (
     r"\s+\S{1,64}\s+[\w.@/-]{1,64}\[\d{1,10}\]:\s",  # journald: 'Dec 05 10:00:01 host vllm[123]: '
     r"[A-Za-z0-9][\w.-]{0,63}\s+\|\s",  # docker compose: 'vllm-1  | '
     r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d{1,9})?\s+\|\s",  # a viewer's time column: '2026-05-01 18:50:31.934 | '
+    r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)\s",  # docker logs -t, kubectl --timestamps
+    r"\[pod/[\w.-]{1,253}/[\w.-]{1,63}\]\s",  # kubectl logs --prefix: '[pod/vllm-0/vllm] '
     r"\((?:[\w=.,:-]{1,40}\s+){0,5}?pid=\d{1,10}(?:,\s*ip=[\w.:-]{1,64})?\)\s?",  # Ray and vLLM's processes
     r"(?:\[\d{1,10}\]\s+)?\d{1,4}\.\d\d\.\d{3}\.\d{3}\s+[DIWE]\s",  # llama.cpp's timestamped log
 ))
@@ -31,17 +34,25 @@ _PREFIXES = tuple(re.compile(p) for p in (
 _REPEATED = re.compile(r"\s*\[repeated (\d{1,9})x across cluster\](?:\s*\(Ray deduplicates[^)\n]{0,400}\))?\s*$")
 # The folded tail of a line starts inside a word or a number, and never as a record of its own would.
 _TAIL = re.compile(r"[a-z0-9_]")
-_RECORD = re.compile(r"[a-z_][\w.]{0,63}(?::\s|\s{2}|=)")
+# What a web page or a word processor puts in place of plain characters: no-break and thin spaces, zero-width marks,
+# curly quotes ('the model’s max seq len'); and the HTML entities of a page's source copied as text.
+_PLAIN = str.maketrans({"\xa0": " ", "\u2007": " ", "\u2009": " ", "\u202f": " ", "\u3000": " ", "\u200b": None,
+                        "\ufeff": None, "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+_ENTITY = re.compile(r"&(?:#\d{1,7}|#x[0-9a-fA-F]{1,6}|quot|apos|amp|lt|gt);")
+_RECORD = re.compile(r"[a-z_][\w.]{0,63}(?::\s|\s{2}|=)"
+                     r"|\d{1,4}[-/:.]\d\d[-/:.]\d\d")  # a date or a time: a line of its own, timestamped
 
 
 def clean(text: str) -> str:
-    """`text` with colour codes, quote marks and the prefixes of Ray, journald, docker compose, Kubernetes and
-    llama.cpp's timestamps taken off each line; a line a terminal or tracker folded joined back to the line it was
-    cut from; each Ray line deduplicated as '[repeated Nx across cluster]' counted N times. At most MAX_LOG_CHARS of
-    it are read and MAX_LINE_CHARS of each line."""
+    """`text` with the characters of web pages made plain, colour codes, quote marks and the prefixes of Ray,
+    journald, docker compose, Kubernetes and llama.cpp's timestamps taken off each line; a line a terminal or tracker
+    folded joined back to the line it was cut from; each Ray line deduplicated as '[repeated Nx across cluster]'
+    counted N times. At most MAX_LOG_CHARS of it are read and MAX_LINE_CHARS of each line."""
     lines: list[str] = []
     folded = False  # whether the last line kept could have been cut by a terminal or tracker
-    for raw in text[:MAX_LOG_CHARS].splitlines():
+    for raw in text[:MAX_LOG_CHARS].translate(_PLAIN).splitlines():
+        if _ENTITY.search(raw):  # an entity never makes a line of its own
+            raw = " ".join(html.unescape(raw[:MAX_LINE_CHARS]).splitlines())
         line = _ANSI.sub("", raw[:MAX_LINE_CHARS])
         stripped = _strip_prefixes(line)
         repeat = _REPEATED.search(stripped)

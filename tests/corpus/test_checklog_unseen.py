@@ -19,6 +19,13 @@ INDEX = json.loads((UNSEEN / "index.json").read_text())["logs"]
 # 25 before the first readers changed, 23 of 25 after them); the second batch, collected before any further change,
 # 23 of 26 (18 of 26 before); 48 of 51 together (94%). The 3 not read are refused for lines they lack (README.md).
 HELD_OUT_READ = {"held-out": (25, 25), "heldout2": (23, 26)}
+# The 3 heldout2 logs not read when the batch was measured, looked at only after the figure was taken (so no longer
+# held out): the readers made general for their formats read two of them; the third states nothing to check and
+# says so in one line. The measured figure above stays 23 of 26 (22 by the later rule that a partial check with no row
+# is not read: README.md).
+LOOKED_AT = {"h2-vllm-issue-53961-dsv4-pro-mi300x-refusal.log": True,  # a refusal cut before its memory: needed checked
+             "h2-vllm-ascend-pr-8289-npu-one-line-split.log": True,  # the one-line split's share, without a model
+             "h2-tgi-issue-3115-gemma-3-args-multiline.log": False}  # TGI's limits all None: nothing to check
 
 
 def read_outcome(entry: dict) -> tuple[bool, int, str]:
@@ -63,3 +70,12 @@ def test_held_out_read_rate(split):
 def test_held_out_read_rate_together():
     read, total = (sum(HELD_OUT_READ[s][i] for s in HELD_OUT_READ) for i in (0, 1))
     assert total == sum(e["split"] in HELD_OUT_READ for e in INDEX) and read / total >= 0.94
+
+
+@pytest.mark.parametrize("name", LOOKED_AT)
+def test_looked_at_heldout2_logs(name):
+    entry = next(e for e in INDEX if e["file"] == name)
+    read, status, err = read_outcome(entry)
+    assert read == LOOKED_AT[name], err
+    if not read:  # one line naming what to pass, not a partial check: counted as not read
+        assert status == 2 and "nothing to check" in err and "--max-total-tokens" in err and err.count("\n") == 0

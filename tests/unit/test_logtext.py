@@ -31,6 +31,8 @@ BUDGET = "INFO 12-05 10:00:01 [gpu_worker.py:460] Available KV cache memory: 10.
     f"`{BUDGET}`", f"> {BUDGET}", f"        {BUDGET}",  # Markdown backticks, a quote, indentation
     f"vllm-1  | (EngineCore_DP0 pid=42) {BUDGET}",  # a compose prefix before a Ray one
     f"2026-05-01 18:52:08.646 | (EngineCore pid=256) {BUDGET}",  # a log viewer's time column before a Ray one
+    f"2025-12-05T12:00:00.123456789Z {BUDGET}",  # docker logs -t
+    f"[pod/vllm-0/vllm] {BUDGET}",  # kubectl logs --prefix
 ])
 def test_prefixes_and_colours_come_off(pasted):
     assert clean(pasted) == BUDGET + "\n"
@@ -52,6 +54,23 @@ def test_a_folded_line_is_joined_back_and_records_are_not():
     long = "x" * 70
     for record in ("llama_context: n_ctx = 4096", "INFO ready", "# [2025-07-09] note", "time=2025 level=INFO"):
         assert clean(f"{long}\n{record}") == f"{long}\n{record}\n"
+
+
+@pytest.mark.parametrize("stamp", ["2025-12-05T12:00:00.123456789Z ", "2025-12-05 12:00:00,123 - vllm - INFO - ",
+                                   "12:00:00 ", "05/12/2025 12:00:00 "])
+def test_a_timestamped_line_is_never_the_folded_tail_of_the_line_before(stamp):
+    """A line that starts with a date or a time (docker logs -t, Python's default logging format) is a record of its
+    own, however long the line before and however it ends: two ranks' budget lines stay two."""
+    blocks = "INFO 12-05 10:00:01 [gpu_executor.py:121] # GPU blocks: 7823, # CPU blocks: 512"
+    for line in (f"{stamp}(Worker_TP0 pid=1) {BUDGET}", f"{stamp}{blocks}"):
+        assert len(clean(f"{line}\n{line}").splitlines()) == 2  # before: one line, '... 512' + '2025-...'
+
+
+def test_what_a_web_page_puts_in_a_log_is_made_plain():
+    """No-break spaces, curly quotes and HTML entities, as a log copied from a web page or its source has them."""
+    assert clean(BUDGET.replace(" 10.55", "\xa010.55")) == BUDGET + "\n"
+    assert clean("the model\u2019s max seq len (4096)") == "the model's max seq len (4096)\n"
+    assert clean("args: {&#39;model&#39;: &#39;/models/x&#39;}") == "args: {'model': '/models/x'}\n"
 
 
 def test_ray_repeated_lines_count_as_the_ranks_they_stand_for():

@@ -133,7 +133,10 @@ def answer(ask: CheckLogRequest) -> LogAnswer:
     settings = given(ask)
     model = model_of(ask, text)
     if isinstance(model, str):  # no model: the rows that need none, and which model to give
-        return LogAnswer(check_log_without_model(text, model, settings), None, missing_model(text, model))
+        shown = check_log_without_model(text, model, settings)
+        if not shown.rows:  # nothing to show without the model: the one line, not an empty check
+            raise KVBudgetError(missing_model(text, f"{model}, and its KV lines hold nothing to check without it"))
+        return LogAnswer(shown, None, missing_model(text, model))
     settings.update(draft_in_log(text, ask.draft_model))
     try:
         return LogAnswer(check_log(text, model, settings), model)

@@ -109,6 +109,6 @@ def test_no_model_cli_prints_rows_then_one_line(tmp_path, capsys):
 
 
 def test_a_log_with_no_figure_to_check_says_what_it_lacks():
-    with pytest.raises(KVBudgetError, match="states no max_batch_total_tokens"):
+    with pytest.raises(KVBudgetError, match="states none of max_input_tokens.*nothing to check"):
         check_log_without_model("text_generation_launcher: Args { model_id: None, max_batch_total_tokens: None }"
                                 "\nKV-cache blocks: x", WHY)

@@ -38,6 +38,7 @@ from kvbudget.engines.base import (
 from kvbudget.engines.kinds import KindTable, no_cache
 from kvbudget.engines.metrics import PoolGauge, PoolReport, gauge_ratio, tokens_budget
 from kvbudget.engines.tgi.gauges import tgi_pool
+from kvbudget.engines.tgi.logs import NO_POOL, limit_rows, limits
 from kvbudget.engines.tgi.releases import describe, era, parse_release
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
@@ -74,7 +75,8 @@ class TGIEngine(Engine):
     output_limit = OutputLimit(chat=("max_tokens",), completions=("max_tokens",), completions_default=None,
                                source="text-generation-inference router/src/lib.rs (ChatRequest), validation.rs")
     log_signatures = (r"KV-cache blocks: \d+, size: \d+", r"text_generation_launcher: Args \{",
-                      r"max_batch_total_tokens: (?:Some\()?\d+")
+                      r"max_batch_total_tokens: (?:Some\()?\d+", r"Setting max batch total tokens to \d",
+                      r"Inferred max batch total tokens: \d")  # the router's (backends/v3/src/lib.rs)
 
     def pool_budget(self, model: ModelSpec, report: PoolReport, *, kv_dtype: str = "auto", tp: int = 1,
                     options: EngineOptions | None = None) -> int:
@@ -141,6 +143,12 @@ class TGIEngine(Engine):
         follows from kvbudget's bytes per token for the model (every layer full, MLA expanded)."""
         check = self.check_log_without_model(text, given)
         m = re.search(r"KV-cache blocks: (\d+), size: (\d+)", text)
+        if m is None:  # no blocks: its token limits, and max_total_tokens against the model's context
+            check = replace(check, rows=tuple(limit_rows(limits(text), model)))
+            if "max_batch_total_tokens" not in check.settings:  # no KV line at all
+                if all(r.matches is None for r in check.rows):
+                    raise KVBudgetError(NO_POOL)
+                return replace(check, assumed={"KV pool": "not in the log (no KV line): its token limits checked"})
         size = int(m.group(2)) if m else None
         tokens = int(m.group(1)) * int(m.group(2)) if m else int(check.settings["max_batch_total_tokens"])
         shards = check.settings["num_shard"]
@@ -153,18 +161,14 @@ class TGIEngine(Engine):
         """TGI's own arithmetic: max_batch_total_tokens = blocks x block size (or, before TGI printed its blocks,
         the max_batch_total_tokens its arguments state, shown)."""
         m = re.search(r"KV-cache blocks: (\d+), size: (\d+)", text)
-        argued = re.search(r"max_batch_total_tokens: (?:Some\()?(\d+)", text)
-        if m is None and argued is None:
-            raise KVBudgetError("check-log: the TGI log lacks 'KV-cache blocks: N, size: B' and states no "
-                                "max_batch_total_tokens")
         shards = int(s.group(1)) if (s := re.search(r"(?:--num-shard|NUM_SHARD=|num_shard:?)[ =]?(?:Some\()?(\d+)",
                                                      text)) else 1
-        if m is None:
-            assert argued is not None
-            return LogCheck(engine="tgi", model_in_log=None,
-                            settings={"num_shard": shards, "max_batch_total_tokens": int(argued.group(1))},
-                            rows=(LogRow("max batch total tokens", f"{int(argued.group(1)):,}", "-", None,
-                                         "as its arguments state it (the log prints no blocks)"),))
+        if m is None:  # TGI's token limits as its arguments state them, checked against each other
+            stated = limits(text)
+            rows = limit_rows(stated)
+            argued = {"max_batch_total_tokens": stated["max_batch_total_tokens"]} if (
+                "max_batch_total_tokens" in stated) else {}
+            return LogCheck(engine="tgi", model_in_log=None, settings={"num_shard": shards, **argued}, rows=tuple(rows))
         blocks, size = int(m.group(1)), int(m.group(2))
         rows = [LogRow("KV-cache blocks", f"{blocks:,} of {size}", "-", True, "read from the log")]
         total = re.search(r"(?:max batch total tokens to\s+|MAX_BATCH_TOTAL_TOKENS\W+)(\d+)", text)

@@ -1,5 +1,6 @@
 """vLLM logs checked without their KV budget line, as far as they go: V0's CPU blocks and GPU blocks, V1's token
-count against its concurrency, V1 0.7's GPU blocks; and what a log that cannot be checked was understood to say."""
+count against its concurrency, V1 0.7's GPU blocks, a V1 refusal cut before its budget; and what a log that cannot
+be checked was understood to say."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import re
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from kvbudget.engines.base import Capacity, LogCheck, LogRow
+from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
 from kvbudget.engines.vllm.logsettings import other_sizes
 from kvbudget.engines.vllm.releases import SWAP_SPACE, release
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
-from kvbudget.units import format_bytes
+from kvbudget.units import GIB, format_bytes
 
 if TYPE_CHECKING:
     from kvbudget.engines.vllm.engine import VLLMEngine
@@ -153,7 +154,8 @@ _KNOWN_LINES = {"a KV cache size in tokens": r"KV cache size: +[\d,]+ tokens",
                 "the maximum concurrency": r"Maximum concurrency for",
                 "GPU blocks": r"GPU blocks: \d+", "the weights loaded": r"(?:Model loading|model weights) took",
                 "the engine's version": r"LLM engine \(v|vLLM (?:API server )?version",
-                "the engine configuration": r"max_seq_len=|max_model_len"}
+                "the engine configuration": r"max_seq_len=|max_model_len",
+                "a refusal's max seq len": r"max seq len \(\d+\)", "the memory split": r"Free memory on device"}
 
 
 def understood(text: str) -> str:
@@ -232,3 +234,29 @@ def _no_block_check(engine: VLLMEngine, model: ModelSpec, st: LogSettings, read:
             _fits_row(cap, refusal, st.max_len, "in less than one block"))
     return LogCheck(engine="vllm", model_in_log=None, settings=shown_settings(st, read, assumed), rows=rows,
                     assumed={**assumed, "KV budget": "not printed: under one block (vLLM found no memory for one)"})
+
+
+def needed_gib(engine: VLLMEngine, model: ModelSpec, s: LogSettings, options: EngineOptions) -> float:
+    """The memory one request of max_model_len takes in `model`'s pool (GiB), as the refusal states it."""
+    layout, _ = engine.pool(model, s.kv_dtype, s.tp, options)
+    return layout.blocks_per_request(s.max_len) * layout.block_bytes / GIB
+
+
+def needed_check(engine: VLLMEngine, model: ModelSpec, s: LogSettings, read: dict, assumed: dict,
+                 needed: str) -> LogCheck:
+    """A refusal cut before the memory it had: the memory one request needs, which needs no budget, beside the
+    plan's (under pipeline parallelism, any stage's: which stage fell short needs the budget)."""
+    options = s.options()
+    stages = [model] if s.pp == 1 else [model.stage(r) for r in engine.pipeline_stages(
+        model.num_layers, s.pp, s.partition)]
+    if s.pp > 1:
+        stages.append(engine.checked_model(model, stages[0], options))
+    ours = list(dict.fromkeys(f"{needed_gib(engine, m, s, options):.2f}" for m in stages))
+    logged = f"{float(needed):.2f}"
+    where = "one request of max_model_len" + (" on a pipeline stage (or the whole model, 0.14-0.16)"
+                                               if s.pp > 1 else "")
+    row = LogRow("refused: KV cache needed", f"{needed} GiB", " or ".join(f"{g} GiB" for g in ours),
+                 logged in ours, f"{where}; the refusal is cut before the memory it had")
+    return LogCheck(engine="vllm", model_in_log=None, settings=shown_settings(s, read, assumed), rows=(row,),
+                    assumed={**assumed, "KV budget": "not in the log: the refusal is cut before the available KV "
+                                                     "cache memory"})

@@ -60,6 +60,7 @@ from kvbudget.engines.vllm.memory import (
     v0_serving,
 )
 from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
+from kvbudget.engines.vllm.refusal import SIGNATURES as REFUSAL_SIGNATURES
 from kvbudget.engines.vllm.releases import (
     BATCH_DEFAULTS,
     DEFAULT_BLOCK_SIZE,
@@ -177,13 +178,14 @@ class VLLMEngine(Engine):
                                completions_default=16,
                                source="vllm 0.32 entrypoints/openai/chat_completion/serving.py (get_max_tokens), "
                                       "completion/protocol.py")
-    log_signatures = (r"KV cache size: +[\d,]+ tokens", r"(?:GPU|CUDA) blocks: \d+", r"Maximum concurrency for",
-                      r"V1 LLM engine", r"vLLM API server version \d",
-                      r"Available KV cache memory: -?[\d.]+ GiB", r"KV cache is needed, which is larger than",
+    log_signatures = (r"KV cache size: +[\d,]+ tokens", r"\b(?:GPU|CUDA|[TH]PU|hpu) blocks: \d+", r"V1 LLM engine",
+                      r"Maximum concurrency for", r"vLLM API server version \d",
+                      r"Available KV cache memory: -?[\d.]+ GiB", *REFUSAL_SIGNATURES,
                       r"larger than the maximum number of tokens that can be stored in KV cache",
                       r"reserved for KV Cache is [\d.]+", r"kv_cache_size[= ]\s{0,20}[\d.]+ ?GiB",
                       r"memory for KV Cache as specified by kv_cache_memory_bytes",
-                      r"Current kv cache memory in use is \d", r"No available memory for the cache blocks")
+                      r"Current kv cache memory in use is \d", r"No available memory for the cache blocks",
+                      r"Free memory on device \([\d.]+/[\d.]+ GiB\) on startup")  # 0.11 on and vllm-ascend's split
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:

@@ -17,6 +17,8 @@ from kvbudget.engines.vllm.budgetless import (
     count_span,
     cpu_blocks_row,
     early_v1_check,
+    needed_check,
+    needed_gib,
     shown_settings,
     understood,
     v0_check_without_budget,
@@ -25,6 +27,7 @@ from kvbudget.engines.vllm.budgetless import (
 )
 from kvbudget.engines.vllm.logsettings import NO_MAX_LEN, LogSettings, num, other_sizes, read_settings, setting
 from kvbudget.engines.vllm.memorylog import memory_rows, offload_rows
+from kvbudget.engines.vllm.refusal import read_refusal
 from kvbudget.engines.vllm.releases import Release, release
 from kvbudget.engines.vllm.speclog import read_speculative
 from kvbudget.errors import KVBudgetError
@@ -46,7 +49,8 @@ BUDGET_LINES = (r"Extended KV cache to \d+ blocks \(([\d.]+) GiB\)",
                 r"Reserved for KV cache: ([\d.]+) GiB",  # Aphrodite, a V0 fork
                 r"available_kv_cache_memory[=:]?\s{0,20}([\d.]+) ?GiB",
                 r"reserved ([\d.]+) GiB memory for KV Cache as specified by kv_cache_memory_bytes",  # no profiling
-                r"Current kv cache memory in use is ([\d.]+) GiB")  # 2026: after the one-line memory split
+                r"Current kv cache memory in use is ([\d.]+) GiB",  # 2026: after the one-line memory split
+                r"Current KV cache memory: ([\d.]+) GiB")  # vllm-ascend's split (worker.py)
 _BUDGET_BYTES = r"Current kv cache memory in use is (\d+) bytes"  # the same line in late-2025 releases
 
 
@@ -67,9 +71,7 @@ class _Log:
         self.engine, self.text, self.model = engine, text, model
         self.conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
         flat = re.sub(r"\s+", " ", text)  # refusal messages wrap when pasted
-        self.refusal = re.search(r"max seq len \((\d+)\), \(?([\d.]+) GiB KV cache is needed, which is larger "
-                                 r"than the available KV cache memory \(([\d.]+) GiB\)(?:\. Based on the available "
-                                 r"memory, the estimated maximum model length is (\d+))?", flat)
+        self.refusal = read_refusal(text)
         self.v0_refusal = re.search(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be "
                                     r"stored in KV cache \((\d+)\)", flat)
         self.cpu_blocks = re.search(r"# CPU blocks: (\d+)", text)
@@ -114,7 +116,7 @@ class _Log:
             f": the smallest of {len(self.budgets)} ranks' budgets" if len(self.budgets) > 1 else "")
         out = [LogRow("KV budget", f"{self.budget_text} GiB", shown_budget, True, source)]
         out += self._capacity_rows(s, rel, low, high, rounding)
-        if self.refusal:
+        if self.refusal and self.refusal.needed:
             out += self._refusal_rows(s, options, stages, extra, (lo, hi), rounding)
         if self.v0_refusal:
             n = int(self.v0_refusal.group(2))
@@ -190,16 +192,17 @@ class _Log:
             "one request of max_model_len" + (" on the first rank short of memory" if s.pp > 1 else ""))
         # each rank checks its own layers in rank order and the first short one raises (0.17 on, <= 0.13)
         weighed_model = checked if whole else next(
-            (m for m in stages if _needed_gib(engine, m, s, options) > hi), stages[0])
+            (m for m in stages if needed_gib(engine, m, s, options) > hi), stages[0])
         wlow, whigh = (engine.capacity(weighed_model, int(g * GIB) + extra, s.max_len, kv_dtype=s.kv_dtype,
                                        tp=s.tp, options=options) for g in (lo, hi))
-        needed = self.refusal.group(2)
-        ours = f"{_needed_gib(engine, weighed_model, s, options):.2f}"
+        needed = self.refusal.needed
+        assert needed is not None
+        ours = f"{needed_gib(engine, weighed_model, s, options):.2f}"
         out = [LogRow("refused: KV cache needed", f"{needed} GiB", f"{ours} GiB", f"{float(needed):.2f}" == ours,
                       weighed),
                LogRow("refused: fits", "no", "yes" if whigh.fits else "no", not wlow.fits)]
-        if self.refusal.group(4):
-            n = int(self.refusal.group(4))
+        if self.refusal.estimated is not None:
+            n = self.refusal.estimated
             a, b = (wlow.estimated_max_model_len or 0), (whigh.estimated_max_model_len or 0)
             out.append(LogRow("estimated maximum model length", f"{n:,}", count_span(a, b), a <= n <= b, rounding))
         return out
@@ -251,13 +254,14 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
         raise KVBudgetError(f"check-log: the log's KV budget is negative ({m.group(1)} GiB): the weights and the "
                             "profiled activations left no memory for a cache, so there is no cache to check; raise "
                             "gpu_memory_utilization, shorten max_model_len or spread the model over more GPUs")
-    st, read, assumed = read_settings(text, given, refusal or v0_refusal, conc,
+    refused_len = (refusal.max_len if refusal else None) or (v0_refusal.group(1) if v0_refusal else None)
+    st, read, assumed = read_settings(text, given, refused_len, conc,
                                        any(isinstance(layer, RecurrentState) for layer in model.layers),
                                        model.max_position_embeddings or 0)
     budgets = _rank_budgets(text)
-    budget_from_refusal = not budgets and refusal is not None
-    if budget_from_refusal and refusal:
-        budgets = [refusal.group(3)]
+    budget_from_refusal = not budgets and refusal is not None and refusal.available is not None
+    if budget_from_refusal and refusal and refusal.available:
+        budgets = [refusal.available]
     if not budgets and st.device == Device.CPU:  # the CPU backend's budget is VLLM_CPU_KVCACHE_SPACE (GiB), 4 unset
         space = re.search(r"VLLM_CPU_KVCACHE_SPACE[= ]['\"]?(\d+)", text)
         budgets = [space.group(1) if space else "4"]
@@ -289,6 +293,8 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
     if not budgets and blocks_line and conc:
         return _drafting(early_v1_check(engine, model, st, read, assumed, int(blocks_line.group(1)), conc.group(2)),
                          text, model, st)
+    if not budgets and refusal and refusal.needed:  # the refusal cut before the memory it had
+        return _drafting(needed_check(engine, model, st, read, assumed, refusal.needed), text, model, st)
     if not budgets and not conc and (counted := count_check(engine, text, model, st, read, assumed, v0_refusal)):
         return _drafting(replace(counted, rows=counted.rows + tuple(log._weights_rows(st))), text, model, st)
     if not budgets:
@@ -351,11 +357,6 @@ def _era_of_the_token_count(engine: VLLMEngine, model: ModelSpec, st: LogSetting
     assumed["engine_version"] = (f"{eras[0][1]} (not in the log; the only era under which its token count "
                                  "and concurrency agree)")
     return replace(st, version=eras[0][0])
-
-
-def _needed_gib(engine: VLLMEngine, model: ModelSpec, s: LogSettings, options: EngineOptions) -> float:
-    layout, _ = engine.pool(model, s.kv_dtype, s.tp, options)
-    return layout.blocks_per_request(s.max_len) * layout.block_bytes / GIB
 
 
 def _smaller_rank(st: LogSettings, rows_for: Callable[..., list[LogRow]], value: float, half_step: float,

@@ -30,12 +30,18 @@ NO_MAX_LEN = ("check-log: the vLLM log names no max_model_len ('Maximum concurre
               "or 'max_model_len'); " + spelled("give max_model_len", "pass --max-model-len"))
 
 
+# vLLM's short flags (engine/arg_utils.py: "-tp" for --tensor-parallel-size, "-pp" for --pipeline-parallel-size)
+_SHORT_FLAGS = {"tensor_parallel_size": "tp", "pipeline_parallel_size": "pp"}
+
+
 def setting(text: str, *names: str) -> str | None:
     """A setting as vLLM logs it: key=value in its config line, 'key': value in its non-default args, or a
     --key value flag on the command line."""
     for name in names:
         flag = name.replace("_", "-")
-        for pattern in (rf"\b{name}=([\w.\-]+)", rf"'{name}': '?([\w.\-]+)'?", rf"--(?:{flag}|{name})[ =]([\w.\-]+)"):
+        short = (rf"(?<![\w-])-{_SHORT_FLAGS[name]}[ =](\d+)",) if name in _SHORT_FLAGS else ()
+        for pattern in (rf"\b{name}=([\w.\-]+)", rf"'{name}': '?([\w.\-]+)'?", rf"--(?:{flag}|{name})[ =]([\w.\-]+)",
+                        *short):
             if m := re.search(pattern, text):
                 return m.group(1).rstrip(".")  # "... with max_num_batched_tokens=512." ends a sentence
     return None
@@ -117,7 +123,7 @@ def _stated(text: str) -> frozenset[str]:
     return frozenset(key for key, name in pairs if setting(text, name) is not None)
 
 
-def read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Match | None,
+def read_settings(text: str, given: dict, refused_len: str | None, conc: re.Match | None,
                    hybrid_model: bool = False, default_len: int = 0) -> tuple[LogSettings, dict, dict]:
     read: dict = {}
     assumed: dict = {}
@@ -132,7 +138,7 @@ def read_settings(text: str, given: dict, refusal: re.Match | None, conc: re.Mat
         assumed[key] = "the engine's default" if default is None else default
         return default
 
-    max_len_text = (conc.group(1).replace(",", "") if conc else refusal.group(1) if refusal else
+    max_len_text = (conc.group(1).replace(",", "") if conc else refused_len if refused_len else
                     setting(text, "max_seq_len", "max_model_len"))
     cpu_blocks = re.search(r"# CPU blocks: \d+", text)
     if max_len_text is None and given.get("max_model_len") is None and not cpu_blocks and not default_len:

@@ -59,10 +59,10 @@ def memory_rows(engine: VLLMEngine, text: str, model: ModelSpec, s: LogSettings,
               # what vLLM >= 0.20 took out of the budget for its graphs (its estimate), else what they took
               "graphs": first_number(text, (r"CUDA graph pool memory: [\d.]+ GiB \(actual\), ([\d.]+) GiB",
                                              r"Estimated CUDA graph memory: ([\d.]+) GiB",
-                                             r"([\d.]+) GiB for CUDAGraph memory"))}
+                                             r"([\d.]+) GiB for (?:CUDAGraph|NPU graph) memory"))}
     peak = first_number(text, (r"peak_torch_memory=([\d.]+)GiB",))
     weights = first_number(text, (r"model weights take ([\d.]+)GiB", r"(?:Loading model weights took|Model "
-                                   r"loading took) ([\d.]+) G", r"Actual usage is ([\d.]+) GiB for weight"))
+                                   r"loading took) ([\d.]+) G", r"Actual usage(?: is|:) ([\d.]+) GiB for weight"))
     if logged["activation"] is None and peak is not None and weights is not None:
         logged["activation"] = peak - weights  # V0 0.6.4 prints the peak with the weights in it
     note = "kvbudget plan's estimate for these settings"

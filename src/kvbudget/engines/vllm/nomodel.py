@@ -8,8 +8,13 @@ import re
 
 from kvbudget.engines.base import LogCheck, LogRow
 from kvbudget.engines.vllm.logsettings import num
+from kvbudget.engines.vllm.refusal import MAMBA, read_refusal
+from kvbudget.units import GIB
 
 V0_BLOCK = 16  # vLLM's default block size (V0 and V1 for full attention)
+# V0's blocks line per device: '# GPU blocks: N' (CUDA, ROCm), '# CUDA blocks' (0.6), '# TPU blocks' (tpu_executor.py),
+# '# HPU blocks' / '# hpu blocks' (Gaudi's habana_executor.py and plugin)
+DEVICE_BLOCKS = r"\b(GPU|CUDA|[TH]PU|hpu) blocks: (\d+)"
 
 
 def _ratio_row(quantity: str, logged: str, value: float, printed: float, tolerance: float, note: str,
@@ -32,12 +37,17 @@ def check_without_model(text: str) -> LogCheck:
         rows.append(LogRow("KV budget", f"{min(budgets, key=float)} GiB", "-", None, f"read from the log{ranks}"))
     tokens = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
     conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
-    blocks = re.search(r"(?:GPU|CUDA) blocks: (\d+)", text)
+    blocks = re.search(DEVICE_BLOCKS, text)
     if tokens:
         rows.append(LogRow("KV cache size (tokens)", f"{int(num(tokens.group(1))):,}", "-", None, "read from the log"))
+    if blocks and not budgets and not tokens:  # V0's blocks line alone: its figures, what they hold needs the model
+        rows.append(LogRow(f"{blocks.group(1).upper()} blocks", f"{int(blocks.group(2)):,}", "-", None,
+                           "read from the log: the blocks of every layer's cache it made"))
+        if cpu := re.search(r"# CPU blocks: (\d+)", text):
+            rows.append(LogRow("CPU blocks (swap space)", f"{int(cpu.group(1)):,}", "-", None, "read from the log"))
     if conc:
         length, printed = int(num(conc.group(1))), float(conc.group(2))
-        held = int(num(tokens.group(1))) if tokens else int(blocks.group(1)) * V0_BLOCK if blocks else None
+        held = int(num(tokens.group(1))) if tokens else int(blocks.group(2)) * V0_BLOCK if blocks else None
         if held is not None:
             what = "the token count" if tokens else f"the blocks x {V0_BLOCK}"
             rows.append(_ratio_row(f"max concurrency at {length:,} tokens", f"{printed}x", held / length, printed,
@@ -48,13 +58,21 @@ def check_without_model(text: str) -> LogCheck:
         n = int(refused.group(2))
         rows.append(LogRow("refused: tokens the cache holds", f"{n:,}", "-", None, "vLLM V0's refusal"))
         if blocks:
-            rows.append(_ratio_row("refused: blocks x block size", f"{n:,}", int(blocks.group(1)) * V0_BLOCK, n, 0,
+            rows.append(_ratio_row("refused: blocks x block size", f"{n:,}", int(blocks.group(2)) * V0_BLOCK, n, 0,
                                    f"the log's blocks x {V0_BLOCK}", "another block size (--block-size)"))
-    if (needed := re.search(r"\(([\d.]+) GiB KV cache is needed, which is larger than the available KV cache "
-                            r"memory \(([\d.]+) GiB\)", re.sub(r"\s+", " ", text))):
-        rows.append(LogRow("refused: KV cache needed", f"{needed.group(1)} GiB",
-                           f"more than the {needed.group(2)} GiB available",
-                           float(needed.group(1)) > float(needed.group(2)), "vLLM V1's refusal"))
+    if (refusal := read_refusal(text)) and refusal.needed:
+        if refusal.max_len:
+            rows.append(LogRow("refused: max seq len", f"{int(refusal.max_len):,}", "-", None, "vLLM V1's refusal"))
+        rows.append(LogRow("refused: KV cache needed", f"{refusal.needed} GiB",
+                           f"more than the {refusal.available} GiB available" if refusal.available else "-",
+                           float(refusal.needed) > float(refusal.available) if refusal.available else None,
+                           "vLLM V1's refusal" + ("" if refusal.available else
+                                                  " (cut before the memory it had: how much one request needs, "
+                                                  "the model tells)")))
+    if mamba := MAMBA.search(text):
+        seqs, held = int(mamba.group(1)), int(mamba.group(2))
+        rows.append(LogRow("refused: Mamba cache blocks", f"{held:,}", f"fewer than max_num_seqs {seqs:,}",
+                           held < seqs, "every decoding sequence holds one block of the recurrent state"))
     if re.search(NO_MEMORY, re.sub(r"\s+", " ", text)):
         rows.append(LogRow("refused: no cache block", "refused", "-", None,
                            "the budget held no block of every layer: how large one is needs the model"))
@@ -62,14 +80,55 @@ def check_without_model(text: str) -> LogCheck:
     return LogCheck(engine="vllm", model_in_log=None, settings={}, rows=tuple(rows))
 
 
+# The one-line memory split (0.11 on, gpu_worker.py; vllm-ascend's worker.py the same with "Actual usage:"), and the
+# refusal where less is free than the share asks for ("... on startup is less than desired GPU memory utilization")
+_GIB = r"(\d{1,6}(?:\.\d{1,4})?)"  # a figure in GiB as vLLM rounds it
+_SPLIT = re.compile(r"Free memory on device \(" + _GIB + "/" + _GIB + r" GiB\) on startup(\.| is less than) desired "
+                    r"GPU memory utilization (?:is )?\(" + _GIB + ", " + _GIB + r" GiB\)", re.IGNORECASE)
+_TERM = re.compile(_GIB + r" GiB for (weights?|peak activation|non-torch memory|consumed memory \(weights \+ "
+                   r"non-torch\)|CUDAGraph memory|NPU graph memory)")
+_SUGGESTED = re.compile(r"--kv-cache-memory=(\d{1,16})`?\s*(?:\([\d.]{1,12} GiB\)\s*)?to (fit|fully)")
+BUFFER_GIB = 150 / 1024  # the 150 MiB the suggestion keeps back (gpu_worker.py's redundancy_buffer_memory)
+
+
 def _memory_rows(text: str) -> list[LogRow]:
-    """The engine's share of the GPU: the total times gpu_memory_utilization, as V0 and V1 print both."""
-    share = (re.search(r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_utilization \(([\d.]+)\) = ([\d.]+) ?GiB",
-                       text)
-             or re.search(r"Free memory on device \([\d.]+/([\d.]+) GiB\) on startup\. Desired GPU memory "
-                          r"utilization is \(([\d.]+), ([\d.]+) GiB\)", text))
-    if not share:
+    """The engine's share of the GPU: the total times gpu_memory_utilization, as V0 and V1 print both; and the one-line
+    split's own arithmetic where the log prints it."""
+    share = re.search(r"total_gpu_memory \(([\d.]+) ?GiB\) x gpu_memory_utilization \(([\d.]+)\) = ([\d.]+) ?GiB",
+                      text)
+    split = _SPLIT.search(text)
+    if share:
+        total, fraction, logged = (float(g) for g in share.groups())
+    elif split:
+        total, fraction, logged = (float(split.group(i)) for i in (2, 4, 5))
+    else:
         return []
-    total, fraction, logged = (float(g) for g in share.groups())
-    return [_ratio_row("memory: the engine's share", f"{logged:.2f} GiB", total * fraction, logged, 0.011,
+    rows = [_ratio_row("memory: the engine's share", f"{logged:.2f} GiB", total * fraction, logged, 0.011,
                        f"total {total} GiB x gpu_memory_utilization {fraction}", "the log's figures do not multiply")]
+    return rows + (_split_rows(text, split) if split and not share else [])
+
+
+def _split_rows(text: str, split: re.Match) -> list[LogRow]:
+    """The one-line split: the terms shown; the --kv-cache-memory it suggests checked against them (the share less
+    every term and a 150 MiB buffer; the free memory less the same), or, refused, the free memory below the share."""
+    free, requested = float(split.group(1)), float(split.group(5))
+    if split.group(3) != ".":
+        return [LogRow("refused: free memory below the share", f"{free:.2f} GiB free", f"{requested:.2f} GiB asked",
+                       free < requested, "vLLM refuses to start where less is free than gpu_memory_utilization asks")]
+    end = text.find("\n", split.start())
+    line = text[split.start():end if end >= 0 else None]
+    terms = [(what, float(gib)) for gib, what in _TERM.findall(line)]
+    rows = [LogRow(f"memory: {what}", f"{gib:.2f} GiB", "-", None, "read from the log's memory split")
+            for what, gib in terms]
+    suggested = {kind: int(b) / GIB for b, kind in _SUGGESTED.findall(line)}
+    if "fit" in suggested and terms:
+        rows.append(_ratio_row("memory: suggested --kv-cache-memory", f"{suggested['fit']:.2f} GiB",
+                               requested - sum(g for _, g in terms) - BUFFER_GIB, suggested["fit"],
+                               0.005 * (len(terms) + 1) + 0.001, "the share less the terms and 150 MiB",
+                               "a term sized apart from the one printed (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS)"))
+    if "fit" in suggested and "fully" in suggested:
+        rows.append(_ratio_row("memory: free memory less the share", f"{suggested['fully'] - suggested['fit']:.2f} "
+                               "GiB", free - requested, suggested["fully"] - suggested["fit"], 0.011,
+                               "the two suggestions apart: free memory less the share",
+                               "the log's figures do not subtract"))
+    return rows
