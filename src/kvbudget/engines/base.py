@@ -384,11 +384,10 @@ class Engine:
     def check_attention_backend(self, model: ModelSpec, backend: str) -> None:
         """Refuse a backend this engine does not take for `model` (the names compare without case)."""
         known = self.attention_backends(model)
-        if backend.upper() in (k.upper() for k in known):
-            return
-        takes = f"one of {', '.join(known)}" if known else f"none for {model.name}; leave it out"
-        raise EngineRuleError(f"attention_backend {shown(backend)}: kvbudget's {self.name} takes {takes}",
-                              param="attention_backend")
+        if backend.upper() not in (k.upper() for k in known):
+            takes = f"one of {', '.join(known)}" if known else f"none for {model.name}; leave it out"
+            raise EngineRuleError(f"attention_backend {shown(backend)}: kvbudget's {self.name} takes {takes}",
+                                  param="attention_backend")
 
     def refuse_unchecked(self, model: ModelSpec, options: EngineOptions | None = None) -> None:
         """Raise for a family in `unchecked_families`, or a layer of a kind this engine does not size, or options it
@@ -406,11 +405,10 @@ class Engine:
                      ("flashinfer_sampler", options.flashinfer_sampler),
                      ("extensible_kv_cache", not options.extensible_kv_cache))
             if knob := next((name for name, on in asked if on), None):
-                said = named(knob, value=False) if knob == "extensible_kv_cache" else knob
-                raise EngineRuleError(f"{said}: a vLLM setting kvbudget models for vLLM only, not {self.name}; "
-                                      "leave it out", param=knob)
-        why = self.unchecked_families.get(model.model_type)
-        if why:
+                raise EngineRuleError(f"{named(knob, value=False) if knob == 'extensible_kv_cache' else knob}: a vLLM "
+                                      f"setting kvbudget models for vLLM only, not {self.name}; leave it out",
+                                      param=knob)
+        if why := self.unchecked_families.get(model.model_type):
             raise UnsupportedArchitectureError(f"{model.name}: {why}, so kvbudget does not size it for "
                                                f"{self.name} yet; use the vllm or hf engine")
         other = next((s for s in model.layers if not isinstance(s, self.layer_kinds)), None)

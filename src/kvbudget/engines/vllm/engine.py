@@ -47,7 +47,7 @@ from kvbudget.engines.base import (
 )
 from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge
 from kvbudget.engines.tiers import HostTier
-from kvbudget.engines.vllm import lora, mxfp4, offload, speculative
+from kvbudget.engines.vllm import lora, mxfp4, offload, refusal, speculative
 from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.extensible import serving_share
 from kvbudget.engines.vllm.gauges import vllm_pool
@@ -60,7 +60,6 @@ from kvbudget.engines.vllm.memory import (
     v0_serving,
 )
 from kvbudget.engines.vllm.packed import PackedLayout, check_packed_options, packed_layout, packed_specs
-from kvbudget.engines.vllm.refusal import SIGNATURES as REFUSAL_SIGNATURES
 from kvbudget.engines.vllm.releases import (
     BATCH_DEFAULTS,
     DEFAULT_BLOCK_SIZE,
@@ -92,9 +91,7 @@ from kvbudget.model.spec import (
 from kvbudget.speculative import SpecMethod, Speculative
 from kvbudget.units import cdiv, format_bytes
 
-# MLA on CPU: the reference backend (x86 with AMX, as on our test machine) takes 16; on GPUs the block size
-# follows the attention backend, by release and GPU (Release.mla_block_size).
-CPU_MLA_BLOCK_SIZE = 16
+CPU_MLA_BLOCK_SIZE = 16  # MLA on CPU (x86 with AMX); on GPUs by backend, release and GPU (Release.mla_block_size)
 KERNEL_BLOCK_ALIGNMENT = {Device.CUDA: 16, Device.CPU: 16}  # smallest kernel block of the default attention backend
 DEFAULT_MAX_NUM_BATCHED_TOKENS = BATCH_DEFAULTS["small"][0]
 _FP32 = get_dtype("float32")
@@ -179,12 +176,12 @@ class VLLMEngine(Engine):
                                source="vllm 0.32 entrypoints/openai/chat_completion/serving.py (get_max_tokens), "
                                       "completion/protocol.py")
     log_signatures = (r"KV cache size: +[\d,]+ tokens", r"\b(?:GPU|CUDA|[TH]PU|hpu) blocks: \d+", r"V1 LLM engine",
-                      r"Maximum concurrency for", r"vLLM API server version \d",
-                      r"Available KV cache memory: -?[\d.]+ GiB", *REFUSAL_SIGNATURES,
+                      r"Maximum concurrency for", r"vLLM API server version \d", *refusal.SIGNATURES,
+                      r"Available KV cache memory: -?[\d.]+ GiB", r"Current kv cache memory in use is \d",
                       r"larger than the maximum number of tokens that can be stored in KV cache",
                       r"reserved for KV Cache is [\d.]+", r"kv_cache_size[= ]\s{0,20}[\d.]+ ?GiB",
                       r"memory for KV Cache as specified by kv_cache_memory_bytes",
-                      r"Current kv cache memory in use is \d", r"No available memory for the cache blocks",
+                      r"No available memory for the cache blocks",
                       r"Free memory on device \([\d.]+/[\d.]+ GiB\) on startup")  # 0.11 on and vllm-ascend's split
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,

@@ -298,7 +298,8 @@ def release(options: EngineOptions) -> Release:
 
 # Eras of the start-up arithmetic that sets the KV budget, by the releases that changed it (above and memory.py): V0;
 # V1 before the one-line memory split of 0.11; 0.11-0.19; the CUDA-graph term from 0.20; the null block from 0.27;
-# 0.34's extensible KV cache (sized from the memory free after warm-up). The budget's error band is measured per era (kvbudget.budgetbands), oldest first.
+# 0.34's extensible KV cache (sized from the memory free after warm-up). The budget's error band is measured per
+# era (kvbudget.budgetbands), oldest first.
 BUDGET_ERAS = (((0, 0), "vLLM V0 (to 0.7)"), ((0, 8), "vLLM 0.8-0.10"), ((0, 11), "vLLM 0.11-0.19"),
                ((0, 20), "vLLM 0.20-0.26"), ((0, 27), "vLLM 0.27-0.33"), ((0, 34), "vLLM 0.34"))
 
