@@ -58,7 +58,7 @@ from kvbudget.engines.sglang.releases import (
 )
 from kvbudget.engines.tiers import HostTier
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
-from kvbudget.gpus import gpus
+from kvbudget.gpus import gpus, reported_total
 from kvbudget.model.params import vision_tower
 from kvbudget.model.spec import (
     Attention,
@@ -207,9 +207,10 @@ class SGLangEngine(Engine):
         drafter = drafting.reserve_mib(options.speculative)
         vision = vision_tower(model) if model else None
         vendor = next((card.vendor for card in gpus() if card.name == gpu_name), "")
-        graphs = piecewise_mib(gpu_memory / MIB, tp, version, bool(model and model.has_latent)) if _piecewise(
+        reported = reported_total(gpu_memory, gpu_name) / MIB  # nvidia-smi's / rocminfo's, not torch's
+        graphs = piecewise_mib(reported, tp, version, bool(model and model.has_latent)) if _piecewise(
             model, vision, vendor, options) else 0
-        fraction = mem_fraction_static(gpu_memory / MIB, tp, 1, version, drafter, graphs)
+        fraction = mem_fraction_static(reported, tp, 1, version, drafter, graphs)
         knob = f"mem_fraction_static default ({release_name(era(version))}'s rule for this card"
         factor, scales_given = multimodal_factor(vision, version)
         cut = aiter_factor(version, max_model_len, _mla_heads(model, tp)) if vendor == "AMD" else 1.0
