@@ -359,9 +359,10 @@ def _buffer_rows(split: re.Match | None, joint: re.Match | None, rows_held: int,
 
 
 # Memory in use before the weights load, below the GPU's catalog figure (SGLang's `Load weight begin. avail mem`):
-# 0.86 GiB on an L4 at tp 4 (sglang 0.4.3 log in tests/data/logs; the L4's figure is nvidia-smi's) and 1.96 GiB on
-# an H200 at tp 8 (`Init torch distributed ends. mem usage=1.96 GB`, sglang PR #11716). One log each: fits.
-PRELOAD = int(0.86 * GIB)
+# 0.42 GiB on an L4 at tp 4 (sglang 0.4.3 log in tests/data/logs: torch's 22.05 GiB total less the 21.63 free; 0.86
+# while the catalog's L4 was nvidia-smi's 22.49) and 1.96 GiB on an H200 at tp 8 (`Init torch distributed ends. mem
+# usage=1.96 GB`, sglang PR #11716). One log each: fits.
+PRELOAD = int(0.42 * GIB)
 PRELOAD_TP8 = int(1.96 * GIB)
 NSA_PAGE = 64  # SGLang forces 64-token pages for DeepSeek's sparse attention (server_args.py)
 NSA_FP8_ROW = 656  # an fp8 NSA latent row: 512 fp8 values, 4 float32 scales, 64 bf16 rope values
