@@ -13,7 +13,8 @@ from kvbudget.engines.sglang.releases import mem_fraction_static
 from kvbudget.gpus import find_gpu, gpu_card
 from kvbudget.units import GIB, MIB
 
-# nvidia-smi's memory.total in MiB, written from the datasheet-level public figures the catalog cites
+# nvidia-smi's memory.total in MiB as public nvidia-smi tables print it (an H100 80GB HBM3: 81,559 MiB; an H200:
+# 143,771 MiB, e.g. beside vLLM's 'Free memory on device (116.87/139.81 GiB)' in one report), written here by hand
 NVIDIA_SMI_MIB = {"H100-80GB": 81559, "H200": 143771}
 
 
