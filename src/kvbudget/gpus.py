@@ -33,6 +33,7 @@ class GPU:
     host_link_bytes_per_s: float | None = None  # its datasheet bandwidth, one direction
     links: tuple[Interconnect, ...] = ()  # GPU-to-GPU links the card can have in one node, the one it always has first
     nvlink_bytes_per_s: float | None = None  # its NVLink (or bridge), both directions together; None without
+    reported_bytes: int | None = None  # the total nvidia-smi (memory.total) or rocminfo reports; None where unknown
 
     @property
     def link(self) -> Interconnect | None:
@@ -78,7 +79,18 @@ def _make(g: dict[str, Any]) -> GPU:
                interconnect_bytes_per_s=g["interconnect_gbps"] * 1e9 if g.get("interconnect_gbps") else None,
                gpus_per_node=g.get("gpus_per_node", 8), segment=g.get("segment", ""), host_link=g.get("host_link"),
                host_link_bytes_per_s=g["host_link_gbps"] * 1e9 if g.get("host_link_gbps") else None,
-               links=tuple(Interconnect(k) for k in g.get("links", ())), nvlink_bytes_per_s=nvlink)
+               links=tuple(Interconnect(k) for k in g.get("links", ())), nvlink_bytes_per_s=nvlink,
+               reported_bytes=g["memory_mib_reported"] * MIB if g.get("memory_mib_reported") else None)
+
+
+def reported_total(gpu_memory: int, gpu_name: str) -> int:
+    """The card's total as nvidia-smi (memory.total) or rocminfo reports it, which SGLang reads where vLLM reads
+    torch's: the catalog card's own where `gpu_memory` is that card's memory and the catalog has the figure, else
+    `gpu_memory` (a memory given, or a card no source has given the driver's figure for)."""
+    card = next((g for g in gpus() if g.name == gpu_name), None)
+    if card is None or card.memory_bytes != gpu_memory or card.reported_bytes is None:
+        return gpu_memory
+    return card.reported_bytes
 
 
 def _key(text: str) -> str:

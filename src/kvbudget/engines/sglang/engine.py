@@ -58,7 +58,7 @@ from kvbudget.engines.sglang.releases import (
 )
 from kvbudget.engines.tiers import HostTier
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
-from kvbudget.gpus import gpus
+from kvbudget.gpus import gpus, reported_total
 from kvbudget.model.params import vision_tower
 from kvbudget.model.spec import (
     Attention,
@@ -207,9 +207,10 @@ class SGLangEngine(Engine):
         drafter = drafting.reserve_mib(options.speculative)
         vision = vision_tower(model) if model else None
         vendor = next((card.vendor for card in gpus() if card.name == gpu_name), "")
-        graphs = piecewise_mib(gpu_memory / MIB, tp, version, bool(model and model.has_latent)) if _piecewise(
+        reported = reported_total(gpu_memory, gpu_name) / MIB  # nvidia-smi's / rocminfo's, not torch's
+        graphs = piecewise_mib(reported, tp, version, bool(model and model.has_latent)) if _piecewise(
             model, vision, vendor, options) else 0
-        fraction = mem_fraction_static(gpu_memory / MIB, tp, 1, version, drafter, graphs)
+        fraction = mem_fraction_static(reported, tp, 1, version, drafter, graphs)
         knob = f"mem_fraction_static default ({release_name(era(version))}'s rule for this card"
         factor, scales_given = multimodal_factor(vision, version)
         cut = aiter_factor(version, max_model_len, _mla_heads(model, tp)) if vendor == "AMD" else 1.0
@@ -358,9 +359,10 @@ def _buffer_rows(split: re.Match | None, joint: re.Match | None, rows_held: int,
 
 
 # Memory in use before the weights load, below the GPU's catalog figure (SGLang's `Load weight begin. avail mem`):
-# 0.86 GiB on an L4 at tp 4 (sglang 0.4.3 log in tests/data/logs; the L4's figure is nvidia-smi's) and 1.96 GiB on
-# an H200 at tp 8 (`Init torch distributed ends. mem usage=1.96 GB`, sglang PR #11716). One log each: fits.
-PRELOAD = int(0.86 * GIB)
+# 0.42 GiB on an L4 at tp 4 (sglang 0.4.3 log in tests/data/logs: torch's 22.05 GiB total less the 21.63 free; 0.86
+# while the catalog's L4 was nvidia-smi's 22.49) and 1.96 GiB on an H200 at tp 8 (`Init torch distributed ends. mem
+# usage=1.96 GB`, sglang PR #11716). One log each: fits.
+PRELOAD = int(0.42 * GIB)
 PRELOAD_TP8 = int(1.96 * GIB)
 NSA_PAGE = 64  # SGLang forces 64-token pages for DeepSeek's sparse attention (server_args.py)
 NSA_FP8_ROW = 656  # an fp8 NSA latent row: 512 fp8 values, 4 float32 scales, 64 bf16 rope values

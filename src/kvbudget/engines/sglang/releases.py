@@ -35,9 +35,9 @@ read in the sdists named). The rule changed often; the releases whose source was
 0.4.7, whose source was not read, is refused rather than answered with a neighbour's rule. `sglang@0.4` is 0.4.6,
 `sglang@0.5` is 0.5.3.
 SGLang reads the card's memory as nvidia-smi reports it, on AMD as rocminfo's first pool (its size in KiB / 1,024:
-the nominal 288 GiB of an MI355X: get_amdgpu_memory_capacity in utils.py, 0.4.8-0.5.10); kvbudget uses the
-catalog's figure (torch's, where known: about 0.6% less, which moves the fraction by under 0.001).
-"""
+the nominal 288 GiB of an MI355X: get_amdgpu_memory_capacity in utils.py, 0.4.8-0.5.10), so the default fraction
+is taken of the catalog's nvidia-smi / rocminfo figure (kvbudget.gpus.reported_total), never of torch's total; the
+pool is then that fraction of what torch finds free (model_runner.py profile_max_num_token)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from kvbudget.engines.sglang.hiradix import HiCacheScheduler
 from kvbudget.engines.sglang.scheduler import SGLangScheduler
 from kvbudget.engines.tiers import required_link
 from kvbudget.errors import KVBudgetError, named
+from kvbudget.gpus import reported_total
 
 if TYPE_CHECKING:
     from kvbudget.engines.sglang.engine import SGLangEngine
@@ -61,7 +62,8 @@ class SGLangSimulator(SimulatorDefaults):
         tokens = planned.capacity.kv_cache_tokens
         tiers = self._host_tier(ask, planned, tokens)
         chunk, rows = self.engine.scheduler_defaults(tokens, planned.max_model_len,
-                                                     planned.gpu_memory_bytes if planned.gpu else None)
+                                                     reported_total(planned.gpu_memory_bytes, planned.gpu_name)
+                                                     if planned.gpu else None)
         return Setup(engine=self.engine.name, model=ask.model.name, num_blocks=tokens, block_size=1,
                      kv_memory_bytes=planned.kv_memory, max_num_seqs=ask.max_num_seqs or rows,
                      max_num_batched_tokens=ask.max_num_batched_tokens or chunk,
