@@ -10,7 +10,7 @@
 with requested = ceil(total x gpu_memory_utilization) (v1/worker/utils.py request_memory), the utilization 1.0 when
 unset (config/cache.py resolved_gpu_memory_utilization). The expected budgets below are that arithmetic, written
 out with the plan's terms pinned (weights, activation peak, overhead = non-torch + graphs given), and the memory
-in use at the snapshot as kvbudget's stated estimate: 0.86 GiB below 8 ranks."""
+in use at the snapshot as kvbudget's stated estimate: 0.42 GiB below 8 ranks."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from kvbudget.errors import EngineRuleError
 from kvbudget.gpus import find_gpu
 from kvbudget.units import GIB
 
-IN_USE = int(0.86 * GIB)  # kvbudget's estimate of what the snapshot finds in use (CUDA context, NCCL)
+IN_USE = int(0.42 * GIB)  # kvbudget's estimate of what the snapshot finds in use (CUDA context, NCCL)
 WEIGHTS, OVERHEAD = 15 * GIB, GIB
 
 

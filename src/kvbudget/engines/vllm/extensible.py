@@ -23,8 +23,8 @@ v1/core/kv_cache_planning.py).
 In kvbudget's terms the share is `min(ceil(total x share), total - in use at the snapshot - margin)`, the rest as
 before (weights, activation peak, non-torch and graphs). What is in use at the snapshot (the CUDA context, cuBLAS
 handles, NCCL buffers: gpu_worker.py takes the snapshot after them) is not in any log kvbudget reads per release:
-the estimate is SGLang's fitted figure for the same memory (engines/sglang/engine.py PRELOAD: 0.86 GiB on an L4 at
-tp 4, 1.96 GiB on an H200 at tp 8).
+the estimate is SGLang's fitted figure for the same memory (engines/sglang/engine.py PRELOAD: 0.42 GiB on an L4 at
+tp 4 of torch's total, 1.96 GiB on an H200 at tp 8).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ MARGIN_FLOOR = {False: GIB, True: 3 * GIB}  # by ROCm: KV_CACHE_MARGIN_FLOOR_BYT
 MARGIN_FRACTION = 0.75  # KV_CACHE_MARGIN_FRACTION
 EXTENSIBLE_SHARE = 1.0  # resolved_gpu_memory_utilization with the extensible KV cache
 # Memory in use at the worker's snapshot, an estimate (see above): below 8 ranks, from 8
-IN_USE = int(0.86 * GIB)
+IN_USE = int(0.42 * GIB)
 IN_USE_TP8 = int(1.96 * GIB)
 
 
