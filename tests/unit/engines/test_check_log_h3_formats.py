@@ -1,0 +1,54 @@
+"""check-log on the formats of the third held-out batch's logs not read when it was measured (tests/data/logs/unseen/
+h3-*, looked at since: dev material now), each read as its engine's source prints it. Expected figures are worked out
+here from the lines themselves and the engines' sources named beside each test."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+from kvbudget.cli import main
+
+UNSEEN = Path(__file__).parents[2] / "data" / "logs" / "unseen"
+
+
+def run(name_or_text: str, *args: str, tmp_path: Path | None = None) -> tuple[int, dict, str]:
+    """check-log --json on an unseen log by name (or on text written to tmp_path): exit status, JSON, stderr."""
+    path = UNSEEN / name_or_text
+    if tmp_path is not None:
+        path = tmp_path / "pasted.log"
+        path.write_text(name_or_text)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(["check-log", str(path), "--json", *args])
+    return status, json.loads(out.getvalue()) if out.getvalue().startswith("{") else {}, err.getvalue().strip()
+
+
+def rows(result: dict) -> dict[str, tuple[str, str, bool | None]]:
+    return {r["quantity"]: (r["logged"], r["predicted"], r["matches"]) for r in result["rows"]}
+
+
+# TGI 0.9-1.1: the warm-up's refusal (server/text_generation_server/models/flash_causal_lm.py, v1.1.0), its batch
+# max_batch_prefill_tokens tokens (router/client/src/client.rs)
+
+def test_tgi_warmup_refusal_as_an_issue_title_checked_against_the_routers_span():
+    status, result, _ = run("h3-tgi-issue-1164-title-warmup-refusal-256.log", "--model", "llama-2-7b")
+    found = rows(result)
+    assert status == 0
+    assert found["warm-up refused: prefill tokens"] == ("256", "256", True)  # max_prefill_tokens=256 in the span
+    # Llama-2-7B: 32 layers x 32 KV heads x 128 x 2 (K, V) x 2 bytes = 524,288 bytes a token; 256 of them
+    assert found["KV memory of those tokens per shard"][1] == f"{256 * 524288 / 2**30:.2f} GiB"
+    assert found["max input tokens <= max batch prefill tokens"] == ("64 / 256", "holds", True)
+
+
+def test_tgi_shards_runtime_error_without_a_model_is_a_partial_check():
+    status, result, err = run("h3-tgi-issue-1067-awq-warmup-refusal.log")
+    assert status == 2 and result["partial"] and "--model" in err
+    assert rows(result)["warm-up refused: prefill tokens"][0] == "4,096"
+
+
+def test_tgi_launchers_warmup_error_alone_says_what_to_pass():
+    status, _, err = run("h3-tgi-issue-755-title-warmup-refusal-llama-2-70b-gptq.log", "--model", "llama-2-70b")
+    assert status == 2 and "warm-up's refusal" in err and "Args" in err and err.count("\n") == 0
