@@ -52,3 +52,23 @@ def test_tgi_shards_runtime_error_without_a_model_is_a_partial_check():
 def test_tgi_launchers_warmup_error_alone_says_what_to_pass():
     status, _, err = run("h3-tgi-issue-755-title-warmup-refusal-llama-2-70b-gptq.log", "--model", "llama-2-70b")
     assert status == 2 and "warm-up's refusal" in err and "Args" in err and err.count("\n") == 0
+
+
+# vLLM 0.1: '# GPU blocks: -1', the unclamped (total x gpu_memory_utilization - peak) // block of
+# vllm/worker/worker.py (profile_num_available_blocks), later refused as 'No available memory for the cache blocks'
+
+def test_vllm_0_1_negative_gpu_blocks_is_the_refusal_for_want_of_one_block():
+    status, result, _ = run("h3-vllm-issue-184-gpu-blocks-minus-one.log", "--model", "llama-2-7b")
+    found = rows(result)
+    assert status == 0
+    # a block: 16 tokens x 524,288 bytes = 8 MiB; V0's 4 GiB swap space holds 512 of them, as the log says
+    assert found["CPU blocks (4 GiB swap space)"] == ("512", "512", True)
+    assert found["refused: no cache block"] == ("refused", "under 8.00 MiB per GPU", None)
+    status, result, err = run("h3-vllm-issue-184-gpu-blocks-minus-one.log")
+    assert status == 2 and result["partial"] and "--model" in err and "refused: no cache block" in rows(result)
+
+
+def test_vllm_negative_blocks_never_read_as_a_count(tmp_path):
+    status, result, _ = run("INFO 06-21 10:00:18 llm_engine.py:128] # GPU blocks: -12, # CPU blocks: 512\n",
+                            "--model", "llama-2-7b", tmp_path=tmp_path)
+    assert status == 0 and "blocks" not in rows(result)

@@ -181,7 +181,7 @@ class VLLMEngine(Engine):
                       r"larger than the maximum number of tokens that can be stored in KV cache",
                       r"reserved for KV Cache is [\d.]+", r"kv_cache_size[= ]\s{0,20}[\d.]+ ?GiB",
                       r"memory for KV Cache as specified by kv_cache_memory_bytes",
-                      r"No available memory for the cache blocks",
+                      r"No available memory for the cache blocks", r"# GPU blocks: -\d",
                       r"Free memory on device \([\d.]+/[\d.]+ GiB\) on startup")  # 0.11 on and vllm-ascend's split
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
