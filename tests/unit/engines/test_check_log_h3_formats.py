@@ -72,3 +72,14 @@ def test_vllm_negative_blocks_never_read_as_a_count(tmp_path):
     status, result, _ = run("INFO 06-21 10:00:18 llm_engine.py:128] # GPU blocks: -12, # CPU blocks: 512\n",
                             "--model", "llama-2-7b", tmp_path=tmp_path)
     assert status == 0 and "blocks" not in rows(result)
+
+
+# vLLM V0 0.6.5's 'Memory profiling results:' printed one field a line (worker.py, the table of PR #10511)
+
+def test_vllm_v0_profiling_table_one_field_a_line():
+    status, result, _ = run("h3-vllm-pr-10511-profiling-table-columns.log", "--model", "llama-3.1-8b", "--tp", "1")
+    found = rows(result)
+    assert status == 0
+    assert found["KV budget"][0] == "53.29 GiB" and found["KV budget"][2] is True
+    assert found["memory: engine share"][0] == f"{79.22 * 0.9:.2f} GiB"
+    assert found["memory: profiling peak"][0] == "1.26 GiB" and found["memory: non-torch memory"][0] == "1.79 GiB"

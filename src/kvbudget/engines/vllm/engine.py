@@ -180,6 +180,7 @@ class VLLMEngine(Engine):
                       r"Available KV cache memory: -?[\d.]+ GiB", r"Current kv cache memory in use is \d",
                       r"larger than the maximum number of tokens that can be stored in KV cache",
                       r"reserved for KV Cache is [\d.]+", r"kv_cache_size[= ]\s{0,20}[\d.]+ ?GiB",
+                      r"available_kv_cache_memory[=:]?\s{0,20}[\d.]+ ?GiB",  # V0 0.6.5's profiling results
                       r"memory for KV Cache as specified by kv_cache_memory_bytes",
                       r"No available memory for the cache blocks", r"# GPU blocks: -\d",
                       r"Free memory on device \([\d.]+/[\d.]+ GiB\) on startup")  # 0.11 on and vllm-ascend's split
