@@ -83,3 +83,42 @@ def test_vllm_v0_profiling_table_one_field_a_line():
     assert found["KV budget"][0] == "53.29 GiB" and found["KV budget"][2] is True
     assert found["memory: engine share"][0] == f"{79.22 * 0.9:.2f} GiB"
     assert found["memory: profiling peak"][0] == "1.26 GiB" and found["memory: non-torch memory"][0] == "1.79 GiB"
+
+
+# SGLang: 'max_total_tokens=M is larger than the profiled value P' (model_runner.py), P below zero a refusal; and
+# 'server_args=ServerArgs(...)' alone
+
+def test_sglang_negative_profiled_pool_on_every_rank_is_a_refusal():
+    name = "h3-sglang-issue-7691-rocm-dp8-negative-profiled.log"
+    status, result, _ = run(name, "--model", "deepseek-r1")
+    found = rows(result)
+    assert status == 0 and result["settings"]["tp"] == 8  # '[... DP7 TP7]': eight ranks
+    assert found["profiled pool (tokens)"] == ("-561,981", "-", True)  # the 8 ranks print one value
+    # DeepSeek-R1's MLA cell: 61 layers x (512 latent + 64 rope) x 2 bytes = 70,272 bytes a token
+    assert found["memory the pool fell short by (per rank)"][1] == f"{561981 * 70272 / 2**30:.2f} GiB"
+    assert found["memory: weights as loaded"][0] == "166.59 GB"
+    assert found["refused: fits"] == ("no", "no", True)
+    status, result, err = run(name)
+    assert status == 2 and result["partial"] and "--model" in err and "profiled pool (tokens)" in rows(result)
+
+
+def test_sglang_positive_profiled_value_is_the_pool(tmp_path):
+    text = ("[2026-02-11 06:45:01] max_total_tokens=131072 is larger than the profiled value 50756. Use the "
+            "profiled value instead.\n")
+    status, result, _ = run(text, "--model", "llama-3.1-8b", tmp_path=tmp_path)
+    assert status == 0 and rows(result)["pool (tokens)"][0] == "50,756"
+
+
+def test_sglang_server_args_alone_checked_against_the_model():
+    status, result, _ = run("h3-sglang-issue-1030-server-args-llama-3-8b.log", "--model", "llama-3.1-8b")
+    assert status == 0
+    assert rows(result)["context_length within the model's context"] == ("4,096", "<= 131,072", True)
+
+
+def test_sglang_server_args_beyond_the_models_context_and_heads(tmp_path):
+    text = "server_args=ServerArgs(model_path='x', context_length=262144, tp_size=3, mem_fraction_static=0.88)\n"
+    status, result, _ = run(text, "--model", "llama-3.1-8b", tmp_path=tmp_path)
+    found = rows(result)
+    assert status == 1
+    assert found["context_length within the model's context"][2] is False  # 262,144 > 131,072
+    assert found["tensor parallel size fits the heads"] == ("3", "32 attention heads, 8 KV heads", False)

@@ -42,6 +42,7 @@ from kvbudget.engines.base import (
 from kvbudget.engines.kinds import KindTable, no_cache
 from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge, tokens_budget
 from kvbudget.engines.sglang import speculative as drafting
+from kvbudget.engines.sglang import startlog
 from kvbudget.engines.sglang.gauges import sglang_pool
 from kvbudget.engines.sglang.hicache import hicache_rows, hicache_tier
 from kvbudget.engines.sglang.releases import (
@@ -57,7 +58,7 @@ from kvbudget.engines.sglang.releases import (
     release_name,
 )
 from kvbudget.engines.tiers import HostTier
-from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
+from kvbudget.errors import BudgetError, EngineRuleError, UnsupportedArchitectureError
 from kvbudget.gpus import gpus
 from kvbudget.model.params import vision_tower
 from kvbudget.model.spec import (
@@ -96,7 +97,8 @@ class SGLangEngine(Engine):
                                completions_default=16, zero_is_absent=True,
                                source="sglang 0.5.23 srt/entrypoints/openai/protocol.py, managers/scheduler.py")
     # 2026 releases print the dtype before #tokens; the scheduler's line follows the pool's
-    log_signatures = (r"KV Cache is allocated\.[^\n]*#tokens", r"max_total_num_tokens=\d+, chunked_prefill_size=")
+    log_signatures = (r"KV Cache is allocated\.[^\n]*#tokens", r"max_total_num_tokens=\d+, chunked_prefill_size=",
+                      *startlog.SIGNATURES)
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
@@ -263,7 +265,8 @@ class SGLangEngine(Engine):
     def check_log_without_model(self, text: str, given: Mapping[str, Any] | None = None) -> LogCheck:
         from kvbudget.engines.sglang.memorylog import check_without_model  # ReadsLogsWithoutModel
 
-        return check_without_model(text)
+        check = check_without_model(text)  # without a pool line, the profiled pool (engines/sglang/startlog.py)
+        return check if check.rows else replace(check, rows=tuple(startlog.ranks_row(startlog.profiled(text))))
 
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         """SGLang prints its pool in tokens and the buffer sizes per rank ("GB" meaning GiB): K and V apart for
@@ -272,10 +275,11 @@ class SGLangEngine(Engine):
         split = re.search(r"#tokens: (\d+), K size: ([\d.]+) GB, V size: ([\d.]+) GB", text)
         joint = re.search(r"#tokens: (\d+), KV size: ([\d.]+) GB", text)
         # without the buffer sizes, the pool's count alone: the memory it takes for the model is shown, not checked
-        count = split or joint or re.search(r"max_total_num_tokens=(\d+)|#tokens: (\d+)", text)
-        if not count:
-            raise KVBudgetError("check-log: the SGLang log lacks 'KV Cache is allocated. #tokens: N, K size: ..., "
-                                "V size' (or 'KV size' for MLA models) and 'max_total_num_tokens='")
+        count = split or joint or re.search(r"max_total_num_tokens=(\d+)|#tokens: (\d+)|profiled value (\d+)\.",
+                                            text)
+        if not count:  # a profiled pool below zero, or the server arguments alone (engines/sglang/startlog.py)
+            return startlog.check_without_pool(text, model, dict(given or {}), lambda tp, dtype: sum(
+                self.kv_buffers(model, dtype, tp)))
         given = dict(given or {})
         tokens = int(next(g for g in count.groups() if g))
         tp_text = t.group(1) if (t := re.search(r"(?:--tp(?:-size)?|tp_size=)[ =]?(\d+)", text)) else None
