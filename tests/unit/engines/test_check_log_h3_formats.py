@@ -122,3 +122,51 @@ def test_sglang_server_args_beyond_the_models_context_and_heads(tmp_path):
     assert status == 1
     assert found["context_length within the model's context"][2] is False  # 262,144 > 131,072
     assert found["tensor parallel size fits the heads"] == ("3", "32 attention heads, 8 KV heads", False)
+
+
+# llama.cpp: the KV allocation refusal (llama_kv_cache_init, b3184 on) and ik_llama.cpp's MLA 'c^KV' cache
+
+def test_llamacpp_kv_allocation_refusal_in_backticks_checked_against_the_cache():
+    name = "h3-llamacpp-issue-8101-kv-alloc-failed-1m-ctx-backticks.log"
+    status, result, _ = run(name, "--model", "llama-3.1-8b")
+    found = rows(result)
+    # Llama-3.1-8B at 1,048,576 cells: 32 layers x 8 KV heads x 128 x 2 (K, V) x 2 bytes = 131,072 bytes a cell;
+    # ggml asked for 32 bytes more (alignment)
+    assert status == 0 and result["settings"]["n_ctx"] == 1048576
+    assert found["refused: KV cache buffer (bytes)"] == ("137,438,953,504", f"{1048576 * 131072:,}", True)
+    status, result, _ = run(name, "--model", "llama-2-7b")  # four times the bytes a cell: not this log's model
+    assert status == 1 and rows(result)["refused: KV cache buffer (bytes)"][2] is False
+    status, result, err = run(name)
+    assert status == 2 and result["partial"] and "--model" in err
+    assert rows(result)["refused: KV cache buffer"][0] == "128.00 GiB"
+
+
+def test_llama_cpp_python_refusal_between_another_apps_timestamped_lines():
+    status, result, err = run("h3-llamacpp-python-khoj-1127-kv-alloc-failed-timestamps.log")
+    assert status == 2 and result["partial"] and "--model" in err
+    assert rows(result)["refused: KV cache buffer"][0] == f"{17179869216 / 2**30:.2f} GiB"
+
+
+def test_ik_llamacpp_mla_kv_self_over_sixteen_and_eleven_gpus():
+    for name, size in (("h3-iklamacpp-pr-239-sixteen-gpus-mla-kv-self.log", "137.25"),
+                       ("h3-iklamacpp-issue-749-eleven-gpus-kv-self-280gb-oom.log", "1005.79")):
+        status, result, err = run(name)
+        found = rows(result)
+        assert status == 2 and result["partial"] and "--model" in err
+        assert found["KV self size"][2] is True and found["KV self size over the devices"][0] == f"{size} MiB"
+        assert found["KV self size over the devices"][2] is True
+
+
+def test_ik_llamacpp_mla_cells_implied_by_the_latent_cache():
+    status, result, _ = run("h3-iklamacpp-pr-235-mla-kv-self-compute-oom.log", "--model", "deepseek-r1")
+    found = rows(result)
+    # DeepSeek-R1: 61 layers x (512 + 64) x 2 bytes = 70,272 bytes a cell; 2196.00 MiB is 32,768 of them
+    assert status == 0 and found["c^KV (f16): cells"] == ("2196.00 MiB", "32,768.00 cells", True)
+    assert "KV self size over the devices" not in found  # the paste starts at CUDA11: not every device's buffer
+
+
+def test_ik_llamacpp_mla_cells_stated(tmp_path):
+    text = ("llama_new_context_with_model: n_ctx      = 4096\n"
+            "llama_new_context_with_model: KV self size  =  274.50 MiB, c^KV (f16):  274.50 MiB, kv^T: not used\n")
+    status, result, _ = run(text, "--model", "deepseek-r1", tmp_path=tmp_path)
+    assert status == 0 and rows(result)["c^KV (f16)"] == ("274.50 MiB", f"{4096 * 70272 / 2**20:.2f} MiB", True)

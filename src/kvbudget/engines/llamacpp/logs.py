@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.dtypes import Family, get_dtype
 from kvbudget.engines.base import LogCheck, LogRow
+from kvbudget.engines.llamacpp import kvlines
 from kvbudget.engines.llamacpp.releases import (
     CACHE_TYPES,
     LOG_TYPES,
@@ -56,7 +58,11 @@ def check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappin
         raise KVBudgetError(f"check-log: 'flash_attn = {flash_text}' in the llama.cpp log is not a value kvbudget "
                             "knows (0, 1, auto, enabled, disabled)")
     flash = _FLASH[flash_text.lower()] if flash_text is not None else None
+    if mla := kvlines.MLA_KV_SELF.search(text):  # ik_llama.cpp's MLA cache (engines/llamacpp/kvlines.py)
+        return kvlines.check_mla(text, model, mla)
     old = _OLD_KV_SELF.search(text)
+    if kvlines.KV_ALLOC_FAILED.search(text) and not old and not _LLAMA_LINE.search(text):
+        return _check_refusal(engine, text, model, flash)
     if old and not _LLAMA_LINE.search(text):
         return _check_old_log(engine, text, model, old, flash)
     n_ctx, n_seq = setting("n_ctx"), setting("n_seq_max")
@@ -193,6 +199,19 @@ def _check_old_log(engine: LlamaCppEngine, text: str, model: ModelSpec, kv_self:
                     rows=tuple(rows))
 
 
+def _check_refusal(engine: LlamaCppEngine, text: str, model: ModelSpec, flash: bool | None) -> LogCheck:
+    """'failed to allocate buffer for kv cache': the buffer refused against the one cache of n_ctx cells those
+    builds allocate (the cache type the log names, else llama.cpp's default f16)."""
+    cells = kvlines.n_ctx(text)
+    init = _OLD_KV_INIT.search(text)
+    k_type = LOG_TYPES.get(init.group(2), init.group(2)) if init else "f16"
+    kv = [b for b in engine.server_buffers(model, cells, 1, k_type, unified=True, release=_ERA_BUILDS[-1],
+                                           flash_attn=flash) if b.name != "recurrent"] if cells else []
+    check = kvlines.check_refusal(text, sum(b.total_bytes for b in kv) if kv else None, sum(b.layers for b in kv))
+    return replace(check, settings={**check.settings, **({"n_ctx": cells} if cells else {})},
+                   assumed={} if cells else {"n_ctx": "not in the log: the refused buffer is shown, not checked"})
+
+
 _KV_BUFFER = re.compile(r"llama_kv_cache(?:_init|_unified)?:\s+(\w+) KV buffer size =\s+([\d.]+) MiB")
 _LEGACY_KV = re.compile(r"kv self size\s*=\s*([\d.]+) MB")  # 2023 builds (ggjt files): one f16 or f32 cache
 _LEGACY_SHAPE = {k: re.compile(rf"llama_model_load_internal: {k}\s+=\s+(\d+)") for k in ("n_ctx", "n_layer", "n_embd")}
@@ -230,4 +249,5 @@ def check_without_model(text: str) -> LogCheck:
         rows.append(LogRow("kv self size", f"{legacy.group(1)} MB", f"{ours:.2f} MiB ({name})",
                            f"{ours:.2f}" == f"{float(legacy.group(1)):.2f}",
                            f"K and V of {ctx:,} cells x {layers} layers x {width} wide ('MB' are MiB)"))
+    rows += kvlines.rows_without_model(text)  # ik_llama.cpp's MLA cache, the KV allocation refusal
     return LogCheck(engine="llamacpp", model_in_log=None, settings={}, rows=tuple(rows))
