@@ -170,3 +170,24 @@ def test_ik_llamacpp_mla_cells_stated(tmp_path):
             "llama_new_context_with_model: KV self size  =  274.50 MiB, c^KV (f16):  274.50 MiB, kv^T: not used\n")
     status, result, _ = run(text, "--model", "deepseek-r1", tmp_path=tmp_path)
     assert status == 0 and rows(result)["c^KV (f16)"] == ("274.50 MiB", f"{4096 * 70272 / 2**20:.2f} MiB", True)
+
+
+# Ollama's scheduler line (logfmt, llm/memory.go and llm/ggml.go of v0.5.11)
+
+def test_ollama_offload_line_kv_estimate_against_the_model():
+    name = "h3-ollama-issue-9181-offload-line-kv-19.5gib.log"
+    status, result, _ = run(name, "--model", "llama-3.1-70b")
+    found = rows(result)
+    # 64,000 x 80 layers x (128 + 128) x 8 KV heads x 2 bytes = 20,971,520,000 bytes, printed as 19.5 GiB
+    assert status == 0 and found["Ollama: memory.required.kv"] == ("19.5 GiB", "19.5 GiB", True)
+    assert found["Ollama: GPU allocations added"] == ("87.2 GiB", "87.1 GiB", True)  # 4 x 21.8, each rounded
+    status, result, _ = run(name, "--model", "llama-3.1-8b")  # 32 layers: 7.8 GiB, not this log's model
+    assert status == 1 and rows(result)["Ollama: memory.required.kv"][1] == "7.8 GiB"
+
+
+def test_ollama_offload_line_under_journald_without_a_model():
+    status, result, err = run("h3-ollama-pr-12000-journal-offload-line-kv.log")
+    found = rows(result)
+    assert status == 2 and result["partial"] and "--model" in err
+    assert found["Ollama: memory.required.kv"][0] == "992.0 MiB"
+    assert found["Ollama: GPU allocations added"] == ("8.9 GiB", "8.9 GiB", True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.dtypes import Family, get_dtype
 from kvbudget.engines.base import LogCheck, LogRow
-from kvbudget.engines.llamacpp import kvlines
+from kvbudget.engines.llamacpp import kvlines, ollama
 from kvbudget.engines.llamacpp.releases import (
     CACHE_TYPES,
     LOG_TYPES,
@@ -63,6 +63,14 @@ def check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappin
     old = _OLD_KV_SELF.search(text)
     if kvlines.KV_ALLOC_FAILED.search(text) and not old and not _LLAMA_LINE.search(text):
         return _check_refusal(engine, text, model, flash)
+    if ollama.OFFLOAD.search(text) and not old and not _LLAMA_LINE.search(text):  # Ollama's scheduler line alone
+        rows = [r for r in (ollama.model_row(text, model),) if r] + ollama.rows_without_model(text)[1:]
+        if not rows:
+            raise KVBudgetError("check-log: the log has Ollama's offload line but not the runner's context size "
+                                "to check memory.required.kv against; pass the log up to its 'starting llama "
+                                "server' line")
+        return LogCheck(engine="llamacpp", model_in_log=None, settings={"format": "Ollama offload (logfmt)"},
+                        rows=tuple(rows))
     if old and not _LLAMA_LINE.search(text):
         return _check_old_log(engine, text, model, old, flash)
     n_ctx, n_seq = setting("n_ctx"), setting("n_seq_max")
@@ -250,4 +258,5 @@ def check_without_model(text: str) -> LogCheck:
                            f"{ours:.2f}" == f"{float(legacy.group(1)):.2f}",
                            f"K and V of {ctx:,} cells x {layers} layers x {width} wide ('MB' are MiB)"))
     rows += kvlines.rows_without_model(text)  # ik_llama.cpp's MLA cache, the KV allocation refusal
+    rows += ollama.rows_without_model(text)  # Ollama's scheduler line
     return LogCheck(engine="llamacpp", model_in_log=None, settings={}, rows=tuple(rows))
