@@ -191,3 +191,39 @@ def test_ollama_offload_line_under_journald_without_a_model():
     assert status == 2 and result["partial"] and "--model" in err
     assert found["Ollama: memory.required.kv"][0] == "992.0 MiB"
     assert found["Ollama: GPU allocations added"] == ("8.9 GiB", "8.9 GiB", True)
+
+
+# vLLM logs that state no KV figure but their settings: Model Runner V2's cross-layer KV cache shape
+# (kv_connector_model_runner_mixin.py) and the argument namespace
+
+def test_vllm_cross_layer_kv_shape_against_the_models_block():
+    name = "h3-vllm-pr-45947-mrv2-cross-layer-kv-shape.log"
+    status, result, _ = run(name, "--model", "llama-3.1-70b")
+    found = rows(result)
+    # (8724, 8, 80, 2, 16, 128): 8 KV heads x 80 layers x K and V x 16 tokens x 128 a block
+    assert status == 0 and found["cross-layer KV cache: values a block"] == ("2,621,440", f"{8 * 80 * 2 * 16 * 128:,}",
+                                                                               True)
+    assert found["GPU blocks"][0] == "8,724"
+    assert found["KV memory these blocks take"][1] == f"{8724 * 2621440 * 2 / 2**30:.2f} GiB"
+    status, result, _ = run(name, "--model", "llama-3.1-8b")  # 32 layers: not this log's model
+    assert status == 1 and rows(result)["cross-layer KV cache: values a block"][2] is False
+    status, result, err = run(name)
+    assert status == 2 and result["partial"] and "--model" in err and rows(result)["GPU blocks"][0] == "8,724"
+
+
+def test_vllm_argument_namespace_alone(tmp_path):
+    args = ("Namespace(model='x', dtype='auto', kv_cache_dtype='fp8', max_model_len={}, tensor_parallel_size={}, "
+            "gpu_memory_utilization=0.9, num_gpu_blocks_override=None, max_num_batched_tokens=None)\n")
+    status, result, _ = run(args.format(430000, 4), "--model", "llama-3.1-70b", tmp_path=tmp_path)
+    found = rows(result)
+    assert status == 1  # 430,000 beyond Llama-3.1-70B's 131,072
+    assert found["max_model_len within the model's context"] == ("430,000", "<= 131,072", False)
+    assert found["tensor parallel size fits the heads"] == ("4", "64 attention heads, 8 KV heads", True)
+    assert result["settings"]["kv_cache_dtype"] == "fp8"  # quoted in the namespace
+    status, _, err = run(args.format(32768, 3), "--model", "llama-3.1-70b", tmp_path=tmp_path)
+    assert status == 2 and "64 attention heads" in err and err.count("\n") == 0  # vLLM's own rule refuses tp 3
+
+
+def test_vllm_argument_namespace_without_a_model_says_what_to_pass():
+    status, _, err = run("h3-vllm-issue-16474-rocm-mi300x-maverick-args-wrapped.log")
+    assert status == 2 and "--model" in err and err.count("\n") == 0

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
 from kvbudget.engines.vllm.logsettings import other_sizes
+from kvbudget.engines.vllm.refusal import NO_MEMORY
 from kvbudget.engines.vllm.releases import SWAP_SPACE, release
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
@@ -168,9 +169,7 @@ def understood(text: str) -> str:
     return ", ".join(found) if found else "no vLLM line kvbudget reads"
 
 
-# V0 and V1: the budget held no block; vLLM 0.1 printed the count unclamped instead (vllm/worker/worker.py,
-# profile_num_available_blocks: (total x gpu_memory_utilization - peak) // block size, '# GPU blocks: -1')
-NO_MEMORY = r"No available memory for the cache blocks|# GPU blocks: -\d"
+
 
 
 def count_check(engine: VLLMEngine, text: str, model: ModelSpec, st: LogSettings, read: dict, assumed: dict,

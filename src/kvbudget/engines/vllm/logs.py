@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from kvbudget.choices import Device
 from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
 from kvbudget.engines.speclog import speculative_rows
-from kvbudget.engines.vllm import speculative
+from kvbudget.engines.vllm import argslog, speculative
 from kvbudget.engines.vllm.budgetless import (
     count_check,
     count_span,
@@ -297,6 +297,9 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
         return _drafting(needed_check(engine, model, st, read, assumed, refusal.needed), text, model, st)
     if not budgets and not conc and (counted := count_check(engine, text, model, st, read, assumed, v0_refusal)):
         return _drafting(replace(counted, rows=counted.rows + tuple(log._weights_rows(st))), text, model, st)
+    if not budgets and (argued := argslog.check(text, model, st, shown_settings(st, read, assumed), assumed, lambda: (
+            (layout := engine.layout(model, st.kv_dtype, st.tp, st.options())[0]).block_bytes, layout.block_size))):
+        return argued  # a shape line or the arguments alone (engines/vllm/argslog.py)
     if not budgets:
         raise KVBudgetError("check-log: the vLLM log states no KV budget ('Available KV cache memory', "
                             "'kv_cache_size=', 'Explicitly set' or a refusal naming the available memory); run vLLM "

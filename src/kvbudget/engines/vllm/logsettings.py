@@ -40,9 +40,9 @@ def setting(text: str, *names: str) -> str | None:
     for name in names:
         flag = name.replace("_", "-")
         short = (rf"(?<![\w-])-{_SHORT_FLAGS[name]}[ =](\d+)",) if name in _SHORT_FLAGS else ()
-        for pattern in (rf"\b{name}=([\w.\-]+)", rf"'{name}': '?([\w.\-]+)'?", rf"--(?:{flag}|{name})[ =]([\w.\-]+)",
-                        *short):
-            if m := re.search(pattern, text):
+        for pattern in (rf"\b{name}=['\"]?([\w.\-]+)", rf"'{name}': '?([\w.\-]+)'?",  # a namespace quotes strings
+                        rf"--(?:{flag}|{name})[ =]([\w.\-]+)", *short):
+            if (m := re.search(pattern, text)) and m.group(1) != "None":  # None: left unset (the namespace's)
                 return m.group(1).rstrip(".")  # "... with max_num_batched_tokens=512." ends a sentence
     return None
 

@@ -27,8 +27,9 @@ def _ratio_row(quantity: str, logged: str, value: float, printed: float, toleran
 
 def check_without_model(text: str) -> LogCheck:
     """The rows of a vLLM log that need no model."""
-    from kvbudget.engines.vllm.budgetless import NO_MEMORY
+    from kvbudget.engines.vllm.argslog import SHAPE
     from kvbudget.engines.vllm.logs import _rank_budgets
+    from kvbudget.engines.vllm.refusal import NO_MEMORY
 
     rows: list[LogRow] = []
     budgets = _rank_budgets(text)
@@ -45,6 +46,9 @@ def check_without_model(text: str) -> LogCheck:
                            "read from the log: the blocks of every layer's cache it made"))
         if cpu := re.search(r"# CPU blocks: (\d+)", text):
             rows.append(LogRow("CPU blocks (swap space)", f"{int(cpu.group(1)):,}", "-", None, "read from the log"))
+    if shape := SHAPE.search(text):  # the cross-layer KV cache (engines/vllm/argslog.py)
+        rows.append(LogRow("GPU blocks", f"{int(shape.group(1).split(',')[0]):,}", "-", None,
+                           "the cross-layer KV cache shape's first dimension"))
     if conc:
         length, printed = int(num(conc.group(1))), float(conc.group(2))
         held = int(num(tokens.group(1))) if tokens else int(blocks.group(2)) * V0_BLOCK if blocks else None
