@@ -227,3 +227,9 @@ def test_vllm_argument_namespace_alone(tmp_path):
 def test_vllm_argument_namespace_without_a_model_says_what_to_pass():
     status, _, err = run("h3-vllm-issue-16474-rocm-mi300x-maverick-args-wrapped.log")
     assert status == 2 and "--model" in err and err.count("\n") == 0
+
+
+def test_llamacpp_iswa_log_cut_before_its_size_lines_shows_the_cells():
+    status, result, err = run("h2-llamacpp-issue-14043-iswa-240k-cells.log")
+    assert status == 2 and result["partial"] and "--model" in err
+    assert rows(result)["non-SWA KV cache: cells"] == ("240,000", "-", None)

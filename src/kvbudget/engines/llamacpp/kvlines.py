@@ -44,10 +44,20 @@ def _sum_row(label: str, total: str, parts: list[str], note: str) -> LogRow:
     return LogRow(label, f"{total} MiB", f"{ours} MiB", abs(float(total) - float(ours)) <= 0.011 * len(parts), note)
 
 
+# llama_kv_cache_unified_iswa / llama_kv_cache_iswa (src/llama-kv-cache-*iswa.cpp, 2025-26) names each cache's cells
+# before its size line: n_ctx's (padded) for the non-SWA cache, or one stream's where the streams are apart
+_ISWA_CELLS = re.compile(r"creating\s+(non-SWA|SWA) KV cache, size = (\d{1,12}) cells")
+
+
 def rows_without_model(text: str) -> list[LogRow]:
     """The rows these lines check without the model: the MLA cache's size against its parts and the devices'
-    buffers; the refused buffer's size (and, with the cells, its bytes a cell) shown."""
+    buffers; the refused buffer's size (and, with the cells, its bytes a cell) shown; an iswa log cut before its
+    size lines, each cache's cells shown."""
     rows = []
+    if not re.search(r"llama_kv_cache\w*: size = ", text):
+        for which, cells in dict(_ISWA_CELLS.findall(text)).items():
+            rows.append(LogRow(f"{which} KV cache: cells", f"{int(cells):,}", "-", None,
+                               "read from the log (the log stops before its size line)"))
     if mla := MLA_KV_SELF.search(text):
         rows.append(_sum_row("KV self size", mla.group(1), [mla.group(3), mla.group(5) or "0"], "c^KV and kv^T added"))
         if devices := complete_devices(text):
