@@ -21,7 +21,7 @@ def settings_rows(model: ModelSpec, *, max_len: int | None, tp: int | None, leng
                            f"{model.name}'s max_position_embeddings" + ("" if within else
                                                                        ": beyond it only with rope scaling or the "
                                                                        "engine's override")))
-    if tp is not None:
+    if tp is not None and tp > 0:  # a size below 1 is refused where it is read
         heads = model.attention_heads
         kv = {layer.kv_heads for layer in model.layers if isinstance(layer, Attention)}
         fits = (heads is None or heads % tp == 0) and all(h % tp == 0 or tp % h == 0 for h in kv)

@@ -9,6 +9,8 @@ import io
 import json
 from pathlib import Path
 
+import pytest
+
 from kvbudget.cli import main
 
 UNSEEN = Path(__file__).parents[2] / "data" / "logs" / "unseen"
@@ -233,3 +235,21 @@ def test_llamacpp_iswa_log_cut_before_its_size_lines_shows_the_cells():
     status, result, err = run("h2-llamacpp-issue-14043-iswa-240k-cells.log")
     assert status == 2 and result["partial"] and "--model" in err
     assert rows(result)["non-SWA KV cache: cells"] == ("240,000", "-", None)
+
+
+@pytest.mark.parametrize("text", [
+    "server_args=ServerArgs(context_length=4096, tp_size=0)",
+    "[2025 DP0 TP0] max_total_tokens=5 is larger than the profiled value 0. Use the profiled value instead.",
+    "ERROR warmup{max_input_length=0 max_prefill_tokens=0}: Not enough memory to handle 0 prefill tokens",
+    'msg=offload memory.required.kv="1.2.3 GiB" memory.required.partial="0 B" memory.required.allocations="[]"\n'
+    'cmd="ollama runner --ctx-size 0 --parallel 0"',
+    "llama_new_context_with_model: n_ctx = 0\nggml_backend_cpu_buffer_type_alloc_buffer: failed to allocate buffer "
+    "of size 0\nllama_kv_cache_init: failed to allocate buffer for kv cache",
+    "llama_new_context_with_model: KV self size  =    1.2.3 MiB, c^KV (f16):    0.00 MiB, kv^T: not used",
+    "INFO x] Allocating a cross layer KV cache of shape (0, 0, 0, 0)",
+    "INFO llm_engine.py:128] # GPU blocks: -99999999999999999999, # CPU blocks: 0",
+])
+@pytest.mark.parametrize("model", [None, "llama-3.1-8b", "deepseek-r1"])
+def test_hostile_lines_of_these_formats_never_crash(text, model, tmp_path):
+    status, _, err = run(text + "\n", *(["--model", model] if model else []), tmp_path=tmp_path)
+    assert status in (0, 1, 2) and (status != 2 or err.count("\n") == 0), err

@@ -18,12 +18,13 @@ from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import LatentAttention, ModelSpec
 from kvbudget.units import GIB, MIB
 
-MLA_KV_SELF = re.compile(r"KV self size\s*=\s*([\d.]+) MiB, c\^KV \((\w+)\):\s*([\d.]+) MiB, "
-                         r"kv\^T(?: \((\w+)\))?:\s*(?:([\d.]+) MiB|not used)")
+_MIB = r"(\d{1,12}\.\d{2})"  # a size as llama.cpp prints it (%7.2f MiB)
+MLA_KV_SELF = re.compile(r"KV self size\s*=\s*" + _MIB + r" MiB, c\^KV \((\w+)\):\s*" + _MIB + " MiB, "
+                         r"kv\^T(?: \((\w+)\))?:\s*(?:" + _MIB + " MiB|not used)")
 KV_ALLOC_FAILED = re.compile(r"failed to allocate buffer for kv cache")
 _ALLOC_SIZE = re.compile(r"_buffer_type_alloc_buffer: failed to allocate buffer of size (\d{1,20})")
 SIGNATURES = (MLA_KV_SELF.pattern, KV_ALLOC_FAILED.pattern)
-_DEVICE = re.compile(r"llama_kv_cache(?:_init|_unified)?:\s+(\w+) KV buffer size =\s+([\d.]+) MiB")
+_DEVICE = re.compile(r"llama_kv_cache(?:_init|_unified)?:\s+(\w+) KV buffer size =\s+" + _MIB + " MiB")
 _N_CTX = re.compile(r"(?:llama_new_context_with_model|llama_context|llama_kv_cache_init|init): "
                     r"(?:n_ctx|kv_size)\s+=\s*(\d{1,12})")
 ALIGNMENT = 256  # the widest a backend aligns one tensor to (ggml's CUDA and Metal; the CPU's 32 or 64)

@@ -16,7 +16,8 @@ import re
 from kvbudget.engines.base import LogRow
 from kvbudget.model.spec import Attention, ModelSpec, SlidingWindow
 
-OFFLOAD = re.compile(r"msg=offload\b[^\n]*?memory\.required\.kv=\"?([\d.]+ (?:GiB|MiB|KiB|B))")
+_FIGURE = r"\d{1,9}(?:\.\d{1,3})? (?:GiB|MiB|KiB|B)"  # a HumanBytes2 figure
+OFFLOAD = re.compile(r"msg=offload\b[^\n]*?memory\.required\.kv=\"?(" + _FIGURE + ")")
 SIGNATURES = (r"memory\.required\.kv=",)
 _UNITS = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "B": 1}
 _BYTES_PER_VALUE = {"f16": 2.0, "q8_0": 1.0, "q4_0": 0.5}  # kvCacheBytesPerElement
@@ -53,10 +54,10 @@ def rows_without_model(text: str) -> list[LogRow]:
     said = f" for --ctx-size {ctx:,} (--parallel {parallel}), {kv_type}" if ctx else ""
     rows = [LogRow("Ollama: memory.required.kv", m.group(1), "-", None, f"Ollama's estimate of the cache{said}")]
     line = text[m.start():text.find("\n", m.start())]
-    partial = re.search(r"memory\.required\.partial=\"?([\d.]+ (?:GiB|MiB|KiB|B))", line)
+    partial = re.search(r"memory\.required\.partial=\"?(" + _FIGURE + ")", line)
     allocations = re.search(r"memory\.required\.allocations=\"?\[([^\]\n]{1,400})\]", line)
     if partial and allocations:
-        parts = [_bytes(p) for p in re.findall(r"[\d.]+ (?:GiB|MiB|KiB|B)", allocations.group(1))]
+        parts = [_bytes(p) for p in re.findall(_FIGURE, allocations.group(1))]
         total, slack = _bytes(partial.group(1))
         added = sum(p for p, _ in parts)
         rows.append(LogRow("Ollama: GPU allocations added", human(added), partial.group(1),

@@ -17,6 +17,7 @@ from kvbudget.engines.settingscheck import settings_rows
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
 from kvbudget.units import GIB
+from kvbudget.validate import positive
 
 PROFILED = re.compile(r"max_total_tokens=\d{1,12} is larger than the profiled value (-?\d{1,15})")
 SERVER_ARGS = r"server_args=ServerArgs\("
@@ -37,7 +38,7 @@ def tp_of(text: str, given: dict) -> tuple[int, str | None]:
     if given.get("tp"):
         return int(given["tp"]), "given"
     if m := re.search(r"(?:--tp(?:-size)?|tp_size=)[ =]?(\d{1,4})", text):
-        return int(m.group(1)), "the server arguments"
+        return positive(int(m.group(1)), "tp", "the log's tensor parallel size (tp_size)"), "the server arguments"
     ranks = [int(r) for r in _RANK_TP.findall(text)]
     return (max(ranks) + 1, "the ranks' prefixes") if ranks else (1, None)
 
