@@ -16,7 +16,7 @@ from kvbudget.dtypes import get_dtype
 from kvbudget.engines.base import LogCheck, LogRow
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import LatentAttention, ModelSpec
-from kvbudget.units import GIB, MIB
+from kvbudget.units import GIB, MIB, log_figure
 
 _MIB = r"(\d{1,12}\.\d{2})"  # a size as llama.cpp prints it (%7.2f MiB)
 MLA_KV_SELF = re.compile(r"KV self size\s*=\s*" + _MIB + r" MiB, c\^KV \((\w+)\):\s*" + _MIB + " MiB, "
@@ -40,9 +40,11 @@ def complete_devices(text: str) -> list[tuple[str, str]]:
     return found
 
 
-def _sum_row(label: str, total: str, parts: list[str], note: str) -> LogRow:
-    ours = f"{sum(float(p) for p in parts):.2f}"
-    return LogRow(label, f"{total} MiB", f"{ours} MiB", abs(float(total) - float(ours)) <= 0.011 * len(parts), note)
+def sum_row(label: str, total: str, parts: list[str], note: str) -> LogRow:
+    """A size the log prints (two decimals of MiB) against its parts added, each part's rounding allowed."""
+    ours = f"{sum(log_figure(p, 'size') for p in parts):.2f}"
+    return LogRow(label, f"{total} MiB", f"{ours} MiB",
+                  abs(log_figure(total, "size") - float(ours)) <= 0.011 * len(parts), note)
 
 
 # llama_kv_cache_unified_iswa / llama_kv_cache_iswa (src/llama-kv-cache-*iswa.cpp, 2025-26) names each cache's cells
@@ -60,9 +62,9 @@ def rows_without_model(text: str) -> list[LogRow]:
             rows.append(LogRow(f"{which} KV cache: cells", f"{int(cells):,}", "-", None,
                                "read from the log (the log stops before its size line)"))
     if mla := MLA_KV_SELF.search(text):
-        rows.append(_sum_row("KV self size", mla.group(1), [mla.group(3), mla.group(5) or "0"], "c^KV and kv^T added"))
+        rows.append(sum_row("KV self size", mla.group(1), [mla.group(3), mla.group(5) or "0"], "c^KV and kv^T added"))
         if devices := complete_devices(text):
-            rows.append(_sum_row("KV self size over the devices", mla.group(1), [s for _, s in devices],
+            rows.append(sum_row("KV self size over the devices", mla.group(1), [s for _, s in devices],
                                  f"the {len(devices)} devices' KV buffers added"))
     if KV_ALLOC_FAILED.search(text) and (size := _ALLOC_SIZE.search(text)):
         refused = int(size.group(1))

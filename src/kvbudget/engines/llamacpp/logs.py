@@ -23,7 +23,7 @@ from kvbudget.engines.llamacpp.releases import (
 )
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
-from kvbudget.units import MIB
+from kvbudget.units import MIB, log_figure
 
 if TYPE_CHECKING:
     from kvbudget.engines.llamacpp.engine import Buffer, LlamaCppEngine
@@ -200,8 +200,9 @@ def _check_old_log(engine: LlamaCppEngine, text: str, model: ModelSpec, kv_self:
         rows.append(LogRow("layers", init.group(4), str(layers), int(init.group(4)) == layers))
     for label, logged, ours in (("K", kv_self.group(3), k_mib), ("V", kv_self.group(5), v_mib),
                                 ("KV self size", kv_self.group(1), k_mib + v_mib)):
-        rows.append(LogRow(f"{label} ({k_type})", f"{logged} MiB", f"{ours:.2f} MiB", f"{float(logged):.2f}" ==
-                           f"{ours:.2f}", "llama.cpp prints two decimals of MiB"))
+        rows.append(LogRow(f"{label} ({k_type})", f"{logged} MiB", f"{ours:.2f} MiB",
+                           f"{log_figure(logged, 'cache size'):.2f}" == f"{ours:.2f}",
+                           "llama.cpp prints two decimals of MiB"))
     return LogCheck(engine="llamacpp", model_in_log=None,
                     settings={"n_ctx": cells, "cache_type": k_type, "format": "llama_kv_cache_init (2024-25)"},
                     rows=tuple(rows))
@@ -225,11 +226,6 @@ _LEGACY_KV = re.compile(r"kv self size\s*=\s*([\d.]+) MB")  # 2023 builds (ggjt 
 _LEGACY_SHAPE = {k: re.compile(rf"llama_model_load_internal: {k}\s+=\s+(\d+)") for k in ("n_ctx", "n_layer", "n_embd")}
 
 
-def _sum_row(label: str, total: str, parts: list[str], note: str) -> LogRow:
-    ours = f"{sum(float(p) for p in parts):.2f}"
-    return LogRow(label, f"{total} MiB", f"{ours} MiB", abs(float(total) - float(ours)) <= 0.011 * len(parts), note)
-
-
 def check_without_model(text: str) -> LogCheck:
     """The rows of a llama.cpp log that need no model: each cache's size against its K and V (or R and S) parts, the
     devices' KV buffers against the cache, the cells and layers it states shown."""
@@ -237,15 +233,16 @@ def check_without_model(text: str) -> LogCheck:
     for line in _LLAMA_LINE.findall(text):
         what = "recurrent state" if line[0] == "llama_memory_recurrent" else "KV cache"
         rows.append(LogRow(f"{what}: cells, layers", f"{int(line[2]):,}, {line[3]}", "-", None, "read from the log"))
-        rows.append(_sum_row(f"{what}: size", line[1], [line[7], line[9]], "its two parts added (two decimals of MiB)"))
+        rows.append(kvlines.sum_row(f"{what}: size", line[1], [line[7], line[9]],
+                                    "its two parts added (two decimals of MiB)"))
     if old := _OLD_KV_SELF.search(text):
         if init := _OLD_KV_INIT.search(text):
             rows.append(LogRow("cells, layers", f"{int(init.group(1)):,}, {init.group(4)}", "-", None,
                                "read from the log"))
-        rows.append(_sum_row("KV self size", old.group(1), [old.group(3), old.group(5)], "K and V added"))
+        rows.append(kvlines.sum_row("KV self size", old.group(1), [old.group(3), old.group(5)], "K and V added"))
         buffers = _KV_BUFFER.findall(text)
         if buffers and not any("Split" in device for device, _ in buffers):  # a split buffer pads its rows
-            rows.append(_sum_row("KV self size over the devices", old.group(1), [size for _, size in buffers],
+            rows.append(kvlines.sum_row("KV self size over the devices", old.group(1), [size for _, size in buffers],
                                  "the devices' KV buffers added (" + ", ".join(d for d, _ in buffers) + ")"))
     elif init := _OLD_KV_INIT.search(text):
         rows.append(LogRow("cells, layers", f"{int(init.group(1)):,}, {init.group(4)}", "-", None,

@@ -71,7 +71,7 @@ from kvbudget.model.spec import (
     RecurrentState,
 )
 from kvbudget.speculative import SpecMethod, Speculative
-from kvbudget.units import GIB, MIB
+from kvbudget.units import GIB, MIB, log_figure
 
 _F32 = get_dtype("float32")
 SOURCE_NOTE = "SGLang figures follow its source (not run here): windows cached in full, page size 1"
@@ -345,7 +345,7 @@ def _buffer_rows(split: re.Match | None, joint: re.Match | None, rows_held: int,
 
     def row(label: str, logged: str, per_token: int, why: str = note) -> LogRow:
         ours = f"{rows_held * per_token / GIB:.2f}"
-        return LogRow(label, f"{logged} GB", f"{ours} GiB", f"{float(logged):.2f}" == ours, why)
+        return LogRow(label, f"{logged} GB", f"{ours} GiB", f"{log_figure(logged, 'buffer size'):.2f}" == ours, why)
 
     if split:
         return (row("K buffer per rank", split.group(2), k_bytes), row("V buffer per rank", split.group(3), v_bytes))
