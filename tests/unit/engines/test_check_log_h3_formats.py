@@ -253,3 +253,17 @@ def test_llamacpp_iswa_log_cut_before_its_size_lines_shows_the_cells():
 def test_hostile_lines_of_these_formats_never_crash(text, model, tmp_path):
     status, _, err = run(text + "\n", *(["--model", model] if model else []), tmp_path=tmp_path)
     assert status in (0, 1, 2) and (status != 2 or err.count("\n") == 0), err
+
+
+def test_ollama_offload_to_cuda_line_of_earlier_releases(tmp_path):
+    """Ollama v0.3.0's llm/memory.go: msg="offload to cuda", the runner's --ctx-size in its command line."""
+    text = ('time=2024-08-01T10:00:00.000Z level=INFO source=memory.go:309 msg="offload to cuda" '
+            'layers.requested=-1 layers.model=33 layers.offload=33 layers.split="" memory.available="[23.5 GiB]" '
+            'memory.required.full="5.8 GiB" memory.required.partial="5.8 GiB" memory.required.kv="256.0 MiB" '
+            'memory.required.allocations="[5.8 GiB]" memory.weights.total="4.7 GiB"\n'
+            'time=2024-08-01T10:00:00.001Z level=INFO source=server.go:384 msg="starting llama server" '
+            'cmd="/tmp/ollama/runners/cuda_v11/ollama_llama_server --model /root/.ollama/models/blobs/sha256-x '
+            '--ctx-size 2048 --batch-size 512 --embedding --n-gpu-layers 33 --parallel 1 --port 40000"\n')
+    status, result, _ = run(text, "--model", "llama-3.1-8b", tmp_path=tmp_path)
+    # 2,048 x 32 layers x (128 + 128) x 8 KV heads x 2 bytes = 268,435,456 bytes: 256.0 MiB
+    assert status == 0 and rows(result)["Ollama: memory.required.kv"] == ("256.0 MiB", "256.0 MiB", True)

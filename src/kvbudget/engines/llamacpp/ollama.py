@@ -1,5 +1,5 @@
 """Ollama's scheduler line before it starts its llama.cpp runner (logfmt: `msg=offload ... memory.required.kv="19.5
-GiB"`), read as check-log reads llama.cpp's own lines.
+GiB"`, `msg="offload to cuda" ...` before), read as check-log reads llama.cpp's own lines.
 
 Ollama v0.5.11 llm/memory.go (EstimateGPULayers, logged by (MemoryEstimate).LogValue as `memory.required.kv`,
 `memory.required.partial`, `memory.required.allocations`, ...) and llm/ggml.go (GraphSize): the cache is
@@ -17,7 +17,8 @@ from kvbudget.engines.base import LogRow
 from kvbudget.model.spec import Attention, ModelSpec, SlidingWindow
 
 _FIGURE = r"\d{1,9}(?:\.\d{1,3})? (?:GiB|MiB|KiB|B)"  # a HumanBytes2 figure
-OFFLOAD = re.compile(r"msg=offload\b[^\n]*?memory\.required\.kv=\"?(" + _FIGURE + ")")
+# v0.1-0.5 log it as msg="offload to cuda" (llm/memory.go, MemoryEstimate.log), later releases as msg=offload
+OFFLOAD = re.compile(r"msg=\"?offload\b[^\n]*?memory\.required\.kv=\"?(" + _FIGURE + ")")
 SIGNATURES = (r"memory\.required\.kv=",)
 _UNITS = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "B": 1}
 _BYTES_PER_VALUE = {"f16": 2.0, "q8_0": 1.0, "q4_0": 0.5}  # kvCacheBytesPerElement
