@@ -43,6 +43,10 @@ def test_tgi_warmup_refusal_as_an_issue_title_checked_against_the_routers_span()
     # Llama-2-7B: 32 layers x 32 KV heads x 128 x 2 (K, V) x 2 bytes = 524,288 bytes a token; 256 of them
     assert found["KV memory of those tokens per shard"][1] == f"{256 * 524288 / 2**30:.2f} GiB"
     assert found["max input tokens <= max batch prefill tokens"] == ("64 / 256", "holds", True)
+    assert "num_shard" not in result["settings"] and "num_shard" in result["assumed"]  # the log states no shards
+    status, result, _ = run("h3-tgi-issue-1164-title-warmup-refusal-256.log", "--model", "llama-2-7b", "--tp", "2")
+    assert result["settings"]["num_shard"] == 2  # its source's two shards, given: half the KV on each
+    assert rows(result)["KV memory of those tokens per shard"][1] == f"{256 * 524288 / 2 / 2**30:.2f} GiB"
 
 
 def test_tgi_shards_runtime_error_without_a_model_is_a_partial_check():
