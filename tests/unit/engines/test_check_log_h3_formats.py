@@ -271,3 +271,10 @@ def test_ollama_offload_to_cuda_line_of_earlier_releases(tmp_path):
     status, result, _ = run(text, "--model", "llama-3.1-8b", tmp_path=tmp_path)
     # 2,048 x 32 layers x (128 + 128) x 8 KV heads x 2 bytes = 268,435,456 bytes: 256.0 MiB
     assert status == 0 and rows(result)["Ollama: memory.required.kv"] == ("256.0 MiB", "256.0 MiB", True)
+
+
+def test_tgi_0_9_warmup_refusal_of_its_total_tokens():
+    """TGI 0.9.0-0.9.3's refusal names the cache it allocated: max_batch_total_tokens (flash_causal_lm.py)."""
+    status, result, _ = run("h3-tgi-issue-710-args-block-8-shards-16000.log", "--model", "llama-2-70b")
+    assert status == 0
+    assert rows(result)["warm-up refused: total tokens"] == ("16,000", "16,000", True)
