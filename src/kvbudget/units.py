@@ -104,3 +104,13 @@ def parse_positive_ints(text: str, what: str, most: int = MAX_COUNT) -> tuple[in
 def _param(what: str) -> str | None:
     """The parameter a reader's `what` names (None where it is a description or a command-line flag)."""
     return what if what.isidentifier() else None
+
+
+def log_figure(text: str, what: str) -> float:
+    """A figure an engine's log printed (read by a pattern as loose as `[\\d.]+`), or a one-line error where the
+    paste garbled it ('1.2.3')."""
+    try:
+        return float(text)
+    except ValueError:
+        raise KVBudgetError(f"check-log: the log's {what} reads {shown(text)}, not a number; pass the log as the "
+                            "engine printed it") from None

@@ -30,6 +30,27 @@ LOOKED_AT = {"h2-vllm-issue-53961-dsv4-pro-mi300x-refusal.log": True,  # a refus
              "h2-vllm-ascend-pr-8289-npu-one-line-split.log": True,  # the one-line split's share, without a model
              "h2-tgi-issue-3115-gemma-3-args-multiline.log": False}  # TGI's limits all None: nothing to check
 
+# The 16 heldout3 logs not read when the batch was measured (21 of 37), looked at only after the figure was taken (so
+# dev material now): the readers made general for their formats (branch s57read) read 14 of them; the two left state
+# nothing to check (a TGI warm-up refusal with no limit beside it) or name no model (a vLLM argument namespace of a
+# model the catalog lacks), and say so in one line. The measured figure above stays 21 of 37.
+LOOKED_AT_H3 = {"h3-tgi-issue-1164-title-warmup-refusal-256.log": True,  # the router's warm-up span and refusal
+                "h3-tgi-issue-1067-awq-warmup-refusal.log": True,  # the shard's RuntimeError, without a model
+                "h3-tgi-issue-755-title-warmup-refusal-llama-2-70b-gptq.log": False,  # the refusal alone
+                "h3-llamacpp-issue-8101-kv-alloc-failed-1m-ctx-backticks.log": True,  # KV allocation refusal
+                "h3-llamacpp-python-khoj-1127-kv-alloc-failed-timestamps.log": True,
+                "h3-iklamacpp-pr-235-mla-kv-self-compute-oom.log": True,  # ik_llama.cpp's MLA c^KV
+                "h3-iklamacpp-issue-749-eleven-gpus-kv-self-280gb-oom.log": True,
+                "h3-iklamacpp-pr-239-sixteen-gpus-mla-kv-self.log": True,
+                "h3-ollama-issue-9181-offload-line-kv-19.5gib.log": True,  # Ollama's logfmt offload line
+                "h3-ollama-pr-12000-journal-offload-line-kv.log": True,
+                "h3-vllm-issue-184-gpu-blocks-minus-one.log": True,  # vLLM 0.1's negative block count
+                "h3-vllm-pr-10511-profiling-table-columns.log": True,  # V0's profiling table one field a line
+                "h3-sglang-issue-7691-rocm-dp8-negative-profiled.log": True,  # a profiled pool below zero
+                "h3-sglang-issue-1030-server-args-llama-3-8b.log": True,  # ServerArgs alone
+                "h3-vllm-pr-45947-mrv2-cross-layer-kv-shape.log": True,  # the cross-layer KV cache shape
+                "h3-vllm-issue-16474-rocm-mi300x-maverick-args-wrapped.log": False}  # a namespace, no model named
+
 
 def read_outcome(entry: dict) -> tuple[bool, int, str]:
     """Whether check-log reads the log (exit 0 or 1: its KV lines found and a verdict reached; or, without a model,
@@ -82,3 +103,19 @@ def test_looked_at_heldout2_logs(name):
     assert read == LOOKED_AT[name], err
     if not read:  # one line naming what to pass, not a partial check: counted as not read
         assert status == 2 and "nothing to check" in err and "--max-total-tokens" in err and err.count("\n") == 0
+
+
+@pytest.mark.parametrize("name", LOOKED_AT_H3)
+def test_looked_at_heldout3_logs(name):
+    entry = next(e for e in INDEX if e["file"] == name)
+    read, status, err = read_outcome(entry)
+    assert read == LOOKED_AT_H3[name], err
+    if not read:  # one line saying what to pass
+        assert status == 2 and err.count("\n") == 0 and ("pass" in err)
+
+
+def test_heldout3_read_after_being_looked_at():
+    """21 of 37 as measured; 35 of 37 after the readers were made general for the 16 not read (not a held-out
+    measure: those 16 were looked at)."""
+    read = sum(read_outcome(e)[0] for e in INDEX if e["split"] == "heldout3")
+    assert read >= 35

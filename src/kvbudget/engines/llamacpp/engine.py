@@ -196,7 +196,7 @@ class LlamaCppEngine(Engine):
                                       "server-context.cpp: a slot stops generating when its context is full, and "
                                       "refuses a prompt of n_ctx_slot tokens or more")
     log_signatures = (r"llama_kv_cache", r"llama_context:", r"llama_model_loader", r"llama_new_context_with_model",
-                      r"llama_memory_recurrent", r"kv self size\s*=")
+                      r"llama_memory_recurrent", r"kv self size\s*=", r"memory\.required\.kv=")  # Ollama's too
 
     def pool_budget(self, model: ModelSpec, report: PoolReport, *, kv_dtype: str = "auto", tp: int = 1,
                     options: EngineOptions | None = None) -> int:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kvbudget.dtypes import Family, get_dtype
 from kvbudget.engines.base import LogCheck, LogRow
+from kvbudget.engines.llamacpp import kvlines, ollama
 from kvbudget.engines.llamacpp.releases import (
     CACHE_TYPES,
     LOG_TYPES,
@@ -21,7 +23,7 @@ from kvbudget.engines.llamacpp.releases import (
 )
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
-from kvbudget.units import MIB
+from kvbudget.units import MIB, log_figure
 
 if TYPE_CHECKING:
     from kvbudget.engines.llamacpp.engine import Buffer, LlamaCppEngine
@@ -56,7 +58,19 @@ def check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappin
         raise KVBudgetError(f"check-log: 'flash_attn = {flash_text}' in the llama.cpp log is not a value kvbudget "
                             "knows (0, 1, auto, enabled, disabled)")
     flash = _FLASH[flash_text.lower()] if flash_text is not None else None
+    if mla := kvlines.MLA_KV_SELF.search(text):  # ik_llama.cpp's MLA cache (engines/llamacpp/kvlines.py)
+        return kvlines.check_mla(text, model, mla)
     old = _OLD_KV_SELF.search(text)
+    if kvlines.KV_ALLOC_FAILED.search(text) and not old and not _LLAMA_LINE.search(text):
+        return _check_refusal(engine, text, model, flash)
+    if ollama.OFFLOAD.search(text) and not old and not _LLAMA_LINE.search(text):  # Ollama's scheduler line alone
+        rows = [r for r in (ollama.model_row(text, model),) if r] + ollama.rows_without_model(text)[1:]
+        if not rows:
+            raise KVBudgetError("check-log: the log has Ollama's offload line but not the runner's context size "
+                                "to check memory.required.kv against; pass the log up to its 'starting llama "
+                                "server' line")
+        return LogCheck(engine="llamacpp", model_in_log=None, settings={"format": "Ollama offload (logfmt)"},
+                        rows=tuple(rows))
     if old and not _LLAMA_LINE.search(text):
         return _check_old_log(engine, text, model, old, flash)
     n_ctx, n_seq = setting("n_ctx"), setting("n_seq_max")
@@ -186,21 +200,30 @@ def _check_old_log(engine: LlamaCppEngine, text: str, model: ModelSpec, kv_self:
         rows.append(LogRow("layers", init.group(4), str(layers), int(init.group(4)) == layers))
     for label, logged, ours in (("K", kv_self.group(3), k_mib), ("V", kv_self.group(5), v_mib),
                                 ("KV self size", kv_self.group(1), k_mib + v_mib)):
-        rows.append(LogRow(f"{label} ({k_type})", f"{logged} MiB", f"{ours:.2f} MiB", f"{float(logged):.2f}" ==
-                           f"{ours:.2f}", "llama.cpp prints two decimals of MiB"))
+        rows.append(LogRow(f"{label} ({k_type})", f"{logged} MiB", f"{ours:.2f} MiB",
+                           f"{log_figure(logged, 'cache size'):.2f}" == f"{ours:.2f}",
+                           "llama.cpp prints two decimals of MiB"))
     return LogCheck(engine="llamacpp", model_in_log=None,
                     settings={"n_ctx": cells, "cache_type": k_type, "format": "llama_kv_cache_init (2024-25)"},
                     rows=tuple(rows))
 
 
+def _check_refusal(engine: LlamaCppEngine, text: str, model: ModelSpec, flash: bool | None) -> LogCheck:
+    """'failed to allocate buffer for kv cache': the buffer refused against the one cache of n_ctx cells those
+    builds allocate (the cache type the log names, else llama.cpp's default f16)."""
+    cells = kvlines.n_ctx(text)
+    init = _OLD_KV_INIT.search(text)
+    k_type = LOG_TYPES.get(init.group(2), init.group(2)) if init else "f16"
+    kv = [b for b in engine.server_buffers(model, cells, 1, k_type, unified=True, release=_ERA_BUILDS[-1],
+                                           flash_attn=flash) if b.name != "recurrent"] if cells else []
+    check = kvlines.check_refusal(text, sum(b.total_bytes for b in kv) if kv else None, sum(b.layers for b in kv))
+    return replace(check, settings={**check.settings, **({"n_ctx": cells} if cells else {})},
+                   assumed={} if cells else {"n_ctx": "not in the log: the refused buffer is shown, not checked"})
+
+
 _KV_BUFFER = re.compile(r"llama_kv_cache(?:_init|_unified)?:\s+(\w+) KV buffer size =\s+([\d.]+) MiB")
 _LEGACY_KV = re.compile(r"kv self size\s*=\s*([\d.]+) MB")  # 2023 builds (ggjt files): one f16 or f32 cache
 _LEGACY_SHAPE = {k: re.compile(rf"llama_model_load_internal: {k}\s+=\s+(\d+)") for k in ("n_ctx", "n_layer", "n_embd")}
-
-
-def _sum_row(label: str, total: str, parts: list[str], note: str) -> LogRow:
-    ours = f"{sum(float(p) for p in parts):.2f}"
-    return LogRow(label, f"{total} MiB", f"{ours} MiB", abs(float(total) - float(ours)) <= 0.011 * len(parts), note)
 
 
 def check_without_model(text: str) -> LogCheck:
@@ -210,15 +233,16 @@ def check_without_model(text: str) -> LogCheck:
     for line in _LLAMA_LINE.findall(text):
         what = "recurrent state" if line[0] == "llama_memory_recurrent" else "KV cache"
         rows.append(LogRow(f"{what}: cells, layers", f"{int(line[2]):,}, {line[3]}", "-", None, "read from the log"))
-        rows.append(_sum_row(f"{what}: size", line[1], [line[7], line[9]], "its two parts added (two decimals of MiB)"))
+        rows.append(kvlines.sum_row(f"{what}: size", line[1], [line[7], line[9]],
+                                    "its two parts added (two decimals of MiB)"))
     if old := _OLD_KV_SELF.search(text):
         if init := _OLD_KV_INIT.search(text):
             rows.append(LogRow("cells, layers", f"{int(init.group(1)):,}, {init.group(4)}", "-", None,
                                "read from the log"))
-        rows.append(_sum_row("KV self size", old.group(1), [old.group(3), old.group(5)], "K and V added"))
+        rows.append(kvlines.sum_row("KV self size", old.group(1), [old.group(3), old.group(5)], "K and V added"))
         buffers = _KV_BUFFER.findall(text)
         if buffers and not any("Split" in device for device, _ in buffers):  # a split buffer pads its rows
-            rows.append(_sum_row("KV self size over the devices", old.group(1), [size for _, size in buffers],
+            rows.append(kvlines.sum_row("KV self size over the devices", old.group(1), [size for _, size in buffers],
                                  "the devices' KV buffers added (" + ", ".join(d for d, _ in buffers) + ")"))
     elif init := _OLD_KV_INIT.search(text):
         rows.append(LogRow("cells, layers", f"{int(init.group(1)):,}, {init.group(4)}", "-", None,
@@ -230,4 +254,6 @@ def check_without_model(text: str) -> LogCheck:
         rows.append(LogRow("kv self size", f"{legacy.group(1)} MB", f"{ours:.2f} MiB ({name})",
                            f"{ours:.2f}" == f"{float(legacy.group(1)):.2f}",
                            f"K and V of {ctx:,} cells x {layers} layers x {width} wide ('MB' are MiB)"))
+    rows += kvlines.rows_without_model(text)  # ik_llama.cpp's MLA cache, the KV allocation refusal
+    rows += ollama.rows_without_model(text)  # Ollama's scheduler line
     return LogCheck(engine="llamacpp", model_in_log=None, settings={}, rows=tuple(rows))

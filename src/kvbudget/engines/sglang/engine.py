@@ -42,6 +42,7 @@ from kvbudget.engines.base import (
 from kvbudget.engines.kinds import KindTable, no_cache
 from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge, tokens_budget
 from kvbudget.engines.sglang import speculative as drafting
+from kvbudget.engines.sglang import startlog
 from kvbudget.engines.sglang.gauges import sglang_pool
 from kvbudget.engines.sglang.hicache import hicache_rows, hicache_tier
 from kvbudget.engines.sglang.releases import (
@@ -57,7 +58,7 @@ from kvbudget.engines.sglang.releases import (
     release_name,
 )
 from kvbudget.engines.tiers import HostTier
-from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
+from kvbudget.errors import BudgetError, EngineRuleError, UnsupportedArchitectureError
 from kvbudget.gpus import gpus, reported_total
 from kvbudget.model.params import vision_tower
 from kvbudget.model.spec import (
@@ -70,7 +71,7 @@ from kvbudget.model.spec import (
     RecurrentState,
 )
 from kvbudget.speculative import SpecMethod, Speculative
-from kvbudget.units import GIB, MIB
+from kvbudget.units import GIB, MIB, log_figure
 
 _F32 = get_dtype("float32")
 SOURCE_NOTE = "SGLang figures follow its source (not run here): windows cached in full, page size 1"
@@ -96,7 +97,8 @@ class SGLangEngine(Engine):
                                completions_default=16, zero_is_absent=True,
                                source="sglang 0.5.23 srt/entrypoints/openai/protocol.py, managers/scheduler.py")
     # 2026 releases print the dtype before #tokens; the scheduler's line follows the pool's
-    log_signatures = (r"KV Cache is allocated\.[^\n]*#tokens", r"max_total_num_tokens=\d+, chunked_prefill_size=")
+    log_signatures = (r"KV Cache is allocated\.[^\n]*#tokens", r"max_total_num_tokens=\d+, chunked_prefill_size=",
+                      *startlog.SIGNATURES)
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
@@ -264,7 +266,8 @@ class SGLangEngine(Engine):
     def check_log_without_model(self, text: str, given: Mapping[str, Any] | None = None) -> LogCheck:
         from kvbudget.engines.sglang.memorylog import check_without_model  # ReadsLogsWithoutModel
 
-        return check_without_model(text)
+        check = check_without_model(text)  # without a pool line, the profiled pool (engines/sglang/startlog.py)
+        return check if check.rows else replace(check, rows=tuple(startlog.ranks_row(startlog.profiled(text))))
 
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         """SGLang prints its pool in tokens and the buffer sizes per rank ("GB" meaning GiB): K and V apart for
@@ -273,10 +276,11 @@ class SGLangEngine(Engine):
         split = re.search(r"#tokens: (\d+), K size: ([\d.]+) GB, V size: ([\d.]+) GB", text)
         joint = re.search(r"#tokens: (\d+), KV size: ([\d.]+) GB", text)
         # without the buffer sizes, the pool's count alone: the memory it takes for the model is shown, not checked
-        count = split or joint or re.search(r"max_total_num_tokens=(\d+)|#tokens: (\d+)", text)
-        if not count:
-            raise KVBudgetError("check-log: the SGLang log lacks 'KV Cache is allocated. #tokens: N, K size: ..., "
-                                "V size' (or 'KV size' for MLA models) and 'max_total_num_tokens='")
+        count = split or joint or re.search(r"max_total_num_tokens=(\d+)|#tokens: (\d+)|profiled value (\d+)\.",
+                                            text)
+        if not count:  # a profiled pool below zero, or the server arguments alone (engines/sglang/startlog.py)
+            return startlog.check_without_pool(text, model, dict(given or {}), lambda tp, dtype: sum(
+                self.kv_buffers(model, dtype, tp)))
         given = dict(given or {})
         tokens = int(next(g for g in count.groups() if g))
         tp_text = t.group(1) if (t := re.search(r"(?:--tp(?:-size)?|tp_size=)[ =]?(\d+)", text)) else None
@@ -342,7 +346,7 @@ def _buffer_rows(split: re.Match | None, joint: re.Match | None, rows_held: int,
 
     def row(label: str, logged: str, per_token: int, why: str = note) -> LogRow:
         ours = f"{rows_held * per_token / GIB:.2f}"
-        return LogRow(label, f"{logged} GB", f"{ours} GiB", f"{float(logged):.2f}" == ours, why)
+        return LogRow(label, f"{logged} GB", f"{ours} GiB", f"{log_figure(logged, 'buffer size'):.2f}" == ours, why)
 
     if split:
         return (row("K buffer per rank", split.group(2), k_bytes), row("V buffer per rank", split.group(3), v_bytes))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from kvbudget.engines.base import LogCheck, LogRow
 from kvbudget.engines.sglang.speclog import DRAFT_TYPES
-from kvbudget.units import GIB
+from kvbudget.units import GIB, log_figure
 
 ROUNDING = 0.005  # each printed figure is within half a hundredth of a GiB
 
@@ -67,7 +67,7 @@ def memory_rows(text: str, tokens: int, cell_bytes: int, weights_bytes: int | No
 
 def _number(text: str, pattern: str) -> float | None:
     m = re.search(pattern, text)
-    return float(m.group(1)) if m else None
+    return log_figure(m.group(1), "memory figure") if m else None
 
 
 _POOL = re.compile(r"(?:\[[^\]\n]*?(TP\d+)[^\]\n]*\] )?KV Cache is allocated\.(?: dtype: [\w.]+,)? #tokens: (\d+), "

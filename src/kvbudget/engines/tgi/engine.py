@@ -38,7 +38,7 @@ from kvbudget.engines.base import (
 from kvbudget.engines.kinds import KindTable, no_cache
 from kvbudget.engines.metrics import PoolGauge, PoolReport, gauge_ratio, tokens_budget
 from kvbudget.engines.tgi.gauges import tgi_pool
-from kvbudget.engines.tgi.logs import NO_POOL, limit_rows, limits
+from kvbudget.engines.tgi.logs import NO_POOL, REFUSED, WARMUP, limit_rows, limits, warmup_rows
 from kvbudget.engines.tgi.releases import describe, era, parse_release
 from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.model.spec import (
@@ -76,7 +76,8 @@ class TGIEngine(Engine):
                                source="text-generation-inference router/src/lib.rs (ChatRequest), validation.rs")
     log_signatures = (r"KV-cache blocks: \d+, size: \d+", r"text_generation_launcher: Args \{",
                       r"max_batch_total_tokens: (?:Some\()?\d+", r"Setting max batch total tokens to \d",
-                      r"Inferred max batch total tokens: \d")  # the router's (backends/v3/src/lib.rs)
+                      r"Inferred max batch total tokens: \d",  # the router's (backends/v3/src/lib.rs)
+                      WARMUP.pattern)
 
     def pool_budget(self, model: ModelSpec, report: PoolReport, *, kv_dtype: str = "auto", tp: int = 1,
                     options: EngineOptions | None = None) -> int:
@@ -144,14 +145,16 @@ class TGIEngine(Engine):
         check = self.check_log_without_model(text, given)
         m = re.search(r"KV-cache blocks: (\d+), size: (\d+)", text)
         if m is None:  # no blocks: its token limits, and max_total_tokens against the model's context
-            check = replace(check, rows=tuple(limit_rows(limits(text), model)))
+            token_bytes = self.allocate(model, "auto", check.settings.get("num_shard", 1)).bytes_per_token
+            check = replace(check, rows=tuple(_limit_rows(text, model, token_bytes)))
             if "max_batch_total_tokens" not in check.settings:  # no KV line at all
                 if all(r.matches is None for r in check.rows):
-                    raise KVBudgetError(NO_POOL)
-                return replace(check, assumed={"KV pool": "not in the log (no KV line): its token limits checked"})
+                    raise KVBudgetError(REFUSED if WARMUP.search(text) else NO_POOL)
+                return replace(check, assumed={**check.assumed,
+                                               "KV pool": "not in the log (no KV line): its token limits checked"})
         size = int(m.group(2)) if m else None
         tokens = int(m.group(1)) * int(m.group(2)) if m else int(check.settings["max_batch_total_tokens"])
-        shards = check.settings["num_shard"]
+        shards = check.settings.get("num_shard", 1)
         alloc = self.allocate(model, "auto", shards, EngineOptions(block_size=size if size in BLOCK_SIZES else None))
         implied = LogRow("KV memory per shard", "-", f"{tokens * alloc.bytes_per_token / GIB:.2f} GiB", True,
                          f"implied by {alloc.bytes_per_token:,} bytes per token for {model.name}")
@@ -161,22 +164,33 @@ class TGIEngine(Engine):
         """TGI's own arithmetic: max_batch_total_tokens = blocks x block size (or, before TGI printed its blocks,
         the max_batch_total_tokens its arguments state, shown)."""
         m = re.search(r"KV-cache blocks: (\d+), size: (\d+)", text)
-        shards = int(s.group(1)) if (s := re.search(r"(?:--num-shard|NUM_SHARD=|num_shard:?)[ =]?(?:Some\()?(\d+)",
-                                                     text)) else 1
+        s = re.search(r"(?:--num-shard|NUM_SHARD=|num_shard:?)[ =]?(?:Some\()?(\d+)", text)
+        shards = int(s.group(1)) if s else (given or {}).get("tp")  # the log's, else --tp's, else one (assumed)
+        read = {"num_shard": int(shards)} if shards else {}
+        unstated = {} if shards else {"num_shard": "1 (not in the log; --tp sets it)"}
         if m is None:  # TGI's token limits as its arguments state them, checked against each other
             stated = limits(text)
-            rows = limit_rows(stated)
+            rows = _limit_rows(text)
             argued = {"max_batch_total_tokens": stated["max_batch_total_tokens"]} if (
                 "max_batch_total_tokens" in stated) else {}
-            return LogCheck(engine="tgi", model_in_log=None, settings={"num_shard": shards, **argued}, rows=tuple(rows))
+            return LogCheck(engine="tgi", model_in_log=None, settings={**read, **argued}, rows=tuple(rows),
+                            assumed=unstated)
         blocks, size = int(m.group(1)), int(m.group(2))
         rows = [LogRow("KV-cache blocks", f"{blocks:,} of {size}", "-", True, "read from the log")]
         total = re.search(r"(?:max batch total tokens to\s+|MAX_BATCH_TOTAL_TOKENS\W+)(\d+)", text)
         if total:
             rows.append(LogRow("max batch total tokens", f"{int(total.group(1)):,}", f"{blocks * size:,}",
                                int(total.group(1)) == blocks * size, "TGI: blocks x block size"))
-        return LogCheck(engine="tgi", model_in_log=None, settings={"num_shard": shards, "block_size": size},
+        return LogCheck(engine="tgi", model_in_log=None, settings={**read, "block_size": size}, assumed=unstated,
                         rows=tuple(rows))
+
+
+def _limit_rows(text: str, model: ModelSpec | None = None, token_bytes: int | None = None) -> list[LogRow]:
+    """A log without a KV line: the warm-up's refusal where it has one, and the token limits it states (an error
+    where it states neither)."""
+    stated = limits(text)
+    refused = warmup_rows(text, stated, token_bytes)
+    return [*refused, *(limit_rows(stated, model) if stated or not refused else [])]
 
 
 def _indexer(layer: IndexerKeys, dtype: KVDtype, tp: int, where: str, block: int) -> CacheGroup:

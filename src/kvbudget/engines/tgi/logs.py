@@ -15,11 +15,14 @@ from kvbudget.model.spec import ModelSpec
 # and router print the default they picked.
 _LIMITS = {"max_input_tokens": ("max_input_tokens", "max_input_length", r"Maximum input tokens defaulted to"),
            "max_total_tokens": ("max_total_tokens", r"Maximum total tokens defaulted to"),
-           "max_batch_prefill_tokens": ("max_batch_prefill_tokens", r"Default `max_batch_prefill_tokens` to"),
+           "max_batch_prefill_tokens": ("max_batch_prefill_tokens", "max_prefill_tokens",
+                                        r"Default `max_batch_prefill_tokens` to"),
            "max_batch_total_tokens": ("max_batch_total_tokens", r"Setting max batch total tokens to",
                                       r"Inferred max batch total tokens:")}
-# TGI's own checks (backends/v3/src/main.rs): each pair (smaller, larger, strict) and what TGI says when it fails
+# TGI's own checks (backends/v3/src/main.rs; launcher/src/main.rs and router/src/main.rs of v1.1.0): each pair
+# (smaller, larger, strict) and what TGI says when it fails
 _RULES = (("max_input_tokens", "max_total_tokens", True),
+          ("max_input_tokens", "max_batch_prefill_tokens", False),
           ("max_batch_prefill_tokens", "max_batch_total_tokens", False),
           ("max_total_tokens", "max_batch_total_tokens", False))
 NO_POOL = ("check-log: the TGI log prints no KV line ('KV-cache blocks: N, size: B', 'Setting max batch total tokens "
@@ -30,13 +33,46 @@ NOTHING = ("check-log: the TGI log prints no KV line ('KV-cache blocks: N, size:
            "'Setting max batch total tokens to N' line, or one started with --max-total-tokens")
 
 
+# The warm-up's refusal of TGI 0.9-1.1 (server/text_generation_server/models/flash_causal_lm.py, warmup(), v0.9.4 and
+# v1.1.0): the shard's RuntimeError, the router's 'Server error: ...' and the launcher's 'Error: Warmup(Generation(
+# "..."))' all carry it. The warm-up batch is max_batch_prefill_tokens tokens (router/client/src/client.rs, warmup():
+# requests of max_input_length truncated to fill it), so N is that limit as TGI ran it. 0.9.0-0.9.3 refused with the
+# cache they had allocated for max_batch_total_tokens: "Not enough memory to handle T total tokens with N prefill
+# tokens" (T that limit; N counted after the step, not checked).
+WARMUP = re.compile(r"Not enough memory to handle (\d{1,12}) (prefill|total) tokens")
+
+
+def warmup_rows(text: str, stated: dict[str, int], token_bytes: int | None = None) -> list[LogRow]:
+    """The warm-up's refusal, where the log has one: its tokens against the limit the log states (the same number,
+    by TGI's warm-up), and with the model the KV memory those tokens take on a shard."""
+    m = WARMUP.search(text)
+    if m is None:
+        return []
+    n, which = int(m.group(1)), m.group(2)
+    key = "max_batch_prefill_tokens" if which == "prefill" else "max_batch_total_tokens"
+    limit = stated.get(key)
+    rows = [LogRow(f"warm-up refused: {which} tokens", f"{n:,}", "-" if limit is None else f"{limit:,}",
+                   None if limit is None else n == limit, f"TGI's warm-up {'batch' if which == 'prefill' else 'cache'}"
+                   f" is {key} tokens; it did not fit beside the weights: lower --{key.replace('_', '-')}")]
+    if token_bytes is not None and (which == "prefill" or limit is None):  # else the pool's own row says it
+        rows.append(LogRow("KV memory of those tokens per shard", "-", f"{n * token_bytes / 2**30:.2f} GiB", None,
+                           f"{token_bytes:,} bytes per token" + (" (the warm-up also needs their activations)"
+                                                                 if which == "prefill" else "")))
+    return rows
+
+
+REFUSED = ("check-log: the TGI log is its warm-up's refusal ('Not enough memory to handle N prefill tokens') and "
+           "states none of max_input_tokens, max_batch_prefill_tokens, max_batch_total_tokens to check it against: "
+           "nothing to check; pass the launcher's 'Args { ... }' block with it")
+
+
 def limits(text: str) -> dict[str, int]:
     """The token limits the log states, by TGI's name (max_input_length read as max_input_tokens)."""
     found: dict[str, int] = {}
     for key, names in _LIMITS.items():
         for name in names:
             pattern = (rf"{name}\s*(\d{{1,12}})" if " " in name or name.endswith(":") else
-                       rf"\b{name}:\s*(?:Some\()?(\d{{1,12}})")
+                       rf"\b{name}[:=]\s*(?:Some\()?(\d{{1,12}})")  # '=': the router's warmup span fields
             if m := re.search(pattern, text):
                 found[key] = int(m.group(1))
                 break

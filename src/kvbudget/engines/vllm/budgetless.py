@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
 from kvbudget.engines.vllm.logsettings import other_sizes
+from kvbudget.engines.vllm.refusal import NO_MEMORY
 from kvbudget.engines.vllm.releases import SWAP_SPACE, release
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
@@ -68,8 +69,12 @@ def v0_check_without_budget(engine: VLLMEngine, text: str, model: ModelSpec, st:
         logged, ours = conc.group(2), f"{int(gpu.group(1)) * block_size / st.max_len:.2f}"
         rows.append(LogRow(f"max concurrency at {st.max_len:,} tokens", f"{logged}x", f"{ours}x", logged == ours,
                            f"the log's GPU blocks x {block_size} / max_model_len"))
+    if re.search(NO_MEMORY, text):  # vLLM 0.1's negative GPU blocks
+        block = engine.layout(model, st.kv_dtype, st.tp, st.options())[0].block_bytes
+        rows.append(LogRow("refused: no cache block", "refused", f"under {format_bytes(block)} per GPU", None,
+                           "the budget held no block of every layer on this GPU; the log prints no budget"))
     causes: tuple[str, ...] = ()
-    if not all(r.matches for r in rows):
+    if not all(r.matches is not False for r in rows):
         alternatives = [(f"tensor parallel size {tp}, not {st.tp}", replace(st, tp=tp))
                         for tp in other_sizes(st, "tp", (1, 2, 4, 8))]
         alternatives += [("the cache is fp8", replace(st, kv_dtype="fp8"))] if st.kv_dtype == "auto" else []
@@ -164,7 +169,7 @@ def understood(text: str) -> str:
     return ", ".join(found) if found else "no vLLM line kvbudget reads"
 
 
-NO_MEMORY = r"No available memory for the cache blocks"  # V0 and V1: the budget held no block
+
 
 
 def count_check(engine: VLLMEngine, text: str, model: ModelSpec, st: LogSettings, read: dict, assumed: dict,

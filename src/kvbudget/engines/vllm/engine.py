@@ -47,7 +47,7 @@ from kvbudget.engines.base import (
 )
 from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge
 from kvbudget.engines.tiers import HostTier
-from kvbudget.engines.vllm import lora, mxfp4, offload, refusal, speculative
+from kvbudget.engines.vllm import argslog, lora, mxfp4, offload, refusal, speculative
 from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.extensible import serving_share
 from kvbudget.engines.vllm.gauges import vllm_pool
@@ -180,8 +180,8 @@ class VLLMEngine(Engine):
                       r"Available KV cache memory: -?[\d.]+ GiB", r"Current kv cache memory in use is \d",
                       r"larger than the maximum number of tokens that can be stored in KV cache",
                       r"reserved for KV Cache is [\d.]+", r"kv_cache_size[= ]\s{0,20}[\d.]+ ?GiB",
-                      r"memory for KV Cache as specified by kv_cache_memory_bytes",
-                      r"No available memory for the cache blocks",
+                      r"available_kv_cache_memory[=:]?\s{0,20}[\d.]+ ?GiB",  # V0 0.6.5's profiling results
+                      r"memory for KV Cache as specified by kv_cache_memory_bytes", *argslog.SIGNATURES,
                       r"Free memory on device \([\d.]+/[\d.]+ GiB\) on startup")  # 0.11 on and vllm-ascend's split
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from kvbudget.choices import Device
 from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
 from kvbudget.engines.speclog import speculative_rows
-from kvbudget.engines.vllm import speculative
+from kvbudget.engines.vllm import argslog, speculative
 from kvbudget.engines.vllm.budgetless import (
     count_check,
     count_span,
@@ -33,7 +33,7 @@ from kvbudget.engines.vllm.speclog import read_speculative
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import LatentAttention, ModelSpec, RecurrentState
 from kvbudget.speculative import SpecMethod
-from kvbudget.units import GIB
+from kvbudget.units import GIB, log_figure
 
 if TYPE_CHECKING:
     from kvbudget.engines.vllm.engine import VLLMEngine
@@ -59,6 +59,8 @@ def _rank_budgets(text: str) -> list[str]:
     for pattern in BUDGET_LINES:
         found = re.findall(pattern, text)
         if found:
+            for budget in found:  # each a number, or a one-line error
+                log_figure(budget, "KV budget")
             return found
     return [f"{int(b) / GIB:.6f}" for b in re.findall(_BUDGET_BYTES, text)]
 
@@ -177,7 +179,7 @@ class _Log:
             lo_c, hi_c = f"{low.max_concurrency:.2f}", f"{high.max_concurrency:.2f}"
             out.append(LogRow(f"max concurrency at {s.max_len:,} tokens", f"{logged}x",
                               f"{lo_c}x" if lo_c == hi_c else f"{lo_c}-{hi_c}x",
-                              float(lo_c) <= float(logged) <= float(hi_c), rounding))
+                              float(lo_c) <= log_figure(logged, "concurrency") <= float(hi_c), rounding))
         return out
 
     def _refusal_rows(self, s: LogSettings, options: EngineOptions, stages: list[ModelSpec], extra: int,
@@ -222,7 +224,9 @@ class _Log:
                 model.num_layers, s.pp, s.partition)), model, s.options(), s.tp, s.pp)
         except KVBudgetError:
             return []
-        logged_bytes = float(weights.group(1)) * GIB
+        logged_bytes = log_figure(weights.group(1), "weights figure") * GIB
+        if not logged_bytes:  # a paste's 0: nothing to compare against
+            return []
         diff = w.per_gpu_bytes / logged_bytes - 1
         drafting = read_speculative(self.text)
         drafter = "; the log's figure counts the drafter too" if drafting and drafting.weights_include_drafter else ""
@@ -297,6 +301,9 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
         return _drafting(needed_check(engine, model, st, read, assumed, refusal.needed), text, model, st)
     if not budgets and not conc and (counted := count_check(engine, text, model, st, read, assumed, v0_refusal)):
         return _drafting(replace(counted, rows=counted.rows + tuple(log._weights_rows(st))), text, model, st)
+    if not budgets and (argued := argslog.check(text, model, st, shown_settings(st, read, assumed), assumed, lambda: (
+            (layout := engine.layout(model, st.kv_dtype, st.tp, st.options())[0]).block_bytes, layout.block_size))):
+        return argued  # a shape line or the arguments alone (engines/vllm/argslog.py)
     if not budgets:
         raise KVBudgetError("check-log: the vLLM log states no KV budget ('Available KV cache memory', "
                             "'kv_cache_size=', 'Explicitly set' or a refusal naming the available memory); run vLLM "

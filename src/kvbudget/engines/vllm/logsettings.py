@@ -16,7 +16,7 @@ from kvbudget.engines.vllm.speculative import MTP_FROM, SPECULATIVE_RELEASE
 from kvbudget.engines.vllm.speculative import methods as speculative_methods
 from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError, named, spelled
 from kvbudget.speculative import MAX_SPECULATIVE_TOKENS, SpecMethod, Speculative
-from kvbudget.units import GIB
+from kvbudget.units import GIB, log_figure
 
 
 def num(text: str) -> float:
@@ -40,9 +40,9 @@ def setting(text: str, *names: str) -> str | None:
     for name in names:
         flag = name.replace("_", "-")
         short = (rf"(?<![\w-])-{_SHORT_FLAGS[name]}[ =](\d+)",) if name in _SHORT_FLAGS else ()
-        for pattern in (rf"\b{name}=([\w.\-]+)", rf"'{name}': '?([\w.\-]+)'?", rf"--(?:{flag}|{name})[ =]([\w.\-]+)",
-                        *short):
-            if m := re.search(pattern, text):
+        for pattern in (rf"\b{name}=['\"]?([\w.\-]+)", rf"'{name}': '?([\w.\-]+)'?",  # a namespace quotes strings
+                        rf"--(?:{flag}|{name})[ =]([\w.\-]+)", *short):
+            if (m := re.search(pattern, text)) and m.group(1) != "None":  # None: left unset (the namespace's)
                 return m.group(1).rstrip(".")  # "... with max_num_batched_tokens=512." ends a sentence
     return None
 
@@ -54,6 +54,14 @@ def whole(key: str, value: object) -> int:
     except ValueError:
         raise KVBudgetError(f"check-log: {key} reads {value!r}, not a whole number; give --{key.replace('_', '-')}",
                             param=key) from None
+
+
+def _length(max_len: int, stated: bool) -> int:
+    """max_model_len as read: 0 where the log does not state it (not known), never 0 where it does."""
+    if max_len < 1 and stated:
+        raise KVBudgetError(f"check-log: max_model_len reads {max_len}, not a length; give {named('max_model_len')} "
+                            "(at least 1)", param="max_model_len")
+    return max_len
 
 
 def truthy(value: str) -> bool:
@@ -143,7 +151,8 @@ def read_settings(text: str, given: dict, refused_len: str | None, conc: re.Matc
     cpu_blocks = re.search(r"# CPU blocks: \d+", text)
     if max_len_text is None and given.get("max_model_len") is None and not cpu_blocks and not default_len:
         raise KVBudgetError(NO_MAX_LEN)
-    max_len = whole("max_model_len", pick("max_model_len", max_len_text, 0 if cpu_blocks else default_len))
+    max_len = _length(whole("max_model_len", pick("max_model_len", max_len_text, 0 if cpu_blocks else default_len)),
+                      "max_model_len" in read)
     if max_len_text is None and given.get("max_model_len") is None and max_len:
         assumed["max_model_len"] = f"{max_len:,} (the model's own length: the log does not state it)"
     cpu = bool(re.search(r"CPU KV cache size|device_config=cpu|VLLM_CPU_KVCACHE_SPACE", text))
@@ -304,5 +313,5 @@ def first_number(text: str, patterns: tuple[str, ...]) -> float | None:
     """The first pattern's number that the text has, else None."""
     for pattern in patterns:
         if m := re.search(pattern, text):
-            return float(m.group(1))
+            return log_figure(m.group(1), "memory figure")
     return None

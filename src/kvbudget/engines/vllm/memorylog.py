@@ -47,21 +47,21 @@ def memory_rows(engine: VLLMEngine, text: str, model: ModelSpec, s: LogSettings,
     graphs = start_up_graphs(release(options), model, serving.options)
     plan["graphs"] = graphs.bytes / GIB
     plan["overhead"] -= plan["graphs"]
-    logged = {"activation": first_number(text, (r"activation peak memory takes ([\d.]+) ?GiB",
+    logged = {"activation": first_number(text, (r"activation peak memory(?: takes)?\s{1,20}([\d.]+) ?GiB",
                                                  r"torch peak memory increase: ([\d.]+) ?GiB",
                                                  r"([\d.]+) GiB for peak activation")),
               # V1's forward increase first: its debug "worker init memory snapshot" also prints a non_torch_memory=
               # (the CUDA context before loading, not what the budget takes off)
               "overhead": first_number(text, (r"non-torch forward increase memory: (-?[\d.]+) ?GiB",
                                                r"([\d.]+) GiB for non-torch memory",
-                                               r"non_torch_memory takes (-?[\d.]+) ?GiB",
+                                               r"non_torch_memory(?: takes)?\s{1,20}(-?[\d.]+) ?GiB",
                                                r"Memory profiling results:.*?non_torch_memory=(-?[\d.]+) ?GiB")),
               # what vLLM >= 0.20 took out of the budget for its graphs (its estimate), else what they took
               "graphs": first_number(text, (r"CUDA graph pool memory: [\d.]+ GiB \(actual\), ([\d.]+) GiB",
                                              r"Estimated CUDA graph memory: ([\d.]+) GiB",
                                              r"([\d.]+) GiB for (?:CUDAGraph|NPU graph) memory"))}
     peak = first_number(text, (r"peak_torch_memory=([\d.]+)GiB",))
-    weights = first_number(text, (r"model weights take ([\d.]+)GiB", r"(?:Loading model weights took|Model "
+    weights = first_number(text, (r"model weights take\s{1,20}([\d.]+) ?GiB", r"(?:Loading model weights took|Model "
                                    r"loading took) ([\d.]+) G", r"Actual usage(?: is|:) ([\d.]+) GiB for weight"))
     if logged["activation"] is None and peak is not None and weights is not None:
         logged["activation"] = peak - weights  # V0 0.6.4 prints the peak with the weights in it

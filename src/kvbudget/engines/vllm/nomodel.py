@@ -9,7 +9,7 @@ import re
 from kvbudget.engines.base import LogCheck, LogRow
 from kvbudget.engines.vllm.logsettings import num
 from kvbudget.engines.vllm.refusal import MAMBA, read_refusal
-from kvbudget.units import GIB
+from kvbudget.units import GIB, log_figure
 
 V0_BLOCK = 16  # vLLM's default block size (V0 and V1 for full attention)
 # V0's blocks line per device: '# GPU blocks: N' (CUDA, ROCm), '# CUDA blocks' (0.6), '# TPU blocks' (tpu_executor.py),
@@ -27,8 +27,9 @@ def _ratio_row(quantity: str, logged: str, value: float, printed: float, toleran
 
 def check_without_model(text: str) -> LogCheck:
     """The rows of a vLLM log that need no model."""
-    from kvbudget.engines.vllm.budgetless import NO_MEMORY
+    from kvbudget.engines.vllm.argslog import SHAPE
     from kvbudget.engines.vllm.logs import _rank_budgets
+    from kvbudget.engines.vllm.refusal import NO_MEMORY
 
     rows: list[LogRow] = []
     budgets = _rank_budgets(text)
@@ -45,10 +46,13 @@ def check_without_model(text: str) -> LogCheck:
                            "read from the log: the blocks of every layer's cache it made"))
         if cpu := re.search(r"# CPU blocks: (\d+)", text):
             rows.append(LogRow("CPU blocks (swap space)", f"{int(cpu.group(1)):,}", "-", None, "read from the log"))
+    if shape := SHAPE.search(text):  # the cross-layer KV cache (engines/vllm/argslog.py)
+        rows.append(LogRow("GPU blocks", f"{int(shape.group(1).split(',')[0]):,}", "-", None,
+                           "the cross-layer KV cache shape's first dimension"))
     if conc:
-        length, printed = int(num(conc.group(1))), float(conc.group(2))
+        length, printed = int(num(conc.group(1))), log_figure(conc.group(2), "concurrency")
         held = int(num(tokens.group(1))) if tokens else int(blocks.group(2)) * V0_BLOCK if blocks else None
-        if held is not None:
+        if held is not None and length > 0:
             what = "the token count" if tokens else f"the blocks x {V0_BLOCK}"
             rows.append(_ratio_row(f"max concurrency at {length:,} tokens", f"{printed}x", held / length, printed,
                                    0.005 + 1 / length, f"{what} / max_model_len",
@@ -98,7 +102,7 @@ def _memory_rows(text: str) -> list[LogRow]:
                       text)
     split = _SPLIT.search(text)
     if share:
-        total, fraction, logged = (float(g) for g in share.groups())
+        total, fraction, logged = (log_figure(g, "memory figure") for g in share.groups())
     elif split:
         total, fraction, logged = (float(split.group(i)) for i in (2, 4, 5))
     else:

@@ -29,8 +29,11 @@ _ESTIMATED = re.compile(_loose("stimated maximum model length is") + r"\s*(\d[\d
 # A hybrid's refusal at CUDA graph capture (config/compilation.py, 2026): every decoding sequence holds one block of
 # its recurrent state, and max_num_seqs asked for more than the pool's blocks
 MAMBA = re.compile(r"max_num_seqs \((\d{1,9})\) exceeds available Mamba cache blocks \((\d{1,12})\)")
+# V0 and V1: the budget held no block; vLLM 0.1 printed the count unclamped instead (vllm/worker/worker.py,
+# profile_num_available_blocks: (total x gpu_memory_utilization - peak) // block size, '# GPU blocks: -1')
+NO_MEMORY = r"No available memory for the cache blocks|# GPU blocks: -\d"
 # What marks a pasted fragment as one of these refusals (any one of them)
-SIGNATURES = (_START.pattern, _NEEDED.pattern, _loose("KV cache is needed, which is larger"), MAMBA.pattern)
+SIGNATURES = (_START.pattern, _NEEDED.pattern, _loose("KV cache is needed, which is larger"), MAMBA.pattern, NO_MEMORY)
 
 
 @dataclass(frozen=True)

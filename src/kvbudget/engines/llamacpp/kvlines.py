@@ -1,0 +1,123 @@
+"""Two llama.cpp cache lines beyond the size lines of logs.py: ik_llama.cpp's MLA cache and the KV allocation refusal.
+
+- ik_llama.cpp (src/llama.cpp, llama_new_context_with_model, 2025) caches an MLA model's compressed latent and rope
+  key as one row a cell, `c^KV`, and prints `KV self size  = X MiB, c^KV (f16): X MiB, kv^T: not used` (or
+  `kv^T (f16): 0.00 MiB`), after the devices' `llama_kv_cache_init: CUDAn KV buffer size = N MiB` lines.
+- llama.cpp's llama_kv_cache_init (src/llama.cpp, b3184 and on) prints `failed to allocate buffer for kv cache`
+  when ggml could not allocate the cache's one buffer, after ggml-backend's `ggml_backend_cpu_buffer_type_alloc_
+  buffer: failed to allocate buffer of size N` (CUDA: `allocating X MiB on device d: cudaMalloc failed`): the
+  whole cache in bytes, its K and V tensors each aligned (ggml_backend_buft_get_alignment)."""
+
+from __future__ import annotations
+
+import re
+
+from kvbudget.dtypes import get_dtype
+from kvbudget.engines.base import LogCheck, LogRow
+from kvbudget.errors import KVBudgetError
+from kvbudget.model.spec import LatentAttention, ModelSpec
+from kvbudget.units import GIB, MIB, log_figure
+
+_MIB = r"(\d{1,12}\.\d{2})"  # a size as llama.cpp prints it (%7.2f MiB)
+MLA_KV_SELF = re.compile(r"KV self size\s*=\s*" + _MIB + r" MiB, c\^KV \((\w+)\):\s*" + _MIB + " MiB, "
+                         r"kv\^T(?: \((\w+)\))?:\s*(?:" + _MIB + " MiB|not used)")
+KV_ALLOC_FAILED = re.compile(r"failed to allocate buffer for kv cache")
+_ALLOC_SIZE = re.compile(r"_buffer_type_alloc_buffer: failed to allocate buffer of size (\d{1,20})")
+SIGNATURES = (MLA_KV_SELF.pattern, KV_ALLOC_FAILED.pattern)
+_DEVICE = re.compile(r"llama_kv_cache(?:_init|_unified)?:\s+(\w+) KV buffer size =\s+" + _MIB + " MiB")
+_N_CTX = re.compile(r"(?:llama_new_context_with_model|llama_context|llama_kv_cache_init|init): "
+                    r"(?:n_ctx|kv_size)\s+=\s*(\d{1,12})")
+ALIGNMENT = 256  # the widest a backend aligns one tensor to (ggml's CUDA and Metal; the CPU's 32 or 64)
+
+
+def complete_devices(text: str) -> list[tuple[str, str]]:
+    """The devices' KV buffers where the log lists them all (numbered devices from 0 on, none skipped; a CPU
+    buffer beside them), else none: a paste that starts after CUDA0 holds only some of the cache."""
+    found = _DEVICE.findall(text)
+    numbered = sorted(int(m.group(1)) for d, _ in found if (m := re.search(r"(\d+)$", d)))
+    if not found or (numbered and numbered != list(range(len(numbered)))):
+        return []
+    return found
+
+
+def sum_row(label: str, total: str, parts: list[str], note: str) -> LogRow:
+    """A size the log prints (two decimals of MiB) against its parts added, each part's rounding allowed."""
+    ours = f"{sum(log_figure(p, 'size') for p in parts):.2f}"
+    return LogRow(label, f"{total} MiB", f"{ours} MiB",
+                  abs(log_figure(total, "size") - float(ours)) <= 0.011 * len(parts), note)
+
+
+# llama_kv_cache_unified_iswa / llama_kv_cache_iswa (src/llama-kv-cache-*iswa.cpp, 2025-26) names each cache's cells
+# before its size line: n_ctx's (padded) for the non-SWA cache, or one stream's where the streams are apart
+_ISWA_CELLS = re.compile(r"creating\s+(non-SWA|SWA) KV cache, size = (\d{1,12}) cells")
+
+
+def rows_without_model(text: str) -> list[LogRow]:
+    """The rows these lines check without the model: the MLA cache's size against its parts and the devices'
+    buffers; the refused buffer's size (and, with the cells, its bytes a cell) shown; an iswa log cut before its
+    size lines, each cache's cells shown."""
+    rows = []
+    if not re.search(r"llama_kv_cache\w*: size = ", text):
+        for which, cells in dict(_ISWA_CELLS.findall(text)).items():
+            rows.append(LogRow(f"{which} KV cache: cells", f"{int(cells):,}", "-", None,
+                               "read from the log (the log stops before its size line)"))
+    if mla := MLA_KV_SELF.search(text):
+        rows.append(sum_row("KV self size", mla.group(1), [mla.group(3), mla.group(5) or "0"], "c^KV and kv^T added"))
+        if devices := complete_devices(text):
+            rows.append(sum_row("KV self size over the devices", mla.group(1), [s for _, s in devices],
+                                 f"the {len(devices)} devices' KV buffers added"))
+    if KV_ALLOC_FAILED.search(text) and (size := _ALLOC_SIZE.search(text)):
+        refused = int(size.group(1))
+        cells = n_ctx(text)
+        per_cell = f"; {refused // cells:,} bytes a cell at n_ctx {cells:,}" if cells else ""
+        rows.append(LogRow("refused: KV cache buffer", f"{refused / GIB:.2f} GiB", "-", None,
+                           f"{refused:,} bytes ggml could not allocate{per_cell}: lower -c (n_ctx) or quantize the "
+                           "cache (-ctk/-ctv)"))
+    return rows
+
+
+def check_mla(text: str, model: ModelSpec, mla: re.Match) -> LogCheck:
+    """ik_llama.cpp's c^KV: one row of latent and rope key a cell and layer, in the type it names; the cells from
+    the log's n_ctx (kv_size), else implied by the size (whole cells, padded as llama.cpp pads n_ctx)."""
+    latent = [layer for layer in model.layers if isinstance(layer, LatentAttention)]
+    if not latent:
+        raise KVBudgetError(f"check-log: the log's 'c^KV' cache is ik_llama.cpp's MLA cache, and {model.name} has no "
+                            "latent attention layer; pass the log's own model with --model")
+    dtype = get_dtype(mla.group(2))
+    per_cell = sum(dtype.bytes_for(layer.values_per_token) for layer in latent)
+    logged = float(mla.group(3))
+    rows = rows_without_model(text)
+    cells = n_ctx(text)
+    if cells:
+        ours = f"{cells * per_cell / MIB:.2f}"
+        rows.append(LogRow(f"c^KV ({mla.group(2)})", f"{mla.group(3)} MiB", f"{ours} MiB", f"{logged:.2f}" == ours,
+                           f"{cells:,} cells x {len(latent)} layers x {per_cell // len(latent):,} bytes"))
+    else:
+        implied = logged * MIB / per_cell
+        whole = round(implied)
+        fits = abs(implied - whole) * per_cell <= 0.005 * MIB and whole % 32 == 0
+        rows.append(LogRow(f"c^KV ({mla.group(2)}): cells", f"{mla.group(3)} MiB", f"{implied:,.2f} cells",
+                           fits, f"{per_cell:,} bytes a cell ({len(latent)} layers of latent and rope key): a whole "
+                           "number of cells, padded as llama.cpp pads n_ctx, where the model is the log's"))
+    return LogCheck(engine="llamacpp", model_in_log=None, settings={"format": "ik_llama.cpp MLA (c^KV)"},
+                    rows=tuple(rows), assumed={} if cells else {"n_ctx": "not in the log: implied by c^KV"})
+
+
+def n_ctx(text: str) -> int | None:
+    """The cells the log's context states (n_ctx, or kv_size), else None."""
+    return int(m.group(1)) if (m := _N_CTX.search(text)) else None
+
+
+def check_refusal(text: str, kv_bytes: int | None, layers: int) -> LogCheck:
+    """The KV allocation refusal: the buffer ggml could not allocate against the cache kvbudget sizes for the log's
+    n_ctx (`kv_bytes`: None where the log states no n_ctx), each of its K and V tensors aligned."""
+    rows = rows_without_model(text)
+    size = _ALLOC_SIZE.search(text)
+    if size and kv_bytes is not None:
+        refused, slack = int(size.group(1)), 2 * layers * ALIGNMENT
+        rows.append(LogRow("refused: KV cache buffer (bytes)", f"{refused:,}", f"{kv_bytes:,}",
+                           0 <= refused - kv_bytes <= slack,
+                           f"the cache kvbudget sizes for n_ctx (K and V of {layers} layers, each tensor aligned to at "
+                           f"most {ALIGNMENT} bytes)"))
+    return LogCheck(engine="llamacpp", model_in_log=None, settings={"format": "KV allocation refusal"},
+                    rows=tuple(rows))
