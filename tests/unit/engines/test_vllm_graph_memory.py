@@ -86,3 +86,45 @@ def test_the_plan_subtracts_the_estimate_for_the_graphs_it_captures():
     eager = memory.start_up_graphs(Release((0, 30)), model, EngineOptions(engine_version=(0, 30), enforce_eager=True,
                                    max_num_seqs=8, max_num_batched_tokens=2048), "L4")
     assert eager.bytes == 0
+
+
+def test_flashinfers_workspace_where_an_fp8_cache_runs_it():
+    """flashinfer.py _get_workspace_buffer (0.27.0, 0.30.0, 0.33.0): max(394 MiB, max_num_batched_tokens x query
+    heads x head size x 16 bytes); FlashAttention takes an fp8 cache only on 9.x (FA3) and 10.x (FA4), so on 8.x
+    FlashInfer runs it; bf16 runs FlashAttention and makes none."""
+    work = graphmemory.flashinfer_workspace
+    assert work((0, 30), "8.6", "fp8", 2048, 28, 128) == 394 * MIB  # 2,048 x 28 x 128 x 16 = 112 MiB, below
+    assert work((0, 30), "8.9", "fp8_e4m3", 8192, 28, 128) == 8192 * 28 * 128 * 16  # 448 MiB, above
+    assert work((0, 30), "8.6", "auto", 2048, 28, 128) == 0  # FlashAttention 2
+    assert work((0, 30), "9.0", "fp8", 2048, 28, 128) == 0  # FlashAttention 3 takes fp8
+    assert work((0, 26), "8.6", "fp8", 2048, 28, 128) == 0  # a release not read
+    # the first FULL capture makes it: PIECEWISE graphs alone run attention outside the graph, and make none
+    assert graphmemory.estimate(5, 4, 28, 0, 394 * MIB) - graphmemory.estimate(5, 4, 28, 0) == 394 * MIB
+    assert graphmemory.estimate(5, 0, 28, 0, 394 * MIB) == graphmemory.estimate(5, 0, 28, 0)
+
+
+def test_an_fp8_cache_on_an_a10g_plans_flashinfers_workspace():
+    """Qwen2.5-7B on an A10G (8.6) with vLLM 0.30's defaults (2,048 tokens, 256 sequences): with an fp8 cache the
+    planned budget is 394 MiB smaller than the bf16 cache's (Tensward's two runs: 0.33 GiB)."""
+    model = kvbudget.load_model("qwen2.5-7b")
+    budgets = {}
+    for dtype in ("auto", "fp8"):
+        p = kvbudget.plan(model, gpu="A10G", max_model_len=8192, kv_dtype=dtype,
+                          options=EngineOptions(engine_version=(0, 30)), recommend=False)
+        budgets[dtype] = p.kv_memory_bytes
+    assert budgets["auto"] - budgets["fp8"] == 394 * MIB
+    p = kvbudget.plan(model, gpu="A10G", max_model_len=8192, kv_dtype="fp8",
+                      options=EngineOptions(engine_version=(0, 30)), recommend=False)
+    assert "FlashInfer's workspace (394 MiB" in {t.key: t.note for t in p.stack}["overhead"]
+
+
+def test_the_0_30_profile_at_eight_sequences():
+    """vLLM 0.30's profile_run at max_num_seqs 8, max_num_batched_tokens 2048 (Mistral-7B on an L4): _dummy_run
+    splits 2,048 tokens over min(2048, 8) = 8 requests and samples their 8 last tokens; the forward pass (2,048 x
+    (4 x 4,096 + 2 x 14,336) x 2 bytes) outweighs the sampler (8 x 32,768 x 16 bytes), so the plan's activation is
+    the forward pass."""
+    p = kvbudget.plan(kvbudget.load_model("mistral-7b-v0.3"), gpu="L4", max_model_len=8192, utilization=0.85,
+                      options=EngineOptions(engine_version=(0, 30), max_num_seqs=8, max_num_batched_tokens=2048),
+                      recommend=False)
+    assert {t.key: t.bytes for t in p.stack}["activation"] == 2048 * (4 * 4096 + 2 * 14336) * 2
+    assert 8 * 32768 * 16 < 2048 * (4 * 4096 + 2 * 14336) * 2

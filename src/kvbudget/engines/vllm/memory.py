@@ -46,7 +46,7 @@ from kvbudget.engines.vllm import graphmemory
 from kvbudget.engines.vllm.releases import Release
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.params import architectures, image_items, quantized, rotary_embeddings, routed_experts
-from kvbudget.model.spec import ModelSpec, RecurrentState
+from kvbudget.model.spec import Attention, ModelSpec, RecurrentState
 from kvbudget.units import GIB, cdiv
 
 # vLLM V0 (< 0.8; worker/model_runner.py profile_run and worker/worker.py determine_num_available_blocks, read in
@@ -170,10 +170,11 @@ class Graphs:
 
 
 def cuda_graphs(rel: Release, *, eager: bool = False, rocm: bool = False, v2_runner: bool = False,
-                counts: GraphCounts | None = None, model: ModelSpec | None = None) -> Graphs:
+                counts: GraphCounts | None = None, model: ModelSpec | None = None, workspace: int = 0) -> Graphs:
     """The CUDA-graph memory release `rel` takes out of the KV budget (`eager`: --enforce-eager, no graphs captured,
     none profiled; `rocm`: an AMD GPU; `v2_runner`: the model runs on Model Runner V2; `counts`: the graphs it
-    captures and `model` the model, which size vLLM's estimate), by the rules above."""
+    captures and `model` the model, which size vLLM's estimate; `workspace`: an attention workspace its first FULL
+    capture makes), by the rules above."""
     if rel.version < CUDA_GRAPHS_SUBTRACTED:
         return Graphs(0, "vLLM < 0.20 leaves CUDA graphs out of the budget")
     if eager:
@@ -188,9 +189,9 @@ def cuda_graphs(rel: Release, *, eager: bool = False, rocm: bool = False, v2_run
                                            "subtracts what it profiles, which public logs print between 0.1 and 2 "
                                            "GiB)", counts)
     pool = activation_estimate(model, counts.largest, 0)
-    size = graphmemory.estimate(counts.piecewise, counts.full, model.num_layers, pool)
+    size = graphmemory.estimate(counts.piecewise, counts.full, model.num_layers, pool, workspace)
     return Graphs(size, graphmemory.note(size, str(counts), counts.piecewise + counts.full, counts.largest,
-                                         model.num_layers), counts)
+                                         model.num_layers, workspace if counts.full else 0), counts)
 
 MOE_WORKSPACE = (0, 13)  # v1/worker/workspace.py first ships in 0.13 (absent from the 0.12 sdist)
 
@@ -282,15 +283,19 @@ def on_v2_runner(model: ModelSpec | None, rel: Release) -> bool:
                                hybrid=any(state) and not all(state), attention_free=all(state))
 
 
-def start_up_graphs(rel: Release, model: ModelSpec | None, options: EngineOptions, gpu_name: str = "") -> Graphs:
+def start_up_graphs(rel: Release, model: ModelSpec | None, options: EngineOptions, gpu_name: str = "",
+                    tp: int = 1) -> Graphs:
     """The CUDA-graph term of release `rel` starting `model` with `options` (--enforce-eager; the batch settings,
-    where set, name the graphs captured) on the card named (an AMD card: vLLM's ROCm platform; a card the catalog
-    does not know is taken as CUDA)."""
+    where set, name the graphs captured; the cache dtype and the card's compute capability, the attention backend)
+    on the card named (an AMD card: vLLM's ROCm platform; a card the catalog does not know is taken as CUDA), on one
+    of `tp` ranks."""
     from kvbudget.gpus import find_gpu
 
+    capability = options.compute_capability
     try:
         gpu = find_gpu(gpu_name)
         rocm, wide = gpu.vendor == "AMD", (gpu.compute_capability or "").startswith("10.")
+        capability = capability or gpu.compute_capability
     except KVBudgetError:
         rocm = wide = False
     v2 = on_v2_runner(model, rel)
@@ -298,8 +303,14 @@ def start_up_graphs(rel: Release, model: ModelSpec | None, options: EngineOption
     if options.max_num_seqs and options.max_num_batched_tokens:
         spec = options.speculative.num_tokens if options.speculative else options.num_speculative_tokens
         counts = graph_counts(rel, options.max_num_seqs, options.max_num_batched_tokens, spec, wide, v2)
-    return cuda_graphs(rel, eager=options.enforce_eager, rocm=rocm, v2_runner=v2, counts=counts,
-                       model=model)
+    workspace = 0
+    attention = next((x for x in model.layers if isinstance(x, Attention)), None) if model is not None else None
+    if model is not None and attention is not None and model.attention_heads and options.max_num_batched_tokens:
+        workspace = graphmemory.flashinfer_workspace(rel.version, capability, options.kv_cache_dtype,
+                                                     options.max_num_batched_tokens,
+                                                     max(1, model.attention_heads // tp), attention.k_dim)
+    return cuda_graphs(rel, eager=options.enforce_eager, rocm=rocm, v2_runner=v2, counts=counts, model=model,
+                       workspace=workspace)
 
 
 def overhead(rel: Release, tp: int, graphs: Graphs) -> tuple[int, str]:
