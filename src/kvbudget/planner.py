@@ -283,7 +283,7 @@ def plan(
 
     given_options = options  # alternatives on other GPUs take their own defaults
     options = replace(options, compute_capability=options.compute_capability or card.compute_capability,
-                      kv_cache_dtype=options.kv_cache_dtype or kv_dtype)  # they decide kernels (MLA, attention)
+                      kv_cache_dtype=kv_dtype)  # both decide kernels (MLA blocks, attention)
     serving = chosen.serving(card.memory_bytes, max_len, options, gpu_name=card.name, tp=tp, model=model)
     options = serving.options
     w = _weights(model, chosen, tp, pp, options, replicas if expert_parallel else None, weights)
