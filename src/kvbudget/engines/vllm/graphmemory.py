@@ -1,9 +1,10 @@
 """The CUDA-graph memory vLLM >= 0.20 takes out of the KV budget: its own estimate, made by the source's arithmetic.
 
 From the source (`v1/worker/gpu_model_runner.py` profile_cudagraph_memory, read in the 0.30.0 wheel; memory.py
-reads the same capture rule in 0.20.0, 0.24.0, 0.28.0 and 0.32.0; the fit logs are 0.19's, which print the estimate
-without subtracting it, its arithmetic not read): for each graph mode (PIECEWISE, FULL) vLLM captures the two largest graphs of that
-mode into a throwaway pool, measuring the device's free memory before and after each; it then returns
+reads the same capture rule in 0.20.0, 0.24.0, 0.28.0 and 0.32.0; the fit logs are 0.19's, which print the
+estimate without subtracting it, its arithmetic not read): for each graph mode (PIECEWISE, FULL) vLLM captures the
+two largest graphs of that mode into a throwaway pool, measuring the device's free memory before and after each; it
+then returns
 
     max(first capture over the modes) + sum over the modes of max(second capture, 1 MiB) x (graphs of the mode - 1)
 
