@@ -282,8 +282,8 @@ def plan(
     notes: list[str] = []
 
     given_options = options  # alternatives on other GPUs take their own defaults
-    if options.compute_capability is None and card.compute_capability:  # the card decides kernels (MLA blocks)
-        options = replace(options, compute_capability=card.compute_capability)
+    options = replace(options, compute_capability=options.compute_capability or card.compute_capability,
+                      kv_cache_dtype=kv_dtype)  # both decide kernels (MLA blocks, attention)
     serving = chosen.serving(card.memory_bytes, max_len, options, gpu_name=card.name, tp=tp, model=model)
     options = serving.options
     w = _weights(model, chosen, tp, pp, options, replicas if expert_parallel else None, weights)

@@ -53,9 +53,9 @@ class EngineOptions:
     engine_version: tuple[int, ...] | None = None  # the release modelled: vLLM (major, minor), llama.cpp (build,)
     attention_backend: str | None = None  # vLLM: MLA backend (FLASHMLA, ...); llama.cpp: flash or no-flash (-fa)
     compute_capability: str | None = None  # the GPU's ("9.0"), where the engine's choices depend on it
+    kv_cache_dtype: str | None = None  # the plan's kv_dtype (set by plan): it picks kernels (vLLM's attention)
     pp_layer_partition: tuple[int, ...] | None = None  # layers per pipeline stage (vLLM's VLLM_PP_LAYER_PARTITION)
-    # Speculative decoding with the model's own MTP layers (vLLM's speculative_config method "mtp"): tokens drafted
-    # per step; 0 is none
+    # Speculative decoding with the model's own MTP layers (vLLM's speculative_config method "mtp"): drafted a step
     num_speculative_tokens: int = 0
     speculative: Speculative | None = None  # as asked (--speculative); each engine sizes the drafters it runs
     # vLLM: sequences one step holds at most (--max-num-seqs: the profiling sampler's rows and the CUDA-graph

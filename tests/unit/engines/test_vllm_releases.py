@@ -226,7 +226,14 @@ def test_max_num_seqs_sets_the_profiling_samplers_rows():
     sampler_default = 1024 * 128256 * 16
     assert default["activation"] == sampler_default  # the sampler is the peak at 1,024 rows
     assert few["activation"] < default["activation"] and few["activation"] != 16 * 128256 * 16
-    assert few["kv"] - default["kv"] == default["activation"] - few["activation"]
+    # and the CUDA graphs vLLM captures (engines/vllm/graphmemory.py): 51 PIECEWISE and 51 FULL graphs up to 512
+    # tokens at 1,024 sequences; 7 (1, 2, 4, 8, 16, 24, 32) and 5 (1 to 16) at 16. The first capture holds the forward
+    # pass at the largest size twice (4 hidden- and 2 MLP-wide values a token, 2 bytes), each further graph 102 KiB
+    # per layer (32 layers)
+    forward = 4 * 4096 + 2 * 14336
+    graphs_default = 2 * 512 * forward * 2 + 102 * 1024 * 32 * (50 + 50)
+    graphs_few = 2 * 32 * forward * 2 + 102 * 1024 * 32 * (6 + 4)
+    assert few["kv"] - default["kv"] == (default["activation"] - few["activation"]) + (graphs_default - graphs_few)
 
 
 def test_max_num_seqs_above_the_step_is_refused_as_vllm_refuses_it():
@@ -236,7 +243,12 @@ def test_max_num_seqs_above_the_step_is_refused_as_vllm_refuses_it():
     _terms(opts(max_num_seqs=8193, max_num_batched_tokens=8193))  # raised together, vLLM takes it
 
 
-@pytest.mark.parametrize(("version", "graphs"), [((0, 19), 0), ((0, 20), GIB), (None, GIB)])
+# vLLM's estimate for Llama-3.1-8B's 51 + 51 graphs on an H100 (engines/vllm/graphmemory.py): 0.44 GiB, the forward
+# pass at 512 tokens twice, and 100 further graphs at 102 KiB per layer
+LLAMA_GRAPHS = int(0.44 * GIB) + 2 * 512 * (4 * 4096 + 2 * 14336) * 2 + 102 * 1024 * 32 * 100
+
+
+@pytest.mark.parametrize(("version", "graphs"), [((0, 19), 0), ((0, 20), LLAMA_GRAPHS), (None, LLAMA_GRAPHS)])
 def test_enforce_eager_leaves_the_cuda_graphs_out_from_0_20(version, graphs):
     """gpu_worker.py: from 0.20 the profiled CUDA-graph memory is subtracted unless cudagraph_mode is NONE (what
     --enforce-eager sets); before, graphs were never in the budget, so --enforce-eager changes nothing."""

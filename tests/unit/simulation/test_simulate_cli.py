@@ -42,12 +42,13 @@ def test_cli_table_credits_the_azure_trace(capsys):
     assert "Microsoft Azure Public Dataset" in out and "time to first token" in out
 
 def test_cli_sweep_and_rate_search(capsys):
-    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "L4", "--rate", "1", "--requests", "60",
+    code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", "--rate", "1", "--requests", "60",
                          "--max-model-len", "8192", "--sweep", "kv-dtype=auto,fp8", "--json")
     assert code == 0, err
     rows = json.loads(out)
     assert [r["settings"]["kv_dtype"] for r in rows] == ["auto", "fp8"]
-    # an fp8 cache holds twice the tokens in the same budget
+    # an fp8 cache holds twice the tokens in the same budget (on an H100 FlashAttention 3 runs either; on an Ampere
+    # or Ada card vLLM runs an fp8 cache on FlashInfer, whose workspace takes 394 MiB of the budget)
     slots = [r["result"]["setup"]["num_blocks"] for r in rows]
     assert slots[1] == pytest.approx(2 * slots[0], rel=0.01)
     code, out, err = cli(capsys, "simulate", "llama-3.1-8b", "--gpu", "H100", "--trace", AZURE, "--slice", "0:300",

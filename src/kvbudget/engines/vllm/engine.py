@@ -411,7 +411,7 @@ class VLLMEngine(Engine):
         per_logit, logit_note = sampler_logit_bytes(rel, options.flashinfer_sampler)
         if rel.v0:  # the forward pass, then the sampler; graphs outside the budget
             return v0_serving(rel, mnbt, max_num_seqs, options, early)
-        other, note = overhead(rel, tp, start_up_graphs(rel, model, options, gpu_name))
+        other, note = overhead(rel, tp, start_up_graphs(rel, model, options, gpu_name, tp))
         prefill_note = (f"profiling pass over max_num_batched_tokens ({mnbt}), then the sampler over "
                         f"{min(mnbt, max_num_seqs)} rows ({logit_note})"
                         f"{early}")

@@ -39,12 +39,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kvbudget.budget import activation_estimate
 from kvbudget.dtypes import get_dtype
 from kvbudget.engines.base import NON_TORCH_ESTIMATE, EngineOptions, Serving
+from kvbudget.engines.vllm import graphmemory
 from kvbudget.engines.vllm.releases import Release
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.params import architectures, image_items, quantized, rotary_embeddings, routed_experts
-from kvbudget.model.spec import ModelSpec, RecurrentState
+from kvbudget.model.spec import Attention, ModelSpec, RecurrentState
 from kvbudget.units import GIB, cdiv
 
 # vLLM V0 (< 0.8; worker/model_runner.py profile_run and worker/worker.py determine_num_available_blocks, read in
@@ -74,10 +76,10 @@ ROCM_GRAPHS_SUBTRACTED = (0, 26)
 #   whether we keep this API or not"; vllm issue #49224) and profiles the graphs from 0.29. Which models it runs:
 #   Release.model_runner_v2.
 V2_RUNNER_GRAPHS_SUBTRACTED = (0, 29)
-# The CUDA-graph pool, an estimate: llm-d-planner's report measured 0.51-1.85 GiB (mean 1.04) on its vLLM 0.19 H100
-# runs (github.com/llm-d-incubation/llm-d-planner pull request 205, accuracy/accuracy_report.md); vLLM >= 0.20
-# measures its own (two captures per graph mode, the rest extrapolated: gpu_model_runner.py profile_cudagraph_memory),
-# which public logs print between 0.09 and 1.97 GiB ("Estimated CUDA graph memory").
+# What vLLM >= 0.20 subtracts is its own estimate (two captures per graph mode, the rest extrapolated), made by the
+# source's arithmetic in engines/vllm/graphmemory.py from the graphs it captures (below) and the model's layers.
+# Where the plan knows neither (no model in view), a flat estimate: the middle of what public logs print ("Estimated
+# CUDA graph memory", 0.09 to 1.97 GiB; llm-d-planner's vLLM 0.19 H100 runs 0.52 to 1.92).
 CUDA_GRAPH_ESTIMATE = GIB
 
 
@@ -168,10 +170,11 @@ class Graphs:
 
 
 def cuda_graphs(rel: Release, *, eager: bool = False, rocm: bool = False, v2_runner: bool = False,
-                counts: GraphCounts | None = None) -> Graphs:
+                counts: GraphCounts | None = None, model: ModelSpec | None = None, workspace: int = 0) -> Graphs:
     """The CUDA-graph memory release `rel` takes out of the KV budget (`eager`: --enforce-eager, no graphs captured,
     none profiled; `rocm`: an AMD GPU; `v2_runner`: the model runs on Model Runner V2; `counts`: the graphs it
-    captures, named in the note), by the rules above."""
+    captures and `model` the model, which size vLLM's estimate; `workspace`: an attention workspace its first FULL
+    capture makes), by the rules above."""
     if rel.version < CUDA_GRAPHS_SUBTRACTED:
         return Graphs(0, "vLLM < 0.20 leaves CUDA graphs out of the budget")
     if eager:
@@ -181,11 +184,14 @@ def cuda_graphs(rel: Release, *, eager: bool = False, rocm: bool = False, v2_run
     if v2_runner and rel.version < V2_RUNNER_GRAPHS_SUBTRACTED:
         return Graphs(0, f"vLLM {rel.label} runs this model on Model Runner V2, which reserves no CUDA-graph memory "
                          "(until 0.29)")
-    captured = f" for the {counts.piecewise + counts.full} graphs it captures, {counts}," if counts else ""
-    return Graphs(CUDA_GRAPH_ESTIMATE, f"CUDA graphs (estimate: {CUDA_GRAPH_ESTIMATE / GIB:.1f} GiB; vLLM >= 0.20 "
-                                       f"subtracts what it profiles{captured} which public logs print between 0.1 "
-                                       "and 2 GiB)", counts)
-
+    if counts is None or model is None:
+        return Graphs(CUDA_GRAPH_ESTIMATE, f"CUDA graphs (estimate: {CUDA_GRAPH_ESTIMATE / GIB:.1f} GiB; vLLM >= 0.20 "
+                                           "subtracts what it profiles, which public logs print between 0.1 and 2 "
+                                           "GiB)", counts)
+    pool = activation_estimate(model, counts.largest, 0)
+    size = graphmemory.estimate(counts.piecewise, counts.full, model.num_layers, pool, workspace)
+    return Graphs(size, graphmemory.note(size, str(counts), counts.piecewise + counts.full, counts.largest,
+                                         model.num_layers, workspace if counts.full else 0), counts)
 
 MOE_WORKSPACE = (0, 13)  # v1/worker/workspace.py first ships in 0.13 (absent from the 0.12 sdist)
 
@@ -277,15 +283,19 @@ def on_v2_runner(model: ModelSpec | None, rel: Release) -> bool:
                                hybrid=any(state) and not all(state), attention_free=all(state))
 
 
-def start_up_graphs(rel: Release, model: ModelSpec | None, options: EngineOptions, gpu_name: str = "") -> Graphs:
+def start_up_graphs(rel: Release, model: ModelSpec | None, options: EngineOptions, gpu_name: str = "",
+                    tp: int = 1) -> Graphs:
     """The CUDA-graph term of release `rel` starting `model` with `options` (--enforce-eager; the batch settings,
-    where set, name the graphs captured) on the card named (an AMD card: vLLM's ROCm platform; a card the catalog
-    does not know is taken as CUDA)."""
+    where set, name the graphs captured; the cache dtype and the card's compute capability, the attention backend)
+    on the card named (an AMD card: vLLM's ROCm platform; a card the catalog does not know is taken as CUDA), on one
+    of `tp` ranks."""
     from kvbudget.gpus import find_gpu
 
+    capability = options.compute_capability
     try:
         gpu = find_gpu(gpu_name)
         rocm, wide = gpu.vendor == "AMD", (gpu.compute_capability or "").startswith("10.")
+        capability = capability or gpu.compute_capability
     except KVBudgetError:
         rocm = wide = False
     v2 = on_v2_runner(model, rel)
@@ -293,7 +303,14 @@ def start_up_graphs(rel: Release, model: ModelSpec | None, options: EngineOption
     if options.max_num_seqs and options.max_num_batched_tokens:
         spec = options.speculative.num_tokens if options.speculative else options.num_speculative_tokens
         counts = graph_counts(rel, options.max_num_seqs, options.max_num_batched_tokens, spec, wide, v2)
-    return cuda_graphs(rel, eager=options.enforce_eager, rocm=rocm, v2_runner=v2, counts=counts)
+    workspace = 0
+    attention = next((x for x in model.layers if isinstance(x, Attention)), None) if model is not None else None
+    if model is not None and attention is not None and model.attention_heads and options.max_num_batched_tokens:
+        workspace = graphmemory.flashinfer_workspace(rel.version, capability, options.kv_cache_dtype,
+                                                     options.max_num_batched_tokens,
+                                                     max(1, model.attention_heads // tp), attention.k_dim)
+    return cuda_graphs(rel, eager=options.enforce_eager, rocm=rocm, v2_runner=v2, counts=counts, model=model,
+                       workspace=workspace)
 
 
 def overhead(rel: Release, tp: int, graphs: Graphs) -> tuple[int, str]:
