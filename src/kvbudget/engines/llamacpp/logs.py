@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.dtypes import Family, get_dtype
 from kvbudget.engines.base import LogCheck, LogRow
-from kvbudget.engines.llamacpp import kvlines, ollama
+from kvbudget.engines.llamacpp import ctxlines, kvlines, ollama
 from kvbudget.engines.llamacpp.releases import (
     CACHE_TYPES,
     LOG_TYPES,
@@ -73,6 +73,9 @@ def check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappin
                         rows=tuple(rows))
     if old and not _LLAMA_LINE.search(text):
         return _check_old_log(engine, text, model, old, flash)
+    if not _LLAMA_LINE.search(text) and ctxlines.found(text):  # cut after the context's lines, before the cache's
+        return LogCheck(engine="llamacpp", model_in_log=None, rows=tuple(ctxlines.rows_with_model(text, model)),
+                        settings={"format": "the context's lines alone (no cache size line)"})
     n_ctx, n_seq = setting("n_ctx"), setting("n_seq_max")
     if n_ctx is None or n_seq is None:
         raise KVBudgetError("check-log: the llama.cpp log lacks 'llama_context: n_ctx' / 'n_seq_max' lines; "
@@ -256,4 +259,6 @@ def check_without_model(text: str) -> LogCheck:
                            f"K and V of {ctx:,} cells x {layers} layers x {width} wide ('MB' are MiB)"))
     rows += kvlines.rows_without_model(text)  # ik_llama.cpp's MLA cache, the KV allocation refusal
     rows += ollama.rows_without_model(text)  # Ollama's scheduler line
+    if not rows:  # a log cut after the context's lines (n_ctx, n_seq_max), before any cache line
+        rows += ctxlines.rows_without_model(text)
     return LogCheck(engine="llamacpp", model_in_log=None, settings={}, rows=tuple(rows))

@@ -1,0 +1,83 @@
+"""check-log on the formats of the fourth held-out batch's logs not read when it was measured (tests/data/logs/
+unseen/h4-*, looked at since: dev material now), each read as its engine's source prints it. Expected figures are
+worked out here from the lines themselves and the engines' sources named beside each test."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+from kvbudget.cli import main
+
+UNSEEN = Path(__file__).parents[2] / "data" / "logs" / "unseen"
+
+
+def run(name_or_text: str, *args: str, tmp_path: Path | None = None) -> tuple[int, dict, str]:
+    """check-log --json on an unseen log by name (or on text written to tmp_path): exit status, JSON, stderr."""
+    path = UNSEEN / name_or_text
+    if tmp_path is not None:
+        path = tmp_path / "pasted.log"
+        path.write_text(name_or_text)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(["check-log", str(path), "--json", *args])
+    return status, json.loads(out.getvalue()) if out.getvalue().startswith("{") else {}, err.getvalue().strip()
+
+
+def rows(result: dict) -> dict[str, tuple[str, str, bool | None]]:
+    return {r["quantity"]: (r["logged"], r["predicted"], r["matches"]) for r in result["rows"]}
+
+
+def partial(name: str) -> dict[str, tuple[str, str, bool | None]]:
+    """The rows of a log read without its model (a partial check naming the --model to pass)."""
+    status, result, err = run(name)
+    assert status == 2 and result["partial"] and "--model" in err and err.count("\n") == 0, err
+    return rows(result)
+
+
+# llama.cpp's context lines alone, the log cut before any cache size line (src/llama-context.cpp)
+
+def test_llamacpp_n_ctx_per_seq_under_journald_is_n_ctx_over_the_sequences():
+    # b5000-b6800: n_ctx_per_seq = n_ctx / n_seq_max; the log: n_seq_max 4, n_ctx 8192, n_ctx_per_seq 2048
+    found = partial("h4-ollama-issue-7323-journal-n-seq-max-4-ctx.log")
+    assert found["n_ctx, n_seq_max"][0] == "8,192, 4"
+    assert found["n_ctx_per_seq"] == ("2,048", f"{8192 // 4:,}", True)
+
+
+def test_llamacpp_n_ctx_seq_with_pid_prefix_is_the_unified_context():
+    # #16812 on: kv_unified gives n_ctx_seq = n_ctx; else pad(262144 / 6, 256) = 43,776: the log's 262,144 is unified
+    found = partial("h4-llamacpp-pr-22493-pid-prefix-n-seq-max-6-cut.log")
+    logged, ours, ok = found["n_ctx_seq"]
+    assert logged == "262,144" and "43,776" in ours and ok
+
+
+def test_llamacpp_n_ctx_seq_that_neither_rule_gives_is_flagged(tmp_path):
+    text = ("llama_context: n_seq_max     = 4\nllama_context: n_ctx         = 8192\n"
+            "llama_context: n_ctx_seq     = 4096\nllama_context: kv_unified    = false\n")
+    status, result, _ = run(text, tmp_path=tmp_path)
+    found = rows(result)
+    assert status == 1 and found["n_ctx_seq"] == ("4,096", "2,048", False)  # pad(8192 / 4, 256): a mismatch fails
+    assert found["n_ctx = n_ctx_seq x n_seq_max"] == ("8,192", "16,384", False)
+
+
+def test_llamacpp_old_n_ctx_alone_is_shown_and_checked_against_the_models_context():
+    found = partial("h4-iklamacpp-pr-237-mla-n-ctx-163840-layers-cut.log")
+    assert found["n_ctx (cells of the one cache)"][0] == "163,840"
+    status, result, _ = run("h4-llamacpp-issue-10188-llama-3.2-3b-n-ctx-131072-cut.log", "--model", "llama-3.2-3b")
+    assert status == 0  # Llama 3.2 3B's max_position_embeddings: 131,072 (its config.json)
+    assert rows(result)["n_ctx within the model's context"] == ("131,072", "<= 131,072", True)
+
+
+def test_llamacpp_n_ctx_past_the_models_context_fails(tmp_path):
+    text = "llama_new_context_with_model: n_ctx      = 262144\nllama_new_context_with_model: n_batch    = 2048\n"
+    status, result, _ = run(text, "--model", "llama-3.2-3b", tmp_path=tmp_path)
+    assert status == 1 and rows(result)["n_ctx within the model's context"][2] is False
+
+
+# llama.cpp 2025 (b4500-b5400): llama_init_from_model's 'KV self size' under the elapsed-time prefix
+
+def test_llamacpp_init_from_model_kv_self_size_with_elapsed_time_prefix():
+    found = partial("h4-llamacpp-gpustack-1231-timestamped-kv-self-4-slots.log")
+    assert found["KV self size"] == ("2048.00 MiB", "2048.00 MiB", True)  # K 1024 + V 1024
