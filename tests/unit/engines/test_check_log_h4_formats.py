@@ -81,3 +81,27 @@ def test_llamacpp_n_ctx_past_the_models_context_fails(tmp_path):
 def test_llamacpp_init_from_model_kv_self_size_with_elapsed_time_prefix():
     found = partial("h4-llamacpp-gpustack-1231-timestamped-kv-self-4-slots.log")
     assert found["KV self size"] == ("2048.00 MiB", "2048.00 MiB", True)  # K 1024 + V 1024
+
+
+def test_llamacpp_kv_self_size_without_n_ctx_is_checked_by_the_cells_its_k_part_holds():
+    # Qwen2.5-7B: 28 layers x 4 KV heads x 128 = 512 values a layer, f16: K of 512 cells = 28 x 512 x 2 x 512 bytes
+    status, result, _ = run("h4-llamacpp-python-1943-qwen2.5-coder-7b-kv-self.log", "--model", "qwen2.5-7b")
+    found = rows(result)
+    assert status == 0 and 28 * 512 * 2 * 512 == 14 * 2**20
+    assert found["cells (from the K part)"] == ("-", "512", True)
+    assert found["n_embd_k_gqa / n_embd_v_gqa"] == ("512/512", "512/512", True)
+    assert found["KV self size (f16)"] == ("28.00 MiB", "28.00 MiB", True)
+    assert "n_ctx" in result["assumed"] and "n_ctx" not in result["settings"]
+    # Llama 3.2 3B's layers are 8 KV heads x 128 wide: the widths differ, the check fails
+    status, result, _ = run("h4-llamacpp-python-1943-qwen2.5-coder-7b-kv-self.log", "--model", "llama-3.2-3b")
+    assert status == 1 and rows(result)["n_embd_k_gqa / n_embd_v_gqa"] == ("512/512", "1024/1024", False)
+
+
+def test_llamacpp_kv_self_size_that_no_padded_cell_count_gives_fails(tmp_path):
+    # 14.05 MiB / (28 x 512 x 2 bytes a cell) = 513.8: 514 cells, not a whole number of 32-cell pads
+    text = "llama_init_from_model: KV self size  =   28.10 MiB, K (f16):   14.05 MiB, V (f16):   14.05 MiB\n"
+    status, result, _ = run(text, "--model", "qwen2.5-7b", tmp_path=tmp_path)
+    assert status == 1 and rows(result)["cells (from the K part)"] == ("-", "514", False)
+    text = text.replace("14.05 MiB", "0.01 MiB").replace("28.10", "0.02")  # under one cell: none to derive
+    status, result, err = run(text, "--model", "qwen2.5-7b", tmp_path=tmp_path)
+    assert status == 2 and result["partial"] and "n_ctx =" in err and err.count("\n") == 0
