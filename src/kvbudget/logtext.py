@@ -39,6 +39,10 @@ _TAIL = re.compile(r"[a-z0-9_]")
 _PLAIN = str.maketrans({"\xa0": " ", "\u2007": " ", "\u2009": " ", "\u202f": " ", "\u3000": " ", "\u200b": None,
                         "\ufeff": None, "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
 _ENTITY = re.compile(r"&(?:#\d{1,7}|#x[0-9a-fA-F]{1,6}|quot|apos|amp|lt|gt);")
+# A logfmt record (Go's log/slog TextHandler: Ollama's `time=... level=INFO source=server.go:168 msg=offload ...`)
+# and an indented run of its key=value pairs on the next line: the record hard-wrapped by a tracker or an editor.
+_LOGFMT = re.compile(r"(?:^|\s)level=[A-Z]{3,5}\s(?:.*\s)?msg=")
+_LOGFMT_TAIL = re.compile(r"\s+[A-Za-z_][\w.]{0,63}=\S")
 _RECORD = re.compile(r"[a-z_][\w.]{0,63}(?::\s|\s{2}|=)"
                      r"|\d{1,4}[-/:.]\d\d[-/:.]\d\d")  # a date or a time: a line of its own, timestamped
 
@@ -63,6 +67,9 @@ def clean(text: str) -> str:
                 raise KVBudgetError(f"check-log: a Ray line stands for {count} lines ('[repeated {count}x across "
                                     f"cluster]'); kvbudget reads at most {MAX_REPEATS} ranks of one line")
             stripped = stripped[:repeat.start()]
+        if lines and count == 1 and _LOGFMT_TAIL.match(raw) and _LOGFMT.search(lines[-1]):
+            lines[-1] = (lines[-1] + " " + stripped)[:MAX_LINE_CHARS]  # a wrapped logfmt record's pairs
+            continue
         continues = folded and stripped == line.strip() and _TAIL.match(stripped) and not _RECORD.match(stripped)
         if continues:  # a tail without a prefix of its own, after a line cut at the terminal's width
             lines[-1] = (lines[-1] + stripped)[:MAX_LINE_CHARS]

@@ -105,3 +105,11 @@ def test_llamacpp_kv_self_size_that_no_padded_cell_count_gives_fails(tmp_path):
     text = text.replace("14.05 MiB", "0.01 MiB").replace("28.10", "0.02")  # under one cell: none to derive
     status, result, err = run(text, "--model", "qwen2.5-7b", tmp_path=tmp_path)
     assert status == 2 and result["partial"] and "n_ctx =" in err and err.count("\n") == 0
+
+
+# Ollama's offload line (llm/server.go, slog.Info("offload", ...)) hard-wrapped with indented continuations
+
+def test_ollama_offload_line_hard_wrapped_is_read():
+    found = partial("h4-ollama-issue-8430-offload-line-wrapped.log")
+    assert found["Ollama: memory.required.kv"][0] == "2.0 GiB"
+    assert found["Ollama: GPU allocations added"] == ("11.4 GiB", "11.4 GiB", True)  # [11.4 GiB 0 B]
