@@ -113,3 +113,25 @@ def test_ollama_offload_line_hard_wrapped_is_read():
     found = partial("h4-ollama-issue-8430-offload-line-wrapped.log")
     assert found["Ollama: memory.required.kv"][0] == "2.0 GiB"
     assert found["Ollama: GPU allocations added"] == ("11.4 GiB", "11.4 GiB", True)  # [11.4 GiB 0 B]
+
+
+# vLLM V0 (vllm/worker/worker.py 0.6.4-0.7, determine_num_available_blocks): the profiling results' share line,
+# one line each under a worker's '(VllmWorkerProcess pid=...)' prefix, cut before the KV figure
+
+def test_vllm_worker_profiling_share_line_cut_before_the_budget_is_read():
+    found = partial("h4-vllm-issue-11550-v0-worker-profiling-cut.log")
+    logged, ours, ok = found["memory: the engine's share"]
+    assert logged == "21.19 GiB" and ours == f"{23.55 * 0.90:,.2f}" and ok  # 21.195: vLLM rounds to 21.19
+
+
+# vLLM 0.2-0.6 (vllm/engine/llm_engine.py): the engine's config line alone, the blocks line cut ('# GPU bloc') after
+# a terminal's arrow-key debris ('^[[B')
+
+def test_vllm_engine_config_line_alone_checks_its_settings_against_a_model():
+    status, _, err = run("h4-vllm-xinference-1115-internlm-20b-blocks-cut-arrow-keys.log")
+    assert status == 2 and "internlm-chat-20b" in err and "--model" in err and err.count("\n") == 0
+    status, result, _ = run("h4-vllm-xinference-1115-internlm-20b-blocks-cut-arrow-keys.log", "--model",
+                            "llama-2-13b")  # a model of 4,096 positions and 40 heads: the line's 4096 and tp 1 fit
+    found = rows(result)
+    assert status == 0 and found["max_model_len within the model's context"] == ("4,096", "<= 4,096", True)
+    assert found["tensor parallel size fits the heads"][2] is True
