@@ -135,3 +135,11 @@ def test_vllm_engine_config_line_alone_checks_its_settings_against_a_model():
     found = rows(result)
     assert status == 0 and found["max_model_len within the model's context"] == ("4,096", "<= 4,096", True)
     assert found["tensor parallel size fits the heads"][2] is True
+
+
+# vLLM V1 (v1/core/kv_cache_utils.py): 'Maximum concurrency for N tokens per request: Cx' quoted alone in prose
+
+def test_vllm_concurrency_line_alone_shows_the_pool_it_implies():
+    found = partial("h4-vllm-miaai-122-concurrency-line-quoted-in-prose.log")
+    logged, ours, ok = found["max concurrency at 262,144 tokens"]
+    assert logged == "1.36x" and ours == f"about {round(1.36 * 262144):,} tokens" and ok is None  # 356,516
