@@ -143,3 +143,14 @@ def test_vllm_concurrency_line_alone_shows_the_pool_it_implies():
     found = partial("h4-vllm-miaai-122-concurrency-line-quoted-in-prose.log")
     logged, ours, ok = found["max concurrency at 262,144 tokens"]
     assert logged == "1.36x" and ours == f"about {round(1.36 * 262144):,} tokens" and ok is None  # 356,516
+
+
+# SGLang (python/sglang/srt/managers/scheduler.py): 'max_total_num_tokens=N, chunked_prefill_size=...' quoted as a
+# fragment in Markdown bullets, three runs' values in one paste
+
+def test_sglang_max_total_num_tokens_fragments_are_read_and_say_there_are_several():
+    found = partial("h4-sglang-pr-28620-dsv4-flash-l20-token-pool-prose.log")
+    assert found["max_total_num_tokens"][0] == "73,472"
+    status, result, _ = run("h4-sglang-pr-28620-dsv4-flash-l20-token-pool-prose.log")
+    note = result["rows"][0]["note"]
+    assert "3 values" in note and "120,576" in note and "2,413,824" in note

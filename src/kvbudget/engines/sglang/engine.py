@@ -97,7 +97,7 @@ class SGLangEngine(Engine):
                                completions_default=16, zero_is_absent=True,
                                source="sglang 0.5.23 srt/entrypoints/openai/protocol.py, managers/scheduler.py")
     # 2026 releases print the dtype before #tokens; the scheduler's line follows the pool's
-    log_signatures = (r"KV Cache is allocated\.[^\n]*#tokens", r"max_total_num_tokens=\d+, chunked_prefill_size=",
+    log_signatures = (r"KV Cache is allocated\.[^\n]*#tokens", r"max_total_num_tokens=\d+\b",
                       *startlog.SIGNATURES)
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
