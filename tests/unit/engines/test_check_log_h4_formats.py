@@ -154,3 +154,12 @@ def test_sglang_max_total_num_tokens_fragments_are_read_and_say_there_are_severa
     status, result, _ = run("h4-sglang-pr-28620-dsv4-flash-l20-token-pool-prose.log")
     note = result["rows"][0]["note"]
     assert "3 values" in note and "120,576" in note and "2,413,824" in note
+
+
+# SGLang (model_runner.py load_model): 'Load weight end. ... avail mem=X GB' on each rank, cut before the pool line
+
+def test_sglang_log_cut_before_its_pool_says_to_pass_the_log_up_to_the_pool_line():
+    for args in ((), ("--model", "llama-3.1-8b")):  # a model checks nothing more here: the same one line
+        status, _, err = run("h4-sglang-issue-40558-sm120-kv-budget-reserve-cut.log", *args)
+        assert status == 2 and "stops before the pool" in err and "KV Cache is allocated" in err
+        assert err.count("\n") == 0 and "found no KV cache lines" not in err
