@@ -163,3 +163,13 @@ def test_sglang_log_cut_before_its_pool_says_to_pass_the_log_up_to_the_pool_line
         status, _, err = run("h4-sglang-issue-40558-sm120-kv-budget-reserve-cut.log", *args)
         assert status == 2 and "stops before the pool" in err and "KV Cache is allocated" in err
         assert err.count("\n") == 0 and "found no KV cache lines" not in err
+
+
+# llama.cpp's recurrent state refused (src/llama-memory-recurrent.cpp: "failed to allocate buffer for rs cache"),
+# as LM Studio shows it: no size, no n_seq_max
+
+def test_rs_cache_refusal_alone_says_what_to_pass():
+    for args in ((), ("--model", "llama-3.1-8b")):
+        status, _, err = run("h4-lmstudio-2321-rs-cache-alloc-refusal.log", *args)
+        assert status == 2 and "recurrent state" in err and "n_seq_max" in err and "-np" in err
+        assert err.count("\n") == 0 and "found no KV cache lines" not in err

@@ -300,4 +300,6 @@ def check_without_model(text: str) -> LogCheck:
     rows += ollama.rows_without_model(text)  # Ollama's scheduler line
     if not rows:  # a log cut after the context's lines (n_ctx, n_seq_max), before any cache line
         rows += ctxlines.rows_without_model(text)
+    if not rows and kvlines.RS_ALLOC_FAILED.search(text):  # the recurrent state refused, nothing beside it
+        raise KVBudgetError(kvlines.RS_REFUSED)
     return LogCheck(engine="llamacpp", model_in_log=None, settings={}, rows=tuple(rows))
