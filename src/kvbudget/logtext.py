@@ -30,6 +30,7 @@ _PREFIXES = tuple(re.compile(p) for p in (
     r"\((?:[\w=.,:-]{1,40}\s+){0,5}?pid=\d{1,10}(?:,\s*ip=[\w.:-]{1,64})?\)\s?",  # Ray and vLLM's processes
     r"(?:\[\d{1,10}\]\s+)?\d{1,4}\.\d\d\.\d{3}\.\d{3}\s+[DIWE]\s",  # llama.cpp's timestamped log
 ))
+_BOX = ("│", "┃", "║")  # box-drawing verticals a terminal pane draws on both sides of each line
 # Ray's deduplication: the line stands for N lines of other processes ('(Ray deduplicates logs ...)' after it once)
 _REPEATED = re.compile(r"\s*\[repeated (\d{1,9})x across cluster\](?:\s*\(Ray deduplicates[^)\n]{0,400}\))?\s*$")
 # The folded tail of a line starts inside a word or a number, and never as a record of its own would.
@@ -83,6 +84,8 @@ def clean(text: str) -> str:
 def _strip_prefixes(line: str) -> str:
     """The line without the prefixes collectors add, in any order, and its surrounding blanks and backticks."""
     line = line.strip()
+    if line[:1] in _BOX and line.endswith(line[0]):  # a log pane (k9s, lazydocker) boxes each line: '│ ... │'
+        line = line[1:-1].strip()
     for _ in range(4):  # a compose prefix before a Ray one before a quote mark, at most
         before = line
         for prefix in _PREFIXES:

@@ -151,3 +151,10 @@ def test_a_hard_wrapped_logfmt_record_is_joined_back():
         'time=2025-05-23T17:16:43.377Z level=INFO source=server.go:168 msg=offload layers.model=49 '
         'memory.required.kv="2.0 GiB" memory.required.partial="11.4 GiB" key=value after a plain line']
     assert clean("INFO plain line\n  key=value\n").splitlines() == ["INFO plain line", "key=value"]
+
+
+def test_a_log_panes_box_is_taken_off_both_sides():
+    """k9s and other terminal panes draw '│' on both sides of each line, padded to the pane's width (TGI#653)."""
+    text = ("│ 2023-07-19T21:00:08.123161Z  INFO text_generation_launcher: Args { max_total_tokens: 2048, │\n"
+            "│                                                                                      │\n")
+    assert clean(text).splitlines() == ["INFO text_generation_launcher: Args { max_total_tokens: 2048,", ""]

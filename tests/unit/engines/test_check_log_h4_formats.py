@@ -173,3 +173,10 @@ def test_rs_cache_refusal_alone_says_what_to_pass():
         status, _, err = run("h4-lmstudio-2321-rs-cache-alloc-refusal.log", *args)
         assert status == 2 and "recurrent state" in err and "n_seq_max" in err and "-np" in err
         assert err.count("\n") == 0 and "found no KV cache lines" not in err
+
+
+# TGI (launcher/src/main.rs, 1.0): the Args line boxed by k9s's pane and cut at its width before any limit
+
+def test_tgi_boxed_args_cut_before_its_limits_says_what_to_pass():
+    status, _, err = run("h4-tgi-issue-653-k9s-box-args-cut.log", "--model", "llama-2-7b")
+    assert status == 2 and "nothing to check" in err and "--max-total-tokens" in err and err.count("\n") == 0
