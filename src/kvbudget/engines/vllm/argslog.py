@@ -26,7 +26,10 @@ NAMESPACE = r"\bnum_gpu_blocks_override=(?:None|\d)"  # a field only vLLM's engi
 # ..., max_seq_len=%d, ..., tensor_parallel_size=%d, ..."; no version before 0.3): its settings alone where the log
 # is cut before the blocks line
 ENGINE_CONFIG = r"Initializing an LLM engine (?:\(v[\w.+-]{1,40}\) )?with config: model="
-SIGNATURES = (SHAPE.pattern, NAMESPACE, ENGINE_CONFIG)
+# worker.py's profiling results (0.6.4 to 0.7; one line each from 0.6.5, under '(VllmWorkerProcess pid=...)' on the
+# workers): the engine's share (total x gpu_memory_utilization), read alone by engines/vllm/nomodel.py
+SHARE = r"the current vLLM instance can use total_gpu_memory \("
+SIGNATURES = (SHAPE.pattern, NAMESPACE, ENGINE_CONFIG, SHARE)
 
 
 def check(text: str, model: ModelSpec, st: LogSettings, settings: dict, assumed: dict,

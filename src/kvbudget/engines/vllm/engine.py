@@ -182,9 +182,7 @@ class VLLMEngine(Engine):
                       r"reserved for KV Cache is [\d.]+", r"kv_cache_size[= ]\s{0,20}[\d.]+ ?GiB",
                       r"available_kv_cache_memory[=:]?\s{0,20}[\d.]+ ?GiB",  # V0 0.6.5's profiling results
                       r"memory for KV Cache as specified by kv_cache_memory_bytes", *argslog.SIGNATURES,
-                      r"Free memory on device \([\d.]+/[\d.]+ GiB\) on startup",  # 0.11 on and vllm-ascend's split
-                      # worker.py's profiling results (0.6.4 to 0.7, V0; split one line each in 0.6.5 on)
-                      r"the current vLLM instance can use total_gpu_memory \(")
+                      r"Free memory on device \([\d.]+/[\d.]+ GiB\) on startup")  # 0.11 on and vllm-ascend's split
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
                  options: EngineOptions = EngineOptions()) -> Allocation:
