@@ -42,7 +42,7 @@ _PLAIN = str.maketrans({"\xa0": " ", "\u2007": " ", "\u2009": " ", "\u202f": " "
 _ENTITY = re.compile(r"&(?:#\d{1,7}|#x[0-9a-fA-F]{1,6}|quot|apos|amp|lt|gt);")
 # A logfmt record (Go's log/slog TextHandler: Ollama's `time=... level=INFO source=server.go:168 msg=offload ...`)
 # and an indented run of its key=value pairs on the next line: the record hard-wrapped by a tracker or an editor.
-_LOGFMT = re.compile(r"(?:^|\s)level=[A-Z]{3,5}\s(?:.*\s)?msg=")
+_LOGFMT = re.compile(r"(?:^|\s)level=[A-Z]{3,5}\s(?:[^\n]{0,400}\s)?msg=")
 _LOGFMT_TAIL = re.compile(r"\s+[A-Za-z_][\w.]{0,63}=\S")
 _RECORD = re.compile(r"[a-z_][\w.]{0,63}(?::\s|\s{2}|=)"
                      r"|\d{1,4}[-/:.]\d\d[-/:.]\d\d")  # a date or a time: a line of its own, timestamped
@@ -55,6 +55,7 @@ def clean(text: str) -> str:
     counted N times. At most MAX_LOG_CHARS of it are read and MAX_LINE_CHARS of each line."""
     lines: list[str] = []
     folded = False  # whether the last line kept could have been cut by a terminal or tracker
+    record = False  # whether the last line kept is a logfmt record (its wrapped pairs join it)
     for raw in text[:MAX_LOG_CHARS].translate(_PLAIN).splitlines():
         if _ENTITY.search(raw):  # an entity never makes a line of its own
             raw = " ".join(html.unescape(raw[:MAX_LINE_CHARS]).splitlines())
@@ -68,8 +69,9 @@ def clean(text: str) -> str:
                 raise KVBudgetError(f"check-log: a Ray line stands for {count} lines ('[repeated {count}x across "
                                     f"cluster]'); kvbudget reads at most {MAX_REPEATS} ranks of one line")
             stripped = stripped[:repeat.start()]
-        if lines and count == 1 and _LOGFMT_TAIL.match(raw) and _LOGFMT.search(lines[-1]):
-            lines[-1] = (lines[-1] + " " + stripped)[:MAX_LINE_CHARS]  # a wrapped logfmt record's pairs
+        if record and count == 1 and _LOGFMT_TAIL.match(raw):  # a wrapped logfmt record's pairs
+            if len(lines[-1]) < MAX_LINE_CHARS:  # past the bound, the rest of the record is dropped
+                lines[-1] = (lines[-1] + " " + stripped)[:MAX_LINE_CHARS]
             continue
         continues = folded and stripped == line.strip() and _TAIL.match(stripped) and not _RECORD.match(stripped)
         if continues:  # a tail without a prefix of its own, after a line cut at the terminal's width
@@ -77,6 +79,7 @@ def clean(text: str) -> str:
             folded = len(raw) >= WRAP_WIDTH  # cut again at the same width
             continue
         lines.extend([stripped] * count)
+        record = bool(_LOGFMT.search(stripped))
         folded = len(raw) >= WRAP_WIDTH and not stripped.endswith((".", ":", "}", ")", "]"))
     return "\n".join(lines) + ("\n" if lines else "")
 
