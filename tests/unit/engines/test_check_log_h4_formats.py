@@ -180,3 +180,13 @@ def test_rs_cache_refusal_alone_says_what_to_pass():
 def test_tgi_boxed_args_cut_before_its_limits_says_what_to_pass():
     status, _, err = run("h4-tgi-issue-653-k9s-box-args-cut.log", "--model", "llama-2-7b")
     assert status == 2 and "nothing to check" in err and "--max-total-tokens" in err and err.count("\n") == 0
+
+
+def test_llamacpp_context_values_no_build_prints_are_one_line_errors(tmp_path):
+    # llama.cpp holds n_ctx, n_seq_max and the cells in uint32_t and clamps n_seq_max to at least 1
+    for text in ("llama_context: n_seq_max     = 0\nllama_context: n_ctx         = 4096\n",
+                 "llama_context: n_seq_max     = 1\nllama_context: n_ctx         = 99999999999\n",
+                 "llama_init_from_model: KV self size  = 99999999999999999999.00 MiB, K (f16): "
+                 "49999999999999999999.00 MiB, V (f16): 49999999999999999999.00 MiB\n"):
+        status, _, err = run(text, "--model", "qwen2.5-7b", tmp_path=tmp_path)
+        assert status == 2 and "out of range" in err and "4,294,967,295" in err and err.count("\n") == 0

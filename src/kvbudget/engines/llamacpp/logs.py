@@ -247,7 +247,7 @@ def _cells_of(engine: LlamaCppEngine, model: ModelSpec, k_type: str, k_mib: str,
     if not cells or abs(cells * per_cell / MIB - float(k_mib)) > 0.01 or len(kv) != 1:
         raise KVBudgetError("check-log: the llama.cpp log has a 'KV self size' line but neither 'kv_size =' nor "
                             "'n_ctx =': include the llama_kv_cache_init or llama_new_context_with_model lines")
-    return cells
+    return ctxlines.within(cells, f"K part of {k_mib} MiB ({cells:,} cells of {model.name})")
 
 
 def _check_refusal(engine: LlamaCppEngine, text: str, model: ModelSpec, flash: bool | None) -> LogCheck:
