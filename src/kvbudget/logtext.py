@@ -30,6 +30,7 @@ _PREFIXES = tuple(re.compile(p) for p in (
     r"\((?:[\w=.,:-]{1,40}\s+){0,5}?pid=\d{1,10}(?:,\s*ip=[\w.:-]{1,64})?\)\s?",  # Ray and vLLM's processes
     r"(?:\[\d{1,10}\]\s+)?\d{1,4}\.\d\d\.\d{3}\.\d{3}\s+[DIWE]\s",  # llama.cpp's timestamped log
 ))
+_BOX = ("│", "┃", "║")  # box-drawing verticals a terminal pane draws on both sides of each line
 # Ray's deduplication: the line stands for N lines of other processes ('(Ray deduplicates logs ...)' after it once)
 _REPEATED = re.compile(r"\s*\[repeated (\d{1,9})x across cluster\](?:\s*\(Ray deduplicates[^)\n]{0,400}\))?\s*$")
 # The folded tail of a line starts inside a word or a number, and never as a record of its own would.
@@ -39,6 +40,10 @@ _TAIL = re.compile(r"[a-z0-9_]")
 _PLAIN = str.maketrans({"\xa0": " ", "\u2007": " ", "\u2009": " ", "\u202f": " ", "\u3000": " ", "\u200b": None,
                         "\ufeff": None, "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
 _ENTITY = re.compile(r"&(?:#\d{1,7}|#x[0-9a-fA-F]{1,6}|quot|apos|amp|lt|gt);")
+# A logfmt record (Go's log/slog TextHandler: Ollama's `time=... level=INFO source=server.go:168 msg=offload ...`)
+# and an indented run of its key=value pairs on the next line: the record hard-wrapped by a tracker or an editor.
+_LOGFMT = re.compile(r"(?:^|\s)level=[A-Z]{3,5}\s(?:[^\n]{0,400}\s)?msg=")
+_LOGFMT_TAIL = re.compile(r"\s+[A-Za-z_][\w.]{0,63}=\S")
 _RECORD = re.compile(r"[a-z_][\w.]{0,63}(?::\s|\s{2}|=)"
                      r"|\d{1,4}[-/:.]\d\d[-/:.]\d\d")  # a date or a time: a line of its own, timestamped
 
@@ -50,6 +55,7 @@ def clean(text: str) -> str:
     counted N times. At most MAX_LOG_CHARS of it are read and MAX_LINE_CHARS of each line."""
     lines: list[str] = []
     folded = False  # whether the last line kept could have been cut by a terminal or tracker
+    record = False  # whether the last line kept is a logfmt record (its wrapped pairs join it)
     for raw in text[:MAX_LOG_CHARS].translate(_PLAIN).splitlines():
         if _ENTITY.search(raw):  # an entity never makes a line of its own
             raw = " ".join(html.unescape(raw[:MAX_LINE_CHARS]).splitlines())
@@ -63,12 +69,17 @@ def clean(text: str) -> str:
                 raise KVBudgetError(f"check-log: a Ray line stands for {count} lines ('[repeated {count}x across "
                                     f"cluster]'); kvbudget reads at most {MAX_REPEATS} ranks of one line")
             stripped = stripped[:repeat.start()]
+        if record and count == 1 and _LOGFMT_TAIL.match(raw):  # a wrapped logfmt record's pairs
+            if len(lines[-1]) < MAX_LINE_CHARS:  # past the bound, the rest of the record is dropped
+                lines[-1] = (lines[-1] + " " + stripped)[:MAX_LINE_CHARS]
+            continue
         continues = folded and stripped == line.strip() and _TAIL.match(stripped) and not _RECORD.match(stripped)
         if continues:  # a tail without a prefix of its own, after a line cut at the terminal's width
             lines[-1] = (lines[-1] + stripped)[:MAX_LINE_CHARS]
             folded = len(raw) >= WRAP_WIDTH  # cut again at the same width
             continue
         lines.extend([stripped] * count)
+        record = bool(_LOGFMT.search(stripped))
         folded = len(raw) >= WRAP_WIDTH and not stripped.endswith((".", ":", "}", ")", "]"))
     return "\n".join(lines) + ("\n" if lines else "")
 
@@ -76,6 +87,8 @@ def clean(text: str) -> str:
 def _strip_prefixes(line: str) -> str:
     """The line without the prefixes collectors add, in any order, and its surrounding blanks and backticks."""
     line = line.strip()
+    if line[:1] in _BOX and line.endswith(line[0]):  # a log pane (k9s, lazydocker) boxes each line: '│ ... │'
+        line = line[1:-1].strip()
     for _ in range(4):  # a compose prefix before a Ray one before a quote mark, at most
         before = line
         for prefix in _PREFIXES:

@@ -122,3 +122,41 @@ def test_heldout3_read_after_being_looked_at():
     measure: those 16 were looked at)."""
     read = sum(read_outcome(e)[0] for e in INDEX if e["split"] == "heldout3")
     assert read >= 35
+
+
+# The 15 heldout4 logs not read when the batch was measured (21 of 36), looked at only after the figure was taken (so
+# dev material now): the readers made general for their formats (branch s58read) read 10 of them; the five left state
+# nothing a reader could check (a pane-cut TGI Args line, a vLLM engine line cut before its blocks naming a model
+# not readable here, an SGLang log cut before its pool, LM Studio's bare 'rs cache' refusal) or name a model kvbudget
+# does not size for their engine yet (DeepSeek-V4's compressed cache under SGLang), and say so in one line.
+LOOKED_AT_H4 = {"h4-vllm-issue-11550-v0-worker-profiling-cut.log": True,  # the profiling share line, cut after it
+                "h4-ollama-issue-8430-offload-line-wrapped.log": True,  # hard-wrapped logfmt offload line
+                "h4-llamacpp-gpustack-1231-timestamped-kv-self-4-slots.log": True,  # llama_init_from_model's KV self
+                "h4-ollama-issue-7323-journal-n-seq-max-4-ctx.log": True,  # the context's lines alone
+                "h4-ollama-pr-16031-llama-server-n-ctx-262144-cut.log": True,
+                "h4-iklamacpp-pr-237-mla-n-ctx-163840-layers-cut.log": True,
+                "h4-llamacpp-pr-22493-pid-prefix-n-seq-max-6-cut.log": True,
+                "h4-llamacpp-issue-10188-llama-3.2-3b-n-ctx-131072-cut.log": True,  # n_ctx against the model's
+                "h4-llamacpp-python-1943-qwen2.5-coder-7b-kv-self.log": True,  # KV self size, cells from its K part
+                "h4-vllm-miaai-122-concurrency-line-quoted-in-prose.log": True,  # the concurrency line alone
+                "h4-vllm-xinference-1115-internlm-20b-blocks-cut-arrow-keys.log": False,  # engine line, model unread
+                "h4-tgi-issue-653-k9s-box-args-cut.log": False,  # the Args line cut before any limit
+                "h4-sglang-issue-40558-sm120-kv-budget-reserve-cut.log": False,  # cut before the pool
+                "h4-sglang-pr-28620-dsv4-flash-l20-token-pool-prose.log": False,  # the model's cache not sized yet
+                "h4-lmstudio-2321-rs-cache-alloc-refusal.log": False}  # the refusal alone
+
+
+@pytest.mark.parametrize("name", LOOKED_AT_H4)
+def test_looked_at_heldout4_logs(name):
+    entry = next(e for e in INDEX if e["file"] == name)
+    read, status, err = read_outcome(entry)
+    assert read == LOOKED_AT_H4[name], err
+    if not read:  # one line saying what to pass, or what kvbudget does not size yet (a partial check beside it)
+        assert status == 2 and err.count("\n") == 0 and ("pass" in err or "does not size" in err)
+
+
+def test_heldout4_read_after_being_looked_at():
+    """21 of 36 as measured; 31 of 36 after the readers were made general for the 15 not read (not a held-out
+    measure: those 15 were looked at)."""
+    read = sum(read_outcome(e)[0] for e in INDEX if e["split"] == "heldout4")
+    assert read >= 31

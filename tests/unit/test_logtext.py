@@ -110,7 +110,8 @@ def test_a_megabyte_line_without_an_end_does_not_hang_check_log(tmp_path):
     run = subprocess.run([sys.executable, "-m", "kvbudget", "check-log", str(log), "--model", "llama-3.1-8b"],
                          capture_output=True, text=True, timeout=30)
     assert time.monotonic() - start < 20
-    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "Traceback" not in run.stderr
+    # a verdict (the cells the K part holds, 8 for Llama 3.1 8B, no whole 32-cell pad: exit 1) or the one line
+    assert run.returncode in (1, 2) and run.stderr.count("\n") <= 1 and "Traceback" not in run.stderr
 
 
 @settings(max_examples=150, deadline=None)
@@ -137,3 +138,23 @@ def test_a_time_column_is_no_folded_tail():
     args = "2026-05-01 18:50:31.937 | (APIServer pid=1) INFO 05-01 16:50:31 [utils.py:233] non-default args: {}"
     assert clean(f"{banner}\n{args}").splitlines() == [
         "INFO 05-01 16:50:31 [utils.py:299]  version 0.20.0", "INFO 05-01 16:50:31 [utils.py:233] non-default args: {}"]
+
+
+def test_a_hard_wrapped_logfmt_record_is_joined_back():
+    """Ollama logs through Go's log/slog TextHandler (`time=... level=INFO ... msg=offload k=v ...`); pasted hard-
+    wrapped, each further line is an indented run of its pairs, joined back to the record. An indented line after
+    a line that is no logfmt record stays its own."""
+    text = ('time=2025-05-23T17:16:43.377Z level=INFO source=server.go:168 msg=offload layers.model=49\n'
+            ' memory.required.kv="2.0 GiB" memory.required.partial="11.4 GiB"\n'
+            '  key=value after a plain line\n')
+    assert clean(text).splitlines() == [
+        'time=2025-05-23T17:16:43.377Z level=INFO source=server.go:168 msg=offload layers.model=49 '
+        'memory.required.kv="2.0 GiB" memory.required.partial="11.4 GiB" key=value after a plain line']
+    assert clean("INFO plain line\n  key=value\n").splitlines() == ["INFO plain line", "key=value"]
+
+
+def test_a_log_panes_box_is_taken_off_both_sides():
+    """k9s and other terminal panes draw '│' on both sides of each line, padded to the pane's width (TGI#653)."""
+    text = ("│ 2023-07-19T21:00:08.123161Z  INFO text_generation_launcher: Args { max_total_tokens: 2048, │\n"
+            "│                                                                                      │\n")
+    assert clean(text).splitlines() == ["INFO text_generation_launcher: Args { max_total_tokens: 2048,", ""]

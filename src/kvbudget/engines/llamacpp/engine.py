@@ -196,7 +196,9 @@ class LlamaCppEngine(Engine):
                                       "server-context.cpp: a slot stops generating when its context is full, and "
                                       "refuses a prompt of n_ctx_slot tokens or more")
     log_signatures = (r"llama_kv_cache", r"llama_context:", r"llama_model_loader", r"llama_new_context_with_model",
-                      r"llama_memory_recurrent", r"kv self size\s*=", r"memory\.required\.kv=")  # Ollama's too
+                      r"llama_memory_recurrent", r"(?i:kv self size)\s*=", r"memory\.required\.kv=",  # Ollama's too
+                      r"llama_init_from_model:",  # src/llama.cpp b4500-b5400 (the renamed llama_new_context_with_model)
+                      r"failed to allocate buffer for (?:kv|rs) cache")  # a refusal alone (engines/llamacpp/kvlines.py)
 
     def pool_budget(self, model: ModelSpec, report: PoolReport, *, kv_dtype: str = "auto", tp: int = 1,
                     options: EngineOptions | None = None) -> int:

@@ -22,6 +22,12 @@ _MIB = r"(\d{1,12}\.\d{2})"  # a size as llama.cpp prints it (%7.2f MiB)
 MLA_KV_SELF = re.compile(r"KV self size\s*=\s*" + _MIB + r" MiB, c\^KV \((\w+)\):\s*" + _MIB + " MiB, "
                          r"kv\^T(?: \((\w+)\))?:\s*(?:" + _MIB + " MiB|not used)")
 KV_ALLOC_FAILED = re.compile(r"failed to allocate buffer for kv cache")
+# src/llama-memory-recurrent.cpp (llama_memory_recurrent, b5700 on; LM Studio's runtimes print it as 'Failed to
+# initialize the context: ...'): the recurrent state's cache of n_seq_max cells refused, its size not printed
+RS_ALLOC_FAILED = re.compile(r"failed to allocate buffer for rs cache")
+RS_REFUSED = ("check-log: llama.cpp could not allocate the recurrent state ('rs cache': one cell of each layer's "
+              "state per sequence), and the log states neither its size nor n_seq_max to check it by; pass the log "
+              "from its 'llama_context: n_seq_max' lines on (llama-server -lv 4), or fewer parallel sequences (-np)")
 _ALLOC_SIZE = re.compile(r"_buffer_type_alloc_buffer: failed to allocate buffer of size (\d{1,20})")
 SIGNATURES = (MLA_KV_SELF.pattern, KV_ALLOC_FAILED.pattern)
 _DEVICE = re.compile(r"llama_kv_cache(?:_init|_unified)?:\s+(\w+) KV buffer size =\s+" + _MIB + " MiB")

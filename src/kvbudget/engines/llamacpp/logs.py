@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvbudget.dtypes import Family, get_dtype
 from kvbudget.engines.base import LogCheck, LogRow
-from kvbudget.engines.llamacpp import kvlines, ollama
+from kvbudget.engines.llamacpp import ctxlines, kvlines, ollama
 from kvbudget.engines.llamacpp.releases import (
     CACHE_TYPES,
     LOG_TYPES,
@@ -73,6 +73,9 @@ def check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappin
                         rows=tuple(rows))
     if old and not _LLAMA_LINE.search(text):
         return _check_old_log(engine, text, model, old, flash)
+    if not _LLAMA_LINE.search(text) and ctxlines.found(text):  # cut after the context's lines, before the cache's
+        return LogCheck(engine="llamacpp", model_in_log=None, rows=tuple(ctxlines.rows_with_model(text, model)),
+                        settings={"format": "the context's lines alone (no cache size line)"})
     n_ctx, n_seq = setting("n_ctx"), setting("n_seq_max")
     if n_ctx is None or n_seq is None:
         raise KVBudgetError("check-log: the llama.cpp log lacks 'llama_context: n_ctx' / 'n_seq_max' lines; "
@@ -184,17 +187,22 @@ def _check_old_log(engine: LlamaCppEngine, text: str, model: ModelSpec, kv_self:
     init = _OLD_KV_INIT.search(text)
     n_ctx_line = re.search(r"(?:llama_new_context_with_model|llama_context): n_ctx\s+=\s*(\d+)", text)
     cells = int(init.group(1)) if init else int(n_ctx_line.group(1)) if n_ctx_line else None
-    if cells is None:
-        raise KVBudgetError("check-log: the llama.cpp log has a 'KV self size' line but neither 'kv_size =' nor "
-                            "'n_ctx =': include the llama_kv_cache_init or llama_new_context_with_model lines")
     k_type, v_type = kv_self.group(2), kv_self.group(4)
     if k_type != v_type:
         raise KVBudgetError(f"check-log: K ({k_type}) and V ({v_type}) cache types differ; kvbudget checks one type")
+    read = cells is not None
+    if cells is None:  # cut before the context's lines: the cells the K part holds at the model's width
+        cells = _cells_of(engine, model, LOG_TYPES.get(k_type, k_type), kv_self.group(3), flash)
     buffers = engine.server_buffers(model, cells, 1, LOG_TYPES.get(k_type, k_type), unified=True,
                                     release=_ERA_BUILDS[-1], flash_attn=flash)
     kv = [b for b in buffers if b.name != "recurrent"]
     k_mib, v_mib = sum(b.k_bytes for b in kv) / MIB, sum(b.v_bytes for b in kv) / MIB
-    rows = [LogRow("cells", f"{cells:,}", f"{kv[0].cells:,}" if kv else "-", bool(kv) and kv[0].cells == cells)]
+    if read:
+        rows = [LogRow("cells", f"{cells:,}", f"{kv[0].cells:,}" if kv else "-", bool(kv) and kv[0].cells == cells)]
+    else:
+        rows = [LogRow("cells (from the K part)", "-", f"{cells:,}", cells % 32 == 0,
+                       f"the K part over {model.name}'s K bytes a cell (the log states no n_ctx): a whole number of "
+                       "llama_kv_cache_get_padding's 32 (256 with flash attention)"), *_layer_widths(text, model)]
     if init:
         layers = sum(b.layers for b in kv)
         rows.append(LogRow("layers", init.group(4), str(layers), int(init.group(4)) == layers))
@@ -204,8 +212,42 @@ def _check_old_log(engine: LlamaCppEngine, text: str, model: ModelSpec, kv_self:
                            f"{log_figure(logged, 'cache size'):.2f}" == f"{ours:.2f}",
                            "llama.cpp prints two decimals of MiB"))
     return LogCheck(engine="llamacpp", model_in_log=None,
-                    settings={"n_ctx": cells, "cache_type": k_type, "format": "llama_kv_cache_init (2024-25)"},
-                    rows=tuple(rows))
+                    settings={**({"n_ctx": cells} if read else {}), "cache_type": k_type,
+                              "format": "llama_kv_cache_init (2024-25)"},
+                    rows=tuple(rows), assumed={} if read else {"n_ctx": f"{cells} (the cells the K part holds)"})
+
+
+# llama_kv_cache_init (src/llama.cpp, 2024-25): `layer N: n_embd_k_gqa = K, n_embd_v_gqa = V` for each layer
+_LAYER_WIDTH = re.compile(r"layer +(\d{1,4}): n_embd_k_gqa = (\d{1,7}), n_embd_v_gqa = (\d{1,7})")
+
+
+def _layer_widths(text: str, model: ModelSpec) -> list[LogRow]:
+    """The per-layer K and V widths the log prints beside the model's (KV heads x head size, plain attention)."""
+    from kvbudget.model.spec import Attention
+
+    logged = {(k, v) for _, k, v in _LAYER_WIDTH.findall(text)}
+    ours = {(a.kv_heads * a.k_dim, a.kv_heads * a.v_dim) for a in model.layers if isinstance(a, Attention)}
+    if not logged or not ours:
+        return []
+    shown = ", ".join(f"{k}/{v}" for k, v in sorted(logged))
+    mine = ", ".join(f"{k}/{v}" for k, v in sorted(ours))
+    return [LogRow("n_embd_k_gqa / n_embd_v_gqa", shown, mine, {(int(k), int(v)) for k, v in logged} <= ours,
+                   "the layers' K and V widths: KV heads x head size")]
+
+
+def _cells_of(engine: LlamaCppEngine, model: ModelSpec, k_type: str, k_mib: str, flash: bool | None) -> int:
+    """The cells a K part of `k_mib` MiB holds for the model (one cache, no window): a whole number, or the log's
+    lines are not this model's at that type."""
+    from kvbudget.engines.llamacpp.engine import CELL_PAD
+
+    kv = [b for b in engine.server_buffers(model, CELL_PAD, 1, k_type, unified=True, release=_ERA_BUILDS[-1],
+                                           flash_attn=flash) if b.name == "kv"]
+    per_cell = sum(b.k_bytes for b in kv) / CELL_PAD if kv else 0
+    cells = round(float(k_mib) * MIB / per_cell) if per_cell else 0
+    if not cells or abs(cells * per_cell / MIB - float(k_mib)) > 0.01 or len(kv) != 1:
+        raise KVBudgetError("check-log: the llama.cpp log has a 'KV self size' line but neither 'kv_size =' nor "
+                            "'n_ctx =': include the llama_kv_cache_init or llama_new_context_with_model lines")
+    return ctxlines.within(cells, f"K part of {k_mib} MiB ({cells:,} cells of {model.name})")
 
 
 def _check_refusal(engine: LlamaCppEngine, text: str, model: ModelSpec, flash: bool | None) -> LogCheck:
@@ -256,4 +298,8 @@ def check_without_model(text: str) -> LogCheck:
                            f"K and V of {ctx:,} cells x {layers} layers x {width} wide ('MB' are MiB)"))
     rows += kvlines.rows_without_model(text)  # ik_llama.cpp's MLA cache, the KV allocation refusal
     rows += ollama.rows_without_model(text)  # Ollama's scheduler line
+    if not rows:  # a log cut after the context's lines (n_ctx, n_seq_max), before any cache line
+        rows += ctxlines.rows_without_model(text)
+    if not rows and kvlines.RS_ALLOC_FAILED.search(text):  # the recurrent state refused, nothing beside it
+        raise KVBudgetError(kvlines.RS_REFUSED)
     return LogCheck(engine="llamacpp", model_in_log=None, settings={}, rows=tuple(rows))

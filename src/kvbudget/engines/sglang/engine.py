@@ -58,7 +58,7 @@ from kvbudget.engines.sglang.releases import (
     release_name,
 )
 from kvbudget.engines.tiers import HostTier
-from kvbudget.errors import BudgetError, EngineRuleError, UnsupportedArchitectureError
+from kvbudget.errors import BudgetError, EngineRuleError, KVBudgetError, UnsupportedArchitectureError
 from kvbudget.gpus import gpus, reported_total
 from kvbudget.model.params import vision_tower
 from kvbudget.model.spec import (
@@ -97,7 +97,7 @@ class SGLangEngine(Engine):
                                completions_default=16, zero_is_absent=True,
                                source="sglang 0.5.23 srt/entrypoints/openai/protocol.py, managers/scheduler.py")
     # 2026 releases print the dtype before #tokens; the scheduler's line follows the pool's
-    log_signatures = (r"KV Cache is allocated\.[^\n]*#tokens", r"max_total_num_tokens=\d+, chunked_prefill_size=",
+    log_signatures = (r"KV Cache is allocated\.[^\n]*#tokens", r"max_total_num_tokens=\d+\b",
                       *startlog.SIGNATURES)
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,
@@ -267,7 +267,10 @@ class SGLangEngine(Engine):
         from kvbudget.engines.sglang.memorylog import check_without_model  # ReadsLogsWithoutModel
 
         check = check_without_model(text)  # without a pool line, the profiled pool (engines/sglang/startlog.py)
-        return check if check.rows else replace(check, rows=tuple(startlog.ranks_row(startlog.profiled(text))))
+        check = check if check.rows else replace(check, rows=tuple(startlog.ranks_row(startlog.profiled(text))))
+        if not check.rows and not re.search(startlog.SERVER_ARGS, text):  # cut before the pool: a model won't help
+            raise KVBudgetError(startlog.CUT)
+        return check
 
     def check_log(self, text: str, model: ModelSpec, given: Mapping[str, Any] | None = None) -> LogCheck:
         """SGLang prints its pool in tokens and the buffer sizes per rank ("GB" meaning GiB): K and V apart for

@@ -88,6 +88,10 @@ def check_without_model(text: str) -> LogCheck:
     if total := re.search(r"max_total_num_tokens=(\d+)", text):
         first = int(pools[0][1]) if pools else None
         same = first == int(total.group(1)) if first is not None and "sliding window" not in text else None
+        stated = dict.fromkeys(int(n) for n in re.findall(r"max_total_num_tokens=(\d+)", text))
+        others = (f"; the first of {len(stated)} values the log states ("
+                  + ", ".join(f"{n:,}" for n in stated) + "): one run's log checks one") if len(stated) > 1 else ""
         rows.append(LogRow("max_total_num_tokens", f"{int(total.group(1)):,}", f"{first:,}" if first else "-", same,
-                           "the scheduler's tokens against the first pool's" if first else "read from the log"))
+                           ("the scheduler's tokens against the first pool's" if first else "read from the log")
+                           + others))
     return LogCheck(engine="sglang", model_in_log=None, settings={}, rows=tuple(rows))

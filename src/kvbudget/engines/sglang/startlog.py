@@ -21,9 +21,13 @@ from kvbudget.validate import positive
 
 PROFILED = re.compile(r"max_total_tokens=\d{1,12} is larger than the profiled value (-?\d{1,15})")
 SERVER_ARGS = r"server_args=ServerArgs\("
-SIGNATURES = (PROFILED.pattern, SERVER_ARGS)
+# model_runner.py load_model (0.3 on): "Load weight end. type=..., avail mem=X GB, mem usage=Y GB." on every rank
+LOAD_END = r"Load weight end\.[^\n]{0,400}avail mem=-?[\d.]{1,12} GB"
+SIGNATURES = (PROFILED.pattern, SERVER_ARGS, LOAD_END)
 LACKS = ("check-log: the SGLang log lacks 'KV Cache is allocated. #tokens: N, K size: ..., V size' (or 'KV size' for "
          "MLA models) and 'max_total_num_tokens='")
+CUT = (f"{LACKS}: it stops before the pool is sized, and its other lines (weights loaded, free memory) check nothing "
+       "alone; pass the log up to its 'KV Cache is allocated' line")
 _RANK_TP = re.compile(r"\[[^\]\n]{0,80}\bTP(\d{1,4})\]")
 
 

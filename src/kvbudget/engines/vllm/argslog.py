@@ -22,7 +22,14 @@ if TYPE_CHECKING:
 
 SHAPE = re.compile(r"Allocating a cross layer KV cache of shape \((\d{1,12}(?:, \d{1,9}){3,7})\)")
 NAMESPACE = r"\bnum_gpu_blocks_override=(?:None|\d)"  # a field only vLLM's engine arguments have
-SIGNATURES = (SHAPE.pattern, NAMESPACE)
+# V0's engine line (vllm/engine/llm_engine.py, 0.2 to 0.6: "Initializing an LLM engine (v%s) with config: model=%r,
+# ..., max_seq_len=%d, ..., tensor_parallel_size=%d, ..."; no version before 0.3): its settings alone where the log
+# is cut before the blocks line
+ENGINE_CONFIG = r"Initializing an LLM engine (?:\(v[\w.+-]{1,40}\) )?with config: model="
+# worker.py's profiling results (0.6.4 to 0.7; one line each from 0.6.5, under '(VllmWorkerProcess pid=...)' on the
+# workers): the engine's share (total x gpu_memory_utilization), read alone by engines/vllm/nomodel.py
+SHARE = r"the current vLLM instance can use total_gpu_memory \("
+SIGNATURES = (SHAPE.pattern, NAMESPACE, ENGINE_CONFIG, SHARE)
 
 
 def check(text: str, model: ModelSpec, st: LogSettings, settings: dict, assumed: dict,
@@ -44,7 +51,7 @@ def check(text: str, model: ModelSpec, st: LogSettings, settings: dict, assumed:
                        "per GPU; the log prints no budget"))
         return LogCheck(engine="vllm", model_in_log=None, settings=settings, rows=shown,
                         assumed={**assumed, "KV budget": "not printed: the memory of the shape's blocks"})
-    if re.search(NAMESPACE, text):
+    if re.search(NAMESPACE, text) or re.search(ENGINE_CONFIG, text):
         rows = settings_rows(model, max_len=st.max_len if "max_model_len" not in assumed else None,
                              tp=st.tp if "tp" not in assumed else None, length_name="max_model_len")
         if rows:

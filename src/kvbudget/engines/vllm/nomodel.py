@@ -57,6 +57,11 @@ def check_without_model(text: str) -> LogCheck:
             rows.append(_ratio_row(f"max concurrency at {length:,} tokens", f"{printed}x", held / length, printed,
                                    0.005 + 1 / length, f"{what} / max_model_len",
                                    "they differ for models of several cache groups or other block sizes"))
+        elif held is None and length > 0:  # the line alone (quoted, or the log cut after it): the pool it implies
+            rows.append(LogRow(f"max concurrency at {length:,} tokens", f"{printed}x",
+                               f"about {round(printed * length):,} tokens", None,
+                               f"the pool it implies for one cache group: concurrency x max_model_len, within "
+                               f"{round(0.005 * length):,} tokens (vLLM prints two decimals)"))
     if (refused := re.search(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be "
                              r"stored in KV cache \((\d+)\)", re.sub(r"\s+", " ", text))):
         n = int(refused.group(2))
