@@ -24,7 +24,10 @@ INDEX = json.loads((UNSEEN / "index.json").read_text())["logs"]
 # The fourth batch (heldout4), collected by the first results of fixed phrases while the readers changed again,
 # measured once after those changes (branch s57read, developed on the dev, h2 and h3 logs): 21 of 36 (19 before):
 # 90 of 124 over the four batches (73%).
-HELD_OUT_READ = {"held-out": (25, 25), "heldout2": (23, 26), "heldout3": (21, 37), "heldout4": (21, 36)}
+# The fifth (heldout5), collected while the h4 readers were written, only logs whose KV line states a figure the
+# engine computed: 23 of 27 after those readers (20 before): 113 of 151 over the five batches (75%).
+HELD_OUT_READ = {"held-out": (25, 25), "heldout2": (23, 26), "heldout3": (21, 37), "heldout4": (21, 36),
+                 "heldout5": (23, 27)}
 # The 3 heldout2 logs not read when the batch was measured, looked at only after the figure was taken (so no longer
 # held out): the readers made general for their formats read two of them; the third states nothing to check and
 # says so in one line. The measured figure above stays 23 of 26 (22 by the later rule that a partial check with no row
@@ -96,7 +99,7 @@ def test_held_out_read_rate(split):
 
 def test_held_out_read_rate_together():
     read, total = (sum(HELD_OUT_READ[s][i] for s in HELD_OUT_READ) for i in (0, 1))
-    assert total == sum(e["split"] in HELD_OUT_READ for e in INDEX) and read / total >= 0.72
+    assert total == sum(e["split"] in HELD_OUT_READ for e in INDEX) and read / total >= 0.74
 
 
 @pytest.mark.parametrize("name", LOOKED_AT)
