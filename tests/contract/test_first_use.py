@@ -39,7 +39,7 @@ def test_every_line_fits_80_columns_and_no_number_is_cut(monkeypatch, capsys, ar
 def test_compare_keeps_its_figures_whole_at_80_columns(monkeypatch, capsys):
     out = run80(monkeypatch, capsys, ["compare", "llama-3.1-8b", "gemma-2-9b", "--context", "32k", "--gpu",
                                       "H100-80GB"])
-    for figure in ("128.00 KiB", "336.00 KiB", "4.00 GiB", "54.64 GiB", "13.66x", "131,072", "8,192"):
+    for figure in ("128.00 KiB", "336.00 KiB", "4.00 GiB", "54.80 GiB", "13.70x", "131,072", "8,192"):
         assert figure in out, figure
     assert "gemma-2-9b is trained for 8,192 tokens" in out
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvbudget.budget import activation_estimate
 from kvbudget.dtypes import get_dtype
 from kvbudget.engines.base import NON_TORCH_ESTIMATE, EngineOptions, Serving
 from kvbudget.engines.vllm import graphmemory
@@ -188,6 +187,8 @@ def cuda_graphs(rel: Release, *, eager: bool = False, rocm: bool = False, v2_run
         return Graphs(CUDA_GRAPH_ESTIMATE, f"CUDA graphs (estimate: {CUDA_GRAPH_ESTIMATE / GIB:.1f} GiB; vLLM >= 0.20 "
                                            "subtracts what it profiles, which public logs print between 0.1 and 2 "
                                            "GiB)", counts)
+    from kvbudget.budget import activation_estimate  # the plan's path only: estimate never loads budget
+
     pool = activation_estimate(model, counts.largest, 0)
     size = graphmemory.estimate(counts.piecewise, counts.full, model.num_layers, pool, workspace)
     return Graphs(size, graphmemory.note(size, str(counts), counts.piecewise + counts.full, counts.largest,
