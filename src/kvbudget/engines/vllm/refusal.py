@@ -2,7 +2,9 @@
 
 v1/core/kv_cache_utils.py (check_enough_kv_cache_memory) raises "To serve at least one request with the model's
 (some releases: models's) max seq len (N), (X GiB KV cache is needed, which is larger than the available KV cache
-memory (Y GiB). Based on the available memory, the estimated maximum model length is Z. Try increasing ...". Pastes
+memory (Y GiB). Based on the available memory, the estimated maximum model length is Z. Try increasing ...". 0.7 and
+0.8 printed the same figures (bytes / 1024**3, so GiB) labelled "GB" and without the estimate (v0.8.2's
+kv_cache_utils.py: "... ({needed_memory/1024/1024/1024:.2f} GB KV cache is needed ..."): read as GiB. Pastes
 hard-wrap it (the wrap joined back without its blank), cut it mid-word, or drop its parentheses: each part is read
 on its own, and the refusal is the parts that survive. A hybrid's refusal for want of state blocks (MAMBA) is
 recognised here too."""
@@ -23,8 +25,9 @@ def _loose(words: str) -> str:
 
 # "... the model's max seq len (N)," with its comma (V0's "The model's max seq len (N) is larger ..." has none)
 _START = re.compile(r"model[s']{0,3}" + _SPACE + _loose("max seq len") + r"\s*\((\d{1,12})\)\s*,")
-_NEEDED = re.compile(r"\(?" + _GIB + _SPACE + _loose("GiB KV cache is need"))
-_AVAILABLE = re.compile(_loose("than the available KV cache memory") + _SPACE + r"\(" + _GIB + _SPACE + r"GiB\)")
+_UNIT = r"Gi?B"  # 0.9 on 'GiB'; 0.7-0.8 'GB' for the same GiB figure
+_NEEDED = re.compile(r"\(?" + _GIB + _SPACE + _UNIT + _SPACE + _loose("KV cache is need"))
+_AVAILABLE = re.compile(_loose("than the available KV cache memory") + _SPACE + r"\(" + _GIB + _SPACE + _UNIT + r"\)")
 _ESTIMATED = re.compile(_loose("stimated maximum model length is") + r"\s*(\d[\d,]{0,15})")
 # A hybrid's refusal at CUDA graph capture (config/compilation.py, 2026): every decoding sequence holds one block of
 # its recurrent state, and max_num_seqs asked for more than the pool's blocks

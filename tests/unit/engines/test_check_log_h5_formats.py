@@ -1,0 +1,29 @@
+"""check-log on the formats of the fifth held-out batch's logs not read when it was measured (tests/data/logs/
+unseen/h5-*, looked at since: dev material now), each read as its engine's source prints it. Expected figures are
+worked out here from the lines themselves and the engines' sources named beside each test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.unit.engines.test_check_log_h4_formats import partial, rows, run
+
+# vLLM 0.7-0.8's V1 refusal in "GB" (v1/core/kv_cache_utils.py, check_enough_kv_cache_memory: the bytes / 1024**3,
+# a GiB figure labelled GB, and no estimated maximum length yet)
+
+
+def test_vllm_08_refusal_in_gb_is_read_without_a_model():
+    found = partial("h5-vllm-issue-15617-v0.8.2-refusal-gb-8x4090.log")
+    assert found["refused: max seq len"][0] == "116,160"
+    assert found["refused: KV cache needed"] == ("4.43 GiB", "more than the 3.48 GiB available", True)
+
+
+def test_vllm_08_refusal_in_gb_checks_the_request_against_the_model(tmp_path: Path):
+    # Llama-3.1-8B: 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes = 128 KiB a token; 131,072 tokens: 16 GiB
+    text = ("ERROR 03-27 16:43:19 [core.py:343] ValueError: To serve at least one request with the models's max seq "
+            "len (131072), (16.00 GB KV cache is needed, which is larger than the available KV cache memory (10.00 "
+            "GB). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+            "engine.\n")
+    status, result, err = run(text, "--model", "llama-3.1-8b", tmp_path=tmp_path)
+    assert status == 0, err
+    assert rows(result)["refused: KV cache needed"][:2] == ("16.00 GiB", "16.00 GiB")
