@@ -27,3 +27,22 @@ def test_vllm_08_refusal_in_gb_checks_the_request_against_the_model(tmp_path: Pa
     status, result, err = run(text, "--model", "llama-3.1-8b", tmp_path=tmp_path)
     assert status == 0, err
     assert rows(result)["refused: KV cache needed"][:2] == ("16.00 GiB", "16.00 GiB")
+
+
+# A budget printed below zero (V1's gpu_worker.py determine_available_memory, unclamped; vllm-ascend's worker the
+# same): kv_cache_utils.py check_enough_kv_cache_memory then refuses any budget <= 0 for want of one block
+
+
+def test_vllm_negative_budget_is_the_no_block_refusal_with_the_weights_checked():
+    # Qwen3-14B: 14.77e9 parameters x 2 bytes = 27.5 GiB, the 27.5376 GB (GiB) the log loaded
+    status, result, err = run("h5-vllm-ascend-9372-vnpu-negative-budget.log", "--model", "qwen3-14b")
+    assert status == 0, err
+    found = rows(result)
+    assert found["refused: no cache block"][0] == "-0.87 GiB" and found["refused: no cache block"][2]
+    assert found["refused: fits"] == ("no", "no", True)
+    assert found["weights per GPU"][0] == "27.54 GiB" and found["weights per GPU"][2]
+
+
+def test_vllm_negative_budget_without_a_model_shows_the_refusal():
+    found = partial("h5-vllm-ascend-9372-vnpu-negative-budget.log")
+    assert found["refused: no cache block"][0] == "-0.87 GiB"

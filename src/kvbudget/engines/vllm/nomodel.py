@@ -8,7 +8,7 @@ import re
 
 from kvbudget.engines.base import LogCheck, LogRow
 from kvbudget.engines.vllm.logsettings import num
-from kvbudget.engines.vllm.refusal import MAMBA, read_refusal
+from kvbudget.engines.vllm.refusal import MAMBA, no_block_budget, read_refusal
 from kvbudget.units import GIB, log_figure
 
 V0_BLOCK = 16  # vLLM's default block size (V0 and V1 for full attention)
@@ -83,7 +83,7 @@ def check_without_model(text: str) -> LogCheck:
         rows.append(LogRow("refused: Mamba cache blocks", f"{held:,}", f"fewer than max_num_seqs {seqs:,}",
                            held < seqs, "every decoding sequence holds one block of the recurrent state"))
     if re.search(NO_MEMORY, re.sub(r"\s+", " ", text)):
-        rows.append(LogRow("refused: no cache block", "refused", "-", None,
+        rows.append(LogRow("refused: no cache block", no_block_budget(text), "-", None,
                            "the budget held no block of every layer: how large one is needs the model"))
     rows += _memory_rows(text)
     return LogCheck(engine="vllm", model_in_log=None, settings={}, rows=tuple(rows))

@@ -33,8 +33,20 @@ _ESTIMATED = re.compile(_loose("stimated maximum model length is") + r"\s*(\d[\d
 # its recurrent state, and max_num_seqs asked for more than the pool's blocks
 MAMBA = re.compile(r"max_num_seqs \((\d{1,9})\) exceeds available Mamba cache blocks \((\d{1,12})\)")
 # V0 and V1: the budget held no block; vLLM 0.1 printed the count unclamped instead (vllm/worker/worker.py,
-# profile_num_available_blocks: (total x gpu_memory_utilization - peak) // block size, '# GPU blocks: -1')
-NO_MEMORY = r"No available memory for the cache blocks|# GPU blocks: -\d"
+# profile_num_available_blocks: (total x gpu_memory_utilization - peak) // block size, '# GPU blocks: -1'); V1 (and
+# vllm-ascend's worker) print the budget below zero before the refusal (gpu_worker.py determine_available_memory:
+# the share less the profiled use, unclamped; kv_cache_utils.py check_enough_kv_cache_memory then raises "No
+# available memory for the cache blocks" for any budget <= 0)
+NO_MEMORY = r"No available memory for the cache blocks|# GPU blocks: -\d|Available KV cache memory: -\d"
+_NEGATIVE = re.compile(r"Available KV cache memory: (-\d{1,6}(?:\.\d{1,6})?) GiB")
+
+
+def no_block_budget(text: str) -> str:
+    """How the no-block refusal shows in the log: the budget below zero where printed (GiB), else 'refused'."""
+    negative = _NEGATIVE.search(text)
+    return f"{negative.group(1)} GiB" if negative else "refused"
+
+
 # What marks a pasted fragment as one of these refusals (any one of them)
 SIGNATURES = (_START.pattern, _NEEDED.pattern, _loose("KV cache is needed, which is larger"), MAMBA.pattern, NO_MEMORY)
 
