@@ -297,9 +297,9 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
         return _drafting(needed_check(engine, model, st, read, assumed, refusal.needed), text, model, st)
     if not budgets and not conc and (counted := count_check(engine, text, model, st, read, assumed, v0_refusal)):
         weighed = log._weights_rows(st)
-        causes = tuple(f"the weights: vLLM loaded {r.logged} per GPU where kvbudget counts {r.predicted} ({r.note})"
+        heavier = tuple(f"the weights: vLLM loaded {r.logged} per GPU where kvbudget counts {r.predicted} ({r.note})"
                        for r in weighed if r.matches is False)  # what left no cache, where the budget is below zero
-        return _drafting(replace(counted, rows=counted.rows + tuple(weighed), causes=counted.causes + causes), text,
+        return _drafting(replace(counted, rows=counted.rows + tuple(weighed), causes=counted.causes + heavier), text,
                          model, st)
     if not budgets and (argued := argslog.check(text, model, st, shown_settings(st, read, assumed), assumed, lambda: (
             (layout := engine.layout(model, st.kv_dtype, st.tp, st.options())[0]).block_bytes, layout.block_size))):
