@@ -46,3 +46,38 @@ def test_vllm_negative_budget_is_the_no_block_refusal_with_the_weights_checked()
 def test_vllm_negative_budget_without_a_model_shows_the_refusal():
     found = partial("h5-vllm-ascend-9372-vnpu-negative-budget.log")
     assert found["refused: no cache block"][0] == "-0.87 GiB"
+
+
+# SGLang's refusal for want of memory after the weights (python/sglang/srt/model_executor/model_runner.py,
+# _profile_available_bytes, 2026): rest = available after the weights - pre_model_load_memory x (1 -
+# mem_fraction_static), refused at 0 or less
+
+
+def test_sglang_no_kv_memory_refusal_follows_from_the_weights_line():
+    # avail 12.25 GB after the weights, 125.65 GB used by them: 137.90 before; 12.25 - 137.90 x 0.12 = -4.30
+    for found in (partial("h5-sglang-inferencex-2128-dsv4-pro-h200-no-kv-memory.log"),
+                  rows(run("h5-sglang-inferencex-2128-dsv4-pro-h200-no-kv-memory.log", "--model",
+                           "deepseek-v4-pro")[1])):
+        assert found["refused: memory left for the KV pool"] == ("none", "-4.30 GiB", True)
+
+
+def test_sglang_no_kv_memory_refusal_checks_its_minimum_fraction(tmp_path: Path):
+    # 79.00 GB free before the weights, 20.00 after: 20 - 79 x 0.3 = -3.70; minimum 1 - 20 / 79 = 0.7468
+    text = ("[2026-08-28 01:41:10 TP0] Load weight begin. avail mem=79.00 GB\n"
+            "[2026-08-28 01:41:17 TP0] Load weight end. type=Qwen3ForCausalLM, dtype=torch.bfloat16, avail "
+            "mem=20.00 GB, mem usage=59.00 GB.\n"
+            "ValueError: Loaded weights leave no GPU memory for the KV cache under\n"
+            "--mem-fraction-static=0.7. Raise --mem-fraction-static above 0.747\n"
+            "(minimum viable = 1 - available/pre = 0.7468). If using speculative decoding, draft weights are now "
+            "counted.\n")
+    status, result, err = run(text, tmp_path=tmp_path)
+    found = rows(result)
+    assert status == 2 and "--model" in err
+    assert found["refused: memory left for the KV pool"] == ("none", "-3.70 GiB", True)
+    assert found["minimum mem_fraction_static"] == ("0.7468", "0.7468", True)
+
+
+def test_sglang_no_kv_memory_refusal_alone_says_what_to_pass(tmp_path: Path):
+    status, _, err = run("ValueError: Loaded weights leave no GPU memory for the KV cache under "
+                         "--mem-fraction-static=0.5.\n", tmp_path=tmp_path)
+    assert status == 2 and "nothing to check" in err and "Load weight begin" in err and err.count("\n") == 0
