@@ -81,3 +81,25 @@ def test_sglang_no_kv_memory_refusal_alone_says_what_to_pass(tmp_path: Path):
     status, _, err = run("ValueError: Loaded weights leave no GPU memory for the KV cache under "
                          "--mem-fraction-static=0.5.\n", tmp_path=tmp_path)
     assert status == 2 and "nothing to check" in err and "Load weight begin" in err and err.count("\n") == 0
+
+
+# ggml's 2023 example loaders (ggml examples/gpt-j and gpt-2 main.cpp, koboldcpp's otherarch copies): n_mem = n_layer
+# x n_ctx, K and V each n_embd x n_mem of f16 or f32, printed in MiB as "MB"
+
+
+def test_ggml_gptj_memory_size_and_n_mem_against_the_loaders_shape():
+    # GPT-J 6B: 28 layers x 2,048 cells = 57,344; 2 x 57,344 x 4,096 x 2 bytes (f16) = 896 MiB
+    found = partial("h5-koboldcpp-41-2023-gptj-memory-size-n-mem.log")
+    assert found["memory_size"] == ("896.00 MB", "896.00 MiB (f16)", True)
+    assert found["n_mem"] == ("57,344", "57,344", True)
+
+
+def test_ggml_gpt2_memory_size_in_f32(tmp_path: Path):
+    # GPT-2 117M: 12 x 1,024 = 12,288 cells; 2 x 12,288 x 768 x 4 bytes (f32) = 72 MiB
+    text = ("gpt2_model_load: n_vocab = 50257\ngpt2_model_load: n_ctx   = 1024\ngpt2_model_load: n_embd  = 768\n"
+            "gpt2_model_load: n_head  = 12\ngpt2_model_load: n_layer = 12\n"
+            "gpt2_model_load: memory size =    72.00 MB, n_mem = 12288\n")
+    status, result, _ = run(text, tmp_path=tmp_path)
+    found = rows(result)
+    assert status == 2 and found["memory_size"] == ("72.00 MB", "72.00 MiB (f32)", True)
+    assert found["n_mem"] == ("12,288", "12,288", True)
