@@ -29,6 +29,7 @@ _PREFIXES = tuple(re.compile(p) for p in (
     r"\[pod/[\w.-]{1,253}/[\w.-]{1,63}\]\s",  # kubectl logs --prefix: '[pod/vllm-0/vllm] '
     r"\((?:[\w=.,:-]{1,40}\s+){0,5}?pid=\d{1,10}(?:,\s*ip=[\w.:-]{1,64})?\)\s?",  # Ray and vLLM's processes
     r"(?:\[\d{1,10}\]\s+)?\d{1,4}\.\d\d\.\d{3}\.\d{3}\s+[DIWE]\s",  # llama.cpp's timestamped log
+    r"\[(?:rank|default)\d{1,6}\]:\s?",  # torchrun's per-rank tee (torch.distributed.elastic): '[rank0]: '
 ))
 _BOX = ("│", "┃", "║")  # box-drawing verticals a terminal pane draws on both sides of each line
 # Ray's deduplication: the line stands for N lines of other processes ('(Ray deduplicates logs ...)' after it once)

@@ -103,3 +103,27 @@ def test_ggml_gpt2_memory_size_in_f32(tmp_path: Path):
     found = rows(result)
     assert status == 2 and found["memory_size"] == ("72.00 MB", "72.00 MiB (f32)", True)
     assert found["n_mem"] == ("12,288", "12,288", True)
+
+
+# torchrun's per-rank tee (torch.distributed.elastic) puts '[rank0]: ' before every line of a rank's output, the
+# wrapped lines of one message included (the h5 refusal under '[rank0]: ', written here hard-wrapped)
+
+
+def test_vllm_refusal_wrapped_under_rank_prefixes_checks_its_estimate(tmp_path: Path):
+    # one cache group: the estimate is max seq len x available / needed = 131,072 x 10 / 16 = 81,920
+    text = ("[rank0]: ValueError: To serve at least one request with the model's max seq len (131072), (16.00 GiB KV "
+            "cache is\n[rank0]: needed, which is larger than the available KV cache memory (10.00 GiB). Based on "
+            "the available memory,\n[rank0]: the estimated maximum model length is 81920. Try increasing "
+            "`gpu_memory_utilization` or decreasing\n")
+    status, result, err = run(text, tmp_path=tmp_path)
+    found = rows(result)
+    assert status == 2 and "--model" in err
+    assert found["refused: KV cache needed"] == ("16.00 GiB", "more than the 10.00 GiB available", True)
+    assert found["refused: estimated maximum model length"] == ("81,920", "81,920.00", True)
+
+
+def test_vllm_estimate_of_a_hybrid_is_shown_not_judged():
+    # a hybrid's fixed recurrent state: 250,000 x 0.35 / 1.8 = 48,611, the log's 856: shown, not a difference
+    found = partial("h5-vllm-backport-15-8x3090-refusal-250k.log")
+    assert found["refused: estimated maximum model length"][0] == "856"
+    assert found["refused: estimated maximum model length"][2] is None

@@ -78,6 +78,16 @@ def check_without_model(text: str) -> LogCheck:
                            "vLLM V1's refusal" + ("" if refusal.available else
                                                   " (cut before the memory it had: how much one request needs, "
                                                   "the model tells)")))
+        if refusal.max_len and refusal.available and refusal.estimated is not None and float(refusal.needed) > 0:
+            # the estimate: the longest max_model_len whose cache fits the memory (kv_cache_utils.py,
+            # estimate_max_model_len), for one cache group max_len x available / needed, within the two decimals
+            length, have, need = int(refusal.max_len), float(refusal.available), float(refusal.needed)
+            rows.append(_ratio_row("refused: estimated maximum model length", f"{refusal.estimated:,}",
+                                   length * have / need, refusal.estimated,
+                                   length * have / need * (0.005 / have + 0.005 / need) + V0_BLOCK,
+                                   "max seq len x available / needed",
+                                   "sliding windows, several cache groups and a recurrent state's fixed part "
+                                   "grow otherwise"))
     if mamba := MAMBA.search(text):
         seqs, held = int(mamba.group(1)), int(mamba.group(2))
         rows.append(LogRow("refused: Mamba cache blocks", f"{held:,}", f"fewer than max_num_seqs {seqs:,}",
