@@ -127,3 +127,27 @@ def test_vllm_estimate_of_a_hybrid_is_shown_not_judged():
     found = partial("h5-vllm-backport-15-8x3090-refusal-250k.log")
     assert found["refused: estimated maximum model length"][0] == "856"
     assert found["refused: estimated maximum model length"][2] is None
+
+
+# llama.cpp's KV allocation refusal on a GPU (ggml-cuda.cu, ggml_backend_cuda_buffer_type_alloc_buffer: "allocating
+# %.2f MiB on device %d: cudaMalloc failed", the ROCm build's the same source) before llama_kv_cache_init's
+# "failed to allocate buffer for kv cache"
+REFUSED_ON_GPU = ("llama_new_context_with_model: n_ctx      = 131072\n"
+                  "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 16384.00 MiB on device 0: cudaMalloc failed: "
+                  "out of memory\nllama_kv_cache_init: failed to allocate buffer for kv cache\n"
+                  "llama_new_context_with_model: llama_kv_cache_init() failed for self-attention cache\n")
+
+
+def test_llamacpp_kv_refusal_on_a_gpu_is_checked_against_the_cache(tmp_path: Path):
+    # Llama-3.1-8B: 131,072 bytes a cell x 131,072 cells = 16 GiB = 16,384.00 MiB
+    status, result, err = run(REFUSED_ON_GPU, "--model", "llama-3.1-8b", tmp_path=tmp_path)
+    assert status == 0, err
+    assert rows(result)["refused: KV cache buffer (bytes)"] == (f"{16 * 2**30:,}", f"{131072 * 131072:,}", True)
+    status, result, _ = run(REFUSED_ON_GPU, "--model", "llama-2-7b", tmp_path=tmp_path)  # 512 KiB a cell: not it
+    assert status == 1
+
+
+def test_llamacpp_kv_refusal_without_a_size_says_what_to_pass(tmp_path: Path):
+    text = "llama_kv_cache_init: failed to allocate buffer for kv cache\n"
+    status, result, err = run(text, "--model", "llama-3.1-8b", tmp_path=tmp_path)
+    assert status == 2 and not result and "nothing to check" in err and err.count("\n") == 0
