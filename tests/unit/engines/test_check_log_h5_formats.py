@@ -151,3 +151,33 @@ def test_llamacpp_kv_refusal_without_a_size_says_what_to_pass(tmp_path: Path):
     text = "llama_kv_cache_init: failed to allocate buffer for kv cache\n"
     status, result, err = run(text, "--model", "llama-3.1-8b", tmp_path=tmp_path)
     assert status == 2 and not result and "nothing to check" in err and err.count("\n") == 0
+
+
+# Ollama 0.11 on (ml/backend/ggml/ggml.go, then ml/device.go): each device's 'model weights', 'kv cache' and
+# 'compute graph' figures, then 'total memory', all in format.HumanBytes2 (one decimal); the runner's load request
+# names the cache's cells (KvSize) and type (KvCacheType, empty: f16)
+OLLAMA_DEVICES = (
+    'time=2025-10-01T10:00:01.000Z level=INFO source=runner.go:1200 msg=load request="{Operation:commit '
+    'Parallel:1 BatchSize:512 FlashAttention:false KvSize:8192 KvCacheType: NumThreads:8 GPULayers:33}"\n'
+    'time=2026-02-25T18:14:34.262Z level=INFO source=device.go:240 msg="model weights" device=Metal size="4.7 GiB"\n'
+    'time=2026-02-25T18:14:34.262Z level=INFO source=device.go:251 msg="kv cache" device=Metal size="1.0 GiB"\n'
+    'time=2026-02-25T18:14:34.262Z level=INFO source=device.go:262 msg="compute graph" device=Metal size="2.1 GiB"\n'
+    'time=2026-02-25T18:14:34.262Z level=INFO source=device.go:272 msg="total memory" size="7.8 GiB"\n')
+
+
+def test_ollama_device_lines_add_up_without_a_model(tmp_path: Path):
+    # 4.7 + 1.0 + 2.1 = 7.8 GiB, the total it prints
+    status, result, err = run(OLLAMA_DEVICES, tmp_path=tmp_path)
+    found = rows(result)
+    assert status == 2 and "--model" in err
+    assert found["Ollama: kv cache"][0] == "1.0 GiB"
+    assert found["Ollama: total memory"] == ("7.8 GiB", "7.8 GiB", True)
+
+
+def test_ollama_device_kv_cache_against_the_model_at_kv_size(tmp_path: Path):
+    # Llama-3.1-8B: 8,192 cells x 32 layers x (128 + 128) x 8 KV heads x 2 bytes = 1.0 GiB; Llama-2-7B (32 KV
+    # heads): 4.0 GiB
+    status, result, err = run(OLLAMA_DEVICES, "--model", "llama-3.1-8b", tmp_path=tmp_path)
+    assert status == 0, err
+    assert rows(result)["Ollama: kv cache"] == ("1.0 GiB", "1.0 GiB", True)
+    assert run(OLLAMA_DEVICES, "--model", "llama-2-7b", tmp_path=tmp_path)[0] == 1

@@ -63,14 +63,8 @@ def check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappin
     old = _OLD_KV_SELF.search(text)
     if kvlines.KV_ALLOC_FAILED.search(text) and not old and not _LLAMA_LINE.search(text):
         return _check_refusal(engine, text, model, flash)
-    if ollama.OFFLOAD.search(text) and not old and not _LLAMA_LINE.search(text):  # Ollama's scheduler line alone
-        rows = [r for r in (ollama.model_row(text, model),) if r] + ollama.rows_without_model(text)[1:]
-        if not rows:
-            raise KVBudgetError("check-log: the log has Ollama's offload line but not the runner's context size "
-                                "to check memory.required.kv against; pass the log up to its 'starting llama "
-                                "server' line")
-        return LogCheck(engine="llamacpp", model_in_log=None, settings={"format": "Ollama offload (logfmt)"},
-                        rows=tuple(rows))
+    if not old and not _LLAMA_LINE.search(text) and (alone := ollama.check(text, model)):  # Ollama's own lines
+        return alone
     if old and not _LLAMA_LINE.search(text):
         return _check_old_log(engine, text, model, old, flash)
     if not _LLAMA_LINE.search(text) and ctxlines.found(text):  # cut after the context's lines, before the cache's
