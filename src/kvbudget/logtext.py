@@ -21,8 +21,9 @@ _PREFIXES = tuple(re.compile(p) for p in (
     r"[>▎│|]\s?",  # a Markdown quote or a table/box-drawing border
     r"`+",  # a line pasted in backticks
     r"\d{4}-\d\d-\d\dT[\d:.]{8,18}(?:Z|[+-]\d\d:?\d\d)\s+(?:stdout|stderr)\s+[FP]\s",  # Kubernetes (CRI)
-    r"(?:[A-Z][a-z]{2}\s+\d{1,2}\s+|\d{4}-\d\d-\d\dT)?\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?"
-    r"\s+\S{1,64}\s+[\w.@/-]{1,64}\[\d{1,10}\]:\s",  # journald: 'Dec 05 10:00:01 host vllm[123]: '
+    r"(?:(?:[^\W\d_]{2,9}\.?|\d{1,2}月)\s+\d{1,2}日?\s+|\d{4}-\d\d-\d\dT)?\d\d:\d\d:\d\d(?:[.,]\d{1,9})?"
+    r"(?:Z|[+-]\d\d:?\d\d)?\s+\S{1,64}\s+[\w.@/-]{1,64}\[\d{1,10}\]:\s",  # journald: 'Dec 05 10:00:01 host vllm[123]: '
+    # (the month in the locale's words: 'дек 05', 'déc. 05', '12月 05')
     r"[A-Za-z0-9][\w.-]{0,63}\s+\|\s",  # docker compose: 'vllm-1  | '
     r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d{1,9})?\s+\|\s",  # a viewer's time column: '2026-05-01 18:50:31.934 | '
     r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)\s",  # docker logs -t, kubectl --timestamps

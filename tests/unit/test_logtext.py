@@ -185,3 +185,8 @@ def test_a_logfmt_record_wrapped_without_indent_is_joined_back_and_a_new_record_
 
 def test_torchruns_rank_prefix_comes_off():
     assert clean(f"[rank0]: {BUDGET}\n[default3]:{BUDGET}\n").splitlines() == [BUDGET, BUDGET]
+
+
+@pytest.mark.parametrize("month", ["дек 05", "déc. 05", "12月 05", "Dez 05", "Dec  5"])
+def test_journald_months_in_any_locale_come_off(month):
+    assert clean(f"{month} 10:00:01 gpu-host vllm[123]: {BUDGET}") == BUDGET + "\n"
