@@ -158,3 +158,35 @@ def test_a_log_panes_box_is_taken_off_both_sides():
     text = ("│ 2023-07-19T21:00:08.123161Z  INFO text_generation_launcher: Args { max_total_tokens: 2048, │\n"
             "│                                                                                      │\n")
     assert clean(text).splitlines() == ["INFO text_generation_launcher: Args { max_total_tokens: 2048,", ""]
+
+
+def test_a_record_wrapped_at_a_comma_a_unit_or_a_colon_is_joined_back():
+    """A tracker's hard wrap may fall after a comma (the tail starting with a capital: SGLang's 'K size: ...,' /
+    ' V size: ...'), between a figure and its unit ('27.79' / 'GB, ...'), or after the colon before a figure
+    ('Available KV cache memory:' / '20.50 GiB'); a header's colon before a line of its own stays apart."""
+    pool = "[2025-06-01 10:00:00 TP0] KV Cache is allocated. #tokens: 485672, K size: 27.79 GB, V size: 27.79 GB"
+    assert clean(pool.replace(" V size", "\n V size")).splitlines() == [pool]
+    assert clean(pool.replace(" GB, V", "\nGB, V")).splitlines() == [pool]
+    assert clean(f"{BUDGET[:-10]}\n10.55 GiB\n").splitlines() == [BUDGET]
+    traceback = "ERROR 12-05 10:00:01 [core.py:700] EngineCore failed to start. Traceback (most recent call last):"
+    assert clean(f"{traceback}\n  File \"core.py\", line 5, in run\n").splitlines() == [
+        traceback, 'File "core.py", line 5, in run']
+
+
+def test_a_logfmt_record_wrapped_without_indent_is_joined_back_and_a_new_record_is_not():
+    text = ('time=2025-05-23T17:16:43.377Z level=INFO source=server.go:168 msg=offload layers.model=49\n'
+            'memory.required.kv="2.0 GiB" memory.required.partial="11.4 GiB"\n'
+            'time=2025-05-23T17:16:44.000Z level=INFO source=server.go:400 msg="starting llama server"\n')
+    assert clean(text).splitlines() == [
+        'time=2025-05-23T17:16:43.377Z level=INFO source=server.go:168 msg=offload layers.model=49 '
+        'memory.required.kv="2.0 GiB" memory.required.partial="11.4 GiB"',
+        'time=2025-05-23T17:16:44.000Z level=INFO source=server.go:400 msg="starting llama server"']
+
+
+def test_torchruns_rank_prefix_comes_off():
+    assert clean(f"[rank0]: {BUDGET}\n[default3]:{BUDGET}\n").splitlines() == [BUDGET, BUDGET]
+
+
+@pytest.mark.parametrize("month", ["дек 05", "déc. 05", "12月 05", "Dez 05", "Dec  5"])
+def test_journald_months_in_any_locale_come_off(month):
+    assert clean(f"{month} 10:00:01 gpu-host vllm[123]: {BUDGET}") == BUDGET + "\n"

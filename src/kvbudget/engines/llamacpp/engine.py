@@ -197,8 +197,10 @@ class LlamaCppEngine(Engine):
                                       "refuses a prompt of n_ctx_slot tokens or more")
     log_signatures = (r"llama_kv_cache", r"llama_context:", r"llama_model_loader", r"llama_new_context_with_model",
                       r"llama_memory_recurrent", r"(?i:kv self size)\s*=", r"memory\.required\.kv=",  # Ollama's too
+                      r"msg=\"kv cache\" device=",  # Ollama 0.11 on: each device's cache (engines/llamacpp/ollama.py)
                       r"llama_init_from_model:",  # src/llama.cpp b4500-b5400 (the renamed llama_new_context_with_model)
-                      r"failed to allocate buffer for (?:kv|rs) cache")  # a refusal alone (engines/llamacpp/kvlines.py)
+                      r"failed to allocate buffer for (?:kv|rs) cache",  # a refusal alone (engines/llamacpp/kvlines.py)
+                      r"_model_load: (?:kv_cache )?memory[_ ]size\s*=\s*[\d.]{1,12} MB, n_mem =")  # ggml's 2023 loaders
 
     def pool_budget(self, model: ModelSpec, report: PoolReport, *, kv_dtype: str = "auto", tp: int = 1,
                     options: EngineOptions | None = None) -> int:

@@ -29,6 +29,14 @@ RS_REFUSED = ("check-log: llama.cpp could not allocate the recurrent state ('rs 
               "state per sequence), and the log states neither its size nor n_seq_max to check it by; pass the log "
               "from its 'llama_context: n_seq_max' lines on (llama-server -lv 4), or fewer parallel sequences (-np)")
 _ALLOC_SIZE = re.compile(r"_buffer_type_alloc_buffer: failed to allocate buffer of size (\d{1,20})")
+# ggml-cuda.cu's ggml_backend_cuda_buffer_type_alloc_buffer (ROCm and MUSA builds the same source): "allocating %.2f
+# MiB on device %d: cudaMalloc failed: ..." (the HIP build's text keeps "cudaMalloc", some forks print hipMalloc)
+_ALLOC_MIB = re.compile(r"_buffer_type_alloc_buffer: allocating (\d{1,12}\.\d{2}) MiB on device \d{1,3}: "
+                        r"\w{1,20} failed")
+NO_SIZE = ("check-log: llama.cpp could not allocate the KV cache ('failed to allocate buffer for kv cache'), and the "
+           "log states no size of the buffer refused ('failed to allocate buffer of size N', 'allocating X MiB on "
+           "device d'): nothing to check; pass the log from its 'llama_context: n_ctx' lines through the backend's "
+           "line naming that size")
 SIGNATURES = (MLA_KV_SELF.pattern, KV_ALLOC_FAILED.pattern)
 _DEVICE = re.compile(r"llama_kv_cache(?:_init|_unified)?:\s+(\w+) KV buffer size =\s+" + _MIB + " MiB")
 _N_CTX = re.compile(r"(?:llama_new_context_with_model|llama_context|llama_kv_cache_init|init): "
@@ -72,8 +80,8 @@ def rows_without_model(text: str) -> list[LogRow]:
         if devices := complete_devices(text):
             rows.append(sum_row("KV self size over the devices", mla.group(1), [s for _, s in devices],
                                  f"the {len(devices)} devices' KV buffers added"))
-    if KV_ALLOC_FAILED.search(text) and (size := _ALLOC_SIZE.search(text)):
-        refused = int(size.group(1))
+    if KV_ALLOC_FAILED.search(text) and (size := refused_bytes(text)):
+        refused = size[0]
         cells = n_ctx(text)
         per_cell = f"; {refused // cells:,} bytes a cell at n_ctx {cells:,}" if cells else ""
         rows.append(LogRow("refused: KV cache buffer", f"{refused / GIB:.2f} GiB", "-", None,
@@ -114,16 +122,28 @@ def n_ctx(text: str) -> int | None:
     return int(m.group(1)) if (m := _N_CTX.search(text)) else None
 
 
+def refused_bytes(text: str) -> tuple[int, int] | None:
+    """The buffer ggml could not allocate, in bytes, and how far its printed figure may be from them (0: exact; a
+    MiB figure: its rounding), else None."""
+    if size := _ALLOC_SIZE.search(text):
+        return int(size.group(1)), 0
+    if mib := _ALLOC_MIB.search(text):
+        return round(float(mib.group(1)) * MIB), MIB // 200
+    return None
+
+
 def check_refusal(text: str, kv_bytes: int | None, layers: int) -> LogCheck:
     """The KV allocation refusal: the buffer ggml could not allocate against the cache kvbudget sizes for the log's
     n_ctx (`kv_bytes`: None where the log states no n_ctx), each of its K and V tensors aligned."""
     rows = rows_without_model(text)
-    size = _ALLOC_SIZE.search(text)
+    size = refused_bytes(text)
     if size and kv_bytes is not None:
-        refused, slack = int(size.group(1)), 2 * layers * ALIGNMENT
+        (refused, rounding), slack = size, 2 * layers * ALIGNMENT
         rows.append(LogRow("refused: KV cache buffer (bytes)", f"{refused:,}", f"{kv_bytes:,}",
-                           0 <= refused - kv_bytes <= slack,
+                           -rounding <= refused - kv_bytes <= slack + rounding,
                            f"the cache kvbudget sizes for n_ctx (K and V of {layers} layers, each tensor aligned to at "
                            f"most {ALIGNMENT} bytes)"))
+    if not rows:
+        raise KVBudgetError(NO_SIZE)
     return LogCheck(engine="llamacpp", model_in_log=None, settings={"format": "KV allocation refusal"},
                     rows=tuple(rows))

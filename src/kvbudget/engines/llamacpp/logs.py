@@ -63,14 +63,8 @@ def check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappin
     old = _OLD_KV_SELF.search(text)
     if kvlines.KV_ALLOC_FAILED.search(text) and not old and not _LLAMA_LINE.search(text):
         return _check_refusal(engine, text, model, flash)
-    if ollama.OFFLOAD.search(text) and not old and not _LLAMA_LINE.search(text):  # Ollama's scheduler line alone
-        rows = [r for r in (ollama.model_row(text, model),) if r] + ollama.rows_without_model(text)[1:]
-        if not rows:
-            raise KVBudgetError("check-log: the log has Ollama's offload line but not the runner's context size "
-                                "to check memory.required.kv against; pass the log up to its 'starting llama "
-                                "server' line")
-        return LogCheck(engine="llamacpp", model_in_log=None, settings={"format": "Ollama offload (logfmt)"},
-                        rows=tuple(rows))
+    if not old and not _LLAMA_LINE.search(text) and (alone := ollama.check(text, model)):  # Ollama's own lines
+        return alone
     if old and not _LLAMA_LINE.search(text):
         return _check_old_log(engine, text, model, old, flash)
     if not _LLAMA_LINE.search(text) and ctxlines.found(text):  # cut after the context's lines, before the cache's
@@ -265,7 +259,13 @@ def _check_refusal(engine: LlamaCppEngine, text: str, model: ModelSpec, flash: b
 
 _KV_BUFFER = re.compile(r"llama_kv_cache(?:_init|_unified)?:\s+(\w+) KV buffer size =\s+([\d.]+) MiB")
 _LEGACY_KV = re.compile(r"kv self size\s*=\s*([\d.]+) MB")  # 2023 builds (ggjt files): one f16 or f32 cache
-_LEGACY_SHAPE = {k: re.compile(rf"llama_model_load_internal: {k}\s+=\s+(\d+)") for k in ("n_ctx", "n_layer", "n_embd")}
+# ggml's example loaders of 2023 (ggml examples/gpt-j, gpt-2, gpt-neox main.cpp; llama.cpp's first llama_model_load;
+# koboldcpp's otherarch copies): n_mem = n_layer x n_ctx, K and V each n_embd x n_mem of memory_type (f16 or f32),
+# printed "memory_size = %8.2f MB, n_mem = %d" (gpt-2's: "memory size", some "kv_cache memory size"; memory_size /
+# 1024 / 1024: MiB), the shape above it per loader
+_GGML_MEMORY = re.compile(r"_model_load: (?:kv_cache )?memory[_ ]size\s*=\s*(\d{1,9}\.\d{2}) MB, n_mem = (\d{1,12})")
+_LEGACY_SHAPE = {k: re.compile(rf"\w{{0,40}}_model_load(?:_internal)?: {k}\s+=\s+(\d{{1,9}})")
+                 for k in ("n_ctx", "n_layer", "n_embd")}
 
 
 def check_without_model(text: str) -> LogCheck:
@@ -289,13 +289,7 @@ def check_without_model(text: str) -> LogCheck:
     elif init := _OLD_KV_INIT.search(text):
         rows.append(LogRow("cells, layers", f"{int(init.group(1)):,}, {init.group(4)}", "-", None,
                            f"K {init.group(2)}, V {init.group(3)}: read from the log (no size line)"))
-    if (legacy := _LEGACY_KV.search(text)) and all(p.search(text) for p in _LEGACY_SHAPE.values()):
-        ctx, layers, width = (int(p.search(text).group(1)) for p in _LEGACY_SHAPE.values())  # type: ignore[union-attr]
-        sizes = {name: 2 * ctx * layers * width * size / MIB for name, size in (("f16", 2), ("f32", 4))}
-        name, ours = min(sizes.items(), key=lambda kv: abs(kv[1] - float(legacy.group(1))))
-        rows.append(LogRow("kv self size", f"{legacy.group(1)} MB", f"{ours:.2f} MiB ({name})",
-                           f"{ours:.2f}" == f"{float(legacy.group(1)):.2f}",
-                           f"K and V of {ctx:,} cells x {layers} layers x {width} wide ('MB' are MiB)"))
+    rows += _legacy_rows(text)
     rows += kvlines.rows_without_model(text)  # ik_llama.cpp's MLA cache, the KV allocation refusal
     rows += ollama.rows_without_model(text)  # Ollama's scheduler line
     if not rows:  # a log cut after the context's lines (n_ctx, n_seq_max), before any cache line
@@ -303,3 +297,27 @@ def check_without_model(text: str) -> LogCheck:
     if not rows and kvlines.RS_ALLOC_FAILED.search(text):  # the recurrent state refused, nothing beside it
         raise KVBudgetError(kvlines.RS_REFUSED)
     return LogCheck(engine="llamacpp", model_in_log=None, settings={}, rows=tuple(rows))
+
+
+def _legacy_rows(text: str) -> list[LogRow]:
+    """2023's one cache of n_ctx cells a layer, f16 or f32: llama.cpp's `kv self size` and ggml's example loaders'
+    `memory_size`/`n_mem` against the shape the loader printed (shown alone where it printed none)."""
+    legacy, ggml = _LEGACY_KV.search(text), _GGML_MEMORY.search(text)
+    shape = [p.search(text) for p in _LEGACY_SHAPE.values()]
+    if not (legacy or ggml):
+        return []
+    if not all(shape):
+        return [LogRow("memory_size, n_mem", f"{ggml.group(1)} MB, {int(ggml.group(2)):,}", "-", None,
+                       "read from the log (n_mem: n_layer x n_ctx; the loader's shape lines are not in it)")] if ggml \
+            else []
+    ctx, layers, width = (int(m.group(1)) for m in shape if m)
+    logged = legacy.group(1) if legacy else ggml.group(1)  # type: ignore[union-attr]
+    sizes = {name: 2 * ctx * layers * width * size / MIB for name, size in (("f16", 2), ("f32", 4))}
+    name, ours = min(sizes.items(), key=lambda kv: abs(kv[1] - float(logged)))
+    rows = [LogRow("kv self size" if legacy else "memory_size", f"{logged} MB", f"{ours:.2f} MiB ({name})",
+                   f"{ours:.2f}" == f"{float(logged):.2f}",
+                   f"K and V of {ctx:,} cells x {layers} layers x {width} wide ('MB' are MiB)")]
+    if ggml and not legacy:
+        rows.append(LogRow("n_mem", f"{int(ggml.group(2)):,}", f"{layers * ctx:,}", int(ggml.group(2)) == layers * ctx,
+                           "n_layer x n_ctx: the cells of every layer's cache"))
+    return rows

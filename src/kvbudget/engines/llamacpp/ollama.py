@@ -13,13 +13,20 @@ from __future__ import annotations
 
 import re
 
-from kvbudget.engines.base import LogRow
+from kvbudget.engines.base import LogCheck, LogRow
+from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import Attention, ModelSpec, SlidingWindow
 
 _FIGURE = r"\d{1,9}(?:\.\d{1,3})? (?:GiB|MiB|KiB|B)"  # a HumanBytes2 figure
 # v0.1-0.5 log it as msg="offload to cuda" (llm/memory.go, MemoryEstimate.log), later releases as msg=offload
 OFFLOAD = re.compile(r"msg=\"?offload\b[^\n]*?memory\.required\.kv=\"?(" + _FIGURE + ")")
-SIGNATURES = (r"memory\.required\.kv=",)
+# v0.11 (ml/backend/ggml/ggml.go) and v0.12 on (ml/device.go) log what each device holds once loaded, then the
+# total: msg="model weights" device=CUDA0 size="4.3 GiB", msg="kv cache" ..., msg="compute graph" ..., msg="total
+# memory" size="5.9 GiB"; the runner's load request names the cache: "KvSize:8192 KvCacheType:" (num_ctx x parallel)
+_DEVICE = re.compile(r"msg=\"(model weights|kv cache|compute graph)\" device=(\w{1,20}) size=\"(" + _FIGURE + ")\"")
+_TOTAL = re.compile(r"msg=\"total memory\" size=\"(" + _FIGURE + ")\"")
+_KV_SIZE = re.compile(r"KvSize:(\d{1,12}) KvCacheType:(\w{0,10})")
+SIGNATURES = (r"memory\.required\.kv=", _DEVICE.pattern)
 _UNITS = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "B": 1}
 _BYTES_PER_VALUE = {"f16": 2.0, "q8_0": 1.0, "q4_0": 0.5}  # kvCacheBytesPerElement
 
@@ -46,11 +53,31 @@ def settings(text: str) -> tuple[int | None, int, str]:
             kv_type.group(1) if kv_type else "f16")
 
 
+def _device_rows(text: str) -> list[LogRow]:
+    """The devices' kv cache lines added (shown), and the total memory line against every device figure added."""
+    found = _DEVICE.findall(text)
+    kv = [(device, size) for what, device, size in found if what == "kv cache"]
+    if not kv:
+        return []
+    added = sum(_bytes(size)[0] for _, size in kv)
+    rows = [LogRow("Ollama: kv cache", human(added), "-", None, "the devices' kv cache lines added ("
+                   + ", ".join(f"{device} {size}" for device, size in kv) + ")")]
+    if total := _TOTAL.search(text):
+        parts = [_bytes(size) for _, _, size in found]
+        logged, slack = _bytes(total.group(1))
+        everything = sum(p for p, _ in parts)
+        rows.append(LogRow("Ollama: total memory", total.group(1), human(everything),
+                           abs(everything - logged) <= slack + sum(r for _, r in parts),
+                           f"the {len(parts)} device figures added (weights, kv cache, compute graph)"))
+    return rows
+
+
 def rows_without_model(text: str) -> list[LogRow]:
-    """The offload line's KV estimate shown, and the GPUs' allocations against memory.required.partial."""
+    """The offload line's KV estimate shown, and the GPUs' allocations against memory.required.partial; the devices'
+    kv cache lines added, and their total memory against every figure."""
     m = OFFLOAD.search(text)
     if m is None:
-        return []
+        return _device_rows(text)
     ctx, parallel, kv_type = settings(text)
     said = f" for --ctx-size {ctx:,} (--parallel {parallel}), {kv_type}" if ctx else ""
     rows = [LogRow("Ollama: memory.required.kv", m.group(1), "-", None, f"Ollama's estimate of the cache{said}")]
@@ -72,14 +99,36 @@ def model_row(text: str, model: ModelSpec) -> LogRow | None:
     layers shown: Ollama sizes those by architecture)."""
     m = OFFLOAD.search(text)
     ctx, _, kv_type = settings(text)
-    if m is None or ctx is None:
+    logged = m.group(1) if m else None
+    if m is None and (size := _KV_SIZE.search(text)) and (kv := _device_rows(text)):  # the devices' lines
+        ctx, kv_type, logged = int(size.group(1)), size.group(2) or "f16", kv[0].logged
+    if logged is None or ctx is None:
         return None
     per_value = _BYTES_PER_VALUE.get(kv_type, 2.0)
     layers = [layer for layer in model.layers if isinstance(layer, Attention)]
     ours = sum(int(ctx * (layer.k_dim + layer.v_dim) * layer.kv_heads * per_value) for layer in layers)
     # sliding layers (Ollama sizes them per architecture) or layers of other kinds: shown
     windowed = len(layers) != len(model.layers) or any(isinstance(layer, SlidingWindow) for layer in layers)
-    logged = m.group(1)
-    return LogRow("Ollama: memory.required.kv", logged, human(ours), None if windowed else human(ours) == logged,
-                  f"{ctx:,} x {len(layers)} layers x (K + V) x KV heads x {per_value:g} bytes (llm/ggml.go GraphSize)"
+    return LogRow("Ollama: memory.required.kv" if m else "Ollama: kv cache", logged, human(ours),
+                  None if windowed else human(ours) == logged,
+                  f"{ctx:,} x {len(layers)} layers x (K + V) x KV heads x {per_value:g} bytes "
+                  + ("(llm/ggml.go GraphSize)" if m else "(the load request's KvSize, each device's cache added)")
                   + ("; sliding or non-attention layers, sized by Ollama per architecture: shown" if windowed else ""))
+
+
+def check(text: str, model: ModelSpec) -> LogCheck | None:
+    """Ollama's scheduler line, or its devices' lines, without llama.cpp's cache lines beside them; None where the
+    log has neither."""
+    if OFFLOAD.search(text):
+        rows = [r for r in (model_row(text, model),) if r] + rows_without_model(text)[1:]
+        if not rows:
+            raise KVBudgetError("check-log: the log has Ollama's offload line but not the runner's context size "
+                                "to check memory.required.kv against; pass the log up to its 'starting llama "
+                                "server' line")
+        return LogCheck(engine="llamacpp", model_in_log=None, settings={"format": "Ollama offload (logfmt)"},
+                        rows=tuple(rows))
+    if devices := _device_rows(text):
+        row = model_row(text, model)  # the kv cache against the model where the load request names KvSize
+        return LogCheck(engine="llamacpp", model_in_log=None, settings={"format": "Ollama device lines (logfmt)"},
+                        rows=(row, *devices[1:]) if row else tuple(devices))
+    return None

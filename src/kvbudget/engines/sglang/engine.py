@@ -267,7 +267,8 @@ class SGLangEngine(Engine):
         from kvbudget.engines.sglang.memorylog import check_without_model  # ReadsLogsWithoutModel
 
         check = check_without_model(text)  # without a pool line, the profiled pool (engines/sglang/startlog.py)
-        check = check if check.rows else replace(check, rows=tuple(startlog.ranks_row(startlog.profiled(text))))
+        check = check if check.rows else replace(check, rows=tuple(startlog.ranks_row(startlog.profiled(text)) or
+                                                                   startlog.refusal_rows(text)))
         if not check.rows and not re.search(startlog.SERVER_ARGS, text):  # cut before the pool: a model won't help
             raise KVBudgetError(startlog.CUT)
         return check

@@ -23,7 +23,16 @@ PROFILED = re.compile(r"max_total_tokens=\d{1,12} is larger than the profiled va
 SERVER_ARGS = r"server_args=ServerArgs\("
 # model_runner.py load_model (0.3 on): "Load weight end. type=..., avail mem=X GB, mem usage=Y GB." on every rank
 LOAD_END = r"Load weight end\.[^\n]{0,400}avail mem=-?[\d.]{1,12} GB"
-SIGNATURES = (PROFILED.pattern, SERVER_ARGS, LOAD_END)
+# model_runner.py _profile_available_bytes (2026): rest = available - pre_model_load_memory x (1 -
+# mem_fraction_static), the available memory after the weights and pre_model_load_memory before them (GB: GiB); at 0
+# or less it raises "Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=F. Raise
+# --mem-fraction-static above S (minimum viable = 1 - available/pre = M). ..."
+NO_KV_MEMORY = re.compile(r"Loaded weights leave no GPU memory for the KV cache under\s+--mem-fraction-static="
+                          r"(\d{1,3}(?:\.\d{1,6})?)")
+_MINIMUM = re.compile(r"minimum viable = 1 - available/pre = (\d{1,3}(?:\.\d{1,6})?)")
+_LOADS = re.compile(r"Load weight (begin|end)\.[^\n]{0,400}?avail mem=(-?\d{1,9}(?:\.\d{1,6})?) GB"
+                    r"(?:, mem usage=(\d{1,9}(?:\.\d{1,6})?) GB)?")
+SIGNATURES = (PROFILED.pattern, SERVER_ARGS, LOAD_END, NO_KV_MEMORY.pattern)
 LACKS = ("check-log: the SGLang log lacks 'KV Cache is allocated. #tokens: N, K size: ..., V size' (or 'KV size' for "
          "MLA models) and 'max_total_num_tokens='")
 CUT = (f"{LACKS}: it stops before the pool is sized, and its other lines (weights loaded, free memory) check nothing "
@@ -59,6 +68,35 @@ def ranks_row(found: list[int]) -> list[LogRow]:
                                  else ""))]
 
 
+def refusal_rows(text: str) -> list[LogRow]:
+    """SGLang's refusal for want of memory after the weights, checked by its own rule on the log's figures (the
+    memory before the weights: the 'Load weight begin' line's, else the 'Load weight end' line's available memory
+    plus its usage); an error naming what to pass where the log states neither."""
+    refused = NO_KV_MEMORY.search(re.sub(r"\s+", " ", text))
+    if not refused:
+        return []
+    fraction = float(refused.group(1))
+    loads = {kind: (float(avail), float(usage or 0)) for kind, avail, usage in _LOADS.findall(text)}
+    if "end" not in loads:
+        raise KVBudgetError("check-log: the SGLang log is its refusal ('Loaded weights leave no GPU memory for the "
+                            "KV cache') without the memory after the weights ('Load weight end. ... avail mem=X "
+                            "GB'): nothing to check; pass the log from its 'Load weight begin' line on")
+    after, usage = loads["end"]
+    before = loads["begin"][0] if "begin" in loads else after + usage
+    rest = after - before * (1 - fraction)
+    where = "'Load weight begin'" if "begin" in loads else "the weights' end line: available + usage"
+    rows = [LogRow("refused: memory left for the KV pool", "none", f"{rest:.2f} GiB", rest <= 0.01 or None,
+                   f"available after the weights {after:.2f} - {before:.2f} ({where}) x (1 - mem_fraction_static "
+                   f"{fraction}); SGLang refuses at 0 or less" + ("" if rest <= 0.01 else " (a hybrid's state "
+                                                                    "cache, taken first, may explain it)"))]
+    if minimum := _MINIMUM.search(re.sub(r"\s+", " ", text)):
+        ours = 1 - after / before
+        rows.append(LogRow("minimum mem_fraction_static", minimum.group(1), f"{ours:.4f}",
+                           abs(ours - float(minimum.group(1))) <= 0.0005 + 0.01 / before,
+                           "1 - available after / before the weights, as the refusal computes it"))
+    return rows
+
+
 def check_without_pool(text: str, model: ModelSpec, given: dict, cell_bytes: Callable[[int, str], int]) -> LogCheck:
     """A log with no pool line: a profiled pool of 0 or less (the memory the pool fell short by, the weights as
     loaded, the refusal), else the server arguments against the model; an error where it has neither.
@@ -66,6 +104,9 @@ def check_without_pool(text: str, model: ModelSpec, given: dict, cell_bytes: Cal
     from kvbudget.engines.sglang.memorylog import memory_rows
     from kvbudget.model.weights import model_weights
 
+    if refused := refusal_rows(text):  # the log's own figures, by SGLang's rule: no model needed
+        return LogCheck(engine="sglang", model_in_log=None, settings={}, rows=tuple(refused),
+                        assumed={"KV pool": "none: the weights left no memory for it"})
     tp, tp_from = tp_of(text, given)
     assumed = {} if tp_from else {"tp": 1}
     settings = {"tp": tp} if tp_from else {}

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
 from kvbudget.engines.vllm.logsettings import other_sizes
-from kvbudget.engines.vllm.refusal import NO_MEMORY
+from kvbudget.engines.vllm.refusal import NO_MEMORY, no_block_budget
 from kvbudget.engines.vllm.releases import SWAP_SPACE, release
 from kvbudget.errors import KVBudgetError
 from kvbudget.model.spec import ModelSpec
@@ -193,7 +193,7 @@ def count_check(engine: VLLMEngine, text: str, model: ModelSpec, st: LogSettings
         report = PoolReport(tokens=int(tokens.group(1).replace(",", "")), source="the token count")
         what = "KV cache size (tokens)"
     elif re.search(NO_MEMORY, re.sub(r"\s+", " ", text)):
-        return _no_block_check(engine, model, st, read, assumed, layout.block_bytes)
+        return _no_block_check(engine, text, model, st, read, assumed, layout.block_bytes)
     else:  # no count, or a token count of 0.20 on (int(concurrency x max_model_len)): checked with its concurrency
         return None
     budget = engine.pool_budget(model, report, kv_dtype=st.kv_dtype, tp=st.tp, options=options)
@@ -229,16 +229,20 @@ def _fits_row(cap: Capacity | None, refusal: str, max_len: int, where: str) -> L
     return LogRow("refused: fits", "no", "yes" if fits else "no", not fits, f"{why} ({where})")
 
 
-def _no_block_check(engine: VLLMEngine, model: ModelSpec, st: LogSettings, read: dict, assumed: dict,
+def _no_block_check(engine: VLLMEngine, text: str, model: ModelSpec, st: LogSettings, read: dict, assumed: dict,
                     block_bytes: int) -> LogCheck:
     """'No available memory for the cache blocks': the budget held no block of every layer; the plan's verdict on
     a budget just under one block."""
     cap, refusal = _capacity(engine, model, block_bytes - 1, st)
-    rows = (LogRow("refused: no cache block", "refused", f"under {format_bytes(block_bytes)} per GPU", None,
-                   "the budget held no block of every layer on this GPU; the log prints no budget"),
+    logged = no_block_budget(text)
+    printed = logged != "refused"
+    rows = (LogRow("refused: no cache block", logged, f"under {format_bytes(block_bytes)} per GPU",
+                   True if printed else None, "the budget held no block of every layer on this GPU; " + (
+                       "the log prints it below zero" if printed else "the log prints no budget")),
             _fits_row(cap, refusal, st.max_len, "in less than one block"))
     return LogCheck(engine="vllm", model_in_log=None, settings=shown_settings(st, read, assumed), rows=rows,
-                    assumed={**assumed, "KV budget": "not printed: under one block (vLLM found no memory for one)"})
+                    assumed=assumed if printed else {**assumed, "KV budget": "not printed: under one block (vLLM "
+                                                                             "found no memory for one)"})
 
 
 def needed_gib(engine: VLLMEngine, model: ModelSpec, s: LogSettings, options: EngineOptions) -> float:

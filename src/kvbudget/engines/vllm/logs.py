@@ -254,10 +254,6 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
     given = dict(given or {})
     log = _Log(engine, text, model)
     conc, refusal, v0_refusal, cpu_blocks = log.conc, log.refusal, log.v0_refusal, log.cpu_blocks
-    if m := re.search(r"Available KV cache memory: (-[\d.]+) GiB", text):
-        raise KVBudgetError(f"check-log: the log's KV budget is negative ({m.group(1)} GiB): the weights and the "
-                            "profiled activations left no memory for a cache, so there is no cache to check; raise "
-                            "gpu_memory_utilization, shorten max_model_len or spread the model over more GPUs")
     refused_len = (refusal.max_len if refusal else None) or (v0_refusal.group(1) if v0_refusal else None)
     st, read, assumed = read_settings(text, given, refused_len, conc,
                                        any(isinstance(layer, RecurrentState) for layer in model.layers),
@@ -300,7 +296,11 @@ def check_log(engine: VLLMEngine, text: str, model: ModelSpec, given: dict | Non
     if not budgets and refusal and refusal.needed:  # the refusal cut before the memory it had
         return _drafting(needed_check(engine, model, st, read, assumed, refusal.needed), text, model, st)
     if not budgets and not conc and (counted := count_check(engine, text, model, st, read, assumed, v0_refusal)):
-        return _drafting(replace(counted, rows=counted.rows + tuple(log._weights_rows(st))), text, model, st)
+        weighed = log._weights_rows(st)
+        heavier = tuple(f"the weights: vLLM loaded {r.logged} per GPU where kvbudget counts {r.predicted} ({r.note})"
+                       for r in weighed if r.matches is False)  # what left no cache, where the budget is below zero
+        return _drafting(replace(counted, rows=counted.rows + tuple(weighed), causes=counted.causes + heavier), text,
+                         model, st)
     if not budgets and (argued := argslog.check(text, model, st, shown_settings(st, read, assumed), assumed, lambda: (
             (layout := engine.layout(model, st.kv_dtype, st.tp, st.options())[0]).block_bytes, layout.block_size))):
         return argued  # a shape line or the arguments alone (engines/vllm/argslog.py)

@@ -8,7 +8,7 @@ import re
 
 from kvbudget.engines.base import LogCheck, LogRow
 from kvbudget.engines.vllm.logsettings import num
-from kvbudget.engines.vllm.refusal import MAMBA, read_refusal
+from kvbudget.engines.vllm.refusal import MAMBA, no_block_budget, read_refusal
 from kvbudget.units import GIB, log_figure
 
 V0_BLOCK = 16  # vLLM's default block size (V0 and V1 for full attention)
@@ -78,12 +78,22 @@ def check_without_model(text: str) -> LogCheck:
                            "vLLM V1's refusal" + ("" if refusal.available else
                                                   " (cut before the memory it had: how much one request needs, "
                                                   "the model tells)")))
+        if refusal.max_len and refusal.available and refusal.estimated is not None and float(refusal.needed) > 0:
+            # the estimate: the longest max_model_len whose cache fits the memory (kv_cache_utils.py,
+            # estimate_max_model_len), for one cache group max_len x available / needed, within the two decimals
+            length, have, need = int(refusal.max_len), float(refusal.available), float(refusal.needed)
+            rows.append(_ratio_row("refused: estimated maximum model length", f"{refusal.estimated:,}",
+                                   length * have / need, refusal.estimated,
+                                   length * have / need * (0.005 / have + 0.005 / need) + V0_BLOCK,
+                                   "max seq len x available / needed",
+                                   "sliding windows, several cache groups and a recurrent state's fixed part "
+                                   "grow otherwise"))
     if mamba := MAMBA.search(text):
         seqs, held = int(mamba.group(1)), int(mamba.group(2))
         rows.append(LogRow("refused: Mamba cache blocks", f"{held:,}", f"fewer than max_num_seqs {seqs:,}",
                            held < seqs, "every decoding sequence holds one block of the recurrent state"))
     if re.search(NO_MEMORY, re.sub(r"\s+", " ", text)):
-        rows.append(LogRow("refused: no cache block", "refused", "-", None,
+        rows.append(LogRow("refused: no cache block", no_block_budget(text), "-", None,
                            "the budget held no block of every layer: how large one is needs the model"))
     rows += _memory_rows(text)
     return LogCheck(engine="vllm", model_in_log=None, settings={}, rows=tuple(rows))
