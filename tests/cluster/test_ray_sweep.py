@@ -36,7 +36,13 @@ def serial() -> list:
     done = kvbudget(*SWEEP, "--backend", "serial")
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)
-    assert len(rows) == 4 and len({r["result"]["setup"]["num_blocks"] for r in rows}) == 2
+    assert len(rows) == 4
+    # every point sized on its own: fp8 holds more blocks than auto at each max_num_seqs, and more sequences capture
+    # more CUDA graphs (vLLM's estimate of their memory comes out of the budget), leaving fewer blocks
+    blocks = {(r["settings"]["kv_dtype"], r["settings"]["max_num_seqs"]): r["result"]["setup"]["num_blocks"]
+              for r in rows}
+    assert blocks["fp8", 8] > blocks["auto", 8] and blocks["fp8", 64] > blocks["auto", 64]
+    assert blocks["auto", 64] < blocks["auto", 8] and blocks["fp8", 64] < blocks["fp8", 8]
     return rows
 
 
