@@ -4,33 +4,9 @@ here from the lines themselves and the engines' sources named beside each test."
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-from pathlib import Path
-
 import pytest
 
-from kvbudget.cli import main
-
-UNSEEN = Path(__file__).parents[2] / "data" / "logs" / "unseen"
-
-
-def run(name_or_text: str, *args: str, tmp_path: Path | None = None) -> tuple[int, dict, str]:
-    """check-log --json on an unseen log by name (or on text written to tmp_path): exit status, JSON, stderr."""
-    path = UNSEEN / name_or_text
-    if tmp_path is not None:
-        path = tmp_path / "pasted.log"
-        path.write_text(name_or_text)
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = main(["check-log", str(path), "--json", *args])
-    return status, json.loads(out.getvalue()) if out.getvalue().startswith("{") else {}, err.getvalue().strip()
-
-
-def rows(result: dict) -> dict[str, tuple[str, str, bool | None]]:
-    return {r["quantity"]: (r["logged"], r["predicted"], r["matches"]) for r in result["rows"]}
-
+from tests.unit.engines.test_check_log_h4_formats import rows, run
 
 # TGI 0.9-1.1: the warm-up's refusal (server/text_generation_server/models/flash_causal_lm.py, v1.1.0), its batch
 # max_batch_prefill_tokens tokens (router/client/src/client.rs)
