@@ -82,7 +82,7 @@ def clean(text: str) -> str:
                 lines[-1] = (lines[-1] + " " + stripped)[:MAX_LINE_CHARS]
             continue
         tail = (_FIGURE.match(stripped) if cut == ":" else
-                folded and (cut == "," or _TAIL.match(stripped)))
+                folded and (cut == "," or _TAIL.match(stripped) or _closes(lines[-1], stripped)))
         continues = tail and stripped == line.strip() and not _RECORD.match(stripped)
         if continues:  # a tail without a prefix of its own, after a line cut at the terminal's width
             blank = cut or line[:1].isspace() or _UNIT.match(stripped)  # a unit follows its figure after a blank
@@ -94,6 +94,12 @@ def clean(text: str) -> str:
         folded = len(raw) >= WRAP_WIDTH and not stripped.endswith((".", ":", "}", ")", "]"))
         cut = _cut(stripped, raw)
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _closes(kept: str, tail: str) -> bool:
+    """Whether `tail` starts by closing a bracket `kept` left open ('... K (f16' / '):  224.00 MiB'): a line cut
+    inside parentheses."""
+    return tail[:1] in ")]" and kept.count("(") + kept.count("[") > kept.count(")") + kept.count("]")
 
 
 def _cut(stripped: str, raw: str) -> str:

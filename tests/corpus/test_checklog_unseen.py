@@ -187,3 +187,20 @@ def test_heldout5_read_after_being_looked_at():
     measure: those 4 were looked at)."""
     read = sum(read_outcome(e)[0] for e in INDEX if e["split"] == "heldout5")
     assert read >= 27
+
+
+# The 5 heldout6 logs not read when the batch was measured (18 of 23), looked at only after the figure was taken (dev
+# material now): the readers made general for their formats read all 5 (tests/unit/engines/
+# test_check_log_h6_formats.py). The measured figure above stays 18 of 23.
+LOOKED_AT_H6 = {"h6-llamacpp-odysseus-831-docker-cpu-kv-size-wrapped-80-cols.log": True,  # folded inside '( )'
+                "h6-llamacpp-issue-15105-vulkan-iswa-gpt-oss-120b-cells-refusal.log": True,  # size lines, no n_ctx
+                "h6-llamacpp-beowulf-2-vulkan-rpc-kv-buffers-crash.log": True,  # RPC[host:port] KV buffers
+                "h6-vllm-langchain-17906-refusal-curly-quotes-sew-len.log": True,  # V0 refusal retyped ('sew len')
+                "h6-llamacpp-pr-1826-2023-metal-30b-kv-self-mb.log": True}  # 2023 'model size = 30B', no n_ctx
+
+
+@pytest.mark.parametrize("name", LOOKED_AT_H6)
+def test_looked_at_heldout6_logs(name):
+    entry = next(e for e in INDEX if e["file"] == name)
+    read, _, err = read_outcome(entry)
+    assert read == LOOKED_AT_H6[name], err

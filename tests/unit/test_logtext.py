@@ -183,6 +183,13 @@ def test_a_logfmt_record_wrapped_without_indent_is_joined_back_and_a_new_record_
         'time=2025-05-23T17:16:44.000Z level=INFO source=server.go:400 msg="starting llama server"']
 
 
+def test_a_line_cut_inside_its_parentheses_is_joined_back_and_a_closed_one_is_not():
+    cut = "llama_kv_cache: size =  448.00 MiB (  8192 cells,  28 layers,  1/1 seqs), K (f16\n):  224.00 MiB\n"
+    assert clean(cut) == cut.replace("\n)", ")")
+    closed = "llama_kv_cache: size =  448.00 MiB (  8192 cells,  28 layers,  1/1 seqs), K (f16) is full\n) next\n"
+    assert clean(closed) == closed
+
+
 def test_torchruns_rank_prefix_comes_off():
     assert clean(f"[rank0]: {BUDGET}\n[default3]:{BUDGET}\n").splitlines() == [BUDGET, BUDGET]
 

@@ -71,10 +71,14 @@ def check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappin
         return LogCheck(engine="llamacpp", model_in_log=None, rows=tuple(ctxlines.rows_with_model(text, model)),
                         settings={"format": "the context's lines alone (no cache size line)"})
     n_ctx, n_seq = setting("n_ctx"), setting("n_seq_max")
+    implied = None if n_ctx and n_seq else _context_of(_LLAMA_LINE.findall(text))
+    if implied:  # cut before the context's lines: what the cache's size lines state of it
+        n_ctx, n_seq = str(implied[0]), str(implied[1])
     if n_ctx is None or n_seq is None:
         raise KVBudgetError("check-log: the llama.cpp log lacks 'llama_context: n_ctx' / 'n_seq_max' lines; "
                             "run llama-server with -lv 4 (or --verbose)")
-    unified = setting("kv_unified") == "true"
+    unified = setting("kv_unified") == "true" or bool(implied and implied[2])
+    streams = setting("kv_unified") is not None or bool(implied and implied[3])
     n_ubatch = int(setting("n_ubatch") or N_UBATCH)
     n_batch = int(setting("n_batch") or N_BATCH)
     swa_full = "using full-size SWA cache" in text
@@ -85,7 +89,7 @@ def check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappin
     kv_lines = [x for x in lines if x[0].startswith("llama_kv_cache")]  # llama_kv_cache_unified in 2025 builds
     logged_order = kv_lines + [x for x in lines if not x[0].startswith("llama_kv_cache")]
     # the log states these lines in every build that prints them; the era decides the rest
-    plausible = [r for r in releases if (setting("kv_unified") is not None) == r.streams  # printed from #14363
+    plausible = [r for r in releases if streams == r.streams  # kv_unified and 's/S seqs' printed from #14363
                  and (setting("n_ctx_seq") is None or r.pads_total_first)
                  and (setting("n_ctx_per_seq") is None or not r.pads_total_first)
                  and ("_iswa" not in text or r.own_swa_cache)] or list(releases)
@@ -108,11 +112,27 @@ def check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappin
     else:
         assumed["build"] = ("the newest" if release.build == _ERA_BUILDS[0].build
                             else f"an era like b{release.build} (the log names no build; --engine-version)")
+    if implied:
+        for name, value in (("n_ctx", int(n_ctx)), ("n_seq_max", int(n_seq)), ("kv_unified", unified)):
+            settings.pop(name)
+            assumed[name] = f"{value} (the log lacks its 'llama_context' lines: implied by the cache's size lines)"
     if flash is None:
         assumed["flash_attn"] = release.flash_attn_default
     else:
         settings["flash_attn"] = flash
     return LogCheck(engine="llamacpp", model_in_log=None, settings=settings, rows=tuple(rows), assumed=assumed)
+
+
+def _context_of(lines: list[tuple[str, ...]]) -> tuple[int, int, bool, bool] | None:
+    """n_ctx, n_seq_max, kv_unified and whether the build keeps streams, as the KV caches' size lines state them
+    (`N cells, L layers, s/S seqs`: N cells a stream, s sequences over S streams; the largest cache is the full one,
+    a sliding window's never larger), else None."""
+    kv = [x for x in lines if x[0].startswith("llama_kv_cache")]
+    if not kv:
+        return None
+    full = max(kv, key=lambda x: int(x[2]))
+    seqs, streams = int(full[4]), int(full[5] or 1)
+    return int(full[2]) * streams, seqs, bool(full[5]) and streams == 1 and seqs > 1, bool(full[5])
 
 
 _OUTPUT = re.compile(r"(\w+)\s+output buffer size =\s+([\d.]+) MiB")
@@ -257,7 +277,9 @@ def _check_refusal(engine: LlamaCppEngine, text: str, model: ModelSpec, flash: b
                    assumed={} if cells else {"n_ctx": "not in the log: the refused buffer is shown, not checked"})
 
 
-_KV_BUFFER = re.compile(r"llama_kv_cache(?:_init|_unified)?:\s+(\w+) KV buffer size =\s+([\d.]+) MiB")
+# a device's KV buffer: CUDA0, Vulkan1, Metal, CPU, an RPC server's 'RPC[host:port]'
+_KV_BUFFER = re.compile(r"llama_kv_cache(?:_init|_unified)?:\s+(\w+(?:\[[^\]\s]{1,80}\])?) KV buffer size =\s+"
+                        r"(\d{1,12}\.\d{2}) MiB")
 _LEGACY_KV = re.compile(r"kv self size\s*=\s*([\d.]+) MB")  # 2023 builds (ggjt files): one f16 or f32 cache
 # ggml's example loaders of 2023 (ggml examples/gpt-j, gpt-2, gpt-neox main.cpp; llama.cpp's first llama_model_load;
 # koboldcpp's otherarch copies): n_mem = n_layer x n_ctx, K and V each n_embd x n_mem of memory_type (f16 or f32),
@@ -292,6 +314,11 @@ def check_without_model(text: str) -> LogCheck:
     rows += _legacy_rows(text)
     rows += kvlines.rows_without_model(text)  # ik_llama.cpp's MLA cache, the KV allocation refusal
     rows += ollama.rows_without_model(text)  # Ollama's scheduler line
+    if not rows and (buffers := _KV_BUFFER.findall(text)):  # the devices' buffers alone, cut before the size line
+        total = sum(log_figure(size, "size") for _, size in buffers)
+        rows.append(LogRow(f"KV buffers over {len(buffers)} device{'s' * (len(buffers) > 1)}", f"{total:.2f} MiB",
+                           "-", None, "read from the log (" + ", ".join(f"{d} {s}" for d, s in buffers) + " MiB); "
+                           "the size line and n_ctx, with the model, check them"))
     if not rows:  # a log cut after the context's lines (n_ctx, n_seq_max), before any cache line
         rows += ctxlines.rows_without_model(text)
     if not rows and kvlines.RS_ALLOC_FAILED.search(text):  # the recurrent state refused, nothing beside it
@@ -299,19 +326,42 @@ def check_without_model(text: str) -> LogCheck:
     return LogCheck(engine="llamacpp", model_in_log=None, settings={}, rows=tuple(rows))
 
 
+# llama.cpp's 2023 loader (llama.cpp, llama_model_load_internal, ggjt files) loaded only LLaMA shapes and named each
+# by its layers ("model size = 30B"): OpenLLaMA 3B and the LLaMA paper's four (Touvron et al. 2023, table 2), as
+# (n_layer, n_embd); its MEM_REQ_KV_SELF table printed "(+ N MB per state)": the f16 cache of 2048 cells rounded up,
+# twice that for an f32 cache (memory_f16 off)
+_LLAMA_1 = {"3B": (26, 3200), "7B": (32, 4096), "13B": (40, 5120), "30B": (60, 6656), "65B": (80, 8192)}
+_MODEL_SIZE = re.compile(r"_model_load_internal: model size = (\d{1,2}B)\b")
+_PER_STATE = re.compile(r"\(\+ *(\d{1,9}\.\d{2}) MB per state\)")
+
+
 def _legacy_rows(text: str) -> list[LogRow]:
     """2023's one cache of n_ctx cells a layer, f16 or f32: llama.cpp's `kv self size` and ggml's example loaders'
-    `memory_size`/`n_mem` against the shape the loader printed (shown alone where it printed none)."""
+    `memory_size`/`n_mem` against the shape the loader printed (its LLaMA model size standing for n_layer and n_embd
+    where those lines are cut; the cells implied where n_ctx is), shown alone where it printed neither."""
     legacy, ggml = _LEGACY_KV.search(text), _GGML_MEMORY.search(text)
-    shape = [p.search(text) for p in _LEGACY_SHAPE.values()]
     if not (legacy or ggml):
         return []
-    if not all(shape):
+    found = {name: int(m.group(1)) for name, p in _LEGACY_SHAPE.items() if (m := p.search(text))}
+    if legacy and (named := _MODEL_SIZE.search(text)) and named.group(1) in _LLAMA_1:
+        found = dict(zip(("n_layer", "n_embd"), _LLAMA_1[named.group(1)], strict=True)) | found
+    if not {"n_layer", "n_embd"} <= found.keys() or ("n_ctx" not in found and not legacy):
         return [LogRow("memory_size, n_mem", f"{ggml.group(1)} MB, {int(ggml.group(2)):,}", "-", None,
                        "read from the log (n_mem: n_layer x n_ctx; the loader's shape lines are not in it)")] if ggml \
             else []
-    ctx, layers, width = (int(m.group(1)) for m in shape if m)
+    layers, width = found["n_layer"], found["n_embd"]
     logged = legacy.group(1) if legacy else ggml.group(1)  # type: ignore[union-attr]
+    if "n_ctx" not in found:  # the cells the size implies, in the type the loader's per-state figure names
+        per_state = _PER_STATE.search(text)
+        share = float(per_state.group(1)) * MIB / (2 * 2048 * layers * width * 2) if per_state else 1.0
+        name, width_bytes = ("f32", 4) if share > 1.5 else ("f16", 2)
+        per_cell = 2 * layers * width * width_bytes
+        cells = float(logged) * MIB / per_cell
+        return [LogRow(f"kv self size ({name}): cells", f"{logged} MB", f"{cells:,.2f} cells",
+                       abs(cells - round(cells)) * per_cell <= 0.005 * MIB and round(cells) > 0,
+                       f"K and V of {layers} layers x {width} wide ('MB' are MiB): a whole number of cells, n_ctx, "
+                       "where the shape is the log's (its n_ctx line is not in it)")]
+    ctx = found["n_ctx"]
     sizes = {name: 2 * ctx * layers * width * size / MIB for name, size in (("f16", 2), ("f32", 4))}
     name, ours = min(sizes.items(), key=lambda kv: abs(kv[1] - float(logged)))
     rows = [LogRow("kv self size" if legacy else "memory_size", f"{logged} MB", f"{ours:.2f} MiB ({name})",

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
-from kvbudget.engines.vllm.logsettings import other_sizes
+from kvbudget.engines.vllm.logsettings import DEVICE_BLOCKS, other_sizes
 from kvbudget.engines.vllm.refusal import NO_MEMORY, no_block_budget
 from kvbudget.engines.vllm.releases import SWAP_SPACE, release
 from kvbudget.errors import KVBudgetError
@@ -59,10 +59,10 @@ def v0_check_without_budget(engine: VLLMEngine, text: str, model: ModelSpec, st:
                              v0_refusal: re.Match | None, conc: re.Match | None, cpu_blocks: int) -> LogCheck:
     """A V0 log without its GPU budget: the CPU blocks, and what the GPU blocks it printed mean."""
     rows = [cpu_blocks_row(engine, model, st, cpu_blocks)]
-    gpu = re.search(r"(?:GPU|CUDA) blocks: (\d+)", text)
+    gpu = DEVICE_BLOCKS.search(text)
     block_size = engine.layout(model, st.kv_dtype, st.tp, st.options())[0].block_size
     if gpu and v0_refusal:
-        n, held = int(v0_refusal.group(2)), int(gpu.group(1)) * block_size
+        n, held = int(v0_refusal.group(2)), int(gpu.group(2)) * block_size
         rows.append(LogRow("refused: tokens the cache holds", f"{n:,}", f"{held:,}", n == held,
                            f"the log's GPU blocks x {block_size} (the budget is not printed)"))
     if gpu and conc:
@@ -157,7 +157,7 @@ def early_v1_check(engine: VLLMEngine, model: ModelSpec, st: LogSettings, read: 
 
 _KNOWN_LINES = {"a KV cache size in tokens": r"KV cache size: +[\d,]+ tokens",
                 "the maximum concurrency": r"Maximum concurrency for",
-                "GPU blocks": r"GPU blocks: \d+", "the weights loaded": r"(?:Model loading|model weights) took",
+                "GPU blocks": DEVICE_BLOCKS.pattern, "the weights loaded": r"(?:Model loading|model weights) took",
                 "the engine's version": r"LLM engine \(v|vLLM (?:API server )?version",
                 "the engine configuration": r"max_seq_len=|max_model_len",
                 "a refusal's max seq len": r"max seq len \(\d+\)", "the memory split": r"Free memory on device"}
@@ -183,12 +183,12 @@ def count_check(engine: VLLMEngine, text: str, model: ModelSpec, st: LogSettings
     options = st.options()
     layout, _ = engine.pool(model, st.kv_dtype, st.tp, options)
     tokens = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", text)
-    blocks = re.search(r"(?:GPU|CUDA) blocks: (\d+)", text)
+    blocks = DEVICE_BLOCKS.search(text)
     if v0_refusal:
         report = PoolReport(tokens=int(v0_refusal.group(2)), source="the refusal's token count")
         what = "refused: tokens"
     elif blocks:
-        report, what = PoolReport(tokens=0, blocks=int(blocks.group(1)), source="the GPU blocks"), "blocks"
+        report, what = PoolReport(tokens=0, blocks=int(blocks.group(2)), source="the GPU blocks"), "blocks"
     elif tokens and release(options).reports_slots:  # to 0.19: blocks // groups x block size
         report = PoolReport(tokens=int(tokens.group(1).replace(",", "")), source="the token count")
         what = "KV cache size (tokens)"

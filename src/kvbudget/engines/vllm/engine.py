@@ -47,7 +47,7 @@ from kvbudget.engines.base import (
 )
 from kvbudget.engines.metrics import PoolGauge, PoolReport, first_gauge
 from kvbudget.engines.tiers import HostTier
-from kvbudget.engines.vllm import argslog, lora, mxfp4, offload, refusal, speculative
+from kvbudget.engines.vllm import argslog, logsettings, lora, mxfp4, offload, refusal, speculative
 from kvbudget.engines.vllm.blocks import BlockGroup
 from kvbudget.engines.vllm.extensible import serving_share
 from kvbudget.engines.vllm.gauges import vllm_pool
@@ -175,7 +175,7 @@ class VLLMEngine(Engine):
                                completions_default=16,
                                source="vllm 0.32 entrypoints/openai/chat_completion/serving.py (get_max_tokens), "
                                       "completion/protocol.py")
-    log_signatures = (r"KV cache size: +[\d,]+ tokens", r"\b(?:GPU|CUDA|[TH]PU|hpu) blocks: \d+", r"V1 LLM engine",
+    log_signatures = (r"KV cache size: +[\d,]+ tokens", logsettings.DEVICE_BLOCKS.pattern, r"V1 LLM engine",
                       r"Maximum concurrency for", r"vLLM API server version \d", *refusal.SIGNATURES,
                       r"Available KV cache memory: -?[\d.]+ GiB", r"Current kv cache memory in use is \d",
                       r"larger than the maximum number of tokens that can be stored in KV cache",

@@ -25,9 +25,17 @@ from kvbudget.engines.vllm.budgetless import (
     v1_blocks_rows,
     v1_check_without_budget,
 )
-from kvbudget.engines.vllm.logsettings import NO_MAX_LEN, LogSettings, num, other_sizes, read_settings, setting
+from kvbudget.engines.vllm.logsettings import (
+    DEVICE_BLOCKS,
+    NO_MAX_LEN,
+    LogSettings,
+    num,
+    other_sizes,
+    read_settings,
+    setting,
+)
 from kvbudget.engines.vllm.memorylog import memory_rows, offload_rows
-from kvbudget.engines.vllm.refusal import read_refusal
+from kvbudget.engines.vllm.refusal import V0_REFUSAL, read_refusal
 from kvbudget.engines.vllm.releases import Release, release
 from kvbudget.engines.vllm.speclog import read_speculative
 from kvbudget.errors import KVBudgetError
@@ -74,8 +82,7 @@ class _Log:
         self.conc = re.search(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", text)
         flat = re.sub(r"\s+", " ", text)  # refusal messages wrap when pasted
         self.refusal = read_refusal(text)
-        self.v0_refusal = re.search(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be "
-                                    r"stored in KV cache \((\d+)\)", flat)
+        self.v0_refusal = V0_REFUSAL.search(flat)
         self.cpu_blocks = re.search(r"# CPU blocks: (\d+)", text)
         self.budgets: list[str] = []
         self.from_refusal = False
@@ -152,9 +159,9 @@ class _Log:
                        ) -> list[LogRow]:
         """The blocks, the token count (in the meaning of the release) and the concurrency the log printed."""
         out = []
-        blocks = re.search(r"(?:GPU|CUDA) blocks: (\d+)", self.text)
+        blocks = DEVICE_BLOCKS.search(self.text)
         if blocks and low.num_blocks is not None and high.num_blocks is not None:
-            n = int(blocks.group(1))
+            n = int(blocks.group(2))
             out.append(LogRow("blocks", f"{n:,}", count_span(low.num_blocks, high.num_blocks),
                               low.num_blocks <= n <= high.num_blocks, rounding))
         tokens = re.search(r"(?:GPU|CPU) KV cache size: +([\d,]+) tokens", self.text)

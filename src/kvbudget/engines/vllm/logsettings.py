@@ -18,7 +18,10 @@ from kvbudget.errors import KVBudgetError, UnsupportedArchitectureError, named, 
 from kvbudget.speculative import MAX_SPECULATIVE_TOKENS, SpecMethod, Speculative
 from kvbudget.units import GIB, log_figure
 
-
+# V0's device pool (engine/executor_base.py, initialize_cache: "# %s blocks: %d, # CPU blocks: %d" with the platform's
+# dispatch key: CUDA on NVIDIA and ROCm, XPU, XLA on TPU, HPU; forks' MLU and PrivateUse1 (Ascend); earlier executors
+# "# GPU blocks", some "# cuda blocks"; V1 0.7 "# GPU blocks: N" alone): the device and its blocks
+DEVICE_BLOCKS = re.compile(r"\b(GPU|CUDA|cuda|[HNTX]PU|[hnx]pu|XLA|MLU|PrivateUse1) blocks: (\d{1,12})")
 def num(text: str) -> float:
     return float(text.replace(",", ""))
 

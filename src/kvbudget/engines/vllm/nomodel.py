@@ -7,14 +7,13 @@ from __future__ import annotations
 import re
 
 from kvbudget.engines.base import LogCheck, LogRow
-from kvbudget.engines.vllm.logsettings import num
-from kvbudget.engines.vllm.refusal import MAMBA, no_block_budget, read_refusal
+from kvbudget.engines.vllm.logsettings import DEVICE_BLOCKS, num
+from kvbudget.engines.vllm.refusal import MAMBA, V0_REFUSAL, no_block_budget, read_refusal
 from kvbudget.units import GIB, log_figure
 
 V0_BLOCK = 16  # vLLM's default block size (V0 and V1 for full attention)
 # V0's blocks line per device: '# GPU blocks: N' (CUDA, ROCm), '# CUDA blocks' (0.6), '# TPU blocks' (tpu_executor.py),
 # '# HPU blocks' / '# hpu blocks' (Gaudi's habana_executor.py and plugin)
-DEVICE_BLOCKS = r"\b(GPU|CUDA|[TH]PU|hpu) blocks: (\d+)"
 
 
 def _ratio_row(quantity: str, logged: str, value: float, printed: float, tolerance: float, note: str,
@@ -62,8 +61,7 @@ def check_without_model(text: str) -> LogCheck:
                                f"about {round(printed * length):,} tokens", None,
                                f"the pool it implies for one cache group: concurrency x max_model_len, within "
                                f"{round(0.005 * length):,} tokens (vLLM prints two decimals)"))
-    if (refused := re.search(r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be "
-                             r"stored in KV cache \((\d+)\)", re.sub(r"\s+", " ", text))):
+    if refused := V0_REFUSAL.search(re.sub(r"\s+", " ", text)):
         n = int(refused.group(2))
         rows.append(LogRow("refused: tokens the cache holds", f"{n:,}", "-", None, "vLLM V0's refusal"))
         if blocks:

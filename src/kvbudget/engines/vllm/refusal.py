@@ -25,6 +25,10 @@ def _loose(words: str) -> str:
 
 # "... the model's max seq len (N)," with its comma (V0's "The model's max seq len (N) is larger ..." has none)
 _START = re.compile(r"model[s']{0,3}" + _SPACE + _loose("max seq len") + r"\s*\((\d{1,12})\)\s*,")
+# V0's refusal (worker/worker.py raise_if_cache_size_invalid): "The model's max seq len (N) is larger than the maximum
+# number of tokens that can be stored in KV cache (M). Try increasing ..."; retyped pastes misspell 'seq' ('sew')
+V0_REFUSAL = re.compile(r"max \w{2,4} len \((\d{1,12})\) is larger than the maximum number of tokens that can be "
+                        r"stored in KV cache \((\d{1,12})\)")
 _UNIT = r"Gi?B"  # 0.9 on 'GiB'; 0.7-0.8 'GB' for the same GiB figure
 _NEEDED = re.compile(r"\(?" + _GIB + _SPACE + _UNIT + _SPACE + _loose("KV cache is need"))
 _AVAILABLE = re.compile(_loose("than the available KV cache memory") + _SPACE + r"\(" + _GIB + _SPACE + _UNIT + r"\)")

@@ -1,0 +1,134 @@
+"""check-log on the formats of the sixth held-out batch's logs not read when it was measured (tests/data/logs/
+unseen/h6-*, looked at since: dev material now), each read as its engine's source prints it, with variants written
+here. Expected figures are worked out from the lines themselves and the sources named beside each test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.unit.engines.test_check_log_h4_formats import partial, rows, run
+
+# llama.cpp's cache line (src/llama-kv-cache.cpp, 2025-26): "size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs),
+# K (%s): %7.2f MiB, V (%s): %7.2f MiB": the cells of one stream, n_seq_max over the streams (1 where unified)
+
+# Llama-3.1-8B: 32 layers x 8 KV heads x 128 x 2 bytes = 2 KiB of K a cell and layer
+_SIZE_4096 = ("llama_kv_cache: size =  512.00 MiB (  4096 cells,  32 layers,  1/1 seqs), K (f16):  256.00 MiB, "
+              "V (f16):  256.00 MiB\n")
+
+
+def test_llamacpp_size_line_folded_inside_its_parentheses_is_joined(tmp_path: Path):
+    # a terminal 80 columns wide cuts the line after 'K (f16'; the tail starts by closing that bracket
+    text = _SIZE_4096.replace("K (f16)", "K (f16\n)")
+    assert len(text.splitlines()[0]) >= 60
+    found = rows(run(text, tmp_path=tmp_path)[1])
+    assert found["KV cache: size"] == ("512.00 MiB", "512.00 MiB", True)
+    assert partial("h6-llamacpp-odysseus-831-docker-cpu-kv-size-wrapped-80-cols.log")["KV cache: size"][2]
+
+
+def test_llamacpp_size_lines_alone_state_the_context(tmp_path: Path):
+    # no 'llama_context: n_ctx' lines: 4,096 cells of one stream, 1 sequence: n_ctx 4096
+    status, result, err = run(_SIZE_4096, "--model", "llama-3.1-8b", tmp_path=tmp_path)
+    assert status == 0, err
+    assert rows(result)["KV cache: size"] == ("512.00 MiB", "512.00 MiB", True)
+    assert "implied by the cache's size lines" in result["assumed"]["n_ctx"]
+    assert result["assumed"]["n_ctx"].startswith("4096")
+
+
+def test_llamacpp_size_lines_alone_with_two_streams(tmp_path: Path):
+    # 2 sequences in 2 streams of 2,048 cells: n_ctx 4096, the size over both streams (2 x 2048 x 32 x 2 KiB = 256)
+    text = ("llama_kv_cache: size =  512.00 MiB (  2048 cells,  32 layers,  2/2 seqs), K (f16):  256.00 MiB, "
+            "V (f16):  256.00 MiB\n")
+    status, result, err = run(text, "--model", "llama-3.1-8b", tmp_path=tmp_path)
+    assert status == 0, err
+    assert rows(result)["KV cache: cells"][:2] == ("2048", "2048")
+    assert result["assumed"]["n_seq_max"].startswith("2 ")
+
+
+def test_llamacpp_iswa_size_lines_alone_check_the_window_cells():
+    # gpt-oss-120b: 16,384 full cells; the SWA cache pad256(128 + 512) = 640 cells
+    status, result, err = run("h6-llamacpp-issue-15105-vulkan-iswa-gpt-oss-120b-cells-refusal.log", "--model",
+                              "gpt-oss-120b")
+    assert status == 0, err
+    assert rows(result)["SWA KV cache: cells"] == ("640", "640", True)
+
+
+def test_llamacpp_size_line_of_another_model_is_refused_by_its_rows(tmp_path: Path):
+    # the same line checked against Qwen2.5-7B (28 layers, 4 KV heads): the layers differ
+    status, result, _ = run(_SIZE_4096, "--model", "qwen2.5-7b", tmp_path=tmp_path)
+    assert status == 1 and not rows(result)["KV cache: layers"][2]
+
+
+# ggml-rpc's devices name their buffers 'RPC[host:port]' (ggml/src/ggml-rpc/ggml-rpc.cpp, ggml_backend_rpc_buffer_
+# type_name): the devices' KV buffer lines alone, cut before the size line
+
+
+def test_llamacpp_rpc_kv_buffers_are_added(tmp_path: Path):
+    text = ("llama_kv_cache:      CUDA0 KV buffer size =   256.00 MiB\n"
+            "llama_kv_cache: RPC[192.168.1.20:50052] KV buffer size =   768.50 MiB\n")
+    found = rows(run(text, tmp_path=tmp_path)[1])
+    assert found["KV buffers over 2 devices"][:2] == ("1024.50 MiB", "-")
+    assert partial("h6-llamacpp-beowulf-2-vulkan-rpc-kv-buffers-crash.log")["KV buffers over 2 devices"][0] == \
+        "800.00 MiB"
+
+
+# vLLM V0's refusal (worker/worker.py, raise_if_cache_size_invalid), retyped with a typo in 'seq'
+
+
+def test_vllm_v0_refusal_retyped_is_read(tmp_path: Path):
+    text = ("ValueError: The model's max sew len (32768) is larger than the maximum number of tokens that can be "
+            "stored in KV cache (18896). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+            "initializing the engine.\n")
+    found = rows(run(text, tmp_path=tmp_path)[1])
+    assert found["refused: tokens the cache holds"][0] == "18,896"
+    assert partial("h6-vllm-langchain-17906-refusal-curly-quotes-sew-len.log")["refused: tokens the cache holds"][0] \
+        == "18,896"
+
+
+# llama.cpp's 2023 loader (llama.cpp, llama_model_load_internal; ggjt files): 'model size = 7B' names a LLaMA shape
+# (32 layers x 4096), MEM_REQ_KV_SELF's "(+ N MB per state)" the f16 cache of 2048 cells rounded up (1026 MB for
+# 7B), twice that for f32; "kv self size" the cache llama_init_from_file made
+
+
+def _loader(per_state: str, kv_self: str) -> str:
+    return ("llama_model_load_internal: n_parts    = 1\n"
+            "llama_model_load_internal: model size = 7B\n"
+            f"llama_model_load_internal: mem required  = 5407.71 MB (+ {per_state} MB per state)\n"
+            f"llama_init_from_file: kv self size  = {kv_self} MB\n")
+
+
+def test_llamacpp_2023_kv_self_implies_whole_cells_from_the_model_size(tmp_path: Path):
+    # f16: 2 x 32 x 4096 x 2 bytes = 0.5 MiB a cell: 256 MiB is 512 cells
+    found = rows(run(_loader("1026.00", " 256.00"), tmp_path=tmp_path)[1])
+    assert found["kv self size (f16): cells"] == ("256.00 MB", "512.00 cells", True)
+    # f32 (per state twice the table's): 1 MiB a cell
+    found = rows(run(_loader("2052.00", " 256.00"), tmp_path=tmp_path)[1])
+    assert found["kv self size (f32): cells"] == ("256.00 MB", "256.00 cells", True)
+    # 256.30 MiB is 512.6 f16 cells: not a cache of this shape
+    assert not rows(run(_loader("1026.00", " 256.30"), tmp_path=tmp_path)[1])["kv self size (f16): cells"][2]
+    # the 30B log: 3120 MiB / (2 x 60 x 6656 x 2 bytes) = 2048 cells
+    assert partial("h6-llamacpp-pr-1826-2023-metal-30b-kv-self-mb.log")["kv self size (f16): cells"][1] == \
+        "2,048.00 cells"
+
+
+# V0's executors name the device pool by the platform's dispatch key (engine/executor_base.py initialize_cache,
+# "# %s blocks: %d, # CPU blocks: %d"): CUDA (ROCm too), XPU, XLA on TPU, HPU, forks' MLU and PrivateUse1 (Ascend)
+
+
+def test_vllm_v0_blocks_of_any_device_are_read(tmp_path: Path):
+    for device in ("CUDA", "XPU", "XLA", "HPU", "MLU", "PrivateUse1", "cuda"):
+        text = f"INFO 05-06 10:00:00 executor_base.py:110] # {device} blocks: 10495, # CPU blocks: 2048\n"
+        found = rows(run(text, tmp_path=tmp_path)[1])
+        assert found[f"{device.upper()} blocks"][0] == "10,495", device
+    text = "INFO 05-06 10:00:00 executor_base.py:110] # CPU blocks: 2048\n"  # the swap pool alone: no device pool
+    assert run(text, tmp_path=tmp_path)[0] == 2
+
+
+def test_vllm_v0_xpu_blocks_are_checked_against_the_model(tmp_path: Path):
+    # Llama-3.1-8B at block size 16: 2,000 blocks hold 32,000 tokens; the V0 refusal's count is blocks x 16
+    text = ("INFO 05-06 10:00:00 executor_base.py:110] # XPU blocks: 2000, # CPU blocks: 2048\n"
+            "ValueError: The model's max seq len (131072) is larger than the maximum number of tokens that can be "
+            "stored in KV cache (32000). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+            "initializing the engine.\n")
+    status, result, err = run(text, "--model", "llama-3.1-8b", tmp_path=tmp_path)
+    assert status in (0, 1), err
+    assert any(r["matches"] for r in result["rows"]), result["rows"]
