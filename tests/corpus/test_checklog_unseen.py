@@ -28,8 +28,11 @@ INDEX = json.loads((UNSEEN / "index.json").read_text())["logs"]
 # engine computed: 23 of 27 after those readers (20 before): 113 of 151 over the five batches (75%).
 # The sixth (heldout6), by the fifth's rule, collected while the h5 readers were written: 18 of 23 after them (17
 # before): 131 of 174 over the six batches (75%).
+# The seventh (heldout7), by the fifth's rule, collected by two collectors at once (vLLM/SGLang/TGI and the llama.cpp
+# family) while the h6 readers were written, measured once after them (main at a6483df): 27 of 28 (96%; 26 before):
+# 158 of 202 over the seven batches (78%).
 HELD_OUT_READ = {"held-out": (25, 25), "heldout2": (23, 26), "heldout3": (21, 37), "heldout4": (21, 36),
-                 "heldout5": (23, 27), "heldout6": (18, 23)}
+                 "heldout5": (23, 27), "heldout6": (18, 23), "heldout7": (27, 28)}
 # The 3 heldout2 logs not read when the batch was measured, looked at only after the figure was taken (so no longer
 # held out): the readers made general for their formats read two of them; the third states nothing to check and
 # says so in one line. The measured figure above stays 23 of 26 (22 by the later rule that a partial check with no row
@@ -101,7 +104,7 @@ def test_held_out_read_rate(split):
 
 def test_held_out_read_rate_together():
     read, total = (sum(HELD_OUT_READ[s][i] for s in HELD_OUT_READ) for i in (0, 1))
-    assert total == sum(e["split"] in HELD_OUT_READ for e in INDEX) and read / total >= 0.74
+    assert total == sum(e["split"] in HELD_OUT_READ for e in INDEX) and read / total >= 0.78
 
 
 @pytest.mark.parametrize("name", LOOKED_AT)
@@ -204,3 +207,15 @@ def test_looked_at_heldout6_logs(name):
     entry = next(e for e in INDEX if e["file"] == name)
     read, _, err = read_outcome(entry)
     assert read == LOOKED_AT_H6[name], err
+
+
+# The one heldout7 log not read when the batch was measured (27 of 28), looked at after: 2023's `kv self size`
+# with the model given (the reader read it only without one); read now. The measured figure stays 27 of 28.
+LOOKED_AT_H7 = {"h7-textgen-webui-issue-866-2023-ggjt-v1-kv-self-3200mb.log": True}
+
+
+@pytest.mark.parametrize("name", LOOKED_AT_H7)
+def test_looked_at_heldout7_logs(name):
+    entry = next(e for e in INDEX if e["file"] == name)
+    read, _, err = read_outcome(entry)
+    assert read == LOOKED_AT_H7[name], err

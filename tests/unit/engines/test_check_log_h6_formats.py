@@ -132,3 +132,21 @@ def test_vllm_v0_xpu_blocks_are_checked_against_the_model(tmp_path: Path):
     status, result, err = run(text, "--model", "llama-3.1-8b", tmp_path=tmp_path)
     assert status in (0, 1), err
     assert any(r["matches"] for r in result["rows"]), result["rows"]
+
+
+# The same 2023 loader with the model given: its size beside the model's K and V for the loader's n_ctx (llama.cpp
+# then kept n_ctx cells a layer, unpadded; f32 where memory_f16 was off). The seventh batch's one log not read.
+
+
+def test_llamacpp_2023_kv_self_is_checked_against_the_model(tmp_path: Path):
+    # Llama-2-13B: 40 layers x 5120 wide; 1,024 cells in f16: 2 x 1024 x 40 x 5120 x 2 bytes = 800 MiB
+    text = ("llama_model_load_internal: n_ctx      = 1024\n" + _loader("1608.00", " 800.00")).replace("7B", "13B")
+    status, result, err = run(text, "--model", "llama-2-13b", tmp_path=tmp_path)
+    assert status == 0, err
+    assert rows(result)["kv self size (f16)"][:2] == ("800.00 MB", "800.00 MiB")
+    # against Llama-3.1-8B (32 layers x 1024 of K and V) the same line differs: exit 1
+    status, result, _ = run(text, "--model", "llama-3.1-8b", tmp_path=tmp_path)
+    assert status == 1 and not next(v for k, v in rows(result).items() if k.startswith("kv self size ("))[2]
+    # f32 at 2,048 cells (the textgen-webui log): 3,200 MiB
+    status, result, err = run("h7-textgen-webui-issue-866-2023-ggjt-v1-kv-self-3200mb.log", "--model", "llama-2-13b")
+    assert status == 0 and rows(result)["kv self size (f32)"][:2] == ("3200.00 MB", "3200.00 MiB"), err

@@ -67,6 +67,8 @@ def check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappin
         return alone
     if old and not _LLAMA_LINE.search(text):
         return _check_old_log(engine, text, model, old, flash)
+    if not _LLAMA_LINE.search(text) and (_LEGACY_KV.search(text) or _GGML_MEMORY.search(text)):  # 2023's loaders
+        return _check_legacy(engine, text, model)
     if not _LLAMA_LINE.search(text) and ctxlines.found(text):  # cut after the context's lines, before the cache's
         return LogCheck(engine="llamacpp", model_in_log=None, rows=tuple(ctxlines.rows_with_model(text, model)),
                         settings={"format": "the context's lines alone (no cache size line)"})
@@ -371,3 +373,33 @@ def _legacy_rows(text: str) -> list[LogRow]:
         rows.append(LogRow("n_mem", f"{int(ggml.group(2)):,}", f"{layers * ctx:,}", int(ggml.group(2)) == layers * ctx,
                            "n_layer x n_ctx: the cells of every layer's cache"))
     return rows
+
+
+def _check_legacy(engine: LlamaCppEngine, text: str, model: ModelSpec) -> LogCheck:
+    """2023's one cache (`kv self size = X MB`, ggml loaders' `memory_size`): the log's own shape (_legacy_rows),
+    then its size beside the model's K and V for the loader's n_ctx, in f16 or f32, whichever it is (the loaders
+    kept one n_ctx cells a layer, unpadded)."""
+    logged = (_LEGACY_KV.search(text) or _GGML_MEMORY.search(text)).group(1)  # type: ignore[union-attr]
+    rows = _legacy_rows(text)
+    per_cell = {name: sum(b.total_bytes for b in engine.server_buffers(model, 256, 1, name, unified=True,
+                                                                        release=_ERA_BUILDS[-1])
+                          if b.name != "recurrent") / 256 for name in ("float16", "float32")}
+    per_cell = {("f16" if name == "float16" else "f32"): cell for name, cell in per_cell.items()}
+    ctx_line = _LEGACY_SHAPE["n_ctx"].search(text)
+    if ctx_line is None:  # the cells the size holds at the model's width
+        name, cell = min(per_cell.items(), key=lambda kv: abs(float(logged) * MIB / kv[1] - round(float(logged) *
+                                                                                                  MIB / kv[1])))
+        cells = float(logged) * MIB / cell
+        rows.append(LogRow(f"kv self size ({model.name}): cells", f"{logged} MB", f"{cells:,.2f} cells",
+                           abs(cells - round(cells)) * cell <= 0.005 * MIB,
+                           f"{cell:,.0f} bytes a cell ({name}): a whole number of cells where the model is the log's"))
+    else:
+        ctx = int(ctx_line.group(1))
+        name, ours = min(((n, c * ctx / MIB) for n, c in per_cell.items()), key=lambda x: abs(x[1] - float(logged)))
+        rows.append(LogRow(f"kv self size ({name})", f"{logged} MB", f"{ours:.2f} MiB",
+                           f"{ours:.2f}" == f"{float(logged):.2f}",
+                           f"{model.name}'s K and V of {ctx:,} cells ('MB' are MiB)"))
+    return LogCheck(engine="llamacpp", model_in_log=None, rows=tuple(rows),
+                    settings={"format": "2023 loader (kv self size, memory_size)",
+                              **({"n_ctx": int(ctx_line.group(1))} if ctx_line else {})})
+

@@ -66,7 +66,7 @@ def v0_check_without_budget(engine: VLLMEngine, text: str, model: ModelSpec, st:
         rows.append(LogRow("refused: tokens the cache holds", f"{n:,}", f"{held:,}", n == held,
                            f"the log's GPU blocks x {block_size} (the budget is not printed)"))
     if gpu and conc:
-        logged, ours = conc.group(2), f"{int(gpu.group(1)) * block_size / st.max_len:.2f}"
+        logged, ours = conc.group(2), f"{int(gpu.group(2)) * block_size / st.max_len:.2f}"
         rows.append(LogRow(f"max concurrency at {st.max_len:,} tokens", f"{logged}x", f"{ours}x", logged == ours,
                            f"the log's GPU blocks x {block_size} / max_model_len"))
     if re.search(NO_MEMORY, text):  # vLLM 0.1's negative GPU blocks
