@@ -31,8 +31,11 @@ INDEX = json.loads((UNSEEN / "index.json").read_text())["logs"]
 # The seventh (heldout7), by the fifth's rule, collected by two collectors at once (vLLM/SGLang/TGI and the llama.cpp
 # family) while the h6 readers were written, measured once after them (main at a6483df): 27 of 28 (96%; 26 before):
 # 158 of 202 over the seven batches (78%).
+# The eighth (heldout8), by the same rule and collectors, whose reports named no file or format, measured once on
+# main at 3a2c5db before its README sections were read: 23 of 25 (92%; 23 before the h7 fix): 50 of 53 over the
+# last two batches (94%), 181 of 227 over the eight (80%).
 HELD_OUT_READ = {"held-out": (25, 25), "heldout2": (23, 26), "heldout3": (21, 37), "heldout4": (21, 36),
-                 "heldout5": (23, 27), "heldout6": (18, 23), "heldout7": (27, 28)}
+                 "heldout5": (23, 27), "heldout6": (18, 23), "heldout7": (27, 28), "heldout8": (23, 25)}
 # The 3 heldout2 logs not read when the batch was measured, looked at only after the figure was taken (so no longer
 # held out): the readers made general for their formats read two of them; the third states nothing to check and
 # says so in one line. The measured figure above stays 23 of 26 (22 by the later rule that a partial check with no row
@@ -104,7 +107,7 @@ def test_held_out_read_rate(split):
 
 def test_held_out_read_rate_together():
     read, total = (sum(HELD_OUT_READ[s][i] for s in HELD_OUT_READ) for i in (0, 1))
-    assert total == sum(e["split"] in HELD_OUT_READ for e in INDEX) and read / total >= 0.78
+    assert total == sum(e["split"] in HELD_OUT_READ for e in INDEX) and read / total >= 0.79
 
 
 @pytest.mark.parametrize("name", LOOKED_AT)
@@ -219,3 +222,17 @@ def test_looked_at_heldout7_logs(name):
     entry = next(e for e in INDEX if e["file"] == name)
     read, _, err = read_outcome(entry)
     assert read == LOOKED_AT_H7[name], err
+
+
+# The 2 heldout8 logs not read when the batch was measured (23 of 25), looked at after (dev material now): vLLM's CPU
+# worker refusing a cache its NUMA node cannot hold, and 2023's Metal 'kv' buffer line; both read now. The measured
+# figure stays 23 of 25.
+LOOKED_AT_H8 = {"h8-vllm-cpu-lmcache-pr-3614-node-memory-kv-refused.log": True,
+                "h8-llamacpp-issue-3606-2023-metal-kv-buffer-402mb-over-working-set.log": True}
+
+
+@pytest.mark.parametrize("name", LOOKED_AT_H8)
+def test_looked_at_heldout8_logs(name):
+    entry = next(e for e in INDEX if e["file"] == name)
+    read, _, err = read_outcome(entry)
+    assert read == LOOKED_AT_H8[name], err

@@ -150,3 +150,49 @@ def test_llamacpp_2023_kv_self_is_checked_against_the_model(tmp_path: Path):
     # f32 at 2,048 cells (the textgen-webui log): 3,200 MiB
     status, result, err = run("h7-textgen-webui-issue-866-2023-ggjt-v1-kv-self-3200mb.log", "--model", "llama-2-13b")
     assert status == 0 and rows(result)["kv self size (f32)"][:2] == ("3200.00 MB", "3200.00 MiB"), err
+
+
+# The eighth batch's two logs not read when it was measured (looked at since). vLLM's CPU worker (v1/worker/
+# cpu_worker.py, 2026) refuses a cache its NUMA node cannot hold: "(kv/share GiB)", the share total x
+# gpu_memory_utilization and kv the share less what the model took; "(kv GiB)" alone where the cache size is given
+
+
+def test_vllm_cpu_node_refusal_is_read(tmp_path: Path):
+    text = ("(Worker pid=7) ERROR 06-13 19:57:36 [multiproc_executor.py:989] ValueError: Available memory on node 0 "
+            "(4.66/18.0 GiB) on kv cache allocation is less than requested memory for kv (-0.39/3.6 GiB). Reduce CPU "
+            "memory used by other processes.\n")
+    found = rows(run(text, tmp_path=tmp_path)[1])
+    assert found["refused: KV cache on CPU node 0"] == ("-0.39 GiB", "nothing left of the share", True)
+    # the share is 0.2 of the node; the model and its warm-up took 3.6 + 0.39 = 3.99 GiB of it
+    assert found["CPU share (total x gpu_memory_utilization)"][1] == "0.200 of 18.0 GiB"
+    text = ("ValueError: Available memory on node 1 (2.5/7.77 GiB) on kv cache allocation is less than requested "
+            "memory for\n kv (12.0 GiB). Decrease --kv-cache-memory-bytes, VLLM_CPU_KVCACHE_SPACE\n")
+    found = rows(run(text, tmp_path=tmp_path)[1])
+    assert found["refused: KV cache on CPU node 1"] == ("12.0 GiB", "more than the 2.5 GiB free of 7.77", True)
+    assert len(found) == 1
+    # a cache that fits the node's free memory is not what this refusal says: shown as differing
+    text = text.replace("(12.0 GiB)", "(2.0 GiB)")
+    assert rows(run(text, tmp_path=tmp_path)[1])["refused: KV cache on CPU node 1"][2] is False
+    assert partial("h8-vllm-cpu-lmcache-pr-3614-node-memory-kv-refused.log")["refused: KV cache on CPU node 0"][2]
+
+
+# llama.cpp's 2023 Metal backend (ggml-metal.m, ggml_metal_add_buffer): each buffer and the device's running total
+# (MB: MiB); the 'kv' buffer is the cache plus 2 MiB (llama.cpp 2023: cache.buf.resize(... + 2u*MB))
+
+_METAL = ("llama_model_load_internal: n_ctx      = 512\n"
+          "ggml_metal_add_buffer: allocated 'data            ' buffer, size =  6984.06 MB, ( 6984.52 / 21845.34)\n"
+          "ggml_metal_add_buffer: allocated 'kv              ' buffer, size =   258.00 MB, ( 7242.52 / 21845.34)\n")
+
+
+def test_llamacpp_2023_metal_kv_buffer_is_checked(tmp_path: Path):
+    found = rows(run(_METAL, tmp_path=tmp_path)[1])
+    assert found["Metal 'kv' buffer: running total"] == ("7242.52 MB", "7242.52 MiB", True)
+    assert found["KV cache (Metal 'kv' buffer)"][0] == "256.00 MiB"
+    # Llama-2-7B at 512 cells in f16: 2 x 512 x 32 x 4096 x 2 bytes = 256 MiB, the buffer less its 2 MiB
+    status, result, err = run(_METAL, "--model", "llama-2-7b", tmp_path=tmp_path)
+    assert status == 0 and rows(result)["KV cache (Metal) (f16)"][:2] == ("256.00 MB", "256.00 MiB"), err
+    # a running total that does not add up
+    assert not rows(run(_METAL.replace("( 7242.52", "( 7250.52"), tmp_path=tmp_path)[1])[
+        "Metal 'kv' buffer: running total"][2]
+    assert partial("h8-llamacpp-issue-3606-2023-metal-kv-buffer-402mb-over-working-set.log")[
+        "KV cache (Metal 'kv' buffer)"][0] == "400.00 MiB"

@@ -200,7 +200,8 @@ class LlamaCppEngine(Engine):
                       r"msg=\"kv cache\" device=",  # Ollama 0.11 on: each device's cache (engines/llamacpp/ollama.py)
                       r"llama_init_from_model:",  # src/llama.cpp b4500-b5400 (the renamed llama_new_context_with_model)
                       r"failed to allocate buffer for (?:kv|rs) cache",  # a refusal alone (engines/llamacpp/kvlines.py)
-                      r"_model_load: (?:kv_cache )?memory[_ ]size\s*=\s*[\d.]{1,12} MB, n_mem =")  # ggml's 2023 loaders
+                      r"_model_load: (?:kv_cache )?memory[_ ]size\s*=\s*[\d.]{1,12} MB, n_mem =",  # ggml's 2023 loaders
+                      r"ggml_metal_add_buffer: allocated 'kv ")  # 2023's Metal buffers (engines/llamacpp/kvlines.py)
 
     def pool_budget(self, model: ModelSpec, report: PoolReport, *, kv_dtype: str = "auto", tp: int = 1,
                     options: EngineOptions | None = None) -> int:

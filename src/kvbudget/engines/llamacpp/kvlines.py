@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from kvbudget.dtypes import get_dtype
@@ -37,7 +38,6 @@ NO_SIZE = ("check-log: llama.cpp could not allocate the KV cache ('failed to all
            "log states no size of the buffer refused ('failed to allocate buffer of size N', 'allocating X MiB on "
            "device d'): nothing to check; pass the log from its 'llama_context: n_ctx' lines through the backend's "
            "line naming that size")
-SIGNATURES = (MLA_KV_SELF.pattern, KV_ALLOC_FAILED.pattern)
 _DEVICE = re.compile(r"llama_kv_cache(?:_init|_unified)?:\s+(\w+) KV buffer size =\s+" + _MIB + " MiB")
 _N_CTX = re.compile(r"(?:llama_new_context_with_model|llama_context|llama_kv_cache_init|init): "
                     r"(?:n_ctx|kv_size)\s+=\s*(\d{1,12})")
@@ -66,11 +66,43 @@ def sum_row(label: str, total: str, parts: list[str], note: str) -> LogRow:
 _ISWA_CELLS = re.compile(r"creating\s+(non-SWA|SWA) KV cache, size = (\d{1,12}) cells")
 
 
+# llama.cpp's 2023 Metal backend (ggml-metal.m, ggml_metal_add_buffer): "allocated '%-16s' buffer, size = %8.2f MB,
+# (%8.2f / %8.2f)": each buffer, then the device's running total over its recommendedMaxWorkingSetSize (MB: MiB). The
+# 'kv' buffer is the cache llama_kv_cache_init made: K and V of n_ctx cells a layer plus 2 MiB of slack
+# (llama.cpp, 2023: cache.buf.resize(2u*n_elements*ggml_type_size(wtype) + 2u*MB))
+METAL_BUFFER = re.compile(r"ggml_metal_add_buffer: allocated '(\w{1,16}) *' buffer, size = *(\d{1,9}\.\d{2}) MB, "
+                          r"\( *(\d{1,9}\.\d{2}) / *(\d{1,9}\.\d{2})\)")
+METAL_SLACK_MIB = 2
+SIGNATURES = (MLA_KV_SELF.pattern, KV_ALLOC_FAILED.pattern)
+
+
+def metal_kv_mib(text: str) -> str | None:
+    """The cache in the 2023 Metal log's 'kv' buffer (the buffer less its 2 MiB of slack), MiB as text, else None."""
+    kv = next((m for m in METAL_BUFFER.finditer(text) if m.group(1) == "kv"), None)
+    return f"{float(kv.group(2)) - METAL_SLACK_MIB:.2f}" if kv else None
+
+
+def metal_rows(text: str) -> list[LogRow]:
+    """The 2023 Metal buffers: each running total against the one before plus the buffer (two decimals each), and
+    the cache in the 'kv' buffer shown."""
+    found = list(METAL_BUFFER.finditer(text))
+    rows = [LogRow(f"Metal '{b.group(1)}' buffer: running total", f"{b.group(3)} MB",
+                   f"{float(a.group(3)) + float(b.group(2)):.2f} MiB",
+                   abs(float(a.group(3)) + float(b.group(2)) - float(b.group(3))) <= 0.02,
+                   f"the total before ({a.group(3)}) plus this buffer ({b.group(2)})"
+                   + ("; over the recommended working set" if float(b.group(3)) > float(b.group(4)) else ""))
+            for a, b in itertools.pairwise(found)]
+    if kv := metal_kv_mib(text):
+        rows.append(LogRow("KV cache (Metal 'kv' buffer)", f"{kv} MiB", "-", None,
+                           f"the buffer less llama.cpp's {METAL_SLACK_MIB} MiB of slack; the model and n_ctx check it"))
+    return rows
+
+
 def rows_without_model(text: str) -> list[LogRow]:
     """The rows these lines check without the model: the MLA cache's size against its parts and the devices'
     buffers; the refused buffer's size (and, with the cells, its bytes a cell) shown; an iswa log cut before its
     size lines, each cache's cells shown."""
-    rows = []
+    rows = metal_rows(text)
     if not re.search(r"llama_kv_cache\w*: size = ", text):
         for which, cells in dict(_ISWA_CELLS.findall(text)).items():
             rows.append(LogRow(f"{which} KV cache: cells", f"{int(cells):,}", "-", None,

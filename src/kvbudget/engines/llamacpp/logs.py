@@ -58,20 +58,8 @@ def check_log(engine: LlamaCppEngine, text: str, model: ModelSpec, given: Mappin
         raise KVBudgetError(f"check-log: 'flash_attn = {flash_text}' in the llama.cpp log is not a value kvbudget "
                             "knows (0, 1, auto, enabled, disabled)")
     flash = _FLASH[flash_text.lower()] if flash_text is not None else None
-    if mla := kvlines.MLA_KV_SELF.search(text):  # ik_llama.cpp's MLA cache (engines/llamacpp/kvlines.py)
-        return kvlines.check_mla(text, model, mla)
-    old = _OLD_KV_SELF.search(text)
-    if kvlines.KV_ALLOC_FAILED.search(text) and not old and not _LLAMA_LINE.search(text):
-        return _check_refusal(engine, text, model, flash)
-    if not old and not _LLAMA_LINE.search(text) and (alone := ollama.check(text, model)):  # Ollama's own lines
-        return alone
-    if old and not _LLAMA_LINE.search(text):
-        return _check_old_log(engine, text, model, old, flash)
-    if not _LLAMA_LINE.search(text) and (_LEGACY_KV.search(text) or _GGML_MEMORY.search(text)):  # 2023's loaders
-        return _check_legacy(engine, text, model)
-    if not _LLAMA_LINE.search(text) and ctxlines.found(text):  # cut after the context's lines, before the cache's
-        return LogCheck(engine="llamacpp", model_in_log=None, rows=tuple(ctxlines.rows_with_model(text, model)),
-                        settings={"format": "the context's lines alone (no cache size line)"})
+    if (other := _other_format(engine, text, model, flash)) is not None:
+        return other
     n_ctx, n_seq = setting("n_ctx"), setting("n_seq_max")
     implied = None if n_ctx and n_seq else _context_of(_LLAMA_LINE.findall(text))
     if implied:  # cut before the context's lines: what the cache's size lines state of it
@@ -135,6 +123,28 @@ def _context_of(lines: list[tuple[str, ...]]) -> tuple[int, int, bool, bool] | N
     full = max(kv, key=lambda x: int(x[2]))
     seqs, streams = int(full[4]), int(full[5] or 1)
     return int(full[2]) * streams, seqs, bool(full[5]) and streams == 1 and seqs > 1, bool(full[5])
+
+
+def _other_format(engine: LlamaCppEngine, text: str, model: ModelSpec, flash: bool | None) -> LogCheck | None:
+    """A log without today's cache size lines, checked by the reader of its own format (ik_llama.cpp's MLA cache, a
+    KV allocation refusal, Ollama's lines, 2024-25's KV self size, 2023's loaders, the context's lines alone), else
+    None."""
+    if mla := kvlines.MLA_KV_SELF.search(text):  # ik_llama.cpp's MLA cache (engines/llamacpp/kvlines.py)
+        return kvlines.check_mla(text, model, mla)
+    old = _OLD_KV_SELF.search(text)
+    if kvlines.KV_ALLOC_FAILED.search(text) and not old and not _LLAMA_LINE.search(text):
+        return _check_refusal(engine, text, model, flash)
+    if not old and not _LLAMA_LINE.search(text) and (alone := ollama.check(text, model)):  # Ollama's own lines
+        return alone
+    if old and not _LLAMA_LINE.search(text):
+        return _check_old_log(engine, text, model, old, flash)
+    if not _LLAMA_LINE.search(text) and (_LEGACY_KV.search(text) or _GGML_MEMORY.search(text)
+                                         or kvlines.metal_kv_mib(text)):  # 2023's loaders
+        return _check_legacy(engine, text, model)
+    if not _LLAMA_LINE.search(text) and ctxlines.found(text):  # cut after the context's lines, before the cache's
+        return LogCheck(engine="llamacpp", model_in_log=None, rows=tuple(ctxlines.rows_with_model(text, model)),
+                        settings={"format": "the context's lines alone (no cache size line)"})
+    return None
 
 
 _OUTPUT = re.compile(r"(\w+)\s+output buffer size =\s+([\d.]+) MiB")
@@ -379,8 +389,9 @@ def _check_legacy(engine: LlamaCppEngine, text: str, model: ModelSpec) -> LogChe
     """2023's one cache (`kv self size = X MB`, ggml loaders' `memory_size`): the log's own shape (_legacy_rows),
     then its size beside the model's K and V for the loader's n_ctx, in f16 or f32, whichever it is (the loaders
     kept one n_ctx cells a layer, unpadded)."""
-    logged = (_LEGACY_KV.search(text) or _GGML_MEMORY.search(text)).group(1)  # type: ignore[union-attr]
-    rows = _legacy_rows(text)
+    found = _LEGACY_KV.search(text) or _GGML_MEMORY.search(text)
+    logged = found.group(1) if found else str(kvlines.metal_kv_mib(text))
+    rows = _legacy_rows(text) + kvlines.metal_rows(text)
     per_cell = {name: sum(b.total_bytes for b in engine.server_buffers(model, 256, 1, name, unified=True,
                                                                         release=_ERA_BUILDS[-1])
                           if b.name != "recurrent") / 256 for name in ("float16", "float32")}
@@ -390,13 +401,15 @@ def _check_legacy(engine: LlamaCppEngine, text: str, model: ModelSpec) -> LogChe
         name, cell = min(per_cell.items(), key=lambda kv: abs(float(logged) * MIB / kv[1] - round(float(logged) *
                                                                                                   MIB / kv[1])))
         cells = float(logged) * MIB / cell
-        rows.append(LogRow(f"kv self size ({model.name}): cells", f"{logged} MB", f"{cells:,.2f} cells",
+        rows.append(LogRow(f"{'kv self size' if found else 'KV cache (Metal)'} ({model.name}): cells", f"{logged} MB",
+                           f"{cells:,.2f} cells",
                            abs(cells - round(cells)) * cell <= 0.005 * MIB,
                            f"{cell:,.0f} bytes a cell ({name}): a whole number of cells where the model is the log's"))
     else:
         ctx = int(ctx_line.group(1))
         name, ours = min(((n, c * ctx / MIB) for n, c in per_cell.items()), key=lambda x: abs(x[1] - float(logged)))
-        rows.append(LogRow(f"kv self size ({name})", f"{logged} MB", f"{ours:.2f} MiB",
+        label = "kv self size" if found else "KV cache (Metal)"
+        rows.append(LogRow(f"{label} ({name})", f"{logged} MB", f"{ours:.2f} MiB",
                            f"{ours:.2f}" == f"{float(logged):.2f}",
                            f"{model.name}'s K and V of {ctx:,} cells ('MB' are MiB)"))
     return LogCheck(engine="llamacpp", model_in_log=None, rows=tuple(rows),

@@ -8,7 +8,7 @@ import re
 
 from kvbudget.engines.base import LogCheck, LogRow
 from kvbudget.engines.vllm.logsettings import DEVICE_BLOCKS, num
-from kvbudget.engines.vllm.refusal import MAMBA, V0_REFUSAL, no_block_budget, read_refusal
+from kvbudget.engines.vllm.refusal import CPU_NODE, MAMBA, V0_REFUSAL, no_block_budget, read_refusal
 from kvbudget.units import GIB, log_figure
 
 V0_BLOCK = 16  # vLLM's default block size (V0 and V1 for full attention)
@@ -86,6 +86,8 @@ def check_without_model(text: str) -> LogCheck:
                                    "max seq len x available / needed",
                                    "sliding windows, several cache groups and a recurrent state's fixed part "
                                    "grow otherwise"))
+    if node := CPU_NODE.search(re.sub(r"\s+", " ", text)):
+        rows += _cpu_node_rows(node)
     if mamba := MAMBA.search(text):
         seqs, held = int(mamba.group(1)), int(mamba.group(2))
         rows.append(LogRow("refused: Mamba cache blocks", f"{held:,}", f"fewer than max_num_seqs {seqs:,}",
@@ -149,3 +151,22 @@ def _split_rows(text: str, split: re.Match) -> list[LogRow]:
                                "the two suggestions apart: free memory less the share",
                                "the log's figures do not subtract"))
     return rows
+
+
+def _cpu_node_rows(node: re.Match) -> list[LogRow]:
+    """The CPU worker's refusal (refusal.CPU_NODE): the cache asked for against the node's free memory, and, where the
+    share is printed, what the model and its warm-up took of it (the share less the cache)."""
+    free, total, kv, share = node.group(2), node.group(3), node.group(4), node.group(5)
+    short = float(kv) <= 0  # the model took the whole share: no cache left to ask for
+    rows = [LogRow(f"refused: KV cache on CPU node {node.group(1)}", f"{kv} GiB",
+                   "nothing left of the share" if short else f"more than the {free} GiB free of {total}",
+                   short or float(kv) > float(free),
+                   "vLLM's CPU worker: raise gpu_memory_utilization (the share)" if short else
+                   "vLLM's CPU worker: other processes hold the rest of the node, or the cache asked is too large")]
+    if share is not None:
+        rows.append(LogRow("CPU share (total x gpu_memory_utilization)", f"{share} GiB",
+                           f"{float(share) / float(total):.3f} of {total} GiB", None,
+                           f"of which the model and its warm-up took {float(share) - float(kv):.2f} GiB (the share "
+                           "less the cache)"))
+    return rows
+

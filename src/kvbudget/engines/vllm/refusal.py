@@ -51,8 +51,17 @@ def no_block_budget(text: str) -> str:
     return f"{negative.group(1)} GiB" if negative else "refused"
 
 
+# vLLM's CPU worker (v1/worker/cpu_worker.py, 2026) refuses a cache its NUMA node cannot hold: "Available memory on
+# node N (free/total GiB) on kv cache allocation is less than requested memory for kv (kv/share GiB)", the share
+# total x gpu_memory_utilization and kv the share less what the model and its warm-up took; "(kv GiB)" alone where
+# --kv-cache-memory-bytes or VLLM_CPU_KVCACHE_SPACE sets it
+CPU_NODE = re.compile(r"Available memory on node (\d{1,4}) \(" + _GIB + "/" + _GIB + r" GiB\) on kv cache "
+                      r"allocation is less than requested memory for kv \((-?\d{1,9}(?:\.\d{1,6})?)(?:/" + _GIB +
+                      r")? GiB\)")
+
 # What marks a pasted fragment as one of these refusals (any one of them)
-SIGNATURES = (_START.pattern, _NEEDED.pattern, _loose("KV cache is needed, which is larger"), MAMBA.pattern, NO_MEMORY)
+SIGNATURES = (_START.pattern, _NEEDED.pattern, _loose("KV cache is needed, which is larger"), MAMBA.pattern, NO_MEMORY,
+              CPU_NODE.pattern)
 
 
 @dataclass(frozen=True)
