@@ -34,8 +34,12 @@ INDEX = json.loads((UNSEEN / "index.json").read_text())["logs"]
 # The eighth (heldout8), by the same rule and collectors, whose reports named no file or format, measured once on
 # main at 3a2c5db before its README sections were read: 23 of 25 (92%; 23 before the h7 fix): 50 of 53 over the
 # last two batches (94%), 181 of 227 over the eight (80%).
+# The ninth (heldout9), the same way, measured once on main at c5debbb (the eighth round's readers) before its README
+# sections were read: 25 of 27 (93%; 24 before this session's readers): 75 of 80 over the last three (94%), 206 of
+# 254 over the nine (81%).
 HELD_OUT_READ = {"held-out": (25, 25), "heldout2": (23, 26), "heldout3": (21, 37), "heldout4": (21, 36),
-                 "heldout5": (23, 27), "heldout6": (18, 23), "heldout7": (27, 28), "heldout8": (23, 25)}
+                 "heldout5": (23, 27), "heldout6": (18, 23), "heldout7": (27, 28), "heldout8": (23, 25),
+                 "heldout9": (25, 27)}
 # The 3 heldout2 logs not read when the batch was measured, looked at only after the figure was taken (so no longer
 # held out): the readers made general for their formats read two of them; the third states nothing to check and
 # says so in one line. The measured figure above stays 23 of 26 (22 by the later rule that a partial check with no row
@@ -107,7 +111,7 @@ def test_held_out_read_rate(split):
 
 def test_held_out_read_rate_together():
     read, total = (sum(HELD_OUT_READ[s][i] for s in HELD_OUT_READ) for i in (0, 1))
-    assert total == sum(e["split"] in HELD_OUT_READ for e in INDEX) and read / total >= 0.79
+    assert total == sum(e["split"] in HELD_OUT_READ for e in INDEX) and read / total >= 0.81
 
 
 @pytest.mark.parametrize("name", LOOKED_AT)
@@ -236,3 +240,16 @@ def test_looked_at_heldout8_logs(name):
     entry = next(e for e in INDEX if e["file"] == name)
     read, _, err = read_outcome(entry)
     assert read == LOOKED_AT_H8[name], err
+
+
+# The 2 heldout9 logs not read when the batch was measured (25 of 27), looked at after: a V0 budget and blocks
+# without max_model_len, and llama.cpp's 'Meta()' KV buffer; both read now. The measured figure stays 25 of 27.
+LOOKED_AT_H9 = {"h9-vllm-0.7-issue-15815-qwen2.5-32b-l40s-tp2-cuda-blocks.log": True,
+                "h9-llamacpp-issue-26208-rocm-gfx1201-journal-meta-kv-buffer-4096mib.log": True}
+
+
+@pytest.mark.parametrize("name", LOOKED_AT_H9)
+def test_looked_at_heldout9_logs(name):
+    entry = next(e for e in INDEX if e["file"] == name)
+    read, _, err = read_outcome(entry)
+    assert read == LOOKED_AT_H9[name], err

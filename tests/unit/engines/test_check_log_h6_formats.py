@@ -196,3 +196,35 @@ def test_llamacpp_2023_metal_kv_buffer_is_checked(tmp_path: Path):
         "Metal 'kv' buffer: running total"][2]
     assert partial("h8-llamacpp-issue-3606-2023-metal-kv-buffer-402mb-over-working-set.log")[
         "KV cache (Metal 'kv' buffer)"][0] == "400.00 MiB"
+
+
+# The ninth batch's two logs not read when it was measured (looked at since): a V0 log printing its budget and
+# blocks but no max_model_len (the model's own length assumed, as for the other lines), and llama.cpp 2026's
+# meta-backend over several devices naming its KV buffer 'Meta()'
+
+
+def test_vllm_v0_budget_without_max_model_len_is_checked(tmp_path: Path):
+    # Llama-3.1-8B at TP 1: 7.71 GiB // 2 MiB a 16-token block = 3,947 blocks
+    text = ("INFO 04-02 10:20:55 worker.py:266] the current vLLM instance can use total_gpu_memory (44.42GiB) x "
+            "gpu_memory_utilization (0.90) = 39.98GiB\n"
+            "INFO 04-02 10:20:55 worker.py:266] model weights take 14.99GiB; non_torch_memory takes 0.30GiB; PyTorch "
+            "activation peak memory takes 1.26GiB; the rest of the memory reserved for KV Cache is 7.71GiB.\n"
+            "INFO 04-02 10:20:55 executor_base.py:108] # CUDA blocks: 3947, # CPU blocks: 2048\n")
+    status, result, err = run(text, "--model", "llama-3.1-8b", tmp_path=tmp_path)
+    assert status in (0, 1), err
+    assert rows(result)["blocks"][0] == "3,947" and rows(result)["blocks"][2]
+    assert "the model's own length" in result["assumed"]["max_model_len"]
+    # the same log at TP 2 of Qwen2.5-32B's shape reads, the blocks off by the ranks (the cause named)
+    status, result, err = run("h9-vllm-0.7-issue-15815-qwen2.5-32b-l40s-tp2-cuda-blocks.log", "--model",
+                              "qwen2.5-32b")
+    assert status == 1 and not rows(result)["blocks"][2], err
+    status, result, err = run("h9-vllm-0.7-issue-15815-qwen2.5-32b-l40s-tp2-cuda-blocks.log", "--model",
+                              "qwen2.5-32b", "--tp", "2")
+    assert rows(result)["blocks"][2], err
+
+
+def test_llamacpp_meta_backend_kv_buffer_is_read(tmp_path: Path):
+    text = "llama_kv_cache:     Meta() KV buffer size =  4096.00 MiB\n"
+    assert rows(run(text, tmp_path=tmp_path)[1])["KV buffers over 1 device"][0] == "4096.00 MiB"
+    assert partial("h9-llamacpp-issue-26208-rocm-gfx1201-journal-meta-kv-buffer-4096mib.log")[
+        "KV buffers over 1 device"][0] == "4096.00 MiB"

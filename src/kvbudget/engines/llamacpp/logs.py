@@ -289,8 +289,10 @@ def _check_refusal(engine: LlamaCppEngine, text: str, model: ModelSpec, flash: b
                    assumed={} if cells else {"n_ctx": "not in the log: the refused buffer is shown, not checked"})
 
 
-# a device's KV buffer: CUDA0, Vulkan1, Metal, CPU, an RPC server's 'RPC[host:port]'
-_KV_BUFFER = re.compile(r"llama_kv_cache(?:_init|_unified)?:\s+(\w+(?:\[[^\]\s]{1,80}\])?) KV buffer size =\s+"
+# a device's KV buffer: CUDA0, Vulkan1, Metal, CPU, an RPC server's 'RPC[host:port]', the 2026 meta-backend's
+# 'Meta()' over several devices
+_KV_BUFFER = re.compile(r"llama_kv_cache(?:_init|_unified)?:\s+(\w+(?:\[[^\]\s]{1,80}\]|\([^)\s]{0,80}\))?) KV buffer "
+                        r"size =\s+"
                         r"(\d{1,12}\.\d{2}) MiB")
 _LEGACY_KV = re.compile(r"kv self size\s*=\s*([\d.]+) MB")  # 2023 builds (ggjt files): one f16 or f32 cache
 # ggml's example loaders of 2023 (ggml examples/gpt-j, gpt-2, gpt-neox main.cpp; llama.cpp's first llama_model_load;

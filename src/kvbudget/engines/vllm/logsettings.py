@@ -154,7 +154,7 @@ def read_settings(text: str, given: dict, refused_len: str | None, conc: re.Matc
     cpu_blocks = re.search(r"# CPU blocks: \d+", text)
     if max_len_text is None and given.get("max_model_len") is None and not cpu_blocks and not default_len:
         raise KVBudgetError(NO_MAX_LEN)
-    max_len = _length(whole("max_model_len", pick("max_model_len", max_len_text, 0 if cpu_blocks else default_len)),
+    max_len = _length(whole("max_model_len", pick("max_model_len", max_len_text, default_len)),
                       "max_model_len" in read)
     if max_len_text is None and given.get("max_model_len") is None and max_len:
         assumed["max_model_len"] = f"{max_len:,} (the model's own length: the log does not state it)"
