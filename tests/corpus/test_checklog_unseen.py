@@ -37,9 +37,11 @@ INDEX = json.loads((UNSEEN / "index.json").read_text())["logs"]
 # The ninth (heldout9), the same way, measured once on main at c5debbb (the eighth round's readers) before its README
 # sections were read: 25 of 27 (93%; 24 before this session's readers): 75 of 80 over the last three (94%), 206 of
 # 254 over the nine (81%).
+# The tenth (heldout10), the same way, measured once on main at ea9984c: 18 of 18 (18 before this session's readers
+# too): 93 of 98 over the last four (94.9%), 224 of 272 over the ten (82%).
 HELD_OUT_READ = {"held-out": (25, 25), "heldout2": (23, 26), "heldout3": (21, 37), "heldout4": (21, 36),
                  "heldout5": (23, 27), "heldout6": (18, 23), "heldout7": (27, 28), "heldout8": (23, 25),
-                 "heldout9": (25, 27)}
+                 "heldout9": (25, 27), "heldout10": (18, 18)}
 # The 3 heldout2 logs not read when the batch was measured, looked at only after the figure was taken (so no longer
 # held out): the readers made general for their formats read two of them; the third states nothing to check and
 # says so in one line. The measured figure above stays 23 of 26 (22 by the later rule that a partial check with no row
@@ -111,7 +113,7 @@ def test_held_out_read_rate(split):
 
 def test_held_out_read_rate_together():
     read, total = (sum(HELD_OUT_READ[s][i] for s in HELD_OUT_READ) for i in (0, 1))
-    assert total == sum(e["split"] in HELD_OUT_READ for e in INDEX) and read / total >= 0.81
+    assert total == sum(e["split"] in HELD_OUT_READ for e in INDEX) and read / total >= 0.82
 
 
 @pytest.mark.parametrize("name", LOOKED_AT)
