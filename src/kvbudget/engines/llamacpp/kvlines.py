@@ -73,7 +73,6 @@ _ISWA_CELLS = re.compile(r"creating\s+(non-SWA|SWA) KV cache, size = (\d{1,12}) 
 METAL_BUFFER = re.compile(r"ggml_metal_add_buffer: allocated '(\w{1,16}) *' buffer, size = *(\d{1,9}\.\d{2}) MB, "
                           r"\( *(\d{1,9}\.\d{2}) / *(\d{1,9}\.\d{2})\)")
 METAL_SLACK_MIB = 2
-SIGNATURES = (MLA_KV_SELF.pattern, KV_ALLOC_FAILED.pattern)
 
 
 def metal_kv_mib(text: str) -> str | None:

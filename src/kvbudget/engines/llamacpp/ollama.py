@@ -26,7 +26,6 @@ OFFLOAD = re.compile(r"msg=\"?offload\b[^\n]*?memory\.required\.kv=\"?(" + _FIGU
 _DEVICE = re.compile(r"msg=\"(model weights|kv cache|compute graph)\" device=(\w{1,20}) size=\"(" + _FIGURE + ")\"")
 _TOTAL = re.compile(r"msg=\"total memory\" size=\"(" + _FIGURE + ")\"")
 _KV_SIZE = re.compile(r"KvSize:(\d{1,12}) KvCacheType:(\w{0,10})")
-SIGNATURES = (r"memory\.required\.kv=", _DEVICE.pattern)
 _UNITS = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "B": 1}
 _BYTES_PER_VALUE = {"f16": 2.0, "q8_0": 1.0, "q4_0": 0.5}  # kvCacheBytesPerElement
 
