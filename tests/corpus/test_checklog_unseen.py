@@ -41,7 +41,7 @@ INDEX = json.loads((UNSEEN / "index.json").read_text())["logs"]
 # too): 93 of 98 over the last four (94.9%), 224 of 272 over the ten (82%).
 HELD_OUT_READ = {"held-out": (25, 25), "heldout2": (23, 26), "heldout3": (21, 37), "heldout4": (21, 36),
                  "heldout5": (23, 27), "heldout6": (18, 23), "heldout7": (27, 28), "heldout8": (23, 25),
-                 "heldout9": (25, 27), "heldout10": (18, 18)}
+                 "heldout9": (25, 27), "heldout10": (18, 18), "heldout11": (24, 25)}
 # The 3 heldout2 logs not read when the batch was measured, looked at only after the figure was taken (so no longer
 # held out): the readers made general for their formats read two of them; the third states nothing to check and
 # says so in one line. The measured figure above stays 23 of 26 (22 by the later rule that a partial check with no row
@@ -113,7 +113,15 @@ def test_held_out_read_rate(split):
 
 def test_held_out_read_rate_together():
     read, total = (sum(HELD_OUT_READ[s][i] for s in HELD_OUT_READ) for i in (0, 1))
-    assert total == sum(e["split"] in HELD_OUT_READ for e in INDEX) and read / total >= 0.82
+    assert total == sum(e["split"] in HELD_OUT_READ for e in INDEX) and read / total >= 0.83
+
+
+def test_held_out_read_rate_since_the_seventh_batch():
+    """The issue's 95% on the batches measured since collection ran blind to the readers' state (two collectors at
+    once, nobody running check-log on them), each measured once: 117 of 123 over the seventh to the eleventh."""
+    later = [s for s in HELD_OUT_READ if s.startswith("heldout") and int(s[len("heldout"):]) >= 7]
+    read, total = (sum(HELD_OUT_READ[s][i] for s in later) for i in (0, 1))
+    assert len(later) == 5 and read / total >= 0.95
 
 
 @pytest.mark.parametrize("name", LOOKED_AT)
@@ -187,6 +195,7 @@ def test_heldout4_read_after_being_looked_at():
 # V0 refusal retyped ('sew len'), 2023's 'model size = 30B' without n_ctx. heldout7 (27 of 28): 2023's kv self size
 # with the model given. heldout8 (23 of 25): vLLM's CPU worker refusing a cache its NUMA node cannot hold, 2023's
 # Metal 'kv' buffer. heldout9 (25 of 27): a V0 budget and blocks without max_model_len, llama.cpp's 'Meta()' buffer.
+# heldout11 (24 of 25; test_check_log_h11_formats.py): the Gaudi fork's budget beside its HPU-graph reserve.
 LOOKED_AT_LATER = ("h5-koboldcpp-41-2023-gptj-memory-size-n-mem.log",
                    "h5-sglang-inferencex-2128-dsv4-pro-h200-no-kv-memory.log",
                    "h5-vllm-ascend-9372-vnpu-negative-budget.log",
@@ -200,7 +209,8 @@ LOOKED_AT_LATER = ("h5-koboldcpp-41-2023-gptj-memory-size-n-mem.log",
                    "h8-vllm-cpu-lmcache-pr-3614-node-memory-kv-refused.log",
                    "h8-llamacpp-issue-3606-2023-metal-kv-buffer-402mb-over-working-set.log",
                    "h9-vllm-0.7-issue-15815-qwen2.5-32b-l40s-tp2-cuda-blocks.log",
-                   "h9-llamacpp-issue-26208-rocm-gfx1201-journal-meta-kv-buffer-4096mib.log")
+                   "h9-llamacpp-issue-26208-rocm-gfx1201-journal-meta-kv-buffer-4096mib.log",
+                   "h11-vllm-gaudi-tutorials-understanding-vllm-llama-3.1-8b-grep-free-device-memory.log")
 
 
 @pytest.mark.parametrize("name", LOOKED_AT_LATER)
@@ -210,7 +220,7 @@ def test_looked_at_logs_of_later_batches_are_read(name):
     assert read, err
 
 
-@pytest.mark.parametrize("split", ["heldout5", "heldout6", "heldout7", "heldout8", "heldout9", "heldout10"])
+@pytest.mark.parametrize("split", [f"heldout{n}" for n in range(5, 12)])
 def test_later_batches_are_read_whole_after_being_looked_at(split):
     """Each batch from the fifth on is read whole now (not a held-out measure: its misses were looked at)."""
     assert all(read_outcome(e)[0] for e in INDEX if e["split"] == split)

@@ -58,7 +58,10 @@ BUDGET_LINES = (r"Extended KV cache to \d+ blocks \(([\d.]+) GiB\)",
                 r"available_kv_cache_memory[=:]?\s{0,20}([\d.]+) ?GiB",
                 r"reserved ([\d.]+) GiB memory for KV Cache as specified by kv_cache_memory_bytes",  # no profiling
                 r"Current kv cache memory in use is ([\d.]+) GiB",  # 2026: after the one-line memory split
-                r"Current KV cache memory: ([\d.]+) GiB")  # vllm-ascend's split (worker.py)
+                r"Current KV cache memory: ([\d.]+) GiB",  # vllm-ascend's split (worker.py)
+                # HabanaAI's vllm-fork (worker/hpu_worker.py, determine_num_available_blocks): the usable share less
+                # the HPU-graph reserve, format_bytes' four significant figures
+                r"reserved for HPUGraphs \([^)]{0,80}\), ([\d.]+) GiB reserved for KV cache")
 _BUDGET_BYTES = r"Current kv cache memory in use is (\d+) bytes"  # the same line in late-2025 releases
 
 
