@@ -182,7 +182,7 @@ class VLLMEngine(Engine):
                       r"reserved for KV Cache is [\d.]+", r"kv_cache_size[= ]\s{0,20}[\d.]+ ?GiB",
                       r"available_kv_cache_memory[=:]?\s{0,20}[\d.]+ ?GiB",  # V0 0.6.5's profiling results
                       r"memory for KV Cache as specified by kv_cache_memory_bytes", *argslog.SIGNATURES,
-                      r"reserved for HPUGraphs \([^)]{0,80}\), [\d.]+ GiB reserved for KV cache",  # Gaudi's fork
+                      logsettings.GAUDI_BUDGET,  # HabanaAI's Gaudi fork
                       r"Free memory on device \([\d.]+/[\d.]+ GiB\) on startup")  # 0.11 on and vllm-ascend's split
 
     def allocate(self, model: ModelSpec, kv_dtype: str = "auto", tp: int = 1,

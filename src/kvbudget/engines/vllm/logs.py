@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from kvbudget.choices import Device
 from kvbudget.engines.base import Capacity, EngineOptions, LogCheck, LogRow
 from kvbudget.engines.speclog import speculative_rows
-from kvbudget.engines.vllm import argslog, speculative
+from kvbudget.engines.vllm import argslog, logsettings, speculative
 from kvbudget.engines.vllm.budgetless import (
     count_check,
     count_span,
@@ -59,9 +59,7 @@ BUDGET_LINES = (r"Extended KV cache to \d+ blocks \(([\d.]+) GiB\)",
                 r"reserved ([\d.]+) GiB memory for KV Cache as specified by kv_cache_memory_bytes",  # no profiling
                 r"Current kv cache memory in use is ([\d.]+) GiB",  # 2026: after the one-line memory split
                 r"Current KV cache memory: ([\d.]+) GiB",  # vllm-ascend's split (worker.py)
-                # HabanaAI's vllm-fork (worker/hpu_worker.py, determine_num_available_blocks): the usable share less
-                # the HPU-graph reserve, format_bytes' four significant figures
-                r"reserved for HPUGraphs \([^)]{0,80}\), ([\d.]+) GiB reserved for KV cache")
+                logsettings.GAUDI_BUDGET)
 _BUDGET_BYTES = r"Current kv cache memory in use is (\d+) bytes"  # the same line in late-2025 releases
 
 

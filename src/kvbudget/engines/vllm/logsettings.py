@@ -22,6 +22,9 @@ from kvbudget.units import GIB, log_figure
 # dispatch key: CUDA on NVIDIA and ROCm, XPU, XLA on TPU, HPU; forks' MLU and PrivateUse1 (Ascend); earlier executors
 # "# GPU blocks", some "# cuda blocks"; V1 0.7 "# GPU blocks: N" alone): the device and its blocks
 DEVICE_BLOCKS = re.compile(r"\b(GPU|CUDA|cuda|[HNTX]PU|[hnx]pu|XLA|MLU|PrivateUse1) blocks: (\d{1,12})")
+# HabanaAI's vllm-fork (worker/hpu_worker.py, determine_num_available_blocks): the usable share less the HPU-graph
+# reserve, each size by format_bytes (four significant figures); group 1 the KV budget in GiB
+GAUDI_BUDGET = r"reserved for HPUGraphs \([^)]{0,80}\), ([\d.]+) GiB reserved for KV cache"
 def num(text: str) -> float:
     return float(text.replace(",", ""))
 
